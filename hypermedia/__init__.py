@@ -1,0 +1,8 @@
+"""hypermedia: a processing platform for user files.
+
+Importing the package is cheap on purpose: nothing here pulls in SQLAlchemy,
+Redis or Ray. Import the module you need (``hypermedia.ingest.service``,
+``hypermedia.queue.redis_queue`` ...).
+"""
+
+__version__ = "0.1.0"

@@ -1,0 +1,161 @@
+"""Settings: typed, validated when loaded, from the environment or a TOML file.
+
+Precedence (highest first): explicit keyword arguments, ``HYPERMEDIA_*``
+environment variables, the TOML file named by ``HYPERMEDIA_CONFIG``, defaults.
+A bad value raises :class:`~hypermedia.errors.ConfigError` naming the key (and
+its environment variable) and what was expected; nothing starts half-configured.
+
+Processing profiles (operation -> queue, version, costs, limits) live in their
+own TOML file, ``etc/profiles.toml`` by default; see :mod:`hypermedia.profiles`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from hypermedia.errors import ConfigError
+
+REPO_ETC = Path(__file__).resolve().parent.parent / "etc"
+DEFAULT_QUEUES = ("images", "documents", "ocr", "media", "bulk")
+_QUEUE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+
+
+def _default_data_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "hypermedia"
+
+
+class QueueSettings(BaseModel):
+    """Per-queue settings. Concurrency is the number of claim loops per actor."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    concurrency: int = Field(default=1, ge=1, le=64)
+
+
+def _default_queues() -> dict[str, QueueSettings]:
+    concurrency = {"images": 4, "documents": 2, "ocr": 1, "media": 1, "bulk": 1}
+    return {name: QueueSettings(concurrency=concurrency[name]) for name in DEFAULT_QUEUES}
+
+
+class Settings(BaseSettings):
+    """Everything the platform needs to connect and run."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="HYPERMEDIA_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        frozen=True,
+    )
+
+    data_dir: Path = Field(default_factory=_default_data_dir)
+    database_url: str | None = None
+    redis_url: str | None = None
+    redis_prefix: str = Field(default="hm", pattern=r"^[A-Za-z0-9_.-]{1,32}$")
+    profiles_path: Path = REPO_ETC / "profiles.toml"
+    queues: dict[str, QueueSettings] = Field(default_factory=_default_queues)
+
+    api_host: str = "127.0.0.1"
+    api_port: int = Field(default=8080, ge=1, le=65535)
+    api_url: str | None = None
+    api_key: str | None = None
+    max_upload_bytes: int = Field(default=2 * 1024**3, ge=1)
+
+    backoff_base_seconds: float = Field(default=60.0, gt=0)
+    backoff_max_seconds: float = Field(default=3600.0, gt=0)
+    lease_grace_seconds: float = Field(default=30.0, ge=0)
+    reaper_interval_seconds: float = Field(default=5.0, gt=0)
+    reconcile_interval_seconds: float = Field(default=60.0, gt=0)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        config_file = os.environ.get("HYPERMEDIA_CONFIG")
+        if config_file:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=config_file))
+        return tuple(sources)
+
+    @field_validator("database_url")
+    @classmethod
+    def _check_database_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if not value.startswith(("postgresql", "sqlite")):
+            raise ValueError("expected a postgresql+psycopg:// or sqlite:/// URL")
+        if value.startswith("postgresql://"):
+            # One driver, chosen: psycopg 3.
+            value = "postgresql+psycopg://" + value.removeprefix("postgresql://")
+        return value
+
+    @field_validator("redis_url")
+    @classmethod
+    def _check_redis_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("expected a redis://, rediss:// or unix:// URL")
+        return value
+
+    @field_validator("queues")
+    @classmethod
+    def _check_queues(cls, value: dict[str, QueueSettings]) -> dict[str, QueueSettings]:
+        if not value:
+            raise ValueError("expected at least one queue")
+        for name in value:
+            if not _QUEUE_NAME.match(name):
+                raise ValueError(f"queue name {name!r} must match {_QUEUE_NAME.pattern}")
+        return value
+
+    @property
+    def effective_database_url(self) -> str:
+        """The configured URL, or the embedded SQLite file in ``data_dir``."""
+        return self.database_url or f"sqlite:///{self.data_dir / 'hypermedia.db'}"
+
+    @property
+    def storage_dir(self) -> Path:
+        return self.data_dir / "objects"
+
+    @property
+    def queue_names(self) -> tuple[str, ...]:
+        return tuple(self.queues)
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Build settings, translating validation errors into a ConfigError naming the key."""
+    config_file = os.environ.get("HYPERMEDIA_CONFIG")
+    if config_file and not Path(config_file).is_file():
+        raise ConfigError("HYPERMEDIA_CONFIG", f"file {config_file!r} does not exist")
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        raise ConfigError(*_describe(exc)) from exc
+
+
+def _describe(exc: ValidationError) -> tuple[str, str]:
+    first = exc.errors()[0]
+    path = ".".join(str(part) for part in first["loc"])
+    top = str(first["loc"][0]) if first["loc"] else ""
+    env = f"HYPERMEDIA_{top.upper()}"
+    key = f"{path} ({env})" if top else path
+    problem = first["msg"]
+    if first["type"] == "extra_forbidden":
+        problem = "unknown setting"
+    elif "input" in first and not isinstance(first["input"], dict):
+        problem = f"{problem}; got {first['input']!r}"
+    return key, problem

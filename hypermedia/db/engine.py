@@ -1,0 +1,81 @@
+"""Engines and transactions for PostgreSQL (psycopg 3) and SQLite.
+
+SQLite is the embedded default: WAL journal, foreign keys on, and every
+transaction opened with ``BEGIN IMMEDIATE`` so writers queue for the lock
+instead of failing half-way with "database is locked" on lock upgrade.
+Connection failures are translated into :class:`DatabaseUnavailable` here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Connection, Engine, create_engine, event, make_url
+from sqlalchemy.exc import DBAPIError, OperationalError
+
+from hypermedia.errors import DatabaseUnavailable
+
+
+def make_engine(url: str, **kwargs: Any) -> Engine:
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        database = parsed.database
+        if database and database != ":memory:":
+            Path(database).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(
+            url,
+            connect_args={"check_same_thread": False, "timeout": 30},
+            **kwargs,
+        )
+        _configure_sqlite(engine)
+        return engine
+    kwargs.setdefault("pool_size", 10)
+    kwargs.setdefault("max_overflow", 20)
+    kwargs.setdefault("pool_pre_ping", True)
+    return create_engine(url, **kwargs)
+
+
+def _configure_sqlite(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        # Let SQLAlchemy's "begin" event issue BEGIN itself (pysqlite's own is deferred).
+        dbapi_conn.isolation_level = None
+        cursor = dbapi_conn.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def is_sqlite(engine: Engine) -> bool:
+    return engine.dialect.name == "sqlite"
+
+
+@contextmanager
+def transaction(engine: Engine) -> Iterator[Connection]:
+    """One transaction; database connection errors become DatabaseUnavailable."""
+    try:
+        with engine.begin() as conn:
+            yield conn
+    except OperationalError as exc:
+        if _is_connection_error(exc):
+            raise DatabaseUnavailable(f"database unreachable: {exc.orig}") from exc
+        raise
+
+
+def _is_connection_error(exc: DBAPIError) -> bool:
+    if exc.connection_invalidated:
+        return True
+    text = str(exc.orig).lower()
+    return any(
+        marker in text
+        for marker in ("connection", "could not connect", "server closed", "terminating")
+    )

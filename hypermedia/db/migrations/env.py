@@ -1,0 +1,47 @@
+"""Alembic environment: the engine comes from ``config.attributes['connection']``
+(set by :func:`hypermedia.db.migrate.upgrade`) or from ``sqlalchemy.url``."""
+
+from __future__ import annotations
+
+from alembic import context
+from sqlalchemy import Connection
+
+from hypermedia.db.engine import make_engine
+from hypermedia.db.models import Base
+
+config = context.config
+target_metadata = Base.metadata
+
+
+def _run(connection: Connection) -> None:
+    context.configure(
+        connection=connection,
+        target_metadata=target_metadata,
+        render_as_batch=connection.dialect.name == "sqlite",
+        compare_type=True,
+    )
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+def run_migrations_online() -> None:
+    connection = config.attributes.get("connection")
+    if connection is not None:
+        _run(connection)
+        return
+    url = config.get_main_option("sqlalchemy.url")
+    assert url, "sqlalchemy.url is not set"
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            _run(conn)
+    finally:
+        engine.dispose()
+
+
+if context.is_offline_mode():
+    context.configure(url=config.get_main_option("sqlalchemy.url"), target_metadata=target_metadata)
+    with context.begin_transaction():
+        context.run_migrations()
+else:
+    run_migrations_online()

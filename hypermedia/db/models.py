@@ -1,0 +1,330 @@
+"""Tables of the job record. One schema for PostgreSQL and SQLite.
+
+Conventions: ids are 32-hex time-ordered strings (:mod:`hypermedia.ids`); times
+are UTC (stored naive, returned aware); credits are integer millicredits; status
+columns hold :class:`~hypermedia.jobs.states.JobStatus` values. The schema is
+created only by the Alembic migrations in ``migrations/versions``; these classes
+describe it for queries, and a test checks the two agree.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Dialect,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Aware UTC datetimes in, aware UTC datetimes out, on every database."""
+
+    impl = DateTime
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to a UTC column")
+        return value.astimezone(UTC).replace(tzinfo=None)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        return None if value is None else value.replace(tzinfo=UTC)
+
+
+ID = String(32)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+    type_annotation_map = {datetime: UTCDateTime(), dict[str, Any]: JSON()}
+
+
+class User(Base):
+    __tablename__ = "users"
+
+    user_id: Mapped[str] = mapped_column(ID, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    is_operator: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime]
+
+
+class Pool(Base):
+    """A storage pool: objects live in one; its members may use them."""
+
+    __tablename__ = "pools"
+
+    pool_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    created_at: Mapped[datetime]
+
+
+class PoolMember(Base):
+    __tablename__ = "pool_members"
+
+    pool_id: Mapped[str] = mapped_column(ForeignKey("pools.pool_id"), primary_key=True)
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.user_id"), primary_key=True)
+    role: Mapped[str] = mapped_column(String(16), default="member")
+
+
+class StoredObject(Base):
+    """A file in storage: an upload (``kind='original'``) or a derived output."""
+
+    __tablename__ = "objects"
+
+    object_id: Mapped[str] = mapped_column(ID, primary_key=True)
+    pool_id: Mapped[str] = mapped_column(ForeignKey("pools.pool_id"), index=True)
+    owner_id: Mapped[str] = mapped_column(ForeignKey("users.user_id"), index=True)
+    kind: Mapped[str] = mapped_column(String(16), default="original")
+    source_object_id: Mapped[str | None] = mapped_column(ForeignKey("objects.object_id"))
+    storage_key: Mapped[str] = mapped_column(String(512), unique=True)
+    filename: Mapped[str] = mapped_column(String(255))
+    content_type: Mapped[str | None] = mapped_column(String(127))
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    sha256: Mapped[str | None] = mapped_column(String(64))
+    created_at: Mapped[datetime]
+
+
+class ApiKey(Base):
+    """API keys are shown once; only their SHA-256 is stored."""
+
+    __tablename__ = "api_keys"
+
+    key_id: Mapped[str] = mapped_column(String(16), primary_key=True)
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.user_id"), index=True)
+    key_hash: Mapped[str] = mapped_column(String(64))
+    name: Mapped[str] = mapped_column(String(200), default="")
+    created_at: Mapped[datetime]
+    revoked_at: Mapped[datetime | None]
+
+
+class CreditAccount(Base):
+    """``balance`` is what the user has; ``reserved`` is held by unfinished jobs."""
+
+    __tablename__ = "credit_accounts"
+
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.user_id"), primary_key=True)
+    balance_millicredits: Mapped[int] = mapped_column(BigInteger, default=0)
+    reserved_millicredits: Mapped[int] = mapped_column(BigInteger, default=0)
+    updated_at: Mapped[datetime]
+
+
+class CreditLedger(Base):
+    __tablename__ = "credit_ledger"
+
+    entry_id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.user_id"), index=True)
+    job_id: Mapped[str | None] = mapped_column(ForeignKey("processing_jobs.job_id"), index=True)
+    kind: Mapped[str] = mapped_column(String(16))  # grant | charge | adjust
+    amount_millicredits: Mapped[int] = mapped_column(BigInteger)
+    note: Mapped[str] = mapped_column(String(255), default="")
+    created_at: Mapped[datetime]
+
+
+class ProcessingProfile(Base):
+    __tablename__ = "processing_profiles"
+    __table_args__ = (
+        UniqueConstraint("operation", "version", name="uk_profile_operation_version"),
+    )
+
+    profile_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    operation: Mapped[str] = mapped_column(String(64))
+    version: Mapped[int] = mapped_column(Integer)
+    queue: Mapped[str] = mapped_column(String(32))
+    base_cost_millicredits: Mapped[int] = mapped_column(BigInteger)
+    cost_per_mb_millicredits: Mapped[int] = mapped_column(BigInteger)
+    timeout_seconds: Mapped[int] = mapped_column(Integer)
+    memory_limit_mb: Mapped[int] = mapped_column(Integer)
+    max_input_bytes: Mapped[int] = mapped_column(BigInteger)
+    max_attempts: Mapped[int] = mapped_column(Integer)
+    default_priority: Mapped[int] = mapped_column(Integer)
+    params: Mapped[dict[str, Any]]
+    active: Mapped[bool] = mapped_column(Boolean, default=True)
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+
+class Submission(Base):
+    """One accepted submit request; its idempotency key makes retries safe."""
+
+    __tablename__ = "submissions"
+    __table_args__ = (UniqueConstraint("user_id", "idempotency_key", name="uk_submission_key"),)
+
+    submission_id: Mapped[str] = mapped_column(ID, primary_key=True)
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.user_id"))
+    idempotency_key: Mapped[str | None] = mapped_column(String(200))
+    request_hash: Mapped[str] = mapped_column(String(64))
+    estimated_millicredits: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime]
+
+
+class ProcessingJob(Base):
+    __tablename__ = "processing_jobs"
+    __table_args__ = (
+        Index("ix_jobs_status_queue", "status", "queue"),
+        Index("ix_jobs_status_run_after", "status", "run_after"),
+        Index("ix_jobs_status_visibility", "status", "visibility_timeout"),
+    )
+
+    job_id: Mapped[str] = mapped_column(ID, primary_key=True)
+    submission_id: Mapped[str] = mapped_column(ForeignKey("submissions.submission_id"), index=True)
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.user_id"), index=True)
+    object_id: Mapped[str] = mapped_column(ForeignKey("objects.object_id"), index=True)
+    profile_id: Mapped[int] = mapped_column(ForeignKey("processing_profiles.profile_id"))
+    operation: Mapped[str] = mapped_column(String(64))
+    queue: Mapped[str] = mapped_column(String(32))
+    priority: Mapped[int] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(16))
+    params: Mapped[dict[str, Any]]
+    estimated_millicredits: Mapped[int] = mapped_column(BigInteger)
+    actual_millicredits: Mapped[int | None] = mapped_column(BigInteger)
+    attempt_count: Mapped[int] = mapped_column(Integer, default=0)
+    max_attempts: Mapped[int] = mapped_column(Integer)
+    claimed_by: Mapped[str | None] = mapped_column(String(64))
+    claimed_at: Mapped[datetime | None]
+    visibility_timeout: Mapped[datetime | None]
+    run_after: Mapped[datetime | None]
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    error_code: Mapped[str | None] = mapped_column(String(64))
+    error_message: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime]
+    queued_at: Mapped[datetime | None]
+    started_at: Mapped[datetime | None]
+    completed_at: Mapped[datetime | None]
+    updated_at: Mapped[datetime]
+
+
+class JobAttempt(Base):
+    __tablename__ = "job_attempts"
+    __table_args__ = (UniqueConstraint("job_id", "attempt_number", name="uk_attempt_number"),)
+
+    attempt_id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
+    job_id: Mapped[str] = mapped_column(ForeignKey("processing_jobs.job_id"))
+    attempt_number: Mapped[int] = mapped_column(Integer)
+    worker_id: Mapped[str] = mapped_column(String(64))
+    status: Mapped[str] = mapped_column(String(16))  # running | completed | failed | released
+    error_code: Mapped[str | None] = mapped_column(String(64))
+    error_message: Mapped[str | None] = mapped_column(Text)
+    started_at: Mapped[datetime]
+    finished_at: Mapped[datetime | None]
+    duration_ms: Mapped[int | None] = mapped_column(BigInteger)
+    peak_memory_mb: Mapped[float | None] = mapped_column(Float)
+
+
+class JobOutput(Base):
+    __tablename__ = "job_outputs"
+    __table_args__ = (
+        UniqueConstraint("job_id", "output_type", "profile_version", name="uk_job_type_profile"),
+    )
+
+    output_id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
+    job_id: Mapped[str] = mapped_column(ForeignKey("processing_jobs.job_id"))
+    output_type: Mapped[str] = mapped_column(String(64))
+    profile_version: Mapped[int] = mapped_column(Integer)
+    object_id: Mapped[str | None] = mapped_column(ForeignKey("objects.object_id"))
+    storage_key: Mapped[str] = mapped_column(String(512))
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    content_type: Mapped[str | None] = mapped_column(String(127))
+    created_at: Mapped[datetime]
+
+
+class Worker(Base):
+    __tablename__ = "workers"
+
+    worker_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    queue: Mapped[str] = mapped_column(String(32), index=True)
+    node_id: Mapped[str | None] = mapped_column(String(64))
+    hostname: Mapped[str] = mapped_column(String(255))
+    pid: Mapped[int | None] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(16))  # active | draining | stopped | dead
+    concurrency: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[datetime]
+    last_heartbeat: Mapped[datetime]
+    stopped_at: Mapped[datetime | None]
+
+
+class WorkerMetric(Base):
+    __tablename__ = "worker_metrics"
+
+    metric_id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
+    worker_id: Mapped[str] = mapped_column(ForeignKey("workers.worker_id"), index=True)
+    recorded_at: Mapped[datetime]
+    cpu_percent: Mapped[float] = mapped_column(Float)
+    memory_mb: Mapped[float] = mapped_column(Float)
+    disk_free_mb: Mapped[float] = mapped_column(Float)
+    jobs_completed: Mapped[int] = mapped_column(Integer)
+    jobs_failed: Mapped[int] = mapped_column(Integer)
+    throughput_per_min: Mapped[float] = mapped_column(Float)
+
+
+class SchedulerDecision(Base):
+    """Every scaling decision the scheduler takes, with its reason."""
+
+    __tablename__ = "scheduler_decisions"
+
+    decision_id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
+    decided_at: Mapped[datetime] = mapped_column(index=True)
+    mode: Mapped[str] = mapped_column(String(16))
+    queue: Mapped[str | None] = mapped_column(String(32))
+    action: Mapped[str] = mapped_column(String(32))
+    count: Mapped[int] = mapped_column(Integer, default=0)
+    provider: Mapped[str | None] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(Text)
+    details: Mapped[dict[str, Any]]
+    applied: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class CloudSpend(Base):
+    """One cloud instance's life and price: the ledger the cost guard sums."""
+
+    __tablename__ = "cloud_spend"
+
+    spend_id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
+    provider: Mapped[str] = mapped_column(String(16))
+    instance_id: Mapped[str] = mapped_column(String(128))
+    node_type: Mapped[str] = mapped_column(String(64))
+    region: Mapped[str] = mapped_column(String(64))
+    spot: Mapped[bool] = mapped_column(Boolean, default=False)
+    price_per_hour_microusd: Mapped[int] = mapped_column(BigInteger)
+    launched_at: Mapped[datetime]
+    terminated_at: Mapped[datetime | None]
+    billed_microusd: Mapped[int | None] = mapped_column(BigInteger)
+    reconciled_at: Mapped[datetime | None]
+
+    __table_args__ = (UniqueConstraint("provider", "instance_id", name="uk_spend_instance"),)

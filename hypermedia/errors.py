@@ -1,0 +1,122 @@
+"""The exception tree of hypermedia.
+
+Every error the platform raises on purpose derives from :class:`HypermediaError`
+and carries a stable machine-readable ``code`` (what API clients switch on) and
+the HTTP status the API answers with. Errors from redis, SQLAlchemy, boto3 ... are
+translated where they enter, with ``raise ... from exc``.
+
+::
+
+    HypermediaError (code, status)
+    ├── ConfigError              bad setting: names the key and what was expected
+    ├── InvalidRequest      400  the request itself is malformed
+    │   ├── UnknownOperation     no profile for that operation
+    │   ├── InputTooLarge   413  object bigger than the profile allows
+    │   └── UnsupportedFormat    refused input type
+    ├── AuthenticationFailed 401 missing / bad API key
+    ├── Forbidden           403  authenticated but not allowed (operator-only routes)
+    ├── NotFound            404  does not exist, or belongs to someone else
+    ├── Conflict            409  e.g. idempotency key reused for another request
+    ├── IllegalTransition   409  a job state change the state machine forbids
+    ├── PaymentRequired     402  not enough credits: nothing was created
+    └── ServiceUnavailable  503  a backing service is down
+        ├── DatabaseUnavailable
+        └── QueueUnavailable
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class HypermediaError(Exception):
+    """Root of every error hypermedia raises on purpose."""
+
+    code: ClassVar[str] = "error"
+    status: ClassVar[int] = 500
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details
+
+    def to_dict(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.details:
+            body["details"] = self.details
+        return body
+
+
+class ConfigError(HypermediaError):
+    """A setting is missing or invalid; the message names the key."""
+
+    code = "config_invalid"
+    status = 500
+
+    def __init__(self, key: str, problem: str) -> None:
+        super().__init__(f"{key}: {problem}", key=key)
+        self.key = key
+
+
+class InvalidRequest(HypermediaError):
+    code = "invalid_request"
+    status = 400
+
+
+class UnknownOperation(InvalidRequest):
+    code = "unknown_operation"
+
+
+class InputTooLarge(InvalidRequest):
+    code = "input_too_large"
+    status = 413
+
+
+class UnsupportedFormat(InvalidRequest):
+    code = "unsupported_format"
+    status = 415
+
+
+class AuthenticationFailed(HypermediaError):
+    code = "unauthenticated"
+    status = 401
+
+
+class Forbidden(HypermediaError):
+    code = "forbidden"
+    status = 403
+
+
+class NotFound(HypermediaError):
+    code = "not_found"
+    status = 404
+
+
+class Conflict(HypermediaError):
+    code = "conflict"
+    status = 409
+
+
+class IllegalTransition(HypermediaError):
+    """The state machine forbids this change (or a guarded UPDATE matched nothing)."""
+
+    code = "illegal_transition"
+    status = 409
+
+
+class PaymentRequired(HypermediaError):
+    code = "insufficient_credits"
+    status = 402
+
+
+class ServiceUnavailable(HypermediaError):
+    code = "service_unavailable"
+    status = 503
+
+
+class DatabaseUnavailable(ServiceUnavailable):
+    code = "database_unavailable"
+
+
+class QueueUnavailable(ServiceUnavailable):
+    code = "queue_unavailable"

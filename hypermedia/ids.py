@@ -1,0 +1,37 @@
+"""Identifiers: time-ordered (UUIDv7 layout), 32 hex characters.
+
+Ids sort lexicographically in creation order: the first 48 bits are the Unix time
+in milliseconds and the next 12 a per-process counter within that millisecond.
+The queue relies on this: members with equal priority leave a Redis sorted set in
+lexicographic order, which is therefore age order.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+_lock = threading.Lock()
+_last_ms = 0
+_counter = 0
+
+
+def new_id() -> str:
+    global _last_ms, _counter
+    with _lock:
+        ms = time.time_ns() // 1_000_000
+        if ms <= _last_ms:
+            _counter += 1
+            if _counter > 0xFFF:  # 4096 ids in one ms: borrow the next millisecond
+                _last_ms += 1
+                _counter = 0
+            ms = _last_ms
+        else:
+            _last_ms, _counter = ms, 0
+        counter = _counter
+    rand = int.from_bytes(os.urandom(8), "big")
+    value = (ms & 0xFFFFFFFFFFFF) << 80
+    value |= 0x7 << 76 | counter << 64  # version 7, then the counter (rand_a)
+    value |= 0x2 << 62 | rand & 0x3FFFFFFFFFFFFFFF  # variant 10, then random bits
+    return f"{value:032x}"

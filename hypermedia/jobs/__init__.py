@@ -1,0 +1,1 @@
+"""Jobs: the pure state machine (``states``) and its guarded SQL (``repository``)."""

@@ -1,0 +1,110 @@
+"""Processing profiles: what each operation costs, where it queues, its limits.
+
+A profile binds an operation name (``thumbnail``, ``pdf_preview`` ...) to a queue,
+a version (part of every output key, so bump it when the output would change),
+credit costs, a timeout, a memory limit, the largest input it accepts, how many
+attempts it gets and its default priority. Profiles are read from TOML::
+
+    [profiles.thumbnail]
+    queue = "images"
+    version = 1
+    base_cost = 0.1          # credits
+    cost_per_mb = 0.02       # credits per MB of input
+    timeout_seconds = 30
+    memory_limit_mb = 1024
+    max_input_bytes = 52428800
+    max_attempts = 3
+    default_priority = 3
+    params = { width = 256, height = 256 }
+
+Credits are stored as integer millicredits so sums are exact on every database.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from hypermedia.errors import ConfigError
+
+MILLI = 1000
+BYTES_PER_MB = 1024 * 1024
+
+
+class Profile(BaseModel):
+    """One operation's processing profile, as configured."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    operation: str = Field(pattern=r"^[a-z][a-z0-9_]{0,63}$")
+    queue: str
+    version: int = Field(ge=1)
+    base_cost: float = Field(ge=0)
+    cost_per_mb: float = Field(ge=0)
+    timeout_seconds: int = Field(ge=1, le=24 * 3600)
+    memory_limit_mb: int = Field(ge=16)
+    max_input_bytes: int = Field(ge=1)
+    max_attempts: int = Field(ge=1, le=100)
+    default_priority: int = Field(ge=1, le=10)
+    params: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def base_cost_millicredits(self) -> int:
+        return round(self.base_cost * MILLI)
+
+    @property
+    def cost_per_mb_millicredits(self) -> int:
+        return round(self.cost_per_mb * MILLI)
+
+    def estimate_millicredits(self, size_bytes: int) -> int:
+        """``base_cost + cost_per_mb x size_mb``, rounded up to a millicredit."""
+        per_byte_numerator = self.cost_per_mb_millicredits * size_bytes
+        variable = -(-per_byte_numerator // BYTES_PER_MB)  # ceil division, exact
+        return self.base_cost_millicredits + variable
+
+
+def parse_profiles(
+    data: Mapping[str, Any], queues: Iterable[str], source: str
+) -> dict[str, Profile]:
+    """Validate a ``{"profiles": {...}}`` mapping; errors name ``profiles.<op>.<key>``."""
+    known_queues = set(queues)
+    extra = set(data) - {"profiles"}
+    if extra:
+        raise ConfigError(f"{source}: {sorted(extra)[0]}", "unknown top-level key")
+    raw = data.get("profiles")
+    if not isinstance(raw, Mapping) or not raw:
+        raise ConfigError(f"{source}: profiles", "expected at least one [profiles.<operation>]")
+    profiles: dict[str, Profile] = {}
+    for operation, body in raw.items():
+        key = f"{source}: profiles.{operation}"
+        if not isinstance(body, Mapping):
+            raise ConfigError(key, "expected a table")
+        try:
+            profile = Profile(operation=operation, **body)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            loc = ".".join(str(p) for p in first["loc"])
+            msg = "unknown key" if first["type"] == "extra_forbidden" else first["msg"]
+            raise ConfigError(f"{key}.{loc}", msg) from exc
+        if profile.queue not in known_queues:
+            raise ConfigError(
+                f"{key}.queue",
+                f"unknown queue {profile.queue!r}; expected one of {sorted(known_queues)}",
+            )
+        profiles[operation] = profile
+    return profiles
+
+
+def load_profiles(path: Path, queues: Iterable[str]) -> dict[str, Profile]:
+    """Read and validate the profiles file."""
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise ConfigError("profiles_path (HYPERMEDIA_PROFILES_PATH)", f"no file at {path}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}", f"not valid TOML: {exc}") from exc
+    return parse_profiles(data, queues, str(path))
