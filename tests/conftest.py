@@ -1,0 +1,233 @@
+"""Fixtures on real services: PostgreSQL, SQLite, the shared Redis and private ones.
+
+Databases
+    ``pg_url``            session: the migrated template database. Closed to
+                          connections; clone it, don't use it.
+    ``pg_database_url``   a fresh PostgreSQL database cloned from the template
+                          (``CREATE DATABASE ... TEMPLATE``), dropped after the test.
+    ``pg_engine``         an engine on ``pg_database_url``.
+    ``sqlite_url``        a fresh migrated SQLite file, ``<tmp_path>/hypermedia.db``.
+    ``sqlite_engine``     an engine on it.
+    ``engine``            parametrized ``postgresql`` / ``sqlite``: one of the two.
+
+Redis
+    ``redis_url``         the shared Redis (``HYPERMEDIA_TEST_REDIS_URL``). Never
+                          flush it: write under ``redis_prefix`` only.
+    ``redis_prefix``      ``hmtest-<8 hex>``; every key under it is deleted afterwards.
+    ``redis_client``      a client on the shared Redis (``decode_responses=True``).
+    ``private_redis``     an :class:`~hypermedia.embedded.EmbeddedRedis` of the test's
+                          own, for tests that flush it or kill -9 it.
+
+Other
+    ``manual_clock``      a :class:`~hypermedia.clock.ManualClock`.
+    ``settings``          ``settings(**overrides) -> Settings`` pointed at the above.
+
+A service that cannot be reached fails the tests that need it; nothing skips.
+``HYPERMEDIA_*`` variables from the caller's environment (other than
+``HYPERMEDIA_TEST_*``) are removed for every test so they cannot leak in.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from sqlalchemy import Engine
+
+from hypermedia.clock import ManualClock
+from hypermedia.config import Settings, load_settings
+from hypermedia.db.engine import make_engine
+from hypermedia.embedded import EmbeddedRedis
+from tests import support
+
+TESTS = Path(__file__).resolve().parent
+_TIER_MARKS = {"integration": pytest.mark.integration, "e2e": pytest.mark.e2e}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        for tier, mark in _TIER_MARKS.items():
+            if item.path.is_relative_to(TESTS / tier):
+                item.add_marker(mark)
+
+
+@pytest.fixture(autouse=True)
+def _isolated_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.startswith("HYPERMEDIA_") and not name.startswith("HYPERMEDIA_TEST_"):
+            monkeypatch.delenv(name)
+
+
+def _unreachable(check: Callable[[], None]) -> str | None:
+    """The problem ``check`` reports, failed outside the except block (no chained noise)."""
+    try:
+        check()
+    except support.ServiceNotReachable as exc:
+        return str(exc)
+    return None
+
+
+# -- PostgreSQL -----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[support.PostgresServer]:
+    server = support.PostgresServer(support.pg_server_url())
+    problem = _unreachable(server.check)
+    if problem:
+        server.dispose()
+        pytest.fail(problem, pytrace=False)
+    yield server
+    server.dispose()
+
+
+@pytest.fixture(scope="session")
+def pg_url(pg_server: support.PostgresServer) -> Iterator[str]:
+    """The migrated template database (closed to connections: clone it)."""
+    name = support.unique_name("tmpl")
+    try:
+        url = pg_server.create_template(name)
+    except BaseException:
+        pg_server.drop_database(name)
+        raise
+    yield url
+    pg_server.drop_database(name)
+
+
+@pytest.fixture
+def pg_database_url(pg_server: support.PostgresServer, pg_url: str) -> Iterator[str]:
+    """A fresh, migrated PostgreSQL database for this test only."""
+    template = support.database_name(pg_url)
+    name = support.unique_name()
+    url = pg_server.create_database(name, template=template)
+    yield url
+    pg_server.drop_database(name)
+
+
+@pytest.fixture
+def pg_engine(pg_database_url: str) -> Iterator[Engine]:
+    engine = make_engine(pg_database_url)
+    yield engine
+    engine.dispose()
+
+
+# -- SQLite ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def _sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return support.make_sqlite_template(tmp_path_factory.mktemp("sqlite-template") / "template.db")
+
+
+@pytest.fixture
+def sqlite_url(_sqlite_template: Path, tmp_path: Path) -> str:
+    """A fresh migrated SQLite file where ``Settings(data_dir=tmp_path)`` looks for it."""
+    path = tmp_path / "hypermedia.db"
+    shutil.copyfile(_sqlite_template, path)
+    return f"sqlite:///{path}"
+
+
+@pytest.fixture
+def sqlite_engine(sqlite_url: str) -> Iterator[Engine]:
+    engine = make_engine(sqlite_url)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture(params=["postgresql", "sqlite"])
+def engine(request: pytest.FixtureRequest) -> Engine:
+    """Each test runs twice: on PostgreSQL and on SQLite. Only the one needed is built."""
+    fixture = "pg_engine" if request.param == "postgresql" else "sqlite_engine"
+    value: Engine = request.getfixturevalue(fixture)
+    return value
+
+
+# -- Redis ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def _shared_redis_url() -> str:
+    url = support.redis_server_url()
+    problem = _unreachable(lambda: support.check_redis(url))
+    if problem:
+        pytest.fail(problem, pytrace=False)
+    return url
+
+
+@pytest.fixture
+def redis_url(_shared_redis_url: str) -> str:
+    return _shared_redis_url
+
+
+@pytest.fixture
+def redis_prefix(redis_url: str) -> Iterator[str]:
+    """A key prefix of this test's own on the shared Redis; its keys go afterwards."""
+    prefix = support.unique_redis_prefix()
+    yield prefix
+    client = redis.Redis.from_url(redis_url)
+    try:
+        support.delete_keys(client, prefix)
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def redis_client(redis_url: str, redis_prefix: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[EmbeddedRedis]:
+    server = EmbeddedRedis(tmp_path / "redis")
+    server.start()
+    yield server
+    server.stop()
+
+
+# -- everything else ------------------------------------------------------------------
+
+
+@pytest.fixture
+def manual_clock() -> ManualClock:
+    return ManualClock()
+
+
+_DATABASE_FIXTURES = ("engine", "pg_engine", "pg_database_url", "sqlite_engine", "sqlite_url")
+
+
+@pytest.fixture
+def settings(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[..., Settings]:
+    """``settings(**overrides)``: Settings on this test's database, Redis prefix and tmp_path.
+
+    The database is the one the test already asked for (``engine``, ``pg_engine``,
+    ``sqlite_engine`` ...), else a fresh SQLite file. Redis is the shared one under
+    ``redis_prefix`` unless ``redis_url`` is overridden (e.g. ``private_redis.url``).
+    """
+
+    def build(**overrides: Any) -> Settings:
+        values: dict[str, Any] = {"data_dir": tmp_path}
+        if "database_url" not in overrides:
+            values["database_url"] = _database_url(request)
+        if "redis_url" not in overrides:
+            values["redis_url"] = request.getfixturevalue("redis_url")
+        if "redis_prefix" not in overrides:
+            values["redis_prefix"] = request.getfixturevalue("redis_prefix")
+        values.update(overrides)
+        return load_settings(**values)
+
+    return build
+
+
+def _database_url(request: pytest.FixtureRequest) -> str:
+    for name in _DATABASE_FIXTURES:
+        if name in request.fixturenames:
+            value = request.getfixturevalue(name)
+            return support.url_string(value) if isinstance(value, Engine) else str(value)
+    return str(request.getfixturevalue("sqlite_url"))

@@ -1,0 +1,121 @@
+"""The fixtures themselves: fresh databases per test, Redis keys cleaned up, settings wired."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import redis
+from sqlalchemy import create_engine, inspect, text
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.pool import NullPool
+
+from hypermedia.db import migrate
+from tests import support
+
+
+def _insert_pool(engine, pool_id: str) -> None:
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO pools (pool_id, name, created_at) VALUES (:id, 'n', CURRENT_TIMESTAMP)"
+            ),
+            {"id": pool_id},
+        )
+
+
+def _count_pools(engine) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(text("SELECT count(*) FROM pools")).scalar_one())
+
+
+# The two tests below run in file order: the second sees nothing of the first's row.
+def test_engine_is_migrated_and_writable(engine):
+    assert migrate.current_revision(engine) == migrate.head_revision()
+    assert "job_outputs" in inspect(engine).get_table_names()
+    _insert_pool(engine, "p1")
+    assert _count_pools(engine) == 1
+
+
+def test_engine_is_fresh_for_every_test(engine):
+    assert _count_pools(engine) == 0
+
+
+def test_pg_template_is_closed_to_connections(pg_url):
+    probe = create_engine(pg_url, poolclass=NullPool)
+    try:
+        with pytest.raises(OperationalError, match="not currently accepting connections"):
+            probe.connect()
+    finally:
+        probe.dispose()
+
+
+def test_pg_database_is_dropped_after_the_test(pg_server, pg_url):
+    name = support.unique_name()
+    pg_server.create_database(name, template=support.database_name(pg_url))
+    assert pg_server.database_exists(name)
+    pg_server.drop_database(name)
+    assert not pg_server.database_exists(name)
+
+
+def test_delete_keys_touches_only_the_prefix(redis_client, redis_prefix):
+    neighbour = support.unique_redis_prefix()
+    try:
+        for i in range(1200):  # more than one SCAN page and one UNLINK batch
+            redis_client.set(f"{redis_prefix}:k:{i}", i)
+        redis_client.set(f"{neighbour}:k", 1)
+        assert support.delete_keys(redis_client, redis_prefix) == 1200
+        assert list(redis_client.scan_iter(match=f"{redis_prefix}*")) == []
+        assert redis_client.get(f"{neighbour}:k") == "1"
+    finally:
+        support.delete_keys(redis_client, neighbour)
+
+
+@pytest.mark.parametrize("prefix", ["", "*", "hm?", "a[b]"])
+def test_delete_keys_refuses_wildcard_prefixes(redis_client, prefix):
+    with pytest.raises(ValueError, match="refusing"):
+        support.delete_keys(redis_client, prefix)
+
+
+def test_settings_point_at_the_test_services(engine, settings, redis_url, redis_prefix, tmp_path):
+    built = settings()
+    assert built.database_url == support.url_string(engine)
+    assert built.redis_url == redis_url
+    assert built.redis_prefix == redis_prefix
+    assert built.data_dir == tmp_path
+
+
+def test_settings_default_to_a_fresh_sqlite_file(settings, tmp_path):
+    built = settings()
+    assert built.database_url == f"sqlite:///{tmp_path / 'hypermedia.db'}"
+    assert built.database_url == built.effective_database_url
+
+
+def test_settings_overrides_win(settings, private_redis):
+    built = settings(redis_url=private_redis.url, api_port=9999)
+    assert built.redis_url == private_redis.url
+    assert built.api_port == 9999
+
+
+def test_private_redis_is_separate_from_the_shared_one(private_redis, redis_client, redis_prefix):
+    redis_client.set(f"{redis_prefix}:shared", 1)
+    own = redis.Redis.from_url(private_redis.url)
+    try:
+        own.set("k", 1)
+        own.flushall()
+        assert own.dbsize() == 0
+    finally:
+        own.close()
+    assert redis_client.get(f"{redis_prefix}:shared") == "1"
+
+
+def test_environment_is_isolated():
+    assert not [
+        name
+        for name in os.environ
+        if name.startswith("HYPERMEDIA_") and not name.startswith("HYPERMEDIA_TEST_")
+    ]
+
+
+def test_tier_marker_is_added(request):
+    assert request.node.get_closest_marker("integration") is not None

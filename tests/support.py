@@ -1,0 +1,187 @@
+"""Helpers behind the fixtures in ``conftest.py``: real PostgreSQL databases
+(created from a migrated template, one per test) and Redis key clean-up.
+
+Nothing here skips: a service that cannot be reached raises
+:class:`ServiceNotReachable` with what was tried and how to fix it, and the
+fixtures turn that into a test failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import uuid
+from pathlib import Path
+
+import redis
+from sqlalchemy import Connection, Engine, create_engine, make_url, text
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.pool import NullPool
+
+from hypermedia.db import migrate
+from hypermedia.db.engine import make_engine
+
+DEFAULT_PG_SERVER_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+PG_ENV = "HYPERMEDIA_TEST_PG_URL"
+REDIS_ENV = "HYPERMEDIA_TEST_REDIS_URL"
+NAME_PREFIX = "hmtest"
+
+
+class ServiceNotReachable(RuntimeError):
+    """A service the tests need is down; the message says which and how to start it."""
+
+
+def pg_server_url() -> str:
+    """The PostgreSQL server (any existing database on it) the tests create databases on."""
+    url = os.environ.get(PG_ENV) or DEFAULT_PG_SERVER_URL
+    if url.startswith("postgresql://"):
+        url = "postgresql+psycopg://" + url.removeprefix("postgresql://")
+    return url
+
+
+def redis_server_url() -> str:
+    return os.environ.get(REDIS_ENV) or DEFAULT_REDIS_URL
+
+
+def unique_name(kind: str = "db") -> str:
+    """``hmtest_<kind>_<pid>_<8 hex>``: a valid, lower-case PostgreSQL identifier."""
+    return f"{NAME_PREFIX}_{kind}_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+
+
+def unique_redis_prefix() -> str:
+    """A key prefix valid for ``Settings.redis_prefix`` (no colon allowed there)."""
+    return f"{NAME_PREFIX}-{uuid.uuid4().hex[:8]}"
+
+
+def database_name(url: str) -> str:
+    name = make_url(url).database
+    if not name:
+        raise ValueError("the URL names no database")
+    return name
+
+
+def url_string(engine: Engine) -> str:
+    """An engine's URL with its password, as Settings and subprocesses need it."""
+    return engine.url.render_as_string(hide_password=False)
+
+
+class PostgresServer:
+    """Creates, clones and drops databases on one server (AUTOCOMMIT, no pool)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._admin = create_engine(url, isolation_level="AUTOCOMMIT", poolclass=NullPool)
+
+    def check(self) -> None:
+        try:
+            with self._admin.connect() as conn:
+                conn.execute(text("SELECT 1"))
+        except SQLAlchemyError as exc:
+            shown = make_url(self.url).render_as_string(hide_password=True)
+            raise ServiceNotReachable(
+                f"PostgreSQL is not reachable at {shown}: {exc.__class__.__name__}: "
+                f"{getattr(exc, 'orig', exc)}\n"
+                f"Start it (./.ci/run does) or point {PG_ENV} at a server where this user "
+                "may CREATE DATABASE."
+            ) from exc
+
+    def database_url(self, name: str) -> str:
+        return make_url(self.url).set(database=name).render_as_string(hide_password=False)
+
+    def _quote(self, name: str) -> str:
+        return self._admin.dialect.identifier_preparer.quote_identifier(name)
+
+    def create_database(self, name: str, template: str | None = None) -> str:
+        """Create ``name`` (a copy of ``template`` if given) and return its URL."""
+        sql = f"CREATE DATABASE {self._quote(name)}"
+        if template is not None:
+            sql += f" TEMPLATE {self._quote(template)}"
+        with self._admin.connect() as conn:
+            conn.execute(text(sql))
+        return self.database_url(name)
+
+    def create_template(self, name: str) -> str:
+        """Create ``name``, migrate it to head, then close it to connections.
+
+        Closed (``ALLOW_CONNECTIONS false``) because CREATE DATABASE ... TEMPLATE
+        fails while anyone is connected to the template, and so no test can
+        change what every later test starts from.
+        """
+        url = self.create_database(name)
+        engine = make_engine(url)
+        try:
+            migrate.upgrade(engine)
+        finally:
+            engine.dispose()
+        with self._admin.connect() as conn:
+            conn.execute(
+                text(f"ALTER DATABASE {self._quote(name)} IS_TEMPLATE true ALLOW_CONNECTIONS false")
+            )
+        return url
+
+    def drop_database(self, name: str) -> None:
+        with self._admin.connect() as conn:
+            if self._is_template(conn, name):
+                conn.execute(text(f"ALTER DATABASE {self._quote(name)} IS_TEMPLATE false"))
+            conn.execute(text(f"DROP DATABASE IF EXISTS {self._quote(name)} WITH (FORCE)"))
+
+    @staticmethod
+    def _is_template(conn: Connection, name: str) -> bool:
+        row = conn.execute(
+            text("SELECT datistemplate FROM pg_database WHERE datname = :name"), {"name": name}
+        ).first()
+        return bool(row and row[0])
+
+    def database_exists(self, name: str) -> bool:
+        with self._admin.connect() as conn:
+            row = conn.execute(
+                text("SELECT 1 FROM pg_database WHERE datname = :name"), {"name": name}
+            ).first()
+        return row is not None
+
+    def dispose(self) -> None:
+        self._admin.dispose()
+
+
+def make_sqlite_template(path: Path) -> Path:
+    """A migrated SQLite file, checkpointed so a plain file copy is complete."""
+    engine = make_engine(f"sqlite:///{path}")
+    try:
+        migrate.upgrade(engine)
+    finally:
+        engine.dispose()
+    # Outside any transaction (make_engine opens every one with BEGIN IMMEDIATE).
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    return path
+
+
+def check_redis(url: str) -> None:
+    client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2)
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        raise ServiceNotReachable(
+            f"Redis is not reachable at {url}: {exc}\n"
+            f"Start it (./.ci/run does) or point {REDIS_ENV} at a Redis server."
+        ) from exc
+    finally:
+        client.close()
+
+
+def delete_keys(client: redis.Redis, prefix: str) -> int:
+    """Delete every key starting with ``prefix`` (SCAN + UNLINK; never FLUSH*)."""
+    if not prefix or any(char in prefix for char in "*?[]\\"):
+        raise ValueError(f"refusing to delete keys under prefix {prefix!r}")
+    deleted = 0
+    batch: list[bytes | str] = []
+    for key in client.scan_iter(match=f"{prefix}*", count=1000):
+        batch.append(key)
+        if len(batch) >= 500:
+            deleted += int(client.unlink(*batch))
+            batch.clear()
+    if batch:
+        deleted += int(client.unlink(*batch))
+    return deleted
