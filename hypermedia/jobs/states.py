@@ -2,15 +2,12 @@
 
 ::
 
-    created ──enqueue──▶ queued ──claim──▶ claimed ──start──▶ processing ──complete──▶ completed
-                           ▲                  │                   │
-                           │  release         │ fail              │ fail
-                           ├──────────────────┤                   ├───────▶ retry_wait ──due──▶ queued
-                           │                  └───────────────────┤
-                           │  release (drain, spot notice: no     └───────▶ failed (attempts used up)
-                           └── attempt counted)
-    created | queued | retry_wait ──cancel──▶ cancelled
-    claimed | processing ──cancel──▶ cancelled   (only by the worker, honouring cancel_requested)
+    created --enqueue--> queued --claim--> claimed --start--> processing --complete--> completed
+    claimed | processing --fail--> retry_wait --due--> queued
+    claimed | processing --fail--> failed           (attempts used up, or not retryable)
+    claimed | processing --release--> queued        (drain, spot notice: attempt not counted)
+    created | queued | retry_wait --cancel--> cancelled
+    claimed | processing --cancel--> cancelled      (by the worker, honouring cancel_requested)
 
 ``transition(status, event)`` answers the next status or raises
 :class:`~hypermedia.errors.IllegalTransition`. The repository turns every legal

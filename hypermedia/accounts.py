@@ -1,0 +1,192 @@
+"""Users, pools, API keys and credit accounts.
+
+API keys look like ``hm_<key_id>_<secret>``. Only ``sha256(secret)`` is stored;
+the key is shown once, when created. Authentication looks the row up by key id
+and compares digests in constant time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass
+
+from sqlalchemy import Connection, insert, select, update
+
+from hypermedia.clock import to_datetime
+from hypermedia.db import tables as t
+from hypermedia.errors import AuthenticationFailed, Conflict, NotFound
+from hypermedia.ids import new_id
+
+KEY_PREFIX = "hm"
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who is asking: the identity every access check uses."""
+
+    user_id: str
+    is_operator: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class NewUser:
+    user_id: str
+    name: str
+    api_key: str
+    pool_id: str
+
+
+def _digest(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def create_user(
+    conn: Connection,
+    name: str,
+    now: float,
+    *,
+    credits_millicredits: int = 0,
+    is_operator: bool = False,
+    pool_id: str | None = None,
+) -> NewUser:
+    """A user with a credit account, an API key and membership of a pool (their own
+    personal pool unless ``pool_id`` names an existing one)."""
+    exists = conn.execute(select(t.users.c.user_id).where(t.users.c.name == name)).first()
+    if exists is not None:
+        raise Conflict(f"a user named {name!r} already exists", name=name)
+    user_id = new_id()
+    moment = to_datetime(now)
+    conn.execute(
+        insert(t.users).values(
+            user_id=user_id, name=name, is_operator=is_operator, created_at=moment
+        )
+    )
+    if pool_id is None:
+        pool_id = f"user-{user_id}"
+        create_pool(conn, pool_id, f"{name}'s files", now)
+    add_pool_member(conn, pool_id, user_id)
+    conn.execute(
+        insert(t.credit_accounts).values(
+            user_id=user_id,
+            balance_millicredits=0,
+            reserved_millicredits=0,
+            updated_at=moment,
+        )
+    )
+    if credits_millicredits:
+        grant_credits(conn, user_id, credits_millicredits, now, note="initial grant")
+    api_key = create_api_key(conn, user_id, now, name="default")
+    return NewUser(user_id=user_id, name=name, api_key=api_key, pool_id=pool_id)
+
+
+def create_pool(conn: Connection, pool_id: str, name: str, now: float) -> None:
+    conn.execute(insert(t.pools).values(pool_id=pool_id, name=name, created_at=to_datetime(now)))
+
+
+def add_pool_member(conn: Connection, pool_id: str, user_id: str, role: str = "member") -> None:
+    if conn.execute(select(t.pools.c.pool_id).where(t.pools.c.pool_id == pool_id)).first() is None:
+        raise NotFound(f"no pool {pool_id!r}", pool_id=pool_id)
+    conn.execute(insert(t.pool_members).values(pool_id=pool_id, user_id=user_id, role=role))
+
+
+def is_pool_member(conn: Connection, pool_id: str, user_id: str) -> bool:
+    row = conn.execute(
+        select(t.pool_members.c.user_id).where(
+            t.pool_members.c.pool_id == pool_id, t.pool_members.c.user_id == user_id
+        )
+    ).first()
+    return row is not None
+
+
+def create_api_key(conn: Connection, user_id: str, now: float, name: str = "") -> str:
+    key_id = secrets.token_hex(6)
+    secret = secrets.token_urlsafe(24)
+    conn.execute(
+        insert(t.api_keys).values(
+            key_id=key_id,
+            user_id=user_id,
+            key_hash=_digest(secret),
+            name=name,
+            created_at=to_datetime(now),
+        )
+    )
+    return f"{KEY_PREFIX}_{key_id}_{secret}"
+
+
+def revoke_api_key(conn: Connection, key_id: str, now: float) -> bool:
+    result = conn.execute(
+        update(t.api_keys)
+        .where(t.api_keys.c.key_id == key_id, t.api_keys.c.revoked_at.is_(None))
+        .values(revoked_at=to_datetime(now))
+    )
+    return result.rowcount == 1
+
+
+def authenticate(conn: Connection, api_key: str) -> Caller:
+    """The caller behind a key, or AuthenticationFailed (same answer for every bad key)."""
+    parts = api_key.split("_", 2)
+    if len(parts) != 3 or parts[0] != KEY_PREFIX:
+        raise AuthenticationFailed("invalid API key")
+    _, key_id, secret = parts
+    row = conn.execute(
+        select(
+            t.api_keys.c.key_hash, t.api_keys.c.revoked_at, t.users.c.user_id, t.users.c.is_operator
+        )
+        .join(t.users, t.users.c.user_id == t.api_keys.c.user_id)
+        .where(t.api_keys.c.key_id == key_id)
+    ).first()
+    # Compare even when the row is missing so timing does not reveal valid key ids.
+    expected = row.key_hash if row is not None else _digest("")
+    if not hmac.compare_digest(expected, _digest(secret)) or row is None or row.revoked_at:
+        raise AuthenticationFailed("invalid API key")
+    return Caller(user_id=row.user_id, is_operator=bool(row.is_operator))
+
+
+def grant_credits(
+    conn: Connection, user_id: str, amount_millicredits: int, now: float, note: str = ""
+) -> int:
+    """Add (or, negative, remove) credits; returns the new balance."""
+    result = conn.execute(
+        update(t.credit_accounts)
+        .where(t.credit_accounts.c.user_id == user_id)
+        .values(
+            balance_millicredits=t.credit_accounts.c.balance_millicredits + amount_millicredits,
+            updated_at=to_datetime(now),
+        )
+        .returning(t.credit_accounts.c.balance_millicredits)
+    ).one_or_none()
+    if result is None:
+        raise NotFound(f"no credit account for user {user_id!r}", user_id=user_id)
+    conn.execute(
+        insert(t.credit_ledger).values(
+            user_id=user_id,
+            kind="grant" if amount_millicredits >= 0 else "adjust",
+            amount_millicredits=amount_millicredits,
+            note=note,
+            created_at=to_datetime(now),
+        )
+    )
+    return int(result.balance_millicredits)
+
+
+@dataclass(frozen=True, slots=True)
+class Balance:
+    balance_millicredits: int
+    reserved_millicredits: int
+
+    @property
+    def available_millicredits(self) -> int:
+        return self.balance_millicredits - self.reserved_millicredits
+
+
+def balance(conn: Connection, user_id: str) -> Balance:
+    row = conn.execute(
+        select(
+            t.credit_accounts.c.balance_millicredits, t.credit_accounts.c.reserved_millicredits
+        ).where(t.credit_accounts.c.user_id == user_id)
+    ).first()
+    if row is None:
+        raise NotFound(f"no credit account for user {user_id!r}", user_id=user_id)
+    return Balance(int(row.balance_millicredits), int(row.reserved_millicredits))

@@ -1,0 +1,1 @@
+"""Ingest: the submit path shared by the web tier and the HTTP API."""

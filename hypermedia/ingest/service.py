@@ -1,0 +1,537 @@
+"""The ingest service: validate, check access, estimate, reserve credits, create, enqueue.
+
+One library call for the web tier and the HTTP API alike::
+
+    service.submit(caller, SubmitRequest(object_id=..., operations=["thumbnail"]))
+
+Order of work (the seed's job creation, made transactional):
+
+1. every operation has an active profile (else ``unknown_operation``);
+2. the object exists and the caller may use it (else ``not_found``, as for any id
+   the caller may not see), and it is not larger than the profile allows;
+3. credits are estimated as ``base_cost + cost_per_mb x size_mb`` per job and
+   *reserved* with a guarded UPDATE on the caller's account; too few available
+   credits raise :class:`PaymentRequired` and the transaction rolls back, so
+   nothing is created and nothing is queued;
+4. job rows are inserted (``created``) and moved to ``queued`` in the same
+   transaction, which then commits;
+5. the jobs are pushed to their Redis queues. If Redis is down the jobs are still
+   durably queued and the reconciler pushes them later; the submit succeeds.
+
+An idempotency key makes a retried submit return the jobs of the first one
+(``replayed=True``); the same key with a different request is a ``conflict``.
+Reserved credits are charged (actual cost) when a job completes and released
+when it fails or is cancelled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from sqlalchemy import Connection, Engine, func, insert, select, update
+from sqlalchemy.exc import IntegrityError
+
+from hypermedia.accounts import Caller
+from hypermedia.clock import Clock, SystemClock, to_datetime
+from hypermedia.db import tables as t
+from hypermedia.db.engine import transaction
+from hypermedia.errors import (
+    Conflict,
+    IllegalTransition,
+    InputTooLarge,
+    InvalidRequest,
+    NotFound,
+    PaymentRequired,
+    QueueUnavailable,
+)
+from hypermedia.ids import new_id
+from hypermedia.jobs.catalog import ProfileCatalog
+from hypermedia.jobs.repository import JobRepository
+from hypermedia.jobs.states import IN_FLIGHT, JobStatus
+from hypermedia.queue.redis_queue import RedisQueue
+
+log = logging.getLogger(__name__)
+
+MAX_PARAMS_BYTES = 8192
+
+
+class SubmitRequest(BaseModel):
+    """What to do with which object."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    object_id: str = Field(min_length=1, max_length=64)
+    operations: list[str] = Field(min_length=1, max_length=32)
+    priority: int | None = Field(default=None, ge=1, le=10)
+    params: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    idempotency_key: str | None = Field(default=None, min_length=1, max_length=200)
+
+    @field_validator("operations")
+    @classmethod
+    def _unique(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError("operations must not repeat")
+        return value
+
+    @field_validator("params")
+    @classmethod
+    def _small(cls, value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        if len(json.dumps(value)) > MAX_PARAMS_BYTES:
+            raise ValueError(f"params must serialize to at most {MAX_PARAMS_BYTES} bytes")
+        return value
+
+    def fingerprint(self) -> str:
+        body = self.model_dump(exclude={"idempotency_key"})
+        return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class SubmittedJob:
+    job_id: str
+    operation: str
+    queue: str
+    priority: int
+    estimated_millicredits: int
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitResult:
+    submission_id: str
+    jobs: list[SubmittedJob]
+    estimated_millicredits: int
+    replayed: bool = False
+
+    @property
+    def job_ids(self) -> list[str]:
+        return [j.job_id for j in self.jobs]
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptView:
+    attempt_number: int
+    worker_id: str
+    status: str
+    error_code: str | None
+    error_message: str | None
+    started_at: datetime
+    finished_at: datetime | None
+    duration_ms: int | None
+    peak_memory_mb: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class OutputView:
+    output_type: str
+    profile_version: int
+    storage_key: str
+    size_bytes: int
+    content_type: str | None
+    object_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class JobView:
+    job_id: str
+    object_id: str
+    operation: str
+    queue: str
+    priority: int
+    status: str
+    cancel_requested: bool
+    attempt_count: int
+    max_attempts: int
+    estimated_millicredits: int
+    actual_millicredits: int | None
+    error_code: str | None
+    error_message: str | None
+    created_at: datetime
+    queued_at: datetime | None
+    started_at: datetime | None
+    completed_at: datetime | None
+    run_after: datetime | None
+    attempts: list[AttemptView] = field(default_factory=list)
+    outputs: list[OutputView] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    queue: str
+    queued: int
+    in_flight: int
+    retry_wait: int
+    oldest_queued_at: datetime | None
+    oldest_age_seconds: float | None
+    redis_ready: int | None
+    redis_leased: int | None
+    redis_delayed: int | None
+
+
+@dataclass
+class _Planned:
+    request: SubmitRequest
+    submission_id: str
+    jobs: list[dict[str, Any]]
+    estimate: int
+
+
+class IngestService:
+    def __init__(
+        self,
+        engine: Engine,
+        queue: RedisQueue,
+        catalog: ProfileCatalog,
+        clock: Clock | None = None,
+        repository: JobRepository | None = None,
+    ) -> None:
+        self.engine = engine
+        self.queue = queue
+        self.catalog = catalog
+        self.clock = clock or SystemClock()
+        self.repository = repository or JobRepository()
+
+    # -- submit -------------------------------------------------------------------
+
+    def submit(self, caller: Caller, request: SubmitRequest) -> SubmitResult:
+        return self.submit_many(caller, [request])[0]
+
+    def submit_many(self, caller: Caller, requests: Sequence[SubmitRequest]) -> list[SubmitResult]:
+        """Submit several requests in one transaction: all are accepted or none."""
+        for request in requests:
+            for operation in request.operations:
+                self.catalog.get(operation)
+            unknown = set(request.params) - set(request.operations)
+            if unknown:
+                raise InvalidRequest(
+                    f"params given for operations not requested: {sorted(unknown)}"
+                )
+        try:
+            results, fresh = self._submit_transaction(caller, requests)
+        except IntegrityError:
+            # A concurrent submit with the same idempotency key won: replay it.
+            results, fresh = self._submit_transaction(caller, requests)
+        self._enqueue(fresh)
+        return results
+
+    def _submit_transaction(
+        self, caller: Caller, requests: Sequence[SubmitRequest]
+    ) -> tuple[list[SubmitResult], list[dict[str, Any]]]:
+        now = self.clock.now()
+        moment = to_datetime(now)
+        with transaction(self.engine) as conn:
+            replays = self._replays(conn, caller, requests)
+            objects = self._objects(
+                conn, caller, {r.object_id for i, r in enumerate(requests) if i not in replays}
+            )
+            planned: list[_Planned] = []
+            for index, request in enumerate(requests):
+                if index in replays:
+                    continue
+                planned.append(self._plan(request, objects[request.object_id]))
+            total = sum(p.estimate for p in planned)
+            if planned:
+                self._reserve(conn, caller, total, now)
+                conn.execute(
+                    insert(t.submissions),
+                    [
+                        {
+                            "submission_id": p.submission_id,
+                            "user_id": caller.user_id,
+                            "idempotency_key": p.request.idempotency_key,
+                            "request_hash": p.request.fingerprint(),
+                            "estimated_millicredits": p.estimate,
+                            "created_at": moment,
+                        }
+                        for p in planned
+                    ],
+                )
+                rows = [
+                    {**job, "user_id": caller.user_id, "created_at": moment, "updated_at": moment}
+                    for p in planned
+                    for job in p.jobs
+                ]
+                conn.execute(insert(t.jobs), rows)
+                self.repository.mark_queued(conn, [r["job_id"] for r in rows], now)
+        results: list[SubmitResult] = []
+        fresh: list[dict[str, Any]] = []
+        planned_iter = iter(planned)
+        for index in range(len(requests)):
+            if index in replays:
+                results.append(replays[index])
+                continue
+            p = next(planned_iter)
+            fresh.extend(p.jobs)
+            results.append(
+                SubmitResult(
+                    submission_id=p.submission_id,
+                    jobs=[
+                        SubmittedJob(
+                            j["job_id"],
+                            j["operation"],
+                            j["queue"],
+                            j["priority"],
+                            j["estimated_millicredits"],
+                        )
+                        for j in p.jobs
+                    ],
+                    estimated_millicredits=p.estimate,
+                )
+            )
+        return results, fresh
+
+    def _replays(
+        self, conn: Connection, caller: Caller, requests: Sequence[SubmitRequest]
+    ) -> dict[int, SubmitResult]:
+        keyed = {r.idempotency_key: i for i, r in enumerate(requests) if r.idempotency_key}
+        if not keyed:
+            return {}
+        rows = conn.execute(
+            select(t.submissions).where(
+                t.submissions.c.user_id == caller.user_id,
+                t.submissions.c.idempotency_key.in_(list(keyed)),
+            )
+        ).all()
+        replays: dict[int, SubmitResult] = {}
+        for row in rows:
+            index = keyed[row.idempotency_key]
+            if row.request_hash != requests[index].fingerprint():
+                raise Conflict(
+                    "idempotency key already used for a different request",
+                    idempotency_key=row.idempotency_key,
+                )
+            jobs = conn.execute(
+                select(
+                    t.jobs.c.job_id,
+                    t.jobs.c.operation,
+                    t.jobs.c.queue,
+                    t.jobs.c.priority,
+                    t.jobs.c.estimated_millicredits,
+                )
+                .where(t.jobs.c.submission_id == row.submission_id)
+                .order_by(t.jobs.c.job_id)
+            ).all()
+            replays[index] = SubmitResult(
+                submission_id=row.submission_id,
+                jobs=[SubmittedJob(*j) for j in jobs],
+                estimated_millicredits=row.estimated_millicredits,
+                replayed=True,
+            )
+        return replays
+
+    def _objects(
+        self, conn: Connection, caller: Caller, object_ids: set[str]
+    ) -> dict[str, tuple[str, int]]:
+        """object_id -> (pool_id, size) for the objects ``caller`` may use."""
+        if not object_ids:
+            return {}
+        member = (
+            select(t.pool_members.c.user_id)
+            .where(
+                t.pool_members.c.pool_id == t.objects.c.pool_id,
+                t.pool_members.c.user_id == caller.user_id,
+            )
+            .exists()
+        )
+        rows = conn.execute(
+            select(t.objects.c.object_id, t.objects.c.pool_id, t.objects.c.size_bytes).where(
+                t.objects.c.object_id.in_(list(object_ids)),
+                (t.objects.c.owner_id == caller.user_id) | member,
+            )
+        ).all()
+        found = {r.object_id: (r.pool_id, int(r.size_bytes)) for r in rows}
+        missing = sorted(object_ids - set(found))
+        if missing:
+            raise NotFound(f"no object {missing[0]!r}", object_id=missing[0])
+        return found
+
+    def _plan(self, request: SubmitRequest, obj: tuple[str, int]) -> _Planned:
+        _pool_id, size = obj
+        jobs: list[dict[str, Any]] = []
+        submission_id = new_id()
+        for operation in request.operations:
+            profile = self.catalog.get(operation)
+            if size > profile.max_input_bytes:
+                raise InputTooLarge(
+                    f"object is {size} bytes; {operation} accepts at most "
+                    f"{profile.max_input_bytes}",
+                    object_id=request.object_id,
+                    operation=operation,
+                )
+            estimate = profile.estimate_millicredits(size)
+            jobs.append(
+                {
+                    "job_id": new_id(),
+                    "submission_id": submission_id,
+                    "object_id": request.object_id,
+                    "profile_id": profile.profile_id,
+                    "operation": operation,
+                    "queue": profile.queue,
+                    "priority": request.priority or profile.default_priority,
+                    "status": JobStatus.CREATED.value,
+                    "params": {**profile.params, **request.params.get(operation, {})},
+                    "estimated_millicredits": estimate,
+                    "attempt_count": 0,
+                    "max_attempts": profile.max_attempts,
+                    "cancel_requested": False,
+                }
+            )
+        return _Planned(
+            request, submission_id, jobs, sum(j["estimated_millicredits"] for j in jobs)
+        )
+
+    def _reserve(self, conn: Connection, caller: Caller, amount: int, now: float) -> None:
+        acct = t.credit_accounts
+        result = conn.execute(
+            update(acct)
+            .where(
+                acct.c.user_id == caller.user_id,
+                acct.c.balance_millicredits - acct.c.reserved_millicredits >= amount,
+            )
+            .values(
+                reserved_millicredits=acct.c.reserved_millicredits + amount,
+                updated_at=to_datetime(now),
+            )
+        )
+        if result.rowcount == 1:
+            return
+        row = conn.execute(
+            select(acct.c.balance_millicredits, acct.c.reserved_millicredits).where(
+                acct.c.user_id == caller.user_id
+            )
+        ).first()
+        available = 0 if row is None else row.balance_millicredits - row.reserved_millicredits
+        raise PaymentRequired(
+            f"not enough credits: this needs {amount / 1000:g}, {available / 1000:g} available",
+            required_credits=amount / 1000,
+            available_credits=available / 1000,
+        )
+
+    def _enqueue(self, jobs: Sequence[dict[str, Any]]) -> None:
+        by_queue: dict[str, list[tuple[str, int]]] = defaultdict(list)
+        for job in jobs:
+            by_queue[job["queue"]].append((job["job_id"], job["priority"]))
+        for queue, entries in by_queue.items():
+            try:
+                self.queue.enqueue(queue, entries)
+            except QueueUnavailable as exc:
+                # Durable already: the reconciler pushes these when Redis is back.
+                log.warning(
+                    "redis unavailable; %d jobs stay queued in the database",
+                    len(entries),
+                    extra={"queue": queue, "action": "enqueue_deferred", "error": str(exc)},
+                )
+
+    # -- read and cancel --------------------------------------------------------------
+
+    def get_job(self, caller: Caller, job_id: str) -> JobView:
+        with transaction(self.engine) as conn:
+            row = conn.execute(
+                select(t.jobs).where(t.jobs.c.job_id == job_id, t.jobs.c.user_id == caller.user_id)
+            ).first()
+            if row is None:
+                raise NotFound(f"no job {job_id!r}", job_id=job_id)
+            attempts = conn.execute(
+                select(t.attempts)
+                .where(t.attempts.c.job_id == job_id)
+                .order_by(t.attempts.c.attempt_number)
+            ).all()
+            outputs = conn.execute(
+                select(t.outputs)
+                .where(t.outputs.c.job_id == job_id)
+                .order_by(t.outputs.c.output_id)
+            ).all()
+        m = row._mapping
+        return JobView(
+            **{k: m[k] for k in JobView.__dataclass_fields__ if k not in ("attempts", "outputs")},
+            attempts=[
+                AttemptView(**{k: a._mapping[k] for k in AttemptView.__dataclass_fields__})
+                for a in attempts
+            ],
+            outputs=[
+                OutputView(**{k: o._mapping[k] for k in OutputView.__dataclass_fields__})
+                for o in outputs
+            ],
+        )
+
+    def cancel(self, caller: Caller, job_id: str) -> JobStatus:
+        """Cancel a job: answers CANCELLED, or the in-flight status with cancel requested."""
+        now = self.clock.now()
+        with transaction(self.engine) as conn:
+            status = self.repository.cancel(conn, job_id, caller.user_id, now)
+            queue = conn.execute(
+                select(t.jobs.c.queue).where(t.jobs.c.job_id == job_id)
+            ).scalar_one_or_none()
+        if status is None or queue is None:
+            raise NotFound(f"no job {job_id!r}", job_id=job_id)
+        if status is JobStatus.CANCELLED:
+            try:
+                self.queue.remove(queue, [job_id])
+            except QueueUnavailable:
+                log.warning("redis unavailable; reconciler will drop %s", job_id)
+            return status
+        if status in IN_FLIGHT:
+            return status
+        raise IllegalTransition(
+            f"job is already {status.value}", job_id=job_id, status=status.value
+        )
+
+    # -- operators ------------------------------------------------------------------
+
+    def queue_overview(self) -> list[QueueStats]:
+        now = self.clock.now()
+        with transaction(self.engine) as conn:
+            rows = conn.execute(
+                select(
+                    t.jobs.c.queue,
+                    t.jobs.c.status,
+                    func.count(),
+                    func.min(t.jobs.c.queued_at),
+                )
+                .where(
+                    t.jobs.c.status.in_(
+                        [
+                            JobStatus.QUEUED.value,
+                            JobStatus.CLAIMED.value,
+                            JobStatus.PROCESSING.value,
+                            JobStatus.RETRY_WAIT.value,
+                        ]
+                    )
+                )
+                .group_by(t.jobs.c.queue, t.jobs.c.status)
+            ).all()
+        counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        oldest: dict[str, datetime] = {}
+        for queue, status, count, first in rows:
+            counts[queue][status] += count
+            if status == JobStatus.QUEUED.value and first is not None:
+                # min() over a UTC column comes back naive on SQLite.
+                oldest[queue] = first if first.tzinfo else first.replace(tzinfo=UTC)
+        stats = []
+        for queue in self.queue.queues:
+            c = counts.get(queue, {})
+            try:
+                redis_counts = self.queue.counts(queue)
+            except QueueUnavailable:
+                redis_counts = None
+            first = oldest.get(queue)
+            stats.append(
+                QueueStats(
+                    queue=queue,
+                    queued=c.get("queued", 0),
+                    in_flight=c.get("claimed", 0) + c.get("processing", 0),
+                    retry_wait=c.get("retry_wait", 0),
+                    oldest_queued_at=first,
+                    oldest_age_seconds=None if first is None else max(0.0, now - first.timestamp()),
+                    redis_ready=None if redis_counts is None else redis_counts.ready,
+                    redis_leased=None if redis_counts is None else redis_counts.leased,
+                    redis_delayed=None if redis_counts is None else redis_counts.delayed,
+                )
+            )
+        return stats

@@ -1,0 +1,137 @@
+"""The profile catalog: configured profiles written to ``processing_profiles``.
+
+Jobs reference a profile row (operation + version), so changing what an
+operation produces means bumping its version: a new row, and new output keys.
+Syncing a profile whose version exists with different ``params`` is refused,
+because its outputs would silently differ under the same keys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, Engine, insert, select, update
+
+from hypermedia.clock import to_datetime
+from hypermedia.db import tables as t
+from hypermedia.db.engine import transaction
+from hypermedia.errors import ConfigError, UnknownOperation
+from hypermedia.profiles import Profile
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileRecord:
+    profile_id: int
+    operation: str
+    version: int
+    queue: str
+    base_cost_millicredits: int
+    cost_per_mb_millicredits: int
+    timeout_seconds: int
+    memory_limit_mb: int
+    max_input_bytes: int
+    max_attempts: int
+    default_priority: int
+    params: dict[str, Any]
+
+    def estimate_millicredits(self, size_bytes: int) -> int:
+        variable = -(-self.cost_per_mb_millicredits * size_bytes // (1024 * 1024))
+        return self.base_cost_millicredits + variable
+
+
+def _values(profile: Profile) -> dict[str, Any]:
+    return {
+        "queue": profile.queue,
+        "base_cost_millicredits": profile.base_cost_millicredits,
+        "cost_per_mb_millicredits": profile.cost_per_mb_millicredits,
+        "timeout_seconds": profile.timeout_seconds,
+        "memory_limit_mb": profile.memory_limit_mb,
+        "max_input_bytes": profile.max_input_bytes,
+        "max_attempts": profile.max_attempts,
+        "default_priority": profile.default_priority,
+        "params": profile.params,
+    }
+
+
+def sync_profiles(conn: Connection, profiles: Mapping[str, Profile], now: float) -> None:
+    """Upsert the configured profiles; only they stay active."""
+    existing = {
+        (r.operation, r.version): r
+        for r in conn.execute(
+            select(
+                t.profiles.c.profile_id,
+                t.profiles.c.operation,
+                t.profiles.c.version,
+                t.profiles.c.params,
+            )
+        )
+    }
+    conn.execute(update(t.profiles).values(active=False))
+    for operation, profile in profiles.items():
+        found = existing.get((operation, profile.version))
+        values = _values(profile)
+        if found is None:
+            conn.execute(
+                insert(t.profiles).values(
+                    operation=operation,
+                    version=profile.version,
+                    active=True,
+                    created_at=to_datetime(now),
+                    updated_at=to_datetime(now),
+                    **values,
+                )
+            )
+            continue
+        if found.params != profile.params:
+            raise ConfigError(
+                f"profiles.{operation}.version",
+                f"params changed but version {profile.version} already exists; bump the version",
+            )
+        conn.execute(
+            update(t.profiles)
+            .where(t.profiles.c.profile_id == found.profile_id)
+            .values(active=True, updated_at=to_datetime(now), **values)
+        )
+
+
+class ProfileCatalog:
+    """Active profiles by operation, read once from the database."""
+
+    def __init__(self, records: Mapping[str, ProfileRecord]) -> None:
+        self._by_operation = dict(records)
+        self._by_id = {r.profile_id: r for r in records.values()}
+
+    @classmethod
+    def load(cls, engine: Engine) -> ProfileCatalog:
+        with transaction(engine) as conn:
+            return cls.from_connection(conn)
+
+    @classmethod
+    def from_connection(cls, conn: Connection) -> ProfileCatalog:
+        rows = conn.execute(select(t.profiles).where(t.profiles.c.active.is_(True))).mappings()
+        records = {
+            r["operation"]: ProfileRecord(**{k: r[k] for k in ProfileRecord.__dataclass_fields__})
+            for r in rows
+        }
+        return cls(records)
+
+    def get(self, operation: str) -> ProfileRecord:
+        try:
+            return self._by_operation[operation]
+        except KeyError:
+            raise UnknownOperation(
+                f"unknown operation {operation!r}",
+                operation=operation,
+                known=sorted(self._by_operation),
+            ) from None
+
+    def by_id(self, profile_id: int) -> ProfileRecord | None:
+        return self._by_id.get(profile_id)
+
+    def operations(self) -> list[str]:
+        return sorted(self._by_operation)
+
+    def __len__(self) -> int:
+        return len(self._by_operation)

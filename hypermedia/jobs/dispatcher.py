@@ -1,0 +1,249 @@
+"""The worker's side of a job: claim, start, extend, complete, fail, release.
+
+Each step changes the job record first (a guarded UPDATE in its own
+transaction) and then mirrors the new state into Redis. If the mirror step
+fails (Redis down), the record is still right and the reaper / reconciler bring
+Redis back in line; if the record step finds the job no longer ours, Redis is
+corrected from the record. Workers (pipeline actors) call only this.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import Connection, Engine, Row, select
+
+from hypermedia.clock import Clock, SystemClock
+from hypermedia.db import tables as t
+from hypermedia.db.engine import transaction
+from hypermedia.errors import QueueUnavailable
+from hypermedia.jobs.catalog import ProfileCatalog
+from hypermedia.jobs.repository import ClaimedJob, JobRepository, Moved, OutputRecord
+from hypermedia.jobs.states import IN_FLIGHT, JobStatus
+from hypermedia.queue.redis_queue import RedisQueue, Restore
+
+log = logging.getLogger(__name__)
+
+
+def lease_seconds(timeout_seconds: int, grace_seconds: float) -> float:
+    """A job's lease: its wall-clock limit (timeout x 1.5) plus a grace period."""
+    return timeout_seconds * 1.5 + grace_seconds
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        engine: Engine,
+        queue: RedisQueue,
+        catalog: ProfileCatalog,
+        *,
+        clock: Clock | None = None,
+        repository: JobRepository | None = None,
+        lease_grace_seconds: float = 30.0,
+    ) -> None:
+        self.engine = engine
+        self.queue = queue
+        self.catalog = catalog
+        self.clock = clock or SystemClock()
+        self.repository = repository or JobRepository()
+        self.grace = lease_grace_seconds
+        self._queue_lease: dict[str, float] = {}
+
+    def queue_lease_seconds(self, queue: str) -> float:
+        """Redis lease for a queue: the longest lease of any profile on it."""
+        if queue not in self._queue_lease:
+            timeouts = [
+                self.catalog.get(op).timeout_seconds
+                for op in self.catalog.operations()
+                if self.catalog.get(op).queue == queue
+            ]
+            self._queue_lease[queue] = lease_seconds(max(timeouts, default=60), self.grace)
+        return self._queue_lease[queue]
+
+    # -- claim --------------------------------------------------------------------
+
+    def claim(self, queue: str, worker_id: str, count: int = 1) -> list[ClaimedJob]:
+        """Lease up to ``count`` jobs in Redis, then claim each in the record.
+
+        A popped job the record will not give us (cancelled, claimed elsewhere,
+        not yet due) is put back where the record says it belongs.
+        """
+        now = self.clock.now()
+        leased = self.queue.claim(queue, worker_id, self.queue_lease_seconds(queue), now, count)
+        claimed: list[ClaimedJob] = []
+        lost: list[str] = []
+        for entry in leased:
+            job = self._claim_one(entry.job_id, worker_id, now)
+            if job is None:
+                lost.append(entry.job_id)
+            else:
+                claimed.append(job)
+        if lost:
+            self.mirror(lost)
+        return claimed
+
+    def _claim_one(self, job_id: str, worker_id: str, now: float) -> ClaimedJob | None:
+        with transaction(self.engine) as conn:
+            profile_id = self._profile_id(conn, job_id)
+            if profile_id is None:
+                return None
+            profile = self.catalog.by_id(profile_id)
+            timeout = profile.timeout_seconds if profile else 60
+            return self.repository.claim(
+                conn, job_id, worker_id, now, lease_seconds(timeout, self.grace)
+            )
+
+    @staticmethod
+    def _profile_id(conn: Connection, job_id: str) -> int | None:
+        value = conn.execute(
+            select(t.jobs.c.profile_id).where(t.jobs.c.job_id == job_id)
+        ).scalar_one_or_none()
+        return None if value is None else int(value)
+
+    # -- running ----------------------------------------------------------------------
+
+    def start(self, job: ClaimedJob, worker_id: str) -> bool:
+        with transaction(self.engine) as conn:
+            return self.repository.start(conn, job.job_id, worker_id, self.clock.now())
+
+    def extend(self, job: ClaimedJob, worker_id: str, seconds: float) -> bool:
+        """Push the lease ``seconds`` past now (long jobs heartbeat with this)."""
+        now = self.clock.now()
+        deadline = now + seconds
+        with transaction(self.engine) as conn:
+            ok = self.repository.extend_lease(conn, job.job_id, worker_id, deadline, now)
+        if ok:
+            try:
+                self.queue.extend(job.queue, job.job_id, worker_id, deadline)
+            except QueueUnavailable:
+                log.warning(
+                    "redis unavailable; lease of %s extended in the record only", job.job_id
+                )
+        return ok
+
+    def cancel_requested(self, job: ClaimedJob) -> bool:
+        with transaction(self.engine) as conn:
+            return self.repository.is_cancel_requested(conn, job.job_id)
+
+    # -- endings -------------------------------------------------------------------------
+
+    def complete(
+        self,
+        job: ClaimedJob,
+        worker_id: str,
+        outputs: Sequence[OutputRecord] = (),
+        *,
+        actual_millicredits: int | None = None,
+        peak_memory_mb: float | None = None,
+    ) -> bool:
+        with transaction(self.engine) as conn:
+            moved = self.repository.complete(
+                conn,
+                job.job_id,
+                worker_id,
+                self.clock.now(),
+                outputs,
+                actual_millicredits=actual_millicredits,
+                peak_memory_mb=peak_memory_mb,
+            )
+        if moved is None:
+            self.mirror([job.job_id])
+            return False
+        self._apply([moved])
+        return True
+
+    def fail(
+        self,
+        job: ClaimedJob,
+        worker_id: str,
+        error_code: str,
+        error_message: str,
+        *,
+        retryable: bool = True,
+        peak_memory_mb: float | None = None,
+    ) -> JobStatus | None:
+        """Record a failed attempt: answers RETRY_WAIT or FAILED (None if not ours)."""
+        with transaction(self.engine) as conn:
+            result = self.repository.fail(
+                conn,
+                job.job_id,
+                worker_id,
+                self.clock.now(),
+                error_code,
+                error_message,
+                retryable=retryable,
+                peak_memory_mb=peak_memory_mb,
+            )
+        if result is None:
+            self.mirror([job.job_id])
+            return None
+        moved, _decision = result
+        self._apply([moved])
+        return moved.status
+
+    def release(self, job: ClaimedJob, worker_id: str) -> bool:
+        """Hand the job back without spending an attempt (drain, spot notice)."""
+        with transaction(self.engine) as conn:
+            moved = self.repository.release(conn, job.job_id, worker_id, self.clock.now())
+        if moved is None:
+            self.mirror([job.job_id])
+            return False
+        self._apply([moved])
+        return True
+
+    def honour_cancel(self, job: ClaimedJob, worker_id: str) -> bool:
+        with transaction(self.engine) as conn:
+            moved = self.repository.cancel_claimed(conn, job.job_id, worker_id, self.clock.now())
+        if moved is None:
+            return False
+        self._apply([moved])
+        return True
+
+    # -- mirroring the record into Redis --------------------------------------------------
+
+    def _apply(self, moves: Sequence[Moved]) -> None:
+        try:
+            for m in moves:
+                if m.status is JobStatus.QUEUED:
+                    self.queue.enqueue(m.queue, [(m.job_id, m.priority)])
+                elif m.status is JobStatus.RETRY_WAIT and m.retry_at is not None:
+                    self.queue.delay(m.queue, [(m.job_id, m.retry_at)])
+                else:
+                    self.queue.remove(m.queue, [m.job_id])
+        except QueueUnavailable as exc:
+            log.warning("redis unavailable; reconciler will mirror %d jobs: %s", len(moves), exc)
+
+    def mirror(self, job_ids: Sequence[str]) -> None:
+        """Make Redis say what the record says about these jobs."""
+        with transaction(self.engine) as conn:
+            rows = self.repository.states(conn, job_ids)
+        try:
+            for job_id in job_ids:
+                row = rows.get(job_id)
+                if row is None:
+                    for q in self.queue.queues:
+                        self.queue.remove(q, [job_id])
+                    continue
+                mirror_row(self.queue, row)
+        except QueueUnavailable as exc:
+            log.warning("redis unavailable while mirroring: %s", exc)
+
+
+def mirror_row(queue: RedisQueue, row: Row[Any]) -> None:
+    status = JobStatus(row.status)
+    if status is JobStatus.QUEUED:
+        queue.enqueue(row.queue, [(row.job_id, row.priority)])
+    elif status is JobStatus.RETRY_WAIT:
+        due = row.run_after.timestamp() if row.run_after else 0.0
+        queue.delay(row.queue, [(row.job_id, due)])
+    elif status in IN_FLIGHT:
+        deadline = row.visibility_timeout.timestamp() if row.visibility_timeout else 0.0
+        queue.remove(row.queue, [row.job_id])
+        queue.restore(
+            row.queue,
+            [Restore("leased", row.job_id, row.priority, deadline, row.claimed_by or "")],
+        )
+    else:
+        queue.remove(row.queue, [row.job_id])

@@ -1,0 +1,560 @@
+"""Guarded SQL for every job transition.
+
+Each method is one state-machine event turned into ``UPDATE ... WHERE job_id = ?
+AND status IN (<legal sources>)`` (plus the claimant's worker id where a lease is
+involved). A statement that matches no row means the transition was not legal
+any more (someone else claimed, cancelled, or the lease was reaped): the method
+answers ``None``/``False`` and changes nothing. Methods take an open connection
+so callers decide the transaction; none of them talks to Redis.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, Row, and_, func, insert, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+
+from hypermedia.clock import to_datetime
+from hypermedia.db import tables as t
+from hypermedia.jobs.states import (
+    IN_FLIGHT,
+    Backoff,
+    FailureDecision,
+    JobEvent,
+    JobStatus,
+    decide_failure,
+    sources,
+)
+
+
+def _guard(event: JobEvent) -> list[str]:
+    return sorted(s.value for s in sources(event))
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedJob:
+    job_id: str
+    queue: str
+    operation: str
+    object_id: str
+    user_id: str
+    profile_id: int
+    priority: int
+    params: dict[str, Any]
+    attempt_number: int
+    max_attempts: int
+    deadline: float  # lease / visibility timeout, epoch seconds
+
+
+@dataclass(frozen=True, slots=True)
+class OutputRecord:
+    output_type: str
+    storage_key: str
+    size_bytes: int
+    content_type: str | None = None
+    object_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Moved:
+    """A job that changed state, with what Redis needs to mirror it."""
+
+    job_id: str
+    queue: str
+    priority: int
+    status: JobStatus
+    retry_at: float | None = None
+
+
+def _insert_ignore(conn: Connection, table: Any, rows: Sequence[dict[str, Any]]) -> None:
+    """INSERT ... ON CONFLICT DO NOTHING on PostgreSQL and SQLite alike."""
+    if not rows:
+        return
+    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+    conn.execute(dialect.insert(table).on_conflict_do_nothing(), list(rows))
+
+
+class JobRepository:
+    def __init__(self, backoff: Backoff | None = None) -> None:
+        self.backoff = backoff or Backoff()
+
+    # -- queueing --------------------------------------------------------------
+
+    def mark_queued(self, conn: Connection, job_ids: Sequence[str], now: float) -> int:
+        """created -> queued for a batch."""
+        if not job_ids:
+            return 0
+        result = conn.execute(
+            update(t.jobs)
+            .where(t.jobs.c.job_id.in_(job_ids), t.jobs.c.status.in_(_guard(JobEvent.ENQUEUE)))
+            .values(
+                status=JobStatus.QUEUED.value,
+                queued_at=to_datetime(now),
+                updated_at=to_datetime(now),
+            )
+        )
+        return result.rowcount
+
+    def promote_due(
+        self, conn: Connection, now: float, job_ids: Sequence[str] | None = None
+    ) -> list[Moved]:
+        """retry_wait -> queued for every job whose ``run_after`` has passed."""
+        stmt = update(t.jobs).where(
+            t.jobs.c.status.in_(_guard(JobEvent.RETRY_DUE)),
+            t.jobs.c.run_after <= to_datetime(now),
+        )
+        if job_ids is not None:
+            if not job_ids:
+                return []
+            stmt = stmt.where(t.jobs.c.job_id.in_(job_ids))
+        rows = conn.execute(
+            stmt.values(
+                status=JobStatus.QUEUED.value,
+                run_after=None,
+                queued_at=to_datetime(now),
+                updated_at=to_datetime(now),
+            ).returning(t.jobs.c.job_id, t.jobs.c.queue, t.jobs.c.priority)
+        ).all()
+        return [Moved(r.job_id, r.queue, r.priority, JobStatus.QUEUED) for r in rows]
+
+    # -- claiming and running ----------------------------------------------------
+
+    def claim(
+        self, conn: Connection, job_id: str, worker_id: str, now: float, lease_seconds: float
+    ) -> ClaimedJob | None:
+        """The atomic claim: queued -> claimed, attempt_count + 1, attempt row. None if lost."""
+        deadline = now + lease_seconds
+        row = conn.execute(
+            update(t.jobs)
+            .where(t.jobs.c.job_id == job_id, t.jobs.c.status.in_(_guard(JobEvent.CLAIM)))
+            .values(
+                status=JobStatus.CLAIMED.value,
+                claimed_by=worker_id,
+                claimed_at=to_datetime(now),
+                visibility_timeout=to_datetime(deadline),
+                attempt_count=t.jobs.c.attempt_count + 1,
+                updated_at=to_datetime(now),
+            )
+            .returning(
+                t.jobs.c.queue,
+                t.jobs.c.operation,
+                t.jobs.c.object_id,
+                t.jobs.c.user_id,
+                t.jobs.c.profile_id,
+                t.jobs.c.priority,
+                t.jobs.c.params,
+                t.jobs.c.attempt_count,
+                t.jobs.c.max_attempts,
+            )
+        ).one_or_none()
+        if row is None:
+            return None
+        conn.execute(
+            insert(t.attempts).values(
+                job_id=job_id,
+                attempt_number=row.attempt_count,
+                worker_id=worker_id,
+                status="running",
+                started_at=to_datetime(now),
+            )
+        )
+        return ClaimedJob(
+            job_id=job_id,
+            queue=row.queue,
+            operation=row.operation,
+            object_id=row.object_id,
+            user_id=row.user_id,
+            profile_id=row.profile_id,
+            priority=row.priority,
+            params=row.params,
+            attempt_number=row.attempt_count,
+            max_attempts=row.max_attempts,
+            deadline=deadline,
+        )
+
+    def start(self, conn: Connection, job_id: str, worker_id: str, now: float) -> bool:
+        """claimed -> processing, by the worker holding the claim."""
+        result = conn.execute(
+            update(t.jobs)
+            .where(
+                t.jobs.c.job_id == job_id,
+                t.jobs.c.claimed_by == worker_id,
+                t.jobs.c.status.in_(_guard(JobEvent.START)),
+            )
+            .values(
+                status=JobStatus.PROCESSING.value,
+                started_at=to_datetime(now),
+                updated_at=to_datetime(now),
+            )
+        )
+        return result.rowcount == 1
+
+    def extend_lease(
+        self, conn: Connection, job_id: str, worker_id: str, deadline: float, now: float
+    ) -> bool:
+        result = conn.execute(
+            update(t.jobs)
+            .where(
+                t.jobs.c.job_id == job_id,
+                t.jobs.c.claimed_by == worker_id,
+                t.jobs.c.status.in_([s.value for s in IN_FLIGHT]),
+            )
+            .values(visibility_timeout=to_datetime(deadline), updated_at=to_datetime(now))
+        )
+        return result.rowcount == 1
+
+    def is_cancel_requested(self, conn: Connection, job_id: str) -> bool:
+        value = conn.execute(
+            select(t.jobs.c.cancel_requested).where(t.jobs.c.job_id == job_id)
+        ).scalar_one_or_none()
+        return bool(value)
+
+    def complete(
+        self,
+        conn: Connection,
+        job_id: str,
+        worker_id: str,
+        now: float,
+        outputs: Sequence[OutputRecord] = (),
+        *,
+        actual_millicredits: int | None = None,
+        peak_memory_mb: float | None = None,
+    ) -> Moved | None:
+        """processing -> completed: outputs registered (idempotently), attempt closed,
+        credits charged. None if this worker no longer holds the job."""
+        job = conn.execute(
+            update(t.jobs)
+            .where(
+                t.jobs.c.job_id == job_id,
+                t.jobs.c.claimed_by == worker_id,
+                t.jobs.c.status.in_(_guard(JobEvent.COMPLETE)),
+            )
+            .values(
+                status=JobStatus.COMPLETED.value,
+                completed_at=to_datetime(now),
+                visibility_timeout=None,
+                updated_at=to_datetime(now),
+                actual_millicredits=func.coalesce(
+                    actual_millicredits, t.jobs.c.estimated_millicredits
+                ),
+                error_code=None,
+                error_message=None,
+            )
+            .returning(
+                t.jobs.c.queue,
+                t.jobs.c.priority,
+                t.jobs.c.user_id,
+                t.jobs.c.profile_id,
+                t.jobs.c.attempt_count,
+                t.jobs.c.estimated_millicredits,
+                t.jobs.c.actual_millicredits,
+            )
+        ).one_or_none()
+        if job is None:
+            return None
+        version = conn.execute(
+            select(t.profiles.c.version).where(t.profiles.c.profile_id == job.profile_id)
+        ).scalar_one()
+        _insert_ignore(
+            conn,
+            t.outputs,
+            [
+                {
+                    "job_id": job_id,
+                    "output_type": o.output_type,
+                    "profile_version": version,
+                    "object_id": o.object_id,
+                    "storage_key": o.storage_key,
+                    "size_bytes": o.size_bytes,
+                    "content_type": o.content_type,
+                    "created_at": to_datetime(now),
+                }
+                for o in outputs
+            ],
+        )
+        self._close_attempt(conn, job_id, job.attempt_count, "completed", now, peak_memory_mb)
+        self._settle_credits(
+            conn, job.user_id, job_id, job.estimated_millicredits, job.actual_millicredits, now
+        )
+        return Moved(job_id, job.queue, job.priority, JobStatus.COMPLETED)
+
+    def fail(
+        self,
+        conn: Connection,
+        job_id: str,
+        worker_id: str | None,
+        now: float,
+        error_code: str,
+        error_message: str,
+        *,
+        retryable: bool = True,
+        peak_memory_mb: float | None = None,
+    ) -> tuple[Moved, FailureDecision] | None:
+        """A failed attempt: retry_wait with backoff, or failed once attempts are used up.
+
+        ``worker_id`` None is the reaper acting for a worker that vanished; it only
+        matches jobs whose lease has expired.
+        """
+        conds = [t.jobs.c.job_id == job_id, t.jobs.c.status.in_(_guard(JobEvent.FAIL))]
+        if worker_id is not None:
+            conds.append(t.jobs.c.claimed_by == worker_id)
+        else:
+            conds.append(t.jobs.c.visibility_timeout <= to_datetime(now))
+        row = conn.execute(
+            select(
+                t.jobs.c.attempt_count,
+                t.jobs.c.max_attempts,
+                t.jobs.c.queue,
+                t.jobs.c.priority,
+                t.jobs.c.user_id,
+                t.jobs.c.estimated_millicredits,
+                t.jobs.c.claimed_by,
+            ).where(*conds)
+        ).one_or_none()
+        if row is None:
+            return None
+        decision = decide_failure(
+            row.attempt_count, row.max_attempts, now, self.backoff, retryable=retryable
+        )
+        values: dict[str, Any] = {
+            "status": decision.status.value,
+            "error_code": error_code,
+            "error_message": error_message[:4000],
+            "visibility_timeout": None,
+            "updated_at": to_datetime(now),
+        }
+        if decision.retry_at is not None:
+            values["run_after"] = to_datetime(decision.retry_at)
+        else:
+            values["completed_at"] = to_datetime(now)
+        result = conn.execute(
+            update(t.jobs)
+            .where(*conds, t.jobs.c.attempt_count == row.attempt_count)
+            .values(**values)
+        )
+        if result.rowcount != 1:
+            return None
+        self._close_attempt(
+            conn,
+            job_id,
+            row.attempt_count,
+            "failed",
+            now,
+            peak_memory_mb,
+            error_code,
+            error_message,
+        )
+        if decision.status is JobStatus.FAILED:
+            self._release_reservation(conn, row.user_id, row.estimated_millicredits, now)
+        moved = Moved(job_id, row.queue, row.priority, decision.status, decision.retry_at)
+        return moved, decision
+
+    def release(self, conn: Connection, job_id: str, worker_id: str, now: float) -> Moved | None:
+        """Hand an in-flight job back to the queue without spending an attempt
+        (drain, spot notice). The attempt row is closed as ``released``."""
+        row = conn.execute(
+            update(t.jobs)
+            .where(
+                t.jobs.c.job_id == job_id,
+                t.jobs.c.claimed_by == worker_id,
+                t.jobs.c.status.in_(_guard(JobEvent.RELEASE)),
+            )
+            .values(
+                status=JobStatus.QUEUED.value,
+                claimed_by=None,
+                visibility_timeout=None,
+                attempt_count=t.jobs.c.attempt_count - 1,
+                queued_at=to_datetime(now),
+                updated_at=to_datetime(now),
+            )
+            .returning(t.jobs.c.queue, t.jobs.c.priority, t.jobs.c.attempt_count)
+        ).one_or_none()
+        if row is None:
+            return None
+        self._close_attempt(conn, job_id, row.attempt_count + 1, "released", now, None)
+        return Moved(job_id, row.queue, row.priority, JobStatus.QUEUED)
+
+    def cancel_claimed(
+        self, conn: Connection, job_id: str, worker_id: str, now: float
+    ) -> Moved | None:
+        """The worker honours ``cancel_requested``: in flight -> cancelled."""
+        row = conn.execute(
+            update(t.jobs)
+            .where(
+                t.jobs.c.job_id == job_id,
+                t.jobs.c.claimed_by == worker_id,
+                t.jobs.c.cancel_requested.is_(True),
+                t.jobs.c.status.in_([s.value for s in IN_FLIGHT]),
+            )
+            .values(
+                status=JobStatus.CANCELLED.value,
+                visibility_timeout=None,
+                completed_at=to_datetime(now),
+                updated_at=to_datetime(now),
+            )
+            .returning(
+                t.jobs.c.queue,
+                t.jobs.c.priority,
+                t.jobs.c.user_id,
+                t.jobs.c.attempt_count,
+                t.jobs.c.estimated_millicredits,
+            )
+        ).one_or_none()
+        if row is None:
+            return None
+        self._close_attempt(conn, job_id, row.attempt_count, "cancelled", now, None)
+        self._release_reservation(conn, row.user_id, row.estimated_millicredits, now)
+        return Moved(job_id, row.queue, row.priority, JobStatus.CANCELLED)
+
+    # -- cancellation by the user ---------------------------------------------------
+
+    def cancel(self, conn: Connection, job_id: str, user_id: str, now: float) -> JobStatus | None:
+        """User cancel. Not yet running -> cancelled; running -> cancel_requested
+        (status stays; answers PROCESSING/CLAIMED). None if no such job for this user.
+        A terminal job answers its own status, unchanged."""
+        row = conn.execute(
+            update(t.jobs)
+            .where(
+                t.jobs.c.job_id == job_id,
+                t.jobs.c.user_id == user_id,
+                t.jobs.c.status.in_(
+                    [s.value for s in sources(JobEvent.CANCEL) if s not in IN_FLIGHT]
+                ),
+            )
+            .values(
+                status=JobStatus.CANCELLED.value,
+                completed_at=to_datetime(now),
+                run_after=None,
+                updated_at=to_datetime(now),
+            )
+            .returning(t.jobs.c.estimated_millicredits)
+        ).one_or_none()
+        if row is not None:
+            self._release_reservation(conn, user_id, row.estimated_millicredits, now)
+            return JobStatus.CANCELLED
+        conn.execute(
+            update(t.jobs)
+            .where(
+                t.jobs.c.job_id == job_id,
+                t.jobs.c.user_id == user_id,
+                t.jobs.c.status.in_([s.value for s in IN_FLIGHT]),
+            )
+            .values(cancel_requested=True, updated_at=to_datetime(now))
+        )
+        status = conn.execute(
+            select(t.jobs.c.status).where(t.jobs.c.job_id == job_id, t.jobs.c.user_id == user_id)
+        ).scalar_one_or_none()
+        return None if status is None else JobStatus(status)
+
+    # -- the reaper's view ---------------------------------------------------------
+
+    def expired(self, conn: Connection, now: float, limit: int = 1000) -> list[str]:
+        """In-flight jobs whose visibility timeout has passed."""
+        return list(
+            conn.execute(
+                select(t.jobs.c.job_id)
+                .where(
+                    t.jobs.c.status.in_([s.value for s in IN_FLIGHT]),
+                    t.jobs.c.visibility_timeout <= to_datetime(now),
+                )
+                .limit(limit)
+            ).scalars()
+        )
+
+    def states(self, conn: Connection, job_ids: Sequence[str]) -> dict[str, Row[Any]]:
+        if not job_ids:
+            return {}
+        rows = conn.execute(
+            select(
+                t.jobs.c.job_id,
+                t.jobs.c.queue,
+                t.jobs.c.priority,
+                t.jobs.c.status,
+                t.jobs.c.run_after,
+                t.jobs.c.visibility_timeout,
+                t.jobs.c.claimed_by,
+            ).where(t.jobs.c.job_id.in_(job_ids))
+        ).all()
+        return {r.job_id: r for r in rows}  # type: ignore[misc]
+
+    # -- helpers -------------------------------------------------------------------
+
+    def _close_attempt(
+        self,
+        conn: Connection,
+        job_id: str,
+        attempt_number: int,
+        status: str,
+        now: float,
+        peak_memory_mb: float | None,
+        error_code: str | None = None,
+        error_message: str | None = None,
+    ) -> None:
+        started = conn.execute(
+            select(t.attempts.c.started_at).where(
+                t.attempts.c.job_id == job_id, t.attempts.c.attempt_number == attempt_number
+            )
+        ).scalar_one_or_none()
+        if started is None:
+            return
+        duration_ms = max(0, int((now - started.timestamp()) * 1000))
+        conn.execute(
+            update(t.attempts)
+            .where(
+                t.attempts.c.job_id == job_id,
+                t.attempts.c.attempt_number == attempt_number,
+                t.attempts.c.status == "running",
+            )
+            .values(
+                status=status,
+                finished_at=to_datetime(now),
+                duration_ms=duration_ms,
+                peak_memory_mb=peak_memory_mb,
+                error_code=error_code,
+                error_message=None if error_message is None else error_message[:4000],
+            )
+        )
+
+    def _release_reservation(self, conn: Connection, user_id: str, amount: int, now: float) -> None:
+        conn.execute(
+            update(t.credit_accounts)
+            .where(t.credit_accounts.c.user_id == user_id)
+            .values(
+                reserved_millicredits=t.credit_accounts.c.reserved_millicredits - amount,
+                updated_at=to_datetime(now),
+            )
+        )
+
+    def _settle_credits(
+        self, conn: Connection, user_id: str, job_id: str, reserved: int, actual: int, now: float
+    ) -> None:
+        conn.execute(
+            update(t.credit_accounts)
+            .where(t.credit_accounts.c.user_id == user_id)
+            .values(
+                balance_millicredits=t.credit_accounts.c.balance_millicredits - actual,
+                reserved_millicredits=t.credit_accounts.c.reserved_millicredits - reserved,
+                updated_at=to_datetime(now),
+            )
+        )
+        conn.execute(
+            insert(t.credit_ledger).values(
+                user_id=user_id,
+                job_id=job_id,
+                kind="charge",
+                amount_millicredits=-actual,
+                note="job completed",
+                created_at=to_datetime(now),
+            )
+        )
+
+
+def as_epoch(moment: datetime | None) -> float | None:
+    return None if moment is None else moment.timestamp()
+
+
+__all__ = ["ClaimedJob", "JobRepository", "Moved", "OutputRecord", "and_", "as_epoch"]

@@ -1,0 +1,86 @@
+"""Objects (stored files) and who may use them.
+
+A caller may use an object they own or one in a pool they belong to. Anything
+else answers :class:`NotFound`, exactly as for an id that does not exist, so ids
+of other users' objects reveal nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, insert, select
+
+from hypermedia.accounts import Caller, is_pool_member
+from hypermedia.clock import to_datetime
+from hypermedia.db import tables as t
+from hypermedia.errors import NotFound
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    object_id: str
+    pool_id: str
+    owner_id: str
+    kind: str
+    storage_key: str
+    filename: str
+    content_type: str | None
+    size_bytes: int
+    sha256: str | None
+    created_at: datetime
+
+
+def register_object(
+    conn: Connection,
+    caller: Caller,
+    *,
+    object_id: str,
+    pool_id: str,
+    storage_key: str,
+    filename: str,
+    size_bytes: int,
+    now: float,
+    content_type: str | None = None,
+    sha256: str | None = None,
+) -> ObjectInfo:
+    """Record a file already in storage. The caller must belong to ``pool_id``."""
+    if not is_pool_member(conn, pool_id, caller.user_id):
+        raise NotFound(f"no pool {pool_id!r}", pool_id=pool_id)
+    values: dict[str, Any] = {
+        "object_id": object_id,
+        "pool_id": pool_id,
+        "owner_id": caller.user_id,
+        "kind": "original",
+        "storage_key": storage_key,
+        "filename": filename[:255],
+        "content_type": content_type,
+        "size_bytes": size_bytes,
+        "sha256": sha256,
+        "created_at": to_datetime(now),
+    }
+    conn.execute(insert(t.objects).values(**values))
+    return ObjectInfo(**{k: v for k, v in values.items() if k in ObjectInfo.__dataclass_fields__})
+
+
+def get_object(conn: Connection, caller: Caller, object_id: str) -> ObjectInfo:
+    """The object if ``caller`` may use it; NotFound otherwise (or if it does not exist)."""
+    member = (
+        select(t.pool_members.c.user_id)
+        .where(
+            t.pool_members.c.pool_id == t.objects.c.pool_id,
+            t.pool_members.c.user_id == caller.user_id,
+        )
+        .exists()
+    )
+    row = conn.execute(
+        select(*[t.objects.c[name] for name in ObjectInfo.__dataclass_fields__]).where(
+            t.objects.c.object_id == object_id,
+            (t.objects.c.owner_id == caller.user_id) | member,
+        )
+    ).first()
+    if row is None:
+        raise NotFound(f"no object {object_id!r}", object_id=object_id)
+    return ObjectInfo(**row._mapping)

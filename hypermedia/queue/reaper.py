@@ -1,0 +1,221 @@
+"""The reaper and the reconciler: keep Redis in line with the job record.
+
+Reaper (every few seconds):
+
+1. in-flight jobs whose visibility timeout passed (the worker died or hung)
+   fail their attempt with ``lease_expired``: retry_wait with backoff, or
+   failed once attempts are used up (a poison pill cannot loop forever);
+2. Redis leases that expired are put back where the record says (a worker
+   that died between popping a job and claiming it in the record leaves a
+   lease on a job that is still ``queued``);
+3. retry_wait jobs whose time has come go back to ``queued`` and their queue.
+
+Reconciler (every minute, and at start-up): every job the record holds as
+queued / in flight / retry_wait that Redis lacks is restored (only if it is in
+no set at that moment); every Redis entry whose job the record says is
+finished, or does not know, is dropped. Postgres is the truth: wiping Redis
+loses no job.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from sqlalchemy import Engine, select
+
+from hypermedia.clock import Clock, SystemClock
+from hypermedia.db import tables as t
+from hypermedia.db.engine import transaction
+from hypermedia.jobs.dispatcher import mirror_row
+from hypermedia.jobs.repository import JobRepository
+from hypermedia.jobs.states import IN_FLIGHT, JobStatus
+from hypermedia.queue.redis_queue import RedisQueue, Restore, Target
+
+log = logging.getLogger(__name__)
+
+LEASE_EXPIRED = "lease_expired"
+
+
+@dataclass
+class ReapReport:
+    expired: int = 0
+    retried: int = 0
+    failed: int = 0
+    leases_returned: int = 0
+    promoted: int = 0
+
+
+@dataclass
+class ReconcileReport:
+    restored: dict[str, int] = field(default_factory=dict)
+    removed: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def total_restored(self) -> int:
+        return sum(self.restored.values())
+
+    @property
+    def total_removed(self) -> int:
+        return sum(self.removed.values())
+
+
+class Reaper:
+    def __init__(
+        self,
+        engine: Engine,
+        queue: RedisQueue,
+        *,
+        clock: Clock | None = None,
+        repository: JobRepository | None = None,
+        batch: int = 1000,
+    ) -> None:
+        self.engine = engine
+        self.queue = queue
+        self.clock = clock or SystemClock()
+        self.repository = repository or JobRepository()
+        self.batch = batch
+
+    def tick(self) -> ReapReport:
+        report = ReapReport()
+        self._expire(report)
+        self._return_leases(report)
+        self._promote(report)
+        if report.expired or report.leases_returned or report.promoted:
+            log.info(
+                "reaper: %d expired (%d retry, %d failed), %d leases returned, %d retries due",
+                report.expired,
+                report.retried,
+                report.failed,
+                report.leases_returned,
+                report.promoted,
+                extra={"action": "reap"},
+            )
+        return report
+
+    def _expire(self, report: ReapReport) -> None:
+        now = self.clock.now()
+        with transaction(self.engine) as conn:
+            expired = self.repository.expired(conn, now, self.batch)
+        for job_id in expired:
+            with transaction(self.engine) as conn:
+                result = self.repository.fail(
+                    conn, job_id, None, now, LEASE_EXPIRED, "lease expired: worker lost or hung"
+                )
+            if result is None:
+                continue  # the worker finished or extended it in the meantime
+            moved, _ = result
+            report.expired += 1
+            if moved.status is JobStatus.RETRY_WAIT and moved.retry_at is not None:
+                report.retried += 1
+                self.queue.delay(moved.queue, [(job_id, moved.retry_at)])
+            else:
+                report.failed += 1
+                self.queue.remove(moved.queue, [job_id])
+
+    def _return_leases(self, report: ReapReport) -> None:
+        now = self.clock.now()
+        for queue in self.queue.queues:
+            ids = self.queue.expired_leases(queue, now, self.batch)
+            if not ids:
+                continue
+            with transaction(self.engine) as conn:
+                rows = self.repository.states(conn, ids)
+            for job_id in ids:
+                row = rows.get(job_id)
+                if row is None:
+                    self.queue.remove(queue, [job_id])
+                    continue
+                status = JobStatus(row.status)
+                if (
+                    status in IN_FLIGHT
+                    and row.visibility_timeout is not None
+                    and row.visibility_timeout.timestamp() <= now
+                ):
+                    continue  # step 1 handles it on the next tick
+                mirror_row(self.queue, row)
+                if status is JobStatus.QUEUED:
+                    report.leases_returned += 1
+
+    def _promote(self, report: ReapReport) -> None:
+        now = self.clock.now()
+        with transaction(self.engine) as conn:
+            moved = self.repository.promote_due(conn, now)
+        by_queue: dict[str, list[tuple[str, int]]] = {}
+        for m in moved:
+            by_queue.setdefault(m.queue, []).append((m.job_id, m.priority))
+        for queue, entries in by_queue.items():
+            self.queue.enqueue(queue, entries)
+        report.promoted += len(moved)
+
+
+_TARGET: dict[str, Target] = {
+    JobStatus.QUEUED.value: "ready",
+    JobStatus.CLAIMED.value: "leased",
+    JobStatus.PROCESSING.value: "leased",
+    JobStatus.RETRY_WAIT.value: "delayed",
+}
+
+
+def reconcile(engine: Engine, queue: RedisQueue) -> ReconcileReport:
+    """Make Redis agree with the record (see the module docstring)."""
+    report = ReconcileReport()
+    live = list(_TARGET)
+    for name in queue.queues:
+        in_redis = queue.members(name)  # read Redis first: see restore.lua
+        with transaction(engine) as conn:
+            rows = conn.execute(
+                select(
+                    t.jobs.c.job_id,
+                    t.jobs.c.status,
+                    t.jobs.c.priority,
+                    t.jobs.c.run_after,
+                    t.jobs.c.visibility_timeout,
+                    t.jobs.c.claimed_by,
+                ).where(t.jobs.c.queue == name, t.jobs.c.status.in_(live))
+            ).all()
+            wanted = {r.job_id for r in rows}
+            stray = [job_id for job_id in in_redis if job_id not in wanted]
+            still_live = set()
+            if stray:
+                still_live = set(
+                    conn.execute(
+                        select(t.jobs.c.job_id).where(
+                            t.jobs.c.job_id.in_(stray), t.jobs.c.status.in_(live)
+                        )
+                    ).scalars()
+                )
+        missing = [
+            Restore(
+                _TARGET[r.status],
+                r.job_id,
+                r.priority,
+                _at(r),
+                r.claimed_by or "",
+            )
+            for r in rows
+            if r.job_id not in in_redis
+        ]
+        restored = 0
+        for start in range(0, len(missing), 500):
+            restored += queue.restore(name, missing[start : start + 500])
+        # Only drop entries the record says are finished or unknown (final states).
+        drop = [job_id for job_id in stray if job_id not in still_live]
+        removed = queue.remove(name, drop) if drop else 0
+        report.restored[name] = restored
+        report.removed[name] = removed
+    if report.total_restored or report.total_removed:
+        log.warning(
+            "reconciler: restored %d, removed %d",
+            report.total_restored,
+            report.total_removed,
+            extra={"action": "reconcile"},
+        )
+    return report
+
+
+def _at(row: object) -> float:
+    run_after = getattr(row, "run_after", None)
+    visibility = getattr(row, "visibility_timeout", None)
+    moment = run_after or visibility
+    return moment.timestamp() if moment is not None else 0.0

@@ -1,0 +1,232 @@
+"""Priority queues in Redis with leases and a delayed set.
+
+Contract (what the rest of the platform may rely on):
+
+* ``enqueue`` puts jobs in ``ready``; ``claim`` pops by priority (1 first) then
+  age and records a lease with a deadline; a job is in at most one of ready /
+  leased / delayed (see :mod:`hypermedia.queue.keys`).
+* Every multi-key step is one Lua script, so it is atomic.
+* Redis is an index, not the record: callers change the job record first (the
+  guarded UPDATE), then mirror it here. A step that fails here is repaired by
+  the reaper and the reconciler, never lost.
+* Redis errors surface as :class:`~hypermedia.errors.QueueUnavailable`.
+
+Times are epoch seconds in the API and epoch milliseconds inside Redis.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, Literal, ParamSpec, TypeVar
+
+import redis
+from redis.backoff import ExponentialBackoff
+from redis.commands.core import Script
+from redis.retry import Retry
+
+from hypermedia.errors import QueueUnavailable
+from hypermedia.queue.keys import WAKE_TOKENS_MAX, QueueKeys, queue_keys
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+Target = Literal["ready", "leased", "delayed"]
+
+
+def connect(url: str) -> redis.Redis:
+    """A client that retries transient connection errors a few times, then fails."""
+    return redis.Redis.from_url(
+        url,
+        decode_responses=True,
+        socket_timeout=10,
+        socket_connect_timeout=5,
+        health_check_interval=30,
+        retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=3),
+        retry_on_error=[redis.ConnectionError, redis.TimeoutError],
+    )
+
+
+@contextmanager
+def _translated() -> Iterator[None]:
+    try:
+        yield
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise QueueUnavailable(f"redis unreachable: {exc}") from exc
+
+
+def _redis_call(func: Callable[P, T]) -> Callable[P, T]:
+    @functools.wraps(func)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+        with _translated():
+            return func(*args, **kwargs)
+
+    return wrapper
+
+
+def _ms(seconds: float) -> int:
+    return int(seconds * 1000)
+
+
+@dataclass(frozen=True, slots=True)
+class Leased:
+    job_id: str
+    priority: int
+
+
+@dataclass(frozen=True, slots=True)
+class Restore:
+    """One entry the reconciler puts back: where, with what score."""
+
+    target: Target
+    job_id: str
+    priority: int
+    at: float = 0.0  # deadline (leased) or due time (delayed), epoch seconds
+    worker_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class QueueCounts:
+    ready: int
+    leased: int
+    delayed: int
+
+
+class RedisQueue:
+    """All queues of one deployment (one key prefix) on one Redis."""
+
+    def __init__(self, client: redis.Redis, prefix: str, queues: Iterable[str]) -> None:
+        self.client = client
+        self.prefix = prefix
+        self.queues = tuple(queues)
+        self._keys = {q: queue_keys(prefix, q) for q in self.queues}
+        self._scripts = {name: self._load(name) for name in _SCRIPT_NAMES}
+
+    def _load(self, name: str) -> Script:
+        source = resources.files("hypermedia.queue").joinpath(f"scripts/{name}.lua").read_text()
+        return self.client.register_script(source)
+
+    def keys(self, queue: str) -> QueueKeys:
+        try:
+            return self._keys[queue]
+        except KeyError:
+            raise ValueError(f"unknown queue {queue!r}; configured: {self.queues}") from None
+
+    def _run(self, script: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        return self._scripts[script](keys=list(keys), args=list(args))
+
+    # -- producers -------------------------------------------------------------
+
+    @_redis_call
+    def enqueue(self, queue: str, entries: Sequence[tuple[str, int]]) -> int:
+        """Make jobs ready: ``entries`` are (job_id, priority)."""
+        if not entries:
+            return 0
+        k = self.keys(queue)
+        args: list[Any] = [WAKE_TOKENS_MAX]
+        for job_id, priority in entries:
+            args += [priority, job_id]
+        return int(
+            self._run("enqueue", (k.ready, k.leased, k.owner, k.delayed, k.prio, k.wake), args)
+        )
+
+    # -- consumers -------------------------------------------------------------
+
+    @_redis_call
+    def claim(
+        self, queue: str, worker_id: str, lease_seconds: float, now: float, count: int = 1
+    ) -> list[Leased]:
+        """Lease up to ``count`` jobs, best first. Empty when the queue is empty."""
+        k = self.keys(queue)
+        flat = self._run(
+            "claim", (k.ready, k.leased, k.owner), (_ms(now + lease_seconds), worker_id, count)
+        )
+        return [Leased(flat[i], int(float(flat[i + 1]))) for i in range(0, len(flat), 2)]
+
+    @_redis_call
+    def wait(self, queue: str, timeout: float) -> bool:
+        """Block until a wake-up token arrives or ``timeout`` passes. True if woken."""
+        return self.client.blpop([self.keys(queue).wake], timeout=max(timeout, 0.01)) is not None
+
+    @_redis_call
+    def extend(self, queue: str, job_id: str, worker_id: str, deadline: float) -> bool:
+        k = self.keys(queue)
+        return bool(self._run("extend", (k.leased, k.owner), (job_id, worker_id, _ms(deadline))))
+
+    @_redis_call
+    def delay(self, queue: str, entries: Sequence[tuple[str, float]]) -> None:
+        """Park jobs until due: ``entries`` are (job_id, due epoch seconds)."""
+        if not entries:
+            return
+        k = self.keys(queue)
+        args: list[Any] = []
+        for job_id, due in entries:
+            args += [_ms(due), job_id]
+        self._run("delay", (k.ready, k.leased, k.owner, k.delayed, k.prio), args)
+
+    @_redis_call
+    def remove(self, queue: str, job_ids: Sequence[str]) -> int:
+        """Forget jobs (terminal, or unknown to the record)."""
+        if not job_ids:
+            return 0
+        k = self.keys(queue)
+        return int(self._run("remove", (k.ready, k.leased, k.owner, k.delayed, k.prio), job_ids))
+
+    @_redis_call
+    def restore(self, queue: str, entries: Sequence[Restore]) -> int:
+        """Add entries only where the job is in no set now. Returns how many were added."""
+        if not entries:
+            return 0
+        k = self.keys(queue)
+        args: list[Any] = [WAKE_TOKENS_MAX]
+        for e in entries:
+            score = e.priority if e.target == "ready" else _ms(e.at)
+            args += [e.target, score, e.job_id, e.priority, e.worker_id]
+        return int(self._run("restore", k.all(), args))
+
+    # -- inspection ------------------------------------------------------------
+
+    @_redis_call
+    def expired_leases(self, queue: str, now: float, limit: int = 1000) -> list[str]:
+        ids = self.client.zrangebyscore(self.keys(queue).leased, "-inf", _ms(now), 0, limit)
+        return [str(i) for i in ids]
+
+    @_redis_call
+    def due_retries(self, queue: str, now: float, limit: int = 1000) -> list[str]:
+        ids = self.client.zrangebyscore(self.keys(queue).delayed, "-inf", _ms(now), 0, limit)
+        return [str(i) for i in ids]
+
+    @_redis_call
+    def counts(self, queue: str) -> QueueCounts:
+        k = self.keys(queue)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.zcard(k.ready)
+        pipe.zcard(k.leased)
+        pipe.zcard(k.delayed)
+        ready, leased, delayed = pipe.execute()
+        return QueueCounts(int(ready), int(leased), int(delayed))
+
+    @_redis_call
+    def members(self, queue: str) -> dict[str, Target]:
+        """Every job id Redis holds for ``queue`` and the set it is in."""
+        k = self.keys(queue)
+        found: dict[str, Target] = {}
+        for target, key in (("ready", k.ready), ("leased", k.leased), ("delayed", k.delayed)):
+            for job_id in self.client.zscan_iter(key, count=1000):
+                found[job_id[0]] = target  # type: ignore[assignment]
+        return found
+
+    @_redis_call
+    def ready_ids(self, queue: str) -> list[str]:
+        """Ready jobs in claim order (for operators and tests)."""
+        return [str(i) for i in self.client.zrange(self.keys(queue).ready, 0, -1)]
+
+    @_redis_call
+    def ping(self) -> bool:
+        return bool(self.client.ping())
+
+
+_SCRIPT_NAMES = ("enqueue", "claim", "extend", "delay", "remove", "restore")

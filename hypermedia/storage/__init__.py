@@ -1,0 +1,1 @@
+"""Object storage: the contract (``base``), a local directory (``local``)."""
