@@ -1,0 +1,311 @@
+"""Processing profiles: the shipped file, credit arithmetic, and errors naming the key."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from hypermedia.config import DEFAULT_QUEUES, REPO_ETC
+from hypermedia.errors import ConfigError
+from hypermedia.profiles import BYTES_PER_MB, MILLI, Profile, load_profiles, parse_profiles
+
+MB = 1024 * 1024
+SHIPPED = REPO_ETC / "profiles.toml"
+
+VALID: dict[str, Any] = {
+    "queue": "images",
+    "version": 1,
+    "base_cost": 0.1,
+    "cost_per_mb": 0.02,
+    "timeout_seconds": 30,
+    "memory_limit_mb": 1024,
+    "max_input_bytes": 100 * MB,
+    "max_attempts": 3,
+    "default_priority": 2,
+}
+
+
+def profile(**changes: Any) -> Profile:
+    return Profile(operation="thumbnail", **{**VALID, **changes})
+
+
+def document(operation: str = "thumbnail", /, **changes: Any) -> dict[str, Any]:
+    body = copy.deepcopy(VALID)
+    body.update(changes)
+    return {"profiles": {operation: body}}
+
+
+# -- the shipped file -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def shipped() -> dict[str, Profile]:
+    return load_profiles(SHIPPED, DEFAULT_QUEUES)
+
+
+def test_the_shipped_profiles_load(shipped):
+    assert sorted(shipped) == sorted(
+        [
+            "thumbnail",
+            "resize",
+            "compress",
+            "convert",
+            "pdf_preview",
+            "docx_to_pdf",
+            "extract_text",
+            "ocr",
+            "transcode_video",
+            "transcode_audio",
+            "regenerate",
+        ]
+    )
+    for operation, item in shipped.items():
+        assert item.operation == operation
+
+
+def test_every_default_queue_has_a_profile(shipped):
+    assert {p.queue for p in shipped.values()} == set(DEFAULT_QUEUES)
+
+
+@pytest.mark.parametrize(
+    ("operation", "queue"),
+    [
+        ("thumbnail", "images"),
+        ("resize", "images"),
+        ("compress", "images"),
+        ("convert", "images"),
+        ("pdf_preview", "documents"),
+        ("docx_to_pdf", "documents"),
+        ("extract_text", "documents"),
+        ("ocr", "ocr"),
+        ("transcode_video", "media"),
+        ("transcode_audio", "media"),
+        ("regenerate", "bulk"),
+    ],
+)
+def test_shipped_queue_of_each_operation(shipped, operation, queue):
+    assert shipped[operation].queue == queue
+
+
+def test_bulk_work_runs_at_low_priority(shipped):
+    # DESIGN: bulk regeneration and backfill run at priority 7-10.
+    for item in shipped.values():
+        if item.queue == "bulk":
+            assert 7 <= item.default_priority <= 10
+
+
+def test_shipped_params(shipped):
+    assert shipped["thumbnail"].params == {
+        "width": 320,
+        "height": 320,
+        "format": "webp",
+        "quality": 80,
+    }
+    assert shipped["ocr"].params["languages"] == ["en"]
+    assert shipped["docx_to_pdf"].params == {}
+
+
+def test_shipped_costs_are_whole_millicredits(shipped):
+    for item in shipped.values():
+        assert item.base_cost_millicredits == pytest.approx(item.base_cost * MILLI, abs=1e-9)
+        assert item.cost_per_mb_millicredits == pytest.approx(item.cost_per_mb * MILLI, abs=1e-9)
+
+
+# -- estimate arithmetic --------------------------------------------------------------
+
+ESTIMATES = [
+    # (base_cost, cost_per_mb, size_bytes, expected millicredits)
+    (0.1, 0.02, 0, 100),
+    (0.1, 0.02, 1, 101),  # any input rounds the variable part up to a millicredit
+    (0.1, 0.02, MB // 2, 110),
+    (0.1, 0.02, MB // 2 + 1, 111),
+    (0.1, 0.02, MB, 120),
+    (0.1, 0.02, MB + 1, 121),
+    (0.1, 0.02, 3 * MB // 2, 130),
+    (0.1, 0.02, 100 * MB, 2100),
+    (0.1, 0.03, MB, 130),
+    (0.2, 0.05, 10 * MB, 700),
+    (0.5, 0.1, 7 * MB, 1200),
+    (1.0, 0.2, MB, 1200),
+    (1.0, 0.2, 5 * MB + 5, 2001),
+    (2.0, 0.05, 10 * 1024 * MB, 514_000),  # 10 GB video
+    (2.0, 0.05, 10 * 1024 * MB - 1, 514_000),
+    (0.5, 0.02, 2 * 1024 * MB, 41_460),  # 2 GB audio
+    (0.05, 0.01, 0, 50),
+    (0.05, 0.01, 1, 51),
+    (0.0, 0.0, 10 * MB, 0),
+    (0.0, 0.001, 1, 1),
+    (0.0, 0.001, MB, 1),
+    (0.0, 0.001, MB + 1, 2),
+    (1.234, 0.0, 123 * MB, 1234),
+    (0.1, 0.3, 1, 101),  # 0.1 + 0.2 style float noise must not leak in
+    (0.3, 0.1, 3 * MB, 600),
+    (100.0, 1.0, 1_000 * MB, 1_100_000),
+]
+
+
+@pytest.mark.parametrize(("base", "per_mb", "size", "expected"), ESTIMATES)
+def test_estimate(base, per_mb, size, expected):
+    estimate = profile(base_cost=base, cost_per_mb=per_mb).estimate_millicredits(size)
+    assert type(estimate) is int
+    assert estimate == expected
+
+
+@pytest.mark.parametrize("size", [0, 1, 2, 999, MB - 1, MB, MB + 1, 17 * MB + 3, 10**12])
+def test_estimate_is_the_exact_ceiling(size):
+    item = profile(base_cost=0.1, cost_per_mb=0.02)
+    exact_numerator = 20 * size  # millicredits x bytes
+    ceiling = exact_numerator // BYTES_PER_MB + (exact_numerator % BYTES_PER_MB > 0)
+    assert item.estimate_millicredits(size) == 100 + ceiling
+
+
+def test_estimate_grows_with_size():
+    item = profile(base_cost=0.1, cost_per_mb=0.02)
+    sizes = [0, 1, 10, MB // 3, MB, 2 * MB, 50 * MB, 100 * MB]
+    estimates = [item.estimate_millicredits(s) for s in sizes]
+    assert estimates == sorted(estimates)
+
+
+def test_huge_inputs_stay_exact_integers():
+    item = profile(base_cost=0.1, cost_per_mb=0.02)
+    size = 10**18 + 1
+    assert item.estimate_millicredits(size) == 100 + -(-20 * size // MB)
+
+
+@pytest.mark.parametrize(
+    ("base", "millicredits"),
+    [(0.1, 100), (0.0, 0), (0.001, 1), (1.0, 1000), (2.5, 2500), (0.0004, 0), (0.0006, 1)],
+)
+def test_costs_in_millicredits(base, millicredits):
+    assert profile(base_cost=base).base_cost_millicredits == millicredits
+    assert profile(cost_per_mb=base).cost_per_mb_millicredits == millicredits
+
+
+def test_shipped_thumbnail_estimate(shipped):
+    assert shipped["thumbnail"].estimate_millicredits(5 * MB) == 100 + 5 * 20
+    assert shipped["ocr"].estimate_millicredits(2 * MB) == 1000 + 2 * 200
+
+
+# -- bad profiles ---------------------------------------------------------------------
+
+BAD_FIELDS = [
+    # (field, value, fragment of the problem)
+    ("version", 0, "greater than or equal to 1"),
+    ("version", "one", "valid integer"),
+    ("base_cost", -0.1, "greater than or equal to 0"),
+    ("base_cost", "cheap", "valid number"),
+    ("cost_per_mb", -1, "greater than or equal to 0"),
+    ("timeout_seconds", 0, "greater than or equal to 1"),
+    ("timeout_seconds", 24 * 3600 + 1, "less than or equal to 86400"),
+    ("memory_limit_mb", 15, "greater than or equal to 16"),
+    ("max_input_bytes", 0, "greater than or equal to 1"),
+    ("max_attempts", 0, "greater than or equal to 1"),
+    ("max_attempts", 101, "less than or equal to 100"),
+    ("default_priority", 0, "greater than or equal to 1"),
+    ("default_priority", 11, "less than or equal to 10"),
+    ("params", "width=3", "valid dictionary"),
+    ("queue", 3, "valid string"),
+]
+
+
+@pytest.mark.parametrize(("field", "value", "problem"), BAD_FIELDS)
+def test_bad_value_names_the_profile_key(field, value, problem):
+    with pytest.raises(ConfigError) as info:
+        parse_profiles(document(**{field: value}), DEFAULT_QUEUES, "p.toml")
+    assert info.value.key == f"p.toml: profiles.thumbnail.{field}"
+    assert problem in info.value.message
+    assert info.value.code == "config_invalid"
+
+
+@pytest.mark.parametrize("field", sorted(VALID))
+def test_missing_field_names_the_profile_key(field):
+    data = document()
+    del data["profiles"]["thumbnail"][field]
+    with pytest.raises(ConfigError) as info:
+        parse_profiles(data, DEFAULT_QUEUES, "p.toml")
+    assert info.value.key == f"p.toml: profiles.thumbnail.{field}"
+    assert "required" in info.value.message.lower()
+
+
+@pytest.mark.parametrize("extra", ["cost", "priority", "timeout", "queue_name"])
+def test_unknown_profile_keys_are_refused(extra):
+    with pytest.raises(ConfigError) as info:
+        parse_profiles(document(**{extra: 1}), DEFAULT_QUEUES, "p.toml")
+    assert info.value.key == f"p.toml: profiles.thumbnail.{extra}"
+    assert "unknown key" in info.value.message
+
+
+@pytest.mark.parametrize("queue", ["video", "Images", "", "image"])
+def test_unknown_queue_is_refused(queue):
+    with pytest.raises(ConfigError) as info:
+        parse_profiles(document(queue=queue), DEFAULT_QUEUES, "p.toml")
+    assert info.value.key == "p.toml: profiles.thumbnail.queue"
+    assert f"unknown queue {queue!r}" in info.value.message
+    assert "images" in info.value.message
+
+
+def test_queue_must_be_one_of_the_configured_queues():
+    data = document(queue="thumbs")
+    assert parse_profiles(data, ["thumbs"], "p.toml")["thumbnail"].queue == "thumbs"
+    with pytest.raises(ConfigError, match="unknown queue"):
+        parse_profiles(document(queue="images"), ["thumbs"], "p.toml")
+
+
+@pytest.mark.parametrize("operation", ["Thumbnail", "1thumb", "thumb-nail", "a" * 65, ""])
+def test_bad_operation_names(operation):
+    with pytest.raises(ConfigError) as info:
+        parse_profiles(document(operation), DEFAULT_QUEUES, "p.toml")
+    assert info.value.key == f"p.toml: profiles.{operation}.operation"
+
+
+@pytest.mark.parametrize(
+    ("data", "key", "problem"),
+    [
+        ({}, "p.toml: profiles", "at least one"),
+        ({"profiles": {}}, "p.toml: profiles", "at least one"),
+        ({"profiles": "thumbnail"}, "p.toml: profiles", "at least one"),
+        ({"profiles": {"thumbnail": 3}}, "p.toml: profiles.thumbnail", "expected a table"),
+        ({**document(), "queues": {}}, "p.toml: queues", "unknown top-level key"),
+    ],
+)
+def test_bad_document_shape(data, key, problem):
+    with pytest.raises(ConfigError) as info:
+        parse_profiles(data, DEFAULT_QUEUES, "p.toml")
+    assert info.value.key == key
+    assert problem in info.value.message
+
+
+def test_profiles_are_frozen():
+    item = profile()
+    with pytest.raises(Exception, match="frozen"):
+        item.version = 2  # type: ignore[misc]
+
+
+def test_load_profiles_missing_file(tmp_path):
+    missing = tmp_path / "profiles.toml"
+    with pytest.raises(ConfigError) as info:
+        load_profiles(missing, DEFAULT_QUEUES)
+    assert info.value.key == "profiles_path (HYPERMEDIA_PROFILES_PATH)"
+    assert str(missing) in info.value.message
+
+
+def test_load_profiles_bad_toml(tmp_path):
+    path = tmp_path / "profiles.toml"
+    path.write_text("[profiles.thumbnail\nqueue = 'images'\n")
+    with pytest.raises(ConfigError) as info:
+        load_profiles(path, DEFAULT_QUEUES)
+    assert info.value.key == str(path)
+    assert "not valid TOML" in info.value.message
+
+
+def test_load_profiles_names_the_file_in_errors(tmp_path):
+    path = tmp_path / "profiles.toml"
+    path.write_text(
+        "[profiles.thumbnail]\nqueue = 'video'\n"
+        + "".join(f"{k} = {v!r}\n" for k, v in VALID.items() if k != "queue")
+    )
+    with pytest.raises(ConfigError) as info:
+        load_profiles(path, DEFAULT_QUEUES)
+    assert info.value.key == f"{path}: profiles.thumbnail.queue"
