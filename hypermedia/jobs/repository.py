@@ -45,7 +45,8 @@ class ClaimedJob:
     profile_id: int
     priority: int
     params: dict[str, Any]
-    attempt_number: int
+    attempt_number: int  # the attempt row's number
+    attempt_count: int  # attempts counted against max_attempts, this one included
     max_attempts: int
     deadline: float  # lease / visibility timeout, epoch seconds
 
@@ -153,10 +154,17 @@ class JobRepository:
         ).one_or_none()
         if row is None:
             return None
+        # Attempt rows are numbered 1, 2, 3 ... even when a released attempt was not
+        # counted against max_attempts, so the number can run ahead of attempt_count.
+        number = conn.execute(
+            select(func.coalesce(func.max(t.attempts.c.attempt_number), 0) + 1).where(
+                t.attempts.c.job_id == job_id
+            )
+        ).scalar_one()
         conn.execute(
             insert(t.attempts).values(
                 job_id=job_id,
-                attempt_number=row.attempt_count,
+                attempt_number=number,
                 worker_id=worker_id,
                 status="running",
                 started_at=to_datetime(now),
@@ -171,7 +179,8 @@ class JobRepository:
             profile_id=row.profile_id,
             priority=row.priority,
             params=row.params,
-            attempt_number=row.attempt_count,
+            attempt_number=int(number),
+            attempt_count=row.attempt_count,
             max_attempts=row.max_attempts,
             deadline=deadline,
         )
@@ -276,7 +285,7 @@ class JobRepository:
                 for o in outputs
             ],
         )
-        self._close_attempt(conn, job_id, job.attempt_count, "completed", now, peak_memory_mb)
+        self._close_attempt(conn, job_id, "completed", now, peak_memory_mb)
         self._settle_credits(
             conn, job.user_id, job_id, job.estimated_millicredits, job.actual_millicredits, now
         )
@@ -341,7 +350,6 @@ class JobRepository:
         self._close_attempt(
             conn,
             job_id,
-            row.attempt_count,
             "failed",
             now,
             peak_memory_mb,
@@ -375,7 +383,7 @@ class JobRepository:
         ).one_or_none()
         if row is None:
             return None
-        self._close_attempt(conn, job_id, row.attempt_count + 1, "released", now, None)
+        self._close_attempt(conn, job_id, "released", now, None)
         return Moved(job_id, row.queue, row.priority, JobStatus.QUEUED)
 
     def cancel_claimed(
@@ -406,7 +414,7 @@ class JobRepository:
         ).one_or_none()
         if row is None:
             return None
-        self._close_attempt(conn, job_id, row.attempt_count, "cancelled", now, None)
+        self._close_attempt(conn, job_id, "cancelled", now, None)
         self._release_reservation(conn, row.user_id, row.estimated_millicredits, now)
         return Moved(job_id, row.queue, row.priority, JobStatus.CANCELLED)
 
@@ -487,28 +495,24 @@ class JobRepository:
         self,
         conn: Connection,
         job_id: str,
-        attempt_number: int,
         status: str,
         now: float,
         peak_memory_mb: float | None,
         error_code: str | None = None,
         error_message: str | None = None,
     ) -> None:
-        started = conn.execute(
-            select(t.attempts.c.started_at).where(
-                t.attempts.c.job_id == job_id, t.attempts.c.attempt_number == attempt_number
+        """Close the job's running attempt (claims are exclusive: there is at most one)."""
+        running = conn.execute(
+            select(t.attempts.c.attempt_id, t.attempts.c.started_at).where(
+                t.attempts.c.job_id == job_id, t.attempts.c.status == "running"
             )
-        ).scalar_one_or_none()
-        if started is None:
+        ).first()
+        if running is None:
             return
-        duration_ms = max(0, int((now - started.timestamp()) * 1000))
+        duration_ms = max(0, int((now - running.started_at.timestamp()) * 1000))
         conn.execute(
             update(t.attempts)
-            .where(
-                t.attempts.c.job_id == job_id,
-                t.attempts.c.attempt_number == attempt_number,
-                t.attempts.c.status == "running",
-            )
+            .where(t.attempts.c.attempt_id == running.attempt_id)
             .values(
                 status=status,
                 finished_at=to_datetime(now),

@@ -1,0 +1,70 @@
+"""Building blocks for tests: a wired stack on the test's database, users, objects."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Engine
+
+from hypermedia import accounts, objects
+from hypermedia.accounts import Caller
+from hypermedia.clock import Clock
+from hypermedia.config import Settings
+from hypermedia.db.engine import transaction
+from hypermedia.ids import new_id
+from hypermedia.ingest.service import SubmitRequest
+from hypermedia.stack import Stack
+
+
+def open_stack(
+    settings: Callable[..., Settings], engine: Engine, clock: Clock | None, **overrides: Any
+) -> Stack:
+    return Stack.open(settings(**overrides), engine=engine, clock=clock, auto_migrate=True)
+
+
+@dataclass
+class Person:
+    caller: Caller
+    api_key: str
+    pool_id: str
+
+
+def make_user(stack: Stack, name: str | None = None, credits: float = 1_000_000.0) -> Person:
+    with transaction(stack.engine) as conn:
+        user = accounts.create_user(
+            conn,
+            name or f"user-{new_id()[-8:]}",
+            stack.clock.now(),
+            credits_millicredits=round(credits * 1000),
+        )
+        caller = accounts.authenticate(conn, user.api_key)
+    return Person(caller, user.api_key, user.pool_id)
+
+
+def make_object(stack: Stack, person: Person, size_bytes: int = 1024) -> str:
+    object_id = new_id()
+    with transaction(stack.engine) as conn:
+        objects.register_object(
+            conn,
+            person.caller,
+            object_id=object_id,
+            pool_id=person.pool_id,
+            storage_key=f"originals/{person.pool_id}/{object_id}",
+            filename="file.bin",
+            size_bytes=size_bytes,
+            now=stack.clock.now(),
+        )
+    return object_id
+
+
+def submit(
+    stack: Stack, person: Person, operations: list[str], priority: int | None = None, **kw: Any
+) -> list[str]:
+    object_id = kw.pop("object_id", None) or make_object(stack, person)
+    result = stack.ingest.submit(
+        person.caller,
+        SubmitRequest(object_id=object_id, operations=operations, priority=priority, **kw),
+    )
+    return result.job_ids

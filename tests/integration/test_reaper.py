@@ -1,0 +1,169 @@
+"""Leases expire, retries wait 2^(n-1) minutes on a controllable clock, attempts run out."""
+
+from __future__ import annotations
+
+from hypermedia import accounts
+from hypermedia.db.engine import transaction
+from hypermedia.queue.reaper import LEASE_EXPIRED
+from tests.factories import make_user, open_stack, submit
+
+
+def _lease(stack, queue: str) -> float:
+    return stack.dispatcher.queue_lease_seconds(queue)
+
+
+def test_expired_lease_is_reaped_then_retried_until_failed(engine, settings, manual_clock):
+    stack = open_stack(settings, engine, manual_clock)
+    person = make_user(stack, credits=100)
+    (job_id,) = submit(stack, person, ["thumbnail"])  # max_attempts = 3
+    estimate = stack.ingest.get_job(person.caller, job_id).estimated_millicredits
+    profile = stack.catalog.get("thumbnail")
+    job_lease = profile.timeout_seconds * 1.5 + stack.settings.lease_grace_seconds
+
+    waits = []
+    for attempt in (1, 2, 3):
+        (job,) = stack.dispatcher.claim("images", f"doomed-{attempt}")
+        assert job.job_id == job_id and job.attempt_number == attempt
+        assert stack.dispatcher.start(job, f"doomed-{attempt}")
+        # The worker vanishes. Just before the deadline nothing happens...
+        manual_clock.advance(job_lease - 1)
+        assert stack.reaper.tick().expired == 0
+        assert stack.ingest.get_job(person.caller, job_id).status == "processing"
+        # ... just after it, the attempt fails with lease_expired.
+        manual_clock.advance(2)
+        report = stack.reaper.tick()
+        assert report.expired == 1
+        view = stack.ingest.get_job(person.caller, job_id)
+        assert view.attempts[-1].status == "failed"
+        assert view.attempts[-1].error_code == LEASE_EXPIRED
+        if attempt == 3:
+            assert view.status == "failed"
+            break
+        assert view.status == "retry_wait"
+        assert view.run_after is not None
+        wait = view.run_after.timestamp() - manual_clock.now()
+        waits.append(round(wait))
+        assert stack.queue.counts("images").delayed == 1
+        # Not due one second early; due one second after.
+        manual_clock.advance(wait - 1)
+        assert stack.reaper.tick().promoted == 0
+        assert stack.dispatcher.claim("images", "early") == []
+        manual_clock.advance(2)
+        assert stack.reaper.tick().promoted == 1
+        assert stack.ingest.get_job(person.caller, job_id).status == "queued"
+
+    assert waits == [60, 120]  # 2^(n-1) minutes: 1, 2
+    counts = stack.queue.counts("images")
+    assert (counts.ready, counts.leased, counts.delayed) == (0, 0, 0)
+    assert len(stack.ingest.get_job(person.caller, job_id).attempts) == 3
+    with transaction(stack.engine) as conn:
+        bal = accounts.balance(conn, person.caller.user_id)
+    # A failed job is never charged and holds no reservation.
+    assert bal.reserved_millicredits == 0
+    assert bal.balance_millicredits == 100_000
+    assert estimate > 0
+    stack.close()
+
+
+def test_backoff_doubles_and_max_attempts_ends_in_failed(engine, settings, manual_clock):
+    stack = open_stack(settings, engine, manual_clock, backoff_base_seconds=60)
+    person = make_user(stack)
+    (job_id,) = submit(stack, person, ["transcode_video"])  # max_attempts = 3
+    seen = []
+    for attempt in range(1, 4):
+        (job,) = stack.dispatcher.claim("media", "w")
+        assert stack.dispatcher.start(job, "w")
+        status = stack.dispatcher.fail(job, "w", "ffmpeg_error", f"exit 1 on attempt {attempt}")
+        view = stack.ingest.get_job(person.caller, job_id)
+        seen.append(status.value if status else None)
+        if view.status == "retry_wait":
+            assert view.run_after is not None
+            delay = view.run_after.timestamp() - manual_clock.now()
+            assert round(delay) == 60 * 2 ** (attempt - 1)
+            manual_clock.advance(delay)
+            assert stack.reaper.tick().promoted == 1
+    assert seen == ["retry_wait", "retry_wait", "failed"]
+    view = stack.ingest.get_job(person.caller, job_id)
+    assert view.error_code == "ffmpeg_error"
+    assert [a.status for a in view.attempts] == ["failed"] * 3
+    assert stack.dispatcher.claim("media", "w") == []
+    stack.close()
+
+
+def test_non_retryable_error_fails_at_once(engine, settings, manual_clock):
+    stack = open_stack(settings, engine, manual_clock)
+    person = make_user(stack)
+    (job_id,) = submit(stack, person, ["thumbnail"])
+    (job,) = stack.dispatcher.claim("images", "w")
+    stack.dispatcher.start(job, "w")
+    status = stack.dispatcher.fail(job, "w", "unsupported_format", "not an image", retryable=False)
+    assert status is not None and status.value == "failed"
+    assert stack.ingest.get_job(person.caller, job_id).attempt_count == 1
+    stack.close()
+
+
+def test_lease_popped_but_never_claimed_returns_to_ready(engine, settings, manual_clock):
+    """A worker died between the Redis pop and the database claim."""
+    stack = open_stack(settings, engine, manual_clock)
+    person = make_user(stack)
+    (job_id,) = submit(stack, person, ["thumbnail"])
+    leased = stack.queue.claim("images", "ghost", 30, manual_clock.now())
+    assert [entry.job_id for entry in leased] == [job_id]
+    assert stack.queue.counts("images").ready == 0
+    manual_clock.advance(31)
+    assert stack.reaper.tick().leases_returned == 1
+    assert stack.queue.ready_ids("images") == [job_id]
+    (job,) = stack.dispatcher.claim("images", "alive")
+    assert job.job_id == job_id and job.attempt_number == 1
+    stack.close()
+
+
+def test_extended_lease_is_not_reaped(engine, settings, manual_clock):
+    stack = open_stack(settings, engine, manual_clock)
+    person = make_user(stack)
+    (job_id,) = submit(stack, person, ["thumbnail"])
+    (job,) = stack.dispatcher.claim("images", "slow")
+    stack.dispatcher.start(job, "slow")
+    lease = _lease(stack, "images")
+    for _ in range(5):
+        manual_clock.advance(lease - 10)
+        assert stack.dispatcher.extend(job, "slow", lease)
+        assert stack.reaper.tick().expired == 0
+    assert stack.dispatcher.complete(job, "slow")
+    assert stack.ingest.get_job(person.caller, job_id).status == "completed"
+    stack.close()
+
+
+def test_release_hands_back_without_spending_an_attempt(engine, settings, manual_clock):
+    stack = open_stack(settings, engine, manual_clock)
+    person = make_user(stack)
+    (job_id,) = submit(stack, person, ["thumbnail"])
+    (job,) = stack.dispatcher.claim("images", "draining")
+    stack.dispatcher.start(job, "draining")
+    assert stack.dispatcher.release(job, "draining")
+    view = stack.ingest.get_job(person.caller, job_id)
+    assert view.status == "queued" and view.attempt_count == 0
+    assert [a.status for a in view.attempts] == ["released"]
+    assert stack.queue.ready_ids("images") == [job_id]
+    (again,) = stack.dispatcher.claim("images", "fresh")
+    assert again.attempt_number == 2 and again.attempt_count == 1
+    stack.close()
+
+
+def test_stale_worker_cannot_complete_a_reclaimed_job(engine, settings, manual_clock):
+    stack = open_stack(settings, engine, manual_clock, backoff_base_seconds=1)
+    person = make_user(stack)
+    (job_id,) = submit(stack, person, ["thumbnail"])
+    (old,) = stack.dispatcher.claim("images", "old")
+    stack.dispatcher.start(old, "old")
+    manual_clock.advance(_lease(stack, "images") + 1)
+    stack.reaper.tick()
+    manual_clock.advance(5)
+    stack.reaper.tick()
+    (new,) = stack.dispatcher.claim("images", "new")
+    stack.dispatcher.start(new, "new")
+    assert not stack.dispatcher.complete(old, "old")  # the guard refuses the ghost
+    assert stack.dispatcher.complete(new, "new")
+    view = stack.ingest.get_job(person.caller, job_id)
+    assert view.status == "completed" and view.attempt_count == 2
+    stack.close()
