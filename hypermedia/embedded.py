@@ -125,13 +125,22 @@ def server_pid(port: int, timeout: float = 0.5) -> int | None:
 
 
 def _pid_alive(pid: int) -> bool:
+    """True if ``pid`` runs. A zombie does not: an orphaned server's zombie can
+    linger until init gets round to reaping it, and it serves nothing."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return not Path("/proc/self/stat").exists()  # gone meanwhile, or no procfs
+    except OSError:
+        return True
+    fields = stat.rpartition(")")[2].split()
+    return not fields or fields[0] not in ("Z", "X")
 
 
 def _read_int(path: Path) -> int | None:
@@ -328,7 +337,8 @@ class EmbeddedRedis:
                     f"{self.port}; see {self.logfile}{self._log_tail()}",
                     log_file=str(self.logfile),
                 )
-            if ping(self.port):
+            # Our child must be the one answering: another server may hold the port.
+            if server_pid(self.port) == self._process.pid:
                 return
             if time.monotonic() >= deadline:
                 raise QueueUnavailable(
