@@ -1,0 +1,216 @@
+"""The Alembic migrations: reversible, and in agreement with the models, on both databases."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import Engine, insert, inspect
+from sqlalchemy.exc import IntegrityError
+
+from hypermedia.clock import to_datetime
+from hypermedia.db import migrate
+from hypermedia.db.engine import make_engine
+from hypermedia.db.models import (
+    Base,
+    JobOutput,
+    Pool,
+    ProcessingJob,
+    ProcessingProfile,
+    StoredObject,
+    Submission,
+    User,
+)
+from tests import support
+
+TABLES = {
+    "users",
+    "pools",
+    "pool_members",
+    "objects",
+    "api_keys",
+    "credit_accounts",
+    "credit_ledger",
+    "processing_profiles",
+    "submissions",
+    "processing_jobs",
+    "job_attempts",
+    "job_outputs",
+    "workers",
+    "worker_metrics",
+    "scheduler_decisions",
+    "cloud_spend",
+}
+
+
+@pytest.fixture(params=["postgresql", "sqlite"])
+def empty_engine(request, tmp_path) -> Iterator[Engine]:
+    """An engine on a database with no tables at all."""
+    if request.param == "postgresql":
+        server = request.getfixturevalue("pg_server")
+        name = support.unique_name("mig")
+        engine = make_engine(server.create_database(name))
+        yield engine
+        engine.dispose()
+        server.drop_database(name)
+    else:
+        engine = make_engine(f"sqlite:///{tmp_path / 'empty.db'}")
+        yield engine
+        engine.dispose()
+
+
+def table_names(engine: Engine) -> set[str]:
+    return set(inspect(engine).get_table_names()) - {"alembic_version"}
+
+
+def schema_diffs(engine: Engine) -> list[object]:
+    with engine.connect() as conn:
+        context = MigrationContext.configure(conn, opts={"compare_type": True})
+        return list(compare_metadata(context, Base.metadata))
+
+
+def test_models_cover_the_expected_tables():
+    assert set(Base.metadata.tables) == TABLES
+
+
+def test_upgrade_downgrade_upgrade(empty_engine):
+    assert table_names(empty_engine) == set()
+    assert migrate.current_revision(empty_engine) is None
+
+    migrate.upgrade(empty_engine)
+    assert migrate.current_revision(empty_engine) == migrate.head_revision()
+    assert table_names(empty_engine) == TABLES
+    assert schema_diffs(empty_engine) == []
+
+    migrate.downgrade(empty_engine, "base")
+    assert migrate.current_revision(empty_engine) is None
+    assert table_names(empty_engine) == set()
+
+    migrate.upgrade(empty_engine)
+    assert migrate.current_revision(empty_engine) == migrate.head_revision()
+    assert table_names(empty_engine) == TABLES
+    assert schema_diffs(empty_engine) == []
+
+
+def test_upgrade_twice_is_a_no_op(empty_engine):
+    migrate.upgrade(empty_engine)
+    migrate.upgrade(empty_engine)
+    assert migrate.current_revision(empty_engine) == migrate.head_revision()
+    assert schema_diffs(empty_engine) == []
+
+
+def test_the_fixture_databases_match_the_models(engine):
+    assert migrate.current_revision(engine) == migrate.head_revision()
+    assert schema_diffs(engine) == []
+
+
+def test_job_outputs_has_the_unique_constraint(engine):
+    constraints = {
+        c["name"]: c["column_names"] for c in inspect(engine).get_unique_constraints("job_outputs")
+    }
+    assert constraints["uk_job_type_profile"] == ["job_id", "output_type", "profile_version"]
+
+
+@pytest.mark.parametrize(
+    ("table", "name", "columns"),
+    [
+        ("processing_profiles", "uk_profile_operation_version", ["operation", "version"]),
+        ("submissions", "uk_submission_key", ["user_id", "idempotency_key"]),
+        ("job_attempts", "uk_attempt_number", ["job_id", "attempt_number"]),
+        ("cloud_spend", "uk_spend_instance", ["provider", "instance_id"]),
+    ],
+)
+def test_other_named_unique_constraints(engine, table, name, columns):
+    found = inspect(engine).get_unique_constraints(table)
+    assert {c["name"]: c["column_names"] for c in found}[name] == columns
+
+
+def test_one_output_row_per_job_type_and_profile_version(engine):
+    now = to_datetime(1_800_000_000.0)
+    with engine.begin() as conn:
+        conn.execute(insert(User), [{"user_id": "u" * 32, "name": "ann", "created_at": now}])
+        conn.execute(insert(Pool), [{"pool_id": "p1", "name": "pool", "created_at": now}])
+        conn.execute(
+            insert(StoredObject),
+            [
+                {
+                    "object_id": "o" * 32,
+                    "pool_id": "p1",
+                    "owner_id": "u" * 32,
+                    "storage_key": "originals/p1/o",
+                    "filename": "a.png",
+                    "size_bytes": 10,
+                    "created_at": now,
+                }
+            ],
+        )
+        profile_id = conn.execute(
+            insert(ProcessingProfile).returning(ProcessingProfile.profile_id),
+            {
+                "operation": "thumbnail",
+                "version": 1,
+                "queue": "images",
+                "base_cost_millicredits": 100,
+                "cost_per_mb_millicredits": 20,
+                "timeout_seconds": 30,
+                "memory_limit_mb": 1024,
+                "max_input_bytes": 1000,
+                "max_attempts": 3,
+                "default_priority": 2,
+                "params": {},
+                "created_at": now,
+                "updated_at": now,
+            },
+        ).scalar_one()
+        conn.execute(
+            insert(Submission),
+            [
+                {
+                    "submission_id": "s" * 32,
+                    "user_id": "u" * 32,
+                    "request_hash": "h" * 64,
+                    "estimated_millicredits": 120,
+                    "created_at": now,
+                }
+            ],
+        )
+        conn.execute(
+            insert(ProcessingJob),
+            [
+                {
+                    "job_id": "j" * 32,
+                    "submission_id": "s" * 32,
+                    "user_id": "u" * 32,
+                    "object_id": "o" * 32,
+                    "profile_id": profile_id,
+                    "operation": "thumbnail",
+                    "queue": "images",
+                    "priority": 2,
+                    "status": "completed",
+                    "params": {},
+                    "estimated_millicredits": 120,
+                    "max_attempts": 3,
+                    "created_at": now,
+                    "updated_at": now,
+                }
+            ],
+        )
+
+    def output(profile_version: int, output_type: str = "thumbnail") -> dict[str, object]:
+        return {
+            "job_id": "j" * 32,
+            "output_type": output_type,
+            "profile_version": profile_version,
+            "storage_key": f"derived/p1/{'o' * 32}/{profile_version}/{output_type}",
+            "size_bytes": 5,
+            "created_at": now,
+        }
+
+    with engine.begin() as conn:
+        conn.execute(insert(JobOutput), [output(1), output(2), output(1, "preview")])
+    with pytest.raises(IntegrityError), engine.begin() as conn:
+        conn.execute(insert(JobOutput), [output(1)])
+    with engine.connect() as conn:
+        assert len(conn.execute(JobOutput.__table__.select()).all()) == 3
