@@ -64,7 +64,7 @@ def create_user(
         )
     )
     if pool_id is None:
-        pool_id = f"user-{user_id}"
+        pool_id = personal_pool_id(user_id)
         create_pool(conn, pool_id, f"{name}'s files", now)
     add_pool_member(conn, pool_id, user_id)
     conn.execute(
@@ -79,6 +79,43 @@ def create_user(
         grant_credits(conn, user_id, credits_millicredits, now, note="initial grant")
     api_key = create_api_key(conn, user_id, now, name="default")
     return NewUser(user_id=user_id, name=name, api_key=api_key, pool_id=pool_id)
+
+
+def personal_pool_id(user_id: str) -> str:
+    """The pool ``create_user`` makes for a user who joins no existing pool."""
+    return f"user-{user_id}"
+
+
+def default_pool_id(conn: Connection, user_id: str) -> str:
+    """Where a user's uploads go unless they name a pool: their personal pool, else
+    the first pool they belong to; NotFound if they belong to none."""
+    pools = (
+        conn.execute(
+            select(t.pool_members.c.pool_id)
+            .where(t.pool_members.c.user_id == user_id)
+            .order_by(t.pool_members.c.pool_id)
+        )
+        .scalars()
+        .all()
+    )
+    personal = personal_pool_id(user_id)
+    if personal in pools:
+        return personal
+    if not pools:
+        raise NotFound(f"user {user_id!r} belongs to no pool", user_id=user_id)
+    return str(pools[0])
+
+
+def find_user(conn: Connection, name_or_id: str) -> str:
+    """The user id of the user with this name (or id); NotFound otherwise."""
+    row = conn.execute(
+        select(t.users.c.user_id).where(
+            (t.users.c.name == name_or_id) | (t.users.c.user_id == name_or_id)
+        )
+    ).first()
+    if row is None:
+        raise NotFound(f"no user {name_or_id!r}", user=name_or_id)
+    return str(row.user_id)
 
 
 def create_pool(conn: Connection, pool_id: str, name: str, now: float) -> None:

@@ -1,0 +1,506 @@
+"""The command line: ``hypermedia <command>``.
+
+Operator commands work on the database named by the settings (``db upgrade``,
+``user add``, ``credits grant``, ``serve``); client commands (``submit``,
+``status``, ``cancel``, ``queues``, ``credits show``) talk HTTP to
+``--api-url`` / ``HYPERMEDIA_API_URL`` with ``--api-key`` / ``HYPERMEDIA_API_KEY``.
+Every option has a ``HYPERMEDIA_*`` environment twin (shown in ``--help``).
+
+An error prints one red line, ``error: <code>: <message>``, and exits 1; a bad
+setting names its key. ``--log-level debug`` shows tracebacks in the log.
+This is the only module that configures logging handlers. Importing it is
+cheap: everything heavy is imported inside the command that needs it.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+
+import typer
+
+from hypermedia.errors import AuthenticationFailed, ConfigError, HypermediaError
+
+if TYPE_CHECKING:
+    from datetime import datetime
+
+    from sqlalchemy import Engine
+
+    from hypermedia.config import Settings
+    from hypermedia.ingest.client import HypermediaClient
+    from hypermedia.ingest.schemas import JobResponse
+
+log = logging.getLogger("hypermedia.cli")
+
+app = typer.Typer(
+    name="hypermedia",
+    help="Processing platform for user files.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+db_app = typer.Typer(help="The job record's schema.", no_args_is_help=True)
+user_app = typer.Typer(help="Users and their API keys.", no_args_is_help=True)
+credits_app = typer.Typer(help="Credit accounts.", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+app.add_typer(user_app, name="user")
+app.add_typer(credits_app, name="credits")
+
+ApiUrl = Annotated[
+    str | None,
+    typer.Option(
+        "--api-url",
+        envvar="HYPERMEDIA_API_URL",
+        help="Base URL of the API (default: http://<api_host>:<api_port>).",
+        show_default=False,
+    ),
+]
+ApiKey = Annotated[
+    str | None,
+    typer.Option("--api-key", envvar="HYPERMEDIA_API_KEY", help="hm_... key.", show_default=False),
+]
+Timeout = Annotated[
+    float,
+    typer.Option("--timeout", envvar="HYPERMEDIA_API_TIMEOUT", min=0.1, help="HTTP timeout, s."),
+]
+
+_LEVELS = ("debug", "info", "warning", "error")
+
+
+@app.callback()
+def _root(
+    ctx: typer.Context,
+    log_level: Annotated[
+        str | None,
+        typer.Option(
+            "--log-level",
+            envvar="HYPERMEDIA_LOG_LEVEL",
+            help="debug, info, warning or error (default: info for serve, else warning).",
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
+    default = "info" if ctx.invoked_subcommand == "serve" else "warning"
+    _configure_logging(log_level or default)
+
+
+def _configure_logging(level_name: str) -> None:
+    if level_name.lower() not in _LEVELS:
+        raise ConfigError(
+            "log_level (HYPERMEDIA_LOG_LEVEL)", f"expected one of {', '.join(_LEVELS)}"
+        )
+    level = getattr(logging, level_name.upper())
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    if level > logging.DEBUG:
+        # Both log routine steps at INFO (every request; plugin set-up): noise here.
+        for noisy in ("httpx", "alembic"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+# -- helpers ------------------------------------------------------------------------------
+
+
+def _settings(**overrides: Any) -> Settings:
+    from hypermedia.config import load_settings
+
+    return load_settings(**{k: v for k, v in overrides.items() if v is not None})
+
+
+def _engine(settings: Settings) -> Engine:
+    """An engine on a database whose schema is up to date."""
+    from hypermedia.db.engine import make_engine
+    from hypermedia.db.migrate import current_revision, head_revision
+
+    engine = make_engine(settings.effective_database_url)
+    if current_revision(engine) != head_revision():
+        engine.dispose()
+        raise ConfigError(
+            "database_url (HYPERMEDIA_DATABASE_URL)",
+            "the database schema is not up to date: run `hypermedia db upgrade`",
+        )
+    return engine
+
+
+def _client(api_url: str | None, api_key: str | None, timeout: float) -> HypermediaClient:
+    from hypermedia.ingest.client import HypermediaClient
+
+    settings = _settings(api_url=api_url, api_key=api_key)
+    url = settings.api_url or f"http://{settings.api_host}:{settings.api_port}"
+    if not settings.api_key:
+        raise AuthenticationFailed("no API key: pass --api-key or set HYPERMEDIA_API_KEY")
+    return HypermediaClient(url, settings.api_key, timeout=timeout)
+
+
+def _note(message: str) -> None:
+    """Human commentary, on stderr, so stdout stays what scripts parse."""
+    typer.echo(message, err=True)
+
+
+def _fail(message: str, code: int = 1) -> NoReturn:
+    from rich.console import Console
+    from rich.markup import escape
+
+    Console(stderr=True, highlight=False, soft_wrap=True).print(f"[red]error: {escape(message)}[/]")
+    raise SystemExit(code)
+
+
+def _millicredits(amount: float) -> int:
+    return round(amount * 1000)
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m {seconds % 60:02d}s"
+    return f"{seconds // 3600}h {seconds % 3600 // 60:02d}m"
+
+
+# -- operators: database, users, credits, server -------------------------------------------
+
+
+@db_app.command("upgrade")
+def db_upgrade() -> None:
+    """Apply migrations and sync the processing profiles."""
+    from sqlalchemy import make_url
+
+    from hypermedia.db.engine import make_engine
+    from hypermedia.db.migrate import current_revision
+    from hypermedia.stack import migrate
+
+    settings = _settings()
+    engine = make_engine(settings.effective_database_url)
+    try:
+        migrate(settings, engine)
+        revision = current_revision(engine)
+    finally:
+        engine.dispose()
+    shown = make_url(settings.effective_database_url).render_as_string(hide_password=True)
+    typer.echo(f"database {shown} is at revision {revision}; profiles synced")
+
+
+@user_app.command("add")
+def user_add(
+    name: Annotated[str, typer.Argument(help="Unique user name.")],
+    credits: Annotated[
+        float, typer.Option("--credits", envvar="HYPERMEDIA_USER_CREDITS", min=0)
+    ] = 0.0,
+    operator: Annotated[
+        bool, typer.Option("--operator", envvar="HYPERMEDIA_USER_OPERATOR", help="May see queues.")
+    ] = False,
+    pool: Annotated[
+        str | None,
+        typer.Option(
+            "--pool",
+            envvar="HYPERMEDIA_USER_POOL",
+            help="Join this existing pool instead of getting a personal one.",
+        ),
+    ] = None,
+) -> None:
+    """Create a user; prints the API key (on stdout, shown this once only)."""
+    from hypermedia.accounts import create_user
+    from hypermedia.db.engine import transaction
+
+    engine = _engine(_settings())
+    try:
+        with transaction(engine) as conn:
+            user = create_user(
+                conn,
+                name,
+                time.time(),
+                credits_millicredits=_millicredits(credits),
+                is_operator=operator,
+                pool_id=pool,
+            )
+    finally:
+        engine.dispose()
+    role = " (operator)" if operator else ""
+    _note(f"created user {user.name}{role}: id {user.user_id}, pool {user.pool_id}")
+    _note(f"credits: {credits:g}")
+    _note("API key (shown only this once):")
+    typer.echo(user.api_key)
+
+
+@user_app.command("key")
+def user_key(
+    user: Annotated[str, typer.Argument(help="User name or id.")],
+    label: Annotated[str, typer.Option("--label", envvar="HYPERMEDIA_KEY_LABEL")] = "",
+) -> None:
+    """Issue another API key for a user; prints it (shown this once only)."""
+    from hypermedia.accounts import create_api_key, find_user
+    from hypermedia.db.engine import transaction
+
+    engine = _engine(_settings())
+    try:
+        with transaction(engine) as conn:
+            key = create_api_key(conn, find_user(conn, user), time.time(), name=label)
+    finally:
+        engine.dispose()
+    _note(f"new API key for {user} (shown only this once):")
+    typer.echo(key)
+
+
+@user_app.command("revoke")
+def user_revoke(
+    key: Annotated[str, typer.Argument(help="The key (hm_<key id>_...) or its key id.")],
+) -> None:
+    """Revoke an API key. A running server may accept it for up to 30 s more (its cache)."""
+    from hypermedia.accounts import revoke_api_key
+    from hypermedia.db.engine import transaction
+    from hypermedia.errors import NotFound
+
+    key_id = key.split("_")[1] if key.startswith("hm_") else key
+    engine = _engine(_settings())
+    try:
+        with transaction(engine) as conn:
+            revoked = revoke_api_key(conn, key_id, time.time())
+    finally:
+        engine.dispose()
+    if not revoked:
+        raise NotFound(f"no active API key {key_id!r}", key_id=key_id)
+    typer.echo(f"revoked API key {key_id}")
+
+
+@credits_app.command("grant")
+def credits_grant(
+    user: Annotated[str, typer.Argument(help="User name or id.")],
+    amount: Annotated[float, typer.Argument(help="Credits to add (negative: remove; use --).")],
+    note: Annotated[str, typer.Option("--note", envvar="HYPERMEDIA_CREDITS_NOTE")] = "",
+) -> None:
+    """Add credits to a user's account."""
+    from hypermedia.accounts import find_user, grant_credits
+    from hypermedia.db.engine import transaction
+
+    engine = _engine(_settings())
+    try:
+        with transaction(engine) as conn:
+            user_id = find_user(conn, user)
+            balance = grant_credits(conn, user_id, _millicredits(amount), time.time(), note=note)
+    finally:
+        engine.dispose()
+    typer.echo(f"granted {amount:g} credits to {user}; balance {balance / 1000:g}")
+
+
+@app.command()
+def serve(
+    host: Annotated[
+        str | None,
+        typer.Option(
+            "--host", envvar="HYPERMEDIA_API_HOST", help="Bind address (default: 127.0.0.1)."
+        ),
+    ] = None,
+    port: Annotated[
+        int | None,
+        typer.Option(
+            "--port", envvar="HYPERMEDIA_API_PORT", min=1, max=65535, help="Port (default: 8080)."
+        ),
+    ] = None,
+    access_log: Annotated[
+        bool, typer.Option("--access-log/--no-access-log", envvar="HYPERMEDIA_ACCESS_LOG")
+    ] = True,
+) -> None:
+    """Run the HTTP API, the reaper and the reconciler until interrupted."""
+    from hypermedia.server import serve as run
+
+    settings = _settings(api_host=host, api_port=port)
+    run(settings, host=settings.api_host, port=settings.api_port, access_log=access_log)
+
+
+# -- clients: submit, status, cancel, queues, credits ---------------------------------------
+
+
+@app.command()
+def submit(
+    files: Annotated[
+        list[Path],
+        typer.Argument(exists=True, dir_okay=False, readable=True, help="Files to upload."),
+    ],
+    op: Annotated[
+        list[str],
+        typer.Option("--op", "-o", envvar="HYPERMEDIA_SUBMIT_OPS", help="Operation (repeatable)."),
+    ],
+    priority: Annotated[
+        int | None,
+        typer.Option(
+            "--priority", envvar="HYPERMEDIA_SUBMIT_PRIORITY", min=1, max=10, help="1 first."
+        ),
+    ] = None,
+    pool: Annotated[
+        str | None,
+        typer.Option(
+            "--pool", envvar="HYPERMEDIA_POOL_ID", help="Pool for the uploads (default: your own)."
+        ),
+    ] = None,
+    wait: Annotated[
+        bool, typer.Option("--wait", envvar="HYPERMEDIA_SUBMIT_WAIT", help="Wait for the jobs.")
+    ] = False,
+    wait_timeout: Annotated[
+        float, typer.Option("--wait-timeout", envvar="HYPERMEDIA_WAIT_TIMEOUT", min=0)
+    ] = 600.0,
+    api_url: ApiUrl = None,
+    api_key: ApiKey = None,
+    timeout: Timeout = 60.0,
+) -> None:
+    """Upload files and submit operations on each; prints one line per job."""
+    job_ids: list[str] = []
+    with _client(api_url, api_key, timeout) as client:
+        for path in files:
+            obj = client.upload(path, pool_id=pool)
+            typer.echo(f"object {obj.object_id} {path} {obj.size_bytes} bytes")
+            result = client.process(obj.object_id, op, priority=priority)
+            for job in result.jobs:
+                typer.echo(
+                    f"job {job.job_id} {job.operation} queue={job.queue} "
+                    f"priority={job.priority} estimated_credits={job.estimated_credits:g}"
+                )
+                job_ids.append(job.job_id)
+        if not wait:
+            return
+        unfinished = 0
+        deadline = time.monotonic() + wait_timeout
+        for job_id in job_ids:
+            finished = client.wait(job_id, timeout=max(0.0, deadline - time.monotonic()))
+            typer.echo(_job_line(finished))
+            unfinished += finished.status != "completed"
+    if unfinished:
+        _fail(f"{unfinished} of {len(job_ids)} jobs did not complete")
+
+
+def _job_line(job: JobResponse) -> str:
+    line = f"job {job.job_id} {job.status}"
+    if job.error_code:
+        line += f" {job.error_code}: {job.error_message or ''}"
+    return line
+
+
+@app.command()
+def status(
+    job_id: Annotated[str, typer.Argument(help="Job id.")],
+    api_url: ApiUrl = None,
+    api_key: ApiKey = None,
+    timeout: Timeout = 30.0,
+) -> None:
+    """Show a job: status, attempts, credits, outputs."""
+    with _client(api_url, api_key, timeout) as client:
+        job = client.job(job_id)
+
+    def at(moment: datetime | None) -> str:
+        return "-" if moment is None else moment.isoformat(timespec="seconds")
+
+    charged = "-" if job.actual_credits is None else f"{job.actual_credits:g}"
+    rows = [
+        ("job", job.job_id),
+        ("status", job.status + (" (cancel requested)" if job.cancel_requested else "")),
+        ("operation", f"{job.operation} (queue {job.queue}, priority {job.priority})"),
+        ("object", job.object_id),
+        ("attempts", f"{job.attempt_count} of {job.max_attempts}"),
+        ("credits", f"estimated {job.estimated_credits:g}, charged {charged}"),
+        ("created", at(job.created_at)),
+        ("queued", at(job.queued_at)),
+        ("started", at(job.started_at)),
+        ("completed", at(job.completed_at)),
+    ]
+    if job.run_after is not None:
+        rows.append(("retry at", at(job.run_after)))
+    if job.error_code:
+        rows.append(("error", f"{job.error_code}: {job.error_message or ''}"))
+    for attempt in job.attempts:
+        result = attempt.status + (f" {attempt.error_code}" if attempt.error_code else "")
+        rows.append((f"attempt {attempt.attempt_number}", f"{result} on {attempt.worker_id}"))
+    for output in job.outputs:
+        rows.append(
+            ("output", f"{output.output_type} {output.storage_key} {output.size_bytes} bytes")
+        )
+    for label, value in rows:
+        typer.echo(f"{label:<11}{value}")
+
+
+@app.command()
+def cancel(
+    job_id: Annotated[str, typer.Argument(help="Job id.")],
+    api_url: ApiUrl = None,
+    api_key: ApiKey = None,
+    timeout: Timeout = 30.0,
+) -> None:
+    """Cancel a job (a running one is asked to stop)."""
+    with _client(api_url, api_key, timeout) as client:
+        result = client.cancel(job_id)
+    suffix = ", cancel requested" if result.cancel_requested else ""
+    typer.echo(f"job {result.job_id} {result.status}{suffix}")
+
+
+@app.command()
+def queues(
+    api_url: ApiUrl = None,
+    api_key: ApiKey = None,
+    timeout: Timeout = 30.0,
+) -> None:
+    """Queue depths, in-flight jobs, retries and the oldest waiting job (operators)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    with _client(api_url, api_key, timeout) as client:
+        overview = client.queues()
+    table = Table("queue", "queued", "in flight", "retry wait", "oldest age", "redis r/l/d")
+    for q in overview.queues:
+        redis = (
+            "unreachable"
+            if q.redis is None
+            else f"{q.redis.ready}/{q.redis.leased}/{q.redis.delayed}"
+        )
+        table.add_row(
+            q.queue,
+            str(q.queued),
+            str(q.in_flight),
+            str(q.retry_wait),
+            _age(q.oldest_age_seconds),
+            redis,
+        )
+    Console(width=max(100, Console().width)).print(table)
+
+
+@credits_app.command("show")
+def credits_show(
+    api_url: ApiUrl = None,
+    api_key: ApiKey = None,
+    timeout: Timeout = 30.0,
+) -> None:
+    """Your balance, what unfinished jobs hold, and what is available."""
+    with _client(api_url, api_key, timeout) as client:
+        account = client.credits()
+    typer.echo(
+        f"balance {account.balance:g}, reserved {account.reserved:g}, "
+        f"available {account.available:g}"
+    )
+
+
+# -- entry point ------------------------------------------------------------------------------
+
+
+def main() -> None:
+    try:
+        app()
+    except HypermediaError as exc:
+        log.debug("command failed", exc_info=True)
+        _fail(f"{exc.code}: {exc.message}")
+    except TimeoutError as exc:
+        _fail(f"timeout: {exc}")
+    except KeyboardInterrupt:
+        _fail("interrupted", code=130)
+    except Exception as exc:
+        log.debug("unexpected error", exc_info=True)
+        _fail(f"internal: {type(exc).__name__}: {exc}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,501 @@
+"""The HTTP API: ``create_app(stack)`` builds a FastAPI app over a :class:`Stack`.
+
+There is no module-level app: ``hypermedia serve`` builds the stack from
+settings and hands the app to uvicorn; tests build their own.
+
+Every route but ``/healthz`` needs ``Authorization: Bearer hm_...`` (401
+otherwise). A caller sees, cancels and submits only for their own jobs and the
+objects of their pools; any other id answers 404, exactly as an id that does
+not exist. Errors are ``{"error": {"code", "message", "details"?}}`` with the
+status of the :mod:`hypermedia.errors` class; a malformed request is 422
+``invalid_request`` naming the fields; anything unexpected is 500 ``internal``
+with no trace in the body (it goes to the log).
+
+Authentications are cached in memory for ``auth_cache_seconds`` (30 s by
+default; see :mod:`hypermedia.ingest.auth`): a revoked key stops working within
+that time.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Annotated, Any, cast
+
+from fastapi import APIRouter, Depends, FastAPI, Header, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy import text
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from hypermedia import __version__
+from hypermedia.accounts import Caller, balance
+from hypermedia.db.engine import transaction
+from hypermedia.errors import (
+    AuthenticationFailed,
+    Forbidden,
+    HypermediaError,
+    InvalidRequest,
+)
+from hypermedia.ids import new_id
+from hypermedia.ingest import uploads
+from hypermedia.ingest.auth import Authenticator
+from hypermedia.ingest.schemas import (
+    AttemptOut,
+    CancelResponse,
+    CreditsResponse,
+    ErrorResponse,
+    HealthResponse,
+    JobResponse,
+    ObjectResponse,
+    OutputOut,
+    ProcessResponse,
+    QueueOut,
+    QueuesResponse,
+    RedisCounts,
+    RegisterRequest,
+    SubmittedJobOut,
+    credits,
+    credits_or_none,
+)
+from hypermedia.ingest.service import JobView, SubmitRequest, SubmitResult
+from hypermedia.jobs.states import IN_FLIGHT
+from hypermedia.objects import ObjectInfo, get_object
+from hypermedia.stack import Stack
+from hypermedia.storage.base import original_key, too_large
+
+log = logging.getLogger(__name__)
+
+PREFIX = "/v1/hypermedia"
+
+_bearer = HTTPBearer(
+    auto_error=False,
+    scheme_name="ApiKey",
+    description="An API key from `hypermedia user add`: `Authorization: Bearer hm_...`.",
+)
+
+
+def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    return {status: {"model": ErrorResponse} for status in (*statuses, 401, 422)}
+
+
+# -- dependencies -----------------------------------------------------------------------
+
+
+def _stack(request: Request) -> Stack:
+    return cast(Stack, request.app.state.stack)
+
+
+async def _caller(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> Caller:
+    if credentials is None:
+        raise AuthenticationFailed("missing API key: send Authorization: Bearer hm_...")
+    authenticator = cast(Authenticator, request.app.state.authenticator)
+    cached = authenticator.cached(credentials.credentials)
+    if cached is not None:
+        return cached  # no thread hop on the hot path
+    return await run_in_threadpool(authenticator, credentials.credentials)
+
+
+StackDep = Annotated[Stack, Depends(_stack)]
+CallerDep = Annotated[Caller, Depends(_caller)]
+
+router = APIRouter()
+
+
+# -- jobs -------------------------------------------------------------------------------
+
+
+@router.post(
+    f"{PREFIX}/process",
+    status_code=202,
+    summary="Submit processing jobs for an object",
+    responses=_errors(400, 402, 404, 409, 413, 503),
+    tags=["jobs"],
+)
+def process(
+    body: SubmitRequest,
+    caller: CallerDep,
+    stack: StackDep,
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            min_length=1,
+            max_length=200,
+            description="Same as the body's idempotency_key; a retry with the same key "
+            "and body replays the first submit.",
+        ),
+    ] = None,
+) -> ProcessResponse:
+    """Estimate, reserve credits (402 when short: nothing is created), create and
+    queue one job per operation."""
+    if idempotency_key is not None:
+        if body.idempotency_key not in (None, idempotency_key):
+            raise InvalidRequest("the Idempotency-Key header and body idempotency_key differ")
+        body = body.model_copy(update={"idempotency_key": idempotency_key})
+    return _process_response(stack.ingest.submit(caller, body))
+
+
+@router.get(
+    f"{PREFIX}/jobs/{{job_id}}",
+    summary="A job's status, attempts, outputs and credits",
+    responses=_errors(404),
+    tags=["jobs"],
+)
+def get_job(job_id: str, caller: CallerDep, stack: StackDep) -> JobResponse:
+    return _job_response(stack.ingest.get_job(caller, job_id))
+
+
+@router.post(
+    f"{PREFIX}/jobs/{{job_id}}/cancel",
+    summary="Cancel a job",
+    responses={
+        202: {"model": CancelResponse, "description": "Running: cancel requested."},
+        **_errors(404, 409),
+    },
+    tags=["jobs"],
+)
+def cancel_job(
+    job_id: str, caller: CallerDep, stack: StackDep, response: Response
+) -> CancelResponse:
+    """A queued (or retry-waiting) job is cancelled at once (200) and its credits
+    released; a running one is asked to stop (202, ``cancel_requested``); a finished
+    one answers 409."""
+    status = stack.ingest.cancel(caller, job_id)
+    running = status in IN_FLIGHT
+    if running:
+        response.status_code = 202
+    return CancelResponse(job_id=job_id, status=status.value, cancel_requested=running)
+
+
+# -- objects -----------------------------------------------------------------------------
+
+
+_BINARY_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+    }
+}
+
+
+@router.put(
+    f"{PREFIX}/objects",
+    status_code=201,
+    summary="Upload a file (the raw request body)",
+    responses=_errors(400, 404, 413),
+    openapi_extra=_BINARY_BODY,
+    tags=["objects"],
+)
+async def upload_object(
+    request: Request,
+    caller: CallerDep,
+    stack: StackDep,
+    filename: Annotated[str, Query(min_length=1, max_length=255)],
+    pool_id: Annotated[str | None, Query(min_length=1, max_length=64)] = None,
+) -> ObjectResponse:
+    """Streams the body into storage (at most ``max_upload_bytes``, else 413 and
+    nothing is kept), records its sha256, registers the object. ``pool_id``
+    defaults to the caller's personal pool."""
+    limit = stack.settings.max_upload_bytes
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large(limit)
+    pool = await run_in_threadpool(uploads.resolve_pool, stack.engine, caller, pool_id)
+    object_id = new_id()
+    blob = await uploads.store_stream(
+        stack.storage, original_key(pool, object_id), request.stream(), limit
+    )
+    content_type = request.headers.get("content-type")
+    info = await run_in_threadpool(
+        lambda: uploads.register_blob(
+            stack.engine,
+            stack.storage,
+            caller,
+            object_id=object_id,
+            pool_id=pool,
+            blob=blob,
+            filename=filename,
+            content_type=content_type[:127] if content_type else None,
+            now=stack.clock.now(),
+        )
+    )
+    return _object_response(info)
+
+
+@router.post(
+    f"{PREFIX}/objects/register",
+    status_code=201,
+    summary="Register a file already in storage",
+    responses=_errors(400, 404, 409),
+    tags=["objects"],
+)
+def register_object(body: RegisterRequest, caller: CallerDep, stack: StackDep) -> ObjectResponse:
+    """For web tiers that stored the file themselves, under ``originals/<pool_id>/``."""
+    info = uploads.register_stored(
+        stack.engine,
+        stack.storage,
+        caller,
+        object_id=new_id(),
+        storage_key=body.storage_key,
+        filename=body.filename,
+        size_bytes=body.size_bytes,
+        pool_id=body.pool_id,
+        content_type=body.content_type,
+        sha256=body.sha256,
+        now=stack.clock.now(),
+    )
+    return _object_response(info)
+
+
+@router.get(
+    f"{PREFIX}/objects/{{object_id}}",
+    summary="An object's metadata",
+    responses=_errors(404),
+    tags=["objects"],
+)
+def read_object(object_id: str, caller: CallerDep, stack: StackDep) -> ObjectResponse:
+    with transaction(stack.engine) as conn:
+        return _object_response(get_object(conn, caller, object_id))
+
+
+# -- accounts and operators ------------------------------------------------------------
+
+
+@router.get(
+    f"{PREFIX}/credits",
+    summary="The caller's credits",
+    responses=_errors(),
+    tags=["accounts"],
+)
+def read_credits(caller: CallerDep, stack: StackDep) -> CreditsResponse:
+    with transaction(stack.engine) as conn:
+        account = balance(conn, caller.user_id)
+    return CreditsResponse(
+        balance=credits(account.balance_millicredits),
+        reserved=credits(account.reserved_millicredits),
+        available=credits(account.available_millicredits),
+    )
+
+
+@router.get(
+    f"{PREFIX}/queues",
+    summary="Queue depths (operators only)",
+    responses=_errors(403),
+    tags=["operators"],
+)
+def read_queues(caller: CallerDep, stack: StackDep) -> QueuesResponse:
+    if not caller.is_operator:
+        raise Forbidden("queue statistics are for operators only")
+    return QueuesResponse(
+        queues=[
+            QueueOut(
+                queue=s.queue,
+                queued=s.queued,
+                in_flight=s.in_flight,
+                retry_wait=s.retry_wait,
+                oldest_queued_at=s.oldest_queued_at,
+                oldest_age_seconds=s.oldest_age_seconds,
+                redis=None
+                if s.redis_ready is None or s.redis_leased is None or s.redis_delayed is None
+                else RedisCounts(
+                    ready=s.redis_ready, leased=s.redis_leased, delayed=s.redis_delayed
+                ),
+            )
+            for s in stack.ingest.queue_overview()
+        ]
+    )
+
+
+@router.get(
+    "/healthz",
+    summary="Database and Redis reachability (no authentication)",
+    responses={503: {"model": HealthResponse, "description": "A backing service is down."}},
+    tags=["operators"],
+)
+def healthz(stack: StackDep, response: Response) -> HealthResponse:
+    database = _database_ok(stack)
+    redis_ok = _redis_ok(stack)
+    if not (database and redis_ok):
+        response.status_code = 503
+    return HealthResponse(
+        status="ok" if database and redis_ok else "unavailable", database=database, redis=redis_ok
+    )
+
+
+def _database_ok(stack: Stack) -> bool:
+    try:
+        with stack.engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+    except Exception as exc:
+        log.warning("health: database unreachable: %s", exc, extra={"action": "health"})
+        return False
+    return True
+
+
+def _redis_ok(stack: Stack) -> bool:
+    try:
+        return stack.queue.ping()
+    except Exception as exc:
+        log.warning("health: redis unreachable: %s", exc, extra={"action": "health"})
+        return False
+
+
+# -- conversions -------------------------------------------------------------------------
+
+
+def _process_response(result: SubmitResult) -> ProcessResponse:
+    return ProcessResponse(
+        submission_id=result.submission_id,
+        job_ids=result.job_ids,
+        jobs=[
+            SubmittedJobOut(
+                job_id=j.job_id,
+                operation=j.operation,
+                queue=j.queue,
+                priority=j.priority,
+                estimated_credits=credits(j.estimated_millicredits),
+            )
+            for j in result.jobs
+        ],
+        estimated_credits=credits(result.estimated_millicredits),
+        replayed=result.replayed,
+    )
+
+
+def _job_response(view: JobView) -> JobResponse:
+    return JobResponse(
+        job_id=view.job_id,
+        object_id=view.object_id,
+        operation=view.operation,
+        queue=view.queue,
+        priority=view.priority,
+        status=cast(Any, view.status),
+        cancel_requested=view.cancel_requested,
+        attempt_count=view.attempt_count,
+        max_attempts=view.max_attempts,
+        estimated_credits=credits(view.estimated_millicredits),
+        actual_credits=credits_or_none(view.actual_millicredits),
+        error_code=view.error_code,
+        error_message=view.error_message,
+        created_at=view.created_at,
+        queued_at=view.queued_at,
+        started_at=view.started_at,
+        completed_at=view.completed_at,
+        run_after=view.run_after,
+        attempts=[AttemptOut.model_validate(a, from_attributes=True) for a in view.attempts],
+        outputs=[OutputOut.model_validate(o, from_attributes=True) for o in view.outputs],
+    )
+
+
+def _object_response(info: ObjectInfo) -> ObjectResponse:
+    return ObjectResponse(
+        object_id=info.object_id,
+        pool_id=info.pool_id,
+        size_bytes=info.size_bytes,
+        sha256=info.sha256,
+        filename=info.filename,
+        content_type=info.content_type,
+        created_at=info.created_at,
+    )
+
+
+# -- errors ------------------------------------------------------------------------------
+
+
+def _error(
+    status: int, body: dict[str, Any], headers: Mapping[str, str] | None = None
+) -> JSONResponse:
+    return JSONResponse({"error": body}, status_code=status, headers=headers)
+
+
+async def _on_hypermedia_error(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, HypermediaError)
+    headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+    if exc.status >= 500:
+        log.warning("%s: %s", exc.code, exc.message, extra={"action": "api_error"})
+    return _error(exc.status, exc.to_dict(), headers)
+
+
+async def _on_validation_error(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    problems = []
+    for error in exc.errors():
+        path = ".".join(str(part) for part in error.get("loc", ()))
+        problems.append({"path": path, "message": str(error.get("msg", "")), "type": error["type"]})
+    message = "; ".join(f"{p['path']}: {p['message']}" for p in problems) or "invalid request"
+    body = {"code": InvalidRequest.code, "message": message, "details": {"errors": problems}}
+    return _error(422, body)
+
+
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
+
+
+async def _on_http_error(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    code = _HTTP_CODES.get(exc.status_code, "http_error")
+    return _error(exc.status_code, {"code": code, "message": str(exc.detail)}, exc.headers)
+
+
+class _InternalErrors:
+    """Answer 500 ``internal`` for any unexpected exception, logging the trace.
+
+    A plain ASGI middleware rather than an ``Exception`` handler: Starlette
+    re-raises after such a handler, and the server would log every error twice.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception:
+            log.exception(
+                "internal error on %s %s",
+                scope.get("method"),
+                scope.get("path"),
+                extra={"action": "api_internal_error"},
+            )
+            if started:
+                raise
+            response = _error(500, {"code": "internal", "message": "internal server error"})
+            await response(scope, receive, send)
+
+
+# -- the app -----------------------------------------------------------------------------
+
+
+def create_app(stack: Stack, *, auth_cache_seconds: float = 30.0) -> FastAPI:
+    """The API over ``stack``. Authentications are cached ``auth_cache_seconds``."""
+    app = FastAPI(
+        title="hypermedia",
+        version=__version__,
+        summary="Processing jobs for user files: submit, follow, cancel.",
+        docs_url="/docs",
+        redoc_url=None,
+    )
+    app.state.stack = stack
+    app.state.authenticator = Authenticator(stack.engine, ttl=auth_cache_seconds)
+    app.include_router(router)
+    app.add_exception_handler(HypermediaError, _on_hypermedia_error)
+    app.add_exception_handler(RequestValidationError, _on_validation_error)
+    app.add_exception_handler(StarletteHTTPException, _on_http_error)
+    app.add_middleware(_InternalErrors)
+    return app

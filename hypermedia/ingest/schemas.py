@@ -1,0 +1,174 @@
+"""The HTTP API's wire models: what the server answers and the client parses.
+
+Pydantic only (no FastAPI, no SQLAlchemy), so the thin client can import them
+cheaply. Credits travel as decimal numbers (millicredits / 1000); times as ISO
+8601 in UTC. The submit request body is
+:class:`hypermedia.ingest.service.SubmitRequest` itself.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+def credits(millicredits: int) -> float:
+    return millicredits / 1000
+
+
+def credits_or_none(millicredits: int | None) -> float | None:
+    return None if millicredits is None else millicredits / 1000
+
+
+class _Model(BaseModel):
+    # Responses may grow fields: a client built against an older server must not break.
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class ErrorBody(_Model):
+    code: str = Field(description="Stable machine-readable error code, e.g. `not_found`.")
+    message: str
+    details: dict[str, Any] | None = None
+
+
+class ErrorResponse(_Model):
+    error: ErrorBody
+
+
+class SubmittedJobOut(_Model):
+    job_id: str
+    operation: str
+    queue: str
+    priority: int
+    estimated_credits: float
+
+
+class ProcessResponse(_Model):
+    submission_id: str
+    job_ids: list[str]
+    jobs: list[SubmittedJobOut]
+    estimated_credits: float
+    replayed: bool = Field(description="True when an idempotency key replayed an earlier submit.")
+
+
+class AttemptOut(_Model):
+    attempt_number: int
+    worker_id: str
+    status: str
+    error_code: str | None = None
+    error_message: str | None = None
+    started_at: datetime
+    finished_at: datetime | None = None
+    duration_ms: int | None = None
+    peak_memory_mb: float | None = None
+
+
+class OutputOut(_Model):
+    output_type: str
+    profile_version: int
+    storage_key: str
+    size_bytes: int
+    content_type: str | None = None
+    object_id: str | None = None
+
+
+JobStatusName = Literal[
+    "created", "queued", "claimed", "processing", "retry_wait", "completed", "failed", "cancelled"
+]
+TERMINAL_STATUSES: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
+
+
+class JobResponse(_Model):
+    job_id: str
+    object_id: str
+    operation: str
+    queue: str
+    priority: int
+    status: JobStatusName
+    cancel_requested: bool
+    attempt_count: int
+    max_attempts: int
+    estimated_credits: float
+    actual_credits: float | None = Field(
+        default=None, description="What the job was charged, once it completed."
+    )
+    error_code: str | None = None
+    error_message: str | None = None
+    created_at: datetime
+    queued_at: datetime | None = None
+    started_at: datetime | None = None
+    completed_at: datetime | None = None
+    run_after: datetime | None = Field(default=None, description="When a retry is due.")
+    attempts: list[AttemptOut] = Field(default_factory=list)
+    outputs: list[OutputOut] = Field(default_factory=list)
+
+    @property
+    def finished(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+
+class CancelResponse(_Model):
+    job_id: str
+    status: JobStatusName
+    cancel_requested: bool = Field(
+        description="True when the job is running: its worker stops it at the next check."
+    )
+
+
+class RegisterRequest(BaseModel):
+    """A file the web tier already stored under ``originals/<pool_id>/``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    storage_key: str = Field(min_length=1, max_length=512)
+    filename: str = Field(min_length=1, max_length=255)
+    size_bytes: int = Field(ge=0)
+    pool_id: str | None = Field(default=None, min_length=1, max_length=64)
+    content_type: str | None = Field(default=None, max_length=127)
+    sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+
+
+class ObjectResponse(_Model):
+    object_id: str
+    pool_id: str
+    size_bytes: int
+    sha256: str | None = None
+    filename: str
+    content_type: str | None = None
+    created_at: datetime
+
+
+class RedisCounts(_Model):
+    ready: int
+    leased: int
+    delayed: int
+
+
+class QueueOut(_Model):
+    queue: str
+    queued: int
+    in_flight: int
+    retry_wait: int
+    oldest_queued_at: datetime | None = None
+    oldest_age_seconds: float | None = None
+    redis: RedisCounts | None = Field(
+        default=None, description="What Redis holds; null when Redis is unreachable."
+    )
+
+
+class QueuesResponse(_Model):
+    queues: list[QueueOut]
+
+
+class CreditsResponse(_Model):
+    balance: float
+    reserved: float = Field(description="Held by jobs that have not finished.")
+    available: float
+
+
+class HealthResponse(_Model):
+    status: Literal["ok", "unavailable"]
+    database: bool
+    redis: bool

@@ -1,0 +1,148 @@
+"""Getting files in: stream an upload into storage, or register one already stored.
+
+An upload goes to ``originals/<pool_id>/<new object id>`` (user file names never
+become keys), is hashed while it streams, and stops at ``max_bytes`` with
+nothing stored. Only then is the object row written; if that fails, the stored
+bytes are deleted again.
+
+Registering a file the web tier stored itself is allowed only under the pool's
+own prefix, ``originals/<pool_id>/``, and only once per key: otherwise a caller
+could register (and so process and read) a file of a pool they are not in.
+The size is checked against storage; a given sha256 is recorded as given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+
+import anyio.from_thread
+import anyio.to_thread
+from sqlalchemy import Connection, Engine
+from sqlalchemy.exc import IntegrityError
+
+from hypermedia.accounts import Caller, default_pool_id, is_pool_member
+from hypermedia.db.engine import transaction
+from hypermedia.errors import Conflict, InvalidRequest, NotFound
+from hypermedia.objects import ObjectInfo, register_object
+from hypermedia.storage.base import Storage, StoredBlob, check_key
+
+_DONE = object()
+
+
+def pool_for(conn: Connection, caller: Caller, pool_id: str | None) -> str:
+    """The pool an upload goes to: the one named (caller must belong to it), else
+    the caller's default pool."""
+    if pool_id is None:
+        return default_pool_id(conn, caller.user_id)
+    if not is_pool_member(conn, pool_id, caller.user_id):
+        raise NotFound(f"no pool {pool_id!r}", pool_id=pool_id)
+    return pool_id
+
+
+def resolve_pool(engine: Engine, caller: Caller, pool_id: str | None) -> str:
+    with transaction(engine) as conn:
+        return pool_for(conn, caller, pool_id)
+
+
+async def store_stream(
+    storage: Storage, key: str, stream: AsyncIterator[bytes], max_bytes: int
+) -> StoredBlob:
+    """Write an async byte stream through the (blocking) storage ``put`` in a worker
+    thread, pulling each chunk from the event loop as the thread asks for it."""
+    iterator = stream.__aiter__()
+
+    async def next_chunk() -> object:
+        try:
+            return await iterator.__anext__()
+        except StopAsyncIteration:
+            return _DONE
+
+    def chunks() -> Iterator[bytes]:
+        while True:
+            chunk = anyio.from_thread.run(next_chunk)
+            if chunk is _DONE:
+                return
+            assert isinstance(chunk, bytes)
+            if chunk:
+                yield chunk
+
+    return await anyio.to_thread.run_sync(storage.put, key, chunks(), max_bytes)
+
+
+def register_blob(
+    engine: Engine,
+    storage: Storage,
+    caller: Caller,
+    *,
+    object_id: str,
+    pool_id: str,
+    blob: StoredBlob,
+    filename: str,
+    content_type: str | None,
+    now: float,
+) -> ObjectInfo:
+    """Record an uploaded blob; delete it again if the record cannot be written."""
+    try:
+        with transaction(engine) as conn:
+            return register_object(
+                conn,
+                caller,
+                object_id=object_id,
+                pool_id=pool_id,
+                storage_key=blob.key,
+                filename=filename,
+                size_bytes=blob.size_bytes,
+                sha256=blob.sha256,
+                content_type=content_type,
+                now=now,
+            )
+    except BaseException:
+        storage.delete(blob.key)
+        raise
+
+
+def register_stored(
+    engine: Engine,
+    storage: Storage,
+    caller: Caller,
+    *,
+    object_id: str,
+    storage_key: str,
+    filename: str,
+    size_bytes: int,
+    pool_id: str | None,
+    content_type: str | None,
+    sha256: str | None,
+    now: float,
+) -> ObjectInfo:
+    """Register a file the web tier already put in storage (see the module docstring)."""
+    key = check_key(storage_key)
+    try:
+        with transaction(engine) as conn:
+            pool = pool_for(conn, caller, pool_id)
+            if not key.startswith(f"originals/{pool}/"):
+                raise InvalidRequest(
+                    f"storage_key must lie under originals/{pool}/", storage_key=key
+                )
+            if not storage.exists(key):
+                raise InvalidRequest(f"nothing is stored at {key!r}", storage_key=key)
+            stored = storage.size(key)
+            if stored != size_bytes:
+                raise InvalidRequest(
+                    f"size_bytes is {size_bytes} but {key!r} holds {stored} bytes",
+                    storage_key=key,
+                )
+            return register_object(
+                conn,
+                caller,
+                object_id=object_id,
+                pool_id=pool,
+                storage_key=key,
+                filename=filename,
+                size_bytes=size_bytes,
+                content_type=content_type,
+                sha256=sha256,
+                now=now,
+            )
+    except IntegrityError as exc:
+        raise Conflict(f"{key!r} is already registered", storage_key=key) from exc

@@ -1,0 +1,112 @@
+"""The head process behind ``hypermedia serve``: the HTTP API plus queue upkeep.
+
+:class:`Maintenance` is a background thread that reconciles Redis with the job
+record once at start, then runs the reaper every ``reaper_interval_seconds``
+and the reconciler every ``reconcile_interval_seconds``. A failed round (Redis
+or the database down) is logged and retried on the next tick; ``stop()``
+returns once the round in progress has finished.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from hypermedia.config import Settings
+from hypermedia.errors import HypermediaError
+from hypermedia.queue.reaper import reconcile
+from hypermedia.stack import Stack
+
+log = logging.getLogger(__name__)
+
+
+class Maintenance:
+    def __init__(
+        self,
+        stack: Stack,
+        *,
+        reaper_interval: float,
+        reconcile_interval: float,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.stack = stack
+        self.reaper_interval = reaper_interval
+        self.reconcile_interval = reconcile_interval
+        self._monotonic = monotonic
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.rounds = 0
+        self.reconciles = 0
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(
+            target=self._run, name="hypermedia-maintenance", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                log.warning("maintenance thread still busy after %.0f s", timeout)
+            self._thread = None
+
+    def _run(self) -> None:
+        next_reconcile = self._monotonic()  # reconcile once at start
+        while not self._stop.is_set():
+            if self._monotonic() >= next_reconcile:
+                self._step("reconcile", self.reconcile)
+                next_reconcile = self._monotonic() + self.reconcile_interval
+            self._step("reap", self.stack.reaper.tick)
+            self.rounds += 1
+            self._stop.wait(self.reaper_interval)
+
+    def reconcile(self) -> None:
+        reconcile(self.stack.engine, self.stack.queue)
+        self.reconciles += 1
+
+    @staticmethod
+    def _step(action: str, step: Callable[[], object]) -> None:
+        try:
+            step()
+        except HypermediaError as exc:
+            log.warning("%s failed: %s", action, exc, extra={"action": action})
+        except Exception:
+            log.exception("%s failed unexpectedly", action, extra={"action": action})
+
+
+def serve(settings: Settings, *, host: str, port: int, access_log: bool = True) -> None:
+    """Open the stack, start maintenance, run the API until SIGINT/SIGTERM, clean up."""
+    import uvicorn
+
+    from hypermedia.ingest.api import create_app
+
+    stack = Stack.open(settings)
+    maintenance = Maintenance(
+        stack,
+        reaper_interval=settings.reaper_interval_seconds,
+        reconcile_interval=settings.reconcile_interval_seconds,
+    )
+    try:
+        app = create_app(stack)
+        # log_config=None: the CLI owns logging handlers; uvicorn only logs through them.
+        config = uvicorn.Config(
+            app, host=host, port=port, log_config=None, access_log=access_log, lifespan="off"
+        )
+        server = uvicorn.Server(config)
+        maintenance.start()
+        log.info("serving the API on http://%s:%d", host, port, extra={"action": "serve"})
+        try:
+            server.run()
+        except SystemExit as exc:  # uvicorn exits when it cannot bind
+            raise HypermediaError(
+                f"the API server could not start on {host}:{port} (see the log above)"
+            ) from exc
+    finally:
+        maintenance.stop()
+        stack.close()
