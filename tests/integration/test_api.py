@@ -1,0 +1,540 @@
+"""The HTTP API on real PostgreSQL / SQLite and Redis, through FastAPI's TestClient."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import func, select
+
+from hypermedia.accounts import balance, revoke_api_key
+from hypermedia.db import tables as t
+from hypermedia.db.engine import transaction
+from hypermedia.ingest.api import create_app
+from hypermedia.stack import Stack
+from hypermedia.storage.base import original_key
+from tests.api_support import add_user, bearer
+
+PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 8
+P = "/v1/hypermedia"
+
+
+@pytest.fixture
+def stack(engine, settings) -> Iterator[Stack]:
+    opened = Stack.open(settings(), engine=engine, auto_migrate=True)
+    yield opened
+    opened.close()
+
+
+@pytest.fixture
+def api(stack) -> Iterator[TestClient]:
+    with TestClient(create_app(stack, auth_cache_seconds=0)) as client:
+        yield client
+
+
+@pytest.fixture
+def alice(stack):
+    return add_user(stack, "alice", credits=10)
+
+
+@pytest.fixture
+def bob(stack):
+    return add_user(stack, "bob", credits=10)
+
+
+def upload(api, user, data: bytes = PNG, filename: str = "cat.png", **params) -> Any:
+    response = api.put(
+        f"{P}/objects",
+        params={"filename": filename, **params},
+        content=data,
+        headers={**bearer(user), "Content-Type": "image/png"},
+    )
+    assert response.status_code == 201, response.text
+    return response.json()
+
+
+def submit(api, user, object_id: str, operations=("thumbnail",), **extra):
+    body = {"object_id": object_id, "operations": list(operations), **extra}
+    return api.post(f"{P}/process", json=body, headers=bearer(user))
+
+
+def count(stack, table) -> int:
+    with transaction(stack.engine) as conn:
+        return int(conn.execute(select(func.count()).select_from(table)).scalar_one())
+
+
+def job_status(stack, job_id: str) -> str:
+    with transaction(stack.engine) as conn:
+        return str(conn.execute(select(t.jobs.c.status).where(t.jobs.c.job_id == job_id)).scalar())
+
+
+def reserved(stack, user) -> int:
+    with transaction(stack.engine) as conn:
+        return balance(conn, user.user_id).reserved_millicredits
+
+
+def assert_error(response, status: int, code: str) -> Any:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"}
+    assert body["error"]["code"] == code
+    assert isinstance(body["error"]["message"], str) and body["error"]["message"]
+    assert set(body["error"]) <= {"code", "message", "details"}
+    return body["error"]
+
+
+# -- process ------------------------------------------------------------------------------
+
+
+def test_process_creates_queued_jobs_in_the_record_and_in_redis(api, stack, alice):
+    obj = upload(api, alice)
+    response = submit(api, alice, obj["object_id"], ["thumbnail", "resize"], priority=5)
+    assert response.status_code == 202, response.text
+    body = response.json()
+    assert body["replayed"] is False
+    assert len(body["job_ids"]) == 2
+    assert [j["job_id"] for j in body["jobs"]] == body["job_ids"]
+    assert {j["operation"] for j in body["jobs"]} == {"thumbnail", "resize"}
+    assert all(j["queue"] == "images" and j["priority"] == 5 for j in body["jobs"])
+    assert body["estimated_credits"] == pytest.approx(
+        sum(j["estimated_credits"] for j in body["jobs"])
+    )
+    assert body["estimated_credits"] > 0
+    for job_id in body["job_ids"]:
+        assert job_status(stack, job_id) == "queued"
+    assert set(stack.queue.ready_ids("images")) == set(body["job_ids"])
+    assert reserved(stack, alice) == round(body["estimated_credits"] * 1000)
+
+    job = api.get(f"{P}/jobs/{body['job_ids'][0]}", headers=bearer(alice)).json()
+    assert job["status"] == "queued"
+    assert job["attempt_count"] == 0 and job["attempts"] == [] and job["outputs"] == []
+    assert job["estimated_credits"] == body["jobs"][0]["estimated_credits"]
+    assert job["actual_credits"] is None
+    assert job["created_at"].endswith("Z") and "T" in job["created_at"]
+
+
+def test_process_without_enough_credits_creates_nothing(api, stack):
+    poor = add_user(stack, "poor", credits=0.05)
+    obj = upload(api, poor)
+    before = reserved(stack, poor)
+    error = assert_error(submit(api, poor, obj["object_id"]), 402, "insufficient_credits")
+    assert error["details"]["available_credits"] == 0.05
+    assert count(stack, t.submissions) == 0
+    assert count(stack, t.jobs) == 0
+    for queue in stack.queue.queues:
+        counts = stack.queue.counts(queue)
+        assert (counts.ready, counts.leased, counts.delayed) == (0, 0, 0)
+    assert reserved(stack, poor) == before
+
+
+def test_process_rejects_bad_input(api, alice):
+    obj = upload(api, alice)
+    assert_error(submit(api, alice, obj["object_id"], ["no_such_op"]), 400, "unknown_operation")
+    error = assert_error(submit(api, alice, obj["object_id"], []), 422, "invalid_request")
+    assert "body.operations" in error["message"]
+    error = assert_error(submit(api, alice, obj["object_id"], priority=11), 422, "invalid_request")
+    assert "body.priority" in error["message"]
+    error = assert_error(submit(api, alice, obj["object_id"], colour="red"), 422, "invalid_request")
+    assert "body.colour" in error["message"]
+    assert error["details"]["errors"][0]["path"] == "body.colour"
+    response = api.post(
+        f"{P}/process",
+        content=b"{not json",
+        headers={**bearer(alice), "Content-Type": "application/json"},
+    )
+    assert_error(response, 422, "invalid_request")
+    bad_params = submit(api, alice, obj["object_id"], params={"resize": {"width": 3}})
+    assert_error(bad_params, 400, "invalid_request")
+
+
+# -- other users' ids ---------------------------------------------------------------------
+
+
+def test_other_users_jobs_and_objects_answer_404(api, stack, alice, bob):
+    obj = upload(api, alice)
+    job_id = submit(api, alice, obj["object_id"]).json()["job_ids"][0]
+
+    assert_error(api.get(f"{P}/jobs/{job_id}", headers=bearer(bob)), 404, "not_found")
+    assert_error(api.post(f"{P}/jobs/{job_id}/cancel", headers=bearer(bob)), 404, "not_found")
+    assert_error(api.get(f"{P}/objects/{obj['object_id']}", headers=bearer(bob)), 404, "not_found")
+    assert_error(submit(api, bob, obj["object_id"]), 404, "not_found")
+    response = api.put(
+        f"{P}/objects",
+        params={"filename": "x", "pool_id": obj["pool_id"]},
+        content=b"x",
+        headers=bearer(bob),
+    )
+    assert_error(response, 404, "not_found")
+    # The same answers as for ids that do not exist at all.
+    assert_error(api.get(f"{P}/jobs/{'0' * 32}", headers=bearer(bob)), 404, "not_found")
+    assert_error(api.get(f"{P}/objects/{'0' * 32}", headers=bearer(bob)), 404, "not_found")
+
+    assert job_status(stack, job_id) == "queued"
+    assert count(stack, t.jobs) == 1
+    assert reserved(stack, bob) == 0
+
+
+# -- cancel ---------------------------------------------------------------------------------
+
+
+def test_cancel_a_queued_job(api, stack, alice):
+    obj = upload(api, alice)
+    job_id = submit(api, alice, obj["object_id"]).json()["job_ids"][0]
+    assert reserved(stack, alice) > 0
+
+    response = api.post(f"{P}/jobs/{job_id}/cancel", headers=bearer(alice))
+    assert response.status_code == 200, response.text
+    assert response.json() == {"job_id": job_id, "status": "cancelled", "cancel_requested": False}
+    assert job_status(stack, job_id) == "cancelled"
+    assert stack.queue.members("images") == {}
+    assert reserved(stack, alice) == 0
+    # Cancelling again is harmless.
+    again = api.post(f"{P}/jobs/{job_id}/cancel", headers=bearer(alice))
+    assert again.status_code == 200
+    assert again.json()["status"] == "cancelled"
+
+
+def test_cancel_a_processing_job_is_a_request_the_worker_honours(api, stack, alice):
+    obj = upload(api, alice)
+    job_id = submit(api, alice, obj["object_id"]).json()["job_ids"][0]
+    [claimed] = stack.dispatcher.claim("images", "worker-1")
+    assert claimed.job_id == job_id
+    assert stack.dispatcher.start(claimed, "worker-1")
+
+    response = api.post(f"{P}/jobs/{job_id}/cancel", headers=bearer(alice))
+    assert response.status_code == 202, response.text
+    assert response.json() == {"job_id": job_id, "status": "processing", "cancel_requested": True}
+    job = api.get(f"{P}/jobs/{job_id}", headers=bearer(alice)).json()
+    assert job["status"] == "processing"
+    assert job["cancel_requested"] is True
+
+    assert stack.dispatcher.cancel_requested(claimed)
+    assert stack.dispatcher.honour_cancel(claimed, "worker-1")
+    job = api.get(f"{P}/jobs/{job_id}", headers=bearer(alice)).json()
+    assert job["status"] == "cancelled"
+    assert job["attempt_count"] == 1
+    assert stack.queue.members("images") == {}
+    assert reserved(stack, alice) == 0
+
+
+def test_cancel_a_finished_job_conflicts(api, stack, alice):
+    obj = upload(api, alice)
+    job_id = submit(api, alice, obj["object_id"]).json()["job_ids"][0]
+    [claimed] = stack.dispatcher.claim("images", "worker-1")
+    assert stack.dispatcher.start(claimed, "worker-1")
+    assert stack.dispatcher.complete(claimed, "worker-1", actual_millicredits=50)
+
+    assert_error(
+        api.post(f"{P}/jobs/{job_id}/cancel", headers=bearer(alice)), 409, "illegal_transition"
+    )
+    job = api.get(f"{P}/jobs/{job_id}", headers=bearer(alice)).json()
+    assert job["status"] == "completed"
+    assert job["actual_credits"] == 0.05
+    assert [a["status"] for a in job["attempts"]] == ["completed"]
+    assert job["completed_at"] is not None
+
+
+# -- idempotency ------------------------------------------------------------------------------
+
+
+def test_idempotency_key_replays_the_first_submit(api, stack, alice):
+    obj = upload(api, alice)
+    headers = {**bearer(alice), "Idempotency-Key": "order-42"}
+    body = {"object_id": obj["object_id"], "operations": ["thumbnail", "resize"]}
+
+    first = api.post(f"{P}/process", json=body, headers=headers)
+    assert first.status_code == 202
+    held = reserved(stack, alice)
+    second = api.post(f"{P}/process", json=body, headers=headers)
+    assert second.status_code == 202
+    assert second.json()["replayed"] is True
+    assert second.json()["job_ids"] == first.json()["job_ids"]
+    assert second.json()["submission_id"] == first.json()["submission_id"]
+    # The key may also come in the body.
+    in_body = submit(
+        api, alice, obj["object_id"], ["thumbnail", "resize"], idempotency_key="order-42"
+    )
+    assert in_body.json()["job_ids"] == first.json()["job_ids"]
+    assert reserved(stack, alice) == held
+    assert count(stack, t.jobs) == 2
+
+    other = api.post(f"{P}/process", json={**body, "operations": ["thumbnail"]}, headers=headers)
+    assert_error(other, 409, "conflict")
+    mismatch = api.post(f"{P}/process", json={**body, "idempotency_key": "other"}, headers=headers)
+    assert_error(mismatch, 400, "invalid_request")
+    assert count(stack, t.jobs) == 2
+    assert reserved(stack, alice) == held
+
+
+# -- objects ---------------------------------------------------------------------------------
+
+
+def test_upload_round_trip(api, stack, alice):
+    obj = upload(api, alice, PNG, "my cat.png")
+    assert obj["pool_id"] == alice.pool_id
+    assert obj["size_bytes"] == len(PNG)
+    assert obj["sha256"] == hashlib.sha256(PNG).hexdigest()
+    assert obj["filename"] == "my cat.png"
+    assert obj["content_type"] == "image/png"
+    key = original_key(alice.pool_id, obj["object_id"])
+    assert b"".join(stack.storage.read(key)) == PNG
+
+    fetched = api.get(f"{P}/objects/{obj['object_id']}", headers=bearer(alice))
+    assert fetched.status_code == 200
+    assert fetched.json() == obj
+
+
+def test_streamed_upload_in_many_chunks(api, stack, alice):
+    chunks = [bytes([i]) * 10_000 for i in range(20)]
+    response = api.put(
+        f"{P}/objects", params={"filename": "big.bin"}, content=iter(chunks), headers=bearer(alice)
+    )
+    assert response.status_code == 201, response.text
+    data = b"".join(chunks)
+    assert response.json()["sha256"] == hashlib.sha256(data).hexdigest()
+    key = original_key(alice.pool_id, response.json()["object_id"])
+    assert b"".join(stack.storage.read(key)) == data
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["content-length", "chunked"])
+def test_oversize_upload_is_refused_and_nothing_is_kept(engine, settings, streamed):
+    stack = Stack.open(settings(max_upload_bytes=1000), engine=engine, auto_migrate=True)
+    try:
+        user = add_user(stack, "alice")
+        data = b"x" * 1001
+        content = iter([data[:600], data[600:]]) if streamed else data
+        with TestClient(create_app(stack)) as api:
+            response = api.put(
+                f"{P}/objects", params={"filename": "big"}, content=content, headers=bearer(user)
+            )
+            error = assert_error(response, 413, "input_too_large")
+            assert error["details"] == {"max_bytes": 1000}
+            exact = api.put(
+                f"{P}/objects", params={"filename": "ok"}, content=data[:1000], headers=bearer(user)
+            )
+            assert exact.status_code == 201
+        assert count(stack, t.objects) == 1
+        stored = [p for p in stack.settings.storage_dir.rglob("*") if p.is_file()]
+        assert len(stored) == 1  # only the upload within the limit
+        assert stored[0].stat().st_size == 1000
+    finally:
+        stack.close()
+
+
+def test_register_a_file_the_web_tier_stored(api, stack, alice, bob):
+    key = original_key(alice.pool_id, "web-tier-0001")
+    blob = stack.storage.put(key, [PNG])
+    body = {
+        "storage_key": key,
+        "filename": "cat.png",
+        "size_bytes": len(PNG),
+        "sha256": blob.sha256,
+    }
+
+    response = api.post(f"{P}/objects/register", json=body, headers=bearer(alice))
+    assert response.status_code == 201, response.text
+    obj = response.json()
+    assert obj["pool_id"] == alice.pool_id and obj["sha256"] == blob.sha256
+    assert submit(api, alice, obj["object_id"]).status_code == 202
+
+    again = api.post(f"{P}/objects/register", json=body, headers=bearer(alice))
+    assert_error(again, 409, "conflict")
+    missing = {**body, "storage_key": original_key(alice.pool_id, "nothing-here")}
+    assert_error(
+        api.post(f"{P}/objects/register", json=missing, headers=bearer(alice)),
+        400,
+        "invalid_request",
+    )
+    wrong_size = {**body, "storage_key": key, "size_bytes": 1}
+    assert_error(
+        api.post(f"{P}/objects/register", json=wrong_size, headers=bearer(alice)),
+        400,
+        "invalid_request",
+    )
+    bad_key = {**body, "storage_key": "../etc/passwd"}
+    assert_error(
+        api.post(f"{P}/objects/register", json=bad_key, headers=bearer(alice)),
+        400,
+        "invalid_request",
+    )
+    # Bob may not register a file in alice's pool, nor claim it for his own.
+    theirs = {**body, "storage_key": original_key(alice.pool_id, "web-tier-0002")}
+    stack.storage.put(theirs["storage_key"], [PNG])
+    assert_error(
+        api.post(f"{P}/objects/register", json=theirs, headers=bearer(bob)), 400, "invalid_request"
+    )
+    as_pool = {**theirs, "pool_id": alice.pool_id}
+    assert_error(
+        api.post(f"{P}/objects/register", json=as_pool, headers=bearer(bob)), 404, "not_found"
+    )
+    assert count(stack, t.objects) == 1
+
+
+# -- authentication, operators, credits, health ------------------------------------------------
+
+
+def test_requests_without_a_valid_key_are_401(api, stack, alice):
+    routes = [
+        ("post", f"{P}/process"),
+        ("get", f"{P}/jobs/x"),
+        ("post", f"{P}/jobs/x/cancel"),
+        ("put", f"{P}/objects?filename=a"),
+        ("post", f"{P}/objects/register"),
+        ("get", f"{P}/objects/x"),
+        ("get", f"{P}/queues"),
+        ("get", f"{P}/credits"),
+    ]
+    for method, path in routes:
+        for headers in (
+            {},
+            {"Authorization": "Bearer hm_000000000000_nope"},
+            {"Authorization": "Bearer garbage"},
+            {"Authorization": f"Basic {alice.api_key}"},
+        ):
+            response = api.request(method, path, headers=headers)
+            assert_error(response, 401, "unauthenticated")
+            assert response.headers["www-authenticate"] == "Bearer"
+    with transaction(stack.engine) as conn:
+        assert revoke_api_key(conn, alice.api_key.split("_")[1], stack.clock.now())
+    assert_error(api.get(f"{P}/credits", headers=bearer(alice)), 401, "unauthenticated")
+
+
+def test_authentications_are_cached_for_the_ttl(stack, alice):
+    with TestClient(create_app(stack, auth_cache_seconds=30)) as api:
+        assert api.get(f"{P}/credits", headers=bearer(alice)).status_code == 200
+        with transaction(stack.engine) as conn:
+            assert revoke_api_key(conn, alice.api_key.split("_")[1], stack.clock.now())
+        # Revocation takes effect within the TTL, not at once.
+        assert api.get(f"{P}/credits", headers=bearer(alice)).status_code == 200
+        api.app.state.authenticator.forget()  # type: ignore[attr-defined]
+        assert_error(api.get(f"{P}/credits", headers=bearer(alice)), 401, "unauthenticated")
+
+
+def test_queues_are_for_operators(api, stack, alice):
+    operator = add_user(stack, "ops", operator=True)
+    assert_error(api.get(f"{P}/queues", headers=bearer(alice)), 403, "forbidden")
+
+    obj = upload(api, alice)
+    submit(api, alice, obj["object_id"], ["thumbnail", "pdf_preview"])
+    response = api.get(f"{P}/queues", headers=bearer(operator))
+    assert response.status_code == 200, response.text
+    queues = {q["queue"]: q for q in response.json()["queues"]}
+    assert set(queues) == set(stack.settings.queue_names)
+    assert queues["images"]["queued"] == 1
+    assert queues["documents"]["queued"] == 1
+    assert queues["images"]["in_flight"] == 0 and queues["images"]["retry_wait"] == 0
+    assert queues["images"]["oldest_age_seconds"] >= 0
+    assert queues["images"]["redis"] == {"ready": 1, "leased": 0, "delayed": 0}
+    assert queues["ocr"]["oldest_age_seconds"] is None
+
+
+def test_credits_show_balance_reserved_available(api, alice):
+    assert api.get(f"{P}/credits", headers=bearer(alice)).json() == {
+        "balance": 10.0,
+        "reserved": 0.0,
+        "available": 10.0,
+    }
+    obj = upload(api, alice)
+    estimate = submit(api, alice, obj["object_id"]).json()["estimated_credits"]
+    account = api.get(f"{P}/credits", headers=bearer(alice)).json()
+    assert account["reserved"] == estimate
+    assert account["available"] == pytest.approx(10.0 - estimate)
+
+
+def test_healthz_needs_no_key(api):
+    response = api.get("/healthz")
+    assert response.status_code == 200
+    assert response.json() == {"status": "ok", "database": True, "redis": True}
+
+
+def test_healthz_reports_redis_down(sqlite_engine, settings, private_redis):
+    stack = Stack.open(
+        settings(redis_url=private_redis.url), engine=sqlite_engine, auto_migrate=True
+    )
+    try:
+        with TestClient(create_app(stack)) as api:
+            private_redis.stop()
+            response = api.get("/healthz")
+        assert response.status_code == 503
+        assert response.json() == {"status": "unavailable", "database": True, "redis": False}
+    finally:
+        stack.close()
+
+
+# -- error shape, OpenAPI -----------------------------------------------------------------------
+
+
+def test_unknown_routes_and_methods_answer_json_errors(api, alice):
+    assert_error(api.get("/v1/hypermedia/nothing", headers=bearer(alice)), 404, "not_found")
+    assert_error(api.delete(f"{P}/credits", headers=bearer(alice)), 405, "method_not_allowed")
+
+
+def test_unexpected_errors_are_500_internal_without_a_trace(stack, alice):
+    app = create_app(stack)
+
+    def boom() -> None:
+        raise RuntimeError("secret detail /etc/hypermedia")
+
+    app.add_api_route("/boom", boom)
+    with TestClient(app) as api:
+        response = api.get("/boom")
+    error = assert_error(response, 500, "internal")
+    assert "secret" not in response.text
+    assert "Traceback" not in response.text
+    assert error["message"] == "internal server error"
+
+
+def test_openapi_document_is_valid_and_complete(api):
+    from openapi_spec_validator import validate
+
+    document = api.get("/openapi.json").json()
+    validate(document)
+    assert document["openapi"].startswith("3.")
+    paths = document["paths"]
+    expected = {
+        f"{P}/process": {"post"},
+        f"{P}/jobs/{{job_id}}": {"get"},
+        f"{P}/jobs/{{job_id}}/cancel": {"post"},
+        f"{P}/objects": {"put"},
+        f"{P}/objects/register": {"post"},
+        f"{P}/objects/{{object_id}}": {"get"},
+        f"{P}/queues": {"get"},
+        f"{P}/credits": {"get"},
+        "/healthz": {"get"},
+    }
+    for path, methods in expected.items():
+        assert path in paths, path
+        assert methods <= set(paths[path]), path
+    schemas = document["components"]["schemas"]
+
+    def body_schema(path: str, method: str) -> Any:
+        return paths[path][method]["requestBody"]["content"]
+
+    assert body_schema(f"{P}/process", "post")["application/json"]["schema"]["$ref"].endswith(
+        "/SubmitRequest"
+    )
+    assert body_schema(f"{P}/objects/register", "post")["application/json"]["schema"][
+        "$ref"
+    ].endswith("/RegisterRequest")
+    assert "application/octet-stream" in body_schema(f"{P}/objects", "put")
+    for name in (
+        "SubmitRequest",
+        "RegisterRequest",
+        "ProcessResponse",
+        "JobResponse",
+        "ErrorResponse",
+    ):
+        assert name in schemas
+    process = paths[f"{P}/process"]["post"]["responses"]
+    assert process["202"]["content"]["application/json"]["schema"]["$ref"].endswith(
+        "/ProcessResponse"
+    )
+    for status in ("401", "402", "404", "409", "422"):
+        assert process[status]["content"]["application/json"]["schema"]["$ref"].endswith(
+            "/ErrorResponse"
+        )
+    assert "ApiKey" in document["components"]["securitySchemes"]
+    assert "security" not in paths["/healthz"]["get"]
