@@ -67,12 +67,28 @@ def free_port(host: str = HOST) -> int:
 
 
 def _port_is_free(port: int, host: str = HOST) -> bool:
+    """True if redis-server could listen on ``port``: like redis, bind with
+    SO_REUSEADDR, so connections in TIME_WAIT (left by a killed server) don't count."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError:
             return False
         return True
+
+
+def _port_reusable(port: int, timeout: float = 2.0) -> bool:
+    """True if ``port`` is, or within ``timeout`` becomes, free. A server killed a
+    moment ago can hold its listening socket a little while after its pid is gone."""
+    if ping(port):
+        return False  # someone serves it
+    deadline = time.monotonic() + timeout
+    while not _port_is_free(port):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def _command(port: int, command: bytes, timeout: float) -> bytes | None:
@@ -218,6 +234,8 @@ class EmbeddedRedis:
         binary = redis_server_binary()
         self.directory.mkdir(parents=True, exist_ok=True)
         chosen = self.port is None
+        if self.port is not None:
+            _port_reusable(self.port)  # after kill(): let the old socket go first
         for attempt in range(1, _PORT_RETRIES + 1):
             if chosen:
                 self.port = free_port()
@@ -442,7 +460,7 @@ def ensure_running(directory: Path, *, start_timeout: float = 10.0) -> str:
             if running is not None:
                 return running.url
             previous = _read_int(directory / PORTFILE)
-            port = previous if previous is not None and _port_is_free(previous) else None
+            port = previous if previous is not None and _port_reusable(previous) else None
             server = EmbeddedRedis(directory, port, detached=True, start_timeout=start_timeout)
             server.start()
             server.detach()
