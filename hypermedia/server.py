@@ -9,10 +9,14 @@ returns once the round in progress has finished.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+
+import uvicorn
 
 from hypermedia.config import Settings
 from hypermedia.errors import HypermediaError
@@ -80,10 +84,26 @@ class Maintenance:
             log.exception("%s failed unexpectedly", action, extra={"action": action})
 
 
+class _Server(uvicorn.Server):
+    """uvicorn, minus re-raising SIGTERM/SIGINT after its graceful shutdown: that
+    would kill the process before ``serve`` has closed the stack."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        signals = (signal.SIGINT, signal.SIGTERM)
+        original = {sig: signal.signal(sig, self.handle_exit) for sig in signals}
+        try:
+            yield
+        finally:
+            for sig, handler in original.items():
+                signal.signal(sig, handler)
+
+
 def serve(settings: Settings, *, host: str, port: int, access_log: bool = True) -> None:
     """Open the stack, start maintenance, run the API until SIGINT/SIGTERM, clean up."""
-    import uvicorn
-
     from hypermedia.ingest.api import create_app
 
     stack = Stack.open(settings)
@@ -98,7 +118,7 @@ def serve(settings: Settings, *, host: str, port: int, access_log: bool = True) 
         config = uvicorn.Config(
             app, host=host, port=port, log_config=None, access_log=access_log, lifespan="off"
         )
-        server = uvicorn.Server(config)
+        server = _Server(config)
         maintenance.start()
         log.info("serving the API on http://%s:%d", host, port, extra={"action": "serve"})
         try:

@@ -1,0 +1,224 @@
+"""The real CLI in subprocesses: db upgrade, user add, serve, submit, status, queues, cancel.
+
+Everything runs against a fresh SQLite data directory and a private Redis on a
+free port; ``hypermedia serve`` runs as its own process and is stopped with
+SIGTERM like a service manager would.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from hypermedia.embedded import EmbeddedRedis, free_port
+from tests.api_support import wait_until_healthy
+
+REPO = Path(__file__).resolve().parents[2]
+IMAGES = Path("/work/shared/corpus/images")
+JOB_LINE = re.compile(r"^job ([0-9a-f]{32}) (\w+) queue=(\w+) priority=(\d+) estimated_credits=")
+
+
+@dataclass
+class Cli:
+    env: dict[str, str]
+
+    def __call__(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "hypermedia.cli", *args],
+            env={**self.env, **env},
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    def ok(self, *args: str, **env: str) -> str:
+        result = self(*args, **env)
+        assert result.returncode == 0, f"{args} exited {result.returncode}:\n{result.stderr}"
+        assert "Traceback" not in result.stderr
+        return result.stdout
+
+    def fails(self, *args: str, **env: str) -> str:
+        result = self(*args, **env)
+        assert result.returncode != 0, f"{args} unexpectedly succeeded:\n{result.stdout}"
+        assert "Traceback" not in result.stderr, result.stderr
+        return result.stderr
+
+
+@pytest.fixture
+def cli(tmp_path: Path, private_redis: EmbeddedRedis) -> Cli:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HYPERMEDIA_")}
+    env.update(
+        HYPERMEDIA_DATA_DIR=str(tmp_path / "data"),
+        HYPERMEDIA_REDIS_URL=private_redis.url,
+        PYTHONPATH=str(REPO),
+        COLUMNS="120",
+    )
+    return Cli(env)
+
+
+@contextmanager
+def serving(cli: Cli, log_path: Path) -> Iterator[str]:
+    """``hypermedia serve`` on a free port; stopped with SIGTERM, which must exit 0."""
+    port = free_port()
+    with log_path.open("a") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "hypermedia.cli", "serve", "--port", str(port)],
+            env=cli.env,
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            url = f"http://127.0.0.1:{port}"
+            wait_until_healthy(url)
+            yield url
+        finally:
+            process.send_signal(signal.SIGTERM)
+            try:
+                code = process.wait(20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+                raise
+    output = log_path.read_text()
+    assert code == 0, f"serve exited {code}:\n{output}"
+    assert "Traceback" not in output, output
+
+
+def _user(cli: Cli, *args: str) -> str:
+    key = cli.ok("user", "add", *args).strip()
+    assert re.fullmatch(r"hm_[0-9a-f]{12}_\S+", key), key
+    return key
+
+
+def test_the_whole_flow_through_the_cli(cli: Cli, tmp_path: Path):
+    out = cli.ok("db", "upgrade")
+    assert "is at revision" in out
+    assert "hypermedia.db" in out  # the SQLite file in the data dir
+    alice = _user(cli, "alice", "--credits", "5", "--operator")
+    bob = _user(cli, "bob", "--credits", "1")
+    assert "already exists" in cli.fails("user", "add", "alice")
+    assert "balance 3.5" in cli.ok("credits", "grant", "bob", "2.5")
+    assert "not_found" in cli.fails("credits", "grant", "nobody", "1")
+
+    carol = _user(cli, "carol")
+    with serving(cli, tmp_path / "serve.log") as url:
+        env = {"HYPERMEDIA_API_URL": url, "HYPERMEDIA_API_KEY": alice}
+        files = [IMAGES / "imageio-chelsea.jpg", IMAGES / "imageio-coffee.png"]
+        out = cli.ok("submit", *map(str, files), "--op", "thumbnail", **env)
+        objects = [line for line in out.splitlines() if line.startswith("object ")]
+        jobs = [JOB_LINE.match(line) for line in out.splitlines() if line.startswith("job ")]
+        assert len(objects) == 2 and len(jobs) == 2 and all(jobs), out
+        job_ids = [m.group(1) for m in jobs if m]
+        assert all(m.group(2) == "thumbnail" and m.group(3) == "images" for m in jobs if m)
+
+        out = cli.ok("status", job_ids[0], **env)
+        assert re.search(r"^status\s+queued$", out, re.M), out
+        assert re.search(r"^operation\s+thumbnail \(queue images, priority 2\)$", out, re.M)
+        assert re.search(r"^attempts\s+0 of 3$", out, re.M)
+
+        out = cli.ok("queues", **env)
+        assert _queue_row(out, "images")[:4] == ["images", "2", "0", "0"], out
+        assert _queue_row(out, "images")[5] == "2/0/0", out
+        for header in ("queue", "queued", "in flight", "retry wait", "oldest age"):
+            assert header in out
+
+        out = cli.ok("cancel", job_ids[0], **env)
+        assert out.strip() == f"job {job_ids[0]} cancelled"
+        assert re.search(r"^status\s+cancelled$", cli.ok("status", job_ids[0], **env), re.M)
+        assert _queue_row(cli.ok("queues", **env), "images")[5] == "1/0/0"
+        assert "balance 5, reserved" in cli.ok("credits", "show", **env)
+
+        # Bob sees none of alice's work, and queues are for operators.
+        bob_env = {**env, "HYPERMEDIA_API_KEY": bob}
+        err = cli.fails("status", job_ids[1], **bob_env)
+        assert "not_found" in err and job_ids[1] in err
+        assert "not_found" in cli.fails("cancel", job_ids[1], **bob_env)
+        assert "forbidden" in cli.fails("queues", **bob_env)
+        bad_key = {**env, "HYPERMEDIA_API_KEY": "hm_000000000000_x"}
+        assert "unauthenticated" in cli.fails("status", job_ids[1], **bad_key)
+        # Carol has no credits: 402, and nothing is queued for her.
+        camera = str(IMAGES / "imageio-camera.png")
+        carol_env = {**env, "HYPERMEDIA_API_KEY": carol}
+        assert "insufficient_credits" in cli.fails(
+            "submit", camera, "--op", "thumbnail", **carol_env
+        )
+        assert _queue_row(cli.ok("queues", **env), "images")[1] == "1"
+
+        # Nothing processes jobs in this test: --wait gives up after its timeout, exit 1.
+        result = cli(
+            "submit", camera, "--op", "thumbnail", "--wait", "--wait-timeout", "0.5", **env
+        )
+        assert result.returncode == 1
+        assert "timeout" in result.stderr and "still queued" in result.stderr
+        assert "Traceback" not in result.stderr
+    assert "serving the API" in (tmp_path / "serve.log").read_text()
+
+
+def _queue_row(table: str, queue: str) -> list[str]:
+    row = next(line for line in table.splitlines() if f" {queue} " in line)
+    return [cell.strip() for cell in re.split(r"[│|]", row) if cell.strip()]
+
+
+def test_serve_reconciles_redis_at_start(cli: Cli, private_redis: EmbeddedRedis, tmp_path: Path):
+    cli.ok("db", "upgrade")
+    key = _user(cli, "ops", "--credits", "1", "--operator")
+    log = tmp_path / "serve.log"
+    with serving(cli, log) as url:
+        env = {"HYPERMEDIA_API_URL": url, "HYPERMEDIA_API_KEY": key}
+        cli.ok("submit", str(IMAGES / "imageio-astronaut.png"), "--op", "thumbnail", **env)
+        assert _queue_row(cli.ok("queues", **env), "images")[5] == "1/0/0"
+    private_redis.restart()  # Redis loses everything
+    with serving(cli, log) as url:
+        env = {"HYPERMEDIA_API_URL": url, "HYPERMEDIA_API_KEY": key}
+        deadline = time.monotonic() + 15
+        while True:
+            row = _queue_row(cli.ok("queues", **env), "images")
+            if row[5] == "1/0/0" or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert row[1] == "1" and row[5] == "1/0/0", row
+
+
+def test_errors_are_one_red_line(cli: Cli):
+    err = cli.fails(
+        "status",
+        "x",
+        HYPERMEDIA_API_KEY="hm_x_y",
+        HYPERMEDIA_API_URL=f"http://127.0.0.1:{free_port()}",
+    )
+    assert err.strip().startswith("error: service_unavailable: cannot reach the API")
+    assert len(err.strip().splitlines()) == 1
+    err = cli.fails("status", "x")
+    assert "unauthenticated" in err and "HYPERMEDIA_API_KEY" in err
+    err = cli.fails("user", "add", "carol")  # no db upgrade yet
+    assert "hypermedia db upgrade" in err
+
+
+def test_bad_config_names_the_key(cli: Cli):
+    result = cli("queues", HYPERMEDIA_API_PORT="abc", HYPERMEDIA_API_KEY="hm_x_y")
+    assert result.returncode != 0
+    assert "HYPERMEDIA_API_PORT" in result.stderr
+    assert "Traceback" not in result.stderr
+    result = cli("serve", HYPERMEDIA_API_PORT="abc")
+    assert result.returncode != 0
+    assert "HYPERMEDIA_API_PORT" in result.stderr
+    assert "Traceback" not in result.stderr
+    result = cli("db", "upgrade", HYPERMEDIA_DATABASE_URL="mysql://x")
+    assert result.returncode == 1
+    assert "HYPERMEDIA_DATABASE_URL" in result.stderr
+    result = cli("db", "upgrade", HYPERMEDIA_LOG_LEVEL="loud")
+    assert result.returncode == 1
+    assert "HYPERMEDIA_LOG_LEVEL" in result.stderr

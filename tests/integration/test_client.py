@@ -1,0 +1,164 @@
+"""The thin client against a real uvicorn server (and once through TestClient's transport)."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from hypermedia.embedded import free_port
+from hypermedia.errors import (
+    AuthenticationFailed,
+    Conflict,
+    Forbidden,
+    IllegalTransition,
+    InvalidRequest,
+    NotFound,
+    PaymentRequired,
+    ServiceUnavailable,
+    UnknownOperation,
+)
+from hypermedia.ingest.api import create_app
+from hypermedia.ingest.client import HypermediaClient
+from hypermedia.stack import Stack
+from tests.api_support import add_user, running_server
+
+CORPUS = Path("/work/shared/corpus/images")
+IMAGE = b"\xff\xd8\xff\xe0" + bytes(range(256)) * 40
+
+
+@pytest.fixture
+def stack(pg_engine, settings) -> Iterator[Stack]:
+    opened = Stack.open(settings(), engine=pg_engine, auto_migrate=True)
+    yield opened
+    opened.close()
+
+
+@pytest.fixture
+def base_url(stack) -> Iterator[str]:
+    with running_server(create_app(stack)) as url:
+        yield url
+
+
+def test_client_end_to_end_over_http(stack, base_url, tmp_path):
+    alice = add_user(stack, "alice", credits=5)
+    operator = add_user(stack, "ops", operator=True)
+    source = tmp_path / "photo.jpg"
+    source.write_bytes(IMAGE)
+
+    with HypermediaClient(base_url, alice.api_key, timeout=10) as client:
+        obj = client.upload(source)
+        assert obj.filename == "photo.jpg"
+        assert obj.size_bytes == len(IMAGE)
+        assert obj.sha256 == hashlib.sha256(IMAGE).hexdigest()
+        assert client.object(obj.object_id) == obj
+        from_bytes = client.upload(b"abc", "abc.bin")
+        assert from_bytes.size_bytes == 3
+
+        submitted = client.process(
+            obj.object_id, ["thumbnail", "resize"], priority=4, params={"resize": {"width": 800}}
+        )
+        assert len(submitted.job_ids) == 2 and not submitted.replayed
+        again = client.process(
+            obj.object_id,
+            ["thumbnail", "resize"],
+            priority=4,
+            params={"resize": {"width": 800}},
+            idempotency_key="k1",
+        )
+        replay = client.process(
+            obj.object_id,
+            ["thumbnail", "resize"],
+            priority=4,
+            params={"resize": {"width": 800}},
+            idempotency_key="k1",
+        )
+        assert replay.replayed and replay.job_ids == again.job_ids
+        with pytest.raises(Conflict):
+            client.process(obj.object_id, ["thumbnail"], idempotency_key="k1")
+
+        job = client.job(submitted.job_ids[0])
+        assert job.status == "queued" and job.priority == 4
+        account = client.credits()
+        assert account.reserved == pytest.approx(submitted.estimated_credits * 2)
+
+        cancelled = client.cancel(job.job_id)
+        assert cancelled.status == "cancelled" and not cancelled.cancel_requested
+        finished = client.wait(job.job_id, timeout=5, poll=0.05)
+        assert finished.status == "cancelled" and finished.finished
+        with pytest.raises(TimeoutError, match="still queued"):
+            client.wait(submitted.job_ids[1], timeout=0.2, poll=0.05)
+
+        with pytest.raises(NotFound, match="no job"):
+            client.job("0" * 32)
+        with pytest.raises(UnknownOperation):
+            client.process(obj.object_id, ["no_such_op"])
+        with pytest.raises(InvalidRequest) as invalid:
+            client.process(obj.object_id, [])
+        assert "body.operations" in invalid.value.message
+        with pytest.raises(Forbidden):
+            client.queues()
+        with pytest.raises(InvalidRequest, match="must lie under"):
+            client.register("originals/x/y", "y", 1)
+
+    with HypermediaClient(base_url, operator.api_key) as client:
+        overview = {q.queue: q for q in client.queues().queues}
+        assert overview["images"].queued == 3
+        assert overview["images"].redis is not None and overview["images"].redis.ready == 3
+        assert client.health().status == "ok"
+        with pytest.raises(NotFound):
+            client.job(submitted.job_ids[1])  # alice's job: operators see only their own too
+
+    poor = add_user(stack, "poor", credits=0)
+    with HypermediaClient(base_url, poor.api_key) as client:
+        upload = client.upload(b"x" * 10, "x.bin")
+        with pytest.raises(PaymentRequired) as short:
+            client.process(upload.object_id, ["thumbnail"])
+        assert short.value.details["available_credits"] == 0
+
+    with (
+        HypermediaClient(base_url, "hm_000000000000_bad") as client,
+        pytest.raises(AuthenticationFailed),
+    ):
+        client.credits()
+
+
+def test_client_uploads_corpus_files(stack, base_url):
+    alice = add_user(stack, "alice")
+    files = sorted(CORPUS.glob("*.png"))[:3]
+    assert files, f"no test images in {CORPUS}"
+    with HypermediaClient(base_url, alice.api_key) as client:
+        for path in files:
+            obj = client.upload(path)
+            assert obj.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
+            assert b"".join(stack.storage.read(f"originals/{obj.pool_id}/{obj.object_id}")) == (
+                path.read_bytes()
+            )
+
+
+def test_client_cancel_of_finished_job_raises_illegal_transition(stack):
+    alice = add_user(stack, "alice")
+    # The client on TestClient's transport: no server needed.
+    with (
+        TestClient(create_app(stack)) as http,
+        HypermediaClient("http://testserver", alice.api_key, transport=http._transport) as client,
+    ):
+        obj = client.upload(IMAGE, "a.jpg")
+        job_id = client.process(obj.object_id, ["thumbnail"]).job_ids[0]
+        [claimed] = stack.dispatcher.claim("images", "w")
+        stack.dispatcher.start(claimed, "w")
+        assert client.cancel(job_id).cancel_requested
+        stack.dispatcher.complete(claimed, "w")
+        with pytest.raises(IllegalTransition, match="completed"):
+            client.cancel(job_id)
+
+
+def test_unreachable_server_is_service_unavailable():
+    with (
+        HypermediaClient(f"http://127.0.0.1:{free_port()}", "hm_x_y", timeout=2) as client,
+        pytest.raises(ServiceUnavailable, match="cannot reach"),
+    ):
+        client.credits()

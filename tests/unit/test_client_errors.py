@@ -1,0 +1,75 @@
+"""Error responses become the matching hypermedia.errors class."""
+
+from __future__ import annotations
+
+import pytest
+
+from hypermedia import errors
+from hypermedia.ingest.client import error_from_response
+
+
+@pytest.mark.parametrize(
+    ("code", "cls"),
+    [
+        ("invalid_request", errors.InvalidRequest),
+        ("unknown_operation", errors.UnknownOperation),
+        ("input_too_large", errors.InputTooLarge),
+        ("unsupported_format", errors.UnsupportedFormat),
+        ("unauthenticated", errors.AuthenticationFailed),
+        ("forbidden", errors.Forbidden),
+        ("not_found", errors.NotFound),
+        ("conflict", errors.Conflict),
+        ("illegal_transition", errors.IllegalTransition),
+        ("insufficient_credits", errors.PaymentRequired),
+        ("service_unavailable", errors.ServiceUnavailable),
+        ("database_unavailable", errors.DatabaseUnavailable),
+        ("queue_unavailable", errors.QueueUnavailable),
+        ("error", errors.HypermediaError),
+    ],
+)
+def test_codes_map_to_classes(code, cls):
+    error = error_from_response(400, {"error": {"code": code, "message": "m", "details": {"a": 1}}})
+    assert type(error) is cls
+    assert error.message == "m"
+    assert str(error) == "m"
+    assert error.details == {"a": 1}
+
+
+def test_config_error_keeps_the_server_message():
+    payload = {"error": {"code": "config_invalid", "message": "k: bad", "details": {"key": "k"}}}
+    error = error_from_response(500, payload)
+    assert isinstance(error, errors.ConfigError)
+    assert error.message == "k: bad" and error.key == "k"
+
+
+def test_unknown_codes_become_the_root_error():
+    error = error_from_response(
+        500, {"error": {"code": "internal", "message": "internal server error"}}
+    )
+    assert type(error) is errors.HypermediaError
+    assert error.message == "internal server error"
+    assert error.details == {"server_code": "internal", "http_status": 500}
+
+
+@pytest.mark.parametrize("payload", [None, "text", {"detail": "x"}, {"error": "x"}])
+def test_responses_without_an_error_body(payload):
+    error = error_from_response(502, payload)
+    assert type(error) is errors.HypermediaError
+    assert error.message == "HTTP 502"
+
+
+def test_details_cannot_clash_with_the_message_argument():
+    error = error_from_response(
+        404, {"error": {"code": "not_found", "message": "m", "details": {"message": "x"}}}
+    )
+    assert isinstance(error, errors.NotFound) and error.message == "m"
+
+
+def test_every_error_code_is_distinct():
+    seen: dict[str, type] = {}
+    pending: list[type[errors.HypermediaError]] = [errors.HypermediaError]
+    while pending:
+        cls = pending.pop()
+        assert cls.code not in seen, f"{cls} and {seen.get(cls.code)} share {cls.code}"
+        seen[cls.code] = cls
+        pending.extend(cls.__subclasses__())
