@@ -5,6 +5,10 @@ environment variables, the TOML file named by ``HYPERMEDIA_CONFIG``, defaults.
 A bad value raises :class:`~hypermedia.errors.ConfigError` naming the key (and
 its environment variable) and what was expected; nothing starts half-configured.
 
+Queues given in the file or the environment are merged into the default five
+(images, documents, ocr, media, bulk): tuning one keeps the others; new names add
+queues.
+
 Processing profiles (operation -> queue, version, costs, limits) live in their
 own TOML file, ``etc/profiles.toml`` by default; see :mod:`hypermedia.profiles`.
 """
@@ -13,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +117,22 @@ class Settings(BaseSettings):
             raise ValueError("expected a redis://, rediss:// or unix:// URL")
         return value
 
+    @field_validator("queues", mode="before")
+    @classmethod
+    def _merge_queues(cls, value: Any) -> Any:
+        """Queues given (file or ``HYPERMEDIA_QUEUES__<NAME>__<KEY>``) are merged into the
+        defaults: setting one queue's concurrency keeps the other queues. New names add
+        queues."""
+        if not isinstance(value, dict):
+            return value
+        merged: dict[str, Any] = {name: q.model_dump() for name, q in _default_queues().items()}
+        for name, body in value.items():
+            if isinstance(body, dict) and isinstance(merged.get(name), dict):
+                merged[name] = {**merged[name], **body}
+            else:
+                merged[name] = body
+        return merged
+
     @field_validator("queues")
     @classmethod
     def _check_queues(cls, value: dict[str, QueueSettings]) -> dict[str, QueueSettings]:
@@ -145,6 +166,8 @@ def load_settings(**overrides: Any) -> Settings:
         return Settings(**overrides)
     except ValidationError as exc:
         raise ConfigError(*_describe(exc)) from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError("HYPERMEDIA_CONFIG", f"{config_file} is not valid TOML: {exc}") from exc
 
 
 def _describe(exc: ValidationError) -> tuple[str, str]:

@@ -43,7 +43,7 @@ def _assert_each_once(engine, job_ids, claimed):
     assert set(counts) == set(job_ids)
     assert max(counts.values()) == 1
     with transaction(engine) as conn:
-        statuses = dict(
+        statuses: dict[str, int] = dict(
             conn.execute(select(t.jobs.c.status, func.count()).group_by(t.jobs.c.status)).all()
         )
         attempts = conn.execute(select(func.count()).select_from(t.attempts)).scalar_one()

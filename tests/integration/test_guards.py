@@ -103,11 +103,11 @@ def test_user_cancel_from_each_status(engine, settings, manual_clock, status):
         assert answer is JobStatus.CANCELLED
         assert after["status"] == "cancelled"
     elif status in (JobStatus.CLAIMED, JobStatus.PROCESSING):
-        assert answer is status  # still running, now asked to stop
+        assert answer == status  # still running, now asked to stop
         assert after["status"] == status.value
         assert after["cancel_requested"] is True
     else:
-        assert answer is status  # finished: nothing to cancel
+        assert answer == status  # finished: nothing to cancel
         assert after["status"] == status.value
         assert after["cancel_requested"] is False
     stack.close()

@@ -28,7 +28,7 @@ def test_thousand_jobs_leave_by_priority_then_age(engine, settings, manual_clock
             order += 1
         manual_clock.advance(0.5)
 
-    claimed = []
+    claimed: list[str] = []
     while batch := stack.dispatcher.claim("images", "worker-1", count=37):
         claimed.extend(job.job_id for job in batch)
 

@@ -8,7 +8,7 @@ from hypermedia.queue.reaper import LEASE_EXPIRED
 from tests.factories import make_user, open_stack, submit
 
 
-def _lease(stack, queue: str) -> float:
+def _lease(stack, queue: str):
     return stack.dispatcher.queue_lease_seconds(queue)
 
 
