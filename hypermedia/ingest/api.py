@@ -19,30 +19,21 @@ that time.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from typing import Annotated, Any, cast
 
 from fastapi import APIRouter, Depends, FastAPI, Header, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy import text
-from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hypermedia import __version__
 from hypermedia.accounts import Caller, balance
 from hypermedia.db.engine import transaction
-from hypermedia.errors import (
-    AuthenticationFailed,
-    Forbidden,
-    HypermediaError,
-    InvalidRequest,
-)
+from hypermedia.errors import AuthenticationFailed, Forbidden, InvalidRequest
 from hypermedia.ids import new_id
 from hypermedia.ingest import uploads
 from hypermedia.ingest.auth import Authenticator
+from hypermedia.ingest.http_errors import install_error_handlers
 from hypermedia.ingest.schemas import (
     AttemptOut,
     CancelResponse,
@@ -125,6 +116,7 @@ def process(
     idempotency_key: Annotated[
         str | None,
         Header(
+            alias="Idempotency-Key",
             min_length=1,
             max_length=200,
             description="Same as the body's idempotency_key; a retry with the same key "
@@ -405,80 +397,6 @@ def _object_response(info: ObjectInfo) -> ObjectResponse:
     )
 
 
-# -- errors ------------------------------------------------------------------------------
-
-
-def _error(
-    status: int, body: dict[str, Any], headers: Mapping[str, str] | None = None
-) -> JSONResponse:
-    return JSONResponse({"error": body}, status_code=status, headers=headers)
-
-
-async def _on_hypermedia_error(_request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, HypermediaError)
-    headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
-    if exc.status >= 500:
-        log.warning("%s: %s", exc.code, exc.message, extra={"action": "api_error"})
-    return _error(exc.status, exc.to_dict(), headers)
-
-
-async def _on_validation_error(_request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, RequestValidationError)
-    problems = []
-    for error in exc.errors():
-        path = ".".join(str(part) for part in error.get("loc", ()))
-        problems.append({"path": path, "message": str(error.get("msg", "")), "type": error["type"]})
-    message = "; ".join(f"{p['path']}: {p['message']}" for p in problems) or "invalid request"
-    body = {"code": InvalidRequest.code, "message": message, "details": {"errors": problems}}
-    return _error(422, body)
-
-
-_HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
-
-
-async def _on_http_error(_request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, StarletteHTTPException)
-    code = _HTTP_CODES.get(exc.status_code, "http_error")
-    return _error(exc.status_code, {"code": code, "message": str(exc.detail)}, exc.headers)
-
-
-class _InternalErrors:
-    """Answer 500 ``internal`` for any unexpected exception, logging the trace.
-
-    A plain ASGI middleware rather than an ``Exception`` handler: Starlette
-    re-raises after such a handler, and the server would log every error twice.
-    """
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = False
-
-        async def tracking_send(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
-        try:
-            await self.app(scope, receive, tracking_send)
-        except Exception:
-            log.exception(
-                "internal error on %s %s",
-                scope.get("method"),
-                scope.get("path"),
-                extra={"action": "api_internal_error"},
-            )
-            if started:
-                raise
-            response = _error(500, {"code": "internal", "message": "internal server error"})
-            await response(scope, receive, send)
-
-
 # -- the app -----------------------------------------------------------------------------
 
 
@@ -494,8 +412,5 @@ def create_app(stack: Stack, *, auth_cache_seconds: float = 30.0) -> FastAPI:
     app.state.stack = stack
     app.state.authenticator = Authenticator(stack.engine, ttl=auth_cache_seconds)
     app.include_router(router)
-    app.add_exception_handler(HypermediaError, _on_hypermedia_error)
-    app.add_exception_handler(RequestValidationError, _on_validation_error)
-    app.add_exception_handler(StarletteHTTPException, _on_http_error)
-    app.add_middleware(_InternalErrors)
+    install_error_handlers(app)
     return app

@@ -1,0 +1,106 @@
+"""Errors as the API answers them: ``{"error": {"code", "message", "details"?}}``.
+
+* a :class:`~hypermedia.errors.HypermediaError` answers its own ``status`` and
+  ``code`` (401 adds ``WWW-Authenticate: Bearer``);
+* a request FastAPI cannot validate is 422 ``invalid_request``, the message
+  naming each bad field by its path (``body.operations: ...``);
+* unknown routes and methods are 404 ``not_found`` / 405 ``method_not_allowed``;
+* anything else is 500 ``internal``: the trace goes to the log, never the body.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from hypermedia.errors import HypermediaError, InvalidRequest
+
+log = logging.getLogger(__name__)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(HypermediaError, _on_hypermedia_error)
+    app.add_exception_handler(RequestValidationError, _on_validation_error)
+    app.add_exception_handler(StarletteHTTPException, _on_http_error)
+    app.add_middleware(_InternalErrors)
+
+
+# -- errors ------------------------------------------------------------------------------
+
+
+def _error(
+    status: int, body: dict[str, Any], headers: Mapping[str, str] | None = None
+) -> JSONResponse:
+    return JSONResponse({"error": body}, status_code=status, headers=headers)
+
+
+async def _on_hypermedia_error(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, HypermediaError)
+    headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+    if exc.status >= 500:
+        log.warning("%s: %s", exc.code, exc.message, extra={"action": "api_error"})
+    return _error(exc.status, exc.to_dict(), headers)
+
+
+async def _on_validation_error(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    problems = []
+    for error in exc.errors():
+        path = ".".join(str(part) for part in error.get("loc", ()))
+        problems.append({"path": path, "message": str(error.get("msg", "")), "type": error["type"]})
+    message = "; ".join(f"{p['path']}: {p['message']}" for p in problems) or "invalid request"
+    body = {"code": InvalidRequest.code, "message": message, "details": {"errors": problems}}
+    return _error(422, body)
+
+
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
+
+
+async def _on_http_error(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    code = _HTTP_CODES.get(exc.status_code, "http_error")
+    return _error(exc.status_code, {"code": code, "message": str(exc.detail)}, exc.headers)
+
+
+class _InternalErrors:
+    """Answer 500 ``internal`` for any unexpected exception, logging the trace.
+
+    A plain ASGI middleware rather than an ``Exception`` handler: Starlette
+    re-raises after such a handler, and the server would log every error twice.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception:
+            log.exception(
+                "internal error on %s %s",
+                scope.get("method"),
+                scope.get("path"),
+                extra={"action": "api_internal_error"},
+            )
+            if started:
+                raise
+            response = _error(500, {"code": "internal", "message": "internal server error"})
+            await response(scope, receive, send)
