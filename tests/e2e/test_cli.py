@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 
 from hypermedia.embedded import EmbeddedRedis, free_port
-from tests.api_support import wait_until_healthy
+from tests.api_support import corpus_images, wait_until_healthy
 
 REPO = Path(__file__).resolve().parents[2]
-IMAGES = Path("/work/shared/corpus/images")
+IMAGES = corpus_images()
 JOB_LINE = re.compile(r"^job ([0-9a-f]{32}) (\w+) queue=(\w+) priority=(\d+) estimated_credits=")
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
@@ -24,9 +23,9 @@ from hypermedia.errors import (
 from hypermedia.ingest.api import create_app
 from hypermedia.ingest.client import HypermediaClient
 from hypermedia.stack import Stack
-from tests.api_support import add_user, running_server
+from tests.api_support import add_user, corpus_images, running_server
 
-CORPUS = Path("/work/shared/corpus/images")
+CORPUS = corpus_images()
 IMAGE = b"\xff\xd8\xff\xe0" + bytes(range(256)) * 40
 
 
