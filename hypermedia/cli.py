@@ -484,6 +484,85 @@ def credits_show(
     )
 
 
+# -- the embedded run ---------------------------------------------------------------------
+
+
+@app.command()
+def run(
+    paths: Annotated[list[Path], typer.Argument(help="Files or directories.", exists=True)],
+    operations: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--op",
+            "-o",
+            envvar="HYPERMEDIA_RUN_OPS",
+            help="Operation (repeatable). Default: chosen per file type.",
+        ),
+    ] = None,
+    priority: Annotated[
+        int | None,
+        typer.Option("--priority", envvar="HYPERMEDIA_RUN_PRIORITY", min=1, max=10),
+    ] = None,
+) -> None:
+    """Process files on the embedded default: SQLite + a private Redis in the data dir.
+
+    Stores each file, records and queues one job per operation, and shows progress.
+    """
+    from collections import Counter
+
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+    from rich.table import Table
+
+    from hypermedia.runner import job_statuses, submit_files, walk
+    from hypermedia.stack import Stack
+
+    console = Console(stderr=True)
+    settings = _settings()
+    files = list(walk(paths))
+    console.print(f"hypermedia: {len(files)} files; record in {settings.effective_database_url}")
+    stack = Stack.open(settings, auto_migrate=True)
+    try:
+        with Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[name]}"),
+            console=console,
+        ) as progress:
+            task = progress.add_task("submitting", total=len(files), name="")
+
+            def advance(path: Path) -> None:
+                progress.update(task, advance=1, name=path.name[:40])
+
+            report = submit_files(stack, files, operations or None, priority, on_file=advance)
+        statuses = job_statuses(stack, report.jobs)
+        by_queue: Counter[tuple[str, str]] = Counter()
+        ops = {job_id: op for job_id, (_path, op) in report.jobs.items()}
+        for job_id, status in statuses.items():
+            by_queue[(stack.catalog.get(ops[job_id]).queue, status)] += 1
+        table = Table("queue", "operation", "jobs", "status")
+        per_op: Counter[tuple[str, str, str]] = Counter(
+            (stack.catalog.get(ops[j]).queue, ops[j], s) for j, s in statuses.items()
+        )
+        for (queue, op, status), count in sorted(per_op.items()):
+            table.add_row(queue, op, str(count), status)
+        console.print(table)
+        skipped: dict[str, list[str]] = {}
+        for path, reason in report.skipped:
+            skipped.setdefault(reason, []).append(path.name)
+        for reason, names in skipped.items():
+            shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+            console.print(f"[yellow]skipped {len(names)}[/] ({reason}): {shown}")
+        console.print(
+            f"{report.files} files stored, {len(report.jobs)} jobs recorded and queued, "
+            f"{len(report.skipped)} skipped. No pipeline workers exist in this build yet: "
+            "the jobs wait in their queues (see `hypermedia queues`)."
+        )
+    finally:
+        stack.close()
+
+
 # -- entry point ------------------------------------------------------------------------------
 
 
