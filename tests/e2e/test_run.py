@@ -48,7 +48,7 @@ def test_run_records_and_queues_real_files(tmp_path):
 
         engine = make_engine(f"sqlite:///{data / 'hypermedia.db'}")
         with engine.connect() as conn:
-            by_op = dict(
+            by_op: dict[str, int] = dict(
                 conn.execute(
                     select(t.jobs.c.operation, func.count())
                     .where(t.jobs.c.status == "queued")
