@@ -1,0 +1,1 @@
+"""Benchmarks: ``python bench/ingest.py`` (see bench/README.md)."""

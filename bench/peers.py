@@ -1,0 +1,230 @@
+"""Peer job queues measured in the same run: Procrastinate, RQ, Dramatiq, Celery.
+
+Each peer is driven the way its documentation shows for a producer, with its
+defaults, and a no-op task taking one integer. Only Procrastinate keeps a
+durable per-job record (a committed PostgreSQL row per job), like hypermedia;
+the Redis queues keep a job only until it runs.
+
+Peers are imported lazily: a missing one is reported as a skipped row with the
+install hint (``pip install -e '.[bench]'``), not a crash.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import psycopg
+from sqlalchemy import make_url
+
+from bench.harness import Sample
+
+log = logging.getLogger(__name__)
+
+QUEUE = "hm_bench"
+INSTALL_HINT = "pip install -e '.[bench]'"
+
+
+def noop(i: int) -> None:
+    """The job every Redis peer runs."""
+
+
+async def noop_async(i: int) -> None:
+    """Procrastinate's job: async, so its worker runs it without a thread hop."""
+
+
+class Peer:
+    """A producer (and, where cheap to run in-process, a worker) of one peer queue."""
+
+    system: ClassVar[str]
+    durable: ClassVar[bool] = False
+    one_action: ClassVar[str]
+    batch_action: ClassVar[str | None] = None
+    drain_action: ClassVar[str | None] = None
+
+    def one(self, i: int) -> None:
+        raise NotImplementedError
+
+    def batch(self, indexes: range) -> None:
+        raise NotImplementedError
+
+    def drain(self) -> int:
+        """Run every job enqueued so far; answers how many ran."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release connections (the servers themselves belong to the run)."""
+
+
+class ProcrastinatePeer(Peer):
+    system = "procrastinate"
+    durable = True
+    one_action = "task.defer(), 1/call"
+    batch_action = "task.batch_defer(), {batch}/call"
+    drain_action = "1 in-process worker, concurrency 10"
+
+    def __init__(self, database_url: str) -> None:
+        import procrastinate
+
+        self.conninfo = (
+            make_url(database_url)
+            .set(drivername="postgresql")
+            .render_as_string(hide_password=False)
+        )
+        self.app = procrastinate.App(
+            connector=procrastinate.PsycopgConnector(conninfo=self.conninfo)
+        )
+        self.task = self.app.task(name="bench_noop", queue=QUEUE)(noop_async)
+        self.app.open()
+        self.app.schema_manager.apply_schema()
+        self.succeeded = 0
+
+    def one(self, i: int) -> None:
+        self.task.defer(i=i)
+
+    def batch(self, indexes: range) -> None:
+        kwargs: list[dict[str, Any]] = [{"i": i} for i in indexes]
+        self.task.batch_defer(*kwargs)
+
+    def drain(self) -> int:
+        self.app.run_worker(
+            queues=[QUEUE], wait=False, concurrency=10, install_signal_handlers=False
+        )
+        # run_worker closes the app's connector on its way out; the next round defers again.
+        self.app.open()
+        with psycopg.connect(self.conninfo) as conn:
+            row = conn.execute(
+                "SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded'"
+            ).fetchone()
+        succeeded = int(row[0]) if row else 0
+        ran, self.succeeded = succeeded - self.succeeded, succeeded
+        return ran
+
+    def close(self) -> None:
+        self.app.close()
+
+
+class RqPeer(Peer):
+    system = "rq"
+    one_action = "queue.enqueue(), 1/call"
+    batch_action = "queue.enqueue_many(), {batch}/call"
+    drain_action = "1 in-process SimpleWorker, burst"
+
+    def __init__(self, redis_url: str) -> None:
+        import redis
+        import rq
+
+        self.connection = redis.Redis.from_url(redis_url)
+        self.queue = rq.Queue(QUEUE, connection=self.connection)
+
+    def one(self, i: int) -> None:
+        self.queue.enqueue(noop, i)
+
+    def batch(self, indexes: range) -> None:
+        import rq
+
+        self.queue.enqueue_many([rq.Queue.prepare_data(noop, args=(i,)) for i in indexes])
+
+    def drain(self) -> int:
+        import rq
+
+        before = len(self.queue.finished_job_registry)
+        worker = rq.SimpleWorker([self.queue], connection=self.connection)
+        with _signal_handlers_kept():
+            worker.work(burst=True, logging_level="WARNING")
+        # The worker's own successful_job_count is not kept after a burst.
+        return len(self.queue.finished_job_registry) - before
+
+    def close(self) -> None:
+        self.connection.close()
+
+
+class DramatiqPeer(Peer):
+    system = "dramatiq"
+    one_action = "actor.send(), 1/call"
+    drain_action = "1 in-process Worker, 8 threads"
+
+    def __init__(self, redis_url: str) -> None:
+        import dramatiq
+        from dramatiq.brokers.redis import RedisBroker
+
+        self.broker = RedisBroker(url=redis_url)
+        # Dramatiq resolves actors through the global broker; set it to ours.
+        dramatiq.set_broker(self.broker)
+        self.actor = dramatiq.actor(broker=self.broker, queue_name=QUEUE, actor_name="noop")(noop)
+        self.sent = 0
+        self.worker: dramatiq.Worker | None = None
+
+    def one(self, i: int) -> None:
+        self.actor.send(i)
+        self.sent += 1
+
+    def drain(self) -> int:
+        import dramatiq
+
+        # One worker for the whole run (each new one adds middleware to the broker),
+        # paused between drains so it does not consume while the producer is timed.
+        if self.worker is None:
+            self.worker = dramatiq.Worker(self.broker, worker_threads=8)
+            self.worker.start()
+        else:
+            self.worker.resume()
+        try:
+            self.broker.join(QUEUE)
+        finally:
+            self.worker.pause()
+        ran, self.sent = self.sent, 0
+        return ran
+
+    def close(self) -> None:
+        if self.worker is not None:
+            self.worker.stop()
+        self.broker.close()
+
+
+class CeleryPeer(Peer):
+    system = "celery"
+    one_action = "task.delay(), 1/call"
+
+    def __init__(self, redis_url: str) -> None:
+        import celery  # type: ignore[import-untyped]
+
+        self.app = celery.Celery("hm_bench", broker=redis_url, set_as_current=False)
+        self.app.conf.update(task_ignore_result=True, broker_connection_retry_on_startup=True)
+        self.task = self.app.task(name="noop", ignore_result=True)(noop)
+
+    def one(self, i: int) -> None:
+        self.task.delay(i)
+
+    def close(self) -> None:
+        self.app.close()
+
+
+PEERS: dict[str, Callable[..., Peer]] = {
+    "procrastinate": ProcrastinatePeer,
+    "rq": RqPeer,
+    "dramatiq": DramatiqPeer,
+    "celery": CeleryPeer,
+}
+
+
+class _signal_handlers_kept:
+    """RQ's worker installs SIGINT/SIGTERM handlers; put ours back afterwards."""
+
+    def __enter__(self) -> None:
+        self._saved: dict[int, Any] = {
+            s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)
+        }
+
+    def __exit__(self, *exc: object) -> None:
+        for s, handler in self._saved.items():
+            signal.signal(s, handler)
+
+
+def timed_drain(peer: Peer) -> Sample:
+    started = time.perf_counter()
+    ran = peer.drain()
+    return Sample(ran, time.perf_counter() - started)
