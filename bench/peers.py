@@ -151,7 +151,8 @@ class DramatiqPeer(Peer):
         import dramatiq
         from dramatiq.brokers.redis import RedisBroker
 
-        self.broker = RedisBroker(url=redis_url)
+        # Untyped where dramatiq is installed, Any where it is not.
+        self.broker = RedisBroker(url=redis_url)  # type: ignore[no-untyped-call,unused-ignore]
         # Dramatiq resolves actors through the global broker; set it to ours.
         dramatiq.set_broker(self.broker)
         self.actor = dramatiq.actor(broker=self.broker, queue_name=QUEUE, actor_name="noop")(noop)
@@ -190,7 +191,7 @@ class CeleryPeer(Peer):
     one_action = "task.delay(), 1/call"
 
     def __init__(self, redis_url: str) -> None:
-        import celery  # type: ignore[import-untyped]
+        import celery
 
         self.app = celery.Celery("hm_bench", broker=redis_url, set_as_current=False)
         self.app.conf.update(task_ignore_result=True, broker_connection_retry_on_startup=True)
