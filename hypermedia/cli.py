@@ -566,8 +566,45 @@ def run(
 # -- entry point ------------------------------------------------------------------------------
 
 
+def _known_variables() -> set[str]:
+    """Every HYPERMEDIA_* variable something reads: settings fields and CLI options."""
+    from hypermedia.config import Settings
+
+    known = {f"HYPERMEDIA_{name.upper()}" for name in Settings.model_fields}
+    known.add("HYPERMEDIA_CONFIG")
+    stack: list[Any] = [typer.main.get_command(app)]  # click commands (typer's own click)
+    while stack:
+        command = stack.pop()
+        for param in command.params:
+            envvar = getattr(param, "envvar", None)
+            if isinstance(envvar, str):
+                known.add(envvar)
+            elif envvar:
+                known.update(envvar)
+        stack.extend(getattr(command, "commands", {}).values())
+    return known
+
+
+def check_environment(environ: dict[str, str] | None = None) -> None:
+    """Refuse a misspelt ``HYPERMEDIA_*`` variable instead of silently ignoring it."""
+    import difflib
+    import os
+
+    environ = dict(os.environ) if environ is None else environ
+    known = _known_variables()
+    for name in sorted(environ):
+        if not name.startswith("HYPERMEDIA_") or name.startswith("HYPERMEDIA_TEST_"):
+            continue
+        if name in known or name.startswith("HYPERMEDIA_QUEUES__"):
+            continue
+        close = difflib.get_close_matches(name, sorted(known), n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        raise ConfigError(name, f"unknown setting{hint}")
+
+
 def main() -> None:
     try:
+        check_environment()
         app()
     except HypermediaError as exc:
         log.debug("command failed", exc_info=True)

@@ -466,7 +466,9 @@ class IngestService:
         with transaction(self.engine) as conn:
             status = self.repository.cancel(conn, job_id, caller.user_id, now)
             queue = conn.execute(
-                select(t.jobs.c.queue).where(t.jobs.c.job_id == job_id)
+                select(t.jobs.c.queue).where(
+                    t.jobs.c.job_id == job_id, t.jobs.c.user_id == caller.user_id
+                )
             ).scalar_one_or_none()
         if status is None or queue is None:
             raise NotFound(f"no job {job_id!r}", job_id=job_id)

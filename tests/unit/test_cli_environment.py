@@ -1,0 +1,56 @@
+"""A misspelt HYPERMEDIA_* variable is refused by name, never silently ignored."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from hypermedia.cli import _known_variables, check_environment
+from hypermedia.errors import ConfigError
+
+
+@pytest.mark.parametrize(
+    ("name", "suggestion"),
+    [
+        ("HYPERMEDIA_DATABSE_URL", "HYPERMEDIA_DATABASE_URL"),
+        ("HYPERMEDIA_REDIS_ULR", "HYPERMEDIA_REDIS_URL"),
+        ("HYPERMEDIA_APIKEY", "HYPERMEDIA_API_KEY"),
+    ],
+)
+def test_misspelt_variable_names_the_likely_one(name, suggestion):
+    with pytest.raises(ConfigError) as caught:
+        check_environment({name: "x"})
+    assert caught.value.key == name
+    assert suggestion in caught.value.message
+
+
+def test_unrelated_name_is_refused_without_a_guess():
+    with pytest.raises(ConfigError, match=r"unknown setting$"):
+        check_environment({"HYPERMEDIA_ZZZZZZZZZZZZZZZZZZZZ": "1"})
+
+
+def test_every_known_variable_passes():
+    known = _known_variables()
+    # Settings fields and CLI option twins alike.
+    assert {"HYPERMEDIA_DATABASE_URL", "HYPERMEDIA_API_KEY", "HYPERMEDIA_RUN_OPS"} <= known
+    environ = dict.fromkeys(known, "x")
+    environ["HYPERMEDIA_QUEUES__IMAGES__CONCURRENCY"] = "8"
+    environ["HYPERMEDIA_TEST_PG_URL"] = "postgresql://elsewhere"
+    environ["PATH"] = "/usr/bin"
+    check_environment(environ)
+
+
+def test_the_command_refuses_before_doing_anything():
+    result = subprocess.run(
+        [sys.executable, "-m", "hypermedia.cli", "queues"],
+        env={"PATH": "/usr/bin:/bin", "HYPERMEDIA_DATABSE_URL": "sqlite:///x.db"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert "HYPERMEDIA_DATABSE_URL: unknown setting" in result.stderr
+    assert "Traceback" not in result.stderr
