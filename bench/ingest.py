@@ -399,7 +399,7 @@ def _profile(subject: hm.Subject, args: argparse.Namespace, warmup: int) -> dict
     }
     written: dict[str, str] = {}
     for name, work in passes.items():
-        profiler = Profiler(interval=0.0005, async_mode="disabled")
+        profiler = Profiler(async_mode="disabled")
         with profiler:
             work()
         path = out / f"ingest-{name}.txt"
