@@ -2,13 +2,17 @@
 
 Settings come from ``HYPERMEDIA_*`` variables (the parent passes its database,
 Redis and prefix). The schema must already be migrated. No access log: one
-line per request would measure the terminal, not the API.
+line per request would measure the terminal, not the API. The server stops by
+itself when its parent process goes away.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
+import threading
+import time
 
 import uvicorn
 
@@ -24,6 +28,7 @@ def main() -> None:
         "--port", type=int, default=int(os.environ.get("HYPERMEDIA_BENCH_PORT", "8080"))
     )
     args = parser.parse_args()
+    _exit_with_parent()
     stack = Stack.open(load_settings())
     try:
         config = uvicorn.Config(
@@ -37,6 +42,19 @@ def main() -> None:
         uvicorn.Server(config).run()
     finally:
         stack.close()
+
+
+def _exit_with_parent(interval: float = 0.5) -> None:
+    """SIGTERM ourselves (uvicorn then shuts down) if the benchmark dies without
+    stopping us, so no server outlives a killed run."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(interval)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 if __name__ == "__main__":
