@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, insert, select
+from sqlalchemy import ColumnElement, Connection, insert, select
 
 from hypermedia.accounts import Caller, is_pool_member
 from hypermedia.clock import to_datetime
@@ -65,8 +65,8 @@ def register_object(
     return ObjectInfo(**{k: v for k, v in values.items() if k in ObjectInfo.__dataclass_fields__})
 
 
-def get_object(conn: Connection, caller: Caller, object_id: str) -> ObjectInfo:
-    """The object if ``caller`` may use it; NotFound otherwise (or if it does not exist)."""
+def usable_by(caller: Caller) -> ColumnElement[bool]:
+    """The WHERE clause for objects ``caller`` may use: owned, or in one of their pools."""
     member = (
         select(t.pool_members.c.user_id)
         .where(
@@ -75,10 +75,14 @@ def get_object(conn: Connection, caller: Caller, object_id: str) -> ObjectInfo:
         )
         .exists()
     )
+    return (t.objects.c.owner_id == caller.user_id) | member
+
+
+def get_object(conn: Connection, caller: Caller, object_id: str) -> ObjectInfo:
+    """The object if ``caller`` may use it; NotFound otherwise (or if it does not exist)."""
     row = conn.execute(
         select(*[t.objects.c[name] for name in ObjectInfo.__dataclass_fields__]).where(
-            t.objects.c.object_id == object_id,
-            (t.objects.c.owner_id == caller.user_id) | member,
+            t.objects.c.object_id == object_id, usable_by(caller)
         )
     ).first()
     if row is None:

@@ -56,6 +56,7 @@ from hypermedia.ids import new_id
 from hypermedia.jobs.catalog import ProfileCatalog
 from hypermedia.jobs.repository import JobRepository
 from hypermedia.jobs.states import IN_FLIGHT, JobStatus
+from hypermedia.objects import usable_by
 from hypermedia.queue.redis_queue import RedisQueue
 
 log = logging.getLogger(__name__)
@@ -331,18 +332,9 @@ class IngestService:
         """object_id -> (pool_id, size) for the objects ``caller`` may use."""
         if not object_ids:
             return {}
-        member = (
-            select(t.pool_members.c.user_id)
-            .where(
-                t.pool_members.c.pool_id == t.objects.c.pool_id,
-                t.pool_members.c.user_id == caller.user_id,
-            )
-            .exists()
-        )
         rows = conn.execute(
             select(t.objects.c.object_id, t.objects.c.pool_id, t.objects.c.size_bytes).where(
-                t.objects.c.object_id.in_(list(object_ids)),
-                (t.objects.c.owner_id == caller.user_id) | member,
+                t.objects.c.object_id.in_(list(object_ids)), usable_by(caller)
             )
         ).all()
         found = {r.object_id: (r.pool_id, int(r.size_bytes)) for r in rows}
