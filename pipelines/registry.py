@@ -1,0 +1,86 @@
+"""Operation name -> pipeline step.
+
+A step is a pure function of files::
+
+    step(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list[Output]
+
+It reads ``input_path``, writes its outputs inside ``workdir`` and returns them.
+It does no network I/O, imports nothing from ``hypermedia`` or ``autoscaler``,
+and runs in a child process that the worker may kill at any time.
+
+Output types name what the step produced *with its effective parameters*
+(``thumbnail-320x320.webp``, ``convert.png``): the output key is
+``derived/{pool}/{object}/{profile_version}/{output_type}``, so two requests with
+different parameters must never share an output type, and the same request must
+always give the same one (a re-run overwrites the same key).
+
+Failures raise :class:`PipelineError` with a stable ``code`` (``unsupported_format``,
+``invalid_input``, ``input_too_large``, ``invalid_params`` ...) and whether a retry
+could help (``retryable``); anything else escaping a step is a bug, reported as
+``pipeline_crashed``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Output:
+    output_type: str
+    path: Path
+    content_type: str
+
+
+class PipelineError(Exception):
+    def __init__(self, code: str, message: str, *, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.retryable = retryable
+
+
+Step = Callable[[Path, Mapping[str, Any], Path], list[Output]]
+
+_STEPS: dict[str, Step] = {}
+
+
+def register(operation: str) -> Callable[[Step], Step]:
+    def decorate(step: Step) -> Step:
+        if operation in _STEPS:
+            raise ValueError(f"operation {operation!r} registered twice")
+        _STEPS[operation] = step
+        return step
+
+    return decorate
+
+
+def get(operation: str) -> Step:
+    """The step for ``operation`` (importing the pipeline modules on first use)."""
+    load_all()
+    try:
+        return _STEPS[operation]
+    except KeyError:
+        raise PipelineError(
+            "unsupported_operation", f"no pipeline implements {operation!r}"
+        ) from None
+
+
+def operations() -> list[str]:
+    load_all()
+    return sorted(_STEPS)
+
+
+def load_all() -> None:
+    """Import every pipeline module so their steps register."""
+    import importlib
+
+    for module in _MODULES:
+        importlib.import_module(module)
+
+
+# Pipeline modules register themselves on import; list each here when it exists.
+_MODULES: list[str] = []
