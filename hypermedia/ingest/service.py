@@ -13,8 +13,8 @@ Order of work (the seed's job creation, made transactional):
    *reserved* with a guarded UPDATE on the caller's account; too few available
    credits raise :class:`PaymentRequired` and the transaction rolls back, so
    nothing is created and nothing is queued;
-4. job rows are inserted (``created``) and moved to ``queued`` in the same
-   transaction, which then commits;
+4. job rows are inserted, born ``queued`` (the created -> queued step happens
+   inside this one transaction), and the transaction commits;
 5. the jobs are pushed to their Redis queues. If Redis is down the jobs are still
    durably queued and the reconciler pushes them later; the submit succeeds.
 
@@ -253,13 +253,21 @@ class IngestService:
                         for p in planned
                     ],
                 )
+                # created -> queued happens inside this transaction: the rows are
+                # inserted already queued (one statement, no UPDATE of the batch).
                 rows = [
-                    {**job, "user_id": caller.user_id, "created_at": moment, "updated_at": moment}
+                    {
+                        **job,
+                        "user_id": caller.user_id,
+                        "status": JobStatus.QUEUED.value,
+                        "created_at": moment,
+                        "queued_at": moment,
+                        "updated_at": moment,
+                    }
                     for p in planned
                     for job in p.jobs
                 ]
                 conn.execute(insert(t.jobs), rows)
-                self.repository.mark_queued(conn, [r["job_id"] for r in rows], now)
         results: list[SubmitResult] = []
         fresh: list[dict[str, Any]] = []
         planned_iter = iter(planned)
@@ -366,7 +374,6 @@ class IngestService:
                     "operation": operation,
                     "queue": profile.queue,
                     "priority": request.priority or profile.default_priority,
-                    "status": JobStatus.CREATED.value,
                     "params": {**profile.params, **request.params.get(operation, {})},
                     "estimated_millicredits": estimate,
                     "attempt_count": 0,
