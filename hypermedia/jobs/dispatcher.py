@@ -183,6 +183,35 @@ class Dispatcher:
         self._apply([moved])
         return moved.status
 
+    def recover_worker(self, worker_id: str, reason: str = "worker lost") -> list[str]:
+        """A worker (actor or node) died: its in-flight jobs fail this attempt with
+        ``worker_lost`` and, attempts permitting, go straight back to their queue
+        (no backoff: the worker failed, not the job). Answers the job ids handled."""
+        now = self.clock.now()
+        with transaction(self.engine) as conn:
+            job_ids = self.repository.in_flight_of(conn, worker_id)
+        handled: list[str] = []
+        for job_id in job_ids:
+            with transaction(self.engine) as conn:
+                result = self.repository.fail(
+                    conn, job_id, worker_id, now, "worker_lost", reason, retry_now=True
+                )
+                if result is None:
+                    continue
+                moved, _ = result
+                if moved.status is JobStatus.RETRY_WAIT:
+                    self.repository.promote_due(conn, now, [job_id])
+            handled.append(job_id)
+        if handled:
+            self.mirror(handled)
+            log.warning(
+                "worker %s lost: %d in-flight jobs back to their queues",
+                worker_id,
+                len(handled),
+                extra={"worker_id": worker_id, "action": "recover"},
+            )
+        return handled
+
     def release(self, job: ClaimedJob, worker_id: str) -> bool:
         """Hand the job back without spending an attempt (drain, spot notice)."""
         with transaction(self.engine) as conn:

@@ -20,6 +20,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from hypermedia.clock import to_datetime
 from hypermedia.db import tables as t
+from hypermedia.ids import new_id
 from hypermedia.jobs.states import (
     IN_FLIGHT,
     Backoff,
@@ -268,23 +269,22 @@ class JobRepository:
         version = conn.execute(
             select(t.profiles.c.version).where(t.profiles.c.profile_id == job.profile_id)
         ).scalar_one()
-        _insert_ignore(
-            conn,
-            t.outputs,
-            [
+        rows = []
+        for o in outputs:
+            object_id = o.object_id or self._derived_object(conn, job_id, job.user_id, o, now)
+            rows.append(
                 {
                     "job_id": job_id,
                     "output_type": o.output_type,
                     "profile_version": version,
-                    "object_id": o.object_id,
+                    "object_id": object_id,
                     "storage_key": o.storage_key,
                     "size_bytes": o.size_bytes,
                     "content_type": o.content_type,
                     "created_at": to_datetime(now),
                 }
-                for o in outputs
-            ],
-        )
+            )
+        _insert_ignore(conn, t.outputs, rows)
         self._close_attempt(conn, job_id, "completed", now, peak_memory_mb)
         self._settle_credits(
             conn, job.user_id, job_id, job.estimated_millicredits, job.actual_millicredits, now
@@ -302,6 +302,7 @@ class JobRepository:
         *,
         retryable: bool = True,
         peak_memory_mb: float | None = None,
+        retry_now: bool = False,
     ) -> tuple[Moved, FailureDecision] | None:
         """A failed attempt: retry_wait with backoff, or failed once attempts are used up.
 
@@ -329,6 +330,9 @@ class JobRepository:
         decision = decide_failure(
             row.attempt_count, row.max_attempts, now, self.backoff, retryable=retryable
         )
+        if retry_now and decision.retry_at is not None:
+            # The worker died, not the job: the attempt counts, the wait does not.
+            decision = FailureDecision(decision.status, now, decision.reason + " (retry now)")
         values: dict[str, Any] = {
             "status": decision.status.value,
             "error_code": error_code,
@@ -473,6 +477,17 @@ class JobRepository:
             ).scalars()
         )
 
+    def in_flight_of(self, conn: Connection, worker_id: str) -> list[str]:
+        """Jobs a worker holds (claimed or processing)."""
+        return list(
+            conn.execute(
+                select(t.jobs.c.job_id).where(
+                    t.jobs.c.claimed_by == worker_id,
+                    t.jobs.c.status.in_([s.value for s in IN_FLIGHT]),
+                )
+            ).scalars()
+        )
+
     def states(self, conn: Connection, job_ids: Sequence[str]) -> dict[str, Row[Any]]:
         if not job_ids:
             return {}
@@ -490,6 +505,43 @@ class JobRepository:
         return {r.job_id: r for r in rows}  # type: ignore[misc]
 
     # -- helpers -------------------------------------------------------------------
+
+    def _derived_object(
+        self, conn: Connection, job_id: str, user_id: str, output: OutputRecord, now: float
+    ) -> str:
+        """The objects row of an output: one per storage key (a re-run overwrote the
+        same key, so it updates the same row)."""
+        existing = conn.execute(
+            select(t.objects.c.object_id).where(t.objects.c.storage_key == output.storage_key)
+        ).scalar_one_or_none()
+        if existing is not None:
+            conn.execute(
+                update(t.objects)
+                .where(t.objects.c.object_id == existing)
+                .values(size_bytes=output.size_bytes, content_type=output.content_type)
+            )
+            return str(existing)
+        source = conn.execute(
+            select(t.objects.c.object_id, t.objects.c.pool_id)
+            .join(t.jobs, t.jobs.c.object_id == t.objects.c.object_id)
+            .where(t.jobs.c.job_id == job_id)
+        ).one()
+        object_id = new_id()
+        conn.execute(
+            insert(t.objects).values(
+                object_id=object_id,
+                pool_id=source.pool_id,
+                owner_id=user_id,
+                kind="derived",
+                source_object_id=source.object_id,
+                storage_key=output.storage_key,
+                filename=output.output_type,
+                content_type=output.content_type,
+                size_bytes=output.size_bytes,
+                created_at=to_datetime(now),
+            )
+        )
+        return object_id
 
     def _close_attempt(
         self,
