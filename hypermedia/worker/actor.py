@@ -1,0 +1,202 @@
+"""Ray actors: the pipeline actor (a worker on one queue) and the head's grants actor.
+
+``PipelineActor`` asks for ``resources={"queue_<name>": 1}``, builds its own
+connections from the settings it is given (nothing is pickled but plain data),
+and runs a :class:`~hypermedia.worker.worker.Worker` whose claim loops pull
+from Redis themselves: Ray carries no per-job calls. ``serve()`` returns when the
+worker stops; its failing with ``RayActorError`` is how the supervisor learns the
+actor (or its node) died.
+
+``GrantsActor`` lives on the head, holds the storage credentials and issues each
+job's presigned URLs; workers never hold storage credentials. Its answers are
+values (``("ok", ...)`` / ``("error", code, message)``), translated back into
+hypermedia errors by :class:`RayGrants`, so no exception class has to survive
+Ray's pickling.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from hypermedia.config import Settings, load_settings
+from hypermedia.errors import HypermediaError, IllegalTransition, NotFound, ServiceUnavailable
+from hypermedia.storage.grants import OutputGrant
+
+log = logging.getLogger(__name__)
+
+HEAD_RESOURCE = "node:__internal_head__"
+
+
+def _error_value(exc: HypermediaError) -> tuple[str, str, str]:
+    return ("error", exc.code, exc.message)
+
+
+_ERRORS: dict[str, type[HypermediaError]] = {
+    NotFound.code: NotFound,
+    IllegalTransition.code: IllegalTransition,
+}
+
+
+def _raise(answer: tuple[Any, ...]) -> Any:
+    if answer[0] == "ok":
+        return answer[1]
+    _, code, message = answer
+    cls = _ERRORS.get(code, ServiceUnavailable)
+    raise cls(message)
+
+
+class GrantsService:
+    """The grants actor's body (plain class: testable without Ray)."""
+
+    def __init__(self, settings: dict[str, Any]) -> None:
+        from hypermedia.stack import Stack
+
+        self.stack = Stack.open(load_settings(**settings))
+        from hypermedia.storage.grants import StorageGrants
+
+        self.grants = StorageGrants(
+            self.stack.engine,
+            self.stack.storage,
+            self.stack.settings.presign_ttl_seconds,
+            self.stack.clock,
+        )
+
+    def input_url(self, job_id: str, worker_id: str) -> tuple[Any, ...]:
+        try:
+            return ("ok", self.grants.input_url(job_id, worker_id))
+        except HypermediaError as exc:
+            return _error_value(exc)
+
+    def output_urls(
+        self, job_id: str, worker_id: str, output_types: dict[str, str | None]
+    ) -> tuple[Any, ...]:
+        try:
+            grants = self.grants.output_urls(job_id, worker_id, output_types)
+        except HypermediaError as exc:
+            return _error_value(exc)
+        return ("ok", {k: (g.key, g.url, g.content_type) for k, g in grants.items()})
+
+    def ping(self) -> str:
+        return "ok"
+
+
+GrantsActor = ray.remote(GrantsService)  # options (resources, concurrency) at spawn
+
+
+class RayGrants:
+    """The worker's side of the grants actor (implements execute.Grants)."""
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+
+    def input_url(self, job_id: str, worker_id: str) -> str:
+        return str(_raise(ray.get(self.handle.input_url.remote(job_id, worker_id))))
+
+    def output_urls(
+        self, job_id: str, worker_id: str, output_types: Mapping[str, str | None]
+    ) -> dict[str, OutputGrant]:
+        answer = ray.get(self.handle.output_urls.remote(job_id, worker_id, dict(output_types)))
+        raw: dict[str, tuple[str, str, str | None]] = _raise(answer)
+        return {k: OutputGrant(key=v[0], url=v[1], content_type=v[2]) for k, v in raw.items()}
+
+
+class PipelineService:
+    """The pipeline actor's body (plain class: the same code runs without Ray)."""
+
+    def __init__(
+        self,
+        settings: dict[str, Any],
+        queue: str,
+        worker_id: str,
+        concurrency: int,
+        grants: Any,
+        preload: tuple[str, ...] = ("pipelines.registry",),
+        heartbeat_seconds: float = 30.0,
+        metrics_seconds: float = 60.0,
+    ) -> None:
+        from hypermedia.sandbox.executor import ChildExecutor
+        from hypermedia.stack import Stack
+        from hypermedia.worker.execute import JobExecution
+        from hypermedia.worker.worker import Worker
+
+        cfg: Settings = load_settings(**settings)
+        self.stack = Stack.open(cfg)
+        work_root = cfg.data_dir / "work" / worker_id
+        self.executor = ChildExecutor(work_root, preload=preload)
+        grants_client = RayGrants(grants) if _is_actor_handle(grants) else grants
+        execution = JobExecution(
+            self.stack.dispatcher, self.stack.catalog, grants_client, self.executor, worker_id
+        )
+        node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+        self.worker = Worker(
+            worker_id=worker_id,
+            queue=queue,
+            concurrency=concurrency,
+            engine=self.stack.engine,
+            dispatcher=self.stack.dispatcher,
+            execution=execution,
+            work_root=str(work_root),
+            node_id=node_id,
+            clock=self.stack.clock,
+            heartbeat_seconds=heartbeat_seconds,
+            metrics_seconds=metrics_seconds,
+        )
+        self.worker.start()
+
+    def serve(self) -> dict[str, int]:
+        """Block until the worker stops; its final counts."""
+        while not self.worker.wait(1.0):
+            pass
+        self._close()
+        return self.stats()
+
+    def drain(self, timeout: float) -> list[str]:
+        return self.worker.drain(timeout)
+
+    def stats(self) -> dict[str, int]:
+        s = self.worker.stats
+        return {
+            "claimed": s.claimed,
+            "completed": s.completed,
+            "failed": s.failed,
+            "retried": s.retried,
+            "cancelled": s.cancelled,
+            "released": s.released,
+            "lost": s.lost,
+            "errors": s.errors,
+            "running": len(self.worker.execution.running()),
+        }
+
+    def child_pids(self) -> dict[str, int]:
+        """Running jobs and their child pids (operators and fault tests)."""
+        pids = {}
+        for job_id in self.worker.execution.running():
+            pid = self.executor.child_pid(job_id)
+            if pid is not None:
+                pids[job_id] = pid
+        return pids
+
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()
+
+    def _close(self) -> None:
+        self.executor.close()
+        self.stack.close()
+
+
+PipelineActor = ray.remote(PipelineService)  # options (queue resource ...) at spawn
+
+
+def _is_actor_handle(value: Any) -> bool:
+    return isinstance(value, ray.actor.ActorHandle)
+
+
+def work_root_of(settings: Settings, worker_id: str) -> Path:
+    return settings.data_dir / "work" / worker_id

@@ -1,0 +1,214 @@
+"""Keeps the pipeline actor pools alive and notices deaths at once.
+
+For each queue it runs the configured number of actors, each holding
+``serve()`` open. When an actor or its node dies, Ray fails that call with
+``RayActorError``; the supervisor then sends the dead worker's in-flight jobs
+straight back to their queues (``Dispatcher.recover_worker``), marks it dead in
+``workers`` and starts a replacement. The lease reaper stays the safety net for
+deaths nobody reports (the whole head gone).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError
+from sqlalchemy import update
+
+from hypermedia.clock import to_datetime
+from hypermedia.config import Settings
+from hypermedia.db import tables as t
+from hypermedia.db.engine import transaction
+from hypermedia.errors import HypermediaError
+from hypermedia.ids import new_id
+from hypermedia.stack import Stack
+from hypermedia.worker.actor import HEAD_RESOURCE, GrantsActor, PipelineActor
+
+log = logging.getLogger(__name__)
+
+NAMESPACE = "hypermedia"
+
+
+@dataclass
+class Member:
+    worker_id: str
+    queue: str
+    actor: Any
+    serving: Any  # ObjectRef of actor.serve()
+
+
+@dataclass
+class SupervisorEvents:
+    started: list[str] = field(default_factory=list)
+    died: list[str] = field(default_factory=list)
+    recovered_jobs: list[str] = field(default_factory=list)
+
+
+def settings_for_actors(settings: Settings, redis_url: str) -> dict[str, Any]:
+    """Plain settings an actor rebuilds its own connections from."""
+    data = settings.model_dump(mode="json", exclude_none=True)
+    data["redis_url"] = redis_url
+    data["database_url"] = settings.effective_database_url
+    return data
+
+
+class Supervisor:
+    def __init__(
+        self,
+        stack: Stack,
+        actor_settings: dict[str, Any],
+        pools: Mapping[str, int],
+        *,
+        preload: tuple[str, ...] = ("pipelines.registry",),
+        heartbeat_seconds: float = 30.0,
+        metrics_seconds: float = 60.0,
+    ) -> None:
+        self.stack = stack
+        self.actor_settings = actor_settings
+        self.pools = dict(pools)
+        self.preload = preload
+        self.heartbeat_seconds = heartbeat_seconds
+        self.metrics_seconds = metrics_seconds
+        self.members: dict[Any, Member] = {}
+        self.events = SupervisorEvents()
+        self.grants: Any = None
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle --------------------------------------------------------------
+
+    def start(self) -> None:
+        self.grants = GrantsActor.options(
+            num_cpus=0,
+            max_concurrency=16,
+            resources={HEAD_RESOURCE: 0.001},
+            namespace=NAMESPACE,
+        ).remote(self.actor_settings)
+        ray.get(self.grants.ping.remote())
+        for queue, count in self.pools.items():
+            for _ in range(count):
+                self._spawn(queue)
+        self._thread = threading.Thread(target=self._watch, name="supervisor", daemon=True)
+        self._thread.start()
+
+    def _spawn(self, queue: str) -> Member:
+        worker_id = f"{queue}-{new_id()[-12:]}"
+        concurrency = self.stack.settings.queues[queue].concurrency
+        actor: Any = PipelineActor.options(
+            num_cpus=0,
+            max_concurrency=8,
+            resources={f"queue_{queue}": 1},
+            name=worker_id,
+            namespace=NAMESPACE,
+        ).remote(
+            self.actor_settings,
+            queue,
+            worker_id,
+            concurrency,
+            self.grants,
+            self.preload,
+            self.heartbeat_seconds,
+            self.metrics_seconds,
+        )
+        member = Member(worker_id, queue, actor, actor.serve.remote())
+        with self._lock:
+            self.members[member.serving] = member
+        self.events.started.append(worker_id)
+        log.info("started %s on queue %s", worker_id, queue, extra={"worker_id": worker_id})
+        return member
+
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        """Block until every actor has been created (its constructor ran)."""
+        with self._lock:
+            actors = [m.actor for m in self.members.values()]
+        ray.get([a.stats.remote() for a in actors], timeout=timeout)
+
+    # -- watching ------------------------------------------------------------------
+
+    def _watch(self) -> None:
+        while not self._stopping.is_set():
+            with self._lock:
+                refs = list(self.members)
+            if not refs:
+                self._stopping.wait(0.5)
+                continue
+            ready, _ = ray.wait(refs, num_returns=1, timeout=0.5)
+            for ref in ready:
+                self._ended(ref)
+
+    def _ended(self, ref: Any) -> None:
+        with self._lock:
+            member = self.members.pop(ref, None)
+        if member is None:
+            return
+        try:
+            ray.get(ref)
+        except RayActorError as exc:
+            self._died(member, str(exc).splitlines()[0] if str(exc) else "actor died")
+            return
+        except Exception:
+            log.exception("worker %s ended with an error", member.worker_id)
+            self._died(member, "serve() raised")
+            return
+        log.info("worker %s stopped", member.worker_id, extra={"worker_id": member.worker_id})
+
+    def _died(self, member: Member, reason: str) -> None:
+        log.warning(
+            "worker %s died: %s",
+            member.worker_id,
+            reason,
+            extra={"worker_id": member.worker_id, "queue": member.queue, "action": "died"},
+        )
+        self.events.died.append(member.worker_id)
+        try:
+            recovered = self.stack.dispatcher.recover_worker(member.worker_id, reason[:500])
+            self.events.recovered_jobs.extend(recovered)
+            with transaction(self.stack.engine) as conn:
+                conn.execute(
+                    update(t.workers)
+                    .where(t.workers.c.worker_id == member.worker_id)
+                    .values(status="dead", stopped_at=to_datetime(self.stack.clock.now()))
+                )
+        except HypermediaError as exc:
+            log.warning("recovering %s: %s (the reaper will)", member.worker_id, exc)
+        if not self._stopping.is_set():
+            self._spawn(member.queue)
+
+    # -- operations ------------------------------------------------------------------
+
+    def actors(self, queue: str | None = None) -> list[Member]:
+        with self._lock:
+            return [m for m in self.members.values() if queue is None or m.queue == queue]
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        members = self.actors()
+        results = ray.get([m.actor.stats.remote() for m in members], timeout=30)
+        return {m.worker_id: r for m, r in zip(members, results, strict=True)}
+
+    def drain(self, timeout: float) -> list[str]:
+        """Every actor stops claiming, finishes (or after ``timeout`` hands back) its
+        jobs and exits. Answers the ids of jobs handed back."""
+        self._stopping.set()
+        members = self.actors()
+        released: list[str] = []
+        for result in ray.get([m.actor.drain.remote(timeout) for m in members]):
+            released.extend(result)
+        ray.wait([m.serving for m in members], num_returns=len(members), timeout=timeout + 30)
+        return released
+
+    def stop(self, drain_timeout: float = 30.0) -> None:
+        try:
+            self.drain(drain_timeout)
+        finally:
+            if self._thread is not None:
+                self._thread.join(5)
+            for member in self.actors():
+                ray.kill(member.actor)
+            if self.grants is not None:
+                ray.kill(self.grants)

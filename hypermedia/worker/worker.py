@@ -1,0 +1,280 @@
+"""A worker: one queue, N claim loops, a heartbeat, metrics, drain.
+
+Each claim loop pulls from Redis itself (a Ray call per job would cap
+throughput): lease a job, claim it in the record, run it (see ``execute``), and
+when the queue is empty block on the queue's wake-up list for up to a second.
+The worker registers in ``workers``, heartbeats every ``heartbeat_seconds`` and
+writes a ``worker_metrics`` row every ``metrics_seconds``.
+
+``drain(timeout)``: stop claiming, let running jobs finish; whatever still runs
+after ``timeout`` is stopped and handed straight back to its queue (no attempt
+spent). This class knows nothing of Ray; the actor wraps it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import psutil
+from sqlalchemy import Engine, insert, update
+
+from hypermedia.clock import Clock, SystemClock, to_datetime
+from hypermedia.db import tables as t
+from hypermedia.db.engine import transaction
+from hypermedia.errors import DatabaseUnavailable, HypermediaError, QueueUnavailable
+from hypermedia.jobs.dispatcher import Dispatcher
+from hypermedia.worker.execute import JobExecution, Outcome
+
+log = logging.getLogger(__name__)
+
+IDLE_WAIT_SECONDS = 1.0
+MAX_ERROR_BACKOFF_SECONDS = 5.0
+
+
+@dataclass
+class WorkerStats:
+    completed: int = 0
+    failed: int = 0
+    retried: int = 0
+    cancelled: int = 0
+    released: int = 0
+    lost: int = 0
+    claimed: int = 0
+    errors: int = 0
+    outcomes: list[Outcome] = field(default_factory=list)
+
+    def count(self, outcome: Outcome) -> None:
+        attribute = {
+            "completed": "completed",
+            "failed": "failed",
+            "retry_wait": "retried",
+            "cancelled": "cancelled",
+            "released": "released",
+        }.get(outcome.status, "lost")
+        setattr(self, attribute, getattr(self, attribute) + 1)
+
+
+class Worker:
+    def __init__(
+        self,
+        *,
+        worker_id: str,
+        queue: str,
+        concurrency: int,
+        engine: Engine,
+        dispatcher: Dispatcher,
+        execution: JobExecution,
+        work_root: str,
+        node_id: str | None = None,
+        clock: Clock | None = None,
+        heartbeat_seconds: float = 30.0,
+        metrics_seconds: float = 60.0,
+        on_outcome: Callable[[Outcome], None] | None = None,
+    ) -> None:
+        self.worker_id = worker_id
+        self.queue = queue
+        self.concurrency = concurrency
+        self.engine = engine
+        self.dispatcher = dispatcher
+        self.execution = execution
+        self.work_root = work_root
+        self.node_id = node_id
+        self.clock = clock or SystemClock()
+        self.heartbeat_seconds = heartbeat_seconds
+        self.metrics_seconds = metrics_seconds
+        self.on_outcome = on_outcome
+        self.stats = WorkerStats()
+        self._stats_lock = threading.Lock()
+        self._claiming = threading.Event()
+        self._stopped = threading.Event()
+        self._loops: list[threading.Thread] = []
+        self._upkeep: threading.Thread | None = None
+        self._process = psutil.Process()
+        self._last_metrics = (time.monotonic(), 0)
+
+    # -- lifecycle --------------------------------------------------------------
+
+    def start(self) -> None:
+        self._register()
+        self._claiming.set()
+        for index in range(self.concurrency):
+            loop = threading.Thread(
+                target=self._claim_loop, name=f"{self.worker_id}-loop{index}", daemon=True
+            )
+            loop.start()
+            self._loops.append(loop)
+        self._upkeep = threading.Thread(
+            target=self._upkeep_loop, name=f"{self.worker_id}-upkeep", daemon=True
+        )
+        self._upkeep.start()
+        log.info(
+            "worker %s started: queue %s, %d loops",
+            self.worker_id,
+            self.queue,
+            self.concurrency,
+            extra={"worker_id": self.worker_id, "queue": self.queue, "action": "start"},
+        )
+
+    def drain(self, timeout: float) -> list[str]:
+        """Stop claiming; wait up to ``timeout`` for running jobs; release the rest.
+        Answers the ids of the jobs handed back."""
+        self._claiming.clear()
+        self._set_status("draining")
+        deadline = time.monotonic() + timeout
+        for loop in self._loops:
+            loop.join(max(0.0, deadline - time.monotonic()))
+        released: list[str] = []
+        if any(loop.is_alive() for loop in self._loops):
+            released = self.execution.release_all()
+            for loop in self._loops:
+                loop.join(30)
+        self.stop()
+        return released
+
+    def stop(self) -> None:
+        self._claiming.clear()
+        self._stopped.set()
+        for loop in self._loops:
+            loop.join(30)
+        if self._upkeep is not None:
+            self._upkeep.join(10)
+        self._set_status("stopped", stopped=True)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the worker has stopped; True if it has."""
+        return self._stopped.wait(timeout)
+
+    @property
+    def draining(self) -> bool:
+        return not self._claiming.is_set()
+
+    # -- the claim loop ------------------------------------------------------------
+
+    def _claim_loop(self) -> None:
+        backoff = 0.1
+        while self._claiming.is_set():
+            try:
+                jobs = self.dispatcher.claim(self.queue, self.worker_id)
+                if not jobs:
+                    self.dispatcher.queue.wait(self.queue, IDLE_WAIT_SECONDS)
+                    continue
+                for job in jobs:
+                    with self._stats_lock:
+                        self.stats.claimed += 1
+                    outcome = self.execution.run(job)
+                    self._record(outcome)
+                backoff = 0.1
+            except (QueueUnavailable, DatabaseUnavailable) as exc:
+                # A backing service is down: nothing is lost (the record is the
+                # truth); try again a little later.
+                with self._stats_lock:
+                    self.stats.errors += 1
+                log.warning("claim loop: %s; retrying in %.1fs", exc, backoff)
+                self._stopped.wait(backoff)
+                backoff = min(backoff * 2, MAX_ERROR_BACKOFF_SECONDS)
+            except Exception:
+                with self._stats_lock:
+                    self.stats.errors += 1
+                log.exception("claim loop error", extra={"worker_id": self.worker_id})
+                self._stopped.wait(backoff)
+                backoff = min(backoff * 2, MAX_ERROR_BACKOFF_SECONDS)
+
+    def _record(self, outcome: Outcome) -> None:
+        with self._stats_lock:
+            self.stats.count(outcome)
+        if self.on_outcome is not None:
+            self.on_outcome(outcome)
+
+    # -- registration, heartbeat, metrics ---------------------------------------------
+
+    def _register(self) -> None:
+        now = to_datetime(self.clock.now())
+        with transaction(self.engine) as conn:
+            conn.execute(
+                insert(t.workers).values(
+                    worker_id=self.worker_id,
+                    queue=self.queue,
+                    node_id=self.node_id,
+                    hostname=socket.gethostname(),
+                    pid=os.getpid(),
+                    status="active",
+                    concurrency=self.concurrency,
+                    started_at=now,
+                    last_heartbeat=now,
+                )
+            )
+
+    def _set_status(self, status: str, *, stopped: bool = False) -> None:
+        now = to_datetime(self.clock.now())
+        values: dict[str, object] = {"status": status, "last_heartbeat": now}
+        if stopped:
+            values["stopped_at"] = now
+        try:
+            with transaction(self.engine) as conn:
+                conn.execute(
+                    update(t.workers).where(t.workers.c.worker_id == self.worker_id).values(values)
+                )
+        except HypermediaError as exc:
+            log.warning("could not record worker status %s: %s", status, exc)
+
+    def heartbeat(self) -> None:
+        with transaction(self.engine) as conn:
+            conn.execute(
+                update(t.workers)
+                .where(t.workers.c.worker_id == self.worker_id)
+                .values(last_heartbeat=to_datetime(self.clock.now()))
+            )
+
+    def write_metrics(self) -> None:
+        now_mono = time.monotonic()
+        with self._stats_lock:
+            done = self.stats.completed + self.stats.failed + self.stats.retried
+            completed, failed = self.stats.completed, self.stats.failed + self.stats.retried
+        last_mono, last_done = self._last_metrics
+        minutes = max((now_mono - last_mono) / 60, 1e-9)
+        self._last_metrics = (now_mono, done)
+        try:
+            rss = self._process.memory_info().rss
+            for child in self._process.children(recursive=True):
+                try:
+                    rss += child.memory_info().rss
+                except psutil.Error:
+                    continue
+        except psutil.Error:
+            rss = 0
+        disk = psutil.disk_usage(self.work_root) if os.path.isdir(self.work_root) else None
+        with transaction(self.engine) as conn:
+            conn.execute(
+                insert(t.worker_metrics).values(
+                    worker_id=self.worker_id,
+                    recorded_at=to_datetime(self.clock.now()),
+                    cpu_percent=self._process.cpu_percent(None),
+                    memory_mb=rss / 2**20,
+                    disk_free_mb=(disk.free / 2**20) if disk else 0.0,
+                    jobs_completed=completed,
+                    jobs_failed=failed,
+                    throughput_per_min=(done - last_done) / minutes,
+                )
+            )
+
+    def _upkeep_loop(self) -> None:
+        next_beat = time.monotonic() + self.heartbeat_seconds
+        next_metrics = time.monotonic() + self.metrics_seconds
+        self._process.cpu_percent(None)  # prime the CPU counter
+        while not self._stopped.wait(min(1.0, self.heartbeat_seconds)):
+            now = time.monotonic()
+            try:
+                if now >= next_beat:
+                    self.heartbeat()
+                    next_beat = now + self.heartbeat_seconds
+                if now >= next_metrics:
+                    self.write_metrics()
+                    next_metrics = now + self.metrics_seconds
+            except HypermediaError as exc:
+                log.warning("upkeep: %s", exc, extra={"worker_id": self.worker_id})
