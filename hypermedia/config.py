@@ -19,9 +19,17 @@ import os
 import re
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -34,6 +42,8 @@ from hypermedia.errors import ConfigError
 REPO_ETC = Path(__file__).resolve().parent.parent / "etc"
 DEFAULT_QUEUES = ("images", "documents", "ocr", "media", "bulk")
 _QUEUE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+_S3_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+_S3_PREFIX = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._=-]{0,199}/?)*$")
 
 
 def _default_data_dir() -> Path:
@@ -77,6 +87,16 @@ class Settings(BaseSettings):
     api_key: str | None = None
     max_upload_bytes: int = Field(default=2 * 1024**3, ge=1)
 
+    # Storage: a local directory (``data_dir/objects``, URLs served by the API and
+    # signed with ``storage_secret``) or an S3 bucket (URLs presigned by S3).
+    storage_backend: Literal["local", "s3"] = "local"
+    s3_bucket: str | None = Field(default=None, validate_default=True)
+    s3_endpoint_url: str | None = None
+    s3_region: str | None = None
+    s3_prefix: str = Field(default="", max_length=200)
+    storage_secret: SecretStr | None = Field(default=None, min_length=32)
+    presign_ttl_seconds: int = Field(default=900, ge=1, le=7 * 24 * 3600)
+
     backoff_base_seconds: float = Field(default=60.0, gt=0)
     backoff_max_seconds: float = Field(default=3600.0, gt=0)
     lease_grace_seconds: float = Field(default=30.0, ge=0)
@@ -117,6 +137,37 @@ class Settings(BaseSettings):
             raise ValueError("expected a redis://, rediss:// or unix:// URL")
         return value
 
+    @field_validator("s3_bucket")
+    @classmethod
+    def _check_s3_bucket(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if info.data.get("storage_backend") == "s3" and value is None:
+            raise ValueError("required when storage_backend is 's3'")
+        if value is not None and not _S3_BUCKET.fullmatch(value):
+            raise ValueError(f"expected an S3 bucket name matching {_S3_BUCKET.pattern}")
+        return value
+
+    @field_validator("s3_bucket", "s3_endpoint_url", "s3_region", "s3_prefix")
+    @classmethod
+    def _only_with_s3(cls, value: str | None, info: ValidationInfo) -> str | None:
+        # An S3 option with the local backend would be silently ignored: refuse it.
+        if value and info.data.get("storage_backend") == "local":
+            raise ValueError("set, but storage_backend is 'local' (set storage_backend = 's3')")
+        return value
+
+    @field_validator("s3_endpoint_url")
+    @classmethod
+    def _check_s3_endpoint(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError("expected an http:// or https:// URL")
+        return value
+
+    @field_validator("s3_prefix")
+    @classmethod
+    def _check_s3_prefix(cls, value: str) -> str:
+        if not _S3_PREFIX.fullmatch(value):
+            raise ValueError("expected key segments separated by '/', e.g. 'hypermedia/'")
+        return value
+
     @field_validator("queues", mode="before")
     @classmethod
     def _merge_queues(cls, value: Any) -> Any:
@@ -151,6 +202,19 @@ class Settings(BaseSettings):
     @property
     def storage_dir(self) -> Path:
         return self.data_dir / "objects"
+
+    @property
+    def public_api_url(self) -> str:
+        """The API as others reach it: ``api_url``, else ``http://api_host:api_port``."""
+        if self.api_url:
+            return self.api_url.rstrip("/")
+        host = f"[{self.api_host}]" if ":" in self.api_host else self.api_host
+        return f"http://{host}:{self.api_port}"
+
+    @property
+    def storage_secret_path(self) -> Path:
+        """Where the generated signing secret is kept when ``storage_secret`` is unset."""
+        return self.data_dir / "storage.secret"
 
     @property
     def queue_names(self) -> tuple[str, ...]:

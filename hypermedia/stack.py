@@ -26,7 +26,8 @@ from hypermedia.jobs.states import Backoff
 from hypermedia.profiles import load_profiles
 from hypermedia.queue.reaper import Reaper
 from hypermedia.queue.redis_queue import RedisQueue, connect
-from hypermedia.storage.local import LocalStorage
+from hypermedia.storage.base import Storage
+from hypermedia.storage.local import LocalStorage, load_or_create_secret
 
 
 def redis_url_for(settings: Settings) -> str:
@@ -35,6 +36,29 @@ def redis_url_for(settings: Settings) -> str:
     from hypermedia.embedded import ensure_running
 
     return ensure_running(settings.data_dir / "redis")
+
+
+def build_storage(settings: Settings, clock: Clock) -> Storage:
+    """The configured storage: S3 (boto3 imported only then), else the local directory
+    with URLs signed by ``storage_secret`` or the secret kept in ``data_dir``."""
+    if settings.storage_backend == "s3":
+        from hypermedia.storage.s3 import S3Storage
+
+        assert settings.s3_bucket is not None  # the settings refuse s3 without a bucket
+        return S3Storage(
+            settings.s3_bucket,
+            endpoint_url=settings.s3_endpoint_url,
+            region=settings.s3_region,
+            prefix=settings.s3_prefix,
+        )
+    secret = (
+        settings.storage_secret.get_secret_value()
+        if settings.storage_secret is not None
+        else load_or_create_secret(settings.storage_secret_path)
+    )
+    return LocalStorage(
+        settings.storage_dir, base_url=settings.public_api_url, secret=secret, clock=clock
+    )
 
 
 def migrate(
@@ -64,7 +88,7 @@ class Stack:
     ingest: IngestService
     dispatcher: Dispatcher
     reaper: Reaper
-    storage: LocalStorage
+    storage: Storage
     clock: Clock
 
     @classmethod
@@ -113,7 +137,7 @@ class Stack:
                 lease_grace_seconds=settings.lease_grace_seconds,
             ),
             reaper=Reaper(engine, queue, clock=clock, repository=repository),
-            storage=LocalStorage(settings.storage_dir),
+            storage=build_storage(settings, clock),
             clock=clock,
         )
 

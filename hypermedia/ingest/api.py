@@ -3,8 +3,12 @@
 There is no module-level app: ``hypermedia serve`` builds the stack from
 settings and hands the app to uvicorn; tests build their own.
 
-Every route but ``/healthz`` needs ``Authorization: Bearer hm_...`` (401
-otherwise). A caller sees, cancels and submits only for their own jobs and the
+Every route but ``/healthz`` and the blob routes needs ``Authorization: Bearer
+hm_...`` (401 otherwise). The blob routes serve the local storage's signed URLs
+(:mod:`hypermedia.storage.signing`): the signature is their credential, a bad or
+expired one answers 403 ``invalid_signature`` / ``url_expired``.
+
+A caller sees, cancels and submits only for their own jobs and the
 objects of their pools; any other id answers 404, exactly as an id that does
 not exist. Errors are ``{"error": {"code", "message", "details"?}}`` with the
 status of the :mod:`hypermedia.errors` class; a malformed request is 422
@@ -19,17 +23,20 @@ that time.
 from __future__ import annotations
 
 import logging
-from typing import Annotated, Any, cast
+from collections.abc import Iterator
+from typing import Annotated, Any, BinaryIO, cast
 
 from fastapi import APIRouter, Depends, FastAPI, Header, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel
 from sqlalchemy import text
 
 from hypermedia import __version__
 from hypermedia.accounts import Caller, balance
 from hypermedia.db.engine import transaction
-from hypermedia.errors import AuthenticationFailed, Forbidden, InvalidRequest
+from hypermedia.errors import AuthenticationFailed, Forbidden, InvalidRequest, NotFound
 from hypermedia.ids import new_id
 from hypermedia.ingest import uploads
 from hypermedia.ingest.auth import Authenticator
@@ -56,7 +63,8 @@ from hypermedia.ingest.service import JobView, SubmitRequest, SubmitResult
 from hypermedia.jobs.states import IN_FLIGHT
 from hypermedia.objects import ObjectInfo, get_object
 from hypermedia.stack import Stack
-from hypermedia.storage.base import original_key, too_large
+from hypermedia.storage.base import InvalidSignature, original_key, too_large
+from hypermedia.storage.local import LocalStorage
 
 log = logging.getLogger(__name__)
 
@@ -254,6 +262,86 @@ def register_object(body: RegisterRequest, caller: CallerDep, stack: StackDep) -
 def read_object(object_id: str, caller: CallerDep, stack: StackDep) -> ObjectResponse:
     with transaction(stack.engine) as conn:
         return _object_response(get_object(conn, caller, object_id))
+
+
+# -- blobs: the local storage's signed URLs ----------------------------------------------
+
+
+class BlobStored(BaseModel):
+    key: str
+    size_bytes: int
+    sha256: str
+
+
+_BLOB_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorResponse} for status in (400, 403, 404, 413)
+}
+
+
+def _local_storage(stack: Stack) -> LocalStorage:
+    if not isinstance(stack.storage, LocalStorage):
+        raise NotFound("blob URLs are served by the object store, not by this API")
+    return stack.storage
+
+
+def _file_chunks(handle: BinaryIO, chunk_size: int = 1 << 20) -> Iterator[bytes]:
+    with handle:
+        while chunk := handle.read(chunk_size):
+            yield chunk
+
+
+@router.get(
+    f"{PREFIX}/blobs/{{key:path}}",
+    summary="Read a stored blob through a signed URL (no API key)",
+    response_class=StreamingResponse,
+    responses={
+        200: {"content": {"application/octet-stream": {"schema": {"type": "string"}}}},
+        **_BLOB_ERRORS,
+    },
+    tags=["storage"],
+)
+def read_blob(
+    key: str, stack: StackDep, expires: str | None = None, sig: str | None = None
+) -> StreamingResponse:
+    """Streams the bytes at ``key`` if ``expires`` and ``sig`` sign a GET of it."""
+    storage = _local_storage(stack)
+    storage.verify("GET", key, expires, sig)
+    handle, size = storage.open(key)
+    return StreamingResponse(
+        _file_chunks(handle),
+        media_type="application/octet-stream",
+        headers={"Content-Length": str(size)},
+    )
+
+
+@router.put(
+    f"{PREFIX}/blobs/{{key:path}}",
+    summary="Store a blob through a signed URL (no API key)",
+    responses=_BLOB_ERRORS,
+    openapi_extra=_BINARY_BODY,
+    tags=["storage"],
+)
+async def write_blob(
+    key: str,
+    request: Request,
+    stack: StackDep,
+    expires: str | None = None,
+    sig: str | None = None,
+    content_type: str | None = None,
+) -> BlobStored:
+    """Streams the body to ``key`` (atomically replacing what was there; at most
+    ``max_upload_bytes``, else 413 and nothing changes) if the URL signs a PUT of
+    it. A URL issued for a content type needs that ``Content-Type`` header."""
+    storage = _local_storage(stack)
+    storage.verify("PUT", key, expires, sig, content_type)
+    if content_type is not None and request.headers.get("content-type") != content_type:
+        raise InvalidSignature(f"this URL was issued for Content-Type: {content_type}")
+    limit = stack.settings.max_upload_bytes
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large(limit)
+    blob = await uploads.store_stream(storage, key, request.stream(), limit)
+    return BlobStored(key=blob.key, size_bytes=blob.size_bytes, sha256=blob.sha256)
 
 
 # -- accounts and operators ------------------------------------------------------------

@@ -2,9 +2,40 @@
 
 A backend stores opaque bytes under keys. Keys are ``/``-separated, relative,
 without ``..`` or empty segments (:func:`check_key`); user-chosen file names never
-become keys. ``put`` is atomic: a reader sees the old bytes or the new bytes,
-never a partial file; writing a key twice replaces it (deterministic output keys
-make a re-run harmless). ``put`` refuses more than ``max_bytes``, storing nothing.
+become keys. Output keys are deterministic,
+``derived/{pool_id}/{object_id}/{profile_version}/{output_type}`` (:func:`derived_key`).
+
+Every backend honours this, and ``tests/integration/test_storage_contract.py``
+runs the same suite against each:
+
+* ``put(key, chunks, max_bytes)`` streams the chunks in and is atomic: a reader
+  sees the old bytes or the new bytes, never a partial object; writing a key twice
+  replaces it (deterministic output keys make a re-run harmless). More than
+  ``max_bytes`` raises :class:`~hypermedia.errors.InputTooLarge` and stores
+  nothing (a key that held bytes keeps them). Returns size and sha256.
+* ``read(key)`` streams the bytes; a missing key raises
+  :class:`~hypermedia.errors.NotFound` (on first iteration: ``read`` is lazy).
+* ``exists(key)``; ``size(key)`` (``NotFound`` when missing); ``delete(key)``
+  (deleting a missing key is not an error).
+* ``presign_get(key, ttl_seconds)`` and ``presign_put(key, ttl_seconds,
+  content_type=None)`` return URLs any HTTP client can use without other
+  credentials: ``GET`` answers the bytes, ``PUT`` stores the request body at that
+  key (replacing, atomically). A URL is bound to its method, its key and, when
+  given, the ``Content-Type`` the uploader must send; it stops working
+  ``ttl_seconds`` after it was made (403). ``ttl_seconds`` is 1 s to 7 days (the
+  SigV4 maximum). Issuing a URL touches no object: the key need not exist yet.
+  These URLs are how workers, which hold no storage credentials, move bytes; the
+  head issues them per job (:mod:`hypermedia.storage.grants`).
+* A bad key raises :class:`~hypermedia.errors.InvalidRequest` before any I/O; a
+  backend that cannot be reached raises :class:`StorageUnavailable`.
+
+Errors of this package (under :mod:`hypermedia.errors`)::
+
+    Forbidden (403)
+    ├── InvalidSignature     a signed URL that was altered, or made for another key or method
+    └── UrlExpired           a signed URL past its expiry
+    ServiceUnavailable (503)
+    └── StorageUnavailable   the object store cannot be reached, or refused us
 """
 
 from __future__ import annotations
@@ -14,9 +45,26 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from hypermedia.errors import InputTooLarge, InvalidRequest
+from hypermedia.errors import Forbidden, InputTooLarge, InvalidRequest, ServiceUnavailable
 
 _SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=-]{0,199}$")
+_CONTENT_TYPE = re.compile(
+    r"^[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,63}/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,62}$"
+)
+
+MAX_TTL_SECONDS = 7 * 24 * 3600
+
+
+class InvalidSignature(Forbidden):
+    code = "invalid_signature"
+
+
+class UrlExpired(Forbidden):
+    code = "url_expired"
+
+
+class StorageUnavailable(ServiceUnavailable):
+    code = "storage_unavailable"
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,9 +76,33 @@ class StoredBlob:
 
 def check_key(key: str) -> str:
     parts = key.split("/")
-    if len(key) > 512 or not parts or not all(_SEGMENT.match(p) for p in parts):
+    if len(key) > 512 or not parts or not all(_SEGMENT.fullmatch(p) for p in parts):
         raise InvalidRequest(f"invalid storage key {key!r}", key=key)
     return key
+
+
+def check_segment(value: str, what: str) -> str:
+    """One key segment (an output type, a pool id ...): no ``/``, no ``..``."""
+    if not _SEGMENT.fullmatch(value):
+        raise InvalidRequest(
+            f"invalid {what} {value!r}: expected {_SEGMENT.pattern}", **{what: value}
+        )
+    return value
+
+
+def check_ttl(ttl_seconds: int) -> int:
+    if not 1 <= ttl_seconds <= MAX_TTL_SECONDS:
+        raise InvalidRequest(
+            f"ttl_seconds must be 1..{MAX_TTL_SECONDS}, got {ttl_seconds}", ttl_seconds=ttl_seconds
+        )
+    return ttl_seconds
+
+
+def check_content_type(content_type: str | None) -> str | None:
+    """A bare ``type/subtype`` (no parameters), or None."""
+    if content_type is not None and not _CONTENT_TYPE.fullmatch(content_type):
+        raise InvalidRequest(f"invalid content type {content_type!r}", content_type=content_type)
+    return content_type
 
 
 def original_key(pool_id: str, object_id: str) -> str:
@@ -53,6 +125,10 @@ class Storage(Protocol):
     def size(self, key: str) -> int: ...
 
     def delete(self, key: str) -> None: ...
+
+    def presign_get(self, key: str, ttl_seconds: int) -> str: ...
+
+    def presign_put(self, key: str, ttl_seconds: int, content_type: str | None = None) -> str: ...
 
 
 def too_large(max_bytes: int) -> InputTooLarge:

@@ -1,21 +1,59 @@
-"""Storage in a local directory: the embedded default."""
+"""Storage in a local directory: the embedded default.
+
+Presigned URLs point at the hypermedia API itself (``base_url``), whose blob
+routes check the HMAC signature (:mod:`hypermedia.storage.signing`) and stream
+the file in or out. The signing secret is ``storage_secret``, or one generated
+once into ``data_dir/storage.secret`` (:func:`load_or_create_secret`) so that
+every process of a deployment agrees on it.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
+import secrets
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import BinaryIO
 
-from hypermedia.errors import NotFound
-from hypermedia.storage.base import StoredBlob, check_key, too_large
+from hypermedia.clock import Clock, SystemClock
+from hypermedia.errors import ConfigError, NotFound
+from hypermedia.storage import signing
+from hypermedia.storage.base import (
+    StoredBlob,
+    check_content_type,
+    check_key,
+    check_ttl,
+    too_large,
+)
+
+log = logging.getLogger(__name__)
+
+_SIGNING_SETTING = "storage_secret (HYPERMEDIA_STORAGE_SECRET)"
 
 
 class LocalStorage:
-    def __init__(self, root: Path) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        base_url: str | None = None,
+        secret: str | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        """``base_url`` (the API's public URL) and ``secret`` are needed only to sign
+        and check URLs; without them the presign methods raise ConfigError."""
+        if secret is not None and len(secret) < signing.MIN_SECRET_LENGTH:
+            raise ConfigError(
+                _SIGNING_SETTING, f"expected at least {signing.MIN_SECRET_LENGTH} characters"
+            )
         self.root = root
+        self.base_url = base_url
+        self._secret = secret
+        self.clock: Clock = clock or SystemClock()
 
     def path(self, key: str) -> Path:
         return self.root / check_key(key)
@@ -44,13 +82,19 @@ class LocalStorage:
         return StoredBlob(key=key, size_bytes=size, sha256=digest.hexdigest())
 
     def read(self, key: str, chunk_size: int = 1 << 20) -> Iterator[bytes]:
+        handle, _size = self.open(key)
+        with handle:
+            while chunk := handle.read(chunk_size):
+                yield chunk
+
+    def open(self, key: str) -> tuple[BinaryIO, int]:
+        """The open file and its size, taken from the same file: a concurrent
+        replace cannot make them disagree."""
         try:
             handle = self.path(key).open("rb")
         except FileNotFoundError:
             raise NotFound(f"no stored object at {key!r}", key=key) from None
-        with handle:
-            while chunk := handle.read(chunk_size):
-                yield chunk
+        return handle, os.fstat(handle.fileno()).st_size
 
     def exists(self, key: str) -> bool:
         return self.path(key).is_file()
@@ -64,3 +108,77 @@ class LocalStorage:
     def delete(self, key: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             self.path(key).unlink()
+
+    # -- signed URLs ---------------------------------------------------------------------
+
+    def presign_get(self, key: str, ttl_seconds: int) -> str:
+        return self._sign("GET", key, ttl_seconds, None)
+
+    def presign_put(self, key: str, ttl_seconds: int, content_type: str | None = None) -> str:
+        return self._sign("PUT", key, ttl_seconds, check_content_type(content_type))
+
+    def verify(
+        self,
+        method: str,
+        key: str,
+        expires: str | None,
+        sig: str | None,
+        content_type: str | None = None,
+    ) -> None:
+        """Check a signed URL's parameters as the blob routes received them; raise
+        InvalidSignature / UrlExpired (403) when it must be refused."""
+        signing.verify(
+            self._require_secret(), method, key, expires, sig, content_type, self.clock.now()
+        )
+
+    def _sign(self, method: str, key: str, ttl_seconds: int, content_type: str | None) -> str:
+        check_key(key)
+        check_ttl(ttl_seconds)
+        if self.base_url is None:
+            raise ConfigError("api_url (HYPERMEDIA_API_URL)", "local storage URLs need the API URL")
+        expires = int(self.clock.now()) + ttl_seconds
+        return signing.signed_url(
+            self.base_url, self._require_secret(), method, key, expires, content_type
+        )
+
+    def _require_secret(self) -> str:
+        if self._secret is None:
+            raise ConfigError(
+                _SIGNING_SETTING, "this local storage was built without a signing secret"
+            )
+        return self._secret
+
+
+def load_or_create_secret(path: Path) -> str:
+    """The signing secret stored at ``path``, generated (mode 0600) if there is none.
+
+    Creation is atomic: the secret is written to a private temporary file, then
+    hard-linked into place, which fails if another process got there first; both
+    then read the one that won."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".storage-secret-")  # mode 0600
+        try:
+            with os.fdopen(fd, "w") as out:
+                out.write(secrets.token_hex(32) + "\n")
+                out.flush()
+                os.fsync(out.fileno())
+            with contextlib.suppress(FileExistsError):
+                os.link(tmp, path)
+        finally:
+            os.unlink(tmp)
+        log.info("generated the storage signing secret at %s", path, extra={"action": "secret"})
+    if path.stat().st_mode & 0o077:
+        log.warning(
+            "%s is readable by other users: anyone who reads it can forge storage URLs",
+            path,
+            extra={"action": "secret"},
+        )
+    secret = path.read_text().strip()
+    if len(secret) < signing.MIN_SECRET_LENGTH:
+        raise ConfigError(
+            _SIGNING_SETTING,
+            f"{path} holds fewer than {signing.MIN_SECRET_LENGTH} characters: "
+            "delete it to have a new one generated",
+        )
+    return secret

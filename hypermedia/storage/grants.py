@@ -1,0 +1,155 @@
+"""The head's issuer of a job's storage URLs: workers hold no storage credentials.
+
+A worker asks for the URL of its job's input and, once its step has run, for
+PUT URLs of the outputs it produced. URLs are granted only to the worker that
+holds the job in flight (status ``claimed`` or ``processing`` and
+``claimed_by == worker_id``, its lease not yet run out): any other worker, a
+finished, requeued or expired job, gets
+:class:`~hypermedia.errors.IllegalTransition`; an unknown job
+:class:`~hypermedia.errors.NotFound`.
+
+The worker names output *types* only, never keys: every output key is
+``derived/{pool_id}/{object_id}/{profile_version}/{output_type}``, computed here
+from the job's object and profile, so a worker can write nowhere else (and a
+re-run overwrites the same keys). Each URL lives ``ttl_seconds``. URLs are never
+logged.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import Engine, select
+
+from hypermedia.clock import Clock, to_datetime
+from hypermedia.db import tables as t
+from hypermedia.db.engine import transaction
+from hypermedia.errors import IllegalTransition, InvalidRequest, NotFound
+from hypermedia.jobs.states import IN_FLIGHT
+from hypermedia.storage.base import (
+    Storage,
+    check_content_type,
+    check_segment,
+    check_ttl,
+    derived_key,
+)
+
+log = logging.getLogger(__name__)
+
+MAX_OUTPUTS = 64
+
+
+@dataclass(frozen=True, slots=True)
+class OutputGrant:
+    """Where one output goes: its key, a PUT URL for it, and the ``Content-Type``
+    the upload must send (None: any)."""
+
+    key: str
+    url: str
+    content_type: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HeldJob:
+    job_id: str
+    pool_id: str
+    object_id: str
+    input_key: str
+    profile_version: int
+
+
+class StorageGrants:
+    def __init__(self, engine: Engine, storage: Storage, ttl_seconds: int, clock: Clock) -> None:
+        self.engine = engine
+        self.storage = storage
+        self.ttl_seconds = check_ttl(ttl_seconds)
+        self.clock = clock
+
+    def input_url(self, job_id: str, worker_id: str) -> str:
+        """A GET URL for the job's input object."""
+        job = self.held(job_id, worker_id)
+        url = self.storage.presign_get(job.input_key, self.ttl_seconds)
+        log.info(
+            "granted the input of %s to %s",
+            job_id,
+            worker_id,
+            extra={"job_id": job_id, "worker_id": worker_id, "action": "grant_input"},
+        )
+        return url
+
+    def output_urls(
+        self,
+        job_id: str,
+        worker_id: str,
+        output_types: Sequence[str] | Mapping[str, str | None],
+    ) -> dict[str, OutputGrant]:
+        """PUT URLs for the job's outputs, by output type. A mapping gives each type
+        the content type its upload must send."""
+        if isinstance(output_types, str):
+            raise InvalidRequest("output_types must be a list of output types, not a string")
+        wanted = (
+            dict(output_types)
+            if isinstance(output_types, Mapping)
+            else dict.fromkeys(output_types, None)
+        )
+        if not 1 <= len(wanted) <= MAX_OUTPUTS:
+            raise InvalidRequest(f"expected 1..{MAX_OUTPUTS} output types, got {len(wanted)}")
+        for output_type, content_type in wanted.items():
+            check_segment(output_type, "output_type")
+            check_content_type(content_type)
+        job = self.held(job_id, worker_id)
+        grants = {}
+        for output_type, content_type in wanted.items():
+            key = derived_key(job.pool_id, job.object_id, job.profile_version, output_type)
+            url = self.storage.presign_put(key, self.ttl_seconds, content_type)
+            grants[output_type] = OutputGrant(key=key, url=url, content_type=content_type)
+        log.info(
+            "granted %d output(s) of %s to %s",
+            len(grants),
+            job_id,
+            worker_id,
+            extra={"job_id": job_id, "worker_id": worker_id, "action": "grant_outputs"},
+        )
+        return grants
+
+    def held(self, job_id: str, worker_id: str) -> HeldJob:
+        """The job, if ``worker_id`` holds it in flight; else NotFound / IllegalTransition."""
+        j, o, p = t.jobs.c, t.objects.c, t.profiles.c
+        with transaction(self.engine) as conn:
+            row = conn.execute(
+                select(
+                    j.status,
+                    j.claimed_by,
+                    j.visibility_timeout,
+                    o.pool_id,
+                    o.object_id,
+                    o.storage_key,
+                    p.version,
+                )
+                .select_from(
+                    t.jobs.join(t.objects, j.object_id == o.object_id).join(
+                        t.profiles, j.profile_id == p.profile_id
+                    )
+                )
+                .where(j.job_id == job_id)
+            ).one_or_none()
+        if row is None:
+            raise NotFound(f"no job {job_id!r}", job_id=job_id)
+        held = row.status in {s.value for s in IN_FLIGHT} and row.claimed_by == worker_id
+        lease = row.visibility_timeout
+        if not held or (lease is not None and lease <= to_datetime(self.clock.now())):
+            raise IllegalTransition(
+                f"job {job_id!r} is not held by worker {worker_id!r}",
+                job_id=job_id,
+                worker_id=worker_id,
+                status=row.status,
+            )
+        return HeldJob(
+            job_id=job_id,
+            pool_id=row.pool_id,
+            object_id=row.object_id,
+            input_key=row.storage_key,
+            profile_version=row.version,
+        )

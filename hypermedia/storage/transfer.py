@@ -1,0 +1,250 @@
+"""Moving bytes through presigned URLs: what a worker uses, with no storage credentials.
+
+:func:`download` streams a GET URL into a file (atomically, at most ``max_bytes``,
+hashing as it goes); :func:`upload` streams a file to a PUT URL with an exact
+``Content-Length`` (S3 refuses chunked uploads). Both work the same against the
+local backend's blob routes and S3.
+
+Only connection failures are retried (a few times, with a short backoff): the
+URL is still good and the transfer starts over. An HTTP error answer is not
+retried here; it raises at once, naming the HTTP status and the store's own
+error code (``url_expired`` / ``invalid_signature`` from hypermedia,
+``AccessDenied`` / ``NoSuchKey`` ... from S3)::
+
+    TransferError (transfer_failed)          any other refusal (400, 413 ...)
+    ├── TransferDenied (transfer_denied)      403: expired, altered or foreign URL;
+    │                                         ask the head for fresh URLs
+    ├── TransferNotFound (transfer_not_found) 404: nothing stored at the key
+    └── TransferUnavailable (transfer_unavailable, retryable)
+                                              5xx, a timeout, or connections that
+                                              kept failing
+
+Error messages and logs carry the URL without its query string: the query is
+the credential.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import re
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, BinaryIO, ClassVar, TypeVar
+from urllib.parse import urlsplit
+
+import httpx
+
+from hypermedia.errors import HypermediaError
+from hypermedia.storage.base import too_large
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+CHUNK_SIZE = 1 << 20
+DEFAULT_TIMEOUT = httpx.Timeout(60.0, connect=10.0)
+# Failures of the connection itself: the request can simply be made again.
+_RETRIED = (httpx.NetworkError, httpx.ConnectTimeout, httpx.RemoteProtocolError)
+_S3_CODE = re.compile(rb"<Code>([^<]{1,100})</Code>")
+
+
+class TransferError(HypermediaError):
+    """A transfer the store refused; ``http_status`` and ``remote_code`` say how."""
+
+    code = "transfer_failed"
+    status = 502
+    retryable: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        url: str,
+        http_status: int | None = None,
+        remote_code: str | None = None,
+    ) -> None:
+        super().__init__(message, url=url, http_status=http_status, remote_code=remote_code)
+        self.url = url
+        self.http_status = http_status
+        self.remote_code = remote_code
+
+
+class TransferDenied(TransferError):
+    code = "transfer_denied"
+
+
+class TransferNotFound(TransferError):
+    code = "transfer_not_found"
+
+
+class TransferUnavailable(TransferError):
+    code = "transfer_unavailable"
+    retryable = True
+
+
+def download(
+    url: str,
+    dest_path: Path,
+    max_bytes: int,
+    *,
+    client: httpx.Client | None = None,
+    timeout: httpx.Timeout | float | None = None,
+    attempts: int = 3,
+    backoff_seconds: float = 0.5,
+) -> tuple[int, str]:
+    """GET ``url`` into ``dest_path``; returns (size, sha256 hex).
+
+    The file appears only complete (written beside it, then renamed). More than
+    ``max_bytes`` raises InputTooLarge and leaves no file."""
+
+    def once(http: httpx.Client) -> tuple[int, str]:
+        with http.stream("GET", url, headers={"Accept-Encoding": "identity"}) as response:
+            _raise_for_status(response)
+            declared = response.headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > max_bytes:
+                raise too_large(max_bytes)
+            return _write_atomically(response.iter_raw(CHUNK_SIZE), dest_path, max_bytes)
+
+    return _with_retries("download", url, once, client, timeout, attempts, backoff_seconds)
+
+
+def upload(
+    path: Path,
+    url: str,
+    content_type: str | None = None,
+    *,
+    client: httpx.Client | None = None,
+    timeout: httpx.Timeout | float | None = None,
+    attempts: int = 3,
+    backoff_seconds: float = 0.5,
+) -> None:
+    """PUT the file at ``path`` to ``url``. ``content_type`` must be the one the URL
+    was issued for, if it was issued for one."""
+    headers = {"Content-Length": str(path.stat().st_size)}
+    if content_type is not None:
+        headers["Content-Type"] = content_type
+
+    def once(http: httpx.Client) -> None:
+        with (
+            path.open("rb") as handle,
+            http.stream("PUT", url, content=_chunks(handle), headers=headers) as response,
+        ):
+            _raise_for_status(response)
+
+    _with_retries("upload", url, once, client, timeout, attempts, backoff_seconds)
+
+
+def redact(url: str) -> str:
+    """The URL without its query string (which holds the signature)."""
+    return urlsplit(url)._replace(query="", fragment="").geturl()
+
+
+# -- internals ---------------------------------------------------------------------------
+
+
+def _with_retries(
+    what: str,
+    url: str,
+    once: Callable[[httpx.Client], T],
+    client: httpx.Client | None,
+    timeout: httpx.Timeout | float | None,
+    attempts: int,
+    backoff_seconds: float,
+) -> T:
+    shown = redact(url)
+    http = client or httpx.Client(timeout=timeout or DEFAULT_TIMEOUT, follow_redirects=False)
+    try:
+        for attempt in range(1, max(attempts, 1) + 1):
+            try:
+                return once(http)
+            except _RETRIED as exc:
+                if attempt >= attempts:
+                    raise TransferUnavailable(
+                        f"{what} of {shown} failed after {attempt} attempts: {exc!r}", url=shown
+                    ) from exc
+                log.warning(
+                    "%s of %s: %r; retrying",
+                    what,
+                    shown,
+                    exc,
+                    extra={"action": f"storage_{what}", "attempt": attempt},
+                )
+                time.sleep(backoff_seconds * 2 ** (attempt - 1))
+            except httpx.TransportError as exc:  # timeouts: the store is there but stuck
+                raise TransferUnavailable(f"{what} of {shown} failed: {exc!r}", url=shown) from exc
+        raise AssertionError("unreachable")
+    finally:
+        if client is None:
+            http.close()
+
+
+def _raise_for_status(response: httpx.Response) -> None:
+    status = response.status_code
+    if 200 <= status < 300:
+        return
+    body = b""
+    for chunk in response.iter_raw():
+        body += chunk
+        if len(body) >= 4096:
+            break
+    remote = _remote_code(body)
+    kind: type[TransferError]
+    if status == 403:
+        kind = TransferDenied
+    elif status == 404:
+        kind = TransferNotFound
+    elif status >= 500:
+        kind = TransferUnavailable
+    else:
+        kind = TransferError
+    shown = redact(str(response.request.url))
+    detail = f" ({remote})" if remote else ""
+    raise kind(
+        f"{response.request.method} {shown} answered {status}{detail}",
+        url=shown,
+        http_status=status,
+        remote_code=remote,
+    )
+
+
+def _remote_code(body: bytes) -> str | None:
+    """The store's error code: hypermedia's JSON ``error.code`` or S3's XML ``<Code>``."""
+    with contextlib.suppress(ValueError, KeyError, TypeError):
+        parsed: Any = json.loads(body)
+        code = parsed["error"]["code"] if isinstance(parsed, dict) else None
+        if isinstance(code, str):
+            return code
+    match = _S3_CODE.search(body)
+    return match.group(1).decode(errors="replace") if match else None
+
+
+def _write_atomically(chunks: Iterator[bytes], dest: Path, max_bytes: int) -> tuple[int, str]:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256()
+    size = 0
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            for chunk in chunks:
+                size += len(chunk)
+                if size > max_bytes:
+                    raise too_large(max_bytes)
+                digest.update(chunk)
+                out.write(chunk)
+        os.replace(tmp, dest)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    return size, digest.hexdigest()
+
+
+def _chunks(handle: BinaryIO) -> Iterator[bytes]:
+    while chunk := handle.read(CHUNK_SIZE):
+        yield chunk

@@ -1,0 +1,655 @@
+"""The storage contract (``hypermedia.storage.base``), one suite for every backend.
+
+* ``local``: :class:`LocalStorage` in a Stack served by a real uvicorn API, whose
+  blob routes answer the signed URLs.
+* ``s3``: :class:`S3Storage` built from settings, against moto's server over real
+  HTTP. moto checks neither the signature nor the expiry of a presigned URL, so
+  the HTTP client here goes through :class:`S3Gate`, a transport that checks what
+  S3 checks (SigV4 query signature over method, path and signed headers; expiry)
+  before forwarding to moto. The URLs themselves are exactly what workers get.
+
+Worker-side transfers (:mod:`hypermedia.storage.transfer`) run against both too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
+
+import boto3
+import httpx
+import pytest
+import uvicorn
+from botocore.auth import S3SigV4QueryAuth
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import Credentials
+from fastapi import FastAPI
+from moto.server import ThreadedMotoServer
+
+from hypermedia.clock import SystemClock
+from hypermedia.embedded import free_port
+from hypermedia.errors import InputTooLarge, InvalidRequest, NotFound
+from hypermedia.ingest.api import create_app
+from hypermedia.stack import Stack
+from hypermedia.storage import transfer
+from hypermedia.storage.base import InvalidSignature, Storage, StorageUnavailable
+from hypermedia.storage.local import LocalStorage
+from hypermedia.storage.s3 import S3Storage
+from hypermedia.storage.transfer import TransferDenied, TransferNotFound
+from tests.api_support import wait_until_healthy
+
+REGION = "us-east-1"
+KEY_ID = "AKIAHYPERMEDIATEST"
+SECRET_KEY = "hypermedia-test-secret"
+LOCAL_UPLOAD_LIMIT = 1 << 20
+MiB = 1 << 20
+
+
+# -- moto, and a gate that checks what S3 checks ---------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def moto_endpoint() -> Iterator[str]:
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def aws_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Credentials for the S3 client from the environment, as on a real head node."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", KEY_ID)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+
+
+def make_bucket(endpoint: str) -> str:
+    name = f"hm-test-{uuid.uuid4().hex[:12]}"
+    admin_client(endpoint).create_bucket(Bucket=name)
+    return name
+
+
+def admin_client(endpoint: str) -> Any:
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name=REGION,
+        aws_access_key_id=KEY_ID,
+        aws_secret_access_key=SECRET_KEY,
+    )
+
+
+@dataclass
+class S3Gate(httpx.BaseTransport):
+    """Refuses presigned requests as S3 would (moto does not): a SigV4 query
+    signature that does not match the method, path, query and signed headers is
+    403 SignatureDoesNotMatch; one past ``X-Amz-Date + X-Amz-Expires`` is 403
+    AccessDenied. Everything else goes on to moto."""
+
+    offset: float = 0.0  # seconds the gate's clock runs ahead of the real one
+    inner: httpx.HTTPTransport = field(default_factory=httpx.HTTPTransport)
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        problem = self.refusal(request)
+        if problem is None:
+            return self.inner.handle_request(request)
+        body = f"<?xml version='1.0'?><Error><Code>{problem}</Code></Error>".encode()
+        return httpx.Response(
+            403, stream=httpx.ByteStream(body), headers={"content-type": "application/xml"}
+        )
+
+    def refusal(self, request: httpx.Request) -> str | None:
+        parts = urlsplit(str(request.url))
+        params = dict(parse_qsl(parts.query, keep_blank_values=True))
+        if "X-Amz-Signature" not in params:
+            return None
+        unsigned = "&".join(
+            p for p in parts.query.split("&") if not p.startswith("X-Amz-Signature=")
+        )
+        signed_headers = params["X-Amz-SignedHeaders"].split(";")
+        aws = AWSRequest(
+            method=request.method,
+            url=urlunsplit(parts._replace(query=unsigned)),
+            headers={h: request.headers[h] for h in signed_headers if h in request.headers},
+        )
+        aws.context["timestamp"] = params["X-Amz-Date"]
+        expires = int(params["X-Amz-Expires"])
+        auth = S3SigV4QueryAuth(Credentials(KEY_ID, SECRET_KEY), "s3", REGION, expires=expires)
+        canonical = auth.canonical_request(aws)
+        expected = auth.signature(auth.string_to_sign(aws, canonical), aws)
+        if not hmac.compare_digest(expected, params["X-Amz-Signature"]):
+            return "SignatureDoesNotMatch"
+        made = datetime.strptime(params["X-Amz-Date"], "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC)
+        if time.time() + self.offset > made.timestamp() + expires:
+            return "AccessDenied"
+        return None
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+# -- the local backend: a Stack served by uvicorn ---------------------------------------------
+
+
+@contextmanager
+def serve(app: FastAPI, port: int) -> Iterator[str]:
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, lifespan="off")
+    )
+    thread = threading.Thread(target=server.run, name="uvicorn-storage-test", daemon=True)
+    thread.start()
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_healthy(base_url)
+        yield base_url
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        assert not thread.is_alive(), "uvicorn did not stop"
+
+
+# -- the backends -----------------------------------------------------------------------------
+
+
+@dataclass
+class Backend:
+    kind: str
+    storage: Storage
+    http: httpx.Client  # what a worker's HTTP client meets
+    advance: Callable[[float], Any]  # move the time the URLs are checked against
+    stack: Stack | None = None
+
+
+@pytest.fixture
+def local_backend(settings, manual_clock) -> Iterator[Backend]:
+    port = free_port()
+    stack = Stack.open(
+        settings(api_url=f"http://127.0.0.1:{port}", max_upload_bytes=LOCAL_UPLOAD_LIMIT),
+        clock=manual_clock,
+        auto_migrate=True,
+    )
+    try:
+        with serve(create_app(stack), port), httpx.Client(timeout=30) as http:
+            yield Backend("local", stack.storage, http, manual_clock.advance, stack)
+    finally:
+        stack.close()
+
+
+@pytest.fixture
+def s3_backend(moto_endpoint, aws_environment, settings) -> Iterator[Backend]:
+    bucket = make_bucket(moto_endpoint)
+    from hypermedia.stack import build_storage
+
+    storage = build_storage(
+        settings(
+            storage_backend="s3",
+            s3_bucket=bucket,
+            s3_endpoint_url=moto_endpoint,
+            s3_region=REGION,
+            s3_prefix="hm/",
+        ),
+        SystemClock(),  # unused: S3 keeps its own time
+    )
+    assert isinstance(storage, S3Storage)
+    gate = S3Gate()
+
+    def advance(seconds: float) -> None:
+        gate.offset += seconds
+
+    with httpx.Client(transport=gate, timeout=30) as http:
+        yield Backend("s3", storage, http, advance)
+
+
+@pytest.fixture(params=["local", "s3"])
+def backend(request: pytest.FixtureRequest) -> Backend:
+    value: Backend = request.getfixturevalue(f"{request.param}_backend")
+    return value
+
+
+def _read(storage: Storage, key: str) -> bytes:
+    return b"".join(storage.read(key))
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+# -- put / read / exists / size / delete ------------------------------------------------------
+
+
+def test_put_read_exists_size_delete(backend):
+    storage = backend.storage
+    key = "originals/p1/o1"
+    assert not storage.exists(key)
+    blob = storage.put(key, [b"hello ", b"", b"world"])
+    assert (blob.key, blob.size_bytes, blob.sha256) == (key, 11, _sha(b"hello world"))
+    assert storage.exists(key)
+    assert storage.size(key) == 11
+    assert _read(storage, key) == b"hello world"
+    assert list(storage.read(key, chunk_size=4)) == [b"hell", b"o wo", b"rld"]
+    storage.delete(key)
+    assert not storage.exists(key)
+    storage.delete(key)  # deleting what is gone is fine
+
+
+def test_an_empty_object(backend):
+    blob = backend.storage.put("derived/p/o/1/empty.txt", [])
+    assert (blob.size_bytes, blob.sha256) == (0, _sha(b""))
+    assert backend.storage.size("derived/p/o/1/empty.txt") == 0
+    assert _read(backend.storage, "derived/p/o/1/empty.txt") == b""
+
+
+def test_missing_keys_are_not_found(backend):
+    with pytest.raises(NotFound):
+        _read(backend.storage, "originals/p1/nothing")
+    with pytest.raises(NotFound):
+        backend.storage.size("originals/p1/nothing")
+
+
+def test_a_second_put_replaces_atomically(backend):
+    storage = backend.storage
+    key = "derived/p/o/1/thumb.webp"
+    storage.put(key, [b"old" * 1000])
+    seen_during_put: list[bytes] = []
+
+    def new_bytes() -> Iterator[bytes]:
+        yield b"new" * 1000
+        seen_during_put.append(_read(storage, key))  # mid-write: the old bytes, whole
+        yield b"NEW" * 1000
+
+    blob = storage.put(key, new_bytes())
+    assert seen_during_put == [b"old" * 1000]
+    assert _read(storage, key) == b"new" * 1000 + b"NEW" * 1000
+    assert blob.size_bytes == 6000
+
+
+def test_a_large_put_streams_in_parts(backend):
+    chunk = os.urandom(MiB)
+    chunks = [chunk] * 12  # 12 MiB: several S3 parts
+    blob = backend.storage.put("originals/p/big", iter(chunks))
+    assert blob.size_bytes == 12 * MiB
+    assert blob.sha256 == _sha(chunk * 12)
+    assert backend.storage.size("originals/p/big") == 12 * MiB
+    digest = hashlib.sha256()
+    for piece in backend.storage.read("originals/p/big"):
+        digest.update(piece)
+    assert digest.hexdigest() == blob.sha256
+
+
+@pytest.mark.parametrize("limit", [2000, 11 * MiB], ids=["small", "multipart"])
+def test_more_than_max_bytes_stores_nothing(backend, limit):
+    def one_byte_too_many(fill: bytes) -> Iterator[bytes]:
+        yield from [fill * MiB] * (limit // MiB)
+        yield fill * (limit % MiB + 1)
+
+    storage = backend.storage
+    with pytest.raises(InputTooLarge):
+        storage.put("originals/p/new", one_byte_too_many(b"x"), limit)
+    assert not storage.exists("originals/p/new")
+
+    storage.put("originals/p/kept", [b"kept"])
+    with pytest.raises(InputTooLarge):
+        storage.put("originals/p/kept", one_byte_too_many(b"y"), limit)
+    assert _read(storage, "originals/p/kept") == b"kept"
+
+
+def test_exactly_max_bytes_is_fine(backend):
+    assert backend.storage.put("originals/p/full", [b"x" * 10], max_bytes=10).size_bytes == 10
+
+
+@pytest.mark.parametrize("key", ["", "/abs", "a//b", "../etc/passwd", "a/../b", "a/.hidden", "a\n"])
+def test_bad_keys_are_refused(backend, key):
+    storage = backend.storage
+    for call in (
+        lambda: storage.put(key, [b"x"]),
+        lambda: _read(storage, key),
+        lambda: storage.exists(key),
+        lambda: storage.size(key),
+        lambda: storage.delete(key),
+        lambda: storage.presign_get(key, 60),
+        lambda: storage.presign_put(key, 60),
+    ):
+        with pytest.raises(InvalidRequest):
+            call()
+
+
+@pytest.mark.parametrize("ttl", [0, 7 * 24 * 3600 + 1])
+def test_url_lifetimes_are_bounded(backend, ttl):
+    with pytest.raises(InvalidRequest):
+        backend.storage.presign_get("a/b", ttl)
+    with pytest.raises(InvalidRequest):
+        backend.storage.presign_put("a/b", ttl)
+
+
+# -- presigned URLs ---------------------------------------------------------------------------
+
+
+def test_presigned_get_round_trip(backend):
+    data = os.urandom(300_000)
+    backend.storage.put("originals/p/o", [data])
+    url = backend.storage.presign_get("originals/p/o", 60)
+    response = backend.http.get(url)
+    assert response.status_code == 200, response.text
+    assert response.content == data
+    assert int(response.headers["content-length"]) == len(data)
+    assert backend.http.get(url).content == data  # usable more than once until it expires
+
+
+def test_presigned_put_round_trip_and_replace(backend):
+    key = "derived/p/o/2/convert.png"
+    url = backend.storage.presign_put(key, 60)
+    assert not backend.storage.exists(key)  # issuing a URL stores nothing
+    response = backend.http.put(url, content=b"first")
+    assert response.status_code == 200, response.text
+    assert _read(backend.storage, key) == b"first"
+    assert backend.http.put(url, content=b"second!").status_code == 200
+    assert _read(backend.storage, key) == b"second!"
+    assert backend.storage.size(key) == 7
+
+
+def test_a_put_url_for_a_content_type_needs_that_content_type(backend):
+    key = "derived/p/o/1/thumb.webp"
+    url = backend.storage.presign_put(key, 60, "image/webp")
+    wrong = backend.http.put(url, content=b"RIFF", headers={"Content-Type": "text/html"})
+    assert wrong.status_code == 403
+    assert not backend.storage.exists(key)
+    right = backend.http.put(url, content=b"RIFF", headers={"Content-Type": "image/webp"})
+    assert right.status_code == 200, right.text
+    assert _read(backend.storage, key) == b"RIFF"
+
+
+def test_a_get_url_of_a_missing_key_is_404(backend):
+    response = backend.http.get(backend.storage.presign_get("originals/p/none", 60))
+    assert response.status_code == 404
+
+
+def test_expired_urls_are_refused(backend):
+    backend.storage.put("originals/p/o", [b"secret bytes"])
+    get_url = backend.storage.presign_get("originals/p/o", 30)
+    put_url = backend.storage.presign_put("derived/p/o/1/out", 30)
+    backend.advance(31)
+    response = backend.http.get(get_url)
+    assert response.status_code == 403
+    assert b"secret bytes" not in response.content
+    assert backend.http.put(put_url, content=b"late").status_code == 403
+    assert not backend.storage.exists("derived/p/o/1/out")
+
+
+def test_a_put_url_for_one_key_cannot_write_another(backend):
+    url = backend.storage.presign_put("derived/p/o/1/a.png", 60)
+    other = url.replace("/derived/p/o/1/a.png", "/derived/p/o/1/b.png")
+    assert other != url
+    assert backend.http.put(other, content=b"sneaky").status_code == 403
+    assert not backend.storage.exists("derived/p/o/1/b.png")
+    backend.storage.put("originals/p/o", [b"original"])
+    elsewhere = url.replace("/derived/p/o/1/a.png", "/originals/p/o")
+    assert backend.http.put(elsewhere, content=b"overwritten").status_code == 403
+    assert _read(backend.storage, "originals/p/o") == b"original"
+
+
+def test_a_get_url_cannot_put(backend):
+    backend.storage.put("originals/p/o", [b"original"])
+    url = backend.storage.presign_get("originals/p/o", 60)
+    assert backend.http.put(url, content=b"overwritten").status_code == 403
+    assert _read(backend.storage, "originals/p/o") == b"original"
+
+
+def _tamper(url: str, name: str) -> str:
+    """The URL with the last hex digit of parameter ``name`` changed."""
+    value = dict(parse_qsl(urlsplit(url).query))[name]
+    changed = value[:-1] + ("0" if value[-1] != "0" else "1")
+    tampered = url.replace(f"{name}={value}", f"{name}={changed}")
+    assert tampered != url
+    return tampered
+
+
+def test_a_tampered_signature_is_refused(backend):
+    backend.storage.put("originals/p/o", [b"original"])
+    signature = "sig" if backend.kind == "local" else "X-Amz-Signature"
+    get_url = _tamper(backend.storage.presign_get("originals/p/o", 60), signature)
+    assert backend.http.get(get_url).status_code == 403
+    put_url = _tamper(backend.storage.presign_put("originals/p/o", 60), signature)
+    assert backend.http.put(put_url, content=b"x").status_code == 403
+    assert _read(backend.storage, "originals/p/o") == b"original"
+
+
+def test_a_url_with_a_longer_life_written_in_is_refused(backend):
+    backend.storage.put("originals/p/o", [b"original"])
+    url = backend.storage.presign_get("originals/p/o", 30)
+    expiry = "expires" if backend.kind == "local" else "X-Amz-Expires"
+    pairs = parse_qsl(urlsplit(url).query)
+    value = dict(pairs)[expiry]
+    longer = url.replace(f"{expiry}={value}", f"{expiry}={int(value) + 86400}")
+    assert backend.http.get(longer).status_code == 403
+
+
+# -- transfers, as a worker makes them ---------------------------------------------------------
+
+
+def test_transfer_download_and_upload(backend, tmp_path):
+    data = os.urandom(3 * MiB // 4)
+    backend.storage.put("originals/p/o", [data])
+    dest = tmp_path / "in" / "input.bin"
+    size, sha = transfer.download(
+        backend.storage.presign_get("originals/p/o", 60), dest, len(data), client=backend.http
+    )
+    assert (size, sha) == (len(data), _sha(data))
+    assert dest.read_bytes() == data
+
+    out = tmp_path / "out.webp"
+    out.write_bytes(b"RIFF" + data[:1000])
+    url = backend.storage.presign_put("derived/p/o/1/thumb.webp", 60, "image/webp")
+    transfer.upload(out, url, "image/webp", client=backend.http)
+    assert _read(backend.storage, "derived/p/o/1/thumb.webp") == out.read_bytes()
+
+
+def test_transfer_download_refuses_more_than_max_bytes(backend, tmp_path):
+    backend.storage.put("originals/p/o", [b"x" * 5000])
+    work = tmp_path / "work"
+    work.mkdir()
+    with pytest.raises(InputTooLarge):
+        transfer.download(
+            backend.storage.presign_get("originals/p/o", 60),
+            work / "input.bin",
+            4999,
+            client=backend.http,
+        )
+    assert list(work.iterdir()) == []  # no partial file
+
+
+def test_transfer_errors_name_the_status_and_the_stores_code(backend, tmp_path):
+    backend.storage.put("originals/p/o", [b"x"])
+    late = backend.storage.presign_get("originals/p/o", 10)
+    late_put = backend.storage.presign_put("a/b", 10)
+    missing = backend.storage.presign_get("originals/p/none", 600)
+    backend.advance(11)
+    (tmp_path / "work").mkdir()
+    with pytest.raises(TransferDenied) as denied:
+        transfer.download(late, tmp_path / "work" / "a", 100, client=backend.http)
+    assert denied.value.http_status == 403
+    assert denied.value.remote_code == (
+        "url_expired" if backend.kind == "local" else "AccessDenied"
+    )
+    assert "sig" not in str(denied.value) and "Signature" not in str(denied.value)
+    with pytest.raises(TransferNotFound) as absent:
+        transfer.download(missing, tmp_path / "work" / "b", 100, client=backend.http)
+    assert absent.value.http_status == 404
+    assert absent.value.remote_code == ("not_found" if backend.kind == "local" else "NoSuchKey")
+    source = tmp_path / "up"
+    source.write_bytes(b"x")
+    with pytest.raises(TransferDenied) as refused:
+        transfer.upload(source, late_put, client=backend.http)
+    assert refused.value.http_status == 403
+    assert not backend.storage.exists("a/b")
+    assert list((tmp_path / "work").iterdir()) == []  # no half-downloaded files left
+
+
+# -- the local backend's routes -----------------------------------------------------------------
+
+
+def _error_code(response: httpx.Response) -> str:
+    code: str = response.json()["error"]["code"]
+    return code
+
+
+def test_local_refusals_say_why(local_backend):
+    storage, http = local_backend.storage, local_backend.http
+    storage.put("originals/p/o", [b"x"])
+    url = storage.presign_get("originals/p/o", 30)
+    assert _error_code(http.get(_tamper(url, "sig"))) == "invalid_signature"
+    assert _error_code(http.get(url.split("?")[0])) == "invalid_signature"
+    local_backend.advance(31)
+    response = http.get(url)
+    assert (response.status_code, _error_code(response)) == (403, "url_expired")
+
+
+def test_local_blob_puts_are_capped(local_backend):
+    storage, http = local_backend.storage, local_backend.http
+    url = storage.presign_put("derived/p/o/1/big", 60)
+    too_big = http.put(url, content=b"x" * (LOCAL_UPLOAD_LIMIT + 1))
+    assert (too_big.status_code, _error_code(too_big)) == (413, "input_too_large")
+
+    def undeclared() -> Iterator[bytes]:  # chunked: no Content-Length to check first
+        for _ in range(LOCAL_UPLOAD_LIMIT // 65536 + 1):
+            yield b"x" * 65536
+
+    streamed = http.put(url, content=undeclared())
+    assert streamed.status_code == 413
+    assert not storage.exists("derived/p/o/1/big")
+    assert isinstance(storage, LocalStorage)
+    assert not list(storage.root.rglob(".upload-*"))
+    ok = http.put(url, content=b"x" * LOCAL_UPLOAD_LIMIT)
+    assert ok.status_code == 200
+    assert ok.json() == {
+        "key": "derived/p/o/1/big",
+        "size_bytes": LOCAL_UPLOAD_LIMIT,
+        "sha256": _sha(b"x" * LOCAL_UPLOAD_LIMIT),
+    }
+
+
+def test_local_blob_routes_need_no_api_key_but_other_routes_still_do(local_backend):
+    local_backend.storage.put("originals/p/o", [b"x"])
+    base = local_backend.storage.presign_get("originals/p/o", 60).split("/v1/")[0]
+    assert local_backend.http.get(local_backend.storage.presign_get("originals/p/o", 60)).is_success
+    assert local_backend.http.get(f"{base}/v1/hypermedia/credits").status_code == 401
+
+
+def test_the_stack_builds_local_storage_with_a_kept_secret(local_backend):
+    storage = local_backend.storage
+    assert isinstance(storage, LocalStorage)
+    secret_file = local_backend.stack.settings.storage_secret_path
+    assert secret_file.is_file()
+    assert oct(secret_file.stat().st_mode & 0o777) == "0o600"
+    # another process of the deployment (same data_dir) signs URLs the API accepts
+    from hypermedia.stack import build_storage
+
+    sibling = build_storage(local_backend.stack.settings, local_backend.stack.clock)
+    storage.put("originals/p/o", [b"shared"])
+    assert local_backend.http.get(sibling.presign_get("originals/p/o", 60)).content == b"shared"
+
+
+def test_a_configured_secret_is_used_instead(settings, tmp_path, manual_clock):
+    from hypermedia.stack import build_storage
+
+    configured = build_storage(settings(storage_secret="c" * 40), manual_clock)
+    generated = build_storage(settings(), manual_clock)
+    assert isinstance(configured, LocalStorage)
+    assert isinstance(generated, LocalStorage)
+    query = dict(parse_qsl(urlsplit(configured.presign_get("a/b", 60)).query))
+    configured.verify("GET", "a/b", query["expires"], query["sig"])
+    with pytest.raises(InvalidSignature):
+        generated.verify("GET", "a/b", query["expires"], query["sig"])
+
+
+# -- the S3 backend -----------------------------------------------------------------------------
+
+
+def test_s3_urls_are_sigv4_with_the_ttl(s3_backend):
+    url = s3_backend.storage.presign_get("originals/p/o", 900)
+    params = dict(parse_qsl(urlsplit(url).query))
+    assert params["X-Amz-Algorithm"] == "AWS4-HMAC-SHA256"
+    assert params["X-Amz-Expires"] == "900"
+    assert urlsplit(url).path.endswith("/hm/originals/p/o")  # path-style, under the prefix
+    put = dict(parse_qsl(urlsplit(s3_backend.storage.presign_put("a/b", 60, "image/png")).query))
+    assert "content-type" in put["X-Amz-SignedHeaders"].split(";")
+
+
+def test_s3_objects_live_under_the_prefix(s3_backend, moto_endpoint):
+    storage = s3_backend.storage
+    storage.put("originals/p/o", [b"x"])
+    listed = admin_client(moto_endpoint).list_objects_v2(Bucket=storage.bucket)
+    assert [o["Key"] for o in listed["Contents"]] == ["hm/originals/p/o"]
+
+
+def test_s3_a_refused_multipart_upload_leaves_no_parts(s3_backend, moto_endpoint):
+    storage = s3_backend.storage
+    with pytest.raises(InputTooLarge):
+        storage.put("originals/p/o", iter([b"x" * MiB] * 20), max_bytes=19 * MiB)
+    uploads = admin_client(moto_endpoint).list_multipart_uploads(Bucket=storage.bucket)
+    assert uploads.get("Uploads", []) == []
+
+    def broken() -> Iterator[bytes]:
+        yield b"x" * 9 * MiB
+        raise OSError("the source went away")
+
+    with pytest.raises(OSError, match="went away"):
+        storage.put("originals/p/o", broken())
+    uploads = admin_client(moto_endpoint).list_multipart_uploads(Bucket=storage.bucket)
+    assert uploads.get("Uploads", []) == []
+    assert not storage.exists("originals/p/o")
+
+
+def test_s3_unreachable_is_storage_unavailable(aws_environment):
+    storage = S3Storage(
+        "hm-test-gone", endpoint_url=f"http://127.0.0.1:{free_port()}", region=REGION
+    )
+    with pytest.raises(StorageUnavailable):
+        storage.exists("a/b")
+    with pytest.raises(StorageUnavailable):
+        storage.put("a/b", [b"x"])
+
+
+def test_s3_a_missing_bucket_is_storage_unavailable(moto_endpoint, aws_environment):
+    storage = S3Storage("hm-test-never-made", endpoint_url=moto_endpoint, region=REGION)
+    with pytest.raises(StorageUnavailable, match="does not exist"):
+        storage.put("a/b", [b"x"])
+
+
+def test_blob_routes_are_not_found_when_storage_is_s3(settings, moto_endpoint, aws_environment):
+    bucket = make_bucket(moto_endpoint)
+    port = free_port()
+    stack = Stack.open(
+        settings(
+            storage_backend="s3",
+            s3_bucket=bucket,
+            s3_endpoint_url=moto_endpoint,
+            s3_region=REGION,
+            api_url=f"http://127.0.0.1:{port}",
+        ),
+        auto_migrate=True,
+    )
+    try:
+        assert isinstance(stack.storage, S3Storage)
+        stack.storage.put("originals/p/o", [b"x"])
+        assert _read(stack.storage, "originals/p/o") == b"x"
+        with serve(create_app(stack), port) as base:
+            response = httpx.get(f"{base}/v1/hypermedia/blobs/originals/p/o?expires=1&sig=00")
+            assert (response.status_code, _error_code(response)) == (404, "not_found")
+    finally:
+        stack.close()
