@@ -1,0 +1,409 @@
+"""Run pipeline steps in child processes: :class:`ChildExecutor`.
+
+One executor per worker (actor) process. It starts a warm fork server
+(:mod:`hypermedia.sandbox.forkserver`) that has already imported the pipeline
+modules and forks a fresh child per job, so a hostile file cannot poison the next
+job and a crashing, hanging or greedy one cannot hurt the worker.
+
+A job's files live in its workdir, ``<work_root>/jobs/<job_id>/``::
+
+    ex = ChildExecutor(work_root)
+    workdir = ex.prepare(job_id)                  # creates it, and workdir/input/
+    download(..., workdir / "input" / name)       # the caller places the input
+    try:
+        result = ex.run(job_id, operation, workdir / "input" / name, params,
+                        timeout_seconds=60, memory_limit_mb=1024)
+        upload(result.outputs)                    # paths inside workdir
+    except ChildFailed as exc:
+        ...                                       # exc.code, exc.retryable
+    finally:
+        ex.cleanup(job_id)                        # after success or failure
+
+The input must be inside the workdir (the child sees the job's own files; the
+sandbox hardening will make that the only directory it sees). The step's workdir
+is the job's workdir; the child's stdout/stderr go to ``<workdir>/.child.log``.
+
+Limits (:mod:`hypermedia.sandbox.limits`): ``RLIMIT_AS`` = the memory limit,
+``RLIMIT_CPU`` = the timeout, ``RLIMIT_FSIZE`` = ``max_output_bytes``, no core
+files; wall clock = timeout * 1.5, after which the job's whole process group is
+killed. Failures raise :class:`ChildFailed` (codes in :mod:`hypermedia.sandbox.outcome`).
+
+Thread safety: ``run``, ``cancel``, ``child_pid``, ``prepare`` and ``cleanup`` may
+be called from any number of threads at once (the actor's claim loops); each
+``run`` has its own socket to the server. ``close`` kills what is running (those
+``run`` calls raise ``child_killed``, retryable) and stops the server.
+
+If the server dies, running jobs fail with ``sandbox_unavailable`` (retryable) and
+the next ``run`` starts a new server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hypermedia.sandbox import forkserver
+from hypermedia.sandbox.forkserver import MESSAGE_CAP, RESULT_CAP
+from hypermedia.sandbox.limits import DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_MAX_PROCESSES, Limits
+from hypermedia.sandbox.outcome import ChildFailed, ExitReport, interpret, validate_outputs
+from pipelines.registry import Output
+
+__all__ = ["INPUT_DIR", "ChildExecutor", "ChildFailed", "ChildResult"]
+
+log = logging.getLogger(__name__)
+
+INPUT_DIR = "input"
+STARTUP_TIMEOUT = 120.0  # importing the pipeline modules (pyvips, OCR models) on a cold node
+REPLY_GRACE = 15.0  # past the wall clock, how long to wait for a server that should have killed
+
+# The fork server and every child get this environment, not the worker's (which may
+# hold credentials): the variables below when set, nothing else.
+INHERITED_ENV = ("PATH", "LANG", "LANGUAGE", "TZ", "SOURCE_DATE_EPOCH")
+INHERITED_ENV_PREFIXES = ("LC_", "VIPS_", "OMP_", "MALLOC_")
+
+_JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+_BOOTSTRAP = (
+    "import json, sys; config = json.loads(sys.argv[1]); sys.path[:] = config['sys_path']; "
+    "from hypermedia.sandbox.forkserver import main; main(config)"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ChildResult:
+    outputs: list[Output]  # paths inside the job's workdir
+    duration_ms: int  # the child's life, fork to exit
+    peak_memory_mb: float  # the child's peak RSS, pages shared with the server included
+
+
+class _Running:
+    """A job between ``run`` entering and returning: our ends of its two sockets."""
+
+    __slots__ = ("child_result", "pid", "reply", "result", "server_reply")
+
+    def __init__(self) -> None:
+        pair = socket.socketpair
+        self.reply, self.server_reply = pair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.result, self.child_result = pair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.pid: int | None = None
+
+    def close_theirs(self) -> None:
+        self.server_reply.close()
+        self.child_result.close()
+
+    def close(self) -> None:
+        for sock in (self.reply, self.result, self.server_reply, self.child_result):
+            sock.close()
+
+
+class _Server:
+    """The fork server process and our end of its control socket."""
+
+    def __init__(self, work_root: Path, preload: Sequence[str]) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        config = {
+            "sys_path": [os.path.abspath(p) for p in sys.path],
+            "preload": list(preload),
+            "control_fd": theirs.fileno(),
+        }
+        env = {
+            name: value
+            for name, value in os.environ.items()
+            if name in INHERITED_ENV or name.startswith(INHERITED_ENV_PREFIXES)
+        }
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-I", "-c", _BOOTSTRAP, json.dumps(config)],
+                cwd=work_root,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                pass_fds=(theirs.fileno(),),
+                start_new_session=True,  # Ctrl-C at a terminal is not for the server
+            )
+        finally:
+            theirs.close()
+        self.control = ours
+        try:
+            ours.settimeout(STARTUP_TIMEOUT)
+            data = ours.recv(MESSAGE_CAP)
+            message = json.loads(data) if data else {"op": "failed", "error": "exited"}
+        except (OSError, ValueError) as exc:
+            message = {"op": "failed", "error": f"no answer ({exc})"}
+        if message.get("op") != "ready":
+            self.stop(timeout=1)
+            raise ChildFailed(
+                "sandbox_unavailable",
+                f"the fork server did not start: {message.get('error')}",
+                retryable=True,
+            )
+        ours.settimeout(None)
+        self.pid = int(message["pid"])
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def submit(self, message: bytes, running: _Running) -> None:
+        fds = [running.server_reply.fileno(), running.child_result.fileno()]
+        socket.send_fds(self.control, [message], fds)
+
+    def stop(self, timeout: float) -> None:
+        """Close the control socket (the server kills its jobs and exits); then wait."""
+        self.control.close()
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()  # the children die of PDEATHSIG
+            self.process.wait()
+
+
+class ChildExecutor:
+    """Runs each job in a fresh child of a warm fork server (see the module docstring).
+
+    ``preload``: modules the server imports before forking, besides
+    ``pipelines.registry`` and every pipeline module it lists (always loaded).
+    Tests add a module registering test operations.
+    """
+
+    def __init__(self, work_root: Path, preload: Sequence[str] = ("pipelines.registry",)) -> None:
+        self._work_root = Path(work_root).resolve()
+        self._jobs_root = self._work_root / "jobs"
+        self._jobs_root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._preload = tuple(preload)
+        self._lock = threading.Lock()
+        self._running: dict[str, _Running] = {}
+        self._closed = False
+        self._server: _Server | None = _Server(self._work_root, self._preload)
+
+    # -- workdirs
+
+    @property
+    def work_root(self) -> Path:
+        return self._work_root
+
+    def workdir(self, job_id: str) -> Path:
+        """``<work_root>/jobs/<job_id>`` (not created)."""
+        if not _JOB_ID.fullmatch(job_id):
+            raise ValueError(f"job id {job_id!r} is not a safe directory name")
+        return self._jobs_root / job_id
+
+    def prepare(self, job_id: str) -> Path:
+        """Create the job's workdir and its ``input/`` directory; the workdir."""
+        workdir = self.workdir(job_id)
+        (workdir / INPUT_DIR).mkdir(parents=True, exist_ok=True, mode=0o700)
+        return workdir
+
+    def cleanup(self, job_id: str) -> None:
+        """Remove the job's workdir, whatever the job left in it."""
+        workdir = self.workdir(job_id)
+        if workdir.exists():
+            shutil.rmtree(workdir, onerror=_make_writable_and_retry)
+
+    # -- jobs
+
+    def run(
+        self,
+        job_id: str,
+        operation: str,
+        input_path: Path,
+        params: Mapping[str, Any],
+        *,
+        timeout_seconds: float,
+        memory_limit_mb: int,
+        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+        max_processes: int = DEFAULT_MAX_PROCESSES,
+    ) -> ChildResult:
+        """Run ``operation`` on ``input_path`` (inside the job's workdir) in a child.
+
+        Raises :class:`ChildFailed`; ``ValueError`` for a bad call (unsafe job id,
+        input outside the workdir, params that are not JSON, the job already running).
+        """
+        limits = Limits(
+            timeout_seconds=timeout_seconds,
+            memory_limit_mb=memory_limit_mb,
+            max_output_bytes=max_output_bytes,
+            max_processes=max_processes,
+        )
+        workdir = self.workdir(job_id)
+        if not workdir.is_dir():
+            raise ValueError(f"no workdir for job {job_id!r}: call prepare() first")
+        absolute_input = Path(os.path.normpath(Path(input_path).absolute()))
+        if not absolute_input.is_relative_to(workdir):
+            raise ValueError(f"input {input_path} is not inside the job's workdir {workdir}")
+        request = {
+            "operation": operation,
+            "input_path": str(absolute_input),
+            "params": dict(params),
+            "workdir": str(workdir),
+            "rlimits": limits.rlimits(own_uid=False),
+        }
+        try:
+            body = json.dumps(request).encode()
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"params are not JSON: {exc}") from None
+        if len(body) > MESSAGE_CAP // 2:
+            raise ValueError(f"params too large ({len(body)} bytes as JSON)")
+        message = forkserver.REQUEST.pack(limits.wall_clock_seconds) + body
+
+        running = _Running()
+        try:
+            with self._lock:
+                if job_id in self._running:
+                    raise ValueError(f"job {job_id!r} is already running")
+                server = self._live_server()
+                self._running[job_id] = running
+            try:
+                try:
+                    server.submit(message, running)
+                except OSError as exc:
+                    raise self._server_lost(server, f"submit failed: {exc}") from None
+                finally:
+                    running.close_theirs()
+                report = self._await(server, running, limits.wall_clock_seconds)
+                try:
+                    result = running.result.recv(RESULT_CAP + 1, socket.MSG_DONTWAIT)
+                except BlockingIOError:
+                    result = b""  # the child wrote none: it crashed or was killed
+            finally:
+                with self._lock:  # cancel() sends on these sockets under the lock
+                    del self._running[job_id]
+                    running.close()
+        finally:
+            running.close()
+        raw = interpret(
+            report,
+            result,
+            cpu_seconds=limits.cpu_seconds,
+            wall_clock_seconds=limits.wall_clock_seconds,
+        )
+        outputs = validate_outputs(raw, workdir, max_output_bytes)
+        return ChildResult(
+            outputs=outputs,
+            duration_ms=report.duration_ms,
+            peak_memory_mb=round(report.maxrss_kb / 1024, 1),
+        )
+
+    def _await(self, server: _Server, running: _Running, wall_clock_seconds: float) -> ExitReport:
+        """Read the server's messages on the job's reply socket until the child exited."""
+        sock = running.reply
+        sock.settimeout(wall_clock_seconds + REPLY_GRACE)
+        while True:
+            try:
+                data = sock.recv(MESSAGE_CAP)
+            except TimeoutError:
+                # The server kills at the wall clock and then reports: it is stuck.
+                raise self._server_lost(
+                    server, "no report past the wall clock", kill=True
+                ) from None
+            kind = data[:1]
+            if kind == b"S":
+                _, running.pid = forkserver.STARTED.unpack(data)
+            elif kind == b"X":
+                _, pid, exit_code, signum, killed_for, duration_ms, maxrss_kb, cpu = (
+                    forkserver.EXITED.unpack(data)
+                )
+                return ExitReport(
+                    pid=pid,
+                    exit_code=exit_code if exit_code >= 0 else None,
+                    signal=signum or None,
+                    killed_for=forkserver.KILLED_FOR_NAMES[killed_for],
+                    duration_ms=duration_ms,
+                    maxrss_kb=maxrss_kb,
+                    cpu_seconds=cpu,
+                )
+            elif kind == forkserver.FAILED:
+                error = data[1:].decode(errors="replace")
+                raise ChildFailed("sandbox_unavailable", error, retryable=True)
+            else:  # b"": EOF
+                raise self._server_lost(server, "the fork server went away")
+
+    def cancel(self, job_id: str) -> bool:
+        """Kill the job's child now; its ``run`` raises ``cancelled``.
+
+        False when the job is not running here (then there is nothing to kill).
+        """
+        with self._lock:
+            running = self._running.get(job_id)
+            if running is None:
+                return False
+            with contextlib.suppress(OSError):  # then the server sees EOF instead
+                running.reply.send(forkserver.CANCEL, socket.MSG_DONTWAIT)
+            return True
+
+    def child_pid(self, job_id: str) -> int | None:
+        """The pid of the job's running child (also its process group), if it has one."""
+        with self._lock:
+            running = self._running.get(job_id)
+            return running.pid if running is not None else None
+
+    def running(self) -> list[str]:
+        with self._lock:
+            return sorted(self._running)
+
+    @property
+    def server_pid(self) -> int | None:
+        server = self._server
+        return server.pid if server is not None else None
+
+    # -- the server
+
+    def _live_server(self) -> _Server:
+        """The server, started again if it died (call with the lock held)."""
+        if self._closed:
+            raise RuntimeError("the executor is closed")
+        if self._server is None or not self._server.alive():
+            if self._server is not None:
+                log.warning(
+                    "fork server %s exited (%s); starting another",
+                    self._server.pid,
+                    self._server.process.returncode,
+                    extra={"action": "sandbox_restart"},
+                )
+                self._server.stop(timeout=1)
+            self._server = None
+            self._server = _Server(self._work_root, self._preload)
+        return self._server
+
+    def _server_lost(self, server: _Server, why: str, *, kill: bool = False) -> ChildFailed:
+        if kill:
+            log.error("fork server %s stuck (%s): killing it", server.pid, why)
+            server.process.kill()
+        return ChildFailed("sandbox_unavailable", why, retryable=True)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Kill running jobs, stop the server, reap it. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            server, self._server = self._server, None
+        if server is not None:
+            server.stop(timeout)
+
+    def __enter__(self) -> ChildExecutor:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def _make_writable_and_retry(function: Callable[..., Any], path: str, exc_info: Any) -> None:
+    """rmtree's onerror: a job may leave directories without write permission."""
+    parent = os.path.dirname(path)
+    with contextlib.suppress(OSError):
+        os.chmod(parent, stat.S_IRWXU)
+        if os.path.isdir(path) and not os.path.islink(path):
+            os.chmod(path, stat.S_IRWXU)
+    function(path)

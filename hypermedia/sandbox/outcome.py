@@ -1,0 +1,208 @@
+"""What a finished child means: its outputs, or the :class:`ChildFailed` it amounts to.
+
+The fork server reports how a child ended (:class:`ExitReport`) and passes on the
+raw result the child wrote; :func:`interpret` decides, first match wins:
+
+=================================  =======================  =========
+how the child ended                code                     retryable
+=================================  =======================  =========
+killed by us: ``cancel()``         ``cancelled``            no
+killed by us: wall clock           ``timeout``              yes
+killed by us: executor closing     ``child_killed``         yes
+SIGXCPU, or SIGKILL at the hard    ``cpu_time_exceeded``    no
+``RLIMIT_CPU`` limit
+SIGXFSZ                            ``output_too_large``     no
+SIGSEGV, SIGBUS, SIGABRT, SIGILL,  ``pipeline_crashed``     no
+SIGFPE, SIGSYS
+any other signal (``kill -9``      ``child_killed``         yes
+from outside, the OOM killer)
+exit 0 with a result               the step's outputs, or its error as the child
+                                   reported it (``PipelineError`` codes with their
+                                   own flag; ``memory_exceeded``,
+                                   ``output_too_large``, ``pipeline_crashed``: no)
+any other exit                     ``pipeline_crashed``     no
+=================================  =======================  =========
+
+A retry is worth it when the cause was outside the job (load, a node going away,
+an operator); the same input under the same limits fails the same way otherwise.
+The worker's attempt limit bounds both.
+
+:func:`validate_outputs` then checks what the step claims to have written: regular
+files inside the workdir, reached without symlinks, not hard links (a link to a
+file outside would pass every other test), within ``max_output_bytes`` in total.
+It runs in the worker after the job's processes are dead, so nothing can swap a
+file between the check and the upload.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipelines.registry import Output
+
+_CRASH_SIGNALS = frozenset(
+    {signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT, signal.SIGILL, signal.SIGFPE, signal.SIGSYS}
+)
+
+
+class ChildFailed(Exception):
+    """A job's child did not produce outputs.
+
+    Shaped like :class:`pipelines.registry.PipelineError` (whose codes pass through
+    unchanged): a stable ``code``, a one-line ``message``, whether a retry could help.
+    ``detail`` holds the traceback of a ``pipeline_crashed``, for the worker's log.
+    """
+
+    def __init__(self, code: str, message: str, *, retryable: bool, detail: str = "") -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.retryable = retryable
+        self.detail = detail
+
+
+@dataclass(frozen=True, slots=True)
+class ExitReport:
+    """How the fork server saw a child end."""
+
+    pid: int
+    exit_code: int | None
+    signal: int | None
+    killed_for: str | None  # "timeout" | "cancelled" | "shutdown" | "abandoned" | None
+    duration_ms: int
+    maxrss_kb: int
+    cpu_seconds: float
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def interpret(
+    report: ExitReport, result: bytes, *, cpu_seconds: int, wall_clock_seconds: float
+) -> list[dict[str, Any]]:
+    """The raw outputs the child reported, or raise the :class:`ChildFailed` it amounts to.
+
+    ``cpu_seconds`` is the ``RLIMIT_CPU`` soft limit the child ran under.
+    """
+    signum = report.signal
+    if signum == signal.SIGKILL and report.killed_for is not None:
+        if report.killed_for == "cancelled":
+            raise ChildFailed("cancelled", "the job was cancelled", retryable=False)
+        if report.killed_for == "timeout":
+            raise ChildFailed(
+                "timeout",
+                f"still running after the wall clock limit of {wall_clock_seconds:g} s",
+                retryable=True,
+            )
+        raise ChildFailed(
+            "child_killed", f"killed: {report.killed_for} (executor closing)", retryable=True
+        )
+    if signum is not None:
+        if signum == signal.SIGXCPU or (
+            signum == signal.SIGKILL and report.cpu_seconds >= cpu_seconds
+        ):
+            raise ChildFailed(
+                "cpu_time_exceeded",
+                f"used {report.cpu_seconds:.1f} s of CPU, the limit is {cpu_seconds} s",
+                retryable=False,
+            )
+        if signum == signal.SIGXFSZ:
+            raise ChildFailed(
+                "output_too_large", "a file outgrew the limit (SIGXFSZ)", retryable=False
+            )
+        if signum in _CRASH_SIGNALS:
+            raise ChildFailed(
+                "pipeline_crashed", f"the child died of {_signal_name(signum)}", retryable=False
+            )
+        raise ChildFailed(
+            "child_killed", f"the child was killed by {_signal_name(signum)}", retryable=True
+        )
+    if report.exit_code != 0:
+        raise ChildFailed(
+            "pipeline_crashed",
+            f"the child exited with status {report.exit_code} without a result",
+            retryable=False,
+        )
+    return _parse_result(result)
+
+
+def _parse_result(result: bytes) -> list[dict[str, Any]]:
+    try:
+        body = json.loads(result)
+        if not isinstance(body, dict):
+            raise ValueError("not an object")
+        error = body.get("error")
+        if error is not None:
+            raise ChildFailed(
+                str(error["code"]),
+                str(error["message"]),
+                retryable=bool(error.get("retryable", False)),
+                detail=str(error.get("detail", "")),
+            )
+        outputs = body["outputs"]
+        if not isinstance(outputs, list) or not all(isinstance(o, dict) for o in outputs):
+            raise ValueError("outputs is not a list of objects")
+        return outputs
+    except ChildFailed:
+        raise
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ChildFailed(
+            "pipeline_crashed", f"the child's result is malformed ({exc})", retryable=False
+        ) from None
+
+
+def _invalid(message: str) -> ChildFailed:
+    return ChildFailed("invalid_output", message, retryable=False)
+
+
+def validate_outputs(
+    raw: list[dict[str, Any]], workdir: Path, max_output_bytes: int
+) -> list[Output]:
+    """Check each reported output (see the module docstring); ``workdir`` must be resolved."""
+    outputs: list[Output] = []
+    total = 0
+    for item in raw:
+        output_type, content_type, reported = (
+            item.get("output_type"),
+            item.get("content_type"),
+            item.get("path"),
+        )
+        if not (
+            isinstance(output_type, str)
+            and output_type
+            and isinstance(content_type, str)
+            and isinstance(reported, str)
+        ):
+            raise _invalid(f"malformed output {item!r}")
+        path = Path(os.path.normpath(workdir / reported))
+        if not path.is_relative_to(workdir) or path == workdir:
+            raise _invalid(f"output {output_type!r} is outside the workdir: {reported!r}")
+        try:
+            if os.path.realpath(path) != str(path):
+                raise _invalid(f"output {output_type!r} is reached through a symlink")
+            info = path.lstat()
+        except FileNotFoundError:
+            raise _invalid(f"output {output_type!r} does not exist: {reported!r}") from None
+        if not stat.S_ISREG(info.st_mode):
+            raise _invalid(f"output {output_type!r} is not a regular file")
+        if info.st_nlink != 1:
+            raise _invalid(f"output {output_type!r} is a hard link")
+        total += info.st_size
+        if total > max_output_bytes:
+            raise ChildFailed(
+                "output_too_large",
+                f"outputs exceed {max_output_bytes} bytes",
+                retryable=False,
+            )
+        outputs.append(Output(output_type, path, content_type))
+    return outputs
