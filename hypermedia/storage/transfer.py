@@ -189,7 +189,7 @@ def _raise_for_status(response: httpx.Response) -> None:
     if 200 <= status < 300:
         return
     body = b""
-    for chunk in response.iter_raw():
+    for chunk in response.iter_bytes():
         body += chunk
         if len(body) >= 4096:
             break
