@@ -134,11 +134,14 @@ def crash(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list[Ou
 
 @register("test.environment")
 def environment(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list[Output]:
-    """What the child sees: its environment, cwd, open descriptors, process group."""
+    """What the child sees: environment, cwd, open descriptors, process group, rlimits."""
     import json
+    import resource
     import tempfile
 
+    names = ("RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_FSIZE", "RLIMIT_CORE", "RLIMIT_NOFILE")
     seen = {
+        "rlimits": {name: resource.getrlimit(getattr(resource, name)) for name in names},
         "environ": dict(os.environ),
         "cwd": os.getcwd(),
         "fds": sorted(int(fd) for fd in os.listdir("/proc/self/fd")),

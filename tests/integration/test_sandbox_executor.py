@@ -1,0 +1,450 @@
+"""ChildExecutor on real processes: every way a job's child can end, and what it leaves.
+
+The operations are the misbehaving steps of ``tests/pipelines_for_tests.py``,
+preloaded into the fork server. No mocks: children really run out of memory,
+spin, flood the disk, fork grandchildren and get killed from outside.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hypermedia.sandbox.executor import ChildExecutor, ChildFailed, ChildResult
+from tests.pipelines_for_tests import PRELOAD
+
+MB = 1024 * 1024
+
+
+def _stat(pid: int) -> list[bytes] | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie or a vanished process is not)."""
+    fields = _stat(pid)
+    return fields is not None and fields[0] not in (b"Z", b"X")
+
+
+def wait_until(condition: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def children_of(parent: int) -> list[tuple[int, bytes]]:
+    """(pid, state) of every process whose parent is ``parent``."""
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            fields = _stat(int(name))
+            if fields is not None and int(fields[1]) == parent:
+                found.append((int(name), fields[0]))
+    return found
+
+
+@pytest.fixture(scope="module")
+def executor(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChildExecutor]:
+    with ChildExecutor(tmp_path_factory.mktemp("sandbox"), preload=PRELOAD) as ex:
+        yield ex
+
+
+_ids = iter(range(1_000_000))
+
+
+@pytest.fixture
+def job_id() -> str:
+    return f"job-{os.getpid()}-{next(_ids)}"
+
+
+def place_input(ex: ChildExecutor, job_id: str, data: bytes = b"input bytes") -> Path:
+    path = ex.prepare(job_id) / "input" / "source"
+    path.write_bytes(data)
+    return path
+
+
+def run(
+    ex: ChildExecutor,
+    job_id: str,
+    operation: str,
+    params: dict[str, Any] | None = None,
+    **limits: Any,
+) -> ChildResult:
+    limits.setdefault("timeout_seconds", 10)
+    limits.setdefault("memory_limit_mb", 1024)
+    return ex.run(job_id, operation, place_input(ex, job_id), params or {}, **limits)
+
+
+def failure(
+    ex: ChildExecutor, job_id: str, operation: str, params: dict[str, Any] | None = None, **kw: Any
+) -> ChildFailed:
+    with pytest.raises(ChildFailed) as caught:
+        run(ex, job_id, operation, params, **kw)
+    return caught.value
+
+
+def run_in_thread(
+    ex: ChildExecutor, job_id: str, operation: str, params: dict[str, Any], **kw: Any
+) -> tuple[threading.Thread, dict[str, Any]]:
+    """Start ``run`` in a thread; its result or ChildFailed lands in the dict."""
+    box: dict[str, Any] = {}
+    path = place_input(ex, job_id)
+
+    def target() -> None:
+        try:
+            box["result"] = ex.run(job_id, operation, path, params, **kw)
+        except ChildFailed as exc:
+            box["failed"] = exc
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    assert wait_until(lambda: ex.child_pid(job_id) is not None, 10), "the child never started"
+    return thread, box
+
+
+def recorded_pids(ex: ChildExecutor, job_id: str) -> list[int]:
+    path = ex.workdir(job_id) / "pids.txt"
+    assert wait_until(path.exists, 5)
+    return [int(line) for line in path.read_text().split()]
+
+
+# -- results ---------------------------------------------------------------------------
+
+
+def test_noop_result(executor, job_id):
+    result = run(executor, job_id, "test.noop")
+    assert result.outputs == []
+    assert result.duration_ms >= 0
+    assert result.peak_memory_mb > 0
+
+
+def test_outputs_are_returned_inside_the_workdir(executor, job_id):
+    files = {"a.bin": 10, "nested/b.bin": 2000}
+    result = run(executor, job_id, "test.write_files", {"files": files})
+    workdir = executor.workdir(job_id)
+    assert [o.output_type for o in result.outputs] == ["file-a.bin", "file-nested/b.bin"]
+    for output, size in zip(result.outputs, files.values(), strict=True):
+        assert output.path.is_relative_to(workdir)
+        assert output.path.stat().st_size == size
+        assert output.content_type == "application/octet-stream"
+
+
+def test_the_child_reads_the_input_the_caller_placed(executor, job_id):
+    result = run(executor, job_id, "test.copy_input")
+    assert result.outputs[0].path.read_bytes() == b"input bytes"
+
+
+def test_what_the_child_sees(tmp_path, monkeypatch, job_id):
+    monkeypatch.setenv("HYPERMEDIA_TEST_SECRET", "s3cr3t")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s3cr3t")
+    monkeypatch.setenv("VIPS_BLOCK_UNTRUSTED", "1")
+    with ChildExecutor(tmp_path, preload=PRELOAD) as ex:
+        result = run(
+            ex,
+            job_id,
+            "test.environment",
+            timeout_seconds=7,
+            memory_limit_mb=900,
+            max_output_bytes=5 * MB,
+        )
+        seen = json.loads(result.outputs[0].path.read_text())
+        workdir = str(ex.workdir(job_id))
+        log = (ex.workdir(job_id) / ".child.log").read_text()
+
+    assert "s3cr3t" not in json.dumps(seen["environ"])
+    assert seen["environ"]["VIPS_BLOCK_UNTRUSTED"] == "1"
+    assert seen["environ"]["HOME"] == seen["environ"]["TMPDIR"] == workdir
+    assert seen["cwd"] == seen["tempdir"] == workdir
+    # stdin, stdout/stderr (the log), the result socket, and listdir's own descriptor
+    assert seen["fds"] == [0, 1, 2, 3, 4]
+    assert seen["pid"] == seen["pgid"] == seen["sid"]  # its own session and group
+    assert seen["rlimits"] == {
+        "RLIMIT_AS": [900 * MB, 900 * MB],
+        "RLIMIT_CPU": [7, 8],
+        "RLIMIT_FSIZE": [5 * MB, 5 * MB],
+        "RLIMIT_CORE": [0, 0],
+        "RLIMIT_NOFILE": [1024, 1024],
+    }
+    assert "hello from the child" in log
+
+
+# -- failures --------------------------------------------------------------------------
+
+
+def test_timeout_kills_the_whole_group_within_the_wall_clock(executor, job_id):
+    started = time.monotonic()
+    exc = failure(executor, job_id, "test.sleep", {"seconds": 60, "children": 3}, timeout_seconds=1)
+    elapsed = time.monotonic() - started
+    assert exc.code == "timeout"
+    assert exc.retryable
+    assert 1.5 <= elapsed < 2.5  # wall clock = 1 s * 1.5, killed within 1 s of it
+    grandchildren = recorded_pids(executor, job_id)
+    assert len(grandchildren) == 3
+    assert wait_until(lambda: not any(alive(pid) for pid in grandchildren), 1)
+
+
+def test_a_grandchild_that_leaves_the_group_is_swept_up(executor, job_id):
+    exc = failure(
+        executor,
+        job_id,
+        "test.sleep",
+        {"seconds": 60, "children": 2, "escape": True},
+        timeout_seconds=0.5,
+    )
+    assert exc.code == "timeout"
+    grandchildren = recorded_pids(executor, job_id)
+    assert wait_until(lambda: not any(alive(pid) for pid in grandchildren), 3)
+
+
+def test_processes_left_behind_by_a_successful_job_are_killed(executor, job_id):
+    result = run(executor, job_id, "test.sleep", {"seconds": 0, "children": 20})
+    assert result.outputs == []
+    grandchildren = recorded_pids(executor, job_id)
+    assert len(grandchildren) == 20
+    assert wait_until(lambda: not any(alive(pid) for pid in grandchildren), 1)
+
+
+def test_memory_hog_gets_memory_exceeded_and_the_executor_survives(executor, job_id):
+    exc = failure(executor, job_id, "test.allocate", {"mb": 4096}, memory_limit_mb=256)
+    assert exc.code == "memory_exceeded"
+    assert not exc.retryable
+    assert run(executor, job_id + "-next", "test.noop").outputs == []
+
+
+def test_memory_within_the_limit_is_fine_and_measured(executor, job_id):
+    result = run(executor, job_id, "test.allocate", {"mb": 128}, memory_limit_mb=512)
+    assert result.peak_memory_mb > 128
+
+
+def test_cpu_spin_is_stopped(executor, job_id):
+    started = time.monotonic()
+    exc = failure(executor, job_id, "test.spin", timeout_seconds=1)
+    assert exc.code in {"cpu_time_exceeded", "timeout"}
+    assert not exc.retryable or exc.code == "timeout"
+    assert time.monotonic() - started < 2.5
+
+
+def test_kill_9_from_outside_is_child_killed_and_retryable(executor, job_id):
+    thread, box = run_in_thread(
+        executor, job_id, "test.sleep", {"seconds": 60}, timeout_seconds=30, memory_limit_mb=512
+    )
+    pid = executor.child_pid(job_id)
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    thread.join(10)
+    exc = box["failed"]
+    assert exc.code == "child_killed"
+    assert exc.retryable
+    assert executor.child_pid(job_id) is None
+
+
+def test_disk_flood_is_output_too_large(executor, job_id):
+    exc = failure(executor, job_id, "test.flood", max_output_bytes=10 * MB)
+    assert exc.code == "output_too_large"
+    assert not exc.retryable
+    assert (executor.workdir(job_id) / "flood.bin").stat().st_size <= 10 * MB
+
+
+def test_outputs_over_the_total_limit_are_output_too_large(executor, job_id):
+    files = {"a.bin": 6 * MB, "b.bin": 6 * MB}  # each under RLIMIT_FSIZE, together over
+    exc = failure(executor, job_id, "test.write_files", {"files": files}, max_output_bytes=10 * MB)
+    assert exc.code == "output_too_large"
+
+
+@pytest.mark.parametrize("retryable", [True, False])
+def test_pipeline_errors_pass_through(executor, job_id, retryable):
+    params = {"code": "invalid_input", "message": "not an image", "retryable": retryable}
+    exc = failure(executor, job_id, "test.fail", params)
+    assert (exc.code, exc.message, exc.retryable) == ("invalid_input", "not an image", retryable)
+
+
+def test_an_unknown_operation_is_unsupported(executor, job_id):
+    exc = failure(executor, job_id, "test.no_such_operation")
+    assert exc.code == "unsupported_operation"
+    assert not exc.retryable
+
+
+def test_an_unexpected_exception_is_pipeline_crashed(executor, job_id):
+    exc = failure(executor, job_id, "test.crash", {"how": "raise"})
+    assert exc.code == "pipeline_crashed"
+    assert not exc.retryable
+    assert exc.message == "ValueError: boom: the step hit a bug"
+    assert "Traceback" in exc.detail
+    assert "Traceback" in (executor.workdir(job_id) / ".child.log").read_text()
+
+
+@pytest.mark.parametrize(
+    ("how", "message"),
+    [
+        ("exit", "the child exited with status 3 without a result"),
+        ("segv", "the child died of SIGSEGV"),
+        ("sys_exit", "SystemExit: 4"),
+    ],
+)
+def test_other_crashes_are_pipeline_crashed(executor, job_id, how, message):
+    exc = failure(executor, job_id, "test.crash", {"how": how})
+    assert (exc.code, exc.message, exc.retryable) == ("pipeline_crashed", message, False)
+
+
+@pytest.mark.parametrize(
+    "kind", ["outside", "dotdot", "symlink", "symlinked_dir", "hardlink", "directory", "missing"]
+)
+def test_outputs_outside_the_workdir_or_not_plain_files_are_refused(executor, job_id, kind):
+    exc = failure(executor, job_id, "test.bad_output", {"kind": kind})
+    assert exc.code == "invalid_output"
+    assert not exc.retryable
+
+
+def test_a_step_returning_nonsense_is_pipeline_crashed(executor, job_id):
+    exc = failure(executor, job_id, "test.bad_output", {"kind": "not_a_list"})
+    assert exc.code == "pipeline_crashed"
+    assert "not a list of Output" in exc.message
+
+
+# -- cancel, cleanup, concurrency ------------------------------------------------------
+
+
+def test_cancel_mid_run(executor, job_id):
+    thread, box = run_in_thread(
+        executor, job_id, "test.sleep", {"seconds": 60}, timeout_seconds=30, memory_limit_mb=512
+    )
+    pid = executor.child_pid(job_id)
+    assert pid is not None
+    started = time.monotonic()
+    assert executor.cancel(job_id)
+    thread.join(10)
+    assert time.monotonic() - started < 1
+    exc = box["failed"]
+    assert (exc.code, exc.retryable) == ("cancelled", False)
+    assert wait_until(lambda: not alive(pid), 1)
+
+
+def test_cancel_of_a_job_not_running_here_is_false(executor):
+    assert executor.cancel("job-nobody-runs") is False
+
+
+def test_cleanup_removes_the_workdir(executor, job_id):
+    result = run(executor, job_id, "test.write_files", {"files": {"deep/er/x.bin": 10}})
+    (result.outputs[0].path.parent).chmod(0o500)
+    executor.cleanup(job_id)
+    assert not executor.workdir(job_id).exists()
+    executor.cleanup(job_id)  # twice is fine
+
+
+def test_eight_threads_run_200_jobs_through_one_executor(executor):
+    def one(index: int) -> ChildResult:
+        job_id = f"concurrent-{os.getpid()}-{index}"
+        try:
+            return run(executor, job_id, "test.write_files", {"files": {f"{index}.out": index}})
+        finally:
+            executor.cleanup(job_id)
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(one, range(200)))
+    assert [r.outputs[0].output_type for r in results] == [f"file-{i}.out" for i in range(200)]
+    assert not any((executor.work_root / "jobs").glob("concurrent-*"))
+    assert executor.running() == []
+
+
+# -- bad calls -------------------------------------------------------------------------
+
+
+def test_bad_calls_are_value_errors(executor, job_id, tmp_path):
+    path = place_input(executor, job_id)
+    limits = {"timeout_seconds": 5, "memory_limit_mb": 256}
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"x")
+    with pytest.raises(ValueError, match="not inside the job's workdir"):
+        executor.run(job_id, "test.noop", outside, {}, **limits)
+    with pytest.raises(ValueError, match="not a safe directory name"):
+        executor.prepare("../escape")
+    with pytest.raises(ValueError, match="params are not JSON"):
+        executor.run(job_id, "test.noop", path, {"x": object()}, **limits)
+    with pytest.raises(ValueError, match="call prepare"):
+        executor.run("job-never-prepared", "test.noop", path, {}, **limits)
+    with pytest.raises(ValueError, match="timeout_seconds"):
+        executor.run(job_id, "test.noop", path, {}, timeout_seconds=0, memory_limit_mb=256)
+
+
+def test_the_same_job_cannot_run_twice_at_once(executor, job_id):
+    thread, _box = run_in_thread(
+        executor, job_id, "test.sleep", {"seconds": 60}, timeout_seconds=30, memory_limit_mb=512
+    )
+    with pytest.raises(ValueError, match="already running"):
+        run(executor, job_id, "test.noop")
+    executor.cancel(job_id)
+    thread.join(10)
+
+
+# -- the server ------------------------------------------------------------------------
+
+
+def test_a_dead_server_fails_its_jobs_and_is_replaced(tmp_path, job_id):
+    with ChildExecutor(tmp_path, preload=PRELOAD) as ex:
+        thread, box = run_in_thread(
+            ex, job_id, "test.sleep", {"seconds": 60}, timeout_seconds=30, memory_limit_mb=512
+        )
+        child = ex.child_pid(job_id)
+        old_server = ex.server_pid
+        assert child is not None and old_server is not None
+        os.kill(old_server, signal.SIGKILL)
+        thread.join(10)
+        exc = box["failed"]
+        assert (exc.code, exc.retryable) == ("sandbox_unavailable", True)
+        assert wait_until(lambda: not alive(child), 2)  # PDEATHSIG
+        assert run(ex, job_id + "-after", "test.noop").outputs == []
+        assert ex.server_pid not in (None, old_server)
+
+
+def test_a_preload_that_fails_is_reported(tmp_path):
+    before = children_of(os.getpid())
+    with pytest.raises(ChildFailed, match="no_such_module") as caught:
+        ChildExecutor(tmp_path, preload=("tests.no_such_module",))
+    assert caught.value.code == "sandbox_unavailable"
+    assert children_of(os.getpid()) == before
+
+
+def test_close_kills_running_jobs_and_leaves_no_process(tmp_path, job_id):
+    before = children_of(os.getpid())  # e.g. the module's executor's server
+    ex = ChildExecutor(tmp_path, preload=PRELOAD)
+    server = ex.server_pid
+    assert server is not None
+    for index in range(20):
+        run(ex, f"{job_id}-{index}", "test.noop")
+    thread, box = run_in_thread(
+        ex,
+        job_id,
+        "test.sleep",
+        {"seconds": 60, "children": 3},
+        timeout_seconds=30,
+        memory_limit_mb=512,
+    )
+    child = ex.child_pid(job_id)
+    assert child is not None
+    grandchildren = recorded_pids(ex, job_id)
+    ex.close()
+    thread.join(10)
+    assert box["failed"].code == "child_killed"
+    assert box["failed"].retryable
+    assert not alive(server)
+    assert not any(alive(pid) for pid in [child, *grandchildren])
+    assert children_of(os.getpid()) == before  # nothing running, no zombies
+    ex.close()  # idempotent
+    with pytest.raises(RuntimeError, match="closed"):
+        run(ex, job_id + "-late", "test.noop")
