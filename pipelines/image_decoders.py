@@ -10,28 +10,41 @@
 Both read the header (size) when opened and decode pixels only in ``render``. Their
 errors become :class:`~pipelines.image_source.DecodeFailed`; a ``MemoryError`` is left
 alone (the sandbox's memory limit at work, not a property of the file).
+
+Both libraries are imported on first use: together they add ~7 MB of RSS to every
+worker child, and most images are JPEG, PNG or WebP.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
-import pillow_heif
 import pyvips
-from PIL import Image
 
 from pipelines.image_source import DecodeFailed, Header, ImageInput
 from pipelines.image_vips import fit
 from pipelines.registry import PipelineError
 
-# Process-wide, like the libvips settings: one decode thread per worker child, and
-# none of the auxiliary images (depth maps, thumbnails) parsed.
-pillow_heif.options.DECODE_THREADS = 1
-pillow_heif.options.THUMBNAILS = False
-pillow_heif.options.DEPTH_IMAGES = False
-pillow_heif.options.AUX_IMAGES = False
+if TYPE_CHECKING:
+    from PIL import Image
+
+
+@functools.cache
+def _pillow_heif() -> ModuleType:
+    import pillow_heif
+
+    # Process-wide, like the libvips settings: one decode thread per worker child, and
+    # none of the auxiliary images (depth maps, thumbnails) parsed.
+    pillow_heif.options.DECODE_THREADS = 1
+    pillow_heif.options.THUMBNAILS = False
+    pillow_heif.options.DEPTH_IMAGES = False
+    pillow_heif.options.AUX_IMAGES = False
+    return pillow_heif
+
 
 _PILLOW_FORMATS = {"bmp": "BMP", "ico": "ICO"}
 _BANDS = {"L": 1, "LA": 2, "RGB": 3, "RGBA": 4}
@@ -77,7 +90,7 @@ class _HeicInput:
 
 def heic_input(path: Path) -> ImageInput:
     try:
-        heif = pillow_heif.open_heif(path, convert_hdr_to_8bit=True)
+        heif = _pillow_heif().open_heif(path, convert_hdr_to_8bit=True)
         if len(heif) == 0:
             raise DecodeFailed("no decodable image in the HEIF file")
         width, height = heif.size
@@ -117,6 +130,8 @@ class _PillowInput:
 
 
 def pillow_input(path: Path, kind: str) -> ImageInput:
+    from PIL import Image
+
     name = _PILLOW_FORMATS[kind]
     try:
         image = Image.open(path, formats=[name])

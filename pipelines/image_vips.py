@@ -14,9 +14,10 @@ per process; a worker child imports the pipelines once and runs one job):
 
 :func:`vips_input` reads the header with the loader libvips picks among the allowed
 ones and checks it is the one the sniffed type calls for; ``render`` then goes through
-``thumbnail_source``, which shrinks on load (JPEG DCT scaling, WebP scaling, HEIF
-embedded thumbnails) and turns the image upright. Sources, never file names: libvips
-reads ``name.jpg[options]`` out of a file name.
+``thumbnail_source``, which shrinks on load (WebP scaling, HEIF embedded thumbnails)
+and turns the image upright; JPEGs to be shrunk are loaded at the DCT scale
+:func:`~pipelines.image_source.dct_shrink` picks, then ``thumbnail_image``. Sources,
+never file names: libvips reads ``name.jpg[options]`` out of a file name.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from pathlib import Path
 
 import pyvips
 
-from pipelines.image_source import DecodeFailed, Header, ImageInput
+from pipelines.image_source import DecodeFailed, Header, ImageInput, dct_shrink
 
 # Loader classes the steps use; every other loader is blocked.
 ALLOWED_LOADERS = (
@@ -109,6 +110,13 @@ class _VipsInput:
     def render(self, width: int, height: int, crop: str | None, animated: bool) -> pyvips.Image:
         if self.explicit_heif:
             loaded = pyvips.Image.heifload_source(_source(self.path), access="sequential")
+            return fit(loaded, width, height, crop)
+        shrink = dct_shrink(self.header, width, height, crop is not None)
+        if self.loader == "jpegload" and shrink > 1:
+            loaded = pyvips.Image.jpegload_source(
+                _source(self.path), shrink=shrink, access="sequential"
+            )
+            check_loader(loaded, self.loader)
             return fit(loaded, width, height, crop)
         image = pyvips.Image.thumbnail_source(
             _source(self.path),

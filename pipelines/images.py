@@ -38,7 +38,13 @@ import pyvips
 
 from pipelines import image_params, sniff
 from pipelines.image_decoders import heic_input, pillow_input
-from pipelines.image_source import DecodeFailed, Header, ImageInput, describe_error
+from pipelines.image_source import (
+    DecodeFailed,
+    Header,
+    ImageInput,
+    dct_shrink,
+    describe_error,
+)
 from pipelines.image_vips import clear_errors, vips_input
 from pipelines.registry import Output, PipelineError, register
 
@@ -138,17 +144,10 @@ def check_limits(header: Header, request: image_params.ImageRequest, animated: b
 
 
 def jpeg_shrink(header: Header, request: image_params.ImageRequest) -> int:
-    """The DCT scale libvips' thumbnail picks for a baseline JPEG: the same rule,
-    leaving at least 2x for the final reduce."""
+    """The DCT scale a JPEG is decoded at for ``request`` (1 for full-size steps)."""
     if request.width is None or request.height is None:
         return 1
-    width, height = (header.height, header.width) if header.transposed else header.size
-    horizontal, vertical = width / request.width, height / request.height
-    factor = min(horizontal, vertical) if request.crop else max(horizontal, vertical)
-    for shrink, at_least in ((8, 16), (4, 8), (2, 4)):
-        if factor >= at_least:
-            return shrink
-    return 1
+    return dct_shrink(header, request.width, request.height, request.crop is not None)
 
 
 def _finish(image: pyvips.Image, output_format: image_params.OutputFormat) -> pyvips.Image:

@@ -286,6 +286,20 @@ def test_cmyk_comes_out_srgb(name, tmp_path):
 
 
 @pytest.mark.parametrize(
+    "name", ["pillow-pil_sample_cmyk.jpg", "sharp-Channel_digital_image_CMYK_color_no_profile.jpg"]
+)
+def test_cmyk_thumbnail_decoded_at_a_dct_scale_comes_out_srgb(name, tmp_path):
+    path = CORPUS / "images" / name
+    # 1/8 scale still covers a 12-pixel box from 100 px, so the JPEG loader shrinks.
+    out = images.thumbnail(path, {"width": 12, "height": 12, "format": "png"}, tmp_path)
+    image = pyvips.Image.new_from_file(str(out[0].path))
+    assert (image.bands, image.interpretation) == (3, "srgb")
+    full = _convert(path, tmp_path / "full").thumbnail_image(12, height=12)
+    assert (image.width, image.height) == (full.width, full.height)
+    assert (image - full).abs().avg() < 12
+
+
+@pytest.mark.parametrize(
     "name", ["pngsuite-basn6a16.png", "sharp-16-bit-grey-alpha.png", "pillow-tiff_16bit_RGBa.tiff"]
 )
 def test_16_bit_comes_out_8_bit_with_alpha(name, tmp_path):

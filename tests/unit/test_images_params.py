@@ -180,22 +180,32 @@ def _request(operation="thumbnail", **params):
     ("header", "operation", "shrink"),
     [
         (Header(20000, 14000, jpeg_shrink=True), "thumbnail", 8),  # 62.5x
-        (Header(20000, 14000, jpeg_shrink=True), "resize", 4),  # 12.5x
-        (Header(6400, 4000, jpeg_shrink=True), "resize", 2),  # 4x: fit by the width
-        (Header(6000, 4000, jpeg_shrink=True), "resize", 1),  # 3.75x
+        (Header(20000, 14000, jpeg_shrink=True), "resize", 8),  # 12.5x
+        (Header(6400, 4000, jpeg_shrink=True), "resize", 4),  # 4x: fit by the width
+        (Header(6000, 4000, jpeg_shrink=True), "resize", 2),  # 3.75x
         (Header(3000, 2000, jpeg_shrink=True), "resize", 1),  # 1.9x
+        (Header(3200, 2000, jpeg_shrink=True), "resize", 2),  # 2x exactly
         (Header(5120, 640, jpeg_shrink=True), "thumbnail", 8),  # fit: 16x by the width
         (Header(640, 5120, transposed=True, jpeg_shrink=True), "thumbnail", 8),
+        (Header(640, 5120, jpeg_shrink=True), "thumbnail", 8),
         (Header(4000, 3000, jpeg_shrink=True), "convert", 1),
     ],
 )
-def test_jpeg_shrink_follows_libvips_rule(header, operation, shrink):
-    assert jpeg_shrink(header, _request(operation)) == shrink
+def test_jpeg_decodes_at_the_smallest_scale_that_still_covers_the_box(header, operation, shrink):
+    request = _request(operation)
+    assert jpeg_shrink(header, request) == shrink
+    if request.width is not None and request.height is not None:
+        columns, rows = (header.height, header.width) if header.transposed else header.size
+        scale = max(columns / request.width, rows / request.height)
+        # Decoded at 1/shrink, the image still covers the output (1/scale) ...
+        assert shrink <= scale
+        # ... and the next scale down would not.
+        assert shrink == 8 or shrink * 2 > scale
 
 
 def test_jpeg_shrink_when_cropping_uses_the_short_side():
-    # Filling 320x320 from 5120x640 needs only 2x (by the height).
-    assert jpeg_shrink(Header(5120, 640, jpeg_shrink=True), _request(crop=True)) == 1
+    # Filling 320x320 from 5120x640 needs the full 320 rows: 2x at most.
+    assert jpeg_shrink(Header(5120, 640, jpeg_shrink=True), _request(crop=True)) == 2
 
 
 @pytest.mark.parametrize(
