@@ -40,7 +40,7 @@ class Profile(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    operation: str = Field(pattern=r"^[a-z][a-z0-9_]{0,63}$")
+    operation: str = Field(pattern=r"^[a-z][a-z0-9_.]{0,63}$")
     queue: str
     version: int = Field(ge=1)
     base_cost: float = Field(ge=0)

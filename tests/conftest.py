@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -43,9 +44,17 @@ from hypermedia.clock import ManualClock
 from hypermedia.config import Settings, load_settings
 from hypermedia.db.engine import make_engine
 from hypermedia.embedded import EmbeddedRedis
+from hypermedia.worker import cluster
 from tests import support
 
 TESTS = Path(__file__).resolve().parent
+
+# Ray reads its auth settings once, at import: every Ray cluster the tests start uses
+# this one token (token auth on, as in production), set before anything imports ray.
+RAY_TOKEN = cluster.ensure_token(
+    Path(tempfile.gettempdir()) / f"hypermedia-tests-{os.getuid()}" / "ray_auth_token"
+)
+cluster.apply_ray_environment(RAY_TOKEN)
 _TIER_MARKS = {"integration": pytest.mark.integration, "e2e": pytest.mark.e2e}
 
 

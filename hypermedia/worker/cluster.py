@@ -12,6 +12,7 @@ actors of that queue live on the node.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -21,6 +22,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -54,12 +56,37 @@ def ray_environment(token_path: Path) -> dict[str, str]:
 
 
 def apply_ray_environment(token_path: Path) -> None:
-    """Set this process up as a client of the cluster (before ``ray.init``)."""
+    """Make this process a client of the cluster. Ray reads these variables once,
+    when it is first imported: call this before anything imports ``ray``."""
+    wanted = {k: v for k, v in ray_environment(token_path).items() if k.startswith("RAY_")}
+    if "ray" in sys.modules:
+        current = {k: os.environ.get(k) for k in wanted}
+        if current != wanted:
+            raise RuntimeError(
+                "ray was imported before its auth settings were made; "
+                "call apply_ray_environment() first"
+            )
+        return
     for key in [k for k in os.environ if k.startswith("RAY_")]:
         del os.environ[key]
-    os.environ.update(
-        {k: v for k, v in ray_environment(token_path).items() if k.startswith("RAY_")}
-    )
+    os.environ.update(wanted)
+
+
+def ensure_token(token_path: Path) -> Path:
+    """A random cluster token at ``token_path`` (mode 0600), made once."""
+    if not token_path.exists():
+        token_path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(token_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(secrets.token_hex(32))
+    return token_path
+
+
+def short_temp_dir(directory: Path, name: str) -> Path:
+    """A node's Ray temp dir: short (Ray's unix socket paths must stay under 108
+    bytes), stable for ``directory`` (so a later ``down`` finds it), under /tmp."""
+    digest = hashlib.sha1(str(directory.resolve()).encode(), usedforsecurity=False).hexdigest()
+    return Path(tempfile.gettempdir()) / f"hmray-{digest[:10]}" / name
 
 
 def queue_resources(counts: Mapping[str, int]) -> dict[str, float]:
@@ -139,17 +166,15 @@ def start_head(
     directory: Path,
     *,
     resources: Mapping[str, float],
+    token_path: Path | None = None,
     num_cpus: int | None = None,
     object_store_bytes: int = 256 * 2**20,
     dashboard: bool = False,
 ) -> RayNode:
     """Start a Ray head with its own temp dir under ``directory``; wait until it answers."""
     directory.mkdir(parents=True, exist_ok=True)
-    token_path = directory / TOKEN_FILE
-    if not token_path.exists():
-        token_path.write_text(secrets.token_hex(32))
-        token_path.chmod(0o600)
-    temp_dir = directory / "head"
+    token_path = ensure_token(token_path or directory / TOKEN_FILE)
+    temp_dir = short_temp_dir(directory, "head")
     node = RayNode(temp_dir=temp_dir, token_path=token_path)
     if node.is_running():
         node.address = (temp_dir / ADDRESS_FILE).read_text().strip()
@@ -186,7 +211,7 @@ def start_worker_node(
     object_store_bytes: int = 128 * 2**20,
 ) -> RayNode:
     """Join a worker node to ``address`` (the local driver's scale-up path uses this)."""
-    temp_dir = directory / name
+    temp_dir = short_temp_dir(directory, name)
     temp_dir.mkdir(parents=True, exist_ok=True)
     args = [
         _ray_binary(),

@@ -1,0 +1,179 @@
+"""Pipeline actors on a real Ray cluster: the whole path, faults, drain, cancel."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import ray
+from sqlalchemy import func, select
+
+from hypermedia import objects
+from hypermedia.db import tables as t
+from hypermedia.db.engine import transaction
+from hypermedia.ids import new_id
+from hypermedia.ingest.service import SubmitRequest
+from hypermedia.storage.base import derived_key, original_key
+from tests.factories import make_user
+from tests.ray_support import RayStack, ray_stack
+
+
+def _upload(rs: RayStack, person, payload: bytes) -> str:
+    object_id = new_id()
+    key = original_key(person.pool_id, object_id)
+    blob = rs.stack.storage.put(key, [payload])
+    with transaction(rs.stack.engine) as conn:
+        objects.register_object(
+            conn,
+            person.caller,
+            object_id=object_id,
+            pool_id=person.pool_id,
+            storage_key=key,
+            filename="in.bin",
+            size_bytes=blob.size_bytes,
+            now=rs.stack.clock.now(),
+        )
+    return object_id
+
+
+def _submit(rs: RayStack, person, object_id: str, op: str, params=None) -> str:
+    result = rs.stack.ingest.submit(
+        person.caller,
+        SubmitRequest(object_id=object_id, operations=[op], params={op: params} if params else {}),
+    )
+    return result.job_ids[0]
+
+
+def _status(rs: RayStack, person, job_id: str) -> str:
+    view = rs.stack.ingest.get_job(person.caller, job_id)
+    rs.last_seen = f"{job_id}: {view.status} {[(a.status, a.error_code) for a in view.attempts]}"
+    return view.status
+
+
+def test_jobs_run_end_to_end_and_outputs_are_deterministic(pg_engine, settings, tmp_path):
+    with ray_stack(settings, pg_engine, tmp_path, {"images": 1}) as rs:
+        person = make_user(rs.stack)
+        payload = os.urandom(50_000)
+        object_id = _upload(rs, person, payload)
+        first = _submit(rs, person, object_id, "test.copy_input")
+        rs.wait_for(lambda: _status(rs, person, first) == "completed", what="first job")
+        view = rs.stack.ingest.get_job(person.caller, first)
+        (output,) = view.outputs
+        key = derived_key(person.pool_id, object_id, 1, "copy")
+        assert output.storage_key == key
+        assert b"".join(rs.stack.storage.read(key)) == payload
+        assert view.attempts[0].duration_ms is not None
+        assert view.attempts[0].peak_memory_mb and view.attempts[0].peak_memory_mb > 0
+        # The same job run again (a second submit of it) writes the same key; one
+        # derived object row for that key.
+        second = _submit(rs, person, object_id, "test.copy_input")
+        rs.wait_for(lambda: _status(rs, person, second) == "completed", what="second job")
+        assert rs.stack.ingest.get_job(person.caller, second).outputs[0].storage_key == key
+        with transaction(rs.stack.engine) as conn:
+            derived = conn.execute(
+                select(func.count()).select_from(t.objects).where(t.objects.c.storage_key == key)
+            ).scalar_one()
+            workers = conn.execute(select(t.workers.c.status, t.workers.c.queue)).all()
+        assert derived == 1
+        assert [tuple(w) for w in workers] == [("active", "images")]
+        # Heartbeats and metrics were written (test intervals: 1 s and 2 s).
+        rs.wait_for(lambda: _metrics_rows(rs) > 0, timeout=10, what="worker metrics")
+
+
+def _metrics_rows(rs: RayStack) -> int:
+    with transaction(rs.stack.engine) as conn:
+        return int(conn.execute(select(func.count()).select_from(t.worker_metrics)).scalar_one())
+
+
+def test_pipeline_failure_is_retried_then_failed_with_its_code(pg_engine, settings, tmp_path):
+    with ray_stack(settings, pg_engine, tmp_path, {"images": 1}, backoff_base_seconds=0.2) as rs:
+        person = make_user(rs.stack)
+        object_id = _upload(rs, person, b"x")
+        job_id = _submit(
+            rs,
+            person,
+            object_id,
+            "test.fail",
+            {"code": "invalid_input", "message": "bad bytes", "retryable": True},
+        )
+        rs.wait_for(lambda: _status(rs, person, job_id) == "failed", what="failed")
+        view = rs.stack.ingest.get_job(person.caller, job_id)
+        assert view.error_code == "invalid_input"
+        assert [a.error_code for a in view.attempts] == ["invalid_input", "invalid_input"]
+
+
+def _actor_of(rs: RayStack, queue: str):
+    (member,) = rs.supervisor.actors(queue)
+    return member
+
+
+def test_kill_9_of_the_child_fails_the_attempt_and_the_retry_completes(
+    pg_engine, settings, tmp_path
+):
+    with ray_stack(settings, pg_engine, tmp_path, {"images": 1}, backoff_base_seconds=0.2) as rs:
+        person = make_user(rs.stack)
+        object_id = _upload(rs, person, b"x")
+        job_id = _submit(rs, person, object_id, "test.sleep", {"seconds": 3})
+        member = _actor_of(rs, "images")
+        pids: dict[str, int] = {}
+
+        def child_running() -> bool:
+            pids.update(ray.get(member.actor.child_pids.remote()))
+            return job_id in pids
+
+        rs.wait_for(child_running, what="the child to start")
+        os.kill(pids[job_id], signal.SIGKILL)
+        rs.wait_for(lambda: _status(rs, person, job_id) == "completed", what="the retry")
+        view = rs.stack.ingest.get_job(person.caller, job_id)
+        assert [a.status for a in view.attempts] == ["failed", "completed"]
+        assert view.attempts[0].error_code == "child_killed"
+
+
+def test_kill_9_of_the_actor_requeues_its_jobs_at_once(pg_engine, settings, tmp_path):
+    with ray_stack(settings, pg_engine, tmp_path, {"images": 1}) as rs:
+        person = make_user(rs.stack)
+        object_id = _upload(rs, person, b"x")
+        job_id = _submit(rs, person, object_id, "test.sleep", {"seconds": 2})
+        member = _actor_of(rs, "images")
+        rs.wait_for(lambda: job_id in ray.get(member.actor.child_pids.remote()), what="job running")
+        actor_pid = ray.get(member.actor.pid.remote())
+        os.kill(actor_pid, signal.SIGKILL)
+        # Ray reports the death; the supervisor requeues without waiting for the lease
+        # (the lease of test.sleep is 60 x 1.5 + 30 s).
+        rs.wait_for(lambda: member.worker_id in rs.supervisor.events.died, what="death noticed")
+        assert job_id in rs.supervisor.events.recovered_jobs
+        rs.wait_for(lambda: _status(rs, person, job_id) == "completed", timeout=90, what="rerun")
+        view = rs.stack.ingest.get_job(person.caller, job_id)
+        assert [a.status for a in view.attempts] == ["failed", "completed"]
+        assert view.attempts[0].error_code == "worker_lost"
+        with transaction(rs.stack.engine) as conn:
+            dead = conn.execute(
+                select(t.workers.c.status).where(t.workers.c.worker_id == member.worker_id)
+            ).scalar_one()
+        assert dead == "dead"
+
+
+def test_cancel_of_a_running_job_kills_its_child(pg_engine, settings, tmp_path):
+    with ray_stack(settings, pg_engine, tmp_path, {"images": 1}) as rs:
+        person = make_user(rs.stack)
+        object_id = _upload(rs, person, b"x")
+        job_id = _submit(rs, person, object_id, "test.sleep", {"seconds": 120})
+        rs.wait_for(lambda: _status(rs, person, job_id) == "processing", what="processing")
+        rs.stack.ingest.cancel(person.caller, job_id)
+        rs.wait_for(lambda: _status(rs, person, job_id) == "cancelled", timeout=20, what="cancel")
+        assert rs.stack.ingest.get_job(person.caller, job_id).attempts[-1].status == "cancelled"
+
+
+def test_drain_finishes_short_jobs_and_hands_back_long_ones(pg_engine, settings, tmp_path):
+    with ray_stack(settings, pg_engine, tmp_path, {"images": 1}) as rs:
+        person = make_user(rs.stack)
+        object_id = _upload(rs, person, b"x")
+        long_job = _submit(rs, person, object_id, "test.sleep", {"seconds": 300})
+        rs.wait_for(lambda: _status(rs, person, long_job) == "processing", what="processing")
+        released = rs.supervisor.drain(timeout=2)
+        assert released == [long_job]
+        view = rs.stack.ingest.get_job(person.caller, long_job)
+        assert view.status == "queued"
+        assert view.attempt_count == 0
+        assert [a.status for a in view.attempts] == ["released"]
+        assert rs.stack.queue.ready_ids("images") == [long_job]

@@ -1,0 +1,127 @@
+"""A real local Ray cluster, the API (for signed blob URLs) and the supervisor, for
+worker tests. Everything started here is stopped at teardown."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ray
+import uvicorn
+
+from hypermedia.config import Settings
+from hypermedia.embedded import free_port
+from hypermedia.ingest.api import create_app
+from hypermedia.server import Maintenance
+from hypermedia.stack import Stack
+from hypermedia.worker import cluster
+from hypermedia.worker.supervisor import Supervisor, settings_for_actors
+from tests.conftest import RAY_TOKEN
+from tests.pipelines_for_tests import PRELOAD
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_profiles(directory: Path) -> Path:
+    """etc/profiles.toml plus the test operations, as one file."""
+    path = directory / "profiles.toml"
+    path.write_text(
+        (REPO / "etc" / "profiles.toml").read_text()
+        + "\n"
+        + (REPO / "tests" / "profiles_for_tests.toml").read_text()
+    )
+    return path
+
+
+@contextmanager
+def api_server(stack: Stack, port: int) -> Iterator[None]:
+    config = uvicorn.Config(
+        create_app(stack), host="127.0.0.1", port=port, log_config=None, access_log=False
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the API server did not start")
+        time.sleep(0.05)
+    try:
+        yield
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+@dataclass
+class RayStack:
+    stack: Stack
+    supervisor: Supervisor
+    settings: Settings
+    last_seen: str = ""
+
+    def wait_for(
+        self, predicate: Callable[[], bool], timeout: float = 60.0, what: str = "condition"
+    ) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate():
+                return
+            time.sleep(0.1)
+        raise AssertionError(
+            f"timed out after {timeout}s waiting for {what}; last seen: {self.last_seen}"
+        )
+
+
+@contextmanager
+def ray_stack(
+    make_settings: Callable[..., Settings],
+    engine: Any,
+    tmp_path: Path,
+    pools: dict[str, int],
+    **overrides: Any,
+) -> Iterator[RayStack]:
+    port = free_port()
+    settings = make_settings(
+        api_url=f"http://127.0.0.1:{port}",
+        profiles_path=test_profiles(tmp_path),
+        **overrides,
+    )
+    stack = Stack.open(settings, engine=engine, auto_migrate=True)
+    node = cluster.start_head(
+        tmp_path / "ray",
+        resources=cluster.queue_resources(pools),
+        token_path=RAY_TOKEN,
+        num_cpus=2,
+    )
+    supervisor: Supervisor | None = None
+    maintenance = Maintenance(stack, reaper_interval=0.5, reconcile_interval=30)
+    try:
+        ray.init(address=node.address, logging_level="WARNING", log_to_driver=False)
+        with api_server(stack, port):
+            assert settings.redis_url is not None
+            supervisor = Supervisor(
+                stack,
+                settings_for_actors(settings, settings.redis_url),
+                pools,
+                preload=PRELOAD,
+                heartbeat_seconds=1.0,
+                metrics_seconds=2.0,
+            )
+            supervisor.start()
+            supervisor.wait_ready()
+            maintenance.start()
+            yield RayStack(stack, supervisor, settings)
+            maintenance.stop()
+            supervisor.stop(drain_timeout=10)
+    finally:
+        maintenance.stop()
+        if ray.is_initialized():
+            ray.shutdown()
+        node.stop()
+        stack.close()
