@@ -15,6 +15,7 @@ cheap: everything heavy is imported inside the command that needs it.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -484,7 +485,11 @@ def credits_show(
     )
 
 
-# -- the embedded run ---------------------------------------------------------------------
+# -- the embedded run and the local stack ---------------------------------------------------
+
+
+def _progress_say(console: Any) -> Any:
+    return lambda message: console.print(f"[dim]{message}[/]")
 
 
 @app.command()
@@ -503,64 +508,278 @@ def run(
         int | None,
         typer.Option("--priority", envvar="HYPERMEDIA_RUN_PRIORITY", min=1, max=10),
     ] = None,
+    out: Annotated[
+        Path,
+        typer.Option("--out", envvar="HYPERMEDIA_RUN_OUT", help="Where outputs are written."),
+    ] = Path("hypermedia-out"),
+    timeout: Annotated[
+        float,
+        typer.Option("--timeout", envvar="HYPERMEDIA_RUN_TIMEOUT", min=1, help="Seconds."),
+    ] = 1800.0,
 ) -> None:
-    """Process files on the embedded default: SQLite + a private Redis in the data dir.
+    """Process files end to end on this machine, then stop everything started.
 
-    Stores each file, records and queues one job per operation, and shows progress.
+    Starts a private Redis, a SQLite record, a Ray head on free ports and the
+    pipeline actors; submits through the HTTP ingest client; shows progress per
+    queue; writes outputs under --out; prints what was done and what failed.
     """
-    from collections import Counter
-
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-    from rich.table import Table
 
-    from hypermedia.runner import job_statuses, submit_files, walk
-    from hypermedia.stack import Stack
+    import pipelines.registry
+    from hypermedia.local import LocalStack
+    from hypermedia.runner import (
+        check_operations,
+        local_operator,
+        submit_files,
+        wait_until_finished,
+        walk,
+        write_outputs,
+    )
 
     console = Console(stderr=True)
     settings = _settings()
     files = list(walk(paths))
-    console.print(f"hypermedia: {len(files)} files; record in {settings.effective_database_url}")
-    stack = Stack.open(settings, auto_migrate=True)
+    implemented = pipelines.registry.operations()
+    if operations:
+        check_operations(operations, implemented)
+    console.print(f"[bold]hypermedia run[/]: {len(files)} files")
+    local = LocalStack(settings)
     try:
+        local.start(progress=_progress_say(console))
+        assert local.stack is not None
+        _caller, key = local_operator(local.stack)
         with Progress(
-            TextColumn("[bold]{task.description}"),
+            TextColumn("[bold]{task.description:<12}"),
             BarColumn(),
             MofNCompleteColumn(),
-            TextColumn("{task.fields[name]}"),
+            TextColumn("{task.fields[note]}"),
             console=console,
         ) as progress:
-            task = progress.add_task("submitting", total=len(files), name="")
+            upload = progress.add_task("upload", total=len(files), note="")
 
             def advance(path: Path) -> None:
-                progress.update(task, advance=1, name=path.name[:40])
+                progress.update(upload, advance=1, note=path.name[:40])
 
-            report = submit_files(stack, files, operations or None, priority, on_file=advance)
-        statuses = job_statuses(stack, report.jobs)
-        by_queue: Counter[tuple[str, str]] = Counter()
-        ops = {job_id: op for job_id, (_path, op) in report.jobs.items()}
-        for job_id, status in statuses.items():
-            by_queue[(stack.catalog.get(ops[job_id]).queue, status)] += 1
-        table = Table("queue", "operation", "jobs", "status")
-        per_op: Counter[tuple[str, str, str]] = Counter(
-            (stack.catalog.get(ops[j]).queue, ops[j], s) for j, s in statuses.items()
-        )
-        for (queue, op, status), count in sorted(per_op.items()):
-            table.add_row(queue, op, str(count), status)
-        console.print(table)
-        skipped: dict[str, list[str]] = {}
-        for path, reason in report.skipped:
-            skipped.setdefault(reason, []).append(path.name)
-        for reason, names in skipped.items():
-            shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
-            console.print(f"[yellow]skipped {len(names)}[/] ({reason}): {shown}")
-        console.print(
-            f"{report.files} files stored, {len(report.jobs)} jobs recorded and queued, "
-            f"{len(report.skipped)} skipped. No pipeline workers exist in this build yet: "
-            "the jobs wait in their queues (see `hypermedia queues`)."
-        )
+            report = submit_files(
+                local.api_url, key, files, operations, implemented, priority, on_file=advance
+            )
+            progress.update(upload, note="")
+            totals: dict[str, int] = {}
+            for item in report.submitted:
+                totals[item.queue] = totals.get(item.queue, 0) + 1
+            bars = {
+                queue: progress.add_task(queue, total=total, note="")
+                for queue, total in totals.items()
+            }
+            by_job = {item.job_id: item.queue for item in report.submitted}
+
+            def show(rep: Any) -> None:
+                done: dict[str, int] = {}
+                failed: dict[str, int] = {}
+                for job_id, queue in by_job.items():
+                    status = rep.statuses.get(job_id)
+                    if status in ("completed", "failed", "cancelled"):
+                        done[queue] = done.get(queue, 0) + 1
+                    if status == "failed":
+                        failed[queue] = failed.get(queue, 0) + 1
+                for queue, task in bars.items():
+                    note = f"[red]{failed[queue]} failed[/]" if failed.get(queue) else ""
+                    progress.update(task, completed=done.get(queue, 0), note=note)
+
+            finished = wait_until_finished(local.stack, report, show, timeout)
+        write_outputs(local.stack, report, out)
+        _run_summary(console, report, out, finished)
     finally:
-        stack.close()
+        console.print("[dim]stopping what was started[/]")
+        local.stop()
+    counts = report.counts()
+    if not finished or counts.get("failed") or report.skipped:
+        raise SystemExit(1)
+
+
+def _run_summary(console: Any, report: Any, out: Path, finished: bool) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table("file", "operation", "status", "output / reason")
+    for item in report.submitted:
+        status = report.statuses.get(item.job_id, "queued")
+        if status == "completed":
+            outputs = report.outputs.get(item.job_id, [])
+            detail = ", ".join(str(p) for p in outputs) or "(no output)"
+            shown = "[green]done[/]"
+        else:
+            detail = report.errors.get(item.job_id, "")
+            shown = f"[red]{status}[/]" if status == "failed" else status
+        table.add_row(escape(item.path.name), item.operation, shown, escape(detail))
+    for path, reason in report.skipped:
+        table.add_row(escape(path.name), "-", "[yellow]skipped[/]", escape(reason))
+    console.print(table)
+    counts = report.counts()
+    summary = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+    console.print(
+        f"[bold]{len(report.submitted)} jobs[/]: {summary or 'none'}"
+        f"{f'; {len(report.skipped)} files skipped' if report.skipped else ''}. "
+        f"Outputs in {out}/"
+    )
+    if not finished:
+        console.print("[red]timed out waiting for the jobs; they stay recorded and queued[/]")
+
+
+@app.command()
+def head() -> None:
+    """Run the local stack in the foreground (what `up` starts in the background)."""
+    import signal
+    import threading
+
+    from hypermedia.local import LocalStack
+
+    settings = _settings()
+    local = LocalStack(settings)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    try:
+        local.start(progress=lambda message: log.info("%s", message))
+        (settings.data_dir / "head.url").write_text(local.api_url)
+        log.info("local stack up; API at %s", local.api_url)
+        stop.wait()
+    finally:
+        local.stop(stop_redis=True)
+        (settings.data_dir / "head.url").unlink(missing_ok=True)
+
+
+@app.command()
+def up(
+    wait: Annotated[
+        float, typer.Option("--wait", envvar="HYPERMEDIA_UP_WAIT", min=1, help="Seconds.")
+    ] = 180.0,
+) -> None:
+    """Start the local stack in the background (Redis, Ray head, API, actors)."""
+    import os
+    import subprocess
+
+    settings = _settings()
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    pidfile = settings.data_dir / "head.pid"
+    url_file = settings.data_dir / "head.url"
+    if _alive(pidfile):
+        typer.echo(f"already up: {url_file.read_text() if url_file.exists() else '?'}")
+        return
+    url_file.unlink(missing_ok=True)
+    log_path = settings.data_dir / "head.log"
+    with log_path.open("ab") as log_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "hypermedia.cli", "--log-level", "info", "head"],
+            stdout=log_file,
+            stderr=log_file,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env=os.environ.copy(),
+        )
+    pidfile.write_text(str(proc.pid))
+    deadline = time.monotonic() + wait
+    while not url_file.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            pidfile.unlink(missing_ok=True)
+            raise HypermediaError(f"the local stack did not come up; see {log_path}")
+        time.sleep(0.2)
+    typer.echo(f"up: API at {url_file.read_text()} (log: {log_path})")
+
+
+@app.command()
+def down(
+    wait: Annotated[
+        float, typer.Option("--wait", envvar="HYPERMEDIA_DOWN_WAIT", min=1, help="Seconds.")
+    ] = 90.0,
+) -> None:
+    """Stop the local stack that `up` started."""
+    import os
+    import signal
+
+    settings = _settings()
+    pidfile = settings.data_dir / "head.pid"
+    if not _alive(pidfile):
+        pidfile.unlink(missing_ok=True)
+        typer.echo("not running")
+        return
+    pid = int(pidfile.read_text())
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + wait
+    while _pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if _pid_alive(pid):
+        os.kill(pid, signal.SIGKILL)
+    pidfile.unlink(missing_ok=True)
+    typer.echo("down")
+
+
+def _pid_alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _alive(pidfile: Path) -> bool:
+    try:
+        return _pid_alive(int(pidfile.read_text()))
+    except (OSError, ValueError):
+        return False
+
+
+@app.command()
+def worker(
+    address: Annotated[
+        str,
+        typer.Option("--address", envvar="HYPERMEDIA_RAY_ADDRESS", help="Head's GCS host:port."),
+    ],
+    token_file: Annotated[
+        Path,
+        typer.Option("--token-file", envvar="HYPERMEDIA_RAY_TOKEN_FILE", help="Cluster token."),
+    ],
+    queues: Annotated[
+        list[str],
+        typer.Option("--queue", "-q", envvar="HYPERMEDIA_WORKER_QUEUES", help="name[=actors]"),
+    ],
+    num_cpus: Annotated[int, typer.Option("--num-cpus", envvar="HYPERMEDIA_WORKER_CPUS")] = 2,
+) -> None:
+    """Join this machine to an existing cluster as a worker node for some queues.
+
+    Runs in the foreground (for systemd or a container); the head's supervisor
+    places pipeline actors here through the queue resources it advertises.
+    """
+    import signal
+    import threading
+
+    from hypermedia.worker import cluster
+
+    counts: dict[str, int] = {}
+    for spec in queues:
+        name, _, n = spec.partition("=")
+        counts[name] = int(n or 1)
+    settings = _settings()
+    node = cluster.start_worker_node(
+        settings.data_dir / "ray",
+        address,
+        token_file,
+        name=f"worker-{os.getpid()}",
+        resources=cluster.queue_resources(counts),
+        num_cpus=num_cpus,
+    )
+    typer.echo(f"joined {address} for {counts}")
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    try:
+        while not stop.wait(5):
+            if not node.is_running():
+                raise HypermediaError("the Ray node stopped")
+    finally:
+        node.stop()
 
 
 # -- entry point ------------------------------------------------------------------------------

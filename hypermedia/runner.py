@@ -1,18 +1,20 @@
-"""The embedded run: files in, jobs recorded and queued, progress on screen.
+"""The embedded run: files in, derived files out, progress on screen.
 
-``hypermedia run PATH...`` uses the embedded default (SQLite in ``data_dir``, a
-private ``redis-server``; local-directory storage), registers every file under
-the local operator account, submits the requested operations and reports each
-job's state as it changes. Directories are walked; hidden files are skipped.
+``hypermedia run PATH...`` starts the local stack (:mod:`hypermedia.local`),
+uploads every file and submits its operations through the ingest client (HTTP,
+as any web tier would), shows a progress bar per queue, writes the outputs under
+``./hypermedia-out/<file>/``, prints a summary (done / failed with reasons) and
+stops everything it started. Directories are walked; hidden files are skipped.
 
 When no ``--op`` is given, operations are chosen from the file's guessed type
-(a convenience only: the worker checks the real type by content before any
-decoder sees the file).
+among those with a pipeline in this build (a convenience only: the worker checks
+the real type by content before any decoder sees the file).
 """
 
 from __future__ import annotations
 
 import mimetypes
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -20,17 +22,16 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from hypermedia import accounts, objects
+from hypermedia import accounts
 from hypermedia.accounts import Caller
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
-from hypermedia.ids import new_id
-from hypermedia.ingest.service import SubmitRequest
+from hypermedia.errors import HypermediaError, UnknownOperation
 from hypermedia.stack import Stack
-from hypermedia.storage.base import original_key
 
 LOCAL_OPERATOR = "local-operator"
 LOCAL_CREDITS_MILLICREDITS = 1_000_000_000  # the embedded operator pays itself
+FINISHED = ("completed", "failed", "cancelled")
 
 DEFAULT_OPERATIONS: dict[str, list[str]] = {
     "image": ["thumbnail"],
@@ -43,11 +44,13 @@ DEFAULT_OPERATIONS: dict[str, list[str]] = {
 }
 
 
-def default_operations(path: Path) -> list[str]:
+def default_operations(path: Path, implemented: Iterable[str]) -> list[str]:
     guessed, _ = mimetypes.guess_type(path.name)
     if guessed is None:
         return []
-    return DEFAULT_OPERATIONS.get(guessed) or DEFAULT_OPERATIONS.get(guessed.split("/")[0], [])
+    ops = DEFAULT_OPERATIONS.get(guessed) or DEFAULT_OPERATIONS.get(guessed.split("/")[0], [])
+    available = set(implemented)
+    return [op for op in ops if op in available]
 
 
 def walk(paths: Iterable[Path]) -> Iterator[Path]:
@@ -63,8 +66,18 @@ def walk(paths: Iterable[Path]) -> Iterator[Path]:
             raise FileNotFoundError(f"no such file or directory: {path}")
 
 
+def check_operations(operations: Iterable[str], implemented: Iterable[str]) -> None:
+    available = sorted(implemented)
+    for op in operations:
+        if op not in available:
+            raise UnknownOperation(
+                f"no pipeline implements {op!r} in this build; available: {', '.join(available)}",
+                operation=op,
+            )
+
+
 def local_operator(stack: Stack) -> tuple[Caller, str]:
-    """The embedded operator account (created on first use) and its pool."""
+    """The embedded operator account (created on first use) and a fresh API key."""
     now = stack.clock.now()
     with transaction(stack.engine) as conn:
         row = conn.execute(
@@ -78,75 +91,111 @@ def local_operator(stack: Stack) -> tuple[Caller, str]:
                 credits_millicredits=LOCAL_CREDITS_MILLICREDITS,
                 is_operator=True,
             )
-            return Caller(user.user_id, True), user.pool_id
-        return Caller(row.user_id, bool(row.is_operator)), f"user-{row.user_id}"
+            return Caller(user.user_id, True), user.api_key
+        key = accounts.create_api_key(conn, row.user_id, now, name="hypermedia run")
+        return Caller(row.user_id, bool(row.is_operator)), key
+
+
+@dataclass
+class Submitted:
+    path: Path
+    operation: str
+    queue: str
+    job_id: str
 
 
 @dataclass
 class RunReport:
-    files: int = 0
+    submitted: list[Submitted] = field(default_factory=list)
     skipped: list[tuple[Path, str]] = field(default_factory=list)
-    jobs: dict[str, tuple[Path, str]] = field(default_factory=dict)  # job_id -> (file, op)
-    statuses: Counter[str] = field(default_factory=Counter)
+    statuses: dict[str, str] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+    outputs: dict[str, list[Path]] = field(default_factory=dict)
+
+    def counts(self) -> Counter[str]:
+        return Counter(self.statuses.get(s.job_id, "queued") for s in self.submitted)
 
 
 def submit_files(
-    stack: Stack,
-    paths: Iterable[Path],
-    operations: list[str] | None = None,
+    api_url: str,
+    api_key: str,
+    files: Iterable[Path],
+    operations: list[str] | None,
+    implemented: list[str],
     priority: int | None = None,
     on_file: Callable[[Path], None] | None = None,
 ) -> RunReport:
-    """Store, register and submit every file. Files with no applicable operation,
-    or that a profile refuses, are reported as skipped with the reason."""
-    caller, pool_id = local_operator(stack)
+    """Upload and submit through the HTTP ingest client, as a web tier would."""
+    from hypermedia.ingest.client import HypermediaClient
+
     report = RunReport()
-    for path in walk(paths):
-        if on_file is not None:
-            on_file(path)
-        ops = list(operations) if operations else default_operations(path)
-        if not ops:
-            report.skipped.append((path, "no default operation for this type; pass --op"))
-            continue
-        object_id = new_id()
-        key = original_key(pool_id, object_id)
-        with path.open("rb") as handle:
-            blob = stack.storage.put(key, iter(lambda: handle.read(1 << 20), b""))
-        with transaction(stack.engine) as conn:
-            objects.register_object(
-                conn,
-                caller,
-                object_id=object_id,
-                pool_id=pool_id,
-                storage_key=key,
-                filename=path.name,
-                size_bytes=blob.size_bytes,
-                sha256=blob.sha256,
-                content_type=mimetypes.guess_type(path.name)[0],
-                now=stack.clock.now(),
-            )
-        report.files += 1
-        try:
-            result = stack.ingest.submit(
-                caller, SubmitRequest(object_id=object_id, operations=ops, priority=priority)
-            )
-        except Exception as exc:
-            code = getattr(exc, "code", type(exc).__name__)
-            report.skipped.append((path, f"{code}: {exc}"))
-            continue
-        for job in result.jobs:
-            report.jobs[job.job_id] = (path, job.operation)
+    with HypermediaClient(api_url, api_key, timeout=120) as client:
+        for path in files:
+            if on_file is not None:
+                on_file(path)
+            ops = list(operations) if operations else default_operations(path, implemented)
+            if not ops:
+                report.skipped.append((path, "no pipeline for this file type; pass --op"))
+                continue
+            try:
+                obj = client.upload(path)
+                result = client.process(obj.object_id, ops, priority=priority)
+            except HypermediaError as exc:
+                report.skipped.append((path, f"{exc.code}: {exc.message}"))
+                continue
+            for job in result.jobs:
+                report.submitted.append(Submitted(path, job.operation, job.queue, job.job_id))
     return report
 
 
-def job_statuses(stack: Stack, job_ids: Iterable[str]) -> dict[str, str]:
-    ids = list(job_ids)
-    found: dict[str, str] = {}
+def poll_statuses(stack: Stack, report: RunReport) -> None:
+    ids = [s.job_id for s in report.submitted]
     with transaction(stack.engine) as conn:
         for start in range(0, len(ids), 500):
-            chunk = ids[start : start + 500]
             rows = conn.execute(
-                select(t.jobs.c.job_id, t.jobs.c.status).where(t.jobs.c.job_id.in_(chunk))
+                select(
+                    t.jobs.c.job_id, t.jobs.c.status, t.jobs.c.error_code, t.jobs.c.error_message
+                ).where(t.jobs.c.job_id.in_(ids[start : start + 500]))
             ).all()
-            found.update({r.job_id: r.status for r in rows})
-    return found
+            for row in rows:
+                report.statuses[row.job_id] = row.status
+                if row.error_code:
+                    report.errors[row.job_id] = f"{row.error_code}: {row.error_message or ''}"
+
+
+def wait_until_finished(
+    stack: Stack,
+    report: RunReport,
+    on_poll: Callable[[RunReport], None],
+    timeout: float,
+    poll_seconds: float = 0.25,
+) -> bool:
+    deadline = time.monotonic() + timeout
+    while True:
+        poll_statuses(stack, report)
+        on_poll(report)
+        if all(report.statuses.get(s.job_id) in FINISHED for s in report.submitted):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(poll_seconds)
+
+
+def write_outputs(stack: Stack, report: RunReport, out_dir: Path) -> None:
+    """Copy every completed job's outputs to ``out_dir/<file name>/<output type>``."""
+    by_job = {s.job_id: s for s in report.submitted}
+    with transaction(stack.engine) as conn:
+        rows = conn.execute(
+            select(t.outputs.c.job_id, t.outputs.c.output_type, t.outputs.c.storage_key).where(
+                t.outputs.c.job_id.in_(list(by_job))
+            )
+        ).all()
+    for row in rows:
+        submitted = by_job[row.job_id]
+        target_dir = out_dir / submitted.path.name
+        target_dir.mkdir(parents=True, exist_ok=True)
+        target = target_dir / row.output_type
+        with target.open("wb") as handle:
+            for chunk in stack.storage.read(row.storage_key):
+                handle.write(chunk)
+        report.outputs.setdefault(row.job_id, []).append(target)

@@ -3,6 +3,7 @@ worker tests. Everything started here is stopped at teardown."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -102,7 +103,7 @@ def ray_stack(
     supervisor: Supervisor | None = None
     maintenance = Maintenance(stack, reaper_interval=0.5, reconcile_interval=30)
     try:
-        ray.init(address=node.address, logging_level="WARNING", log_to_driver=False)
+        ray.init(address=node.address, logging_level=logging.WARNING, log_to_driver=False)
         with api_server(stack, port):
             assert settings.redis_url is not None
             supervisor = Supervisor(

@@ -1,0 +1,180 @@
+"""The embedded default on one machine: everything ``hypermedia run`` and
+``hypermedia up`` need, started in order and stopped in reverse.
+
+    private redis-server (unless HYPERMEDIA_REDIS_URL) -> SQLite record (unless
+    HYPERMEDIA_DATABASE_URL), migrated -> Ray head on free ports, token auth ->
+    the API (ingest + signed blob URLs for local storage) on a free port ->
+    supervisor with one pipeline actor per queue that has pipelines -> reaper and
+    reconciler
+
+Ray reads its auth settings when first imported, so nothing here imports
+``ray`` before :meth:`LocalStack.start` has set them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hypermedia.config import Settings, load_settings
+from hypermedia.embedded import find_running, free_port
+from hypermedia.errors import ServiceUnavailable
+
+if TYPE_CHECKING:
+    import uvicorn
+
+    from hypermedia.server import Maintenance
+    from hypermedia.stack import Stack
+    from hypermedia.worker.cluster import RayNode
+    from hypermedia.worker.supervisor import Supervisor
+
+log = logging.getLogger(__name__)
+
+
+def ray_directory(settings: Settings) -> Path:
+    return settings.data_dir / "ray"
+
+
+def implemented_queues(settings: Settings, operations: list[str]) -> dict[str, int]:
+    """One actor for each queue that some implemented operation uses."""
+    from hypermedia.profiles import load_profiles
+
+    profiles = load_profiles(settings.profiles_path, settings.queue_names)
+    queues = {profiles[op].queue for op in operations if op in profiles}
+    return {queue: 1 for queue in settings.queue_names if queue in queues}
+
+
+@dataclass
+class LocalStack:
+    settings: Settings
+    stack: Stack | None = None
+    node: RayNode | None = None
+    supervisor: Supervisor | None = None
+    maintenance: Maintenance | None = None
+    api_url: str = ""
+    started_redis: bool = False
+    _server: uvicorn.Server | None = None
+    _server_thread: threading.Thread | None = None
+    _stopped: list[str] = field(default_factory=list)
+
+    def start(self, *, pools: dict[str, int] | None = None, progress: Any = None) -> None:
+        from hypermedia.worker import cluster
+
+        say = progress or (lambda message: log.info("%s", message))
+        directory = ray_directory(self.settings)
+        token = cluster.ensure_token(directory / cluster.TOKEN_FILE)
+        cluster.apply_ray_environment(token)
+
+        settings = self.settings
+        if settings.redis_url is None:
+            from hypermedia.embedded import ensure_running
+
+            was_running = find_running(settings.data_dir / "redis") is not None
+            url = ensure_running(settings.data_dir / "redis")
+            self.started_redis = not was_running
+            say(f"redis {'reused' if was_running else 'started'} at {url}")
+        else:
+            url = settings.redis_url
+        port = free_port()
+        api_url = settings.api_url or f"http://127.0.0.1:{port}"
+        if settings.api_url:
+            port = int(api_url.rsplit(":", 1)[1].split("/")[0])
+        self.settings = settings = load_settings(
+            **{**settings.model_dump(exclude_none=True), "redis_url": url, "api_url": api_url}
+        )
+        self.api_url = api_url
+
+        from hypermedia.stack import Stack
+
+        self.stack = Stack.open(settings, auto_migrate=True)
+        say(f"record in {settings.effective_database_url}")
+        if pools is None:
+            import pipelines.registry
+
+            pools = implemented_queues(settings, pipelines.registry.operations())
+        self.node = cluster.start_head(
+            directory, resources=cluster.queue_resources(pools), token_path=token
+        )
+        say(f"ray head at {self.node.address}")
+        self._start_api(port)
+        say(f"api at {api_url}")
+
+        import ray
+
+        from hypermedia.server import Maintenance
+        from hypermedia.worker.supervisor import Supervisor, settings_for_actors
+
+        ray.init(address=self.node.address, logging_level=logging.WARNING, log_to_driver=False)
+        self.supervisor = Supervisor(self.stack, settings_for_actors(settings, url), pools)
+        self.supervisor.start()
+        self.supervisor.wait_ready()
+        say(f"pipeline actors ready: {', '.join(f'{q} x{n}' for q, n in pools.items())}")
+        self.maintenance = Maintenance(
+            self.stack,
+            reaper_interval=settings.reaper_interval_seconds,
+            reconcile_interval=settings.reconcile_interval_seconds,
+        )
+        self.maintenance.start()
+
+    def _start_api(self, port: int) -> None:
+        import uvicorn
+
+        from hypermedia.ingest.api import create_app
+
+        assert self.stack is not None
+        config = uvicorn.Config(
+            create_app(self.stack),
+            host="127.0.0.1",
+            port=port,
+            log_config=None,
+            access_log=False,
+            lifespan="off",
+        )
+        self._server = uvicorn.Server(config)
+        self._server_thread = threading.Thread(
+            target=self._server.run, name="hypermedia-api", daemon=True
+        )
+        self._server_thread.start()
+        deadline = time.monotonic() + 30
+        while not self._server.started:
+            if not self._server_thread.is_alive() or time.monotonic() > deadline:
+                raise ServiceUnavailable(f"the API server did not start on port {port}")
+            time.sleep(0.05)
+
+    def stop(self, *, drain_timeout: float = 30.0, stop_redis: bool | None = None) -> None:
+        """Stop everything that was started, in reverse order. Safe to call twice."""
+        if self.maintenance is not None:
+            self.maintenance.stop()
+            self.maintenance = None
+        if self.supervisor is not None:
+            try:
+                self.supervisor.stop(drain_timeout=drain_timeout)
+            except Exception:
+                log.exception("stopping the pipeline actors")
+            self.supervisor = None
+        import sys
+
+        if "ray" in sys.modules:
+            import ray
+
+            if ray.is_initialized():
+                ray.shutdown()
+        if self._server is not None:
+            self._server.should_exit = True
+            if self._server_thread is not None:
+                self._server_thread.join(10)
+            self._server = None
+        if self.node is not None:
+            self.node.stop()
+            self.node = None
+        if self.stack is not None:
+            self.stack.close()
+            self.stack = None
+        if stop_redis if stop_redis is not None else self.started_redis:
+            running = find_running(self.settings.data_dir / "redis")
+            if running is not None:
+                running.stop()
