@@ -12,12 +12,15 @@ error code (``url_expired`` / ``invalid_signature`` from hypermedia,
 ``AccessDenied`` / ``NoSuchKey`` ... from S3)::
 
     TransferError (transfer_failed)          any other refusal (400, 413 ...)
-    ├── TransferDenied (transfer_denied)      403: expired, altered or foreign URL;
-    │                                         ask the head for fresh URLs
+    ├── TransferDenied (transfer_denied, retryable)
+    │                                         403: expired, altered or foreign URL;
+    │                                         a new attempt asks for fresh URLs
     ├── TransferNotFound (transfer_not_found) 404: nothing stored at the key
     └── TransferUnavailable (transfer_unavailable, retryable)
                                               5xx, a timeout, or connections that
                                               kept failing
+
+``retryable`` says whether another attempt of the job could succeed.
 
 Error messages and logs carry the URL without its query string: the query is
 the credential.
@@ -77,6 +80,7 @@ class TransferError(HypermediaError):
 
 class TransferDenied(TransferError):
     code = "transfer_denied"
+    retryable = True  # mostly an expired URL: the next attempt gets fresh ones
 
 
 class TransferNotFound(TransferError):
