@@ -607,7 +607,7 @@ def _run_summary(console: Any, report: Any, out: Path, finished: bool) -> None:
         status = report.statuses.get(item.job_id, "queued")
         if status == "completed":
             outputs = report.outputs.get(item.job_id, [])
-            detail = ", ".join(str(p) for p in outputs) or "(no output)"
+            detail = ", ".join(p.name for p in outputs) or "(no output)"
             shown = "[green]done[/]"
         else:
             detail = report.errors.get(item.job_id, "")

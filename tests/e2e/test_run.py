@@ -1,5 +1,6 @@
-"""`hypermedia run` on the embedded default, as a new user runs it: no database or
-Redis configured, real corpus files, progress and a summary on the terminal."""
+"""`hypermedia run examples/` as the README's first command runs it: a subprocess
+on the embedded default that starts everything, processes the shipped sample
+files end to end, writes outputs, and stops everything it started."""
 
 from __future__ import annotations
 
@@ -8,79 +9,66 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sqlalchemy import func, select
+import psutil
+import pyvips
 
-from hypermedia.db import tables as t
-from hypermedia.db.engine import make_engine
 from hypermedia.embedded import find_running
-from hypermedia.queue.redis_queue import RedisQueue, connect
+from hypermedia.worker.cluster import short_temp_dir
 
 REPO = Path(__file__).resolve().parents[2]
-CORPUS = REPO.parent / "shared" / "corpus"
+EXAMPLES = REPO / "examples"
 
 
-def test_run_records_and_queues_real_files(tmp_path):
+def _run(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "hypermedia.cli", "run", *args],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+
+
+def test_run_examples_end_to_end(tmp_path):
     data = tmp_path / "data"
-    files = [
-        CORPUS / "images" / "pillow-hopper.jpg",
-        CORPUS / "images" / "pillow-hopper.png",
-        CORPUS / "documents" / "pdfjs-tracemonkey.pdf",
-    ]
-    assert all(f.is_file() for f in files), "the corpus is expected at ../shared/corpus"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HYPERMEDIA_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HYPERMEDIA_", "RAY_"))}
     env["HYPERMEDIA_DATA_DIR"] = str(data)
-    try:
-        result = subprocess.run(
-            [sys.executable, "-m", "hypermedia.cli", "run", *map(str, files)],
-            env=env,
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        assert result.returncode == 0, result.stderr
-        assert "Traceback" not in result.stderr
-        assert "3/3" in result.stderr  # the progress bar reached the end
-        assert "3 files stored, 4 jobs recorded and queued, 0 skipped" in " ".join(
-            result.stderr.split()
-        )
+    samples = sorted(p for p in EXAMPLES.iterdir() if not p.name.startswith("."))
+    assert len(samples) >= 8
+    result = _run([str(EXAMPLES)], tmp_path, env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    text = " ".join(result.stderr.split())
+    assert f"{len(samples)} jobs: {len(samples)} completed" in text
+    for sample in samples:
+        (output,) = (tmp_path / "hypermedia-out" / sample.name).iterdir()
+        image = pyvips.Image.new_from_file(str(output))
+        assert max(image.width, image.height) <= 320
+        assert output.suffix == ".webp"
+    # The rotated phone photo came out upright (EXIF orientation applied): portrait.
+    (upright,) = (tmp_path / "hypermedia-out" / "phone-photo-rotated.jpg").iterdir()
+    image = pyvips.Image.new_from_file(str(upright))
+    assert image.height > image.width
+    # Everything it started is gone: no Redis from its data dir, no Ray processes.
+    assert find_running(data / "redis") is None
+    marker = str(short_temp_dir(data / "ray", "head"))
+    leftovers = [
+        p.pid
+        for p in psutil.process_iter(["cmdline"])
+        if marker in " ".join(p.info["cmdline"] or [])
+    ]
+    assert leftovers == []
 
-        engine = make_engine(f"sqlite:///{data / 'hypermedia.db'}")
-        with engine.connect() as conn:
-            by_op: dict[str, int] = dict(
-                conn.execute(
-                    select(t.jobs.c.operation, func.count())
-                    .where(t.jobs.c.status == "queued")
-                    .group_by(t.jobs.c.operation)
-                ).all()
-            )
-            stored = conn.execute(select(t.objects.c.storage_key, t.objects.c.sha256)).all()
-        engine.dispose()
-        assert by_op == {"thumbnail": 2, "pdf_preview": 1, "extract_text": 1}
-        assert len(stored) == 3
-        assert all((data / "objects" / key).is_file() for key, _ in stored)
 
-        server = find_running(data / "redis")
-        assert server is not None, "the embedded Redis should keep running for the next command"
-        queue = RedisQueue(connect(server.url), "hm", ["images", "documents"])
-        assert len(queue.ready_ids("images")) == 2
-        assert len(queue.ready_ids("documents")) == 2
-        queue.client.close()
-
-        again = subprocess.run(
-            [sys.executable, "-m", "hypermedia.cli", "run", str(tmp_path / "missing.jpg")],
-            env=env,
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        assert again.returncode != 0
-        assert "missing.jpg" in again.stderr
-        assert "Traceback" not in again.stderr
-    finally:
-        server = find_running(data / "redis")
-        if server is not None:
-            server.stop()
+def test_run_refuses_an_operation_without_a_pipeline(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HYPERMEDIA_", "RAY_"))}
+    env["HYPERMEDIA_DATA_DIR"] = str(tmp_path / "data")
+    result = _run([str(EXAMPLES / "banner.webp"), "--op", "no_such_op"], tmp_path, env)
+    assert result.returncode == 1
+    assert "unknown_operation" in result.stderr
+    assert "Traceback" not in result.stderr
+    missing = _run([str(tmp_path / "missing.jpg")], tmp_path, env)
+    assert missing.returncode != 0
+    assert "missing.jpg" in missing.stderr
