@@ -40,7 +40,8 @@ def dct_shrink(header: Header, width: int, height: int, crop: bool) -> int:
 
     libvips' own thumbnail stops one step earlier (at least 2x the output, then a
     Lanczos reduce); the DCT scale is a box filter, and from 1-2x the output Lanczos
-    still smooths it. Measured on the corpus JPEGs: a third less CPU per thumbnail.
+    still smooths it. Measured on a 7 MP corpus photo thumbnailed to 320 px: 9 % less
+    CPU than ``pyvips.Image.thumbnail``, pixels within 0.8/255 (mean) of its output.
     """
     columns, rows = (header.height, header.width) if header.transposed else header.size
     horizontal, vertical = columns / width, rows / height
