@@ -3,22 +3,26 @@
 :class:`~hypermedia.sandbox.executor.ChildExecutor` starts it once (a fresh
 interpreter, a scrubbed environment, a session of its own). It imports the
 pipeline modules once, freezes the garbage collector's view of them (so a child
-doesn't copy those pages just to scan them), and then, single-threaded, forks a
-child per job, enforces each job's wall clock, reaps children and reports how
-each ended. It never reads a job's request or result: the child parses the one,
-the executor the other (:mod:`hypermedia.sandbox.outcome`).
+doesn't copy those pages just to scan them), and then, single-threaded, keeps a
+few *spares* (children forked ahead of time, waiting for a job), hands each job
+to one, enforces each job's wall clock, reaps children and reports how each
+ended. A spare serves exactly one job, so every job still starts from a fresh
+copy of the server. The server never reads a job's request or result: the child
+reads the one, the executor the other (:mod:`hypermedia.sandbox.outcome`).
 
 Wire protocol, all ``AF_UNIX``/``SOCK_SEQPACKET``::
 
     control socket (one per server)
-        server -> executor  {"op": "ready", "pid": int}        JSON, once preloaded
+        server -> executor  {"op": "ready", "pid": int, ...}   JSON, once preloaded
                             {"op": "failed", "error": str}     preload failed; exits
-        executor -> server  REQUEST header + the job's request (JSON, read by the
-                            child only: operation, input_path, params, workdir,
-                            rlimits [[name, soft, hard], ...])
+        executor -> server  REQUEST header (wall clock), then the job's request for
+                            the child: a marshal'ed dict (operation, input_path,
+                            params, workdir, rlimits [[name, soft, hard], ...])
                             + SCM_RIGHTS: [server's end of the reply socket,
                                            child's end of the result socket]
         EOF                 the executor closed or died: kill every job, reap, exit
+
+    channel (one per spare, server -> spare): the request and the result socket
 
     reply socket (one per job, server <-> executor)
         server -> executor  STARTED (pid), then EXITED (how the child ended),
@@ -31,23 +35,28 @@ Wire protocol, all ``AF_UNIX``/``SOCK_SEQPACKET``::
         {"outputs": [{"output_type", "path", "content_type"}, ...]}
         {"error": {"code", "message", "retryable", "detail"}}
 
-The child cannot write on the reply socket, so it cannot forge how it ended; no
+The request is marshal, not JSON, because it only travels from the executor to a
+child of the same interpreter and ``marshal.loads`` costs a fresh child half the
+page faults of ``json.loads``; whatever comes back from a child is JSON. The
+child cannot write on the reply socket, so it cannot forge how it ended; no
 listening socket exists, so it cannot ask the server for more children.
 
-The child: new session (its pid is its process group), ``PDEATHSIG`` = SIGKILL, no
-new privileges, stdin ``/dev/null``, stdout/stderr appended to ``<workdir>/.child.log``,
-every other inherited descriptor closed, cwd/``HOME``/``TMPDIR`` = the workdir,
-rlimits applied last, then ``pipelines.registry.get(operation)(input, params, workdir)``.
+A spare: new session (its pid is its process group), ``PDEATHSIG`` = SIGKILL, no
+new privileges, stdin ``/dev/null``, every descriptor but its channel closed,
+warmed up. Given a job: stdout/stderr appended to ``<workdir>/.child.log``,
+cwd/``HOME``/``TMPDIR`` = the workdir, rlimits applied last, then
+``pipelines.registry.get(operation)(input, params, workdir)``.
 
-Cheap children. A fork costs what the kernel spends copying and tearing down the
-page tables and what each side pays in copy-on-write faults for every page it
-writes afterwards; Python's own ``os.fork()`` adds ~170 such faults in the child
-(its at-fork hooks). So the server forks with libc's ``fork()`` (the GIL held;
-C-level ``pthread_atfork`` handlers still run), re-seeds ``random`` itself, keeps no
-Python signal handlers (a pidfd per child says when it exits) and keeps its own
-per-job work small (binary headers, no JSON). This is sound only in a
-single-threaded process: if a preloaded module started a thread, the server falls
-back to ``os.fork()``.
+Cheap children. A fork costs what the kernel spends copying and tearing down page
+tables and what each side pays in copy-on-write faults for every page it writes
+afterwards (CPython writes reference counts all over its heap). So: forks happen
+ahead of time, in spares, off the job's clock; a spare touches the common path
+before its job arrives; the server forks with libc's ``fork()`` (the GIL held;
+C-level ``pthread_atfork`` handlers still run), because Python's ``os.fork()`` hooks
+cost a child ~170 more faults, and re-seeds ``random`` itself; it keeps no Python
+signal handlers (a pidfd per child says when it exits) and its per-job work small
+(binary headers, no parsing). Raw fork is sound only in a single-threaded
+process: if a preloaded module started a thread, the server uses ``os.fork()``.
 Preloaded modules must not rely on Python-level ``os.register_at_fork`` hooks.
 
 What jobs leave behind. The server is a child subreaper: processes a job leaves
@@ -67,6 +76,7 @@ import gc
 import heapq
 import importlib
 import json
+import marshal
 import os
 import resource
 import select
@@ -80,14 +90,17 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any, NoReturn
 
+from pipelines.registry import Output
+
 RESULT_CAP = 64 * 1024  # a child's result: ~400 outputs
 MESSAGE_CAP = 256 * 1024  # any message on the control socket
 CHILD_LOG = ".child.log"
 SWEEP_INTERVAL = 1.0
 RESULT_FD = 3
+DEFAULT_SPARES = 4
 
 # Binary messages: a kind byte, then fixed fields.
-REQUEST = struct.Struct("<d")  # wall clock seconds; the request JSON follows
+REQUEST = struct.Struct("<d")  # wall clock seconds; the marshal'ed request follows
 STARTED = struct.Struct("<ci")  # b"S", pid
 EXITED = struct.Struct("<ciiicIqd")  # b"X", pid, exit code, signal, killed_for,
 #                                      duration ms, max RSS kB, CPU seconds
@@ -132,6 +145,11 @@ def _error(code: str, message: str, *, retryable: bool = False, detail: str = ""
     return json.dumps({"error": body}).encode()
 
 
+# Built once in the server: reporting a MemoryError must not need memory.
+_OUT_OF_MEMORY = _error("memory_exceeded", "the job ran out of memory (RLIMIT_AS)")
+_TOO_LARGE = _error("output_too_large", "an output file outgrew the limit (RLIMIT_FSIZE)")
+
+
 def _errno_in_chain(exc: BaseException | None, code: int) -> bool:
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
@@ -171,9 +189,6 @@ def _run_step(request: Mapping[str, Any]) -> bytes:
     """Apply the rlimits, run the step; the result as bytes, whatever happens."""
     from pipelines import registry
 
-    # Built before RLIMIT_AS: reporting a MemoryError must not need memory.
-    out_of_memory = _error("memory_exceeded", "the job ran out of memory (RLIMIT_AS)")
-    too_large = _error("output_too_large", "an output file outgrew the limit (RLIMIT_FSIZE)")
     try:
         for name, soft, hard in request["rlimits"]:
             resource.setrlimit(getattr(resource, name), (soft, hard))
@@ -182,18 +197,18 @@ def _run_step(request: Mapping[str, Any]) -> bytes:
         outputs = step(Path(request["input_path"]), request["params"], workdir)
         return _outputs_payload(outputs)
     except MemoryError:
-        return out_of_memory
+        return _OUT_OF_MEMORY
     except registry.PipelineError as exc:
         try:
             return _error(exc.code, str(exc.message)[:1000], retryable=bool(exc.retryable))
         except MemoryError:
-            return out_of_memory
+            return _OUT_OF_MEMORY
     except BaseException as exc:
         try:
             if _errno_in_chain(exc, errno.ENOMEM):
-                return out_of_memory
+                return _OUT_OF_MEMORY
             if _errno_in_chain(exc, errno.EFBIG):
-                return too_large
+                return _TOO_LARGE
             detail = "".join(traceback.format_exception(exc))
             try:
                 sys.stderr.write(detail)
@@ -203,38 +218,42 @@ def _run_step(request: Mapping[str, Any]) -> bytes:
             message = f"{type(exc).__qualname__}: {exc}"
             return _error("pipeline_crashed", message[:1000], detail=detail[-4000:])
         except MemoryError:
-            return out_of_memory
+            return _OUT_OF_MEMORY
 
 
-def _become_job(workdir: str, result_fd: int, devnull: int, server_pid: int) -> None:
-    os.setsid()
-    _prctl(_PR_SET_PDEATHSIG, _SIGKILL)
-    if os.getppid() != server_pid:  # the server died before PDEATHSIG was set
-        os._exit(0)
-    _prctl(_PR_SET_NO_NEW_PRIVS, 1)
-
-    os.dup2(result_fd, RESULT_FD, inheritable=False)
-    os.dup2(devnull, 0)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
-    child_log = os.open(os.path.join(workdir, CHILD_LOG), flags, 0o600)
-    os.dup2(child_log, 1)
-    os.dup2(child_log, 2)
-    os.closerange(RESULT_FD + 1, max(os.sysconf("SC_OPEN_MAX"), 1024))
-
-    os.chdir(workdir)
-    os.environ["HOME"] = workdir
-    os.environ["TMPDIR"] = workdir
-    if "tempfile" in sys.modules:
-        # Found again from TMPDIR on first use.
-        sys.modules["tempfile"].tempdir = None  # type: ignore[attr-defined]
-    if "random" in sys.modules:
-        sys.modules["random"].seed()  # what os.fork()'s hook would have done
+def _warm_up() -> None:
+    """Touch what every job touches, while the spare waits: the copy-on-write faults
+    happen now instead of on the job's clock."""
+    sample = {"operation": "x", "params": {"a": [1, 2.5, None, True]}, "rlimits": [["a", 0, 0]]}
+    marshal.loads(marshal.dumps(sample))  # noqa: S302 - our own sample
+    _outputs_payload([Output("x", Path("/x") / "y", "x")])
+    json.dumps({"outputs": [], "error": {"code": "x", "retryable": False}})
+    os.path.join("/x", CHILD_LOG)
 
 
-def _child(body: bytes, result_fd: int, devnull: int, server_pid: int) -> NoReturn:
+def _spare(channel_fd: int, devnull: int, server_pid: int) -> NoReturn:
+    """A forked child waiting for its job: becomes it, runs the step, reports, exits.
+
+    Before the job: own session, PDEATHSIG, no new privileges, stdin ``/dev/null``,
+    every descriptor but its channel to the server closed, warmed up.
+    """
     try:
-        request = json.loads(body)
-        _become_job(request["workdir"], result_fd, devnull, server_pid)
+        os.setsid()
+        _prctl(_PR_SET_PDEATHSIG, _SIGKILL)
+        if os.getppid() != server_pid:  # the server died before PDEATHSIG was set
+            os._exit(0)
+        _prctl(_PR_SET_NO_NEW_PRIVS, 1)
+        os.dup2(devnull, 0)
+        os.closerange(RESULT_FD, channel_fd)
+        os.closerange(channel_fd + 1, max(os.sysconf("SC_OPEN_MAX"), 1024))
+        _warm_up()
+        channel = socket.socket(fileno=channel_fd)
+        body, fds, _flags, _address = socket.recv_fds(channel, MESSAGE_CAP, 1)
+        channel.close()
+        if not body or len(fds) != 1:  # the server is done with us
+            os._exit(0)
+        request = marshal.loads(body)  # noqa: S302 - written by the executor, never a job
+        _become_job(request["workdir"], fds[0])
     except BaseException:
         os._exit(71)  # EX_OSERR: reported as a crash without a result
     payload = _run_step(request)
@@ -248,7 +267,37 @@ def _child(body: bytes, result_fd: int, devnull: int, server_pid: int) -> NoRetu
     os._exit(status)
 
 
+def _become_job(workdir: str, result_fd: int) -> None:
+    if result_fd != RESULT_FD:
+        os.dup2(result_fd, RESULT_FD, inheritable=False)
+        os.close(result_fd)
+    else:
+        os.set_inheritable(RESULT_FD, False)  # descriptors from SCM_RIGHTS are inheritable
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+    child_log = os.open(os.path.join(workdir, CHILD_LOG), flags, 0o600)
+    os.dup2(child_log, 1)
+    os.dup2(child_log, 2)
+    os.close(child_log)
+    os.chdir(workdir)
+    os.environ["HOME"] = workdir
+    os.environ["TMPDIR"] = workdir
+    if "tempfile" in sys.modules:
+        # Found again from TMPDIR on first use.
+        sys.modules["tempfile"].tempdir = None  # type: ignore[attr-defined]
+    if "random" in sys.modules:
+        sys.modules["random"].seed()  # what os.fork()'s hook would have done
+
+
 # -- the server -----------------------------------------------------------------------
+
+
+class _Spare:
+    __slots__ = ("channel", "pid", "pidfd")
+
+    def __init__(self, pid: int, pidfd: int, channel: socket.socket) -> None:
+        self.pid = pid
+        self.pidfd = pidfd
+        self.channel = channel
 
 
 class _Job:
@@ -264,35 +313,45 @@ class _Job:
 
 
 class _Server:
-    def __init__(self, control: socket.socket, fork: Callable[[], int]) -> None:
+    def __init__(self, control: socket.socket, fork: Callable[[], int], spares: int) -> None:
         self.pid = os.getpid()
         self.control = control
         self.fork = fork
+        self.spare_target = spares
         self.devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         self.poll = select.epoll()
         self.control_fd = control.fileno()
         self.poll.register(self.control_fd, select.EPOLLIN)
         self.jobs: dict[int, _Job] = {}  # by pid
         self.by_fd: dict[int, _Job] = {}  # by pidfd and by reply socket fd
+        self.spares: dict[int, _Spare] = {}  # by pid, in the order they were forked
+        self.spare_fds: dict[int, _Spare] = {}  # by pidfd
         self.deadlines: list[tuple[float, int, _Job]] = []
         self.sequence = 0
         self.stopping = False
         self.last_sweep = 0.0
         self.sweep_due = False
+        self.refilling = spares > 0
 
     def serve(self) -> None:
         while not (self.stopping and not self.jobs):
-            for fd, _events in self.poll.poll(self._timeout()):
+            refill = self._wants_spare()
+            events = self.poll.poll(0 if refill else self._timeout())
+            control = False
+            for fd, _events in events:
                 if fd == self.control_fd:
-                    self._on_control()
+                    control = True  # after the exits: a spare that died is no candidate
                     continue
                 job = self.by_fd.get(fd)
-                if job is None:  # finished earlier in this batch
-                    continue
-                if fd == job.pidfd:
+                if job is not None:
+                    if fd == job.pidfd:
+                        self._reap()
+                    else:
+                        self._on_reply(job)
+                elif fd in self.spare_fds:
                     self._reap()
-                else:
-                    self._on_reply(job)
+            if control:
+                self._on_control()
             now = time.monotonic()
             while self.deadlines and self.deadlines[0][0] <= now:
                 job = heapq.heappop(self.deadlines)[2]
@@ -300,6 +359,8 @@ class _Server:
                     self._kill(job, "timeout")
             if self.sweep_due and now - self.last_sweep >= SWEEP_INTERVAL:
                 self._sweep(now)
+            if refill and not events:
+                self._add_spare_quietly()
         self._sweep(time.monotonic(), everything=True)
         self._reap_remaining(deadline=time.monotonic() + 5)
 
@@ -316,8 +377,70 @@ class _Server:
         if not self.stopping:
             self.stopping = True
             self.poll.unregister(self.control_fd)
+            for spare in list(self.spares.values()):
+                self._drop_spare(spare)
             for job in list(self.jobs.values()):
                 self._kill(job, "shutdown")
+
+    # -- spares
+
+    def _wants_spare(self) -> bool:
+        """Refill from half the target up to the target, one spare per idle turn.
+
+        Idle: forks never delay a request, a job's exit or a cancel. Every page the
+        server writes after a fork is copied (the spares still share it), once per
+        fork before it: refilling in a run of forks with no job work between them
+        makes the server pay that once per run instead of once per job.
+        """
+        if self.stopping or not self.spare_target:
+            return False
+        if len(self.spares) <= self.spare_target // 2:
+            self.refilling = True
+        elif len(self.spares) >= self.spare_target:
+            self.refilling = False
+        return self.refilling
+
+    def _add_spare_quietly(self) -> None:
+        try:
+            self._add_spare()
+        except OSError as exc:
+            self.refilling = False  # again when the next job takes one
+            print(f"fork server: cannot fork a spare: {exc}", file=sys.stderr, flush=True)
+
+    def _add_spare(self) -> _Spare:
+        channel, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            pid = self.fork()
+        except OSError:
+            channel.close()
+            theirs.close()
+            raise
+        if pid == 0:
+            _spare(theirs.fileno(), self.devnull, self.pid)
+        theirs.close()
+        spare = _Spare(pid, os.pidfd_open(pid), channel)
+        self.spares[pid] = spare
+        self.spare_fds[spare.pidfd] = spare
+        self.poll.register(spare.pidfd, select.EPOLLIN)
+        return spare
+
+    def _drop_spare(self, spare: _Spare) -> None:
+        """Forget a spare (it died, or we are stopping: closing its channel ends it)."""
+        self.spares.pop(spare.pid, None)
+        self.spare_fds.pop(spare.pidfd, None)
+        with suppress(OSError):
+            self.poll.unregister(spare.pidfd)
+        os.close(spare.pidfd)
+        spare.channel.close()
+
+    def _take_spare(self) -> _Spare:
+        if self.spares:
+            spare = self.spares.pop(next(iter(self.spares)))
+        else:
+            spare = self._add_spare()
+            del self.spares[spare.pid]
+        del self.spare_fds[spare.pidfd]
+        return spare
 
     # -- requests
 
@@ -339,28 +462,40 @@ class _Server:
         reply = socket.socket(fileno=fds[0])
         result_fd = fds[1]
         (wall_clock,) = REQUEST.unpack_from(data)
-        try:
-            pid = self.fork()
-        except OSError as exc:
-            os.close(result_fd)
+        body = data[REQUEST.size :]
+        spare = None
+        error = ""
+        for _attempt in range(2):  # a spare may have died without our noticing yet
+            try:
+                spare = self._take_spare()
+            except OSError as exc:
+                error = f"fork: {exc}"
+                break
+            try:
+                socket.send_fds(spare.channel, [body], [result_fd])
+                break
+            except OSError as exc:
+                error = f"spare {spare.pid}: {exc}"
+                with suppress(OSError):
+                    os.kill(spare.pid, _SIGKILL)
+                self._drop_spare(spare)  # reaped later like any stray child
+                spare = None
+        os.close(result_fd)
+        if spare is None:
             with suppress(OSError):
-                reply.send(FAILED + f"fork: {exc}".encode(), socket.MSG_DONTWAIT)
+                reply.send(FAILED + error.encode(), socket.MSG_DONTWAIT)
             reply.close()
             return
-        if pid == 0:
-            _child(data[REQUEST.size :], result_fd, self.devnull, self.pid)
-        os.close(result_fd)
-        pidfd = os.pidfd_open(pid)
-        job = _Job(pid, pidfd, reply, time.monotonic() + wall_clock)
-        self.jobs[pid] = job
-        self.by_fd[pidfd] = job
+        spare.channel.close()
+        job = _Job(spare.pid, spare.pidfd, reply, time.monotonic() + wall_clock)
+        self.jobs[job.pid] = job
+        self.by_fd[job.pidfd] = job
         self.by_fd[reply.fileno()] = job
-        self.poll.register(pidfd, select.EPOLLIN)
         self.poll.register(reply.fileno(), select.EPOLLIN)
         self.sequence += 1
         heapq.heappush(self.deadlines, (job.deadline, self.sequence, job))
         try:
-            reply.send(STARTED.pack(b"S", pid), socket.MSG_DONTWAIT)
+            reply.send(STARTED.pack(b"S", job.pid), socket.MSG_DONTWAIT)
         except OSError:
             self._kill(job, "abandoned")
 
@@ -400,6 +535,8 @@ class _Server:
             job = self.jobs.pop(pid, None)
             if job is not None:
                 self._finish(job, status, usage)
+            elif pid in self.spares:
+                self._drop_spare(self.spares[pid])
 
     def _finish(self, job: _Job, status: int, usage: resource.struct_rusage) -> None:
         duration_ms = round((time.monotonic() - job.started) * 1000)
@@ -433,8 +570,9 @@ class _Server:
         """Kill re-parented processes that no running job's group holds."""
         self.last_sweep = now
         self.sweep_due = False
+        keep = self.jobs.keys() | self.spares.keys()
         for pid, pgid in _children_of(self.pid):
-            if everything or (pid not in self.jobs and pgid not in self.jobs):
+            if everything or (pid not in keep and pgid not in keep):
                 with suppress(OSError):
                     os.kill(pid, _SIGKILL)
         self._reap()
@@ -486,7 +624,7 @@ def main(config: Mapping[str, Any]) -> None:
     gc.collect()
     gc.freeze()
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)
-    server = _Server(control, fork)
+    server = _Server(control, fork, int(config.get("spares", DEFAULT_SPARES)))
     ready = {"op": "ready", "pid": os.getpid(), "fork": getattr(fork, "__name__", "")}
     control.send(json.dumps(ready).encode())
     server.serve()

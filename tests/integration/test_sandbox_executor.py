@@ -412,6 +412,31 @@ def test_a_dead_server_fails_its_jobs_and_is_replaced(tmp_path, job_id):
         assert ex.server_pid not in (None, old_server)
 
 
+def test_without_spares_each_request_forks(tmp_path, job_id):
+    with ChildExecutor(tmp_path, preload=PRELOAD, spares=0) as ex:
+        assert ex.server_pid is not None
+        assert children_of(ex.server_pid) == []
+        assert run(ex, job_id, "test.write_files", {"files": {"a": 3}}).outputs
+        assert failure(ex, job_id + "-fail", "test.crash").code == "pipeline_crashed"
+        assert children_of(ex.server_pid) == []
+
+
+def test_spares_killed_from_outside_are_replaced(tmp_path, job_id):
+    with ChildExecutor(tmp_path, preload=PRELOAD, spares=2) as ex:
+        server = ex.server_pid
+        assert server is not None
+        assert wait_until(lambda: len(children_of(server)) == 2, 5)
+        spares = {pid for pid, _state in children_of(server)}
+        for pid in spares:
+            os.kill(pid, signal.SIGKILL)
+        # Noticed and replaced (a job given a spare as it dies would be child_killed).
+        assert wait_until(lambda: not spares & {pid for pid, _ in children_of(server)}, 5)
+        for index in range(5):
+            assert run(ex, f"{job_id}-{index}", "test.noop").outputs == []
+        assert wait_until(lambda: len(children_of(server)) == 2, 5)
+        assert all(state == b"S" for _pid, state in children_of(server))
+
+
 def test_a_preload_that_fails_is_reported(tmp_path):
     before = children_of(os.getpid())
     with pytest.raises(ChildFailed, match="no_such_module") as caught:
