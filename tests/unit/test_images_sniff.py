@@ -221,3 +221,14 @@ def test_sniff_and_params_import_no_decoder():
     )
     loaded = {name.split(".")[0] for name in json.loads(result.stdout)}
     assert not loaded & {"pyvips", "PIL", "pillow_heif", "cffi", "hypermedia"}
+
+
+def test_the_image_pipeline_imports_nothing_from_the_platform():
+    """Pipelines stand alone: no ``hypermedia`` or ``autoscaler`` (DESIGN, arrows)."""
+    code = "import json, sys; import pipelines.images; print(json.dumps(sorted(sys.modules)))"
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
+    )
+    loaded = {name.split(".")[0] for name in json.loads(result.stdout)}
+    assert "pyvips" in loaded
+    assert not loaded & {"hypermedia", "autoscaler", "PIL", "pillow_heif"}
