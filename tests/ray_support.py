@@ -117,9 +117,11 @@ def ray_stack(
             supervisor.start()
             supervisor.wait_ready()
             maintenance.start()
-            yield RayStack(stack, supervisor, settings)
-            maintenance.stop()
-            supervisor.stop(drain_timeout=10)
+            try:
+                yield RayStack(stack, supervisor, settings)
+            finally:
+                maintenance.stop()
+                supervisor.stop(drain_timeout=10)
     finally:
         maintenance.stop()
         if ray.is_initialized():

@@ -11,6 +11,7 @@ deaths nobody reports (the whole head gone).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -84,12 +85,18 @@ class Supervisor:
     # -- lifecycle --------------------------------------------------------------
 
     def start(self) -> None:
-        self.grants = GrantsActor.options(
-            num_cpus=0,
-            max_concurrency=16,
-            resources={HEAD_RESOURCE: 0.001},
-            namespace=NAMESPACE,
-        ).remote(self.actor_settings)
+        # Storage credentials go to the grants actor on the head only (boto3 reads
+        # them from the environment); pipeline actors never see them.
+        credentials = {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
+        options: dict[str, Any] = {
+            "num_cpus": 0,
+            "max_concurrency": 16,
+            "resources": {HEAD_RESOURCE: 0.001},
+            "namespace": NAMESPACE,
+        }
+        if credentials:
+            options["runtime_env"] = {"env_vars": credentials}
+        self.grants = GrantsActor.options(**options).remote(self.actor_settings)
         ray.get(self.grants.ping.remote())
         for queue, count in self.pools.items():
             for _ in range(count):
@@ -138,7 +145,15 @@ class Supervisor:
             if not refs:
                 self._stopping.wait(0.5)
                 continue
-            ready, _ = ray.wait(refs, num_returns=1, timeout=0.5)
+            try:
+                ready, _ = ray.wait(refs, num_returns=1, timeout=0.5)
+            except (SystemExit, Exception):
+                # Ray shut down under us (the driver is exiting): nothing to watch.
+                if self._stopping.is_set() or not ray.is_initialized():
+                    return
+                log.exception("supervisor: waiting on the actors failed")
+                self._stopping.wait(1.0)
+                continue
             for ref in ready:
                 self._ended(ref)
 
@@ -203,11 +218,15 @@ class Supervisor:
         return released
 
     def stop(self, drain_timeout: float = 30.0) -> None:
+        if self._thread is None and not self.members:
+            return
         try:
             self.drain(drain_timeout)
         finally:
+            self._stopping.set()
             if self._thread is not None:
                 self._thread.join(5)
+                self._thread = None
             for member in self.actors():
                 ray.kill(member.actor)
             if self.grants is not None:
