@@ -15,13 +15,24 @@ translated where they enter, with ``raise ... from exc``.
     │   └── UnsupportedFormat    refused input type
     ├── AuthenticationFailed 401 missing / bad API key
     ├── Forbidden           403  authenticated but not allowed (operator-only routes)
+    │   ├── InvalidSignature     a signed blob URL that does not verify   (storage.base)
+    │   └── UrlExpired           a signed blob URL past its expiry        (storage.base)
     ├── NotFound            404  does not exist, or belongs to someone else
     ├── Conflict            409  e.g. idempotency key reused for another request
     ├── IllegalTransition   409  a job state change the state machine forbids
     ├── PaymentRequired     402  not enough credits: nothing was created
-    └── ServiceUnavailable  503  a backing service is down
-        ├── DatabaseUnavailable
-        └── QueueUnavailable
+    ├── ServiceUnavailable  503  a backing service is down
+    │   ├── DatabaseUnavailable
+    │   ├── QueueUnavailable
+    │   └── StorageUnavailable                                          (storage.base)
+    └── TransferError            a worker's GET/PUT on a presigned URL   (storage.transfer)
+        ├── TransferDenied       403 (usually expired: retryable)
+        ├── TransferNotFound     404
+        └── TransferUnavailable  5xx, timeouts, connection failures (retryable)
+
+Errors of a job's child process are values, not this tree: ``ChildFailed`` (in
+``sandbox.outcome``) carries a code, a message and whether a retry could help,
+and ends up in the job's ``error_code`` / ``error_message``.
 """
 
 from __future__ import annotations
