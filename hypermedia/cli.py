@@ -638,10 +638,12 @@ def head() -> None:
     settings = _settings()
     local = LocalStack(settings)
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
     try:
         local.start(progress=lambda message: log.info("%s", message))
+        # After ray.init, which installs its own SIGTERM handler that would kill us
+        # before the stack is stopped.
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
         (settings.data_dir / "head.url").write_text(local.api_url)
         log.info("local stack up; API at %s", local.api_url)
         stop.wait()
