@@ -184,6 +184,29 @@ def test_what_the_child_sees(tmp_path, monkeypatch, job_id):
     assert "hello from the child" in log
 
 
+def test_a_real_image_step_runs_in_the_sandbox(executor, job_id):
+    """libvips starts threads in the child (forked without Python's hooks) under RLIMIT_AS."""
+    import pyvips
+
+    source = executor.prepare(job_id) / "input" / "source"
+    image = pyvips.Image.black(1200, 900, bands=3) + 100
+    source.write_bytes(image.write_to_buffer(".jpg[Q=90]"))
+    params = {"width": 320, "height": 320, "format": "webp"}
+    result = executor.run(
+        job_id, "thumbnail", source, params, timeout_seconds=30, memory_limit_mb=256
+    )
+    [output] = result.outputs
+    assert output.content_type == "image/webp"
+    assert output.path.is_relative_to(executor.workdir(job_id))
+    assert pyvips.Image.new_from_file(str(output.path)).width == 320
+
+
+def test_the_server_stays_single_threaded_with_the_pipelines_loaded(executor):
+    """The server forks with libc's fork(), which needs a single thread (else os.fork)."""
+    assert executor.server_pid is not None
+    assert os.listdir(f"/proc/{executor.server_pid}/task") == [str(executor.server_pid)]
+
+
 # -- failures --------------------------------------------------------------------------
 
 
