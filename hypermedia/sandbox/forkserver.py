@@ -355,7 +355,7 @@ class _Server:
             now = time.monotonic()
             while self.deadlines and self.deadlines[0][0] <= now:
                 job = heapq.heappop(self.deadlines)[2]
-                if job.pid in self.jobs:
+                if self.jobs.get(job.pid) is job:  # not finished (its pid may be reused)
                     self._kill(job, "timeout")
             if self.sweep_due and now - self.last_sweep >= SWEEP_INTERVAL:
                 self._sweep(now)
@@ -563,6 +563,14 @@ class _Server:
         os.close(job.pidfd)
         job.reply.close()
         self.sweep_due = True
+        if len(self.deadlines) > 2 * len(self.jobs) + 64:
+            # Finished jobs stay in the heap until their deadline; long timeouts at a
+            # high rate would pile them up.
+            live = self.jobs
+            self.deadlines = [
+                entry for entry in self.deadlines if live.get(entry[2].pid) is entry[2]
+            ]
+            heapq.heapify(self.deadlines)
 
     # -- what jobs leave behind
 
