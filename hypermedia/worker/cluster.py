@@ -39,13 +39,6 @@ ADDRESS_FILE = "ray_current_cluster"
 START_TIMEOUT_SECONDS = 90.0
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
-
-
 def ray_environment(token_path: Path) -> dict[str, str]:
     """The environment every process of this cluster needs (and no inherited RAY_*)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
@@ -148,6 +141,21 @@ def _ray_binary() -> str:
     return found
 
 
+def _free_ports(count: int) -> list[int]:
+    """``count`` distinct free ports: every socket stays bound until all are chosen,
+    so the kernel cannot hand the same port out twice."""
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            sockets.append(sock)
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
 def _port_arguments(head: bool) -> list[str]:
     names = [
         "--node-manager-port",
@@ -159,7 +167,7 @@ def _port_arguments(head: bool) -> list[str]:
     ]
     if head:
         names += ["--port", "--dashboard-port", "--ray-client-server-port"]
-    return [f"{name}={_free_port()}" for name in names]
+    return [f"{name}={port}" for name, port in zip(names, _free_ports(len(names)), strict=True)]
 
 
 def start_head(
