@@ -42,16 +42,18 @@ child cannot write on the reply socket, so it cannot forge how it ended; no
 listening socket exists, so it cannot ask the server for more children.
 
 A spare: new session (its pid is its process group), ``PDEATHSIG`` = SIGKILL, no
-new privileges, stdin ``/dev/null``, every descriptor but its channel closed,
-warmed up. Given a job: stdout/stderr appended to ``<workdir>/.child.log``,
+new privileges, stdin ``/dev/null``, every descriptor but its channel closed.
+Given a job: stdout/stderr appended to ``<workdir>/.child.log``,
 cwd/``HOME``/``TMPDIR`` = the workdir, rlimits applied last, then
 ``pipelines.registry.get(operation)(input, params, workdir)``.
 
 Cheap children. A fork costs what the kernel spends copying and tearing down page
 tables and what each side pays in copy-on-write faults for every page it writes
-afterwards (CPython writes reference counts all over its heap). So: forks happen
-ahead of time, in spares, off the job's clock; a spare touches the common path
-before its job arrives; the server forks with libc's ``fork()`` (the GIL held;
+afterwards (CPython writes reference counts all over its heap, ~3 us a fault on
+a virtual machine). So: forks happen ahead of time, in spares, off the job's
+clock (a spare does not pre-touch the job's path: that moved ~140 faults off the
+clock but cost ~200 more, and CPU is what bounds a busy worker); the server forks
+with libc's ``fork()`` (the GIL held;
 C-level ``pthread_atfork`` handlers still run), because Python's ``os.fork()`` hooks
 cost a child ~170 more faults, and re-seeds ``random`` itself; it keeps no Python
 signal handlers (a pidfd per child says when it exits) and its per-job work small
@@ -89,8 +91,6 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
 from pathlib import Path
 from typing import Any, NoReturn
-
-from pipelines.registry import Output
 
 RESULT_CAP = 64 * 1024  # a child's result: ~400 outputs
 MESSAGE_CAP = 256 * 1024  # any message on the control socket
@@ -221,21 +221,11 @@ def _run_step(request: Mapping[str, Any]) -> bytes:
             return _OUT_OF_MEMORY
 
 
-def _warm_up() -> None:
-    """Touch what every job touches, while the spare waits: the copy-on-write faults
-    happen now instead of on the job's clock."""
-    sample = {"operation": "x", "params": {"a": [1, 2.5, None, True]}, "rlimits": [["a", 0, 0]]}
-    marshal.loads(marshal.dumps(sample))  # noqa: S302 - our own sample
-    _outputs_payload([Output("x", Path("/x") / "y", "x")])
-    json.dumps({"outputs": [], "error": {"code": "x", "retryable": False}})
-    os.path.join("/x", CHILD_LOG)
-
-
 def _spare(channel_fd: int, devnull: int, server_pid: int) -> NoReturn:
     """A forked child waiting for its job: becomes it, runs the step, reports, exits.
 
     Before the job: own session, PDEATHSIG, no new privileges, stdin ``/dev/null``,
-    every descriptor but its channel to the server closed, warmed up.
+    every descriptor but its channel to the server closed.
     """
     try:
         os.setsid()
@@ -246,7 +236,6 @@ def _spare(channel_fd: int, devnull: int, server_pid: int) -> NoReturn:
         os.dup2(devnull, 0)
         os.closerange(RESULT_FD, channel_fd)
         os.closerange(channel_fd + 1, max(os.sysconf("SC_OPEN_MAX"), 1024))
-        _warm_up()
         channel = socket.socket(fileno=channel_fd)
         body, fds, _flags, _address = socket.recv_fds(channel, MESSAGE_CAP, 1)
         channel.close()
