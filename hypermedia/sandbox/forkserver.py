@@ -49,17 +49,18 @@ cwd/``HOME``/``TMPDIR`` = the workdir, rlimits applied last, then
 
 Cheap children. A fork costs what the kernel spends copying and tearing down page
 tables and what each side pays in copy-on-write faults for every page it writes
-afterwards (CPython writes reference counts all over its heap, ~3 us a fault on
-a virtual machine). So: forks happen ahead of time, in spares, off the job's
-clock (a spare does not pre-touch the job's path: that moved ~140 faults off the
-clock but cost ~200 more, and CPU is what bounds a busy worker); the server forks
-with libc's ``fork()`` (the GIL held;
-C-level ``pthread_atfork`` handlers still run), because Python's ``os.fork()`` hooks
-cost a child ~170 more faults, and re-seeds ``random`` itself; it keeps no Python
-signal handlers (a pidfd per child says when it exits) and its per-job work small
-(binary headers, no parsing). Raw fork is sound only in a single-threaded
-process: if a preloaded module started a thread, the server uses ``os.fork()``.
-Preloaded modules must not rely on Python-level ``os.register_at_fork`` hooks.
+afterwards (CPython writes reference counts all over its heap; ~3 us a fault on a
+virtual machine). So: forks happen ahead of time, in spares, when the server is
+idle and in runs (each page the server writes after a fork is copied once per run
+instead of once per job); a spare does not pre-touch the job's path (that moved
+~140 faults off the job's clock but cost ~200 more, and CPU is what bounds a busy
+worker); the server forks with libc's ``fork()`` (the GIL held; C-level
+``pthread_atfork`` handlers still run), because Python's ``os.fork()`` hooks cost a
+child ~170 more faults, and re-seeds ``random`` itself; it keeps no Python signal
+handlers (a pidfd per child says when it exits) and its per-job work small (binary
+headers, no parsing). Raw fork is sound only in a single-threaded process: if a
+preloaded module started a thread, the server uses ``os.fork()``. Preloaded
+modules must not rely on Python-level ``os.register_at_fork`` hooks.
 
 What jobs leave behind. The server is a child subreaper: processes a job leaves
 are re-parented to it, not to init. When a job's child exits its process group is
@@ -68,6 +69,11 @@ a sweep of ``/proc`` (at most once a second, and on shutdown). Out of reach unti
 the sandbox hardening (PID namespace or cgroup per job): a process that leaves its
 group while its parent outlives the job, and a job's group when the server itself
 is killed with SIGKILL (its direct child dies of ``PDEATHSIG``).
+
+Where the sandbox hardening goes: in :func:`_spare`, before the job arrives (off
+its clock): namespaces (network: no interfaces; PID: the job's processes die with
+it), a uid of the job's own (then ``Limits.rlimits(own_uid=True)`` adds
+``RLIMIT_NPROC``); the seccomp filter last in :func:`_run_step`, after the rlimits.
 """
 
 from __future__ import annotations
