@@ -5,22 +5,34 @@ transaction) and then mirrors the new state into Redis. If the mirror step
 fails (Redis down), the record is still right and the reaper / reconciler bring
 Redis back in line; if the record step finds the job no longer ours, Redis is
 corrected from the record. Workers (pipeline actors) call only this.
+
+The worker's hot path is batched: :meth:`Dispatcher.claim_and_start` leases up to
+``count`` jobs in Redis and claims and starts them in one transaction;
+:meth:`Dispatcher.complete_many` completes a batch in one transaction (group
+commit) and removes them from Redis in one call. Leases and profile versions come
+from the catalog, not from SELECTs.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Row, select
+from sqlalchemy import Engine, Row
 
 from hypermedia.clock import Clock, SystemClock
-from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
 from hypermedia.errors import QueueUnavailable
 from hypermedia.jobs.catalog import ProfileCatalog
-from hypermedia.jobs.repository import ClaimedJob, JobRepository, Moved, OutputRecord
+from hypermedia.jobs.repository import (
+    ClaimedJob,
+    FinishedJob,
+    JobRepository,
+    Moved,
+    OutputRecord,
+)
 from hypermedia.jobs.states import IN_FLIGHT, JobStatus
 from hypermedia.queue.redis_queue import RedisQueue, Restore
 
@@ -50,6 +62,16 @@ class Dispatcher:
         self.repository = repository or JobRepository()
         self.grace = lease_grace_seconds
         self._queue_lease: dict[str, float] = {}
+        self._leases = {
+            record.profile_id: lease_seconds(record.timeout_seconds, self.grace)
+            for record in (catalog.get(op) for op in catalog.operations())
+        }
+        self._versions = {
+            record.profile_id: record.version
+            for record in (catalog.get(op) for op in catalog.operations())
+        }
+        # A job whose profile is no longer active: the lease of a 60 s timeout.
+        self._default_lease = lease_seconds(60, self.grace)
 
     def queue_lease_seconds(self, queue: str) -> float:
         """Redis lease for a queue: the longest lease of any profile on it."""
@@ -65,42 +87,39 @@ class Dispatcher:
     # -- claim --------------------------------------------------------------------
 
     def claim(self, queue: str, worker_id: str, count: int = 1) -> list[ClaimedJob]:
-        """Lease up to ``count`` jobs in Redis, then claim each in the record.
+        """Lease up to ``count`` jobs in Redis, then claim them in the record (one
+        transaction).
 
         A popped job the record will not give us (cancelled, claimed elsewhere,
         not yet due) is put back where the record says it belongs.
         """
+        return self._claim(queue, worker_id, count, start=False)
+
+    def claim_and_start(self, queue: str, worker_id: str, count: int = 1) -> list[ClaimedJob]:
+        """:meth:`claim` and :meth:`start` in one transaction: the jobs come back
+        ``processing``, each with its attempt row. For a worker about to run them."""
+        return self._claim(queue, worker_id, count, start=True)
+
+    def _claim(self, queue: str, worker_id: str, count: int, *, start: bool) -> list[ClaimedJob]:
         now = self.clock.now()
         leased = self.queue.claim(queue, worker_id, self.queue_lease_seconds(queue), now, count)
-        claimed: list[ClaimedJob] = []
-        lost: list[str] = []
-        for entry in leased:
-            job = self._claim_one(entry.job_id, worker_id, now)
-            if job is None:
-                lost.append(entry.job_id)
-            else:
-                claimed.append(job)
-        if lost:
-            self.mirror(lost)
-        return claimed
-
-    def _claim_one(self, job_id: str, worker_id: str, now: float) -> ClaimedJob | None:
+        if not leased:
+            return []
+        job_ids = [entry.job_id for entry in leased]
         with transaction(self.engine) as conn:
-            profile_id = self._profile_id(conn, job_id)
-            if profile_id is None:
-                return None
-            profile = self.catalog.by_id(profile_id)
-            timeout = profile.timeout_seconds if profile else 60
-            return self.repository.claim(
-                conn, job_id, worker_id, now, lease_seconds(timeout, self.grace)
+            claimed = self.repository.claim_many(
+                conn,
+                job_ids,
+                worker_id,
+                now,
+                self._leases,
+                default_lease=self._default_lease,
+                start=start,
             )
-
-    @staticmethod
-    def _profile_id(conn: Connection, job_id: str) -> int | None:
-        value = conn.execute(
-            select(t.jobs.c.profile_id).where(t.jobs.c.job_id == job_id)
-        ).scalar_one_or_none()
-        return None if value is None else int(value)
+        if len(claimed) < len(job_ids):
+            ours = {job.job_id for job in claimed}
+            self.mirror([job_id for job_id in job_ids if job_id not in ours])
+        return claimed
 
     # -- running ----------------------------------------------------------------------
 
@@ -127,6 +146,13 @@ class Dispatcher:
         with transaction(self.engine) as conn:
             return self.repository.is_cancel_requested(conn, job.job_id)
 
+    def cancel_requested_among(self, job_ids: Sequence[str]) -> set[str]:
+        """Which of these jobs their users asked to cancel (one query)."""
+        if not job_ids:
+            return set()
+        with transaction(self.engine) as conn:
+            return self.repository.cancel_requested_among(conn, job_ids)
+
     # -- endings -------------------------------------------------------------------------
 
     def complete(
@@ -138,21 +164,26 @@ class Dispatcher:
         actual_millicredits: int | None = None,
         peak_memory_mb: float | None = None,
     ) -> bool:
+        finished = FinishedJob(
+            job.job_id, outputs, actual_millicredits, peak_memory_mb, job.attempt_started_at
+        )
+        return self.complete_many(worker_id, [finished])[0]
+
+    def complete_many(self, worker_id: str, finished: Sequence[FinishedJob]) -> list[bool]:
+        """Complete a batch in one transaction, then drop them from Redis in one call.
+        Answers, per job, whether it was still ours (the others are mirrored)."""
+        if not finished:
+            return []
         with transaction(self.engine) as conn:
-            moved = self.repository.complete(
-                conn,
-                job.job_id,
-                worker_id,
-                self.clock.now(),
-                outputs,
-                actual_millicredits=actual_millicredits,
-                peak_memory_mb=peak_memory_mb,
+            moved = self.repository.complete_many(
+                conn, worker_id, self.clock.now(), finished, self._versions
             )
-        if moved is None:
-            self.mirror([job.job_id])
-            return False
-        self._apply([moved])
-        return True
+        done = {m.job_id for m in moved}
+        lost = [f.job_id for f in finished if f.job_id not in done]
+        if lost:
+            self.mirror(lost)
+        self._apply(moved)
+        return [f.job_id in done for f in finished]
 
     def fail(
         self,
@@ -233,14 +264,24 @@ class Dispatcher:
     # -- mirroring the record into Redis --------------------------------------------------
 
     def _apply(self, moves: Sequence[Moved]) -> None:
+        """Mirror moves into Redis: one call per queue and kind of move."""
+        enqueue: dict[str, list[tuple[str, int]]] = defaultdict(list)
+        delay: dict[str, list[tuple[str, float]]] = defaultdict(list)
+        remove: dict[str, list[str]] = defaultdict(list)
+        for m in moves:
+            if m.status is JobStatus.QUEUED:
+                enqueue[m.queue].append((m.job_id, m.priority))
+            elif m.status is JobStatus.RETRY_WAIT and m.retry_at is not None:
+                delay[m.queue].append((m.job_id, m.retry_at))
+            else:
+                remove[m.queue].append(m.job_id)
         try:
-            for m in moves:
-                if m.status is JobStatus.QUEUED:
-                    self.queue.enqueue(m.queue, [(m.job_id, m.priority)])
-                elif m.status is JobStatus.RETRY_WAIT and m.retry_at is not None:
-                    self.queue.delay(m.queue, [(m.job_id, m.retry_at)])
-                else:
-                    self.queue.remove(m.queue, [m.job_id])
+            for queue, entries in enqueue.items():
+                self.queue.enqueue(queue, entries)
+            for queue, due in delay.items():
+                self.queue.delay(queue, due)
+            for queue, job_ids in remove.items():
+                self.queue.remove(queue, job_ids)
         except QueueUnavailable as exc:
             log.warning("redis unavailable; reconciler will mirror %d jobs: %s", len(moves), exc)
 

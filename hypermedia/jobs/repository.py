@@ -6,16 +6,44 @@ involved). A statement that matches no row means the transition was not legal
 any more (someone else claimed, cancelled, or the lease was reaped): the method
 answers ``None``/``False`` and changes nothing. Methods take an open connection
 so callers decide the transaction; none of them talks to Redis.
+
+The worker's hot path has batch forms: :meth:`JobRepository.claim_many` (one
+guarded UPDATE for the batch, one INSERT for its attempt rows; with ``start`` the
+START event is applied in the same UPDATE, which is the claim and the start in one
+transaction) and :meth:`JobRepository.complete_many` (group commit: one guarded
+UPDATE, attempts closed in one executemany, credits summed per user, one ledger
+INSERT). Their statements are built once per dialect, with bound parameters
+(``job_id = ANY(:ids)`` on PostgreSQL, so the server can keep them prepared); the
+single-job ``claim`` and ``complete`` are the batch forms with one id.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Row, and_, func, insert, select, update
+from sqlalchemy import (
+    BigInteger,
+    ColumnElement,
+    Connection,
+    Executable,
+    Float,
+    Row,
+    String,
+    and_,
+    any_,
+    bindparam,
+    case,
+    func,
+    insert,
+    literal,
+    select,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 
 from hypermedia.clock import to_datetime
@@ -29,6 +57,7 @@ from hypermedia.jobs.states import (
     JobStatus,
     decide_failure,
     sources,
+    transition,
 )
 
 
@@ -50,6 +79,7 @@ class ClaimedJob:
     attempt_count: int  # attempts counted against max_attempts, this one included
     max_attempts: int
     deadline: float  # lease / visibility timeout, epoch seconds
+    attempt_started_at: float | None = None  # the attempt row's started_at, epoch seconds
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +89,17 @@ class OutputRecord:
     size_bytes: int
     content_type: str | None = None
     object_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedJob:
+    """A job whose step succeeded and whose outputs are stored: what completing it needs."""
+
+    job_id: str
+    outputs: Sequence[OutputRecord] = ()
+    actual_millicredits: int | None = None  # None: charge the estimate
+    peak_memory_mb: float | None = None
+    attempt_started_at: float | None = None  # known to the claimant; None: read it
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +113,32 @@ class Moved:
     retry_at: float | None = None
 
 
+def _after(event: JobEvent, *then: JobEvent) -> JobStatus:
+    """The one status every source of ``event`` leads to, then through ``then``."""
+    targets = {transition(s, event) for s in sources(event)}
+    if len(targets) != 1:
+        raise ValueError(f"{event} leads to {sorted(targets)}, not one status")
+    (status,) = targets
+    for next_event in then:
+        status = transition(status, next_event)
+    return status
+
+
+def _ids_match(column: Any, dialect: str) -> ColumnElement[bool]:
+    """``column = ANY(:ids)`` on PostgreSQL (one statement text for every batch size,
+    so it stays prepared), ``column IN (:ids...)`` elsewhere."""
+    if dialect == "postgresql":
+        return column == any_(bindparam("ids", type_=postgresql.ARRAY(String)))  # type: ignore[no-any-return]
+    return column.in_(bindparam("ids", expanding=True))  # type: ignore[no-any-return]
+
+
+_UTC = t.jobs.c.updated_at.type
+
+
+def _now_param() -> Any:
+    return bindparam("b_now", type_=_UTC)
+
+
 def _insert_ignore(conn: Connection, table: Any, rows: Sequence[dict[str, Any]]) -> None:
     """INSERT ... ON CONFLICT DO NOTHING on PostgreSQL and SQLite alike."""
     if not rows:
@@ -83,6 +150,20 @@ def _insert_ignore(conn: Connection, table: Any, rows: Sequence[dict[str, Any]])
 class JobRepository:
     def __init__(self, backoff: Backoff | None = None) -> None:
         self.backoff = backoff or Backoff()
+        self._statements: dict[tuple[Any, ...], Executable] = {}
+        self._statements_lock = threading.Lock()
+
+    def _statement(
+        self, conn: Connection, key: tuple[Any, ...], build: Callable[[str], Executable]
+    ) -> Executable:
+        """The statement ``build(dialect)`` made once per (key, dialect) and kept."""
+        dialect = conn.dialect.name
+        full = (dialect, *key)
+        found = self._statements.get(full)
+        if found is None:
+            with self._statements_lock:
+                found = self._statements.setdefault(full, build(dialect))
+        return found
 
     # -- queueing --------------------------------------------------------------
 
@@ -129,61 +210,141 @@ class JobRepository:
         self, conn: Connection, job_id: str, worker_id: str, now: float, lease_seconds: float
     ) -> ClaimedJob | None:
         """The atomic claim: queued -> claimed, attempt_count + 1, attempt row. None if lost."""
-        deadline = now + lease_seconds
-        row = conn.execute(
-            update(t.jobs)
-            .where(t.jobs.c.job_id == job_id, t.jobs.c.status.in_(_guard(JobEvent.CLAIM)))
-            .values(
-                status=JobStatus.CLAIMED.value,
-                claimed_by=worker_id,
-                claimed_at=to_datetime(now),
-                visibility_timeout=to_datetime(deadline),
-                attempt_count=t.jobs.c.attempt_count + 1,
-                updated_at=to_datetime(now),
-            )
-            .returning(
-                t.jobs.c.queue,
-                t.jobs.c.operation,
-                t.jobs.c.object_id,
-                t.jobs.c.user_id,
-                t.jobs.c.profile_id,
-                t.jobs.c.priority,
-                t.jobs.c.params,
-                t.jobs.c.attempt_count,
-                t.jobs.c.max_attempts,
-            )
-        ).one_or_none()
-        if row is None:
-            return None
+        claimed = self.claim_many(conn, [job_id], worker_id, now, {}, default_lease=lease_seconds)
+        return claimed[0] if claimed else None
+
+    def claim_many(
+        self,
+        conn: Connection,
+        job_ids: Sequence[str],
+        worker_id: str,
+        now: float,
+        leases: Mapping[int, float],
+        *,
+        default_lease: float,
+        start: bool = False,
+    ) -> list[ClaimedJob]:
+        """The atomic claim of a batch: one guarded UPDATE (queued -> claimed,
+        attempt_count + 1) and one INSERT of their attempt rows.
+
+        ``leases``: lease seconds by profile id (``default_lease`` for any other).
+        ``start``: the START event too (claimed -> processing, ``started_at``), in the
+        same UPDATE: the claim's guard still decides, the row just does not stop at
+        ``claimed`` on the way. Jobs the guard refuses are left out; the claimed ones
+        come back in the order of ``job_ids``.
+        """
+        if not job_ids:
+            return []
+        profile_ids = tuple(sorted(leases))
+        stmt = self._statement(
+            conn,
+            ("claim", start, profile_ids),
+            lambda dialect: self._claim_statement(dialect, profile_ids, start),
+        )
+        params: dict[str, Any] = {
+            "ids": list(job_ids),
+            "b_worker": worker_id,
+            "b_now": to_datetime(now),
+            "b_deadline": to_datetime(now + default_lease),
+        }
+        for profile_id in profile_ids:
+            params[f"b_deadline_{profile_id}"] = to_datetime(now + leases[profile_id])
+        rows = {r.job_id: r for r in conn.execute(stmt, params)}
+        if not rows:
+            return []
         # Attempt rows are numbered 1, 2, 3 ... even when a released attempt was not
         # counted against max_attempts, so the number can run ahead of attempt_count.
-        number = conn.execute(
-            select(func.coalesce(func.max(t.attempts.c.attempt_number), 0) + 1).where(
-                t.attempts.c.job_id == job_id
+        numbers: dict[str, int] = dict(
+            conn.execute(
+                self._statement(conn, ("attempts",), self._attempts_statement),
+                {"ids": list(rows), "b_worker": worker_id, "b_now": to_datetime(now)},
+            ).all()
+        )
+        claimed = []
+        for job_id in job_ids:
+            row = rows.get(job_id)
+            if row is None:
+                continue
+            claimed.append(
+                ClaimedJob(
+                    job_id=job_id,
+                    queue=row.queue,
+                    operation=row.operation,
+                    object_id=row.object_id,
+                    user_id=row.user_id,
+                    profile_id=row.profile_id,
+                    priority=row.priority,
+                    params=row.params,
+                    attempt_number=int(numbers[job_id]),
+                    attempt_count=row.attempt_count,
+                    max_attempts=row.max_attempts,
+                    deadline=now + leases.get(row.profile_id, default_lease),
+                    attempt_started_at=now,
+                )
             )
-        ).scalar_one()
-        conn.execute(
-            insert(t.attempts).values(
-                job_id=job_id,
-                attempt_number=number,
-                worker_id=worker_id,
-                status="running",
-                started_at=to_datetime(now),
+        return claimed
+
+    @staticmethod
+    def _claim_statement(dialect: str, profile_ids: tuple[int, ...], start: bool) -> Executable:
+        j = t.jobs.c
+        now = _now_param()
+        deadline: Any = bindparam("b_deadline", type_=_UTC)
+        if profile_ids:
+            deadline = case(
+                {pid: bindparam(f"b_deadline_{pid}", type_=_UTC) for pid in profile_ids},
+                value=j.profile_id,
+                else_=deadline,
+            )
+        values: dict[str, Any] = {
+            "status": _after(JobEvent.CLAIM).value,
+            "claimed_by": bindparam("b_worker", type_=String),
+            "claimed_at": now,
+            "visibility_timeout": deadline,
+            "attempt_count": j.attempt_count + 1,
+            "updated_at": now,
+        }
+        if start:
+            values["status"] = _after(JobEvent.CLAIM, JobEvent.START).value
+            values["started_at"] = now
+        return (
+            update(t.jobs)
+            .where(_ids_match(j.job_id, dialect), j.status.in_(_guard(JobEvent.CLAIM)))
+            .values(values)
+            .returning(
+                j.job_id,
+                j.queue,
+                j.operation,
+                j.object_id,
+                j.user_id,
+                j.profile_id,
+                j.priority,
+                j.params,
+                j.attempt_count,
+                j.max_attempts,
             )
         )
-        return ClaimedJob(
-            job_id=job_id,
-            queue=row.queue,
-            operation=row.operation,
-            object_id=row.object_id,
-            user_id=row.user_id,
-            profile_id=row.profile_id,
-            priority=row.priority,
-            params=row.params,
-            attempt_number=int(number),
-            attempt_count=row.attempt_count,
-            max_attempts=row.max_attempts,
-            deadline=deadline,
+
+    @staticmethod
+    def _attempts_statement(dialect: str) -> Executable:
+        """One running attempt row per claimed job, numbered after its last one."""
+        a, j = t.attempts, t.jobs.c
+        previous = a.alias("previous")
+        number = (
+            select(func.coalesce(func.max(previous.c.attempt_number), 0) + 1)
+            .where(previous.c.job_id == j.job_id)
+            .scalar_subquery()
+        )
+        rows = select(
+            j.job_id,
+            number,
+            bindparam("b_worker", type_=String),
+            literal("running", String),
+            _now_param(),
+        ).where(_ids_match(j.job_id, dialect))
+        return (
+            insert(a)
+            .from_select(["job_id", "attempt_number", "worker_id", "status", "started_at"], rows)
+            .returning(a.c.job_id, a.c.attempt_number)
         )
 
     def start(self, conn: Connection, job_id: str, worker_id: str, now: float) -> bool:
@@ -218,10 +379,20 @@ class JobRepository:
         return result.rowcount == 1
 
     def is_cancel_requested(self, conn: Connection, job_id: str) -> bool:
-        value = conn.execute(
-            select(t.jobs.c.cancel_requested).where(t.jobs.c.job_id == job_id)
-        ).scalar_one_or_none()
-        return bool(value)
+        return job_id in self.cancel_requested_among(conn, [job_id])
+
+    def cancel_requested_among(self, conn: Connection, job_ids: Sequence[str]) -> set[str]:
+        """The jobs of ``job_ids`` whose user asked to cancel them."""
+        if not job_ids:
+            return set()
+        stmt = self._statement(
+            conn,
+            ("cancel_requested",),
+            lambda dialect: select(t.jobs.c.job_id).where(
+                _ids_match(t.jobs.c.job_id, dialect), t.jobs.c.cancel_requested.is_(True)
+            ),
+        )
+        return set(conn.execute(stmt, {"ids": list(job_ids)}).scalars())
 
     def complete(
         self,
@@ -236,60 +407,173 @@ class JobRepository:
     ) -> Moved | None:
         """processing -> completed: outputs registered (idempotently), attempt closed,
         credits charged. None if this worker no longer holds the job."""
-        job = conn.execute(
+        moved = self.complete_many(
+            conn,
+            worker_id,
+            now,
+            [FinishedJob(job_id, outputs, actual_millicredits, peak_memory_mb)],
+        )
+        return moved[0] if moved else None
+
+    def complete_many(
+        self,
+        conn: Connection,
+        worker_id: str,
+        now: float,
+        finished: Sequence[FinishedJob],
+        versions: Mapping[int, int] | None = None,
+    ) -> list[Moved]:
+        """processing -> completed for a batch (group commit): one guarded UPDATE, the
+        outputs registered (idempotently), the attempts closed in one executemany,
+        credits settled once per user and one ledger INSERT.
+
+        ``versions``: profile versions by id where the caller knows them (else read).
+        Jobs this worker no longer holds are left out of the answer and untouched.
+        """
+        if not finished:
+            return []
+        moment = to_datetime(now)
+        by_id = {f.job_id: f for f in finished}
+        # Jobs charged their estimate (the usual case) go in one UPDATE; a job with an
+        # explicit actual cost gets its own.
+        groups: dict[int | None, list[str]] = defaultdict(list)
+        for f in finished:
+            groups[f.actual_millicredits].append(f.job_id)
+        stmt = self._statement(conn, ("complete",), self._complete_statement)
+        rows: list[Row[Any]] = []
+        for actual, ids in groups.items():
+            rows.extend(
+                conn.execute(
+                    stmt, {"ids": ids, "b_worker": worker_id, "b_now": moment, "b_actual": actual}
+                )
+            )
+        if not rows:
+            return []
+        if any(by_id[r.job_id].outputs for r in rows):
+            self._register_outputs(conn, rows, by_id, now, versions or {})
+        self._close_attempts(
+            conn,
+            [
+                (r.job_id, by_id[r.job_id].attempt_started_at, by_id[r.job_id].peak_memory_mb)
+                for r in rows
+            ],
+            "completed",
+            now,
+        )
+        charged: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+        for r in rows:
+            charged[r.user_id][0] += r.actual_millicredits
+            charged[r.user_id][1] += r.estimated_millicredits
+        conn.execute(
+            insert(t.credit_ledger),
+            [
+                {
+                    "user_id": r.user_id,
+                    "job_id": r.job_id,
+                    "kind": "charge",
+                    "amount_millicredits": -r.actual_millicredits,
+                    "note": "job completed",
+                    "created_at": moment,
+                }
+                for r in rows
+            ],
+        )
+        # The account rows last: they are the rows every submit and completion of a
+        # user contends for, so hold their locks for the shortest time.
+        conn.execute(
+            self._statement(conn, ("settle",), self._settle_statement),
+            [
+                {"b_user": user_id, "b_charge": charge, "b_reserved": reserved, "b_now": moment}
+                for user_id, (charge, reserved) in sorted(charged.items())
+            ],
+        )
+        order = {f.job_id: i for i, f in enumerate(finished)}
+        rows.sort(key=lambda r: order[r.job_id])
+        return [Moved(r.job_id, r.queue, r.priority, JobStatus.COMPLETED) for r in rows]
+
+    @staticmethod
+    def _complete_statement(dialect: str) -> Executable:
+        j = t.jobs.c
+        now = _now_param()
+        return (
             update(t.jobs)
             .where(
-                t.jobs.c.job_id == job_id,
-                t.jobs.c.claimed_by == worker_id,
-                t.jobs.c.status.in_(_guard(JobEvent.COMPLETE)),
+                _ids_match(j.job_id, dialect),
+                j.claimed_by == bindparam("b_worker", type_=String),
+                j.status.in_(_guard(JobEvent.COMPLETE)),
             )
             .values(
-                status=JobStatus.COMPLETED.value,
-                completed_at=to_datetime(now),
+                status=_after(JobEvent.COMPLETE).value,
+                completed_at=now,
                 visibility_timeout=None,
-                updated_at=to_datetime(now),
+                updated_at=now,
                 actual_millicredits=func.coalesce(
-                    actual_millicredits, t.jobs.c.estimated_millicredits
+                    bindparam("b_actual", type_=BigInteger), j.estimated_millicredits
                 ),
                 error_code=None,
                 error_message=None,
             )
             .returning(
-                t.jobs.c.queue,
-                t.jobs.c.priority,
-                t.jobs.c.user_id,
-                t.jobs.c.profile_id,
-                t.jobs.c.attempt_count,
-                t.jobs.c.estimated_millicredits,
-                t.jobs.c.actual_millicredits,
+                j.job_id,
+                j.queue,
+                j.priority,
+                j.user_id,
+                j.profile_id,
+                j.estimated_millicredits,
+                j.actual_millicredits,
             )
-        ).one_or_none()
-        if job is None:
-            return None
-        version = conn.execute(
-            select(t.profiles.c.version).where(t.profiles.c.profile_id == job.profile_id)
-        ).scalar_one()
-        rows = []
-        for o in outputs:
-            object_id = o.object_id or self._derived_object(conn, job_id, job.user_id, o, now)
-            rows.append(
-                {
-                    "job_id": job_id,
-                    "output_type": o.output_type,
-                    "profile_version": version,
-                    "object_id": object_id,
-                    "storage_key": o.storage_key,
-                    "size_bytes": o.size_bytes,
-                    "content_type": o.content_type,
-                    "created_at": to_datetime(now),
-                }
-            )
-        _insert_ignore(conn, t.outputs, rows)
-        self._close_attempt(conn, job_id, "completed", now, peak_memory_mb)
-        self._settle_credits(
-            conn, job.user_id, job_id, job.estimated_millicredits, job.actual_millicredits, now
         )
-        return Moved(job_id, job.queue, job.priority, JobStatus.COMPLETED)
+
+    @staticmethod
+    def _settle_statement(dialect: str) -> Executable:
+        acct = t.credit_accounts
+        return (
+            update(acct)
+            .where(acct.c.user_id == bindparam("b_user", type_=String))
+            .values(
+                balance_millicredits=acct.c.balance_millicredits
+                - bindparam("b_charge", type_=BigInteger),
+                reserved_millicredits=acct.c.reserved_millicredits
+                - bindparam("b_reserved", type_=BigInteger),
+                updated_at=_now_param(),
+            )
+        )
+
+    def _register_outputs(
+        self,
+        conn: Connection,
+        rows: Sequence[Row[Any]],
+        finished: Mapping[str, FinishedJob],
+        now: float,
+        versions: Mapping[int, int],
+    ) -> None:
+        wanted = {r.profile_id for r in rows if finished[r.job_id].outputs} - set(versions)
+        known = dict(versions)
+        if wanted:
+            known.update(
+                conn.execute(
+                    select(t.profiles.c.profile_id, t.profiles.c.version).where(
+                        t.profiles.c.profile_id.in_(sorted(wanted))
+                    )
+                ).all()
+            )
+        records = []
+        for r in rows:
+            for o in finished[r.job_id].outputs:
+                object_id = o.object_id or self._derived_object(conn, r.job_id, r.user_id, o, now)
+                records.append(
+                    {
+                        "job_id": r.job_id,
+                        "output_type": o.output_type,
+                        "profile_version": known[r.profile_id],
+                        "object_id": object_id,
+                        "storage_key": o.storage_key,
+                        "size_bytes": o.size_bytes,
+                        "content_type": o.content_type,
+                        "created_at": to_datetime(now),
+                    }
+                )
+        _insert_ignore(conn, t.outputs, records)
 
     def fail(
         self,
@@ -543,6 +827,57 @@ class JobRepository:
         )
         return object_id
 
+    def _close_attempts(
+        self,
+        conn: Connection,
+        attempts: Iterable[tuple[str, float | None, float | None]],
+        status: str,
+        now: float,
+    ) -> None:
+        """Close the running attempt of each (job_id, its started_at if known, peak
+        memory): one executemany. Started times not given are read in one SELECT."""
+        attempts = list(attempts)
+        unknown = [job_id for job_id, started, _ in attempts if started is None]
+        started_at: dict[str, float] = {}
+        if unknown:
+            a = t.attempts.c
+            for job_id, moment in conn.execute(
+                select(a.job_id, a.started_at).where(a.job_id.in_(unknown), a.status == "running")
+            ).all():
+                started_at[job_id] = moment.timestamp()
+        params = []
+        for job_id, started, peak in attempts:
+            begun = started if started is not None else started_at.get(job_id)
+            if begun is None:
+                continue  # no running attempt (a row written before attempts existed)
+            params.append(
+                {
+                    "b_job": job_id,
+                    "b_status": status,
+                    "b_now": to_datetime(now),
+                    "b_duration": max(0, int((now - begun) * 1000)),
+                    "b_peak": peak,
+                }
+            )
+        if params:
+            conn.execute(self._statement(conn, ("close",), self._close_statement), params)
+
+    @staticmethod
+    def _close_statement(dialect: str) -> Executable:
+        a = t.attempts
+        return (
+            update(a)
+            .where(a.c.job_id == bindparam("b_job", type_=String), a.c.status == "running")
+            .values(
+                status=bindparam("b_status", type_=String),
+                finished_at=_now_param(),
+                duration_ms=bindparam("b_duration", type_=BigInteger),
+                peak_memory_mb=bindparam("b_peak", type_=Float),
+                error_code=None,
+                error_message=None,
+            )
+        )
+
     def _close_attempt(
         self,
         conn: Connection,
@@ -585,32 +920,17 @@ class JobRepository:
             )
         )
 
-    def _settle_credits(
-        self, conn: Connection, user_id: str, job_id: str, reserved: int, actual: int, now: float
-    ) -> None:
-        conn.execute(
-            update(t.credit_accounts)
-            .where(t.credit_accounts.c.user_id == user_id)
-            .values(
-                balance_millicredits=t.credit_accounts.c.balance_millicredits - actual,
-                reserved_millicredits=t.credit_accounts.c.reserved_millicredits - reserved,
-                updated_at=to_datetime(now),
-            )
-        )
-        conn.execute(
-            insert(t.credit_ledger).values(
-                user_id=user_id,
-                job_id=job_id,
-                kind="charge",
-                amount_millicredits=-actual,
-                note="job completed",
-                created_at=to_datetime(now),
-            )
-        )
-
 
 def as_epoch(moment: datetime | None) -> float | None:
     return None if moment is None else moment.timestamp()
 
 
-__all__ = ["ClaimedJob", "JobRepository", "Moved", "OutputRecord", "and_", "as_epoch"]
+__all__ = [
+    "ClaimedJob",
+    "FinishedJob",
+    "JobRepository",
+    "Moved",
+    "OutputRecord",
+    "and_",
+    "as_epoch",
+]

@@ -1,0 +1,190 @@
+"""The worker's batch steps keep the single steps' guarantees: claim-and-start only
+from ``queued``, group-committed completion only of jobs the worker holds, each job
+claimed once under concurrency, credits and attempts as the single steps leave them."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+import pytest
+from sqlalchemy import func, select
+
+from hypermedia.db import tables as t
+from hypermedia.db.engine import transaction
+from hypermedia.ingest.service import SubmitRequest
+from hypermedia.jobs.repository import FinishedJob, JobRepository, OutputRecord
+from hypermedia.jobs.states import JobStatus
+from tests.factories import make_object, make_user, open_stack, submit
+from tests.integration.test_guards import NOW, WORKER, _force, _row
+
+repo = JobRepository()
+
+
+@pytest.mark.parametrize("status", list(JobStatus))
+def test_claim_and_start_only_from_queued(pg_engine, settings, manual_clock, status):
+    stack = open_stack(settings, pg_engine, manual_clock)
+    person = make_user(stack)
+    (job_id,) = submit(stack, person, ["thumbnail"])
+    with transaction(pg_engine) as conn:
+        _force(conn, job_id, status)
+        before = _row(conn, job_id)
+        claimed = repo.claim_many(conn, [job_id], "w-new", NOW, {}, default_lease=60, start=True)
+        after = _row(conn, job_id)
+        attempts = conn.execute(
+            select(t.attempts.c.status, t.attempts.c.worker_id).where(t.attempts.c.job_id == job_id)
+        ).all()
+    if status is JobStatus.QUEUED:
+        (job,) = claimed
+        assert after["status"] == "processing" and after["claimed_by"] == "w-new"
+        assert after["started_at"] == after["claimed_at"]
+        assert after["attempt_count"] == 2  # _force left it at 1
+        assert job.attempt_count == after["attempt_count"] and job.attempt_started_at == NOW
+        assert [tuple(a) for a in attempts] == [("running", "w-new")]
+    else:
+        assert claimed == []
+        assert after == before
+        assert attempts == []
+    stack.close()
+
+
+def test_complete_many_completes_only_the_jobs_this_worker_runs(engine, settings, manual_clock):
+    stack = open_stack(settings, engine, manual_clock)
+    person = make_user(stack)
+    obj = make_object(stack, person)
+    requests = [SubmitRequest(object_id=obj, operations=["thumbnail"]) for _ in range(4)]
+    results = stack.ingest.submit_many(person.caller, requests)
+    ours = stack.dispatcher.claim_and_start("images", "mine", count=2)
+    theirs = stack.dispatcher.claim_and_start("images", "other", count=1)
+    (only_claimed,) = stack.dispatcher.claim("images", "mine", count=1)
+    assert len(ours) == 2 and len(theirs) == 1
+    with transaction(engine) as conn:
+        balance_before = _account(conn, person.caller.user_id)
+    finished = [
+        FinishedJob(job.job_id, attempt_started_at=job.attempt_started_at, peak_memory_mb=3.5)
+        for job in [*ours, *theirs, only_claimed]
+    ]
+    manual_clock.advance(2)
+    assert stack.dispatcher.complete_many("mine", finished) == [True, True, False, False]
+    estimate = results[0].estimated_millicredits
+    with transaction(engine) as conn:
+        statuses = dict(
+            conn.execute(
+                select(t.jobs.c.job_id, t.jobs.c.status).where(
+                    t.jobs.c.job_id.in_([f.job_id for f in finished])
+                )
+            ).all()
+        )
+        attempts = conn.execute(
+            select(t.attempts.c.job_id, t.attempts.c.status, t.attempts.c.duration_ms)
+        ).all()
+        ledger = conn.execute(
+            select(t.credit_ledger.c.job_id, t.credit_ledger.c.amount_millicredits).where(
+                t.credit_ledger.c.kind == "charge"
+            )
+        ).all()
+        balance_after = _account(conn, person.caller.user_id)
+    assert [statuses[f.job_id] for f in finished] == [
+        "completed",
+        "completed",
+        "processing",
+        "claimed",
+    ]
+    done = {ours[0].job_id, ours[1].job_id}
+    assert {(a.job_id, a.status, a.duration_ms) for a in attempts if a.job_id in done} == {
+        (job_id, "completed", 2000) for job_id in done
+    }
+    assert all(a.status == "running" for a in attempts if a.job_id not in done)
+    assert sorted(ledger) == sorted((job_id, -estimate) for job_id in done)
+    assert balance_after == (balance_before[0] - 2 * estimate, balance_before[1] - 2 * estimate)
+    assert set(stack.queue.members("images")) == {theirs[0].job_id, only_claimed.job_id}
+    stack.close()
+
+
+def _account(conn, user_id: str) -> tuple[int, int]:
+    acct = t.credit_accounts.c
+    row = conn.execute(
+        select(acct.balance_millicredits, acct.reserved_millicredits).where(acct.user_id == user_id)
+    ).one()
+    return int(row[0]), int(row[1])
+
+
+def test_complete_many_registers_outputs_once_per_key(engine, settings, manual_clock):
+    stack = open_stack(settings, engine, manual_clock)
+    person = make_user(stack)
+    job_ids = [submit(stack, person, ["thumbnail"])[0] for _ in range(3)]
+    jobs = stack.dispatcher.claim_and_start("images", "w", count=3)
+    assert sorted(j.job_id for j in jobs) == sorted(job_ids)
+    finished = [
+        FinishedJob(
+            job.job_id,
+            [OutputRecord("thumb.webp", f"derived/{job.job_id}/thumb.webp", 10, "image/webp")],
+            attempt_started_at=job.attempt_started_at,
+        )
+        for job in jobs
+    ]
+    assert stack.dispatcher.complete_many("w", finished) == [True] * 3
+    version = stack.catalog.get("thumbnail").version
+    with transaction(engine) as conn:
+        outputs = conn.execute(
+            select(t.outputs.c.job_id, t.outputs.c.profile_version, t.outputs.c.storage_key)
+        ).all()
+        derived = conn.execute(
+            select(func.count()).select_from(t.objects).where(t.objects.c.kind == "derived")
+        ).scalar_one()
+    assert sorted(outputs) == sorted(
+        (j.job_id, version, f"derived/{j.job_id}/thumb.webp") for j in jobs
+    )
+    assert derived == 3
+    stack.close()
+
+
+def test_claim_and_start_never_gives_a_job_twice(engine, settings):
+    stack = open_stack(settings, engine, clock=None)
+    person = make_user(stack)
+    obj = make_object(stack, person)
+    requests = [SubmitRequest(object_id=obj, operations=["thumbnail"]) for _ in range(300)]
+    job_ids = [r.job_ids[0] for r in stack.ingest.submit_many(person.caller, requests)]
+    claimed: list[str] = []
+    errors: list[BaseException] = []
+
+    def drain(worker_id: str) -> None:
+        try:
+            while batch := stack.dispatcher.claim_and_start("images", worker_id, count=7):
+                claimed.extend(job.job_id for job in batch)
+                finished = [
+                    FinishedJob(j.job_id, attempt_started_at=j.attempt_started_at) for j in batch
+                ]
+                assert all(stack.dispatcher.complete_many(worker_id, finished))
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=drain, args=(f"w{i}",)) for i in range(6)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(120)
+    assert not errors, errors
+    assert Counter(claimed) == Counter(dict.fromkeys(job_ids, 1))
+    with transaction(stack.engine) as conn:
+        statuses: dict[str, int] = dict(
+            conn.execute(select(t.jobs.c.status, func.count()).group_by(t.jobs.c.status)).all()
+        )
+        attempts = conn.execute(
+            select(t.attempts.c.status, func.count()).group_by(t.attempts.c.status)
+        ).all()
+    assert statuses == {"completed": len(job_ids)}
+    assert [tuple(a) for a in attempts] == [("completed", len(job_ids))]
+    assert stack.queue.members("images") == {}
+    stack.close()
+
+
+def test_cancel_requested_among(engine, settings, manual_clock):
+    stack = open_stack(settings, engine, manual_clock)
+    person = make_user(stack)
+    job_ids = [submit(stack, person, ["thumbnail"])[0] for _ in range(3)]
+    jobs = stack.dispatcher.claim_and_start("images", WORKER, count=3)
+    assert stack.dispatcher.cancel_requested_among([j.job_id for j in jobs]) == set()
+    stack.ingest.cancel(person.caller, job_ids[1])
+    assert stack.dispatcher.cancel_requested_among(job_ids) == {job_ids[1]}
+    stack.close()
