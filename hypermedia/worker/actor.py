@@ -7,6 +7,11 @@ from Redis themselves: Ray carries no per-job calls. ``serve()`` returns when th
 worker stops; its failing with ``RayActorError`` is how the supervisor learns the
 actor (or its node) died.
 
+``options`` tune the worker: ``prefetch`` (jobs one claim loop takes at once,
+default 1) and, for ``bench/throughput.py`` only, ``in_process_steps`` (run steps
+in the actor itself, without the per-job child: see
+:mod:`hypermedia.worker.in_process`). Production actors get no options.
+
 ``GrantsActor`` lives on the head, holds the storage credentials and issues each
 job's presigned URLs; workers never hold storage credentials. Its answers are
 values (``("ok", ...)`` / ``("error", code, message)``), translated back into
@@ -118,19 +123,32 @@ class PipelineService:
         preload: tuple[str, ...] = ("pipelines.registry",),
         heartbeat_seconds: float = 30.0,
         metrics_seconds: float = 60.0,
+        options: Mapping[str, Any] | None = None,
     ) -> None:
-        from hypermedia.sandbox.executor import ChildExecutor
         from hypermedia.stack import Stack
-        from hypermedia.worker.execute import JobExecution
+        from hypermedia.worker.execute import Executor, JobExecution
         from hypermedia.worker.worker import Worker
 
+        options = dict(options or {})
+        unknown = set(options) - {"prefetch", "in_process_steps"}
+        if unknown:
+            raise ValueError(f"unknown worker options {sorted(unknown)}")
         cfg: Settings = load_settings(**settings)
         self.stack = Stack.open(cfg)
         work_root = cfg.data_dir / "work" / worker_id
-        self.executor = ChildExecutor(work_root, preload=preload)
+        self.executor: Any
+        if options.get("in_process_steps"):
+            from hypermedia.worker.in_process import InProcessExecutor
+
+            self.executor = InProcessExecutor(work_root, preload)  # benchmark only
+        else:
+            from hypermedia.sandbox.executor import ChildExecutor
+
+            self.executor = ChildExecutor(work_root, preload=preload)
+        executor: Executor = self.executor
         grants_client = RayGrants(grants) if _is_actor_handle(grants) else grants
         execution = JobExecution(
-            self.stack.dispatcher, self.stack.catalog, grants_client, self.executor, worker_id
+            self.stack.dispatcher, self.stack.catalog, grants_client, executor, worker_id
         )
         node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
         self.worker = Worker(
@@ -145,6 +163,7 @@ class PipelineService:
             clock=self.stack.clock,
             heartbeat_seconds=heartbeat_seconds,
             metrics_seconds=metrics_seconds,
+            prefetch=int(options.get("prefetch", 1)),
         )
         self.worker.start()
 

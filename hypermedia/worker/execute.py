@@ -6,8 +6,18 @@ the head -> upload -> complete (outputs registered, credits charged). The job is
 completed only after every output is stored; any failure fails the attempt with
 a code and message (retry or failed, per the profile), and the workdir goes.
 
-While the child runs, a watcher extends the lease (long jobs) and polls
-``cancel_requested``, killing the child when the user cancelled.
+:meth:`JobExecution.run` does all of it for a claimed job. The worker's loops use
+:meth:`JobExecution.run_started` for jobs they claimed and started in one
+transaction; it stops short of the record's complete and answers a
+:class:`Completion`, which the worker's batcher commits with others (group commit).
+
+An operation whose profile sets ``params.needs_input = false`` gets no input: no
+GET URL, no download; its step is handed a path where no file is. A step that
+returns no outputs asks for no PUT URLs and uploads nothing.
+
+While jobs run, one watcher thread per execution polls ``cancel_requested`` for all
+of them in one query (killing the child of a job its user cancelled) and extends
+the lease of each long one every third of it.
 """
 
 from __future__ import annotations
@@ -15,8 +25,9 @@ from __future__ import annotations
 import logging
 import mimetypes
 import threading
+import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -27,9 +38,9 @@ from hypermedia.errors import (
     NotFound,
     QueueUnavailable,
 )
-from hypermedia.jobs.catalog import ProfileCatalog
+from hypermedia.jobs.catalog import ProfileCatalog, ProfileRecord
 from hypermedia.jobs.dispatcher import Dispatcher, lease_seconds
-from hypermedia.jobs.repository import ClaimedJob, OutputRecord
+from hypermedia.jobs.repository import ClaimedJob, FinishedJob, OutputRecord
 from hypermedia.sandbox.outcome import ChildFailed
 from hypermedia.storage import transfer
 from hypermedia.storage.grants import OutputGrant
@@ -37,6 +48,7 @@ from hypermedia.storage.grants import OutputGrant
 log = logging.getLogger(__name__)
 
 CANCEL_POLL_SECONDS = 2.0
+NEEDS_INPUT = "needs_input"  # profile param: false for operations that read no input
 
 
 class Grants(Protocol):
@@ -69,7 +81,7 @@ class ChildResultLike(Protocol):
     def duration_ms(self) -> int: ...
 
     @property
-    def peak_memory_mb(self) -> float: ...
+    def peak_memory_mb(self) -> float | None: ...
 
 
 class Executor(Protocol):
@@ -98,8 +110,37 @@ class Outcome:
     error_code: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """A job whose step succeeded and whose outputs are stored: only the record's
+    complete is left to do."""
+
+    job: ClaimedJob
+    outputs: list[OutputRecord]
+    peak_memory_mb: float | None
+
+    def finished(self) -> FinishedJob:
+        return FinishedJob(
+            self.job.job_id,
+            self.outputs,
+            peak_memory_mb=self.peak_memory_mb,
+            attempt_started_at=self.job.attempt_started_at,
+        )
+
+
+@dataclass(slots=True)
+class _Watched:
+    """A running job as the watcher sees it."""
+
+    job: ClaimedJob
+    lease: float
+    next_extend: float  # monotonic seconds
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+
 class JobExecution:
-    """Runs claimed jobs for one worker. Thread-safe: each loop calls ``run``."""
+    """Runs claimed jobs for one worker. Thread-safe: each loop calls ``run`` or
+    ``run_started``."""
 
     def __init__(
         self,
@@ -108,15 +149,20 @@ class JobExecution:
         grants: Grants,
         executor: Executor,
         worker_id: str,
+        *,
+        poll_seconds: float = CANCEL_POLL_SECONDS,
     ) -> None:
         self.dispatcher = dispatcher
         self.catalog = catalog
         self.grants = grants
         self.executor = executor
         self.worker_id = worker_id
-        self._running: dict[str, ClaimedJob] = {}
+        self.poll_seconds = poll_seconds
+        self._running: dict[str, _Watched] = {}
         self._releasing: set[str] = set()
         self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._watcher: threading.Thread | None = None
 
     def running(self) -> list[str]:
         with self._lock:
@@ -132,70 +178,67 @@ class JobExecution:
             self.executor.cancel(job_id)
         return jobs
 
+    def close(self) -> None:
+        """Stop the watcher (running jobs are the caller's to finish first)."""
+        self._closed.set()
+        watcher = self._watcher
+        if watcher is not None:
+            watcher.join(5)
+
     def run(self, job: ClaimedJob) -> Outcome:
+        """start, run, store and complete a claimed job."""
+        if not self.dispatcher.start(job, self.worker_id):
+            return Outcome(job.job_id, "lost")
+        result = self.run_started(job)
+        if isinstance(result, Outcome):
+            return result
+        ok = self.dispatcher.complete(
+            job, self.worker_id, result.outputs, peak_memory_mb=result.peak_memory_mb
+        )
+        return Outcome(job.job_id, "completed" if ok else "lost")
+
+    def run_started(self, job: ClaimedJob) -> Outcome | Completion:
+        """Run a job that is already ``processing`` for this worker; a
+        :class:`Completion` when only the record's complete is left."""
+        profile = self.catalog.by_id(job.profile_id)
+        lease = lease_seconds(profile.timeout_seconds if profile else 60, self.dispatcher.grace)
+        watched = _Watched(job, lease, time.monotonic() + lease / 3)
         with self._lock:
-            self._running[job.job_id] = job
+            self._running[job.job_id] = watched
+            if self._watcher is None and not self._closed.is_set():
+                self._watcher = threading.Thread(
+                    target=self._watch, name=f"{self.worker_id}-watch", daemon=True
+                )
+                self._watcher.start()
         try:
-            return self._run(job)
+            if profile is None:
+                return self._fail(job, "profile_missing", "the job's profile is not active", False)
+            return self._execute(job, profile, watched.cancelled)
         finally:
             with self._lock:
                 self._running.pop(job.job_id, None)
                 self._releasing.discard(job.job_id)
-
-    def _run(self, job: ClaimedJob) -> Outcome:
-        if not self.dispatcher.start(job, self.worker_id):
-            return Outcome(job.job_id, "lost")
-        profile = self.catalog.by_id(job.profile_id)
-        if profile is None:
-            return self._fail(job, "profile_missing", "the job's profile is not active", False)
-        stop_watch = threading.Event()
-        cancelled = threading.Event()
-        watcher = threading.Thread(
-            target=self._watch,
-            args=(
-                job,
-                lease_seconds(profile.timeout_seconds, self.dispatcher.grace),
-                stop_watch,
-                cancelled,
-            ),
-            name=f"watch-{job.job_id[-8:]}",
-            daemon=True,
-        )
-        watcher.start()
-        try:
-            return self._execute(
-                job,
-                profile.timeout_seconds,
-                profile.memory_limit_mb,
-                profile.max_input_bytes,
-                cancelled,
-            )
-        finally:
-            stop_watch.set()
-            watcher.join(5)
             self.executor.cleanup(job.job_id)
 
     def _execute(
-        self,
-        job: ClaimedJob,
-        timeout_seconds: int,
-        memory_limit_mb: int,
-        max_input_bytes: int,
-        cancelled: threading.Event,
-    ) -> Outcome:
+        self, job: ClaimedJob, profile: ProfileRecord, cancelled: threading.Event
+    ) -> Outcome | Completion:
         try:
             workdir = self.executor.prepare(job.job_id)
             input_path = workdir / "input" / "source"
-            transfer.download(
-                self.grants.input_url(job.job_id, self.worker_id), input_path, max_input_bytes
-            )
+            if profile.params.get(NEEDS_INPUT, True) is not False:
+                transfer.download(
+                    self.grants.input_url(job.job_id, self.worker_id),
+                    input_path,
+                    profile.max_input_bytes,
+                )
             result = self.executor.run(
                 job.job_id,
                 job.operation,
                 input_path,
                 job.params,
-                timeout_seconds=timeout_seconds,
-                memory_limit_mb=memory_limit_mb,
+                timeout_seconds=profile.timeout_seconds,
+                memory_limit_mb=profile.memory_limit_mb,
             )
             records = self._store(job, result.outputs)
         except ChildFailed as exc:
@@ -219,11 +262,7 @@ class JobExecution:
             return self._fail(job, exc.code, exc.message, retryable)
         if cancelled.is_set() and self.dispatcher.honour_cancel(job, self.worker_id):
             return Outcome(job.job_id, "cancelled")
-        if self.dispatcher.complete(
-            job, self.worker_id, records, peak_memory_mb=result.peak_memory_mb
-        ):
-            return Outcome(job.job_id, "completed")
-        return Outcome(job.job_id, "lost")
+        return Completion(job, records, result.peak_memory_mb)
 
     def _store(self, job: ClaimedJob, outputs: Sequence[ChildOutput]) -> list[OutputRecord]:
         if not outputs:
@@ -261,21 +300,24 @@ class JobExecution:
             return Outcome(job.job_id, "cancelled")
         return Outcome(job.job_id, "lost")
 
-    def _watch(
-        self, job: ClaimedJob, lease: float, stop: threading.Event, cancelled: threading.Event
-    ) -> None:
-        """Extend the lease every third of it; kill the child if the user cancels."""
-        next_extend = lease / 3
-        waited = 0.0
-        while not stop.wait(CANCEL_POLL_SECONDS):
-            waited += CANCEL_POLL_SECONDS
+    def _watch(self) -> None:
+        """Every ``poll_seconds``: one query for the running jobs' cancel requests
+        (their children are killed), and a longer lease for each job a third of
+        whose lease has passed since it started or was last extended."""
+        while not self._closed.wait(self.poll_seconds):
+            with self._lock:
+                watched = [w for w in self._running.values() if not w.cancelled.is_set()]
+            if not watched:
+                continue
             try:
-                if self.dispatcher.cancel_requested(job):
-                    cancelled.set()
-                    self.executor.cancel(job.job_id)
-                    return
-                if waited >= next_extend:
-                    self.dispatcher.extend(job, self.worker_id, lease)
-                    next_extend += lease / 3
+                requested = self.dispatcher.cancel_requested_among([w.job.job_id for w in watched])
+                now = time.monotonic()
+                for w in watched:
+                    if w.job.job_id in requested:
+                        w.cancelled.set()
+                        self.executor.cancel(w.job.job_id)
+                    elif now >= w.next_extend:
+                        self.dispatcher.extend(w.job, self.worker_id, w.lease)
+                        w.next_extend = now + w.lease / 3
             except HypermediaError as exc:
-                log.warning("watcher of %s: %s", job.job_id, exc, extra={"job_id": job.job_id})
+                log.warning("watcher: %s", exc, extra={"worker_id": self.worker_id})

@@ -68,13 +68,17 @@ class Supervisor:
         preload: tuple[str, ...] = ("pipelines.registry",),
         heartbeat_seconds: float = 30.0,
         metrics_seconds: float = 60.0,
+        worker_options: Mapping[str, Any] | None = None,
     ) -> None:
+        """``worker_options``: passed to every pipeline actor (see
+        :class:`~hypermedia.worker.actor.PipelineService`); none in production."""
         self.stack = stack
         self.actor_settings = actor_settings
         self.pools = dict(pools)
         self.preload = preload
         self.heartbeat_seconds = heartbeat_seconds
         self.metrics_seconds = metrics_seconds
+        self.worker_options = dict(worker_options or {})
         self.members: dict[Any, Member] = {}
         self.events = SupervisorEvents()
         self.grants: Any = None
@@ -122,6 +126,7 @@ class Supervisor:
             self.preload,
             self.heartbeat_seconds,
             self.metrics_seconds,
+            self.worker_options,
         )
         member = Member(worker_id, queue, actor, actor.serve.remote())
         with self._lock:
@@ -180,7 +185,6 @@ class Supervisor:
             reason,
             extra={"worker_id": member.worker_id, "queue": member.queue, "action": "died"},
         )
-        self.events.died.append(member.worker_id)
         try:
             recovered = self.stack.dispatcher.recover_worker(member.worker_id, reason[:500])
             self.events.recovered_jobs.extend(recovered)
@@ -192,6 +196,8 @@ class Supervisor:
                 )
         except HypermediaError as exc:
             log.warning("recovering %s: %s (the reaper will)", member.worker_id, exc)
+        # Recorded once handled: whoever sees the death sees its jobs recovered too.
+        self.events.died.append(member.worker_id)
         if not self._stopping.is_set():
             self._spawn(member.queue)
 

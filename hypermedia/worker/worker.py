@@ -1,14 +1,26 @@
-"""A worker: one queue, N claim loops, a heartbeat, metrics, drain.
+"""A worker: one queue, N claim loops, a completion batcher, a heartbeat, metrics, drain.
 
 Each claim loop pulls from Redis itself (a Ray call per job would cap
-throughput): lease a job, claim it in the record, run it (see ``execute``), and
-when the queue is empty block on the queue's wake-up list for up to a second.
+throughput): lease up to ``prefetch`` jobs, claim and start them in the record in
+one transaction, run them one after another (see ``execute``), and when the queue
+is empty block on the queue's wake-up list for up to a second. ``prefetch`` is 1
+unless the jobs are short: the jobs a loop holds are ``processing`` from the claim
+on, and wait their turn in that loop.
+
+A job whose step succeeded goes to the :class:`CompletionBatcher`, and its loop
+goes on to the next job. The batcher completes whatever has gathered in one
+transaction (group commit) while the loops run the next jobs; a job is counted
+completed when that transaction has committed. If the worker dies first, the job
+is still ``processing`` in the record and runs again (at least once; outputs are
+written to the same keys).
+
 The worker registers in ``workers``, heartbeats every ``heartbeat_seconds`` and
 writes a ``worker_metrics`` row every ``metrics_seconds``.
 
-``drain(timeout)``: stop claiming, let running jobs finish; whatever still runs
-after ``timeout`` is stopped and handed straight back to its queue (no attempt
-spent). This class knows nothing of Ray; the actor wraps it.
+``drain(timeout)``: stop claiming, hand back jobs claimed but not started, let
+running jobs finish; whatever still runs after ``timeout`` is stopped and handed
+straight back to its queue (no attempt spent); completions are committed before
+the worker stops. This class knows nothing of Ray; the actor wraps it.
 """
 
 from __future__ import annotations
@@ -18,7 +30,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import psutil
@@ -29,12 +41,16 @@ from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
 from hypermedia.errors import DatabaseUnavailable, HypermediaError, QueueUnavailable
 from hypermedia.jobs.dispatcher import Dispatcher
-from hypermedia.worker.execute import JobExecution, Outcome
+from hypermedia.jobs.repository import ClaimedJob
+from hypermedia.worker.execute import Completion, JobExecution, Outcome
 
 log = logging.getLogger(__name__)
 
 IDLE_WAIT_SECONDS = 1.0
 MAX_ERROR_BACKOFF_SECONDS = 5.0
+COMPLETION_BATCH = 256  # jobs per group commit, at most
+COMPLETION_BACKLOG = 4096  # finished jobs waiting for their commit before loops wait
+COMPLETION_TRIES = 8  # then the jobs are left processing: their leases expire, they rerun
 
 
 @dataclass
@@ -60,6 +76,100 @@ class WorkerStats:
         setattr(self, attribute, getattr(self, attribute) + 1)
 
 
+class CompletionBatcher:
+    """Group commit of finished jobs for one worker (see the module docstring).
+
+    ``add`` returns at once (it waits only when ``max_backlog`` jobs are waiting);
+    one thread completes up to ``max_batch`` of what has gathered per transaction
+    with :meth:`Dispatcher.complete_many` and reports each job's :class:`Outcome`
+    to ``on_outcome``. A batch whose transaction fails (database down) is tried
+    again with backoff, ``tries`` times; then its jobs are left to their leases.
+    ``close`` commits what is left and stops the thread.
+    """
+
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        worker_id: str,
+        on_outcome: Callable[[Outcome], None],
+        *,
+        max_batch: int = COMPLETION_BATCH,
+        max_backlog: int = COMPLETION_BACKLOG,
+        tries: int = COMPLETION_TRIES,
+    ) -> None:
+        self.dispatcher = dispatcher
+        self.worker_id = worker_id
+        self.on_outcome = on_outcome
+        self.max_batch = max_batch
+        self.max_backlog = max_backlog
+        self.tries = tries
+        self.commits = 0
+        self._pending: list[Completion] = []
+        self._cond = threading.Condition()
+        self._closing = False
+        self._thread = threading.Thread(target=self._run, name=f"{worker_id}-complete", daemon=True)
+        self._thread.start()
+
+    def add(self, completion: Completion) -> None:
+        with self._cond:
+            while len(self._pending) >= self.max_backlog and not self._closing:
+                self._cond.wait()
+            self._pending.append(completion)
+            self._cond.notify_all()
+
+    def close(self, timeout: float = 60.0) -> None:
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            log.warning("completion batcher of %s still busy after %.0f s", self.worker_id, timeout)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending and not self._closing:
+                    self._cond.wait()
+                if not self._pending:
+                    return
+                batch = self._pending[: self.max_batch]
+                del self._pending[: self.max_batch]
+                self._cond.notify_all()
+            self._commit(batch)
+
+    def _commit(self, batch: Sequence[Completion]) -> None:
+        backoff = 0.1
+        for attempt in range(1, self.tries + 1):
+            try:
+                done = self.dispatcher.complete_many(self.worker_id, [c.finished() for c in batch])
+                break
+            except DatabaseUnavailable as exc:
+                log.warning(
+                    "completing %d jobs (try %d of %d): %s",
+                    len(batch),
+                    attempt,
+                    self.tries,
+                    exc,
+                    extra={"worker_id": self.worker_id, "action": "complete"},
+                )
+            except Exception:
+                log.exception(
+                    "completing %d jobs failed", len(batch), extra={"worker_id": self.worker_id}
+                )
+                break
+            time.sleep(backoff)
+            backoff = min(backoff * 2, MAX_ERROR_BACKOFF_SECONDS)
+        else:
+            done = None
+        if done is None or len(done) != len(batch):
+            # Left processing in the record: the reaper fails them when their leases
+            # expire and they run again.
+            done = [False] * len(batch)
+        self.commits += 1
+        for completion, ok in zip(batch, done, strict=True):
+            self.on_outcome(Outcome(completion.job.job_id, "completed" if ok else "lost"))
+
+
 class Worker:
     def __init__(
         self,
@@ -76,6 +186,7 @@ class Worker:
         heartbeat_seconds: float = 30.0,
         metrics_seconds: float = 60.0,
         on_outcome: Callable[[Outcome], None] | None = None,
+        prefetch: int = 1,
     ) -> None:
         self.worker_id = worker_id
         self.queue = queue
@@ -89,11 +200,14 @@ class Worker:
         self.heartbeat_seconds = heartbeat_seconds
         self.metrics_seconds = metrics_seconds
         self.on_outcome = on_outcome
+        self.prefetch = max(1, prefetch)
+        self.completions: CompletionBatcher | None = None
         self.stats = WorkerStats()
         self._stats_lock = threading.Lock()
         self._claiming = threading.Event()
         self._stopped = threading.Event()
         self._loops: list[threading.Thread] = []
+        self._handed_back: list[str] = []
         self._upkeep: threading.Thread | None = None
         self._process = psutil.Process()
         self._last_metrics = (time.monotonic(), 0)
@@ -102,6 +216,7 @@ class Worker:
 
     def start(self) -> None:
         self._register()
+        self.completions = CompletionBatcher(self.dispatcher, self.worker_id, self._record)
         self._claiming.set()
         for index in range(self.concurrency):
             loop = threading.Thread(
@@ -135,13 +250,17 @@ class Worker:
             for loop in self._loops:
                 loop.join(30)
         self.stop()
-        return released
+        with self._stats_lock:
+            return released + self._handed_back
 
     def stop(self) -> None:
         self._claiming.clear()
-        self._stopped.set()
         for loop in self._loops:
             loop.join(30)
+        if self.completions is not None:
+            self.completions.close()
+        self.execution.close()
+        self._stopped.set()
         if self._upkeep is not None:
             self._upkeep.join(10)
         self._set_status("stopped", stopped=True)
@@ -160,15 +279,13 @@ class Worker:
         backoff = 0.1
         while self._claiming.is_set():
             try:
-                jobs = self.dispatcher.claim(self.queue, self.worker_id)
+                jobs = self.dispatcher.claim_and_start(self.queue, self.worker_id, self.prefetch)
                 if not jobs:
                     self.dispatcher.queue.wait(self.queue, IDLE_WAIT_SECONDS)
                     continue
-                for job in jobs:
-                    with self._stats_lock:
-                        self.stats.claimed += 1
-                    outcome = self.execution.run(job)
-                    self._record(outcome)
+                with self._stats_lock:
+                    self.stats.claimed += len(jobs)
+                self._run_batch(jobs)
                 backoff = 0.1
             except (QueueUnavailable, DatabaseUnavailable) as exc:
                 # A backing service is down: nothing is lost (the record is the
@@ -184,6 +301,37 @@ class Worker:
                 log.exception("claim loop error", extra={"worker_id": self.worker_id})
                 self._stopped.wait(backoff)
                 backoff = min(backoff * 2, MAX_ERROR_BACKOFF_SECONDS)
+
+    def _run_batch(self, jobs: Sequence[ClaimedJob]) -> None:
+        """Run the jobs one claim gave this loop, in order; once the worker drains,
+        hand back the ones not begun."""
+        assert self.completions is not None
+        for index, job in enumerate(jobs):
+            if index and not self._claiming.is_set():
+                self._hand_back(jobs[index:])
+                return
+            try:
+                result = self.execution.run_started(job)
+            except BaseException:
+                self._hand_back(jobs[index + 1 :])
+                raise
+            if isinstance(result, Completion):
+                self.completions.add(result)
+            else:
+                self._record(result)
+
+    def _hand_back(self, jobs: Sequence[ClaimedJob]) -> None:
+        for job in jobs:
+            try:
+                released = self.dispatcher.release(job, self.worker_id)
+            except HypermediaError as exc:
+                # Still processing in the record: the lease reaper hands it back.
+                log.warning("could not hand back %s: %s", job.job_id, exc)
+                continue
+            if released:
+                with self._stats_lock:
+                    self._handed_back.append(job.job_id)
+            self._record(Outcome(job.job_id, "released" if released else "lost"))
 
     def _record(self, outcome: Outcome) -> None:
         with self._stats_lock:

@@ -1,0 +1,90 @@
+"""BENCHMARK ONLY: run pipeline steps in the worker's own process.
+
+:class:`InProcessExecutor` has the executor interface of
+:class:`~hypermedia.sandbox.executor.ChildExecutor` without the child: no address
+space of its own, no rlimits, no wall clock, no kill on cancel. It exists so
+``bench/throughput.py`` can measure the job path (Redis, the record, the actor)
+apart from the per-job child. Production workers always run steps in the child;
+the pipeline actor uses this only when its ``options`` say
+``in_process_steps=True``, which nothing but the benchmark sets.
+"""
+
+from __future__ import annotations
+
+import importlib
+import shutil
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hypermedia.sandbox.limits import DEFAULT_MAX_OUTPUT_BYTES
+from hypermedia.sandbox.outcome import ChildFailed, validate_outputs
+from pipelines.registry import Output, PipelineError
+from pipelines.registry import get as get_step
+
+
+@dataclass(frozen=True, slots=True)
+class InProcessResult:
+    outputs: list[Output]
+    duration_ms: int
+    peak_memory_mb: float | None = None  # not measurable per job in a shared process
+
+
+class InProcessExecutor:
+    """Steps called directly (see the module docstring: benchmark only)."""
+
+    def __init__(self, work_root: Path, preload: Sequence[str] = ("pipelines.registry",)) -> None:
+        for module in preload:
+            importlib.import_module(module)
+        self._jobs_root = Path(work_root).resolve() / "jobs"
+        self._jobs_root.mkdir(parents=True, exist_ok=True, mode=0o700)
+
+    def workdir(self, job_id: str) -> Path:
+        return self._jobs_root / job_id
+
+    def prepare(self, job_id: str) -> Path:
+        workdir = self.workdir(job_id)
+        (workdir / "input").mkdir(parents=True, exist_ok=True, mode=0o700)
+        return workdir
+
+    def run(
+        self,
+        job_id: str,
+        operation: str,
+        input_path: Path,
+        params: Mapping[str, Any],
+        *,
+        timeout_seconds: float,
+        memory_limit_mb: int,
+    ) -> InProcessResult:
+        workdir = self.workdir(job_id)
+        started = time.monotonic()
+        try:
+            step = get_step(operation)
+            outputs = step(input_path, params, workdir)
+        except PipelineError as exc:
+            raise ChildFailed(exc.code, exc.message, retryable=exc.retryable) from exc
+        except Exception as exc:
+            raise ChildFailed(
+                "pipeline_crashed", f"{type(exc).__name__}: {exc}", retryable=False
+            ) from exc
+        raw = [
+            {"output_type": o.output_type, "content_type": o.content_type, "path": str(o.path)}
+            for o in outputs
+        ]
+        checked = validate_outputs(raw, workdir, DEFAULT_MAX_OUTPUT_BYTES) if raw else []
+        return InProcessResult(checked, int((time.monotonic() - started) * 1000))
+
+    def cancel(self, job_id: str) -> bool:
+        return False  # a step in this process cannot be killed
+
+    def child_pid(self, job_id: str) -> int | None:
+        return None
+
+    def cleanup(self, job_id: str) -> None:
+        shutil.rmtree(self.workdir(job_id), ignore_errors=True)
+
+    def close(self) -> None:
+        """Nothing to stop."""

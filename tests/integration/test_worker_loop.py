@@ -1,0 +1,169 @@
+"""The worker's loops without Ray: claim-and-start with prefetch, the completion
+batcher (group commit), operations that need no input, drain with prefetched jobs.
+
+Steps run in-process (:class:`~hypermedia.worker.in_process.InProcessExecutor`, the
+benchmark's executor) so these tests are about the job path, not the sandbox,
+which ``test_sandbox_executor`` and ``test_workers`` cover.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+
+from sqlalchemy import func, select
+
+from hypermedia.db import tables as t
+from hypermedia.db.engine import transaction
+from hypermedia.ingest.service import SubmitRequest
+from hypermedia.stack import Stack
+from hypermedia.storage.grants import OutputGrant
+from hypermedia.worker.execute import JobExecution
+from hypermedia.worker.in_process import InProcessExecutor
+from hypermedia.worker.worker import Worker
+from tests import ray_support
+from tests.factories import make_object, make_user, open_stack
+from tests.pipelines_for_tests import PRELOAD
+
+
+class NoGrants:
+    """Grants that must not be asked: a no-input, no-output job needs none."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def input_url(self, job_id: str, worker_id: str) -> str:
+        self.calls += 1
+        raise AssertionError("a job that needs no input asked for its input URL")
+
+    def output_urls(
+        self, job_id: str, worker_id: str, output_types: Mapping[str, str | None]
+    ) -> dict[str, OutputGrant]:
+        self.calls += 1
+        raise AssertionError("a job with no outputs asked for output URLs")
+
+
+@contextmanager
+def running_worker(
+    stack: Stack, tmp_path: Path, *, prefetch: int, concurrency: int = 2
+) -> Iterator[tuple[Worker, NoGrants]]:
+    grants = NoGrants()
+    executor = InProcessExecutor(tmp_path / "work", PRELOAD)
+    execution = JobExecution(stack.dispatcher, stack.catalog, grants, executor, "loop-w")
+    worker = Worker(
+        worker_id="loop-w",
+        queue="bulk",
+        concurrency=concurrency,
+        engine=stack.engine,
+        dispatcher=stack.dispatcher,
+        execution=execution,
+        work_root=str(tmp_path / "work"),
+        clock=stack.clock,
+        prefetch=prefetch,
+    )
+    worker.start()
+    try:
+        yield worker, grants
+    finally:
+        if not worker.wait(0):
+            worker.stop()
+
+
+def _submit_noops(stack: Stack, count: int) -> list[str]:
+    person = make_user(stack)
+    obj = make_object(stack, person)
+    requests = [SubmitRequest(object_id=obj, operations=["test.noop"]) for _ in range(count)]
+    return [r.job_ids[0] for r in stack.ingest.submit_many(person.caller, requests)]
+
+
+def _statuses(stack: Stack) -> dict[str, int]:
+    with transaction(stack.engine) as conn:
+        return {
+            str(k): int(v)
+            for k, v in conn.execute(
+                select(t.jobs.c.status, func.count()).group_by(t.jobs.c.status)
+            ).all()
+        }
+
+
+def _wait(predicate, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_noop_jobs_drain_through_prefetch_and_group_commit(engine, settings, tmp_path):
+    stack = open_stack(settings, engine, None, profiles_path=ray_support.test_profiles(tmp_path))
+    job_ids = _submit_noops(stack, 300)
+    with running_worker(stack, tmp_path, prefetch=25) as (worker, grants):
+        _wait(lambda: worker.stats.completed == len(job_ids))
+        worker.stop()
+    assert grants.calls == 0
+    assert worker.stats.claimed == len(job_ids) and worker.stats.lost == 0
+    assert worker.completions is not None and worker.completions.commits < len(job_ids)
+    assert _statuses(stack) == {"completed": len(job_ids)}
+    with transaction(stack.engine) as conn:
+        attempts = conn.execute(
+            select(t.attempts.c.status, func.count()).group_by(t.attempts.c.status)
+        ).all()
+        charges = conn.execute(
+            select(func.count())
+            .select_from(t.credit_ledger)
+            .where(t.credit_ledger.c.kind == "charge")
+        ).scalar_one()
+        reserved = conn.execute(select(t.credit_accounts.c.reserved_millicredits)).scalars().all()
+    assert [tuple(a) for a in attempts] == [("completed", len(job_ids))]
+    assert charges == len(job_ids)
+    assert set(reserved) == {0}
+    assert stack.queue.counts("bulk").leased == 0
+    assert not list((tmp_path / "work" / "jobs").iterdir())  # every workdir removed
+    stack.close()
+
+
+def _profiles_without_input(directory: Path, operation: str) -> Path:
+    """The test profiles, with ``operation`` reading no input (so no storage needed)."""
+    path = ray_support.test_profiles(directory)
+    header = f'[profiles."{operation}"]\n'
+    text = path.read_text()
+    assert header in text
+    path.write_text(text.replace(header, header + "params = { needs_input = false }\n"))
+    return path
+
+
+def test_drain_hands_back_prefetched_jobs_not_begun(pg_engine, settings, tmp_path):
+    profiles = _profiles_without_input(tmp_path, "test.sleep")
+    stack = open_stack(settings, pg_engine, None, profiles_path=profiles)
+    person = make_user(stack)
+    obj = make_object(stack, person)
+    params = {"test.sleep": {"seconds": 1}}
+    requests = [
+        SubmitRequest(object_id=obj, operations=["test.sleep"], params=params) for _ in range(4)
+    ]
+    job_ids = [r.job_ids[0] for r in stack.ingest.submit_many(person.caller, requests)]
+    executor = InProcessExecutor(tmp_path / "work", PRELOAD)
+    execution = JobExecution(stack.dispatcher, stack.catalog, NoGrants(), executor, "drainer")
+    worker = Worker(  # one loop takes all four jobs at once
+        worker_id="drainer",
+        queue="images",
+        concurrency=1,
+        engine=stack.engine,
+        dispatcher=stack.dispatcher,
+        execution=execution,
+        work_root=str(tmp_path / "work"),
+        clock=stack.clock,
+        prefetch=4,
+    )
+    worker.start()
+    _wait(lambda: _statuses(stack).get("processing") == 4)
+    handed_back = worker.drain(timeout=30)
+    assert worker.stats.completed == 1 and worker.stats.released == 3
+    assert sorted(handed_back) == sorted(job_ids[1:])
+    views = [stack.ingest.get_job(person.caller, j) for j in job_ids]
+    assert [v.status for v in views] == ["completed", "queued", "queued", "queued"]
+    assert [v.attempt_count for v in views] == [1, 0, 0, 0]
+    assert [a.status for v in views[1:] for a in v.attempts] == ["released"] * 3
+    assert sorted(stack.queue.ready_ids("images")) == sorted(job_ids[1:])
+    stack.close()
