@@ -152,8 +152,9 @@ def _error(code: str, message: str, *, retryable: bool = False, detail: str = ""
 
 
 # Built once in the server: reporting a MemoryError must not need memory.
-_OUT_OF_MEMORY = _error("memory_exceeded", "the job ran out of memory (RLIMIT_AS)")
-_TOO_LARGE = _error("output_too_large", "an output file outgrew the limit (RLIMIT_FSIZE)")
+_OUT_OF_MEMORY = _error("memory_limit", "the job ran out of memory (RLIMIT_AS)")
+_TOO_LARGE = _error("output_limit", "an output file outgrew the limit (RLIMIT_FSIZE)")
+_TOO_MANY = _error("process_limit", "the job could not start a process or thread (RLIMIT_NPROC)")
 
 
 def _errno_in_chain(exc: BaseException | None, code: int) -> bool:
@@ -166,6 +167,11 @@ def _errno_in_chain(exc: BaseException | None, code: int) -> bool:
             return True
         exc = exc.__cause__ or exc.__context__
     return False
+
+
+def _no_new_thread(exc: BaseException) -> bool:
+    """``threading`` reports a failed ``pthread_create`` (EAGAIN) without its errno."""
+    return isinstance(exc, RuntimeError) and str(exc) == "can't start new thread"
 
 
 def _outputs_payload(outputs: object) -> bytes:
@@ -215,6 +221,8 @@ def _run_step(request: Mapping[str, Any]) -> bytes:
                 return _OUT_OF_MEMORY
             if _errno_in_chain(exc, errno.EFBIG):
                 return _TOO_LARGE
+            if _errno_in_chain(exc, errno.EAGAIN) or _no_new_thread(exc):
+                return _TOO_MANY
             detail = "".join(traceback.format_exception(exc))
             try:
                 sys.stderr.write(detail)

@@ -9,17 +9,17 @@ how the child ended                code                     retryable
 killed by us: ``cancel()``         ``cancelled``            no
 killed by us: wall clock           ``timeout``              yes
 killed by us: executor closing     ``child_killed``         yes
-SIGXCPU, or SIGKILL at the hard    ``cpu_time_exceeded``    no
+SIGXCPU, or SIGKILL at the hard    ``cpu_limit``            no
 ``RLIMIT_CPU`` limit
-SIGXFSZ                            ``output_too_large``     no
+SIGXFSZ                            ``output_limit``         no
 SIGSEGV, SIGBUS, SIGABRT, SIGILL,  ``pipeline_crashed``     no
 SIGFPE, SIGSYS
 any other signal (``kill -9``      ``child_killed``         yes
 from outside, the OOM killer)
 exit 0 with a result               the step's outputs, or its error as the child
                                    reported it (``PipelineError`` codes with their
-                                   own flag; ``memory_exceeded``,
-                                   ``output_too_large``, ``pipeline_crashed``: no)
+                                   own flag; ``memory_limit``, ``output_limit``,
+                                   ``process_limit``, ``pipeline_crashed``: no)
 any other exit                     ``pipeline_crashed``     no
 =================================  =======================  =========
 
@@ -112,14 +112,12 @@ def interpret(
             signum == signal.SIGKILL and report.cpu_seconds >= cpu_seconds
         ):
             raise ChildFailed(
-                "cpu_time_exceeded",
+                "cpu_limit",
                 f"used {report.cpu_seconds:.1f} s of CPU, the limit is {cpu_seconds} s",
                 retryable=False,
             )
         if signum == signal.SIGXFSZ:
-            raise ChildFailed(
-                "output_too_large", "a file outgrew the limit (SIGXFSZ)", retryable=False
-            )
+            raise ChildFailed("output_limit", "a file outgrew the limit (SIGXFSZ)", retryable=False)
         if signum in _CRASH_SIGNALS:
             raise ChildFailed(
                 "pipeline_crashed", f"the child died of {_signal_name(signum)}", retryable=False
@@ -200,7 +198,7 @@ def validate_outputs(
         total += info.st_size
         if total > max_output_bytes:
             raise ChildFailed(
-                "output_too_large",
+                "output_limit",
                 f"outputs exceed {max_output_bytes} bytes",
                 retryable=False,
             )

@@ -243,9 +243,9 @@ def test_processes_left_behind_by_a_successful_job_are_killed(executor, job_id):
     assert wait_until(lambda: not any(alive(pid) for pid in grandchildren), 1)
 
 
-def test_memory_hog_gets_memory_exceeded_and_the_executor_survives(executor, job_id):
+def test_memory_hog_gets_memory_limit_and_the_executor_survives(executor, job_id):
     exc = failure(executor, job_id, "test.allocate", {"mb": 4096}, memory_limit_mb=256)
-    assert exc.code == "memory_exceeded"
+    assert exc.code == "memory_limit"
     assert not exc.retryable
     assert run(executor, job_id + "-next", "test.noop").outputs == []
 
@@ -258,7 +258,7 @@ def test_memory_within_the_limit_is_fine_and_measured(executor, job_id):
 def test_cpu_spin_is_stopped(executor, job_id):
     started = time.monotonic()
     exc = failure(executor, job_id, "test.spin", timeout_seconds=1)
-    assert exc.code in {"cpu_time_exceeded", "timeout"}
+    assert exc.code in {"cpu_limit", "timeout"}
     assert not exc.retryable or exc.code == "timeout"
     assert time.monotonic() - started < 2.5
 
@@ -277,17 +277,17 @@ def test_kill_9_from_outside_is_child_killed_and_retryable(executor, job_id):
     assert executor.child_pid(job_id) is None
 
 
-def test_disk_flood_is_output_too_large(executor, job_id):
+def test_disk_flood_is_output_limit(executor, job_id):
     exc = failure(executor, job_id, "test.flood", max_output_bytes=10 * MB)
-    assert exc.code == "output_too_large"
+    assert exc.code == "output_limit"
     assert not exc.retryable
     assert (executor.workdir(job_id) / "flood.bin").stat().st_size <= 10 * MB
 
 
-def test_outputs_over_the_total_limit_are_output_too_large(executor, job_id):
+def test_outputs_over_the_total_limit_are_output_limit(executor, job_id):
     files = {"a.bin": 6 * MB, "b.bin": 6 * MB}  # each under RLIMIT_FSIZE, together over
     exc = failure(executor, job_id, "test.write_files", {"files": files}, max_output_bytes=10 * MB)
-    assert exc.code == "output_too_large"
+    assert exc.code == "output_limit"
 
 
 @pytest.mark.parametrize("retryable", [True, False])

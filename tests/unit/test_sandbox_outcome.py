@@ -109,12 +109,12 @@ KILL = signal.SIGKILL
         ({"signal": KILL, "exit_code": None, "killed_for": "shutdown"}, ("child_killed", True)),
         ({"signal": KILL, "exit_code": None}, ("child_killed", True)),
         ({"signal": signal.SIGTERM, "exit_code": None}, ("child_killed", True)),
-        ({"signal": signal.SIGXCPU, "exit_code": None}, ("cpu_time_exceeded", False)),
+        ({"signal": signal.SIGXCPU, "exit_code": None}, ("cpu_limit", False)),
         (  # the hard RLIMIT_CPU limit: SIGKILL from the kernel, not from us
             {"signal": KILL, "exit_code": None, "cpu_seconds": 11.0},
-            ("cpu_time_exceeded", False),
+            ("cpu_limit", False),
         ),
-        ({"signal": signal.SIGXFSZ, "exit_code": None}, ("output_too_large", False)),
+        ({"signal": signal.SIGXFSZ, "exit_code": None}, ("output_limit", False)),
         ({"signal": signal.SIGSEGV, "exit_code": None}, ("pipeline_crashed", False)),
         ({"signal": signal.SIGABRT, "exit_code": None}, ("pipeline_crashed", False)),
         ({"exit_code": 3}, ("pipeline_crashed", False)),
@@ -141,8 +141,8 @@ def test_how_a_child_ended(fields, expected):
             ("invalid_input", True),
         ),
         (
-            b'{"error": {"code": "memory_exceeded", "message": "m", "retryable": false}}',
-            ("memory_exceeded", False),
+            b'{"error": {"code": "memory_limit", "message": "m", "retryable": false}}',
+            ("memory_limit", False),
         ),
         (
             b'{"outputs": [{"output_type": "a", "path": "a", "content_type": "x"}]}',
