@@ -12,7 +12,19 @@ translated where they enter, with ``raise ... from exc``.
     ├── InvalidRequest      400  the request itself is malformed
     │   ├── UnknownOperation     no profile for that operation
     │   ├── InputTooLarge   413  object bigger than the profile allows
-    │   └── UnsupportedFormat    refused input type
+    │   └── InputRejected   422  the object's content is refused for the operation
+    │       ├── UnsupportedFormat    a format the platform (or this operation) does not process
+    │       ├── InputTypeMismatch    the operation is for another kind of file
+    │       ├── InvalidInput         empty, truncated or unreadable container
+    │       ├── MacroDocument        VBA/XLM macros, ODF Basic/scripts, ActiveX, DDE links
+    │       ├── EncryptedDocument    needs a password (PDF, OOXML, ODF, legacy Office)
+    │       ├── ZipBomb              size, ratio, entry-count, nested or overlapping entries
+    │       ├── PathTraversal        an archive entry escaping its directory
+    │       ├── UnsafeXml            a DTD in an Office/ODF part (XXE, entity expansion)
+    │       ├── PolyglotFile         another file (a ZIP) appended to this one
+    │       ├── PixelLimit           header dimensions x frames over the profile's limit
+    │       ├── PageLimit            more pages than the profile allows
+    │       └── DurationLimit        longer than the profile allows
     ├── AuthenticationFailed 401 missing / bad API key
     ├── Forbidden           403  authenticated but not allowed (operator-only routes)
     │   ├── InvalidSignature     a signed blob URL that does not verify   (storage.base)
@@ -83,9 +95,61 @@ class InputTooLarge(InvalidRequest):
     status = 413
 
 
-class UnsupportedFormat(InvalidRequest):
+class InputRejected(InvalidRequest):
+    """The object's content (as inspected at upload, never its name or claimed type)
+    is refused for the requested operation: 422, nothing created, nothing reserved.
+    Raised by :func:`hypermedia.sandbox.inspect.check_operation`."""
+
+    code = "input_rejected"
+    status = 422
+
+
+class UnsupportedFormat(InputRejected):
     code = "unsupported_format"
-    status = 415
+
+
+class InputTypeMismatch(InputRejected):
+    code = "input_type_mismatch"
+
+
+class InvalidInput(InputRejected):
+    code = "invalid_input"
+
+
+class MacroDocument(InputRejected):
+    code = "macro_document"
+
+
+class EncryptedDocument(InputRejected):
+    code = "encrypted_document"
+
+
+class ZipBomb(InputRejected):
+    code = "zip_bomb"
+
+
+class PathTraversal(InputRejected):
+    code = "path_traversal"
+
+
+class UnsafeXml(InputRejected):
+    code = "unsafe_xml"
+
+
+class PolyglotFile(InputRejected):
+    code = "polyglot_file"
+
+
+class PixelLimit(InputRejected):
+    code = "pixel_limit"
+
+
+class PageLimit(InputRejected):
+    code = "page_limit"
+
+
+class DurationLimit(InputRejected):
+    code = "duration_limit"
 
 
 class AuthenticationFailed(HypermediaError):

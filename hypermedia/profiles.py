@@ -3,7 +3,8 @@
 A profile binds an operation name (``thumbnail``, ``pdf_preview`` ...) to a queue,
 a version (part of every output key, so bump it when the output would change),
 credit costs, a timeout, a memory limit, the largest input it accepts, how many
-attempts it gets and its default priority. Profiles are read from TOML::
+attempts it gets, its default priority, which kinds of file it accepts and its input
+limits. Profiles are read from TOML::
 
     [profiles.thumbnail]
     queue = "images"
@@ -16,23 +17,34 @@ attempts it gets and its default priority. Profiles are read from TOML::
     max_attempts = 3
     default_priority = 3
     params = { width = 256, height = 256 }
+    accepts = ["image/jpeg", "image/png"]     # kinds or mime types, by content; "any"
+    limits = { max_pixels = 100_000_000 }     # see hypermedia.sandbox.inspect.InputLimits
+
+``accepts`` lists kinds of :mod:`hypermedia.sandbox.inspect` (``image``, ``pdf``,
+``ooxml-word``, ``video`` ...) or mime types (``image/png``), as found in the file's
+content at upload; a profile that leaves it out accepts any kind (the content verdicts:
+macros, encryption, ZIP bombs ... still apply). Submitting an operation on a file it
+does not accept is refused with ``input_type_mismatch`` or ``unsupported_format``.
 
 Credits are stored as integer millicredits so sums are exact on every database.
 """
 
 from __future__ import annotations
 
+import re
 import tomllib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from hypermedia.errors import ConfigError
+from hypermedia.sandbox.inspect import ANY, KINDS, InputLimits
 
 MILLI = 1000
 BYTES_PER_MB = 1024 * 1024
+_MIME = re.compile(r"[a-z]+/[a-z0-9][a-z0-9.+-]*", re.I)
 
 
 class Profile(BaseModel):
@@ -51,6 +63,19 @@ class Profile(BaseModel):
     max_attempts: int = Field(ge=1, le=100)
     default_priority: int = Field(ge=1, le=10)
     params: dict[str, Any] = Field(default_factory=dict)
+    accepts: list[str] = Field(default_factory=lambda: [ANY], min_length=1)
+    limits: InputLimits = Field(default_factory=InputLimits)
+
+    @field_validator("accepts")
+    @classmethod
+    def _known_kinds(cls, value: list[str]) -> list[str]:
+        for entry in value:
+            if entry != ANY and entry not in KINDS and not _MIME.fullmatch(entry):
+                raise ValueError(
+                    f"{entry!r} is neither a kind ({', '.join(sorted(KINDS))}),"
+                    " a mime type nor 'any'"
+                )
+        return value
 
     @property
     def base_cost_millicredits(self) -> int:

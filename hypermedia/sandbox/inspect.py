@@ -1,0 +1,441 @@
+"""Input validation before any decoder sees a byte: type sniffing and limits.
+
+Two steps, kept apart so the facts can be stored and the rules re-applied:
+
+1. :func:`inspect_file` / :func:`inspect_source` read what a file *is* from its content,
+   never its name or the uploader's claim: explicit signatures
+   (:mod:`~hypermedia.sandbox.formats.signatures`) win, libmagic names what they do not
+   know, and the container readers look inside (ZIP directory, OLE2 directory, PDF
+   trailer, image and media headers). The answer is an :class:`Inspection`: a ``kind``
+   (what profiles accept), a ``mime`` type and ``details`` (facts: dimensions, frames,
+   pages, duration, ZIP statistics, macros, encryption ...). Nothing is decoded or
+   extracted; every read is bounded.
+
+2. :func:`check_operation` decides, from an inspection, whether an operation may run on
+   the file under a profile's ``accepts`` and :class:`InputLimits`, and raises the
+   :class:`~hypermedia.errors.InputRejected` subclass with a stable code otherwise::
+
+       invalid_input         empty, truncated or unreadable container
+       encrypted_document    needs a password or key (PDF user password, encrypted Office/ODF, DRM)
+       zip_bomb              over the size / ratio / entry limits, recursive or overlapping entries
+       path_traversal        an archive entry named ``..``, absolute, with a drive or backslash
+       macro_document        VBA, XLM macro sheets, ActiveX, DDE links, ODF Basic/scripts
+       unsafe_xml            a DTD (external entities, entity expansion) in an Office/ODF part
+       polyglot_file         a ZIP appended to an image, PDF or media file
+       unsupported_format    PostScript/EPS, playlists, concat scripts, MIDI; or a format of
+                             the right kind that the operation does not process (SVG for thumbnail)
+       input_type_mismatch   the operation is for another kind of file (thumbnail on a PDF)
+       pixel_limit           header width x height x frames over the profile's limit
+       page_limit            more pages than the profile allows
+       duration_limit        longer than the profile allows
+
+   :func:`refusal` is the part that does not depend on the operation.
+
+This module and :mod:`hypermedia.sandbox.formats` do no I/O beyond reading the bytes
+they are handed; libmagic is loaded on first use (its loader runs ``ldconfig``).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from hypermedia.errors import (
+    DurationLimit,
+    EncryptedDocument,
+    InputRejected,
+    InputTypeMismatch,
+    InvalidInput,
+    MacroDocument,
+    PageLimit,
+    PathTraversal,
+    PixelLimit,
+    PolyglotFile,
+    UnsafeXml,
+    UnsupportedFormat,
+    ZipBomb,
+)
+from hypermedia.sandbox.formats import images, media, office, pdf, signatures
+from hypermedia.sandbox.formats.source import FileSource, Source
+
+log = logging.getLogger(__name__)
+
+# Bump when the inspection would find different facts: stored inspections say which
+# version made them.
+INSPECTOR_VERSION = 1
+HEAD_BYTES = signatures.HEAD_BYTES
+# A ZIP end-of-central-directory record plus its longest comment (see pipelines.sniff).
+_ARCHIVE_TAIL_BYTES = 22 + 0xFFFF
+_FLAT_ODF_SCAN_BYTES = 8 * 1024 * 1024
+
+KINDS = frozenset(
+    {
+        "image",
+        "pdf",
+        "postscript",
+        "rtf",
+        "msword",
+        "msexcel",
+        "mspowerpoint",
+        "ole",
+        "ooxml",
+        "ooxml-word",
+        "ooxml-sheet",
+        "ooxml-slides",
+        "odf",
+        "odf-text",
+        "odf-sheet",
+        "odf-slides",
+        "odf-drawing",
+        "video",
+        "audio",
+        "playlist",
+        "ffconcat",
+        "zip",
+        "archive",
+        "html",
+        "xml",
+        "text",
+        "empty",
+        "unknown",
+    }
+)
+ANY = "any"
+
+# Refused whatever the operation: what no pipeline should ever be handed.
+_REFUSED_KINDS = {
+    "postscript": "PostScript/EPS is not processed (no Ghostscript for user files)",
+    "playlist": "playlists and manifests make FFmpeg fetch other files; upload the media itself",
+    "ffconcat": "FFmpeg concat scripts name other files; upload the media itself",
+}
+_REFUSED_MIMES = {
+    "audio/midi": "a MIDI file holds notes, not audio samples: there is nothing to transcode",
+}
+_POLYGLOT_KINDS = {"image", "pdf", "video", "audio"}
+
+
+class InputLimits(BaseModel):
+    """A profile's limits on what its operation may be handed (``[profiles.<op>.limits]``).
+
+    ``max_pixels`` counts width x height x frames as the header declares them, except
+    that with ``jpeg_shrink_on_load`` a JPEG counts at 1/8 scale per side (the image
+    pipeline decodes it at the smallest DCT scale that covers the output);
+    ``max_source_pixels`` counts what the header declares with no such allowance. The
+    ZIP limits are on the central directory's declared sizes.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_pixels: int | None = Field(default=None, ge=1)
+    max_source_pixels: int | None = Field(default=None, ge=1)
+    jpeg_shrink_on_load: bool = False
+    max_pages: int | None = Field(default=None, ge=1)
+    max_duration_seconds: float | None = Field(default=None, gt=0)
+    max_unzipped_bytes: int = Field(default=256 * 1024 * 1024, ge=1)
+    max_zip_ratio: float = Field(default=200.0, gt=1)
+    max_zip_entries: int = Field(default=10_000, ge=1)
+
+
+@dataclass(frozen=True, slots=True)
+class Inspection:
+    """What a file is, by content. ``details`` holds the facts (JSON-serializable)."""
+
+    kind: str
+    mime: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return str(self.details.get("label", self.mime))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "mime": self.mime, "details": self.details}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Inspection:
+        return cls(str(data["kind"]), str(data["mime"]), dict(data.get("details") or {}))
+
+
+# -- step 1: facts ---------------------------------------------------------------------------
+
+
+def inspect_file(path: Path) -> Inspection:
+    """Inspect a local file."""
+    with FileSource(path) as source:
+        return inspect_source(source)
+
+
+def inspect_source(source: Source) -> Inspection:
+    """Inspect the bytes ``source`` reads (a file, a buffer, ranged GETs)."""
+    head = source.read_at(0, HEAD_BYTES)
+    found = signatures.detect(head)
+    kind, mime = found.kind, found.mime
+    details: dict[str, Any] = {"inspector": INSPECTOR_VERSION, "label": found.label}
+    described = _libmagic(head)
+    if described is not None:
+        details["magic"] = described[0]
+        if found.format == "unknown":
+            kind, mime = _kind_from_magic(described[0])
+            details["label"] = described[1][:200] or found.label
+    try:
+        kind, mime = _look_inside(source, found, kind, mime, details)
+    except Exception as exc:
+        # A reader's bug must not let a file through unchecked: a container we could
+        # not inspect is refused (invalid_input); for other kinds the limits stay unknown.
+        log.exception("inspecting a %s failed", found.label, extra={"action": "inspect"})
+        if found.format in ("zip", "ole", "pdf", "flat-odf"):
+            details["corrupt"] = f"could not be inspected ({type(exc).__name__})"
+    if kind in _POLYGLOT_KINDS and source.size > 22:
+        tail_start = max(0, source.size - _ARCHIVE_TAIL_BYTES)
+        from pipelines.sniff import appended_archive
+
+        if appended_archive(source.read_at(tail_start, source.size - tail_start)):
+            details["appended_archive"] = True
+    return Inspection(kind, mime, details)
+
+
+def _look_inside(
+    source: Source, found: signatures.Signature, kind: str, mime: str, details: dict[str, Any]
+) -> tuple[str, str]:
+    if found.kind == "image":
+        details.update(images.geometry(source, found.format))
+    elif found.format == "pdf":
+        facts = pdf.analyze(source)
+        if facts.encrypted:
+            details["encrypted"] = facts.encrypted
+        if facts.pages is not None:
+            details["pages"] = facts.pages
+    elif found.format in ("zip", "ole"):
+        container = (office.inspect_zip if found.format == "zip" else office.inspect_ole)(source)
+        details["label"] = container.label
+        details.update(container.details)
+        return container.kind, container.mime
+    elif found.kind in ("audio", "video"):
+        analyzed = media.analyze(source, found)
+        details["label"] = analyzed.label
+        details.update(analyzed.details)
+        return analyzed.kind, analyzed.mime
+    elif found.format == "flat-odf":
+        _flat_odf(source, details)
+    return kind, mime
+
+
+def _flat_odf(source: Source, details: dict[str, Any]) -> None:
+    """A flat (single XML) OpenDocument: embedded Basic modules, dangerous DTDs."""
+    text = source.read_at(0, _FLAT_ODF_SCAN_BYTES)
+    for marker in (b"<ooo:library-embedded", b"<ooo:module", b"<office:script "):
+        if marker in text:
+            details["macros"] = f"embedded scripts ({marker.decode()[1:].strip()})"
+            break
+    element = signatures.root_element(text)
+    prolog = text[: text.find(b"<" + element)] if element else text[:4096]
+    if office.dangerous_dtd(prolog, any_dtd=False):
+        details["unsafe_xml"] = "the document declares a DTD with entities or external identifiers"
+
+
+@functools.cache
+def _magic_handles() -> tuple[Any, Any] | None:
+    try:
+        import magic
+
+        return magic.Magic(mime=True), magic.Magic()
+    except Exception as exc:  # libmagic missing: the explicit signatures still decide
+        log.warning("libmagic unavailable: %s", exc, extra={"action": "inspect"})
+        return None
+
+
+def _libmagic(head: bytes) -> tuple[str, str] | None:
+    """libmagic's ``(mime, description)`` of the head, or None when unavailable."""
+    if not head:
+        return None
+    handles = _magic_handles()
+    if handles is None:
+        return None
+    try:
+        return str(handles[0].from_buffer(head)), str(handles[1].from_buffer(head))
+    except Exception:
+        return None
+
+
+def _kind_from_magic(magic_mime: str) -> tuple[str, str]:
+    top = magic_mime.split("/", 1)[0]
+    if magic_mime == "application/x-empty":
+        return "empty", magic_mime
+    if top in ("image", "video", "audio"):
+        return top, magic_mime
+    special = {
+        "text/rtf": "rtf",
+        "text/html": "html",
+        "text/xml": "xml",
+        "application/xml": "xml",
+        "application/pdf": "pdf",
+        "application/postscript": "postscript",
+    }
+    if magic_mime in special:
+        return special[magic_mime], magic_mime
+    if top == "text":
+        return "text", magic_mime
+    return "unknown", magic_mime
+
+
+# -- step 2: rules --------------------------------------------------------------------------
+
+
+def refusal(inspection: Inspection, limits: InputLimits | None = None) -> InputRejected | None:
+    """Why this file is refused whatever the operation, or None."""
+    limits = limits or InputLimits()
+    d = inspection.details
+    about = {"kind": inspection.kind, "mime": inspection.mime}
+    label = inspection.label
+    if inspection.kind == "empty":
+        return InvalidInput("the file is empty", **about)
+    if d.get("corrupt"):
+        return InvalidInput(f"{label}: {d['corrupt']}", **about)
+    if d.get("encrypted"):
+        return EncryptedDocument(
+            f"{label} cannot be opened without a password or key ({d['encrypted']})", **about
+        )
+    bomb = _zip_bomb(d.get("zip"), limits, plain=inspection.kind == "zip")
+    if bomb is not None:
+        return ZipBomb(f"{label}: {bomb}", **about, zip=d["zip"])
+    if d.get("path_traversal"):
+        entry = str(d["path_traversal"])
+        return PathTraversal(f"{label} has an entry escaping its folder: {entry!r}", **about)
+    if d.get("macros"):
+        return MacroDocument(
+            f"{label} contains macros or active content ({d['macros']}); "
+            "save it without macros (e.g. as .docx/.xlsx/.pptx) and upload again",
+            **about,
+        )
+    if d.get("unsafe_xml"):
+        return UnsafeXml(f"{label}: {d['unsafe_xml']}", **about)
+    if d.get("appended_archive"):
+        return PolyglotFile(f"{label} with a ZIP archive appended (a polyglot file)", **about)
+    reason = _REFUSED_KINDS.get(inspection.kind) or _REFUSED_MIMES.get(inspection.mime)
+    if reason:
+        return UnsupportedFormat(f"{label}: {reason}", **about)
+    return None
+
+
+def _zip_bomb(stats: Any, limits: InputLimits, *, plain: bool) -> str | None:
+    """Why a ZIP's directory says bomb. Nested archives count only in a plain ZIP: an
+    Office file embedding a workbook (itself a ZIP) is ordinary."""
+    if not isinstance(stats, dict):
+        return None
+    if stats.get("central_directory_bytes"):
+        return f"a {stats['central_directory_bytes']:,}-byte central directory"
+    if stats.get("recursive"):
+        return f"it contains itself ({stats['recursive'][0]})"
+    if stats.get("overlapping"):
+        return f"overlapping entries ({stats['overlapping']})"
+    if stats.get("nested_archives") and plain:
+        return f"nested archives ({stats['nested_archives'][0]})"
+    entries = int(stats.get("entries", 0))
+    if entries > limits.max_zip_entries:
+        return f"{entries:,} entries (limit {limits.max_zip_entries:,})"
+    unzipped = int(stats.get("unzipped_bytes", 0))
+    if unzipped > limits.max_unzipped_bytes:
+        return f"inflates to {unzipped:,} bytes (limit {limits.max_unzipped_bytes:,})"
+    ratio = float(stats.get("max_ratio", 0))
+    if ratio > limits.max_zip_ratio:
+        return f"an entry inflates {ratio:,.0f}:1 (limit {limits.max_zip_ratio:,.0f}:1)"
+    return None
+
+
+def accepted(inspection: Inspection, accepts: list[str] | tuple[str, ...]) -> bool:
+    return any(a in (ANY, inspection.kind, inspection.mime) for a in accepts)
+
+
+def _families(accepts: list[str] | tuple[str, ...]) -> set[str]:
+    """The kinds an ``accepts`` list is about: ``image/png`` is about images."""
+    families = set()
+    for entry in accepts:
+        top = entry.split("/", 1)[0]
+        families.add(top if "/" in entry and top in ("image", "audio", "video") else entry)
+    return families
+
+
+def check_operation(
+    inspection: Inspection,
+    operation: str,
+    accepts: list[str] | tuple[str, ...],
+    limits: InputLimits,
+) -> None:
+    """Raise the :class:`~hypermedia.errors.InputRejected` for running ``operation`` on
+    the inspected file under a profile's ``accepts`` and ``limits``; return if it may."""
+    refused = refusal(inspection, limits)
+    if refused is not None:
+        refused.details["operation"] = operation
+        raise refused
+    about = {"operation": operation, "kind": inspection.kind, "mime": inspection.mime}
+    if not accepted(inspection, accepts):
+        wanted = ", ".join(accepts)
+        if inspection.kind in _families(accepts):
+            raise UnsupportedFormat(
+                f"{operation} does not process {inspection.label} ({inspection.mime});"
+                f" it accepts {wanted}",
+                **about,
+                accepts=list(accepts),
+            )
+        raise InputTypeMismatch(
+            f"{operation} needs {wanted}; this file is {inspection.label} ({inspection.mime}),"
+            " judged by its content",
+            **about,
+            accepts=list(accepts),
+        )
+    _check_limits(inspection, limits, about)
+
+
+def _check_limits(inspection: Inspection, limits: InputLimits, about: dict[str, Any]) -> None:
+    d = inspection.details
+    width, height = d.get("width"), d.get("height")
+    if inspection.kind == "image" and isinstance(width, int) and isinstance(height, int):
+        frames = max(1, int(d.get("frames") or 1))
+        declared = width * height * frames
+        shape = f"{width}x{height}" + (f" x {frames:,} frames" if frames > 1 else "")
+        if limits.max_source_pixels is not None and declared > limits.max_source_pixels:
+            raise PixelLimit(
+                f"{shape} = {declared:,} pixels is over the limit of {limits.max_source_pixels:,}",
+                **about,
+                pixels=declared,
+                limit=limits.max_source_pixels,
+            )
+        decoded = declared
+        if limits.jpeg_shrink_on_load and inspection.mime == "image/jpeg":
+            decoded = math.ceil(width / 8) * math.ceil(height / 8) * frames
+        if limits.max_pixels is not None and decoded > limits.max_pixels:
+            at_scale = " (at 1/8 scale)" if decoded != declared else ""
+            raise PixelLimit(
+                f"{shape} = {decoded:,} pixels{at_scale} is over the limit of"
+                f" {limits.max_pixels:,}",
+                **about,
+                pixels=decoded,
+                limit=limits.max_pixels,
+            )
+    pages = d.get("pages")
+    if isinstance(pages, int) and limits.max_pages is not None and pages > limits.max_pages:
+        raise PageLimit(
+            f"{inspection.label} has {pages:,} pages; the limit is {limits.max_pages:,}",
+            **about,
+            pages=pages,
+            limit=limits.max_pages,
+        )
+    duration = d.get("duration_seconds")
+    if (
+        isinstance(duration, int | float)
+        and limits.max_duration_seconds is not None
+        and duration > limits.max_duration_seconds
+    ):
+        raise DurationLimit(
+            f"{inspection.label} lasts {duration:,.0f} s; the limit is"
+            f" {limits.max_duration_seconds:,.0f} s",
+            **about,
+            duration_seconds=duration,
+            limit=limits.max_duration_seconds,
+        )
