@@ -15,6 +15,9 @@ runs the same suite against each:
   nothing (a key that held bytes keeps them). Returns size and sha256.
 * ``read(key)`` streams the bytes; a missing key raises
   :class:`~hypermedia.errors.NotFound` (on first iteration: ``read`` is lazy).
+* ``read_range(key, offset, length)`` answers up to ``length`` bytes from ``offset``
+  (fewer only at the end, none past it): what input inspection reads, a header or a
+  ZIP directory, without fetching the whole object. A missing key raises ``NotFound``.
 * ``exists(key)``; ``size(key)`` (``NotFound`` when missing); ``delete(key)``
   (deleting a missing key is not an error).
 * ``presign_get(key, ttl_seconds)`` and ``presign_put(key, ttl_seconds,
@@ -105,6 +108,13 @@ def check_content_type(content_type: str | None) -> str | None:
     return content_type
 
 
+def check_range(offset: int, length: int) -> None:
+    if offset < 0 or length < 0:
+        raise InvalidRequest(
+            f"invalid byte range: offset {offset}, length {length}", offset=offset, length=length
+        )
+
+
 def original_key(pool_id: str, object_id: str) -> str:
     return check_key(f"originals/{pool_id}/{object_id}")
 
@@ -119,6 +129,8 @@ class Storage(Protocol):
     ) -> StoredBlob: ...
 
     def read(self, key: str, chunk_size: int = 1 << 20) -> Iterator[bytes]: ...
+
+    def read_range(self, key: str, offset: int, length: int) -> bytes: ...
 
     def exists(self, key: str) -> bool: ...
 

@@ -26,6 +26,7 @@ from hypermedia.storage.base import (
     StoredBlob,
     check_content_type,
     check_key,
+    check_range,
     check_ttl,
     too_large,
 )
@@ -86,6 +87,12 @@ class LocalStorage:
         with handle:
             while chunk := handle.read(chunk_size):
                 yield chunk
+
+    def read_range(self, key: str, offset: int, length: int) -> bytes:
+        check_range(offset, length)
+        handle, _size = self.open(key)
+        with handle:
+            return os.pread(handle.fileno(), length, offset) if length else b""
 
     def open(self, key: str) -> tuple[BinaryIO, int]:
         """The open file and its size, taken from the same file: a concurrent

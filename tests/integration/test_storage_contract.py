@@ -262,6 +262,23 @@ def test_missing_keys_are_not_found(backend):
         backend.storage.size("originals/p1/nothing")
 
 
+def test_read_range(backend):
+    storage = backend.storage
+    key = "originals/p1/ranged"
+    storage.put(key, [bytes(range(256)) * 4])
+    assert storage.read_range(key, 0, 4) == b"\x00\x01\x02\x03"
+    assert storage.read_range(key, 1020, 100) == bytes([252, 253, 254, 255])  # short at the end
+    assert storage.read_range(key, 1024, 10) == b""
+    assert storage.read_range(key, 5000, 10) == b""
+    assert storage.read_range(key, 10, 0) == b""
+    with pytest.raises(NotFound):
+        storage.read_range("originals/p1/nothing", 0, 10)
+    with pytest.raises(NotFound):
+        storage.read_range("originals/p1/nothing", 0, 0)
+    with pytest.raises(InvalidRequest):
+        storage.read_range(key, -1, 10)
+
+
 def test_a_second_put_replaces_atomically(backend):
     storage = backend.storage
     key = "derived/p/o/1/thumb.webp"
