@@ -3,6 +3,10 @@
 A caller may use an object they own or one in a pool they belong to. Anything
 else answers :class:`NotFound`, exactly as for an id that does not exist, so ids
 of other users' objects reveal nothing.
+
+An object registered with an :class:`~hypermedia.sandbox.inspect.Inspection` keeps it
+(``inspection``) and its ``content_type`` is the detected mime type, never what the
+uploader claimed; ingest judges every submit on it.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from hypermedia.accounts import Caller, is_pool_member
 from hypermedia.clock import to_datetime
 from hypermedia.db import tables as t
 from hypermedia.errors import NotFound
+from hypermedia.sandbox.inspect import Inspection
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +36,7 @@ class ObjectInfo:
     size_bytes: int
     sha256: str | None
     created_at: datetime
+    inspection: dict[str, Any] | None = None
 
 
 def register_object(
@@ -45,8 +51,10 @@ def register_object(
     now: float,
     content_type: str | None = None,
     sha256: str | None = None,
+    inspection: Inspection | None = None,
 ) -> ObjectInfo:
-    """Record a file already in storage. The caller must belong to ``pool_id``."""
+    """Record a file already in storage. The caller must belong to ``pool_id``. With an
+    ``inspection``, its mime type replaces ``content_type``."""
     if not is_pool_member(conn, pool_id, caller.user_id):
         raise NotFound(f"no pool {pool_id!r}", pool_id=pool_id)
     values: dict[str, Any] = {
@@ -56,10 +64,11 @@ def register_object(
         "kind": "original",
         "storage_key": storage_key,
         "filename": filename[:255],
-        "content_type": content_type,
+        "content_type": inspection.mime[:127] if inspection is not None else content_type,
         "size_bytes": size_bytes,
         "sha256": sha256,
         "created_at": to_datetime(now),
+        "inspection": inspection.to_dict() if inspection is not None else None,
     }
     conn.execute(insert(t.objects).values(**values))
     return ObjectInfo(**{k: v for k, v in values.items() if k in ObjectInfo.__dataclass_fields__})

@@ -26,6 +26,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
@@ -103,10 +104,15 @@ class StoredObject(Base):
     source_object_id: Mapped[str | None] = mapped_column(ForeignKey("objects.object_id"))
     storage_key: Mapped[str] = mapped_column(String(512), unique=True)
     filename: Mapped[str] = mapped_column(String(255))
+    # Detected from the bytes at upload/registration (never the client's claim); for
+    # derived outputs, what the pipeline wrote.
     content_type: Mapped[str | None] = mapped_column(String(127))
     size_bytes: Mapped[int] = mapped_column(BigInteger)
     sha256: Mapped[str | None] = mapped_column(String(64))
     created_at: Mapped[datetime]
+    # hypermedia.sandbox.inspect.Inspection.to_dict() of the stored bytes: kind, mime and
+    # the facts the submit-time checks judge. NULL for outputs and pre-0002 objects.
+    inspection: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
 
 class ApiKey(Base):
@@ -165,6 +171,13 @@ class ProcessingProfile(Base):
     max_attempts: Mapped[int] = mapped_column(Integer)
     default_priority: Mapped[int] = mapped_column(Integer)
     params: Mapped[dict[str, Any]]
+    # Kinds / mime types the operation accepts, and its InputLimits (see profiles.py).
+    accepts: Mapped[list[str]] = mapped_column(
+        JSON, default=lambda: ["any"], server_default=text("'[\"any\"]'")
+    )
+    input_limits: Mapped[dict[str, Any]] = mapped_column(
+        JSON, default=dict, server_default=text("'{}'")
+    )
     active: Mapped[bool] = mapped_column(Boolean, default=True)
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]

@@ -45,6 +45,7 @@ from hypermedia.ingest.schemas import (
     AttemptOut,
     CancelResponse,
     CreditsResponse,
+    ErrorBody,
     ErrorResponse,
     HealthResponse,
     JobResponse,
@@ -62,6 +63,7 @@ from hypermedia.ingest.schemas import (
 from hypermedia.ingest.service import JobView, SubmitRequest, SubmitResult
 from hypermedia.jobs.states import IN_FLIGHT
 from hypermedia.objects import ObjectInfo, get_object
+from hypermedia.sandbox.inspect import Inspection, refusal
 from hypermedia.stack import Stack
 from hypermedia.storage.base import InvalidSignature, original_key, too_large
 from hypermedia.storage.local import LocalStorage
@@ -200,7 +202,10 @@ async def upload_object(
     pool_id: Annotated[str | None, Query(min_length=1, max_length=64)] = None,
 ) -> ObjectResponse:
     """Streams the body into storage (at most ``max_upload_bytes``, else 413 and
-    nothing is kept), records its sha256, registers the object. ``pool_id``
+    nothing is kept), records its sha256, inspects its content and registers the
+    object. ``content_type`` in the answer is the type detected from the bytes (the
+    request's ``Content-Type`` is not trusted, nor kept); ``refusal`` says when every
+    operation would be refused (macros, encryption, a ZIP bomb ...). ``pool_id``
     defaults to the caller's personal pool."""
     limit = stack.settings.max_upload_bytes
     declared = request.headers.get("content-length", "")
@@ -211,7 +216,6 @@ async def upload_object(
     blob = await uploads.store_stream(
         stack.storage, original_key(pool, object_id), request.stream(), limit
     )
-    content_type = request.headers.get("content-type")
     info = await run_in_threadpool(
         lambda: uploads.register_blob(
             stack.engine,
@@ -221,7 +225,6 @@ async def upload_object(
             pool_id=pool,
             blob=blob,
             filename=filename,
-            content_type=content_type[:127] if content_type else None,
             now=stack.clock.now(),
         )
     )
@@ -236,7 +239,9 @@ async def upload_object(
     tags=["objects"],
 )
 def register_object(body: RegisterRequest, caller: CallerDep, stack: StackDep) -> ObjectResponse:
-    """For web tiers that stored the file themselves, under ``originals/<pool_id>/``."""
+    """For web tiers that stored the file themselves, under ``originals/<pool_id>/``.
+    The stored bytes are inspected as for an upload; a ``content_type`` in the body is
+    ignored."""
     info = uploads.register_stored(
         stack.engine,
         stack.storage,
@@ -246,7 +251,6 @@ def register_object(body: RegisterRequest, caller: CallerDep, stack: StackDep) -
         filename=body.filename,
         size_bytes=body.size_bytes,
         pool_id=body.pool_id,
-        content_type=body.content_type,
         sha256=body.sha256,
         now=stack.clock.now(),
     )
@@ -474,6 +478,13 @@ def _job_response(view: JobView) -> JobResponse:
 
 
 def _object_response(info: ObjectInfo) -> ObjectResponse:
+    detected_kind = refused = None
+    if info.inspection is not None:
+        inspection = Inspection.from_dict(info.inspection)
+        detected_kind = inspection.kind
+        problem = refusal(inspection)
+        if problem is not None:
+            refused = ErrorBody(code=problem.code, message=problem.message)
     return ObjectResponse(
         object_id=info.object_id,
         pool_id=info.pool_id,
@@ -481,6 +492,8 @@ def _object_response(info: ObjectInfo) -> ObjectResponse:
         sha256=info.sha256,
         filename=info.filename,
         content_type=info.content_type,
+        detected_kind=detected_kind,
+        refusal=refused,
         created_at=info.created_at,
     )
 

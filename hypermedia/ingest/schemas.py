@@ -126,7 +126,12 @@ class RegisterRequest(BaseModel):
     filename: str = Field(min_length=1, max_length=255)
     size_bytes: int = Field(ge=0)
     pool_id: str | None = Field(default=None, min_length=1, max_length=64)
-    content_type: str | None = Field(default=None, max_length=127)
+    content_type: str | None = Field(
+        default=None,
+        max_length=127,
+        description="Ignored: the type is detected from the stored bytes.",
+        deprecated=True,
+    )
     sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
 
 
@@ -136,7 +141,19 @@ class ObjectResponse(_Model):
     size_bytes: int
     sha256: str | None = None
     filename: str
-    content_type: str | None = None
+    content_type: str | None = Field(
+        default=None, description="Detected from the content at upload, never the client's claim."
+    )
+    detected_kind: str | None = Field(
+        default=None,
+        description="What the content is, as profiles' `accepts` name it "
+        "(`image`, `pdf`, `ooxml-word`, `video` ...).",
+    )
+    refusal: ErrorBody | None = Field(
+        default=None,
+        description="Set when every operation on this object would be refused "
+        "(`macro_document`, `encrypted_document`, `zip_bomb` ...): the code and why.",
+    )
     created_at: datetime
 
 

@@ -8,7 +8,13 @@ Order of work (the seed's job creation, made transactional):
 
 1. every operation has an active profile (else ``unknown_operation``);
 2. the object exists and the caller may use it (else ``not_found``, as for any id
-   the caller may not see), and it is not larger than the profile allows;
+   the caller may not see), it is not larger than the profile allows, and its content
+   fits the operation: the inspection made when its bytes were stored
+   (:mod:`hypermedia.sandbox.inspect`) is judged against the profile's ``accepts`` and
+   input limits, and a refusal (``input_type_mismatch``, ``unsupported_format``,
+   ``macro_document``, ``encrypted_document``, ``zip_bomb``, ``pixel_limit`` ...)
+   raises before anything is written. Objects recorded without an inspection (outputs,
+   rows older than migration 0002) are left to the pipelines' own checks;
 3. credits are estimated as ``base_cost + cost_per_mb x size_mb`` per job and
    *reserved* with a guarded UPDATE on the caller's account; too few available
    credits raise :class:`PaymentRequired` and the transaction rolls back, so
@@ -46,6 +52,7 @@ from hypermedia.db.engine import transaction
 from hypermedia.errors import (
     Conflict,
     IllegalTransition,
+    InputRejected,
     InputTooLarge,
     InvalidRequest,
     NotFound,
@@ -53,11 +60,12 @@ from hypermedia.errors import (
     QueueUnavailable,
 )
 from hypermedia.ids import new_id
-from hypermedia.jobs.catalog import ProfileCatalog
+from hypermedia.jobs.catalog import ProfileCatalog, ProfileRecord
 from hypermedia.jobs.repository import JobRepository
 from hypermedia.jobs.states import IN_FLIGHT, JobStatus
 from hypermedia.objects import usable_by
 from hypermedia.queue.redis_queue import RedisQueue
+from hypermedia.sandbox.inspect import InputLimits, Inspection, check_operation
 
 log = logging.getLogger(__name__)
 
@@ -175,6 +183,13 @@ class QueueStats:
     redis_delayed: int | None
 
 
+@dataclass(frozen=True, slots=True)
+class _Object:
+    pool_id: str
+    size_bytes: int
+    inspection: Inspection | None
+
+
 @dataclass
 class _Planned:
     request: SubmitRequest
@@ -197,6 +212,7 @@ class IngestService:
         self.catalog = catalog
         self.clock = clock or SystemClock()
         self.repository = repository or JobRepository()
+        self._input_limits: dict[int, InputLimits] = {}
 
     # -- submit -------------------------------------------------------------------
 
@@ -336,23 +352,33 @@ class IngestService:
 
     def _objects(
         self, conn: Connection, caller: Caller, object_ids: set[str]
-    ) -> dict[str, tuple[str, int]]:
-        """object_id -> (pool_id, size) for the objects ``caller`` may use."""
+    ) -> dict[str, _Object]:
+        """The objects ``caller`` may use, by id."""
         if not object_ids:
             return {}
         rows = conn.execute(
-            select(t.objects.c.object_id, t.objects.c.pool_id, t.objects.c.size_bytes).where(
-                t.objects.c.object_id.in_(list(object_ids)), usable_by(caller)
-            )
+            select(
+                t.objects.c.object_id,
+                t.objects.c.pool_id,
+                t.objects.c.size_bytes,
+                t.objects.c.inspection,
+            ).where(t.objects.c.object_id.in_(list(object_ids)), usable_by(caller))
         ).all()
-        found = {r.object_id: (r.pool_id, int(r.size_bytes)) for r in rows}
+        found = {
+            r.object_id: _Object(
+                r.pool_id,
+                int(r.size_bytes),
+                None if r.inspection is None else Inspection.from_dict(r.inspection),
+            )
+            for r in rows
+        }
         missing = sorted(object_ids - set(found))
         if missing:
             raise NotFound(f"no object {missing[0]!r}", object_id=missing[0])
         return found
 
-    def _plan(self, request: SubmitRequest, obj: tuple[str, int]) -> _Planned:
-        _pool_id, size = obj
+    def _plan(self, request: SubmitRequest, obj: _Object) -> _Planned:
+        size = obj.size_bytes
         jobs: list[dict[str, Any]] = []
         submission_id = new_id()
         for operation in request.operations:
@@ -364,6 +390,14 @@ class IngestService:
                     object_id=request.object_id,
                     operation=operation,
                 )
+            if obj.inspection is not None:
+                try:
+                    check_operation(
+                        obj.inspection, operation, profile.accepts, self._limits(profile)
+                    )
+                except InputRejected as exc:
+                    exc.details["object_id"] = request.object_id
+                    raise
             estimate = profile.estimate_millicredits(size)
             jobs.append(
                 {
@@ -384,6 +418,13 @@ class IngestService:
         return _Planned(
             request, submission_id, jobs, sum(j["estimated_millicredits"] for j in jobs)
         )
+
+    def _limits(self, profile: ProfileRecord) -> InputLimits:
+        limits = self._input_limits.get(profile.profile_id)
+        if limits is None:
+            limits = InputLimits.model_validate(profile.input_limits)
+            self._input_limits[profile.profile_id] = limits
+        return limits
 
     def _reserve(self, conn: Connection, caller: Caller, amount: int, now: float) -> None:
         acct = t.credit_accounts

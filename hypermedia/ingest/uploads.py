@@ -9,6 +9,13 @@ Registering a file the web tier stored itself is allowed only under the pool's
 own prefix, ``originals/<pool_id>/``, and only once per key: otherwise a caller
 could register (and so process and read) a file of a pool they are not in.
 The size is checked against storage; a given sha256 is recorded as given.
+
+Either way the stored bytes are inspected (:func:`inspect_stored`) before the object
+row is written: its ``content_type`` is the detected type and its ``inspection`` the
+facts every later submit is judged on. What the client claimed (a ``Content-Type``
+header, a ``content_type`` field) is not kept. A local file is read in place; an
+object in S3 through ranged GETs of what inspection needs (a header, a ZIP or OLE2
+directory, a PDF's two ends), never the whole object unless it is small.
 """
 
 from __future__ import annotations
@@ -24,7 +31,10 @@ from hypermedia.accounts import Caller, default_pool_id, is_pool_member
 from hypermedia.db.engine import transaction
 from hypermedia.errors import Conflict, InvalidRequest, NotFound
 from hypermedia.objects import ObjectInfo, register_object
+from hypermedia.sandbox.formats.source import CallbackSource
+from hypermedia.sandbox.inspect import Inspection, inspect_file, inspect_source
 from hypermedia.storage.base import Storage, StoredBlob, check_key
+from hypermedia.storage.local import LocalStorage
 
 _DONE = object()
 
@@ -69,6 +79,15 @@ async def store_stream(
     return await anyio.to_thread.run_sync(storage.put, key, chunks(), max_bytes)
 
 
+def inspect_stored(storage: Storage, key: str, size: int) -> Inspection:
+    """Inspect bytes already in storage (see the module docstring)."""
+    if isinstance(storage, LocalStorage):
+        return inspect_file(storage.path(key))
+    return inspect_source(
+        CallbackSource(size, lambda offset, length: storage.read_range(key, offset, length))
+    )
+
+
 def register_blob(
     engine: Engine,
     storage: Storage,
@@ -78,11 +97,11 @@ def register_blob(
     pool_id: str,
     blob: StoredBlob,
     filename: str,
-    content_type: str | None,
     now: float,
 ) -> ObjectInfo:
-    """Record an uploaded blob; delete it again if the record cannot be written."""
+    """Inspect and record an uploaded blob; delete it again if that fails."""
     try:
+        inspection = inspect_stored(storage, blob.key, blob.size_bytes)
         with transaction(engine) as conn:
             return register_object(
                 conn,
@@ -93,7 +112,7 @@ def register_blob(
                 filename=filename,
                 size_bytes=blob.size_bytes,
                 sha256=blob.sha256,
-                content_type=content_type,
+                inspection=inspection,
                 now=now,
             )
     except BaseException:
@@ -111,7 +130,6 @@ def register_stored(
     filename: str,
     size_bytes: int,
     pool_id: str | None,
-    content_type: str | None,
     sha256: str | None,
     now: float,
 ) -> ObjectInfo:
@@ -132,6 +150,7 @@ def register_stored(
                     f"size_bytes is {size_bytes} but {key!r} holds {stored} bytes",
                     storage_key=key,
                 )
+            inspection = inspect_stored(storage, key, stored)
             return register_object(
                 conn,
                 caller,
@@ -140,8 +159,8 @@ def register_stored(
                 storage_key=key,
                 filename=filename,
                 size_bytes=size_bytes,
-                content_type=content_type,
                 sha256=sha256,
+                inspection=inspection,
                 now=now,
             )
     except IntegrityError as exc:

@@ -9,7 +9,7 @@ because its outputs would silently differ under the same keys.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Connection, Engine, insert, select, update
@@ -35,6 +35,9 @@ class ProfileRecord:
     max_attempts: int
     default_priority: int
     params: dict[str, Any]
+    # Input validation (hypermedia.sandbox.inspect): checked by ingest at submit.
+    accepts: list[str] = field(default_factory=lambda: ["any"])
+    input_limits: dict[str, Any] = field(default_factory=dict)
 
     def estimate_millicredits(self, size_bytes: int) -> int:
         variable = -(-self.cost_per_mb_millicredits * size_bytes // (1024 * 1024))
@@ -52,6 +55,8 @@ def _values(profile: Profile) -> dict[str, Any]:
         "max_attempts": profile.max_attempts,
         "default_priority": profile.default_priority,
         "params": profile.params,
+        "accepts": list(profile.accepts),
+        "input_limits": profile.limits.model_dump(exclude_defaults=True),
     }
 
 

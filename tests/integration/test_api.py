@@ -19,6 +19,7 @@ from hypermedia.storage.base import original_key
 from tests.api_support import add_user, bearer
 
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 8
+PDF = b"%PDF-1.4\n1 0 obj << /Type /Catalog >> endobj\ntrailer << /Root 1 0 R >>\n%%EOF\n"
 P = "/v1/hypermedia"
 
 
@@ -418,7 +419,9 @@ def test_queues_are_for_operators(api, stack, alice):
     assert_error(api.get(f"{P}/queues", headers=bearer(alice)), 403, "forbidden")
 
     obj = upload(api, alice)
-    submit(api, alice, obj["object_id"], ["thumbnail", "pdf_preview"])
+    document = upload(api, alice, PDF, "doc.pdf")
+    assert submit(api, alice, obj["object_id"], ["thumbnail"]).status_code == 202
+    assert submit(api, alice, document["object_id"], ["pdf_preview"]).status_code == 202
     response = api.get(f"{P}/queues", headers=bearer(operator))
     assert response.status_code == 200, response.text
     queues = {q["queue"]: q for q in response.json()["queues"]}

@@ -113,7 +113,7 @@ def test_client_end_to_end_over_http(stack, base_url, tmp_path):
 
     poor = add_user(stack, "poor", credits=0)
     with HypermediaClient(base_url, poor.api_key) as client:
-        upload = client.upload(b"x" * 10, "x.bin")
+        upload = client.upload(IMAGE, "x.jpg")
         with pytest.raises(PaymentRequired) as short:
             client.process(upload.object_id, ["thumbnail"])
         assert short.value.details["available_credits"] == 0
