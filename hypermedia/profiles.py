@@ -113,7 +113,8 @@ def parse_profiles(
         except ValidationError as exc:
             first = exc.errors()[0]
             loc = ".".join(str(p) for p in first["loc"])
-            msg = "unknown key" if first["type"] == "extra_forbidden" else first["msg"]
+            unknown = first["type"] in ("extra_forbidden", "unexpected_keyword_argument")
+            msg = "unknown key" if unknown else first["msg"]
             raise ConfigError(f"{key}.{loc}", msg) from exc
         if profile.queue not in known_queues:
             raise ConfigError(

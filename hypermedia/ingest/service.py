@@ -422,7 +422,7 @@ class IngestService:
     def _limits(self, profile: ProfileRecord) -> InputLimits:
         limits = self._input_limits.get(profile.profile_id)
         if limits is None:
-            limits = InputLimits.model_validate(profile.input_limits)
+            limits = InputLimits.from_dict(profile.input_limits)
             self._input_limits[profile.profile_id] = limits
         return limits
 

@@ -56,7 +56,7 @@ def _values(profile: Profile) -> dict[str, Any]:
         "default_priority": profile.default_priority,
         "params": profile.params,
         "accepts": list(profile.accepts),
-        "input_limits": profile.limits.model_dump(exclude_defaults=True),
+        "input_limits": profile.limits.to_dict(),
     }
 
 

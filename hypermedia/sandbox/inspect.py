@@ -40,11 +40,11 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from annotated_types import Ge, Gt
 
 from hypermedia.errors import (
     DurationLimit,
@@ -120,7 +120,11 @@ _REFUSED_MIMES = {
 _POLYGLOT_KINDS = {"image", "pdf", "video", "audio"}
 
 
-class InputLimits(BaseModel):
+Positive = Annotated[int, Ge(1)]
+
+
+@dataclass(frozen=True, slots=True)
+class InputLimits:
     """A profile's limits on what its operation may be handed (``[profiles.<op>.limits]``).
 
     ``max_pixels`` counts width x height x frames as the header declares them, except
@@ -128,18 +132,34 @@ class InputLimits(BaseModel):
     pipeline decodes it at the smallest DCT scale that covers the output);
     ``max_source_pixels`` counts what the header declares with no such allowance. The
     ZIP limits are on the central directory's declared sizes.
+
+    A plain dataclass (pydantic validates it inside :class:`hypermedia.profiles.Profile`
+    from the constraints below) so that these rules import no pydantic model machinery.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    __pydantic_config__: ClassVar[dict[str, Any]] = {"extra": "forbid"}
 
-    max_pixels: int | None = Field(default=None, ge=1)
-    max_source_pixels: int | None = Field(default=None, ge=1)
+    max_pixels: Positive | None = None
+    max_source_pixels: Positive | None = None
     jpeg_shrink_on_load: bool = False
-    max_pages: int | None = Field(default=None, ge=1)
-    max_duration_seconds: float | None = Field(default=None, gt=0)
-    max_unzipped_bytes: int = Field(default=256 * 1024 * 1024, ge=1)
-    max_zip_ratio: float = Field(default=200.0, gt=1)
-    max_zip_entries: int = Field(default=10_000, ge=1)
+    max_pages: Positive | None = None
+    max_duration_seconds: Annotated[float, Gt(0)] | None = None
+    max_unzipped_bytes: Positive = 256 * 1024 * 1024
+    max_zip_ratio: Annotated[float, Gt(1)] = 200.0
+    max_zip_entries: Positive = 10_000
+
+    def to_dict(self) -> dict[str, Any]:
+        """The limits that differ from the defaults (what a profile row stores)."""
+        return {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if getattr(self, f.name) != f.default
+        }
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> InputLimits:
+        """From :meth:`to_dict` (validated when the profile was loaded)."""
+        return cls(**values)
 
 
 @dataclass(frozen=True, slots=True)

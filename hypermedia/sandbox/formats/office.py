@@ -221,9 +221,12 @@ def _zip_stats(infos: list[zipfile.ZipInfo], container_size: int) -> dict[str, A
 def _overlapping(infos: list[zipfile.ZipInfo]) -> str | None:
     """An entry whose data starts inside another's: several names, one deflate stream."""
     spans = sorted(
-        (i.header_offset, i.header_offset + 30 + len(i.filename.encode()) + i.compress_size, i)
-        for i in infos
-        if not i.is_dir()
+        (
+            (i.header_offset, i.header_offset + 30 + len(i.filename.encode()) + i.compress_size, i)
+            for i in infos
+            if not i.is_dir()
+        ),
+        key=lambda span: (span[0], span[1]),
     )
     for (_start, end, entry), (next_start, _end, following) in itertools.pairwise(spans):
         if next_start < end:

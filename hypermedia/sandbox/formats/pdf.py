@@ -126,22 +126,33 @@ def _check_dictionary(encrypt: Any, document_id: bytes) -> str | None:
     if encrypt.get("Filter") != "Standard":
         return f"/{encrypt.get('Filter')} security handler"
     try:
-        revision = int(encrypt.get("R", 0))
-        owner, user = encrypt["O"], encrypt["U"]
-        if not isinstance(owner, bytes) or not isinstance(user, bytes):
-            raise TypeError("O and U must be strings")
-        if revision >= 5:
-            opens = _empty_password_opens_r5_r6(revision, user)
-        else:
-            permissions = int(encrypt.get("P", 0))
-            length = int(encrypt.get("Length", 40))
-            metadata = encrypt.get("EncryptMetadata", True) is not False
-            opens = _empty_password_opens_r2_r4(
-                revision, owner, user, permissions, length, document_id, metadata
-            )
+        opens = opens_with(encrypt, document_id, b"")
     except (KeyError, TypeError, ValueError, struct.error) as exc:
         return f"malformed encryption dictionary ({exc})"
+    revision = encrypt.get("R")
     return None if opens else f"user password, standard security handler revision {revision}"
+
+
+def opens_with(encrypt: dict[str, Any], document_id: bytes, password: bytes) -> bool:
+    """Whether ``password`` is the user password of a standard security handler's
+    encryption dictionary (raises ``KeyError``/``TypeError``/``ValueError`` when the
+    dictionary lacks what the check needs)."""
+    revision = int(encrypt.get("R", 0))
+    owner, user = encrypt["O"], encrypt["U"]
+    if not isinstance(owner, bytes) or not isinstance(user, bytes):
+        raise TypeError("O and U must be strings")
+    if revision >= 5:
+        return _password_opens_r5_r6(revision, user, password[:127])
+    return _password_opens_r2_r4(
+        password,
+        revision,
+        owner,
+        user,
+        int(encrypt.get("P", 0)),
+        int(encrypt.get("Length", 40)),
+        document_id,
+        encrypt.get("EncryptMetadata", True) is not False,
+    )
 
 
 def _rc4(key: bytes, data: bytes) -> bytes:
@@ -160,7 +171,8 @@ def _rc4(key: bytes, data: bytes) -> bytes:
     return bytes(out)
 
 
-def _empty_password_opens_r2_r4(
+def _password_opens_r2_r4(
+    password: bytes,
     revision: int,
     owner: bytes,
     user: bytes,
@@ -169,10 +181,10 @@ def _empty_password_opens_r2_r4(
     document_id: bytes,
     encrypt_metadata: bool,
 ) -> bool:
-    """Algorithms 2, 4 and 5 of ISO 32000 with the empty user password."""
+    """Algorithms 2, 4 and 5 of ISO 32000 (RC4/MD5, revisions 2-4)."""
     key_length = 5 if revision == 2 else max(5, min(16, length_bits // 8))
     digest = hashlib.md5(usedforsecurity=False)
-    digest.update(_PADDING)
+    digest.update((password + _PADDING)[:32])
     digest.update(owner[:32])
     digest.update(struct.pack("<i", permissions))
     digest.update(document_id)
@@ -191,15 +203,15 @@ def _empty_password_opens_r2_r4(
     return check == user[:16]
 
 
-def _empty_password_opens_r5_r6(revision: int, user: bytes) -> bool:
-    """Algorithm 2.A step (a)/(e): the hash of the empty password with the user
-    validation salt equals the first 32 bytes of /U."""
+def _password_opens_r5_r6(revision: int, user: bytes, password: bytes) -> bool:
+    """Algorithm 2.A: the hash of the password with the user validation salt equals
+    the first 32 bytes of /U (revision 5: one SHA-256; 6: algorithm 2.B)."""
     if len(user) < 48:
         raise ValueError("/U shorter than 48 bytes")
     salt = user[32:40]
     if revision == 5:
-        return hashlib.sha256(salt).digest() == user[:32]
-    return _hash_r6(b"", salt, b"") == user[:32]
+        return hashlib.sha256(password + salt).digest() == user[:32]
+    return _hash_r6(password, salt, b"") == user[:32]
 
 
 def _hash_r6(password: bytes, salt: bytes, udata: bytes) -> bytes:
