@@ -25,8 +25,8 @@ from typing import Any
 from hypermedia.sandbox.formats.source import Source
 
 # Whole files up to this size are scanned; larger ones at their two ends.
-SCAN_BYTES = 32 * 1024 * 1024
-_CHUNK = 4 * 1024 * 1024
+SCAN_BYTES = 8 * 1024 * 1024
+_CHUNK = 2 * 1024 * 1024
 _OVERLAP = 4096
 _TAIL = 64 * 1024
 

@@ -1,0 +1,364 @@
+"""Every file of the shared corpus (hostile/, documents/, images/, media/) through the
+HTTP API on PostgreSQL: upload, then submit an operation, and the MANIFEST's ``expected``
+holds where its verdict belongs at ingest.
+
+The operation is the one that fits the file's *detected* kind (thumbnail for images,
+pdf_preview for PDFs, docx_to_pdf for word processing, extract_text for sheets and
+slides, transcode_* for media, regenerate otherwise), except for the ``type-mismatch``
+rows, which get the operation their *name* claims: that is the mistake they exist to
+catch. A refused submit must leave nothing behind: no job, no queue entry, no reserved
+credit. Files whose verdict belongs to the decoders (truncated, malformed, decompression
+bombs inside a valid container ...) must get through ingest cleanly: accepted, or refused
+with a stable code, never a 500. A table of file -> expected -> outcome is printed.
+
+A second test runs the interesting rows on S3 storage (moto's server), where inspection
+reads through ranged GETs, and checks that it reads a bounded part of a large object.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import uuid
+import zipfile
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from fastapi.testclient import TestClient
+from moto.server import ThreadedMotoServer
+from rich.console import Console
+from rich.table import Table
+from sqlalchemy import func, select
+
+from hypermedia.accounts import balance
+from hypermedia.db import tables as t
+from hypermedia.db.engine import transaction
+from hypermedia.ingest.api import create_app
+from hypermedia.ingest.uploads import inspect_stored
+from hypermedia.stack import Stack
+from hypermedia.storage.s3 import S3Storage
+from tests.api_support import add_user, bearer, corpus_images
+
+P = "/v1/hypermedia"
+CORPUS = corpus_images().parent
+DIRECTORIES = ("hostile", "documents", "images", "media")
+
+OPERATION_BY_KIND = {
+    "image": "thumbnail",
+    "pdf": "pdf_preview",
+    "ooxml-word": "docx_to_pdf",
+    "odf-text": "docx_to_pdf",
+    "msword": "docx_to_pdf",
+    "rtf": "docx_to_pdf",
+    "ooxml-sheet": "extract_text",
+    "ooxml-slides": "extract_text",
+    "odf-sheet": "extract_text",
+    "odf-slides": "extract_text",
+    "msexcel": "extract_text",
+    "mspowerpoint": "extract_text",
+    "text": "extract_text",
+    "html": "extract_text",
+    "video": "transcode_video",
+    "audio": "transcode_audio",
+}
+OPERATION_BY_NAME = {
+    **dict.fromkeys(
+        (".jpg", ".jpeg", ".png", ".gif", ".webp", ".tif", ".tiff", ".bmp", ".heic"), "thumbnail"
+    ),
+    **dict.fromkeys((".avif", ".svg", ".svgz", ".ico", ".jxl"), "thumbnail"),
+    ".pdf": "pdf_preview",
+    **dict.fromkeys((".docx", ".doc", ".odt", ".rtf", ".docm", ".fodt"), "docx_to_pdf"),
+    **dict.fromkeys((".xlsx", ".xlsm", ".pptx", ".pptm", ".ods", ".odp"), "extract_text"),
+    **dict.fromkeys((".mp4", ".mov", ".avi", ".mkv", ".webm"), "transcode_video"),
+    **dict.fromkeys((".mp3", ".m4a", ".wav", ".flac", ".ogg", ".mid"), "transcode_audio"),
+}
+
+# Reasons whose verdict belongs at ingest, and the code that says it.
+INGEST_CODES: dict[str, set[str]] = {
+    "macro": {"macro_document"},
+    "dde": {"macro_document"},
+    "encrypted": {"encrypted_document"},
+    "drm": {"encrypted_document"},
+    "zip-bomb": {"zip_bomb"},
+    "path-traversal": {"path_traversal"},
+    "xxe": {"unsafe_xml"},
+    "xml-bomb": {"unsafe_xml"},
+    "pixel-flood": {"pixel_limit"},
+    # The content is of another kind (mismatch) or of the right kind in a format the
+    # operation does not process (an SVG named .png, for thumbnail).
+    "type-mismatch": {"input_type_mismatch", "unsupported_format"},
+    "unsupported-type": {"unsupported_format"},
+    "empty": {"invalid_input"},
+}
+# Rows of reasons that are mostly the decoders' but that ingest can already tell.
+INGEST_FILES = {
+    "hostile/derived-polyglot-jpeg-docx.jpg": "polyglot_file",
+    "hostile/tika-testWORD_truncated.docx": "invalid_input",
+    "hostile/tika-droste.zip": "zip_bomb",
+    "hostile/derived-zipbomb.docx": "zip_bomb",
+    "hostile/pillow-decompression_bomb.gif": "pixel_limit",
+    "hostile/derived-svg-with-script-named.png": "unsupported_format",
+    "hostile/tika-testODTnotaZipFile.odt": "input_type_mismatch",
+    "hostile/derived-pdf-named.jpg": "input_type_mismatch",
+    "hostile/derived-png-named.pdf": "input_type_mismatch",
+    "hostile/derived-docx-named.pdf": "input_type_mismatch",
+    "hostile/derived-mp4-named.mp3": "input_type_mismatch",
+    "documents/pdfjs-empty_protected.pdf": "accepted",  # owner password only: it opens
+}
+ACCEPTED = "accepted"
+
+
+@dataclass
+class Row:
+    path: str
+    kind: str
+    expected: str
+
+
+@dataclass
+class Outcome:
+    row: Row
+    detected: str
+    content_type: str | None
+    operation: str
+    status: int
+    code: str
+    message: str
+    estimate: int = 0
+
+    @property
+    def accepted(self) -> bool:
+        return self.code == ACCEPTED
+
+
+def manifest_rows() -> list[Row]:
+    with (CORPUS / "MANIFEST.tsv").open(newline="") as handle:
+        reader = csv.DictReader(handle, delimiter="\t", quoting=csv.QUOTE_NONE)
+        return [
+            Row(r["path"], r["kind"], r["expected"])
+            for r in reader
+            if r["path"].split("/", 1)[0] in DIRECTORIES
+        ]
+
+
+def operation_for(row: Row, detected: str) -> str:
+    by_name = OPERATION_BY_NAME.get(Path(row.path).suffix.lower())
+    if row.expected == "reject:type-mismatch" and by_name:
+        return by_name
+    return OPERATION_BY_KIND.get(detected) or by_name or "regenerate"
+
+
+def allowed(row: Row) -> set[str] | None:
+    """The outcomes allowed at ingest; None: accepted or any stable refusal."""
+    if row.path in INGEST_FILES:
+        return {INGEST_FILES[row.path]}
+    verdict, _, reason = row.expected.partition(":")
+    if verdict == "reject" and reason in INGEST_CODES:
+        return INGEST_CODES[reason]
+    if verdict == "valid" or row.expected.startswith("neutralize:"):
+        # Processed, or a clear refusal of a format the platform does not process.
+        return {ACCEPTED, "unsupported_format"}
+    if verdict == "sanitize":
+        return {ACCEPTED}
+    return None  # tolerate:*, and reject:* reasons the decoders judge
+
+
+@pytest.fixture
+def stack(pg_engine, settings) -> Iterator[Stack]:
+    opened = Stack.open(settings(), engine=pg_engine, auto_migrate=True)
+    yield opened
+    opened.close()
+
+
+def run_row(api: TestClient, key: dict[str, str], row: Row) -> Outcome:
+    data = (CORPUS / row.path).read_bytes()
+    # The claimed type is a lie on purpose: what is stored is what was detected.
+    uploaded = api.put(
+        f"{P}/objects",
+        params={"filename": Path(row.path).name},
+        content=data,
+        headers={**key, "Content-Type": "image/png"},
+    )
+    assert uploaded.status_code == 201, (row.path, uploaded.text)
+    obj = uploaded.json()
+    detected = obj["detected_kind"]
+    operation = operation_for(row, detected)
+    submitted = api.post(
+        f"{P}/process", json={"object_id": obj["object_id"], "operations": [operation]}, headers=key
+    )
+    body = submitted.json()
+    if submitted.status_code == 202:
+        return Outcome(
+            row,
+            detected,
+            obj["content_type"],
+            operation,
+            202,
+            ACCEPTED,
+            "",
+            round(body["estimated_credits"] * 1000),
+        )
+    error = body["error"]
+    refusal = obj["refusal"]
+    if refusal is not None and error["code"] not in ("input_type_mismatch", "unsupported_format"):
+        # What the upload said every operation would get is what the submit got.
+        assert refusal["code"] == error["code"], (row.path, refusal, error)
+    return Outcome(
+        row,
+        detected,
+        obj["content_type"],
+        operation,
+        submitted.status_code,
+        error["code"],
+        error["message"],
+    )
+
+
+def test_every_corpus_file_through_upload_and_submit(stack):
+    rows = manifest_rows()
+    assert len(rows) >= 250, f"the corpus is expected at {CORPUS}"
+    user = add_user(stack, "validator", credits=1_000_000)
+    key = bearer(user)
+    with TestClient(create_app(stack, auth_cache_seconds=60)) as api:
+        outcomes = [run_row(api, key, row) for row in rows]
+
+    table = Table("file", "expected", "detected", "operation", "outcome", "where")
+    problems = []
+    for o in outcomes:
+        want = allowed(o.row)
+        where = "ingest" if not o.accepted else ("worker" if o.row.expected != "valid" else "-")
+        if o.status >= 500 or (not o.accepted and o.status != 422 and o.code != "input_too_large"):
+            problems.append(f"{o.row.path}: HTTP {o.status} {o.code}: {o.message}")
+        elif want is not None and o.code not in want:
+            problems.append(f"{o.row.path}: {o.code} ({o.message}), expected one of {sorted(want)}")
+        outcome = o.code if o.accepted else f"{o.code}: {o.message}"
+        table.add_row(
+            o.row.path,
+            o.row.expected,
+            f"{o.detected} {o.content_type}",
+            o.operation,
+            outcome[:80],
+            where,
+        )
+    Console(width=250).print(table)
+    print(Counter(o.code for o in outcomes))
+    assert problems == []
+
+    # The stored type is the detected one, whatever the Content-Type claimed.
+    pdfs = [o for o in outcomes if o.detected == "pdf"]
+    assert pdfs and all(o.content_type == "application/pdf" for o in pdfs)
+
+    # Refused submits left nothing: jobs, queue entries and reservations are the accepted ones.
+    accepted = [o for o in outcomes if o.accepted]
+    with transaction(stack.engine) as conn:
+        jobs = conn.execute(select(func.count()).select_from(t.jobs)).scalar_one()
+        submissions = conn.execute(select(func.count()).select_from(t.submissions)).scalar_one()
+        reserved = balance(conn, user.user_id).reserved_millicredits
+    assert jobs == submissions == len(accepted)
+    assert reserved == sum(o.estimate for o in accepted)
+    queued = sum(stack.queue.counts(q).ready for q in stack.queue.queues)
+    assert queued == len(accepted)
+    refused = {o.code for o in outcomes if not o.accepted}
+    assert {"macro_document", "encrypted_document", "zip_bomb", "path_traversal"} <= refused
+    assert {"pixel_limit", "input_type_mismatch", "unsupported_format", "unsafe_xml"} <= refused
+
+
+# -- S3: the same verdicts through ranged reads, and bounded ones ------------------------------
+
+S3_ROWS = [
+    "hostile/derived-zipbomb.docx",
+    "hostile/derived-zipslip.docx",
+    "hostile/tika-testWORD_macros.docm",
+    "hostile/tika-testWORD_macros.doc",
+    "hostile/tika-testWORD_protected_passtika.docx",
+    "hostile/tika-testODTEncrypted.odt",
+    "hostile/pdfminer-aes-256-r6.pdf",
+    "hostile/derived-png-50000x50000-header.png",
+    "hostile/derived-polyglot-jpeg-docx.jpg",
+    "hostile/derived-pdf-named.jpg",
+    "documents/pdfjs-empty_protected.pdf",
+    "documents/tika-testEXCEL.xls",
+    "images/pillow-iss634.gif",
+    "media/tika-testMKV.mkv",
+]
+REGION = "us-east-1"
+
+
+@pytest.fixture
+def s3_storage(monkeypatch) -> Iterator[tuple[S3Storage, dict[str, Any]]]:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "hypermedia-test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "hypermedia-test-secret")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    bucket = f"hm-inspect-{uuid.uuid4().hex[:10]}"
+    boto3.client("s3", endpoint_url=endpoint, region_name=REGION).create_bucket(Bucket=bucket)
+    options = {
+        "storage_backend": "s3",
+        "s3_bucket": bucket,
+        "s3_endpoint_url": endpoint,
+        "s3_region": REGION,
+    }
+    yield S3Storage(bucket, endpoint_url=endpoint, region=REGION), options
+    server.stop()
+
+
+def test_on_s3_the_verdicts_are_the_same_and_reads_are_bounded(pg_engine, settings, s3_storage):
+    storage, options = s3_storage
+    rows = {r.path: r for r in manifest_rows()}
+    opened = Stack.open(settings(**options), engine=pg_engine, auto_migrate=True)
+    try:
+        user = add_user(opened, "s3-validator", credits=1_000)
+        with TestClient(create_app(opened)) as api:
+            on_s3 = {path: run_row(api, bearer(user), rows[path]) for path in S3_ROWS}
+    finally:
+        opened.close()
+    for path, outcome in on_s3.items():
+        want = allowed(rows[path])
+        assert want is None or outcome.code in want, (path, outcome.code, outcome.message)
+
+    # A 40 MB object: inspection reads its header, directory or ends, not the whole.
+    padding = b"\x00" * (40 * 1024 * 1024)
+    cases = {
+        "originals/p/big.png": (CORPUS / "images" / "pillow-hopper.png").read_bytes() + padding,
+        "originals/p/big.pdf": (CORPUS / "documents" / "pdfjs-tracemonkey.pdf").read_bytes()
+        + padding,
+        "originals/p/big.docx": _docx_with_a_big_stored_part(padding),
+    }
+    for key, data in cases.items():
+        storage.put(key, [data])
+        counted = _CountingStorage(storage)
+        inspection = inspect_stored(counted, key, len(data))  # type: ignore[arg-type]
+        assert inspection.kind in ("image", "pdf", "ooxml-word"), (key, inspection)
+        assert counted.bytes_read <= 10 * 1024 * 1024, (key, counted.bytes_read)
+        assert counted.calls < 200, (key, counted.calls)
+
+
+def _docx_with_a_big_stored_part(blob: bytes) -> bytes:
+    source = zipfile.ZipFile(CORPUS / "documents" / "tika-testWORD.docx")
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for info in source.infolist():
+            archive.writestr(info, source.read(info))
+        archive.writestr("word/media/big.bin", blob, compress_type=zipfile.ZIP_STORED)
+    return buffer.getvalue()
+
+
+class _CountingStorage:
+    def __init__(self, storage: S3Storage) -> None:
+        self.storage = storage
+        self.bytes_read = 0
+        self.calls = 0
+
+    def read_range(self, key: str, offset: int, length: int) -> bytes:
+        data = self.storage.read_range(key, offset, length)
+        self.calls += 1
+        self.bytes_read += len(data)
+        return data
