@@ -52,7 +52,9 @@ MAX_CENTRAL_DIRECTORY_BYTES = 16 * 1024 * 1024
 PROLOG_BYTES = 4096
 MAX_METADATA_BYTES = 4 * 1024 * 1024
 BIG_ENTRY_BYTES = 1024 * 1024
-MAX_PARTS_READ = 20_000
+# XML parts whose prolog is read; a package with more is refused (unsafe_xml) rather
+# than let through half-checked.
+MAX_PARTS_READ = 5_000
 
 _ARCHIVE_SUFFIXES = (".zip", ".jar", ".7z", ".rar", ".gz", ".tgz", ".tar", ".bz2", ".xz", ".zst")
 _MACRO_CONTENT_TYPES = (
@@ -354,7 +356,10 @@ def _xml_parts(
         for name, info in names.items()
         if name.lower().endswith((".xml", ".rels", ".vml")) and not info.is_dir()
     ]
-    for info in sorted(parts, key=lambda i: i.header_offset)[:MAX_PARTS_READ]:
+    if len(parts) > MAX_PARTS_READ:
+        found.details["unsafe_xml"] = f"{len(parts):,} XML parts, more than are checked"
+        return
+    for info in sorted(parts, key=lambda i: i.header_offset):
         try:
             prolog = _read_capped(archive, info, PROLOG_BYTES)
         except (zipfile.BadZipFile, OSError, EOFError, NotImplementedError, RuntimeError) as exc:
