@@ -91,8 +91,25 @@ def sleep(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list[Ou
 
 @register("test.spin")
 def spin(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list[Output]:
-    while True:
-        pass
+    """Burn CPU forever; ``threads`` > 1: in that many threads hashing without the GIL,
+    so CPU time outruns the wall clock and RLIMIT_CPU, not the wall clock, stops it."""
+    threads = int(params.get("threads", 1))
+    if threads <= 1:
+        while True:
+            pass
+    import hashlib
+    import threading
+
+    block = b"x" * (1 << 20)
+
+    def burn() -> None:
+        while True:
+            hashlib.sha256(block).digest()
+
+    for _ in range(threads - 1):
+        threading.Thread(target=burn, daemon=True).start()
+    burn()
+    return []
 
 
 @register("test.allocate")
@@ -154,3 +171,137 @@ def environment(input_path: Path, params: Mapping[str, Any], workdir: Path) -> l
     out.write_text(json.dumps(seen))
     print("hello from the child")
     return [Output("seen", out, "application/json")]
+
+
+def _errno_name(exc: OSError) -> str:
+    import errno
+
+    return errno.errorcode.get(exc.errno or 0, str(exc.errno))
+
+
+def _json_output(workdir: Path, name: str, value: Any) -> list[Output]:
+    import json
+
+    out = workdir / name
+    out.write_text(json.dumps(value))
+    return [Output(name, out, "application/json")]
+
+
+@register("test.identity")
+def identity(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list[Output]:
+    """Who the child is: ids, capabilities, what it owns, which processes it sees."""
+    status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines())
+    (workdir / "mine.txt").write_text("written by the job")
+    stat = workdir.stat()
+    return _json_output(
+        workdir,
+        "identity.json",
+        {
+            "uid": os.getresuid(),
+            "gid": os.getresgid(),
+            "groups": os.getgroups(),
+            "cap_eff": status["CapEff"].strip(),
+            "cap_prm": status["CapPrm"].strip(),
+            "no_new_privs": status["NoNewPrivs"].strip(),
+            "workdir_owner": [stat.st_uid, stat.st_gid],
+            "input_owner": os.stat(input_path).st_uid,
+            "pids": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
+            "pid": os.getpid(),
+        },
+    )
+
+
+@register("test.try_paths")
+def try_paths(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list[Output]:
+    """``write``: paths to create a file at; ``read``: paths to read (files) or list
+    (directories); ``imports``: modules to import. Each: "ok" or the errno's name."""
+    import importlib
+
+    seen: dict[str, dict[str, str]] = {"write": {}, "read": {}, "imports": {}}
+    for path in params.get("write", []):
+        try:
+            with open(path, "x") as out:
+                out.write("x")
+            seen["write"][path] = "ok"
+        except OSError as exc:
+            seen["write"][path] = _errno_name(exc)
+    for path in params.get("read", []):
+        try:
+            if os.path.isdir(path):
+                os.listdir(path)
+            else:
+                with open(path, "rb") as source:
+                    source.read(1)
+            seen["read"][path] = "ok"
+        except OSError as exc:
+            seen["read"][path] = _errno_name(exc)
+    for name in params.get("imports", []):
+        try:
+            importlib.import_module(name)
+            seen["imports"][name] = "ok"
+        except Exception as exc:
+            seen["imports"][name] = f"{type(exc).__name__}: {exc}"
+    return _json_output(workdir, "paths.json", seen)
+
+
+@register("test.connect")
+def connect(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list[Output]:
+    """Try to reach each ``[host, port]`` of ``targets`` over TCP; "connected" or the errno."""
+    import socket
+
+    seen = {}
+    for host, port in params["targets"]:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as sock:
+                sock.settimeout(2)
+                sock.connect((host, port))
+                sock.sendall(b"hello from a job")
+                seen[f"{host}:{port}"] = "connected"
+        except OSError as exc:
+            seen[f"{host}:{port}"] = _errno_name(exc)
+    interfaces = [name for _index, name in socket.if_nameindex()]
+    return _json_output(workdir, "connect.json", {"targets": seen, "interfaces": interfaces})
+
+
+@register("test.fork_bomb")
+def fork_bomb(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list[Output]:
+    """Every process forks for ever (each pid appended to ``pids.txt``); a process whose
+    fork fails sleeps, except the first, which lets the error end the job."""
+    first = os.getpid()
+    log = os.open(workdir / "pids.txt", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    while True:
+        try:
+            pid = os.fork()
+        except OSError:
+            if os.getpid() == first:
+                time.sleep(0.3)  # the last children write their pids
+                raise
+            time.sleep(3600)
+            os._exit(0)
+        if pid == 0:
+            os.write(log, f"{os.getpid()}\n".encode())
+
+
+@register("test.escape")
+def escape(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list[Output]:
+    """Leave two processes behind outside the job's process group: a child that calls
+    setsid() and stays the parent of a grandchild (both pids in ``pids.txt``), then
+    return at once. Only the job's uid ties them to the job."""
+    reader, writer = os.pipe()
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            time.sleep(3600)
+            os._exit(0)
+        os.write(writer, f"{os.getpid()}\n".encode())
+        time.sleep(3600)
+        os._exit(0)
+    os.close(writer)
+    with os.fdopen(reader) as pipe:
+        escaped = pipe.readline().strip()
+    grandchildren = [
+        int(p) for p in os.listdir("/proc") if p.isdigit() and p not in (escaped, str(os.getpid()))
+    ]
+    (workdir / "pids.txt").write_text("\n".join([escaped, *map(str, grandchildren)]))
+    return []

@@ -21,14 +21,29 @@ A job's files live in its workdir, ``<work_root>/jobs/<job_id>/``::
     finally:
         ex.cleanup(job_id)                        # after success or failure
 
-The input must be inside the workdir (the child sees the job's own files; the
-sandbox hardening will make that the only directory it sees). The step's workdir
-is the job's workdir; the child's stdout/stderr go to ``<workdir>/.child.log``.
+The input must be inside the workdir, and the caller names it (the worker uses
+``input/source``): a user's file name never reaches a path or a command line. The
+step's workdir is the job's workdir; the child's stdout/stderr go to
+``<workdir>/.child.log``.
+
+The sandbox (:mod:`hypermedia.sandbox.isolation`): each job has its own network
+namespace (no interface up: nothing to connect to, not even 127.0.0.1) and mount
+namespace, in which everything is read-only, the usual places of other people's
+files are empty (``/tmp``, ``/run``, ``/root``, ``/home``, the work root, and
+``hidden_paths``: pass the worker's data directory) and the job's workdir is the
+one writable directory; it runs under a uid of its own (never root), which owns
+its workdir while it runs, with no capabilities. What the machine does not allow
+is logged as a warning when the server starts and reported in :attr:`capabilities`
+(:func:`sandbox_capabilities` asks without an executor); ``sandbox=False``
+switches it all off (benchmarks).
 
 Limits (:mod:`hypermedia.sandbox.limits`): ``RLIMIT_AS`` = the memory limit,
-``RLIMIT_CPU`` = the timeout, ``RLIMIT_FSIZE`` = ``max_output_bytes``, no core
-files; wall clock = timeout * 1.5, after which the job's whole process group is
-killed. Failures raise :class:`ChildFailed` (codes in :mod:`hypermedia.sandbox.outcome`).
+``RLIMIT_CPU`` = the timeout, ``RLIMIT_FSIZE`` = ``max_output_bytes`` (10 GB
+unless the caller says), ``RLIMIT_NOFILE``, ``RLIMIT_NPROC`` = ``max_processes``
+(with a job uid: it counts that job's processes and threads only), no core files;
+wall clock = timeout * 1.5, after which the job's whole process group is killed,
+and every process of its uid before the job is reported. Failures raise
+:class:`ChildFailed` (codes in :mod:`hypermedia.sandbox.outcome`).
 
 Thread safety: ``run``, ``cancel``, ``child_pid``, ``prepare`` and ``cleanup`` may
 be called from any number of threads at once (the actor's claim loops); each
@@ -58,13 +73,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hypermedia.sandbox import forkserver
+from hypermedia.sandbox import forkserver, isolation
 from hypermedia.sandbox.forkserver import MESSAGE_CAP, RESULT_CAP
 from hypermedia.sandbox.limits import DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_MAX_PROCESSES, Limits
 from hypermedia.sandbox.outcome import ChildFailed, ExitReport, interpret, validate_outputs
 from pipelines.registry import Output
 
-__all__ = ["INPUT_DIR", "ChildExecutor", "ChildFailed", "ChildResult"]
+__all__ = ["INPUT_DIR", "ChildExecutor", "ChildFailed", "ChildResult", "sandbox_capabilities"]
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +91,13 @@ REPLY_GRACE = 15.0  # past the wall clock, how long to wait for a server that sh
 # hold credentials): the variables below when set, nothing else.
 INHERITED_ENV = ("PATH", "LANG", "LANGUAGE", "TZ", "SOURCE_DATE_EPOCH")
 INHERITED_ENV_PREFIXES = ("LC_", "VIPS_", "OMP_", "MALLOC_")
+
+_CONSEQUENCES = {
+    "network_namespace": "jobs can reach the network and this host's services",
+    "mount_namespace": "jobs can write wherever their uid may and read the worker's files",
+    "own_uid": "jobs run as the worker's user; no process limit (RLIMIT_NPROC)",
+    "private_proc": "jobs can list every process on the machine and its command line",
+}
 
 _JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
@@ -115,13 +137,16 @@ class _Running:
 class _Server:
     """The fork server process and our end of its control socket."""
 
-    def __init__(self, work_root: Path, preload: Sequence[str], spares: int) -> None:
+    def __init__(
+        self, work_root: Path, preload: Sequence[str], spares: int, sandbox: Mapping[str, Any]
+    ) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         config = {
             "sys_path": [os.path.abspath(p) for p in sys.path],
             "preload": list(preload),
             "control_fd": theirs.fileno(),
             "spares": spares,
+            "sandbox": dict(sandbox),
         }
         env = {
             name: value
@@ -155,9 +180,19 @@ class _Server:
             )
         ours.settimeout(None)
         self.pid = int(message["pid"])
+        capabilities = message.get("capabilities")
+        self.capabilities: dict[str, Any] = capabilities if isinstance(capabilities, dict) else {}
 
     def alive(self) -> bool:
         return self.process.poll() is None
+
+    def exited(self, timeout: float) -> bool:
+        """Whether the server process ends within ``timeout`` seconds (reaping it)."""
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
 
     def submit(self, message: bytes, running: _Running) -> None:
         fds = [running.server_reply.fileno(), running.child_result.fileno()]
@@ -180,6 +215,9 @@ class ChildExecutor:
     ``pipelines.registry`` and every pipeline module it lists (always loaded).
     Tests add a module registering test operations. ``spares``: children forked
     ahead of time (0: fork on each request); about 1.5 MB of memory each.
+    ``sandbox``: False runs jobs with rlimits only (a warning says so).
+    ``hidden_paths``: more paths jobs must not see (the worker's data directory).
+    ``uid_base``: the first uid of the job uid blocks (see :mod:`.isolation`).
     """
 
     def __init__(
@@ -188,16 +226,28 @@ class ChildExecutor:
         preload: Sequence[str] = ("pipelines.registry",),
         *,
         spares: int = forkserver.DEFAULT_SPARES,
+        sandbox: bool = True,
+        hidden_paths: Sequence[str | Path] = (),
+        uid_base: int = isolation.UID_BASE,
     ) -> None:
         self._work_root = Path(work_root).resolve()
         self._jobs_root = self._work_root / "jobs"
-        self._jobs_root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._jobs_root.mkdir(parents=True, exist_ok=True, mode=0o711)
+        # Reachable (not listable) by job uids where no mount namespace re-exposes it.
+        self._jobs_root.chmod(0o711)
         self._preload = tuple(preload)
         self._spares = spares
+        self._sandbox = {
+            "enabled": sandbox,
+            "work_root": str(self._work_root),
+            "jobs_root": str(self._jobs_root),
+            "hidden": [*isolation.DEFAULT_HIDDEN, *map(str, hidden_paths)],
+            "uid_base": uid_base,
+        }
         self._lock = threading.Lock()
         self._running: dict[str, _Running] = {}
         self._closed = False
-        self._server: _Server | None = _Server(self._work_root, self._preload, self._spares)
+        self._server: _Server | None = self._start_server()
 
     # -- workdirs
 
@@ -254,47 +304,55 @@ class ChildExecutor:
         absolute_input = Path(os.path.normpath(Path(input_path).absolute()))
         if not absolute_input.is_relative_to(workdir):
             raise ValueError(f"input {input_path} is not inside the job's workdir {workdir}")
-        request = {
+        request: dict[str, Any] = {
             "operation": operation,
             "input_path": str(absolute_input),
             "params": dict(params),
             "workdir": str(workdir),
-            "rlimits": limits.rlimits(own_uid=False),
+            "rlimits": [],  # below, once the server (and whether jobs get a uid) is known
         }
         try:
             json.dumps(request["params"])  # the step contract: params are JSON
         except (TypeError, ValueError) as exc:
             raise ValueError(f"params are not JSON: {exc}") from None
-        body = marshal.dumps(request)
-        if len(body) > MESSAGE_CAP // 2:
-            raise ValueError(f"params too large ({len(body)} bytes)")
-        message = forkserver.REQUEST.pack(limits.wall_clock_seconds) + body
+        if len(marshal.dumps(request)) > MESSAGE_CAP // 2:
+            raise ValueError("params too large")
 
-        running = _Running()
-        try:
-            with self._lock:
-                if job_id in self._running:
-                    raise ValueError(f"job {job_id!r} is already running")
-                server = self._live_server()
-                self._running[job_id] = running
+        for attempt in (1, 2):
+            running = _Running()
             try:
+                with self._lock:
+                    if job_id in self._running:
+                        raise ValueError(f"job {job_id!r} is already running")
+                    server = self._live_server()
+                    self._running[job_id] = running
                 try:
-                    server.submit(message, running)
-                except OSError as exc:
-                    raise self._server_lost(server, f"submit failed: {exc}") from None
+                    own_uid = bool(server.capabilities.get("own_uid"))
+                    request["rlimits"] = limits.rlimits(own_uid=own_uid)
+                    body = marshal.dumps(request)
+                    message = forkserver.REQUEST.pack(limits.wall_clock_seconds) + body
+                    try:
+                        server.submit(message, running)
+                    except OSError as exc:
+                        # The server died (its sockets close before it can be reaped):
+                        # nothing started, so once more on a new one.
+                        if attempt == 1 and server.exited(timeout=2):
+                            continue
+                        raise self._server_lost(server, f"submit failed: {exc}") from None
+                    finally:
+                        running.close_theirs()
+                    report = self._await(server, running, limits.wall_clock_seconds)
+                    try:
+                        result = running.result.recv(RESULT_CAP + 1, socket.MSG_DONTWAIT)
+                    except BlockingIOError:
+                        result = b""  # the child wrote none: it crashed or was killed
+                    break
                 finally:
-                    running.close_theirs()
-                report = self._await(server, running, limits.wall_clock_seconds)
-                try:
-                    result = running.result.recv(RESULT_CAP + 1, socket.MSG_DONTWAIT)
-                except BlockingIOError:
-                    result = b""  # the child wrote none: it crashed or was killed
+                    with self._lock:  # cancel() sends on these sockets under the lock
+                        del self._running[job_id]
+                        running.close()
             finally:
-                with self._lock:  # cancel() sends on these sockets under the lock
-                    del self._running[job_id]
-                    running.close()
-        finally:
-            running.close()
+                running.close()
         raw = interpret(
             report,
             result,
@@ -386,8 +444,35 @@ class ChildExecutor:
                 )
                 self._server.stop(timeout=1)
             self._server = None
-            self._server = _Server(self._work_root, self._preload, self._spares)
+            self._server = self._start_server()
         return self._server
+
+    def _start_server(self) -> _Server:
+        server = _Server(self._work_root, self._preload, self._spares, self._sandbox)
+        if not self._sandbox["enabled"]:
+            log.warning(
+                "sandbox: switched off: jobs run with rlimits only",
+                extra={"action": "sandbox_degraded", "feature": "all"},
+            )
+            return server
+        missing = server.capabilities.get("missing") or {}
+        for feature, reason in missing.items():
+            log.warning(
+                "sandbox: no %s for jobs (%s): %s",
+                feature.replace("_", " "),
+                reason,
+                _CONSEQUENCES.get(feature, ""),
+                extra={"action": "sandbox_degraded", "feature": feature},
+            )
+        return server
+
+    @property
+    def capabilities(self) -> dict[str, Any]:
+        """What the sandbox of the running fork server has (see :mod:`.isolation`):
+        ``network_namespace``, ``mount_namespace``, ``own_uid``, ``private_proc``
+        (booleans), ``uid_range``, and ``missing``: feature -> why not."""
+        server = self._server
+        return dict(server.capabilities) if server is not None else {}
 
     def _server_lost(self, server: _Server, why: str, *, kill: bool = False) -> ChildFailed:
         if kill:
@@ -420,3 +505,15 @@ def _make_writable_and_retry(function: Callable[..., Any], path: str, exc_info: 
         if os.path.isdir(path) and not os.path.islink(path):
             os.chmod(path, stat.S_IRWXU)
     function(path)
+
+
+def sandbox_capabilities(preload: Sequence[str] = ("pipelines.registry",)) -> dict[str, Any]:
+    """What the sandbox can do on this machine, as this process's user: a fork server
+    started in a temporary work root, probed, stopped (see :attr:`ChildExecutor.capabilities`)."""
+    import tempfile
+
+    with (
+        tempfile.TemporaryDirectory(prefix="hm-sandbox-probe-") as work_root,
+        ChildExecutor(Path(work_root), preload, spares=0) as executor,
+    ):
+        return executor.capabilities

@@ -42,10 +42,18 @@ child cannot write on the reply socket, so it cannot forge how it ended; no
 listening socket exists, so it cannot ask the server for more children.
 
 A spare: new session (its pid is its process group), ``PDEATHSIG`` = SIGKILL, no
-new privileges, stdin ``/dev/null``, every descriptor but its channel closed.
-Given a job: stdout/stderr appended to ``<workdir>/.child.log``,
-cwd/``HOME``/``TMPDIR`` = the workdir, rlimits applied last, then
-``pipelines.registry.get(operation)(input, params, workdir)``.
+new privileges, stdin ``/dev/null``, every descriptor but its channel closed, then
+its sandbox built (:mod:`hypermedia.sandbox.isolation`: network and mount
+namespaces, the read-only view), all before the job arrives, off its clock. Given
+a job (the request and, from the server, the job's uid): the workdir bound in
+read-write and ``chown``-ed, the uid taken (``PDEATHSIG`` set again: a uid change
+clears it), stdout/stderr appended to ``<workdir>/.child.log``,
+cwd/``HOME``/``TMPDIR`` = the workdir, rlimits applied last (``RLIMIT_NPROC``
+among them when the job has a uid), then
+``pipelines.registry.get(operation)(input, params, workdir)``. A spare that cannot
+build its sandbox exits with :data:`~hypermedia.sandbox.outcome.SANDBOX_FAILED`
+(a job given to it fails ``sandbox_unavailable``, retryable): a job never runs
+with less than the server found possible at start.
 
 Cheap children. A fork costs what the kernel spends copying and tearing down page
 tables and what each side pays in copy-on-write faults for every page it writes
@@ -64,16 +72,22 @@ modules must not rely on Python-level ``os.register_at_fork`` hooks.
 
 What jobs leave behind. The server is a child subreaper: processes a job leaves
 are re-parented to it, not to init. When a job's child exits its process group is
-killed; a process that left the group (``setsid``) and lost its parent is killed by
-a sweep of ``/proc`` (at most once a second, and on shutdown). Out of reach until
-the sandbox hardening (PID namespace or cgroup per job): a process that leaves its
-group while its parent outlives the job, and a job's group when the server itself
-is killed with SIGKILL (its direct child dies of ``PDEATHSIG``).
+killed. With job uids, every process the job left is the server's child or a
+descendant of one, and has the job's uid (it cannot change it): the server reads
+its own children (``/proc/<pid>/task/<pid>/children``) and, while any of them has
+the job's uid, has the uid's processes killed (a killer child that takes the uid and
+calls ``kill(-1, SIGKILL)``: :func:`~hypermedia.sandbox.isolation.kill_uids`) and
+reaps them, zombies included (they count for ``RLIMIT_NPROC``). Only then is the
+job reported and its uid free again: nothing of a job runs while its outputs are
+checked and uploaded, nor when its uid serves the next one. A process that left
+the group of a job still running is that job's until it ends. Without job uids,
+a process that left the group and lost its parent is killed by a sweep (at most
+once a second, and on shutdown). When the server itself is killed with SIGKILL its
+direct children die of ``PDEATHSIG``; what they left runs until the next server
+that claims the uid block kills the block's processes before its first job.
 
-Where the sandbox hardening goes: in :func:`_spare`, before the job arrives (off
-its clock): namespaces (network: no interfaces; PID: the job's processes die with
-it), a uid of the job's own (then ``Limits.rlimits(own_uid=True)`` adds
-``RLIMIT_NPROC``); the seccomp filter last in :func:`_run_step`, after the rlimits.
+Still to come: a PID namespace (a job sees no other pid at all, rather than
+``hidepid``) and a seccomp filter (last in :func:`_run_step`, after the rlimits).
 """
 
 from __future__ import annotations
@@ -98,15 +112,21 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any, NoReturn
 
+from hypermedia.sandbox.isolation import Isolation, Settings, interpreter_paths, kill_uids
+from hypermedia.sandbox.outcome import SANDBOX_FAILED
+
 RESULT_CAP = 64 * 1024  # a child's result: ~400 outputs
 MESSAGE_CAP = 256 * 1024  # any message on the control socket
 CHILD_LOG = ".child.log"
 SWEEP_INTERVAL = 1.0
+KILLER_TIMEOUT = 2.0  # a killer not done by then was stopped by its targets: another one
+KILLER_INTERVAL = 0.02  # between killers for one uid whose processes are still dying
 RESULT_FD = 3
 DEFAULT_SPARES = 4
 
 # Binary messages: a kind byte, then fixed fields.
 REQUEST = struct.Struct("<d")  # wall clock seconds; the marshal'ed request follows
+UID = struct.Struct("<I")  # server -> spare: the job's uid (0: none); the request follows
 STARTED = struct.Struct("<ci")  # b"S", pid
 EXITED = struct.Struct("<ciiicIqd")  # b"X", pid, exit code, signal, killed_for,
 #                                      duration ms, max RSS kB, CPU seconds
@@ -235,11 +255,13 @@ def _run_step(request: Mapping[str, Any]) -> bytes:
             return _OUT_OF_MEMORY
 
 
-def _spare(channel_fd: int, devnull: int, server_pid: int) -> NoReturn:
+def _spare(channel_fd: int, devnull: int, server_pid: int, sandbox: Isolation) -> NoReturn:
     """A forked child waiting for its job: becomes it, runs the step, reports, exits.
 
     Before the job: own session, PDEATHSIG, no new privileges, stdin ``/dev/null``,
-    every descriptor but its channel to the server closed.
+    every descriptor but its channel to the server closed, its namespaces and
+    read-only view built (:meth:`Isolation.prepare`). When the job arrives: its
+    workdir bound in, its uid taken (:meth:`Isolation.enter`), then the step.
     """
     try:
         os.setsid()
@@ -250,16 +272,40 @@ def _spare(channel_fd: int, devnull: int, server_pid: int) -> NoReturn:
         os.dup2(devnull, 0)
         os.closerange(RESULT_FD, channel_fd)
         os.closerange(channel_fd + 1, max(os.sysconf("SC_OPEN_MAX"), 1024))
+    except BaseException:
+        os._exit(71)  # EX_OSERR: reported as a crash without a result
+    try:
+        jobs_fd = sandbox.prepare()
+    except BaseException as exc:
+        _complain(f"a spare could not build its sandbox: {exc}")
+        os._exit(SANDBOX_FAILED)
+    try:
         channel = socket.socket(fileno=channel_fd)
         body, fds, _flags, _address = socket.recv_fds(channel, MESSAGE_CAP, 1)
         channel.close()
-        if not body or len(fds) != 1:  # the server is done with us
+        if len(body) <= UID.size or len(fds) != 1:  # the server is done with us
             os._exit(0)
-        request = marshal.loads(body)  # noqa: S302 - written by the executor, never a job
+        (uid,) = UID.unpack_from(body)
+        request = marshal.loads(body[UID.size :])  # noqa: S302 - from the executor, never a job
+    except BaseException:
+        os._exit(71)
+    try:
+        sandbox.enter(jobs_fd, request["workdir"], uid)
+        if uid:  # a change of uid cleared PDEATHSIG
+            _prctl(_PR_SET_PDEATHSIG, _SIGKILL)
+            if os.getppid() != server_pid:
+                os._exit(0)
+    except BaseException as exc:
+        _complain(f"a child could not enter its sandbox: {exc}")
+        os._exit(SANDBOX_FAILED)
+    try:
         _become_job(request["workdir"], fds[0])
     except BaseException:
-        os._exit(71)  # EX_OSERR: reported as a crash without a result
+        os._exit(71)
+    me = os.getpid()
     payload = _run_step(request)
+    if os.getpid() != me:  # a process the step forked came back here: it has no say
+        os._exit(0)
     status = 0
     try:
         os.write(RESULT_FD, payload)
@@ -268,6 +314,11 @@ def _spare(channel_fd: int, devnull: int, server_pid: int) -> NoReturn:
     except BaseException:
         status = 1
     os._exit(status)
+
+
+def _complain(message: str) -> None:
+    with suppress(BaseException):
+        os.write(2, f"fork server: {message}\n".encode(errors="replace"))
 
 
 def _become_job(workdir: str, result_fd: int) -> None:
@@ -304,28 +355,66 @@ class _Spare:
 
 
 class _Job:
-    __slots__ = ("deadline", "killed_for", "pid", "pidfd", "reply", "started")
+    __slots__ = (
+        "deadline",
+        "ended",
+        "killed_for",
+        "pid",
+        "pidfd",
+        "reply",
+        "started",
+        "status",
+        "uid",
+        "usage",
+    )
 
-    def __init__(self, pid: int, pidfd: int, reply: socket.socket, deadline: float) -> None:
+    def __init__(
+        self, pid: int, pidfd: int, reply: socket.socket, deadline: float, uid: int
+    ) -> None:
         self.pid = pid
         self.pidfd = pidfd
         self.reply = reply
         self.started = time.monotonic()
         self.deadline = deadline
+        self.uid = uid
         self.killed_for: str | None = None
+        self.ended = 0.0
+        self.status = 0
+        self.usage: resource.struct_rusage | None = None
+
+
+class _Killer:
+    __slots__ = ("deadline", "pid", "pidfd", "uids")
+
+    def __init__(self, pid: int, pidfd: int, uids: list[int]) -> None:
+        self.pid = pid
+        self.pidfd = pidfd
+        self.uids = uids
+        self.deadline = time.monotonic() + KILLER_TIMEOUT
+
+
+class _Left:
+    __slots__ = ("live", "zombies")
+
+    def __init__(self) -> None:
+        self.live: list[int] = []
+        self.zombies: list[int] = []
 
 
 class _Server:
-    def __init__(self, control: socket.socket, fork: Callable[[], int], spares: int) -> None:
+    def __init__(
+        self, control: socket.socket, fork: Callable[[], int], spares: int, sandbox: Isolation
+    ) -> None:
         self.pid = os.getpid()
         self.control = control
         self.fork = fork
+        self.sandbox = sandbox
         self.spare_target = spares
         self.devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         self.poll = select.epoll()
         self.control_fd = control.fileno()
         self.poll.register(self.control_fd, select.EPOLLIN)
-        self.jobs: dict[int, _Job] = {}  # by pid
+        self.jobs: dict[int, _Job] = {}  # running, by pid
         self.by_fd: dict[int, _Job] = {}  # by pidfd and by reply socket fd
         self.spares: dict[int, _Spare] = {}  # by pid, in the order they were forked
         self.spare_fds: dict[int, _Spare] = {}  # by pidfd
@@ -335,9 +424,18 @@ class _Server:
         self.last_sweep = 0.0
         self.sweep_due = False
         self.refilling = spares > 0
+        self.spare_failures = 0
+        # Job uids (when the sandbox has them): free ones, and those whose job has
+        # exited but whose processes are not all gone yet (no report until they are).
+        self.free_uids = list(sandbox.uids)
+        heapq.heapify(self.free_uids)
+        self.settling: dict[int, _Job] = {}  # by uid
+        self.killers: dict[int, _Killer] = {}  # by pid
+        self.killer_fds: dict[int, _Killer] = {}  # by pidfd
+        self.next_killer: dict[int, float] = {}  # by uid: not before
 
     def serve(self) -> None:
-        while not (self.stopping and not self.jobs):
+        while not (self.stopping and not self.jobs and not self.settling):
             refill = self._wants_spare()
             events = self.poll.poll(0 if refill else self._timeout())
             control = False
@@ -351,7 +449,7 @@ class _Server:
                         self._reap()
                     else:
                         self._on_reply(job)
-                elif fd in self.spare_fds:
+                elif fd in self.spare_fds or fd in self.killer_fds:
                     self._reap()
             if control:
                 self._on_control()
@@ -360,6 +458,10 @@ class _Server:
                 job = heapq.heappop(self.deadlines)[2]
                 if self.jobs.get(job.pid) is job:  # not finished (its pid may be reused)
                     self._kill(job, "timeout")
+            if self.killers:
+                self._check_killers(now)
+            if self.settling:
+                self._settle(now)
             if self.sweep_due and now - self.last_sweep >= SWEEP_INTERVAL:
                 self._sweep(now)
             if refill and not events:
@@ -374,6 +476,10 @@ class _Server:
             waits.append(self.deadlines[0][0] - now)
         if self.sweep_due:
             waits.append(self.last_sweep + SWEEP_INTERVAL - now)
+        if self.settling:
+            waits.append(KILLER_INTERVAL)
+        if self.killers:
+            waits.append(min(killer.deadline for killer in self.killers.values()) - now)
         return max(0.0, min(waits)) if waits else -1
 
     def _stop(self) -> None:
@@ -419,7 +525,7 @@ class _Server:
             theirs.close()
             raise
         if pid == 0:
-            _spare(theirs.fileno(), self.devnull, self.pid)
+            _spare(theirs.fileno(), self.devnull, self.pid, self.sandbox)
         theirs.close()
         spare = _Spare(pid, os.pidfd_open(pid), channel)
         self.spares[pid] = spare
@@ -465,7 +571,17 @@ class _Server:
         reply = socket.socket(fileno=fds[0])
         result_fd = fds[1]
         (wall_clock,) = REQUEST.unpack_from(data)
-        body = data[REQUEST.size :]
+        uid = 0
+        if self.sandbox.own_uid:
+            if not self.free_uids:
+                os.close(result_fd)
+                error = f"no free job uid ({len(self.sandbox.uids)} jobs at once at most)"
+                with suppress(OSError):
+                    reply.send(FAILED + error.encode(), socket.MSG_DONTWAIT)
+                reply.close()
+                return
+            uid = heapq.heappop(self.free_uids)
+        body = UID.pack(uid) + data[REQUEST.size :]
         spare = None
         error = ""
         for _attempt in range(2):  # a spare may have died without our noticing yet
@@ -485,12 +601,14 @@ class _Server:
                 spare = None
         os.close(result_fd)
         if spare is None:
+            if uid:
+                heapq.heappush(self.free_uids, uid)  # no process ever had it
             with suppress(OSError):
                 reply.send(FAILED + error.encode(), socket.MSG_DONTWAIT)
             reply.close()
             return
         spare.channel.close()
-        job = _Job(spare.pid, spare.pidfd, reply, time.monotonic() + wall_clock)
+        job = _Job(spare.pid, spare.pidfd, reply, time.monotonic() + wall_clock, uid)
         self.jobs[job.pid] = job
         self.by_fd[job.pidfd] = job
         self.by_fd[reply.fileno()] = job
@@ -537,26 +655,27 @@ class _Server:
                 return
             job = self.jobs.pop(pid, None)
             if job is not None:
-                self._finish(job, status, usage)
+                self._exited(job, status, usage)
             elif pid in self.spares:
+                if os.WIFEXITED(status) and os.WEXITSTATUS(status) == SANDBOX_FAILED:
+                    self.spare_failures += 1
+                    self.refilling = False  # not in a loop: again when a job takes one
                 self._drop_spare(self.spares[pid])
+            elif pid in self.killers:
+                killer = self.killers.pop(pid)
+                del self.killer_fds[killer.pidfd]
+                with suppress(OSError):
+                    self.poll.unregister(killer.pidfd)
+                os.close(killer.pidfd)
 
-    def _finish(self, job: _Job, status: int, usage: resource.struct_rusage) -> None:
-        duration_ms = round((time.monotonic() - job.started) * 1000)
+    def _exited(self, job: _Job, status: int, usage: resource.struct_rusage) -> None:
+        """The job's child is gone: its group next, then (with a job uid) every process
+        of its uid, before anyone hears about it."""
+        job.ended = time.monotonic()
+        job.status = status
+        job.usage = usage
         with suppress(OSError):  # whatever the job left running in its group
             os.killpg(job.pid, _SIGKILL)
-        report = EXITED.pack(
-            b"X",
-            job.pid,
-            os.WEXITSTATUS(status) if os.WIFEXITED(status) else -1,
-            os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0,
-            KILLED_FOR[job.killed_for],
-            duration_ms,
-            usage.ru_maxrss,
-            usage.ru_utime + usage.ru_stime,
-        )
-        with suppress(OSError):
-            job.reply.send(report, socket.MSG_DONTWAIT)
         # Unregister explicitly: a child forked meanwhile may hold copies of both
         # descriptors until it closes them, and closing ours would not remove them.
         for fd in (job.pidfd, job.reply.fileno()):
@@ -564,7 +683,6 @@ class _Server:
             with suppress(OSError):
                 self.poll.unregister(fd)
         os.close(job.pidfd)
-        job.reply.close()
         self.sweep_due = True
         if len(self.deadlines) > 2 * len(self.jobs) + 64:
             # Finished jobs stay in the heap until their deadline; long timeouts at a
@@ -574,14 +692,105 @@ class _Server:
                 entry for entry in self.deadlines if live.get(entry[2].pid) is entry[2]
             ]
             heapq.heapify(self.deadlines)
+        if job.uid:
+            self.settling[job.uid] = job  # reported by _settle, in this turn of the loop
+        else:
+            self._report(job)
+
+    def _settle(self, now: float) -> None:
+        """Report each exited job whose uid has no process left, not even a zombie
+        (zombies count for RLIMIT_NPROC); have the live ones killed."""
+        self._reap()
+        leftovers = self._leftovers()
+        for uid, job in list(self.settling.items()):
+            left = leftovers.get(uid)
+            if left is None:
+                del self.settling[uid]
+                self.next_killer.pop(uid, None)
+                heapq.heappush(self.free_uids, uid)
+                self._report(job)
+            elif (
+                left.live
+                and now >= self.next_killer.get(uid, 0.0)
+                and not any(uid in killer.uids for killer in self.killers.values())
+            ):
+                self._start_killer([uid])
+                self.next_killer[uid] = now + KILLER_INTERVAL
+            # else: zombies only (reaped in the next turn), or a killer at work
+
+    def _report(self, job: _Job) -> None:
+        status, usage = job.status, job.usage
+        assert usage is not None
+        report = EXITED.pack(
+            b"X",
+            job.pid,
+            os.WEXITSTATUS(status) if os.WIFEXITED(status) else -1,
+            os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0,
+            KILLED_FOR[job.killed_for],
+            round((job.ended - job.started) * 1000),
+            usage.ru_maxrss,
+            usage.ru_utime + usage.ru_stime,
+        )
+        with suppress(OSError):
+            job.reply.send(report, socket.MSG_DONTWAIT)
+        job.reply.close()
 
     # -- what jobs leave behind
 
+    def _start_killer(self, uids: list[int]) -> None:
+        try:
+            pid = kill_uids(uids, self.fork)
+        except OSError as exc:
+            print(f"fork server: cannot fork a killer: {exc}", file=sys.stderr, flush=True)
+            return
+        killer = _Killer(pid, os.pidfd_open(pid), uids)
+        self.killers[pid] = killer
+        self.killer_fds[killer.pidfd] = killer
+        self.poll.register(killer.pidfd, select.EPOLLIN)
+
+    def _check_killers(self, now: float) -> None:
+        for killer in list(self.killers.values()):
+            if now >= killer.deadline:  # stopped by a process it was to kill
+                with suppress(OSError):
+                    os.kill(killer.pid, _SIGKILL)
+                killer.deadline = now + KILLER_TIMEOUT  # reaped like any other killer
+
+    def _leftovers(self) -> dict[int, _Left]:
+        """Processes that are nobody's job, spare or killer, by uid.
+
+        Every process a job leaves is the server's child once its parent is gone (the
+        server is a subreaper), and a job's processes cannot change their uid: so a
+        uid has processes left if and only if one of them is a child of the server.
+        """
+        known = self.jobs.keys() | self.spares.keys() | self.killers.keys()
+        found: dict[int, _Left] = {}
+        for pid in _children(self.pid):
+            if pid in known:
+                continue
+            uid, zombie = _uid_of(pid)
+            if uid is not None:
+                left = found.setdefault(uid, _Left())
+                (left.zombies if zombie else left.live).append(pid)
+        return found
+
     def _sweep(self, now: float, *, everything: bool = False) -> None:
-        """Kill re-parented processes that no running job's group holds."""
+        """Kill leftovers no running job holds: by uid with job uids, else by group."""
         self.last_sweep = now
         self.sweep_due = False
-        keep = self.jobs.keys() | self.spares.keys()
+        if self.sandbox.own_uid and not everything:
+            running = {job.uid for job in self.jobs.values()} | self.settling.keys()
+            for uid, left in self._leftovers().items():
+                if uid in running or not left.live:
+                    continue  # the job's own, being killed for it already, or zombies
+                if uid in self.sandbox.uids:
+                    self._start_killer([uid])
+                else:
+                    for pid in left.live:
+                        with suppress(OSError):
+                            os.kill(pid, _SIGKILL)
+            self._reap()
+            return
+        keep = self.jobs.keys() | self.spares.keys() | self.killers.keys()
         for pid, pgid in _children_of(self.pid):
             if everything or (pid not in keep and pgid not in keep):
                 with suppress(OSError):
@@ -589,6 +798,9 @@ class _Server:
         self._reap()
 
     def _reap_remaining(self, deadline: float) -> None:
+        if self.sandbox.own_uid:  # whatever the job uids still have, wherever it is
+            with suppress(OSError):
+                self._start_killer(list(self.sandbox.uids))
         while time.monotonic() < deadline:
             try:
                 pid, _status = os.waitpid(-1, os.WNOHANG)
@@ -596,6 +808,32 @@ class _Server:
                 return
             if pid == 0:
                 time.sleep(0.01)
+
+
+def _children(parent: int) -> list[int]:
+    """The pids of ``parent``'s children (a single-threaded parent)."""
+    try:
+        with open(f"/proc/{parent}/task/{parent}/children", "rb") as children:
+            return [int(pid) for pid in children.read().split()]
+    except FileNotFoundError:  # a kernel without CONFIG_PROC_CHILDREN
+        return [pid for pid, _pgid in _children_of(parent)]
+
+
+def _uid_of(pid: int) -> tuple[int | None, bool]:
+    """A process's real uid (None: it is gone) and whether it is a zombie."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as status:
+            text = status.read()
+    except OSError:
+        return None, False
+    state = uid = None
+    for line in text.splitlines():
+        if line.startswith(b"State:"):
+            state = line.split()[1]
+        elif line.startswith(b"Uid:"):
+            uid = int(line.split()[1])
+            break
+    return uid, state in (b"Z", b"X")
 
 
 def _children_of(parent: int) -> list[tuple[int, int]]:
@@ -632,10 +870,25 @@ def main(config: Mapping[str, Any]) -> None:
     fork: Callable[[], int] = _fork_without_hooks
     if len(os.listdir("/proc/self/task")) > 1 or config.get("python_fork"):
         fork = os.fork
+    sandbox_config = config["sandbox"]
+    settings = Settings(
+        enabled=bool(sandbox_config["enabled"]),
+        work_root=sandbox_config["work_root"],
+        jobs_root=sandbox_config["jobs_root"],
+        hidden=tuple(sandbox_config["hidden"]),
+        exposed=tuple(interpreter_paths(list(sys.modules.values()))),
+        uid_base=int(sandbox_config["uid_base"]),
+    )
+    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    sandbox = Isolation.start(settings, fork)
     gc.collect()
     gc.freeze()
-    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
-    server = _Server(control, fork, int(config.get("spares", DEFAULT_SPARES)))
-    ready = {"op": "ready", "pid": os.getpid(), "fork": getattr(fork, "__name__", "")}
+    server = _Server(control, fork, int(config.get("spares", DEFAULT_SPARES)), sandbox)
+    ready = {
+        "op": "ready",
+        "pid": os.getpid(),
+        "fork": getattr(fork, "__name__", ""),
+        "capabilities": sandbox.capabilities(),
+    }
     control.send(json.dumps(ready).encode())
     server.serve()

@@ -12,17 +12,20 @@ rlimit             value                                    what hitting it look
                                                             programs that don't ignore it)
 ``RLIMIT_CORE``    0                                        no core files
 ``RLIMIT_NOFILE``  ``open_files``                           ``EMFILE``
-``RLIMIT_NPROC``   ``max_processes``, only with ``own_uid``  ``EAGAIN`` from fork
+``RLIMIT_NPROC``   ``max_processes``, only with ``own_uid``  ``EAGAIN`` from fork, "can't
+                                                            start new thread"
 =================  =======================================  ===========================
 
 ``RLIMIT_AS`` covers the child's whole address space, including what it shares
 with the warm server (about 15 MB for the interpreter, 40 MB with pyvips loaded).
 
-``RLIMIT_NPROC`` counts every process of the child's *real uid*, and root ignores
-it. While children run as the worker's own user it would count the worker, Ray
-and every other job too, so it is applied only when the child has a uid of its own
-(the later sandbox hardening: non-root children). Until then the process count is
-bounded by the wall clock, which kills the job's whole process group.
+``RLIMIT_NPROC`` counts every process *and thread* of the child's *real uid*
+(zombies too), and root ignores it. Run as the worker's own user it would count
+the worker, Ray and every other job too, so it is applied only when the child has
+a uid of its own (:mod:`hypermedia.sandbox.isolation`: one per running job). A
+thread-hungry library (onnxruntime starts one per core) needs ``max_processes``
+above its thread count. Without a job uid the process count is bounded by the
+wall clock, which kills the job's whole process group.
 
 The wall clock (``timeout_seconds`` * 1.5) is enforced by the fork server, not by
 an rlimit: it also catches a job that sleeps or waits, which ``RLIMIT_CPU`` does not.
@@ -35,7 +38,7 @@ from dataclasses import dataclass
 
 MIB = 1024 * 1024
 WALL_CLOCK_FACTOR = 1.5
-DEFAULT_MAX_OUTPUT_BYTES = 1024 * MIB
+DEFAULT_MAX_OUTPUT_BYTES = 10 * 1024 * MIB
 DEFAULT_MAX_PROCESSES = 16
 DEFAULT_OPEN_FILES = 1024
 

@@ -20,6 +20,8 @@ exit 0 with a result               the step's outputs, or its error as the child
                                    reported it (``PipelineError`` codes with their
                                    own flag; ``memory_limit``, ``output_limit``,
                                    ``process_limit``, ``pipeline_crashed``: no)
+exit 72: could not enter its        ``sandbox_unavailable``  yes
+sandbox (namespaces, uid)
 any other exit                     ``pipeline_crashed``     no
 =================================  =======================  =========
 
@@ -45,6 +47,8 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.registry import Output
+
+SANDBOX_FAILED = 72  # a child's exit status: it could not enter its sandbox (EX_OSFILE)
 
 _CRASH_SIGNALS = frozenset(
     {signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT, signal.SIGILL, signal.SIGFPE, signal.SIGSYS}
@@ -124,6 +128,12 @@ def interpret(
             )
         raise ChildFailed(
             "child_killed", f"the child was killed by {_signal_name(signum)}", retryable=True
+        )
+    if report.exit_code == SANDBOX_FAILED:
+        raise ChildFailed(
+            "sandbox_unavailable",
+            "the child could not enter its sandbox (see the worker's log)",
+            retryable=True,
         )
     if report.exit_code != 0:
         raise ChildFailed(

@@ -236,7 +236,8 @@ def test_a_grandchild_that_leaves_the_group_is_swept_up(executor, job_id):
 
 
 def test_processes_left_behind_by_a_successful_job_are_killed(executor, job_id):
-    result = run(executor, job_id, "test.sleep", {"seconds": 0, "children": 20})
+    params = {"seconds": 0, "children": 20}
+    result = run(executor, job_id, "test.sleep", params, max_processes=32)
     assert result.outputs == []
     grandchildren = recorded_pids(executor, job_id)
     assert len(grandchildren) == 20

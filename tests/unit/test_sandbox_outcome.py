@@ -119,6 +119,7 @@ KILL = signal.SIGKILL
         ({"signal": signal.SIGABRT, "exit_code": None}, ("pipeline_crashed", False)),
         ({"exit_code": 3}, ("pipeline_crashed", False)),
         ({"exit_code": 71}, ("pipeline_crashed", False)),
+        ({"exit_code": 72}, ("sandbox_unavailable", True)),  # could not enter its sandbox
         # killed for a timeout, but it had already exited by itself: its result counts
         ({"killed_for": "timeout"}, []),
         ({}, []),

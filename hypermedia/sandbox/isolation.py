@@ -1,0 +1,624 @@
+"""What a job's child may see and touch: its own namespaces, a read-only view, a uid of its own.
+
+The fork server (:mod:`hypermedia.sandbox.forkserver`) uses this module; nothing
+else needs to. Linux only; every call is a plain syscall (``ctypes``), no helper
+binary, so a spare pays microseconds, not an ``exec`` (bubblewrap: ~16 ms a run).
+
+A spare, before its job arrives (off the job's clock), in :meth:`Isolation.prepare`:
+
+1. ``unshare(CLONE_NEWNET | CLONE_NEWNS)``: a network namespace of its own with no
+   interface up (not even ``lo``: ``connect`` to 127.0.0.1 fails with
+   ``ENETUNREACH``; abstract Unix sockets are per namespace too), and a mount
+   namespace of its own.
+2. ``mount_setattr("/", AT_RECURSIVE, RDONLY | NOSUID, MS_PRIVATE)``: every mount
+   read-only and private (nothing propagates in or out), in one syscall.
+3. The *covers*: an empty read-only tmpfs over each hidden path
+   (:data:`DEFAULT_HIDDEN`, the executor's work root, the caller's extra paths),
+   so a job cannot read other jobs' files, the worker's data directory, Ray's
+   session files or Unix sockets under ``/run``. What the step needs from under a
+   cover (the interpreter, ``sys.path``, the preloaded packages) is bound back
+   read-only; the cover's directories are ``0755``, so a job uid can reach a
+   re-exposed path even when the real parent is ``/root`` (``0700``).
+4. ``/proc`` mounted again with ``hidepid=invisible``: a job sees only its own
+   processes, not the command lines of the rest of the machine.
+
+When the job arrives, :meth:`Isolation.enter`: the job's workdir is bound
+read-write at its own path (the only writable place besides device nodes like
+``/dev/null``), ``chown``-ed to the job's uid, and the child drops to that uid
+(``setgroups([])``, ``setresgid``, ``setresuid``; no capabilities remain, and
+``PR_SET_NO_NEW_PRIVS`` was set when the spare was forked).
+
+Job uids. A worker runs as root; its jobs must not. Each fork server claims a
+block of :data:`UID_SLOTS` uids from ``UID_BASE`` on (an ``flock`` under
+:data:`LOCK_DIR`, released when the server dies, so servers of other workers on the
+machine get other blocks) and gives each running job a slot of its own. So
+``RLIMIT_NPROC`` counts only that job's processes, and a job's processes are
+exactly the processes with its uid: after the job the server has every process of
+that uid killed (:func:`kill_uids`, in a throwaway child that takes the uid,
+``kill(-1, SIGKILL)``) before the uid is given to another job or the job's outputs
+are handed back. Blocks overlapping ``/etc/passwd`` or ``/etc/subuid`` are skipped.
+
+Where the machine does not allow a step (not root, a container without
+``CAP_SYS_ADMIN``), :func:`probe` finds out at server start by trying it, the
+server leaves it out, and the executor logs a warning and reports it
+(:attr:`~hypermedia.sandbox.executor.ChildExecutor.capabilities`): degraded,
+never pretended. A job uid needs root and, without the mount namespace, a work
+root and ``sys.path`` the job uid can reach.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import fcntl
+import os
+import signal
+import socket
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWNET = 0x40000000
+MS_RDONLY = 0x1
+MS_NOSUID = 0x2
+MS_NODEV = 0x4
+MS_NOEXEC = 0x8
+MS_BIND = 0x1000
+MS_REC = 0x4000
+MS_PRIVATE = 1 << 18
+MOUNT_ATTR_RDONLY = 0x1
+MOUNT_ATTR_NOSUID = 0x2
+MOUNT_ATTR_NODEV = 0x4
+AT_FDCWD = -100
+AT_RECURSIVE = 0x8000
+SYS_MOUNT_SETATTR = 442  # one number on every architecture (added after the tables merged)
+PR_SET_DUMPABLE = 4
+
+# Paths a job never sees (covered, not used: hence the noqa).
+DEFAULT_HIDDEN = (
+    "/tmp",  # noqa: S108
+    "/var/tmp",  # noqa: S108
+    "/run",
+    "/dev/shm",  # noqa: S108
+    "/root",
+    "/home",
+    "/etc/hypermedia",
+)
+UID_BASE = 200_000
+UID_SLOTS = 64  # concurrent jobs per fork server (a worker runs at most 64 claim loops)
+UID_BLOCKS = 512
+LOCK_DIR = "/run/hypermedia-sandbox"
+COVER_OPTIONS = b"mode=755,size=1m,nr_inodes=4096"
+
+FEATURES = ("network_namespace", "mount_namespace", "own_uid", "private_proc")
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.unshare.argtypes = [ctypes.c_int]
+_libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_char_p]
+_libc.prctl.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [
+        ("attr_set", ctypes.c_uint64),
+        ("attr_clr", ctypes.c_uint64),
+        ("propagation", ctypes.c_uint64),
+        ("userns_fd", ctypes.c_uint64),
+    ]
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, f"{what}: {os.strerror(code)}")
+
+
+def unshare(flags: int) -> None:
+    _check(_libc.unshare(flags), "unshare")
+
+
+def mount(
+    source: str | None, target: str, fstype: str | None, flags: int, data: bytes = b""
+) -> None:
+    _check(
+        _libc.mount(
+            source.encode() if source is not None else None,
+            target.encode(),
+            fstype.encode() if fstype is not None else None,
+            flags,
+            data or None,
+        ),
+        f"mount {target}",
+    )
+
+
+def mount_setattr(
+    path: str, *, set_: int = 0, clear: int = 0, propagation: int = 0, recursive: bool = False
+) -> None:
+    attr = _MountAttr(set_, clear, propagation, 0)
+    result = _libc.syscall(
+        ctypes.c_long(SYS_MOUNT_SETATTR),
+        ctypes.c_int(AT_FDCWD),
+        ctypes.c_char_p(path.encode()),
+        ctypes.c_uint(AT_RECURSIVE if recursive else 0),
+        ctypes.byref(attr),
+        ctypes.c_size_t(ctypes.sizeof(attr)),
+    )
+    _check(result, f"mount_setattr {path}")
+
+
+# -- the view: pure ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Mount:
+    """One step of a view: ``cover`` (an empty tmpfs) or ``expose`` (bound back)."""
+
+    kind: str
+    path: str
+
+
+def _within(path: str, parent: str) -> bool:
+    return path == parent or path.startswith(parent.rstrip("/") + "/")
+
+
+def _depth(path: str) -> int:
+    return 0 if path == "/" else path.count("/")
+
+
+def plan_view(covers: Iterable[str], exposes: Iterable[str], work_root: str) -> list[Mount]:
+    """The mounts that hide ``covers`` but keep ``exposes`` visible, outermost first.
+
+    Absolute, normalised, symlink-free paths. The work root is always covered (each
+    job's workdir is bound in on its own) and nothing inside it is exposed. At the
+    same path an expose wins over a cover. A mount that changes nothing (a cover
+    inside a cover, an expose of something visible) is left out.
+    """
+    events: dict[str, str] = {}
+    for path in covers:
+        if path == "/":
+            raise ValueError("cannot hide /")
+        events[path] = "cover"
+    for path in exposes:
+        if path != "/" and not _within(path, work_root):
+            events[path] = "expose"
+    events[work_root] = "cover"
+    plan = []
+    for path in sorted(events, key=lambda p: (_depth(p), p)):
+        above = "expose"  # the real filesystem: visible
+        best = -1
+        for other, kind in events.items():
+            if other != path and _within(path, other) and _depth(other) > best:
+                above, best = kind, _depth(other)
+        if events[path] != above:
+            plan.append(Mount(events[path], path))
+    return plan
+
+
+def outermost(paths: Iterable[str]) -> list[str]:
+    """The paths that are not inside another of them."""
+    result: list[str] = []
+    for path in sorted(set(paths), key=lambda p: (_depth(p), p)):
+        if not any(_within(path, kept) for kept in result):
+            result.append(path)
+    return result
+
+
+def cover_of(plan: Sequence[Mount], path: str) -> str:
+    """The cover a path lies under (its nearest enclosing mount of the plan)."""
+    best: Mount | None = None
+    for step in plan:
+        if _within(path, step.path) and (best is None or _depth(step.path) > _depth(best.path)):
+            best = step
+    if best is None or best.kind != "cover":
+        raise ValueError(f"{path} is not under a cover")
+    return best.path
+
+
+# -- settings and state -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """What the executor asks for; the server turns it into an :class:`Isolation`."""
+
+    enabled: bool
+    work_root: str
+    jobs_root: str
+    hidden: tuple[str, ...]
+    exposed: tuple[str, ...]
+    uid_base: int = UID_BASE
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> Settings:
+        return cls(
+            enabled=bool(config["enabled"]),
+            work_root=str(config["work_root"]),
+            jobs_root=str(config["jobs_root"]),
+            hidden=tuple(config["hidden"]),
+            exposed=tuple(config["exposed"]),
+            uid_base=int(config.get("uid_base", UID_BASE)),
+        )
+
+
+def real_paths(paths: Iterable[str]) -> list[str]:
+    """Existing paths, absolute and symlink-free, without duplicates (order kept)."""
+    found: dict[str, None] = {}
+    for path in paths:
+        if path and os.path.isabs(path) and os.path.exists(path):
+            found[os.path.realpath(path)] = None
+    return list(found)
+
+
+def interpreter_paths(modules: Iterable[Any]) -> list[str]:
+    """What a step may still read lazily: the interpreter, ``sys.path``, loaded modules."""
+    import sys
+
+    paths = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix]
+    paths.append(os.path.dirname(os.path.realpath(sys.executable)))
+    paths.extend(p for p in sys.path if isinstance(p, str))
+    for module in modules:
+        file = getattr(module, "__file__", None)
+        if isinstance(file, str):
+            paths.append(os.path.dirname(file))
+    return real_paths(paths)
+
+
+class Isolation:
+    """The fork server's sandbox: what the machine allowed, and the uid block it holds.
+
+    Built once in the server (:meth:`start`), used by every spare it forks.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.plan: list[Mount] = []
+        self.jobs_cover = ""
+        self.network = False
+        self.mounts = False
+        self.private_proc = False
+        self.uids: list[int] = []  # the block, when jobs get a uid of their own
+        self.missing: dict[str, str] = {}
+        self._lock_fd: int | None = None
+
+    # -- in the server
+
+    @classmethod
+    def start(cls, settings: Settings, fork: Callable[[], int]) -> Isolation:
+        """Claim a uid block, kill what earlier owners left, probe what works."""
+        isolation = cls(settings)
+        if not settings.enabled:
+            for feature in FEATURES:
+                isolation.missing[feature] = "the sandbox is switched off (sandbox=False)"
+            return isolation
+        covers = real_paths(settings.hidden)
+        exposes = [p for p in settings.exposed if os.path.exists(p)]
+        isolation.plan = plan_view(covers, exposes, settings.work_root)
+        isolation.jobs_cover = cover_of(isolation.plan, settings.jobs_root)
+        if os.geteuid() == 0:
+            try:
+                isolation._claim_uids()
+            except OSError as exc:
+                isolation.missing["own_uid"] = f"no uid block: {exc}"
+        else:
+            isolation.missing["own_uid"] = "the worker does not run as root"
+        if isolation.uids and not clear_uids(isolation.uids, fork):
+            isolation.missing["own_uid"] = "could not kill what earlier jobs left in the uid block"
+            isolation._release_uids()
+        found = probe(isolation, fork)
+        isolation.network = found.get("network_namespace") is True
+        isolation.mounts = found.get("mount_namespace") is True
+        isolation.private_proc = isolation.mounts and found.get("private_proc") is True
+        if isolation.uids and found.get("own_uid") is not True:
+            isolation._release_uids()
+        for feature in FEATURES:
+            if found.get(feature) is not True:
+                isolation.missing.setdefault(feature, str(found.get(feature) or "not tried"))
+        return isolation
+
+    @property
+    def own_uid(self) -> bool:
+        return bool(self.uids)
+
+    def capabilities(self) -> dict[str, Any]:
+        return {
+            "network_namespace": self.network,
+            "mount_namespace": self.mounts,
+            "own_uid": self.own_uid,
+            "private_proc": self.private_proc,
+            "uid_range": [self.uids[0], self.uids[-1]] if self.uids else None,
+            "missing": dict(self.missing),
+        }
+
+    def _claim_uids(self) -> None:
+        taken = _taken_uid_ranges()
+        os.makedirs(LOCK_DIR, mode=0o700, exist_ok=True)
+        for block in range(UID_BLOCKS):
+            first = self.settings.uid_base + block * UID_SLOTS
+            last = first + UID_SLOTS - 1
+            if any(start <= last and first <= end for start, end in taken):
+                continue
+            fd = os.open(f"{LOCK_DIR}/{first}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            self._lock_fd = fd
+            self.uids = list(range(first, last + 1))
+            return
+        raise OSError(errno.EBUSY, "every uid block is taken")
+
+    def _release_uids(self) -> None:
+        self.uids = []
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def close(self) -> None:
+        self._release_uids()
+
+    # -- in a spare
+
+    def prepare(self) -> int | None:
+        """Namespaces and the read-only view, before the job: the jobs root's fd, if any."""
+        flags = (CLONE_NEWNET if self.network else 0) | (CLONE_NEWNS if self.mounts else 0)
+        if flags:
+            unshare(flags)
+        if not self.mounts:
+            return None
+        return self._build_view()
+
+    def _build_view(self) -> int:
+        os.umask(0o022)
+        sources = {}
+        try:
+            # Opened inside the new namespace (a descriptor from the old one cannot be
+            # bound) and before the covers hide them.
+            for step in self.plan:
+                if step.kind == "expose":
+                    sources[step.path] = os.open(step.path, os.O_PATH | os.O_CLOEXEC)
+            jobs = os.open(self.settings.jobs_root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            mount_setattr(
+                "/",
+                set_=MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID,
+                propagation=MS_PRIVATE,
+                recursive=True,
+            )
+            covered = []
+            for step in self.plan:
+                if step.kind == "cover":
+                    if os.path.isdir(step.path):
+                        flags = MS_NOSUID | MS_NODEV | MS_NOEXEC
+                        mount("tmpfs", step.path, "tmpfs", flags, COVER_OPTIONS)
+                        covered.append(step.path)
+                else:
+                    source = sources[step.path]
+                    if os.path.isdir(f"/proc/self/fd/{source}"):
+                        os.makedirs(step.path, exist_ok=True)
+                    else:
+                        os.makedirs(os.path.dirname(step.path), exist_ok=True)
+                        os.close(os.open(step.path, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC))
+                    mount(f"/proc/self/fd/{source}", step.path, None, MS_BIND | MS_REC)
+            os.makedirs(self.settings.jobs_root, exist_ok=True)
+            for path in covered:
+                if path != self.jobs_cover:  # read-only once the workdir's mountpoint exists
+                    mount_setattr(path, set_=MOUNT_ATTR_RDONLY)
+            if self.private_proc:
+                flags = MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC
+                mount("proc", "/proc", "proc", flags, b"hidepid=invisible")
+            return jobs
+        finally:
+            for fd in sources.values():
+                os.close(fd)
+
+    def enter(self, jobs_fd: int | None, workdir: str, uid: int) -> None:
+        """The job arrived: its workdir bound read-write (and its only), then its uid."""
+        if jobs_fd is not None:
+            parent, name = os.path.split(workdir)
+            if parent != self.settings.jobs_root or name in ("", ".", ".."):
+                raise ValueError(f"workdir {workdir!r} is not in the jobs root")
+            flags = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+            source = os.open(name, flags, dir_fd=jobs_fd)
+            try:
+                os.mkdir(workdir, 0o755)
+                mount(f"/proc/self/fd/{source}", workdir, None, MS_BIND)
+            finally:
+                os.close(source)
+                os.close(jobs_fd)
+            mount_setattr(
+                workdir, set_=MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, clear=MOUNT_ATTR_RDONLY
+            )
+            mount_setattr(self.jobs_cover, set_=MOUNT_ATTR_RDONLY)
+        if uid:
+            _chown_tree(workdir, uid)
+            drop_to(uid)
+
+
+def _chown_tree(path: str, uid: int) -> None:
+    os.lchown(path, uid, uid)
+    with os.scandir(path) as entries:
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                _chown_tree(entry.path, uid)
+            else:
+                os.lchown(entry.path, uid, uid)
+
+
+def drop_to(uid: int) -> None:
+    """Become ``uid``/``uid`` with no groups and no capabilities, for good."""
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+    # Changing uid made the process non-dumpable (its /proc files root's); it is an
+    # ordinary process of its uid now. Core files stay off (RLIMIT_CORE = 0).
+    _check(_libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0), "prctl(PR_SET_DUMPABLE)")
+
+
+def _taken_uid_ranges() -> list[tuple[int, int]]:
+    """uids of ``/etc/passwd`` and the ranges of ``/etc/subuid`` (rootless containers)."""
+    taken = []
+    for path, kind in (("/etc/passwd", "passwd"), ("/etc/subuid", "subuid")):
+        try:
+            with open(path) as lines:
+                for line in lines:
+                    fields = line.strip().split(":")
+                    try:
+                        if kind == "passwd" and len(fields) > 2:
+                            taken.append((int(fields[2]), int(fields[2])))
+                        elif kind == "subuid" and len(fields) == 3:
+                            start = int(fields[1])
+                            taken.append((start, start + int(fields[2]) - 1))
+                    except ValueError:
+                        continue
+        except OSError:
+            continue
+    return taken
+
+
+# -- killing a uid's processes -----------------------------------------------------------
+
+
+def kill_uids(uids: Sequence[int], fork: Callable[[], int]) -> int:
+    """Fork a child that kills every process of each uid; its pid.
+
+    For each uid it takes the uid as its real and effective id, keeping root as the
+    saved one so that it can take the next: ``kill(-1, SIGKILL)`` then reaches
+    exactly the processes whose real or saved uid it is (not root's: the killer's
+    real uid is no longer 0, and changing the effective uid cleared its effective
+    capabilities). Processes it kills cannot be restarted by anyone but root.
+    """
+    pid = fork()
+    if pid:
+        return pid
+    status = 0
+    try:
+        os.closerange(3, max(os.sysconf("SC_OPEN_MAX"), 1024))
+        for uid in uids:
+            os.setresuid(uid, uid, 0)
+            for _attempt in range(3):  # a process mid-fork is caught by the next
+                try:
+                    os.kill(-1, signal.SIGKILL)
+                except ProcessLookupError:
+                    break
+            os.setresuid(0, 0, 0)
+    except BaseException:
+        status = 1
+    os._exit(status)
+
+
+def clear_uids(uids: Sequence[int], fork: Callable[[], int], timeout: float = 5.0) -> bool:
+    """:func:`kill_uids` and wait (a killer stopped by a process it targets is retried)."""
+    import time
+
+    for _attempt in range(3):
+        pid = kill_uids(uids, fork)
+        deadline = time.monotonic() + timeout
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                if os.waitstatus_to_exitcode(status) == 0:
+                    return True
+                break
+            if time.monotonic() >= deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                break
+            time.sleep(0.005)
+    return False
+
+
+def _wait(pid: int) -> int:
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+# -- the probe ------------------------------------------------------------------------
+
+
+def probe(isolation: Isolation, fork: Callable[[], int]) -> dict[str, Any]:
+    """Try each step in a throwaway child: feature -> True, or why not (a string)."""
+    import json
+
+    reader, writer = os.pipe()
+    pid = fork()
+    if pid == 0:
+        os.close(reader)
+        found: dict[str, Any] = {}
+        try:
+            _try_everything(isolation, found)
+        except BaseException as exc:  # reported, not raised
+            found.setdefault("error", f"{type(exc).__name__}: {exc}")
+        try:
+            os.write(writer, json.dumps(found).encode())
+        finally:
+            os._exit(0)
+    os.close(writer)
+    chunks = []
+    with os.fdopen(reader, "rb") as pipe:
+        while chunk := pipe.read(65536):
+            chunks.append(chunk)
+    _wait(pid)
+    try:
+        found = json.loads(b"".join(chunks) or b"{}")
+    except ValueError:
+        found = {}
+    return found if isinstance(found, dict) else {}
+
+
+def _reason(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _try_everything(isolation: Isolation, found: dict[str, Any]) -> None:
+    settings = isolation.settings
+    try:
+        unshare(CLONE_NEWNET)
+        with socket.socket() as sock:
+            sock.settimeout(1)
+            try:
+                sock.connect(("127.0.0.1", 9))
+                found["network_namespace"] = "connected to 127.0.0.1 in the new namespace"
+            except OSError as exc:
+                if exc.errno == errno.ENETUNREACH:
+                    found["network_namespace"] = True
+                else:
+                    found["network_namespace"] = f"unexpected {_reason(exc)}"
+    except OSError as exc:
+        found["network_namespace"] = _reason(exc)
+    jobs_fd = None
+    try:
+        unshare(CLONE_NEWNS)
+        isolation.mounts = True
+        isolation.private_proc = False
+        jobs_fd = isolation._build_view()
+        found["mount_namespace"] = True
+        try:
+            flags = MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC
+            mount("proc", "/proc", "proc", flags, b"hidepid=invisible")
+            found["private_proc"] = True
+        except OSError as exc:
+            found["private_proc"] = _reason(exc)
+    except OSError as exc:
+        found["mount_namespace"] = _reason(exc)
+        found["private_proc"] = "needs the mount namespace"
+    if not isolation.uids:
+        return
+    uid = isolation.uids[0]
+    needed = outermost(p for p in settings.exposed if os.path.exists(p))  # seen as root
+    try:
+        if jobs_fd is not None:
+            os.close(jobs_fd)
+        drop_to(uid)
+        # What a job must reach as its uid: its workdir's directory, the interpreter.
+        os.stat(settings.jobs_root)
+        for path in needed:
+            if os.path.isdir(path):
+                os.listdir(path)
+            else:
+                with open(path, "rb"):
+                    pass
+        found["own_uid"] = True
+    except OSError as exc:
+        found["own_uid"] = f"a job uid cannot reach what it needs: {_reason(exc)}"

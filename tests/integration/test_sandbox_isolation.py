@@ -1,0 +1,536 @@
+"""The job's sandbox on this machine (root): no network, a read-only view with one
+writable directory, a uid of its own, and the limits that come with it.
+
+Every test runs real jobs through a real fork server (the misbehaving steps of
+``tests/pipelines_for_tests.py``); nothing is mocked. The sandbox must be complete
+here: the machine runs the tests as root, and a missing piece is a failure, not a
+skip (see ``test_this_machine_gives_the_full_sandbox``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import pipelines.registry
+from hypermedia.sandbox import isolation
+from hypermedia.sandbox.executor import ChildExecutor, ChildFailed
+from tests.integration.test_sandbox_executor import alive, children_of, wait_until
+from tests.pipelines_for_tests import PRELOAD
+
+REPO = Path(__file__).resolve().parents[2]
+MB = 1024 * 1024
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the full sandbox needs root")
+
+
+@pytest.fixture(scope="module")
+def executor(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChildExecutor]:
+    with ChildExecutor(tmp_path_factory.mktemp("isolation"), preload=PRELOAD) as ex:
+        yield ex
+
+
+_ids = iter(range(1_000_000))
+
+
+@pytest.fixture
+def job_id() -> str:
+    return f"iso-{os.getpid()}-{next(_ids)}"
+
+
+def run_job(
+    ex: ChildExecutor, job_id: str, operation: str, params: dict[str, Any] | None = None, **kw: Any
+) -> Any:
+    """Run a job whose step writes one JSON output; that JSON."""
+    kw.setdefault("timeout_seconds", 10)
+    kw.setdefault("memory_limit_mb", 1024)
+    source = ex.prepare(job_id) / "input" / "source"
+    source.write_bytes(b"input bytes")
+    source.chmod(0o600)  # as the worker's download leaves it: the job still reads it
+    result = ex.run(job_id, operation, source, params or {}, **kw)
+    [output] = result.outputs
+    return json.loads(output.path.read_text())
+
+
+def failure(
+    ex: ChildExecutor, job_id: str, operation: str, params: dict[str, Any] | None = None, **kw: Any
+) -> ChildFailed:
+    kw.setdefault("timeout_seconds", 10)
+    kw.setdefault("memory_limit_mb", 1024)
+    source = ex.prepare(job_id) / "input" / "source"
+    source.write_bytes(b"input bytes")
+    with pytest.raises(ChildFailed) as caught:
+        ex.run(job_id, operation, source, params or {}, **kw)
+    return caught.value
+
+
+def uid_range(ex: ChildExecutor) -> range:
+    first, last = ex.capabilities["uid_range"]
+    return range(first, last + 1)
+
+
+def processes_of(uids: range) -> list[int]:
+    """Live processes (not zombies) whose real uid is in ``uids``."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            status = Path(f"/proc/{name}/status").read_text()
+        except OSError:
+            continue
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        if fields["State"].split()[0] in ("Z", "X"):
+            continue
+        if int(fields["Uid"].split()[0]) in uids:
+            found.append(int(name))
+    return found
+
+
+# -- what the machine gives ------------------------------------------------------------
+
+
+def test_this_machine_gives_the_full_sandbox(executor):
+    caps = executor.capabilities
+    assert caps["missing"] == {}
+    assert caps["network_namespace"] is True
+    assert caps["mount_namespace"] is True
+    assert caps["own_uid"] is True
+    assert caps["private_proc"] is True
+    first, last = caps["uid_range"]
+    assert first >= isolation.UID_BASE
+    assert last - first + 1 == isolation.UID_SLOTS
+
+
+# -- no network ------------------------------------------------------------------------
+
+
+def test_a_job_cannot_reach_a_listener_on_localhost(executor, job_id):
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(3)
+    port = listener.getsockname()[1]
+    got: list[bytes] = []
+
+    def accept() -> None:
+        try:
+            conn, _address = listener.accept()
+        except TimeoutError:
+            return
+        with conn:
+            got.append(conn.recv(100) or b"(connected, nothing sent)")
+
+    watcher = threading.Thread(target=accept)
+    watcher.start()
+    try:
+        seen = run_job(
+            executor, job_id, "test.connect", {"targets": [["127.0.0.1", port], ["::1", port]]}
+        )
+    finally:
+        watcher.join()
+        listener.close()
+    assert seen["targets"][f"127.0.0.1:{port}"] == "ENETUNREACH"
+    assert seen["targets"][f"::1:{port}"] in {"ENETUNREACH", "EADDRNOTAVAIL"}
+    assert seen["interfaces"] == ["lo"]  # and lo is down: nothing reaches anything
+    assert got == []  # the listener saw no connection at all
+
+
+def test_the_network_is_reachable_from_the_caller(executor):
+    """The control experiment: the same listener is reachable outside the sandbox."""
+    with (
+        socket.create_server(("127.0.0.1", 0)) as listener,
+        socket.create_connection(listener.getsockname(), timeout=2),
+    ):
+        conn, _address = listener.accept()
+        conn.close()
+
+
+# -- the filesystem --------------------------------------------------------------------
+
+
+def test_a_job_writes_only_in_its_workdir(executor, job_id):
+    workdir = executor.workdir(job_id)
+    # A directory everybody may write to, outside every hidden path: only the
+    # read-only mount stops the job there, not permissions.
+    open_dir = Path(tempfile.mkdtemp(prefix="sandbox-open-", dir=REPO / ".pytest_cache"))
+    open_dir.chmod(0o777)
+    try:
+        targets = {
+            "workdir": str(workdir / "fine.txt"),
+            "tmp": "/tmp/from-a-job",
+            "dev_shm": "/dev/shm/from-a-job",
+            "repo": str(REPO / "from-a-job"),
+            "parent": str(workdir.parent / "from-a-job"),
+            "work_root": str(executor.work_root / "from-a-job"),
+            "world_writable": str(open_dir / "from-a-job"),
+            "etc": "/etc/from-a-job",
+            "site_packages": str(Path(pipelines.registry.__file__).parent / "from-a-job"),
+        }
+        seen = run_job(executor, job_id, "test.try_paths", {"write": list(targets.values())})
+        results = {name: seen["write"][path] for name, path in targets.items()}
+        assert results == {
+            "workdir": "ok",
+            "tmp": "EROFS",
+            "dev_shm": "EROFS",
+            "repo": "EROFS",
+            "parent": "EROFS",
+            "work_root": "EROFS",
+            "world_writable": "EROFS",
+            "etc": "EROFS",
+            "site_packages": "EROFS",
+        }
+        assert list(open_dir.iterdir()) == []
+        assert not Path(targets["repo"]).exists()
+        assert (workdir / "fine.txt").read_text() == "x"
+    finally:
+        open_dir.rmdir()
+
+
+def test_a_job_reads_what_it_needs_and_nothing_hidden(executor, job_id, tmp_path):
+    import pyvips
+
+    other = executor.prepare(job_id + "-other")  # another job's workdir, with a secret
+    (other / "secret.txt").write_text("another job's file")
+    mine = tmp_path / "caller-secret.txt"  # the caller's own temporary files
+    mine.write_text("the worker's file")
+    # Modules no preloaded module imported: the child imports them from the interpreter
+    # under /root/.pyenv (/root is 0700 and hidden; the interpreter is bound back).
+    fresh = [name for name in ("wave", "colorsys", "tomllib", "mailbox") if name not in sys.modules]
+    assert fresh
+    libvips = sorted(Path(pyvips.__file__).parent.parent.glob("pyvips_binary*/**/*.so*"))
+    paths = {
+        "stdlib": os.path.dirname(os.__file__),
+        "pipelines": os.path.dirname(pipelines.registry.__file__),
+        "pyvips": pyvips.__file__,
+        "libvips": str(libvips[0]) if libvips else pyvips.__file__,
+        "usr_lib": "/usr/lib",
+        "own_input": str(executor.workdir(job_id) / "input" / "source"),
+        "other_job": str(other / "secret.txt"),
+        "caller_tmp": str(mine),
+        "root_home": "/root",
+        "run": "/run",
+        "shadow": "/etc/shadow",
+    }
+    try:
+        seen = run_job(
+            executor, job_id, "test.try_paths", {"read": list(paths.values()), "imports": fresh}
+        )
+    finally:
+        executor.cleanup(job_id + "-other")
+    results = {name: seen["read"][path] for name, path in paths.items()}
+    assert results == {
+        "stdlib": "ok",
+        "pipelines": "ok",
+        "pyvips": "ok",
+        "libvips": "ok",
+        "usr_lib": "ok",
+        "own_input": "ok",
+        "other_job": "ENOENT",  # the jobs root is an empty cover but for this job
+        "caller_tmp": "ENOENT",  # /tmp is an empty cover
+        "root_home": "ok",  # the cover: only the bound-back interpreter inside
+        "run": "ok",  # likewise, empty
+        "shadow": "EACCES",  # visible, but not to the job's uid
+    }
+    assert seen["imports"] == dict.fromkeys(fresh, "ok")
+
+
+# -- the job's uid ---------------------------------------------------------------------
+
+
+def test_a_job_runs_as_an_unprivileged_uid_that_owns_its_workdir(executor, job_id):
+    seen = run_job(executor, job_id, "test.identity")
+    uids = uid_range(executor)
+    uid = seen["uid"][0]
+    assert uid in uids
+    assert seen["uid"] == [uid, uid, uid]  # real, effective, saved
+    assert seen["gid"] == [uid, uid, uid]
+    assert seen["groups"] == []
+    assert int(seen["cap_eff"], 16) == 0
+    assert int(seen["cap_prm"], 16) == 0
+    assert seen["no_new_privs"] == "1"
+    assert seen["workdir_owner"] == [uid, uid]
+    assert seen["input_owner"] == uid
+    assert seen["pids"] == [seen["pid"]]  # /proc shows it nothing but itself
+    workdir = executor.workdir(job_id)
+    assert (workdir / "mine.txt").stat().st_uid == uid
+    executor.cleanup(job_id)
+    assert not workdir.exists()
+    assert processes_of(uids) == []
+
+
+def test_concurrent_jobs_get_different_uids(executor):
+    ids = [f"iso-concurrent-{os.getpid()}-{i}" for i in range(6)]
+    done: dict[str, int] = {}
+
+    def one(job: str) -> None:
+        # A job that lasts a little, so that they overlap.
+        seen = run_job(executor, job, "test.identity", timeout_seconds=10)
+        done[job] = seen["uid"][0]
+
+    threads = [threading.Thread(target=one, args=(job,)) for job in ids]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for job in ids:
+        executor.cleanup(job)
+    assert len(done) == len(ids)
+    assert set(done.values()) <= set(uid_range(executor))
+
+
+def test_escaped_processes_are_dead_before_the_job_is_reported(executor, job_id):
+    """A child that left the job's group (setsid) and keeps a grandchild of its own:
+    no group or parent ties them to the job any more, only its uid; both are gone by
+    the time ``run`` returns, so nothing can touch the outputs being uploaded."""
+    source = executor.prepare(job_id) / "input" / "source"
+    source.write_bytes(b"x")
+    result = executor.run(
+        job_id, "test.escape", source, {}, timeout_seconds=10, memory_limit_mb=512
+    )
+    assert result.outputs == []
+    pids = [int(p) for p in (executor.workdir(job_id) / "pids.txt").read_text().split()]
+    assert len(pids) == 2
+    assert not any(alive(pid) for pid in pids)  # at once: no waiting
+    assert processes_of(uid_range(executor)) == []
+
+
+# -- limits ----------------------------------------------------------------------------
+
+
+def test_a_fork_bomb_stops_at_the_process_limit(executor, job_id):
+    exc = failure(executor, job_id, "test.fork_bomb", max_processes=16)
+    assert (exc.code, exc.retryable) == ("process_limit", False)
+    forked = (executor.workdir(job_id) / "pids.txt").read_text().split()
+    assert len(forked) == 15  # the job's first process and 15 more
+    assert not any(alive(int(pid)) for pid in forked)
+    assert processes_of(uid_range(executor)) == []
+
+
+def test_the_process_limit_counts_only_the_jobs_own_processes(executor, job_id):
+    """Jobs running at the same time do not eat into each other's process limit."""
+    sleepers = [f"{job_id}-sleeper-{i}" for i in range(3)]
+    boxes: list[dict[str, Any]] = []
+    threads = []
+    for sleeper in sleepers:
+        box: dict[str, Any] = {}
+        source = executor.prepare(sleeper) / "input" / "source"
+        source.write_bytes(b"x")
+
+        def target(
+            sleeper: str = sleeper, source: Path = source, box: dict[str, Any] = box
+        ) -> None:
+            try:
+                box["result"] = executor.run(
+                    sleeper,
+                    "test.sleep",
+                    source,
+                    {"seconds": 3, "children": 10},
+                    timeout_seconds=20,
+                    memory_limit_mb=512,
+                    max_processes=16,
+                )
+            except ChildFailed as exc:
+                box["failed"] = exc
+
+        thread = threading.Thread(target=target)
+        thread.start()
+        threads.append(thread)
+        boxes.append(box)
+    try:
+        # 3 x 11 processes of other jobs are running; this job may still fork 15.
+        assert wait_until(
+            lambda: all((executor.workdir(s) / "pids.txt").exists() for s in sleepers), 10
+        ), (boxes, [os.listdir(executor.workdir(s)) for s in sleepers])
+        seen = run_job(executor, job_id, "test.identity", timeout_seconds=10, max_processes=16)
+        assert seen["uid"][0] in uid_range(executor)
+        exc = failure(executor, job_id + "-bomb", "test.fork_bomb", max_processes=16)
+        assert exc.code == "process_limit"
+        forked = (executor.workdir(job_id + "-bomb") / "pids.txt").read_text().split()
+        assert len(forked) == 15
+    finally:
+        for thread in threads:
+            thread.join()
+    assert all("result" in box for box in boxes), boxes
+
+
+def test_a_memory_bomb_stops_at_the_address_space_limit(executor, job_id):
+    exc = failure(executor, job_id, "test.allocate", {"mb": 8192}, memory_limit_mb=256)
+    assert (exc.code, exc.retryable) == ("memory_limit", False)
+
+
+def test_a_cpu_spin_stops_at_the_cpu_limit(executor, job_id):
+    started = time.monotonic()
+    exc = failure(executor, job_id, "test.spin", {"threads": 2}, timeout_seconds=2)
+    assert (exc.code, exc.retryable) == ("cpu_limit", False)
+    assert time.monotonic() - started < 3  # before the 3 s wall clock
+
+
+def test_a_disk_flood_stops_at_the_file_size_limit(executor, job_id):
+    exc = failure(executor, job_id, "test.flood", max_output_bytes=8 * MB)
+    assert (exc.code, exc.retryable) == ("output_limit", False)
+    assert (executor.workdir(job_id) / "flood.bin").stat().st_size == 8 * MB
+
+
+# -- afterwards ------------------------------------------------------------------------
+
+
+def _fds() -> list[str]:
+    return sorted(os.listdir("/proc/self/fd"))
+
+
+def test_after_every_attack_nothing_is_left(tmp_path):
+    """A fresh executor through every kind of attack, then closed: the caller has the
+    same descriptors and children as before, no job uid has a process, no workdir or
+    temporary directory is left."""
+    before_fds = _fds()
+    before_children = children_of(os.getpid())
+    before_tmp = set(os.listdir(tempfile.gettempdir()))
+    work_root = tmp_path / "work"
+    ex = ChildExecutor(work_root, preload=PRELOAD)
+    uids = uid_range(ex)
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    attacks: list[tuple[str, dict[str, Any], dict[str, Any], str | None]] = [
+        ("test.fork_bomb", {}, {"max_processes": 16}, "process_limit"),
+        ("test.allocate", {"mb": 8192}, {"memory_limit_mb": 256}, "memory_limit"),
+        ("test.spin", {"threads": 2}, {"timeout_seconds": 2}, "cpu_limit"),
+        ("test.flood", {}, {"max_output_bytes": 4 * MB}, "output_limit"),
+        ("test.sleep", {"seconds": 60, "children": 3}, {"timeout_seconds": 0.5}, "timeout"),
+        ("test.escape", {}, {}, None),
+        ("test.connect", {"targets": [["127.0.0.1", port]]}, {}, None),
+        ("test.try_paths", {"write": ["/tmp/x", str(work_root / "x")]}, {}, None),
+        ("test.crash", {"how": "segv"}, {}, "pipeline_crashed"),
+        ("test.noop", {}, {}, None),
+    ]
+    try:
+        for index, (operation, params, limits, code) in enumerate(attacks):
+            job = f"attack-{index}"
+            limits = {"timeout_seconds": 10, "memory_limit_mb": 1024, **limits}
+            source = ex.prepare(job) / "input" / "source"
+            source.write_bytes(b"x")
+            try:
+                ex.run(job, operation, source, params, **limits)
+                got = None
+            except ChildFailed as exc:
+                got = exc.code
+            finally:
+                ex.cleanup(job)
+            assert got == code, operation
+            assert processes_of(uids) == [], operation
+    finally:
+        ex.close()
+        listener.close()
+    assert processes_of(uids) == []
+    assert list((work_root / "jobs").iterdir()) == []
+    assert children_of(os.getpid()) == before_children
+    assert _fds() == before_fds
+    assert set(os.listdir(tempfile.gettempdir())) - before_tmp <= {tmp_path.parent.name}
+
+
+# -- where the machine does not allow it -----------------------------------------------
+
+
+_DEGRADED = """
+import json, logging, sys
+from pathlib import Path
+logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+from hypermedia.sandbox.executor import ChildExecutor
+with ChildExecutor(Path(sys.argv[1]), preload=("pipelines.registry", "tests.pipelines_for_tests"),
+                   spares=0) as ex:
+    source = ex.prepare("j1") / "input" / "source"
+    source.write_bytes(b"x")
+    result = ex.run("j1", "test.identity", source, {}, timeout_seconds=10, memory_limit_mb=512)
+    seen = json.loads(result.outputs[0].path.read_text())
+    print(json.dumps({"capabilities": ex.capabilities, "uid": seen["uid"]}))
+"""
+
+
+def test_without_cap_sys_admin_the_sandbox_degrades_loudly(tmp_path):
+    """Root without CAP_SYS_ADMIN (a container's default): no namespaces, and so no job
+    uid either (nothing would re-expose the interpreter under /root to it). The job
+    still runs, with rlimits; each missing piece is a warning and in the report."""
+    command = [
+        "setpriv",
+        "--bounding-set=-sys_admin",
+        sys.executable,
+        "-c",
+        _DEGRADED,
+        str(tmp_path / "work"),
+    ]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    caps = report["capabilities"]
+    assert caps["network_namespace"] is False
+    assert caps["mount_namespace"] is False
+    assert caps["own_uid"] is False
+    assert (
+        "EPERM" in caps["missing"]["network_namespace"]
+        or "Operation not permitted" in (caps["missing"]["network_namespace"])
+    )
+    assert "a job uid cannot reach" in caps["missing"]["own_uid"]
+    assert report["uid"] == [0, 0, 0]
+    for feature in ("network namespace", "mount namespace", "own uid"):
+        assert f"WARNING sandbox: no {feature} for jobs" in done.stderr
+
+
+def test_switched_off_the_sandbox_says_so(tmp_path, job_id):
+    with ChildExecutor(tmp_path, preload=PRELOAD, sandbox=False, spares=0) as ex:
+        caps = ex.capabilities
+        source = ex.prepare(job_id) / "input" / "source"
+        source.write_bytes(b"x")
+        result = ex.run(job_id, "test.identity", source, {}, timeout_seconds=5, memory_limit_mb=512)
+        seen = json.loads(result.outputs[0].path.read_text())
+    assert not any(caps[f] for f in ("network_namespace", "mount_namespace", "own_uid"))
+    assert set(caps["missing"]) == set(isolation.FEATURES)
+    assert seen["uid"] == [os.getuid()] * 3
+
+
+def test_a_killed_server_leaves_nothing_for_the_next_one(tmp_path, job_id):
+    """The server dies by SIGKILL with an escaped process of a job still running; the
+    next server of that uid block kills it before it hands the uid out again."""
+    with ChildExecutor(tmp_path, preload=PRELOAD, spares=0) as ex:
+        uids = uid_range(ex)
+        source = ex.prepare(job_id) / "input" / "source"
+        source.write_bytes(b"x")
+        box: dict[str, Any] = {}
+
+        def target() -> None:
+            try:
+                ex.run(
+                    job_id,
+                    "test.sleep",
+                    source,
+                    {"seconds": 60, "children": 2, "escape": True},
+                    timeout_seconds=30,
+                    memory_limit_mb=512,
+                )
+            except ChildFailed as exc:
+                box["failed"] = exc
+
+        thread = threading.Thread(target=target)
+        thread.start()
+        pids_file = ex.workdir(job_id) / "pids.txt"
+        assert wait_until(pids_file.exists, 10)
+        pids = [int(p) for p in pids_file.read_text().split()]
+        assert ex.server_pid is not None
+        os.kill(ex.server_pid, signal.SIGKILL)
+        thread.join(10)
+        assert box["failed"].code == "sandbox_unavailable"
+        assert any(alive(pid) for pid in pids)  # the escaped one outlived its server
+        # The next run starts a server, which claims the block and clears it first.
+        assert run_job(ex, job_id + "-next", "test.identity")["uid"][0] in uids
+        assert uid_range(ex) == uids
+        assert not any(alive(pid) for pid in pids)
+    assert processes_of(uids) == []
