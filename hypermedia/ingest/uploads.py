@@ -133,25 +133,24 @@ def register_stored(
     sha256: str | None,
     now: float,
 ) -> ObjectInfo:
-    """Register a file the web tier already put in storage (see the module docstring)."""
+    """Register a file the web tier already put in storage (see the module docstring).
+    The bytes are inspected between two short transactions, not inside one: a slow
+    object store must not hold a database lock (SQLite's is the whole file)."""
     key = check_key(storage_key)
+    pool = resolve_pool(engine, caller, pool_id)
+    if not key.startswith(f"originals/{pool}/"):
+        raise InvalidRequest(f"storage_key must lie under originals/{pool}/", storage_key=key)
+    if not storage.exists(key):
+        raise InvalidRequest(f"nothing is stored at {key!r}", storage_key=key)
+    stored = storage.size(key)
+    if stored != size_bytes:
+        raise InvalidRequest(
+            f"size_bytes is {size_bytes} but {key!r} holds {stored} bytes", storage_key=key
+        )
+    inspection = inspect_stored(storage, key, stored)
     try:
         with transaction(engine) as conn:
-            pool = pool_for(conn, caller, pool_id)
-            if not key.startswith(f"originals/{pool}/"):
-                raise InvalidRequest(
-                    f"storage_key must lie under originals/{pool}/", storage_key=key
-                )
-            if not storage.exists(key):
-                raise InvalidRequest(f"nothing is stored at {key!r}", storage_key=key)
-            stored = storage.size(key)
-            if stored != size_bytes:
-                raise InvalidRequest(
-                    f"size_bytes is {size_bytes} but {key!r} holds {stored} bytes",
-                    storage_key=key,
-                )
-            inspection = inspect_stored(storage, key, stored)
-            return register_object(
+            return register_object(  # checks pool membership again, in this transaction
                 conn,
                 caller,
                 object_id=object_id,

@@ -63,6 +63,7 @@ from hypermedia.errors import (
 )
 from hypermedia.sandbox.formats import images, media, office, pdf, signatures
 from hypermedia.sandbox.formats.source import FileSource, Source
+from pipelines.sniff import ARCHIVE_TAIL_BYTES, appended_archive
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +71,6 @@ log = logging.getLogger(__name__)
 # version made them.
 INSPECTOR_VERSION = 1
 HEAD_BYTES = signatures.HEAD_BYTES
-# A ZIP end-of-central-directory record plus its longest comment (see pipelines.sniff).
-_ARCHIVE_TAIL_BYTES = 22 + 0xFFFF
 _FLAT_ODF_SCAN_BYTES = 8 * 1024 * 1024
 
 KINDS = frozenset(
@@ -212,9 +211,7 @@ def inspect_source(source: Source) -> Inspection:
         if found.format in ("zip", "ole", "pdf", "flat-odf"):
             details["corrupt"] = f"could not be inspected ({type(exc).__name__})"
     if kind in _POLYGLOT_KINDS and source.size > 22:
-        tail_start = max(0, source.size - _ARCHIVE_TAIL_BYTES)
-        from pipelines.sniff import appended_archive
-
+        tail_start = max(0, source.size - ARCHIVE_TAIL_BYTES)
         if appended_archive(source.read_at(tail_start, source.size - tail_start)):
             details["appended_archive"] = True
     return Inspection(kind, mime, details)

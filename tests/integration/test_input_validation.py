@@ -35,12 +35,15 @@ from rich.console import Console
 from rich.table import Table
 from sqlalchemy import func, select
 
-from hypermedia.accounts import balance
+from hypermedia.accounts import Caller, balance
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
+from hypermedia.errors import InputTypeMismatch
 from hypermedia.ingest.api import create_app
+from hypermedia.ingest.service import SubmitRequest
 from hypermedia.ingest.uploads import inspect_stored
 from hypermedia.stack import Stack
+from hypermedia.storage.base import original_key
 from hypermedia.storage.s3 import S3Storage
 from tests.api_support import add_user, bearer, corpus_images
 
@@ -266,6 +269,69 @@ def test_every_corpus_file_through_upload_and_submit(stack):
     refused = {o.code for o in outcomes if not o.accepted}
     assert {"macro_document", "encrypted_document", "zip_bomb", "path_traversal"} <= refused
     assert {"pixel_limit", "input_type_mismatch", "unsupported_format", "unsafe_xml"} <= refused
+
+
+def test_registration_is_inspected_and_one_refusal_creates_nothing(stack):
+    user = add_user(stack, "web-tier", credits=100)
+    key = bearer(user)
+    stored = original_key(user.pool_id, "web-tier-macro")
+    data = (CORPUS / "hostile" / "tika-testWORD_macros.docm").read_bytes()
+    stack.storage.put(stored, [data])
+    body = {
+        "storage_key": stored,
+        "filename": "report.pdf",
+        "size_bytes": len(data),
+        "content_type": "application/pdf",  # claimed; ignored
+    }
+    with TestClient(create_app(stack, auth_cache_seconds=60)) as api:
+        registered = api.post(f"{P}/objects/register", json=body, headers=key)
+        assert registered.status_code == 201, registered.text
+        obj = registered.json()
+        assert obj["content_type"] == "application/vnd.ms-word.document.macroEnabled.12"
+        assert obj["detected_kind"] == "ooxml-word"
+        assert obj["refusal"]["code"] == "macro_document"
+        assert api.get(f"{P}/objects/{obj['object_id']}", headers=key).json() == obj
+
+        refused = api.post(
+            f"{P}/process",
+            json={"object_id": obj["object_id"], "operations": ["docx_to_pdf"]},
+            headers=key,
+        )
+        assert refused.status_code == 422
+        error = refused.json()["error"]
+        assert error["code"] == "macro_document" and "vbaProject.bin" in error["message"]
+        assert error["details"]["object_id"] == obj["object_id"]
+
+        image = api.put(
+            f"{P}/objects",
+            params={"filename": "a.png"},
+            content=(CORPUS / "images" / "pillow-hopper.png").read_bytes(),
+            headers=key,
+        ).json()
+        assert image["content_type"] == "image/png" and image["refusal"] is None
+        # One operation that does not fit refuses the whole submit.
+        mixed = api.post(
+            f"{P}/process",
+            json={"object_id": image["object_id"], "operations": ["thumbnail", "pdf_preview"]},
+            headers=key,
+        )
+        assert mixed.status_code == 422
+        assert mixed.json()["error"]["code"] == "input_type_mismatch"
+
+    # ... and so does one request of a batch (the library's submit_many).
+    caller = Caller(user.user_id)
+    with pytest.raises(InputTypeMismatch):
+        stack.ingest.submit_many(
+            caller,
+            [
+                SubmitRequest(object_id=image["object_id"], operations=["thumbnail"]),
+                SubmitRequest(object_id=image["object_id"], operations=["transcode_video"]),
+            ],
+        )
+    with transaction(stack.engine) as conn:
+        assert conn.execute(select(func.count()).select_from(t.jobs)).scalar_one() == 0
+        assert balance(conn, user.user_id).reserved_millicredits == 0
+    assert all(stack.queue.counts(q).ready == 0 for q in stack.queue.queues)
 
 
 # -- S3: the same verdicts through ranged reads, and bounded ones ------------------------------
