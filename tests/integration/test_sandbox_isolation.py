@@ -9,6 +9,7 @@ skip (see ``test_this_machine_gives_the_full_sandbox``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -369,9 +370,31 @@ def test_a_memory_bomb_stops_at_the_address_space_limit(executor, job_id):
     assert (exc.code, exc.retryable) == ("memory_limit", False)
 
 
+def boost_when_running(ex: ChildExecutor, job_id: str) -> threading.Thread:
+    """Give the job's session the scheduler's highest weight once its child runs.
+
+    A spin must reach RLIMIT_CPU (timeout seconds of CPU) before the wall clock (1.5
+    times the timeout): it needs two thirds of a core. On a machine shared with other
+    test suites, where every session is a scheduling group of its own, a job may not
+    get that; boosted, it does, and the test shows the limit, not the machine's load.
+    """
+
+    def boost() -> None:
+        if not wait_until(lambda: ex.child_pid(job_id) is not None, 10):
+            return
+        with contextlib.suppress(OSError):
+            Path(f"/proc/{ex.child_pid(job_id)}/autogroup").write_text("-20")
+
+    thread = threading.Thread(target=boost)
+    thread.start()
+    return thread
+
+
 def test_a_cpu_spin_stops_at_the_cpu_limit(executor, job_id):
     started = time.monotonic()
+    booster = boost_when_running(executor, job_id)
     exc = failure(executor, job_id, "test.spin", {"threads": 2}, timeout_seconds=2)
+    booster.join()
     assert (exc.code, exc.retryable) == ("cpu_limit", False)
     assert time.monotonic() - started < 3  # before the 3 s wall clock
 
@@ -391,11 +414,10 @@ def _fds() -> list[str]:
 
 def test_after_every_attack_nothing_is_left(tmp_path):
     """A fresh executor through every kind of attack, then closed: the caller has the
-    same descriptors and children as before, no job uid has a process, no workdir or
-    temporary directory is left."""
+    same descriptors and children as before, no job uid has a process, no workdir is
+    left, nothing in the shared temporary directories belongs to a job uid."""
     before_fds = _fds()
-    before_children = children_of(os.getpid())
-    before_tmp = set(os.listdir(tempfile.gettempdir()))
+    before_children = {pid for pid, _state in children_of(os.getpid())}
     work_root = tmp_path / "work"
     ex = ChildExecutor(work_root, preload=PRELOAD)
     uids = uid_range(ex)
@@ -419,6 +441,7 @@ def test_after_every_attack_nothing_is_left(tmp_path):
             limits = {"timeout_seconds": 10, "memory_limit_mb": 1024, **limits}
             source = ex.prepare(job) / "input" / "source"
             source.write_bytes(b"x")
+            booster = boost_when_running(ex, job) if code == "cpu_limit" else None
             try:
                 ex.run(job, operation, source, params, **limits)
                 got = None
@@ -426,6 +449,8 @@ def test_after_every_attack_nothing_is_left(tmp_path):
                 got = exc.code
             finally:
                 ex.cleanup(job)
+                if booster is not None:
+                    booster.join()
             assert got == code, operation
             assert processes_of(uids) == [], operation
     finally:
@@ -433,9 +458,12 @@ def test_after_every_attack_nothing_is_left(tmp_path):
         listener.close()
     assert processes_of(uids) == []
     assert list((work_root / "jobs").iterdir()) == []
-    assert children_of(os.getpid()) == before_children
+    assert {pid for pid, _state in children_of(os.getpid())} == before_children  # no zombie
     assert _fds() == before_fds
-    assert set(os.listdir(tempfile.gettempdir())) - before_tmp <= {tmp_path.parent.name}
+    # Other test suites share /tmp: what matters is that nothing there is the jobs'.
+    for shared in (tempfile.gettempdir(), "/dev/shm", "/var/tmp"):
+        owned = [e.name for e in os.scandir(shared) if e.stat(follow_symlinks=False).st_uid in uids]
+        assert owned == [], shared
 
 
 # -- where the machine does not allow it -----------------------------------------------
