@@ -7,7 +7,9 @@ Rows (every job is a real child with its own address space, workdir and result):
 
 * ``executor``: ``ChildExecutor.run`` of ``test.noop`` with 1 and 2 calling threads,
   with the default spares (children forked ahead of time) and with none (a fork on
-  each request), the job's workdir prepared and cleaned up as the worker does.
+  each request), the job's workdir prepared and cleaned up as the worker does, the
+  job sandbox on (as root: namespaces, read-only view, a job uid; what that adds
+  is ``bench/sandbox.py``'s subject).
 * ``fork + exit, nothing else``: this process (pipeline modules loaded) forks with
   libc's ``fork()``, the child exits at once, the parent waits: the kernel's floor
   for a child of an address space this size.
