@@ -34,6 +34,7 @@ from sqlalchemy import (
     Float,
     Row,
     String,
+    Text,
     and_,
     any_,
     bindparam,
@@ -42,9 +43,13 @@ from sqlalchemy import (
     insert,
     literal,
     select,
+    true,
+    type_coerce,
     update,
 )
+from sqlalchemy import cast as sa_cast
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.sql.elements import Grouping
 
 from hypermedia.clock import to_datetime
 from hypermedia.db import tables as t
@@ -124,12 +129,39 @@ def _after(event: JobEvent, *then: JobEvent) -> JobStatus:
     return status
 
 
-def _ids_match(column: Any, dialect: str) -> ColumnElement[bool]:
-    """``column = ANY(:ids)`` on PostgreSQL (one statement text for every batch size,
-    so it stays prepared), ``column IN (:ids...)`` elsewhere."""
+def _ids_match(column: Any, dialect: str, name: str = "ids") -> ColumnElement[bool]:
+    """``column = ANY(string_to_array(:ids, ','))`` on PostgreSQL: one statement text
+    for every batch size (so it stays prepared) and one text parameter (psycopg dumps
+    a list element by element in Python); ``column IN (:ids...)`` elsewhere. Pass the
+    ids through :func:`_ids`."""
     if dialect == "postgresql":
-        return column == any_(bindparam("ids", type_=postgresql.ARRAY(String)))  # type: ignore[no-any-return]
-    return column.in_(bindparam("ids", expanding=True))  # type: ignore[no-any-return]
+        return column == any_(_pg_array(name, String))  # type: ignore[no-any-return]
+    return column.in_(bindparam(name, expanding=True))  # type: ignore[no-any-return]
+
+
+def _guarded(column: Any, event: JobEvent) -> ColumnElement[bool]:
+    """``(status IN (<sources of event>)) IS TRUE``: the guard of a batch step, written
+    so no index on status can serve it. The jobs are found by id; a plan that scans
+    every queued job through a status index and filters by id (what PostgreSQL picks
+    when its statistics are missing or old, as in a burst) costs the whole queue per
+    claim."""
+    return column.in_(_guard(event)).is_(true())  # type: ignore[no-any-return]
+
+
+def _pg_array(name: str, element: Any) -> Any:
+    """A PostgreSQL array sent as one comma-separated text parameter (see :func:`_csv`)."""
+    text = func.string_to_array(bindparam(name, type_=String), literal(","), literal("NULL"))
+    return text if element is String else sa_cast(text, postgresql.ARRAY(element))
+
+
+def _csv(values: Iterable[object]) -> str:
+    """Ids, integers and floats (None as NULL) for :func:`_pg_array`; ids never hold commas."""
+    return ",".join("NULL" if v is None else str(v) for v in values)
+
+
+def _ids(conn: Connection, job_ids: Iterable[str]) -> Any:
+    """The ``ids`` parameter of :func:`_ids_match` for this connection's dialect."""
+    return _csv(job_ids) if conn.dialect.name == "postgresql" else list(job_ids)
 
 
 _UTC = t.jobs.c.updated_at.type
@@ -242,7 +274,7 @@ class JobRepository:
             lambda dialect: self._claim_statement(dialect, profile_ids, start),
         )
         params: dict[str, Any] = {
-            "ids": list(job_ids),
+            "ids": _ids(conn, job_ids),
             "b_worker": worker_id,
             "b_now": to_datetime(now),
             "b_deadline": to_datetime(now + default_lease),
@@ -252,14 +284,15 @@ class JobRepository:
         rows = {r.job_id: r for r in conn.execute(stmt, params)}
         if not rows:
             return []
-        # Attempt rows are numbered 1, 2, 3 ... even when a released attempt was not
-        # counted against max_attempts, so the number can run ahead of attempt_count.
-        numbers: dict[str, int] = dict(
-            conn.execute(
-                self._statement(conn, ("attempts",), self._attempts_statement),
-                {"ids": list(rows), "b_worker": worker_id, "b_now": to_datetime(now)},
-            ).all()
-        )
+        if conn.dialect.name == "postgresql":  # the attempt rows came with the claim
+            numbers = {job_id: r.attempt_number for job_id, r in rows.items()}
+        else:
+            numbers = dict(
+                conn.execute(
+                    self._statement(conn, ("attempts",), self._attempts_statement),
+                    {"ids": _ids(conn, rows), "b_worker": worker_id, "b_now": to_datetime(now)},
+                ).all()
+            )
         claimed = []
         for job_id in job_ids:
             row = rows.get(job_id)
@@ -306,9 +339,9 @@ class JobRepository:
         if start:
             values["status"] = _after(JobEvent.CLAIM, JobEvent.START).value
             values["started_at"] = now
-        return (
+        claim = (
             update(t.jobs)
-            .where(_ids_match(j.job_id, dialect), j.status.in_(_guard(JobEvent.CLAIM)))
+            .where(_ids_match(j.job_id, dialect), _guarded(j.status, JobEvent.CLAIM))
             .values(values)
             .returning(
                 j.job_id,
@@ -323,24 +356,38 @@ class JobRepository:
                 j.max_attempts,
             )
         )
+        if dialect != "postgresql":
+            return claim
+        # PostgreSQL: the attempt rows in the same statement, from the claimed rows.
+        claimed = claim.cte("claimed")
+        attempts = JobRepository._attempts_statement(dialect, claimed).cte("attempt")
+        return select(claimed, attempts.c.attempt_number).join(
+            attempts, attempts.c.job_id == claimed.c.job_id
+        )
 
     @staticmethod
-    def _attempts_statement(dialect: str) -> Executable:
-        """One running attempt row per claimed job, numbered after its last one."""
-        a, j = t.attempts, t.jobs.c
+    def _attempts_statement(dialect: str, claimed: Any = None) -> Any:
+        """One running attempt row per claimed job (the ``claimed`` rows, else the
+        jobs of ``ids``), numbered after its last one: attempt rows are numbered 1, 2,
+        3 ... even when a released attempt was not counted against max_attempts, so the
+        number can run ahead of attempt_count."""
+        a = t.attempts
+        source = claimed.c if claimed is not None else t.jobs.c
         previous = a.alias("previous")
         number = (
             select(func.coalesce(func.max(previous.c.attempt_number), 0) + 1)
-            .where(previous.c.job_id == j.job_id)
+            .where(previous.c.job_id == source.job_id)
             .scalar_subquery()
         )
         rows = select(
-            j.job_id,
+            source.job_id,
             number,
             bindparam("b_worker", type_=String),
             literal("running", String),
             _now_param(),
-        ).where(_ids_match(j.job_id, dialect))
+        )
+        if claimed is None:
+            rows = rows.where(_ids_match(source.job_id, dialect))
         return (
             insert(a)
             .from_select(["job_id", "attempt_number", "worker_id", "status", "started_at"], rows)
@@ -392,7 +439,7 @@ class JobRepository:
                 _ids_match(t.jobs.c.job_id, dialect), t.jobs.c.cancel_requested.is_(True)
             ),
         )
-        return set(conn.execute(stmt, {"ids": list(job_ids)}).scalars())
+        return set(conn.execute(stmt, {"ids": _ids(conn, job_ids)}).scalars())
 
     def complete(
         self,
@@ -424,14 +471,44 @@ class JobRepository:
         versions: Mapping[int, int] | None = None,
     ) -> list[Moved]:
         """processing -> completed for a batch (group commit): one guarded UPDATE, the
-        outputs registered (idempotently), the attempts closed in one executemany,
-        credits settled once per user and one ledger INSERT.
+        attempts closed, one ledger charge per job and the credits settled once per
+        user; outputs registered (idempotently). On PostgreSQL all of it but the
+        outputs is one statement (data-modifying CTEs), else a few.
 
         ``versions``: profile versions by id where the caller knows them (else read).
         Jobs this worker no longer holds are left out of the answer and untouched.
         """
         if not finished:
             return []
+        if conn.dialect.name == "postgresql":
+            stmt = self._statement(conn, ("complete_pg",), self._complete_pg_statement)
+            rows = list(
+                conn.execute(
+                    stmt,
+                    {
+                        "ids": _csv(f.job_id for f in finished),
+                        "b_actuals": _csv(f.actual_millicredits for f in finished),
+                        "b_peaks": _csv(f.peak_memory_mb for f in finished),
+                        "b_worker": worker_id,
+                        "b_now": to_datetime(now),
+                    },
+                )
+            )
+        else:
+            rows = self._complete_in_steps(conn, worker_id, now, finished)
+        if not rows:
+            return []
+        by_id = {f.job_id: f for f in finished}
+        if any(by_id[r.job_id].outputs for r in rows):
+            self._register_outputs(conn, rows, by_id, now, versions or {})
+        order = {f.job_id: i for i, f in enumerate(finished)}
+        rows.sort(key=lambda r: order[r.job_id])
+        return [Moved(r.job_id, r.queue, r.priority, JobStatus.COMPLETED) for r in rows]
+
+    def _complete_in_steps(
+        self, conn: Connection, worker_id: str, now: float, finished: Sequence[FinishedJob]
+    ) -> list[Row[Any]]:
+        """:meth:`complete_many` without data-modifying CTEs (SQLite)."""
         moment = to_datetime(now)
         by_id = {f.job_id: f for f in finished}
         # Jobs charged their estimate (the usual case) go in one UPDATE; a job with an
@@ -442,15 +519,10 @@ class JobRepository:
         stmt = self._statement(conn, ("complete",), self._complete_statement)
         rows: list[Row[Any]] = []
         for actual, ids in groups.items():
-            rows.extend(
-                conn.execute(
-                    stmt, {"ids": ids, "b_worker": worker_id, "b_now": moment, "b_actual": actual}
-                )
-            )
+            params = {"ids": _ids(conn, ids), "b_worker": worker_id, "b_now": moment}
+            rows.extend(conn.execute(stmt, {**params, "b_actual": actual}))
         if not rows:
             return []
-        if any(by_id[r.job_id].outputs for r in rows):
-            self._register_outputs(conn, rows, by_id, now, versions or {})
         self._close_attempts(
             conn,
             [
@@ -460,24 +532,14 @@ class JobRepository:
             "completed",
             now,
         )
+        conn.execute(
+            self._statement(conn, ("ledger",), self._ledger_statement),
+            {"ids": _ids(conn, [r.job_id for r in rows]), "b_now": moment},
+        )
         charged: dict[str, list[int]] = defaultdict(lambda: [0, 0])
         for r in rows:
             charged[r.user_id][0] += r.actual_millicredits
             charged[r.user_id][1] += r.estimated_millicredits
-        conn.execute(
-            insert(t.credit_ledger),
-            [
-                {
-                    "user_id": r.user_id,
-                    "job_id": r.job_id,
-                    "kind": "charge",
-                    "amount_millicredits": -r.actual_millicredits,
-                    "note": "job completed",
-                    "created_at": moment,
-                }
-                for r in rows
-            ],
-        )
         # The account rows last: they are the rows every submit and completion of a
         # user contends for, so hold their locks for the shortest time.
         conn.execute(
@@ -487,9 +549,110 @@ class JobRepository:
                 for user_id, (charge, reserved) in sorted(charged.items())
             ],
         )
-        order = {f.job_id: i for i, f in enumerate(finished)}
-        rows.sort(key=lambda r: order[r.job_id])
-        return [Moved(r.job_id, r.queue, r.priority, JobStatus.COMPLETED) for r in rows]
+        return rows
+
+    @staticmethod
+    def _complete_pg_statement(dialect: str) -> Executable:
+        """PostgreSQL's :meth:`complete_many` in one statement.
+
+        ``done`` completes the jobs this worker holds (the guard); ``closed`` closes
+        their running attempts, ``ledger`` charges each, ``settle`` moves each user's
+        sum from reserved to spent. Per-job values (actual cost, peak memory) come as
+        arrays in the order of ``ids``. Every part reads ``done``, so the job rows are
+        locked before the account rows, in the same order as every other step.
+        """
+        j, a, acct = t.jobs.c, t.attempts.c, t.credit_accounts
+        now = _now_param()
+        ids = type_coerce(_pg_array("ids", String), postgresql.ARRAY(Text))
+        actuals = _pg_array("b_actuals", BigInteger)
+        peaks = _pg_array("b_peaks", Float)
+
+        def of(values: Any, job_id: Any) -> Any:
+            return Grouping(values)[func.array_position(ids, sa_cast(job_id, Text))]
+
+        done = (
+            update(t.jobs)
+            .where(
+                _ids_match(j.job_id, dialect),
+                j.claimed_by == bindparam("b_worker", type_=String),
+                _guarded(j.status, JobEvent.COMPLETE),
+            )
+            .values(
+                status=_after(JobEvent.COMPLETE).value,
+                completed_at=now,
+                visibility_timeout=None,
+                updated_at=now,
+                actual_millicredits=func.coalesce(of(actuals, j.job_id), j.estimated_millicredits),
+                error_code=None,
+                error_message=None,
+            )
+            .returning(
+                j.job_id,
+                j.queue,
+                j.priority,
+                j.user_id,
+                j.profile_id,
+                j.estimated_millicredits,
+                j.actual_millicredits,
+            )
+            .cte("done")
+        )
+        elapsed = func.extract("epoch", now - a.started_at) * 1000
+        closed = (
+            update(t.attempts)
+            .where(
+                _ids_match(a.job_id, dialect),
+                a.job_id.in_(select(done.c.job_id)),
+                a.status == "running",
+            )
+            .values(
+                status="completed",
+                finished_at=now,
+                duration_ms=func.greatest(0, sa_cast(func.floor(elapsed), BigInteger)),
+                peak_memory_mb=of(peaks, a.job_id),
+                error_code=None,
+                error_message=None,
+            )
+            .returning(a.attempt_id)
+            .cte("closed")
+        )
+        ledger = (
+            insert(t.credit_ledger)
+            .from_select(
+                ["user_id", "job_id", "kind", "amount_millicredits", "note", "created_at"],
+                select(
+                    done.c.user_id,
+                    done.c.job_id,
+                    literal("charge", String),
+                    -done.c.actual_millicredits,
+                    literal("job completed", String),
+                    now,
+                ),
+            )
+            .returning(t.credit_ledger.c.entry_id)
+            .cte("ledger")
+        )
+        totals = (
+            select(
+                done.c.user_id,
+                func.sum(done.c.actual_millicredits).label("charge"),
+                func.sum(done.c.estimated_millicredits).label("reserved"),
+            )
+            .group_by(done.c.user_id)
+            .subquery("totals")
+        )
+        settle = (
+            update(acct)
+            .where(acct.c.user_id == totals.c.user_id)
+            .values(
+                balance_millicredits=acct.c.balance_millicredits - totals.c.charge,
+                reserved_millicredits=acct.c.reserved_millicredits - totals.c.reserved,
+                updated_at=now,
+            )
+            .returning(acct.c.user_id)
+            .cte("settle")
+        )
+        return select(done).add_cte(closed, ledger, settle)
 
     @staticmethod
     def _complete_statement(dialect: str) -> Executable:
@@ -500,7 +663,7 @@ class JobRepository:
             .where(
                 _ids_match(j.job_id, dialect),
                 j.claimed_by == bindparam("b_worker", type_=String),
-                j.status.in_(_guard(JobEvent.COMPLETE)),
+                _guarded(j.status, JobEvent.COMPLETE),
             )
             .values(
                 status=_after(JobEvent.COMPLETE).value,
@@ -522,6 +685,22 @@ class JobRepository:
                 j.estimated_millicredits,
                 j.actual_millicredits,
             )
+        )
+
+    @staticmethod
+    def _ledger_statement(dialect: str) -> Executable:
+        """One charge per completed job, read from the job rows just updated."""
+        j = t.jobs.c
+        rows = select(
+            j.user_id,
+            j.job_id,
+            literal("charge", String),
+            -j.actual_millicredits,
+            literal("job completed", String),
+            _now_param(),
+        ).where(_ids_match(j.job_id, dialect))
+        return insert(t.credit_ledger).from_select(
+            ["user_id", "job_id", "kind", "amount_millicredits", "note", "created_at"], rows
         )
 
     @staticmethod
@@ -835,32 +1014,32 @@ class JobRepository:
         now: float,
     ) -> None:
         """Close the running attempt of each (job_id, its started_at if known, peak
-        memory): one executemany. Started times not given are read in one SELECT."""
+        memory) in one executemany; started times not given are read in one SELECT."""
         attempts = list(attempts)
         unknown = [job_id for job_id, started, _ in attempts if started is None]
         started_at: dict[str, float] = {}
         if unknown:
             a = t.attempts.c
-            for job_id, moment in conn.execute(
+            for job_id, begun in conn.execute(
                 select(a.job_id, a.started_at).where(a.job_id.in_(unknown), a.status == "running")
             ).all():
-                started_at[job_id] = moment.timestamp()
-        params = []
+                started_at[job_id] = begun.timestamp()
+        rows = []
         for job_id, started, peak in attempts:
             begun = started if started is not None else started_at.get(job_id)
             if begun is None:
-                continue  # no running attempt (a row written before attempts existed)
-            params.append(
+                continue  # no running attempt (a row older than attempts)
+            rows.append(
                 {
                     "b_job": job_id,
-                    "b_status": status,
-                    "b_now": to_datetime(now),
                     "b_duration": max(0, int((now - begun) * 1000)),
                     "b_peak": peak,
+                    "b_status": status,
+                    "b_now": to_datetime(now),
                 }
             )
-        if params:
-            conn.execute(self._statement(conn, ("close",), self._close_statement), params)
+        if rows:
+            conn.execute(self._statement(conn, ("close",), self._close_statement), rows)
 
     @staticmethod
     def _close_statement(dialect: str) -> Executable:
