@@ -144,7 +144,9 @@ class PipelineService:
         else:
             from hypermedia.sandbox.executor import ChildExecutor
 
-            self.executor = ChildExecutor(work_root, preload=preload)
+            # The data dir holds the record, the stored objects and secrets: jobs must
+            # not see it (their own workdir is mounted back in).
+            self.executor = ChildExecutor(work_root, preload=preload, hidden_paths=(cfg.data_dir,))
         executor: Executor = self.executor
         grants_client = RayGrants(grants) if _is_actor_handle(grants) else grants
         execution = JobExecution(
