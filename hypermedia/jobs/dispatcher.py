@@ -62,6 +62,13 @@ class Dispatcher:
         self.repository = repository or JobRepository()
         self.grace = lease_grace_seconds
         self._queue_lease: dict[str, float] = {}
+        # A step that is one statement (see JobRepository) is atomic by itself: on
+        # PostgreSQL it runs without BEGIN and COMMIT round trips.
+        self._single = (
+            engine.execution_options(isolation_level="AUTOCOMMIT")
+            if engine.dialect.name == "postgresql"
+            else engine
+        )
         self._leases = {
             record.profile_id: lease_seconds(record.timeout_seconds, self.grace)
             for record in (catalog.get(op) for op in catalog.operations())
@@ -106,7 +113,7 @@ class Dispatcher:
         if not leased:
             return []
         job_ids = [entry.job_id for entry in leased]
-        with transaction(self.engine) as conn:
+        with transaction(self._single) as conn:
             claimed = self.repository.claim_many(
                 conn,
                 job_ids,
@@ -174,7 +181,9 @@ class Dispatcher:
         Answers, per job, whether it was still ours (the others are mirrored)."""
         if not finished:
             return []
-        with transaction(self.engine) as conn:
+        # Outputs are more statements: then an explicit transaction holds them together.
+        engine = self.engine if any(f.outputs for f in finished) else self._single
+        with transaction(engine) as conn:
             moved = self.repository.complete_many(
                 conn, worker_id, self.clock.now(), finished, self._versions
             )

@@ -11,10 +11,14 @@ The worker's hot path has batch forms: :meth:`JobRepository.claim_many` (one
 guarded UPDATE for the batch, one INSERT for its attempt rows; with ``start`` the
 START event is applied in the same UPDATE, which is the claim and the start in one
 transaction) and :meth:`JobRepository.complete_many` (group commit: one guarded
-UPDATE, attempts closed in one executemany, credits summed per user, one ledger
-INSERT). Their statements are built once per dialect, with bound parameters
+UPDATE, the attempts closed, one ledger charge per job, each user's credits settled
+once). Their statements are built once per dialect, with bound parameters
 (``job_id = ANY(:ids)`` on PostgreSQL, so the server can keep them prepared); the
 single-job ``claim`` and ``complete`` are the batch forms with one id.
+
+On PostgreSQL ``claim_many`` is one statement, and so is ``complete_many`` when no
+job of the batch has outputs (data-modifying CTEs): a caller may run those without
+an explicit transaction, the statement being atomic by itself.
 """
 
 from __future__ import annotations
