@@ -49,7 +49,7 @@ log = logging.getLogger(__name__)
 IDLE_WAIT_SECONDS = 1.0
 MAX_ERROR_BACKOFF_SECONDS = 5.0
 COMPLETION_BATCH = 256  # jobs per group commit, at most
-COMPLETION_BACKLOG = 4096  # finished jobs waiting for their commit before loops wait
+COMPLETION_BACKLOG = 2 * COMPLETION_BATCH  # finished jobs waiting for their commit: then loops wait
 COMPLETION_TRIES = 8  # then the jobs are left processing: their leases expire, they rerun
 
 
