@@ -12,9 +12,9 @@ guarded UPDATE for the batch, one INSERT for its attempt rows; with ``start`` th
 START event is applied in the same UPDATE, which is the claim and the start in one
 transaction) and :meth:`JobRepository.complete_many` (group commit: one guarded
 UPDATE, the attempts closed, one ledger charge per job, each user's credits settled
-once). Their statements are built once per dialect, with bound parameters
-(``job_id = ANY(:ids)`` on PostgreSQL, so the server can keep them prepared); the
-single-job ``claim`` and ``complete`` are the batch forms with one id.
+once). Their statements (:mod:`hypermedia.jobs.statements`) are built once per
+dialect, with bound parameters only; the single-job ``claim`` and ``complete`` are
+the batch forms with one id.
 
 On PostgreSQL ``claim_many`` is one statement, and so is ``complete_many`` when no
 job of the batch has outputs (data-modifying CTEs): a caller may run those without
@@ -23,41 +23,26 @@ an explicit transaction, the statement being atomic by itself.
 
 from __future__ import annotations
 
-import threading
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (
-    BigInteger,
-    ColumnElement,
     Connection,
-    Executable,
-    Float,
     Row,
-    String,
-    Text,
     and_,
-    any_,
-    bindparam,
-    case,
-    func,
     insert,
-    literal,
     select,
-    true,
-    type_coerce,
     update,
 )
-from sqlalchemy import cast as sa_cast
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.sql.elements import Grouping
 
 from hypermedia.clock import to_datetime
 from hypermedia.db import tables as t
 from hypermedia.ids import new_id
+from hypermedia.jobs import statements as sql
 from hypermedia.jobs.states import (
     IN_FLIGHT,
     Backoff,
@@ -66,7 +51,6 @@ from hypermedia.jobs.states import (
     JobStatus,
     decide_failure,
     sources,
-    transition,
 )
 
 
@@ -122,59 +106,6 @@ class Moved:
     retry_at: float | None = None
 
 
-def _after(event: JobEvent, *then: JobEvent) -> JobStatus:
-    """The one status every source of ``event`` leads to, then through ``then``."""
-    targets = {transition(s, event) for s in sources(event)}
-    if len(targets) != 1:
-        raise ValueError(f"{event} leads to {sorted(targets)}, not one status")
-    (status,) = targets
-    for next_event in then:
-        status = transition(status, next_event)
-    return status
-
-
-def _ids_match(column: Any, dialect: str, name: str = "ids") -> ColumnElement[bool]:
-    """``column = ANY(string_to_array(:ids, ','))`` on PostgreSQL: one statement text
-    for every batch size (so it stays prepared) and one text parameter (psycopg dumps
-    a list element by element in Python); ``column IN (:ids...)`` elsewhere. Pass the
-    ids through :func:`_ids`."""
-    if dialect == "postgresql":
-        return column == any_(_pg_array(name, String))  # type: ignore[no-any-return]
-    return column.in_(bindparam(name, expanding=True))  # type: ignore[no-any-return]
-
-
-def _guarded(column: Any, event: JobEvent) -> ColumnElement[bool]:
-    """``(status IN (<sources of event>)) IS TRUE``: the guard of a batch step, written
-    so no index on status can serve it. The jobs are found by id; a plan that scans
-    every queued job through a status index and filters by id (what PostgreSQL picks
-    when its statistics are missing or old, as in a burst) costs the whole queue per
-    claim."""
-    return column.in_(_guard(event)).is_(true())  # type: ignore[no-any-return]
-
-
-def _pg_array(name: str, element: Any) -> Any:
-    """A PostgreSQL array sent as one comma-separated text parameter (see :func:`_csv`)."""
-    text = func.string_to_array(bindparam(name, type_=String), literal(","), literal("NULL"))
-    return text if element is String else sa_cast(text, postgresql.ARRAY(element))
-
-
-def _csv(values: Iterable[object]) -> str:
-    """Ids, integers and floats (None as NULL) for :func:`_pg_array`; ids never hold commas."""
-    return ",".join("NULL" if v is None else str(v) for v in values)
-
-
-def _ids(conn: Connection, job_ids: Iterable[str]) -> Any:
-    """The ``ids`` parameter of :func:`_ids_match` for this connection's dialect."""
-    return _csv(job_ids) if conn.dialect.name == "postgresql" else list(job_ids)
-
-
-_UTC = t.jobs.c.updated_at.type
-
-
-def _now_param() -> Any:
-    return bindparam("b_now", type_=_UTC)
-
-
 def _insert_ignore(conn: Connection, table: Any, rows: Sequence[dict[str, Any]]) -> None:
     """INSERT ... ON CONFLICT DO NOTHING on PostgreSQL and SQLite alike."""
     if not rows:
@@ -186,20 +117,7 @@ def _insert_ignore(conn: Connection, table: Any, rows: Sequence[dict[str, Any]])
 class JobRepository:
     def __init__(self, backoff: Backoff | None = None) -> None:
         self.backoff = backoff or Backoff()
-        self._statements: dict[tuple[Any, ...], Executable] = {}
-        self._statements_lock = threading.Lock()
-
-    def _statement(
-        self, conn: Connection, key: tuple[Any, ...], build: Callable[[str], Executable]
-    ) -> Executable:
-        """The statement ``build(dialect)`` made once per (key, dialect) and kept."""
-        dialect = conn.dialect.name
-        full = (dialect, *key)
-        found = self._statements.get(full)
-        if found is None:
-            with self._statements_lock:
-                found = self._statements.setdefault(full, build(dialect))
-        return found
+        self._statements = sql.StatementCache()
 
     # -- queueing --------------------------------------------------------------
 
@@ -272,13 +190,13 @@ class JobRepository:
         if not job_ids:
             return []
         profile_ids = tuple(sorted(leases))
-        stmt = self._statement(
+        stmt = self._statements.get(
             conn,
             ("claim", start, profile_ids),
-            lambda dialect: self._claim_statement(dialect, profile_ids, start),
+            lambda dialect: sql.claim(dialect, profile_ids, start),
         )
         params: dict[str, Any] = {
-            "ids": _ids(conn, job_ids),
+            "ids": sql.ids_param(conn, job_ids),
             "b_worker": worker_id,
             "b_now": to_datetime(now),
             "b_deadline": to_datetime(now + default_lease),
@@ -293,8 +211,12 @@ class JobRepository:
         else:
             numbers = dict(
                 conn.execute(
-                    self._statement(conn, ("attempts",), self._attempts_statement),
-                    {"ids": _ids(conn, rows), "b_worker": worker_id, "b_now": to_datetime(now)},
+                    self._statements.get(conn, ("attempts",), sql.attempts),
+                    {
+                        "ids": sql.ids_param(conn, rows),
+                        "b_worker": worker_id,
+                        "b_now": to_datetime(now),
+                    },
                 ).all()
             )
         claimed = []
@@ -320,83 +242,6 @@ class JobRepository:
                 )
             )
         return claimed
-
-    @staticmethod
-    def _claim_statement(dialect: str, profile_ids: tuple[int, ...], start: bool) -> Executable:
-        j = t.jobs.c
-        now = _now_param()
-        deadline: Any = bindparam("b_deadline", type_=_UTC)
-        if profile_ids:
-            deadline = case(
-                {pid: bindparam(f"b_deadline_{pid}", type_=_UTC) for pid in profile_ids},
-                value=j.profile_id,
-                else_=deadline,
-            )
-        values: dict[str, Any] = {
-            "status": _after(JobEvent.CLAIM).value,
-            "claimed_by": bindparam("b_worker", type_=String),
-            "claimed_at": now,
-            "visibility_timeout": deadline,
-            "attempt_count": j.attempt_count + 1,
-            "updated_at": now,
-        }
-        if start:
-            values["status"] = _after(JobEvent.CLAIM, JobEvent.START).value
-            values["started_at"] = now
-        claim = (
-            update(t.jobs)
-            .where(_ids_match(j.job_id, dialect), _guarded(j.status, JobEvent.CLAIM))
-            .values(values)
-            .returning(
-                j.job_id,
-                j.queue,
-                j.operation,
-                j.object_id,
-                j.user_id,
-                j.profile_id,
-                j.priority,
-                j.params,
-                j.attempt_count,
-                j.max_attempts,
-            )
-        )
-        if dialect != "postgresql":
-            return claim
-        # PostgreSQL: the attempt rows in the same statement, from the claimed rows.
-        claimed = claim.cte("claimed")
-        attempts = JobRepository._attempts_statement(dialect, claimed).cte("attempt")
-        return select(claimed, attempts.c.attempt_number).join(
-            attempts, attempts.c.job_id == claimed.c.job_id
-        )
-
-    @staticmethod
-    def _attempts_statement(dialect: str, claimed: Any = None) -> Any:
-        """One running attempt row per claimed job (the ``claimed`` rows, else the
-        jobs of ``ids``), numbered after its last one: attempt rows are numbered 1, 2,
-        3 ... even when a released attempt was not counted against max_attempts, so the
-        number can run ahead of attempt_count."""
-        a = t.attempts
-        source = claimed.c if claimed is not None else t.jobs.c
-        previous = a.alias("previous")
-        number = (
-            select(func.coalesce(func.max(previous.c.attempt_number), 0) + 1)
-            .where(previous.c.job_id == source.job_id)
-            .scalar_subquery()
-        )
-        rows = select(
-            source.job_id,
-            number,
-            bindparam("b_worker", type_=String),
-            literal("running", String),
-            _now_param(),
-        )
-        if claimed is None:
-            rows = rows.where(_ids_match(source.job_id, dialect))
-        return (
-            insert(a)
-            .from_select(["job_id", "attempt_number", "worker_id", "status", "started_at"], rows)
-            .returning(a.c.job_id, a.c.attempt_number)
-        )
 
     def start(self, conn: Connection, job_id: str, worker_id: str, now: float) -> bool:
         """claimed -> processing, by the worker holding the claim."""
@@ -436,14 +281,8 @@ class JobRepository:
         """The jobs of ``job_ids`` whose user asked to cancel them."""
         if not job_ids:
             return set()
-        stmt = self._statement(
-            conn,
-            ("cancel_requested",),
-            lambda dialect: select(t.jobs.c.job_id).where(
-                _ids_match(t.jobs.c.job_id, dialect), t.jobs.c.cancel_requested.is_(True)
-            ),
-        )
-        return set(conn.execute(stmt, {"ids": _ids(conn, job_ids)}).scalars())
+        stmt = self._statements.get(conn, ("cancel_requested",), sql.cancel_requested)
+        return set(conn.execute(stmt, {"ids": sql.ids_param(conn, job_ids)}).scalars())
 
     def complete(
         self,
@@ -485,14 +324,14 @@ class JobRepository:
         if not finished:
             return []
         if conn.dialect.name == "postgresql":
-            stmt = self._statement(conn, ("complete_pg",), self._complete_pg_statement)
+            stmt = self._statements.get(conn, ("complete_pg",), sql.complete_pg)
             rows = list(
                 conn.execute(
                     stmt,
                     {
-                        "ids": _csv(f.job_id for f in finished),
-                        "b_actuals": _csv(f.actual_millicredits for f in finished),
-                        "b_peaks": _csv(f.peak_memory_mb for f in finished),
+                        "ids": sql.csv(f.job_id for f in finished),
+                        "b_actuals": sql.csv(f.actual_millicredits for f in finished),
+                        "b_peaks": sql.csv(f.peak_memory_mb for f in finished),
                         "b_worker": worker_id,
                         "b_now": to_datetime(now),
                     },
@@ -520,10 +359,10 @@ class JobRepository:
         groups: dict[int | None, list[str]] = defaultdict(list)
         for f in finished:
             groups[f.actual_millicredits].append(f.job_id)
-        stmt = self._statement(conn, ("complete",), self._complete_statement)
+        stmt = self._statements.get(conn, ("complete",), sql.complete)
         rows: list[Row[Any]] = []
         for actual, ids in groups.items():
-            params = {"ids": _ids(conn, ids), "b_worker": worker_id, "b_now": moment}
+            params = {"ids": sql.ids_param(conn, ids), "b_worker": worker_id, "b_now": moment}
             rows.extend(conn.execute(stmt, {**params, "b_actual": actual}))
         if not rows:
             return []
@@ -537,8 +376,8 @@ class JobRepository:
             now,
         )
         conn.execute(
-            self._statement(conn, ("ledger",), self._ledger_statement),
-            {"ids": _ids(conn, [r.job_id for r in rows]), "b_now": moment},
+            self._statements.get(conn, ("ledger",), sql.ledger),
+            {"ids": sql.ids_param(conn, [r.job_id for r in rows]), "b_now": moment},
         )
         charged: dict[str, list[int]] = defaultdict(lambda: [0, 0])
         for r in rows:
@@ -547,180 +386,13 @@ class JobRepository:
         # The account rows last: they are the rows every submit and completion of a
         # user contends for, so hold their locks for the shortest time.
         conn.execute(
-            self._statement(conn, ("settle",), self._settle_statement),
+            self._statements.get(conn, ("settle",), sql.settle),
             [
                 {"b_user": user_id, "b_charge": charge, "b_reserved": reserved, "b_now": moment}
                 for user_id, (charge, reserved) in sorted(charged.items())
             ],
         )
         return rows
-
-    @staticmethod
-    def _complete_pg_statement(dialect: str) -> Executable:
-        """PostgreSQL's :meth:`complete_many` in one statement.
-
-        ``done`` completes the jobs this worker holds (the guard); ``closed`` closes
-        their running attempts, ``ledger`` charges each, ``settle`` moves each user's
-        sum from reserved to spent. Per-job values (actual cost, peak memory) come as
-        arrays in the order of ``ids``. Every part reads ``done``, so the job rows are
-        locked before the account rows, in the same order as every other step.
-        """
-        j, a, acct = t.jobs.c, t.attempts.c, t.credit_accounts
-        now = _now_param()
-        ids = type_coerce(_pg_array("ids", String), postgresql.ARRAY(Text))
-        actuals = _pg_array("b_actuals", BigInteger)
-        peaks = _pg_array("b_peaks", Float)
-
-        def of(values: Any, job_id: Any) -> Any:
-            return Grouping(values)[func.array_position(ids, sa_cast(job_id, Text))]
-
-        done = (
-            update(t.jobs)
-            .where(
-                _ids_match(j.job_id, dialect),
-                j.claimed_by == bindparam("b_worker", type_=String),
-                _guarded(j.status, JobEvent.COMPLETE),
-            )
-            .values(
-                status=_after(JobEvent.COMPLETE).value,
-                completed_at=now,
-                visibility_timeout=None,
-                updated_at=now,
-                actual_millicredits=func.coalesce(of(actuals, j.job_id), j.estimated_millicredits),
-                error_code=None,
-                error_message=None,
-            )
-            .returning(
-                j.job_id,
-                j.queue,
-                j.priority,
-                j.user_id,
-                j.profile_id,
-                j.estimated_millicredits,
-                j.actual_millicredits,
-            )
-            .cte("done")
-        )
-        elapsed = func.extract("epoch", now - a.started_at) * 1000
-        closed = (
-            update(t.attempts)
-            .where(
-                _ids_match(a.job_id, dialect),
-                a.job_id.in_(select(done.c.job_id)),
-                a.status == "running",
-            )
-            .values(
-                status="completed",
-                finished_at=now,
-                duration_ms=func.greatest(0, sa_cast(func.floor(elapsed), BigInteger)),
-                peak_memory_mb=of(peaks, a.job_id),
-                error_code=None,
-                error_message=None,
-            )
-            .returning(a.attempt_id)
-            .cte("closed")
-        )
-        ledger = (
-            insert(t.credit_ledger)
-            .from_select(
-                ["user_id", "job_id", "kind", "amount_millicredits", "note", "created_at"],
-                select(
-                    done.c.user_id,
-                    done.c.job_id,
-                    literal("charge", String),
-                    -done.c.actual_millicredits,
-                    literal("job completed", String),
-                    now,
-                ),
-            )
-            .returning(t.credit_ledger.c.entry_id)
-            .cte("ledger")
-        )
-        totals = (
-            select(
-                done.c.user_id,
-                func.sum(done.c.actual_millicredits).label("charge"),
-                func.sum(done.c.estimated_millicredits).label("reserved"),
-            )
-            .group_by(done.c.user_id)
-            .subquery("totals")
-        )
-        settle = (
-            update(acct)
-            .where(acct.c.user_id == totals.c.user_id)
-            .values(
-                balance_millicredits=acct.c.balance_millicredits - totals.c.charge,
-                reserved_millicredits=acct.c.reserved_millicredits - totals.c.reserved,
-                updated_at=now,
-            )
-            .returning(acct.c.user_id)
-            .cte("settle")
-        )
-        return select(done).add_cte(closed, ledger, settle)
-
-    @staticmethod
-    def _complete_statement(dialect: str) -> Executable:
-        j = t.jobs.c
-        now = _now_param()
-        return (
-            update(t.jobs)
-            .where(
-                _ids_match(j.job_id, dialect),
-                j.claimed_by == bindparam("b_worker", type_=String),
-                _guarded(j.status, JobEvent.COMPLETE),
-            )
-            .values(
-                status=_after(JobEvent.COMPLETE).value,
-                completed_at=now,
-                visibility_timeout=None,
-                updated_at=now,
-                actual_millicredits=func.coalesce(
-                    bindparam("b_actual", type_=BigInteger), j.estimated_millicredits
-                ),
-                error_code=None,
-                error_message=None,
-            )
-            .returning(
-                j.job_id,
-                j.queue,
-                j.priority,
-                j.user_id,
-                j.profile_id,
-                j.estimated_millicredits,
-                j.actual_millicredits,
-            )
-        )
-
-    @staticmethod
-    def _ledger_statement(dialect: str) -> Executable:
-        """One charge per completed job, read from the job rows just updated."""
-        j = t.jobs.c
-        rows = select(
-            j.user_id,
-            j.job_id,
-            literal("charge", String),
-            -j.actual_millicredits,
-            literal("job completed", String),
-            _now_param(),
-        ).where(_ids_match(j.job_id, dialect))
-        return insert(t.credit_ledger).from_select(
-            ["user_id", "job_id", "kind", "amount_millicredits", "note", "created_at"], rows
-        )
-
-    @staticmethod
-    def _settle_statement(dialect: str) -> Executable:
-        acct = t.credit_accounts
-        return (
-            update(acct)
-            .where(acct.c.user_id == bindparam("b_user", type_=String))
-            .values(
-                balance_millicredits=acct.c.balance_millicredits
-                - bindparam("b_charge", type_=BigInteger),
-                reserved_millicredits=acct.c.reserved_millicredits
-                - bindparam("b_reserved", type_=BigInteger),
-                updated_at=_now_param(),
-            )
-        )
 
     def _register_outputs(
         self,
@@ -1043,23 +715,7 @@ class JobRepository:
                 }
             )
         if rows:
-            conn.execute(self._statement(conn, ("close",), self._close_statement), rows)
-
-    @staticmethod
-    def _close_statement(dialect: str) -> Executable:
-        a = t.attempts
-        return (
-            update(a)
-            .where(a.c.job_id == bindparam("b_job", type_=String), a.c.status == "running")
-            .values(
-                status=bindparam("b_status", type_=String),
-                finished_at=_now_param(),
-                duration_ms=bindparam("b_duration", type_=BigInteger),
-                peak_memory_mb=bindparam("b_peak", type_=Float),
-                error_code=None,
-                error_message=None,
-            )
-        )
+            conn.execute(self._statements.get(conn, ("close",), sql.close_attempt), rows)
 
     def _close_attempt(
         self,

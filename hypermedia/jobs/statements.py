@@ -1,0 +1,390 @@
+"""The SQL of the worker's batch steps, built once per dialect and kept.
+
+``claim`` (queued -> claimed, or -> processing with the START event folded in) and
+the attempt rows; ``complete_pg`` (PostgreSQL: the whole completion as one
+statement of data-modifying CTEs) and its parts for other databases (``complete``,
+``close_attempt``, ``ledger``, ``settle``); ``cancel_requested``. Statements take
+bound parameters only (names start with ``b_``, except ``ids``), so one compiled
+form serves every batch: on PostgreSQL the ids go as one comma-separated text
+parameter (``job_id = ANY(string_to_array(:ids, ','))``), one statement text for
+every batch size, and one parameter (psycopg dumps a list element by element in
+Python).
+
+Guards are written so the ids drive the lookup (see :func:`guarded`). Used by
+:class:`~hypermedia.jobs.repository.JobRepository`; nothing here executes anything.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    ColumnElement,
+    Connection,
+    Executable,
+    Float,
+    String,
+    Text,
+    any_,
+    bindparam,
+    case,
+    func,
+    insert,
+    literal,
+    select,
+    true,
+    type_coerce,
+    update,
+)
+from sqlalchemy import cast as sa_cast
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.sql.elements import Grouping
+
+from hypermedia.db import tables as t
+from hypermedia.jobs.states import JobEvent, JobStatus, sources, transition
+
+
+def guard(event: JobEvent) -> list[str]:
+    """The statuses ``event`` is legal from: the guard of its UPDATE."""
+    return sorted(s.value for s in sources(event))
+
+
+def after(event: JobEvent, *then: JobEvent) -> JobStatus:
+    """The one status every source of ``event`` leads to, then through ``then``."""
+    targets = {transition(s, event) for s in sources(event)}
+    if len(targets) != 1:
+        raise ValueError(f"{event} leads to {sorted(targets)}, not one status")
+    (status,) = targets
+    for next_event in then:
+        status = transition(status, next_event)
+    return status
+
+
+def ids_match(column: Any, dialect: str, name: str = "ids") -> ColumnElement[bool]:
+    """``column = ANY(string_to_array(:ids, ','))`` on PostgreSQL: one statement text
+    for every batch size (so it stays prepared) and one text parameter (psycopg dumps
+    a list element by element in Python); ``column IN (:ids...)`` elsewhere. Pass the
+    ids through :func:`ids_param`."""
+    if dialect == "postgresql":
+        return column == any_(pg_array(name, String))  # type: ignore[no-any-return]
+    return column.in_(bindparam(name, expanding=True))  # type: ignore[no-any-return]
+
+
+def guarded(column: Any, event: JobEvent) -> ColumnElement[bool]:
+    """``(status IN (<sources of event>)) IS TRUE``: the guard of a batch step, written
+    so no index on status can serve it. The jobs are found by id; a plan that scans
+    every queued job through a status index and filters by id (what PostgreSQL picks
+    when its statistics are missing or old, as in a burst) costs the whole queue per
+    claim."""
+    return column.in_(guard(event)).is_(true())  # type: ignore[no-any-return]
+
+
+def pg_array(name: str, element: Any) -> Any:
+    """A PostgreSQL array sent as one comma-separated text parameter (see :func:`csv`)."""
+    text = func.string_to_array(bindparam(name, type_=String), literal(","), literal("NULL"))
+    return text if element is String else sa_cast(text, postgresql.ARRAY(element))
+
+
+def csv(values: Iterable[object]) -> str:
+    """Ids, integers and floats (None as NULL) for :func:`_pg_array`; ids never hold commas."""
+    return ",".join("NULL" if v is None else str(v) for v in values)
+
+
+def ids_param(conn: Connection, job_ids: Iterable[str]) -> Any:
+    """The ``ids`` parameter of :func:`_ids_match` for this connection's dialect."""
+    return csv(job_ids) if conn.dialect.name == "postgresql" else list(job_ids)
+
+
+UTC = t.jobs.c.updated_at.type
+
+
+def now_param() -> Any:
+    return bindparam("b_now", type_=UTC)
+
+
+class StatementCache:
+    """Statements built once per (key, dialect) and kept; safe across threads."""
+
+    def __init__(self) -> None:
+        self._statements: dict[tuple[Any, ...], Executable] = {}
+        self._lock = threading.Lock()
+
+    def get(
+        self, conn: Connection, key: tuple[Any, ...], build: Callable[[str], Executable]
+    ) -> Executable:
+        dialect = conn.dialect.name
+        full = (dialect, *key)
+        found = self._statements.get(full)
+        if found is None:
+            with self._lock:
+                found = self._statements.setdefault(full, build(dialect))
+        return found
+
+
+def cancel_requested(dialect: str) -> Executable:
+    return select(t.jobs.c.job_id).where(
+        ids_match(t.jobs.c.job_id, dialect), t.jobs.c.cancel_requested.is_(True)
+    )
+
+
+def claim(dialect: str, profile_ids: tuple[int, ...], start: bool) -> Executable:
+    j = t.jobs.c
+    now = now_param()
+    deadline: Any = bindparam("b_deadline", type_=UTC)
+    if profile_ids:
+        deadline = case(
+            {pid: bindparam(f"b_deadline_{pid}", type_=UTC) for pid in profile_ids},
+            value=j.profile_id,
+            else_=deadline,
+        )
+    values: dict[str, Any] = {
+        "status": after(JobEvent.CLAIM).value,
+        "claimed_by": bindparam("b_worker", type_=String),
+        "claimed_at": now,
+        "visibility_timeout": deadline,
+        "attempt_count": j.attempt_count + 1,
+        "updated_at": now,
+    }
+    if start:
+        values["status"] = after(JobEvent.CLAIM, JobEvent.START).value
+        values["started_at"] = now
+    claiming = (
+        update(t.jobs)
+        .where(ids_match(j.job_id, dialect), guarded(j.status, JobEvent.CLAIM))
+        .values(values)
+        .returning(
+            j.job_id,
+            j.queue,
+            j.operation,
+            j.object_id,
+            j.user_id,
+            j.profile_id,
+            j.priority,
+            j.params,
+            j.attempt_count,
+            j.max_attempts,
+        )
+    )
+    if dialect != "postgresql":
+        return claiming
+    # PostgreSQL: the attempt rows in the same statement, from the claimed rows.
+    claimed = claiming.cte("claimed")
+    numbered = attempts(dialect, claimed).cte("attempt")
+    return select(claimed, numbered.c.attempt_number).join(
+        numbered, numbered.c.job_id == claimed.c.job_id
+    )
+
+
+def attempts(dialect: str, claimed: Any = None) -> Any:
+    """One running attempt row per claimed job (the ``claimed`` rows, else the
+    jobs of ``ids``), numbered after its last one: attempt rows are numbered 1, 2,
+    3 ... even when a released attempt was not counted against max_attempts, so the
+    number can run ahead of attempt_count."""
+    a = t.attempts
+    source = claimed.c if claimed is not None else t.jobs.c
+    previous = a.alias("previous")
+    number = (
+        select(func.coalesce(func.max(previous.c.attempt_number), 0) + 1)
+        .where(previous.c.job_id == source.job_id)
+        .scalar_subquery()
+    )
+    rows = select(
+        source.job_id,
+        number,
+        bindparam("b_worker", type_=String),
+        literal("running", String),
+        now_param(),
+    )
+    if claimed is None:
+        rows = rows.where(ids_match(source.job_id, dialect))
+    return (
+        insert(a)
+        .from_select(["job_id", "attempt_number", "worker_id", "status", "started_at"], rows)
+        .returning(a.c.job_id, a.c.attempt_number)
+    )
+
+
+def complete_pg(dialect: str) -> Executable:
+    """PostgreSQL's :meth:`complete_many` in one statement.
+
+    ``done`` completes the jobs this worker holds (the guard); ``closed`` closes
+    their running attempts, ``ledger`` charges each, ``settle`` moves each user's
+    sum from reserved to spent. Per-job values (actual cost, peak memory) come as
+    arrays in the order of ``ids``. Every part reads ``done``, so the job rows are
+    locked before the account rows, in the same order as every other step.
+    """
+    j, a, acct = t.jobs.c, t.attempts.c, t.credit_accounts
+    now = now_param()
+    ids = type_coerce(pg_array("ids", String), postgresql.ARRAY(Text))
+    actuals = pg_array("b_actuals", BigInteger)
+    peaks = pg_array("b_peaks", Float)
+
+    def of(values: Any, job_id: Any) -> Any:
+        return Grouping(values)[func.array_position(ids, sa_cast(job_id, Text))]
+
+    done = (
+        update(t.jobs)
+        .where(
+            ids_match(j.job_id, dialect),
+            j.claimed_by == bindparam("b_worker", type_=String),
+            guarded(j.status, JobEvent.COMPLETE),
+        )
+        .values(
+            status=after(JobEvent.COMPLETE).value,
+            completed_at=now,
+            visibility_timeout=None,
+            updated_at=now,
+            actual_millicredits=func.coalesce(of(actuals, j.job_id), j.estimated_millicredits),
+            error_code=None,
+            error_message=None,
+        )
+        .returning(
+            j.job_id,
+            j.queue,
+            j.priority,
+            j.user_id,
+            j.profile_id,
+            j.estimated_millicredits,
+            j.actual_millicredits,
+        )
+        .cte("done")
+    )
+    elapsed = func.extract("epoch", now - a.started_at) * 1000
+    closed = (
+        update(t.attempts)
+        .where(
+            ids_match(a.job_id, dialect),
+            a.job_id.in_(select(done.c.job_id)),
+            a.status == "running",
+        )
+        .values(
+            status="completed",
+            finished_at=now,
+            duration_ms=func.greatest(0, sa_cast(func.floor(elapsed), BigInteger)),
+            peak_memory_mb=of(peaks, a.job_id),
+            error_code=None,
+            error_message=None,
+        )
+        .returning(a.attempt_id)
+        .cte("closed")
+    )
+    ledger = (
+        insert(t.credit_ledger)
+        .from_select(
+            ["user_id", "job_id", "kind", "amount_millicredits", "note", "created_at"],
+            select(
+                done.c.user_id,
+                done.c.job_id,
+                literal("charge", String),
+                -done.c.actual_millicredits,
+                literal("job completed", String),
+                now,
+            ),
+        )
+        .returning(t.credit_ledger.c.entry_id)
+        .cte("ledger")
+    )
+    totals = (
+        select(
+            done.c.user_id,
+            func.sum(done.c.actual_millicredits).label("charge"),
+            func.sum(done.c.estimated_millicredits).label("reserved"),
+        )
+        .group_by(done.c.user_id)
+        .subquery("totals")
+    )
+    settle = (
+        update(acct)
+        .where(acct.c.user_id == totals.c.user_id)
+        .values(
+            balance_millicredits=acct.c.balance_millicredits - totals.c.charge,
+            reserved_millicredits=acct.c.reserved_millicredits - totals.c.reserved,
+            updated_at=now,
+        )
+        .returning(acct.c.user_id)
+        .cte("settle")
+    )
+    return select(done).add_cte(closed, ledger, settle)
+
+
+def complete(dialect: str) -> Executable:
+    j = t.jobs.c
+    now = now_param()
+    return (
+        update(t.jobs)
+        .where(
+            ids_match(j.job_id, dialect),
+            j.claimed_by == bindparam("b_worker", type_=String),
+            guarded(j.status, JobEvent.COMPLETE),
+        )
+        .values(
+            status=after(JobEvent.COMPLETE).value,
+            completed_at=now,
+            visibility_timeout=None,
+            updated_at=now,
+            actual_millicredits=func.coalesce(
+                bindparam("b_actual", type_=BigInteger), j.estimated_millicredits
+            ),
+            error_code=None,
+            error_message=None,
+        )
+        .returning(
+            j.job_id,
+            j.queue,
+            j.priority,
+            j.user_id,
+            j.profile_id,
+            j.estimated_millicredits,
+            j.actual_millicredits,
+        )
+    )
+
+
+def ledger(dialect: str) -> Executable:
+    """One charge per completed job, read from the job rows just updated."""
+    j = t.jobs.c
+    rows = select(
+        j.user_id,
+        j.job_id,
+        literal("charge", String),
+        -j.actual_millicredits,
+        literal("job completed", String),
+        now_param(),
+    ).where(ids_match(j.job_id, dialect))
+    return insert(t.credit_ledger).from_select(
+        ["user_id", "job_id", "kind", "amount_millicredits", "note", "created_at"], rows
+    )
+
+
+def settle(dialect: str) -> Executable:
+    acct = t.credit_accounts
+    return (
+        update(acct)
+        .where(acct.c.user_id == bindparam("b_user", type_=String))
+        .values(
+            balance_millicredits=acct.c.balance_millicredits
+            - bindparam("b_charge", type_=BigInteger),
+            reserved_millicredits=acct.c.reserved_millicredits
+            - bindparam("b_reserved", type_=BigInteger),
+            updated_at=now_param(),
+        )
+    )
+
+
+def close_attempt(dialect: str) -> Executable:
+    a = t.attempts
+    return (
+        update(a)
+        .where(a.c.job_id == bindparam("b_job", type_=String), a.c.status == "running")
+        .values(
+            status=bindparam("b_status", type_=String),
+            finished_at=now_param(),
+            duration_ms=bindparam("b_duration", type_=BigInteger),
+            peak_memory_mb=bindparam("b_peak", type_=Float),
+            error_code=None,
+            error_message=None,
+        )
+    )
