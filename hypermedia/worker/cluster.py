@@ -12,6 +12,7 @@ actors of that queue live on the node.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -125,6 +126,10 @@ class RayNode:
             except psutil.Error:
                 continue
         psutil.wait_procs(alive, timeout=5)
+        # Ray's session logs and sockets go with the node; a stopped node leaves nothing.
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            self.temp_dir.parent.rmdir()
         log.info("ray node in %s stopped (%d processes)", self.temp_dir, len(procs))
 
     def is_running(self) -> bool:
