@@ -164,6 +164,8 @@ def test_a_job_writes_only_in_its_workdir(executor, job_id):
     workdir = executor.workdir(job_id)
     # A directory everybody may write to, outside every hidden path: only the
     # read-only mount stops the job there, not permissions.
+    # (.pytest_cache is not in a fresh clone until pytest writes it: make sure it is.)
+    (REPO / ".pytest_cache").mkdir(exist_ok=True)
     open_dir = Path(tempfile.mkdtemp(prefix="sandbox-open-", dir=REPO / ".pytest_cache"))
     open_dir.chmod(0o777)
     try:
