@@ -41,6 +41,7 @@ from sqlalchemy import (
 )
 from sqlalchemy import cast as sa_cast
 from sqlalchemy.dialects import postgresql
+from sqlalchemy.sql.dml import ReturningUpdate
 from sqlalchemy.sql.elements import Grouping
 
 from hypermedia.db import tables as t
@@ -225,33 +226,7 @@ def complete_pg(dialect: str) -> Executable:
     def of(values: Any, job_id: Any) -> Any:
         return Grouping(values)[func.array_position(ids, sa_cast(job_id, Text))]
 
-    done = (
-        update(t.jobs)
-        .where(
-            ids_match(j.job_id, dialect),
-            j.claimed_by == bindparam("b_worker", type_=String),
-            guarded(j.status, JobEvent.COMPLETE),
-        )
-        .values(
-            status=after(JobEvent.COMPLETE).value,
-            completed_at=now,
-            visibility_timeout=None,
-            updated_at=now,
-            actual_millicredits=func.coalesce(of(actuals, j.job_id), j.estimated_millicredits),
-            error_code=None,
-            error_message=None,
-        )
-        .returning(
-            j.job_id,
-            j.queue,
-            j.priority,
-            j.user_id,
-            j.profile_id,
-            j.estimated_millicredits,
-            j.actual_millicredits,
-        )
-        .cte("done")
-    )
+    done = _complete_update(dialect, now, of(actuals, j.job_id)).cte("done")
     elapsed = func.extract("epoch", now - a.started_at) * 1000
     closed = (
         update(t.attempts)
@@ -311,8 +286,13 @@ def complete_pg(dialect: str) -> Executable:
 
 
 def complete(dialect: str) -> Executable:
+    return _complete_update(dialect, now_param(), bindparam("b_actual", type_=BigInteger))
+
+
+def _complete_update(dialect: str, now: Any, actual: Any) -> ReturningUpdate[Any]:
+    """processing -> completed for the batch this worker holds; ``actual`` is the
+    actual cost (NULL keeps the estimate)."""
     j = t.jobs.c
-    now = now_param()
     return (
         update(t.jobs)
         .where(
@@ -325,9 +305,7 @@ def complete(dialect: str) -> Executable:
             completed_at=now,
             visibility_timeout=None,
             updated_at=now,
-            actual_millicredits=func.coalesce(
-                bindparam("b_actual", type_=BigInteger), j.estimated_millicredits
-            ),
+            actual_millicredits=func.coalesce(actual, j.estimated_millicredits),
             error_code=None,
             error_message=None,
         )
