@@ -8,12 +8,17 @@ drops the databases and stops the servers it started.
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import logging
+import os
+import platform
 import secrets
 import statistics
+import subprocess
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -236,3 +241,44 @@ def redis_version(url: str) -> str:
         return str(client.info("server")["redis_version"])
     finally:
         client.close()
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run_metadata(meta: dict[str, Any], packages: Sequence[str]) -> dict[str, Any]:
+    """When, where and with what a benchmark ran: the head of every JSON report."""
+    versions = {}
+    for name in packages:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            versions[name] = importlib.metadata.version(name)
+    return {
+        "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "git": git_describe(),
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cores": os.cpu_count(),
+        "packages": versions,
+        **meta,
+    }
+
+
+def git_describe() -> str:
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return f"{commit}{'-dirty' if dirty else ''}"

@@ -20,19 +20,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.metadata
 import json
 import logging
 import os
-import platform
 import signal
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +40,7 @@ if __package__ in (None, ""):
 from rich.console import Console
 from rich.table import Table
 
-from bench import hm
+from bench import harness, hm
 from bench.harness import (
     Row,
     Sample,
@@ -513,51 +509,21 @@ def render(console: Console, result: dict[str, Any]) -> None:
 
 
 def metadata(result: dict[str, Any]) -> dict[str, Any]:
-    packages = {}
-    for name in (
-        "sqlalchemy",
-        "psycopg",
-        "redis",
-        "fastapi",
-        "uvicorn",
-        "httpx",
-        "procrastinate",
-        "rq",
-        "dramatiq",
-        "celery",
-    ):
-        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
-            packages[name] = importlib.metadata.version(name)
-    return {
-        "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "git": _git_describe(),
-        "python": platform.python_version(),
-        "machine": platform.machine(),
-        "cores": os.cpu_count(),
-        "packages": packages,
-        **result["meta"],
-    }
-
-
-def _git_describe() -> str:
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return f"{commit}{'-dirty' if dirty else ''}"
+    return harness.run_metadata(
+        result["meta"],
+        (
+            "sqlalchemy",
+            "psycopg",
+            "redis",
+            "fastapi",
+            "uvicorn",
+            "httpx",
+            "procrastinate",
+            "rq",
+            "dramatiq",
+            "celery",
+        ),
+    )
 
 
 def as_json(result: dict[str, Any]) -> dict[str, Any]:

@@ -25,20 +25,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.metadata
 import json
 import logging
 import os
-import platform
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +45,7 @@ if __package__ in (None, ""):
 from rich.console import Console
 from rich.table import Table
 
+from bench import harness
 from bench.drain import Drain
 from bench.harness import ScratchDatabases, percentile, redis_url, redis_version, start_redis
 from bench.hm_workers import MODES, WARMUP_JOBS, Hypermedia
@@ -522,40 +519,10 @@ def render(console: Console, result: dict[str, Any]) -> None:
 
 
 def metadata(result: dict[str, Any]) -> dict[str, Any]:
-    packages = {}
-    for name in ("ray", "sqlalchemy", "psycopg", "redis", "rq", "dramatiq", "celery"):
-        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
-            packages[name] = importlib.metadata.version(name)
-    return {
-        "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "git": _git_describe(),
-        "python": platform.python_version(),
-        "machine": platform.machine(),
-        "cores": os.cpu_count(),
-        "packages": packages,
-        **result["meta"],
-    }
-
-
-def _git_describe() -> str:
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return f"{commit}{'-dirty' if dirty else ''}"
+    return harness.run_metadata(
+        result["meta"],
+        ("ray", "sqlalchemy", "psycopg", "redis", "rq", "dramatiq", "celery"),
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
