@@ -70,6 +70,7 @@ from hypermedia.sandbox.inspect import InputLimits, Inspection, check_operation
 log = logging.getLogger(__name__)
 
 MAX_PARAMS_BYTES = 8192
+LIMIT_PREFIX = "max_"
 
 
 class SubmitRequest(BaseModel):
@@ -95,6 +96,14 @@ class SubmitRequest(BaseModel):
     def _small(cls, value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         if len(json.dumps(value)) > MAX_PARAMS_BYTES:
             raise ValueError(f"params must serialize to at most {MAX_PARAMS_BYTES} bytes")
+        for operation, params in value.items():
+            limits = sorted(k for k in params if k.startswith(LIMIT_PREFIX))
+            if limits:
+                # Limits (max_pixels, max_frames ...) are the operator's, set in the
+                # profile; a request may not raise them.
+                raise ValueError(
+                    f"params.{operation}.{limits[0]}: limits come from the profile, not the request"
+                )
         return value
 
     def fingerprint(self) -> str:

@@ -202,6 +202,10 @@ def test_bad_requests_are_refused_before_anything_is_written(engine, settings, m
             person.caller,
             SubmitRequest(object_id=big, operations=["ocr"], params={"thumbnail": {"width": 1}}),
         )
+    with pytest.raises(ValueError, match="limits come from the profile"):
+        SubmitRequest(
+            object_id=big, operations=["thumbnail"], params={"thumbnail": {"max_pixels": 10**12}}
+        )
     with pytest.raises(ValueError, match="operations must not repeat"):
         SubmitRequest(object_id=big, operations=["ocr", "ocr"])
     assert _count(stack.engine, t.jobs) == 0
