@@ -59,6 +59,9 @@ class Profile(BaseModel):
     cost_per_mb: float = Field(ge=0)
     timeout_seconds: int = Field(ge=1, le=24 * 3600)
     memory_limit_mb: int = Field(ge=16)
+    # Processes *and threads* of the job's child (RLIMIT_NPROC under its own uid):
+    # raise it for a thread-hungry tool (LibreOffice, onnxruntime).
+    max_processes: int = Field(default=16, ge=1, le=4096)
     max_input_bytes: int = Field(ge=1)
     max_attempts: int = Field(ge=1, le=100)
     default_priority: int = Field(ge=1, le=10)

@@ -239,6 +239,7 @@ class JobExecution:
                 job.params,
                 timeout_seconds=profile.timeout_seconds,
                 memory_limit_mb=profile.memory_limit_mb,
+                max_processes=profile.max_processes,
             )
             records = self._store(job, result.outputs)
         except ChildFailed as exc:
