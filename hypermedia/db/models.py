@@ -167,6 +167,7 @@ class ProcessingProfile(Base):
     cost_per_mb_millicredits: Mapped[int] = mapped_column(BigInteger)
     timeout_seconds: Mapped[int] = mapped_column(Integer)
     memory_limit_mb: Mapped[int] = mapped_column(Integer)
+    max_processes: Mapped[int] = mapped_column(Integer, default=16, server_default=text("16"))
     max_input_bytes: Mapped[int] = mapped_column(BigInteger)
     max_attempts: Mapped[int] = mapped_column(Integer)
     default_priority: Mapped[int] = mapped_column(Integer)

@@ -35,6 +35,7 @@ class ProfileRecord:
     max_attempts: int
     default_priority: int
     params: dict[str, Any]
+    max_processes: int = 16  # RLIMIT_NPROC of the job's child (threads count)
     # Input validation (hypermedia.sandbox.inspect): checked by ingest at submit.
     accepts: list[str] = field(default_factory=lambda: ["any"])
     input_limits: dict[str, Any] = field(default_factory=dict)
@@ -51,6 +52,7 @@ def _values(profile: Profile) -> dict[str, Any]:
         "cost_per_mb_millicredits": profile.cost_per_mb_millicredits,
         "timeout_seconds": profile.timeout_seconds,
         "memory_limit_mb": profile.memory_limit_mb,
+        "max_processes": profile.max_processes,
         "max_input_bytes": profile.max_input_bytes,
         "max_attempts": profile.max_attempts,
         "default_priority": profile.default_priority,

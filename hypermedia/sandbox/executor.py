@@ -423,6 +423,34 @@ class ChildExecutor:
         with self._lock:
             return sorted(self._running)
 
+    def job_processes(self) -> list[int]:
+        """Live processes (not zombies) running under one of the jobs' uids, anywhere on
+        the machine. Between jobs there are none: an operator's and the tests' leak check.
+        Empty when jobs get no uid of their own (then the process group is the bound)."""
+        uid_range = self.capabilities.get("uid_range")
+        if not uid_range:
+            return []
+        first, last = uid_range
+        found = []
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry.name}/status", encoding="ascii", errors="replace") as f:
+                    status = dict(line.split(":", 1) for line in f if ":" in line)
+            except OSError:
+                continue  # gone meanwhile
+            state = status.get("State", "X").split()[0]
+            uid = int(status.get("Uid", "0").split()[0])
+            if state not in ("Z", "X") and first <= uid <= last:
+                found.append(int(entry.name))
+        return sorted(found)
+
+    def workdirs(self) -> list[str]:
+        """Job workdirs that exist now (``prepare``d and not yet ``cleanup``ed)."""
+        jobs = self._jobs_root
+        return sorted(e.name for e in os.scandir(jobs)) if jobs.is_dir() else []
+
     @property
     def server_pid(self) -> int | None:
         server = self._server

@@ -207,6 +207,24 @@ class PipelineService:
 
         return os.getpid()
 
+    def health(self) -> dict[str, Any]:
+        """What this worker holds right now, for operators and leak checks: its pid, open
+        descriptors and threads, running jobs, job workdirs on disk and processes under
+        a job uid (the last two are empty between jobs)."""
+        import os
+        import threading
+
+        executor = self.executor
+        return {
+            "pid": os.getpid(),
+            "open_fds": len(os.listdir("/proc/self/fd")),
+            "threads": threading.active_count(),
+            "running": len(self.worker.execution.running()),
+            "workdirs": executor.workdirs() if hasattr(executor, "workdirs") else [],
+            "job_processes": executor.job_processes() if hasattr(executor, "job_processes") else [],
+            "sandbox": dict(getattr(executor, "capabilities", {})),
+        }
+
     def _close(self) -> None:
         self.executor.close()
         self.stack.close()

@@ -96,6 +96,7 @@ class Executor(Protocol):
         *,
         timeout_seconds: float,
         memory_limit_mb: int,
+        max_processes: int = ...,
     ) -> ChildResultLike: ...
 
     def cancel(self, job_id: str) -> bool: ...

@@ -58,6 +58,7 @@ class InProcessExecutor:
         *,
         timeout_seconds: float,
         memory_limit_mb: int,
+        max_processes: int = 16,  # not enforced in process (benchmark only)
     ) -> InProcessResult:
         workdir = self.workdir(job_id)
         started = time.monotonic()

@@ -1,0 +1,119 @@
+"""The shared corpus's MANIFEST (``../shared/corpus``, never copied here) and what the
+platform must do with each row: the operation a file gets, and the outcomes allowed
+where a verdict belongs at ingest. Used by the ingest test (tests/integration/
+test_input_validation.py) and the worker-path test (tests/integration/test_hostile_corpus.py).
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.api_support import corpus_images
+
+CORPUS = corpus_images().parent
+DIRECTORIES = ("hostile", "documents", "images", "media")
+ACCEPTED = "accepted"
+
+OPERATION_BY_KIND = {
+    "image": "thumbnail",
+    "pdf": "pdf_preview",
+    "ooxml-word": "docx_to_pdf",
+    "odf-text": "docx_to_pdf",
+    "msword": "docx_to_pdf",
+    "rtf": "docx_to_pdf",
+    "ooxml-sheet": "extract_text",
+    "ooxml-slides": "extract_text",
+    "odf-sheet": "extract_text",
+    "odf-slides": "extract_text",
+    "msexcel": "extract_text",
+    "mspowerpoint": "extract_text",
+    "text": "extract_text",
+    "html": "extract_text",
+    "video": "transcode_video",
+    "audio": "transcode_audio",
+}
+OPERATION_BY_NAME = {
+    **dict.fromkeys(
+        (".jpg", ".jpeg", ".png", ".gif", ".webp", ".tif", ".tiff", ".bmp", ".heic"), "thumbnail"
+    ),
+    **dict.fromkeys((".avif", ".svg", ".svgz", ".ico", ".jxl"), "thumbnail"),
+    ".pdf": "pdf_preview",
+    **dict.fromkeys((".docx", ".doc", ".odt", ".rtf", ".docm", ".fodt"), "docx_to_pdf"),
+    **dict.fromkeys((".xlsx", ".xlsm", ".pptx", ".pptm", ".ods", ".odp"), "extract_text"),
+    **dict.fromkeys((".mp4", ".mov", ".avi", ".mkv", ".webm"), "transcode_video"),
+    **dict.fromkeys((".mp3", ".m4a", ".wav", ".flac", ".ogg", ".mid"), "transcode_audio"),
+}
+
+# Reasons whose verdict belongs at ingest, and the code that says it.
+INGEST_CODES: dict[str, set[str]] = {
+    "macro": {"macro_document"},
+    "dde": {"macro_document"},
+    "encrypted": {"encrypted_document"},
+    "drm": {"encrypted_document"},
+    "zip-bomb": {"zip_bomb"},
+    "path-traversal": {"path_traversal"},
+    "xxe": {"unsafe_xml"},
+    "xml-bomb": {"unsafe_xml"},
+    "pixel-flood": {"pixel_limit"},
+    # The content is of another kind (mismatch) or of the right kind in a format the
+    # operation does not process (an SVG named .png, for thumbnail).
+    "type-mismatch": {"input_type_mismatch", "unsupported_format"},
+    "unsupported-type": {"unsupported_format"},
+    "empty": {"invalid_input"},
+}
+# Rows of reasons that are mostly the decoders' but that ingest can already tell.
+INGEST_FILES = {
+    "hostile/derived-polyglot-jpeg-docx.jpg": "polyglot_file",
+    "hostile/tika-testWORD_truncated.docx": "invalid_input",
+    "hostile/tika-droste.zip": "zip_bomb",
+    "hostile/derived-zipbomb.docx": "zip_bomb",
+    "hostile/pillow-decompression_bomb.gif": "pixel_limit",
+    "hostile/derived-svg-with-script-named.png": "unsupported_format",
+    "hostile/tika-testODTnotaZipFile.odt": "input_type_mismatch",
+    "hostile/derived-pdf-named.jpg": "input_type_mismatch",
+    "hostile/derived-png-named.pdf": "input_type_mismatch",
+    "hostile/derived-docx-named.pdf": "input_type_mismatch",
+    "hostile/derived-mp4-named.mp3": "input_type_mismatch",
+    "documents/pdfjs-empty_protected.pdf": "accepted",  # owner password only: it opens
+}
+
+
+@dataclass
+class Row:
+    path: str
+    kind: str
+    expected: str
+
+
+def manifest_rows(directories: tuple[str, ...] = DIRECTORIES) -> list[Row]:
+    with (CORPUS / "MANIFEST.tsv").open(newline="") as handle:
+        reader = csv.DictReader(handle, delimiter="\t", quoting=csv.QUOTE_NONE)
+        return [
+            Row(r["path"], r["kind"], r["expected"])
+            for r in reader
+            if r["path"].split("/", 1)[0] in directories
+        ]
+
+
+def operation_for(row: Row, detected: str) -> str:
+    by_name = OPERATION_BY_NAME.get(Path(row.path).suffix.lower())
+    if row.expected == "reject:type-mismatch" and by_name:
+        return by_name
+    return OPERATION_BY_KIND.get(detected) or by_name or "regenerate"
+
+
+def allowed(row: Row) -> set[str] | None:
+    """The outcomes allowed at ingest; None: accepted or any stable refusal."""
+    if row.path in INGEST_FILES:
+        return {INGEST_FILES[row.path]}
+    verdict, _, reason = row.expected.partition(":")
+    if verdict == "reject" and reason in INGEST_CODES:
+        return INGEST_CODES[reason]
+    if verdict == "valid" or row.expected.startswith("neutralize:"):
+        # Processed, or a clear refusal of a format the platform does not process.
+        return {ACCEPTED, "unsupported_format"}
+    if verdict == "sanitize":
+        return {ACCEPTED}
+    return None  # tolerate:*, and reject:* reasons the decoders judge
