@@ -62,6 +62,8 @@ class Profile(BaseModel):
     # Processes *and threads* of the job's child (RLIMIT_NPROC under its own uid):
     # raise it for a thread-hungry tool (LibreOffice, onnxruntime).
     max_processes: int = Field(default=16, ge=1, le=4096)
+    # The largest file a job may write (RLIMIT_FSIZE; 10 GB by default).
+    max_output_bytes: int = Field(default=10 * 1024**3, ge=1024)
     max_input_bytes: int = Field(ge=1)
     max_attempts: int = Field(ge=1, le=100)
     default_priority: int = Field(ge=1, le=10)

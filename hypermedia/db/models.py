@@ -168,6 +168,9 @@ class ProcessingProfile(Base):
     timeout_seconds: Mapped[int] = mapped_column(Integer)
     memory_limit_mb: Mapped[int] = mapped_column(Integer)
     max_processes: Mapped[int] = mapped_column(Integer, default=16, server_default=text("16"))
+    max_output_bytes: Mapped[int] = mapped_column(
+        BigInteger, default=10 * 1024**3, server_default=text(str(10 * 1024**3))
+    )
     max_input_bytes: Mapped[int] = mapped_column(BigInteger)
     max_attempts: Mapped[int] = mapped_column(Integer)
     default_priority: Mapped[int] = mapped_column(Integer)

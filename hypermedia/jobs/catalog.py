@@ -36,6 +36,7 @@ class ProfileRecord:
     default_priority: int
     params: dict[str, Any]
     max_processes: int = 16  # RLIMIT_NPROC of the job's child (threads count)
+    max_output_bytes: int = 10 * 1024**3  # RLIMIT_FSIZE: the largest file a job may write
     # Input validation (hypermedia.sandbox.inspect): checked by ingest at submit.
     accepts: list[str] = field(default_factory=lambda: ["any"])
     input_limits: dict[str, Any] = field(default_factory=dict)
@@ -53,6 +54,7 @@ def _values(profile: Profile) -> dict[str, Any]:
         "timeout_seconds": profile.timeout_seconds,
         "memory_limit_mb": profile.memory_limit_mb,
         "max_processes": profile.max_processes,
+        "max_output_bytes": profile.max_output_bytes,
         "max_input_bytes": profile.max_input_bytes,
         "max_attempts": profile.max_attempts,
         "default_priority": profile.default_priority,

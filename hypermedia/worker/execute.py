@@ -97,6 +97,7 @@ class Executor(Protocol):
         timeout_seconds: float,
         memory_limit_mb: int,
         max_processes: int = ...,
+        max_output_bytes: int = ...,
     ) -> ChildResultLike: ...
 
     def cancel(self, job_id: str) -> bool: ...
@@ -241,6 +242,7 @@ class JobExecution:
                 timeout_seconds=profile.timeout_seconds,
                 memory_limit_mb=profile.memory_limit_mb,
                 max_processes=profile.max_processes,
+                max_output_bytes=profile.max_output_bytes,
             )
             records = self._store(job, result.outputs)
         except ChildFailed as exc:

@@ -58,7 +58,8 @@ class InProcessExecutor:
         *,
         timeout_seconds: float,
         memory_limit_mb: int,
-        max_processes: int = 16,  # not enforced in process (benchmark only)
+        max_processes: int = 16,  # limits are not enforced in process (benchmark only)
+        max_output_bytes: int = 0,
     ) -> InProcessResult:
         workdir = self.workdir(job_id)
         started = time.monotonic()
