@@ -138,7 +138,7 @@ def pillow_input(path: Path, kind: str) -> ImageInput:
     except Image.DecompressionBombError as exc:
         # Pillow's own bomb guard (2 x Image.MAX_IMAGE_PIXELS), before our limits.
         raise PipelineError(
-            "input_too_large", f"{name} header declares too many pixels: {exc}"
+            "pixel_limit", f"{name} header declares too many pixels: {exc}"
         ) from exc
     except MemoryError:
         raise

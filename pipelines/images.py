@@ -9,7 +9,7 @@ Every step runs the same way:
 3. the header read by the decoder that will decode it (no pixels yet) and checked
    against the limits: ``max_source_pixels`` for what the header declares,
    ``max_pixels`` for what will be decoded (after JPEG shrink-on-load, times the frames
-   an animated output keeps), ``max_frames``; over a limit is ``input_too_large``;
+   an animated output keeps), ``max_frames``; over a limit is ``pixel_limit``;
 4. decoded, shrunk, turned upright (EXIF orientation), converted to 8-bit sRGB (or
    8-bit grey) through the embedded ICC profile or a CMYK fallback, alpha flattened
    onto white for JPEG, and re-encoded with all metadata stripped (EXIF, GPS, XMP,
@@ -121,14 +121,14 @@ def check_limits(header: Header, request: image_params.ImageRequest, animated: b
     declared = header.width * header.height
     if declared > request.max_source_pixels:
         raise PipelineError(
-            "input_too_large",
+            "pixel_limit",
             f"{header.width}x{header.height} = {declared:,} pixels is over the limit"
             f" of {request.max_source_pixels:,} (max_source_pixels)",
         )
     frames = header.frames if animated else 1
     if frames > request.max_frames:
         raise PipelineError(
-            "input_too_large",
+            "pixel_limit",
             f"{frames:,} frames is over the limit of {request.max_frames:,} (max_frames)",
         )
     shrink = jpeg_shrink(header, request) if header.jpeg_shrink else 1
@@ -137,7 +137,7 @@ def check_limits(header: Header, request: image_params.ImageRequest, animated: b
         scaled = f" at 1/{shrink} scale" if shrink > 1 else ""
         animation = f" x {frames:,} frames" if frames > 1 else ""
         raise PipelineError(
-            "input_too_large",
+            "pixel_limit",
             f"{header.width}x{header.height}{animation} decodes to {decoded:,} pixels"
             f"{scaled}, over the limit of {request.max_pixels:,} (max_pixels)",
         )

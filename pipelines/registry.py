@@ -15,7 +15,7 @@ different parameters must never share an output type, and the same request must
 always give the same one (a re-run overwrites the same key).
 
 Failures raise :class:`PipelineError` with a stable ``code`` (``unsupported_format``,
-``invalid_input``, ``input_too_large``, ``invalid_params`` ...) and whether a retry
+``invalid_input``, ``pixel_limit``, ``invalid_params`` ...) and whether a retry
 could help (``retryable``); anything else escaping a step is a bug, reported as
 ``pipeline_crashed``.
 """

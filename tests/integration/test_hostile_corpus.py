@@ -143,10 +143,12 @@ class Case:
 
 def _rewrite_zip(source: Path, target: Path, old: bytes, new: bytes) -> None:
     """A copy of an OOXML package with ``old`` replaced by ``new`` in every part."""
-    with zipfile.ZipFile(source) as zin, zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as zout:
-        for info in zin.infolist():
-            zout.writestr(info, zin.read(info).replace(old, new))
-        assert any(old in zin.read(i) for i in zin.infolist()), (source, old)
+    with zipfile.ZipFile(source) as zin:
+        parts = [(info.filename, zin.read(info)) for info in zin.infolist()]
+    assert any(old in data for _name, data in parts), (source, old)
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as zout:
+        for name, data in parts:
+            zout.writestr(name, data.replace(old, new))
 
 
 def canary_documents(directory: Path, port: int) -> list[Case]:
@@ -265,7 +267,7 @@ def data_paths(root: Path) -> list[str]:
 
 def test_hostile_and_image_corpus_through_the_workers(pg_engine, settings, tmp_path):
     rows = manifest_rows(("hostile", "images"))
-    assert len(rows) >= 200, f"the corpus is expected at {CORPUS}"
+    assert len(rows) >= 190, f"the corpus is expected at {CORPUS}"
     with canary_listener() as canary, ray_stack(settings, pg_engine, tmp_path, POOLS) as rs:
         person = make_user(rs.stack)
         cases = [Case(row, CORPUS / row.path) for row in rows]

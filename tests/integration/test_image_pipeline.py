@@ -6,10 +6,10 @@ Each file goes through the four steps with the default profiles' params
 - ``valid`` (and ``sanitize:filename``: good content, bad name): outputs that decode,
   in the requested format and size bound, 8-bit, metadata stripped; or
   ``unsupported_format`` for a type outside the documented list (README, "Supported
-  image formats"), or ``input_too_large`` for a full-size step on an image decoding to
+  image formats"), or ``pixel_limit`` for a full-size step on an image decoding to
   more than ``max_pixels``;
 - ``reject:*``: a :class:`PipelineError` with a clear code, never another exception;
-  ``pixel-flood`` must be ``input_too_large``. A ``type-mismatch`` row whose content is
+  ``pixel-flood`` must be ``pixel_limit``. A ``type-mismatch`` row whose content is
   a supported image is processed as what it is (dispatch on content, not name);
 - ``tolerate:*``: outputs or a clear refusal; ``neutralize:*``: processed without its
   payload, or refused.
@@ -43,7 +43,7 @@ STEPS: dict[str, dict[str, Any]] = {
     name: dict(PROFILES[name]["params"]) for name in ("thumbnail", "resize", "compress", "convert")
 }
 DEADLINE_SECONDS = 120
-CODES = {"unsupported_format", "invalid_input", "input_too_large"}
+CODES = {"unsupported_format", "invalid_input", "pixel_limit"}
 LOADERS = {
     "jpeg": "jpegload",
     "png": "pngload",
@@ -174,7 +174,7 @@ def _refusable_valid(path: Path):
     def allowed(step: str, code: str) -> bool:
         if code == "unsupported_format":
             return not supported or old_jpeg_tiff
-        if code == "input_too_large" and step in ("compress", "convert"):
+        if code == "pixel_limit" and step in ("compress", "convert"):
             return _header_pixels(path) > image_params.DEFAULT_MAX_PIXELS
         return False
 
@@ -205,7 +205,7 @@ def test_hostile_file(relative, tmp_path):
             # A real image under another type's name: processed as what it is.
             _check_file(relative, tmp_path, lambda step, code: False)
             return
-        wanted = {"input_too_large"} if expected == "reject:pixel-flood" else CODES
+        wanted = {"pixel_limit"} if expected == "reject:pixel-flood" else CODES
         outcomes: dict[str, Any] = {}
 
         def refused(step: str, code: str) -> bool:
@@ -466,9 +466,9 @@ def test_pixels_come_only_from_the_loader_the_type_calls_for():
 @pytest.mark.parametrize(
     ("name", "code", "message"),
     [
-        ("hostile/sharp-65536-uint32-limit.png", "input_too_large", "max_source_pixels"),
-        ("hostile/fuzzdb-lottapixel.jpg", "input_too_large", "max_source_pixels"),
-        ("hostile/libvips-17000x17000.avif", "input_too_large", "max_pixels"),
+        ("hostile/sharp-65536-uint32-limit.png", "pixel_limit", "max_source_pixels"),
+        ("hostile/fuzzdb-lottapixel.jpg", "pixel_limit", "max_source_pixels"),
+        ("hostile/libvips-17000x17000.avif", "pixel_limit", "max_pixels"),
         ("hostile/derived-polyglot-jpeg-docx.jpg", "invalid_input", "ZIP archive appended"),
         ("hostile/derived-pdf-named.jpg", "unsupported_format", "PDF document"),
         ("hostile/mutagen-emptyfile.mp3", "invalid_input", "empty"),
@@ -489,7 +489,7 @@ def test_refusals_say_why(name, code, message, tmp_path):
 def test_animation_over_the_frame_limit_is_refused_but_its_thumbnail_is_fine(tmp_path):
     path = CORPUS / "hostile/fuzzdb-uber.gif"  # 40,000 frames
     error = _refusal(path, tmp_path, "compress")
-    assert error.code == "input_too_large"
+    assert error.code == "pixel_limit"
     assert "max_frames" in error.message
     images.thumbnail(path, STEPS["thumbnail"], tmp_path / "thumb")
 

@@ -240,5 +240,5 @@ def test_limits(header, operation, animated, params, refused):
         return
     with pytest.raises(PipelineError) as caught:
         check_limits(header, request, animated)
-    assert caught.value.code == "input_too_large"
+    assert caught.value.code == "pixel_limit"
     assert f"({refused})" in caught.value.message
