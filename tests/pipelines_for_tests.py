@@ -131,6 +131,16 @@ def flood(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list[Ou
             out.flush()
 
 
+@register("test.flood_files")
+def flood_files(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list[Output]:
+    """Write 1 MB files without end, each far below any file size limit."""
+    chunk = b"\1" * (1024 * 1024)
+    for index in range(1_000_000):
+        with open(workdir / f"part-{index}.bin", "wb") as out:
+            out.write(chunk)
+    return []
+
+
 @register("test.fail")
 def fail(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list[Output]:
     raise PipelineError(params["code"], params["message"], retryable=params["retryable"])

@@ -299,6 +299,12 @@ class ChildExecutor:
             max_processes=max_processes,
         )
         workdir = self.workdir(job_id)
+        # The job may write max_output_bytes in one file (RLIMIT_FSIZE) and in all of
+        # them, beside its input (the fork server measures the workdir).
+        try:
+            disk_budget = limits.max_output_bytes + Path(input_path).stat().st_size
+        except OSError:
+            disk_budget = limits.max_output_bytes
         if not workdir.is_dir():
             raise ValueError(f"no workdir for job {job_id!r}: call prepare() first")
         absolute_input = Path(os.path.normpath(Path(input_path).absolute()))
@@ -330,7 +336,8 @@ class ChildExecutor:
                     own_uid = bool(server.capabilities.get("own_uid"))
                     request["rlimits"] = limits.rlimits(own_uid=own_uid)
                     body = marshal.dumps(request)
-                    message = forkserver.REQUEST.pack(limits.wall_clock_seconds) + body
+                    header = forkserver.REQUEST.pack(limits.wall_clock_seconds, disk_budget)
+                    message = header + body
                     try:
                         server.submit(message, running)
                     except OSError as exc:

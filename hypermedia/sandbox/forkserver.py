@@ -119,20 +119,30 @@ RESULT_CAP = 64 * 1024  # a child's result: ~400 outputs
 MESSAGE_CAP = 256 * 1024  # any message on the control socket
 CHILD_LOG = ".child.log"
 SWEEP_INTERVAL = 1.0
+DISK_INTERVAL = 0.25  # between measurements of running jobs' workdirs
+DISK_MAX_ENTRIES = 100_000  # a workdir with more files than this is over its budget
 KILLER_TIMEOUT = 2.0  # a killer not done by then was stopped by its targets: another one
 KILLER_INTERVAL = 0.02  # between killers for one uid whose processes are still dying
 RESULT_FD = 3
 DEFAULT_SPARES = 4
 
 # Binary messages: a kind byte, then fixed fields.
-REQUEST = struct.Struct("<d")  # wall clock seconds; the marshal'ed request follows
+REQUEST = struct.Struct("<dq")  # wall clock seconds, disk budget bytes (0: none); the
+#                                 marshal'ed request follows
 UID = struct.Struct("<I")  # server -> spare: the job's uid (0: none); the request follows
 STARTED = struct.Struct("<ci")  # b"S", pid
 EXITED = struct.Struct("<ciiicIqd")  # b"X", pid, exit code, signal, killed_for,
 #                                      duration ms, max RSS kB, CPU seconds
 CANCEL = b"C"
 FAILED = b"F"  # followed by the error text
-KILLED_FOR = {None: b"-", "timeout": b"t", "cancelled": b"c", "shutdown": b"s", "abandoned": b"a"}
+KILLED_FOR = {
+    None: b"-",
+    "timeout": b"t",
+    "disk": b"d",
+    "cancelled": b"c",
+    "shutdown": b"s",
+    "abandoned": b"a",
+}
 KILLED_FOR_NAMES = {code: name for name, code in KILLED_FOR.items()}
 
 _PR_SET_PDEATHSIG = 1
@@ -357,6 +367,7 @@ class _Spare:
 class _Job:
     __slots__ = (
         "deadline",
+        "disk_budget",
         "ended",
         "killed_for",
         "pid",
@@ -366,10 +377,18 @@ class _Job:
         "status",
         "uid",
         "usage",
+        "workdir",
     )
 
     def __init__(
-        self, pid: int, pidfd: int, reply: socket.socket, deadline: float, uid: int
+        self,
+        pid: int,
+        pidfd: int,
+        reply: socket.socket,
+        deadline: float,
+        uid: int,
+        workdir: str = "",
+        disk_budget: int = 0,
     ) -> None:
         self.pid = pid
         self.pidfd = pidfd
@@ -377,6 +396,8 @@ class _Job:
         self.started = time.monotonic()
         self.deadline = deadline
         self.uid = uid
+        self.workdir = workdir
+        self.disk_budget = disk_budget
         self.killed_for: str | None = None
         self.ended = 0.0
         self.status = 0
@@ -422,6 +443,7 @@ class _Server:
         self.sequence = 0
         self.stopping = False
         self.last_sweep = 0.0
+        self.next_disk_check = 0.0
         self.sweep_due = False
         self.refilling = spares > 0
         self.spare_failures = 0
@@ -460,6 +482,9 @@ class _Server:
                     self._kill(job, "timeout")
             if self.killers:
                 self._check_killers(now)
+            if now >= self.next_disk_check and self._budgeted():
+                self._check_disks()
+                self.next_disk_check = now + DISK_INTERVAL
             if self.settling:
                 self._settle(now)
             if self.sweep_due and now - self.last_sweep >= SWEEP_INTERVAL:
@@ -480,6 +505,8 @@ class _Server:
             waits.append(KILLER_INTERVAL)
         if self.killers:
             waits.append(min(killer.deadline for killer in self.killers.values()) - now)
+        if self._budgeted():
+            waits.append(self.next_disk_check - now)
         return max(0.0, min(waits)) if waits else -1
 
     def _stop(self) -> None:
@@ -570,7 +597,11 @@ class _Server:
             return
         reply = socket.socket(fileno=fds[0])
         result_fd = fds[1]
-        (wall_clock,) = REQUEST.unpack_from(data)
+        wall_clock, disk_budget = REQUEST.unpack_from(data)
+        workdir = ""
+        if disk_budget > 0:
+            request = marshal.loads(data[REQUEST.size :])  # noqa: S302 - from the executor
+            workdir = str(request["workdir"])
         uid = 0
         if self.sandbox.own_uid:
             if not self.free_uids:
@@ -608,7 +639,8 @@ class _Server:
             reply.close()
             return
         spare.channel.close()
-        job = _Job(spare.pid, spare.pidfd, reply, time.monotonic() + wall_clock, uid)
+        deadline = time.monotonic() + wall_clock
+        job = _Job(spare.pid, spare.pidfd, reply, deadline, uid, workdir, disk_budget)
         self.jobs[job.pid] = job
         self.by_fd[job.pidfd] = job
         self.by_fd[reply.fileno()] = job
@@ -633,6 +665,26 @@ class _Server:
             self._kill(job, "abandoned")
         elif data == CANCEL:
             self._kill(job, "cancelled")
+
+    # -- disk budgets
+
+    def _budgeted(self) -> bool:
+        return any(job.disk_budget > 0 and job.killed_for is None for job in self.jobs.values())
+
+    def _check_disks(self) -> None:
+        """Kill every running job whose workdir holds more than its disk budget.
+
+        ``RLIMIT_FSIZE`` bounds one file; this bounds them all (many files under the
+        limit each would fill the disk otherwise). Measured every ``DISK_INTERVAL``,
+        so a job may pass its budget by what it writes in that time.
+        """
+        for job in list(self.jobs.values()):
+            if (
+                job.disk_budget > 0
+                and job.killed_for is None
+                and disk_usage(job.workdir, DISK_MAX_ENTRIES) > job.disk_budget
+            ):
+                self._kill(job, "disk")
 
     # -- ending jobs
 
@@ -808,6 +860,33 @@ class _Server:
                 return
             if pid == 0:
                 time.sleep(0.01)
+
+
+def disk_usage(root: str, max_entries: int) -> int:
+    """Bytes of disk the files under ``root`` take (allocated blocks: a sparse file
+    costs what it holds), symlinks not followed. More than ``max_entries`` entries:
+    a number larger than any budget."""
+    total = 0
+    entries = 0
+    pending = [root]
+    while pending:
+        try:
+            scan = os.scandir(pending.pop())
+        except OSError:
+            continue  # gone, or not a directory any more
+        with scan:
+            for entry in scan:
+                entries += 1
+                if entries > max_entries:
+                    return 1 << 62
+                try:
+                    info = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                total += info.st_blocks * 512
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append(entry.path)
+    return total
 
 
 def _children(parent: int) -> list[int]:

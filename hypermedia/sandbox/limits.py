@@ -29,6 +29,10 @@ wall clock, which kills the job's whole process group.
 
 The wall clock (``timeout_seconds`` * 1.5) is enforced by the fork server, not by
 an rlimit: it also catches a job that sleeps or waits, which ``RLIMIT_CPU`` does not.
+So is the disk budget: ``RLIMIT_FSIZE`` bounds each file, and the fork server kills
+a job whose workdir holds more than ``max_output_bytes`` beside its input (measured
+every 0.25 s: ``output_limit``), so that many files under the limit each cannot fill
+the disk.
 """
 
 from __future__ import annotations

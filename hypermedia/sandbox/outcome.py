@@ -8,6 +8,8 @@ how the child ended                code                     retryable
 =================================  =======================  =========
 killed by us: ``cancel()``         ``cancelled``            no
 killed by us: wall clock           ``timeout``              yes
+killed by us: the workdir outgrew  ``output_limit``         no
+its disk budget
 killed by us: executor closing     ``child_killed``         yes
 SIGXCPU, or SIGKILL at the hard    ``cpu_limit``            no
 ``RLIMIT_CPU`` limit
@@ -78,7 +80,7 @@ class ExitReport:
     pid: int
     exit_code: int | None
     signal: int | None
-    killed_for: str | None  # "timeout" | "cancelled" | "shutdown" | "abandoned" | None
+    killed_for: str | None  # "timeout" | "disk" | "cancelled" | "shutdown" | "abandoned" | None
     duration_ms: int
     maxrss_kb: int
     cpu_seconds: float
@@ -102,6 +104,12 @@ def interpret(
     if signum == signal.SIGKILL and report.killed_for is not None:
         if report.killed_for == "cancelled":
             raise ChildFailed("cancelled", "the job was cancelled", retryable=False)
+        if report.killed_for == "disk":
+            raise ChildFailed(
+                "output_limit",
+                "the job's files outgrew its disk budget (max_output_bytes)",
+                retryable=False,
+            )
         if report.killed_for == "timeout":
             raise ChildFailed(
                 "timeout",

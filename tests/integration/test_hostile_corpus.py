@@ -338,6 +338,7 @@ ATTACKS: list[tuple[str, dict[str, Any], set[str]]] = [
     ("test.spin", {}, {"cpu_limit", "timeout"}),
     ("test.fork_bomb", {}, {"process_limit"}),
     ("test.flood", {}, {"output_limit"}),
+    ("test.flood_files", {}, {"output_limit"}),
 ]
 
 

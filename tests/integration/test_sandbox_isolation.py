@@ -407,6 +407,17 @@ def test_a_disk_flood_stops_at_the_file_size_limit(executor, job_id):
     assert (executor.workdir(job_id) / "flood.bin").stat().st_size == 8 * MB
 
 
+def test_a_disk_flood_across_many_files_stops_at_the_disk_budget(executor, job_id):
+    """Each file far below RLIMIT_FSIZE, together over max_output_bytes: the fork
+    server measures the workdir and kills the job soon after it passes the budget."""
+    exc = failure(executor, job_id, "test.flood_files", max_output_bytes=32 * MB)
+    assert (exc.code, exc.retryable) == ("output_limit", False)
+    assert "disk budget" in exc.message
+    written = sum(p.stat().st_size for p in executor.workdir(job_id).glob("part-*.bin"))
+    # Over the budget, by at most what a job writes in one measuring interval.
+    assert 32 * MB < written < 32 * MB + 2048 * MB
+
+
 # -- afterwards ------------------------------------------------------------------------
 
 
@@ -430,6 +441,7 @@ def test_after_every_attack_nothing_is_left(tmp_path):
         ("test.allocate", {"mb": 8192}, {"memory_limit_mb": 256}, "memory_limit"),
         ("test.spin", {"threads": 2}, {"timeout_seconds": 2}, "cpu_limit"),
         ("test.flood", {}, {"max_output_bytes": 4 * MB}, "output_limit"),
+        ("test.flood_files", {}, {"max_output_bytes": 4 * MB}, "output_limit"),
         ("test.sleep", {"seconds": 60, "children": 3}, {"timeout_seconds": 0.5}, "timeout"),
         ("test.escape", {}, {}, None),
         ("test.connect", {"targets": [["127.0.0.1", port]]}, {}, None),
