@@ -15,7 +15,7 @@ SIGXCPU, or SIGKILL at the hard    ``cpu_limit``            no
 ``RLIMIT_CPU`` limit
 SIGXFSZ                            ``output_limit``         no
 SIGSEGV, SIGBUS, SIGABRT, SIGILL,  ``pipeline_crashed``     no
-SIGFPE, SIGSYS
+SIGFPE, SIGSYS, SIGTRAP
 any other signal (``kill -9``      ``child_killed``         yes
 from outside, the OOM killer)
 exit 0 with a result               the step's outputs, or its error as the child
@@ -52,8 +52,18 @@ from pipelines.registry import Output
 
 SANDBOX_FAILED = 72  # a child's exit status: it could not enter its sandbox (EX_OSFILE)
 
+# SIGTRAP: a library's deliberate crash on a fatal check (PDFium's, when an allocation
+# fails under RLIMIT_AS): the same input under the same limits does it again.
 _CRASH_SIGNALS = frozenset(
-    {signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT, signal.SIGILL, signal.SIGFPE, signal.SIGSYS}
+    {
+        signal.SIGSEGV,
+        signal.SIGBUS,
+        signal.SIGABRT,
+        signal.SIGILL,
+        signal.SIGFPE,
+        signal.SIGSYS,
+        signal.SIGTRAP,
+    }
 )
 
 
