@@ -70,6 +70,7 @@ INGEST_FILES = {
     "hostile/tika-droste.zip": "zip_bomb",
     "hostile/derived-zipbomb.docx": "zip_bomb",
     "hostile/pillow-decompression_bomb.gif": "pixel_limit",
+    "hostile/pdfjs-bomb_giant.pdf": "pixel_limit",  # JBIG2 page of 100000x100000
     "hostile/derived-svg-with-script-named.png": "unsupported_format",
     "hostile/tika-testODTnotaZipFile.odt": "input_type_mismatch",
     "hostile/derived-pdf-named.jpg": "input_type_mismatch",

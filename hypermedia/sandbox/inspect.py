@@ -228,6 +228,8 @@ def _look_inside(
             details["encrypted"] = facts.encrypted
         if facts.pages is not None:
             details["pages"] = facts.pages
+        if facts.largest_image is not None:
+            details["largest_image"] = list(facts.largest_image)
     elif found.format in ("zip", "ole"):
         container = (office.inspect_zip if found.format == "zip" else office.inspect_ole)(source)
         details["label"] = container.label
@@ -434,6 +436,17 @@ def _check_limits(inspection: Inspection, limits: InputLimits, about: dict[str, 
                 **about,
                 pixels=decoded,
                 limit=limits.max_pixels,
+            )
+    largest = d.get("largest_image")
+    if inspection.kind == "pdf" and isinstance(largest, list) and len(largest) == 2:
+        declared = int(largest[0]) * int(largest[1])
+        if limits.max_source_pixels is not None and declared > limits.max_source_pixels:
+            raise PixelLimit(
+                f"{inspection.label} declares a {largest[0]}x{largest[1]} image ="
+                f" {declared:,} pixels, over the limit of {limits.max_source_pixels:,}",
+                **about,
+                pixels=declared,
+                limit=limits.max_source_pixels,
             )
     pages = d.get("pages")
     if isinstance(pages, int) and limits.max_pages is not None and pages > limits.max_pages:

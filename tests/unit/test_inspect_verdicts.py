@@ -585,3 +585,48 @@ def test_pdf_verdicts():
 def test_pdf_literal_strings_unescape():
     parsed = pdf._parse_object(rb"<< /O (a\)b\\c\101\n(nested)) /N 1 0 R /B true >>")
     assert parsed == {"O": b"a)b\\cA\n(nested)", "N": ("ref", 1, 0), "B": True}
+
+
+def _pdf_with(stream_dict: bytes, stream: bytes) -> bytes:
+    return (
+        b"%PDF-1.4\n1 0 obj << /Type /Pages /Count 1 >> endobj\n"
+        b"2 0 obj " + stream_dict + b"\nstream\n" + stream + b"\nendstream\nendobj\n%%EOF\n"
+    )
+
+
+def _jbig2_page(width: int, height: int, number: int = 0, long_page: bool = False) -> bytes:
+    flags = 48 | (0x40 if long_page else 0)
+    page = (1).to_bytes(4 if long_page else 1, "big")
+    data = width.to_bytes(4, "big") + height.to_bytes(4, "big") + bytes(11)
+    return (
+        number.to_bytes(4, "big") + bytes([flags, 0]) + page + len(data).to_bytes(4, "big") + data
+    )
+
+
+@pytest.mark.parametrize(
+    ("stream_dict", "stream", "largest"),
+    [
+        (b"<< /Length 40 /Filter /JBIG2Decode >>", _jbig2_page(100_000, 100_000), [100_000] * 2),
+        (
+            b"<< /Filter /JBIG2Decode /Length 40 >>",
+            _jbig2_page(640, 480, long_page=True),
+            [640, 480],
+        ),
+        # Not a page information segment first (type 0: symbol dictionary): no size.
+        (b"<< /Filter /JBIG2Decode >>", bytes([0, 0, 0, 0, 0, 0, 1]) + bytes(30), None),
+        (b"<< /Type /XObject /Subtype /Image /Width 30000 /Height 20000 >>", b"", [30000, 20000]),
+        (b"<< /Subtype /Image /Height 7 /BitsPerComponent 8 /Width 9 >>", b"", [9, 7]),
+    ],
+)
+def test_pdf_declared_images(stream_dict, stream, largest):
+    found = inspect(_pdf_with(stream_dict, stream)).details.get("largest_image")
+    assert found == largest
+
+
+def test_a_pdf_declaring_a_giant_image_is_over_max_source_pixels():
+    bomb = inspect(_pdf_with(b"<< /Filter /JBIG2Decode >>", _jbig2_page(100_000, 100_000)))
+    limits = InputLimits(max_source_pixels=1_000_000_000)
+    with pytest.raises(errors.PixelLimit, match="100000x100000 image"):
+        check_operation(bomb, "pdf_preview", ["pdf"], limits)
+    fine = inspect(_pdf_with(b"<< /Subtype /Image /Width 2480 /Height 3507 >>", b""))
+    check_operation(fine, "pdf_preview", ["pdf"], limits)

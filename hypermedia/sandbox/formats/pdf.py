@@ -36,6 +36,15 @@ _STARTXREF = re.compile(rb"startxref\s+(\d+)")
 _PAGES_NODE = re.compile(rb"/Type\s*/Pages(?![A-Za-z])")
 _COUNT = re.compile(rb"/Count\s+(\d+)")
 _LINEARIZED_PAGES = re.compile(rb"/Linearized\s.{0,200}?/N\s+(\d+)", re.S)
+# An image's declared size: /Width and /Height in one dictionary (either order).
+_IMAGE_SIZE = re.compile(
+    rb"/Width\s+(\d{1,12})(?![\d.])[^>]{0,400}?/Height\s+(\d{1,12})(?![\d.])"
+    rb"|/Height\s+(\d{1,12})(?![\d.])[^>]{0,400}?/Width\s+(\d{1,12})(?![\d.])",
+    re.S,
+)
+# A JBIG2 stream: its first segment should be a page information segment (type 48)
+# that declares the page's size, which is what a JBIG2 decoder allocates.
+_JBIG2_STREAM = re.compile(rb"/JBIG2Decode[^>]{0,400}?>>\s*stream\r?\n", re.S)
 _PADDING = bytes.fromhex("28bf4e5e4e758a4164004e56fffa01082e2e00b6d0683e802f0ca9fe6453697a")
 
 
@@ -43,11 +52,51 @@ _PADDING = bytes.fromhex("28bf4e5e4e758a4164004e56fffa01082e2e00b6d0683e802f0ca9
 class PdfFacts:
     encrypted: str | None  # how it is protected when it cannot be opened, or None
     pages: int | None
+    # The largest image the scanned part declares (image dictionaries, JBIG2 page
+    # information): (width, height), or None.
+    largest_image: tuple[int, int] | None = None
 
 
 def analyze(source: Source) -> PdfFacts:
     regions = _regions(source)
-    return PdfFacts(_encryption(source, regions), _pages(regions))
+    return PdfFacts(_encryption(source, regions), _pages(regions), _largest_image(regions))
+
+
+def _largest_image(regions: list[bytes]) -> tuple[int, int] | None:
+    """The declared image of most pixels in ``regions``: what a decoder would allocate
+    for it, read before any stream is decoded (compressed object streams are not
+    looked into: PDFium bounds its bitmaps itself, this is for what stands in plain)."""
+    sizes: list[tuple[int, int]] = []
+    for region in regions:
+        for match in _IMAGE_SIZE.finditer(region):
+            w, h, h2, w2 = match.groups()
+            sizes.append((int(w or w2), int(h or h2)))
+        for match in _JBIG2_STREAM.finditer(region):
+            page = _jbig2_page_size(region[match.end() : match.end() + 64])
+            if page is not None:
+                sizes.append(page)
+    return max(sizes, key=lambda s: s[0] * s[1], default=None)
+
+
+def _jbig2_page_size(data: bytes) -> tuple[int, int] | None:
+    """Width and height from a JBIG2 embedded stream's leading page information segment
+    (ITU T.88 7.2: number, flags, referred-to segments, page association, length)."""
+    if len(data) < 6:
+        return None
+    flags = data[4]
+    if flags & 0x3F != 48:  # not a page information segment
+        return None
+    referred = data[5] >> 5
+    if referred == 7:  # the long form: not in a first segment
+        return None
+    number = int.from_bytes(data[:4], "big")
+    per_reference = 1 if number <= 256 else 2 if number <= 65536 else 4
+    offset = 6 + referred * per_reference + (4 if flags & 0x40 else 1) + 4
+    if len(data) < offset + 8:
+        return None
+    width = int.from_bytes(data[offset : offset + 4], "big")
+    height = int.from_bytes(data[offset + 4 : offset + 8], "big")
+    return width, height
 
 
 def _regions(source: Source) -> list[bytes]:
