@@ -1,0 +1,671 @@
+"""Media steps on FFmpeg: ``transcode_video`` (MP4, H.264 + AAC) and ``transcode_audio``.
+
+Both steps run the same way:
+
+1. parameters validated (:func:`video_request`, :func:`audio_request`) before the file
+   is opened; unknown keys and bad values are ``invalid_params``;
+2. the container sniffed from the first bytes (:func:`detect`), never the name, and
+   mapped to the FFmpeg demuxer that will read it. FFmpeg is never asked to guess: a
+   guessing FFmpeg reads a playlist saved as ``.mp4`` as HLS and fetches what it names.
+   Every FFmpeg call names the demuxer (``-f``), allows that demuxer only
+   (``-format_whitelist``) and local files only (``-protocol_whitelist file``), and
+   gets the input as ``file:/abs/path`` so nothing in it is read as an option or a URL.
+   A MIDI file (notes, no samples) or anything not audio/video is
+   ``unsupported_format``; an empty file is ``invalid_input``;
+3. probed with ffprobe (JSON): a container it cannot open is ``invalid_input``; a
+   DRM-protected track (FairPlay ``drms``, Common Encryption ``enca``/``encv`` ...) is
+   ``encrypted_document``; no video stream for ``transcode_video`` (cover art does not
+   count) or no audio stream for ``transcode_audio`` is ``no_streams`` (the message
+   says which operation fits instead); a stated duration over ``max_duration_seconds``
+   is ``duration_limit`` and a stated duration of zero is ``invalid_input`` ("no
+   samples");
+4. transcoded by ffmpeg into the workdir, metadata and chapters dropped, one thread
+   per codec and filter graph (the sandbox's ``RLIMIT_NPROC`` counts threads). The
+   output is cut at ``max_duration_seconds`` + 1 s, so an input whose header did not
+   state its length still cannot run for hours; an output longer than the limit is
+   ``duration_limit``;
+5. the output probed again: it must hold the encoded stream and last longer than
+   zero, else ``invalid_input`` ("no samples": nothing could be decoded).
+
+ffmpeg's own failures become ``invalid_input`` with the last lines it printed (our
+paths replaced); its deaths by rlimit keep the sandbox's codes: ``cpu_limit``
+(``RLIMIT_CPU``: SIGXCPU, on which ffmpeg stops and exits 255, or SIGKILL),
+``output_limit`` (SIGXFSZ) and ``memory_limit`` (``RLIMIT_AS``: "Cannot allocate
+memory", or too little address space to even map its libraries; 512 MB was enough
+for a 4K H.264 input to 720p, 256 MB is not).
+
+Output types carry every parameter that changes the output::
+
+    video-h264-720p-crf23.mp4     audio-aac-128k.m4a   audio-opus-96k.ogg
+    audio-mp3-192k.mp3
+
+``height`` is the largest height: smaller inputs keep theirs (never upscaled) and
+dimensions are rounded to even numbers (H.264 4:2:0 needs them). The limits
+(``max_duration_seconds``) decide whether there is an output, never what it is, so
+they are not in the name. Job params are the profile's ``params`` merged with the
+request's, and a request may not send ``max_*`` keys: the profile's ``[limits]``
+(checked at submit from the headers) are not passed down, so the defaults here equal
+them (7200 s video, 14400 s audio) and a profile may set ``max_duration_seconds`` in
+its ``params`` to change what the step enforces. A video's sound is AAC at 128 kbit/s;
+every output is mono or stereo. A tool that cannot even be started (fork refused by
+``RLIMIT_NPROC``) is ``tool_unavailable``, retryable.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+import resource
+import shutil
+import signal
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from pipelines import sniff
+from pipelines.registry import Output, PipelineError, register
+
+log = logging.getLogger(__name__)
+
+# The profiles' limits (etc/profiles.toml, [profiles.transcode_*.limits]); a profile's
+# params may carry ``max_duration_seconds`` to change them.
+DEFAULT_MAX_VIDEO_SECONDS = 7200.0
+DEFAULT_MAX_AUDIO_SECONDS = 14400.0
+LIMIT_KEY = "max_duration_seconds"
+
+DEFAULT_HEIGHT = 720
+MIN_HEIGHT, MAX_HEIGHT = 16, 4320
+DEFAULT_CRF = 23
+DEFAULT_BITRATE_KBPS = 128
+MIN_BITRATE_KBPS, MAX_BITRATE_KBPS = 32, 320
+# How much past the limit an output may be cut (see step 4 of the module docstring).
+_LIMIT_SLACK_SECONDS = 1.0
+# The last lines of ffmpeg's messages kept for the user, at most this long.
+_MAX_MESSAGE = 400
+# What FFmpeg and its libraries print when RLIMIT_AS bites (lower case).
+_OUT_OF_MEMORY = (
+    "cannot allocate memory",
+    "failed to map segment",
+    "malloc of size",
+    "out of memory",
+)
+_CONTEXT = re.compile(r"\[([\w,]+) @ 0x[0-9a-f]+\]")
+
+# Sample entries of protected tracks, as ffprobe reports them in codec_tag_string.
+_PROTECTED_TAGS = {"drms", "drmi", "drma", "drmv", "enca", "encv", "enct", "encs", "p608"}
+
+
+# -- what the input is ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Container:
+    """A sniffed media container: the FFmpeg demuxer that reads it, a label for people."""
+
+    demuxer: str
+    label: str
+
+
+def _container(head: bytes) -> Container | None:
+    """The media container whose first bytes are ``head``, ``None`` if not media."""
+    if head[4:8] == b"ftyp":
+        if sniff.sniff(head).kind in ("video", "isobmff"):
+            return Container("mov", "MP4/QuickTime media")
+        return None  # AVIF, HEIC, JPEG XL, camera raw: images in ISO media boxes
+    if head[4:8] in (b"moov", b"mdat", b"wide", b"free", b"skip", b"pnot") and len(head) >= 8:
+        return Container("mov", "QuickTime movie")
+    if head.startswith(b"ID3"):
+        return _after_id3(head)
+    for prefix, container in _PREFIXES:
+        if head.startswith(prefix):
+            return container
+    if head[:4] in (b"RIFF", b"RF64") and head[8:12] == b"WAVE":
+        return Container("wav", "WAV audio")
+    if head[:4] == b"RIFF" and head[8:12] == b"AVI ":
+        return Container("avi", "AVI video")
+    if head[:4] == b"FORM" and head[8:12] in (b"AIFF", b"AIFC"):
+        return Container("aiff", "AIFF audio")
+    if len(head) >= 6 and head[4:6] in (b"\x11\xaf", b"\x12\xaf"):
+        return Container("flic", "Autodesk FLIC animation")
+    if len(head) > 376 and head[0] == head[188] == head[376] == 0x47:
+        return Container("mpegts", "MPEG transport stream")
+    return _audio_frames(head)
+
+
+_PREFIXES: list[tuple[bytes, Container]] = [
+    (b"\x1a\x45\xdf\xa3", Container("matroska", "Matroska/WebM media")),
+    (b"fLaC", Container("flac", "FLAC audio")),
+    (b"OggS", Container("ogg", "Ogg media")),
+    (b"FLV\x01", Container("flv", "Flash video")),
+    (bytes.fromhex("3026b2758e66cf11a6d900aa0062ce6c"), Container("asf", "Windows Media (ASF)")),
+    (b".snd", Container("au", "Sun/NeXT audio")),
+    (b"wvpk", Container("wv", "WavPack audio")),
+    (b"\x00\x00\x01\xba", Container("mpeg", "MPEG program stream")),
+    (b"\x0b\x77", Container("ac3", "AC-3 audio")),
+]
+
+
+def _after_id3(head: bytes) -> Container:
+    """An ID3v2 tag is MP3's, but FLAC and raw AAC are sometimes tagged too."""
+    if len(head) >= 10:
+        size = 0
+        for byte in head[6:10]:
+            size = (size << 7) | (byte & 0x7F)
+        rest = head[10 + size :]
+        if rest.startswith(b"fLaC"):
+            return Container("flac", "FLAC audio")
+        framed = _audio_frames(rest)
+        if framed is not None and framed.demuxer == "aac":
+            return framed
+    return Container("mp3", "MP3 audio")
+
+
+def _audio_frames(head: bytes) -> Container | None:
+    """Raw MPEG audio (MP3 frames) or ADTS AAC, by the frame sync of the first frame."""
+    if len(head) < 4 or head[0] != 0xFF or head[1] & 0xE0 != 0xE0:
+        return None
+    layer = (head[1] >> 1) & 0x3
+    if layer == 0:
+        return Container("aac", "AAC audio (ADTS)") if head[1] & 0xF6 == 0xF0 else None
+    bitrate_index, rate_index = head[2] >> 4, (head[2] >> 2) & 0x3
+    if (head[1] >> 3) & 0x3 == 1 or bitrate_index == 0xF or rate_index == 0x3:
+        return None  # reserved MPEG version, bad bitrate or bad sample rate
+    return Container("mp3", "MP3 audio")
+
+
+def detect(path: Path) -> Container:
+    """The container of ``path`` by content, refused unless it is media FFmpeg may read."""
+    with path.open("rb") as file:
+        head = file.read(sniff.HEAD_BYTES)
+    if not head:
+        raise PipelineError("invalid_input", "the input file is empty")
+    if head.startswith(b"MThd"):
+        raise PipelineError(
+            "unsupported_format",
+            "a MIDI file holds notes, not audio samples: there is nothing to transcode",
+        )
+    container = _container(head)
+    if container is None:
+        raise PipelineError(
+            "unsupported_format", f"{sniff.sniff(head).label} is not an audio or video file"
+        )
+    return container
+
+
+# -- parameters -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class VideoRequest:
+    height: int
+    crf: int
+    max_seconds: float
+
+    @property
+    def output_type(self) -> str:
+        return f"video-h264-{self.height}p-crf{self.crf}.mp4"
+
+
+@dataclass(frozen=True, slots=True)
+class AudioCodec:
+    name: str
+    encoder: str
+    muxer: str
+    extension: str
+    content_type: str
+
+
+AUDIO_CODECS: dict[str, AudioCodec] = {
+    "aac": AudioCodec("aac", "aac", "ipod", "m4a", "audio/mp4"),
+    "opus": AudioCodec("opus", "libopus", "ogg", "ogg", "audio/ogg"),
+    "mp3": AudioCodec("mp3", "libmp3lame", "mp3", "mp3", "audio/mpeg"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class AudioRequest:
+    codec: AudioCodec
+    bitrate_kbps: int
+    max_seconds: float
+
+    @property
+    def output_type(self) -> str:
+        return f"audio-{self.codec.name}-{self.bitrate_kbps}k.{self.codec.extension}"
+
+
+def video_request(params: Mapping[str, Any]) -> VideoRequest:
+    """``codec`` (h264), ``height`` (largest output height), ``crf`` (0-51)."""
+    _known(params, "transcode_video", ("codec", "height", "crf", LIMIT_KEY))
+    codec = params.get("codec", "h264")
+    if codec != "h264":
+        raise PipelineError("invalid_params", f"transcode_video: codec must be h264, got {codec!r}")
+    return VideoRequest(
+        height=_int(params, "height", MIN_HEIGHT, MAX_HEIGHT, DEFAULT_HEIGHT),
+        crf=_int(params, "crf", 0, 51, DEFAULT_CRF),
+        max_seconds=_seconds(params, DEFAULT_MAX_VIDEO_SECONDS),
+    )
+
+
+def audio_request(params: Mapping[str, Any]) -> AudioRequest:
+    """``codec`` (aac, opus, mp3 where FFmpeg has LAME), ``bitrate`` ("128k")."""
+    _known(params, "transcode_audio", ("codec", "bitrate", LIMIT_KEY))
+    name = params.get("codec", "aac")
+    choices = list(AUDIO_CODECS)
+    if name != "aac":  # FFmpeg's own AAC encoder is always there; the others are libraries
+        choices = ["aac", *(c for c in choices[1:] if AUDIO_CODECS[c].encoder in ffmpeg_encoders())]
+    if not isinstance(name, str) or name not in choices:
+        raise PipelineError(
+            "invalid_params",
+            f"transcode_audio: codec must be one of {', '.join(choices)}, got {name!r}",
+        )
+    return AudioRequest(
+        codec=AUDIO_CODECS[name],
+        bitrate_kbps=_bitrate(params.get("bitrate", f"{DEFAULT_BITRATE_KBPS}k")),
+        max_seconds=_seconds(params, DEFAULT_MAX_AUDIO_SECONDS),
+    )
+
+
+def _known(params: Mapping[str, Any], operation: str, keys: Sequence[str]) -> None:
+    unknown = sorted(set(params) - set(keys))
+    if unknown:
+        raise PipelineError(
+            "invalid_params",
+            f"{operation}: unknown parameter {unknown[0]!r} (known: {', '.join(keys)})",
+        )
+
+
+def _int(params: Mapping[str, Any], key: str, low: int, high: int, default: int) -> int:
+    value = params.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise PipelineError("invalid_params", f"{key} must be an integer, got {value!r}")
+    if not low <= value <= high:
+        raise PipelineError("invalid_params", f"{key} must be in {low}..{high}, got {value}")
+    return value
+
+
+def _seconds(params: Mapping[str, Any], default: float) -> float:
+    value = params.get(LIMIT_KEY, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise PipelineError(
+            "invalid_params", f"{LIMIT_KEY} must be a positive number, got {value!r}"
+        )
+    if not math.isfinite(value):
+        raise PipelineError("invalid_params", f"{LIMIT_KEY} must be finite, got {value!r}")
+    return float(value)
+
+
+def _bitrate(value: object) -> int:
+    """``"128k"`` or 128000 (bits per second) -> 128 (kbit/s)."""
+    kbps: int | None = None
+    if isinstance(value, str) and re.fullmatch(r"[0-9]{1,4}k", value.strip().lower()):
+        kbps = int(value.strip()[:-1])
+    elif isinstance(value, int) and not isinstance(value, bool) and value % 1000 == 0:
+        kbps = value // 1000
+    if kbps is None or not MIN_BITRATE_KBPS <= kbps <= MAX_BITRATE_KBPS:
+        raise PipelineError(
+            "invalid_params",
+            f'bitrate must be {MIN_BITRATE_KBPS}k..{MAX_BITRATE_KBPS}k (e.g. "128k"),'
+            f" got {value!r}",
+        )
+    return kbps
+
+
+# -- the tools ------------------------------------------------------------------------
+
+
+@cache
+def _tool(name: str) -> str:
+    path = shutil.which(name) or shutil.which(name, path="/usr/local/bin:/usr/bin:/bin")
+    if path is None:
+        raise PipelineError("tool_unavailable", f"{name} is not installed", retryable=True)
+    return path
+
+
+@cache
+def ffmpeg_encoders() -> frozenset[str]:
+    """The encoders this FFmpeg build has (``ffmpeg -encoders``)."""
+    listing = subprocess.run(
+        [_tool("ffmpeg"), "-hide_banner", "-nostdin", "-encoders"],
+        capture_output=True,
+        text=True,
+        check=False,
+        stdin=subprocess.DEVNULL,
+    ).stdout
+    names = set()
+    for line in listing.splitlines():
+        fields = line.split()
+        if len(fields) >= 2 and len(fields[0]) == 6 and fields[0][0] in "VAS":
+            names.add(fields[1])
+    return frozenset(names)
+
+
+def _input_args(path: Path, demuxer: str) -> list[str]:
+    """How every call names its input: demuxer fixed, local files only, no guessing."""
+    return [
+        "-f", demuxer,
+        "-format_whitelist", demuxer,
+        "-protocol_whitelist", "file",
+        "-i", f"file:{path.resolve()}",
+    ]  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class _Ran:
+    returncode: int
+    text: str  # stdout when it succeeded, else the last of stderr
+    cpu_seconds: float
+
+
+def _run(args: list[str], workdir: Path, log_name: str) -> _Ran:
+    """Run a tool, stderr to a file in the workdir (bounded by RLIMIT_FSIZE, not our
+    memory): how it exited, what it said, the CPU time it used."""
+    stderr_path = workdir / log_name
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    try:
+        with stderr_path.open("wb") as stderr:
+            completed = subprocess.run(
+                args,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                check=False,
+                cwd=workdir,
+            )
+        with stderr_path.open("rb") as stderr:
+            size = stderr.seek(0, 2)
+            stderr.seek(max(0, size - 8192))
+            tail = stderr.read().decode("utf-8", "replace")
+    except OSError as exc:  # fork refused (RLIMIT_NPROC, ENOMEM) or the workdir is gone
+        raise PipelineError(
+            "tool_unavailable", f"cannot start {Path(args[0]).name}: {exc.strerror}", retryable=True
+        ) from exc
+    finally:
+        stderr_path.unlink(missing_ok=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    if completed.returncode == 0:
+        return _Ran(0, completed.stdout.decode("utf-8", "replace"), cpu)
+    return _Ran(completed.returncode, tail, cpu)
+
+
+def _failure(ran: _Ran, what: str, *paths: Path) -> PipelineError:
+    """The error for a tool that failed (see the module docstring)."""
+    returncode, tail = ran.returncode, ran.text
+    cpu_limit = resource.getrlimit(resource.RLIMIT_CPU)[0]
+    # RLIMIT_CPU: SIGXCPU at the soft limit (ffmpeg catches it, stops and exits 255),
+    # SIGKILL at the hard one; the sandbox sets soft = the job's timeout.
+    out_of_cpu = cpu_limit != resource.RLIM_INFINITY and ran.cpu_seconds >= cpu_limit - 1
+    if returncode in (-signal.SIGXCPU, -signal.SIGKILL) or out_of_cpu:
+        return PipelineError(
+            "cpu_limit", f"{what}: FFmpeg was stopped by the CPU time limit ({cpu_limit} s)"
+        )
+    if returncode == -signal.SIGXFSZ:
+        return PipelineError("output_limit", f"{what}: the output outgrew the file size limit")
+    if any(sign in tail.lower() for sign in _OUT_OF_MEMORY):
+        return PipelineError("memory_limit", f"{what}: FFmpeg ran out of memory (RLIMIT_AS)")
+    if returncode < 0:
+        name = signal.Signals(-returncode).name if -returncode in signal.valid_signals() else ""
+        return PipelineError("invalid_input", f"{what}: FFmpeg died of {name or -returncode}")
+    return PipelineError("invalid_input", f"{what}: {_describe(tail, *paths)}")
+
+
+def _describe(tail: str, *paths: Path) -> str:
+    """ffmpeg's last lines on one line, without our paths (the user sees it)."""
+    lines: list[str] = []
+    for raw in tail.splitlines()[-6:]:
+        line = raw.strip()
+        for path in paths:
+            line = line.replace(f"file:{path.resolve()}", "input").replace(str(path), "<file>")
+        line = _CONTEXT.sub(r"\1:", line)  # "[aac @ 0x55d0...]" -> "aac:"
+        if line and line not in lines:
+            lines.append(line)
+    message = "; ".join(lines) or "FFmpeg could not read it"
+    return message if len(message) <= _MAX_MESSAGE else "..." + message[-(_MAX_MESSAGE - 3) :]
+
+
+# -- probing --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Stream:
+    index: int
+    kind: str  # "video", "audio", ...
+    codec: str | None
+    tag: str
+    width: int
+    height: int
+    channels: int
+    cover_art: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    streams: list[Stream]
+    duration: float | None  # seconds, None where nothing states it
+
+    def first(self, kind: str) -> Stream | None:
+        """The first decodable stream of ``kind`` (cover art is not video)."""
+        for stream in self.streams:
+            if stream.kind == kind and stream.codec and not stream.cover_art:
+                return stream
+        return None
+
+
+def probe(path: Path, demuxer: str, workdir: Path, label: str) -> Probe:
+    """ffprobe's view of ``path``, read with ``demuxer``."""
+    args = [
+        _tool("ffprobe"), "-v", "error", "-hide_banner",
+        "-print_format", "json", "-show_format", "-show_streams",
+        *_input_args(path, demuxer),
+    ]  # fmt: skip
+    ran = _run(args, workdir, ".ffprobe.log")
+    if ran.returncode != 0:
+        raise _failure(ran, f"cannot read {label}", path, workdir)
+    try:
+        return _parse_probe(json.loads(ran.text))
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise PipelineError("invalid_input", f"cannot read {label}: unexpected probe") from exc
+
+
+def _parse_probe(data: dict[str, Any]) -> Probe:
+    streams = []
+    durations = []
+    for raw in data.get("streams", []):
+        streams.append(
+            Stream(
+                index=int(raw["index"]),
+                kind=str(raw.get("codec_type") or "unknown"),
+                codec=raw.get("codec_name"),
+                tag=str(raw.get("codec_tag_string", "")),
+                width=int(raw.get("width") or 0),
+                height=int(raw.get("height") or 0),
+                channels=int(raw.get("channels") or 0),
+                cover_art=bool(raw.get("disposition", {}).get("attached_pic")),
+            )
+        )
+        durations.append(_float(raw.get("duration")))
+    duration = _float(data.get("format", {}).get("duration"))
+    if duration is None:
+        known = [d for d in durations if d is not None]
+        duration = max(known) if known else None
+    return Probe(streams, duration)
+
+
+def _float(value: object) -> float | None:
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) and number >= 0 else None
+
+
+def check_input(found: Probe, kind: str, label: str, max_seconds: float) -> Stream:
+    """The stream to transcode, or the refusal (see step 3 of the module docstring)."""
+    protected = [s.tag for s in found.streams if s.tag.lower() in _PROTECTED_TAGS]
+    if protected:
+        raise PipelineError(
+            "encrypted_document",
+            f"{label} has a DRM-protected track ({protected[0]}): it cannot be decoded",
+        )
+    stream = found.first(kind)
+    if stream is None:
+        other = "transcode_audio" if kind == "video" else "transcode_video"
+        has_other = found.first("audio" if kind == "video" else "video") is not None
+        hint = f" (it has {'audio' if kind == 'video' else 'video'}: use {other})"
+        raise PipelineError(
+            "no_streams", f"{label} has no {kind} stream{hint if has_other else ''}"
+        )
+    if found.duration is not None and found.duration > max_seconds:
+        raise _too_long(label, found.duration, max_seconds)
+    if found.duration == 0:
+        raise PipelineError("invalid_input", f"{label}: no samples (its duration is zero)")
+    return stream
+
+
+def _too_long(label: str, seconds: float, limit: float) -> PipelineError:
+    return PipelineError(
+        "duration_limit", f"{label} lasts {seconds:,.0f} s; the limit is {limit:,.0f} s"
+    )
+
+
+# -- transcoding ----------------------------------------------------------------------
+
+_COMMON = ["-hide_banner", "-nostdin", "-y", "-v", "error", "-threads", "1"]
+_CLEAN = ["-map_metadata", "-1", "-map_chapters", "-1", "-sn", "-dn"]
+
+
+def video_args(
+    source: Path, container: Container, request: VideoRequest, video: Stream, audio: Stream | None
+) -> list[str]:
+    """ffmpeg's arguments for ``transcode_video`` (output path last)."""
+    # Never upscaled, even dimensions, 4:2:0 (what every H.264 player decodes).
+    height = f"max(2,trunc(min(ih,{request.height})/2)*2)"
+    sound = [] if audio is None else [
+        "-map", f"0:{audio.index}", "-c:a", "aac", "-b:a", "128k", *_channels(audio),
+    ]  # fmt: skip
+    return [
+        _tool("ffmpeg"), *_COMMON, *_input_args(source, container.demuxer),
+        "-filter_threads", "1",
+        "-map", f"0:{video.index}",
+        "-vf", f"scale=w=-2:h='{height}',format=yuv420p",
+        "-c:v", "libx264", "-preset", "veryfast", "-crf", str(request.crf),
+        "-threads", "1", "-x264-params", "threads=1:lookahead-threads=1",
+        *sound,
+        "-t", f"{request.max_seconds + _LIMIT_SLACK_SECONDS:.3f}",
+        *_CLEAN, "-movflags", "+faststart", "-f", "mp4",
+    ]  # fmt: skip
+
+
+def audio_args(
+    source: Path, container: Container, request: AudioRequest, audio: Stream
+) -> list[str]:
+    """ffmpeg's arguments for ``transcode_audio`` (output path last)."""
+    args = [
+        _tool("ffmpeg"), *_COMMON, *_input_args(source, container.demuxer),
+        "-filter_threads", "1",
+        "-map", f"0:{audio.index}", "-vn",
+        "-c:a", request.codec.encoder, "-b:a", f"{request.bitrate_kbps}k", *_channels(audio),
+        "-threads", "1",
+        "-t", f"{request.max_seconds + _LIMIT_SLACK_SECONDS:.3f}",
+        *_CLEAN, "-f", request.codec.muxer,
+    ]  # fmt: skip
+    if request.codec.name == "mp3":
+        args += ["-id3v2_version", "0", "-write_id3v1", "0"]
+    return args
+
+
+def _channels(audio: Stream) -> list[str]:
+    """Mono or stereo: every encoder and player takes them, surround layouts vary, and
+    an unnamed layout ("2 channels") is refused by the AAC encoder until named."""
+    return ["-ac", "1" if audio.channels == 1 else "2"]
+
+
+def transcode(args: list[str], source: Path, workdir: Path, output: Path, label: str) -> None:
+    ran = _run([*args, str(output)], workdir, ".ffmpeg.log")
+    if ran.returncode != 0:
+        raise _failure(ran, f"cannot transcode {label}", source, workdir)
+
+
+def check_output(
+    output: Path, muxer: str, kind: str, codec: str, workdir: Path, label: str, limit: float
+) -> float:
+    """The output's duration, after checking it holds ``codec`` and lasts (step 5)."""
+    if not output.exists() or output.stat().st_size == 0:
+        raise PipelineError("invalid_input", f"{label}: no samples could be decoded")
+    demuxer = "mov" if muxer in ("mp4", "ipod") else muxer
+    found = probe(output, demuxer, workdir, "the output")
+    stream = found.first(kind)
+    if stream is None or stream.codec != codec:
+        raise PipelineError("invalid_input", f"{label}: no samples could be decoded")
+    if not found.duration:
+        raise PipelineError("invalid_input", f"{label}: no samples (the output is empty)")
+    if found.duration > limit:
+        raise _too_long(label, found.duration, limit)
+    return found.duration
+
+
+def transcode_video_step(
+    input_path: Path, params: Mapping[str, Any], workdir: Path
+) -> list[Output]:
+    request = video_request(params)
+    container = detect(input_path)
+    workdir.mkdir(parents=True, exist_ok=True)
+    found = probe(input_path, container.demuxer, workdir, container.label)
+    video = check_input(found, "video", container.label, request.max_seconds)
+    audio = found.first("audio")
+    output = workdir / request.output_type
+    try:
+        transcode(
+            video_args(input_path, container, request, video, audio),
+            input_path, workdir, output, container.label,
+        )  # fmt: skip
+        seconds = check_output(
+            output, "mp4", "video", "h264", workdir, container.label, request.max_seconds
+        )
+    except BaseException:
+        output.unlink(missing_ok=True)
+        raise
+    log.debug("video %s %.1fs -> %s", container.demuxer, seconds, request.output_type)
+    return [Output(request.output_type, output, "video/mp4")]
+
+
+def transcode_audio_step(
+    input_path: Path, params: Mapping[str, Any], workdir: Path
+) -> list[Output]:
+    request = audio_request(params)
+    container = detect(input_path)
+    workdir.mkdir(parents=True, exist_ok=True)
+    found = probe(input_path, container.demuxer, workdir, container.label)
+    audio = check_input(found, "audio", container.label, request.max_seconds)
+    output = workdir / request.output_type
+    codec = request.codec
+    try:
+        transcode(
+            audio_args(input_path, container, request, audio),
+            input_path, workdir, output, container.label,
+        )  # fmt: skip
+        seconds = check_output(
+            output, codec.muxer, "audio", codec.name, workdir, container.label, request.max_seconds
+        )
+    except BaseException:
+        output.unlink(missing_ok=True)
+        raise
+    log.debug("audio %s %.1fs -> %s", container.demuxer, seconds, request.output_type)
+    return [Output(request.output_type, output, codec.content_type)]
+
+
+@register("transcode_video")
+def transcode_video(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list[Output]:
+    """MP4: H.264 (``crf``, at most ``height`` high) + AAC when the input has sound."""
+    return transcode_video_step(input_path, params, workdir)
+
+
+@register("transcode_audio")
+def transcode_audio(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list[Output]:
+    """The first audio track as ``codec`` (aac -> M4A, opus -> Ogg, mp3) at ``bitrate``."""
+    return transcode_audio_step(input_path, params, workdir)

@@ -1,0 +1,398 @@
+"""The media steps (``transcode_video``, ``transcode_audio``) on the shared corpus.
+
+A few files and every parameter path in-process; then every media row of the corpus
+(``media/*`` and the hostile media rows) through a real :class:`ChildExecutor` with
+the limits of its profile in ``etc/profiles.toml`` (timeout, RLIMIT_AS, RLIMIT_NPROC),
+so FFmpeg runs where it will run in production: no network, read-only filesystem, a
+uid of its own, threads counted against ``max_processes``.
+
+Outputs are checked with ffprobe run here (letting it guess the format: these are our
+own outputs): the right codec, a duration close to the input's, and for video a
+height of at most the requested one, never upscaled, with even dimensions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+import tomllib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import pipelines.media as media
+from hypermedia.sandbox.executor import ChildExecutor, ChildFailed
+from pipelines.registry import Output, PipelineError
+from tests.corpus_support import CORPUS, Row, manifest_rows
+
+REPO = Path(__file__).resolve().parents[2]
+PROFILES = tomllib.loads((REPO / "etc" / "profiles.toml").read_text())["profiles"]
+MEDIA_EXTENSIONS = {".mp3", ".m4a", ".flac", ".wav", ".mp4", ".mov", ".avi", ".mid"}
+
+pytestmark = pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="needs FFmpeg")
+
+# What a refusal's reason allows (the step's stable codes).
+REJECT_CODES: dict[str, set[str]] = {
+    "drm": {"encrypted_document"},
+    "empty": {"invalid_input"},
+    "truncated": {"invalid_input", "no_streams"},  # a 74-byte M4A has no track left
+    "malformed": {"invalid_input", "no_streams"},  # a metadata-only MOV has no track
+    "no-streams": {"no_streams"},
+    "no-samples": {"invalid_input"},
+    "unsupported-type": {"unsupported_format"},
+    # MP4 video named .mp3, sent to transcode_audio as its name suggests: no sound.
+    "type-mismatch": {"no_streams"},
+}
+STABLE_CODES = {"invalid_input", "no_streams", "encrypted_document", "unsupported_format"}
+
+
+# -- helpers ---------------------------------------------------------------------------
+
+
+def ffprobe(path: Path) -> dict[str, Any]:
+    """ffprobe's JSON, packets counted (demuxed, not decoded: cheap)."""
+    completed = subprocess.run(
+        [
+            "ffprobe",
+            "-v",
+            "error",
+            "-count_packets",
+            "-print_format",
+            "json",
+            "-show_format",
+            "-show_streams",
+            f"file:{path}",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    data: dict[str, Any] = json.loads(completed.stdout)
+    return data
+
+
+def streams(data: dict[str, Any], kind: str) -> list[dict[str, Any]]:
+    return [
+        s
+        for s in data.get("streams", [])
+        if s.get("codec_type") == kind and not s.get("disposition", {}).get("attached_pic")
+    ]
+
+
+def duration(data: dict[str, Any]) -> float | None:
+    try:
+        return float(data["format"]["duration"])
+    except (KeyError, ValueError):
+        return None
+
+
+def check_output(source: Path, operation: str, output: Output, params: dict[str, Any]) -> str:
+    """Assert the output is right for ``source``; a short description of it."""
+    before, after = ffprobe(source), ffprobe(output.path)
+    seconds, expected = duration(after), duration(before)
+    assert seconds is not None and seconds > 0, f"{output.path.name}: empty output"
+    pictures = [int(s.get("nb_read_packets", 0)) for s in streams(before, "video")]
+    if operation == "transcode_video" and pictures[0] == 1:
+        # A single picture (the 185-byte WebM, whose header says 1 s): one frame out.
+        assert [s["nb_read_packets"] for s in streams(after, "video")] == ["1"]
+    elif expected is not None:
+        assert abs(seconds - expected) <= 0.25 + 0.05 * expected, (seconds, expected)
+    if operation == "transcode_video":
+        assert output.content_type == "video/mp4"
+        assert after["format"]["format_name"].startswith("mov,mp4")
+        (video,) = streams(after, "video")
+        source_video = streams(before, "video")[0]
+        assert video["codec_name"] == "h264"
+        assert video["pix_fmt"] == "yuv420p"
+        assert video["width"] % 2 == 0 and video["height"] % 2 == 0
+        assert video["height"] <= min(params.get("height", 720), source_video["height"] + 1)
+        sound = [s["codec_name"] for s in streams(after, "audio")]
+        assert sound == (["aac"] if streams(before, "audio") else [])
+        return f"h264 {video['width']}x{video['height']} {seconds:.2f}s" + (
+            " +aac" if sound else ""
+        )
+    (audio,) = streams(after, "audio")
+    assert not streams(after, "video")
+    codec = params.get("codec", "aac")
+    assert audio["codec_name"] == codec
+    assert output.content_type == media.AUDIO_CODECS[codec].content_type
+    return f"{codec} {audio['channels']}ch {seconds:.2f}s"
+
+
+def run_step(operation: str, source: Path, params: dict[str, Any], workdir: Path) -> list[Output]:
+    workdir.mkdir(parents=True, exist_ok=True)
+    step = media.transcode_video if operation == "transcode_video" else media.transcode_audio
+    return step(source, params, workdir)
+
+
+def failure(operation: str, source: Path, params: dict[str, Any], workdir: Path) -> PipelineError:
+    with pytest.raises(PipelineError) as caught:
+        run_step(operation, source, params, workdir)
+    return caught.value
+
+
+# -- in-process --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "operation"),
+    [
+        ("media/imageio-realshort.mp4", "transcode_video"),
+        ("media/tika-testMKV.mkv", "transcode_video"),
+        ("media/tika-testMP3id3v24.mp3", "transcode_audio"),
+        ("media/tika-testWEBM.webm", "transcode_audio"),
+    ],
+)
+def test_step_in_process(name: str, operation: str, tmp_path: Path) -> None:
+    source = CORPUS / name
+    (output,) = run_step(operation, source, {}, tmp_path)
+    expected = (
+        "video-h264-720p-crf23.mp4" if operation == "transcode_video" else "audio-aac-128k.m4a"
+    )
+    assert output.output_type == expected
+    assert output.path == tmp_path / expected
+    check_output(source, operation, output, {})
+    # Nothing else left behind (ffmpeg's logs are removed).
+    assert sorted(p.name for p in tmp_path.iterdir()) == [expected]
+
+
+@pytest.mark.parametrize(
+    ("codec", "bitrate", "output_type"),
+    [
+        ("opus", "96k", "audio-opus-96k.ogg"),
+        ("mp3", 192000, "audio-mp3-192k.mp3"),
+        ("aac", "64k", "audio-aac-64k.m4a"),
+    ],
+)
+def test_audio_codecs(codec: str, bitrate: object, output_type: str, tmp_path: Path) -> None:
+    if media.AUDIO_CODECS[codec].encoder not in media.ffmpeg_encoders():
+        pytest.skip(f"this FFmpeg has no {media.AUDIO_CODECS[codec].encoder}")
+    source = CORPUS / "media/tika-en-US_A_Little_Bottle_Of_Water.mp3"
+    params = {"codec": codec, "bitrate": bitrate}
+    (output,) = run_step("transcode_audio", source, params, tmp_path)
+    assert output.output_type == output_type
+    check_output(source, "transcode_audio", output, params)
+    bit_rate = int(ffprobe(output.path)["format"]["bit_rate"])
+    assert bit_rate < int(output_type.split("-")[2].split("k")[0]) * 1000 * 1.6
+
+
+def test_video_height_and_crf(tmp_path: Path) -> None:
+    source = CORPUS / "media/imageio-realshort.mp4"
+    params = {"codec": "h264", "height": 145, "crf": 30}
+    (small,) = run_step("transcode_video", source, params, tmp_path / "small")
+    assert small.output_type == "video-h264-145p-crf30.mp4"
+    check_output(source, "transcode_video", small, params)
+    (video,) = streams(ffprobe(small.path), "video")
+    assert video["height"] == 144  # even, below the requested 145
+    # Asking for more than the source has: the source's height, never upscaled.
+    source_height = streams(ffprobe(source), "video")[0]["height"]
+    (large,) = run_step("transcode_video", source, {"height": 2160}, tmp_path / "large")
+    assert large.output_type == "video-h264-2160p-crf23.mp4"
+    (video,) = streams(ffprobe(large.path), "video")
+    assert video["height"] == source_height - source_height % 2
+
+
+def test_duration_limit(tmp_path: Path) -> None:
+    # Stated in the header (MP4 mvhd, 1.2 s): refused before anything is decoded.
+    source = CORPUS / "media/imageio-realshort.mp4"
+    error = failure("transcode_video", source, {"max_duration_seconds": 0.5}, tmp_path / "a")
+    assert error.code == "duration_limit"
+    assert "limit" in error.message
+    # FLIC states no duration: the output is cut at the limit + 1 s, then refused.
+    fli = CORPUS / "media/pillow-a.fli"
+    error = failure("transcode_video", fli, {"max_duration_seconds": 0.2}, tmp_path / "b")
+    assert error.code == "duration_limit"
+    assert list((tmp_path / "b").iterdir()) == []
+    # Audio too.
+    mp3 = CORPUS / "media/tika-testMP3id3v24.mp3"
+    error = failure("transcode_audio", mp3, {"max_duration_seconds": 1}, tmp_path / "c")
+    assert error.code == "duration_limit"
+
+
+@pytest.mark.parametrize(
+    ("operation", "params"),
+    [
+        ("transcode_video", {"codec": "vp9"}),
+        ("transcode_video", {"height": 0}),
+        ("transcode_video", {"height": "720"}),
+        ("transcode_video", {"crf": 52}),
+        ("transcode_video", {"crf": True}),
+        ("transcode_video", {"width": 640}),
+        ("transcode_video", {"max_duration_seconds": -1}),
+        ("transcode_audio", {"codec": "flac"}),
+        ("transcode_audio", {"bitrate": "128"}),
+        ("transcode_audio", {"bitrate": "9000k"}),
+        ("transcode_audio", {"bitrate": 128}),
+        ("transcode_audio", {"format": "m4a"}),
+    ],
+)
+def test_invalid_params(operation: str, params: dict[str, Any], tmp_path: Path) -> None:
+    source = CORPUS / "media/imageio-realshort.mp4"
+    error = failure(operation, source, params, tmp_path)
+    assert error.code == "invalid_params", error.message
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"#EXTM3U\n#EXT-X-TARGETDURATION:10\n#EXTINF:10,\nhttp://169.254.169.254/latest\n",
+        b"ffconcat version 1.0\nfile /etc/passwd\n",
+        b"%PDF-1.4\n" + b"\x00" * 100,
+        b"\x00\x01\x02\x03 random bytes",
+    ],
+)
+def test_not_media_is_refused_before_ffmpeg(content: bytes, tmp_path: Path) -> None:
+    source = tmp_path / "input.mp4"
+    source.write_bytes(content)
+    for operation in ("transcode_video", "transcode_audio"):
+        error = failure(operation, source, {}, tmp_path / operation)
+        assert error.code == "unsupported_format", error.message
+
+
+def test_input_path_is_never_an_option(tmp_path: Path) -> None:
+    source = tmp_path / "-y"
+    source.write_bytes((CORPUS / "media/tika-testMP4Video.mp4").read_bytes())
+    (output,) = run_step("transcode_video", source, {}, tmp_path / "out")
+    check_output(source, "transcode_video", output, {})
+
+
+# -- every media row of the corpus, in the sandbox ------------------------------------
+
+
+@dataclass
+class Case:
+    row: Row
+    operation: str
+
+    @property
+    def source(self) -> Path:
+        return CORPUS / self.row.path
+
+
+def corpus_cases() -> list[Case]:
+    cases: list[Case] = []
+    for row in manifest_rows(("media", "hostile")):
+        path = CORPUS / row.path
+        if row.path.startswith("media/"):
+            probed = ffprobe(path)
+            # Every operation the content allows: video if it has a picture, audio if sound.
+            if streams(probed, "video"):
+                cases.append(Case(row, "transcode_video"))
+            if streams(probed, "audio"):
+                cases.append(Case(row, "transcode_audio"))
+        elif path.suffix.lower() in MEDIA_EXTENSIONS and (
+            row.kind.startswith("hostile:media") or row.kind.endswith(":mp4")
+        ):
+            by_name = ".mp4", ".mov", ".avi"
+            video = path.suffix.lower() in by_name
+            cases.append(Case(row, "transcode_video" if video else "transcode_audio"))
+    return cases
+
+
+@pytest.fixture(scope="module")
+def executor(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChildExecutor]:
+    root = tmp_path_factory.mktemp("media-sandbox")
+    with ChildExecutor(root, preload=("pipelines.registry", "pipelines.media")) as ex:
+        yield ex
+
+
+def limits_of(operation: str) -> dict[str, Any]:
+    profile = PROFILES[operation]
+    return {
+        "timeout_seconds": profile["timeout_seconds"],
+        "memory_limit_mb": profile["memory_limit_mb"],
+        "max_processes": profile.get("max_processes", 16),
+    }
+
+
+def test_corpus_media_in_sandbox(executor: ChildExecutor) -> None:
+    cases = corpus_cases()
+    assert len(cases) >= 45, "the corpus is expected at ../shared/corpus"
+    problems: list[str] = []
+    table: list[tuple[str, str, str, str, str]] = []
+    for number, case in enumerate(cases):
+        job_id = f"media-{os.getpid()}-{number}"
+        workdir = executor.prepare(job_id)
+        input_path = workdir / "input" / "source"
+        input_path.write_bytes(case.source.read_bytes())
+        started = time.monotonic()
+        try:
+            result = executor.run(
+                job_id, case.operation, input_path, {}, **limits_of(case.operation)
+            )
+            outcome, code, detail = "done", "", ""
+            try:
+                (output,) = result.outputs
+                detail = check_output(case.source, case.operation, output, {})
+            except AssertionError as exc:
+                problems.append(f"{case.row.path} {case.operation}: bad output {exc}")
+                detail = f"BAD {exc}"
+        except ChildFailed as exc:
+            outcome, code, detail = "failed", exc.code, exc.message
+        finally:
+            executor.cleanup(job_id)
+        elapsed = f"{time.monotonic() - started:.2f}s"
+        op = case.operation.removeprefix("transcode_")
+        table.append(
+            (case.row.path, op, case.row.expected, f"{outcome} {code}", elapsed + " " + detail)
+        )
+        problem = judge(case, outcome, code, detail)
+        if problem:
+            problems.append(f"{case.row.path} {case.operation}: {problem}")
+
+    width = max(len(r[0]) for r in table)
+    for path, op, expected, outcome, detail in table:
+        print(f"{path:<{width}}  {op:<5}  {expected:<24}  {outcome:<30}  {detail[:110]}")
+    assert problems == []
+
+
+def run_in_sandbox(ex: ChildExecutor, source: Path, operation: str, **limits: Any) -> ChildFailed:
+    job_id = f"media-limits-{os.getpid()}-{limits['memory_limit_mb']}-{limits['timeout_seconds']}"
+    input_path = ex.prepare(job_id) / "input" / "source"
+    input_path.write_bytes(source.read_bytes())
+    try:
+        with pytest.raises(ChildFailed) as caught:
+            ex.run(job_id, operation, input_path, {}, **limits)
+        return caught.value
+    finally:
+        ex.cleanup(job_id)
+
+
+def test_rlimits_become_their_codes(executor: ChildExecutor) -> None:
+    """FFmpeg under the job's rlimits: RLIMIT_AS and RLIMIT_CPU keep the sandbox's codes."""
+    source = CORPUS / "media/imageio-cockatoo.mp4"  # 14 s of 1280x720: ~5 CPU-seconds
+    # 256 MB of address space: ffprobe cannot even map its libraries.
+    error = run_in_sandbox(
+        executor, source, "transcode_video", timeout_seconds=60, memory_limit_mb=256
+    )
+    assert error.code == "memory_limit", error.message
+    # 2 s of CPU (wall clock 3 s): ffmpeg is stopped by SIGXCPU, or the wall clock wins.
+    error = run_in_sandbox(
+        executor, source, "transcode_video", timeout_seconds=2, memory_limit_mb=1024
+    )
+    assert error.code in ("cpu_limit", "timeout"), error.message
+
+
+def judge(case: Case, outcome: str, code: str, message: str) -> str | None:
+    """What is wrong with ``outcome`` for the row's expectation, None if it is right."""
+    verdict, _, reason = case.row.expected.partition(":")
+    if verdict == "valid":
+        return None if outcome == "done" else f"valid file failed: {code} {message}"
+    if verdict == "reject":
+        allowed = REJECT_CODES.get(reason, STABLE_CODES)
+        if outcome == "done":
+            return "should have been refused"
+        if code not in allowed:
+            return f"{code} is not one of {sorted(allowed)}: {message}"
+        if reason == "no-samples" and "no samples" not in message:
+            return f"message should say 'no samples': {message}"
+        return None
+    if verdict == "tolerate":
+        return None if outcome == "done" or code in STABLE_CODES else f"unstable {code}"
+    return f"unexpected expectation {case.row.expected}"
