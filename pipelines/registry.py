@@ -83,4 +83,9 @@ def load_all() -> None:
 
 
 # Pipeline modules register themselves on import; list each here when it exists.
-_MODULES: list[str] = ["pipelines.images", "pipelines.pdf", "pipelines.media"]
+_MODULES: list[str] = [
+    "pipelines.images",
+    "pipelines.pdf",
+    "pipelines.office",
+    "pipelines.media",
+]

@@ -71,6 +71,8 @@ INGEST_FILES = {
     "hostile/derived-zipbomb.docx": "zip_bomb",
     "hostile/pillow-decompression_bomb.gif": "pixel_limit",
     "hostile/pdfjs-bomb_giant.pdf": "pixel_limit",  # JBIG2 page of 100000x100000
+    # A truncated gzip: an archive by content, which no image operation takes.
+    "hostile/libvips-truncated.svgz": "input_type_mismatch",
     "hostile/derived-svg-with-script-named.png": "unsupported_format",
     "hostile/tika-testODTnotaZipFile.odt": "input_type_mismatch",
     "hostile/derived-pdf-named.jpg": "input_type_mismatch",

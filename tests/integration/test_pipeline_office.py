@@ -1,0 +1,584 @@
+"""docx_to_pdf and extract_text on the shared corpus, with the real LibreOffice.
+
+Most runs go through a real :class:`ChildExecutor` (own uid, network namespace,
+read-only filesystem, rlimits) with the limits of the ``docx_to_pdf`` /
+``extract_text`` profiles read from ``etc/profiles.toml`` (timeout 120 s, 2048 MB,
+``max_processes`` 16 unless the profile says otherwise); a few call the step in
+process (parameters, detection, the linked-image guard with its control run).
+
+Documents: a few of each kind from ``documents/`` (docx, odt, doc, rtf, xlsx, xls, ods,
+pptx, ppt, odp, pdf), every PDF/text check against words the files contain. Hostile
+rows and what each must give:
+
+=============================================  ======================================
+tika-testAttachedTemplate.docx                 a PDF (the http:// template is not
+                                               fetched: no network in the sandbox)
+mammoth-external-picture.docx                  a PDF without any image
+gotenberg-libreoffice-linked-external.fodt     a PDF without any image (and a derived
+                                               copy linking a file that exists: none)
+poi-poc-shared-strings.xlsx (~12 GB of CSV)    ``output_limit``, within the profile's
+                                               time, the disk never past the cap
+Longitudinell_...försök.docx (long name)       a PDF and its text (the name is never
+                                               used: the input is ``input/source``)
+gotenberg-protected_page_1.docx,               ``encrypted_document`` (before
+tika-testODTEncrypted.odt                      LibreOffice runs)
+tika-testWORD_truncated.docx                   ``invalid_input``
+=============================================  ======================================
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+import tomllib
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pypdfium2 as pdfium
+import pypdfium2.raw as pdfium_c
+import pytest
+
+import pipelines.office as office
+from hypermedia.sandbox.executor import ChildExecutor, ChildFailed
+from pipelines.registry import Output, PipelineError
+
+REPO = Path(__file__).resolve().parents[2]
+CORPUS = REPO.parent / "shared" / "corpus"
+PRELOAD = ("pipelines.registry", "pipelines.office")
+LONG_NAME = (
+    "hostile/Longitudinell_jämförelse_mellan_laserkirurgi_och_strålbehandling_gällande_"
+    "röstkvalitet_och_självskattad_kommunikation_upp_till_två_år_efter_tidig_"
+    "stämbandscancer_i_ett_randomiserat_kontrollerat_försök.docx"
+)
+LINKED_FODT = "hostile/gotenberg-libreoffice-linked-external.fodt"
+# A local image every machine with LibreOffice has (the fodt's own target does not exist).
+LOCAL_IMAGE = Path("/usr/lib/libreoffice/share/toolbarmode/default.png")
+# A cold conversion of a small document (~1.1-2 s measured on 2 busy cores).
+SMALL_DOCUMENT_SECONDS = 30.0
+
+pytestmark = pytest.mark.skipif(
+    not (CORPUS / "MANIFEST.tsv").exists() or shutil.which("soffice") is None,
+    reason="needs ../shared/corpus and LibreOffice",
+)
+
+
+@dataclass(frozen=True)
+class Limits:
+    timeout_seconds: float
+    memory_limit_mb: int
+    max_processes: int
+    max_pages: int
+
+
+def profile_limits(operation: str) -> Limits:
+    with (REPO / "etc" / "profiles.toml").open("rb") as file:
+        profile = tomllib.load(file)["profiles"][operation]
+    return Limits(
+        timeout_seconds=profile["timeout_seconds"],
+        memory_limit_mb=profile["memory_limit_mb"],
+        max_processes=profile.get("max_processes", 16),
+        max_pages=profile.get("limits", {}).get("max_pages", office.DEFAULT_MAX_PAGES),
+    )
+
+
+@pytest.fixture(scope="module")
+def executor(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChildExecutor]:
+    with ChildExecutor(tmp_path_factory.mktemp("office"), preload=PRELOAD) as ex:
+        yield ex
+
+
+_ids = iter(range(1_000_000))
+
+
+@dataclass
+class Run:
+    outputs: list[Output]
+    seconds: float
+    workdir: Path
+    peak_mb: float
+
+
+def sandboxed(
+    ex: ChildExecutor, operation: str, data: bytes, params: dict[str, Any] | None = None
+) -> Run:
+    """``operation`` on ``data`` in a sandboxed child with the profile's limits."""
+    limits = profile_limits(operation)
+    job_id = f"office-{os.getpid()}-{next(_ids)}"
+    workdir = ex.prepare(job_id)
+    source = workdir / "input" / "source"
+    source.write_bytes(data)
+    started = time.monotonic()
+    try:
+        result = ex.run(
+            job_id,
+            operation,
+            source,
+            {"max_pages": limits.max_pages, **(params or {})},
+            timeout_seconds=limits.timeout_seconds,
+            memory_limit_mb=limits.memory_limit_mb,
+            max_processes=limits.max_processes,
+        )
+    except ChildFailed as exc:
+        exc.add_note(str(workdir))
+        raise
+    seconds = time.monotonic() - started
+    print(f"{operation}: {seconds:.2f} s, peak {result.peak_memory_mb:.0f} MB")
+    return Run(result.outputs, seconds, workdir, result.peak_memory_mb)
+
+
+@dataclass
+class Failure:
+    code: str
+    message: str
+    seconds: float
+    workdir: Path
+
+
+def sandbox_failure(
+    ex: ChildExecutor, operation: str, data: bytes, params: dict[str, Any] | None = None
+) -> Failure:
+    started = time.monotonic()
+    with pytest.raises(ChildFailed) as caught:
+        sandboxed(ex, operation, data, params)
+    failed = caught.value
+    workdir = Path(failed.__notes__[-1])
+    return Failure(failed.code, failed.message, time.monotonic() - started, workdir)
+
+
+def corpus(path: str) -> bytes:
+    return (CORPUS / path).read_bytes()
+
+
+def in_process(
+    operation: str, data: bytes, tmp_path: Path, params: dict[str, Any] | None = None
+) -> Output:
+    (tmp_path / "input").mkdir(parents=True, exist_ok=True)
+    source = tmp_path / "input" / "source"
+    source.write_bytes(data)
+    step = office.docx_to_pdf if operation == "docx_to_pdf" else office.extract_text
+    [output] = step(source, params or {}, tmp_path)
+    return output
+
+
+@dataclass(frozen=True)
+class Pdf:
+    pages: int
+    text: str
+    images: int
+
+
+def read_pdf(path: Path) -> Pdf:
+    document = pdfium.PdfDocument(path)
+    try:
+        texts, images = [], 0
+        for page in document:
+            text_page = page.get_textpage()
+            texts.append(text_page.get_text_range())
+            images += sum(
+                1
+                for obj in page.get_objects(max_depth=8)
+                if obj.type == pdfium_c.FPDF_PAGEOBJ_IMAGE
+            )
+        return Pdf(len(document), "\n".join(texts), images)
+    finally:
+        document.close()
+
+
+def squashed(text: str) -> str:
+    return " ".join(text.split())
+
+
+def leftovers(workdir: Path, *outputs: str) -> set[str]:
+    """What the job left in its workdir besides its input, outputs and log."""
+    return {p.name for p in workdir.iterdir()} - {"input", ".child.log", *outputs}
+
+
+# -- docx_to_pdf in the sandbox ------------------------------------------------------------
+
+PDF_CASES = [
+    ("documents/pydocx-test.docx", None, ["python-docx was here"]),
+    ("documents/tika-testWORD.docx", None, ["Sample Word Document", "Main Heading"]),
+    ("documents/mammoth-strict-format.docx", None, []),
+    ("documents/gotenberg-pages_12.docx", 12, ["Page 1", "Page 12"]),
+    ("documents/sf-source.odt", None, ["Lorem ipsum dolor sit amet"]),
+    ("documents/tika-testOpenOffice2.odt", None, ["written in NeoOffice 2.2.1"]),
+    ("documents/tika-test.doc", None, ["test"]),
+    ("documents/tika-testRTF.rtf", None, ["Test d\u2019indexation Word"]),
+    ("hostile/tika-testAttachedTemplate.docx", None, ["Document with external attached template"]),
+    (LONG_NAME, None, ["Page 1"]),
+]
+
+
+@pytest.mark.parametrize(("path", "pages", "words"), PDF_CASES, ids=[c[0] for c in PDF_CASES])
+def test_docx_to_pdf_in_the_sandbox(executor, path, pages, words):
+    run = sandboxed(executor, "docx_to_pdf", corpus(path))
+    [output] = run.outputs
+    assert (output.output_type, output.content_type) == ("document.pdf", "application/pdf")
+    assert output.path == run.workdir / "document.pdf"
+    pdf = read_pdf(output.path)
+    assert pdf.pages == pages if pages is not None else pdf.pages >= 1
+    for word in words:
+        assert word in squashed(pdf.text)
+    assert run.seconds < SMALL_DOCUMENT_SECONDS
+    assert not leftovers(run.workdir, "document.pdf")
+
+
+def test_an_external_picture_is_not_embedded(executor):
+    run = sandboxed(executor, "docx_to_pdf", corpus("hostile/mammoth-external-picture.docx"))
+    pdf = read_pdf(run.outputs[0].path)
+    assert pdf.pages == 1
+    assert pdf.images == 0
+
+
+def test_the_linked_fodt_gives_text_and_no_image(executor):
+    run = sandboxed(executor, "docx_to_pdf", corpus(LINKED_FODT))
+    pdf = read_pdf(run.outputs[0].path)
+    assert "An image linked by absolute path" in squashed(pdf.text)
+    assert pdf.images == 0
+
+
+def linked_fodt(target: Path) -> bytes:
+    """The corpus fodt, its link pointed at ``target``: a local file that exists here
+    (the original's target is not installed on this machine)."""
+    original = corpus(LINKED_FODT)
+    link = b"file:///usr/lib/libreoffice/share/gallery/backgrounds/giraffe.png"
+    assert link in original
+    return original.replace(link, target.as_uri().encode())
+
+
+def external_picture_docx(target: Path, tmp_path: Path) -> bytes:
+    """The corpus docx with an external picture, its relationship pointed at ``target``."""
+    derived = tmp_path / "derived.docx"
+    with (
+        zipfile.ZipFile(CORPUS / "hostile/mammoth-external-picture.docx") as source,
+        zipfile.ZipFile(derived, "w", zipfile.ZIP_DEFLATED) as out,
+    ):
+        for info in source.infolist():
+            data = source.read(info)
+            if info.filename == "word/_rels/document.xml.rels":
+                data = data.replace(
+                    b'Target="tiny-picture.png"', f'Target="{target.as_uri()}"'.encode()
+                )
+                assert target.as_uri().encode() in data
+            out.writestr(info, data)
+    return derived.read_bytes()
+
+
+def unguarded_conversion(document: Path, tmp_path: Path) -> Path:
+    """The control: LibreOffice with a default profile (no BlockUntrustedRefererLinks)."""
+    out = tmp_path / "control"
+    subprocess.run(
+        [
+            shutil.which("soffice") or "soffice",
+            "--headless",
+            "--norestore",
+            f"-env:UserInstallation={(tmp_path / 'control-profile').as_uri()}",
+            "--convert-to",
+            "pdf",
+            "--outdir",
+            str(out),
+            str(document),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    return out / f"{document.stem}.pdf"
+
+
+@pytest.mark.skipif(not LOCAL_IMAGE.exists(), reason="needs a local PNG to link to")
+@pytest.mark.parametrize("container", ["fodt", "docx"])
+def test_a_link_to_a_local_file_is_not_embedded(executor, tmp_path, container):
+    """A link to a file that exists on this machine: LibreOffice's default profile
+    embeds it (the control), the step's profile does not, in and out of the sandbox."""
+    if container == "fodt":
+        data = linked_fodt(LOCAL_IMAGE)
+    else:
+        data = external_picture_docx(LOCAL_IMAGE, tmp_path)
+    document = tmp_path / f"linked.{container}"
+    document.write_bytes(data)
+    assert read_pdf(unguarded_conversion(document, tmp_path)).images == 1
+
+    sandbox_pdf = read_pdf(sandboxed(executor, "docx_to_pdf", data).outputs[0].path)
+    local_pdf = read_pdf(in_process("docx_to_pdf", data, tmp_path / "step").path)
+    assert (sandbox_pdf.pages, sandbox_pdf.images) == (1, 0)
+    assert (local_pdf.pages, local_pdf.images) == (1, 0)
+
+
+def test_pages_over_max_pages_are_page_limit(executor):
+    failed = sandbox_failure(
+        executor, "docx_to_pdf", corpus("documents/gotenberg-pages_12.docx"), {"max_pages": 11}
+    )
+    assert failed.code == "page_limit"
+    run = sandboxed(
+        executor, "docx_to_pdf", corpus("documents/gotenberg-pages_12.docx"), {"max_pages": 12}
+    )
+    assert read_pdf(run.outputs[0].path).pages == 12
+
+
+@pytest.mark.parametrize(
+    ("path", "code"),
+    [
+        ("hostile/gotenberg-protected_page_1.docx", "encrypted_document"),
+        ("hostile/tika-testODTEncrypted.odt", "encrypted_document"),
+        ("hostile/tika-testWORD_truncated.docx", "invalid_input"),
+        ("hostile/tika-testODTnotaZipFile.odt", "unsupported_format"),
+        ("documents/tika-testEXCEL.xlsx", "unsupported_format"),
+        ("documents/sf-minimal-document.pdf", "unsupported_format"),
+    ],
+)
+def test_docx_to_pdf_refusals(executor, path, code):
+    failed = sandbox_failure(executor, "docx_to_pdf", corpus(path))
+    assert failed.code == code, failed.message
+    assert failed.seconds < SMALL_DOCUMENT_SECONDS
+    assert not leftovers(failed.workdir)
+
+
+def test_a_word_package_libreoffice_cannot_load_is_invalid_input(executor, tmp_path):
+    """LibreOffice exits 0 without a PDF: the step says ``invalid_input``."""
+    damaged = tmp_path / "damaged.docx"
+    content_types = (
+        '<?xml version="1.0"?><Types xmlns="http://schemas.openxmlformats.org/package/2006/'
+        'content-types"><Override PartName="/word/document.xml" ContentType="application/'
+        'vnd.openxmlformats-officedocument.wordprocessingml.document.main+xml"/></Types>'
+    )
+    with zipfile.ZipFile(damaged, "w") as package:
+        package.writestr("[Content_Types].xml", content_types)
+        package.writestr("word/document.xml", b"\x00\x01 not XML" * 100)
+    failed = sandbox_failure(executor, "docx_to_pdf", damaged.read_bytes())
+    assert failed.code == "invalid_input"
+    assert "could not open" in failed.message
+
+
+# -- extract_text in the sandbox -----------------------------------------------------------
+
+TEXT_CASES = [
+    ("documents/sf-minimal-document.pdf", ["Lorem ipsum dolor sit amet"]),
+    (
+        "documents/tika-testWORD_various.docx",
+        # Body, header, footer, footnote and text box: Writer's txt export drops the last four.
+        [
+            "Here is a numbered list",
+            "This is the header text.",
+            "This is the footer text.",
+            "This is a footnote.",
+            "Here is a text box",
+        ],
+    ),
+    ("documents/tika-testOpenOffice2.odt", ["written in NeoOffice 2.2.1 for the Mac"]),
+    ("documents/tika-testRTF.rtf", ["Test d\u2019indexation Word"]),
+    (
+        "documents/tika-testEXCEL.xlsx",
+        ["Sheet: Feuil1", "Sample Excel Worksheet - Numbers and their Squares", "15,225"],
+    ),
+    ("documents/tika-testEXCEL.xls", ["Sheet: Feuil1", "Number,Square"]),
+    ("documents/poi-simple-monthly-budget.xlsx", ['Income 1,"$2,500.00"']),
+    ("documents/tika-test-columnar.ods", ["Sheet: testing", "This is row 0 of 10"]),
+    ("documents/poi-SampleShow.pptx", ["Title of the first slide"]),
+    ("documents/tika-testPPT.ppt", ["Sample Powerpoint Slide"]),
+    ("documents/tika-testMasterFooter.odp", ["Master footer is here"]),
+    ("hostile/tika-testAttachedTemplate.docx", ["Document with external attached template"]),
+    (LINKED_FODT, ["An image linked by absolute path outside the document folder"]),
+    (LONG_NAME, ["Page 1"]),
+]
+
+
+@pytest.mark.parametrize(("path", "words"), TEXT_CASES, ids=[c[0] for c in TEXT_CASES])
+def test_extract_text_in_the_sandbox(executor, path, words):
+    run = sandboxed(executor, "extract_text", corpus(path))
+    [output] = run.outputs
+    assert output.output_type == "text.txt"
+    assert output.content_type == "text/plain; charset=utf-8"
+    text = output.path.read_bytes().decode("utf-8")
+    assert "\r" not in text
+    for word in words:
+        assert squashed(word) in squashed(text)
+    assert run.seconds < SMALL_DOCUMENT_SECONDS
+    assert not leftovers(run.workdir, "text.txt")
+
+
+def test_sheets_are_in_order_and_separated(executor):
+    run = sandboxed(executor, "extract_text", corpus("documents/tika-testEXCEL.xlsx"))
+    sheets = run.outputs[0].path.read_text(encoding="utf-8").split("\f")
+    assert [s.splitlines()[0] for s in sheets] == [
+        "Sheet: Feuil1",
+        "Sheet: Feuil2",
+        "Sheet: Feuil3",
+    ]
+
+
+def test_pages_are_separated_by_form_feeds(executor):
+    run = sandboxed(executor, "extract_text", corpus("documents/gotenberg-pages_12.docx"))
+    pages = run.outputs[0].path.read_text(encoding="utf-8").split("\f")
+    assert [squashed(p) for p in pages] == [f"Page {n}" for n in range(1, 13)]
+
+
+def test_shared_strings_bomb_is_output_limit(executor):
+    """~12 GB of CSV from a 109 KB workbook: stopped at ``max_text_bytes`` (50 MB by
+    default), within the profile's CPU time, the workdir left with only its input."""
+    limits = profile_limits("extract_text")
+    failed = sandbox_failure(
+        executor, "extract_text", corpus("hostile/poi-poc-shared-strings.xlsx")
+    )
+    assert failed.code == "output_limit", failed.message
+    assert failed.seconds < limits.timeout_seconds
+    assert not leftovers(failed.workdir)
+    print(f"shared-strings bomb: output_limit after {failed.seconds:.1f} s")
+
+
+def test_shared_strings_bomb_stops_at_a_small_cap(executor):
+    cap = 1024 * 1024
+    failed = sandbox_failure(
+        executor,
+        "extract_text",
+        corpus("hostile/poi-poc-shared-strings.xlsx"),
+        {"max_text_bytes": cap},
+    )
+    assert failed.code == "output_limit"
+    assert f"{cap:,}" in failed.message
+
+
+def test_text_and_html_are_read_without_libreoffice(executor):
+    html = (
+        "<!DOCTYPE html><html><head><title>skip me</title><style>p{color:red}</style>"
+        "<script>var hidden = 1;</script></head><body><h1>Caf&eacute; menu</h1>"
+        "<p>Espresso &amp; tea</p><table><tr><td>a</td><td>b</td></tr></table></body></html>"
+    )
+    run = sandboxed(executor, "extract_text", html.encode())
+    text = run.outputs[0].path.read_text(encoding="utf-8")
+    assert text.splitlines() == ["Café menu", "Espresso & tea", "a b"]
+    assert run.seconds < 5
+
+    run = sandboxed(executor, "extract_text", "Grüße\r\naus Köln\n".encode("utf-16"))
+    assert run.outputs[0].path.read_text(encoding="utf-8") == "Grüße\naus Köln\n"
+
+
+def test_text_over_the_cap_is_output_limit(executor):
+    failed = sandbox_failure(
+        executor, "extract_text", b"word " * 100_000, {"max_text_bytes": 100_000}
+    )
+    assert failed.code == "output_limit"
+
+
+@pytest.mark.parametrize(
+    ("path", "code"),
+    [
+        ("hostile/tika-testPPT_protected_passtika.pptx", "encrypted_document"),
+        ("hostile/tika-testWORD_truncated.docx", "invalid_input"),
+        ("hostile/pdfminer-aes-256-r6.pdf", "encrypted_document"),
+        ("images/pillow-hopper.png", "unsupported_format"),
+    ],
+)
+def test_extract_text_refusals(executor, path, code):
+    if not (CORPUS / path).exists():
+        pytest.skip(f"{path} is not in the corpus")
+    failed = sandbox_failure(executor, "extract_text", corpus(path))
+    assert failed.code == code, failed.message
+
+
+# -- in process ----------------------------------------------------------------------------
+
+
+def test_in_process_conversion_is_the_same(tmp_path):
+    started = time.monotonic()
+    output = in_process("docx_to_pdf", corpus("documents/tika-testWORD.docx"), tmp_path)
+    seconds = time.monotonic() - started
+    print(f"docx_to_pdf in process (cold start, fresh profile): {seconds:.2f} s")
+    pdf = read_pdf(output.path)
+    assert pdf.pages >= 1
+    assert "Sample Word Document" in squashed(pdf.text)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["document.pdf", "input"]
+
+
+@pytest.mark.parametrize(
+    ("operation", "params", "fragment"),
+    [
+        ("docx_to_pdf", {"width": 10}, "unknown parameter(s) width"),
+        ("docx_to_pdf", {"max_pages": 0}, "max_pages must be in 1.."),
+        ("docx_to_pdf", {"max_pages": "5"}, "max_pages must be an integer"),
+        ("extract_text", {"max_text_bytes": True}, "max_text_bytes must be an integer"),
+    ],
+)
+def test_bad_params_are_invalid_params(tmp_path, operation, params, fragment):
+    with pytest.raises(PipelineError) as caught:
+        in_process(operation, corpus("documents/tika-testWORD.docx"), tmp_path, params)
+    assert caught.value.code == "invalid_params"
+    assert fragment in caught.value.message
+
+
+@pytest.mark.parametrize(
+    ("data", "kind"),
+    [
+        (b"{\\rtf1\\ansi hello}", "rtf"),
+        (b"%PDF-1.4\n", "pdf"),
+        (b"<html><body>x</body></html>", "html"),
+        ("caf\u00e9".encode("utf-16"), "text"),
+        (b"plain words\n", "text"),
+    ],
+)
+def test_detect_by_content(tmp_path, data, kind):
+    path = tmp_path / "source"
+    path.write_bytes(data)
+    assert office.detect(path).kind == kind
+
+
+@pytest.mark.parametrize(
+    ("path", "kind", "extension"),
+    [
+        ("documents/pydocx-test.docx", "ooxml-word", "docx"),
+        ("documents/sf-source.odt", "odf-text", "odt"),
+        (LINKED_FODT, "odf-text", "fodt"),
+        ("documents/tika-test.doc", "msword", "doc"),
+        ("documents/tika-testEXCEL.xls", "msexcel", "xls"),
+        ("documents/tika-testPPT.ppt", "mspowerpoint", "ppt"),
+        ("documents/tika-test-columnar.ods", "odf-sheet", "ods"),
+        ("documents/tika-testMasterFooter.odp", "odf-slides", "odp"),
+        ("documents/poi-SampleShow.pptx", "ooxml-slides", "pptx"),
+        ("documents/tika-testEXCEL.strict.xlsx", "ooxml-sheet", "xlsx"),
+    ],
+)
+def test_detect_corpus_kinds(path, kind, extension):
+    detected = office.detect(CORPUS / path)
+    assert (detected.kind, detected.extension) == (kind, extension)
+
+
+def test_empty_input_is_invalid_input(tmp_path):
+    with pytest.raises(PipelineError) as caught:
+        in_process("extract_text", b"", tmp_path)
+    assert caught.value.code == "invalid_input"
+
+
+def soffice_processes_under(path: Path) -> list[int]:
+    """Processes whose command line mentions ``path`` (a conversion's files)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if str(path).encode() in cmdline:
+            found.append(int(pid))
+    return found
+
+
+def test_a_conversion_over_its_time_is_killed(tmp_path):
+    source = tmp_path / "source"
+    source.write_bytes(corpus("documents/tika-testWORD.docx"))
+    kind = office.detect(source)
+    started = time.monotonic()
+    with pytest.raises(PipelineError) as caught:
+        office.convert(source, kind, "pdf", tmp_path, 10**9, timeout=0.3)
+    assert caught.value.code == "timeout"
+    assert time.monotonic() - started < 5
+    assert soffice_processes_under(tmp_path) == []
+
+
+def test_html_without_a_closing_head_keeps_its_body(tmp_path):
+    html = b"<html><head><title>t</title><meta charset='iso-8859-1'><body><p>Gr\xfc\xdfe</p>"
+    output = in_process("extract_text", html, tmp_path)
+    assert output.path.read_text(encoding="utf-8") == "Gr\u00fc\u00dfe\n"
