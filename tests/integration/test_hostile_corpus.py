@@ -330,7 +330,9 @@ def test_hostile_and_image_corpus_through_the_workers(pg_engine, settings, tmp_p
             assert health["job_processes"] == [], worker_id
             assert health["workdirs"] == [], worker_id
             assert health["running"] == 0
-            assert health["open_fds"] <= baseline[worker_id]["open_fds"] + 4, worker_id
+            # Pools may open a connection or two more under load (a worker's first job
+            # may come after the baseline); a descriptor leaked per job would be hundreds.
+            assert health["open_fds"] <= baseline[worker_id]["open_fds"] + 10, worker_id
 
 
 ATTACKS: list[tuple[str, dict[str, Any], set[str]]] = [
