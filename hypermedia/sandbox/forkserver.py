@@ -15,7 +15,7 @@ Wire protocol, all ``AF_UNIX``/``SOCK_SEQPACKET``::
     control socket (one per server)
         server -> executor  {"op": "ready", "pid": int, ...}   JSON, once preloaded
                             {"op": "failed", "error": str}     preload failed; exits
-        executor -> server  REQUEST header (wall clock), then the job's request for
+        executor -> server  REQUEST header (wall clock, disk budget), then the job's request for
                             the child: a marshal'ed dict (operation, input_path,
                             params, workdir, rlimits [[name, soft, hard], ...])
                             + SCM_RIGHTS: [server's end of the reply socket,
