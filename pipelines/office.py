@@ -23,10 +23,11 @@ drops headers, footers, footnote bodies and text boxes (measured on
 price of layout artefacts (a line per layout line, table cells of a row on one line)
 and of characters no installed font can show (they have no glyph, so no text).
 
-The kind is found from the content (:func:`detect`): the first bytes
-(:mod:`pipelines.sniff`), the ZIP's ``[Content_Types].xml`` or ``mimetype``, the OLE2
-stream names (:mod:`olefile`), a flat ODF's root element. Never the file's name: the
-input sits at ``.../input/source`` and LibreOffice gets a copy named
+The kind is found from the content (:func:`detect`) by the inspection ingest ran at
+submit (:mod:`hypermedia.sandbox.inspect`: signatures, the ZIP's
+``[Content_Types].xml`` or ``mimetype``, the OLE2 directory, a flat ODF's root
+element), whose refusals (encrypted, macros, ZIP bombs ...) hold here too. Never the
+file's name: the input sits at ``.../input/source`` and LibreOffice gets a copy named
 ``document.<extension for the detected kind>`` (it picks its import filter partly from
 the extension), in a directory of its own inside the workdir.
 
@@ -83,14 +84,14 @@ import shutil
 import signal
 import subprocess
 import time
-import zipfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import IO, Any
 
-from pipelines import pdf, sniff
+from hypermedia.sandbox.inspect import inspect_file, refusal
+from pipelines import pdf
 from pipelines.registry import Output, PipelineError, register
 
 log = logging.getLogger(__name__)
@@ -108,10 +109,8 @@ _POLL_SECONDS = 0.05
 _RESTART = 81
 _ATTEMPTS = 3
 _THREADS = 2
-# How much of the input is read to find its kind (a flat ODF's root element may come
-# after long namespace declarations).
+# How much of a text or HTML input is read to find its encoding (BOM, <meta charset>).
 _DETECT_BYTES = 64 * 1024
-_METADATA_BYTES = 1024 * 1024
 _STREAM_CHUNK = 1024 * 1024
 
 PDF_TYPE = "document.pdf"
@@ -175,182 +174,41 @@ def _int(params: Mapping[str, Any], key: str, high: int, default: int) -> int:
 
 # -- what the input is -------------------------------------------------------------------
 
-_PDF = DocumentKind("pdf", "pdf", "pdf", "PDF document")
-_RTF = DocumentKind("rtf", "writer", "rtf", "RTF document")
-_TEXT = DocumentKind("text", "text", "txt", "plain text")
-_HTML = DocumentKind("html", "html", "html", "HTML document")
-
-# OOXML main part content type (lower case, suffix) -> kind.
-_OOXML_MAIN = {
-    "wordprocessingml.document.main+xml": "ooxml-word",
-    "wordprocessingml.template.main+xml": "ooxml-word",
-    "ms-word.document.macroenabled.main+xml": "ooxml-word",
-    "ms-word.template.macroenabledtemplate.main+xml": "ooxml-word",
-    "spreadsheetml.sheet.main+xml": "ooxml-sheet",
-    "spreadsheetml.template.main+xml": "ooxml-sheet",
-    "ms-excel.sheet.macroenabled.main+xml": "ooxml-sheet",
-    "ms-excel.template.macroenabled.main+xml": "ooxml-sheet",
-    "presentationml.presentation.main+xml": "ooxml-slides",
-    "presentationml.slideshow.main+xml": "ooxml-slides",
-    "presentationml.template.main+xml": "ooxml-slides",
-    "ms-powerpoint.presentation.macroenabled.main+xml": "ooxml-slides",
-    "ms-powerpoint.slideshow.macroenabled.main+xml": "ooxml-slides",
-    "ms-powerpoint.template.macroenabled.main+xml": "ooxml-slides",
+# Profile kind -> the LibreOffice application that reads it (``pdf``, ``text``, ``html``:
+# read here) and the extension LibreOffice gets (it picks its import filter by it).
+_FAMILIES = {
+    "pdf": ("pdf", "pdf"),
+    "text": ("text", "txt"),
+    "html": ("html", "html"),
+    "rtf": ("writer", "rtf"),
+    "ooxml-word": ("writer", "docx"),
+    "odf-text": ("writer", "odt"),
+    "msword": ("writer", "doc"),
+    "ooxml-sheet": ("calc", "xlsx"),
+    "odf-sheet": ("calc", "ods"),
+    "msexcel": ("calc", "xls"),
+    "ooxml-slides": ("impress", "pptx"),
+    "odf-slides": ("impress", "odp"),
+    "mspowerpoint": ("impress", "ppt"),
 }
-_OOXML = {
-    "ooxml-word": DocumentKind("ooxml-word", "writer", "docx", "Word document (OOXML)"),
-    "ooxml-sheet": DocumentKind("ooxml-sheet", "calc", "xlsx", "Excel workbook (OOXML)"),
-    "ooxml-slides": DocumentKind("ooxml-slides", "impress", "pptx", "PowerPoint presentation"),
-}
-# ODF subtype (mimetype suffix) -> (kind, family, packaged extension, flat extension).
-_ODF = {
-    "text": ("odf-text", "writer", "odt", "fodt"),
-    "spreadsheet": ("odf-sheet", "calc", "ods", "fods"),
-    "presentation": ("odf-slides", "impress", "odp", "fodp"),
-}
-_OLE = {
-    "worddocument": DocumentKind("msword", "writer", "doc", "Word 97-2003 document"),
-    "workbook": DocumentKind("msexcel", "calc", "xls", "Excel 97-2003 workbook"),
-    "book": DocumentKind("msexcel", "calc", "xls", "Excel 5 workbook"),
-    "powerpoint document": DocumentKind(
-        "mspowerpoint", "impress", "ppt", "PowerPoint 97-2003 presentation"
-    ),
-}
-_CONTENT_TYPE = re.compile(rb'ContentType\s*=\s*"([^"]*)"', re.I)
-_ODF_MIME = re.compile(rb"application/vnd\.oasis\.opendocument\.([a-z-]+)")
-_FLAT_ROOT = re.compile(rb"<office:document[\s>]")
-_FLAT_MIME = re.compile(rb'office:mimetype\s*=\s*"application/vnd\.oasis\.opendocument\.([a-z-]+)"')
-_ENCRYPTED = PipelineError(
-    "encrypted_document", "the document is password-protected and cannot be opened"
-)
+_FLAT_ODF_EXTENSIONS = {"odf-text": "fodt", "odf-sheet": "fods", "odf-slides": "fodp"}
 
 
 def detect(path: Path) -> DocumentKind:
-    """The kind of document at ``path``, from its content."""
-    with path.open("rb") as file:
-        head = file.read(_DETECT_BYTES)
-    if not head:
-        raise PipelineError("invalid_input", "the input file is empty")
-    if head.startswith(b"{\\rtf"):
-        return _RTF
-    if head.startswith((b"\xff\xfe", b"\xfe\xff")):
-        return _TEXT  # UTF-16 with a byte order mark
-    detected = sniff.sniff(head[: sniff.HEAD_BYTES])
-    if detected.kind == "pdf":
-        return _PDF
-    if detected.kind == "zip":
-        return _zip_kind(path)
-    if detected.kind == "ole":
-        return _ole_kind(path)
-    if detected.kind == "xml" and _FLAT_ROOT.search(head):
-        return _flat_odf_kind(head)
-    if detected.kind == "html":
-        return _HTML
-    if detected.kind == "text" or (detected.kind == "unknown" and _utf8_text(head)):
-        return _TEXT
-    raise PipelineError("unsupported_format", f"{detected.label} is not a supported document")
-
-
-def _utf8_text(head: bytes) -> bool:
-    """UTF-8 text, a multi-byte character cut by the end of ``head`` allowed (which
-    :func:`pipelines.sniff.sniff` does not allow)."""
-    try:
-        decoded = head.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        if exc.start < len(head) - 4:
-            return False
-        decoded = head[: exc.start].decode("utf-8")
-    return all(ch.isprintable() or ch in "\t\r\n\f" for ch in decoded)
-
-
-def _zip_kind(path: Path) -> DocumentKind:
-    try:
-        with zipfile.ZipFile(path) as archive:
-            names = set(archive.namelist())
-            if "[Content_Types].xml" in names:
-                return _ooxml_kind(_read_entry(archive, "[Content_Types].xml"))
-            if "mimetype" in names or "META-INF/manifest.xml" in names:
-                manifest = b""
-                if "META-INF/manifest.xml" in names:
-                    manifest = _read_entry(archive, "META-INF/manifest.xml")
-                mimetype = _read_entry(archive, "mimetype") if "mimetype" in names else manifest
-                return _odf_kind(mimetype, manifest)
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError) as exc:
-        raise PipelineError(
-            "invalid_input", f"the document is damaged (its ZIP structure is unreadable: {exc})"
-        ) from None
-    raise PipelineError("unsupported_format", "a ZIP archive is not a supported document")
-
-
-def _read_entry(archive: zipfile.ZipFile, name: str) -> bytes:
-    with archive.open(name) as entry:
-        return entry.read(_METADATA_BYTES)
-
-
-def _ooxml_kind(content_types: bytes) -> DocumentKind:
-    for declared in _CONTENT_TYPE.findall(content_types):
-        lowered = declared.decode("latin-1").lower()
-        for suffix, kind in _OOXML_MAIN.items():
-            if lowered.endswith(suffix):
-                return _OOXML[kind]
-    raise PipelineError(
-        "unsupported_format", "an Office Open XML package that is not Word, Excel or PowerPoint"
-    )
-
-
-def _odf_kind(mimetype: bytes, manifest: bytes) -> DocumentKind:
-    if b"encryption-data" in manifest:
-        raise _ENCRYPTED
-    found = _ODF_MIME.search(mimetype)
-    subtype = found.group(1).decode() if found else ""
-    base = subtype.removesuffix("-template")
-    if base not in _ODF:
-        label = f"OpenDocument {subtype}" if subtype else "a ZIP archive"
-        raise PipelineError("unsupported_format", f"{label} is not a supported document")
-    kind, family, extension, _flat = _ODF[base]
-    return DocumentKind(kind, family, extension, f"OpenDocument {subtype}")
-
-
-def _flat_odf_kind(head: bytes) -> DocumentKind:
-    found = _FLAT_MIME.search(head)
-    subtype = found.group(1).decode() if found else "text"
-    base = subtype.removesuffix("-template")
-    if base not in _ODF:
-        raise PipelineError(
-            "unsupported_format", f"flat OpenDocument {subtype} is not a supported document"
-        )
-    kind, family, _packaged, extension = _ODF[base]
-    return DocumentKind(kind, family, extension, f"flat OpenDocument {subtype}")
-
-
-def _ole_kind(path: Path) -> DocumentKind:
-    import olefile
-
-    try:
-        with olefile.OleFileIO(str(path)) as ole:
-            roots = {entry[0].lower() for entry in ole.listdir(streams=True, storages=True)}
-            if "encryptedpackage" in roots or "encryptedsummary" in roots:
-                raise _ENCRYPTED
-            for stream, kind in _OLE.items():
-                if stream in roots:
-                    if kind.kind == "msword" and _word_encrypted(ole):
-                        raise _ENCRYPTED
-                    return kind
-    except PipelineError:
-        raise
-    except Exception as exc:  # olefile raises many types on malformed input
-        raise PipelineError(
-            "invalid_input", f"the document is damaged (unreadable OLE2 structure: {exc})"
-        ) from None
-    raise PipelineError(
-        "unsupported_format", "an OLE2 file that is not a Word, Excel or PowerPoint document"
-    )
-
-
-def _word_encrypted(ole: Any) -> bool:
-    """The FIB's ``fEncrypted`` bit (Word 97-2003)."""
-    fib: bytes = ole.openstream("WordDocument").read(12)
-    return len(fib) >= 12 and bool(int.from_bytes(fib[10:12], "little") & 0x0100)
+    """The kind of document at ``path``, from its content: the inspection ingest ran at
+    submit (:mod:`hypermedia.sandbox.inspect`), with the same refusals (empty or
+    unreadable, encrypted, macros, ZIP bombs, unsafe XML ...)."""
+    inspection = inspect_file(path)
+    refused = refusal(inspection)
+    if refused is not None:
+        raise PipelineError(refused.code, refused.message)
+    found = _FAMILIES.get(inspection.kind)
+    if found is None:
+        raise PipelineError("unsupported_format", f"{inspection.label} is not a supported document")
+    family, extension = found
+    if inspection.mime.endswith("-flat-xml"):
+        extension = _FLAT_ODF_EXTENSIONS[inspection.kind]
+    return DocumentKind(inspection.kind, family, extension, inspection.label)
 
 
 # -- LibreOffice -------------------------------------------------------------------------
