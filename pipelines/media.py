@@ -4,7 +4,8 @@ Both steps run the same way:
 
 1. parameters validated (:func:`video_request`, :func:`audio_request`) before the file
    is opened; unknown keys and bad values are ``invalid_params``;
-2. the container sniffed from the first bytes (:func:`detect`), never the name, and
+2. the container sniffed from the first bytes (:func:`detect`, with the signatures of
+   :mod:`hypermedia.sandbox.formats.signatures` that ingest used), never the name, and
    mapped to the FFmpeg demuxer that will read it. FFmpeg is never asked to guess: a
    guessing FFmpeg reads a playlist saved as ``.mp4`` as HLS and fetches what it names.
    Every FFmpeg call names the demuxer (``-f``), allows that demuxer only
@@ -67,7 +68,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from pipelines import sniff
+from hypermedia.sandbox.formats import signatures
 from pipelines.registry import Output, PipelineError, register
 
 log = logging.getLogger(__name__)
@@ -111,90 +112,47 @@ class Container:
     label: str
 
 
-def _container(head: bytes) -> Container | None:
-    """The media container whose first bytes are ``head``, ``None`` if not media."""
-    if head[4:8] == b"ftyp":
-        if sniff.sniff(head).kind in ("video", "isobmff"):
-            return Container("mov", "MP4/QuickTime media")
-        return None  # AVIF, HEIC, JPEG XL, camera raw: images in ISO media boxes
-    if head[4:8] in (b"moov", b"mdat", b"wide", b"free", b"skip", b"pnot") and len(head) >= 8:
-        return Container("mov", "QuickTime movie")
-    if head.startswith(b"ID3"):
-        return _after_id3(head)
-    for prefix, container in _PREFIXES:
-        if head.startswith(prefix):
-            return container
-    if head[:4] in (b"RIFF", b"RF64") and head[8:12] == b"WAVE":
-        return Container("wav", "WAV audio")
-    if head[:4] == b"RIFF" and head[8:12] == b"AVI ":
-        return Container("avi", "AVI video")
-    if head[:4] == b"FORM" and head[8:12] in (b"AIFF", b"AIFC"):
-        return Container("aiff", "AIFF audio")
-    if len(head) >= 6 and head[4:6] in (b"\x11\xaf", b"\x12\xaf"):
-        return Container("flic", "Autodesk FLIC animation")
-    if len(head) > 376 and head[0] == head[188] == head[376] == 0x47:
-        return Container("mpegts", "MPEG transport stream")
-    return _audio_frames(head)
-
-
-_PREFIXES: list[tuple[bytes, Container]] = [
-    (b"\x1a\x45\xdf\xa3", Container("matroska", "Matroska/WebM media")),
-    (b"fLaC", Container("flac", "FLAC audio")),
-    (b"OggS", Container("ogg", "Ogg media")),
-    (b"FLV\x01", Container("flv", "Flash video")),
-    (bytes.fromhex("3026b2758e66cf11a6d900aa0062ce6c"), Container("asf", "Windows Media (ASF)")),
-    (b".snd", Container("au", "Sun/NeXT audio")),
-    (b"wvpk", Container("wv", "WavPack audio")),
-    (b"\x00\x00\x01\xba", Container("mpeg", "MPEG program stream")),
-    (b"\x0b\x77", Container("ac3", "AC-3 audio")),
-]
-
-
-def _after_id3(head: bytes) -> Container:
-    """An ID3v2 tag is MP3's, but FLAC and raw AAC are sometimes tagged too."""
-    if len(head) >= 10:
-        size = 0
-        for byte in head[6:10]:
-            size = (size << 7) | (byte & 0x7F)
-        rest = head[10 + size :]
-        if rest.startswith(b"fLaC"):
-            return Container("flac", "FLAC audio")
-        framed = _audio_frames(rest)
-        if framed is not None and framed.demuxer == "aac":
-            return framed
-    return Container("mp3", "MP3 audio")
-
-
-def _audio_frames(head: bytes) -> Container | None:
-    """Raw MPEG audio (MP3 frames) or ADTS AAC, by the frame sync of the first frame."""
-    if len(head) < 4 or head[0] != 0xFF or head[1] & 0xE0 != 0xE0:
-        return None
-    layer = (head[1] >> 1) & 0x3
-    if layer == 0:
-        return Container("aac", "AAC audio (ADTS)") if head[1] & 0xF6 == 0xF0 else None
-    bitrate_index, rate_index = head[2] >> 4, (head[2] >> 2) & 0x3
-    if (head[1] >> 3) & 0x3 == 1 or bitrate_index == 0xF or rate_index == 0x3:
-        return None  # reserved MPEG version, bad bitrate or bad sample rate
-    return Container("mp3", "MP3 audio")
+# Signature format (hypermedia.sandbox.formats.signatures, what ingest detected) ->
+# the FFmpeg demuxer that reads it.
+_DEMUXERS = {
+    "isobmff": "mov",
+    "ebml": "matroska",
+    "avi": "avi",
+    "wav": "wav",
+    "aiff": "aiff",
+    "flac": "flac",
+    "ogg": "ogg",
+    "mp3": "mp3",
+    "aac": "aac",
+    "flv": "flv",
+    "asf": "asf",
+    "au": "au",
+    "wavpack": "wv",
+    "mpeg-ps": "mpeg",
+    "mpeg-ts": "mpegts",
+    "flic": "flic",
+}
 
 
 def detect(path: Path) -> Container:
-    """The container of ``path`` by content, refused unless it is media FFmpeg may read."""
+    """The container of ``path`` by content (the signatures ingest used), refused unless
+    it is media FFmpeg may read."""
     with path.open("rb") as file:
-        head = file.read(sniff.HEAD_BYTES)
-    if not head:
+        head = file.read(signatures.HEAD_BYTES)
+    found = signatures.detect(head)
+    if found.kind == "empty":
         raise PipelineError("invalid_input", "the input file is empty")
-    if head.startswith(b"MThd"):
+    if found.format == "midi":
         raise PipelineError(
             "unsupported_format",
             "a MIDI file holds notes, not audio samples: there is nothing to transcode",
         )
-    container = _container(head)
-    if container is None:
-        raise PipelineError(
-            "unsupported_format", f"{sniff.sniff(head).label} is not an audio or video file"
-        )
-    return container
+    if found.format == "unknown" and head.startswith(b"\x0b\x77"):
+        return Container("ac3", "AC-3 audio")  # ingest knows it from libmagic
+    demuxer = _DEMUXERS.get(found.format) if found.kind in ("audio", "video") else None
+    if demuxer is None:
+        raise PipelineError("unsupported_format", f"{found.label} is not an audio or video file")
+    return Container(demuxer, found.label)
 
 
 # -- parameters -----------------------------------------------------------------------

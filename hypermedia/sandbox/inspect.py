@@ -69,7 +69,7 @@ log = logging.getLogger(__name__)
 
 # Bump when the inspection would find different facts: stored inspections say which
 # version made them.
-INSPECTOR_VERSION = 1
+INSPECTOR_VERSION = 2
 HEAD_BYTES = signatures.HEAD_BYTES
 _FLAT_ODF_SCAN_BYTES = 8 * 1024 * 1024
 

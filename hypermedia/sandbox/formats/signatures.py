@@ -115,7 +115,7 @@ def _binary(head: bytes) -> Signature | None:
             return Signature("archive", mime, label, "archive")
     if head[257:262] == b"ustar":
         return Signature("archive", "application/x-tar", "tar archive", "archive")
-    return None
+    return _weak_media(head)
 
 
 def _media(head: bytes) -> Signature | None:
@@ -140,7 +140,7 @@ def _media(head: bytes) -> Signature | None:
     if head.startswith(b"OggS"):
         return Signature("audio", "audio/ogg", "Ogg media", "ogg")
     if head.startswith(b"ID3"):
-        return Signature("audio", "audio/mpeg", "MP3 audio", "mp3")
+        return _after_id3(head)
     if head.startswith(b"MThd"):
         return Signature("audio", "audio/midi", "MIDI file (notes, no audio samples)", "midi")
     if head.startswith(b"FLV\x01"):
@@ -156,6 +156,45 @@ def _media(head: bytes) -> Signature | None:
     if len(head) > 376 and head[0] == head[188] == head[376] == 0x47:
         return Signature("video", "video/mp2t", "MPEG transport stream", "mpeg-ts")
     return None
+
+
+_MP3 = Signature("audio", "audio/mpeg", "MP3 audio", "mp3")
+_AAC = Signature("audio", "audio/aac", "AAC audio (ADTS)", "aac")
+
+
+def _after_id3(head: bytes) -> Signature:
+    """An ID3v2 tag is MP3's, but FLAC and raw AAC are sometimes tagged too."""
+    if len(head) >= 10:
+        size = 0
+        for byte in head[6:10]:
+            size = (size << 7) | (byte & 0x7F)
+        rest = head[10 + size :]
+        if rest.startswith(b"fLaC"):
+            return Signature("audio", "audio/flac", "FLAC audio", "flac")
+        if _audio_frames(rest) is _AAC:
+            return _AAC
+    return _MP3
+
+
+def _audio_frames(head: bytes) -> Signature | None:
+    """Raw MPEG audio (MP3 frames) or ADTS AAC, by the frame sync of the first frame."""
+    if len(head) < 4 or head[0] != 0xFF or head[1] & 0xE0 != 0xE0:
+        return None
+    layer = (head[1] >> 1) & 0x3
+    if layer == 0:
+        return _AAC if head[1] & 0xF6 == 0xF0 else None
+    bitrate_index, rate_index = head[2] >> 4, (head[2] >> 2) & 0x3
+    if (head[1] >> 3) & 0x3 == 1 or bitrate_index == 0xF or rate_index == 0x3:
+        return None  # reserved MPEG version, bad bitrate or bad sample rate
+    return _MP3
+
+
+def _weak_media(head: bytes) -> Signature | None:
+    """Media with short signatures, tried after every other binary format: FLIC, and
+    MP3/AAC without a tag (a frame sync). AC-3 (two bytes) is left to libmagic."""
+    if len(head) >= 6 and head[4:6] in (b"\x11\xaf", b"\x12\xaf"):
+        return Signature("video", "video/x-flic", "Autodesk FLIC animation", "flic")
+    return _audio_frames(head)
 
 
 def _gzip(head: bytes) -> Signature:
