@@ -163,11 +163,13 @@ def _finish(image: pyvips.Image, output_format: image_params.OutputFormat) -> py
     return image
 
 
-def _save(image: pyvips.Image, path: Path, request: image_params.ImageRequest) -> None:
+def save(
+    image: pyvips.Image, path: Path, output_format: image_params.OutputFormat, quality: int
+) -> None:
+    """Encode ``image`` to ``path`` as ``output_format`` with no metadata at all."""
     target = pyvips.Target.new_to_file(str(path))
-    quality = request.quality or image_params.DEFAULT_QUALITY
     strip = pyvips.enums.ForeignKeep.NONE
-    name = request.format.name
+    name = output_format.name
     if name == "jpeg":
         image.jpegsave_target(target, Q=quality, optimize_coding=True, keep=strip)
     elif name == "webp":
@@ -207,7 +209,7 @@ def run_step(
                 width = height = max(header.width, header.height)
             image = _finish(source.render(width, height, request.crop, animated), request.format)
             workdir.mkdir(parents=True, exist_ok=True)
-            _save(image, path, request)
+            save(image, path, request.format, request.quality or image_params.DEFAULT_QUALITY)
         finally:
             source.close()
     except (pyvips.Error, DecodeFailed) as exc:

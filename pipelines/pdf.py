@@ -58,7 +58,7 @@ import pypdfium2 as pdfium
 import pypdfium2.raw as pdfium_c
 import pyvips
 
-from pipelines import pdf_params, sniff
+from pipelines import images, pdf_params, sniff
 from pipelines.registry import Output, PipelineError, register
 
 log = logging.getLogger(__name__)
@@ -212,19 +212,8 @@ def _encode(bitmap: pdfium.PdfBitmap, path: Path, request: pdf_params.PreviewReq
     if stride_pixels != bitmap.width:
         image = image.crop(0, 0, bitmap.width, bitmap.height)
     image = image.extract_band(0, n=3).copy(interpretation="srgb")
-    target = pyvips.Target.new_to_file(str(path))
-    strip = pyvips.enums.ForeignKeep.NONE
-    quality = request.quality or pdf_params.DEFAULT_QUALITY
-    name = request.format.name
     try:
-        if name == "jpeg":
-            image.jpegsave_target(target, Q=quality, optimize_coding=True, keep=strip)
-        elif name == "webp":
-            image.webpsave_target(target, Q=quality, effort=4, keep=strip)
-        elif name == "png":
-            image.pngsave_target(target, compression=6, keep=strip)
-        else:  # pragma: no cover - pdf_params.FORMATS lists exactly these
-            raise AssertionError(name)
+        images.save(image, path, request.format, request.quality or pdf_params.DEFAULT_QUALITY)
     except pyvips.Error as exc:
         reason = " ".join(str(exc).split())
         if "memory" in reason or "thread" in reason:
