@@ -54,6 +54,8 @@ _SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=-]{0,199}$")
 _CONTENT_TYPE = re.compile(
     r"^[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,63}/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,62}$"
 )
+# Text is stored with its charset, or a browser guesses it: UTF-8 is the only one.
+_TEXT_CONTENT_TYPE = re.compile(r"^text/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,62}; charset=utf-8$")
 
 MAX_TTL_SECONDS = 7 * 24 * 3600
 
@@ -102,8 +104,11 @@ def check_ttl(ttl_seconds: int) -> int:
 
 
 def check_content_type(content_type: str | None) -> str | None:
-    """A bare ``type/subtype`` (no parameters), or None."""
-    if content_type is not None and not _CONTENT_TYPE.fullmatch(content_type):
+    """A bare ``type/subtype``, ``text/<subtype>; charset=utf-8`` (no other
+    parameters), or None."""
+    if content_type is not None and not (
+        _CONTENT_TYPE.fullmatch(content_type) or _TEXT_CONTENT_TYPE.fullmatch(content_type)
+    ):
         raise InvalidRequest(f"invalid content type {content_type!r}", content_type=content_type)
     return content_type
 

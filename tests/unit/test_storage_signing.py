@@ -153,7 +153,16 @@ def test_bad_keys_are_refused_before_signing(storage, key):
 
 @pytest.mark.parametrize(
     "content_type",
-    ["image", "image/png; charset=x", "a/b\nc", "/png", "text/ plain", "image/png\n"],
+    [
+        "image",
+        "image/png; charset=x",
+        "text/plain; charset=latin-1",
+        "text/plain; charset=utf-8; x=y",
+        "a/b\nc",
+        "/png",
+        "text/ plain",
+        "image/png\n",
+    ],
 )
 def test_bad_content_types_are_refused(storage, content_type):
     with pytest.raises(InvalidRequest):
@@ -168,6 +177,7 @@ def test_bad_content_types_are_refused(storage, content_type):
         "image/png",
         "image/svg+xml",
         "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
+        "text/plain; charset=utf-8",  # extract_text's output
     ],
 )
 def test_real_content_types_pass(content_type):
