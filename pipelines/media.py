@@ -5,7 +5,7 @@ Both steps run the same way:
 1. parameters validated (:func:`video_request`, :func:`audio_request`) before the file
    is opened; unknown keys and bad values are ``invalid_params``;
 2. the container sniffed from the first bytes (:func:`detect`, with the signatures of
-   :mod:`hypermedia.sandbox.formats.signatures` that ingest used), never the name, and
+   :mod:`pipelines.formats.signatures` that ingest used), never the name, and
    mapped to the FFmpeg demuxer that will read it. FFmpeg is never asked to guess: a
    guessing FFmpeg reads a playlist saved as ``.mp4`` as HLS and fetches what it names.
    Every FFmpeg call names the demuxer (``-f``), allows that demuxer only
@@ -68,7 +68,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from hypermedia.sandbox.formats import signatures
+from pipelines.formats import signatures
 from pipelines.registry import Output, PipelineError, register
 
 log = logging.getLogger(__name__)
@@ -112,7 +112,7 @@ class Container:
     label: str
 
 
-# Signature format (hypermedia.sandbox.formats.signatures, what ingest detected) ->
+# Signature format (pipelines.formats.signatures, what ingest detected) ->
 # the FFmpeg demuxer that reads it.
 _DEMUXERS = {
     "isobmff": "mov",

@@ -24,9 +24,9 @@ price of layout artefacts (a line per layout line, table cells of a row on one l
 and of characters no installed font can show (they have no glyph, so no text).
 
 The kind is found from the content (:func:`detect`) by the inspection ingest ran at
-submit (:mod:`hypermedia.sandbox.inspect`: signatures, the ZIP's
+submit (:mod:`pipelines.formats.inspection`: signatures, the ZIP's
 ``[Content_Types].xml`` or ``mimetype``, the OLE2 directory, a flat ODF's root
-element), whose refusals (encrypted, macros, ZIP bombs ...) hold here too. Never the
+element); an encrypted or unreadable document is refused before LibreOffice runs. Never the
 file's name: the input sits at ``.../input/source`` and LibreOffice gets a copy named
 ``document.<extension for the detected kind>`` (it picks its import filter partly from
 the extension), in a directory of its own inside the workdir.
@@ -90,8 +90,8 @@ from functools import cache
 from pathlib import Path
 from typing import IO, Any
 
-from hypermedia.sandbox.inspect import inspect_file, refusal
 from pipelines import pdf
+from pipelines.formats.inspection import inspect_file
 from pipelines.registry import Output, PipelineError, register
 
 log = logging.getLogger(__name__)
@@ -196,12 +196,20 @@ _FLAT_ODF_EXTENSIONS = {"odf-text": "fodt", "odf-sheet": "fods", "odf-slides": "
 
 def detect(path: Path) -> DocumentKind:
     """The kind of document at ``path``, from its content: the inspection ingest ran at
-    submit (:mod:`hypermedia.sandbox.inspect`), with the same refusals (empty or
-    unreadable, encrypted, macros, ZIP bombs, unsafe XML ...)."""
+    submit (:mod:`pipelines.formats.inspection`). What ingest refuses for every
+    operation (macros, ZIP bombs, unsafe XML ...) never reaches a step; what makes
+    LibreOffice fail is said here: empty, unreadable, encrypted."""
     inspection = inspect_file(path)
-    refused = refusal(inspection)
-    if refused is not None:
-        raise PipelineError(refused.code, refused.message)
+    details = inspection.details
+    if inspection.kind == "empty":
+        raise PipelineError("invalid_input", "the input file is empty")
+    if details.get("corrupt"):
+        raise PipelineError("invalid_input", f"{inspection.label}: {details['corrupt']}")
+    if details.get("encrypted"):
+        raise PipelineError(
+            "encrypted_document",
+            f"{inspection.label} cannot be opened without a password ({details['encrypted']})",
+        )
     found = _FAMILIES.get(inspection.kind)
     if found is None:
         raise PipelineError("unsupported_format", f"{inspection.label} is not a supported document")

@@ -5,10 +5,9 @@ A step is a pure function of files::
     step(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list[Output]
 
 It reads ``input_path``, writes its outputs inside ``workdir`` and returns them.
-It does no network I/O, imports nothing from ``hypermedia`` or ``autoscaler`` but the
-pure content inspection (:mod:`hypermedia.sandbox.inspect` and its ``formats``: a step
-sees a file as ingest saw it), and runs in a child process that the worker may kill at
-any time.
+It does no network I/O, imports nothing from ``hypermedia`` or ``autoscaler`` (the
+content inspection it shares with ingest is :mod:`pipelines.formats`), and runs in a
+child process that the worker may kill at any time.
 
 Output types name what the step produced *with its effective parameters*
 (``thumbnail-320x320.webp``, ``convert.png``): the output key is

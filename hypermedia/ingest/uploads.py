@@ -31,10 +31,10 @@ from hypermedia.accounts import Caller, default_pool_id, is_pool_member
 from hypermedia.db.engine import transaction
 from hypermedia.errors import Conflict, InvalidRequest, NotFound
 from hypermedia.objects import ObjectInfo, register_object
-from hypermedia.sandbox.formats.source import CallbackSource
 from hypermedia.sandbox.inspect import Inspection, inspect_file, inspect_source
 from hypermedia.storage.base import Storage, StoredBlob, check_key
 from hypermedia.storage.local import LocalStorage
+from pipelines.formats.source import CallbackSource
 
 _DONE = object()
 

@@ -2,9 +2,11 @@
 
 Two steps, kept apart so the facts can be stored and the rules re-applied:
 
-1. :func:`inspect_file` / :func:`inspect_source` read what a file *is* from its content,
-   never its name or the uploader's claim: explicit signatures
-   (:mod:`~hypermedia.sandbox.formats.signatures`) win, libmagic names what they do not
+1. :func:`inspect_file` / :func:`inspect_source` (:mod:`pipelines.formats.inspection`,
+   beside the format readers, so that a pipeline step sees a file as ingest saw it
+   without importing the core) read what a file *is* from its content, never its name
+   or the uploader's claim: explicit signatures
+   (:mod:`~pipelines.formats.signatures`) win, libmagic names what they do not
    know, and the container readers look inside (ZIP directory, OLE2 directory, PDF
    trailer, image and media headers). The answer is an :class:`Inspection`: a ``kind``
    (what profiles accept), a ``mime`` type and ``details`` (facts: dimensions, frames,
@@ -31,17 +33,15 @@ Two steps, kept apart so the facts can be stored and the rules re-applied:
 
    :func:`refusal` is the part that does not depend on the operation.
 
-This module and :mod:`hypermedia.sandbox.formats` do no I/O beyond reading the bytes
+This module and :mod:`pipelines.formats` do no I/O beyond reading the bytes
 they are handed; libmagic is loaded on first use (its loader runs ``ldconfig``).
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
-from dataclasses import dataclass, field, fields
-from pathlib import Path
+from dataclasses import dataclass, fields
 from typing import Annotated, Any, ClassVar
 
 from annotated_types import Ge, Gt
@@ -61,17 +61,23 @@ from hypermedia.errors import (
     UnsupportedFormat,
     ZipBomb,
 )
-from hypermedia.sandbox.formats import images, media, office, pdf, signatures
-from hypermedia.sandbox.formats.source import FileSource, Source
-from pipelines.sniff import ARCHIVE_TAIL_BYTES, appended_archive
+from pipelines.formats.inspection import Inspection, inspect_file, inspect_source
+
+# Step 1 lives beside the format readers (pipelines.formats.inspection), step 2 here;
+# the core imports both from this module.
+__all__ = [
+    "ANY",
+    "KINDS",
+    "InputLimits",
+    "Inspection",
+    "accepted",
+    "check_operation",
+    "inspect_file",
+    "inspect_source",
+    "refusal",
+]
 
 log = logging.getLogger(__name__)
-
-# Bump when the inspection would find different facts: stored inspections say which
-# version made them.
-INSPECTOR_VERSION = 2
-HEAD_BYTES = signatures.HEAD_BYTES
-_FLAT_ODF_SCAN_BYTES = 8 * 1024 * 1024
 
 KINDS = frozenset(
     {
@@ -116,7 +122,6 @@ _REFUSED_KINDS = {
 _REFUSED_MIMES = {
     "audio/midi": "a MIDI file holds notes, not audio samples: there is nothing to transcode",
 }
-_POLYGLOT_KINDS = {"image", "pdf", "video", "audio"}
 
 
 Positive = Annotated[int, Ge(1)]
@@ -159,148 +164,6 @@ class InputLimits:
     def from_dict(cls, values: dict[str, Any]) -> InputLimits:
         """From :meth:`to_dict` (validated when the profile was loaded)."""
         return cls(**values)
-
-
-@dataclass(frozen=True, slots=True)
-class Inspection:
-    """What a file is, by content. ``details`` holds the facts (JSON-serializable)."""
-
-    kind: str
-    mime: str
-    details: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def label(self) -> str:
-        return str(self.details.get("label", self.mime))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "mime": self.mime, "details": self.details}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Inspection:
-        return cls(str(data["kind"]), str(data["mime"]), dict(data.get("details") or {}))
-
-
-# -- step 1: facts ---------------------------------------------------------------------------
-
-
-def inspect_file(path: Path) -> Inspection:
-    """Inspect a local file."""
-    with FileSource(path) as source:
-        return inspect_source(source)
-
-
-def inspect_source(source: Source) -> Inspection:
-    """Inspect the bytes ``source`` reads (a file, a buffer, ranged GETs)."""
-    head = source.read_at(0, HEAD_BYTES)
-    found = signatures.detect(head)
-    kind, mime = found.kind, found.mime
-    details: dict[str, Any] = {"inspector": INSPECTOR_VERSION, "label": found.label}
-    described = _libmagic(head)
-    if described is not None:
-        details["magic"] = described[0]
-        if found.format == "unknown":
-            kind, mime = _kind_from_magic(described[0])
-            details["label"] = described[1][:200] or found.label
-    try:
-        kind, mime = _look_inside(source, found, kind, mime, details)
-    except Exception as exc:
-        # A reader's bug must not let a file through unchecked: a container we could
-        # not inspect is refused (invalid_input); for other kinds the limits stay unknown.
-        log.exception("inspecting a %s failed", found.label, extra={"action": "inspect"})
-        if found.format in ("zip", "ole", "pdf", "flat-odf"):
-            details["corrupt"] = f"could not be inspected ({type(exc).__name__})"
-    if kind in _POLYGLOT_KINDS and source.size > 22:
-        tail_start = max(0, source.size - ARCHIVE_TAIL_BYTES)
-        if appended_archive(source.read_at(tail_start, source.size - tail_start)):
-            details["appended_archive"] = True
-    return Inspection(kind, mime, details)
-
-
-def _look_inside(
-    source: Source, found: signatures.Signature, kind: str, mime: str, details: dict[str, Any]
-) -> tuple[str, str]:
-    if found.kind == "image":
-        details.update(images.geometry(source, found.format))
-    elif found.format == "pdf":
-        facts = pdf.analyze(source)
-        if facts.encrypted:
-            details["encrypted"] = facts.encrypted
-        if facts.pages is not None:
-            details["pages"] = facts.pages
-        if facts.largest_image is not None:
-            details["largest_image"] = list(facts.largest_image)
-    elif found.format in ("zip", "ole"):
-        container = (office.inspect_zip if found.format == "zip" else office.inspect_ole)(source)
-        details["label"] = container.label
-        details.update(container.details)
-        return container.kind, container.mime
-    elif found.kind in ("audio", "video"):
-        analyzed = media.analyze(source, found)
-        details["label"] = analyzed.label
-        details.update(analyzed.details)
-        return analyzed.kind, analyzed.mime
-    elif found.format == "flat-odf":
-        _flat_odf(source, details)
-    return kind, mime
-
-
-def _flat_odf(source: Source, details: dict[str, Any]) -> None:
-    """A flat (single XML) OpenDocument: embedded Basic modules, dangerous DTDs."""
-    text = source.read_at(0, _FLAT_ODF_SCAN_BYTES)
-    for marker in (b"<ooo:library-embedded", b"<ooo:module", b"<office:script "):
-        if marker in text:
-            details["macros"] = f"embedded scripts ({marker.decode()[1:].strip()})"
-            break
-    element = signatures.root_element(text)
-    prolog = text[: text.find(b"<" + element)] if element else text[:4096]
-    if office.dangerous_dtd(prolog, any_dtd=False):
-        details["unsafe_xml"] = "the document declares a DTD with entities or external identifiers"
-
-
-@functools.cache
-def _magic_handles() -> tuple[Any, Any] | None:
-    try:
-        import magic
-
-        return magic.Magic(mime=True), magic.Magic()
-    except Exception as exc:  # libmagic missing: the explicit signatures still decide
-        log.warning("libmagic unavailable: %s", exc, extra={"action": "inspect"})
-        return None
-
-
-def _libmagic(head: bytes) -> tuple[str, str] | None:
-    """libmagic's ``(mime, description)`` of the head, or None when unavailable."""
-    if not head:
-        return None
-    handles = _magic_handles()
-    if handles is None:
-        return None
-    try:
-        return str(handles[0].from_buffer(head)), str(handles[1].from_buffer(head))
-    except Exception:
-        return None
-
-
-def _kind_from_magic(magic_mime: str) -> tuple[str, str]:
-    top = magic_mime.split("/", 1)[0]
-    if magic_mime == "application/x-empty":
-        return "empty", magic_mime
-    if top in ("image", "video", "audio"):
-        return top, magic_mime
-    special = {
-        "text/rtf": "rtf",
-        "text/html": "html",
-        "text/xml": "xml",
-        "application/xml": "xml",
-        "application/pdf": "pdf",
-        "application/postscript": "postscript",
-    }
-    if magic_mime in special:
-        return special[magic_mime], magic_mime
-    if top == "text":
-        return "text", magic_mime
-    return "unknown", magic_mime
 
 
 # -- step 2: rules --------------------------------------------------------------------------

@@ -11,8 +11,8 @@ import pytest
 
 from hypermedia.errors import ConfigError
 from hypermedia.profiles import load_profiles, parse_profiles
-from hypermedia.sandbox.formats.signatures import IMAGE_MIMES
 from hypermedia.sandbox.inspect import InputLimits
+from pipelines.formats.signatures import IMAGE_MIMES
 
 REPO = Path(__file__).resolve().parents[2]
 PROFILES = REPO / "etc" / "profiles.toml"

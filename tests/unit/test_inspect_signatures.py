@@ -13,9 +13,9 @@ import zlib
 
 import pytest
 
-from hypermedia.sandbox.formats import signatures
-from hypermedia.sandbox.formats.source import BytesSource, CallbackSource, SourceFile, buffered
 from hypermedia.sandbox.inspect import Inspection, inspect_source
+from pipelines.formats import signatures
+from pipelines.formats.source import BytesSource, CallbackSource, SourceFile, buffered
 
 
 def inspect(data: bytes) -> Inspection:
@@ -197,6 +197,8 @@ CASES: list[tuple[str, bytes, str, str]] = [
         "application/vnd.oasis.opendocument.text-flat-xml",
     ),
     ("text", "héllo wörld\n".encode(), "text", "text/plain"),
+    ("utf-16 text", "Grüße aus Köln\n".encode("utf-16"), "text", "text/plain"),
+    ("mp3 frames", bytes.fromhex("fffb9064") + bytes(400), "audio", "audio/mpeg"),
     ("empty", b"", "empty", "application/x-empty"),
     ("rar", b"Rar!\x1a\x07\x00" + bytes(20), "archive", "application/vnd.rar"),
 ]

@@ -14,8 +14,6 @@ import zipfile
 import pytest
 
 from hypermedia import errors
-from hypermedia.sandbox.formats import pdf
-from hypermedia.sandbox.formats.source import BytesSource
 from hypermedia.sandbox.inspect import (
     InputLimits,
     Inspection,
@@ -23,6 +21,8 @@ from hypermedia.sandbox.inspect import (
     inspect_source,
     refusal,
 )
+from pipelines.formats import pdf
+from pipelines.formats.source import BytesSource
 
 IMAGES = ["image/jpeg", "image/png", "image/gif", "image/webp"]
 WORD_MAIN = "application/vnd.openxmlformats-officedocument.wordprocessingml.document.main+xml"

@@ -76,3 +76,20 @@ def test_the_check_would_notice_an_io_import():
 def test_importing_the_package_is_cheap():
     loaded = imported_modules("hypermedia")
     assert not [name for name in loaded if name.split(".")[0] in IO_PACKAGES]
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        "pipelines.registry",
+        "pipelines.images",
+        "pipelines.pdf",
+        "pipelines.office",
+        "pipelines.media",
+    ],
+)
+def test_pipelines_import_neither_the_core_nor_the_autoscaler(module):
+    """DESIGN: arrows run autoscaler -> hypermedia -> pipelines, never back."""
+    loaded = imported_modules(module)
+    assert module in loaded
+    assert sorted(n for n in loaded if n.split(".")[0] in ("hypermedia", "autoscaler")) == []

@@ -15,7 +15,7 @@ import re
 import struct
 from typing import Any
 
-from hypermedia.sandbox.formats.source import Source, buffered
+from pipelines.formats.source import Source, buffered
 
 # How far a frame count walks (GIF blocks, WebP chunks, TIFF pages): past this the
 # count so far is a lower bound and ``frames_counted_to`` says where it stopped.

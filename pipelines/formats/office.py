@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import IO, Any
 
-from hypermedia.sandbox.formats.source import Source, buffered
+from pipelines.formats.source import Source, buffered
 
 MAX_CENTRAL_DIRECTORY_BYTES = 16 * 1024 * 1024
 PROLOG_BYTES = 4096

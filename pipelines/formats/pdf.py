@@ -22,7 +22,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from hypermedia.sandbox.formats.source import Source
+from pipelines.formats.source import Source
 
 # Whole files up to this size are scanned; larger ones at their two ends.
 SCAN_BYTES = 8 * 1024 * 1024

@@ -17,8 +17,8 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any
 
-from hypermedia.sandbox.formats.signatures import Signature
-from hypermedia.sandbox.formats.source import Source
+from pipelines.formats.signatures import Signature
+from pipelines.formats.source import Source
 
 MAX_BOXES = 10_000
 _CONTAINER_BOXES = {b"moov", b"trak", b"mdia", b"minf", b"stbl"}

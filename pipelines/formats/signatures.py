@@ -192,6 +192,8 @@ def _audio_frames(head: bytes) -> Signature | None:
 def _weak_media(head: bytes) -> Signature | None:
     """Media with short signatures, tried after every other binary format: FLIC, and
     MP3/AAC without a tag (a frame sync). AC-3 (two bytes) is left to libmagic."""
+    if head.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return None  # a UTF-16 byte order mark (FF FE would pass for an MPEG frame sync)
     if len(head) >= 6 and head[4:6] in (b"\x11\xaf", b"\x12\xaf"):
         return Signature("video", "video/x-flic", "Autodesk FLIC animation", "flic")
     return _audio_frames(head)
