@@ -1,0 +1,259 @@
+"""``scheduler.json``: the seed's schema (seed 000, "Settings File"), validated strictly.
+
+Loaded once at startup by :func:`load` from the path given, else
+``$HYPERMEDIA_SCHEDULER_CONFIG``, else ``/etc/hypermedia/scheduler.json``; when none of
+them is set and the default file does not exist, the shipped defaults
+(``etc/scheduler.json``: ``vps_only``, every queue on the VPS, no cloud) apply. A
+file that exists is never half-read: an unknown key, a wrong type (``"10"`` for 10,
+``1`` for ``true``), a negative number, ``max_workers`` below ``baseline_workers``, a
+queue bursting to a provider that is not enabled, an enabled provider without its
+required fields (or with the seed's ``...`` placeholders) all raise
+:class:`~hypermedia.errors.ConfigError` naming the key path
+(``queues.ocr.max_workers``). The mode changes only by editing the file: nothing
+here is reachable from an API.
+
+Pure: pydantic and the standard library; :func:`load` reads one file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from hypermedia.errors import ConfigError
+
+DEFAULT_PATH = Path("/etc/hypermedia/scheduler.json")
+ENV_VAR = "HYPERMEDIA_SCHEDULER_CONFIG"
+SHIPPED = Path(__file__).resolve().parents[1] / "etc" / "scheduler.json"
+
+Mode = Literal["vps_only", "hybrid", "cloud_first"]
+ProviderName = Literal["aws", "google", "ionos"]
+PROVIDERS: tuple[ProviderName, ...] = ("aws", "google", "ionos")
+PLACEHOLDER = "..."
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class QueueConfig(_Strict):
+    baseline_workers: int = Field(ge=0, le=1000)
+    max_workers: int = Field(ge=0, le=1000)
+    cloud_enabled: bool = False
+    cloud_provider: ProviderName | None = None  # None: the cheapest eligible
+    spot_preferred: bool = False
+
+    @model_validator(mode="after")
+    def _max_not_below_baseline(self) -> QueueConfig:
+        if self.max_workers < self.baseline_workers:
+            raise _KeyError(
+                "max_workers",
+                f"{self.max_workers} is below baseline_workers ({self.baseline_workers})",
+            )
+        return self
+
+
+class _Provider(_Strict):
+    enabled: bool = False
+    max_instances: int = Field(ge=0, le=10_000)
+
+    # Fields that must hold a real value when the provider is enabled.
+    REQUIRED: ClassVar[tuple[str, ...]] = ()
+
+    @model_validator(mode="after")
+    def _complete_when_enabled(self) -> _Provider:
+        if self.enabled:
+            for name in self.REQUIRED:
+                value = getattr(self, name)
+                if value is None or not str(value).strip():
+                    raise _KeyError(name, "required when the provider is enabled")
+                if PLACEHOLDER in str(value):
+                    raise _KeyError(name, f"{value!r} is the example's placeholder")
+            if self.max_instances < 1:
+                raise _KeyError("max_instances", "an enabled provider needs at least 1")
+        return self
+
+
+class AwsConfig(_Provider):
+    region: str | None = None
+    instance_type: str | None = None
+    ami_id: str | None = None
+    spot_enabled: bool = False
+    # Dollars per instance-hour, a string as in the seed ("0.05"); None: on-demand cap.
+    spot_max_price: str | None = None
+
+    REQUIRED = ("region", "instance_type", "ami_id")
+
+    @field_validator("spot_max_price")
+    @classmethod
+    def _price(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        try:
+            price = Decimal(value)
+        except InvalidOperation:
+            raise ValueError(f"{value!r} is not a price in dollars") from None
+        if not price.is_finite() or price <= 0:
+            raise ValueError(f"{value!r} must be a positive price in dollars")
+        return value
+
+    @property
+    def spot_max_price_cents(self) -> float | None:
+        return None if self.spot_max_price is None else float(Decimal(self.spot_max_price) * 100)
+
+
+class GoogleConfig(_Provider):
+    zone: str | None = None
+    machine_type: str | None = None
+    image: str | None = None
+    preemptible: bool = False
+
+    REQUIRED = ("zone", "machine_type", "image")
+
+
+class IonosConfig(_Provider):
+    datacenter: str | None = None
+    server_type: str | None = None
+    image: str | None = None
+
+    REQUIRED = ("datacenter", "server_type", "image")
+
+
+class CloudProviders(_Strict):
+    aws: AwsConfig = AwsConfig(max_instances=0)
+    google: GoogleConfig = GoogleConfig(max_instances=0)
+    ionos: IonosConfig = IonosConfig(max_instances=0)
+
+    def get(self, name: ProviderName) -> _Provider:
+        provider: _Provider = getattr(self, name)
+        return provider
+
+    def enabled(self) -> list[ProviderName]:
+        return [name for name in PROVIDERS if self.get(name).enabled]
+
+    def spot_allowed(self, name: ProviderName) -> bool:
+        """Whether the provider may launch spot / preemptible instances."""
+        if name == "aws":
+            return self.aws.spot_enabled
+        if name == "google":
+            return self.google.preemptible
+        return False  # IONOS has no spot market
+
+
+class ScaleUp(_Strict):
+    queue_depth_threshold: int = Field(ge=1)
+    oldest_job_age_seconds: int = Field(ge=1)
+    cooldown_seconds: int = Field(ge=0)
+
+
+class ScaleDown(_Strict):
+    idle_minutes: int = Field(ge=1)
+    queue_depth_below: int = Field(ge=0)
+    cooldown_seconds: int = Field(ge=0)
+
+
+class ScalingRules(_Strict):
+    scale_up: ScaleUp
+    scale_down: ScaleDown
+
+
+class CostLimits(_Strict):
+    max_hourly_spend_cents: int = Field(ge=0)
+    max_daily_spend_cents: int = Field(ge=0)
+    alert_threshold_cents: int = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _alert_below_daily(self) -> CostLimits:
+        if self.alert_threshold_cents > self.max_daily_spend_cents:
+            raise _KeyError(
+                "alert_threshold_cents",
+                f"{self.alert_threshold_cents} is above max_daily_spend_cents"
+                f" ({self.max_daily_spend_cents}): the alert would come after the cap",
+            )
+        return self
+
+
+class SchedulerConfig(_Strict):
+    mode: Mode = "vps_only"
+    evaluation_interval_seconds: int = Field(default=60, ge=1, le=3600)
+    queues: dict[str, QueueConfig]
+    cloud_providers: CloudProviders = CloudProviders()
+    scaling_rules: ScalingRules
+    cost_limits: CostLimits
+
+    @model_validator(mode="after")
+    def _bursts_go_somewhere(self) -> SchedulerConfig:
+        enabled = self.cloud_providers.enabled()
+        for name, queue in self.queues.items():
+            if not queue.cloud_enabled:
+                continue
+            provider = queue.cloud_provider
+            if provider is not None and provider not in enabled:
+                raise _KeyError(
+                    f"queues.{name}.cloud_provider",
+                    f"{provider!r} is not enabled in cloud_providers",
+                )
+            if not enabled:
+                raise _KeyError(
+                    f"queues.{name}.cloud_enabled", "no provider in cloud_providers is enabled"
+                )
+        return self
+
+    def burst_providers(self, queue: str) -> list[ProviderName]:
+        """The providers ``queue`` may burst onto (none unless it is cloud-enabled)."""
+        config = self.queues[queue]
+        if not config.cloud_enabled:
+            return []
+        if config.cloud_provider is not None:
+            return [config.cloud_provider]
+        return self.cloud_providers.enabled()
+
+
+class _KeyError(ValueError):
+    """A validator's complaint about one key (relative to the model it validates)."""
+
+    def __init__(self, key: str, problem: str) -> None:
+        super().__init__(f"{key}: {problem}")
+        self.key = key
+        self.problem = problem
+
+
+def parse(data: Any, source: str = "scheduler.json") -> SchedulerConfig:
+    """Validate decoded JSON; the first problem as a :class:`ConfigError` naming its key."""
+    if not isinstance(data, dict):
+        raise ConfigError(source, "expected a JSON object")
+    try:
+        return SchedulerConfig.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        path = [str(part) for part in first["loc"]]
+        cause = first.get("ctx", {}).get("error")
+        if isinstance(cause, _KeyError):
+            # A model validator names a key of the model it validated (loc = the model).
+            key_path = ".".join([*path, cause.key])
+            raise ConfigError(f"{source}: {key_path}", cause.problem) from None
+        unknown = first["type"] == "extra_forbidden"
+        problem = "unknown key" if unknown else first["msg"]
+        raise ConfigError(f"{source}: {'.'.join(path) or '(top level)'}", problem) from None
+
+
+def load(path: Path | str | None = None) -> SchedulerConfig:
+    """The scheduler's configuration (see the module docstring for where it comes from)."""
+    explicit = path if path is not None else os.environ.get(ENV_VAR) or None
+    chosen = Path(explicit) if explicit is not None else DEFAULT_PATH
+    if explicit is None and not chosen.exists():
+        chosen = SHIPPED
+    try:
+        text = chosen.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(str(chosen), f"cannot be read: {exc.strerror or exc}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(str(chosen), f"not JSON: {exc}") from None
+    return parse(data, str(chosen))

@@ -1,0 +1,221 @@
+"""scheduler.json: the shipped defaults load, and every class of bad input refuses to
+start with a ConfigError naming the key path."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from autoscaler import config
+from hypermedia.errors import ConfigError
+
+SHIPPED = json.loads(config.SHIPPED.read_text())
+
+
+def hybrid() -> dict[str, Any]:
+    """The shipped file with AWS enabled (real values) and OCR bursting to it."""
+    data: dict[str, Any] = copy.deepcopy(SHIPPED)
+    data["mode"] = "hybrid"
+    data["cloud_providers"]["aws"].update(enabled=True, ami_id="ami-0123456789abcdef0")
+    data["queues"]["ocr"].update(cloud_enabled=True, cloud_provider="aws")
+    return data
+
+
+def test_the_shipped_file_is_the_seeds_vps_only_defaults():
+    loaded = config.parse(SHIPPED)
+    assert loaded.mode == "vps_only"
+    assert loaded.evaluation_interval_seconds == 60
+    assert list(loaded.queues) == ["images", "documents", "ocr", "media", "bulk"]
+    assert (loaded.queues["images"].baseline_workers, loaded.queues["images"].max_workers) == (1, 1)
+    assert loaded.queues["bulk"].spot_preferred and loaded.queues["bulk"].max_workers == 5
+    assert not any(q.cloud_enabled for q in loaded.queues.values())
+    assert loaded.cloud_providers.enabled() == []
+    assert loaded.cloud_providers.aws.spot_max_price_cents == pytest.approx(5.0)
+    assert loaded.scaling_rules.scale_up.queue_depth_threshold == 10
+    assert loaded.scaling_rules.scale_down.idle_minutes == 10
+    limits = loaded.cost_limits
+    assert (limits.max_hourly_spend_cents, limits.max_daily_spend_cents) == (500, 5000)
+    assert loaded.burst_providers("ocr") == []
+
+
+def test_a_hybrid_file_names_where_each_queue_bursts():
+    loaded = config.parse(hybrid())
+    assert loaded.burst_providers("ocr") == ["aws"]
+    assert loaded.burst_providers("images") == []
+    data = hybrid()
+    data["queues"]["ocr"]["cloud_provider"] = None  # the cheapest enabled one
+    data["cloud_providers"]["google"].update(enabled=True, image="projects/p/global/images/w")
+    assert config.parse(data).burst_providers("ocr") == ["aws", "google"]
+
+
+def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
+    def change(data: dict[str, Any]) -> None:
+        *parents, last = path.split(".")
+        for part in parents:
+            data = data[part]
+        data[last] = value
+
+    return change
+
+
+def _drop(path: str) -> Callable[[dict[str, Any]], None]:
+    def change(data: dict[str, Any]) -> None:
+        *parents, last = path.split(".")
+        for part in parents:
+            data = data[part]
+        del data[last]
+
+    return change
+
+
+@pytest.mark.parametrize(
+    ("change", "key", "words"),
+    [
+        # unknown keys, at every level
+        (_set("turbo", True), "turbo", "unknown key"),
+        (_set("queues.ocr.priority", 1), "queues.ocr.priority", "unknown key"),
+        (_set("scaling_rules.scale_up.burst", 2), "scaling_rules.scale_up.burst", "unknown key"),
+        (_set("cloud_providers.azure", {}), "cloud_providers.azure", "unknown key"),
+        # wrong types (no coercion: "10" is not 10, 1 is not true)
+        (_set("queues.ocr.max_workers", "3"), "queues.ocr.max_workers", "integer"),
+        (_set("queues.ocr.cloud_enabled", 1), "queues.ocr.cloud_enabled", "boolean"),
+        (_set("evaluation_interval_seconds", 60.5), "evaluation_interval_seconds", "integer"),
+        (
+            _set("cloud_providers.aws.spot_max_price", 0.05),
+            "cloud_providers.aws.spot_max_price",
+            "string",
+        ),
+        (_set("mode", "turbo"), "mode", "vps_only"),
+        (_set("queues", []), "queues", "dictionary"),
+        # missing sections
+        (_drop("cost_limits"), "cost_limits", "required"),
+        (
+            _drop("scaling_rules.scale_down.idle_minutes"),
+            "scaling_rules.scale_down.idle_minutes",
+            "required",
+        ),
+        # negative or zero where it makes no sense
+        (
+            _set("queues.media.max_workers", -1),
+            "queues.media.max_workers",
+            "greater than or equal to 0",
+        ),
+        (
+            _set("cost_limits.max_daily_spend_cents", -5),
+            "cost_limits.max_daily_spend_cents",
+            "greater",
+        ),
+        (_set("evaluation_interval_seconds", 0), "evaluation_interval_seconds", "greater"),
+        (
+            _set("scaling_rules.scale_up.queue_depth_threshold", 0),
+            "scaling_rules.scale_up.queue_depth_threshold",
+            "greater",
+        ),
+        (
+            _set("cloud_providers.aws.spot_max_price", "-1"),
+            "cloud_providers.aws.spot_max_price",
+            "positive",
+        ),
+        (
+            _set("cloud_providers.aws.spot_max_price", "cheap"),
+            "cloud_providers.aws.spot_max_price",
+            "not a price",
+        ),
+        # relations between keys
+        (
+            _set("queues.images.max_workers", 0),
+            "queues.images.max_workers",
+            "below baseline_workers",
+        ),
+        (
+            _set("cost_limits.alert_threshold_cents", 6000),
+            "cost_limits.alert_threshold_cents",
+            "above max_daily",
+        ),
+        (_set("queues.media.cloud_enabled", True), "queues.media.cloud_enabled", "no provider"),
+        # an enabled provider must be complete and real
+        (_set("cloud_providers.aws.enabled", True), "cloud_providers.aws.ami_id", "placeholder"),
+        (
+            _set("cloud_providers.google.enabled", True),
+            "cloud_providers.google.image",
+            "placeholder",
+        ),
+    ],
+)
+def test_bad_input_refuses_to_start_naming_the_key(change, key, words):
+    data = copy.deepcopy(SHIPPED)
+    change(data)
+    with pytest.raises(ConfigError) as caught:
+        config.parse(data)
+    assert caught.value.key == f"scheduler.json: {key}"
+    assert words in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("change", "key", "words"),
+    [
+        (_set("queues.ocr.cloud_provider", "google"), "queues.ocr.cloud_provider", "not enabled"),
+        (_set("queues.ocr.cloud_provider", "azure"), "queues.ocr.cloud_provider", "'aws'"),
+        (_set("cloud_providers.aws.region", ""), "cloud_providers.aws.region", "required"),
+        (
+            _drop("cloud_providers.aws.instance_type"),
+            "cloud_providers.aws.instance_type",
+            "required",
+        ),
+        (
+            _set("cloud_providers.aws.max_instances", 0),
+            "cloud_providers.aws.max_instances",
+            "at least 1",
+        ),
+        (_set("cloud_providers.ionos.enabled", True), "cloud_providers.ionos", "max_instances"),
+    ],
+)
+def test_bad_cloud_settings_name_the_key(change, key, words):
+    data = hybrid()
+    change(data)
+    if key == "cloud_providers.ionos":  # the shipped IONOS block is complete: break it
+        del data["cloud_providers"]["ionos"]["image"]
+        key, words = "cloud_providers.ionos.image", "required"
+    with pytest.raises(ConfigError) as caught:
+        config.parse(data)
+    assert caught.value.key == f"scheduler.json: {key}"
+    assert words in str(caught.value)
+
+
+def test_load_precedence(tmp_path, monkeypatch):
+    monkeypatch.delenv(config.ENV_VAR, raising=False)
+    monkeypatch.setattr(config, "DEFAULT_PATH", tmp_path / "absent.json")
+    assert config.load() == config.parse(SHIPPED)  # nothing installed: the shipped defaults
+
+    installed = tmp_path / "etc-scheduler.json"
+    installed.write_text(json.dumps(hybrid()))
+    monkeypatch.setattr(config, "DEFAULT_PATH", installed)
+    assert config.load().mode == "hybrid"
+
+    chosen = tmp_path / "chosen.json"
+    data = hybrid()
+    data["mode"] = "cloud_first"
+    chosen.write_text(json.dumps(data))
+    monkeypatch.setenv(config.ENV_VAR, str(chosen))
+    assert config.load().mode == "cloud_first"
+    assert config.load(installed).mode == "hybrid"  # an explicit path wins
+
+
+def test_a_named_file_that_is_missing_or_not_json_refuses(tmp_path, monkeypatch):
+    monkeypatch.setenv(config.ENV_VAR, str(tmp_path / "missing.json"))
+    with pytest.raises(ConfigError, match="cannot be read"):
+        config.load()
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"mode": "hybrid",')
+    with pytest.raises(ConfigError, match="not JSON") as caught:
+        config.load(broken)
+    assert caught.value.key == str(broken)
+    listed = tmp_path / "list.json"
+    listed.write_text("[]")
+    with pytest.raises(ConfigError, match="expected a JSON object"):
+        config.load(Path(listed))
