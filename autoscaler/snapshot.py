@@ -1,0 +1,132 @@
+"""What the scheduler sees and what it decides: plain values, no I/O.
+
+The loop (:mod:`autoscaler.scheduler`) observes Redis, the database and the clouds and
+builds a :class:`Snapshot`; the pure policy (:mod:`autoscaler.policy`, with the cost
+guard of :mod:`autoscaler.cost`) turns it into :class:`Decision` values, each with a
+reason a person can read; the loop applies them and records them. The simulator
+(:mod:`autoscaler.simulate`) builds snapshots from a virtual clock instead.
+
+Times are seconds on one clock (``Snapshot.now``; wall-clock epoch seconds in the
+loop, virtual seconds in the simulator). Money is in cents (floats: a spot price is
+a fraction of a cent per second).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from autoscaler.config import ProviderName
+
+# Priority bands of the seed's routing table.
+Band = Literal["1-3", "4-6", "7-10"]
+BANDS: tuple[Band, ...] = ("1-3", "4-6", "7-10")
+
+
+def band_of(priority: int) -> Band:
+    """The routing band of a job priority (1 most urgent .. 10)."""
+    if priority <= 3:
+        return "1-3"
+    if priority <= 6:
+        return "4-6"
+    return "7-10"
+
+
+@dataclass(frozen=True, slots=True)
+class QueueState:
+    """One queue now: jobs ready to run (not running, not delayed retries)."""
+
+    name: str
+    depth: int
+    oldest_age_seconds: float = 0.0  # of the oldest ready job; 0 when empty
+    depth_by_band: Mapping[Band, int] = field(default_factory=dict)
+    oldest_by_band: Mapping[Band, float] = field(default_factory=dict)
+    # Ready jobs expected to run over 30 minutes (long transcodes: spot with checkpoints).
+    long_jobs: int = 0
+
+
+WorkerStatus = Literal["starting", "active", "draining", "terminated"]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerState:
+    """One worker (a pipeline actor's node): on the VPS, or a cloud instance."""
+
+    worker_id: str
+    queue: str
+    status: WorkerStatus
+    started_at: float
+    current_jobs: int = 0
+    last_job_at: float | None = None  # the last job it finished (None: none yet)
+    provider: ProviderName | None = None  # None: the VPS
+    spot: bool = False
+    cost_per_hour_cents: float = 0.0
+    drain_started_at: float | None = None
+
+    @property
+    def cloud(self) -> bool:
+        return self.provider is not None
+
+    def idle_since(self) -> float:
+        """When it last had nothing to do: its last job, or its start."""
+        return self.last_job_at if self.last_job_at is not None else self.started_at
+
+
+@dataclass(frozen=True, slots=True)
+class Offer:
+    """What one enabled provider would charge now, per instance-hour, in cents."""
+
+    provider: ProviderName
+    on_demand_cents_per_hour: float
+    spot_cents_per_hour: float | None = None  # None: no spot market / not allowed
+    launch_delay_seconds: float = 0.0  # informational (the simulator's boot time)
+
+
+@dataclass(frozen=True, slots=True)
+class Spend:
+    """Cloud spend from our own ledger (cost_per_hour x running time per worker)."""
+
+    last_hour_cents: float
+    today_cents: float  # since midnight UTC (the loop's clock), or the simulator's day
+    locked: bool = False  # the daily cap locked the mode to vps_only until a reset
+    alerted_today: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class History:
+    """What the scheduler did before, as far as the rules need it."""
+
+    last_scale_up: Mapping[str, float] = field(default_factory=dict)  # by queue
+    last_scale_down: Mapping[str, float] = field(default_factory=dict)  # by queue
+    launches: tuple[float, ...] = ()  # times of recent launches (the launch-rate cap)
+    empty_since: Mapping[str, float] = field(default_factory=dict)  # queue depth 0 since
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    now: float
+    queues: Mapping[str, QueueState]
+    workers: tuple[WorkerState, ...]
+    offers: Mapping[ProviderName, Offer]
+    spend: Spend
+    history: History = History()
+
+
+Action = Literal["launch", "drain", "terminate", "alert", "lock", "hold"]
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """One thing to do, and why. ``launch``: ``count`` instances for ``queue`` on
+    ``provider`` (``spot`` or on-demand); ``drain``/``terminate``: ``worker_id``;
+    ``alert``: tell the operator; ``lock``: the daily cap was reached (vps_only until a
+    reset); ``hold``: nothing done although something was wanted (cooldown, cap, mode)."""
+
+    action: Action
+    reason: str
+    queue: str | None = None
+    worker_id: str | None = None
+    provider: ProviderName | None = None
+    spot: bool = False
+    count: int = 1
