@@ -35,3 +35,12 @@ def new_id() -> str:
     value |= 0x7 << 76 | counter << 64  # version 7, then the counter (rand_a)
     value |= 0x2 << 62 | rand & 0x3FFFFFFFFFFFFFFF  # variant 10, then random bits
     return f"{value:032x}"
+
+
+def created_at(identifier: str) -> float:
+    """When ``identifier`` was made (Unix seconds, millisecond precision).
+
+    ``ValueError`` for a string that is not one of our ids."""
+    if len(identifier) != 32:
+        raise ValueError(f"not an id: {identifier!r}")
+    return int(identifier[:12], 16) / 1000.0

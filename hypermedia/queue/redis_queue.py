@@ -88,6 +88,9 @@ class Restore:
     worker_id: str = ""
 
 
+PRIORITIES = range(1, 11)  # 1 most urgent .. 10
+
+
 @dataclass(frozen=True, slots=True)
 class QueueCounts:
     ready: int
@@ -208,6 +211,25 @@ class RedisQueue:
         pipe.zcard(k.delayed)
         ready, leased, delayed = pipe.execute()
         return QueueCounts(int(ready), int(leased), int(delayed))
+
+    @_redis_call
+    def priority_heads(self, queue: str) -> dict[int, tuple[int, str]]:
+        """For each priority with ready jobs: ``(how many, the oldest one's id)``.
+
+        Within one priority the ready set is in id order, which is age order (see
+        :mod:`hypermedia.ids`), so the first member is the oldest. One round trip."""
+        ready = self.keys(queue).ready
+        pipe = self.client.pipeline(transaction=False)
+        for priority in PRIORITIES:
+            pipe.zcount(ready, priority, priority)
+            pipe.zrangebyscore(ready, priority, priority, start=0, num=1)
+        answers = pipe.execute()
+        heads = {}
+        for index, priority in enumerate(PRIORITIES):
+            count, first = answers[2 * index], answers[2 * index + 1]
+            if count:
+                heads[priority] = (int(count), str(first[0]))
+        return heads
 
     @_redis_call
     def members(self, queue: str) -> dict[str, Target]:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import random
+import time
 
+from hypermedia import ids
 from hypermedia.ingest.service import SubmitRequest
 from tests.factories import make_object, make_user, open_stack
 
@@ -27,6 +29,14 @@ def test_thousand_jobs_leave_by_priority_then_age(engine, settings, manual_clock
             submitted.append((request.priority, order, result.job_ids[0]))
             order += 1
         manual_clock.advance(0.5)
+
+    # What the scheduler reads: per priority, how many and the oldest.
+    heads = stack.queue.priority_heads("images")
+    for priority in range(1, 11):
+        mine = [job_id for p, _o, job_id in sorted(submitted) if p == priority]
+        assert heads.get(priority) == ((len(mine), mine[0]) if mine else None)
+    first = min(submitted, key=lambda s: s[1])[2]
+    assert abs(ids.created_at(first) - time.time()) < 120
 
     claimed: list[str] = []
     while batch := stack.dispatcher.claim("images", "worker-1", count=37):
