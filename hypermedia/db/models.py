@@ -325,6 +325,18 @@ class SchedulerDecision(Base):
     applied: Mapped[bool] = mapped_column(Boolean, default=False)
 
 
+class SchedulerState(Base):
+    """What the scheduler must remember across restarts, by name: the cost lock (set
+    when the daily cap is reached, cleared only by ``hypermedia scheduler
+    reset-cost-lock``) and the history its rules read (cooldowns, launches)."""
+
+    __tablename__ = "scheduler_state"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[dict[str, Any]]
+    updated_at: Mapped[datetime]
+
+
 class CloudSpend(Base):
     """One cloud instance's life and price: the ledger the cost guard sums."""
 

@@ -41,6 +41,7 @@ TABLES = {
     "workers",
     "worker_metrics",
     "scheduler_decisions",
+    "scheduler_state",
     "cloud_spend",
 }
 
