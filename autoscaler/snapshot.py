@@ -15,9 +15,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from autoscaler.config import ProviderName
+if TYPE_CHECKING:  # an annotation only: the policy runs without loading pydantic
+    from autoscaler.config import ProviderName
 
 # Priority bands of the seed's routing table.
 Band = Literal["1-3", "4-6", "7-10"]
@@ -101,6 +102,8 @@ class History:
     last_scale_down: Mapping[str, float] = field(default_factory=dict)  # by queue
     launches: tuple[float, ...] = ()  # times of recent launches (the launch-rate cap)
     empty_since: Mapping[str, float] = field(default_factory=dict)  # queue depth 0 since
+    # The last flood alert per queue (an ``alert`` decision with a queue); paces repeats.
+    last_alert: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

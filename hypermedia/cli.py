@@ -49,6 +49,10 @@ credits_app = typer.Typer(help="Credit accounts.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 app.add_typer(user_app, name="user")
 app.add_typer(credits_app, name="credits")
+scheduler_app = typer.Typer(
+    help="The scheduler: scaling rules and cost limits from scheduler.json.", no_args_is_help=True
+)
+app.add_typer(scheduler_app, name="scheduler")
 
 ApiUrl = Annotated[
     str | None,
@@ -782,6 +786,125 @@ def worker(
                 raise HypermediaError("the Ray node stopped")
     finally:
         node.stop()
+
+
+# -- the scheduler -------------------------------------------------------------------------------
+
+SchedulerConfigPath = Annotated[
+    Path | None,
+    typer.Option(
+        "--config",
+        envvar="HYPERMEDIA_SCHEDULER_CONFIG",
+        help="scheduler.json (default: /etc/hypermedia/scheduler.json, else the shipped"
+        " vps_only defaults).",
+        show_default=False,
+    ),
+]
+
+
+def _scheduler(config_path: Path | None) -> tuple[Any, Any]:
+    """(the scheduler, its stack); the caller closes the stack."""
+    from autoscaler import config as scheduler_config
+    from autoscaler.scheduler import open_scheduler
+    from hypermedia.stack import Stack
+
+    loaded = scheduler_config.load(config_path)
+    stack = Stack.open(_settings())
+    try:
+        return open_scheduler(loaded, stack), stack
+    except BaseException:
+        stack.close()
+        raise
+
+
+@scheduler_app.command("run")
+def scheduler_run(
+    config_path: SchedulerConfigPath = None,
+    once: Annotated[bool, typer.Option("--once", help="One evaluation, then exit.")] = False,
+) -> None:
+    """Evaluate the rules every evaluation_interval_seconds (one leader at a time)."""
+    import signal
+    import threading
+
+    scheduler, stack = _scheduler(config_path)
+    try:
+        if once:
+            evaluation = scheduler.evaluate()
+            for decision in evaluation.decisions:
+                typer.echo(f"{decision.action:9} {decision.reason}")
+            if evaluation.term is None:
+                _note(f"not the leader ({scheduler.leadership.current()} is): nothing applied")
+            return
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
+        _note(
+            f"scheduler: mode {scheduler.config.mode}, every"
+            f" {scheduler.config.evaluation_interval_seconds} s"
+        )
+        scheduler.run(stop)
+    finally:
+        scheduler.stop()
+        stack.close()
+
+
+@scheduler_app.command("log")
+def scheduler_log(
+    limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="How many.")] = 20,
+) -> None:
+    """The most recent decisions and their reasons."""
+    from rich.console import Console
+    from rich.table import Table
+    from sqlalchemy import select
+
+    from hypermedia.db import tables as t
+    from hypermedia.db.engine import transaction
+
+    engine = _engine(_settings())
+    try:
+        with transaction(engine) as conn:
+            d = t.scheduler_decisions
+            rows = conn.execute(select(d).order_by(d.c.decision_id.desc()).limit(limit)).all()
+    finally:
+        engine.dispose()
+    table = Table("when", "mode", "action", "queue", "applied", "reason")
+    for row in reversed(rows):
+        table.add_row(
+            row.decided_at.strftime("%Y-%m-%d %H:%M:%S"),
+            row.mode,
+            row.action,
+            row.queue or "-",
+            "yes" if row.applied else "no",
+            row.reason,
+        )
+    Console().print(table)
+
+
+@scheduler_app.command("explain")
+def scheduler_explain(config_path: SchedulerConfigPath = None) -> None:
+    """What the scheduler would do now, and why (nothing is applied)."""
+    scheduler, stack = _scheduler(config_path)
+    try:
+        for line in scheduler.explain():
+            typer.echo(line)
+    finally:
+        stack.close()
+
+
+@scheduler_app.command("reset-cost-lock")
+def scheduler_reset_cost_lock() -> None:
+    """Lift the daily-cap lock (back to the mode scheduler.json sets). On the server only."""
+    from autoscaler.scheduler import reset_cost_lock
+
+    engine = _engine(_settings())
+    try:
+        lock = reset_cost_lock(engine)
+    finally:
+        engine.dispose()
+    if lock is None:
+        typer.echo("no cost lock was set")
+    else:
+        typer.echo(f"cost lock lifted (set for: {lock.get('reason', '?')})")
 
 
 # -- entry point ------------------------------------------------------------------------------

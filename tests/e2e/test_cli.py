@@ -1,4 +1,5 @@
-"""The real CLI in subprocesses: db upgrade, user add, serve, submit, status, queues, cancel.
+"""The real CLI in subprocesses: db upgrade, user add, serve, submit, status, queues, cancel,
+scheduler.
 
 Everything runs against a fresh SQLite data directory and a private Redis on a
 free port; ``hypermedia serve`` runs as its own process and is stopped with
@@ -7,6 +8,7 @@ SIGTERM like a service manager would.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -222,3 +224,25 @@ def test_bad_config_names_the_key(cli: Cli):
     result = cli("db", "upgrade", HYPERMEDIA_LOG_LEVEL="loud")
     assert result.returncode == 1
     assert "HYPERMEDIA_LOG_LEVEL" in result.stderr
+
+
+def test_the_scheduler_commands(cli: Cli, tmp_path: Path):
+    """explain / run --once / log / reset-cost-lock on the embedded SQLite and a private
+    Redis, with the shipped vps_only defaults and with a file that is wrong."""
+    cli.ok("db", "upgrade")
+    explained = cli.ok("scheduler", "explain")
+    assert "vps_only" in explained
+    ran = cli.ok("scheduler", "run", "--once")
+    assert "Traceback" not in ran
+    logged = cli.ok("scheduler", "log")
+    assert "when" in logged and "reason" in logged
+    assert "no cost lock was set" in cli.ok("scheduler", "reset-cost-lock")
+
+    bad = tmp_path / "scheduler.json"
+    shipped = json.loads((REPO / "etc" / "scheduler.json").read_text())
+    shipped["queues"]["ocr"]["max_workers"] = -1
+    bad.write_text(json.dumps(shipped))
+    err = cli.fails("scheduler", "explain", "--config", str(bad))
+    assert "queues.ocr.max_workers" in err
+    err = cli.fails("scheduler", "run", "--once", HYPERMEDIA_SCHEDULER_CONFIG=str(bad))
+    assert "queues.ocr.max_workers" in err

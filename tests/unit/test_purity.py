@@ -20,6 +20,9 @@ PURE_MODULES = [
     # Input validation: the rules and the format readers (libmagic, olefile and the
     # AES of PDF 2.0 load on first use, not on import).
     "hypermedia.sandbox.inspect",
+    # The scheduler's policy and cost guard: snapshots in, decisions out.
+    "autoscaler.policy",
+    "autoscaler.cost",
 ]
 
 # Top-level packages that open sockets, files of their own or talk to services.

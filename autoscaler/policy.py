@@ -1,0 +1,615 @@
+"""The scheduling policy: a :class:`~autoscaler.snapshot.Snapshot` in, decisions out.
+
+Seed 000 ("Scaling Logic", "Routing Rules", "Cost Control"), as a pure function:
+:func:`decide` imports nothing that does I/O; the loop (:mod:`autoscaler.scheduler`)
+and the simulator apply what it returns. Each :class:`~autoscaler.snapshot.Decision`
+has a reason a person can read; :func:`explain` adds why nothing happened where
+nothing did.
+
+One evaluation, in this order (the applier applies the list in order):
+
+1. **Cost guard** (:func:`autoscaler.cost.guard`): an ``alert`` (``queue=None``) once a
+   day at ``alert_threshold_cents``; a ``lock`` when the daily cap is reached (the loop
+   persists it; it lasts until ``hypermedia scheduler reset-cost-lock``). A ``hold``
+   explains launches the guard refuses.
+2. **Termination.** A draining cloud worker is terminated once it has no jobs, or when
+   its drain has lasted :data:`DRAIN_TIMEOUT_SECONDS` (the seed's 5-minute force-kill;
+   its jobs return to the queue when their visibility timeout expires). A worker is
+   only ever terminated after a ``drain``: never straight from active.
+3. **Cloud workers that must go whatever the load** are drained: every one in
+   ``vps_only`` or while locked, and any whose queue is no longer in the file, no
+   longer cloud-enabled, or no longer bursts to that worker's provider.
+4. **Per queue** (in the file's order), scale-up or scale-down, never both:
+
+   - *Scale-up* is triggered when ``depth >= queue_depth_threshold`` or
+     ``oldest >= oldest_job_age_seconds``, only where the queue is ``cloud_enabled``
+     and the mode allows the cloud. The seed's policy table then sizes the burst (the
+     thresholds gate, the table sizes): the row is the higher of the depth's and the
+     oldest age's:
+
+     ============ ===================== ==============================================
+     depth        oldest job            burst (cloud) workers wanted for the queue
+     ============ ===================== ==============================================
+     0-5          < 120 s               1 if the thresholds trigger (seed's rule), else 0
+     6-20         120 s ≤ age < 300 s   1
+     21-100       300 s ≤ age ≤ 600 s   3
+     > 100        > 600 s               max: ``max_workers`` minus the queue's VPS
+                                        workers, and an ``alert`` for the operator
+     ============ ===================== ==============================================
+
+     With the default thresholds (10, 300 s) depth 6-9 and ages 120-299 s do not
+     trigger: the table's rows are read as sizes, never as triggers. The table's
+     count is a *target* (cloud workers starting or active for the queue), not a
+     number to add per evaluation: 15 waiting jobs keep one burst worker, not one
+     more every cooldown. A launch needs the scale-up cooldown elapsed since the
+     queue's last scale-up (``now - last >= cooldown_seconds``: exactly at the
+     cooldown is allowed), room under ``max_workers``, room under the provider's
+     ``max_instances`` and the cost guard's consent, instance by instance. The flood
+     alert repeats at most every :data:`FLOOD_ALERT_REPEAT_SECONDS` per queue
+     (``History.last_alert``).
+   - *Scale-down* (when no scale-up is triggered), per cloud worker (starting or
+     active: one stuck starting for ``idle_minutes`` goes too): no current
+     jobs, idle (since its last job, else its start) for ``>= idle_minutes``, the
+     queue's depth ``< queue_depth_below``, and the scale-down cooldown elapsed since
+     the queue's last scale-down; always a ``drain`` (termination follows, step 2).
+     One drain per queue per cooldown (with a cooldown of 0, every eligible worker);
+     the longest idle goes first. The table's last row, "0 for 10 min: terminate all
+     burst workers", drains every idle burst worker of a queue whose depth has been 0
+     for ``idle_minutes`` (the seed's 10 minutes are the default ``idle_minutes``;
+     ``History.empty_since``), without the cooldown; a worker still busy with a job
+     is drained at the first evaluation after it finishes.
+
+``max_workers`` counts every worker of the queue not yet terminated: VPS and cloud,
+starting, active *and draining* (a draining instance still exists and costs money, so
+a drain followed by a launch cannot exceed the maximum). Capacity for the table's
+target counts only starting and active cloud workers.
+
+Modes
+    ``vps_only``: never launch; every cloud worker left over is drained, then
+    terminated. ``hybrid``: the VPS holds the baseline (the policy never starts or stops
+    VPS workers); the cloud takes bursts as above. ``cloud_first`` ("minimal VPS worker,
+    most processing on cloud"): the same thresholds and table, and the baseline is
+    kept on the cloud: a cloud-enabled queue with fewer VPS workers than
+    ``baseline_workers`` gets cloud workers up to its baseline even with an empty queue
+    (same cooldown and caps as any launch), bursts come on top of it, and scale-down
+    never drains below it. Locked by the daily cap: as ``vps_only``.
+
+Routing (the launch's ``spot`` flag), the most urgent waiting work first:
+    priority 1-3 jobs waiting: on-demand only (the VPS takes them too); long transcodes
+    waiting (``long_jobs``, over 30 minutes): spot with checkpoints; a
+    ``spot_preferred`` queue, or only priority 7-10 jobs waiting: spot if any eligible
+    provider offers it, else on-demand; priority 4-6 (or no band known): either,
+    whichever is cheaper (on-demand on a tie).
+
+Provider choice
+    The queue's ``cloud_provider`` if set (only that one: it is the operator's pin),
+    else every enabled provider; among those with an offer in the snapshot and room
+    under ``max_instances`` (counting their instances not yet terminated and the ones
+    launched in this evaluation), the cheapest allowed option: the spot price where
+    spot is allowed (AWS ``spot_enabled`` within ``spot_max_price``, Google
+    ``preemptible``; IONOS has none) and wanted, else on-demand. Ties go to on-demand,
+    then to the order aws, google, ionos.
+
+What the applier records for the next evaluation
+    ``launch``: ``History.last_scale_up[queue] = now`` and ``now`` once per instance in
+    ``History.launches``; ``drain``: ``History.last_scale_down[queue] = now`` (every
+    drain, which only makes the next scale-down wait); ``alert`` with a queue (a flood):
+    ``History.last_alert[queue] = now``; ``alert`` without a queue (the spend):
+    ``Spend.alerted_today`` for the rest of the day; ``lock``: ``Spend.locked`` until
+    the reset; the queue's ``empty_since`` from its depth.
+
+Holds and notes
+    A ``hold`` says a wanted launch or drain did not happen for a reason that can
+    change: cooldown, ``max_workers``, ``max_instances``, no offer, a cost cap, the
+    launch-rate cap, the lock. A static configuration (mode ``vps_only``, a queue
+    that is not cloud-enabled) is not a hold: :func:`explain` says it instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+from autoscaler import cost
+from autoscaler.cost import Budget, GuardVerdict
+from autoscaler.snapshot import Decision, Offer, QueueState, Snapshot, WorkerState
+
+if TYPE_CHECKING:  # config values come in built: importing pydantic is the loader's job
+    from autoscaler.config import ProviderName, QueueConfig, SchedulerConfig
+
+# Tie-breaks between equally cheap offers (the order of the seed's settings file).
+PROVIDER_ORDER: tuple[ProviderName, ...] = ("aws", "google", "ionos")
+
+DRAIN_TIMEOUT_SECONDS = 300.0  # the seed's "timeout: 5 minutes — then force-kill"
+FLOOD_ALERT_REPEAT_SECONDS = 3600.0
+LIVE = ("starting", "active")
+
+
+# -- the policy table ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TableRow:
+    """A row of the seed's scaling policy table. ``burst`` None: up to the maximum."""
+
+    name: str
+    burst: int | None
+    alert: bool = False
+
+
+QUIET = TableRow("depth 0-5, oldest < 2 min", 0)
+ONE = TableRow("depth 6-20 or oldest 2-5 min: 1 burst worker", 1)
+THREE = TableRow("depth 21-100 or oldest 5-10 min: up to 3 burst workers", 3)
+FLOOD = TableRow("depth > 100 or oldest > 10 min: up to max_workers", None, alert=True)
+
+
+def table_row(depth: int, oldest_seconds: float) -> TableRow:
+    """The higher of the depth's row and the oldest age's row."""
+    if depth > 100 or oldest_seconds > 600:
+        return FLOOD
+    if depth >= 21 or oldest_seconds >= 300:
+        return THREE
+    if depth >= 6 or oldest_seconds >= 120:
+        return ONE
+    return QUIET
+
+
+def triggered(config: SchedulerConfig, state: QueueState) -> bool:
+    """The seed's scale-up condition (depth or oldest age at its threshold)."""
+    up = config.scaling_rules.scale_up
+    return state.depth >= up.queue_depth_threshold or (
+        state.oldest_age_seconds >= up.oldest_job_age_seconds
+    )
+
+
+# -- routing and provider choice -------------------------------------------------------------
+
+RouteKind = Literal["on_demand", "either", "spot"]
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    kind: RouteKind
+    why: str
+
+
+def route(queue: str, config: QueueConfig, state: QueueState) -> Route:
+    """On-demand, spot or either for a launch for ``queue`` (the seed's routing rules)."""
+    bands = state.depth_by_band
+    if bands.get("1-3", 0) > 0:
+        return Route("on_demand", "priority 1-3 jobs waiting: on-demand")
+    if state.long_jobs > 0:
+        return Route("spot", "long transcodes waiting: spot with checkpoints")
+    if config.spot_preferred:
+        return Route("spot", f"{queue} prefers spot")
+    if bands.get("4-6", 0) > 0:
+        return Route("either", "priority 4-6: on-demand or spot, the cheaper")
+    if bands.get("7-10", 0) > 0:
+        return Route("spot", "priority 7-10 only: spot preferred")
+    return Route("either", "on-demand or spot, the cheaper")
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    """An instance one provider offers now."""
+
+    provider: ProviderName
+    spot: bool
+    cents_per_hour: float
+
+    @property
+    def label(self) -> str:
+        kind = "spot" if self.spot else "on-demand"
+        return f"{self.provider} {kind} at {cost.money(self.cents_per_hour)}/h"
+
+
+def options(
+    config: SchedulerConfig, queue: str, offers: Mapping[ProviderName, Offer]
+) -> list[Option]:
+    """Every instance the queue may burst onto, with its price now."""
+    providers = config.cloud_providers
+    found: list[Option] = []
+    for name in config.burst_providers(queue):
+        offer = offers.get(name)
+        if offer is None:
+            continue
+        found.append(Option(name, False, offer.on_demand_cents_per_hour))
+        spot = offer.spot_cents_per_hour
+        if spot is None or not providers.spot_allowed(name):
+            continue
+        ceiling = providers.aws.spot_max_price_cents if name == "aws" else None
+        if ceiling is None or spot <= ceiling:
+            found.append(Option(name, True, spot))
+    return found
+
+
+def pick(
+    choices: Sequence[Option], kind: RouteKind, room: Mapping[ProviderName, int]
+) -> Option | None:
+    """The cheapest option the route allows on a provider with room (None: none)."""
+    usable = [o for o in choices if room.get(o.provider, 0) > 0]
+    if kind == "on_demand":
+        usable = [o for o in usable if not o.spot]
+    elif kind == "spot":
+        usable = [o for o in usable if o.spot] or usable
+    if not usable:
+        return None
+    return min(usable, key=lambda o: (o.cents_per_hour, o.spot, PROVIDER_ORDER.index(o.provider)))
+
+
+# -- one evaluation --------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Plan:
+    """What one evaluation has decided so far (local to :func:`_evaluate`)."""
+
+    budget: Budget
+    decisions: list[Decision] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    drained: set[str] = field(default_factory=set)
+    launched: dict[ProviderName, int] = field(default_factory=dict)
+
+    def add(self, decision: Decision) -> None:
+        self.decisions.append(decision)
+        if decision.action == "drain" and decision.worker_id is not None:
+            self.drained.add(decision.worker_id)
+
+
+def stop_horizon_seconds(config: SchedulerConfig) -> float:
+    """How long running instances may still cost once the daily cap is reached: the
+    evaluation that notices, the next one that drains, and the drain timeout."""
+    return 2 * config.evaluation_interval_seconds + DRAIN_TIMEOUT_SECONDS
+
+
+def cost_verdict(config: SchedulerConfig, snapshot: Snapshot) -> GuardVerdict:
+    return cost.guard(
+        config.cost_limits,
+        snapshot.spend,
+        now=snapshot.now,
+        committed_cents_per_hour=cost.running_rate(snapshot.workers),
+        launches=snapshot.history.launches,
+        max_launches=cost.launch_rate_cap(config.cloud_providers),
+        stop_horizon_seconds=stop_horizon_seconds(config),
+    )
+
+
+def decide(config: SchedulerConfig, snapshot: Snapshot) -> list[Decision]:
+    """What to do now (see the module docstring for every rule)."""
+    return _evaluate(config, snapshot).decisions
+
+
+def explain(config: SchedulerConfig, snapshot: Snapshot) -> list[str]:
+    """The decisions, and why nothing happened where nothing did (for ``explain``)."""
+    plan = _evaluate(config, snapshot)
+    verdict = cost_verdict(config, snapshot)
+    mode = config.mode + (" (locked to vps_only by the daily cost cap)" if verdict.locked else "")
+    lines = [
+        f"Mode: {mode}",
+        cost.summary(config.cost_limits, snapshot.spend, cost.running_rate(snapshot.workers)),
+    ]
+    lines += [f"{d.action}: {d.reason}" for d in plan.decisions] or ["Nothing to do."]
+    said = " ".join(d.reason for d in plan.decisions)
+    lines += [f"cost: {reason}" for reason in verdict.reasons if reason not in said]
+    return lines + plan.notes
+
+
+def _evaluate(config: SchedulerConfig, snapshot: Snapshot) -> _Plan:
+    verdict = cost_verdict(config, snapshot)
+    plan = _Plan(budget=verdict.budget)
+    if verdict.alert_reason is not None:
+        plan.add(Decision("alert", verdict.alert_reason))
+    if verdict.lock_reason is not None:
+        plan.add(Decision("lock", verdict.lock_reason))
+
+    block: str | None = None
+    if verdict.locked:
+        block = f"locked to vps_only by the daily cost cap until `{cost.RESET_COMMAND}`"
+    elif config.mode == "vps_only":
+        block = "mode is vps_only"
+
+    cloud = sorted(
+        (w for w in snapshot.workers if w.cloud and w.status != "terminated"),
+        key=lambda w: w.worker_id,
+    )
+    for worker in cloud:
+        if worker.status == "draining":
+            _terminate_if_drained(worker, snapshot.now, plan)
+    for worker in cloud:
+        if worker.status in LIVE:
+            why = block or _misplaced(config, worker)
+            if why is not None:
+                plan.add(_drain(worker, f"Draining worker {worker.worker_id}: {why}"))
+
+    for name in config.queues:
+        _queue(config, snapshot, name, block, verdict, plan)
+    return plan
+
+
+def _drain(worker: WorkerState, reason: str) -> Decision:
+    return Decision(
+        "drain", reason, queue=worker.queue, worker_id=worker.worker_id, provider=worker.provider
+    )
+
+
+def _terminate_if_drained(worker: WorkerState, now: float, plan: _Plan) -> None:
+    where = f"worker {worker.worker_id} ({worker.provider})"
+    why: str | None = None
+    if worker.current_jobs == 0:
+        why = "drained, no jobs left"
+    elif worker.drain_started_at is None:
+        plan.notes.append(f"{where}: draining, {worker.current_jobs} jobs left")
+    elif now - worker.drain_started_at >= DRAIN_TIMEOUT_SECONDS:
+        why = (
+            f"drain timed out after {DRAIN_TIMEOUT_SECONDS / 60:.0f} minutes, force-killing"
+            f" {worker.current_jobs} jobs (they return to the queue)"
+        )
+    else:
+        left = DRAIN_TIMEOUT_SECONDS - (now - worker.drain_started_at)
+        plan.notes.append(
+            f"{where}: draining, {worker.current_jobs} jobs left, force-killed in {left:.0f}s"
+        )
+    if why is not None:
+        plan.add(
+            Decision(
+                "terminate",
+                f"Terminating {where}: {why}",
+                queue=worker.queue,
+                worker_id=worker.worker_id,
+                provider=worker.provider,
+                spot=worker.spot,
+            )
+        )
+
+
+def _misplaced(config: SchedulerConfig, worker: WorkerState) -> str | None:
+    """Why a cloud worker has no place under this configuration (None: it has one)."""
+    queue = worker.queue
+    if queue not in config.queues:
+        return f"queue {queue} is not in scheduler.json"
+    if not config.queues[queue].cloud_enabled:
+        return f"{queue} is not cloud-enabled"
+    if worker.provider not in config.burst_providers(queue):
+        return f"{queue} does not burst to {worker.provider}"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class _QueueView:
+    """One queue's workers as the rules count them."""
+
+    name: str
+    config: QueueConfig
+    state: QueueState
+    existing: int  # not terminated: counted against max_workers
+    vps_live: int
+    cloud_live: tuple[WorkerState, ...]  # starting or active, not drained now
+    floor: int  # cloud workers kept for the baseline (cloud_first)
+
+
+def _queue(
+    config: SchedulerConfig,
+    snapshot: Snapshot,
+    name: str,
+    block: str | None,
+    verdict: GuardVerdict,
+    plan: _Plan,
+) -> None:
+    qc = config.queues[name]
+    state = snapshot.queues.get(name) or QueueState(name=name, depth=0)
+    up = triggered(config, state)
+    load = f"depth={state.depth}, oldest={state.oldest_age_seconds:.0f}s"
+    if block is not None:
+        if up and verdict.locked:
+            plan.add(Decision("hold", f"Not scaling up {name} ({load}): {block}", queue=name))
+        else:
+            plan.notes.append(f"{name}: {load}; {block}, no cloud workers")
+        return
+    if not qc.cloud_enabled:
+        plan.notes.append(f"{name}: {load}; not cloud-enabled, the VPS workers only")
+        return
+
+    mine = [w for w in snapshot.workers if w.queue == name and w.status != "terminated"]
+    vps_live = sum(1 for w in mine if not w.cloud and w.status in LIVE)
+    view = _QueueView(
+        name=name,
+        config=qc,
+        state=state,
+        existing=len(mine),
+        vps_live=vps_live,
+        cloud_live=tuple(
+            w for w in mine if w.cloud and w.status in LIVE and w.worker_id not in plan.drained
+        ),
+        floor=max(0, qc.baseline_workers - vps_live) if config.mode == "cloud_first" else 0,
+    )
+    if up or len(view.cloud_live) < view.floor:
+        _scale_up(config, snapshot, view, up, verdict, plan)
+    else:
+        _scale_down(config, snapshot, view, plan)
+
+
+def _scale_up(
+    config: SchedulerConfig,
+    snapshot: Snapshot,
+    view: _QueueView,
+    up: bool,
+    verdict: GuardVerdict,
+    plan: _Plan,
+) -> None:
+    name, state, now = view.name, view.state, snapshot.now
+    load = f"depth={state.depth}, oldest={state.oldest_age_seconds:.0f}s"
+    row = table_row(state.depth, state.oldest_age_seconds)
+    most = max(0, view.config.max_workers - view.vps_live)
+    burst = (most if row.burst is None else max(1, row.burst)) if up else 0
+    wanted = min(view.floor + burst, most)
+    have = len(view.cloud_live)
+    if up:
+        headline = f"Scaling up {name}: {load}"
+        sizing = row.name if row is not QUIET else "the thresholds: 1 burst worker"
+    else:
+        headline = (
+            f"Keeping {name}'s baseline on the cloud (cloud_first): {view.vps_live + have}"
+            f" of {view.config.baseline_workers} baseline workers"
+        )
+        sizing = "baseline"
+
+    if up and row.alert:
+        last = snapshot.history.last_alert.get(name)
+        if last is None or now - last >= FLOOD_ALERT_REPEAT_SECONDS:
+            plan.add(
+                Decision(
+                    "alert",
+                    f"Queue {name} flooded ({load}): scaling to max_workers"
+                    f" {view.config.max_workers}; operator attention needed",
+                    queue=name,
+                )
+            )
+
+    missing = wanted - have
+    if missing <= 0:
+        plan.notes.append(f"{name}: {load}; {have} cloud workers, {sizing}: no launch needed")
+        return
+    room = view.config.max_workers - view.existing
+    if room <= 0:
+        plan.add(_hold_up(name, load, f"{view.existing} workers, at max_workers"))
+        return
+    cooldown = config.scaling_rules.scale_up.cooldown_seconds
+    last_up = snapshot.history.last_scale_up.get(name)
+    if last_up is not None and now - last_up < cooldown:
+        since = f"cooldown, {now - last_up:.0f}s of {cooldown}s since its last scale-up"
+        plan.add(_hold_up(name, load, since))
+        return
+    refusal = verdict.launch_refusal
+    if refusal is not None:
+        plan.add(_hold_up(name, load, refusal))
+        return
+
+    how = route(name, view.config, state)
+    choices = options(config, name, snapshot.offers)
+    picked: list[Option] = []
+    stopped: str | None = None
+    for _ in range(min(missing, room)):
+        option = pick(choices, how.kind, _provider_room(config, snapshot, plan))
+        if option is None:
+            stopped = _no_provider(config, snapshot, name, plan)
+            break
+        refused = plan.budget.refusal(option.cents_per_hour)
+        if refused is not None:
+            stopped = refused
+            break
+        plan.budget = plan.budget.after_launch(option.cents_per_hour)
+        plan.launched[option.provider] = plan.launched.get(option.provider, 0) + 1
+        picked.append(option)
+
+    for option in dict.fromkeys(picked):
+        count = picked.count(option)
+        plan.add(
+            Decision(
+                "launch",
+                f"{headline}; {count} on {option.label} ({how.why}; {sizing})",
+                queue=name,
+                provider=option.provider,
+                spot=option.spot,
+                count=count,
+            )
+        )
+    if stopped is not None:
+        plan.add(_hold_up(name, load, stopped, further=bool(picked)))
+
+
+def _hold_up(name: str, load: str, why: str, further: bool = False) -> Decision:
+    more = " further" if further else ""
+    return Decision("hold", f"Not scaling up {name}{more} ({load}): {why}", queue=name)
+
+
+def _provider_room(
+    config: SchedulerConfig, snapshot: Snapshot, plan: _Plan
+) -> dict[ProviderName, int]:
+    """Instances each enabled provider may still start (max_instances minus the ones not
+    yet terminated and the ones launched in this evaluation)."""
+    room: dict[ProviderName, int] = {}
+    for name in config.cloud_providers.enabled():
+        used = sum(1 for w in snapshot.workers if w.provider == name and w.status != "terminated")
+        limit = config.cloud_providers.get(name).max_instances
+        room[name] = limit - used - plan.launched.get(name, 0)
+    return room
+
+
+def _no_provider(config: SchedulerConfig, snapshot: Snapshot, queue: str, plan: _Plan) -> str:
+    room = _provider_room(config, snapshot, plan)
+    parts = []
+    for name in config.burst_providers(queue):
+        if name not in snapshot.offers:
+            parts.append(f"{name} offers no price")
+        elif room.get(name, 0) <= 0:
+            limit = config.cloud_providers.get(name).max_instances
+            parts.append(f"{name} at max_instances {limit}")
+    return "no eligible provider (" + ", ".join(parts or ["none enabled"]) + ")"
+
+
+def _scale_down(config: SchedulerConfig, snapshot: Snapshot, view: _QueueView, plan: _Plan) -> None:
+    name, state, now = view.name, view.state, snapshot.now
+    rules = config.scaling_rules.scale_down
+    load = f"depth={state.depth}, oldest={state.oldest_age_seconds:.0f}s"
+    if not view.cloud_live:
+        plan.notes.append(f"{name}: {load}; below the scale-up thresholds, no cloud workers")
+        return
+    drainable = len(view.cloud_live) - view.floor
+    if drainable <= 0:
+        plan.notes.append(f"{name}: {load}; cloud workers at the baseline ({view.floor})")
+        return
+    idle_for = rules.idle_minutes * 60
+    idle = sorted(
+        (w for w in view.cloud_live if w.current_jobs == 0),
+        key=lambda w: (w.idle_since(), w.worker_id),
+    )
+
+    empty_since = snapshot.history.empty_since.get(name)
+    if state.depth == 0 and empty_since is not None and now - empty_since >= idle_for:
+        minutes = int((now - empty_since) // 60)
+        for worker in idle[:drainable]:
+            plan.add(
+                _drain(
+                    worker,
+                    f"Scaling down worker {worker.worker_id}: {name} empty for {minutes}"
+                    " minutes, terminating all burst workers",
+                )
+            )
+        if len(idle) < drainable:
+            plan.notes.append(f"{name}: empty; busy burst workers drain once idle")
+        return
+
+    eligible = [w for w in idle if now - w.idle_since() >= idle_for]
+    if not eligible:
+        plan.notes.append(f"{name}: {load}; no cloud worker idle for {rules.idle_minutes} minutes")
+        return
+    if state.depth >= rules.queue_depth_below:
+        plan.notes.append(
+            f"{name}: {load}; {len(eligible)} idle cloud workers kept: depth is not below"
+            f" queue_depth_below ({rules.queue_depth_below})"
+        )
+        return
+    cooldown = rules.cooldown_seconds
+    last = snapshot.history.last_scale_down.get(name)
+    for worker in eligible[:drainable]:
+        if last is not None and now - last < cooldown:
+            plan.add(
+                Decision(
+                    "hold",
+                    f"Not scaling down worker {worker.worker_id}: cooldown,"
+                    f" {now - last:.0f}s of {cooldown}s since {name}'s last scale-down",
+                    queue=name,
+                    worker_id=worker.worker_id,
+                )
+            )
+            return
+        minutes = int((now - worker.idle_since()) // 60)
+        plan.add(
+            _drain(
+                worker,
+                f"Scaling down worker {worker.worker_id}: idle for {minutes} minutes"
+                f" ({name} depth={state.depth} < {rules.queue_depth_below})",
+            )
+        )
+        last = now

@@ -1,0 +1,415 @@
+"""The scheduler loop: observe -> policy -> apply, the only place with side effects.
+
+Every ``evaluation_interval_seconds``, the scheduler that holds the leadership lease
+(:mod:`autoscaler.leader`):
+
+1. observes: ready jobs per queue and priority band from Redis
+   (:meth:`~hypermedia.queue.redis_queue.RedisQueue.priority_heads`), the VPS workers
+   and their running jobs from the database, the cloud workers and prices from the
+   :class:`Fleet`, the spend from the ``cloud_spend`` ledger, and its own history and
+   cost lock from ``scheduler_state``;
+2. asks the pure policy (:func:`autoscaler.policy.decide`) what to do;
+3. writes every decision with its reason to ``scheduler_decisions`` and the log, and
+   applies it through the :class:`Fleet`, each action only while its term of
+   leadership still holds (the fencing token is recorded with the decision).
+
+The :class:`Fleet` is the seam to the clouds: :class:`NoCloud` (the default, and all
+``vps_only`` needs) has no cloud workers and launches nothing; the provider issue
+connects it to Ray's ``request_resources`` and the cloud drivers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from sqlalchemy import func, select
+from sqlalchemy.engine import Connection, Engine
+
+from autoscaler import cost, policy
+from autoscaler.config import ProviderName, SchedulerConfig
+from autoscaler.leader import Leadership, Term
+from autoscaler.snapshot import (
+    BANDS,
+    Decision,
+    History,
+    Offer,
+    QueueState,
+    Snapshot,
+    Spend,
+    WorkerState,
+    band_of,
+)
+from hypermedia import ids
+from hypermedia.clock import Clock
+from hypermedia.db import tables as t
+from hypermedia.db.engine import transaction
+from hypermedia.errors import ConfigError
+from hypermedia.queue.redis_queue import RedisQueue
+from hypermedia.stack import Stack
+
+log = logging.getLogger(__name__)
+
+HISTORY = "history"
+COST_LOCK = "cost_lock"
+LAUNCH_MEMORY_SECONDS = 3600.0  # launches remembered for the launch-rate cap
+ACTIONS_ON_THE_FLEET = ("launch", "drain", "terminate")
+
+
+# -- the seam to the clouds ---------------------------------------------------------------
+
+
+class Fleet(Protocol):
+    """Cloud workers, their prices, and the hands that launch and stop them."""
+
+    def cloud_workers(self, now: float) -> list[WorkerState]: ...
+
+    def offers(self, now: float) -> dict[ProviderName, Offer]: ...
+
+    def apply(self, decision: Decision, term: Term) -> bool:
+        """Carry out a launch, drain or terminate; whether it was done."""
+        ...
+
+
+class NoCloud:
+    """No cloud at all: what ``vps_only`` needs, and the default until a cloud driver is
+    configured. It launches nothing (and says so)."""
+
+    def cloud_workers(self, now: float) -> list[WorkerState]:
+        return []
+
+    def offers(self, now: float) -> dict[ProviderName, Offer]:
+        return {}
+
+    def apply(self, decision: Decision, term: Term) -> bool:
+        log.warning("no cloud driver configured: %s not carried out", decision.action)
+        return False
+
+
+# -- persistent state ----------------------------------------------------------------------
+
+
+def _to_datetime(seconds: float) -> datetime:
+    return datetime.fromtimestamp(seconds, UTC)
+
+
+def _epoch(moment: datetime) -> float:
+    return moment.timestamp()
+
+
+def read_state(conn: Connection, name: str) -> dict[str, Any] | None:
+    row = conn.execute(
+        select(t.scheduler_state.c.value).where(t.scheduler_state.c.name == name)
+    ).first()
+    return dict(row[0]) if row is not None else None
+
+
+def write_state(conn: Connection, name: str, value: Mapping[str, Any], now: float) -> None:
+    table = t.scheduler_state
+    updated = conn.execute(
+        table.update()
+        .where(table.c.name == name)
+        .values(value=dict(value), updated_at=_to_datetime(now))
+    )
+    if updated.rowcount == 0:
+        conn.execute(
+            table.insert().values(name=name, value=dict(value), updated_at=_to_datetime(now))
+        )
+
+
+def delete_state(conn: Connection, name: str) -> bool:
+    deleted = conn.execute(t.scheduler_state.delete().where(t.scheduler_state.c.name == name))
+    return bool(deleted.rowcount)
+
+
+def history_from(value: Mapping[str, Any] | None) -> History:
+    if not value:
+        return History()
+    return History(
+        last_scale_up=dict(value.get("last_scale_up", {})),
+        last_scale_down=dict(value.get("last_scale_down", {})),
+        launches=tuple(value.get("launches", ())),
+        empty_since=dict(value.get("empty_since", {})),
+        last_alert=dict(value.get("last_alert", {})),
+    )
+
+
+def history_value(history: History) -> dict[str, Any]:
+    return {
+        "last_scale_up": dict(history.last_scale_up),
+        "last_scale_down": dict(history.last_scale_down),
+        "launches": list(history.launches),
+        "empty_since": dict(history.empty_since),
+        "last_alert": dict(history.last_alert),
+    }
+
+
+def reset_cost_lock(engine: Engine) -> dict[str, Any] | None:
+    """Clear the daily-cap lock (``hypermedia scheduler reset-cost-lock``); what it was."""
+    with transaction(engine) as conn:
+        lock = read_state(conn, COST_LOCK)
+        delete_state(conn, COST_LOCK)
+    return lock
+
+
+# -- observation -----------------------------------------------------------------------------
+
+
+def queue_state(queue: RedisQueue, name: str, now: float) -> QueueState:
+    heads = queue.priority_heads(name)
+    depth_by_band: dict[Any, int] = {}
+    oldest_by_band: dict[Any, float] = {}
+    for priority, (count, oldest_id) in heads.items():
+        band = band_of(priority)
+        depth_by_band[band] = depth_by_band.get(band, 0) + count
+        age = max(0.0, now - ids.created_at(oldest_id))
+        oldest_by_band[band] = max(oldest_by_band.get(band, 0.0), age)
+    return QueueState(
+        name=name,
+        depth=sum(depth_by_band.values()),
+        oldest_age_seconds=max(oldest_by_band.values(), default=0.0),
+        depth_by_band={b: depth_by_band[b] for b in BANDS if b in depth_by_band},
+        oldest_by_band={b: oldest_by_band[b] for b in BANDS if b in oldest_by_band},
+    )
+
+
+def vps_workers(conn: Connection) -> list[WorkerState]:
+    """The workers table's live rows: pipeline actors on the VPS (and, once the provider
+    issue registers them, on cloud nodes; those come from the :class:`Fleet`)."""
+    w, a = t.workers, t.attempts
+    running = (
+        select(a.c.worker_id, func.count().label("running"))
+        .where(a.c.status == "running")
+        .group_by(a.c.worker_id)
+        .subquery()
+    )
+    finished = (
+        select(a.c.worker_id, func.max(a.c.finished_at).label("last"))
+        .where(a.c.finished_at.is_not(None))
+        .group_by(a.c.worker_id)
+        .subquery()
+    )
+    rows = conn.execute(
+        select(
+            w.c.worker_id, w.c.queue, w.c.status, w.c.started_at, running.c.running, finished.c.last
+        )
+        .outerjoin(running, running.c.worker_id == w.c.worker_id)
+        .outerjoin(finished, finished.c.worker_id == w.c.worker_id)
+        .where(w.c.status.in_(("active", "draining")))
+    )
+    return [
+        WorkerState(
+            worker_id=row.worker_id,
+            queue=row.queue,
+            status=row.status,
+            started_at=_epoch(row.started_at),
+            current_jobs=int(row.running or 0),
+            last_job_at=_epoch(row.last) if row.last is not None else None,
+        )
+        for row in rows
+    ]
+
+
+def ledger_spend(conn: Connection, now: float, locked: bool, alerted_today: bool) -> Spend:
+    """Spend from ``cloud_spend``: each instance's price x its running time."""
+    s = t.cloud_spend
+    intervals = [
+        cost.Interval(
+            start=_epoch(row.launched_at),
+            end=_epoch(row.terminated_at) if row.terminated_at is not None else None,
+            cents_per_hour=row.price_per_hour_microusd / 10_000,
+        )
+        for row in conn.execute(
+            select(s.c.launched_at, s.c.terminated_at, s.c.price_per_hour_microusd)
+        )
+    ]
+    return cost.spend(intervals, now, locked=locked, alerted_today=alerted_today)
+
+
+# -- the loop ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Evaluation:
+    snapshot: Snapshot
+    decisions: list[Decision]
+    term: Term | None  # None: not the leader, nothing applied
+
+
+def default_holder() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class Scheduler:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        engine: Engine,
+        queue: RedisQueue,
+        leadership: Leadership,
+        clock: Clock,
+        fleet: Fleet | None = None,
+    ) -> None:
+        self.config = config
+        self.engine = engine
+        self.queue = queue
+        self.leadership = leadership
+        self.clock = clock
+        self.fleet: Fleet = fleet or NoCloud()
+
+    def observe(self) -> Snapshot:
+        now = self.clock.now()
+        queues = {name: queue_state(self.queue, name, now) for name in self.config.queues}
+        with transaction(self.engine) as conn:
+            workers = vps_workers(conn)
+            history = history_from(read_state(conn, HISTORY))
+            lock = read_state(conn, COST_LOCK)
+            alerted = read_state(conn, "alerted") or {}
+            today = _to_datetime(now).date().isoformat()
+            spend = ledger_spend(conn, now, lock is not None, alerted.get("day") == today)
+        workers.extend(self.fleet.cloud_workers(now))
+        return Snapshot(
+            now=now,
+            queues=queues,
+            workers=tuple(workers),
+            offers=self.fleet.offers(now),
+            spend=spend,
+            history=history,
+        )
+
+    def explain(self) -> list[str]:
+        """What the policy would do now, and why (nothing is applied or recorded)."""
+        return policy.explain(self.config, self.observe())
+
+    def evaluate(self) -> Evaluation:
+        """One turn: observe, decide, and, as the leader, record and apply."""
+        snapshot = self.observe()
+        decisions = policy.decide(self.config, snapshot)
+        term = self.leadership.acquire()
+        if term is None:
+            return Evaluation(snapshot, decisions, None)
+        applied = [self._carry_out(decision, term) for decision in decisions]
+        self._record(snapshot, decisions, applied, term)
+        return Evaluation(snapshot, decisions, term)
+
+    def _carry_out(self, decision: Decision, term: Term) -> bool:
+        """Apply one decision if this term still leads; records (alert, lock, hold) are
+        carried out by writing them down."""
+        if decision.action not in ACTIONS_ON_THE_FLEET:
+            return True
+        if not self.leadership.holds(term):
+            log.warning("lost the leadership: %s not carried out", decision.reason)
+            return False
+        return self.fleet.apply(decision, term)
+
+    def _record(
+        self, snapshot: Snapshot, decisions: list[Decision], applied: list[bool], term: Term
+    ) -> None:
+        now = snapshot.now
+        history = next_history(snapshot, decisions, applied)
+        mode = "vps_only" if snapshot.spend.locked else self.config.mode
+        with transaction(self.engine) as conn:
+            for decision, done in zip(decisions, applied, strict=True):
+                log.info(
+                    "%s%s",
+                    decision.reason,
+                    "" if done else " (not carried out)",
+                    extra={"action": f"scheduler_{decision.action}", "queue": decision.queue},
+                )
+                conn.execute(
+                    t.scheduler_decisions.insert().values(
+                        decided_at=_to_datetime(now),
+                        mode=mode,
+                        queue=decision.queue,
+                        action=decision.action,
+                        count=decision.count,
+                        provider=decision.provider,
+                        reason=decision.reason,
+                        details={
+                            "term": term.token,
+                            "holder": term.holder,
+                            "worker_id": decision.worker_id,
+                            "spot": decision.spot,
+                        },
+                        applied=done,
+                    )
+                )
+                if decision.action == "lock" and done:
+                    write_state(conn, COST_LOCK, {"at": now, "reason": decision.reason}, now)
+                if decision.action == "alert" and decision.queue is None:  # the spend alert
+                    write_state(conn, "alerted", {"day": _to_datetime(now).date().isoformat()}, now)
+            write_state(conn, HISTORY, history_value(history), now)
+
+    def stop(self) -> None:
+        """Give the leadership up at once if this scheduler holds it."""
+        term = self.leadership.acquire()
+        if term is not None:
+            self.leadership.release(term)
+
+    def run(self, stop: threading.Event) -> None:
+        """Evaluate every ``evaluation_interval_seconds`` until ``stop`` is set."""
+        interval = self.config.evaluation_interval_seconds
+        while not stop.is_set():
+            try:
+                self.evaluate()
+            except Exception:
+                log.exception("scheduler evaluation failed; next one in %s s", interval)
+            stop.wait(interval)
+
+
+def next_history(
+    snapshot: Snapshot, decisions: Iterable[Decision], applied: Iterable[bool]
+) -> History:
+    """The history after this turn: cooldown clocks of what was done, launch times for
+    the rate cap, and since when each queue has been empty."""
+    now = snapshot.now
+    history = snapshot.history
+    up = dict(history.last_scale_up)
+    down = dict(history.last_scale_down)
+    alerts = dict(history.last_alert)
+    launches = [at for at in history.launches if now - at < LAUNCH_MEMORY_SECONDS]
+    for decision, done in zip(decisions, applied, strict=True):
+        if not done or decision.queue is None:
+            continue
+        if decision.action == "launch":
+            up[decision.queue] = now
+            launches.extend([now] * decision.count)
+        elif decision.action == "drain":
+            down[decision.queue] = now
+        elif decision.action == "alert":
+            alerts[decision.queue] = now
+    empty = dict(history.empty_since)
+    for name, state in snapshot.queues.items():
+        if state.depth == 0:
+            empty.setdefault(name, now)
+        else:
+            empty.pop(name, None)
+    return replace(
+        history,
+        last_scale_up=up,
+        last_scale_down=down,
+        launches=tuple(launches),
+        empty_since=empty,
+        last_alert=alerts,
+    )
+
+
+def open_scheduler(config: SchedulerConfig, stack: Stack, fleet: Fleet | None = None) -> Scheduler:
+    """A scheduler on a stack's database, Redis and clock. Every queue of the config must
+    be one of the deployment's (``HYPERMEDIA_QUEUES``)."""
+    unknown = sorted(set(config.queues) - set(stack.settings.queue_names))
+    if unknown:
+        raise ConfigError(
+            f"scheduler.json: queues.{unknown[0]}",
+            f"not a queue of this deployment ({', '.join(stack.settings.queue_names)})",
+        )
+    # The lease outlives two missed evaluations: a slow turn does not hand it over.
+    ttl = 3 * config.evaluation_interval_seconds
+    leadership = Leadership(stack.redis, stack.settings.redis_prefix, default_holder(), ttl)
+    return Scheduler(config, stack.engine, stack.queue, leadership, stack.clock, fleet)

@@ -1,0 +1,183 @@
+"""The scheduler loop on a real PostgreSQL and Redis: it reads queue depth and age per
+band from Redis, decides through the real policy, records every decision with its
+reason and term, applies it only while it leads, and keeps the cost lock across
+restarts until an operator resets it.
+
+The cloud side is the :class:`~autoscaler.scheduler.Fleet` seam; here a fleet that
+keeps its instances in memory (the provider issue brings the drivers and a local one
+that starts real Ray nodes)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from autoscaler import config as scheduler_config
+from autoscaler.config import ProviderName
+from autoscaler.leader import Leadership, Term
+from autoscaler.scheduler import COST_LOCK, Scheduler, read_state, reset_cost_lock
+from autoscaler.snapshot import Decision, Offer, WorkerState
+from hypermedia import ids
+from hypermedia.clock import SystemClock
+from hypermedia.db import tables as t
+from hypermedia.db.engine import transaction
+from hypermedia.stack import Stack
+
+
+class MemoryFleet:
+    """Cloud instances as values: launched, drained, terminated on request."""
+
+    def __init__(self, price_cents: float = 17.0) -> None:
+        self.price = price_cents
+        self.workers: dict[str, WorkerState] = {}
+        self.actions: list[tuple[str, int]] = []  # (action, term token)
+
+    def cloud_workers(self, now: float) -> list[WorkerState]:
+        return [w for w in self.workers.values() if w.status != "terminated"]
+
+    def offers(self, now: float) -> dict[ProviderName, Offer]:
+        return {"aws": Offer("aws", self.price, self.price / 3)}
+
+    def apply(self, decision: Decision, term: Term) -> bool:
+        self.actions.append((decision.action, term.token))
+        if decision.action == "launch":
+            assert decision.queue is not None and decision.provider is not None
+            for _ in range(decision.count):
+                worker_id = f"i-{len(self.workers)}"
+                self.workers[worker_id] = WorkerState(
+                    worker_id=worker_id,
+                    queue=decision.queue,
+                    status="active",
+                    started_at=time.time(),
+                    provider=decision.provider,
+                    spot=decision.spot,
+                    cost_per_hour_cents=self.price,
+                )
+        return True
+
+
+def hybrid_config(**cost_limits: int) -> scheduler_config.SchedulerConfig:
+    data: dict[str, Any] = copy.deepcopy(json.loads(scheduler_config.SHIPPED.read_text()))
+    data["mode"] = "hybrid"
+    data["cloud_providers"]["aws"].update(enabled=True, ami_id="ami-0123456789abcdef0")
+    data["queues"]["ocr"].update(cloud_enabled=True, cloud_provider="aws")
+    data["cost_limits"].update(cost_limits)
+    return scheduler_config.parse(data)
+
+
+@pytest.fixture
+def stack(pg_engine, settings):
+    opened = Stack.open(settings(), engine=pg_engine, auto_migrate=True)
+    yield opened
+    opened.close()
+
+
+def scheduler(
+    stack: Stack, holder: str, fleet: MemoryFleet, ttl: float = 60, **limits: int
+) -> Scheduler:
+    leadership = Leadership(stack.redis, stack.settings.redis_prefix, holder, ttl)
+    return Scheduler(
+        hybrid_config(**limits), stack.engine, stack.queue, leadership, SystemClock(), fleet
+    )
+
+
+def backlog(stack: Stack, queue: str, count: int, priority: int = 5) -> None:
+    stack.queue.enqueue(queue, [(ids.new_id(), priority) for _ in range(count)])
+
+
+def recorded(stack: Stack) -> list[Any]:
+    with transaction(stack.engine) as conn:
+        d = t.scheduler_decisions
+        return list(conn.execute(select(d).order_by(d.c.decision_id)))
+
+
+def test_the_snapshot_reads_depth_and_age_per_band(stack):
+    backlog(stack, "ocr", 4, priority=2)
+    backlog(stack, "ocr", 7, priority=8)
+    observed = scheduler(stack, "a", MemoryFleet()).observe()
+    ocr = observed.queues["ocr"]
+    assert ocr.depth == 11
+    assert dict(ocr.depth_by_band) == {"1-3": 4, "7-10": 7}
+    assert 0 <= ocr.oldest_age_seconds < 60
+    assert observed.queues["images"].depth == 0
+    assert observed.spend.last_hour_cents == 0 and not observed.spend.locked
+
+
+def test_only_the_leader_acts_and_the_other_takes_over(stack):
+    backlog(stack, "ocr", 30)
+    fleet_a, fleet_b = MemoryFleet(), MemoryFleet()
+    a = scheduler(stack, "host-a", fleet_a, ttl=1.0)
+    b = scheduler(stack, "host-b", fleet_b, ttl=1.0)
+
+    first = a.evaluate()
+    assert first.term is not None
+    assert [d.action for d in first.decisions if d.action == "launch"], first.decisions
+    second = b.evaluate()
+    assert second.term is None  # it decided, but applied and recorded nothing
+    assert fleet_a.actions and not fleet_b.actions
+    rows = recorded(stack)
+    assert rows and {r.details["holder"] for r in rows} == {"host-a"}
+    launch = next(r for r in rows if r.action == "launch")
+    assert launch.applied and launch.queue == "ocr" and "ocr" in launch.reason
+
+    time.sleep(1.2)  # host-a dies: its lease runs out
+    taken = b.evaluate()
+    assert taken.term is not None and taken.term.token > first.term.token
+    assert a.evaluate().term is None
+    assert {r.details["holder"] for r in recorded(stack)} == {"host-a", "host-b"}
+
+
+def test_the_daily_cap_locks_until_reset_and_the_lock_survives_a_restart(stack):
+    now = datetime.now(UTC)
+    with transaction(stack.engine) as conn:
+        conn.execute(
+            t.cloud_spend.insert().values(
+                provider="aws",
+                instance_id="i-old",
+                node_type="ocr",
+                region="eu-west-3",
+                spot=False,
+                price_per_hour_microusd=2_000_000,  # $2/h = 200 cents/h
+                launched_at=now - timedelta(hours=min(now.hour + now.minute / 60, 3)),
+                terminated_at=None,
+            )
+        )
+    backlog(stack, "ocr", 50)
+    fleet = MemoryFleet()
+    # 200 c/h for up to 3 hours today; a daily cap of 100 cents is passed.
+    first = scheduler(stack, "a", fleet, max_daily_spend_cents=100, alert_threshold_cents=50)
+    evaluation = first.evaluate()
+    actions = [d.action for d in evaluation.decisions]
+    assert "lock" in actions and "launch" not in actions
+    with transaction(stack.engine) as conn:
+        assert read_state(conn, COST_LOCK) is not None
+    first.stop()
+
+    # A new process (a restart) finds the lock and stays on the VPS.
+    again = scheduler(stack, "b", fleet, max_daily_spend_cents=100_000, alert_threshold_cents=50)
+    observed = again.observe()
+    assert observed.spend.locked
+    assert "launch" not in [d.action for d in again.evaluate().decisions]
+    lock = reset_cost_lock(stack.engine)
+    assert lock is not None and "daily" in lock["reason"].lower()
+    assert not again.observe().spend.locked
+
+
+def test_a_flood_alerts_the_operator_once_not_every_evaluation(stack):
+    backlog(stack, "ocr", 150)
+    fleet = MemoryFleet()
+    first = scheduler(stack, "a", fleet)
+    for _ in range(3):
+        first.evaluate()
+    alerts = [r for r in recorded(stack) if r.action == "alert" and r.queue == "ocr"]
+    assert len(alerts) == 1, [r.reason for r in recorded(stack)]
+    assert "150" in alerts[0].reason
+    # The history that paces it is kept across a restart.
+    again = scheduler(stack, "a", fleet)
+    assert "ocr" in again.observe().history.last_alert
