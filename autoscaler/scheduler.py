@@ -24,8 +24,8 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -45,6 +45,7 @@ from autoscaler.snapshot import (
     Spend,
     WorkerState,
     band_of,
+    next_history,
 )
 from hypermedia import ids
 from hypermedia.clock import Clock
@@ -58,7 +59,6 @@ log = logging.getLogger(__name__)
 
 HISTORY = "history"
 COST_LOCK = "cost_lock"
-LAUNCH_MEMORY_SECONDS = 3600.0  # launches remembered for the launch-rate cap
 ACTIONS_ON_THE_FLEET = ("launch", "drain", "terminate")
 
 
@@ -361,43 +361,6 @@ class Scheduler:
             except Exception:
                 log.exception("scheduler evaluation failed; next one in %s s", interval)
             stop.wait(interval)
-
-
-def next_history(
-    snapshot: Snapshot, decisions: Iterable[Decision], applied: Iterable[bool]
-) -> History:
-    """The history after this turn: cooldown clocks of what was done, launch times for
-    the rate cap, and since when each queue has been empty."""
-    now = snapshot.now
-    history = snapshot.history
-    up = dict(history.last_scale_up)
-    down = dict(history.last_scale_down)
-    alerts = dict(history.last_alert)
-    launches = [at for at in history.launches if now - at < LAUNCH_MEMORY_SECONDS]
-    for decision, done in zip(decisions, applied, strict=True):
-        if not done or decision.queue is None:
-            continue
-        if decision.action == "launch":
-            up[decision.queue] = now
-            launches.extend([now] * decision.count)
-        elif decision.action == "drain":
-            down[decision.queue] = now
-        elif decision.action == "alert":
-            alerts[decision.queue] = now
-    empty = dict(history.empty_since)
-    for name, state in snapshot.queues.items():
-        if state.depth == 0:
-            empty.setdefault(name, now)
-        else:
-            empty.pop(name, None)
-    return replace(
-        history,
-        last_scale_up=up,
-        last_scale_down=down,
-        launches=tuple(launches),
-        empty_since=empty,
-        last_alert=alerts,
-    )
 
 
 def open_scheduler(config: SchedulerConfig, stack: Stack, fleet: Fleet | None = None) -> Scheduler:

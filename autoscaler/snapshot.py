@@ -13,8 +13,8 @@ a fraction of a cent per second).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:  # an annotation only: the policy runs without loading pydantic
@@ -133,3 +133,47 @@ class Decision:
     provider: ProviderName | None = None
     spot: bool = False
     count: int = 1
+
+
+LAUNCH_MEMORY_SECONDS = 3600.0  # launches remembered for the launch-rate cap
+
+
+def next_history(
+    snapshot: Snapshot, decisions: Iterable[Decision], applied: Iterable[bool] | None = None
+) -> History:
+    """The history after a turn, as the loop and the simulator record it: cooldown clocks
+    of what was done (``applied``, parallel to ``decisions``; None: all of it), launch
+    times for the rate cap, the last flood alert per queue, and since when each queue
+    has been empty."""
+    now = snapshot.now
+    history = snapshot.history
+    up = dict(history.last_scale_up)
+    down = dict(history.last_scale_down)
+    alerts = dict(history.last_alert)
+    launches = [at for at in history.launches if now - at < LAUNCH_MEMORY_SECONDS]
+    decisions = list(decisions)
+    done_flags = [True] * len(decisions) if applied is None else list(applied)
+    for decision, done in zip(decisions, done_flags, strict=True):
+        if not done or decision.queue is None:
+            continue
+        if decision.action == "launch":
+            up[decision.queue] = now
+            launches.extend([now] * decision.count)
+        elif decision.action == "drain":
+            down[decision.queue] = now
+        elif decision.action == "alert":
+            alerts[decision.queue] = now
+    empty = dict(history.empty_since)
+    for name, state in snapshot.queues.items():
+        if state.depth == 0:
+            empty.setdefault(name, now)
+        else:
+            empty.pop(name, None)
+    return replace(
+        history,
+        last_scale_up=up,
+        last_scale_down=down,
+        launches=tuple(launches),
+        empty_since=empty,
+        last_alert=alerts,
+    )

@@ -891,6 +891,26 @@ def scheduler_explain(config_path: SchedulerConfigPath = None) -> None:
         stack.close()
 
 
+@scheduler_app.command("simulate")
+def scheduler_simulate(
+    trace: Annotated[
+        Path, typer.Option("--trace", help="Arrivals: at_seconds,queue,priority,duration_seconds.")
+    ],
+    config_path: SchedulerConfigPath = None,
+    chart: Annotated[
+        Path | None, typer.Option("--chart", help="Write a PNG of workers and waits here.")
+    ] = None,
+) -> None:
+    """Replay a trace through the real policy and cost guard on simulated clouds: cost and
+    waits per priority band, beside a static fleet sized for the peak and a KEDA-style
+    rule. Exit 1 when the policy passed a cap (it must not). Traces: etc/traces/."""
+    from autoscaler import simulate
+
+    code = simulate.main(config_path, trace, chart)
+    if code:
+        raise SystemExit(code)
+
+
 @scheduler_app.command("reset-cost-lock")
 def scheduler_reset_cost_lock() -> None:
     """Lift the daily-cap lock (back to the mode scheduler.json sets). On the server only."""

@@ -1,0 +1,246 @@
+"""The simulator against hand-computed expectations (issue 5, "Simulator").
+
+Each case is small enough to work out on paper; the comments show the arithmetic.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from autoscaler import config as scheduler_config
+from autoscaler import simulate
+from autoscaler.config import ProviderName, SchedulerConfig
+from autoscaler.simulate import Arrival, Cloud, KedaRule, StaticFleet
+from autoscaler.snapshot import Decision, History, QueueState, Snapshot, Spend, next_history
+
+SHIPPED: dict[str, Any] = json.loads(scheduler_config.SHIPPED.read_text())
+TRACES = Path(__file__).resolve().parents[2] / "etc" / "traces"
+# 10 cents an hour on demand, no spot, a minute to boot, never interrupted.
+AWS: dict[ProviderName, Cloud] = {"aws": Cloud("aws", 10.0, None, launch_delay_seconds=60.0)}
+
+
+def hybrid(daily: int = 5000, hourly: int = 500, **queues: dict[str, Any]) -> SchedulerConfig:
+    data = copy.deepcopy(SHIPPED)
+    data["mode"] = "hybrid"
+    data["cloud_providers"]["aws"].update(enabled=True, ami_id="ami-0123456789abcdef0")
+    for name in ("ocr", "media", "bulk"):
+        data["queues"][name]["cloud_enabled"] = True
+    for name, changes in queues.items():
+        data["queues"][name].update(changes)
+    data["cost_limits"] = {
+        "max_hourly_spend_cents": hourly,
+        "max_daily_spend_cents": daily,
+        "alert_threshold_cents": daily // 2,
+    }
+    return scheduler_config.parse(data)
+
+
+def vps_only() -> SchedulerConfig:
+    return scheduler_config.parse(SHIPPED)
+
+
+def test_steady_trace_below_the_thresholds_costs_nothing_and_waits_nothing():
+    """One image every 2 min (30 s) and a document every 5 min (60 s), each queue with
+    its VPS worker: every job starts on arrival."""
+    report = simulate.simulate(hybrid(), simulate.read_trace(TRACES / "steady.csv"))
+    assert report.cloud_cost_cents == 0
+    assert report.launches == 0
+    assert report.jobs == 120 + 48 and report.unfinished == 0
+    for waits in report.waits.values():
+        assert (waits.p50, waits.p95, waits.max) == (0, 0, 0)
+    assert report.cap_breaches == 0
+
+
+def test_a_burst_in_vps_only_queues_behind_the_one_vps_worker():
+    """5 images of 60 s at once on 1 VPS worker: waits 0, 60, 120, 180, 240 s;
+    p50 is the 3rd (120 s), p95 the 5th (240 s)."""
+    report = simulate.simulate(vps_only(), [Arrival(0.0, "images", 5, 60.0, 5)], clouds=AWS)
+    waits = report.waits["4-6"]
+    assert (waits.jobs, waits.p50, waits.p95, waits.max) == (5, 120, 240, 240)
+    assert report.cloud_cost_cents == 0 and report.launches == 0
+    assert report.duration_seconds == 300  # the evaluation after the last job ends
+
+
+def test_vps_only_never_serves_a_queue_without_a_vps_worker():
+    report = simulate.simulate(vps_only(), [Arrival(0.0, "ocr", 5, 60.0)], clouds=AWS)
+    assert report.launches == 0 and report.unfinished == 1
+    assert report.waits["4-6"].max == simulate.DEFAULT_TAIL_SECONDS
+
+
+def test_a_hybrid_burst_launches_three_and_costs_price_times_running_time():
+    """100 OCR jobs of 60 s at t=0 (depth 100: the table's "up to 3" row). t=0: launch 3
+    (max_workers 3); they boot at 60 s and take 3 jobs a minute: job i starts at
+    60 + 60 * (i // 3). The queue is empty from 2040 s (the 100th job starts); 10
+    minutes later (2640 s) the three idle workers are drained, at 2700 s terminated.
+    Cost: 3 x 2700 s x 10 c/h = 22.5 c."""
+    report = simulate.simulate(hybrid(), [Arrival(0.0, "ocr", 5, 60.0, 100)], clouds=AWS)
+    assert report.launches == 3
+    assert report.peak_cloud() == 3
+    assert report.cloud_cost_cents == pytest.approx(3 * 2700 / 3600 * 10)
+    waits = report.waits["4-6"]
+    # p50: the 50th job (i=49) -> 60 + 60*16; p95: the 95th (i=94) -> 60 + 60*31; max i=99.
+    assert (waits.p50, waits.p95, waits.max) == (1020, 1920, 2040)
+    assert report.unfinished == 0 and report.cap_breaches == 0
+    assert report.duration_seconds == 2700
+
+
+def test_launches_never_exceed_max_workers_over_a_long_burst():
+    config = hybrid(ocr={"max_workers": 2}, bulk={"max_workers": 2})
+    arrivals = [Arrival(t * 300.0, q, 5, 120.0, 40) for t in range(12) for q in ("ocr", "bulk")]
+    report = simulate.simulate(config, arrivals, clouds=AWS)
+    assert max(s.cloud["ocr"] for s in report.timeline) == 2
+    assert max(s.cloud["bulk"] for s in report.timeline) == 2
+    assert report.launches >= 4 and report.cap_breaches == 0
+
+
+def test_a_runaway_flood_locks_at_the_daily_cap_without_breaching_it():
+    """$1/h instances and a $3 day: the guard locks before the day's spend passes $3,
+    and every cloud worker is gone within the drain horizon."""
+    clouds: dict[ProviderName, Cloud] = {
+        "aws": Cloud("aws", 100.0, None, launch_delay_seconds=60.0)
+    }
+    config = hybrid(daily=300, hourly=500)
+    flood = simulate.read_trace(TRACES / "runaway_flood.csv")
+    report = simulate.simulate(config, [a for a in flood if a.at < 6 * 3600], clouds=clouds)
+    assert report.locked_at is not None
+    assert report.cap_breaches == 0
+    assert report.cloud_cost_cents <= 300
+    horizon = report.locked_at + 300 + 2 * config.evaluation_interval_seconds
+    assert all(sum(s.cloud.values()) == 0 for s in report.timeline if s.at >= horizon)
+    assert report.unfinished > 0  # the flood outruns everything
+
+
+def test_static_fleet_costs_its_size_times_the_run():
+    """2 prewarmed on-demand OCR workers at 10 c/h; 4 jobs of 30 min at t=0: two rounds,
+    done at 3600 s: 2 x 1 h x 10 c = 20 c; waits 0, 0, 1800, 1800."""
+    arrivals = [Arrival(0.0, "ocr", 5, 1800.0, 4)]
+    report = simulate.simulate(hybrid(), arrivals, StaticFleet({"ocr": 2}), clouds=AWS)
+    assert report.cloud_cost_cents == pytest.approx(20.0)
+    assert report.waits["4-6"].max == 1800 and report.waits["4-6"].p50 == 0
+    assert report.launches == 2
+
+
+def test_peak_fleet_serves_the_busiest_hour():
+    """OCR: 100 x 60 s in one hour = 6000 s of work -> 2 workers; bulk: nothing."""
+    arrivals = [Arrival(0.0, "ocr", 5, 60.0, 100), Arrival(7200.0, "ocr", 5, 60.0, 10)]
+    assert simulate.peak_fleet(hybrid(), arrivals) == {"ocr": 2, "media": 0, "bulk": 0}
+
+
+def test_keda_rule_scales_on_depth_and_waits_out_its_cooldown():
+    """23 jobs / 5 per worker -> ceil = 5, capped at max_workers 3: 3 launched at t=0."""
+    report = simulate.simulate(hybrid(), [Arrival(0.0, "ocr", 5, 60.0, 23)], KedaRule(), clouds=AWS)
+    assert report.launches == 3
+    assert report.timeline[1].at - report.timeline[0].at == 30
+    # boot at 60 s; 23 jobs on 3 workers: the last starts at 60 + 7*60 = 480 s and ends
+    # at 540 s; the queue's target was 1 until 480 s: drained when 300 s of zero targets
+    # have passed, no earlier than 780 s.
+    assert report.waits["4-6"].max == 480
+    assert report.duration_seconds >= 780
+
+
+def test_an_interrupted_spot_job_goes_back_to_the_queue():
+    """Bulk (spot preferred, max 1 worker) on 2 c/h spot instances that die twice an hour
+    on average: with seed 3, two are interrupted mid-job and relaunched; all three 10-min
+    jobs are done in the end, and never more than one instance ran at a time."""
+    clouds: dict[ProviderName, Cloud] = {
+        "aws": Cloud("aws", 10.0, 2.0, launch_delay_seconds=0.0, interruptions_per_hour=2)
+    }
+    config = hybrid(bulk={"max_workers": 1, "spot_preferred": True})
+    aws = config.cloud_providers.aws.model_copy(update={"spot_enabled": True})
+    providers = config.cloud_providers.model_copy(update={"aws": aws})
+    config = config.model_copy(update={"cloud_providers": providers})
+    report = simulate.simulate(config, [Arrival(0.0, "bulk", 9, 600.0, 3)], clouds=clouds, seed=3)
+    assert (report.interruptions, report.launches, report.unfinished) == (2, 3, 0)
+    assert max(s.cloud["bulk"] for s in report.timeline) == 1
+    assert report.cloud_cost_cents <= 2.0 * report.duration_seconds / 3600  # all spot
+    assert report.waits["7-10"].max > 1200  # the third job waited for two reruns
+
+
+def test_same_seed_same_report():
+    arrivals = simulate.read_trace(TRACES / "burst.csv")
+    first = simulate.simulate(hybrid(), arrivals, seed=7)
+    assert simulate.simulate(hybrid(), arrivals, seed=7) == first
+
+
+def test_next_history_records_what_was_done():
+    """As the loop and the simulator record a turn (one function, in autoscaler.snapshot)."""
+    snapshot = Snapshot(
+        now=5000.0,
+        queues={"ocr": QueueState("ocr", 0), "bulk": QueueState("bulk", 4)},
+        workers=(),
+        offers={},
+        spend=Spend(0.0, 0.0),
+        history=History(
+            last_scale_up={"bulk": 10.0},
+            launches=(1000.0, 1500.0, 4900.0),
+            empty_since={"bulk": 100.0},
+        ),
+    )
+    decisions = [
+        Decision("launch", "up", "bulk", provider="aws", count=2),
+        Decision("drain", "down", "ocr", worker_id="w1"),
+        Decision("alert", "flood", "bulk"),
+        Decision("alert", "spend"),
+        Decision("hold", "cooldown", "ocr"),
+    ]
+    after = next_history(snapshot, decisions)
+    assert dict(after.last_scale_up) == {"bulk": 5000.0}
+    assert dict(after.last_scale_down) == {"ocr": 5000.0}
+    assert after.launches == (1500.0, 4900.0, 5000.0, 5000.0)  # an hour kept, one per instance
+    assert dict(after.last_alert) == {"bulk": 5000.0}  # the spend alert has no queue
+    assert dict(after.empty_since) == {"ocr": 5000.0}  # bulk has jobs again
+    applied = [False, True, True, True, True]  # the launch was not carried out
+    assert dict(next_history(snapshot, decisions, applied).last_scale_up) == {"bulk": 10.0}
+    assert next_history(snapshot, decisions, applied).launches == (1500.0, 4900.0)
+
+
+def test_read_trace_rejects_bad_rows(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text("at_seconds,queue,priority,duration_seconds\n0,ocr,11,60\n")
+    with pytest.raises(ValueError, match=r"t.csv:2: priority 11"):
+        simulate.read_trace(path)
+    path.write_text("at,queue\n0,ocr\n")
+    with pytest.raises(ValueError, match="header"):
+        simulate.read_trace(path)
+    with pytest.raises(ValueError, match="'nope' is not in the config"):
+        simulate.simulate(hybrid(), [Arrival(0.0, "nope", 5, 1.0)])
+
+
+def test_write_then_read_round_trips(tmp_path):
+    arrivals = [Arrival(0.0, "ocr", 3, 1.5, 2), Arrival(10.0, "bulk", 9, 60.0)]
+    simulate.write_trace(tmp_path / "t.csv", arrivals)
+    assert simulate.read_trace(tmp_path / "t.csv") == arrivals
+
+
+def test_shipped_traces_are_what_the_generator_writes(tmp_path):
+    from autoscaler import traces
+
+    for path in traces.write_all(tmp_path):
+        assert path.read_text() == (TRACES / path.name).read_text(), path.name
+
+
+def test_main_prints_the_table_and_draws_the_chart(tmp_path, capsys):
+    config = tmp_path / "scheduler.json"
+    data = copy.deepcopy(SHIPPED)
+    data["mode"] = "hybrid"
+    data["cloud_providers"]["aws"].update(enabled=True, ami_id="ami-0123456789abcdef0")
+    data["queues"]["ocr"]["cloud_enabled"] = True
+    config.write_text(json.dumps(data))
+    chart = tmp_path / "out.png"
+    assert simulate.main(config, TRACES / "burst.csv", chart) == 0
+    out = capsys.readouterr().out
+    assert "hypermedia" in out and "static-for-peak" in out and "keda-style" in out
+    pytest.importorskip("matplotlib")
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_main_reports_an_unusable_config(tmp_path, capsys):
+    config = tmp_path / "scheduler.json"
+    config.write_text("{}")
+    assert simulate.main(config, TRACES / "steady.csv", None) == 2
+    assert "scheduler simulate" in capsys.readouterr().out
