@@ -425,13 +425,12 @@ def _fds() -> list[str]:
     return sorted(os.listdir("/proc/self/fd"))
 
 
-def test_after_every_attack_nothing_is_left(tmp_path):
-    """A fresh executor through every kind of attack, then closed: the caller has the
-    same descriptors and children as before, no job uid has a process, no workdir is
-    left, nothing in the shared temporary directories belongs to a job uid."""
+def attack_everything(work_root: Path) -> dict[str, Any]:
+    """Every kind of attack through a fresh executor, then closed; what was seen. Run by
+    the test below in an interpreter of its own, so that no other test's threads open
+    or close descriptors in the process meanwhile."""
     before_fds = _fds()
-    before_children = {pid for pid, _state in children_of(os.getpid())}
-    work_root = tmp_path / "work"
+    before_children = sorted(pid for pid, _state in children_of(os.getpid()))
     ex = ChildExecutor(work_root, preload=PRELOAD)
     uids = uid_range(ex)
     listener = socket.create_server(("127.0.0.1", 0))
@@ -449,6 +448,7 @@ def test_after_every_attack_nothing_is_left(tmp_path):
         ("test.crash", {"how": "segv"}, {}, "pipeline_crashed"),
         ("test.noop", {}, {}, None),
     ]
+    seen: list[dict[str, Any]] = []
     try:
         for index, (operation, params, limits, code) in enumerate(attacks):
             job = f"attack-{index}"
@@ -465,19 +465,59 @@ def test_after_every_attack_nothing_is_left(tmp_path):
                 ex.cleanup(job)
                 if booster is not None:
                     booster.join()
-            assert got == code, operation
-            assert processes_of(uids) == [], operation
+            seen.append(
+                {"operation": operation, "expected": code, "got": got, "left": processes_of(uids)}
+            )
     finally:
         ex.close()
         listener.close()
-    assert processes_of(uids) == []
-    assert list((work_root / "jobs").iterdir()) == []
-    assert {pid for pid, _state in children_of(os.getpid())} == before_children  # no zombie
-    assert _fds() == before_fds
+    shared = {
+        directory: [
+            e.name for e in os.scandir(directory) if e.stat(follow_symlinks=False).st_uid in uids
+        ]
+        for directory in (tempfile.gettempdir(), "/dev/shm", "/var/tmp")
+    }
+    return {
+        "attacks": seen,
+        "left": processes_of(uids),
+        "workdirs": sorted(p.name for p in (work_root / "jobs").iterdir()),
+        "children": [before_children, sorted(pid for pid, _state in children_of(os.getpid()))],
+        "fds": [before_fds, _fds()],
+        "shared": shared,
+    }
+
+
+def test_after_every_attack_nothing_is_left(tmp_path):
+    """A fresh executor through every kind of attack, then closed: the caller has the
+    same descriptors and children as before, no job uid has a process, no workdir is
+    left, nothing in the shared temporary directories belongs to a job uid."""
+    code = (
+        "import json, sys; from pathlib import Path; "
+        "from tests.integration.test_sandbox_isolation import attack_everything; "
+        "print(json.dumps(attack_everything(Path(sys.argv[1]))))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "work")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    for attack in seen["attacks"]:
+        assert attack["got"] == attack["expected"], attack["operation"]
+        assert attack["left"] == [], attack["operation"]
+    assert seen["left"] == []
+    assert seen["workdirs"] == []
+    before_children, after_children = seen["children"]
+    assert after_children == before_children  # no zombie
+    before_fds, after_fds = seen["fds"]
+    assert after_fds == before_fds
     # Other test suites share /tmp: what matters is that nothing there is the jobs'.
-    for shared in (tempfile.gettempdir(), "/dev/shm", "/var/tmp"):
-        owned = [e.name for e in os.scandir(shared) if e.stat(follow_symlinks=False).st_uid in uids]
-        assert owned == [], shared
+    for directory, owned in seen["shared"].items():
+        assert owned == [], directory
 
 
 # -- where the machine does not allow it -----------------------------------------------
