@@ -24,7 +24,7 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -60,6 +60,9 @@ log = logging.getLogger(__name__)
 HISTORY = "history"
 COST_LOCK = "cost_lock"
 ACTIONS_ON_THE_FLEET = ("launch", "drain", "terminate")
+RECONCILED = "billing_reconciled"
+RECONCILE_SECONDS = 900.0  # the seed: billing is checked every 15 minutes
+RECONCILE_TOLERANCE = 0.10  # a bill this far (or 1 cent) from the ledger is reported
 
 
 # -- the seam to the clouds ---------------------------------------------------------------
@@ -76,6 +79,11 @@ class Fleet(Protocol):
         """Carry out a launch, drain or terminate; whether it was done."""
         ...
 
+    def billed(self, instance_ids: Sequence[str]) -> dict[str, float]:
+        """Cents the provider's billing says each instance has cost so far (it lags;
+        an id it does not know yet is left out)."""
+        ...
+
 
 class NoCloud:
     """No cloud at all: what ``vps_only`` needs, and the default until a cloud driver is
@@ -90,6 +98,9 @@ class NoCloud:
     def apply(self, decision: Decision, term: Term) -> bool:
         log.warning("no cloud driver configured: %s not carried out", decision.action)
         return False
+
+    def billed(self, instance_ids: Sequence[str]) -> dict[str, float]:
+        return {}
 
 
 # -- persistent state ----------------------------------------------------------------------
@@ -296,7 +307,62 @@ class Scheduler:
             return Evaluation(snapshot, decisions, None)
         applied = [self._carry_out(decision, term) for decision in decisions]
         self._record(snapshot, decisions, applied, term)
+        self.reconcile(snapshot.now)
         return Evaluation(snapshot, decisions, term)
+
+    def reconcile(self, now: float) -> list[str]:
+        """Every :data:`RECONCILE_SECONDS`, compare the ledger with the providers' billing:
+        store what each instance was billed, and warn about every instance whose bill
+        and ledger differ by more than :data:`RECONCILE_TOLERANCE` (the caps run on the
+        ledger, which is real time; billing lags). The instances that differ."""
+        s = t.cloud_spend
+        with transaction(self.engine) as conn:
+            last = read_state(conn, RECONCILED)
+            if last is not None and now - float(last["at"]) < RECONCILE_SECONDS:
+                return []
+            rows = conn.execute(
+                select(
+                    s.c.spend_id,
+                    s.c.instance_id,
+                    s.c.launched_at,
+                    s.c.terminated_at,
+                    s.c.price_per_hour_microusd,
+                ).where(
+                    s.c.terminated_at.is_(None)
+                    | s.c.reconciled_at.is_(None)
+                    | (s.c.reconciled_at < s.c.terminated_at)
+                )
+            ).all()
+        bills = self.fleet.billed([row.instance_id for row in rows]) if rows else {}
+        differing = []
+        with transaction(self.engine) as conn:
+            for row in rows:
+                if row.instance_id not in bills:
+                    continue
+                billed = bills[row.instance_id]
+                end = _epoch(row.terminated_at) if row.terminated_at is not None else now
+                ledger = (
+                    row.price_per_hour_microusd
+                    / 10_000
+                    * max(0.0, end - _epoch(row.launched_at))
+                    / 3600
+                )
+                if abs(billed - ledger) > max(1.0, RECONCILE_TOLERANCE * ledger):
+                    differing.append(row.instance_id)
+                    log.warning(
+                        "billing for %s is %.2f cents, the ledger says %.2f",
+                        row.instance_id,
+                        billed,
+                        ledger,
+                        extra={"action": "scheduler_reconcile"},
+                    )
+                conn.execute(
+                    s.update()
+                    .where(s.c.spend_id == row.spend_id)
+                    .values(billed_microusd=round(billed * 10_000), reconciled_at=_to_datetime(now))
+                )
+            write_state(conn, RECONCILED, {"at": now, "instances": len(bills)}, now)
+        return differing
 
     def _carry_out(self, decision: Decision, term: Term) -> bool:
         """Apply one decision if this term still leads; records (alert, lock, hold) are

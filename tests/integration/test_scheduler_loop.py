@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -37,12 +39,18 @@ class MemoryFleet:
         self.price = price_cents
         self.workers: dict[str, WorkerState] = {}
         self.actions: list[tuple[str, int]] = []  # (action, term token)
+        self.bills: dict[str, float] = {}  # instance id -> cents billed
+        self.billing_calls = 0
 
     def cloud_workers(self, now: float) -> list[WorkerState]:
         return [w for w in self.workers.values() if w.status != "terminated"]
 
     def offers(self, now: float) -> dict[ProviderName, Offer]:
         return {"aws": Offer("aws", self.price, self.price / 3)}
+
+    def billed(self, instance_ids: Sequence[str]) -> dict[str, float]:
+        self.billing_calls += 1
+        return {i: self.bills[i] for i in instance_ids if i in self.bills}
 
     def apply(self, decision: Decision, term: Term) -> bool:
         self.actions.append((decision.action, term.token))
@@ -181,3 +189,36 @@ def test_a_flood_alerts_the_operator_once_not_every_evaluation(stack):
     # The history that paces it is kept across a restart.
     again = scheduler(stack, "a", fleet)
     assert "ocr" in again.observe().history.last_alert
+
+
+def test_billing_is_reconciled_every_15_minutes_and_differences_are_reported(stack, caplog):
+    launched = datetime.now(UTC) - timedelta(hours=1)
+    with transaction(stack.engine) as conn:
+        for instance in ("i-fair", "i-odd", "i-unbilled"):
+            conn.execute(
+                t.cloud_spend.insert().values(
+                    provider="aws",
+                    instance_id=instance,
+                    node_type="ocr",
+                    region="eu-west-3",
+                    spot=False,
+                    price_per_hour_microusd=170_000,  # 17 cents an hour
+                    launched_at=launched,
+                    terminated_at=None,
+                )
+            )
+    fleet = MemoryFleet()
+    fleet.bills = {"i-fair": 17.1, "i-odd": 40.0}  # an hour at 17 c/h, and a surprise
+    loop = scheduler(stack, "a", fleet)
+    with caplog.at_level(logging.WARNING, logger="autoscaler.scheduler"):
+        loop.evaluate()
+    assert fleet.billing_calls == 1
+    assert [r.getMessage() for r in caplog.records if "billing for" in r.getMessage()] == [
+        "billing for i-odd is 40.00 cents, the ledger says 17.00"
+    ]
+    with transaction(stack.engine) as conn:
+        rows = {r.instance_id: r for r in conn.execute(select(t.cloud_spend))}
+    assert rows["i-fair"].billed_microusd == 171_000 and rows["i-fair"].reconciled_at is not None
+    assert rows["i-unbilled"].reconciled_at is None  # the provider did not know it yet
+    loop.evaluate()  # within 15 minutes: billing is not asked again
+    assert fleet.billing_calls == 1
