@@ -820,7 +820,12 @@ def _scheduler(config_path: Path | None) -> tuple[Any, Any]:
 @scheduler_app.command("run")
 def scheduler_run(
     config_path: SchedulerConfigPath = None,
-    once: Annotated[bool, typer.Option("--once", help="One evaluation, then exit.")] = False,
+    once: Annotated[
+        bool,
+        typer.Option(
+            "--once", envvar="HYPERMEDIA_SCHEDULER_ONCE", help="One evaluation, then exit."
+        ),
+    ] = False,
 ) -> None:
     """Evaluate the rules every evaluation_interval_seconds (one leader at a time)."""
     import signal
@@ -850,7 +855,12 @@ def scheduler_run(
 
 @scheduler_app.command("log")
 def scheduler_log(
-    limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="How many.")] = 20,
+    limit: Annotated[
+        int,
+        typer.Option(
+            "--limit", "-n", envvar="HYPERMEDIA_SCHEDULER_LOG_LIMIT", min=1, help="How many."
+        ),
+    ] = 20,
 ) -> None:
     """The most recent decisions and their reasons."""
     from rich.console import Console
@@ -894,11 +904,19 @@ def scheduler_explain(config_path: SchedulerConfigPath = None) -> None:
 @scheduler_app.command("simulate")
 def scheduler_simulate(
     trace: Annotated[
-        Path, typer.Option("--trace", help="Arrivals: at_seconds,queue,priority,duration_seconds.")
+        Path,
+        typer.Option(
+            "--trace",
+            envvar="HYPERMEDIA_SCHEDULER_TRACE",
+            help="Arrivals: at_seconds,queue,priority,duration_seconds.",
+        ),
     ],
     config_path: SchedulerConfigPath = None,
     chart: Annotated[
-        Path | None, typer.Option("--chart", help="Write a PNG of workers and waits here.")
+        Path | None,
+        typer.Option(
+            "--chart", envvar="HYPERMEDIA_SCHEDULER_CHART", help="Write a PNG of workers and waits."
+        ),
     ] = None,
 ) -> None:
     """Replay a trace through the real policy and cost guard on simulated clouds: cost and
