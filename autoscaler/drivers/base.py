@@ -1,0 +1,170 @@
+"""Cloud drivers: one small interface over AWS, GCP, IONOS and a local driver.
+
+The node provider (:mod:`autoscaler.provider`) decides *what* to launch (the queue,
+the provider, spot or not, at what price) and keeps Ray's bookkeeping; a driver only
+does the lifecycle I/O against one cloud. The contract every driver keeps (and
+``tests/integration/test_driver_contract.py`` checks on each of them):
+
+* **Idempotent launch.** ``launch(request)`` called again with the same
+  ``request.request_id`` (after a timeout, a crash, or from the other process that
+  builds a provider: ``ray up`` and the head's monitor each have one) answers the
+  instance launched the first time and never starts a second one. Drivers use the
+  provider's own idempotency where it exists (AWS ``ClientToken``) and a name derived
+  from the request id otherwise (GCP instance names, IONOS server names).
+* **Eventual consistency.** An instance just launched may be missing from
+  :meth:`Driver.instances` for a while; one just terminated may still be listed with
+  state ``terminating``. Callers reconcile by ``request_id`` and ``instance_id`` and
+  never assume read-after-write.
+* **Errors are values.** Whatever the provider can answer (no capacity, quota,
+  refused credentials, a bad request, unreachable endpoint) comes back as a
+  :class:`DriverError`, translated where it enters; only programming errors raise.
+  ``terminate`` of an instance that is already gone is a success.
+* **Tags say whose it is.** Every instance carries :data:`TAG_KEYS` (cluster, node
+  type, queue, request id, spot, launch time, price) as tags, labels or a name
+  prefix, so a fresh process can list the cluster's instances from the cloud alone.
+* **No secrets in user data.** ``request.user_data`` is the boot script the provider
+  rendered (:func:`autoscaler.bootstrap.user_data`); it names where the node finds
+  its Ray token, never the token or a cloud credential. Drivers pass it unchanged
+  (base64 where the API wants it).
+* **SDKs load lazily.** Importing a driver module imports no SDK; building a driver
+  whose SDK is missing raises :class:`~hypermedia.errors.ConfigError` with the
+  ``pip install`` that fixes it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+InstanceState = Literal["pending", "running", "terminating", "terminated"]
+ErrorCode = Literal["capacity", "quota", "auth", "invalid", "unavailable", "not_found"]
+
+# Tag keys every driver writes (GCP labels allow only [a-z0-9_-], so do all of them).
+TAG_CLUSTER = "hypermedia-cluster"
+TAG_NODE_TYPE = "hypermedia-node-type"
+TAG_QUEUE = "hypermedia-queue"
+TAG_REQUEST = "hypermedia-request"
+TAG_SPOT = "hypermedia-spot"  # "true" / "false"
+TAG_LAUNCHED = "hypermedia-launched-at"  # integer epoch seconds
+TAG_PRICE = "hypermedia-price-microusd"  # integer micro-dollars per instance-hour
+TAG_KEYS = (TAG_CLUSTER, TAG_NODE_TYPE, TAG_QUEUE, TAG_REQUEST, TAG_SPOT, TAG_LAUNCHED, TAG_PRICE)
+
+_TAG_VALUE = re.compile(r"^[a-z0-9_-]{1,63}$")
+REQUEST_ID = re.compile(r"^[a-z][a-z0-9-]{5,39}$")
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchRequest:
+    """One instance to start. Every value is already a valid tag/label value."""
+
+    request_id: str  # idempotency key: REQUEST_ID (GCP/IONOS derive the name from it)
+    cluster: str
+    node_type: str  # the Ray node type, e.g. "burst_ocr"
+    queue: str
+    spot: bool
+    price_cents_per_hour: float  # the price it was chosen at (recorded as a tag)
+    launched_at: float  # epoch seconds
+    user_data: str  # the boot script (shell), free of secrets
+
+    def __post_init__(self) -> None:
+        if not REQUEST_ID.match(self.request_id):
+            raise ValueError(f"request_id {self.request_id!r} must match {REQUEST_ID.pattern}")
+        for name in ("cluster", "node_type", "queue"):
+            value = getattr(self, name)
+            if not _TAG_VALUE.match(value):
+                raise ValueError(f"{name} {value!r} must match {_TAG_VALUE.pattern}")
+
+    @property
+    def price_microusd(self) -> int:
+        return round(self.price_cents_per_hour * 10_000)
+
+    def tags(self) -> dict[str, str]:
+        """The tags (labels) that make the instance findable and priced."""
+        return {
+            TAG_CLUSTER: self.cluster,
+            TAG_NODE_TYPE: self.node_type,
+            TAG_QUEUE: self.queue,
+            TAG_REQUEST: self.request_id,
+            TAG_SPOT: "true" if self.spot else "false",
+            TAG_LAUNCHED: str(int(self.launched_at)),
+            TAG_PRICE: str(self.price_microusd),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Instance:
+    """One of the cluster's instances as its cloud reports it."""
+
+    instance_id: str
+    provider: str  # "aws", "google", "ionos", "local"
+    cluster: str
+    node_type: str
+    queue: str
+    request_id: str
+    spot: bool
+    state: InstanceState
+    launched_at: float
+    price_cents_per_hour: float
+    private_ip: str | None = None
+    extra: Mapping[str, str] = field(default_factory=dict)  # driver-specific facts
+
+    @classmethod
+    def from_tags(
+        cls,
+        instance_id: str,
+        provider: str,
+        tags: Mapping[str, str],
+        state: InstanceState,
+        private_ip: str | None = None,
+    ) -> Instance:
+        """Rebuild an instance from the tags :meth:`LaunchRequest.tags` wrote."""
+        return cls(
+            instance_id=instance_id,
+            provider=provider,
+            cluster=tags.get(TAG_CLUSTER, ""),
+            node_type=tags.get(TAG_NODE_TYPE, ""),
+            queue=tags.get(TAG_QUEUE, ""),
+            request_id=tags.get(TAG_REQUEST, ""),
+            spot=tags.get(TAG_SPOT) == "true",
+            state=state,
+            launched_at=float(tags.get(TAG_LAUNCHED) or 0),
+            price_cents_per_hour=int(tags.get(TAG_PRICE) or 0) / 10_000,
+            private_ip=private_ip,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class DriverError:
+    """What went wrong, as a value. ``retryable``: the same call may work later."""
+
+    code: ErrorCode
+    message: str
+    retryable: bool = False
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"
+
+
+class Driver(Protocol):
+    """Lifecycle I/O against one cloud (see the module docstring for the contract)."""
+
+    name: str  # "aws", "google", "ionos", "local"
+
+    def launch(self, request: LaunchRequest) -> Instance | DriverError:
+        """Start one instance (idempotent per ``request.request_id``)."""
+        ...
+
+    def instances(self, cluster: str) -> list[Instance] | DriverError:
+        """The cluster's instances that are not terminated (eventually consistent)."""
+        ...
+
+    def terminate(self, instance_id: str) -> DriverError | None:
+        """Stop and delete one instance; an instance already gone is a success."""
+        ...
+
+    def price(self, spot: bool) -> float | DriverError:
+        """What one instance of the configured type costs now, cents per hour
+        (``spot``: the current spot / preemptible price)."""
+        ...
