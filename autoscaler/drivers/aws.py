@@ -1,0 +1,500 @@
+"""The AWS driver: EC2 instances through boto3, on-demand or spot.
+
+It keeps the contract of :mod:`autoscaler.drivers.base` this way:
+
+* **Idempotent launch.** ``launch`` first looks for a live instance tagged with the
+  request id (another process may have launched it), and only then calls
+  ``RunInstances`` with ``ClientToken=request_id``, which EC2 itself deduplicates for
+  the case the lookup cannot see yet (a launch a moment ago, not listed yet).
+* **Errors are values.** Every botocore error is translated by :func:`driver_error`
+  where it enters: capacity (retryable), quota, auth, invalid, unavailable
+  (retryable). ``ParamValidationError`` is our bug and still raises.
+* **Tags** go on the instance and its volumes, with ``Name=hm-<request id>`` for
+  people reading the console.
+* **No secrets.** Credentials come from boto3's default chain (environment, instance
+  role), never from the cluster yaml; the user data is passed unchanged (boto3
+  base64-encodes it) and the instance metadata service requires IMDSv2 tokens.
+* **Lazy SDK.** boto3 is imported when a driver is built, not with this module.
+
+Options (the ``aws`` section of the provider config, checked when the driver is
+built; a bad one is a :class:`~hypermedia.errors.ConfigError` naming
+``provider.aws.<key>``): ``endpoint_url``, ``subnet_id``, ``security_group_ids``,
+``iam_instance_profile`` (a name or an ARN), ``on_demand_cents_per_hour`` (required:
+the operator's list price, since the Pricing API is neither regional nor cheap to
+ask on every decision).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from decimal import Decimal, InvalidOperation
+from typing import TYPE_CHECKING, Any, cast
+
+from autoscaler.config import AwsConfig
+from autoscaler.drivers.base import (
+    TAG_CLUSTER,
+    TAG_REQUEST,
+    DriverError,
+    Instance,
+    InstanceState,
+    LaunchRequest,
+)
+from hypermedia.errors import ConfigError
+
+if TYPE_CHECKING:
+    from mypy_boto3_ec2 import EC2Client
+    from mypy_boto3_ec2.literals import InstanceStateNameType, InstanceTypeType
+    from mypy_boto3_ec2.type_defs import (
+        FilterTypeDef,
+        InstanceTypeDef,
+        RunInstancesRequestTypeDef,
+        SpotMarketOptionsTypeDef,
+        TagSpecificationTypeDef,
+        TagTypeDef,
+    )
+
+log = logging.getLogger(__name__)
+
+OPTION_KEYS = frozenset(
+    {
+        "endpoint_url",
+        "subnet_id",
+        "security_group_ids",
+        "iam_instance_profile",
+        "on_demand_cents_per_hour",
+    }
+)
+
+# Not terminated: what ``instances`` lists and what a repeated launch finds.
+LIVE_STATES: tuple[InstanceStateNameType, ...] = (
+    "pending",
+    "running",
+    "shutting-down",
+    "stopping",
+    "stopped",
+)
+_STATES: dict[str, InstanceState] = {
+    "pending": "pending",
+    "running": "running",
+    "shutting-down": "terminating",
+    "stopping": "terminating",
+    "stopped": "terminating",  # a burst node is never restarted: it is on its way out
+    "terminated": "terminated",
+}
+
+# Short timeouts and few attempts: the provider calls the driver inside a control
+# loop and would rather get ``unavailable`` and decide again than hang.
+CONNECT_TIMEOUT = 5.0
+READ_TIMEOUT = 30.0
+MAX_ATTEMPTS = 3
+
+_CAPACITY = frozenset(
+    {
+        "InsufficientInstanceCapacity",
+        "InsufficientHostCapacity",
+        "InsufficientCapacity",
+        "SpotMaxPriceTooLow",
+        "MaxSpotInstanceCountExceeded",
+    }
+)
+_QUOTA = frozenset({"InstanceLimitExceeded", "VcpuLimitExceeded", "ResourceLimitExceeded"})
+_AUTH = frozenset(
+    {
+        "AuthFailure",
+        "UnauthorizedOperation",
+        "InvalidClientTokenId",
+        "SignatureDoesNotMatch",
+        "ExpiredToken",
+        "RequestExpired",
+        "AccessDenied",
+        "OptInRequired",
+        "Blocked",
+        "PendingVerification",
+    }
+)
+_UNAVAILABLE = frozenset(
+    {
+        "RequestLimitExceeded",
+        "Throttling",
+        "ThrottlingException",
+        "InternalError",
+        "InternalFailure",
+        "ServiceUnavailable",
+        "Unavailable",
+    }
+)
+
+
+def driver_error(exc: Exception) -> DriverError:
+    """What a botocore error means for the caller, as a :class:`DriverError`.
+
+    Raises ``exc`` again when it is ``ParamValidationError`` (a request we built
+    wrong) or not a botocore error at all: those are bugs, not answers.
+    """
+    from botocore import exceptions as boto_errors
+
+    if isinstance(exc, boto_errors.ClientError):
+        error = exc.response.get("Error", {})
+        code = str(error.get("Code", ""))
+        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+        message = f"{exc.operation_name}: {code}: {error.get('Message', '')}"
+        family = code.split(".", 1)[0]  # "AuthFailure.ServiceLinkedRole..." is AuthFailure
+        if code in _CAPACITY:
+            return DriverError("capacity", message, retryable=True)
+        if code in _QUOTA:
+            return DriverError("quota", message)
+        if family in _AUTH:
+            return DriverError("auth", message)
+        if code in _UNAVAILABLE or status >= 500:
+            return DriverError("unavailable", message, retryable=True)
+        # InvalidParameter*, InvalidAMIID.*, MissingParameter, IdempotentParameterMismatch
+        # and any other refusal: the request as sent, which sending again will not fix.
+        return DriverError("invalid", message)
+    if isinstance(exc, boto_errors.ParamValidationError):
+        raise exc
+    credential_errors = (
+        boto_errors.NoCredentialsError,
+        boto_errors.PartialCredentialsError,
+        boto_errors.CredentialRetrievalError,
+        boto_errors.TokenRetrievalError,
+        boto_errors.NoAuthTokenError,
+        boto_errors.SSOError,
+        boto_errors.UnknownCredentialError,
+    )
+    if isinstance(exc, credential_errors):
+        return DriverError("auth", f"AWS credentials: {exc}")
+    if isinstance(exc, boto_errors.BotoCoreError):
+        # Connection refused or reset, timeouts, TLS, the client's own retry quota
+        # spent, a response it could not read: the endpoint, not the request.
+        return DriverError("unavailable", f"EC2 endpoint: {exc}", retryable=True)
+    raise exc
+
+
+class AwsDriver:
+    """EC2 lifecycle for one cluster's burst nodes (see the module docstring)."""
+
+    name = "aws"
+
+    def __init__(self, config: AwsConfig, options: Mapping[str, Any]) -> None:
+        self.config = config
+        self.region = _required(config.region, "region")
+        self.instance_type = _required(config.instance_type, "instance_type")
+        self.ami_id = _required(config.ami_id, "ami_id")
+        parsed = _parse_options(options)
+        self.endpoint_url: str | None = parsed.get("endpoint_url")
+        self.subnet_id: str | None = parsed.get("subnet_id")
+        self.security_group_ids: list[str] = list(parsed.get("security_group_ids", []))
+        self.iam_instance_profile: str | None = parsed.get("iam_instance_profile")
+        self.on_demand_cents_per_hour = float(parsed["on_demand_cents_per_hour"])
+        try:
+            import boto3
+            from botocore import exceptions as boto_errors
+            from botocore.config import Config
+        except ImportError as exc:
+            raise ConfigError(
+                "provider.aws", f"the AWS driver needs boto3 ({exc}): pip install boto3"
+            ) from None
+        self._boto_errors: tuple[type[Exception], ...] = (
+            boto_errors.ClientError,
+            boto_errors.BotoCoreError,
+        )
+        try:
+            #: The boto3 EC2 client (public so tests can watch what is sent).
+            self.client: EC2Client = boto3.session.Session().client(
+                "ec2",
+                region_name=self.region,
+                endpoint_url=self.endpoint_url,
+                config=Config(
+                    connect_timeout=CONNECT_TIMEOUT,
+                    read_timeout=READ_TIMEOUT,
+                    retries={"mode": "standard", "max_attempts": MAX_ATTEMPTS},
+                ),
+            )
+        except boto_errors.BotoCoreError as exc:  # e.g. AWS_PROFILE names no profile
+            raise ConfigError("provider.aws", f"cannot build an EC2 client: {exc}") from None
+
+    # -- the Driver interface ---------------------------------------------------------------
+
+    def launch(self, request: LaunchRequest) -> Instance | DriverError:
+        """Start one instance for ``request`` unless one already carries its id."""
+        if request.spot and not self.config.spot_enabled:
+            return DriverError(
+                "invalid", "a spot launch, but cloud_providers.aws.spot_enabled is false"
+            )
+        context = {"request_id": request.request_id, "queue": request.queue}
+        try:
+            existing = self._find_request(request)
+            if existing is not None:
+                log.info(
+                    "request %s already has instance %s",
+                    request.request_id,
+                    existing.instance_id,
+                    extra={**context, "action": "launch_found"},
+                )
+                return existing
+            reply = self.client.run_instances(**self._run_instances_request(request))
+        except self._boto_errors as exc:
+            error = driver_error(exc)
+            log.warning(
+                "launch for request %s failed: %s",
+                request.request_id,
+                error,
+                extra={**context, "action": "launch_failed"},
+            )
+            return error
+        launched = reply["Instances"][0]
+        instance = self._instance(launched, tags={**_tags(launched), **request.tags()})
+        log.info(
+            "launched %s %s (%s) for request %s",
+            "spot" if request.spot else "on-demand",
+            instance.instance_id,
+            self.instance_type,
+            request.request_id,
+            extra={**context, "instance_id": instance.instance_id, "action": "launch"},
+        )
+        return instance
+
+    def instances(self, cluster: str) -> list[Instance] | DriverError:
+        """The cluster's instances that are not terminated, oldest first."""
+        try:
+            found = self._describe([_filter(f"tag:{TAG_CLUSTER}", cluster)])
+        except self._boto_errors as exc:
+            return driver_error(exc)
+        return sorted(found, key=lambda i: (i.launched_at, i.instance_id))
+
+    def terminate(self, instance_id: str) -> DriverError | None:
+        """Terminate ``instance_id``; one EC2 does not know (any more) is a success."""
+        try:
+            self.client.terminate_instances(InstanceIds=[instance_id])
+        except self._boto_errors as exc:
+            if _error_code(exc) == "InvalidInstanceID.NotFound":
+                return None
+            error = driver_error(exc)
+            log.warning(
+                "terminate %s failed: %s",
+                instance_id,
+                error,
+                extra={"instance_id": instance_id, "action": "terminate_failed"},
+            )
+            return error
+        log.info(
+            "terminating %s",
+            instance_id,
+            extra={"instance_id": instance_id, "action": "terminate"},
+        )
+        return None
+
+    def price(self, spot: bool) -> float | DriverError:
+        """Cents per hour: the operator's list price on demand; for spot, the lowest
+        current price across the region's zones, refused (``capacity``, retryable)
+        above ``spot_max_price`` (or above the on-demand price when that is unset, as
+        EC2's own default maximum)."""
+        if not spot:
+            return self.on_demand_cents_per_hour
+        if not self.config.spot_enabled:
+            return DriverError("invalid", "cloud_providers.aws.spot_enabled is false")
+        try:
+            dollars = self._spot_price_dollars()
+        except self._boto_errors as exc:
+            return driver_error(exc)
+        if dollars is None:
+            return DriverError(
+                "invalid", f"no spot price for {self.instance_type} in {self.region}"
+            )
+        cents = float(dollars * 100)
+        cap = self.config.spot_max_price_cents
+        if cap is None:
+            cap = self.on_demand_cents_per_hour
+        if cents > cap:
+            return DriverError(
+                "capacity",
+                f"spot {self.instance_type} costs {cents:g} cents/hour,"
+                f" above the {cap:g} cents/hour cap",
+                retryable=True,
+            )
+        return cents
+
+    # -- EC2 calls ------------------------------------------------------------------------
+
+    def _find_request(self, request: LaunchRequest) -> Instance | None:
+        found = self._describe(
+            [
+                _filter(f"tag:{TAG_REQUEST}", request.request_id),
+                _filter(f"tag:{TAG_CLUSTER}", request.cluster),
+            ]
+        )
+        if len(found) > 1:
+            log.warning(
+                "request %s has %d instances: %s",
+                request.request_id,
+                len(found),
+                ", ".join(i.instance_id for i in found),
+                extra={"request_id": request.request_id, "action": "launch_duplicates"},
+            )
+        return min(found, key=lambda i: (i.launched_at, i.instance_id), default=None)
+
+    def _describe(self, filters: list[FilterTypeDef]) -> list[Instance]:
+        states: FilterTypeDef = {"Name": "instance-state-name", "Values": list(LIVE_STATES)}
+        pages = self.client.get_paginator("describe_instances").paginate(Filters=[*filters, states])
+        return [
+            self._instance(described, tags=_tags(described))
+            for page in pages
+            for reservation in page.get("Reservations", [])
+            for described in reservation.get("Instances", [])
+        ]
+
+    def _spot_price_dollars(self) -> Decimal | None:
+        """The lowest of each zone's newest price (EC2 answers, for ``StartTime`` now,
+        the price in effect in each zone)."""
+        pages = self.client.get_paginator("describe_spot_price_history").paginate(
+            InstanceTypes=[cast("InstanceTypeType", self.instance_type)],
+            ProductDescriptions=["Linux/UNIX"],
+            StartTime=datetime.now(UTC),
+        )
+        newest: dict[str, tuple[datetime, Decimal]] = {}
+        for page in pages:
+            for entry in page.get("SpotPriceHistory", []):
+                zone = entry.get("AvailabilityZone", "")
+                when = entry.get("Timestamp", datetime.min.replace(tzinfo=UTC))
+                try:
+                    price = Decimal(entry.get("SpotPrice", ""))
+                except InvalidOperation:
+                    continue
+                if not price.is_finite() or price <= 0:
+                    continue
+                if zone not in newest or when > newest[zone][0]:
+                    newest[zone] = (when, price)
+        return min((price for _, price in newest.values()), default=None)
+
+    def _run_instances_request(self, request: LaunchRequest) -> RunInstancesRequestTypeDef:
+        tags: list[TagTypeDef] = [{"Key": k, "Value": v} for k, v in request.tags().items()]
+        tags.append({"Key": "Name", "Value": f"hm-{request.request_id}"})
+        specs: list[TagSpecificationTypeDef] = [
+            {"ResourceType": "instance", "Tags": tags},
+            {"ResourceType": "volume", "Tags": tags},
+        ]
+        params: RunInstancesRequestTypeDef = {
+            "ImageId": self.ami_id,
+            "InstanceType": cast("InstanceTypeType", self.instance_type),
+            "MinCount": 1,
+            "MaxCount": 1,
+            "UserData": request.user_data,
+            "ClientToken": request.request_id,
+            "TagSpecifications": specs,
+            "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
+        }
+        if self.subnet_id is not None:
+            params["SubnetId"] = self.subnet_id
+        if self.security_group_ids:
+            params["SecurityGroupIds"] = self.security_group_ids
+        if self.iam_instance_profile is not None:
+            profile = self.iam_instance_profile
+            params["IamInstanceProfile"] = (
+                {"Arn": profile} if profile.startswith("arn:") else {"Name": profile}
+            )
+        if request.spot:
+            spot_options: SpotMarketOptionsTypeDef = {
+                "SpotInstanceType": "one-time",
+                "InstanceInterruptionBehavior": "terminate",
+            }
+            if self.config.spot_max_price is not None:
+                spot_options["MaxPrice"] = self.config.spot_max_price
+            params["InstanceMarketOptions"] = {
+                "MarketType": "spot",
+                "SpotOptions": spot_options,
+            }
+        return params
+
+    def _instance(self, described: InstanceTypeDef, tags: Mapping[str, str]) -> Instance:
+        state = _STATES.get(described.get("State", {}).get("Name", ""), "pending")
+        instance = Instance.from_tags(
+            described["InstanceId"],
+            self.name,
+            tags,
+            state,
+            private_ip=described.get("PrivateIpAddress") or None,
+        )
+        extra = {"instance_type": str(described.get("InstanceType", self.instance_type))}
+        zone = described.get("Placement", {}).get("AvailabilityZone")
+        if zone:
+            extra["availability_zone"] = zone
+        return dataclasses.replace(instance, extra=extra)
+
+
+# -- helpers ------------------------------------------------------------------------------
+
+
+def _filter(name: str, value: str) -> FilterTypeDef:
+    return {"Name": name, "Values": [value]}
+
+
+def _tags(described: InstanceTypeDef) -> dict[str, str]:
+    return {t["Key"]: t["Value"] for t in described.get("Tags", []) if "Key" in t and "Value" in t}
+
+
+def _error_code(exc: Exception) -> str:
+    response = getattr(exc, "response", None)
+    if not isinstance(response, dict):
+        return ""
+    return str(response.get("Error", {}).get("Code", ""))
+
+
+def _required(value: str | None, key: str) -> str:
+    if value is None or not value.strip():
+        raise ConfigError(f"cloud_providers.aws.{key}", "required by the AWS driver")
+    return value
+
+
+def _parse_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``provider.aws`` options, checked: unknown keys and wrong values are
+    refused here rather than ignored at launch time."""
+    if not isinstance(options, Mapping):
+        raise ConfigError("provider.aws", "expected a mapping of options")
+    for key in options:
+        if key not in OPTION_KEYS:
+            expected = ", ".join(sorted(OPTION_KEYS))
+            raise ConfigError(f"provider.aws.{key}", f"unknown key (expected one of {expected})")
+    parsed: dict[str, Any] = {}
+    for key in ("endpoint_url", "subnet_id", "iam_instance_profile"):
+        if options.get(key) is not None:
+            parsed[key] = _text(options[key], key)
+    endpoint = parsed.get("endpoint_url")
+    if endpoint is not None and not endpoint.startswith(("http://", "https://")):
+        raise ConfigError("provider.aws.endpoint_url", f"{endpoint!r} is not an http(s) URL")
+    groups = options.get("security_group_ids")
+    if groups is not None:
+        if not isinstance(groups, list | tuple) or not groups:
+            raise ConfigError(
+                "provider.aws.security_group_ids", "expected a non-empty list of group ids"
+            )
+        parsed["security_group_ids"] = [
+            _text(group, f"security_group_ids.{index}") for index, group in enumerate(groups)
+        ]
+    if "on_demand_cents_per_hour" not in options:
+        raise ConfigError(
+            "provider.aws.on_demand_cents_per_hour",
+            "required: the instance type's on-demand list price in cents per hour",
+        )
+    price = options["on_demand_cents_per_hour"]
+    if (
+        isinstance(price, bool)
+        or not isinstance(price, int | float)
+        or not math.isfinite(price)
+        or price <= 0
+    ):
+        raise ConfigError(
+            "provider.aws.on_demand_cents_per_hour",
+            f"{price!r} is not a positive number of cents per hour",
+        )
+    parsed["on_demand_cents_per_hour"] = price
+    return parsed
+
+
+def _text(value: Any, key: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"provider.aws.{key}", f"{value!r} is not a non-empty string")
+    return value

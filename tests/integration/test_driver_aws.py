@@ -1,0 +1,640 @@
+"""The AWS driver (:mod:`autoscaler.drivers.aws`) against moto's server over real HTTP.
+
+boto3 talks to a ThreadedMotoServer on 127.0.0.1; nothing of boto3 or of the driver is
+replaced. What the driver sends is recorded with botocore's own event hooks (the
+parameters before serialization and the HTTP body on the wire), and what moto
+stored is read back with a separate client, so a test sees both the request shape
+and its effect. moto's state is reset before every test.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs
+
+import boto3
+import httpx
+import pytest
+from botocore.exceptions import (
+    ClientError,
+    EndpointConnectionError,
+    NoCredentialsError,
+    ParamValidationError,
+    ReadTimeoutError,
+)
+from moto.server import ThreadedMotoServer
+
+from autoscaler.config import AwsConfig
+from autoscaler.drivers.aws import AwsDriver, driver_error
+from autoscaler.drivers.base import TAG_KEYS, DriverError, Instance
+from hypermedia.embedded import free_port
+from hypermedia.errors import ConfigError
+from tests.driver_contract import check_contract, listed, request
+
+if TYPE_CHECKING:
+    from mypy_boto3_ec2 import EC2Client
+
+REGION = "us-east-1"
+INSTANCE_TYPE = "m5.large"
+KEY_ID = "AKIAHYPERMEDIATEST"
+SECRET_KEY = "hypermedia-test-secret-do-not-leak"
+RAY_TOKEN = "ray-token-text-never-on-the-wire"
+ON_DEMAND_CENTS = 9.6
+MOTO_SPOT_CENTS = 0.001  # moto answers every spot price as "0.00001" dollars
+
+# What the provider renders (autoscaler.bootstrap): where the token is, never the token.
+USER_DATA = (
+    "#!/bin/bash\n"
+    "set -euo pipefail\n"
+    "export RAY_AUTH_TOKEN_PATH=/etc/hypermedia/ray_auth_token\n"
+    "aws ssm get-parameter --name /hypermedia/ray-token --with-decryption \\\n"
+    '  --query Parameter.Value --output text > "$RAY_AUTH_TOKEN_PATH"\n'
+    "exec hypermedia node join --head 10.0.0.1:6379\n"
+)
+
+
+# -- moto and the driver ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def moto_server() -> Iterator[str]:
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture(autouse=True)
+def aws_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Credentials from the environment (boto3's default chain), as on a head node;
+    no profile files and no instance metadata to fall back on."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", KEY_ID)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+    for name in ("AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_DEFAULT_REGION", "AWS_REGION"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+
+
+@pytest.fixture
+def endpoint(moto_server: str) -> str:
+    """moto, emptied."""
+    httpx.post(f"{moto_server}/moto-api/reset", timeout=10).raise_for_status()
+    return moto_server
+
+
+@pytest.fixture
+def ec2(endpoint: str) -> EC2Client:
+    """A client of the test's own, to set moto up and read what it stored."""
+    client: EC2Client = boto3.client(
+        "ec2",
+        endpoint_url=endpoint,
+        region_name=REGION,
+        aws_access_key_id=KEY_ID,
+        aws_secret_access_key=SECRET_KEY,
+    )
+    return client
+
+
+@pytest.fixture
+def ami(ec2: EC2Client) -> str:
+    return ec2.register_image(Name="hm-burst-test")["ImageId"]
+
+
+def aws_config(ami_id: str, **overrides: Any) -> AwsConfig:
+    values: dict[str, Any] = {
+        "enabled": True,
+        "max_instances": 5,
+        "region": REGION,
+        "instance_type": INSTANCE_TYPE,
+        "ami_id": ami_id,
+        "spot_enabled": True,
+        "spot_max_price": "0.05",
+    }
+    values.update(overrides)
+    return AwsConfig(**values)
+
+
+MakeDriver = Callable[..., AwsDriver]
+
+
+@pytest.fixture
+def make_driver(endpoint: str, ami: str) -> MakeDriver:
+    """``make_driver(config_overrides..., options=...)``: a driver on moto."""
+
+    def make(options: dict[str, Any] | None = None, **config: Any) -> AwsDriver:
+        chosen: dict[str, Any] = {
+            "endpoint_url": endpoint,
+            "on_demand_cents_per_hour": ON_DEMAND_CENTS,
+        }
+        chosen.update(options or {})
+        return AwsDriver(aws_config(ami, **config), chosen)
+
+    return make
+
+
+@dataclass
+class Sent:
+    """What a client sent for RunInstances: its parameters and its HTTP bodies."""
+
+    params: list[dict[str, Any]] = field(default_factory=list)
+    bodies: list[dict[str, list[str]]] = field(default_factory=list)
+
+
+def record_run_instances(client: EC2Client) -> Sent:
+    sent = Sent()
+
+    def on_params(params: dict[str, Any], **_: Any) -> None:
+        sent.params.append(copy.deepcopy(params))
+
+    def on_send(request: Any, **_: Any) -> None:
+        body = request.body
+        text = body.decode() if isinstance(body, bytes) else str(body)
+        sent.bodies.append(parse_qs(text))
+
+    client.meta.events.register("provide-client-params.ec2.RunInstances", on_params)
+    client.meta.events.register("before-send.ec2.RunInstances", on_send)
+    return sent
+
+
+def stored(ec2: EC2Client, instance_id: str) -> Any:
+    reservations = ec2.describe_instances(InstanceIds=[instance_id])["Reservations"]
+    return reservations[0]["Instances"][0]
+
+
+def stored_user_data(ec2: EC2Client, instance_id: str) -> str:
+    attribute = ec2.describe_instance_attribute(InstanceId=instance_id, Attribute="userData")
+    return base64.b64decode(attribute["UserData"]["Value"]).decode()
+
+
+def launched(driver: AwsDriver, *args: Any, **kwargs: Any) -> Instance:
+    instance = driver.launch(request(*args, **kwargs))
+    assert isinstance(instance, Instance), instance
+    return instance
+
+
+# -- the contract -------------------------------------------------------------------------
+
+
+def test_contract_on_demand(make_driver: MakeDriver, ec2: EC2Client) -> None:
+    instance = check_contract(make_driver(), spot=False)
+    assert "InstanceLifecycle" not in stored(ec2, instance.instance_id)
+
+
+def test_contract_spot(make_driver: MakeDriver, ec2: EC2Client) -> None:
+    instance = check_contract(make_driver(), spot=True)
+    assert stored(ec2, instance.instance_id)["InstanceLifecycle"] == "spot"
+
+
+# -- what a launch sends and what EC2 keeps ------------------------------------------------
+
+
+def expected_tags(instance: Instance, spot: bool) -> dict[str, str]:
+    return {
+        "hypermedia-cluster": "contract",
+        "hypermedia-node-type": "burst_ocr",
+        "hypermedia-queue": "ocr",
+        "hypermedia-request": instance.request_id,
+        "hypermedia-spot": "true" if spot else "false",
+        "hypermedia-launched-at": str(int(instance.launched_at)),
+        "hypermedia-price-microusd": "125000",
+        "Name": f"hm-{instance.request_id}",
+    }
+
+
+def tag_dict(tags: Any) -> dict[str, str]:
+    return {t["Key"]: t["Value"] for t in tags}
+
+
+def check_user_data(sent: Sent, ec2: EC2Client, instance_id: str) -> None:
+    """The boot script arrives unchanged, base64 on the wire, and carries no secret."""
+    assert sent.params[0]["UserData"] == USER_DATA
+    assert base64.b64decode(sent.bodies[0]["UserData"][0]).decode() == USER_DATA
+    assert stored_user_data(ec2, instance_id) == USER_DATA
+    wire = repr(sent.bodies[0]) + repr(sent.params[0])
+    for secret in (SECRET_KEY, "AWS_SECRET", RAY_TOKEN):
+        assert secret not in wire
+        assert secret not in stored_user_data(ec2, instance_id)
+
+
+def test_a_spot_launch_sends_and_stores_what_it_should(
+    make_driver: MakeDriver, ec2: EC2Client, ami: str
+) -> None:
+    driver = make_driver()
+    sent = record_run_instances(driver.client)
+    instance = launched(driver, "spot-0001", spot=True, user_data=USER_DATA)
+
+    assert len(sent.params) == 1
+    params = sent.params[0]
+    tags = [{"Key": k, "Value": v} for k, v in expected_tags(instance, spot=True).items()]
+    assert params == {
+        "ImageId": ami,
+        "InstanceType": INSTANCE_TYPE,
+        "MinCount": 1,
+        "MaxCount": 1,
+        "UserData": USER_DATA,
+        "ClientToken": "spot-0001",
+        "TagSpecifications": [
+            {"ResourceType": "instance", "Tags": tags},
+            {"ResourceType": "volume", "Tags": tags},
+        ],
+        "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
+        "InstanceMarketOptions": {
+            "MarketType": "spot",
+            "SpotOptions": {
+                "SpotInstanceType": "one-time",
+                "InstanceInterruptionBehavior": "terminate",
+                "MaxPrice": "0.05",
+            },
+        },
+    }
+    assert sent.bodies[0]["ClientToken"] == ["spot-0001"]
+    assert sent.bodies[0]["InstanceMarketOptions.SpotOptions.MaxPrice"] == ["0.05"]
+
+    kept = stored(ec2, instance.instance_id)
+    assert kept["InstanceLifecycle"] == "spot"
+    assert kept["MetadataOptions"]["HttpTokens"] == "required"
+    assert kept["MetadataOptions"]["HttpEndpoint"] == "enabled"
+    assert kept["ImageId"] == ami
+    assert kept["InstanceType"] == INSTANCE_TYPE
+    assert tag_dict(kept["Tags"]) == expected_tags(instance, spot=True)
+    assert set(TAG_KEYS) <= set(tag_dict(kept["Tags"]))
+    volumes = ec2.describe_volumes(
+        Filters=[{"Name": "attachment.instance-id", "Values": [instance.instance_id]}]
+    )["Volumes"]
+    assert volumes
+    for volume in volumes:
+        assert tag_dict(volume["Tags"]) == expected_tags(instance, spot=True)
+    check_user_data(sent, ec2, instance.instance_id)
+
+    assert instance.spot is True
+    assert instance.private_ip == kept["PrivateIpAddress"]
+    assert instance.extra["instance_type"] == INSTANCE_TYPE
+
+
+def test_an_on_demand_launch_has_no_market_options_and_no_max_price(
+    make_driver: MakeDriver, ec2: EC2Client
+) -> None:
+    driver = make_driver(spot_max_price=None)
+    sent = record_run_instances(driver.client)
+    instance = launched(driver, "demand-0001", user_data=USER_DATA)
+    assert "InstanceMarketOptions" not in sent.params[0]
+    assert not any(key.startswith("InstanceMarketOptions") for key in sent.bodies[0])
+    kept = stored(ec2, instance.instance_id)
+    assert "InstanceLifecycle" not in kept
+    assert kept["MetadataOptions"]["HttpTokens"] == "required"
+    assert tag_dict(kept["Tags"]) == expected_tags(instance, spot=False)
+    check_user_data(sent, ec2, instance.instance_id)
+
+
+def test_a_spot_launch_without_a_max_price_leaves_ec2_s_default(make_driver: MakeDriver) -> None:
+    driver = make_driver(spot_max_price=None)
+    sent = record_run_instances(driver.client)
+    launched(driver, "spot-0002", spot=True)
+    assert "MaxPrice" not in sent.params[0]["InstanceMarketOptions"]["SpotOptions"]
+
+
+def test_network_and_profile_options_reach_the_instance(
+    make_driver: MakeDriver, ec2: EC2Client, endpoint: str
+) -> None:
+    vpc = ec2.create_vpc(CidrBlock="10.40.0.0/16")["Vpc"]["VpcId"]
+    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.40.1.0/24")["Subnet"]["SubnetId"]
+    group = ec2.create_security_group(GroupName="hm-burst", Description="burst", VpcId=vpc)
+    iam = boto3.client(
+        "iam",
+        endpoint_url=endpoint,
+        region_name=REGION,
+        aws_access_key_id=KEY_ID,
+        aws_secret_access_key=SECRET_KEY,
+    )
+    profile = iam.create_instance_profile(InstanceProfileName="hm-burst-node")
+    driver = make_driver(
+        options={
+            "subnet_id": subnet,
+            "security_group_ids": [group["GroupId"]],
+            "iam_instance_profile": "hm-burst-node",
+        }
+    )
+    sent = record_run_instances(driver.client)
+    instance = launched(driver, "network-0001")
+
+    assert sent.params[0]["SubnetId"] == subnet
+    assert sent.params[0]["SecurityGroupIds"] == [group["GroupId"]]
+    assert sent.params[0]["IamInstanceProfile"] == {"Name": "hm-burst-node"}
+    kept = stored(ec2, instance.instance_id)
+    assert kept["SubnetId"] == subnet
+    assert [g["GroupId"] for g in kept["SecurityGroups"]] == [group["GroupId"]]
+    assert kept["IamInstanceProfile"]["Arn"] == profile["InstanceProfile"]["Arn"]
+    assert instance.private_ip is not None and instance.private_ip.startswith("10.40.1.")
+
+
+def test_launch_is_idempotent_across_processes(make_driver: MakeDriver, ec2: EC2Client) -> None:
+    """``ray up`` and the head's monitor each build a driver: the second one to see a
+    request finds its instance instead of starting another."""
+    first = launched(make_driver(), "shared-0001", spot=True)
+    other = make_driver()
+    sent = record_run_instances(other.client)
+    again = launched(other, "shared-0001", spot=True)
+    assert again.instance_id == first.instance_id
+    assert again.request_id == "shared-0001" and again.spot is True
+    assert sent.params == []  # found by its tag: no second RunInstances at all
+    tagged = ec2.describe_instances(
+        Filters=[{"Name": "tag:hypermedia-request", "Values": ["shared-0001"]}]
+    )["Reservations"]
+    assert sum(len(r["Instances"]) for r in tagged) == 1
+
+
+# -- listing and terminating ---------------------------------------------------------------
+
+
+def test_instances_are_listed_by_cluster(make_driver: MakeDriver, ec2: EC2Client, ami: str) -> None:
+    driver = make_driver()
+    alpha_1 = launched(driver, "alpha-0001", cluster="alpha", queue="ocr")
+    alpha_2 = launched(driver, "alpha-0002", cluster="alpha", queue="video", spot=True)
+    beta = launched(driver, "beta-00001", cluster="beta")
+    ec2.run_instances(ImageId=ami, InstanceType="t3.micro", MinCount=1, MaxCount=1)  # not ours
+
+    alpha = listed(driver, "alpha")
+    assert {i.instance_id for i in alpha} == {alpha_1.instance_id, alpha_2.instance_id}
+    assert alpha == sorted(alpha, key=lambda i: (i.launched_at, i.instance_id))
+    by_id = {i.instance_id: i for i in alpha}
+    assert by_id[alpha_2.instance_id].queue == "video"
+    assert by_id[alpha_2.instance_id].node_type == "burst_video"
+    assert by_id[alpha_2.instance_id].spot is True
+    assert by_id[alpha_1.instance_id].spot is False
+    for instance in alpha:
+        assert instance.provider == "aws"
+        assert instance.cluster == "alpha"
+        assert instance.state in ("pending", "running")
+        assert instance.private_ip == stored(ec2, instance.instance_id)["PrivateIpAddress"]
+        assert instance.price_cents_per_hour == 12.5
+    assert [i.instance_id for i in listed(driver, "beta")] == [beta.instance_id]
+    assert listed(driver, "gamma") == []
+
+    # A stopped node is on its way out; a terminated one is gone from the list.
+    ec2.stop_instances(InstanceIds=[alpha_1.instance_id])
+    states = {i.instance_id: i.state for i in listed(driver, "alpha")}
+    assert states[alpha_1.instance_id] == "terminating"
+    assert driver.terminate(alpha_2.instance_id) is None
+    assert [i.instance_id for i in listed(driver, "alpha")] == [alpha_1.instance_id]
+
+
+def test_terminate(make_driver: MakeDriver, ec2: EC2Client) -> None:
+    driver = make_driver()
+    instance = launched(driver, "doomed-0001")
+    assert driver.terminate(instance.instance_id) is None
+    assert stored(ec2, instance.instance_id)["State"]["Name"] in ("shutting-down", "terminated")
+    assert listed(driver, "contract") == []
+    assert driver.terminate(instance.instance_id) is None  # already gone: a success
+    assert driver.terminate("i-0123456789abcdef0") is None  # never existed: a success
+
+
+# -- prices -------------------------------------------------------------------------------
+
+
+def test_on_demand_price_is_the_operator_s_list_price(make_driver: MakeDriver) -> None:
+    price = make_driver().price(False)
+    assert isinstance(price, float)
+    assert price == ON_DEMAND_CENTS
+    assert make_driver(options={"on_demand_cents_per_hour": 20}).price(False) == 20.0
+
+
+def test_spot_price_is_ec2_s_in_cents(make_driver: MakeDriver) -> None:
+    price = make_driver().price(True)  # cap 0.05 dollars = 5 cents
+    assert isinstance(price, float)
+    assert price == pytest.approx(MOTO_SPOT_CENTS)
+
+
+def test_a_spot_price_at_the_cap_is_accepted(make_driver: MakeDriver) -> None:
+    assert make_driver(spot_max_price="0.00001").price(True) == pytest.approx(MOTO_SPOT_CENTS)
+
+
+def test_a_spot_price_above_the_cap_is_a_capacity_error(make_driver: MakeDriver) -> None:
+    error = make_driver(spot_max_price="0.000009").price(True)
+    assert isinstance(error, DriverError), error
+    assert (error.code, error.retryable) == ("capacity", True)
+    assert "0.001" in error.message and "0.0009" in error.message
+
+
+def test_without_a_max_price_spot_is_capped_at_on_demand(make_driver: MakeDriver) -> None:
+    cheap = make_driver(spot_max_price=None, options={"on_demand_cents_per_hour": 0.0009})
+    error = cheap.price(True)
+    assert isinstance(error, DriverError) and error.code == "capacity", error
+    dear = make_driver(spot_max_price=None, options={"on_demand_cents_per_hour": 0.001})
+    assert dear.price(True) == pytest.approx(MOTO_SPOT_CENTS)
+
+
+def test_spot_when_spot_is_not_enabled_is_invalid(make_driver: MakeDriver, ec2: EC2Client) -> None:
+    driver = make_driver(spot_enabled=False, spot_max_price=None)
+    price = driver.price(True)
+    assert isinstance(price, DriverError) and price.code == "invalid", price
+    sent = record_run_instances(driver.client)
+    error = driver.launch(request("nospot-0001", spot=True))
+    assert isinstance(error, DriverError) and error.code == "invalid", error
+    assert not error.retryable
+    assert sent.params == []
+    assert ec2.describe_instances()["Reservations"] == []
+    assert driver.price(False) == ON_DEMAND_CENTS  # on demand is still fine
+
+
+# -- errors as values ----------------------------------------------------------------------
+
+
+def test_an_unreachable_endpoint_is_unavailable(ami: str) -> None:
+    driver = AwsDriver(
+        aws_config(ami),
+        {
+            "endpoint_url": f"http://127.0.0.1:{free_port()}",
+            "on_demand_cents_per_hour": ON_DEMAND_CENTS,
+        },
+    )
+    started = time.monotonic()
+    answers = [
+        driver.launch(request("nowhere-0001")),
+        driver.instances("contract"),
+        driver.terminate("i-0123456789abcdef0"),
+        driver.price(True),
+    ]
+    for answer in answers:
+        assert isinstance(answer, DriverError), answer
+        assert (answer.code, answer.retryable) == ("unavailable", True)
+    assert time.monotonic() - started < 60  # retried, but not forever
+
+
+def test_a_refused_request_is_invalid(make_driver: MakeDriver) -> None:
+    driver = make_driver(options={"subnet_id": "subnet-0000000000000dead"})
+    error = driver.launch(request("subnet-0001"))
+    assert isinstance(error, DriverError), error
+    assert (error.code, error.retryable) == ("invalid", False)
+    assert "InvalidSubnetID.NotFound" in error.message
+
+
+def test_missing_credentials_are_auth(
+    make_driver: MakeDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing in boto3's chain (the environment is emptied before the driver is built:
+    the chain is read when the client is)."""
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    for name in (
+        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+        "AWS_WEB_IDENTITY_TOKEN_FILE",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    driver = make_driver()
+    for answer in (driver.launch(request("nocreds-0001")), driver.instances("contract")):
+        assert isinstance(answer, DriverError), answer
+        assert (answer.code, answer.retryable) == ("auth", False)
+
+
+def client_error(code: str, status: int = 400) -> ClientError:
+    return ClientError(
+        {
+            "Error": {"Code": code, "Message": f"{code} happened"},
+            "ResponseMetadata": {
+                "RequestId": "req-1",
+                "HostId": "",
+                "HTTPStatusCode": status,
+                "HTTPHeaders": {},
+                "RetryAttempts": 0,
+            },
+        },
+        "RunInstances",
+    )
+
+
+@pytest.mark.parametrize(
+    ("error", "code", "retryable"),
+    [
+        (client_error("InsufficientInstanceCapacity", 500), "capacity", True),
+        (client_error("SpotMaxPriceTooLow"), "capacity", True),
+        (client_error("MaxSpotInstanceCountExceeded"), "capacity", True),
+        (client_error("InstanceLimitExceeded"), "quota", False),
+        (client_error("VcpuLimitExceeded"), "quota", False),
+        (client_error("AuthFailure", 401), "auth", False),
+        (client_error("UnauthorizedOperation", 403), "auth", False),
+        (client_error("AuthFailure.ServiceLinkedRoleCreationNotPermitted", 403), "auth", False),
+        (client_error("InvalidClientTokenId", 401), "auth", False),
+        (client_error("InvalidParameterValue"), "invalid", False),
+        (client_error("InvalidParameterCombination"), "invalid", False),
+        (client_error("InvalidAMIID.NotFound"), "invalid", False),
+        (client_error("InvalidAMIID.Malformed"), "invalid", False),
+        (client_error("IdempotentParameterMismatch"), "invalid", False),
+        (client_error("RequestLimitExceeded", 503), "unavailable", True),
+        (client_error("Throttling"), "unavailable", True),
+        (client_error("InternalError", 500), "unavailable", True),
+        (client_error("SomethingNew", 502), "unavailable", True),
+        (EndpointConnectionError(endpoint_url="http://127.0.0.1:1"), "unavailable", True),
+        (ReadTimeoutError(endpoint_url="http://127.0.0.1:1"), "unavailable", True),
+        (NoCredentialsError(), "auth", False),
+    ],
+    ids=lambda value: getattr(value, "__name__", None) or str(value)[:40],
+)
+def test_botocore_errors_become_driver_errors(error: Exception, code: str, retryable: bool) -> None:
+    """The translation table for answers moto cannot be made to give."""
+    translated = driver_error(error)
+    assert (translated.code, translated.retryable) == (code, retryable)
+
+
+def test_our_own_bugs_still_raise() -> None:
+    with pytest.raises(ParamValidationError):
+        driver_error(ParamValidationError(report="MinCount is missing"))
+    with pytest.raises(KeyError):
+        driver_error(KeyError("not botocore's"))
+
+
+# -- options ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("options", "key"),
+    [
+        ({"on_demand_cents_per_hour": 9.6, "regoin": "eu-west-1"}, "provider.aws.regoin"),
+        (
+            {"on_demand_cents_per_hour": 9.6, "aws_secret_access_key": SECRET_KEY},
+            "provider.aws.aws_secret_access_key",
+        ),
+        ({}, "provider.aws.on_demand_cents_per_hour"),
+        ({"on_demand_cents_per_hour": 0}, "provider.aws.on_demand_cents_per_hour"),
+        ({"on_demand_cents_per_hour": -1.5}, "provider.aws.on_demand_cents_per_hour"),
+        ({"on_demand_cents_per_hour": "9.6"}, "provider.aws.on_demand_cents_per_hour"),
+        ({"on_demand_cents_per_hour": True}, "provider.aws.on_demand_cents_per_hour"),
+        ({"on_demand_cents_per_hour": float("nan")}, "provider.aws.on_demand_cents_per_hour"),
+        (
+            {"on_demand_cents_per_hour": 9.6, "endpoint_url": "127.0.0.1:5000"},
+            "provider.aws.endpoint_url",
+        ),
+        ({"on_demand_cents_per_hour": 9.6, "subnet_id": ""}, "provider.aws.subnet_id"),
+        ({"on_demand_cents_per_hour": 9.6, "subnet_id": 7}, "provider.aws.subnet_id"),
+        (
+            {"on_demand_cents_per_hour": 9.6, "security_group_ids": "sg-1"},
+            "provider.aws.security_group_ids",
+        ),
+        (
+            {"on_demand_cents_per_hour": 9.6, "security_group_ids": []},
+            "provider.aws.security_group_ids",
+        ),
+        (
+            {"on_demand_cents_per_hour": 9.6, "security_group_ids": ["sg-1", 2]},
+            "provider.aws.security_group_ids.1",
+        ),
+        (
+            {"on_demand_cents_per_hour": 9.6, "iam_instance_profile": ["x"]},
+            "provider.aws.iam_instance_profile",
+        ),
+    ],
+)
+def test_a_bad_option_is_a_config_error_naming_its_key(options: dict[str, Any], key: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        AwsDriver(aws_config("ami-12345678"), options)
+    assert raised.value.key == key
+    assert str(raised.value).startswith(f"{key}: ")
+    assert SECRET_KEY not in str(raised.value)  # credentials are not options, nor echoed
+
+
+def test_a_missing_config_field_is_a_config_error() -> None:
+    config = AwsConfig(max_instances=0, region=REGION, instance_type=INSTANCE_TYPE)
+    with pytest.raises(ConfigError) as raised:
+        AwsDriver(config, {"on_demand_cents_per_hour": 9.6})
+    assert raised.value.key == "cloud_providers.aws.ami_id"
+
+
+def test_the_sdk_loads_lazily_and_its_absence_says_what_to_install() -> None:
+    """In a fresh interpreter: importing the driver imports no SDK; building it
+    without boto3 is a ConfigError with the ``pip install``."""
+    script = (
+        "import sys\n"
+        "import autoscaler.drivers.aws as aws\n"
+        "from autoscaler.config import AwsConfig\n"
+        "from hypermedia.errors import ConfigError\n"
+        "assert not {'boto3', 'botocore'} & set(sys.modules), 'imported an SDK'\n"
+        "sys.modules['boto3'] = None  # as if it were not installed\n"
+        "config = AwsConfig(max_instances=0, region='us-east-1', instance_type='m5.large',"
+        " ami_id='ami-1')\n"
+        "try:\n"
+        "    aws.AwsDriver(config, {'on_demand_cents_per_hour': 9.6})\n"
+        "except ConfigError as exc:\n"
+        "    print(exc)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parents[2],
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "pip install boto3" in result.stdout
+    assert result.stdout.startswith("provider.aws:")
