@@ -1,0 +1,520 @@
+"""The Google Compute Engine driver (google-cloud-compute, REST transport).
+
+One zone, one machine type, one image (:class:`~autoscaler.config.GoogleConfig`);
+the rest comes from the cluster yaml's ``provider.google`` options, checked when the
+driver is built (an unknown key or a bad value raises
+:class:`~hypermedia.errors.ConfigError` naming ``provider.google.<key>``):
+
+==========================  ==========================================================
+``project``                 required: the GCP project id
+``on_demand_cents_per_hour`` required, > 0: what :meth:`GcpDriver.price` answers
+``spot_cents_per_hour``     required when ``preemptible`` is on (and refused when off)
+``network``                 the VPC network (default ``global/networks/default``)
+``subnetwork``              the subnetwork (``regions/<r>/subnetworks/<name>``)
+``external_ip``             bool, default true: an ephemeral public IP, so a node
+                            reaches the head without Cloud NAT
+``service_account_email``   the instance's service account (cloud-platform scope)
+``disk_size_gb``            int, default 20: the boot disk
+``api_endpoint``            ``http(s)://host:port`` instead of Google's (tests)
+``anonymous_credentials``   bool, default false: no credentials at all (tests);
+                            otherwise ``google.auth.default()``
+==========================  ==========================================================
+
+How the contract (:mod:`autoscaler.drivers.base`) is kept here:
+
+* The instance name is ``hm-<request_id>``: a second insert of the same request
+  answers 409 and the driver answers the instance that already has the name.
+* Labels carry :data:`~autoscaler.drivers.base.TAG_KEYS`; :meth:`GcpDriver.instances`
+  lists by the ``hypermedia-cluster`` label. ``STOPPING``, ``SUSPENDED`` and
+  ``TERMINATED`` instances are listed as ``terminating`` rather than left out: a
+  stopped instance still exists (and its disk still bills) until it is deleted.
+* Operations are waited on with ``ZoneOperationsClient.wait`` built with the same
+  endpoint and credentials (``ExtendedOperation.result()`` would poll Google's
+  host whatever the endpoint), for at most ``operation_timeout`` seconds.
+* Every ``google.api_core`` / ``google.auth`` / connection error is translated into a
+  :class:`~autoscaler.drivers.base.DriverError` where it enters (:func:`translate`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from autoscaler.config import GoogleConfig
+from autoscaler.drivers.base import (
+    TAG_CLUSTER,
+    DriverError,
+    ErrorCode,
+    Instance,
+    InstanceState,
+    LaunchRequest,
+)
+from hypermedia.errors import ConfigError
+
+if TYPE_CHECKING:
+    from google.cloud import compute_v1
+
+log = logging.getLogger(__name__)
+
+PROVIDER = "google"
+INSTALL_HINT = "pip install google-cloud-compute"
+NAME_PREFIX = "hm-"
+COMPUTE_SCOPE = "https://www.googleapis.com/auth/compute"
+NODE_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
+
+_STATES: dict[str, InstanceState] = {
+    "PROVISIONING": "pending",
+    "STAGING": "pending",
+    "REPAIRING": "pending",
+    "RUNNING": "running",
+    "STOPPING": "terminating",
+    "SUSPENDING": "terminating",
+    "SUSPENDED": "terminating",
+    "TERMINATED": "terminating",
+}
+
+# Reasons (HTTP error ``errors[].reason``, ``ErrorInfo.reason``) and operation error
+# codes, upper-cased, that say more than the HTTP status (a quota answers 403 too).
+_RATE = frozenset({"RATELIMITEXCEEDED", "RATE_LIMIT_EXCEEDED", "USERRATELIMITEXCEEDED"})
+_QUOTA = _RATE | {"QUOTAEXCEEDED", "QUOTA_EXCEEDED", "RESOURCE_EXHAUSTED"}
+_CAPACITY = frozenset(
+    {
+        "ZONE_RESOURCE_POOL_EXHAUSTED",
+        "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS",
+        "RESOURCE_POOL_EXHAUSTED",
+        "STOCKOUT",
+    }
+)
+# Deleting an instance whose insert is still running answers 400 resourceNotReady.
+_NOT_READY = frozenset({"RESOURCENOTREADY", "RESOURCE_NOT_READY"})
+_EXISTS = frozenset({"ALREADY_EXISTS", "RESOURCE_ALREADY_EXISTS", "ALREADYEXISTS"})
+_LABEL_VALUE = re.compile(r"^[a-z0-9_-]{1,63}$")
+_OPTIONS = frozenset(
+    {
+        "project",
+        "api_endpoint",
+        "anonymous_credentials",
+        "network",
+        "subnetwork",
+        "external_ip",
+        "service_account_email",
+        "disk_size_gb",
+        "on_demand_cents_per_hour",
+        "spot_cents_per_hour",
+    }
+)
+
+
+class GcpDriver:
+    """Lifecycle I/O against Compute Engine in one zone (see the module docstring)."""
+
+    name = PROVIDER
+
+    def __init__(
+        self,
+        config: GoogleConfig,
+        options: Mapping[str, Any],
+        *,
+        request_timeout: float = 60.0,
+        operation_timeout: float = 300.0,
+    ) -> None:
+        self.zone = _required_config(config.zone, "zone")
+        self.machine_type = _required_config(config.machine_type, "machine_type")
+        self.image = _required_config(config.image, "image")
+        self.preemptible = config.preemptible
+        self.request_timeout = request_timeout
+        self.operation_timeout = operation_timeout
+
+        if not isinstance(options, Mapping):
+            raise ConfigError("provider.google", "expected a mapping of options")
+        unknown = sorted(str(key) for key in options if key not in _OPTIONS)
+        if unknown:
+            raise ConfigError(f"provider.google.{unknown[0]}", "unknown key")
+        project = _string(options, "project")
+        if project is None:
+            raise ConfigError("provider.google.project", "required")
+        self.project = project
+        self.network = _string(options, "network")
+        self.subnetwork = _string(options, "subnetwork")
+        self.service_account_email = _string(options, "service_account_email")
+        if self.service_account_email is not None and "@" not in self.service_account_email:
+            raise ConfigError("provider.google.service_account_email", "expected an e-mail address")
+        self.external_ip = _bool(options, "external_ip", default=True)
+        self.disk_size_gb = _int(options, "disk_size_gb", default=20, low=10, high=65_536)
+        on_demand = _price(options, "on_demand_cents_per_hour")
+        if on_demand is None:
+            raise ConfigError("provider.google.on_demand_cents_per_hour", "required")
+        self.on_demand_cents_per_hour = on_demand
+        self.spot_cents_per_hour = _price(options, "spot_cents_per_hour")
+        if self.preemptible and self.spot_cents_per_hour is None:
+            raise ConfigError(
+                "provider.google.spot_cents_per_hour",
+                "required when cloud_providers.google.preemptible is true",
+            )
+        if not self.preemptible and self.spot_cents_per_hour is not None:
+            raise ConfigError(
+                "provider.google.spot_cents_per_hour",
+                "set but cloud_providers.google.preemptible is false: it would never be used",
+            )
+        endpoint = _string(options, "api_endpoint")
+        if endpoint is not None and not endpoint.startswith(("http://", "https://")):
+            raise ConfigError(
+                "provider.google.api_endpoint", f"{endpoint!r} needs its scheme (http://, https://)"
+            )
+        anonymous = _bool(options, "anonymous_credentials", default=False)
+
+        try:
+            from google.api_core.client_options import ClientOptions
+            from google.cloud import compute_v1
+        except ImportError as exc:
+            raise ConfigError(
+                "provider.google", f"google-cloud-compute is not installed ({INSTALL_HINT})"
+            ) from exc
+        credentials = _credentials(anonymous)
+        client_options = ClientOptions(api_endpoint=endpoint) if endpoint is not None else None
+        self._instances = compute_v1.InstancesClient(
+            credentials=credentials, client_options=client_options, transport="rest"
+        )
+        self._operations = compute_v1.ZoneOperationsClient(
+            credentials=credentials, client_options=client_options, transport="rest"
+        )
+
+    # -- the Driver interface -----------------------------------------------------------
+
+    def launch(self, request: LaunchRequest) -> Instance | DriverError:
+        """Insert ``hm-<request_id>`` and wait for the operation; a name that exists
+        already (a repeated launch) answers the instance that has it."""
+        if request.spot and not self.preemptible:
+            return DriverError(
+                "invalid", "spot requested but cloud_providers.google.preemptible is false"
+            )
+        name = NAME_PREFIX + request.request_id
+        try:
+            operation = self._instances.insert_unary(
+                project=self.project,
+                zone=self.zone,
+                instance_resource=self._instance_resource(name, request),
+                retry=None,
+                timeout=self.request_timeout,
+            )
+        except Exception as exc:
+            if _status(exc) == 409:
+                log.info(
+                    "instance %s exists already: answering it",
+                    name,
+                    extra={"request_id": request.request_id, "action": "launch"},
+                )
+                return self._existing(name, request)
+            return translate(exc, f"insert {name}")
+        finished = self._wait(operation, f"insert {name}")
+        if isinstance(finished, DriverError):
+            return finished
+        if not finished.done:
+            return DriverError(
+                "unavailable",
+                f"insert {name}: operation {finished.name} still running after"
+                f" {self.operation_timeout:.0f} s (launch again to answer it)",
+                retryable=True,
+            )
+        if {e.code.upper() for e in finished.error.errors} & _EXISTS:
+            return self._existing(name, request)
+        failed = _operation_error(finished, f"insert {name}")
+        if failed is not None:
+            return failed
+        found = self._get(name)
+        if isinstance(found, Instance):
+            return found
+        # The insert is done, so the instance exists: only this read failed.
+        return Instance.from_tags(name, PROVIDER, request.tags(), "pending")
+
+    def instances(self, cluster: str) -> list[Instance] | DriverError:
+        """Instances labelled with ``cluster`` in the zone, deleted ones excepted."""
+        if not _LABEL_VALUE.match(cluster):
+            return DriverError("invalid", f"cluster {cluster!r} is not a label value")
+        from google.cloud import compute_v1
+
+        request = compute_v1.ListInstancesRequest(
+            project=self.project,
+            zone=self.zone,
+            filter=f'labels.{TAG_CLUSTER} = "{cluster}"',
+            max_results=500,
+        )
+        try:
+            pages = self._instances.list(request=request, retry=None, timeout=self.request_timeout)
+            found = [self._instance(item) for item in pages]
+        except Exception as exc:
+            return translate(exc, f"list instances of {cluster}")
+        return found
+
+    def terminate(self, instance_id: str) -> DriverError | None:
+        """Delete the instance; one already gone (404) is a success, and so is a
+        deletion still running when ``operation_timeout`` runs out (it is listed
+        as ``terminating`` until it is gone)."""
+        try:
+            operation = self._instances.delete_unary(
+                project=self.project,
+                zone=self.zone,
+                instance=instance_id,
+                retry=None,
+                timeout=self.request_timeout,
+            )
+        except Exception as exc:
+            error = translate(exc, f"delete {instance_id}")
+            return None if error.code == "not_found" else error
+        finished = self._wait(operation, f"delete {instance_id}")
+        if isinstance(finished, DriverError):
+            return finished
+        if not finished.done:
+            log.warning(
+                "delete %s: operation %s still running after %.0f s",
+                instance_id,
+                finished.name,
+                self.operation_timeout,
+                extra={"action": "terminate"},
+            )
+            return None
+        failed = _operation_error(finished, f"delete {instance_id}")
+        return None if failed is None or failed.code == "not_found" else failed
+
+    def price(self, spot: bool) -> float | DriverError:
+        """The configured price (Compute Engine has no price API worth a call here)."""
+        if not spot:
+            return self.on_demand_cents_per_hour
+        if not self.preemptible or self.spot_cents_per_hour is None:
+            return DriverError(
+                "invalid", "spot price asked but cloud_providers.google.preemptible is false"
+            )
+        return self.spot_cents_per_hour
+
+    # -- helpers ------------------------------------------------------------------------
+
+    def _instance_resource(self, name: str, request: LaunchRequest) -> compute_v1.Instance:
+        from google.cloud import compute_v1 as compute
+
+        disk = compute.AttachedDisk(
+            boot=True,
+            auto_delete=True,
+            initialize_params=compute.AttachedDiskInitializeParams(
+                source_image=self.image, disk_size_gb=self.disk_size_gb
+            ),
+        )
+        interface = compute.NetworkInterface(network=self.network or "global/networks/default")
+        if self.subnetwork is not None:
+            interface.subnetwork = self.subnetwork
+        if self.external_ip:
+            interface.access_configs = [
+                compute.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")
+            ]
+        if request.spot:
+            scheduling = compute.Scheduling(
+                provisioning_model="SPOT",
+                instance_termination_action="DELETE",
+                automatic_restart=False,
+                on_host_maintenance="TERMINATE",
+            )
+        else:
+            scheduling = compute.Scheduling(provisioning_model="STANDARD")
+        instance = compute.Instance(
+            name=name,
+            machine_type=f"zones/{self.zone}/machineTypes/{self.machine_type}",
+            disks=[disk],
+            network_interfaces=[interface],
+            labels=request.tags(),
+            metadata=compute.Metadata(
+                items=[compute.Items(key="startup-script", value=request.user_data)]
+            ),
+            scheduling=scheduling,
+        )
+        if self.service_account_email is not None:
+            instance.service_accounts = [
+                compute.ServiceAccount(email=self.service_account_email, scopes=[NODE_SCOPE])
+            ]
+        return instance
+
+    def _existing(self, name: str, request: LaunchRequest) -> Instance | DriverError:
+        found = self._get(name)
+        if isinstance(found, DriverError) and found.code == "not_found":
+            # Named but gone between the two calls (deleted, or its insert failed).
+            return DriverError("not_found", f"{name} exists and is gone again", retryable=True)
+        if isinstance(found, Instance) and found.request_id != request.request_id:
+            return DriverError("invalid", f"{name} exists but belongs to another request")
+        return found
+
+    def _get(self, name: str) -> Instance | DriverError:
+        try:
+            item = self._instances.get(
+                project=self.project,
+                zone=self.zone,
+                instance=name,
+                retry=None,
+                timeout=self.request_timeout,
+            )
+        except Exception as exc:
+            return translate(exc, f"get {name}")
+        return self._instance(item)
+
+    def _instance(self, item: compute_v1.Instance) -> Instance:
+        state = _STATES.get(item.status, "pending")
+        private_ip = next((i.network_i_p for i in item.network_interfaces if i.network_i_p), None)
+        found = Instance.from_tags(item.name, PROVIDER, dict(item.labels), state, private_ip)
+        return replace(found, extra={"zone": self.zone, "status": item.status})
+
+    def _wait(
+        self, operation: compute_v1.Operation, action: str
+    ) -> compute_v1.Operation | DriverError:
+        """The operation once done, or as it stands when ``operation_timeout`` runs out."""
+        from requests.exceptions import Timeout
+
+        deadline = time.monotonic() + self.operation_timeout
+        pause = 0.1
+        while not operation.done:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return operation
+            started = time.monotonic()
+            try:
+                operation = self._operations.wait(
+                    project=self.project,
+                    zone=self.zone,
+                    operation=operation.name,
+                    retry=None,
+                    # Google holds a wait up to 2 minutes; give up with the deadline.
+                    timeout=max(remaining, 1.0),
+                )
+            except Timeout:
+                continue  # held until our deadline: still running
+            except Exception as exc:
+                return translate(exc, f"{action} (waiting for {operation.name})")
+            if not operation.done and time.monotonic() - started < pause:
+                # A server that answers at once rather than holding the wait.
+                time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+                pause = min(pause * 2, 2.0)
+        return operation
+
+
+def translate(exc: BaseException, action: str) -> DriverError:
+    """The :class:`DriverError` for what the SDK (or the network under it) raised."""
+    from google.api_core import exceptions as core
+    from google.auth import exceptions as auth
+
+    if isinstance(exc, core.GoogleAPICallError):
+        return classify(_status(exc), _reasons(exc), f"{action}: {exc.message}")
+    if isinstance(exc, core.RetryError):
+        return DriverError("unavailable", f"{action}: {exc}", retryable=True)
+    if isinstance(exc, auth.RefreshError | auth.DefaultCredentialsError):
+        # Includes a 401 that credentials could not refresh their way out of.
+        return DriverError("auth", f"{action}: {exc}")
+    if isinstance(exc, auth.TransportError | auth.TimeoutError | OSError):
+        # requests' ConnectionError and Timeout are OSErrors.
+        return DriverError("unavailable", f"{action}: {type(exc).__name__}: {exc}", retryable=True)
+    if isinstance(exc, auth.GoogleAuthError):
+        return DriverError("auth", f"{action}: {exc}")
+    raise exc
+
+
+def classify(status: int | None, reasons: Iterable[str], message: str) -> DriverError:
+    """An HTTP status and Google's error reasons / operation error codes as a value."""
+    upper = {reason.upper() for reason in reasons if reason}
+    code: ErrorCode
+    if upper & _CAPACITY:
+        return DriverError("capacity", message, retryable=True)
+    if upper & _NOT_READY:
+        return DriverError("unavailable", message, retryable=True)
+    if upper & _QUOTA or status == 429:
+        return DriverError("quota", message, retryable=bool(upper & _RATE) or status == 429)
+    if status in (401, 403):
+        code, retryable = "auth", False
+    elif status == 404:
+        code, retryable = "not_found", False
+    elif status in (400, 409, 412, 422):
+        code, retryable = "invalid", False
+    else:  # 5xx, no status at all, the unexpected: the same call may work later
+        code, retryable = "unavailable", True
+    return DriverError(code, message, retryable)
+
+
+def _operation_error(operation: compute_v1.Operation, action: str) -> DriverError | None:
+    """What a finished operation failed with, or None."""
+    errors = list(operation.error.errors)
+    if not errors and operation.http_error_status_code < 400:
+        return None
+    detail = "; ".join(f"{e.code}: {e.message}" for e in errors) or operation.http_error_message
+    status = operation.http_error_status_code or None
+    return classify(status, (e.code for e in errors), f"{action}: {detail or 'failed'}")
+
+
+def _status(exc: BaseException) -> int | None:
+    code = getattr(exc, "code", None)
+    return code if isinstance(code, int) else None
+
+
+def _reasons(exc: Any) -> list[str]:
+    found = [exc.reason] if isinstance(exc.reason, str) else []
+    for error in exc.errors or ():
+        reason = error.get("reason") if isinstance(error, Mapping) else None
+        if isinstance(reason, str):
+            found.append(reason)
+    return found
+
+
+def _credentials(anonymous: bool) -> Any:
+    from google.auth import default as google_auth_default
+    from google.auth import exceptions as auth
+    from google.auth.credentials import AnonymousCredentials
+
+    if anonymous:
+        return AnonymousCredentials()  # type: ignore[no-untyped-call]  # unannotated __init__
+    try:
+        credentials, _project = google_auth_default(scopes=[COMPUTE_SCOPE])
+    except auth.DefaultCredentialsError as exc:
+        raise ConfigError(
+            "provider.google", f"no Google credentials (google.auth.default): {exc}"
+        ) from None
+    return credentials
+
+
+def _required_config(value: str | None, key: str) -> str:
+    if value is None or not value.strip():
+        raise ConfigError(f"cloud_providers.google.{key}", "required by the google driver")
+    return value
+
+
+def _string(options: Mapping[str, Any], key: str) -> str | None:
+    value = options.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"provider.google.{key}", f"expected a non-empty string, not {value!r}")
+    return value
+
+
+def _bool(options: Mapping[str, Any], key: str, *, default: bool) -> bool:
+    value = options.get(key, default)
+    if not isinstance(value, bool):
+        raise ConfigError(f"provider.google.{key}", f"expected true or false, not {value!r}")
+    return value
+
+
+def _int(options: Mapping[str, Any], key: str, *, default: int, low: int, high: int) -> int:
+    value = options.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ConfigError(
+            f"provider.google.{key}", f"expected a whole number from {low} to {high}, not {value!r}"
+        )
+    return value
+
+
+def _price(options: Mapping[str, Any], key: str) -> float | None:
+    value = options.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"provider.google.{key}", f"expected a number of cents, not {value!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"provider.google.{key}", f"expected a price above 0, not {value!r}")
+    return float(value)
