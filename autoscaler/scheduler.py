@@ -13,20 +13,27 @@ Every ``evaluation_interval_seconds``, the scheduler that holds the leadership l
    applies it through the :class:`Fleet`, each action only while its term of
    leadership still holds (the fencing token is recorded with the decision).
 
-The :class:`Fleet` is the seam to the clouds: :class:`NoCloud` (the default, and all
-``vps_only`` needs) has no cloud workers and launches nothing; the provider issue
-connects it to Ray's ``request_resources`` and the cloud drivers.
+The :class:`Fleet` is the seam to the clouds. It gets one :class:`~autoscaler.snapshot.Plan`
+per turn: the cloud workers wanted per queue, and the launch/drain/terminate decisions
+behind that number. :class:`NoCloud` (the default, and all ``vps_only`` needs) has no
+cloud workers and launches nothing; :class:`autoscaler.rayfleet.RayFleet` turns a plan
+into one ``request_resources`` call, launch orders for the node provider, drains and
+terminations.
+
+A hold (something wanted, not done: cooldown, cap, mode) is written to
+``scheduler_decisions`` when it begins, not on every turn it lasts: a hold whose reason
+(numbers aside) was held in the previous turn too is only logged.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from sqlalchemy import func, select
@@ -37,16 +44,22 @@ from autoscaler.config import ProviderName, SchedulerConfig
 from autoscaler.leader import Leadership, Term
 from autoscaler.snapshot import (
     BANDS,
+    FLEET_ACTIONS,
     Decision,
     History,
     Offer,
+    Plan,
     QueueState,
     Snapshot,
     Spend,
     WorkerState,
     band_of,
     next_history,
+    plan_of,
 )
+from autoscaler.state import delete_state, read_state, write_state
+from autoscaler.state import epoch as _epoch
+from autoscaler.state import to_datetime as _to_datetime
 from hypermedia import ids
 from hypermedia.clock import Clock
 from hypermedia.db import tables as t
@@ -59,7 +72,7 @@ log = logging.getLogger(__name__)
 
 HISTORY = "history"
 COST_LOCK = "cost_lock"
-ACTIONS_ON_THE_FLEET = ("launch", "drain", "terminate")
+HOLDS = "holds"
 RECONCILED = "billing_reconciled"
 RECONCILE_SECONDS = 900.0  # the seed: billing is checked every 15 minutes
 RECONCILE_TOLERANCE = 0.10  # a bill this far (or 1 cent) from the ledger is reported
@@ -71,12 +84,15 @@ RECONCILE_TOLERANCE = 0.10  # a bill this far (or 1 cent) from the ledger is rep
 class Fleet(Protocol):
     """Cloud workers, their prices, and the hands that launch and stop them."""
 
-    def cloud_workers(self, now: float) -> list[WorkerState]: ...
+    def cloud_workers(self, now: float, actors: Sequence[WorkerState]) -> list[WorkerState]:
+        """The cloud workers now; ``actors`` are the workers table's live rows (an actor
+        on a burst node counts toward its node's jobs)."""
+        ...
 
     def offers(self, now: float) -> dict[ProviderName, Offer]: ...
 
-    def apply(self, decision: Decision, term: Term) -> bool:
-        """Carry out a launch, drain or terminate; whether it was done."""
+    def apply(self, plan: Plan, term: Term) -> list[bool]:
+        """Make the fleet match ``plan``; whether each of ``plan.actions`` was done."""
         ...
 
     def billed(self, instance_ids: Sequence[str]) -> dict[str, float]:
@@ -89,54 +105,22 @@ class NoCloud:
     """No cloud at all: what ``vps_only`` needs, and the default until a cloud driver is
     configured. It launches nothing (and says so)."""
 
-    def cloud_workers(self, now: float) -> list[WorkerState]:
+    def cloud_workers(self, now: float, actors: Sequence[WorkerState]) -> list[WorkerState]:
         return []
 
     def offers(self, now: float) -> dict[ProviderName, Offer]:
         return {}
 
-    def apply(self, decision: Decision, term: Term) -> bool:
-        log.warning("no cloud driver configured: %s not carried out", decision.action)
-        return False
+    def apply(self, plan: Plan, term: Term) -> list[bool]:
+        for decision in plan.actions:
+            log.warning("no cloud driver configured: %s not carried out", decision.reason)
+        return [False] * len(plan.actions)
 
     def billed(self, instance_ids: Sequence[str]) -> dict[str, float]:
         return {}
 
 
 # -- persistent state ----------------------------------------------------------------------
-
-
-def _to_datetime(seconds: float) -> datetime:
-    return datetime.fromtimestamp(seconds, UTC)
-
-
-def _epoch(moment: datetime) -> float:
-    return moment.timestamp()
-
-
-def read_state(conn: Connection, name: str) -> dict[str, Any] | None:
-    row = conn.execute(
-        select(t.scheduler_state.c.value).where(t.scheduler_state.c.name == name)
-    ).first()
-    return dict(row[0]) if row is not None else None
-
-
-def write_state(conn: Connection, name: str, value: Mapping[str, Any], now: float) -> None:
-    table = t.scheduler_state
-    updated = conn.execute(
-        table.update()
-        .where(table.c.name == name)
-        .values(value=dict(value), updated_at=_to_datetime(now))
-    )
-    if updated.rowcount == 0:
-        conn.execute(
-            table.insert().values(name=name, value=dict(value), updated_at=_to_datetime(now))
-        )
-
-
-def delete_state(conn: Connection, name: str) -> bool:
-    deleted = conn.execute(t.scheduler_state.delete().where(t.scheduler_state.c.name == name))
-    return bool(deleted.rowcount)
 
 
 def history_from(value: Mapping[str, Any] | None) -> History:
@@ -208,7 +192,13 @@ def vps_workers(conn: Connection) -> list[WorkerState]:
     )
     rows = conn.execute(
         select(
-            w.c.worker_id, w.c.queue, w.c.status, w.c.started_at, running.c.running, finished.c.last
+            w.c.worker_id,
+            w.c.queue,
+            w.c.status,
+            w.c.node_id,
+            w.c.started_at,
+            running.c.running,
+            finished.c.last,
         )
         .outerjoin(running, running.c.worker_id == w.c.worker_id)
         .outerjoin(finished, finished.c.worker_id == w.c.worker_id)
@@ -222,6 +212,7 @@ def vps_workers(conn: Connection) -> list[WorkerState]:
             started_at=_epoch(row.started_at),
             current_jobs=int(row.running or 0),
             last_job_at=_epoch(row.last) if row.last is not None else None,
+            node_id=row.node_id,
         )
         for row in rows
     ]
@@ -241,6 +232,12 @@ def ledger_spend(conn: Connection, now: float, locked: bool, alerted_today: bool
         )
     ]
     return cost.spend(intervals, now, locked=locked, alerted_today=alerted_today)
+
+
+def hold_key(decision: Decision) -> str:
+    """A hold's identity across turns: its queue, worker and reason without the numbers
+    (depth, age and cooldown seconds change every turn; the hold is the same)."""
+    return f"{decision.queue}|{decision.worker_id}|{re.sub(r'[0-9.]+', '#', decision.reason)}"
 
 
 # -- the loop ----------------------------------------------------------------------------------
@@ -284,7 +281,10 @@ class Scheduler:
             alerted = read_state(conn, "alerted") or {}
             today = _to_datetime(now).date().isoformat()
             spend = ledger_spend(conn, now, lock is not None, alerted.get("day") == today)
-        workers.extend(self.fleet.cloud_workers(now))
+        cloud = self.fleet.cloud_workers(now, workers)
+        burst_nodes = {w.node_id for w in cloud if w.node_id is not None}
+        workers = [w for w in workers if w.node_id is None or w.node_id not in burst_nodes]
+        workers.extend(cloud)
         return Snapshot(
             now=now,
             queues=queues,
@@ -305,7 +305,7 @@ class Scheduler:
         term = self.leadership.acquire()
         if term is None:
             return Evaluation(snapshot, decisions, None)
-        applied = [self._carry_out(decision, term) for decision in decisions]
+        applied = self._carry_out(plan_of(snapshot, decisions), decisions, term)
         self._record(snapshot, decisions, applied, term)
         self.reconcile(snapshot.now)
         return Evaluation(snapshot, decisions, term)
@@ -364,15 +364,16 @@ class Scheduler:
             write_state(conn, RECONCILED, {"at": now, "instances": len(bills)}, now)
         return differing
 
-    def _carry_out(self, decision: Decision, term: Term) -> bool:
-        """Apply one decision if this term still leads; records (alert, lock, hold) are
-        carried out by writing them down."""
-        if decision.action not in ACTIONS_ON_THE_FLEET:
-            return True
+    def _carry_out(self, plan: Plan, decisions: list[Decision], term: Term) -> list[bool]:
+        """Hand the plan to the fleet if this term still leads; records (alert, lock,
+        hold) are carried out by writing them down."""
         if not self.leadership.holds(term):
-            log.warning("lost the leadership: %s not carried out", decision.reason)
-            return False
-        return self.fleet.apply(decision, term)
+            log.warning("lost the leadership: nothing carried out")
+            done = [False] * len(plan.actions)
+        else:
+            done = self.fleet.apply(plan, term)
+        results = iter(done)
+        return [next(results) if d.action in FLEET_ACTIONS else True for d in decisions]
 
     def _record(
         self, snapshot: Snapshot, decisions: list[Decision], applied: list[bool], term: Term
@@ -381,7 +382,15 @@ class Scheduler:
         history = next_history(snapshot, decisions, applied)
         mode = "vps_only" if snapshot.spend.locked else self.config.mode
         with transaction(self.engine) as conn:
+            held_before = set((read_state(conn, HOLDS) or {}).get("keys", []))
+            held_now: list[str] = []
             for decision, done in zip(decisions, applied, strict=True):
+                if decision.action == "hold":
+                    key = hold_key(decision)
+                    held_now.append(key)
+                    if key in held_before:
+                        log.debug("%s (still)", decision.reason)
+                        continue
                 log.info(
                     "%s%s",
                     decision.reason,
@@ -411,6 +420,7 @@ class Scheduler:
                 if decision.action == "alert" and decision.queue is None:  # the spend alert
                     write_state(conn, "alerted", {"day": _to_datetime(now).date().isoformat()}, now)
             write_state(conn, HISTORY, history_value(history), now)
+            write_state(conn, HOLDS, {"keys": held_now}, now)
 
     def stop(self) -> None:
         """Give the leadership up at once if this scheduler holds it."""

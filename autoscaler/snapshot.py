@@ -64,6 +64,9 @@ class WorkerState:
     spot: bool = False
     cost_per_hour_cents: float = 0.0
     drain_started_at: float | None = None
+    # The Ray node it runs on (hex id): an actor's node, or a cloud worker's Ray node once
+    # it has joined. The loop uses it to count an actor on a burst node with its node.
+    node_id: str | None = None
 
     @property
     def cloud(self) -> bool:
@@ -133,6 +136,39 @@ class Decision:
     provider: ProviderName | None = None
     spot: bool = False
     count: int = 1
+
+
+FLEET_ACTIONS: tuple[Action, ...] = ("launch", "drain", "terminate")
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """One turn's work for the fleet: the cloud workers wanted per queue once it is done
+    (``desired``: what Ray's ``request_resources`` is told, every queue in one call) and
+    the launch, drain and terminate decisions that say where new workers go and which
+    ones leave."""
+
+    desired: Mapping[str, int]
+    actions: tuple[Decision, ...]
+
+
+def plan_of(snapshot: Snapshot, decisions: Iterable[Decision]) -> Plan:
+    """The fleet's part of a turn's decisions. A queue wants the cloud workers that are
+    starting or active, plus this turn's launches, minus this turn's drains (a
+    terminate only ends a worker already draining)."""
+    desired = dict.fromkeys(snapshot.queues, 0)
+    for worker in snapshot.workers:
+        if worker.cloud and worker.status in ("starting", "active"):
+            desired[worker.queue] = desired.get(worker.queue, 0) + 1
+    actions = tuple(d for d in decisions if d.action in FLEET_ACTIONS)
+    for decision in actions:
+        if decision.queue is None:
+            continue
+        if decision.action == "launch":
+            desired[decision.queue] = desired.get(decision.queue, 0) + decision.count
+        elif decision.action == "drain":
+            desired[decision.queue] = desired.get(decision.queue, 0) - 1
+    return Plan({name: max(0, n) for name, n in desired.items()}, actions)
 
 
 LAUNCH_MEMORY_SECONDS = 3600.0  # launches remembered for the launch-rate cap

@@ -161,7 +161,7 @@ def _free_ports(count: int) -> list[int]:
             sock.close()
 
 
-def _port_arguments(head: bool) -> list[str]:
+def port_arguments(head: bool) -> list[str]:
     names = [
         "--node-manager-port",
         "--object-manager-port",
@@ -205,7 +205,7 @@ def start_head(
         f"--include-dashboard={'true' if dashboard else 'false'}",
         "--dashboard-host=127.0.0.1",
         "--disable-usage-stats",
-        *_port_arguments(head=True),
+        *port_arguments(head=True),
     ]
     _run_start(args, token_path, temp_dir)
     node.address = (temp_dir / ADDRESS_FILE).read_text().strip()
@@ -235,7 +235,7 @@ def start_worker_node(
         f"--object-store-memory={object_store_bytes}",
         f"--resources={json.dumps(dict(resources))}",
         "--disable-usage-stats",
-        *_port_arguments(head=False),
+        *port_arguments(head=False),
     ]
     _run_start(args, token_path, temp_dir)
     return RayNode(temp_dir=temp_dir, token_path=token_path, address=address)

@@ -23,8 +23,9 @@ from sqlalchemy import select
 from autoscaler import config as scheduler_config
 from autoscaler.config import ProviderName
 from autoscaler.leader import Leadership, Term
-from autoscaler.scheduler import COST_LOCK, Scheduler, read_state, reset_cost_lock
-from autoscaler.snapshot import Decision, Offer, WorkerState
+from autoscaler.scheduler import COST_LOCK, Scheduler, reset_cost_lock
+from autoscaler.snapshot import Offer, Plan, WorkerState
+from autoscaler.state import read_state
 from hypermedia import ids
 from hypermedia.clock import SystemClock
 from hypermedia.db import tables as t
@@ -41,8 +42,9 @@ class MemoryFleet:
         self.actions: list[tuple[str, int]] = []  # (action, term token)
         self.bills: dict[str, float] = {}  # instance id -> cents billed
         self.billing_calls = 0
+        self.plans: list[Plan] = []
 
-    def cloud_workers(self, now: float) -> list[WorkerState]:
+    def cloud_workers(self, now: float, actors: Sequence[WorkerState]) -> list[WorkerState]:
         return [w for w in self.workers.values() if w.status != "terminated"]
 
     def offers(self, now: float) -> dict[ProviderName, Offer]:
@@ -52,9 +54,12 @@ class MemoryFleet:
         self.billing_calls += 1
         return {i: self.bills[i] for i in instance_ids if i in self.bills}
 
-    def apply(self, decision: Decision, term: Term) -> bool:
-        self.actions.append((decision.action, term.token))
-        if decision.action == "launch":
+    def apply(self, plan: Plan, term: Term) -> list[bool]:
+        self.plans.append(plan)
+        for decision in plan.actions:
+            self.actions.append((decision.action, term.token))
+            if decision.action != "launch":
+                continue
             assert decision.queue is not None and decision.provider is not None
             for _ in range(decision.count):
                 worker_id = f"i-{len(self.workers)}"
@@ -67,7 +72,7 @@ class MemoryFleet:
                     spot=decision.spot,
                     cost_per_hour_cents=self.price,
                 )
-        return True
+        return [True] * len(plan.actions)
 
 
 def hybrid_config(**cost_limits: int) -> scheduler_config.SchedulerConfig:
@@ -95,8 +100,10 @@ def scheduler(
     )
 
 
-def backlog(stack: Stack, queue: str, count: int, priority: int = 5) -> None:
-    stack.queue.enqueue(queue, [(ids.new_id(), priority) for _ in range(count)])
+def backlog(stack: Stack, queue: str, count: int, priority: int = 5) -> list[str]:
+    jobs = [ids.new_id() for _ in range(count)]
+    stack.queue.enqueue(queue, [(job, priority) for job in jobs])
+    return jobs
 
 
 def recorded(stack: Stack) -> list[Any]:
@@ -222,3 +229,40 @@ def test_billing_is_reconciled_every_15_minutes_and_differences_are_reported(sta
     assert rows["i-unbilled"].reconciled_at is None  # the provider did not know it yet
     loop.evaluate()  # within 15 minutes: billing is not asked again
     assert fleet.billing_calls == 1
+
+
+def test_the_fleet_gets_one_plan_with_the_workers_wanted_per_queue(stack):
+    backlog(stack, "ocr", 30)
+    fleet = MemoryFleet()
+    first = scheduler(stack, "host-a", fleet).evaluate()
+    launched = sum(d.count for d in first.decisions if d.action == "launch")
+    assert launched >= 1
+    assert len(fleet.plans) == 1
+    plan = fleet.plans[0]
+    assert plan.desired["ocr"] == launched
+    assert set(plan.desired) == set(hybrid_config().queues)
+    assert all(n == 0 for q, n in plan.desired.items() if q != "ocr")
+    assert [d.action for d in plan.actions] == ["launch"] * len(plan.actions)
+
+
+def test_a_standing_hold_is_recorded_once_not_every_turn(stack):
+    jobs = backlog(stack, "ocr", 30)
+    fleet = MemoryFleet(price_cents=17.0)
+    leader = scheduler(stack, "host-a", fleet, max_hourly_spend_cents=10)  # below one instance
+    turns = [leader.evaluate() for _ in range(4)]
+    for turn in turns:
+        assert [d.action for d in turn.decisions] == ["hold"], turn.decisions
+        assert "hourly cap" in turn.decisions[0].reason
+    rows = [r for r in recorded(stack) if r.action == "hold"]
+    assert len(rows) == 1  # recorded when it began, not on each of the 4 turns
+
+    jobs += backlog(stack, "ocr", 1)
+    time.sleep(1.1)  # the numbers in the reason change; the hold is the same
+    assert [d.action for d in leader.evaluate().decisions] == ["hold"]
+    assert len([r for r in recorded(stack) if r.action == "hold"]) == 1
+
+    stack.queue.remove("ocr", jobs)  # the hold ends ...
+    assert leader.evaluate().decisions == []
+    backlog(stack, "ocr", 30)  # ... and begins again: recorded again
+    assert [d.action for d in leader.evaluate().decisions] == ["hold"]
+    assert len([r for r in recorded(stack) if r.action == "hold"]) == 2

@@ -1,0 +1,197 @@
+"""The local driver: "instances" are Ray worker nodes on this machine.
+
+It lets the whole burst path (scheduler -> ``request_resources`` -> node provider ->
+driver -> a node joining the head -> actors -> drain -> terminate) run on one machine,
+in the tests and in ``ray_cluster/local.yaml``. Each instance gets its own loopback
+address (127.0.0.11, .12, ...: Ray rewrites 127.0.0.1 to the routable address, so
+the head sits on 127.0.0.10), its own short temp dir, and free ports; it boots by
+running the request's user data, exactly as cloud-init would, with
+``HM_RAY_START_ARGS`` adding the address, temp dir and ports, and without the
+launching process's ``RAY_*`` variables (a node that inherits them registers the
+head's resources).
+
+State lives in ``<state_dir>/instances.json`` under an exclusive ``flock``: ``ray up``
+and the head's monitor each build a provider (and a driver), and both must see the
+same instances. An instance stays listed until it is terminated, even when its Ray
+processes have exited (a drained node's raylet exits; the "machine" is still there
+until someone terminates it, as on a cloud).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from autoscaler.drivers.base import DriverError, Instance, LaunchRequest
+from hypermedia.errors import ConfigError
+from hypermedia.worker.cluster import RayNode, port_arguments, short_temp_dir
+
+log = logging.getLogger(__name__)
+
+BOOT_TIMEOUT_SECONDS = 120.0
+FIRST_HOST = 11  # 127.0.0.11; the head is on 127.0.0.10
+LAST_HOST = 250
+OPTIONS = {
+    "state_dir",
+    "on_demand_cents_per_hour",
+    "spot_cents_per_hour",
+    "num_cpus",
+    "object_store_bytes",
+}
+
+
+def _number(options: Mapping[str, Any], key: str, default: float | None = None) -> float:
+    value = options.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ConfigError(f"provider.local.{key}", f"expected a positive number, got {value!r}")
+    return float(value)
+
+
+class LocalDriver:
+    """Ray worker nodes on this machine (see the module docstring)."""
+
+    name = "local"
+
+    def __init__(self, options: Mapping[str, Any], *, label: str = "local") -> None:
+        unknown = sorted(set(options) - OPTIONS)
+        if unknown:
+            raise ConfigError(f"provider.{label}.{unknown[0]}", "unknown option")
+        state_dir = options.get("state_dir")
+        if not isinstance(state_dir, str) or not state_dir:
+            raise ConfigError(f"provider.{label}.state_dir", "required: a directory path")
+        self.state_dir = Path(state_dir).expanduser()
+        self.on_demand = _number(options, "on_demand_cents_per_hour", 10.0)
+        self.spot = _number(options, "spot_cents_per_hour", self.on_demand / 3)
+        self.num_cpus = int(_number(options, "num_cpus", 1))
+        self.object_store_bytes = int(_number(options, "object_store_bytes", 128 * 2**20))
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+
+    # -- the shared state file ------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _state(self) -> Iterator[dict[str, dict[str, Any]]]:
+        """The instances, read and written under an exclusive lock."""
+        path = self.state_dir / "instances.json"
+        with (self.state_dir / "instances.lock").open("a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                state: dict[str, dict[str, Any]] = (
+                    json.loads(path.read_text()) if path.exists() else {}
+                )
+                yield state
+                temporary = path.with_suffix(".tmp")
+                temporary.write_text(json.dumps(state, indent=1, sort_keys=True))
+                temporary.replace(path)
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def _node(self, record: Mapping[str, Any]) -> RayNode:
+        return RayNode(temp_dir=Path(record["temp_dir"]), token_path=Path("/dev/null"))
+
+    def _instance(self, instance_id: str, record: Mapping[str, Any]) -> Instance:
+        return Instance.from_tags(
+            instance_id, self.name, record["tags"], record["state"], record["ip"]
+        )
+
+    # -- the driver interface ---------------------------------------------------------------
+
+    def launch(self, request: LaunchRequest) -> Instance | DriverError:
+        instance_id = f"lc-{request.request_id}"
+        with self._state() as state:
+            if instance_id in state:
+                return self._instance(instance_id, state[instance_id])
+            used = {record["ip"] for record in state.values()}
+            free = [
+                f"127.0.0.{n}" for n in range(FIRST_HOST, LAST_HOST) if f"127.0.0.{n}" not in used
+            ]
+            if not free:
+                return DriverError("capacity", "no free loopback address left", retryable=True)
+            record: dict[str, Any] = {
+                "ip": free[0],
+                "temp_dir": str(short_temp_dir(self.state_dir, instance_id)),
+                "tags": request.tags(),
+                "state": "pending",
+            }
+            state[instance_id] = record
+        # Booting takes seconds: the lock is not held meanwhile (listing goes on).
+        problem = self._boot(record, request.user_data)
+        with self._state() as state:
+            if instance_id not in state:  # terminated while booting
+                return DriverError("capacity", f"{instance_id} was terminated while booting")
+            if problem is not None:
+                del state[instance_id]
+            else:
+                state[instance_id]["state"] = "running"
+                record = state[instance_id]
+        if problem is not None:
+            self._node(record).stop()
+            return DriverError("unavailable", f"{instance_id} did not boot: {problem}", True)
+        log.info("local instance %s up at %s", instance_id, record["ip"])
+        return self._instance(instance_id, record)
+
+    def _boot(self, record: Mapping[str, Any], user_data: str) -> str | None:
+        """Run the user data as cloud-init would; what went wrong (None: it booted)."""
+        temp_dir = Path(record["temp_dir"])
+        temp_dir.mkdir(parents=True, exist_ok=True)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "HYPERMEDIA_"))}
+        env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+        env["HM_RAY_START_ARGS"] = " ".join(
+            [
+                f"--node-ip-address={record['ip']}",
+                f"--temp-dir={temp_dir}",
+                f"--object-store-memory={self.object_store_bytes}",
+                f"--num-cpus={self.num_cpus}",
+                *port_arguments(head=False),
+            ]
+        )
+        script = temp_dir / "user-data.sh"
+        script.write_text(user_data)
+        try:
+            result = subprocess.run(
+                ["/bin/sh", str(script)],
+                env=env,
+                cwd=temp_dir,
+                capture_output=True,
+                text=True,
+                timeout=BOOT_TIMEOUT_SECONDS,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            return f"the boot script ran over {BOOT_TIMEOUT_SECONDS:.0f} s"
+        if result.returncode != 0:
+            tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-5:])
+            return f"the boot script exited {result.returncode}: {tail}"
+        return None
+
+    def instances(self, cluster: str) -> list[Instance] | DriverError:
+        with self._state() as state:
+            return [
+                self._instance(instance_id, record)
+                for instance_id, record in sorted(state.items())
+                if record["tags"].get("hypermedia-cluster") == cluster
+            ]
+
+    def terminate(self, instance_id: str) -> DriverError | None:
+        with self._state() as state:
+            record = state.pop(instance_id, None)
+        if record is not None:
+            self._node(record).stop()
+            log.info("local instance %s terminated", instance_id)
+        return None
+
+    def price(self, spot: bool) -> float | DriverError:
+        return self.spot if spot else self.on_demand
+
+    def running(self, instance_id: str) -> bool:
+        """Whether the instance's Ray processes are alive (the tests look)."""
+        with self._state() as state:
+            record = state.get(instance_id)
+        return record is not None and self._node(record).is_running()

@@ -1,0 +1,742 @@
+"""The Ray node provider: burst nodes on AWS, GCP, IONOS (or this machine), under the caps.
+
+Declared in a cluster yaml (``ray_cluster/cluster.yaml``)::
+
+    provider:
+      type: external
+      module: autoscaler.provider.HypermediaNodeProvider
+      head_ip: 10.0.0.5           # the VPS; Ray on ray_port (never 6379)
+      ray_port: 6390
+      state_dir: /var/lib/hypermedia/cluster
+      drivers: {aws: {type: aws, on_demand_cents_per_hour: 17}}
+      disable_node_updaters: true
+
+``ray up`` and the head's monitor (autoscaler v2, or v1 with ``ray start
+--autoscaling-config``) each build one of these; they share state through the clouds
+(every instance is tagged) and ``<state_dir>/nodes.json`` under a ``flock`` (Ray's own
+tags of each node). What it does:
+
+* **The head is the VPS.** Creating the head node adopts this machine; commands run
+  here (:class:`LocalCommandRunner`): no SSH anywhere.
+* **Launch** (``create_node_with_resources_and_labels``): a node type serves one queue
+  (its ``queue_<name>`` resource). The provider takes the scheduler's launch order for
+  that queue (:mod:`autoscaler.orders`: provider, spot, price) or, without one, the
+  cheapest eligible offer as the policy would choose it; then checks the cost guard
+  itself, against the ledger (mode, cost lock, hourly and daily caps, launch rate,
+  max_instances, the queue's max_workers). A refused launch raises
+  ``NodeLaunchException`` with the reason and writes it to ``scheduler_decisions``
+  (once per reason every :data:`REFUSAL_REPEAT_SECONDS`: Ray v2 asks again every few
+  seconds). An allowed one goes to the driver with the boot script
+  (:mod:`autoscaler.bootstrap`) and opens a row in the ``cloud_spend`` ledger.
+* **Terminate**: only a drained node. A node whose Ray node is still alive is drained
+  (PREEMPTION, deadline = the drain timeout) and waited for, then the driver deletes
+  the instance and the ledger row is closed.
+* Thread-safe: one lock around the state file and the ledger.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from ray.autoscaler.command_runner import CommandRunnerInterface
+from ray.autoscaler.node_launch_exception import NodeLaunchException
+from ray.autoscaler.node_provider import NodeProvider
+from ray.autoscaler.tags import (
+    NODE_KIND_HEAD,
+    NODE_KIND_WORKER,
+    STATUS_UP_TO_DATE,
+    TAG_RAY_LAUNCH_REQUEST,
+    TAG_RAY_NODE_KIND,
+    TAG_RAY_NODE_NAME,
+    TAG_RAY_NODE_STATUS,
+    TAG_RAY_USER_NODE_TYPE,
+)
+from sqlalchemy import func, select
+from sqlalchemy.engine import Connection, Engine
+
+from autoscaler import bootstrap, cost, orders, policy
+from autoscaler.config import PROVIDERS, ProviderName, SchedulerConfig
+from autoscaler.config import load as load_scheduler_config
+from autoscaler.drivers.base import Driver, DriverError, Instance, LaunchRequest
+from autoscaler.state import epoch, read_state, to_datetime
+from hypermedia.db import tables as t
+from hypermedia.db.engine import transaction
+from hypermedia.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+REFUSAL_REPEAT_SECONDS = 300.0
+LISTING_GRACE_SECONDS = 120.0  # a launched instance may be missing from a listing this long
+HEAD_HOME = "home"
+
+
+class DriverSettings(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+    type: str  # aws | google | ionos | local
+
+
+class ProviderSettings(BaseModel):
+    """The ``provider:`` section of the cluster yaml (Ray's own keys are dropped)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    head_ip: str
+    ray_port: int = Field(default=6390, ge=1024, le=65535)
+    state_dir: str
+    scheduler_config: str | None = None  # else HYPERMEDIA_SCHEDULER_CONFIG / the default
+    database_url: str | None = None  # else the hypermedia settings (HYPERMEDIA_*)
+    token_path: str | None = None  # the head's Ray token; default <state_dir>/ray-auth-token
+    node_token_path: str = bootstrap.DEFAULT_TOKEN_PATH  # where a burst node finds it
+    token_command: str | None = None  # run on a burst node to write the token there
+    node_num_cpus: int | None = Field(default=None, ge=1)
+    drain_timeout_seconds: float = Field(default=policy.DRAIN_TIMEOUT_SECONDS, gt=0)
+    drivers: dict[ProviderName, DriverSettings] = Field(default_factory=dict)
+
+
+RAY_KEYS = {"type", "module", "disable_node_updaters", "use_internal_ips", "cache_stopped_nodes"}
+
+
+def parse_settings(provider_config: Mapping[str, Any]) -> ProviderSettings:
+    data = {k: v for k, v in provider_config.items() if k not in RAY_KEYS}
+    try:
+        settings = ProviderSettings.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise ConfigError(f"provider.{where}", first["msg"]) from None
+    if settings.ray_port == 6379:
+        raise ConfigError("provider.ray_port", "6379 is Redis's port: choose another")
+    return settings
+
+
+def build_driver(name: ProviderName, settings: DriverSettings, config: SchedulerConfig) -> Driver:
+    """The driver for one provider name of scheduler.json (``type: local`` stands in for
+    any of them on one machine)."""
+    options = {k: v for k, v in (settings.model_extra or {}).items()}
+    kind = settings.type
+    if kind == "local":
+        from autoscaler.drivers.local import LocalDriver
+
+        return LocalDriver(options, label=name)
+    if kind != {"aws": "aws", "google": "google", "ionos": "ionos"}[name]:
+        raise ConfigError(f"provider.drivers.{name}.type", f"{kind!r} cannot serve {name}")
+    if name == "aws":
+        from autoscaler.drivers.aws import AwsDriver
+
+        return AwsDriver(config.cloud_providers.aws, options)
+    if name == "google":
+        from autoscaler.drivers.gcp import GcpDriver
+
+        return GcpDriver(config.cloud_providers.google, options)
+    from autoscaler.drivers.ionos import IonosDriver
+
+    return IonosDriver(config.cloud_providers.ionos, options)
+
+
+def queue_of(resources: Mapping[str, float]) -> str:
+    queues = [key.removeprefix("queue_") for key in resources if key.startswith("queue_")]
+    if len(queues) != 1:
+        raise ValueError(f"a burst node type needs exactly one queue_<name> resource: {resources}")
+    return queues[0]
+
+
+class HypermediaNodeProvider(NodeProvider):
+    def __init__(self, provider_config: dict[str, Any], cluster_name: str) -> None:
+        super().__init__(provider_config, cluster_name)
+        self.settings = parse_settings(provider_config)
+        self.cluster = cluster_name.lower()
+        self.state_dir = Path(self.settings.state_dir).expanduser()
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.config = load_scheduler_config(self.settings.scheduler_config)
+        for name in self.settings.drivers:
+            if not self.config.cloud_providers.get(name).enabled:
+                log.warning("driver for %s configured, but scheduler.json does not enable it", name)
+        self._lock = threading.RLock()
+        self._drivers: dict[ProviderName, Driver] | None = None
+        self._engine: Engine | None = None
+
+    # -- lazily built parts -------------------------------------------------------------------
+
+    @property
+    def drivers(self) -> dict[ProviderName, Driver]:
+        with self._lock:
+            if self._drivers is None:
+                self._drivers = {
+                    name: build_driver(name, self.settings.drivers[name], self.config)
+                    for name in PROVIDERS
+                    if name in self.settings.drivers
+                }
+            return self._drivers
+
+    @property
+    def engine(self) -> Engine:
+        with self._lock:
+            if self._engine is None:
+                from hypermedia.config import load_settings
+                from hypermedia.db.engine import make_engine
+
+                url = self.settings.database_url or load_settings().effective_database_url
+                self._engine = make_engine(url)
+            return self._engine
+
+    @property
+    def head_address(self) -> str:
+        return f"{self.settings.head_ip}:{self.settings.ray_port}"
+
+    @property
+    def token_path(self) -> Path:
+        return Path(self.settings.token_path or self.state_dir / "ray-auth-token").expanduser()
+
+    # -- the node file (Ray's tags for every node, shared with the other process) --------------
+
+    @contextlib.contextmanager
+    def _nodes(self) -> Iterator[dict[str, dict[str, Any]]]:
+        path = self.state_dir / "nodes.json"
+        with self._lock, (self.state_dir / "nodes.lock").open("a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                nodes: dict[str, dict[str, Any]] = (
+                    json.loads(path.read_text()) if path.exists() else {}
+                )
+                yield nodes
+                temporary = path.with_suffix(".tmp")
+                temporary.write_text(json.dumps(nodes, indent=1, sort_keys=True))
+                temporary.replace(path)
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def _reconcile(self, nodes: dict[str, dict[str, Any]]) -> None:
+        """Bring the node file in line with what the clouds report."""
+        now = time.time()
+        for name, driver in self.drivers.items():
+            listed = driver.instances(self.cluster)
+            if isinstance(listed, DriverError):
+                log.warning("listing %s instances failed: %s", name, listed)
+                continue
+            by_request = {i.request_id: i for i in listed}
+            for node_id, record in list(nodes.items()):
+                if record.get("provider") != name or record.get("request_id") in by_request:
+                    continue
+                if now - record.get("created_at", 0) > LISTING_GRACE_SECONDS:
+                    log.info("%s: its instance is gone", node_id)
+                    self._close_ledger(name, record.get("instance_id", ""), now)
+                    del nodes[node_id]
+            for instance in listed:
+                node_id = f"hm-{instance.request_id}"
+                if node_id not in nodes:  # launched by the other process, or before a restart
+                    nodes[node_id] = self._record(instance, {}, now)
+
+    def _record(self, instance: Instance, tags: Mapping[str, str], now: float) -> dict[str, Any]:
+        return {
+            "provider": instance.provider if instance.provider != "local" else None,
+            "driver": instance.provider,
+            "instance_id": instance.instance_id,
+            "request_id": instance.request_id,
+            "ip": instance.private_ip,
+            "queue": instance.queue,
+            "created_at": now,
+            "tags": {
+                TAG_RAY_NODE_KIND: NODE_KIND_WORKER,
+                TAG_RAY_USER_NODE_TYPE: instance.node_type,
+                TAG_RAY_NODE_NAME: f"ray-{self.cluster}-worker",
+                TAG_RAY_NODE_STATUS: STATUS_UP_TO_DATE,
+                **tags,
+            },
+        }
+
+    # -- NodeProvider: reading -------------------------------------------------------------
+
+    def non_terminated_nodes(self, tag_filters: dict[str, str]) -> list[str]:
+        with self._nodes() as nodes:
+            self._reconcile(nodes)
+            return [
+                node_id
+                for node_id, record in sorted(nodes.items())
+                if all(record["tags"].get(k) == v for k, v in tag_filters.items())
+            ]
+
+    def is_running(self, node_id: str) -> bool:
+        with self._nodes() as nodes:
+            return node_id in nodes
+
+    def is_terminated(self, node_id: str) -> bool:
+        return not self.is_running(node_id)
+
+    def node_tags(self, node_id: str) -> dict[str, str]:
+        with self._nodes() as nodes:
+            return dict(nodes[node_id]["tags"]) if node_id in nodes else {}
+
+    def external_ip(self, node_id: str) -> str:
+        return self.internal_ip(node_id)
+
+    def internal_ip(self, node_id: str) -> str:
+        with self._nodes() as nodes:
+            record = nodes.get(node_id)
+        if record is None:
+            raise KeyError(node_id)
+        return str(record.get("ip") or self.settings.head_ip)
+
+    def set_node_tags(self, node_id: str, tags: dict[str, str]) -> None:
+        with self._nodes() as nodes:
+            if node_id in nodes:
+                nodes[node_id]["tags"].update(tags)
+
+    # -- NodeProvider: launching -------------------------------------------------------------
+
+    def create_node(
+        self, node_config: dict[str, Any], tags: dict[str, str], count: int
+    ) -> dict[str, Any] | None:
+        return self.create_node_with_resources_and_labels(node_config, tags, count, {}, {})
+
+    def create_node_with_resources_and_labels(
+        self,
+        node_config: dict[str, Any],
+        tags: dict[str, str],
+        count: int,
+        resources: dict[str, float],
+        labels: dict[str, str],
+    ) -> dict[str, Any] | None:
+        if tags.get(TAG_RAY_NODE_KIND) == NODE_KIND_HEAD:
+            return self._adopt_head(tags)
+        node_type = tags.get(TAG_RAY_USER_NODE_TYPE, "")
+        queue = queue_of(resources or node_config.get("resources", {}))
+        launched = {}
+        for index in range(count):
+            seed = f"{tags.get(TAG_RAY_LAUNCH_REQUEST) or os.urandom(8).hex()}:{index}"
+            request_id = "r" + hashlib.sha1(seed.encode(), usedforsecurity=False).hexdigest()[:20]
+            launched[f"hm-{request_id}"] = self._launch(
+                queue, node_type, dict(tags), resources, request_id
+            )
+        return launched
+
+    def _adopt_head(self, tags: Mapping[str, str]) -> dict[str, Any]:
+        node_id = f"{self.cluster}-head"
+        with self._nodes() as nodes:
+            nodes[node_id] = {
+                "provider": None,
+                "driver": None,
+                "instance_id": node_id,
+                "request_id": None,
+                "ip": self.settings.head_ip,
+                "queue": None,
+                "created_at": time.time(),
+                "tags": dict(tags),
+            }
+        log.info("head node %s is this machine (%s)", node_id, self.settings.head_ip)
+        return {node_id: {}}
+
+    def _launch(
+        self,
+        queue: str,
+        node_type: str,
+        tags: dict[str, str],
+        resources: Mapping[str, float],
+        request_id: str,
+    ) -> Instance:
+        now = time.time()
+        node_id = f"hm-{request_id}"
+        with self._lock, transaction(self.engine) as conn:
+            choice, refusal = self._choose(conn, queue, now)
+            if refusal is not None or choice is None:
+                why = refusal or "no provider"
+                self._record_refusal(conn, queue, node_type, why, now)
+                raise NodeLaunchException(
+                    "cost_guard", f"refused launching a {node_type} node: {why}", None
+                )
+        driver = self.drivers[choice.provider]
+        script = bootstrap.user_data(
+            node_id=node_id,
+            node_type=node_type,
+            head_address=self.head_address,
+            resources={k: float(v) for k, v in resources.items()},
+            token_path=self.settings.node_token_path,
+            token_command=self.settings.token_command,
+            num_cpus=self.settings.node_num_cpus,
+        )
+        if driver.name == "local":  # the local node reads the head's token file
+            script = script.replace(
+                shlex.quote(self.settings.node_token_path), shlex.quote(str(self.token_path))
+            )
+        request = LaunchRequest(
+            request_id=request_id,
+            cluster=self.cluster,
+            node_type=node_type,
+            queue=queue,
+            spot=choice.spot,
+            price_cents_per_hour=choice.cents_per_hour,
+            launched_at=now,
+            user_data=script,
+        )
+        # Opened before the launch: a crash between the two never hides spend.
+        with self._lock, transaction(self.engine) as conn:
+            self._open_ledger(conn, choice, node_type, request_id, now)
+        result = driver.launch(request)
+        if isinstance(result, DriverError):
+            with self._lock, transaction(self.engine) as conn:
+                self._close_ledger_row(conn, choice.provider, request_id, now)
+            raise NodeLaunchException(result.code, f"{choice.label}: {result}", None)
+        with self._lock, transaction(self.engine) as conn:
+            conn.execute(
+                t.cloud_spend.update()
+                .where(
+                    (t.cloud_spend.c.provider == choice.provider)
+                    & (t.cloud_spend.c.instance_id == request_id)
+                )
+                .values(instance_id=result.instance_id)
+            )
+        with self._nodes() as nodes:
+            nodes[node_id] = self._record(result, tags, now)
+            nodes[node_id]["provider"] = choice.provider
+        log.info(
+            "launched %s for queue %s: %s (%s)",
+            node_id,
+            queue,
+            choice.label,
+            result.instance_id,
+            extra={"action": "launch", "queue": queue},
+        )
+        return result
+
+    def _choose(
+        self, conn: Connection, queue: str, now: float
+    ) -> tuple[policy.Option | None, str | None]:
+        """Where the next node of ``queue`` goes, or why none may be launched."""
+        config = self.config
+        queue_config = config.queues.get(queue)
+        if queue_config is None:
+            return None, f"queue {queue} is not in scheduler.json"
+        if config.mode == "vps_only":
+            return None, "mode is vps_only"
+        if not queue_config.cloud_enabled:
+            return None, f"queue {queue} is not cloud-enabled"
+        lock = read_state(conn, "cost_lock")
+        s = t.cloud_spend
+        rows = conn.execute(
+            select(s.c.provider, s.c.node_type, s.c.launched_at, s.c.price_per_hour_microusd).where(
+                s.c.terminated_at.is_(None)
+            )
+        ).all()
+        from autoscaler.scheduler import ledger_spend
+
+        alerted = read_state(conn, "alerted") or {}
+        spend = ledger_spend(
+            conn, now, lock is not None, alerted.get("day") == to_datetime(now).date().isoformat()
+        )
+        launches = conn.execute(
+            select(s.c.launched_at).where(
+                s.c.launched_at > to_datetime(now - cost.LAUNCH_WINDOW_SECONDS)
+            )
+        ).scalars()
+        verdict = cost.guard(
+            config.cost_limits,
+            spend,
+            now=now,
+            committed_cents_per_hour=sum(r.price_per_hour_microusd / 10_000 for r in rows),
+            launches=[epoch(at) for at in launches],
+            max_launches=cost.launch_rate_cap(config.cloud_providers),
+            stop_horizon_seconds=policy.stop_horizon_seconds(config),
+        )
+        if verdict.launch_refusal is not None:
+            return None, verdict.launch_refusal
+        burst = sum(1 for r in rows if r.node_type == f"burst_{queue}")
+        room_in_queue = queue_config.max_workers - queue_config.baseline_workers - burst
+        if room_in_queue <= 0:
+            return None, f"queue {queue} is at max_workers ({queue_config.max_workers})"
+        room = {
+            name: config.cloud_providers.get(name).max_instances
+            - sum(1 for r in rows if r.provider == name)
+            for name in config.burst_providers(queue)
+            if name in self.settings.drivers
+        }
+        order = orders.take(conn, queue, now)
+        if order is not None and room.get(order.provider, 0) > 0:  # type: ignore[call-overload]
+            choice = policy.Option(order.provider, order.spot, order.cents_per_hour)  # type: ignore[arg-type]
+        else:
+            offers = self._offers()
+            kind: policy.RouteKind = "spot" if queue_config.spot_preferred else "either"
+            picked = policy.pick(policy.options(config, queue, offers), kind, room)
+            if picked is None:
+                full = [name for name, left in room.items() if left <= 0]
+                return None, (
+                    f"every provider for {queue} is at max_instances ({', '.join(full)})"
+                    if full
+                    else f"no provider offers an instance for {queue}"
+                )
+            choice = picked
+        refusal = verdict.budget.refusal(choice.cents_per_hour)
+        if refusal is not None:
+            return None, refusal
+        return choice, None
+
+    def _offers(self) -> dict[ProviderName, Any]:
+        from autoscaler.snapshot import Offer
+
+        found: dict[ProviderName, Any] = {}
+        for name, driver in self.drivers.items():
+            on_demand = driver.price(False)
+            if isinstance(on_demand, DriverError):
+                log.warning("%s price: %s", name, on_demand)
+                continue
+            spot = driver.price(True) if self.config.cloud_providers.spot_allowed(name) else None
+            found[name] = Offer(name, on_demand, spot if isinstance(spot, float) else None)
+        return found
+
+    def _record_refusal(
+        self, conn: Connection, queue: str, node_type: str, why: str, now: float
+    ) -> None:
+        reason = f"Refused launching a {node_type} node: {why}"
+        d = t.scheduler_decisions
+        recent = conn.execute(
+            select(func.count())
+            .select_from(d)
+            .where(
+                (d.c.reason == reason)
+                & (d.c.decided_at > to_datetime(now - REFUSAL_REPEAT_SECONDS))
+            )
+        ).scalar_one()
+        log.warning("%s", reason, extra={"action": "launch_refused", "queue": queue})
+        if recent:
+            return
+        conn.execute(
+            d.insert().values(
+                decided_at=to_datetime(now),
+                mode=self.config.mode,
+                queue=queue,
+                action="hold",
+                count=1,
+                provider=None,
+                reason=reason,
+                details={"source": "node_provider", "cluster": self.cluster},
+                applied=True,
+            )
+        )
+
+    # -- the ledger --------------------------------------------------------------------------
+
+    def _open_ledger(
+        self, conn: Connection, choice: policy.Option, node_type: str, request_id: str, now: float
+    ) -> None:
+        provider_config = self.config.cloud_providers.get(choice.provider)
+        region = str(
+            getattr(provider_config, "region", None)
+            or getattr(provider_config, "zone", None)
+            or getattr(provider_config, "datacenter", None)
+            or ""
+        )
+        conn.execute(
+            t.cloud_spend.insert().values(
+                provider=choice.provider,
+                instance_id=request_id,
+                node_type=node_type,
+                region=region[:64],
+                spot=choice.spot,
+                price_per_hour_microusd=round(choice.cents_per_hour * 10_000),
+                launched_at=to_datetime(now),
+            )
+        )
+
+    def _close_ledger_row(
+        self, conn: Connection, provider: str, instance_id: str, now: float
+    ) -> None:
+        s = t.cloud_spend
+        conn.execute(
+            s.update()
+            .where(
+                (s.c.provider == provider)
+                & (s.c.instance_id == instance_id)
+                & s.c.terminated_at.is_(None)
+            )
+            .values(terminated_at=to_datetime(now))
+        )
+
+    def _close_ledger(self, provider: str, instance_id: str, now: float) -> None:
+        with self._lock, transaction(self.engine) as conn:
+            self._close_ledger_row(conn, provider, instance_id, now)
+
+    # -- NodeProvider: terminating -----------------------------------------------------------
+
+    def terminate_node(self, node_id: str) -> dict[str, Any] | None:
+        with self._nodes() as nodes:
+            record = nodes.get(node_id)
+        if record is None:
+            return None
+        if record.get("driver") is None:  # the head: this machine is not ours to delete
+            with self._nodes() as nodes:
+                nodes.pop(node_id, None)
+            return None
+        said = self._drain(node_id)
+        log.info("terminating %s: %s", node_id, said, extra={"action": "terminate"})
+        provider = record["provider"] or record["driver"]
+        driver = self.drivers[provider]
+        problem = driver.terminate(record["instance_id"])
+        if problem is not None:
+            raise RuntimeError(f"terminating {node_id} ({record['instance_id']}): {problem}")
+        self._close_ledger(provider, record["instance_id"], time.time())
+        with self._nodes() as nodes:
+            nodes.pop(node_id, None)
+        return None
+
+    def _drain(self, node_id: str) -> str:
+        """Drain the node's Ray node (if it is alive) and wait, in a subprocess that carries
+        the cluster's token (see :mod:`autoscaler.raynodes`)."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+        env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(self.token_path))
+        deadline = self.settings.drain_timeout_seconds
+        try:
+            result = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "autoscaler.raynodes",
+                    f"--address={self.head_address}",
+                    f"--instance={node_id}",
+                    f"--deadline={deadline}",
+                ],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=deadline + 60,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            return "the drain did not answer in time: terminating anyway"
+        if result.returncode != 0:
+            tail = (result.stderr or "").strip().splitlines()[-1:] or ["?"]
+            return f"the drain failed ({tail[0]}): terminating anyway"
+        return result.stdout.strip()
+
+    # -- running commands on the head (this machine) ------------------------------------------
+
+    def get_command_runner(
+        self,
+        log_prefix: str,
+        node_id: str,
+        auth_config: dict[str, Any],
+        cluster_name: str,
+        process_runner: Any,
+        use_internal_ip: bool,
+        docker_config: dict[str, Any] | None = None,
+    ) -> CommandRunnerInterface:
+        return LocalCommandRunner(self, log_prefix)
+
+    @staticmethod
+    def bootstrap_config(cluster_config: dict[str, Any]) -> dict[str, Any]:
+        parse_settings(cluster_config["provider"])  # a bad provider section stops `ray up`
+        return cluster_config
+
+
+def head_environment(provider: HypermediaNodeProvider) -> dict[str, str]:
+    """What every command on the head runs with: its own HOME (``~/ray_bootstrap_config.yaml``
+    stays with the cluster), the token settings, and where the head's Ray lives."""
+    from hypermedia.worker.cluster import ensure_token, short_temp_dir
+
+    home = provider.state_dir / HEAD_HOME
+    home.mkdir(parents=True, exist_ok=True)
+    ensure_token(provider.token_path)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env.update(
+        HOME=str(home),
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
+        RAY_AUTH_MODE="token",
+        RAY_AUTH_TOKEN_PATH=str(provider.token_path),
+        RAY_USAGE_STATS_ENABLED="0",
+        HM_HEAD_IP=provider.settings.head_ip,
+        HM_RAY_PORT=str(provider.settings.ray_port),
+        HM_RAY_ADDRESS=provider.head_address,
+        HM_HEAD_TEMP_DIR=str(short_temp_dir(provider.state_dir, "head")),
+        HM_STATE_DIR=str(provider.state_dir),
+    )
+    return env
+
+
+class LocalCommandRunner(CommandRunnerInterface):
+    """Runs ``ray up``'s commands on this machine, the head, with :func:`head_environment`.
+
+    ``ray down`` runs ``ray stop`` on the head, which would kill every Ray process on the
+    host; here it stops this cluster's head only (the hypermedia services, then the Ray
+    processes of the head's temp dir)."""
+
+    def __init__(self, provider: HypermediaNodeProvider, log_prefix: str) -> None:
+        self.provider = provider
+        self.log_prefix = log_prefix
+
+    def _env(self, extra: Mapping[str, Any] | None) -> dict[str, str]:
+        env = head_environment(self.provider)
+        for key, value in (extra or {}).items():
+            env[key] = value if isinstance(value, str) else json.dumps(value)
+        return env
+
+    def run(
+        self,
+        cmd: str | None = None,
+        timeout: int = 120,
+        exit_on_fail: bool = False,
+        port_forward: Any = None,
+        with_output: bool = False,
+        environment_variables: dict[str, object] | None = None,
+        run_env: str = "auto",
+        ssh_options_override_ssh_key: str = "",
+        shutdown_after_run: bool = False,
+        silent: bool = False,
+    ) -> str:
+        if not cmd:
+            return ""
+        env = self._env(environment_variables)
+        if cmd.strip().endswith("ray stop"):
+            cmd = f"{shlex.quote(sys.executable)} -m autoscaler.head stop"
+        log.info("%s running: %s", self.log_prefix, cmd)
+        result = subprocess.run(
+            ["/bin/bash", "-c", cmd],
+            env=env,
+            cwd=env["HOME"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        output = (result.stdout or "") + (result.stderr or "")
+        if not silent and output.strip():
+            print(output.rstrip(), flush=True)
+        if result.returncode != 0:
+            if exit_on_fail:
+                sys.exit(result.returncode)
+            raise subprocess.CalledProcessError(result.returncode, cmd, output)
+        return output if with_output else ""
+
+    def _local(self, path: str) -> Path:
+        return Path(path.replace("~", str(self.provider.state_dir / HEAD_HOME), 1))
+
+    def run_rsync_up(self, source: str, target: str, options: Any = None) -> None:
+        destination = self._local(target)
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        if Path(source).is_dir():
+            shutil.copytree(source, destination, dirs_exist_ok=True)
+        else:
+            shutil.copy(source, destination)
+
+    def run_rsync_down(self, source: str, target: str, options: Any = None) -> None:
+        origin = self._local(source)
+        if origin.is_dir():
+            shutil.copytree(origin, target, dirs_exist_ok=True)
+        else:
+            shutil.copy(origin, target)
+
+    def remote_shell_command_str(self) -> str:
+        return "bash"
+
+    def run_init(self, *, as_head: bool, file_mounts: dict[str, str], sync_run_yet: bool) -> None:
+        return None
