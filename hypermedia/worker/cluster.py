@@ -183,6 +183,7 @@ def start_head(
     num_cpus: int | None = None,
     object_store_bytes: int = 256 * 2**20,
     dashboard: bool = False,
+    node_ip: str | None = None,
 ) -> RayNode:
     """Start a Ray head with its own temp dir under ``directory``; wait until it answers."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -206,6 +207,8 @@ def start_head(
         "--dashboard-host=127.0.0.1",
         "--disable-usage-stats",
         *port_arguments(head=True),
+        # Worker nodes on this machine join a head on 127.0.0.10 (Ray rewrites 127.0.0.1).
+        *([f"--node-ip-address={node_ip}"] if node_ip else []),
     ]
     _run_start(args, token_path, temp_dir)
     node.address = (temp_dir / ADDRESS_FILE).read_text().strip()

@@ -1,0 +1,106 @@
+"""The local driver: the driver contract, and a real Ray worker node booted from the
+boot script joining a head on 127.0.0.10, drained, and terminated without a trace."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from autoscaler import bootstrap, raynodes
+from autoscaler.drivers.base import DriverError, Instance
+from autoscaler.drivers.local import LocalDriver
+from hypermedia.errors import ConfigError
+from hypermedia.worker import cluster
+from tests.conftest import RAY_TOKEN
+from tests.driver_contract import check_contract, listed, request
+
+
+@pytest.fixture
+def driver(tmp_path):
+    made = LocalDriver({"state_dir": str(tmp_path / "local"), "on_demand_cents_per_hour": 9})
+    yield made
+    for instance in listed(made, "contract") + listed(made, "hm-test"):
+        made.terminate(instance.instance_id)
+
+
+def test_the_contract(driver):
+    check_contract(driver)
+    check_contract(driver, spot=True)
+
+
+def test_two_drivers_on_one_state_dir_see_the_same_instances(tmp_path, driver):
+    other = LocalDriver({"state_dir": str(driver.state_dir)})
+    launched = driver.launch(request("shared-0001"))
+    assert isinstance(launched, Instance)
+    again = other.launch(request("shared-0001"))
+    assert isinstance(again, Instance) and again.instance_id == launched.instance_id
+    assert [i.instance_id for i in listed(other, "contract")] == [launched.instance_id]
+
+
+def test_a_boot_script_that_fails_is_an_error_value_and_leaves_nothing(driver):
+    failed = driver.launch(request("broken-0001", user_data="#!/bin/sh\necho nope >&2\nexit 3\n"))
+    assert isinstance(failed, DriverError)
+    assert (
+        failed.code == "unavailable" and "exited 3" in failed.message and "nope" in failed.message
+    )
+    assert listed(driver, "contract") == []
+
+
+@pytest.mark.parametrize(
+    ("options", "key"),
+    [
+        ({}, "provider.local.state_dir"),
+        ({"state_dir": "/tmp/x", "surprise": 1}, "provider.local.surprise"),
+        (
+            {"state_dir": "/tmp/x", "on_demand_cents_per_hour": 0},
+            "provider.local.on_demand_cents_per_hour",
+        ),
+        ({"state_dir": "/tmp/x", "num_cpus": "2"}, "provider.local.num_cpus"),
+    ],
+)
+def test_bad_options_name_their_key(options, key):
+    with pytest.raises(ConfigError) as caught:
+        LocalDriver(options)
+    assert caught.value.key == key
+
+
+def test_a_real_node_boots_from_its_user_data_joins_drains_and_goes(tmp_path, driver):
+    head = cluster.start_head(
+        tmp_path / "ray", resources={}, token_path=RAY_TOKEN, num_cpus=1, node_ip="127.0.0.10"
+    )
+    try:
+        node_id = "hm-rnode-0001"
+        script = bootstrap.user_data(
+            node_id=node_id,
+            node_type="burst_ocr",
+            head_address=head.address,
+            resources={"queue_ocr": 1.0},
+            token_path=str(RAY_TOKEN),
+        )
+        bootstrap.check_free_of_secrets(script, [RAY_TOKEN.read_text()])
+        launched = driver.launch(request("rnode-0001", cluster="hm-test", user_data=script))
+        assert isinstance(launched, Instance), launched
+        assert launched.state == "running" and launched.private_ip == "127.0.0.11"
+        assert driver.running(launched.instance_id)
+
+        joined = raynodes.alive_node(head.address, node_id)
+        assert joined is not None, raynodes.nodes(head.address)
+        assert joined.node_type == "burst_ocr"
+        assert joined.labels[bootstrap.INSTANCE_LABEL] == node_id
+
+        said = raynodes.drain_and_wait(head.address, node_id, "test: drain", 60)
+        assert said.startswith("drained"), said
+        assert raynodes.alive_node(head.address, node_id) is None
+        assert raynodes.drain_and_wait(head.address, node_id, "again", 5).startswith("no live")
+
+        started = time.monotonic()
+        assert driver.terminate(launched.instance_id) is None
+        assert not driver.running(launched.instance_id)
+        assert time.monotonic() - started < 30
+        assert listed(driver, "hm-test") == []
+    finally:
+        head.stop()
+    assert raynodes.drain_and_wait(head.address, "hm-rnode-0001", "gone", 5).startswith(
+        "the head is not reachable"
+    )
