@@ -103,6 +103,13 @@ class Settings(BaseSettings):
     reaper_interval_seconds: float = Field(default=5.0, gt=0)
     reconcile_interval_seconds: float = Field(default=60.0, gt=0)
 
+    # Spot interruption notices (hypermedia.worker.spot): a worker on a spot instance
+    # watches its cloud's metadata service ("aws" or "gcp"); "off" everywhere else.
+    # ``metadata_url`` replaces the provider's own address (tests, a local mock).
+    spot_watch: Literal["off", "aws", "gcp"] = "off"
+    metadata_url: str | None = None
+    spot_poll_seconds: float = Field(default=5.0, gt=0, le=60)
+
     @classmethod
     def settings_customise_sources(
         cls,
@@ -166,6 +173,18 @@ class Settings(BaseSettings):
     def _check_s3_prefix(cls, value: str) -> str:
         if not _S3_PREFIX.fullmatch(value):
             raise ValueError("expected key segments separated by '/', e.g. 'hypermedia/'")
+        return value
+
+    @field_validator("metadata_url")
+    @classmethod
+    def _check_metadata_url(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None:
+            return None
+        if info.data.get("spot_watch", "off") == "off":
+            # It would be silently ignored: refuse it.
+            raise ValueError("set, but spot_watch is 'off' (set spot_watch = 'aws' or 'gcp')")
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("expected an http:// or https:// URL")
         return value
 
     @field_validator("queues", mode="before")

@@ -252,10 +252,25 @@ class Dispatcher:
             )
         return handled
 
-    def release(self, job: ClaimedJob, worker_id: str) -> bool:
-        """Hand the job back without spending an attempt (drain, spot notice)."""
+    def release(
+        self,
+        job: ClaimedJob,
+        worker_id: str,
+        *,
+        reason_code: str | None = None,
+        reason: str | None = None,
+    ) -> bool:
+        """Hand the job back without spending an attempt (drain, spot notice);
+        ``reason_code`` / ``reason`` go on the released attempt."""
         with transaction(self.engine) as conn:
-            moved = self.repository.release(conn, job.job_id, worker_id, self.clock.now())
+            moved = self.repository.release(
+                conn,
+                job.job_id,
+                worker_id,
+                self.clock.now(),
+                reason_code=reason_code,
+                reason=reason,
+            )
         if moved is None:
             self.mirror([job.job_id])
             return False

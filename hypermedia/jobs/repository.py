@@ -504,9 +504,20 @@ class JobRepository:
         moved = Moved(job_id, row.queue, row.priority, decision.status, decision.retry_at)
         return moved, decision
 
-    def release(self, conn: Connection, job_id: str, worker_id: str, now: float) -> Moved | None:
+    def release(
+        self,
+        conn: Connection,
+        job_id: str,
+        worker_id: str,
+        now: float,
+        *,
+        reason_code: str | None = None,
+        reason: str | None = None,
+    ) -> Moved | None:
         """Hand an in-flight job back to the queue without spending an attempt
-        (drain, spot notice). The attempt row is closed as ``released``."""
+        (drain, spot notice). The attempt row is closed as ``released``, with
+        ``reason_code`` / ``reason`` in its error columns when given (why it was
+        handed back; ``released`` says it is not a failure)."""
         row = conn.execute(
             update(t.jobs)
             .where(
@@ -526,7 +537,7 @@ class JobRepository:
         ).one_or_none()
         if row is None:
             return None
-        self._close_attempt(conn, job_id, "released", now, None)
+        self._close_attempt(conn, job_id, "released", now, None, reason_code, reason)
         return Moved(job_id, row.queue, row.priority, JobStatus.QUEUED)
 
     def cancel_claimed(

@@ -12,6 +12,11 @@ default 1) and, for ``bench/throughput.py`` only, ``in_process_steps`` (run step
 in the actor itself, without the per-job child: see
 :mod:`hypermedia.worker.in_process`). Production actors get no options.
 
+With ``spot_watch`` set in the settings (``aws`` or ``gcp``, on a spot instance)
+the worker watches the metadata service for the interruption notice and stops
+itself when it comes (see :mod:`hypermedia.worker.spot`); ``serve()`` then returns
+like any stop, and the workers row says ``spot_interrupted``.
+
 ``GrantsActor`` lives on the head, holds the storage credentials and issues each
 job's presigned URLs; workers never hold storage credentials. Its answers are
 values (``("ok", ...)`` / ``("error", code, message)``), translated back into
@@ -127,6 +132,7 @@ class PipelineService:
     ) -> None:
         from hypermedia.stack import Stack
         from hypermedia.worker.execute import Executor, JobExecution
+        from hypermedia.worker.spot import SpotWatch
         from hypermedia.worker.worker import Worker
 
         options = dict(options or {})
@@ -166,6 +172,7 @@ class PipelineService:
             heartbeat_seconds=heartbeat_seconds,
             metrics_seconds=metrics_seconds,
             prefetch=int(options.get("prefetch", 1)),
+            spot=SpotWatch.from_settings(cfg),
         )
         self.worker.start()
 

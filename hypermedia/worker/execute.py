@@ -18,6 +18,11 @@ returns no outputs asks for no PUT URLs and uploads nothing.
 While jobs run, one watcher thread per execution polls ``cancel_requested`` for all
 of them in one query (killing the child of a job its user cancelled) and extends
 the lease of each long one every third of it.
+
+:meth:`JobExecution.release_all` (a drain's timeout, a spot notice) kills every
+running job's child and hands the job back to its queue without spending an
+attempt; from then on a job that reaches this execution is handed back before its
+step starts, and the watcher kills again any child that started in between.
 """
 
 from __future__ import annotations
@@ -162,6 +167,8 @@ class JobExecution:
         self.poll_seconds = poll_seconds
         self._running: dict[str, _Watched] = {}
         self._releasing: set[str] = set()
+        self._release_everything = False
+        self._release_reason: tuple[str | None, str | None] = (None, None)
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._watcher: threading.Thread | None = None
@@ -170,11 +177,15 @@ class JobExecution:
         with self._lock:
             return list(self._running)
 
-    def release_all(self) -> list[str]:
-        """Drain timeout: stop every running job and hand it back to its queue
-        without spending an attempt."""
+    def release_all(self, reason_code: str | None = None, reason: str | None = None) -> list[str]:
+        """Drain timeout, spot notice: stop every running job and hand it back to its
+        queue without spending an attempt (``reason_code`` / ``reason`` go on the
+        released attempt). Jobs that come after this are handed back unrun."""
         with self._lock:
-            jobs = list(self._running)
+            self._release_everything = True
+            if reason_code is not None or reason is not None:
+                self._release_reason = (reason_code, reason)
+            jobs = [job_id for job_id in self._running if job_id not in self._releasing]
             self._releasing.update(jobs)
         for job_id in jobs:
             self.executor.cancel(job_id)
@@ -207,6 +218,8 @@ class JobExecution:
         watched = _Watched(job, lease, time.monotonic() + lease / 3)
         with self._lock:
             self._running[job.job_id] = watched
+            if self._release_everything:
+                self._releasing.add(job.job_id)
             if self._watcher is None and not self._closed.is_set():
                 self._watcher = threading.Thread(
                     target=self._watch, name=f"{self.worker_id}-watch", daemon=True
@@ -234,6 +247,8 @@ class JobExecution:
                     input_path,
                     profile.max_input_bytes,
                 )
+            if self._is_releasing(job.job_id):
+                return self._release(job)
             result = self.executor.run(
                 job.job_id,
                 job.operation,
@@ -246,11 +261,8 @@ class JobExecution:
             )
             records = self._store(job, result.outputs)
         except ChildFailed as exc:
-            with self._lock:
-                releasing = job.job_id in self._releasing
-            if releasing:
-                released = self.dispatcher.release(job, self.worker_id)
-                return Outcome(job.job_id, "released" if released else "lost")
+            if self._is_releasing(job.job_id):
+                return self._release(job)
             if exc.code == "cancelled" or cancelled.is_set():
                 return self._cancelled(job)
             return self._fail(job, exc.code, exc.message, exc.retryable)
@@ -287,6 +299,17 @@ class JobExecution:
             )
         return records
 
+    def _is_releasing(self, job_id: str) -> bool:
+        with self._lock:
+            return job_id in self._releasing
+
+    def _release(self, job: ClaimedJob) -> Outcome:
+        reason_code, reason = self._release_reason
+        released = self.dispatcher.release(
+            job, self.worker_id, reason_code=reason_code, reason=reason
+        )
+        return Outcome(job.job_id, "released" if released else "lost")
+
     def _fail(self, job: ClaimedJob, code: str, message: str, retryable: bool) -> Outcome:
         status = self.dispatcher.fail(job, self.worker_id, code, message, retryable=retryable)
         log.info(
@@ -307,10 +330,15 @@ class JobExecution:
     def _watch(self) -> None:
         """Every ``poll_seconds``: one query for the running jobs' cancel requests
         (their children are killed), and a longer lease for each job a third of
-        whose lease has passed since it started or was last extended."""
+        whose lease has passed since it started or was last extended. A job being
+        released has its child killed again (it may have started after
+        :meth:`release_all`)."""
         while not self._closed.wait(self.poll_seconds):
             with self._lock:
                 watched = [w for w in self._running.values() if not w.cancelled.is_set()]
+                releasing = [job_id for job_id in self._running if job_id in self._releasing]
+            for job_id in releasing:
+                self.executor.cancel(job_id)
             if not watched:
                 continue
             try:

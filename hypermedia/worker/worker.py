@@ -21,6 +21,18 @@ writes a ``worker_metrics`` row every ``metrics_seconds``.
 running jobs finish; whatever still runs after ``timeout`` is stopped and handed
 straight back to its queue (no attempt spent); completions are committed before
 the worker stops. This class knows nothing of Ray; the actor wraps it.
+
+On a spot instance (``spot``: see :mod:`hypermedia.worker.spot`) a watcher thread
+reads the cloud's interruption notice; :meth:`Worker.interrupt` is the answer:
+stop claiming, mark the row ``draining``, kill the running jobs' children and hand
+every job back to its queue at once, through the drain's release (no attempt
+spent; each attempt is closed ``released`` with code ``spot_interrupted`` and the
+notice as its message), commit what had finished, and stop with the row's status
+``spot_interrupted``. The row is how the worker asks for a replacement: the
+scheduler reads only ``active`` and ``draining`` rows and counts only active ones
+as capacity, so from the notice on the queue has lost this worker while its
+handed-back jobs wait again (the depth and age its scale-up rules read). No
+pipeline can checkpoint yet, so nothing is checkpointed.
 """
 
 from __future__ import annotations
@@ -43,6 +55,7 @@ from hypermedia.errors import DatabaseUnavailable, HypermediaError, QueueUnavail
 from hypermedia.jobs.dispatcher import Dispatcher
 from hypermedia.jobs.repository import ClaimedJob
 from hypermedia.worker.execute import Completion, JobExecution, Outcome
+from hypermedia.worker.spot import SpotNotice, SpotWatch, SpotWatcher
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +64,8 @@ MAX_ERROR_BACKOFF_SECONDS = 5.0
 COMPLETION_BATCH = 256  # jobs per group commit, at most
 COMPLETION_BACKLOG = 2 * COMPLETION_BATCH  # finished jobs waiting for their commit: then loops wait
 COMPLETION_TRIES = 8  # then the jobs are left processing: their leases expire, they rerun
+SPOT_INTERRUPTED = "spot_interrupted"  # the row's final status, the attempts' code, the log action
+SPOT_MARGIN_SECONDS = 5.0  # a notice's handing back should be over this long before its deadline
 
 
 @dataclass
@@ -187,6 +202,7 @@ class Worker:
         metrics_seconds: float = 60.0,
         on_outcome: Callable[[Outcome], None] | None = None,
         prefetch: int = 1,
+        spot: SpotWatch | None = None,
     ) -> None:
         self.worker_id = worker_id
         self.queue = queue
@@ -201,6 +217,8 @@ class Worker:
         self.metrics_seconds = metrics_seconds
         self.on_outcome = on_outcome
         self.prefetch = max(1, prefetch)
+        self.spot = spot
+        self.notice: SpotNotice | None = None
         self.completions: CompletionBatcher | None = None
         self.stats = WorkerStats()
         self._stats_lock = threading.Lock()
@@ -209,6 +227,8 @@ class Worker:
         self._loops: list[threading.Thread] = []
         self._handed_back: list[str] = []
         self._upkeep: threading.Thread | None = None
+        self._spot_watcher: SpotWatcher | None = None
+        self._shutdown_lock = threading.Lock()
         self._process = psutil.Process()
         self._last_metrics = (time.monotonic(), 0)
 
@@ -218,6 +238,11 @@ class Worker:
         self._register()
         self.completions = CompletionBatcher(self.dispatcher, self.worker_id, self._record)
         self._claiming.set()
+        if self.spot is not None:
+            self._spot_watcher = SpotWatcher(
+                self.spot, self.interrupt, clock=self.clock, name=f"{self.worker_id}-spot"
+            )
+            self._spot_watcher.start()
         for index in range(self.concurrency):
             loop = threading.Thread(
                 target=self._claim_loop, name=f"{self.worker_id}-loop{index}", daemon=True
@@ -253,17 +278,70 @@ class Worker:
         with self._stats_lock:
             return released + self._handed_back
 
-    def stop(self) -> None:
+    def interrupt(self, notice: SpotNotice) -> list[str]:
+        """The instance is being reclaimed (the spot watcher's callback; see the module
+        docstring): hand everything back and stop. Answers the ids of the jobs handed
+        back; a second notice, or one after the worker stopped, answers [] and changes
+        nothing."""
+        with self._stats_lock:
+            if self.notice is not None or self._stopped.is_set():
+                return []
+            self.notice = notice
         self._claiming.clear()
+        log.warning(
+            "worker %s: spot instance reclaimed (%s %s, %.0f s left): stopping claims, "
+            "handing its jobs back",
+            self.worker_id,
+            notice.provider,
+            notice.action,
+            notice.deadline - self.clock.now(),
+            extra={
+                "worker_id": self.worker_id,
+                "queue": self.queue,
+                "action": SPOT_INTERRUPTED,
+                "provider": notice.provider,
+                "deadline": notice.deadline,
+            },
+        )
+        self._set_status("draining")
+        released = self.execution.release_all(SPOT_INTERRUPTED, notice.reason)
+        # The children are killed: the loops hand their jobs back and end within
+        # moments; an upload in progress gets until just before the deadline.
+        wait = max(SPOT_MARGIN_SECONDS, notice.deadline - self.clock.now() - SPOT_MARGIN_SECONDS)
+        until = time.monotonic() + wait
         for loop in self._loops:
-            loop.join(30)
-        if self.completions is not None:
-            self.completions.close()
-        self.execution.close()
-        self._stopped.set()
-        if self._upkeep is not None:
-            self._upkeep.join(10)
-        self._set_status("stopped", stopped=True)
+            loop.join(max(0.0, until - time.monotonic()))
+        self.stop()
+        with self._stats_lock:
+            handed_back = released + self._handed_back
+            released_count = self.stats.released
+        log.info(
+            "worker %s stopped for the spot notice: %d jobs handed back",
+            self.worker_id,
+            released_count,
+            extra={"worker_id": self.worker_id, "queue": self.queue, "action": "stop"},
+        )
+        return handed_back
+
+    def stop(self) -> None:
+        """Stop claiming, let the loops finish, commit, and record the row as
+        ``stopped`` (``spot_interrupted`` after a notice). Idempotent."""
+        with self._shutdown_lock:
+            if self._stopped.is_set():
+                return
+            self._claiming.clear()
+            for loop in self._loops:
+                loop.join(30)
+            if self.completions is not None:
+                self.completions.close()
+            self.execution.close()
+            self._stopped.set()
+            if self._upkeep is not None:
+                self._upkeep.join(10)
+            if self._spot_watcher is not None:
+                self._spot_watcher.stop()
+            status = "stopped" if self.notice is None else SPOT_INTERRUPTED
+            self._set_status(status, stopped=True)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the worker has stopped; True if it has."""
@@ -307,7 +385,8 @@ class Worker:
         hand back the ones not begun."""
         assert self.completions is not None
         for index, job in enumerate(jobs):
-            if index and not self._claiming.is_set():
+            # Draining, a loop runs the job it holds; after a spot notice, none.
+            if not self._claiming.is_set() and (index or self.notice is not None):
                 self._hand_back(jobs[index:])
                 return
             try:
@@ -321,9 +400,13 @@ class Worker:
                 self._record(result)
 
     def _hand_back(self, jobs: Sequence[ClaimedJob]) -> None:
+        notice = self.notice
+        code, reason = (None, None) if notice is None else (SPOT_INTERRUPTED, notice.reason)
         for job in jobs:
             try:
-                released = self.dispatcher.release(job, self.worker_id)
+                released = self.dispatcher.release(
+                    job, self.worker_id, reason_code=code, reason=reason
+                )
             except HypermediaError as exc:
                 # Still processing in the record: the lease reaper hands it back.
                 log.warning("could not hand back %s: %s", job.job_id, exc)
