@@ -512,6 +512,7 @@ def _scale_up(
                 provider=option.provider,
                 spot=option.spot,
                 count=count,
+                cents_per_hour=option.cents_per_hour,
             )
         )
     if stopped is not None:

@@ -108,7 +108,14 @@ class ProviderSettings(BaseModel):
     drivers: dict[ProviderName, DriverSettings] = Field(default_factory=dict)
 
 
-RAY_KEYS = {"type", "module", "disable_node_updaters", "use_internal_ips", "cache_stopped_nodes"}
+RAY_KEYS = {
+    "type",
+    "module",
+    "disable_node_updaters",
+    "use_internal_ips",
+    "cache_stopped_nodes",
+    "_config_cache_path",
+}
 
 
 def parse_settings(provider_config: Mapping[str, Any]) -> ProviderSettings:
@@ -124,7 +131,9 @@ def parse_settings(provider_config: Mapping[str, Any]) -> ProviderSettings:
     return settings
 
 
-def build_driver(name: ProviderName, settings: DriverSettings, config: SchedulerConfig) -> Driver:
+def build_driver(
+    name: ProviderName, settings: DriverSettings, config: SchedulerConfig, state_dir: Path
+) -> Driver:
     """The driver for one provider name of scheduler.json (``type: local`` stands in for
     any of them on one machine)."""
     options = {k: v for k, v in (settings.model_extra or {}).items()}
@@ -132,6 +141,7 @@ def build_driver(name: ProviderName, settings: DriverSettings, config: Scheduler
     if kind == "local":
         from autoscaler.drivers.local import LocalDriver
 
+        options.setdefault("state_dir", str(state_dir / "local"))
         return LocalDriver(options, label=name)
     if kind != {"aws": "aws", "google": "google", "ionos": "ionos"}[name]:
         raise ConfigError(f"provider.drivers.{name}.type", f"{kind!r} cannot serve {name}")
@@ -177,7 +187,9 @@ class HypermediaNodeProvider(NodeProvider):
         with self._lock:
             if self._drivers is None:
                 self._drivers = {
-                    name: build_driver(name, self.settings.drivers[name], self.config)
+                    name: build_driver(
+                        name, self.settings.drivers[name], self.config, self.state_dir
+                    )
                     for name in PROVIDERS
                     if name in self.settings.drivers
                 }
@@ -239,16 +251,20 @@ class HypermediaNodeProvider(NodeProvider):
             for instance in listed:
                 node_id = f"hm-{instance.request_id}"
                 if node_id not in nodes:  # launched by the other process, or before a restart
-                    nodes[node_id] = self._record(instance, {}, now)
+                    nodes[node_id] = self._record(name, instance, {}, now)
 
-    def _record(self, instance: Instance, tags: Mapping[str, str], now: float) -> dict[str, Any]:
+    def _record(
+        self, provider: ProviderName, instance: Instance, tags: Mapping[str, str], now: float
+    ) -> dict[str, Any]:
         return {
-            "provider": instance.provider if instance.provider != "local" else None,
+            "provider": provider,
             "driver": instance.provider,
             "instance_id": instance.instance_id,
             "request_id": instance.request_id,
             "ip": instance.private_ip,
             "queue": instance.queue,
+            "spot": instance.spot,
+            "price": instance.price_cents_per_hour,
             "created_at": now,
             "tags": {
                 TAG_RAY_NODE_KIND: NODE_KIND_WORKER,
@@ -269,6 +285,16 @@ class HypermediaNodeProvider(NodeProvider):
                 for node_id, record in sorted(nodes.items())
                 if all(record["tags"].get(k) == v for k, v in tag_filters.items())
             ]
+
+    def records(self, tag_filters: Mapping[str, str] | None = None) -> dict[str, dict[str, Any]]:
+        """Every node's record (reconciled with the clouds first), for the scheduler."""
+        with self._nodes() as nodes:
+            self._reconcile(nodes)
+            return {
+                node_id: json.loads(json.dumps(record))
+                for node_id, record in nodes.items()
+                if all(record["tags"].get(k) == v for k, v in (tag_filters or {}).items())
+            }
 
     def is_running(self, node_id: str) -> bool:
         with self._nodes() as nodes:
@@ -353,11 +379,12 @@ class HypermediaNodeProvider(NodeProvider):
         with self._lock, transaction(self.engine) as conn:
             choice, refusal = self._choose(conn, queue, now)
             if refusal is not None or choice is None:
-                why = refusal or "no provider"
-                self._record_refusal(conn, queue, node_type, why, now)
-                raise NodeLaunchException(
-                    "cost_guard", f"refused launching a {node_type} node: {why}", None
-                )
+                refusal = refusal or "no provider"
+                self._record_refusal(conn, queue, node_type, refusal, now)
+        if refusal is not None or choice is None:  # raised after the refusal is committed
+            raise NodeLaunchException(
+                "cost_guard", f"refused launching a {node_type} node: {refusal}", None
+            )
         driver = self.drivers[choice.provider]
         script = bootstrap.user_data(
             node_id=node_id,
@@ -400,8 +427,7 @@ class HypermediaNodeProvider(NodeProvider):
                 .values(instance_id=result.instance_id)
             )
         with self._nodes() as nodes:
-            nodes[node_id] = self._record(result, tags, now)
-            nodes[node_id]["provider"] = choice.provider
+            nodes[node_id] = self._record(choice.provider, result, tags, now)
         log.info(
             "launched %s for queue %s: %s (%s)",
             node_id,
@@ -467,7 +493,7 @@ class HypermediaNodeProvider(NodeProvider):
         if order is not None and room.get(order.provider, 0) > 0:  # type: ignore[call-overload]
             choice = policy.Option(order.provider, order.spot, order.cents_per_hour)  # type: ignore[arg-type]
         else:
-            offers = self._offers()
+            offers = self.offers()
             kind: policy.RouteKind = "spot" if queue_config.spot_preferred else "either"
             picked = policy.pick(policy.options(config, queue, offers), kind, room)
             if picked is None:
@@ -483,7 +509,7 @@ class HypermediaNodeProvider(NodeProvider):
             return None, refusal
         return choice, None
 
-    def _offers(self) -> dict[ProviderName, Any]:
+    def offers(self) -> dict[ProviderName, Any]:
         from autoscaler.snapshot import Offer
 
         found: dict[ProviderName, Any] = {}
@@ -581,7 +607,7 @@ class HypermediaNodeProvider(NodeProvider):
             return None
         said = self._drain(node_id)
         log.info("terminating %s: %s", node_id, said, extra={"action": "terminate"})
-        provider = record["provider"] or record["driver"]
+        provider = record["provider"]
         driver = self.drivers[provider]
         problem = driver.terminate(record["instance_id"])
         if problem is not None:
@@ -636,14 +662,21 @@ class HypermediaNodeProvider(NodeProvider):
 
     @staticmethod
     def bootstrap_config(cluster_config: dict[str, Any]) -> dict[str, Any]:
-        parse_settings(cluster_config["provider"])  # a bad provider section stops `ray up`
+        """Check the provider section (a bad one stops ``ray up`` naming the key) and make
+        its paths absolute: the head's monitor reads the same config from elsewhere."""
+        provider = cluster_config["provider"]
+        for key in ("scheduler_config", "state_dir", "token_path"):
+            if isinstance(provider.get(key), str):
+                provider[key] = str(Path(provider[key]).expanduser().resolve())
+        settings = parse_settings(provider)
+        load_scheduler_config(settings.scheduler_config)  # a bad scheduler.json too
         return cluster_config
 
 
 def head_environment(provider: HypermediaNodeProvider) -> dict[str, str]:
     """What every command on the head runs with: its own HOME (``~/ray_bootstrap_config.yaml``
     stays with the cluster), the token settings, and where the head's Ray lives."""
-    from hypermedia.worker.cluster import ensure_token, short_temp_dir
+    from hypermedia.worker.cluster import ensure_token, port_arguments, short_temp_dir
 
     home = provider.state_dir / HEAD_HOME
     home.mkdir(parents=True, exist_ok=True)
@@ -655,11 +688,16 @@ def head_environment(provider: HypermediaNodeProvider) -> dict[str, str]:
         RAY_AUTH_MODE="token",
         RAY_AUTH_TOKEN_PATH=str(provider.token_path),
         RAY_USAGE_STATS_ENABLED="0",
+        # Ray's monitor runs ray/autoscaler/v2/monitor.py as a script, whose directory
+        # holds an autoscaler.py that would shadow this package: no script dir on sys.path.
+        PYTHONSAFEPATH="1",
         HM_HEAD_IP=provider.settings.head_ip,
         HM_RAY_PORT=str(provider.settings.ray_port),
         HM_RAY_ADDRESS=provider.head_address,
         HM_HEAD_TEMP_DIR=str(short_temp_dir(provider.state_dir, "head")),
         HM_STATE_DIR=str(provider.state_dir),
+        # Free ports for everything but the GCS (Ray's defaults collide between clusters).
+        HM_HEAD_PORTS=" ".join(a for a in port_arguments(head=True) if not a.startswith("--port=")),
     )
     return env
 
@@ -679,6 +717,7 @@ class LocalCommandRunner(CommandRunnerInterface):
         env = head_environment(self.provider)
         for key, value in (extra or {}).items():
             env[key] = value if isinstance(value, str) else json.dumps(value)
+        env["RAY_USAGE_STATS_ENABLED"] = "0"  # `ray up` turns it on in its own process
         return env
 
     def run(

@@ -136,6 +136,7 @@ class Decision:
     provider: ProviderName | None = None
     spot: bool = False
     count: int = 1
+    cents_per_hour: float = 0.0  # a launch: the price it was chosen at
 
 
 FLEET_ACTIONS: tuple[Action, ...] = ("launch", "drain", "terminate")

@@ -103,6 +103,11 @@ class Settings(BaseSettings):
     reaper_interval_seconds: float = Field(default=5.0, gt=0)
     reconcile_interval_seconds: float = Field(default=60.0, gt=0)
 
+    # A Ray cluster started by `ray up` (ray_cluster/*.yaml): the head services attach
+    # to it instead of starting a Ray head of their own, run the scheduler.json
+    # baseline of actors per queue, and run the scheduler with the burst fleet.
+    ray_address: str | None = Field(default=None, pattern=r"^[A-Za-z0-9.-]+:[0-9]{2,5}$")
+
     # Spot interruption notices (hypermedia.worker.spot): a worker on a spot instance
     # watches its cloud's metadata service ("aws" or "gcp"); "off" everywhere else.
     # ``metadata_url`` replaces the provider's own address (tests, a local mock).

@@ -66,7 +66,16 @@ class LocalStack:
 
         say = progress or (lambda message: log.info("%s", message))
         directory = ray_directory(self.settings)
-        token = cluster.ensure_token(directory / cluster.TOKEN_FILE)
+        attached = self.settings.ray_address
+        if attached is not None:
+            # A cluster from `ray up`: its token is in the environment the head runs with.
+            import os
+
+            token = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or directory / cluster.TOKEN_FILE)
+            if not token.exists():
+                raise ServiceUnavailable(f"no Ray token at {token} for the cluster at {attached}")
+        else:
+            token = cluster.ensure_token(directory / cluster.TOKEN_FILE)
         cluster.apply_ray_environment(token)
 
         settings = self.settings
@@ -96,10 +105,15 @@ class LocalStack:
             import pipelines.registry
 
             pools = implemented_queues(settings, pipelines.registry.operations())
-        self.node = cluster.start_head(
-            directory, resources=cluster.queue_resources(pools), token_path=token
-        )
-        say(f"ray head at {self.node.address}")
+        if attached is not None:
+            address = attached
+            say(f"ray cluster at {address}")
+        else:
+            self.node = cluster.start_head(
+                directory, resources=cluster.queue_resources(pools), token_path=token
+            )
+            address = self.node.address
+            say(f"ray head at {address}")
         self._start_api(port)
         say(f"api at {api_url}")
 
@@ -108,7 +122,7 @@ class LocalStack:
         from hypermedia.server import Maintenance
         from hypermedia.worker.supervisor import Supervisor, settings_for_actors
 
-        ray.init(address=self.node.address, logging_level=logging.WARNING, log_to_driver=False)
+        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
         self.supervisor = Supervisor(self.stack, settings_for_actors(settings, url), pools)
         self.supervisor.start()
         self.supervisor.wait_ready()

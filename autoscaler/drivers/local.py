@@ -116,7 +116,8 @@ class LocalDriver:
                 return DriverError("capacity", "no free loopback address left", retryable=True)
             record: dict[str, Any] = {
                 "ip": free[0],
-                "temp_dir": str(short_temp_dir(self.state_dir, instance_id)),
+                # Short: Ray's socket paths under it must stay within 107 bytes.
+                "temp_dir": str(short_temp_dir(self.state_dir, f"n{free[0].rsplit('.', 1)[1]}")),
                 "tags": request.tags(),
                 "state": "pending",
             }

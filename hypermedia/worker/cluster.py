@@ -54,11 +54,13 @@ def apply_ray_environment(token_path: Path) -> None:
     when it is first imported: call this before anything imports ``ray``."""
     wanted = {k: v for k, v in ray_environment(token_path).items() if k.startswith("RAY_")}
     if "ray" in sys.modules:
+        # Only the auth settings matter once ray is loaded (usage stats are cosmetic).
+        wanted = {k: v for k, v in wanted.items() if k.startswith("RAY_AUTH_")}
         current = {k: os.environ.get(k) for k in wanted}
         if current != wanted:
             raise RuntimeError(
                 "ray was imported before its auth settings were made; "
-                "call apply_ray_environment() first"
+                f"call apply_ray_environment() first (have {current}, need {wanted})"
             )
         return
     for key in [k for k in os.environ if k.startswith("RAY_")]:

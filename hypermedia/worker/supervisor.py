@@ -19,7 +19,7 @@ from typing import Any
 
 import ray
 from ray.exceptions import RayActorError
-from sqlalchemy import update
+from sqlalchemy import select, update
 
 from hypermedia.clock import to_datetime
 from hypermedia.config import Settings
@@ -200,6 +200,57 @@ class Supervisor:
         self.events.died.append(member.worker_id)
         if not self._stopping.is_set():
             self._spawn(member.queue)
+
+    # -- elastic pools (burst nodes) ---------------------------------------------------
+
+    def resize(self, pools: Mapping[str, int]) -> list[str]:
+        """Run at least ``pools[queue]`` actors per queue: the missing ones are started at
+        once, and wait (pending) until a node with room for them joins. Fewer actors only
+        come from :meth:`retire_node`: which actors leave is the scheduler's choice.
+        Answers the worker ids started."""
+        started = []
+        for queue, wanted in pools.items():
+            self.pools[queue] = wanted
+            live = len(self.actors(queue))
+            for _ in range(max(0, wanted - live)):
+                started.append(self._spawn(queue).worker_id)
+        return started
+
+    def retire_node(self, node_id: str, timeout: float) -> list[str]:
+        """The actors on one Ray node (hex id) stop claiming, finish (or after ``timeout``
+        hand back) their jobs and exit, and are not replaced: the node is being drained.
+        Answers their worker ids."""
+        with transaction(self.stack.engine) as conn:
+            on_node = set(
+                conn.execute(
+                    select(t.workers.c.worker_id).where(
+                        (t.workers.c.node_id == node_id)
+                        & t.workers.c.status.in_(("active", "draining"))
+                    )
+                ).scalars()
+            )
+        with self._lock:
+            leaving = [m for ref, m in list(self.members.items()) if m.worker_id in on_node]
+            for member in leaving:
+                self.members.pop(member.serving, None)
+        for member in leaving:
+            self.pools[member.queue] = max(0, self.pools.get(member.queue, 0) - 1)
+            threading.Thread(
+                target=self._retire, args=(member, timeout), name="retire", daemon=True
+            ).start()
+        return [m.worker_id for m in leaving]
+
+    def _retire(self, member: Member, timeout: float) -> None:
+        try:
+            released = ray.get(member.actor.drain.remote(timeout), timeout=timeout + 60)
+            if released:
+                log.info("worker %s handed back %d jobs", member.worker_id, len(released))
+        except Exception as exc:  # the node may already be gone: its jobs are recovered
+            log.warning("retiring %s: %s", member.worker_id, exc)
+            self.stack.dispatcher.recover_worker(member.worker_id, f"retired: {exc}"[:500])
+        finally:
+            ray.kill(member.actor)  # its node can only go idle once the actor is gone
+        log.info("worker %s retired", member.worker_id, extra={"worker_id": member.worker_id})
 
     # -- operations ------------------------------------------------------------------
 

@@ -1,0 +1,174 @@
+"""The head's services on a ``ray up`` cluster: API, pipeline actors, maintenance, scheduler.
+
+``ray up ray_cluster/cluster.yaml`` runs the yaml's ``head_start_ray_commands`` on this
+machine (the provider's :class:`~autoscaler.provider.LocalCommandRunner`): ``ray start
+--head`` with the autoscaling config, then ``python -m autoscaler.head start``, which
+starts :func:`run` in the background and waits until the API answers. ``ray down``
+runs ``ray stop`` on the head, which here means ``python -m autoscaler.head stop``:
+the services stop (the actors finish or hand back their jobs) and then this cluster's
+Ray head processes, found by their temp dir; Ray's other clusters on the host are
+left alone.
+
+:func:`run` attaches the local stack (:mod:`hypermedia.local`) to the cluster
+(``HYPERMEDIA_RAY_ADDRESS``) with ``baseline_workers`` actors per queue, and runs the
+scheduler with the :class:`~autoscaler.rayfleet.RayFleet` over the same node
+provider that Ray's monitor uses (built from ``~/ray_bootstrap_config.yaml``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+log = logging.getLogger(__name__)
+
+START_TIMEOUT_SECONDS = 240.0
+STOP_TIMEOUT_SECONDS = 120.0
+BOOTSTRAP = "~/ray_bootstrap_config.yaml"
+
+
+def state_dir() -> Path:
+    value = os.environ.get("HM_STATE_DIR")
+    if not value:
+        raise SystemExit(
+            "HM_STATE_DIR is not set: run this through `ray up` (the provider sets it)"
+        )
+    return Path(value)
+
+
+def _pid(path: Path) -> int | None:
+    try:
+        pid = int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return pid if psutil.pid_exists(pid) else None
+
+
+def run() -> None:
+    """The services, in the foreground, until SIGTERM."""
+    import yaml
+
+    from autoscaler import config as scheduler_config
+    from autoscaler.provider import HypermediaNodeProvider
+    from autoscaler.rayfleet import RayFleet
+    from autoscaler.scheduler import open_scheduler
+    from hypermedia.config import load_settings
+    from hypermedia.local import LocalStack
+
+    directory = state_dir()
+    bootstrap = yaml.safe_load(Path(BOOTSTRAP).expanduser().read_text())
+    provider = HypermediaNodeProvider(bootstrap["provider"], bootstrap["cluster_name"])
+    config = provider.config
+    settings = load_settings(ray_address=provider.head_address)
+    pools = {name: q.baseline_workers for name, q in config.queues.items() if q.baseline_workers}
+    local = LocalStack(settings)
+    stop = threading.Event()
+    thread: threading.Thread | None = None
+    scheduler = None
+    try:
+        local.start(pools=pools, progress=lambda message: log.info("%s", message))
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
+        assert local.stack is not None and local.supervisor is not None
+        fleet = RayFleet(
+            config,
+            provider,
+            local.supervisor,
+            local.stack.engine,
+            drain_timeout=provider.settings.drain_timeout_seconds,
+        )
+        scheduler = open_scheduler(config, local.stack, fleet)
+        thread = threading.Thread(target=scheduler.run, args=(stop,), name="scheduler")
+        thread.start()
+        (directory / "head.url").write_text(local.api_url)
+        (settings.data_dir / "head.url").write_text(local.api_url)
+        log.info(
+            "cluster head services up: API at %s, scheduler in %s mode", local.api_url, config.mode
+        )
+        stop.wait()
+    finally:
+        stop.set()
+        if thread is not None:
+            thread.join(30)
+        if scheduler is not None:
+            scheduler.stop()
+        local.stop(stop_redis=True)
+        (directory / "head.url").unlink(missing_ok=True)
+        (settings.data_dir / "head.url").unlink(missing_ok=True)
+
+
+def start() -> int:
+    """Start :func:`run` in the background; 0 once the API answers."""
+    directory = state_dir()
+    pidfile, url = directory / "head.pid", directory / "head.url"
+    if _pid(pidfile) is not None and url.exists():
+        print(f"head services already up: {url.read_text()}")
+        return 0
+    url.unlink(missing_ok=True)
+    log_path = directory / "head.log"
+    with log_path.open("ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "autoscaler.head", "run"],
+            stdout=out,
+            stderr=out,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    pidfile.write_text(str(proc.pid))
+    deadline = time.monotonic() + START_TIMEOUT_SECONDS
+    while not url.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-20:])
+            print(f"the head services did not come up (log {log_path}):\n{tail}", file=sys.stderr)
+            return 1
+        time.sleep(0.3)
+    print(f"head services up: API at {url.read_text()} (log {log_path})")
+    return 0
+
+
+def stop() -> int:
+    """Stop the services, then this cluster's Ray head (by its temp dir)."""
+    from hypermedia.worker.cluster import RayNode
+
+    directory = state_dir()
+    pid = _pid(directory / "head.pid")
+    if pid is not None:
+        proc = psutil.Process(pid)
+        proc.terminate()
+        try:
+            proc.wait(STOP_TIMEOUT_SECONDS)
+        except psutil.TimeoutExpired:
+            proc.kill()
+        print("head services stopped")
+    (directory / "head.pid").unlink(missing_ok=True)
+    temp_dir = os.environ.get("HM_HEAD_TEMP_DIR")
+    if temp_dir:
+        RayNode(temp_dir=Path(temp_dir), token_path=Path("/dev/null")).stop()
+        print("ray head stopped")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m autoscaler.head")
+    parser.add_argument("command", choices=("run", "start", "stop"))
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    if args.command == "run":
+        run()
+        return 0
+    return start() if args.command == "start" else stop()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

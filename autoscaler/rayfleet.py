@@ -1,0 +1,201 @@
+"""The scheduler's fleet on a Ray cluster: plans become Ray requests, drains and orders.
+
+Runs in the head's services process (:mod:`autoscaler.head`), next to the supervisor
+of the pipeline actors, with ``ray`` connected. Each turn's
+:class:`~autoscaler.snapshot.Plan` becomes:
+
+* **one** ``request_resources`` covering every queue: ``baseline_workers + desired``
+  bundles of ``{"queue_<name>": 1}`` (Ray counts total capacity, so the VPS's own
+  queue resources are part of it). Nodes it needs are never idle-terminated; a
+  queue's bundles going away lets its nodes go;
+* launch orders (:mod:`autoscaler.orders`) so that the node provider puts each new
+  node where the policy chose (provider, spot, price);
+* the supervisor's actor pools resized to the same numbers: an actor waits (pending)
+  for its burst node and serves the queue from it;
+* a drain: the node's actors stop claiming, finish their jobs (or hand them back at
+  the drain timeout) and exit; Ray drains the node (PREEMPTION, deadline = the drain
+  timeout), so nothing new lands there; its raylet exits once idle;
+* a terminate: the node provider terminates it (the driver deletes the instance and
+  the ledger row closes). Ray's autoscaler does the same once the raylet is gone;
+  both paths are idempotent.
+
+The cloud workers the scheduler sees are the provider's worker nodes; ``starting``
+until a Ray node with their instance id is alive, ``draining`` from the turn that
+drained them, with the jobs of the actors on their Ray node.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy.engine import Engine
+
+from autoscaler import orders, raynodes
+from autoscaler.config import ProviderName, SchedulerConfig
+from autoscaler.leader import Term
+from autoscaler.policy import DRAIN_TIMEOUT_SECONDS
+from autoscaler.provider import HypermediaNodeProvider
+from autoscaler.snapshot import Offer, Plan, WorkerState
+from autoscaler.state import read_state, write_state
+from hypermedia.db.engine import transaction
+
+log = logging.getLogger(__name__)
+
+DRAINING = "draining"
+
+
+class RayFleet:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        provider: HypermediaNodeProvider,
+        supervisor: Any,  # hypermedia.worker.supervisor.Supervisor (needs ray connected)
+        engine: Engine,
+        *,
+        drain_timeout: float = DRAIN_TIMEOUT_SECONDS,
+    ) -> None:
+        self.config = config
+        self.provider = provider
+        self.supervisor = supervisor
+        self.engine = engine
+        self.drain_timeout = drain_timeout
+        self.last_request: list[dict[str, float]] | None = None
+
+    @property
+    def address(self) -> str:
+        return self.provider.head_address
+
+    # -- what there is ---------------------------------------------------------------------
+
+    def cloud_workers(self, now: float, actors: Sequence[WorkerState]) -> list[WorkerState]:
+        from ray.autoscaler.tags import NODE_KIND_WORKER, TAG_RAY_NODE_KIND
+
+        records = self.provider.records({TAG_RAY_NODE_KIND: NODE_KIND_WORKER})
+        alive = {n.instance_id: n for n in raynodes.nodes(self.address) if n.alive}
+        with transaction(self.engine) as conn:
+            draining: dict[str, float] = dict(read_state(conn, DRAINING) or {})
+            kept = {k: v for k, v in draining.items() if k in records}
+            if kept != draining:
+                write_state(conn, DRAINING, kept, now)
+        workers = []
+        for node_id, record in sorted(records.items()):
+            ray_node = alive.get(node_id)
+            on_node = [a for a in actors if ray_node is not None and a.node_id == ray_node.node_id]
+            finished = [a.last_job_at for a in on_node if a.last_job_at is not None]
+            status = "draining" if node_id in kept else "active" if ray_node else "starting"
+            workers.append(
+                WorkerState(
+                    worker_id=node_id,
+                    queue=record["queue"],
+                    status=status,  # type: ignore[arg-type]
+                    started_at=float(record["created_at"]),
+                    current_jobs=sum(a.current_jobs for a in on_node),
+                    last_job_at=max(finished) if finished else None,
+                    provider=record["provider"],
+                    spot=bool(record.get("spot")),
+                    cost_per_hour_cents=float(record.get("price") or 0.0),
+                    drain_started_at=kept.get(node_id),
+                    node_id=ray_node.node_id if ray_node else None,
+                )
+            )
+        # Ordered but not created yet (Ray asks the provider within seconds): they are
+        # the launches of the last turns, and count as starting workers until then.
+        with transaction(self.engine) as conn:
+            waiting = orders.pending(conn, now)
+        for index, order in enumerate(waiting):
+            workers.append(
+                WorkerState(
+                    worker_id=f"order-{int(order.at)}-{index}",
+                    queue=order.queue,
+                    status="starting",
+                    started_at=order.at,
+                    provider=order.provider,  # type: ignore[arg-type]
+                    spot=order.spot,
+                    cost_per_hour_cents=order.cents_per_hour,
+                )
+            )
+        return workers
+
+    def offers(self, now: float) -> dict[ProviderName, Offer]:
+        return self.provider.offers()
+
+    def billed(self, instance_ids: Sequence[str]) -> dict[str, float]:
+        # No driver reads provider billing yet: the ledger stands alone (reconcile
+        # compares nothing rather than something made up).
+        return {}
+
+    # -- making it so ------------------------------------------------------------------------
+
+    def apply(self, plan: Plan, term: Term) -> list[bool]:
+        now = plan_time = self._now()
+        new_orders = [
+            orders.Order(
+                queue=d.queue or "",
+                provider=d.provider or "",
+                spot=d.spot,
+                cents_per_hour=d.cents_per_hour,
+                reason=d.reason,
+                term=term.token,
+                at=plan_time,
+            )
+            for d in plan.actions
+            if d.action == "launch"
+            for _ in range(d.count)
+        ]
+        if new_orders:
+            with transaction(self.engine) as conn:
+                orders.place(conn, new_orders, now)
+        done = []
+        for decision in plan.actions:
+            if decision.action == "launch":
+                done.append(True)
+            elif decision.action == "drain" and decision.worker_id is not None:
+                done.append(self._drain(decision.worker_id, decision.reason, now))
+            elif decision.action == "terminate" and decision.worker_id is not None:
+                done.append(self._terminate(decision.worker_id))
+            else:
+                done.append(False)
+        totals = {
+            name: queue.baseline_workers + plan.desired.get(name, 0)
+            for name, queue in self.config.queues.items()
+        }
+        self._request(totals)
+        self.supervisor.resize(totals)
+        return done
+
+    def _now(self) -> float:
+        import time
+
+        return time.time()
+
+    def _request(self, totals: dict[str, int]) -> None:
+        from ray.autoscaler.sdk import request_resources
+
+        bundles = [{f"queue_{name}": 1.0} for name, n in sorted(totals.items()) for _ in range(n)]
+        if bundles != self.last_request:
+            log.info("requesting %s", totals, extra={"action": "request_resources"})
+        request_resources(bundles=bundles)
+        self.last_request = bundles
+
+    def _drain(self, node_id: str, reason: str, now: float) -> bool:
+        with transaction(self.engine) as conn:
+            draining = dict(read_state(conn, DRAINING) or {})
+            draining.setdefault(node_id, now)
+            write_state(conn, DRAINING, draining, now)
+        ray_node = raynodes.alive_node(self.address, node_id)
+        if ray_node is None:
+            return True  # never joined, or already gone: the terminate follows
+        retired = self.supervisor.retire_node(ray_node.node_id, self.drain_timeout)
+        raynodes.drain(self.address, ray_node.node_id, reason[:500], self.drain_timeout)
+        log.info("draining %s (actors %s)", node_id, ", ".join(retired) or "none")
+        return True
+
+    def _terminate(self, node_id: str) -> bool:
+        try:
+            self.provider.terminate_node(node_id)
+        except Exception:
+            log.exception("terminating %s failed; the next turn tries again", node_id)
+            return False
+        return True
