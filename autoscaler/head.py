@@ -57,7 +57,6 @@ def run() -> None:
     """The services, in the foreground, until SIGTERM."""
     import yaml
 
-    from autoscaler import config as scheduler_config
     from autoscaler.provider import HypermediaNodeProvider
     from autoscaler.rayfleet import RayFleet
     from autoscaler.scheduler import open_scheduler
