@@ -12,6 +12,9 @@ passes.
 autoscaler v2 matches the Ray node to the instance it launched; the
 ``hypermedia.io/instance`` label lets the scheduler do the same from ``ray.nodes()``.
 
+A spot instance's script also sets ``HYPERMEDIA_SPOT_WATCH`` (``aws`` or ``gcp``): the
+actors on it watch for the interruption notice (:mod:`hypermedia.worker.spot`).
+
 ``HM_RAY_START_ARGS`` (unset on a cloud) lets the local driver add a node's address,
 temp dir and ports, so the same script starts every node in the tests.
 """
@@ -36,6 +39,7 @@ def user_data(
     token_path: str = DEFAULT_TOKEN_PATH,
     token_command: str | None = None,
     num_cpus: int | None = None,
+    spot_watch: str | None = None,
 ) -> str:
     """The shell script (cloud-init runs a ``#!`` user data as one) for one node."""
     labels = json.dumps({INSTANCE_LABEL: node_id}, sort_keys=True)
@@ -59,6 +63,10 @@ def user_data(
         f"export RAY_AUTH_TOKEN_PATH={shlex.quote(token_path)}",
         "export RAY_USAGE_STATS_ENABLED=0",
     ]
+    if spot_watch:
+        # Read by the pipeline actors on this node (their processes inherit Ray's
+        # environment): watch the metadata service for the interruption notice.
+        lines.append(f"export HYPERMEDIA_SPOT_WATCH={shlex.quote(spot_watch)}")
     if token_command:
         lines += [
             'umask 077; mkdir -p "$(dirname "$RAY_AUTH_TOKEN_PATH")"',

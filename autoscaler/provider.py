@@ -81,6 +81,7 @@ from hypermedia.errors import ConfigError
 log = logging.getLogger(__name__)
 
 REFUSAL_REPEAT_SECONDS = 300.0
+SPOT_WATCH: dict[str, str] = {"aws": "aws", "google": "gcp"}  # whose notice a spot node reads
 LISTING_GRACE_SECONDS = 120.0  # a launched instance may be missing from a listing this long
 HEAD_HOME = "home"
 
@@ -394,6 +395,7 @@ class HypermediaNodeProvider(NodeProvider):
             token_path=self.settings.node_token_path,
             token_command=self.settings.token_command,
             num_cpus=self.settings.node_num_cpus,
+            spot_watch=SPOT_WATCH.get(choice.provider) if choice.spot else None,
         )
         if driver.name == "local":  # the local node reads the head's token file
             script = script.replace(

@@ -21,7 +21,8 @@ of the pipeline actors, with ``ray`` connected. Each turn's
 
 The cloud workers the scheduler sees are the provider's worker nodes; ``starting``
 until a Ray node with their instance id is alive, ``draining`` from the turn that
-drained them, with the jobs of the actors on their Ray node.
+drained them (or from the spot interruption notice their actors reported), with the
+jobs of the actors on their Ray node.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from sqlalchemy import select
 from sqlalchemy.engine import Engine
 
 from autoscaler import orders, raynodes
@@ -39,11 +41,13 @@ from autoscaler.policy import DRAIN_TIMEOUT_SECONDS
 from autoscaler.provider import HypermediaNodeProvider
 from autoscaler.snapshot import Offer, Plan, WorkerState
 from autoscaler.state import read_state, write_state
+from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
 
 log = logging.getLogger(__name__)
 
 DRAINING = "draining"
+SPOT_INTERRUPTED = "spot_interrupted"  # a worker row's status after the notice
 
 
 class RayFleet:
@@ -79,11 +83,21 @@ class RayFleet:
             kept = {k: v for k, v in draining.items() if k in records}
             if kept != draining:
                 write_state(conn, DRAINING, kept, now)
+            # A node whose actors got the spot notice is leaving: count it as draining,
+            # so the policy replaces it now and terminates it once its jobs are back.
+            noticed = set(
+                conn.execute(
+                    select(t.workers.c.node_id).where(t.workers.c.status == SPOT_INTERRUPTED)
+                ).scalars()
+            )
         workers = []
         for node_id, record in sorted(records.items()):
             ray_node = alive.get(node_id)
             on_node = [a for a in actors if ray_node is not None and a.node_id == ray_node.node_id]
             finished = [a.last_job_at for a in on_node if a.last_job_at is not None]
+            if ray_node is not None and ray_node.node_id in noticed and node_id not in kept:
+                kept[node_id] = now
+                log.info("%s got a spot interruption notice", node_id)
             status = "draining" if node_id in kept else "active" if ray_node else "starting"
             workers.append(
                 WorkerState(

@@ -45,6 +45,7 @@ OPTIONS = {
     "spot_cents_per_hour",
     "num_cpus",
     "object_store_bytes",
+    "metadata_url",
 }
 
 
@@ -72,6 +73,14 @@ class LocalDriver:
         self.spot = _number(options, "spot_cents_per_hour", self.on_demand / 3)
         self.num_cpus = int(_number(options, "num_cpus", 1))
         self.object_store_bytes = int(_number(options, "object_store_bytes", 128 * 2**20))
+        # Where the nodes' spot watchers find "the instance metadata service" (a cloud's
+        # is link-local; here a local server in the tests).
+        metadata_url = options.get("metadata_url")
+        if metadata_url is not None and not (
+            isinstance(metadata_url, str) and metadata_url.startswith("http")
+        ):
+            raise ConfigError(f"provider.{label}.metadata_url", "expected an http(s) URL")
+        self.metadata_url: str | None = metadata_url
         self.state_dir.mkdir(parents=True, exist_ok=True)
 
     # -- the shared state file ------------------------------------------------------------
@@ -123,7 +132,7 @@ class LocalDriver:
             }
             state[instance_id] = record
         # Booting takes seconds: the lock is not held meanwhile (listing goes on).
-        problem = self._boot(record, request.user_data)
+        problem = self._boot(record, request.user_data, request.spot)
         with self._state() as state:
             if instance_id not in state:  # terminated while booting
                 return DriverError("capacity", f"{instance_id} was terminated while booting")
@@ -138,12 +147,14 @@ class LocalDriver:
         log.info("local instance %s up at %s", instance_id, record["ip"])
         return self._instance(instance_id, record)
 
-    def _boot(self, record: Mapping[str, Any], user_data: str) -> str | None:
+    def _boot(self, record: Mapping[str, Any], user_data: str, spot: bool) -> str | None:
         """Run the user data as cloud-init would; what went wrong (None: it booted)."""
         temp_dir = Path(record["temp_dir"])
         temp_dir.mkdir(parents=True, exist_ok=True)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "HYPERMEDIA_"))}
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+        if spot and self.metadata_url is not None:
+            env["HYPERMEDIA_METADATA_URL"] = self.metadata_url
         env["HM_RAY_START_ARGS"] = " ".join(
             [
                 f"--node-ip-address={record['ip']}",

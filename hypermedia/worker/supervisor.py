@@ -50,9 +50,14 @@ class SupervisorEvents:
     recovered_jobs: list[str] = field(default_factory=list)
 
 
+# Facts of the node an actor runs on, not of the head: a spot burst node's boot script
+# sets HYPERMEDIA_SPOT_WATCH, and the actor there reads it from its own environment.
+NODE_SETTINGS = ("spot_watch", "metadata_url", "spot_poll_seconds")
+
+
 def settings_for_actors(settings: Settings, redis_url: str) -> dict[str, Any]:
     """Plain settings an actor rebuilds its own connections from."""
-    data = settings.model_dump(mode="json", exclude_none=True)
+    data = settings.model_dump(mode="json", exclude_none=True, exclude=set(NODE_SETTINGS))
     data["redis_url"] = redis_url
     data["database_url"] = settings.effective_database_url
     return data

@@ -141,6 +141,12 @@ class MetadataServer:
             }
             self._changed.notify_all()
 
+    def clear_notice(self) -> None:
+        """The reclaimed instance is gone; the next one sees no notice."""
+        with self._changed:
+            self._state.notice = None
+            self._changed.notify_all()
+
     def expire_tokens(self) -> None:
         with self._changed:
             self._state.tokens.clear()
