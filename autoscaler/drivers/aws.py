@@ -18,7 +18,7 @@ It keeps the contract of :mod:`autoscaler.drivers.base` this way:
 
 Options (the ``aws`` section of the provider config, checked when the driver is
 built; a bad one is a :class:`~hypermedia.errors.ConfigError` naming
-``provider.aws.<key>``): ``endpoint_url``, ``subnet_id``, ``security_group_ids``,
+``provider.drivers.aws.<key>``): ``endpoint_url``, ``subnet_id``, ``security_group_ids``,
 ``iam_instance_profile`` (a name or an ARN), ``on_demand_cents_per_hour`` (required:
 the operator's list price, since the Pricing API is neither regional nor cheap to
 ask on every decision).
@@ -44,6 +44,8 @@ from autoscaler.drivers.base import (
     LaunchRequest,
 )
 from hypermedia.errors import ConfigError
+
+_KEY = "provider.drivers.aws"  # where these options live in the cluster yaml
 
 if TYPE_CHECKING:
     from mypy_boto3_ec2 import EC2Client
@@ -196,7 +198,7 @@ class AwsDriver:
             from botocore.config import Config
         except ImportError as exc:
             raise ConfigError(
-                "provider.aws", f"the AWS driver needs boto3 ({exc}): pip install boto3"
+                _KEY, f"the AWS driver needs boto3 ({exc}): pip install boto3"
             ) from None
         self._boto_errors: tuple[type[Exception], ...] = (
             boto_errors.ClientError,
@@ -215,7 +217,7 @@ class AwsDriver:
                 ),
             )
         except boto_errors.BotoCoreError as exc:  # e.g. AWS_PROFILE names no profile
-            raise ConfigError("provider.aws", f"cannot build an EC2 client: {exc}") from None
+            raise ConfigError(_KEY, f"cannot build an EC2 client: {exc}") from None
 
     # -- the Driver interface ---------------------------------------------------------------
 
@@ -450,33 +452,33 @@ def _required(value: str | None, key: str) -> str:
 
 
 def _parse_options(options: Mapping[str, Any]) -> dict[str, Any]:
-    """The ``provider.aws`` options, checked: unknown keys and wrong values are
+    """The ``provider.drivers.aws`` options, checked: unknown keys and wrong values are
     refused here rather than ignored at launch time."""
     if not isinstance(options, Mapping):
-        raise ConfigError("provider.aws", "expected a mapping of options")
+        raise ConfigError(_KEY, "expected a mapping of options")
     for key in options:
         if key not in OPTION_KEYS:
             expected = ", ".join(sorted(OPTION_KEYS))
-            raise ConfigError(f"provider.aws.{key}", f"unknown key (expected one of {expected})")
+            raise ConfigError(f"{_KEY}.{key}", f"unknown key (expected one of {expected})")
     parsed: dict[str, Any] = {}
     for key in ("endpoint_url", "subnet_id", "iam_instance_profile"):
         if options.get(key) is not None:
             parsed[key] = _text(options[key], key)
     endpoint = parsed.get("endpoint_url")
     if endpoint is not None and not endpoint.startswith(("http://", "https://")):
-        raise ConfigError("provider.aws.endpoint_url", f"{endpoint!r} is not an http(s) URL")
+        raise ConfigError(f"{_KEY}.endpoint_url", f"{endpoint!r} is not an http(s) URL")
     groups = options.get("security_group_ids")
     if groups is not None:
         if not isinstance(groups, list | tuple) or not groups:
             raise ConfigError(
-                "provider.aws.security_group_ids", "expected a non-empty list of group ids"
+                f"{_KEY}.security_group_ids", "expected a non-empty list of group ids"
             )
         parsed["security_group_ids"] = [
             _text(group, f"security_group_ids.{index}") for index, group in enumerate(groups)
         ]
     if "on_demand_cents_per_hour" not in options:
         raise ConfigError(
-            "provider.aws.on_demand_cents_per_hour",
+            f"{_KEY}.on_demand_cents_per_hour",
             "required: the instance type's on-demand list price in cents per hour",
         )
     price = options["on_demand_cents_per_hour"]
@@ -487,7 +489,7 @@ def _parse_options(options: Mapping[str, Any]) -> dict[str, Any]:
         or price <= 0
     ):
         raise ConfigError(
-            "provider.aws.on_demand_cents_per_hour",
+            f"{_KEY}.on_demand_cents_per_hour",
             f"{price!r} is not a positive number of cents per hour",
         )
     parsed["on_demand_cents_per_hour"] = price
@@ -496,5 +498,5 @@ def _parse_options(options: Mapping[str, Any]) -> dict[str, Any]:
 
 def _text(value: Any, key: str) -> str:
     if not isinstance(value, str) or not value.strip():
-        raise ConfigError(f"provider.aws.{key}", f"{value!r} is not a non-empty string")
+        raise ConfigError(f"{_KEY}.{key}", f"{value!r} is not a non-empty string")
     return value

@@ -3,7 +3,7 @@
 The node provider (:mod:`autoscaler.provider`) decides *what* to launch (the queue,
 the provider, spot or not, at what price) and keeps Ray's bookkeeping; a driver only
 does the lifecycle I/O against one cloud. The contract every driver keeps (and
-``tests/integration/test_driver_contract.py`` checks on each of them):
+``tests/driver_contract.py`` checks on each of them, from each driver's tests):
 
 * **Idempotent launch.** ``launch(request)`` called again with the same
   ``request.request_id`` (after a timeout, a crash, or from the other process that

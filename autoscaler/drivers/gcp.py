@@ -1,9 +1,9 @@
 """The Google Compute Engine driver (google-cloud-compute, REST transport).
 
 One zone, one machine type, one image (:class:`~autoscaler.config.GoogleConfig`);
-the rest comes from the cluster yaml's ``provider.google`` options, checked when the
+the rest comes from the cluster yaml's ``provider.drivers.google`` options, checked when the
 driver is built (an unknown key or a bad value raises
-:class:`~hypermedia.errors.ConfigError` naming ``provider.google.<key>``):
+:class:`~hypermedia.errors.ConfigError` naming ``provider.drivers.google.<key>``):
 
 ==========================  ==========================================================
 ``project``                 required: the GCP project id
@@ -55,6 +55,8 @@ from autoscaler.drivers.base import (
     LaunchRequest,
 )
 from hypermedia.errors import ConfigError
+
+_KEY = "provider.drivers.google"  # where these options live in the cluster yaml
 
 if TYPE_CHECKING:
     from google.cloud import compute_v1
@@ -131,40 +133,41 @@ class GcpDriver:
         self.operation_timeout = operation_timeout
 
         if not isinstance(options, Mapping):
-            raise ConfigError("provider.google", "expected a mapping of options")
+            raise ConfigError(_KEY, "expected a mapping of options")
         unknown = sorted(str(key) for key in options if key not in _OPTIONS)
         if unknown:
-            raise ConfigError(f"provider.google.{unknown[0]}", "unknown key")
+            raise ConfigError(f"{_KEY}.{unknown[0]}", "unknown key")
         project = _string(options, "project")
         if project is None:
-            raise ConfigError("provider.google.project", "required")
+            raise ConfigError(f"{_KEY}.project", "required")
         self.project = project
         self.network = _string(options, "network")
         self.subnetwork = _string(options, "subnetwork")
         self.service_account_email = _string(options, "service_account_email")
         if self.service_account_email is not None and "@" not in self.service_account_email:
-            raise ConfigError("provider.google.service_account_email", "expected an e-mail address")
+            raise ConfigError(f"{_KEY}.service_account_email", "expected an e-mail address")
         self.external_ip = _bool(options, "external_ip", default=True)
         self.disk_size_gb = _int(options, "disk_size_gb", default=20, low=10, high=65_536)
         on_demand = _price(options, "on_demand_cents_per_hour")
         if on_demand is None:
-            raise ConfigError("provider.google.on_demand_cents_per_hour", "required")
+            raise ConfigError(f"{_KEY}.on_demand_cents_per_hour", "required")
         self.on_demand_cents_per_hour = on_demand
         self.spot_cents_per_hour = _price(options, "spot_cents_per_hour")
         if self.preemptible and self.spot_cents_per_hour is None:
             raise ConfigError(
-                "provider.google.spot_cents_per_hour",
+                f"{_KEY}.spot_cents_per_hour",
                 "required when cloud_providers.google.preemptible is true",
             )
         if not self.preemptible and self.spot_cents_per_hour is not None:
             raise ConfigError(
-                "provider.google.spot_cents_per_hour",
+                f"{_KEY}.spot_cents_per_hour",
                 "set but cloud_providers.google.preemptible is false: it would never be used",
             )
         endpoint = _string(options, "api_endpoint")
         if endpoint is not None and not endpoint.startswith(("http://", "https://")):
             raise ConfigError(
-                "provider.google.api_endpoint", f"{endpoint!r} needs its scheme (http://, https://)"
+                f"{_KEY}.api_endpoint",
+                f"{endpoint!r} needs its scheme (http://, https://)",
             )
         anonymous = _bool(options, "anonymous_credentials", default=False)
 
@@ -173,7 +176,7 @@ class GcpDriver:
             from google.cloud import compute_v1
         except ImportError as exc:
             raise ConfigError(
-                "provider.google", f"google-cloud-compute is not installed ({INSTALL_HINT})"
+                _KEY, f"google-cloud-compute is not installed ({INSTALL_HINT})"
             ) from exc
         credentials = _credentials(anonymous)
         client_options = ClientOptions(api_endpoint=endpoint) if endpoint is not None else None
@@ -472,9 +475,7 @@ def _credentials(anonymous: bool) -> Any:
     try:
         credentials, _project = google_auth_default(scopes=[COMPUTE_SCOPE])
     except auth.DefaultCredentialsError as exc:
-        raise ConfigError(
-            "provider.google", f"no Google credentials (google.auth.default): {exc}"
-        ) from None
+        raise ConfigError(_KEY, f"no Google credentials (google.auth.default): {exc}") from None
     return credentials
 
 
@@ -489,14 +490,14 @@ def _string(options: Mapping[str, Any], key: str) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or not value.strip():
-        raise ConfigError(f"provider.google.{key}", f"expected a non-empty string, not {value!r}")
+        raise ConfigError(f"{_KEY}.{key}", f"expected a non-empty string, not {value!r}")
     return value
 
 
 def _bool(options: Mapping[str, Any], key: str, *, default: bool) -> bool:
     value = options.get(key, default)
     if not isinstance(value, bool):
-        raise ConfigError(f"provider.google.{key}", f"expected true or false, not {value!r}")
+        raise ConfigError(f"{_KEY}.{key}", f"expected true or false, not {value!r}")
     return value
 
 
@@ -504,7 +505,8 @@ def _int(options: Mapping[str, Any], key: str, *, default: int, low: int, high: 
     value = options.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise ConfigError(
-            f"provider.google.{key}", f"expected a whole number from {low} to {high}, not {value!r}"
+            f"{_KEY}.{key}",
+            f"expected a whole number from {low} to {high}, not {value!r}",
         )
     return value
 
@@ -514,7 +516,7 @@ def _price(options: Mapping[str, Any], key: str) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(f"provider.google.{key}", f"expected a number of cents, not {value!r}")
+        raise ConfigError(f"{_KEY}.{key}", f"expected a number of cents, not {value!r}")
     if not math.isfinite(value) or value <= 0:
-        raise ConfigError(f"provider.google.{key}", f"expected a price above 0, not {value!r}")
+        raise ConfigError(f"{_KEY}.{key}", f"expected a price above 0, not {value!r}")
     return float(value)

@@ -56,7 +56,7 @@ host                     API base URL (tests)                  https://api.ionos
 ======================== ===================================================== =======
 
 Unknown keys and bad values raise :class:`~hypermedia.errors.ConfigError` naming
-``provider.ionos.<key>``. Credentials come from the environment only: ``IONOS_TOKEN``
+``provider.drivers.ionos.<key>``. Credentials come from the environment only: ``IONOS_TOKEN``
 (Bearer) or ``IONOS_USERNAME`` + ``IONOS_PASSWORD`` (Basic); they never reach user data.
 
 Errors, translated where they enter (:meth:`IonosDriver._call`): 401/403 ``auth``;
@@ -655,7 +655,7 @@ def _server_type(value: str | None) -> str:
         raise ConfigError(
             key,
             f"{value!r}: CUBE servers are sized by a template, which this driver does not"
-            " pick; use ENTERPRISE or VCPU (sized by provider.ionos.cores and ram_mb)",
+            " pick; use ENTERPRISE or VCPU (sized by provider.drivers.ionos.cores and ram_mb)",
         )
     if server_type not in SERVER_TYPES:
         raise ConfigError(key, f"{value!r} is not an IONOS server type: use ENTERPRISE or VCPU")
@@ -669,7 +669,7 @@ def _required(value: str | None, name: str) -> str:
 
 
 def _key(name: str) -> str:
-    return f"provider.ionos.{name}"
+    return f"provider.drivers.ionos.{name}"
 
 
 def _integer(options: Mapping[str, Any], name: str, default: int | None, *, minimum: int) -> int:

@@ -49,10 +49,14 @@ OPTIONS = {
 }
 
 
-def _number(options: Mapping[str, Any], key: str, default: float | None = None) -> float:
+def _number(
+    options: Mapping[str, Any], key: str, default: float | None = None, label: str = "local"
+) -> float:
     value = options.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        raise ConfigError(f"provider.local.{key}", f"expected a positive number, got {value!r}")
+        raise ConfigError(
+            f"provider.drivers.{label}.{key}", f"expected a positive number, got {value!r}"
+        )
     return float(value)
 
 
@@ -64,22 +68,22 @@ class LocalDriver:
     def __init__(self, options: Mapping[str, Any], *, label: str = "local") -> None:
         unknown = sorted(set(options) - OPTIONS)
         if unknown:
-            raise ConfigError(f"provider.{label}.{unknown[0]}", "unknown option")
+            raise ConfigError(f"provider.drivers.{label}.{unknown[0]}", "unknown option")
         state_dir = options.get("state_dir")
         if not isinstance(state_dir, str) or not state_dir:
-            raise ConfigError(f"provider.{label}.state_dir", "required: a directory path")
+            raise ConfigError(f"provider.drivers.{label}.state_dir", "required: a directory path")
         self.state_dir = Path(state_dir).expanduser()
-        self.on_demand = _number(options, "on_demand_cents_per_hour", 10.0)
-        self.spot = _number(options, "spot_cents_per_hour", self.on_demand / 3)
-        self.num_cpus = int(_number(options, "num_cpus", 1))
-        self.object_store_bytes = int(_number(options, "object_store_bytes", 128 * 2**20))
+        self.on_demand = _number(options, "on_demand_cents_per_hour", 10.0, label)
+        self.spot = _number(options, "spot_cents_per_hour", self.on_demand / 3, label)
+        self.num_cpus = int(_number(options, "num_cpus", 1, label))
+        self.object_store_bytes = int(_number(options, "object_store_bytes", 128 * 2**20, label))
         # Where the nodes' spot watchers find "the instance metadata service" (a cloud's
         # is link-local; here a local server in the tests).
         metadata_url = options.get("metadata_url")
         if metadata_url is not None and not (
             isinstance(metadata_url, str) and metadata_url.startswith("http")
         ):
-            raise ConfigError(f"provider.{label}.metadata_url", "expected an http(s) URL")
+            raise ConfigError(f"provider.drivers.{label}.metadata_url", "expected an http(s) URL")
         self.metadata_url: str | None = metadata_url
         self.state_dir.mkdir(parents=True, exist_ok=True)
 

@@ -39,6 +39,8 @@ from hypermedia.embedded import free_port
 from hypermedia.errors import ConfigError
 from tests.driver_contract import check_contract, listed, request
 
+KEY = "provider.drivers.aws"  # where these options live in the cluster yaml
+
 if TYPE_CHECKING:
     from mypy_boto3_ec2 import EC2Client
 
@@ -560,38 +562,41 @@ def test_our_own_bugs_still_raise() -> None:
 @pytest.mark.parametrize(
     ("options", "key"),
     [
-        ({"on_demand_cents_per_hour": 9.6, "regoin": "eu-west-1"}, "provider.aws.regoin"),
+        ({"on_demand_cents_per_hour": 9.6, "regoin": "eu-west-1"}, f"{KEY}.regoin"),
         (
             {"on_demand_cents_per_hour": 9.6, "aws_secret_access_key": SECRET_KEY},
-            "provider.aws.aws_secret_access_key",
+            f"{KEY}.aws_secret_access_key",
         ),
-        ({}, "provider.aws.on_demand_cents_per_hour"),
-        ({"on_demand_cents_per_hour": 0}, "provider.aws.on_demand_cents_per_hour"),
-        ({"on_demand_cents_per_hour": -1.5}, "provider.aws.on_demand_cents_per_hour"),
-        ({"on_demand_cents_per_hour": "9.6"}, "provider.aws.on_demand_cents_per_hour"),
-        ({"on_demand_cents_per_hour": True}, "provider.aws.on_demand_cents_per_hour"),
-        ({"on_demand_cents_per_hour": float("nan")}, "provider.aws.on_demand_cents_per_hour"),
+        ({}, f"{KEY}.on_demand_cents_per_hour"),
+        ({"on_demand_cents_per_hour": 0}, f"{KEY}.on_demand_cents_per_hour"),
+        ({"on_demand_cents_per_hour": -1.5}, f"{KEY}.on_demand_cents_per_hour"),
+        ({"on_demand_cents_per_hour": "9.6"}, f"{KEY}.on_demand_cents_per_hour"),
+        ({"on_demand_cents_per_hour": True}, f"{KEY}.on_demand_cents_per_hour"),
+        (
+            {"on_demand_cents_per_hour": float("nan")},
+            f"{KEY}.on_demand_cents_per_hour",
+        ),
         (
             {"on_demand_cents_per_hour": 9.6, "endpoint_url": "127.0.0.1:5000"},
-            "provider.aws.endpoint_url",
+            f"{KEY}.endpoint_url",
         ),
-        ({"on_demand_cents_per_hour": 9.6, "subnet_id": ""}, "provider.aws.subnet_id"),
-        ({"on_demand_cents_per_hour": 9.6, "subnet_id": 7}, "provider.aws.subnet_id"),
+        ({"on_demand_cents_per_hour": 9.6, "subnet_id": ""}, f"{KEY}.subnet_id"),
+        ({"on_demand_cents_per_hour": 9.6, "subnet_id": 7}, f"{KEY}.subnet_id"),
         (
             {"on_demand_cents_per_hour": 9.6, "security_group_ids": "sg-1"},
-            "provider.aws.security_group_ids",
+            f"{KEY}.security_group_ids",
         ),
         (
             {"on_demand_cents_per_hour": 9.6, "security_group_ids": []},
-            "provider.aws.security_group_ids",
+            f"{KEY}.security_group_ids",
         ),
         (
             {"on_demand_cents_per_hour": 9.6, "security_group_ids": ["sg-1", 2]},
-            "provider.aws.security_group_ids.1",
+            "provider.drivers.aws.security_group_ids.1",
         ),
         (
             {"on_demand_cents_per_hour": 9.6, "iam_instance_profile": ["x"]},
-            "provider.aws.iam_instance_profile",
+            f"{KEY}.iam_instance_profile",
         ),
     ],
 )
@@ -637,4 +642,4 @@ def test_the_sdk_loads_lazily_and_its_absence_says_what_to_install() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "pip install boto3" in result.stdout
-    assert result.stdout.startswith("provider.aws:")
+    assert result.stdout.startswith("provider.drivers.aws:")

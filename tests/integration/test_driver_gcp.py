@@ -35,6 +35,8 @@ USER_DATA = "#!/bin/sh\n# the node reads its Ray token from /etc/hypermedia/ray_
 # A 64-hex run is what a Ray token (secrets.token_hex(32)) looks like.
 SECRET_LOOKS = re.compile(r"[0-9a-f]{64}|PRIVATE KEY|private_key|client_secret|BEGIN ")
 
+KEY = "provider.drivers.google"  # where these options live in the cluster yaml
+
 
 def config(*, preemptible: bool = False) -> GoogleConfig:
     return GoogleConfig(
@@ -341,20 +343,32 @@ def test_spot_needs_preemptible(server: GcpServer) -> None:
 @pytest.mark.parametrize(
     ("overrides", "preemptible", "key"),
     [
-        ({"zone_hint": "x"}, True, "provider.google.zone_hint"),
-        ({"project": None}, True, "provider.google.project"),
-        ({"project": ""}, True, "provider.google.project"),
-        ({"disk_size_gb": "20"}, True, "provider.google.disk_size_gb"),
-        ({"disk_size_gb": 5}, True, "provider.google.disk_size_gb"),
-        ({"on_demand_cents_per_hour": None}, True, "provider.google.on_demand_cents_per_hour"),
-        ({"on_demand_cents_per_hour": 0}, True, "provider.google.on_demand_cents_per_hour"),
-        ({"on_demand_cents_per_hour": True}, True, "provider.google.on_demand_cents_per_hour"),
-        ({"spot_cents_per_hour": None}, True, "provider.google.spot_cents_per_hour"),
-        ({"spot_cents_per_hour": 3.0}, False, "provider.google.spot_cents_per_hour"),
-        ({"anonymous_credentials": "yes"}, True, "provider.google.anonymous_credentials"),
-        ({"api_endpoint": "127.0.0.1:80"}, True, "provider.google.api_endpoint"),
-        ({"service_account_email": "nobody"}, True, "provider.google.service_account_email"),
-        ({"external_ip": 1}, True, "provider.google.external_ip"),
+        ({"zone_hint": "x"}, True, f"{KEY}.zone_hint"),
+        ({"project": None}, True, f"{KEY}.project"),
+        ({"project": ""}, True, f"{KEY}.project"),
+        ({"disk_size_gb": "20"}, True, f"{KEY}.disk_size_gb"),
+        ({"disk_size_gb": 5}, True, f"{KEY}.disk_size_gb"),
+        (
+            {"on_demand_cents_per_hour": None},
+            True,
+            f"{KEY}.on_demand_cents_per_hour",
+        ),
+        ({"on_demand_cents_per_hour": 0}, True, f"{KEY}.on_demand_cents_per_hour"),
+        (
+            {"on_demand_cents_per_hour": True},
+            True,
+            f"{KEY}.on_demand_cents_per_hour",
+        ),
+        ({"spot_cents_per_hour": None}, True, f"{KEY}.spot_cents_per_hour"),
+        ({"spot_cents_per_hour": 3.0}, False, f"{KEY}.spot_cents_per_hour"),
+        ({"anonymous_credentials": "yes"}, True, f"{KEY}.anonymous_credentials"),
+        ({"api_endpoint": "127.0.0.1:80"}, True, f"{KEY}.api_endpoint"),
+        (
+            {"service_account_email": "nobody"},
+            True,
+            f"{KEY}.service_account_email",
+        ),
+        ({"external_ip": 1}, True, f"{KEY}.external_ip"),
     ],
 )
 def test_bad_option_names_its_key(overrides: dict[str, Any], preemptible: bool, key: str) -> None:
@@ -379,6 +393,7 @@ import sys
 from autoscaler.drivers.gcp import GcpDriver
 from autoscaler.config import GoogleConfig
 from hypermedia.errors import ConfigError
+
 loaded = [m for m in sys.modules if m.startswith(("google.cloud", "google.api_core"))]
 assert not loaded, loaded
 sys.modules["google.cloud.compute_v1"] = None  # as if not installed

@@ -25,6 +25,8 @@ from hypermedia.errors import ConfigError
 from tests.clouds.ionos_server import IonosServer
 from tests.driver_contract import check_contract, eventually, listed, request
 
+KEY = "provider.drivers.ionos"  # where these options live in the cluster yaml
+
 SCRIPT = "#!/bin/sh\n# hypermedia worker boot\nexport RAY_TOKEN_FILE=/etc/hm/ray-token\necho up\n"
 
 
@@ -394,13 +396,13 @@ def test_bad_option_names_its_key(credentials: None, key: str, value: object) ->
     options = {"on_demand_cents_per_hour": 15, key: value}
     with pytest.raises(ConfigError) as caught:
         IonosDriver(make_config(), options)
-    assert caught.value.key == f"provider.ionos.{key}"
+    assert caught.value.key == f"{KEY}.{key}"
 
 
 def test_price_option_is_required(credentials: None) -> None:
     with pytest.raises(ConfigError) as caught:
         IonosDriver(make_config(), {})
-    assert caught.value.key == "provider.ionos.on_demand_cents_per_hour"
+    assert caught.value.key == f"{KEY}.on_demand_cents_per_hour"
 
 
 @pytest.mark.parametrize(

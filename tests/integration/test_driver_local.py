@@ -50,13 +50,13 @@ def test_a_boot_script_that_fails_is_an_error_value_and_leaves_nothing(driver):
 @pytest.mark.parametrize(
     ("options", "key"),
     [
-        ({}, "provider.local.state_dir"),
-        ({"state_dir": "/tmp/x", "surprise": 1}, "provider.local.surprise"),
+        ({}, "provider.drivers.local.state_dir"),
+        ({"state_dir": "/tmp/x", "surprise": 1}, "provider.drivers.local.surprise"),
         (
             {"state_dir": "/tmp/x", "on_demand_cents_per_hour": 0},
-            "provider.local.on_demand_cents_per_hour",
+            "provider.drivers.local.on_demand_cents_per_hour",
         ),
-        ({"state_dir": "/tmp/x", "num_cpus": "2"}, "provider.local.num_cpus"),
+        ({"state_dir": "/tmp/x", "num_cpus": "2"}, "provider.drivers.local.num_cpus"),
     ],
 )
 def test_bad_options_name_their_key(options, key):
