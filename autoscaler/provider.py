@@ -276,6 +276,15 @@ class HypermediaNodeProvider(NodeProvider):
             },
         }
 
+    @contextlib.contextmanager
+    def _launch_lock(self) -> Iterator[None]:
+        with self._lock, (self.state_dir / "launch.lock").open("a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
     # -- NodeProvider: reading -------------------------------------------------------------
 
     def non_terminated_nodes(self, tag_filters: dict[str, str]) -> list[str]:
@@ -377,11 +386,17 @@ class HypermediaNodeProvider(NodeProvider):
     ) -> Instance:
         now = time.time()
         node_id = f"hm-{request_id}"
-        with self._lock, transaction(self.engine) as conn:
+        # The check and the ledger row that makes the launch count are one step, under a
+        # lock every provider object of this cluster shares (threads and processes):
+        # two launches can never both fit in the room that one was left.
+        with self._launch_lock(), transaction(self.engine) as conn:
             choice, refusal = self._choose(conn, queue, now)
             if refusal is not None or choice is None:
                 refusal = refusal or "no provider"
                 self._record_refusal(conn, queue, node_type, refusal, now)
+            else:
+                # Opened before the launch: a crash between the two never hides spend.
+                self._open_ledger(conn, choice, node_type, request_id, now)
         if refusal is not None or choice is None:  # raised after the refusal is committed
             raise NodeLaunchException(
                 "cost_guard", f"refused launching a {node_type} node: {refusal}", None
@@ -411,9 +426,6 @@ class HypermediaNodeProvider(NodeProvider):
             launched_at=now,
             user_data=script,
         )
-        # Opened before the launch: a crash between the two never hides spend.
-        with self._lock, transaction(self.engine) as conn:
-            self._open_ledger(conn, choice, node_type, request_id, now)
         result = driver.launch(request)
         if isinstance(result, DriverError):
             with self._lock, transaction(self.engine) as conn:

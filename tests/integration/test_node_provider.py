@@ -1,0 +1,287 @@
+"""The node provider on a real PostgreSQL, with the local driver starting real Ray nodes.
+
+What Ray's autoscaler asks of it (create, list, tags, terminate) and what it refuses:
+every refusal raises NodeLaunchException with the reason, is written to the decision
+log once (Ray v2 asks again every few seconds), and launches nothing; concurrent
+launches never pass max_instances together; terminate drains first and closes the
+ledger; a second provider object (``ray up`` and the monitor each build one) sees the
+same nodes.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ray.autoscaler.node_launch_exception import NodeLaunchException
+from ray.autoscaler.tags import (
+    NODE_KIND_HEAD,
+    NODE_KIND_WORKER,
+    TAG_RAY_LAUNCH_REQUEST,
+    TAG_RAY_NODE_KIND,
+    TAG_RAY_USER_NODE_TYPE,
+)
+from sqlalchemy import select
+
+from autoscaler import orders, raynodes
+from autoscaler.provider import HypermediaNodeProvider
+from hypermedia.db import tables as t
+from hypermedia.db.engine import transaction
+from hypermedia.errors import ConfigError
+from hypermedia.worker import cluster
+from tests.conftest import RAY_TOKEN
+
+WORKER = {TAG_RAY_NODE_KIND: NODE_KIND_WORKER, TAG_RAY_USER_NODE_TYPE: "burst_media"}
+RESOURCES = {"queue_media": 1.0}
+
+
+def scheduler_json(tmp_path: Path, **changes: Any) -> Path:
+    data = json.loads(
+        (Path(__file__).parents[2] / "ray_cluster" / "scheduler.local.json").read_text()
+    )
+    for dotted, value in changes.items():
+        *parents, last = dotted.split("__")
+        node = data
+        for part in parents:
+            node = node[part]
+        node[last] = value
+    path = tmp_path / f"scheduler-{len(list(tmp_path.glob('scheduler-*')))}.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def provider_config(tmp_path: Path, database_url: str, scheduler: Path, **extra: Any) -> dict:
+    return {
+        "type": "external",
+        "module": "autoscaler.provider.HypermediaNodeProvider",
+        "head_ip": "127.0.0.10",
+        "ray_port": 6390,
+        "state_dir": str(tmp_path / "state"),
+        "scheduler_config": str(scheduler),
+        "database_url": database_url,
+        "token_path": str(RAY_TOKEN),
+        "drain_timeout_seconds": 20,
+        "drivers": {"aws": {"type": "local", "on_demand_cents_per_hour": 17}},
+        **extra,
+    }
+
+
+@pytest.fixture
+def make_provider(tmp_path, pg_database_url):
+    made: list[HypermediaNodeProvider] = []
+
+    def make(scheduler: Path | None = None, **extra: Any) -> HypermediaNodeProvider:
+        config = provider_config(
+            tmp_path, pg_database_url, scheduler or scheduler_json(tmp_path), **extra
+        )
+        provider = HypermediaNodeProvider(config, "hm-it")
+        made.append(provider)
+        return provider
+
+    yield make
+    for provider in made:  # nothing launched outlives the test
+        for node_id in provider.non_terminated_nodes({TAG_RAY_NODE_KIND: NODE_KIND_WORKER}):
+            record = provider.records()[node_id]
+            provider.drivers[record["provider"]].terminate(record["instance_id"])
+
+
+def decisions(provider: HypermediaNodeProvider) -> list[Any]:
+    with transaction(provider.engine) as conn:
+        return list(conn.execute(select(t.scheduler_decisions)))
+
+
+def ledger(provider: HypermediaNodeProvider) -> list[Any]:
+    with transaction(provider.engine) as conn:
+        return list(conn.execute(select(t.cloud_spend).order_by(t.cloud_spend.c.spend_id)))
+
+
+def refused(provider: HypermediaNodeProvider, times: int = 5) -> list[str]:
+    """Ask as Ray v2 does (again every update); the reasons it raised."""
+    reasons = []
+    for n in range(times):
+        with pytest.raises(NodeLaunchException) as caught:
+            provider.create_node_with_resources_and_labels(
+                {}, {**WORKER, TAG_RAY_LAUNCH_REQUEST: f"req-{n}"}, 1, RESOURCES, {}
+            )
+        assert caught.value.category == "cost_guard"
+        reasons.append(caught.value.description)
+    return reasons
+
+
+@pytest.mark.parametrize(
+    ("changes", "why"),
+    [
+        ({"mode": "vps_only"}, "mode is vps_only"),
+        ({"queues__media__cloud_enabled": False}, "queue media is not cloud-enabled"),
+        ({"queues__media__max_workers": 0}, "queue media is at max_workers"),
+    ],
+)
+def test_a_launch_the_rules_forbid_is_refused_once_logged_and_never_launched(
+    tmp_path, make_provider, changes, why
+):
+    provider = make_provider(scheduler_json(tmp_path, **changes))
+    reasons = refused(provider)
+    assert all(why in reason for reason in reasons), reasons
+    rows = decisions(provider)
+    assert len(rows) == 1, rows  # Ray asked 5 times: one line in the log
+    assert rows[0].action == "hold" and why in rows[0].reason and rows[0].queue == "media"
+    assert rows[0].details["source"] == "node_provider"
+    assert ledger(provider) == []
+    assert provider.non_terminated_nodes({TAG_RAY_NODE_KIND: NODE_KIND_WORKER}) == []
+
+
+def test_the_cost_caps_and_the_lock_refuse_with_their_reason(make_provider):
+    provider = make_provider()
+    now = datetime.now(UTC)
+    with transaction(provider.engine) as conn:  # an hour at $2: over the $1 hourly cap
+        conn.execute(
+            t.cloud_spend.insert().values(
+                provider="aws",
+                instance_id="i-old",
+                node_type="burst_media",
+                region="local",
+                spot=False,
+                price_per_hour_microusd=2_000_000,
+                launched_at=now - timedelta(minutes=61),
+                terminated_at=now - timedelta(minutes=1),
+            )
+        )
+    assert "is at the $1.00 cap: no new instances" in refused(provider, 1)[0]
+    with transaction(provider.engine) as conn:
+        conn.execute(
+            t.scheduler_state.insert().values(
+                name="cost_lock", value={"at": time.time(), "reason": "test"}, updated_at=now
+            )
+        )
+    assert "locked to vps_only by the daily cost cap" in refused(provider, 1)[0]
+    assert len(decisions(provider)) == 2
+
+
+def test_the_launch_rate_cap_stops_a_relaunch_loop(tmp_path, make_provider):
+    """Nodes that die at start-up are not relaunched forever (v1 relaunched 69 in 110 s)."""
+    provider = make_provider(
+        scheduler_json(tmp_path, queues__media__max_workers=5),
+        token_path=str(tmp_path / "no-token"),  # every boot fails at once
+    )
+    attempts = []
+    for n in range(6):
+        try:
+            provider.create_node_with_resources_and_labels(
+                {}, {**WORKER, TAG_RAY_LAUNCH_REQUEST: f"loop-{n}"}, 1, RESOURCES, {}
+            )
+        except NodeLaunchException as exc:
+            attempts.append((exc.category, exc.description))
+    categories = [category for category, _ in attempts]
+    assert categories[:2] == ["unavailable", "unavailable"], attempts  # boot failed, twice
+    assert set(categories[2:]) == {"cost_guard"}
+    assert all("launch-rate cap" in why for _, why in attempts[2:])
+    assert len(ledger(provider)) == 2 and all(row.terminated_at for row in ledger(provider))
+
+
+def test_concurrent_launches_never_pass_max_instances_together(tmp_path, make_provider):
+    provider = make_provider(
+        scheduler_json(
+            tmp_path, cloud_providers__aws__max_instances=2, queues__media__max_workers=5
+        ),
+        token_path=str(tmp_path / "no-token"),
+    )
+    outcomes: list[str] = []
+
+    def launch(n: int) -> None:
+        try:
+            provider.create_node_with_resources_and_labels(
+                {}, {**WORKER, TAG_RAY_LAUNCH_REQUEST: f"c-{n}"}, 1, RESOURCES, {}
+            )
+            outcomes.append("launched")
+        except NodeLaunchException as exc:
+            outcomes.append(exc.category)
+
+    threads = [threading.Thread(target=launch, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    # The boots fail (no token), but only two launches were let through the guard.
+    assert sorted(outcomes).count("cost_guard") == 2, outcomes
+    assert len(ledger(provider)) == 2
+
+
+def test_bad_provider_sections_stop_ray_up_naming_the_key(tmp_path, pg_database_url):
+    good = provider_config(tmp_path, pg_database_url, scheduler_json(tmp_path))
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"surprise": 1}, "provider.surprise"),
+        ({"ray_port": 6379}, "provider.ray_port"),
+        ({"head_ip": None}, "provider.head_ip"),
+        ({"drivers": {"gcp": {"type": "local"}}}, "provider.drivers.gcp"),
+    ]
+    for broken, key in cases:
+        config = {"provider": {**copy.deepcopy(good), **broken}}
+        with pytest.raises(ConfigError) as caught:
+            HypermediaNodeProvider.bootstrap_config(config)
+        assert caught.value.key.startswith(key), (broken, caught.value.key)
+    bad_json = tmp_path / "bad.json"
+    bad_json.write_text('{"mode": "sometimes"}')
+    with pytest.raises(ConfigError):
+        HypermediaNodeProvider.bootstrap_config(
+            {"provider": {**copy.deepcopy(good), "scheduler_config": str(bad_json)}}
+        )
+    relative = {"provider": {**copy.deepcopy(good), "scheduler_config": "ray_cluster/x.json"}}
+    with pytest.raises(ConfigError):  # made absolute, then found missing
+        HypermediaNodeProvider.bootstrap_config(relative)
+    assert Path(relative["provider"]["scheduler_config"]).is_absolute()
+
+
+def test_launch_list_adopt_and_terminate_a_real_node(tmp_path, make_provider):
+    head = cluster.start_head(
+        tmp_path / "ray", resources={}, token_path=RAY_TOKEN, num_cpus=1, node_ip="127.0.0.10"
+    )
+    try:
+        scheduler = scheduler_json(tmp_path, cloud_providers__aws__spot_enabled=True)
+        provider = make_provider(scheduler, ray_port=int(head.address.rsplit(":", 1)[1]))
+        provider.create_node({}, {TAG_RAY_NODE_KIND: NODE_KIND_HEAD}, 1)  # ray up's head
+        assert provider.non_terminated_nodes({TAG_RAY_NODE_KIND: NODE_KIND_HEAD}) == ["hm-it-head"]
+        assert provider.internal_ip("hm-it-head") == "127.0.0.10"
+
+        # The scheduler ordered a spot worker: the provider takes that order.
+        with transaction(provider.engine) as conn:
+            orders.place(
+                conn, [orders.Order("media", "aws", True, 6.0, "test", 1, time.time())], time.time()
+            )
+        created = provider.create_node_with_resources_and_labels(
+            {}, {**WORKER, TAG_RAY_LAUNCH_REQUEST: "real-1"}, 1, RESOURCES, {}
+        )
+        assert created is not None
+        (node_id,) = created
+        assert provider.non_terminated_nodes({TAG_RAY_NODE_KIND: NODE_KIND_WORKER}) == [node_id]
+        assert provider.node_tags(node_id)[TAG_RAY_USER_NODE_TYPE] == "burst_media"
+        assert provider.internal_ip(node_id) == "127.0.0.11"
+        joined = raynodes.alive_node(head.address, node_id)
+        assert joined is not None and joined.node_type == "burst_media"
+        (row,) = ledger(provider)
+        assert (row.provider, row.spot, row.price_per_hour_microusd) == ("aws", True, 60_000)
+        assert row.terminated_at is None
+        with transaction(provider.engine) as conn:
+            assert orders.pending(conn, time.time()) == []  # taken
+
+        # ray up's provider object and the monitor's are two: the other one sees it.
+        other = make_provider(scheduler, ray_port=int(head.address.rsplit(":", 1)[1]))
+        assert other.non_terminated_nodes({TAG_RAY_NODE_KIND: NODE_KIND_WORKER}) == [node_id]
+        other.set_node_tags(node_id, {"ray-node-status": "up-to-date"})
+        assert provider.node_tags(node_id)["ray-node-status"] == "up-to-date"
+
+        # Terminate drains a live node first, then deletes it and closes the ledger.
+        provider.terminate_node(node_id)
+        assert raynodes.alive_node(head.address, node_id) is None
+        assert provider.non_terminated_nodes({}) == ["hm-it-head"]
+        (row,) = ledger(provider)
+        assert row.terminated_at is not None
+        provider.terminate_node("hm-it-head")  # ray down: the VPS itself is not deleted
+        assert provider.non_terminated_nodes({}) == []
+    finally:
+        head.stop()
