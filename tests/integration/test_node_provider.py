@@ -56,7 +56,9 @@ def scheduler_json(tmp_path: Path, **changes: Any) -> Path:
     return path
 
 
-def provider_config(tmp_path: Path, database_url: str, scheduler: Path, **extra: Any) -> dict:
+def provider_config(
+    tmp_path: Path, database_url: str, scheduler: Path, **extra: Any
+) -> dict[str, Any]:
     return {
         "type": "external",
         "module": "autoscaler.provider.HypermediaNodeProvider",
