@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from tests.clouds.metadata_server import MetadataServer
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
+HYPERMEDIA = str(BIN / "hypermedia")
 JOBS = 4
 
 
@@ -63,8 +65,93 @@ def processes_with(marker: str) -> list[int]:
     return found
 
 
-@pytest.fixture
-def cluster(tmp_path):
+@dataclass
+class Cluster:
+    """A cluster brought up by ``ray up`` in a test, and what the test reads of it."""
+
+    env: dict[str, str]
+    state: Path
+    data: Path
+    name: str
+    metadata: MetadataServer
+    tmp_path: Path
+
+    def __post_init__(self) -> None:
+        self.engine = create_engine(f"sqlite:///{self.data / 'hypermedia.db'}")
+        self.driver = LocalDriver({"state_dir": str(self.state / "local")})
+        self.client_env: dict[str, str] = {}
+
+    def instances(self) -> list[Any]:
+        found = self.driver.instances(self.name)
+        assert isinstance(found, list), found
+        return found
+
+    def rows(self, sql: str) -> list[Any]:
+        with self.engine.connect() as conn:
+            return list(conn.execute(text(sql)))
+
+    def debug(self) -> str:
+        head_log = (self.state / "head.log").read_text(errors="replace").splitlines()
+        return "\n".join(
+            [
+                f"jobs: {self.count_by_status()}",
+                f"attempts: {self.rows('select worker_id, status, error_code from job_attempts')}",
+                f"instances: {[(i.instance_id, i.spot) for i in self.instances()]}",
+                *[line for line in head_log if "alembic" not in line][-25:],
+            ]
+        )
+
+    def count_by_status(self) -> dict[str, int]:
+        sql = "select status, count(*) from processing_jobs group by status"
+        return {status: n for status, n in self.rows(sql)}
+
+    def wait_for(self, what: str, check: Callable[[], Any], timeout: float) -> Any:
+        return wait_for(what, check, timeout, self.debug)
+
+    def monitor_log(self) -> str:
+        from hypermedia.worker.cluster import short_temp_dir
+
+        logs = short_temp_dir(self.state, "head") / "session_latest" / "logs"
+        return "".join(p.read_text(errors="replace") for p in logs.glob("monitor.*"))
+
+    def submit_clips(self, count: int) -> list[str]:
+        """``count`` 30-second video transcodes (media queue); the clip files."""
+        if not self.client_env:
+            key = run(self.env, HYPERMEDIA, "user", "add", "eve", "--credits", "1000")
+            assert key.returncode == 0, key.stderr
+            self.client_env = {
+                **self.env,
+                "HYPERMEDIA_API_URL": (self.state / "head.url").read_text(),
+                "HYPERMEDIA_API_KEY": key.stdout.strip().splitlines()[-1],
+            }
+        clip = self.tmp_path / "clip.mp4"
+        if not clip.exists():
+            subprocess.run(
+                ["ffmpeg", "-loglevel", "error", "-y", "-f", "lavfi", "-i",
+                 "testsrc=size=640x360:rate=25:duration=30", "-pix_fmt", "yuv420p",
+                 "-c:v", "libx264", "-preset", "ultrafast", str(clip)],
+                check=True,
+            )  # fmt: skip
+        files = []
+        for n in range(count):
+            copy = self.tmp_path / f"clip{len(list(self.tmp_path.glob('clip*.mp4')))}-{n}.mp4"
+            copy.write_bytes(clip.read_bytes())
+            files.append(str(copy))
+        submitted = run(self.client_env, HYPERMEDIA, "submit", *files, "--op", "transcode_video")
+        assert submitted.returncode == 0, submitted.stderr
+        assert submitted.stdout.count("queue=media") == count
+        return files
+
+    def scheduler_log(self, limit: int = 200) -> str:
+        log = run(self.env, HYPERMEDIA, "scheduler", "log", "--limit", str(limit))
+        assert log.returncode == 0, log.stderr
+        return log.stdout
+
+
+@pytest.fixture(params=["v2"])
+def cluster(request, tmp_path):
+    """``ray up`` of ray_cluster/local.yaml (on its own port and state dir), autoscaler v2
+    unless the test asks for ``v1``; ``ray down`` after, which must leave nothing."""
     state = tmp_path / "state"
     data = tmp_path / "data"
     metadata = MetadataServer().start()
@@ -93,18 +180,13 @@ def cluster(tmp_path):
         PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",
         PYTHONPATH=str(REPO),
         COLUMNS="1000",  # rich tables (scheduler log) one row per line
+        RAY_UP_enable_autoscaler_v2="1" if request.param == "v2" else "0",
     )
     up = run(env, str(BIN / "ray"), "up", "-y", str(cluster_yaml), timeout=400)
     try:
         assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
         assert "head services up" in up.stdout + up.stderr
-        yield {
-            "env": env,
-            "state": state,
-            "data": data,
-            "metadata": metadata,
-            "name": config["cluster_name"],
-        }
+        yield Cluster(env, state, data, config["cluster_name"], metadata, tmp_path)
     finally:
         down = run(env, str(BIN / "ray"), "down", "-y", str(cluster_yaml), timeout=400)
         metadata.stop()
@@ -118,63 +200,16 @@ def cluster(tmp_path):
         assert processes_with(str(short_temp_dir(state, "head").parent)) == []
 
 
-def test_a_burst_runs_on_launched_nodes_survives_a_spot_notice_and_ends_drained(cluster, tmp_path):
-    env, state, metadata = cluster["env"], cluster["state"], cluster["metadata"]
-    engine = create_engine(f"sqlite:///{cluster['data'] / 'hypermedia.db'}")
-    driver = LocalDriver({"state_dir": str(state / "local")})
-
-    def instances() -> list[Any]:
-        found = driver.instances(cluster["name"])
-        assert isinstance(found, list), found
-        return found
-
-    def rows(sql: str) -> list[Any]:
-        with engine.connect() as conn:
-            return list(conn.execute(text(sql)))
-
-    def debug() -> str:
-        head_log = (state / "head.log").read_text(errors="replace").splitlines()
-        return "\n".join(
-            [
-                f"jobs: {rows('select status, count(*) from processing_jobs group by status')}",
-                f"attempts: {rows('select worker_id, status, error_code from job_attempts')}",
-                f"instances: {[(i.instance_id, i.spot) for i in instances()]}",
-                *[line for line in head_log if "alembic" not in line][-25:],
-            ]
-        )
-
-    key = run(env, str(BIN / "hypermedia"), "user", "add", "eve", "--credits", "1000")
-    assert key.returncode == 0, key.stderr
-    api_key = key.stdout.strip().splitlines()[-1]
-    client_env = {
-        **env,
-        "HYPERMEDIA_API_URL": (state / "head.url").read_text(),
-        "HYPERMEDIA_API_KEY": api_key,
-    }
-    clip = tmp_path / "clip.mp4"
-    subprocess.run(
-        ["ffmpeg", "-loglevel", "error", "-y", "-f", "lavfi", "-i",
-         "testsrc=size=640x360:rate=25:duration=30", "-pix_fmt", "yuv420p",
-         "-c:v", "libx264", "-preset", "ultrafast", str(clip)],
-        check=True,
-    )  # fmt: skip
-    files = []
-    for n in range(JOBS):
-        copy = tmp_path / f"clip{n}.mp4"
-        copy.write_bytes(clip.read_bytes())
-        files.append(str(copy))
-    submitted = run(
-        client_env, str(BIN / "hypermedia"), "submit", *files, "--op", "transcode_video"
-    )
-    assert submitted.returncode == 0, submitted.stderr
-    assert submitted.stdout.count("queue=media") == JOBS
+def test_a_burst_runs_on_launched_nodes_survives_a_spot_notice_and_ends_drained(cluster):
+    metadata = cluster.metadata
+    rows, instances = cluster.rows, cluster.instances
+    cluster.submit_clips(JOBS)
 
     # A burst node is launched, and a job runs on it (media has no worker on the head).
-    running = wait_for(
+    running = cluster.wait_for(
         "a media job running on a burst node",
         lambda: rows("select job_id, worker_id from job_attempts where status = 'running'"),
         240,
-        debug,
     )
     first_worker = running[0].worker_id
     launched = instances()
@@ -182,35 +217,32 @@ def test_a_burst_runs_on_launched_nodes_survives_a_spot_notice_and_ends_drained(
 
     # The cloud says the instance goes in two minutes: the worker hands its job back.
     metadata.serve_notice()
-    released = wait_for(
+    released = cluster.wait_for(
         "the interrupted worker to hand its job back",
         lambda: rows(
             "select job_id, worker_id from job_attempts"
             " where status = 'released' and error_code = 'spot_interrupted'"
         ),
         90,
-        debug,
     )
     assert released[0].worker_id == first_worker
     interrupted_job = released[0].job_id
     noticed = [i.instance_id for i in instances()]
     # The scheduler counts the noticed node as leaving: it launches a replacement and
     # terminates the noticed one (the cloud would take it anyway).
-    wait_for(
+    cluster.wait_for(
         "the noticed instance to be terminated",
         lambda: not set(noticed) & {i.instance_id for i in instances()},
         120,
-        debug,
     )
     metadata.clear_notice()  # the replacement is another instance: no notice there
 
-    wait_for(
+    cluster.wait_for(
         "every job to complete",
         lambda: (
             rows("select count(*) from processing_jobs where status = 'completed'")[0][0] == JOBS
         ),
         360,
-        debug,
     )
     attempts = rows(
         f"select worker_id, status from job_attempts where job_id = '{interrupted_job}'"
@@ -224,27 +256,25 @@ def test_a_burst_runs_on_launched_nodes_survives_a_spot_notice_and_ends_drained(
     assert attempt_count == len(attempts) - 1  # the interrupted attempt was not counted
 
     # Idle for idle_minutes -> drained -> terminated; the ledger closes.
-    wait_for(
+    cluster.wait_for(
         "the burst nodes to be drained and terminated",
         lambda: (
             not instances()
             and rows("select count(*) from cloud_spend where terminated_at is null")[0][0] == 0
         ),
         240,
-        debug,
     )
-    log = run(env, str(BIN / "hypermedia"), "scheduler", "log", "--limit", "200")
-    assert log.returncode == 0, log.stderr
+    log = cluster.scheduler_log()
     for said in ("Scaling up media", "Scaling down worker", "Terminating worker"):
-        assert said in log.stdout, log.stdout
-    assert "spot" in log.stdout
+        assert said in log, log
+    assert "spot" in log
     ledger = rows("select instance_id, spot from cloud_spend where instance_id != 'i-expensive'")
     assert len(ledger) >= 2 and all(spot for _, spot in ledger)  # the noticed one + replacement
 
     # The daily cap is reached (a minute of a very expensive instance): the next
     # burst is refused, and the log says why.
     now = time.time()
-    with engine.begin() as conn:
+    with cluster.engine.begin() as conn:
         conn.execute(
             text(
                 "insert into cloud_spend (provider, instance_id, node_type, region, spot,"
@@ -254,11 +284,8 @@ def test_a_burst_runs_on_launched_nodes_survives_a_spot_notice_and_ends_drained(
             ),
             {"price": 60_000 * 10_000, "start": now - 120, "end": now - 60},  # $10 in a minute
         )
-    again = run(
-        client_env, str(BIN / "hypermedia"), "submit", *files[:3], "--op", "transcode_video"
-    )
-    assert again.returncode == 0, again.stderr
-    refused = wait_for(
+    cluster.submit_clips(3)
+    refused = cluster.wait_for(
         "the scheduler to refuse the burst",
         lambda: [
             r
@@ -266,10 +293,39 @@ def test_a_burst_runs_on_launched_nodes_survives_a_spot_notice_and_ends_drained(
             if r.action == "hold" and "locked to vps_only" in r.reason
         ],
         90,
-        debug,
     )
     assert "media" in refused[0].reason
     time.sleep(15)  # a few more turns: still nothing launched
     assert instances() == []
-    log = run(env, str(BIN / "hypermedia"), "scheduler", "log", "--limit", "50")
-    assert "Daily cloud spend cap" in log.stdout and "locked to vps_only" in log.stdout
+    log = cluster.scheduler_log(50)
+    assert "Daily cloud spend cap" in log and "locked to vps_only" in log
+    assert "instance_manager" in cluster.monitor_log()  # autoscaler v2 did the launching
+
+
+@pytest.mark.parametrize("cluster", ["v1"], indirect=True)
+def test_autoscaler_v1_launches_and_the_scheduler_retires_the_node(cluster):
+    """`ray start --autoscaling-config` without v2 (RAY_UP_enable_autoscaler_v2=0): the
+    same provider serves v1's StandardAutoscaler."""
+    cluster.submit_clips(2)
+    cluster.wait_for(
+        "both jobs to complete on a burst node",
+        lambda: (
+            cluster.rows("select count(*) from processing_jobs where status = 'completed'")[0][0]
+            == 2
+        ),
+        300,
+    )
+    workers = cluster.rows("select distinct worker_id from job_attempts")
+    assert workers and all(w.worker_id.startswith("media-") for w in workers)
+    cluster.wait_for(
+        "the burst node to be drained and terminated",
+        lambda: (
+            not cluster.instances()
+            and cluster.rows("select count(*) from cloud_spend where terminated_at is null")[0][0]
+            == 0
+        ),
+        240,
+    )
+    assert len(cluster.rows("select * from cloud_spend")) >= 1
+    monitor = cluster.monitor_log()
+    assert "StandardAutoscaler" in monitor and "instance_manager" not in monitor
