@@ -1,0 +1,81 @@
+"""ray_cluster/*.yaml: valid for Ray, and saying what the issue asks of the cluster
+(Ray off port 6379, the dashboard on localhost, token auth, no SSH, nodes that start
+Ray themselves, one queue per burst node type, the head serving the baseline queues)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from ray.autoscaler._private.util import prepare_config, validate_config
+
+from autoscaler.config import SHIPPED, parse
+from autoscaler.provider import HypermediaNodeProvider, head_environment, parse_settings, queue_of
+
+REPO = Path(__file__).resolve().parents[2]
+YAMLS = {
+    "cluster.yaml": SHIPPED,  # the VPS: its scheduler.json starts as the shipped one
+    "local.yaml": REPO / "ray_cluster" / "scheduler.local.json",
+}
+
+
+def load(name: str) -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load((REPO / "ray_cluster" / name).read_text())
+    return loaded
+
+
+@pytest.mark.parametrize("name", sorted(YAMLS))
+def test_ray_accepts_it(name):
+    validate_config(prepare_config(copy.deepcopy(load(name))))
+
+
+@pytest.mark.parametrize("name", sorted(YAMLS))
+def test_the_cluster_is_the_one_the_issue_describes(name):
+    config = load(name)
+    provider = config["provider"]
+    assert provider["type"] == "external"
+    assert provider["module"] == "autoscaler.provider.HypermediaNodeProvider"
+    assert provider["disable_node_updaters"] is True
+    settings = parse_settings(provider)
+    assert settings.ray_port != 6379
+    start = " ".join(config["head_start_ray_commands"])
+    assert (
+        "ray start --head" in start and "--autoscaling-config=~/ray_bootstrap_config.yaml" in start
+    )
+    assert "--port=$HM_RAY_PORT" in start
+    if "--include-dashboard=true" in start:
+        assert "--dashboard-host=127.0.0.1" in start
+    assert config["worker_start_ray_commands"] == []  # nodes start Ray from user data
+
+    scheduler = parse(json.loads(YAMLS[name].read_text()))
+    types = config["available_node_types"]
+    head = types.pop(config["head_node_type"])
+    baseline = {f"queue_{q}": float(c.baseline_workers) for q, c in scheduler.queues.items()}
+    assert {k: float(v) for k, v in head["resources"].items()} == {
+        k: v for k, v in baseline.items() if v
+    }
+    for node_type, spec in types.items():
+        queue = queue_of(spec["resources"])
+        assert node_type == f"burst_{queue}" and queue in scheduler.queues
+    enabled_bursts = {q for q, c in scheduler.queues.items() if c.cloud_enabled}
+    assert enabled_bursts <= {queue_of(spec["resources"]) for spec in types.values()}
+
+
+def test_commands_on_the_head_run_with_token_auth_and_their_own_home(tmp_path):
+    provider_section = dict(load("local.yaml")["provider"])
+    provider_section.update(
+        state_dir=str(tmp_path / "state"), scheduler_config=str(YAMLS["local.yaml"])
+    )
+    provider = HypermediaNodeProvider(provider_section, "hm-unit")
+    env = head_environment(provider)
+    assert env["RAY_AUTH_MODE"] == "token"
+    token = Path(env["RAY_AUTH_TOKEN_PATH"])
+    assert token.exists() and token.stat().st_mode & 0o077 == 0
+    assert env["HOME"] == str(tmp_path / "state" / "home")
+    assert env["PYTHONSAFEPATH"] == "1"  # Ray's monitor script dir holds an autoscaler.py
+    assert env["HM_RAY_ADDRESS"] == f"127.0.0.10:{provider.settings.ray_port}"
+    assert "--port=" not in env["HM_HEAD_PORTS"]
