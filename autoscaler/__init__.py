@@ -1,6 +1,8 @@
-"""The scheduler, cost guard and Ray NodeProvider plugin (see DESIGN.md).
+"""The scheduler, cost guard and Ray node provider (see DESIGN.md).
 
 Arrows run one way: ``autoscaler`` -> ``hypermedia`` core -> ``pipelines``.
-``config`` is the seed's ``scheduler.json``; the policy, cost guard, loop, simulator
-and the Ray/cloud side are still to come (issues 5 and 6).
+``config`` is the seed's ``scheduler.json``; ``policy`` and ``cost`` are pure;
+``scheduler`` is the loop; ``simulate`` replays traces; ``provider`` is the Ray node
+provider, ``drivers`` the clouds, ``rayfleet`` the loop's hands on a Ray cluster and
+``head`` the services a ``ray up`` head runs.
 """
