@@ -3,9 +3,9 @@
 No SSH and no node updater: the instance starts Ray itself. The script carries only
 what is public inside the cluster (the head's address, the node type, the queue
 resources, the instance's own id) and *where* the node finds the cluster's Ray token:
-a file baked into the worker image, or written by ``token_command`` (for example an
-``aws ssm get-parameter`` the instance role may call). It never carries the token or
-a cloud credential; :func:`check_free_of_secrets` is the test every driver's user data
+a file ``token_command`` writes at boot (for example an ``aws ssm get-parameter`` the
+instance role may call), or one the operator's own provisioning puts there. Neither
+the script nor the worker image carries the token or a cloud credential; :func:`check_free_of_secrets` is the test every driver's user data
 passes.
 
 ``RAY_CLOUD_INSTANCE_ID`` and ``RAY_NODE_TYPE_NAME`` on ``ray start`` are how Ray's

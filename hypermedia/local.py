@@ -142,7 +142,7 @@ class LocalStack:
         assert self.stack is not None
         config = uvicorn.Config(
             create_app(self.stack),
-            host="127.0.0.1",
+            host=self.settings.api_host,  # 127.0.0.1 unless burst nodes must fetch blobs
             port=port,
             log_config=None,
             access_log=False,

@@ -58,6 +58,8 @@ NODE_SETTINGS = ("spot_watch", "metadata_url", "spot_poll_seconds")
 def settings_for_actors(settings: Settings, redis_url: str) -> dict[str, Any]:
     """Plain settings an actor rebuilds its own connections from."""
     data = settings.model_dump(mode="json", exclude_none=True, exclude=set(NODE_SETTINGS))
+    if settings.storage_secret is not None:  # a JSON dump masks it ("**********")
+        data["storage_secret"] = settings.storage_secret.get_secret_value()
     data["redis_url"] = redis_url
     data["database_url"] = settings.effective_database_url
     return data
