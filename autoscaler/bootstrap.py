@@ -5,8 +5,8 @@ what is public inside the cluster (the head's address, the node type, the queue
 resources, the instance's own id) and *where* the node finds the cluster's Ray token:
 a file ``token_command`` writes at boot (for example an ``aws ssm get-parameter`` the
 instance role may call), or one the operator's own provisioning puts there. Neither
-the script nor the worker image carries the token or a cloud credential; :func:`check_free_of_secrets` is the test every driver's user data
-passes.
+the script nor the worker image carries the token or a cloud credential;
+:func:`check_free_of_secrets` is the test every driver's user data passes.
 
 ``RAY_CLOUD_INSTANCE_ID`` and ``RAY_NODE_TYPE_NAME`` on ``ray start`` are how Ray's
 autoscaler v2 matches the Ray node to the instance it launched; the
