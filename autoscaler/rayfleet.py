@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 
 DRAINING = "draining"
 SPOT_INTERRUPTED = "spot_interrupted"  # a worker row's status after the notice
+ORDER_PREFIX = "order-"  # a worker ordered but not created yet
 
 
 class RayFleet:
@@ -121,7 +122,7 @@ class RayFleet:
         for index, order in enumerate(waiting):
             workers.append(
                 WorkerState(
-                    worker_id=f"order-{int(order.at)}-{index}",
+                    worker_id=f"{ORDER_PREFIX}{int(order.at)}-{index}",
                     queue=order.queue,
                     status="starting",
                     started_at=order.at,
@@ -166,7 +167,10 @@ class RayFleet:
             if decision.action == "launch":
                 done.append(True)
             elif decision.action == "drain" and decision.worker_id is not None:
-                done.append(self._drain(decision.worker_id, decision.reason, now))
+                if decision.worker_id.startswith(ORDER_PREFIX):
+                    done.append(self._cancel_order(decision.queue or "", now))
+                else:
+                    done.append(self._drain(decision.worker_id, decision.reason, now))
             elif decision.action == "terminate" and decision.worker_id is not None:
                 done.append(self._terminate(decision.worker_id))
             else:
@@ -192,6 +196,11 @@ class RayFleet:
             log.info("requesting %s", totals, extra={"action": "request_resources"})
         request_resources(bundles=bundles)
         self.last_request = bundles
+
+    def _cancel_order(self, queue: str, now: float) -> bool:
+        """A worker that was only ordered leaves by taking its order back."""
+        with transaction(self.engine) as conn:
+            return orders.take(conn, queue, now) is not None
 
     def _drain(self, node_id: str, reason: str, now: float) -> bool:
         with transaction(self.engine) as conn:
