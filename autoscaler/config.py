@@ -25,11 +25,12 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from hypermedia.config import shipped_etc
 from hypermedia.errors import ConfigError
 
 DEFAULT_PATH = Path("/etc/hypermedia/scheduler.json")
 ENV_VAR = "HYPERMEDIA_SCHEDULER_CONFIG"
-SHIPPED = Path(__file__).resolve().parents[1] / "etc" / "scheduler.json"
+SHIPPED = shipped_etc() / "scheduler.json"
 
 Mode = Literal["vps_only", "hybrid", "cloud_first"]
 ProviderName = Literal["aws", "google", "ionos"]

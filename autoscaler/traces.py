@@ -27,8 +27,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from autoscaler.simulate import Arrival, write_trace
+from hypermedia.config import shipped_etc
 
-DIRECTORY = Path(__file__).resolve().parents[1] / "etc" / "traces"
+DIRECTORY = shipped_etc() / "traces"
 
 
 def steady() -> list[Arrival]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -39,7 +40,19 @@ from pydantic_settings import (
 
 from hypermedia.errors import ConfigError
 
-REPO_ETC = Path(__file__).resolve().parent.parent / "etc"
+
+def shipped_etc(candidates: tuple[Path, ...] | None = None) -> Path:
+    """Where the shipped defaults (``profiles.toml``, ``scheduler.json``, traces) are: the
+    checkout's ``etc/`` (an editable install), else ``<prefix>/share/hypermedia/etc``
+    where a wheel installs them (pyproject's data-files)."""
+    found = candidates or (
+        Path(__file__).resolve().parent.parent / "etc",
+        Path(sys.prefix) / "share" / "hypermedia" / "etc",
+    )
+    return next((path for path in found if (path / "profiles.toml").is_file()), found[0])
+
+
+REPO_ETC = shipped_etc()
 DEFAULT_QUEUES = ("images", "documents", "ocr", "media", "bulk")
 _QUEUE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 _S3_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
