@@ -271,9 +271,10 @@ def test_a_burst_runs_on_launched_nodes_survives_a_spot_notice_and_ends_drained(
     ledger = rows("select instance_id, spot from cloud_spend where instance_id != 'i-expensive'")
     assert len(ledger) >= 2 and all(spot for _, spot in ledger)  # the noticed one + replacement
 
-    # The daily cap is reached (a minute of a very expensive instance): the next
-    # burst is refused, and the log says why.
+    # The daily cap is reached (seconds of a very expensive instance, all of them today
+    # even just after midnight UTC): the next burst is refused, and the log says why.
     now = time.time()
+    today = now - now % 86_400
     with cluster.engine.begin() as conn:
         conn.execute(
             text(
@@ -282,7 +283,8 @@ def test_a_burst_runs_on_launched_nodes_survives_a_spot_notice_and_ends_drained(
                 " values ('aws', 'i-expensive', 'burst_media', 'local', 0, :price,"
                 " datetime(:start, 'unixepoch'), datetime(:end, 'unixepoch'))"
             ),
-            {"price": 60_000 * 10_000, "start": now - 120, "end": now - 60},  # $10 in a minute
+            # $216/s of running: the $5 cap is passed within any second of it.
+            {"price": 21_600 * 3600 * 10_000, "start": max(now - 120, today), "end": now},
         )
     cluster.submit_clips(3)
     refused = cluster.wait_for(

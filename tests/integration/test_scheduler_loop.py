@@ -27,7 +27,7 @@ from autoscaler.scheduler import COST_LOCK, Scheduler, reset_cost_lock
 from autoscaler.snapshot import Offer, Plan, WorkerState
 from autoscaler.state import read_state
 from hypermedia import ids
-from hypermedia.clock import SystemClock
+from hypermedia.clock import Clock, ManualClock, SystemClock
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
 from hypermedia.stack import Stack
@@ -92,11 +92,21 @@ def stack(pg_engine, settings):
 
 
 def scheduler(
-    stack: Stack, holder: str, fleet: MemoryFleet, ttl: float = 60, **limits: int
+    stack: Stack,
+    holder: str,
+    fleet: MemoryFleet,
+    ttl: float = 60,
+    clock: Clock | None = None,
+    **limits: int,
 ) -> Scheduler:
     leadership = Leadership(stack.redis, stack.settings.redis_prefix, holder, ttl)
     return Scheduler(
-        hybrid_config(**limits), stack.engine, stack.queue, leadership, SystemClock(), fleet
+        hybrid_config(**limits),
+        stack.engine,
+        stack.queue,
+        leadership,
+        clock or SystemClock(),
+        fleet,
     )
 
 
@@ -149,7 +159,10 @@ def test_only_the_leader_acts_and_the_other_takes_over(stack):
 
 
 def test_the_daily_cap_locks_until_reset_and_the_lock_survives_a_restart(stack):
-    now = datetime.now(UTC)
+    # Noon UTC on the scheduler's clock: three hours of today are behind it at any hour
+    # the test runs (just after midnight, a real clock's "today" holds minutes).
+    now = datetime.now(UTC).replace(hour=12, minute=0, second=0, microsecond=0)
+    noon = ManualClock(now.timestamp())
     with transaction(stack.engine) as conn:
         conn.execute(
             t.cloud_spend.insert().values(
@@ -159,14 +172,16 @@ def test_the_daily_cap_locks_until_reset_and_the_lock_survives_a_restart(stack):
                 region="eu-west-3",
                 spot=False,
                 price_per_hour_microusd=2_000_000,  # $2/h = 200 cents/h
-                launched_at=now - timedelta(hours=min(now.hour + now.minute / 60, 3)),
+                launched_at=now - timedelta(hours=3),
                 terminated_at=None,
             )
         )
     backlog(stack, "ocr", 50)
     fleet = MemoryFleet()
-    # 200 c/h for up to 3 hours today; a daily cap of 100 cents is passed.
-    first = scheduler(stack, "a", fleet, max_daily_spend_cents=100, alert_threshold_cents=50)
+    # 200 c/h for 3 hours today; a daily cap of 100 cents is passed.
+    first = scheduler(
+        stack, "a", fleet, clock=noon, max_daily_spend_cents=100, alert_threshold_cents=50
+    )
     evaluation = first.evaluate()
     actions = [d.action for d in evaluation.decisions]
     assert "lock" in actions and "launch" not in actions
@@ -175,7 +190,9 @@ def test_the_daily_cap_locks_until_reset_and_the_lock_survives_a_restart(stack):
     first.stop()
 
     # A new process (a restart) finds the lock and stays on the VPS.
-    again = scheduler(stack, "b", fleet, max_daily_spend_cents=100_000, alert_threshold_cents=50)
+    again = scheduler(
+        stack, "b", fleet, clock=noon, max_daily_spend_cents=100_000, alert_threshold_cents=50
+    )
     observed = again.observe()
     assert observed.spend.locked
     assert "launch" not in [d.action for d in again.evaluate().decisions]
