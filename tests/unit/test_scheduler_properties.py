@@ -35,6 +35,7 @@ from autoscaler.snapshot import (
     QueueState,
     Snapshot,
     WorkerState,
+    next_history,
 )
 
 START = 1_800_000_000.0 - 1_800_000_000.0 % 86_400 + 20 * 3600  # 20:00 UTC: days turn
@@ -355,35 +356,6 @@ def check_decisions(config: SchedulerConfig, snapshot: Snapshot, decisions: list
     drained = [d.worker_id for d in decisions if d.action == "drain"]
     assert not set(terminated) & set(drained)  # never drained and killed in one turn
     assert len(set(terminated)) == len(terminated) and len(set(drained)) == len(drained)
-
-
-def next_history(snapshot: Snapshot, decisions: list[Decision]) -> History:
-    """What the loop records: cooldown clocks, launch times, alerts, empty queues."""
-    now = snapshot.now
-    history = snapshot.history
-    up, down, alerts = (
-        dict(history.last_scale_up),
-        dict(history.last_scale_down),
-        dict(history.last_alert),
-    )
-    launches = [at for at in history.launches if now - at < cost.LAUNCH_WINDOW_SECONDS]
-    for decision in decisions:
-        if decision.queue is None:
-            continue
-        if decision.action == "launch":
-            up[decision.queue] = now
-            launches.extend([now] * decision.count)
-        elif decision.action == "drain":
-            down[decision.queue] = now
-        elif decision.action == "alert":
-            alerts[decision.queue] = now
-    empty = dict(history.empty_since)
-    for name, state in snapshot.queues.items():
-        if state.depth == 0:
-            empty.setdefault(name, now)
-        else:
-            empty.pop(name, None)
-    return History(up, down, tuple(launches), empty, alerts)
 
 
 def run(config: SchedulerConfig, script: list[Any]) -> World:
