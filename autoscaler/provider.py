@@ -37,7 +37,6 @@ tags of each node). What it does:
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import logging
@@ -69,7 +68,7 @@ from ray.autoscaler.tags import (
 from sqlalchemy import func, select
 from sqlalchemy.engine import Connection, Engine
 
-from autoscaler import bootstrap, cost, orders, policy
+from autoscaler import bootstrap, cost, orders, policy, statefile
 from autoscaler.config import PROVIDERS, ProviderName, SchedulerConfig
 from autoscaler.config import load as load_scheduler_config
 from autoscaler.drivers.base import Driver, DriverError, Instance, LaunchRequest
@@ -219,19 +218,8 @@ class HypermediaNodeProvider(NodeProvider):
 
     @contextlib.contextmanager
     def _nodes(self) -> Iterator[dict[str, dict[str, Any]]]:
-        path = self.state_dir / "nodes.json"
-        with self._lock, (self.state_dir / "nodes.lock").open("a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                nodes: dict[str, dict[str, Any]] = (
-                    json.loads(path.read_text()) if path.exists() else {}
-                )
-                yield nodes
-                temporary = path.with_suffix(".tmp")
-                temporary.write_text(json.dumps(nodes, indent=1, sort_keys=True))
-                temporary.replace(path)
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
+        with self._lock, statefile.locked_json(self.state_dir / "nodes.json") as nodes:
+            yield nodes
 
     def _reconcile(self, nodes: dict[str, dict[str, Any]]) -> None:
         """Bring the node file in line with what the clouds report."""
@@ -278,12 +266,8 @@ class HypermediaNodeProvider(NodeProvider):
 
     @contextlib.contextmanager
     def _launch_lock(self) -> Iterator[None]:
-        with self._lock, (self.state_dir / "launch.lock").open("a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
+        with self._lock, statefile.exclusive(self.state_dir / "launch.lock"):
+            yield
 
     # -- NodeProvider: reading -------------------------------------------------------------
 

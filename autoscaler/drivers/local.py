@@ -20,16 +20,15 @@ until someone terminates it, as on a cloud).
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import json
 import logging
 import os
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from autoscaler import statefile
 from autoscaler.drivers.base import DriverError, Instance, LaunchRequest
 from hypermedia.errors import ConfigError
 from hypermedia.worker.cluster import RayNode, port_arguments, short_temp_dir
@@ -89,22 +88,9 @@ class LocalDriver:
 
     # -- the shared state file ------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def _state(self) -> Iterator[dict[str, dict[str, Any]]]:
+    def _state(self) -> contextlib.AbstractContextManager[dict[str, dict[str, Any]]]:
         """The instances, read and written under an exclusive lock."""
-        path = self.state_dir / "instances.json"
-        with (self.state_dir / "instances.lock").open("a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                state: dict[str, dict[str, Any]] = (
-                    json.loads(path.read_text()) if path.exists() else {}
-                )
-                yield state
-                temporary = path.with_suffix(".tmp")
-                temporary.write_text(json.dumps(state, indent=1, sort_keys=True))
-                temporary.replace(path)
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
+        return statefile.locked_json(self.state_dir / "instances.json")
 
     def _node(self, record: Mapping[str, Any]) -> RayNode:
         return RayNode(temp_dir=Path(record["temp_dir"]), token_path=Path("/dev/null"))
