@@ -43,7 +43,6 @@ from autoscaler import cost, policy
 from autoscaler.config import ProviderName, SchedulerConfig
 from autoscaler.leader import Leadership, Term
 from autoscaler.snapshot import (
-    BANDS,
     FLEET_ACTIONS,
     Decision,
     History,
@@ -53,10 +52,10 @@ from autoscaler.snapshot import (
     Snapshot,
     Spend,
     WorkerState,
-    band_of,
     next_history,
     plan_of,
 )
+from autoscaler.snapshot import queue_state as snapshot_queue_state
 from autoscaler.state import delete_state, read_state, write_state
 from autoscaler.state import epoch as _epoch
 from autoscaler.state import to_datetime as _to_datetime
@@ -157,20 +156,12 @@ def reset_cost_lock(engine: Engine) -> dict[str, Any] | None:
 
 
 def queue_state(queue: RedisQueue, name: str, now: float) -> QueueState:
-    heads = queue.priority_heads(name)
-    depth_by_band: dict[Any, int] = {}
-    oldest_by_band: dict[Any, float] = {}
-    for priority, (count, oldest_id) in heads.items():
-        band = band_of(priority)
-        depth_by_band[band] = depth_by_band.get(band, 0) + count
-        age = max(0.0, now - ids.created_at(oldest_id))
-        oldest_by_band[band] = max(oldest_by_band.get(band, 0.0), age)
-    return QueueState(
-        name=name,
-        depth=sum(depth_by_band.values()),
-        oldest_age_seconds=max(oldest_by_band.values(), default=0.0),
-        depth_by_band={b: depth_by_band[b] for b in BANDS if b in depth_by_band},
-        oldest_by_band={b: oldest_by_band[b] for b in BANDS if b in oldest_by_band},
+    return snapshot_queue_state(
+        name,
+        (
+            (priority, count, max(0.0, now - ids.created_at(oldest_id)))
+            for priority, (count, oldest_id) in queue.priority_heads(name).items()
+        ),
     )
 
 

@@ -68,6 +68,7 @@ from autoscaler.snapshot import (
     WorkerState,
     band_of,
     next_history,
+    queue_state,
 )
 
 if TYPE_CHECKING:
@@ -625,22 +626,12 @@ class _World:
     # observation
 
     def queue_state(self, name: str) -> QueueState:
-        depth_by_band: dict[Band, int] = {}
-        oldest_by_band: dict[Band, float] = {}
-        for priority, heap in self.waiting[name].items():
-            if heap:
-                band = band_of(priority)
-                depth_by_band[band] = depth_by_band.get(band, 0) + len(heap)
-                age = self.now - heap[0][0]
-                oldest_by_band[band] = max(oldest_by_band.get(band, 0.0), age)
-        return QueueState(
-            name=name,
-            depth=sum(depth_by_band.values()),
-            oldest_age_seconds=max(oldest_by_band.values(), default=0.0),
-            depth_by_band={b: depth_by_band[b] for b in BANDS if b in depth_by_band},
-            oldest_by_band={b: oldest_by_band[b] for b in BANDS if b in oldest_by_band},
-            long_jobs=self.long_waiting[name],
-        )
+        heads = [
+            (priority, len(heap), self.now - heap[0][0])
+            for priority, heap in self.waiting[name].items()
+            if heap
+        ]
+        return queue_state(name, heads, long_jobs=self.long_waiting[name])
 
     def spend(self) -> Spend:
         return cost.spend(

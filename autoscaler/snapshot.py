@@ -47,6 +47,26 @@ class QueueState:
     long_jobs: int = 0
 
 
+def queue_state(
+    name: str, heads: Iterable[tuple[int, int, float]], long_jobs: int = 0
+) -> QueueState:
+    """A queue from its ready jobs per priority: ``(priority, count, oldest age)``."""
+    depth_by_band: dict[Band, int] = {}
+    oldest_by_band: dict[Band, float] = {}
+    for priority, count, age in heads:
+        band = band_of(priority)
+        depth_by_band[band] = depth_by_band.get(band, 0) + count
+        oldest_by_band[band] = max(oldest_by_band.get(band, 0.0), age)
+    return QueueState(
+        name=name,
+        depth=sum(depth_by_band.values()),
+        oldest_age_seconds=max(oldest_by_band.values(), default=0.0),
+        depth_by_band={b: depth_by_band[b] for b in BANDS if b in depth_by_band},
+        oldest_by_band={b: oldest_by_band[b] for b in BANDS if b in oldest_by_band},
+        long_jobs=long_jobs,
+    )
+
+
 WorkerStatus = Literal["starting", "active", "draining", "terminated"]
 
 
