@@ -12,6 +12,7 @@ import contextlib
 import os
 import sqlite3
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import redis
@@ -185,3 +186,17 @@ def delete_keys(client: redis.Redis, prefix: str) -> int:
     if batch:
         deleted += int(client.unlink(*batch))
     return deleted
+
+
+@contextlib.contextmanager
+def moto_server() -> Iterator[str]:
+    """moto's server mode on a free port of 127.0.0.1 (real HTTP for boto3); its URL."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()

@@ -30,13 +30,13 @@ from botocore.exceptions import (
     ParamValidationError,
     ReadTimeoutError,
 )
-from moto.server import ThreadedMotoServer
 
 from autoscaler.config import AwsConfig
 from autoscaler.drivers.aws import AwsDriver, driver_error
 from autoscaler.drivers.base import TAG_KEYS, DriverError, Instance
 from hypermedia.embedded import free_port
 from hypermedia.errors import ConfigError
+from tests import support
 from tests.driver_contract import check_contract, listed, request
 
 KEY = "provider.drivers.aws"  # where these options live in the cluster yaml
@@ -68,11 +68,8 @@ USER_DATA = (
 
 @pytest.fixture(scope="module")
 def moto_server() -> Iterator[str]:
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
+    with support.moto_server() as url:
+        yield url
 
 
 @pytest.fixture(autouse=True)

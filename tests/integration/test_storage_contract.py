@@ -35,7 +35,6 @@ from botocore.auth import S3SigV4QueryAuth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 from fastapi import FastAPI
-from moto.server import ThreadedMotoServer
 
 from hypermedia.clock import SystemClock
 from hypermedia.embedded import free_port
@@ -47,6 +46,7 @@ from hypermedia.storage.base import InvalidSignature, Storage, StorageUnavailabl
 from hypermedia.storage.local import LocalStorage
 from hypermedia.storage.s3 import S3Storage
 from hypermedia.storage.transfer import TransferDenied, TransferNotFound
+from tests import support
 from tests.api_support import wait_until_healthy
 
 REGION = "us-east-1"
@@ -61,11 +61,8 @@ MiB = 1 << 20
 
 @pytest.fixture(scope="module")
 def moto_endpoint() -> Iterator[str]:
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
+    with support.moto_server() as url:
+        yield url
 
 
 @pytest.fixture
