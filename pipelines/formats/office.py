@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import IO, Any
 
+from pipelines.formats.signatures import FLAT_ODF_KINDS
 from pipelines.formats.source import Source, buffered
 
 MAX_CENTRAL_DIRECTORY_BYTES = 16 * 1024 * 1024
@@ -105,18 +106,9 @@ _OOXML_LABELS = {
     "ooxml-slides": "PowerPoint presentation (OOXML)",
     "ooxml": "Office Open XML package",
 }
-ODF_KINDS = {
-    "text": "odf-text",
-    "text-template": "odf-text",
-    "text-master": "odf-text",
-    "text-web": "odf-text",
-    "spreadsheet": "odf-sheet",
-    "spreadsheet-template": "odf-sheet",
-    "presentation": "odf-slides",
-    "presentation-template": "odf-slides",
-    "graphics": "odf-drawing",
-    "graphics-template": "odf-drawing",
-}
+# A package's mimetype subtype -> kind: the flat (single-XML) ones plus the web template
+# that only exists packaged.
+ODF_KINDS = {**FLAT_ODF_KINDS, "text-web": "odf-text"}
 _CONTENT_TYPE = re.compile(rb'ContentType\s*=\s*"([^"]*)"', re.I)
 _APP_PAGES = re.compile(rb"<(?:\w+:)?(?:Pages|Slides)>\s*(\d+)\s*<")
 _ODF_PAGES = re.compile(rb'meta:page-count\s*=\s*"(\d+)"')
