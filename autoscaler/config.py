@@ -25,8 +25,8 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from hypermedia.config import shipped_etc
 from hypermedia.errors import ConfigError
+from hypermedia.etc import shipped_etc
 
 DEFAULT_PATH = Path("/etc/hypermedia/scheduler.json")
 ENV_VAR = "HYPERMEDIA_SCHEDULER_CONFIG"

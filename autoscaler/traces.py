@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from autoscaler.simulate import Arrival, write_trace
-from hypermedia.config import shipped_etc
+from hypermedia.etc import shipped_etc
 
 DIRECTORY = shipped_etc() / "traces"
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -39,18 +38,7 @@ from pydantic_settings import (
 )
 
 from hypermedia.errors import ConfigError
-
-
-def shipped_etc(candidates: tuple[Path, ...] | None = None) -> Path:
-    """Where the shipped defaults (``profiles.toml``, ``scheduler.json``, traces) are: the
-    checkout's ``etc/`` (an editable install), else ``<prefix>/share/hypermedia/etc``
-    where a wheel installs them (pyproject's data-files)."""
-    found = candidates or (
-        Path(__file__).resolve().parent.parent / "etc",
-        Path(sys.prefix) / "share" / "hypermedia" / "etc",
-    )
-    return next((path for path in found if (path / "profiles.toml").is_file()), found[0])
-
+from hypermedia.etc import shipped_etc
 
 REPO_ETC = shipped_etc()
 DEFAULT_QUEUES = ("images", "documents", "ocr", "media", "bulk")

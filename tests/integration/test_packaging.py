@@ -10,7 +10,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from hypermedia.config import shipped_etc
+from hypermedia.etc import shipped_etc
 
 REPO = Path(__file__).resolve().parents[2]
 
