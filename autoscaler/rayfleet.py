@@ -28,6 +28,7 @@ jobs of the actors on their Ray node.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -144,7 +145,7 @@ class RayFleet:
     # -- making it so ------------------------------------------------------------------------
 
     def apply(self, plan: Plan, term: Term) -> list[bool]:
-        now = plan_time = self._now()
+        now = time.time()
         new_orders = [
             orders.Order(
                 queue=d.queue or "",
@@ -153,7 +154,7 @@ class RayFleet:
                 cents_per_hour=d.cents_per_hour,
                 reason=d.reason,
                 term=term.token,
-                at=plan_time,
+                at=now,
             )
             for d in plan.actions
             if d.action == "launch"
@@ -182,11 +183,6 @@ class RayFleet:
         self._request(totals)
         self.supervisor.resize(totals)
         return done
-
-    def _now(self) -> float:
-        import time
-
-        return time.time()
 
     def _request(self, totals: dict[str, int]) -> None:
         from ray.autoscaler.sdk import request_resources

@@ -254,7 +254,10 @@ class Supervisor:
                 log.info("worker %s handed back %d jobs", member.worker_id, len(released))
         except Exception as exc:  # the node may already be gone: its jobs are recovered
             log.warning("retiring %s: %s", member.worker_id, exc)
-            self.stack.dispatcher.recover_worker(member.worker_id, f"retired: {exc}"[:500])
+            try:
+                self.stack.dispatcher.recover_worker(member.worker_id, f"retired: {exc}"[:500])
+            except HypermediaError as problem:
+                log.warning("recovering %s: %s (the reaper will)", member.worker_id, problem)
         finally:
             ray.kill(member.actor)  # its node can only go idle once the actor is gone
         log.info("worker %s retired", member.worker_id, extra={"worker_id": member.worker_id})
