@@ -368,12 +368,13 @@ class HypermediaNodeProvider(NodeProvider):
         resources: Mapping[str, float],
         request_id: str,
     ) -> Instance:
-        now = time.time()
         node_id = f"hm-{request_id}"
         # The check and the ledger row that makes the launch count are one step, under a
         # lock every provider object of this cluster shares (threads and processes):
-        # two launches can never both fit in the room that one was left.
+        # two launches can never both fit in the room that one was left. The clock is read
+        # inside it: launches let through while this one waited are in its past.
         with self._launch_lock(), transaction(self.engine) as conn:
+            now = time.time()
             choice, refusal = self._choose(conn, queue, now)
             if refusal is not None or choice is None:
                 refusal = refusal or "no provider"
