@@ -122,10 +122,10 @@ def _flat_odf(source: Source, details: dict[str, Any]) -> None:
         if marker in text:
             details["macros"] = f"embedded scripts ({marker.decode()[1:].strip()})"
             break
-    element = signatures.root_element(text)
-    prolog = text[: text.find(b"<" + element)] if element else text[:4096]
-    if office.dangerous_dtd(prolog, any_dtd=False):
-        details["unsafe_xml"] = "the document declares a DTD with entities or external identifiers"
+    head = text[: office.PROLOG_BYTES]
+    danger = office.prolog_danger(head, any_dtd=False, whole=len(head) == source.size)
+    if danger is not None:
+        details["unsafe_xml"] = f"the document {danger}"
 
 
 @functools.cache

@@ -17,12 +17,15 @@ the directory only. Facts gathered for :func:`hypermedia.sandbox.inspect.check_o
   macro-enabled main parts, DDE links in external-link parts, ODF ``Basic/`` or
   ``Scripts/`` entries;
 * ``encrypted``: ODF manifest ``encryption-data``, or encrypted ZIP entries;
-* ``unsafe_xml``: a DTD in the prolog of an XML part (read from its first
-  :data:`PROLOG_BYTES`): in OOXML any DTD (the packaging rules forbid them); in ODF an
-  internal subset or entity declarations (entity expansion) or an external identifier
-  that is a URL or an absolute path (XXE), while the relative ``PUBLIC ... "Manifest.dtd"``
-  of older OpenOffice files is allowed; an ``xl/xmlMaps.xml`` schema pulling another
-  schema from a URL;
+* ``unsafe_xml``: a DTD in the prolog of an XML part (its first :data:`PROLOG_BYTES`
+  read by expat up to the root element, :func:`prolog_danger`, so comments and
+  processing instructions hide nothing): in OOXML any DTD (the packaging rules forbid
+  them); in ODF an internal subset (entity declarations: expansion) or an external
+  identifier other than a plain file name (a URL or a path: XXE), while the relative
+  ``PUBLIC ... "Manifest.dtd"`` of older OpenOffice files is allowed; a prolog expat
+  cannot read (not well-formed, an encoding it does not know) or that does not reach
+  the root element within the read; an ``xl/xmlMaps.xml`` schema pulling another schema
+  from a URL;
 * ``pages``: ``docProps/app.xml`` ``<Pages>``/``<Slides>``, ODF ``meta:page-count``.
 
 Only the first :data:`PROLOG_BYTES` of XML parts and small metadata parts are inflated,
@@ -45,6 +48,7 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import IO, Any
+from xml.parsers import expat
 
 from pipelines.formats.signatures import FLAT_ODF_KINDS
 from pipelines.formats.source import Source, buffered
@@ -116,10 +120,9 @@ _MANIFEST_ROOT = re.compile(
     rb'manifest:full-path\s*=\s*"/"[^>]*?manifest:media-type\s*=\s*"([^"]+)"'
     rb'|manifest:media-type\s*=\s*"([^"]+)"[^>]*?manifest:full-path\s*=\s*"/"'
 )
-_DTD = re.compile(rb"<!(?:DOCTYPE|ENTITY)", re.I)
-_DTD_DANGER = re.compile(rb"\[|<!ENTITY|[\"'](?:[A-Za-z][A-Za-z0-9+.-]*:|/)", re.I)
 _REMOTE_SCHEMA = re.compile(rb"schemaLocation\s*=\s*[\"'][A-Za-z][A-Za-z0-9+.-]*:", re.I)
-_XML_PROLOG_END = re.compile(rb"<[A-Za-z_]")
+# The DTD an ODF part may name: a file name beside it, as old OpenOffice files do.
+_PLAIN_DTD_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\.dtd")
 
 
 @dataclass
@@ -317,10 +320,70 @@ def _odf(archive: zipfile.ZipFile, names: dict[str, zipfile.ZipInfo], found: Con
             found.details["pages"] = int(pages.group(1))
 
 
-def dangerous_dtd(prolog: bytes, *, any_dtd: bool) -> bool:
-    """Whether an XML prolog declares a DTD that counts (see the module docstring)."""
-    dtd = _DTD.search(prolog)
-    return dtd is not None and (any_dtd or _DTD_DANGER.search(prolog, dtd.start()) is not None)
+class _PrologRead(Exception):
+    """Raised from expat's handlers: the prolog has been read far enough."""
+
+
+def prolog_danger(head: bytes, *, any_dtd: bool, whole: bool = False) -> str | None:
+    """Why the XML prolog at the start of ``head`` is refused (``unsafe_xml``; a phrase
+    after the part's name), or None.
+
+    expat reads ``head`` (the start of a document, maybe cut anywhere) and is stopped
+    at the DOCTYPE or at the root element, whichever comes first: comments,
+    processing instructions and character references are read as a decoder would,
+    so none hides a DTD, and nothing after the root's name is looked at. expat is
+    given no handler for external entities, so it loads nothing, and the internal
+    subset is never parsed (it stops where the subset would start). ``any_dtd``:
+    every DTD counts (OOXML), else only an internal subset or an external
+    identifier other than a plain file name (ODF). ``whole``: ``head`` is the whole
+    document (so a DOCTYPE at its very end still counts).
+    """
+    parser = expat.ParserCreate()
+    found: dict[str, Any] = {}
+
+    def doctype(name: str, system_id: str | None, public_id: str | None, subset: int) -> None:
+        found["doctype"] = (system_id, bool(subset))
+        raise _PrologRead
+
+    def root(name: str, attributes: Any) -> None:
+        found["root"] = True
+        raise _PrologRead
+
+    parser.StartDoctypeDeclHandler = doctype
+    parser.StartElementHandler = root
+    try:
+        parser.Parse(head, False)
+        if whole and head.strip():
+            parser.Parse(b"", True)
+    except _PrologRead:
+        pass
+    except (expat.ExpatError, ValueError, LookupError) as exc:  # ValueError: an encoding
+        return f"has a prolog that is not readable XML ({exc})"
+    if "doctype" in found:
+        system_id, subset = found["doctype"]
+        if any_dtd:
+            return "declares a DTD"
+        if subset:
+            return "declares a DTD with an internal subset"
+        if system_id is not None and not _PLAIN_DTD_NAME.fullmatch(system_id):
+            return f"declares a DTD at {system_id[:200]!r}"
+        return None
+    if found.get("root") or _in_root_tag(head, parser.CurrentByteIndex):
+        return None
+    return None if whole else f"has a prolog longer than {len(head):,} B"
+
+
+def _in_root_tag(head: bytes, unread: int) -> bool:
+    """Whether what expat left unread (a token cut off by the end of ``head``) is the
+    root element's start tag: then the prolog is over and no DTD can follow."""
+    rest = head[max(unread, 0) : max(unread, 0) + 16]
+    codec = "latin-1"
+    if head[:2] in (b"\xff\xfe", b"<\x00"):
+        codec = "utf-16-le"
+    elif head[:2] in (b"\xfe\xff", b"\x00<"):
+        codec = "utf-16-be"
+    text = rest.decode(codec, "ignore").lstrip()
+    return len(text) >= 2 and text[0] == "<" and (text[1].isalpha() or text[1] in "_:")
 
 
 def _safe_read(archive: zipfile.ZipFile, info: zipfile.ZipInfo | None, limit: int) -> bytes:
@@ -357,14 +420,9 @@ def _xml_parts(
         except (zipfile.BadZipFile, OSError, EOFError, NotImplementedError, RuntimeError) as exc:
             found.details.setdefault("corrupt", f"unreadable part {info.filename}: {exc}")
             return
-        end = _XML_PROLOG_END.search(prolog)
-        if dangerous_dtd(prolog[: end.start()] if end else prolog, any_dtd=any_dtd):
-            found.details["unsafe_xml"] = f"{info.filename} declares a DTD"
-            return
-        if end is None and len(prolog) >= PROLOG_BYTES:
-            found.details["unsafe_xml"] = (
-                f"{info.filename} has a prolog longer than {PROLOG_BYTES} B"
-            )
+        danger = prolog_danger(prolog, any_dtd=any_dtd, whole=len(prolog) < PROLOG_BYTES)
+        if danger is not None:
+            found.details["unsafe_xml"] = f"{info.filename} {danger}"
             return
 
 

@@ -242,6 +242,97 @@ VERDICTS = [
         WORD,
         "unsafe_xml",
     ),
+    # A DTD behind a comment or a processing instruction that holds what looks like the
+    # root element: only a parser sees the prolog as the decoder will.
+    (
+        "OOXML DTD after a comment holding <a",
+        docx(
+            {
+                "word/document.xml": (
+                    '<?xml version="1.0"?><!-- <a --><!DOCTYPE w [<!ENTITY xxe SYSTEM'
+                    ' "file:///etc/passwd">]><w:document>&xxe;</w:document>'
+                )
+            }
+        ),
+        WORD,
+        "unsafe_xml",
+    ),
+    (
+        "OOXML DTD after a processing instruction holding <a",
+        docx({"word/styles.xml": '<?pi <a b="c"?><!DOCTYPE w SYSTEM "styles.dtd"><w:styles/>'}),
+        WORD,
+        "unsafe_xml",
+    ),
+    (
+        "ODF external DTD after a comment holding <a",
+        odt(
+            {
+                "content.xml": (
+                    '<?xml version="1.0"?><!-- <a --><!DOCTYPE d SYSTEM'
+                    ' "http://10.0.0.1/x.dtd"><office:document-content/>'
+                )
+            }
+        ),
+        WORD,
+        "unsafe_xml",
+    ),
+    (
+        "ODF DTD that is a path",
+        odt({"styles.xml": '<!DOCTYPE s SYSTEM "../../../etc/x.dtd"><s/>'}),
+        WORD,
+        "unsafe_xml",
+    ),
+    (
+        "OOXML DTD in a UTF-16 part",
+        docx(
+            {
+                "word/document.xml": "\ufeff"
+                '<?xml version="1.0" encoding="UTF-16"?><!DOCTYPE w [<!ENTITY a "b">]>'
+                "<w:document/>".encode("utf-16-le")
+            }
+        ),
+        WORD,
+        "unsafe_xml",
+    ),
+    (
+        "OOXML part in an encoding the check cannot read",
+        docx({"word/document.xml": '<?xml version="1.0" encoding="UTF-7"?><w:document/>'}),
+        WORD,
+        "unsafe_xml",
+    ),
+    (
+        "OOXML DOCTYPE only in a comment",
+        docx({"word/document.xml": '<?xml version="1.0"?><!-- <!DOCTYPE w> --><w:document/>'}),
+        WORD,
+        None,
+    ),
+    (
+        "OOXML root start tag longer than the read",
+        docx(
+            {
+                "word/document.xml": '<?xml version="1.0"?><w:document '
+                + " ".join(f'xmlns:n{i}="urn:example:{i}"' for i in range(300))
+                + "/>"
+            }
+        ),
+        WORD,
+        None,
+    ),
+    (
+        "flat ODT DTD after a comment holding <office:document",
+        b'<?xml version="1.0"?><!-- <office:document --><!DOCTYPE office:document'
+        b' [<!ENTITY xxe SYSTEM "file:///etc/passwd">]><office:document'
+        b' office:mimetype="application/vnd.oasis.opendocument.text">&xxe;</office:document>',
+        WORD,
+        "unsafe_xml",
+    ),
+    (
+        "flat ODT",
+        b'<?xml version="1.0"?><!-- a comment --><office:document'
+        b' office:mimetype="application/vnd.oasis.opendocument.text"/>',
+        WORD,
+        None,
+    ),
     (
         "remote schema in xmlMaps",
         docx(
