@@ -87,6 +87,8 @@ class Settings(BaseSettings):
     api_url: str | None = None
     api_key: str | None = None
     max_upload_bytes: int = Field(default=2 * 1024**3, ge=1)
+    # Every request body but an upload's is read into memory: keep it small.
+    max_json_body_bytes: int = Field(default=1024**2, ge=1024, le=64 * 1024**2)
 
     # Storage: a local directory (``data_dir/objects``, URLs served by the API and
     # signed with ``storage_secret``) or an S3 bucket (URLs presigned by S3).

@@ -10,8 +10,9 @@ translated where they enter, with ``raise ... from exc``.
     HypermediaError (code, status)
     ├── ConfigError              bad setting: names the key and what was expected
     ├── InvalidRequest      400  the request itself is malformed
-    │   ├── UnknownOperation     no profile for that operation
+    │   ├── UnknownOperation 422 no profile, or no pipeline step, for that operation
     │   ├── InputTooLarge   413  object bigger than the profile allows
+    │   ├── RequestTooLarge 413  a request body over its route's limit
     │   └── InputRejected   422  the object's content is refused for the operation
     │       ├── UnsupportedFormat    a format the platform (or this operation) does not process
     │       ├── InputTypeMismatch    the operation is for another kind of file
@@ -88,10 +89,18 @@ class InvalidRequest(HypermediaError):
 
 class UnknownOperation(InvalidRequest):
     code = "unknown_operation"
+    status = 422
 
 
 class InputTooLarge(InvalidRequest):
     code = "input_too_large"
+    status = 413
+
+
+class RequestTooLarge(InvalidRequest):
+    """A request body over its route's limit (refused before it is read)."""
+
+    code = "request_too_large"
     status = 413
 
 

@@ -8,6 +8,7 @@ private ``redis-server`` in ``data_dir``.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 import redis
@@ -18,7 +19,7 @@ from hypermedia.config import Settings
 from hypermedia.db.engine import make_engine, transaction
 from hypermedia.db.migrate import current_revision, head_revision, upgrade
 from hypermedia.errors import ConfigError
-from hypermedia.ingest.service import IngestService
+from hypermedia.ingest.service import IngestService, registered_operations
 from hypermedia.jobs.catalog import ProfileCatalog, sync_profiles
 from hypermedia.jobs.dispatcher import Dispatcher
 from hypermedia.jobs.repository import JobRepository
@@ -99,7 +100,10 @@ class Stack:
         clock: Clock | None = None,
         auto_migrate: bool = False,
         engine: Engine | None = None,
+        implemented: Callable[[], Collection[str]] = registered_operations,
     ) -> Stack:
+        """``implemented`` names the operations ingest accepts (those with a pipeline
+        step; tests of queue mechanics may widen it to every profile)."""
         clock = clock or SystemClock()
         engine = engine or make_engine(settings.effective_database_url)
         if auto_migrate:
@@ -127,7 +131,7 @@ class Stack:
             queue=queue,
             catalog=catalog,
             repository=repository,
-            ingest=IngestService(engine, queue, catalog, clock, repository),
+            ingest=IngestService(engine, queue, catalog, clock, repository, implemented),
             dispatcher=Dispatcher(
                 engine,
                 queue,

@@ -104,7 +104,9 @@ def operation_for(row: Row, detected: str) -> str:
     by_name = OPERATION_BY_NAME.get(Path(row.path).suffix.lower())
     if row.expected == "reject:type-mismatch" and by_name:
         return by_name
-    return OPERATION_BY_KIND.get(detected) or by_name or "regenerate"
+    # What no operation takes (archives, unknown bytes) is judged by the refusals that
+    # hold for every operation; extract_text has a pipeline step, so ingest accepts it.
+    return OPERATION_BY_KIND.get(detected) or by_name or "extract_text"
 
 
 def allowed(row: Row) -> set[str] | None:

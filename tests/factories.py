@@ -15,13 +15,21 @@ from hypermedia.config import Settings
 from hypermedia.db.engine import transaction
 from hypermedia.ids import new_id
 from hypermedia.ingest.service import SubmitRequest
+from hypermedia.profiles import load_profiles
 from hypermedia.stack import Stack
 
 
 def open_stack(
     settings: Callable[..., Settings], engine: Engine, clock: Clock | None, **overrides: Any
 ) -> Stack:
-    return Stack.open(settings(**overrides), engine=engine, clock=clock, auto_migrate=True)
+    """A stack whose ingest accepts every profiled operation, implemented or not: these
+    tests drive the queues (ocr, bulk) by hand. Ingest's refusal of an operation without
+    a pipeline step is tested on a stack opened with ``Stack.open``'s default."""
+    chosen = settings(**overrides)
+    profiled = frozenset(load_profiles(chosen.profiles_path, chosen.queue_names))
+    return Stack.open(
+        chosen, engine=engine, clock=clock, auto_migrate=True, implemented=lambda: profiled
+    )
 
 
 @dataclass

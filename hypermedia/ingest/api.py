@@ -4,7 +4,9 @@ There is no module-level app: ``hypermedia serve`` builds the stack from
 settings and hands the app to uvicorn; tests build their own.
 
 Every route but ``/healthz`` and the blob routes needs ``Authorization: Bearer
-hm_...`` (401 otherwise). The blob routes serve the local storage's signed URLs
+hm_...`` (401 otherwise), checked before the body is read; a body over its route's
+limit answers 413 unread (``max_json_body_bytes``, uploads ``max_upload_bytes``; see
+:mod:`hypermedia.ingest.guard`). The blob routes serve the local storage's signed URLs
 (:mod:`hypermedia.storage.signing`): the signature is their credential, a bad or
 expired one answers 403 ``invalid_signature`` / ``url_expired``.
 
@@ -35,11 +37,13 @@ from sqlalchemy import text
 
 from hypermedia import __version__
 from hypermedia.accounts import Caller, balance
+from hypermedia.config import Settings
 from hypermedia.db.engine import transaction
 from hypermedia.errors import AuthenticationFailed, Forbidden, InvalidRequest, NotFound
 from hypermedia.ids import new_id
 from hypermedia.ingest import uploads
 from hypermedia.ingest.auth import Authenticator
+from hypermedia.ingest.guard import RequestGuard, RouteRule, Rules
 from hypermedia.ingest.http_errors import install_error_handlers
 from hypermedia.ingest.schemas import (
     AttemptOut,
@@ -65,7 +69,7 @@ from hypermedia.jobs.states import IN_FLIGHT
 from hypermedia.objects import ObjectInfo, get_object
 from hypermedia.sandbox.inspect import Inspection, refusal
 from hypermedia.stack import Stack
-from hypermedia.storage.base import InvalidSignature, original_key, too_large
+from hypermedia.storage.base import InvalidSignature, original_key
 from hypermedia.storage.local import LocalStorage
 
 log = logging.getLogger(__name__)
@@ -94,12 +98,13 @@ async def _caller(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Caller:
+    # The guard authenticated the request before its body was read (see .guard).
+    caller = getattr(request.state, "caller", None)
+    if isinstance(caller, Caller):
+        return caller
     if credentials is None:
         raise AuthenticationFailed("missing API key: send Authorization: Bearer hm_...")
     authenticator = cast(Authenticator, request.app.state.authenticator)
-    cached = authenticator.cached(credentials.credentials)
-    if cached is not None:
-        return cached  # no thread hop on the hot path
     return await run_in_threadpool(authenticator, credentials.credentials)
 
 
@@ -207,10 +212,7 @@ async def upload_object(
     request's ``Content-Type`` is not trusted, nor kept); ``refusal`` says when every
     operation would be refused (macros, encryption, a ZIP bomb ...). ``pool_id``
     defaults to the caller's personal pool."""
-    limit = stack.settings.max_upload_bytes
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise too_large(limit)
+    limit = stack.settings.max_upload_bytes  # a larger Content-Length: refused by the guard
     pool = await run_in_threadpool(uploads.resolve_pool, stack.engine, caller, pool_id)
     object_id = new_id()
     blob = await uploads.store_stream(
@@ -341,9 +343,6 @@ async def write_blob(
     if content_type is not None and request.headers.get("content-type") != content_type:
         raise InvalidSignature(f"this URL was issued for Content-Type: {content_type}")
     limit = stack.settings.max_upload_bytes
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise too_large(limit)
     blob = await uploads.store_stream(storage, key, request.stream(), limit)
     return BlobStored(key=blob.key, size_bytes=blob.size_bytes, sha256=blob.sha256)
 
@@ -511,7 +510,28 @@ def create_app(stack: Stack, *, auth_cache_seconds: float = 30.0) -> FastAPI:
         redoc_url=None,
     )
     app.state.stack = stack
-    app.state.authenticator = Authenticator(stack.engine, ttl=auth_cache_seconds)
+    authenticator = Authenticator(stack.engine, ttl=auth_cache_seconds)
+    app.state.authenticator = authenticator
     app.include_router(router)
+    # Added before the error handlers: inside them, so its own surprises answer 500.
+    app.add_middleware(RequestGuard, authenticator=authenticator, rules=route_rules(stack.settings))
     install_error_handlers(app)
     return app
+
+
+def route_rules(settings: Settings) -> Rules:
+    """Which routes need a key, and how large a body each takes: uploads stream up to
+    ``max_upload_bytes``, every other route takes at most ``max_json_body_bytes``."""
+    blobs = f"{PREFIX}/blobs/"
+    uploads_path = f"{PREFIX}/objects"
+
+    def rule(method: str, path: str) -> RouteRule:
+        blob = path.startswith(blobs)
+        upload = method == "PUT" and (blob or path == uploads_path)
+        return RouteRule(
+            needs_key=path.startswith(f"{PREFIX}/") and not blob,
+            max_body_bytes=settings.max_upload_bytes if upload else settings.max_json_body_bytes,
+            streamed=upload,
+        )
+
+    return rule

@@ -1,7 +1,8 @@
 """Errors as the API answers them: ``{"error": {"code", "message", "details"?}}``.
 
 * a :class:`~hypermedia.errors.HypermediaError` answers its own ``status`` and
-  ``code`` (401 adds ``WWW-Authenticate: Bearer``);
+  ``code`` (401 adds ``WWW-Authenticate: Bearer``; a ``retry_after_seconds`` detail
+  adds ``Retry-After``);
 * a request FastAPI cannot validate is 422 ``invalid_request``, the message
   naming each bad field by its path (``body.operations: ...``);
 * unknown routes and methods are 404 ``not_found`` / 405 ``method_not_allowed``;
@@ -11,6 +12,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -41,12 +43,23 @@ def _error(
     return JSONResponse({"error": body}, status_code=status, headers=headers)
 
 
-async def _on_hypermedia_error(_request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, HypermediaError)
-    headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+def error_response(exc: HypermediaError) -> JSONResponse:
+    """The answer to ``exc``: its status and body; 401 adds ``WWW-Authenticate``, an
+    error with a ``retry_after_seconds`` detail a ``Retry-After`` header."""
+    headers: dict[str, str] = {}
+    if exc.status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
+    retry_after = exc.details.get("retry_after_seconds")
+    if isinstance(retry_after, int | float):
+        headers["Retry-After"] = str(max(1, math.ceil(retry_after)))
     if exc.status >= 500:
         log.warning("%s: %s", exc.code, exc.message, extra={"action": "api_error"})
-    return _error(exc.status, exc.to_dict(), headers)
+    return _error(exc.status, exc.to_dict(), headers or None)
+
+
+async def _on_hypermedia_error(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, HypermediaError)
+    return error_response(exc)
 
 
 async def _on_validation_error(_request: Request, exc: Exception) -> JSONResponse:

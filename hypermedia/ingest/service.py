@@ -6,7 +6,9 @@ One library call for the web tier and the HTTP API alike::
 
 Order of work (the seed's job creation, made transactional):
 
-1. every operation has an active profile (else ``unknown_operation``);
+1. every operation has an active profile and a pipeline step registered for it in
+   :mod:`pipelines.registry` (else 422 ``unknown_operation``: a profile without a step
+   would reserve credits for a job no worker can ever run);
 2. the object exists and the caller may use it (else ``not_found``, as for any id
    the caller may not see), it is not larger than the profile allows, and its content
    fits the operation: the inspection made when its bytes were stored
@@ -36,7 +38,7 @@ import hashlib
 import json
 import logging
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -58,6 +60,7 @@ from hypermedia.errors import (
     NotFound,
     PaymentRequired,
     QueueUnavailable,
+    UnknownOperation,
 )
 from hypermedia.ids import new_id
 from hypermedia.jobs.catalog import ProfileCatalog, ProfileRecord
@@ -109,6 +112,13 @@ class SubmitRequest(BaseModel):
     def fingerprint(self) -> str:
         body = self.model_dump(exclude={"idempotency_key"})
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def registered_operations() -> Collection[str]:
+    """The operations some pipeline step implements (imports the pipeline modules once)."""
+    import pipelines.registry
+
+    return pipelines.registry.operations()
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,12 +225,14 @@ class IngestService:
         catalog: ProfileCatalog,
         clock: Clock | None = None,
         repository: JobRepository | None = None,
+        implemented: Callable[[], Collection[str]] = registered_operations,
     ) -> None:
         self.engine = engine
         self.queue = queue
         self.catalog = catalog
         self.clock = clock or SystemClock()
         self.repository = repository or JobRepository()
+        self.implemented = implemented
         self._input_limits: dict[int, InputLimits] = {}
 
     # -- submit -------------------------------------------------------------------
@@ -230,9 +242,16 @@ class IngestService:
 
     def submit_many(self, caller: Caller, requests: Sequence[SubmitRequest]) -> list[SubmitResult]:
         """Submit several requests in one transaction: all are accepted or none."""
+        implemented = self.implemented()
         for request in requests:
             for operation in request.operations:
                 self.catalog.get(operation)
+                if operation not in implemented:
+                    raise UnknownOperation(
+                        f"no pipeline step implements {operation!r} yet: it is not accepted",
+                        operation=operation,
+                        implemented=sorted(set(implemented) & set(self.catalog.operations())),
+                    )
             unknown = set(request.params) - set(request.operations)
             if unknown:
                 raise InvalidRequest(

@@ -133,7 +133,7 @@ def test_process_without_enough_credits_creates_nothing(api, stack):
 
 def test_process_rejects_bad_input(api, alice):
     obj = upload(api, alice)
-    assert_error(submit(api, alice, obj["object_id"], ["no_such_op"]), 400, "unknown_operation")
+    assert_error(submit(api, alice, obj["object_id"], ["no_such_op"]), 422, "unknown_operation")
     error = assert_error(submit(api, alice, obj["object_id"], []), 422, "invalid_request")
     assert "body.operations" in error["message"]
     error = assert_error(submit(api, alice, obj["object_id"], priority=11), 422, "invalid_request")

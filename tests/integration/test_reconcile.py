@@ -111,9 +111,7 @@ def test_reconcile_drops_entries_the_record_no_longer_wants(engine, settings, ma
 def test_submit_survives_redis_outage_and_reconcile_enqueues(
     settings, sqlite_engine, private_redis
 ):
-    stack = Stack.open(
-        settings(redis_url=private_redis.url), engine=sqlite_engine, auto_migrate=True
-    )
+    stack = open_stack(settings, sqlite_engine, None, redis_url=private_redis.url)
     person = make_user(stack)
     obj = make_object(stack, person)
     private_redis.kill()

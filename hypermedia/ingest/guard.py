@@ -1,0 +1,124 @@
+"""The API's front door: authenticate, then bound the body, before the app reads a byte.
+
+FastAPI reads and parses a JSON body before it resolves any dependency, so a route
+whose authentication is a dependency would swallow a 300 MB body from anyone before
+answering 401. :class:`RequestGuard` is an ASGI middleware that runs first:
+
+1. a route that needs an API key (:attr:`RouteRule.needs_key`) is authenticated from
+   the ``Authorization`` header alone; a missing or bad key answers 401 at once, and
+   the caller is left in ``scope["state"]["caller"]`` for the routes;
+2. a ``Content-Length`` over the route's limit answers 413 without reading the body;
+3. a buffered route (JSON: small limits) has its body read here, counted chunk by
+   chunk (a chunked body has no ``Content-Length``), refused with 413 past the limit,
+   and then replayed to the app; a streamed route (uploads) is passed through, and its
+   handler stops the stream at the same limit.
+
+Refusals are the API's usual ``{"error": {...}}`` bodies (:mod:`.http_errors`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import anyio.to_thread
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from hypermedia.errors import AuthenticationFailed, HypermediaError, RequestTooLarge
+from hypermedia.ingest.auth import Authenticator
+from hypermedia.ingest.http_errors import error_response
+from hypermedia.storage.base import too_large
+
+
+@dataclass(frozen=True, slots=True)
+class RouteRule:
+    """What the guard demands of a request to one route."""
+
+    needs_key: bool
+    max_body_bytes: int
+    streamed: bool = False
+
+
+Rules = Callable[[str, str], RouteRule]  # (method, path) -> rule
+
+
+def bearer_token(headers: Headers) -> str | None:
+    scheme, _, token = headers.get("authorization", "").partition(" ")
+    token = token.strip()
+    return token if scheme.lower() == "bearer" and token else None
+
+
+class RequestGuard:
+    def __init__(self, app: ASGIApp, *, authenticator: Authenticator, rules: Rules) -> None:
+        self.app = app
+        self.authenticator = authenticator
+        self.rules = rules
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        rule = self.rules(scope["method"], scope["path"])
+        headers = Headers(scope=scope)
+        try:
+            if rule.needs_key:
+                scope.setdefault("state", {})["caller"] = await self._authenticate(headers)
+            declared = headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > rule.max_body_bytes:
+                raise _too_large(rule)
+            if not rule.streamed:
+                receive = await _buffered(receive, rule)
+        except HypermediaError as exc:
+            await error_response(exc)(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+    async def _authenticate(self, headers: Headers) -> object:
+        token = bearer_token(headers)
+        if token is None:
+            raise AuthenticationFailed("missing API key: send Authorization: Bearer hm_...")
+        cached = self.authenticator.cached(token)
+        if cached is not None:
+            return cached  # no thread hop on the hot path
+        return await anyio.to_thread.run_sync(self.authenticator, token)
+
+
+def _too_large(rule: RouteRule) -> HypermediaError:
+    if rule.streamed:
+        return too_large(rule.max_body_bytes)
+    return RequestTooLarge(
+        f"request body exceeds the limit of {rule.max_body_bytes} bytes for this route",
+        max_bytes=rule.max_body_bytes,
+    )
+
+
+async def _buffered(receive: Receive, rule: RouteRule) -> Receive:
+    """Read the whole body (at most ``rule.max_body_bytes``) and return a ``receive``
+    that replays it, then hands over to the real one (for ``http.disconnect``)."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            # The client went away: let the app see the disconnect as it would.
+            return _replay(message, receive)
+        body = message.get("body", b"")
+        size += len(body)
+        if size > rule.max_body_bytes:
+            raise _too_large(rule)
+        chunks.append(body)
+        if not message.get("more_body", False):
+            break
+    return _replay({"type": "http.request", "body": b"".join(chunks)}, receive)
+
+
+def _replay(first: Message, receive: Receive) -> Receive:
+    pending: list[Message] = [first]
+
+    async def replay() -> Message:
+        if pending:
+            return pending.pop()
+        return await receive()
+
+    return replay

@@ -1,0 +1,87 @@
+"""Only operations with a pipeline step are accepted: a profile alone would reserve
+credits for a job that no actor ever serves (issue 11, item 12)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from sqlalchemy import func, select
+
+import pipelines.registry
+from hypermedia.db import tables as t
+from hypermedia.db.engine import transaction
+from hypermedia.ingest.api import create_app
+from hypermedia.local import implemented_queues
+from hypermedia.profiles import load_profiles
+from hypermedia.stack import Stack
+from tests.api_support import add_user, bearer, running_server
+
+PNG = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x10\x00\x00\x00\x10\x08\x02\x00\x00\x00"
+P = "/v1/hypermedia"
+
+
+@pytest.fixture
+def stack(engine, settings) -> Iterator[Stack]:
+    opened = Stack.open(settings(), engine=engine, auto_migrate=True)
+    yield opened
+    opened.close()
+
+
+@pytest.fixture
+def client(stack) -> Iterator[httpx.Client]:
+    with (
+        running_server(create_app(stack, auth_cache_seconds=0)) as url,
+        httpx.Client(base_url=url, timeout=30) as http,
+    ):
+        yield http
+
+
+def _count(stack: Stack, table) -> int:
+    with transaction(stack.engine) as conn:
+        return int(conn.execute(select(func.count()).select_from(table)).scalar_one())
+
+
+def test_profiles_without_a_step_are_refused_at_submit(stack, client):
+    user = add_user(stack, "alice", credits=100)
+    uploaded = client.put(
+        f"{P}/objects", params={"filename": "a.png"}, content=PNG, headers=bearer(user)
+    )
+    assert uploaded.status_code == 201, uploaded.text
+    object_id = uploaded.json()["object_id"]
+    assert "ocr" in stack.catalog.operations() and "regenerate" in stack.catalog.operations()
+
+    for operations in (["ocr"], ["regenerate"], ["thumbnail", "ocr"]):
+        response = client.post(
+            f"{P}/process",
+            json={"object_id": object_id, "operations": operations},
+            headers=bearer(user),
+        )
+        assert response.status_code == 422, response.text
+        error = response.json()["error"]
+        assert error["code"] == "unknown_operation"
+        assert error["details"]["operation"] in ("ocr", "regenerate")
+        assert "thumbnail" in error["details"]["implemented"]
+    assert _count(stack, t.jobs) == 0 and _count(stack, t.submissions) == 0
+    assert client.get(f"{P}/credits", headers=bearer(user)).json()["reserved"] == 0
+    assert stack.queue.ready_ids("ocr") == [] and stack.queue.ready_ids("bulk") == []
+
+    accepted = client.post(
+        f"{P}/process",
+        json={"object_id": object_id, "operations": ["thumbnail"]},
+        headers=bearer(user),
+    )
+    assert accepted.status_code == 202, accepted.text
+
+
+def test_run_and_up_start_an_actor_for_every_queue_with_an_implemented_operation(settings):
+    chosen = settings()
+    profiles = load_profiles(chosen.profiles_path, chosen.queue_names)
+    registered = pipelines.registry.operations()
+    pools = implemented_queues(chosen, registered)
+    served = {profiles[op].queue for op in registered if op in profiles}
+    assert set(pools) == served
+    assert {"images", "documents", "media"} <= set(pools)
+    # Nothing implements ocr or regenerate (bulk) yet: no actor, and ingest refuses them.
+    assert "ocr" not in registered and "regenerate" not in registered
