@@ -124,12 +124,14 @@ class BareFork(Subject):
         if sandbox:
             jobs_root = work_root / "jobs"
             (jobs_root / "job").mkdir(parents=True)
+            code = isolation.code_paths(list(sys.modules.values()), also_cover=[os.getcwd()])
             settings = isolation.Settings(
                 enabled=True,
                 work_root=str(work_root),
                 jobs_root=str(jobs_root),
                 hidden=isolation.DEFAULT_HIDDEN,
-                exposed=tuple(isolation.interpreter_paths(list(sys.modules.values()))),
+                exposed=code.exposes,
+                covered=(*isolation.DEFAULT_COVERED, *code.covers),
             )
             self.sandbox = isolation.Isolation.start(settings, self._fork)
             if self.sandbox.missing:

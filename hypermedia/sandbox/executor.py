@@ -29,8 +29,11 @@ step's workdir is the job's workdir; the child's stdout/stderr go to
 The sandbox (:mod:`hypermedia.sandbox.isolation`): each job has its own network
 namespace (no interface up: nothing to connect to, not even 127.0.0.1) and mount
 namespace, in which everything is read-only, the usual places of other people's
-files are empty (``/tmp``, ``/run``, ``/root``, ``/home``, the work root, and
-``hidden_paths``: pass the worker's data directory) and the job's workdir is the
+files are empty (``/tmp``, ``/run``, ``/root``, ``/home``, the work root, this
+process's working directory and the ``sys.path`` directories that are not the
+interpreter's, with only the interpreter and the loaded packages bound back), the
+``hidden_paths`` (pass the worker's data directory) are empty whatever lies under
+them, and the job's workdir is the
 one writable directory; it runs under a uid of its own (never root), which owns
 its workdir while it runs, with no capabilities. What the machine does not allow
 is logged as a warning when the server starts and reported in :attr:`capabilities`
@@ -242,6 +245,10 @@ class ChildExecutor:
             "work_root": str(self._work_root),
             "jobs_root": str(self._jobs_root),
             "hidden": [*isolation.DEFAULT_HIDDEN, *map(str, hidden_paths)],
+            "covered": list(isolation.DEFAULT_COVERED),
+            # Where the worker was started (Ray: where the operator ran ``up``), and so
+            # whatever lies there, is not for jobs, on sys.path or not.
+            "also_cover": _working_directory(),
             "uid_base": uid_base,
         }
         self._lock = threading.Lock()
@@ -530,6 +537,13 @@ class ChildExecutor:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def _working_directory() -> list[str]:
+    try:
+        return [os.getcwd()]
+    except OSError:  # removed meanwhile: nothing there to hide
+        return []
 
 
 def _make_writable_and_retry(function: Callable[..., Any], path: str, exc_info: Any) -> None:

@@ -112,7 +112,7 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any, NoReturn
 
-from hypermedia.sandbox.isolation import Isolation, Settings, interpreter_paths, kill_uids
+from hypermedia.sandbox.isolation import Isolation, Settings, code_paths, kill_uids
 from hypermedia.sandbox.outcome import SANDBOX_FAILED
 
 RESULT_CAP = 64 * 1024  # a child's result: ~400 outputs
@@ -950,13 +950,15 @@ def main(config: Mapping[str, Any]) -> None:
     if len(os.listdir("/proc/self/task")) > 1 or config.get("python_fork"):
         fork = os.fork
     sandbox_config = config["sandbox"]
+    code = code_paths(list(sys.modules.values()), also_cover=sandbox_config["also_cover"])
     settings = Settings(
         enabled=bool(sandbox_config["enabled"]),
         work_root=sandbox_config["work_root"],
         jobs_root=sandbox_config["jobs_root"],
         hidden=tuple(sandbox_config["hidden"]),
-        exposed=tuple(interpreter_paths(list(sys.modules.values()))),
+        exposed=code.exposes,
         uid_base=int(sandbox_config["uid_base"]),
+        covered=(*sandbox_config["covered"], *code.covers),
     )
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)
     sandbox = Isolation.start(settings, fork)

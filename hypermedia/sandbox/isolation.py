@@ -12,13 +12,19 @@ A spare, before its job arrives (off the job's clock), in :meth:`Isolation.prepa
    namespace of its own.
 2. ``mount_setattr("/", AT_RECURSIVE, RDONLY | NOSUID, MS_PRIVATE)``: every mount
    read-only and private (nothing propagates in or out), in one syscall.
-3. The *covers*: an empty read-only tmpfs over each hidden path
-   (:data:`DEFAULT_HIDDEN`, the executor's work root, the caller's extra paths),
-   so a job cannot read other jobs' files, the worker's data directory, Ray's
-   session files or Unix sockets under ``/run``. What the step needs from under a
-   cover (the interpreter, ``sys.path``, the preloaded packages) is bound back
-   read-only; the cover's directories are ``0755``, so a job uid can reach a
-   re-exposed path even when the real parent is ``/root`` (``0700``).
+3. The *covers*: an empty read-only tmpfs over each covered path
+   (:data:`DEFAULT_COVERED`; the directories of ``sys.path`` that are not the
+   interpreter's and the worker's working directory, which is where Ray puts the
+   directory the operator started from; :data:`DEFAULT_HIDDEN`, the executor's work
+   root and the caller's hidden paths such as the worker's data directory), so a job
+   cannot read other jobs' files, the worker's data, Ray's session files, Unix
+   sockets under ``/run`` or whatever lies beside the code it runs. What the step
+   needs from under a cover is bound back read-only (:func:`code_view`: the
+   interpreter's prefixes, site-packages, and each loaded package's own directory,
+   not the ``sys.path`` entry it came from); the cover's directories are ``0755``,
+   so a job uid can reach a re-exposed path even when the real parent is ``/root``
+   (``0700``). A *hidden* path beats every expose: nothing at or under it is bound
+   back, whoever needs it; at the same path any cover beats an expose.
 4. ``/proc`` mounted again with ``hidepid=invisible``: a job sees only its own
    processes, not the command lines of the rest of the machine.
 
@@ -52,6 +58,7 @@ import ctypes
 import errno
 import fcntl
 import os
+import posixpath
 import signal
 import socket
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -75,16 +82,35 @@ AT_RECURSIVE = 0x8000
 SYS_MOUNT_SETATTR = 442  # one number on every architecture (added after the tables merged)
 PR_SET_DUMPABLE = 4
 
-# Paths a job never sees (covered, not used: hence the noqa).
-DEFAULT_HIDDEN = (
+# Covered for every job (paths covered, not used: hence the noqa); what a step needs
+# from under them (an interpreter under /root/.pyenv) is bound back.
+DEFAULT_COVERED = (
     "/tmp",  # noqa: S108
     "/var/tmp",  # noqa: S108
     "/run",
     "/dev/shm",  # noqa: S108
     "/root",
     "/home",
-    "/etc/hypermedia",
 )
+# Hidden for good: nothing at or under them is bound back.
+DEFAULT_HIDDEN = ("/etc/hypermedia",)
+# Where a code directory is never covered: a worker started in /usr/bin must not hide
+# the tools its steps run, nor one started in /etc the machine's configuration.
+SYSTEM_TREES = (
+    "/usr",
+    "/bin",
+    "/sbin",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/etc",
+    "/proc",
+    "/sys",
+    "/dev",
+    "/boot",
+)
+_ARCHIVE_ENTRIES = (".zip", ".egg", ".whl", ".pyz")
 UID_BASE = 200_000
 UID_SLOTS = 64  # concurrent jobs per fork server (a worker runs at most 64 claim loops)
 UID_BLOCKS = 512
@@ -167,21 +193,31 @@ def _depth(path: str) -> int:
     return 0 if path == "/" else path.count("/")
 
 
-def plan_view(covers: Iterable[str], exposes: Iterable[str], work_root: str) -> list[Mount]:
-    """The mounts that hide ``covers`` but keep ``exposes`` visible, outermost first.
+def plan_view(
+    covers: Iterable[str], exposes: Iterable[str], work_root: str, hidden: Iterable[str] = ()
+) -> list[Mount]:
+    """The mounts that hide ``covers`` and ``hidden`` but keep ``exposes`` visible,
+    outermost first.
 
     Absolute, normalised, symlink-free paths. The work root is always covered (each
-    job's workdir is bound in on its own) and nothing inside it is exposed. At the
-    same path an expose wins over a cover. A mount that changes nothing (a cover
-    inside a cover, an expose of something visible) is left out.
+    job's workdir is bound in on its own) and, like every ``hidden`` path, nothing at
+    or inside it is exposed. At the same path a cover wins over an expose. A mount
+    that changes nothing (a cover inside a cover, an expose of something visible) is
+    left out.
     """
     events: dict[str, str] = {}
+    sealed = [work_root]
     for path in covers:
         if path == "/":
             raise ValueError("cannot hide /")
         events[path] = "cover"
+    for path in hidden:
+        if path == "/":
+            raise ValueError("cannot hide /")
+        events[path] = "cover"
+        sealed.append(path)
     for path in exposes:
-        if path != "/" and not _within(path, work_root):
+        if path != "/" and path not in events and not any(_within(path, s) for s in sealed):
             events[path] = "expose"
     events[work_root] = "cover"
     plan = []
@@ -226,9 +262,10 @@ class Settings:
     enabled: bool
     work_root: str
     jobs_root: str
-    hidden: tuple[str, ...]
+    hidden: tuple[str, ...]  # nothing at or under them is exposed
     exposed: tuple[str, ...]
     uid_base: int = UID_BASE
+    covered: tuple[str, ...] = DEFAULT_COVERED  # what is needed under them is exposed
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> Settings:
@@ -239,6 +276,7 @@ class Settings:
             hidden=tuple(config["hidden"]),
             exposed=tuple(config["exposed"]),
             uid_base=int(config.get("uid_base", UID_BASE)),
+            covered=tuple(config.get("covered", DEFAULT_COVERED)),
         )
 
 
@@ -251,18 +289,116 @@ def real_paths(paths: Iterable[str]) -> list[str]:
     return list(found)
 
 
-def interpreter_paths(modules: Iterable[Any]) -> list[str]:
-    """What a step may still read lazily: the interpreter, ``sys.path``, loaded modules."""
+@dataclass(frozen=True, slots=True)
+class LoadedModule:
+    """What :func:`code_view` needs of a module in ``sys.modules``."""
+
+    name: str
+    file: str | None  # real path; a package's ``__init__``
+    package: bool
+    locations: tuple[str, ...] = ()  # a namespace package's directories
+
+
+@dataclass(frozen=True, slots=True)
+class CodeView:
+    """What a step's code needs exposed, and the code directories to cover."""
+
+    exposes: tuple[str, ...]
+    covers: tuple[str, ...]
+
+
+def module_top(module: LoadedModule) -> list[str]:
+    """The directory of a module's top-level package (a top-level module: its file).
+
+    ``a.b.c`` in ``/x/a/b/c.py`` is ``/x/a``, not ``/x`` (which is the ``sys.path``
+    entry and holds whatever else lies there). A file whose directories do not spell
+    its name is exposed alone.
+    """
+    if module.file is None:
+        last = module.name.rsplit(".", 1)[-1]
+        found = [d for d in module.locations if posixpath.basename(d) == last]
+        return [module_top(LoadedModule(module.name, f"{d}/__init__.py", True))[0] for d in found]
+    parts = module.name.split(".")
+    if not module.package:
+        parts = parts[:-1]
+    if not parts:
+        return [module.file]
+    directory = posixpath.dirname(module.file)
+    for part in reversed(parts):
+        if posixpath.basename(directory) != part:
+            return [module.file]
+        top, directory = directory, posixpath.dirname(directory)
+    return [top]
+
+
+def code_view(
+    prefixes: Iterable[str],
+    search_path: Iterable[str],
+    modules: Iterable[LoadedModule],
+    also_cover: Iterable[str] = (),
+) -> CodeView:
+    """What to expose for a step's code and which code directories to cover. Pure.
+
+    Exposed: the interpreter's ``prefixes``, ``search_path`` entries inside them or
+    named ``site-packages``/``dist-packages`` (so lazy imports work), archives on
+    it, and each loaded module's top-level package (:func:`module_top`). Every other
+    ``search_path`` entry (the driver's working directory Ray adds, a checkout, a
+    ``PYTHONPATH`` directory) and each of ``also_cover`` is covered, unless it is
+    ``/``, in a :data:`SYSTEM_TREES` tree, or at or inside something exposed.
+    """
+    prefixes = list(prefixes)
+    exposes: dict[str, None] = dict.fromkeys(prefixes)
+    foreign = []
+    for entry in search_path:
+        if (
+            any(_within(entry, prefix) for prefix in prefixes)
+            or posixpath.basename(entry) in ("site-packages", "dist-packages")
+            or entry.endswith(_ARCHIVE_ENTRIES)
+        ):
+            exposes[entry] = None
+        else:
+            foreign.append(entry)
+    for module in modules:
+        exposes.update(dict.fromkeys(module_top(module)))
+    covers: dict[str, None] = {}
+    for path in [*foreign, *also_cover]:
+        if (
+            path != "/"
+            and not any(_within(path, tree) for tree in SYSTEM_TREES)
+            and not any(_within(path, exposed) for exposed in exposes)
+        ):
+            covers[path] = None
+    return CodeView(tuple(outermost(exposes)), tuple(covers))
+
+
+def code_paths(modules: Iterable[Any], also_cover: Iterable[str] = ()) -> CodeView:
+    """:func:`code_view` of this interpreter, its ``sys.path`` and ``modules``."""
     import sys
 
-    paths = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix]
-    paths.append(os.path.dirname(os.path.realpath(sys.executable)))
-    paths.extend(p for p in sys.path if isinstance(p, str))
+    prefixes = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix]
+    prefixes.append(os.path.dirname(os.path.realpath(sys.executable)))
+    loaded = []
     for module in modules:
+        spec = getattr(module, "__spec__", None)
+        name = getattr(spec, "name", None) or getattr(module, "__name__", None)
         file = getattr(module, "__file__", None)
-        if isinstance(file, str):
-            paths.append(os.path.dirname(file))
-    return real_paths(paths)
+        path = getattr(module, "__path__", None)
+        if not isinstance(name, str):
+            continue
+        if isinstance(file, str) and os.path.isabs(file) and os.path.exists(file):
+            loaded.append(LoadedModule(name, os.path.realpath(file), path is not None))
+        elif file is None and path is not None:
+            try:
+                locations = [p for p in path if isinstance(p, str)]
+            except TypeError:
+                continue
+            loaded.append(LoadedModule(name, None, True, tuple(real_paths(locations))))
+    return code_view(
+        real_paths(prefixes),
+        real_paths(p for p in sys.path if isinstance(p, str)),
+        loaded,
+        real_paths(also_cover),
+    )
 
 
 class Isolation:
@@ -274,6 +410,7 @@ class Isolation:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.plan: list[Mount] = []
+        self.reachable: list[str] = []  # what a job's uid must reach: the exposes kept
         self.jobs_cover = ""
         self.network = False
         self.mounts = False
@@ -292,9 +429,16 @@ class Isolation:
             for feature in FEATURES:
                 isolation.missing[feature] = "the sandbox is switched off (sandbox=False)"
             return isolation
-        covers = real_paths(settings.hidden)
+        covers = real_paths(settings.covered)
+        hidden = real_paths(settings.hidden)
         exposes = [p for p in settings.exposed if os.path.exists(p)]
-        isolation.plan = plan_view(covers, exposes, settings.work_root)
+        isolation.plan = plan_view(covers, exposes, settings.work_root, hidden)
+        sealed = {*covers, *hidden}
+        isolation.reachable = [
+            p
+            for p in exposes
+            if p not in sealed and not any(_within(p, h) for h in [settings.work_root, *hidden])
+        ]
         isolation.jobs_cover = cover_of(isolation.plan, settings.jobs_root)
         if os.geteuid() == 0:
             try:
@@ -606,7 +750,7 @@ def _try_everything(isolation: Isolation, found: dict[str, Any]) -> None:
     if not isolation.uids:
         return
     uid = isolation.uids[0]
-    needed = outermost(p for p in settings.exposed if os.path.exists(p))  # seen as root
+    needed = outermost(isolation.reachable)  # seen as root
     try:
         if jobs_fd is not None:
             os.close(jobs_fd)

@@ -162,11 +162,10 @@ def test_the_network_is_reachable_from_the_caller(executor):
 
 def test_a_job_writes_only_in_its_workdir(executor, job_id):
     workdir = executor.workdir(job_id)
-    # A directory everybody may write to, outside every hidden path: only the
-    # read-only mount stops the job there, not permissions.
-    # (.pytest_cache is not in a fresh clone until pytest writes it: make sure it is.)
-    (REPO / ".pytest_cache").mkdir(exist_ok=True)
-    open_dir = Path(tempfile.mkdtemp(prefix="sandbox-open-", dir=REPO / ".pytest_cache"))
+    # A directory everybody may write to that jobs see (in the interpreter's prefix,
+    # which is bound back): only the read-only mount stops the job there, not
+    # permissions.
+    open_dir = Path(tempfile.mkdtemp(prefix="sandbox-open-", dir=sys.prefix))
     open_dir.chmod(0o777)
     try:
         targets = {
@@ -218,6 +217,9 @@ def test_a_job_reads_what_it_needs_and_nothing_hidden(executor, job_id, tmp_path
         "pyvips": pyvips.__file__,
         "libvips": str(libvips[0]) if libvips else pyvips.__file__,
         "usr_lib": "/usr/lib",
+        # The checkout is on sys.path (pytest put it there): its packages are bound
+        # back, not what lies beside them.
+        "repo_file": str(REPO / "pyproject.toml"),
         "own_input": str(executor.workdir(job_id) / "input" / "source"),
         "other_job": str(other / "secret.txt"),
         "caller_tmp": str(mine),
@@ -238,6 +240,7 @@ def test_a_job_reads_what_it_needs_and_nothing_hidden(executor, job_id, tmp_path
         "pyvips": "ok",
         "libvips": "ok",
         "usr_lib": "ok",
+        "repo_file": "ENOENT",
         "own_input": "ok",
         "other_job": "ENOENT",  # the jobs root is an empty cover but for this job
         "caller_tmp": "ENOENT",  # /tmp is an empty cover
@@ -246,6 +249,66 @@ def test_a_job_reads_what_it_needs_and_nothing_hidden(executor, job_id, tmp_path
         "shadow": "EACCES",  # visible, but not to the job's uid
     }
     assert seen["imports"] == dict.fromkeys(fresh, "ok")
+
+
+def _canaries(directory: Path) -> dict[str, str]:
+    """A record, a secret and a directory of objects, as a data dir holds them; readable
+    by anyone, so that only the view can keep a job from them."""
+    (directory / "objects").mkdir(parents=True, exist_ok=True)
+    (directory / "hypermedia.db").write_text("the job record")
+    (directory / "storage-secret").write_text("canary-secret")
+    (directory / "objects" / "blob").write_text("another user's object")
+    for path in (directory, directory / "objects"):
+        path.chmod(0o755)
+    for path in (directory / "hypermedia.db", directory / "storage-secret"):
+        path.chmod(0o644)
+    (directory / "objects" / "blob").chmod(0o644)
+    return {
+        "dir": str(directory),
+        "record": str(directory / "hypermedia.db"),
+        "secret": str(directory / "storage-secret"),
+        "objects": str(directory / "objects" / "blob"),
+    }
+
+
+def test_the_working_directory_on_sys_path_is_not_visible_to_jobs(tmp_path, monkeypatch):
+    """Outside every default cover (under the checkout, which jobs see only the
+    packages of) and under one (/tmp): either way the job sees none of it."""
+    (REPO / ".pytest_cache").mkdir(exist_ok=True)
+    outside = Path(tempfile.mkdtemp(prefix="sandbox-cwd-", dir=REPO / ".pytest_cache"))
+    try:
+        for cwd in (outside, tmp_path / "operator"):
+            canaries = _canaries(cwd)
+            paths = list(canaries.values())
+            monkeypatch.chdir(cwd)
+            monkeypatch.syspath_prepend(str(cwd))
+            with ChildExecutor(tmp_path / f"work-{cwd.name}", preload=PRELOAD, spares=0) as ex:
+                assert ex.capabilities["missing"] == {}
+                seen = run_job(ex, "cwd-job", "test.try_paths", {"read": paths})
+            assert seen["read"] == dict.fromkeys(paths, "ENOENT"), cwd
+            monkeypatch.undo()
+    finally:
+        import shutil
+
+        shutil.rmtree(outside)
+
+
+def test_the_data_dir_as_working_directory_is_hidden_from_jobs(tmp_path, monkeypatch):
+    """``hypermedia up`` run from inside its data dir: the record, the storage secret
+    and the objects stay hidden though the directory is on every worker's sys.path;
+    the job still reads its own input, in the work root inside that data dir."""
+    data_dir = tmp_path / "data"
+    canaries = _canaries(data_dir)
+    monkeypatch.chdir(data_dir)
+    monkeypatch.syspath_prepend(str(data_dir))
+    work_root = data_dir / "work" / "w1"
+    with ChildExecutor(work_root, preload=PRELOAD, spares=0, hidden_paths=(data_dir,)) as ex:
+        assert ex.capabilities["missing"] == {}
+        own = str(ex.workdir("data-job") / "input" / "source")
+        del canaries["dir"]  # there, as the way to the job's workdir, but empty
+        paths = [*canaries.values(), own]
+        seen = run_job(ex, "data-job", "test.try_paths", {"read": paths})
+    assert seen["read"] == {**dict.fromkeys(canaries.values(), "ENOENT"), own: "ok"}
 
 
 # -- the job's uid ---------------------------------------------------------------------

@@ -8,7 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from hypermedia.sandbox.isolation import Mount, cover_of, outermost, plan_view
+from hypermedia.sandbox.isolation import (
+    DEFAULT_COVERED,
+    LoadedModule,
+    Mount,
+    code_view,
+    cover_of,
+    module_top,
+    outermost,
+    plan_view,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -67,9 +76,77 @@ def test_mounts_that_change_nothing_are_left_out():
     assert cover_of(plan, "/tmp/pytest/work/jobs") == "/tmp"
 
 
-def test_an_expose_wins_over_a_cover_of_the_same_path():
+def test_a_cover_wins_over_an_expose_of_the_same_path():
     plan = plan_view(covers=["/root", "/opt"], exposes=["/opt"], work_root="/root/w")
-    assert plan == [cover("/root")]
+    assert plan == [cover("/opt"), cover("/root")]
+
+
+def test_nothing_at_or_under_a_hidden_path_is_exposed():
+    """The data dir on sys.path (the operator started in it): hidden, with all it holds,
+    while the interpreter under a covered /root is still bound back."""
+    plan = plan_view(
+        covers=["/root"],
+        exposes=["/srv/data", "/srv/data/lib", "/root/.pyenv/versions/3.11.7"],
+        work_root="/srv/data/work/w1",
+        hidden=["/srv/data"],
+    )
+    assert plan == [cover("/root"), cover("/srv/data"), expose("/root/.pyenv/versions/3.11.7")]
+    assert cover_of(plan, "/srv/data/work/w1/jobs") == "/srv/data"
+
+
+def test_the_code_view_exposes_packages_not_the_directories_they_came_from():
+    view = code_view(
+        prefixes=["/root/.pyenv/versions/3.11.7", "/srv/app/.venv"],
+        search_path=[
+            "/root/.pyenv/versions/3.11.7/lib/python3.11",
+            "/srv/app/.venv/lib/python3.11/site-packages",
+            "/home/me/.local/lib/python3.11/site-packages",
+            "/srv/app",  # the driver's working directory, put there by Ray
+            "/srv/app/src",  # a checkout on PYTHONPATH
+            "/opt/eggs/thing.egg",
+            "/usr/local/bin",
+            "/",
+        ],
+        modules=[
+            LoadedModule("os", "/root/.pyenv/versions/3.11.7/lib/python3.11/os.py", False),
+            LoadedModule(
+                "hypermedia.sandbox.forkserver", "/srv/app/hypermedia/sandbox/f.py", False
+            ),
+            LoadedModule("pipelines", "/srv/app/pipelines/__init__.py", True),
+            LoadedModule("tool", "/srv/app/src/tool.py", False),
+            LoadedModule("odd.name", "/srv/app/elsewhere/name.py", False),
+            LoadedModule("ns", None, True, ("/srv/app/src/ns", "/srv/app/notns")),
+        ],
+        also_cover=["/srv/app", "/etc"],
+    )
+    assert sorted(view.exposes) == [
+        "/home/me/.local/lib/python3.11/site-packages",
+        "/opt/eggs/thing.egg",
+        "/root/.pyenv/versions/3.11.7",
+        "/srv/app/.venv",
+        "/srv/app/elsewhere/name.py",  # its directories do not spell its name: alone
+        "/srv/app/hypermedia",
+        "/srv/app/pipelines",
+        "/srv/app/src/ns",
+        "/srv/app/src/tool.py",
+    ]
+    # Never / or a system tree (a worker started in /usr/local/bin keeps its tools).
+    assert view.covers == ("/srv/app", "/srv/app/src")
+    plan = plan_view(DEFAULT_COVERED + view.covers, view.exposes, "/srv/data/work/w1")
+    assert cover("/srv/app") in plan and expose("/srv/app/hypermedia") in plan
+    assert expose("/srv/app/.venv") in plan
+
+
+def test_a_code_directory_that_is_exposed_is_not_covered():
+    view = code_view(
+        prefixes=["/srv/app/.venv"],
+        search_path=["/srv/app/.venv/lib/python3.11/site-packages", "/srv/lib/pkg"],
+        modules=[LoadedModule("pkg", "/srv/lib/pkg/__init__.py", True)],
+        also_cover=["/srv/app/.venv/bin"],
+    )
+    assert view.covers == ()
+    assert module_top(LoadedModule("a.b.c", "/x/a/b/c.py", False)) == ["/x/a"]
+    assert module_top(LoadedModule("m", "/x/m.py", False)) == ["/x/m.py"]
 
 
 def test_hiding_the_root_is_refused():
