@@ -9,6 +9,9 @@ Databases
     ``sqlite_url``        a fresh migrated SQLite file, ``<tmp_path>/hypermedia.db``.
     ``sqlite_engine``     an engine on it.
     ``engine``            parametrized ``postgresql`` / ``sqlite``: one of the two.
+    ``private_postgres``  a :class:`~tests.support.PrivatePostgres` of the test's own,
+                          running, with a migrated database at ``.url``: for tests
+                          that stop it.
 
 Redis
     ``redis_url``         the shared Redis (``HYPERMEDIA_TEST_REDIS_URL``). Never
@@ -123,6 +126,17 @@ def pg_engine(pg_database_url: str) -> Iterator[Engine]:
     engine = make_engine(pg_database_url)
     yield engine
     engine.dispose()
+
+
+@pytest.fixture
+def private_postgres() -> Iterator[support.PrivatePostgres]:
+    server = support.PrivatePostgres()
+    try:
+        server.start()
+        server.create_migrated()
+        yield server
+    finally:
+        server.close()
 
 
 # -- SQLite ---------------------------------------------------------------------------

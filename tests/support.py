@@ -9,8 +9,13 @@ fixtures turn that into a test failure.
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
+import pwd
+import shutil
 import sqlite3
+import subprocess
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -200,3 +205,87 @@ def moto_server() -> Iterator[str]:
         yield f"http://{host}:{port}"
     finally:
         server.stop()
+
+
+class PrivatePostgres:
+    """A PostgreSQL server of one test's own (``initdb`` + ``pg_ctl`` on a free port of
+    127.0.0.1, trust auth), for tests that stop and start it. ``url`` names a migrated
+    database on it. As root, the server runs as the ``postgres`` user (PostgreSQL
+    refuses to run as root)."""
+
+    def __init__(self) -> None:
+        from hypermedia.embedded import free_port
+
+        self.bindir = _postgres_bindir()
+        self.port = free_port()
+        self._user = "postgres" if os.geteuid() == 0 else None
+        self.base = Path(tempfile.mkdtemp(prefix="hmtest-pg-"))
+        self.data = self.base / "data"
+        if self._user is not None:
+            entry = pwd.getpwnam(self._user)
+            os.chown(self.base, entry.pw_uid, entry.pw_gid)
+        self._run("initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust", "--no-sync")
+        self.url = ""
+
+    def _run(self, program: str, *args: str) -> None:
+        done = subprocess.run(
+            [str(Path(self.bindir) / program), *args],
+            user=self._user,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise ServiceNotReachable(
+                f"{program} {' '.join(args)} failed ({done.returncode}): "
+                f"{done.stderr.strip() or done.stdout.strip()}"
+            )
+
+    def server_url(self, database: str = "postgres") -> str:
+        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{database}"
+
+    def start(self) -> None:
+        # fsync off: an immediate stop keeps every commit (the OS still has them);
+        # synchronous_commit must stay on or it would not.
+        options = f"-p {self.port} -k {self.base} -c listen_addresses=127.0.0.1 -c fsync=off"
+        log = str(self.base / "server.log")
+        self._run("pg_ctl", "-D", str(self.data), "-l", log, "-o", options, "-w", "start")
+
+    def stop(self, mode: str = "immediate") -> None:
+        """Stop the server (``immediate``: as a crash would, no shutdown checkpoint)."""
+        self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "stop")
+
+    def create_migrated(self, name: str = "hypermedia") -> str:
+        server = PostgresServer(self.server_url())
+        try:
+            self.url = server.create_database(name)
+        finally:
+            server.dispose()
+        engine = make_engine(self.url)
+        try:
+            migrate.upgrade(engine)
+        finally:
+            engine.dispose()
+        return self.url
+
+    def close(self) -> None:
+        with contextlib.suppress(ServiceNotReachable):
+            self.stop()
+        shutil.rmtree(self.base, ignore_errors=True)
+
+
+def _postgres_bindir() -> str:
+    """Where initdb and pg_ctl are: on PATH, else Debian's versioned directory."""
+    found = shutil.which("initdb")
+    if found:
+        return str(Path(found).resolve().parent)
+    candidates = sorted(
+        glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(p.split("/")[4])
+    )
+    if not candidates:
+        raise ServiceNotReachable(
+            "initdb is not installed: a private PostgreSQL needs the server binaries "
+            "(Debian: postgresql)"
+        )
+    return str(Path(candidates[-1]).parent)

@@ -34,7 +34,7 @@ from hypermedia.jobs.repository import (
     OutputRecord,
 )
 from hypermedia.jobs.states import IN_FLIGHT, JobStatus
-from hypermedia.queue.redis_queue import RedisQueue, Restore
+from hypermedia.queue.redis_queue import Leased, RedisQueue, Restore
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +98,8 @@ class Dispatcher:
         transaction).
 
         A popped job the record will not give us (cancelled, claimed elsewhere,
-        not yet due) is put back where the record says it belongs.
+        not yet due) is put back where the record says it belongs; if the record's
+        transaction fails (database down), every lease goes straight back to ready.
         """
         return self._claim(queue, worker_id, count, start=False)
 
@@ -113,20 +114,37 @@ class Dispatcher:
         if not leased:
             return []
         job_ids = [entry.job_id for entry in leased]
-        with transaction(self._single) as conn:
-            claimed = self.repository.claim_many(
-                conn,
-                job_ids,
-                worker_id,
-                now,
-                self._leases,
-                default_lease=self._default_lease,
-                start=start,
-            )
+        try:
+            with transaction(self._single) as conn:
+                claimed = self.repository.claim_many(
+                    conn,
+                    job_ids,
+                    worker_id,
+                    now,
+                    self._leases,
+                    default_lease=self._default_lease,
+                    start=start,
+                )
+        except Exception:
+            # The record took none of them (database down): left leased, they would
+            # wait out the whole lease while workers idle. Back to ready at once.
+            self._unlease(queue, worker_id, leased)
+            raise
         if len(claimed) < len(job_ids):
             ours = {job.job_id for job in claimed}
             self.mirror([job_id for job_id in job_ids if job_id not in ours])
         return claimed
+
+    def _unlease(self, queue: str, worker_id: str, leased: Sequence[Leased]) -> None:
+        try:
+            self.queue.unlease(queue, worker_id, leased)
+        except QueueUnavailable as exc:
+            log.warning(
+                "redis unavailable; %d leases of a failed claim wait for the reaper: %s",
+                len(leased),
+                exc,
+                extra={"queue": queue, "worker_id": worker_id, "action": "unlease"},
+            )
 
     # -- running ----------------------------------------------------------------------
 

@@ -150,6 +150,18 @@ class RedisQueue:
         return [Leased(flat[i], int(float(flat[i + 1]))) for i in range(0, len(flat), 2)]
 
     @_redis_call
+    def unlease(self, queue: str, worker_id: str, leased: Sequence[Leased]) -> int:
+        """Put leases ``worker_id`` still holds back in ``ready`` at their priority (a
+        claim the record could not take). Returns how many went back."""
+        if not leased:
+            return 0
+        k = self.keys(queue)
+        args: list[Any] = [WAKE_TOKENS_MAX, worker_id]
+        for entry in leased:
+            args += [entry.priority, entry.job_id]
+        return int(self._run("unlease", (k.ready, k.leased, k.owner, k.prio, k.wake), args))
+
+    @_redis_call
     def wait(self, queue: str, timeout: float) -> bool:
         """Block until a wake-up token arrives or ``timeout`` passes. True if woken."""
         return self.client.blpop([self.keys(queue).wake], timeout=max(timeout, 0.01)) is not None
@@ -251,4 +263,4 @@ class RedisQueue:
         return bool(self.client.ping())
 
 
-_SCRIPT_NAMES = ("enqueue", "claim", "extend", "delay", "remove", "restore")
+_SCRIPT_NAMES = ("enqueue", "claim", "unlease", "extend", "delay", "remove", "restore")

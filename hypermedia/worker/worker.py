@@ -63,7 +63,6 @@ IDLE_WAIT_SECONDS = 1.0
 MAX_ERROR_BACKOFF_SECONDS = 5.0
 COMPLETION_BATCH = 256  # jobs per group commit, at most
 COMPLETION_BACKLOG = 2 * COMPLETION_BATCH  # finished jobs waiting for their commit: then loops wait
-COMPLETION_TRIES = 8  # then the jobs are left processing: their leases expire, they rerun
 SPOT_INTERRUPTED = "spot_interrupted"  # the row's final status, the attempts' code, the log action
 SPOT_MARGIN_SECONDS = 5.0  # a notice's handing back should be over this long before its deadline
 
@@ -97,9 +96,11 @@ class CompletionBatcher:
     ``add`` returns at once (it waits only when ``max_backlog`` jobs are waiting);
     one thread completes up to ``max_batch`` of what has gathered per transaction
     with :meth:`Dispatcher.complete_many` and reports each job's :class:`Outcome`
-    to ``on_outcome``. A batch whose transaction fails (database down) is tried
-    again with backoff, ``tries`` times; then its jobs are left to their leases.
-    ``close`` commits what is left and stops the thread.
+    to ``on_outcome``. A batch whose transaction fails because the database is
+    down is tried again, with backoff, until it is written: the jobs are done and
+    their outputs stored, so running them again would be waste. ``close`` commits
+    what is left and stops the thread; what it cannot commit within its timeout is
+    given up (left ``processing``: their leases expire and they run again).
     """
 
     def __init__(
@@ -110,18 +111,17 @@ class CompletionBatcher:
         *,
         max_batch: int = COMPLETION_BATCH,
         max_backlog: int = COMPLETION_BACKLOG,
-        tries: int = COMPLETION_TRIES,
     ) -> None:
         self.dispatcher = dispatcher
         self.worker_id = worker_id
         self.on_outcome = on_outcome
         self.max_batch = max_batch
         self.max_backlog = max_backlog
-        self.tries = tries
         self.commits = 0
         self._pending: list[Completion] = []
         self._cond = threading.Condition()
         self._closing = False
+        self._abandoned = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"{worker_id}-complete", daemon=True)
         self._thread.start()
 
@@ -138,7 +138,13 @@ class CompletionBatcher:
             self._cond.notify_all()
         self._thread.join(timeout)
         if self._thread.is_alive():
-            log.warning("completion batcher of %s still busy after %.0f s", self.worker_id, timeout)
+            log.warning(
+                "completion batcher of %s still busy after %.0f s: giving up what is left",
+                self.worker_id,
+                timeout,
+            )
+            self._abandoned.set()
+            self._thread.join(5)
 
     def _run(self) -> None:
         while True:
@@ -154,28 +160,30 @@ class CompletionBatcher:
 
     def _commit(self, batch: Sequence[Completion]) -> None:
         backoff = 0.1
-        for attempt in range(1, self.tries + 1):
+        attempt = 0
+        done: list[bool] | None = None
+        while done is None:
+            attempt += 1
             try:
                 done = self.dispatcher.complete_many(self.worker_id, [c.finished() for c in batch])
-                break
             except DatabaseUnavailable as exc:
+                if self._abandoned.is_set():
+                    break
                 log.warning(
-                    "completing %d jobs (try %d of %d): %s",
+                    "completing %d jobs (try %d): %s; retrying in %.1fs",
                     len(batch),
                     attempt,
-                    self.tries,
                     exc,
+                    backoff,
                     extra={"worker_id": self.worker_id, "action": "complete"},
                 )
+                self._abandoned.wait(backoff)
+                backoff = min(backoff * 2, MAX_ERROR_BACKOFF_SECONDS)
             except Exception:
                 log.exception(
                     "completing %d jobs failed", len(batch), extra={"worker_id": self.worker_id}
                 )
                 break
-            time.sleep(backoff)
-            backoff = min(backoff * 2, MAX_ERROR_BACKOFF_SECONDS)
-        else:
-            done = None
         if done is None or len(done) != len(batch):
             # Left processing in the record: the reaper fails them when their leases
             # expire and they run again.

@@ -64,3 +64,20 @@ def test_default_priority_comes_from_the_profile(engine, settings, manual_clock)
     assert by_op["regenerate"].queue == "bulk"
     assert stack.queue.ready_ids("bulk") == [by_op["regenerate"].job_id]
     stack.close()
+
+
+def test_unlease_returns_only_the_workers_own_leases_in_their_order(redis_client, redis_prefix):
+    from hypermedia.queue.redis_queue import RedisQueue
+
+    queue = RedisQueue(redis_client, redis_prefix, ["images"])
+    jobs = [(f"job-{index:02d}", 1 + index % 3) for index in range(9)]
+    queue.enqueue("images", jobs)
+    order = queue.ready_ids("images")
+    mine = queue.claim("images", "w-1", 60, time.time(), count=6)
+    theirs = queue.claim("images", "w-2", 60, time.time(), count=3)
+    # w-1 may hand back only what it holds: w-2's leases stay put.
+    assert queue.unlease("images", "w-1", [*mine, *theirs]) == 6
+    assert queue.ready_ids("images") == order[:6]
+    assert sorted(j for j, where in queue.members("images").items() if where == "leased") == sorted(
+        entry.job_id for entry in theirs
+    )

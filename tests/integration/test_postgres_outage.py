@@ -1,0 +1,126 @@
+"""A PostgreSQL outage under a running worker (a private server, stopped as a crash
+would stop it): a claim the record cannot take hands its Redis lease straight back,
+a completion that cannot be written waits for the database, and once it is back
+every job completes once, without waiting for a lease to run out."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from sqlalchemy import func, select
+
+from hypermedia.db import tables as t
+from hypermedia.db.engine import make_engine, transaction
+from hypermedia.ingest.service import SubmitRequest
+from hypermedia.worker.execute import JobExecution
+from hypermedia.worker.in_process import InProcessExecutor
+from hypermedia.worker.worker import Worker
+from tests import ray_support
+from tests.factories import make_object, make_user, open_stack
+from tests.pipelines_for_tests import PRELOAD
+from tests.support import PrivatePostgres
+
+OUTAGE_SECONDS = 20  # longer than the old completion retries (8 tries, about 16 s)
+
+
+class NoGrants:
+    def input_url(self, job_id: str, worker_id: str) -> str:
+        raise AssertionError("a job that needs no input asked for its input URL")
+
+    def output_urls(self, job_id, worker_id, output_types):
+        raise AssertionError("a job with no outputs asked for output URLs")
+
+
+def _sleep_without_input(directory: Path) -> Path:
+    path = ray_support.test_profiles(directory)
+    header = '[profiles."test.sleep"]\n'
+    text = path.read_text()
+    assert header in text
+    path.write_text(text.replace(header, header + "params = { needs_input = false }\n"))
+    return path
+
+
+def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def test_postgres_outage_strands_no_lease_and_loses_no_completion(
+    private_postgres: PrivatePostgres, settings, tmp_path
+):
+    engine = make_engine(private_postgres.url)
+    stack = open_stack(settings, engine, None, profiles_path=_sleep_without_input(tmp_path))
+    lease = stack.dispatcher.queue_lease_seconds("images")
+    assert lease >= 90  # "promptly" below means long before any lease runs out
+    person = make_user(stack)
+    obj = make_object(stack, person)
+
+    def submit(seconds: float, count: int, priority: int) -> list[str]:
+        requests = [
+            SubmitRequest(
+                object_id=obj,
+                operations=["test.sleep"],
+                params={"test.sleep": {"seconds": seconds}},
+                priority=priority,
+            )
+            for _ in range(count)
+        ]
+        return [r.job_ids[0] for r in stack.ingest.submit_many(person.caller, requests)]
+
+    running = submit(3, 1, 1)[0]
+    executor = InProcessExecutor(tmp_path / "work", PRELOAD)
+    execution = JobExecution(stack.dispatcher, stack.catalog, NoGrants(), executor, "pg-w")
+    worker = Worker(
+        worker_id="pg-w",
+        queue="images",
+        concurrency=1,
+        engine=stack.engine,
+        dispatcher=stack.dispatcher,
+        execution=execution,
+        work_root=str(tmp_path / "work"),
+        clock=stack.clock,
+    )
+    worker.start()
+    try:
+        _wait(lambda: execution.running() == [running], 30, "the first job to run")
+        # Queued behind it, in two priorities: they must come back in this order.
+        waiting = submit(0, 10, 7) + submit(0, 10, 3)
+        expected_order = waiting[10:] + waiting[:10]
+        assert stack.queue.ready_ids("images") == expected_order
+
+        private_postgres.stop()
+        # The running job finishes while the database is down (its completion must
+        # wait), and the idle loop keeps trying to claim.
+        time.sleep(OUTAGE_SECONDS)
+        assert worker.stats.errors >= 3, "the claim loop never met the outage"
+        members = stack.queue.members("images")
+        leased = sorted(job for job, where in members.items() if where == "leased")
+        assert leased == [running]  # only the job whose completion waits holds a lease
+        assert stack.queue.ready_ids("images") == expected_order
+
+        private_postgres.start()
+        everything = [running, *waiting]
+        _wait(
+            lambda: worker.stats.completed == len(everything),
+            lease / 3,
+            "every job to complete after the outage",
+        )
+    finally:
+        worker.stop()
+    assert worker.stats.lost == 0
+    with transaction(stack.engine) as conn:
+        statuses: dict[str, int] = dict(
+            conn.execute(select(t.jobs.c.status, func.count()).group_by(t.jobs.c.status)).all()
+        )
+        attempts = conn.execute(
+            select(t.attempts.c.job_id, t.attempts.c.status).order_by(t.attempts.c.job_id)
+        ).all()
+    assert statuses == {"completed": len(everything)}
+    assert sorted(tuple(a) for a in attempts) == sorted((j, "completed") for j in everything)
+    assert stack.queue.counts("images").leased == 0
+    stack.close()
+    engine.dispose()
