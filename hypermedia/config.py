@@ -89,6 +89,11 @@ class Settings(BaseSettings):
     max_upload_bytes: int = Field(default=2 * 1024**3, ge=1)
     # Every request body but an upload's is read into memory: keep it small.
     max_json_body_bytes: int = Field(default=1024**2, ge=1024, le=64 * 1024**2)
+    # Each upload's inspection runs in a child with these budgets (ingest.inspection).
+    inspection_cpu_seconds: int = Field(default=10, ge=1, le=600)
+    inspection_wall_seconds: float = Field(default=30.0, gt=0, le=3600)
+    inspection_memory_mb: int = Field(default=1024, ge=256, le=64 * 1024)
+    inspection_concurrency: int = Field(default=2, ge=1, le=64)
 
     # Storage: a local directory (``data_dir/objects``, URLs served by the API and
     # signed with ``storage_secret``) or an S3 bucket (URLs presigned by S3).
@@ -193,6 +198,14 @@ class Settings(BaseSettings):
             raise ValueError("set, but spot_watch is 'off' (set spot_watch = 'aws' or 'gcp')")
         if not value.startswith(("http://", "https://")):
             raise ValueError("expected an http:// or https:// URL")
+        return value
+
+    @field_validator("inspection_wall_seconds")
+    @classmethod
+    def _check_inspection_wall(cls, value: float, info: ValidationInfo) -> float:
+        cpu = info.data.get("inspection_cpu_seconds")
+        if isinstance(cpu, int) and value < cpu:
+            raise ValueError(f"must be at least inspection_cpu_seconds ({cpu})")
         return value
 
     @field_validator("queues", mode="before")

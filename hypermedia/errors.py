@@ -25,7 +25,8 @@ translated where they enter, with ``raise ... from exc``.
     │       ├── PolyglotFile         another file (a ZIP) appended to this one
     │       ├── PixelLimit           header dimensions x frames over the profile's limit
     │       ├── PageLimit            more pages than the profile allows
-    │       └── DurationLimit        longer than the profile allows
+    │       ├── DurationLimit        longer than the profile allows
+    │       └── InspectionLimit      inspecting the upload passed its CPU/memory/time budget
     ├── AuthenticationFailed 401 missing / bad API key
     ├── Forbidden           403  authenticated but not allowed (operator-only routes)
     │   ├── InvalidSignature     a signed blob URL that does not verify   (storage.base)
@@ -159,6 +160,12 @@ class PageLimit(InputRejected):
 
 class DurationLimit(InputRejected):
     code = "duration_limit"
+
+
+class InspectionLimit(InputRejected):
+    """Inspecting the upload needed more CPU, memory or time than its budget."""
+
+    code = "inspection_limit"
 
 
 class AuthenticationFailed(HypermediaError):

@@ -45,6 +45,7 @@ from hypermedia.ingest import uploads
 from hypermedia.ingest.auth import Authenticator
 from hypermedia.ingest.guard import RequestGuard, RouteRule, Rules
 from hypermedia.ingest.http_errors import install_error_handlers
+from hypermedia.ingest.inspection import InspectionBudget, InspectionRunner
 from hypermedia.ingest.schemas import (
     AttemptOut,
     CancelResponse,
@@ -106,6 +107,10 @@ async def _caller(
         raise AuthenticationFailed("missing API key: send Authorization: Bearer hm_...")
     authenticator = cast(Authenticator, request.app.state.authenticator)
     return await run_in_threadpool(authenticator, credentials.credentials)
+
+
+def _inspector(request: Request) -> uploads.Inspector:
+    return cast(InspectionRunner, request.app.state.inspector).inspect
 
 
 StackDep = Annotated[Stack, Depends(_stack)]
@@ -222,6 +227,7 @@ async def upload_object(
         lambda: uploads.register_blob(
             stack.engine,
             stack.storage,
+            _inspector(request),
             caller,
             object_id=object_id,
             pool_id=pool,
@@ -240,13 +246,16 @@ async def upload_object(
     responses=_errors(400, 404, 409),
     tags=["objects"],
 )
-def register_object(body: RegisterRequest, caller: CallerDep, stack: StackDep) -> ObjectResponse:
+def register_object(
+    body: RegisterRequest, request: Request, caller: CallerDep, stack: StackDep
+) -> ObjectResponse:
     """For web tiers that stored the file themselves, under ``originals/<pool_id>/``.
     The stored bytes are inspected as for an upload; a ``content_type`` in the body is
     ignored."""
     info = uploads.register_stored(
         stack.engine,
         stack.storage,
+        _inspector(request),
         caller,
         object_id=new_id(),
         storage_key=body.storage_key,
@@ -512,6 +521,15 @@ def create_app(stack: Stack, *, auth_cache_seconds: float = 30.0) -> FastAPI:
     app.state.stack = stack
     authenticator = Authenticator(stack.engine, ttl=auth_cache_seconds)
     app.state.authenticator = authenticator
+    settings = stack.settings
+    app.state.inspector = InspectionRunner(
+        InspectionBudget(
+            cpu_seconds=settings.inspection_cpu_seconds,
+            wall_seconds=settings.inspection_wall_seconds,
+            memory_mb=settings.inspection_memory_mb,
+            concurrency=settings.inspection_concurrency,
+        )
+    )
     app.include_router(router)
     # Added before the error handlers: inside them, so its own surprises answer 500.
     app.add_middleware(RequestGuard, authenticator=authenticator, rules=route_rules(stack.settings))

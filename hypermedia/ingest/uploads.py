@@ -10,7 +10,8 @@ own prefix, ``originals/<pool_id>/``, and only once per key: otherwise a caller
 could register (and so process and read) a file of a pool they are not in.
 The size is checked against storage; a given sha256 is recorded as given.
 
-Either way the stored bytes are inspected (:func:`inspect_stored`) before the object
+Either way the stored bytes are inspected (by the ``inspector`` given: the API's runs
+:func:`inspect_stored` in a budgeted child, :mod:`.inspection`) before the object
 row is written: its ``content_type`` is the detected type and its ``inspection`` the
 facts every later submit is judged on. What the client claimed (a ``Content-Type``
 header, a ``content_type`` field) is not kept. A local file is read in place; an
@@ -20,7 +21,7 @@ directory, a PDF's two ends), never the whole object unless it is small.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import anyio.from_thread
 import anyio.to_thread
@@ -88,9 +89,13 @@ def inspect_stored(storage: Storage, key: str, size: int) -> Inspection:
     )
 
 
+Inspector = Callable[[Storage, str, int], Inspection]  # (storage, key, size) -> facts
+
+
 def register_blob(
     engine: Engine,
     storage: Storage,
+    inspector: Inspector,
     caller: Caller,
     *,
     object_id: str,
@@ -101,7 +106,7 @@ def register_blob(
 ) -> ObjectInfo:
     """Inspect and record an uploaded blob; delete it again if that fails."""
     try:
-        inspection = inspect_stored(storage, blob.key, blob.size_bytes)
+        inspection = inspector(storage, blob.key, blob.size_bytes)
         with transaction(engine) as conn:
             return register_object(
                 conn,
@@ -123,6 +128,7 @@ def register_blob(
 def register_stored(
     engine: Engine,
     storage: Storage,
+    inspector: Inspector,
     caller: Caller,
     *,
     object_id: str,
@@ -147,7 +153,7 @@ def register_stored(
         raise InvalidRequest(
             f"size_bytes is {size_bytes} but {key!r} holds {stored} bytes", storage_key=key
         )
-    inspection = inspect_stored(storage, key, stored)
+    inspection = inspector(storage, key, stored)
     try:
         with transaction(engine) as conn:
             return register_object(  # checks pool membership again, in this transaction

@@ -1,0 +1,138 @@
+"""Upload inspection runs in a budgeted child, not in the API process (issue 11, item 9)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import boto3
+import httpx
+import pytest
+from sqlalchemy import func, select
+
+from hypermedia.clock import SystemClock
+from hypermedia.db import tables as t
+from hypermedia.db.engine import transaction
+from hypermedia.errors import InspectionLimit
+from hypermedia.ingest.api import create_app
+from hypermedia.ingest.inspection import InspectionBudget, InspectionRunner
+from hypermedia.ingest.uploads import inspect_stored
+from hypermedia.stack import Stack, build_storage
+from tests import support
+from tests.api_support import add_user, bearer, running_server
+
+P = "/v1/hypermedia"
+PNG = (
+    b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x30\x00\x00\x00\x20\x08\x02\x00\x00\x00"
+    + bytes(64)
+)
+
+
+def crafted_pdf(size: int = 8 * 1024 * 1024) -> bytes:
+    """The reported file: a PDF of nothing but ``/Width 1`` tokens (7.8 s of inspection)."""
+    return b"%PDF-1.4\n" + b"/Width 1 " * (size // 9) + b"\n%%EOF\n"
+
+
+@pytest.fixture
+def stack(engine, settings) -> Iterator[Stack]:
+    opened = Stack.open(
+        settings(inspection_cpu_seconds=1, inspection_wall_seconds=60, inspection_concurrency=2),
+        engine=engine,
+        auto_migrate=True,
+    )
+    yield opened
+    opened.close()
+
+
+@pytest.fixture
+def base_url(stack) -> Iterator[str]:
+    with running_server(create_app(stack, auth_cache_seconds=0)) as url:
+        yield url
+
+
+def _objects(stack: Stack) -> int:
+    with transaction(stack.engine) as conn:
+        return int(conn.execute(select(func.count()).select_from(t.objects)).scalar_one())
+
+
+def _upload(base_url: str, user, data: bytes, name: str) -> httpx.Response:
+    with httpx.Client(base_url=base_url, timeout=120) as client:
+        return client.put(
+            f"{P}/objects", params={"filename": name}, content=data, headers=bearer(user)
+        )
+
+
+def test_an_inspection_past_its_cpu_budget_refuses_the_upload(stack, base_url):
+    user = add_user(stack, "alice")
+    response = _upload(base_url, user, crafted_pdf(), "slow.pdf")
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert error["code"] == "inspection_limit"
+    assert "CPU" in error["message"]
+    assert error["details"]["cpu_seconds"] == 1
+    assert _objects(stack) == 0
+    assert [p for p in stack.settings.storage_dir.rglob("*") if p.is_file()] == []
+
+    # An ordinary file is inspected in its child as before.
+    response = _upload(base_url, user, PNG, "ok.png")
+    assert response.status_code == 201, response.text
+    assert response.json()["detected_kind"] == "image"
+    assert response.json()["content_type"] == "image/png"
+
+
+def test_healthz_answers_while_inspections_run(stack, base_url):
+    user = add_user(stack, "alice")
+    data = crafted_pdf()
+    answered_while_busy = 0
+    with ThreadPoolExecutor(4) as pool, httpx.Client(base_url=base_url, timeout=60) as client:
+        uploads = [pool.submit(_upload, base_url, user, data, f"{i}.pdf") for i in range(4)]
+        while not all(u.done() for u in uploads):
+            health = client.get("/healthz")
+            assert health.status_code == 200, health.text
+            if not all(u.done() for u in uploads):
+                answered_while_busy += 1
+        results = [u.result() for u in uploads]
+    assert [r.status_code for r in results] == [422] * 4, [r.text for r in results]
+    assert {r.json()["error"]["code"] for r in results} == {"inspection_limit"}
+    assert answered_while_busy > 0
+
+
+def test_a_wall_clock_budget_stops_a_stalled_inspection(tmp_path, settings, manual_clock):
+    storage = build_storage(settings(data_dir=tmp_path), manual_clock)
+    key = "originals/p/slow"
+    storage.put(key, [crafted_pdf()])
+    runner = InspectionRunner(InspectionBudget(cpu_seconds=60, wall_seconds=0.5, concurrency=1))
+    with pytest.raises(InspectionLimit) as caught:
+        runner.inspect(storage, key, storage.size(key))
+    assert caught.value.code == "inspection_limit" and caught.value.status == 422
+    assert "longer than 0.5 s" in str(caught.value)
+
+
+def test_an_s3_object_is_inspected_through_the_parent(tmp_path, settings, monkeypatch):
+    """The child holds no storage client: it reads the S3 object's ranges through the
+    pipe, and finds what an in-process inspection finds."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    with support.moto_server() as endpoint:
+        bucket = f"hm-test-{uuid.uuid4().hex[:12]}"
+        boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(
+            Bucket=bucket
+        )
+        storage = build_storage(
+            settings(
+                storage_backend="s3",
+                s3_bucket=bucket,
+                s3_endpoint_url=endpoint,
+                s3_region="us-east-1",
+            ),
+            SystemClock(),
+        )
+        key = "originals/p/cat.png"
+        storage.put(key, [PNG])
+        runner = InspectionRunner(InspectionBudget(cpu_seconds=5, concurrency=1))
+        found = runner.inspect(storage, key, len(PNG))
+        assert found == inspect_stored(storage, key, len(PNG))
+        assert (found.kind, found.details["width"], found.details["height"]) == ("image", 48, 32)
