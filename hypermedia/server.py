@@ -2,9 +2,11 @@
 
 :class:`Maintenance` is a background thread that reconciles Redis with the job
 record once at start, then runs the reaper every ``reaper_interval_seconds``
-and the reconciler every ``reconcile_interval_seconds``. A failed round (Redis
-or the database down) is logged and retried on the next tick; ``stop()``
-returns once the round in progress has finished.
+and the reconciler every ``reconcile_interval_seconds``, or on the first tick
+after Redis is reachable again or found emptied (the queue's
+``reconcile_wanted``). A failed round (Redis or the database down) is logged and
+retried on the next tick; ``stop()`` returns once the round in progress has
+finished.
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ class Maintenance:
     def _run(self) -> None:
         next_reconcile = self._monotonic()  # reconcile once at start
         while not self._stop.is_set():
-            if self._monotonic() >= next_reconcile:
+            if self._monotonic() >= next_reconcile or self.stack.queue.reconcile_wanted():
                 self._step("reconcile", self.reconcile)
                 next_reconcile = self._monotonic() + self.reconcile_interval
             self._step("reap", self.stack.reaper.tick)

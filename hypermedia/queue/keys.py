@@ -19,6 +19,9 @@ key                          type    contents
                                      own priority.
 ``{p}:wake:{q}``             LIST    wake-up tokens for idle claimers (BLPOP), trimmed
                                      to ``WAKE_TOKENS_MAX``.
+``{p}:reconciled``           STRING  epoch seconds of the last complete reconcile. Its
+                                     absence (FLUSHALL, a restart that lost the data)
+                                     asks for a reconcile at once.
 ===========================  ======  ==================================================
 
 A job id is in at most one of ready / leased / delayed. Redis mirrors the job
@@ -45,6 +48,10 @@ class QueueKeys:
 
     def all(self) -> tuple[str, ...]:
         return (self.ready, self.leased, self.owner, self.delayed, self.prio, self.wake)
+
+
+def reconciled_key(prefix: str) -> str:
+    return f"{prefix}:reconciled"
 
 
 def queue_keys(prefix: str, queue: str) -> QueueKeys:

@@ -10,11 +10,12 @@ Reaper (every few seconds):
    lease on a job that is still ``queued``);
 3. retry_wait jobs whose time has come go back to ``queued`` and their queue.
 
-Reconciler (every minute, and at start-up): every job the record holds as
-queued / in flight / retry_wait that Redis lacks is restored (only if it is in
-no set at that moment); every Redis entry whose job the record says is
-finished, or does not know, is dropped. Postgres is the truth: wiping Redis
-loses no job.
+Reconciler (every minute, at start-up, and at once when Redis may have missed
+writes: see :meth:`~hypermedia.queue.redis_queue.RedisQueue.reconcile_wanted`):
+every job the record holds as queued / in flight / retry_wait that Redis lacks is
+restored (only if it is in no set at that moment); every Redis entry whose job
+the record says is finished, or does not know, is dropped. Postgres is the
+truth: wiping Redis loses no job.
 """
 
 from __future__ import annotations
@@ -160,6 +161,7 @@ _TARGET: dict[str, Target] = {
 def reconcile(engine: Engine, queue: RedisQueue) -> ReconcileReport:
     """Make Redis agree with the record (see the module docstring)."""
     report = ReconcileReport()
+    token = queue.reconcile_begins()
     live = list(_TARGET)
     for name in queue.queues:
         in_redis = queue.members(name)  # read Redis first: see restore.lua
@@ -204,6 +206,7 @@ def reconcile(engine: Engine, queue: RedisQueue) -> ReconcileReport:
         removed = queue.remove(name, drop) if drop else 0
         report.restored[name] = restored
         report.removed[name] = removed
+    queue.reconciled(token)
     if report.total_restored or report.total_removed:
         log.warning(
             "reconciler: restored %d, removed %d",

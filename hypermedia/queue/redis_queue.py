@@ -9,7 +9,9 @@ Contract (what the rest of the platform may rely on):
 * Redis is an index, not the record: callers change the job record first (the
   guarded UPDATE), then mirror it here. A step that fails here is repaired by
   the reaper and the reconciler, never lost.
-* Redis errors surface as :class:`~hypermedia.errors.QueueUnavailable`.
+* Redis errors surface as :class:`~hypermedia.errors.QueueUnavailable`, and are
+  counted: :meth:`RedisQueue.reconcile_wanted` says when Redis may have missed
+  writes (or lost its data) since the last reconcile, so it runs at once.
 
 Times are epoch seconds in the API and epoch milliseconds inside Redis.
 """
@@ -17,11 +19,13 @@ Times are epoch seconds in the API and epoch milliseconds inside Redis.
 from __future__ import annotations
 
 import functools
+import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any, Literal, ParamSpec, TypeVar
+from typing import Any, Concatenate, Literal, ParamSpec, TypeVar
 
 import redis
 from redis.backoff import ExponentialBackoff
@@ -29,7 +33,7 @@ from redis.commands.core import Script
 from redis.retry import Retry
 
 from hypermedia.errors import QueueUnavailable
-from hypermedia.queue.keys import WAKE_TOKENS_MAX, QueueKeys, queue_keys
+from hypermedia.queue.keys import WAKE_TOKENS_MAX, QueueKeys, queue_keys, reconciled_key
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -58,11 +62,20 @@ def _translated() -> Iterator[None]:
         raise QueueUnavailable(f"redis unreachable: {exc}") from exc
 
 
-def _redis_call(func: Callable[P, T]) -> Callable[P, T]:
+def _redis_call(
+    func: Callable[Concatenate[RedisQueue, P], T],
+) -> Callable[Concatenate[RedisQueue, P], T]:
+    """A queue method whose Redis errors become QueueUnavailable, each one counted
+    (see :meth:`RedisQueue.reconcile_wanted`)."""
+
     @functools.wraps(func)
-    def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
-        with _translated():
-            return func(*args, **kwargs)
+    def wrapper(self: RedisQueue, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            with _translated():
+                return func(self, *args, **kwargs)
+        except QueueUnavailable:
+            self._lost_contact()
+            raise
 
     return wrapper
 
@@ -107,6 +120,46 @@ class RedisQueue:
         self.queues = tuple(queues)
         self._keys = {q: queue_keys(prefix, q) for q in self.queues}
         self._scripts = {name: self._load(name) for name in _SCRIPT_NAMES}
+        self._reconciled = reconciled_key(prefix)
+        self._contact = threading.Lock()
+        self._failures = 0  # calls that could not reach Redis, ever
+        self._failures_reconciled = 0  # ... as counted when the last good reconcile began
+
+    # -- is Redis missing what the record holds? -----------------------------------
+
+    def _lost_contact(self) -> None:
+        with self._contact:
+            self._failures += 1
+
+    def reconcile_wanted(self) -> bool:
+        """True when Redis may lack jobs the record holds, so the reconciler should run
+        now rather than at its next interval: a call of this queue could not reach Redis
+        since the last reconcile began (a submit's enqueue was deferred, a restart may
+        have lost writes), or the marker the reconciler leaves is gone (FLUSHALL, a
+        restart without persistence). False while Redis is unreachable: it is asked
+        again on the next tick, and answers True once Redis is back."""
+        with self._contact:
+            pending = self._failures != self._failures_reconciled
+        try:
+            if pending:
+                return bool(self.client.ping())
+            return not self.client.exists(self._reconciled)
+        except (redis.ConnectionError, redis.TimeoutError):
+            self._lost_contact()
+            return False
+
+    def reconcile_begins(self) -> int:
+        """A reconcile starts: a token for :meth:`reconciled`."""
+        with self._contact:
+            return self._failures
+
+    @_redis_call
+    def reconciled(self, token: int) -> None:
+        """The reconcile that began with ``token`` went through: leave the marker, and
+        forget the failures counted before it began."""
+        self.client.set(self._reconciled, f"{time.time():.3f}")
+        with self._contact:
+            self._failures_reconciled = max(self._failures_reconciled, token)
 
     def _load(self, name: str) -> Script:
         source = resources.files("hypermedia.queue").joinpath(f"scripts/{name}.lua").read_text()
