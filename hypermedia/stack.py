@@ -140,7 +140,9 @@ class Stack:
                 repository=repository,
                 lease_grace_seconds=settings.lease_grace_seconds,
             ),
-            reaper=Reaper(engine, queue, clock=clock, repository=repository),
+            reaper=Reaper(
+                engine, queue, clock=clock, repository=repository, data_dir=settings.data_dir
+            ),
             storage=build_storage(settings, clock),
             clock=clock,
         )

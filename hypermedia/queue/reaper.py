@@ -4,7 +4,8 @@ Reaper (every few seconds):
 
 1. in-flight jobs whose visibility timeout passed (the worker died or hung)
    fail their attempt with ``lease_expired``: retry_wait with backoff, or
-   failed once attempts are used up (a poison pill cannot loop forever);
+   failed once attempts are used up (a poison pill cannot loop forever); the
+   workdir the job left on this node, if any, is removed;
 2. Redis leases that expired are put back where the record says (a worker
    that died between popping a job and claiming it in the record leaves a
    lease on a job that is still ``queued``);
@@ -22,9 +23,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from sqlalchemy import Engine, select
 
+from hypermedia import workdirs
 from hypermedia.clock import Clock, SystemClock
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
@@ -70,12 +73,15 @@ class Reaper:
         clock: Clock | None = None,
         repository: JobRepository | None = None,
         batch: int = 1000,
+        data_dir: Path | None = None,
     ) -> None:
+        """``data_dir``: this node's; the workdirs that expired jobs left in it go."""
         self.engine = engine
         self.queue = queue
         self.clock = clock or SystemClock()
         self.repository = repository or JobRepository()
         self.batch = batch
+        self.data_dir = data_dir
 
     def tick(self) -> ReapReport:
         report = ReapReport()
@@ -98,6 +104,11 @@ class Reaper:
         now = self.clock.now()
         with transaction(self.engine) as conn:
             expired = self.repository.expired(conn, now, self.batch)
+            holders = {
+                job_id: row.claimed_by
+                for job_id, row in self.repository.states(conn, expired).items()
+                if row.claimed_by
+            }
         for job_id in expired:
             with transaction(self.engine) as conn:
                 result = self.repository.fail(
@@ -107,6 +118,9 @@ class Reaper:
                 continue  # the worker finished or extended it in the meantime
             moved, _ = result
             report.expired += 1
+            if self.data_dir is not None and job_id in holders:
+                # Its worker is gone or hung: nobody else removes what the job left.
+                workdirs.remove_job(self.data_dir, holders[job_id], job_id)
             if moved.status is JobStatus.RETRY_WAIT and moved.retry_at is not None:
                 report.retried += 1
                 self.queue.delay(moved.queue, [(job_id, moved.retry_at)])

@@ -4,7 +4,8 @@ For each queue it runs the configured number of actors, each holding
 ``serve()`` open. When an actor or its node dies, Ray fails that call with
 ``RayActorError``; the supervisor then sends the dead worker's in-flight jobs
 straight back to their queues (``Dispatcher.recover_worker``), marks it dead in
-``workers`` and starts a replacement. The lease reaper stays the safety net for
+``workers``, removes the workdirs it left on this node (:mod:`hypermedia.workdirs`)
+and starts a replacement. The lease reaper stays the safety net for
 deaths nobody reports (the whole head gone).
 """
 
@@ -21,6 +22,7 @@ import ray
 from ray.exceptions import RayActorError
 from sqlalchemy import select, update
 
+from hypermedia import workdirs
 from hypermedia.clock import to_datetime
 from hypermedia.config import Settings
 from hypermedia.db import tables as t
@@ -203,6 +205,8 @@ class Supervisor:
                 )
         except HypermediaError as exc:
             log.warning("recovering %s: %s (the reaper will)", member.worker_id, exc)
+        # Its jobs' files (copies of user input) on this node: nobody else removes them.
+        workdirs.remove_worker(self.stack.settings.data_dir, member.worker_id)
         # Recorded once handled: whoever sees the death sees its jobs recovered too.
         self.events.died.append(member.worker_id)
         if not self._stopping.is_set():
