@@ -315,3 +315,49 @@ def escape(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list[O
     ]
     (workdir / "pids.txt").write_text("\n".join([escaped, *map(str, grandchildren)]))
     return []
+
+
+@register("test.syscalls")
+def syscalls(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list[Output]:
+    """Call each of ``calls`` (``[name, [args]]``) with ``syscall()``: "ok" or the
+    errno's name; and the Seccomp line of /proc/self/status."""
+    import ctypes
+    import errno
+
+    import seccomp  # the fork server loaded it: only its number table is used
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    seen: dict[str, str] = {}
+    for name, args in params["calls"]:
+        number = seccomp.resolve_syscall(seccomp.Arch.NATIVE, name)
+        result = libc.syscall(ctypes.c_long(number), *(ctypes.c_long(a) for a in args))
+        code = ctypes.get_errno()
+        seen[name] = "ok" if result >= 0 else errno.errorcode.get(code, str(code))
+    status = Path("/proc/self/status").read_text()
+    mode = next(
+        line.split(":")[1].strip() for line in status.splitlines() if line.startswith("Seccomp:")
+    )
+    return _json_output(workdir, "syscalls.json", {"calls": seen, "seccomp": mode})
+
+
+@register("test.signal")
+def signal_others(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list[Output]:
+    """Send ``signal`` to each of ``pids``, and try to ptrace-attach to it: "ok" or the
+    errno's name each; and the pids /proc shows."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    seen: dict[str, dict[str, str]] = {"kill": {}, "ptrace": {}}
+    for pid in params["pids"]:
+        try:
+            os.kill(pid, int(params["signal"]))
+            seen["kill"][str(pid)] = "ok"
+        except OSError as exc:
+            seen["kill"][str(pid)] = _errno_name(exc)
+        ptrace_attach = 16
+        result = libc.ptrace(ctypes.c_long(ptrace_attach), ctypes.c_long(pid), None, None)
+        code = ctypes.get_errno()
+        seen["ptrace"][str(pid)] = "ok" if result == 0 else _errno_name(OSError(code, ""))
+    visible = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+    return _json_output(workdir, "signal.json", {**seen, "visible": visible})

@@ -48,8 +48,10 @@ namespaces, the read-only view), all before the job arrives, off its clock. Give
 a job (the request and, from the server, the job's uid): the workdir bound in
 read-write and ``chown``-ed, the uid taken (``PDEATHSIG`` set again: a uid change
 clears it), stdout/stderr appended to ``<workdir>/.child.log``,
-cwd/``HOME``/``TMPDIR`` = the workdir, rlimits applied last (``RLIMIT_NPROC``
-among them when the job has a uid), then
+cwd/``HOME``/``TMPDIR`` = the workdir, the seccomp filter loaded
+(:mod:`hypermedia.sandbox.syscalls`: after the mounts and the uid change, which it
+would refuse), rlimits applied last (``RLIMIT_NPROC`` among them when the job has a
+uid), then
 ``pipelines.registry.get(operation)(input, params, workdir)``. A spare that cannot
 build its sandbox exits with :data:`~hypermedia.sandbox.outcome.SANDBOX_FAILED`
 (a job given to it fails ``sandbox_unavailable``, retryable): a job never runs
@@ -86,8 +88,17 @@ once a second, and on shutdown). When the server itself is killed with SIGKILL i
 direct children die of ``PDEATHSIG``; what they left runs until the next server
 that claims the uid block kills the block's processes before its first job.
 
-Still to come: a PID namespace (a job sees no other pid at all, rather than
-``hidepid``) and a seccomp filter (last in :func:`_run_step`, after the rlimits).
+No PID namespace. ``unshare(CLONE_NEWPID)`` moves only the caller's future
+children, and the first of them is the namespace's init: a process whose own signals
+and the kernel's ``SIGXCPU`` are ignored unless it has a handler (measured: as pid 1
+a step's ``kill(getpid(), SIGSEGV)`` does nothing, ``RLIMIT_CPU``'s soft limit does
+nothing, so the hard one's ``SIGKILL`` ends it, and ``abort()`` ends in ``SIGSEGV``).
+A step must not be that init, so a namespace per job takes one more fork per job
+(an init that forks the step and relays how it ended), which costs about what the
+fork of a spare does (see bench/sandbox.py). What a PID namespace would give is
+had otherwise: ``/proc`` shows a job its own processes only (``hidepid``), its uid
+lets it signal nothing but its own, every process of that uid is killed before the
+job is reported, and the filter refuses ``ptrace``.
 """
 
 from __future__ import annotations
@@ -312,6 +323,11 @@ def _spare(channel_fd: int, devnull: int, server_pid: int, sandbox: Isolation) -
         _become_job(request["workdir"], fds[0])
     except BaseException:
         os._exit(71)
+    try:
+        sandbox.filter_syscalls()
+    except BaseException as exc:
+        _complain(f"a child could not load its syscall filter: {exc}")
+        os._exit(SANDBOX_FAILED)
     me = os.getpid()
     payload = _run_step(request)
     if os.getpid() != me:  # a process the step forked came back here: it has no say

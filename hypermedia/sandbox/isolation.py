@@ -32,7 +32,9 @@ When the job arrives, :meth:`Isolation.enter`: the job's workdir is bound
 read-write at its own path (the only writable place besides device nodes like
 ``/dev/null``), ``chown``-ed to the job's uid, and the child drops to that uid
 (``setgroups([])``, ``setresgid``, ``setresuid``; no capabilities remain, and
-``PR_SET_NO_NEW_PRIVS`` was set when the spare was forked).
+``PR_SET_NO_NEW_PRIVS`` was set when the spare was forked). Last, just before the
+step, :meth:`Isolation.filter_syscalls` loads the seccomp filter
+(:mod:`hypermedia.sandbox.syscalls`), built once in the server.
 
 Job uids. A worker runs as root; its jobs must not. Each fork server claims a
 block of :data:`UID_SLOTS` uids from ``UID_BASE`` on (an ``flock`` under
@@ -65,7 +67,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from hypermedia.sandbox.syscalls import FilterUnavailable, Program, compile_filter
+
 CLONE_NEWNS = 0x00020000
+CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
 MS_RDONLY = 0x1
 MS_NOSUID = 0x2
@@ -81,6 +86,7 @@ AT_FDCWD = -100
 AT_RECURSIVE = 0x8000
 SYS_MOUNT_SETATTR = 442  # one number on every architecture (added after the tables merged)
 PR_SET_DUMPABLE = 4
+PR_SET_NO_NEW_PRIVS = 38
 
 # Covered for every job (paths covered, not used: hence the noqa); what a step needs
 # from under them (an interpreter under /root/.pyenv) is bound back.
@@ -117,7 +123,7 @@ UID_BLOCKS = 512
 LOCK_DIR = "/run/hypermedia-sandbox"
 COVER_OPTIONS = b"mode=755,size=1m,nr_inodes=4096"
 
-FEATURES = ("network_namespace", "mount_namespace", "own_uid", "private_proc")
+FEATURES = ("network_namespace", "mount_namespace", "own_uid", "private_proc", "syscall_filter")
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.unshare.argtypes = [ctypes.c_int]
@@ -415,6 +421,7 @@ class Isolation:
         self.network = False
         self.mounts = False
         self.private_proc = False
+        self.program: Program | None = None  # the seccomp filter, when the machine allows it
         self.uids: list[int] = []  # the block, when jobs get a uid of their own
         self.missing: dict[str, str] = {}
         self._lock_fd: int | None = None
@@ -450,7 +457,13 @@ class Isolation:
         if isolation.uids and not clear_uids(isolation.uids, fork):
             isolation.missing["own_uid"] = "could not kill what earlier jobs left in the uid block"
             isolation._release_uids()
+        try:
+            isolation.program = Program(compile_filter())
+        except FilterUnavailable as exc:
+            isolation.missing["syscall_filter"] = str(exc)
         found = probe(isolation, fork)
+        if found.get("syscall_filter") is not True:
+            isolation.program = None
         isolation.network = found.get("network_namespace") is True
         isolation.mounts = found.get("mount_namespace") is True
         isolation.private_proc = isolation.mounts and found.get("private_proc") is True
@@ -471,6 +484,7 @@ class Isolation:
             "mount_namespace": self.mounts,
             "own_uid": self.own_uid,
             "private_proc": self.private_proc,
+            "syscall_filter": self.program is not None,
             "uid_range": [self.uids[0], self.uids[-1]] if self.uids else None,
             "missing": dict(self.missing),
         }
@@ -578,6 +592,11 @@ class Isolation:
         if uid:
             _chown_tree(workdir, uid)
             drop_to(uid)
+
+    def filter_syscalls(self) -> None:
+        """The seccomp filter (:mod:`.syscalls`), last before the step: for good."""
+        if self.program is not None:
+            self.program.install()
 
 
 def _chown_tree(path: str, uid: int) -> None:
@@ -716,7 +735,6 @@ def _reason(exc: BaseException) -> str:
 
 
 def _try_everything(isolation: Isolation, found: dict[str, Any]) -> None:
-    settings = isolation.settings
     try:
         unshare(CLONE_NEWNET)
         with socket.socket() as sock:
@@ -747,8 +765,13 @@ def _try_everything(isolation: Isolation, found: dict[str, Any]) -> None:
     except OSError as exc:
         found["mount_namespace"] = _reason(exc)
         found["private_proc"] = "needs the mount namespace"
-    if not isolation.uids:
-        return
+    if isolation.uids:
+        _try_uid(isolation, jobs_fd, found)
+    _try_filter(isolation, found)
+
+
+def _try_uid(isolation: Isolation, jobs_fd: int | None, found: dict[str, Any]) -> None:
+    settings = isolation.settings
     uid = isolation.uids[0]
     needed = outermost(isolation.reachable)  # seen as root
     try:
@@ -766,3 +789,21 @@ def _try_everything(isolation: Isolation, found: dict[str, Any]) -> None:
         found["own_uid"] = True
     except OSError as exc:
         found["own_uid"] = f"a job uid cannot reach what it needs: {_reason(exc)}"
+
+
+def _try_filter(isolation: Isolation, found: dict[str, Any]) -> None:
+    """Load the filter (as a job would: no new privileges, maybe a job uid) and see
+    it refuse ``unshare``, which would otherwise succeed (CLONE_NEWUSER)."""
+    if isolation.program is None:
+        return
+    try:
+        _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
+        isolation.program.install()
+    except OSError as exc:
+        found["syscall_filter"] = _reason(exc)
+        return
+    try:
+        unshare(CLONE_NEWUSER)
+        found["syscall_filter"] = "unshare was let through"
+    except OSError as exc:
+        found["syscall_filter"] = True if exc.errno == errno.EPERM else _reason(exc)

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 import pipelines.registry
-from hypermedia.sandbox import isolation
+from hypermedia.sandbox import isolation, syscalls
 from hypermedia.sandbox.executor import ChildExecutor, ChildFailed
 from tests.integration.test_sandbox_executor import alive, children_of, wait_until
 from tests.pipelines_for_tests import PRELOAD
@@ -110,6 +110,7 @@ def test_this_machine_gives_the_full_sandbox(executor):
     assert caps["mount_namespace"] is True
     assert caps["own_uid"] is True
     assert caps["private_proc"] is True
+    assert caps["syscall_filter"] is True
     first, last = caps["uid_range"]
     assert first >= isolation.UID_BASE
     assert last - first + 1 == isolation.UID_SLOTS
@@ -309,6 +310,86 @@ def test_the_data_dir_as_working_directory_is_hidden_from_jobs(tmp_path, monkeyp
         paths = [*canaries.values(), own]
         seen = run_job(ex, "data-job", "test.try_paths", {"read": paths})
     assert seen["read"] == {**dict.fromkeys(canaries.values(), "ENOENT"), own: "ok"}
+
+
+# -- the syscall filter -----------------------------------------------------------------
+
+CLONE_NEWUSER = 0x10000000
+CLONE_FS = 0x00000200
+
+
+def test_a_job_gets_eperm_for_every_denied_syscall(executor, job_id):
+    """Each denied syscall, called with arguments that without the filter would succeed
+    or fail otherwise (unshare(CLONE_NEWUSER) succeeds for anyone; a zero fd or pointer
+    is EBADF, EFAULT or EINVAL), answers EPERM; clone with a namespace flag too
+    (CLONE_NEWUSER with CLONE_FS would be EINVAL), clone3 ENOSYS (so the C library
+    falls back to clone); what a step needs still works."""
+    denied = [[name, [0] * 6] for name in syscalls.DENIED]
+    denied[[name for name, _args in denied].index("unshare")][1] = [CLONE_NEWUSER]
+    calls = [
+        *denied,
+        ["clone", [CLONE_NEWUSER | CLONE_FS, 0, 0, 0, 0]],
+        ["clone3", [0, 0]],
+        ["getpid", []],
+        ["getuid", []],
+    ]
+    seen = run_job(executor, job_id, "test.syscalls", {"calls": calls})
+    assert seen["seccomp"] == "2"  # a filter is loaded
+    assert seen["calls"] == {
+        **dict.fromkeys(syscalls.DENIED, "EPERM"),
+        "clone": "EPERM",
+        "clone3": "ENOSYS",
+        "getpid": "ok",
+        "getuid": "ok",
+    }
+
+
+def test_a_job_can_neither_see_nor_signal_nor_trace_other_processes(executor, job_id):
+    """Another job running meanwhile, the caller and the fork server: invisible in
+    /proc, and SIGKILL and PTRACE_ATTACH of each refused; the other job lives on."""
+    other = job_id + "-other"
+    source = executor.prepare(other) / "input" / "source"
+    source.write_bytes(b"x")
+    box: dict[str, Any] = {}
+
+    def sleeper() -> None:
+        try:
+            executor.run(
+                other,
+                "test.sleep",
+                source,
+                {"seconds": 30},
+                timeout_seconds=40,
+                memory_limit_mb=512,
+            )
+        except ChildFailed as exc:
+            box["failed"] = exc
+
+    thread = threading.Thread(target=sleeper)
+    thread.start()
+    try:
+        assert wait_until(lambda: executor.child_pid(other) is not None, 10)
+        victim = executor.child_pid(other)
+        assert victim is not None
+        pids = [victim, os.getpid(), executor.server_pid]
+        seen = run_job(executor, job_id, "test.signal", {"pids": pids, "signal": signal.SIGKILL})
+        assert alive(victim)
+        assert executor.running() == sorted([other])
+    finally:
+        executor.cancel(other)
+        thread.join()
+        executor.cleanup(other)
+    assert seen["kill"] == dict.fromkeys(map(str, pids), "EPERM")
+    assert seen["ptrace"] == dict.fromkeys(map(str, pids), "EPERM")
+    assert not set(pids) & set(seen["visible"])
+    assert box["failed"].code == "cancelled"
+
+
+def test_without_the_filter_the_same_calls_get_through(tmp_path, job_id):
+    """The control experiment: sandbox off, no filter; unshare(CLONE_NEWUSER) works."""
+    with ChildExecutor(tmp_path, preload=PRELOAD, sandbox=False, spares=0) as ex:
+        seen = run_job(ex, job_id, "test.syscalls", {"calls": [["unshare", [CLONE_NEWUSER]]]})
+    assert seen == {"calls": {"unshare": "ok"}, "seccomp": "0"}
 
 
 # -- the job's uid ---------------------------------------------------------------------
