@@ -8,15 +8,17 @@ thread, timed from the call to its return:
 
 * ``executor, sandbox``: ``ChildExecutor.run`` of ``test.noop`` as the worker does
   it (default spares, the full sandbox: network and mount namespaces, read-only
-  view, a job uid, every process of that uid gone before the return).
+  view, a job uid, the seccomp filter, every process of that uid gone before the
+  return).
 * ``executor, sandbox off``: the same executor with ``sandbox=False``: rlimits and
   a spare, nothing else. The difference to the row above is what the sandbox adds
   to a job's latency.
 * ``executor, sandbox, no spares``: a fork per request, so the sandbox is built on
   the job's clock: the worst case (a burst that outruns the spares).
 * ``fork + sandbox, bare``: this process (pipeline modules loaded) forks with
-  libc's ``fork()``; the child builds the sandbox (``Isolation.prepare`` and
-  ``enter``: namespaces, view, workdir bound, uid) and exits; the parent waits.
+  libc's ``fork()``; the child builds the sandbox (``Isolation.prepare``, ``enter``
+  and ``filter_syscalls``: namespaces, view, workdir bound, uid, seccomp filter) and
+  exits; the parent waits.
   The kernel's part of the sandbox, which spares do ahead of time.
 * ``fork + exit``: the same without the sandbox: the floor for a child of this size.
 * ``python -c pass``: a fresh interpreter (``subprocess.run``), what a job would cost
@@ -152,6 +154,7 @@ class BareFork(Subject):
                 if self.sandbox is not None:
                     jobs_fd = self.sandbox.prepare()
                     self.sandbox.enter(jobs_fd, self.workdir, self.sandbox.uids[0])
+                    self.sandbox.filter_syscalls()
             except BaseException:
                 status = 1
             os._exit(status)

@@ -372,7 +372,9 @@ def test_a_job_can_neither_see_nor_signal_nor_trace_other_processes(executor, jo
         victim = executor.child_pid(other)
         assert victim is not None
         pids = [victim, os.getpid(), executor.server_pid]
-        seen = run_job(executor, job_id, "test.signal", {"pids": pids, "signal": signal.SIGKILL})
+        seen = run_job(
+            executor, job_id, "test.signal", {"pids": pids, "signal": int(signal.SIGKILL)}
+        )
         assert alive(victim)
         assert executor.running() == sorted([other])
     finally:
