@@ -361,3 +361,17 @@ def signal_others(input_path: Path, params: Mapping[str, Any], workdir: Path) ->
         seen["ptrace"][str(pid)] = "ok" if result == 0 else _errno_name(OSError(code, ""))
     visible = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
     return _json_output(workdir, "signal.json", {**seen, "visible": visible})
+
+
+@register("test.tree")
+def tree(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list[Output]:
+    """Fork ``children`` that sleep, then report the pid, the parent's pid and the pids
+    /proc shows; return with the children still running."""
+    for _ in range(int(params["children"])):
+        if os.fork() == 0:
+            time.sleep(3600)
+            os._exit(0)
+    visible = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+    return _json_output(
+        workdir, "tree.json", {"pid": os.getpid(), "parent": os.getppid(), "visible": visible}
+    )

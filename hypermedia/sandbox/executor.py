@@ -101,6 +101,7 @@ _CONSEQUENCES = {
     "own_uid": "jobs run as the worker's user; no process limit (RLIMIT_NPROC)",
     "private_proc": "jobs can list every process on the machine and its command line",
     "syscall_filter": "jobs can call ptrace, unshare, bpf, userfaultfd and the like (no seccomp)",
+    "pid_namespace": "jobs see the machine's pids (hidepid still hides other users' processes)",
 }
 
 _JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -513,7 +514,8 @@ class ChildExecutor:
     def capabilities(self) -> dict[str, Any]:
         """What the sandbox of the running fork server has (see :mod:`.isolation`):
         ``network_namespace``, ``mount_namespace``, ``own_uid``, ``private_proc``,
-        ``syscall_filter`` (booleans), ``uid_range``, and ``missing``: feature -> why not."""
+        ``syscall_filter``, ``pid_namespace`` (booleans), ``uid_range``, and ``missing``:
+        feature -> why not."""
         server = self._server
         return dict(server.capabilities) if server is not None else {}
 

@@ -88,17 +88,21 @@ once a second, and on shutdown). When the server itself is killed with SIGKILL i
 direct children die of ``PDEATHSIG``; what they left runs until the next server
 that claims the uid block kills the block's processes before its first job.
 
-No PID namespace. ``unshare(CLONE_NEWPID)`` moves only the caller's future
-children, and the first of them is the namespace's init: a process whose own signals
-and the kernel's ``SIGXCPU`` are ignored unless it has a handler (measured: as pid 1
-a step's ``kill(getpid(), SIGSEGV)`` does nothing, ``RLIMIT_CPU``'s soft limit does
-nothing, so the hard one's ``SIGKILL`` ends it, and ``abort()`` ends in ``SIGSEGV``).
-A step must not be that init, so a namespace per job takes one more fork per job
-(an init that forks the step and relays how it ended), which costs about what the
-fork of a spare does (see bench/sandbox.py). What a PID namespace would give is
-had otherwise: ``/proc`` shows a job its own processes only (``hidepid``), its uid
-lets it signal nothing but its own, every process of that uid is killed before the
-job is reported, and the filter refuses ``ptrace``.
+A PID namespace per job. The server forks each spare into a PID namespace of its
+own (:meth:`~hypermedia.sandbox.isolation.Isolation.fork_spare`: ``unshare`` moves
+only the children forked after it, and the server is put back at once), so the
+spare is that namespace's pid 1, its *init*. The step must not be an init: the
+kernel drops the signals an init sends itself and ``SIGXCPU`` unless it handles them
+(measured: as pid 1 a step's ``kill(getpid(), SIGSEGV)`` does nothing,
+``RLIMIT_CPU``'s soft limit does nothing, so only the hard limit's ``SIGKILL`` ends
+it, and ``abort()`` ends in ``SIGSEGV``). So the init, once the namespaces and the
+view are built and before the job arrives, forks the process that becomes the job
+(pid 2; one more fork per job, off the job's clock while spares last), reaps what
+is orphaned in the namespace, and when the job's process ends sends the server its
+wait status on the spare's channel and exits; the kernel then kills whatever is
+left in the namespace, escaped processes included, and a killed server's jobs die
+with their inits (``PDEATHSIG``). A job sees no other pid at all, and can signal
+none: the pids of the machine do not exist in its namespace.
 """
 
 from __future__ import annotations
@@ -144,6 +148,7 @@ UID = struct.Struct("<I")  # server -> spare: the job's uid (0: none); the reque
 STARTED = struct.Struct("<ci")  # b"S", pid
 EXITED = struct.Struct("<ciiicIqd")  # b"X", pid, exit code, signal, killed_for,
 #                                      duration ms, max RSS kB, CPU seconds
+RELAYED = struct.Struct("<ci")  # init -> server, on the channel: b"R", the job's wait status
 CANCEL = b"C"
 FAILED = b"F"  # followed by the error text
 KILLED_FOR = {
@@ -276,18 +281,24 @@ def _run_step(request: Mapping[str, Any]) -> bytes:
             return _OUT_OF_MEMORY
 
 
-def _spare(channel_fd: int, devnull: int, server_pid: int, sandbox: Isolation) -> NoReturn:
+def _spare(
+    channel_fd: int, devnull: int, server_pid: int, sandbox: Isolation, fork: Callable[[], int]
+) -> NoReturn:
     """A forked child waiting for its job: becomes it, runs the step, reports, exits.
 
     Before the job: own session, PDEATHSIG, no new privileges, stdin ``/dev/null``,
     every descriptor but its channel to the server closed, its namespaces and
     read-only view built (:meth:`Isolation.prepare`). When the job arrives: its
-    workdir bound in, its uid taken (:meth:`Isolation.enter`), then the step.
+    workdir bound in, its uid taken (:meth:`Isolation.enter`), then the step. With
+    PID namespaces the spare is its namespace's pid 1 and the job is the process it
+    forks, once its namespaces are built (:func:`_be_init`).
     """
     try:
         os.setsid()
         _prctl(_PR_SET_PDEATHSIG, _SIGKILL)
-        if os.getppid() != server_pid:  # the server died before PDEATHSIG was set
+        # The server died before PDEATHSIG was set? (A namespace's pid 1 has no parent
+        # it can see: its channel then tells.)
+        if (os.getppid() != server_pid) if not sandbox.pid_namespace else _hung_up(channel_fd):
             os._exit(0)
         _prctl(_PR_SET_NO_NEW_PRIVS, 1)
         os.dup2(devnull, 0)
@@ -300,6 +311,10 @@ def _spare(channel_fd: int, devnull: int, server_pid: int, sandbox: Isolation) -
     except BaseException as exc:
         _complain(f"a spare could not build its sandbox: {exc}")
         os._exit(SANDBOX_FAILED)
+    parent = server_pid
+    if sandbox.pid_namespace:
+        _be_init(channel_fd, fork)  # returns in the process that becomes the job
+        parent = 1
     try:
         channel = socket.socket(fileno=channel_fd)
         body, fds, _flags, _address = socket.recv_fds(channel, MESSAGE_CAP, 1)
@@ -314,7 +329,7 @@ def _spare(channel_fd: int, devnull: int, server_pid: int, sandbox: Isolation) -
         sandbox.enter(jobs_fd, request["workdir"], uid)
         if uid:  # a change of uid cleared PDEATHSIG
             _prctl(_PR_SET_PDEATHSIG, _SIGKILL)
-            if os.getppid() != server_pid:
+            if os.getppid() != parent:
                 os._exit(0)
     except BaseException as exc:
         _complain(f"a child could not enter its sandbox: {exc}")
@@ -340,6 +355,42 @@ def _spare(channel_fd: int, devnull: int, server_pid: int, sandbox: Isolation) -
     except BaseException:
         status = 1
     os._exit(status)
+
+
+def _hung_up(channel_fd: int) -> bool:
+    poll = select.poll()
+    poll.register(channel_fd, select.POLLIN)
+    return any(events & select.POLLHUP for _fd, events in poll.poll(0))
+
+
+def _be_init(channel_fd: int, fork: Callable[[], int]) -> None:
+    """Pid 1 of the job's PID namespace: fork the process that becomes the job, reap
+    whatever is orphaned in the namespace until that process ends, send the server
+    how it ended (RELAYED, on the channel), exit. The kernel then kills what is left
+    in the namespace, and the server reports the relayed status (its own wait4 gives
+    the resources, the job's included). Returns only in the job's process.
+
+    The step must not be the init itself: the kernel drops an init's own signals and
+    ``SIGXCPU`` unless it handles them (see the module docstring).
+    """
+    try:
+        pid = fork()
+    except BaseException:
+        os._exit(71)
+    if pid == 0:
+        return
+    status = None
+    while status is None:
+        try:
+            done, raw = os.waitpid(-1, 0)
+        except ChildProcessError:
+            break
+        if done == pid:
+            status = raw
+    if status is not None:
+        with suppress(BaseException):
+            os.write(channel_fd, RELAYED.pack(b"R", status))
+    os._exit(0)
 
 
 def _complain(message: str) -> None:
@@ -382,6 +433,7 @@ class _Spare:
 
 class _Job:
     __slots__ = (
+        "channel",
         "deadline",
         "disk_budget",
         "ended",
@@ -415,6 +467,7 @@ class _Job:
         self.workdir = workdir
         self.disk_budget = disk_budget
         self.killed_for: str | None = None
+        self.channel: socket.socket | None = None
         self.ended = 0.0
         self.status = 0
         self.usage: resource.struct_rusage | None = None
@@ -562,13 +615,13 @@ class _Server:
     def _add_spare(self) -> _Spare:
         channel, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            pid = self.fork()
+            pid = self.sandbox.fork_spare(self.fork)
         except OSError:
             channel.close()
             theirs.close()
             raise
         if pid == 0:
-            _spare(theirs.fileno(), self.devnull, self.pid, self.sandbox)
+            _spare(theirs.fileno(), self.devnull, self.pid, self.sandbox, self.fork)
         theirs.close()
         spare = _Spare(pid, os.pidfd_open(pid), channel)
         self.spares[pid] = spare
@@ -654,9 +707,12 @@ class _Server:
                 reply.send(FAILED + error.encode(), socket.MSG_DONTWAIT)
             reply.close()
             return
-        spare.channel.close()
         deadline = time.monotonic() + wall_clock
         job = _Job(spare.pid, spare.pidfd, reply, deadline, uid, workdir, disk_budget)
+        if self.sandbox.pid_namespace:
+            job.channel = spare.channel  # the init relays how the job ended on it
+        else:
+            spare.channel.close()
         self.jobs[job.pid] = job
         self.by_fd[job.pidfd] = job
         self.by_fd[reply.fileno()] = job
@@ -740,6 +796,15 @@ class _Server:
         """The job's child is gone: its group next, then (with a job uid) every process
         of its uid, before anyone hears about it."""
         job.ended = time.monotonic()
+        if job.channel is not None:
+            try:
+                relayed = job.channel.recv(RELAYED.size + 1, socket.MSG_DONTWAIT)
+            except OSError:
+                relayed = b""  # the init was killed, and the job with it: its status
+            if len(relayed) == RELAYED.size and relayed[:1] == b"R":
+                status = RELAYED.unpack(relayed)[1]
+            job.channel.close()
+            job.channel = None
         job.status = status
         job.usage = usage
         with suppress(OSError):  # whatever the job left running in its group

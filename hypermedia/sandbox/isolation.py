@@ -26,7 +26,10 @@ A spare, before its job arrives (off the job's clock), in :meth:`Isolation.prepa
    (``0700``). A *hidden* path beats every expose: nothing at or under it is bound
    back, whoever needs it; at the same path any cover beats an expose.
 4. ``/proc`` mounted again with ``hidepid=invisible``: a job sees only its own
-   processes, not the command lines of the rest of the machine.
+   processes, not the command lines of the rest of the machine. With PID
+   namespaces (the spare was forked into one of its own,
+   :meth:`Isolation.fork_spare`) that ``/proc`` is the namespace's: the machine's
+   other pids do not exist for the job at all.
 
 When the job arrives, :meth:`Isolation.enter`: the job's workdir is bound
 read-write at its own path (the only writable place besides device nodes like
@@ -71,6 +74,7 @@ from hypermedia.sandbox.syscalls import FilterUnavailable, Program, compile_filt
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
 MS_RDONLY = 0x1
 MS_NOSUID = 0x2
@@ -123,10 +127,18 @@ UID_BLOCKS = 512
 LOCK_DIR = "/run/hypermedia-sandbox"
 COVER_OPTIONS = b"mode=755,size=1m,nr_inodes=4096"
 
-FEATURES = ("network_namespace", "mount_namespace", "own_uid", "private_proc", "syscall_filter")
+FEATURES = (
+    "network_namespace",
+    "mount_namespace",
+    "own_uid",
+    "private_proc",
+    "syscall_filter",
+    "pid_namespace",
+)
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.unshare.argtypes = [ctypes.c_int]
+_libc.setns.argtypes = [ctypes.c_int, ctypes.c_int]
 _libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_char_p]
 _libc.prctl.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
 
@@ -148,6 +160,10 @@ def _check(result: int, what: str) -> None:
 
 def unshare(flags: int) -> None:
     _check(_libc.unshare(flags), "unshare")
+
+
+def setns(fd: int, flags: int) -> None:
+    _check(_libc.setns(fd, flags), "setns")
 
 
 def mount(
@@ -422,6 +438,8 @@ class Isolation:
         self.mounts = False
         self.private_proc = False
         self.program: Program | None = None  # the seccomp filter, when the machine allows it
+        self.pid_namespace = False
+        self._own_pid_namespace: int | None = None  # the server's, to come back to
         self.uids: list[int] = []  # the block, when jobs get a uid of their own
         self.missing: dict[str, str] = {}
         self._lock_fd: int | None = None
@@ -467,6 +485,9 @@ class Isolation:
         isolation.network = found.get("network_namespace") is True
         isolation.mounts = found.get("mount_namespace") is True
         isolation.private_proc = isolation.mounts and found.get("private_proc") is True
+        if found.get("pid_namespace") is True:
+            isolation._own_pid_namespace = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+            isolation.pid_namespace = True
         if isolation.uids and found.get("own_uid") is not True:
             isolation._release_uids()
         for feature in FEATURES:
@@ -485,6 +506,7 @@ class Isolation:
             "own_uid": self.own_uid,
             "private_proc": self.private_proc,
             "syscall_filter": self.program is not None,
+            "pid_namespace": self.pid_namespace,
             "uid_range": [self.uids[0], self.uids[-1]] if self.uids else None,
             "missing": dict(self.missing),
         }
@@ -516,6 +538,25 @@ class Isolation:
 
     def close(self) -> None:
         self._release_uids()
+        if self._own_pid_namespace is not None:
+            os.close(self._own_pid_namespace)
+            self._own_pid_namespace = None
+
+    def fork_spare(self, fork: Callable[[], int]) -> int:
+        """Fork a spare: with PID namespaces, into a namespace of its own, whose pid 1
+        it is (``unshare(CLONE_NEWPID)`` moves only the children forked after it; the
+        server is put back at once, so its other children are not moved)."""
+        if self._own_pid_namespace is None:
+            return fork()
+        setns(self._own_pid_namespace, CLONE_NEWPID)  # unshare() refuses a second one
+        unshare(CLONE_NEWPID)
+        pid = -1
+        try:
+            pid = fork()
+        finally:
+            if pid != 0:
+                setns(self._own_pid_namespace, CLONE_NEWPID)
+        return pid
 
     # -- in a spare
 
@@ -735,6 +776,7 @@ def _reason(exc: BaseException) -> str:
 
 
 def _try_everything(isolation: Isolation, found: dict[str, Any]) -> None:
+    _try_pid_namespace(found)
     try:
         unshare(CLONE_NEWNET)
         with socket.socket() as sock:
@@ -768,6 +810,18 @@ def _try_everything(isolation: Isolation, found: dict[str, Any]) -> None:
     if isolation.uids:
         _try_uid(isolation, jobs_fd, found)
     _try_filter(isolation, found)
+
+
+def _try_pid_namespace(found: dict[str, Any]) -> None:
+    try:
+        unshare(CLONE_NEWPID)
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0 if os.getpid() == 1 else 1)
+        code = _wait(pid)
+        found["pid_namespace"] = True if code == 0 else f"the first child is not pid 1 ({code})"
+    except OSError as exc:
+        found["pid_namespace"] = _reason(exc)
 
 
 def _try_uid(isolation: Isolation, jobs_fd: int | None, found: dict[str, Any]) -> None:

@@ -124,6 +124,38 @@ def recorded_pids(ex: ChildExecutor, job_id: str) -> list[int]:
     return [int(line) for line in path.read_text().split()]
 
 
+def processes_of(uids: range) -> list[int]:
+    """Live processes (not zombies) whose real uid is in ``uids``."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            status = Path(f"/proc/{name}/status").read_text()
+        except OSError:
+            continue
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        if fields["State"].split()[0] in ("Z", "X"):
+            continue
+        if int(fields["Uid"].split()[0]) in uids:
+            found.append(int(name))
+    return found
+
+
+def all_gone(
+    ex: ChildExecutor, recorded: list[int], uids: range | None = None
+) -> Callable[[], bool]:
+    """Whether the processes a job recorded are dead. With PID namespaces the pids a
+    job writes are its namespace's, not ours: then no process of a job uid may live."""
+    caps = ex.capabilities
+    if uids is None and caps.get("pid_namespace"):
+        first, last = caps["uid_range"]
+        uids = range(first, last + 1)
+    if uids is not None:
+        return lambda: processes_of(uids) == []
+    return lambda: not any(alive(pid) for pid in recorded)
+
+
 # -- results ---------------------------------------------------------------------------
 
 
@@ -166,6 +198,7 @@ def test_what_the_child_sees(tmp_path, monkeypatch, job_id):
         seen = json.loads(result.outputs[0].path.read_text())
         workdir = str(ex.workdir(job_id))
         log = (ex.workdir(job_id) / ".child.log").read_text()
+        pid_namespace = ex.capabilities.get("pid_namespace")
 
     assert "s3cr3t" not in json.dumps(seen["environ"])
     assert seen["environ"]["VIPS_BLOCK_UNTRUSTED"] == "1"
@@ -173,7 +206,11 @@ def test_what_the_child_sees(tmp_path, monkeypatch, job_id):
     assert seen["cwd"] == seen["tempdir"] == workdir
     # stdin, stdout/stderr (the log), the result socket, and listdir's own descriptor
     assert seen["fds"] == [0, 1, 2, 3, 4]
-    assert seen["pid"] == seen["pgid"] == seen["sid"]  # its own session and group
+    if pid_namespace:
+        # pid 2 of its own namespace, in the session and group of that namespace's init
+        assert (seen["pid"], seen["pgid"], seen["sid"]) == (2, 1, 1)
+    else:
+        assert seen["pid"] == seen["pgid"] == seen["sid"]  # its own session and group
     assert seen["rlimits"] == {
         "RLIMIT_AS": [900 * MB, 900 * MB],
         "RLIMIT_CPU": [7, 8],
@@ -219,7 +256,7 @@ def test_timeout_kills_the_whole_group_within_the_wall_clock(executor, job_id):
     assert 1.5 <= elapsed < 2.5  # wall clock = 1 s * 1.5, killed within 1 s of it
     grandchildren = recorded_pids(executor, job_id)
     assert len(grandchildren) == 3
-    assert wait_until(lambda: not any(alive(pid) for pid in grandchildren), 1)
+    assert wait_until(all_gone(executor, grandchildren), 1)
 
 
 def test_a_grandchild_that_leaves_the_group_is_swept_up(executor, job_id):
@@ -232,7 +269,7 @@ def test_a_grandchild_that_leaves_the_group_is_swept_up(executor, job_id):
     )
     assert exc.code == "timeout"
     grandchildren = recorded_pids(executor, job_id)
-    assert wait_until(lambda: not any(alive(pid) for pid in grandchildren), 3)
+    assert wait_until(all_gone(executor, grandchildren), 3)
 
 
 def test_processes_left_behind_by_a_successful_job_are_killed(executor, job_id):
@@ -241,7 +278,7 @@ def test_processes_left_behind_by_a_successful_job_are_killed(executor, job_id):
     assert result.outputs == []
     grandchildren = recorded_pids(executor, job_id)
     assert len(grandchildren) == 20
-    assert wait_until(lambda: not any(alive(pid) for pid in grandchildren), 1)
+    assert wait_until(all_gone(executor, grandchildren), 1)
 
 
 def test_memory_hog_gets_memory_limit_and_the_executor_survives(executor, job_id):
@@ -487,12 +524,16 @@ def test_close_kills_running_jobs_and_leaves_no_process(tmp_path, job_id):
     child = ex.child_pid(job_id)
     assert child is not None
     grandchildren = recorded_pids(ex, job_id)
+    uid_range = ex.capabilities.get("uid_range")
+    uids = range(uid_range[0], uid_range[1] + 1) if uid_range else None
+    gone = all_gone(ex, grandchildren, uids if ex.capabilities.get("pid_namespace") else None)
     ex.close()
     thread.join(10)
     assert box["failed"].code == "child_killed"
     assert box["failed"].retryable
     assert not alive(server)
-    assert not any(alive(pid) for pid in [child, *grandchildren])
+    assert not alive(child)
+    assert gone()
     assert children_of(os.getpid()) == before  # nothing running, no zombies
     ex.close()  # idempotent
     with pytest.raises(RuntimeError, match="closed"):

@@ -28,7 +28,12 @@ import pytest
 import pipelines.registry
 from hypermedia.sandbox import isolation, syscalls
 from hypermedia.sandbox.executor import ChildExecutor, ChildFailed
-from tests.integration.test_sandbox_executor import alive, children_of, wait_until
+from tests.integration.test_sandbox_executor import (
+    alive,
+    children_of,
+    processes_of,
+    wait_until,
+)
 from tests.pipelines_for_tests import PRELOAD
 
 REPO = Path(__file__).resolve().parents[2]
@@ -82,24 +87,6 @@ def uid_range(ex: ChildExecutor) -> range:
     return range(first, last + 1)
 
 
-def processes_of(uids: range) -> list[int]:
-    """Live processes (not zombies) whose real uid is in ``uids``."""
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            status = Path(f"/proc/{name}/status").read_text()
-        except OSError:
-            continue
-        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-        if fields["State"].split()[0] in ("Z", "X"):
-            continue
-        if int(fields["Uid"].split()[0]) in uids:
-            found.append(int(name))
-    return found
-
-
 # -- what the machine gives ------------------------------------------------------------
 
 
@@ -111,6 +98,7 @@ def test_this_machine_gives_the_full_sandbox(executor):
     assert caps["own_uid"] is True
     assert caps["private_proc"] is True
     assert caps["syscall_filter"] is True
+    assert caps["pid_namespace"] is True
     first, last = caps["uid_range"]
     assert first >= isolation.UID_BASE
     assert last - first + 1 == isolation.UID_SLOTS
@@ -344,9 +332,22 @@ def test_a_job_gets_eperm_for_every_denied_syscall(executor, job_id):
     }
 
 
+def test_a_job_has_a_pid_namespace_of_its_own(executor, job_id):
+    """The job's process is pid 2 (pid 1 is the namespace's init, which the job cannot
+    see); the processes it forks are all it sees besides itself, and they are dead
+    when the job is reported."""
+    seen = run_job(executor, job_id, "test.tree", {"children": 3})
+    assert seen["pid"] == 2
+    assert seen["visible"] == [2, 3, 4, 5]
+    assert seen["parent"] == 1
+    assert executor.capabilities["pid_namespace"] is True
+    assert processes_of(uid_range(executor)) == []
+
+
 def test_a_job_can_neither_see_nor_signal_nor_trace_other_processes(executor, job_id):
-    """Another job running meanwhile, the caller and the fork server: invisible in
-    /proc, and SIGKILL and PTRACE_ATTACH of each refused; the other job lives on."""
+    """Another job running meanwhile, the caller and the fork server: not in the job's
+    PID namespace (no such process to signal), PTRACE_ATTACH refused by the filter
+    before the kernel even looks; the other job lives on."""
     other = job_id + "-other"
     source = executor.prepare(other) / "input" / "source"
     source.write_bytes(b"x")
@@ -381,9 +382,9 @@ def test_a_job_can_neither_see_nor_signal_nor_trace_other_processes(executor, jo
         executor.cancel(other)
         thread.join()
         executor.cleanup(other)
-    assert seen["kill"] == dict.fromkeys(map(str, pids), "EPERM")
+    assert seen["kill"] == dict.fromkeys(map(str, pids), "ESRCH")
     assert seen["ptrace"] == dict.fromkeys(map(str, pids), "EPERM")
-    assert not set(pids) & set(seen["visible"])
+    assert seen["visible"] == [2]  # itself, after its namespace's init
     assert box["failed"].code == "cancelled"
 
 
@@ -449,9 +450,8 @@ def test_escaped_processes_are_dead_before_the_job_is_reported(executor, job_id)
     )
     assert result.outputs == []
     pids = [int(p) for p in (executor.workdir(job_id) / "pids.txt").read_text().split()]
-    assert len(pids) == 2
-    assert not any(alive(pid) for pid in pids)  # at once: no waiting
-    assert processes_of(uid_range(executor)) == []
+    assert len(pids) == 2  # (its namespace's pids, not ours: the uid tells)
+    assert processes_of(uid_range(executor)) == []  # at once: no waiting
 
 
 # -- limits ----------------------------------------------------------------------------
@@ -462,7 +462,6 @@ def test_a_fork_bomb_stops_at_the_process_limit(executor, job_id):
     assert (exc.code, exc.retryable) == ("process_limit", False)
     forked = (executor.workdir(job_id) / "pids.txt").read_text().split()
     assert len(forked) == 15  # the job's first process and 15 more
-    assert not any(alive(int(pid)) for pid in forked)
     assert processes_of(uid_range(executor)) == []
 
 
@@ -725,9 +724,10 @@ def test_switched_off_the_sandbox_says_so(tmp_path, job_id):
     assert seen["uid"] == [os.getuid()] * 3
 
 
-def test_a_killed_server_leaves_nothing_for_the_next_one(tmp_path, job_id):
-    """The server dies by SIGKILL with an escaped process of a job still running; the
-    next server of that uid block kills it before it hands the uid out again."""
+def test_a_killed_server_takes_its_jobs_processes_with_it(tmp_path, job_id):
+    """The server dies by SIGKILL while a job runs with a process that left its group:
+    the job's init dies of PDEATHSIG and its PID namespace with it, so nothing of the
+    job outlives the server; the next server takes the same uid block."""
     with ChildExecutor(tmp_path, preload=PRELOAD, spares=0) as ex:
         uids = uid_range(ex)
         source = ex.prepare(job_id) / "input" / "source"
@@ -749,16 +749,13 @@ def test_a_killed_server_leaves_nothing_for_the_next_one(tmp_path, job_id):
 
         thread = threading.Thread(target=target)
         thread.start()
-        pids_file = ex.workdir(job_id) / "pids.txt"
-        assert wait_until(pids_file.exists, 10)
-        pids = [int(p) for p in pids_file.read_text().split()]
+        assert wait_until((ex.workdir(job_id) / "pids.txt").exists, 10)
+        assert len(processes_of(uids)) == 3  # the step and its two children
         assert ex.server_pid is not None
         os.kill(ex.server_pid, signal.SIGKILL)
         thread.join(10)
         assert box["failed"].code == "sandbox_unavailable"
-        assert any(alive(pid) for pid in pids)  # the escaped one outlived its server
-        # The next run starts a server, which claims the block and clears it first.
+        assert wait_until(lambda: processes_of(uids) == [], 5), processes_of(uids)
         assert run_job(ex, job_id + "-next", "test.identity")["uid"][0] in uids
         assert uid_range(ex) == uids
-        assert not any(alive(pid) for pid in pids)
     assert processes_of(uids) == []
