@@ -66,7 +66,11 @@ def open_subject(settings: Settings) -> tuple[Subject, str]:
     try:
         with transaction(stack.engine) as conn:
             user = accounts.create_user(
-                conn, "bench", stack.clock.now(), credits_millicredits=10**13
+                conn,
+                "bench",
+                stack.clock.now(),
+                credits_millicredits=10**13,
+                grants=accounts.UNLIMITED,
             )
             caller = accounts.authenticate(conn, user.api_key)
     except BaseException:

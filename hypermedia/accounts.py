@@ -16,18 +16,58 @@ from sqlalchemy import Connection, insert, select, update
 
 from hypermedia.clock import to_datetime
 from hypermedia.db import tables as t
-from hypermedia.errors import AuthenticationFailed, Conflict, NotFound
+from hypermedia.errors import AuthenticationFailed, Conflict, InvalidRequest, NotFound
 from hypermedia.ids import new_id
 
 KEY_PREFIX = "hm"
 
 
 @dataclass(frozen=True, slots=True)
+class KeyGrants:
+    """What the operator granted one API key; None: the settings' default for keys
+    (``key_priority_min``, ``key_priority_max``, ``key_submits_per_minute``).
+    ``submits_per_minute=0`` means no limit."""
+
+    priority_min: int | None = None
+    priority_max: int | None = None
+    submits_per_minute: int | None = None
+
+    def __post_init__(self) -> None:
+        for value in (self.priority_min, self.priority_max):
+            if value is not None and not 1 <= value <= 10:
+                raise InvalidRequest(f"priorities run from 1 to 10, not {value}")
+        if (
+            self.priority_min is not None
+            and self.priority_max is not None
+            and self.priority_min > self.priority_max
+        ):
+            raise InvalidRequest(f"priority range {self.priority_min}-{self.priority_max} is empty")
+        if self.submits_per_minute is not None and self.submits_per_minute < 0:
+            raise InvalidRequest("submits_per_minute must be 0 (no limit) or more")
+
+    def resolved(self, defaults: KeyGrants) -> KeyGrants:
+        """These grants with what is unset taken from ``defaults``."""
+        return KeyGrants(
+            self.priority_min if self.priority_min is not None else defaults.priority_min,
+            self.priority_max if self.priority_max is not None else defaults.priority_max,
+            self.submits_per_minute
+            if self.submits_per_minute is not None
+            else defaults.submits_per_minute,
+        )
+
+
+UNLIMITED = KeyGrants(priority_min=1, priority_max=10, submits_per_minute=0)
+
+
+@dataclass(frozen=True, slots=True)
 class Caller:
-    """Who is asking: the identity every access check uses."""
+    """Who is asking: the identity every access check uses, and what their API key
+    may do (``key_id`` is None for a caller built in-process, without a key)."""
 
     user_id: str
     is_operator: bool = False
+    key_id: str | None = None
+    grants: KeyGrants = KeyGrants()
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +90,7 @@ def create_user(
     credits_millicredits: int = 0,
     is_operator: bool = False,
     pool_id: str | None = None,
+    grants: KeyGrants | None = None,
 ) -> NewUser:
     """A user with a credit account, an API key and membership of a pool (their own
     personal pool unless ``pool_id`` names an existing one)."""
@@ -77,7 +118,7 @@ def create_user(
     )
     if credits_millicredits:
         grant_credits(conn, user_id, credits_millicredits, now, note="initial grant")
-    api_key = create_api_key(conn, user_id, now, name="default")
+    api_key = create_api_key(conn, user_id, now, name="default", grants=grants)
     return NewUser(user_id=user_id, name=name, api_key=api_key, pool_id=pool_id)
 
 
@@ -137,9 +178,16 @@ def is_pool_member(conn: Connection, pool_id: str, user_id: str) -> bool:
     return row is not None
 
 
-def create_api_key(conn: Connection, user_id: str, now: float, name: str = "") -> str:
+def create_api_key(
+    conn: Connection,
+    user_id: str,
+    now: float,
+    name: str = "",
+    grants: KeyGrants | None = None,
+) -> str:
     key_id = secrets.token_hex(6)
     secret = secrets.token_urlsafe(24)
+    granted = grants or KeyGrants()
     conn.execute(
         insert(t.api_keys).values(
             key_id=key_id,
@@ -147,9 +195,33 @@ def create_api_key(conn: Connection, user_id: str, now: float, name: str = "") -
             key_hash=_digest(secret),
             name=name,
             created_at=to_datetime(now),
+            priority_min=granted.priority_min,
+            priority_max=granted.priority_max,
+            submits_per_minute=granted.submits_per_minute,
         )
     )
     return f"{KEY_PREFIX}_{key_id}_{secret}"
+
+
+def key_id_of(api_key: str) -> str:
+    """The key id of ``hm_<key id>_<secret>``, or the argument if it is a bare id."""
+    return api_key.split("_")[1] if api_key.startswith(f"{KEY_PREFIX}_") else api_key
+
+
+def grant_api_key(conn: Connection, key_id: str, grants: KeyGrants) -> None:
+    """Replace what an active key may do (a running server sees it within its
+    authentication cache time)."""
+    result = conn.execute(
+        update(t.api_keys)
+        .where(t.api_keys.c.key_id == key_id, t.api_keys.c.revoked_at.is_(None))
+        .values(
+            priority_min=grants.priority_min,
+            priority_max=grants.priority_max,
+            submits_per_minute=grants.submits_per_minute,
+        )
+    )
+    if result.rowcount != 1:
+        raise NotFound(f"no active API key {key_id!r}", key_id=key_id)
 
 
 def revoke_api_key(conn: Connection, key_id: str, now: float) -> bool:
@@ -167,18 +239,30 @@ def authenticate(conn: Connection, api_key: str) -> Caller:
     if len(parts) != 3 or parts[0] != KEY_PREFIX:
         raise AuthenticationFailed("invalid API key")
     _, key_id, secret = parts
+    k = t.api_keys.c
     row = conn.execute(
         select(
-            t.api_keys.c.key_hash, t.api_keys.c.revoked_at, t.users.c.user_id, t.users.c.is_operator
+            k.key_hash,
+            k.revoked_at,
+            k.priority_min,
+            k.priority_max,
+            k.submits_per_minute,
+            t.users.c.user_id,
+            t.users.c.is_operator,
         )
-        .join(t.users, t.users.c.user_id == t.api_keys.c.user_id)
-        .where(t.api_keys.c.key_id == key_id)
+        .join(t.users, t.users.c.user_id == k.user_id)
+        .where(k.key_id == key_id)
     ).first()
     # Compare even when the row is missing so timing does not reveal valid key ids.
     expected = row.key_hash if row is not None else _digest("")
     if not hmac.compare_digest(expected, _digest(secret)) or row is None or row.revoked_at:
         raise AuthenticationFailed("invalid API key")
-    return Caller(user_id=row.user_id, is_operator=bool(row.is_operator))
+    return Caller(
+        user_id=row.user_id,
+        is_operator=bool(row.is_operator),
+        key_id=key_id,
+        grants=KeyGrants(row.priority_min, row.priority_max, row.submits_per_minute),
+    )
 
 
 def grant_credits(

@@ -194,6 +194,40 @@ def db_upgrade() -> None:
     typer.echo(f"database {shown} is at revision {revision}; profiles synced")
 
 
+KeyPriority = Annotated[
+    str | None,
+    typer.Option(
+        "--priority",
+        envvar="HYPERMEDIA_KEY_PRIORITY",
+        help="Priorities the key may ask for, MIN-MAX or N (1 is the most urgent and goes"
+        " to on-demand capacity; default: key_priority_min-key_priority_max).",
+        show_default=False,
+    ),
+]
+KeySubmits = Annotated[
+    int | None,
+    typer.Option(
+        "--submits-per-minute",
+        envvar="HYPERMEDIA_KEY_SUBMITS_PER_MINUTE",
+        min=0,
+        help="Submits a minute the key may make, 0: no limit (default: key_submits_per_minute).",
+        show_default=False,
+    ),
+]
+
+
+def _grants(priority: str | None, submits_per_minute: int | None) -> Any:
+    from hypermedia.accounts import KeyGrants
+
+    low = high = None
+    if priority is not None:
+        first, _, last = priority.partition("-")
+        if not first.strip().isdigit() or not (last or first).strip().isdigit():
+            raise ConfigError("--priority (HYPERMEDIA_KEY_PRIORITY)", "expected MIN-MAX or N")
+        low, high = int(first), int(last or first)
+    return KeyGrants(low, high, submits_per_minute)
+
+
 @user_app.command("add")
 def user_add(
     name: Annotated[str, typer.Argument(help="Unique user name.")],
@@ -211,6 +245,8 @@ def user_add(
             help="Join this existing pool instead of getting a personal one.",
         ),
     ] = None,
+    priority: KeyPriority = None,
+    submits_per_minute: KeySubmits = None,
 ) -> None:
     """Create a user; prints the API key (on stdout, shown this once only)."""
     from hypermedia.accounts import create_user
@@ -226,6 +262,7 @@ def user_add(
                 credits_millicredits=_millicredits(credits),
                 is_operator=operator,
                 pool_id=pool,
+                grants=_grants(priority, submits_per_minute),
             )
     finally:
         engine.dispose()
@@ -240,19 +277,52 @@ def user_add(
 def user_key(
     user: Annotated[str, typer.Argument(help="User name or id.")],
     label: Annotated[str, typer.Option("--label", envvar="HYPERMEDIA_KEY_LABEL")] = "",
+    priority: KeyPriority = None,
+    submits_per_minute: KeySubmits = None,
 ) -> None:
     """Issue another API key for a user; prints it (shown this once only)."""
     from hypermedia.accounts import create_api_key, find_user
     from hypermedia.db.engine import transaction
 
+    grants = _grants(priority, submits_per_minute)
     engine = _engine(_settings())
     try:
         with transaction(engine) as conn:
-            key = create_api_key(conn, find_user(conn, user), time.time(), name=label)
+            user_id = find_user(conn, user)
+            key = create_api_key(conn, user_id, time.time(), name=label, grants=grants)
     finally:
         engine.dispose()
     _note(f"new API key for {user} (shown only this once):")
     typer.echo(key)
+
+
+@user_app.command("grant")
+def user_grant(
+    key: Annotated[str, typer.Argument(help="The key (hm_<key id>_...) or its key id.")],
+    priority: KeyPriority = None,
+    submits_per_minute: KeySubmits = None,
+) -> None:
+    """Set what an existing key may do; unset options return to the defaults. A running
+    server applies it within its authentication cache time (30 s)."""
+    from hypermedia.accounts import grant_api_key, key_id_of
+    from hypermedia.db.engine import transaction
+
+    grants = _grants(priority, submits_per_minute)
+    engine = _engine(_settings())
+    try:
+        with transaction(engine) as conn:
+            grant_api_key(conn, key_id_of(key), grants)
+    finally:
+        engine.dispose()
+    typer.echo(f"API key {key_id_of(key)}: {_describe_grants(grants)}")
+
+
+def _describe_grants(grants: Any) -> str:
+    low, high = grants.priority_min, grants.priority_max
+    shown = "default priorities" if low is None else f"priority {low}-{high}"
+    rate = grants.submits_per_minute
+    limit = "default submit rate" if rate is None else f"{rate or 'unlimited'} submits/min"
+    return f"{shown}, {limit}"
 
 
 @user_app.command("revoke")

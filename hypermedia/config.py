@@ -94,6 +94,14 @@ class Settings(BaseSettings):
     inspection_wall_seconds: float = Field(default=30.0, gt=0, le=3600)
     inspection_memory_mb: int = Field(default=1024, ge=256, le=64 * 1024)
     inspection_concurrency: int = Field(default=2, ge=1, le=64)
+    # What an API key may do unless the operator granted it otherwise (per key, with
+    # `hypermedia user add/key/grant`): priorities 1-3 go to on-demand capacity.
+    key_priority_min: int = Field(default=4, ge=1, le=10)
+    key_priority_max: int = Field(default=10, ge=1, le=10)
+    key_submits_per_minute: int = Field(default=600, ge=1)
+    # Every user's stored bytes (uploads and their outputs) and uploads per minute.
+    user_storage_quota_bytes: int = Field(default=10 * 1024**3, ge=1)
+    user_uploads_per_minute: int = Field(default=60, ge=1)
 
     # Storage: a local directory (``data_dir/objects``, URLs served by the API and
     # signed with ``storage_secret``) or an S3 bucket (URLs presigned by S3).
@@ -206,6 +214,14 @@ class Settings(BaseSettings):
         cpu = info.data.get("inspection_cpu_seconds")
         if isinstance(cpu, int) and value < cpu:
             raise ValueError(f"must be at least inspection_cpu_seconds ({cpu})")
+        return value
+
+    @field_validator("key_priority_max")
+    @classmethod
+    def _check_key_priorities(cls, value: int, info: ValidationInfo) -> int:
+        low = info.data.get("key_priority_min")
+        if isinstance(low, int) and value < low:
+            raise ValueError(f"must be at least key_priority_min ({low})")
         return value
 
     @field_validator("queues", mode="before")

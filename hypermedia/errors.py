@@ -13,6 +13,7 @@ translated where they enter, with ``raise ... from exc``.
     │   ├── UnknownOperation 422 no profile, or no pipeline step, for that operation
     │   ├── InputTooLarge   413  object bigger than the profile allows
     │   ├── RequestTooLarge 413  a request body over its route's limit
+    │   ├── InspectionLimit 422  inspecting the upload passed its CPU/memory/time budget
     │   └── InputRejected   422  the object's content is refused for the operation
     │       ├── UnsupportedFormat    a format the platform (or this operation) does not process
     │       ├── InputTypeMismatch    the operation is for another kind of file
@@ -25,16 +26,18 @@ translated where they enter, with ``raise ... from exc``.
     │       ├── PolyglotFile         another file (a ZIP) appended to this one
     │       ├── PixelLimit           header dimensions x frames over the profile's limit
     │       ├── PageLimit            more pages than the profile allows
-    │       ├── DurationLimit        longer than the profile allows
-    │       └── InspectionLimit      inspecting the upload passed its CPU/memory/time budget
+    │       └── DurationLimit        longer than the profile allows
     ├── AuthenticationFailed 401 missing / bad API key
     ├── Forbidden           403  authenticated but not allowed (operator-only routes)
+    │   ├── PriorityNotAllowed   a priority outside the API key's granted range
     │   ├── InvalidSignature     a signed blob URL that does not verify   (storage.base)
     │   └── UrlExpired           a signed blob URL past its expiry        (storage.base)
     ├── NotFound            404  does not exist, or belongs to someone else
     ├── Conflict            409  e.g. idempotency key reused for another request
     ├── IllegalTransition   409  a job state change the state machine forbids
     ├── PaymentRequired     402  not enough credits: nothing was created
+    ├── StorageQuotaExceeded 413 the user's stored bytes would pass their quota
+    ├── RateLimited         429  too many submits or uploads; ``Retry-After`` says when
     ├── ServiceUnavailable  503  a backing service is down
     │   ├── DatabaseUnavailable
     │   ├── QueueUnavailable
@@ -162,10 +165,12 @@ class DurationLimit(InputRejected):
     code = "duration_limit"
 
 
-class InspectionLimit(InputRejected):
-    """Inspecting the upload needed more CPU, memory or time than its budget."""
+class InspectionLimit(InvalidRequest):
+    """Inspecting the upload needed more CPU, memory or time than its budget: refused
+    at upload, before any operation is judged (so not an InputRejected verdict)."""
 
     code = "inspection_limit"
+    status = 422
 
 
 class AuthenticationFailed(HypermediaError):
@@ -176,6 +181,12 @@ class AuthenticationFailed(HypermediaError):
 class Forbidden(HypermediaError):
     code = "forbidden"
     status = 403
+
+
+class PriorityNotAllowed(Forbidden):
+    """A priority outside the range the operator granted the API key."""
+
+    code = "priority_not_allowed"
 
 
 class NotFound(HypermediaError):
@@ -198,6 +209,20 @@ class IllegalTransition(HypermediaError):
 class PaymentRequired(HypermediaError):
     code = "insufficient_credits"
     status = 402
+
+
+class StorageQuotaExceeded(HypermediaError):
+    """The upload would take the user's stored bytes past ``user_storage_quota_bytes``."""
+
+    code = "storage_quota_exceeded"
+    status = 413
+
+
+class RateLimited(HypermediaError):
+    """Too many requests of a kind in the window; ``retry_after_seconds`` says when."""
+
+    code = "rate_limited"
+    status = 429
 
 
 class ServiceUnavailable(HypermediaError):

@@ -2,7 +2,12 @@
 
 A caller may use an object they own or one in a pool they belong to. Anything
 else answers :class:`NotFound`, exactly as for an id that does not exist, so ids
-of other users' objects reveal nothing.
+of other users' objects reveal nothing. Only the owner may delete one
+(:func:`plan_deletion`, :func:`mark_deleted`): its blobs and its outputs' blobs go,
+its rows stay, marked ``deleted_at``, for the history of the jobs that ran on it.
+
+Every user's live objects (uploads and their jobs' outputs) count against their
+storage quota (:func:`check_quota`).
 
 An object registered with an :class:`~hypermedia.sandbox.inspect.Inspection` keeps it
 (``inspection``) and its ``content_type`` is the detected mime type, never what the
@@ -15,13 +20,16 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, insert, select
+from sqlalchemy import ColumnElement, Connection, delete, func, insert, select, update
 
 from hypermedia.accounts import Caller, is_pool_member
 from hypermedia.clock import to_datetime
 from hypermedia.db import tables as t
-from hypermedia.errors import NotFound
+from hypermedia.errors import Conflict, NotFound, StorageQuotaExceeded
+from hypermedia.jobs.states import JobStatus
 from hypermedia.sandbox.inspect import Inspection
+
+_FINISHED = [JobStatus.COMPLETED.value, JobStatus.FAILED.value, JobStatus.CANCELLED.value]
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,11 +60,15 @@ def register_object(
     content_type: str | None = None,
     sha256: str | None = None,
     inspection: Inspection | None = None,
+    quota_bytes: int | None = None,
 ) -> ObjectInfo:
     """Record a file already in storage. The caller must belong to ``pool_id``. With an
-    ``inspection``, its mime type replaces ``content_type``."""
+    ``inspection``, its mime type replaces ``content_type``; with ``quota_bytes``, the
+    caller's stored bytes must stay within it (StorageQuotaExceeded)."""
     if not is_pool_member(conn, pool_id, caller.user_id):
         raise NotFound(f"no pool {pool_id!r}", pool_id=pool_id)
+    if quota_bytes is not None:
+        check_quota(conn, caller.user_id, size_bytes, quota_bytes)
     values: dict[str, Any] = {
         "object_id": object_id,
         "pool_id": pool_id,
@@ -75,7 +87,8 @@ def register_object(
 
 
 def usable_by(caller: Caller) -> ColumnElement[bool]:
-    """The WHERE clause for objects ``caller`` may use: owned, or in one of their pools."""
+    """The WHERE clause for objects ``caller`` may use: not deleted, and owned or in one
+    of their pools."""
     member = (
         select(t.pool_members.c.user_id)
         .where(
@@ -84,7 +97,114 @@ def usable_by(caller: Caller) -> ColumnElement[bool]:
         )
         .exists()
     )
-    return (t.objects.c.owner_id == caller.user_id) | member
+    return t.objects.c.deleted_at.is_(None) & ((t.objects.c.owner_id == caller.user_id) | member)
+
+
+def storage_used(conn: Connection, user_id: str, *, lock: bool = False) -> int:
+    """Bytes of the live objects ``user_id`` owns (uploads and the outputs of their jobs).
+    ``lock``: hold the user's row until the transaction ends, so that two uploads
+    checking the quota at once are judged one after the other."""
+    if lock:
+        conn.execute(
+            select(t.users.c.user_id).where(t.users.c.user_id == user_id).with_for_update()
+        )
+    used = conn.execute(
+        select(func.coalesce(func.sum(t.objects.c.size_bytes), 0)).where(
+            t.objects.c.owner_id == user_id, t.objects.c.deleted_at.is_(None)
+        )
+    ).scalar_one()
+    return int(used)
+
+
+def check_quota(conn: Connection, user_id: str, adding: int, quota_bytes: int) -> None:
+    """StorageQuotaExceeded unless ``adding`` more bytes fit the user's quota (locks
+    the user's row: call it in the transaction that records the bytes)."""
+    used = storage_used(conn, user_id, lock=True)
+    if used + adding > quota_bytes:
+        raise quota_exceeded(quota_bytes, used, adding)
+
+
+def quota_exceeded(quota_bytes: int, used: int, adding: int | None) -> StorageQuotaExceeded:
+    more = "" if adding is None else f"; this upload adds {adding}"
+    return StorageQuotaExceeded(
+        f"storage quota reached: {used} of {quota_bytes} bytes stored{more}."
+        " Delete objects (DELETE /v1/hypermedia/objects/{id}) to make room",
+        quota_bytes=quota_bytes,
+        used_bytes=used,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Deletion:
+    """What deleting one object removes: the object and its derived outputs (their
+    rows, marked deleted) and every stored blob of them."""
+
+    object_id: str
+    object_ids: list[str]
+    storage_keys: list[str]
+    size_bytes: int
+
+    @property
+    def outputs(self) -> int:
+        return len(self.object_ids) - 1
+
+
+def plan_deletion(conn: Connection, caller: Caller, object_id: str) -> Deletion:
+    """What deleting ``object_id`` takes. Only its owner may (anyone else: NotFound, as
+    for an id that does not exist); not while a job on it is unfinished (Conflict)."""
+    o = t.objects.c
+    row = conn.execute(
+        select(o.object_id, o.storage_key, o.size_bytes).where(
+            o.object_id == object_id, o.owner_id == caller.user_id, o.deleted_at.is_(None)
+        )
+    ).first()
+    if row is None:
+        raise NotFound(f"no object {object_id!r}", object_id=object_id)
+    derived = conn.execute(
+        select(o.object_id, o.storage_key, o.size_bytes).where(
+            o.source_object_id == object_id, o.deleted_at.is_(None)
+        )
+    ).all()
+    rows = [row, *derived]
+    ids = [r.object_id for r in rows]
+    unfinished = (
+        conn.execute(
+            select(t.jobs.c.job_id)
+            .where(t.jobs.c.object_id.in_(ids), t.jobs.c.status.not_in(_FINISHED))
+            .order_by(t.jobs.c.job_id)
+            .limit(10)
+        )
+        .scalars()
+        .all()
+    )
+    if unfinished:
+        raise Conflict(
+            "the object has unfinished jobs: cancel them (or let them finish) first",
+            object_id=object_id,
+            job_ids=list(unfinished),
+        )
+    return Deletion(
+        object_id=object_id,
+        object_ids=ids,
+        storage_keys=[r.storage_key for r in rows],
+        size_bytes=sum(int(r.size_bytes) for r in rows),
+    )
+
+
+def mark_deleted(conn: Connection, deletion: Deletion, now: float) -> None:
+    """Record a deletion whose blobs are gone: the rows are marked, the outputs' rows of
+    its jobs removed. The rows stay for the jobs that ran on them."""
+    jobs = select(t.jobs.c.job_id).where(t.jobs.c.object_id.in_(deletion.object_ids))
+    conn.execute(
+        delete(t.outputs).where(
+            t.outputs.c.job_id.in_(jobs) | t.outputs.c.object_id.in_(deletion.object_ids)
+        )
+    )
+    conn.execute(
+        update(t.objects)
+        .where(t.objects.c.object_id.in_(deletion.object_ids), t.objects.c.deleted_at.is_(None))
+        .values(deleted_at=to_datetime(now))
+    )
 
 
 def get_object(conn: Connection, caller: Caller, object_id: str) -> ObjectInfo:

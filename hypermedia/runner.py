@@ -90,10 +90,13 @@ def local_operator(stack: Stack) -> tuple[Caller, str]:
                 now,
                 credits_millicredits=LOCAL_CREDITS_MILLICREDITS,
                 is_operator=True,
+                grants=accounts.UNLIMITED,
             )
-            return Caller(user.user_id, True), user.api_key
-        key = accounts.create_api_key(conn, row.user_id, now, name="hypermedia run")
-        return Caller(row.user_id, bool(row.is_operator)), key
+            return Caller(user.user_id, True, grants=accounts.UNLIMITED), user.api_key
+        key = accounts.create_api_key(
+            conn, row.user_id, now, name="hypermedia run", grants=accounts.UNLIMITED
+        )
+        return Caller(row.user_id, bool(row.is_operator), grants=accounts.UNLIMITED), key
 
 
 @dataclass

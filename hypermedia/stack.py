@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import redis
 from sqlalchemy import Engine
 
+from hypermedia.accounts import KeyGrants
 from hypermedia.clock import Clock, SystemClock
 from hypermedia.config import Settings
 from hypermedia.db.engine import make_engine, transaction
@@ -27,6 +28,7 @@ from hypermedia.jobs.states import Backoff
 from hypermedia.profiles import load_profiles
 from hypermedia.queue.reaper import Reaper
 from hypermedia.queue.redis_queue import RedisQueue, connect
+from hypermedia.ratelimit import RateLimiter
 from hypermedia.storage.base import Storage
 from hypermedia.storage.local import LocalStorage, load_or_create_secret
 
@@ -91,6 +93,7 @@ class Stack:
     reaper: Reaper
     storage: Storage
     clock: Clock
+    limiter: RateLimiter
 
     @classmethod
     def open(
@@ -124,6 +127,10 @@ class Stack:
         repository = JobRepository(
             Backoff(settings.backoff_base_seconds, settings.backoff_max_seconds)
         )
+        limiter = RateLimiter(client, settings.redis_prefix)
+        key_defaults = KeyGrants(
+            settings.key_priority_min, settings.key_priority_max, settings.key_submits_per_minute
+        )
         return cls(
             settings=settings,
             engine=engine,
@@ -131,7 +138,16 @@ class Stack:
             queue=queue,
             catalog=catalog,
             repository=repository,
-            ingest=IngestService(engine, queue, catalog, clock, repository, implemented),
+            ingest=IngestService(
+                engine,
+                queue,
+                catalog,
+                clock,
+                repository,
+                implemented,
+                limiter=limiter,
+                key_defaults=key_defaults,
+            ),
             dispatcher=Dispatcher(
                 engine,
                 queue,
@@ -145,6 +161,7 @@ class Stack:
             ),
             storage=build_storage(settings, clock),
             clock=clock,
+            limiter=limiter,
         )
 
     def close(self) -> None:

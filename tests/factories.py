@@ -46,6 +46,7 @@ def make_user(stack: Stack, name: str | None = None, credits: float = 1_000_000.
             name or f"user-{new_id()[-8:]}",
             stack.clock.now(),
             credits_millicredits=round(credits * 1000),
+            grants=accounts.UNLIMITED,  # a web tier's key: any priority, no submit rate
         )
         caller = accounts.authenticate(conn, user.api_key)
     return Person(caller, user.api_key, user.pool_id)

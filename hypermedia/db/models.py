@@ -113,6 +113,8 @@ class StoredObject(Base):
     # hypermedia.sandbox.inspect.Inspection.to_dict() of the stored bytes: kind, mime and
     # the facts the submit-time checks judge. NULL for outputs and pre-0002 objects.
     inspection: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # Set by DELETE /objects/{id}: the blobs are gone; the row stays for its jobs' history.
+    deleted_at: Mapped[datetime | None]
 
 
 class ApiKey(Base):
@@ -126,6 +128,11 @@ class ApiKey(Base):
     name: Mapped[str] = mapped_column(String(200), default="")
     created_at: Mapped[datetime]
     revoked_at: Mapped[datetime | None]
+    # What the operator granted this key (hypermedia user add/key/grant); NULL: the
+    # settings' key_priority_min / key_priority_max / key_submits_per_minute.
+    priority_min: Mapped[int | None] = mapped_column(Integer)
+    priority_max: Mapped[int | None] = mapped_column(Integer)
+    submits_per_minute: Mapped[int | None] = mapped_column(Integer)
 
 
 class CreditAccount(Base):

@@ -39,7 +39,13 @@ from hypermedia import __version__
 from hypermedia.accounts import Caller, balance
 from hypermedia.config import Settings
 from hypermedia.db.engine import transaction
-from hypermedia.errors import AuthenticationFailed, Forbidden, InvalidRequest, NotFound
+from hypermedia.errors import (
+    AuthenticationFailed,
+    Forbidden,
+    InputTooLarge,
+    InvalidRequest,
+    NotFound,
+)
 from hypermedia.ids import new_id
 from hypermedia.ingest import uploads
 from hypermedia.ingest.auth import Authenticator
@@ -50,6 +56,7 @@ from hypermedia.ingest.schemas import (
     AttemptOut,
     CancelResponse,
     CreditsResponse,
+    DeleteObjectResponse,
     ErrorBody,
     ErrorResponse,
     HealthResponse,
@@ -67,7 +74,7 @@ from hypermedia.ingest.schemas import (
 )
 from hypermedia.ingest.service import JobView, SubmitRequest, SubmitResult
 from hypermedia.jobs.states import IN_FLIGHT
-from hypermedia.objects import ObjectInfo, get_object
+from hypermedia.objects import ObjectInfo, get_object, quota_exceeded, storage_used
 from hypermedia.sandbox.inspect import Inspection, refusal
 from hypermedia.stack import Stack
 from hypermedia.storage.base import InvalidSignature, original_key
@@ -126,7 +133,7 @@ router = APIRouter()
     f"{PREFIX}/process",
     status_code=202,
     summary="Submit processing jobs for an object",
-    responses=_errors(400, 402, 404, 409, 413, 503),
+    responses=_errors(400, 402, 403, 404, 409, 413, 429, 503),
     tags=["jobs"],
 )
 def process(
@@ -200,7 +207,7 @@ _BINARY_BODY: dict[str, Any] = {
     f"{PREFIX}/objects",
     status_code=201,
     summary="Upload a file (the raw request body)",
-    responses=_errors(400, 404, 413),
+    responses=_errors(400, 404, 413, 429),
     openapi_extra=_BINARY_BODY,
     tags=["objects"],
 )
@@ -217,12 +224,26 @@ async def upload_object(
     request's ``Content-Type`` is not trusted, nor kept); ``refusal`` says when every
     operation would be refused (macros, encryption, a ZIP bomb ...). ``pool_id``
     defaults to the caller's personal pool."""
-    limit = stack.settings.max_upload_bytes  # a larger Content-Length: refused by the guard
+    settings = stack.settings
+    await run_in_threadpool(_count_upload, stack, caller)
     pool = await run_in_threadpool(uploads.resolve_pool, stack.engine, caller, pool_id)
+    quota = _quota(stack, caller)
+    used = 0 if quota is None else await run_in_threadpool(_storage_used, stack, caller)
+    room = settings.max_upload_bytes if quota is None else quota - used
+    declared = request.headers.get("content-length", "")
+    if quota is not None and (room <= 0 or (declared.isdigit() and int(declared) > room)):
+        raise quota_exceeded(quota, used, int(declared) if declared.isdigit() else None)
+    # A larger Content-Length than max_upload_bytes was refused by the guard, unread.
+    limit = min(settings.max_upload_bytes, room)
     object_id = new_id()
-    blob = await uploads.store_stream(
-        stack.storage, original_key(pool, object_id), request.stream(), limit
-    )
+    try:
+        blob = await uploads.store_stream(
+            stack.storage, original_key(pool, object_id), request.stream(), limit
+        )
+    except InputTooLarge:
+        if quota is not None and limit < settings.max_upload_bytes:
+            raise quota_exceeded(quota, used, None) from None
+        raise
     info = await run_in_threadpool(
         lambda: uploads.register_blob(
             stack.engine,
@@ -234,16 +255,36 @@ async def upload_object(
             blob=blob,
             filename=filename,
             now=stack.clock.now(),
+            quota_bytes=quota,
         )
     )
     return _object_response(info)
+
+
+# Operators (the platform's own accounts, `hypermedia run`'s among them) have neither an
+# upload rate nor a storage quota.
+
+
+def _count_upload(stack: Stack, caller: Caller) -> None:
+    if not caller.is_operator:
+        per_minute = stack.settings.user_uploads_per_minute
+        stack.limiter.hit("upload", f"user-{caller.user_id}", per_minute)
+
+
+def _quota(stack: Stack, caller: Caller) -> int | None:
+    return None if caller.is_operator else stack.settings.user_storage_quota_bytes
+
+
+def _storage_used(stack: Stack, caller: Caller) -> int:
+    with transaction(stack.engine) as conn:
+        return storage_used(conn, caller.user_id)
 
 
 @router.post(
     f"{PREFIX}/objects/register",
     status_code=201,
     summary="Register a file already in storage",
-    responses=_errors(400, 404, 409),
+    responses=_errors(400, 404, 409, 413, 429),
     tags=["objects"],
 )
 def register_object(
@@ -251,7 +292,8 @@ def register_object(
 ) -> ObjectResponse:
     """For web tiers that stored the file themselves, under ``originals/<pool_id>/``.
     The stored bytes are inspected as for an upload; a ``content_type`` in the body is
-    ignored."""
+    ignored. Registrations count against the upload rate and the storage quota."""
+    _count_upload(stack, caller)
     info = uploads.register_stored(
         stack.engine,
         stack.storage,
@@ -264,6 +306,7 @@ def register_object(
         pool_id=body.pool_id,
         sha256=body.sha256,
         now=stack.clock.now(),
+        quota_bytes=_quota(stack, caller),
     )
     return _object_response(info)
 
@@ -277,6 +320,23 @@ def register_object(
 def read_object(object_id: str, caller: CallerDep, stack: StackDep) -> ObjectResponse:
     with transaction(stack.engine) as conn:
         return _object_response(get_object(conn, caller, object_id))
+
+
+@router.delete(
+    f"{PREFIX}/objects/{{object_id}}",
+    summary="Delete an object, its derived outputs and their stored bytes",
+    responses=_errors(404, 409),
+    tags=["objects"],
+)
+def delete_object(object_id: str, caller: CallerDep, stack: StackDep) -> DeleteObjectResponse:
+    """Only the object's owner may (anyone else: 404, as for an id that does not exist);
+    409 while a job on it is unfinished. The bytes leave the owner's storage quota."""
+    deletion = uploads.delete_object(
+        stack.engine, stack.storage, caller, object_id, stack.clock.now()
+    )
+    return DeleteObjectResponse(
+        object_id=object_id, outputs_deleted=deletion.outputs, bytes_freed=deletion.size_bytes
+    )
 
 
 # -- blobs: the local storage's signed URLs ----------------------------------------------

@@ -157,6 +157,12 @@ class ObjectResponse(_Model):
     created_at: datetime
 
 
+class DeleteObjectResponse(_Model):
+    object_id: str
+    outputs_deleted: int = Field(description="Derived outputs deleted with it.")
+    bytes_freed: int = Field(description="Stored bytes released from the owner's quota.")
+
+
 class RedisCounts(_Model):
     ready: int
     leased: int

@@ -26,6 +26,11 @@ Order of work (the seed's job creation, made transactional):
 5. the jobs are pushed to their Redis queues. If Redis is down the jobs are still
    durably queued and the reconciler pushes them later; the submit succeeds.
 
+Before any of it, the caller's API key must allow the request: a priority it names
+lies in the key's granted range (else 403 ``priority_not_allowed``), and the key's
+submits per minute are not used up (else 429 ``rate_limited``, counted on Redis by
+:mod:`hypermedia.ratelimit`; a batch counts one per request).
+
 An idempotency key makes a retried submit return the jobs of the first one
 (``replayed=True``); the same key with a different request is a ``conflict``.
 Reserved credits are charged (actual cost) when a job completes and released
@@ -47,7 +52,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sqlalchemy import Connection, Engine, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from hypermedia.accounts import Caller
+from hypermedia.accounts import UNLIMITED, Caller, KeyGrants
 from hypermedia.clock import Clock, SystemClock, to_datetime
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
@@ -59,6 +64,7 @@ from hypermedia.errors import (
     InvalidRequest,
     NotFound,
     PaymentRequired,
+    PriorityNotAllowed,
     QueueUnavailable,
     UnknownOperation,
 )
@@ -68,6 +74,7 @@ from hypermedia.jobs.repository import JobRepository
 from hypermedia.jobs.states import IN_FLIGHT, JobStatus
 from hypermedia.objects import usable_by
 from hypermedia.queue.redis_queue import RedisQueue
+from hypermedia.ratelimit import RateLimiter
 from hypermedia.sandbox.inspect import InputLimits, Inspection, check_operation
 
 log = logging.getLogger(__name__)
@@ -226,6 +233,8 @@ class IngestService:
         clock: Clock | None = None,
         repository: JobRepository | None = None,
         implemented: Callable[[], Collection[str]] = registered_operations,
+        limiter: RateLimiter | None = None,
+        key_defaults: KeyGrants = UNLIMITED,
     ) -> None:
         self.engine = engine
         self.queue = queue
@@ -233,6 +242,8 @@ class IngestService:
         self.clock = clock or SystemClock()
         self.repository = repository or JobRepository()
         self.implemented = implemented
+        self.limiter = limiter
+        self.key_defaults = key_defaults
         self._input_limits: dict[int, InputLimits] = {}
 
     # -- submit -------------------------------------------------------------------
@@ -257,6 +268,7 @@ class IngestService:
                 raise InvalidRequest(
                     f"params given for operations not requested: {sorted(unknown)}"
                 )
+        self._check_grants(caller, requests)
         try:
             results, fresh = self._submit_transaction(caller, requests)
         except IntegrityError:
@@ -264,6 +276,24 @@ class IngestService:
             results, fresh = self._submit_transaction(caller, requests)
         self._enqueue(fresh)
         return results
+
+    def _check_grants(self, caller: Caller, requests: Sequence[SubmitRequest]) -> None:
+        """The API key's priority range (a priority the request names; without one the
+        profile's default, the operator's own choice, applies) and submit rate."""
+        grants = caller.grants.resolved(self.key_defaults)
+        low, high = grants.priority_min or 1, grants.priority_max or 10
+        for request in requests:
+            if request.priority is not None and not low <= request.priority <= high:
+                raise PriorityNotAllowed(
+                    f"this API key may submit at priority {low}-{high}, not {request.priority}"
+                    " (the operator grants more with `hypermedia user grant`)",
+                    priority=request.priority,
+                    allowed_min=low,
+                    allowed_max=high,
+                )
+        if self.limiter is not None:
+            identity = caller.key_id or f"user-{caller.user_id}"
+            self.limiter.hit("submit", identity, grants.submits_per_minute or 0, len(requests))
 
     def _submit_transaction(
         self, caller: Caller, requests: Sequence[SubmitRequest]

@@ -1,4 +1,5 @@
-"""Getting files in: stream an upload into storage, or register one already stored.
+"""Getting files in: stream an upload into storage, or register one already stored
+(and out again: :func:`delete_object`).
 
 An upload goes to ``originals/<pool_id>/<new object id>`` (user file names never
 become keys), is hashed while it streams, and stops at ``max_bytes`` with
@@ -10,7 +11,9 @@ own prefix, ``originals/<pool_id>/``, and only once per key: otherwise a caller
 could register (and so process and read) a file of a pool they are not in.
 The size is checked against storage; a given sha256 is recorded as given.
 
-Either way the stored bytes are inspected (by the ``inspector`` given: the API's runs
+Either way the bytes count against the uploader's storage quota (checked again, with
+the user's row locked, in the transaction that records them), and the stored bytes
+are inspected (by the ``inspector`` given: the API's runs
 :func:`inspect_stored` in a budgeted child, :mod:`.inspection`) before the object
 row is written: its ``content_type`` is the detected type and its ``inspection`` the
 facts every later submit is judged on. What the client claimed (a ``Content-Type``
@@ -21,6 +24,7 @@ directory, a PDF's two ends), never the whole object unless it is small.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Callable, Iterator
 
 import anyio.from_thread
@@ -30,12 +34,20 @@ from sqlalchemy.exc import IntegrityError
 
 from hypermedia.accounts import Caller, default_pool_id, is_pool_member
 from hypermedia.db.engine import transaction
-from hypermedia.errors import Conflict, InvalidRequest, NotFound
-from hypermedia.objects import ObjectInfo, register_object
+from hypermedia.errors import Conflict, HypermediaError, InvalidRequest, NotFound
+from hypermedia.objects import (
+    Deletion,
+    ObjectInfo,
+    mark_deleted,
+    plan_deletion,
+    register_object,
+)
 from hypermedia.sandbox.inspect import Inspection, inspect_file, inspect_source
 from hypermedia.storage.base import Storage, StoredBlob, check_key
 from hypermedia.storage.local import LocalStorage
 from pipelines.formats.source import CallbackSource
+
+log = logging.getLogger(__name__)
 
 _DONE = object()
 
@@ -103,6 +115,7 @@ def register_blob(
     blob: StoredBlob,
     filename: str,
     now: float,
+    quota_bytes: int | None = None,
 ) -> ObjectInfo:
     """Inspect and record an uploaded blob; delete it again if that fails."""
     try:
@@ -119,6 +132,7 @@ def register_blob(
                 sha256=blob.sha256,
                 inspection=inspection,
                 now=now,
+                quota_bytes=quota_bytes,
             )
     except BaseException:
         storage.delete(blob.key)
@@ -138,6 +152,7 @@ def register_stored(
     pool_id: str | None,
     sha256: str | None,
     now: float,
+    quota_bytes: int | None = None,
 ) -> ObjectInfo:
     """Register a file the web tier already put in storage (see the module docstring).
     The bytes are inspected between two short transactions, not inside one: a slow
@@ -167,6 +182,31 @@ def register_stored(
                 sha256=sha256,
                 inspection=inspection,
                 now=now,
+                quota_bytes=quota_bytes,
             )
     except IntegrityError as exc:
         raise Conflict(f"{key!r} is already registered", storage_key=key) from exc
+
+
+def delete_object(
+    engine: Engine, storage: Storage, caller: Caller, object_id: str, now: float
+) -> Deletion:
+    """Delete an object of the caller's, its outputs and all their blobs. The rows are
+    marked first, in one transaction (from then on nothing can submit on it, and the
+    quota counts it no more); the blobs go after, with no database lock held on the
+    object store. A blob the store fails to delete is logged and left behind."""
+    with transaction(engine) as conn:
+        deletion = plan_deletion(conn, caller, object_id)
+        mark_deleted(conn, deletion, now)
+    for key in deletion.storage_keys:
+        try:
+            storage.delete(key)
+        except HypermediaError as exc:
+            log.warning(
+                "deleted object %s: blob %s stays behind: %s",
+                object_id,
+                key,
+                exc,
+                extra={"action": "delete_object"},
+            )
+    return deletion

@@ -22,6 +22,11 @@ key                          type    contents
 ``{p}:reconciled``           STRING  epoch seconds of the last complete reconcile. Its
                                      absence (FLUSHALL, a restart that lost the data)
                                      asks for a reconcile at once.
+``{p}:ratelimit:LIMITER/…``  LIST    rate-limit moving windows, written by the `limits`
+                                     library (:mod:`hypermedia.ratelimit`): submits per
+                                     API key, uploads per user
+                                     (``…/{what}/{identity}/{n}/1/minute``). Losing them
+                                     only resets the windows.
 ===========================  ======  ==================================================
 
 A job id is in at most one of ready / leased / delayed. Redis mirrors the job
@@ -63,3 +68,8 @@ def queue_keys(prefix: str, queue: str) -> QueueKeys:
         prio=f"{prefix}:prio:{queue}",
         wake=f"{prefix}:wake:{queue}",
     )
+
+
+def rate_limit_prefix(prefix: str) -> str:
+    """The key prefix the `limits` library writes under (it adds ``/<limit>/<identity>``)."""
+    return f"{prefix}:ratelimit"

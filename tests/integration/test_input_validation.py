@@ -68,7 +68,10 @@ class Outcome:
 
 @pytest.fixture
 def stack(pg_engine, settings) -> Iterator[Stack]:
-    opened = Stack.open(settings(), engine=pg_engine, auto_migrate=True)
+    # One user uploads the whole corpus: no upload rate to wait for.
+    opened = Stack.open(
+        settings(user_uploads_per_minute=10**6), engine=pg_engine, auto_migrate=True
+    )
     yield opened
     opened.close()
 
@@ -274,7 +277,9 @@ def s3_storage(monkeypatch) -> Iterator[tuple[S3Storage, dict[str, Any]]]:
 def test_on_s3_the_verdicts_are_the_same_and_reads_are_bounded(pg_engine, settings, s3_storage):
     storage, options = s3_storage
     rows = {r.path: r for r in manifest_rows()}
-    opened = Stack.open(settings(**options), engine=pg_engine, auto_migrate=True)
+    opened = Stack.open(
+        settings(**options, user_uploads_per_minute=10**6), engine=pg_engine, auto_migrate=True
+    )
     try:
         user = add_user(opened, "s3-validator", credits=1_000)
         with TestClient(create_app(opened)) as api:

@@ -1,0 +1,175 @@
+"""Storage quota, upload rate and deleting objects (issue 11, item 10), through a real
+uvicorn server."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from sqlalchemy import func, select
+
+from hypermedia.accounts import add_pool_member
+from hypermedia.db import tables as t
+from hypermedia.db.engine import transaction
+from hypermedia.ingest.api import create_app
+from hypermedia.jobs.repository import OutputRecord
+from hypermedia.stack import Stack
+from hypermedia.storage.base import derived_key, original_key
+from tests.api_support import add_user, bearer, running_server
+
+P = "/v1/hypermedia"
+QUOTA = 100_000
+PNG = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x10\x00\x00\x00\x10\x08\x02\x00\x00\x00"
+
+
+def png(size: int) -> bytes:
+    return PNG + bytes(size - len(PNG))
+
+
+@pytest.fixture
+def stack(engine, settings) -> Iterator[Stack]:
+    opened = Stack.open(
+        settings(user_storage_quota_bytes=QUOTA, user_uploads_per_minute=1000),
+        engine=engine,
+        auto_migrate=True,
+    )
+    yield opened
+    opened.close()
+
+
+@pytest.fixture
+def client(stack) -> Iterator[httpx.Client]:
+    with (
+        running_server(create_app(stack, auth_cache_seconds=0)) as url,
+        httpx.Client(base_url=url, timeout=60) as http,
+    ):
+        yield http
+
+
+def upload(client: httpx.Client, user, data: bytes | Iterator[bytes], name: str = "a.png"):
+    return client.put(f"{P}/objects", params={"filename": name}, content=data, headers=bearer(user))
+
+
+def stored_files(stack: Stack) -> list[str]:
+    root = stack.settings.storage_dir
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+
+def live_objects(stack: Stack) -> int:
+    with transaction(stack.engine) as conn:
+        return int(
+            conn.execute(
+                select(func.count()).select_from(t.objects).where(t.objects.c.deleted_at.is_(None))
+            ).scalar_one()
+        )
+
+
+def test_uploads_stop_at_the_storage_quota_and_a_delete_makes_room(stack, client):
+    broke = add_user(stack, "broke", credits=0)  # credits do not bound storage
+    first = upload(client, broke, png(40_000))
+    second = upload(client, broke, png(40_000))
+    assert first.status_code == second.status_code == 201, second.text
+
+    over = upload(client, broke, png(40_000))  # Content-Length past what is left
+    assert over.status_code == 413, over.text
+    error = over.json()["error"]
+    assert error["code"] == "storage_quota_exceeded"
+    assert error["details"] == {"quota_bytes": QUOTA, "used_bytes": 80_000}
+    assert "DELETE" in error["message"]
+    chunked = upload(client, broke, iter([png(15_000), bytes(15_000)]))  # counted as it streams
+    assert chunked.status_code == 413, chunked.text
+    assert chunked.json()["error"]["code"] == "storage_quota_exceeded"
+    assert live_objects(stack) == 2 and len(stored_files(stack)) == 2
+
+    fits = upload(client, broke, png(20_000))  # exactly the room left
+    assert fits.status_code == 201, fits.text
+    full = upload(client, broke, png(100))
+    assert full.status_code == 413 and full.json()["error"]["details"]["used_bytes"] == QUOTA
+
+    # Another user has a quota of their own.
+    assert upload(client, add_user(stack, "other"), png(40_000)).status_code == 201
+
+    deleted = client.delete(f"{P}/objects/{first.json()['object_id']}", headers=bearer(broke))
+    assert deleted.status_code == 200, deleted.text
+    assert deleted.json() == {
+        "object_id": first.json()["object_id"],
+        "outputs_deleted": 0,
+        "bytes_freed": 40_000,
+    }
+    assert upload(client, broke, png(40_000)).status_code == 201
+
+
+def test_the_upload_rate_is_limited_per_user(engine, settings):
+    stack = Stack.open(settings(user_uploads_per_minute=2), engine=engine, auto_migrate=True)
+    try:
+        alice, bob = add_user(stack, "alice"), add_user(stack, "bob")
+        with (
+            running_server(create_app(stack)) as url,
+            httpx.Client(base_url=url, timeout=60) as client,
+        ):
+            assert [upload(client, alice, png(1000)).status_code for _ in range(2)] == [201, 201]
+            limited = upload(client, alice, png(1000))
+            assert limited.status_code == 429, limited.text
+            error = limited.json()["error"]
+            assert error["code"] == "rate_limited"
+            assert error["details"]["limit_per_minute"] == 2
+            assert 1 <= int(limited.headers["Retry-After"]) <= 60
+            assert upload(client, bob, png(1000)).status_code == 201
+            ops = add_user(stack, "ops", operator=True)  # the platform's own: no rate
+            assert [upload(client, ops, png(1000)).status_code for _ in range(3)] == [201] * 3
+        assert live_objects(stack) == 6
+    finally:
+        stack.close()
+
+
+def test_delete_takes_the_outputs_and_their_blobs_and_only_the_owner_may(stack, client):
+    alice, bob, mallory = add_user(stack, "alice"), add_user(stack, "bob"), add_user(stack, "m")
+    with transaction(stack.engine) as conn:
+        add_pool_member(conn, alice.pool_id, bob.user_id)
+    object_id = upload(client, alice, png(5000)).json()["object_id"]
+    job = client.post(
+        f"{P}/process",
+        json={"object_id": object_id, "operations": ["thumbnail"]},
+        headers=bearer(bob),  # Bob may use Alice's object: the job and its output are his
+    )
+    assert job.status_code == 202, job.text
+    job_id = job.json()["job_ids"][0]
+
+    busy = client.delete(f"{P}/objects/{object_id}", headers=bearer(alice))
+    assert busy.status_code == 409, busy.text
+    assert busy.json()["error"]["details"]["job_ids"] == [job_id]
+
+    (claimed,) = stack.dispatcher.claim("images", "w")
+    stack.dispatcher.start(claimed, "w")
+    key = derived_key(alice.pool_id, object_id, 1, "thumbnail-64.webp")
+    blob = stack.storage.put(key, [b"webp bytes"])
+    output = OutputRecord("thumbnail-64.webp", key, blob.size_bytes, "image/webp")
+    assert stack.dispatcher.complete(claimed, "w", [output])
+    assert len(stored_files(stack)) == 2
+
+    for other in (bob, mallory):  # a pool member may use it, but only its owner deletes
+        refused = client.delete(f"{P}/objects/{object_id}", headers=bearer(other))
+        assert refused.status_code == 404, refused.text
+        assert refused.json()["error"]["code"] == "not_found"
+    assert client.delete(f"{P}/objects/{'0' * 32}", headers=bearer(alice)).status_code == 404
+
+    deleted = client.delete(f"{P}/objects/{object_id}", headers=bearer(alice))
+    assert deleted.status_code == 200, deleted.text
+    assert deleted.json() == {"object_id": object_id, "outputs_deleted": 1, "bytes_freed": 5010}
+    assert stored_files(stack) == []
+    assert not stack.storage.exists(original_key(alice.pool_id, object_id))
+    assert live_objects(stack) == 0
+
+    assert client.get(f"{P}/objects/{object_id}", headers=bearer(alice)).status_code == 404
+    again = client.delete(f"{P}/objects/{object_id}", headers=bearer(alice))
+    assert again.status_code == 404
+    resubmit = client.post(
+        f"{P}/process",
+        json={"object_id": object_id, "operations": ["thumbnail"]},
+        headers=bearer(alice),
+    )
+    assert resubmit.status_code == 404
+    # The job's history stays; its output is gone with the object.
+    view = client.get(f"{P}/jobs/{job_id}", headers=bearer(bob)).json()
+    assert view["status"] == "completed" and view["outputs"] == []
