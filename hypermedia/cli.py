@@ -198,7 +198,7 @@ KeyPriority = Annotated[
     str | None,
     typer.Option(
         "--priority",
-        envvar="HYPERMEDIA_KEY_PRIORITY",
+        envvar="HYPERMEDIA_GRANT_PRIORITY",
         help="Priorities the key may ask for, MIN-MAX or N (1 is the most urgent and goes"
         " to on-demand capacity; default: key_priority_min-key_priority_max).",
         show_default=False,
@@ -208,7 +208,7 @@ KeySubmits = Annotated[
     int | None,
     typer.Option(
         "--submits-per-minute",
-        envvar="HYPERMEDIA_KEY_SUBMITS_PER_MINUTE",
+        envvar="HYPERMEDIA_GRANT_SUBMITS_PER_MINUTE",
         min=0,
         help="Submits a minute the key may make, 0: no limit (default: key_submits_per_minute).",
         show_default=False,
@@ -223,7 +223,7 @@ def _grants(priority: str | None, submits_per_minute: int | None) -> Any:
     if priority is not None:
         first, _, last = priority.partition("-")
         if not first.strip().isdigit() or not (last or first).strip().isdigit():
-            raise ConfigError("--priority (HYPERMEDIA_KEY_PRIORITY)", "expected MIN-MAX or N")
+            raise ConfigError("--priority (HYPERMEDIA_GRANT_PRIORITY)", "expected MIN-MAX or N")
         low, high = int(first), int(last or first)
     return KeyGrants(low, high, submits_per_minute)
 

@@ -30,6 +30,7 @@ from hypermedia.errors import ConfigError, HypermediaError, ServiceUnavailable
 from hypermedia.ingest.schemas import (
     CancelResponse,
     CreditsResponse,
+    DeleteObjectResponse,
     HealthResponse,
     JobResponse,
     ObjectResponse,
@@ -175,6 +176,10 @@ class HypermediaClient:
 
     def object(self, object_id: str) -> ObjectResponse:
         return self._request("GET", f"{PREFIX}/objects/{object_id}", ObjectResponse)
+
+    def delete(self, object_id: str) -> DeleteObjectResponse:
+        """Delete an object of yours, its derived outputs and their stored bytes."""
+        return self._request("DELETE", f"{PREFIX}/objects/{object_id}", DeleteObjectResponse)
 
     # -- jobs --------------------------------------------------------------------------------
 

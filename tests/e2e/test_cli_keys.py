@@ -29,7 +29,7 @@ def test_keys_carry_what_the_operator_granted(cli: Cli, tmp_path: Path) -> None:
     plain = cli.ok("user", "key", "web").strip()
     assert _grants(data, plain) == KeyGrants()  # the settings' defaults apply
     bulk = cli.ok(
-        "user", "key", "web", "--priority", "7-10", HYPERMEDIA_KEY_SUBMITS_PER_MINUTE="50"
+        "user", "key", "web", "--priority", "7-10", HYPERMEDIA_GRANT_SUBMITS_PER_MINUTE="50"
     ).strip()
     assert _grants(data, bulk) == KeyGrants(7, 10, 50)
 

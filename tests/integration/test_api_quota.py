@@ -12,7 +12,9 @@ from sqlalchemy import func, select
 from hypermedia.accounts import add_pool_member
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
+from hypermedia.errors import NotFound, StorageQuotaExceeded
 from hypermedia.ingest.api import create_app
+from hypermedia.ingest.client import HypermediaClient
 from hypermedia.jobs.repository import OutputRecord
 from hypermedia.stack import Stack
 from hypermedia.storage.base import derived_key, original_key
@@ -98,6 +100,14 @@ def test_uploads_stop_at_the_storage_quota_and_a_delete_makes_room(stack, client
         "bytes_freed": 40_000,
     }
     assert upload(client, broke, png(40_000)).status_code == 201
+
+    # The Python client deletes too, and maps the answers to the error tree.
+    with HypermediaClient(str(client.base_url), broke.api_key) as typed:
+        assert typed.delete(second.json()["object_id"]).bytes_freed == 40_000
+        with pytest.raises(NotFound):
+            typed.delete(second.json()["object_id"])
+        with pytest.raises(StorageQuotaExceeded):
+            typed.upload(png(QUOTA), filename="big.png")
 
 
 def test_the_upload_rate_is_limited_per_user(engine, settings):
