@@ -27,6 +27,7 @@ sequences) uses the first frame, page or primary image.
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
 import os
@@ -166,7 +167,33 @@ def _finish(image: pyvips.Image, output_format: image_params.OutputFormat) -> py
 def save(
     image: pyvips.Image, path: Path, output_format: image_params.OutputFormat, quality: int
 ) -> None:
-    """Encode ``image`` to ``path`` as ``output_format`` with no metadata at all."""
+    """Encode ``image`` to ``path`` as ``output_format`` with no metadata at all.
+
+    The sandbox's limits surface here as libvips errors: a file over
+    ``RLIMIT_FSIZE`` (``max_output_bytes``) is ``output_limit``, memory or a thread
+    refused is ``MemoryError`` (the sandbox's ``memory_limit``). Anything else stays a
+    :class:`pyvips.Error`: libvips decodes while it encodes, so it may be the input's.
+    """
+    try:
+        _save(image, path, output_format, quality)
+    except pyvips.Error as exc:
+        reason = " ".join(str(exc).split())
+        if _FILE_TOO_LARGE in reason:
+            raise PipelineError(
+                "output_limit", f"the {output_format.name} output outgrew max_output_bytes"
+            ) from None
+        if any(marker in reason for marker in _NO_MEMORY):
+            raise MemoryError(f"libvips could not encode: {reason}") from None
+        raise
+
+
+_FILE_TOO_LARGE = os.strerror(errno.EFBIG)  # "File too large"
+_NO_MEMORY = (os.strerror(errno.ENOMEM), "out of memory", "unable to create thread")
+
+
+def _save(
+    image: pyvips.Image, path: Path, output_format: image_params.OutputFormat, quality: int
+) -> None:
     target = pyvips.Target.new_to_file(str(path))
     strip = pyvips.enums.ForeignKeep.NONE
     name = output_format.name

@@ -92,7 +92,16 @@ def sleep(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list[Ou
 @register("test.spin")
 def spin(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list[Output]:
     """Burn CPU forever; ``threads`` > 1: in that many threads hashing without the GIL,
-    so CPU time outruns the wall clock and RLIMIT_CPU, not the wall clock, stops it."""
+    so CPU time outruns the wall clock and RLIMIT_CPU, not the wall clock, stops it.
+    ``cpu_seconds``: first lower the soft RLIMIT_CPU to that (a process may always
+    lower it), so the kernel's SIGXCPU comes long before the wall clock even when a
+    busy machine gives the job a small share of a core."""
+    if "cpu_seconds" in params:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_CPU)
+        wanted = int(params["cpu_seconds"])
+        resource.setrlimit(resource.RLIMIT_CPU, (min(wanted, soft), hard))
     threads = int(params.get("threads", 1))
     if threads <= 1:
         while True:

@@ -374,6 +374,8 @@ class ChildExecutor:
             result,
             cpu_seconds=limits.cpu_seconds,
             wall_clock_seconds=limits.wall_clock_seconds,
+            memory_limit_mb=limits.memory_limit_mb,
+            log_tail=_log_tail(workdir) if report.signal is not None else "",
         )
         outputs = validate_outputs(raw, workdir, max_output_bytes)
         return ChildResult(
@@ -547,6 +549,24 @@ def _working_directory() -> list[str]:
         return [os.getcwd()]
     except OSError:  # removed meanwhile: nothing there to hide
         return []
+
+
+def _log_tail(workdir: Path, size: int = 4096) -> str:
+    """The end of what a child printed (``.child.log``), for telling how it died. The
+    job could have put anything there: a symlink or a FIFO is not read."""
+    try:
+        fd = os.open(workdir / forkserver.CHILD_LOG, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return ""
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return ""
+        return os.pread(fd, size, max(0, info.st_size - size)).decode(errors="replace")
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
 
 
 def _make_writable_and_retry(function: Callable[..., Any], path: str, exc_info: Any) -> None:

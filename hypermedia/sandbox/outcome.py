@@ -14,6 +14,8 @@ killed by us: executor closing     ``child_killed``         yes
 SIGXCPU, or SIGKILL at the hard    ``cpu_limit``            no
 ``RLIMIT_CPU`` limit
 SIGXFSZ                            ``output_limit``         no
+SIGABRT or SIGTRAP near the        ``memory_limit``         no
+memory limit (see below)
 SIGSEGV, SIGBUS, SIGABRT, SIGILL,  ``pipeline_crashed``     no
 SIGFPE, SIGSYS, SIGTRAP
 any other signal (``kill -9``      ``child_killed``         yes
@@ -26,6 +28,15 @@ exit 72: could not enter its        ``sandbox_unavailable``  yes
 sandbox (namespaces, uid)
 any other exit                     ``pipeline_crashed``     no
 =================================  =======================  =========
+
+A C++ library that cannot allocate does not raise ``MemoryError``: it aborts
+(``std::bad_alloc`` uncaught, PDFium's allocator on a failed allocation, SIGTRAP
+for a fatal check). So an abort is the memory limit when the child's log says so
+(``std::bad_alloc``, "out of memory", ``MemoryError``), or when its peak RSS had
+reached :data:`NEAR_THE_CAP` of ``memory_limit_mb``: the allocation that fails is
+typically a buffer doubling, so the child dies at half the cap or more (measured:
+a PDF's content stream growing a path died of SIGABRT at 85 %, 61 % and 70 % of
+512, 1024 and 2048 MB caps, with nothing on stderr).
 
 A retry is worth it when the cause was outside the job (load, a node going away,
 an operator); the same input under the same limits fails the same way otherwise.
@@ -51,6 +62,9 @@ from typing import Any
 from pipelines.registry import Output
 
 SANDBOX_FAILED = 72  # a child's exit status: it could not enter its sandbox (EX_OSFILE)
+NEAR_THE_CAP = 0.5  # of memory_limit_mb: an abort with a peak RSS this high ran out of memory
+_OUT_OF_MEMORY_SIGNS = ("std::bad_alloc", "out of memory", "MemoryError", "Cannot allocate memory")
+_ALLOCATION_CRASHES = frozenset({signal.SIGABRT, signal.SIGTRAP})
 
 # SIGTRAP: a library's deliberate crash on a fatal check (PDFium's, when an allocation
 # fails under RLIMIT_AS): the same input under the same limits does it again.
@@ -104,11 +118,18 @@ def _signal_name(signum: int) -> str:
 
 
 def interpret(
-    report: ExitReport, result: bytes, *, cpu_seconds: int, wall_clock_seconds: float
+    report: ExitReport,
+    result: bytes,
+    *,
+    cpu_seconds: int,
+    wall_clock_seconds: float,
+    memory_limit_mb: int | None = None,
+    log_tail: str = "",
 ) -> list[dict[str, Any]]:
     """The raw outputs the child reported, or raise the :class:`ChildFailed` it amounts to.
 
-    ``cpu_seconds`` is the ``RLIMIT_CPU`` soft limit the child ran under.
+    ``cpu_seconds`` is the ``RLIMIT_CPU`` soft limit the child ran under,
+    ``memory_limit_mb`` its ``RLIMIT_AS``; ``log_tail`` the end of what it printed.
     """
     signum = report.signal
     if signum == signal.SIGKILL and report.killed_for is not None:
@@ -140,6 +161,14 @@ def interpret(
             )
         if signum == signal.SIGXFSZ:
             raise ChildFailed("output_limit", "a file outgrew the limit (SIGXFSZ)", retryable=False)
+        if signum in _ALLOCATION_CRASHES and _out_of_memory(report, memory_limit_mb, log_tail):
+            peak = report.maxrss_kb / 1024
+            raise ChildFailed(
+                "memory_limit",
+                f"the job ran out of memory: it died of {_signal_name(signum)} at a peak of"
+                f" {peak:.0f} MB, the limit is {memory_limit_mb} MB",
+                retryable=False,
+            )
         if signum in _CRASH_SIGNALS:
             raise ChildFailed(
                 "pipeline_crashed", f"the child died of {_signal_name(signum)}", retryable=False
@@ -160,6 +189,14 @@ def interpret(
             retryable=False,
         )
     return _parse_result(result)
+
+
+def _out_of_memory(report: ExitReport, memory_limit_mb: int | None, log_tail: str) -> bool:
+    if any(sign in log_tail for sign in _OUT_OF_MEMORY_SIGNS):
+        return True
+    if memory_limit_mb is None:
+        return False
+    return report.maxrss_kb >= NEAR_THE_CAP * memory_limit_mb * 1024
 
 
 def _parse_result(result: bytes) -> list[dict[str, Any]]:

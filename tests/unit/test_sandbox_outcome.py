@@ -161,3 +161,26 @@ def test_a_crash_keeps_its_traceback_apart_from_the_message():
         interpret(report(), json.dumps(body).encode(), cpu_seconds=1, wall_clock_seconds=1.5)
     assert (caught.value.message, caught.value.detail) == ("KeyError: 'x'", "Tb")
     assert str(caught.value) == "pipeline_crashed: KeyError: 'x'"
+
+
+@pytest.mark.parametrize(
+    ("signum", "maxrss_mb", "log_tail", "expected"),
+    [
+        (signal.SIGABRT, 434, "", "memory_limit"),  # PDFium's allocator at a 512 MB cap
+        (signal.SIGTRAP, 300, "", "memory_limit"),
+        (signal.SIGABRT, 40, "", "pipeline_crashed"),  # far from the cap: a real crash
+        (signal.SIGABRT, 40, "terminate called after throwing 'std::bad_alloc'", "memory_limit"),
+        (signal.SIGSEGV, 500, "", "pipeline_crashed"),  # not how an allocation fails
+    ],
+)
+def test_an_abort_near_the_memory_cap_is_the_memory_limit(signum, maxrss_mb, log_tail, expected):
+    with pytest.raises(ChildFailed) as caught:
+        interpret(
+            report(signal=signum, exit_code=None, maxrss_kb=maxrss_mb * 1024),
+            b"",
+            cpu_seconds=10,
+            wall_clock_seconds=15,
+            memory_limit_mb=512,
+            log_tail=log_tail,
+        )
+    assert (caught.value.code, caught.value.retryable) == (expected, False)
