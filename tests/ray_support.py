@@ -91,7 +91,8 @@ def ray_stack(
     settings = make_settings(
         api_url=f"http://127.0.0.1:{port}",
         profiles_path=test_profiles(tmp_path),
-        **overrides,
+        # The corpus runs upload hundreds of files as one user: no upload rate.
+        **{"user_uploads_per_minute": 10**6, **overrides},
     )
     stack = Stack.open(settings, engine=engine, auto_migrate=True)
     node = cluster.start_head(

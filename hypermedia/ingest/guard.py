@@ -25,6 +25,7 @@ import anyio.to_thread
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from hypermedia.accounts import Caller
 from hypermedia.errors import AuthenticationFailed, HypermediaError, RequestTooLarge
 from hypermedia.ingest.auth import Authenticator
 from hypermedia.ingest.http_errors import error_response
@@ -74,7 +75,7 @@ class RequestGuard:
             return
         await self.app(scope, receive, send)
 
-    async def _authenticate(self, headers: Headers) -> object:
+    async def _authenticate(self, headers: Headers) -> Caller:
         token = bearer_token(headers)
         if token is None:
             raise AuthenticationFailed("missing API key: send Authorization: Bearer hm_...")
