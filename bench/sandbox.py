@@ -16,9 +16,11 @@ thread, timed from the call to its return:
 * ``executor, sandbox, no spares``: a fork per request, so the sandbox is built on
   the job's clock: the worst case (a burst that outruns the spares).
 * ``fork + sandbox, bare``: this process (pipeline modules loaded) forks with
-  libc's ``fork()``; the child builds the sandbox (``Isolation.prepare``, ``enter``
-  and ``filter_syscalls``: namespaces, view, workdir bound, uid, seccomp filter) and
-  exits; the parent waits.
+  libc's ``fork()`` into a PID namespace of the child's own; the child (the
+  namespace's init, which must not run the step) forks the job's process, which
+  builds the sandbox (``Isolation.prepare``, ``enter`` and ``filter_syscalls``:
+  namespaces, view, workdir bound, uid, seccomp filter) and exits; each parent
+  waits.
   The kernel's part of the sandbox, which spares do ahead of time.
 * ``fork + exit``: the same without the sandbox: the floor for a child of this size.
 * ``python -c pass``: a fresh interpreter (``subprocess.run``), what a job would cost
@@ -140,6 +142,10 @@ class BareFork(Subject):
                 raise SystemExit(f"the sandbox is incomplete here: {self.sandbox.missing}")
             self.workdir = str(jobs_root / "job")
 
+    def no_new_privileges(self) -> None:
+        if ctypes.CDLL(None, use_errno=True).prctl(38, 1, 0, 0, 0):  # PR_SET_NO_NEW_PRIVS
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+
     def _fork(self) -> int:
         pid: int = self.fork()
         if pid < 0:
@@ -147,14 +153,21 @@ class BareFork(Subject):
         return pid
 
     def one(self) -> None:
-        pid = self._fork()
+        sandbox = self.sandbox
+        pid = sandbox.fork_spare(self._fork) if sandbox is not None else self._fork()
         if pid == 0:
             status = 0
             try:
-                if self.sandbox is not None:
-                    jobs_fd = self.sandbox.prepare()
-                    self.sandbox.enter(jobs_fd, self.workdir, self.sandbox.uids[0])
-                    self.sandbox.filter_syscalls()
+                if sandbox is not None:
+                    self.no_new_privileges()
+                    if sandbox.pid_namespace:  # the init forks the job's process
+                        step = self._fork()
+                        if step:
+                            _, raw = os.waitpid(step, 0)
+                            os._exit(1 if os.waitstatus_to_exitcode(raw) else 0)
+                    jobs_fd = sandbox.prepare()
+                    sandbox.enter(jobs_fd, self.workdir, sandbox.uids[0])
+                    sandbox.filter_syscalls()
             except BaseException:
                 status = 1
             os._exit(status)

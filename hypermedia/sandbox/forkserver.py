@@ -95,10 +95,11 @@ spare is that namespace's pid 1, its *init*. The step must not be an init: the
 kernel drops the signals an init sends itself and ``SIGXCPU`` unless it handles them
 (measured: as pid 1 a step's ``kill(getpid(), SIGSEGV)`` does nothing,
 ``RLIMIT_CPU``'s soft limit does nothing, so only the hard limit's ``SIGKILL`` ends
-it, and ``abort()`` ends in ``SIGSEGV``). So the init, once the namespaces and the
-view are built and before the job arrives, forks the process that becomes the job
-(pid 2; one more fork per job, off the job's clock while spares last), reaps what
-is orphaned in the namespace, and when the job's process ends sends the server its
+it, and ``abort()`` ends in ``SIGSEGV``). So the init, first thing, before the job
+arrives, forks the process that becomes the job and builds its sandbox (pid 2; one
+more fork per job, off the job's clock while spares last; the init copies few pages
+that way), reaps what is orphaned in the namespace, and when the job's process ends
+sends the server its
 wait status on the spare's channel and exits; the kernel then kills whatever is
 left in the namespace, escaped processes included, and a killed server's jobs die
 with their inits (``PDEATHSIG``). A job sees no other pid at all, and can signal
@@ -306,15 +307,17 @@ def _spare(
         os.closerange(channel_fd + 1, max(os.sysconf("SC_OPEN_MAX"), 1024))
     except BaseException:
         os._exit(71)  # EX_OSERR: reported as a crash without a result
+    parent = server_pid
+    if sandbox.pid_namespace:
+        # At once: the init writes (and so copies) as few of the server's pages as it
+        # can; everything else happens in the process that becomes the job.
+        _be_init(channel_fd, fork)
+        parent = 1
     try:
         jobs_fd = sandbox.prepare()
     except BaseException as exc:
         _complain(f"a spare could not build its sandbox: {exc}")
         os._exit(SANDBOX_FAILED)
-    parent = server_pid
-    if sandbox.pid_namespace:
-        _be_init(channel_fd, fork)  # returns in the process that becomes the job
-        parent = 1
     try:
         channel = socket.socket(fileno=channel_fd)
         body, fds, _flags, _address = socket.recv_fds(channel, MESSAGE_CAP, 1)
@@ -364,7 +367,8 @@ def _hung_up(channel_fd: int) -> bool:
 
 
 def _be_init(channel_fd: int, fork: Callable[[], int]) -> None:
-    """Pid 1 of the job's PID namespace: fork the process that becomes the job, reap
+    """Pid 1 of the job's PID namespace, before anything else: fork the process that
+    becomes the job (and builds the sandbox), reap
     whatever is orphaned in the namespace until that process ends, send the server
     how it ended (RELAYED, on the channel), exit. The kernel then kills what is left
     in the namespace, and the server reports the relayed status (its own wait4 gives
@@ -390,7 +394,8 @@ def _be_init(channel_fd: int, fork: Callable[[], int]) -> None:
     if status is not None:
         with suppress(BaseException):
             os.write(channel_fd, RELAYED.pack(b"R", status))
-    os._exit(0)
+    # Its exit code too, for a spare that never got a job (SANDBOX_FAILED counts).
+    os._exit(os.WEXITSTATUS(status) if status is not None and os.WIFEXITED(status) else 0)
 
 
 def _complain(message: str) -> None:
