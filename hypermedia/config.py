@@ -25,6 +25,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    IPvAnyAddress,
     SecretStr,
     ValidationError,
     ValidationInfo,
@@ -123,6 +124,9 @@ class Settings(BaseSettings):
     # to it instead of starting a Ray head of their own, run the scheduler.json
     # baseline of actors per queue, and run the scheduler with the burst fleet.
     ray_address: str | None = Field(default=None, pattern=r"^[A-Za-z0-9.-]+:[0-9]{2,5}$")
+    # The address a Ray head of our own (`run`, `up`) listens on for nodes that join
+    # it (`hypermedia worker`). Unset: loopback only, and no node can join.
+    ray_node_ip: IPvAnyAddress | None = None
 
     # Spot interruption notices (hypermedia.worker.spot): a worker on a spot instance
     # watches its cloud's metadata service ("aws" or "gcp"); "off" everywhere else.

@@ -109,8 +109,12 @@ class LocalStack:
             address = attached
             say(f"ray cluster at {address}")
         else:
+            node_ip = str(settings.ray_node_ip) if settings.ray_node_ip is not None else None
             self.node = cluster.start_head(
-                directory, resources=cluster.queue_resources(pools), token_path=token
+                directory,
+                resources=cluster.queue_resources(pools),
+                token_path=token,
+                node_ip=node_ip,
             )
             address = self.node.address
             say(f"ray head at {address}")

@@ -8,6 +8,19 @@ dir (``ray stop`` would kill every Ray process on the host).
 
 Node resources advertise the queues: ``queue_<name>: n`` lets ``n`` pipeline
 actors of that queue live on the node.
+
+A head started without ``node_ip`` is a single-machine cluster: Ray takes
+127.0.0.1 as the node's address (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, Ray's
+own single-machine mode: ``ray start --node-ip-address=127.0.0.1`` alone is
+rewritten to the host's address), so the GCS, the raylet, the agents, the
+metrics endpoints, the client server and every actor listen on loopback only,
+and no node can join. A head that nodes join is asked for by naming its address.
+
+``ray start`` and so every Ray process (raylet, GCS, agents, actors) gets an
+allowlisted environment (:data:`INHERITED`), never the caller's whole one: the
+head's credentials (``AWS_*``, database passwords in ``HYPERMEDIA_*``) stay in the
+head's process. Every node's temp dir sits in a ``0700`` directory of ours (Ray
+makes its session dirs ``0777`` and its logs ``0644``).
 """
 
 from __future__ import annotations
@@ -21,6 +34,7 @@ import secrets
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -40,22 +54,64 @@ ADDRESS_FILE = "ray_current_cluster"
 START_TIMEOUT_SECONDS = 90.0
 
 
-def ray_environment(token_path: Path) -> dict[str, str]:
-    """The environment every process of this cluster needs (and no inherited RAY_*)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    env["RAY_AUTH_MODE"] = "token"
-    env["RAY_AUTH_TOKEN_PATH"] = str(token_path)
-    env["RAY_USAGE_STATS_ENABLED"] = "0"
+STOP_GRACE_SECONDS = 2.0
+# What Ray's processes may inherit from the caller: how to find programs and
+# libraries, the locale, the clock, the temp dir. Nothing that can hold a secret.
+INHERITED = frozenset(
+    {
+        "PATH",
+        "HOME",
+        "USER",
+        "LOGNAME",
+        "SHELL",
+        "LANG",
+        "LANGUAGE",
+        "TZ",
+        "TMPDIR",
+        "PYTHONPATH",
+        "PYTHONSAFEPATH",
+        "VIRTUAL_ENV",
+        "LD_LIBRARY_PATH",
+        "VIPS_CONCURRENCY",
+        "OMP_NUM_THREADS",
+    }
+)
+INHERITED_PREFIXES = ("LC_",)
+# Ray's single-machine mode: the node's address is 127.0.0.1 and nothing binds wider.
+_LOOPBACK = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def ray_environment(token_path: Path, *, loopback: bool = False) -> dict[str, str]:
+    """The environment of ``ray start``, and so of every Ray process of the node: the
+    allowlisted part of ours (:data:`INHERITED`), the token settings, and with
+    ``loopback`` Ray's single-machine mode."""
+    env = {
+        k: v for k, v in os.environ.items() if k in INHERITED or k.startswith(INHERITED_PREFIXES)
+    }
+    env.update(_client_variables(token_path))
+    if not loopback:
+        del env[_LOOPBACK]  # a node that joins others, or that others join
     return env
+
+
+def _client_variables(token_path: Path) -> dict[str, str]:
+    return {
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN_PATH": str(token_path),
+        "RAY_USAGE_STATS_ENABLED": "0",
+        # In a driver this only stops ray.init from rewriting 127.0.0.1 into the
+        # host's address (which a loopback head does not listen on).
+        _LOOPBACK: "0",
+    }
 
 
 def apply_ray_environment(token_path: Path) -> None:
     """Make this process a client of the cluster. Ray reads these variables once,
     when it is first imported: call this before anything imports ``ray``."""
-    wanted = {k: v for k, v in ray_environment(token_path).items() if k.startswith("RAY_")}
+    wanted = _client_variables(token_path)
     if "ray" in sys.modules:
         # Only the auth settings matter once ray is loaded (usage stats are cosmetic).
-        wanted = {k: v for k, v in wanted.items() if k.startswith("RAY_AUTH_")}
+        wanted = {k: v for k, v in wanted.items() if k.startswith(("RAY_AUTH_", _LOOPBACK))}
         current = {k: os.environ.get(k) for k in wanted}
         if current != wanted:
             raise RuntimeError(
@@ -85,6 +141,27 @@ def short_temp_dir(directory: Path, name: str) -> Path:
     return Path(tempfile.gettempdir()) / f"hmray-{digest[:10]}" / name
 
 
+def private_directory(path: Path) -> Path:
+    """``path`` as a directory only we can enter (``0700``, ours, not a symlink).
+
+    The name under /tmp is predictable: one another user made first (to read Ray's
+    logs, or to plant sockets) is refused, not used."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+        raise ServiceUnavailable(
+            f"{path} is not a directory of this user: remove it (someone else made it)"
+        )
+    if stat.S_IMODE(info.st_mode) != 0o700:
+        os.chmod(path, 0o700)
+    return path
+
+
+def _prepare_temp_dir(temp_dir: Path) -> None:
+    private_directory(temp_dir.parent)
+    temp_dir.mkdir(mode=0o700, exist_ok=True)
+
+
 def queue_resources(counts: Mapping[str, int]) -> dict[str, float]:
     return {f"queue_{name}": float(n) for name, n in counts.items() if n > 0}
 
@@ -98,14 +175,20 @@ class RayNode:
     address: str = ""
 
     def processes(self) -> list[psutil.Process]:
+        """Every process of this node: those naming its temp dir, the Ray client
+        server (which names only the GCS address), and all their children."""
         marker = str(self.temp_dir)
+        address = self.address or _read_address(self.temp_dir)
+        client_server = f"--address={address}" if address else None
         found: dict[int, psutil.Process] = {}
         for proc in psutil.process_iter(["cmdline"]):
             try:
-                cmdline = " ".join(proc.info["cmdline"] or [])
+                args = proc.info["cmdline"] or []
             except psutil.Error:
                 continue
-            if marker in cmdline:
+            if proc.pid == os.getpid():
+                continue  # a caller that names the temp dir on its own command line
+            if marker in " ".join(args) or (client_server is not None and client_server in args):
                 found[proc.pid] = proc
                 try:
                     for child in proc.children(recursive=True):
@@ -114,7 +197,11 @@ class RayNode:
                     continue
         return list(found.values())
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def stop(self, timeout: float = STOP_GRACE_SECONDS) -> int:
+        """SIGTERM every process of the node, SIGKILL those still there after
+        ``timeout``; answers how many there were. The GCS and the autoscaler's
+        monitor sit out a SIGTERM for 10 s and more, and a node of ours keeps no
+        state worth that wait: its session dir is removed with it."""
         procs = self.processes()
         for proc in procs:
             try:
@@ -132,10 +219,23 @@ class RayNode:
         shutil.rmtree(self.temp_dir, ignore_errors=True)
         with contextlib.suppress(OSError):
             self.temp_dir.parent.rmdir()
-        log.info("ray node in %s stopped (%d processes)", self.temp_dir, len(procs))
+        log.info(
+            "ray node in %s stopped (%d processes, %d killed)",
+            self.temp_dir,
+            len(procs),
+            len(alive),
+        )
+        return len(procs)
 
     def is_running(self) -> bool:
         return bool(self.processes())
+
+
+def _read_address(temp_dir: Path) -> str:
+    try:
+        return (temp_dir / ADDRESS_FILE).read_text().strip()
+    except OSError:
+        return ""
 
 
 def _ray_binary() -> str:
@@ -187,15 +287,18 @@ def start_head(
     dashboard: bool = False,
     node_ip: str | None = None,
 ) -> RayNode:
-    """Start a Ray head with its own temp dir under ``directory``; wait until it answers."""
+    """Start a Ray head with its own temp dir under ``directory``; wait until it answers.
+
+    Without ``node_ip`` it listens on loopback only and no node can join; with one
+    (an address of this machine) nodes join it there."""
     directory.mkdir(parents=True, exist_ok=True)
     token_path = ensure_token(token_path or directory / TOKEN_FILE)
     temp_dir = short_temp_dir(directory, "head")
     node = RayNode(temp_dir=temp_dir, token_path=token_path)
     if node.is_running():
-        node.address = (temp_dir / ADDRESS_FILE).read_text().strip()
+        node.address = _read_address(temp_dir)
         return node
-    temp_dir.mkdir(parents=True, exist_ok=True)
+    _prepare_temp_dir(temp_dir)
     (temp_dir / ADDRESS_FILE).unlink(missing_ok=True)
     args = [
         _ray_binary(),
@@ -212,8 +315,8 @@ def start_head(
         # Worker nodes on this machine join a head on 127.0.0.10 (Ray rewrites 127.0.0.1).
         *([f"--node-ip-address={node_ip}"] if node_ip else []),
     ]
-    _run_start(args, token_path, temp_dir)
-    node.address = (temp_dir / ADDRESS_FILE).read_text().strip()
+    _run_start(args, token_path, temp_dir, loopback=node_ip is None)
+    node.address = _read_address(temp_dir)
     log.info("ray head at %s (temp dir %s)", node.address, temp_dir)
     return node
 
@@ -230,7 +333,7 @@ def start_worker_node(
 ) -> RayNode:
     """Join a worker node to ``address`` (the local driver's scale-up path uses this)."""
     temp_dir = short_temp_dir(directory, name)
-    temp_dir.mkdir(parents=True, exist_ok=True)
+    _prepare_temp_dir(temp_dir)
     args = [
         _ray_binary(),
         "start",
@@ -246,11 +349,13 @@ def start_worker_node(
     return RayNode(temp_dir=temp_dir, token_path=token_path, address=address)
 
 
-def _run_start(args: list[str], token_path: Path, temp_dir: Path) -> None:
+def _run_start(
+    args: list[str], token_path: Path, temp_dir: Path, *, loopback: bool = False
+) -> None:
     started = time.monotonic()
     result = subprocess.run(
         args,
-        env=ray_environment(token_path),
+        env=ray_environment(token_path, loopback=loopback),
         capture_output=True,
         text=True,
         timeout=START_TIMEOUT_SECONDS,

@@ -1,0 +1,117 @@
+"""A Ray head of ours on one machine: loopback only, private temp dir, stopped whole."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import stat
+from typing import Any
+
+import psutil
+import pytest
+import ray
+
+from hypermedia.errors import ServiceUnavailable
+from hypermedia.worker import cluster
+from tests.conftest import RAY_TOKEN
+
+
+class _Probe:
+    def pid(self) -> int:
+        return os.getpid()
+
+
+_ProbeActor = ray.remote(num_cpus=0)(_Probe)
+
+
+def _listening(procs: list[psutil.Process]) -> list[tuple[str, str, int]]:
+    found = []
+    for proc in procs:
+        try:
+            name = proc.name()
+            for conn in proc.net_connections(kind="inet"):
+                if conn.status == psutil.CONN_LISTEN:
+                    found.append((name, conn.laddr.ip, conn.laddr.port))
+        except psutil.NoSuchProcess:
+            continue
+    return found
+
+
+def _is_loopback(ip: str) -> bool:
+    address = ipaddress.ip_address(ip)
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback
+
+
+@pytest.fixture
+def head(tmp_path):
+    node = cluster.start_head(
+        tmp_path / "ray", resources={"queue_images": 1}, token_path=RAY_TOKEN, num_cpus=1
+    )
+    try:
+        yield node
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        node.stop()
+
+
+def test_a_single_machine_head_listens_on_loopback_only(head):
+    ray.init(address=head.address, logging_level=logging.WARNING, log_to_driver=False)
+    probe: Any = _ProbeActor.remote()
+    actor_pid = ray.get(probe.pid.remote())
+    procs = head.processes()
+    sockets = _listening([*procs, psutil.Process()])
+    assert len(sockets) >= 8, sockets  # GCS, raylet, agents, metrics, client server, actor
+    wide = [s for s in sockets if not _is_loopback(s[1])]
+    assert wide == [], f"listening beyond loopback: {wide}"
+    assert head.address.startswith("127.0.0.1:")
+    assert actor_pid in {p.pid for p in procs}  # actors are the raylet's children
+    names = " ".join(" ".join(p.cmdline()) for p in procs)
+    for part in ("gcs_server", "raylet", "ray.util.client.server", "dashboard"):
+        assert part in names, f"no {part} among the node's processes"
+
+
+def test_the_temp_dir_is_private(head):
+    parent = head.temp_dir.parent
+    info = os.lstat(parent)
+    assert stat.S_IMODE(info.st_mode) == 0o700
+    assert info.st_uid == os.geteuid()
+
+
+def test_the_temp_dir_of_another_user_is_refused(tmp_path):
+    squatted = tmp_path / "squatted"
+    squatted.mkdir(mode=0o777)
+    os.chown(squatted, 65534, 65534)
+    with pytest.raises(ServiceUnavailable, match="not a directory of this user"):
+        cluster.private_directory(squatted)
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path)
+    with pytest.raises(ServiceUnavailable, match="not a directory of this user"):
+        cluster.private_directory(link)
+
+
+def test_stop_leaves_no_process_not_even_the_client_server(head):
+    procs = head.processes()
+    client = [p for p in procs if "ray.util.client.server" in " ".join(p.cmdline())]
+    assert client, "the client server is one of the node's processes"
+    head.stop()
+    _gone, alive = psutil.wait_procs(procs, timeout=0)
+    assert alive == [], [p.pid for p in alive]
+    assert not head.temp_dir.exists()
+
+
+def test_ray_start_gets_an_allowlisted_environment(monkeypatch):
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "canary-aws")
+    monkeypatch.setenv("HYPERMEDIA_DATABASE_URL", "postgresql://u:canary-db@h/d")
+    monkeypatch.setenv("LC_ALL", "C.UTF-8")
+    env = cluster.ray_environment(RAY_TOKEN, loopback=True)
+    assert "canary-aws" not in str(env)
+    assert "canary-db" not in str(env)
+    assert env["LC_ALL"] == "C.UTF-8"
+    assert env["PATH"] == os.environ["PATH"]
+    assert env["RAY_AUTH_TOKEN_PATH"] == str(RAY_TOKEN)
+    assert env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0"
+    assert "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER" not in cluster.ray_environment(RAY_TOKEN)
