@@ -7,6 +7,8 @@ after Redis is reachable again or found emptied (the queue's
 ``reconcile_wanted``). A failed round (Redis or the database down) is logged and
 retried on the next tick; ``stop()`` returns once the round in progress has
 finished.
+
+The access log never shows a signed URL's signature (:class:`RedactSignedUrls`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
+from urllib.parse import unquote_plus
 
 import uvicorn
 
@@ -86,6 +89,47 @@ class Maintenance:
             log.exception("%s failed unexpectedly", action, extra={"action": action})
 
 
+# Query parameters that are credentials: a signed blob URL's ``sig`` (with its expiry
+# it lets anyone read or write that object), an S3 presigned URL's parts.
+SECRET_PARAMETERS = frozenset(
+    {"sig", "x-amz-signature", "x-amz-credential", "x-amz-security-token", "signature"}
+)
+REDACTED = "[redacted]"
+
+
+def redact_query(target: str) -> str:
+    """A request target as it may be logged: the values of :data:`SECRET_PARAMETERS`
+    replaced (the rest of the query stays, for whoever reads the log)."""
+    path, sep, query = target.partition("?")
+    if not sep:
+        return target
+    parts = []
+    for part in query.split("&"):
+        name, eq, _value = part.partition("=")
+        if eq and unquote_plus(name).lower() in SECRET_PARAMETERS:
+            part = f"{name}={REDACTED}"
+        parts.append(part)
+    return f"{path}?{'&'.join(parts)}"
+
+
+class RedactSignedUrls(logging.Filter):
+    """uvicorn's access log line carries the full request target (its third argument):
+    signed URLs lose their signature before any handler sees the record."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and len(args) >= 3 and isinstance(args[2], str):
+            record.args = (*args[:2], redact_query(args[2]), *args[3:])
+        return True
+
+
+def redact_access_log() -> None:
+    """Install :class:`RedactSignedUrls` on uvicorn's access logger (once)."""
+    access = logging.getLogger("uvicorn.access")
+    if not any(isinstance(f, RedactSignedUrls) for f in access.filters):
+        access.addFilter(RedactSignedUrls())
+
+
 class _Server(uvicorn.Server):
     """uvicorn, minus re-raising SIGTERM/SIGINT after its graceful shutdown: that
     would kill the process before ``serve`` has closed the stack."""
@@ -121,6 +165,7 @@ def serve(settings: Settings, *, host: str, port: int, access_log: bool = True) 
             app, host=host, port=port, log_config=None, access_log=access_log, lifespan="off"
         )
         server = _Server(config)
+        redact_access_log()
         maintenance.start()
         log.info("serving the API on http://%s:%d", host, port, extra={"action": "serve"})
         try:

@@ -20,9 +20,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 
 from hypermedia.embedded import EmbeddedRedis, free_port
+from hypermedia.storage import signing
 from tests.api_support import corpus_images, wait_until_healthy
 
 REPO = Path(__file__).resolve().parents[2]
@@ -246,3 +248,27 @@ def test_the_scheduler_commands(cli: Cli, tmp_path: Path):
     assert "queues.ocr.max_workers" in err
     err = cli.fails("scheduler", "run", "--once", HYPERMEDIA_SCHEDULER_CONFIG=str(bad))
     assert "queues.ocr.max_workers" in err
+
+
+def test_the_access_log_shows_no_signature(cli: Cli, tmp_path: Path):
+    """A signed blob URL is a credential until it expires: the access log keeps the
+    request line and the other parameters, not ``sig``."""
+    cli.ok("db", "upgrade")
+    log_path = tmp_path / "serve.log"
+    with serving(cli, log_path) as url:
+        secret = (tmp_path / "data" / "storage.secret").read_text().strip()
+        expires = int(time.time()) + 600
+        signed = signing.signed_url(url, secret, "GET", "originals/p/o", expires)
+        put = signing.signed_url(url, secret, "PUT", "derived/p/o/1/t", expires, "image/png")
+        assert httpx.get(signed).status_code == 404  # a good signature, no such object
+        assert httpx.put(put, content=b"x", headers={"Content-Type": "image/png"}).is_success
+        signatures = [
+            signing.signature(secret, "GET", "originals/p/o", expires, None),
+            signing.signature(secret, "PUT", "derived/p/o/1/t", expires, "image/png"),
+        ]
+        assert all(sig in signed + put for sig in signatures)
+    output = log_path.read_text()
+    assert f"GET /v1/hypermedia/blobs/originals/p/o?expires={expires}&sig=[redacted]" in output
+    assert "PUT /v1/hypermedia/blobs/derived/p/o/1/t?expires=" in output
+    assert "content_type=image%2Fpng" in output
+    assert not [sig for sig in signatures if sig in output]
