@@ -621,6 +621,8 @@ def run(
     local = LocalStack(settings)
     try:
         local.start(progress=_progress_say(console))
+        _stop_on_sigterm()
+        console.print(f"[dim]submitting {len(files)} files[/]")
         assert local.stack is not None
         _caller, key = local_operator(local.stack)
         with Progress(
@@ -666,10 +668,21 @@ def run(
         _run_summary(console, report, out, finished)
     finally:
         console.print("[dim]stopping what was started[/]")
-        local.stop()
+        local.stop(progress=_progress_say(console))
     counts = report.counts()
     if not finished or counts.get("failed") or report.skipped:
         raise SystemExit(1)
+
+
+def _stop_on_sigterm() -> None:
+    """SIGTERM ends ``run`` like Ctrl-C does, through its ``finally`` that stops the
+    stack (installed after ``ray.init``, whose own handler would exit at once)."""
+    import signal
+
+    def interrupt(signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupt)
 
 
 def _run_summary(console: Any, report: Any, out: Path, finished: bool) -> None:
@@ -718,11 +731,11 @@ def head() -> None:
         # before the stack is stopped.
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
         signal.signal(signal.SIGINT, lambda *_: stop.set())
-        (settings.data_dir / "head.url").write_text(local.api_url)
+        _write_private(settings.data_dir / "head.url", local.api_url)
         log.info("local stack up; API at %s", local.api_url)
         stop.wait()
     finally:
-        local.stop(stop_redis=True)
+        local.stop(stop_redis=True, progress=lambda message: log.info("%s", message))
         (settings.data_dir / "head.url").unlink(missing_ok=True)
 
 
@@ -744,8 +757,12 @@ def up(
         typer.echo(f"already up: {url_file.read_text() if url_file.exists() else '?'}")
         return
     url_file.unlink(missing_ok=True)
+    from hypermedia.embedded import private_directory
+
+    private_directory(settings.data_dir)
     log_path = settings.data_dir / "head.log"
-    with log_path.open("ab") as log_file:
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    with os.fdopen(log_fd, "ab") as log_file:
         proc = subprocess.Popen(
             [sys.executable, "-m", "hypermedia.cli", "--log-level", "info", "head"],
             stdout=log_file,
@@ -754,7 +771,7 @@ def up(
             start_new_session=True,
             env=os.environ.copy(),
         )
-    pidfile.write_text(str(proc.pid))
+    _write_private(pidfile, str(proc.pid))
     deadline = time.monotonic() + wait
     while not url_file.exists():
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -770,25 +787,58 @@ def down(
         float, typer.Option("--wait", envvar="HYPERMEDIA_DOWN_WAIT", min=1, help="Seconds.")
     ] = 90.0,
 ) -> None:
-    """Stop the local stack that `up` started."""
+    """Stop the local stack that `up` started, and whatever a stack of this data dir
+    that died without stopping left running (its Ray head, its Redis)."""
     import os
     import signal
 
+    from hypermedia.local import data_dir_in_use
+
     settings = _settings()
     pidfile = settings.data_dir / "head.pid"
-    if not _alive(pidfile):
+    if _alive(pidfile):
+        pid = int(pidfile.read_text())
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + wait
+        while _pid_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if _pid_alive(pid):
+            os.kill(pid, signal.SIGKILL)
         pidfile.unlink(missing_ok=True)
-        typer.echo("not running")
+        _stop_leftovers(settings)
+        typer.echo("down")
         return
-    pid = int(pidfile.read_text())
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + wait
-    while _pid_alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    if _pid_alive(pid):
-        os.kill(pid, signal.SIGKILL)
     pidfile.unlink(missing_ok=True)
-    typer.echo("down")
+    if data_dir_in_use(settings.data_dir):
+        typer.echo("not running (a `hypermedia run` uses this data dir; it stops itself)")
+        return
+    stopped = _stop_leftovers(settings)
+    if stopped:
+        typer.echo(f"down: stopped what a stack that died left running ({', '.join(stopped)})")
+    else:
+        typer.echo("not running")
+
+
+def _stop_leftovers(settings: Settings) -> list[str]:
+    """Stop the Ray head and the embedded Redis of the data dir, if they still run."""
+    from hypermedia.embedded import find_running
+    from hypermedia.worker.cluster import RayNode, short_temp_dir
+
+    stopped = []
+    node = RayNode(short_temp_dir(settings.data_dir / "ray", "head"), Path("-"))
+    if node.is_running():
+        stopped.append(f"the Ray head, {node.stop()} processes")
+    redis = find_running(settings.data_dir / "redis")
+    if redis is not None:
+        redis.stop()
+        stopped.append("redis")
+    return stopped
+
+
+def _write_private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
 
 
 def _pid_alive(pid: int) -> bool:

@@ -2,15 +2,21 @@
 
 :class:`EmbeddedRedis` runs ``redis-server`` from a directory it owns::
 
+    <directory>/redis.conf   its password (``requirepass``), mode 0600
     <directory>/redis.pid    written by redis-server itself
     <directory>/redis.port   the TCP port, so a later process can find the server
     <directory>/redis.log    the server's log (and anything it printed before logging)
     <directory>/redis.lock   serialises ensure_running() between processes
 
-The server listens on 127.0.0.1 only, keeps nothing on disk (``--save ""``,
-``--appendonly no``) and is not daemonized: the child's handle is kept, so
-``stop()`` / ``kill()`` act on the process we started. Redis is rebuildable from
-the job record (:mod:`hypermedia.queue`), so an in-memory server loses no job.
+The directory is ``0700`` and every file in it ``0600``. The server listens on
+127.0.0.1 only and wants a password, generated once per directory: any local user
+can reach a loopback port, so the port alone is no protection. The password is in
+the config file, never on the command line (``ps`` shows that to everyone), and in
+:attr:`EmbeddedRedis.url` for the processes that connect (never shown: see
+:func:`shown_url`). It keeps nothing on disk (``--save ""``, ``--appendonly no``)
+and is not daemonized: the child's handle is kept, so ``stop()`` / ``kill()`` act
+on the process we started. Redis is rebuildable from the job record
+(:mod:`hypermedia.queue`), so an in-memory server loses no job.
 
 :func:`ensure_running` is what the CLI's embedded default uses: it reuses the
 server already running from the directory, or starts one in its own session that
@@ -23,21 +29,26 @@ import contextlib
 import fcntl
 import logging
 import os
+import secrets
 import shutil
 import signal
 import socket
+import stat
 import subprocess
+import tempfile
 import threading
 import time
 from pathlib import Path
 from types import TracebackType
 from typing import Self
+from urllib.parse import urlsplit, urlunsplit
 
 from hypermedia.errors import ConfigError, QueueUnavailable
 
 logger = logging.getLogger(__name__)
 
 HOST = "127.0.0.1"
+CONFFILE = "redis.conf"
 PIDFILE = "redis.pid"
 PORTFILE = "redis.port"
 LOGFILE = "redis.log"
@@ -91,22 +102,33 @@ def _port_reusable(port: int, timeout: float = 2.0) -> bool:
     return True
 
 
-def _command(port: int, command: bytes, timeout: float) -> bytes | None:
-    """Send one inline command; the raw reply, or None if nothing answered."""
+def _command(
+    port: int, command: bytes, timeout: float, password: str | None = None
+) -> bytes | None:
+    """Send one inline command (after ``AUTH`` if there is a password); the raw reply,
+    or None if nothing answered."""
     try:
         with socket.create_connection((HOST, port), timeout=timeout) as sock:
+            if password is not None:
+                sock.sendall(b"AUTH " + password.encode() + b"\r\n")
+                if _reply(sock) != b"+OK\r\n":
+                    return None
             sock.sendall(command + b"\r\n")
-            reply = b""
-            while True:
-                chunk = sock.recv(65536)
-                if not chunk:
-                    break
-                reply += chunk
-                if _reply_complete(reply):
-                    return reply
-            return reply or None
+            return _reply(sock)
     except OSError:
         return None
+
+
+def _reply(sock: socket.socket) -> bytes | None:
+    reply = b""
+    while True:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        reply += chunk
+        if _reply_complete(reply):
+            return reply
+    return reply or None
 
 
 def _reply_complete(reply: bytes) -> bool:
@@ -122,15 +144,15 @@ def _reply_complete(reply: bytes) -> bool:
     return length < 0 or len(body) >= length + 2
 
 
-def ping(port: int, timeout: float = 0.5) -> bool:
-    """True if a Redis server on 127.0.0.1:``port`` answers PING."""
-    reply = _command(port, b"PING", timeout)
+def ping(port: int, password: str | None = None, timeout: float = 0.5) -> bool:
+    """True if a Redis server on 127.0.0.1:``port`` answers PING (with ``password``)."""
+    reply = _command(port, b"PING", timeout, password)
     return reply is not None and reply.startswith(b"+PONG")
 
 
-def server_pid(port: int, timeout: float = 0.5) -> int | None:
+def server_pid(port: int, password: str | None = None, timeout: float = 0.5) -> int | None:
     """The ``process_id`` the Redis server on ``port`` reports, or None."""
-    reply = _command(port, b"INFO server", timeout)
+    reply = _command(port, b"INFO server", timeout, password)
     if not reply:
         return None
     for line in reply.decode("utf-8", "replace").splitlines():
@@ -166,6 +188,50 @@ def _read_int(path: Path) -> int | None:
         return None
 
 
+def shown_url(url: str) -> str:
+    """``url`` as it may be shown (console, logs): without its password."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def private_directory(path: Path) -> Path:
+    """``path`` made (or made again) ``0700``: its files are no one else's business."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if stat.S_IMODE(path.stat().st_mode) != 0o700:
+        os.chmod(path, 0o700)
+    return path
+
+
+def _write_private(path: Path, text: str) -> None:
+    """``text`` into ``path``, mode 0600 whatever the umask, replaced atomically."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def read_password(directory: Path) -> str | None:
+    """The ``requirepass`` of the server of ``directory``, if it has a config file."""
+    try:
+        text = (directory / CONFFILE).read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name == "requirepass" and value.strip():
+            return value.strip()
+    return None
+
+
 class EmbeddedRedis:
     """One ``redis-server`` on 127.0.0.1, owned by this object.
 
@@ -189,8 +255,20 @@ class EmbeddedRedis:
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
         self._process: subprocess.Popen[bytes] | None = None
+        self._password: str | None = read_password(self.directory)
 
     # -- paths and addresses ------------------------------------------------------
+
+    @property
+    def conffile(self) -> Path:
+        return self.directory / CONFFILE
+
+    @property
+    def password(self) -> str:
+        """The server's password: the directory's, made at the first start."""
+        if self._password is None:
+            raise RuntimeError("EmbeddedRedis has no password yet: call start() first")
+        return self._password
 
     @property
     def pidfile(self) -> Path:
@@ -208,7 +286,7 @@ class EmbeddedRedis:
     def url(self) -> str:
         if self.port is None:
             raise RuntimeError("EmbeddedRedis has no port yet: call start() first")
-        return f"redis://{HOST}:{self.port}/0"
+        return f"redis://:{self.password}@{HOST}:{self.port}/0"
 
     @property
     def pid(self) -> int | None:
@@ -225,14 +303,15 @@ class EmbeddedRedis:
             return False
         if self._process is not None and self._process.poll() is not None:
             return False
-        return ping(self.port)
+        return ping(self.port, self._password)
 
     def start(self) -> Self:
         """Start the server and wait until it answers PING. A no-op if it already runs."""
         if self._process is not None and self._process.poll() is None:
             return self
         binary = redis_server_binary()
-        self.directory.mkdir(parents=True, exist_ok=True)
+        private_directory(self.directory)
+        self._write_config()
         chosen = self.port is None
         if self.port is not None:
             _port_reusable(self.port)  # after kill(): let the old socket go first
@@ -305,9 +384,17 @@ class EmbeddedRedis:
 
     # -- internals ----------------------------------------------------------------
 
+    def _write_config(self) -> None:
+        """The password in the config file (``0600``); the rest goes on the command
+        line, where nothing secret is."""
+        if self._password is None:
+            self._password = secrets.token_hex(32)
+        _write_private(self.conffile, f"requirepass {self._password}\n")
+
     def _arguments(self, binary: str) -> list[str]:
         return [
             binary,
+            str(self.conffile),
             "--bind",
             HOST,
             "--port",
@@ -328,8 +415,9 @@ class EmbeddedRedis:
 
     def _spawn(self, binary: str) -> None:
         self.pidfile.unlink(missing_ok=True)
-        self.portfile.write_text(f"{self.port}\n")
-        with self.logfile.open("ab") as log:
+        _write_private(self.portfile, f"{self.port}\n")
+        fd = os.open(self.logfile, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        with os.fdopen(fd, "ab") as log:
             # Errors before redis opens its logfile (bad arguments) go to stdout.
             self._process = subprocess.Popen(
                 self._arguments(binary),
@@ -339,6 +427,7 @@ class EmbeddedRedis:
                 cwd=self.directory,
                 start_new_session=self.detached,
                 close_fds=True,
+                umask=0o077,  # its pidfile (and anything else it writes): 0600
             )
         logger.debug("started redis-server pid %s on port %s", self._process.pid, self.port)
 
@@ -356,7 +445,7 @@ class EmbeddedRedis:
                     log_file=str(self.logfile),
                 )
             # Our child must be the one answering: another server may hold the port.
-            if server_pid(self.port) == self._process.pid:
+            if server_pid(self.port, self._password) == self._process.pid:
                 return
             if time.monotonic() >= deadline:
                 raise QueueUnavailable(
@@ -392,7 +481,11 @@ class EmbeddedRedis:
 
     def _owns_pid(self, pid: int) -> bool:
         """True if ``pid`` is the redis-server on our port (guards against pid reuse)."""
-        return self.port is not None and _pid_alive(pid) and server_pid(self.port) == pid
+        return (
+            self.port is not None
+            and _pid_alive(pid)
+            and server_pid(self.port, self._password) == pid
+        )
 
     def _signal_and_wait(self, pid: int) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -438,7 +531,7 @@ def find_running(directory: Path) -> EmbeddedRedis | None:
     pid = _read_int(directory / PIDFILE)
     if port is None or pid is None or not _pid_alive(pid):
         return None
-    if server_pid(port) != pid:
+    if server_pid(port, read_password(directory)) != pid:
         return None
     return EmbeddedRedis(directory, port)
 
@@ -451,9 +544,9 @@ def ensure_running(directory: Path, *, start_timeout: float = 10.0) -> str:
     :func:`find_running`). It prefers the port it had last time, so URLs handed
     out earlier stay valid.
     """
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    with (directory / LOCKFILE).open("a") as lock:
+    directory = private_directory(Path(directory))
+    fd = os.open(directory / LOCKFILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    with os.fdopen(fd, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             running = find_running(directory)
@@ -465,7 +558,8 @@ def ensure_running(directory: Path, *, start_timeout: float = 10.0) -> str:
             server.start()
             server.detach()
             logger.info(
-                "started embedded Redis", extra={"action": "redis_start", "url": server.url}
+                "started embedded Redis",
+                extra={"action": "redis_start", "url": shown_url(server.url)},
             )
             return server.url
         finally:

@@ -9,19 +9,28 @@
 
 Ray reads its auth settings when first imported, so nothing here imports
 ``ray`` before :meth:`LocalStack.start` has set them.
+
+One stack per data dir: :meth:`LocalStack.start` holds ``data_dir/stack.lock``
+(an ``flock``, so it goes with the process however it dies) for the stack's life,
+and refuses to start while another process holds it. Holding it, whatever still
+runs of an earlier stack of the data dir (its Ray head: a head killed with -9
+leaves it) is stopped first. A :class:`~hypermedia.watchdog.Watchdog` stops what the
+stack started if its process dies without stopping it.
 """
 
 from __future__ import annotations
 
+import fcntl
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from hypermedia.config import Settings, load_settings
-from hypermedia.embedded import find_running, free_port
+from hypermedia.embedded import find_running, free_port, private_directory, shown_url
 from hypermedia.errors import ServiceUnavailable
 
 if TYPE_CHECKING:
@@ -29,10 +38,13 @@ if TYPE_CHECKING:
 
     from hypermedia.server import Maintenance
     from hypermedia.stack import Stack
+    from hypermedia.watchdog import Watchdog
     from hypermedia.worker.cluster import RayNode
     from hypermedia.worker.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
+
+LOCK_FILE = "stack.lock"
 
 
 def ray_directory(settings: Settings) -> Path:
@@ -60,32 +72,42 @@ class LocalStack:
     _server: uvicorn.Server | None = None
     _server_thread: threading.Thread | None = None
     _stopped: list[str] = field(default_factory=list)
+    _lock: IO[str] | None = None
+    _watchdog: Watchdog | None = None
 
     def start(self, *, pools: dict[str, int] | None = None, progress: Any = None) -> None:
+        from hypermedia.watchdog import Watchdog
         from hypermedia.worker import cluster
 
         say = progress or (lambda message: log.info("%s", message))
         directory = ray_directory(self.settings)
+        self._lock = hold_data_dir(self.settings.data_dir)
+        self._watchdog = Watchdog(self.settings.data_dir)
         attached = self.settings.ray_address
         if attached is not None:
             # A cluster from `ray up`: its token is in the environment the head runs with.
-            import os
-
             token = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or directory / cluster.TOKEN_FILE)
             if not token.exists():
                 raise ServiceUnavailable(f"no Ray token at {token} for the cluster at {attached}")
         else:
             token = cluster.ensure_token(directory / cluster.TOKEN_FILE)
+            leftover = cluster.RayNode(cluster.short_temp_dir(directory, "head"), token)
+            if leftover.is_running():
+                count = leftover.stop()
+                say(f"stopped a Ray head left by an earlier stack ({count} processes)")
         cluster.apply_ray_environment(token)
 
         settings = self.settings
         if settings.redis_url is None:
             from hypermedia.embedded import ensure_running
 
-            was_running = find_running(settings.data_dir / "redis") is not None
-            url = ensure_running(settings.data_dir / "redis")
+            redis_dir = settings.data_dir / "redis"
+            was_running = find_running(redis_dir) is not None
+            if not was_running:
+                self._watchdog.watch_redis(redis_dir)
+            url = ensure_running(redis_dir)
             self.started_redis = not was_running
-            say(f"redis {'reused' if was_running else 'started'} at {url}")
+            say(f"redis {'reused' if was_running else 'started'} at {shown_url(url)}")
         else:
             url = settings.redis_url
         port = free_port()
@@ -100,7 +122,7 @@ class LocalStack:
         from hypermedia.stack import Stack
 
         self.stack = Stack.open(settings, auto_migrate=True)
-        say(f"record in {settings.effective_database_url}")
+        say(f"record in {shown_url(settings.effective_database_url)}")
         if pools is None:
             import pipelines.registry
 
@@ -110,6 +132,7 @@ class LocalStack:
             say(f"ray cluster at {address}")
         else:
             node_ip = str(settings.ray_node_ip) if settings.ray_node_ip is not None else None
+            self._watchdog.watch_ray_node(cluster.short_temp_dir(directory, "head"))
             self.node = cluster.start_head(
                 directory,
                 resources=cluster.queue_resources(pools),
@@ -163,12 +186,22 @@ class LocalStack:
                 raise ServiceUnavailable(f"the API server did not start on port {port}")
             time.sleep(0.05)
 
-    def stop(self, *, drain_timeout: float = 30.0, stop_redis: bool | None = None) -> None:
-        """Stop everything that was started, in reverse order. Safe to call twice."""
+    def stop(
+        self,
+        *,
+        drain_timeout: float = 30.0,
+        stop_redis: bool | None = None,
+        progress: Any = None,
+    ) -> None:
+        """Stop everything that was started, in reverse order, saying so through
+        ``progress``. Safe to call twice."""
+        say = progress or (lambda message: log.info("%s", message))
+        started = time.monotonic()
         if self.maintenance is not None:
             self.maintenance.stop()
             self.maintenance = None
         if self.supervisor is not None:
+            say("stopping the pipeline actors")
             try:
                 self.supervisor.stop(drain_timeout=drain_timeout)
             except Exception:
@@ -187,7 +220,9 @@ class LocalStack:
                 self._server_thread.join(10)
             self._server = None
         if self.node is not None:
-            self.node.stop()
+            say("stopping the Ray head")
+            count = self.node.stop()
+            say(f"stopped the Ray head ({count} processes)")
             self.node = None
         if self.stack is not None:
             self.stack.close()
@@ -196,3 +231,47 @@ class LocalStack:
             running = find_running(self.settings.data_dir / "redis")
             if running is not None:
                 running.stop()
+                say("stopped redis")
+        if self._watchdog is not None:
+            self._watchdog.done()
+            self._watchdog = None
+            say(f"stopped in {time.monotonic() - started:.1f} s")
+        if self._lock is not None:
+            self._lock.close()  # releases the flock
+            self._lock = None
+
+
+def hold_data_dir(data_dir: Path) -> IO[str]:
+    """``data_dir/stack.lock``, locked for this process: one local stack per data dir.
+    The lock goes with the process, however it ends."""
+    private_directory(data_dir)
+    fd = os.open(data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+    handle = os.fdopen(fd, "r+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = handle.read().strip() or "?"
+        handle.close()
+        raise ServiceUnavailable(
+            f"another local stack (pid {holder}) runs on {data_dir}: "
+            "stop it (`hypermedia down`, or end that `hypermedia run`) or use another "
+            "HYPERMEDIA_DATA_DIR"
+        ) from None
+    handle.truncate(0)
+    handle.write(f"{os.getpid()}\n")
+    handle.flush()
+    return handle
+
+
+def data_dir_in_use(data_dir: Path) -> bool:
+    """True if a live local stack holds ``data_dir``'s lock."""
+    try:
+        handle = open(data_dir / LOCK_FILE)  # noqa: SIM115 (closed below)
+    except FileNotFoundError:
+        return False
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        return False

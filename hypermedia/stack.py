@@ -8,6 +8,9 @@ private ``redis-server`` in ``data_dir``.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import stat
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
@@ -19,6 +22,7 @@ from hypermedia.clock import Clock, SystemClock
 from hypermedia.config import Settings
 from hypermedia.db.engine import make_engine, transaction
 from hypermedia.db.migrate import current_revision, head_revision, upgrade
+from hypermedia.embedded import private_directory
 from hypermedia.errors import ConfigError
 from hypermedia.ingest.service import IngestService, registered_operations
 from hypermedia.jobs.catalog import ProfileCatalog, sync_profiles
@@ -31,6 +35,20 @@ from hypermedia.queue.redis_queue import RedisQueue, connect
 from hypermedia.ratelimit import RateLimiter
 from hypermedia.storage.base import Storage
 from hypermedia.storage.local import LocalStorage, load_or_create_secret
+
+
+def prepare_data_dir(settings: Settings) -> None:
+    """The data dir ``0700`` (record, objects, secrets, logs: no one else's), and the
+    embedded SQLite record ``0600``, made so before SQLite opens it: its ``-wal``
+    and ``-shm`` files take the record's mode."""
+    private_directory(settings.data_dir)
+    if settings.database_url is None:
+        record = settings.data_dir / "hypermedia.db"
+        os.close(os.open(record, os.O_RDWR | os.O_CREAT, 0o600))
+        for path in (record, *record.parent.glob(record.name + "-*")):
+            with contextlib.suppress(FileNotFoundError):
+                if stat.S_IMODE(path.stat().st_mode) != 0o600:
+                    os.chmod(path, 0o600)
 
 
 def redis_url_for(settings: Settings) -> str:
@@ -69,6 +87,7 @@ def migrate(
 ) -> None:
     """Apply migrations and sync profiles (``hypermedia db upgrade``)."""
     owned = engine is None
+    prepare_data_dir(settings)
     engine = engine or make_engine(settings.effective_database_url)
     try:
         upgrade(engine)
@@ -91,9 +110,19 @@ class Stack:
     ingest: IngestService
     dispatcher: Dispatcher
     reaper: Reaper
-    storage: Storage
     clock: Clock
     limiter: RateLimiter
+    _storage: Storage | None = None
+
+    @property
+    def storage(self) -> Storage:
+        if self._storage is None:
+            raise ConfigError(
+                "storage",
+                "this process was opened without storage: a worker moves bytes "
+                "with the per-job URLs the head grants",
+            )
+        return self._storage
 
     @classmethod
     def open(
@@ -104,10 +133,14 @@ class Stack:
         auto_migrate: bool = False,
         engine: Engine | None = None,
         implemented: Callable[[], Collection[str]] = registered_operations,
+        with_storage: bool = True,
     ) -> Stack:
         """``implemented`` names the operations ingest accepts (those with a pipeline
-        step; tests of queue mechanics may widen it to every profile)."""
+        step; tests of queue mechanics may widen it to every profile).
+        ``with_storage=False``: no storage backend, so none of its credentials or
+        signing secret (a pipeline actor's stack)."""
         clock = clock or SystemClock()
+        prepare_data_dir(settings)
         engine = engine or make_engine(settings.effective_database_url)
         if auto_migrate:
             migrate(settings, engine, clock=clock)
@@ -159,9 +192,9 @@ class Stack:
             reaper=Reaper(
                 engine, queue, clock=clock, repository=repository, data_dir=settings.data_dir
             ),
-            storage=build_storage(settings, clock),
             clock=clock,
             limiter=limiter,
+            _storage=build_storage(settings, clock) if with_storage else None,
         )
 
     def close(self) -> None:

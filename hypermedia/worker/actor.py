@@ -61,11 +61,20 @@ def _raise(answer: tuple[Any, ...]) -> Any:
 
 
 class GrantsService:
-    """The grants actor's body (plain class: testable without Ray)."""
+    """The grants actor's body (plain class: testable without Ray).
 
-    def __init__(self, settings: dict[str, Any]) -> None:
+    ``credentials_path``: the head's hand-off file of storage credentials (see
+    :mod:`hypermedia.storage.credentials`), read here, on the head's node."""
+
+    def __init__(self, settings: dict[str, Any], credentials_path: str | None = None) -> None:
         from hypermedia.stack import Stack
+        from hypermedia.storage import credentials
 
+        if credentials_path is not None:
+            handed = credentials.read(Path(credentials_path))
+            handed.apply_environment()
+            if handed.storage_secret is not None:
+                settings = {**settings, "storage_secret": handed.storage_secret}
         self.stack = Stack.open(load_settings(**settings))
         from hypermedia.storage.grants import StorageGrants
 
@@ -140,7 +149,7 @@ class PipelineService:
         if unknown:
             raise ValueError(f"unknown worker options {sorted(unknown)}")
         cfg: Settings = load_settings(**settings)
-        self.stack = Stack.open(cfg)
+        self.stack = Stack.open(cfg, with_storage=False)  # per-job grants only
         work_root = cfg.data_dir / "work" / worker_id
         self.executor: Any
         if options.get("in_process_steps"):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,11 +31,14 @@ from hypermedia.db.engine import transaction
 from hypermedia.errors import HypermediaError
 from hypermedia.ids import new_id
 from hypermedia.stack import Stack
+from hypermedia.storage import credentials
 from hypermedia.worker.actor import HEAD_RESOURCE, GrantsActor, PipelineActor
 
 log = logging.getLogger(__name__)
 
 NAMESPACE = "hypermedia"
+# Heartbeats a worker may miss before one that is none of ours counts as dead.
+STALE_HEARTBEATS = 4
 
 
 @dataclass
@@ -58,10 +62,17 @@ NODE_SETTINGS = ("spot_watch", "metadata_url", "spot_poll_seconds")
 
 
 def settings_for_actors(settings: Settings, redis_url: str) -> dict[str, Any]:
-    """Plain settings an actor rebuilds its own connections from."""
-    data = settings.model_dump(mode="json", exclude_none=True, exclude=set(NODE_SETTINGS))
-    if settings.storage_secret is not None:  # a JSON dump masks it ("**********")
-        data["storage_secret"] = settings.storage_secret.get_secret_value()
+    """Plain settings an actor rebuilds its own connections from.
+
+    No storage secret: pipeline actors move bytes with per-job URLs, and the grants
+    actor gets the head's credentials through a file (:mod:`hypermedia.storage.
+    credentials`). The database and Redis URLs, passwords included, go as they are:
+    every actor connects to both. They travel as constructor arguments (Ray's control
+    plane, token-authenticated, held in memory), never in ``runtime_env`` (which Ray
+    logs) nor on a command line, and no file of Ray's holds them (tests/integration/
+    test_secrets.py scans for them)."""
+    exclude = {*NODE_SETTINGS, "storage_secret"}
+    data = settings.model_dump(mode="json", exclude_none=True, exclude=exclude)
     data["redis_url"] = redis_url
     data["database_url"] = settings.effective_database_url
     return data
@@ -98,24 +109,31 @@ class Supervisor:
     # -- lifecycle --------------------------------------------------------------
 
     def start(self) -> None:
-        # Storage credentials go to the grants actor on the head only (boto3 reads
-        # them from the environment); pipeline actors never see them.
-        credentials = {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
-        options: dict[str, Any] = {
-            "num_cpus": 0,
-            "max_concurrency": 16,
-            "resources": {HEAD_RESOURCE: 0.001},
-            "namespace": NAMESPACE,
-        }
-        if credentials:
-            options["runtime_env"] = {"env_vars": credentials}
-        self.grants = GrantsActor.options(**options).remote(self.actor_settings)
-        ray.get(self.grants.ping.remote())
+        self._start_grants()
         for queue, count in self.pools.items():
             for _ in range(count):
                 self._spawn(queue)
         self._thread = threading.Thread(target=self._watch, name="supervisor", daemon=True)
         self._thread.start()
+
+    def _start_grants(self) -> None:
+        """The grants actor, on the head's node: the head's storage credentials reach
+        it through a private file that is gone once it answers (never through Ray:
+        see :mod:`hypermedia.storage.credentials`); pipeline actors never see them."""
+        settings = self.stack.settings
+        handed = credentials.of_head(settings, os.environ)
+        path = credentials.write(settings.data_dir, handed) if handed else None
+        try:
+            self.grants = GrantsActor.options(
+                num_cpus=0,
+                max_concurrency=16,
+                resources={HEAD_RESOURCE: 0.001},
+                namespace=NAMESPACE,
+            ).remote(self.actor_settings, str(path) if path is not None else None)
+            ray.get(self.grants.ping.remote())
+        finally:
+            if path is not None:
+                credentials.remove(path)
 
     def _spawn(self, queue: str) -> Member:
         worker_id = f"{queue}-{new_id()[-12:]}"
@@ -153,7 +171,11 @@ class Supervisor:
     # -- watching ------------------------------------------------------------------
 
     def _watch(self) -> None:
+        next_check = time.monotonic()
         while not self._stopping.is_set():
+            if time.monotonic() >= next_check:
+                self._mark_stale_workers()
+                next_check = time.monotonic() + self.heartbeat_seconds
             with self._lock:
                 refs = list(self.members)
             if not refs:
@@ -211,6 +233,36 @@ class Supervisor:
         self.events.died.append(member.worker_id)
         if not self._stopping.is_set():
             self._spawn(member.queue)
+
+    def _mark_stale_workers(self) -> None:
+        """Workers recorded active whose heartbeat is :data:`STALE_HEARTBEATS` beats old
+        and that are none of ours (a head killed with -9 left them; nobody saw them
+        die): their jobs go back now, and they are marked dead. Ours are alive as long
+        as Ray says so, whatever their heartbeat (the database may have been down)."""
+        now = self.stack.clock.now()
+        cutoff = to_datetime(now - STALE_HEARTBEATS * self.heartbeat_seconds)
+        w = t.workers.c
+        stale = (w.status.in_(("active", "draining"))) & (w.last_heartbeat < cutoff)
+        try:
+            with transaction(self.stack.engine) as conn:
+                found = set(conn.execute(select(w.worker_id).where(stale)).scalars())
+            ours = {m.worker_id for m in self.actors()}
+            for worker_id in sorted(found - ours):
+                self.stack.dispatcher.recover_worker(worker_id, "heartbeat stale")
+                with transaction(self.stack.engine) as conn:
+                    conn.execute(
+                        update(t.workers)
+                        .where(stale & (w.worker_id == worker_id))
+                        .values(status="dead", stopped_at=to_datetime(now))
+                    )
+                log.warning(
+                    "worker %s: no heartbeat since before %s, marked dead",
+                    worker_id,
+                    cutoff.isoformat(),
+                    extra={"worker_id": worker_id, "action": "stale"},
+                )
+        except HypermediaError as exc:
+            log.warning("checking for stale workers: %s", exc)
 
     # -- elastic pools (burst nodes) ---------------------------------------------------
 

@@ -5,6 +5,8 @@ files end to end, writes outputs, and stops everything it started."""
 from __future__ import annotations
 
 import os
+import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -72,3 +74,74 @@ def test_run_refuses_an_operation_without_a_pipeline(tmp_path):
     missing = _run([str(tmp_path / "missing.jpg")], tmp_path, env)
     assert missing.returncode != 0
     assert "missing.jpg" in missing.stderr
+
+
+def _run_until(tmp_path: Path, env: dict[str, str], files: list[Path], marker: str):
+    """`hypermedia run` in the background, once its stderr has shown ``marker``."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hypermedia.cli", "run", *map(str, files), "--op", "thumbnail"],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stderr is not None
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if marker in line:
+            return proc, seen
+    proc.wait()
+    raise AssertionError(f"run ended before {marker!r}: {''.join(seen)[-3000:]}")
+
+
+def _stack_processes(data: Path) -> list[int]:
+    marker = str(short_temp_dir(data / "ray", "head"))
+    return [
+        p.pid
+        for p in psutil.process_iter(["cmdline"])
+        if p.pid != os.getpid()
+        and (
+            marker in " ".join(p.info["cmdline"] or [])
+            or str(data) in " ".join(p.info["cmdline"] or [])
+        )
+    ]
+
+
+def test_run_killed_with_9_leaves_no_service_running(tmp_path):
+    data = tmp_path / "data"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HYPERMEDIA_", "RAY_"))}
+    env["HYPERMEDIA_DATA_DIR"] = str(data)
+    proc, _seen = _run_until(tmp_path, env, [EXAMPLES / "banner.webp"], "ray head at")
+    redis = find_running(data / "redis")
+    assert redis is not None and redis.pid is not None
+    started = [*_stack_processes(data), redis.pid]  # redis-server rewrites its cmdline
+    assert len(started) > 3
+    proc.kill()
+    assert proc.wait() == -signal.SIGKILL
+    procs = [psutil.Process(pid) for pid in started if psutil.pid_exists(pid)]
+    _gone, alive = psutil.wait_procs(procs, timeout=60)  # the watchdog's work
+    assert [p.pid for p in alive] == []
+    assert _stack_processes(data) == []
+    assert find_running(data / "redis") is None
+
+
+def test_run_stopped_with_sigterm_stops_what_it_started_and_says_so(tmp_path):
+    data = tmp_path / "data"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HYPERMEDIA_", "RAY_"))}
+    env["HYPERMEDIA_DATA_DIR"] = str(data)
+    # Enough work to be busy when the signal comes.
+    many = tmp_path / "many"
+    many.mkdir()
+    for i in range(60):
+        (many / f"{i}-banner.webp").write_bytes((EXAMPLES / "banner.webp").read_bytes())
+    proc, seen = _run_until(tmp_path, env, [many], "submitting 60 files")
+    proc.send_signal(signal.SIGTERM)
+    _, rest = proc.communicate(timeout=120)
+    text = " ".join(("".join(seen) + rest).split())
+    assert proc.returncode == 130, text[-3000:]  # as for Ctrl-C
+    assert "stopping the Ray head" in text and "stopped redis" in text
+    assert re.search(r"stopped in \d+\.\d s", text), text[-2000:]
+    assert _stack_processes(data) == []
+    assert find_running(data / "redis") is None

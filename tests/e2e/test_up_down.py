@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -70,5 +71,103 @@ def test_up_submit_down(tmp_path):
     assert down.returncode == 0, down.stderr
     assert "down" in down.stdout
     assert _ray_processes(data) == []
+    assert find_running(data / "redis") is None
+    assert _cli(env, "down").stdout.strip() == "not running"
+
+
+def _leftovers(data: Path) -> list[str]:
+    """Processes of the data dir's stack: its Ray head's (temp dir, and the client
+    server, which names the GCS address), its Redis and its watchdog."""
+    temp_dir = short_temp_dir(data / "ray", "head")
+    address_file = temp_dir / "ray_current_cluster"
+    address = address_file.read_text().strip() if address_file.exists() else None
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        args = proc.info["cmdline"] or []
+        line = " ".join(args)
+        if proc.pid == os.getpid():
+            continue
+        if (
+            str(temp_dir) in line
+            or str(data) in line
+            or (address and f"--address={address}" in args)
+        ):
+            found.append(f"{proc.pid} {line[:120]}")
+    return found
+
+
+def _watchdog_pid(data: Path) -> int:
+    (pid,) = [
+        p.pid
+        for p in psutil.process_iter(["cmdline"])
+        if "hypermedia.watchdog" in " ".join(p.info["cmdline"] or [])
+        and str(data) in (p.info["cmdline"] or [])
+    ]
+    return pid
+
+
+def _wait_gone(pids: list[int], timeout: float = 60) -> list[int]:
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            continue
+    _gone, alive = psutil.wait_procs(procs, timeout=timeout)
+    return [p.pid for p in alive]
+
+
+def test_a_head_killed_with_9_takes_its_cluster_with_it(tmp_path):
+    """The watchdog stops the Ray head and the Redis a killed head started."""
+    data = tmp_path / "data"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HYPERMEDIA_", "RAY_"))}
+    env["HYPERMEDIA_DATA_DIR"] = str(data)
+    try:
+        up = _cli(env, "up")
+        assert up.returncode == 0, up.stderr + (data / "head.log").read_text()[-3000:]
+        ray_pids = _ray_processes(data)
+        redis = find_running(data / "redis")
+        assert ray_pids and redis is not None and redis.pid is not None
+        watchdog = _watchdog_pid(data)
+        os.kill(int((data / "head.pid").read_text()), signal.SIGKILL)
+        assert _wait_gone([*ray_pids, redis.pid, watchdog]) == []
+        assert _leftovers(data) == []
+        assert "died without stopping" in (data / "watchdog.log").read_text()
+    finally:
+        down = _cli(env, "down")
+    assert down.returncode == 0, down.stderr
+    assert down.stdout.strip() == "not running"
+
+
+def test_up_and_down_stop_what_a_killed_stack_left(tmp_path):
+    """Head and watchdog killed together (the OOM killer, a kill of everything): the next
+    `up` stops the old cluster before starting its own, and `down` stops what is left."""
+    data = tmp_path / "data"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HYPERMEDIA_", "RAY_"))}
+    env["HYPERMEDIA_DATA_DIR"] = str(data)
+
+    def kill_head_and_watchdog() -> list[int]:
+        pids = _ray_processes(data)
+        assert pids
+        os.kill(_watchdog_pid(data), signal.SIGKILL)
+        os.kill(int((data / "head.pid").read_text()), signal.SIGKILL)
+        return pids
+
+    try:
+        up = _cli(env, "up")
+        assert up.returncode == 0, up.stderr + (data / "head.log").read_text()[-3000:]
+        orphans = kill_head_and_watchdog()
+        again = _cli(env, "up")
+        assert again.returncode == 0, again.stderr + (data / "head.log").read_text()[-3000:]
+        assert "already up" not in again.stdout
+        assert _wait_gone(orphans, timeout=0) == []  # stopped before the new head started
+        assert "stopped a Ray head left by an earlier stack" in (data / "head.log").read_text()
+        kill_head_and_watchdog()
+        assert _leftovers(data)  # the Ray head and Redis of the killed stack
+    finally:
+        down = _cli(env, "down")
+    assert down.returncode == 0, down.stderr
+    assert "stopped what a stack that died left running" in down.stdout
+    assert _leftovers(data) == []
     assert find_running(data / "redis") is None
     assert _cli(env, "down").stdout.strip() == "not running"

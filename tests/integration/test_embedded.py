@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import subprocess
 import sys
 import textwrap
@@ -82,11 +83,11 @@ def test_start_ping_stop(server_dir):
     server.start()
     try:
         assert server.port is not None
-        assert server.url == f"redis://127.0.0.1:{server.port}/0"
+        assert server.url == f"redis://:{server.password}@127.0.0.1:{server.port}/0"
         assert server.is_running()
-        assert ping(server.port)
+        assert ping(server.port, server.password)
         assert server.pid is not None
-        assert server_pid(server.port) == server.pid
+        assert server_pid(server.port, server.password) == server.pid
         assert int(server.pidfile.read_text()) == server.pid
         assert int(server.portfile.read_text()) == server.port
         client = redis.Redis.from_url(server.url, decode_responses=True)
@@ -170,8 +171,8 @@ def test_restart_a_running_server(server_dir):
 def test_explicit_port(server_dir):
     port = free_port()
     with EmbeddedRedis(server_dir, port=port) as server:
-        assert server.url == f"redis://127.0.0.1:{port}/0"
-        assert ping(port)
+        assert server.url == f"redis://:{server.password}@127.0.0.1:{port}/0"
+        assert ping(port, server.password)
 
 
 def test_explicit_port_already_taken_names_the_log(tmp_path, server_dir):
@@ -278,7 +279,7 @@ def test_ensure_running_starts_then_reuses(server_dir):
     assert running.url == url
     pid = running.pid
     assert pid is not None
-    assert ping(running.port)  # type: ignore[arg-type]
+    assert ping(running.port, running.password)  # type: ignore[arg-type]
     # its own session: a Ctrl-C in the terminal that started it does not reach it
     assert os.getsid(pid) == pid != os.getsid(0)
     assert ensure_running(server_dir) == url
@@ -301,7 +302,7 @@ def test_ensure_running_outlives_the_process_that_started_it(server_dir):
         timeout=60,
     )
     url = result.stdout.strip()
-    assert url.startswith("redis://127.0.0.1:")
+    assert url.startswith("redis://:")
     client = redis.Redis.from_url(url)
     assert client.ping()
     client.close()
@@ -374,3 +375,40 @@ def test_stop_a_server_found_by_find_running(server_dir):
     assert pid is not None
     assert wait_dead(pid)
     assert find_running(server_dir) is None
+
+
+# -- a private server -------------------------------------------------------------------
+
+
+def test_the_server_wants_its_password_and_keeps_it_private(server_dir):
+    """Any local user can reach a loopback port: without the password nothing is
+    answered. The password is in a 0600 file, not on the command line."""
+    with EmbeddedRedis(server_dir) as server:
+        assert server.port is not None
+        anonymous = redis.Redis(host="127.0.0.1", port=server.port)
+        with pytest.raises(redis.AuthenticationError):
+            anonymous.ping()
+        with pytest.raises(redis.AuthenticationError):
+            anonymous.keys("*")
+        anonymous.close()
+        wrong = redis.Redis(host="127.0.0.1", port=server.port, password="guess")
+        with pytest.raises(redis.AuthenticationError):
+            wrong.ping()
+        wrong.close()
+        assert not ping(server.port)
+        client = redis.Redis.from_url(server.url)
+        assert client.ping()
+        client.close()
+        assert len(server.password) >= 32
+        assert server.pid is not None
+        cmdline = Path(f"/proc/{server.pid}/cmdline").read_bytes()
+        assert server.password.encode() not in cmdline
+        assert stat.S_IMODE(server_dir.stat().st_mode) == 0o700
+        files = sorted(p for p in server_dir.iterdir() if p.is_file())
+        assert {p.name for p in files} >= {"redis.conf", "redis.pid", "redis.port", "redis.log"}
+        for path in files:
+            assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+        first = server.password
+    # The same password after a restart: URLs handed out stay valid.
+    with EmbeddedRedis(server_dir) as again:
+        assert again.password == first

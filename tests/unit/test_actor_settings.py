@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import json
+
 from hypermedia.config import load_settings
 from hypermedia.worker.supervisor import NODE_SETTINGS, settings_for_actors
 
 
-def test_the_storage_secret_reaches_the_actors_unmasked(tmp_path):
-    secret = "s" * 40
+def test_no_storage_secret_reaches_the_actors(tmp_path):
+    """Pipeline actors move bytes with per-job URLs; the grants actor gets the secret
+    through the head's hand-off file (hypermedia.storage.credentials), not from here."""
+    secret = "canary-storage-secret-" + "s" * 20
     settings = load_settings(data_dir=tmp_path, storage_secret=secret)
     data = settings_for_actors(settings, "redis://127.0.0.1:1/0")
-    assert data["storage_secret"] == secret  # a JSON dump would give "**********"
-    assert load_settings(**data).storage_secret is not None
+    assert "storage_secret" not in data
+    assert secret not in json.dumps(data)
+    assert load_settings(**data).storage_secret is None
 
 
 def test_node_facts_are_left_to_the_node(tmp_path):

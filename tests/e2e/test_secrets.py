@@ -1,0 +1,179 @@
+"""Credentials reach only the process that needs them (issue 11, item 1).
+
+``hypermedia up`` runs real jobs with canary credentials: an ``AWS_SECRET_ACCESS_KEY``,
+a configured storage signing secret, a database password, and the embedded Redis's
+generated password. Then every file under the data dir (the head's log included) and
+the Ray temp dir (session logs, ``runtime_env_agent.log``, the GCS's, the raylet's,
+every worker's) is read while the cluster runs, and again after ``down``: no copy of
+any canary but in ``redis.conf``, the one file that holds the Redis password (0600).
+No process has a canary on its command line, and only the head has one in its
+environment (where the operator put it).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import boto3
+import psutil
+import pytest
+
+from hypermedia.embedded import read_password
+from hypermedia.ingest.client import HypermediaClient
+from hypermedia.worker.cluster import short_temp_dir
+from tests import support
+
+REPO = Path(__file__).resolve().parents[2]
+SAMPLES = [REPO / "examples" / "banner.webp", REPO / "examples" / "logo-alpha.png"]
+CANARY_AWS = "canaryAwsSecretKey0x5f3759df"
+CANARY_STORAGE = "canary-storage-signing-secret-0x1badb002"
+CANARY_DB = "canaryDbPassword0xdeadbeef"
+
+
+def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "hypermedia.cli", *args],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def _base_env(data: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HYPERMEDIA_", "RAY_", "AWS_"))}
+    env["HYPERMEDIA_DATA_DIR"] = str(data)
+    env["AWS_ACCESS_KEY_ID"] = "canary-access-key-id"
+    env["AWS_SECRET_ACCESS_KEY"] = CANARY_AWS
+    env["AWS_DEFAULT_REGION"] = "us-east-1"
+    env["AWS_SHARED_CREDENTIALS_FILE"] = str(data.parent / "no-aws-credentials")
+    env["AWS_CONFIG_FILE"] = str(data.parent / "no-aws-config")
+    env["AWS_EC2_METADATA_DISABLED"] = "true"
+    return env
+
+
+def _files(*roots: Path) -> list[Path]:
+    found = []
+    for root in roots:
+        for directory, _dirs, names in os.walk(root):
+            for name in names:
+                path = Path(directory) / name
+                try:
+                    if stat.S_ISREG(path.lstat().st_mode):
+                        found.append(path)
+                except FileNotFoundError:
+                    continue
+    return found
+
+
+def _copies(canaries: list[str], *roots: Path) -> dict[Path, list[str]]:
+    hits: dict[Path, list[str]] = {}
+    for path in _files(*roots):
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            continue
+        found = [c for c in canaries if c.encode() in data]
+        if found:
+            hits[path] = found
+    return hits
+
+
+def _processes_holding(canaries: list[str]) -> tuple[list[int], list[int]]:
+    """Pids with a canary on their command line, and pids with one in their environment."""
+    on_cmdline: list[int] = []
+    in_environ: list[int] = []
+    for proc in psutil.process_iter():
+        for part, found in (("cmdline", on_cmdline), ("environ", in_environ)):
+            try:
+                data = Path(f"/proc/{proc.pid}/{part}").read_bytes()
+            except OSError:
+                continue
+            if any(c.encode() in data for c in canaries):
+                found.append(proc.pid)
+    return on_cmdline, in_environ
+
+
+def _up_run_check_down(env: dict[str, str], data: Path, canaries: list[str]) -> None:
+    ray_dir = short_temp_dir(data / "ray", "head").parent
+    conf = data / "redis" / "redis.conf"
+    redis_password = None
+    try:
+        up = _cli(env, "up")
+        assert up.returncode == 0, up.stderr + (data / "head.log").read_text()[-3000:]
+        api_url = (data / "head.url").read_text()
+        key = _cli(env, "user", "add", "alice", "--credits", "100").stdout.strip()
+        assert key.startswith("hm_")
+        with HypermediaClient(api_url, key, timeout=120) as client:
+            jobs = []
+            for sample in SAMPLES:
+                obj = client.upload(sample)
+                jobs += client.process(obj.object_id, ["thumbnail"]).jobs
+            for job in jobs:
+                # The grants actor signed these URLs with the handed-over credentials.
+                assert client.wait(job.job_id, timeout=240).status == "completed"
+
+        redis_password = read_password(data / "redis")
+        assert redis_password is not None
+        canaries = [*canaries, redis_password]
+        files = _files(data, ray_dir)
+        assert any(p.name == "runtime_env_agent.log" for p in files)  # Ray's logs are read
+        assert any(p.name.startswith("python-core-worker-") for p in files)
+        assert (data / "head.log") in files
+        assert _copies(canaries, data, ray_dir) == {conf: [redis_password]}
+        assert stat.S_IMODE(conf.stat().st_mode) == 0o600
+        assert not list(data.glob("grants-*")), "the hand-off file outlived the grants actor"
+
+        head_pid = int((data / "head.pid").read_text())
+        on_cmdline, in_environ = _processes_holding(canaries)
+        assert on_cmdline == []
+        assert in_environ == [head_pid]  # the operator's environment, and no one else's
+    finally:
+        down = _cli(env, "down")
+        assert down.returncode == 0, down.stderr
+    assert redis_password is not None
+    assert _copies(canaries, data) == {conf: [redis_password]}
+
+
+def test_local_storage_and_database_credentials_stay_with_their_owners(pg_database_url, tmp_path):
+    data = tmp_path / "data"
+    env = _base_env(data)
+    assert "postgres@" in pg_database_url
+    # Trust auth ignores the password, but the URL carries it wherever the URL goes.
+    env["HYPERMEDIA_DATABASE_URL"] = pg_database_url.replace(
+        "postgres@", f"postgres:{CANARY_DB}@", 1
+    )
+    env["HYPERMEDIA_STORAGE_SECRET"] = CANARY_STORAGE
+    _up_run_check_down(env, data, [CANARY_AWS, CANARY_STORAGE, CANARY_DB])
+
+
+@pytest.fixture
+def moto() -> Iterator[tuple[str, str]]:
+    with support.moto_server() as endpoint:
+        bucket = "hm-secrets-canary"
+        boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            region_name="us-east-1",
+            aws_access_key_id="test",
+            aws_secret_access_key="test",
+        ).create_bucket(Bucket=bucket)
+        yield endpoint, bucket
+
+
+def test_s3_credentials_reach_the_grants_actor_and_nothing_else(tmp_path, moto):
+    endpoint, bucket = moto
+    data = tmp_path / "data"
+    env = _base_env(data)
+    env["HYPERMEDIA_STORAGE_BACKEND"] = "s3"
+    env["HYPERMEDIA_S3_BUCKET"] = bucket
+    env["HYPERMEDIA_S3_ENDPOINT_URL"] = endpoint
+    env["HYPERMEDIA_S3_REGION"] = "us-east-1"
+    _up_run_check_down(env, data, [CANARY_AWS])

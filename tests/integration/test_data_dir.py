@@ -1,0 +1,59 @@
+"""The embedded default's data dir is its owner's alone (issue 11, item 3)."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+import redis
+
+from hypermedia.config import load_settings
+from hypermedia.embedded import find_running
+from hypermedia.stack import Stack
+
+
+def _mode(path: os.PathLike[str]) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+def test_the_record_and_the_queue_are_private(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir(mode=0o755)
+    settings = load_settings(data_dir=data)
+    stack = Stack.open(settings, auto_migrate=True)
+    try:
+        stack.redis.set(f"{settings.redis_prefix}:probe", "1")
+        port = int((data / "redis" / "redis.port").read_text())
+        anonymous = redis.Redis(host="127.0.0.1", port=port)
+        with pytest.raises(redis.AuthenticationError):
+            anonymous.get(f"{settings.redis_prefix}:probe")
+        anonymous.close()
+        assert "requirepass " in (data / "redis" / "redis.conf").read_text()
+    finally:
+        stack.close()
+        running = find_running(data / "redis")
+        if running is not None:
+            running.stop()
+    assert _mode(data) == 0o700
+    assert _mode(data / "redis") == 0o700
+    files = [p for p in data.rglob("*") if p.is_file()]
+    assert data / "hypermedia.db" in files
+    assert data / "storage.secret" in files
+    assert data / "redis" / "redis.conf" in files
+    loose = {str(p.relative_to(data)): oct(_mode(p)) for p in files if _mode(p) != 0o600}
+    assert loose == {}
+
+
+def test_a_record_made_before_is_made_private(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir(mode=0o755)
+    (data / "hypermedia.db").touch(mode=0o644)
+    settings = load_settings(data_dir=data)
+    stack = Stack.open(settings, auto_migrate=True)
+    stack.close()
+    running = find_running(data / "redis")
+    if running is not None:
+        running.stop()
+    assert _mode(data) == 0o700
+    assert _mode(data / "hypermedia.db") == 0o600
