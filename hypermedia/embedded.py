@@ -54,6 +54,7 @@ PORTFILE = "redis.port"
 LOGFILE = "redis.log"
 LOCKFILE = "redis.lock"
 
+_SERVER_ENVIRONMENT = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR")
 _PORT_RETRIES = 3  # a free port picked by us can be taken before redis binds it
 
 
@@ -428,6 +429,8 @@ class EmbeddedRedis:
                 start_new_session=self.detached,
                 close_fds=True,
                 umask=0o077,  # its pidfile (and anything else it writes): 0600
+                # It needs nothing of ours: the caller's credentials stay with the caller.
+                env={k: v for k, v in os.environ.items() if k in _SERVER_ENVIRONMENT},
             )
         logger.debug("started redis-server pid %s on port %s", self._process.pid, self.port)
 

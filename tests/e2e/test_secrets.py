@@ -101,6 +101,13 @@ def _processes_holding(canaries: list[str]) -> tuple[list[int], list[int]]:
     return on_cmdline, in_environ
 
 
+def _cmdline(pid: int) -> str:
+    try:
+        return " ".join(psutil.Process(pid).cmdline())[:200]
+    except psutil.Error:
+        return "?"
+
+
 def _up_run_check_down(env: dict[str, str], data: Path, canaries: list[str]) -> None:
     ray_dir = short_temp_dir(data / "ray", "head").parent
     conf = data / "redis" / "redis.conf"
@@ -134,7 +141,16 @@ def _up_run_check_down(env: dict[str, str], data: Path, canaries: list[str]) -> 
         head_pid = int((data / "head.pid").read_text())
         on_cmdline, in_environ = _processes_holding(canaries)
         assert on_cmdline == []
-        assert in_environ == [head_pid]  # the operator's environment, and no one else's
+        assert head_pid in in_environ  # the operator's environment
+        # ... and the head's own multiprocessing helpers (upload inspection), forked
+        # from it with its uid: nothing of Ray's, no Redis, no watchdog.
+        helpers = {
+            p.pid
+            for p in psutil.Process(head_pid).children(recursive=True)
+            if "multiprocessing." in _cmdline(p.pid)
+        }
+        others = {pid: _cmdline(pid) for pid in in_environ if pid not in {head_pid, *helpers}}
+        assert others == {}
     finally:
         down = _cli(env, "down")
         assert down.returncode == 0, down.stderr
