@@ -95,7 +95,9 @@ class LocalStack:
             if leftover.is_running():
                 count = leftover.stop()
                 say(f"stopped a Ray head left by an earlier stack ({count} processes)")
-        cluster.apply_ray_environment(token)
+        # A head that nodes join (``ray up``'s, or one with ray_node_ip) is not loopback.
+        loopback = attached is None and self.settings.ray_node_ip is None
+        cluster.apply_ray_environment(token, loopback=loopback)
 
         settings = self.settings
         if settings.redis_url is None:

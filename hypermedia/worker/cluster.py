@@ -88,27 +88,33 @@ def ray_environment(token_path: Path, *, loopback: bool = False) -> dict[str, st
     env = {
         k: v for k, v in os.environ.items() if k in INHERITED or k.startswith(INHERITED_PREFIXES)
     }
-    env.update(_client_variables(token_path))
-    if not loopback:
-        del env[_LOOPBACK]  # a node that joins others, or that others join
+    env.update(_client_variables(token_path, loopback=loopback))
     return env
 
 
-def _client_variables(token_path: Path) -> dict[str, str]:
-    return {
+def _client_variables(token_path: Path, *, loopback: bool) -> dict[str, str]:
+    variables = {
         "RAY_AUTH_MODE": "token",
         "RAY_AUTH_TOKEN_PATH": str(token_path),
         "RAY_USAGE_STATS_ENABLED": "0",
-        # In a driver this only stops ray.init from rewriting 127.0.0.1 into the
-        # host's address (which a loopback head does not listen on).
-        _LOOPBACK: "0",
     }
+    if loopback:
+        # In a driver this only stops ray.init from rewriting 127.0.0.1 into the
+        # host's address (which a loopback head does not listen on). A node that joins
+        # others, or that others join (``ray up``'s head), must go without it: its
+        # drivers would look for their raylet on 127.0.0.1.
+        variables[_LOOPBACK] = "0"
+    return variables
 
 
-def apply_ray_environment(token_path: Path) -> None:
-    """Make this process a client of the cluster. Ray reads these variables once,
-    when it is first imported: call this before anything imports ``ray``."""
-    wanted = _client_variables(token_path)
+def apply_ray_environment(token_path: Path, *, loopback: bool = True) -> None:
+    """Make this process a client of the cluster (``loopback``: of a head that listens
+    on 127.0.0.1 only). Ray reads these variables once, when it is first imported:
+    call this before anything imports ``ray``."""
+    wanted: dict[str, str | None] = {
+        _LOOPBACK: None,
+        **_client_variables(token_path, loopback=loopback),
+    }
     if "ray" in sys.modules:
         # Only the auth settings matter once ray is loaded (usage stats are cosmetic).
         wanted = {k: v for k, v in wanted.items() if k.startswith(("RAY_AUTH_", _LOOPBACK))}
@@ -121,7 +127,7 @@ def apply_ray_environment(token_path: Path) -> None:
         return
     for key in [k for k in os.environ if k.startswith("RAY_")]:
         del os.environ[key]
-    os.environ.update(wanted)
+    os.environ.update({k: v for k, v in wanted.items() if v is not None})
 
 
 def ensure_token(token_path: Path) -> Path:

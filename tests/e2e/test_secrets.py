@@ -142,14 +142,9 @@ def _up_run_check_down(env: dict[str, str], data: Path, canaries: list[str]) -> 
         on_cmdline, in_environ = _processes_holding(canaries)
         assert on_cmdline == []
         assert head_pid in in_environ  # the operator's environment
-        # ... and the head's own multiprocessing helpers (upload inspection), forked
-        # from it with its uid: nothing of Ray's, no Redis, no watchdog.
-        helpers = {
-            p.pid
-            for p in psutil.Process(head_pid).children(recursive=True)
-            if "multiprocessing." in _cmdline(p.pid)
-        }
-        others = {pid: _cmdline(pid) for pid in in_environ if pid not in {head_pid, *helpers}}
+        # Nothing else: not Ray's processes, Redis, the watchdog, nor the upload
+        # inspection server (it starts with an allowlisted environment).
+        others = {pid: _cmdline(pid) for pid in in_environ if pid != head_pid}
         assert others == {}
     finally:
         down = _cli(env, "down")
