@@ -177,6 +177,10 @@ class HypermediaNodeProvider(NodeProvider):
             if not self.config.cloud_providers.get(name).enabled:
                 log.warning("driver for %s configured, but scheduler.json does not enable it", name)
         self._lock = threading.RLock()
+        # Tags of the launches under way in this process, by request id: a listing that
+        # shows the instance before create_node has recorded it must not adopt it with no
+        # tags (autoscaler v1 would find no launch hash and terminate it as "outdated").
+        self._launching: dict[str, dict[str, str]] = {}
         self._drivers: dict[ProviderName, Driver] | None = None
         self._engine: Engine | None = None
 
@@ -239,8 +243,10 @@ class HypermediaNodeProvider(NodeProvider):
                     del nodes[node_id]
             for instance in listed:
                 node_id = f"hm-{instance.request_id}"
-                if node_id not in nodes:  # launched by the other process, or before a restart
-                    nodes[node_id] = self._record(name, instance, {}, now)
+                # Not recorded: being launched here, by the other process, or before a restart.
+                if node_id not in nodes:
+                    tags = self._launching.get(instance.request_id, {})
+                    nodes[node_id] = self._record(name, instance, tags, now)
 
     def _record(
         self, provider: ProviderName, instance: Instance, tags: Mapping[str, str], now: float
@@ -411,8 +417,14 @@ class HypermediaNodeProvider(NodeProvider):
             launched_at=now,
             user_data=script,
         )
-        result = driver.launch(request)
+        self._launching[request_id] = dict(tags)
+        try:
+            result = driver.launch(request)
+        except BaseException:
+            self._launching.pop(request_id, None)
+            raise
         if isinstance(result, DriverError):
+            self._launching.pop(request_id, None)
             with self._lock, transaction(self.engine) as conn:
                 self._close_ledger_row(conn, choice.provider, request_id, now)
             raise NodeLaunchException(result.code, f"{choice.label}: {result}", None)
@@ -427,6 +439,7 @@ class HypermediaNodeProvider(NodeProvider):
             )
         with self._nodes() as nodes:
             nodes[node_id] = self._record(choice.provider, result, tags, now)
+        self._launching.pop(request_id, None)  # recorded: a listing finds it with its tags
         log.info(
             "launched %s for queue %s: %s (%s)",
             node_id,

@@ -23,6 +23,7 @@ from ray.autoscaler.node_launch_exception import NodeLaunchException
 from ray.autoscaler.tags import (
     NODE_KIND_HEAD,
     NODE_KIND_WORKER,
+    TAG_RAY_LAUNCH_CONFIG,
     TAG_RAY_LAUNCH_REQUEST,
     TAG_RAY_NODE_KIND,
     TAG_RAY_USER_NODE_TYPE,
@@ -285,5 +286,42 @@ def test_launch_list_adopt_and_terminate_a_real_node(tmp_path, make_provider):
         assert row.terminated_at is not None
         provider.terminate_node("hm-it-head")  # ray down: the VPS itself is not deleted
         assert provider.non_terminated_nodes({}) == []
+    finally:
+        head.stop()
+
+
+def test_a_node_listed_while_it_launches_keeps_its_launch_tags(tmp_path, make_provider):
+    """Autoscaler v1 lists nodes (another thread) while create_node runs: an instance the
+    driver already lists but the provider has not recorded yet must carry the tags it is
+    being launched with, or v1 finds no launch hash and terminates it as "outdated"."""
+    head = cluster.start_head(
+        tmp_path / "ray", resources={}, token_path=RAY_TOKEN, num_cpus=1, node_ip="127.0.0.10"
+    )
+    try:
+        scheduler = scheduler_json(tmp_path, cloud_providers__aws__spot_enabled=True)
+        provider = make_provider(scheduler, ray_port=int(head.address.rsplit(":", 1)[1]))
+        driver = provider.drivers["aws"]
+        launch = driver.launch
+        seen: list[dict[str, str]] = []
+
+        def launch_then_list(request: Any) -> Any:
+            result = launch(request)  # the instance exists: the driver lists it from now on
+            node_id = f"hm-{request.request_id}"
+            assert node_id in provider.non_terminated_nodes({TAG_RAY_NODE_KIND: NODE_KIND_WORKER})
+            seen.append(provider.node_tags(node_id))
+            return result
+
+        driver.launch = launch_then_list
+        with transaction(provider.engine) as conn:
+            orders.place(
+                conn, [orders.Order("media", "aws", True, 6.0, "test", 1, time.time())], time.time()
+            )
+        tags = {**WORKER, TAG_RAY_LAUNCH_REQUEST: "race-1", TAG_RAY_LAUNCH_CONFIG: "hash-1"}
+        created = provider.create_node_with_resources_and_labels({}, tags, 1, RESOURCES, {})
+        assert created is not None
+        (node_id,) = created
+        assert seen and seen[0][TAG_RAY_LAUNCH_CONFIG] == "hash-1"
+        assert provider.node_tags(node_id)[TAG_RAY_LAUNCH_CONFIG] == "hash-1"
+        provider.terminate_node(node_id)
     finally:
         head.stop()
