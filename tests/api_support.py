@@ -23,11 +23,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 def corpus_images() -> Path:
     """The shared test images: ``HYPERMEDIA_TEST_CORPUS``, else ``shared/corpus/images``
-    beside the repository (where CI lays it), else /work/shared/corpus/images."""
+    beside the repository (where CI lays it)."""
     candidates = [
         os.environ.get("HYPERMEDIA_TEST_CORPUS"),
         str(REPO.parent / "shared" / "corpus" / "images"),
-        "/work/shared/corpus/images",
     ]
     for candidate in candidates:
         if candidate and Path(candidate).is_dir():

@@ -33,7 +33,7 @@ def expose(path: str) -> Mount:
 def test_hidden_paths_are_covered_and_the_interpreter_under_them_bound_back():
     plan = plan_view(
         covers=["/tmp", "/root", "/run"],
-        exposes=["/root/.pyenv/versions/3.11.7", "/work/main/.venv/lib", "/usr/lib/python3"],
+        exposes=["/root/.pyenv/versions/3.11.7", "/srv/app/.venv/lib", "/usr/lib/python3"],
         work_root="/srv/work/w1",
     )
     assert plan == [
