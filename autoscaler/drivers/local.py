@@ -124,15 +124,13 @@ class LocalDriver:
         # Booting takes seconds: the lock is not held meanwhile (listing goes on).
         problem = self._boot(record, request.user_data, request.spot)
         with self._state() as state:
-            if instance_id not in state:  # terminated while booting
+            if state.get(instance_id, {}).get("state", "terminating") == "terminating":
                 return DriverError("capacity", f"{instance_id} was terminated while booting")
-            if problem is not None:
-                del state[instance_id]
-            else:
+            if problem is None:
                 state[instance_id]["state"] = "running"
                 record = state[instance_id]
         if problem is not None:
-            self._node(record).stop()
+            self.terminate(instance_id)  # its address is free once what booted is stopped
             return DriverError("unavailable", f"{instance_id} did not boot: {problem}", True)
         log.info("local instance %s up at %s", instance_id, record["ip"])
         return self._instance(instance_id, record)
@@ -179,14 +177,25 @@ class LocalDriver:
                 self._instance(instance_id, record)
                 for instance_id, record in sorted(state.items())
                 if record["tags"].get("hypermedia-cluster") == cluster
+                and record["state"] != "terminating"
             ]
 
     def terminate(self, instance_id: str) -> DriverError | None:
+        """Stop the node, then free its address and temp dir. Until the stop has
+        ended the record stays (unlisted, ``terminating``): a launch meanwhile must
+        not take the same address and temp dir, which the stop is about to remove
+        (the new node would lose its sockets and session files under it)."""
         with self._state() as state:
-            record = state.pop(instance_id, None)
-        if record is not None:
+            record = state.get(instance_id)
+            if record is None or record["state"] == "terminating":
+                return None
+            record["state"] = "terminating"
+        try:
             self._node(record).stop()
-            log.info("local instance %s terminated", instance_id)
+        finally:
+            with self._state() as state:
+                state.pop(instance_id, None)
+        log.info("local instance %s terminated", instance_id)
         return None
 
     def price(self, spot: bool) -> float | DriverError:

@@ -201,7 +201,7 @@ class Supervisor:
         try:
             ray.get(ref)
         except RayActorError as exc:
-            self._died(member, str(exc).splitlines()[0] if str(exc) else "actor died")
+            self._died(member, death_reason(exc))
             return
         except Exception:
             log.exception("worker %s ended with an error", member.worker_id)
@@ -354,3 +354,14 @@ class Supervisor:
                 ray.kill(member.actor)
             if self.grants is not None:
                 ray.kill(self.grants)
+
+
+def death_reason(exc: BaseException) -> str:
+    """One line for an actor's death: Ray's first line (which actor, where) and, when
+    its creation task raised, the last line of that traceback (what was raised)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if not lines:
+        return "actor died"
+    if len(lines) > 1 and lines[-1] != lines[0]:
+        return f"{lines[0]} ... {lines[-1]}"
+    return lines[0]

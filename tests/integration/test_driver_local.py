@@ -3,7 +3,9 @@ boot script joining a head on 127.0.0.10, drained, and terminated without a trac
 
 from __future__ import annotations
 
+import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -45,6 +47,42 @@ def test_a_boot_script_that_fails_is_an_error_value_and_leaves_nothing(driver):
         failed.code == "unavailable" and "exited 3" in failed.message and "nope" in failed.message
     )
     assert listed(driver, "contract") == []
+
+
+def test_a_terminating_instance_keeps_its_address_and_temp_dir_until_it_has_stopped(driver):
+    """A launch while another instance is being stopped must not take its address and
+    temp dir: the stop removes that dir, and the new node would lose its sockets and
+    session files (the CI run where every actor on the replacement node died at once)."""
+    # A process that sits out SIGTERM: the stop waits its grace, then kills it.
+    slow = '#!/bin/sh\nsh -c \'trap "" TERM; sleep 120\' "$PWD" >/dev/null 2>&1 &\n'
+    first = driver.launch(request("slow-0001", user_data=slow))
+    assert isinstance(first, Instance) and driver.running(first.instance_id)
+    stopping = threading.Thread(target=driver.terminate, args=(first.instance_id,))
+    stopping.start()
+    try:
+        deadline = time.monotonic() + 10
+        while listed(driver, "contract"):
+            assert time.monotonic() < deadline, "the terminated instance is still listed"
+            time.sleep(0.05)
+        assert stopping.is_alive()  # still stopping: its address must not be free yet
+        second = driver.launch(request("slow-0002", user_data=slow))
+        assert isinstance(second, Instance), second
+        assert second.private_ip != first.private_ip
+    finally:
+        stopping.join(30)
+    assert not driver.running(first.instance_id)
+    assert driver.running(second.instance_id)
+    (record,) = driver_records(driver).values()
+    assert Path(record["temp_dir"]).is_dir()  # the first one's stop left it alone
+    # Once stopped, the address is free again.
+    assert driver.terminate(second.instance_id) is None
+    third = driver.launch(request("slow-0003", user_data=slow))
+    assert isinstance(third, Instance) and third.private_ip == first.private_ip
+
+
+def driver_records(driver: LocalDriver) -> dict:
+    with driver._state() as state:
+        return dict(state)
 
 
 @pytest.mark.parametrize(

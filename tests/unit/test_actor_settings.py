@@ -27,3 +27,18 @@ def test_node_facts_are_left_to_the_node(tmp_path):
     assert not set(NODE_SETTINGS) & set(data)
     assert data["redis_url"] == "redis://127.0.0.1:1/0"
     assert data["database_url"] == settings.effective_database_url
+
+
+def test_a_death_reason_names_what_the_creation_task_raised():
+    from hypermedia.worker.supervisor import death_reason
+
+    raised = RuntimeError(
+        "The actor died because of an error raised in its creation task, ray::media-1.__init__()\n"
+        "Traceback (most recent call last):\n  File 'x.py', line 1\n"
+        "FileNotFoundError: [Errno 2] No such file or directory: '/tmp/gone'\n"
+    )
+    said = death_reason(raised)
+    assert said.startswith("The actor died because of an error raised in its creation task")
+    assert said.endswith("FileNotFoundError: [Errno 2] No such file or directory: '/tmp/gone'")
+    assert death_reason(RuntimeError("")) == "actor died"
+    assert death_reason(RuntimeError("one line")) == "one line"
