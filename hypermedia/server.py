@@ -25,7 +25,7 @@ import uvicorn
 
 from hypermedia.config import Settings
 from hypermedia.errors import HypermediaError
-from hypermedia.queue.reaper import reconcile
+from hypermedia.jobs.reaper import reconcile
 from hypermedia.stack import Stack
 
 log = logging.getLogger(__name__)

@@ -27,10 +27,10 @@ from hypermedia.errors import ConfigError
 from hypermedia.ingest.service import IngestService, registered_operations
 from hypermedia.jobs.catalog import ProfileCatalog, sync_profiles
 from hypermedia.jobs.dispatcher import Dispatcher
+from hypermedia.jobs.reaper import Reaper
 from hypermedia.jobs.repository import JobRepository
 from hypermedia.jobs.states import Backoff
 from hypermedia.profiles import load_profiles
-from hypermedia.queue.reaper import Reaper
 from hypermedia.queue.redis_queue import RedisQueue, connect
 from hypermedia.ratelimit import RateLimiter
 from hypermedia.storage.base import Storage

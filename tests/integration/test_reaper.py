@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hypermedia import accounts
 from hypermedia.db.engine import transaction
-from hypermedia.queue.reaper import LEASE_EXPIRED
+from hypermedia.jobs.reaper import LEASE_EXPIRED
 from tests.factories import make_user, open_stack, submit
 
 

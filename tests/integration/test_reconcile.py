@@ -13,7 +13,7 @@ from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
 from hypermedia.errors import QueueUnavailable
 from hypermedia.ingest.service import SubmitRequest
-from hypermedia.queue.reaper import reconcile
+from hypermedia.jobs.reaper import reconcile
 from hypermedia.stack import Stack
 from tests.factories import make_object, make_user, open_stack
 

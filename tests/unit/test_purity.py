@@ -5,6 +5,7 @@ Each check runs in a fresh interpreter so modules imported by other tests don't 
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
@@ -96,3 +97,109 @@ def test_pipelines_import_neither_the_core_nor_the_autoscaler(module):
     loaded = imported_modules(module)
     assert module in loaded
     assert sorted(n for n in loaded if n.split(".")[0] in ("hypermedia", "autoscaler")) == []
+
+
+# -- layers: hypermedia.queue is the bottom, hypermedia.jobs sits on it ---------------------
+
+# What the queue package may import from the project: itself and the bottom modules.
+QUEUE_MAY_IMPORT = ("hypermedia.queue", "hypermedia.errors", "hypermedia.clock", "hypermedia.ids")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(source: str, module: str, is_package: bool = False) -> set[str]:
+    """Every module ``source`` imports, wherever the statement sits (functions,
+    ``TYPE_CHECKING`` blocks), relative imports resolved against ``module``."""
+    package = module.split(".") if is_package else module.split(".")[:-1]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - (node.level - 1)]
+                stem = ".".join([*base, node.module] if node.module else base)
+            else:
+                stem = node.module or ""
+            found.add(stem)
+            # ``from hypermedia import jobs`` imports the module hypermedia.jobs.
+            found.update(f"{stem}.{alias.name}" for alias in node.names)
+    return found
+
+
+def package_imports(package: str) -> dict[str, set[str]]:
+    """Each module of ``package`` (a directory under the repository) and what it imports
+    from the project."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted((REPO / package.replace(".", "/")).rglob("*.py")):
+        name = module_name(path)
+        found = imports_of(path.read_text(), name, path.name == "__init__.py")
+        graph[name] = {m for m in found if m.split(".")[0] in ("hypermedia", "autoscaler")}
+    return graph
+
+
+def within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def test_the_queue_package_imports_nothing_above_it():
+    graph = package_imports("hypermedia.queue")
+    assert "hypermedia.queue.redis_queue" in graph
+    offenders = sorted(
+        f"{module} imports {imported}"
+        for module, imported_names in graph.items()
+        for imported in imported_names
+        if not any(within(imported, allowed) for allowed in QUEUE_MAY_IMPORT)
+        and imported != "hypermedia"  # ``from hypermedia import errors`` names the root
+    )
+    assert offenders == []
+
+
+def test_no_import_cycle_between_queue_and_jobs():
+    """jobs may use queue; queue never reaches back into jobs, directly or through
+    another package of the project."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted((REPO / "hypermedia").rglob("*.py")):
+        name = module_name(path)
+        graph[name] = imports_of(path.read_text(), name, path.name == "__init__.py")
+    reached: set[str] = set()
+    todo = [m for m in graph if within(m, "hypermedia.queue")]
+    while todo:
+        module = todo.pop()
+        for imported in graph.get(module, ()):
+            if imported in graph and imported not in reached:
+                reached.add(imported)
+                todo.append(imported)
+    assert sorted(m for m in reached if within(m, "hypermedia.jobs")) == []
+
+
+def test_the_import_reader_sees_every_form():
+    source = (
+        "import hypermedia.jobs.states\n"
+        "from hypermedia.jobs import repository\n"
+        "from ..jobs.dispatcher import mirror_row\n"
+        "from . import keys\n"
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n"
+        "    from hypermedia.ingest.service import IngestService\n"
+        "def later():\n"
+        "    import hypermedia.stack\n"
+    )
+    found = imports_of(source, "hypermedia.queue.redis_queue")
+    assert {
+        "hypermedia.jobs.states",
+        "hypermedia.jobs.repository",
+        "hypermedia.jobs.dispatcher",
+        "hypermedia.queue.keys",
+        "hypermedia.ingest.service",
+        "hypermedia.stack",
+    } <= found
+
+
+def test_importing_the_queue_loads_no_job_module():
+    loaded = imported_modules("hypermedia.queue.redis_queue")
+    assert "hypermedia.queue.redis_queue" in loaded
+    assert sorted(n for n in loaded if within(n, "hypermedia.jobs")) == []
