@@ -20,12 +20,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, delete, func, insert, select, update
+from sqlalchemy import ColumnElement, Connection, func, insert, select, update
 
 from hypermedia.accounts import Caller, is_pool_member
 from hypermedia.clock import to_datetime
 from hypermedia.db import tables as t
 from hypermedia.errors import Conflict, NotFound, StorageQuotaExceeded
+from hypermedia.jobs.repository import remove_outputs
 from hypermedia.jobs.states import JobStatus
 from hypermedia.sandbox.inspect import Inspection
 
@@ -194,12 +195,7 @@ def plan_deletion(conn: Connection, caller: Caller, object_id: str) -> Deletion:
 def mark_deleted(conn: Connection, deletion: Deletion, now: float) -> None:
     """Record a deletion whose blobs are gone: the rows are marked, the outputs' rows of
     its jobs removed. The rows stay for the jobs that ran on them."""
-    jobs = select(t.jobs.c.job_id).where(t.jobs.c.object_id.in_(deletion.object_ids))
-    conn.execute(
-        delete(t.outputs).where(
-            t.outputs.c.job_id.in_(jobs) | t.outputs.c.object_id.in_(deletion.object_ids)
-        )
-    )
+    remove_outputs(conn, deletion.object_ids)
     conn.execute(
         update(t.objects)
         .where(t.objects.c.object_id.in_(deletion.object_ids), t.objects.c.deleted_at.is_(None))

@@ -26,7 +26,9 @@ content at upload; a profile that leaves it out accepts any kind (the content ve
 macros, encryption, ZIP bombs ... still apply). Submitting an operation on a file it
 does not accept is refused with ``input_type_mismatch`` or ``unsupported_format``.
 
-Credits are stored as integer millicredits so sums are exact on every database.
+Credits are stored as integer millicredits so sums are exact on every database; a job's
+estimate is :meth:`hypermedia.jobs.catalog.ProfileRecord.estimate_millicredits` of the
+profile's row.
 """
 
 from __future__ import annotations
@@ -89,12 +91,6 @@ class Profile(BaseModel):
     @property
     def cost_per_mb_millicredits(self) -> int:
         return round(self.cost_per_mb * MILLI)
-
-    def estimate_millicredits(self, size_bytes: int) -> int:
-        """``base_cost + cost_per_mb x size_mb``, rounded up to a millicredit."""
-        per_byte_numerator = self.cost_per_mb_millicredits * size_bytes
-        variable = -(-per_byte_numerator // BYTES_PER_MB)  # ceil division, exact
-        return self.base_cost_millicredits + variable
 
 
 def parse_profiles(

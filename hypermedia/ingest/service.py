@@ -17,12 +17,13 @@ Order of work (the seed's job creation, made transactional):
    ``macro_document``, ``encrypted_document``, ``zip_bomb``, ``pixel_limit`` ...)
    raises before anything is written. Objects recorded without an inspection (outputs,
    rows older than migration 0002) are left to the pipelines' own checks;
-3. credits are estimated as ``base_cost + cost_per_mb x size_mb`` per job and
-   *reserved* with a guarded UPDATE on the caller's account; too few available
-   credits raise :class:`PaymentRequired` and the transaction rolls back, so
-   nothing is created and nothing is queued;
-4. job rows are inserted, born ``queued`` (the created -> queued step happens
-   inside this one transaction), and the transaction commits;
+3. credits are estimated as ``base_cost + cost_per_mb x size_mb`` per job
+   (:meth:`~hypermedia.jobs.catalog.ProfileRecord.estimate_millicredits`);
+4. the job record takes them in one transaction
+   (:meth:`~hypermedia.jobs.repository.JobRepository.create`): the estimates are
+   *reserved* on the caller's account, and too few available credits raise
+   :class:`PaymentRequired` and roll it back, so nothing is created and nothing is
+   queued; else the job rows are inserted, born ``queued``, and it commits;
 5. the jobs are pushed to their Redis queues. If Redis is down the jobs are still
    durably queued and the reconciler pushes them later; the submit succeeds.
 
@@ -34,7 +35,7 @@ submits per minute are not used up (else 429 ``rate_limited``, counted on Redis 
 An idempotency key makes a retried submit return the jobs of the first one
 (``replayed=True``); the same key with a different request is a ``conflict``.
 Reserved credits are charged (actual cost) when a job completes and released
-when it fails or is cancelled.
+when it fails or is cancelled (:mod:`hypermedia.jobs.credits`).
 """
 
 from __future__ import annotations
@@ -49,11 +50,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
-from sqlalchemy import Connection, Engine, func, insert, select, update
+from sqlalchemy import Connection, Engine, func, select
 from sqlalchemy.exc import IntegrityError
 
 from hypermedia.accounts import UNLIMITED, Caller, KeyGrants
-from hypermedia.clock import Clock, SystemClock, to_datetime
+from hypermedia.clock import Clock, SystemClock
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
 from hypermedia.errors import (
@@ -63,14 +64,13 @@ from hypermedia.errors import (
     InputTooLarge,
     InvalidRequest,
     NotFound,
-    PaymentRequired,
     PriorityNotAllowed,
     QueueUnavailable,
     UnknownOperation,
 )
 from hypermedia.ids import new_id
 from hypermedia.jobs.catalog import ProfileCatalog, ProfileRecord
-from hypermedia.jobs.repository import JobRepository
+from hypermedia.jobs.repository import JobRepository, NewJob, NewSubmission
 from hypermedia.jobs.states import IN_FLIGHT, JobStatus
 from hypermedia.objects import usable_by
 from hypermedia.queue.redis_queue import RedisQueue
@@ -216,14 +216,6 @@ class _Object:
     inspection: Inspection | None
 
 
-@dataclass
-class _Planned:
-    request: SubmitRequest
-    submission_id: str
-    jobs: list[dict[str, Any]]
-    estimate: int
-
-
 class IngestService:
     def __init__(
         self,
@@ -297,53 +289,21 @@ class IngestService:
 
     def _submit_transaction(
         self, caller: Caller, requests: Sequence[SubmitRequest]
-    ) -> tuple[list[SubmitResult], list[dict[str, Any]]]:
+    ) -> tuple[list[SubmitResult], list[NewJob]]:
         now = self.clock.now()
-        moment = to_datetime(now)
         with transaction(self.engine) as conn:
             replays = self._replays(conn, caller, requests)
             objects = self._objects(
                 conn, caller, {r.object_id for i, r in enumerate(requests) if i not in replays}
             )
-            planned: list[_Planned] = []
-            for index, request in enumerate(requests):
-                if index in replays:
-                    continue
-                planned.append(self._plan(request, objects[request.object_id]))
-            total = sum(p.estimate for p in planned)
-            if planned:
-                self._reserve(conn, caller, total, now)
-                conn.execute(
-                    insert(t.submissions),
-                    [
-                        {
-                            "submission_id": p.submission_id,
-                            "user_id": caller.user_id,
-                            "idempotency_key": p.request.idempotency_key,
-                            "request_hash": p.request.fingerprint(),
-                            "estimated_millicredits": p.estimate,
-                            "created_at": moment,
-                        }
-                        for p in planned
-                    ],
-                )
-                # created -> queued happens inside this transaction: the rows are
-                # inserted already queued (one statement, no UPDATE of the batch).
-                rows = [
-                    {
-                        **job,
-                        "user_id": caller.user_id,
-                        "status": JobStatus.QUEUED.value,
-                        "created_at": moment,
-                        "queued_at": moment,
-                        "updated_at": moment,
-                    }
-                    for p in planned
-                    for job in p.jobs
-                ]
-                conn.execute(insert(t.jobs), rows)
+            planned = [
+                self._plan(request, objects[request.object_id])
+                for index, request in enumerate(requests)
+                if index not in replays
+            ]
+            self.repository.create(conn, caller.user_id, planned, now)
         results: list[SubmitResult] = []
-        fresh: list[dict[str, Any]] = []
+        fresh: list[NewJob] = []
         planned_iter = iter(planned)
         for index in range(len(requests)):
             if index in replays:
@@ -356,15 +316,11 @@ class IngestService:
                     submission_id=p.submission_id,
                     jobs=[
                         SubmittedJob(
-                            j["job_id"],
-                            j["operation"],
-                            j["queue"],
-                            j["priority"],
-                            j["estimated_millicredits"],
+                            j.job_id, j.operation, j.queue, j.priority, j.estimated_millicredits
                         )
                         for j in p.jobs
                     ],
-                    estimated_millicredits=p.estimate,
+                    estimated_millicredits=p.estimated_millicredits,
                 )
             )
         return results, fresh
@@ -435,9 +391,9 @@ class IngestService:
             raise NotFound(f"no object {missing[0]!r}", object_id=missing[0])
         return found
 
-    def _plan(self, request: SubmitRequest, obj: _Object) -> _Planned:
+    def _plan(self, request: SubmitRequest, obj: _Object) -> NewSubmission:
         size = obj.size_bytes
-        jobs: list[dict[str, Any]] = []
+        jobs: list[NewJob] = []
         submission_id = new_id()
         for operation in request.operations:
             profile = self.catalog.get(operation)
@@ -456,25 +412,22 @@ class IngestService:
                 except InputRejected as exc:
                     exc.details["object_id"] = request.object_id
                     raise
-            estimate = profile.estimate_millicredits(size)
             jobs.append(
-                {
-                    "job_id": new_id(),
-                    "submission_id": submission_id,
-                    "object_id": request.object_id,
-                    "profile_id": profile.profile_id,
-                    "operation": operation,
-                    "queue": profile.queue,
-                    "priority": request.priority or profile.default_priority,
-                    "params": {**profile.params, **request.params.get(operation, {})},
-                    "estimated_millicredits": estimate,
-                    "attempt_count": 0,
-                    "max_attempts": profile.max_attempts,
-                    "cancel_requested": False,
-                }
+                NewJob(
+                    job_id=new_id(),
+                    submission_id=submission_id,
+                    object_id=request.object_id,
+                    profile_id=profile.profile_id,
+                    operation=operation,
+                    queue=profile.queue,
+                    priority=request.priority or profile.default_priority,
+                    params={**profile.params, **request.params.get(operation, {})},
+                    estimated_millicredits=profile.estimate_millicredits(size),
+                    max_attempts=profile.max_attempts,
+                )
             )
-        return _Planned(
-            request, submission_id, jobs, sum(j["estimated_millicredits"] for j in jobs)
+        return NewSubmission(
+            submission_id, request.idempotency_key, request.fingerprint(), tuple(jobs)
         )
 
     def _limits(self, profile: ProfileRecord) -> InputLimits:
@@ -484,37 +437,10 @@ class IngestService:
             self._input_limits[profile.profile_id] = limits
         return limits
 
-    def _reserve(self, conn: Connection, caller: Caller, amount: int, now: float) -> None:
-        acct = t.credit_accounts
-        result = conn.execute(
-            update(acct)
-            .where(
-                acct.c.user_id == caller.user_id,
-                acct.c.balance_millicredits - acct.c.reserved_millicredits >= amount,
-            )
-            .values(
-                reserved_millicredits=acct.c.reserved_millicredits + amount,
-                updated_at=to_datetime(now),
-            )
-        )
-        if result.rowcount == 1:
-            return
-        row = conn.execute(
-            select(acct.c.balance_millicredits, acct.c.reserved_millicredits).where(
-                acct.c.user_id == caller.user_id
-            )
-        ).first()
-        available = 0 if row is None else row.balance_millicredits - row.reserved_millicredits
-        raise PaymentRequired(
-            f"not enough credits: this needs {amount / 1000:g}, {available / 1000:g} available",
-            required_credits=amount / 1000,
-            available_credits=available / 1000,
-        )
-
-    def _enqueue(self, jobs: Sequence[dict[str, Any]]) -> None:
+    def _enqueue(self, jobs: Sequence[NewJob]) -> None:
         by_queue: dict[str, list[tuple[str, int]]] = defaultdict(list)
         for job in jobs:
-            by_queue[job["queue"]].append((job["job_id"], job["priority"]))
+            by_queue[job.queue].append((job.job_id, job.priority))
         for queue, entries in by_queue.items():
             try:
                 self.queue.enqueue(queue, entries)

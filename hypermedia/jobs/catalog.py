@@ -18,7 +18,7 @@ from hypermedia.clock import to_datetime
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
 from hypermedia.errors import ConfigError, UnknownOperation
-from hypermedia.profiles import Profile
+from hypermedia.profiles import BYTES_PER_MB, Profile
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,11 +42,17 @@ class ProfileRecord:
     input_limits: dict[str, Any] = field(default_factory=dict)
 
     def estimate_millicredits(self, size_bytes: int) -> int:
-        variable = -(-self.cost_per_mb_millicredits * size_bytes // (1024 * 1024))
+        """``base_cost + cost_per_mb x size_mb``, rounded up to a millicredit: what a
+        submit reserves for a job on ``size_bytes`` of input."""
+        per_byte_numerator = self.cost_per_mb_millicredits * size_bytes
+        variable = -(-per_byte_numerator // BYTES_PER_MB)  # ceil division, exact
         return self.base_cost_millicredits + variable
 
 
-def _values(profile: Profile) -> dict[str, Any]:
+def record_values(profile: Profile) -> dict[str, Any]:
+    """A configured profile's columns, as :func:`sync_profiles` writes them (credits in
+    millicredits, limits as a dict): every field of its :class:`ProfileRecord` but the
+    id, operation and version."""
     return {
         "queue": profile.queue,
         "base_cost_millicredits": profile.base_cost_millicredits,
@@ -80,7 +86,7 @@ def sync_profiles(conn: Connection, profiles: Mapping[str, Profile], now: float)
     conn.execute(update(t.profiles).values(active=False))
     for operation, profile in profiles.items():
         found = existing.get((operation, profile.version))
-        values = _values(profile)
+        values = record_values(profile)
         if found is None:
             conn.execute(
                 insert(t.profiles).values(

@@ -5,7 +5,9 @@ AND status IN (<legal sources>)`` (plus the claimant's worker id where a lease i
 involved). A statement that matches no row means the transition was not legal
 any more (someone else claimed, cancelled, or the lease was reaped): the method
 answers ``None``/``False`` and changes nothing. Methods take an open connection
-so callers decide the transaction; none of them talks to Redis.
+so callers decide the transaction; none of them talks to Redis. Job rows are born
+here too (:meth:`JobRepository.create`, with their credits reserved), and every
+credit a transition moves goes through :mod:`hypermedia.jobs.credits`.
 
 The worker's hot path has batch forms: :meth:`JobRepository.claim_many` (one
 guarded UPDATE for the batch, one INSERT for its attempt rows; with ``start`` the
@@ -33,6 +35,7 @@ from sqlalchemy import (
     Connection,
     Row,
     and_,
+    delete,
     insert,
     select,
     update,
@@ -42,6 +45,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from hypermedia.clock import to_datetime
 from hypermedia.db import tables as t
 from hypermedia.ids import new_id
+from hypermedia.jobs import credits
 from hypermedia.jobs import statements as sql
 from hypermedia.jobs.states import (
     IN_FLIGHT,
@@ -96,6 +100,36 @@ class FinishedJob:
 
 
 @dataclass(frozen=True, slots=True)
+class NewJob:
+    """A job ingest accepted, before it has a row."""
+
+    job_id: str
+    submission_id: str
+    object_id: str
+    profile_id: int
+    operation: str
+    queue: str
+    priority: int
+    params: dict[str, Any]
+    estimated_millicredits: int
+    max_attempts: int
+
+
+@dataclass(frozen=True, slots=True)
+class NewSubmission:
+    """One accepted submit request and its jobs, before they have rows."""
+
+    submission_id: str
+    idempotency_key: str | None
+    request_hash: str
+    jobs: tuple[NewJob, ...]
+
+    @property
+    def estimated_millicredits(self) -> int:
+        return sum(job.estimated_millicredits for job in self.jobs)
+
+
+@dataclass(frozen=True, slots=True)
 class Moved:
     """A job that changed state, with what Redis needs to mirror it."""
 
@@ -119,7 +153,64 @@ class JobRepository:
         self.backoff = backoff or Backoff()
         self._statements = sql.StatementCache()
 
-    # -- queueing --------------------------------------------------------------
+    # -- creation and queueing ----------------------------------------------------
+
+    def create(
+        self, conn: Connection, user_id: str, submissions: Sequence[NewSubmission], now: float
+    ) -> None:
+        """Record accepted submissions of one user: the sum of their estimates reserved
+        (:func:`~hypermedia.jobs.credits.reserve`: too few credits raise
+        :class:`~hypermedia.errors.PaymentRequired` before any row is written), their
+        submission rows and their job rows, born ``queued``.
+
+        created -> queued happens inside the caller's transaction: the rows are inserted
+        already queued (one statement, no UPDATE of the batch). A second submission with
+        an idempotency key the user already used raises ``IntegrityError``.
+        """
+        if not submissions:
+            return
+        credits.reserve(conn, user_id, sum(s.estimated_millicredits for s in submissions), now)
+        moment = to_datetime(now)
+        conn.execute(
+            insert(t.submissions),
+            [
+                {
+                    "submission_id": s.submission_id,
+                    "user_id": user_id,
+                    "idempotency_key": s.idempotency_key,
+                    "request_hash": s.request_hash,
+                    "estimated_millicredits": s.estimated_millicredits,
+                    "created_at": moment,
+                }
+                for s in submissions
+            ],
+        )
+        conn.execute(
+            insert(t.jobs),
+            [
+                {
+                    "job_id": job.job_id,
+                    "submission_id": job.submission_id,
+                    "user_id": user_id,
+                    "object_id": job.object_id,
+                    "profile_id": job.profile_id,
+                    "operation": job.operation,
+                    "queue": job.queue,
+                    "priority": job.priority,
+                    "status": sql.after(JobEvent.ENQUEUE).value,
+                    "params": job.params,
+                    "estimated_millicredits": job.estimated_millicredits,
+                    "attempt_count": 0,
+                    "max_attempts": job.max_attempts,
+                    "cancel_requested": False,
+                    "created_at": moment,
+                    "queued_at": moment,
+                    "updated_at": moment,
+                }
+                for s in submissions
+                for job in s.jobs
+            ],
+        )
 
     def mark_queued(self, conn: Connection, job_ids: Sequence[str], now: float) -> int:
         """created -> queued for a batch."""
@@ -500,7 +591,7 @@ class JobRepository:
             error_message,
         )
         if decision.status is JobStatus.FAILED:
-            self._release_reservation(conn, row.user_id, row.estimated_millicredits, now)
+            credits.release(conn, row.user_id, row.estimated_millicredits, now)
         moved = Moved(job_id, row.queue, row.priority, decision.status, decision.retry_at)
         return moved, decision
 
@@ -569,7 +660,7 @@ class JobRepository:
         if row is None:
             return None
         self._close_attempt(conn, job_id, "cancelled", now, None)
-        self._release_reservation(conn, row.user_id, row.estimated_millicredits, now)
+        credits.release(conn, row.user_id, row.estimated_millicredits, now)
         return Moved(job_id, row.queue, row.priority, JobStatus.CANCELLED)
 
     # -- cancellation by the user ---------------------------------------------------
@@ -596,7 +687,7 @@ class JobRepository:
             .returning(t.jobs.c.estimated_millicredits)
         ).one_or_none()
         if row is not None:
-            self._release_reservation(conn, user_id, row.estimated_millicredits, now)
+            credits.release(conn, user_id, row.estimated_millicredits, now)
             return JobStatus.CANCELLED
         conn.execute(
             update(t.jobs)
@@ -760,15 +851,19 @@ class JobRepository:
             )
         )
 
-    def _release_reservation(self, conn: Connection, user_id: str, amount: int, now: float) -> None:
-        conn.execute(
-            update(t.credit_accounts)
-            .where(t.credit_accounts.c.user_id == user_id)
-            .values(
-                reserved_millicredits=t.credit_accounts.c.reserved_millicredits - amount,
-                updated_at=to_datetime(now),
-            )
+
+def remove_outputs(conn: Connection, object_ids: Sequence[str]) -> None:
+    """Forget the outputs of deleted objects: the output rows of every job that ran on
+    one of ``object_ids``, and every output row that names one of them (its blobs are
+    gone; the jobs stay, for their history)."""
+    if not object_ids:
+        return
+    jobs = select(t.jobs.c.job_id).where(t.jobs.c.object_id.in_(object_ids))
+    conn.execute(
+        delete(t.outputs).where(
+            t.outputs.c.job_id.in_(jobs) | t.outputs.c.object_id.in_(object_ids)
         )
+    )
 
 
 def as_epoch(moment: datetime | None) -> float | None:
@@ -780,7 +875,10 @@ __all__ = [
     "FinishedJob",
     "JobRepository",
     "Moved",
+    "NewJob",
+    "NewSubmission",
     "OutputRecord",
     "and_",
     "as_epoch",
+    "remove_outputs",
 ]

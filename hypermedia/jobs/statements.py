@@ -45,6 +45,7 @@ from sqlalchemy.sql.dml import ReturningUpdate
 from sqlalchemy.sql.elements import Grouping
 
 from hypermedia.db import tables as t
+from hypermedia.jobs import credits
 from hypermedia.jobs.states import JobEvent, JobStatus, sources, transition
 
 
@@ -217,7 +218,7 @@ def complete_pg(dialect: str) -> Executable:
     arrays in the order of ``ids``. Every part reads ``done``, so the job rows are
     locked before the account rows, in the same order as every other step.
     """
-    j, a, acct = t.jobs.c, t.attempts.c, t.credit_accounts
+    j, a = t.jobs.c, t.attempts.c
     now = now_param()
     ids = type_coerce(pg_array("ids", String), postgresql.ARRAY(Text))
     actuals = pg_array("b_actuals", BigInteger)
@@ -246,22 +247,7 @@ def complete_pg(dialect: str) -> Executable:
         .returning(a.attempt_id)
         .cte("closed")
     )
-    ledger = (
-        insert(t.credit_ledger)
-        .from_select(
-            ["user_id", "job_id", "kind", "amount_millicredits", "note", "created_at"],
-            select(
-                done.c.user_id,
-                done.c.job_id,
-                literal("charge", String),
-                -done.c.actual_millicredits,
-                literal("job completed", String),
-                now,
-            ),
-        )
-        .returning(t.credit_ledger.c.entry_id)
-        .cte("ledger")
-    )
+    ledger = credits.charge(done.c, now).returning(t.credit_ledger.c.entry_id).cte("ledger")
     totals = (
         select(
             done.c.user_id,
@@ -272,14 +258,8 @@ def complete_pg(dialect: str) -> Executable:
         .subquery("totals")
     )
     settle = (
-        update(acct)
-        .where(acct.c.user_id == totals.c.user_id)
-        .values(
-            balance_millicredits=acct.c.balance_millicredits - totals.c.charge,
-            reserved_millicredits=acct.c.reserved_millicredits - totals.c.reserved,
-            updated_at=now,
-        )
-        .returning(acct.c.user_id)
+        credits.settle(totals.c.user_id, totals.c.charge, totals.c.reserved, now)
+        .returning(t.credit_accounts.c.user_id)
         .cte("settle")
     )
     return select(done).add_cte(closed, ledger, settle)
@@ -324,31 +304,16 @@ def _complete_update(dialect: str, now: Any, actual: Any) -> ReturningUpdate[Any
 def ledger(dialect: str) -> Executable:
     """One charge per completed job, read from the job rows just updated."""
     j = t.jobs.c
-    rows = select(
-        j.user_id,
-        j.job_id,
-        literal("charge", String),
-        -j.actual_millicredits,
-        literal("job completed", String),
-        now_param(),
-    ).where(ids_match(j.job_id, dialect))
-    return insert(t.credit_ledger).from_select(
-        ["user_id", "job_id", "kind", "amount_millicredits", "note", "created_at"], rows
-    )
+    return credits.charge(j, now_param(), ids_match(j.job_id, dialect))
 
 
 def settle(dialect: str) -> Executable:
-    acct = t.credit_accounts
-    return (
-        update(acct)
-        .where(acct.c.user_id == bindparam("b_user", type_=String))
-        .values(
-            balance_millicredits=acct.c.balance_millicredits
-            - bindparam("b_charge", type_=BigInteger),
-            reserved_millicredits=acct.c.reserved_millicredits
-            - bindparam("b_reserved", type_=BigInteger),
-            updated_at=now_param(),
-        )
+    """A user's account after a batch: ``b_charge`` spent, ``b_reserved`` released."""
+    return credits.settle(
+        bindparam("b_user", type_=String),
+        bindparam("b_charge", type_=BigInteger),
+        bindparam("b_reserved", type_=BigInteger),
+        now_param(),
     )
 
 

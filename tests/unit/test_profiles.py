@@ -1,4 +1,8 @@
-"""Processing profiles: the shipped file, credit arithmetic, and errors naming the key."""
+"""Processing profiles: the shipped file, credit arithmetic, and errors naming the key.
+
+The credit estimate is the one submits reserve: the profile's row
+(:class:`~hypermedia.jobs.catalog.ProfileRecord`), built from a configured profile as
+:func:`~hypermedia.jobs.catalog.sync_profiles` writes it."""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ import pytest
 
 from hypermedia.config import DEFAULT_QUEUES, REPO_ETC
 from hypermedia.errors import ConfigError
+from hypermedia.jobs.catalog import ProfileRecord, record_values
 from hypermedia.profiles import BYTES_PER_MB, MILLI, Profile, load_profiles, parse_profiles
 
 MB = 1024 * 1024
@@ -29,6 +34,20 @@ VALID: dict[str, Any] = {
 
 def profile(**changes: Any) -> Profile:
     return Profile(operation="thumbnail", **{**VALID, **changes})
+
+
+def as_record(configured: Profile, profile_id: int = 1) -> ProfileRecord:
+    """The profile's row, with the values ``sync_profiles`` writes."""
+    return ProfileRecord(
+        profile_id=profile_id,
+        operation=configured.operation,
+        version=configured.version,
+        **record_values(configured),
+    )
+
+
+def record(**changes: Any) -> ProfileRecord:
+    return as_record(profile(**changes))
 
 
 def document(operation: str = "thumbnail", /, **changes: Any) -> dict[str, Any]:
@@ -148,28 +167,28 @@ ESTIMATES = [
 
 @pytest.mark.parametrize(("base", "per_mb", "size", "expected"), ESTIMATES)
 def test_estimate(base, per_mb, size, expected):
-    estimate = profile(base_cost=base, cost_per_mb=per_mb).estimate_millicredits(size)
+    estimate = record(base_cost=base, cost_per_mb=per_mb).estimate_millicredits(size)
     assert type(estimate) is int
     assert estimate == expected
 
 
 @pytest.mark.parametrize("size", [0, 1, 2, 999, MB - 1, MB, MB + 1, 17 * MB + 3, 10**12])
 def test_estimate_is_the_exact_ceiling(size):
-    item = profile(base_cost=0.1, cost_per_mb=0.02)
+    item = record(base_cost=0.1, cost_per_mb=0.02)
     exact_numerator = 20 * size  # millicredits x bytes
     ceiling = exact_numerator // BYTES_PER_MB + (exact_numerator % BYTES_PER_MB > 0)
     assert item.estimate_millicredits(size) == 100 + ceiling
 
 
 def test_estimate_grows_with_size():
-    item = profile(base_cost=0.1, cost_per_mb=0.02)
+    item = record(base_cost=0.1, cost_per_mb=0.02)
     sizes = [0, 1, 10, MB // 3, MB, 2 * MB, 50 * MB, 100 * MB]
     estimates = [item.estimate_millicredits(s) for s in sizes]
     assert estimates == sorted(estimates)
 
 
 def test_huge_inputs_stay_exact_integers():
-    item = profile(base_cost=0.1, cost_per_mb=0.02)
+    item = record(base_cost=0.1, cost_per_mb=0.02)
     size = 10**18 + 1
     assert item.estimate_millicredits(size) == 100 + -(-20 * size // MB)
 
@@ -184,8 +203,8 @@ def test_costs_in_millicredits(base, millicredits):
 
 
 def test_shipped_thumbnail_estimate(shipped):
-    assert shipped["thumbnail"].estimate_millicredits(5 * MB) == 100 + 5 * 20
-    assert shipped["ocr"].estimate_millicredits(2 * MB) == 1000 + 2 * 200
+    assert as_record(shipped["thumbnail"]).estimate_millicredits(5 * MB) == 100 + 5 * 20
+    assert as_record(shipped["ocr"]).estimate_millicredits(2 * MB) == 1000 + 2 * 200
 
 
 # -- bad profiles ---------------------------------------------------------------------

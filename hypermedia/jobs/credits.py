@@ -1,0 +1,120 @@
+"""Credits of jobs: reserved at submit, released when a job ends unpaid, charged when
+it completes. The one module that moves them (an operator's grant is
+:func:`hypermedia.accounts.grant_credits`).
+
+An account holds ``balance`` (what the user has) and ``reserved`` (held by unfinished
+jobs); ``balance - reserved`` is what a submit may still reserve::
+
+    reserve   submit                    reserved += estimate   (refused past the balance)
+    release   failed for good, cancelled reserved -= estimate
+    charge    completed                 balance  -= actual, reserved -= estimate,
+                                        one ``charge`` entry in the ledger per job
+
+:func:`reserve` and :func:`release` run on the caller's connection, inside the
+transaction that creates or ends the job. The charge is part of the worker's group
+commit: :func:`charge` and :func:`settle` build the statements that
+:mod:`hypermedia.jobs.statements` runs (on PostgreSQL as parts of one statement with
+the completion itself), from whatever source of completed jobs it hands in.
+
+Amounts are integer millicredits. The account rows are the rows every submit and
+completion of a user contends for: callers touch them last in a transaction, so the
+job rows are locked first, in the same order everywhere.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Insert,
+    String,
+    Update,
+    insert,
+    literal,
+    select,
+    update,
+)
+
+from hypermedia.clock import to_datetime
+from hypermedia.db import tables as t
+from hypermedia.errors import PaymentRequired
+
+LEDGER_COLUMNS = ["user_id", "job_id", "kind", "amount_millicredits", "note", "created_at"]
+
+
+def reserve(conn: Connection, user_id: str, amount: int, now: float) -> None:
+    """Hold ``amount`` of the user's available credits; :class:`PaymentRequired` (and
+    nothing held) when fewer are available."""
+    acct = t.credit_accounts
+    result = conn.execute(
+        update(acct)
+        .where(
+            acct.c.user_id == user_id,
+            acct.c.balance_millicredits - acct.c.reserved_millicredits >= amount,
+        )
+        .values(
+            reserved_millicredits=acct.c.reserved_millicredits + amount,
+            updated_at=to_datetime(now),
+        )
+    )
+    if result.rowcount == 1:
+        return
+    row = conn.execute(
+        select(acct.c.balance_millicredits, acct.c.reserved_millicredits).where(
+            acct.c.user_id == user_id
+        )
+    ).first()
+    available = 0 if row is None else row.balance_millicredits - row.reserved_millicredits
+    raise PaymentRequired(
+        f"not enough credits: this needs {amount / 1000:g}, {available / 1000:g} available",
+        required_credits=amount / 1000,
+        available_credits=available / 1000,
+    )
+
+
+def release(conn: Connection, user_id: str, amount: int, now: float) -> None:
+    """Give back what a job that will never be charged held (failed for good, cancelled)."""
+    acct = t.credit_accounts
+    conn.execute(
+        update(acct)
+        .where(acct.c.user_id == user_id)
+        .values(
+            reserved_millicredits=acct.c.reserved_millicredits - amount,
+            updated_at=to_datetime(now),
+        )
+    )
+
+
+def charge(completed: Any, now: Any, *where: ColumnElement[bool]) -> Insert:
+    """One ``charge`` ledger entry per completed job: ``-actual_millicredits``.
+
+    ``completed``: the columns of the completed jobs (``user_id``, ``job_id``,
+    ``actual_millicredits``): the job table's, filtered by ``where``, or a CTE's.
+    ``now``: the moment, a bound parameter or a column."""
+    rows = select(
+        completed.user_id,
+        completed.job_id,
+        literal("charge", String),
+        -completed.actual_millicredits,
+        literal("job completed", String),
+        now,
+    ).where(*where)
+    return insert(t.credit_ledger).from_select(LEDGER_COLUMNS, rows)
+
+
+def settle(user_id: Any, charged: Any, reserved: Any, now: Any) -> Update:
+    """A user's account after their completed jobs: ``charged`` (the sum of their actual
+    costs) leaves the balance and ``reserved`` (the sum of their estimates) leaves the
+    reservation. Each argument is a bound parameter or a column."""
+    acct = t.credit_accounts
+    return (
+        update(acct)
+        .where(acct.c.user_id == user_id)
+        .values(
+            balance_millicredits=acct.c.balance_millicredits - charged,
+            reserved_millicredits=acct.c.reserved_millicredits - reserved,
+            updated_at=now,
+        )
+    )
