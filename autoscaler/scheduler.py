@@ -4,7 +4,8 @@ Every ``evaluation_interval_seconds``, the scheduler that holds the leadership l
 (:mod:`autoscaler.leader`):
 
 1. observes: ready jobs per queue and priority band from Redis
-   (:meth:`~hypermedia.queue.redis_queue.RedisQueue.priority_heads`), the VPS workers
+   (:meth:`~hypermedia.queue.redis_queue.RedisQueue.priority_heads`), the queued jobs
+   expected to run long (:func:`long_jobs`, from the record), the VPS workers
    and their running jobs from the database, the cloud workers and prices from the
    :class:`Fleet`, the spend from the ``cloud_spend`` ledger, and its own history and
    cost lock from ``scheduler_state``;
@@ -44,6 +45,7 @@ from autoscaler.config import ProviderName, SchedulerConfig
 from autoscaler.leader import Leadership, Term
 from autoscaler.snapshot import (
     FLEET_ACTIONS,
+    LONG_JOB_SECONDS,
     Decision,
     History,
     Offer,
@@ -52,6 +54,8 @@ from autoscaler.snapshot import (
     Snapshot,
     Spend,
     WorkerState,
+    expected_run_seconds,
+    is_long,
     next_history,
     plan_of,
 )
@@ -64,7 +68,9 @@ from hypermedia.clock import Clock
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
 from hypermedia.errors import ConfigError
+from hypermedia.jobs.states import JobStatus
 from hypermedia.queue.redis_queue import RedisQueue
+from hypermedia.sandbox.limits import WALL_CLOCK_FACTOR
 from hypermedia.stack import Stack
 
 log = logging.getLogger(__name__)
@@ -155,14 +161,50 @@ def reset_cost_lock(engine: Engine) -> dict[str, Any] | None:
 # -- observation -----------------------------------------------------------------------------
 
 
-def queue_state(queue: RedisQueue, name: str, now: float) -> QueueState:
+def queue_state(queue: RedisQueue, name: str, now: float, long_jobs: int = 0) -> QueueState:
     return snapshot_queue_state(
         name,
         (
             (priority, count, max(0.0, now - ids.created_at(oldest_id)))
             for priority, (count, oldest_id) in queue.priority_heads(name).items()
         ),
+        long_jobs=long_jobs,
     )
+
+
+def long_jobs(conn: Connection, queues: Sequence[str]) -> dict[str, int]:
+    """Queued jobs per queue that are long (:func:`~autoscaler.snapshot.is_long`), their
+    expected run time (:func:`~autoscaler.snapshot.expected_run_seconds`) read from the
+    record: the duration the input's inspection states (media headers, at upload) and
+    the wall clock of the job's profile (its timeout x the sandbox's factor).
+
+    Only what can pass the threshold is read: jobs of profiles whose wall clock can
+    (a video transcode, not an image one), on inputs stating a length that can."""
+    counts = dict.fromkeys(queues, 0)
+    p, j, o = t.profiles.c, t.jobs.c, t.objects.c
+    wall_clock = {
+        profile_id: timeout_seconds * WALL_CLOCK_FACTOR
+        for profile_id, timeout_seconds in conn.execute(select(p.profile_id, p.timeout_seconds))
+    }
+    can_run_long = [pid for pid, wall in wall_clock.items() if is_long(wall)]
+    if not can_run_long or not queues:
+        return counts
+    stated = o.inspection[("details", "duration_seconds")].as_float()
+    rows = conn.execute(
+        select(j.queue, j.profile_id, stated)
+        .select_from(t.jobs)
+        .join(t.objects, o.object_id == j.object_id)
+        .where(
+            j.status == JobStatus.QUEUED.value,
+            j.queue.in_(list(queues)),
+            j.profile_id.in_(can_run_long),
+            stated > LONG_JOB_SECONDS,
+        )
+    )
+    for queue, profile_id, seconds in rows:
+        if is_long(expected_run_seconds(seconds, wall_clock[profile_id])):
+            counts[queue] += 1
+    return counts
 
 
 def vps_workers(conn: Connection) -> list[WorkerState]:
@@ -264,14 +306,17 @@ class Scheduler:
 
     def observe(self) -> Snapshot:
         now = self.clock.now()
-        queues = {name: queue_state(self.queue, name, now) for name in self.config.queues}
         with transaction(self.engine) as conn:
+            long = long_jobs(conn, list(self.config.queues))
             workers = vps_workers(conn)
             history = history_from(read_state(conn, HISTORY))
             lock = read_state(conn, COST_LOCK)
             alerted = read_state(conn, "alerted") or {}
             today = _to_datetime(now).date().isoformat()
             spend = ledger_spend(conn, now, lock is not None, alerted.get("day") == today)
+        queues = {
+            name: queue_state(self.queue, name, now, long[name]) for name in self.config.queues
+        }
         cloud = self.fleet.cloud_workers(now, workers)
         burst_nodes = {w.node_id for w in cloud if w.node_id is not None}
         workers = [w for w in workers if w.node_id is None or w.node_id not in burst_nodes]

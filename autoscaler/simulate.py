@@ -67,6 +67,7 @@ from autoscaler.snapshot import (
     Spend,
     WorkerState,
     band_of,
+    is_long,
     next_history,
     queue_state,
 )
@@ -75,7 +76,6 @@ if TYPE_CHECKING:
     from autoscaler.config import ProviderName, SchedulerConfig
 
 TRACE_COLUMNS = ("at_seconds", "queue", "priority", "duration_seconds")
-LONG_JOB_SECONDS = 1800.0  # "transcodes over 30 minutes": spot with checkpoints
 DEFAULT_TAIL_SECONDS = 4 * 3600.0  # after the last arrival, at most this long to finish
 EPSILON_CENTS = 1e-6
 
@@ -529,7 +529,7 @@ class _World:
     def enqueue(self, job: _Job) -> None:
         heap = self.waiting[job.queue].setdefault(job.priority, [])
         heapq.heappush(heap, (job.arrived_at, job.seq, job))
-        if job.duration > LONG_JOB_SECONDS:
+        if is_long(job.duration):
             self.long_waiting[job.queue] += 1
 
     def arrive(self, arrival: Arrival) -> None:
@@ -545,7 +545,7 @@ class _World:
         by_priority = self.waiting[queue]
         for priority in sorted(p for p, heap in by_priority.items() if heap):
             job = heapq.heappop(by_priority[priority])[2]
-            if job.duration > LONG_JOB_SECONDS:
+            if is_long(job.duration):
                 self.long_waiting[queue] -= 1
             return job
         return None

@@ -34,6 +34,26 @@ def band_of(priority: int) -> Band:
     return "7-10"
 
 
+# The seed's routing table: "Long transcode (> 30 min): spot with checkpointing".
+LONG_JOB_SECONDS = 1800.0
+
+
+def expected_run_seconds(stated_seconds: float | None, wall_clock_seconds: float) -> float | None:
+    """How long a job is expected to run, from what is known before it runs: the length
+    its input states (a transcode works through it at about real time), never more than
+    its profile's wall clock lets it run. None: its input states no length.
+
+    The simulator knows each job's duration instead (its trace states it)."""
+    if stated_seconds is None:
+        return None
+    return min(stated_seconds, wall_clock_seconds)
+
+
+def is_long(expected_seconds: float | None) -> bool:
+    """Whether a job counts in :attr:`QueueState.long_jobs` (spot with checkpoints)."""
+    return expected_seconds is not None and expected_seconds > LONG_JOB_SECONDS
+
+
 @dataclass(frozen=True, slots=True)
 class QueueState:
     """One queue now: jobs ready to run (not running, not delayed retries)."""
@@ -43,7 +63,8 @@ class QueueState:
     oldest_age_seconds: float = 0.0  # of the oldest ready job; 0 when empty
     depth_by_band: Mapping[Band, int] = field(default_factory=dict)
     oldest_by_band: Mapping[Band, float] = field(default_factory=dict)
-    # Ready jobs expected to run over 30 minutes (long transcodes: spot with checkpoints).
+    # Ready jobs expected to run over LONG_JOB_SECONDS (long transcodes: spot with
+    # checkpoints); see is_long.
     long_jobs: int = 0
 
 

@@ -26,11 +26,13 @@ from autoscaler.leader import Leadership, Term
 from autoscaler.scheduler import COST_LOCK, Scheduler, reset_cost_lock
 from autoscaler.snapshot import Offer, Plan, WorkerState
 from autoscaler.state import read_state
-from hypermedia import ids
+from hypermedia import ids, objects
 from hypermedia.clock import Clock, ManualClock, SystemClock
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
+from hypermedia.sandbox.inspect import Inspection
 from hypermedia.stack import Stack
+from tests.factories import Person, make_user, submit
 
 
 class MemoryFleet:
@@ -283,3 +285,91 @@ def test_a_standing_hold_is_recorded_once_not_every_turn(stack):
     backlog(stack, "ocr", 30)  # ... and begins again: recorded again
     assert [d.action for d in leader.evaluate().decisions] == ["hold"]
     assert len([r for r in recorded(stack) if r.action == "hold"]) == 2
+
+
+# -- long transcodes: counted from the record, routed to spot ---------------------------------
+
+
+def media(stack: Stack, person: Person, kind: str, seconds: float) -> str:
+    """An upload whose inspection states its length, as ingest records it."""
+    object_id = ids.new_id()
+    mime = "video/mp4" if kind == "video" else "audio/mp4"
+    with transaction(stack.engine) as conn:
+        objects.register_object(
+            conn,
+            person.caller,
+            object_id=object_id,
+            pool_id=person.pool_id,
+            storage_key=f"originals/{person.pool_id}/{object_id}",
+            filename=f"take.{kind}",
+            size_bytes=50 * 1024 * 1024,
+            now=stack.clock.now(),
+            inspection=Inspection(kind, mime, {"label": mime, "duration_seconds": seconds}),
+        )
+    return object_id
+
+
+def test_the_loop_counts_long_transcodes_from_the_record_and_sends_them_to_spot(engine, settings):
+    """The routing rule for long transcodes fires on the live loop: queued jobs whose
+    input states a length over 30 minutes, under a profile whose wall clock lets them
+    run that long, make ``long_jobs``; the launch for their queue is spot."""
+    stack = Stack.open(settings(), engine=engine, auto_migrate=True)
+    try:
+        person = make_user(stack)
+
+        def transcode(kind: str, seconds: float) -> str:
+            object_id = media(stack, person, kind, seconds)
+            (job_id,) = submit(stack, person, [f"transcode_{kind}"], object_id=object_id)
+            return job_id
+
+        transcode("video", 2400.0)  # 40 min: long
+        transcode("video", 6000.0)  # 100 min: long
+        transcode("video", 600.0)  # 10 min
+        # 3 h of audio, but its profile's wall clock (900 s x 1.5) ends it before 30 min.
+        transcode("audio", 10800.0)
+        # Long, but cancelled: not waiting.
+        stack.ingest.cancel(person.caller, transcode("video", 3000.0))
+        backlog(stack, "media", 10)  # the depth that triggers a scale-up
+
+        data: dict[str, Any] = copy.deepcopy(json.loads(scheduler_config.SHIPPED.read_text()))
+        data["mode"] = "hybrid"
+        data["cloud_providers"]["aws"].update(enabled=True, ami_id="ami-0123456789abcdef0")
+        data["queues"]["media"].update(cloud_enabled=True, cloud_provider="aws")
+        fleet = MemoryFleet(price_cents=12.0)  # spot at 4 c/h, under spot_max_price
+        loop = Scheduler(
+            scheduler_config.parse(data),
+            stack.engine,
+            stack.queue,
+            Leadership(stack.redis, stack.settings.redis_prefix, "host-a", 60),
+            SystemClock(),
+            fleet,
+        )
+
+        observed = loop.observe()
+        assert observed.queues["media"].depth == 14
+        assert observed.queues["media"].long_jobs == 2
+        assert {q.long_jobs for name, q in observed.queues.items() if name != "media"} == {0}
+
+        evaluation = loop.evaluate()
+        launches = [d for d in evaluation.decisions if d.action == "launch"]
+        assert launches and {d.queue for d in launches} == {"media"}, evaluation.decisions
+        assert all(d.spot for d in launches)
+        assert "long transcodes waiting: spot with checkpoints" in launches[0].reason
+        (row,) = [r for r in recorded(stack) if r.action == "launch"]
+        assert row.details["spot"] and "long transcodes" in row.reason
+
+        # Once they no longer wait, they no longer count.
+        with transaction(stack.engine) as conn:
+            waiting = list(
+                conn.execute(
+                    select(t.jobs.c.job_id).where(
+                        t.jobs.c.queue == "media", t.jobs.c.status == "queued"
+                    )
+                ).scalars()
+            )
+        assert len(waiting) == 4
+        for job_id in waiting:
+            stack.ingest.cancel(person.caller, job_id)
+        assert loop.observe().queues["media"].long_jobs == 0
+    finally:
+        stack.close()

@@ -24,6 +24,8 @@ PURE_MODULES = [
     # The scheduler's policy and cost guard: snapshots in, decisions out.
     "autoscaler.policy",
     "autoscaler.cost",
+    # The values between them, and the rule that counts long transcodes.
+    "autoscaler.snapshot",
 ]
 
 # Top-level packages that open sockets, files of their own or talk to services.
