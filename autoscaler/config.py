@@ -1,5 +1,8 @@
 """``scheduler.json``: the seed's schema (seed 000, "Settings File"), validated strictly.
 
+One key is ours, optional: ``scaling_rules.scale_down.drain_timeout_seconds`` (default
+300, the seed's "timeout after 5 min" of a drain).
+
 Loaded once at startup by :func:`load` from the path given, else
 ``$HYPERMEDIA_SCHEDULER_CONFIG``, else ``/etc/hypermedia/scheduler.json``; when none of
 them is set and the default file does not exist, the shipped defaults
@@ -156,6 +159,11 @@ class ScaleDown(_Strict):
     idle_minutes: int = Field(ge=1)
     queue_depth_below: int = Field(ge=0)
     cooldown_seconds: int = Field(ge=0)
+    # The seed's "wait for current jobs to finish (or timeout after 5 min)": how long a
+    # drain lasts before its jobs are handed back and the instance terminated. Not in
+    # the seed's file; the one setting the policy, the node provider's Ray drain and the
+    # actors' hand-back all read.
+    drain_timeout_seconds: int = Field(default=300, ge=1, le=86_400)
 
 
 class ScalingRules(_Strict):

@@ -21,7 +21,7 @@ Guard (``max_hourly_spend_cents``, ``max_daily_spend_cents``, ``alert_threshold_
       the rate within the cap keeps every hour's spend within it, whatever the clock.
     - **Daily cap.** Reached when today's spend, plus what the running instances will
       cost until they can be stopped (``stop_horizon_seconds``: the policy passes two
-      evaluation intervals plus the 5-minute drain), is at (>=) the cap: the verdict
+      evaluation intervals plus the drain timeout), is at (>=) the cap: the verdict
       says ``lock`` (the policy drains and terminates every cloud worker and emits a
       ``lock`` decision; the loop persists it; it stays until an operator runs
       ``hypermedia scheduler reset-cost-lock``). Counting the stopping time is what
@@ -61,9 +61,24 @@ LAUNCH_WINDOW_SECONDS = 600.0
 RESET_COMMAND = "hypermedia scheduler reset-cost-lock"
 
 
+# The ledger (``cloud_spend``) and the instance tags keep prices as whole micro-dollars;
+# everything else counts cents.
+MICRODOLLARS_PER_CENT = 10_000
+
+
 def money(cents: float) -> str:
     """``$1.23`` (cents in, dollars out)."""
     return f"${cents / 100:,.2f}"
+
+
+def to_microusd(cents: float) -> int:
+    """Cents as the whole micro-dollars the ledger and the tags store."""
+    return round(cents * MICRODOLLARS_PER_CENT)
+
+
+def from_microusd(microusd: int) -> float:
+    """Stored micro-dollars as cents."""
+    return microusd / MICRODOLLARS_PER_CENT
 
 
 # -- the ledger ------------------------------------------------------------------------------

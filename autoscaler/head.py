@@ -78,13 +78,7 @@ def run() -> None:
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
         signal.signal(signal.SIGINT, lambda *_: stop.set())
         assert local.stack is not None and local.supervisor is not None
-        fleet = RayFleet(
-            config,
-            provider,
-            local.supervisor,
-            local.stack.engine,
-            drain_timeout=provider.settings.drain_timeout_seconds,
-        )
+        fleet = RayFleet(config, provider, local.supervisor, local.stack.engine)
         scheduler = open_scheduler(config, local.stack, fleet)
         thread = threading.Thread(target=scheduler.run, args=(stop,), name="scheduler")
         thread.start()

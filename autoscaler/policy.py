@@ -13,12 +13,14 @@ One evaluation, in this order (the applier applies the list in order):
    persists it; it lasts until ``hypermedia scheduler reset-cost-lock``). A ``hold``
    explains launches the guard refuses.
 2. **Termination.** A draining cloud worker is terminated once it has no jobs, or when
-   its drain has lasted :data:`DRAIN_TIMEOUT_SECONDS` (the seed's 5-minute force-kill;
-   its jobs return to the queue when their visibility timeout expires). A worker is
-   only ever terminated after a ``drain``: never straight from active.
-3. **Cloud workers that must go whatever the load** are drained: every one in
-   ``vps_only`` or while locked, and any whose queue is no longer in the file, no
-   longer cloud-enabled, or no longer bursts to that worker's provider.
+   its drain has lasted ``scaling_rules.scale_down.drain_timeout_seconds`` (the seed's
+   5-minute force-kill by default; its jobs return to the queue when their visibility
+   timeout expires). A worker is only ever terminated after a ``drain``: never
+   straight from active.
+3. **Cloud workers that must go whatever the load** are drained: every one of a queue
+   :func:`autoscaler.admission.closed` closes (``vps_only``, locked, the queue no
+   longer in the file or no longer cloud-enabled), and any whose queue no longer
+   bursts to that worker's provider.
 4. **Per queue** (in the file's order), scale-up or scale-down, never both:
 
    - *Scale-up* is triggered when ``depth >= queue_depth_threshold`` or
@@ -41,10 +43,12 @@ One evaluation, in this order (the applier applies the list in order):
      trigger: the table's rows are read as sizes, never as triggers. The table's
      count is a *target* (cloud workers starting or active for the queue), not a
      number to add per evaluation: 15 waiting jobs keep one burst worker, not one
-     more every cooldown. A launch needs the scale-up cooldown elapsed since the
-     queue's last scale-up (``now - last >= cooldown_seconds``: exactly at the
-     cooldown is allowed), room under ``max_workers``, room under the provider's
-     ``max_instances`` and the cost guard's consent, instance by instance. The flood
+     more every cooldown. A launch needs :func:`autoscaler.admission.admit` (the
+     queue open, room under ``max_workers``, the cost guard not refusing every
+     launch: the rule the node provider applies again), the scale-up cooldown elapsed
+     since the queue's last scale-up (``now - last >= cooldown_seconds``: exactly at
+     the cooldown is allowed), room under the provider's ``max_instances`` and the
+     cost guard's consent at its price, instance by instance. The flood
      alert repeats at most every :data:`FLOOD_ALERT_REPEAT_SECONDS` per queue
      (``History.last_alert``).
    - *Scale-down* (when no scale-up is triggered), per cloud worker (starting or
@@ -61,8 +65,8 @@ One evaluation, in this order (the applier applies the list in order):
 
 ``max_workers`` counts every worker of the queue not yet terminated: VPS and cloud,
 starting, active *and draining* (a draining instance still exists and costs money, so
-a drain followed by a launch cannot exceed the maximum). Capacity for the table's
-target counts only starting and active cloud workers.
+a drain followed by a launch cannot exceed the maximum; :mod:`autoscaler.admission`).
+Capacity for the table's target counts only starting and active cloud workers.
 
 Modes
     ``vps_only``: never launch; every cloud worker left over is drained, then
@@ -111,7 +115,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from autoscaler import cost
+from autoscaler import admission, cost
+from autoscaler.admission import Admission
 from autoscaler.cost import Budget, GuardVerdict
 from autoscaler.snapshot import Decision, Offer, QueueState, Snapshot, WorkerState
 
@@ -121,7 +126,6 @@ if TYPE_CHECKING:  # config values come in built: importing pydantic is the load
 # Tie-breaks between equally cheap offers (the order of the seed's settings file).
 PROVIDER_ORDER: tuple[ProviderName, ...] = ("aws", "google", "ionos")
 
-DRAIN_TIMEOUT_SECONDS = 300.0  # the seed's "timeout: 5 minutes — then force-kill"
 FLOOD_ALERT_REPEAT_SECONDS = 3600.0
 LIVE = ("starting", "active")
 
@@ -260,7 +264,8 @@ class _Plan:
 def stop_horizon_seconds(config: SchedulerConfig) -> float:
     """How long running instances may still cost once the daily cap is reached: the
     evaluation that notices, the next one that drains, and the drain timeout."""
-    return 2 * config.evaluation_interval_seconds + DRAIN_TIMEOUT_SECONDS
+    drain = config.scaling_rules.scale_down.drain_timeout_seconds
+    return 2 * config.evaluation_interval_seconds + drain
 
 
 def cost_verdict(config: SchedulerConfig, snapshot: Snapshot) -> GuardVerdict:
@@ -303,27 +308,22 @@ def _evaluate(config: SchedulerConfig, snapshot: Snapshot) -> _Plan:
     if verdict.lock_reason is not None:
         plan.add(Decision("lock", verdict.lock_reason))
 
-    block: str | None = None
-    if verdict.locked:
-        block = f"locked to vps_only by the daily cost cap until `{cost.RESET_COMMAND}`"
-    elif config.mode == "vps_only":
-        block = "mode is vps_only"
-
     cloud = sorted(
         (w for w in snapshot.workers if w.cloud and w.status != "terminated"),
         key=lambda w: w.worker_id,
     )
+    drain_timeout = config.scaling_rules.scale_down.drain_timeout_seconds
     for worker in cloud:
         if worker.status == "draining":
-            _terminate_if_drained(worker, snapshot.now, plan)
+            _terminate_if_drained(worker, snapshot.now, drain_timeout, plan)
     for worker in cloud:
         if worker.status in LIVE:
-            why = block or _misplaced(config, worker)
+            why = _misplaced(config, worker, verdict.locked)
             if why is not None:
                 plan.add(_drain(worker, f"Draining worker {worker.worker_id}: {why}"))
 
     for name in config.queues:
-        _queue(config, snapshot, name, block, verdict, plan)
+        _queue(config, snapshot, name, verdict, plan)
     return plan
 
 
@@ -333,20 +333,22 @@ def _drain(worker: WorkerState, reason: str) -> Decision:
     )
 
 
-def _terminate_if_drained(worker: WorkerState, now: float, plan: _Plan) -> None:
+def _terminate_if_drained(
+    worker: WorkerState, now: float, drain_timeout: float, plan: _Plan
+) -> None:
     where = f"worker {worker.worker_id} ({worker.provider})"
     why: str | None = None
     if worker.current_jobs == 0:
         why = "drained, no jobs left"
     elif worker.drain_started_at is None:
         plan.notes.append(f"{where}: draining, {worker.current_jobs} jobs left")
-    elif now - worker.drain_started_at >= DRAIN_TIMEOUT_SECONDS:
+    elif now - worker.drain_started_at >= drain_timeout:
         why = (
-            f"drain timed out after {DRAIN_TIMEOUT_SECONDS / 60:.0f} minutes, force-killing"
+            f"drain timed out after {_duration(drain_timeout)}, force-killing"
             f" {worker.current_jobs} jobs (they return to the queue)"
         )
     else:
-        left = DRAIN_TIMEOUT_SECONDS - (now - worker.drain_started_at)
+        left = drain_timeout - (now - worker.drain_started_at)
         plan.notes.append(
             f"{where}: draining, {worker.current_jobs} jobs left, force-killed in {left:.0f}s"
         )
@@ -363,15 +365,20 @@ def _terminate_if_drained(worker: WorkerState, now: float, plan: _Plan) -> None:
         )
 
 
-def _misplaced(config: SchedulerConfig, worker: WorkerState) -> str | None:
-    """Why a cloud worker has no place under this configuration (None: it has one)."""
-    queue = worker.queue
-    if queue not in config.queues:
-        return f"queue {queue} is not in scheduler.json"
-    if not config.queues[queue].cloud_enabled:
-        return f"{queue} is not cloud-enabled"
-    if worker.provider not in config.burst_providers(queue):
-        return f"{queue} does not burst to {worker.provider}"
+def _duration(seconds: float) -> str:
+    if seconds >= 60 and seconds % 60 == 0:
+        minutes = int(seconds // 60)
+        return f"{minutes} minute" + ("s" if minutes > 1 else "")
+    return f"{seconds:.0f} s"
+
+
+def _misplaced(config: SchedulerConfig, worker: WorkerState, locked: bool) -> str | None:
+    """Why a cloud worker has no place now (None: it has one)."""
+    shut = admission.closed(config, worker.queue, locked=locked)
+    if shut is not None:
+        return shut[0]
+    if worker.provider not in config.burst_providers(worker.queue):
+        return f"{worker.queue} does not burst to {worker.provider}"
     return None
 
 
@@ -382,7 +389,7 @@ class _QueueView:
     name: str
     config: QueueConfig
     state: QueueState
-    existing: int  # not terminated: counted against max_workers
+    admission: Admission  # counting every worker not terminated against max_workers
     vps_live: int
     cloud_live: tuple[WorkerState, ...]  # starting or active, not drained now
     floor: int  # cloud workers kept for the baseline (cloud_first)
@@ -392,7 +399,6 @@ def _queue(
     config: SchedulerConfig,
     snapshot: Snapshot,
     name: str,
-    block: str | None,
     verdict: GuardVerdict,
     plan: _Plan,
 ) -> None:
@@ -400,23 +406,21 @@ def _queue(
     state = snapshot.queues.get(name) or QueueState(name=name, depth=0)
     up = triggered(config, state)
     load = f"depth={state.depth}, oldest={state.oldest_age_seconds:.0f}s"
-    if block is not None:
-        if up and verdict.locked:
-            plan.add(Decision("hold", f"Not scaling up {name} ({load}): {block}", queue=name))
+    mine = [w for w in snapshot.workers if w.queue == name and w.status != "terminated"]
+    admitted = admission.admit(config, name, verdict=verdict, queue_workers=len(mine))
+    if admitted.closed:
+        if up and not admitted.configured:
+            plan.add(_hold_up(name, load, admitted.refusal or ""))
         else:
-            plan.notes.append(f"{name}: {load}; {block}, no cloud workers")
-        return
-    if not qc.cloud_enabled:
-        plan.notes.append(f"{name}: {load}; not cloud-enabled, the VPS workers only")
+            plan.notes.append(f"{name}: {load}; {admitted.refusal}: no cloud workers")
         return
 
-    mine = [w for w in snapshot.workers if w.queue == name and w.status != "terminated"]
     vps_live = sum(1 for w in mine if not w.cloud and w.status in LIVE)
     view = _QueueView(
         name=name,
         config=qc,
         state=state,
-        existing=len(mine),
+        admission=admitted,
         vps_live=vps_live,
         cloud_live=tuple(
             w for w in mine if w.cloud and w.status in LIVE and w.worker_id not in plan.drained
@@ -424,7 +428,7 @@ def _queue(
         floor=max(0, qc.baseline_workers - vps_live) if config.mode == "cloud_first" else 0,
     )
     if up or len(view.cloud_live) < view.floor:
-        _scale_up(config, snapshot, view, up, verdict, plan)
+        _scale_up(config, snapshot, view, up, plan)
     else:
         _scale_down(config, snapshot, view, plan)
 
@@ -434,7 +438,6 @@ def _scale_up(
     snapshot: Snapshot,
     view: _QueueView,
     up: bool,
-    verdict: GuardVerdict,
     plan: _Plan,
 ) -> None:
     name, state, now = view.name, view.state, snapshot.now
@@ -470,9 +473,8 @@ def _scale_up(
     if missing <= 0:
         plan.notes.append(f"{name}: {load}; {have} cloud workers, {sizing}: no launch needed")
         return
-    room = view.config.max_workers - view.existing
-    if room <= 0:
-        plan.add(_hold_up(name, load, f"{view.existing} workers, at max_workers"))
+    if view.admission.refusal is not None:
+        plan.add(_hold_up(name, load, view.admission.refusal))
         return
     cooldown = config.scaling_rules.scale_up.cooldown_seconds
     last_up = snapshot.history.last_scale_up.get(name)
@@ -480,16 +482,12 @@ def _scale_up(
         since = f"cooldown, {now - last_up:.0f}s of {cooldown}s since its last scale-up"
         plan.add(_hold_up(name, load, since))
         return
-    refusal = verdict.launch_refusal
-    if refusal is not None:
-        plan.add(_hold_up(name, load, refusal))
-        return
 
     how = route(name, view.config, state)
     choices = options(config, name, snapshot.offers)
     picked: list[Option] = []
     stopped: str | None = None
-    for _ in range(min(missing, room)):
+    for _ in range(min(missing, view.admission.room)):
         option = pick(choices, how.kind, _provider_room(config, snapshot, plan))
         if option is None:
             stopped = _no_provider(config, snapshot, name, plan)
@@ -529,12 +527,11 @@ def _provider_room(
 ) -> dict[ProviderName, int]:
     """Instances each enabled provider may still start (max_instances minus the ones not
     yet terminated and the ones launched in this evaluation)."""
-    room: dict[ProviderName, int] = {}
-    for name in config.cloud_providers.enabled():
-        used = sum(1 for w in snapshot.workers if w.provider == name and w.status != "terminated")
-        limit = config.cloud_providers.get(name).max_instances
-        room[name] = limit - used - plan.launched.get(name, 0)
-    return room
+    used = dict(plan.launched)
+    for worker in snapshot.workers:
+        if worker.provider is not None and worker.status != "terminated":
+            used[worker.provider] = used.get(worker.provider, 0) + 1
+    return admission.provider_room(config, config.cloud_providers.enabled(), used)
 
 
 def _no_provider(config: SchedulerConfig, snapshot: Snapshot, queue: str, plan: _Plan) -> str:

@@ -21,16 +21,19 @@ tags of each node). What it does:
 * **Launch** (``create_node_with_resources_and_labels``): a node type serves one queue
   (its ``queue_<name>`` resource). The provider takes the scheduler's launch order for
   that queue (:mod:`autoscaler.orders`: provider, spot, price) or, without one, the
-  cheapest eligible offer as the policy would choose it; then checks the cost guard
-  itself, against the ledger (mode, cost lock, hourly and daily caps, launch rate,
-  max_instances, the queue's max_workers). A refused launch raises
+  cheapest eligible offer as the policy would choose it. It admits the launch by the
+  policy's own rule (:func:`autoscaler.admission.admit`: mode, cost lock, the queue's
+  max_workers, hourly and daily caps, launch rate; then max_instances and the price),
+  counted afresh: the queue's VPS workers from the workers table and its cloud
+  instances from the ledger. A refused launch raises
   ``NodeLaunchException`` with the reason and writes it to ``scheduler_decisions``
   (once per reason every :data:`REFUSAL_REPEAT_SECONDS`: Ray v2 asks again every few
   seconds). An allowed one goes to the driver with the boot script
   (:mod:`autoscaler.bootstrap`) and opens a row in the ``cloud_spend`` ledger.
 * **Terminate**: only a drained node. A node whose Ray node is still alive is drained
-  (PREEMPTION, deadline = the drain timeout) and waited for, then the driver deletes
-  the instance and the ledger row is closed.
+  (PREEMPTION, deadline = ``scaling_rules.scale_down.drain_timeout_seconds`` of
+  scheduler.json) and waited for, then the driver deletes the instance and the ledger
+  row is closed.
 * Thread-safe: one lock around the state file and the ledger.
 """
 
@@ -65,14 +68,14 @@ from ray.autoscaler.tags import (
     TAG_RAY_NODE_STATUS,
     TAG_RAY_USER_NODE_TYPE,
 )
-from sqlalchemy import func, select
+from sqlalchemy import ColumnElement, func, select
 from sqlalchemy.engine import Connection, Engine
 
-from autoscaler import bootstrap, cost, orders, policy, statefile
+from autoscaler import admission, bootstrap, cost, orders, policy, statefile
 from autoscaler.config import PROVIDERS, ProviderName, SchedulerConfig
 from autoscaler.config import load as load_scheduler_config
 from autoscaler.drivers.base import Driver, DriverError, Instance, LaunchRequest
-from autoscaler.state import epoch, read_state, to_datetime
+from autoscaler.state import epoch, read_state, to_datetime, write_state
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
 from hypermedia.errors import ConfigError
@@ -83,6 +86,10 @@ REFUSAL_REPEAT_SECONDS = 300.0
 SPOT_WATCH: dict[str, str] = {"aws": "aws", "google": "gcp"}  # whose notice a spot node reads
 LISTING_GRACE_SECONDS = 120.0  # a launched instance may be missing from a listing this long
 HEAD_HOME = "home"
+# scheduler_state row: the head's Ray node id (the VPS), written by the head's services
+# (:mod:`autoscaler.head`): the workers on it, or outside Ray, are the VPS workers.
+VPS_NODE = "vps_node"
+LIVE_WORKER_STATUSES = ("active", "draining")  # a workers row not yet gone
 
 
 class DriverSettings(BaseModel):
@@ -104,7 +111,6 @@ class ProviderSettings(BaseModel):
     node_token_path: str = bootstrap.DEFAULT_TOKEN_PATH  # where a burst node finds it
     token_command: str | None = None  # run on a burst node to write the token there
     node_num_cpus: int | None = Field(default=None, ge=1)
-    drain_timeout_seconds: float = Field(default=policy.DRAIN_TIMEOUT_SECONDS, gt=0)
     drivers: dict[ProviderName, DriverSettings] = Field(default_factory=dict)
 
 
@@ -120,6 +126,12 @@ RAY_KEYS = {
 
 def parse_settings(provider_config: Mapping[str, Any]) -> ProviderSettings:
     data = {k: v for k, v in provider_config.items() if k not in RAY_KEYS}
+    if "drain_timeout_seconds" in data:
+        raise ConfigError(
+            "provider.drain_timeout_seconds",
+            "moved to scheduler.json (scaling_rules.scale_down.drain_timeout_seconds),"
+            " which the scheduler reads too",
+        )
     try:
         settings = ProviderSettings.model_validate(data)
     except ValidationError as exc:
@@ -381,7 +393,7 @@ class HypermediaNodeProvider(NodeProvider):
         # inside it: launches let through while this one waited are in its past.
         with self._launch_lock(), transaction(self.engine) as conn:
             now = time.time()
-            choice, refusal = self._choose(conn, queue, now)
+            choice, refusal = self._choose(conn, queue, node_type, now)
             if refusal is not None or choice is None:
                 refusal = refusal or "no provider"
                 self._record_refusal(conn, queue, node_type, refusal, now)
@@ -451,17 +463,10 @@ class HypermediaNodeProvider(NodeProvider):
         return result
 
     def _choose(
-        self, conn: Connection, queue: str, now: float
+        self, conn: Connection, queue: str, node_type: str, now: float
     ) -> tuple[policy.Option | None, str | None]:
         """Where the next node of ``queue`` goes, or why none may be launched."""
         config = self.config
-        queue_config = config.queues.get(queue)
-        if queue_config is None:
-            return None, f"queue {queue} is not in scheduler.json"
-        if config.mode == "vps_only":
-            return None, "mode is vps_only"
-        if not queue_config.cloud_enabled:
-            return None, f"queue {queue} is not cloud-enabled"
         lock = read_state(conn, "cost_lock")
         s = t.cloud_spend
         rows = conn.execute(
@@ -480,33 +485,35 @@ class HypermediaNodeProvider(NodeProvider):
                 s.c.launched_at > to_datetime(now - cost.LAUNCH_WINDOW_SECONDS)
             )
         ).scalars()
+        committed = sum(cost.from_microusd(r.price_per_hour_microusd) for r in rows)
         verdict = cost.guard(
             config.cost_limits,
             spend,
             now=now,
-            committed_cents_per_hour=sum(r.price_per_hour_microusd / 10_000 for r in rows),
+            committed_cents_per_hour=committed,
             launches=[epoch(at) for at in launches],
             max_launches=cost.launch_rate_cap(config.cloud_providers),
             stop_horizon_seconds=policy.stop_horizon_seconds(config),
         )
-        if verdict.launch_refusal is not None:
-            return None, verdict.launch_refusal
-        burst = sum(1 for r in rows if r.node_type == f"burst_{queue}")
-        room_in_queue = queue_config.max_workers - queue_config.baseline_workers - burst
-        if room_in_queue <= 0:
-            return None, f"queue {queue} is at max_workers ({queue_config.max_workers})"
-        room = {
-            name: config.cloud_providers.get(name).max_instances
-            - sum(1 for r in rows if r.provider == name)
-            for name in config.burst_providers(queue)
-            if name in self.settings.drivers
-        }
+        # A node type serves one queue: the ledger's open rows of this one are the
+        # queue's cloud instances (draining ones too, as the policy counts them).
+        cloud = sum(1 for r in rows if r.node_type == node_type)
+        admitted = admission.admit(
+            config, queue, verdict=verdict, queue_workers=vps_workers(conn, queue) + cloud
+        )
+        if admitted.refusal is not None:
+            return None, admitted.refusal
+        instances: dict[ProviderName, int] = {}
+        for r in rows:
+            instances[r.provider] = instances.get(r.provider, 0) + 1
+        providers = [n for n in config.burst_providers(queue) if n in self.settings.drivers]
+        room = admission.provider_room(config, providers, instances)
         order = orders.take(conn, queue, now)
         if order is not None and room.get(order.provider, 0) > 0:  # type: ignore[call-overload]
             choice = policy.Option(order.provider, order.spot, order.cents_per_hour)  # type: ignore[arg-type]
         else:
             offers = self.offers()
-            kind: policy.RouteKind = "spot" if queue_config.spot_preferred else "either"
+            kind: policy.RouteKind = "spot" if config.queues[queue].spot_preferred else "either"
             picked = policy.pick(policy.options(config, queue, offers), kind, room)
             if picked is None:
                 full = [name for name, left in room.items() if left <= 0]
@@ -583,7 +590,7 @@ class HypermediaNodeProvider(NodeProvider):
                 node_type=node_type,
                 region=region[:64],
                 spot=choice.spot,
-                price_per_hour_microusd=round(choice.cents_per_hour * 10_000),
+                price_per_hour_microusd=cost.to_microusd(choice.cents_per_hour),
                 launched_at=to_datetime(now),
             )
         )
@@ -634,7 +641,7 @@ class HypermediaNodeProvider(NodeProvider):
         the cluster's token (see :mod:`autoscaler.raynodes`)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
         env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(self.token_path))
-        deadline = self.settings.drain_timeout_seconds
+        deadline = self.config.scaling_rules.scale_down.drain_timeout_seconds
         try:
             result = subprocess.run(
                 [
@@ -683,6 +690,30 @@ class HypermediaNodeProvider(NodeProvider):
         settings = parse_settings(provider)
         load_scheduler_config(settings.scheduler_config)  # a bad scheduler.json too
         return cluster_config
+
+
+def vps_workers(conn: Connection, queue: str) -> int:
+    """The queue's VPS workers, as the scheduler counts them: its live workers rows on
+    the head's Ray node (:data:`VPS_NODE`) or outside Ray; an actor on a burst node
+    counts with its node, through the ledger."""
+    w = t.workers
+    recorded = read_state(conn, VPS_NODE)
+    on_vps: ColumnElement[bool] = w.c.node_id.is_(None)
+    if recorded is not None:
+        on_vps = on_vps | (w.c.node_id == str(recorded["node_id"]))
+    return int(
+        conn.execute(
+            select(func.count())
+            .select_from(w)
+            .where((w.c.queue == queue) & w.c.status.in_(LIVE_WORKER_STATUSES) & on_vps)
+        ).scalar_one()
+    )
+
+
+def record_vps_node(engine: Engine, node_id: str, now: float) -> None:
+    """Name the head's Ray node (the head's services, once Ray is connected)."""
+    with transaction(engine) as conn:
+        write_state(conn, VPS_NODE, {"node_id": node_id}, now)
 
 
 def head_environment(provider: HypermediaNodeProvider) -> dict[str, str]:

@@ -38,8 +38,7 @@ from sqlalchemy.engine import Engine
 from autoscaler import orders, raynodes
 from autoscaler.config import ProviderName, SchedulerConfig
 from autoscaler.leader import Term
-from autoscaler.policy import DRAIN_TIMEOUT_SECONDS
-from autoscaler.provider import HypermediaNodeProvider
+from autoscaler.provider import HypermediaNodeProvider, record_vps_node
 from autoscaler.snapshot import Offer, Plan, WorkerState
 from autoscaler.state import read_state, write_state
 from hypermedia.db import tables as t
@@ -59,15 +58,18 @@ class RayFleet:
         provider: HypermediaNodeProvider,
         supervisor: Any,  # hypermedia.worker.supervisor.Supervisor (needs ray connected)
         engine: Engine,
-        *,
-        drain_timeout: float = DRAIN_TIMEOUT_SECONDS,
     ) -> None:
         self.config = config
         self.provider = provider
         self.supervisor = supervisor
         self.engine = engine
-        self.drain_timeout = drain_timeout
+        self.drain_timeout = config.scaling_rules.scale_down.drain_timeout_seconds
         self.last_request: list[dict[str, float]] | None = None
+        # This process is the head's driver: its Ray node is the VPS, which the node
+        # provider needs to tell the queue's VPS workers from those on burst nodes.
+        import ray
+
+        record_vps_node(engine, ray.get_runtime_context().get_node_id(), time.time())
 
     @property
     def address(self) -> str:

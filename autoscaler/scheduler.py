@@ -258,7 +258,7 @@ def ledger_spend(conn: Connection, now: float, locked: bool, alerted_today: bool
         cost.Interval(
             start=_epoch(row.launched_at),
             end=_epoch(row.terminated_at) if row.terminated_at is not None else None,
-            cents_per_hour=row.price_per_hour_microusd / 10_000,
+            cents_per_hour=cost.from_microusd(row.price_per_hour_microusd),
         )
         for row in conn.execute(
             select(s.c.launched_at, s.c.terminated_at, s.c.price_per_hour_microusd)
@@ -377,12 +377,8 @@ class Scheduler:
                     continue
                 billed = bills[row.instance_id]
                 end = _epoch(row.terminated_at) if row.terminated_at is not None else now
-                ledger = (
-                    row.price_per_hour_microusd
-                    / 10_000
-                    * max(0.0, end - _epoch(row.launched_at))
-                    / 3600
-                )
+                hours = max(0.0, end - _epoch(row.launched_at)) / cost.HOUR_SECONDS
+                ledger = cost.from_microusd(row.price_per_hour_microusd) * hours
                 if abs(billed - ledger) > max(1.0, RECONCILE_TOLERANCE * ledger):
                     differing.append(row.instance_id)
                     log.warning(
@@ -395,7 +391,9 @@ class Scheduler:
                 conn.execute(
                     s.update()
                     .where(s.c.spend_id == row.spend_id)
-                    .values(billed_microusd=round(billed * 10_000), reconciled_at=_to_datetime(now))
+                    .values(
+                        billed_microusd=cost.to_microusd(billed), reconciled_at=_to_datetime(now)
+                    )
                 )
             write_state(conn, RECONCILED, {"at": now, "instances": len(bills)}, now)
         return differing

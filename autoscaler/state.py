@@ -4,7 +4,8 @@ Rows: ``history`` (cooldown clocks, launch times), ``cost_lock`` (the daily cap'
 which survives restarts until ``hypermedia scheduler reset-cost-lock``), ``alerted``
 (the day of the last spend alert), ``billing_reconciled``, ``holds`` (the holds of the
 last turn, so a standing hold is recorded once), ``draining`` (when each cloud worker's
-drain began) and ``launch_orders`` (:mod:`autoscaler.orders`).
+drain began), ``launch_orders`` (:mod:`autoscaler.orders`) and ``vps_node`` (the head's
+Ray node: :mod:`autoscaler.provider`).
 """
 
 from __future__ import annotations

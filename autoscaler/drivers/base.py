@@ -38,6 +38,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+from autoscaler.cost import from_microusd, to_microusd
+
 InstanceState = Literal["pending", "running", "terminating", "terminated"]
 ErrorCode = Literal["capacity", "quota", "auth", "invalid", "unavailable", "not_found"]
 
@@ -78,7 +80,7 @@ class LaunchRequest:
 
     @property
     def price_microusd(self) -> int:
-        return round(self.price_cents_per_hour * 10_000)
+        return to_microusd(self.price_cents_per_hour)
 
     def tags(self) -> dict[str, str]:
         """The tags (labels) that make the instance findable and priced."""
@@ -130,7 +132,7 @@ class Instance:
             spot=tags.get(TAG_SPOT) == "true",
             state=state,
             launched_at=float(tags.get(TAG_LAUNCHED) or 0),
-            price_cents_per_hour=int(tags.get(TAG_PRICE) or 0) / 10_000,
+            price_cents_per_hour=from_microusd(int(tags.get(TAG_PRICE) or 0)),
             private_ip=private_ip,
         )
 

@@ -158,6 +158,7 @@ def cluster(request, tmp_path):
 
     scheduler = json.loads((REPO / "ray_cluster" / "scheduler.local.json").read_text())
     scheduler["cloud_providers"]["aws"]["spot_enabled"] = True  # 6 c/h spot: the cheaper
+    scheduler["scaling_rules"]["scale_down"]["drain_timeout_seconds"] = 30
     scheduler_path = tmp_path / "scheduler.json"
     scheduler_path.write_text(json.dumps(scheduler))
 
@@ -168,7 +169,6 @@ def cluster(request, tmp_path):
         ray_port=free_port(),
         state_dir=str(state),
         scheduler_config=str(scheduler_path),
-        drain_timeout_seconds=30,
     )
     provider["drivers"]["aws"]["metadata_url"] = metadata.url
     cluster_yaml = tmp_path / "cluster.yaml"

@@ -31,7 +31,7 @@ from ray.autoscaler.tags import (
 from sqlalchemy import select
 
 from autoscaler import orders, raynodes
-from autoscaler.provider import HypermediaNodeProvider
+from autoscaler.provider import HypermediaNodeProvider, record_vps_node
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
 from hypermedia.errors import ConfigError
@@ -46,6 +46,7 @@ def scheduler_json(tmp_path: Path, **changes: Any) -> Path:
     data = json.loads(
         (Path(__file__).parents[2] / "ray_cluster" / "scheduler.local.json").read_text()
     )
+    changes = {"scaling_rules__scale_down__drain_timeout_seconds": 20, **changes}
     for dotted, value in changes.items():
         *parents, last = dotted.split("__")
         node = data
@@ -69,7 +70,6 @@ def provider_config(
         "scheduler_config": str(scheduler),
         "database_url": database_url,
         "token_path": str(RAY_TOKEN),
-        "drain_timeout_seconds": 20,
         "drivers": {"aws": {"type": "local", "on_demand_cents_per_hour": 17}},
         **extra,
     }
@@ -121,8 +121,8 @@ def refused(provider: HypermediaNodeProvider, times: int = 5) -> list[str]:
     ("changes", "why"),
     [
         ({"mode": "vps_only"}, "mode is vps_only"),
-        ({"queues__media__cloud_enabled": False}, "queue media is not cloud-enabled"),
-        ({"queues__media__max_workers": 0}, "queue media is at max_workers"),
+        ({"queues__media__cloud_enabled": False}, "media is not cloud-enabled"),
+        ({"queues__media__max_workers": 0}, "media has 0 workers, at max_workers (0)"),
     ],
 )
 def test_a_launch_the_rules_forbid_is_refused_once_logged_and_never_launched(
@@ -137,6 +137,67 @@ def test_a_launch_the_rules_forbid_is_refused_once_logged_and_never_launched(
     assert rows[0].details["source"] == "node_provider"
     assert ledger(provider) == []
     assert provider.non_terminated_nodes({TAG_RAY_NODE_KIND: NODE_KIND_WORKER}) == []
+
+
+def launch_outcome(provider: HypermediaNodeProvider, request: str) -> str:
+    """What one launch came to: the refusal's reason, or how the launch itself failed."""
+    with pytest.raises(NodeLaunchException) as caught:  # no token: every boot fails
+        provider.create_node_with_resources_and_labels(
+            {}, {**WORKER, TAG_RAY_LAUNCH_REQUEST: request}, 1, RESOURCES, {}
+        )
+    return caught.value.description if caught.value.category == "cost_guard" else "launched"
+
+
+def add_worker(provider: HypermediaNodeProvider, worker_id: str, node_id: str | None) -> None:
+    now = datetime.now(UTC)
+    with transaction(provider.engine) as conn:
+        conn.execute(
+            t.workers.insert().values(
+                worker_id=worker_id,
+                queue="media",
+                node_id=node_id,
+                hostname="vps",
+                pid=1,
+                status="active",
+                concurrency=1,
+                started_at=now,
+                last_heartbeat=now,
+            )
+        )
+
+
+def test_max_workers_counts_the_queues_workers_as_the_policy_does(tmp_path, make_provider):
+    """The policy's rule (autoscaler.admission): every worker of the queue not yet
+    terminated counts against max_workers, VPS and cloud, and the baseline is not
+    subtracted on top. Its VPS workers are the workers rows on the head's Ray node (or
+    outside Ray); an actor on a burst node counts with its node, through the ledger."""
+    provider = make_provider(
+        scheduler_json(tmp_path, queues__media__baseline_workers=1, queues__media__max_workers=2),
+        token_path=str(tmp_path / "no-token"),
+    )
+    now = datetime.now(UTC)
+    with transaction(provider.engine) as conn:  # one burst instance of the queue, running
+        conn.execute(
+            t.cloud_spend.insert().values(
+                provider="aws",
+                instance_id="i-burst",
+                node_type="burst_media",
+                region="local",
+                spot=False,
+                price_per_hour_microusd=170_000,
+                launched_at=now - timedelta(minutes=20),
+            )
+        )
+    record_vps_node(provider.engine, "ray-head", time.time())
+    add_worker(provider, "media-on-burst", "ray-burst")  # the instance's actor
+    # 1 worker of 2 (max_workers - baseline - burst would say 0 and refuse).
+    assert launch_outcome(provider, "m-1") == "launched"
+    add_worker(provider, "media-on-vps", "ray-head")
+    assert "media has 2 workers, at max_workers (2)" in launch_outcome(provider, "m-2")
+    with transaction(provider.engine) as conn:  # the VPS worker stopped: room again
+        w = t.workers
+        conn.execute(w.update().where(w.c.worker_id == "media-on-vps").values(status="stopped"))
+    assert launch_outcome(provider, "m-4") == "launched"
 
 
 def test_the_cost_caps_and_the_lock_refuse_with_their_reason(make_provider):
@@ -222,6 +283,8 @@ def test_bad_provider_sections_stop_ray_up_naming_the_key(tmp_path, pg_database_
         ({"ray_port": 6379}, "provider.ray_port"),
         ({"head_ip": None}, "provider.head_ip"),
         ({"drivers": {"gcp": {"type": "local"}}}, "provider.drivers.gcp"),
+        # moved to scheduler.json: one drain timeout for the policy and the provider
+        ({"drain_timeout_seconds": 60}, "provider.drain_timeout_seconds"),
     ]
     for broken, key in cases:
         config = {"provider": {**copy.deepcopy(good), **broken}}

@@ -26,6 +26,8 @@ PURE_MODULES = [
     "autoscaler.cost",
     # The values between them, and the rule that counts long transcodes.
     "autoscaler.snapshot",
+    # The admission rule the policy and the node provider both apply.
+    "autoscaler.admission",
 ]
 
 # Top-level packages that open sockets, files of their own or talk to services.

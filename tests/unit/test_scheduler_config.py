@@ -38,6 +38,7 @@ def test_the_shipped_file_is_the_seeds_vps_only_defaults():
     assert loaded.cloud_providers.aws.spot_max_price_cents == pytest.approx(5.0)
     assert loaded.scaling_rules.scale_up.queue_depth_threshold == 10
     assert loaded.scaling_rules.scale_down.idle_minutes == 10
+    assert loaded.scaling_rules.scale_down.drain_timeout_seconds == 300  # the seed's 5 min
     limits = loaded.cost_limits
     assert (limits.max_hourly_spend_cents, limits.max_daily_spend_cents) == (500, 5000)
     assert loaded.burst_providers("ocr") == []
@@ -114,6 +115,11 @@ def _drop(path: str) -> Callable[[dict[str, Any]], None]:
         (
             _set("scaling_rules.scale_up.queue_depth_threshold", 0),
             "scaling_rules.scale_up.queue_depth_threshold",
+            "greater",
+        ),
+        (
+            _set("scaling_rules.scale_down.drain_timeout_seconds", 0),
+            "scaling_rules.scale_down.drain_timeout_seconds",
             "greater",
         ),
         (

@@ -188,7 +188,9 @@ def test_max_workers_counts_vps_and_cloud_workers_draining_included():
     decisions = policy.decide(config, snap(flood, workers=full))
     assert launched(decisions) == 0
     [hold] = of(decisions, "hold")
-    assert hold.reason == "Not scaling up ocr (depth=150, oldest=0s): 3 workers, at max_workers"
+    assert hold.reason == (
+        "Not scaling up ocr (depth=150, oldest=0s): ocr has 3 workers, at max_workers (3)"
+    )
 
 
 def test_only_cloud_enabled_queues_scale_up():
@@ -196,7 +198,7 @@ def test_only_cloud_enabled_queues_scale_up():
     decisions = policy.decide(config, snap(queue(depth=50)))
     assert decisions == []
     assert any(
-        "ocr: depth=50, oldest=0s; not cloud-enabled" in line
+        "ocr: depth=50, oldest=0s; ocr is not cloud-enabled: no cloud workers" in line
         for line in policy.explain(config, snap(queue(depth=50)))
     )
 
@@ -642,10 +644,10 @@ def test_explain_says_what_and_why():
     assert "drain: Scaling down worker w-3: idle for 12 minutes (ocr depth=1 < 2)" in lines
     assert "worker w-4 (aws): draining, 1 jobs left, force-killed in 200s" in lines
     assert "bulk: depth=3, oldest=0s; below the scale-up thresholds, no cloud workers" in lines
-    assert "images: depth=0, oldest=0s; not cloud-enabled, the VPS workers only" in lines
+    assert "images: depth=0, oldest=0s; images is not cloud-enabled: no cloud workers" in lines
     quiet = policy.explain(scheduler_config.parse(SHIPPED), snap(offers={}))
     assert "Nothing to do." in quiet
-    assert "ocr: depth=0, oldest=0s; mode is vps_only, no cloud workers" in quiet
+    assert "ocr: depth=0, oldest=0s; mode is vps_only: no cloud workers" in quiet
 
 
 def test_decide_is_deterministic_and_leaves_the_snapshot_alone():
