@@ -28,13 +28,11 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (
     Connection,
     Row,
-    and_,
     delete,
     insert,
     select,
@@ -866,10 +864,6 @@ def remove_outputs(conn: Connection, object_ids: Sequence[str]) -> None:
     )
 
 
-def as_epoch(moment: datetime | None) -> float | None:
-    return None if moment is None else moment.timestamp()
-
-
 __all__ = [
     "ClaimedJob",
     "FinishedJob",
@@ -878,7 +872,5 @@ __all__ = [
     "NewJob",
     "NewSubmission",
     "OutputRecord",
-    "and_",
-    "as_epoch",
     "remove_outputs",
 ]
