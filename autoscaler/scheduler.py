@@ -5,10 +5,10 @@ Every ``evaluation_interval_seconds``, the scheduler that holds the leadership l
 
 1. observes: ready jobs per queue and priority band from Redis
    (:meth:`~hypermedia.queue.redis_queue.RedisQueue.priority_heads`), the queued jobs
-   expected to run long (:func:`long_jobs`, from the record), the VPS workers
-   and their running jobs from the database, the cloud workers and prices from the
-   :class:`Fleet`, the spend from the ``cloud_spend`` ledger, and its own history and
-   cost lock from ``scheduler_state``;
+   expected to run long (:func:`long_jobs`, from the record), the workers and their
+   running jobs from the database (an actor on a burst node counts with its node), the
+   cloud workers and prices from the :class:`Fleet`, the spend from the ``cloud_spend``
+   ledger, and its own history and cost lock from ``scheduler_state``;
 2. asks the pure policy (:func:`autoscaler.policy.decide`) what to do;
 3. writes every decision with its reason to ``scheduler_decisions`` and the log, and
    applies it through the :class:`Fleet`, each action only while its term of
@@ -70,7 +70,7 @@ from hypermedia.db.engine import transaction
 from hypermedia.errors import ConfigError
 from hypermedia.jobs.states import JobStatus
 from hypermedia.queue.redis_queue import RedisQueue
-from hypermedia.sandbox.limits import WALL_CLOCK_FACTOR
+from hypermedia.sandbox.limits import wall_clock_seconds
 from hypermedia.stack import Stack
 
 log = logging.getLogger(__name__)
@@ -107,8 +107,9 @@ class Fleet(Protocol):
 
 
 class NoCloud:
-    """No cloud at all: what ``vps_only`` needs, and the default until a cloud driver is
-    configured. It launches nothing (and says so)."""
+    """No cloud at all: what ``vps_only`` needs, and what ``hypermedia scheduler run``
+    has (the hands on the clouds are a ``ray up`` head's :class:`~autoscaler.rayfleet.
+    RayFleet`). It launches nothing (and says so)."""
 
     def cloud_workers(self, now: float, actors: Sequence[WorkerState]) -> list[WorkerState]:
         return []
@@ -183,7 +184,7 @@ def long_jobs(conn: Connection, queues: Sequence[str]) -> dict[str, int]:
     counts = dict.fromkeys(queues, 0)
     p, j, o = t.profiles.c, t.jobs.c, t.objects.c
     wall_clock = {
-        profile_id: timeout_seconds * WALL_CLOCK_FACTOR
+        profile_id: wall_clock_seconds(timeout_seconds)
         for profile_id, timeout_seconds in conn.execute(select(p.profile_id, p.timeout_seconds))
     }
     can_run_long = [pid for pid, wall in wall_clock.items() if is_long(wall)]
@@ -208,8 +209,9 @@ def long_jobs(conn: Connection, queues: Sequence[str]) -> dict[str, int]:
 
 
 def vps_workers(conn: Connection) -> list[WorkerState]:
-    """The workers table's live rows: pipeline actors on the VPS (and, once the provider
-    issue registers them, on cloud nodes; those come from the :class:`Fleet`)."""
+    """The workers table's live rows: pipeline actors, on the VPS and on burst nodes
+    (:meth:`Scheduler.observe` counts an actor on a burst node with its node, a cloud
+    worker the :class:`Fleet` reports)."""
     w, a = t.workers, t.attempts
     running = (
         select(a.c.worker_id, func.count().label("running"))

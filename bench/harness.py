@@ -27,20 +27,13 @@ import redis
 from psycopg import sql
 from sqlalchemy import make_url
 
+from autoscaler.simulate import percentile
 from hypermedia.embedded import EmbeddedRedis
 
 log = logging.getLogger(__name__)
 
 
 # -- results --------------------------------------------------------------------------
-
-
-def percentile(sorted_values: Sequence[float], fraction: float) -> float:
-    """Nearest-rank percentile of already sorted values."""
-    if not sorted_values:
-        return float("nan")
-    rank = max(1, round(fraction * len(sorted_values) + 0.5))
-    return sorted_values[min(rank, len(sorted_values)) - 1]
 
 
 @dataclass(frozen=True)

@@ -40,13 +40,13 @@ if __package__ in (None, ""):
 from rich.console import Console
 from rich.table import Table
 
+from autoscaler.simulate import percentile
 from bench import harness, hm
 from bench.harness import (
     Row,
     Sample,
     ScratchDatabases,
     Skipped,
-    percentile,
     redis_url,
     redis_version,
     sqlalchemy_url,

@@ -53,6 +53,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from autoscaler.simulate import percentile  # noqa: E402
 from bench.executor import _cpu  # noqa: E402
 from hypermedia.sandbox import isolation  # noqa: E402
 from hypermedia.sandbox.executor import ChildExecutor  # noqa: E402
@@ -69,9 +70,7 @@ class Row:
     cpu_ms: dict[str, list[float]] = field(default_factory=dict)
 
     def percentile(self, fraction: float) -> float:
-        ordered = sorted(self.latencies_ms)
-        rank = max(1, round(fraction * len(ordered) + 0.5))
-        return ordered[min(rank, len(ordered)) - 1]
+        return percentile(sorted(self.latencies_ms), fraction)
 
 
 class Subject:

@@ -41,6 +41,7 @@ if str(ROOT) not in sys.path:
 from autoscaler import config as scheduler_config  # noqa: E402
 from autoscaler import policy, simulate  # noqa: E402
 from autoscaler.config import SchedulerConfig  # noqa: E402
+from autoscaler.simulate import percentile  # noqa: E402
 from autoscaler.snapshot import (  # noqa: E402
     BANDS,
     History,
@@ -51,7 +52,7 @@ from autoscaler.snapshot import (  # noqa: E402
     WorkerState,
     WorkerStatus,
 )
-from bench.harness import REPO, percentile, run_metadata  # noqa: E402
+from bench.harness import REPO, run_metadata  # noqa: E402
 
 TRACES = ("steady", "daily_cycle", "burst", "runaway_flood")
 TARGET_DECIDE_MS = 10.0

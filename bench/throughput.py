@@ -45,9 +45,10 @@ if __package__ in (None, ""):
 from rich.console import Console
 from rich.table import Table
 
+from autoscaler.simulate import percentile
 from bench import harness
 from bench.drain import Drain
-from bench.harness import ScratchDatabases, percentile, redis_url, redis_version, start_redis
+from bench.harness import ScratchDatabases, redis_url, redis_version, start_redis
 from bench.hm_workers import MODES, WARMUP_JOBS, Hypermedia
 from bench.peer_workers import PEER_WORKERS, PeerWorkers, peer_drain, peer_latency, running
 

@@ -43,6 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from hypermedia.errors import ConfigError
 from hypermedia.sandbox.inspect import ANY, KINDS, InputLimits
+from hypermedia.sandbox.limits import DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_MAX_PROCESSES
 
 MILLI = 1000
 BYTES_PER_MB = 1024 * 1024
@@ -63,9 +64,9 @@ class Profile(BaseModel):
     memory_limit_mb: int = Field(ge=16)
     # Processes *and threads* of the job's child (RLIMIT_NPROC under its own uid):
     # raise it for a thread-hungry tool (LibreOffice, onnxruntime).
-    max_processes: int = Field(default=16, ge=1, le=4096)
+    max_processes: int = Field(default=DEFAULT_MAX_PROCESSES, ge=1, le=4096)
     # The largest file a job may write (RLIMIT_FSIZE; 10 GB by default).
-    max_output_bytes: int = Field(default=10 * 1024**3, ge=1024)
+    max_output_bytes: int = Field(default=DEFAULT_MAX_OUTPUT_BYTES, ge=1024)
     max_input_bytes: int = Field(ge=1)
     max_attempts: int = Field(ge=1, le=100)
     default_priority: int = Field(ge=1, le=10)

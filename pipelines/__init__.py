@@ -1,6 +1,7 @@
 """Processing pipelines: pure steps ``run(input, params, workdir) -> outputs``,
-registered by operation name. Pipelines import neither the core nor the autoscaler.
-
-The image, document, OCR and media pipelines arrive with the workers issue; until
-then no operation is executed, only recorded and queued.
+registered by operation name (:mod:`pipelines.registry`): images (``thumbnail``,
+``resize``, ``compress``, ``convert``), PDF (``pdf_preview``), office documents
+(``docx_to_pdf``, ``extract_text``) and media (``transcode_video``,
+``transcode_audio``). Their parameters share one set of checks
+(:mod:`pipelines.params`). Pipelines import neither the core nor the autoscaler.
 """

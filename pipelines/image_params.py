@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from pipelines.params import integer, reject_unknown
 from pipelines.registry import PipelineError
 
 
@@ -123,13 +124,7 @@ def parse(operation: str, params: Mapping[str, Any]) -> ImageRequest:
     if operation not in _KEYS:
         raise PipelineError("invalid_params", f"no image operation {operation!r}")
     allowed = _KEYS[operation]
-    unknown = sorted(str(key) for key in params if key not in allowed)
-    if unknown:
-        raise PipelineError(
-            "invalid_params",
-            f"{operation}: unknown parameter(s) {', '.join(unknown)}"
-            f" (allowed: {', '.join(allowed)})",
-        )
+    reject_unknown(operation, params, allowed)
     missing = [key for key in _REQUIRED[operation] if params.get(key) is None]
     if missing:
         raise PipelineError(
@@ -137,11 +132,11 @@ def parse(operation: str, params: Mapping[str, Any]) -> ImageRequest:
         )
 
     output_format = _format(operation, params["format"])
-    quality = _int(params, "quality", 1, 100, DEFAULT_QUALITY)
+    quality = integer(params, "quality", 1, 100, DEFAULT_QUALITY)
     width = height = None
     if "width" in allowed:
-        width = _int(params, "width", 1, MAX_DIMENSION, None)
-        height = _int(params, "height", 1, MAX_DIMENSION, None)
+        width = integer(params, "width", 1, MAX_DIMENSION, None)
+        height = integer(params, "height", 1, MAX_DIMENSION, None)
     return ImageRequest(
         operation=operation,
         format=output_format,
@@ -149,9 +144,11 @@ def parse(operation: str, params: Mapping[str, Any]) -> ImageRequest:
         height=height,
         crop=_crop(params.get("crop", False)) if "crop" in allowed else None,
         quality=quality if output_format.lossy else None,
-        max_pixels=_int(params, "max_pixels", 1, 10**12, DEFAULT_MAX_PIXELS),
-        max_source_pixels=_int(params, "max_source_pixels", 1, 10**12, DEFAULT_MAX_SOURCE_PIXELS),
-        max_frames=_int(params, "max_frames", 1, 100_000, DEFAULT_MAX_FRAMES),
+        max_pixels=integer(params, "max_pixels", 1, 10**12, DEFAULT_MAX_PIXELS),
+        max_source_pixels=integer(
+            params, "max_source_pixels", 1, 10**12, DEFAULT_MAX_SOURCE_PIXELS
+        ),
+        max_frames=integer(params, "max_frames", 1, 100_000, DEFAULT_MAX_FRAMES),
     )
 
 
@@ -164,20 +161,6 @@ def _format(operation: str, value: object) -> OutputFormat:
             f"{operation}: format must be one of {', '.join(choices)}, got {value!r}",
         )
     return FORMATS[name]
-
-
-def _int(params: Mapping[str, Any], key: str, low: int, high: int, default: int | None) -> int:
-    value = params.get(key)
-    if value is None:
-        if default is None:
-            raise PipelineError("invalid_params", f"missing parameter {key}")
-        return default
-    # bool is an int subclass: width=True is a mistake, not 1.
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise PipelineError("invalid_params", f"{key} must be an integer, got {value!r}")
-    if not low <= value <= high:
-        raise PipelineError("invalid_params", f"{key} must be in {low}..{high}, got {value}")
-    return value
 
 
 def _crop(value: object) -> str | None:

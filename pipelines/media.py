@@ -62,13 +62,14 @@ import resource
 import shutil
 import signal
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 from pipelines.formats import signatures
+from pipelines.params import integer, reject_unknown
 from pipelines.registry import Output, PipelineError, register
 
 log = logging.getLogger(__name__)
@@ -198,20 +199,20 @@ class AudioRequest:
 
 def video_request(params: Mapping[str, Any]) -> VideoRequest:
     """``codec`` (h264), ``height`` (largest output height), ``crf`` (0-51)."""
-    _known(params, "transcode_video", ("codec", "height", "crf", LIMIT_KEY))
+    reject_unknown("transcode_video", params, ("codec", "height", "crf", LIMIT_KEY))
     codec = params.get("codec", "h264")
     if codec != "h264":
         raise PipelineError("invalid_params", f"transcode_video: codec must be h264, got {codec!r}")
     return VideoRequest(
-        height=_int(params, "height", MIN_HEIGHT, MAX_HEIGHT, DEFAULT_HEIGHT),
-        crf=_int(params, "crf", 0, 51, DEFAULT_CRF),
+        height=integer(params, "height", MIN_HEIGHT, MAX_HEIGHT, DEFAULT_HEIGHT),
+        crf=integer(params, "crf", 0, 51, DEFAULT_CRF),
         max_seconds=_seconds(params, DEFAULT_MAX_VIDEO_SECONDS),
     )
 
 
 def audio_request(params: Mapping[str, Any]) -> AudioRequest:
     """``codec`` (aac, opus, mp3 where FFmpeg has LAME), ``bitrate`` ("128k")."""
-    _known(params, "transcode_audio", ("codec", "bitrate", LIMIT_KEY))
+    reject_unknown("transcode_audio", params, ("codec", "bitrate", LIMIT_KEY))
     name = params.get("codec", "aac")
     choices = list(AUDIO_CODECS)
     if name != "aac":  # FFmpeg's own AAC encoder is always there; the others are libraries
@@ -226,24 +227,6 @@ def audio_request(params: Mapping[str, Any]) -> AudioRequest:
         bitrate_kbps=_bitrate(params.get("bitrate", f"{DEFAULT_BITRATE_KBPS}k")),
         max_seconds=_seconds(params, DEFAULT_MAX_AUDIO_SECONDS),
     )
-
-
-def _known(params: Mapping[str, Any], operation: str, keys: Sequence[str]) -> None:
-    unknown = sorted(set(params) - set(keys))
-    if unknown:
-        raise PipelineError(
-            "invalid_params",
-            f"{operation}: unknown parameter {unknown[0]!r} (known: {', '.join(keys)})",
-        )
-
-
-def _int(params: Mapping[str, Any], key: str, low: int, high: int, default: int) -> int:
-    value = params.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise PipelineError("invalid_params", f"{key} must be an integer, got {value!r}")
-    if not low <= value <= high:
-        raise PipelineError("invalid_params", f"{key} must be in {low}..{high}, got {value}")
-    return value
 
 
 def _seconds(params: Mapping[str, Any], default: float) -> float:

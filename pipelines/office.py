@@ -92,6 +92,7 @@ from typing import IO, Any
 
 from pipelines import pdf
 from pipelines.formats.inspection import inspect_file
+from pipelines.params import integer, reject_unknown
 from pipelines.registry import Output, PipelineError, register
 
 log = logging.getLogger(__name__)
@@ -147,29 +148,13 @@ _KEYS = {
 
 def parse_params(operation: str, params: Mapping[str, Any]) -> OfficeRequest:
     """Validate ``params`` for ``operation``; unknown keys are ``invalid_params``."""
-    allowed = _KEYS[operation]
-    unknown = sorted(str(key) for key in params if key not in allowed)
-    if unknown:
-        raise PipelineError(
-            "invalid_params",
-            f"{operation}: unknown parameter(s) {', '.join(unknown)}"
-            f" (allowed: {', '.join(allowed)})",
-        )
+    reject_unknown(operation, params, _KEYS[operation])
     return OfficeRequest(
-        max_pages=_int(params, "max_pages", MAX_PAGES_LIMIT, DEFAULT_MAX_PAGES),
-        max_text_bytes=_int(params, "max_text_bytes", MAX_TEXT_BYTES_LIMIT, DEFAULT_MAX_TEXT_BYTES),
+        max_pages=integer(params, "max_pages", 1, MAX_PAGES_LIMIT, DEFAULT_MAX_PAGES),
+        max_text_bytes=integer(
+            params, "max_text_bytes", 1, MAX_TEXT_BYTES_LIMIT, DEFAULT_MAX_TEXT_BYTES
+        ),
     )
-
-
-def _int(params: Mapping[str, Any], key: str, high: int, default: int) -> int:
-    value = params.get(key)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise PipelineError("invalid_params", f"{key} must be an integer, got {value!r}")
-    if not 1 <= value <= high:
-        raise PipelineError("invalid_params", f"{key} must be in 1..{high}, got {value}")
-    return value
 
 
 # -- what the input is -------------------------------------------------------------------

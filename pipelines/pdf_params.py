@@ -29,6 +29,7 @@ from typing import Any
 
 from pipelines.image_params import FORMATS as IMAGE_FORMATS
 from pipelines.image_params import OutputFormat
+from pipelines.params import integer, reject_unknown
 from pipelines.registry import PipelineError
 
 FORMATS: dict[str, OutputFormat] = {name: IMAGE_FORMATS[name] for name in ("jpeg", "png", "webp")}
@@ -62,17 +63,12 @@ class PreviewRequest:
 
 def parse(params: Mapping[str, Any]) -> PreviewRequest:
     """Validate ``params`` into a :class:`PreviewRequest` (``invalid_params`` naming the key)."""
-    unknown = sorted(str(key) for key in params if key not in KEYS)
-    if unknown:
-        raise PipelineError(
-            "invalid_params",
-            f"pdf_preview: unknown parameter(s) {', '.join(unknown)} (allowed: {', '.join(KEYS)})",
-        )
+    reject_unknown("pdf_preview", params, KEYS)
     output_format = _format(params.get("format"))
-    quality = _int(params, "quality", 1, 100, DEFAULT_QUALITY)
+    quality = integer(params, "quality", 1, 100, DEFAULT_QUALITY)
     return PreviewRequest(
-        page=_int(params, "page", 1, MAX_PAGE, DEFAULT_PAGE),
-        width=_int(params, "width", MIN_WIDTH, MAX_WIDTH, DEFAULT_WIDTH),
+        page=integer(params, "page", 1, MAX_PAGE, DEFAULT_PAGE),
+        width=integer(params, "width", MIN_WIDTH, MAX_WIDTH, DEFAULT_WIDTH),
         format=output_format,
         quality=quality if output_format.lossy else None,
     )
@@ -88,15 +84,3 @@ def _format(value: object) -> OutputFormat:
             f"pdf_preview: format must be one of {', '.join(FORMATS)}, got {value!r}",
         )
     return FORMATS[name]
-
-
-def _int(params: Mapping[str, Any], key: str, low: int, high: int, default: int) -> int:
-    value = params.get(key)
-    if value is None:
-        return default
-    # bool is an int subclass: page=True is a mistake, not 1.
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise PipelineError("invalid_params", f"{key} must be an integer, got {value!r}")
-    if not low <= value <= high:
-        raise PipelineError("invalid_params", f"{key} must be in {low}..{high}, got {value}")
-    return value

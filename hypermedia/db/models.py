@@ -31,6 +31,8 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
+from hypermedia.sandbox.limits import DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_MAX_PROCESSES
+
 NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
     "uq": "uq_%(table_name)s_%(column_0_N_name)s",
@@ -174,9 +176,13 @@ class ProcessingProfile(Base):
     cost_per_mb_millicredits: Mapped[int] = mapped_column(BigInteger)
     timeout_seconds: Mapped[int] = mapped_column(Integer)
     memory_limit_mb: Mapped[int] = mapped_column(Integer)
-    max_processes: Mapped[int] = mapped_column(Integer, default=16, server_default=text("16"))
+    max_processes: Mapped[int] = mapped_column(
+        Integer, default=DEFAULT_MAX_PROCESSES, server_default=text(str(DEFAULT_MAX_PROCESSES))
+    )
     max_output_bytes: Mapped[int] = mapped_column(
-        BigInteger, default=10 * 1024**3, server_default=text(str(10 * 1024**3))
+        BigInteger,
+        default=DEFAULT_MAX_OUTPUT_BYTES,
+        server_default=text(str(DEFAULT_MAX_OUTPUT_BYTES)),
     )
     max_input_bytes: Mapped[int] = mapped_column(BigInteger)
     max_attempts: Mapped[int] = mapped_column(Integer)

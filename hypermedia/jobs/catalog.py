@@ -19,6 +19,7 @@ from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
 from hypermedia.errors import ConfigError, UnknownOperation
 from hypermedia.profiles import BYTES_PER_MB, Profile
+from hypermedia.sandbox.limits import DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_MAX_PROCESSES
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,8 +36,8 @@ class ProfileRecord:
     max_attempts: int
     default_priority: int
     params: dict[str, Any]
-    max_processes: int = 16  # RLIMIT_NPROC of the job's child (threads count)
-    max_output_bytes: int = 10 * 1024**3  # RLIMIT_FSIZE: the largest file a job may write
+    max_processes: int = DEFAULT_MAX_PROCESSES  # RLIMIT_NPROC of the job's child (threads)
+    max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES  # RLIMIT_FSIZE: the largest file
     # Input validation (hypermedia.sandbox.inspect): checked by ingest at submit.
     accepts: list[str] = field(default_factory=lambda: ["any"])
     input_limits: dict[str, Any] = field(default_factory=dict)

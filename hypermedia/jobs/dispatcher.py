@@ -35,13 +35,21 @@ from hypermedia.jobs.repository import (
 )
 from hypermedia.jobs.states import IN_FLIGHT, JobStatus
 from hypermedia.queue.redis_queue import Leased, RedisQueue, Restore
+from hypermedia.sandbox.limits import wall_clock_seconds
 
 log = logging.getLogger(__name__)
 
 
-def lease_seconds(timeout_seconds: int, grace_seconds: float) -> float:
-    """A job's lease: its wall-clock limit (timeout x 1.5) plus a grace period."""
-    return timeout_seconds * 1.5 + grace_seconds
+# The timeout of a job whose profile the catalog no longer has (or of a queue with none).
+UNKNOWN_PROFILE_TIMEOUT_SECONDS = 60
+
+
+def lease_seconds(timeout_seconds: int | None, grace_seconds: float) -> float:
+    """A job's lease: its wall-clock limit (timeout x 1.5) plus a grace period.
+    ``timeout_seconds`` None: the profile is unknown (:data:`UNKNOWN_PROFILE_TIMEOUT_SECONDS`)."""
+    if timeout_seconds is None:
+        timeout_seconds = UNKNOWN_PROFILE_TIMEOUT_SECONDS
+    return wall_clock_seconds(timeout_seconds) + grace_seconds
 
 
 class Dispatcher:
@@ -77,8 +85,8 @@ class Dispatcher:
             record.profile_id: record.version
             for record in (catalog.get(op) for op in catalog.operations())
         }
-        # A job whose profile is no longer active: the lease of a 60 s timeout.
-        self._default_lease = lease_seconds(60, self.grace)
+        # A job whose profile is no longer active.
+        self._default_lease = lease_seconds(None, self.grace)
 
     def queue_lease_seconds(self, queue: str) -> float:
         """Redis lease for a queue: the longest lease of any profile on it."""
@@ -88,7 +96,7 @@ class Dispatcher:
                 for op in self.catalog.operations()
                 if self.catalog.get(op).queue == queue
             ]
-            self._queue_lease[queue] = lease_seconds(max(timeouts, default=60), self.grace)
+            self._queue_lease[queue] = lease_seconds(max(timeouts, default=None), self.grace)
         return self._queue_lease[queue]
 
     # -- claim --------------------------------------------------------------------

@@ -41,10 +41,19 @@ import math
 from dataclasses import dataclass
 
 MIB = 1024 * 1024
+# The seed's per-job limits ("Resource Limits (Per Job)"): the one copy of each, for
+# the profiles' defaults, the record's columns and the executor.
 WALL_CLOCK_FACTOR = 1.5
 DEFAULT_MAX_OUTPUT_BYTES = 10 * 1024 * MIB
 DEFAULT_MAX_PROCESSES = 16
 DEFAULT_OPEN_FILES = 1024
+
+
+def wall_clock_seconds(timeout_seconds: float) -> float:
+    """How long a job may take by the clock: ``timeout_seconds`` x 1.5 (the seed's
+    worker-side timer; a job's lease is this plus a grace period)."""
+    return timeout_seconds * WALL_CLOCK_FACTOR
+
 
 RLimit = tuple[str, int, int]  # (name in the resource module, soft, hard)
 
@@ -69,7 +78,7 @@ class Limits:
 
     @property
     def wall_clock_seconds(self) -> float:
-        return self.timeout_seconds * WALL_CLOCK_FACTOR
+        return wall_clock_seconds(self.timeout_seconds)
 
     @property
     def cpu_seconds(self) -> int:

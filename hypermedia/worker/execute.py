@@ -6,10 +6,9 @@ the head -> upload -> complete (outputs registered, credits charged). The job is
 completed only after every output is stored; any failure fails the attempt with
 a code and message (retry or failed, per the profile), and the workdir goes.
 
-:meth:`JobExecution.run` does all of it for a claimed job. The worker's loops use
-:meth:`JobExecution.run_started` for jobs they claimed and started in one
-transaction; it stops short of the record's complete and answers a
-:class:`Completion`, which the worker's batcher commits with others (group commit).
+The worker's claim loops claim and start jobs in one transaction, then hand each to
+:meth:`JobExecution.run_started`; it stops short of the record's complete and answers
+a :class:`Completion`, which the worker's batcher commits with others (group commit).
 
 An operation whose profile sets ``params.needs_input = false`` gets no input: no
 GET URL, no download; its step is handed a path where no file is. A step that
@@ -198,23 +197,12 @@ class JobExecution:
         if watcher is not None:
             watcher.join(5)
 
-    def run(self, job: ClaimedJob) -> Outcome:
-        """start, run, store and complete a claimed job."""
-        if not self.dispatcher.start(job, self.worker_id):
-            return Outcome(job.job_id, "lost")
-        result = self.run_started(job)
-        if isinstance(result, Outcome):
-            return result
-        ok = self.dispatcher.complete(
-            job, self.worker_id, result.outputs, peak_memory_mb=result.peak_memory_mb
-        )
-        return Outcome(job.job_id, "completed" if ok else "lost")
-
     def run_started(self, job: ClaimedJob) -> Outcome | Completion:
         """Run a job that is already ``processing`` for this worker; a
         :class:`Completion` when only the record's complete is left."""
         profile = self.catalog.by_id(job.profile_id)
-        lease = lease_seconds(profile.timeout_seconds if profile else 60, self.dispatcher.grace)
+        timeout = profile.timeout_seconds if profile else None
+        lease = lease_seconds(timeout, self.dispatcher.grace)
         watched = _Watched(job, lease, time.monotonic() + lease / 3)
         with self._lock:
             self._running[job.job_id] = watched

@@ -244,3 +244,21 @@ def test_main_reports_an_unusable_config(tmp_path, capsys):
     config.write_text("{}")
     assert simulate.main(config, TRACES / "steady.csv", None) == 2
     assert "scheduler simulate" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("count", "fraction", "rank"),
+    [
+        (10, 0.5, 5),  # ceil(5): rounding 5.5 half to even would say 6
+        (4, 0.5, 2),
+        (3, 0.5, 2),
+        (20, 0.95, 19),  # 0.95 x 20 is 19.000000000000004 in floating point
+        (100, 0.99, 99),
+        (1, 0.99, 1),
+        (7, 1.0, 7),
+    ],
+)
+def test_percentile_is_the_nearest_rank(count: int, fraction: float, rank: int):
+    values = [float(i) for i in range(1, count + 1)]
+    assert simulate.percentile(values, fraction) == rank
+    assert simulate.percentile([], fraction) == 0.0
