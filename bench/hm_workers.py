@@ -7,8 +7,9 @@ pipeline actors are made by the :class:`~hypermedia.worker.supervisor.Supervisor
 on a Ray head of the run's own (token auth, free ports), one mode at a time:
 
 * ``child``: every step in a child of the actor's fork server, as in production;
-* ``in_process``: the step called in the actor (the benchmark-only
-  ``in_process_steps`` option), to measure the job path apart from the child.
+* ``in_process``: the step called in the actor (the benchmark's own actor,
+  :func:`bench.in_process.in_process_actor`), to measure the job path apart from the
+  child.
 
 Nothing imports ``ray`` before :meth:`Hypermedia.start_cluster` has set its auth
 environment.
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import importlib
 import logging
 import os
 import shutil
@@ -80,6 +82,9 @@ class Hypermedia:
             data_dir=data_dir,
             profiles_path=profiles,
         )
+        # Ingest accepts only operations with a step registered in this process too.
+        for module in PRELOAD:
+            importlib.import_module(module)
         subject, pool_id = hm.open_subject(self.settings)
         cleanup.callback(subject.stack.close)
         self.subject, self.pool_id = subject, pool_id
@@ -135,8 +140,6 @@ class Hypermedia:
         options: dict[str, Any] = {
             "prefetch": self.args.child_prefetch if child else self.args.prefetch
         }
-        if not child:
-            options["in_process_steps"] = True  # benchmark only: no child per job
         settings = self.settings.model_copy(
             update={"queues": {**self.settings.queues, QUEUE: QueueSettings(concurrency=loops)}}
         )
@@ -149,6 +152,10 @@ class Hypermedia:
             preload=PRELOAD,
             worker_options=options,
         )
+        if not child:  # benchmark only: no child per job
+            from bench.in_process import in_process_actor
+
+            supervisor.actor_class = in_process_actor()
         maintenance = Maintenance(
             self.stack,
             reaper_interval=self.settings.reaper_interval_seconds,

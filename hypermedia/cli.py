@@ -119,10 +119,27 @@ def _settings(**overrides: Any) -> Settings:
 
 
 def _engine(settings: Settings) -> Engine:
-    """An engine on a database whose schema is up to date."""
+    """An engine on an existing database whose schema is up to date. A SQLite file that
+    is not there is not created: a data dir nothing has run with is an error."""
+    from sqlalchemy import make_url
+
     from hypermedia.db.engine import make_engine
     from hypermedia.db.migrate import current_revision, head_revision
 
+    url = make_url(settings.effective_database_url)
+    if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
+        path = Path(url.database or "")
+        if not path.exists():
+            key = (
+                "database_url (HYPERMEDIA_DATABASE_URL)"
+                if settings.database_url
+                else "data_dir (HYPERMEDIA_DATA_DIR)"
+            )
+            raise ConfigError(
+                key,
+                f"no database at {path}: nothing has run with this data dir (the services'"
+                " one? a new deployment starts with `hypermedia db upgrade`)",
+            )
     engine = make_engine(settings.effective_database_url)
     if current_revision(engine) != head_revision():
         engine.dispose()

@@ -8,9 +8,9 @@ worker stops; its failing with ``RayActorError`` is how the supervisor learns th
 actor (or its node) died.
 
 ``options`` tune the worker: ``prefetch`` (jobs one claim loop takes at once,
-default 1) and, for ``bench/throughput.py`` only, ``in_process_steps`` (run steps
-in the actor itself, without the per-job child: see
-:mod:`hypermedia.worker.in_process`). Production actors get no options.
+default 1). Every step runs in a child of the actor's fork server
+(:meth:`PipelineService.make_executor`); the throughput benchmark's own subclass runs
+them in the actor instead (``bench/in_process.py``), nothing here.
 
 With ``spot_watch`` set in the settings (``aws`` or ``gcp``, on a spot instance)
 the worker watches the metadata service for the interruption notice and stops
@@ -145,23 +145,13 @@ class PipelineService:
         from hypermedia.worker.worker import Worker
 
         options = dict(options or {})
-        unknown = set(options) - {"prefetch", "in_process_steps"}
+        unknown = set(options) - {"prefetch"}
         if unknown:
             raise ValueError(f"unknown worker options {sorted(unknown)}")
         cfg: Settings = load_settings(**settings)
         self.stack = Stack.open(cfg, with_storage=False)  # per-job grants only
         work_root = cfg.data_dir / "work" / worker_id
-        self.executor: Any
-        if options.get("in_process_steps"):
-            from hypermedia.worker.in_process import InProcessExecutor
-
-            self.executor = InProcessExecutor(work_root, preload)  # benchmark only
-        else:
-            from hypermedia.sandbox.executor import ChildExecutor
-
-            # The data dir holds the record, the stored objects and secrets: jobs must
-            # not see it (their own workdir is mounted back in).
-            self.executor = ChildExecutor(work_root, preload=preload, hidden_paths=(cfg.data_dir,))
+        self.executor: Any = self.make_executor(work_root, preload, cfg)
         executor: Executor = self.executor
         grants_client = RayGrants(grants) if _is_actor_handle(grants) else grants
         execution = JobExecution(
@@ -184,6 +174,14 @@ class PipelineService:
             spot=SpotWatch.from_settings(cfg),
         )
         self.worker.start()
+
+    def make_executor(self, work_root: Path, preload: tuple[str, ...], cfg: Settings) -> Any:
+        """Where the steps run: a child per job, forked by the actor's fork server."""
+        from hypermedia.sandbox.executor import ChildExecutor
+
+        # The data dir holds the record, the stored objects and secrets: jobs must not
+        # see it (their own workdir is mounted back in).
+        return ChildExecutor(work_root, preload=preload, hidden_paths=(cfg.data_dir,))
 
     def serve(self) -> dict[str, int]:
         """Block until the worker stops; its final counts."""

@@ -79,6 +79,9 @@ def settings_for_actors(settings: Settings, redis_url: str) -> dict[str, Any]:
 
 
 class Supervisor:
+    # The Ray actor class each pool member is (a benchmark's subclass swaps its own in).
+    actor_class: Any = PipelineActor
+
     def __init__(
         self,
         stack: Stack,
@@ -138,7 +141,7 @@ class Supervisor:
     def _spawn(self, queue: str) -> Member:
         worker_id = f"{queue}-{new_id()[-12:]}"
         concurrency = self.stack.settings.queues[queue].concurrency
-        actor: Any = PipelineActor.options(
+        actor: Any = self.actor_class.options(
             num_cpus=0,
             max_concurrency=8,
             resources={f"queue_{queue}": 1},

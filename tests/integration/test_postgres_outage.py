@@ -11,11 +11,11 @@ from pathlib import Path
 
 from sqlalchemy import func, select
 
+from bench.in_process import InProcessExecutor
 from hypermedia.db import tables as t
 from hypermedia.db.engine import make_engine, transaction
 from hypermedia.ingest.service import SubmitRequest
 from hypermedia.worker.execute import JobExecution
-from hypermedia.worker.in_process import InProcessExecutor
 from hypermedia.worker.worker import Worker
 from tests import ray_support
 from tests.factories import make_object, make_user, open_stack

@@ -1,7 +1,7 @@
 """The worker's loops without Ray: claim-and-start with prefetch, the completion
 batcher (group commit), operations that need no input, drain with prefetched jobs.
 
-Steps run in-process (:class:`~hypermedia.worker.in_process.InProcessExecutor`, the
+Steps run in-process (:class:`~bench.in_process.InProcessExecutor`, the
 benchmark's executor) so these tests are about the job path, not the sandbox,
 which ``test_sandbox_executor`` and ``test_workers`` cover.
 """
@@ -15,13 +15,13 @@ from pathlib import Path
 
 from sqlalchemy import func, select
 
+from bench.in_process import InProcessExecutor
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
 from hypermedia.ingest.service import SubmitRequest
 from hypermedia.stack import Stack
 from hypermedia.storage.grants import OutputGrant
 from hypermedia.worker.execute import JobExecution
-from hypermedia.worker.in_process import InProcessExecutor
 from hypermedia.worker.worker import Worker
 from tests import ray_support
 from tests.factories import make_object, make_user, open_stack

@@ -1,12 +1,12 @@
-"""BENCHMARK ONLY: run pipeline steps in the worker's own process.
+"""Benchmark only: pipeline steps run in the worker's own process.
 
 :class:`InProcessExecutor` has the executor interface of
 :class:`~hypermedia.sandbox.executor.ChildExecutor` without the child: no address
 space of its own, no rlimits, no wall clock, no kill on cancel. It exists so
 ``bench/throughput.py`` can measure the job path (Redis, the record, the actor)
-apart from the per-job child. Production workers always run steps in the child;
-the pipeline actor uses this only when its ``options`` say
-``in_process_steps=True``, which nothing but the benchmark sets.
+apart from the per-job child, with :func:`in_process_actor`'s pipeline actor; the
+worker-loop tests use it to drive a worker without a fork server. Production actors
+always run steps in the child: nothing under ``hypermedia/`` can choose this.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hypermedia.sandbox.limits import DEFAULT_MAX_OUTPUT_BYTES
+from hypermedia.config import Settings
+from hypermedia.sandbox.limits import DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_MAX_PROCESSES
 from hypermedia.sandbox.outcome import ChildFailed, validate_outputs
 from pipelines.registry import Output, PipelineError
 from pipelines.registry import get as get_step
@@ -58,7 +59,7 @@ class InProcessExecutor:
         *,
         timeout_seconds: float,
         memory_limit_mb: int,
-        max_processes: int = 16,  # limits are not enforced in process (benchmark only)
+        max_processes: int = DEFAULT_MAX_PROCESSES,  # limits are not enforced in process
         max_output_bytes: int = 0,
     ) -> InProcessResult:
         workdir = self.workdir(job_id)
@@ -90,3 +91,20 @@ class InProcessExecutor:
 
     def close(self) -> None:
         """Nothing to stop."""
+
+
+def in_process_actor() -> Any:
+    """A pipeline actor class whose steps run in the actor (for
+    :attr:`~hypermedia.worker.supervisor.Supervisor.actor_class`). It imports ``ray``:
+    call it once the cluster's auth environment is set."""
+    import ray
+
+    from hypermedia.worker.actor import PipelineService
+
+    class InProcessPipelineService(PipelineService):
+        def make_executor(
+            self, work_root: Path, preload: tuple[str, ...], cfg: Settings
+        ) -> InProcessExecutor:
+            return InProcessExecutor(work_root, preload)
+
+    return ray.remote(InProcessPipelineService)
