@@ -5,4 +5,6 @@ Redis or Ray. Import the module you need (``hypermedia.ingest.service``,
 ``hypermedia.queue.redis_queue`` ...).
 """
 
+__all__ = ["__version__"]
+
 __version__ = "0.1.0"

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+__all__ = ["Output", "PipelineError", "Step", "get", "load_all", "operations", "register"]
+
 
 @dataclass(frozen=True, slots=True)
 class Output:

@@ -38,8 +38,10 @@ from hypermedia.ingest.schemas import (
     QueuesResponse,
 )
 
+__all__ = ["PREFIX", "HypermediaClient", "error_from_response"]
+
 PREFIX = "/v1/hypermedia"
-M = TypeVar("M", bound=BaseModel)
+_Model = TypeVar("_Model", bound=BaseModel)
 
 
 def _error_classes() -> dict[str, type[HypermediaError]]:
@@ -91,7 +93,7 @@ class HypermediaClient:
 
     # -- plumbing -------------------------------------------------------------------------
 
-    def _request(self, method: str, path: str, model: type[M], **kwargs: Any) -> M:
+    def _request(self, method: str, path: str, model: type[_Model], **kwargs: Any) -> _Model:
         try:
             response = self._http.request(method, path, **kwargs)
         except httpx.TransportError as exc:
