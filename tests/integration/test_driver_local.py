@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -80,7 +81,7 @@ def test_a_terminating_instance_keeps_its_address_and_temp_dir_until_it_has_stop
     assert isinstance(third, Instance) and third.private_ip == first.private_ip
 
 
-def driver_records(driver: LocalDriver) -> dict:
+def driver_records(driver: LocalDriver) -> dict[str, dict[str, Any]]:
     with driver._state() as state:
         return dict(state)
 
