@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
 import httpx
 import uvicorn
@@ -17,21 +15,6 @@ from hypermedia.accounts import NewUser, create_user
 from hypermedia.db.engine import transaction
 from hypermedia.embedded import free_port
 from hypermedia.stack import Stack
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def corpus_images() -> Path:
-    """The shared test images: ``HYPERMEDIA_TEST_CORPUS``, else ``shared/corpus/images``
-    beside the repository (where CI lays it)."""
-    candidates = [
-        os.environ.get("HYPERMEDIA_TEST_CORPUS"),
-        str(REPO.parent / "shared" / "corpus" / "images"),
-    ]
-    for candidate in candidates:
-        if candidate and Path(candidate).is_dir():
-            return Path(candidate)
-    raise AssertionError(f"no test image corpus in any of {[c for c in candidates if c]}")
 
 
 def add_user(stack: Stack, name: str, credits: float = 10.0, *, operator: bool = False) -> NewUser:

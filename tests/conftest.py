@@ -50,6 +50,7 @@ from hypermedia.embedded import EmbeddedRedis
 from hypermedia.worker import cluster
 from tests import support
 
+pytest_plugins = ["tests.tiers"]  # generated inputs and the corpus tier
 TESTS = Path(__file__).resolve().parent
 
 # Ray reads its auth settings once, at import: every Ray cluster the tests start uses

@@ -1,20 +1,62 @@
-"""The shared corpus's MANIFEST (``../shared/corpus``, never copied here) and what the
-platform must do with each row: the operation a file gets, and the outcomes allowed
-where a verdict belongs at ingest. Used by the ingest test (tests/integration/
-test_input_validation.py) and the worker-path test (tests/integration/test_hostile_corpus.py).
+"""The shared corpus: where it is, its MANIFEST, and what the platform must do with each
+row: the operation a file gets, and the outcomes allowed where a verdict belongs at
+ingest. The generated files (:mod:`tests.generated`) write manifests in the same columns
+and words, so the same rules judge them.
+
+The corpus is not part of the project (never copied here): ``HYPERMEDIA_TEST_CORPUS``
+names it, else ``shared/corpus`` beside the checkout is used where it exists. Nothing
+here reads it at import: tests of the corpus tier (``@pytest.mark.corpus``) call
+:func:`corpus` when they run, and :mod:`tests.tiers` deselects them, or fails them in
+CI, when it is absent.
 """
 
 from __future__ import annotations
 
 import csv
+import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.api_support import corpus_images
-
-CORPUS = corpus_images().parent
+CORPUS_ENV = "HYPERMEDIA_TEST_CORPUS"
+REPO = Path(__file__).resolve().parents[1]
+BESIDE_THE_CHECKOUT = REPO.parent / "shared" / "corpus"
 DIRECTORIES = ("hostile", "documents", "images", "media")
 ACCEPTED = "accepted"
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """Where the corpus is (``path``), or why it is not there (``problem``)."""
+
+    path: Path | None
+    problem: str
+
+
+def find_corpus() -> Lookup:
+    """``HYPERMEDIA_TEST_CORPUS`` when set (a wrong one is a problem, not a fallback: it
+    was asked for), else ``shared/corpus`` beside the checkout."""
+    configured = os.environ.get(CORPUS_ENV)
+    if configured:
+        root = Path(configured)
+        if (root / "MANIFEST.tsv").is_file():
+            return Lookup(root, "")
+        return Lookup(None, f"{CORPUS_ENV}={configured} is not a corpus (no MANIFEST.tsv)")
+    if (BESIDE_THE_CHECKOUT / "MANIFEST.tsv").is_file():
+        return Lookup(BESIDE_THE_CHECKOUT, "")
+    return Lookup(
+        None,
+        f"no test corpus: set {CORPUS_ENV}=/path/to/corpus"
+        " or put shared/corpus beside the checkout",
+    )
+
+
+def corpus() -> Path:
+    """The corpus root (holding MANIFEST.tsv)."""
+    found = find_corpus()
+    assert found.path is not None, found.problem
+    return found.path
+
 
 OPERATION_BY_KIND = {
     "image": "thumbnail",
@@ -80,24 +122,50 @@ INGEST_FILES = {
     "hostile/derived-docx-named.pdf": "input_type_mismatch",
     "hostile/derived-mp4-named.mp3": "input_type_mismatch",
     "documents/pdfjs-empty_protected.pdf": "accepted",  # owner password only: it opens
+    # The generated files (tests/generated/hostile.py) whose verdict is one code.
+    "hostile/polyglot-jpeg-zip.jpg": "polyglot_file",
+    "hostile/truncated.docx": "invalid_input",
+    "hostile/not-a-zip.odt": "input_type_mismatch",
+    "hostile/pdf-named.jpg": "input_type_mismatch",
+    "hostile/png-named.pdf": "input_type_mismatch",
+    "hostile/docx-named.pdf": "input_type_mismatch",
+    "hostile/mp4-named.mp3": "input_type_mismatch",
+    "hostile/svg-with-script-named.png": "unsupported_format",
+    "hostile/playlist-named.mp4": "unsupported_format",
+    "hostile/concat-named.mp4": "unsupported_format",
+    "hostile/truncated.svgz": "unsupported_format",
+    "documents/owner-protected.pdf": "accepted",
 }
 
 
-@dataclass
+@dataclass(frozen=True)
 class Row:
     path: str
     kind: str
     expected: str
 
 
-def manifest_rows(directories: tuple[str, ...] = DIRECTORIES) -> list[Row]:
-    with (CORPUS / "MANIFEST.tsv").open(newline="") as handle:
+def read_manifest(path: Path, directories: Iterable[str] | None = None) -> list[Row]:
+    """The rows of the MANIFEST.tsv at ``path`` (of ``directories`` only, if given)."""
+    wanted = None if directories is None else set(directories)
+    with path.open(newline="", encoding="utf-8") as handle:
         reader = csv.DictReader(handle, delimiter="\t", quoting=csv.QUOTE_NONE)
         return [
             Row(r["path"], r["kind"], r["expected"])
             for r in reader
-            if r["path"].split("/", 1)[0] in directories
+            if wanted is None or r["path"].split("/", 1)[0] in wanted
         ]
+
+
+def manifest_rows(directories: tuple[str, ...] = DIRECTORIES) -> list[Row]:
+    """The corpus's rows in ``directories``."""
+    return read_manifest(corpus() / "MANIFEST.tsv", directories)
+
+
+def collected_rows(directories: tuple[str, ...] = DIRECTORIES) -> list[Row]:
+    """For parametrizing at collection: the corpus's rows, or none when it is absent
+    (the tier's hooks then deselect or fail the tests)."""
+    return manifest_rows(directories) if find_corpus().path is not None else []
 
 
 def operation_for(row: Row, detected: str) -> str:

@@ -25,10 +25,10 @@ import pytest
 
 from hypermedia.embedded import EmbeddedRedis, free_port
 from hypermedia.storage import signing
-from tests.api_support import corpus_images, wait_until_healthy
+from tests.api_support import wait_until_healthy
+from tests.generated import Generated
 
 REPO = Path(__file__).resolve().parents[2]
-IMAGES = corpus_images()
 JOB_LINE = re.compile(r"^job ([0-9a-f]{32}) (\w+) queue=(\w+) priority=(\d+) estimated_credits=")
 
 
@@ -107,7 +107,7 @@ def _user(cli: Cli, *args: str) -> str:
     return key
 
 
-def test_the_whole_flow_through_the_cli(cli: Cli, tmp_path: Path):
+def test_the_whole_flow_through_the_cli(cli: Cli, tmp_path: Path, generated: Generated):
     out = cli.ok("db", "upgrade")
     assert "is at revision" in out
     assert "hypermedia.db" in out  # the SQLite file in the data dir
@@ -120,7 +120,7 @@ def test_the_whole_flow_through_the_cli(cli: Cli, tmp_path: Path):
     carol = _user(cli, "carol")
     with serving(cli, tmp_path / "serve.log") as url:
         env = {"HYPERMEDIA_API_URL": url, "HYPERMEDIA_API_KEY": alice}
-        files = [IMAGES / "imageio-chelsea.jpg", IMAGES / "imageio-coffee.png"]
+        files = [generated / "images/photo.jpg", generated / "images/drawing.png"]
         out = cli.ok("submit", *map(str, files), "--op", "thumbnail", **env)
         objects = [line for line in out.splitlines() if line.startswith("object ")]
         jobs = [JOB_LINE.match(line) for line in out.splitlines() if line.startswith("job ")]
@@ -154,7 +154,7 @@ def test_the_whole_flow_through_the_cli(cli: Cli, tmp_path: Path):
         bad_key = {**env, "HYPERMEDIA_API_KEY": "hm_000000000000_x"}
         assert "unauthenticated" in cli.fails("status", job_ids[1], **bad_key)
         # Carol has no credits: 402, and nothing is queued for her.
-        camera = str(IMAGES / "imageio-camera.png")
+        camera = str(generated / "images/alpha.png")
         carol_env = {**env, "HYPERMEDIA_API_KEY": carol}
         assert "insufficient_credits" in cli.fails(
             "submit", camera, "--op", "thumbnail", **carol_env
@@ -176,13 +176,15 @@ def _queue_row(table: str, queue: str) -> list[str]:
     return [cell.strip() for cell in re.split(r"[│|]", row) if cell.strip()]
 
 
-def test_serve_reconciles_redis_at_start(cli: Cli, private_redis: EmbeddedRedis, tmp_path: Path):
+def test_serve_reconciles_redis_at_start(
+    cli: Cli, private_redis: EmbeddedRedis, tmp_path: Path, generated: Generated
+):
     cli.ok("db", "upgrade")
     key = _user(cli, "ops", "--credits", "1", "--operator")
     log = tmp_path / "serve.log"
     with serving(cli, log) as url:
         env = {"HYPERMEDIA_API_URL": url, "HYPERMEDIA_API_KEY": key}
-        cli.ok("submit", str(IMAGES / "imageio-astronaut.png"), "--op", "thumbnail", **env)
+        cli.ok("submit", str(generated / "images/drawing.png"), "--op", "thumbnail", **env)
         assert _queue_row(cli.ok("queues", **env), "images")[5] == "1/0/0"
     private_redis.restart()  # Redis loses everything
     with serving(cli, log) as url:

@@ -23,9 +23,9 @@ from hypermedia.errors import (
 from hypermedia.ingest.api import create_app
 from hypermedia.ingest.client import HypermediaClient
 from hypermedia.stack import Stack
-from tests.api_support import add_user, corpus_images, running_server
+from tests.api_support import add_user, running_server
+from tests.generated import Generated
 
-CORPUS = corpus_images()
 IMAGE = b"\xff\xd8\xff\xe0" + bytes(range(256)) * 40
 
 
@@ -125,10 +125,9 @@ def test_client_end_to_end_over_http(stack, base_url, tmp_path):
         client.credits()
 
 
-def test_client_uploads_corpus_files(stack, base_url):
+def test_client_uploads_image_files(stack, base_url, generated: Generated):
     alice = add_user(stack, "alice")
-    files = sorted(CORPUS.glob("*.png"))[:3]
-    assert files, f"no test images in {CORPUS}"
+    files = [generated / f"images/{name}" for name in ("drawing.png", "alpha.png", "photo.jpg")]
     with HypermediaClient(base_url, alice.api_key) as client:
         for path in files:
             obj = client.upload(path)

@@ -1,8 +1,9 @@
-"""Every image of the shared corpus through the HTTP API, on a real Ray cluster,
-with S3 storage (moto's server over HTTP, through boto3): each one completes with
-its output at the deterministic key, decoding with the requested size and format,
-or is refused with ``unsupported_format`` (at submit, from the type detected at upload,
-or by the worker's pipeline). No other outcome is acceptable."""
+"""Every generated image, and every image of the shared corpus (the corpus tier),
+through the HTTP API, on a real Ray cluster, with S3 storage (moto's server over HTTP,
+through boto3): each one completes with its output at the deterministic key, decoding
+with the requested size and format, or is refused with ``unsupported_format`` (at
+submit, from the type detected at upload, or by the worker's pipeline). No other
+outcome is acceptable."""
 
 from __future__ import annotations
 
@@ -20,10 +21,11 @@ from rich.table import Table
 from hypermedia.errors import UnsupportedFormat
 from hypermedia.ingest.client import HypermediaClient
 from hypermedia.storage.base import derived_key
+from tests.corpus_support import corpus
 from tests.factories import make_user
+from tests.generated import Generated
 from tests.ray_support import ray_stack
 
-CORPUS = Path(__file__).resolve().parents[2].parent / "shared" / "corpus" / "images"
 REGION = "us-east-1"
 WIDTH, HEIGHT = 200, 150
 
@@ -44,10 +46,29 @@ def moto_s3(monkeypatch):
     server.stop()
 
 
+def test_every_generated_image_through_the_api(
+    pg_engine, settings, tmp_path, moto_s3, generated: Generated
+):
+    rows = generated.rows(["images"])
+    counts = through_the_api(
+        [generated / row.path for row in rows], pg_engine, settings, tmp_path, moto_s3
+    )
+    # Every image the generator draws is in a supported format, but two on purpose.
+    assert counts == {"completed": len(rows) - 2, "unsupported_format": 2}
+
+
+@pytest.mark.corpus
 def test_every_corpus_image_through_the_api(pg_engine, settings, tmp_path, moto_s3):
+    files = sorted(p for p in (corpus() / "images").iterdir() if p.is_file())
+    assert len(files) >= 80
+    counts = through_the_api(files, pg_engine, settings, tmp_path, moto_s3)
+    assert counts["completed"] >= 60
+
+
+def through_the_api(files: list[Path], pg_engine, settings, tmp_path, moto_s3) -> dict[str, int]:
+    """Each of ``files`` uploaded and thumbnailed; problems fail the test; the counts of
+    the two acceptable outcomes."""
     endpoint, bucket, s3 = moto_s3
-    files = sorted(p for p in CORPUS.iterdir() if p.is_file())
-    assert len(files) >= 80, "the corpus is expected at ../shared/corpus"
     with ray_stack(
         settings,
         pg_engine,
@@ -116,4 +137,4 @@ def test_every_corpus_image_through_the_api(pg_engine, settings, tmp_path, moto_
         print(counts)
         assert problems == []
         assert counts["completed"] + counts["unsupported_format"] == len(files)
-        assert counts["completed"] >= 60
+        return counts

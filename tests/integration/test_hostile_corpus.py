@@ -1,16 +1,17 @@
-"""Every file of the shared corpus's ``hostile/`` and ``images/`` through the real worker
-path: uploaded over HTTP under its own (hostile) name, submitted for the operation
-that fits its detected kind, inspected at submit, then downloaded, sandboxed and
-processed by pipeline actors on a real Ray cluster. Each row ends as its MANIFEST
-``expected`` says:
+"""Every generated file of ``hostile/`` and ``images/`` (tests/generated), and every file
+of the shared corpus's (the corpus tier), through the real worker path: uploaded over
+HTTP under its own (hostile) name, submitted for the operation that fits its detected
+kind, inspected at submit, then downloaded, sandboxed and processed by pipeline actors
+on a real Ray cluster. Each row ends as its MANIFEST ``expected`` says:
 
 - ``reject:<reason>``: refused at submit, or failed at the worker, with the code that
   names the reason (``REJECT_CODES``);
 - ``tolerate:<reason>``: completed, or failed with a stable code, within the profile's
   wall clock;
 - ``neutralize:<what>``: completed (or refused as a format the platform does not
-  process) and nothing fetched: a canary listener on loopback, which the test
-  derives extra copies of the documents to point at, receives no connection;
+  process) and nothing fetched: a canary listener on loopback, which extra copies of
+  the external-reference documents point at (generated for it, or derived from the
+  corpus's), receives no connection;
   metadata carrying code does not reach the output;
 - ``sanitize:filename``: completed, and the name appears in no path on disk and in no
   output key;
@@ -33,12 +34,13 @@ import threading
 import time
 import zipfile
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
 import ray
 from rich.console import Console
 from rich.table import Table
@@ -46,8 +48,9 @@ from rich.table import Table
 from hypermedia.errors import HypermediaError
 from hypermedia.ingest.client import HypermediaClient
 from hypermedia.ingest.schemas import JobResponse
-from tests.corpus_support import CORPUS, Row, allowed, manifest_rows, operation_for
+from tests.corpus_support import Row, allowed, corpus, manifest_rows, operation_for
 from tests.factories import make_user
+from tests.generated import Generated, documents, hostile
 from tests.ray_support import RayStack, ray_stack
 
 POOLS = {"images": 1, "documents": 1, "media": 1, "bulk": 1}
@@ -120,7 +123,7 @@ class Canary:
 @dataclass
 class Case:
     row: Row
-    path: Path  # the file uploaded (the corpus file, or a derived copy)
+    path: Path  # the file uploaded (the manifest's file, or a copy made for the canary)
     operation: str = ""
     detected: str = ""
     job_id: str | None = None
@@ -152,11 +155,28 @@ def _rewrite_zip(source: Path, target: Path, old: bytes, new: bytes) -> None:
             zout.writestr(name, data.replace(old, new))
 
 
-def canary_documents(directory: Path, port: int) -> list[Case]:
+def canary_case(path: Path) -> Case:
+    return Case(Row(f"derived/{path.name}", "", "neutralize:external-ref"), path)
+
+
+def generated_canary_documents(directory: Path, port: int) -> list[Case]:
+    """The generator's external-reference documents, pointed at the canary."""
+    url = f"http://127.0.0.1:{port}"
+    made = {
+        "canary-picture.docx": hostile.external_picture_docx(f"{url}/picture.png"),
+        "canary-template.docx": hostile.attached_template_docx(f"{url}/template.dotx"),
+        "canary-linked.fodt": documents.linked_fodt(f"{url}/giraffe.png").encode(),
+    }
+    for name, data in made.items():
+        (directory / name).write_bytes(data)
+    return [canary_case(directory / name) for name in made]
+
+
+def corpus_canary_documents(directory: Path, port: int) -> list[Case]:
     """Copies of the corpus's external-reference documents whose links point at the
     canary (the originals point at example.com, or a local file, or a relative path)."""
     url = f"http://127.0.0.1:{port}".encode()
-    hostile = CORPUS / "hostile"
+    originals = corpus() / "hostile"
     cases = []
     for name, old, new in [
         (
@@ -167,15 +187,15 @@ def canary_documents(directory: Path, port: int) -> list[Case]:
         ("mammoth-external-picture.docx", b'Target="tiny-picture.png"', b'Target="%s/p.png"' % url),
     ]:
         target = directory / f"canary-{name}"
-        _rewrite_zip(hostile / name, target, old, new)
-        cases.append(Case(Row(f"derived/{target.name}", "", "neutralize:external-ref"), target))
-    fodt = hostile / "gotenberg-libreoffice-linked-external.fodt"
+        _rewrite_zip(originals / name, target, old, new)
+        cases.append(canary_case(target))
+    fodt = originals / "gotenberg-libreoffice-linked-external.fodt"
     target = directory / f"canary-{fodt.name}"
     text = fodt.read_bytes()
     old = b"file:///usr/lib/libreoffice/share/gallery/backgrounds/giraffe.png"
     assert old in text
     target.write_bytes(text.replace(old, url + b"/giraffe.png"))
-    cases.append(Case(Row(f"derived/{target.name}", "", "neutralize:external-ref"), target))
+    cases.append(canary_case(target))
     return cases
 
 
@@ -266,12 +286,50 @@ def data_paths(root: Path) -> list[str]:
     return [str(p) for p in root.rglob("*")]
 
 
+def test_generated_hostile_files_and_images_through_the_workers(
+    pg_engine, settings, tmp_path, generated: Generated
+):
+    rows = generated.rows(["hostile", "images"])
+    through_the_workers(
+        rows,
+        generated.root,
+        generated_canary_documents,
+        "php-in-metadata.jpg",
+        pg_engine,
+        settings,
+        tmp_path,
+    )
+
+
+@pytest.mark.corpus
 def test_hostile_and_image_corpus_through_the_workers(pg_engine, settings, tmp_path):
     rows = manifest_rows(("hostile", "images"))
-    assert len(rows) >= 190, f"the corpus is expected at {CORPUS}"
+    assert len(rows) >= 190
+    through_the_workers(
+        rows,
+        corpus(),
+        corpus_canary_documents,
+        "fuzzdb-POC_phpinfo-metadata.jpg",
+        pg_engine,
+        settings,
+        tmp_path,
+    )
+
+
+def through_the_workers(
+    rows: list[Row],
+    root: Path,
+    canary_documents: Callable[[Path, int], list[Case]],
+    php_file: str,
+    pg_engine,
+    settings,
+    tmp_path: Path,
+) -> None:
+    """``rows`` (files under ``root``) and the canary's documents through the workers;
+    ``php_file`` is the name of the JPEG with PHP in its metadata."""
     with canary_listener() as canary, ray_stack(settings, pg_engine, tmp_path, POOLS) as rs:
         person = make_user(rs.stack)
-        cases = [Case(row, CORPUS / row.path) for row in rows]
+        cases = [Case(row, root / row.path) for row in rows]
         cases += canary_documents(tmp_path, canary.port)
         assert rs.settings.api_url is not None
         with HypermediaClient(rs.settings.api_url, person.api_key, timeout=60) as client:
@@ -307,7 +365,7 @@ def test_hostile_and_image_corpus_through_the_workers(pg_engine, settings, tmp_p
 
         # neutralize: nothing fetched, nothing of the hidden payload kept.
         assert canary.connections == []
-        metadata = next(c for c in cases if c.name == "fuzzdb-POC_phpinfo-metadata.jpg")
+        metadata = next(c for c in cases if c.name == php_file)
         assert metadata.view is not None and metadata.view.status == "completed"
         (output,) = metadata.view.outputs
         assert PHP not in read_output(rs, output.storage_key)

@@ -1,6 +1,7 @@
-"""Every file of the shared corpus (hostile/, documents/, images/, media/) through the
-HTTP API on PostgreSQL: upload, then submit an operation, and the MANIFEST's ``expected``
-holds where its verdict belongs at ingest.
+"""Every generated file (tests/generated), and every file of the shared corpus (the corpus
+tier), of hostile/, documents/, images/ and media/ through the HTTP API on PostgreSQL:
+upload, then submit an operation, and the MANIFEST's ``expected`` holds where its
+verdict belongs at ingest.
 
 The operation is the one that fits the file's *detected* kind (thumbnail for images,
 pdf_preview for PDFs, docx_to_pdf for word processing, extract_text for sheets and
@@ -11,7 +12,7 @@ credit. Files whose verdict belongs to the decoders (truncated, malformed, decom
 bombs inside a valid container ...) must get through ingest cleanly: accepted, or refused
 with a stable code, never a 500. A table of file -> expected -> outcome is printed.
 
-A second test runs the interesting rows on S3 storage (moto's server), where inspection
+Another runs the interesting rows on S3 storage (moto's server), where inspection
 reads through ranged GETs, and checks that it reads a bounded part of a large object.
 """
 
@@ -45,7 +46,15 @@ from hypermedia.stack import Stack
 from hypermedia.storage.base import original_key
 from hypermedia.storage.s3 import S3Storage
 from tests.api_support import add_user, bearer
-from tests.corpus_support import ACCEPTED, CORPUS, Row, allowed, manifest_rows, operation_for
+from tests.corpus_support import (
+    ACCEPTED,
+    Row,
+    allowed,
+    corpus,
+    manifest_rows,
+    operation_for,
+)
+from tests.generated import Generated
 
 P = "/v1/hypermedia"
 
@@ -76,8 +85,8 @@ def stack(pg_engine, settings) -> Iterator[Stack]:
     opened.close()
 
 
-def run_row(api: TestClient, key: dict[str, str], row: Row) -> Outcome:
-    data = (CORPUS / row.path).read_bytes()
+def run_row(api: TestClient, key: dict[str, str], root: Path, row: Row) -> Outcome:
+    data = (root / row.path).read_bytes()
     # The claimed type is a lie on purpose: what is stored is what was detected.
     uploaded = api.put(
         f"{P}/objects",
@@ -120,13 +129,22 @@ def run_row(api: TestClient, key: dict[str, str], row: Row) -> Outcome:
     )
 
 
+def test_every_generated_file_through_upload_and_submit(stack, generated: Generated):
+    through_upload_and_submit(stack, generated.root, generated.rows())
+
+
+@pytest.mark.corpus
 def test_every_corpus_file_through_upload_and_submit(stack):
     rows = manifest_rows()
-    assert len(rows) >= 250, f"the corpus is expected at {CORPUS}"
+    assert len(rows) >= 250
+    through_upload_and_submit(stack, corpus(), rows)
+
+
+def through_upload_and_submit(stack: Stack, root: Path, rows: list[Row]) -> None:
     user = add_user(stack, "validator", credits=1_000_000)
     key = bearer(user)
     with TestClient(create_app(stack, auth_cache_seconds=60)) as api:
-        outcomes = [run_row(api, key, row) for row in rows]
+        outcomes = [run_row(api, key, root, row) for row in rows]
 
     table = Table("file", "expected", "detected", "operation", "outcome", "where")
     problems = []
@@ -169,11 +187,11 @@ def test_every_corpus_file_through_upload_and_submit(stack):
     assert {"pixel_limit", "input_type_mismatch", "unsupported_format", "unsafe_xml"} <= refused
 
 
-def test_registration_is_inspected_and_one_refusal_creates_nothing(stack):
+def test_registration_is_inspected_and_one_refusal_creates_nothing(stack, generated: Generated):
     user = add_user(stack, "web-tier", credits=100)
     key = bearer(user)
     stored = original_key(user.pool_id, "web-tier-macro")
-    data = (CORPUS / "hostile" / "tika-testWORD_macros.docm").read_bytes()
+    data = generated.read("hostile/macros.docm")
     stack.storage.put(stored, [data])
     body = {
         "storage_key": stored,
@@ -203,7 +221,7 @@ def test_registration_is_inspected_and_one_refusal_creates_nothing(stack):
         image = api.put(
             f"{P}/objects",
             params={"filename": "a.png"},
-            content=(CORPUS / "images" / "pillow-hopper.png").read_bytes(),
+            content=generated.read("images/drawing.png"),
             headers=key,
         ).json()
         assert image["content_type"] == "image/png" and image["refusal"] is None
@@ -235,6 +253,21 @@ def test_registration_is_inspected_and_one_refusal_creates_nothing(stack):
 # -- S3: the same verdicts through ranged reads, and bounded ones ------------------------------
 
 S3_ROWS = [
+    "hostile/zipbomb.docx",
+    "hostile/zipslip.docx",
+    "hostile/macros.docm",
+    "hostile/encrypted-entry.docx",
+    "hostile/encrypted.odt",
+    "hostile/encrypted.pdf",
+    "hostile/png-50000x50000-header.png",
+    "hostile/polyglot-jpeg-zip.jpg",
+    "hostile/pdf-named.jpg",
+    "documents/owner-protected.pdf",
+    "documents/budget.xls",
+    "images/animated.gif",
+    "media/clip.mkv",
+]
+CORPUS_S3_ROWS = [
     "hostile/derived-zipbomb.docx",
     "hostile/derived-zipslip.docx",
     "hostile/tika-testWORD_macros.docm",
@@ -274,29 +307,20 @@ def s3_storage(monkeypatch) -> Iterator[tuple[S3Storage, dict[str, Any]]]:
     server.stop()
 
 
-def test_on_s3_the_verdicts_are_the_same_and_reads_are_bounded(pg_engine, settings, s3_storage):
-    storage, options = s3_storage
-    rows = {r.path: r for r in manifest_rows()}
-    opened = Stack.open(
-        settings(**options, user_uploads_per_minute=10**6), engine=pg_engine, auto_migrate=True
-    )
-    try:
-        user = add_user(opened, "s3-validator", credits=1_000)
-        with TestClient(create_app(opened)) as api:
-            on_s3 = {path: run_row(api, bearer(user), rows[path]) for path in S3_ROWS}
-    finally:
-        opened.close()
-    for path, outcome in on_s3.items():
-        want = allowed(rows[path])
-        assert want is None or outcome.code in want, (path, outcome.code, outcome.message)
-
+def test_on_s3_the_verdicts_are_the_same_and_reads_are_bounded(
+    pg_engine, settings, s3_storage, generated: Generated
+):
+    rows = {r.path: r for r in generated.rows()}
+    same_verdicts_on_s3(pg_engine, settings, s3_storage, generated.root, [rows[p] for p in S3_ROWS])
     # A 40 MB object: inspection reads its header, directory or ends, not the whole.
+    storage, _options = s3_storage
     padding = b"\x00" * (40 * 1024 * 1024)
     cases = {
-        "originals/p/big.png": (CORPUS / "images" / "pillow-hopper.png").read_bytes() + padding,
-        "originals/p/big.pdf": (CORPUS / "documents" / "pdfjs-tracemonkey.pdf").read_bytes()
-        + padding,
-        "originals/p/big.docx": _docx_with_a_big_stored_part(padding),
+        "originals/p/big.png": generated.read("images/drawing.png") + padding,
+        "originals/p/big.pdf": generated.read("documents/pages-4.pdf") + padding,
+        "originals/p/big.docx": _docx_with_a_big_stored_part(
+            generated / "documents/report.docx", padding
+        ),
     }
     for key, data in cases.items():
         storage.put(key, [data])
@@ -307,8 +331,33 @@ def test_on_s3_the_verdicts_are_the_same_and_reads_are_bounded(pg_engine, settin
         assert counted.calls < 200, (key, counted.calls)
 
 
-def _docx_with_a_big_stored_part(blob: bytes) -> bytes:
-    source = zipfile.ZipFile(CORPUS / "documents" / "tika-testWORD.docx")
+@pytest.mark.corpus
+def test_on_s3_the_corpus_verdicts_are_the_same(pg_engine, settings, s3_storage):
+    rows = {r.path: r for r in manifest_rows()}
+    same_verdicts_on_s3(
+        pg_engine, settings, s3_storage, corpus(), [rows[p] for p in CORPUS_S3_ROWS]
+    )
+
+
+def same_verdicts_on_s3(pg_engine, settings, s3_storage, root: Path, rows: list[Row]) -> None:
+    """``rows`` uploaded to a stack on S3 and submitted: their verdicts are the allowed ones."""
+    _storage, options = s3_storage
+    opened = Stack.open(
+        settings(**options, user_uploads_per_minute=10**6), engine=pg_engine, auto_migrate=True
+    )
+    try:
+        user = add_user(opened, "s3-validator", credits=1_000)
+        with TestClient(create_app(opened)) as api:
+            on_s3 = {row.path: (row, run_row(api, bearer(user), root, row)) for row in rows}
+    finally:
+        opened.close()
+    for path, (row, outcome) in on_s3.items():
+        want = allowed(row)
+        assert want is None or outcome.code in want, (path, outcome.code, outcome.message)
+
+
+def _docx_with_a_big_stored_part(docx: Path, blob: bytes) -> bytes:
+    source = zipfile.ZipFile(docx)
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w") as archive:
         for info in source.infolist():

@@ -1,7 +1,9 @@
-"""The media steps (``transcode_video``, ``transcode_audio``) on the shared corpus.
+"""The media steps (``transcode_video``, ``transcode_audio``) on generated media and, in
+the corpus tier, on the shared corpus.
 
-A few files and every parameter path in-process; then every media row of the corpus
-(``media/*`` and the hostile media rows) through a real :class:`ChildExecutor` with
+A few files and every parameter path in-process; then every generated media row, and
+every media row of the corpus (``media/*`` and the hostile media rows), through a real
+:class:`ChildExecutor` with
 the limits of its profile in ``etc/profiles.toml`` (timeout, RLIMIT_AS, RLIMIT_NPROC),
 so FFmpeg runs where it will run in production: no network, read-only filesystem, a
 uid of its own, threads counted against ``max_processes``.
@@ -29,7 +31,8 @@ import pytest
 import pipelines.media as media
 from hypermedia.sandbox.executor import ChildExecutor, ChildFailed
 from pipelines.registry import Output, PipelineError
-from tests.corpus_support import CORPUS, Row, manifest_rows
+from tests.corpus_support import Row, corpus, manifest_rows
+from tests.generated import Generated, hostile
 
 REPO = Path(__file__).resolve().parents[2]
 PROFILES = tomllib.loads((REPO / "etc" / "profiles.toml").read_text())["profiles"]
@@ -143,14 +146,16 @@ def failure(operation: str, source: Path, params: dict[str, Any], workdir: Path)
 @pytest.mark.parametrize(
     ("name", "operation"),
     [
-        ("media/imageio-realshort.mp4", "transcode_video"),
-        ("media/tika-testMKV.mkv", "transcode_video"),
-        ("media/tika-testMP3id3v24.mp3", "transcode_audio"),
-        ("media/tika-testWEBM.webm", "transcode_audio"),
+        ("media/clip.mp4", "transcode_video"),
+        ("media/clip.mkv", "transcode_video"),
+        ("media/clip.avi", "transcode_video"),
+        ("media/tone.mp3", "transcode_audio"),
+        ("media/clip.webm", "transcode_audio"),
+        ("media/tone.flac", "transcode_audio"),
     ],
 )
-def test_step_in_process(name: str, operation: str, tmp_path: Path) -> None:
-    source = CORPUS / name
+def test_step_in_process(name: str, operation: str, tmp_path: Path, generated: Generated) -> None:
+    source = generated / name
     (output,) = run_step(operation, source, {}, tmp_path)
     expected = (
         "video-h264-720p-crf23.mp4" if operation == "transcode_video" else "audio-aac-128k.m4a"
@@ -170,10 +175,12 @@ def test_step_in_process(name: str, operation: str, tmp_path: Path) -> None:
         ("aac", "64k", "audio-aac-64k.m4a"),
     ],
 )
-def test_audio_codecs(codec: str, bitrate: object, output_type: str, tmp_path: Path) -> None:
+def test_audio_codecs(
+    codec: str, bitrate: object, output_type: str, tmp_path: Path, generated: Generated
+) -> None:
     if media.AUDIO_CODECS[codec].encoder not in media.ffmpeg_encoders():
         pytest.skip(f"this FFmpeg has no {media.AUDIO_CODECS[codec].encoder}")
-    source = CORPUS / "media/tika-en-US_A_Little_Bottle_Of_Water.mp3"
+    source = generated / "media/tone.mp3"
     params = {"codec": codec, "bitrate": bitrate}
     (output,) = run_step("transcode_audio", source, params, tmp_path)
     assert output.output_type == output_type
@@ -182,8 +189,8 @@ def test_audio_codecs(codec: str, bitrate: object, output_type: str, tmp_path: P
     assert bit_rate < int(output_type.split("-")[2].split("k")[0]) * 1000 * 1.6
 
 
-def test_video_height_and_crf(tmp_path: Path) -> None:
-    source = CORPUS / "media/imageio-realshort.mp4"
+def test_video_height_and_crf(tmp_path: Path, generated: Generated) -> None:
+    source = generated / "media/clip.mp4"
     params = {"codec": "h264", "height": 145, "crf": 30}
     (small,) = run_step("transcode_video", source, params, tmp_path / "small")
     assert small.output_type == "video-h264-145p-crf30.mp4"
@@ -198,19 +205,20 @@ def test_video_height_and_crf(tmp_path: Path) -> None:
     assert video["height"] == source_height - source_height % 2
 
 
-def test_duration_limit(tmp_path: Path) -> None:
-    # Stated in the header (MP4 mvhd, 1.2 s): refused before anything is decoded.
-    source = CORPUS / "media/imageio-realshort.mp4"
+def test_duration_limit(tmp_path: Path, generated: Generated) -> None:
+    # Stated in the header (MP4 mvhd, 2 s): refused before anything is decoded.
+    source = generated / "media/clip.mp4"
     error = failure("transcode_video", source, {"max_duration_seconds": 0.5}, tmp_path / "a")
     assert error.code == "duration_limit"
     assert "limit" in error.message
-    # FLIC states no duration: the output is cut at the limit + 1 s, then refused.
-    fli = CORPUS / "media/pillow-a.fli"
-    error = failure("transcode_video", fli, {"max_duration_seconds": 0.2}, tmp_path / "b")
+    # Live Matroska states no duration: the output is cut at the limit + 1 s, then refused.
+    live = generated / "media/live.mkv"
+    assert duration(ffprobe(live)) is None
+    error = failure("transcode_video", live, {"max_duration_seconds": 0.2}, tmp_path / "b")
     assert error.code == "duration_limit"
     assert list((tmp_path / "b").iterdir()) == []
-    # Audio too.
-    mp3 = CORPUS / "media/tika-testMP3id3v24.mp3"
+    # Audio too (3 s).
+    mp3 = generated / "media/tone.mp3"
     error = failure("transcode_audio", mp3, {"max_duration_seconds": 1}, tmp_path / "c")
     assert error.code == "duration_limit"
 
@@ -232,8 +240,10 @@ def test_duration_limit(tmp_path: Path) -> None:
         ("transcode_audio", {"format": "m4a"}),
     ],
 )
-def test_invalid_params(operation: str, params: dict[str, Any], tmp_path: Path) -> None:
-    source = CORPUS / "media/imageio-realshort.mp4"
+def test_invalid_params(
+    operation: str, params: dict[str, Any], tmp_path: Path, generated: Generated
+) -> None:
+    source = generated / "media/clip.mp4"
     error = failure(operation, source, params, tmp_path)
     assert error.code == "invalid_params", error.message
 
@@ -241,8 +251,8 @@ def test_invalid_params(operation: str, params: dict[str, Any], tmp_path: Path) 
 @pytest.mark.parametrize(
     "content",
     [
-        b"#EXTM3U\n#EXT-X-TARGETDURATION:10\n#EXTINF:10,\nhttp://169.254.169.254/latest\n",
-        b"ffconcat version 1.0\nfile /etc/passwd\n",
+        hostile.PLAYLIST,
+        hostile.CONCAT,
         b"%PDF-1.4\n" + b"\x00" * 100,
         b"\x00\x01\x02\x03 random bytes",
     ],
@@ -255,43 +265,40 @@ def test_not_media_is_refused_before_ffmpeg(content: bytes, tmp_path: Path) -> N
         assert error.code == "unsupported_format", error.message
 
 
-def test_input_path_is_never_an_option(tmp_path: Path) -> None:
+def test_input_path_is_never_an_option(tmp_path: Path, generated: Generated) -> None:
     source = tmp_path / "-y"
-    source.write_bytes((CORPUS / "media/tika-testMP4Video.mp4").read_bytes())
+    source.write_bytes(generated.read("media/clip.mp4"))
     (output,) = run_step("transcode_video", source, {}, tmp_path / "out")
     check_output(source, "transcode_video", output, {})
 
 
-# -- every media row of the corpus, in the sandbox ------------------------------------
+# -- every media row, generated and of the corpus, in the sandbox -------------------------
 
 
 @dataclass
 class Case:
     row: Row
     operation: str
-
-    @property
-    def source(self) -> Path:
-        return CORPUS / self.row.path
+    source: Path
 
 
-def corpus_cases() -> list[Case]:
+def media_cases(root: Path, rows: list[Row]) -> list[Case]:
     cases: list[Case] = []
-    for row in manifest_rows(("media", "hostile")):
-        path = CORPUS / row.path
+    for row in rows:
+        path = root / row.path
         if row.path.startswith("media/"):
             probed = ffprobe(path)
             # Every operation the content allows: video if it has a picture, audio if sound.
             if streams(probed, "video"):
-                cases.append(Case(row, "transcode_video"))
+                cases.append(Case(row, "transcode_video", path))
             if streams(probed, "audio"):
-                cases.append(Case(row, "transcode_audio"))
+                cases.append(Case(row, "transcode_audio", path))
         elif path.suffix.lower() in MEDIA_EXTENSIONS and (
             row.kind.startswith("hostile:media") or row.kind.endswith(":mp4")
         ):
             by_name = ".mp4", ".mov", ".avi"
             video = path.suffix.lower() in by_name
-            cases.append(Case(row, "transcode_video" if video else "transcode_audio"))
+            cases.append(Case(row, "transcode_video" if video else "transcode_audio", path))
     return cases
 
 
@@ -311,9 +318,21 @@ def limits_of(operation: str) -> dict[str, Any]:
     }
 
 
+def test_generated_media_in_sandbox(executor: ChildExecutor, generated: Generated) -> None:
+    cases = media_cases(generated.root, generated.rows(["media", "hostile"]))
+    assert {c.row.expected.partition(":")[0] for c in cases} == {"valid", "reject"}
+    in_sandbox(executor, cases)
+
+
+@pytest.mark.corpus
 def test_corpus_media_in_sandbox(executor: ChildExecutor) -> None:
-    cases = corpus_cases()
-    assert len(cases) >= 45, "the corpus is expected at ../shared/corpus"
+    cases = media_cases(corpus(), manifest_rows(("media", "hostile")))
+    assert len(cases) >= 45
+    in_sandbox(executor, cases)
+
+
+def in_sandbox(executor: ChildExecutor, cases: list[Case]) -> None:
+    """Each case in the sandbox with its profile's limits; every outcome as its row says."""
     problems: list[str] = []
     table: list[tuple[str, str, str, str, str]] = []
     for number, case in enumerate(cases):
@@ -364,9 +383,9 @@ def run_in_sandbox(ex: ChildExecutor, source: Path, operation: str, **limits: An
         ex.cleanup(job_id)
 
 
-def test_rlimits_become_their_codes(executor: ChildExecutor) -> None:
+def test_rlimits_become_their_codes(executor: ChildExecutor, generated: Generated) -> None:
     """FFmpeg under the job's rlimits: RLIMIT_AS and RLIMIT_CPU keep the sandbox's codes."""
-    source = CORPUS / "media/imageio-cockatoo.mp4"  # 14 s of 1280x720: ~5 CPU-seconds
+    source = generated / "media/busy-720p.mp4"  # 10 s of 1280x720: a few CPU-seconds
     # 256 MB of address space: ffprobe cannot even map its libraries.
     error = run_in_sandbox(
         executor, source, "transcode_video", timeout_seconds=60, memory_limit_mb=256

@@ -1,4 +1,5 @@
-"""docx_to_pdf and extract_text on the shared corpus, with the real LibreOffice.
+"""docx_to_pdf and extract_text with the real LibreOffice, on generated documents
+(tests/generated) and, in the corpus tier, on a few of each kind from the shared corpus.
 
 Most runs go through a real :class:`ChildExecutor` (own uid, network namespace,
 read-only filesystem, rlimits) with the limits of the ``docx_to_pdf`` /
@@ -6,23 +7,23 @@ read-only filesystem, rlimits) with the limits of the ``docx_to_pdf`` /
 ``max_processes`` 16 unless the profile says otherwise); a few call the step in
 process (parameters, detection, the linked-image guard with its control run).
 
-Documents: a few of each kind from ``documents/`` (docx, odt, doc, rtf, xlsx, xls, ods,
-pptx, ppt, odp, pdf), every PDF/text check against words the files contain. Hostile
-rows and what each must give:
+Documents: one of each kind (docx, odt, fodt, doc, rtf, xlsx, xls, ods, pptx, ppt, odp,
+pdf), every PDF/text check against the words the generator wrote into them. Hostile
+files and what each must give:
 
 =============================================  ======================================
-tika-testAttachedTemplate.docx                 a PDF (the http:// template is not
+attached-template.docx                         a PDF (the http:// template is not
                                                fetched: no network in the sandbox)
-mammoth-external-picture.docx                  a PDF without any image
-gotenberg-libreoffice-linked-external.fodt     a PDF without any image (and a derived
-                                               copy linking a file that exists: none)
-poi-poc-shared-strings.xlsx (~12 GB of CSV)    ``output_limit``, within the profile's
+external-picture.docx                          a PDF without any image
+linked-external.fodt                           a PDF without any image (and copies
+                                               linking a file that exists: none)
+shared-strings-bomb.xlsx (~12 GB of CSV)       ``output_limit``, within the profile's
                                                time, the disk never past the cap
 Longitudinell_...försök.docx (long name)       a PDF and its text (the name is never
                                                used: the input is ``input/source``)
-gotenberg-protected_page_1.docx,               ``encrypted_document`` (before
-tika-testODTEncrypted.odt                      LibreOffice runs)
-tika-testWORD_truncated.docx                   ``invalid_input``
+encrypted-entry.docx, encrypted.odt,           ``encrypted_document`` (before
+encrypted.pdf                                  LibreOffice runs)
+truncated.docx                                 ``invalid_input``
 =============================================  ======================================
 """
 
@@ -46,25 +47,18 @@ import pytest
 import pipelines.office as office
 from hypermedia.sandbox.executor import ChildExecutor, ChildFailed
 from pipelines.registry import Output, PipelineError
+from tests.corpus_support import corpus
+from tests.generated import Generated, hostile
+from tests.generated import documents as text
 
 REPO = Path(__file__).resolve().parents[2]
-CORPUS = REPO.parent / "shared" / "corpus"
 PRELOAD = ("pipelines.registry", "pipelines.office")
-LONG_NAME = (
-    "hostile/Longitudinell_jämförelse_mellan_laserkirurgi_och_strålbehandling_gällande_"
-    "röstkvalitet_och_självskattad_kommunikation_upp_till_två_år_efter_tidig_"
-    "stämbandscancer_i_ett_randomiserat_kontrollerat_försök.docx"
-)
-LINKED_FODT = "hostile/gotenberg-libreoffice-linked-external.fodt"
-# A local image every machine with LibreOffice has (the fodt's own target does not exist).
-LOCAL_IMAGE = Path("/usr/lib/libreoffice/share/toolbarmode/default.png")
+LONG_NAME = f"hostile/{hostile.LONG_NAME}"
+LINKED_FODT = "hostile/linked-external.fodt"
 # A cold conversion of a small document (~1.1-2 s measured on 2 busy cores).
 SMALL_DOCUMENT_SECONDS = 30.0
 
-pytestmark = pytest.mark.skipif(
-    not (CORPUS / "MANIFEST.tsv").exists() or shutil.which("soffice") is None,
-    reason="needs ../shared/corpus and LibreOffice",
-)
+pytestmark = pytest.mark.skipif(shutil.which("soffice") is None, reason="needs LibreOffice")
 
 
 @dataclass(frozen=True)
@@ -150,10 +144,6 @@ def sandbox_failure(
     return Failure(failed.code, failed.message, time.monotonic() - started, workdir)
 
 
-def corpus(path: str) -> bytes:
-    return (CORPUS / path).read_bytes()
-
-
 def in_process(
     operation: str, data: bytes, tmp_path: Path, params: dict[str, Any] | None = None
 ) -> Output:
@@ -201,6 +191,16 @@ def leftovers(workdir: Path, *outputs: str) -> set[str]:
 # -- docx_to_pdf in the sandbox ------------------------------------------------------------
 
 PDF_CASES = [
+    ("documents/report.docx", None, [text.TITLE, text.HEADING, text.BODY]),
+    ("documents/report.odt", None, [text.TITLE, text.UMLAUTS]),
+    ("documents/report.fodt", None, [text.TITLE]),
+    ("documents/report.doc", None, [text.TITLE]),
+    ("documents/report.rtf", None, [text.TITLE, text.UMLAUTS]),
+    ("documents/pages-12.docx", 12, ["Page 1 of", "Page 12 of"]),
+    ("hostile/attached-template.docx", None, [hostile.TEMPLATE_TEXT]),
+    (LONG_NAME, None, [text.TITLE]),
+]
+CORPUS_PDF_CASES = [
     ("documents/pydocx-test.docx", None, ["python-docx was here"]),
     ("documents/tika-testWORD.docx", None, ["Sample Word Document", "Main Heading"]),
     ("documents/mammoth-strict-format.docx", None, []),
@@ -210,13 +210,24 @@ PDF_CASES = [
     ("documents/tika-test.doc", None, ["test"]),
     ("documents/tika-testRTF.rtf", None, ["Test d\u2019indexation Word"]),
     ("hostile/tika-testAttachedTemplate.docx", None, ["Document with external attached template"]),
-    (LONG_NAME, None, ["Page 1"]),
 ]
 
 
 @pytest.mark.parametrize(("path", "pages", "words"), PDF_CASES, ids=[c[0] for c in PDF_CASES])
-def test_docx_to_pdf_in_the_sandbox(executor, path, pages, words):
-    run = sandboxed(executor, "docx_to_pdf", corpus(path))
+def test_docx_to_pdf_in_the_sandbox(executor, generated: Generated, path, pages, words):
+    check_docx_to_pdf(executor, generated.read(path), pages, words)
+
+
+@pytest.mark.corpus
+@pytest.mark.parametrize(
+    ("path", "pages", "words"), CORPUS_PDF_CASES, ids=[c[0] for c in CORPUS_PDF_CASES]
+)
+def test_corpus_docx_to_pdf_in_the_sandbox(executor, path, pages, words):
+    check_docx_to_pdf(executor, (corpus() / path).read_bytes(), pages, words)
+
+
+def check_docx_to_pdf(executor, data: bytes, pages: int | None, words: list[str]) -> None:
+    run = sandboxed(executor, "docx_to_pdf", data)
     [output] = run.outputs
     assert (output.output_type, output.content_type) == ("document.pdf", "application/pdf")
     assert output.path == run.workdir / "document.pdf"
@@ -228,45 +239,19 @@ def test_docx_to_pdf_in_the_sandbox(executor, path, pages, words):
     assert not leftovers(run.workdir, "document.pdf")
 
 
-def test_an_external_picture_is_not_embedded(executor):
-    run = sandboxed(executor, "docx_to_pdf", corpus("hostile/mammoth-external-picture.docx"))
+def test_an_external_picture_is_not_embedded(executor, generated: Generated):
+    run = sandboxed(executor, "docx_to_pdf", generated.read("hostile/external-picture.docx"))
     pdf = read_pdf(run.outputs[0].path)
     assert pdf.pages == 1
     assert pdf.images == 0
+    assert hostile.PICTURE_TEXT in squashed(pdf.text)
 
 
-def test_the_linked_fodt_gives_text_and_no_image(executor):
-    run = sandboxed(executor, "docx_to_pdf", corpus(LINKED_FODT))
+def test_the_linked_fodt_gives_text_and_no_image(executor, generated: Generated):
+    run = sandboxed(executor, "docx_to_pdf", generated.read(LINKED_FODT))
     pdf = read_pdf(run.outputs[0].path)
-    assert "An image linked by absolute path" in squashed(pdf.text)
+    assert text.LINKED_TEXT in squashed(pdf.text)
     assert pdf.images == 0
-
-
-def linked_fodt(target: Path) -> bytes:
-    """The corpus fodt, its link pointed at ``target``: a local file that exists here
-    (the original's target is not installed on this machine)."""
-    original = corpus(LINKED_FODT)
-    link = b"file:///usr/lib/libreoffice/share/gallery/backgrounds/giraffe.png"
-    assert link in original
-    return original.replace(link, target.as_uri().encode())
-
-
-def external_picture_docx(target: Path, tmp_path: Path) -> bytes:
-    """The corpus docx with an external picture, its relationship pointed at ``target``."""
-    derived = tmp_path / "derived.docx"
-    with (
-        zipfile.ZipFile(CORPUS / "hostile/mammoth-external-picture.docx") as source,
-        zipfile.ZipFile(derived, "w", zipfile.ZIP_DEFLATED) as out,
-    ):
-        for info in source.infolist():
-            data = source.read(info)
-            if info.filename == "word/_rels/document.xml.rels":
-                data = data.replace(
-                    b'Target="tiny-picture.png"', f'Target="{target.as_uri()}"'.encode()
-                )
-                assert target.as_uri().encode() in data
-            out.writestr(info, data)
-    return derived.read_bytes()
 
 
 def unguarded_conversion(document: Path, tmp_path: Path) -> Path:
@@ -291,15 +276,17 @@ def unguarded_conversion(document: Path, tmp_path: Path) -> Path:
     return out / f"{document.stem}.pdf"
 
 
-@pytest.mark.skipif(not LOCAL_IMAGE.exists(), reason="needs a local PNG to link to")
 @pytest.mark.parametrize("container", ["fodt", "docx"])
-def test_a_link_to_a_local_file_is_not_embedded(executor, tmp_path, container):
+def test_a_link_to_a_local_file_is_not_embedded(
+    executor, generated: Generated, tmp_path, container
+):
     """A link to a file that exists on this machine: LibreOffice's default profile
     embeds it (the control), the step's profile does not, in and out of the sandbox."""
+    picture = (generated / "images/drawing.png").as_uri()
     if container == "fodt":
-        data = linked_fodt(LOCAL_IMAGE)
+        data = text.linked_fodt(picture).encode()
     else:
-        data = external_picture_docx(LOCAL_IMAGE, tmp_path)
+        data = hostile.external_picture_docx(picture)
     document = tmp_path / f"linked.{container}"
     document.write_bytes(data)
     assert read_pdf(unguarded_conversion(document, tmp_path)).images == 1
@@ -310,30 +297,27 @@ def test_a_link_to_a_local_file_is_not_embedded(executor, tmp_path, container):
     assert (local_pdf.pages, local_pdf.images) == (1, 0)
 
 
-def test_pages_over_max_pages_are_page_limit(executor):
-    failed = sandbox_failure(
-        executor, "docx_to_pdf", corpus("documents/gotenberg-pages_12.docx"), {"max_pages": 11}
-    )
+def test_pages_over_max_pages_are_page_limit(executor, generated: Generated):
+    data = generated.read("documents/pages-12.docx")
+    failed = sandbox_failure(executor, "docx_to_pdf", data, {"max_pages": 11})
     assert failed.code == "page_limit"
-    run = sandboxed(
-        executor, "docx_to_pdf", corpus("documents/gotenberg-pages_12.docx"), {"max_pages": 12}
-    )
+    run = sandboxed(executor, "docx_to_pdf", data, {"max_pages": 12})
     assert read_pdf(run.outputs[0].path).pages == 12
 
 
 @pytest.mark.parametrize(
     ("path", "code"),
     [
-        ("hostile/gotenberg-protected_page_1.docx", "encrypted_document"),
-        ("hostile/tika-testODTEncrypted.odt", "encrypted_document"),
-        ("hostile/tika-testWORD_truncated.docx", "invalid_input"),
-        ("hostile/tika-testODTnotaZipFile.odt", "unsupported_format"),
-        ("documents/tika-testEXCEL.xlsx", "unsupported_format"),
-        ("documents/sf-minimal-document.pdf", "unsupported_format"),
+        ("hostile/encrypted-entry.docx", "encrypted_document"),
+        ("hostile/encrypted.odt", "encrypted_document"),
+        ("hostile/truncated.docx", "invalid_input"),
+        ("hostile/not-a-zip.odt", "unsupported_format"),
+        ("documents/budget.xlsx", "unsupported_format"),
+        ("documents/pages-4.pdf", "unsupported_format"),
     ],
 )
-def test_docx_to_pdf_refusals(executor, path, code):
-    failed = sandbox_failure(executor, "docx_to_pdf", corpus(path))
+def test_docx_to_pdf_refusals(executor, generated: Generated, path, code):
+    failed = sandbox_failure(executor, "docx_to_pdf", generated.read(path))
     assert failed.code == code, failed.message
     assert failed.seconds < SMALL_DOCUMENT_SECONDS
     assert not leftovers(failed.workdir)
@@ -358,10 +342,27 @@ def test_a_word_package_libreoffice_cannot_load_is_invalid_input(executor, tmp_p
 # -- extract_text in the sandbox -----------------------------------------------------------
 
 TEXT_CASES = [
+    ("documents/pages-4.pdf", [text.PAGE_WORDS.format(n=1), text.PAGE_WORDS.format(n=4)]),
+    # Body, header, footer, footnote and text box: Writer's txt export drops the last four.
+    ("documents/report.docx", [text.LIST_INTRO, text.HEADER, text.FOOTER, text.FOOTNOTE,
+                               text.TEXT_BOX]),
+    ("documents/report.odt", [text.BODY, text.HEADER, text.FOOTNOTE, text.TEXT_BOX]),
+    ("documents/report.doc", [text.TITLE, text.FOOTER]),
+    ("documents/report.rtf", [text.UMLAUTS]),
+    ("documents/budget.xlsx", ["Sheet: Income", text.SHEET_TITLE, "10,100"]),
+    ("documents/budget.xls", ["Sheet: Income", "Number,Square"]),
+    ("documents/budget.ods", ["Sheet: Expenses", "Rent,1200", text.UMLAUTS]),
+    ("documents/slides.pptx", [text.SLIDE_TITLES[0], text.SLIDE_BODY]),
+    ("documents/slides.ppt", [text.SLIDE_TITLES[1]]),
+    ("documents/slides.odp", [text.SLIDE_TITLES[0], text.SLIDE_BODY]),
+    ("hostile/attached-template.docx", [hostile.TEMPLATE_TEXT]),
+    (LINKED_FODT, [text.LINKED_TEXT]),
+    (LONG_NAME, [text.TITLE]),
+]  # fmt: skip
+CORPUS_TEXT_CASES = [
     ("documents/sf-minimal-document.pdf", ["Lorem ipsum dolor sit amet"]),
     (
         "documents/tika-testWORD_various.docx",
-        # Body, header, footer, footnote and text box: Writer's txt export drops the last four.
         [
             "Here is a numbered list",
             "This is the header text.",
@@ -377,53 +378,59 @@ TEXT_CASES = [
         ["Sheet: Feuil1", "Sample Excel Worksheet - Numbers and their Squares", "15,225"],
     ),
     ("documents/tika-testEXCEL.xls", ["Sheet: Feuil1", "Number,Square"]),
+    # Cells as shown: the currency format is kept.
     ("documents/poi-simple-monthly-budget.xlsx", ['Income 1,"$2,500.00"']),
     ("documents/tika-test-columnar.ods", ["Sheet: testing", "This is row 0 of 10"]),
     ("documents/poi-SampleShow.pptx", ["Title of the first slide"]),
     ("documents/tika-testPPT.ppt", ["Sample Powerpoint Slide"]),
     ("documents/tika-testMasterFooter.odp", ["Master footer is here"]),
-    ("hostile/tika-testAttachedTemplate.docx", ["Document with external attached template"]),
-    (LINKED_FODT, ["An image linked by absolute path outside the document folder"]),
-    (LONG_NAME, ["Page 1"]),
 ]
 
 
 @pytest.mark.parametrize(("path", "words"), TEXT_CASES, ids=[c[0] for c in TEXT_CASES])
-def test_extract_text_in_the_sandbox(executor, path, words):
-    run = sandboxed(executor, "extract_text", corpus(path))
+def test_extract_text_in_the_sandbox(executor, generated: Generated, path, words):
+    check_extract_text(executor, generated.read(path), words)
+
+
+@pytest.mark.corpus
+@pytest.mark.parametrize(
+    ("path", "words"), CORPUS_TEXT_CASES, ids=[c[0] for c in CORPUS_TEXT_CASES]
+)
+def test_corpus_extract_text_in_the_sandbox(executor, path, words):
+    check_extract_text(executor, (corpus() / path).read_bytes(), words)
+
+
+def check_extract_text(executor, data: bytes, words: list[str]) -> None:
+    run = sandboxed(executor, "extract_text", data)
     [output] = run.outputs
     assert output.output_type == "text.txt"
     assert output.content_type == "text/plain; charset=utf-8"
-    text = output.path.read_bytes().decode("utf-8")
-    assert "\r" not in text
+    extracted = output.path.read_bytes().decode("utf-8")
+    assert "\r" not in extracted
     for word in words:
-        assert squashed(word) in squashed(text)
+        assert squashed(word) in squashed(extracted)
     assert run.seconds < SMALL_DOCUMENT_SECONDS
     assert not leftovers(run.workdir, "text.txt")
 
 
-def test_sheets_are_in_order_and_separated(executor):
-    run = sandboxed(executor, "extract_text", corpus("documents/tika-testEXCEL.xlsx"))
+def test_sheets_are_in_order_and_separated(executor, generated: Generated):
+    run = sandboxed(executor, "extract_text", generated.read("documents/budget.xlsx"))
     sheets = run.outputs[0].path.read_text(encoding="utf-8").split("\f")
-    assert [s.splitlines()[0] for s in sheets] == [
-        "Sheet: Feuil1",
-        "Sheet: Feuil2",
-        "Sheet: Feuil3",
-    ]
+    assert [s.splitlines()[0] for s in sheets] == [f"Sheet: {name}" for name in text.SHEETS]
 
 
-def test_pages_are_separated_by_form_feeds(executor):
-    run = sandboxed(executor, "extract_text", corpus("documents/gotenberg-pages_12.docx"))
+def test_pages_are_separated_by_form_feeds(executor, generated: Generated):
+    run = sandboxed(executor, "extract_text", generated.read("documents/pages-12.docx"))
     pages = run.outputs[0].path.read_text(encoding="utf-8").split("\f")
-    assert [squashed(p) for p in pages] == [f"Page {n}" for n in range(1, 13)]
+    assert [squashed(p) for p in pages] == [text.PAGE_WORDS.format(n=n) for n in range(1, 13)]
 
 
-def test_shared_strings_bomb_is_output_limit(executor):
-    """~12 GB of CSV from a 109 KB workbook: stopped at ``max_text_bytes`` (50 MB by
+def test_shared_strings_bomb_is_output_limit(executor, generated: Generated):
+    """~12 GB of CSV from a workbook of ~100 KB: stopped at ``max_text_bytes`` (50 MB by
     default), within the profile's CPU time, the workdir left with only its input."""
     limits = profile_limits("extract_text")
     failed = sandbox_failure(
-        executor, "extract_text", corpus("hostile/poi-poc-shared-strings.xlsx")
+        executor, "extract_text", generated.read("hostile/shared-strings-bomb.xlsx")
     )
     assert failed.code == "output_limit", failed.message
     assert failed.seconds < limits.timeout_seconds
@@ -431,12 +438,12 @@ def test_shared_strings_bomb_is_output_limit(executor):
     print(f"shared-strings bomb: output_limit after {failed.seconds:.1f} s")
 
 
-def test_shared_strings_bomb_stops_at_a_small_cap(executor):
+def test_shared_strings_bomb_stops_at_a_small_cap(executor, generated: Generated):
     cap = 1024 * 1024
     failed = sandbox_failure(
         executor,
         "extract_text",
-        corpus("hostile/poi-poc-shared-strings.xlsx"),
+        generated.read("hostile/shared-strings-bomb.xlsx"),
         {"max_text_bytes": cap},
     )
     assert failed.code == "output_limit"
@@ -468,28 +475,28 @@ def test_text_over_the_cap_is_output_limit(executor):
 @pytest.mark.parametrize(
     ("path", "code"),
     [
-        ("hostile/tika-testPPT_protected_passtika.pptx", "encrypted_document"),
-        ("hostile/tika-testWORD_truncated.docx", "invalid_input"),
-        ("hostile/pdfminer-aes-256-r6.pdf", "encrypted_document"),
-        ("images/pillow-hopper.png", "unsupported_format"),
+        ("hostile/encrypted.odt", "encrypted_document"),
+        ("hostile/truncated.docx", "invalid_input"),
+        ("hostile/encrypted.pdf", "encrypted_document"),
+        ("images/drawing.png", "unsupported_format"),
     ],
 )
-def test_extract_text_refusals(executor, path, code):
-    failed = sandbox_failure(executor, "extract_text", corpus(path))
+def test_extract_text_refusals(executor, generated: Generated, path, code):
+    failed = sandbox_failure(executor, "extract_text", generated.read(path))
     assert failed.code == code, failed.message
 
 
 # -- in process ----------------------------------------------------------------------------
 
 
-def test_in_process_conversion_is_the_same(tmp_path):
+def test_in_process_conversion_is_the_same(tmp_path, generated: Generated):
     started = time.monotonic()
-    output = in_process("docx_to_pdf", corpus("documents/tika-testWORD.docx"), tmp_path)
+    output = in_process("docx_to_pdf", generated.read("documents/report.docx"), tmp_path)
     seconds = time.monotonic() - started
     print(f"docx_to_pdf in process (cold start, fresh profile): {seconds:.2f} s")
     pdf = read_pdf(output.path)
     assert pdf.pages >= 1
-    assert "Sample Word Document" in squashed(pdf.text)
+    assert text.TITLE in squashed(pdf.text)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["document.pdf", "input"]
 
 
@@ -502,9 +509,9 @@ def test_in_process_conversion_is_the_same(tmp_path):
         ("extract_text", {"max_text_bytes": True}, "max_text_bytes must be an integer"),
     ],
 )
-def test_bad_params_are_invalid_params(tmp_path, operation, params, fragment):
+def test_bad_params_are_invalid_params(tmp_path, generated: Generated, operation, params, fragment):
     with pytest.raises(PipelineError) as caught:
-        in_process(operation, corpus("documents/tika-testWORD.docx"), tmp_path, params)
+        in_process(operation, generated.read("documents/report.docx"), tmp_path, params)
     assert caught.value.code == "invalid_params"
     assert fragment in caught.value.message
 
@@ -528,20 +535,21 @@ def test_detect_by_content(tmp_path, data, kind):
 @pytest.mark.parametrize(
     ("path", "kind", "extension"),
     [
-        ("documents/pydocx-test.docx", "ooxml-word", "docx"),
-        ("documents/sf-source.odt", "odf-text", "odt"),
-        (LINKED_FODT, "odf-text", "fodt"),
-        ("documents/tika-test.doc", "msword", "doc"),
-        ("documents/tika-testEXCEL.xls", "msexcel", "xls"),
-        ("documents/tika-testPPT.ppt", "mspowerpoint", "ppt"),
-        ("documents/tika-test-columnar.ods", "odf-sheet", "ods"),
-        ("documents/tika-testMasterFooter.odp", "odf-slides", "odp"),
-        ("documents/poi-SampleShow.pptx", "ooxml-slides", "pptx"),
-        ("documents/tika-testEXCEL.strict.xlsx", "ooxml-sheet", "xlsx"),
+        ("documents/report.docx", "ooxml-word", "docx"),
+        ("documents/report.odt", "odf-text", "odt"),
+        ("documents/report.fodt", "odf-text", "fodt"),
+        ("documents/report.doc", "msword", "doc"),
+        ("documents/report.rtf", "rtf", "rtf"),
+        ("documents/budget.xlsx", "ooxml-sheet", "xlsx"),
+        ("documents/budget.xls", "msexcel", "xls"),
+        ("documents/budget.ods", "odf-sheet", "ods"),
+        ("documents/slides.pptx", "ooxml-slides", "pptx"),
+        ("documents/slides.ppt", "mspowerpoint", "ppt"),
+        ("documents/slides.odp", "odf-slides", "odp"),
     ],
 )
-def test_detect_corpus_kinds(path, kind, extension):
-    detected = office.detect(CORPUS / path)
+def test_detect_kinds(generated: Generated, path, kind, extension):
+    detected = office.detect(generated / path)
     assert (detected.kind, detected.extension) == (kind, extension)
 
 
@@ -564,9 +572,9 @@ def soffice_processes_under(path: Path) -> list[int]:
     return found
 
 
-def test_a_conversion_over_its_time_is_killed(tmp_path):
+def test_a_conversion_over_its_time_is_killed(tmp_path, generated: Generated):
     source = tmp_path / "source"
-    source.write_bytes(corpus("documents/tika-testWORD.docx"))
+    source.write_bytes(generated.read("documents/report.docx"))
     kind = office.detect(source)
     started = time.monotonic()
     with pytest.raises(PipelineError) as caught:

@@ -1,7 +1,8 @@
-"""pdf_preview and page_texts on the shared corpus: in-process and in a real ChildExecutor.
+"""pdf_preview and page_texts on generated PDFs and, in the corpus tier, on the shared
+corpus: in-process and in a real ChildExecutor.
 
-Every ``documents/*.pdf`` and ``hostile/*.pdf`` row of ``../shared/corpus/MANIFEST.tsv``
-goes through the step twice: called directly, and in a sandboxed child with the
+Every ``documents/*.pdf`` and ``hostile/*.pdf`` row of the generated manifest and of the
+corpus's goes through the step twice: called directly, and in a sandboxed child with the
 ``pdf_preview`` profile's limits (timeout 60 s, 2048 MB, 16 processes). Each outcome
 must match the row's ``expected``:
 
@@ -40,8 +41,9 @@ from rich.table import Table
 import pipelines.pdf
 from hypermedia.sandbox.executor import ChildExecutor, ChildFailed
 from pipelines.registry import PipelineError
+from tests import corpus_support
+from tests.generated import Generated, documents
 
-CORPUS = Path(__file__).resolve().parents[2].parent / "shared" / "corpus"
 PRELOAD = ("pipelines.registry", "pipelines.pdf")
 # The pdf_preview profile (etc/profiles.toml).
 PROFILE_PARAMS: dict[str, Any] = {"page": 1, "width": 1024}
@@ -58,24 +60,23 @@ BOMB_PEAK_MB = 512
 class Row:
     path: str
     expected: str
+    file: Path
 
-    @property
-    def file(self) -> Path:
-        return CORPUS / self.path
+
+def pdf_rows(root: Path, rows: list[corpus_support.Row]) -> list[Row]:
+    return [
+        Row(row.path, row.expected, root / row.path)
+        for row in rows
+        if row.path.startswith(("documents/", "hostile/")) and row.path.endswith(".pdf")
+    ]
 
 
 def corpus_rows() -> list[Row]:
-    rows = []
-    manifest = (CORPUS / "MANIFEST.tsv").read_text(encoding="utf-8").splitlines()
-    for line in manifest[1:]:
-        fields = line.split("\t")
-        path, expected = fields[0], fields[6]
-        if path.startswith(("documents/", "hostile/")) and path.endswith(".pdf"):
-            rows.append(Row(path, expected))
-    return rows
+    return pdf_rows(corpus_support.corpus(), corpus_support.manifest_rows())
 
 
-ROWS = corpus_rows()
+def generated_rows(generated: Generated) -> list[Row]:
+    return pdf_rows(generated.root, generated.rows(["documents", "hostile"]))
 
 
 @dataclass(frozen=True)
@@ -146,9 +147,11 @@ def print_table(title: str, rows: list[tuple[Row, Outcome, str | None]]) -> None
     Console(width=200).print(table)
 
 
+@pytest.mark.corpus
 def test_the_corpus_has_the_pdf_rows() -> None:
-    expectations = {row.expected for row in ROWS}
-    assert len(ROWS) >= 50, "the corpus is expected at ../shared/corpus"
+    rows = corpus_rows()
+    expectations = {row.expected for row in rows}
+    assert len(rows) >= 50
     assert expectations >= {
         "valid",
         "reject:encrypted",
@@ -180,9 +183,21 @@ def run_in_process(row: Row, workdir: Path, params: dict[str, Any]) -> Outcome:
     )
 
 
+def test_every_generated_pdf_in_process(tmp_path: Path, generated: Generated) -> None:
+    rows = generated_rows(generated)
+    # Each row is judged by problem(); the count guards against an empty run.
+    assert every_pdf_in_process(rows, tmp_path) >= sum(r.expected == "valid" for r in rows) > 5
+
+
+@pytest.mark.corpus
 def test_every_corpus_pdf_in_process(tmp_path: Path) -> None:
+    assert every_pdf_in_process(corpus_rows(), tmp_path) >= 45
+
+
+def every_pdf_in_process(rows: list[Row], tmp_path: Path) -> int:
+    """Each row through the step in this process; how many gave an image."""
     results = []
-    for index, row in enumerate(ROWS):
+    for index, row in enumerate(rows):
         workdir = tmp_path / str(index)
         outcome = run_in_process(row, workdir, PROFILE_PARAMS)
         trouble = problem(row, outcome, 1024)
@@ -191,8 +206,7 @@ def test_every_corpus_pdf_in_process(tmp_path: Path) -> None:
         results.append((row, outcome, trouble))
     print_table("pdf_preview in-process", results)
     assert [f"{row.path}: {trouble}" for row, _, trouble in results if trouble] == []
-    done = sum(1 for _, outcome, _ in results if outcome.code is None)
-    assert done >= 45
+    return sum(1 for _, outcome, _ in results if outcome.code is None)
 
 
 # -- in the sandbox --------------------------------------------------------------------
@@ -240,9 +254,18 @@ def run_in_sandbox(ex: ChildExecutor, job_id: str, row: Row) -> Outcome:
     )
 
 
+def test_every_generated_pdf_in_the_sandbox(executor: ChildExecutor, generated: Generated):
+    every_pdf_in_the_sandbox(executor, generated_rows(generated))
+
+
+@pytest.mark.corpus
 def test_every_corpus_pdf_in_the_sandbox(executor: ChildExecutor) -> None:
+    every_pdf_in_the_sandbox(executor, corpus_rows())
+
+
+def every_pdf_in_the_sandbox(executor: ChildExecutor, rows: list[Row]) -> None:
     results = []
-    for index, row in enumerate(ROWS):
+    for index, row in enumerate(rows):
         outcome = run_in_sandbox(executor, f"pdf-{os.getpid()}-{index}", row)
         trouble = problem(row, outcome, 1024)
         if outcome.code in ("pipeline_crashed", "child_killed", "sandbox_unavailable"):
@@ -256,8 +279,10 @@ def test_every_corpus_pdf_in_the_sandbox(executor: ChildExecutor) -> None:
     assert executor.job_processes() == []
 
 
-def test_out_of_memory_in_the_sandbox_fails_cleanly(executor: ChildExecutor) -> None:
-    """Far below the profile's memory (150 MB for a 4096 px PNG of a JPX page) the job
+def test_out_of_memory_in_the_sandbox_fails_cleanly(
+    executor: ChildExecutor, generated: Generated
+) -> None:
+    """Far below the profile's memory (150 MB for a 4096 px PNG of an A4 page) the job
     fails at once and leaves nothing running. PDFium's allocator dies of SIGTRAP when
     RLIMIT_AS refuses it (the executor reports ``child_killed`` for that signal until
     hypermedia/sandbox/outcome.py counts it as a crash); libvips' refusals become
@@ -265,7 +290,7 @@ def test_out_of_memory_in_the_sandbox_fails_cleanly(executor: ChildExecutor) -> 
     job_id = f"pdf-{os.getpid()}-oom"
     workdir = executor.prepare(job_id)
     source = workdir / "input" / "source"
-    source.write_bytes((CORPUS / "documents/tika-testPDF_jpeg2000.pdf").read_bytes())
+    source.write_bytes(generated.read("documents/pages-4.pdf"))
     started = time.perf_counter()
     with pytest.raises(ChildFailed) as caught:
         executor.run(
@@ -287,35 +312,35 @@ def test_out_of_memory_in_the_sandbox_fails_cleanly(executor: ChildExecutor) -> 
 # -- parameters, pages, formats --------------------------------------------------------
 
 
-def preview(name: str, params: dict[str, Any], workdir: Path) -> tuple[str, int, int, str]:
-    (output,) = pipelines.pdf.pdf_preview(CORPUS / name, params, workdir)
+def preview(path: Path, params: dict[str, Any], workdir: Path) -> tuple[str, int, int, str]:
+    (output,) = pipelines.pdf.pdf_preview(path, params, workdir)
     assert output.path.parent == workdir
     width, height, loader = _decoded(output.path)
     return output.output_type, width, height, loader
 
 
-def test_formats_widths_and_pages(tmp_path: Path) -> None:
-    name = "documents/sf-pdflatex-4-pages.pdf"
-    assert preview(name, {}, tmp_path) == ("preview-p1-w1024-q85.jpg", 1024, 1449, "jpegload")
-    out = preview(name, {"page": 4, "width": 300, "format": "png"}, tmp_path)
+def test_formats_widths_and_pages(tmp_path: Path, generated: Generated) -> None:
+    path = generated / "documents/pages-4.pdf"  # A4
+    assert preview(path, {}, tmp_path) == ("preview-p1-w1024-q85.jpg", 1024, 1449, "jpegload")
+    out = preview(path, {"page": 4, "width": 300, "format": "png"}, tmp_path)
     assert out == ("preview-p4-w300.png", 300, 425, "pngload")
-    out = preview(name, {"page": 2, "width": 4096, "format": "webp", "quality": 60}, tmp_path)
+    out = preview(path, {"page": 2, "width": 4096, "format": "webp", "quality": 60}, tmp_path)
     assert out == ("preview-p2-w4096-q60.webp", 4096, 5793, "webpload")
 
 
-def test_rotated_pages_render_as_displayed(tmp_path: Path) -> None:
-    # pdf.js rotation.pdf: page 1 portrait; habibi-rotated: /Rotate 90 on page 1.
-    _, width, height, _ = preview("documents/pdfjs-rotation.pdf", {"width": 400}, tmp_path)
+def test_rotated_pages_render_as_displayed(tmp_path: Path, generated: Generated) -> None:
+    # Both 612 x 792 points; the second says /Rotate 90.
+    _, width, height, _ = preview(generated / "documents/portrait.pdf", {"width": 400}, tmp_path)
     assert (width, height) == (400, 518)
-    _, width, height, _ = preview("documents/sf-habibi-rotated.pdf", {"width": 400}, tmp_path)
-    assert width == 400 and height < width
+    _, width, height, _ = preview(generated / "documents/rotated.pdf", {"width": 400}, tmp_path)
+    assert (width, height) == (400, 310)
 
 
-def test_a_page_beyond_the_document_names_the_page_count(tmp_path: Path) -> None:
+def test_a_page_beyond_the_document_names_the_page_count(
+    tmp_path: Path, generated: Generated
+) -> None:
     with pytest.raises(PipelineError) as caught:
-        pipelines.pdf.pdf_preview(
-            CORPUS / "documents/sf-pdflatex-4-pages.pdf", {"page": 5}, tmp_path
-        )
+        pipelines.pdf.pdf_preview(generated / "documents/pages-4.pdf", {"page": 5}, tmp_path)
     assert caught.value.code == "invalid_params"
     assert "4 pages" in caught.value.message
     assert list(tmp_path.iterdir()) == []
@@ -373,72 +398,73 @@ def test_an_absurd_page_shape_is_refused_before_pdfium_allocates(tmp_path: Path)
     assert "16,383 pixels a side" in error.message
 
 
-def test_broken_inputs(tmp_path: Path) -> None:
+def test_broken_inputs(tmp_path: Path, generated: Generated) -> None:
     assert failure(b"", {}, tmp_path).code == "invalid_input"
     assert failure(minimal_pdf([]), {}, tmp_path).code == "invalid_input"
-    assert failure(b"%PDF-1.7\n garbage", {}, tmp_path).code == "invalid_input"
-    png = (CORPUS / "images/pillow-hopper.png").read_bytes()
+    assert failure(generated.read("hostile/garbage.pdf"), {}, tmp_path).code == "invalid_input"
+    png = generated.read("images/drawing.png")
     error = failure(png, {}, tmp_path)
     assert (error.code, error.message) == ("unsupported_format", "PNG image is not a PDF document")
 
 
-def test_javascript_documents_get_no_form_environment(tmp_path: Path) -> None:
+def test_javascript_documents_get_no_form_environment(tmp_path: Path, generated: Generated) -> None:
     # PDFium runs JavaScript only through a form-fill environment: the step never
     # makes one, so open/page actions stay inert (see the sandbox run for side effects).
-    for name in ("hostile/pdfjs-autoprint.pdf", "hostile/tika-testPDF_jsActionOnPage.pdf"):
-        with pipelines.pdf.open_pdf(CORPUS / name) as document:
-            assert document.formenv is None
-        assert preview(name, {"width": 200}, tmp_path)[1] == 200
+    path = generated / "hostile/javascript.pdf"
+    assert b"/OpenAction << /S /JavaScript" in path.read_bytes()
+    with pipelines.pdf.open_pdf(path) as document:
+        assert document.formenv is None
+    assert preview(path, {"width": 200}, tmp_path)[1] == 200
 
 
 # -- page_texts ------------------------------------------------------------------------
 
 
-def test_page_texts_of_a_paper() -> None:
-    texts = pipelines.pdf.page_texts(CORPUS / "documents/pdfjs-tracemonkey.pdf", 100)
-    assert len(texts) == 14
-    assert "Trace-based Just-in-Time Type Specialization" in texts[0]
-    assert "Andreas Gal" in texts[0]
-    assert "TraceMonkey" in " ".join(texts[1:])
+def test_page_texts_of_a_document(generated: Generated) -> None:
+    texts = pipelines.pdf.page_texts(generated / "documents/pages-4.pdf", 100)
+    assert [text.strip() for text in texts] == [
+        documents.PAGE_WORDS.format(n=n) for n in range(1, 5)
+    ]
 
 
-def test_page_texts_of_other_scripts_and_empty_pages() -> None:
-    texts = pipelines.pdf.page_texts(CORPUS / "documents/pdfminer-simple1.pdf", 10)
-    assert texts[0].count("Hello World") >= 2
-    (arabic,) = pipelines.pdf.page_texts(CORPUS / "documents/pdfjs-ArabicCIDTrueType.pdf", 10)
+def test_page_texts_of_other_scripts_and_empty_pages(generated: Generated) -> None:
+    texts = pipelines.pdf.page_texts(generated / "documents/hello.pdf", 10)
+    assert texts[0].count(documents.HELLO) >= 2
+    (arabic,) = pipelines.pdf.page_texts(generated / "documents/arabic.pdf", 10)
     assert "العربية" in arabic
-    (scan,) = pipelines.pdf.page_texts(CORPUS / "documents/tika-testOCR.pdf", 10)
+    (scan,) = pipelines.pdf.page_texts(generated / "documents/scan.pdf", 10)
     assert scan.strip() == ""
 
 
-def test_page_texts_limits_and_refusals(tmp_path: Path) -> None:
+def test_page_texts_limits_and_refusals(generated: Generated) -> None:
     with pytest.raises(PipelineError) as caught:
-        pipelines.pdf.page_texts(CORPUS / "documents/pdfjs-tracemonkey.pdf", 13)
+        pipelines.pdf.page_texts(generated / "documents/pages-4.pdf", 3)
     assert caught.value.code == "page_limit"
-    assert "14 pages" in caught.value.message
+    assert "4 pages" in caught.value.message
     with pytest.raises(PipelineError) as caught:
-        pipelines.pdf.page_texts(CORPUS / "hostile/pdfminer-aes-256-r6.pdf", 10)
+        pipelines.pdf.page_texts(generated / "hostile/encrypted.pdf", 10)
     assert caught.value.code == "encrypted_document"
     with pytest.raises(PipelineError) as caught:
-        pipelines.pdf.page_texts(CORPUS / "hostile/pdfjs-poppler-395-0-fuzzed.pdf", 10)
+        pipelines.pdf.page_texts(generated / "hostile/garbage.pdf", 10)
     assert caught.value.code == "invalid_input"
     # A damaged page gives "" rather than losing the others.
-    texts = pipelines.pdf.page_texts(CORPUS / "hostile/pdfjs-Pages-tree-refs.pdf", 10)
+    texts = pipelines.pdf.page_texts(generated / "hostile/damaged-page-tree.pdf", 10)
     assert len(texts) >= 2
+    assert "first page" in texts[0] and "third page" in texts[-1]
 
 
 # -- timing (printed, not asserted) ----------------------------------------------------
 
 
-def test_measure_first_page_at_150_dpi(tmp_path: Path) -> None:
-    name = "documents/pdfjs-tracemonkey.pdf"
-    with pipelines.pdf.open_pdf(CORPUS / name) as document:
+def test_measure_first_page_at_150_dpi(tmp_path: Path, generated: Generated) -> None:
+    name = "documents/pages-4.pdf"
+    with pipelines.pdf.open_pdf(generated / name) as document:
         width_points = document[0].get_width()
     width = round(width_points * 150 / 72)
     times = []
     for run in range(10):
         started = time.perf_counter()
-        pipelines.pdf.pdf_preview(CORPUS / name, {"width": width}, tmp_path / str(run))
+        pipelines.pdf.pdf_preview(generated / name, {"width": width}, tmp_path / str(run))
         times.append(time.perf_counter() - started)
     print(
         f"\n{name} page 1 -> {width} px (150 dpi) JPEG: median"
