@@ -340,7 +340,9 @@ def through_the_workers(
                 submit(client, case)
             wait_all(client, warm, 300)
             baseline = healths(rs)
-            for case in cases[3:]:
+            for case in cases:
+                if any(case is w for w in warm):
+                    continue
                 submit(client, case)
             wait_all(client, cases, 1500)
         after = healths(rs)
