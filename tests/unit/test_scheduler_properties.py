@@ -337,7 +337,8 @@ class World:
         rate = cost.running_rate(self.workers.values())
         assert rate <= limits.max_hourly_spend_cents + EPSILON, rate
         cloud = [w for w in self.workers.values() if w.cloud]
-        stopped = 300 + self.interval  # the drain timeout, and the evaluation that sees it
+        # the drain timeout, and the evaluation that sees it
+        stopped = config.scaling_rules.scale_down.drain_timeout_seconds + self.interval
         if config.mode == "vps_only" and now - self.mode_since >= stopped:
             assert not cloud, "vps_only left cloud workers running past the drain timeout"
         if self.locked_at is not None and now - self.locked_at >= stopped:
