@@ -30,7 +30,7 @@ from ray.autoscaler.tags import (
 )
 from sqlalchemy import select
 
-from autoscaler import orders, raynodes
+from autoscaler import cost, orders, raynodes
 from autoscaler.provider import HypermediaNodeProvider, record_vps_node
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
@@ -148,6 +148,30 @@ def launch_outcome(provider: HypermediaNodeProvider, request: str) -> str:
     return caught.value.description if caught.value.category == "cost_guard" else "launched"
 
 
+def add_instance(
+    provider: HypermediaNodeProvider,
+    instance_id: str,
+    cents_per_hour: float,
+    launched_ago: timedelta,
+    stopped_ago: timedelta | None = None,
+) -> None:
+    """A burst_media instance on AWS in the ledger (running unless ``stopped_ago``)."""
+    now = datetime.now(UTC)
+    with transaction(provider.engine) as conn:
+        conn.execute(
+            t.cloud_spend.insert().values(
+                provider="aws",
+                instance_id=instance_id,
+                node_type="burst_media",
+                region="local",
+                spot=False,
+                price_per_hour_microusd=cost.to_microusd(cents_per_hour),
+                launched_at=now - launched_ago,
+                terminated_at=None if stopped_ago is None else now - stopped_ago,
+            )
+        )
+
+
 def add_worker(provider: HypermediaNodeProvider, worker_id: str, node_id: str | None) -> None:
     now = datetime.now(UTC)
     with transaction(provider.engine) as conn:
@@ -175,19 +199,7 @@ def test_max_workers_counts_the_queues_workers_as_the_policy_does(tmp_path, make
         scheduler_json(tmp_path, queues__media__baseline_workers=1, queues__media__max_workers=2),
         token_path=str(tmp_path / "no-token"),
     )
-    now = datetime.now(UTC)
-    with transaction(provider.engine) as conn:  # one burst instance of the queue, running
-        conn.execute(
-            t.cloud_spend.insert().values(
-                provider="aws",
-                instance_id="i-burst",
-                node_type="burst_media",
-                region="local",
-                spot=False,
-                price_per_hour_microusd=170_000,
-                launched_at=now - timedelta(minutes=20),
-            )
-        )
+    add_instance(provider, "i-burst", 17.0, timedelta(minutes=20))  # the queue's, running
     record_vps_node(provider.engine, "ray-head", time.time())
     add_worker(provider, "media-on-burst", "ray-burst")  # the instance's actor
     # 1 worker of 2 (max_workers - baseline - burst would say 0 and refuse).
@@ -202,20 +214,9 @@ def test_max_workers_counts_the_queues_workers_as_the_policy_does(tmp_path, make
 
 def test_the_cost_caps_and_the_lock_refuse_with_their_reason(make_provider):
     provider = make_provider()
+    # an hour at $2: over the $1 hourly cap
+    add_instance(provider, "i-old", 200.0, timedelta(minutes=61), timedelta(minutes=1))
     now = datetime.now(UTC)
-    with transaction(provider.engine) as conn:  # an hour at $2: over the $1 hourly cap
-        conn.execute(
-            t.cloud_spend.insert().values(
-                provider="aws",
-                instance_id="i-old",
-                node_type="burst_media",
-                region="local",
-                spot=False,
-                price_per_hour_microusd=2_000_000,
-                launched_at=now - timedelta(minutes=61),
-                terminated_at=now - timedelta(minutes=1),
-            )
-        )
     assert "is at the $1.00 cap: no new instances" in refused(provider, 1)[0]
     with transaction(provider.engine) as conn:
         conn.execute(
