@@ -50,7 +50,7 @@ from hypermedia.ingest.client import HypermediaClient
 from hypermedia.ingest.schemas import JobResponse
 from tests.corpus_support import Row, allowed, corpus, manifest_rows, operation_for
 from tests.factories import make_user
-from tests.generated import Generated, documents, hostile
+from tests.generated import Generated, documents, packages
 from tests.ray_support import RayStack, ray_stack
 
 POOLS = {"images": 1, "documents": 1, "media": 1, "bulk": 1}
@@ -163,8 +163,8 @@ def generated_canary_documents(directory: Path, port: int) -> list[Case]:
     """The generator's external-reference documents, pointed at the canary."""
     url = f"http://127.0.0.1:{port}"
     made = {
-        "canary-picture.docx": hostile.external_picture_docx(f"{url}/picture.png"),
-        "canary-template.docx": hostile.attached_template_docx(f"{url}/template.dotx"),
+        "canary-picture.docx": packages.external_picture_docx(f"{url}/picture.png"),
+        "canary-template.docx": packages.attached_template_docx(f"{url}/template.dotx"),
         "canary-linked.fodt": documents.linked_fodt(f"{url}/giraffe.png").encode(),
     }
     for name, data in made.items():

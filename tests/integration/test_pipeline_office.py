@@ -48,7 +48,7 @@ import pipelines.office as office
 from hypermedia.sandbox.executor import ChildExecutor, ChildFailed
 from pipelines.registry import Output, PipelineError
 from tests.corpus_support import corpus
-from tests.generated import Generated, hostile
+from tests.generated import Generated, hostile, packages
 from tests.generated import documents as text
 
 REPO = Path(__file__).resolve().parents[2]
@@ -197,7 +197,7 @@ PDF_CASES = [
     ("documents/report.doc", None, [text.TITLE]),
     ("documents/report.rtf", None, [text.TITLE, text.UMLAUTS]),
     ("documents/pages-12.docx", 12, ["Page 1 of", "Page 12 of"]),
-    ("hostile/attached-template.docx", None, [hostile.TEMPLATE_TEXT]),
+    ("hostile/attached-template.docx", None, [packages.TEMPLATE_TEXT]),
     (LONG_NAME, None, [text.TITLE]),
 ]
 CORPUS_PDF_CASES = [
@@ -244,7 +244,7 @@ def test_an_external_picture_is_not_embedded(executor, generated: Generated):
     pdf = read_pdf(run.outputs[0].path)
     assert pdf.pages == 1
     assert pdf.images == 0
-    assert hostile.PICTURE_TEXT in squashed(pdf.text)
+    assert packages.PICTURE_TEXT in squashed(pdf.text)
 
 
 def test_the_linked_fodt_gives_text_and_no_image(executor, generated: Generated):
@@ -286,7 +286,7 @@ def test_a_link_to_a_local_file_is_not_embedded(
     if container == "fodt":
         data = text.linked_fodt(picture).encode()
     else:
-        data = hostile.external_picture_docx(picture)
+        data = packages.external_picture_docx(picture)
     document = tmp_path / f"linked.{container}"
     document.write_bytes(data)
     assert read_pdf(unguarded_conversion(document, tmp_path)).images == 1
@@ -355,7 +355,7 @@ TEXT_CASES = [
     ("documents/slides.pptx", [text.SLIDE_TITLES[0], text.SLIDE_BODY]),
     ("documents/slides.ppt", [text.SLIDE_TITLES[1]]),
     ("documents/slides.odp", [text.SLIDE_TITLES[0], text.SLIDE_BODY]),
-    ("hostile/attached-template.docx", [hostile.TEMPLATE_TEXT]),
+    ("hostile/attached-template.docx", [packages.TEMPLATE_TEXT]),
     (LINKED_FODT, [text.LINKED_TEXT]),
     (LONG_NAME, [text.TITLE]),
 ]  # fmt: skip
