@@ -189,10 +189,6 @@ class HypermediaNodeProvider(NodeProvider):
             if not self.config.cloud_providers.get(name).enabled:
                 log.warning("driver for %s configured, but scheduler.json does not enable it", name)
         self._lock = threading.RLock()
-        # Tags of the launches under way in this process, by request id: a listing that
-        # shows the instance before create_node has recorded it must not adopt it with no
-        # tags (autoscaler v1 would find no launch hash and terminate it as "outdated").
-        self._launching: dict[str, dict[str, str]] = {}
         self._drivers: dict[ProviderName, Driver] | None = None
         self._engine: Engine | None = None
 
@@ -237,6 +233,20 @@ class HypermediaNodeProvider(NodeProvider):
         with self._lock, statefile.locked_json(self.state_dir / "nodes.json") as nodes:
             yield nodes
 
+    @contextlib.contextmanager
+    def _launches(self) -> Iterator[dict[str, dict[str, str]]]:
+        """Tags of the launches under way, by request id, in a file every provider object
+        of the cluster reads (``ray up``'s, the monitor's, the head services'): a listing
+        that shows an instance before its create_node has recorded it must not adopt it
+        without them (autoscaler v1 would find no launch hash and terminate it as
+        "outdated"). Taken inside :meth:`_nodes` or alone, never the other way round."""
+        with self._lock, statefile.locked_json(self.state_dir / "launching.json") as launching:
+            yield launching
+
+    def _launch_over(self, request_id: str) -> None:
+        with self._launches() as launching:
+            launching.pop(request_id, None)
+
     def _reconcile(self, nodes: dict[str, dict[str, Any]]) -> None:
         """Bring the node file in line with what the clouds report."""
         now = time.time()
@@ -257,7 +267,8 @@ class HypermediaNodeProvider(NodeProvider):
                 node_id = f"hm-{instance.request_id}"
                 # Not recorded: being launched here, by the other process, or before a restart.
                 if node_id not in nodes:
-                    tags = self._launching.get(instance.request_id, {})
+                    with self._launches() as launching:
+                        tags = launching.get(instance.request_id, {})
                     nodes[node_id] = self._record(name, instance, tags, now)
 
     def _record(
@@ -429,14 +440,15 @@ class HypermediaNodeProvider(NodeProvider):
             launched_at=now,
             user_data=script,
         )
-        self._launching[request_id] = dict(tags)
+        with self._launches() as launching:
+            launching[request_id] = dict(tags)
         try:
             result = driver.launch(request)
         except BaseException:
-            self._launching.pop(request_id, None)
+            self._launch_over(request_id)
             raise
         if isinstance(result, DriverError):
-            self._launching.pop(request_id, None)
+            self._launch_over(request_id)
             with self._lock, transaction(self.engine) as conn:
                 self._close_ledger_row(conn, choice.provider, request_id, now)
             raise NodeLaunchException(result.code, f"{choice.label}: {result}", None)
@@ -451,7 +463,7 @@ class HypermediaNodeProvider(NodeProvider):
             )
         with self._nodes() as nodes:
             nodes[node_id] = self._record(choice.provider, result, tags, now)
-        self._launching.pop(request_id, None)  # recorded: a listing finds it with its tags
+        self._launch_over(request_id)  # recorded: a listing finds it with its tags
         log.info(
             "launched %s for queue %s: %s (%s)",
             node_id,

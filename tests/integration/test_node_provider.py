@@ -355,15 +355,17 @@ def test_launch_list_adopt_and_terminate_a_real_node(tmp_path, make_provider):
 
 
 def test_a_node_listed_while_it_launches_keeps_its_launch_tags(tmp_path, make_provider):
-    """Autoscaler v1 lists nodes (another thread) while create_node runs: an instance the
-    driver already lists but the provider has not recorded yet must carry the tags it is
-    being launched with, or v1 finds no launch hash and terminates it as "outdated"."""
+    """Autoscaler v1 lists nodes (another thread) while create_node runs, and the head's
+    services list them every scheduler turn (another process): an instance the driver
+    already lists but the provider has not recorded yet must carry the tags it is being
+    launched with, or v1 finds no launch hash and terminates it as "outdated"."""
     head = cluster.start_head(
         tmp_path / "ray", resources={}, token_path=RAY_TOKEN, num_cpus=1, node_ip="127.0.0.10"
     )
     try:
         scheduler = scheduler_json(tmp_path, cloud_providers__aws__spot_enabled=True)
         provider = make_provider(scheduler, ray_port=int(head.address.rsplit(":", 1)[1]))
+        services = make_provider(scheduler, ray_port=int(head.address.rsplit(":", 1)[1]))
         driver = provider.drivers["aws"]
         launch = driver.launch
         seen: list[dict[str, str]] = []
@@ -371,6 +373,8 @@ def test_a_node_listed_while_it_launches_keeps_its_launch_tags(tmp_path, make_pr
         def launch_then_list(request: Any) -> Any:
             result = launch(request)  # the instance exists: the driver lists it from now on
             node_id = f"hm-{request.request_id}"
+            # The head services' provider object lists it first, then v1's.
+            assert node_id in services.records({TAG_RAY_NODE_KIND: NODE_KIND_WORKER})
             assert node_id in provider.non_terminated_nodes({TAG_RAY_NODE_KIND: NODE_KIND_WORKER})
             seen.append(provider.node_tags(node_id))
             return result
