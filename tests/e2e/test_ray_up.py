@@ -98,6 +98,12 @@ class Cluster:
                 f"attempts: {self.rows('select worker_id, status, error_code from job_attempts')}",
                 f"instances: {[(i.instance_id, i.spot) for i in self.instances()]}",
                 *[line for line in head_log if "alembic" not in line][-25:],
+                "monitor (Ray's autoscaler):",
+                *[
+                    line
+                    for line in self.monitor_log().splitlines()
+                    if "INFO" in line or "WARN" in line or "ERROR" in line
+                ][-40:],
             ]
         )
 
