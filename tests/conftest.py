@@ -50,7 +50,8 @@ from hypermedia.embedded import EmbeddedRedis
 from hypermedia.worker import cluster
 from tests import support
 
-pytest_plugins = ["tests.tiers"]  # generated inputs and the corpus tier
+# Generated inputs and the corpus tier; the order xdist workers get the tests in.
+pytest_plugins = ["tests.tiers", "tests.scheduling"]
 TESTS = Path(__file__).resolve().parent
 
 # Ray reads its auth settings once, at import: every Ray cluster the tests start uses

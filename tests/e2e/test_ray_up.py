@@ -36,6 +36,8 @@ REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 HYPERMEDIA = str(BIN / "hypermedia")
 JOBS = 4
+# A whole cluster each: up, bursts, drains, down (2-3 minutes; more under load).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 
 def run(env: dict[str, str], *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:

@@ -286,6 +286,7 @@ def data_paths(root: Path) -> list[str]:
     return [str(p) for p in root.rglob("*")]
 
 
+@pytest.mark.timeout(600)
 def test_generated_hostile_files_and_images_through_the_workers(
     pg_engine, settings, tmp_path, generated: Generated
 ):
@@ -302,6 +303,7 @@ def test_generated_hostile_files_and_images_through_the_workers(
 
 
 @pytest.mark.corpus
+@pytest.mark.timeout(600)
 def test_hostile_and_image_corpus_through_the_workers(pg_engine, settings, tmp_path):
     rows = manifest_rows(("hostile", "images"))
     assert len(rows) >= 190

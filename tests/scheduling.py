@@ -1,0 +1,87 @@
+"""The order tests are handed to xdist workers in (a pytest plugin, registered by
+tests/conftest.py).
+
+A few dozen tests (a ``ray up`` cluster, the hostile files through the workers, the
+stacks started and killed) take most of the suite's time. Handed out in file order,
+two of them can queue behind each other on one worker while the others finish early.
+So under xdist the tests known to be long (``tests/durations.json``: seconds per test
+id, measured by :func:`main` from a JUnit XML report) go first, longest first, each
+followed by a short one: ``scripts/test`` runs with ``--maxschedchunk 1``, so every
+worker starts with one long test and takes the next long one when it is free (the
+longest-first rule). A run without xdist keeps the file order, which keeps
+module-scoped fixtures built once.
+
+``python -m tests.scheduling report.xml`` rewrites the durations from a report
+(``pytest --junitxml report.xml``).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+DURATIONS = Path(__file__).resolve().parent / "durations.json"
+LONG_SECONDS = 3.0
+
+
+def known_durations() -> dict[str, float]:
+    try:
+        loaded = json.loads(DURATIONS.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {str(k): float(v) for k, v in loaded.items()}
+
+
+def longest_first(nodeids: list[str], durations: dict[str, float]) -> list[str]:
+    """``nodeids`` with the long ones first (longest first), each followed by a short
+    one, and the short ones after in their order."""
+    long = sorted(
+        (n for n in nodeids if durations.get(n, 0.0) >= LONG_SECONDS),
+        key=lambda n: -durations[n],
+    )
+    chosen = set(long)
+    short = [n for n in nodeids if n not in chosen]
+    ordered: list[str] = []
+    for index, nodeid in enumerate(long):
+        ordered.append(nodeid)
+        if index < len(short):
+            ordered.append(short[index])
+    ordered.extend(short[len(long) :])
+    return ordered
+
+
+@pytest.hookimpl(trylast=True)  # after deselection
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not hasattr(config, "workerinput"):
+        return  # not an xdist worker: file order
+    by_id = {item.nodeid: item for item in items}
+    items[:] = [by_id[n] for n in longest_first(list(by_id), known_durations())]
+
+
+def main(report: str) -> None:
+    """Write tests/durations.json from a JUnit XML report: the tests over a second."""
+    durations: dict[str, float] = {}
+    root = Path(__file__).resolve().parents[1]
+    for case in ET.parse(report).iter("testcase"):
+        parts = (case.get("classname") or "").split(".")
+        # "tests.integration.test_x" or "tests.integration.test_x.TestClass"
+        for cut in range(len(parts), 0, -1):
+            module = Path(root, *parts[:cut]).with_suffix(".py")
+            if module.is_file():
+                nodeid = "::".join(
+                    [module.relative_to(root).as_posix(), *parts[cut:], case.get("name", "")]
+                )
+                seconds = float(case.get("time") or 0)
+                if seconds >= 1.0:
+                    durations[nodeid] = round(seconds, 1)
+                break
+    DURATIONS.write_text(json.dumps(dict(sorted(durations.items())), indent=1) + "\n")
+    print(f"{len(durations)} tests over a second written to {DURATIONS}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
