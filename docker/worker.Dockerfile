@@ -1,9 +1,10 @@
 # syntax=docker/dockerfile:1
 #
 # The burst worker node: Python, the hypermedia wheel (hypermedia, pipelines, autoscaler)
-# with pinned dependencies, Ray, and the programs the pipelines run. No secrets: the Ray
-# token is mounted at run time, and the database and Redis URLs reach the node's actors
-# from the head (docker/README.md).
+# with its `server` extra at pinned versions (Ray, the pipelines' libraries; no cloud SDK:
+# only the head's node provider drives a cloud), and the programs the pipelines run. No
+# secrets: the Ray token is mounted at run time, and the database and Redis URLs reach the
+# node's actors from the head (docker/README.md).
 #
 #   docker build -f docker/worker.Dockerfile -t hypermedia-worker:$(git rev-parse --short HEAD) \
 #       --build-arg REVISION=$(git rev-parse HEAD) .
@@ -35,16 +36,18 @@ RUN apt-get update \
 
 WORKDIR /src
 # Only what the wheel is built from: pyproject.toml packages hypermedia*, pipelines* and
-# autoscaler*, and reads README.md as its long description.
+# autoscaler*, ships etc/'s defaults as data files, and reads README.md as its long
+# description (tests/integration/test_packaging.py builds the wheel from the same list).
 COPY pyproject.toml README.md /src/
 COPY docker/constraints.txt /src/docker/constraints.txt
 COPY hypermedia /src/hypermedia
 COPY pipelines /src/pipelines
 COPY autoscaler /src/autoscaler
+COPY etc /src/etc
 
 # The cache mount keeps downloads between builds without putting them in a layer.
 RUN --mount=type=cache,target=/root/.cache/pip \
-    python -m pip wheel --wheel-dir /wheels --constraint docker/constraints.txt .
+    python -m pip wheel --wheel-dir /wheels --constraint docker/constraints.txt '.[server]'
 
 # -- the worker image ------------------------------------------------------------------------
 FROM python:${PYTHON_VERSION}-slim-${DEBIAN_SUITE} AS worker
@@ -99,15 +102,15 @@ ENV PATH="/opt/hypermedia/bin:${PATH}" \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     RAY_USAGE_STATS_ENABLED=0
 
-# The project and exactly the wheels built above (no index, no dev extras), in a venv
-# owned by root: the runtime user and the jobs can read the code, not change it. The
+# The project with its server extra, from exactly the wheels built above (no index), in
+# a venv owned by root: the runtime user and the jobs can read the code, not change it. The
 # wheels are bind-mounted from the build stage, so they never form a layer here. Then a
 # smoke test: Ray's version, the native libraries the pipelines load, the programs they run.
 # Versions are pinned by docker/constraints.txt in the build stage (DL3013).
 # hadolint ignore=DL3013
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
     /usr/local/bin/python -m venv /opt/hypermedia \
- && /opt/hypermedia/bin/pip install --no-cache-dir --no-index --find-links=/wheels hypermedia \
+ && /opt/hypermedia/bin/pip install --no-cache-dir --no-index --find-links=/wheels 'hypermedia[server]' \
  && /opt/hypermedia/bin/python -c "import ray, sys; v = ray.__version__; \
 sys.exit(None if v == '${RAY_VERSION}' else f'ray {v} is installed, RAY_VERSION is ${RAY_VERSION}')" \
  && /opt/hypermedia/bin/python -c "import magic, hypermedia.cli, pipelines.registry as r; \
