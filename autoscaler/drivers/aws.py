@@ -198,7 +198,7 @@ class AwsDriver:
             from botocore.config import Config
         except ImportError as exc:
             raise ConfigError(
-                _KEY, f"the AWS driver needs boto3 ({exc}): pip install boto3"
+                _KEY, f"the AWS driver needs boto3 ({exc}): pip install 'hypermedia[aws]'"
             ) from None
         self._boto_errors: tuple[type[Exception], ...] = (
             boto_errors.ClientError,

@@ -64,7 +64,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PROVIDER = "google"
-INSTALL_HINT = "pip install google-cloud-compute"
+INSTALL_HINT = "pip install 'hypermedia[gcp]'"
 NAME_PREFIX = "hm-"
 COMPUTE_SCOPE = "https://www.googleapis.com/auth/compute"
 NODE_SCOPE = "https://www.googleapis.com/auth/cloud-platform"

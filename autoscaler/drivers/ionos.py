@@ -195,7 +195,8 @@ class IonosDriver:
             import urllib3
         except ImportError as exc:
             raise ConfigError(
-                "cloud_providers.ionos", "the IONOS driver needs its SDK: pip install ionoscloud"
+                "cloud_providers.ionos",
+                "the IONOS driver needs its SDK (ionoscloud): pip install 'hypermedia[ionos]'",
             ) from exc
         configuration = ionoscloud.Configuration(host=self.options.host, **credentials)
         configuration.max_retries = SDK_TRIES

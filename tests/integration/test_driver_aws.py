@@ -638,5 +638,5 @@ def test_the_sdk_loads_lazily_and_its_absence_says_what_to_install() -> None:
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    assert "pip install boto3" in result.stdout
+    assert "pip install 'hypermedia[aws]'" in result.stdout
     assert result.stdout.startswith("provider.drivers.aws:")

@@ -407,4 +407,4 @@ except ConfigError as exc:
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=ROOT
     )
     assert done.returncode == 0, done.stderr
-    assert "pip install google-cloud-compute" in done.stdout, done.stdout
+    assert "pip install 'hypermedia[gcp]'" in done.stdout, done.stdout

@@ -446,7 +446,7 @@ def test_missing_sdk_says_what_to_install(
     credentials: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setitem(sys.modules, "ionoscloud", None)  # makes `import ionoscloud` fail
-    with pytest.raises(ConfigError, match="pip install ionoscloud"):
+    with pytest.raises(ConfigError, match=r"pip install 'hypermedia\[ionos\]'"):
         IonosDriver(make_config(), {"on_demand_cents_per_hour": 15})
 
 
