@@ -52,7 +52,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from hypermedia.sandbox.executor import ChildExecutor  # noqa: E402
-from hypermedia.sandbox.forkserver import DEFAULT_SPARES  # noqa: E402
+from hypermedia.sandbox.wire import DEFAULT_SPARES  # noqa: E402
 from tests.pipelines_for_tests import PRELOAD  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")

@@ -76,10 +76,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hypermedia.sandbox import forkserver, isolation
-from hypermedia.sandbox.forkserver import MESSAGE_CAP, RESULT_CAP
+from hypermedia.sandbox import isolation, wire
 from hypermedia.sandbox.limits import DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_MAX_PROCESSES, Limits
 from hypermedia.sandbox.outcome import ChildFailed, ExitReport, interpret, validate_outputs
+from hypermedia.sandbox.wire import MESSAGE_CAP, RESULT_CAP
 from pipelines.registry import Output
 
 __all__ = ["INPUT_DIR", "ChildExecutor", "ChildFailed", "ChildResult", "sandbox_capabilities"]
@@ -230,7 +230,7 @@ class ChildExecutor:
         work_root: Path,
         preload: Sequence[str] = ("pipelines.registry",),
         *,
-        spares: int = forkserver.DEFAULT_SPARES,
+        spares: int = wire.DEFAULT_SPARES,
         sandbox: bool = True,
         hidden_paths: Sequence[str | Path] = (),
         uid_base: int = isolation.UID_BASE,
@@ -345,7 +345,7 @@ class ChildExecutor:
                     own_uid = bool(server.capabilities.get("own_uid"))
                     request["rlimits"] = limits.rlimits(own_uid=own_uid)
                     body = marshal.dumps(request)
-                    header = forkserver.REQUEST.pack(limits.wall_clock_seconds, disk_budget)
+                    header = wire.REQUEST.pack(limits.wall_clock_seconds, disk_budget)
                     message = header + body
                     try:
                         server.submit(message, running)
@@ -398,21 +398,21 @@ class ChildExecutor:
                 ) from None
             kind = data[:1]
             if kind == b"S":
-                _, running.pid = forkserver.STARTED.unpack(data)
+                _, running.pid = wire.STARTED.unpack(data)
             elif kind == b"X":
                 _, pid, exit_code, signum, killed_for, duration_ms, maxrss_kb, cpu = (
-                    forkserver.EXITED.unpack(data)
+                    wire.EXITED.unpack(data)
                 )
                 return ExitReport(
                     pid=pid,
                     exit_code=exit_code if exit_code >= 0 else None,
                     signal=signum or None,
-                    killed_for=forkserver.KILLED_FOR_NAMES[killed_for],
+                    killed_for=wire.KILLED_FOR_NAMES[killed_for],
                     duration_ms=duration_ms,
                     maxrss_kb=maxrss_kb,
                     cpu_seconds=cpu,
                 )
-            elif kind == forkserver.FAILED:
+            elif kind == wire.FAILED:
                 error = data[1:].decode(errors="replace")
                 raise ChildFailed("sandbox_unavailable", error, retryable=True)
             else:  # b"": EOF
@@ -428,7 +428,7 @@ class ChildExecutor:
             if running is None:
                 return False
             with contextlib.suppress(OSError):  # then the server sees EOF instead
-                running.reply.send(forkserver.CANCEL, socket.MSG_DONTWAIT)
+                running.reply.send(wire.CANCEL, socket.MSG_DONTWAIT)
             return True
 
     def child_pid(self, job_id: str) -> int | None:
@@ -555,7 +555,7 @@ def _log_tail(workdir: Path, size: int = 4096) -> str:
     """The end of what a child printed (``.child.log``), for telling how it died. The
     job could have put anything there: a symlink or a FIFO is not read."""
     try:
-        fd = os.open(workdir / forkserver.CHILD_LOG, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        fd = os.open(workdir / wire.CHILD_LOG, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return ""
     try:

@@ -10,52 +10,9 @@ ended. A spare serves exactly one job, so every job still starts from a fresh
 copy of the server. The server never reads a job's request or result: the child
 reads the one, the executor the other (:mod:`hypermedia.sandbox.outcome`).
 
-Wire protocol, all ``AF_UNIX``/``SOCK_SEQPACKET``::
-
-    control socket (one per server)
-        server -> executor  {"op": "ready", "pid": int, ...}   JSON, once preloaded
-                            {"op": "failed", "error": str}     preload failed; exits
-        executor -> server  REQUEST header (wall clock, disk budget), then the job's request for
-                            the child: a marshal'ed dict (operation, input_path,
-                            params, workdir, rlimits [[name, soft, hard], ...])
-                            + SCM_RIGHTS: [server's end of the reply socket,
-                                           child's end of the result socket]
-        EOF                 the executor closed or died: kill every job, reap, exit
-
-    channel (one per spare, server -> spare): the request and the result socket
-
-    reply socket (one per job, server <-> executor)
-        server -> executor  STARTED (pid), then EXITED (how the child ended),
-                            or FAILED + text (could not fork)
-        executor -> server  CANCEL: kill the job (killed_for "cancelled")
-        EOF                 nobody waits any more: kill the job ("abandoned")
-
-    result socket (one per job, child -> executor): one message, at most
-    RESULT_CAP bytes, JSON, written just before the child exits
-        {"outputs": [{"output_type", "path", "content_type"}, ...]}
-        {"error": {"code", "message", "retryable", "detail"}}
-
-The request is marshal, not JSON, because it only travels from the executor to a
-child of the same interpreter and ``marshal.loads`` costs a fresh child half the
-page faults of ``json.loads``; whatever comes back from a child is JSON. The
-child cannot write on the reply socket, so it cannot forge how it ended; no
-listening socket exists, so it cannot ask the server for more children.
-
-A spare: new session (its pid is its process group), ``PDEATHSIG`` = SIGKILL, no
-new privileges, stdin ``/dev/null``, every descriptor but its channel closed, then
-its sandbox built (:mod:`hypermedia.sandbox.isolation`: network and mount
-namespaces, the read-only view), all before the job arrives, off its clock. Given
-a job (the request and, from the server, the job's uid): the workdir bound in
-read-write and ``chown``-ed, the uid taken (``PDEATHSIG`` set again: a uid change
-clears it), stdout/stderr appended to ``<workdir>/.child.log``,
-cwd/``HOME``/``TMPDIR`` = the workdir, the seccomp filter loaded
-(:mod:`hypermedia.sandbox.syscalls`: after the mounts and the uid change, which it
-would refuse), rlimits applied last (``RLIMIT_NPROC`` among them when the job has a
-uid), then
-``pipelines.registry.get(operation)(input, params, workdir)``. A spare that cannot
-build its sandbox exits with :data:`~hypermedia.sandbox.outcome.SANDBOX_FAILED`
-(a job given to it fails ``sandbox_unavailable``, retryable): a job never runs
-with less than the server found possible at start.
+What a spare and its job do, from the fork to the result, is
+:mod:`hypermedia.sandbox.child`; the messages between the executor, the server and
+a child are :mod:`hypermedia.sandbox.wire`.
 
 Cheap children. A fork costs what the kernel spends copying and tearing down page
 tables and what each side pays in copy-on-write faults for every page it writes
@@ -89,27 +46,15 @@ direct children die of ``PDEATHSIG``; what they left runs until the next server
 that claims the uid block kills the block's processes before its first job.
 
 A PID namespace per job. The server forks each spare into a PID namespace of its
-own (:meth:`~hypermedia.sandbox.isolation.Isolation.fork_spare`: ``unshare`` moves
-only the children forked after it, and the server is put back at once), so the
-spare is that namespace's pid 1, its *init*. The step must not be an init: the
-kernel drops the signals an init sends itself and ``SIGXCPU`` unless it handles them
-(measured: as pid 1 a step's ``kill(getpid(), SIGSEGV)`` does nothing,
-``RLIMIT_CPU``'s soft limit does nothing, so only the hard limit's ``SIGKILL`` ends
-it, and ``abort()`` ends in ``SIGSEGV``). So the init, first thing, before the job
-arrives, forks the process that becomes the job and builds its sandbox (pid 2; one
-more fork per job, off the job's clock while spares last; the init copies few pages
-that way), reaps what is orphaned in the namespace, and when the job's process ends
-sends the server its
-wait status on the spare's channel and exits; the kernel then kills whatever is
-left in the namespace, escaped processes included, and a killed server's jobs die
-with their inits (``PDEATHSIG``). A job sees no other pid at all, and can signal
-none: the pids of the machine do not exist in its namespace.
+own (:meth:`~hypermedia.sandbox.isolation.Isolation.fork_spare`), of which the
+spare is the init; when the job's process ends the init sends the server its wait
+status on the spare's channel (RELAYED), and the server reports that status with
+what its own ``wait4`` measured (see :mod:`hypermedia.sandbox.child`).
 """
 
 from __future__ import annotations
 
 import ctypes
-import errno
 import gc
 import heapq
 import importlib
@@ -119,67 +64,39 @@ import os
 import resource
 import select
 import socket
-import struct
 import sys
 import time
-import traceback
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
-from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
+from hypermedia.sandbox.child import SIGKILL, prctl, run_spare
 from hypermedia.sandbox.isolation import Isolation, Settings, code_paths, kill_uids
 from hypermedia.sandbox.outcome import SANDBOX_FAILED
+from hypermedia.sandbox.wire import (
+    CANCEL,
+    DEFAULT_SPARES,
+    EXITED,
+    FAILED,
+    KILLED_FOR,
+    MESSAGE_CAP,
+    RELAYED,
+    REQUEST,
+    STARTED,
+    UID,
+)
 
-RESULT_CAP = 64 * 1024  # a child's result: ~400 outputs
-MESSAGE_CAP = 256 * 1024  # any message on the control socket
-CHILD_LOG = ".child.log"
 SWEEP_INTERVAL = 1.0
 DISK_INTERVAL = 0.25  # between measurements of running jobs' workdirs
 DISK_MAX_ENTRIES = 100_000  # a workdir with more files than this is over its budget
 KILLER_TIMEOUT = 2.0  # a killer not done by then was stopped by its targets: another one
 KILLER_INTERVAL = 0.02  # between killers for one uid whose processes are still dying
-RESULT_FD = 3
-DEFAULT_SPARES = 4
 
-# Binary messages: a kind byte, then fixed fields.
-REQUEST = struct.Struct("<dq")  # wall clock seconds, disk budget bytes (0: none); the
-#                                 marshal'ed request follows
-UID = struct.Struct("<I")  # server -> spare: the job's uid (0: none); the request follows
-STARTED = struct.Struct("<ci")  # b"S", pid
-EXITED = struct.Struct("<ciiicIqd")  # b"X", pid, exit code, signal, killed_for,
-#                                      duration ms, max RSS kB, CPU seconds
-RELAYED = struct.Struct("<ci")  # init -> server, on the channel: b"R", the job's wait status
-CANCEL = b"C"
-FAILED = b"F"  # followed by the error text
-KILLED_FOR = {
-    None: b"-",
-    "timeout": b"t",
-    "disk": b"d",
-    "cancelled": b"c",
-    "shutdown": b"s",
-    "abandoned": b"a",
-}
-KILLED_FOR_NAMES = {code: name for name, code in KILLED_FOR.items()}
-
-_PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
-_PR_SET_NO_NEW_PRIVS = 38
-_SIGKILL = 9
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_prctl_function = _libc.prctl
-_prctl_function.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
-_prctl_function.restype = ctypes.c_int
 _raw_fork = ctypes.PyDLL(None, use_errno=True).fork  # PyDLL: the GIL stays held
 _raw_fork.argtypes = []
 _raw_fork.restype = ctypes.c_int
-
-
-def _prctl(option: int, value: int) -> None:
-    if _prctl_function(option, value, 0, 0, 0) != 0:
-        code = ctypes.get_errno()
-        raise OSError(code, os.strerror(code))
 
 
 def _fork_without_hooks() -> int:
@@ -188,243 +105,6 @@ def _fork_without_hooks() -> int:
         code = ctypes.get_errno()
         raise OSError(code, os.strerror(code))
     return pid
-
-
-# -- the child ------------------------------------------------------------------------
-
-
-def _error(code: str, message: str, *, retryable: bool = False, detail: str = "") -> bytes:
-    body = {"code": code, "message": message, "retryable": retryable, "detail": detail}
-    return json.dumps({"error": body}).encode()
-
-
-# Built once in the server: reporting a MemoryError must not need memory.
-_OUT_OF_MEMORY = _error("memory_limit", "the job ran out of memory (RLIMIT_AS)")
-_TOO_LARGE = _error("output_limit", "an output file outgrew the limit (RLIMIT_FSIZE)")
-_TOO_MANY = _error("process_limit", "the job could not start a process or thread (RLIMIT_NPROC)")
-
-
-def _errno_in_chain(exc: BaseException | None, code: int) -> bool:
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, OSError) and exc.errno == code:
-            return True
-        if isinstance(exc, MemoryError) and code == errno.ENOMEM:
-            return True
-        exc = exc.__cause__ or exc.__context__
-    return False
-
-
-def _no_new_thread(exc: BaseException) -> bool:
-    """``threading`` reports a failed ``pthread_create`` (EAGAIN) without its errno."""
-    return isinstance(exc, RuntimeError) and str(exc) == "can't start new thread"
-
-
-def _outputs_payload(outputs: object) -> bytes:
-    if not isinstance(outputs, list):
-        raise TypeError(f"step returned {type(outputs).__name__}, not a list of Output")
-    items = []
-    for output in outputs:
-        output_type = getattr(output, "output_type", None)
-        content_type = getattr(output, "content_type", None)
-        path = getattr(output, "path", None)
-        if not (
-            isinstance(output_type, str)
-            and isinstance(content_type, str)
-            and isinstance(path, str | os.PathLike)
-        ):
-            raise TypeError(f"step returned {output!r}, not an Output")
-        items.append(
-            {"output_type": output_type, "path": os.fspath(path), "content_type": content_type}
-        )
-    payload = json.dumps({"outputs": items}).encode()
-    if len(payload) > RESULT_CAP:
-        raise ValueError(f"{len(items)} outputs: more than the {RESULT_CAP} byte result allows")
-    return payload
-
-
-def _run_step(request: Mapping[str, Any]) -> bytes:
-    """Apply the rlimits, run the step; the result as bytes, whatever happens."""
-    from pipelines import registry
-
-    try:
-        for name, soft, hard in request["rlimits"]:
-            resource.setrlimit(getattr(resource, name), (soft, hard))
-        step = registry.get(request["operation"])
-        workdir = Path(request["workdir"])
-        outputs = step(Path(request["input_path"]), request["params"], workdir)
-        return _outputs_payload(outputs)
-    except MemoryError:
-        return _OUT_OF_MEMORY
-    except registry.PipelineError as exc:
-        try:
-            return _error(exc.code, str(exc.message)[:1000], retryable=bool(exc.retryable))
-        except MemoryError:
-            return _OUT_OF_MEMORY
-    except BaseException as exc:
-        try:
-            if _errno_in_chain(exc, errno.ENOMEM):
-                return _OUT_OF_MEMORY
-            if _errno_in_chain(exc, errno.EFBIG):
-                return _TOO_LARGE
-            if _errno_in_chain(exc, errno.EAGAIN) or _no_new_thread(exc):
-                return _TOO_MANY
-            detail = "".join(traceback.format_exception(exc))
-            try:
-                sys.stderr.write(detail)
-                sys.stderr.flush()
-            except Exception:  # noqa: S110 - the log may be at RLIMIT_FSIZE already
-                pass
-            message = f"{type(exc).__qualname__}: {exc}"
-            return _error("pipeline_crashed", message[:1000], detail=detail[-4000:])
-        except MemoryError:
-            return _OUT_OF_MEMORY
-
-
-def _spare(
-    channel_fd: int, devnull: int, server_pid: int, sandbox: Isolation, fork: Callable[[], int]
-) -> NoReturn:
-    """A forked child waiting for its job: becomes it, runs the step, reports, exits.
-
-    Before the job: own session, PDEATHSIG, no new privileges, stdin ``/dev/null``,
-    every descriptor but its channel to the server closed, its namespaces and
-    read-only view built (:meth:`Isolation.prepare`). When the job arrives: its
-    workdir bound in, its uid taken (:meth:`Isolation.enter`), then the step. With
-    PID namespaces the spare is its namespace's pid 1 and the job is the process it
-    forks, once its namespaces are built (:func:`_be_init`).
-    """
-    try:
-        os.setsid()
-        _prctl(_PR_SET_PDEATHSIG, _SIGKILL)
-        # The server died before PDEATHSIG was set? (A namespace's pid 1 has no parent
-        # it can see: its channel then tells.)
-        if (os.getppid() != server_pid) if not sandbox.pid_namespace else _hung_up(channel_fd):
-            os._exit(0)
-        _prctl(_PR_SET_NO_NEW_PRIVS, 1)
-        os.dup2(devnull, 0)
-        os.closerange(RESULT_FD, channel_fd)
-        os.closerange(channel_fd + 1, max(os.sysconf("SC_OPEN_MAX"), 1024))
-    except BaseException:
-        os._exit(71)  # EX_OSERR: reported as a crash without a result
-    parent = server_pid
-    if sandbox.pid_namespace:
-        # At once: the init writes (and so copies) as few of the server's pages as it
-        # can; everything else happens in the process that becomes the job.
-        _be_init(channel_fd, fork)
-        parent = 1
-    try:
-        jobs_fd = sandbox.prepare()
-    except BaseException as exc:
-        _complain(f"a spare could not build its sandbox: {exc}")
-        os._exit(SANDBOX_FAILED)
-    try:
-        channel = socket.socket(fileno=channel_fd)
-        body, fds, _flags, _address = socket.recv_fds(channel, MESSAGE_CAP, 1)
-        channel.close()
-        if len(body) <= UID.size or len(fds) != 1:  # the server is done with us
-            os._exit(0)
-        (uid,) = UID.unpack_from(body)
-        request = marshal.loads(body[UID.size :])  # noqa: S302 - from the executor, never a job
-    except BaseException:
-        os._exit(71)
-    try:
-        sandbox.enter(jobs_fd, request["workdir"], uid)
-        if uid:  # a change of uid cleared PDEATHSIG
-            _prctl(_PR_SET_PDEATHSIG, _SIGKILL)
-            if os.getppid() != parent:
-                os._exit(0)
-    except BaseException as exc:
-        _complain(f"a child could not enter its sandbox: {exc}")
-        os._exit(SANDBOX_FAILED)
-    try:
-        _become_job(request["workdir"], fds[0])
-    except BaseException:
-        os._exit(71)
-    try:
-        sandbox.filter_syscalls()
-    except BaseException as exc:
-        _complain(f"a child could not load its syscall filter: {exc}")
-        os._exit(SANDBOX_FAILED)
-    me = os.getpid()
-    payload = _run_step(request)
-    if os.getpid() != me:  # a process the step forked came back here: it has no say
-        os._exit(0)
-    status = 0
-    try:
-        os.write(RESULT_FD, payload)
-        sys.stdout.flush()
-        sys.stderr.flush()
-    except BaseException:
-        status = 1
-    os._exit(status)
-
-
-def _hung_up(channel_fd: int) -> bool:
-    poll = select.poll()
-    poll.register(channel_fd, select.POLLIN)
-    return any(events & select.POLLHUP for _fd, events in poll.poll(0))
-
-
-def _be_init(channel_fd: int, fork: Callable[[], int]) -> None:
-    """Pid 1 of the job's PID namespace, before anything else: fork the process that
-    becomes the job (and builds the sandbox), reap
-    whatever is orphaned in the namespace until that process ends, send the server
-    how it ended (RELAYED, on the channel), exit. The kernel then kills what is left
-    in the namespace, and the server reports the relayed status (its own wait4 gives
-    the resources, the job's included). Returns only in the job's process.
-
-    The step must not be the init itself: the kernel drops an init's own signals and
-    ``SIGXCPU`` unless it handles them (see the module docstring).
-    """
-    try:
-        pid = fork()
-    except BaseException:
-        os._exit(71)
-    if pid == 0:
-        return
-    status = None
-    while status is None:
-        try:
-            done, raw = os.waitpid(-1, 0)
-        except ChildProcessError:
-            break
-        if done == pid:
-            status = raw
-    if status is not None:
-        with suppress(BaseException):
-            os.write(channel_fd, RELAYED.pack(b"R", status))
-    # Its exit code too, for a spare that never got a job (SANDBOX_FAILED counts).
-    os._exit(os.WEXITSTATUS(status) if status is not None and os.WIFEXITED(status) else 0)
-
-
-def _complain(message: str) -> None:
-    with suppress(BaseException):
-        os.write(2, f"fork server: {message}\n".encode(errors="replace"))
-
-
-def _become_job(workdir: str, result_fd: int) -> None:
-    if result_fd != RESULT_FD:
-        os.dup2(result_fd, RESULT_FD, inheritable=False)
-        os.close(result_fd)
-    else:
-        os.set_inheritable(RESULT_FD, False)  # descriptors from SCM_RIGHTS are inheritable
-    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
-    child_log = os.open(os.path.join(workdir, CHILD_LOG), flags, 0o600)
-    os.dup2(child_log, 1)
-    os.dup2(child_log, 2)
-    os.close(child_log)
-    os.chdir(workdir)
-    os.environ["HOME"] = workdir
-    os.environ["TMPDIR"] = workdir
-    if "tempfile" in sys.modules:
-        # Found again from TMPDIR on first use.
-        sys.modules["tempfile"].tempdir = None  # type: ignore[attr-defined]
-    if "random" in sys.modules:
-        sys.modules["random"].seed()  # what os.fork()'s hook would have done
-
-
-# -- the server -----------------------------------------------------------------------
 
 
 class _Spare:
@@ -626,7 +306,7 @@ class _Server:
             theirs.close()
             raise
         if pid == 0:
-            _spare(theirs.fileno(), self.devnull, self.pid, self.sandbox, self.fork)
+            run_spare(theirs.fileno(), self.devnull, self.pid, self.sandbox, self.fork)
         theirs.close()
         spare = _Spare(pid, os.pidfd_open(pid), channel)
         self.spares[pid] = spare
@@ -701,7 +381,7 @@ class _Server:
             except OSError as exc:
                 error = f"spare {spare.pid}: {exc}"
                 with suppress(OSError):
-                    os.kill(spare.pid, _SIGKILL)
+                    os.kill(spare.pid, SIGKILL)
                 self._drop_spare(spare)  # reaped later like any stray child
                 spare = None
         os.close(result_fd)
@@ -770,9 +450,9 @@ class _Server:
             job.killed_for = reason
         # The pid first: the child may not have called setsid() yet.
         with suppress(OSError):
-            os.kill(job.pid, _SIGKILL)
+            os.kill(job.pid, SIGKILL)
         with suppress(OSError):
-            os.killpg(job.pid, _SIGKILL)
+            os.killpg(job.pid, SIGKILL)
 
     def _reap(self) -> None:
         while True:
@@ -813,7 +493,7 @@ class _Server:
         job.status = status
         job.usage = usage
         with suppress(OSError):  # whatever the job left running in its group
-            os.killpg(job.pid, _SIGKILL)
+            os.killpg(job.pid, SIGKILL)
         # Unregister explicitly: a child forked meanwhile may hold copies of both
         # descriptors until it closes them, and closing ours would not remove them.
         for fd in (job.pidfd, job.reply.fileno()):
@@ -890,7 +570,7 @@ class _Server:
         for killer in list(self.killers.values()):
             if now >= killer.deadline:  # stopped by a process it was to kill
                 with suppress(OSError):
-                    os.kill(killer.pid, _SIGKILL)
+                    os.kill(killer.pid, SIGKILL)
                 killer.deadline = now + KILLER_TIMEOUT  # reaped like any other killer
 
     def _leftovers(self) -> dict[int, _Left]:
@@ -925,14 +605,14 @@ class _Server:
                 else:
                     for pid in left.live:
                         with suppress(OSError):
-                            os.kill(pid, _SIGKILL)
+                            os.kill(pid, SIGKILL)
             self._reap()
             return
         keep = self.jobs.keys() | self.spares.keys() | self.killers.keys()
         for pid, pgid in _children_of(self.pid):
             if everything or (pid not in keep and pgid not in keep):
                 with suppress(OSError):
-                    os.kill(pid, _SIGKILL)
+                    os.kill(pid, SIGKILL)
         self._reap()
 
     def _reap_remaining(self, deadline: float) -> None:
@@ -1046,7 +726,7 @@ def main(config: Mapping[str, Any]) -> None:
         uid_base=int(sandbox_config["uid_base"]),
         covered=(*sandbox_config["covered"], *code.covers),
     )
-    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    prctl(_PR_SET_CHILD_SUBREAPER, 1)
     sandbox = Isolation.start(settings, fork)
     gc.collect()
     gc.freeze()

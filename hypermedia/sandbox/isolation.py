@@ -1,8 +1,9 @@
 """What a job's child may see and touch: its own namespaces, a read-only view, a uid of its own.
 
-The fork server (:mod:`hypermedia.sandbox.forkserver`) uses this module; nothing
-else needs to. Linux only; every call is a plain syscall (``ctypes``), no helper
-binary, so a spare pays microseconds, not an ``exec`` (bubblewrap: ~16 ms a run).
+The fork server (:mod:`hypermedia.sandbox.forkserver`) and its children
+(:mod:`hypermedia.sandbox.child`) use this module; nothing else needs to. Linux
+only; every call is a plain syscall (``ctypes``), no helper binary, so a spare pays
+microseconds, not an ``exec`` (bubblewrap: ~16 ms a run).
 
 A spare, before its job arrives (off the job's clock), in :meth:`Isolation.prepare`:
 

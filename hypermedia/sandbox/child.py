@@ -1,0 +1,307 @@
+"""What runs in a child of the fork server (:mod:`hypermedia.sandbox.forkserver`):
+a spare waiting for its job, then the job, which runs the step and writes its
+result (the messages: :mod:`hypermedia.sandbox.wire`).
+
+A spare: new session (its pid is its process group), ``PDEATHSIG`` = SIGKILL, no
+new privileges, stdin ``/dev/null``, every descriptor but its channel closed, then
+its sandbox built (:mod:`hypermedia.sandbox.isolation`: network and mount
+namespaces, the read-only view), all before the job arrives, off its clock. Given
+a job (the request and, from the server, the job's uid): the workdir bound in
+read-write and ``chown``-ed, the uid taken (``PDEATHSIG`` set again: a uid change
+clears it), stdout/stderr appended to ``<workdir>/.child.log``,
+cwd/``HOME``/``TMPDIR`` = the workdir, the seccomp filter loaded
+(:mod:`hypermedia.sandbox.syscalls`: after the mounts and the uid change, which it
+would refuse), rlimits applied last (``RLIMIT_NPROC`` among them when the job has a
+uid), then
+``pipelines.registry.get(operation)(input, params, workdir)``. A spare that cannot
+build its sandbox exits with :data:`~hypermedia.sandbox.outcome.SANDBOX_FAILED`
+(a job given to it fails ``sandbox_unavailable``, retryable): a job never runs
+with less than the server found possible at start.
+
+A PID namespace per job. The server forks each spare into a PID namespace of its
+own (:meth:`~hypermedia.sandbox.isolation.Isolation.fork_spare`: ``unshare`` moves
+only the children forked after it, and the server is put back at once), so the
+spare is that namespace's pid 1, its *init*. The step must not be an init: the
+kernel drops the signals an init sends itself and ``SIGXCPU`` unless it handles them
+(measured: as pid 1 a step's ``kill(getpid(), SIGSEGV)`` does nothing,
+``RLIMIT_CPU``'s soft limit does nothing, so only the hard limit's ``SIGKILL`` ends
+it, and ``abort()`` ends in ``SIGSEGV``). So the init, first thing, before the job
+arrives, forks the process that becomes the job and builds its sandbox (pid 2; one
+more fork per job, off the job's clock while spares last; the init copies few pages
+that way), reaps what is orphaned in the namespace, and when the job's process ends
+sends the server its
+wait status on the spare's channel and exits; the kernel then kills whatever is
+left in the namespace, escaped processes included, and a killed server's jobs die
+with their inits (``PDEATHSIG``). A job sees no other pid at all, and can signal
+none: the pids of the machine do not exist in its namespace.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import json
+import marshal
+import os
+import resource
+import select
+import socket
+import sys
+import traceback
+from collections.abc import Callable, Mapping
+from contextlib import suppress
+from pathlib import Path
+from typing import Any, NoReturn
+
+from hypermedia.sandbox.isolation import Isolation
+from hypermedia.sandbox.outcome import SANDBOX_FAILED
+from hypermedia.sandbox.wire import CHILD_LOG, MESSAGE_CAP, RELAYED, RESULT_CAP, UID
+
+RESULT_FD = 3
+
+PR_SET_PDEATHSIG = 1
+PR_SET_NO_NEW_PRIVS = 38
+SIGKILL = 9
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_prctl_function = _libc.prctl
+_prctl_function.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
+_prctl_function.restype = ctypes.c_int
+
+
+def prctl(option: int, value: int) -> None:
+    if _prctl_function(option, value, 0, 0, 0) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
+
+
+def _error(code: str, message: str, *, retryable: bool = False, detail: str = "") -> bytes:
+    body = {"code": code, "message": message, "retryable": retryable, "detail": detail}
+    return json.dumps({"error": body}).encode()
+
+
+# Built once, in the server (it imports this module): reporting a MemoryError must
+# not need memory.
+_OUT_OF_MEMORY = _error("memory_limit", "the job ran out of memory (RLIMIT_AS)")
+_TOO_LARGE = _error("output_limit", "an output file outgrew the limit (RLIMIT_FSIZE)")
+_TOO_MANY = _error("process_limit", "the job could not start a process or thread (RLIMIT_NPROC)")
+
+
+def _errno_in_chain(exc: BaseException | None, code: int) -> bool:
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno == code:
+            return True
+        if isinstance(exc, MemoryError) and code == errno.ENOMEM:
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def _no_new_thread(exc: BaseException) -> bool:
+    """``threading`` reports a failed ``pthread_create`` (EAGAIN) without its errno."""
+    return isinstance(exc, RuntimeError) and str(exc) == "can't start new thread"
+
+
+def _outputs_payload(outputs: object) -> bytes:
+    if not isinstance(outputs, list):
+        raise TypeError(f"step returned {type(outputs).__name__}, not a list of Output")
+    items = []
+    for output in outputs:
+        output_type = getattr(output, "output_type", None)
+        content_type = getattr(output, "content_type", None)
+        path = getattr(output, "path", None)
+        if not (
+            isinstance(output_type, str)
+            and isinstance(content_type, str)
+            and isinstance(path, str | os.PathLike)
+        ):
+            raise TypeError(f"step returned {output!r}, not an Output")
+        items.append(
+            {"output_type": output_type, "path": os.fspath(path), "content_type": content_type}
+        )
+    payload = json.dumps({"outputs": items}).encode()
+    if len(payload) > RESULT_CAP:
+        raise ValueError(f"{len(items)} outputs: more than the {RESULT_CAP} byte result allows")
+    return payload
+
+
+def _run_step(request: Mapping[str, Any]) -> bytes:
+    """Apply the rlimits, run the step; the result as bytes, whatever happens."""
+    from pipelines import registry
+
+    try:
+        for name, soft, hard in request["rlimits"]:
+            resource.setrlimit(getattr(resource, name), (soft, hard))
+        step = registry.get(request["operation"])
+        workdir = Path(request["workdir"])
+        outputs = step(Path(request["input_path"]), request["params"], workdir)
+        return _outputs_payload(outputs)
+    except MemoryError:
+        return _OUT_OF_MEMORY
+    except registry.PipelineError as exc:
+        try:
+            return _error(exc.code, str(exc.message)[:1000], retryable=bool(exc.retryable))
+        except MemoryError:
+            return _OUT_OF_MEMORY
+    except BaseException as exc:
+        try:
+            if _errno_in_chain(exc, errno.ENOMEM):
+                return _OUT_OF_MEMORY
+            if _errno_in_chain(exc, errno.EFBIG):
+                return _TOO_LARGE
+            if _errno_in_chain(exc, errno.EAGAIN) or _no_new_thread(exc):
+                return _TOO_MANY
+            detail = "".join(traceback.format_exception(exc))
+            try:
+                sys.stderr.write(detail)
+                sys.stderr.flush()
+            except Exception:  # noqa: S110 - the log may be at RLIMIT_FSIZE already
+                pass
+            message = f"{type(exc).__qualname__}: {exc}"
+            return _error("pipeline_crashed", message[:1000], detail=detail[-4000:])
+        except MemoryError:
+            return _OUT_OF_MEMORY
+
+
+def run_spare(
+    channel_fd: int, devnull: int, server_pid: int, sandbox: Isolation, fork: Callable[[], int]
+) -> NoReturn:
+    """A forked child waiting for its job: becomes it, runs the step, reports, exits.
+
+    Before the job: own session, PDEATHSIG, no new privileges, stdin ``/dev/null``,
+    every descriptor but its channel to the server closed, its namespaces and
+    read-only view built (:meth:`Isolation.prepare`). When the job arrives: its
+    workdir bound in, its uid taken (:meth:`Isolation.enter`), then the step. With
+    PID namespaces the spare is its namespace's pid 1 and the job is the process it
+    forks, once its namespaces are built (:func:`_be_init`).
+    """
+    try:
+        os.setsid()
+        prctl(PR_SET_PDEATHSIG, SIGKILL)
+        # The server died before PDEATHSIG was set? (A namespace's pid 1 has no parent
+        # it can see: its channel then tells.)
+        if (os.getppid() != server_pid) if not sandbox.pid_namespace else _hung_up(channel_fd):
+            os._exit(0)
+        prctl(PR_SET_NO_NEW_PRIVS, 1)
+        os.dup2(devnull, 0)
+        os.closerange(RESULT_FD, channel_fd)
+        os.closerange(channel_fd + 1, max(os.sysconf("SC_OPEN_MAX"), 1024))
+    except BaseException:
+        os._exit(71)  # EX_OSERR: reported as a crash without a result
+    parent = server_pid
+    if sandbox.pid_namespace:
+        # At once: the init writes (and so copies) as few of the server's pages as it
+        # can; everything else happens in the process that becomes the job.
+        _be_init(channel_fd, fork)
+        parent = 1
+    try:
+        jobs_fd = sandbox.prepare()
+    except BaseException as exc:
+        _complain(f"a spare could not build its sandbox: {exc}")
+        os._exit(SANDBOX_FAILED)
+    try:
+        channel = socket.socket(fileno=channel_fd)
+        body, fds, _flags, _address = socket.recv_fds(channel, MESSAGE_CAP, 1)
+        channel.close()
+        if len(body) <= UID.size or len(fds) != 1:  # the server is done with us
+            os._exit(0)
+        (uid,) = UID.unpack_from(body)
+        request = marshal.loads(body[UID.size :])  # noqa: S302 - from the executor, never a job
+    except BaseException:
+        os._exit(71)
+    try:
+        sandbox.enter(jobs_fd, request["workdir"], uid)
+        if uid:  # a change of uid cleared PDEATHSIG
+            prctl(PR_SET_PDEATHSIG, SIGKILL)
+            if os.getppid() != parent:
+                os._exit(0)
+    except BaseException as exc:
+        _complain(f"a child could not enter its sandbox: {exc}")
+        os._exit(SANDBOX_FAILED)
+    try:
+        _become_job(request["workdir"], fds[0])
+    except BaseException:
+        os._exit(71)
+    try:
+        sandbox.filter_syscalls()
+    except BaseException as exc:
+        _complain(f"a child could not load its syscall filter: {exc}")
+        os._exit(SANDBOX_FAILED)
+    me = os.getpid()
+    payload = _run_step(request)
+    if os.getpid() != me:  # a process the step forked came back here: it has no say
+        os._exit(0)
+    status = 0
+    try:
+        os.write(RESULT_FD, payload)
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except BaseException:
+        status = 1
+    os._exit(status)
+
+
+def _hung_up(channel_fd: int) -> bool:
+    poll = select.poll()
+    poll.register(channel_fd, select.POLLIN)
+    return any(events & select.POLLHUP for _fd, events in poll.poll(0))
+
+
+def _be_init(channel_fd: int, fork: Callable[[], int]) -> None:
+    """Pid 1 of the job's PID namespace, before anything else: fork the process that
+    becomes the job (and builds the sandbox), reap
+    whatever is orphaned in the namespace until that process ends, send the server
+    how it ended (RELAYED, on the channel), exit. The kernel then kills what is left
+    in the namespace, and the server reports the relayed status (its own wait4 gives
+    the resources, the job's included). Returns only in the job's process.
+
+    The step must not be the init itself: the kernel drops an init's own signals and
+    ``SIGXCPU`` unless it handles them (see the module docstring).
+    """
+    try:
+        pid = fork()
+    except BaseException:
+        os._exit(71)
+    if pid == 0:
+        return
+    status = None
+    while status is None:
+        try:
+            done, raw = os.waitpid(-1, 0)
+        except ChildProcessError:
+            break
+        if done == pid:
+            status = raw
+    if status is not None:
+        with suppress(BaseException):
+            os.write(channel_fd, RELAYED.pack(b"R", status))
+    # Its exit code too, for a spare that never got a job (SANDBOX_FAILED counts).
+    os._exit(os.WEXITSTATUS(status) if status is not None and os.WIFEXITED(status) else 0)
+
+
+def _complain(message: str) -> None:
+    with suppress(BaseException):
+        os.write(2, f"fork server: {message}\n".encode(errors="replace"))
+
+
+def _become_job(workdir: str, result_fd: int) -> None:
+    if result_fd != RESULT_FD:
+        os.dup2(result_fd, RESULT_FD, inheritable=False)
+        os.close(result_fd)
+    else:
+        os.set_inheritable(RESULT_FD, False)  # descriptors from SCM_RIGHTS are inheritable
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+    child_log = os.open(os.path.join(workdir, CHILD_LOG), flags, 0o600)
+    os.dup2(child_log, 1)
+    os.dup2(child_log, 2)
+    os.close(child_log)
+    os.chdir(workdir)
+    os.environ["HOME"] = workdir
+    os.environ["TMPDIR"] = workdir
+    if "tempfile" in sys.modules:
+        # Found again from TMPDIR on first use.
+        sys.modules["tempfile"].tempdir = None  # type: ignore[attr-defined]
+    if "random" in sys.modules:
+        sys.modules["random"].seed()  # what os.fork()'s hook would have done
