@@ -7,7 +7,9 @@ A worker that dies (kill -9, its node lost) cannot: whoever learns of the death
 removes them where it runs, on the same node as the dead worker's data dir: the
 supervisor for the actor deaths Ray reports (the whole worker directory), the
 reaper for the jobs whose lease ran out (that job's directory). On another node
-there is nothing to find, and nothing happens.
+there is nothing to find, and nothing happens; so a worker starting on a node (a
+burst node, where neither runs) also sweeps the roots there of workers the record
+says have ended (:func:`sweep`).
 """
 
 from __future__ import annotations
@@ -41,6 +43,23 @@ def job_workdir(data_dir: Path, worker_id: str, job_id: str) -> Path:
 def remove_worker(data_dir: Path, worker_id: str) -> bool:
     """Remove a dead worker's work root, every job's files in it. True if there was one."""
     return _remove(worker_root(data_dir, worker_id))
+
+
+def sweep(data_dir: Path, ended: Callable[[list[str]], set[str]]) -> list[str]:
+    """Remove the work roots on this node of the workers that ``ended`` (given the
+    worker ids found here) says have ended; the ids removed. Roots of workers not
+    known to have ended stay: one may be starting right now."""
+    root = Path(data_dir) / WORK
+    try:
+        found = sorted(p.name for p in root.iterdir() if _NAME.fullmatch(p.name))
+    except OSError:
+        return []
+    if not found:
+        return []
+    gone = ended(found)
+    return [
+        worker_id for worker_id in found if worker_id in gone and remove_worker(data_dir, worker_id)
+    ]
 
 
 def remove_job(data_dir: Path, worker_id: str, job_id: str) -> bool:

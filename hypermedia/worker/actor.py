@@ -33,6 +33,7 @@ from typing import Any
 
 import ray
 
+from hypermedia import workdirs
 from hypermedia.config import Settings, load_settings
 from hypermedia.errors import HypermediaError, IllegalTransition, NotFound, ServiceUnavailable
 from hypermedia.storage.grants import OutputGrant
@@ -142,7 +143,7 @@ class PipelineService:
         from hypermedia.stack import Stack
         from hypermedia.worker.execute import Executor, JobExecution
         from hypermedia.worker.spot import SpotWatch
-        from hypermedia.worker.worker import Worker
+        from hypermedia.worker.worker import Worker, ended_workers
 
         options = dict(options or {})
         unknown = set(options) - {"prefetch"}
@@ -150,7 +151,11 @@ class PipelineService:
             raise ValueError(f"unknown worker options {sorted(unknown)}")
         cfg: Settings = load_settings(**settings)
         self.stack = Stack.open(cfg, with_storage=False)  # per-job grants only
-        work_root = cfg.data_dir / "work" / worker_id
+        # Workers that died here left their jobs' files; on a burst node nobody else
+        # is on this disk to remove them.
+        engine = self.stack.engine
+        workdirs.sweep(cfg.data_dir, lambda found: ended_workers(engine, found))
+        work_root = workdirs.worker_root(cfg.data_dir, worker_id)
         self.executor: Any = self.make_executor(work_root, preload, cfg)
         executor: Executor = self.executor
         grants_client = RayGrants(grants) if _is_actor_handle(grants) else grants
@@ -249,7 +254,3 @@ PipelineActor = ray.remote(PipelineService)  # options (queue resource ...) at s
 
 def _is_actor_handle(value: Any) -> bool:
     return isinstance(value, ray.actor.ActorHandle)
-
-
-def work_root_of(settings: Settings, worker_id: str) -> Path:
-    return settings.data_dir / "work" / worker_id

@@ -46,7 +46,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import psutil
-from sqlalchemy import Engine, insert, update
+from sqlalchemy import Engine, insert, select, update
 
 from hypermedia.clock import Clock, SystemClock, to_datetime
 from hypermedia.db import tables as t
@@ -64,6 +64,9 @@ MAX_ERROR_BACKOFF_SECONDS = 5.0
 COMPLETION_BATCH = 256  # jobs per group commit, at most
 COMPLETION_BACKLOG = 2 * COMPLETION_BATCH  # finished jobs waiting for their commit: then loops wait
 SPOT_INTERRUPTED = "spot_interrupted"  # the row's final status, the attempts' code, the log action
+# A workers row in one of these will not run again (the supervisor, the stale-worker
+# sweep and a stopping worker write them).
+ENDED_STATUSES = ("stopped", "dead", SPOT_INTERRUPTED)
 SPOT_MARGIN_SECONDS = 5.0  # a notice's handing back should be over this long before its deadline
 
 
@@ -517,3 +520,15 @@ class Worker:
                     next_metrics = now + self.metrics_seconds
             except HypermediaError as exc:
                 log.warning("upkeep: %s", exc, extra={"worker_id": self.worker_id})
+
+
+def ended_workers(engine: Engine, worker_ids: Sequence[str]) -> set[str]:
+    """Which of ``worker_ids`` the record says have ended."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(t.workers.c.worker_id).where(
+                t.workers.c.worker_id.in_(list(worker_ids)),
+                t.workers.c.status.in_(ENDED_STATUSES),
+            )
+        )
+        return {row.worker_id for row in rows}

@@ -90,3 +90,68 @@ def test_reaper_removes_the_workdir_of_a_job_whose_lease_ran_out(
     assert not workdir.exists()
     assert other.exists()  # another worker's job is not touched
     stack.close()
+
+
+def test_a_worker_starting_on_a_node_removes_what_ended_workers_left_there(
+    pg_engine, settings, tmp_path
+):
+    """On a burst node neither the supervisor nor the reaper runs: the next worker
+    that starts there removes the roots of workers the record says have ended, and
+    only those (one without a row may be starting right now)."""
+    with ray_stack(settings, pg_engine, tmp_path, {"images": 1}) as rs:
+        data_dir = rs.settings.data_dir
+        left = {}
+        for worker_id, status in [
+            ("images-diedonburst", "dead"),
+            ("images-stoppedthere", "stopped"),
+            ("images-noticed", "spot_interrupted"),
+            ("images-stillactive", "active"),
+            ("images-starting", None),
+        ]:
+            workdir = job_workdir(data_dir, worker_id, new_id())
+            (workdir / "input").mkdir(parents=True)
+            (workdir / "input" / "source").write_bytes(SECRET_INPUT)
+            (workdir / "out").mkdir(mode=0o500)  # a job may leave it unwritable
+            left[worker_id] = worker_root(data_dir, worker_id)
+            if status is not None:
+                _record_worker(rs.stack, worker_id, status)
+
+        # The record says the first three ended; a new worker starts on this node.
+        (member,) = rs.supervisor.actors("images")
+        os.kill(ray.get(member.actor.pid.remote()), signal.SIGKILL)
+        rs.wait_for(lambda: member.worker_id in rs.supervisor.events.died, what="death noticed")
+        rs.wait_for(
+            lambda: any(m.worker_id != member.worker_id for m in rs.supervisor.actors("images")),
+            what="a replacement",
+        )
+        rs.supervisor.wait_ready()
+
+        assert not left["images-diedonburst"].exists()
+        assert not left["images-stoppedthere"].exists()
+        assert not left["images-noticed"].exists()
+        assert left["images-stillactive"].exists()
+        assert left["images-starting"].exists()
+
+
+def _record_worker(stack, worker_id: str, status: str) -> None:
+    from sqlalchemy import insert
+
+    from hypermedia.clock import to_datetime
+    from hypermedia.db import tables as t
+
+    # A fresh heartbeat: an active worker that stopped beating is marked dead (and swept).
+    now = to_datetime(stack.clock.now())
+    with transaction(stack.engine) as conn:
+        conn.execute(
+            insert(t.workers).values(
+                worker_id=worker_id,
+                queue="images",
+                node_id=None,
+                hostname="a-burst-node",
+                pid=None,
+                status=status,
+                concurrency=1,
+                started_at=now,
+                last_heartbeat=now,
+            )
+        )
