@@ -26,7 +26,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from autoscaler.simulate import Arrival, write_trace
+from autoscaler.sim_world import Arrival, write_trace
 from hypermedia.etc import shipped_etc
 
 DIRECTORY = shipped_etc() / "traces"

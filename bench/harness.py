@@ -27,7 +27,7 @@ import redis
 from psycopg import sql
 from sqlalchemy import make_url
 
-from autoscaler.simulate import percentile
+from autoscaler.sim_report import percentile
 from hypermedia.embedded import EmbeddedRedis
 
 log = logging.getLogger(__name__)

@@ -40,7 +40,7 @@ if __package__ in (None, ""):
 from rich.console import Console
 from rich.table import Table
 
-from autoscaler.simulate import percentile
+from autoscaler.sim_report import percentile
 from bench import harness, hm
 from bench.harness import (
     Row,

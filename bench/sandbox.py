@@ -53,7 +53,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from autoscaler.simulate import percentile  # noqa: E402
+from autoscaler.sim_report import percentile  # noqa: E402
 from bench.executor import _cpu  # noqa: E402
 from hypermedia.sandbox import isolation  # noqa: E402
 from hypermedia.sandbox.executor import ChildExecutor  # noqa: E402

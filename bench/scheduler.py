@@ -41,7 +41,8 @@ if str(ROOT) not in sys.path:
 from autoscaler import config as scheduler_config  # noqa: E402
 from autoscaler import policy, simulate  # noqa: E402
 from autoscaler.config import SchedulerConfig  # noqa: E402
-from autoscaler.simulate import percentile  # noqa: E402
+from autoscaler.sim_report import Report, chart, percentile  # noqa: E402
+from autoscaler.sim_world import read_trace  # noqa: E402
 from autoscaler.snapshot import (  # noqa: E402
     BANDS,
     History,
@@ -168,7 +169,7 @@ def time_decide(runs: int) -> dict[str, Any]:
 # -- (b) the simulator ---------------------------------------------------------------------
 
 
-def report_row(trace: str, report: simulate.Report) -> dict[str, Any]:
+def report_row(trace: str, report: Report) -> dict[str, Any]:
     return {
         "trace": trace,
         "policy": report.controller,
@@ -199,11 +200,11 @@ def simulate_traces(chart_dir: Path | None) -> list[dict[str, Any]]:
     config = sim_config()
     rows = []
     for trace in TRACES:
-        arrivals = simulate.read_trace(REPO / "etc" / "traces" / f"{trace}.csv")
+        arrivals = read_trace(REPO / "etc" / "traces" / f"{trace}.csv")
         reports = simulate.compare(config, arrivals)
         if chart_dir is not None:
             chart_dir.mkdir(parents=True, exist_ok=True)
-            simulate.chart(reports, chart_dir / f"{trace}.png", trace)
+            chart(reports, chart_dir / f"{trace}.png", trace)
         by_policy = {r.controller: report_row(trace, r) for r in reports}
         ours = by_policy["hypermedia"]
         for row in by_policy.values():

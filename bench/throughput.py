@@ -45,7 +45,7 @@ if __package__ in (None, ""):
 from rich.console import Console
 from rich.table import Table
 
-from autoscaler.simulate import percentile
+from autoscaler.sim_report import percentile
 from bench import harness
 from bench.drain import Drain
 from bench.harness import ScratchDatabases, redis_url, redis_version, start_redis

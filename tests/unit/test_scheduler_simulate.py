@@ -15,7 +15,9 @@ import pytest
 from autoscaler import config as scheduler_config
 from autoscaler import simulate
 from autoscaler.config import ProviderName, SchedulerConfig
-from autoscaler.simulate import Arrival, Cloud, KedaRule, StaticFleet
+from autoscaler.sim_baselines import KedaRule, StaticFleet, peak_fleet
+from autoscaler.sim_report import percentile
+from autoscaler.sim_world import Arrival, Cloud, read_trace, write_trace
 from autoscaler.snapshot import Decision, History, QueueState, Snapshot, Spend, next_history
 
 SHIPPED: dict[str, Any] = json.loads(scheduler_config.SHIPPED.read_text())
@@ -47,7 +49,7 @@ def vps_only() -> SchedulerConfig:
 def test_steady_trace_below_the_thresholds_costs_nothing_and_waits_nothing():
     """One image every 2 min (30 s) and a document every 5 min (60 s), each queue with
     its VPS worker: every job starts on arrival."""
-    report = simulate.simulate(hybrid(), simulate.read_trace(TRACES / "steady.csv"))
+    report = simulate.simulate(hybrid(), read_trace(TRACES / "steady.csv"))
     assert report.cloud_cost_cents == 0
     assert report.launches == 0
     assert report.jobs == 120 + 48 and report.unfinished == 0
@@ -105,7 +107,7 @@ def test_a_runaway_flood_locks_at_the_daily_cap_without_breaching_it():
         "aws": Cloud("aws", 100.0, None, launch_delay_seconds=60.0)
     }
     config = hybrid(daily=300, hourly=500)
-    flood = simulate.read_trace(TRACES / "runaway_flood.csv")
+    flood = read_trace(TRACES / "runaway_flood.csv")
     report = simulate.simulate(config, [a for a in flood if a.at < 6 * 3600], clouds=clouds)
     assert report.locked_at is not None
     assert report.cap_breaches == 0
@@ -128,7 +130,7 @@ def test_static_fleet_costs_its_size_times_the_run():
 def test_peak_fleet_serves_the_busiest_hour():
     """OCR: 100 x 60 s in one hour = 6000 s of work -> 2 workers; bulk: nothing."""
     arrivals = [Arrival(0.0, "ocr", 5, 60.0, 100), Arrival(7200.0, "ocr", 5, 60.0, 10)]
-    assert simulate.peak_fleet(hybrid(), arrivals) == {"ocr": 2, "media": 0, "bulk": 0}
+    assert peak_fleet(hybrid(), arrivals) == {"ocr": 2, "media": 0, "bulk": 0}
 
 
 def test_keda_rule_scales_on_depth_and_waits_out_its_cooldown():
@@ -162,7 +164,7 @@ def test_an_interrupted_spot_job_goes_back_to_the_queue():
 
 
 def test_same_seed_same_report():
-    arrivals = simulate.read_trace(TRACES / "burst.csv")
+    arrivals = read_trace(TRACES / "burst.csv")
     first = simulate.simulate(hybrid(), arrivals, seed=7)
     assert simulate.simulate(hybrid(), arrivals, seed=7) == first
 
@@ -203,18 +205,18 @@ def test_read_trace_rejects_bad_rows(tmp_path):
     path = tmp_path / "t.csv"
     path.write_text("at_seconds,queue,priority,duration_seconds\n0,ocr,11,60\n")
     with pytest.raises(ValueError, match=r"t.csv:2: priority 11"):
-        simulate.read_trace(path)
+        read_trace(path)
     path.write_text("at,queue\n0,ocr\n")
     with pytest.raises(ValueError, match="header"):
-        simulate.read_trace(path)
+        read_trace(path)
     with pytest.raises(ValueError, match="'nope' is not in the config"):
         simulate.simulate(hybrid(), [Arrival(0.0, "nope", 5, 1.0)])
 
 
 def test_write_then_read_round_trips(tmp_path):
     arrivals = [Arrival(0.0, "ocr", 3, 1.5, 2), Arrival(10.0, "bulk", 9, 60.0)]
-    simulate.write_trace(tmp_path / "t.csv", arrivals)
-    assert simulate.read_trace(tmp_path / "t.csv") == arrivals
+    write_trace(tmp_path / "t.csv", arrivals)
+    assert read_trace(tmp_path / "t.csv") == arrivals
 
 
 def test_shipped_traces_are_what_the_generator_writes(tmp_path):
@@ -260,5 +262,5 @@ def test_main_reports_an_unusable_config(tmp_path, capsys):
 )
 def test_percentile_is_the_nearest_rank(count: int, fraction: float, rank: int):
     values = [float(i) for i in range(1, count + 1)]
-    assert simulate.percentile(values, fraction) == rank
-    assert simulate.percentile([], fraction) == 0.0
+    assert percentile(values, fraction) == rank
+    assert percentile([], fraction) == 0.0
