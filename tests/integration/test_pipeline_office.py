@@ -46,6 +46,7 @@ import pytest
 
 import pipelines.office as office
 from hypermedia.sandbox.executor import ChildExecutor, ChildFailed
+from pipelines.office_libreoffice import convert, detect
 from pipelines.registry import Output, PipelineError
 from tests.corpus_support import corpus
 from tests.generated import Generated, hostile, packages
@@ -529,7 +530,7 @@ def test_bad_params_are_invalid_params(tmp_path, generated: Generated, operation
 def test_detect_by_content(tmp_path, data, kind):
     path = tmp_path / "source"
     path.write_bytes(data)
-    assert office.detect(path).kind == kind
+    assert detect(path).kind == kind
 
 
 @pytest.mark.parametrize(
@@ -549,7 +550,7 @@ def test_detect_by_content(tmp_path, data, kind):
     ],
 )
 def test_detect_kinds(generated: Generated, path, kind, extension):
-    detected = office.detect(generated / path)
+    detected = detect(generated / path)
     assert (detected.kind, detected.extension) == (kind, extension)
 
 
@@ -575,10 +576,10 @@ def soffice_processes_under(path: Path) -> list[int]:
 def test_a_conversion_over_its_time_is_killed(tmp_path, generated: Generated):
     source = tmp_path / "source"
     source.write_bytes(generated.read("documents/report.docx"))
-    kind = office.detect(source)
+    kind = detect(source)
     started = time.monotonic()
     with pytest.raises(PipelineError) as caught:
-        office.convert(source, kind, "pdf", tmp_path, 10**9, timeout=0.3)
+        convert(source, kind, "pdf", tmp_path, 10**9, timeout=0.3)
     assert caught.value.code == "timeout"
     assert time.monotonic() - started < 5
     assert soffice_processes_under(tmp_path) == []

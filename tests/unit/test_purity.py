@@ -93,6 +93,8 @@ def test_importing_the_package_is_cheap():
         "pipelines.images",
         "pipelines.pdf",
         "pipelines.office",
+        "pipelines.office_libreoffice",
+        "pipelines.office_text",
         "pipelines.media",
     ],
 )
