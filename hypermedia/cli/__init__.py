@@ -1,0 +1,164 @@
+"""The command line: ``hypermedia <command>``.
+
+Operator commands work on the database named by the settings (``db upgrade``,
+``user add``, ``credits grant``, ``serve``); client commands (``submit``,
+``status``, ``cancel``, ``queues``, ``credits show``) talk HTTP to
+``--api-url`` / ``HYPERMEDIA_API_URL`` with ``--api-key`` / ``HYPERMEDIA_API_KEY``.
+Every option has a ``HYPERMEDIA_*`` environment twin (shown in ``--help``).
+
+An error prints one red line, ``error: <code>: <message>``, and exits 1; a bad
+setting names its key. ``--log-level debug`` shows tracebacks in the log.
+This is the only module that configures logging handlers. Importing it is
+cheap: everything heavy is imported inside the command that needs it.
+
+One module per command group, this one builds the app from them:
+
+- :mod:`~hypermedia.cli.jobs`: ``submit``, ``status``, ``cancel``, ``queues`` (HTTP)
+- :mod:`~hypermedia.cli.database`: ``db upgrade``
+- :mod:`~hypermedia.cli.users`: ``user add``, ``key``, ``grant``, ``revoke``
+- :mod:`~hypermedia.cli.credits`: ``credits grant`` (the record), ``credits show`` (HTTP)
+- :mod:`~hypermedia.cli.services`: ``serve`` (the API), ``worker`` (a node)
+- :mod:`~hypermedia.cli.run`: ``run``, files end to end on this machine
+- :mod:`~hypermedia.cli.local`: ``head``, ``up``, ``down``, the local stack
+- :mod:`~hypermedia.cli.scheduler`: ``scheduler run``, ``log``, ``explain``,
+  ``simulate``, ``reset-cost-lock``
+- :mod:`~hypermedia.cli.common`: settings, the record, the API client and options,
+  notes and the error line
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Annotated, Any
+
+import typer
+
+from hypermedia.cli import (
+    credits,
+    database,
+    jobs,
+    local,
+    run,
+    scheduler,
+    services,
+    users,
+)
+from hypermedia.cli.common import fail
+from hypermedia.errors import ConfigError, HypermediaError
+
+log = logging.getLogger(__name__)
+
+app = typer.Typer(
+    name="hypermedia",
+    help="Processing platform for user files.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(database.app, name="db")
+app.add_typer(users.app, name="user")
+app.add_typer(credits.app, name="credits")
+app.add_typer(scheduler.app, name="scheduler")
+# Registered in the order `hypermedia --help` lists them.
+app.command()(services.serve)
+app.command()(jobs.submit)
+app.command()(jobs.status)
+app.command()(jobs.cancel)
+app.command()(jobs.queues)
+app.command()(run.run)
+app.command()(local.head)
+app.command()(local.up)
+app.command()(local.down)
+app.command()(services.worker)
+
+_LEVELS = ("debug", "info", "warning", "error")
+
+
+@app.callback()
+def _root(
+    ctx: typer.Context,
+    log_level: Annotated[
+        str | None,
+        typer.Option(
+            "--log-level",
+            envvar="HYPERMEDIA_LOG_LEVEL",
+            help="debug, info, warning or error (default: info for serve, else warning).",
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
+    default = "info" if ctx.invoked_subcommand == "serve" else "warning"
+    _configure_logging(log_level or default)
+
+
+def _configure_logging(level_name: str) -> None:
+    if level_name.lower() not in _LEVELS:
+        raise ConfigError(
+            "log_level (HYPERMEDIA_LOG_LEVEL)", f"expected one of {', '.join(_LEVELS)}"
+        )
+    level = getattr(logging, level_name.upper())
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    if level > logging.DEBUG:
+        # Both log routine steps at INFO (every request; plugin set-up): noise here.
+        for noisy in ("httpx", "alembic"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+# -- entry point ------------------------------------------------------------------------------
+
+
+def _known_variables() -> set[str]:
+    """Every HYPERMEDIA_* variable something reads: settings fields and CLI options."""
+    from hypermedia.config import Settings
+
+    known = {f"HYPERMEDIA_{name.upper()}" for name in Settings.model_fields}
+    known.add("HYPERMEDIA_CONFIG")
+    stack: list[Any] = [typer.main.get_command(app)]  # click commands (typer's own click)
+    while stack:
+        command = stack.pop()
+        for param in command.params:
+            envvar = getattr(param, "envvar", None)
+            if isinstance(envvar, str):
+                known.add(envvar)
+            elif envvar:
+                known.update(envvar)
+        stack.extend(getattr(command, "commands", {}).values())
+    return known
+
+
+def check_environment(environ: dict[str, str] | None = None) -> None:
+    """Refuse a misspelt ``HYPERMEDIA_*`` variable instead of silently ignoring it."""
+    import difflib
+    import os
+
+    environ = dict(os.environ) if environ is None else environ
+    known = _known_variables()
+    for name in sorted(environ):
+        if not name.startswith("HYPERMEDIA_") or name.startswith("HYPERMEDIA_TEST_"):
+            continue
+        if name in known or name.startswith("HYPERMEDIA_QUEUES__"):
+            continue
+        close = difflib.get_close_matches(name, sorted(known), n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        raise ConfigError(name, f"unknown setting{hint}")
+
+
+def main() -> None:
+    try:
+        check_environment()
+        app()
+    except HypermediaError as exc:
+        log.debug("command failed", exc_info=True)
+        fail(f"{exc.code}: {exc.message}")
+    except TimeoutError as exc:
+        fail(f"timeout: {exc}")
+    except KeyboardInterrupt:
+        fail("interrupted", code=130)
+    except Exception as exc:
+        log.debug("unexpected error", exc_info=True)
+        fail(f"internal: {type(exc).__name__}: {exc}")

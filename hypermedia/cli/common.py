@@ -1,0 +1,101 @@
+"""What the command groups share: the settings, the job record, the API client, the
+API options, and how a command speaks (a note on stderr, one red error line)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+
+import typer
+
+from hypermedia.errors import AuthenticationFailed, ConfigError
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
+    from hypermedia.config import Settings
+    from hypermedia.ingest.client import HypermediaClient
+
+ApiUrl = Annotated[
+    str | None,
+    typer.Option(
+        "--api-url",
+        envvar="HYPERMEDIA_API_URL",
+        help="Base URL of the API (default: http://<api_host>:<api_port>).",
+        show_default=False,
+    ),
+]
+ApiKey = Annotated[
+    str | None,
+    typer.Option("--api-key", envvar="HYPERMEDIA_API_KEY", help="hm_... key.", show_default=False),
+]
+Timeout = Annotated[
+    float,
+    typer.Option("--timeout", envvar="HYPERMEDIA_API_TIMEOUT", min=0.1, help="HTTP timeout, s."),
+]
+
+
+def read_settings(**overrides: Any) -> Settings:
+    """The settings, with the options given on the command line (not None) over them."""
+    from hypermedia.config import load_settings
+
+    return load_settings(**{k: v for k, v in overrides.items() if v is not None})
+
+
+def open_engine(settings: Settings) -> Engine:
+    """An engine on an existing database whose schema is up to date. A SQLite file that
+    is not there is not created: a data dir nothing has run with is an error."""
+    from sqlalchemy import make_url
+
+    from hypermedia.db.engine import make_engine
+    from hypermedia.db.migrate import current_revision, head_revision
+
+    url = make_url(settings.effective_database_url)
+    if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
+        path = Path(url.database or "")
+        if not path.exists():
+            key = (
+                "database_url (HYPERMEDIA_DATABASE_URL)"
+                if settings.database_url
+                else "data_dir (HYPERMEDIA_DATA_DIR)"
+            )
+            raise ConfigError(
+                key,
+                f"no database at {path}: nothing has run with this data dir (the services'"
+                " one? a new deployment starts with `hypermedia db upgrade`)",
+            )
+    engine = make_engine(settings.effective_database_url)
+    if current_revision(engine) != head_revision():
+        engine.dispose()
+        raise ConfigError(
+            "database_url (HYPERMEDIA_DATABASE_URL)",
+            "the database schema is not up to date: run `hypermedia db upgrade`",
+        )
+    return engine
+
+
+def open_client(api_url: str | None, api_key: str | None, timeout: float) -> HypermediaClient:
+    from hypermedia.ingest.client import HypermediaClient
+
+    settings = read_settings(api_url=api_url, api_key=api_key)
+    url = settings.api_url or f"http://{settings.api_host}:{settings.api_port}"
+    if not settings.api_key:
+        raise AuthenticationFailed("no API key: pass --api-key or set HYPERMEDIA_API_KEY")
+    return HypermediaClient(url, settings.api_key, timeout=timeout)
+
+
+def note(message: str) -> None:
+    """Human commentary, on stderr, so stdout stays what scripts parse."""
+    typer.echo(message, err=True)
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    from rich.console import Console
+    from rich.markup import escape
+
+    Console(stderr=True, highlight=False, soft_wrap=True).print(f"[red]error: {escape(message)}[/]")
+    raise SystemExit(code)
+
+
+def millicredits(amount: float) -> int:
+    return round(amount * 1000)

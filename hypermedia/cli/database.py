@@ -1,0 +1,29 @@
+"""``hypermedia db``: the job record's schema, on the database the settings name."""
+
+from __future__ import annotations
+
+import typer
+
+from hypermedia.cli.common import read_settings
+
+app = typer.Typer(help="The job record's schema.", no_args_is_help=True)
+
+
+@app.command("upgrade")
+def db_upgrade() -> None:
+    """Apply migrations and sync the processing profiles."""
+    from sqlalchemy import make_url
+
+    from hypermedia.db.engine import make_engine
+    from hypermedia.db.migrate import current_revision
+    from hypermedia.stack import migrate
+
+    settings = read_settings()
+    engine = make_engine(settings.effective_database_url)
+    try:
+        migrate(settings, engine)
+        revision = current_revision(engine)
+    finally:
+        engine.dispose()
+    shown = make_url(settings.effective_database_url).render_as_string(hide_password=True)
+    typer.echo(f"database {shown} is at revision {revision}; profiles synced")

@@ -1,0 +1,175 @@
+"""The API's client commands: ``submit``, ``status``, ``cancel`` and ``queues``, over
+HTTP with ``--api-url`` / ``HYPERMEDIA_API_URL`` and ``--api-key`` /
+``HYPERMEDIA_API_KEY``. Registered on the root app by :mod:`hypermedia.cli`."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from hypermedia.cli.common import ApiKey, ApiUrl, Timeout, fail, open_client
+
+if TYPE_CHECKING:
+    from datetime import datetime
+
+    from hypermedia.ingest.schemas import JobResponse
+
+
+def submit(
+    files: Annotated[
+        list[Path],
+        typer.Argument(exists=True, dir_okay=False, readable=True, help="Files to upload."),
+    ],
+    op: Annotated[
+        list[str],
+        typer.Option("--op", "-o", envvar="HYPERMEDIA_SUBMIT_OPS", help="Operation (repeatable)."),
+    ],
+    priority: Annotated[
+        int | None,
+        typer.Option(
+            "--priority", envvar="HYPERMEDIA_SUBMIT_PRIORITY", min=1, max=10, help="1 first."
+        ),
+    ] = None,
+    pool: Annotated[
+        str | None,
+        typer.Option(
+            "--pool", envvar="HYPERMEDIA_POOL_ID", help="Pool for the uploads (default: your own)."
+        ),
+    ] = None,
+    wait: Annotated[
+        bool, typer.Option("--wait", envvar="HYPERMEDIA_SUBMIT_WAIT", help="Wait for the jobs.")
+    ] = False,
+    wait_timeout: Annotated[
+        float, typer.Option("--wait-timeout", envvar="HYPERMEDIA_WAIT_TIMEOUT", min=0)
+    ] = 600.0,
+    api_url: ApiUrl = None,
+    api_key: ApiKey = None,
+    timeout: Timeout = 60.0,
+) -> None:
+    """Upload files and submit operations on each; prints one line per job."""
+    job_ids: list[str] = []
+    with open_client(api_url, api_key, timeout) as client:
+        for path in files:
+            obj = client.upload(path, pool_id=pool)
+            typer.echo(f"object {obj.object_id} {path} {obj.size_bytes} bytes")
+            result = client.process(obj.object_id, op, priority=priority)
+            for job in result.jobs:
+                typer.echo(
+                    f"job {job.job_id} {job.operation} queue={job.queue} "
+                    f"priority={job.priority} estimated_credits={job.estimated_credits:g}"
+                )
+                job_ids.append(job.job_id)
+        if not wait:
+            return
+        unfinished = 0
+        deadline = time.monotonic() + wait_timeout
+        for job_id in job_ids:
+            finished = client.wait(job_id, timeout=max(0.0, deadline - time.monotonic()))
+            typer.echo(_job_line(finished))
+            unfinished += finished.status != "completed"
+    if unfinished:
+        fail(f"{unfinished} of {len(job_ids)} jobs did not complete")
+
+
+def _job_line(job: JobResponse) -> str:
+    line = f"job {job.job_id} {job.status}"
+    if job.error_code:
+        line += f" {job.error_code}: {job.error_message or ''}"
+    return line
+
+
+def status(
+    job_id: Annotated[str, typer.Argument(help="Job id.")],
+    api_url: ApiUrl = None,
+    api_key: ApiKey = None,
+    timeout: Timeout = 30.0,
+) -> None:
+    """Show a job: status, attempts, credits, outputs."""
+    with open_client(api_url, api_key, timeout) as client:
+        job = client.job(job_id)
+
+    def at(moment: datetime | None) -> str:
+        return "-" if moment is None else moment.isoformat(timespec="seconds")
+
+    charged = "-" if job.actual_credits is None else f"{job.actual_credits:g}"
+    rows = [
+        ("job", job.job_id),
+        ("status", job.status + (" (cancel requested)" if job.cancel_requested else "")),
+        ("operation", f"{job.operation} (queue {job.queue}, priority {job.priority})"),
+        ("object", job.object_id),
+        ("attempts", f"{job.attempt_count} of {job.max_attempts}"),
+        ("credits", f"estimated {job.estimated_credits:g}, charged {charged}"),
+        ("created", at(job.created_at)),
+        ("queued", at(job.queued_at)),
+        ("started", at(job.started_at)),
+        ("completed", at(job.completed_at)),
+    ]
+    if job.run_after is not None:
+        rows.append(("retry at", at(job.run_after)))
+    if job.error_code:
+        rows.append(("error", f"{job.error_code}: {job.error_message or ''}"))
+    for attempt in job.attempts:
+        result = attempt.status + (f" {attempt.error_code}" if attempt.error_code else "")
+        rows.append((f"attempt {attempt.attempt_number}", f"{result} on {attempt.worker_id}"))
+    for output in job.outputs:
+        rows.append(
+            ("output", f"{output.output_type} {output.storage_key} {output.size_bytes} bytes")
+        )
+    for label, value in rows:
+        typer.echo(f"{label:<11}{value}")
+
+
+def cancel(
+    job_id: Annotated[str, typer.Argument(help="Job id.")],
+    api_url: ApiUrl = None,
+    api_key: ApiKey = None,
+    timeout: Timeout = 30.0,
+) -> None:
+    """Cancel a job (a running one is asked to stop)."""
+    with open_client(api_url, api_key, timeout) as client:
+        result = client.cancel(job_id)
+    suffix = ", cancel requested" if result.cancel_requested else ""
+    typer.echo(f"job {result.job_id} {result.status}{suffix}")
+
+
+def queues(
+    api_url: ApiUrl = None,
+    api_key: ApiKey = None,
+    timeout: Timeout = 30.0,
+) -> None:
+    """Queue depths, in-flight jobs, retries and the oldest waiting job (operators)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    with open_client(api_url, api_key, timeout) as client:
+        overview = client.queues()
+    table = Table("queue", "queued", "in flight", "retry wait", "oldest age", "redis r/l/d")
+    for q in overview.queues:
+        redis = (
+            "unreachable"
+            if q.redis is None
+            else f"{q.redis.ready}/{q.redis.leased}/{q.redis.delayed}"
+        )
+        table.add_row(
+            q.queue,
+            str(q.queued),
+            str(q.in_flight),
+            str(q.retry_wait),
+            _age(q.oldest_age_seconds),
+            redis,
+        )
+    Console(width=max(100, Console().width)).print(table)
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m {seconds % 60:02d}s"
+    return f"{seconds // 3600}h {seconds % 3600 // 60:02d}m"

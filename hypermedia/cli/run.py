@@ -1,0 +1,162 @@
+"""``hypermedia run``: files processed end to end on this machine by a local stack
+started for them and stopped after, with progress per queue and a summary table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from hypermedia.cli.common import read_settings
+
+
+def _progress_say(console: Any) -> Any:
+    return lambda message: console.print(f"[dim]{message}[/]")
+
+
+def run(
+    paths: Annotated[list[Path], typer.Argument(help="Files or directories.", exists=True)],
+    operations: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--op",
+            "-o",
+            envvar="HYPERMEDIA_RUN_OPS",
+            help="Operation (repeatable). Default: chosen per file type.",
+        ),
+    ] = None,
+    priority: Annotated[
+        int | None,
+        typer.Option("--priority", envvar="HYPERMEDIA_RUN_PRIORITY", min=1, max=10),
+    ] = None,
+    out: Annotated[
+        Path,
+        typer.Option("--out", envvar="HYPERMEDIA_RUN_OUT", help="Where outputs are written."),
+    ] = Path("hypermedia-out"),
+    timeout: Annotated[
+        float,
+        typer.Option("--timeout", envvar="HYPERMEDIA_RUN_TIMEOUT", min=1, help="Seconds."),
+    ] = 1800.0,
+) -> None:
+    """Process files end to end on this machine, then stop everything started.
+
+    Starts a private Redis, a SQLite record, a Ray head on free ports and the
+    pipeline actors; submits through the HTTP ingest client; shows progress per
+    queue; writes outputs under --out; prints what was done and what failed.
+    """
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    import pipelines.registry
+    from hypermedia.local import LocalStack
+    from hypermedia.runner import (
+        check_operations,
+        local_operator,
+        submit_files,
+        wait_until_finished,
+        walk,
+        write_outputs,
+    )
+
+    console = Console(stderr=True)
+    settings = read_settings()
+    files = list(walk(paths))
+    implemented = pipelines.registry.operations()
+    if operations:
+        check_operations(operations, implemented)
+    console.print(f"[bold]hypermedia run[/]: {len(files)} files")
+    local = LocalStack(settings)
+    try:
+        local.start(progress=_progress_say(console))
+        _stop_on_sigterm()
+        console.print(f"[dim]submitting {len(files)} files[/]")
+        assert local.stack is not None
+        _caller, key = local_operator(local.stack)
+        with Progress(
+            TextColumn("[bold]{task.description:<12}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[note]}"),
+            console=console,
+        ) as progress:
+            upload = progress.add_task("upload", total=len(files), note="")
+
+            def advance(path: Path) -> None:
+                progress.update(upload, advance=1, note=path.name[:40])
+
+            report = submit_files(
+                local.api_url, key, files, operations, implemented, priority, on_file=advance
+            )
+            progress.update(upload, note="")
+            totals: dict[str, int] = {}
+            for item in report.submitted:
+                totals[item.queue] = totals.get(item.queue, 0) + 1
+            bars = {
+                queue: progress.add_task(queue, total=total, note="")
+                for queue, total in totals.items()
+            }
+            by_job = {item.job_id: item.queue for item in report.submitted}
+
+            def show(rep: Any) -> None:
+                done: dict[str, int] = {}
+                failed: dict[str, int] = {}
+                for job_id, queue in by_job.items():
+                    status = rep.statuses.get(job_id)
+                    if status in ("completed", "failed", "cancelled"):
+                        done[queue] = done.get(queue, 0) + 1
+                    if status == "failed":
+                        failed[queue] = failed.get(queue, 0) + 1
+                for queue, task in bars.items():
+                    note = f"[red]{failed[queue]} failed[/]" if failed.get(queue) else ""
+                    progress.update(task, completed=done.get(queue, 0), note=note)
+
+            finished = wait_until_finished(local.stack, report, show, timeout)
+        write_outputs(local.stack, report, out)
+        _run_summary(console, report, out, finished)
+    finally:
+        console.print("[dim]stopping what was started[/]")
+        local.stop(progress=_progress_say(console))
+    counts = report.counts()
+    if not finished or counts.get("failed") or report.skipped:
+        raise SystemExit(1)
+
+
+def _stop_on_sigterm() -> None:
+    """SIGTERM ends ``run`` like Ctrl-C does, through its ``finally`` that stops the
+    stack (installed after ``ray.init``, whose own handler would exit at once)."""
+    import signal
+
+    def interrupt(signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupt)
+
+
+def _run_summary(console: Any, report: Any, out: Path, finished: bool) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table("file", "operation", "status", "output / reason")
+    for item in report.submitted:
+        status = report.statuses.get(item.job_id, "queued")
+        if status == "completed":
+            outputs = report.outputs.get(item.job_id, [])
+            detail = ", ".join(p.name for p in outputs) or "(no output)"
+            shown = "[green]done[/]"
+        else:
+            detail = report.errors.get(item.job_id, "")
+            shown = f"[red]{status}[/]" if status == "failed" else status
+        table.add_row(escape(item.path.name), item.operation, shown, escape(detail))
+    for path, reason in report.skipped:
+        table.add_row(escape(path.name), "-", "[yellow]skipped[/]", escape(reason))
+    console.print(table)
+    counts = report.counts()
+    summary = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+    console.print(
+        f"[bold]{len(report.submitted)} jobs[/]: {summary or 'none'}"
+        f"{f'; {len(report.skipped)} files skipped' if report.skipped else ''}. "
+        f"Outputs in {out}/"
+    )
+    if not finished:
+        console.print("[red]timed out waiting for the jobs; they stay recorded and queued[/]")

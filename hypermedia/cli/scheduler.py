@@ -1,0 +1,169 @@
+"""``hypermedia scheduler``: the scaling rules and cost limits of scheduler.json,
+run, explained, replayed on a trace, and the daily-cap lock lifted."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from hypermedia.cli.common import note, open_engine, read_settings
+
+app = typer.Typer(
+    help="The scheduler: scaling rules and cost limits from scheduler.json.", no_args_is_help=True
+)
+
+SchedulerConfigPath = Annotated[
+    Path | None,
+    typer.Option(
+        "--config",
+        envvar="HYPERMEDIA_SCHEDULER_CONFIG",
+        help="scheduler.json (default: /etc/hypermedia/scheduler.json, else the shipped"
+        " vps_only defaults).",
+        show_default=False,
+    ),
+]
+
+
+def _scheduler(config_path: Path | None) -> tuple[Any, Any]:
+    """(the scheduler, its stack); the caller closes the stack."""
+    from autoscaler import config as scheduler_config
+    from autoscaler.scheduler import open_scheduler
+    from hypermedia.stack import Stack
+
+    loaded = scheduler_config.load(config_path)
+    stack = Stack.open(read_settings())
+    try:
+        return open_scheduler(loaded, stack), stack
+    except BaseException:
+        stack.close()
+        raise
+
+
+@app.command("run")
+def scheduler_run(
+    config_path: SchedulerConfigPath = None,
+    once: Annotated[
+        bool,
+        typer.Option(
+            "--once", envvar="HYPERMEDIA_SCHEDULER_ONCE", help="One evaluation, then exit."
+        ),
+    ] = False,
+) -> None:
+    """Evaluate the rules every evaluation_interval_seconds (one leader at a time)."""
+    import signal
+    import threading
+
+    scheduler, stack = _scheduler(config_path)
+    try:
+        if once:
+            evaluation = scheduler.evaluate()
+            for decision in evaluation.decisions:
+                typer.echo(f"{decision.action:9} {decision.reason}")
+            if evaluation.term is None:
+                note(f"not the leader ({scheduler.leadership.current()} is): nothing applied")
+            return
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
+        note(
+            f"scheduler: mode {scheduler.config.mode}, every"
+            f" {scheduler.config.evaluation_interval_seconds} s"
+        )
+        scheduler.run(stop)
+    finally:
+        scheduler.stop()
+        stack.close()
+
+
+@app.command("log")
+def scheduler_log(
+    limit: Annotated[
+        int,
+        typer.Option(
+            "--limit", "-n", envvar="HYPERMEDIA_SCHEDULER_LOG_LIMIT", min=1, help="How many."
+        ),
+    ] = 20,
+) -> None:
+    """The most recent decisions and their reasons."""
+    from rich.console import Console
+    from rich.table import Table
+    from sqlalchemy import select
+
+    from hypermedia.db import tables as t
+    from hypermedia.db.engine import transaction
+
+    engine = open_engine(read_settings())
+    try:
+        with transaction(engine) as conn:
+            d = t.scheduler_decisions
+            rows = conn.execute(select(d).order_by(d.c.decision_id.desc()).limit(limit)).all()
+    finally:
+        engine.dispose()
+    table = Table("when", "mode", "action", "queue", "applied", "reason")
+    for row in reversed(rows):
+        table.add_row(
+            row.decided_at.strftime("%Y-%m-%d %H:%M:%S"),
+            row.mode,
+            row.action,
+            row.queue or "-",
+            "yes" if row.applied else "no",
+            row.reason,
+        )
+    Console().print(table)
+
+
+@app.command("explain")
+def scheduler_explain(config_path: SchedulerConfigPath = None) -> None:
+    """What the scheduler would do now, and why (nothing is applied)."""
+    scheduler, stack = _scheduler(config_path)
+    try:
+        for line in scheduler.explain():
+            typer.echo(line)
+    finally:
+        stack.close()
+
+
+@app.command("simulate")
+def scheduler_simulate(
+    trace: Annotated[
+        Path,
+        typer.Option(
+            "--trace",
+            envvar="HYPERMEDIA_SCHEDULER_TRACE",
+            help="Arrivals: at_seconds,queue,priority,duration_seconds.",
+        ),
+    ],
+    config_path: SchedulerConfigPath = None,
+    chart: Annotated[
+        Path | None,
+        typer.Option(
+            "--chart", envvar="HYPERMEDIA_SCHEDULER_CHART", help="Write a PNG of workers and waits."
+        ),
+    ] = None,
+) -> None:
+    """Replay a trace through the real policy and cost guard on simulated clouds: cost and
+    waits per priority band, beside a static fleet sized for the peak and a KEDA-style
+    rule. Exit 1 when the policy passed a cap (it must not). Traces: etc/traces/."""
+    from autoscaler import simulate
+
+    code = simulate.main(config_path, trace, chart)
+    if code:
+        raise SystemExit(code)
+
+
+@app.command("reset-cost-lock")
+def scheduler_reset_cost_lock() -> None:
+    """Lift the daily-cap lock (back to the mode scheduler.json sets). On the server only."""
+    from autoscaler.scheduler import reset_cost_lock
+
+    engine = open_engine(read_settings())
+    try:
+        lock = reset_cost_lock(engine)
+    finally:
+        engine.dispose()
+    if lock is None:
+        typer.echo("no cost lock was set")
+    else:
+        typer.echo(f"cost lock lifted (set for: {lock.get('reason', '?')})")
