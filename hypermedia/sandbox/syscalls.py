@@ -24,6 +24,8 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+from collections.abc import Callable
+from typing import Any, BinaryIO
 
 # Refused with EPERM, whatever the arguments. The first line is what the hardening
 # issue asked for; then the rest of the mount API, modules, and the like.
@@ -92,6 +94,19 @@ class FilterUnavailable(Exception):
 
 def compile_filter() -> bytes:
     """The filter as the BPF program the kernel loads (libseccomp builds it)."""
+    program = _export(lambda rules, out: rules.export_bpf(out))
+    if not program or len(program) % _BPF_INSTRUCTION_BYTES:
+        raise FilterUnavailable(f"libseccomp exported {len(program)} bytes, not a BPF program")
+    return program
+
+
+def describe_filter() -> str:
+    """The same filter in libseccomp's pseudo-filter code (PFC): the rule of every
+    syscall, by number and architecture, as people (and the tests) read it."""
+    return _export(lambda rules, out: rules.export_pfc(out)).decode()
+
+
+def _rules() -> Any:
     try:
         import seccomp
     except ImportError as exc:
@@ -99,20 +114,25 @@ def compile_filter() -> bytes:
             f"libseccomp's Python binding is not installed ({exc}; Debian: python3-seccomp, "
             "linked into the virtualenv by scripts/setup)"
         ) from None
+    rules = seccomp.SyscallFilter(defaction=seccomp.ALLOW)
+    rules.set_attr(seccomp.Attr.CTL_OPTIMIZE, 2)
+    for name in DENIED:
+        rules.add_rule(seccomp.ERRNO(errno.EPERM), name)
+    for flag in NAMESPACE_FLAGS.values():
+        rules.add_rule(
+            seccomp.ERRNO(errno.EPERM), "clone", seccomp.Arg(0, seccomp.MASKED_EQ, flag, flag)
+        )
+    rules.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")
+    return rules
+
+
+def _export(write: Callable[[Any, BinaryIO], None]) -> bytes:
     try:
-        rules = seccomp.SyscallFilter(defaction=seccomp.ALLOW)
-        rules.set_attr(seccomp.Attr.CTL_OPTIMIZE, 2)
-        for name in DENIED:
-            rules.add_rule(seccomp.ERRNO(errno.EPERM), name)
-        for flag in NAMESPACE_FLAGS.values():
-            rules.add_rule(
-                seccomp.ERRNO(errno.EPERM), "clone", seccomp.Arg(0, seccomp.MASKED_EQ, flag, flag)
-            )
-        rules.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")
+        rules = _rules()
         reader, writer = os.pipe()
         try:
             with os.fdopen(writer, "wb", closefd=True) as out:
-                rules.export_bpf(out)
+                write(rules, out)
             chunks = []
             while chunk := os.read(reader, 65536):
                 chunks.append(chunk)
@@ -120,10 +140,7 @@ def compile_filter() -> bytes:
             os.close(reader)
     except (OSError, RuntimeError, ValueError) as exc:
         raise FilterUnavailable(f"libseccomp could not build the filter: {exc}") from exc
-    program = b"".join(chunks)
-    if not program or len(program) % _BPF_INSTRUCTION_BYTES:
-        raise FilterUnavailable(f"libseccomp exported {len(program)} bytes, not a BPF program")
-    return program
+    return b"".join(chunks)
 
 
 class _SockFprog(ctypes.Structure):
