@@ -71,7 +71,8 @@ def test_run_refuses_an_operation_without_a_pipeline(tmp_path):
     assert result.returncode == 1
     assert "unknown_operation" in result.stderr
     assert "Traceback" not in result.stderr
-    missing = _run([str(tmp_path / "missing.jpg")], tmp_path, env)
+    # Wide: the error box would otherwise wrap a long path (xdist's are) mid-name.
+    missing = _run([str(tmp_path / "missing.jpg")], tmp_path, {**env, "COLUMNS": "1000"})
     assert missing.returncode != 0
     assert "missing.jpg" in missing.stderr
 

@@ -727,7 +727,7 @@ def test_switched_off_the_sandbox_says_so(tmp_path, job_id):
 def test_a_killed_server_takes_its_jobs_processes_with_it(tmp_path, job_id):
     """The server dies by SIGKILL while a job runs with a process that left its group:
     the job's init dies of PDEATHSIG and its PID namespace with it, so nothing of the
-    job outlives the server; the next server takes the same uid block."""
+    job outlives the server; the next server claims a uid block again."""
     with ChildExecutor(tmp_path, preload=PRELOAD, spares=0) as ex:
         uids = uid_range(ex)
         source = ex.prepare(job_id) / "input" / "source"
@@ -756,6 +756,7 @@ def test_a_killed_server_takes_its_jobs_processes_with_it(tmp_path, job_id):
         thread.join(10)
         assert box["failed"].code == "sandbox_unavailable"
         assert wait_until(lambda: processes_of(uids) == [], 5), processes_of(uids)
-        assert run_job(ex, job_id + "-next", "test.identity")["uid"][0] in uids
-        assert uid_range(ex) == uids
+        # The next server claims a block again: the lowest free one, which another
+        # worker's server may have freed meanwhile (the tests run side by side).
+        assert run_job(ex, job_id + "-next", "test.identity")["uid"][0] in uid_range(ex)
     assert processes_of(uids) == []
