@@ -160,7 +160,7 @@ def test_cancel_of_a_running_job_kills_its_child(pg_engine, settings, tmp_path):
         job_id = _submit(rs, person, object_id, "test.sleep", {"seconds": 120})
         rs.wait_for(lambda: _status(rs, person, job_id) == "processing", what="processing")
         rs.stack.ingest.cancel(person.caller, job_id)
-        rs.wait_for(lambda: _status(rs, person, job_id) == "cancelled", timeout=20, what="cancel")
+        rs.wait_for(lambda: _status(rs, person, job_id) == "cancelled", timeout=60, what="cancel")
         assert rs.stack.ingest.get_job(person.caller, job_id).attempts[-1].status == "cancelled"
 
 
