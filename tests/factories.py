@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Engine
+from sqlalchemy import Engine, insert
 
 from hypermedia import accounts, objects
 from hypermedia.accounts import Caller
 from hypermedia.clock import Clock
 from hypermedia.config import Settings
+from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
 from hypermedia.ids import new_id
 from hypermedia.ingest.service import SubmitRequest
@@ -77,3 +79,30 @@ def submit(
         SubmitRequest(object_id=object_id, operations=operations, priority=priority, **kw),
     )
     return result.job_ids
+
+
+def add_worker_row(
+    engine: Engine,
+    worker_id: str,
+    *,
+    at: datetime,
+    queue: str = "images",
+    status: str = "active",
+    node_id: str | None = None,
+    hostname: str = "a-node",
+) -> None:
+    """A ``workers`` row as a worker elsewhere would have written it, last beating ``at``."""
+    with transaction(engine) as conn:
+        conn.execute(
+            insert(t.workers).values(
+                worker_id=worker_id,
+                queue=queue,
+                node_id=node_id,
+                hostname=hostname,
+                pid=1,
+                status=status,
+                concurrency=1,
+                started_at=at,
+                last_heartbeat=at,
+            )
+        )

@@ -37,6 +37,7 @@ from hypermedia.db.engine import transaction
 from hypermedia.errors import ConfigError
 from hypermedia.worker import cluster
 from tests.conftest import RAY_TOKEN
+from tests.factories import add_worker_row
 
 WORKER = {TAG_RAY_NODE_KIND: NODE_KIND_WORKER, TAG_RAY_USER_NODE_TYPE: "burst_media"}
 RESOURCES = {"queue_media": 1.0}
@@ -173,21 +174,14 @@ def add_instance(
 
 
 def add_worker(provider: HypermediaNodeProvider, worker_id: str, node_id: str | None) -> None:
-    now = datetime.now(UTC)
-    with transaction(provider.engine) as conn:
-        conn.execute(
-            t.workers.insert().values(
-                worker_id=worker_id,
-                queue="media",
-                node_id=node_id,
-                hostname="vps",
-                pid=1,
-                status="active",
-                concurrency=1,
-                started_at=now,
-                last_heartbeat=now,
-            )
-        )
+    add_worker_row(
+        provider.engine,
+        worker_id,
+        at=datetime.now(UTC),
+        queue="media",
+        node_id=node_id,
+        hostname="vps",
+    )
 
 
 def test_max_workers_counts_the_queues_workers_as_the_policy_does(tmp_path, make_provider):

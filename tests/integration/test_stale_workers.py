@@ -8,12 +8,13 @@ old, and hands its in-flight jobs back; its own workers stay active.
 
 from __future__ import annotations
 
-from sqlalchemy import insert, select
+from sqlalchemy import select
 
 from hypermedia.clock import to_datetime
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
 from hypermedia.worker.supervisor import STALE_HEARTBEATS
+from tests.factories import add_worker_row
 from tests.ray_support import ray_stack
 
 
@@ -31,21 +32,8 @@ def test_a_worker_whose_heartbeat_stopped_is_marked_dead(pg_engine, settings, tm
         now = rs.stack.clock.now()
         beat = rs.supervisor.heartbeat_seconds
         rows = {"images-ghost": now - 100 * STALE_HEARTBEATS * beat}  # its head is long gone
-        with transaction(pg_engine) as conn:
-            for worker_id, last in rows.items():
-                conn.execute(
-                    insert(t.workers).values(
-                        worker_id=worker_id,
-                        queue="images",
-                        node_id=None,
-                        hostname="gone",
-                        pid=1,
-                        status="active",
-                        concurrency=1,
-                        started_at=to_datetime(last),
-                        last_heartbeat=to_datetime(last),
-                    )
-                )
+        for worker_id, last in rows.items():
+            add_worker_row(pg_engine, worker_id, at=to_datetime(last), hostname="gone")
         rs.wait_for(lambda: _status(pg_engine, "images-ghost") == "dead", what="ghost dead")
         (member,) = rs.supervisor.actors()
         assert _status(pg_engine, member.worker_id) == "active"

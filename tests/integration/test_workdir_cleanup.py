@@ -11,12 +11,13 @@ from pathlib import Path
 import ray
 
 from hypermedia import objects
+from hypermedia.clock import to_datetime
 from hypermedia.db.engine import transaction
 from hypermedia.ids import new_id
 from hypermedia.ingest.service import SubmitRequest
 from hypermedia.storage.base import original_key
 from hypermedia.workdirs import job_workdir, worker_root
-from tests.factories import make_object, make_user, open_stack, submit
+from tests.factories import add_worker_row, make_object, make_user, open_stack, submit
 from tests.ray_support import ray_stack
 
 SECRET_INPUT = b"the user's file, copied into the job's workdir " * 100
@@ -114,7 +115,10 @@ def test_a_worker_starting_on_a_node_removes_what_ended_workers_left_there(
             (workdir / "out").mkdir(mode=0o500)  # a job may leave it unwritable
             left[worker_id] = worker_root(data_dir, worker_id)
             if status is not None:
-                _record_worker(rs.stack, worker_id, status)
+                # A fresh heartbeat: an active worker that stopped beating is marked
+                # dead (and swept).
+                now = to_datetime(rs.stack.clock.now())
+                add_worker_row(rs.stack.engine, worker_id, at=now, status=status)
 
         # The record says the first three ended; a new worker starts on this node.
         (member,) = rs.supervisor.actors("images")
@@ -131,27 +135,3 @@ def test_a_worker_starting_on_a_node_removes_what_ended_workers_left_there(
         assert not left["images-noticed"].exists()
         assert left["images-stillactive"].exists()
         assert left["images-starting"].exists()
-
-
-def _record_worker(stack, worker_id: str, status: str) -> None:
-    from sqlalchemy import insert
-
-    from hypermedia.clock import to_datetime
-    from hypermedia.db import tables as t
-
-    # A fresh heartbeat: an active worker that stopped beating is marked dead (and swept).
-    now = to_datetime(stack.clock.now())
-    with transaction(stack.engine) as conn:
-        conn.execute(
-            insert(t.workers).values(
-                worker_id=worker_id,
-                queue="images",
-                node_id=None,
-                hostname="a-burst-node",
-                pid=None,
-                status=status,
-                concurrency=1,
-                started_at=now,
-                last_heartbeat=now,
-            )
-        )
