@@ -102,9 +102,10 @@ def test_healthz_answers_while_inspections_run(stack, base_url):
     assert [r.status_code for r in results] == [422] * 4, [r.text for r in results]
     assert {r.json()["error"]["code"] for r in results} == {"inspection_limit"}
     assert answered_while_busy > 0
-    # Inspected on the event loop, /healthz would wait out whole inspections (a quarter
-    # of the busy time each, run one after another): off it, never more than a sliver.
-    assert longest_wait < busy / 8, (longest_wait, busy, answered_while_busy)
+    # Inspected on the event loop, /healthz waits out whole inspections (measured: a
+    # single wait of 14.7 s in 15.0 s busy, and 7.2 s in 14.7 s); off it, a fraction
+    # (1.0 s in 6.7 s at the worst, with the whole suite running beside it).
+    assert longest_wait < busy / 3, (longest_wait, busy, answered_while_busy)
 
 
 def test_a_wall_clock_budget_stops_a_stalled_inspection(tmp_path, settings, manual_clock):
