@@ -191,16 +191,10 @@ def run_spare(
     except BaseException:
         os._exit(71)  # EX_OSERR: reported as a crash without a result
     parent = server_pid
+    jobs_fd = _prepare(sandbox)
     if sandbox.pid_namespace:
-        # At once: the init writes (and so copies) as few of the server's pages as it
-        # can; everything else happens in the process that becomes the job.
         _be_init(channel_fd, fork)
         parent = 1
-    try:
-        jobs_fd = sandbox.prepare()
-    except BaseException as exc:
-        _complain(f"a spare could not build its sandbox: {exc}")
-        os._exit(SANDBOX_FAILED)
     try:
         channel = socket.socket(fileno=channel_fd)
         body, fds, _flags, _address = socket.recv_fds(channel, MESSAGE_CAP, 1)
@@ -249,13 +243,22 @@ def _hung_up(channel_fd: int) -> bool:
     return any(events & select.POLLHUP for _fd, events in poll.poll(0))
 
 
+def _prepare(sandbox: Isolation) -> int | None:
+    try:
+        return sandbox.prepare()
+    except BaseException as exc:
+        _complain(f"a spare could not build its sandbox: {exc}")
+        os._exit(SANDBOX_FAILED)
+
+
 def _be_init(channel_fd: int, fork: Callable[[], int]) -> None:
-    """Pid 1 of the job's PID namespace, before anything else: fork the process that
-    becomes the job (and builds the sandbox), reap
-    whatever is orphaned in the namespace until that process ends, send the server
-    how it ended (RELAYED, on the channel), exit. The kernel then kills what is left
-    in the namespace, and the server reports the relayed status (its own wait4 gives
-    the resources, the job's included). Returns only in the job's process.
+    """Pid 1 of the job's PID namespace, its network and mount namespaces built: fork
+    the process that becomes the job (it shares them, so its exit tears none of them
+    down), reap whatever is orphaned in the namespace until that process ends, then
+    kill and reap everything left in the namespace, send the server how the job ended
+    and what it used (RELAYED, on the channel: the server reports the job then,
+    without waiting for this process's exit and the namespaces' teardown), exit.
+    Returns only in the job's process.
 
     The step must not be the init itself: the kernel drops an init's own signals and
     ``SIGXCPU`` unless it handles them (see the module docstring).
@@ -267,16 +270,22 @@ def _be_init(channel_fd: int, fork: Callable[[], int]) -> None:
     if pid == 0:
         return
     status = None
-    while status is None:
+    max_rss = 0
+    cpu = 0.0
+    while True:
         try:
-            done, raw = os.waitpid(-1, 0)
+            done, raw, usage = os.wait4(-1, 0)
         except ChildProcessError:
-            break
+            break  # nothing left in the namespace but this process
+        max_rss = max(max_rss, usage.ru_maxrss)
+        cpu += usage.ru_utime + usage.ru_stime
         if done == pid:
             status = raw
+            with suppress(OSError):  # every other process of the namespace
+                os.kill(-1, SIGKILL)
     if status is not None:
         with suppress(BaseException):
-            os.write(channel_fd, RELAYED.pack(b"R", status))
+            os.write(channel_fd, RELAYED.pack(b"R", status, max_rss, cpu))
     # Its exit code too, for a spare that never got a job (SANDBOX_FAILED counts).
     os._exit(os.WEXITSTATUS(status) if status is not None and os.WIFEXITED(status) else 0)
 

@@ -119,17 +119,18 @@ class _Spare:
 class _Job:
     __slots__ = (
         "channel",
+        "cpu",
         "deadline",
         "disk_budget",
         "ended",
         "killed_for",
+        "max_rss",
         "pid",
         "pidfd",
         "reply",
         "started",
         "status",
         "uid",
-        "usage",
         "workdir",
     )
 
@@ -155,7 +156,8 @@ class _Job:
         self.channel: socket.socket | None = None
         self.ended = 0.0
         self.status = 0
-        self.usage: resource.struct_rusage | None = None
+        self.max_rss = 0  # kB
+        self.cpu = 0.0  # seconds
 
 
 class _Killer:
@@ -208,6 +210,9 @@ class _Server:
         self.settling: dict[int, _Job] = {}  # by uid
         self.killers: dict[int, _Killer] = {}  # by pid
         self.killer_fds: dict[int, _Killer] = {}  # by pidfd
+        # Inits whose job has been reported, exiting (their namespaces torn down): pidfds.
+        self.ending: dict[int, int] = {}  # pidfd by pid
+        self.ending_fds: set[int] = set()
         self.next_killer: dict[int, float] = {}  # by uid: not before
 
     def serve(self) -> None:
@@ -223,9 +228,11 @@ class _Server:
                 if job is not None:
                     if fd == job.pidfd:
                         self._reap()
+                    elif job.channel is not None and fd == job.channel.fileno():
+                        self._on_relay(job)
                     else:
                         self._on_reply(job)
-                elif fd in self.spare_fds or fd in self.killer_fds:
+                elif fd in self.spare_fds or fd in self.killer_fds or fd in self.ending_fds:
                     self._reap()
             if control:
                 self._on_control()
@@ -396,6 +403,8 @@ class _Server:
         job = _Job(spare.pid, spare.pidfd, reply, deadline, uid, workdir, disk_budget)
         if self.sandbox.pid_namespace:
             job.channel = spare.channel  # the init relays how the job ended on it
+            self.by_fd[spare.channel.fileno()] = job
+            self.poll.register(spare.channel.fileno(), select.EPOLLIN)
         else:
             spare.channel.close()
         self.jobs[job.pid] = job
@@ -470,6 +479,12 @@ class _Server:
                     self.spare_failures += 1
                     self.refilling = False  # not in a loop: again when a job takes one
                 self._drop_spare(self.spares[pid])
+            elif pid in self.ending:
+                pidfd = self.ending.pop(pid)
+                self.ending_fds.discard(pidfd)
+                with suppress(OSError):
+                    self.poll.unregister(pidfd)
+                os.close(pidfd)
             elif pid in self.killers:
                 killer = self.killers.pop(pid)
                 del self.killer_fds[killer.pidfd]
@@ -477,30 +492,65 @@ class _Server:
                     self.poll.unregister(killer.pidfd)
                 os.close(killer.pidfd)
 
+    def _on_relay(self, job: _Job) -> None:
+        """The init says how the job ended: nothing of it runs any more (the init
+        killed and reaped the rest of its namespace), so it is reported now, while the
+        init exits and the kernel tears its namespaces down."""
+        relayed = self._relayed(job)
+        if relayed is None:
+            return  # the init died without a word: its exit tells (_exited)
+        del self.jobs[job.pid]
+        del self.by_fd[job.pidfd]
+        self.ending[job.pid] = job.pidfd  # reaped when it is gone
+        self.ending_fds.add(job.pidfd)
+        self._finish(job, *relayed)
+
+    def _relayed(self, job: _Job) -> tuple[int, int, float] | None:
+        """What the job's init sent on its channel (None: nothing, it was killed); the
+        channel is done with either way."""
+        channel = job.channel
+        if channel is None:
+            return None
+        job.channel = None
+        del self.by_fd[channel.fileno()]
+        with suppress(OSError):
+            self.poll.unregister(channel.fileno())
+        try:
+            relayed = channel.recv(RELAYED.size + 1, socket.MSG_DONTWAIT)
+        except OSError:
+            relayed = b""
+        channel.close()
+        if len(relayed) != RELAYED.size or relayed[:1] != b"R":
+            return None
+        _kind, status, max_rss, cpu = RELAYED.unpack(relayed)
+        return status, max_rss, cpu
+
     def _exited(self, job: _Job, status: int, usage: resource.struct_rusage) -> None:
-        """The job's child is gone: its group next, then (with a job uid) every process
-        of its uid, before anyone hears about it."""
+        """The job's child is gone (reaped): with a PID namespace, an init that died
+        before its relay was read (or killed: then the job with it)."""
+        relayed = self._relayed(job)
+        del self.by_fd[job.pidfd]
+        with suppress(OSError):
+            self.poll.unregister(job.pidfd)
+        os.close(job.pidfd)
+        if relayed is None:
+            relayed = (status, usage.ru_maxrss, usage.ru_utime + usage.ru_stime)
+        self._finish(job, *relayed)
+
+    def _finish(self, job: _Job, status: int, max_rss: int, cpu: float) -> None:
+        """Its group next, then (with a job uid) every process of its uid, before
+        anyone hears about it."""
         job.ended = time.monotonic()
-        if job.channel is not None:
-            try:
-                relayed = job.channel.recv(RELAYED.size + 1, socket.MSG_DONTWAIT)
-            except OSError:
-                relayed = b""  # the init was killed, and the job with it: its status
-            if len(relayed) == RELAYED.size and relayed[:1] == b"R":
-                status = RELAYED.unpack(relayed)[1]
-            job.channel.close()
-            job.channel = None
         job.status = status
-        job.usage = usage
+        job.max_rss = max_rss
+        job.cpu = cpu
         with suppress(OSError):  # whatever the job left running in its group
             os.killpg(job.pid, SIGKILL)
-        # Unregister explicitly: a child forked meanwhile may hold copies of both
-        # descriptors until it closes them, and closing ours would not remove them.
-        for fd in (job.pidfd, job.reply.fileno()):
-            del self.by_fd[fd]
-            with suppress(OSError):
-                self.poll.unregister(fd)
-        os.close(job.pidfd)
+        # Unregister explicitly: a child forked meanwhile may hold a copy of the
+        # descriptor until it closes it, and closing ours would not remove it.
+        del self.by_fd[job.reply.fileno()]
+        with suppress(OSError):
+            self.poll.unregister(job.reply.fileno())
         self.sweep_due = True
         if len(self.deadlines) > 2 * len(self.jobs) + 64:
             # Finished jobs stay in the heap until their deadline; long timeouts at a
@@ -537,8 +587,7 @@ class _Server:
             # else: zombies only (reaped in the next turn), or a killer at work
 
     def _report(self, job: _Job) -> None:
-        status, usage = job.status, job.usage
-        assert usage is not None
+        status = job.status
         report = EXITED.pack(
             b"X",
             job.pid,
@@ -546,8 +595,8 @@ class _Server:
             os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0,
             KILLED_FOR[job.killed_for],
             round((job.ended - job.started) * 1000),
-            usage.ru_maxrss,
-            usage.ru_utime + usage.ru_stime,
+            job.max_rss,
+            job.cpu,
         )
         with suppress(OSError):
             job.reply.send(report, socket.MSG_DONTWAIT)
@@ -580,7 +629,7 @@ class _Server:
         server is a subreaper), and a job's processes cannot change their uid: so a
         uid has processes left if and only if one of them is a child of the server.
         """
-        known = self.jobs.keys() | self.spares.keys() | self.killers.keys()
+        known = self.jobs.keys() | self.spares.keys() | self.killers.keys() | self.ending.keys()
         found: dict[int, _Left] = {}
         for pid in _children(self.pid):
             if pid in known:
@@ -608,7 +657,7 @@ class _Server:
                             os.kill(pid, SIGKILL)
             self._reap()
             return
-        keep = self.jobs.keys() | self.spares.keys() | self.killers.keys()
+        keep = self.jobs.keys() | self.spares.keys() | self.killers.keys() | self.ending.keys()
         for pid, pgid in _children_of(self.pid):
             if everything or (pid not in keep and pgid not in keep):
                 with suppress(OSError):

@@ -50,7 +50,8 @@ UID = struct.Struct("<I")  # server -> spare: the job's uid (0: none); the reque
 STARTED = struct.Struct("<ci")  # b"S", pid
 EXITED = struct.Struct("<ciiicIqd")  # b"X", pid, exit code, signal, killed_for,
 #                                      duration ms, max RSS kB, CPU seconds
-RELAYED = struct.Struct("<ci")  # init -> server, on the channel: b"R", the job's wait status
+RELAYED = struct.Struct("<ciqd")  # init -> server, on the channel: b"R", the job's wait
+#                                   status, max RSS kB and CPU seconds of the namespace's processes
 CANCEL = b"C"
 FAILED = b"F"  # followed by the error text
 KILLED_FOR = {
