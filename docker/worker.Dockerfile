@@ -47,7 +47,7 @@ COPY etc /src/etc
 
 # The cache mount keeps downloads between builds without putting them in a layer.
 RUN --mount=type=cache,target=/root/.cache/pip \
-    python -m pip wheel --wheel-dir /wheels --constraint docker/constraints.txt '.[server]'
+    python -m pip wheel --wheel-dir /wheels --constraint docker/constraints.txt '.[server,ocr]'
 
 # -- the worker image ------------------------------------------------------------------------
 FROM python:${PYTHON_VERSION}-slim-${DEBIAN_SUITE} AS worker
@@ -72,9 +72,11 @@ LABEL org.opencontainers.image.title="hypermedia-worker" \
 #   ffmpeg (and ffprobe)                      media: transcode_video, transcode_audio
 #   libreoffice-{writer,calc,impress}-nogui   documents: docx_to_pdf, extract_text
 #   libmagic1                                 input type sniffing (python-magic)
+#   tesseract-ocr, tesseract-ocr-eng          ocr: language data (libtesseract: tesserocr wheel)
+#   fonts-dejavu-core                         ocr: the searchable PDF's text layer
 #   tini                                      PID 1: reaps what killed jobs leave behind
-# libvips, libheif and PDFium come inside their wheels. OCR (Tesseract, PP-OCR) is not
-# implemented yet: its packages come with its pipeline. Not pinned (DL3008), see above;
+# libvips, libheif, PDFium and the PP-OCR models come inside their wheels. Not pinned
+# (DL3008), see above;
 # EXTRA_APT_PACKAGES is split into words on purpose (SC2086).
 # Then the runtime user (the image's default), the directory the Ray token is mounted
 # into (never a file of the image), and a data directory for a head whose
@@ -84,10 +86,13 @@ LABEL org.opencontainers.image.title="hypermedia-worker" \
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
         ffmpeg \
+        fonts-dejavu-core \
         libmagic1 \
         libreoffice-calc-nogui \
         libreoffice-impress-nogui \
         libreoffice-writer-nogui \
+        tesseract-ocr \
+        tesseract-ocr-eng \
         tini \
         ${EXTRA_APT_PACKAGES} \
  && rm -rf /var/lib/apt/lists/* \
@@ -110,7 +115,7 @@ ENV PATH="/opt/hypermedia/bin:${PATH}" \
 # hadolint ignore=DL3013
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
     /usr/local/bin/python -m venv /opt/hypermedia \
- && /opt/hypermedia/bin/pip install --no-cache-dir --no-index --find-links=/wheels 'hypermedia[server]' \
+ && /opt/hypermedia/bin/pip install --no-cache-dir --no-index --find-links=/wheels 'hypermedia[server,ocr]' \
  && /opt/hypermedia/bin/python -c "import ray, sys; v = ray.__version__; \
 sys.exit(None if v == '${RAY_VERSION}' else f'ray {v} is installed, RAY_VERSION is ${RAY_VERSION}')" \
  && /opt/hypermedia/bin/python -c "import magic, hypermedia.cli, pipelines.registry as r; \

@@ -11,6 +11,7 @@ translated where they enter, with ``raise ... from exc``.
     ├── ConfigError              bad setting: names the key and what was expected
     ├── InvalidRequest      400  the request itself is malformed
     │   ├── UnknownOperation 422 no profile, or no pipeline step, for that operation
+    │   ├── InvalidParams   422  parameters the operation's step refuses (an unknown OCR language)
     │   ├── InputTooLarge   413  object bigger than the profile allows
     │   ├── RequestTooLarge 413  a request body over its route's limit
     │   ├── InspectionLimit 422  inspecting the upload passed its CPU/memory/time budget
@@ -93,6 +94,14 @@ class InvalidRequest(HypermediaError):
 
 class UnknownOperation(InvalidRequest):
     code = "unknown_operation"
+    status = 422
+
+
+class InvalidParams(InvalidRequest):
+    """The operation's parameters (the profile's merged with the request's) are refused
+    by its step's own check, before any job exists."""
+
+    code = "invalid_params"
     status = 422
 
 

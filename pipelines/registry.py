@@ -28,7 +28,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Output", "PipelineError", "Step", "get", "load_all", "operations", "register"]
+__all__ = [
+    "Check",
+    "Output",
+    "PipelineError",
+    "Step",
+    "check",
+    "get",
+    "load_all",
+    "operations",
+    "register",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,18 +57,33 @@ class PipelineError(Exception):
 
 
 Step = Callable[[Path, Mapping[str, Any], Path], list[Output]]
+# Validates an operation's parameters (profile's merged with the request's) before a
+# job exists: raises PipelineError("invalid_params", ...), does no decoding.
+Check = Callable[[Mapping[str, Any]], None]
 
 _STEPS: dict[str, Step] = {}
+_CHECKS: dict[str, Check] = {}
 
 
-def register(operation: str) -> Callable[[Step], Step]:
+def register(operation: str, *, check: Check | None = None) -> Callable[[Step], Step]:
     def decorate(step: Step) -> Step:
         if operation in _STEPS:
             raise ValueError(f"operation {operation!r} registered twice")
         _STEPS[operation] = step
+        if check is not None:
+            _CHECKS[operation] = check
         return step
 
     return decorate
+
+
+def check(operation: str, params: Mapping[str, Any]) -> None:
+    """Refuse ``params`` the step for ``operation`` would refuse, where the step
+    registered a check (``PipelineError``); nothing otherwise."""
+    load_all()
+    found = _CHECKS.get(operation)
+    if found is not None:
+        found(params)
 
 
 def get(operation: str) -> Step:
@@ -91,4 +116,5 @@ _MODULES: list[str] = [
     "pipelines.pdf",
     "pipelines.office",
     "pipelines.media",
+    "pipelines.ocr",
 ]

@@ -44,7 +44,7 @@ import hashlib
 import json
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -62,6 +62,7 @@ from hypermedia.errors import (
     IllegalTransition,
     InputRejected,
     InputTooLarge,
+    InvalidParams,
     InvalidRequest,
     NotFound,
     PriorityNotAllowed,
@@ -126,6 +127,17 @@ def registered_operations() -> Collection[str]:
     import pipelines.registry
 
     return pipelines.registry.operations()
+
+
+def check_params(operation: str, params: Mapping[str, Any]) -> None:
+    """Refuse (422 ``invalid_params``) what the operation's step would refuse of its
+    parameters, where the step registered a check (``ocr``: an unknown language)."""
+    import pipelines.registry
+
+    try:
+        pipelines.registry.check(operation, params)
+    except pipelines.registry.PipelineError as exc:
+        raise InvalidParams(exc.message, operation=operation) from exc
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,13 +260,14 @@ class IngestService:
         implemented = self.implemented()
         for request in requests:
             for operation in request.operations:
-                self.catalog.get(operation)
+                profile = self.catalog.get(operation)
                 if operation not in implemented:
                     raise UnknownOperation(
                         f"no pipeline step implements {operation!r} yet: it is not accepted",
                         operation=operation,
                         implemented=sorted(set(implemented) & set(self.catalog.operations())),
                     )
+                check_params(operation, {**profile.params, **request.params.get(operation, {})})
             unknown = set(request.params) - set(request.operations)
             if unknown:
                 raise InvalidRequest(

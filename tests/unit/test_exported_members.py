@@ -67,9 +67,11 @@ def test_the_clients_methods_and_their_parameters():
 
 def test_the_registry_exports():
     assert sorted(registry.__all__) == [
+        "Check",
         "Output",
         "PipelineError",
         "Step",
+        "check",
         "get",
         "load_all",
         "operations",
@@ -88,6 +90,7 @@ def test_the_registered_operations():
         "convert",
         "docx_to_pdf",
         "extract_text",
+        "ocr",
         "pdf_preview",
         "resize",
         "thumbnail",

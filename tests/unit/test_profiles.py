@@ -122,7 +122,8 @@ def test_shipped_params(shipped):
         "format": "webp",
         "quality": 80,
     }
-    assert shipped["ocr"].params["languages"] == ["en"]
+    assert shipped["ocr"].params["lang"] == "en"
+    assert shipped["ocr"].params["engines"] == ["ppocr", "ppocr-cls", "tesseract"]
     assert shipped["docx_to_pdf"].params == {}
 
 

@@ -28,6 +28,9 @@ PURE_MODULES = [
     "autoscaler.snapshot",
     # The admission rule the policy and the node provider both apply.
     "autoscaler.admission",
+    # OCR: its parameters (checked at submit) and its reading order and page judgement.
+    "pipelines.ocr_params",
+    "pipelines.ocr_layout",
 ]
 
 # Top-level packages that open sockets, files of their own or talk to services.
@@ -96,6 +99,9 @@ def test_importing_the_package_is_cheap():
         "pipelines.office_libreoffice",
         "pipelines.office_text",
         "pipelines.media",
+        "pipelines.ocr",
+        "pipelines.ocr_engines",
+        "pipelines.ocr_pdf",
     ],
 )
 def test_pipelines_import_neither_the_core_nor_the_autoscaler(module):

@@ -1,0 +1,534 @@
+"""The ``ocr`` step: an image or PDF in; text, a JSON of pages/blocks/lines, a searchable PDF out.
+
+Parameters: :mod:`pipelines.ocr_params`. Engines: :mod:`pipelines.ocr_engines`.
+Reading order: :mod:`pipelines.ocr_layout`. PDF in and out: :mod:`pipelines.ocr_pdf`.
+
+Per page:
+
+1. A PDF page whose own text layer is good (``text_layer = "auto"``) keeps it: its
+   lines come from PDFium, ``source: "text-layer"``, no engine runs. Every other
+   page is rendered at ``dpi`` (PDF) or decoded upright (images: EXIF orientation
+   applied, alpha flattened onto white), within ``max_pixels``.
+2. Tesseract's OSD says whether the page is turned by 90/180/270 degrees; a turned
+   page is turned upright first (``orientation`` in the JSON).
+3. The chain (``engines``) runs in order until a result is good
+   (:func:`pipelines.ocr_layout.assess`: mean line confidence at least
+   ``min_confidence``, plausible text); each weak result escalates to the next
+   engine. The page keeps the best result seen (good first, then the highest
+   confidence) and records every attempt: engine, confidence, CPU seconds and why
+   it escalated. An engine that is not installed, or does not read the language,
+   is recorded as skipped.
+
+Outputs (names from :meth:`OcrRequest.output_type`): ``.txt`` (UTF-8, pages apart
+by a form feed, blocks by a blank line, in reading order), ``.json`` (schema in
+:func:`_page_json`) and ``.pdf`` (page images with an invisible text layer).
+Engines run on ``HYPERMEDIA_JOB_CPUS`` threads (the job's CPU share, set by the
+worker), else on the CPUs this process may use.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pipelines import ocr_layout, ocr_params, sniff
+from pipelines.ocr_engines import Engine, Line
+from pipelines.registry import Output, PipelineError, register
+
+if TYPE_CHECKING:
+    from pipelines.ocr_engines import PageArray
+
+log = logging.getLogger(__name__)
+
+JSON_VERSION = 1
+TEXT_CONTENT_TYPE = "text/plain; charset=utf-8"
+_PAGE_SEPARATOR = "\n\f\n"
+# Images without a usable resolution are taken as scanned at this (for the PDF's
+# page size only).
+_DEFAULT_IMAGE_DPI = 300
+_IMAGE_KINDS = ("jpeg", "png", "gif", "webp", "tiff", "bmp", "pnm")
+
+
+def job_threads() -> int:
+    """Inference threads: the job's CPU share as the worker states it, else the CPUs
+    this process may run on."""
+    available = len(os.sched_getaffinity(0)) or 1
+    stated = os.environ.get("HYPERMEDIA_JOB_CPUS", "")
+    if stated.isdigit() and int(stated) > 0:
+        return min(int(stated), available)
+    return available
+
+
+def check(params: Mapping[str, Any]) -> None:
+    """Refuse, before a job exists, parameters the step would refuse (unknown
+    language, a language no installed engine of the chain reads)."""
+    request = ocr_params.parse(params)
+    if "tesseract" in request.engines and not request.ppocr_reads():
+        from pipelines.ocr_engines import tesseract_languages
+
+        installed = tesseract_languages()
+        if installed:
+            missing = [t for t in request.tesseract_languages() if t not in installed]
+            if missing:
+                raise PipelineError(
+                    "invalid_params",
+                    f"ocr: no installed model reads {'+'.join(request.languages)}"
+                    f" (tesseract lacks {', '.join(missing)})",
+                )
+
+
+@dataclass(slots=True)
+class Attempt:
+    engine: str
+    confidence: float | None = None
+    weakness: str | None = None
+    skipped: str | None = None
+    cpu_seconds: float = 0.0
+    lines: list[Line] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"engine": self.engine}
+        if self.skipped is not None:
+            out["skipped"] = self.skipped
+            return out
+        out["confidence"] = round(self.confidence or 0.0, 4)
+        out["lines"] = len(self.lines)
+        out["cpu_seconds"] = round(self.cpu_seconds, 3)
+        if self.weakness is not None:
+            out["escalated_because"] = self.weakness
+        return out
+
+
+@dataclass(slots=True)
+class PageResult:
+    number: int
+    width: int
+    height: int
+    dpi: float
+    source: str  # "ocr" | "text-layer"
+    lines: list[Line]
+    engine: str | None = None
+    confidence: float | None = None
+    orientation: int = 0
+    attempts: list[Attempt] = field(default_factory=list)
+    blocks: list[ocr_layout.Block] = field(default_factory=list)
+
+
+class Engines:
+    """The chain's engines, each built on first use and kept for the next pages."""
+
+    def __init__(self, request: ocr_params.OcrRequest, threads: int) -> None:
+        self.request = request
+        self.threads = threads
+        self._built: dict[str, Engine | PipelineError] = {}
+
+    def get(self, name: str) -> Engine | str:
+        """The engine, or why it cannot run here."""
+        if name.startswith("ppocr") and not self.request.ppocr_reads():
+            return f"the PP-OCR models do not read {'+'.join(self.request.languages)}"
+        if name not in self._built:
+            from pipelines import ocr_engines
+
+            try:
+                self._built[name] = ocr_engines.create(
+                    name, self.request.tesseract_languages(), self.threads
+                )
+            except PipelineError as exc:
+                if exc.code != "engine_unavailable":
+                    raise
+                self._built[name] = exc
+        built = self._built[name]
+        return built.message if isinstance(built, PipelineError) else built
+
+    def close(self) -> None:
+        for engine in self._built.values():
+            if not isinstance(engine, PipelineError):
+                engine.close()
+        self._built.clear()
+
+
+def recognise_page(
+    page: PageArray, request: ocr_params.OcrRequest, engines: Engines
+) -> tuple[PageArray, int, list[Attempt], Attempt]:
+    """Turn ``page`` upright and run the chain on it: the upright page, its turn, every
+    attempt and the chosen one."""
+    import numpy as np
+
+    from pipelines.ocr_engines import OSD_MIN_CONFIDENCE, page_orientation
+
+    turn = 0
+    degrees, confidence = page_orientation(page)
+    if degrees and confidence >= OSD_MIN_CONFIDENCE:
+        turn = degrees
+        # OSD's angle is how far the page is turned clockwise: turn it back.
+        page = np.ascontiguousarray(np.rot90(page, k=degrees // 90))
+    grey = page.min(axis=2)
+    dark = grey < 128
+    ink = float(dark.mean())
+    # Engines read the inked part of the page: a line on a blank A4 scan would be
+    # shrunk to nothing by a detector that scales whole pages to ~2000 px.
+    (x0, y0, x1, y1) = _ink_box(dark)
+    region = np.ascontiguousarray(page[y0:y1, x0:x1])
+    attempts: list[Attempt] = []
+    for name in request.engines:
+        engine = engines.get(name)
+        if isinstance(engine, str):
+            attempts.append(Attempt(name, skipped=engine))
+            continue
+        started = time.process_time()
+        lines = [_shifted(line, x0, y0) for line in engine.recognize(region)]
+        assessment = ocr_layout.assess(lines, ink, request.min_confidence)
+        attempt = Attempt(
+            name,
+            confidence=assessment.confidence,
+            weakness=assessment.weakness,
+            cpu_seconds=time.process_time() - started,
+            lines=lines,
+        )
+        attempts.append(attempt)
+        if assessment.weakness is None:
+            break
+    tried = [a for a in attempts if a.skipped is None]
+    if not tried:
+        reasons = "; ".join(f"{a.engine}: {a.skipped}" for a in attempts)
+        raise PipelineError("engine_unavailable", f"ocr: no engine of the chain can run: {reasons}")
+    chosen = max(tried, key=lambda a: (a.weakness is None, a.confidence or 0.0))
+    return page, turn, attempts, chosen
+
+
+def _ink_box(dark: Any) -> tuple[int, int, int, int]:
+    """The box around the page's dark pixels, with a margin; the whole page if none."""
+    import numpy as np
+
+    height, width = dark.shape
+    rows = np.flatnonzero(dark.any(axis=1))
+    columns = np.flatnonzero(dark.any(axis=0))
+    if not len(rows):
+        return 0, 0, width, height
+    margin = max(32, min(width, height) // 50)
+    return (
+        max(0, int(columns[0]) - margin),
+        max(0, int(rows[0]) - margin),
+        min(width, int(columns[-1]) + 1 + margin),
+        min(height, int(rows[-1]) + 1 + margin),
+    )
+
+
+def _shifted(line: Line, dx: int, dy: int) -> Line:
+    x0, y0, x1, y1 = line.bbox
+    return Line(line.text, (x0 + dx, y0 + dy, x1 + dx, y1 + dy), line.confidence)
+
+
+# -- input -------------------------------------------------------------------------------
+
+
+def _detect(path: Path) -> str:
+    with path.open("rb") as file:
+        head = file.read(sniff.HEAD_BYTES)
+    if b"%PDF-" in head[:1024]:
+        return "pdf"
+    detected = sniff.sniff(head)
+    if detected.kind == "empty":
+        raise PipelineError("invalid_input", "the input file is empty")
+    if detected.kind not in _IMAGE_KINDS:
+        raise PipelineError(
+            "unsupported_format",
+            f"{detected.label} cannot be OCR-ed (a PDF, JPEG, PNG, GIF, WebP, TIFF, BMP or"
+            " PNM image can)",
+        )
+    return detected.kind
+
+
+def load_image(path: Path, kind: str, max_pixels: int) -> tuple[PageArray, float]:
+    """The image upright (EXIF orientation applied), RGB on white; its dpi."""
+    import numpy as np
+
+    from pipelines import images
+    from pipelines.image_source import DecodeFailed, describe_error
+
+    try:
+        if kind == "pnm":
+            source: Any = _pnm_input(path)
+        else:
+            source = images.open_input(path, images.detect(path))
+        try:
+            width, height = source.header.size
+            if width * height > max_pixels:
+                raise PipelineError(
+                    "pixel_limit",
+                    f"{width}x{height} = {width * height:,} pixels is over the limit of"
+                    f" {max_pixels:,} (max_pixels)",
+                )
+            if source.header.transposed:
+                width, height = height, width
+            image = source.render(width, height, None, False)
+        finally:
+            source.close()
+    except DecodeFailed as exc:
+        raise PipelineError(
+            "invalid_input", f"the image cannot be decoded: {describe_error(exc, path)}"
+        ) from None
+    dpi = _image_dpi(image)
+    if image.hasalpha():
+        image = image.flatten(background=[255] * (image.bands - 1))
+    if image.interpretation not in ("srgb", "b-w") or image.format != "uchar":
+        image = image.colourspace("srgb").cast("uchar")
+    if image.bands == 1:
+        image = image.bandjoin([image, image])
+    array = np.asarray(image.numpy(), dtype=np.uint8)
+    if array.ndim == 2:
+        array = np.stack([array] * 3, axis=2)
+    return np.ascontiguousarray(array[:, :, :3]), dpi
+
+
+def _pnm_input(path: Path) -> Any:
+    from PIL import Image
+
+    from pipelines.image_decoders import _PillowInput
+    from pipelines.image_source import DecodeFailed, Header
+
+    try:
+        image: Image.Image = Image.open(path, formats=["PPM"])
+    except Exception as exc:
+        raise DecodeFailed(str(exc) or type(exc).__name__) from exc
+    if image.mode == "1":
+        image = image.convert("L")
+    width, height = image.size
+    return _PillowInput(image=image, header=Header(width=width, height=height))
+
+
+def _image_dpi(image: Any) -> float:
+    try:
+        dpi = float(image.xres) * 25.4
+    except (AttributeError, TypeError, ValueError):
+        return _DEFAULT_IMAGE_DPI
+    return dpi if 50 <= dpi <= 2400 else _DEFAULT_IMAGE_DPI
+
+
+# -- the step ----------------------------------------------------------------------------
+
+
+@register("ocr", check=check)
+def ocr(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list[Output]:
+    """OCR an image or PDF: text, JSON and a searchable PDF (see the module doc)."""
+    request = ocr_params.parse(params)
+    kind = _detect(input_path)
+    workdir.mkdir(parents=True, exist_ok=True)
+    pages_dir = workdir / "ocr-pages"
+    pages_dir.mkdir(exist_ok=True)
+    outputs: list[Output] = []
+    engines = Engines(request, job_threads())
+    results: list[PageResult] = []
+    images: list[Path] = []
+    try:
+        if kind == "pdf":
+            _ocr_pdf(input_path, request, engines, pages_dir, results, images)
+        else:
+            page, dpi = load_image(input_path, kind, request.max_pixels)
+            results.append(_ocr_image_page(1, page, dpi, request, engines, pages_dir, images))
+        outputs = _write_outputs(results, images, request, workdir)
+    finally:
+        engines.close()
+        shutil.rmtree(pages_dir, ignore_errors=True)
+    return outputs
+
+
+def _ocr_image_page(
+    number: int,
+    page: PageArray,
+    dpi: float,
+    request: ocr_params.OcrRequest,
+    engines: Engines,
+    pages_dir: Path,
+    images: list[Path],
+) -> PageResult:
+    upright, turn, attempts, chosen = recognise_page(page, request, engines)
+    height, width = upright.shape[:2]
+    images.append(_save_page_image(upright, pages_dir / f"page-{number}"))
+    return PageResult(
+        number=number,
+        width=width,
+        height=height,
+        dpi=dpi,
+        source="ocr",
+        lines=chosen.lines,
+        engine=chosen.engine,
+        confidence=chosen.confidence,
+        orientation=turn,
+        attempts=attempts,
+    )
+
+
+def _ocr_pdf(
+    path: Path,
+    request: ocr_params.OcrRequest,
+    engines: Engines,
+    pages_dir: Path,
+    results: list[PageResult],
+    images: list[Path],
+) -> None:
+    import pypdfium2 as pdfium
+
+    from pipelines import ocr_pdf, pdf
+
+    with pdf.open_pdf(path) as document:
+        count = len(document)
+        if count < 1:
+            raise PipelineError("invalid_input", "the PDF has no pages")
+        if count > request.max_pages:
+            raise PipelineError(
+                "page_limit",
+                f"the PDF has {count:,} pages, over the limit of {request.max_pages:,}",
+            )
+        for index in range(count):
+            try:
+                page = document[index]
+            except pdfium.PdfiumError:
+                raise PipelineError(
+                    "invalid_input", f"page {index + 1} of the PDF is damaged and cannot be loaded"
+                ) from None
+            try:
+                array, scale = ocr_pdf.render_page(page, request.dpi, request.max_pixels)
+                layer = ocr_pdf.text_layer(page, scale) if request.text_layer == "auto" else []
+            finally:
+                page.close()
+            if layer and ocr_pdf.good_text_layer(layer):
+                height, width = array.shape[:2]
+                images.append(_save_page_image(array, pages_dir / f"page-{index + 1}"))
+                results.append(
+                    PageResult(
+                        number=index + 1,
+                        width=width,
+                        height=height,
+                        dpi=request.dpi,
+                        source="text-layer",
+                        lines=layer,
+                    )
+                )
+                continue
+            results.append(
+                _ocr_image_page(index + 1, array, request.dpi, request, engines, pages_dir, images)
+            )
+
+
+def _save_page_image(page: PageArray, stem: Path) -> Path:
+    """The page image for the searchable PDF: PNG for black and white, else JPEG."""
+    import numpy as np
+    from PIL import Image
+
+    grey = bool((page[:, :, 0] == page[:, :, 1]).all() and (page[:, :, 1] == page[:, :, 2]).all())
+    if grey:
+        plane = page[:, :, 0]
+        if bool(np.isin(plane, (0, 255)).all()):
+            path = stem.with_suffix(".png")
+            Image.fromarray(plane).convert("1").save(path, optimize=True)
+            return path
+        path = stem.with_suffix(".jpg")
+        Image.fromarray(plane).save(path, quality=80)
+        return path
+    path = stem.with_suffix(".jpg")
+    Image.fromarray(page).save(path, quality=80)
+    return path
+
+
+def _write_outputs(
+    results: Sequence[PageResult],
+    images: Sequence[Path],
+    request: ocr_params.OcrRequest,
+    workdir: Path,
+) -> list[Output]:
+    from pipelines import ocr_pdf
+
+    texts = []
+    for result in results:
+        result.blocks = ocr_layout.reading_order(result.lines)
+        texts.append(ocr_layout.page_text(result.blocks))
+    text_path = workdir / request.output_type("txt")
+    text_path.write_text(_PAGE_SEPARATOR.join(texts) + "\n", encoding="utf-8")
+    document = {
+        "version": JSON_VERSION,
+        "languages": list(request.languages),
+        "engines": list(request.engines),
+        "min_confidence": request.min_confidence,
+        "pages": [_page_json(result, request) for result in results],
+    }
+    json_path = workdir / request.output_type("json")
+    json_path.write_text(json.dumps(document, ensure_ascii=False, indent=1), encoding="utf-8")
+    pdf_path = workdir / request.output_type("pdf")
+    ocr_pdf.write_searchable_pdf(
+        [
+            ocr_pdf.PdfPage(
+                image=image,
+                width_px=result.width,
+                height_px=result.height,
+                width_pt=result.width * 72 / result.dpi,
+                height_pt=result.height * 72 / result.dpi,
+                lines=[line for block in result.blocks for row in block for line in row],
+            )
+            for result, image in zip(results, images, strict=True)
+        ],
+        pdf_path,
+    )
+    for image in images:
+        image.unlink(missing_ok=True)
+    log.debug(
+        "ocr: %d page(s): %s",
+        len(results),
+        ", ".join(f"{r.number}:{r.source}:{r.engine}" for r in results),
+    )
+    return [
+        Output(text_path.name, text_path, TEXT_CONTENT_TYPE),
+        Output(json_path.name, json_path, "application/json"),
+        Output(pdf_path.name, pdf_path, "application/pdf"),
+    ]
+
+
+def _page_json(result: PageResult, request: ocr_params.OcrRequest) -> dict[str, Any]:
+    """``{page, width, height, dpi, source, engine, confidence, orientation, attempts,
+    blocks: [{bbox, lines: [{text, bbox, confidence, engine, language}]}]}``; bboxes are
+    ``[x0, y0, x1, y1]`` in the page image's pixels (after ``orientation``)."""
+    engine = result.engine if result.source == "ocr" else "pdf-text-layer"
+    language = "+".join(request.languages)
+    blocks = []
+    for block in result.blocks:
+        lines = [line for row in block for line in row]
+        blocks.append(
+            {
+                "bbox": [
+                    min(line.bbox[0] for line in lines),
+                    min(line.bbox[1] for line in lines),
+                    max(line.bbox[2] for line in lines),
+                    max(line.bbox[3] for line in lines),
+                ],
+                "lines": [
+                    {
+                        "text": line.text,
+                        "bbox": list(line.bbox),
+                        "confidence": line.confidence,
+                        "engine": engine,
+                        "language": language,
+                    }
+                    for line in lines
+                ],
+            }
+        )
+    page: dict[str, Any] = {
+        "page": result.number,
+        "width": result.width,
+        "height": result.height,
+        "dpi": round(result.dpi, 2),
+        "source": result.source,
+        "engine": engine,
+        "confidence": round(result.confidence, 4) if result.confidence is not None else None,
+        "orientation": result.orientation,
+        "attempts": [attempt.as_json() for attempt in result.attempts],
+        "blocks": blocks,
+    }
+    return page

@@ -1,0 +1,389 @@
+"""OCR engines behind one interface: a page image in, lines with boxes and confidences out.
+
+The contract every engine keeps (``tests/integration/test_ocr_engines.py`` runs the
+same suite on each):
+
+- :meth:`Engine.recognize` takes an upright page as an ``H x W x 3`` ``uint8`` RGB
+  array and returns its :class:`Line` s: the text (UTF-8, no line breaks), the box
+  ``(x0, y0, x1, y1)`` in that page's pixels (inside the page), and a confidence in
+  ``0..1``; a page without text gives ``[]``. The order is the engine's; reading
+  order is :mod:`pipelines.ocr_layout`'s job.
+- Models load from the installed packages and Debian's tessdata only: nothing is
+  ever downloaded (the job's sandbox has no network, so a download would fail).
+  A missing model is ``PipelineError("engine_unavailable")`` naming what to install.
+- An engine uses at most ``threads`` threads for inference (the job's CPU share).
+- Engines are built lazily: importing this module imports no engine library, so
+  the API can import the pipelines without onnxruntime or libtesseract.
+
+``ppocr``: PaddleOCR's PP-OCRv6 small detection and recognition models (ONNX), as
+shipped in the ``rapidocr`` wheel, on onnxruntime; ``ppocr-cls`` adds the text-line
+angle classifier (180-degree lines) and a 2x upscale of small pages (small print).
+``tesseract``: libtesseract (the ``tesserocr`` wheel) on Debian's tessdata, after
+binarisation (Otsu, or adaptive thresholding when the background is uneven) and
+deskew (the angle, up to 5 degrees, that maximises the row profile's variance).
+
+:func:`page_orientation` (Tesseract's OSD) tells how far a whole page is turned
+(0/90/180/270); the step turns the page upright before any engine reads it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from pipelines.registry import PipelineError
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+    PageArray = npt.NDArray[np.uint8]
+
+log = logging.getLogger(__name__)
+
+# Debian's tesseract-ocr 5 (bookworm, trixie), then older layouts.
+TESSDATA_DIRS = (
+    "/usr/share/tesseract-ocr/5/tessdata",
+    "/usr/share/tesseract-ocr/4.00/tessdata",
+    "/usr/share/tessdata",
+)
+_PPOCR_MODELS = {
+    "Det": "PP-OCRv6_det_small.onnx",
+    "Cls": "ch_ppocr_mobile_v2.0_cls_mobile.onnx",
+    "Rec": "PP-OCRv6_rec_small.onnx",
+}
+# ppocr-cls upscales pages whose longer side is at most this (RapidOCR resizes
+# anything over 2000 px down again).
+_UPSCALE_MAX_SIDE = 1000
+_MAX_SKEW_DEGREES = 5.0
+# Tesseract's OSD confidence above which a page is turned (OCRmyPDF turns at 14 by
+# default; the corpus's turned pages give 16-40, upright ones below 3).
+OSD_MIN_CONFIDENCE = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class Line:
+    text: str
+    bbox: tuple[int, int, int, int]
+    confidence: float
+
+
+class Engine(Protocol):
+    name: str
+
+    def recognize(self, page: PageArray) -> list[Line]: ...
+
+    def close(self) -> None: ...
+
+
+def create(name: str, languages: Sequence[str], threads: int) -> Engine:
+    """The engine ``name`` (see :data:`pipelines.ocr_params.ENGINES`) for ``languages``
+    (Tesseract's names, e.g. ``eng``), inference on ``threads`` threads."""
+    if name == "ppocr":
+        return PpocrEngine(threads, angle_classifier=False)
+    if name == "ppocr-cls":
+        return PpocrEngine(threads, angle_classifier=True)
+    if name == "tesseract":
+        return TesseractEngine(languages, threads)
+    raise PipelineError("invalid_params", f"ocr: no engine named {name!r}")
+
+
+# -- ppocr: RapidOCR on onnxruntime, the wheel's models ---------------------------------
+
+
+def ppocr_model_dir() -> Path:
+    """Where the rapidocr wheel keeps its ONNX models (``engine_unavailable`` if it
+    is not installed or ships none of them)."""
+    try:
+        import rapidocr
+    except ImportError as exc:
+        raise PipelineError(
+            "engine_unavailable",
+            "the ppocr engine needs the rapidocr and onnxruntime packages"
+            " (pip install 'hypermedia[ocr]')",
+        ) from exc
+    models = Path(rapidocr.__file__).parent / "models"
+    missing = [f for f in _PPOCR_MODELS.values() if not (models / f).is_file()]
+    if missing:
+        raise PipelineError(
+            "engine_unavailable",
+            f"the installed rapidocr ships no {', '.join(missing)}: install rapidocr 3.10",
+        )
+    return models
+
+
+class PpocrEngine:
+    def __init__(self, threads: int, *, angle_classifier: bool) -> None:
+        from rapidocr import RapidOCR
+
+        models = ppocr_model_dir()
+        self.name = "ppocr-cls" if angle_classifier else "ppocr"
+        self._upscale = angle_classifier
+        params: dict[str, Any] = {
+            "Global.log_level": "error",
+            "Global.use_cls": angle_classifier,
+            "EngineConfig.onnxruntime.intra_op_num_threads": max(1, threads),
+            "EngineConfig.onnxruntime.inter_op_num_threads": 1,
+        }
+        for stage, file in _PPOCR_MODELS.items():
+            # An explicit path: RapidOCR never looks for (or downloads) a model.
+            params[f"{stage}.model_path"] = str(models / file)
+        self._ocr = RapidOCR(params=params)
+
+    def recognize(self, page: PageArray) -> list[Line]:
+        import cv2
+
+        height, width = page.shape[:2]
+        scale = 1
+        if self._upscale and max(height, width) <= _UPSCALE_MAX_SIDE:
+            scale = 2
+            page = _uint8(cv2.resize(page, (width * 2, height * 2), interpolation=cv2.INTER_CUBIC))
+        # RapidOCR takes OpenCV's BGR order.
+        result: Any = self._ocr(page[:, :, ::-1].copy())
+        boxes = getattr(result, "boxes", None)
+        if boxes is None:
+            return []
+        lines = []
+        for box, text, score in zip(boxes, result.txts, result.scores, strict=True):
+            text = " ".join(str(text).split())
+            if not text:
+                continue
+            xs = [float(point[0]) / scale for point in box]
+            ys = [float(point[1]) / scale for point in box]
+            lines.append(Line(text, _clip(xs, ys, width, height), _unit(float(score))))
+        return lines
+
+    def close(self) -> None:
+        del self._ocr
+
+
+# -- tesseract: libtesseract (tesserocr) on Debian's tessdata ----------------------------
+
+
+def tessdata_dir() -> Path | None:
+    """Debian's tessdata directory (``TESSDATA_PREFIX`` first), None without one."""
+    candidates = [os.environ.get("TESSDATA_PREFIX", ""), *TESSDATA_DIRS]
+    for candidate in candidates:
+        if candidate and Path(candidate, "eng.traineddata").is_file():
+            return Path(candidate)
+    for candidate in candidates:
+        if candidate and Path(candidate).is_dir() and any(Path(candidate).glob("*.traineddata")):
+            return Path(candidate)
+    return None
+
+
+def tesseract_languages() -> frozenset[str]:
+    """The traineddata installed (``eng``, ``deu`` ...; ``osd`` is orientation only)."""
+    directory = tessdata_dir()
+    if directory is None:
+        return frozenset()
+    return frozenset(p.name.removesuffix(".traineddata") for p in directory.glob("*.traineddata"))
+
+
+def _tesserocr() -> Any:
+    # libtesseract runs OpenMP threads of its own unless told otherwise; it reads
+    # the variable when it is loaded.
+    os.environ.setdefault("OMP_THREAD_LIMIT", "1")
+    try:
+        import tesserocr
+    except ImportError as exc:
+        raise PipelineError(
+            "engine_unavailable",
+            "the tesseract engine needs the tesserocr package (pip install 'hypermedia[ocr]')",
+        ) from exc
+    return tesserocr
+
+
+class TesseractEngine:
+    name = "tesseract"
+
+    def __init__(self, languages: Sequence[str], threads: int) -> None:
+        tesserocr = _tesserocr()
+        directory = tessdata_dir()
+        installed = tesseract_languages()
+        missing = [lang for lang in languages if lang not in installed]
+        if directory is None or missing or not languages:
+            wanted = missing or list(languages) or ["eng"]
+            raise PipelineError(
+                "engine_unavailable",
+                f"tesseract has no model for {', '.join(wanted)} (apt-get install"
+                f" {' '.join(f'tesseract-ocr-{name}' for name in wanted)})",
+            )
+        self._tesserocr = tesserocr
+        self._api = tesserocr.PyTessBaseAPI(
+            path=f"{directory}/",
+            lang="+".join(languages),
+            psm=tesserocr.PSM.AUTO,
+            oem=tesserocr.OEM.LSTM_ONLY,
+        )
+        self._threads = threads
+
+    def recognize(self, page: PageArray) -> list[Line]:
+        from PIL import Image
+
+        height, width = page.shape[:2]
+        binary, angle = prepare_for_tesseract(page)
+        api = self._api
+        tesserocr = self._tesserocr
+        api.SetImage(Image.fromarray(binary))
+        api.Recognize()
+        level = tesserocr.RIL.TEXTLINE
+        lines = []
+        iterator = api.GetIterator()
+        if iterator is None:
+            api.Clear()
+            return []
+        for item in tesserocr.iterate_level(iterator, level):
+            try:
+                text = item.GetUTF8Text(level)
+                box = item.BoundingBox(level)
+            except RuntimeError:  # "No text returned": an empty line
+                continue
+            if not text or box is None:
+                continue
+            text = " ".join(text.split())
+            if not text:
+                continue
+            x0, y0, x1, y1 = box
+            xs, ys = _unrotate_box(x0, y0, x1, y1, angle, binary.shape[1], binary.shape[0])
+            lines.append(
+                Line(text, _clip(xs, ys, width, height), _unit(item.Confidence(level) / 100))
+            )
+        api.Clear()
+        return lines
+
+    def close(self) -> None:
+        self._api.End()
+
+
+def prepare_for_tesseract(page: PageArray) -> tuple[PageArray, float]:
+    """The page binarised (black text on white) and deskewed; the angle turned by."""
+    import cv2
+    import numpy as np
+
+    grey = _uint8(cv2.cvtColor(page, cv2.COLOR_RGB2GRAY))
+    binary = binarise(grey)
+    angle = skew_angle(binary)
+    if abs(angle) >= 0.2:
+        height, width = binary.shape
+        matrix = cv2.getRotationMatrix2D((width / 2, height / 2), angle, 1.0)
+        binary = _uint8(
+            cv2.warpAffine(
+                binary, matrix, (width, height), flags=cv2.INTER_NEAREST, borderValue=255
+            )
+        )
+    else:
+        angle = 0.0
+    return np.ascontiguousarray(binary), angle
+
+
+def binarise(grey: PageArray) -> PageArray:
+    """Otsu's threshold; adaptive (local mean) where the background is uneven (a
+    photographed page: shading that one threshold would turn into black areas)."""
+    import cv2
+    import numpy as np
+
+    small = cv2.resize(grey, (64, 64), interpolation=cv2.INTER_AREA)
+    background = cv2.dilate(small, np.ones((9, 9), np.uint8))
+    if float(np.std(background)) > 12.0:
+        block = max(15, (min(grey.shape) // 40) | 1)
+        result = cv2.adaptiveThreshold(
+            grey, 255, cv2.ADAPTIVE_THRESH_GAUSSIAN_C, cv2.THRESH_BINARY, block, 15
+        )
+    else:
+        _, result = cv2.threshold(grey, 0, 255, cv2.THRESH_BINARY | cv2.THRESH_OTSU)
+    # Text is the minority: white text on black is inverted.
+    if float(np.mean(result)) < 127:
+        result = 255 - result
+    return result.astype(np.uint8)
+
+
+def skew_angle(binary: PageArray) -> float:
+    """The small rotation (degrees, counter-clockwise positive as OpenCV's) that makes
+    text rows horizontal: the one whose row sums vary most."""
+    import cv2
+    import numpy as np
+
+    height, width = binary.shape
+    factor = min(1.0, 800 / max(height, width))
+    ink: Any = (255 - binary).astype(np.float32)
+    if factor < 1.0:
+        ink = cv2.resize(ink, (max(1, int(width * factor)), max(1, int(height * factor))))
+    if float(ink.mean()) < 0.5:
+        return 0.0
+    h, w = ink.shape
+    best, best_score = 0.0, -1.0
+    for step in range(-20, 21):
+        angle = step * _MAX_SKEW_DEGREES / 20
+        matrix = cv2.getRotationMatrix2D((w / 2, h / 2), angle, 1.0)
+        turned = cv2.warpAffine(ink, matrix, (w, h), flags=cv2.INTER_NEAREST)
+        score = float(np.var(turned.sum(axis=1)))
+        # Prefer no rotation unless another angle is clearly better.
+        if step == 0:
+            score *= 1.02
+        if score > best_score:
+            best, best_score = angle, score
+    return best
+
+
+def _unrotate_box(
+    x0: int, y0: int, x1: int, y1: int, angle: float, width: int, height: int
+) -> tuple[list[float], list[float]]:
+    if not angle:
+        return [x0, x1], [y0, y1]
+    import cv2
+    import numpy as np
+
+    matrix = cv2.getRotationMatrix2D((width / 2, height / 2), -angle, 1.0)
+    corners = np.array([[x0, y0, 1], [x1, y0, 1], [x0, y1, 1], [x1, y1, 1]], dtype=np.float64)
+    turned = corners @ matrix.T
+    return [float(v) for v in turned[:, 0]], [float(v) for v in turned[:, 1]]
+
+
+def page_orientation(page: PageArray) -> tuple[int, float]:
+    """How far the page is turned clockwise (0, 90, 180, 270) by Tesseract's OSD and
+    its confidence; ``(0, 0.0)`` when OSD cannot tell (no osd.traineddata, too
+    little text)."""
+    import cv2
+    from PIL import Image
+
+    directory = tessdata_dir()
+    if directory is None or not (directory / "osd.traineddata").is_file():
+        return 0, 0.0
+    tesserocr = _tesserocr()
+    grey = _uint8(cv2.cvtColor(page, cv2.COLOR_RGB2GRAY))
+    with tesserocr.PyTessBaseAPI(
+        path=f"{directory}/", lang="osd", psm=tesserocr.PSM.OSD_ONLY
+    ) as api:
+        api.SetImage(Image.fromarray(binarise(grey)))
+        try:
+            osd = api.DetectOrientationScript()
+        except RuntimeError:
+            return 0, 0.0
+    if not osd:
+        return 0, 0.0
+    return int(osd.get("orient_deg", 0)) % 360, float(osd.get("orient_conf", 0.0))
+
+
+def _clip(
+    xs: Sequence[float], ys: Sequence[float], width: int, height: int
+) -> tuple[int, int, int, int]:
+    x0 = min(max(0, round(min(xs))), width)
+    x1 = min(max(0, round(max(xs))), width)
+    y0 = min(max(0, round(min(ys))), height)
+    y1 = min(max(0, round(max(ys))), height)
+    return x0, y0, max(x0, x1), max(y0, y1)
+
+
+def _uint8(array: Any) -> PageArray:
+    import numpy as np
+
+    return np.asarray(array, dtype=np.uint8)
+
+
+def _unit(value: float) -> float:
+    return round(min(1.0, max(0.0, value)), 4)

@@ -1,0 +1,200 @@
+"""``ocr`` parameters: validated into an :class:`OcrRequest`, named as output types.
+
+Pure (no engine, no file): the API validates a request with it at submit (an unknown
+language is refused there with 422, before any job exists), the step again in its
+child. Parameters are the profile's ``params`` merged with the request's:
+
+``lang``
+    the page's language(s): ``"en"``, ``"en+de"`` or ``["en", "de"]``; codes from
+    :data:`LANGUAGES` (ISO 639-1, ``zh`` simplified and ``zh-hant`` traditional
+    Chinese), default ``"en"``. Each engine of the chain is asked only for what it
+    has models for; a language no engine of the chain reads is refused.
+``engines``
+    the escalation chain, first engine first: names from :data:`ENGINES`, default
+    ``["ppocr", "ppocr-cls", "tesseract"]``. A page goes to the next engine only when
+    the previous result is weak (:mod:`pipelines.ocr`).
+``min_confidence``
+    0..1, default 0.85: a page whose mean line confidence is below it escalates.
+``dpi``
+    72..600, default 300: how finely PDF pages are rendered for OCR (images are
+    read at their own size).
+``text_layer``
+    ``"auto"`` (default): a PDF page whose own text layer is good keeps it and is not
+    OCR-ed; ``"ocr"``: every page is OCR-ed.
+``max_pages``, ``max_pixels`` (the profile's, never a request's)
+    the largest document and page (pixels) the step reads.
+
+Output types carry every parameter that changes the result::
+
+    ocr-en-ppocr+ppocr-cls+tesseract-c85-d300.txt   (.json, .pdf)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pipelines.params import integer, reject_unknown
+from pipelines.registry import PipelineError
+
+
+@dataclass(frozen=True, slots=True)
+class Language:
+    code: str
+    name: str
+    # Tesseract's traineddata name (Debian: tesseract-ocr-<name>), None: none exists.
+    tesseract: str | None
+    # Whether the PP-OCR models shipped in the rapidocr wheel (PP-OCRv6 small,
+    # multilingual: Chinese, Japanese and Latin-script languages) read it.
+    ppocr: bool
+
+
+LANGUAGES: dict[str, Language] = {
+    lang.code: lang
+    for lang in (
+        Language("en", "English", "eng", True),
+        Language("de", "German", "deu", True),
+        Language("fr", "French", "fra", True),
+        Language("it", "Italian", "ita", True),
+        Language("es", "Spanish", "spa", True),
+        Language("pt", "Portuguese", "por", True),
+        Language("nl", "Dutch", "nld", True),
+        Language("pl", "Polish", "pol", True),
+        Language("cs", "Czech", "ces", True),
+        Language("sv", "Swedish", "swe", True),
+        Language("da", "Danish", "dan", True),
+        Language("fi", "Finnish", "fin", True),
+        Language("no", "Norwegian", "nor", True),
+        Language("tr", "Turkish", "tur", True),
+        Language("vi", "Vietnamese", "vie", True),
+        Language("zh", "Chinese (simplified)", "chi_sim", True),
+        Language("zh-hant", "Chinese (traditional)", "chi_tra", True),
+        Language("ja", "Japanese", "jpn", True),
+        Language("ru", "Russian", "rus", False),
+        Language("ar", "Arabic", "ara", False),
+        Language("hi", "Hindi", "hin", False),
+    )
+}
+
+ENGINES = ("ppocr", "ppocr-cls", "tesseract")
+DEFAULT_LANG = ("en",)
+DEFAULT_ENGINES = ("ppocr", "ppocr-cls", "tesseract")
+DEFAULT_MIN_CONFIDENCE = 0.85
+DEFAULT_DPI = 300
+TEXT_LAYER_MODES = ("auto", "ocr")
+DEFAULT_MAX_PAGES = 100
+MAX_PAGES_LIMIT = 10_000
+DEFAULT_MAX_PIXELS = 100_000_000
+MAX_PIXELS_LIMIT = 1_000_000_000
+
+KEYS = ("lang", "engines", "min_confidence", "dpi", "text_layer", "max_pages", "max_pixels")
+
+
+@dataclass(frozen=True, slots=True)
+class OcrRequest:
+    """``ocr``'s effective parameters."""
+
+    languages: tuple[str, ...]
+    engines: tuple[str, ...]
+    min_confidence: float
+    dpi: int
+    text_layer: str
+    max_pages: int
+    max_pixels: int
+
+    def output_type(self, extension: str) -> str:
+        layer = "" if self.text_layer == "auto" else f"-{self.text_layer}"
+        confidence = round(self.min_confidence * 100)
+        return (
+            f"ocr-{'+'.join(self.languages)}-{'+'.join(self.engines)}"
+            f"-c{confidence}-d{self.dpi}{layer}.{extension}"
+        )
+
+    def tesseract_languages(self) -> tuple[str, ...]:
+        return tuple(
+            name for code in self.languages if (name := LANGUAGES[code].tesseract) is not None
+        )
+
+    def ppocr_reads(self) -> bool:
+        """Whether the shipped PP-OCR models read every language asked for."""
+        return all(LANGUAGES[code].ppocr for code in self.languages)
+
+
+def parse(params: Mapping[str, Any]) -> OcrRequest:
+    """Validate ``params`` into an :class:`OcrRequest` (``invalid_params`` naming the key)."""
+    reject_unknown("ocr", params, KEYS)
+    text_layer = params.get("text_layer") or "auto"
+    if text_layer not in TEXT_LAYER_MODES:
+        raise PipelineError(
+            "invalid_params",
+            f"ocr: text_layer must be one of {', '.join(TEXT_LAYER_MODES)}, got {text_layer!r}",
+        )
+    request = OcrRequest(
+        languages=_languages(params.get("lang")),
+        engines=_engines(params.get("engines")),
+        min_confidence=_fraction(params, "min_confidence", DEFAULT_MIN_CONFIDENCE),
+        dpi=integer(params, "dpi", 72, 600, DEFAULT_DPI),
+        text_layer=text_layer,
+        max_pages=integer(params, "max_pages", 1, MAX_PAGES_LIMIT, DEFAULT_MAX_PAGES),
+        max_pixels=integer(params, "max_pixels", 1, MAX_PIXELS_LIMIT, DEFAULT_MAX_PIXELS),
+    )
+    if not request.ppocr_reads() and not any(e == "tesseract" for e in request.engines):
+        unread = [c for c in request.languages if not LANGUAGES[c].ppocr]
+        raise PipelineError(
+            "invalid_params",
+            f"ocr: no engine of the chain ({', '.join(request.engines)}) reads"
+            f" {', '.join(unread)}: add tesseract to engines",
+        )
+    return request
+
+
+def _languages(value: object) -> tuple[str, ...]:
+    if value is None:
+        return DEFAULT_LANG
+    if isinstance(value, str):
+        codes = [part.strip().lower() for part in value.split("+")]
+    elif isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
+        codes = [str(v).strip().lower() for v in value]
+    else:
+        raise PipelineError(
+            "invalid_params", f"ocr: lang must be a code like 'en' or 'en+de', got {value!r}"
+        )
+    unknown = [code for code in codes if code not in LANGUAGES]
+    if unknown or not codes:
+        raise PipelineError(
+            "invalid_params",
+            f"ocr: unknown language {', '.join(map(repr, unknown)) or repr(value)}"
+            f" (known: {', '.join(LANGUAGES)})",
+        )
+    return tuple(dict.fromkeys(codes))
+
+
+def _engines(value: object) -> tuple[str, ...]:
+    if value is None:
+        return DEFAULT_ENGINES
+    names = [value] if isinstance(value, str) else value
+    if (
+        not isinstance(names, list | tuple)
+        or not names
+        or not all(isinstance(name, str) and name in ENGINES for name in names)
+    ):
+        raise PipelineError(
+            "invalid_params",
+            f"ocr: engines must be a list of {', '.join(ENGINES)}, got {value!r}",
+        )
+    if len(set(names)) != len(names):
+        raise PipelineError("invalid_params", f"ocr: engines lists one twice: {value!r}")
+    return tuple(names)
+
+
+def _fraction(params: Mapping[str, Any], key: str, default: float) -> float:
+    value = params.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise PipelineError("invalid_params", f"ocr: {key} must be a number, got {value!r}")
+    if not 0 <= value <= 1:
+        raise PipelineError("invalid_params", f"ocr: {key} must be in 0..1, got {value}")
+    return float(value)
