@@ -17,9 +17,10 @@ same suite on each):
 
 ``ppocr``: PaddleOCR's PP-OCRv6 small detection and recognition models (ONNX), as
 shipped in the ``rapidocr`` wheel, on onnxruntime; ``ppocr-cls`` adds the text-line
-angle classifier (180-degree lines) and a 2x upscale of small pages (small print).
+angle classifier (180-degree lines) and enlarges small pages up to 3x (small print).
 ``tesseract``: libtesseract (the ``tesserocr`` wheel) on Debian's tessdata, after
-binarisation (Otsu, or adaptive thresholding when the background is uneven) and
+enlarging small pages as ``ppocr-cls`` does, binarisation (Otsu, or adaptive
+thresholding when the background is uneven) and
 deskew (the angle, up to 5 degrees, that maximises the row profile's variance).
 
 :func:`page_orientation` (Tesseract's OSD) tells how far a whole page is turned
@@ -56,9 +57,10 @@ _PPOCR_MODELS = {
     "Cls": "ch_ppocr_mobile_v2.0_cls_mobile.onnx",
     "Rec": "PP-OCRv6_rec_small.onnx",
 }
-# ppocr-cls upscales pages whose longer side is at most this (RapidOCR resizes
-# anything over 2000 px down again).
-_UPSCALE_MAX_SIDE = 1000
+# ppocr-cls and tesseract enlarge a page whose longer side is under this, up to 3x
+# towards _UPSCALE_TARGET (small print; RapidOCR shrinks anything over 2000 px).
+_UPSCALE_BELOW = 1000
+_UPSCALE_TARGET = 1800
 _MAX_SKEW_DEGREES = 5.0
 # Tesseract's OSD confidence above which a page is turned (OCRmyPDF turns at 14 by
 # default; the corpus's turned pages give 16-40, upright ones below 3).
@@ -138,10 +140,10 @@ class PpocrEngine:
         import cv2
 
         height, width = page.shape[:2]
-        scale = 1
-        if self._upscale and max(height, width) <= _UPSCALE_MAX_SIDE:
-            scale = 2
-            page = _uint8(cv2.resize(page, (width * 2, height * 2), interpolation=cv2.INTER_CUBIC))
+        scale = upscale_factor(height, width) if self._upscale else 1
+        if scale > 1:
+            size = (width * scale, height * scale)
+            page = _uint8(cv2.resize(page, size, interpolation=cv2.INTER_CUBIC))
         # RapidOCR takes OpenCV's BGR order.
         result: Any = self._ocr(page[:, :, ::-1].copy())
         boxes = getattr(result, "boxes", None)
@@ -162,6 +164,14 @@ class PpocrEngine:
 
 
 # -- tesseract: libtesseract (tesserocr) on Debian's tessdata ----------------------------
+
+
+def upscale_factor(height: int, width: int) -> int:
+    """How much to enlarge a small page (1: not at all)."""
+    side = max(height, width)
+    if side >= _UPSCALE_BELOW:
+        return 1
+    return max(1, min(3, _UPSCALE_TARGET // max(1, side)))
 
 
 def tessdata_dir() -> Path | None:
@@ -223,9 +233,14 @@ class TesseractEngine:
         self._threads = threads
 
     def recognize(self, page: PageArray) -> list[Line]:
+        import cv2
         from PIL import Image
 
         height, width = page.shape[:2]
+        scale = upscale_factor(height, width)
+        if scale > 1:
+            size = (width * scale, height * scale)
+            page = _uint8(cv2.resize(page, size, interpolation=cv2.INTER_CUBIC))
         binary, angle = prepare_for_tesseract(page)
         api = self._api
         tesserocr = self._tesserocr
@@ -250,6 +265,7 @@ class TesseractEngine:
                 continue
             x0, y0, x1, y1 = box
             xs, ys = _unrotate_box(x0, y0, x1, y1, angle, binary.shape[1], binary.shape[0])
+            xs, ys = [x / scale for x in xs], [y / scale for y in ys]
             lines.append(
                 Line(text, _clip(xs, ys, width, height), _unit(item.Confidence(level) / 100))
             )

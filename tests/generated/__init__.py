@@ -6,6 +6,7 @@ The files sit in groups, one directory each, laid out like the shared corpus::
     images/     every supported image format, and two refused ones   pyvips, Pillow
     documents/  DOCX, ODT, DOC, RTF, XLSX, XLS, ODS, PPTX, PPT, ODP, PDF  LibreOffice
     media/      video and audio                                        FFmpeg lavfi
+    ocr/        text pages with their truth (.txt), scanned and born-digital PDFs  Pillow
     hostile/    bombs, polyglots, macros, traversal, XXE, disguised files, hostile
                 names (built by code from the three groups above)
 
@@ -28,7 +29,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from tests.corpus_support import Row, read_manifest
-from tests.generated import documents, hostile, images, media
+from tests.generated import documents, hostile, images, media, ocr_pages
 from tests.generated.entries import Entry, write_manifest
 
 Builder = Callable[[Path], list[Entry]]
@@ -38,6 +39,7 @@ GROUPS: dict[str, tuple[Builder, tuple[str, ...]]] = {
     "documents": (documents.build, ()),
     "media": (media.build, ()),
     "hostile": (hostile.build, ("images", "documents", "media")),
+    "ocr": (ocr_pages.build, ()),
 }
 MANIFEST = "MANIFEST.tsv"
 

@@ -17,9 +17,9 @@ DEFAULTS = ocr_params.parse({})
 def test_defaults_and_output_types():
     assert DEFAULTS.languages == ("en",)
     assert DEFAULTS.engines == ("ppocr", "ppocr-cls", "tesseract")
-    assert DEFAULTS.output_type("txt") == "ocr-en-ppocr+ppocr-cls+tesseract-c85-d300.txt"
+    assert DEFAULTS.output_type("txt") == "ocr-en-ppocr_ppocr-cls_tesseract-c97-d300.txt"
     forced = ocr_params.parse({"lang": "en+de", "engines": ["tesseract"], "text_layer": "ocr"})
-    assert forced.output_type("pdf") == "ocr-en+de-tesseract-c85-d300-ocr.pdf"
+    assert forced.output_type("pdf") == "ocr-en_de-tesseract-c97-d300-ocr.pdf"
     assert forced.tesseract_languages() == ("eng", "deu")
 
 

@@ -1,0 +1,163 @@
+"""OCR inputs with known text: pages drawn here in DejaVu Sans (Pillow), each beside its
+truth (``<name>.txt``, reading order), laid out like the corpus's ``ocr/`` pairs.
+
+- ``clean-page.png``: a 300 dpi page of printed paragraphs, black on white;
+- ``two-columns.png``: a title over two columns (the truth reads the left column,
+  then the right);
+- ``small-print.png``: the same paragraphs in small print (x-height ~5 px);
+- ``mixed-orientation.png``: the clean page with its second and fourth lines upside
+  down (a label stuck on the wrong way): PP-OCR without its angle classifier reads
+  those lines as garbage with lower confidence, so the default chain escalates;
+- ``photo-page.jpg``: the clean page turned 2 degrees, shaded, noisy, blurred and saved
+  as a poor JPEG;
+- ``turned-page.png``: the clean page turned 90 degrees clockwise;
+- ``scanned.pdf``: the clean page as an image-only PDF (no text layer), and
+  ``born-digital.pdf``: the same paragraphs as PDF text (no image).
+
+Everything is drawn from fixed seeds: the same bytes every run for one Pillow.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tests.generated.entries import Entry
+
+if TYPE_CHECKING:
+    from PIL import Image, ImageFont
+
+FONT_PATHS = (
+    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+)
+PARAGRAPHS = (
+    "The quick brown fox jumps over the lazy dog near the river bank.",
+    "Invoice 2024-117 lists 42 items at a total of 1,350.75 euros.",
+    "Please return the signed form before Friday, 14 March.",
+    "Our office opens at 8:30 and closes at 17:00 on weekdays.",
+    "Each sample was measured three times; the mean is reported.",
+)
+TITLE = "Quarterly Report of the Harbour Office"
+LEFT_COLUMN = (
+    "Ships arriving in the",
+    "morning are unloaded",
+    "before noon, and the",
+    "cranes are checked",
+    "every second week.",
+)
+RIGHT_COLUMN = (
+    "Storage fees rose by",
+    "four percent this year",
+    "while the number of",
+    "containers fell to",
+    "nine thousand.",
+)
+
+
+def font(size: int) -> ImageFont.FreeTypeFont:
+    from PIL import ImageFont
+
+    for path in FONT_PATHS:
+        if Path(path).is_file():
+            return ImageFont.truetype(path, size)
+    raise FileNotFoundError("DejaVu Sans is missing: apt-get install fonts-dejavu-core")
+
+
+def _page(lines: list[tuple[str, int, int]], size: int, width: int, height: int) -> Image.Image:
+    from PIL import Image, ImageDraw
+
+    image = Image.new("L", (width, height), 255)
+    draw = ImageDraw.Draw(image)
+    face = font(size)
+    for text, x, y in lines:
+        draw.text((x, y), text, fill=0, font=face)
+    return image
+
+
+def clean_page(size: int = 42, margin: int = 150) -> Image.Image:
+    """The paragraphs, one per line, on a page ``size`` px type (~10 pt at 300 dpi)."""
+    step = int(size * 1.6)
+    width = margin * 2 + int(size * 0.62 * max(len(p) for p in PARAGRAPHS))
+    height = margin * 2 + step * len(PARAGRAPHS)
+    lines = [(text, margin, margin + i * step) for i, text in enumerate(PARAGRAPHS)]
+    return _page(lines, size, width, height)
+
+
+def two_columns() -> Image.Image:
+    size, step, margin, gutter = 42, 66, 150, 120
+    column = int(size * 0.62 * max(len(t) for t in LEFT_COLUMN + RIGHT_COLUMN))
+    width = margin * 2 + column * 2 + gutter
+    top = margin + int(step * 1.8)
+    lines = [(TITLE, margin, margin)]
+    lines += [(text, margin, top + i * step) for i, text in enumerate(LEFT_COLUMN)]
+    right = margin + column + gutter
+    lines += [(text, right, top + i * step) for i, text in enumerate(RIGHT_COLUMN)]
+    return _page(lines, size, width, top + step * len(LEFT_COLUMN) + margin)
+
+
+def mixed_orientation() -> Image.Image:
+    image = clean_page()
+    step = int(42 * 1.6)
+    for index in (1, 3):
+        top = 150 + index * step - 8
+        box = (0, top, image.width, top + step)
+        image.paste(image.crop(box).rotate(180), box)
+    return image
+
+
+def photo_page() -> bytes:
+    import numpy as np
+    from PIL import Image, ImageFilter
+
+    page = clean_page().rotate(2.0, resample=Image.Resampling.BICUBIC, expand=True, fillcolor=255)
+    pixels = np.asarray(page, dtype=np.float64)
+    height, width = pixels.shape
+    shade = np.linspace(0.0, 70.0, width)[None, :] + np.linspace(0.0, 40.0, height)[:, None]
+    noise = np.random.default_rng(13).normal(0.0, 14.0, pixels.shape)
+    photo = np.clip(pixels * 0.8 + 30 - shade + noise, 0, 255).astype(np.uint8)
+    blurred = Image.fromarray(photo).filter(ImageFilter.GaussianBlur(1.2))
+    out = io.BytesIO()
+    blurred.convert("RGB").save(out, format="JPEG", quality=35)
+    return out.getvalue()
+
+
+def _save_pdf(image: Image.Image, path: Path, resolution: int) -> None:
+    # Dates fixed: Pillow stamps the time of writing otherwise.
+    stamp = time.gmtime(946_684_800)  # 2000-01-01
+    image.save(path, format="PDF", resolution=resolution, creationDate=stamp, modDate=stamp)
+
+
+def build(directory: Path) -> list[Entry]:
+    from tests.generated.documents import text_pdf
+
+    out = directory / "ocr"
+    out.mkdir(parents=True, exist_ok=True)
+    paragraphs = "\n".join(PARAGRAPHS) + "\n"
+    entries: list[Entry] = []
+
+    def pair(name: str, kind: str, truth: str, note: str) -> None:
+        (out / name).with_suffix(".txt").write_text(truth, encoding="utf-8")
+        entries.append(Entry(f"ocr/{name}", kind, f"ocr-truth:ocr/{Path(name).stem}.txt", note))
+
+    clean_page().save(out / "clean-page.png")
+    pair("clean-page.png", "ocr-image:png", paragraphs, "printed page, 300 dpi")
+    two_columns().save(out / "two-columns.png")
+    columns = "\n".join((TITLE, *LEFT_COLUMN, *RIGHT_COLUMN)) + "\n"
+    pair("two-columns.png", "ocr-image:png", columns, "title over two columns")
+    clean_page(size=9, margin=30).save(out / "small-print.png")
+    pair("small-print.png", "ocr-image:png", paragraphs, "tiny print: x-height ~5 px")
+    mixed_orientation().save(out / "mixed-orientation.png")
+    pair("mixed-orientation.png", "ocr-image:png", paragraphs, "lines 2 and 4 upside down")
+    (out / "photo-page.jpg").write_bytes(photo_page())
+    pair("photo-page.jpg", "ocr-image:jpeg", paragraphs, "turned 2 deg, shaded, noisy, JPEG q35")
+    turned = clean_page().rotate(-90, expand=True)
+    turned.save(out / "turned-page.png")
+    pair("turned-page.png", "ocr-image:png", paragraphs, "page turned 90 deg clockwise")
+    _save_pdf(clean_page().convert("RGB"), out / "scanned.pdf", 300)
+    pair("scanned.pdf", "ocr-document:pdf", paragraphs, "image-only PDF (a scan)")
+    (out / "born-digital.pdf").write_bytes(text_pdf([list(PARAGRAPHS)]))
+    pair("born-digital.pdf", "ocr-document:pdf", paragraphs, "text layer, no image")
+    return entries

@@ -1,0 +1,83 @@
+"""The OCR engine contract (pipelines/ocr_engines.py's docstring), one suite for every
+engine, on generated pages with known text: real models, real libtesseract.
+
+Each engine, on one inference thread: a printed page read within 2 % CER (reading
+order from pipelines.ocr_layout), every box inside the page, every confidence in
+0..1, no line breaks in a line's text; a blank page gives no lines; a language it has
+no model for is ``engine_unavailable`` naming the package to install.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from pipelines import ocr_engines, ocr_layout
+from pipelines.registry import PipelineError
+from tests.generated import Generated, ocr_pages
+from tests.ocr_support import cer
+
+ENGINES = ["ppocr", "ppocr-cls", "tesseract"]
+
+
+def page(generated: Generated, name: str) -> np.ndarray:
+    with Image.open(generated / f"ocr/{name}") as image:
+        return np.ascontiguousarray(np.asarray(image.convert("RGB"), dtype=np.uint8))
+
+
+@pytest.fixture(scope="module", params=ENGINES)
+def engine(request):
+    built = ocr_engines.create(request.param, ["eng"], threads=1)
+    yield built
+    built.close()
+
+
+def test_reads_a_printed_page(engine, generated: Generated):
+    clean = page(generated, "clean-page.png")
+    lines = engine.recognize(clean)
+    text = ocr_layout.page_text(ocr_layout.reading_order(lines))
+    truth = (generated / "ocr/clean-page.txt").read_text()
+    assert cer(text, truth).cer <= 0.02, (engine.name, text)
+    height, width = clean.shape[:2]
+    for line in lines:
+        x0, y0, x1, y1 = line.bbox
+        assert 0 <= x0 <= x1 <= width and 0 <= y0 <= y1 <= height, line
+        assert 0.0 <= line.confidence <= 1.0, line
+        assert line.text == line.text.strip() and "\n" not in line.text, line
+    # One box per printed line here, each around its own words.
+    first = min(lines, key=lambda line: line.bbox[1])
+    assert ocr_pages.PARAGRAPHS[0].split()[0] in first.text
+
+
+def test_a_blank_page_has_no_lines(engine):
+    blank = np.full((600, 800, 3), 255, dtype=np.uint8)
+    assert engine.recognize(blank) == []
+
+
+def test_the_same_engine_reads_page_after_page(engine, generated: Generated):
+    columns = page(generated, "two-columns.png")
+    first = [line.text for line in engine.recognize(columns)]
+    again = [line.text for line in engine.recognize(columns)]
+    assert first == again and any(ocr_pages.TITLE.split()[0] in text for text in first)
+
+
+def test_a_language_without_a_model_is_engine_unavailable():
+    with pytest.raises(PipelineError) as caught:
+        ocr_engines.create("tesseract", ["eng", "tlh"], threads=1)
+    assert caught.value.code == "engine_unavailable"
+    assert "tesseract-ocr-tlh" in caught.value.message
+
+
+def test_ppocr_models_come_from_the_wheel():
+    models = ocr_engines.ppocr_model_dir()
+    assert models.name == "models" and models.parent.name == "rapidocr"
+    assert sorted(p.suffix for p in models.iterdir() if p.name.endswith(".onnx")) == [".onnx"] * 3
+
+
+def test_page_orientation_of_a_turned_page(generated: Generated):
+    turned = page(generated, "turned-page.png")
+    degrees, confidence = ocr_engines.page_orientation(turned)
+    assert degrees in (90, 270) and confidence >= ocr_engines.OSD_MIN_CONFIDENCE
+    upright = page(generated, "clean-page.png")
+    assert ocr_engines.page_orientation(upright)[0] == 0

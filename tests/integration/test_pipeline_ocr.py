@@ -1,0 +1,182 @@
+"""The ocr operation end to end on generated pages: uploaded over HTTP, checked at
+submit, run by an ocr pipeline actor on a real Ray cluster in its sandbox (no
+network: the models load from the installed packages), outputs stored.
+
+What each generated page shows (tests/generated/ocr_pages.py):
+
+- a printed page, a page turned 90 degrees, a shaded noisy photo and an image-only PDF
+  are read within 1 % CER (2 % for the photo); the turn is in the JSON;
+- two columns under a title come out column by column;
+- a born-digital PDF keeps its text layer (source ``text-layer``, no engine);
+- lines upside down make the first engine's confidence low: the page escalates and
+  the JSON says to which engine and why;
+- the searchable PDF's invisible text, read back with PDFium, is the OCR text.
+
+At submit, before any job exists: an unknown language (422 invalid_params), a
+10,000-page PDF (422 page_limit) and a 2.5-gigapixel PNG header (422 pixel_limit).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any
+
+import pypdfium2 as pdfium
+import pytest
+
+from hypermedia.errors import InvalidParams, PageLimit, PixelLimit
+from hypermedia.ingest.client import HypermediaClient
+from tests import error_inputs
+from tests.factories import make_user
+from tests.generated import Generated, documents, ocr_pages
+from tests.ocr_support import cer
+from tests.ray_support import ray_stack
+
+STEM = "ocr-en-ppocr_ppocr-cls_tesseract-c97-d300"
+PAGES = [
+    "clean-page.png",
+    "two-columns.png",
+    "turned-page.png",
+    "photo-page.jpg",
+    "mixed-orientation.png",
+    "scanned.pdf",
+    "born-digital.pdf",
+]
+MAX_CER = {"photo-page.jpg": 0.02, "mixed-orientation.png": 0.25}
+
+
+def test_ocr_through_the_worker(pg_engine, settings, tmp_path, generated: Generated):
+    """Every page through the ocr actor, then every check below on what it stored."""
+    with ray_stack(settings, pg_engine, tmp_path, {"ocr": 1}) as rs:
+        person = make_user(rs.stack)
+        assert rs.settings.api_url is not None
+        with HypermediaClient(rs.settings.api_url, person.api_key, timeout=60) as client:
+            jobs = {}
+            for name in PAGES:
+                obj = client.upload(generated / f"ocr/{name}")
+                jobs[name] = client.process(obj.object_id, ["ocr"]).job_ids[0]
+            refusals = _refusals(client)
+            views = {name: client.wait(job, timeout=600) for name, job in jobs.items()}
+        stored = {}
+        for name, view in views.items():
+            assert view.status == "completed", (name, view.error_code, view.error_message)
+            bodies = {}
+            for output in view.outputs:
+                body = b"".join(rs.stack.storage.read(output.storage_key))
+                assert len(body) == output.size_bytes > 0
+                bodies[output.output_type.rsplit(".", 1)[1]] = (output, body)
+            stored[name] = bodies
+    check_outputs_and_their_types(stored)
+    for name in PAGES:
+        check_text_within_the_error_rate(stored, generated, name)
+    check_two_columns_are_read_column_by_column(stored)
+    check_the_turned_page_is_turned_upright(stored)
+    check_a_born_digital_pdf_keeps_its_text_layer(stored)
+    check_a_weak_first_reading_escalates(stored)
+    for name in ("scanned.pdf", "clean-page.png", "two-columns.png"):
+        check_the_searchable_pdf_carries_the_text(stored, name)
+    check_refused_at_submit(refusals)
+
+
+def _refusals(client: HypermediaClient) -> dict[str, Exception]:
+    found: dict[str, Exception] = {}
+    page = client.upload(ocr_pages_png(), filename="page.png")
+    try:
+        client.process(page.object_id, ["ocr"], params={"ocr": {"lang": "xx"}})
+    except InvalidParams as exc:
+        found["lang"] = exc
+    many = documents.text_pdf([["p"]] * 10_000)
+    big = client.upload(many, filename="many.pdf")
+    try:
+        client.process(big.object_id, ["ocr"])
+    except PageLimit as exc:
+        found["pages"] = exc
+    bomb = client.upload(error_inputs.png_declaring(50_000, 50_000), filename="bomb.png")
+    try:
+        client.process(bomb.object_id, ["ocr"])
+    except PixelLimit as exc:
+        found["pixels"] = exc
+    return found
+
+
+def ocr_pages_png() -> bytes:
+    out = io.BytesIO()
+    ocr_pages.clean_page(size=20, margin=20).save(out, format="PNG")
+    return out.getvalue()
+
+
+def _page_json(stored, name: str) -> Any:
+    document = json.loads(stored[name]["json"][1])
+    assert document["languages"] == ["en"]
+    (page,) = document["pages"]
+    return page
+
+
+def check_outputs_and_their_types(stored):
+    for name in PAGES:
+        assert sorted(stored[name]) == ["json", "pdf", "txt"], name
+        types = {ext: (o.output_type, o.content_type) for ext, (o, _) in stored[name].items()}
+        assert types == {
+            "txt": (f"{STEM}.txt", "text/plain; charset=utf-8"),
+            "json": (f"{STEM}.json", "application/json"),
+            "pdf": (f"{STEM}.pdf", "application/pdf"),
+        }
+
+
+def check_text_within_the_error_rate(stored, generated: Generated, name):
+    text = stored[name]["txt"][1].decode("utf-8")
+    truth = (generated / f"ocr/{name}").with_suffix(".txt").read_text()
+    assert cer(text, truth).cer <= MAX_CER.get(name, 0.01), (name, text)
+
+
+def check_two_columns_are_read_column_by_column(stored):
+    text = stored["two-columns.png"]["txt"][1].decode("utf-8")
+    assert text.index(ocr_pages.TITLE) < text.index(ocr_pages.LEFT_COLUMN[0])
+    assert text.index(ocr_pages.LEFT_COLUMN[-1]) < text.index(ocr_pages.RIGHT_COLUMN[0])
+
+
+def check_the_turned_page_is_turned_upright(stored):
+    page = _page_json(stored, "turned-page.png")
+    assert page["orientation"] in (90, 270) and page["source"] == "ocr"
+
+
+def check_a_born_digital_pdf_keeps_its_text_layer(stored):
+    page = _page_json(stored, "born-digital.pdf")
+    assert (page["source"], page["engine"], page["attempts"]) == (
+        "text-layer",
+        "pdf-text-layer",
+        [],
+    )
+    scanned = _page_json(stored, "scanned.pdf")
+    assert scanned["source"] == "ocr" and scanned["engine"] == "ppocr"
+
+
+def check_a_weak_first_reading_escalates(stored):
+    page = _page_json(stored, "mixed-orientation.png")
+    first, *later = page["attempts"]
+    assert first["engine"] == "ppocr" and "confidence" in first["escalated_because"], page
+    assert later and page["engine"] in [a["engine"] for a in later] + ["ppocr"]
+    assert page["confidence"] == max(a["confidence"] for a in page["attempts"])
+    lines = [line for block in page["blocks"] for line in block["lines"]]
+    assert {line["engine"] for line in lines} == {page["engine"]}
+    assert {line["language"] for line in lines} == {"en"}
+    clean = _page_json(stored, "clean-page.png")
+    assert [a["engine"] for a in clean["attempts"]] == ["ppocr"], "a good page escalates not"
+
+
+def check_the_searchable_pdf_carries_the_text(stored, name):
+    document = pdfium.PdfDocument(io.BytesIO(stored[name]["pdf"][1]))
+    assert len(document) == 1
+    layer = document[0].get_textpage().get_text_range()
+    text = stored[name]["txt"][1].decode("utf-8")
+    assert cer(layer, text).cer <= 0.01, (layer, text)
+    page = _page_json(stored, name)
+    width, height = document[0].get_size()
+    # The page keeps the image's aspect; an image without a resolution is 300 dpi.
+    assert width / height == pytest.approx(page["width"] / page["height"], rel=0.01)
+
+
+def check_refused_at_submit(refusals):
+    assert "unknown language 'xx'" in refusals["lang"].message
+    assert set(refusals) == {"lang", "pages", "pixels"}, refusals

@@ -1,0 +1,44 @@
+"""Character error rates for the OCR tests and bench/ocr.py.
+
+CER = Levenshtein distance / truth length, both with whitespace runs collapsed to one
+space (as the issue measures it). Some truths do not follow the page's reading order
+(the UNLV pages: their truth follows the keyed zones); for those,
+:func:`unordered_cer` compares the words as multisets: the words both texts share cost
+nothing, the rest are compared as sorted lists.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from rapidfuzz.distance import Levenshtein
+
+from pipelines.ocr_layout import normalise
+
+
+@dataclass(frozen=True)
+class Score:
+    edits: int
+    length: int
+
+    @property
+    def cer(self) -> float:
+        return self.edits / self.length if self.length else float(self.edits > 0)
+
+
+def cer(hypothesis: str, truth: str) -> Score:
+    hyp, ref = normalise(hypothesis), normalise(truth)
+    return Score(Levenshtein.distance(hyp, ref), len(ref))
+
+
+def unordered_cer(hypothesis: str, truth: str) -> Score:
+    hyp, ref = Counter(normalise(hypothesis).split()), Counter(normalise(truth).split())
+    shared = hyp & ref
+    left = " ".join(sorted((hyp - shared).elements()))
+    right = " ".join(sorted((ref - shared).elements()))
+    return Score(Levenshtein.distance(left, right), len(normalise(truth)))
+
+
+def total(scores: list[Score]) -> Score:
+    return Score(sum(s.edits for s in scores), sum(s.length for s in scores))
