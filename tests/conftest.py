@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -61,6 +62,12 @@ RAY_TOKEN = cluster.ensure_token(
 )
 cluster.apply_ray_environment(RAY_TOKEN)
 _TIER_MARKS = {"integration": pytest.mark.integration, "e2e": pytest.mark.e2e}
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    ray_support = sys.modules.get("tests.ray_support")
+    if ray_support is not None:  # a test used the shared Ray head
+        ray_support.stop_shared_head()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

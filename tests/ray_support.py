@@ -1,9 +1,18 @@
 """A real local Ray cluster, the API (for signed blob URLs) and the supervisor, for
-worker tests. Everything started here is stopped at teardown."""
+worker tests.
+
+The Ray head is shared: one per test process (per xdist worker), started by the first
+test that needs it and stopped when the session ends (``stop_shared_head``, from
+conftest), because starting one costs ~10 s and ~20 CPU-seconds. Nothing a test
+starts outlives it: the supervisor, its actors and the grants actor are stopped at
+its teardown, and any actor of ours still alive then is killed. Tests that kill or
+restart Ray itself start their own nodes (test_ray_node, the e2e tests)."""
 
 from __future__ import annotations
 
 import logging
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -21,11 +30,58 @@ from hypermedia.ingest.api import create_app
 from hypermedia.server import Maintenance
 from hypermedia.stack import Stack
 from hypermedia.worker import cluster
-from hypermedia.worker.supervisor import Supervisor, settings_for_actors
+from hypermedia.worker.supervisor import NAMESPACE, Supervisor, settings_for_actors
 from tests.conftest import RAY_TOKEN
 from tests.pipelines_for_tests import PRELOAD
 
 REPO = Path(__file__).resolve().parents[1]
+# Room for every pool a test asks for: a queue resource only places actors.
+SHARED_QUEUES = ("images", "documents", "media", "ocr", "bulk")
+SHARED_SLOTS = 16
+
+_shared: tuple[cluster.RayNode, Path] | None = None  # the node, the directory made for it
+
+
+def shared_head() -> cluster.RayNode:
+    """This process's Ray head (started on first use), with the driver connected."""
+    global _shared
+    if _shared is None:
+        directory = Path(tempfile.mkdtemp(prefix="hm-tests-ray-"))
+        node = cluster.start_head(
+            directory,
+            resources=cluster.queue_resources(dict.fromkeys(SHARED_QUEUES, SHARED_SLOTS)),
+            token_path=RAY_TOKEN,
+            num_cpus=2,
+        )
+        _shared = (node, directory)
+    node = _shared[0]
+    if not ray.is_initialized():
+        ray.init(address=node.address, logging_level=logging.WARNING, log_to_driver=False)
+    return node
+
+
+def stop_shared_head() -> None:
+    global _shared
+    if ray.is_initialized():
+        ray.shutdown()
+    if _shared is not None:
+        (node, directory), _shared = _shared, None
+        node.stop()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def kill_our_actors() -> list[str]:
+    """Kill every pipeline actor of ours still alive on the shared head; their names."""
+    killed = []
+    for named in ray.util.list_named_actors(all_namespaces=True):
+        if named["namespace"] != NAMESPACE:
+            continue
+        try:
+            ray.kill(ray.get_actor(named["name"], namespace=NAMESPACE))
+        except ValueError:
+            continue  # gone meanwhile
+        killed.append(str(named["name"]))
+    return killed
 
 
 def test_profiles(directory: Path) -> Path:
@@ -94,17 +150,13 @@ def ray_stack(
         # The corpus runs upload hundreds of files as one user: no upload rate.
         **{"user_uploads_per_minute": 10**6, **overrides},
     )
+    unknown = set(pools) - set(SHARED_QUEUES)
+    assert not unknown, f"the shared Ray head has no resources for {unknown}"
     stack = Stack.open(settings, engine=engine, auto_migrate=True)
-    node = cluster.start_head(
-        tmp_path / "ray",
-        resources=cluster.queue_resources(pools),
-        token_path=RAY_TOKEN,
-        num_cpus=2,
-    )
     supervisor: Supervisor | None = None
     maintenance = Maintenance(stack, reaper_interval=0.5, reconcile_interval=30)
     try:
-        ray.init(address=node.address, logging_level=logging.WARNING, log_to_driver=False)
+        shared_head()
         with api_server(stack, port):
             assert settings.redis_url is not None
             supervisor = Supervisor(
@@ -126,6 +178,5 @@ def ray_stack(
     finally:
         maintenance.stop()
         if ray.is_initialized():
-            ray.shutdown()
-        node.stop()
+            kill_our_actors()  # what a failed start or stop left: not the next test's
         stack.close()

@@ -349,7 +349,7 @@ def through_the_workers(
             wait_all(client, cases, 1500)
         after = healths(rs)
 
-        table = Table("file", "expected", "detected", "operation", "outcome", "where")
+        table = Table("file", "expected", "detected", "operation", "outcome", "where", "ms")
         problems = []
         for case in cases:
             found = problem(case, rs)
@@ -359,8 +359,15 @@ def through_the_workers(
             detail = (
                 case.outcome if case.outcome == "completed" else f"{case.outcome}: {case.message}"
             )
+            ran = [a.duration_ms or 0 for a in case.view.attempts] if case.view else []
             table.add_row(
-                case.name[:60], case.row.expected, case.detected, case.operation, detail[:70], where
+                case.name[:60],
+                case.row.expected,
+                case.detected,
+                case.operation,
+                detail[:70],
+                where,
+                "+".join(map(str, ran)),
             )
         Console(width=220).print(table)
         print(Counter(c.outcome for c in cases))
