@@ -94,6 +94,8 @@ REPLY_GRACE = 15.0  # past the wall clock, how long to wait for a server that sh
 # hold credentials): the variables below when set, nothing else.
 INHERITED_ENV = ("PATH", "LANG", "LANGUAGE", "TZ", "SOURCE_DATE_EPOCH")
 INHERITED_ENV_PREFIXES = ("LC_", "VIPS_", "OMP_", "MALLOC_")
+# Each job's share of the node's CPUs (ChildExecutor's job_cpus), for the steps.
+JOB_CPUS_ENV = "HYPERMEDIA_JOB_CPUS"
 
 _CONSEQUENCES = {
     "network_namespace": "jobs can reach the network and this host's services",
@@ -143,7 +145,12 @@ class _Server:
     """The fork server process and our end of its control socket."""
 
     def __init__(
-        self, work_root: Path, preload: Sequence[str], spares: int, sandbox: Mapping[str, Any]
+        self,
+        work_root: Path,
+        preload: Sequence[str],
+        spares: int,
+        sandbox: Mapping[str, Any],
+        job_cpus: int | None = None,
     ) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         config = {
@@ -158,6 +165,8 @@ class _Server:
             for name, value in os.environ.items()
             if name in INHERITED_ENV or name.startswith(INHERITED_ENV_PREFIXES)
         }
+        if job_cpus is not None:
+            env[JOB_CPUS_ENV] = str(job_cpus)
         try:
             self.process = subprocess.Popen(
                 [sys.executable, "-I", "-c", _BOOTSTRAP, json.dumps(config)],
@@ -223,6 +232,8 @@ class ChildExecutor:
     ``sandbox``: False runs jobs with rlimits only (a warning says so).
     ``hidden_paths``: more paths jobs must not see (the worker's data directory).
     ``uid_base``: the first uid of the job uid blocks (see :mod:`.isolation`).
+    ``job_cpus``: each job's share of the node's CPUs, told to the steps as
+    ``HYPERMEDIA_JOB_CPUS`` (the ocr step runs its inference on that many threads).
     """
 
     def __init__(
@@ -234,8 +245,10 @@ class ChildExecutor:
         sandbox: bool = True,
         hidden_paths: Sequence[str | Path] = (),
         uid_base: int = isolation.UID_BASE,
+        job_cpus: int | None = None,
     ) -> None:
         self._work_root = Path(work_root).resolve()
+        self._job_cpus = job_cpus
         self._jobs_root = self._work_root / "jobs"
         self._jobs_root.mkdir(parents=True, exist_ok=True, mode=0o711)
         # Reachable (not listable) by job uids where no mount namespace re-exposes it.
@@ -494,7 +507,9 @@ class ChildExecutor:
         return self._server
 
     def _start_server(self) -> _Server:
-        server = _Server(self._work_root, self._preload, self._spares, self._sandbox)
+        server = _Server(
+            self._work_root, self._preload, self._spares, self._sandbox, self._job_cpus
+        )
         if not self._sandbox["enabled"]:
             log.warning(
                 "sandbox: switched off: jobs run with rlimits only",

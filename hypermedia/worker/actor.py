@@ -27,6 +27,7 @@ Ray's pickling.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -156,6 +157,8 @@ class PipelineService:
         engine = self.stack.engine
         workdirs.sweep(cfg.data_dir, lambda found: ended_workers(engine, found))
         work_root = workdirs.worker_root(cfg.data_dir, worker_id)
+        # Each job's share of this node's CPUs: its claim loops split them.
+        self.job_cpus = max(1, (os.cpu_count() or 1) // max(1, concurrency))
         self.executor: Any = self.make_executor(work_root, preload, cfg)
         executor: Executor = self.executor
         grants_client = RayGrants(grants) if _is_actor_handle(grants) else grants
@@ -186,7 +189,12 @@ class PipelineService:
 
         # The data dir holds the record, the stored objects and secrets: jobs must not
         # see it (their own workdir is mounted back in).
-        return ChildExecutor(work_root, preload=preload, hidden_paths=(cfg.data_dir,))
+        return ChildExecutor(
+            work_root,
+            preload=preload,
+            hidden_paths=(cfg.data_dir,),
+            job_cpus=self.job_cpus,
+        )
 
     def serve(self) -> dict[str, int]:
         """Block until the worker stops; its final counts."""

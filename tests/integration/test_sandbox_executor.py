@@ -182,6 +182,19 @@ def test_the_child_reads_the_input_the_caller_placed(executor, job_id):
     assert result.outputs[0].path.read_bytes() == b"input bytes"
 
 
+def test_the_child_is_told_its_cpu_share(tmp_path, job_id):
+    """job_cpus reaches the steps as HYPERMEDIA_JOB_CPUS (the ocr step's threads); an
+    executor without it tells nothing."""
+    with ChildExecutor(tmp_path / "shared", preload=PRELOAD, job_cpus=3) as ex:
+        result = run(ex, job_id, "test.environment", timeout_seconds=7, memory_limit_mb=900)
+        seen = json.loads(result.outputs[0].path.read_text())
+    assert seen["environ"]["HYPERMEDIA_JOB_CPUS"] == "3"
+    with ChildExecutor(tmp_path / "none", preload=PRELOAD) as ex:
+        result = run(ex, job_id, "test.environment", timeout_seconds=7, memory_limit_mb=900)
+        seen = json.loads(result.outputs[0].path.read_text())
+    assert "HYPERMEDIA_JOB_CPUS" not in seen["environ"]
+
+
 def test_what_the_child_sees(tmp_path, monkeypatch, job_id):
     monkeypatch.setenv("HYPERMEDIA_TEST_SECRET", "s3cr3t")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s3cr3t")

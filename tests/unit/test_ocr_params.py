@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -134,3 +135,15 @@ def test_assess(lines, ink, weak):
 def test_mean_confidence_weighs_characters():
     lines = [Line("a", (0, 0, 1, 1), 0.0), Line("abc", (0, 0, 1, 1), 1.0)]
     assert ocr_layout.mean_confidence(lines) == pytest.approx(0.75)
+
+
+def test_engine_threads_are_the_jobs_cpu_share(monkeypatch):
+    from pipelines.ocr import job_threads
+
+    available = len(os.sched_getaffinity(0))
+    monkeypatch.setenv("HYPERMEDIA_JOB_CPUS", "1")
+    assert job_threads() == 1
+    monkeypatch.setenv("HYPERMEDIA_JOB_CPUS", str(available + 5))
+    assert job_threads() == available
+    monkeypatch.delenv("HYPERMEDIA_JOB_CPUS")
+    assert job_threads() == available
