@@ -120,6 +120,8 @@ RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
 sys.exit(None if v == '${RAY_VERSION}' else f'ray {v} is installed, RAY_VERSION is ${RAY_VERSION}')" \
  && /opt/hypermedia/bin/python -c "import magic, hypermedia.cli, pipelines.registry as r; \
 print('pipelines:', ' '.join(r.operations()))" \
+ && /opt/hypermedia/bin/python -c "from pipelines import ocr_engines as e; \
+print('ocr models:', e.ppocr_model_dir(), 'tessdata:', sorted(e.tesseract_languages()))" \
  && for tool in ffmpeg ffprobe soffice tini; do \
         command -v "${tool}" >/dev/null || { echo "missing: ${tool}" >&2; exit 1; }; \
     done

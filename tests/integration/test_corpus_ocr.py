@@ -26,7 +26,7 @@ from hypermedia.errors import InvalidParams
 from hypermedia.ingest.client import HypermediaClient
 from tests.corpus_support import corpus
 from tests.factories import make_user
-from tests.ocr_support import Score, cer, total, unordered_cer
+from tests.ocr_support import LANGUAGES, Score, corpus_score, total
 from tests.ray_support import ray_stack
 
 pytestmark = [pytest.mark.corpus, pytest.mark.timeout(1800)]
@@ -35,14 +35,6 @@ CONFIGS = {
     "chain": {},
     "ppocr": {"engines": ["ppocr"]},
     "tesseract": {"engines": ["tesseract"]},
-}
-LANGUAGES = {
-    "tess-eurotext": "en+de+fr+it+es+pt",
-    "pyt-test-european": "en+de+fr+it+es+pt",
-    "tess-viet": "vi",
-    "tess-arabic": "ar",
-    "tess-raaj": "hi",
-    "tjs-chinese": "zh-hant",
 }
 CLEAN = {
     "tess-phototest",
@@ -72,10 +64,6 @@ def pairs(root: Path) -> list[tuple[Path, Path]]:
 def _engine(page: dict[str, object]) -> str:
     turned = f" (turned {page['orientation']})" if page["orientation"] else ""
     return f"{page['engine']}{turned}"
-
-
-def score(stem: str, text: str, truth: str) -> Score:
-    return unordered_cer(text, truth) if "unlv" in stem else cer(text, truth)
 
 
 def test_every_corpus_ocr_pair(pg_engine, settings, tmp_path):
@@ -108,7 +96,7 @@ def test_every_corpus_ocr_pair(pg_engine, settings, tmp_path):
                 by_type = {o.output_type.rsplit(".", 1)[1]: o for o in view.outputs}
                 text = b"".join(rs.stack.storage.read(by_type["txt"].storage_key)).decode()
                 truth = (corpus() / "ocr" / f"{stem}.txt").read_text(encoding="utf-8")
-                results[(stem, config)] = score(stem, text, truth)
+                results[(stem, config)] = corpus_score(stem, text, truth)
                 if config == "chain":
                     document = json.loads(
                         b"".join(rs.stack.storage.read(by_type["json"].storage_key))

@@ -285,7 +285,8 @@ def test_the_wheel_carries_the_defaults(wheel):
 
 def test_the_worker_image_builds_the_same_wheel_with_the_server_extra():
     """The image's build stage copies every file the wheel is built from (a missing
-    one fails the build: etc/ for the data files), and both stages ask for `server`."""
+    one fails the build: etc/ for the data files), and both stages ask for `server`
+    and `ocr` (the image serves every queue)."""
     dockerfile = (REPO / "docker" / "worker.Dockerfile").read_text()
     build_stage = dockerfile.split(" AS worker")[0]
     copied = set()
@@ -293,23 +294,26 @@ def test_the_worker_image_builds_the_same_wheel_with_the_server_extra():
         if line.startswith("COPY "):
             copied.update(line.split()[1:-1])
     assert set(WHEEL_SOURCES) <= copied, set(WHEEL_SOURCES) - copied
-    assert "pip wheel --wheel-dir /wheels --constraint docker/constraints.txt '.[server]'" in (
-        build_stage
-    )
-    assert "--find-links=/wheels 'hypermedia[server]'" in dockerfile.split(" AS worker")[1]
+    wheel_command = "pip wheel --wheel-dir /wheels --constraint docker/constraints.txt"
+    assert f"{wheel_command} '.[server,ocr]'" in build_stage
+    assert "--find-links=/wheels 'hypermedia[server,ocr]'" in dockerfile.split(" AS worker")[1]
 
 
 def test_the_base_install_is_the_client_and_the_rest_are_extras(wheel):
     requirements, extras = wheel_metadata(wheel)
     assert base_requirements(requirements) == CLIENT_REQUIREMENTS
-    assert extras == {"server", "aws", "gcp", "ionos", "all", "dev", "bench"}
+    assert extras == {"server", "ocr", "aws", "gcp", "ionos", "all", "dev", "bench"}
     server = in_extra(requirements, "server")
     assert {"ray", "sqlalchemy", "fastapi", "typer", "pyvips-binary", "boto3"} <= server
     assert in_extra(requirements, "aws") == {"boto3"}
     assert in_extra(requirements, "gcp") == {"google-cloud-compute"}
     assert in_extra(requirements, "ionos") == {"ionoscloud"}
+    assert {"rapidocr", "onnxruntime", "tesserocr", "fpdf2"} <= in_extra(requirements, "ocr")
     (everything,) = [r for r in requirements if r.marker and r.marker.evaluate({"extra": "all"})]
-    assert (everything.name, everything.extras) == ("hypermedia", {"server", "aws", "gcp", "ionos"})
+    assert (everything.name, everything.extras) == (
+        "hypermedia",
+        {"server", "ocr", "aws", "gcp", "ionos"},
+    )
     dev = [r for r in requirements if r.marker and r.marker.evaluate({"extra": "dev"})]
     assert any(r.name == "hypermedia" and r.extras == {"all"} for r in dev), dev
     # Every server-side package the platform imports comes with an extra, never the base.
