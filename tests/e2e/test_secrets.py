@@ -13,6 +13,7 @@ environment (where the operator put it).
 from __future__ import annotations
 
 import os
+import secrets
 import stat
 import subprocess
 import sys
@@ -30,9 +31,12 @@ from tests import support
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLES = [REPO / "examples" / "banner.webp", REPO / "examples" / "logo-alpha.png"]
-CANARY_AWS = "canaryAwsSecretKey0x5f3759df"
-CANARY_STORAGE = "canary-storage-signing-secret-0x1badb002"
-CANARY_DB = "canaryDbPassword0xdeadbeef"
+# One set per test process: xdist runs this module's two tests side by side, and
+# each must find only its own stack's copies.
+_RUN = secrets.token_hex(4)
+CANARY_AWS = f"canaryAwsSecretKey0x5f3759df{_RUN}"
+CANARY_STORAGE = f"canary-storage-signing-secret-0x1badb002{_RUN}"
+CANARY_DB = f"canaryDbPassword0xdeadbeef{_RUN}"
 
 
 def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:

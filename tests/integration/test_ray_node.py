@@ -59,6 +59,8 @@ def head(tmp_path):
 
 
 def test_a_single_machine_head_listens_on_loopback_only(head):
+    if ray.is_initialized():  # the shared head's driver (tests/ray_support.py) reconnects
+        ray.shutdown()
     ray.init(address=head.address, logging_level=logging.WARNING, log_to_driver=False)
     probe: Any = _ProbeActor.remote()
     actor_pid = ray.get(probe.pid.remote())

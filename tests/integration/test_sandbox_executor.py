@@ -492,6 +492,10 @@ def test_without_spares_each_request_forks(tmp_path, job_id):
         assert children_of(ex.server_pid) == []
         assert run(ex, job_id, "test.write_files", {"files": {"a": 3}}).outputs
         assert failure(ex, job_id + "-fail", "test.crash").code == "pipeline_crashed"
+        # A job is reported once its init relays how it ended; the init exits then.
+        deadline = time.monotonic() + 10
+        while children_of(ex.server_pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert children_of(ex.server_pid) == []
 
 
