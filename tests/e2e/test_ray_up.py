@@ -36,6 +36,7 @@ REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 HYPERMEDIA = str(BIN / "hypermedia")
 JOBS = 4
+EVALUATION_SECONDS = 2
 # A whole cluster each: up, bursts, drains, down (2-3 minutes; more under load).
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -174,6 +175,11 @@ def cluster(request, tmp_path):
     scheduler = json.loads((REPO / "ray_cluster" / "scheduler.local.json").read_text())
     scheduler["cloud_providers"]["aws"]["spot_enabled"] = True  # 6 c/h spot: the cheaper
     scheduler["scaling_rules"]["scale_down"]["drain_timeout_seconds"] = 30
+    # Turns and cooldowns of a few seconds, not the example's: the same decisions,
+    # sooner (idle_minutes stays 1, the smallest the schema allows).
+    scheduler["evaluation_interval_seconds"] = EVALUATION_SECONDS
+    scheduler["scaling_rules"]["scale_up"].update(oldest_job_age_seconds=5, cooldown_seconds=2)
+    scheduler["scaling_rules"]["scale_down"]["cooldown_seconds"] = 2
     scheduler_path = tmp_path / "scheduler.json"
     scheduler_path.write_text(json.dumps(scheduler))
 
@@ -315,7 +321,7 @@ def test_a_burst_runs_on_launched_nodes_survives_a_spot_notice_and_ends_drained(
         90,
     )
     assert "media" in refused[0].reason
-    time.sleep(15)  # a few more turns: still nothing launched
+    time.sleep(5 * EVALUATION_SECONDS)  # a few more turns: still nothing launched
     assert instances() == []
     log = cluster.scheduler_log(50)
     assert "Daily cloud spend cap" in log and "locked to vps_only" in log
