@@ -68,7 +68,10 @@ for image in pages:
     score = corpus_score(image.stem, text, truth)
     escalated += sum(len([a for a in p["attempts"] if "skipped" not in a]) > 1 for p in pages_json)
     scores.append(score)
-    rows.append({"page": image.name, "cer": round(score.cer, 4), "engine": pages_json[0]["engine"]})
+    rows.append({
+        "page": image.name, "cer": round(score.cer, 4), "edits": score.edits,
+        "chars": score.length, "engine": pages_json[0]["engine"],
+    })
 usage = resource.getrusage(resource.RUSAGE_SELF)
 overall = total(scores)
 print(json.dumps({
@@ -136,24 +139,33 @@ def main(argv: list[str] | None = None) -> int:
     directory = args.pages or default_pages()
     pages = pairs(directory)
     rows = {name: run_row(params, pages) for name, params in CONFIGS.items()}
+    # CER over the pages every row read (PP-OCR has no model for Arabic or Hindi).
+    read = [{p["page"] for p in row["per_page"] if "cer" in p} for row in rows.values()]
+    common = set.intersection(*read)
+    for row in rows.values():
+        scored = [p for p in row["per_page"] if p["page"] in common]
+        chars = sum(p["chars"] for p in scored)
+        row["cer_common"] = round(sum(p["edits"] for p in scored) / chars, 4) if chars else 0.0
     base_cpu = rows["ppocr"]["cpu_seconds"]
-    print(f"{len(pages)} pages from {directory}; one thread per engine\n")
-    header = f"{'engine':<10} {'pages/CPU-s':>11} {'CPU s':>8} {'x ppocr':>8} {'peak RSS MB':>11}"
-    print(f"{header} {'CER':>7} {'escalated':>9}")
+    print(f"{len(pages)} pages from {directory}; one thread per engine")
+    print(f"CER: over the pages each row read; 'common': the {len(common)} every row read\n")
+    header = f"{'engine':<10} {'pages':>5} {'pages/CPU-s':>11} {'CPU s':>8} {'x ppocr':>8}"
+    print(f"{header} {'peak RSS MB':>11} {'CER':>7} {'common':>7} {'escalated':>9}")
     for name, row in rows.items():
         cer = row["edits"] / row["truth_chars"] if row["truth_chars"] else 0.0
         row["cer"] = round(cer, 4)
         row["pages_per_cpu_second"] = round(row["pages"] / row["cpu_seconds"], 3)
         print(
-            f"{name:<10} {row['pages_per_cpu_second']:>11.3f} {row['cpu_seconds']:>8.1f}"
-            f" {row['cpu_seconds'] / base_cpu:>8.2f} {row['peak_rss_mb']:>11.0f}"
-            f" {cer:>7.4f} {row['escalated_pages']:>9}"
+            f"{name:<10} {row['pages']:>5} {row['pages_per_cpu_second']:>11.3f}"
+            f" {row['cpu_seconds']:>8.1f} {row['cpu_seconds'] / base_cpu:>8.2f}"
+            f" {row['peak_rss_mb']:>11.0f} {cer:>7.4f} {row['cer_common']:>7.4f}"
+            f" {row['escalated_pages']:>9}"
         )
-    single = min(rows[name]["cer"] for name in ("ppocr", "ppocr-cls", "tesseract"))
+    single = min(rows[name]["cer_common"] for name in ("ppocr", "ppocr-cls", "tesseract"))
     chain = rows["chain"]
-    met = chain["cer"] <= single and chain["cpu_seconds"] <= 1.5 * base_cpu
+    met = chain["cer_common"] <= single and chain["cpu_seconds"] <= 1.5 * base_cpu
     print(
-        f"\nchain CER {chain['cer']:.4f} vs best single {single:.4f};"
+        f"\nchain CER {chain['cer_common']:.4f} vs best single {single:.4f} (common pages);"
         f" CPU {chain['cpu_seconds'] / base_cpu:.2f}x ppocr: target {'met' if met else 'missed'}"
     )
     report = {
