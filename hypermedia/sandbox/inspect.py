@@ -19,7 +19,8 @@ Two steps, kept apart so the facts can be stored and the rules re-applied:
 
        invalid_input         empty, truncated or unreadable container
        encrypted_document    needs a password or key (PDF user password, encrypted Office/ODF, DRM)
-       zip_bomb              over the size / ratio / entry limits, recursive or overlapping entries
+       zip_bomb              over the size / ratio / entry limits, recursive or overlapping
+                             entries, or cells whose shared strings expand past the size limit
        path_traversal        an archive entry named ``..``, absolute, with a drive or backslash
        macro_document        VBA, XLM macro sheets, ActiveX, DDE links, ODF Basic/scripts
        unsafe_xml            a DTD (external entities, entity expansion) in an Office/ODF part
@@ -186,6 +187,14 @@ def refusal(inspection: Inspection, limits: InputLimits | None = None) -> InputR
     bomb = _zip_bomb(d.get("zip"), limits, plain=inspection.kind == "zip")
     if bomb is not None:
         return ZipBomb(f"{label}: {bomb}", **about, zip=d["zip"])
+    text_bytes = d.get("text_bytes")
+    if isinstance(text_bytes, int) and text_bytes > limits.max_unzipped_bytes:
+        return ZipBomb(
+            f"{label}: its cells expand to {text_bytes:,} bytes of text"
+            f" (limit {limits.max_unzipped_bytes:,})",
+            **about,
+            text_bytes=text_bytes,
+        )
     if d.get("path_traversal"):
         entry = str(d["path_traversal"])
         return PathTraversal(f"{label} has an entry escaping its folder: {entry!r}", **about)

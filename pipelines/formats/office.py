@@ -26,7 +26,12 @@ the directory only. Facts gathered for :func:`hypermedia.sandbox.inspect.check_o
   cannot read (not well-formed, an encoding it does not know) or that does not reach
   the root element within the read; an ``xl/xmlMaps.xml`` schema pulling another schema
   from a URL;
-* ``pages``: ``docProps/app.xml`` ``<Pages>``/``<Slides>``, ODF ``meta:page-count``.
+* ``pages``: ``docProps/app.xml`` ``<Pages>``/``<Slides>``, ODF ``meta:page-count``;
+* ``text_bytes`` (workbooks): the bytes of text the cells that use shared strings
+  expand to (each cell counts its string's length: one long string referenced by many
+  cells is a "shared strings" bomb, POI's ``poc-shared-strings.xlsx``), read from the
+  shared-strings and worksheet parts when they are small enough to read whole
+  (:data:`MAX_SHEET_PARTS_BYTES`).
 
 Only the first :data:`PROLOG_BYTES` of XML parts and small metadata parts are inflated,
 each read capped, so a bomb inflates no further than that.
@@ -57,6 +62,10 @@ MAX_CENTRAL_DIRECTORY_BYTES = 16 * 1024 * 1024
 PROLOG_BYTES = 4096
 MAX_METADATA_BYTES = 4 * 1024 * 1024
 BIG_ENTRY_BYTES = 1024 * 1024
+# Shared strings and worksheets read whole to count what the cells expand to; a
+# workbook with more is left uncounted (and is over the ZIP limits long before it
+# could hold a bomb that this would miss).
+MAX_SHEET_PARTS_BYTES = 32 * 1024 * 1024
 # XML parts whose prolog is read; a package with more is refused (unsafe_xml) rather
 # than let through half-checked.
 MAX_PARTS_READ = 5_000
@@ -121,6 +130,10 @@ _MANIFEST_ROOT = re.compile(
     rb'|manifest:media-type\s*=\s*"([^"]+)"[^>]*?manifest:full-path\s*=\s*"/"'
 )
 _REMOTE_SCHEMA = re.compile(rb"schemaLocation\s*=\s*[\"'][A-Za-z][A-Za-z0-9+.-]*:", re.I)
+_SHARED_STRING = re.compile(rb"<(?:\w+:)?si\b[^>]*>(.*?)</(?:\w+:)?si>", re.S)
+_TAG = re.compile(rb"<[^>]*>")
+# A cell of type "s" (its value is an index into the shared strings).
+_SHARED_CELL = re.compile(rb'<(?:\w+:)?c\b[^>]*?\bt\s*=\s*"s"[^>]*>\s*<(?:\w+:)?v>\s*(\d+)\s*<')
 # The DTD an ODF part may name: a file name beside it, as old OpenOffice files do.
 _PLAIN_DTD_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\.dtd")
 
@@ -283,6 +296,36 @@ def _ooxml(archive: zipfile.ZipFile, names: dict[str, zipfile.ZipInfo], found: C
         pages = _APP_PAGES.search(_safe_read(archive, app, 256 * 1024))
         if pages:
             found.details["pages"] = int(pages.group(1))
+    if kind == "ooxml-sheet":
+        text_bytes = _shared_text_bytes(archive, names)
+        if text_bytes is not None:
+            found.details["text_bytes"] = text_bytes
+
+
+def _shared_text_bytes(archive: zipfile.ZipFile, names: dict[str, zipfile.ZipInfo]) -> int | None:
+    """The bytes of text a workbook's shared-string cells expand to (markup left out),
+    or None when it has none or its parts are too large to read whole."""
+    strings = names.get("xl/sharedStrings.xml")
+    sheets = [
+        info
+        for name, info in names.items()
+        if name.startswith("xl/worksheets/") and name.endswith(".xml") and not info.is_dir()
+    ]
+    if strings is None or not sheets:
+        return None
+    if strings.file_size + sum(i.file_size for i in sheets) > MAX_SHEET_PARTS_BYTES:
+        return None
+    lengths = [
+        len(_TAG.sub(b"", text))
+        for text in _SHARED_STRING.findall(_safe_read(archive, strings, MAX_SHEET_PARTS_BYTES))
+    ]
+    total = 0
+    for info in sheets:
+        for index in _SHARED_CELL.findall(_safe_read(archive, info, MAX_SHEET_PARTS_BYTES)):
+            at = int(index)
+            if at < len(lengths):
+                total += lengths[at]
+    return total
 
 
 def _odf(archive: zipfile.ZipFile, names: dict[str, zipfile.ZipInfo], found: Container) -> None:

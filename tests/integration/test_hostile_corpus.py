@@ -68,7 +68,8 @@ REJECT_CODES: dict[str, set[str]] = {
     "no-samples": DECODE | {"no_streams"},
     "no-streams": DECODE | {"no_streams"},
     "decompression-bomb": LIMIT | {"output_limit"},
-    "expansion-bomb": LIMIT | {"output_limit"},
+    # POI's shared-strings bomb: refused at submit (its cells' text, counted) or stopped.
+    "expansion-bomb": LIMIT | {"output_limit", "zip_bomb"},
     "pixel-flood": {"pixel_limit"},
     "cpu-dos": LIMIT | {"unsupported_format"},
     # 'GIF89a1' and PHP: a GIF signature and no image: refused as a polyglot or undecodable.

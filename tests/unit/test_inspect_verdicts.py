@@ -376,6 +376,48 @@ def test_zip_size_and_entry_limits_are_the_profiles():
     assert code_of(data, ["any"], InputLimits(max_unzipped_bytes=10_000)) == "zip_bomb"
 
 
+def workbook(strings: list[str], cells: list[int], *, prefix: str = "") -> bytes:
+    """An .xlsx whose one sheet's cells are shared-string references ``cells``."""
+    main = "http://schemas.openxmlformats.org/spreadsheetml/2006/main"
+    p = f"{prefix}:" if prefix else ""
+    ns = f'xmlns{":" + prefix if prefix else ""}="{main}"'
+    shared = "".join(f"<{p}si><{p}t>{text}</{p}t></{p}si>" for text in strings)
+    rows = "".join(
+        f'<{p}row r="{n + 1}"><{p}c r="A{n + 1}" s="1" t="s"><{p}v>{index}</{p}v></{p}c></{p}row>'
+        for n, index in enumerate(cells)
+    )
+    return package(
+        {
+            "[Content_Types].xml": content_types(XLSX_MAIN),
+            "xl/sharedStrings.xml": f"<{p}sst {ns}>{shared}</{p}sst>",
+            "xl/worksheets/sheet1.xml": (
+                f"<{p}worksheet {ns}><{p}sheetData>{rows}</{p}sheetData></{p}worksheet>"
+            ),
+        }
+    )
+
+
+def test_cells_repeating_a_long_shared_string_are_a_bomb():
+    # POI's poc-shared-strings.xlsx in small: one string of 64 KiB, 400 cells = 26 MB
+    # of text from a package of a few KB; the same cells with a short string are fine.
+    long = "ab" * 32 * 1024
+    bomb = workbook(["short", long], [1] * 400 + [0] * 10)
+    found = inspect(bomb)
+    assert found.details["text_bytes"] == 400 * len(long) + 10 * len("short")
+    limits = InputLimits(max_unzipped_bytes=16 * 1024 * 1024)
+    refused = refusal(found, limits)
+    assert refused is not None and refused.code == "zip_bomb"
+    assert f"expand to {400 * len(long) + 50:,} bytes of text" in refused.message
+    assert code_of(bomb, ["any"], limits) == "zip_bomb"
+    assert code_of(bomb, ["any"]) is None  # 26 MB is under the default 256 MB
+    ordinary = workbook(["short", "a longer cell of text"], [1] * 400 + [0] * 10)
+    assert inspect(ordinary).details["text_bytes"] == 400 * 21 + 50
+    assert code_of(ordinary, ["any"], limits) is None
+    # Markup inside a string (rich text runs) is not text; prefixed elements count too.
+    prefixed = workbook(["<x:r><x:t>abc</x:t></x:r>"], [0] * 3, prefix="x")
+    assert inspect(prefixed).details["text_bytes"] == 9
+
+
 def test_a_zip_that_contains_itself():
     # As droste.zip (the corpus' quine, checked in the integration test): an archive entry
     # exactly as large as the container.
