@@ -51,8 +51,10 @@ JSON_VERSION = 1
 TEXT_CONTENT_TYPE = "text/plain; charset=utf-8"
 _PAGE_SEPARATOR = "\n\f\n"
 # Images without a usable resolution are taken as scanned at this (for the PDF's
-# page size only).
+# page size only). libvips reports 72 dpi for a PNG without pHYs: screen resolutions
+# (72, 96) are taken as no resolution, or a 2000 px scan would make a 70 cm page.
 _DEFAULT_IMAGE_DPI = 300
+_MIN_IMAGE_DPI = 150
 _IMAGE_KINDS = ("jpeg", "png", "gif", "webp", "tiff", "bmp", "pnm")
 
 
@@ -309,7 +311,7 @@ def _image_dpi(image: Any) -> float:
         dpi = float(image.xres) * 25.4
     except (AttributeError, TypeError, ValueError):
         return _DEFAULT_IMAGE_DPI
-    return dpi if 50 <= dpi <= 2400 else _DEFAULT_IMAGE_DPI
+    return dpi if _MIN_IMAGE_DPI <= dpi <= 2400 else _DEFAULT_IMAGE_DPI
 
 
 # -- the step ----------------------------------------------------------------------------

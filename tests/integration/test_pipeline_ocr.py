@@ -176,8 +176,10 @@ def check_the_searchable_pdf_carries_the_text(stored, name):
     assert cer(layer, text).cer <= 0.01, (layer, text)
     page = _page_json(stored, name)
     width, height = document[0].get_size()
-    # The page keeps the image's aspect; an image without a resolution is 300 dpi.
-    assert width / height == pytest.approx(page["width"] / page["height"], rel=0.01)
+    # The page is the image at its resolution; a PNG without one is taken as 300 dpi.
+    assert width == pytest.approx(page["width"] * 72 / page["dpi"], rel=0.01)
+    assert height == pytest.approx(page["height"] * 72 / page["dpi"], rel=0.01)
+    assert page["dpi"] == 300
 
 
 def check_refused_at_submit(refusals):
