@@ -19,7 +19,8 @@ thread, timed from the call to its return:
   libc's ``fork()`` into a PID namespace of the child's own; the child (the
   namespace's init, which must not run the step) forks the job's process, which
   builds the sandbox (``Isolation.prepare``, ``enter`` and ``filter_syscalls``:
-  namespaces, view, workdir bound, uid, seccomp filter) and exits; each parent
+  namespaces, view, the uid's network namespace entered, workdir bound, uid, seccomp
+  filter) and exits; each parent
   waits.
   The kernel's part of the sandbox, which spares do ahead of time.
 * ``fork + exit``: the same without the sandbox: the floor for a child of this size.
@@ -165,7 +166,9 @@ class BareFork(Subject):
                             _, raw = os.waitpid(step, 0)
                             os._exit(1 if os.waitstatus_to_exitcode(raw) else 0)
                     jobs_fd = sandbox.prepare()
-                    sandbox.enter(jobs_fd, self.workdir, sandbox.uids[0])
+                    uid = sandbox.uids[0]
+                    network = sandbox.network_namespace_of(uid)  # a copy: closed here
+                    sandbox.enter(jobs_fd, self.workdir, uid, network)
                     sandbox.filter_syscalls()
             except BaseException:
                 status = 1

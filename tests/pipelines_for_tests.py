@@ -208,7 +208,9 @@ def _json_output(workdir: Path, name: str, value: Any) -> list[Output]:
 
 @register("test.identity")
 def identity(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list[Output]:
-    """Who the child is: ids, capabilities, what it owns, which processes it sees."""
+    """Who the child is: ids, capabilities, what it owns, which processes it sees, its
+    network namespace; ``hold``: seconds to wait first (so that jobs overlap)."""
+    time.sleep(float(params.get("hold", 0)))
     status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines())
     (workdir / "mine.txt").write_text("written by the job")
     stat = workdir.stat()
@@ -226,6 +228,7 @@ def identity(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list
             "input_owner": os.stat(input_path).st_uid,
             "pids": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
             "pid": os.getpid(),
+            "network_namespace": os.stat("/proc/self/ns/net").st_ino,
         },
     )
 

@@ -197,16 +197,16 @@ def run_spare(
         parent = 1
     try:
         channel = socket.socket(fileno=channel_fd)
-        body, fds, _flags, _address = socket.recv_fds(channel, MESSAGE_CAP, 1)
+        body, fds, _flags, _address = socket.recv_fds(channel, MESSAGE_CAP, 2)
         channel.close()
-        if len(body) <= UID.size or len(fds) != 1:  # the server is done with us
+        if len(body) <= UID.size or len(fds) not in (1, 2):  # the server is done with us
             os._exit(0)
         (uid,) = UID.unpack_from(body)
         request = marshal.loads(body[UID.size :])  # noqa: S302 - from the executor, never a job
     except BaseException:
         os._exit(71)
     try:
-        sandbox.enter(jobs_fd, request["workdir"], uid)
+        sandbox.enter(jobs_fd, request["workdir"], uid, fds[1] if len(fds) == 2 else None)
         if uid:  # a change of uid cleared PDEATHSIG
             prctl(PR_SET_PDEATHSIG, SIGKILL)
             if os.getppid() != parent:

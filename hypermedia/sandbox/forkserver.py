@@ -374,6 +374,10 @@ class _Server:
                 return
             uid = heapq.heappop(self.free_uids)
         body = UID.pack(uid) + data[REQUEST.size :]
+        handed = [result_fd]  # the job's result socket, and its uid's network namespace
+        network = self.sandbox.network_namespace_of(uid)
+        if network is not None:
+            handed.append(network)
         spare = None
         error = ""
         for _attempt in range(2):  # a spare may have died without our noticing yet
@@ -383,7 +387,7 @@ class _Server:
                 error = f"fork: {exc}"
                 break
             try:
-                socket.send_fds(spare.channel, [body], [result_fd])
+                socket.send_fds(spare.channel, [body], handed)
                 break
             except OSError as exc:
                 error = f"spare {spare.pid}: {exc}"

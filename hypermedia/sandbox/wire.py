@@ -14,7 +14,8 @@ All ``AF_UNIX``/``SOCK_SEQPACKET``::
                                            child's end of the result socket]
         EOF                 the executor closed or died: kill every job, reap, exit
 
-    channel (one per spare, server -> spare): the request and the result socket
+    channel (one per spare, server -> spare): the request, the result socket and (with
+                          job uids) the network namespace of the job's uid
 
     reply socket (one per job, server <-> executor)
         server -> executor  STARTED (pid), then EXITED (how the child ended),

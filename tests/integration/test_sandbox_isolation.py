@@ -136,6 +136,34 @@ def test_a_job_cannot_reach_a_listener_on_localhost(executor, job_id):
     assert got == []  # the listener saw no connection at all
 
 
+def test_jobs_at_the_same_time_are_in_different_network_namespaces(executor):
+    """Each job uid has a network namespace of its own, made once by the server: jobs
+    that overlap (other uids) never share one, the uid's next job enters it again,
+    and none is the machine's."""
+    ids = [f"iso-netns-{os.getpid()}-{i}" for i in range(3)]
+    seen: dict[str, Any] = {}
+
+    def one(job: str, hold: float) -> None:
+        seen[job] = run_job(executor, job, "test.identity", {"hold": hold})
+
+    holding = threading.Thread(target=one, args=(ids[0], 2.0))
+    holding.start()
+    time.sleep(0.5)
+    one(ids[1], 0)  # while the first one holds its uid
+    holding.join()
+    one(ids[2], 0)  # after both: the lowest free uid again, the second's
+    for job in ids:
+        executor.cleanup(job)
+    first, second, third = (seen[job] for job in ids)
+    assert first["uid"][0] != second["uid"][0]
+    assert first["network_namespace"] != second["network_namespace"]
+    assert third["uid"][0] in (first["uid"][0], second["uid"][0])
+    again = first if third["uid"][0] == first["uid"][0] else second
+    assert third["network_namespace"] == again["network_namespace"]
+    machine = os.stat("/proc/self/ns/net").st_ino
+    assert machine not in {job["network_namespace"] for job in (first, second, third)}
+
+
 def test_the_network_is_reachable_from_the_caller(executor):
     """The control experiment: the same listener is reachable outside the sandbox."""
     with (
