@@ -4,10 +4,11 @@ result (the messages: :mod:`hypermedia.sandbox.wire`).
 
 A spare: new session (its pid is its process group), ``PDEATHSIG`` = SIGKILL, no
 new privileges, stdin ``/dev/null``, every descriptor but its channel closed, then
-its sandbox built (:mod:`hypermedia.sandbox.isolation`: network and mount
-namespaces, the read-only view), all before the job arrives, off its clock. Given
-a job (the request and, from the server, the job's uid): the workdir bound in
-read-write and ``chown``-ed, the uid taken (``PDEATHSIG`` set again: a uid change
+its sandbox built (:mod:`hypermedia.sandbox.isolation`: the mount namespace and the
+read-only view, and a network namespace unless its uid's comes with the job), all
+before the job arrives, off its clock. Given a job (the request and, from the
+server, the job's uid and that uid's network namespace): the namespace entered, the
+workdir bound in read-write and ``chown``-ed, the uid taken (``PDEATHSIG`` set again: a uid change
 clears it), stdout/stderr appended to ``<workdir>/.child.log``,
 cwd/``HOME``/``TMPDIR`` = the workdir, the seccomp filter loaded
 (:mod:`hypermedia.sandbox.syscalls`: after the mounts and the uid change, which it
@@ -25,15 +26,16 @@ spare is that namespace's pid 1, its *init*. The step must not be an init: the
 kernel drops the signals an init sends itself and ``SIGXCPU`` unless it handles them
 (measured: as pid 1 a step's ``kill(getpid(), SIGSEGV)`` does nothing,
 ``RLIMIT_CPU``'s soft limit does nothing, so only the hard limit's ``SIGKILL`` ends
-it, and ``abort()`` ends in ``SIGSEGV``). So the init, first thing, before the job
-arrives, forks the process that becomes the job and builds its sandbox (pid 2; one
-more fork per job, off the job's clock while spares last; the init copies few pages
-that way), reaps what is orphaned in the namespace, and when the job's process ends
-sends the server its
-wait status on the spare's channel and exits; the kernel then kills whatever is
-left in the namespace, escaped processes included, and a killed server's jobs die
-with their inits (``PDEATHSIG``). A job sees no other pid at all, and can signal
-none: the pids of the machine do not exist in its namespace.
+it, and ``abort()`` ends in ``SIGSEGV``). So the init, before the job arrives,
+builds the namespaces and the view and forks the process that becomes the job (pid
+2; one more fork per job, off the job's clock while spares last), which shares them:
+its exit tears none of them down. The init reaps what is orphaned in the namespace;
+when the job's process ends it kills and reaps everything else in the namespace,
+escaped processes included, sends the server the job's wait status, peak RSS and
+CPU time on the spare's channel (RELAYED) and exits: the server reports the job on
+the relay, so the init's exit and the namespaces' teardown are off the job's clock.
+A killed server's jobs die with their inits (``PDEATHSIG``). A job sees no other pid
+at all, and can signal none: the pids of the machine do not exist in its namespace.
 """
 
 from __future__ import annotations

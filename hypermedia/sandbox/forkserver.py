@@ -47,9 +47,10 @@ that claims the uid block kills the block's processes before its first job.
 
 A PID namespace per job. The server forks each spare into a PID namespace of its
 own (:meth:`~hypermedia.sandbox.isolation.Isolation.fork_spare`), of which the
-spare is the init; when the job's process ends the init sends the server its wait
-status on the spare's channel (RELAYED), and the server reports that status with
-what its own ``wait4`` measured (see :mod:`hypermedia.sandbox.child`).
+spare is the init; when the job's process ends the init kills and reaps the rest
+of its namespace and sends the server the job's wait status, peak RSS and CPU time
+on the spare's channel (RELAYED): the server reports the job then, and reaps the
+init when it has exited (see :mod:`hypermedia.sandbox.child`).
 """
 
 from __future__ import annotations
