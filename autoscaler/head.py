@@ -154,9 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m autoscaler.head")
     parser.add_argument("command", choices=("run", "start", "stop"))
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    from hypermedia import logs
+
+    logs.configure_from_environment()
     if args.command == "run":
         run()
         return 0

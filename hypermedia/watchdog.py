@@ -99,7 +99,14 @@ def stop_services(ray_nodes: list[str], redis_dirs: list[str]) -> None:
 
 
 def main(argv: list[str]) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s watchdog: %(message)s")
+    from hypermedia import logs
+    from hypermedia.errors import ConfigError
+
+    try:
+        logs.configure_from_environment()
+    except ConfigError:
+        # The CLI that started this checked both variables; never fail to watch.
+        logs.configure("info", "json")
     # Its own session has no terminal; a stray SIGINT/SIGHUP must not end the watch.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)

@@ -29,7 +29,7 @@ One module per command group, this one builds the app from them:
 from __future__ import annotations
 
 import logging
-import sys
+import os
 from typing import Annotated, Any
 
 import typer
@@ -72,8 +72,6 @@ app.command()(local.up)
 app.command()(local.down)
 app.command()(services.worker)
 
-_LEVELS = ("debug", "info", "warning", "error")
-
 
 @app.callback()
 def _root(
@@ -87,26 +85,27 @@ def _root(
             show_default=False,
         ),
     ] = None,
+    log_format: Annotated[
+        str | None,
+        typer.Option(
+            "--log-format",
+            envvar="HYPERMEDIA_LOG_FORMAT",
+            help="json or text (default: text on a terminal, else json).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
+    from hypermedia import logs
+
     default = "info" if ctx.invoked_subcommand == "serve" else "warning"
-    _configure_logging(log_level or default)
-
-
-def _configure_logging(level_name: str) -> None:
-    if level_name.lower() not in _LEVELS:
-        raise ConfigError(
-            "log_level (HYPERMEDIA_LOG_LEVEL)", f"expected one of {', '.join(_LEVELS)}"
-        )
-    level = getattr(logging, level_name.upper())
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level)
-    if level > logging.DEBUG:
-        # Both log routine steps at INFO (every request; plugin set-up): noise here.
-        for noisy in ("httpx", "alembic"):
-            logging.getLogger(noisy).setLevel(logging.WARNING)
+    logs.configure(log_level or default, log_format)
+    # What this command starts (the head's services, the watchdog, Ray's nodes and so
+    # the actors) logs the same way when told to; else each decides by its own stderr
+    # (a file there, not this terminal).
+    if log_format:
+        os.environ[logs.FORMAT_VARIABLE] = log_format
+    if log_level:
+        os.environ[logs.LEVEL_VARIABLE] = log_level
 
 
 # -- entry point ------------------------------------------------------------------------------

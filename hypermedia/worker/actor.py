@@ -54,6 +54,15 @@ _ERRORS: dict[str, type[HypermediaError]] = {
 }
 
 
+def _configure_logging() -> None:
+    """In an actor's process (not when the body runs in a driver or a test): records
+    and their extras as JSON lines on the actor's stderr, Ray's ``worker-*.err``."""
+    if ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None:
+        from hypermedia import logs
+
+        logs.configure_actor()
+
+
 def _raise(answer: tuple[Any, ...]) -> Any:
     if answer[0] == "ok":
         return answer[1]
@@ -72,6 +81,7 @@ class GrantsService:
         from hypermedia.stack import Stack
         from hypermedia.storage import credentials
 
+        _configure_logging()
         if credentials_path is not None:
             handed = credentials.read(Path(credentials_path))
             handed.apply_environment()
@@ -146,6 +156,7 @@ class PipelineService:
         from hypermedia.worker.spot import SpotWatch
         from hypermedia.worker.worker import Worker, ended_workers
 
+        _configure_logging()
         options = dict(options or {})
         unknown = set(options) - {"prefetch"}
         if unknown:

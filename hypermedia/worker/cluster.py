@@ -74,6 +74,9 @@ INHERITED = frozenset(
         "LD_LIBRARY_PATH",
         "VIPS_CONCURRENCY",
         "OMP_NUM_THREADS",
+        # How the actors log (hypermedia.logs): no secret in either.
+        "HYPERMEDIA_LOG_FORMAT",
+        "HYPERMEDIA_LOG_LEVEL",
     }
 )
 INHERITED_PREFIXES = ("LC_",)

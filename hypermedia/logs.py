@@ -1,0 +1,149 @@
+"""How every process we start logs: one line per record, JSON or text, with the extras.
+
+Call sites log with ``getLogger(__name__)``, lazy ``%`` arguments and structured
+extras (``extra={"job_id": ..., "queue": ..., "worker_id": ..., "action": ...}``);
+:func:`configure` makes the root logger write them to stderr:
+
+- ``json``: one object per line, ``timestamp`` (UTC, ISO 8601), ``level``,
+  ``logger``, ``message``, ``exception`` (the traceback, when there is one), then
+  every extra field. A value JSON cannot hold is written as its ``str()``.
+- ``text``: ``<time> <LEVEL> <logger>: <message> key=value ...``, the traceback on
+  the lines below.
+
+The format is ``HYPERMEDIA_LOG_FORMAT`` (``--log-format``): ``json``, ``text``, or
+unset for text on a terminal and JSON otherwise (a file, a pipe, journald, Ray's
+``worker-*.err``: what a machine reads). The level is ``HYPERMEDIA_LOG_LEVEL``.
+A bad value is a :class:`~hypermedia.errors.ConfigError` naming the key.
+
+Who calls it: the CLI (every ``hypermedia`` command), ``autoscaler.head``, the
+watchdog, and the Ray actors in their ``__init__`` (:func:`configure_actor`), from
+the node's environment (``ray start`` passes both variables on; see
+:data:`hypermedia.worker.cluster.INHERITED`). Not Ray's ``LoggingConfig``: its
+filter overwrites ``job_id`` and ``worker_id`` on every record with Ray's own ids,
+and its JSON formatter raises on an extra that is not JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import IO, Any
+
+from pythonjsonlogger.core import RESERVED_ATTRS
+from pythonjsonlogger.json import JsonFormatter as _JsonFormatter
+
+from hypermedia.errors import ConfigError
+
+FORMATS = ("json", "text")
+LEVELS = ("debug", "info", "warning", "error")
+FORMAT_VARIABLE = "HYPERMEDIA_LOG_FORMAT"
+LEVEL_VARIABLE = "HYPERMEDIA_LOG_LEVEL"
+# Both log routine steps at INFO (every request; plugin set-up): noise above DEBUG.
+NOISY = ("httpx", "alembic")
+
+# What a LogRecord carries of its own; everything else on it came from ``extra=``.
+_RECORD_ATTRS = frozenset(RESERVED_ATTRS) | {"taskName"}
+
+
+def extra_fields(record: logging.LogRecord) -> dict[str, Any]:
+    """The fields a call site passed with ``extra=``, in the order it gave them."""
+    return {k: v for k, v in record.__dict__.items() if k not in _RECORD_ATTRS}
+
+
+class JsonFormatter(_JsonFormatter):
+    """One JSON object per record: timestamp, level, logger, message, exception, extras."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "%(levelname)s %(name)s %(message)s",
+            rename_fields={"levelname": "level", "name": "logger", "exc_info": "exception"},
+            reserved_attrs=sorted(_RECORD_ATTRS),
+        )
+
+    def add_fields(
+        self, log_data: dict[str, Any], record: logging.LogRecord, message_dict: dict[str, Any]
+    ) -> None:
+        log_data["timestamp"] = datetime.fromtimestamp(record.created, tz=UTC)
+        super().add_fields(log_data, record, message_dict)
+
+
+class TextFormatter(logging.Formatter):
+    """``<time> <LEVEL> <logger>: <message> key=value ...`` for people at a terminal."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        line = super().formatMessage(record)
+        pairs = " ".join(f"{k}={_text_value(v)}" for k, v in extra_fields(record).items())
+        return f"{line} {pairs}" if pairs else line
+
+
+def _text_value(value: Any) -> str:
+    text = str(value)
+    if text and not any(c.isspace() or c in "\"'=" for c in text):
+        return text
+    return json.dumps(text, ensure_ascii=False)
+
+
+def resolve_format(value: str | None, stream: IO[str]) -> str:
+    """``json`` or ``text``: the value given, or by whether ``stream`` is a terminal."""
+    if not value:
+        isatty = getattr(stream, "isatty", None)
+        return "text" if isatty is not None and isatty() else "json"
+    if value.lower() not in FORMATS:
+        raise ConfigError(
+            f"log_format ({FORMAT_VARIABLE})", f"expected one of {', '.join(FORMATS)}"
+        )
+    return value.lower()
+
+
+def _level(value: str) -> int:
+    if value.lower() not in LEVELS:
+        raise ConfigError(f"log_level ({LEVEL_VARIABLE})", f"expected one of {', '.join(LEVELS)}")
+    level: int = getattr(logging, value.upper())
+    return level
+
+
+def configure(level: str, log_format: str | None = None, stream: IO[str] | None = None) -> str:
+    """Make the root logger write to ``stream`` (stderr) at ``level`` in ``log_format``
+    (see :func:`resolve_format`), replacing its handlers; the format used."""
+    stream = sys.stderr if stream is None else stream
+    number = _level(level)
+    chosen = resolve_format(log_format, stream)
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JsonFormatter() if chosen == "json" else TextFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(number)
+    for noisy in NOISY:
+        logging.getLogger(noisy).setLevel(logging.WARNING if number > logging.DEBUG else number)
+    return chosen
+
+
+def configure_from_environment(
+    default_level: str = "info", environ: Mapping[str, str] | None = None
+) -> str:
+    """:func:`configure` from ``HYPERMEDIA_LOG_LEVEL`` and ``HYPERMEDIA_LOG_FORMAT``
+    (for the processes that have no command line of ours: the head's services, the
+    watchdog, the actors)."""
+    environ = os.environ if environ is None else environ
+    return configure(
+        environ.get(LEVEL_VARIABLE) or default_level, environ.get(FORMAT_VARIABLE) or None
+    )
+
+
+def configure_actor() -> None:
+    """In a Ray actor's ``__init__``: its records, with their extras, go to the
+    actor's stderr (``worker-*.err`` in the session's logs dir), JSON unless the
+    node says ``HYPERMEDIA_LOG_FORMAT=text``. A bad value there is not worth killing
+    the actor for: it logs JSON and says so."""
+    try:
+        configure_from_environment()
+    except ConfigError as exc:
+        configure("info", "json")
+        logging.getLogger(__name__).warning("%s: logging JSON at info", exc)

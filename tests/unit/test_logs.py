@@ -1,0 +1,135 @@
+"""The log formats: every ``extra=`` field reaches the line, in JSON and in text."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from hypermedia import logs
+from hypermedia.errors import ConfigError
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.fixture
+def root() -> Iterator[logging.Logger]:
+    """The root logger, given back as it was (pytest's capture handlers included)."""
+    logger = logging.getLogger()
+    handlers, level = logger.handlers[:], logger.level
+    yield logger
+    logger.handlers[:] = handlers
+    logger.setLevel(level)
+
+
+def _record(exc_info: bool = False, **extra: object) -> logging.LogRecord:
+    record = logging.getLogger("hypermedia.worker.worker").makeRecord(
+        "hypermedia.worker.worker",
+        logging.WARNING,
+        __file__,
+        1,
+        "job %s failed: %s",
+        ("j1", "boom"),
+        None,
+        extra=extra,
+    )
+    if exc_info:
+        try:
+            raise ValueError("bad pixels")
+        except ValueError:
+            import sys
+
+            record.exc_info = sys.exc_info()
+    return record
+
+
+def test_json_carries_the_standard_fields_and_every_extra():
+    extra = {"job_id": "j1", "queue": "images", "worker_id": "images-abc", "action": "fail"}
+    line = logs.JsonFormatter().format(
+        _record(job_id="j1", queue="images", worker_id="images-abc", action="fail")
+    )
+    data = json.loads(line)
+    assert list(data)[:4] == ["timestamp", "level", "logger", "message"]
+    assert data["level"] == "WARNING"
+    assert data["logger"] == "hypermedia.worker.worker"
+    assert data["message"] == "job j1 failed: boom"
+    assert datetime.fromisoformat(data["timestamp"]).utcoffset() is not None
+    assert {k: data[k] for k in extra} == extra
+    assert "exception" not in data
+    assert not {"args", "msg", "levelno", "pathname", "exc_info"} & set(data)
+
+
+def test_json_holds_the_traceback_in_one_line():
+    line = logs.JsonFormatter().format(_record(exc_info=True, job_id="j1"))
+    assert "\n" not in line
+    data = json.loads(line)
+    assert data["exception"].startswith("Traceback (most recent call last):")
+    assert "ValueError: bad pixels" in data["exception"]
+    assert data["job_id"] == "j1"
+
+
+def test_json_renders_what_json_cannot_hold():
+    class Opaque:
+        def __str__(self) -> str:
+            return "opaque-7"
+
+    line = logs.JsonFormatter().format(
+        _record(path=Path("/srv/a b"), opaque=Opaque(), raw=b"\x00\xff", ids={"b", "a"})
+    )
+    data = json.loads(line)
+    assert data["path"] == "/srv/a b"
+    assert data["opaque"] == "opaque-7"
+    assert isinstance(data["raw"], str)
+    assert isinstance(data["ids"], str)
+
+
+def test_text_shows_the_extras_as_key_value_and_quotes_what_needs_it():
+    text = logs.TextFormatter().format(
+        _record(exc_info=True, job_id="j1", queue="images", reason="too many pixels", n=3)
+    )
+    first, *rest = text.splitlines()
+    assert first.endswith(
+        " WARNING hypermedia.worker.worker: job j1 failed: boom"
+        ' job_id=j1 queue=images reason="too many pixels" n=3'
+    )
+    assert rest[0] == "Traceback (most recent call last):"
+    assert rest[-1] == "ValueError: bad pixels"
+
+
+def test_the_default_is_text_on_a_terminal_and_json_elsewhere():
+    assert logs.resolve_format(None, _Terminal()) == "text"
+    assert logs.resolve_format(None, io.StringIO()) == "json"
+    assert logs.resolve_format("", io.StringIO()) == "json"
+    assert logs.resolve_format("TEXT", io.StringIO()) == "text"
+    assert logs.resolve_format("json", _Terminal()) == "json"
+
+
+@pytest.mark.parametrize(
+    ("environ", "key"),
+    [
+        ({"HYPERMEDIA_LOG_FORMAT": "yaml"}, "log_format (HYPERMEDIA_LOG_FORMAT)"),
+        ({"HYPERMEDIA_LOG_LEVEL": "loud"}, "log_level (HYPERMEDIA_LOG_LEVEL)"),
+    ],
+)
+def test_a_bad_value_names_the_key(root: logging.Logger, environ: dict[str, str], key: str):
+    with pytest.raises(ConfigError) as caught:
+        logs.configure_from_environment(environ=environ)
+    assert caught.value.key == key
+
+
+def test_configure_writes_json_lines_with_extras(root: logging.Logger):
+    stream = io.StringIO()
+    assert logs.configure("info", None, stream) == "json"
+    logging.getLogger("hypermedia.test").debug("hidden")
+    logging.getLogger("hypermedia.test").info("claimed %s", "j1", extra={"job_id": "j1"})
+    logging.getLogger("httpx").info("a request")  # quiet above debug
+    (line,) = stream.getvalue().splitlines()
+    assert json.loads(line)["job_id"] == "j1"
