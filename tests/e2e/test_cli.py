@@ -230,6 +230,26 @@ def test_bad_config_names_the_key(cli: Cli):
     assert "HYPERMEDIA_LOG_LEVEL" in result.stderr
 
 
+def test_logs_are_json_lines_with_their_extras(cli: Cli):
+    """HYPERMEDIA_LOG_FORMAT=json: every stderr line of a command is a JSON record, its
+    ``extra=`` fields included; a format that does not exist refuses to start."""
+    cli.ok("db", "upgrade")
+    result = cli(
+        "scheduler", "run", "--once", HYPERMEDIA_LOG_FORMAT="json", HYPERMEDIA_LOG_LEVEL="debug"
+    )
+    assert result.returncode == 0, result.stderr
+    records = [json.loads(line) for line in result.stderr.splitlines()]
+    assert records
+    for record in records:
+        assert {"timestamp", "level", "logger", "message"} <= set(record), record
+    (secret,) = [r for r in records if r["logger"] == "hypermedia.storage.local"]
+    assert secret["level"] == "INFO"
+    assert secret["action"] == "secret"
+    result = cli("db", "upgrade", HYPERMEDIA_LOG_FORMAT="yaml")
+    assert result.returncode == 1
+    assert "log_format (HYPERMEDIA_LOG_FORMAT): expected one of json, text" in result.stderr
+
+
 def test_the_scheduler_commands(cli: Cli, tmp_path: Path):
     """explain / run --once / log / reset-cost-lock on the embedded SQLite and a private
     Redis, with the shipped vps_only defaults and with a file that is wrong."""
