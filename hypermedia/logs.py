@@ -46,7 +46,8 @@ LEVEL_VARIABLE = "HYPERMEDIA_LOG_LEVEL"
 NOISY = ("httpx", "alembic")
 
 # What a LogRecord carries of its own; everything else on it came from ``extra=``.
-_RECORD_ATTRS = frozenset(RESERVED_ATTRS) | {"taskName"}
+# uvicorn's ``color_message`` is its message again with terminal colour codes.
+_RECORD_ATTRS = frozenset(RESERVED_ATTRS) | {"taskName", "color_message"}
 
 
 def extra_fields(record: logging.LogRecord) -> dict[str, Any]:
