@@ -102,6 +102,8 @@ class Attempt:
             return out
         out["confidence"] = round(self.confidence or 0.0, 4)
         out["lines"] = len(self.lines)
+        # What this engine read, in reading order: what escalation weighed.
+        out["text"] = ocr_layout.page_text(ocr_layout.reading_order(self.lines))
         out["cpu_seconds"] = round(self.cpu_seconds, 3)
         if self.weakness is not None:
             out["escalated_because"] = self.weakness
