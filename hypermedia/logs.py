@@ -51,8 +51,10 @@ _RECORD_ATTRS = frozenset(RESERVED_ATTRS) | {"taskName", "color_message"}
 
 
 def extra_fields(record: logging.LogRecord) -> dict[str, Any]:
-    """The fields a call site passed with ``extra=``, in the order it gave them."""
-    return {k: v for k, v in record.__dict__.items() if k not in _RECORD_ATTRS}
+    """The fields a call site passed with ``extra=``, in the order it gave them. Private
+    ones (a leading ``_``: Ray's record factory adds ``_ray_timestamp_ns`` to every
+    record once ``ray`` is initialised) are not the call site's."""
+    return {k: v for k, v in record.__dict__.items() if k not in _RECORD_ATTRS and k[:1] != "_"}
 
 
 class JsonFormatter(_JsonFormatter):
@@ -70,6 +72,8 @@ class JsonFormatter(_JsonFormatter):
     ) -> None:
         log_data["timestamp"] = datetime.fromtimestamp(record.created, tz=UTC)
         super().add_fields(log_data, record, message_dict)
+        for private in [k for k in log_data if k[:1] == "_"]:
+            del log_data[private]  # see extra_fields
 
 
 class TextFormatter(logging.Formatter):

@@ -104,6 +104,18 @@ def test_text_shows_the_extras_as_key_value_and_quotes_what_needs_it():
     assert rest[-1] == "ValueError: bad pixels"
 
 
+def test_private_attributes_are_not_extras():
+    # Ray's record factory adds _ray_timestamp_ns to every record once ray is
+    # initialised (as in a process that started a Ray driver): not the call site's.
+    record = _record(job_id="j1")
+    record._ray_timestamp_ns = 1796207052358099399
+    text = logs.TextFormatter().format(record)
+    assert text.endswith("job j1 failed: boom job_id=j1")
+    line = json.loads(logs.JsonFormatter().format(record))
+    assert line["job_id"] == "j1"
+    assert not [k for k in line if k.startswith("_")]
+
+
 def test_the_default_is_text_on_a_terminal_and_json_elsewhere():
     assert logs.resolve_format(None, _Terminal()) == "text"
     assert logs.resolve_format(None, io.StringIO()) == "json"
