@@ -49,9 +49,10 @@ def run(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
     import pipelines.registry
-    from hypermedia.local import LocalStack
+    from hypermedia.local import LocalStack, implemented_queues
     from hypermedia.runner import (
         check_operations,
+        default_operations,
         local_operator,
         submit_files,
         wait_until_finished,
@@ -66,9 +67,15 @@ def run(
     if operations:
         check_operations(operations, implemented)
     console.print(f"[bold]hypermedia run[/]: {len(files)} files")
+    # Actors for the queues these files need only (each one is a fork server with
+    # every pipeline loaded): thumbnails alone start one, not one per queue.
+    needed = sorted(
+        {op for path in files for op in (operations or default_operations(path, implemented))}
+    )
+    pools = implemented_queues(settings, needed) or None
     local = LocalStack(settings)
     try:
-        local.start(progress=_progress_say(console))
+        local.start(pools=pools, progress=_progress_say(console))
         _stop_on_sigterm()
         console.print(f"[dim]submitting {len(files)} files[/]")
         assert local.stack is not None
