@@ -125,6 +125,7 @@ class BareFork(Subject):
         self.fork = ctypes.PyDLL(None, use_errno=True).fork
         self.sandbox: isolation.Isolation | None = None
         self.workdir = ""
+        self.network: int | None = None
         if sandbox:
             jobs_root = work_root / "jobs"
             (jobs_root / "job").mkdir(parents=True)
@@ -141,6 +142,8 @@ class BareFork(Subject):
             if self.sandbox.missing:
                 raise SystemExit(f"the sandbox is incomplete here: {self.sandbox.missing}")
             self.workdir = str(jobs_root / "job")
+            # Made here, once, as the server makes it on the uid's first job.
+            self.network = self.sandbox.network_namespace_of(self.sandbox.uids[0])
 
     def no_new_privileges(self) -> None:
         if ctypes.CDLL(None, use_errno=True).prctl(38, 1, 0, 0, 0):  # PR_SET_NO_NEW_PRIVS
@@ -166,9 +169,8 @@ class BareFork(Subject):
                             _, raw = os.waitpid(step, 0)
                             os._exit(1 if os.waitstatus_to_exitcode(raw) else 0)
                     jobs_fd = sandbox.prepare()
-                    uid = sandbox.uids[0]
-                    network = sandbox.network_namespace_of(uid)  # a copy: closed here
-                    sandbox.enter(jobs_fd, self.workdir, uid, network)
+                    # The inherited copy of the descriptor: enter() closes it.
+                    sandbox.enter(jobs_fd, self.workdir, sandbox.uids[0], self.network)
                     sandbox.filter_syscalls()
             except BaseException:
                 status = 1

@@ -16,7 +16,7 @@ from __future__ import annotations
 import mimetypes
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,6 +51,13 @@ def default_operations(path: Path, implemented: Iterable[str]) -> list[str]:
     ops = DEFAULT_OPERATIONS.get(guessed) or DEFAULT_OPERATIONS.get(guessed.split("/")[0], [])
     available = set(implemented)
     return [op for op in ops if op in available]
+
+
+def operations_for(
+    path: Path, operations: Sequence[str] | None, implemented: Iterable[str]
+) -> list[str]:
+    """What ``run`` submits for ``path``: the operations asked for, else its defaults."""
+    return list(operations) if operations else default_operations(path, implemented)
 
 
 def walk(paths: Iterable[Path]) -> Iterator[Path]:
@@ -136,7 +143,7 @@ def submit_files(
         for path in files:
             if on_file is not None:
                 on_file(path)
-            ops = list(operations) if operations else default_operations(path, implemented)
+            ops = operations_for(path, operations, implemented)
             if not ops:
                 report.skipped.append((path, "no pipeline for this file type; pass --op"))
                 continue

@@ -31,6 +31,7 @@ deskew (the angle, up to 5 degrees, that maximises the row profile's variance).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Sequence
@@ -223,8 +224,10 @@ def tessdata_dir() -> Path | None:
     return None
 
 
+@functools.cache
 def tesseract_languages() -> frozenset[str]:
-    """The traineddata installed (``eng``, ``deu`` ...; ``osd`` is orientation only)."""
+    """The traineddata installed (``eng``, ``deu`` ...; ``osd`` is orientation only),
+    read once a process: it is asked on every submit of an ocr job that needs it."""
     directory = tessdata_dir()
     if directory is None:
         return frozenset()

@@ -52,8 +52,8 @@ def run(
     from hypermedia.local import LocalStack, implemented_queues
     from hypermedia.runner import (
         check_operations,
-        default_operations,
         local_operator,
+        operations_for,
         submit_files,
         wait_until_finished,
         walk,
@@ -69,9 +69,7 @@ def run(
     console.print(f"[bold]hypermedia run[/]: {len(files)} files")
     # Actors for the queues these files need only (each one is a fork server with
     # every pipeline loaded): thumbnails alone start one, not one per queue.
-    needed = sorted(
-        {op for path in files for op in (operations or default_operations(path, implemented))}
-    )
+    needed = sorted({op for path in files for op in operations_for(path, operations, implemented)})
     pools = implemented_queues(settings, needed) or None
     local = LocalStack(settings)
     try:

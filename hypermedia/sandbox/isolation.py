@@ -15,8 +15,10 @@ A spare, before its job arrives (off the job's clock), in :meth:`Isolation.prepa
    have different uids, so never share one, and nothing a job can leave in it
    outlives its processes (no interface, address, route, rule or sysctl changes
    without privileges there; sockets close with the processes, which are all gone
-   before the uid serves again). A namespace made and torn down per job cost ~1.5 ms
-   of CPU (the teardown in a kernel worker). Without job uids, a spare makes its own.
+   before the uid serves again). Each is made on its uid's first job, so a server
+   holds as many as it ran jobs at once. A namespace made and torn down per job cost
+   ~1.5 ms of CPU (the teardown in a kernel worker). Without job uids, a spare makes
+   its own.
 2. ``mount_setattr("/", AT_RECURSIVE, RDONLY | NOSUID, MS_PRIVATE)``: every mount
    read-only and private (nothing propagates in or out), in one syscall.
 3. The *covers*: an empty read-only tmpfs over each covered path
@@ -447,7 +449,10 @@ class Isolation:
         self.program: Program | None = None  # the seccomp filter, when the machine allows it
         self.pid_namespace = False
         self._own_pid_namespace: int | None = None  # the server's, to come back to
-        self._network_namespaces: dict[int, int] = {}  # by job uid: the namespace's fd
+        # Per job uid (made on its first job): the network namespace's fd; and the
+        # server's own, to come back to, when jobs get their uid's.
+        self._network_namespaces: dict[int, int] = {}
+        self._own_network: int | None = None
         self.uids: list[int] = []  # the block, when jobs get a uid of their own
         self.missing: dict[str, str] = {}
         self._lock_fd: int | None = None
@@ -499,7 +504,7 @@ class Isolation:
         if isolation.uids and found.get("own_uid") is not True:
             isolation._release_uids()
         if isolation.network and isolation.uids:
-            isolation._make_network_namespaces()
+            isolation._own_network = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
         for feature in FEATURES:
             if found.get(feature) is not True:
                 isolation.missing.setdefault(feature, str(found.get(feature) or "not tried"))
@@ -546,36 +551,33 @@ class Isolation:
             os.close(self._lock_fd)
             self._lock_fd = None
 
-    def _make_network_namespaces(self) -> None:
-        """One network namespace per job uid (see the module docstring), made here in
-        the server, which is put back into its own after each; on any failure none,
-        and spares make their own."""
-        own = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            for uid in self.uids:
+    def network_namespace_of(self, uid: int) -> int | None:
+        """The descriptor of the network namespace jobs of ``uid`` enter, made here in
+        the server on the uid's first job (the server is put back into its own at
+        once). None: spares make their own (no job uids), or it could not be made (the
+        job's process then makes one of its own, :meth:`enter`)."""
+        if self._own_network is None:
+            return None
+        found = self._network_namespaces.get(uid)
+        if found is None:
+            try:
                 unshare(CLONE_NEWNET)
                 try:
-                    fd = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+                    found = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
                 finally:
-                    setns(own, CLONE_NEWNET)
-                self._network_namespaces[uid] = fd
-        except OSError:
-            self._close_network_namespaces()
-        finally:
-            os.close(own)
+                    setns(self._own_network, CLONE_NEWNET)
+            except OSError:
+                return None
+            self._network_namespaces[uid] = found
+        return found
 
-    def _close_network_namespaces(self) -> None:
+    def close(self) -> None:
         for fd in self._network_namespaces.values():
             os.close(fd)
         self._network_namespaces.clear()
-
-    def network_namespace_of(self, uid: int) -> int | None:
-        """The descriptor of the network namespace jobs of ``uid`` enter (None: spares
-        make their own)."""
-        return self._network_namespaces.get(uid)
-
-    def close(self) -> None:
-        self._close_network_namespaces()
+        if self._own_network is not None:
+            os.close(self._own_network)
+            self._own_network = None
         self._release_uids()
         if self._own_pid_namespace is not None:
             os.close(self._own_pid_namespace)
@@ -601,7 +603,7 @@ class Isolation:
 
     def prepare(self) -> int | None:
         """Namespaces and the read-only view, before the job: the jobs root's fd, if any."""
-        own_network = self.network and not self._network_namespaces
+        own_network = self.network and self._own_network is None
         flags = (CLONE_NEWNET if own_network else 0) | (CLONE_NEWNS if self.mounts else 0)
         if flags:
             unshare(flags)
@@ -662,8 +664,8 @@ class Isolation:
                 setns(network, CLONE_NEWNET)
             finally:
                 os.close(network)
-        elif self._network_namespaces:
-            raise RuntimeError("no network namespace came with the job")
+        elif self._own_network is not None:
+            unshare(CLONE_NEWNET)  # the uid's could not be made: one of its own
         if jobs_fd is not None:
             parent, name = os.path.split(workdir)
             if parent != self.settings.jobs_root or name in ("", ".", ".."):
