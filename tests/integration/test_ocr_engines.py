@@ -81,3 +81,23 @@ def test_page_orientation_of_a_turned_page(generated: Generated):
     assert degrees in (90, 270) and confidence >= ocr_engines.OSD_MIN_CONFIDENCE
     upright = page(generated, "clean-page.png")
     assert ocr_engines.page_orientation(upright)[0] == 0
+
+
+def test_ppocr_inference_threads_do_not_spin(generated: Generated):
+    """onnxruntime's threads spin while they wait by default, burning the CPU the
+    jobs beside them need: every session the ppocr engine builds has it off."""
+    import gc
+
+    from rapidocr.inference_engine.onnxruntime.main import OrtInferSession
+
+    built = ocr_engines.create("ppocr", ["eng"], threads=2)
+    try:
+        assert built.recognize(page(generated, "clean-page.png"))
+        sessions = [o.session for o in gc.get_objects() if isinstance(o, OrtInferSession)]
+        assert len(sessions) >= 2  # detection and recognition, loaded on first use
+        for session in sessions:
+            options = session.get_session_options()
+            for entry in ("session.intra_op.allow_spinning", "session.inter_op.allow_spinning"):
+                assert options.get_session_config_entry(entry) == "0"
+    finally:
+        built.close()
