@@ -209,7 +209,8 @@ def _json_output(workdir: Path, name: str, value: Any) -> list[Output]:
 @register("test.identity")
 def identity(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list[Output]:
     """Who the child is: ids, capabilities, what it owns, which processes it sees, its
-    network namespace; ``hold``: seconds to wait first (so that jobs overlap)."""
+    network namespace, what it sees beside its workdir; ``hold``: seconds to wait first
+    (so that jobs overlap)."""
     time.sleep(float(params.get("hold", 0)))
     status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines())
     (workdir / "mine.txt").write_text("written by the job")
@@ -229,6 +230,7 @@ def identity(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list
             "pids": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
             "pid": os.getpid(),
             "network_namespace": os.stat("/proc/self/ns/net").st_ino,
+            "jobs_root": sorted(os.listdir(workdir.parent)),
         },
     )
 

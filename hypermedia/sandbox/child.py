@@ -188,8 +188,12 @@ def run_spare(
             os._exit(0)
         prctl(PR_SET_NO_NEW_PRIVS, 1)
         os.dup2(devnull, 0)
-        os.closerange(RESULT_FD, channel_fd)
-        os.closerange(channel_fd + 1, max(os.sysconf("SC_OPEN_MAX"), 1024))
+        # Every descriptor but the channel and the template view (closed by prepare).
+        low = RESULT_FD
+        for keep in sorted({channel_fd, sandbox.template or channel_fd}):
+            os.closerange(low, keep)
+            low = keep + 1
+        os.closerange(low, max(os.sysconf("SC_OPEN_MAX"), 1024))
     except BaseException:
         os._exit(71)  # EX_OSERR: reported as a crash without a result
     parent = server_pid

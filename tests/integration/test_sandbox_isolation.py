@@ -164,6 +164,27 @@ def test_jobs_at_the_same_time_are_in_different_network_namespaces(executor):
     assert machine not in {job["network_namespace"] for job in (first, second, third)}
 
 
+def test_a_job_sees_no_other_jobs_workdir_now_or_before(executor):
+    """Spares copy one template view (isolation.Isolation._make_template) but each has
+    a jobs cover of its own: overlapping jobs, and the jobs after them, see only
+    their own workdir in the jobs root, not another's nor a mountpoint left by one."""
+    ids = [f"iso-jobs-{os.getpid()}-{i}" for i in range(8)]
+    seen: dict[str, Any] = {}
+
+    def one(job: str, hold: float) -> None:
+        seen[job] = run_job(executor, job, "test.identity", {"hold": hold})
+
+    holding = threading.Thread(target=one, args=(ids[0], 1.5))
+    holding.start()
+    time.sleep(0.5)
+    for job in ids[1:]:  # while the first one runs, and more jobs than spares
+        one(job, 0)
+    holding.join()
+    for job in ids:
+        executor.cleanup(job)
+    assert {job: seen[job]["jobs_root"] for job in ids} == {job: [job] for job in ids}
+
+
 def test_the_network_is_reachable_from_the_caller(executor):
     """The control experiment: the same listener is reachable outside the sandbox."""
     with (
