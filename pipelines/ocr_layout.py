@@ -14,6 +14,15 @@ whatever order the engine found them) into blocks in the order a person reads th
    row (read left to right: an engine may return one printed line as several
    pieces); a vertical gap over 1.2 line heights starts a new block.
 
+:func:`laid_out` puts the lines into the regions the layout model found
+(:class:`pipelines.ocr_engines.Region`): a line belongs to the region holding most
+of its box (at least half); regions overlapping by most of the smaller one are one
+(the more confident kept). Each region's lines form one block (a table's row by
+row, others in reading order); lines outside every region stay in their
+reading-order blocks, as ``text``. Blocks are ordered by their first line in
+:func:`reading_order`; a figure, table or equation without any line read sits before
+the first block below its top.
+
 :func:`assess` says whether a page's result is weak enough to escalate: its mean
 line confidence (weighted by characters) under the threshold, or text implausible
 for the page (nothing read on a page with ink; mostly symbols; fragments).
@@ -28,7 +37,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from pipelines.ocr_engines import Line
+    from pipelines.ocr_engines import Line, Region
 
 Row = list["Line"]
 Block = list[Row]
@@ -38,6 +47,12 @@ _GUTTER_MIN_LINES_EACH_SIDE = 2
 # 300 dpi: 14 px gutters, 50 px lines); word spaces never line up across whole lines.
 _GUTTER_MIN_WIDTH = 0.25
 _BLOCK_GAP = 1.2
+# Two regions are one when their intersection is over this share of the smaller.
+_SAME_REGION = 0.7
+# A line belongs to a region holding at least this share of its box.
+_IN_REGION = 0.5
+# Regions kept without any line read in them (others are the OCR's to fill).
+_KEPT_EMPTY = ("figure", "table", "equation")
 # A page with fewer dark pixels than this is blank (one printed line on an A4 scan
 # at 300 dpi is ~0.1 %).
 _BLANK_INK = 0.0002
@@ -137,6 +152,97 @@ def _blocks(rows: list[Row], height: float) -> list[Block]:
         blocks[-1].append(row)
         previous_bottom = max(line.bbox[3] for line in row)
     return blocks
+
+
+@dataclass(slots=True)
+class LaidBlock:
+    """A block of the page: ``kind`` is the region's class (``text`` for lines outside
+    every region), ``region`` None for those."""
+
+    kind: str
+    rows: Block
+    region: Region | None = None
+
+
+def laid_out(lines: Sequence[Line], regions: Sequence[Region]) -> list[LaidBlock]:
+    """``lines`` as blocks of the layout model's ``regions`` (module docstring)."""
+    kept = distinct_regions(regions)
+    home: dict[Line, int] = {}
+    for line in lines:
+        best, best_share = -1, _IN_REGION
+        area = max(1, _area(line.bbox))
+        for index, region in enumerate(kept):
+            share = _intersection(line.bbox, region.bbox) / area
+            if share >= best_share:
+                best, best_share = index, share
+        if best >= 0:
+            home[line] = best
+    groups: dict[tuple[str, int], LaidBlock] = {}
+    last_row: dict[tuple[str, int], tuple[int, int]] = {}
+    for block_index, block in enumerate(reading_order(lines)):
+        for row_index, row in enumerate(block):
+            for line in row:
+                found = home.get(line)
+                key = ("region", found) if found is not None else ("block", block_index)
+                if key not in groups:
+                    if found is None:
+                        groups[key] = LaidBlock("text", [])
+                    else:
+                        groups[key] = LaidBlock(kept[found].kind, [], kept[found])
+                laid = groups[key]
+                if found is None and last_row.get(key) == (block_index, row_index):
+                    laid.rows[-1].append(line)
+                else:
+                    laid.rows.append([line])
+                last_row[key] = (block_index, row_index)
+    ordered = list(groups.values())
+    for laid in ordered:
+        if laid.region is not None:
+            members = [line for row in laid.rows for line in row]
+            if laid.kind == "table":
+                laid.rows = _rows(members)
+            else:
+                laid.rows = [row for block in reading_order(members) for row in block]
+    for index, region in enumerate(kept):
+        if ("region", index) in groups or region.kind not in _KEPT_EMPTY:
+            continue
+        below = [i for i, laid in enumerate(ordered) if block_bbox(laid)[1] > region.bbox[1]]
+        ordered.insert(below[0] if below else len(ordered), LaidBlock(region.kind, [], region))
+    return ordered
+
+
+def distinct_regions(regions: Sequence[Region]) -> list[Region]:
+    """``regions`` without those mostly inside a more confident one."""
+    kept: list[Region] = []
+    for region in sorted(regions, key=lambda r: -r.confidence):
+        if all(
+            _intersection(region.bbox, other.bbox)
+            <= _SAME_REGION * max(1, min(_area(region.bbox), _area(other.bbox)))
+            for other in kept
+        ):
+            kept.append(region)
+    return kept
+
+
+def block_bbox(laid: LaidBlock) -> tuple[int, int, int, int]:
+    """The region's box, or the box around the block's lines."""
+    if laid.region is not None:
+        return laid.region.bbox
+    lines = [line for row in laid.rows for line in row]
+    return (
+        min(line.bbox[0] for line in lines),
+        min(line.bbox[1] for line in lines),
+        max(line.bbox[2] for line in lines),
+        max(line.bbox[3] for line in lines),
+    )
+
+
+def _area(box: tuple[int, int, int, int]) -> int:
+    return max(0, box[2] - box[0]) * max(0, box[3] - box[1])
+
+
+def _intersection(a: tuple[int, int, int, int], b: tuple[int, int, int, int]) -> int:
+    return _area((max(a[0], b[0]), max(a[1], b[1]), min(a[2], b[2]), min(a[3], b[3])))
 
 
 def block_text(block: Block) -> str:

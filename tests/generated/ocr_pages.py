@@ -11,6 +11,8 @@ truth (``<name>.txt``, reading order), laid out like the corpus's ``ocr/`` pairs
 - ``photo-page.jpg``: the clean page turned 2 degrees, shaded, noisy, blurred and saved
   as a poor JPEG;
 - ``turned-page.png``: the clean page turned 90 degrees clockwise;
+- ``layout-page.png``: a title in large type, two paragraphs and a ruled table (a
+  header row and three rows of three cells), for layout detection;
 - ``scanned.pdf``: the clean page as an image-only PDF (no text layer), and
   ``born-digital.pdf``: the same paragraphs as PDF text (no image).
 
@@ -55,6 +57,27 @@ RIGHT_COLUMN = (
     "containers fell to",
     "nine thousand.",
 )
+LAYOUT_TITLE = "Annual Harbour Statistics"
+LAYOUT_PARAGRAPHS = (
+    (
+        "The harbour handled more ships this year than in any year",
+        "before. Most of them arrived in the summer months, when the",
+        "weather was calm and the river was deep enough for the",
+        "largest vessels to reach the inner docks without delay.",
+    ),
+    (
+        "The table below lists the cargo unloaded at each of the three",
+        "docks. Grain and timber were the largest cargoes, while coal",
+        "fell for the third year in a row as the power station closed.",
+        "The figures are in thousands of tonnes.",
+    ),
+)
+TABLE = (
+    ("Dock", "Cargo", "Tonnes"),
+    ("North", "Grain", "1250"),
+    ("East", "Timber", "830"),
+    ("South", "Coal", "415"),
+)
 
 
 def font(size: int) -> ImageFont.FreeTypeFont:
@@ -96,6 +119,37 @@ def two_columns() -> Image.Image:
     right = margin + column + gutter
     lines += [(text, right, top + i * step) for i, text in enumerate(RIGHT_COLUMN)]
     return _page(lines, size, width, top + step * len(LEFT_COLUMN) + margin)
+
+
+def layout_page() -> Image.Image:
+    """A title in 72 px type, two paragraphs in 40 px and a table ruled with lines."""
+    from PIL import ImageDraw
+
+    width, margin, size = 1500, 120, 40
+    step = int(size * 1.5)
+    lines = []
+    top = margin + 180
+    for paragraph in LAYOUT_PARAGRAPHS:
+        lines += [(text, margin, top + i * step) for i, text in enumerate(paragraph)]
+        top += step * len(paragraph) + step
+    table_top = top + step // 2
+    column, row = 380, 80
+    height = table_top + row * len(TABLE) + margin
+    image = _page(lines, size, width, height)
+    draw = ImageDraw.Draw(image)
+    draw.text((margin, margin), LAYOUT_TITLE, fill=0, font=font(72))
+    face = font(size)
+    columns = len(TABLE[0])
+    for r, cells in enumerate(TABLE):
+        for c, text in enumerate(cells):
+            draw.text((margin + c * column + 30, table_top + r * row + 18), text, fill=0, font=face)
+    for r in range(len(TABLE) + 1):
+        y = table_top + r * row
+        draw.line((margin, y, margin + columns * column, y), fill=0, width=3)
+    for c in range(columns + 1):
+        x = margin + c * column
+        draw.line((x, table_top, x, table_top + row * len(TABLE)), fill=0, width=3)
+    return image
 
 
 def mixed_orientation() -> Image.Image:
@@ -156,6 +210,10 @@ def build(directory: Path) -> list[Entry]:
     turned = clean_page().rotate(-90, expand=True)
     turned.save(out / "turned-page.png")
     pair("turned-page.png", "ocr-image:png", paragraphs, "page turned 90 deg clockwise")
+    layout_page().save(out / "layout-page.png")
+    layout = [LAYOUT_TITLE, *(t for p in LAYOUT_PARAGRAPHS for t in p)]
+    layout += [" ".join(cells) for cells in TABLE]
+    pair("layout-page.png", "ocr-image:png", "\n".join(layout) + "\n", "title, text, ruled table")
     _save_pdf(clean_page().convert("RGB"), out / "scanned.pdf", 300)
     pair("scanned.pdf", "ocr-document:pdf", paragraphs, "image-only PDF (a scan)")
     (out / "born-digital.pdf").write_bytes(text_pdf([list(PARAGRAPHS)]))

