@@ -18,6 +18,14 @@ Per page:
    confidence) and records every attempt: engine, confidence, CPU seconds and why
    it escalated. An engine that is not installed, or does not read the language,
    is recorded as skipped.
+4. With ``layout`` (default on) the layout model
+   (:class:`pipelines.ocr_engines.LayoutModel`, CDLA classes: text, title, figure,
+   table ...) finds the page's regions (text-layer pages too), and the page's lines
+   become blocks of those regions (:func:`pipelines.ocr_layout.laid_out`);
+   lines outside every region stay ``text`` blocks, blocks in reading order. A table
+   block holds its lines row by row, ``cells`` null and a ``structure`` note: no
+   table-structure model can run offline (none ships in a wheel), so no cells are
+   guessed and no CSV is written.
 
 Outputs (names from :meth:`OcrRequest.output_type`): ``.txt`` (UTF-8, pages apart
 by a form feed, blocks by a blank line, in reading order), ``.json`` (schema in
