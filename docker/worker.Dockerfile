@@ -74,6 +74,10 @@ LABEL org.opencontainers.image.title="hypermedia-worker" \
 #   libmagic1                                 input type sniffing (python-magic)
 #   tesseract-ocr, tesseract-ocr-eng          ocr: language data (libtesseract: tesserocr wheel)
 #   fonts-dejavu-core                         ocr: the searchable PDF's text layer
+#   libgl1, libglib2.0-0                      ocr: rapid-layout requires the desktop OpenCV
+#                                             build beside rapidocr's headless one; both
+#                                             write cv2 and the last installed is loaded:
+#                                             the desktop build needs libGL and GLib
 #   tini                                      PID 1: reaps what killed jobs leave behind
 # libvips, libheif, PDFium and the PP-OCR models come inside their wheels. Not pinned
 # (DL3008), see above;
@@ -87,6 +91,8 @@ RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
         ffmpeg \
         fonts-dejavu-core \
+        libgl1 \
+        libglib2.0-0 \
         libmagic1 \
         libreoffice-calc-nogui \
         libreoffice-impress-nogui \
@@ -121,7 +127,8 @@ sys.exit(None if v == '${RAY_VERSION}' else f'ray {v} is installed, RAY_VERSION 
  && /opt/hypermedia/bin/python -c "import magic, hypermedia.cli, pipelines.registry as r; \
 print('pipelines:', ' '.join(r.operations()))" \
  && /opt/hypermedia/bin/python -c "from pipelines import ocr_engines as e; \
-print('ocr models:', e.ppocr_model_dir(), 'tessdata:', sorted(e.tesseract_languages()))" \
+print('ocr models:', e.ppocr_model_dir(), e.layout_model_path(), 'tessdata:', \
+sorted(e.tesseract_languages()))" \
  && for tool in ffmpeg ffprobe soffice tini; do \
         command -v "${tool}" >/dev/null || { echo "missing: ${tool}" >&2; exit 1; }; \
     done
