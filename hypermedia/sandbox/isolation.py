@@ -658,19 +658,23 @@ class Isolation:
         With a template (:meth:`_make_template`), a copy of it and the jobs cover on top;
         else the whole view built here. The template's descriptor is closed either way."""
         own_network = self.network and self._own_network is None
-        template, self.template = self.template, None
-        try:
-            if template is not None and self.mounts:
-                setns(template, CLONE_NEWNS)
-        finally:
-            if template is not None:
-                os.close(template)
+        copied = False
+        if self.template is not None:
+            try:
+                if self.mounts:
+                    setns(self.template, CLONE_NEWNS)
+                    copied = True
+            except OSError:
+                pass  # still in the server's namespace: the whole view is built here
+            finally:
+                os.close(self.template)
+                self.template = None
         flags = (CLONE_NEWNET if own_network else 0) | (CLONE_NEWNS if self.mounts else 0)
         if flags:
             unshare(flags)
         if not self.mounts:
             return None
-        if template is None:
+        if not copied:
             return self._build_view()
         jobs = self._build(self._spare_steps(), jobs_cover=True, private=False)
         self._mount_proc()
