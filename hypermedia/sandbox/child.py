@@ -189,8 +189,9 @@ def run_spare(
         prctl(PR_SET_NO_NEW_PRIVS, 1)
         os.dup2(devnull, 0)
         # Every descriptor but the channel and the template view (closed by prepare).
+        kept = {channel_fd} if sandbox.template is None else {channel_fd, sandbox.template}
         low = RESULT_FD
-        for keep in sorted({channel_fd, sandbox.template or channel_fd}):
+        for keep in sorted(kept):
             os.closerange(low, keep)
             low = keep + 1
         os.closerange(low, max(os.sysconf("SC_OPEN_MAX"), 1024))

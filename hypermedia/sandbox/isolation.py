@@ -659,11 +659,10 @@ class Isolation:
         else the whole view built here. The template's descriptor is closed either way."""
         own_network = self.network and self._own_network is None
         copied = False
-        if self.template is not None:
+        if self.template is not None:  # made only where mount namespaces work
             try:
-                if self.mounts:
-                    setns(self.template, CLONE_NEWNS)
-                    copied = True
+                setns(self.template, CLONE_NEWNS)
+                copied = True
             except OSError:
                 pass  # still in the server's namespace: the whole view is built here
             finally:

@@ -136,25 +136,39 @@ def test_a_job_cannot_reach_a_listener_on_localhost(executor, job_id):
     assert got == []  # the listener saw no connection at all
 
 
+def identities(
+    executor: ChildExecutor, name: str, during: int, after: int, hold: float
+) -> dict[str, Any]:
+    """``test.identity`` of one job that holds its uid ``hold`` seconds, of ``during``
+    jobs run one after another while it does, then of ``after`` more once it is done;
+    by job id, in that order."""
+    ids = [f"{name}-{os.getpid()}-{i}" for i in range(1 + during + after)]
+    seen: dict[str, Any] = {}
+
+    def one(job: str, seconds: float) -> None:
+        seen[job] = run_job(executor, job, "test.identity", {"hold": seconds})
+
+    holding = threading.Thread(target=one, args=(ids[0], hold))
+    holding.start()
+    time.sleep(0.5)
+    for job in ids[1 : 1 + during]:
+        one(job, 0)
+    holding.join()
+    for job in ids[1 + during :]:
+        one(job, 0)
+    for job in ids:
+        executor.cleanup(job)
+    return {job: seen[job] for job in ids}
+
+
 def test_jobs_at_the_same_time_are_in_different_network_namespaces(executor):
     """Each job uid has a network namespace of its own, made once by the server: jobs
     that overlap (other uids) never share one, the uid's next job enters it again,
     and none is the machine's."""
-    ids = [f"iso-netns-{os.getpid()}-{i}" for i in range(3)]
-    seen: dict[str, Any] = {}
-
-    def one(job: str, hold: float) -> None:
-        seen[job] = run_job(executor, job, "test.identity", {"hold": hold})
-
-    holding = threading.Thread(target=one, args=(ids[0], 2.0))
-    holding.start()
-    time.sleep(0.5)
-    one(ids[1], 0)  # while the first one holds its uid
-    holding.join()
-    one(ids[2], 0)  # after both: the lowest free uid again, the second's
-    for job in ids:
-        executor.cleanup(job)
-    first, second, third = (seen[job] for job in ids)
+    # The second runs while the first holds its uid; the third after both: the lowest
+    # free uid again, the second's.
+    found = identities(executor, "iso-netns", during=1, after=1, hold=2.0)
+    first, second, third = found.values()
     assert first["uid"][0] != second["uid"][0]
     assert first["network_namespace"] != second["network_namespace"]
     assert third["uid"][0] in (first["uid"][0], second["uid"][0])
@@ -168,21 +182,9 @@ def test_a_job_sees_no_other_jobs_workdir_now_or_before(executor):
     """Spares copy one template view (isolation.Isolation._make_template) but each has
     a jobs cover of its own: overlapping jobs, and the jobs after them, see only
     their own workdir in the jobs root, not another's nor a mountpoint left by one."""
-    ids = [f"iso-jobs-{os.getpid()}-{i}" for i in range(8)]
-    seen: dict[str, Any] = {}
-
-    def one(job: str, hold: float) -> None:
-        seen[job] = run_job(executor, job, "test.identity", {"hold": hold})
-
-    holding = threading.Thread(target=one, args=(ids[0], 1.5))
-    holding.start()
-    time.sleep(0.5)
-    for job in ids[1:]:  # while the first one runs, and more jobs than spares
-        one(job, 0)
-    holding.join()
-    for job in ids:
-        executor.cleanup(job)
-    assert {job: seen[job]["jobs_root"] for job in ids} == {job: [job] for job in ids}
+    # Seven while the first one runs: more jobs than spares.
+    seen = identities(executor, "iso-jobs", during=7, after=0, hold=1.5)
+    assert {job: found["jobs_root"] for job, found in seen.items()} == {job: [job] for job in seen}
 
 
 def test_the_network_is_reachable_from_the_caller(executor):
