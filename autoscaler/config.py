@@ -1,7 +1,9 @@
 """``scheduler.json``: the seed's schema (seed 000, "Settings File"), validated strictly.
 
-One key is ours, optional: ``scaling_rules.scale_down.drain_timeout_seconds`` (default
-300, the seed's "timeout after 5 min" of a drain).
+Two keys are ours, optional: ``scaling_rules.scale_down.drain_timeout_seconds`` (default
+300, the seed's "timeout after 5 min" of a drain) and ``alerts``, the thresholds of the
+seed's alert rules ("Monitoring & Alerts"), each defaulting to the seed's value (see
+:class:`AlertsConfig`; the rules themselves are :mod:`autoscaler.alerts`).
 
 Loaded once at startup by :func:`load` from the path given, else
 ``$HYPERMEDIA_SCHEDULER_CONFIG``, else ``/etc/hypermedia/scheduler.json``; when none of
@@ -187,6 +189,76 @@ class CostLimits(_Strict):
         return self
 
 
+class QueueDepthAlert(_Strict):
+    """Ready jobs of one queue above ``above`` for ``for_seconds`` (seed: > 50, 10 min)."""
+
+    above: int = Field(default=50, ge=0)
+    for_seconds: int = Field(default=600, ge=0, le=86_400)
+
+
+class OldestJobAlert(_Strict):
+    """The oldest ready job of priority 1-3 older than ``above_seconds`` (seed: 15 min)."""
+
+    above_seconds: int = Field(default=900, ge=1)
+
+
+class WorkerCpuAlert(_Strict):
+    """A worker's ``worker_metrics.cpu_percent`` above ``above_percent`` for ``for_seconds``
+    (seed: > 90 %, 10 min)."""
+
+    above_percent: float = Field(default=90.0, gt=0)
+    for_seconds: int = Field(default=600, ge=0, le=86_400)
+
+
+class FailureRateAlert(_Strict):
+    """Failed attempts among the last ``last_jobs`` finished ones above ``above_percent``
+    (seed: > 10 % of the last 100), once ``min_jobs`` have finished (fewer say nothing)."""
+
+    above_percent: float = Field(default=10.0, ge=0, lt=100)
+    last_jobs: int = Field(default=100, ge=1, le=100_000)
+    min_jobs: int = Field(default=20, ge=1, le=100_000)
+
+    @model_validator(mode="after")
+    def _min_within_window(self) -> FailureRateAlert:
+        if self.min_jobs > self.last_jobs:
+            raise _KeyError("min_jobs", f"{self.min_jobs} is above last_jobs ({self.last_jobs})")
+        return self
+
+
+class FailureSpikeAlert(_Strict):
+    """The critical one: failed attempts among the last ``last_jobs`` at or above
+    ``above_percent`` (a short window, so a sudden spike shows within a few jobs)."""
+
+    above_percent: float = Field(default=50.0, ge=0, lt=100)
+    last_jobs: int = Field(default=20, ge=1, le=100_000)
+
+
+class DailySpendAlert(_Strict):
+    """Today's cloud spend above ``above_percent`` of ``max_daily_spend_cents`` (seed: 80 %)."""
+
+    above_percent: float = Field(default=80.0, gt=0, le=100)
+
+
+class HeartbeatAlert(_Strict):
+    """A worker's last heartbeat older than ``older_than_seconds`` (seed: 2 min)."""
+
+    older_than_seconds: int = Field(default=120, ge=1)
+
+
+class AlertsConfig(_Strict):
+    """The alert rules' thresholds (:mod:`autoscaler.alerts`), the seed's by default.
+    ``repeat_interval_seconds``: a firing alert is sent again this often while it fires."""
+
+    repeat_interval_seconds: int = Field(default=3600, ge=60, le=7 * 86_400)
+    queue_depth: QueueDepthAlert = QueueDepthAlert()
+    oldest_job: OldestJobAlert = OldestJobAlert()
+    worker_cpu: WorkerCpuAlert = WorkerCpuAlert()
+    failure_rate: FailureRateAlert = FailureRateAlert()
+    failure_spike: FailureSpikeAlert = FailureSpikeAlert()
+    daily_spend: DailySpendAlert = DailySpendAlert()
+    heartbeat: HeartbeatAlert = HeartbeatAlert()
+
+
 class SchedulerConfig(_Strict):
     mode: Mode = "vps_only"
     evaluation_interval_seconds: int = Field(default=60, ge=1, le=3600)
@@ -194,6 +266,7 @@ class SchedulerConfig(_Strict):
     cloud_providers: CloudProviders = CloudProviders()
     scaling_rules: ScalingRules
     cost_limits: CostLimits
+    alerts: AlertsConfig = AlertsConfig()
 
     @model_validator(mode="after")
     def _bursts_go_somewhere(self) -> SchedulerConfig:

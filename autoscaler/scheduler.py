@@ -24,6 +24,11 @@ terminations.
 A hold (something wanted, not done: cooldown, cap, mode) is written to
 ``scheduler_decisions`` when it begins, not on every turn it lasts: a hold whose reason
 (numbers aside) was held in the previous turn too is only logged.
+
+4. evaluates the alert rules (:mod:`autoscaler.alerting`) on the same snapshot and the
+   decisions carried out, and records their notifications for the webhooks; the
+   :class:`~autoscaler.webhooks.Sender` delivers them on its own thread while
+   :meth:`Scheduler.run` runs, so a webhook never holds up a turn.
 """
 
 from __future__ import annotations
@@ -40,7 +45,8 @@ from typing import Any, Protocol
 from sqlalchemy import func, select
 from sqlalchemy.engine import Connection, Engine
 
-from autoscaler import cost, policy
+from autoscaler import cost, policy, webhooks
+from autoscaler.alerting import Alerting
 from autoscaler.config import ProviderName, SchedulerConfig
 from autoscaler.leader import Leadership, Term
 from autoscaler.snapshot import (
@@ -298,6 +304,7 @@ class Scheduler:
         leadership: Leadership,
         clock: Clock,
         fleet: Fleet | None = None,
+        alert_webhooks: Sequence[webhooks.Webhook] = (),
     ) -> None:
         self.config = config
         self.engine = engine
@@ -305,6 +312,8 @@ class Scheduler:
         self.leadership = leadership
         self.clock = clock
         self.fleet: Fleet = fleet or NoCloud()
+        self.alerting = Alerting(config, engine, alert_webhooks)
+        self.sender = webhooks.Sender(engine, alert_webhooks, clock)
 
     def observe(self) -> Snapshot:
         now = self.clock.now()
@@ -346,6 +355,11 @@ class Scheduler:
         applied = self._carry_out(plan_of(snapshot, decisions), decisions, term)
         self._record(snapshot, decisions, applied, term)
         self.reconcile(snapshot.now)
+        if self.leadership.holds(term):
+            try:
+                self.alerting.turn(snapshot, decisions, applied)
+            except Exception:  # the alerts never stop the scaling
+                log.exception("evaluating the alert rules failed")
         return Evaluation(snapshot, decisions, term)
 
     def reconcile(self, now: float) -> list[str]:
@@ -465,19 +479,36 @@ class Scheduler:
             self.leadership.release(term)
 
     def run(self, stop: threading.Event) -> None:
-        """Evaluate every ``evaluation_interval_seconds`` until ``stop`` is set."""
+        """Evaluate every ``evaluation_interval_seconds`` until ``stop`` is set; the alert
+        webhooks' sender works beside it, on its own thread."""
         interval = self.config.evaluation_interval_seconds
-        while not stop.is_set():
-            try:
-                self.evaluate()
-            except Exception:
-                log.exception("scheduler evaluation failed; next one in %s s", interval)
-            stop.wait(interval)
+        sending = None
+        if self.sender.webhooks:
+            sending = threading.Thread(
+                target=self.sender.run, args=(stop,), name="alert-sender", daemon=True
+            )
+            sending.start()
+        try:
+            while not stop.is_set():
+                try:
+                    self.evaluate()
+                except Exception:
+                    log.exception("scheduler evaluation failed; next one in %s s", interval)
+                stop.wait(interval)
+        finally:
+            if sending is not None:
+                sending.join(30)
 
 
-def open_scheduler(config: SchedulerConfig, stack: Stack, fleet: Fleet | None = None) -> Scheduler:
+def open_scheduler(
+    config: SchedulerConfig,
+    stack: Stack,
+    fleet: Fleet | None = None,
+    alert_webhooks: Sequence[webhooks.Webhook] | None = None,
+) -> Scheduler:
     """A scheduler on a stack's database, Redis and clock. Every queue of the config must
-    be one of the deployment's (``HYPERMEDIA_QUEUES``)."""
+    be one of the deployment's (``HYPERMEDIA_QUEUES``). ``alert_webhooks`` None: the
+    webhooks file's (:func:`autoscaler.webhooks.load`)."""
     unknown = sorted(set(config.queues) - set(stack.settings.queue_names))
     if unknown:
         raise ConfigError(
@@ -487,4 +518,8 @@ def open_scheduler(config: SchedulerConfig, stack: Stack, fleet: Fleet | None = 
     # The lease outlives two missed evaluations: a slow turn does not hand it over.
     ttl = 3 * config.evaluation_interval_seconds
     leadership = Leadership(stack.redis, stack.settings.redis_prefix, default_holder(), ttl)
-    return Scheduler(config, stack.engine, stack.queue, leadership, stack.clock, fleet)
+    if alert_webhooks is None:
+        alert_webhooks = webhooks.load()
+    return Scheduler(
+        config, stack.engine, stack.queue, leadership, stack.clock, fleet, alert_webhooks
+    )

@@ -24,18 +24,33 @@ SchedulerConfigPath = Annotated[
         show_default=False,
     ),
 ]
+AlertWebhooksPath = Annotated[
+    Path | None,
+    typer.Option(
+        "--alert-webhooks",
+        envvar="HYPERMEDIA_ALERT_WEBHOOKS",
+        help="The alert webhooks (JSON, not readable by others; default:"
+        " /etc/hypermedia/alert-webhooks.json if it exists, else none).",
+        show_default=False,
+    ),
+]
 
 
-def _scheduler(config_path: Path | None) -> tuple[Any, Any]:
-    """(the scheduler, its stack); the caller closes the stack."""
+def _scheduler(
+    config_path: Path | None, webhooks_path: Path | None = None, alerts: bool = True
+) -> tuple[Any, Any]:
+    """(the scheduler, its stack); the caller closes the stack. ``alerts`` False: no
+    webhooks (a command that only looks)."""
     from autoscaler import config as scheduler_config
+    from autoscaler import webhooks
     from autoscaler.scheduler import open_scheduler
     from hypermedia.stack import Stack
 
     loaded = scheduler_config.load(config_path)
+    hooks = webhooks.load(webhooks_path) if alerts else []
     stack = Stack.open(read_settings())
     try:
-        return open_scheduler(loaded, stack), stack
+        return open_scheduler(loaded, stack, alert_webhooks=hooks), stack
     except BaseException:
         stack.close()
         raise
@@ -47,15 +62,19 @@ def scheduler_run(
     once: Annotated[
         bool,
         typer.Option(
-            "--once", envvar="HYPERMEDIA_SCHEDULER_ONCE", help="One evaluation, then exit."
+            "--once",
+            envvar="HYPERMEDIA_SCHEDULER_ONCE",
+            help="One evaluation (and one pass of alert deliveries), then exit.",
         ),
     ] = False,
+    webhooks_path: AlertWebhooksPath = None,
 ) -> None:
-    """Evaluate the rules every evaluation_interval_seconds (one leader at a time)."""
+    """Evaluate the rules every evaluation_interval_seconds (one leader at a time), and
+    deliver the alerts to the webhooks."""
     import signal
     import threading
 
-    scheduler, stack = _scheduler(config_path)
+    scheduler, stack = _scheduler(config_path, webhooks_path)
     try:
         if once:
             evaluation = scheduler.evaluate()
@@ -63,6 +82,9 @@ def scheduler_run(
                 typer.echo(f"{decision.action:9} {decision.reason}")
             if evaluation.term is None:
                 note(f"not the leader ({scheduler.leadership.current()} is): nothing applied")
+            for attempt in scheduler.sender.deliver_due():
+                outcome = "delivered" if attempt.delivered else attempt.error
+                note(f"alert delivery {attempt.delivery_id} to {attempt.webhook}: {outcome}")
             return
         stop = threading.Event()
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -117,7 +139,7 @@ def scheduler_log(
 @app.command("explain")
 def scheduler_explain(config_path: SchedulerConfigPath = None) -> None:
     """What the scheduler would do now, and why (nothing is applied)."""
-    scheduler, stack = _scheduler(config_path)
+    scheduler, stack = _scheduler(config_path, alerts=False)
     try:
         for line in scheduler.explain():
             typer.echo(line)

@@ -370,3 +370,46 @@ class CloudSpend(Base):
     reconciled_at: Mapped[datetime | None]
 
     __table_args__ = (UniqueConstraint("provider", "instance_id", name="uk_spend_instance"),)
+
+
+class Alert(Base):
+    """One notification of an alert rule (:mod:`autoscaler.alerts`): it began firing, it
+    fires still (a repeat), it resolved, or an event (a scaling action) happened."""
+
+    __tablename__ = "alerts"
+
+    alert_id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
+    key: Mapped[str] = mapped_column(String(200), index=True)  # rule and subject
+    rule: Mapped[str] = mapped_column(String(32))
+    level: Mapped[str] = mapped_column(String(16))  # info | warning | critical
+    status: Mapped[str] = mapped_column(String(16))  # firing | resolved | event
+    summary: Mapped[str] = mapped_column(Text)
+    labels: Mapped[dict[str, Any]]
+    details: Mapped[dict[str, Any]]
+    started_at: Mapped[datetime]
+    notified_at: Mapped[datetime] = mapped_column(index=True)
+
+
+class AlertDelivery(Base):
+    """One notification to one webhook (the outbox a sender works through)."""
+
+    __tablename__ = "alert_deliveries"
+    __table_args__ = (
+        Index("ix_alert_deliveries_status_next_attempt_at", "status", "next_attempt_at"),
+    )
+
+    delivery_id: Mapped[str] = mapped_column(ID, primary_key=True)
+    alert_id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), ForeignKey("alerts.alert_id"), index=True
+    )
+    webhook: Mapped[str] = mapped_column(String(64))
+    status: Mapped[str] = mapped_column(String(16))  # pending | delivered | failed
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[datetime]
+    last_attempt_at: Mapped[datetime | None]
+    response_code: Mapped[int | None] = mapped_column(Integer)
+    last_error: Mapped[str | None] = mapped_column(Text)
+    delivered_at: Mapped[datetime | None]
+    created_at: Mapped[datetime]

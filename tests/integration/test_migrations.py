@@ -43,6 +43,8 @@ TABLES = {
     "scheduler_decisions",
     "scheduler_state",
     "cloud_spend",
+    "alerts",
+    "alert_deliveries",
 }
 
 

@@ -28,6 +28,8 @@ PURE_MODULES = [
     "autoscaler.snapshot",
     # The admission rule the policy and the node provider both apply.
     "autoscaler.admission",
+    # The alert rules: an observation in, notifications out.
+    "autoscaler.alerts",
     # OCR: its parameters (checked at submit) and its reading order and page judgement.
     "pipelines.ocr_params",
     "pipelines.ocr_layout",

@@ -1,0 +1,80 @@
+"""A real HTTP server on 127.0.0.1 that receives webhooks, for tests.
+
+It records every request (headers and body) and answers the codes it is told to, in
+order (then 200); ``hold`` makes it keep each request open until released (a webhook
+that hangs)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Received:
+    path: str
+    headers: dict[str, str]
+    body: bytes
+    answered: int
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+class Receiver:
+    def __init__(self) -> None:
+        self.requests: list[Received] = []
+        self.answers: list[int] = []  # codes to answer next, in order; then 200
+        self.hold = threading.Event()  # set: requests wait for `release`
+        self.release = threading.Event()
+        self.arrived = threading.Event()
+        self._lock = threading.Lock()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length)
+                receiver.arrived.set()
+                if receiver.hold.is_set():
+                    receiver.release.wait(60)
+                with receiver._lock:
+                    code = receiver.answers.pop(0) if receiver.answers else 200
+                    receiver.requests.append(
+                        Received(self.path, dict(self.headers.items()), body, code)
+                    )
+                self.send_response(code)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hooks/alerts"
+
+    def taken(self) -> list[Received]:
+        """The requests received so far, and forget them."""
+        with self._lock:
+            taken, self.requests = self.requests, []
+        return taken
+
+
+@contextmanager
+def receiving() -> Iterator[Receiver]:
+    receiver = Receiver()
+    thread = threading.Thread(target=receiver.server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield receiver
+    finally:
+        receiver.release.set()
+        receiver.server.shutdown()
+        receiver.server.server_close()
+        thread.join(10)
