@@ -10,6 +10,9 @@ thread, timed from the call to its return:
   it (default spares, the full sandbox: network and mount namespaces, read-only
   view, a job uid, the seccomp filter, every process of that uid gone before the
   return).
+* ``executor, sandbox, copy init``: the same, each job's PID namespace's init a
+  spare (a copy of the server) that forks the job's process, as where there is no
+  tiny init (:mod:`hypermedia.sandbox.tinyinit`; ``HYPERMEDIA_SANDBOX_PID_INIT=copy``).
 * ``executor, sandbox off``: the same executor with ``sandbox=False``: rlimits and
   a spare, nothing else. The difference to the row above is what the sandbox adds
   to a job's latency.
@@ -57,7 +60,7 @@ if str(ROOT) not in sys.path:
 from autoscaler.sim_report import percentile  # noqa: E402
 from bench.executor import _cpu  # noqa: E402
 from hypermedia.sandbox import isolation  # noqa: E402
-from hypermedia.sandbox.executor import ChildExecutor  # noqa: E402
+from hypermedia.sandbox.executor import PID_INIT_ENV, ChildExecutor  # noqa: E402
 from tests.pipelines_for_tests import PRELOAD  # noqa: E402
 
 TARGET_P50_MS = 5.0
@@ -85,11 +88,26 @@ class Subject:
 
 
 class Executor(Subject):
-    def __init__(self, work_root: Path, *, sandbox: bool, spares: int | None = None) -> None:
+    def __init__(
+        self,
+        work_root: Path,
+        *,
+        sandbox: bool,
+        spares: int | None = None,
+        pid_init: str = "tiny",
+    ) -> None:
         kwargs: dict[str, Any] = {"sandbox": sandbox}
         if spares is not None:
             kwargs["spares"] = spares
-        self.executor = ChildExecutor(work_root, preload=PRELOAD, **kwargs)
+        before = os.environ.get(PID_INIT_ENV)
+        os.environ[PID_INIT_ENV] = pid_init  # read once, when the server starts
+        try:
+            self.executor = ChildExecutor(work_root, preload=PRELOAD, **kwargs)
+        finally:
+            if before is None:
+                del os.environ[PID_INIT_ENV]
+            else:
+                os.environ[PID_INIT_ENV] = before
         self.server_pid = self.executor.server_pid
         self.counter = 0
         self.capabilities = self.executor.capabilities
@@ -157,13 +175,13 @@ class BareFork(Subject):
 
     def one(self) -> None:
         sandbox = self.sandbox
-        pid = sandbox.fork_spare(self._fork) if sandbox is not None else self._fork()
+        pid, init = sandbox.fork_spare(self._fork) if sandbox is not None else (self._fork(), None)
         if pid == 0:
             status = 0
             try:
                 if sandbox is not None:
                     self.no_new_privileges()
-                    if sandbox.pid_namespace:  # the init forks the job's process
+                    if sandbox.spare_is_init:  # the init forks the job's process
                         step = self._fork()
                         if step:
                             _, raw = os.waitpid(step, 0)
@@ -176,6 +194,9 @@ class BareFork(Subject):
                 status = 1
             os._exit(status)
         _, status = os.waitpid(pid, 0)
+        if init is not None:  # a tiny init (the server kills it, and reaps it later)
+            os.kill(init, 9)
+            os.waitpid(init, 0)
         if status != 0:
             raise RuntimeError(f"the child failed: {status}")
 
@@ -222,6 +243,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         base = Path(scratch)
         factories: dict[str, Callable[[], Subject]] = {
             "executor, sandbox": lambda: Executor(base / "sandbox", sandbox=True),
+            "executor, sandbox, copy init": lambda: Executor(
+                base / "copy", sandbox=True, pid_init="copy"
+            ),
             "executor, sandbox off": lambda: Executor(base / "off", sandbox=False),
             "executor, sandbox, no spares": lambda: Executor(
                 base / "nospares", sandbox=True, spares=0

@@ -19,7 +19,10 @@ build its sandbox exits with :data:`~hypermedia.sandbox.outcome.SANDBOX_FAILED`
 (a job given to it fails ``sandbox_unavailable``, retryable): a job never runs
 with less than the server found possible at start.
 
-A PID namespace per job. The server forks each spare into a PID namespace of its
+A PID namespace per job. Where the server has a tiny init
+(:mod:`hypermedia.sandbox.tinyinit`), the spare is forked into the namespace of one,
+as its pid 2: it builds its sandbox and runs the job itself, and the server reaps it
+directly. Otherwise the server forks each spare into a PID namespace of its
 own (:meth:`~hypermedia.sandbox.isolation.Isolation.fork_spare`: ``unshare`` moves
 only the children forked after it, and the server is put back at once), so the
 spare is that namespace's pid 1, its *init*. The step must not be an init: the
@@ -199,9 +202,11 @@ def run_spare(
         os._exit(71)  # EX_OSERR: reported as a crash without a result
     parent = server_pid
     jobs_fd = _prepare(sandbox)
-    if sandbox.pid_namespace:
+    if sandbox.spare_is_init:
         _be_init(channel_fd, fork)
         parent = 1
+    elif sandbox.pid_namespace:  # pid 2 of a tiny init's namespace: the server is not in it
+        parent = 0
     try:
         channel = socket.socket(fileno=channel_fd)
         body, fds, _flags, _address = socket.recv_fds(channel, MESSAGE_CAP, 2)

@@ -66,6 +66,7 @@ import marshal
 import os
 import re
 import shutil
+import signal
 import socket
 import stat
 import subprocess
@@ -220,6 +221,10 @@ class _Server:
         except subprocess.TimeoutExpired:
             self.process.kill()  # the children die of PDEATHSIG
             self.process.wait()
+        # A PID namespace's tiny init cloned just before the server was killed may have
+        # missed its PDEATHSIG (:mod:`.tinyinit`): they never leave the server's group.
+        with contextlib.suppress(OSError):
+            os.killpg(self.process.pid, signal.SIGKILL)
 
 
 class ChildExecutor:
@@ -265,6 +270,7 @@ class ChildExecutor:
             # whatever lies there, is not for jobs, on sys.path or not.
             "also_cover": _working_directory(),
             "uid_base": uid_base,
+            "pid_init": _pid_init(),
         }
         self._lock = threading.Lock()
         self._running: dict[str, _Running] = {}
@@ -557,6 +563,19 @@ class ChildExecutor:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+PID_INIT_ENV = "HYPERMEDIA_SANDBOX_PID_INIT"
+
+
+def _pid_init() -> str:
+    """What inits the jobs' PID namespaces: ``tiny`` (the default,
+    :mod:`.tinyinit`) or ``copy`` (each spare is its namespace's init, as on machines
+    without the tiny init's code), from ``HYPERMEDIA_SANDBOX_PID_INIT``."""
+    value = os.environ.get(PID_INIT_ENV, "tiny")
+    if value not in ("tiny", "copy"):
+        raise ValueError(f"{PID_INIT_ENV}={value!r}: expected 'tiny' or 'copy'")
+    return value
 
 
 def _working_directory() -> list[str]:

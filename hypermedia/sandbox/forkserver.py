@@ -45,12 +45,20 @@ once a second, and on shutdown). When the server itself is killed with SIGKILL i
 direct children die of ``PDEATHSIG``; what they left runs until the next server
 that claims the uid block kills the block's processes before its first job.
 
-A PID namespace per job. The server forks each spare into a PID namespace of its
-own (:meth:`~hypermedia.sandbox.isolation.Isolation.fork_spare`), of which the
-spare is the init; when the job's process ends the init kills and reaps the rest
-of its namespace and sends the server the job's wait status, peak RSS and CPU time
-on the spare's channel (RELAYED): the server reports the job then, and reaps the
-init when it has exited (see :mod:`hypermedia.sandbox.child`).
+A PID namespace per job. The server clones a tiny init for each spare
+(:mod:`hypermedia.sandbox.tinyinit`: a process sharing the server's memory that runs
+a few instructions, no Python) and forks the spare into its namespace
+(:meth:`~hypermedia.sandbox.isolation.Isolation.fork_spare`): the job's process is
+pid 2 there and the server's own child. When the server reaps it, what it left (the
+init's children now: orphans go to their namespace's init) decides: nothing, and
+the job is reported at once while the init is killed; something, and the init is
+killed and the job reported when the init is reaped (the kernel kills and reaps the
+rest of a namespace before its init's exit ends). Where there is no tiny init the
+spare is its namespace's init itself: it forks the job's process, and when that ends
+it kills and reaps the rest of its namespace and sends the server the job's wait
+status, peak RSS and CPU time on the spare's channel (RELAYED): the server reports
+the job then, and reaps the init when it has exited (see
+:mod:`hypermedia.sandbox.child`).
 """
 
 from __future__ import annotations
@@ -109,12 +117,13 @@ def _fork_without_hooks() -> int:
 
 
 class _Spare:
-    __slots__ = ("channel", "pid", "pidfd")
+    __slots__ = ("channel", "init", "pid", "pidfd")
 
-    def __init__(self, pid: int, pidfd: int, channel: socket.socket) -> None:
+    def __init__(self, pid: int, pidfd: int, channel: socket.socket, init: int | None) -> None:
         self.pid = pid
         self.pidfd = pidfd
         self.channel = channel
+        self.init = init  # its PID namespace's tiny init (None: the spare is its own)
 
 
 class _Job:
@@ -124,6 +133,7 @@ class _Job:
         "deadline",
         "disk_budget",
         "ended",
+        "init",
         "killed_for",
         "max_rss",
         "pid",
@@ -144,8 +154,10 @@ class _Job:
         uid: int,
         workdir: str = "",
         disk_budget: int = 0,
+        init: int | None = None,
     ) -> None:
         self.pid = pid
+        self.init = init
         self.pidfd = pidfd
         self.reply = reply
         self.started = time.monotonic()
@@ -214,10 +226,15 @@ class _Server:
         # Inits whose job has been reported, exiting (their namespaces torn down): pidfds.
         self.ending: dict[int, int] = {}  # pidfd by pid
         self.ending_fds: set[int] = set()
+        # Tiny inits (:mod:`.tinyinit`) of spares and running jobs, and those killed
+        # while their namespace still held what a job left: that job, reported when
+        # the init is reaped (the kernel kills the rest of the namespace first).
+        self.inits: set[int] = set()
+        self.draining: dict[int, _Job] = {}  # by init pid
         self.next_killer: dict[int, float] = {}  # by uid: not before
 
     def serve(self) -> None:
-        while not (self.stopping and not self.jobs and not self.settling):
+        while not (self.stopping and not self.jobs and not self.settling and not self.draining):
             refill = self._wants_spare()
             events = self.poll.poll(0 if refill else self._timeout())
             control = False
@@ -308,7 +325,7 @@ class _Server:
     def _add_spare(self) -> _Spare:
         channel, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            pid = self.sandbox.fork_spare(self.fork)
+            pid, init = self.sandbox.fork_spare(self.fork)
         except OSError:
             channel.close()
             theirs.close()
@@ -316,7 +333,9 @@ class _Server:
         if pid == 0:
             run_spare(theirs.fileno(), self.devnull, self.pid, self.sandbox, self.fork)
         theirs.close()
-        spare = _Spare(pid, os.pidfd_open(pid), channel)
+        if init is not None:
+            self.inits.add(init)
+        spare = _Spare(pid, os.pidfd_open(pid), channel, init)
         self.spares[pid] = spare
         self.spare_fds[spare.pidfd] = spare
         self.poll.register(spare.pidfd, select.EPOLLIN)
@@ -330,6 +349,26 @@ class _Server:
             self.poll.unregister(spare.pidfd)
         os.close(spare.pidfd)
         spare.channel.close()
+        if spare.init is not None:
+            self._end_init(spare.init)
+
+    def _end_init(self, init: int, job: _Job | None = None) -> None:
+        """Kill a tiny init (and so whatever is left in its namespace); reaped when it
+        is gone, and then ``job`` reported, if given."""
+        with suppress(OSError):
+            os.kill(init, SIGKILL)
+        try:
+            pidfd = os.pidfd_open(init)
+        except OSError:  # reaped already? (never without us): the sweep finds it
+            self.inits.discard(init)
+            if job is not None:
+                self._finish(job, job.status, job.max_rss, job.cpu)
+            return
+        self.ending[init] = pidfd
+        self.ending_fds.add(pidfd)
+        self.poll.register(pidfd, select.EPOLLIN)
+        if job is not None:
+            self.draining[init] = job
 
     def _take_spare(self) -> _Spare:
         if self.spares:
@@ -405,8 +444,8 @@ class _Server:
             reply.close()
             return
         deadline = time.monotonic() + wall_clock
-        job = _Job(spare.pid, spare.pidfd, reply, deadline, uid, workdir, disk_budget)
-        if self.sandbox.pid_namespace:
+        job = _Job(spare.pid, spare.pidfd, reply, deadline, uid, workdir, disk_budget, spare.init)
+        if self.sandbox.spare_is_init:
             job.channel = spare.channel  # the init relays how the job ended on it
             self.by_fd[spare.channel.fileno()] = job
             self.poll.register(spare.channel.fileno(), select.EPOLLIN)
@@ -467,6 +506,9 @@ class _Server:
             os.kill(job.pid, SIGKILL)
         with suppress(OSError):
             os.killpg(job.pid, SIGKILL)
+        if job.init is not None:  # and everything in its PID namespace
+            with suppress(OSError):
+                os.kill(job.init, SIGKILL)
 
     def _reap(self) -> None:
         while True:
@@ -490,6 +532,10 @@ class _Server:
                 with suppress(OSError):
                     self.poll.unregister(pidfd)
                 os.close(pidfd)
+                self.inits.discard(pid)
+                drained = self.draining.pop(pid, None)
+                if drained is not None:  # its namespace is empty now
+                    self._finish(drained, drained.status, drained.max_rss, drained.cpu)
             elif pid in self.killers:
                 killer = self.killers.pop(pid)
                 del self.killer_fds[killer.pidfd]
@@ -540,7 +586,21 @@ class _Server:
         os.close(job.pidfd)
         if relayed is None:
             relayed = (status, usage.ru_maxrss, usage.ru_utime + usage.ru_stime)
-        self._finish(job, *relayed)
+        init = job.init
+        if init is None:
+            self._finish(job, *relayed)
+            return
+        # A tiny init: what the job's process left is now the init's (orphans go to
+        # their namespace's init). None: reported now, the init killed on the way.
+        # Some: the init killed, and the job reported once it is reaped (the kernel
+        # kills and reaps the rest of a namespace before its init's exit ends).
+        job.init = None
+        job.status, job.max_rss, job.cpu = relayed
+        if _children(init):
+            self._end_init(init, job)
+        else:
+            self._end_init(init)
+            self._finish(job, *relayed)
 
     def _finish(self, job: _Job, status: int, max_rss: int, cpu: float) -> None:
         """Its group next, then (with a job uid) every process of its uid, before
@@ -635,6 +695,7 @@ class _Server:
         uid has processes left if and only if one of them is a child of the server.
         """
         known = self.jobs.keys() | self.spares.keys() | self.killers.keys() | self.ending.keys()
+        known |= self.inits
         found: dict[int, _Left] = {}
         for pid in _children(self.pid):
             if pid in known:
@@ -663,6 +724,7 @@ class _Server:
             self._reap()
             return
         keep = self.jobs.keys() | self.spares.keys() | self.killers.keys() | self.ending.keys()
+        keep |= self.inits
         for pid, pgid in _children_of(self.pid):
             if everything or (pid not in keep and pgid not in keep):
                 with suppress(OSError):
@@ -779,6 +841,7 @@ def main(config: Mapping[str, Any]) -> None:
         exposed=code.exposes,
         uid_base=int(sandbox_config["uid_base"]),
         covered=(*sandbox_config["covered"], *code.covers),
+        pid_init=str(sandbox_config.get("pid_init", "tiny")),
     )
     prctl(_PR_SET_CHILD_SUBREAPER, 1)
     sandbox = Isolation.start(settings, fork)

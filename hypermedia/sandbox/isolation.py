@@ -75,12 +75,13 @@ import os
 import posixpath
 import signal
 import socket
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
 from hypermedia.sandbox.syscalls import FilterUnavailable, Program, compile_filter
+from hypermedia.sandbox.tinyinit import TinyInits
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000
@@ -298,18 +299,7 @@ class Settings:
     exposed: tuple[str, ...]
     uid_base: int = UID_BASE
     covered: tuple[str, ...] = DEFAULT_COVERED  # what is needed under them is exposed
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> Settings:
-        return cls(
-            enabled=bool(config["enabled"]),
-            work_root=str(config["work_root"]),
-            jobs_root=str(config["jobs_root"]),
-            hidden=tuple(config["hidden"]),
-            exposed=tuple(config["exposed"]),
-            uid_base=int(config.get("uid_base", UID_BASE)),
-            covered=tuple(config.get("covered", DEFAULT_COVERED)),
-        )
+    pid_init: str = "tiny"  # a PID namespace's init: "tiny" (:mod:`.tinyinit`) or "copy"
 
 
 def real_paths(paths: Iterable[str]) -> list[str]:
@@ -450,6 +440,8 @@ class Isolation:
         self.program: Program | None = None  # the seccomp filter, when the machine allows it
         self.pid_namespace = False
         self._own_pid_namespace: int | None = None  # the server's, to come back to
+        # The inits of those namespaces, when they are not the spares (:mod:`.tinyinit`).
+        self.tiny_inits: TinyInits | None = None
         # A mount namespace holding the view but the jobs cover (:meth:`_make_template`):
         # spares copy it instead of building the view each.
         self.template: int | None = None
@@ -505,6 +497,10 @@ class Isolation:
         if found.get("pid_namespace") is True:
             isolation._own_pid_namespace = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
             isolation.pid_namespace = True
+            if settings.pid_init == "tiny":
+                isolation._start_tiny_inits(fork)
+            else:
+                isolation.missing["tiny_init"] = f"pid_init is {settings.pid_init!r}"
         if isolation.uids and found.get("own_uid") is not True:
             isolation._release_uids()
         if isolation.network and isolation.uids:
@@ -528,6 +524,7 @@ class Isolation:
             "private_proc": self.private_proc,
             "syscall_filter": self.program is not None,
             "pid_namespace": self.pid_namespace,
+            "tiny_init": self.tiny_inits is not None,
             "uid_range": [self.uids[0], self.uids[-1]] if self.uids else None,
             "missing": dict(self.missing),
         }
@@ -634,21 +631,81 @@ class Isolation:
             os.close(self._own_pid_namespace)
             self._own_pid_namespace = None
 
-    def fork_spare(self, fork: Callable[[], int]) -> int:
-        """Fork a spare: with PID namespaces, into a namespace of its own, whose pid 1
-        it is (``unshare(CLONE_NEWPID)`` moves only the children forked after it; the
-        server is put back at once, so its other children are not moved)."""
+    @property
+    def spare_is_init(self) -> bool:
+        """Whether a spare is its PID namespace's init (it then forks the job's process)."""
+        return self.pid_namespace and self.tiny_inits is None
+
+    def _start_tiny_inits(self, fork: Callable[[], int]) -> None:
+        """Use :mod:`.tinyinit` if this machine has its code and a job's process forked
+        into such a namespace is its pid 2; else spares are their namespaces' inits."""
+        try:
+            tiny = TinyInits.for_this_machine()
+        except OSError as exc:
+            self.missing["tiny_init"] = _reason(exc)
+            return
+        if tiny is None:
+            self.missing["tiny_init"] = "no init code for this architecture"
+            return
+        self.tiny_inits = tiny
+        try:
+            pid, init = self.fork_spare(fork)
+        except OSError as exc:
+            self.tiny_inits = None
+            self.missing["tiny_init"] = _reason(exc)
+            return
+        if pid == 0:
+            os._exit(0 if os.getpid() == 2 else 1)
+        code = _wait(pid)
+        if init is not None:
+            with suppress(OSError):
+                os.kill(init, signal.SIGKILL)
+            _wait(init)
+        if code != 0:
+            self.tiny_inits = None
+            self.missing["tiny_init"] = f"a job's process is not pid 2 in the namespace ({code})"
+
+    def fork_spare(self, fork: Callable[[], int]) -> tuple[int, int | None]:
+        """Fork a spare: with PID namespaces, into a namespace of its own. The spare's
+        pid (0 in the spare) and its namespace's init's (None: no namespace, or the
+        spare is its init).
+
+        With :mod:`.tinyinit`, the init is cloned first and the spare forked into its
+        namespace (``setns`` on the init's pidfd): the spare is pid 2 there and this
+        process's child. Else the spare is the namespace's pid 1
+        (``unshare(CLONE_NEWPID)`` moves only the children forked after it). Either
+        way the server is put back into its own at once, so its other children are
+        not moved."""
         if self._own_pid_namespace is None:
-            return fork()
-        setns(self._own_pid_namespace, CLONE_NEWPID)  # unshare() refuses a second one
-        unshare(CLONE_NEWPID)
+            return fork(), None
+        init = None
+        if self.tiny_inits is not None:
+            init = self.tiny_inits.clone()
+            try:
+                init_fd = os.pidfd_open(init)
+                try:
+                    setns(init_fd, CLONE_NEWPID)
+                finally:
+                    os.close(init_fd)
+            except OSError:
+                with suppress(OSError):
+                    os.kill(init, signal.SIGKILL)
+                _wait(init)
+                raise
+        else:
+            setns(self._own_pid_namespace, CLONE_NEWPID)  # unshare() refuses a second one
+            unshare(CLONE_NEWPID)
         pid = -1
         try:
             pid = fork()
         finally:
             if pid != 0:
                 setns(self._own_pid_namespace, CLONE_NEWPID)
-        return pid
+                if pid < 0 and init is not None:
+                    with suppress(OSError):
+                        os.kill(init, signal.SIGKILL)
+                    _wait(init)
+        return pid, init
 
     # -- in a spare
 

@@ -59,6 +59,26 @@ def children_of(parent: int) -> list[tuple[int, bytes]]:
     return found
 
 
+def spares_of(ex: ChildExecutor, server: int) -> list[tuple[int, bytes]]:
+    """The server's children but tiny inits (:mod:`hypermedia.sandbox.tinyinit`: pid 1
+    of a namespace whose pid 2 is the spare)."""
+    children = children_of(server)
+    if not ex.capabilities.get("tiny_init"):
+        return children
+    return [(pid, state) for pid, state in children if _namespace_pid(pid) != "1"]
+
+
+def _namespace_pid(pid: int) -> str | None:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    for line in status.splitlines():
+        if line.startswith("NSpid:"):
+            return line.split()[-1]
+    return None
+
+
 @pytest.fixture(scope="module")
 def executor(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChildExecutor]:
     with ChildExecutor(tmp_path_factory.mktemp("sandbox"), preload=PRELOAD) as ex:
@@ -212,6 +232,7 @@ def test_what_the_child_sees(tmp_path, monkeypatch, job_id):
         workdir = str(ex.workdir(job_id))
         log = (ex.workdir(job_id) / ".child.log").read_text()
         pid_namespace = ex.capabilities.get("pid_namespace")
+        tiny_init = ex.capabilities.get("tiny_init")
 
     assert "s3cr3t" not in json.dumps(seen["environ"])
     assert seen["environ"]["VIPS_BLOCK_UNTRUSTED"] == "1"
@@ -219,7 +240,10 @@ def test_what_the_child_sees(tmp_path, monkeypatch, job_id):
     assert seen["cwd"] == seen["tempdir"] == workdir
     # stdin, stdout/stderr (the log), the result socket, and listdir's own descriptor
     assert seen["fds"] == [0, 1, 2, 3, 4]
-    if pid_namespace:
+    if tiny_init:
+        # pid 2 of its own namespace (a tiny init is pid 1), in a session of its own
+        assert (seen["pid"], seen["pgid"], seen["sid"]) == (2, 2, 2)
+    elif pid_namespace:
         # pid 2 of its own namespace, in the session and group of that namespace's init
         assert (seen["pid"], seen["pgid"], seen["sid"]) == (2, 1, 1)
     else:
@@ -503,16 +527,18 @@ def test_spares_killed_from_outside_are_replaced(tmp_path, job_id):
     with ChildExecutor(tmp_path, preload=PRELOAD, spares=2) as ex:
         server = ex.server_pid
         assert server is not None
-        assert wait_until(lambda: len(children_of(server)) == 2, 5)
-        spares = {pid for pid, _state in children_of(server)}
+        assert wait_until(lambda: len(spares_of(ex, server)) == 2, 5)
+        spares = {pid for pid, _state in spares_of(ex, server)}
         for pid in spares:
             os.kill(pid, signal.SIGKILL)
         # Noticed and replaced (a job given a spare as it dies would be child_killed).
         assert wait_until(lambda: not spares & {pid for pid, _ in children_of(server)}, 5)
         for index in range(5):
             assert run(ex, f"{job_id}-{index}", "test.noop").outputs == []
-        # Two spares again, waiting for a job (asleep).
-        assert wait_until(lambda: [s for _, s in children_of(server)] == [b"S", b"S"], 5)
+        # Two spares again, waiting for a job (asleep); their inits too, if tiny.
+        inits = 2 if ex.capabilities.get("tiny_init") else 0
+        assert wait_until(lambda: [s for _, s in spares_of(ex, server)] == [b"S", b"S"], 5)
+        assert wait_until(lambda: len(children_of(server)) == 2 + inits, 5)
 
 
 def test_a_preload_that_fails_is_reported(tmp_path):
