@@ -54,11 +54,15 @@ def _default_data_dir() -> Path:
 
 
 class QueueSettings(BaseModel):
-    """Per-queue settings. Concurrency is the number of claim loops per actor."""
+    """Per-queue settings. Concurrency is the number of claim loops per actor; workers,
+    the pipeline actors of the queue that a local stack (``run``, ``up``, ``head``)
+    starts on this machine (0: none here; its jobs are then refused at submit unless
+    the stack is attached to a cluster, whose nodes may run them)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     concurrency: int = Field(default=1, ge=1, le=64)
+    workers: int = Field(default=1, ge=0, le=16)
 
 
 def _default_queues() -> dict[str, QueueSettings]:

@@ -25,6 +25,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -52,12 +53,35 @@ def ray_directory(settings: Settings) -> Path:
 
 
 def implemented_queues(settings: Settings, operations: list[str]) -> dict[str, int]:
-    """One actor for each queue that some implemented operation uses."""
+    """Actors per queue that some of ``operations`` uses: ``queues.<name>.workers`` each
+    (queues set to 0 are left out)."""
     from hypermedia.profiles import load_profiles
 
     profiles = load_profiles(settings.profiles_path, settings.queue_names)
     queues = {profiles[op].queue for op in operations if op in profiles}
-    return {queue: 1 for queue in settings.queue_names if queue in queues}
+    return {
+        queue: settings.queues[queue].workers
+        for queue in settings.queue_names
+        if queue in queues and settings.queues[queue].workers > 0
+    }
+
+
+def served_operations(settings: Settings, pools: dict[str, int]) -> Callable[[], set[str]]:
+    """What the ingest of a stack with these actors and no cluster accepts: the
+    implemented operations whose queue has an actor (nothing else would run them)."""
+    from hypermedia.ingest.service import registered_operations
+    from hypermedia.profiles import load_profiles
+
+    profiles = load_profiles(settings.profiles_path, settings.queue_names)
+
+    def served() -> set[str]:
+        return {
+            op
+            for op in registered_operations()
+            if op in profiles and pools.get(profiles[op].queue, 0) > 0
+        }
+
+    return served
 
 
 @dataclass
@@ -123,12 +147,16 @@ class LocalStack:
 
         from hypermedia.stack import Stack
 
-        self.stack = Stack.open(settings, auto_migrate=True)
-        say(f"record in {shown_url(settings.effective_database_url)}")
         if pools is None:
             import pipelines.registry
 
             pools = implemented_queues(settings, pipelines.registry.operations())
+        if attached is None:  # no node but this one: a queue without an actor runs nothing
+            served = served_operations(settings, pools)
+            self.stack = Stack.open(settings, auto_migrate=True, implemented=served)
+        else:
+            self.stack = Stack.open(settings, auto_migrate=True)
+        say(f"record in {shown_url(settings.effective_database_url)}")
         if attached is not None:
             address = attached
             say(f"ray cluster at {address}")

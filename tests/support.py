@@ -289,3 +289,12 @@ def _postgres_bindir() -> str:
             "(Debian: postgresql)"
         )
     return str(Path(candidates[-1]).parent)
+
+
+# A local stack (`hypermedia up`) whose tests submit images only: one actor, for the
+# images queue, instead of one per queue (each a Ray worker and a fork server with
+# every pipeline loaded); ingest then refuses the other queues' operations.
+IMAGES_ONLY = {
+    f"HYPERMEDIA_QUEUES__{queue.upper()}__WORKERS": "0"
+    for queue in ("documents", "ocr", "media", "bulk")
+}

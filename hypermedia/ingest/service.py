@@ -262,8 +262,12 @@ class IngestService:
             for operation in request.operations:
                 profile = self.catalog.get(operation)
                 if operation not in implemented:
+                    if operation in registered_operations():  # a step, but nothing runs it
+                        why = f"no worker here runs the {profile.queue!r} queue"
+                    else:
+                        why = "no pipeline step implements it yet"
                     raise UnknownOperation(
-                        f"no pipeline step implements {operation!r} yet: it is not accepted",
+                        f"{operation!r} is not accepted: {why}",
                         operation=operation,
                         implemented=sorted(set(implemented) & set(self.catalog.operations())),
                     )

@@ -54,6 +54,7 @@ def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
 def _base_env(data: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HYPERMEDIA_", "RAY_", "AWS_"))}
     env["HYPERMEDIA_DATA_DIR"] = str(data)
+    env.update(support.IMAGES_ONLY)
     env["AWS_ACCESS_KEY_ID"] = "canary-access-key-id"
     env["AWS_SECRET_ACCESS_KEY"] = CANARY_AWS
     env["AWS_DEFAULT_REGION"] = "us-east-1"

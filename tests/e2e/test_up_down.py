@@ -12,6 +12,7 @@ import psutil
 
 from hypermedia.embedded import find_running
 from hypermedia.worker.cluster import short_temp_dir
+from tests.support import IMAGES_ONLY
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -41,6 +42,7 @@ def test_up_submit_down(tmp_path):
     data = tmp_path / "data"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HYPERMEDIA_", "RAY_"))}
     env["HYPERMEDIA_DATA_DIR"] = str(data)
+    env.update(IMAGES_ONLY)
     try:
         up = _cli(env, "up")
         assert up.returncode == 0, up.stderr + (data / "head.log").read_text()[-3000:]
@@ -122,6 +124,7 @@ def test_a_head_killed_with_9_takes_its_cluster_with_it(tmp_path):
     data = tmp_path / "data"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HYPERMEDIA_", "RAY_"))}
     env["HYPERMEDIA_DATA_DIR"] = str(data)
+    env.update(IMAGES_ONLY)
     try:
         up = _cli(env, "up")
         assert up.returncode == 0, up.stderr + (data / "head.log").read_text()[-3000:]
@@ -145,6 +148,7 @@ def test_up_and_down_stop_what_a_killed_stack_left(tmp_path):
     data = tmp_path / "data"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HYPERMEDIA_", "RAY_"))}
     env["HYPERMEDIA_DATA_DIR"] = str(data)
+    env.update(IMAGES_ONLY)
 
     def kill_head_and_watchdog() -> list[int]:
         pids = _ray_processes(data)

@@ -13,7 +13,7 @@ import pipelines.registry
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
 from hypermedia.ingest.api import create_app
-from hypermedia.local import implemented_queues
+from hypermedia.local import implemented_queues, served_operations
 from hypermedia.profiles import load_profiles
 from hypermedia.stack import Stack
 from tests.api_support import add_user, bearer, running_server
@@ -85,3 +85,45 @@ def test_run_and_up_start_an_actor_for_every_queue_with_an_implemented_operation
     assert {"images", "documents", "media", "ocr"} <= set(pools)
     # Nothing implements regenerate (bulk) yet: no actor, and ingest refuses it.
     assert "regenerate" not in registered
+
+
+def test_a_queue_without_workers_here_is_refused_at_submit(engine, settings):
+    """``queues.<name>.workers``: how many actors of the queue a local stack starts; 0
+    and nothing runs its jobs, so ingest refuses them and says why."""
+    chosen = settings(queues={"documents": {"workers": 0}, "images": {"workers": 2}})
+    assert chosen.queues["media"].workers == 1  # the other queues keep their defaults
+    pools = implemented_queues(chosen, pipelines.registry.operations())
+    assert pools["images"] == 2 and "documents" not in pools and pools["media"] == 1
+    stack = Stack.open(
+        chosen, engine=engine, auto_migrate=True, implemented=served_operations(chosen, pools)
+    )
+    try:
+        with (
+            running_server(create_app(stack, auth_cache_seconds=0)) as url,
+            httpx.Client(base_url=url, timeout=30) as client,
+        ):
+            user = add_user(stack, "bob", credits=100)
+            uploaded = client.put(
+                f"{P}/objects", params={"filename": "a.png"}, content=PNG, headers=bearer(user)
+            )
+            object_id = uploaded.json()["object_id"]
+            refused = client.post(
+                f"{P}/process",
+                json={"object_id": object_id, "operations": ["pdf_preview"]},
+                headers=bearer(user),
+            )
+            assert refused.status_code == 422, refused.text
+            error = refused.json()["error"]
+            assert error["code"] == "unknown_operation"
+            assert "no worker here runs the 'documents' queue" in error["message"]
+            assert "thumbnail" in error["details"]["implemented"]
+            assert "pdf_preview" not in error["details"]["implemented"]
+            accepted = client.post(
+                f"{P}/process",
+                json={"object_id": object_id, "operations": ["thumbnail"]},
+                headers=bearer(user),
+            )
+            assert accepted.status_code == 202, accepted.text
+        assert _count(stack, t.jobs) == 1
+    finally:
+        stack.close()

@@ -226,7 +226,14 @@ BAD_VALUES = [
     ("HYPERMEDIA_QUEUES", '{"Images": {}}', "queues", "must match"),
     ("HYPERMEDIA_QUEUES", '{"images": {"concurrency": 0}}', "queues.images.concurrency", ">= 1"),
     ("HYPERMEDIA_QUEUES", '{"images": {"concurrency": 65}}', "queues.images.concurrency", "<= 64"),
-    ("HYPERMEDIA_QUEUES", '{"images": {"workers": 2}}', "queues.images.workers", "unknown setting"),
+    ("HYPERMEDIA_QUEUES", '{"images": {"workers": -1}}', "queues.images.workers", ">= 0"),
+    ("HYPERMEDIA_QUEUES", '{"images": {"workers": 17}}', "queues.images.workers", "<= 16"),
+    (
+        "HYPERMEDIA_QUEUES",
+        '{"images": {"claimers": 2}}',
+        "queues.images.claimers",
+        "unknown setting",
+    ),
 ]
 
 
