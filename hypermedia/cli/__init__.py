@@ -13,7 +13,8 @@ cheap: everything heavy is imported inside the command that needs it.
 
 One module per command group, this one builds the app from them:
 
-- :mod:`~hypermedia.cli.jobs`: ``submit``, ``status``, ``cancel``, ``queues`` (HTTP)
+- :mod:`~hypermedia.cli.jobs`: ``submit``, ``status JOB_ID``, ``cancel``, ``queues`` (HTTP)
+- :mod:`~hypermedia.cli.status`: ``status``, the platform on one screen (the record)
 - :mod:`~hypermedia.cli.database`: ``db upgrade``
 - :mod:`~hypermedia.cli.users`: ``user add``, ``key``, ``grant``, ``revoke``
 - :mod:`~hypermedia.cli.credits`: ``credits grant`` (the record), ``credits show`` (HTTP)
@@ -42,6 +43,7 @@ from hypermedia.cli import (
     run,
     scheduler,
     services,
+    status,
     users,
 )
 from hypermedia.cli.common import fail
@@ -63,7 +65,7 @@ app.add_typer(scheduler.app, name="scheduler")
 # Registered in the order `hypermedia --help` lists them.
 app.command()(services.serve)
 app.command()(jobs.submit)
-app.command()(jobs.status)
+app.command()(status.status)
 app.command()(jobs.cancel)
 app.command()(jobs.queues)
 app.command()(run.run)

@@ -1,4 +1,5 @@
-"""The API's client commands: ``submit``, ``status``, ``cancel`` and ``queues``, over
+"""The API's client commands: ``submit``, ``status JOB_ID`` (:func:`show_job`, called by
+:mod:`hypermedia.cli.status`), ``cancel`` and ``queues``, over
 HTTP with ``--api-url`` / ``HYPERMEDIA_API_URL`` and ``--api-key`` /
 ``HYPERMEDIA_API_KEY``. Registered on the root app by :mod:`hypermedia.cli`."""
 
@@ -81,13 +82,8 @@ def _job_line(job: JobResponse) -> str:
     return line
 
 
-def status(
-    job_id: Annotated[str, typer.Argument(help="Job id.")],
-    api_url: ApiUrl = None,
-    api_key: ApiKey = None,
-    timeout: Timeout = 30.0,
-) -> None:
-    """Show a job: status, attempts, credits, outputs."""
+def show_job(job_id: str, api_url: str | None, api_key: str | None, timeout: float) -> None:
+    """Show a job: status, attempts, credits, outputs (``hypermedia status JOB_ID``)."""
     with open_client(api_url, api_key, timeout) as client:
         job = client.job(job_id)
 
@@ -158,13 +154,13 @@ def queues(
             str(q.queued),
             str(q.in_flight),
             str(q.retry_wait),
-            _age(q.oldest_age_seconds),
+            age_text(q.oldest_age_seconds),
             redis,
         )
     Console(width=max(100, Console().width)).print(table)
 
 
-def _age(seconds: float | None) -> str:
+def age_text(seconds: float | None) -> str:
     if seconds is None:
         return "-"
     seconds = int(seconds)

@@ -243,10 +243,10 @@ class ProcessingJob(Base):
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     error_code: Mapped[str | None] = mapped_column(String(64))
     error_message: Mapped[str | None] = mapped_column(Text)
-    created_at: Mapped[datetime]
+    created_at: Mapped[datetime] = mapped_column(index=True)  # the in-rate (status)
     queued_at: Mapped[datetime | None]
     started_at: Mapped[datetime | None]
-    completed_at: Mapped[datetime | None]
+    completed_at: Mapped[datetime | None] = mapped_column(index=True)  # the out-rate
     updated_at: Mapped[datetime]
 
 

@@ -1,0 +1,244 @@
+"""``hypermedia status``: the platform on one screen; ``hypermedia status JOB_ID``: a job.
+
+Without a job id it is an operator's command on the server: it reads the record and
+Redis (the settings' ``database_url`` and ``redis_url``, like ``scheduler log``) and
+``scheduler.json`` through :func:`autoscaler.status.gather`, and shows queues, workers,
+spend, firing alerts and the last decisions; ``--json`` prints the same values as JSON,
+``--watch`` redraws (or, with ``--json``, prints one JSON line) every ``--interval``
+seconds until Ctrl-C. With a job id it asks the API (:func:`hypermedia.cli.jobs.show_job`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from hypermedia.cli.common import ApiKey, ApiUrl, Timeout, read_settings
+from hypermedia.cli.jobs import age_text, show_job
+
+if TYPE_CHECKING:
+    from rich.console import RenderableType
+
+    from autoscaler.status import Status
+
+
+def status(
+    job_id: Annotated[
+        str | None,
+        typer.Argument(help="A job id: show that job (over the API). None: the platform."),
+    ] = None,
+    as_json: Annotated[
+        bool,
+        typer.Option("--json", envvar="HYPERMEDIA_STATUS_JSON", help="The platform as JSON."),
+    ] = False,
+    watch: Annotated[
+        bool,
+        typer.Option("--watch", envvar="HYPERMEDIA_STATUS_WATCH", help="Refresh until Ctrl-C."),
+    ] = False,
+    interval: Annotated[
+        float,
+        typer.Option(
+            "--interval", envvar="HYPERMEDIA_STATUS_INTERVAL", min=0.5, help="--watch's, s."
+        ),
+    ] = 2.0,
+    config_path: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            envvar="HYPERMEDIA_SCHEDULER_CONFIG",
+            help="scheduler.json (the caps and mode shown).",
+            show_default=False,
+        ),
+    ] = None,
+    api_url: ApiUrl = None,
+    api_key: ApiKey = None,
+    timeout: Timeout = 30.0,
+) -> None:
+    """The platform at a glance: queues, workers, spend, alerts, decisions (on the
+    server); or one job's status, attempts, credits and outputs (with a job id)."""
+    if job_id is not None:
+        show_job(job_id, api_url, api_key, timeout)
+        return
+    from rich.console import Console
+    from rich.live import Live
+
+    from autoscaler import config as scheduler_config
+    from autoscaler.status import gather
+    from hypermedia.stack import Stack
+
+    loaded = scheduler_config.load(config_path)
+    stack = Stack.open(read_settings(), with_storage=False)
+    try:
+        if not watch:
+            current = gather(stack, loaded)
+            if as_json:
+                typer.echo(json.dumps(current.as_json(), indent=2))
+            else:
+                Console(width=max(120, Console().width)).print(render(current))
+            return
+        try:
+            if as_json:
+                while True:
+                    typer.echo(json.dumps(gather(stack, loaded).as_json()))
+                    time.sleep(interval)
+            with Live(render(gather(stack, loaded)), auto_refresh=False, screen=True) as live:
+                while True:
+                    time.sleep(interval)
+                    live.update(render(gather(stack, loaded)), refresh=True)
+        except KeyboardInterrupt:
+            return
+    finally:
+        stack.close()
+
+
+def _money(cents: float) -> str:
+    return f"${cents / 100:,.2f}"
+
+
+def _when(epoch: float | None) -> str:
+    if epoch is None:
+        return "-"
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def render(current: Status) -> RenderableType:
+    """The screen: a few tables, one per part."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    parts: list[Any] = []
+    leader = current.leader or "none"
+    header = (
+        f"hypermedia at {_when(current.at)} UTC · mode {current.mode} · scheduler leader"
+        f" {leader} · last turn {_when(current.last_turn_at)}"
+    )
+    parts.append(Text(header, style="bold"))
+
+    window = f"{current.rate_window_seconds / 60:.0f} min"
+    queues = Table(
+        "queue",
+        "depth",
+        "oldest",
+        "1-3",
+        "4-6",
+        "7-10",
+        "in flight",
+        "retry wait",
+        f"in/min ({window})",
+        f"out/min ({window})",
+        title="Queues (depth: ready jobs; per band: depth, oldest)",
+        title_justify="left",
+    )
+    for q in current.queues:
+        bands = [
+            f"{band.depth} · {age_text(band.oldest_age_seconds)}" if band else "-"
+            for band in (q.bands.get(name) for name in ("1-3", "4-6", "7-10"))
+        ]
+        queues.add_row(
+            q.queue,
+            str(q.depth),
+            age_text(q.oldest_age_seconds) if q.depth else "-",
+            *bands,
+            str(q.in_flight),
+            str(q.retry_wait),
+            f"{q.in_per_minute:g}",
+            f"{q.out_per_minute:g}",
+        )
+    parts.append(queues)
+
+    workers = Table(
+        "worker",
+        "queue",
+        "where",
+        "host",
+        "state",
+        "heartbeat",
+        "jobs",
+        "CPU",
+        title=f"Workers ({len(current.workers)} live)",
+        title_justify="left",
+    )
+    for w in current.workers:
+        workers.add_row(
+            w.worker_id,
+            w.queue,
+            w.location,
+            w.hostname,
+            w.state,
+            f"{age_text(w.heartbeat_age_seconds)} ago",
+            f"{w.current_jobs}/{w.concurrency}",
+            "-" if w.cpu_percent is None else f"{w.cpu_percent:g} %",
+        )
+    parts.append(workers)
+    if current.instances:
+        instances = Table(
+            "instance",
+            "provider",
+            "type",
+            "spot",
+            "price",
+            "running",
+            title="Cloud instances",
+            title_justify="left",
+        )
+        for i in current.instances:
+            instances.add_row(
+                i.instance_id,
+                i.provider,
+                i.node_type,
+                "yes" if i.spot else "no",
+                f"{_money(i.cents_per_hour)}/h",
+                age_text(i.running_seconds),
+            )
+        parts.append(instances)
+
+    s = current.spend
+    lock = (
+        f"LOCKED to vps_only since {_when(s.locked_at)}: {s.lock_reason}"
+        if s.locked
+        else "not locked"
+    )
+    parts.append(
+        Text(
+            f"Spend: last hour {_money(s.last_hour_cents)} (cap {_money(s.hourly_cap_cents)})"
+            f" · today {_money(s.today_cents)} (cap {_money(s.daily_cap_cents)}, alert at"
+            f" {_money(s.alert_threshold_cents)}) · {lock}",
+            style="bold red" if s.locked else "",
+        )
+    )
+
+    styles = {"critical": "bold red", "warning": "yellow", "info": ""}
+    alerts = Table(
+        "level",
+        "alert",
+        "since",
+        "summary",
+        title=f"Alerts firing ({len(current.alerts)})",
+        title_justify="left",
+    )
+    for a in current.alerts:
+        level = Text(a.level, style=styles.get(a.level, ""))
+        alerts.add_row(level, a.key, _when(a.firing_since), a.summary)
+    parts.append(alerts)
+
+    decisions = Table(
+        "when",
+        "action",
+        "queue",
+        "applied",
+        "reason",
+        title="Last decisions",
+        title_justify="left",
+    )
+    for d in current.decisions:
+        decisions.add_row(
+            _when(d.decided_at), d.action, d.queue or "-", "yes" if d.applied else "no", d.reason
+        )
+    parts.append(decisions)
+    return Group(*parts)

@@ -1,0 +1,298 @@
+"""``hypermedia status``: the platform on one screen, on a real PostgreSQL and Redis.
+
+The jobs move through the real dispatcher (claimed, completed, failed, retried), the
+scheduler takes a real turn (a launch, an alert firing); then :func:`gather`,
+``status --json`` and the screen each show the numbers the record and Redis hold."""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from collections.abc import Iterator, Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select, text
+from typer.testing import CliRunner
+
+from autoscaler import config as scheduler_config
+from autoscaler.config import ProviderName
+from autoscaler.leader import Leadership, Term
+from autoscaler.scheduler import Scheduler
+from autoscaler.snapshot import Offer, Plan, WorkerState
+from autoscaler.status import RATE_WINDOW_SECONDS, gather
+from hypermedia.cli import app
+from hypermedia.clock import ManualClock, to_datetime
+from hypermedia.db import tables as t
+from hypermedia.db.engine import transaction
+from hypermedia.stack import Stack
+from tests import support
+from tests.factories import add_worker_row, make_user, open_stack, submit
+
+
+class OneCloud:
+    def __init__(self) -> None:
+        self.launched: list[WorkerState] = []
+
+    def cloud_workers(self, now: float, actors: Sequence[WorkerState]) -> list[WorkerState]:
+        return list(self.launched)
+
+    def offers(self, now: float) -> dict[ProviderName, Offer]:
+        return {"aws": Offer("aws", 17.0, None)}
+
+    def billed(self, instance_ids: Sequence[str]) -> dict[str, float]:
+        return {}
+
+    def apply(self, plan: Plan, term: Term) -> list[bool]:
+        for decision in plan.actions:
+            assert decision.queue is not None
+            self.launched.append(
+                WorkerState("i-1", decision.queue, "active", time.time(), provider="aws")
+            )
+        return [True] * len(plan.actions)
+
+
+def config_data() -> dict[str, Any]:
+    data: dict[str, Any] = copy.deepcopy(json.loads(scheduler_config.SHIPPED.read_text()))
+    data["mode"] = "hybrid"
+    data["cloud_providers"]["aws"].update(enabled=True, ami_id="ami-0123456789abcdef0")
+    data["queues"]["images"].update(max_workers=3, cloud_enabled=True, cloud_provider="aws")
+    data["scaling_rules"]["scale_up"]["queue_depth_threshold"] = 5
+    data["alerts"] = {"queue_depth": {"above": 5, "for_seconds": 0}}
+    return data
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    """20 minutes ago: the scene brings it to now (``status`` runs on the real clock)."""
+    return ManualClock(time.time() - RATE_WINDOW_SECONDS - 300)
+
+
+@pytest.fixture
+def stack(pg_engine, settings, clock) -> Iterator[Stack]:
+    opened = open_stack(settings, pg_engine, clock)
+    yield opened
+    opened.close()
+
+
+@pytest.fixture
+def scene(stack: Stack, clock: ManualClock) -> scheduler_config.SchedulerConfig:
+    """Jobs in every state on two queues, two workers, an instance, a turn taken."""
+    person = make_user(stack)
+    old = submit(stack, person, ["thumbnail"], priority=2)  # created 20 min ago
+    clock.advance(RATE_WINDOW_SECONDS + 300)
+    images = [submit(stack, person, ["thumbnail"], priority=p)[0] for p in (2, 2, 5, 8) * 3]
+    submit(stack, person, ["pdf_preview"], priority=5)
+    now = to_datetime(clock.now())
+    add_worker_row(stack.engine, "w-images", at=now, hostname="vps-1")
+    add_worker_row(stack.engine, "w-docs", at=now - timedelta(seconds=50), queue="documents")
+    with transaction(stack.engine) as conn:
+        conn.execute(
+            t.worker_metrics.insert().values(
+                worker_id="w-images",
+                recorded_at=now,
+                cpu_percent=42.5,
+                memory_mb=1.0,
+                disk_free_mb=1.0,
+                jobs_completed=0,
+                jobs_failed=0,
+                throughput_per_min=0.0,
+            )
+        )
+        conn.execute(
+            t.cloud_spend.insert().values(
+                provider="aws",
+                instance_id="i-0",
+                node_type="images",
+                region="eu-west-3",
+                spot=True,
+                price_per_hour_microusd=1_700_000,
+                launched_at=now - timedelta(minutes=30),
+            )
+        )
+    dispatcher = stack.dispatcher
+    claimed = dispatcher.claim_and_start("images", "w-images", count=5)
+    assert claimed[0].job_id == old[0]  # the oldest urgent one first
+    dispatcher.complete(claimed[0], "w-images")
+    dispatcher.complete(claimed[1], "w-images")
+    dispatcher.fail(claimed[2], "w-images", "bad_input", "no", retryable=False)
+    dispatcher.fail(claimed[3], "w-images", "timeout", "slow", retryable=True)
+    # claimed[4] runs on: in flight
+    assert images
+    config = scheduler_config.parse(config_data())
+    leadership = Leadership(stack.redis, stack.settings.redis_prefix, "status-test", 60)
+    scheduler = Scheduler(config, stack.engine, stack.queue, leadership, clock, OneCloud(), [])
+    evaluation = scheduler.evaluate()
+    assert "launch" in [d.action for d in evaluation.decisions]
+    return config
+
+
+def record_numbers(stack: Stack) -> dict[str, Any]:
+    """What the record and Redis say, read here without the status code."""
+    now = stack.clock.now()
+    since = to_datetime(now - RATE_WINDOW_SECONDS)
+    j = t.jobs.c
+    with transaction(stack.engine) as conn:
+        queued: dict[str, int] = dict(
+            conn.execute(
+                select(j.queue, func.count()).where(j.status == "queued").group_by(j.queue)
+            ).all()
+        )
+        in_flight: dict[str, int] = dict(
+            conn.execute(
+                select(j.queue, func.count())
+                .where(j.status.in_(("claimed", "processing")))
+                .group_by(j.queue)
+            ).all()
+        )
+        retry: dict[str, int] = dict(
+            conn.execute(
+                select(j.queue, func.count()).where(j.status == "retry_wait").group_by(j.queue)
+            ).all()
+        )
+        created: dict[str, int] = dict(
+            conn.execute(
+                select(j.queue, func.count()).where(j.created_at >= since).group_by(j.queue)
+            ).all()
+        )
+        finished: dict[str, int] = dict(
+            conn.execute(
+                select(j.queue, func.count())
+                .where(j.completed_at >= since, j.status.in_(("completed", "failed")))
+                .group_by(j.queue)
+            ).all()
+        )
+        running: dict[str, int] = dict(
+            conn.execute(
+                text(
+                    "select worker_id, count(*) from job_attempts where status = 'running'"
+                    " group by worker_id"
+                )
+            ).all()
+        )
+        decisions = [
+            row.reason
+            for row in conn.execute(
+                select(t.scheduler_decisions).order_by(t.scheduler_decisions.c.decision_id.desc())
+            )
+        ]
+        notified = {
+            row.key: row.status
+            for row in conn.execute(select(t.alerts).order_by(t.alerts.c.alert_id))
+        }
+    prefix = stack.settings.redis_prefix
+    redis_counts = {
+        q: (
+            stack.redis.zcard(f"{prefix}:ready:{q}"),
+            stack.redis.zcard(f"{prefix}:leased:{q}"),
+            stack.redis.zcard(f"{prefix}:delayed:{q}"),
+        )
+        for q in stack.settings.queue_names
+    }
+    return {
+        "queued": queued,
+        "in_flight": in_flight,
+        "retry": retry,
+        "created": created,
+        "finished": finished,
+        "running": running,
+        "decisions": decisions,
+        "firing": sorted(k for k, s in notified.items() if s == "firing"),
+        "redis": redis_counts,
+    }
+
+
+def test_gather_shows_what_the_record_and_redis_hold(stack, scene):
+    status = gather(stack, scene)
+    record = record_numbers(stack)
+    by_queue = {q.queue: q for q in status.queues}
+    assert list(by_queue) == list(stack.settings.queue_names)
+    for name, q in by_queue.items():
+        ready, leased, delayed = record["redis"][name]
+        assert (q.depth, q.in_flight, q.retry_wait) == (ready, leased, delayed)
+        assert q.depth == record["queued"].get(name, 0)
+        assert q.in_flight == record["in_flight"].get(name, 0)
+        assert q.retry_wait == record["retry"].get(name, 0)
+        assert q.created == record["created"].get(name, 0)
+        assert q.finished == record["finished"].get(name, 0)
+    images = by_queue["images"]
+    # 13 images jobs: 2 completed, 1 failed, 1 waiting to retry, 1 running, 8 ready; the
+    # old one was created before the window and completed in it.
+    assert (images.depth, images.in_flight, images.retry_wait) == (8, 1, 1)
+    assert (images.created, images.finished) == (12, 3)
+    assert images.in_per_minute == round(12 / 15, 2)
+    assert {b: band.depth for b, band in images.bands.items()} == {"1-3": 2, "4-6": 3, "7-10": 3}
+    assert by_queue["documents"].depth == 1
+
+    workers = {w.worker_id: w for w in status.workers}
+    assert set(workers) == {"w-images", "w-docs"}
+    assert workers["w-images"].current_jobs == record["running"]["w-images"] == 1
+    assert workers["w-images"].cpu_percent == 42.5 and workers["w-docs"].cpu_percent is None
+    assert workers["w-docs"].heartbeat_age_seconds == pytest.approx(50, abs=1)
+    assert (workers["w-images"].location, workers["w-images"].hostname) == ("vps", "vps-1")
+
+    assert [(i.instance_id, i.spot, i.cents_per_hour) for i in status.instances] == [
+        ("i-0", True, 170.0)
+    ]
+    assert status.spend.last_hour_cents == pytest.approx(85.0, abs=0.01)
+    assert (status.spend.daily_cap_cents, status.spend.locked) == (5000, False)
+
+    assert [a.key for a in status.alerts] == record["firing"] == ["queue_depth:images"]
+    assert [d.reason for d in status.decisions] == record["decisions"][:10]
+    assert any(d.action == "launch" and d.queue == "images" for d in status.decisions)
+    assert status.leader is not None and status.leader.startswith("status-test ")
+    assert status.mode == "hybrid" and status.last_turn_at == pytest.approx(
+        stack.clock.now(), abs=1
+    )
+
+
+def test_the_command_shows_the_same_numbers(stack, scene, tmp_path: Path):
+    config_file = tmp_path / "scheduler.json"
+    config_file.write_text(json.dumps(config_data()))
+    env = {
+        "HYPERMEDIA_DATABASE_URL": support.url_string(stack.engine),
+        "HYPERMEDIA_REDIS_URL": support.redis_server_url(),
+        "HYPERMEDIA_REDIS_PREFIX": stack.settings.redis_prefix,
+        "HYPERMEDIA_DATA_DIR": str(tmp_path),
+        "HYPERMEDIA_SCHEDULER_CONFIG": str(config_file),
+    }
+    runner = CliRunner()
+    result = runner.invoke(app, ["status", "--json"], env=env)
+    assert result.exit_code == 0, result.output
+    shown = json.loads(result.stdout)
+    expected = gather(stack, scene).as_json()
+
+    def steady(status: dict[str, Any]) -> dict[str, Any]:
+        """What does not move with the clock (the command's is the real one)."""
+        return {
+            "queues": [
+                {k: q[k] for k in ("queue", "depth", "in_flight", "retry_wait", "created")}
+                | {"bands": {b: v["depth"] for b, v in q["bands"].items()}}
+                for q in status["queues"]
+            ],
+            "workers": [
+                {k: w[k] for k in ("worker_id", "queue", "state", "current_jobs", "cpu_percent")}
+                for w in status["workers"]
+            ],
+            "instances": [i["instance_id"] for i in status["instances"]],
+            "spend": {k: status["spend"][k] for k in ("daily_cap_cents", "locked")},
+            "alerts": [a["key"] for a in status["alerts"]],
+            "decisions": status["decisions"],
+            "mode": status["mode"],
+            "leader": status["leader"],
+        }
+
+    assert steady(shown) == steady(expected)
+
+    screen = runner.invoke(app, ["status"], env=env)
+    assert screen.exit_code == 0, screen.output
+    rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in screen.stdout.splitlines()]
+    cells = next(row for row in rows if row[:1] == ["images"])
+    assert cells[0:2] == ["images", "8"]
+    assert cells[3].startswith("2 · ") and cells[6:10] == ["1", "1", "0.8", "0.2"]
+    for word in ("w-images", "w-docs", "42.5 %", "queue_depth:images", "i-0", "hybrid"):
+        assert word in screen.stdout, word
+    assert "launch" in screen.stdout
