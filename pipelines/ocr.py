@@ -82,7 +82,8 @@ def check(params: Mapping[str, Any]) -> None:
     """Refuse, before a job exists, parameters the step would refuse (unknown
     language, a language no installed engine of the chain reads)."""
     request = ocr_params.parse(params)
-    if "tesseract" in request.engines and not request.ppocr_reads():
+    others = [engine for engine in request.engines if engine != "tesseract"]
+    if "tesseract" in request.engines and not any(request.reads(e) for e in others):
         from pipelines.ocr_engines import tesseract_languages
 
         installed = tesseract_languages()
@@ -151,12 +152,17 @@ class Engines:
         """The engine, or why it cannot run here."""
         if name.startswith("ppocr") and not self.request.ppocr_reads():
             return f"the PP-OCR models do not read {'+'.join(self.request.languages)}"
+        if name == "paddle" and not self.request.reads(name):
+            return f"the paddle models do not read {'+'.join(self.request.languages)}"
         if name not in self._built:
             from pipelines import ocr_engines
 
             try:
                 self._built[name] = ocr_engines.create(
-                    name, self.request.tesseract_languages(), self.threads
+                    name,
+                    self.request.tesseract_languages(),
+                    self.threads,
+                    paddle_models=self.request.paddle_models,
                 )
             except PipelineError as exc:
                 if exc.code != "engine_unavailable":
@@ -356,7 +362,7 @@ def _image_dpi(image: Any) -> float:
 # -- the step ----------------------------------------------------------------------------
 
 
-@register("ocr", check=check)
+@register("ocr", check=check, profile_only=ocr_params.PROFILE_ONLY)
 def ocr(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list[Output]:
     """OCR an image or PDF: text, JSON and a searchable PDF (see the module doc)."""
     request = ocr_params.parse(params)

