@@ -29,6 +29,11 @@ A hold (something wanted, not done: cooldown, cap, mode) is written to
    decisions carried out, and records their notifications for the webhooks; the
    :class:`~autoscaler.webhooks.Sender` delivers them on its own thread while
    :meth:`Scheduler.run` runs, so a webhook never holds up a turn.
+
+Every turn sets the spend gauges (the last hour and today, the caps, the alert
+threshold, the cost lock) and the time of the evaluation in the stack's recorder
+(:mod:`hypermedia.metrics`), and tells it which Ray nodes are cloud workers; every
+decision written to ``scheduler_decisions`` is counted by its action.
 """
 
 from __future__ import annotations
@@ -75,6 +80,18 @@ from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
 from hypermedia.errors import ConfigError
 from hypermedia.jobs.states import JobStatus
+from hypermedia.metrics import (
+    COST_LOCKED,
+    DECISIONS,
+    HOUR,
+    LAST_EVALUATION,
+    SPEND,
+    SPEND_ALERT,
+    SPEND_CAP,
+    TODAY,
+    NoMetrics,
+    Recorder,
+)
 from hypermedia.queue.redis_queue import RedisQueue
 from hypermedia.sandbox.limits import wall_clock_seconds
 from hypermedia.stack import Stack
@@ -305,6 +322,7 @@ class Scheduler:
         clock: Clock,
         fleet: Fleet | None = None,
         alert_webhooks: Sequence[webhooks.Webhook] = (),
+        metrics: Recorder | None = None,
     ) -> None:
         self.config = config
         self.engine = engine
@@ -314,6 +332,7 @@ class Scheduler:
         self.fleet: Fleet = fleet or NoCloud()
         self.alerting = Alerting(config, engine, alert_webhooks)
         self.sender = webhooks.Sender(engine, alert_webhooks, clock)
+        self.metrics: Recorder = metrics or NoMetrics()
 
     def observe(self) -> Snapshot:
         now = self.clock.now()
@@ -348,6 +367,7 @@ class Scheduler:
     def evaluate(self) -> Evaluation:
         """One turn: observe, decide, and, as the leader, record and apply."""
         snapshot = self.observe()
+        self.publish(snapshot)
         decisions = policy.decide(self.config, snapshot)
         term = self.leadership.acquire()
         if term is None:
@@ -361,6 +381,20 @@ class Scheduler:
             except Exception:  # the alerts never stop the scaling
                 log.exception("evaluating the alert rules failed")
         return Evaluation(snapshot, decisions, term)
+
+    def publish(self, snapshot: Snapshot) -> None:
+        """The turn's spend against the caps, the lock, and which nodes are cloud."""
+        spend, limits = snapshot.spend, self.config.cost_limits
+        self.metrics.set(SPEND, {"window": HOUR}, spend.last_hour_cents)
+        self.metrics.set(SPEND, {"window": TODAY}, spend.today_cents)
+        self.metrics.set(SPEND_CAP, {"window": HOUR}, limits.max_hourly_spend_cents)
+        self.metrics.set(SPEND_CAP, {"window": TODAY}, limits.max_daily_spend_cents)
+        self.metrics.set(SPEND_ALERT, {}, limits.alert_threshold_cents)
+        self.metrics.set(COST_LOCKED, {}, 1.0 if spend.locked else 0.0)
+        self.metrics.set(LAST_EVALUATION, {}, snapshot.now)
+        self.metrics.place(
+            {w.node_id: w.spot for w in snapshot.workers if w.cloud and w.node_id is not None}
+        )
 
     def reconcile(self, now: float) -> list[str]:
         """Every :data:`RECONCILE_SECONDS`, compare the ledger with the providers' billing:
@@ -431,6 +465,7 @@ class Scheduler:
         now = snapshot.now
         history = next_history(snapshot, decisions, applied)
         mode = "vps_only" if snapshot.spend.locked else self.config.mode
+        recorded: list[str] = []
         with transaction(self.engine) as conn:
             held_before = set((read_state(conn, HOLDS) or {}).get("keys", []))
             held_now: list[str] = []
@@ -465,12 +500,15 @@ class Scheduler:
                         applied=done,
                     )
                 )
+                recorded.append(decision.action)
                 if decision.action == "lock" and done:
                     write_state(conn, COST_LOCK, {"at": now, "reason": decision.reason}, now)
                 if decision.action == "alert" and decision.queue is None:  # the spend alert
                     write_state(conn, "alerted", {"day": _to_datetime(now).date().isoformat()}, now)
             write_state(conn, HISTORY, history_value(history), now)
             write_state(conn, HOLDS, {"keys": held_now}, now)
+        for action in recorded:  # once committed: the count says what the table says
+            self.metrics.count(DECISIONS, {"action": action})
 
     def stop(self) -> None:
         """Give the leadership up at once if this scheduler holds it."""
@@ -521,5 +559,12 @@ def open_scheduler(
     if alert_webhooks is None:
         alert_webhooks = webhooks.load()
     return Scheduler(
-        config, stack.engine, stack.queue, leadership, stack.clock, fleet, alert_webhooks
+        config,
+        stack.engine,
+        stack.queue,
+        leadership,
+        stack.clock,
+        fleet,
+        alert_webhooks,
+        stack.metrics,
     )

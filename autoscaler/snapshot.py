@@ -17,21 +17,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal
 
+# Priority bands of the seed's routing table: one copy, in the core (the metrics and the
+# alerts label by them too), re-exported here for the policy and the simulator.
+from hypermedia.jobs.priority import BANDS as BANDS
+from hypermedia.jobs.priority import Band as Band
+from hypermedia.jobs.priority import band_of as band_of
+
 if TYPE_CHECKING:  # an annotation only: the policy runs without loading pydantic
     from autoscaler.config import ProviderName
-
-# Priority bands of the seed's routing table.
-Band = Literal["1-3", "4-6", "7-10"]
-BANDS: tuple[Band, ...] = ("1-3", "4-6", "7-10")
-
-
-def band_of(priority: int) -> Band:
-    """The routing band of a job priority (1 most urgent .. 10)."""
-    if priority <= 3:
-        return "1-3"
-    if priority <= 6:
-        return "4-6"
-    return "7-10"
 
 
 # The seed's routing table: "Long transcode (> 30 min): spot with checkpointing".

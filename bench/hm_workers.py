@@ -22,6 +22,7 @@ import contextlib
 import dataclasses
 import importlib
 import logging
+import math
 import os
 import shutil
 import tempfile
@@ -107,7 +108,11 @@ class Hypermedia:
             self._ray_dir,
             resources=cluster.queue_resources({QUEUE: self.args.actors}),
             token_path=token,
-            num_cpus=os.cpu_count() or 2,
+            # Room for every actor asked for (each reserves its queue's cpus).
+            num_cpus=max(
+                os.cpu_count() or 2,
+                math.ceil(self.args.actors * self.settings.queues[QUEUE].cpus),
+            ),
         )
         self.node = node
         self.cleanup.callback(self._stop_cluster)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import re
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -53,16 +54,31 @@ def _default_data_dir() -> Path:
     return Path(base) / "hypermedia"
 
 
+DEFAULT_ACTOR_CPUS = 0.5  # see QueueSettings
+
+
 class QueueSettings(BaseModel):
-    """Per-queue settings. Concurrency is the number of claim loops per actor; workers,
-    the pipeline actors of the queue that a local stack (``run``, ``up``, ``head``)
-    starts on this machine (0: none here; its jobs are then refused at submit unless
-    the stack is attached to a cluster, whose nodes may run them)."""
+    """Per-queue settings. ``concurrency`` is the number of claim loops per actor;
+    ``workers``, the pipeline actors of the queue that a local stack (``run``, ``up``,
+    ``head``) starts on this machine (0: none here; its jobs are then refused at submit
+    unless the stack is attached to a cluster, whose nodes may run them); ``cpus`` the
+    CPUs each actor of the queue reserves from Ray (its ``num_cpus``: what Ray's
+    dashboard, ``ray status`` and ``ray_resources`` show it using). The default, half a
+    CPU, lets one actor of each of four queues share a 2-core machine; 0 places actors
+    by their queue resource alone, as Ray sees no CPU taken."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     concurrency: int = Field(default=1, ge=1, le=64)
     workers: int = Field(default=1, ge=0, le=16)
+    cpus: float = Field(default=DEFAULT_ACTOR_CPUS, ge=0, le=64)
+
+    @field_validator("cpus")
+    @classmethod
+    def _ray_precision(cls, value: float) -> float:
+        if 0 < value < 0.01:
+            raise ValueError("must be 0 or at least 0.01")
+        return round(value, 4)  # Ray counts resources in units of 0.0001
 
 
 def _default_queues() -> dict[str, QueueSettings]:
@@ -131,6 +147,9 @@ class Settings(BaseSettings):
     # The address a Ray head of our own (`run`, `up`) listens on for nodes that join
     # it (`hypermedia worker`). Unset: loopback only, and no node can join.
     ray_node_ip: IPvAnyAddress | None = None
+    # Ray's dashboard on the head of `up` (`run` never starts it): on 127.0.0.1, behind
+    # the cluster's token. It costs about 1 GB of memory.
+    ray_dashboard: bool = True
 
     # Spot interruption notices (hypermedia.worker.spot): a worker on a spot instance
     # watches its cloud's metadata service ("aws" or "gcp"); "off" everywhere else.
@@ -283,6 +302,11 @@ class Settings(BaseSettings):
     @property
     def queue_names(self) -> tuple[str, ...]:
         return tuple(self.queues)
+
+    def pool_cpus(self, pools: Mapping[str, int]) -> float:
+        """The CPUs Ray must find for ``pools`` (actors per queue): each actor reserves
+        its queue's ``cpus``. A node that hosts them all needs at least this many."""
+        return sum(count * self.queues[queue].cpus for queue, count in pools.items())
 
 
 def load_settings(**overrides: Any) -> Settings:

@@ -2,10 +2,16 @@
 ``hypermedia up`` need, started in order and stopped in reverse.
 
     private redis-server (unless HYPERMEDIA_REDIS_URL) -> SQLite record (unless
-    HYPERMEDIA_DATABASE_URL), migrated -> Ray head on free ports, token auth ->
-    the API (ingest + signed blob URLs for local storage) on a free port ->
-    supervisor with one pipeline actor per queue that has pipelines -> reaper and
-    reconciler
+    HYPERMEDIA_DATABASE_URL), migrated -> Ray head on free ports, token auth (with
+    its dashboard on 127.0.0.1 unless ``ray_dashboard`` is off or the caller says
+    not: ``run``) -> the API (ingest + signed blob URLs for local storage, the head's
+    ``/metrics``) on a free port -> supervisor with one pipeline actor per queue that
+    has pipelines -> reaper and reconciler
+
+The head offers Ray as many CPUs as the machine has, or as its actors reserve
+(``queues.<name>.cpus`` each) if that is more: every actor the stack starts is placed.
+With the dashboard on, ``<data_dir>/ray/prom_metrics_service_discovery.json`` links to
+Ray's Prometheus service discovery file (see ``etc/prometheus/``).
 
 Ray reads its auth settings when first imported, so nothing here imports
 ``ray`` before :meth:`LocalStack.start` has set them.
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import fcntl
 import logging
+import math
 import os
 import threading
 import time
@@ -99,7 +106,14 @@ class LocalStack:
     _lock: IO[str] | None = None
     _watchdog: Watchdog | None = None
 
-    def start(self, *, pools: dict[str, int] | None = None, progress: Any = None) -> None:
+    def start(
+        self,
+        *,
+        pools: dict[str, int] | None = None,
+        progress: Any = None,
+        dashboard: bool | None = None,
+    ) -> None:
+        """``dashboard``: start Ray's dashboard (default: the ``ray_dashboard`` setting)."""
         from hypermedia.watchdog import Watchdog
         from hypermedia.worker import cluster
 
@@ -163,14 +177,20 @@ class LocalStack:
         else:
             node_ip = str(settings.ray_node_ip) if settings.ray_node_ip is not None else None
             self._watchdog.watch_ray_node(cluster.short_temp_dir(directory, "head"))
+            with_dashboard = settings.ray_dashboard if dashboard is None else dashboard
             self.node = cluster.start_head(
                 directory,
                 resources=cluster.queue_resources(pools),
                 token_path=token,
+                num_cpus=max(os.cpu_count() or 1, math.ceil(settings.pool_cpus(pools))),
+                dashboard=with_dashboard,
                 node_ip=node_ip,
             )
             address = self.node.address
             say(f"ray head at {address}")
+            if self.node.dashboard_url:
+                link_service_discovery(directory, self.node)
+                say(f"ray dashboard at {self.node.dashboard_url} (token in {token})")
         self._start_api(port)
         say(f"api at {api_url}")
 
@@ -269,6 +289,15 @@ class LocalStack:
         if self._lock is not None:
             self._lock.close()  # releases the flock
             self._lock = None
+
+
+def link_service_discovery(directory: Path, node: RayNode) -> Path:
+    """``<directory>/prom_metrics_service_discovery.json``: a link to the head's Ray
+    service discovery file (in its temp dir, whose name is a hash), for Prometheus."""
+    link = directory / node.service_discovery_file.name
+    link.unlink(missing_ok=True)
+    link.symlink_to(node.service_discovery_file)
+    return link
 
 
 def hold_data_dir(data_dir: Path) -> IO[str]:

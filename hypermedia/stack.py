@@ -30,6 +30,7 @@ from hypermedia.jobs.dispatcher import Dispatcher
 from hypermedia.jobs.reaper import Reaper
 from hypermedia.jobs.repository import JobRepository
 from hypermedia.jobs.states import Backoff
+from hypermedia.metrics import Recorder
 from hypermedia.profiles import load_profiles
 from hypermedia.queue.redis_queue import RedisQueue, connect
 from hypermedia.ratelimit import RateLimiter
@@ -112,6 +113,7 @@ class Stack:
     reaper: Reaper
     clock: Clock
     limiter: RateLimiter
+    metrics: Recorder
     _storage: Storage | None = None
 
     @property
@@ -134,11 +136,15 @@ class Stack:
         engine: Engine | None = None,
         implemented: Callable[[], Collection[str]] = registered_operations,
         with_storage: bool = True,
+        metrics: Recorder | None = None,
     ) -> Stack:
         """``implemented`` names the operations ingest accepts (those with a pipeline
         step; tests of queue mechanics may widen it to every profile).
         ``with_storage=False``: no storage backend, so none of its credentials or
-        signing secret (a pipeline actor's stack)."""
+        signing secret (a pipeline actor's stack).
+        ``metrics``: where the stack's parts count what they do; by default the head's
+        (:class:`~hypermedia.metrics.head.HeadMetrics`, which also reads the queues and
+        workers when scraped: the API serves it on ``/metrics``)."""
         clock = clock or SystemClock()
         prepare_data_dir(settings)
         engine = engine or make_engine(settings.effective_database_url)
@@ -157,6 +163,12 @@ class Stack:
             )
         client = connect(redis_url_for(settings))
         queue = RedisQueue(client, settings.redis_prefix, settings.queue_names)
+        if metrics is None:
+            from hypermedia.metrics.head import HeadMetrics
+
+            head = HeadMetrics()
+            head.watch(queue, engine, clock)
+            metrics = head
         repository = JobRepository(
             Backoff(settings.backoff_base_seconds, settings.backoff_max_seconds)
         )
@@ -180,6 +192,7 @@ class Stack:
                 implemented,
                 limiter=limiter,
                 key_defaults=key_defaults,
+                metrics=metrics,
             ),
             dispatcher=Dispatcher(
                 engine,
@@ -188,12 +201,19 @@ class Stack:
                 clock=clock,
                 repository=repository,
                 lease_grace_seconds=settings.lease_grace_seconds,
+                metrics=metrics,
             ),
             reaper=Reaper(
-                engine, queue, clock=clock, repository=repository, data_dir=settings.data_dir
+                engine,
+                queue,
+                clock=clock,
+                repository=repository,
+                data_dir=settings.data_dir,
+                metrics=metrics,
             ),
             clock=clock,
             limiter=limiter,
+            metrics=metrics,
             _storage=build_storage(settings, clock) if with_storage else None,
         )
 

@@ -38,6 +38,9 @@ REPO = Path(__file__).resolve().parents[1]
 # Room for every pool a test asks for: a queue resource only places actors.
 SHARED_QUEUES = ("images", "documents", "media", "ocr", "bulk")
 SHARED_SLOTS = 16
+# The machine's two cores; actors reserve their queue's ``cpus`` (0.5 by default), so
+# four default actors fit at once.
+SHARED_CPUS = 2
 
 _shared: tuple[cluster.RayNode, Path] | None = None  # the node, the directory made for it
 
@@ -51,7 +54,7 @@ def shared_head() -> cluster.RayNode:
             directory,
             resources=cluster.queue_resources(dict.fromkeys(SHARED_QUEUES, SHARED_SLOTS)),
             token_path=RAY_TOKEN,
-            num_cpus=2,
+            num_cpus=SHARED_CPUS,
         )
         _shared = (node, directory)
     node = _shared[0]
@@ -152,6 +155,8 @@ def ray_stack(
     )
     unknown = set(pools) - set(SHARED_QUEUES)
     assert not unknown, f"the shared Ray head has no resources for {unknown}"
+    needed = settings.pool_cpus(pools)
+    assert needed <= SHARED_CPUS, f"{pools} reserve {needed:g} CPUs; the shared head has 2"
     stack = Stack.open(settings, engine=engine, auto_migrate=True)
     supervisor: Supervisor | None = None
     maintenance = Maintenance(stack, reaper_interval=0.5, reconcile_interval=30)

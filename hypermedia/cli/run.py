@@ -73,7 +73,8 @@ def run(
     pools = implemented_queues(settings, needed) or None
     local = LocalStack(settings)
     try:
-        local.start(pools=pools, progress=_progress_say(console))
+        # A batch that ends when it is done: nobody opens a dashboard for it.
+        local.start(pools=pools, progress=_progress_say(console), dashboard=False)
         _stop_on_sigterm()
         console.print(f"[dim]submitting {len(files)} files[/]")
         assert local.stack is not None

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from hypermedia.cli.common import read_settings
-from hypermedia.errors import HypermediaError
+from hypermedia.errors import ConfigError, HypermediaError
+
+if TYPE_CHECKING:
+    from hypermedia.config import Settings
 
 
 def serve(
@@ -67,6 +70,7 @@ def worker(
         name, _, n = spec.partition("=")
         counts[name] = int(n or 1)
     settings = read_settings()
+    check_worker_cpus(settings, counts, num_cpus)
     node = cluster.start_worker_node(
         settings.data_dir / "ray",
         address,
@@ -85,3 +89,24 @@ def worker(
                 raise HypermediaError("the Ray node stopped")
     finally:
         node.stop()
+
+
+def check_worker_cpus(settings: Settings, counts: dict[str, int], num_cpus: int) -> None:
+    """A node must have the CPUs its actors reserve (``queues.<name>.cpus`` each), or
+    Ray would leave the last of them unplaced: refuse, naming the keys."""
+    unknown = sorted(set(counts) - set(settings.queue_names))
+    if unknown:
+        raise ConfigError(
+            "--queue (HYPERMEDIA_WORKER_QUEUES)",
+            f"{unknown[0]!r} is not a queue ({', '.join(settings.queue_names)})",
+        )
+    needed = settings.pool_cpus(counts)
+    if needed > num_cpus:
+        shares = ", ".join(
+            f"{n} x {settings.queues[q].cpus:g} for {q}" for q, n in sorted(counts.items())
+        )
+        raise ConfigError(
+            "--num-cpus (HYPERMEDIA_WORKER_CPUS)",
+            f"{num_cpus} is fewer than the {needed:g} CPUs the actors reserve ({shares}): "
+            "raise it, or lower HYPERMEDIA_QUEUES__<NAME>__CPUS",
+        )

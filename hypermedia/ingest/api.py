@@ -4,7 +4,8 @@ There is no module-level app: ``hypermedia serve`` builds the stack from
 settings and hands the app to uvicorn; tests build their own.
 
 Every route but ``/healthz`` and the blob routes needs ``Authorization: Bearer
-hm_...`` (401 otherwise), checked before the body is read; a body over its route's
+hm_...`` (401 otherwise), checked before the body is read (``/metrics``, the head's
+Prometheus metrics, an operator's key); a body over its route's
 limit answers 413 unread (``max_json_body_bytes``, uploads ``max_upload_bytes``; see
 :mod:`hypermedia.ingest.guard`). The blob routes serve the local storage's signed URLs
 (:mod:`hypermedia.storage.signing`): the signature is their credential, a bad or
@@ -83,6 +84,7 @@ from hypermedia.storage.local import LocalStorage
 log = logging.getLogger(__name__)
 
 PREFIX = "/v1/hypermedia"
+METRICS_PATH = "/metrics"  # where Prometheus looks by default
 
 _bearer = HTTPBearer(
     auto_error=False,
@@ -480,6 +482,25 @@ def healthz(stack: StackDep, response: Response) -> HealthResponse:
     )
 
 
+@router.get(
+    METRICS_PATH,
+    summary="The head's metrics in Prometheus's text format (operators only)",
+    responses=_errors(403, 404),
+    tags=["operators"],
+    response_class=Response,
+)
+def read_metrics(caller: CallerDep, stack: StackDep) -> Response:
+    """What the head counts and reads from Redis and the record when scraped (see
+    :mod:`hypermedia.metrics`); the pipeline actors' metrics are Ray's to export."""
+    if not caller.is_operator:
+        raise Forbidden("metrics are for operators only")
+    from hypermedia.metrics.head import CONTENT_TYPE, HeadMetrics
+
+    if not isinstance(stack.metrics, HeadMetrics):
+        raise NotFound("this API's stack exports no metrics")
+    return Response(stack.metrics.exposition(), media_type=CONTENT_TYPE)
+
+
 def _database_ok(stack: Stack) -> bool:
     try:
         with stack.engine.connect() as conn:
@@ -607,7 +628,7 @@ def route_rules(settings: Settings) -> Rules:
         blob = path.startswith(blobs)
         upload = method == "PUT" and (blob or path == uploads_path)
         return RouteRule(
-            needs_key=path.startswith(f"{PREFIX}/") and not blob,
+            needs_key=(path.startswith(f"{PREFIX}/") and not blob) or path == METRICS_PATH,
             max_body_bytes=settings.max_upload_bytes if upload else settings.max_json_body_bytes,
             streamed=upload,
         )

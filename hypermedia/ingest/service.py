@@ -73,6 +73,7 @@ from hypermedia.ids import new_id
 from hypermedia.jobs.catalog import ProfileCatalog, ProfileRecord
 from hypermedia.jobs.repository import JobRepository, NewJob, NewSubmission
 from hypermedia.jobs.states import IN_FLIGHT, JobStatus
+from hypermedia.metrics import JOBS_SUBMITTED, NoMetrics, Recorder
 from hypermedia.objects import usable_by
 from hypermedia.queue.redis_queue import RedisQueue
 from hypermedia.ratelimit import RateLimiter
@@ -249,8 +250,10 @@ class IngestService:
         implemented: Callable[[], Collection[str]] = registered_operations,
         limiter: RateLimiter | None = None,
         key_defaults: KeyGrants = UNLIMITED,
+        metrics: Recorder | None = None,
     ) -> None:
         self.engine = engine
+        self.metrics: Recorder = metrics or NoMetrics()
         self.queue = queue
         self.catalog = catalog
         self.clock = clock or SystemClock()
@@ -294,6 +297,12 @@ class IngestService:
             # A concurrent submit with the same idempotency key won: replay it.
             results, fresh = self._submit_transaction(caller, requests)
         self._enqueue(fresh)
+        for result in results:
+            if not result.replayed:
+                for job in result.jobs:
+                    self.metrics.count(
+                        JOBS_SUBMITTED, {"queue": job.queue, "operation": job.operation}
+                    )
         return results
 
     def _check_grants(self, caller: Caller, requests: Sequence[SubmitRequest]) -> None:

@@ -11,6 +11,11 @@ The worker's hot path is batched: :meth:`Dispatcher.claim_and_start` leases up t
 :meth:`Dispatcher.complete_many` completes a batch in one transaction (group
 commit) and removes them from Redis in one call. Leases and profile versions come
 from the catalog, not from SELECTs.
+
+Each step that changes the record counts it in the dispatcher's recorder
+(:mod:`hypermedia.metrics`): attempts started and their queue wait, jobs completed and
+failed (or retried) by error code, attempt durations. Counted here, after the record
+has changed, the metrics say what the record says.
 """
 
 from __future__ import annotations
@@ -22,10 +27,12 @@ from typing import Any
 
 from sqlalchemy import Engine, Row
 
+from hypermedia import ids
 from hypermedia.clock import Clock, SystemClock
 from hypermedia.db.engine import transaction
 from hypermedia.errors import QueueUnavailable
 from hypermedia.jobs.catalog import ProfileCatalog
+from hypermedia.jobs.priority import band_of
 from hypermedia.jobs.repository import (
     ClaimedJob,
     FinishedJob,
@@ -34,12 +41,25 @@ from hypermedia.jobs.repository import (
     OutputRecord,
 )
 from hypermedia.jobs.states import IN_FLIGHT, JobStatus
+from hypermedia.metrics import (
+    COMPLETED,
+    FAILED,
+    JOB_DURATION,
+    JOBS_COMPLETED,
+    JOBS_FAILED,
+    JOBS_RETRIED,
+    JOBS_STARTED,
+    QUEUE_WAIT,
+    NoMetrics,
+    Recorder,
+)
 from hypermedia.queue.redis_queue import Leased, RedisQueue, Restore
 from hypermedia.sandbox.limits import wall_clock_seconds
 
 log = logging.getLogger(__name__)
 
 
+WORKER_LOST = "worker_lost"  # the code of an attempt whose worker died under it
 # The timeout of a job whose profile the catalog no longer has (or of a queue with none).
 UNKNOWN_PROFILE_TIMEOUT_SECONDS = 60
 
@@ -52,6 +72,20 @@ def lease_seconds(timeout_seconds: int | None, grace_seconds: float) -> float:
     return wall_clock_seconds(timeout_seconds) + grace_seconds
 
 
+def count_failure(
+    metrics: Recorder, moved: Moved, code: str, duration_seconds: float | None = None
+) -> None:
+    """A failed attempt, as the record took it: the job failed, or waits for a retry."""
+    labels = {"queue": moved.queue, "operation": moved.operation, "code": code}
+    metrics.count(JOBS_FAILED if moved.status is JobStatus.FAILED else JOBS_RETRIED, labels)
+    if duration_seconds is not None:
+        metrics.observe(
+            JOB_DURATION,
+            {"queue": moved.queue, "operation": moved.operation, "outcome": FAILED},
+            max(0.0, duration_seconds),
+        )
+
+
 class Dispatcher:
     def __init__(
         self,
@@ -62,8 +96,10 @@ class Dispatcher:
         clock: Clock | None = None,
         repository: JobRepository | None = None,
         lease_grace_seconds: float = 30.0,
+        metrics: Recorder | None = None,
     ) -> None:
         self.engine = engine
+        self.metrics: Recorder = metrics or NoMetrics()
         self.queue = queue
         self.catalog = catalog
         self.clock = clock or SystemClock()
@@ -141,7 +177,19 @@ class Dispatcher:
         if len(claimed) < len(job_ids):
             ours = {job.job_id for job in claimed}
             self.mirror([job_id for job_id in job_ids if job_id not in ours])
+        if start:
+            self._count_started(claimed, now)
         return claimed
+
+    def _count_started(self, jobs: Sequence[ClaimedJob], now: float) -> None:
+        for job in jobs:
+            self.metrics.count(JOBS_STARTED, {"queue": job.queue, "operation": job.operation})
+            if job.attempt_number == 1:
+                self.metrics.observe(
+                    QUEUE_WAIT,
+                    {"queue": job.queue, "priority_band": band_of(job.priority)},
+                    max(0.0, now - ids.created_at(job.job_id)),
+                )
 
     def _unlease(self, queue: str, worker_id: str, leased: Sequence[Leased]) -> None:
         try:
@@ -157,8 +205,12 @@ class Dispatcher:
     # -- running ----------------------------------------------------------------------
 
     def start(self, job: ClaimedJob, worker_id: str) -> bool:
+        now = self.clock.now()
         with transaction(self.engine) as conn:
-            return self.repository.start(conn, job.job_id, worker_id, self.clock.now())
+            started = self.repository.start(conn, job.job_id, worker_id, now)
+        if started:
+            self._count_started([job], now)
+        return started
 
     def extend(self, job: ClaimedJob, worker_id: str, seconds: float) -> bool:
         """Push the lease ``seconds`` past now (long jobs heartbeat with this)."""
@@ -209,15 +261,24 @@ class Dispatcher:
             return []
         # Outputs are more statements: then an explicit transaction holds them together.
         engine = self.engine if any(f.outputs for f in finished) else self._single
+        now = self.clock.now()
         with transaction(engine) as conn:
-            moved = self.repository.complete_many(
-                conn, worker_id, self.clock.now(), finished, self._versions
-            )
+            moved = self.repository.complete_many(conn, worker_id, now, finished, self._versions)
         done = {m.job_id for m in moved}
         lost = [f.job_id for f in finished if f.job_id not in done]
         if lost:
             self.mirror(lost)
         self._apply(moved)
+        started_at = {f.job_id: f.attempt_started_at for f in finished}
+        for m in moved:
+            self.metrics.count(JOBS_COMPLETED, {"queue": m.queue, "operation": m.operation})
+            began = started_at.get(m.job_id)
+            if began is not None:
+                self.metrics.observe(
+                    JOB_DURATION,
+                    {"queue": m.queue, "operation": m.operation, "outcome": COMPLETED},
+                    max(0.0, now - began),
+                )
         return [f.job_id in done for f in finished]
 
     def fail(
@@ -231,12 +292,13 @@ class Dispatcher:
         peak_memory_mb: float | None = None,
     ) -> JobStatus | None:
         """Record a failed attempt: answers RETRY_WAIT or FAILED (None if not ours)."""
+        now = self.clock.now()
         with transaction(self.engine) as conn:
             result = self.repository.fail(
                 conn,
                 job.job_id,
                 worker_id,
-                self.clock.now(),
+                now,
                 error_code,
                 error_message,
                 retryable=retryable,
@@ -247,6 +309,8 @@ class Dispatcher:
             return None
         moved, _decision = result
         self._apply([moved])
+        began = job.attempt_started_at
+        count_failure(self.metrics, moved, error_code, None if began is None else now - began)
         return moved.status
 
     def recover_worker(self, worker_id: str, reason: str = "worker lost") -> list[str]:
@@ -260,13 +324,14 @@ class Dispatcher:
         for job_id in job_ids:
             with transaction(self.engine) as conn:
                 result = self.repository.fail(
-                    conn, job_id, worker_id, now, "worker_lost", reason, retry_now=True
+                    conn, job_id, worker_id, now, WORKER_LOST, reason, retry_now=True
                 )
                 if result is None:
                     continue
                 moved, _ = result
                 if moved.status is JobStatus.RETRY_WAIT:
                     self.repository.promote_due(conn, now, [job_id])
+            count_failure(self.metrics, moved, WORKER_LOST)
             handled.append(job_id)
         if handled:
             self.mirror(handled)

@@ -31,9 +31,10 @@ from hypermedia import workdirs
 from hypermedia.clock import Clock, SystemClock
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
-from hypermedia.jobs.dispatcher import mirror_row
+from hypermedia.jobs.dispatcher import count_failure, mirror_row
 from hypermedia.jobs.repository import JobRepository
 from hypermedia.jobs.states import IN_FLIGHT, JobStatus
+from hypermedia.metrics import NoMetrics, Recorder
 from hypermedia.queue.redis_queue import RedisQueue, Restore, Target
 
 log = logging.getLogger(__name__)
@@ -74,9 +75,12 @@ class Reaper:
         repository: JobRepository | None = None,
         batch: int = 1000,
         data_dir: Path | None = None,
+        metrics: Recorder | None = None,
     ) -> None:
-        """``data_dir``: this node's; the workdirs that expired jobs left in it go."""
+        """``data_dir``: this node's; the workdirs that expired jobs left in it go.
+        ``metrics``: where the attempts it fails are counted."""
         self.engine = engine
+        self.metrics: Recorder = metrics or NoMetrics()
         self.queue = queue
         self.clock = clock or SystemClock()
         self.repository = repository or JobRepository()
@@ -117,6 +121,7 @@ class Reaper:
             if result is None:
                 continue  # the worker finished or extended it in the meantime
             moved, _ = result
+            count_failure(self.metrics, moved, LEASE_EXPIRED)
             report.expired += 1
             if self.data_dir is not None and job_id in holders:
                 # Its worker is gone or hung: nobody else removes what the job left.

@@ -136,6 +136,7 @@ class Moved:
     priority: int
     status: JobStatus
     retry_at: float | None = None
+    operation: str = ""  # where the caller counts it (metrics); "" where nobody does
 
 
 def _insert_ignore(conn: Connection, table: Any, rows: Sequence[dict[str, Any]]) -> None:
@@ -435,7 +436,10 @@ class JobRepository:
             self._register_outputs(conn, rows, by_id, now, versions or {})
         order = {f.job_id: i for i, f in enumerate(finished)}
         rows.sort(key=lambda r: order[r.job_id])
-        return [Moved(r.job_id, r.queue, r.priority, JobStatus.COMPLETED) for r in rows]
+        return [
+            Moved(r.job_id, r.queue, r.priority, JobStatus.COMPLETED, operation=r.operation)
+            for r in rows
+        ]
 
     def _complete_in_steps(
         self, conn: Connection, worker_id: str, now: float, finished: Sequence[FinishedJob]
@@ -547,6 +551,7 @@ class JobRepository:
                 t.jobs.c.attempt_count,
                 t.jobs.c.max_attempts,
                 t.jobs.c.queue,
+                t.jobs.c.operation,
                 t.jobs.c.priority,
                 t.jobs.c.user_id,
                 t.jobs.c.estimated_millicredits,
@@ -590,7 +595,9 @@ class JobRepository:
         )
         if decision.status is JobStatus.FAILED:
             credits.release(conn, row.user_id, row.estimated_millicredits, now)
-        moved = Moved(job_id, row.queue, row.priority, decision.status, decision.retry_at)
+        moved = Moved(
+            job_id, row.queue, row.priority, decision.status, decision.retry_at, row.operation
+        )
         return moved, decision
 
     def release(

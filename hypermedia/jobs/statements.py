@@ -292,6 +292,7 @@ def _complete_update(dialect: str, now: Any, actual: Any) -> ReturningUpdate[Any
         .returning(
             j.job_id,
             j.queue,
+            j.operation,
             j.priority,
             j.user_id,
             j.profile_id,

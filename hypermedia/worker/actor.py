@@ -87,7 +87,9 @@ class GrantsService:
             handed.apply_environment()
             if handed.storage_secret is not None:
                 settings = {**settings, "storage_secret": handed.storage_secret}
-        self.stack = Stack.open(load_settings(**settings))
+        from hypermedia.metrics import NoMetrics
+
+        self.stack = Stack.open(load_settings(**settings), metrics=NoMetrics())
         from hypermedia.storage.grants import StorageGrants
 
         self.grants = StorageGrants(
@@ -151,6 +153,7 @@ class PipelineService:
         metrics_seconds: float = 60.0,
         options: Mapping[str, Any] | None = None,
     ) -> None:
+        from hypermedia.metrics.actors import actor_metrics
         from hypermedia.stack import Stack
         from hypermedia.worker.execute import Executor, JobExecution
         from hypermedia.worker.spot import SpotWatch
@@ -162,7 +165,8 @@ class PipelineService:
         if unknown:
             raise ValueError(f"unknown worker options {sorted(unknown)}")
         cfg: Settings = load_settings(**settings)
-        self.stack = Stack.open(cfg, with_storage=False)  # per-job grants only
+        # Per-job grants only; its counts go to Ray's metrics agent.
+        self.stack = Stack.open(cfg, with_storage=False, metrics=actor_metrics())
         # Workers that died here left their jobs' files; on a burst node nobody else
         # is on this disk to remove them.
         engine = self.stack.engine
@@ -248,13 +252,17 @@ class PipelineService:
     def health(self) -> dict[str, Any]:
         """What this worker holds right now, for operators and leak checks: its pid, open
         descriptors and threads, running jobs, job workdirs on disk and processes under
-        a job uid (the last two are empty between jobs)."""
+        a job uid (the last two are empty between jobs), and its Ray worker id (the
+        ``WorkerId`` label of the metrics it exports)."""
         import os
         import threading
 
         executor = self.executor
         return {
             "pid": os.getpid(),
+            "ray_worker_id": ray.get_runtime_context().get_worker_id()
+            if ray.is_initialized()
+            else None,
             "open_fds": len(os.listdir("/proc/self/fd")),
             "threads": threading.active_count(),
             "running": len(self.worker.execution.running()),

@@ -171,6 +171,15 @@ def _prepare_temp_dir(temp_dir: Path) -> None:
     temp_dir.mkdir(mode=0o700, exist_ok=True)
 
 
+# Where Ray's own Prometheus service discovery file is (in a head's temp dir, with the
+# dashboard on): every node's metrics export address, for Prometheus's file_sd_configs.
+SERVICE_DISCOVERY_FILE = "prom_metrics_service_discovery.json"
+# Two ports Ray's head binds at fixed defaults (the autoscaler's and the dashboard's own
+# metrics, 44217 and 44227) unless told otherwise: a second cluster on the host would
+# find them taken.
+_FIXED_METRIC_PORTS = ("AUTOSCALER_METRIC_PORT", "DASHBOARD_METRIC_PORT")
+
+
 def queue_resources(counts: Mapping[str, int]) -> dict[str, float]:
     return {f"queue_{name}": float(n) for name, n in counts.items() if n > 0}
 
@@ -182,6 +191,12 @@ class RayNode:
     temp_dir: Path
     token_path: Path
     address: str = ""
+    dashboard_url: str = ""  # Ray's dashboard, if this head started one
+
+    @property
+    def service_discovery_file(self) -> Path:
+        """Ray's Prometheus service discovery file (written while the dashboard runs)."""
+        return self.temp_dir / SERVICE_DISCOVERY_FILE
 
     def processes(self) -> list[psutil.Process]:
         """Every process of this node: those naming its temp dir, the Ray client
@@ -340,8 +355,12 @@ def start_head(
         # Worker nodes on this machine join a head on 127.0.0.10 (Ray rewrites 127.0.0.1).
         *([f"--node-ip-address={node_ip}"] if node_ip else []),
     ]
-    _run_start(args, token_path, temp_dir, loopback=node_ip is None)
+    ports = dict(zip(_FIXED_METRIC_PORTS, map(str, _free_ports(2)), strict=True))
+    _run_start(args, token_path, temp_dir, loopback=node_ip is None, extra=ports)
     node.address = _read_address(temp_dir)
+    if dashboard:
+        port = next(a for a in args if a.startswith("--dashboard-port=")).partition("=")[2]
+        node.dashboard_url = f"http://127.0.0.1:{port}"
     log.info("ray head at %s (temp dir %s)", node.address, temp_dir)
     return node
 
@@ -375,12 +394,17 @@ def start_worker_node(
 
 
 def _run_start(
-    args: list[str], token_path: Path, temp_dir: Path, *, loopback: bool = False
+    args: list[str],
+    token_path: Path,
+    temp_dir: Path,
+    *,
+    loopback: bool = False,
+    extra: Mapping[str, str] | None = None,
 ) -> None:
     started = time.monotonic()
     result = subprocess.run(
         args,
-        env=ray_environment(token_path, loopback=loopback),
+        env={**ray_environment(token_path, loopback=loopback), **(extra or {})},
         capture_output=True,
         text=True,
         timeout=START_TIMEOUT_SECONDS,

@@ -45,6 +45,7 @@ from hypermedia.errors import (
 from hypermedia.jobs.catalog import ProfileCatalog, ProfileRecord
 from hypermedia.jobs.dispatcher import Dispatcher, lease_seconds
 from hypermedia.jobs.repository import ClaimedJob, FinishedJob, OutputRecord
+from hypermedia.metrics import LIMIT_OF_CODE, SANDBOX_KILLS
 from hypermedia.sandbox.outcome import ChildFailed
 from hypermedia.storage import transfer
 from hypermedia.storage.grants import OutputGrant
@@ -253,6 +254,9 @@ class JobExecution:
                 return self._release(job)
             if exc.code == "cancelled" or cancelled.is_set():
                 return self._cancelled(job)
+            limit = LIMIT_OF_CODE.get(exc.code)
+            if limit is not None:
+                self.dispatcher.metrics.count(SANDBOX_KILLS, {"queue": job.queue, "limit": limit})
             return self._fail(job, exc.code, exc.message, exc.retryable)
         except (NotFound, IllegalTransition) as exc:
             # The head no longer lets us have this job (reaped, cancelled): not ours.

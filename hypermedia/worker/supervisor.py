@@ -140,9 +140,10 @@ class Supervisor:
 
     def _spawn(self, queue: str) -> Member:
         worker_id = f"{queue}-{new_id()[-12:]}"
-        concurrency = self.stack.settings.queues[queue].concurrency
+        queue_settings = self.stack.settings.queues[queue]
         actor: Any = self.actor_class.options(
-            num_cpus=0,
+            # What Ray shows it using, and counts when placing it (see QueueSettings).
+            num_cpus=queue_settings.cpus,
             max_concurrency=8,
             resources={f"queue_{queue}": 1},
             name=worker_id,
@@ -151,7 +152,7 @@ class Supervisor:
             self.actor_settings,
             queue,
             worker_id,
-            concurrency,
+            queue_settings.concurrency,
             self.grants,
             self.preload,
             self.heartbeat_seconds,

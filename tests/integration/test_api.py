@@ -17,6 +17,7 @@ from hypermedia.ingest.api import create_app
 from hypermedia.stack import Stack
 from hypermedia.storage.base import original_key
 from tests.api_support import add_user, bearer
+from tests.metrics_support import parse, sum_by
 
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 8
 PDF = b"%PDF-1.4\n1 0 obj << /Type /Catalog >> endobj\ntrailer << /Root 1 0 R >>\n%%EOF\n"
@@ -432,6 +433,22 @@ def test_queues_are_for_operators(api, stack, alice):
     assert queues["images"]["oldest_age_seconds"] >= 0
     assert queues["images"]["redis"] == {"ready": 1, "leased": 0, "delayed": 0}
     assert queues["ocr"]["oldest_age_seconds"] is None
+
+
+def test_metrics_are_for_operators_and_count_what_the_api_did(api, stack, alice):
+    assert_error(api.get("/metrics"), 401, "unauthenticated")
+    assert_error(api.get("/metrics", headers=bearer(alice)), 403, "forbidden")
+    operator = add_user(stack, "ops", operator=True)
+    obj = upload(api, alice)
+    assert submit(api, alice, obj["object_id"], ["thumbnail"]).status_code == 202
+    response = api.get("/metrics", headers=bearer(operator))
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
+    samples = parse(response.text)
+    submitted = sum_by(samples, "hypermedia_jobs_submitted_total", ("queue", "operation"))
+    assert submitted == {("images", "thumbnail"): 1}
+    depth = sum_by(samples, "hypermedia_queue_depth", ("queue", "priority_band"))
+    assert depth == {("images", "1-3"): 1}  # thumbnail: default priority 2
 
 
 def test_credits_show_balance_reserved_available(api, alice):

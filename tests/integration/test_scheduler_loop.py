@@ -30,6 +30,15 @@ from hypermedia import ids, objects
 from hypermedia.clock import Clock, ManualClock, SystemClock
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
+from hypermedia.metrics import (
+    COST_LOCKED,
+    DECISIONS,
+    LAST_EVALUATION,
+    SPEND,
+    SPEND_ALERT,
+    SPEND_CAP,
+    MemoryRecorder,
+)
 from hypermedia.sandbox.inspect import Inspection
 from hypermedia.stack import Stack
 from tests.factories import Person, make_user, submit
@@ -99,6 +108,7 @@ def scheduler(
     fleet: MemoryFleet,
     ttl: float = 60,
     clock: Clock | None = None,
+    metrics: MemoryRecorder | None = None,
     **limits: int,
 ) -> Scheduler:
     leadership = Leadership(stack.redis, stack.settings.redis_prefix, holder, ttl)
@@ -109,6 +119,7 @@ def scheduler(
         leadership,
         clock or SystemClock(),
         fleet,
+        metrics,
     )
 
 
@@ -180,27 +191,69 @@ def test_the_daily_cap_locks_until_reset_and_the_lock_survives_a_restart(stack):
         )
     backlog(stack, "ocr", 50)
     fleet = MemoryFleet()
+    metrics = MemoryRecorder()
     # 200 c/h for 3 hours today; a daily cap of 100 cents is passed.
     first = scheduler(
-        stack, "a", fleet, clock=noon, max_daily_spend_cents=100, alert_threshold_cents=50
+        stack,
+        "a",
+        fleet,
+        clock=noon,
+        metrics=metrics,
+        max_daily_spend_cents=100,
+        alert_threshold_cents=50,
     )
     evaluation = first.evaluate()
     actions = [d.action for d in evaluation.decisions]
     assert "lock" in actions and "launch" not in actions
     with transaction(stack.engine) as conn:
         assert read_state(conn, COST_LOCK) is not None
+    # The turn's spend against the caps (the lock comes with this turn's decisions).
+    assert metrics.value(SPEND, window="today") == pytest.approx(600, abs=1)
+    assert metrics.value(SPEND, window="hour") == pytest.approx(200, abs=1)
+    assert metrics.value(SPEND_CAP, window="today") == 100
+    assert metrics.value(SPEND_CAP, window="hour") == 500
+    assert metrics.value(SPEND_ALERT) == 50
+    assert metrics.value(COST_LOCKED) == 0
+    assert metrics.value(LAST_EVALUATION) == noon.now()
     first.stop()
 
     # A new process (a restart) finds the lock and stays on the VPS.
     again = scheduler(
-        stack, "b", fleet, clock=noon, max_daily_spend_cents=100_000, alert_threshold_cents=50
+        stack,
+        "b",
+        fleet,
+        clock=noon,
+        metrics=metrics,
+        max_daily_spend_cents=100_000,
+        alert_threshold_cents=50,
     )
     observed = again.observe()
     assert observed.spend.locked
     assert "launch" not in [d.action for d in again.evaluate().decisions]
+    assert metrics.value(COST_LOCKED) == 1
+    # Every decision written is counted by its action, and only those.
+    by_action: dict[str, int] = {}
+    for row in recorded(stack):
+        by_action[row.action] = by_action.get(row.action, 0) + 1
+    assert by_action and "lock" in by_action
+    assert {a: metrics.value(DECISIONS, action=a) for a in by_action} == by_action
+    assert metrics.total(DECISIONS) == sum(by_action.values())
     lock = reset_cost_lock(stack.engine)
     assert lock is not None and "daily" in lock["reason"].lower()
     assert not again.observe().spend.locked
+
+
+def test_each_turn_names_the_cloud_nodes_for_the_workers_gauge(stack):
+    fleet = MemoryFleet()
+    started = time.time()
+    fleet.workers["i-0"] = WorkerState(
+        "i-0", "ocr", "active", started, provider="aws", spot=True, node_id="ab12"
+    )
+    # Launched, not joined yet: no Ray node, no actor to label.
+    fleet.workers["i-1"] = WorkerState("i-1", "ocr", "starting", started, provider="aws")
+    metrics = MemoryRecorder()
+    scheduler(stack, "a", fleet, metrics=metrics).evaluate()
+    assert metrics.cloud_nodes == {"ab12": True}
 
 
 def test_a_flood_alerts_the_operator_once_not_every_evaluation(stack):

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from hypermedia.cli.services import check_worker_cpus
 from hypermedia.config import DEFAULT_QUEUES, REPO_ETC, Settings, load_settings
 from hypermedia.errors import ConfigError
 
@@ -114,6 +115,27 @@ def test_nested_queue_variable_keeps_the_other_queues(monkeypatch):
     settings = load_settings()
     assert settings.queues["images"].concurrency == 8
     assert settings.queue_names == DEFAULT_QUEUES
+
+
+def test_each_queue_reserves_cpus_for_its_actors(monkeypatch):
+    monkeypatch.setenv("HYPERMEDIA_QUEUES__OCR__CPUS", "1.5")
+    settings = load_settings()
+    assert settings.queues["ocr"].cpus == 1.5
+    assert settings.queues["images"].cpus == 0.5  # the default: 4 actors on 2 cores
+    assert settings.pool_cpus({"images": 2, "ocr": 1}) == 2.5
+    monkeypatch.setenv("HYPERMEDIA_QUEUES__OCR__CPUS", "0.001")
+    with pytest.raises(ConfigError, match=r"queues\.ocr\.cpus"):
+        load_settings()
+
+
+def test_a_worker_node_refuses_actors_its_cpus_cannot_hold():
+    settings = load_settings()
+    check_worker_cpus(settings, {"images": 4}, 2)  # 4 x 0.5
+    with pytest.raises(ConfigError, match="--num-cpus") as refused:
+        check_worker_cpus(settings, {"images": 4, "ocr": 1}, 2)
+    assert "2.5 CPUs" in str(refused.value) and "HYPERMEDIA_WORKER_CPUS" in str(refused.value)
+    with pytest.raises(ConfigError, match="'thumbs' is not a queue"):
+        check_worker_cpus(settings, {"thumbs": 1}, 2)
 
 
 @pytest.mark.parametrize(

@@ -17,6 +17,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 PURE_MODULES = [
     "hypermedia.jobs.states",
+    "hypermedia.jobs.priority",
+    # The metric catalogue and the recorders' protocol (no prometheus-client, no Ray).
+    "hypermedia.metrics",
     "hypermedia.clock",
     # Input validation: the rules and the format readers (libmagic, olefile and the
     # AES of PDF 2.0 load on first use, not on import).

@@ -1,0 +1,367 @@
+"""The platform's metrics: every name, label and bucket in one place.
+
+Two exporters share this catalogue, each where the other cannot reach:
+
+* the pipeline actors record through ``ray.util.metrics``
+  (:mod:`hypermedia.metrics.actors`): Ray's metrics agent on each node exports them,
+  prefixed ``ray_``, at the node's metrics export port, beside Ray's own metrics and
+  where Ray's dashboard looks for them;
+* the head (the API server, the reaper, the supervisor, the scheduler) records through
+  prometheus-client (:mod:`hypermedia.metrics.head`) and serves them, with what it reads
+  from Redis and the record at scrape time, on the API's ``/metrics`` (operator key).
+
+The Prometheus config we ship (``etc/prometheus/prometheus.yml``) strips Ray's ``ray_``
+prefix from ``ray_hypermedia_*``, so a metric counted in both places (a job failed by
+its worker, or by the reaper when the worker vanished) is one name to Prometheus:
+``sum by (code) (rate(hypermedia_jobs_failed_total[5m]))``.
+
+Labels are low-cardinality on purpose: queue, operation, error code, priority band,
+sandbox limit, worker state, VPS or cloud, spot, scheduler action, spend window.
+Never a job, object, user or worker id (Ray adds its own ``WorkerId`` to what actors
+export: one series per actor process).
+
+Every name starts ``hypermedia_`` (left out below). Where: *actor* (Ray), *head*
+(prometheus-client), *both*, *sched.* (the scheduler, on the head).
+
+================================================  =========  ============================  ======
+metric                                            type       labels                        where
+================================================  =========  ============================  ======
+``jobs_submitted_total``                          counter    queue, operation              head
+``jobs_started_total``                            counter    queue, operation              actor
+``jobs_completed_total``                          counter    queue, operation              actor
+``jobs_failed_total``                             counter    queue, operation, code        both
+``jobs_retried_total``                            counter    queue, operation, code        both
+``job_duration_seconds``                          histogram  queue, operation, outcome     actor
+``job_queue_wait_seconds``                        histogram  queue, priority_band          actor
+``sandbox_kills_total``                           counter    queue, limit                  actor
+``queue_depth``                                   gauge      queue, priority_band          head
+``queue_oldest_age_seconds``                      gauge      queue, priority_band          head
+``queue_in_flight``                               gauge      queue                         head
+``queue_retry_wait``                              gauge      queue                         head
+``workers``                                       gauge      queue, state, location, spot  head
+``worker_heartbeat_age_seconds``                  gauge      queue                         head
+``cloud_spend_cents``                             gauge      window                        sched.
+``cloud_spend_cap_cents``                         gauge      window                        sched.
+``cloud_spend_alert_cents``                       gauge                                    sched.
+``cost_locked``                                   gauge                                    sched.
+``scheduler_decisions_total``                     counter    action                        sched.
+``scheduler_last_evaluation_timestamp_seconds``   gauge                                    sched.
+================================================  =========  ============================  ======
+
+What each counts:
+
+* *started*: attempts started (claimed and ``processing``; a retried job starts again);
+  *completed*: jobs completed; *failed*: jobs that ended ``failed`` (``code`` is the
+  job's ``error_code``); *retried*: failed attempts with another to come (the job went
+  to ``retry_wait``). The record agrees: ``failed`` by ``code`` is ``processing_jobs``
+  with ``status = 'failed'`` grouped by ``error_code``.
+* *duration*: an attempt from its start to its completion or failure, as the record's
+  ``job_attempts.duration_ms`` (``outcome`` ``completed`` or ``failed``; an attempt the
+  reaper failed after its lease ran out is not timed). *queue wait*: from the job's
+  creation to the start of its first attempt.
+* *sandbox kills*: jobs stopped by a limit of their sandbox (``limit``: ``wall_clock``,
+  ``cpu``, ``memory``, ``disk``, ``processes``).
+* *queue depth* and *oldest age*: ready jobs in Redis per priority band (every band is
+  exported, 0 when empty); *in flight*: leased; *retry wait*: delayed retries.
+* *workers*: live rows of ``workers`` (``state`` ``active`` or ``draining``;
+  ``location`` ``vps`` or ``cloud`` and ``spot`` ``true``/``false``: the scheduler says
+  which Ray nodes are cloud instances, see :meth:`Recorder.place`); *heartbeat age*:
+  the oldest heartbeat among a queue's live workers.
+* *spend*: the ``cloud_spend`` ledger's last hour (``window="hour"``) and today
+  (``window="today"``), beside the caps (``max_hourly_spend_cents``,
+  ``max_daily_spend_cents``) and ``alert_threshold_cents``; *cost locked*: 1 while the
+  daily cap holds the scheduler in ``vps_only``; *decisions*: rows written to
+  ``scheduler_decisions`` by ``action``.
+
+Nothing here imports prometheus-client or Ray: a :class:`Recorder` is passed to what
+counts (the dispatcher, the reaper, ingest, the scheduler), built by whoever opens the
+stack; :class:`MemoryRecorder` is the one for unit tests.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from hypermedia.jobs.priority import BANDS, Band, band_of
+
+__all__ = [
+    "BANDS",
+    "CATALOGUE",
+    "Band",
+    "MemoryRecorder",
+    "Metric",
+    "NoMetrics",
+    "Recorder",
+    "band_of",
+]
+
+Kind = Literal["counter", "gauge", "histogram"]
+Labels = Mapping[str, str]
+
+# Ray prefixes what actors export; our Prometheus config strips it again.
+RAY_PREFIX = "ray_"
+
+DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
+WAIT_BUCKETS = (0.1, 0.5, 1, 5, 10, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200)
+
+# Label values.
+VPS, CLOUD = "vps", "cloud"
+COMPLETED, FAILED = "completed", "failed"
+HOUR, TODAY = "hour", "today"
+# The sandbox's limit codes (hypermedia.sandbox.outcome) and the limit each one names.
+LIMIT_OF_CODE: Mapping[str, str] = {
+    "timeout": "wall_clock",
+    "cpu_limit": "cpu",
+    "memory_limit": "memory",
+    "output_limit": "disk",
+    "process_limit": "processes",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Metric:
+    """One metric: its name (as Prometheus has it, after our scrape config), what it
+    is, its label names and, for a histogram, its bucket bounds."""
+
+    name: str
+    kind: Kind
+    help: str
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] = ()
+
+    @property
+    def ray_name(self) -> str:
+        """The name Ray's metrics agent exports an actor's samples under."""
+        return RAY_PREFIX + self.name
+
+
+JOBS_SUBMITTED = Metric(
+    "hypermedia_jobs_submitted_total",
+    "counter",
+    "Jobs created by submits.",
+    ("queue", "operation"),
+)
+JOBS_STARTED = Metric(
+    "hypermedia_jobs_started_total",
+    "counter",
+    "Attempts started (a retried job starts again).",
+    ("queue", "operation"),
+)
+JOBS_COMPLETED = Metric(
+    "hypermedia_jobs_completed_total", "counter", "Jobs completed.", ("queue", "operation")
+)
+JOBS_FAILED = Metric(
+    "hypermedia_jobs_failed_total",
+    "counter",
+    "Jobs that ended failed, by their error code.",
+    ("queue", "operation", "code"),
+)
+JOBS_RETRIED = Metric(
+    "hypermedia_jobs_retried_total",
+    "counter",
+    "Failed attempts with another attempt to come, by their error code.",
+    ("queue", "operation", "code"),
+)
+JOB_DURATION = Metric(
+    "hypermedia_job_duration_seconds",
+    "histogram",
+    "An attempt from its start to its completion or failure.",
+    ("queue", "operation", "outcome"),
+    DURATION_BUCKETS,
+)
+QUEUE_WAIT = Metric(
+    "hypermedia_job_queue_wait_seconds",
+    "histogram",
+    "A job from its creation to the start of its first attempt.",
+    ("queue", "priority_band"),
+    WAIT_BUCKETS,
+)
+SANDBOX_KILLS = Metric(
+    "hypermedia_sandbox_kills_total",
+    "counter",
+    "Jobs stopped by a limit of their sandbox.",
+    ("queue", "limit"),
+)
+QUEUE_DEPTH = Metric(
+    "hypermedia_queue_depth", "gauge", "Jobs ready to run.", ("queue", "priority_band")
+)
+QUEUE_OLDEST = Metric(
+    "hypermedia_queue_oldest_age_seconds",
+    "gauge",
+    "Age of the oldest ready job (0 when none).",
+    ("queue", "priority_band"),
+)
+QUEUE_IN_FLIGHT = Metric(
+    "hypermedia_queue_in_flight", "gauge", "Jobs leased by a worker.", ("queue",)
+)
+QUEUE_RETRY_WAIT = Metric(
+    "hypermedia_queue_retry_wait", "gauge", "Jobs waiting for their retry.", ("queue",)
+)
+WORKERS = Metric(
+    "hypermedia_workers",
+    "gauge",
+    "Live pipeline actors (workers rows active or draining).",
+    ("queue", "state", "location", "spot"),
+)
+HEARTBEAT_AGE = Metric(
+    "hypermedia_worker_heartbeat_age_seconds",
+    "gauge",
+    "The oldest heartbeat among a queue's live workers.",
+    ("queue",),
+)
+SPEND = Metric(
+    "hypermedia_cloud_spend_cents",
+    "gauge",
+    "Cloud spend from the ledger: the last hour, and today (UTC).",
+    ("window",),
+)
+SPEND_CAP = Metric(
+    "hypermedia_cloud_spend_cap_cents",
+    "gauge",
+    "The spend caps of scheduler.json: hourly and daily.",
+    ("window",),
+)
+SPEND_ALERT = Metric(
+    "hypermedia_cloud_spend_alert_cents",
+    "gauge",
+    "scheduler.json's alert_threshold_cents (against today's spend).",
+)
+COST_LOCKED = Metric(
+    "hypermedia_cost_locked",
+    "gauge",
+    "1 while the daily cap holds the scheduler in vps_only (until reset-cost-lock).",
+)
+DECISIONS = Metric(
+    "hypermedia_scheduler_decisions_total",
+    "counter",
+    "Decisions written to scheduler_decisions.",
+    ("action",),
+)
+LAST_EVALUATION = Metric(
+    "hypermedia_scheduler_last_evaluation_timestamp_seconds",
+    "gauge",
+    "When the scheduler last evaluated (Unix seconds).",
+)
+
+CATALOGUE: tuple[Metric, ...] = (
+    JOBS_SUBMITTED,
+    JOBS_STARTED,
+    JOBS_COMPLETED,
+    JOBS_FAILED,
+    JOBS_RETRIED,
+    JOB_DURATION,
+    QUEUE_WAIT,
+    SANDBOX_KILLS,
+    QUEUE_DEPTH,
+    QUEUE_OLDEST,
+    QUEUE_IN_FLIGHT,
+    QUEUE_RETRY_WAIT,
+    WORKERS,
+    HEARTBEAT_AGE,
+    SPEND,
+    SPEND_CAP,
+    SPEND_ALERT,
+    COST_LOCKED,
+    DECISIONS,
+    LAST_EVALUATION,
+)
+# What the head reads from Redis and the record when it is scraped (never recorded).
+SCRAPED: tuple[Metric, ...] = (
+    QUEUE_DEPTH,
+    QUEUE_OLDEST,
+    QUEUE_IN_FLIGHT,
+    QUEUE_RETRY_WAIT,
+    WORKERS,
+    HEARTBEAT_AGE,
+)
+
+
+class Recorder(Protocol):
+    """Where a process records its metrics (see the module docstring). Labels are
+    given by name, exactly the metric's :attr:`Metric.labels`."""
+
+    def count(self, metric: Metric, labels: Labels, amount: float = 1.0) -> None: ...
+
+    def observe(self, metric: Metric, labels: Labels, value: float) -> None: ...
+
+    def set(self, metric: Metric, labels: Labels, value: float) -> None: ...
+
+    def place(self, cloud_nodes: Mapping[str, bool]) -> None:
+        """Which Ray nodes (hex ids) are cloud instances, and whether each is spot: the
+        scheduler's word, for the ``location`` and ``spot`` of :data:`WORKERS`."""
+        ...
+
+
+class NoMetrics:
+    """Records nothing (a process that exports no metrics)."""
+
+    def count(self, metric: Metric, labels: Labels, amount: float = 1.0) -> None:
+        pass
+
+    def observe(self, metric: Metric, labels: Labels, value: float) -> None:
+        pass
+
+    def set(self, metric: Metric, labels: Labels, value: float) -> None:
+        pass
+
+    def place(self, cloud_nodes: Mapping[str, bool]) -> None:
+        pass
+
+
+def check(metric: Metric, kind: Kind, labels: Labels) -> tuple[str, ...]:
+    """The label values in the metric's order; ``ValueError`` for the wrong kind or
+    labels (a programming error: the tests find it)."""
+    if metric.kind != kind:
+        raise ValueError(f"{metric.name} is a {metric.kind}, not a {kind}")
+    if set(labels) != set(metric.labels):
+        raise ValueError(f"{metric.name} takes labels {metric.labels}, got {sorted(labels)}")
+    return tuple(str(labels[name]) for name in metric.labels)
+
+
+class MemoryRecorder:
+    """Keeps what is recorded, for tests: ``value(metric, **labels)`` and
+    ``observations(metric, **labels)``."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.values: dict[tuple[str, tuple[str, ...]], float] = defaultdict(float)
+        self.histograms: dict[tuple[str, tuple[str, ...]], list[float]] = defaultdict(list)
+        self.cloud_nodes: dict[str, bool] = {}
+
+    def count(self, metric: Metric, labels: Labels, amount: float = 1.0) -> None:
+        key = (metric.name, check(metric, "counter", labels))
+        if amount < 0:
+            raise ValueError(f"{metric.name}: a counter only goes up")
+        with self._lock:
+            self.values[key] += amount
+
+    def observe(self, metric: Metric, labels: Labels, value: float) -> None:
+        key = (metric.name, check(metric, "histogram", labels))
+        with self._lock:
+            self.histograms[key].append(value)
+
+    def set(self, metric: Metric, labels: Labels, value: float) -> None:
+        key = (metric.name, check(metric, "gauge", labels))
+        with self._lock:
+            self.values[key] = value
+
+    def place(self, cloud_nodes: Mapping[str, bool]) -> None:
+        with self._lock:
+            self.cloud_nodes = dict(cloud_nodes)
+
+    def value(self, metric: Metric, **labels: str) -> float:
+        with self._lock:
+            return self.values.get((metric.name, check(metric, metric.kind, labels)), 0.0)
+
+    def total(self, metric: Metric) -> float:
+        """The sum over every label set of a counter or gauge."""
+        with self._lock:
+            return sum(v for (name, _), v in self.values.items() if name == metric.name)
+
+    def observations(self, metric: Metric, **labels: str) -> list[float]:
+        with self._lock:
+            return list(self.histograms.get((metric.name, check(metric, "histogram", labels)), []))

@@ -1,0 +1,185 @@
+"""The head's metrics through prometheus-client, served on the API's ``/metrics``.
+
+:class:`HeadMetrics` is the head's :class:`~hypermedia.metrics.Recorder`: a
+``CollectorRegistry`` of its own (no global registry, one per stack) holding what the
+head's processes count as it happens (submits, the failures the reaper and the
+supervisor record, the scheduler's spend and decisions). :meth:`HeadMetrics.watch`
+adds what is read when Prometheus scrapes: queue depth and oldest age per priority
+band from Redis (one pipelined round trip per queue), in-flight and retry-wait
+counts, and the live workers and their heartbeats from the record (one query). A
+backing service that does not answer leaves its metrics out of that scrape (and says
+so in the log) rather than failing the whole answer.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter as Tally
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import Counter as PromCounter
+from prometheus_client import Gauge as PromGauge
+from prometheus_client import Histogram as PromHistogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+from sqlalchemy import Engine, select
+
+from hypermedia import ids
+from hypermedia.clock import Clock, to_epoch
+from hypermedia.db import tables as t
+from hypermedia.db.engine import transaction
+from hypermedia.errors import HypermediaError
+from hypermedia.metrics import (
+    BANDS,
+    CATALOGUE,
+    CLOUD,
+    HEARTBEAT_AGE,
+    QUEUE_DEPTH,
+    QUEUE_IN_FLIGHT,
+    QUEUE_OLDEST,
+    QUEUE_RETRY_WAIT,
+    SCRAPED,
+    VPS,
+    WORKERS,
+    Labels,
+    Metric,
+    band_of,
+    check,
+)
+from hypermedia.queue.redis_queue import RedisQueue
+
+log = logging.getLogger(__name__)
+
+# The classic text format every Prometheus reads (what generate_latest writes for our
+# names; the library's "latest" announces 1.0.0, which Prometheus 2 does not know).
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+LIVE_WORKERS = ("active", "draining")
+
+
+class HeadMetrics:
+    """The head's recorder (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.cloud_nodes: dict[str, bool] = {}
+        self._instruments: dict[str, Any] = {}
+        self._watched = False
+        for metric in CATALOGUE:
+            if metric not in SCRAPED:
+                self._instruments[metric.name] = _instrument(metric, self.registry)
+
+    def count(self, metric: Metric, labels: Labels, amount: float = 1.0) -> None:
+        self._child(metric, "counter", labels).inc(amount)
+
+    def observe(self, metric: Metric, labels: Labels, value: float) -> None:
+        self._child(metric, "histogram", labels).observe(value)
+
+    def set(self, metric: Metric, labels: Labels, value: float) -> None:
+        self._child(metric, "gauge", labels).set(value)
+
+    def place(self, cloud_nodes: Mapping[str, bool]) -> None:
+        self.cloud_nodes = dict(cloud_nodes)
+
+    def _child(self, metric: Metric, kind: str, labels: Labels) -> Any:
+        values = check(metric, kind, labels)  # type: ignore[arg-type]
+        instrument = self._instruments[metric.name]
+        return instrument.labels(*values) if values else instrument
+
+    def watch(self, queue: RedisQueue, engine: Engine, clock: Clock) -> None:
+        """Read the queues (Redis) and the workers (the record) on every scrape."""
+        if not self._watched:
+            self.registry.register(StateCollector(queue, engine, clock, self))
+            self._watched = True
+
+    def exposition(self) -> bytes:
+        """The text format Prometheus scrapes (``Content-Type``: :data:`CONTENT_TYPE`)."""
+        return generate_latest(self.registry)
+
+
+def _instrument(metric: Metric, registry: CollectorRegistry) -> Any:
+    labels = list(metric.labels)
+    if metric.kind == "counter":
+        return PromCounter(metric.name, metric.help, labels, registry=registry)
+    if metric.kind == "histogram":
+        return PromHistogram(
+            metric.name, metric.help, labels, registry=registry, buckets=metric.buckets
+        )
+    return PromGauge(metric.name, metric.help, labels, registry=registry)
+
+
+class StateCollector(Collector):
+    """Queue and worker gauges, read when scraped."""
+
+    def __init__(
+        self, queue: RedisQueue, engine: Engine, clock: Clock, metrics: HeadMetrics
+    ) -> None:
+        self.queue = queue
+        self.engine = engine
+        self.clock = clock
+        self.metrics = metrics
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        for metric in SCRAPED:
+            yield _family(metric)
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        now = self.clock.now()
+        try:
+            yield from self._queues(now)
+        except HypermediaError as exc:
+            log.warning("metrics: queues not read: %s", exc, extra={"action": "metrics"})
+        try:
+            yield from self._workers(now)
+        except HypermediaError as exc:
+            log.warning("metrics: workers not read: %s", exc, extra={"action": "metrics"})
+
+    def _queues(self, now: float) -> Iterator[GaugeMetricFamily]:
+        depth, oldest = _family(QUEUE_DEPTH), _family(QUEUE_OLDEST)
+        in_flight, retry_wait = _family(QUEUE_IN_FLIGHT), _family(QUEUE_RETRY_WAIT)
+        rows = [
+            (name, self.queue.priority_heads(name), self.queue.counts(name))
+            for name in self.queue.queues
+        ]
+        for name, heads, counts in rows:
+            by_band = dict.fromkeys(BANDS, 0)
+            age = dict.fromkeys(BANDS, 0.0)
+            for priority, (count, oldest_id) in heads.items():
+                band = band_of(priority)
+                by_band[band] += count
+                age[band] = max(age[band], now - ids.created_at(oldest_id))
+            for band in BANDS:
+                depth.add_metric([name, band], by_band[band])
+                oldest.add_metric([name, band], max(0.0, age[band]))
+            in_flight.add_metric([name], counts.leased)
+            retry_wait.add_metric([name], counts.delayed)
+        yield from (depth, oldest, in_flight, retry_wait)
+
+    def _workers(self, now: float) -> Iterator[GaugeMetricFamily]:
+        w = t.workers.c
+        with transaction(self.engine) as conn:
+            rows: Sequence[Any] = conn.execute(
+                select(w.queue, w.status, w.node_id, w.last_heartbeat).where(
+                    w.status.in_(LIVE_WORKERS)
+                )
+            ).all()
+        cloud = self.metrics.cloud_nodes
+        tally: Tally[tuple[str, str, str, str]] = Tally()
+        beats: dict[str, float] = {}
+        for row in rows:
+            on_cloud = row.node_id is not None and row.node_id in cloud
+            spot = "true" if on_cloud and cloud[row.node_id] else "false"
+            tally[(row.queue, row.status, CLOUD if on_cloud else VPS, spot)] += 1
+            age = max(0.0, now - to_epoch(row.last_heartbeat))
+            beats[row.queue] = max(beats.get(row.queue, 0.0), age)
+        workers, heartbeat = _family(WORKERS), _family(HEARTBEAT_AGE)
+        for key, count in sorted(tally.items()):
+            workers.add_metric(list(key), count)
+        for queue, age in sorted(beats.items()):
+            heartbeat.add_metric([queue], age)
+        yield from (workers, heartbeat)
+
+
+def _family(metric: Metric) -> GaugeMetricFamily:
+    return GaugeMetricFamily(metric.name, metric.help, labels=list(metric.labels))
