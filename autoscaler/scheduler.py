@@ -82,13 +82,13 @@ from hypermedia.errors import ConfigError
 from hypermedia.jobs.states import JobStatus
 from hypermedia.metrics import (
     COST_LOCKED,
+    DAY,
     DECISIONS,
     HOUR,
     LAST_EVALUATION,
     SPEND,
     SPEND_ALERT,
     SPEND_CAP,
-    TODAY,
     NoMetrics,
     Recorder,
 )
@@ -386,9 +386,9 @@ class Scheduler:
         """The turn's spend against the caps, the lock, and which nodes are cloud."""
         spend, limits = snapshot.spend, self.config.cost_limits
         self.metrics.set(SPEND, {"window": HOUR}, spend.last_hour_cents)
-        self.metrics.set(SPEND, {"window": TODAY}, spend.today_cents)
+        self.metrics.set(SPEND, {"window": DAY}, spend.today_cents)
         self.metrics.set(SPEND_CAP, {"window": HOUR}, limits.max_hourly_spend_cents)
-        self.metrics.set(SPEND_CAP, {"window": TODAY}, limits.max_daily_spend_cents)
+        self.metrics.set(SPEND_CAP, {"window": DAY}, limits.max_daily_spend_cents)
         self.metrics.set(SPEND_ALERT, {}, limits.alert_threshold_cents)
         self.metrics.set(COST_LOCKED, {}, 1.0 if spend.locked else 0.0)
         self.metrics.set(LAST_EVALUATION, {}, snapshot.now)

@@ -68,7 +68,7 @@ What each counts:
   which Ray nodes are cloud instances, see :meth:`Recorder.place`); *heartbeat age*:
   the oldest heartbeat among a queue's live workers.
 * *spend*: the ``cloud_spend`` ledger's last hour (``window="hour"``) and today
-  (``window="today"``), beside the caps (``max_hourly_spend_cents``,
+  (``window="day"``, since midnight UTC), beside the caps (``max_hourly_spend_cents``,
   ``max_daily_spend_cents``) and ``alert_threshold_cents``; *cost locked*: 1 while the
   daily cap holds the scheduler in ``vps_only``; *decisions*: rows written to
   ``scheduler_decisions`` by ``action``.
@@ -111,7 +111,7 @@ WAIT_BUCKETS = (0.1, 0.5, 1, 5, 10, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200
 # Label values.
 VPS, CLOUD = "vps", "cloud"
 COMPLETED, FAILED = "completed", "failed"
-HOUR, TODAY = "hour", "today"
+HOUR, DAY = "hour", "day"
 # The sandbox's limit codes (hypermedia.sandbox.outcome) and the limit each one names.
 LIMIT_OF_CODE: Mapping[str, str] = {
     "timeout": "wall_clock",

@@ -119,7 +119,7 @@ def scheduler(
         leadership,
         clock or SystemClock(),
         fleet,
-        metrics,
+        metrics=metrics,
     )
 
 
@@ -208,9 +208,9 @@ def test_the_daily_cap_locks_until_reset_and_the_lock_survives_a_restart(stack):
     with transaction(stack.engine) as conn:
         assert read_state(conn, COST_LOCK) is not None
     # The turn's spend against the caps (the lock comes with this turn's decisions).
-    assert metrics.value(SPEND, window="today") == pytest.approx(600, abs=1)
+    assert metrics.value(SPEND, window="day") == pytest.approx(600, abs=1)
     assert metrics.value(SPEND, window="hour") == pytest.approx(200, abs=1)
-    assert metrics.value(SPEND_CAP, window="today") == 100
+    assert metrics.value(SPEND_CAP, window="day") == 100
     assert metrics.value(SPEND_CAP, window="hour") == 500
     assert metrics.value(SPEND_ALERT) == 50
     assert metrics.value(COST_LOCKED) == 0
