@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -74,7 +75,10 @@ def bad_output(input_path: Path, params: Mapping[str, Any], workdir: Path) -> li
 @register("test.sleep")
 def sleep(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list[Output]:
     """Sleep ``seconds``; first fork ``children`` grandchildren that sleep too (pids
-    written to ``pids.txt``); ``escape``: one of them leaves the process group."""
+    written to ``pids.txt``); ``escape``: one of them leaves the process group; ``say``:
+    printed on stderr first."""
+    if "say" in params:
+        print(params["say"], file=sys.stderr, flush=True)
     pids = []
     for index in range(int(params.get("children", 0))):
         pid = os.fork()
@@ -157,7 +161,11 @@ def fail(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list[Out
 
 @register("test.crash")
 def crash(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list[Output]:
-    """``how``: ``raise`` (ValueError), ``exit`` (os._exit(3)), ``segv``, ``sys_exit``."""
+    """``how``: ``raise`` (ValueError), ``exit`` (os._exit(3)), ``segv``, ``sys_exit``;
+    first ``lines`` lines naming the workdir printed on stderr."""
+    for index in range(int(params.get("lines", 0))):
+        print(f"line {index} of {workdir}", file=sys.stderr)
+    sys.stderr.flush()
     how = params.get("how", "raise")
     if how == "exit":
         os._exit(3)

@@ -82,10 +82,16 @@ def _job_line(job: JobResponse) -> str:
     return line
 
 
+LOG_LINES = 20  # of a failed attempt's child log, shown by `status JOB_ID`
+
+
 def show_job(job_id: str, api_url: str | None, api_key: str | None, timeout: float) -> None:
-    """Show a job: status, attempts, credits, outputs (``hypermedia status JOB_ID``)."""
+    """Show a job: status, attempts, credits, outputs (``hypermedia status JOB_ID``), and
+    the last lines its child printed on its last failed attempt."""
     with open_client(api_url, api_key, timeout) as client:
         job = client.job(job_id)
+        logged = [a for a in job.attempts if a.has_log]
+        last_log = client.attempt_log(job_id, logged[-1].attempt_number) if logged else None
 
     def at(moment: datetime | None) -> str:
         return "-" if moment is None else moment.isoformat(timespec="seconds")
@@ -116,6 +122,13 @@ def show_job(job_id: str, api_url: str | None, api_key: str | None, timeout: flo
         )
     for label, value in rows:
         typer.echo(f"{label:<11}{value}")
+    if logged and last_log is not None:
+        lines = last_log.rstrip("\n").splitlines()
+        shown = lines[-LOG_LINES:]
+        more = f", the last {len(shown)} of {len(lines)} lines" if len(lines) > len(shown) else ""
+        typer.echo(f"attempt {logged[-1].attempt_number}'s child printed{more}:")
+        for line in shown:
+            typer.echo(f"  {line}")
 
 
 def cancel(

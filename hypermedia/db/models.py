@@ -267,6 +267,8 @@ class JobAttempt(Base):
     finished_at: Mapped[datetime | None]
     duration_ms: Mapped[int | None] = mapped_column(BigInteger)
     peak_memory_mb: Mapped[float | None] = mapped_column(Float)
+    # A failed attempt's child: the end of its stdout and stderr (at most 64 KB).
+    log_tail: Mapped[str | None] = mapped_column(Text)
 
 
 class JobOutput(Base):

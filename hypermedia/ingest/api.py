@@ -54,6 +54,7 @@ from hypermedia.ingest.guard import RequestGuard, RouteRule, Rules
 from hypermedia.ingest.http_errors import install_error_handlers
 from hypermedia.ingest.inspection import InspectionBudget, InspectionRunner
 from hypermedia.ingest.schemas import (
+    AttemptLogResponse,
     AttemptOut,
     CancelResponse,
     CreditsResponse,
@@ -170,6 +171,21 @@ def process(
 )
 def get_job(job_id: str, caller: CallerDep, stack: StackDep) -> JobResponse:
     return _job_response(stack.ingest.get_job(caller, job_id))
+
+
+@router.get(
+    f"{PREFIX}/jobs/{{job_id}}/attempts/{{attempt_number}}/log",
+    summary="The end of what a failed attempt's child printed",
+    responses=_errors(404),
+    tags=["jobs"],
+)
+def get_attempt_log(
+    job_id: str, attempt_number: int, caller: CallerDep, stack: StackDep
+) -> AttemptLogResponse:
+    """The last 64 KB of the child's stdout and stderr, kept when the attempt failed
+    (404 when none was kept: the attempt did not fail in its child)."""
+    log = stack.ingest.attempt_log(caller, job_id, attempt_number)
+    return AttemptLogResponse(job_id=job_id, attempt_number=attempt_number, log=log)
 
 
 @router.post(

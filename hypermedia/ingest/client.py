@@ -28,6 +28,7 @@ from pydantic import BaseModel
 
 from hypermedia.errors import ConfigError, HypermediaError, ServiceUnavailable
 from hypermedia.ingest.schemas import (
+    AttemptLogResponse,
     CancelResponse,
     CreditsResponse,
     DeleteObjectResponse,
@@ -205,6 +206,11 @@ class HypermediaClient:
 
     def job(self, job_id: str) -> JobResponse:
         return self._request("GET", f"{PREFIX}/jobs/{job_id}", JobResponse)
+
+    def attempt_log(self, job_id: str, attempt_number: int) -> str:
+        """The end of what a failed attempt's child printed."""
+        path = f"{PREFIX}/jobs/{job_id}/attempts/{attempt_number}/log"
+        return self._request("GET", path, AttemptLogResponse).log
 
     def cancel(self, job_id: str) -> CancelResponse:
         return self._request("POST", f"{PREFIX}/jobs/{job_id}/cancel", CancelResponse)

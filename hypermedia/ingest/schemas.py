@@ -63,6 +63,20 @@ class AttemptOut(_Model):
     finished_at: datetime | None = None
     duration_ms: int | None = None
     peak_memory_mb: float | None = None
+    has_log: bool = Field(
+        default=False,
+        description="The end of its child's output is kept (a failed attempt): "
+        "`GET .../attempts/{attempt_number}/log`.",
+    )
+
+
+class AttemptLogResponse(_Model):
+    job_id: str
+    attempt_number: int
+    log: str = Field(
+        description="The last 64 KB of what the attempt's child printed (stdout and "
+        "stderr, whole lines; its working directory shown as `<workdir>`)."
+    )
 
 
 class OutputOut(_Model):

@@ -183,6 +183,7 @@ class AttemptView:
     finished_at: datetime | None
     duration_ms: int | None
     peak_memory_mb: float | None
+    has_log: bool = False  # the end of its child's output is kept (a failed attempt)
 
 
 @dataclass(frozen=True, slots=True)
@@ -497,10 +498,14 @@ class IngestService:
             ).first()
             if row is None:
                 raise NotFound(f"no job {job_id!r}", job_id=job_id)
+            a = t.attempts.c
             attempts = conn.execute(
-                select(t.attempts)
-                .where(t.attempts.c.job_id == job_id)
-                .order_by(t.attempts.c.attempt_number)
+                select(
+                    *(a[name] for name in AttemptView.__dataclass_fields__ if name != "has_log"),
+                    a.log_tail.is_not(None).label("has_log"),
+                )
+                .where(a.job_id == job_id)
+                .order_by(a.attempt_number)
             ).all()
             outputs = conn.execute(
                 select(t.outputs)
@@ -519,6 +524,27 @@ class IngestService:
                 for o in outputs
             ],
         )
+
+    def attempt_log(self, caller: Caller, job_id: str, attempt_number: int) -> str:
+        """The end of what the child of a failed attempt printed (NotFound: no such job
+        of the caller's, no such attempt, or none kept)."""
+        with transaction(self.engine) as conn:
+            log = conn.execute(
+                select(t.attempts.c.log_tail)
+                .join(t.jobs, t.jobs.c.job_id == t.attempts.c.job_id)
+                .where(
+                    t.jobs.c.job_id == job_id,
+                    t.jobs.c.user_id == caller.user_id,
+                    t.attempts.c.attempt_number == attempt_number,
+                )
+            ).scalar_one_or_none()
+        if log is None:
+            raise NotFound(
+                f"no log kept for attempt {attempt_number} of job {job_id!r}",
+                job_id=job_id,
+                attempt_number=attempt_number,
+            )
+        return str(log)
 
     def cancel(self, caller: Caller, job_id: str) -> JobStatus:
         """Cancel a job: answers CANCELLED, or the in-flight status with cancel requested."""

@@ -290,8 +290,10 @@ class Dispatcher:
         *,
         retryable: bool = True,
         peak_memory_mb: float | None = None,
+        log_tail: str | None = None,
     ) -> JobStatus | None:
-        """Record a failed attempt: answers RETRY_WAIT or FAILED (None if not ours)."""
+        """Record a failed attempt: answers RETRY_WAIT or FAILED (None if not ours).
+        ``log_tail``: the end of the child's output, kept on the attempt."""
         now = self.clock.now()
         with transaction(self.engine) as conn:
             result = self.repository.fail(
@@ -303,6 +305,7 @@ class Dispatcher:
                 error_message,
                 retryable=retryable,
                 peak_memory_mb=peak_memory_mb,
+                log_tail=log_tail,
             )
         if result is None:
             self.mirror([job.job_id])

@@ -535,11 +535,13 @@ class JobRepository:
         retryable: bool = True,
         peak_memory_mb: float | None = None,
         retry_now: bool = False,
+        log_tail: str | None = None,
     ) -> tuple[Moved, FailureDecision] | None:
         """A failed attempt: retry_wait with backoff, or failed once attempts are used up.
 
         ``worker_id`` None is the reaper acting for a worker that vanished; it only
-        matches jobs whose lease has expired.
+        matches jobs whose lease has expired. ``log_tail``: the end of what the job's
+        child printed, kept on the attempt for the job's owner.
         """
         conds = [t.jobs.c.job_id == job_id, t.jobs.c.status.in_(_guard(JobEvent.FAIL))]
         if worker_id is not None:
@@ -592,6 +594,7 @@ class JobRepository:
             peak_memory_mb,
             error_code,
             error_message,
+            log_tail,
         )
         if decision.status is JobStatus.FAILED:
             credits.release(conn, row.user_id, row.estimated_millicredits, now)
@@ -833,6 +836,7 @@ class JobRepository:
         peak_memory_mb: float | None,
         error_code: str | None = None,
         error_message: str | None = None,
+        log_tail: str | None = None,
     ) -> None:
         """Close the job's running attempt (claims are exclusive: there is at most one)."""
         running = conn.execute(
@@ -853,6 +857,7 @@ class JobRepository:
                 peak_memory_mb=peak_memory_mb,
                 error_code=error_code,
                 error_message=None if error_message is None else error_message[:4000],
+                log_tail=log_tail or None,
             )
         )
 

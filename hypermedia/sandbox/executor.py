@@ -24,7 +24,8 @@ A job's files live in its workdir, ``<work_root>/jobs/<job_id>/``::
 The input must be inside the workdir, and the caller names it (the worker uses
 ``input/source``): a user's file name never reaches a path or a command line. The
 step's workdir is the job's workdir; the child's stdout/stderr go to
-``<workdir>/.child.log``.
+``<workdir>/.child.log``, whose last 64 KB (whole lines, the workdir's path shown as
+``<workdir>``) a :class:`ChildFailed` carries as ``log``.
 
 The sandbox (:mod:`hypermedia.sandbox.isolation`): each job has its own network
 namespace (no interface up: nothing to connect to, not even 127.0.0.1) and mount
@@ -90,6 +91,7 @@ log = logging.getLogger(__name__)
 INPUT_DIR = "input"
 STARTUP_TIMEOUT = 120.0  # importing the pipeline modules (pyvips, OCR models) on a cold node
 REPLY_GRACE = 15.0  # past the wall clock, how long to wait for a server that should have killed
+FAILURE_LOG_BYTES = 64 * 1024  # the end of a failed child's stdout/stderr, kept (ChildFailed.log)
 
 # The fork server and every child get this environment, not the worker's (which may
 # hold credentials): the variables below when set, nothing else.
@@ -352,6 +354,36 @@ class ChildExecutor:
         if len(marshal.dumps(request)) > MESSAGE_CAP // 2:
             raise ValueError("params too large")
 
+        failure_log: str | None = None
+        try:
+            report, result = self._run_child(job_id, request, limits, disk_budget)
+            if report.signal is not None:
+                failure_log = _log_tail(workdir)
+            raw = interpret(
+                report,
+                result,
+                cpu_seconds=limits.cpu_seconds,
+                wall_clock_seconds=limits.wall_clock_seconds,
+                memory_limit_mb=limits.memory_limit_mb,
+                log_tail=failure_log or "",
+            )
+            outputs = validate_outputs(raw, workdir, max_output_bytes)
+        except ChildFailed as exc:
+            if failure_log is None:
+                failure_log = _log_tail(workdir)
+            exc.log = _shown(failure_log, workdir)
+            raise
+        return ChildResult(
+            outputs=outputs,
+            duration_ms=report.duration_ms,
+            peak_memory_mb=round(report.maxrss_kb / 1024, 1),
+        )
+
+    def _run_child(
+        self, job_id: str, request: dict[str, Any], limits: Limits, disk_budget: int
+    ) -> tuple[ExitReport, bytes]:
+        """Hand the request to the server and wait for the child's end: how it ended and
+        the result it wrote (empty: none)."""
         for attempt in (1, 2):
             running = _Running()
             try:
@@ -381,27 +413,14 @@ class ChildExecutor:
                         result = running.result.recv(RESULT_CAP + 1, socket.MSG_DONTWAIT)
                     except BlockingIOError:
                         result = b""  # the child wrote none: it crashed or was killed
-                    break
+                    return report, result
                 finally:
                     with self._lock:  # cancel() sends on these sockets under the lock
                         del self._running[job_id]
                         running.close()
             finally:
                 running.close()
-        raw = interpret(
-            report,
-            result,
-            cpu_seconds=limits.cpu_seconds,
-            wall_clock_seconds=limits.wall_clock_seconds,
-            memory_limit_mb=limits.memory_limit_mb,
-            log_tail=_log_tail(workdir) if report.signal is not None else "",
-        )
-        outputs = validate_outputs(raw, workdir, max_output_bytes)
-        return ChildResult(
-            outputs=outputs,
-            duration_ms=report.duration_ms,
-            peak_memory_mb=round(report.maxrss_kb / 1024, 1),
-        )
+        raise AssertionError("unreachable: the second attempt returns or raises")
 
     def _await(self, server: _Server, running: _Running, wall_clock_seconds: float) -> ExitReport:
         """Read the server's messages on the job's reply socket until the child exited."""
@@ -585,9 +604,10 @@ def _working_directory() -> list[str]:
         return []
 
 
-def _log_tail(workdir: Path, size: int = 4096) -> str:
-    """The end of what a child printed (``.child.log``), for telling how it died. The
-    job could have put anything there: a symlink or a FIFO is not read."""
+def _log_tail(workdir: Path, size: int = FAILURE_LOG_BYTES) -> str:
+    """The end of what a child printed (``.child.log``), whole lines: for telling how it
+    died, and kept on its failed attempt. The job could have put anything there: a
+    symlink or a FIFO is not read."""
     try:
         fd = os.open(workdir / wire.CHILD_LOG, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
@@ -596,11 +616,22 @@ def _log_tail(workdir: Path, size: int = 4096) -> str:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             return ""
-        return os.pread(fd, size, max(0, info.st_size - size)).decode(errors="replace")
+        start = max(0, info.st_size - size)
+        data = os.pread(fd, size, start)
     except OSError:
         return ""
     finally:
         os.close(fd)
+    if start and b"\n" in data:
+        data = data.split(b"\n", 1)[1]  # the first line, cut
+    return data.decode(errors="replace")
+
+
+def _shown(tail: str, workdir: Path) -> str:
+    """A failed child's log as its job's owner sees it: the workdir's path as
+    ``<workdir>`` (the child sees none of the machine's other paths but the code it
+    runs, and no secret), no NUL (PostgreSQL's text refuses it)."""
+    return tail.replace(str(workdir), "<workdir>").replace("\x00", "")
 
 
 def _make_writable_and_retry(function: Callable[..., Any], path: str, exc_info: Any) -> None:

@@ -86,15 +86,20 @@ class ChildFailed(Exception):
 
     Shaped like :class:`pipelines.registry.PipelineError` (whose codes pass through
     unchanged): a stable ``code``, a one-line ``message``, whether a retry could help.
-    ``detail`` holds the traceback of a ``pipeline_crashed``, for the worker's log.
+    ``detail`` holds the traceback of a ``pipeline_crashed``, for the worker's log;
+    ``log`` the end of what the child printed (the executor fills it in: the failed
+    attempt keeps it for the job's owner).
     """
 
-    def __init__(self, code: str, message: str, *, retryable: bool, detail: str = "") -> None:
+    def __init__(
+        self, code: str, message: str, *, retryable: bool, detail: str = "", log: str = ""
+    ) -> None:
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
         self.retryable = retryable
         self.detail = detail
+        self.log = log
 
 
 @dataclass(frozen=True, slots=True)

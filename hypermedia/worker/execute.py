@@ -257,7 +257,7 @@ class JobExecution:
             limit = LIMIT_OF_CODE.get(exc.code)
             if limit is not None:
                 self.dispatcher.metrics.count(SANDBOX_KILLS, {"queue": job.queue, "limit": limit})
-            return self._fail(job, exc.code, exc.message, exc.retryable)
+            return self._fail(job, exc.code, exc.message, exc.retryable, exc.log)
         except (NotFound, IllegalTransition) as exc:
             # The head no longer lets us have this job (reaped, cancelled): not ours.
             log.info("job %s is no longer ours: %s", job.job_id, exc, extra={"job_id": job.job_id})
@@ -302,8 +302,12 @@ class JobExecution:
         )
         return Outcome(job.job_id, "released" if released else "lost")
 
-    def _fail(self, job: ClaimedJob, code: str, message: str, retryable: bool) -> Outcome:
-        status = self.dispatcher.fail(job, self.worker_id, code, message, retryable=retryable)
+    def _fail(
+        self, job: ClaimedJob, code: str, message: str, retryable: bool, log_tail: str = ""
+    ) -> Outcome:
+        status = self.dispatcher.fail(
+            job, self.worker_id, code, message, retryable=retryable, log_tail=log_tail or None
+        )
         log.info(
             "job %s attempt %d failed: %s: %s",
             job.job_id,

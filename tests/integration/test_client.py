@@ -160,3 +160,31 @@ def test_unreachable_server_is_service_unavailable():
         pytest.raises(ServiceUnavailable, match="cannot reach"),
     ):
         client.credits()
+
+
+def test_a_failed_attempts_log_is_shown_to_its_owner_by_the_api_and_status(stack, base_url):
+    from typer.testing import CliRunner
+
+    from hypermedia.cli import app
+
+    alice, bob = add_user(stack, "alice"), add_user(stack, "bob")
+    log = "".join(f"decoder: frame {n} corrupt\n" for n in range(30))
+    with HypermediaClient(base_url, alice.api_key) as client:
+        job_id = client.process(client.upload(IMAGE, "a.jpg").object_id, ["thumbnail"]).job_ids[0]
+        # The worker's path: its child failed and left these lines (see the executor).
+        [claimed] = stack.dispatcher.claim_and_start("images", "w")
+        stack.dispatcher.fail(claimed, "w", "pipeline_crashed", "died of SIGSEGV", log_tail=log)
+        job = client.job(job_id)
+        assert [(a.status, a.has_log) for a in job.attempts] == [("failed", True)]
+        assert client.attempt_log(job_id, 1) == log
+        with pytest.raises(NotFound):
+            client.attempt_log(job_id, 2)
+    with HypermediaClient(base_url, bob.api_key) as client, pytest.raises(NotFound):
+        client.attempt_log(job_id, 1)  # not bob's job: as if it did not exist
+
+    env = {"HYPERMEDIA_API_URL": base_url, "HYPERMEDIA_API_KEY": alice.api_key}
+    shown = CliRunner().invoke(app, ["status", job_id], env=env)
+    assert shown.exit_code == 0, shown.output
+    assert "attempt 1's child printed, the last 20 of 30 lines:" in shown.stdout
+    assert "  decoder: frame 29 corrupt" in shown.stdout
+    assert "frame 9 corrupt" not in shown.stdout and "frame 10 corrupt" in shown.stdout

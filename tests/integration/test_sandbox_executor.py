@@ -387,6 +387,19 @@ def test_an_unexpected_exception_is_pipeline_crashed(executor, job_id):
     assert "Traceback" in (executor.workdir(job_id) / ".child.log").read_text()
 
 
+def test_a_failed_child_keeps_the_end_of_its_log_without_the_workdir_path(executor, job_id):
+    exc = failure(executor, job_id, "test.crash", {"how": "segv", "lines": 4000})
+    assert exc.code == "pipeline_crashed"
+    assert len(exc.log.encode()) <= 64 * 1024
+    lines = exc.log.splitlines()
+    assert lines[-1] == "line 3999 of <workdir>"
+    first = lines[0].split()
+    assert first[0] == "line" and lines[0].endswith(" of <workdir>")  # whole lines
+    assert int(first[1]) + len(lines) - 1 == 3999  # the last ones, none missing between
+    assert 500 < len(lines) < 3999  # about 64 KB of 4000 lines that name the workdir
+    assert str(executor.workdir(job_id)) not in exc.log
+
+
 @pytest.mark.parametrize(
     ("how", "message"),
     [

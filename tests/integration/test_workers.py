@@ -113,7 +113,8 @@ def test_kill_9_of_the_child_fails_the_attempt_and_the_retry_completes(
     with ray_stack(settings, pg_engine, tmp_path, {"images": 1}, backoff_base_seconds=0.2) as rs:
         person = make_user(rs.stack)
         object_id = _upload(rs, person, b"x")
-        job_id = _submit(rs, person, object_id, "test.sleep", {"seconds": 3})
+        say = "decoder: corrupt frame 12"
+        job_id = _submit(rs, person, object_id, "test.sleep", {"seconds": 3, "say": say})
         member = _actor_of(rs, "images")
         pids: dict[str, int] = {}
 
@@ -127,6 +128,9 @@ def test_kill_9_of_the_child_fails_the_attempt_and_the_retry_completes(
         view = rs.stack.ingest.get_job(person.caller, job_id)
         assert [a.status for a in view.attempts] == ["failed", "completed"]
         assert view.attempts[0].error_code == "child_killed"
+        # What the killed child printed last is kept on its failed attempt, for its owner.
+        assert [a.has_log for a in view.attempts] == [True, False]
+        assert rs.stack.ingest.attempt_log(person.caller, job_id, 1) == say + "\n"
 
 
 def test_kill_9_of_the_actor_requeues_its_jobs_at_once(pg_engine, settings, tmp_path):
