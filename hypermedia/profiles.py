@@ -19,6 +19,7 @@ limits. Profiles are read from TOML::
     params = { width = 256, height = 256 }
     accepts = ["image/jpeg", "image/png"]     # kinds or mime types, by content; "any"
     limits = { max_pixels = 100_000_000 }     # see hypermedia.sandbox.inspect.InputLimits
+    unit_costs = { escalation = 0.25 }        # credits per unit of work the step reports
 
 ``accepts`` lists kinds of :mod:`hypermedia.sandbox.inspect` (``image``, ``pdf``,
 ``ooxml-word``, ``video`` ...) or mime types (``image/png``), as found in the file's
@@ -28,7 +29,11 @@ does not accept is refused with ``input_type_mismatch`` or ``unsupported_format`
 
 Credits are stored as integer millicredits so sums are exact on every database; a job's
 estimate is :meth:`hypermedia.jobs.catalog.ProfileRecord.estimate_millicredits` of the
-profile's row.
+profile's row. ``unit_costs`` prices the units of work a step reports when it completes
+(:data:`pipelines.registry.USAGE_OUTPUT`; the ocr step: ``page``, ``engine_pass``,
+``escalation``): a completed job is charged its estimate plus each priced unit times
+its count (:meth:`~hypermedia.jobs.catalog.ProfileRecord.charge_millicredits`), and its
+attempt records the units. The reservation at submit is the estimate alone.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from hypermedia.sandbox.limits import DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_MAX_PROC
 MILLI = 1000
 BYTES_PER_MB = 1024 * 1024
 _MIME = re.compile(r"[a-z]+/[a-z0-9][a-z0-9.+-]*", re.I)
+_UNIT = re.compile(r"[a-z][a-z0-9_]{0,31}")
 
 
 class Profile(BaseModel):
@@ -73,6 +79,19 @@ class Profile(BaseModel):
     params: dict[str, Any] = Field(default_factory=dict)
     accepts: list[str] = Field(default_factory=lambda: [ANY], min_length=1)
     limits: InputLimits = Field(default_factory=InputLimits)
+    # Credits per unit of work the step reports (ocr: escalation = a page re-read by
+    # the next engine of the chain); units without a price cost nothing.
+    unit_costs: dict[str, float] = Field(default_factory=dict)
+
+    @field_validator("unit_costs")
+    @classmethod
+    def _unit_costs(cls, value: dict[str, float]) -> dict[str, float]:
+        for unit, cost in value.items():
+            if not _UNIT.fullmatch(unit):
+                raise ValueError(f"{unit!r} is not a unit name (a-z, 0-9, _)")
+            if not 0 <= cost < 1e9:
+                raise ValueError(f"the cost of {unit} must be 0 or more, got {cost}")
+        return value
 
     @field_validator("accepts")
     @classmethod
@@ -92,6 +111,10 @@ class Profile(BaseModel):
     @property
     def cost_per_mb_millicredits(self) -> int:
         return round(self.cost_per_mb * MILLI)
+
+    @property
+    def unit_costs_millicredits(self) -> dict[str, int]:
+        return {unit: round(cost * MILLI) for unit, cost in self.unit_costs.items()}
 
 
 def parse_profiles(

@@ -29,7 +29,9 @@ Per page:
 
 Outputs (names from :meth:`OcrRequest.output_type`): ``.txt`` (UTF-8, pages apart
 by a form feed, blocks by a blank line, in reading order), ``.json`` (schema in
-:func:`_page_json`) and ``.pdf`` (page images with an invisible text layer).
+:func:`_page_json`) and ``.pdf`` (page images with an invisible text layer); and the
+job's units of work for the worker (:func:`_usage`: page, engine_pass, escalation counts),
+which the ocr profile's ``unit_costs`` price.
 Engines run on ``HYPERMEDIA_JOB_CPUS`` threads (the job's CPU share, set by the
 worker), else on the CPUs this process may use.
 """
@@ -48,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipelines import ocr_layout, ocr_params, sniff
 from pipelines.ocr_engines import Engine, LayoutModel, Line, Region
-from pipelines.registry import Output, PipelineError, register
+from pipelines.registry import Output, PipelineError, register, usage_output
 
 if TYPE_CHECKING:
     from pipelines.ocr_engines import PageArray
@@ -380,7 +382,7 @@ def ocr(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list[Outp
         else:
             page, dpi = load_image(input_path, kind, request.max_pixels)
             results.append(_ocr_image_page(1, page, dpi, request, engines, pages_dir, images))
-        outputs = _write_outputs(results, images, request, workdir)
+        outputs = [*_write_outputs(results, images, request, workdir), _usage(results, workdir)]
     finally:
         engines.close()
         shutil.rmtree(pages_dir, ignore_errors=True)
@@ -469,6 +471,24 @@ def _ocr_pdf(
             results.append(
                 _ocr_image_page(index + 1, array, request.dpi, request, engines, pages_dir, images)
             )
+
+
+def _usage(results: Sequence[PageResult], workdir: Path) -> Output:
+    """The job's units of work, as the ocr profile's ``unit_costs`` price them:
+    ``page``, ``ocr_page`` (read by an engine, not a text layer), ``engine_pass``
+    (engines that read a page; skipped ones are not) and ``escalation`` (the passes
+    after each page's first)."""
+    read = [r for r in results if r.source == "ocr"]
+    passes = sum(1 for r in read for a in r.attempts if a.skipped is None)
+    return usage_output(
+        workdir,
+        {
+            "page": len(results),
+            "ocr_page": len(read),
+            "engine_pass": passes,
+            "escalation": passes - len(read),
+        },
+    )
 
 
 def _save_page_image(page: PageArray, stem: Path) -> Path:

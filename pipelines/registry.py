@@ -15,6 +15,10 @@ Output types name what the step produced *with its effective parameters*
 different parameters must never share an output type, and the same request must
 always give the same one (a re-run overwrites the same key).
 
+A step may also report the work it did (``{"page": 3, "escalation": 1}``) with
+:func:`usage_output`: an output of type :data:`USAGE_OUTPUT` that the worker reads
+(the profile's ``unit_costs`` price it; the attempt records it) and never stores.
+
 Failures raise :class:`PipelineError` with a stable ``code`` (``unsupported_format``,
 ``invalid_input``, ``pixel_limit``, ``invalid_params`` ...) and whether a retry
 could help (``retryable``); anything else escaping a step is a bug, reported as
@@ -29,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "USAGE_OUTPUT",
     "Check",
     "Output",
     "PipelineError",
@@ -39,7 +44,12 @@ __all__ = [
     "operations",
     "profile_only",
     "register",
+    "usage_output",
 ]
+
+# The output type a step reports its units of work under (see the module docstring).
+USAGE_OUTPUT = "usage.json"
+USAGE_CONTENT_TYPE = "application/vnd.hypermedia.usage+json"
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +57,16 @@ class Output:
     output_type: str
     path: Path
     content_type: str
+
+
+def usage_output(workdir: Path, units: Mapping[str, int]) -> Output:
+    """The step's units of work (names of lowercase letters, digits and ``_``; counts
+    of 0 or more) as the :data:`USAGE_OUTPUT` output, written in ``workdir``."""
+    import json
+
+    path = workdir / USAGE_OUTPUT
+    path.write_text(json.dumps({str(unit): int(count) for unit, count in units.items()}))
+    return Output(USAGE_OUTPUT, path, USAGE_CONTENT_TYPE)
 
 
 class PipelineError(Exception):

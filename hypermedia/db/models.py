@@ -195,6 +195,10 @@ class ProcessingProfile(Base):
     input_limits: Mapped[dict[str, Any]] = mapped_column(
         JSON, default=dict, server_default=text("'{}'")
     )
+    # Millicredits per unit of work a job's step reports (profiles.py's unit_costs).
+    unit_costs_millicredits: Mapped[dict[str, int]] = mapped_column(
+        JSON, default=dict, server_default=text("'{}'")
+    )
     active: Mapped[bool] = mapped_column(Boolean, default=True)
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
@@ -269,6 +273,9 @@ class JobAttempt(Base):
     peak_memory_mb: Mapped[float | None] = mapped_column(Float)
     # A failed attempt's child: the end of its stdout and stderr (at most 64 KB).
     log_tail: Mapped[str | None] = mapped_column(Text)
+    # The work the step reported, as the profile's unit_costs count it (ocr: page,
+    # ocr_page, engine_pass, escalation); null for steps that report none.
+    units: Mapped[dict[str, int] | None] = mapped_column(JSON)
 
 
 class JobOutput(Base):

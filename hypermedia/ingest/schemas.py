@@ -68,6 +68,9 @@ class AttemptOut(_Model):
         description="The end of its child's output is kept (a failed attempt): "
         "`GET .../attempts/{attempt_number}/log`.",
     )
+    # The units of work the step reported (ocr: page, ocr_page, engine_pass, escalation),
+    # which the profile's unit_costs priced into the job's actual credits.
+    units: dict[str, int] | None = None
 
 
 class AttemptLogResponse(_Model):

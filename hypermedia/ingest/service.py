@@ -184,6 +184,7 @@ class AttemptView:
     duration_ms: int | None
     peak_memory_mb: float | None
     has_log: bool = False  # the end of its child's output is kept (a failed attempt)
+    units: dict[str, int] | None = None  # the step's units of work (ocr: escalations)
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,6 +41,8 @@ class ProfileRecord:
     # Input validation (hypermedia.sandbox.inspect): checked by ingest at submit.
     accepts: list[str] = field(default_factory=lambda: ["any"])
     input_limits: dict[str, Any] = field(default_factory=dict)
+    # Millicredits per unit of work the step reports (profiles.py's unit_costs).
+    unit_costs_millicredits: dict[str, int] = field(default_factory=dict)
 
     def estimate_millicredits(self, size_bytes: int) -> int:
         """``base_cost + cost_per_mb x size_mb``, rounded up to a millicredit: what a
@@ -48,6 +50,14 @@ class ProfileRecord:
         per_byte_numerator = self.cost_per_mb_millicredits * size_bytes
         variable = -(-per_byte_numerator // BYTES_PER_MB)  # ceil division, exact
         return self.base_cost_millicredits + variable
+
+    def charge_millicredits(self, estimate: int, units: Mapping[str, int] | None) -> int:
+        """What a completed job costs: its ``estimate`` plus each priced unit of work
+        its step reported times its count (ocr: ``escalation`` per page re-read)."""
+        if not units:
+            return estimate
+        costs = self.unit_costs_millicredits
+        return estimate + sum(costs[unit] * count for unit, count in units.items() if unit in costs)
 
 
 def record_values(profile: Profile) -> dict[str, Any]:
@@ -68,6 +78,7 @@ def record_values(profile: Profile) -> dict[str, Any]:
         "params": profile.params,
         "accepts": list(profile.accepts),
         "input_limits": profile.limits.to_dict(),
+        "unit_costs_millicredits": profile.unit_costs_millicredits,
     }
 
 

@@ -75,6 +75,7 @@ class ClaimedJob:
     max_attempts: int
     deadline: float  # lease / visibility timeout, epoch seconds
     attempt_started_at: float | None = None  # the attempt row's started_at, epoch seconds
+    estimated_millicredits: int | None = None  # what the submit reserved for it
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +96,8 @@ class FinishedJob:
     actual_millicredits: int | None = None  # None: charge the estimate
     peak_memory_mb: float | None = None
     attempt_started_at: float | None = None  # known to the claimant; None: read it
+    # The work the step reported (pages, engine passes ...): the attempt's units.
+    units: Mapping[str, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -329,6 +332,7 @@ class JobRepository:
                     max_attempts=row.max_attempts,
                     deadline=now + leases.get(row.profile_id, default_lease),
                     attempt_started_at=now,
+                    estimated_millicredits=row.estimated_millicredits,
                 )
             )
         return claimed
@@ -434,6 +438,13 @@ class JobRepository:
         by_id = {f.job_id: f for f in finished}
         if any(by_id[r.job_id].outputs for r in rows):
             self._register_outputs(conn, rows, by_id, now, versions or {})
+        units = [
+            {"b_job": r.job_id, "b_units": dict(found.units)}
+            for r in rows
+            if (found := by_id[r.job_id]).units is not None
+        ]
+        if units:
+            conn.execute(self._statements.get(conn, ("units",), sql.attempt_units), units)
         order = {f.job_id: i for i, f in enumerate(finished)}
         rows.sort(key=lambda r: order[r.job_id])
         return [

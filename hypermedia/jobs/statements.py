@@ -168,6 +168,7 @@ def claim(dialect: str, profile_ids: tuple[int, ...], start: bool) -> Executable
             j.params,
             j.attempt_count,
             j.max_attempts,
+            j.estimated_millicredits,
         )
     )
     if dialect != "postgresql":
@@ -315,6 +316,16 @@ def settle(dialect: str) -> Executable:
         bindparam("b_charge", type_=BigInteger),
         bindparam("b_reserved", type_=BigInteger),
         now_param(),
+    )
+
+
+def attempt_units(dialect: str) -> Executable:
+    """The units of work a completed attempt's step reported (``b_units``, a dict)."""
+    a = t.attempts
+    return (
+        update(a)
+        .where(a.c.job_id == bindparam("b_job", type_=String), a.c.status == "completed")
+        .values(units=bindparam("b_units", type_=a.c.units.type))
     )
 
 

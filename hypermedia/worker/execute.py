@@ -10,6 +10,12 @@ The worker's claim loops claim and start jobs in one transaction, then hand each
 :meth:`JobExecution.run_started`; it stops short of the record's complete and answers
 a :class:`Completion`, which the worker's batcher commits with others (group commit).
 
+A step's report of its units of work (the output :data:`pipelines.registry.USAGE_OUTPUT`:
+the ocr step's pages, engine passes, escalations) is not stored: the completion charges
+the job what its profile's ``unit_costs`` make of it
+(:meth:`~hypermedia.jobs.catalog.ProfileRecord.charge_millicredits`) and records it on
+the attempt. A report that is not a small JSON object of counts is logged and ignored.
+
 An operation whose profile sets ``params.needs_input = false`` gets no input: no
 GET URL, no download; its step is handed a path where no file is. A step that
 returns no outputs asks for no PUT URLs and uploads nothing.
@@ -26,6 +32,7 @@ step starts, and the watcher kills again any child that started in between.
 
 from __future__ import annotations
 
+import json
 import logging
 import mimetypes
 import threading
@@ -49,10 +56,12 @@ from hypermedia.metrics import LIMIT_OF_CODE, SANDBOX_KILLS
 from hypermedia.sandbox.outcome import ChildFailed
 from hypermedia.storage import transfer
 from hypermedia.storage.grants import OutputGrant
+from pipelines.registry import USAGE_OUTPUT
 
 log = logging.getLogger(__name__)
 
 CANCEL_POLL_SECONDS = 2.0
+MAX_USAGE_BYTES = 4096
 NEEDS_INPUT = "needs_input"  # profile param: false for operations that read no input
 
 
@@ -125,13 +134,17 @@ class Completion:
     job: ClaimedJob
     outputs: list[OutputRecord]
     peak_memory_mb: float | None
+    units: dict[str, int] | None = None  # the step's units of work, as it reported them
+    actual_millicredits: int | None = None  # None: the estimate
 
     def finished(self) -> FinishedJob:
         return FinishedJob(
             self.job.job_id,
             self.outputs,
+            actual_millicredits=self.actual_millicredits,
             peak_memory_mb=self.peak_memory_mb,
             attempt_started_at=self.job.attempt_started_at,
+            units=self.units,
         )
 
 
@@ -248,7 +261,9 @@ class JobExecution:
                 max_processes=profile.max_processes,
                 max_output_bytes=profile.max_output_bytes,
             )
-            records = self._store(job, result.outputs)
+            reported = [o for o in result.outputs if o.output_type == USAGE_OUTPUT]
+            units = read_units(job, reported[0].path) if reported else None
+            records = self._store(job, [o for o in result.outputs if o not in reported])
         except ChildFailed as exc:
             if self._is_releasing(job.job_id):
                 return self._release(job)
@@ -270,7 +285,10 @@ class JobExecution:
             return self._fail(job, exc.code, exc.message, retryable)
         if cancelled.is_set() and self.dispatcher.honour_cancel(job, self.worker_id):
             return Outcome(job.job_id, "cancelled")
-        return Completion(job, records, result.peak_memory_mb)
+        actual = None
+        if units is not None and job.estimated_millicredits is not None:
+            actual = profile.charge_millicredits(job.estimated_millicredits, units)
+        return Completion(job, records, result.peak_memory_mb, units, actual)
 
     def _store(self, job: ClaimedJob, outputs: Sequence[ChildOutput]) -> list[OutputRecord]:
         if not outputs:
@@ -349,3 +367,24 @@ class JobExecution:
                         w.next_extend = now + w.lease / 3
             except HypermediaError as exc:
                 log.warning("watcher: %s", exc, extra={"worker_id": self.worker_id})
+
+
+def read_units(job: ClaimedJob, path: Path) -> dict[str, int] | None:
+    """The units of work a step reported (a JSON object of unit names to counts);
+    None, with a warning, for anything else."""
+    try:
+        with path.open("rb") as file:
+            data = file.read(MAX_USAGE_BYTES + 1)
+        units = json.loads(data) if len(data) <= MAX_USAGE_BYTES else None
+    except (OSError, ValueError):
+        units = None
+    if isinstance(units, dict) and all(
+        isinstance(k, str) and type(v) is int and v >= 0 for k, v in units.items()
+    ):
+        return units
+    log.warning(
+        "job %s: its step reported units of work that are not a JSON object of counts",
+        job.job_id,
+        extra={"job_id": job.job_id, "queue": job.queue, "action": "usage_ignored"},
+    )
+    return None

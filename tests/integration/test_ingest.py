@@ -21,6 +21,7 @@ from hypermedia.errors import (
     UnknownOperation,
 )
 from hypermedia.ingest.service import SubmitRequest
+from hypermedia.jobs.repository import FinishedJob
 from hypermedia.jobs.states import JobStatus
 from tests.factories import make_object, make_user, open_stack
 
@@ -186,6 +187,29 @@ def test_concurrent_retries_with_one_key_create_one_submission(pg_engine, settin
     assert _count(stack.engine, t.jobs) == 1
     assert _balance(stack, person).reserved_millicredits == results[0].estimated_millicredits
     assert len(stack.queue.ready_ids("images")) == 1
+    stack.close()
+
+
+def test_a_completion_records_its_units_and_charges_what_it_is_given(
+    engine, settings, manual_clock
+):
+    """The worker's completion (group commit) with the step's units of work: the attempt
+    keeps them, the job is charged the actual the worker priced (here one escalation
+    of the ocr profile's 0.25 on top of the 1.2 estimate)."""
+    stack = open_stack(settings, engine, manual_clock)
+    person = make_user(stack, credits=10)
+    obj = make_object(stack, person, size_bytes=1024 * 1024)
+    stack.ingest.submit(person.caller, SubmitRequest(object_id=obj, operations=["ocr"]))
+    (job,) = stack.dispatcher.claim("ocr", "w")
+    assert job.estimated_millicredits == 1200
+    stack.dispatcher.start(job, "w")
+    units = {"page": 1, "ocr_page": 1, "engine_pass": 2, "escalation": 1}
+    actual = stack.catalog.get("ocr").charge_millicredits(1200, units)
+    finished = FinishedJob(job.job_id, actual_millicredits=actual, units=units)
+    assert stack.dispatcher.complete_many("w", [finished]) == [True]
+    view = stack.ingest.get_job(person.caller, job.job_id)
+    assert (view.actual_millicredits, view.attempts[0].units) == (1450, units)
+    assert _balance(stack, person) == accounts.Balance(10_000 - 1450, 0)
     stack.close()
 
 

@@ -18,13 +18,14 @@ import numpy as np
 import pytest
 
 from pipelines import ocr, ocr_engines, ocr_params
+from pipelines.registry import USAGE_OUTPUT as USAGE
 from pipelines.registry import PipelineError
 from tests.generated import Generated, ocr_pages
 
 
 def run(path: Path, workdir: Path, params: dict[str, Any] | None = None) -> tuple[Any, str]:
     outputs = ocr.ocr(path, params or {}, workdir)
-    by_extension = {o.output_type.rsplit(".", 1)[1]: o for o in outputs}
+    by_extension = {o.output_type.rsplit(".", 1)[1]: o for o in outputs if o.output_type != USAGE}
     assert sorted(by_extension) == ["json", "pdf", "txt"]
     document = json.loads(Path(by_extension["json"].path).read_text(encoding="utf-8"))
     return document, Path(by_extension["txt"].path).read_text(encoding="utf-8")

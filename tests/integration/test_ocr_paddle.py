@@ -18,7 +18,7 @@ import pytest
 
 from hypermedia.sandbox.executor import ChildExecutor
 from pipelines import ocr_engines
-from pipelines.registry import PipelineError
+from pipelines.registry import USAGE_OUTPUT, PipelineError
 from tests.generated import Generated
 from tests.ocr_support import cer, wheel_paddle_models
 from tests.pipelines_for_tests import PRELOAD
@@ -75,10 +75,13 @@ def test_the_step_runs_paddle_in_the_sandbox(
             memory_limit_mb=4096,
             max_processes=32,
         )
-        outputs = {o.output_type.rsplit(".", 1)[1]: o.path for o in result.outputs}
-        text = outputs["txt"].read_text(encoding="utf-8")
-        document = json.loads(outputs["json"].read_text(encoding="utf-8"))
+        outputs = {o.output_type: o.path for o in result.outputs}
+        usage = json.loads(outputs.pop(USAGE_OUTPUT).read_text())
+        by_extension = {kind.rsplit(".", 1)[1]: path for kind, path in outputs.items()}
+        text = by_extension["txt"].read_text(encoding="utf-8")
+        document = json.loads(by_extension["json"].read_text(encoding="utf-8"))
     truth = (generated / "ocr/clean-page.txt").read_text()
     assert cer(text, truth).cer <= 0.02, text
     (page,) = document["pages"]
     assert page["engine"] == "paddle" and [a["engine"] for a in page["attempts"]] == ["paddle"]
+    assert usage == {"page": 1, "ocr_page": 1, "engine_pass": 1, "escalation": 0}

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import io
 import json
+import tomllib
+from pathlib import Path
 from typing import Any
 
 import pypdfium2 as pdfium
@@ -37,6 +39,7 @@ from tests.generated import Generated, documents, ocr_pages
 from tests.ocr_support import cer
 from tests.ray_support import ray_stack
 
+REPO = Path(__file__).resolve().parents[2]
 STEM = "ocr-en-ppocr_ppocr-cls_tesseract-c97-d300"
 PAGES = [
     "clean-page.png",
@@ -81,6 +84,7 @@ def test_ocr_through_the_worker(pg_engine, settings, tmp_path, generated: Genera
     check_the_turned_page_is_turned_upright(stored)
     check_a_born_digital_pdf_keeps_its_text_layer(stored)
     check_a_weak_first_reading_escalates(stored)
+    check_escalations_are_charged_and_recorded(stored, views)
     check_blocks_are_the_layout_regions(stored)
     for name in ("scanned.pdf", "clean-page.png", "two-columns.png"):
         check_the_searchable_pdf_carries_the_text(stored, name)
@@ -172,6 +176,34 @@ def check_a_weak_first_reading_escalates(stored):
     assert {line["language"] for line in lines} == {"en"}
     clean = _page_json(stored, "clean-page.png")
     assert [a["engine"] for a in clean["attempts"]] == ["ppocr"], "a good page escalates not"
+
+
+def check_escalations_are_charged_and_recorded(stored, views):
+    """The ocr profile's unit_costs: each escalation costs its price on top of the
+    estimate; the attempt records the step's pages, engine passes and escalations."""
+    profiles = tomllib.loads((REPO / "etc/profiles.toml").read_text())
+    price = profiles["profiles"]["ocr"]["unit_costs"]["escalation"]
+    page = _page_json(stored, "mixed-orientation.png")
+    passes = len([a for a in page["attempts"] if "skipped" not in a])
+    view = views["mixed-orientation.png"]
+    (attempt,) = view.attempts
+    assert passes >= 2 and attempt.units == {
+        "page": 1,
+        "ocr_page": 1,
+        "engine_pass": passes,
+        "escalation": passes - 1,
+    }
+    assert view.actual_credits == pytest.approx(view.estimated_credits + price * (passes - 1))
+    clean = views["clean-page.png"]
+    assert clean.attempts[0].units["escalation"] == 0
+    assert clean.actual_credits == clean.estimated_credits
+    born = views["born-digital.pdf"]
+    assert born.attempts[0].units == {
+        "page": 1,
+        "ocr_page": 0,
+        "engine_pass": 0,
+        "escalation": 0,
+    }
 
 
 def check_blocks_are_the_layout_regions(stored):

@@ -208,6 +208,30 @@ def test_shipped_thumbnail_estimate(shipped):
     assert as_record(shipped["ocr"]).estimate_millicredits(2 * MB) == 1000 + 2 * 200
 
 
+@pytest.mark.parametrize(
+    ("costs", "units", "expected"),
+    [
+        ({"escalation": 0.25}, None, 1400),  # the step reported nothing: the estimate
+        ({"escalation": 0.25}, {}, 1400),
+        ({"escalation": 0.25}, {"escalation": 0}, 1400),
+        ({"escalation": 0.25}, {"escalation": 1}, 1650),
+        ({"escalation": 0.25}, {"escalation": 7, "page": 9}, 3150),  # page: no price
+        ({}, {"escalation": 7}, 1400),  # no price: nothing more
+        ({"escalation": 0.0004, "page": 0.1}, {"escalation": 5, "page": 3}, 1700),
+        ({"escalation": 0.0006}, {"escalation": 10**6}, 1400 + 10**6),
+    ],
+)
+def test_charge_is_the_estimate_plus_priced_units(costs, units, expected):
+    item = as_record(profile(unit_costs=costs))
+    assert item.charge_millicredits(1400, units) == expected
+
+
+def test_shipped_ocr_charges_each_escalation(shipped):
+    ocr = as_record(shipped["ocr"])
+    assert ocr.unit_costs_millicredits == {"escalation": 250}
+    assert ocr.charge_millicredits(1000, {"page": 2, "engine_pass": 5, "escalation": 3}) == 1750
+
+
 # -- bad profiles ---------------------------------------------------------------------
 
 BAD_FIELDS = [
@@ -227,6 +251,8 @@ BAD_FIELDS = [
     ("default_priority", 11, "less than or equal to 10"),
     ("params", "width=3", "valid dictionary"),
     ("queue", 3, "valid string"),
+    ("unit_costs", {"escalation": -1.0}, "must be 0 or more"),
+    ("unit_costs", {"Escalation!": 1.0}, "is not a unit name"),
 ]
 
 
