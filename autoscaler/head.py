@@ -12,7 +12,8 @@ left alone.
 :func:`run` attaches the local stack (:mod:`hypermedia.local`) to the cluster
 (``HYPERMEDIA_RAY_ADDRESS``) with ``baseline_workers`` actors per queue, and runs the
 scheduler with the :class:`~autoscaler.rayfleet.RayFleet` over the same node
-provider that Ray's monitor uses (built from ``~/ray_bootstrap_config.yaml``).
+provider that Ray's monitor uses (built from ``~/ray_bootstrap_config.yaml``); the API
+serves the operator page (:mod:`autoscaler.page`) with that provider's ``scheduler.json``.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import subprocess
 import sys
 import threading
 import time
+from functools import partial
 from pathlib import Path
 
 import psutil
@@ -57,6 +59,7 @@ def run() -> None:
     """The services, in the foreground, until SIGTERM."""
     import yaml
 
+    from autoscaler.page.routes import install as install_page
     from autoscaler.provider import HypermediaNodeProvider
     from autoscaler.rayfleet import RayFleet
     from autoscaler.scheduler import open_scheduler
@@ -69,7 +72,7 @@ def run() -> None:
     config = provider.config
     settings = load_settings(ray_address=provider.head_address)
     pools = {name: q.baseline_workers for name, q in config.queues.items() if q.baseline_workers}
-    local = LocalStack(settings)
+    local = LocalStack(settings, extend_app=partial(install_page, config=config))
     stop = threading.Event()
     thread: threading.Thread | None = None
     scheduler = None

@@ -23,7 +23,9 @@ terminations.
 
 A hold (something wanted, not done: cooldown, cap, mode) is written to
 ``scheduler_decisions`` when it begins, not on every turn it lasts: a hold whose reason
-(numbers aside) was held in the previous turn too is only logged.
+(numbers aside) was held in the previous turn too is only logged. With its decisions the
+leader writes each queue's depth and workers (:mod:`autoscaler.samples`, at most once a
+minute): the operator page's charts.
 
 4. evaluates the alert rules (:mod:`autoscaler.alerting`) on the same snapshot and the
    decisions carried out, and records their notifications for the webhooks; the
@@ -50,7 +52,7 @@ from typing import Any, Protocol
 from sqlalchemy import func, select
 from sqlalchemy.engine import Connection, Engine
 
-from autoscaler import cost, policy, webhooks
+from autoscaler import cost, policy, samples, webhooks
 from autoscaler.alerting import Alerting
 from autoscaler.config import ProviderName, SchedulerConfig
 from autoscaler.leader import Leadership, Term
@@ -276,19 +278,28 @@ def vps_workers(conn: Connection) -> list[WorkerState]:
     ]
 
 
-def ledger_spend(conn: Connection, now: float, locked: bool, alerted_today: bool) -> Spend:
-    """Spend from ``cloud_spend``: each instance's price x its running time."""
+def ledger_intervals(conn: Connection, since: float | None = None) -> list[cost.Interval]:
+    """The ``cloud_spend`` ledger's instances on the meter (those still running or
+    terminated at or after ``since``, if given)."""
     s = t.cloud_spend
-    intervals = [
+    query = select(s.c.launched_at, s.c.terminated_at, s.c.price_per_hour_microusd)
+    if since is not None:
+        query = query.where(
+            s.c.terminated_at.is_(None) | (s.c.terminated_at >= _to_datetime(since))
+        )
+    return [
         cost.Interval(
             start=_epoch(row.launched_at),
             end=_epoch(row.terminated_at) if row.terminated_at is not None else None,
             cents_per_hour=cost.from_microusd(row.price_per_hour_microusd),
         )
-        for row in conn.execute(
-            select(s.c.launched_at, s.c.terminated_at, s.c.price_per_hour_microusd)
-        )
+        for row in conn.execute(query)
     ]
+
+
+def ledger_spend(conn: Connection, now: float, locked: bool, alerted_today: bool) -> Spend:
+    """Spend from ``cloud_spend``: each instance's price x its running time."""
+    intervals = ledger_intervals(conn)
     return cost.spend(intervals, now, locked=locked, alerted_today=alerted_today)
 
 
@@ -333,6 +344,7 @@ class Scheduler:
         self.alerting = Alerting(config, engine, alert_webhooks)
         self.sender = webhooks.Sender(engine, alert_webhooks, clock)
         self.metrics: Recorder = metrics or NoMetrics()
+        self.sampled_at: float | None = None  # the last queue samples this scheduler wrote
 
     def observe(self) -> Snapshot:
         now = self.clock.now()
@@ -507,8 +519,13 @@ class Scheduler:
                     write_state(conn, "alerted", {"day": _to_datetime(now).date().isoformat()}, now)
             write_state(conn, HISTORY, history_value(history), now)
             write_state(conn, HOLDS, {"keys": held_now}, now)
+            sample = self.sampled_at is None or now - self.sampled_at >= samples.SAMPLE_SECONDS
+            if sample:
+                samples.record(conn, snapshot)
         for action in recorded:  # once committed: the count says what the table says
             self.metrics.count(DECISIONS, {"action": action})
+        if sample:
+            self.sampled_at = now
 
     def stop(self) -> None:
         """Give the leadership up at once if this scheduler holds it."""

@@ -42,3 +42,15 @@ def to_datetime(epoch: float) -> datetime:
 
 def to_epoch(moment: datetime) -> float:
     return moment.timestamp()
+
+
+def age_text(seconds: float | None) -> str:
+    """A duration as the status screens show it: ``42s``, ``3m 07s``, ``2h 05m``."""
+    if seconds is None:
+        return "-"
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m {seconds % 60:02d}s"
+    return f"{seconds // 3600}h {seconds % 3600 // 60:02d}m"

@@ -43,6 +43,7 @@ from hypermedia.errors import ServiceUnavailable
 
 if TYPE_CHECKING:
     import uvicorn
+    from fastapi import FastAPI
 
     from hypermedia.server import Maintenance
     from hypermedia.stack import Stack
@@ -100,6 +101,8 @@ class LocalStack:
     maintenance: Maintenance | None = None
     api_url: str = ""
     started_redis: bool = False
+    # Adds to the API's app what the core does not know (the operator page).
+    extend_app: Callable[[FastAPI], None] | None = None
     _server: uvicorn.Server | None = None
     _server_thread: threading.Thread | None = None
     _stopped: list[str] = field(default_factory=list)
@@ -217,8 +220,11 @@ class LocalStack:
         from hypermedia.ingest.api import create_app
 
         assert self.stack is not None
+        app = create_app(self.stack)
+        if self.extend_app is not None:
+            self.extend_app(app)
         config = uvicorn.Config(
-            create_app(self.stack),
+            app,
             host=self.settings.api_host,  # 127.0.0.1 unless burst nodes must fetch blobs
             port=port,
             log_config=None,

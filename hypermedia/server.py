@@ -19,6 +19,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 from urllib.parse import unquote_plus
 
 import uvicorn
@@ -27,6 +28,9 @@ from hypermedia.config import Settings
 from hypermedia.errors import HypermediaError
 from hypermedia.jobs.reaper import reconcile
 from hypermedia.stack import Stack
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
 
 log = logging.getLogger(__name__)
 
@@ -148,8 +152,16 @@ class _Server(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
-def serve(settings: Settings, *, host: str, port: int, access_log: bool = True) -> None:
-    """Open the stack, start maintenance, run the API until SIGINT/SIGTERM, clean up."""
+def serve(
+    settings: Settings,
+    *,
+    host: str,
+    port: int,
+    access_log: bool = True,
+    extend: Callable[[FastAPI], None] | None = None,
+) -> None:
+    """Open the stack, start maintenance, run the API until SIGINT/SIGTERM, clean up.
+    ``extend`` adds to the app what the core does not know (the operator page)."""
     from hypermedia.ingest.api import create_app
 
     stack = Stack.open(settings)
@@ -160,6 +172,8 @@ def serve(settings: Settings, *, host: str, port: int, access_log: bool = True) 
     )
     try:
         app = create_app(stack)
+        if extend is not None:
+            extend(app)
         # log_config=None: the CLI owns logging handlers; uvicorn only logs through them.
         config = uvicorn.Config(
             app, host=host, port=port, log_config=None, access_log=access_log, lifespan="off"

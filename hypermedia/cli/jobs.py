@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from hypermedia.cli.common import ApiKey, ApiUrl, Timeout, fail, open_client
+from hypermedia.clock import age_text
 
 if TYPE_CHECKING:
     from datetime import datetime
@@ -171,14 +172,3 @@ def queues(
             redis,
         )
     Console(width=max(100, Console().width)).print(table)
-
-
-def age_text(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    seconds = int(seconds)
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m {seconds % 60:02d}s"
-    return f"{seconds // 3600}h {seconds % 3600 // 60:02d}m"

@@ -28,10 +28,11 @@ def head() -> None:
     import signal
     import threading
 
+    from hypermedia.cli.services import operator_page
     from hypermedia.local import LocalStack
 
     settings = read_settings()
-    local = LocalStack(settings)
+    local = LocalStack(settings, extend_app=operator_page(None))
     stop = threading.Event()
     try:
         local.start(progress=lambda message: log.info("%s", message))

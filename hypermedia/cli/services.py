@@ -4,6 +4,7 @@ container): the API (``serve``) and a worker node of an existing cluster (``work
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -14,6 +15,9 @@ from hypermedia.errors import ConfigError, HypermediaError
 
 if TYPE_CHECKING:
     from hypermedia.config import Settings
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
 
 
 def serve(
@@ -32,12 +36,40 @@ def serve(
     access_log: Annotated[
         bool, typer.Option("--access-log/--no-access-log", envvar="HYPERMEDIA_ACCESS_LOG")
     ] = True,
+    scheduler_config: Annotated[
+        Path | None,
+        typer.Option(
+            "--scheduler-config",
+            envvar="HYPERMEDIA_SCHEDULER_CONFIG",
+            help="scheduler.json, for the operator page's mode and caps (default:"
+            " /etc/hypermedia/scheduler.json, else the shipped vps_only defaults).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
-    """Run the HTTP API, the reaper and the reconciler until interrupted."""
+    """Run the HTTP API (and the operator page at /operator), the reaper and the
+    reconciler until interrupted."""
     from hypermedia.server import serve as run
 
     settings = read_settings(api_host=host, api_port=port)
-    run(settings, host=settings.api_host, port=settings.api_port, access_log=access_log)
+    run(
+        settings,
+        host=settings.api_host,
+        port=settings.api_port,
+        access_log=access_log,
+        extend=operator_page(scheduler_config),
+    )
+
+
+def operator_page(scheduler_config: Path | None) -> Callable[[FastAPI], None]:
+    """What mounts the operator page (:mod:`autoscaler.page`) on the API's app, showing
+    ``scheduler_config``'s mode and caps (read now: a bad file stops the start)."""
+    from functools import partial
+
+    from autoscaler import config
+    from autoscaler.page.routes import install
+
+    return partial(install, config=config.load(scheduler_config))
 
 
 def worker(

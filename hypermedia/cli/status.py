@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from hypermedia.cli.common import ApiKey, ApiUrl, Timeout, read_settings
-from hypermedia.cli.jobs import age_text, show_job
+from hypermedia.cli.jobs import show_job
+from hypermedia.clock import age_text
 
 if TYPE_CHECKING:
     from rich.console import RenderableType

@@ -347,6 +347,22 @@ class SchedulerDecision(Base):
     applied: Mapped[bool] = mapped_column(Boolean, default=False)
 
 
+class QueueSample(Base):
+    """One queue as the scheduler's leader saw it on a turn (at most one row per queue
+    a minute, kept two days: :mod:`autoscaler.samples`): the operator page's charts."""
+
+    __tablename__ = "queue_samples"
+
+    sample_id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
+    sampled_at: Mapped[datetime] = mapped_column(index=True)
+    queue: Mapped[str] = mapped_column(String(32))
+    depth: Mapped[int] = mapped_column(Integer)  # ready jobs
+    oldest_age_seconds: Mapped[float] = mapped_column(Float)
+    workers: Mapped[int] = mapped_column(Integer)  # active and draining, VPS and cloud
+
+
 class SchedulerState(Base):
     """What the scheduler must remember across restarts, by name: the cost lock (set
     when the daily cap is reached, cleared only by ``hypermedia scheduler

@@ -186,6 +186,10 @@ def test_serve_reconciles_redis_at_start(
         env = {"HYPERMEDIA_API_URL": url, "HYPERMEDIA_API_KEY": key}
         cli.ok("submit", str(generated / "images/drawing.png"), "--op", "thumbnail", **env)
         assert _queue_row(cli.ok("queues", **env), "images")[5] == "1/0/0"
+        # serve mounts the operator page (autoscaler/page), for the operator's key only.
+        assert httpx.get(f"{url}/operator").status_code == 401
+        page = httpx.get(f"{url}/operator", headers={"Authorization": f"Bearer {key}"})
+        assert page.status_code == 200 and 'data-queue="images"' in page.text
     private_redis.restart()  # Redis loses everything
     with serving(cli, log) as url:
         env = {"HYPERMEDIA_API_URL": url, "HYPERMEDIA_API_KEY": key}
@@ -221,6 +225,10 @@ def test_bad_config_names_the_key(cli: Cli):
     result = cli("serve", HYPERMEDIA_API_PORT="abc")
     assert result.returncode != 0
     assert "HYPERMEDIA_API_PORT" in result.stderr
+    assert "Traceback" not in result.stderr
+    result = cli("serve", HYPERMEDIA_SCHEDULER_CONFIG=str(REPO / "pyproject.toml"))
+    assert result.returncode != 0
+    assert "pyproject.toml: not JSON" in result.stderr
     assert "Traceback" not in result.stderr
     result = cli("db", "upgrade", HYPERMEDIA_DATABASE_URL="mysql://x")
     assert result.returncode == 1

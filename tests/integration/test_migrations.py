@@ -45,6 +45,7 @@ TABLES = {
     "cloud_spend",
     "alerts",
     "alert_deliveries",
+    "queue_samples",
 }
 
 

@@ -281,6 +281,10 @@ def test_the_wheel_carries_the_defaults(wheel):
         assert f"{data}/{shipped}" in names, sorted(n for n in names if ".data/" in n)
     assert "autoscaler/provider.py" in names and "pipelines/registry.py" in names
     assert any(n.startswith("hypermedia/queue/scripts/") and n.endswith(".lua") for n in names)
+    # The operator page's template and its chart library, with the library's licence.
+    page = "autoscaler/page"
+    for part in ("templates/operator.html", "static/uPlot.iife.min.js", "static/uPlot.LICENSE"):
+        assert f"{page}/{part}" in names, part
 
 
 def test_the_worker_image_builds_the_same_wheel_with_the_server_extra():

@@ -33,6 +33,8 @@ PURE_MODULES = [
     "autoscaler.admission",
     # The alert rules: an observation in, notifications out.
     "autoscaler.alerts",
+    # The operator page's chart columns: samples and the ledger in, columns out.
+    "autoscaler.page.charts",
     # OCR: its parameters (checked at submit) and its reading order and page judgement.
     "pipelines.ocr_params",
     "pipelines.ocr_layout",

@@ -1,0 +1,413 @@
+"""The operator page (:mod:`autoscaler.page`) on the status scene, served by uvicorn and
+read in a headless Chromium: the numbers it shows are the ones :func:`gather` and
+``hypermedia status --json`` give, its four charts are drawn (checked on a screenshot),
+and only an operator's key opens it.
+
+Three hours of queue samples are written through :func:`autoscaler.samples.record` (the
+scheduler's own writer) before the scene's turn, which samples the present."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from PIL import Image
+from sqlalchemy import func, select
+from typer.testing import CliRunner
+
+from autoscaler import config as scheduler_config
+from autoscaler import samples
+from autoscaler.leader import Leadership
+from autoscaler.page.routes import STATIC_DIR, install
+from autoscaler.scheduler import Scheduler
+from autoscaler.snapshot import QueueState, Snapshot, Spend, WorkerState
+from autoscaler.status import gather
+from hypermedia.cli import app as cli
+from hypermedia.clock import ManualClock, age_text, to_datetime
+from hypermedia.db import tables as t
+from hypermedia.db.engine import transaction
+from hypermedia.ingest.api import create_app
+from hypermedia.stack import Stack
+from tests import support
+from tests.api_support import add_user, running_server
+from tests.browser_support import chromium
+from tests.status_scene import clock, config_data, scene, stack
+
+__all__ = ["clock", "scene", "stack"]  # the scene's fixtures, used here
+
+HOURS = 3
+PALETTE = {"images": (0x1F, 0x77, 0xB4), "documents": (0xFF, 0x7F, 0x0E)}  # page.js's
+CAP_RED = (0xD6, 0x27, 0x28)
+
+
+def write_history(stack: Stack) -> None:
+    """A sample a minute for the last three hours (images' and documents' depth a wave, two
+    images workers, three in the last hour, one documents worker) and a cloud instance that
+    ran from 2 h 30 to 1 h 50 ago."""
+    now = stack.clock.now()
+    names = stack.settings.queue_names
+    with transaction(stack.engine) as conn:
+        for minutes in range(HOURS * 60, 0, -1):
+            at = now - minutes * 60
+            wave = round(20 + 15 * math.sin(minutes / 15))
+            images = 3 if minutes <= 60 else 2
+            workers = [WorkerState(f"w-{i}", "images", "active", at - 60) for i in range(images)]
+            workers.append(WorkerState("w-docs", "documents", "active", at - 60))
+            depth = {"images": wave, "documents": wave // 3}
+            snapshot = Snapshot(
+                now=at,
+                queues={name: QueueState(name, depth.get(name, 0), 30.0) for name in names},
+                workers=tuple(workers),
+                offers={},
+                spend=Spend(0.0, 0.0),
+            )
+            samples.record(conn, snapshot)
+        conn.execute(
+            t.cloud_spend.insert().values(
+                provider="aws",
+                instance_id="i-old",
+                node_type="images",
+                region="eu-west-3",
+                spot=False,
+                price_per_hour_microusd=2_000_000,
+                launched_at=to_datetime(now - 9000),
+                terminated_at=to_datetime(now - 6600),
+            )
+        )
+
+
+@pytest.fixture
+def served(stack: Stack, scene: scheduler_config.SchedulerConfig):
+    write_history(stack)
+    app = create_app(stack)
+    install(app, scene)
+    with running_server(app) as base_url:
+        yield base_url
+
+
+def basic(key: str) -> dict[str, str]:
+    return {"Authorization": "Basic " + base64.b64encode(f"operator:{key}".encode()).decode()}
+
+
+def test_only_an_operators_key_opens_the_page(stack, served):
+    operator = add_user(stack, "ops", operator=True)
+    someone = add_user(stack, "someone")
+    page = f"{served}/operator"
+
+    missing = httpx.get(page)
+    assert missing.status_code == 401
+    assert missing.headers["www-authenticate"].startswith('Basic realm="hypermedia operator"')
+    assert missing.json()["error"]["code"] == "unauthenticated"
+    wrong = httpx.get(page, headers=basic("hm_not-a-key"))
+    assert (wrong.status_code, wrong.headers["www-authenticate"][:5]) == (401, "Basic")
+    for headers in (basic(someone.api_key), {"Authorization": f"Bearer {someone.api_key}"}):
+        refused = httpx.get(page, headers=headers)
+        assert refused.status_code == 403
+        assert refused.json()["error"]["code"] == "forbidden"
+    # The key is checked before the query: no key and a bad window is still 401.
+    assert httpx.get(page, params={"hours": "x"}).status_code == 401
+    for hours in ("0", "49", "x"):
+        bad = httpx.get(page, params={"hours": hours}, headers=basic(operator.api_key))
+        assert bad.status_code == 422, hours
+        assert bad.json()["error"]["code"] == "invalid_request"
+
+    for headers in (basic(operator.api_key), {"Authorization": f"Bearer {operator.api_key}"}):
+        shown = httpx.get(page, headers=headers)
+        assert shown.status_code == 200
+        assert shown.headers["content-type"].startswith("text/html")
+        assert "script-src 'self'" in shown.headers["content-security-policy"]
+        assert shown.headers["cache-control"] == "no-store"
+    # The chart library comes from the package, to anyone (it holds nothing of ours).
+    library = httpx.get(f"{served}/operator/static/uPlot.iife.min.js")
+    assert library.status_code == 200
+    assert library.content == (STATIC_DIR / "uPlot.iife.min.js").read_bytes()
+    # A GET that writes nothing: no decision, no sample, no alert more than before.
+    with transaction(stack.engine) as conn:
+        before = [conn.execute(select(func.count()).select_from(x)).scalar() for x in TABLES]
+    httpx.get(page, headers=basic(operator.api_key)).raise_for_status()
+    with transaction(stack.engine) as conn:
+        after = [conn.execute(select(func.count()).select_from(x)).scalar() for x in TABLES]
+    assert after == before
+
+
+TABLES = (t.scheduler_decisions, t.queue_samples, t.alerts, t.scheduler_state)
+
+
+def status_json(stack: Stack, tmp_path: Path) -> dict[str, Any]:
+    """``hypermedia status --json``, on the scene's database, Redis and scheduler.json."""
+    config_file = tmp_path / "scheduler.json"
+    config_file.write_text(json.dumps(config_data()))
+    env = {
+        "HYPERMEDIA_DATABASE_URL": support.url_string(stack.engine),
+        "HYPERMEDIA_REDIS_URL": support.redis_server_url(),
+        "HYPERMEDIA_REDIS_PREFIX": stack.settings.redis_prefix,
+        "HYPERMEDIA_DATA_DIR": str(tmp_path),
+        "HYPERMEDIA_SCHEDULER_CONFIG": str(config_file),
+    }
+    result = CliRunner().invoke(cli, ["status", "--json"], env=env)
+    assert result.exit_code == 0, result.output
+    shown: dict[str, Any] = json.loads(result.stdout)
+    return shown
+
+
+def money(cents: float) -> str:
+    return f"${cents / 100:,.2f}"
+
+
+def read_page(browser: Any) -> dict[str, Any]:
+    """The numbers the page shows, as text, by the cells' classes."""
+    from selenium.webdriver.common.by import By
+
+    def text(root: Any, selector: str) -> str:
+        return str(root.find_element(By.CSS_SELECTOR, selector).text)
+
+    queues = {}
+    for row in browser.find_elements(By.CSS_SELECTOR, "#queues tbody tr"):
+        queues[row.get_attribute("data-queue")] = {
+            "depth": text(row, ".depth"),
+            "oldest": text(row, ".oldest"),
+            "bands": [cell.text for cell in row.find_elements(By.CSS_SELECTOR, ".band")],
+            "in_flight": text(row, ".in-flight"),
+            "retry_wait": text(row, ".retry-wait"),
+            "in": text(row, ".in-rate"),
+            "out": text(row, ".out-rate"),
+        }
+    workers = {
+        row.get_attribute("data-worker"): {
+            "queue": text(row, ".queue"),
+            "where": text(row, ".where"),
+            "state": text(row, ".state"),
+            "heartbeat": text(row, ".heartbeat"),
+            "jobs": text(row, ".jobs"),
+            "cpu": text(row, ".cpu"),
+        }
+        for row in browser.find_elements(By.CSS_SELECTOR, "#workers tbody tr[data-worker]")
+    }
+    return {
+        "mode": text(browser, "#mode"),
+        "leader": text(browser, "#leader"),
+        "queues": queues,
+        "workers": workers,
+        "instances": [
+            row.get_attribute("data-instance")
+            for row in browser.find_elements(By.CSS_SELECTOR, "#instances tbody tr")
+        ],
+        "spend": [
+            text(browser, f"#{name}")
+            for name in ("spend-hour", "cap-hour", "spend-today", "cap-day", "alert-threshold")
+        ],
+        "lock": text(browser, "#lock"),
+        "alerts": [
+            row.get_attribute("data-alert")
+            for row in browser.find_elements(By.CSS_SELECTOR, "#alerts tbody tr[data-alert]")
+        ],
+        "decisions": [
+            (text(row, ".action"), text(row, ".queue"), text(row, ".reason"))
+            for row in browser.find_elements(By.CSS_SELECTOR, "#decisions tr.decision")
+        ],
+        "charts": json.loads(
+            browser.find_element(By.ID, "chart-data").get_attribute("textContent")
+        ),
+    }
+
+
+def expected_page(status: dict[str, Any]) -> dict[str, Any]:
+    """What the page should show of a status (``as_json``'s shape), as text."""
+
+    def band(queue: dict[str, Any], name: str) -> str:
+        found = queue["bands"].get(name)
+        return f"{found['depth']} · {age_text(found['oldest_age_seconds'])}" if found else "-"
+
+    spend = status["spend"]
+    return {
+        "mode": status["mode"],
+        "leader": status["leader"] or "none",
+        "queues": {
+            q["queue"]: {
+                "depth": str(q["depth"]),
+                "oldest": age_text(q["oldest_age_seconds"]) if q["depth"] else "-",
+                "bands": [band(q, name) for name in ("1-3", "4-6", "7-10")],
+                "in_flight": str(q["in_flight"]),
+                "retry_wait": str(q["retry_wait"]),
+                "in": f"{q['in_per_minute']:g}",
+                "out": f"{q['out_per_minute']:g}",
+            }
+            for q in status["queues"]
+        },
+        "workers": {
+            w["worker_id"]: {
+                "queue": w["queue"],
+                "where": w["location"],
+                "state": w["state"],
+                "heartbeat": f"{age_text(w['heartbeat_age_seconds'])} ago",
+                "jobs": f"{w['current_jobs']}/{w['concurrency']}",
+                "cpu": "-" if w["cpu_percent"] is None else f"{w['cpu_percent']:g} %",
+            }
+            for w in status["workers"]
+        },
+        "instances": [i["instance_id"] for i in status["instances"]],
+        "spend": [
+            money(spend[name])
+            for name in (
+                "last_hour_cents",
+                "hourly_cap_cents",
+                "today_cents",
+                "daily_cap_cents",
+                "alert_threshold_cents",
+            )
+        ],
+        "lock": "not locked" if not spend["locked"] else spend["lock_reason"],
+        "alerts": [a["key"] for a in status["alerts"]],
+        "decisions": [(d["action"], d["queue"] or "-", d["reason"]) for d in status["decisions"]],
+    }
+
+
+def steady(shown: dict[str, Any]) -> dict[str, Any]:
+    """What does not move with the clock (``status --json`` runs on the real one)."""
+    return {
+        "mode": shown["mode"],
+        "leader": shown["leader"],
+        "queues": {
+            name: {k: v for k, v in q.items() if k in ("depth", "in_flight", "retry_wait")}
+            | {"bands": [b.split(" · ")[0] for b in q["bands"]]}
+            for name, q in shown["queues"].items()
+        },
+        "workers": {
+            name: {k: v for k, v in w.items() if k in ("queue", "state", "jobs", "cpu")}
+            for name, w in shown["workers"].items()
+        },
+        "instances": shown["instances"],
+        "caps": shown["spend"][1::2],
+        "alerts": shown["alerts"],
+    }
+
+
+def colour_pixels(image: Image.Image, colour: tuple[int, int, int], tolerance: int = 40) -> int:
+    """Pixels of an RGB image within ``tolerance`` of ``colour`` in each channel."""
+    found = 0
+    for count, pixel in image.getcolors(image.width * image.height) or []:
+        assert isinstance(pixel, tuple)
+        if all(abs(a - b) <= tolerance for a, b in zip(pixel, colour, strict=True)):
+            found += count
+    return found
+
+
+def test_the_page_shows_what_status_shows_and_draws_its_charts(stack, scene, served, tmp_path):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    operator = add_user(stack, "ops", operator=True)
+    assert isinstance(stack.clock, ManualClock)  # the page gathers at the scene's now
+    host = served.removeprefix("http://")
+    with chromium() as browser:
+        # The browser's own Basic authentication: the key as the password.
+        browser.get(f"http://operator:{operator.api_key}@{host}/operator?hours={HOURS}")
+        WebDriverWait(browser, 30).until(
+            lambda b: len(b.find_elements(By.CSS_SELECTOR, ".chart[data-drawn]")) == 4
+        )
+        height = browser.execute_script("return document.documentElement.scrollHeight")
+        browser.set_window_size(1400, height + 300)  # the whole page in the screenshot
+        charts = {  # where each chart's canvas is (its legend left out)
+            chart.get_attribute("id"): chart.find_element(By.TAG_NAME, "canvas").rect
+            for chart in browser.find_elements(By.CSS_SELECTOR, ".chart")
+        }
+        shot = tmp_path / "operator.png"
+        assert browser.save_screenshot(str(shot))
+        shown = read_page(browser)
+        console = [
+            entry for entry in browser.get_log("browser") if entry["level"] in ("SEVERE", "ERROR")
+        ]
+    assert console == []  # no script error, no CSP refusal, no missing file
+
+    # The numbers: gather's (the page gathers on the same clock: all of them) ...
+    status = gather(stack, scene, decisions=50)
+    assert shown | {"charts": None} == expected_page(status.as_json()) | {"charts": None}
+    # ... and status --json's (on the real clock: those that do not move with it).
+    command = status_json(stack, tmp_path)
+    assert steady(shown) == steady(expected_page(command))
+    assert shown["decisions"][: len(command["decisions"])] == expected_page(command)["decisions"]
+    assert [d["action"] for d in command["decisions"]] == ["launch"]
+
+    # The charts' data: the samples of the last 3 hours, ending with the scene's turn.
+    data = shown["charts"]
+    with transaction(stack.engine) as conn:
+        rows = samples.read(conn, status.at - HOURS * 3600, status.at)
+    assert data["times"] == sorted({row.at for row in rows}) and len(data["times"]) == 181
+    last = {q.queue: q.depth for q in status.queues}
+    assert {name: depth[-1] for name, depth in data["depth"].items()} == last
+    assert data["workers"]["images"][0] == 2 and data["workers"]["images"][-61] == 3
+    assert (data["last_hour_cents"][-1], data["today_cents"][-1]) == (
+        status.spend.last_hour_cents,
+        status.spend.today_cents,
+    )
+    # i-old ran 40 min at $2/h: some hour of the window holds all of it.
+    assert max(data["last_hour_cents"]) == pytest.approx(133.33, abs=0.01)
+
+    # The screenshot: the page rendered, and each chart drew its lines.
+    image = Image.open(io.BytesIO(shot.read_bytes())).convert("RGB")
+    assert image.width == 1400
+    drawn = {}
+    for name, rect in charts.items():
+        box = (rect["x"], rect["y"], rect["x"] + rect["width"], rect["y"] + rect["height"])
+        assert rect["width"] > 300 and rect["height"] > 200, name
+        assert box[3] <= image.height, name  # in the screenshot
+        region = image.crop(tuple(round(v) for v in box))
+        drawn[name] = {
+            "blue": colour_pixels(region, PALETTE["images"]),
+            "orange": colour_pixels(region, PALETTE["documents"]),
+            "red": colour_pixels(region, CAP_RED),
+        }
+    for counts in ("chart-depth", "chart-workers"):  # the images and documents lines
+        assert drawn[counts]["blue"] > 500 and drawn[counts]["orange"] > 500, drawn
+    for spend in ("chart-spend-hour", "chart-spend-day"):  # the spend and the cap
+        assert drawn[spend]["blue"] > 500 and drawn[spend]["red"] > 200, drawn
+    print(f"screenshot: {shot} ({image.width}x{image.height}); pixels by chart: {drawn}")
+
+
+def test_the_leader_samples_each_queue_once_a_minute_and_forgets_old_samples(stack, clock):
+    config = scheduler_config.parse(config_data())
+    leadership = Leadership(stack.redis, stack.settings.redis_prefix, "samples-test", 60)
+    scheduler = Scheduler(config, stack.engine, stack.queue, leadership, clock)
+    names = list(config.queues)
+    old = Snapshot(clock.now() - samples.RETENTION_SECONDS - 1, {}, (), {}, Spend(0.0, 0.0))
+    with transaction(stack.engine) as conn:
+        conn.execute(
+            t.queue_samples.insert().values(
+                sampled_at=to_datetime(old.now),
+                queue="images",
+                depth=1,
+                oldest_age_seconds=0.0,
+                workers=0,
+            )
+        )
+
+    def taken() -> list[tuple[float, str]]:
+        with transaction(stack.engine) as conn:
+            return [(round(s.at, 3), s.queue) for s in samples.read(conn, 0, clock.now())]
+
+    first = round(clock.now(), 3)
+    scheduler.evaluate()
+    assert taken() == [(first, name) for name in sorted(names)]  # the old one is gone
+    clock.advance(samples.SAMPLE_SECONDS - 1)
+    scheduler.evaluate()
+    assert len(taken()) == len(names)
+    clock.advance(1)
+    scheduler.evaluate()
+    assert [at for at, _ in taken()] == [first] * len(names) + [first + 60] * len(names)
+    # A scheduler that does not lead samples nothing.
+    other = Scheduler(
+        config,
+        stack.engine,
+        stack.queue,
+        Leadership(stack.redis, stack.settings.redis_prefix, "other", 60),
+        clock,
+    )
+    clock.advance(120)
+    assert other.evaluate().term is None
+    assert len(taken()) == 2 * len(names)
