@@ -125,6 +125,7 @@ def spin(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list[Out
     return []
 
 
+@register("test.allocate_on_images")
 @register("test.allocate")
 def allocate(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list[Output]:
     """Hold ``mb`` megabytes, touched, in 8 MB pieces."""
