@@ -65,6 +65,7 @@ def run() -> None:
     from autoscaler.scheduler import open_scheduler
     from hypermedia.config import load_settings
     from hypermedia.local import LocalStack
+    from hypermedia.metrics import targets
 
     directory = state_dir()
     bootstrap = yaml.safe_load(Path(BOOTSTRAP).expanduser().read_text())
@@ -87,6 +88,9 @@ def run() -> None:
         thread.start()
         (directory / "head.url").write_text(local.api_url)
         (settings.data_dir / "head.url").write_text(local.api_url)
+        temp_dir = os.environ.get("HM_HEAD_TEMP_DIR")
+        if temp_dir:  # where Prometheus finds the Ray nodes (etc/prometheus/)
+            targets.link_ray(settings.data_dir, Path(temp_dir))
         log.info(
             "cluster head services up: API at %s, scheduler in %s mode", local.api_url, config.mode
         )

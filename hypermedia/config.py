@@ -150,6 +150,10 @@ class Settings(BaseSettings):
     # Ray's dashboard on the head of `up` (`run` never starts it): on 127.0.0.1, behind
     # the cluster's token. It costs about 1 GB of memory.
     ray_dashboard: bool = True
+    # Where that dashboard's Metrics page finds Prometheus and Grafana (etc/prometheus/,
+    # etc/grafana/); with nothing listening there the page says so.
+    prometheus_url: str = Field(default="http://127.0.0.1:9090", pattern=r"^https?://\S+$")
+    grafana_url: str = Field(default="http://127.0.0.1:3000", pattern=r"^https?://\S+$")
 
     # Spot interruption notices (hypermedia.worker.spot): a worker on a spot instance
     # watches its cloud's metadata service ("aws" or "gcp"); "off" everywhere else.

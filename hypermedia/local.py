@@ -10,8 +10,8 @@
 
 The head offers Ray as many CPUs as the machine has, or as its actors reserve
 (``queues.<name>.cpus`` each) if that is more: every actor the stack starts is placed.
-With the dashboard on, ``<data_dir>/ray/prom_metrics_service_discovery.json`` links to
-Ray's Prometheus service discovery file (see ``etc/prometheus/``).
+``<data_dir>/metrics/`` tells Prometheus where the API and (with the dashboard on) the
+Ray nodes are (:mod:`hypermedia.metrics.targets`, ``etc/prometheus/``).
 
 Ray reads its auth settings when first imported, so nothing here imports
 ``ray`` before :meth:`LocalStack.start` has set them.
@@ -117,6 +117,7 @@ class LocalStack:
         dashboard: bool | None = None,
     ) -> None:
         """``dashboard``: start Ray's dashboard (default: the ``ray_dashboard`` setting)."""
+        from hypermedia.metrics import targets
         from hypermedia.watchdog import Watchdog
         from hypermedia.worker import cluster
 
@@ -188,13 +189,18 @@ class LocalStack:
                 num_cpus=max(os.cpu_count() or 1, math.ceil(settings.pool_cpus(pools))),
                 dashboard=with_dashboard,
                 node_ip=node_ip,
+                dashboard_env={
+                    "RAY_PROMETHEUS_HOST": settings.prometheus_url,
+                    "RAY_GRAFANA_HOST": settings.grafana_url,
+                },
             )
             address = self.node.address
             say(f"ray head at {address}")
             if self.node.dashboard_url:
-                link_service_discovery(directory, self.node)
+                targets.link_ray(settings.data_dir, self.node.temp_dir)
                 say(f"ray dashboard at {self.node.dashboard_url} (token in {token})")
         self._start_api(port)
+        targets.publish_api(settings.data_dir, api_url)
         say(f"api at {api_url}")
 
         import ray
@@ -295,15 +301,6 @@ class LocalStack:
         if self._lock is not None:
             self._lock.close()  # releases the flock
             self._lock = None
-
-
-def link_service_discovery(directory: Path, node: RayNode) -> Path:
-    """``<directory>/prom_metrics_service_discovery.json``: a link to the head's Ray
-    service discovery file (in its temp dir, whose name is a hash), for Prometheus."""
-    link = directory / node.service_discovery_file.name
-    link.unlink(missing_ok=True)
-    link.symlink_to(node.service_discovery_file)
-    return link
 
 
 def hold_data_dir(data_dir: Path) -> IO[str]:

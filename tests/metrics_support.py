@@ -1,14 +1,22 @@
-"""Reading metrics as Prometheus would: scrape the text format, sum series by labels."""
+"""Reading metrics as Prometheus would (scrape the text format, sum series by labels),
+and a real Prometheus on the shipped config."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from hypermedia.embedded import free_port
 from hypermedia.metrics import RAY_PREFIX
 
 
@@ -51,3 +59,87 @@ def sum_by(
         if sample.name == name and where(sample):
             sums[tuple(sample.labels[label] for label in labels)] += sample.value
     return {key: value for key, value in sums.items() if value}
+
+
+# -- a real Prometheus on the shipped config -------------------------------------------
+
+REPO = Path(__file__).resolve().parents[1]
+SHIPPED = REPO / "etc" / "prometheus"
+SHIPPED_DATA_DIR = "/var/lib/hypermedia"
+SHIPPED_KEY_FILE = "/etc/prometheus/hypermedia-api-key"
+
+
+def shipped_config(directory: Path, data_dir: Path, key_file: Path, interval: str) -> Path:
+    """etc/prometheus/ copied into ``directory``, pointed at ``data_dir``'s targets and
+    ``key_file``, scraping every ``interval``: nothing else changed."""
+    text = (SHIPPED / "prometheus.yml").read_text()
+    for old, new in (
+        (SHIPPED_DATA_DIR, str(data_dir)),
+        (SHIPPED_KEY_FILE, str(key_file)),
+        ("scrape_interval: 15s", f"scrape_interval: {interval}"),
+    ):
+        assert old in text, old
+        text = text.replace(old, new)
+    directory.mkdir(parents=True, exist_ok=True)
+    shutil.copy(SHIPPED / "alerts.yml", directory / "alerts.yml")
+    config = directory / "prometheus.yml"
+    config.write_text(text)
+    return config
+
+
+@contextmanager
+def prometheus(config: Path) -> Iterator[str]:
+    """Debian's prometheus on ``config``, on a free loopback port; yields its URL."""
+    binary = shutil.which("prometheus")
+    assert binary, "prometheus is missing: ./scripts/setup installs it (Debian's prometheus)"
+    url = f"http://127.0.0.1:{free_port()}"
+    log = config.parent / "prometheus.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [
+                binary,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={config.parent / 'tsdb'}",
+                f"--web.listen-address={url.removeprefix('http://')}",
+            ],
+            stdout=out,
+            stderr=out,
+            stdin=subprocess.DEVNULL,
+        )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            assert process.poll() is None, log.read_text()[-3000:]
+            try:
+                if httpx.get(f"{url}/-/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.1)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def query(url: str, expr: str) -> list[dict[str, Any]]:
+    """An instant query's result; an expression Prometheus refuses fails the test."""
+    response = httpx.get(f"{url}/api/v1/query", params={"query": expr}, timeout=10)
+    body = response.json()
+    assert response.status_code == 200 and body["status"] == "success", (expr, body)
+    result: list[dict[str, Any]] = body["data"]["result"]
+    return result
+
+
+def by_labels(result: list[dict[str, Any]], *labels: str) -> dict[tuple[str, ...], float]:
+    """A query's vector as ``{label values: value}``, zeros left out."""
+    found = {
+        tuple(item["metric"].get(label, "") for label in labels): float(item["value"][1])
+        for item in result
+    }
+    return {key: value for key, value in found.items() if value}

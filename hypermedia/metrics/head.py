@@ -14,6 +14,7 @@ so in the log) rather than failing the whole answer.
 from __future__ import annotations
 
 import logging
+import threading
 from collections import Counter as Tally
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -33,7 +34,6 @@ from hypermedia.db.engine import transaction
 from hypermedia.errors import HypermediaError
 from hypermedia.metrics import (
     BANDS,
-    CATALOGUE,
     CLOUD,
     HEARTBEAT_AGE,
     QUEUE_DEPTH,
@@ -65,10 +65,8 @@ class HeadMetrics:
         self.registry = CollectorRegistry()
         self.cloud_nodes: dict[str, bool] = {}
         self._instruments: dict[str, Any] = {}
+        self._lock = threading.Lock()
         self._watched = False
-        for metric in CATALOGUE:
-            if metric not in SCRAPED:
-                self._instruments[metric.name] = _instrument(metric, self.registry)
 
     def count(self, metric: Metric, labels: Labels, amount: float = 1.0) -> None:
         self._child(metric, "counter", labels).inc(amount)
@@ -84,7 +82,15 @@ class HeadMetrics:
 
     def _child(self, metric: Metric, kind: str, labels: Labels) -> Any:
         values = check(metric, kind, labels)  # type: ignore[arg-type]
-        instrument = self._instruments[metric.name]
+        if metric in SCRAPED:
+            raise ValueError(f"{metric.name} is read when scraped, not recorded")
+        # Made on first use: a metric without labels would otherwise be exported as 0
+        # by a head that never records it (a scheduler's last evaluation "in 1970").
+        with self._lock:
+            instrument = self._instruments.get(metric.name)
+            if instrument is None:
+                instrument = _instrument(metric, self.registry)
+                self._instruments[metric.name] = instrument
         return instrument.labels(*values) if values else instrument
 
     def watch(self, queue: RedisQueue, engine: Engine, clock: Clock) -> None:

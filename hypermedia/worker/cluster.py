@@ -171,9 +171,6 @@ def _prepare_temp_dir(temp_dir: Path) -> None:
     temp_dir.mkdir(mode=0o700, exist_ok=True)
 
 
-# Where Ray's own Prometheus service discovery file is (in a head's temp dir, with the
-# dashboard on): every node's metrics export address, for Prometheus's file_sd_configs.
-SERVICE_DISCOVERY_FILE = "prom_metrics_service_discovery.json"
 # Two ports Ray's head binds at fixed defaults (the autoscaler's and the dashboard's own
 # metrics, 44217 and 44227) unless told otherwise: a second cluster on the host would
 # find them taken.
@@ -192,11 +189,6 @@ class RayNode:
     token_path: Path
     address: str = ""
     dashboard_url: str = ""  # Ray's dashboard, if this head started one
-
-    @property
-    def service_discovery_file(self) -> Path:
-        """Ray's Prometheus service discovery file (written while the dashboard runs)."""
-        return self.temp_dir / SERVICE_DISCOVERY_FILE
 
     def processes(self) -> list[psutil.Process]:
         """Every process of this node: those naming its temp dir, the Ray client
@@ -326,11 +318,14 @@ def start_head(
     object_store_bytes: int = 256 * 2**20,
     dashboard: bool = False,
     node_ip: str | None = None,
+    dashboard_env: Mapping[str, str] | None = None,
 ) -> RayNode:
     """Start a Ray head with its own temp dir under ``directory``; wait until it answers.
 
     Without ``node_ip`` it listens on loopback only and no node can join; with one
-    (an address of this machine) nodes join it there."""
+    (an address of this machine) nodes join it there. ``dashboard`` starts Ray's
+    dashboard on 127.0.0.1 (behind the token); ``dashboard_env`` is for it
+    (``RAY_PROMETHEUS_HOST``, ``RAY_GRAFANA_HOST``: where its Metrics page looks)."""
     directory.mkdir(parents=True, exist_ok=True)
     token_path = ensure_token(token_path or directory / TOKEN_FILE)
     temp_dir = short_temp_dir(directory, "head")
@@ -355,8 +350,10 @@ def start_head(
         # Worker nodes on this machine join a head on 127.0.0.10 (Ray rewrites 127.0.0.1).
         *([f"--node-ip-address={node_ip}"] if node_ip else []),
     ]
-    ports = dict(zip(_FIXED_METRIC_PORTS, map(str, _free_ports(2)), strict=True))
-    _run_start(args, token_path, temp_dir, loopback=node_ip is None, extra=ports)
+    extra = dict(zip(_FIXED_METRIC_PORTS, map(str, _free_ports(2)), strict=True))
+    if dashboard:
+        extra.update(dashboard_env or {})
+    _run_start(args, token_path, temp_dir, loopback=node_ip is None, extra=extra)
     node.address = _read_address(temp_dir)
     if dashboard:
         port = next(a for a in args if a.startswith("--dashboard-port=")).partition("=")[2]

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import httpx
 import psutil
 
 from hypermedia.embedded import find_running
@@ -53,6 +57,8 @@ def test_up_submit_down(tmp_path):
         assert again.returncode == 0
         assert "already up" in again.stdout
 
+        _dashboard_and_metric_targets(data, api_url)
+
         key = _cli(env, "user", "add", "alice", "--credits", "100").stdout.strip()
         assert key.startswith("hm_")
         client_env = {**env, "HYPERMEDIA_API_URL": api_url, "HYPERMEDIA_API_KEY": key}
@@ -75,6 +81,40 @@ def test_up_submit_down(tmp_path):
     assert _ray_processes(data) == []
     assert find_running(data / "redis") is None
     assert _cli(env, "down").stdout.strip() == "not running"
+
+
+def _dashboard_and_metric_targets(data: Path, api_url: str) -> None:
+    """Ray's dashboard listens on 127.0.0.1 behind the cluster's token; Prometheus finds
+    the API and Ray's nodes (Ray's own service discovery file) under data/metrics/."""
+    found = re.search(
+        r"ray dashboard at (http://127\.0\.0\.1:(\d+))", (data / "head.log").read_text()
+    )
+    assert found, (data / "head.log").read_text()[-3000:]
+    dashboard, port = found.group(1), int(found.group(2))
+    listening = [
+        c.laddr[0]
+        for c in psutil.net_connections("tcp")
+        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr[1] == port
+    ]
+    assert listening and set(listening) <= {"127.0.0.1", "::ffff:127.0.0.1"}, listening
+    assert httpx.get(f"{dashboard}/api/version", timeout=10).status_code == 401
+    token = (data / "ray" / "auth_token").read_text().strip()
+    answer = httpx.get(
+        f"{dashboard}/api/version", headers={"Authorization": f"Bearer {token}"}, timeout=10
+    )
+    assert answer.status_code == 200, answer.text
+    assert json.loads((data / "metrics" / "api.json").read_text())[0]["targets"] == [
+        api_url.removeprefix("http://")
+    ]
+    # Ray writes its file a few seconds after the dashboard starts, then keeps it current.
+    ray_targets = data / "metrics" / "ray.json"
+    deadline = time.monotonic() + 30
+    while not ray_targets.exists() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    (listed,) = json.loads(ray_targets.read_text())
+    assert listed["labels"] == {"job": "ray"} and listed["targets"], listed
+    for target in listed["targets"]:  # each answers in Prometheus's text format
+        assert "# TYPE" in httpx.get(f"http://{target}/metrics", timeout=10).text
 
 
 def _leftovers(data: Path) -> list[str]:

@@ -277,7 +277,14 @@ def test_the_checkout_then_the_prefix(tmp_path):
 def test_the_wheel_carries_the_defaults(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     data = "hypermedia-0.1.0.data/data/share/hypermedia/etc"
-    for shipped in ("profiles.toml", "scheduler.json", "traces/daily_cycle.csv"):
+    for shipped in (
+        "profiles.toml",
+        "scheduler.json",
+        "traces/daily_cycle.csv",
+        "prometheus/prometheus.yml",
+        "grafana/dashboards/hypermedia_grafana_dashboard.json",
+        "grafana/provisioning/datasources/default.yml",
+    ):
         assert f"{data}/{shipped}" in names, sorted(n for n in names if ".data/" in n)
     assert "autoscaler/provider.py" in names and "pipelines/registry.py" in names
     assert any(n.startswith("hypermedia/queue/scripts/") and n.endswith(".lua") for n in names)
