@@ -61,6 +61,9 @@ def test_up_submit_down(tmp_path):
 
         key = _cli(env, "user", "add", "alice", "--credits", "100").stdout.strip()
         assert key.startswith("hm_")
+        # The stack's API serves the operator page (autoscaler/page), not to alice.
+        page = httpx.get(f"{api_url}/operator", headers={"Authorization": f"Bearer {key}"})
+        assert page.status_code == 403, page.text
         client_env = {**env, "HYPERMEDIA_API_URL": api_url, "HYPERMEDIA_API_KEY": key}
         submitted = _cli(
             client_env,
