@@ -19,12 +19,11 @@ The file
     webhook is named by its ``name``.
 
 The request
-    ``POST`` of the alert as JSON (:func:`payload`) with ``Content-Type:
-    application/json``, ``X-Hypermedia-Delivery: <delivery id>`` (the same on every
-    retry of one delivery: a receiver that saw it already can drop it) and
-    ``X-Hypermedia-Signature: t=<unix seconds>,v1=<hex>``, where ``<hex>`` is
-    HMAC-SHA256 with the webhook's secret over ``"<t>." + body``. :func:`verify` is
-    the receiver's side.
+    ``POST`` of the alert as JSON (:func:`payload`), signed with the webhook's secret
+    as every webhook of the platform is (:mod:`hypermedia.webhooks`: ``X-Hypermedia-
+    Delivery: <delivery id>``, the same on every retry of one delivery, and
+    ``X-Hypermedia-Signature: t=<unix seconds>,v1=<hex>``, HMAC-SHA256 over ``"<t>." +
+    body``). :func:`verify` is the receiver's side.
 
 The sender
     Notifications become ``alert_deliveries`` rows (one per webhook whose
@@ -41,8 +40,6 @@ The sender
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import logging
 import os
@@ -63,16 +60,26 @@ from hypermedia.clock import Clock
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
 from hypermedia.errors import ConfigError
+from hypermedia.webhooks import DELIVERY_HEADER, SIGNATURE_HEADER, backoff, send, sign, verify
+
+__all__ = [
+    "DELIVERY_HEADER",
+    "SIGNATURE_HEADER",
+    "Attempt",
+    "Sender",
+    "Webhook",
+    "backoff",
+    "load",
+    "parse",
+    "payload",
+    "sign",
+    "verify",
+]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_PATH = Path("/etc/hypermedia/alert-webhooks.json")
 ENV_VAR = "HYPERMEDIA_ALERT_WEBHOOKS"
-SIGNATURE_HEADER = "X-Hypermedia-Signature"
-DELIVERY_HEADER = "X-Hypermedia-Delivery"
-BACKOFF_SECONDS = 10.0
-BACKOFF_MAX_SECONDS = 900.0
-SIGNATURE_TOLERANCE_SECONDS = 300.0
 BATCH = 50
 
 
@@ -144,38 +151,6 @@ def load(path: Path | str | None = None) -> list[Webhook]:
     except json.JSONDecodeError as exc:
         raise ConfigError(str(chosen), f"not JSON: {exc.msg} (line {exc.lineno})") from None
     return parse(data, str(chosen))
-
-
-# -- signing -----------------------------------------------------------------------------------
-
-
-def sign(secret: str, body: bytes, timestamp: int) -> str:
-    """The ``X-Hypermedia-Signature`` value for ``body`` sent at ``timestamp``."""
-    digest = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256)
-    return f"t={timestamp},v1={digest.hexdigest()}"
-
-
-def verify(
-    secret: str,
-    body: bytes,
-    header: str,
-    now: float,
-    tolerance: float = SIGNATURE_TOLERANCE_SECONDS,
-) -> bool:
-    """Whether ``header`` signs ``body`` with ``secret`` within ``tolerance`` of ``now``."""
-    parts = dict(part.split("=", 1) for part in header.split(",") if "=" in part)
-    try:
-        timestamp = int(parts["t"])
-        given = parts["v1"]
-    except (KeyError, ValueError):
-        return False
-    expected = sign(secret, body, timestamp).split("v1=", 1)[1]
-    return hmac.compare_digest(expected, given) and abs(now - timestamp) <= tolerance
-
-
-def backoff(attempts: int) -> float:
-    """Seconds before the next attempt after ``attempts`` failed ones (1, 2, ...)."""
-    return min(BACKOFF_MAX_SECONDS, BACKOFF_SECONDS * 2.0 ** max(0, attempts - 1))
 
 
 def payload(row: Any, delivery_id: str) -> dict[str, Any]:
@@ -269,8 +244,6 @@ class Sender:
             ).one()
 
     def _attempt(self, client: Any, delivery_id: str, attempts: int, name: str) -> Attempt | None:
-        import httpx
-
         webhook = self.webhooks.get(name)
         if webhook is None:
             self._finish(delivery_id, attempts + 1, None, "webhook no longer configured", True)
@@ -281,27 +254,17 @@ class Sender:
             return None
         attempt = attempts + 1
         body = json.dumps(payload(alert, delivery_id), separators=(",", ":")).encode()
-        headers = {
-            "Content-Type": "application/json",
-            "User-Agent": "hypermedia-alerts/1",
-            DELIVERY_HEADER: delivery_id,
-            SIGNATURE_HEADER: sign(webhook.secret.get_secret_value(), body, int(time.time())),
-        }
-        code: int | None = None
-        error: str | None = None
-        try:
-            response = client.post(
-                webhook.url.get_secret_value(),
-                content=body,
-                headers=headers,
-                timeout=webhook.timeout_seconds,
-            )
-            code = response.status_code
-            if not 200 <= code < 300:
-                error = f"answered {code}"
-        except httpx.HTTPError as exc:
-            # The exception's text can hold the URL: keep its kind only.
-            error = type(exc).__name__
+        answer = send(
+            client,
+            webhook.url.get_secret_value(),
+            body,
+            secret=webhook.secret.get_secret_value(),
+            delivery_id=delivery_id,
+            timestamp=int(time.time()),
+            timeout=webhook.timeout_seconds,
+            user_agent="hypermedia-alerts/1",
+        )
+        code, error = answer.code, answer.error
         delivered = error is None
         failed = not delivered and attempt >= webhook.max_attempts
         self._finish(delivery_id, attempt, code, error, failed)

@@ -20,7 +20,7 @@ import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -34,6 +34,7 @@ from pydantic import (
 )
 from pydantic_settings import (
     BaseSettings,
+    NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     TomlConfigSettingsSource,
@@ -46,6 +47,7 @@ REPO_ETC = shipped_etc()
 DEFAULT_QUEUES = ("images", "documents", "ocr", "media", "bulk")
 _QUEUE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 _S3_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+_CALLBACK_HOST = re.compile(r"^([a-z0-9.-]{1,253}|\[[0-9a-f:.]{2,45}\])(:[0-9]{1,5})?$")
 _S3_PREFIX = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._=-]{0,199}/?)*$")
 
 
@@ -133,6 +135,16 @@ class Settings(BaseSettings):
     s3_prefix: str = Field(default="", max_length=200)
     storage_secret: SecretStr | None = Field(default=None, min_length=32)
     presign_ttl_seconds: int = Field(default=900, ge=1, le=7 * 24 * 3600)
+
+    # Completion webhooks (hypermedia.callbacks): the hosts a submit's callback_url may
+    # name ("host" any port, "host:port" that port; none: no callbacks; the environment
+    # takes them comma-separated), the HMAC secret they are signed with (unset: one kept
+    # in data_dir/callback.secret), and delivery.
+    callback_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    callback_secret: SecretStr | None = Field(default=None, min_length=32)
+    callback_max_attempts: int = Field(default=8, ge=1, le=100)
+    callback_timeout_seconds: float = Field(default=10.0, gt=0, le=120)
+    callback_poll_seconds: float = Field(default=1.0, gt=0, le=3600)
 
     backoff_base_seconds: float = Field(default=60.0, gt=0)
     backoff_max_seconds: float = Field(default=3600.0, gt=0)
@@ -239,6 +251,27 @@ class Settings(BaseSettings):
             raise ValueError("expected an http:// or https:// URL")
         return value
 
+    @field_validator("callback_hosts", mode="before")
+    @classmethod
+    def _split_callback_hosts(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [part for part in (p.strip() for p in value.split(",")) if part]
+        return value
+
+    @field_validator("callback_hosts")
+    @classmethod
+    def _check_callback_hosts(cls, value: list[str]) -> list[str]:
+        hosts = []
+        for entry in value:
+            host = entry.strip().lower()
+            if not _CALLBACK_HOST.fullmatch(host):
+                raise ValueError(
+                    f"{entry!r}: expected a host name or address, with an optional :port "
+                    "(no scheme, no path)"
+                )
+            hosts.append(host)
+        return hosts
+
     @field_validator("inspection_wall_seconds")
     @classmethod
     def _check_inspection_wall(cls, value: float, info: ValidationInfo) -> float:
@@ -297,6 +330,12 @@ class Settings(BaseSettings):
             return self.api_url.rstrip("/")
         host = f"[{self.api_host}]" if ":" in self.api_host else self.api_host
         return f"http://{host}:{self.api_port}"
+
+    @property
+    def callback_secret_path(self) -> Path:
+        """Where the generated callback signing secret is kept when ``callback_secret``
+        is unset (the web tier verifies callbacks with it)."""
+        return self.data_dir / "callback.secret"
 
     @property
     def storage_secret_path(self) -> Path:

@@ -12,6 +12,7 @@ translated where they enter, with ``raise ... from exc``.
     ├── InvalidRequest      400  the request itself is malformed
     │   ├── UnknownOperation 422 no profile, or no pipeline step, for that operation
     │   ├── InvalidParams   422  parameters the operation's step refuses (an unknown OCR language)
+    │   ├── CallbackNotAllowed 422 a callback_url whose host is not in the server's callback_hosts
     │   ├── InputTooLarge   413  object bigger than the profile allows
     │   ├── RequestTooLarge 413  a request body over its route's limit
     │   ├── InspectionLimit 422  inspecting the upload passed its CPU/memory/time budget
@@ -102,6 +103,14 @@ class InvalidParams(InvalidRequest):
     by its step's own check, before any job exists."""
 
     code = "invalid_params"
+    status = 422
+
+
+class CallbackNotAllowed(InvalidRequest):
+    """A submit's ``callback_url`` names a host the operator did not allow
+    (``callback_hosts``): the head would POST wherever it is told, inside its network too."""
+
+    code = "callback_not_allowed"
     status = 422
 
 

@@ -6,7 +6,8 @@ and the reconciler every ``reconcile_interval_seconds``, or on the first tick
 after Redis is reachable again or found emptied (the queue's
 ``reconcile_wanted``). A failed round (Redis or the database down) is logged and
 retried on the next tick; ``stop()`` returns once the round in progress has
-finished.
+finished. A second thread sends completion webhooks (:mod:`hypermedia.callbacks`)
+every ``callback_poll_seconds``, so a receiver that hangs never delays the reaper.
 
 The access log never shows a signed URL's signature (:class:`RedactSignedUrls`).
 """
@@ -24,6 +25,7 @@ from urllib.parse import unquote_plus
 
 import uvicorn
 
+from hypermedia.callbacks import CallbackSender
 from hypermedia.config import Settings
 from hypermedia.errors import HypermediaError
 from hypermedia.jobs.reaper import reconcile
@@ -50,6 +52,8 @@ class Maintenance:
         self._monotonic = monotonic
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._sender: threading.Thread | None = None
+        self.callbacks = CallbackSender.from_settings(stack.engine, stack.settings, stack.clock)
         self.rounds = 0
         self.reconciles = 0
 
@@ -60,14 +64,22 @@ class Maintenance:
             target=self._run, name="hypermedia-maintenance", daemon=True
         )
         self._thread.start()
+        self._sender = threading.Thread(
+            target=self.callbacks.run,
+            args=(self._stop, self.stack.settings.callback_poll_seconds),
+            name="hypermedia-callbacks",
+            daemon=True,
+        )
+        self._sender.start()
 
     def stop(self, timeout: float = 30.0) -> None:
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            if self._thread.is_alive():
-                log.warning("maintenance thread still busy after %.0f s", timeout)
-            self._thread = None
+        for thread in (self._thread, self._sender):
+            if thread is not None:
+                thread.join(timeout)
+                if thread.is_alive():
+                    log.warning("%s thread still busy after %.0f s", thread.name, timeout)
+        self._thread = self._sender = None
 
     def _run(self) -> None:
         next_reconcile = self._monotonic()  # reconcile once at start

@@ -193,6 +193,7 @@ class Stack:
                 limiter=limiter,
                 key_defaults=key_defaults,
                 metrics=metrics,
+                callback_hosts=settings.callback_hosts,
             ),
             dispatcher=Dispatcher(
                 engine,

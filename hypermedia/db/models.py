@@ -252,6 +252,9 @@ class ProcessingJob(Base):
     started_at: Mapped[datetime | None]
     completed_at: Mapped[datetime | None] = mapped_column(index=True)  # the out-rate
     updated_at: Mapped[datetime]
+    # Where the head POSTs the job once it is completed, failed or cancelled (a host of
+    # the settings' callback_hosts; see job_callbacks).
+    callback_url: Mapped[str | None] = mapped_column(String(2048))
 
 
 class JobAttempt(Base):
@@ -276,6 +279,29 @@ class JobAttempt(Base):
     # The work the step reported, as the profile's unit_costs count it (ocr: page,
     # ocr_page, engine_pass, escalation); null for steps that report none.
     units: Mapped[dict[str, int] | None] = mapped_column(JSON)
+
+
+class JobCallback(Base):
+    """A job's terminal event for its ``callback_url``: the outbox the head's sender
+    works through (:mod:`hypermedia.callbacks`), written in the transaction that made
+    the job completed, failed or cancelled (:mod:`hypermedia.jobs.callbacks`)."""
+
+    __tablename__ = "job_callbacks"
+    __table_args__ = (
+        Index("ix_job_callbacks_status_next_attempt_at", "status", "next_attempt_at"),
+    )
+
+    event_id: Mapped[str] = mapped_column(ID, primary_key=True)  # md5("<job_id>:<event>")
+    job_id: Mapped[str] = mapped_column(ForeignKey("processing_jobs.job_id"), unique=True)
+    event: Mapped[str] = mapped_column(String(16))  # completed | failed | cancelled
+    status: Mapped[str] = mapped_column(String(16))  # pending | delivered | failed
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[datetime]
+    last_attempt_at: Mapped[datetime | None]
+    response_code: Mapped[int | None] = mapped_column(Integer)
+    last_error: Mapped[str | None] = mapped_column(Text)
+    delivered_at: Mapped[datetime | None]
+    created_at: Mapped[datetime]
 
 
 class JobOutput(Base):

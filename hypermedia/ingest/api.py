@@ -55,7 +55,6 @@ from hypermedia.ingest.http_errors import install_error_handlers
 from hypermedia.ingest.inspection import InspectionBudget, InspectionRunner
 from hypermedia.ingest.schemas import (
     AttemptLogResponse,
-    AttemptOut,
     CancelResponse,
     CreditsResponse,
     DeleteObjectResponse,
@@ -64,7 +63,6 @@ from hypermedia.ingest.schemas import (
     HealthResponse,
     JobResponse,
     ObjectResponse,
-    OutputOut,
     ProcessResponse,
     QueueOut,
     QueuesResponse,
@@ -72,9 +70,9 @@ from hypermedia.ingest.schemas import (
     RegisterRequest,
     SubmittedJobOut,
     credits,
-    credits_or_none,
+    job_response,
 )
-from hypermedia.ingest.service import JobView, SubmitRequest, SubmitResult
+from hypermedia.ingest.service import SubmitRequest, SubmitResult
 from hypermedia.jobs.states import IN_FLIGHT
 from hypermedia.objects import ObjectInfo, get_object, quota_exceeded, storage_used
 from hypermedia.sandbox.inspect import Inspection, refusal
@@ -170,7 +168,7 @@ def process(
     tags=["jobs"],
 )
 def get_job(job_id: str, caller: CallerDep, stack: StackDep) -> JobResponse:
-    return _job_response(stack.ingest.get_job(caller, job_id))
+    return job_response(stack.ingest.get_job(caller, job_id))
 
 
 @router.get(
@@ -554,31 +552,6 @@ def _process_response(result: SubmitResult) -> ProcessResponse:
         ],
         estimated_credits=credits(result.estimated_millicredits),
         replayed=result.replayed,
-    )
-
-
-def _job_response(view: JobView) -> JobResponse:
-    return JobResponse(
-        job_id=view.job_id,
-        object_id=view.object_id,
-        operation=view.operation,
-        queue=view.queue,
-        priority=view.priority,
-        status=cast(Any, view.status),
-        cancel_requested=view.cancel_requested,
-        attempt_count=view.attempt_count,
-        max_attempts=view.max_attempts,
-        estimated_credits=credits(view.estimated_millicredits),
-        actual_credits=credits_or_none(view.actual_millicredits),
-        error_code=view.error_code,
-        error_message=view.error_message,
-        created_at=view.created_at,
-        queued_at=view.queued_at,
-        started_at=view.started_at,
-        completed_at=view.completed_at,
-        run_after=view.run_after,
-        attempts=[AttemptOut.model_validate(a, from_attributes=True) for a in view.attempts],
-        outputs=[OutputOut.model_validate(o, from_attributes=True) for o in view.outputs],
     )
 
 

@@ -193,10 +193,15 @@ class HypermediaClient:
         priority: int | None = None,
         params: Mapping[str, Mapping[str, Any]] | None = None,
         idempotency_key: str | None = None,
+        callback_url: str | None = None,
     ) -> ProcessResponse:
+        """Submit ``operations`` on an object; ``callback_url``: POSTed each job, signed,
+        once it has ended (a host the server allows)."""
         body: dict[str, Any] = {"object_id": object_id, "operations": list(operations)}
         if priority is not None:
             body["priority"] = priority
+        if callback_url is not None:
+            body["callback_url"] = callback_url
         if params:
             body["params"] = {op: dict(p) for op, p in params.items()}
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None

@@ -97,8 +97,26 @@ JobStatusName = Literal[
 TERMINAL_STATUSES: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
 
 
+CallbackStatus = Literal["pending", "delivered", "failed"]
+
+
+class CallbackOut(_Model):
+    """The delivery of the job's terminal event to its ``callback_url``."""
+
+    event_id: str = Field(description="`X-Hypermedia-Delivery` of every attempt: the same.")
+    event: Literal["completed", "failed", "cancelled"]
+    status: CallbackStatus
+    attempts: int
+    next_attempt_at: datetime | None = Field(default=None, description="While pending.")
+    last_attempt_at: datetime | None = None
+    response_code: int | None = Field(default=None, description="The receiver's last answer.")
+    last_error: str | None = None
+    delivered_at: datetime | None = None
+
+
 class JobResponse(_Model):
     job_id: str
+    submission_id: str | None = None
     object_id: str
     operation: str
     queue: str
@@ -120,10 +138,47 @@ class JobResponse(_Model):
     run_after: datetime | None = Field(default=None, description="When a retry is due.")
     attempts: list[AttemptOut] = Field(default_factory=list)
     outputs: list[OutputOut] = Field(default_factory=list)
+    callback_url: str | None = None
+    callback: CallbackOut | None = Field(
+        default=None,
+        description="Once the job has ended with a `callback_url`: its delivery so far.",
+    )
 
     @property
     def finished(self) -> bool:
         return self.status in TERMINAL_STATUSES
+
+
+def job_response(view: Any) -> JobResponse:
+    """The answer for a :class:`~hypermedia.ingest.service.JobView`."""
+    callback = view.callback
+    return JobResponse(
+        job_id=view.job_id,
+        submission_id=view.submission_id,
+        object_id=view.object_id,
+        operation=view.operation,
+        queue=view.queue,
+        priority=view.priority,
+        status=view.status,
+        cancel_requested=view.cancel_requested,
+        attempt_count=view.attempt_count,
+        max_attempts=view.max_attempts,
+        estimated_credits=credits(view.estimated_millicredits),
+        actual_credits=credits_or_none(view.actual_millicredits),
+        error_code=view.error_code,
+        error_message=view.error_message,
+        created_at=view.created_at,
+        queued_at=view.queued_at,
+        started_at=view.started_at,
+        completed_at=view.completed_at,
+        run_after=view.run_after,
+        attempts=[AttemptOut.model_validate(a, from_attributes=True) for a in view.attempts],
+        outputs=[OutputOut.model_validate(o, from_attributes=True) for o in view.outputs],
+        callback_url=view.callback_url,
+        callback=None
+        if callback is None
+        else CallbackOut.model_validate(callback, from_attributes=True),
+    )
 
 
 class CancelResponse(_Model):

@@ -48,6 +48,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sqlalchemy import Connection, Engine, func, select
@@ -58,6 +59,7 @@ from hypermedia.clock import Clock, SystemClock
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
 from hypermedia.errors import (
+    CallbackNotAllowed,
     Conflict,
     IllegalTransition,
     InputRejected,
@@ -70,6 +72,7 @@ from hypermedia.errors import (
     UnknownOperation,
 )
 from hypermedia.ids import new_id
+from hypermedia.jobs import callbacks
 from hypermedia.jobs.catalog import ProfileCatalog, ProfileRecord
 from hypermedia.jobs.repository import JobRepository, NewJob, NewSubmission
 from hypermedia.jobs.states import IN_FLIGHT, JobStatus
@@ -95,6 +98,13 @@ class SubmitRequest(BaseModel):
     priority: int | None = Field(default=None, ge=1, le=10)
     params: dict[str, dict[str, Any]] = Field(default_factory=dict)
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=200)
+    callback_url: str | None = Field(
+        default=None,
+        max_length=2048,
+        description="POSTed each job, signed, once it is completed, failed or cancelled "
+        "(`X-Hypermedia-Signature`). Its host must be one the server allows "
+        "(`callback_hosts`), else 422 `callback_not_allowed`.",
+    )
 
     @field_validator("operations")
     @classmethod
@@ -118,9 +128,46 @@ class SubmitRequest(BaseModel):
                 )
         return value
 
+    @field_validator("callback_url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is not None:
+            callback_target(value)
+        return value
+
     def fingerprint(self) -> str:
         body = self.model_dump(exclude={"idempotency_key"})
+        if body["callback_url"] is None:  # as requests hashed before callbacks existed
+            del body["callback_url"]
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def callback_target(url: str) -> tuple[str, int]:
+    """A callback URL's host (lower case, an IPv6 address without brackets) and port;
+    ValueError for anything but a plain http(s) URL (no credentials, no fragment)."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("expected an http:// or https:// URL with a host")
+    if parts.username is not None or parts.password is not None:
+        raise ValueError("must not carry credentials (user:password@)")
+    if parts.fragment:
+        raise ValueError("must not have a fragment (#...)")
+    try:
+        port = parts.port
+    except ValueError:
+        raise ValueError("has an invalid port") from None
+    return parts.hostname.lower(), port or (443 if parts.scheme == "https" else 80)
+
+
+def callback_allowed(url: str, hosts: Collection[str]) -> bool:
+    """Whether ``url``'s host is one of ``hosts`` (the settings' ``callback_hosts``:
+    ``host`` allows any port, ``host:port`` that one)."""
+    host, port = callback_target(url)
+    for entry in hosts:
+        allowed = urlsplit(f"//{entry}")
+        if allowed.hostname == host and allowed.port in (None, port):
+            return True
+    return False
 
 
 def registered_operations() -> Collection[str]:
@@ -200,6 +247,7 @@ class OutputView:
 @dataclass(frozen=True, slots=True)
 class JobView:
     job_id: str
+    submission_id: str
     object_id: str
     operation: str
     queue: str
@@ -219,6 +267,23 @@ class JobView:
     run_after: datetime | None
     attempts: list[AttemptView] = field(default_factory=list)
     outputs: list[OutputView] = field(default_factory=list)
+    callback_url: str | None = None
+    callback: CallbackView | None = None  # its terminal event's delivery, once it ended
+
+
+@dataclass(frozen=True, slots=True)
+class CallbackView:
+    """The delivery of a job's terminal event to its ``callback_url``."""
+
+    event_id: str
+    event: str
+    status: str  # pending | delivered | failed
+    attempts: int
+    next_attempt_at: datetime | None
+    last_attempt_at: datetime | None
+    response_code: int | None
+    last_error: str | None
+    delivered_at: datetime | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,9 +318,11 @@ class IngestService:
         limiter: RateLimiter | None = None,
         key_defaults: KeyGrants = UNLIMITED,
         metrics: Recorder | None = None,
+        callback_hosts: Collection[str] = (),
     ) -> None:
         self.engine = engine
         self.metrics: Recorder = metrics or NoMetrics()
+        self.callback_hosts = tuple(callback_hosts)
         self.queue = queue
         self.catalog = catalog
         self.clock = clock or SystemClock()
@@ -291,6 +358,15 @@ class IngestService:
             if unknown:
                 raise InvalidRequest(
                     f"params given for operations not requested: {sorted(unknown)}"
+                )
+            url = request.callback_url
+            if url is not None and not callback_allowed(url, self.callback_hosts):
+                host, port = callback_target(url)
+                raise CallbackNotAllowed(
+                    f"callback_url: {host}:{port} is not a host this server sends callbacks "
+                    "to (the operator allows them in callback_hosts)",
+                    host=host,
+                    port=port,
                 )
         self._check_grants(caller, requests)
         try:
@@ -462,6 +538,7 @@ class IngestService:
                     params={**profile.params, **request.params.get(operation, {})},
                     estimated_millicredits=profile.estimate_millicredits(size),
                     max_attempts=profile.max_attempts,
+                    callback_url=request.callback_url,
                 )
             )
         return NewSubmission(
@@ -493,38 +570,17 @@ class IngestService:
     # -- read and cancel --------------------------------------------------------------
 
     def get_job(self, caller: Caller, job_id: str) -> JobView:
+        """The caller's job (NotFound for anyone else's, as for one that does not exist)."""
         with transaction(self.engine) as conn:
-            row = conn.execute(
-                select(t.jobs).where(t.jobs.c.job_id == job_id, t.jobs.c.user_id == caller.user_id)
-            ).first()
-            if row is None:
-                raise NotFound(f"no job {job_id!r}", job_id=job_id)
-            a = t.attempts.c
-            attempts = conn.execute(
-                select(
-                    *(a[name] for name in AttemptView.__dataclass_fields__ if name != "has_log"),
-                    a.log_tail.is_not(None).label("has_log"),
-                )
-                .where(a.job_id == job_id)
-                .order_by(a.attempt_number)
-            ).all()
-            outputs = conn.execute(
-                select(t.outputs)
-                .where(t.outputs.c.job_id == job_id)
-                .order_by(t.outputs.c.output_id)
-            ).all()
-        m = row._mapping
-        return JobView(
-            **{k: m[k] for k in JobView.__dataclass_fields__ if k not in ("attempts", "outputs")},
-            attempts=[
-                AttemptView(**{k: a._mapping[k] for k in AttemptView.__dataclass_fields__})
-                for a in attempts
-            ],
-            outputs=[
-                OutputView(**{k: o._mapping[k] for k in OutputView.__dataclass_fields__})
-                for o in outputs
-            ],
-        )
+            view = job_view(conn, job_id, caller.user_id)
+        if view is None:
+            raise NotFound(f"no job {job_id!r}", job_id=job_id)
+        return view
+
+    def job(self, job_id: str) -> JobView | None:
+        """Any user's job, for what the platform itself tells its owner (callbacks)."""
+        with transaction(self.engine) as conn:
+            return job_view(conn, job_id)
 
     def attempt_log(self, caller: Caller, job_id: str, attempt_number: int) -> str:
         """The end of what the child of a failed attempt printed (NotFound: no such job
@@ -624,3 +680,45 @@ class IngestService:
                 )
             )
         return stats
+
+
+_NOT_COLUMNS = ("attempts", "outputs", "callback")
+
+
+def job_view(conn: Connection, job_id: str, user_id: str | None = None) -> JobView | None:
+    """A job with its attempts, outputs and callback delivery (None: no such job, or
+    not ``user_id``'s when given)."""
+    conds = [t.jobs.c.job_id == job_id]
+    if user_id is not None:
+        conds.append(t.jobs.c.user_id == user_id)
+    row = conn.execute(select(t.jobs).where(*conds)).first()
+    if row is None:
+        return None
+    a = t.attempts.c
+    attempts = conn.execute(
+        select(
+            *(a[name] for name in AttemptView.__dataclass_fields__ if name != "has_log"),
+            a.log_tail.is_not(None).label("has_log"),
+        )
+        .where(a.job_id == job_id)
+        .order_by(a.attempt_number)
+    ).all()
+    outputs = conn.execute(
+        select(t.outputs).where(t.outputs.c.job_id == job_id).order_by(t.outputs.c.output_id)
+    ).all()
+    callback = callbacks.of_job(conn, job_id) if row.callback_url else None
+    m = row._mapping
+    return JobView(
+        **{k: m[k] for k in JobView.__dataclass_fields__ if k not in _NOT_COLUMNS},
+        attempts=[
+            AttemptView(**{k: a._mapping[k] for k in AttemptView.__dataclass_fields__})
+            for a in attempts
+        ],
+        outputs=[
+            OutputView(**{k: o._mapping[k] for k in OutputView.__dataclass_fields__})
+            for o in outputs
+        ],
+        callback=None
+        if callback is None
+        else CallbackView(**{k: callback._mapping[k] for k in CallbackView.__dataclass_fields__}),
+    )

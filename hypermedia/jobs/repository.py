@@ -43,7 +43,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from hypermedia.clock import to_datetime
 from hypermedia.db import tables as t
 from hypermedia.ids import new_id
-from hypermedia.jobs import credits
+from hypermedia.jobs import callbacks, credits
 from hypermedia.jobs import statements as sql
 from hypermedia.jobs.states import (
     IN_FLIGHT,
@@ -114,6 +114,7 @@ class NewJob:
     params: dict[str, Any]
     estimated_millicredits: int
     max_attempts: int
+    callback_url: str | None = None  # POSTed the job once it has ended (hypermedia.callbacks)
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,6 +205,7 @@ class JobRepository:
                     "estimated_millicredits": job.estimated_millicredits,
                     "attempt_count": 0,
                     "max_attempts": job.max_attempts,
+                    "callback_url": job.callback_url,
                     "cancel_requested": False,
                     "created_at": moment,
                     "queued_at": moment,
@@ -483,6 +485,7 @@ class JobRepository:
             self._statements.get(conn, ("ledger",), sql.ledger),
             {"ids": sql.ids_param(conn, [r.job_id for r in rows]), "b_now": moment},
         )
+        callbacks.record(conn, [(r.job_id, "completed") for r in rows if r.callback_url], now)
         charged: dict[str, list[int]] = defaultdict(lambda: [0, 0])
         for r in rows:
             charged[r.user_id][0] += r.actual_millicredits
@@ -569,6 +572,7 @@ class JobRepository:
                 t.jobs.c.user_id,
                 t.jobs.c.estimated_millicredits,
                 t.jobs.c.claimed_by,
+                t.jobs.c.callback_url,
             ).where(*conds)
         ).one_or_none()
         if row is None:
@@ -609,6 +613,8 @@ class JobRepository:
         )
         if decision.status is JobStatus.FAILED:
             credits.release(conn, row.user_id, row.estimated_millicredits, now)
+            if row.callback_url:
+                callbacks.record(conn, [(job_id, JobStatus.FAILED.value)], now)
         moved = Moved(
             job_id, row.queue, row.priority, decision.status, decision.retry_at, row.operation
         )
@@ -674,12 +680,15 @@ class JobRepository:
                 t.jobs.c.user_id,
                 t.jobs.c.attempt_count,
                 t.jobs.c.estimated_millicredits,
+                t.jobs.c.callback_url,
             )
         ).one_or_none()
         if row is None:
             return None
         self._close_attempt(conn, job_id, "cancelled", now, None)
         credits.release(conn, row.user_id, row.estimated_millicredits, now)
+        if row.callback_url:
+            callbacks.record(conn, [(job_id, JobStatus.CANCELLED.value)], now)
         return Moved(job_id, row.queue, row.priority, JobStatus.CANCELLED)
 
     # -- cancellation by the user ---------------------------------------------------
@@ -703,10 +712,12 @@ class JobRepository:
                 run_after=None,
                 updated_at=to_datetime(now),
             )
-            .returning(t.jobs.c.estimated_millicredits)
+            .returning(t.jobs.c.estimated_millicredits, t.jobs.c.callback_url)
         ).one_or_none()
         if row is not None:
             credits.release(conn, user_id, row.estimated_millicredits, now)
+            if row.callback_url:
+                callbacks.record(conn, [(job_id, JobStatus.CANCELLED.value)], now)
             return JobStatus.CANCELLED
         conn.execute(
             update(t.jobs)

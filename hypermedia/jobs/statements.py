@@ -45,7 +45,7 @@ from sqlalchemy.sql.dml import ReturningUpdate
 from sqlalchemy.sql.elements import Grouping
 
 from hypermedia.db import tables as t
-from hypermedia.jobs import credits
+from hypermedia.jobs import callbacks, credits
 from hypermedia.jobs.states import JobEvent, JobStatus, sources, transition
 
 
@@ -215,9 +215,11 @@ def complete_pg(dialect: str) -> Executable:
 
     ``done`` completes the jobs this worker holds (the guard); ``closed`` closes
     their running attempts, ``ledger`` charges each, ``settle`` moves each user's
-    sum from reserved to spent. Per-job values (actual cost, peak memory) come as
-    arrays in the order of ``ids``. Every part reads ``done``, so the job rows are
-    locked before the account rows, in the same order as every other step.
+    sum from reserved to spent, ``outbox`` records the terminal event of each that
+    named a callback (:mod:`hypermedia.jobs.callbacks`). Per-job values (actual cost,
+    peak memory) come as arrays in the order of ``ids``. Every part reads ``done``, so
+    the job rows are locked before the account rows, in the same order as every other
+    step.
     """
     j, a = t.jobs.c, t.attempts.c
     now = now_param()
@@ -263,7 +265,9 @@ def complete_pg(dialect: str) -> Executable:
         .returning(t.credit_accounts.c.user_id)
         .cte("settle")
     )
-    return select(done).add_cte(closed, ledger, settle)
+    # The outbox rows of the jobs that named a callback, in this same statement.
+    outbox = callbacks.insert_completed(done, now).returning(t.callbacks.c.event_id).cte("outbox")
+    return select(done).add_cte(closed, ledger, settle, outbox)
 
 
 def complete(dialect: str) -> Executable:
@@ -299,6 +303,7 @@ def _complete_update(dialect: str, now: Any, actual: Any) -> ReturningUpdate[Any
             j.profile_id,
             j.estimated_millicredits,
             j.actual_millicredits,
+            j.callback_url,
         )
     )
 

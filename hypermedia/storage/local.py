@@ -156,8 +156,11 @@ class LocalStorage:
         return self._secret
 
 
-def load_or_create_secret(path: Path) -> str:
+def load_or_create_secret(
+    path: Path, setting: str = _SIGNING_SETTING, forged: str = "storage URLs"
+) -> str:
     """The signing secret stored at ``path``, generated (mode 0600) if there is none.
+    ``setting`` names the setting that replaces it, ``forged`` what a reader could forge.
 
     Creation is atomic: the secret is written to a private temporary file, then
     hard-linked into place, which fails if another process got there first; both
@@ -174,17 +177,18 @@ def load_or_create_secret(path: Path) -> str:
                 os.link(tmp, path)
         finally:
             os.unlink(tmp)
-        log.info("generated the storage signing secret at %s", path, extra={"action": "secret"})
+        log.info("generated the secret for %s at %s", forged, path, extra={"action": "secret"})
     if path.stat().st_mode & 0o077:
         log.warning(
-            "%s is readable by other users: anyone who reads it can forge storage URLs",
+            "%s is readable by other users: anyone who reads it can forge %s",
             path,
+            forged,
             extra={"action": "secret"},
         )
     secret = path.read_text().strip()
     if len(secret) < signing.MIN_SECRET_LENGTH:
         raise ConfigError(
-            _SIGNING_SETTING,
+            setting,
             f"{path} holds fewer than {signing.MIN_SECRET_LENGTH} characters: "
             "delete it to have a new one generated",
         )

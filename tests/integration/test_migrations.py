@@ -38,6 +38,7 @@ TABLES = {
     "processing_jobs",
     "job_attempts",
     "job_outputs",
+    "job_callbacks",
     "workers",
     "worker_metrics",
     "scheduler_decisions",

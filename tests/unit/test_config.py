@@ -94,6 +94,13 @@ def test_derived_paths(tmp_path):
         ("HYPERMEDIA_LEASE_GRACE_SECONDS", "0", "lease_grace_seconds", 0.0),
         ("HYPERMEDIA_REAPER_INTERVAL_SECONDS", "0.5", "reaper_interval_seconds", 0.5),
         ("HYPERMEDIA_RECONCILE_INTERVAL_SECONDS", "10", "reconcile_interval_seconds", 10.0),
+        (
+            "HYPERMEDIA_CALLBACK_HOSTS",
+            "Hooks.Example.com, 10.0.0.5:8443,[::1]:9000",
+            "callback_hosts",
+            ["hooks.example.com", "10.0.0.5:8443", "[::1]:9000"],
+        ),
+        ("HYPERMEDIA_CALLBACK_MAX_ATTEMPTS", "3", "callback_max_attempts", 3),
     ],
 )
 def test_environment_overrides(monkeypatch, variable, value, attribute, expected):
@@ -250,6 +257,10 @@ BAD_VALUES = [
     ("HYPERMEDIA_QUEUES", '{"images": {"concurrency": 65}}', "queues.images.concurrency", "<= 64"),
     ("HYPERMEDIA_QUEUES", '{"images": {"workers": -1}}', "queues.images.workers", ">= 0"),
     ("HYPERMEDIA_QUEUES", '{"images": {"workers": 17}}', "queues.images.workers", "<= 16"),
+    ("HYPERMEDIA_CALLBACK_HOSTS", "https://hooks.example.com", "callback_hosts", "no scheme"),
+    ("HYPERMEDIA_CALLBACK_HOSTS", "a.example.com,b.example.com/x", "callback_hosts", "no path"),
+    ("HYPERMEDIA_CALLBACK_SECRET", "short", "callback_secret", "at least 32"),
+    ("HYPERMEDIA_CALLBACK_MAX_ATTEMPTS", "0", "callback_max_attempts", ">= 1"),
     (
         "HYPERMEDIA_QUEUES",
         '{"images": {"claimers": 2}}',

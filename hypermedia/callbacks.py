@@ -1,0 +1,220 @@
+"""Completion webhooks: the head POSTs a job, signed, to the ``callback_url`` its submit
+named, once the job is completed, failed or cancelled.
+
+Who may be called
+    Only hosts in the settings' ``callback_hosts`` (``host`` any port, ``host:port`` that
+    one): a submit naming any other is refused, 422 ``callback_not_allowed``
+    (:func:`hypermedia.ingest.service.callback_allowed`). Without the list the head would
+    POST wherever a user says, from inside the operator's network. Redirects are not
+    followed.
+
+The request
+    ``POST <callback_url>`` of :func:`payload` as JSON, signed as every webhook of the
+    platform is (:mod:`hypermedia.webhooks`): ``X-Hypermedia-Signature: t=<unix
+    seconds>,v1=<hex>``, HMAC-SHA256 over ``"<t>." + body`` with ``callback_secret``
+    (unset: a secret generated once in ``<data_dir>/callback.secret``, mode 0600, for
+    the operator to hand to the web tier), and ``X-Hypermedia-Delivery: <event id>``,
+    the same on every attempt::
+
+        {"id": "<event id>", "type": "job.completed", "created_at": "...",
+         "job": {<the job as GET /jobs/{id} answers it, without its callback>}}
+
+Durability
+    The event is a row of the outbox (:mod:`hypermedia.jobs.callbacks`), written in the
+    transaction of the terminal status itself, so a head killed between that commit and
+    the send loses nothing: the row is still ``pending`` when a head runs again.
+    :class:`CallbackSender` works through due rows on its own thread
+    (:class:`hypermedia.server.Maintenance` starts it), claims each attempt by a guarded
+    UPDATE, and retries any answer but a 2xx after :func:`~hypermedia.webhooks.backoff`
+    until ``callback_max_attempts``; then the delivery is ``failed``. Every attempt's
+    answer (code, error) is kept on the row, and ``GET /jobs/{id}`` shows it
+    (``callback``). Delivery is at least once: a receiver should drop an event id it has
+    seen (a head killed after the answer but before recording it sends again).
+
+The URL, which may carry a token, is never logged; an attempt that got no answer keeps
+only the kind of error.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Engine
+
+from hypermedia.clock import Clock
+from hypermedia.config import Settings
+from hypermedia.db.engine import transaction
+from hypermedia.ingest.schemas import job_response
+from hypermedia.ingest.service import JobView, job_view
+from hypermedia.jobs import callbacks as outbox
+from hypermedia.storage.local import load_or_create_secret
+from hypermedia.webhooks import backoff, send
+
+log = logging.getLogger(__name__)
+
+BATCH = 50
+USER_AGENT = "hypermedia-callbacks/1"
+SECRET_SETTING = "callback_secret (HYPERMEDIA_CALLBACK_SECRET)"  # noqa: S105 - its name
+
+
+def payload(view: JobView, event_id: str, event: str, created_at: Any) -> dict[str, Any]:
+    """The JSON body of a job's terminal event (the same on every attempt: the job
+    has ended, so its record no longer moves)."""
+    job = job_response(view).model_dump(mode="json", exclude={"callback"})
+    return {
+        "id": event_id,
+        "type": f"job.{event}",
+        "created_at": created_at.isoformat(),
+        "job": job,
+    }
+
+
+def secret_of(settings: Settings) -> Callable[[], str]:
+    """The signing secret, read (or generated) on first use: a head that never sends a
+    callback writes no secret."""
+    found: list[str] = []
+
+    def secret() -> str:
+        if not found:
+            if settings.callback_secret is not None:
+                found.append(settings.callback_secret.get_secret_value())
+            else:
+                path = settings.callback_secret_path
+                found.append(load_or_create_secret(path, SECRET_SETTING, "job callbacks"))
+        return found[0]
+
+    return secret
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One attempt at one event."""
+
+    event_id: str
+    job_id: str
+    attempt: int
+    delivered: bool
+    response_code: int | None
+    error: str | None
+
+
+class CallbackSender:
+    """Sends due outbox rows (see the module docstring). ``deliver_due`` is one pass;
+    ``run`` passes every ``poll_seconds`` until stopped."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        secret: Callable[[], str],
+        clock: Clock,
+        *,
+        max_attempts: int = 8,
+        timeout_seconds: float = 10.0,
+    ) -> None:
+        self.engine = engine
+        self.secret = secret
+        self.clock = clock
+        self.max_attempts = max_attempts
+        self.timeout_seconds = timeout_seconds
+
+    @classmethod
+    def from_settings(cls, engine: Engine, settings: Settings, clock: Clock) -> CallbackSender:
+        return cls(
+            engine,
+            secret_of(settings),
+            clock,
+            max_attempts=settings.callback_max_attempts,
+            timeout_seconds=settings.callback_timeout_seconds,
+        )
+
+    def deliver_due(self) -> list[Delivery]:
+        """One pass: every event due now, one attempt each; what each attempt got."""
+        import httpx
+
+        with transaction(self.engine) as conn:
+            due = outbox.due(conn, self.clock.now(), BATCH)
+        if not due:
+            return []
+        done = []
+        with httpx.Client(follow_redirects=False) as client:
+            for row in due:
+                delivery = self._attempt(client, row)
+                if delivery is not None:
+                    done.append(delivery)
+        return done
+
+    def run(self, stop: threading.Event, poll_seconds: float) -> None:
+        while not stop.is_set():
+            try:
+                self.deliver_due()
+            except Exception:
+                log.exception(
+                    "callback pass failed; the next in %s s",
+                    poll_seconds,
+                    extra={"action": "callback"},
+                )
+            stop.wait(poll_seconds)
+
+    def _attempt(self, client: Any, row: Any) -> Delivery | None:
+        now = self.clock.now()
+        attempt = row.attempts + 1
+        # Until this attempt's answer is written the row is not due: a sender killed
+        # mid-send leaves it to be sent again after that.
+        hold = now + self.timeout_seconds + backoff(attempt)
+        with transaction(self.engine) as conn:
+            if not outbox.claim(conn, row.event_id, row.attempts, now, hold):
+                return None  # another sender took it
+            view = job_view(conn, row.job_id)
+        if view is None or row.callback_url is None:  # cannot be: rows follow their job
+            return None
+        body = json.dumps(
+            payload(view, row.event_id, row.event, row.created_at), separators=(",", ":")
+        ).encode()
+        answer = send(
+            client,
+            row.callback_url,
+            body,
+            secret=self.secret(),
+            delivery_id=row.event_id,
+            timestamp=int(time.time()),
+            timeout=self.timeout_seconds,
+            user_agent=USER_AGENT,
+        )
+        failed = not answer.delivered and attempt >= self.max_attempts
+        retry_at = None if answer.delivered or failed else self.clock.now() + backoff(attempt)
+        with transaction(self.engine) as conn:
+            outbox.finish(
+                conn, row.event_id, self.clock.now(), answer.code, answer.error, retry_at=retry_at
+            )
+        extra = {"action": "callback", "job_id": row.job_id}
+        if answer.delivered:
+            log.info("job %s: %s callback delivered", row.job_id, row.event, extra=extra)
+        elif failed:
+            log.warning(
+                "job %s: %s callback failed after %d attempts: %s",
+                row.job_id,
+                row.event,
+                attempt,
+                answer.error,
+                extra=extra,
+            )
+        else:
+            log.info(
+                "job %s: %s callback attempt %d of %d: %s; next in %.0f s",
+                row.job_id,
+                row.event,
+                attempt,
+                self.max_attempts,
+                answer.error,
+                backoff(attempt),
+                extra=extra,
+            )
+        return Delivery(
+            row.event_id, row.job_id, attempt, answer.delivered, answer.code, answer.error
+        )

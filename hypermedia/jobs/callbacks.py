@@ -1,0 +1,144 @@
+"""The callback outbox (``job_callbacks``): a job's terminal event for the
+``callback_url`` its submit named.
+
+A job that reaches completed, failed or cancelled with a ``callback_url`` gets one row
+here, written by :class:`~hypermedia.jobs.repository.JobRepository` in the same
+transaction (the same statement, in PostgreSQL's group commit) as the status: either
+both are durable or neither. The head's sender (:mod:`hypermedia.callbacks`) works
+through the rows; a head killed between that commit and its send finds the row
+``pending`` when it starts again, so nothing is lost.
+
+A row's ``event_id`` is ``md5("<job_id>:<event>")``: a terminal status is final, so a
+job has one such event, and every attempt to deliver it carries the same id (the
+webhook's ``X-Hypermedia-Delivery``), whoever sends it.
+
+Delivery states: ``pending`` (due at ``next_attempt_at``) -> ``delivered`` (a 2xx
+answer) | ``failed`` (the sender's attempt limit reached). An attempt is claimed by a
+guarded UPDATE (the attempt count and due time as read) that pushes
+``next_attempt_at`` past the attempt's timeout, so two senders never send one attempt
+twice and one that dies mid-send leaves the row due again later. Delivery is at least
+once: a sender killed after the receiver answered but before it wrote ``delivered``
+sends again, with the same event id.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from sqlalchemy import Connection, Row, String, insert, literal, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.sql import func
+
+from hypermedia.clock import to_datetime
+from hypermedia.db import tables as t
+
+PENDING = "pending"
+DELIVERED = "delivered"
+FAILED = "failed"
+
+
+def event_id(job_id: str, event: str) -> str:
+    """The id of ``job_id``'s terminal ``event`` (the same as PostgreSQL's
+    ``md5(job_id || ':' || event)`` in the group commit's statement)."""
+    return hashlib.md5(f"{job_id}:{event}".encode(), usedforsecurity=False).hexdigest()
+
+
+def record(conn: Connection, events: Iterable[tuple[str, str]], now: float) -> None:
+    """Outbox rows for ``(job_id, event)`` pairs of jobs that named a callback."""
+    moment = to_datetime(now)
+    rows = [
+        {
+            "event_id": event_id(job_id, event),
+            "job_id": job_id,
+            "event": event,
+            "status": PENDING,
+            "attempts": 0,
+            "next_attempt_at": moment,
+            "created_at": moment,
+        }
+        for job_id, event in events
+    ]
+    if rows:
+        conn.execute(insert(t.callbacks), rows)
+
+
+def insert_completed(done: Any, now: Any) -> Any:
+    """PostgreSQL: the outbox rows of the jobs a group commit's ``done`` CTE completed
+    (those with a ``callback_url``), as an INSERT to run in the same statement."""
+    event = literal("completed", String)
+    rows = select(
+        func.md5(done.c.job_id.concat(literal(":", String)).concat(event)),
+        done.c.job_id,
+        event,
+        literal(PENDING, String),
+        literal(0),
+        now,
+        now,
+    ).where(done.c.callback_url.is_not(None))
+    columns = ["event_id", "job_id", "event", "status", "attempts", "next_attempt_at", "created_at"]
+    return pg_insert(t.callbacks).from_select(columns, rows)
+
+
+# -- the sender's side -------------------------------------------------------------------------
+
+
+def due(conn: Connection, now: float, limit: int) -> Sequence[Any]:
+    """Pending rows due at ``now``, oldest due first, with their job's callback URL."""
+    c = t.callbacks.c
+    return conn.execute(
+        select(c.event_id, c.job_id, c.event, c.attempts, c.created_at, t.jobs.c.callback_url)
+        .join(t.jobs, t.jobs.c.job_id == c.job_id)
+        .where(c.status == PENDING, c.next_attempt_at <= to_datetime(now))
+        .order_by(c.next_attempt_at)
+        .limit(limit)
+    ).all()
+
+
+def claim(conn: Connection, event: str, attempts: int, now: float, hold_until: float) -> bool:
+    """Take attempt ``attempts + 1`` at ``event`` (False: another sender took it, or it
+    is no longer due). Not due again before ``hold_until`` unless :func:`finish` says."""
+    c = t.callbacks.c
+    claimed = conn.execute(
+        update(t.callbacks)
+        .where(
+            c.event_id == event,
+            c.status == PENDING,
+            c.attempts == attempts,
+            c.next_attempt_at <= to_datetime(now),
+        )
+        .values(
+            attempts=attempts + 1,
+            last_attempt_at=to_datetime(now),
+            next_attempt_at=to_datetime(hold_until),
+        )
+    )
+    return claimed.rowcount == 1
+
+
+def finish(
+    conn: Connection,
+    event: str,
+    now: float,
+    code: int | None,
+    error: str | None,
+    *,
+    retry_at: float | None,
+) -> None:
+    """What an attempt got: delivered (``error`` None), due again at ``retry_at``, or
+    failed for good (``retry_at`` None)."""
+    c = t.callbacks.c
+    values: dict[str, Any] = {"response_code": code, "last_error": error}
+    if error is None:
+        values.update(status=DELIVERED, delivered_at=to_datetime(now))
+    elif retry_at is None:
+        values["status"] = FAILED
+    else:
+        values["next_attempt_at"] = to_datetime(retry_at)
+    conn.execute(update(t.callbacks).where(c.event_id == event, c.status == PENDING).values(values))
+
+
+def of_job(conn: Connection, job_id: str) -> Row[Any] | None:
+    """The job's outbox row (None: no callback, or the job has not ended)."""
+    return conn.execute(select(t.callbacks).where(t.callbacks.c.job_id == job_id)).first()

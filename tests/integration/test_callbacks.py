@@ -1,0 +1,223 @@
+"""Completion webhooks on real PostgreSQL / SQLite and a real HTTP receiver: the outbox
+row written with the terminal status, one signed delivery per event, retries with the
+same event id, a sender killed mid-send, the allowlist."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import select
+
+from hypermedia import webhooks
+from hypermedia.callbacks import CallbackSender
+from hypermedia.db import tables as t
+from hypermedia.db.engine import transaction
+from hypermedia.ingest.api import create_app
+from hypermedia.jobs import callbacks as outbox
+from hypermedia.jobs.repository import FinishedJob
+from hypermedia.stack import Stack
+from tests.factories import make_object, make_user, open_stack, submit
+from tests.webhook_receiver import Received, receiving
+
+SECRET = "callback-secret-for-tests-" + "x" * 20
+P = "/v1/hypermedia"
+
+
+@pytest.fixture
+def stack(engine, settings, manual_clock) -> Iterator[Stack]:
+    opened = open_stack(
+        settings,
+        engine,
+        manual_clock,
+        callback_hosts=["127.0.0.1"],
+        callback_secret=SECRET,
+        callback_max_attempts=2,
+    )
+    yield opened
+    opened.close()
+
+
+def _sender(stack: Stack) -> CallbackSender:
+    return CallbackSender.from_settings(stack.engine, stack.settings, stack.clock)
+
+
+def _outbox(stack: Stack) -> dict[str, Any]:
+    with transaction(stack.engine) as conn:
+        return {r.job_id: r for r in conn.execute(select(t.callbacks)).all()}
+
+
+def _key(person: Any) -> dict[str, str]:
+    return {"Authorization": f"Bearer {person.api_key}"}
+
+
+def _verified(request: Received) -> dict[str, Any]:
+    signature = request.headers[webhooks.SIGNATURE_HEADER]
+    assert webhooks.verify(SECRET, request.body, signature, time.time())
+    assert not webhooks.verify("another-secret-" + "y" * 30, request.body, signature, time.time())
+    body: dict[str, Any] = request.json()
+    assert request.headers[webhooks.DELIVERY_HEADER] == body["id"]
+    return body
+
+
+def test_every_terminal_event_is_written_with_its_status_and_delivered_once(stack):
+    person = make_user(stack)
+    with receiving() as receiver:
+        done, failed, queued_cancel, running_cancel = (
+            submit(stack, person, ["thumbnail"], callback_url=receiver.url)[0] for _ in range(4)
+        )
+        plain = submit(stack, person, ["thumbnail"])[0]
+        assert stack.ingest.cancel(person.caller, queued_cancel).value == "cancelled"
+        claimed = {j.job_id: j for j in stack.dispatcher.claim_and_start("images", "w", 10)}
+        assert set(claimed) == {done, failed, running_cancel, plain}
+        assert stack.dispatcher.complete_many("w", [FinishedJob(done), FinishedJob(plain)]) == [
+            True,
+            True,
+        ]
+        stack.dispatcher.fail(claimed[failed], "w", "invalid_input", "bad bytes", retryable=False)
+        stack.ingest.cancel(person.caller, running_cancel)  # running: asked to stop
+        assert stack.dispatcher.honour_cancel(claimed[running_cancel], "w")
+
+        # Each event's row came with its status (nothing was sent yet); none for the job
+        # without a callback.
+        rows = _outbox(stack)
+        expected = {
+            done: "completed",
+            failed: "failed",
+            queued_cancel: "cancelled",
+            running_cancel: "cancelled",
+        }
+        assert {job_id: r.event for job_id, r in rows.items()} == expected
+        for job_id, row in rows.items():
+            assert row.event_id == outbox.event_id(job_id, row.event)
+            assert (row.status, row.attempts) == ("pending", 0)
+        assert receiver.taken() == []
+
+        sent = _sender(stack).deliver_due()
+        assert sorted(d.job_id for d in sent) == sorted(expected)
+        assert all(d.delivered and d.response_code == 200 for d in sent)
+        assert _sender(stack).deliver_due() == []  # once each
+        got = {body["job"]["job_id"]: body for body in map(_verified, receiver.taken())}
+    assert set(got) == set(expected)
+    for job_id, event in expected.items():
+        body = got[job_id]
+        assert body["type"] == f"job.{event}"
+        assert body["id"] == outbox.event_id(job_id, event)
+        assert body["job"]["status"] == event
+        assert "callback" not in body["job"]
+    assert got[failed]["job"]["error_code"] == "invalid_input"
+    assert got[done]["job"]["actual_credits"] is not None
+    view = stack.ingest.get_job(person.caller, done)
+    assert view.callback is not None
+    assert (view.callback.status, view.callback.attempts, view.callback.response_code) == (
+        "delivered",
+        1,
+        200,
+    )
+    assert stack.ingest.get_job(person.caller, plain).callback is None
+
+
+def test_an_error_answer_is_retried_with_the_same_event_and_body_up_to_the_limit(
+    stack, manual_clock
+):
+    person = make_user(stack)
+    with receiving() as receiver:
+        first, second = (
+            submit(stack, person, ["thumbnail"], callback_url=receiver.url)[0] for _ in range(2)
+        )
+        for job_id in (first, second):
+            stack.ingest.cancel(person.caller, job_id)
+        receiver.answers = [500, 503, 500]  # the first attempts of both, then the second's
+        sender = _sender(stack)
+        assert [(d.delivered, d.response_code) for d in sender.deliver_due()] == [
+            (False, 500),
+            (False, 503),
+        ]
+        rows = _outbox(stack)
+        assert (rows[first].status, rows[first].attempts, rows[first].last_error) == (
+            "pending",
+            1,
+            "answered 500",
+        )
+        view = stack.ingest.get_job(person.caller, first)
+        assert view.callback is not None and view.callback.response_code == 500
+        assert sender.deliver_due() == []  # not due before its backoff
+        manual_clock.advance(webhooks.backoff(1))
+        outcome = {d.job_id: (d.attempt, d.delivered) for d in sender.deliver_due()}
+        assert outcome == {first: (2, False), second: (2, True)}
+        requests = receiver.taken()
+    rows = _outbox(stack)
+    assert (rows[first].status, rows[first].attempts) == ("failed", 2)  # callback_max_attempts
+    assert (rows[second].status, rows[second].attempts) == ("delivered", 2)
+    for job_id in (first, second):
+        mine = [r for r in requests if _verified(r)["job"]["job_id"] == job_id]
+        assert len(mine) == 2
+        assert len({r.headers[webhooks.DELIVERY_HEADER] for r in mine}) == 1
+        assert mine[0].body == mine[1].body
+    manual_clock.advance(3600)
+    assert sender.deliver_due() == []  # failed and delivered are final
+
+
+def test_a_sender_killed_mid_send_leaves_the_event_to_be_sent_again_once(stack, manual_clock):
+    person = make_user(stack)
+    with receiving() as receiver:
+        job_id = submit(stack, person, ["thumbnail"], callback_url=receiver.url)[0]
+        stack.ingest.cancel(person.caller, job_id)
+        row = _outbox(stack)[job_id]
+        sender = _sender(stack)
+        hold = manual_clock.now() + sender.timeout_seconds + webhooks.backoff(1)
+        with transaction(stack.engine) as conn:  # claimed, then the sender died
+            assert outbox.claim(conn, row.event_id, 0, manual_clock.now(), hold)
+        assert sender.deliver_due() == []
+        manual_clock.advance(hold - manual_clock.now())
+        assert [d.attempt for d in sender.deliver_due()] == [2]
+        assert [_verified(r)["id"] for r in receiver.taken()] == [row.event_id]
+
+
+def test_a_callback_url_off_the_allowlist_is_refused_and_creates_nothing(stack):
+    person = make_user(stack)
+    object_id = make_object(stack, person)
+    with TestClient(create_app(stack, auth_cache_seconds=0)) as api:
+
+        def process(url: str) -> Any:
+            body = {"object_id": object_id, "operations": ["thumbnail"], "callback_url": url}
+            return api.post(f"{P}/process", json=body, headers=_key(person))
+
+        refused = {
+            "http://169.254.169.254/latest/meta-data/": "callback_not_allowed",
+            "http://localhost:8080/hook": "callback_not_allowed",
+            "https://127.0.0.1.evil.example/hook": "callback_not_allowed",
+            "http://127.0.0.1@evil.example/hook": "invalid_request",  # credentials
+            "ftp://127.0.0.1/hook": "invalid_request",
+            "http://127.0.0.1:99999/hook": "invalid_request",
+            "not a url": "invalid_request",
+        }
+        for url, code in refused.items():
+            response = process(url)
+            assert response.status_code == 422, (url, response.text)
+            assert response.json()["error"]["code"] == code, url
+        accepted = process("http://127.0.0.1:9/hook?token=abc")
+        assert accepted.status_code == 202, accepted.text
+        job_id = accepted.json()["job_ids"][0]
+        job = api.get(f"{P}/jobs/{job_id}", headers=_key(person)).json()
+        assert job["callback_url"] == "http://127.0.0.1:9/hook?token=abc"
+        assert job["callback"] is None  # not ended yet
+    with transaction(stack.engine) as conn:
+        assert conn.execute(select(t.jobs.c.job_id)).scalars().all() == [job_id]
+
+
+def test_a_port_in_the_allowlist_allows_that_port_only(settings, sqlite_engine, manual_clock):
+    stack = open_stack(settings, sqlite_engine, manual_clock, callback_hosts=["Hooks.Local:8443"])
+    try:
+        person = make_user(stack)
+        allowed = submit(stack, person, ["thumbnail"], callback_url="https://hooks.local:8443/x")
+        assert len(allowed) == 1
+        for url in ("https://hooks.local/x", "http://hooks.local:8444/x"):
+            with pytest.raises(Exception, match="callback_url") as refused:
+                submit(stack, person, ["thumbnail"], callback_url=url)
+            assert getattr(refused.value, "code", None) == "callback_not_allowed"
+    finally:
+        stack.close()
