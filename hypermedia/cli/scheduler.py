@@ -40,15 +40,17 @@ def _scheduler(
     config_path: Path | None, webhooks_path: Path | None = None, alerts: bool = True
 ) -> tuple[Any, Any]:
     """(the scheduler, its stack); the caller closes the stack. ``alerts`` False: no
-    webhooks (a command that only looks)."""
+    webhooks (a command that only looks). Its recorder holds what the scheduler records
+    only (the queue and worker gauges are the API's to serve)."""
     from autoscaler import config as scheduler_config
     from autoscaler import webhooks
     from autoscaler.scheduler import open_scheduler
+    from hypermedia.metrics.head import HeadMetrics
     from hypermedia.stack import Stack
 
     loaded = scheduler_config.load(config_path)
     hooks = webhooks.load(webhooks_path) if alerts else []
-    stack = Stack.open(read_settings())
+    stack = Stack.open(read_settings(), metrics=HeadMetrics())
     try:
         return open_scheduler(loaded, stack, alert_webhooks=hooks), stack
     except BaseException:
@@ -68,6 +70,19 @@ def scheduler_run(
         ),
     ] = False,
     webhooks_path: AlertWebhooksPath = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            "--metrics-port",
+            envvar="HYPERMEDIA_SCHEDULER_METRICS_PORT",
+            min=1,
+            max=65535,
+            help="Serve its metrics (spend against the caps, the cost lock, decisions) to"
+            " Prometheus on 127.0.0.1:PORT; where it runs in the API's process (ray up's"
+            " head) the API's /metrics has them.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Evaluate the rules every evaluation_interval_seconds (one leader at a time), and
     deliver the alerts to the webhooks."""
@@ -75,7 +90,14 @@ def scheduler_run(
     import threading
 
     scheduler, stack = _scheduler(config_path, webhooks_path)
+    server = None
     try:
+        if metrics_port is not None and not once:
+            from prometheus_client import start_http_server
+
+            server, _thread = start_http_server(
+                metrics_port, addr="127.0.0.1", registry=stack.metrics.registry
+            )
         if once:
             evaluation = scheduler.evaluate()
             for decision in evaluation.decisions:
@@ -95,6 +117,8 @@ def scheduler_run(
         )
         scheduler.run(stop)
     finally:
+        if server is not None:
+            server.shutdown()
         scheduler.stop()
         stack.close()
 

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -271,6 +271,7 @@ def test_the_scheduler_commands(cli: Cli, tmp_path: Path):
     assert "vps_only" in explained
     ran = cli.ok("scheduler", "run", "--once")
     assert "Traceback" not in ran
+    _scheduler_metrics(cli, tmp_path / "scheduler.log")
     logged = cli.ok("scheduler", "log")
     assert "when" in logged and "reason" in logged
     assert "no cost lock was set" in cli.ok("scheduler", "reset-cost-lock")
@@ -283,6 +284,34 @@ def test_the_scheduler_commands(cli: Cli, tmp_path: Path):
     assert "queues.ocr.max_workers" in err
     err = cli.fails("scheduler", "run", "--once", HYPERMEDIA_SCHEDULER_CONFIG=str(bad))
     assert "queues.ocr.max_workers" in err
+
+
+def _scheduler_metrics(cli: Cli, log_path: Path) -> None:
+    """``scheduler run --metrics-port``: its own metrics on loopback, not the API's."""
+    port = free_port()
+    with log_path.open("w") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "hypermedia.cli", "scheduler", "run"],
+            env={**cli.env, "HYPERMEDIA_SCHEDULER_METRICS_PORT": str(port)},
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 60  # an interpreter's start on a busy machine
+        text = ""
+        while "hypermedia_scheduler_last_evaluation_timestamp_seconds" not in text:
+            assert process.poll() is None and time.monotonic() < deadline, log_path.read_text()
+            with suppress(httpx.TransportError):
+                text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
+            time.sleep(0.1)
+        assert 'hypermedia_cloud_spend_cap_cents{window="day"} 5000.0' in text
+        assert "hypermedia_cost_locked 0.0" in text
+        assert "hypermedia_queue_depth" not in text  # the API's, read when it is scraped
+    finally:
+        process.send_signal(signal.SIGTERM)
+        code = process.wait(20)
+    assert code == 0, log_path.read_text()
 
 
 def test_the_access_log_shows_no_signature(cli: Cli, tmp_path: Path):
