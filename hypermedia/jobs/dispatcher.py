@@ -185,10 +185,14 @@ class Dispatcher:
         for job in jobs:
             self.metrics.count(JOBS_STARTED, {"queue": job.queue, "operation": job.operation})
             if job.attempt_number == 1:
+                try:
+                    created = ids.created_at(job.job_id)  # our ids carry their time
+                except ValueError:
+                    continue  # a job id made elsewhere (an import): no wait to tell
                 self.metrics.observe(
                     QUEUE_WAIT,
                     {"queue": job.queue, "priority_band": band_of(job.priority)},
-                    max(0.0, now - ids.created_at(job.job_id)),
+                    max(0.0, now - created),
                 )
 
     def _unlease(self, queue: str, worker_id: str, leased: Sequence[Leased]) -> None:

@@ -13,6 +13,7 @@ so in the log) rather than failing the whole answer.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections import Counter as Tally
@@ -154,7 +155,8 @@ class StateCollector(Collector):
             for priority, (count, oldest_id) in heads.items():
                 band = band_of(priority)
                 by_band[band] += count
-                age[band] = max(age[band], now - ids.created_at(oldest_id))
+                with contextlib.suppress(ValueError):  # an id not ours tells no age
+                    age[band] = max(age[band], now - ids.created_at(oldest_id))
             for band in BANDS:
                 depth.add_metric([name, band], by_band[band])
                 oldest.add_metric([name, band], max(0.0, age[band]))
