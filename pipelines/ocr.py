@@ -364,7 +364,15 @@ def _image_dpi(image: Any) -> float:
 # -- the step ----------------------------------------------------------------------------
 
 
-@register("ocr", check=check, profile_only=ocr_params.PROFILE_ONLY)
+# Imported by the ocr worker's fork server before it forks: a one-page job with the
+# profile's defaults through the real fork server 6.46 -> 6.13 CPU-s (p50 of 5,
+# interleaved; bench/ocr_preload.py). Engines and models are still built in each job:
+# a server-built engine saved 0.1-0.3 CPU-s more, fixed jobs at one inference thread
+# and cost the server 240 MB (bench/README.md).
+PRELOAD = ("numpy", "cv2", "onnxruntime", "rapidocr", "rapid_layout")
+
+
+@register("ocr", check=check, profile_only=ocr_params.PROFILE_ONLY, preload=PRELOAD)
 def ocr(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list[Output]:
     """OCR an image or PDF: text, JSON and a searchable PDF (see the module doc)."""
     request = ocr_params.parse(params)

@@ -27,7 +27,7 @@ could help (``retryable``); anything else escaping a step is a bug, reported as
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,6 +42,7 @@ __all__ = [
     "get",
     "load_all",
     "operations",
+    "preload",
     "profile_only",
     "register",
     "usage_output",
@@ -85,13 +86,20 @@ Check = Callable[[Mapping[str, Any]], None]
 _STEPS: dict[str, Step] = {}
 _CHECKS: dict[str, Check] = {}
 _PROFILE_ONLY: dict[str, frozenset[str]] = {}
+_PRELOAD: dict[str, tuple[str, ...]] = {}
 
 
 def register(
-    operation: str, *, check: Check | None = None, profile_only: Collection[str] = ()
+    operation: str,
+    *,
+    check: Check | None = None,
+    profile_only: Collection[str] = (),
+    preload: Sequence[str] = (),
 ) -> Callable[[Step], Step]:
     """Register a step. ``profile_only``: parameters only the operator's profile may
-    set (paths on the worker and the like); a request naming one is refused."""
+    set (paths on the worker and the like); a request naming one is refused.
+    ``preload``: libraries the fork server of a worker serving the step may import
+    before it forks, so that each job does not (see :func:`preload`)."""
 
     def decorate(step: Step) -> Step:
         if operation in _STEPS:
@@ -100,9 +108,22 @@ def register(
         if check is not None:
             _CHECKS[operation] = check
         _PROFILE_ONLY[operation] = frozenset(profile_only)
+        _PRELOAD[operation] = tuple(preload)
         return step
 
     return decorate
+
+
+def preload(operations: Iterable[str]) -> tuple[str, ...]:
+    """The libraries the steps of ``operations`` asked to have imported before the
+    fork (in order, once each), those installed here only: modules, never models or
+    engines (no state a job could inherit half-made). Some start idle threads (NumPy's
+    OpenBLAS, onnxruntime): the fork server then forks with ``os.fork``."""
+    import importlib.util
+
+    load_all()
+    wanted = dict.fromkeys(m for op in operations for m in _PRELOAD.get(op, ()))
+    return tuple(m for m in wanted if importlib.util.find_spec(m) is not None)
 
 
 def profile_only(operation: str) -> frozenset[str]:

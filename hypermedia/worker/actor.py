@@ -174,6 +174,7 @@ class PipelineService:
         work_root = workdirs.worker_root(cfg.data_dir, worker_id)
         # Each job's share of this node's CPUs: its claim loops split them.
         self.job_cpus = max(1, (os.cpu_count() or 1) // max(1, concurrency))
+        preload = queue_preload(self.stack.catalog, queue, preload)
         self.executor: Any = self.make_executor(work_root, preload, cfg)
         executor: Executor = self.executor
         grants_client = RayGrants(grants) if _is_actor_handle(grants) else grants
@@ -281,3 +282,13 @@ PipelineActor = ray.remote(PipelineService)  # options (queue resource ...) at s
 
 def _is_actor_handle(value: Any) -> bool:
     return isinstance(value, ray.actor.ActorHandle)
+
+
+def queue_preload(catalog: Any, queue: str, preload: tuple[str, ...]) -> tuple[str, ...]:
+    """``preload`` and the libraries the steps of ``queue``'s operations ask their fork
+    server to import before it forks (:func:`pipelines.registry.preload`: the ocr
+    queue's onnxruntime, OpenCV, RapidOCR ...), those installed on this node only."""
+    from pipelines import registry
+
+    operations = [op for op in catalog.operations() if catalog.get(op).queue == queue]
+    return tuple(dict.fromkeys((*preload, *registry.preload(operations))))
