@@ -1,6 +1,7 @@
 """ray_cluster/*.yaml: valid for Ray, and saying what the issue asks of the cluster
-(Ray off port 6379, the dashboard on localhost, token auth, no SSH, nodes that start
-Ray themselves, one queue per burst node type, the head serving the baseline queues)."""
+(Ray off port 6379, the dashboard on localhost, token auth, metrics exported, no SSH,
+nodes that start Ray themselves, one queue per burst node type, the head serving the
+baseline queues)."""
 
 from __future__ import annotations
 
@@ -49,6 +50,9 @@ def test_the_cluster_is_the_one_the_issue_describes(name):
     assert "--port=$HM_RAY_PORT" in start
     if "--include-dashboard=true" in start:
         assert "--dashboard-host=127.0.0.1" in start
+    if name == "cluster.yaml":  # the VPS: the dashboard, metrics where Prometheus expects
+        assert "--include-dashboard=true" in start and "--metrics-export-port=8090" in start
+        assert "RAY_PROMETHEUS_HOST=http://127.0.0.1:9090" in start
     assert config["worker_start_ray_commands"] == []  # nodes start Ray from user data
 
     scheduler = parse(json.loads(YAMLS[name].read_text()))
