@@ -50,7 +50,7 @@ __all__ = [
 
 # The output type a step reports its units of work under (see the module docstring).
 USAGE_OUTPUT = "usage.json"
-USAGE_CONTENT_TYPE = "application/vnd.hypermedia.usage+json"
+_USAGE_CONTENT_TYPE = "application/vnd.hypermedia.usage+json"
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +67,7 @@ def usage_output(workdir: Path, units: Mapping[str, int]) -> Output:
 
     path = workdir / USAGE_OUTPUT
     path.write_text(json.dumps({str(unit): int(count) for unit, count in units.items()}))
-    return Output(USAGE_OUTPUT, path, USAGE_CONTENT_TYPE)
+    return Output(USAGE_OUTPUT, path, _USAGE_CONTENT_TYPE)
 
 
 class PipelineError(Exception):

@@ -61,13 +61,26 @@ RAY_TOKEN = cluster.ensure_token(
     Path(tempfile.gettempdir()) / f"hypermedia-tests-{os.getuid()}" / "ray_auth_token"
 )
 cluster.apply_ray_environment(RAY_TOKEN)
+# Where the worker tests' shared Ray head lives (tests/ray_support.py): a directory the
+# session's first process makes, removes at the end, and every xdist worker inherits.
+SHARED_RAY_DIR_ENV = "HYPERMEDIA_TEST_RAY_DIR"
 _TIER_MARKS = {"integration": pytest.mark.integration, "e2e": pytest.mark.e2e}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):  # the session's first process: xdist's or the only
+        # Where the worker tests' shared Ray head goes (tests/ray_support.py).
+        os.environ[SHARED_RAY_DIR_ENV] = tempfile.mkdtemp(prefix="hm-tests-ray-")
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     ray_support = sys.modules.get("tests.ray_support")
-    if ray_support is not None:  # a test used the shared Ray head
-        ray_support.stop_shared_head()
+    if ray_support is not None:  # a test of this process used the shared Ray head
+        ray_support.disconnect()
+    if not hasattr(session.config, "workerinput"):  # every worker is done with it
+        from tests.ray_support import stop_shared_head
+
+        stop_shared_head(Path(os.environ[SHARED_RAY_DIR_ENV]))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

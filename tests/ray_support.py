@@ -1,18 +1,22 @@
 """A real local Ray cluster, the API (for signed blob URLs) and the supervisor, for
 worker tests.
 
-The Ray head is shared: one per test process (per xdist worker), started by the first
-test that needs it and stopped when the session ends (``stop_shared_head``, from
-conftest), because starting one costs ~10 s and ~20 CPU-seconds. Nothing a test
-starts outlives it: the supervisor, its actors and the grants actor are stopped at
-its teardown, and any actor of ours still alive then is killed. Tests that kill or
-restart Ray itself start their own nodes (test_ray_node, the e2e tests)."""
+The Ray head is shared by every process of a test session (each xdist worker is a
+driver of its own on it): started by the first test that needs it, in the directory
+the session's first process made (``SHARED_RAY_DIR_ENV``, under a lock), and stopped
+when the session ends (``stop_shared_head``, from conftest, in that first process),
+because starting one costs ~10 s and ~20 CPU-seconds and an idle one ~5 % of a core.
+Nothing a test starts outlives it: the supervisor, its actors and the grants actor
+are stopped at its teardown, and any actor this process's driver made that is still
+alive then is killed (never another worker's). Tests that kill or restart Ray itself
+start their own nodes (test_ray_node, the e2e tests)."""
 
 from __future__ import annotations
 
+import fcntl
 import logging
+import os
 import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -31,7 +35,7 @@ from hypermedia.server import Maintenance
 from hypermedia.stack import Stack
 from hypermedia.worker import cluster
 from hypermedia.worker.supervisor import NAMESPACE, Supervisor, settings_for_actors
-from tests.conftest import RAY_TOKEN
+from tests.conftest import RAY_TOKEN, SHARED_RAY_DIR_ENV
 from tests.pipelines_for_tests import PRELOAD
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,50 +43,64 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_QUEUES = ("images", "documents", "media", "ocr", "bulk")
 SHARED_SLOTS = 16
 # The machine's two cores; actors reserve their queue's ``cpus`` (0.5 by default), so
-# four default actors fit at once.
+# four default actors fit at once, per test process (the head offers that many times
+# the number of xdist workers).
 SHARED_CPUS = 2
 
-_shared: tuple[cluster.RayNode, Path] | None = None  # the node, the directory made for it
+_shared: cluster.RayNode | None = None
 
 
 def shared_head() -> cluster.RayNode:
-    """This process's Ray head (started on first use), with the driver connected."""
+    """The session's Ray head (started on first use by whichever process needs it
+    first), with this process's driver connected."""
     global _shared
     if _shared is None:
-        directory = Path(tempfile.mkdtemp(prefix="hm-tests-ray-"))
-        node = cluster.start_head(
-            directory,
-            resources=cluster.queue_resources(dict.fromkeys(SHARED_QUEUES, SHARED_SLOTS)),
-            token_path=RAY_TOKEN,
-            num_cpus=SHARED_CPUS,
-        )
-        _shared = (node, directory)
-    node = _shared[0]
+        directory = Path(os.environ[SHARED_RAY_DIR_ENV])
+        workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+        with (directory / "lock").open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # one starts it, the others find it running
+            _shared = cluster.start_head(
+                directory,
+                resources=cluster.queue_resources(
+                    dict.fromkeys(SHARED_QUEUES, SHARED_SLOTS * workers)
+                ),
+                token_path=RAY_TOKEN,
+                num_cpus=SHARED_CPUS * workers,
+            )
     if not ray.is_initialized():
-        ray.init(address=node.address, logging_level=logging.WARNING, log_to_driver=False)
-    return node
+        ray.init(address=_shared.address, logging_level=logging.WARNING, log_to_driver=False)
+    return _shared
 
 
-def stop_shared_head() -> None:
-    global _shared
+def disconnect() -> None:
+    """This process's driver leaves the shared head (which the session's end stops)."""
     if ray.is_initialized():
         ray.shutdown()
-    if _shared is not None:
-        (node, directory), _shared = _shared, None
+
+
+def stop_shared_head(directory: Path) -> None:
+    """Stop the session's head, if a test started one, and remove its directory."""
+    node = cluster.RayNode(cluster.short_temp_dir(directory, "head"), RAY_TOKEN)
+    if node.is_running():
         node.stop()
-        shutil.rmtree(directory, ignore_errors=True)
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 def kill_our_actors() -> list[str]:
-    """Kill every pipeline actor of ours still alive on the shared head; their names."""
+    """Kill every pipeline actor this process's driver made that is still alive on the
+    shared head (other workers' are theirs); their names."""
     killed = []
+    job = ray.get_runtime_context().get_job_id()
     for named in ray.util.list_named_actors(all_namespaces=True):
         if named["namespace"] != NAMESPACE:
             continue
         try:
-            ray.kill(ray.get_actor(named["name"], namespace=NAMESPACE))
+            actor = ray.get_actor(named["name"], namespace=NAMESPACE)
         except ValueError:
             continue  # gone meanwhile
+        if actor._actor_id.job_id.hex() != job:
+            continue
+        ray.kill(actor)
         killed.append(str(named["name"]))
     return killed
 

@@ -67,8 +67,13 @@ HEADERS = {
 }
 
 
-class OperatorKeyNeeded(AuthenticationFailed):
-    """No key, or a bad one: 401 with a Basic challenge (a browser then asks for it)."""
+class OperatorKeyNeeded(Exception):
+    """No key, or a bad one: 401 ``unauthenticated`` with a Basic challenge (a browser
+    then asks for it). Not an error class of its own: the client sees the API's."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
 
 
 def presented_key(authorization: str) -> str | None:
@@ -105,7 +110,7 @@ async def _operator(request: Request) -> Caller:
 
 async def _challenge(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, OperatorKeyNeeded)
-    response = error_response(exc)
+    response = error_response(AuthenticationFailed(exc.message))
     response.headers["WWW-Authenticate"] = CHALLENGE
     return response
 

@@ -72,11 +72,15 @@ def test_the_registry_exports():
         "Output",
         "PipelineError",
         "Step",
+        "USAGE_OUTPUT",
         "check",
         "get",
         "load_all",
         "operations",
+        "preload",
+        "profile_only",
         "register",
+        "usage_output",
     ]
     assert set(defined_here(registry)) <= set(registry.__all__)
     for name in registry.__all__:
