@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 import shutil
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,7 +61,10 @@ class InProcessExecutor:
         memory_limit_mb: int,
         max_processes: int = DEFAULT_MAX_PROCESSES,  # limits are not enforced in process
         max_output_bytes: int = 0,
+        on_progress: Callable[[Any], None] | None = None,  # not passed on: see below
     ) -> InProcessResult:
+        # A step's progress reports go to one sink per process (pipelines.progress), and
+        # here jobs run in threads of one process: they are not passed on.
         workdir = self.workdir(job_id)
         started = time.monotonic()
         try:

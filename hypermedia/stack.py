@@ -115,6 +115,7 @@ class Stack:
     limiter: RateLimiter
     metrics: Recorder
     _storage: Storage | None = None
+    redis_url: str = ""  # what `redis` connects to (the API's event streams open their own)
 
     @property
     def storage(self) -> Storage:
@@ -161,7 +162,8 @@ class Stack:
                 "profiles_path (HYPERMEDIA_PROFILES_PATH)",
                 "no active profiles in the database: run `hypermedia db upgrade`",
             )
-        client = connect(redis_url_for(settings))
+        redis_url = redis_url_for(settings)
+        client = connect(redis_url)
         queue = RedisQueue(client, settings.redis_prefix, settings.queue_names)
         if metrics is None:
             from hypermedia.metrics.head import HeadMetrics
@@ -216,6 +218,7 @@ class Stack:
             limiter=limiter,
             metrics=metrics,
             _storage=build_storage(settings, clock) if with_storage else None,
+            redis_url=redis_url,
         )
 
     def close(self) -> None:

@@ -20,7 +20,8 @@ Both steps run the same way:
    says which operation fits instead); a stated duration over ``max_duration_seconds``
    is ``duration_limit`` and a stated duration of zero is ``invalid_input`` ("no
    samples");
-4. transcoded by ffmpeg into the workdir, metadata and chapters dropped, one thread
+4. transcoded by ffmpeg into the workdir (its ``-progress`` reported as the step's, in
+   seconds of output against the input's stated duration), metadata and chapters dropped, one thread
    per codec and filter graph (the sandbox's ``RLIMIT_NPROC`` counts threads). The
    output is cut at ``max_duration_seconds`` + 1 s, so an input whose header did not
    state its length still cannot run for hours; an output longer than the limit is
@@ -62,12 +63,13 @@ import resource
 import shutil
 import signal
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
 
+from pipelines import progress
 from pipelines.formats import signatures
 from pipelines.params import integer, reject_unknown
 from pipelines.registry import Output, PipelineError, register
@@ -87,6 +89,8 @@ DEFAULT_BITRATE_KBPS = 128
 MIN_BITRATE_KBPS, MAX_BITRATE_KBPS = 32, 320
 # How much past the limit an output may be cut (see step 4 of the module docstring).
 _LIMIT_SLACK_SECONDS = 1.0
+# Seconds between ffmpeg's progress blocks (-progress, -stats_period).
+_PROGRESS_PERIOD = 0.25
 # The last lines of ffmpeg's messages kept for the user, at most this long.
 _MAX_MESSAGE = 400
 # What FFmpeg and its libraries print when RLIMIT_AS bites (lower case).
@@ -302,21 +306,41 @@ class _Ran:
     cpu_seconds: float
 
 
-def _run(args: list[str], workdir: Path, log_name: str) -> _Ran:
+def _run(
+    args: list[str],
+    workdir: Path,
+    log_name: str,
+    on_line: Callable[[str], None] | None = None,
+) -> _Ran:
     """Run a tool, stderr to a file in the workdir (bounded by RLIMIT_FSIZE, not our
-    memory): how it exited, what it said, the CPU time it used."""
+    memory): how it exited, what it said, the CPU time it used. ``on_line``: stdout is
+    read line by line as the tool writes it (its progress), and not kept."""
     stderr_path = workdir / log_name
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     try:
         with stderr_path.open("wb") as stderr:
-            completed = subprocess.run(
-                args,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=stderr,
-                check=False,
-                cwd=workdir,
-            )
+            if on_line is None:
+                completed = subprocess.run(
+                    args,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=stderr,
+                    check=False,
+                    cwd=workdir,
+                )
+                returncode, stdout = completed.returncode, completed.stdout
+            else:
+                with subprocess.Popen(
+                    args,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=stderr,
+                    cwd=workdir,
+                ) as process:
+                    assert process.stdout is not None
+                    for line in process.stdout:
+                        on_line(line.decode("ascii", "replace").strip())
+                    returncode, stdout = process.wait(), b""
         with stderr_path.open("rb") as stderr:
             size = stderr.seek(0, 2)
             stderr.seek(max(0, size - 8192))
@@ -329,9 +353,27 @@ def _run(args: list[str], workdir: Path, log_name: str) -> _Ran:
         stderr_path.unlink(missing_ok=True)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
-    if completed.returncode == 0:
-        return _Ran(0, completed.stdout.decode("utf-8", "replace"), cpu)
-    return _Ran(completed.returncode, tail, cpu)
+    if returncode == 0:
+        return _Ran(0, stdout.decode("utf-8", "replace"), cpu)
+    return _Ran(returncode, tail, cpu)
+
+
+class _Progress:
+    """FFmpeg's ``-progress`` lines (``key=value``, a block every ``-stats_period``) as
+    the step's progress, in seconds of the output against the input's duration."""
+
+    def __init__(self, total: float | None) -> None:
+        self.total = total
+
+    def __call__(self, line: str) -> None:
+        key, _, value = line.partition("=")
+        if key == "out_time_us" and value.isdigit():
+            done = int(value) / 1e6
+            progress.report(
+                done if self.total is None else min(done, self.total), self.total, "seconds"
+            )
+        elif key == "progress" and value == "end" and self.total is not None:
+            progress.report(self.total, self.total, "seconds")
 
 
 def _failure(ran: _Ran, what: str, *paths: Path) -> PipelineError:
@@ -526,10 +568,27 @@ def _channels(audio: Stream) -> list[str]:
     return ["-ac", "1" if audio.channels == 1 else "2"]
 
 
-def transcode(args: list[str], source: Path, workdir: Path, output: Path, label: str) -> None:
-    ran = _run([*args, str(output)], workdir, ".ffmpeg.log")
+def transcode(
+    args: list[str],
+    source: Path,
+    workdir: Path,
+    output: Path,
+    label: str,
+    seconds: float | None = None,
+) -> None:
+    """Run ffmpeg; its progress reported against ``seconds`` (the input's duration, if
+    stated)."""
+    watched = [args[0], "-progress", "pipe:1", "-stats_period", str(_PROGRESS_PERIOD), *args[1:]]
+    ran = _run([*watched, str(output)], workdir, ".ffmpeg.log", _Progress(seconds))
     if ran.returncode != 0:
         raise _failure(ran, f"cannot transcode {label}", source, workdir)
+
+
+def _expected(found: Probe, max_seconds: float) -> float | None:
+    """How long the output will be: the input's stated duration, cut at the limit."""
+    if not found.duration:
+        return None
+    return min(found.duration, max_seconds + _LIMIT_SLACK_SECONDS)
 
 
 def check_output(
@@ -563,7 +622,7 @@ def transcode_video_step(
     try:
         transcode(
             video_args(input_path, container, request, video, audio),
-            input_path, workdir, output, container.label,
+            input_path, workdir, output, container.label, _expected(found, request.max_seconds),
         )  # fmt: skip
         seconds = check_output(
             output, "mp4", "video", "h264", workdir, container.label, request.max_seconds
@@ -588,7 +647,7 @@ def transcode_audio_step(
     try:
         transcode(
             audio_args(input_path, container, request, audio),
-            input_path, workdir, output, container.label,
+            input_path, workdir, output, container.label, _expected(found, request.max_seconds),
         )  # fmt: skip
         seconds = check_output(
             output, codec.muxer, "audio", codec.name, workdir, container.label, request.max_seconds

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipelines import ocr_layout, ocr_params, sniff
+from pipelines import ocr_layout, ocr_params, progress, sniff
 from pipelines.ocr_engines import Engine, LayoutModel, Line, Region
 from pipelines.registry import Output, PipelineError, register, usage_output
 
@@ -390,6 +390,7 @@ def ocr(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list[Outp
         else:
             page, dpi = load_image(input_path, kind, request.max_pixels)
             results.append(_ocr_image_page(1, page, dpi, request, engines, pages_dir, images))
+            progress.report(1, 1, "pages")
         outputs = [*_write_outputs(results, images, request, workdir), _usage(results, workdir)]
     finally:
         engines.close()
@@ -475,10 +476,12 @@ def _ocr_pdf(
                         layout_cpu_seconds=layout_cpu,
                     )
                 )
+                progress.report(index + 1, count, "pages")
                 continue
             results.append(
                 _ocr_image_page(index + 1, array, request.dpi, request, engines, pages_dir, images)
             )
+            progress.report(index + 1, count, "pages")
 
 
 def _usage(results: Sequence[PageResult], workdir: Path) -> Output:

@@ -58,7 +58,7 @@ import pypdfium2 as pdfium
 import pypdfium2.raw as pdfium_c
 import pyvips
 
-from pipelines import images, pdf_params, sniff
+from pipelines import images, pdf_params, progress, sniff
 from pipelines.registry import Output, PipelineError, register
 
 log = logging.getLogger(__name__)
@@ -148,7 +148,11 @@ def page_texts(pdf: Path, max_pages: int) -> list[str]:
             raise PipelineError(
                 "page_limit", f"the PDF has {count:,} pages, over the limit of {max_pages:,}"
             )
-        return [_page_text(document, index) for index in range(count)]
+        texts = []
+        for index in range(count):
+            texts.append(_page_text(document, index))
+            progress.report(index + 1, count, "pages")
+        return texts
 
 
 def _page_text(document: pdfium.PdfDocument, index: int) -> str:

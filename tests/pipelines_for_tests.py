@@ -8,6 +8,7 @@ fork server and its children import it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -152,6 +153,24 @@ def flood_files(input_path: Path, params: Mapping[str, Any], workdir: Path) -> l
     for index in range(1_000_000):
         with open(workdir / f"part-{index}.bin", "wb") as out:
             out.write(chunk)
+    return []
+
+
+@register("test.progress")
+def progress_steps(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list[Output]:
+    """Report ``steps`` steps of ``unit``, ``seconds`` apart; ``flood``: first write that
+    many progress messages straight to the result socket, as fast as it takes them."""
+    from pipelines import progress
+
+    flood = int(params.get("flood", 0))
+    message = b'{"progress": {"done": 1, "total": 1000, "unit": "frames"}}'
+    for _ in range(flood):
+        with contextlib.suppress(BlockingIOError):
+            os.write(3, message)
+    steps = int(params.get("steps", 4))
+    for step in range(1, steps + 1):
+        time.sleep(float(params.get("seconds", 0.3)))
+        progress.report(step, steps, params.get("unit", "pages"))
     return []
 
 

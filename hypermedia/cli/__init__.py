@@ -2,7 +2,7 @@
 
 Operator commands work on the database named by the settings (``db upgrade``,
 ``user add``, ``credits grant``, ``serve``); client commands (``submit``,
-``status``, ``cancel``, ``queues``, ``credits show``) talk HTTP to
+``status``, ``watch``, ``cancel``, ``queues``, ``credits show``) talk HTTP to
 ``--api-url`` / ``HYPERMEDIA_API_URL`` with ``--api-key`` / ``HYPERMEDIA_API_KEY``.
 Every option has a ``HYPERMEDIA_*`` environment twin (shown in ``--help``).
 
@@ -13,7 +13,8 @@ cheap: everything heavy is imported inside the command that needs it.
 
 One module per command group, this one builds the app from them:
 
-- :mod:`~hypermedia.cli.jobs`: ``submit``, ``status JOB_ID``, ``cancel``, ``queues`` (HTTP)
+- :mod:`~hypermedia.cli.jobs`: ``submit``, ``status JOB_ID``, ``watch``, ``cancel``,
+  ``queues`` (HTTP)
 - :mod:`~hypermedia.cli.status`: ``status``, the platform on one screen (the record)
 - :mod:`~hypermedia.cli.database`: ``db upgrade``
 - :mod:`~hypermedia.cli.users`: ``user add``, ``key``, ``grant``, ``revoke``
@@ -66,6 +67,7 @@ app.add_typer(scheduler.app, name="scheduler")
 app.command()(services.serve)
 app.command()(jobs.submit)
 app.command()(status.status)
+app.command()(jobs.watch)
 app.command()(jobs.cancel)
 app.command()(jobs.queues)
 app.command()(run.run)

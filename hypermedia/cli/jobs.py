@@ -1,5 +1,5 @@
 """The API's client commands: ``submit``, ``status JOB_ID`` (:func:`show_job`, called by
-:mod:`hypermedia.cli.status`), ``cancel`` and ``queues``, over
+:mod:`hypermedia.cli.status`), ``watch``, ``cancel`` and ``queues``, over
 HTTP with ``--api-url`` / ``HYPERMEDIA_API_URL`` and ``--api-key`` /
 ``HYPERMEDIA_API_KEY``. Registered on the root app by :mod:`hypermedia.cli`."""
 
@@ -17,7 +17,7 @@ from hypermedia.clock import age_text
 if TYPE_CHECKING:
     from datetime import datetime
 
-    from hypermedia.ingest.schemas import JobResponse
+    from hypermedia.ingest.schemas import JobEvent, JobResponse
 
 
 def submit(
@@ -172,3 +172,103 @@ def queues(
             redis,
         )
     Console(width=max(100, Console().width)).print(table)
+
+
+def watch(
+    job_ids: Annotated[list[str], typer.Argument(help="Job ids.")],
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json", envvar="HYPERMEDIA_WATCH_JSON", help="One JSON line per event, no bars."
+        ),
+    ] = False,
+    wait_timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--wait-timeout",
+            envvar="HYPERMEDIA_WAIT_TIMEOUT",
+            min=0,
+            help="Give up after this many seconds (default: never).",
+            show_default=False,
+        ),
+    ] = None,
+    api_url: ApiUrl = None,
+    api_key: ApiKey = None,
+    timeout: Timeout = 30.0,
+) -> None:
+    """Follow jobs live (their event streams): a progress bar each, with its phase
+    (download, run, upload) and status, until every one has ended. Exits 1 unless all
+    completed."""
+    import json
+    import threading
+
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn
+
+    finals: dict[str, str] = {}
+    errors: list[str] = []
+    lock = threading.Lock()
+    console = Console(stderr=False)
+    bars = Progress(
+        TextColumn("{task.fields[job]}"),
+        BarColumn(),
+        TaskProgressColumn(),
+        TextColumn("{task.description}"),
+        console=console,
+        disable=as_json,
+    )
+    tasks = {job_id: bars.add_task("waiting", total=1.0, job=job_id[:12]) for job_id in job_ids}
+
+    def shown(job_id: str, event: JobEvent) -> None:
+        if as_json:
+            line = json.dumps({"job_id": job_id, **event.model_dump(exclude_none=True)})
+            with lock:
+                typer.echo(line)
+            return
+        task = tasks[job_id]
+        if event.type == "progress":
+            detail = f"{event.phase} {_amount(event)}"
+            bars.update(task, completed=event.fraction or 0.0, description=detail)
+        elif event.status is not None:
+            done = 1.0 if event.status == "completed" else None
+            bars.update(task, description=event.status, completed=done)
+
+    def follow(job_id: str) -> None:
+        try:
+            with open_client(api_url, api_key, timeout) as client:
+                for event in client.events(job_id, timeout=wait_timeout):
+                    shown(job_id, event)
+                    if event.status is not None:
+                        finals[job_id] = event.status
+        except Exception as exc:  # shown with the others, below
+            code = getattr(exc, "code", type(exc).__name__)
+            with lock:
+                errors.append(f"job {job_id}: {code}: {getattr(exc, 'message', exc)}")
+
+    threads = [threading.Thread(target=follow, args=(j,), daemon=True) for j in job_ids]
+    with bars:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    for message in errors:
+        typer.echo(message, err=True)
+    unfinished = [j for j in job_ids if finals.get(j) != "completed"]
+    if unfinished:
+        fail(f"{len(unfinished)} of {len(job_ids)} jobs did not complete")
+
+
+def _amount(event: JobEvent) -> str:
+    def size(value: float) -> str:
+        if event.unit == "bytes":
+            for unit in ("B", "KB", "MB", "GB"):
+                if value < 1024 or unit == "GB":
+                    return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+                value /= 1024
+        return f"{value:g}"
+
+    done = size(event.done or 0.0)
+    if event.total is None:
+        return f"{done} {event.unit or ''}".strip()
+    unit = "" if event.unit == "bytes" else f" {event.unit}"
+    return f"{done} of {size(event.total)}{unit}"

@@ -48,7 +48,7 @@ from hypermedia.errors import (
     NotFound,
 )
 from hypermedia.ids import new_id
-from hypermedia.ingest import uploads
+from hypermedia.ingest import events, uploads
 from hypermedia.ingest.auth import Authenticator
 from hypermedia.ingest.guard import RequestGuard, RouteRule, Rules
 from hypermedia.ingest.http_errors import install_error_handlers
@@ -169,6 +169,61 @@ def process(
 )
 def get_job(job_id: str, caller: CallerDep, stack: StackDep) -> JobResponse:
     return job_response(stack.ingest.get_job(caller, job_id))
+
+
+_EVENT_STREAM: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "Server-Sent Events: `status` and `progress` events (see "
+        "`hypermedia.ingest.events`), each with its id; the stream ends after a terminal "
+        "status.",
+        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+    },
+}
+
+
+@router.get(
+    f"{PREFIX}/jobs/{{job_id}}/events",
+    summary="A job's events, live (Server-Sent Events)",
+    response_class=StreamingResponse,
+    responses={**_EVENT_STREAM, **_errors(404)},
+    tags=["jobs"],
+)
+async def job_events(
+    job_id: str,
+    request: Request,
+    caller: CallerDep,
+    stack: StackDep,
+    last_event_id: Annotated[
+        str | None,
+        Header(
+            alias="Last-Event-ID",
+            pattern=r"^[0-9]{1,20}-[0-9]{1,20}$",
+            description="Resume after this event (what an EventSource sends on reconnect).",
+        ),
+    ] = None,
+) -> StreamingResponse:
+    """The job's recent events, its status as the record has it, then its events as
+    they happen, until it has ended: status changes and progress (download, the step's
+    own, upload)."""
+    await run_in_threadpool(stack.ingest.status_event, caller, job_id)  # 404: not theirs
+    client = getattr(request.app.state, "events_redis", None)
+    if client is None:
+        import redis.asyncio
+
+        client = redis.asyncio.Redis.from_url(stack.redis_url, decode_responses=True)
+        request.app.state.events_redis = client
+    body = events.stream(
+        client,
+        stack.ingest.events.key(job_id),
+        lambda: stack.ingest.status_event(caller, job_id),
+        after=last_event_id,
+        keepalive=request.app.state.events_keepalive,
+    )
+    return StreamingResponse(
+        body,
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
 
 
 @router.get(
@@ -579,8 +634,15 @@ def _object_response(info: ObjectInfo) -> ObjectResponse:
 # -- the app -----------------------------------------------------------------------------
 
 
-def create_app(stack: Stack, *, auth_cache_seconds: float = 30.0) -> FastAPI:
-    """The API over ``stack``. Authentications are cached ``auth_cache_seconds``."""
+def create_app(
+    stack: Stack,
+    *,
+    auth_cache_seconds: float = 30.0,
+    events_keepalive_seconds: float = events.KEEPALIVE_SECONDS,
+) -> FastAPI:
+    """The API over ``stack``. Authentications are cached ``auth_cache_seconds``; a job's
+    event stream sends a keep-alive (and reads the record) every
+    ``events_keepalive_seconds`` without an event."""
     app = FastAPI(
         title="hypermedia",
         version=__version__,
@@ -589,6 +651,7 @@ def create_app(stack: Stack, *, auth_cache_seconds: float = 30.0) -> FastAPI:
         redoc_url=None,
     )
     app.state.stack = stack
+    app.state.events_keepalive = events_keepalive_seconds
     authenticator = Authenticator(stack.engine, ttl=auth_cache_seconds)
     app.state.authenticator = authenticator
     settings = stack.settings

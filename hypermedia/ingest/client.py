@@ -17,8 +17,9 @@ and ``http_status``). A server that cannot be reached raises
 
 from __future__ import annotations
 
+import json
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self, TypeVar
@@ -33,6 +34,7 @@ from hypermedia.ingest.schemas import (
     CreditsResponse,
     DeleteObjectResponse,
     HealthResponse,
+    JobEvent,
     JobResponse,
     ObjectResponse,
     ProcessResponse,
@@ -88,6 +90,7 @@ class HypermediaClient:
     ) -> None:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
         self._http = httpx.Client(
             base_url=self.base_url, headers=headers, timeout=timeout, transport=transport
         )
@@ -220,18 +223,71 @@ class HypermediaClient:
     def cancel(self, job_id: str) -> CancelResponse:
         return self._request("POST", f"{PREFIX}/jobs/{job_id}/cancel", CancelResponse)
 
-    def wait(self, job_id: str, timeout: float = 300.0, poll: float = 1.0) -> JobResponse:
-        """Poll until the job is completed, failed or cancelled; TimeoutError after
-        ``timeout`` seconds."""
-        deadline = time.monotonic() + timeout
+    def events(
+        self, job_id: str, *, last_event_id: str | None = None, timeout: float | None = None
+    ) -> Iterator[JobEvent]:
+        """The job's events (``GET /jobs/{id}/events``): its recent ones, its status as
+        the record has it, then each as it happens, until it has ended. A dropped
+        connection is resumed where it left off (``Last-Event-ID``), after the
+        ``retry`` the server asks for. ``timeout``: seconds in all, then TimeoutError
+        naming the last status."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        state = _Following(job_id, last_event_id)
+        drops = 0
         while True:
-            job = self.job(job_id)
-            if job.finished:
-                return job
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError(f"job {job_id} is still {job.status} after {timeout:g} s")
-            time.sleep(min(poll, remaining))
+            try:
+                for event in self._event_stream(state, deadline):
+                    drops = 0
+                    yield event
+                    if event.ends:
+                        return
+            except httpx.ReadTimeout:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise state.timed_out(timeout) from None
+            except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
+                drops += 1
+                if drops > _EVENT_STREAM_DROPS:
+                    raise ServiceUnavailable(
+                        f"the event stream of job {job_id} keeps dropping: {exc}"
+                    ) from exc
+            if deadline is not None and time.monotonic() >= deadline:
+                raise state.timed_out(timeout)
+            time.sleep(state.retry)
+
+    def _event_stream(self, state: _Following, deadline: float | None) -> Iterator[JobEvent]:
+        headers = {"Accept": "text/event-stream"}
+        if state.last_id is not None:
+            headers["Last-Event-ID"] = state.last_id
+        # Keep-alives come every 15 s: a longer silence is a dead connection.
+        read = _EVENT_READ_TIMEOUT
+        if deadline is not None:
+            read = max(0.001, min(read, deadline - time.monotonic()))
+        path = f"{PREFIX}/jobs/{state.job_id}/events"
+        try:
+            with self._http.stream(
+                "GET", path, headers=headers, timeout=httpx.Timeout(self.timeout, read=read)
+            ) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    raise error_from_response(response.status_code, _json_or_none(response))
+                for event in _server_sent_events(response.iter_lines(), state):
+                    if event is not None:
+                        state.seen(event)
+                        yield event
+                    if deadline is not None and time.monotonic() >= deadline:
+                        return  # events() says it timed out
+        except httpx.ConnectError as exc:
+            raise ServiceUnavailable(
+                f"cannot reach the API at {self.base_url}: {exc}", url=self.base_url
+            ) from exc
+
+    def wait(self, job_id: str, timeout: float = 300.0) -> JobResponse:
+        """Follow the job's events (:meth:`events`) until it is completed, failed or
+        cancelled, then answer the job; TimeoutError after ``timeout`` seconds."""
+        for event in self.events(job_id, timeout=timeout):
+            if event.ends:
+                break
+        return self.job(job_id)
 
     # -- accounts and operators ----------------------------------------------------------------
 
@@ -252,6 +308,54 @@ class HypermediaClient:
         if response.status_code not in (200, 503):
             raise error_from_response(response.status_code, _json_or_none(response))
         return HealthResponse.model_validate_json(response.content)
+
+
+_EVENT_READ_TIMEOUT = 45.0  # three keep-alives
+_EVENT_STREAM_DROPS = 5  # connections in a row that drop without an event: then give up
+
+
+class _Following:
+    """Where a client is in a job's event stream."""
+
+    def __init__(self, job_id: str, last_id: str | None) -> None:
+        self.job_id = job_id
+        self.last_id = last_id
+        self.status = "unknown"
+        self.retry = 2.0
+
+    def seen(self, event: JobEvent) -> None:
+        if event.id is not None:
+            self.last_id = event.id
+        if event.status is not None:
+            self.status = event.status
+
+    def timed_out(self, timeout: float | None) -> TimeoutError:
+        return TimeoutError(f"job {self.job_id} is still {self.status} after {timeout:g} s")
+
+
+def _server_sent_events(lines: Iterable[str], state: _Following) -> Iterator[JobEvent | None]:
+    """Parse ``text/event-stream`` (the fields this API sends: id, event, data, retry);
+    None for a comment (a keep-alive), so the reader can look at its clock."""
+    entry: str | None = None
+    data: list[str] = []
+    for line in lines:
+        if not line:
+            if data:
+                body = json.loads("\n".join(data))
+                yield JobEvent.model_validate({**body, "id": entry})
+            entry, data = None, []
+            continue
+        if line.startswith(":"):
+            yield None
+            continue
+        name, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        if name == "id":
+            entry = value
+        elif name == "data":
+            data.append(value)
+        elif name == "retry" and value.isdigit():
+            state.retry = int(value) / 1000
 
 
 def _json_or_none(response: httpx.Response) -> Any:

@@ -181,6 +181,29 @@ def job_response(view: Any) -> JobResponse:
     )
 
 
+class JobEvent(_Model):
+    """One event of ``GET /jobs/{id}/events`` (see :mod:`hypermedia.queue.events`)."""
+
+    id: str | None = Field(default=None, description="Its SSE id (None: the record's view).")
+    type: str = Field(description="`status` or `progress`.")
+    at: float | None = Field(default=None, description="When, in epoch seconds.")
+    attempt: int | None = None
+    status: JobStatusName | None = None
+    error_code: str | None = None
+    retry_at: float | None = None
+    record: bool = Field(default=False, description="A status read from the job record.")
+    phase: str | None = Field(default=None, description="`download`, `run` or `upload`.")
+    done: float | None = None
+    total: float | None = None
+    unit: str | None = Field(default=None, description="`bytes`, `seconds`, `pages` ...")
+    fraction: float | None = None
+
+    @property
+    def ends(self) -> bool:
+        """A terminal status: nothing follows it."""
+        return self.type == "status" and self.status in TERMINAL_STATUSES
+
+
 class CancelResponse(_Model):
     job_id: str
     status: JobStatusName

@@ -78,6 +78,7 @@ from hypermedia.jobs.repository import JobRepository, NewJob, NewSubmission
 from hypermedia.jobs.states import IN_FLIGHT, JobStatus
 from hypermedia.metrics import JOBS_SUBMITTED, NoMetrics, Recorder
 from hypermedia.objects import usable_by
+from hypermedia.queue.events import JobEvents, status_event
 from hypermedia.queue.redis_queue import RedisQueue
 from hypermedia.ratelimit import RateLimiter
 from hypermedia.sandbox.inspect import InputLimits, Inspection, check_operation
@@ -323,6 +324,7 @@ class IngestService:
         self.engine = engine
         self.metrics: Recorder = metrics or NoMetrics()
         self.callback_hosts = tuple(callback_hosts)
+        self.events = JobEvents(queue.client, queue.prefix)
         self.queue = queue
         self.catalog = catalog
         self.clock = clock or SystemClock()
@@ -582,6 +584,28 @@ class IngestService:
         with transaction(self.engine) as conn:
             return job_view(conn, job_id)
 
+    def status_event(self, caller: Caller, job_id: str) -> dict[str, Any]:
+        """The caller's job's status as the record has it, shaped as a status event
+        (:mod:`hypermedia.queue.events`, with ``"record": true``); NotFound for anyone
+        else's job. One small query: event streams call it at every keep-alive."""
+        j = t.jobs.c
+        with transaction(self.engine) as conn:
+            row = conn.execute(
+                select(j.status, j.attempt_count, j.error_code, j.run_after, j.updated_at).where(
+                    j.job_id == job_id, j.user_id == caller.user_id
+                )
+            ).one_or_none()
+        if row is None:
+            raise NotFound(f"no job {job_id!r}", job_id=job_id)
+        return status_event(
+            row.status,
+            row.updated_at.timestamp(),
+            row.attempt_count or None,
+            error_code=row.error_code,
+            retry_at=None if row.run_after is None else row.run_after.timestamp(),
+            record=True,
+        )
+
     def attempt_log(self, caller: Caller, job_id: str, attempt_number: int) -> str:
         """The end of what the child of a failed attempt printed (NotFound: no such job
         of the caller's, no such attempt, or none kept)."""
@@ -620,6 +644,7 @@ class IngestService:
                 self.queue.remove(queue, [job_id])
             except QueueUnavailable:
                 log.warning("redis unavailable; reconciler will drop %s", job_id)
+            self.events.publish(job_id, status_event(status.value, now))
             return status
         if status in IN_FLIGHT:
             return status

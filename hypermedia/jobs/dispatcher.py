@@ -53,6 +53,7 @@ from hypermedia.metrics import (
     NoMetrics,
     Recorder,
 )
+from hypermedia.queue.events import JobEvents, status_event
 from hypermedia.queue.redis_queue import Leased, RedisQueue, Restore
 from hypermedia.sandbox.limits import wall_clock_seconds
 
@@ -105,6 +106,7 @@ class Dispatcher:
         self.clock = clock or SystemClock()
         self.repository = repository or JobRepository()
         self.grace = lease_grace_seconds
+        self.events = JobEvents(queue.client, queue.prefix)  # every transition, published
         self._queue_lease: dict[str, float] = {}
         # A step that is one statement (see JobRepository) is atomic by itself: on
         # PostgreSQL it runs without BEGIN and COMMIT round trips.
@@ -179,6 +181,10 @@ class Dispatcher:
             self.mirror([job_id for job_id in job_ids if job_id not in ours])
         if start:
             self._count_started(claimed, now)
+        status = JobStatus.PROCESSING if start else JobStatus.CLAIMED
+        self.events.publish_many(
+            (job.job_id, status_event(status.value, now, job.attempt_number)) for job in claimed
+        )
         return claimed
 
     def _count_started(self, jobs: Sequence[ClaimedJob], now: float) -> None:
@@ -214,6 +220,9 @@ class Dispatcher:
             started = self.repository.start(conn, job.job_id, worker_id, now)
         if started:
             self._count_started([job], now)
+            self.events.publish(
+                job.job_id, status_event(JobStatus.PROCESSING.value, now, job.attempt_number)
+            )
         return started
 
     def extend(self, job: ClaimedJob, worker_id: str, seconds: float) -> bool:
@@ -315,7 +324,7 @@ class Dispatcher:
             self.mirror([job.job_id])
             return None
         moved, _decision = result
-        self._apply([moved])
+        self._apply([moved], error_code=error_code)
         began = job.attempt_started_at
         count_failure(self.metrics, moved, error_code, None if began is None else now - began)
         return moved.status
@@ -340,6 +349,9 @@ class Dispatcher:
                     self.repository.promote_due(conn, now, [job_id])
             count_failure(self.metrics, moved, WORKER_LOST)
             handled.append(job_id)
+            retried = moved.status is JobStatus.RETRY_WAIT  # and promoted at once, above
+            status = JobStatus.QUEUED if retried else moved.status
+            self.events.publish(job_id, status_event(status.value, now, error_code=WORKER_LOST))
         if handled:
             self.mirror(handled)
             log.warning(
@@ -385,8 +397,17 @@ class Dispatcher:
 
     # -- mirroring the record into Redis --------------------------------------------------
 
-    def _apply(self, moves: Sequence[Moved]) -> None:
-        """Mirror moves into Redis: one call per queue and kind of move."""
+    def _apply(self, moves: Sequence[Moved], error_code: str | None = None) -> None:
+        """Mirror moves into Redis (one call per queue and kind of move) and publish
+        each as the job's status event (``error_code``: of a failed attempt)."""
+        now = self.clock.now()
+        self.events.publish_many(
+            (
+                m.job_id,
+                status_event(m.status.value, now, retry_at=m.retry_at, error_code=error_code),
+            )
+            for m in moves
+        )
         enqueue: dict[str, list[tuple[str, int]]] = defaultdict(list)
         delay: dict[str, list[tuple[str, float]]] = defaultdict(list)
         remove: dict[str, list[str]] = defaultdict(list)

@@ -35,6 +35,7 @@ from hypermedia.jobs.dispatcher import count_failure, mirror_row
 from hypermedia.jobs.repository import JobRepository
 from hypermedia.jobs.states import IN_FLIGHT, JobStatus
 from hypermedia.metrics import NoMetrics, Recorder
+from hypermedia.queue.events import JobEvents, status_event
 from hypermedia.queue.redis_queue import RedisQueue, Restore, Target
 
 log = logging.getLogger(__name__)
@@ -86,6 +87,7 @@ class Reaper:
         self.repository = repository or JobRepository()
         self.batch = batch
         self.data_dir = data_dir
+        self.events = JobEvents(queue.client, queue.prefix)
 
     def tick(self) -> ReapReport:
         report = ReapReport()
@@ -122,6 +124,12 @@ class Reaper:
                 continue  # the worker finished or extended it in the meantime
             moved, _ = result
             count_failure(self.metrics, moved, LEASE_EXPIRED)
+            self.events.publish(
+                job_id,
+                status_event(
+                    moved.status.value, now, retry_at=moved.retry_at, error_code=LEASE_EXPIRED
+                ),
+            )
             report.expired += 1
             if self.data_dir is not None and job_id in holders:
                 # Its worker is gone or hung: nobody else removes what the job left.
@@ -166,6 +174,7 @@ class Reaper:
             by_queue.setdefault(m.queue, []).append((m.job_id, m.priority))
         for queue, entries in by_queue.items():
             self.queue.enqueue(queue, entries)
+        self.events.publish_many((m.job_id, status_event(m.status.value, now)) for m in moved)
         report.promoted += len(moved)
 
 

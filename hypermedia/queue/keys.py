@@ -22,6 +22,12 @@ key                          type    contents
 ``{p}:reconciled``           STRING  epoch seconds of the last complete reconcile. Its
                                      absence (FLUSHALL, a restart that lost the data)
                                      asks for a reconcile at once.
+``{p}:events:{job_id}``      STREAM  the job's recent events (:mod:`hypermedia.queue.events`):
+                                     field ``e`` = the event's JSON, at most
+                                     ``EVENTS_KEPT`` entries (the oldest trimmed), gone
+                                     ``EVENTS_TTL_SECONDS`` after the last one. Its
+                                     name is also the pub/sub channel each event is
+                                     published on, as ``"<entry id> <JSON>"``.
 ``{p}:ratelimit:LIMITER/…``  LIST    rate-limit moving windows, written by the `limits`
                                      library (:mod:`hypermedia.ratelimit`): submits per
                                      API key, uploads per user
@@ -68,6 +74,11 @@ def queue_keys(prefix: str, queue: str) -> QueueKeys:
         prio=f"{prefix}:prio:{queue}",
         wake=f"{prefix}:wake:{queue}",
     )
+
+
+def events_key(prefix: str, job_id: str) -> str:
+    """A job's event stream, and the pub/sub channel of its live events."""
+    return f"{prefix}:events:{job_id}"
 
 
 def rate_limit_prefix(prefix: str) -> str:

@@ -14,7 +14,8 @@ cwd/``HOME``/``TMPDIR`` = the workdir, the seccomp filter loaded
 (:mod:`hypermedia.sandbox.syscalls`: after the mounts and the uid change, which it
 would refuse), rlimits applied last (``RLIMIT_NPROC`` among them when the job has a
 uid), then
-``pipelines.registry.get(operation)(input, params, workdir)``. A spare that cannot
+``pipelines.registry.get(operation)(input, params, workdir)``, its progress reports
+(:mod:`pipelines.progress`) sent on the result socket before its result. A spare that cannot
 build its sandbox exits with :data:`~hypermedia.sandbox.outcome.SANDBOX_FAILED`
 (a job given to it fails ``sandbox_unavailable``, retryable): a job never runs
 with less than the server found possible at start.
@@ -52,6 +53,7 @@ import resource
 import select
 import socket
 import sys
+import time
 import traceback
 from collections.abc import Callable, Mapping
 from contextlib import suppress
@@ -60,7 +62,14 @@ from typing import Any, NoReturn
 
 from hypermedia.sandbox.isolation import Isolation
 from hypermedia.sandbox.outcome import SANDBOX_FAILED
-from hypermedia.sandbox.wire import CHILD_LOG, MESSAGE_CAP, RELAYED, RESULT_CAP, UID
+from hypermedia.sandbox.wire import (
+    CHILD_LOG,
+    MESSAGE_CAP,
+    PROGRESS_INTERVAL,
+    RELAYED,
+    RESULT_CAP,
+    UID,
+)
 
 RESULT_FD = 3
 
@@ -72,6 +81,10 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _prctl_function = _libc.prctl
 _prctl_function.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
 _prctl_function.restype = ctypes.c_int
+_send = _libc.send
+_send.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int]
+_send.restype = ctypes.c_ssize_t
+MSG_DONTWAIT = socket.MSG_DONTWAIT
 
 
 def prctl(option: int, value: int) -> None:
@@ -132,11 +145,36 @@ def _outputs_payload(outputs: object) -> bytes:
     return payload
 
 
+class _ProgressSender:
+    """The step's progress reports (:mod:`pipelines.progress`) as PROGRESS messages on
+    the result socket: at most one per :data:`PROGRESS_INTERVAL` (and the last, ``done``
+    = ``total``), never blocking: one the socket cannot take at once is dropped. Sent
+    with libc's ``send`` on the result descriptor itself: no other descriptor is open
+    in the job."""
+
+    __slots__ = ("last",)
+
+    def __init__(self) -> None:
+        self.last = 0.0
+
+    def __call__(self, progress: Any) -> None:
+        now = time.monotonic()
+        final = progress.total is not None and progress.done >= progress.total
+        if now - self.last < PROGRESS_INTERVAL and not final:
+            return
+        self.last = now
+        body = {"done": progress.done, "total": progress.total, "unit": str(progress.unit)}
+        with suppress(ValueError, TypeError):
+            data = json.dumps({"progress": body}).encode()
+            _send(RESULT_FD, data, len(data), MSG_DONTWAIT)  # -1 (EAGAIN): dropped
+
+
 def _run_step(request: Mapping[str, Any]) -> bytes:
     """Apply the rlimits, run the step; the result as bytes, whatever happens."""
-    from pipelines import registry
+    from pipelines import progress, registry
 
     try:
+        progress.reporting_to(_ProgressSender())
         for name, soft, hard in request["rlimits"]:
             resource.setrlimit(getattr(resource, name), (soft, hard))
         step = registry.get(request["operation"])

@@ -21,6 +21,9 @@ A job's files live in its workdir, ``<work_root>/jobs/<job_id>/``::
     finally:
         ex.cleanup(job_id)                        # after success or failure
 
+``run(..., on_progress=callback)`` passes on the step's progress reports
+(:mod:`pipelines.progress`), which the child sends on its result socket while it runs.
+
 The input must be inside the workdir, and the caller names it (the worker uses
 ``input/source``): a user's file name never reaches a path or a command line. The
 step's workdir is the job's workdir; the child's stdout/stderr go to
@@ -61,11 +64,14 @@ the next ``run`` starts a new server.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import marshal
+import math
 import os
 import re
+import select
 import shutil
 import signal
 import socket
@@ -73,6 +79,7 @@ import stat
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,7 +91,14 @@ from hypermedia.sandbox.outcome import ChildFailed, ExitReport, interpret, valid
 from hypermedia.sandbox.wire import MESSAGE_CAP, RESULT_CAP
 from pipelines.registry import Output
 
-__all__ = ["INPUT_DIR", "ChildExecutor", "ChildFailed", "ChildResult", "sandbox_capabilities"]
+__all__ = [
+    "INPUT_DIR",
+    "ChildExecutor",
+    "ChildFailed",
+    "ChildResult",
+    "StepProgress",
+    "sandbox_capabilities",
+]
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +106,7 @@ INPUT_DIR = "input"
 STARTUP_TIMEOUT = 120.0  # importing the pipeline modules (pyvips, OCR models) on a cold node
 REPLY_GRACE = 15.0  # past the wall clock, how long to wait for a server that should have killed
 FAILURE_LOG_BYTES = 64 * 1024  # the end of a failed child's stdout/stderr, kept (ChildFailed.log)
+PROGRESS_FORWARD_INTERVAL = 0.2  # seconds between the progress reports passed on, at least
 
 # The fork server and every child get this environment, not the worker's (which may
 # hold credentials): the variables below when set, nothing else.
@@ -122,6 +137,95 @@ class ChildResult:
     outputs: list[Output]  # paths inside the job's workdir
     duration_ms: int  # the child's life, fork to exit
     peak_memory_mb: float  # the child's peak RSS, pages shared with the server included
+
+
+@dataclass(frozen=True, slots=True)
+class StepProgress:
+    """What a step reported of how far it is (:mod:`pipelines.progress`), checked."""
+
+    done: float
+    total: float | None
+    unit: str
+
+    @property
+    def fraction(self) -> float | None:
+        if not self.total:
+            return None
+        return max(0.0, min(1.0, self.done / self.total))
+
+
+ProgressCallback = Callable[[StepProgress], None]
+_UNIT = re.compile(r"[a-z][a-z_]{0,15}")
+
+
+def _progress(data: bytes) -> StepProgress | None:
+    """A PROGRESS message as the child sent it (anything: the job wrote it), or None."""
+    try:
+        body = json.loads(data)["progress"]
+        done, total, unit = body["done"], body["total"], body["unit"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    numbers = (done,) if total is None else (done, total)
+    if not all(isinstance(n, int | float) and math.isfinite(n) and n >= 0 for n in numbers):
+        return None
+    if not isinstance(unit, str) or not _UNIT.fullmatch(unit):
+        return None
+    return StepProgress(float(done), None if total is None else float(total), unit)
+
+
+class _Results:
+    """Our end of a job's result socket: the child's progress passed on (at most one
+    per :data:`PROGRESS_FORWARD_INTERVAL`; one that comes sooner waits for the next
+    turn, or the end, and is dropped if another comes first: a flood costs a receive
+    each, no parsing), the last other message kept as its result."""
+
+    __slots__ = ("forwarded", "on_progress", "pending", "result", "sock")
+
+    def __init__(self, sock: socket.socket, on_progress: ProgressCallback | None) -> None:
+        self.sock = sock
+        self.on_progress = on_progress
+        self.result = b""
+        self.pending: bytes | None = None
+        self.forwarded = 0.0
+
+    def read(self, *, everything: bool = False) -> bool:
+        """Read what is waiting (a bounded number of messages, unless ``everything``:
+        the child is gone, so what is waiting is all there is, and the last progress
+        is passed on). False at the end (the child's end closed)."""
+        more = True
+        for _ in itertools.count() if everything else range(64):
+            try:
+                data = self.sock.recv(RESULT_CAP + 1, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                break
+            except OSError:
+                more = False
+                break
+            if not data:
+                more = False
+                break
+            if data.startswith(b'{"progress"'):
+                self.pending = data
+            else:
+                self.result = data
+        if self.pending is not None and (
+            everything or time.monotonic() - self.forwarded >= PROGRESS_FORWARD_INTERVAL
+        ):
+            self._pass_on()
+        return more
+
+    def _pass_on(self) -> None:
+        data, self.pending = self.pending, None
+        if self.on_progress is None or data is None:
+            return
+        progress = _progress(data)
+        if progress is None:
+            return
+        self.forwarded = time.monotonic()
+        try:
+            self.on_progress(progress)
+        except Exception:
+            log.exception("a progress callback failed", extra={"action": "progress"})
 
 
 class _Running:
@@ -316,9 +420,13 @@ class ChildExecutor:
         memory_limit_mb: int,
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
         max_processes: int = DEFAULT_MAX_PROCESSES,
+        on_progress: ProgressCallback | None = None,
     ) -> ChildResult:
         """Run ``operation`` on ``input_path`` (inside the job's workdir) in a child.
 
+        ``on_progress`` is called, on this thread, with the step's progress reports
+        (:class:`StepProgress`; at most one per :data:`PROGRESS_FORWARD_INTERVAL`, and
+        the last); whatever it raises is logged, never the job's failure.
         Raises :class:`ChildFailed`; ``ValueError`` for a bad call (unsafe job id,
         input outside the workdir, params that are not JSON, the job already running).
         """
@@ -356,7 +464,7 @@ class ChildExecutor:
 
         failure_log: str | None = None
         try:
-            report, result = self._run_child(job_id, request, limits, disk_budget)
+            report, result = self._run_child(job_id, request, limits, disk_budget, on_progress)
             if report.signal is not None:
                 failure_log = _log_tail(workdir)
             raw = interpret(
@@ -380,7 +488,12 @@ class ChildExecutor:
         )
 
     def _run_child(
-        self, job_id: str, request: dict[str, Any], limits: Limits, disk_budget: int
+        self,
+        job_id: str,
+        request: dict[str, Any],
+        limits: Limits,
+        disk_budget: int,
+        on_progress: ProgressCallback | None,
     ) -> tuple[ExitReport, bytes]:
         """Hand the request to the server and wait for the child's end: how it ended and
         the result it wrote (empty: none)."""
@@ -408,12 +521,10 @@ class ChildExecutor:
                         raise self._server_lost(server, f"submit failed: {exc}") from None
                     finally:
                         running.close_theirs()
-                    report = self._await(server, running, limits.wall_clock_seconds)
-                    try:
-                        result = running.result.recv(RESULT_CAP + 1, socket.MSG_DONTWAIT)
-                    except BlockingIOError:
-                        result = b""  # the child wrote none: it crashed or was killed
-                    return report, result
+                    reader = _Results(running.result, on_progress)
+                    report = self._await(server, running, limits.wall_clock_seconds, reader)
+                    reader.read(everything=True)  # the child is gone: what it left
+                    return report, reader.result  # b"": none, it crashed or was killed
                 finally:
                     with self._lock:  # cancel() sends on these sockets under the lock
                         del self._running[job_id]
@@ -422,18 +533,28 @@ class ChildExecutor:
                 running.close()
         raise AssertionError("unreachable: the second attempt returns or raises")
 
-    def _await(self, server: _Server, running: _Running, wall_clock_seconds: float) -> ExitReport:
-        """Read the server's messages on the job's reply socket until the child exited."""
-        sock = running.reply
-        sock.settimeout(wall_clock_seconds + REPLY_GRACE)
+    def _await(
+        self, server: _Server, running: _Running, wall_clock_seconds: float, reader: _Results
+    ) -> ExitReport:
+        """Read the server's messages on the job's reply socket until the child exited,
+        and meanwhile the child's on the result socket (its progress: a child never
+        blocks on a full socket)."""
+        deadline = time.monotonic() + wall_clock_seconds + REPLY_GRACE
+        reply, result = running.reply.fileno(), running.result.fileno()
+        poller = select.poll()
+        poller.register(reply, select.POLLIN)
+        poller.register(result, select.POLLIN)
         while True:
-            try:
-                data = sock.recv(MESSAGE_CAP)
-            except TimeoutError:
+            remaining = deadline - time.monotonic()
+            events = poller.poll(max(0.0, remaining) * 1000) if remaining > 0 else []
+            if not events and time.monotonic() >= deadline:
                 # The server kills at the wall clock and then reports: it is stuck.
-                raise self._server_lost(
-                    server, "no report past the wall clock", kill=True
-                ) from None
+                raise self._server_lost(server, "no report past the wall clock", kill=True)
+            if any(fd == result for fd, _ in events) and not reader.read():
+                poller.unregister(result)  # the child's end is closed
+            if not any(fd == reply for fd, _ in events):
+                continue
+            data = running.reply.recv(MESSAGE_CAP)
             kind = data[:1]
             if kind == b"S":
                 _, running.pid = wire.STARTED.unpack(data)

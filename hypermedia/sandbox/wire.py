@@ -23,10 +23,15 @@ All ``AF_UNIX``/``SOCK_SEQPACKET``::
         executor -> server  CANCEL: kill the job (killed_for "cancelled")
         EOF                 nobody waits any more: kill the job ("abandoned")
 
-    result socket (one per job, child -> executor): one message, at most
-    RESULT_CAP bytes, JSON, written just before the child exits
+    result socket (one per job, child -> executor): JSON messages. While the step
+    runs, its progress (pipelines.progress), at most one per PROGRESS_INTERVAL, each
+    sent without blocking (dropped when the socket is full):
+        {"progress": {"done": float, "total": float | null, "unit": str}}
+    then one result, at most RESULT_CAP bytes, written just before the child exits
         {"outputs": [{"output_type", "path", "content_type"}, ...]}
         {"error": {"code", "message", "retryable", "detail"}}
+    The executor reads the socket while the child runs (so a child never blocks on
+    it) and takes the last message that is not progress as the result.
 
 The request is marshal, not JSON, because it only travels from the executor to a
 child of the same interpreter and ``marshal.loads`` costs a fresh child half the
@@ -40,6 +45,7 @@ from __future__ import annotations
 import struct
 
 RESULT_CAP = 64 * 1024  # a child's result: ~400 outputs
+PROGRESS_INTERVAL = 0.25  # seconds between a child's progress messages, at least
 MESSAGE_CAP = 256 * 1024  # any message on the control socket
 CHILD_LOG = ".child.log"  # in the job's workdir: the child's stdout and stderr
 DEFAULT_SPARES = 4  # children the server forks ahead, unless its config says ("spares")

@@ -49,6 +49,7 @@ from hypermedia.storage.base import too_large
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+Progress = Callable[[int, "int | None"], None]  # bytes so far, the total if known
 
 CHUNK_SIZE = 1 << 20
 DEFAULT_TIMEOUT = httpx.Timeout(60.0, connect=10.0)
@@ -101,11 +102,13 @@ def download(
     timeout: httpx.Timeout | float | None = None,
     attempts: int = 3,
     backoff_seconds: float = 0.5,
+    progress: Progress | None = None,
 ) -> tuple[int, str]:
     """GET ``url`` into ``dest_path``; returns (size, sha256 hex).
 
     The file appears only complete (written beside it, then renamed). More than
-    ``max_bytes`` raises InputTooLarge and leaves no file."""
+    ``max_bytes`` raises InputTooLarge and leaves no file. ``progress(done, total)``
+    is called after each chunk (``total`` from ``Content-Length``, else None)."""
 
     def once(http: httpx.Client) -> tuple[int, str]:
         with http.stream("GET", url, headers={"Accept-Encoding": "identity"}) as response:
@@ -113,7 +116,9 @@ def download(
             declared = response.headers.get("content-length", "")
             if declared.isdigit() and int(declared) > max_bytes:
                 raise too_large(max_bytes)
-            return _write_atomically(response.iter_raw(CHUNK_SIZE), dest_path, max_bytes)
+            total = int(declared) if declared.isdigit() else None
+            chunks = _counted(response.iter_raw(CHUNK_SIZE), progress, total)
+            return _write_atomically(chunks, dest_path, max_bytes)
 
     return _with_retries("download", url, once, client, timeout, attempts, backoff_seconds)
 
@@ -127,17 +132,22 @@ def upload(
     timeout: httpx.Timeout | float | None = None,
     attempts: int = 3,
     backoff_seconds: float = 0.5,
+    progress: Progress | None = None,
 ) -> None:
     """PUT the file at ``path`` to ``url``. ``content_type`` must be the one the URL
-    was issued for, if it was issued for one."""
-    headers = {"Content-Length": str(path.stat().st_size)}
+    was issued for, if it was issued for one. ``progress(done, total)`` is called after
+    each chunk."""
+    size = path.stat().st_size
+    headers = {"Content-Length": str(size)}
     if content_type is not None:
         headers["Content-Type"] = content_type
 
     def once(http: httpx.Client) -> None:
         with (
             path.open("rb") as handle,
-            http.stream("PUT", url, content=_chunks(handle), headers=headers) as response,
+            http.stream(
+                "PUT", url, content=_counted(_chunks(handle), progress, size), headers=headers
+            ) as response,
         ):
             _raise_for_status(response)
 
@@ -247,6 +257,19 @@ def _write_atomically(chunks: Iterator[bytes], dest: Path, max_bytes: int) -> tu
             os.unlink(tmp)
         raise
     return size, digest.hexdigest()
+
+
+def _counted(
+    chunks: Iterator[bytes], progress: Progress | None, total: int | None
+) -> Iterator[bytes]:
+    if progress is None:
+        yield from chunks
+        return
+    done = 0
+    for chunk in chunks:
+        yield chunk
+        done += len(chunk)
+        progress(done, total)
 
 
 def _chunks(handle: BinaryIO) -> Iterator[bytes]:

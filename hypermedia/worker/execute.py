@@ -37,7 +37,7 @@ import logging
 import mimetypes
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -53,6 +53,7 @@ from hypermedia.jobs.catalog import ProfileCatalog, ProfileRecord
 from hypermedia.jobs.dispatcher import Dispatcher, lease_seconds
 from hypermedia.jobs.repository import ClaimedJob, FinishedJob, OutputRecord
 from hypermedia.metrics import LIMIT_OF_CODE, SANDBOX_KILLS
+from hypermedia.queue.events import JobEvents, progress_event
 from hypermedia.sandbox.outcome import ChildFailed
 from hypermedia.storage import transfer
 from hypermedia.storage.grants import OutputGrant
@@ -61,6 +62,7 @@ from pipelines.registry import USAGE_OUTPUT
 log = logging.getLogger(__name__)
 
 CANCEL_POLL_SECONDS = 2.0
+PROGRESS_INTERVAL = 0.25  # seconds between a transfer's progress events, at least
 MAX_USAGE_BYTES = 4096
 NEEDS_INPUT = "needs_input"  # profile param: false for operations that read no input
 
@@ -112,6 +114,7 @@ class Executor(Protocol):
         memory_limit_mb: int,
         max_processes: int = ...,
         max_output_bytes: int = ...,
+        on_progress: Callable[[Any], None] | None = ...,
     ) -> ChildResultLike: ...
 
     def cancel(self, job_id: str) -> bool: ...
@@ -156,6 +159,31 @@ class _Watched:
     lease: float
     next_extend: float  # monotonic seconds
     cancelled: threading.Event = field(default_factory=threading.Event)
+
+
+class _Progress:
+    """A transfer's progress as the job's events: one per :data:`PROGRESS_INTERVAL`
+    from the first interval on, and the last if any came before (a transfer shorter
+    than the interval publishes nothing: most are)."""
+
+    def __init__(self, events: JobEvents, job: ClaimedJob, phase: str, unit: str) -> None:
+        self.events = events
+        self.job = job
+        self.phase = phase
+        self.unit = unit
+        self.last = time.monotonic()
+        self.published = False
+
+    def __call__(self, done: float, total: float | None) -> None:
+        now = time.monotonic()
+        if now - self.last < PROGRESS_INTERVAL and not (done == total and self.published):
+            return
+        self.last = now
+        self.published = True
+        event = progress_event(
+            self.phase, done, total, self.unit, time.time(), self.job.attempt_number
+        )
+        self.events.publish(self.job.job_id, event)
 
 
 class JobExecution:
@@ -248,6 +276,7 @@ class JobExecution:
                     self.grants.input_url(job.job_id, self.worker_id),
                     input_path,
                     profile.max_input_bytes,
+                    progress=self._progress(job, "download"),
                 )
             if self._is_releasing(job.job_id):
                 return self._release(job)
@@ -260,6 +289,7 @@ class JobExecution:
                 memory_limit_mb=profile.memory_limit_mb,
                 max_processes=profile.max_processes,
                 max_output_bytes=profile.max_output_bytes,
+                on_progress=self._step_progress(job),
             )
             reported = [o for o in result.outputs if o.output_type == USAGE_OUTPUT]
             units = read_units(job, reported[0].path) if reported else None
@@ -296,9 +326,18 @@ class JobExecution:
         wanted = {o.output_type: o.content_type for o in outputs}
         grants = self.grants.output_urls(job.job_id, self.worker_id, wanted)
         records = []
+        # One upload phase for all the outputs, in bytes.
+        total = sum(output.path.stat().st_size for output in outputs)
+        uploaded = 0
+        report = self._progress(job, "upload")
         for output in outputs:
             grant = grants[output.output_type]
-            transfer.upload(output.path, grant.url, grant.content_type)
+
+            def progress(done: int, _total: int | None, before: int = uploaded) -> None:
+                report(before + done, total)
+
+            transfer.upload(output.path, grant.url, grant.content_type, progress=progress)
+            uploaded += output.path.stat().st_size
             records.append(
                 OutputRecord(
                     output_type=output.output_type,
@@ -308,6 +347,25 @@ class JobExecution:
                 )
             )
         return records
+
+    def _progress(self, job: ClaimedJob, phase: str, unit: str = "bytes") -> _Progress:
+        return _Progress(self.dispatcher.events, job, phase, unit)
+
+    def _step_progress(self, job: ClaimedJob) -> Callable[[Any], None]:
+        """The step's reports (already at most a few a second: the executor's)."""
+
+        def report(progress: Any) -> None:
+            event = progress_event(
+                "run",
+                progress.done,
+                progress.total,
+                progress.unit,
+                time.time(),
+                job.attempt_number,
+            )
+            self.dispatcher.events.publish(job.job_id, event)
+
+        return report
 
     def _is_releasing(self, job_id: str) -> bool:
         with self._lock:

@@ -86,10 +86,10 @@ def test_client_end_to_end_over_http(stack, base_url, tmp_path):
 
         cancelled = client.cancel(job.job_id)
         assert cancelled.status == "cancelled" and not cancelled.cancel_requested
-        finished = client.wait(job.job_id, timeout=5, poll=0.05)
+        finished = client.wait(job.job_id, timeout=5)
         assert finished.status == "cancelled" and finished.finished
         with pytest.raises(TimeoutError, match="still queued"):
-            client.wait(submitted.job_ids[1], timeout=0.2, poll=0.05)
+            client.wait(submitted.job_ids[1], timeout=0.2)
 
         with pytest.raises(NotFound, match="no job"):
             client.job("0" * 32)

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from hypermedia.sandbox.executor import ChildExecutor, ChildFailed, ChildResult
+from hypermedia.sandbox.executor import ChildExecutor, ChildFailed, ChildResult, StepProgress
 from tests.pipelines_for_tests import PRELOAD
 
 MB = 1024 * 1024
@@ -426,6 +426,40 @@ def test_a_step_returning_nonsense_is_pipeline_crashed(executor, job_id):
     exc = failure(executor, job_id, "test.bad_output", {"kind": "not_a_list"})
     assert exc.code == "pipeline_crashed"
     assert "not a list of Output" in exc.message
+
+
+# -- progress ------------------------------------------------------------------------------
+
+
+def test_the_steps_progress_is_passed_on_while_it_runs(executor, job_id):
+    seen: list[tuple[float, StepProgress]] = []
+    started = time.monotonic()
+    result = run(
+        executor,
+        job_id,
+        "test.progress",
+        {"steps": 4, "seconds": 0.3},
+        on_progress=lambda p: seen.append((time.monotonic(), p)),
+    )
+    ended = time.monotonic()
+    assert result.outputs == []
+    assert [(p.done, p.total, p.unit) for _, p in seen] == [(n, 4, "pages") for n in (1, 2, 3, 4)]
+    assert seen[-1][1].fraction == 1.0
+    assert seen[0][0] < ended - 0.5  # the first arrived while the step still ran
+    assert started < seen[0][0]
+
+
+def test_a_child_flooding_its_result_socket_still_delivers_its_result(executor, job_id):
+    seen: list[StepProgress] = []
+    params = {"flood": 100_000, "steps": 1, "seconds": 0, "unit": "frames"}
+    result = run(executor, job_id, "test.progress", params, on_progress=seen.append)
+    assert result.outputs == []
+    assert 1 <= len(seen) <= 10  # a receive each, a few parsed
+    assert (seen[-1].done, seen[-1].total) == (1, 1)
+    # Nobody listening: the result still arrives (the executor reads the socket anyway).
+    executor.cleanup(job_id)
+    executor.prepare(job_id)
+    assert run(executor, job_id, "test.progress", params).outputs == []
 
 
 # -- cancel, cleanup, concurrency ------------------------------------------------------

@@ -1,0 +1,173 @@
+"""``GET /v1/hypermedia/jobs/{job_id}/events``: a job's events as Server-Sent Events.
+
+The route checks first that the job is the caller's (404 otherwise, as for any other
+route), then streams (:func:`stream`)::
+
+    retry: 2000
+
+    id: 1733300003612-0          <- the job's recent events (its capped stream on
+    event: progress                 Redis), after Last-Event-ID when a client resumes
+    data: {"type": "progress", "phase": "run", "done": 12.5, ...}
+
+    event: status                <- the job as the record has it, when that says more
+    data: {"type": "status", "status": "processing", "attempt": 1, "record": true}
+
+    id: 1733300003871-0          <- then live events (pub/sub), none twice
+    event: progress
+    data: {...}
+
+    : keep-alive                 <- every ``keepalive`` seconds without an event
+
+The events are those of :mod:`hypermedia.queue.events`; each carries the entry id of
+the job's stream as its SSE id, so a client that reconnects with ``Last-Event-ID`` gets
+what it missed, while the stream keeps it. The stream ends after a terminal status
+(completed, failed or cancelled), whether it came as an event or from the record, which
+is read again at every keep-alive: an event Redis lost never leaves a subscriber waiting
+for more than that. While Redis cannot be reached the record alone is followed, every
+keep-alive.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import redis
+import redis.asyncio
+from starlette.concurrency import run_in_threadpool
+
+from hypermedia.ingest.schemas import TERMINAL_STATUSES
+from hypermedia.queue.events import entry_order, parse_published
+
+log = logging.getLogger(__name__)
+
+KEEPALIVE_SECONDS = 15.0
+RETRY_MILLISECONDS = 2000
+
+
+def message(event: dict[str, Any], entry: str | None = None) -> str:
+    """One SSE message: ``id`` (the stream entry, if any), ``event`` (its type), ``data``."""
+    head = f"id: {entry}\n" if entry is not None else ""
+    kind = str(event.get("type", "message"))
+    return f"{head}event: {kind}\ndata: {json.dumps(event, separators=(',', ':'))}\n\n"
+
+
+def _ends(event: dict[str, Any]) -> bool:
+    return event.get("type") == "status" and event.get("status") in TERMINAL_STATUSES
+
+
+async def stream(
+    client: redis.asyncio.Redis,
+    key: str,
+    record: Callable[[], dict[str, Any]],
+    *,
+    after: str | None = None,
+    keepalive: float = KEEPALIVE_SECONDS,
+) -> AsyncIterator[str]:
+    """The SSE messages of one job (see the module docstring). ``key``: its events key
+    (stream and channel); ``record()``: its status event as the record has it (called
+    in a thread); ``after``: the Last-Event-ID the client sent."""
+    yield f"retry: {RETRY_MILLISECONDS}\n\n"
+    pubsub = client.pubsub()
+    try:
+        await pubsub.subscribe(key)
+        entries: Any = await client.xrange(key, min="-" if after is None else f"({after}")
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        log.warning("job events: redis unavailable, following the record: %s", exc)
+        await _close(pubsub)
+        async for text in _record_only(record, keepalive):
+            yield text
+        return
+    try:
+        last = entry_order(after) if after is not None else (0, 0)
+        status: str | None = None
+        for entry, fields in entries:
+            event = json.loads(fields["e"])
+            last = entry_order(entry)
+            yield message(event, entry)
+            if event.get("type") == "status":
+                status = event.get("status")
+        if status in TERMINAL_STATUSES:
+            return  # the stream holds its end
+        now = await run_in_threadpool(record)
+        if now.get("status") in TERMINAL_STATUSES:
+            async for text in _ending(client, key, last, now):
+                yield text
+            return
+        if now.get("status") != status:
+            yield message(now)
+        while True:
+            try:
+                published = await pubsub.get_message(
+                    ignore_subscribe_messages=True, timeout=keepalive
+                )
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                log.warning("job events: redis went away, following the record: %s", exc)
+                async for text in _record_only(record, keepalive):
+                    yield text
+                return
+            if published is None:
+                yield ": keep-alive\n\n"
+                now = await run_in_threadpool(record)
+                if now.get("status") in TERMINAL_STATUSES:
+                    async for text in _ending(client, key, last, now):
+                        yield text
+                    return
+                continue
+            parsed = parse_published(str(published["data"]))
+            if parsed is None:
+                continue
+            entry, event = parsed
+            if entry_order(entry) <= last:
+                continue  # sent from the stream already
+            last = entry_order(entry)
+            yield message(event, entry)
+            if _ends(event):
+                return
+    finally:
+        await _close(pubsub)
+
+
+async def _ending(
+    client: redis.asyncio.Redis, key: str, last: tuple[int, int], now: dict[str, Any]
+) -> AsyncIterator[str]:
+    """The record says the job has ended: the events it published meanwhile (its end
+    among them, unless Redis lost it or it is not published yet), else the record's."""
+    millis, sequence = last
+    try:
+        entries: Any = await client.xrange(key, min=f"({millis}-{sequence}")
+    except (redis.ConnectionError, redis.TimeoutError):
+        entries = []
+    for entry, fields in entries:
+        event = json.loads(fields["e"])
+        yield message(event, entry)
+        if _ends(event):
+            return
+    yield message(now)
+
+
+async def _record_only(
+    record: Callable[[], dict[str, Any]], keepalive: float
+) -> AsyncIterator[str]:
+    """Without Redis: the record's status, as it changes, until it ends."""
+    import anyio
+
+    seen: str | None = None
+    while True:
+        now = await run_in_threadpool(record)
+        if now.get("status") != seen:
+            seen = now.get("status")
+            yield message(now)
+        else:
+            yield ": keep-alive\n\n"
+        if seen in TERMINAL_STATUSES:
+            return
+        await anyio.sleep(keepalive)
+
+
+async def _close(pubsub: Any) -> None:
+    with contextlib.suppress(Exception):  # the connection is gone already
+        await pubsub.aclose()

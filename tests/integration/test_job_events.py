@@ -1,0 +1,170 @@
+"""A job's events over Server-Sent Events, on a real uvicorn server, PostgreSQL and Redis:
+the recent ones for a late subscriber, live ones as the worker's path publishes them,
+resuming with Last-Event-ID, the record when Redis lost an event, another user's 404."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from hypermedia.errors import NotFound
+from hypermedia.ingest.api import create_app
+from hypermedia.ingest.client import HypermediaClient
+from hypermedia.ingest.schemas import JobEvent
+from hypermedia.jobs.repository import ClaimedJob, FinishedJob
+from hypermedia.queue.events import progress_event
+from hypermedia.stack import Stack
+from tests.api_support import running_server
+from tests.factories import make_user, submit
+
+
+@pytest.fixture
+def stack(pg_engine, settings) -> Iterator[Stack]:
+    opened = Stack.open(settings(), engine=pg_engine, auto_migrate=True)
+    yield opened
+    opened.close()
+
+
+@pytest.fixture
+def base_url(stack) -> Iterator[str]:
+    with running_server(create_app(stack, events_keepalive_seconds=0.5)) as url:
+        yield url
+
+
+def _started(stack: Stack, job_id: str) -> ClaimedJob:
+    [claimed] = stack.dispatcher.claim_and_start("images", "w")
+    assert claimed.job_id == job_id
+    return claimed
+
+
+def _progress(stack: Stack, job: ClaimedJob, done: float, total: float = 4) -> None:
+    event = progress_event("run", done, total, "pages", time.time(), job.attempt_number)
+    stack.dispatcher.events.publish(job.job_id, event)
+
+
+def _shape(events: list[JobEvent]) -> list[tuple[str, str | None, float | None]]:
+    return [(e.type, e.status, e.done) for e in events]
+
+
+def test_a_late_subscriber_gets_the_recent_events_and_the_stream_ends_with_the_job(stack, base_url):
+    person = make_user(stack)
+    job_id = submit(stack, person, ["thumbnail"])[0]
+    job = _started(stack, job_id)
+    for done in (1, 2):
+        _progress(stack, job, done)
+    with HypermediaClient(base_url, person.api_key) as client:
+        # Connected after those: they come first, from the job's stream, with their ids.
+        seen: list[JobEvent] = []
+        arrived = threading.Event()
+
+        def follow() -> None:
+            for event in client.events(job_id, timeout=30):
+                seen.append(event)
+                if event.type == "progress" and event.done == 2:
+                    arrived.set()
+
+        follower = threading.Thread(target=follow)
+        follower.start()
+        assert arrived.wait(10)
+        _progress(stack, job, 3)  # live, now
+        assert stack.dispatcher.complete_many("w", [FinishedJob(job_id)]) == [True]
+        follower.join(15)
+        assert not follower.is_alive()
+        assert _shape(seen) == [
+            ("status", "processing", None),
+            ("progress", None, 1.0),
+            ("progress", None, 2.0),
+            ("progress", None, 3.0),
+            ("status", "completed", None),
+        ]
+        assert all(e.id is not None and not e.record for e in seen)
+        assert seen[1].fraction == 0.25 and seen[1].unit == "pages" and seen[1].attempt == 1
+        ids = [e.id for e in seen]
+        assert ids == sorted(ids, key=lambda i: tuple(map(int, str(i).split("-"))))
+
+        # Resumed after the second event: the rest only.
+        again = list(client.events(job_id, last_event_id=seen[1].id, timeout=10))
+        assert _shape(again) == _shape(seen[2:])
+        # A finished job: its recent events, then the stream ends at once.
+        assert _shape(list(client.events(job_id, timeout=10))) == _shape(seen)
+        assert client.wait(job_id, timeout=10).status == "completed"
+
+
+def test_the_record_ends_a_stream_whose_terminal_event_redis_lost(stack, base_url):
+    person = make_user(stack)
+    job_id = submit(stack, person, ["thumbnail"])[0]
+    job = _started(stack, job_id)
+    with HypermediaClient(base_url, person.api_key) as client:
+        first = next(iter(client.events(job_id, timeout=10)))
+        assert (first.type, first.status) == ("status", "processing")
+        stack.dispatcher.events.client.delete(stack.dispatcher.events.key(job_id))
+        # The status changes with no event (as if Redis had been away when it did).
+        with stack.engine.begin() as conn:
+            stack.repository.complete_many(conn, "w", time.time(), [FinishedJob(job.job_id)])
+        started = time.monotonic()
+        events = list(client.events(job_id, timeout=10))
+        assert _shape(events) == [("status", "completed", None)]
+        assert events[0].record and events[0].id is None
+        assert time.monotonic() - started < 5
+
+
+def test_another_users_job_events_are_404_and_a_queued_job_times_out(stack, base_url):
+    alice, bob = make_user(stack), make_user(stack)
+    job_id = submit(stack, alice, ["thumbnail"])[0]
+    with HypermediaClient(base_url, bob.api_key) as client, pytest.raises(NotFound):
+        next(iter(client.events(job_id, timeout=5)))
+    with HypermediaClient(base_url, alice.api_key) as client:
+        with pytest.raises(NotFound):
+            next(iter(client.events("0" * 32, timeout=5)))
+        started = time.monotonic()
+        with pytest.raises(TimeoutError, match="still queued"):
+            client.wait(job_id, timeout=1.5)
+        assert time.monotonic() - started < 5
+
+
+def test_events_published_while_the_record_was_read_are_sent_before_it_ends(stack):
+    """The race of a subscriber arriving as the job ends: what was published between
+    its reading the stream and the record comes from the stream, the end with its id."""
+    import asyncio
+
+    import redis.asyncio
+
+    from hypermedia.ingest import events as sse
+    from hypermedia.queue.events import status_event
+
+    person = make_user(stack)
+    job_id = submit(stack, person, ["thumbnail"])[0]
+    job = _started(stack, job_id)
+    _progress(stack, job, 1)
+    key = stack.dispatcher.events.key(job_id)
+
+    def record() -> dict[str, object]:
+        _progress(stack, job, 2)  # the worker's last events, published meanwhile
+        stack.dispatcher.events.publish(job_id, status_event("completed", time.time()))
+        return status_event("completed", time.time(), record=True)
+
+    async def collect() -> list[str]:
+        client = redis.asyncio.Redis.from_url(stack.redis_url, decode_responses=True)
+        try:
+            return [text async for text in sse.stream(client, key, record, keepalive=5)]
+        finally:
+            await client.aclose()
+
+    sent = asyncio.run(collect())
+    data = [
+        json.loads(line.removeprefix("data: "))
+        for text in sent
+        for line in text.splitlines()
+        if line.startswith("data: ")
+    ]
+    assert [(d["type"], d.get("status"), d.get("done")) for d in data] == [
+        ("status", "processing", None),
+        ("progress", None, 1.0),
+        ("progress", None, 2.0),
+        ("status", "completed", None),
+    ]
+    assert not any(d.get("record") for d in data)  # the end came from the stream
