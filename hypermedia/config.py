@@ -135,6 +135,8 @@ class Settings(BaseSettings):
     s3_prefix: str = Field(default="", max_length=200)
     storage_secret: SecretStr | None = Field(default=None, min_length=32)
     presign_ttl_seconds: int = Field(default=900, ge=1, le=7 * 24 * 3600)
+    # An output's download URL (GET /jobs/{id}/outputs/{type}/url) lives this long.
+    download_url_ttl_seconds: int = Field(default=300, ge=1, le=24 * 3600)
 
     # Completion webhooks (hypermedia.callbacks): the hosts a submit's callback_url may
     # name ("host" any port, "host:port" that port; none: no callbacks; the environment

@@ -224,6 +224,8 @@ class ProcessingJob(Base):
         Index("ix_jobs_status_queue", "status", "queue"),
         Index("ix_jobs_status_run_after", "status", "run_after"),
         Index("ix_jobs_status_visibility", "status", "visibility_timeout"),
+        # A user's jobs a page at a time, newest first (GET /jobs: keyset pages).
+        Index("ix_jobs_user_job", "user_id", "job_id"),
     )
 
     job_id: Mapped[str] = mapped_column(ID, primary_key=True)

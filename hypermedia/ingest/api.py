@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Annotated, Any, BinaryIO, cast
 
 from fastapi import APIRouter, Depends, FastAPI, Header, Query, Request, Response
@@ -48,7 +49,7 @@ from hypermedia.errors import (
     NotFound,
 )
 from hypermedia.ids import new_id
-from hypermedia.ingest import events, uploads
+from hypermedia.ingest import events, openapi, queries, uploads
 from hypermedia.ingest.auth import Authenticator
 from hypermedia.ingest.guard import RequestGuard, RouteRule, Rules
 from hypermedia.ingest.http_errors import install_error_handlers
@@ -62,15 +63,20 @@ from hypermedia.ingest.schemas import (
     ErrorResponse,
     HealthResponse,
     JobResponse,
+    JobsPage,
+    JobStatusName,
     ObjectResponse,
+    OutputUrlResponse,
     ProcessResponse,
     QueueOut,
     QueuesResponse,
     RedisCounts,
     RegisterRequest,
+    SubmissionResponse,
     SubmittedJobOut,
     credits,
     job_response,
+    job_summary,
 )
 from hypermedia.ingest.service import SubmitRequest, SubmitResult
 from hypermedia.jobs.states import IN_FLIGHT
@@ -132,6 +138,7 @@ router = APIRouter()
 
 @router.post(
     f"{PREFIX}/process",
+    operation_id="submitJobs",
     status_code=202,
     summary="Submit processing jobs for an object",
     responses=_errors(400, 402, 403, 404, 409, 413, 429, 503),
@@ -163,12 +170,109 @@ def process(
 
 @router.get(
     f"{PREFIX}/jobs/{{job_id}}",
+    operation_id="getJob",
     summary="A job's status, attempts, outputs and credits",
     responses=_errors(404),
     tags=["jobs"],
 )
 def get_job(job_id: str, caller: CallerDep, stack: StackDep) -> JobResponse:
     return job_response(stack.ingest.get_job(caller, job_id))
+
+
+@router.get(
+    f"{PREFIX}/jobs",
+    operation_id="listJobs",
+    summary="The caller's jobs, newest first, a page at a time",
+    responses=_errors(),
+    tags=["jobs"],
+)
+def list_jobs(
+    caller: CallerDep,
+    stack: StackDep,
+    status: Annotated[
+        list[JobStatusName] | None, Query(description="Only these statuses (repeat it).")
+    ] = None,
+    operation: Annotated[str | None, Query(max_length=64)] = None,
+    object_id: Annotated[str | None, Query(max_length=64)] = None,
+    submission_id: Annotated[str | None, Query(max_length=64)] = None,
+    created_after: datetime | None = None,
+    created_before: datetime | None = None,
+    cursor: Annotated[
+        str | None,
+        Query(pattern=r"^[0-9a-f]{32}$", description="`next_cursor` of the page before."),
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=queries.MAX_PAGE)] = 50,
+) -> JobsPage:
+    """Keyset pages: a page never shifts when jobs are created meanwhile, and the
+    thousandth costs what the first does."""
+    filters = queries.JobFilters(
+        statuses=tuple(status or ()),
+        operation=operation,
+        object_id=object_id,
+        submission_id=submission_id,
+        created_after=_aware(created_after, "created_after"),
+        created_before=_aware(created_before, "created_before"),
+    )
+    with transaction(stack.engine) as conn:
+        page = queries.list_jobs(conn, caller.user_id, filters, cursor=cursor, limit=limit)
+    return JobsPage(jobs=[job_summary(row) for row in page.jobs], next_cursor=page.next_cursor)
+
+
+def _aware(moment: datetime | None, name: str) -> datetime | None:
+    if moment is not None and moment.tzinfo is None:
+        raise InvalidRequest(f"{name} needs a time zone (e.g. Z or +00:00)", field=name)
+    return moment
+
+
+@router.get(
+    f"{PREFIX}/submissions/{{submission_id}}",
+    operation_id="getSubmission",
+    summary="A submission and its jobs",
+    responses=_errors(404),
+    tags=["jobs"],
+)
+def get_submission(submission_id: str, caller: CallerDep, stack: StackDep) -> SubmissionResponse:
+    with transaction(stack.engine) as conn:
+        found = queries.submission(conn, caller.user_id, submission_id)
+    if found is None:
+        raise NotFound(f"no submission {submission_id!r}", submission_id=submission_id)
+    row, jobs = found
+    return SubmissionResponse(
+        submission_id=row.submission_id,
+        idempotency_key=row.idempotency_key,
+        estimated_credits=credits(row.estimated_millicredits),
+        created_at=row.created_at,
+        jobs=[job_summary(job) for job in jobs],
+    )
+
+
+@router.get(
+    f"{PREFIX}/jobs/{{job_id}}/outputs/{{output_type}}/url",
+    operation_id="getOutputUrl",
+    summary="A short-lived URL to download one of a job's outputs",
+    responses=_errors(404),
+    tags=["jobs"],
+)
+def get_output_url(
+    job_id: str, output_type: str, caller: CallerDep, stack: StackDep
+) -> OutputUrlResponse:
+    """A GET URL signed for ``download_url_ttl_seconds`` (5 minutes by default): hand it
+    to a browser; it needs no API key."""
+    with transaction(stack.engine) as conn:
+        found = queries.output(conn, caller.user_id, job_id, output_type)
+    if found is None:
+        raise NotFound(
+            f"job {job_id!r} has no output {output_type!r}", job_id=job_id, output_type=output_type
+        )
+    ttl = stack.settings.download_url_ttl_seconds
+    return OutputUrlResponse(
+        job_id=job_id,
+        output_type=found.output_type,
+        url=stack.storage.presign_get(found.storage_key, ttl),
+        expires_at=datetime.fromtimestamp(stack.clock.now() + ttl, UTC),
+        size_bytes=found.size_bytes,
+        content_type=found.content_type,
+    )
 
 
 _EVENT_STREAM: dict[int | str, dict[str, Any]] = {
@@ -183,6 +287,7 @@ _EVENT_STREAM: dict[int | str, dict[str, Any]] = {
 
 @router.get(
     f"{PREFIX}/jobs/{{job_id}}/events",
+    operation_id="streamJobEvents",
     summary="A job's events, live (Server-Sent Events)",
     response_class=StreamingResponse,
     responses={**_EVENT_STREAM, **_errors(404)},
@@ -228,6 +333,7 @@ async def job_events(
 
 @router.get(
     f"{PREFIX}/jobs/{{job_id}}/attempts/{{attempt_number}}/log",
+    operation_id="getAttemptLog",
     summary="The end of what a failed attempt's child printed",
     responses=_errors(404),
     tags=["jobs"],
@@ -243,6 +349,7 @@ def get_attempt_log(
 
 @router.post(
     f"{PREFIX}/jobs/{{job_id}}/cancel",
+    operation_id="cancelJob",
     summary="Cancel a job",
     responses={
         202: {"model": CancelResponse, "description": "Running: cancel requested."},
@@ -276,6 +383,7 @@ _BINARY_BODY: dict[str, Any] = {
 
 @router.put(
     f"{PREFIX}/objects",
+    operation_id="uploadObject",
     status_code=201,
     summary="Upload a file (the raw request body)",
     responses=_errors(400, 404, 413, 429),
@@ -353,6 +461,7 @@ def _storage_used(stack: Stack, caller: Caller) -> int:
 
 @router.post(
     f"{PREFIX}/objects/register",
+    operation_id="registerObject",
     status_code=201,
     summary="Register a file already in storage",
     responses=_errors(400, 404, 409, 413, 429),
@@ -384,6 +493,7 @@ def register_object(
 
 @router.get(
     f"{PREFIX}/objects/{{object_id}}",
+    operation_id="getObject",
     summary="An object's metadata",
     responses=_errors(404),
     tags=["objects"],
@@ -395,6 +505,7 @@ def read_object(object_id: str, caller: CallerDep, stack: StackDep) -> ObjectRes
 
 @router.delete(
     f"{PREFIX}/objects/{{object_id}}",
+    operation_id="deleteObject",
     summary="Delete an object, its derived outputs and their stored bytes",
     responses=_errors(404, 409),
     tags=["objects"],
@@ -438,6 +549,7 @@ def _file_chunks(handle: BinaryIO, chunk_size: int = 1 << 20) -> Iterator[bytes]
 
 @router.get(
     f"{PREFIX}/blobs/{{key:path}}",
+    operation_id="readBlob",
     summary="Read a stored blob through a signed URL (no API key)",
     response_class=StreamingResponse,
     responses={
@@ -462,6 +574,7 @@ def read_blob(
 
 @router.put(
     f"{PREFIX}/blobs/{{key:path}}",
+    operation_id="writeBlob",
     summary="Store a blob through a signed URL (no API key)",
     responses=_BLOB_ERRORS,
     openapi_extra=_BINARY_BODY,
@@ -492,6 +605,7 @@ async def write_blob(
 
 @router.get(
     f"{PREFIX}/credits",
+    operation_id="getCredits",
     summary="The caller's credits",
     responses=_errors(),
     tags=["accounts"],
@@ -508,6 +622,7 @@ def read_credits(caller: CallerDep, stack: StackDep) -> CreditsResponse:
 
 @router.get(
     f"{PREFIX}/queues",
+    operation_id="getQueues",
     summary="Queue depths (operators only)",
     responses=_errors(403),
     tags=["operators"],
@@ -537,6 +652,7 @@ def read_queues(caller: CallerDep, stack: StackDep) -> QueuesResponse:
 
 @router.get(
     "/healthz",
+    operation_id="getHealth",
     summary="Database and Redis reachability (no authentication)",
     responses={503: {"model": HealthResponse, "description": "A backing service is down."}},
     tags=["operators"],
@@ -553,6 +669,7 @@ def healthz(stack: StackDep, response: Response) -> HealthResponse:
 
 @router.get(
     METRICS_PATH,
+    operation_id="getMetrics",
     summary="The head's metrics in Prometheus's text format (operators only)",
     responses=_errors(403, 404),
     tags=["operators"],
@@ -664,10 +781,16 @@ def create_app(
         )
     )
     app.include_router(router)
+    openapi.install(app, lambda: served_operations(stack))
     # Added before the error handlers: inside them, so its own surprises answer 500.
     app.add_middleware(RequestGuard, authenticator=authenticator, rules=route_rules(stack.settings))
     install_error_handlers(app)
     return app
+
+
+def served_operations(stack: Stack) -> list[str]:
+    """The operations this server accepts: active profiles a pipeline step implements."""
+    return sorted(set(stack.catalog.operations()) & set(stack.ingest.implemented()))
 
 
 def route_rules(settings: Settings) -> Rules:

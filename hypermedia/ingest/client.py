@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable, Iterator, Mapping
+from datetime import datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self, TypeVar
@@ -36,9 +37,12 @@ from hypermedia.ingest.schemas import (
     HealthResponse,
     JobEvent,
     JobResponse,
+    JobsPage,
     ObjectResponse,
+    OutputUrlResponse,
     ProcessResponse,
     QueuesResponse,
+    SubmissionResponse,
 )
 
 __all__ = ["PREFIX", "HypermediaClient", "error_from_response"]
@@ -214,6 +218,41 @@ class HypermediaClient:
 
     def job(self, job_id: str) -> JobResponse:
         return self._request("GET", f"{PREFIX}/jobs/{job_id}", JobResponse)
+
+    def list_jobs(
+        self,
+        *,
+        status: Iterable[str] = (),
+        operation: str | None = None,
+        object_id: str | None = None,
+        submission_id: str | None = None,
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
+        cursor: str | None = None,
+        limit: int = 50,
+    ) -> JobsPage:
+        """One page of your jobs, newest first; pass its ``next_cursor`` as ``cursor``
+        for the next."""
+        params: dict[str, Any] = {"status": list(status), "limit": limit}
+        for name, value in (
+            ("operation", operation),
+            ("object_id", object_id),
+            ("submission_id", submission_id),
+            ("created_after", None if created_after is None else created_after.isoformat()),
+            ("created_before", None if created_before is None else created_before.isoformat()),
+            ("cursor", cursor),
+        ):
+            if value is not None:
+                params[name] = value
+        return self._request("GET", f"{PREFIX}/jobs", JobsPage, params=params)
+
+    def submission(self, submission_id: str) -> SubmissionResponse:
+        return self._request("GET", f"{PREFIX}/submissions/{submission_id}", SubmissionResponse)
+
+    def output_url(self, job_id: str, output_type: str) -> OutputUrlResponse:
+        """A short-lived URL that downloads the output without an API key."""
+        path = f"{PREFIX}/jobs/{job_id}/outputs/{output_type}/url"
+        return self._request("GET", path, OutputUrlResponse)
 
     def attempt_log(self, job_id: str, attempt_number: int) -> str:
         """The end of what a failed attempt's child printed."""

@@ -74,6 +74,8 @@ async def _on_validation_error(_request: Request, exc: Exception) -> JSONRespons
 
 
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
+# The codes answered here that no error class carries (the OpenAPI ErrorCode enum).
+HANDLER_CODES = ("not_found", "method_not_allowed", "http_error", "internal")
 
 
 async def _on_http_error(_request: Request, exc: Exception) -> JSONResponse:

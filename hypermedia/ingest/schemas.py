@@ -204,6 +204,72 @@ class JobEvent(_Model):
         return self.type == "status" and self.status in TERMINAL_STATUSES
 
 
+class JobSummary(_Model):
+    """A job without its attempts and outputs (``GET /jobs/{id}`` has them)."""
+
+    job_id: str
+    submission_id: str
+    object_id: str
+    operation: str
+    queue: str
+    priority: int
+    status: JobStatusName
+    attempt_count: int
+    max_attempts: int
+    estimated_credits: float
+    actual_credits: float | None = None
+    error_code: str | None = None
+    created_at: datetime
+    started_at: datetime | None = None
+    completed_at: datetime | None = None
+
+
+def job_summary(row: Any) -> JobSummary:
+    """A :data:`hypermedia.ingest.queries.SUMMARY` row as the API answers it."""
+    return JobSummary(
+        job_id=row.job_id,
+        submission_id=row.submission_id,
+        object_id=row.object_id,
+        operation=row.operation,
+        queue=row.queue,
+        priority=row.priority,
+        status=row.status,
+        attempt_count=row.attempt_count,
+        max_attempts=row.max_attempts,
+        estimated_credits=credits(row.estimated_millicredits),
+        actual_credits=credits_or_none(row.actual_millicredits),
+        error_code=row.error_code,
+        created_at=row.created_at,
+        started_at=row.started_at,
+        completed_at=row.completed_at,
+    )
+
+
+class JobsPage(_Model):
+    jobs: list[JobSummary]
+    next_cursor: str | None = Field(
+        default=None,
+        description="Pass as `cursor` for the next page (older jobs); null on the last.",
+    )
+
+
+class SubmissionResponse(_Model):
+    submission_id: str
+    idempotency_key: str | None = None
+    estimated_credits: float
+    created_at: datetime
+    jobs: list[JobSummary]
+
+
+class OutputUrlResponse(_Model):
+    job_id: str
+    output_type: str
+    url: str = Field(description="GET it without an API key, until `expires_at`.")
+    expires_at: datetime
+    size_bytes: int
+    content_type: str | None = None
+
+
 class CancelResponse(_Model):
     job_id: str
     status: JobStatusName

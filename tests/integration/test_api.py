@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -558,3 +559,37 @@ def test_openapi_document_is_valid_and_complete(api):
         )
     assert "ApiKey" in document["components"]["securitySchemes"]
     assert "security" not in paths["/healthz"]["get"]
+
+
+def test_openapi_names_every_operation_and_enumerates_operations_and_error_codes(api, stack):
+    document = api.get("/openapi.json").json()
+    ids = [
+        operation["operationId"]
+        for path in document["paths"].values()
+        for operation in path.values()
+    ]
+    assert len(ids) == len(set(ids))
+    assert all(re.fullmatch(r"[a-z]+(?:[A-Z][a-z]+)*", i) for i in ids), ids  # set, not derived
+    for expected in ("submitJobs", "listJobs", "getJob", "streamJobEvents", "getSubmission"):
+        assert expected in ids
+    assert document["paths"][f"{P}/jobs"]["get"]["operationId"] == "listJobs"
+    assert (
+        document["paths"][f"{P}/jobs/{{job_id}}/outputs/{{output_type}}/url"]["get"]["operationId"]
+        == "getOutputUrl"
+    )
+    schemas = document["components"]["schemas"]
+    served = sorted(set(stack.catalog.operations()) & set(stack.ingest.implemented()))
+    assert schemas["Operation"]["enum"] == served and "thumbnail" in served
+    assert schemas["SubmitRequest"]["properties"]["operations"]["items"] == {
+        "$ref": "#/components/schemas/Operation"
+    }
+    codes = schemas["ErrorCode"]["enum"]
+    for code in (
+        "not_found",
+        "invalid_request",
+        "callback_not_allowed",
+        "internal",
+        "rate_limited",
+    ):
+        assert code in codes
+    assert schemas["ErrorBody"]["properties"]["code"]["$ref"] == "#/components/schemas/ErrorCode"

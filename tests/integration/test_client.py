@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -188,3 +189,74 @@ def test_a_failed_attempts_log_is_shown_to_its_owner_by_the_api_and_status(stack
     assert "attempt 1's child printed, the last 20 of 30 lines:" in shown.stdout
     assert "  decoder: frame 29 corrupt" in shown.stdout
     assert "frame 9 corrupt" not in shown.stdout and "frame 10 corrupt" in shown.stdout
+
+
+def test_jobs_by_page_a_submission_and_an_outputs_download_url(stack):
+    from datetime import UTC, datetime, timedelta
+
+    from hypermedia.jobs.repository import OutputRecord
+    from hypermedia.storage.base import derived_key
+
+    alice, bob = add_user(stack, "alice"), add_user(stack, "bob")
+    with (
+        TestClient(create_app(stack)) as http,
+        HypermediaClient("http://testserver", alice.api_key, transport=http._transport) as client,
+    ):
+        obj = client.upload(IMAGE, "a.jpg")
+        first = client.process(obj.object_id, ["thumbnail", "resize", "compress"])
+        second = client.process(obj.object_id, ["convert"], params={"convert": {"format": "png"}})
+        third = client.process(obj.object_id, ["thumbnail"], params={"thumbnail": {"width": 64}})
+        newest_first = sorted(first.job_ids + second.job_ids + third.job_ids, reverse=True)
+
+        pages, cursor = [], None
+        while True:
+            page = client.list_jobs(limit=2, cursor=cursor)
+            pages.append([job.job_id for job in page.jobs])
+            if page.next_cursor is None:
+                break
+            cursor = page.next_cursor
+        assert pages == [newest_first[0:2], newest_first[2:4], newest_first[4:5]]
+
+        client.cancel(second.job_ids[0])
+        assert [j.job_id for j in client.list_jobs(status=["cancelled"]).jobs] == second.job_ids
+        queued = client.list_jobs(status=["queued", "processing"], operation="thumbnail").jobs
+        assert sorted(j.job_id for j in queued) == sorted([first.job_ids[0], third.job_ids[0]])
+        by_submission = client.list_jobs(submission_id=first.submission_id).jobs
+        assert sorted(j.job_id for j in by_submission) == sorted(first.job_ids)
+        later = datetime.now(UTC) + timedelta(hours=1)
+        assert client.list_jobs(created_after=later).jobs == []
+        with pytest.raises(InvalidRequest, match="time zone"):
+            client.list_jobs(created_after=later.replace(tzinfo=None))
+
+        shown = client.submission(first.submission_id)
+        assert [j.job_id for j in shown.jobs] == first.job_ids
+        assert shown.estimated_credits == first.estimated_credits
+
+        # The worker's path: the thumbnail done, its output stored and registered.
+        [job] = [
+            j
+            for j in stack.dispatcher.claim_and_start("images", "w", 10)
+            if j.job_id == first.job_ids[0]
+        ]
+        key = derived_key(obj.pool_id, obj.object_id, 1, "thumbnail-test.webp")
+        stack.storage.put(key, [b"RIFF-the-thumbnail"])
+        record = OutputRecord("thumbnail-test.webp", key, 18, "image/webp")
+        assert stack.dispatcher.complete(job, "w", [record])
+        link = client.output_url(job.job_id, "thumbnail-test.webp")
+        assert (link.size_bytes, link.content_type) == (18, "image/webp")
+        ttl = stack.settings.download_url_ttl_seconds
+        assert abs(link.expires_at.timestamp() - (time.time() + ttl)) < 30
+        downloaded = http.get(link.url)  # no API key: the URL is the credential
+        assert downloaded.status_code == 200 and downloaded.content == b"RIFF-the-thumbnail"
+        with pytest.raises(NotFound):
+            client.output_url(job.job_id, "no-such-output.webp")
+
+    with (
+        TestClient(create_app(stack)) as http,
+        HypermediaClient("http://testserver", bob.api_key, transport=http._transport) as other,
+    ):
+        assert other.list_jobs().jobs == []
+        with pytest.raises(NotFound):
+            other.submission(first.submission_id)
+        with pytest.raises(NotFound):
+            other.output_url(job.job_id, "thumbnail-test.webp")
