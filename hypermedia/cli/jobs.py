@@ -121,6 +121,10 @@ def show_job(job_id: str, api_url: str | None, api_key: str | None, timeout: flo
         rows.append(
             ("output", f"{output.output_type} {output.storage_key} {output.size_bytes} bytes")
         )
+    if job.callback is not None:
+        sent = job.callback
+        answer = f", last answer {sent.response_code or sent.last_error}" if sent.attempts else ""
+        rows.append(("callback", f"{sent.status} after {sent.attempts} attempts{answer}"))
     for label, value in rows:
         typer.echo(f"{label:<11}{value}")
     if logged and last_log is not None:

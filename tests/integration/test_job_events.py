@@ -93,6 +93,16 @@ def test_a_late_subscriber_gets_the_recent_events_and_the_stream_ends_with_the_j
         assert _shape(list(client.events(job_id, timeout=10))) == _shape(seen)
         assert client.wait(job_id, timeout=10).status == "completed"
 
+    # hypermedia watch, with its bars: the job ended, completed (exit 0).
+    from typer.testing import CliRunner
+
+    from hypermedia.cli import app
+
+    env = {"HYPERMEDIA_API_URL": base_url, "HYPERMEDIA_API_KEY": person.api_key}
+    watched = CliRunner().invoke(app, ["watch", job_id], env=env)
+    assert watched.exit_code == 0, watched.output
+    assert job_id[:12] in watched.stdout and "completed" in watched.stdout
+
 
 def test_the_record_ends_a_stream_whose_terminal_event_redis_lost(stack, base_url):
     person = make_user(stack)
