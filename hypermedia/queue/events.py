@@ -13,7 +13,8 @@ Each event is a JSON object::
 
 (``phase``: ``download`` and ``upload`` in ``bytes``, the worker's; ``run``, the step's;
 ``fraction`` null when the total is unknown; a status event may add ``retry_at`` or
-``error_code``). :class:`JobEvents` appends it to the job's capped stream, so a late
+``error_code``). :class:`JobEvents` appends it to the job's capped stream (kept a day
+after its last event while the job runs, ten minutes after its end), so a late
 subscriber reads the recent ones, and publishes it on the channel of the same name
 with the stream entry's id, so a live subscriber that read the stream first drops what
 it has seen (one Lua script: ``scripts/publish.lua``; keys: :mod:`.keys`).
@@ -36,13 +37,18 @@ from typing import Any
 
 import redis
 
+from hypermedia.jobs.states import TERMINAL
 from hypermedia.queue.keys import events_key
 
 log = logging.getLogger(__name__)
 
 EVENTS_KEPT = 200  # per job: ~50 s of a running job's progress, and what came before
-EVENTS_TTL_SECONDS = 24 * 3600  # after a job's last event
+EVENTS_TTL_SECONDS = 24 * 3600  # after a running job's last event
+# After its end: the record has the outcome, and a stream costs ~5 KB of Redis even
+# with two entries (1 M jobs a day kept 24 h would hold ~5 GB).
+ENDED_TTL_SECONDS = 600
 _WARN_EVERY_SECONDS = 60.0
+_ENDED = frozenset(status.value for status in TERMINAL)
 
 
 def status_event(
@@ -106,11 +112,13 @@ class JobEvents:
         *,
         kept: int = EVENTS_KEPT,
         ttl_seconds: int = EVENTS_TTL_SECONDS,
+        ended_ttl_seconds: int = ENDED_TTL_SECONDS,
     ) -> None:
         self.client = client
         self.prefix = prefix
         self.kept = kept
         self.ttl_seconds = ttl_seconds
+        self.ended_ttl_seconds = ended_ttl_seconds
         source = resources.files("hypermedia.queue").joinpath("scripts/publish.lua").read_text()
         self._script = client.register_script(source)
         self._warned = 0.0
@@ -131,9 +139,9 @@ class JobEvents:
             pipe = self.client.pipeline(transaction=False)
             for job_id, event in pending:
                 body = json.dumps(event, separators=(",", ":"))
-                self._script(
-                    keys=[self.key(job_id)], args=[body, self.kept, self.ttl_seconds], client=pipe
-                )
+                ended = event.get("type") == "status" and event.get("status") in _ENDED
+                ttl = self.ended_ttl_seconds if ended else self.ttl_seconds
+                self._script(keys=[self.key(job_id)], args=[body, self.kept, ttl], client=pipe)
             pipe.execute()
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             self._dropped(len(pending), exc)

@@ -25,7 +25,8 @@ key                          type    contents
 ``{p}:events:{job_id}``      STREAM  the job's recent events (:mod:`hypermedia.queue.events`):
                                      field ``e`` = the event's JSON, at most
                                      ``EVENTS_KEPT`` entries (the oldest trimmed), gone
-                                     ``EVENTS_TTL_SECONDS`` after the last one. Its
+                                     ``EVENTS_TTL_SECONDS`` after the last one
+                                     (``ENDED_TTL_SECONDS`` after a terminal one). Its
                                      name is also the pub/sub channel each event is
                                      published on, as ``"<entry id> <JSON>"``.
 ``{p}:ratelimit:LIMITER/…``  LIST    rate-limit moving windows, written by the `limits`

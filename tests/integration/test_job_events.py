@@ -56,6 +56,8 @@ def test_a_late_subscriber_gets_the_recent_events_and_the_stream_ends_with_the_j
     job = _started(stack, job_id)
     for done in (1, 2):
         _progress(stack, job, done)
+    key = stack.dispatcher.events.key(job_id)
+    assert stack.redis.ttl(key) > 23 * 3600  # a running job's events: kept a day
     with HypermediaClient(base_url, person.api_key) as client:
         # Connected after those: they come first, from the job's stream, with their ids.
         seen: list[JobEvent] = []
@@ -74,6 +76,7 @@ def test_a_late_subscriber_gets_the_recent_events_and_the_stream_ends_with_the_j
         assert stack.dispatcher.complete_many("w", [FinishedJob(job_id)]) == [True]
         follower.join(15)
         assert not follower.is_alive()
+        assert 0 < stack.redis.ttl(key) <= 600  # an ended job's: ten minutes
         assert _shape(seen) == [
             ("status", "processing", None),
             ("progress", None, 1.0),
