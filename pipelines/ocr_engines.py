@@ -16,7 +16,9 @@ same suite on each):
   the API can import the pipelines without onnxruntime or libtesseract.
 
 ``ppocr``: PaddleOCR's PP-OCRv6 small detection and recognition models (ONNX), as
-shipped in the ``rapidocr`` wheel, on onnxruntime; ``ppocr-cls`` enlarges small pages
+shipped in the ``rapidocr`` wheel, on onnxruntime (pieces of one printed line whose
+boxes overlap by a glyph are read again as one box, the shared glyph once:
+:func:`overlapping_runs`); ``ppocr-cls`` enlarges small pages
 up to 3x (small print) and reads weak lines upside down too, keeping the better
 reading (lines turned by 180 degrees; the wheel's angle classifier is not used: it
 turned upright lines).

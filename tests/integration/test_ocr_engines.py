@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from PIL import Image
+from PIL import Image, ImageDraw
 
 from pipelines import ocr_engines, ocr_layout
 from pipelines.registry import PipelineError
@@ -104,3 +104,43 @@ def test_ppocr_inference_threads_do_not_spin(generated: Generated):
                 assert options.get_session_config_entry(entry) == "0"
     finally:
         built.close()
+
+
+def test_overlapping_pieces_of_a_line_are_joined_not_touching_words():
+    runs = ocr_engines.overlapping_runs
+    # burn | n running: the detector's boxes share the n (half a line height).
+    assert runs([(315, 84, 414, 135), (385, 81, 573, 146)], [True, True]) == [[0, 1]]
+    # Neighbouring words whose boxes touch (3 px), lines above each other, tilted boxes.
+    assert runs([(118, 75, 318, 142), (315, 84, 414, 135)], [True, True]) == [[0], [1]]
+    assert runs([(0, 0, 400, 50), (100, 60, 500, 110)], [True, True]) == [[0], [1]]
+    assert runs([(315, 84, 414, 135), (385, 81, 573, 146)], [True, False]) == [[0], [1]]
+    # Engine order kept: a run sits where its first box was found.
+    found = [(600, 80, 700, 140), (385, 81, 573, 146), (315, 84, 414, 135)]
+    assert runs(found, [True] * 3) == [[0], [2, 1]]
+
+
+def test_ppocr_reads_a_glyph_two_pieces_share_once():
+    """A printed line the detector gave as two boxes sharing a glyph (as PP-OCRv6 did
+    on Tesseract's trainingtimes page: 'burn' and 'n running') is read as one line,
+    the shared n once."""
+    from tests.generated.ocr_pages import font
+
+    face = font(48)
+    image = Image.new("RGB", (900, 140), "white")
+    ImageDraw.Draw(image).text((40, 40), "burn running", fill="black", font=face)
+    bgr = np.ascontiguousarray(np.asarray(image, dtype=np.uint8)[:, :, ::-1])
+    # The shared n: from the end of "bur" to the end of "burn".
+    n_start, n_end = 40 + face.getlength("bur"), 40 + face.getlength("burn")
+    right = 40 + face.getlength("burn running") + 10
+
+    def piece(x0: float, x1: float, text: str) -> tuple[list[float], list[float], str, float]:
+        return [x0, x1, x1, x0], [30.0, 30.0, 110.0, 110.0], text, 0.99
+
+    built = ocr_engines.create("ppocr", ["eng"], threads=1)
+    try:
+        joined = built._joined(
+            bgr, [piece(30, n_end + 5, "burn"), piece(n_start - 5, right, "n running")]
+        )
+    finally:
+        built.close()
+    assert [" ".join(text.split()) for _, _, text, _ in joined] == ["burn running"]
