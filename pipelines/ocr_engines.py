@@ -46,6 +46,7 @@ are found but their cells are not.
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import os
 from collections.abc import Sequence
@@ -275,10 +276,15 @@ class PpocrEngine:
 
         boxes = [(min(xs), min(ys), max(xs), max(ys)) for xs, ys, _, _ in pieces]
         upright = [_level(xs, ys) for xs, ys, _, _ in pieces]
-        joined = []
+        joined: list[_Piece] = []
         for run in overlapping_runs(boxes, upright):
-            if len(run) == 1:
-                joined.append(pieces[run[0]])
+            # Joined only when each piece begins with the glyph the one before ends
+            # with: the shared glyph read twice.
+            said = [pieces[i][2].strip() for i in run]
+            if len(run) == 1 or not all(
+                a and b and a[-1] == b[0] for a, b in itertools.pairwise(said)
+            ):
+                joined.extend(pieces[i] for i in run)
                 continue
             x0 = max(0, int(min(boxes[i][0] for i in run)))
             y0 = max(0, int(min(boxes[i][1] for i in run)))
