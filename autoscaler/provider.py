@@ -76,6 +76,7 @@ from autoscaler.config import PROVIDERS, ProviderName, SchedulerConfig
 from autoscaler.config import load as load_scheduler_config
 from autoscaler.drivers.base import Driver, DriverError, Instance, LaunchRequest
 from autoscaler.state import epoch, read_state, to_datetime, write_state
+from hypermedia import logs
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
 from hypermedia.errors import ConfigError
@@ -179,6 +180,7 @@ def queue_of(resources: Mapping[str, float]) -> str:
 
 class HypermediaNodeProvider(NodeProvider):
     def __init__(self, provider_config: dict[str, Any], cluster_name: str) -> None:
+        logs.configure_package("autoscaler")  # in Ray's autoscaler process: our format
         super().__init__(provider_config, cluster_name)
         self.settings = parse_settings(provider_config)
         self.cluster = cluster_name.lower()

@@ -16,7 +16,9 @@ unset for text on a terminal and JSON otherwise (a file, a pipe, journald, Ray's
 A bad value is a :class:`~hypermedia.errors.ConfigError` naming the key.
 
 Who calls it: the CLI (every ``hypermedia`` command), ``autoscaler.head``, the
-watchdog, and the Ray actors in their ``__init__`` (:func:`configure_actor`), from
+watchdog, the node provider inside Ray's autoscaler process (:func:`configure_package`:
+that process's logging is Ray's, so only our package's records are taken over), and
+the Ray actors in their ``__init__`` (:func:`configure_actor`), from
 the node's environment (``ray start`` passes both variables on; see
 :data:`hypermedia.worker.cluster.INHERITED`). Not Ray's ``LoggingConfig``: its
 filter overwrites ``job_id`` and ``worker_id`` on every record with Ray's own ids,
@@ -152,3 +154,32 @@ def configure_actor() -> None:
     except ConfigError as exc:
         configure("info", "json")
         logging.getLogger(__name__).warning("%s: logging JSON at info", exc)
+
+
+RAY_MONITOR = "monitor.py"  # the script of Ray's autoscaler process (v1 and v2)
+
+
+def configure_package(name: str, argv: list[str] | None = None) -> bool:
+    """In Ray's autoscaler process (``argv[0]`` is its ``monitor.py``), whose logging
+    is Ray's (its format drops extras): the records of the package ``name`` go to
+    stderr (``monitor.err``) through our formatter, with their extras, and not on to
+    Ray's handlers. Anywhere else (our own processes, tests) nothing changes. Whether
+    it took them over."""
+    argv = sys.argv if argv is None else argv
+    if not argv or os.path.basename(argv[0]) != RAY_MONITOR:
+        return False
+    logger = logging.getLogger(name)
+    if any(getattr(h, "hypermedia", False) for h in logger.handlers):
+        return True
+    try:
+        chosen = resolve_format(os.environ.get(FORMAT_VARIABLE) or "json", sys.stderr)
+        level = _level(os.environ.get(LEVEL_VARIABLE) or "info")
+    except ConfigError:
+        chosen, level = "json", logging.INFO
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if chosen == "json" else TextFormatter())
+    handler.hypermedia = True  # type: ignore[attr-defined]
+    logger.addHandler(handler)
+    logger.setLevel(level)
+    logger.propagate = False
+    return True

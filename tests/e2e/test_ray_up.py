@@ -355,3 +355,8 @@ def test_autoscaler_v1_launches_and_the_scheduler_retires_the_node(cluster):
     assert len(cluster.rows("select * from cloud_spend")) >= 1
     monitor = cluster.monitor_log()
     assert "StandardAutoscaler" in monitor and "instance_manager" not in monitor
+    # Our node provider's records in Ray's autoscaler process: JSON lines with extras.
+    ours = [json.loads(line) for line in monitor.splitlines() if line.startswith('{"')]
+    launches = [r for r in ours if r.get("action") == "launch"]
+    assert launches and launches[0]["logger"] == "autoscaler.provider", ours[-5:]
+    assert launches[0]["queue"] == "media"

@@ -145,3 +145,24 @@ def test_configure_writes_json_lines_with_extras(root: logging.Logger):
     logging.getLogger("httpx").info("a request")  # quiet above debug
     (line,) = stream.getvalue().splitlines()
     assert json.loads(line)["job_id"] == "j1"
+
+
+def test_only_rays_autoscaler_process_has_our_package_taken_over(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+):
+    name = "hm_logs_test_package"
+    logger = logging.getLogger(name)
+    monkeypatch.setattr(logger, "handlers", [])
+    monkeypatch.setattr(logger, "propagate", True)
+    assert not logs.configure_package(name, ["/usr/bin/hypermedia"])
+    assert logger.handlers == [] and logger.propagate
+    monitor = ["/venv/lib/python3.11/site-packages/ray/autoscaler/_private/monitor.py", "-x"]
+    assert logs.configure_package(name, monitor)
+    assert logs.configure_package(name, monitor)  # once
+    assert len(logger.handlers) == 1 and not logger.propagate
+    logging.getLogger(f"{name}.drivers").info(
+        "launched %s", "n-1", extra={"action": "launch", "queue": "media"}
+    )
+    line = json.loads(capsys.readouterr().err.strip())
+    assert (line["message"], line["action"], line["queue"]) == ("launched n-1", "launch", "media")
+    assert line["logger"] == f"{name}.drivers"
