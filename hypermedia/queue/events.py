@@ -37,7 +37,6 @@ from typing import Any
 
 import redis
 
-from hypermedia.jobs.states import TERMINAL
 from hypermedia.queue.keys import events_key
 
 log = logging.getLogger(__name__)
@@ -48,7 +47,9 @@ EVENTS_TTL_SECONDS = 24 * 3600  # after a running job's last event
 # with two entries (1 M jobs a day kept 24 h would hold ~5 GB).
 ENDED_TTL_SECONDS = 600
 _WARN_EVERY_SECONDS = 60.0
-_ENDED = frozenset(status.value for status in TERMINAL)
+# The terminal statuses (hypermedia.jobs.states.TERMINAL, which the queue package may
+# not import; tests/unit/test_purity.py holds the two equal).
+ENDED_STATUSES = frozenset({"completed", "failed", "cancelled"})
 
 
 def status_event(
@@ -139,7 +140,7 @@ class JobEvents:
             pipe = self.client.pipeline(transaction=False)
             for job_id, event in pending:
                 body = json.dumps(event, separators=(",", ":"))
-                ended = event.get("type") == "status" and event.get("status") in _ENDED
+                ended = event.get("type") == "status" and event.get("status") in ENDED_STATUSES
                 ttl = self.ended_ttl_seconds if ended else self.ttl_seconds
                 self._script(keys=[self.key(job_id)], args=[body, self.kept, ttl], client=pipe)
             pipe.execute()

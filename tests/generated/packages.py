@@ -151,7 +151,7 @@ def xml_bomb_docx() -> bytes:
     return _doctype_docx(entities, "&lol9;")
 
 
-def shared_strings_bomb_xlsx(rows: int = 4000) -> bytes:
+def shared_strings_bomb_xlsx(row_count: int = 4000) -> bytes:
     """One shared string of 1 MiB referenced by 3 cells a row (12,000 by default): a
     12 GB CSV from a workbook of a few hundred KB (each 32-letter run is random: it
     does not compress like zeros, so the package's ratio stays an ordinary one)."""
@@ -167,7 +167,7 @@ def shared_strings_bomb_xlsx(rows: int = 4000) -> bytes:
         f'<row r="{r}">'
         + "".join(f'<c r="{col}{r}" t="s"><v>0</v></c>' for col in "ABC")
         + "</row>"
-        for r in range(1, rows + 1)
+        for r in range(1, row_count + 1)
     )
     sheet = (
         f'<?xml version="1.0"?><worksheet xmlns="{main}"><sheetData>{rows}</sheetData></worksheet>'

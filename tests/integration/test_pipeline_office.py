@@ -438,7 +438,7 @@ def test_shared_strings_bomb_is_output_limit(executor):
     failed = sandbox_failure(
         executor,
         "extract_text",
-        packages.shared_strings_bomb_xlsx(rows=40),
+        packages.shared_strings_bomb_xlsx(row_count=40),
         {"max_text_bytes": cap},
     )
     assert failed.code == "output_limit", failed.message

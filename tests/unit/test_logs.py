@@ -154,12 +154,17 @@ def test_only_rays_autoscaler_process_has_our_package_taken_over(
     logger = logging.getLogger(name)
     monkeypatch.setattr(logger, "handlers", [])
     monkeypatch.setattr(logger, "propagate", True)
+    monkeypatch.setattr(logger, "level", logging.NOTSET)
+
+    def state() -> tuple[int, bool]:
+        return len(logger.handlers), logger.propagate
+
     assert not logs.configure_package(name, ["/usr/bin/hypermedia"])
-    assert logger.handlers == [] and logger.propagate
+    assert state() == (0, True)
     monitor = ["/venv/lib/python3.11/site-packages/ray/autoscaler/_private/monitor.py", "-x"]
     assert logs.configure_package(name, monitor)
     assert logs.configure_package(name, monitor)  # once
-    assert len(logger.handlers) == 1 and not logger.propagate
+    assert state() == (1, False)
     logging.getLogger(f"{name}.drivers").info(
         "launched %s", "n-1", extra={"action": "launch", "queue": "media"}
     )

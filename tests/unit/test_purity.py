@@ -222,3 +222,12 @@ def test_importing_the_queue_loads_no_job_module():
     loaded = imported_modules("hypermedia.queue.redis_queue")
     assert "hypermedia.queue.redis_queue" in loaded
     assert sorted(n for n in loaded if within(n, "hypermedia.jobs")) == []
+
+
+def test_the_queue_knows_the_terminal_statuses_the_jobs_define():
+    """hypermedia.queue.events ends a job's stream on a terminal status without
+    importing hypermedia.jobs: its copy of the set is the jobs' own."""
+    from hypermedia.jobs.states import TERMINAL
+    from hypermedia.queue.events import ENDED_STATUSES
+
+    assert {status.value for status in TERMINAL} == ENDED_STATUSES
