@@ -137,6 +137,7 @@ def test_ppocr_reads_a_glyph_two_pieces_share_once():
         return [x0, x1, x1, x0], [30.0, 30.0, 110.0, 110.0], text, 0.99
 
     built = ocr_engines.create("ppocr", ["eng"], threads=1)
+    assert isinstance(built, ocr_engines.PpocrEngine)
     try:
         joined = built._joined(
             bgr, [piece(30, n_end + 5, "burn"), piece(n_start - 5, right, "n running")]
