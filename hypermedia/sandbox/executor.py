@@ -677,7 +677,8 @@ class ChildExecutor:
     def capabilities(self) -> dict[str, Any]:
         """What the sandbox of the running fork server has (see :mod:`.isolation`):
         ``network_namespace``, ``mount_namespace``, ``own_uid``, ``private_proc``,
-        ``syscall_filter``, ``pid_namespace`` (booleans), ``uid_range``, and ``missing``:
+        ``syscall_filter``, ``pid_namespace``, ``tiny_init`` (booleans: the last, whether
+        the PID namespaces' inits are :mod:`.tinyinit`'s), ``uid_range``, and ``missing``:
         feature -> why not."""
         server = self._server
         return dict(server.capabilities) if server is not None else {}
