@@ -19,6 +19,7 @@ from hypermedia.ids import new_id
 from hypermedia.ingest.service import SubmitRequest
 from hypermedia.profiles import load_profiles
 from hypermedia.stack import Stack
+from hypermedia.storage.base import original_key
 
 
 def open_stack(
@@ -65,6 +66,25 @@ def make_object(stack: Stack, person: Person, size_bytes: int = 1024) -> str:
             storage_key=f"originals/{person.pool_id}/{object_id}",
             filename="file.bin",
             size_bytes=size_bytes,
+            now=stack.clock.now(),
+        )
+    return object_id
+
+
+def stored_object(stack: Stack, person: Person, payload: bytes) -> str:
+    """An object whose bytes are in the stack's storage (what workers download)."""
+    object_id = new_id()
+    key = original_key(person.pool_id, object_id)
+    blob = stack.storage.put(key, [payload])
+    with transaction(stack.engine) as conn:
+        objects.register_object(
+            conn,
+            person.caller,
+            object_id=object_id,
+            pool_id=person.pool_id,
+            storage_key=key,
+            filename="in.bin",
+            size_bytes=blob.size_bytes,
             now=stack.clock.now(),
         )
     return object_id

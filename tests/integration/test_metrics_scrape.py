@@ -23,15 +23,12 @@ import httpx
 import ray
 from sqlalchemy import select
 
-from hypermedia import objects
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
-from hypermedia.ids import new_id
 from hypermedia.ingest.service import SubmitRequest
 from hypermedia.metrics import grafana, targets
-from hypermedia.storage.base import original_key
 from tests.api_support import add_user
-from tests.factories import make_user
+from tests.factories import make_user, stored_object
 from tests.metrics_support import (
     Sample,
     by_labels,
@@ -47,24 +44,6 @@ from tests.ray_support import RayStack, ray_stack
 FAIL_NOW = {"code": "invalid_input", "message": "bad bytes", "retryable": False}
 FAIL_TWICE = {"code": "unsupported_format", "message": "not this", "retryable": True}
 TERMINAL = ("completed", "failed", "cancelled")
-
-
-def _object(rs: RayStack, person) -> str:
-    object_id = new_id()
-    key = original_key(person.pool_id, object_id)
-    blob = rs.stack.storage.put(key, [b"payload"])
-    with transaction(rs.stack.engine) as conn:
-        objects.register_object(
-            conn,
-            person.caller,
-            object_id=object_id,
-            pool_id=person.pool_id,
-            storage_key=key,
-            filename="in.bin",
-            size_bytes=blob.size_bytes,
-            now=rs.stack.clock.now(),
-        )
-    return object_id
 
 
 def _submit(rs: RayStack, person, object_id: str, op: str, params=None) -> str:
@@ -125,7 +104,7 @@ def test_scraped_metrics_equal_the_record(pg_engine, settings, tmp_path):
 
 
 def _load_and_check(rs: RayStack, person, operator, api: str, prom: str) -> None:
-    object_id = _object(rs, person)
+    object_id = stored_object(rs.stack, person, b"payload")
     ops = [("test.copy_input", None)] * 3 + [("test.fail", FAIL_NOW)] * 2
     ops += [("test.fail", FAIL_TWICE), ("test.allocate_on_images", None)]
     job_ids = [_submit(rs, person, object_id, op, params) for op, params in ops]

@@ -8,32 +8,12 @@ import signal
 import ray
 from sqlalchemy import func, select
 
-from hypermedia import objects
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
-from hypermedia.ids import new_id
 from hypermedia.ingest.service import SubmitRequest
-from hypermedia.storage.base import derived_key, original_key
-from tests.factories import make_user
+from hypermedia.storage.base import derived_key
+from tests.factories import make_user, stored_object
 from tests.ray_support import RayStack, ray_stack
-
-
-def _upload(rs: RayStack, person, payload: bytes) -> str:
-    object_id = new_id()
-    key = original_key(person.pool_id, object_id)
-    blob = rs.stack.storage.put(key, [payload])
-    with transaction(rs.stack.engine) as conn:
-        objects.register_object(
-            conn,
-            person.caller,
-            object_id=object_id,
-            pool_id=person.pool_id,
-            storage_key=key,
-            filename="in.bin",
-            size_bytes=blob.size_bytes,
-            now=rs.stack.clock.now(),
-        )
-    return object_id
 
 
 def _submit(rs: RayStack, person, object_id: str, op: str, params=None) -> str:
@@ -54,7 +34,7 @@ def test_jobs_run_end_to_end_and_outputs_are_deterministic(pg_engine, settings, 
     with ray_stack(settings, pg_engine, tmp_path, {"images": 1}) as rs:
         person = make_user(rs.stack)
         payload = os.urandom(50_000)
-        object_id = _upload(rs, person, payload)
+        object_id = stored_object(rs.stack, person, payload)
         first = _submit(rs, person, object_id, "test.copy_input")
         rs.wait_for(lambda: _status(rs, person, first) == "completed", what="first job")
         view = rs.stack.ingest.get_job(person.caller, first)
@@ -88,7 +68,7 @@ def _metrics_rows(rs: RayStack) -> int:
 def test_pipeline_failure_is_retried_then_failed_with_its_code(pg_engine, settings, tmp_path):
     with ray_stack(settings, pg_engine, tmp_path, {"images": 1}, backoff_base_seconds=0.2) as rs:
         person = make_user(rs.stack)
-        object_id = _upload(rs, person, b"x")
+        object_id = stored_object(rs.stack, person, b"x")
         job_id = _submit(
             rs,
             person,
@@ -112,7 +92,7 @@ def test_kill_9_of_the_child_fails_the_attempt_and_the_retry_completes(
 ):
     with ray_stack(settings, pg_engine, tmp_path, {"images": 1}, backoff_base_seconds=0.2) as rs:
         person = make_user(rs.stack)
-        object_id = _upload(rs, person, b"x")
+        object_id = stored_object(rs.stack, person, b"x")
         say = "decoder: corrupt frame 12"
         job_id = _submit(rs, person, object_id, "test.sleep", {"seconds": 3, "say": say})
         member = _actor_of(rs, "images")
@@ -136,7 +116,7 @@ def test_kill_9_of_the_child_fails_the_attempt_and_the_retry_completes(
 def test_kill_9_of_the_actor_requeues_its_jobs_at_once(pg_engine, settings, tmp_path):
     with ray_stack(settings, pg_engine, tmp_path, {"images": 1}) as rs:
         person = make_user(rs.stack)
-        object_id = _upload(rs, person, b"x")
+        object_id = stored_object(rs.stack, person, b"x")
         job_id = _submit(rs, person, object_id, "test.sleep", {"seconds": 2})
         member = _actor_of(rs, "images")
         rs.wait_for(lambda: job_id in ray.get(member.actor.child_pids.remote()), what="job running")
@@ -160,7 +140,7 @@ def test_kill_9_of_the_actor_requeues_its_jobs_at_once(pg_engine, settings, tmp_
 def test_cancel_of_a_running_job_kills_its_child(pg_engine, settings, tmp_path):
     with ray_stack(settings, pg_engine, tmp_path, {"images": 1}) as rs:
         person = make_user(rs.stack)
-        object_id = _upload(rs, person, b"x")
+        object_id = stored_object(rs.stack, person, b"x")
         job_id = _submit(rs, person, object_id, "test.sleep", {"seconds": 120})
         rs.wait_for(lambda: _status(rs, person, job_id) == "processing", what="processing")
         rs.stack.ingest.cancel(person.caller, job_id)
@@ -171,7 +151,7 @@ def test_cancel_of_a_running_job_kills_its_child(pg_engine, settings, tmp_path):
 def test_drain_finishes_short_jobs_and_hands_back_long_ones(pg_engine, settings, tmp_path):
     with ray_stack(settings, pg_engine, tmp_path, {"images": 1}) as rs:
         person = make_user(rs.stack)
-        object_id = _upload(rs, person, b"x")
+        object_id = stored_object(rs.stack, person, b"x")
         long_job = _submit(rs, person, object_id, "test.sleep", {"seconds": 300})
         rs.wait_for(lambda: _status(rs, person, long_job) == "processing", what="processing")
         released = rs.supervisor.drain(timeout=2)
