@@ -15,6 +15,10 @@ autoscaler v2 matches the Ray node to the instance it launched; the
 A spot instance's script also sets ``HYPERMEDIA_SPOT_WATCH`` (``aws`` or ``gcp``): the
 actors on it watch for the interruption notice (:mod:`hypermedia.worker.spot`).
 
+``HM_WORKER_IMAGE``, when the cluster yaml names one (``provider.worker_image``), is
+the worker image the machine image's ``ray`` (docker/host/ray) starts Ray in, instead
+of the one its ``/etc/default/hypermedia-worker`` names.
+
 ``HM_RAY_START_ARGS`` (unset on a cloud) lets the local driver add a node's address,
 temp dir and ports, so the same script starts every node in the tests.
 """
@@ -28,6 +32,10 @@ from collections.abc import Iterable
 
 INSTANCE_LABEL = "hypermedia.io/instance"
 DEFAULT_TOKEN_PATH = "/etc/hypermedia/ray-auth-token"  # noqa: S105 (a path, not a secret)
+# An image reference as Docker takes it: [registry[:port]/]path[:tag][@digest], no blanks.
+IMAGE_REFERENCE = (
+    r"^[a-z0-9][a-z0-9._:/-]*(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[0-9a-f]{64})?$"
+)
 
 
 def user_data(
@@ -40,6 +48,7 @@ def user_data(
     token_command: str | None = None,
     num_cpus: int | None = None,
     spot_watch: str | None = None,
+    worker_image: str | None = None,
 ) -> str:
     """The shell script (cloud-init runs a ``#!`` user data as one) for one node."""
     labels = json.dumps({INSTANCE_LABEL: node_id}, sort_keys=True)
@@ -63,6 +72,9 @@ def user_data(
         f"export RAY_AUTH_TOKEN_PATH={shlex.quote(token_path)}",
         "export RAY_USAGE_STATS_ENABLED=0",
     ]
+    if worker_image:
+        # Read by docker/host/ray: the image to start Ray in, over the machine image's.
+        lines.append(f"export HM_WORKER_IMAGE={shlex.quote(worker_image)}")
     if spot_watch:
         # Read by the pipeline actors on this node (their processes inherit Ray's
         # environment): watch the metadata service for the interruption notice.

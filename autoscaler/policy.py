@@ -63,6 +63,33 @@ One evaluation, in this order (the applier applies the list in order):
      ``History.empty_since``), without the cooldown; a worker still busy with a job
      is drained at the first evaluation after it finishes.
 
+Load estimates (issue 19; only where the snapshot carries the queue's load: its
+arrival rate over the last 30 minutes and mean run time, which the loop and the
+simulator both measure; without it every rule is the seed's as above)
+
+- *Sizing a triggered scale-up* (the thresholds still gate it): the table's row is read
+  at the moment a node launched now would take work (the backlog then: the depth plus
+  the arrivals during the boot minus what the active workers run meanwhile; the oldest
+  job's age then) and bounds the workers that clear that backlog within
+  ``oldest_job_age_seconds`` (while priority 1-3 jobs wait; else within
+  ``idle_minutes``); never fewer than 1 nor than the workers the arrivals alone keep
+  busy; the same ``max_workers``, cooldown, providers and cost guard. With no run time
+  known yet: a worker per job waiting then, the row's at most.
+- *Keep-alive*: a burst worker a scale-down rule would drain is kept (a ``hold`` naming
+  the rule and the estimate) while the arrivals keep more workers busy than would
+  remain, or more jobs than the remaining workers can run are expected before a
+  replacement could take work (boot + the scale-up cooldown); never one dearer than its
+  replacement would be. Draining for ``vps_only``, the lock, or a queue no longer
+  bursting is never held.
+- *Routing a scale-up with urgent work waiting*: only the workers the priority 1-3
+  jobs need (to run them within ``oldest_job_age_seconds``, at least one, less the VPS
+  and on-demand workers up) go on-demand; the rest take the route of the work behind
+  them (spot where it allows), instead of every launch of the turn on-demand.
+- ``explain`` adds capacity advice: a queue whose recent load its ``max_workers`` cannot
+  keep up with (the backlog's growth per hour), or only with a p95 wait over
+  ``oldest_job_age_seconds``, and the workers that would keep it within
+  (:mod:`autoscaler.estimate`).
+
 ``max_workers`` counts every worker of the queue not yet terminated: VPS and cloud,
 starting, active *and draining* (a draining instance still exists and costs money, so
 a drain followed by a launch cannot exceed the maximum; :mod:`autoscaler.admission`).
@@ -112,13 +139,13 @@ Holds and notes
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal
 
-from autoscaler import admission, cost
+from autoscaler import admission, cost, estimate
 from autoscaler.admission import Admission
 from autoscaler.cost import Budget, GuardVerdict
-from autoscaler.snapshot import Decision, Offer, QueueState, Snapshot, WorkerState
+from autoscaler.snapshot import Band, Decision, Offer, QueueState, Snapshot, WorkerState
 
 if TYPE_CHECKING:  # config values come in built: importing pydantic is the loader's job
     from autoscaler.config import ProviderName, QueueConfig, SchedulerConfig
@@ -128,6 +155,7 @@ PROVIDER_ORDER: tuple[ProviderName, ...] = ("aws", "google", "ionos")
 
 FLOOD_ALERT_REPEAT_SECONDS = 3600.0
 LIVE = ("starting", "active")
+EPSILON_CENTS = 1e-6
 
 
 # -- the policy table ------------------------------------------------------------------------
@@ -297,7 +325,30 @@ def explain(config: SchedulerConfig, snapshot: Snapshot) -> list[str]:
     lines += [f"{d.action}: {d.reason}" for d in plan.decisions] or ["Nothing to do."]
     said = " ".join(d.reason for d in plan.decisions)
     lines += [f"cost: {reason}" for reason in verdict.reasons if reason not in said]
-    return lines + plan.notes
+    return lines + plan.notes + advice(config, snapshot)
+
+
+def advice(config: SchedulerConfig, snapshot: Snapshot) -> list[str]:
+    """Capacity advice from each queue's recent load: whether the workers it may have
+    (``max_workers`` where it bursts; its VPS ``baseline_workers`` where it does not:
+    not cloud-enabled, or ``vps_only``) keep up (saturated: how fast the backlog grows)
+    and how many workers would keep its p95 wait within ``oldest_job_age_seconds``
+    (:func:`autoscaler.estimate.capacity`). Only where they fall short."""
+    target = config.scaling_rules.scale_up.oldest_job_age_seconds
+    lines = []
+    for name, qc in config.queues.items():
+        state = snapshot.queues.get(name)
+        load = None if state is None else estimate.Load.of(state)
+        if load is None or load.rate <= 0:
+            continue
+        bursts = qc.cloud_enabled and config.mode != "vps_only"
+        workers, limit = (
+            (qc.max_workers, "max_workers") if bursts else (qc.baseline_workers, "its VPS workers")
+        )
+        found = estimate.capacity(name, load, workers, target, limit)
+        if found.short:
+            lines.append(f"capacity: {found.describe()}")
+    return lines
 
 
 def _evaluate(config: SchedulerConfig, snapshot: Snapshot) -> _Plan:
@@ -442,14 +493,18 @@ def _scale_up(
 ) -> None:
     name, state, now = view.name, view.state, snapshot.now
     load = f"depth={state.depth}, oldest={state.oldest_age_seconds:.0f}s"
-    row = table_row(state.depth, state.oldest_age_seconds)
     most = max(0, view.config.max_workers - view.vps_live)
-    burst = (most if row.burst is None else max(1, row.burst)) if up else 0
-    wanted = min(view.floor + burst, most)
     have = len(view.cloud_live)
+    sized = _size_burst(config, snapshot, view) if up else None
+    if sized is not None:
+        row, burst, sizing = sized
+    else:
+        row = table_row(state.depth, state.oldest_age_seconds)
+        burst = (most if row.burst is None else max(1, row.burst)) if up else 0
+        sizing = row.name if row is not QUIET else "the thresholds: 1 burst worker"
+    wanted = min(view.floor + burst, most)
     if up:
         headline = f"Scaling up {name}: {load}"
-        sizing = row.name if row is not QUIET else "the thresholds: 1 burst worker"
     else:
         headline = (
             f"Keeping {name}'s baseline on the cloud (cloud_first): {view.vps_live + have}"
@@ -484,11 +539,13 @@ def _scale_up(
         return
 
     how = route(name, view.config, state)
+    routes = _routes(config, view, how, min(missing, view.admission.room))
     choices = options(config, name, snapshot.offers)
     picked: list[Option] = []
+    why: dict[Option, str] = {}
     stopped: str | None = None
-    for _ in range(min(missing, view.admission.room)):
-        option = pick(choices, how.kind, _provider_room(config, snapshot, plan))
+    for this in routes:
+        option = pick(choices, this.kind, _provider_room(config, snapshot, plan))
         if option is None:
             stopped = _no_provider(config, snapshot, name, plan)
             break
@@ -499,13 +556,14 @@ def _scale_up(
         plan.budget = plan.budget.after_launch(option.cents_per_hour)
         plan.launched[option.provider] = plan.launched.get(option.provider, 0) + 1
         picked.append(option)
+        why.setdefault(option, this.why)
 
     for option in dict.fromkeys(picked):
         count = picked.count(option)
         plan.add(
             Decision(
                 "launch",
-                f"{headline}; {count} on {option.label} ({how.why}; {sizing})",
+                f"{headline}; {count} on {option.label} ({why[option]}; {sizing})",
                 queue=name,
                 provider=option.provider,
                 spot=option.spot,
@@ -515,6 +573,98 @@ def _scale_up(
         )
     if stopped is not None:
         plan.add(_hold_up(name, load, stopped, further=bool(picked)))
+
+
+def _routes(config: SchedulerConfig, view: _QueueView, how: Route, count: int) -> list[Route]:
+    """The route of each of ``count`` launches. The seed's rule: on-demand while priority
+    1-3 jobs wait. With the queue's run time known, only the workers those jobs need
+    (to run them within ``oldest_job_age_seconds``, at least one, less the queue's VPS
+    and on-demand workers already up: they take the most urgent jobs first) are
+    on-demand; the rest take the route of the work behind them (spot where it allows)."""
+    state = view.state
+    urgent = state.depth_by_band.get("1-3", 0)
+    if how.kind != "on_demand" or not urgent or not state.mean_run_seconds:
+        return [how] * count
+    clear = config.scaling_rules.scale_up.oldest_job_age_seconds
+    serving = view.vps_live + sum(1 for w in view.cloud_live if not w.spot)
+    needed = max(1, estimate.whole(urgent * state.mean_run_seconds / clear)) - serving
+    behind: dict[Band, int] = {b: n for b, n in state.depth_by_band.items() if b != "1-3"}
+    if not behind:
+        return [how] * count
+    rest = route(view.name, view.config, replace(state, depth_by_band=behind))
+    rest = Route(
+        rest.kind,
+        f"{rest.why}: the {urgent} priority 1-3 jobs have their on-demand workers"
+        f" ({max(0, needed)} new, {serving} up)",
+    )
+    return [how if i < needed else rest for i in range(count)]
+
+
+def _boot(config: SchedulerConfig, snapshot: Snapshot, queue: str) -> float:
+    """The soonest a node launched now for ``queue`` takes work (its providers' boot)."""
+    providers = config.burst_providers(queue) or ["aws"]
+    return min(estimate.boot_seconds(p, snapshot.offers.get(p)) for p in providers)
+
+
+def _size_burst(
+    config: SchedulerConfig, snapshot: Snapshot, view: _QueueView
+) -> tuple[TableRow, int, str] | None:
+    """The burst for a triggered scale-up from the queue's load (None: load unknown, the
+    table sizes from the depth alone). The table's row is read at the moment a node
+    launched now would be ready (the backlog then, the oldest job's age then) and bounds
+    the workers wanted to clear that backlog within ``oldest_job_age_seconds``; never
+    fewer than 1 nor than the workers the arrivals alone keep busy."""
+    state = view.state
+    if state.arrivals_per_hour is None:
+        return None
+    boot = _boot(config, snapshot, view.name)
+    most = max(0, view.config.max_workers - view.vps_live)
+    load = estimate.Load.of(state)
+    if load is None:  # arrivals known, no run time yet: a worker per job, the table's at most
+        row = table_row(state.depth, state.oldest_age_seconds + boot)
+        cap = most if row.burst is None else max(1, row.burst)
+        expected = estimate.whole(state.depth + state.arrivals_per_hour * boot / 3600.0)
+        burst = max(1, min(cap, expected))
+        return (
+            row,
+            burst,
+            (
+                f"estimate: no run time known yet, {expected} jobs waiting when a node is ready"
+                f" (boot {boot:.0f} s); table at ready: {row.name}; {burst} burst"
+                f" worker{'s' if burst != 1 else ''}, one per job at most"
+            ),
+        )
+    active = view.vps_live + sum(1 for w in view.cloud_live if w.status == "active")
+    backlog = estimate.backlog_at_ready(state.depth, load, active, boot)
+    row = table_row(estimate.whole(backlog), state.oldest_age_seconds + boot)
+    cap = most if row.burst is None else max(1, row.burst)
+    clear = _clear_seconds(config, state)
+    total = estimate.workers_wanted(backlog, load, clear)
+    busy = estimate.whole(load.busy)
+    burst = max(1, min(cap, total - view.vps_live), busy - view.vps_live)
+    fired = (
+        "the arrivals' busy workers"
+        if burst == busy - view.vps_live and burst > min(cap, total - view.vps_live)
+        else ("the table's row" if total - view.vps_live > cap else "the backlog estimate")
+    )
+    sizing = (
+        f"estimate: {load.describe()} keep {load.busy:.1f} workers busy; backlog"
+        f" {backlog:.0f} when a node is ready (boot {boot:.0f} s), {total} workers clear it"
+        f" within {clear} s; table at ready: {row.name}; {fired} sets {burst} burst"
+        f" worker{'s' if burst != 1 else ''}"
+    )
+    return row, burst, sizing
+
+
+def _clear_seconds(config: SchedulerConfig, state: QueueState) -> float:
+    """How soon a scale-up means to clear the backlog: ``oldest_job_age_seconds`` (the
+    wait the scale-up rule tolerates) while priority 1-3 jobs wait; else no sooner than
+    ``idle_minutes`` (a worker launched for less work than that would sit idle longer
+    than it works before the scale-down rule lets it go)."""
+    urgent = config.scaling_rules.scale_up.oldest_job_age_seconds
+    if state.depth_by_band.get("1-3", 0) > 0 or not state.depth_by_band:
+        return float(urgent)
+    return float(max(urgent, config.scaling_rules.scale_down.idle_minutes * 60))
 
 
 def _hold_up(name: str, load: str, why: str, further: bool = False) -> Decision:
@@ -563,15 +713,19 @@ def _scale_down(config: SchedulerConfig, snapshot: Snapshot, view: _QueueView, p
         key=lambda w: (w.idle_since(), w.worker_id),
     )
 
+    keep = _KeepAlive(config, snapshot, view)
     empty_since = snapshot.history.empty_since.get(name)
     if state.depth == 0 and empty_since is not None and now - empty_since >= idle_for:
         minutes = int((now - empty_since) // 60)
         for worker in idle[:drainable]:
+            rule = f"{name} empty for {minutes} minutes"
+            if keep.holds(worker, rule, plan):
+                return
             plan.add(
                 _drain(
                     worker,
-                    f"Scaling down worker {worker.worker_id}: {name} empty for {minutes}"
-                    " minutes, terminating all burst workers",
+                    f"Scaling down worker {worker.worker_id}: {rule}, terminating all burst"
+                    " workers",
                 )
             )
         if len(idle) < drainable:
@@ -603,11 +757,58 @@ def _scale_down(config: SchedulerConfig, snapshot: Snapshot, view: _QueueView, p
             )
             return
         minutes = int((now - worker.idle_since()) // 60)
+        below = rules.queue_depth_below
+        rule = f"idle for {minutes} minutes ({name} depth={state.depth} < {below})"
+        if keep.holds(worker, rule, plan):
+            return
+        plan.add(_drain(worker, f"Scaling down worker {worker.worker_id}: {rule}"))
+        last = now
+
+
+class _KeepAlive:
+    """The keep-alive estimate for one queue's scale-down: a burst worker a rule would
+    drain is kept (a ``hold`` saying why) while the queue's recent arrival rate says it
+    will be needed again before a replacement could take work (boot + the scale-up
+    cooldown; :func:`autoscaler.estimate.needed_again`)."""
+
+    def __init__(self, config: SchedulerConfig, snapshot: Snapshot, view: _QueueView) -> None:
+        self.load = estimate.Load.of(view.state)
+        self.view = view
+        self.snapshot = snapshot
+        self.cooldown = config.scaling_rules.scale_up.cooldown_seconds
+        self.idle_window = 60.0 * config.scaling_rules.scale_down.idle_minutes
+        self.left = view.vps_live + len(view.cloud_live)
+        # what a replacement would cost now (the route and offers a launch would take)
+        how = route(view.name, view.config, view.state)
+        everywhere = dict.fromkeys(config.burst_providers(view.name), 1)
+        found = pick(options(config, view.name, snapshot.offers), how.kind, everywhere)
+        self.replacement = None if found is None else found.cents_per_hour
+
+    def holds(self, worker: WorkerState, rule: str, plan: _Plan) -> bool:
+        """Whether ``worker`` is kept (the hold added); else it counts as drained. A
+        worker dearer than its replacement would be (on-demand, where a launch now
+        would be spot) is not kept: idle, it costs more than a new one's boot."""
+        self.left -= 1
+        if self.load is None or worker.provider is None:
+            return False
+        if (
+            self.replacement is not None
+            and worker.cost_per_hour_cents > self.replacement + EPSILON_CENTS
+        ):
+            return False
+        boot = estimate.boot_seconds(worker.provider, self.snapshot.offers.get(worker.provider))
+        horizon = boot + self.cooldown
+        why = estimate.needed_again(self.load, self.left, horizon, self.idle_window)
+        if why is None:
+            return False
         plan.add(
-            _drain(
-                worker,
-                f"Scaling down worker {worker.worker_id}: idle for {minutes} minutes"
-                f" ({name} depth={state.depth} < {rules.queue_depth_below})",
+            Decision(
+                "hold",
+                f"Keeping worker {worker.worker_id} (would drain: {rule}): keep-alive"
+                f" estimate: {self.load.describe()}: {why} (a replacement takes boot"
+                f" {boot:.0f} s + cooldown {self.cooldown} s)",
+                queue=self.view.name,
+                worker_id=worker.worker_id,
             )
         )
-        last = now
+        return True

@@ -87,6 +87,7 @@ REFUSAL_REPEAT_SECONDS = 300.0
 SPOT_WATCH: dict[str, str] = {"aws": "aws", "google": "gcp"}  # whose notice a spot node reads
 LISTING_GRACE_SECONDS = 120.0  # a launched instance may be missing from a listing this long
 HEAD_HOME = "home"
+STOP_HEAD_TIMEOUT_SECONDS = 180.0  # the services get 120 s (autoscaler.head), then Ray
 # scheduler_state row: the head's Ray node id (the VPS), written by the head's services
 # (:mod:`autoscaler.head`): the workers on it, or outside Ray, are the VPS workers.
 VPS_NODE = "vps_node"
@@ -111,6 +112,10 @@ class ProviderSettings(BaseModel):
     token_path: str | None = None  # the head's Ray token; default <state_dir>/ray-auth-token
     node_token_path: str = bootstrap.DEFAULT_TOKEN_PATH  # where a burst node finds it
     token_command: str | None = None  # run on a burst node to write the token there
+    # The worker image a burst node runs Ray in (docker/host/ray), e.g.
+    # registry.example.com/hypermedia-worker:3f2c1ab; else the machine image's own
+    # HM_WORKER_IMAGE (/etc/default/hypermedia-worker).
+    worker_image: str | None = Field(default=None, pattern=bootstrap.IMAGE_REFERENCE)
     node_num_cpus: int | None = Field(default=None, ge=1)
     drivers: dict[ProviderName, DriverSettings] = Field(default_factory=dict)
 
@@ -425,6 +430,7 @@ class HypermediaNodeProvider(NodeProvider):
             resources={k: float(v) for k, v in resources.items()},
             token_path=self.settings.node_token_path,
             token_command=self.settings.token_command,
+            worker_image=self.settings.worker_image,
             num_cpus=self.settings.node_num_cpus,
             spot_watch=SPOT_WATCH.get(choice.provider) if choice.spot else None,
         )
@@ -635,6 +641,7 @@ class HypermediaNodeProvider(NodeProvider):
         if record is None:
             return None
         if record.get("driver") is None:  # the head: this machine is not ours to delete
+            self._stop_head()
             with self._nodes() as nodes:
                 nodes.pop(node_id, None)
             return None
@@ -649,6 +656,26 @@ class HypermediaNodeProvider(NodeProvider):
         with self._nodes() as nodes:
             nodes.pop(node_id, None)
         return None
+
+    def _stop_head(self) -> None:
+        """``ray down`` ran ``ray stop`` on the head before it terminates the head, but
+        swallows whatever kept that from running: stop the head's services and Ray here
+        too (nothing to do when they are stopped), so nothing of the cluster is left."""
+        try:
+            result = subprocess.run(
+                [sys.executable, "-m", "autoscaler.head", "stop"],
+                env=head_environment(self),
+                cwd=self.state_dir / HEAD_HOME,
+                capture_output=True,
+                text=True,
+                timeout=STOP_HEAD_TIMEOUT_SECONDS,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            log.warning("stopping the head did not end in %.0f s", STOP_HEAD_TIMEOUT_SECONDS)
+            return
+        if result.returncode != 0:
+            log.warning("stopping the head failed: %s", (result.stdout + result.stderr)[-2000:])
 
     def _drain(self, node_id: str) -> str:
         """Drain the node's Ray node (if it is alive) and wait, in a subprocess that carries

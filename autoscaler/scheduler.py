@@ -5,7 +5,9 @@ Every ``evaluation_interval_seconds``, the scheduler that holds the leadership l
 
 1. observes: ready jobs per queue and priority band from Redis
    (:meth:`~hypermedia.queue.redis_queue.RedisQueue.priority_heads`), the queued jobs
-   expected to run long (:func:`long_jobs`, from the record), the workers and their
+   expected to run long (:func:`long_jobs`, from the record), each queue's load (its
+   recent arrival rate and mean run time, :func:`queue_loads`: what the policy's
+   estimates size scale-ups and keep workers by, as in the simulator), the workers and their
    running jobs from the database (an actor on a burst node counts with its node), the
    cloud workers and prices from the :class:`Fleet`, the spend from the ``cloud_spend``
    ledger, and its own history and cost lock from ``scheduler_state``;
@@ -59,6 +61,7 @@ from autoscaler.leader import Leadership, Term
 from autoscaler.snapshot import (
     FLEET_ACTIONS,
     LONG_JOB_SECONDS,
+    RATE_WINDOW_SECONDS,
     Decision,
     History,
     Offer,
@@ -187,7 +190,15 @@ def reset_cost_lock(engine: Engine) -> dict[str, Any] | None:
 # -- observation -----------------------------------------------------------------------------
 
 
-def queue_state(queue: RedisQueue, name: str, now: float, long_jobs: int = 0) -> QueueState:
+def queue_state(
+    queue: RedisQueue,
+    name: str,
+    now: float,
+    long_jobs: int = 0,
+    load: tuple[float, float | None] | None = None,
+) -> QueueState:
+    """One queue from Redis's ready jobs; ``load``: its recent arrivals per hour and mean
+    run time (:func:`queue_loads`; None: unknown)."""
     return snapshot_queue_state(
         name,
         (
@@ -195,7 +206,48 @@ def queue_state(queue: RedisQueue, name: str, now: float, long_jobs: int = 0) ->
             for priority, (count, oldest_id) in queue.priority_heads(name).items()
         ),
         long_jobs=long_jobs,
+        arrivals_per_hour=None if load is None else load[0],
+        mean_run_seconds=None if load is None else load[1],
     )
+
+
+RUN_TIME_WINDOW_SECONDS = 6 * 3600.0  # completed attempts the mean run time is taken over
+
+
+def queue_loads(
+    conn: Connection, queues: Sequence[str], now: float
+) -> dict[str, tuple[float, float | None]]:
+    """Each queue's load as the policy estimates from it (the simulator measures the
+    same): jobs created in the last :data:`~autoscaler.snapshot.RATE_WINDOW_SECONDS`, as
+    a rate per hour, and the mean run time of the completed attempts of its jobs
+    completed in the last :data:`RUN_TIME_WINDOW_SECONDS` (None: none)."""
+    j, a = t.jobs.c, t.attempts.c
+    arrived: dict[str, int] = dict(
+        conn.execute(
+            select(j.queue, func.count())
+            .where(j.created_at >= _to_datetime(now - RATE_WINDOW_SECONDS))
+            .where(j.queue.in_(list(queues)))
+            .group_by(j.queue)
+        ).all()
+    )
+    ran: dict[str, Any] = dict(
+        conn.execute(
+            select(j.queue, func.avg(a.duration_ms))
+            .select_from(t.attempts.join(t.jobs, j.job_id == a.job_id))
+            .where(a.status == "completed", a.duration_ms.is_not(None))
+            # the jobs' completed_at is indexed (the out-rate); their attempts by job
+            .where(j.completed_at >= _to_datetime(now - RUN_TIME_WINDOW_SECONDS))
+            .where(j.queue.in_(list(queues)))
+            .group_by(j.queue)
+        ).all()
+    )
+    return {
+        name: (
+            int(arrived.get(name, 0)) * 3600.0 / RATE_WINDOW_SECONDS,
+            float(ran[name]) / 1000.0 if ran.get(name) else None,
+        )
+        for name in queues
+    }
 
 
 def long_jobs(conn: Connection, queues: Sequence[str]) -> dict[str, int]:
@@ -350,6 +402,7 @@ class Scheduler:
         now = self.clock.now()
         with transaction(self.engine) as conn:
             long = long_jobs(conn, list(self.config.queues))
+            loads = queue_loads(conn, list(self.config.queues), now)
             workers = vps_workers(conn)
             history = history_from(read_state(conn, HISTORY))
             lock = read_state(conn, COST_LOCK)
@@ -357,7 +410,8 @@ class Scheduler:
             today = _to_datetime(now).date().isoformat()
             spend = ledger_spend(conn, now, lock is not None, alerted.get("day") == today)
         queues = {
-            name: queue_state(self.queue, name, now, long[name]) for name in self.config.queues
+            name: queue_state(self.queue, name, now, long[name], loads[name])
+            for name in self.config.queues
         }
         cloud = self.fleet.cloud_workers(now, workers)
         burst_nodes = {w.node_id for w in cloud if w.node_id is not None}

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.table import Table
@@ -33,12 +33,18 @@ class Waits:
 
 @dataclass(frozen=True, slots=True)
 class FleetSample:
-    """Workers not yet terminated per queue, and the total depth, at one evaluation."""
+    """At one evaluation: workers not yet terminated per queue, the total depth, the
+    depth per queue, the oldest waiting job per priority band, and the spend (the last
+    hour, today)."""
 
     at: float
     vps: Mapping[str, int]
     cloud: Mapping[str, int]
     depth: int
+    depth_by_queue: Mapping[str, int] = field(default_factory=dict)
+    oldest_by_band: Mapping[Band, float] = field(default_factory=dict)
+    hour_cents: float = 0.0
+    today_cents: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +56,9 @@ class Report:
     jobs: int
     unfinished: int
     launches: int
+    boot_billed_seconds: float  # instance time paid while booting (no work taken)
+    churn_cents: float  # what booting and the providers' minimum billing cost
+    cap_holds: int  # evaluations where the cost caps held a launch
     interruptions: int
     hourly_breaches: int
     daily_breaches: int
@@ -119,9 +128,48 @@ def table(reports: Sequence[Report], title: str = "scheduler simulation") -> Tab
     return out
 
 
-def chart(reports: Sequence[Report], path: Path | str, title: str = "") -> bool:
-    """Workers per queue (VPS + cloud) and queue depth over time, one panel per controller,
-    as a PNG; False (and nothing written) when matplotlib is not installed."""
+def as_json(reports: Sequence[Report], **context: object) -> dict[str, object]:
+    """What ``simulate --json FILE`` writes: ``{"policies": [{"policy", "cost_cents",
+    "launches", "cap_breaches", "p95_wait_seconds": {"1-3", "4-6", "7-10"}, ...}]}``
+    (``context``: the trace, the mode, the capacity advice, at the top level)."""
+    policies = []
+    for r in reports:
+        policies.append(
+            {
+                "policy": r.controller,
+                "cost_cents": round(r.cloud_cost_cents, 4),
+                "launches": r.launches,
+                "cap_breaches": r.cap_breaches,
+                "p95_wait_seconds": {b: r.waits[b].p95 for b in BANDS},
+                "p50_wait_seconds": {b: r.waits[b].p50 for b in BANDS},
+                "max_wait_seconds": {b: r.waits[b].max for b in BANDS},
+                "jobs_by_band": {b: r.waits[b].jobs for b in BANDS},
+                "hourly_breaches": r.hourly_breaches,
+                "daily_breaches": r.daily_breaches,
+                "billed_boot_minutes": round(r.boot_billed_seconds / 60, 2),
+                "churn_cents": round(r.churn_cents, 4),
+                "cap_holds": r.cap_holds,
+                "peak_cloud": r.peak_cloud(),
+                "interruptions": r.interruptions,
+                "jobs": r.jobs,
+                "unfinished": r.unfinished,
+                "duration_seconds": r.duration_seconds,
+                "locked_at": r.locked_at,
+            }
+        )
+    return {**context, "policies": policies}
+
+
+def chart(
+    reports: Sequence[Report],
+    path: Path | str,
+    title: str = "",
+    caps: tuple[float, float] | None = None,
+) -> bool:
+    """A PNG, one column per policy and the same axes in every column: cloud and VPS
+    workers stacked per queue; the oldest waiting job per priority band; the spend of
+    the last hour and of the day against ``caps`` (hourly, daily cents). False (and
+    nothing written) when matplotlib is not installed."""
     try:
         import matplotlib  # type: ignore[import-not-found, unused-ignore]
 
@@ -129,24 +177,55 @@ def chart(reports: Sequence[Report], path: Path | str, title: str = "") -> bool:
         import matplotlib.pyplot as plt  # type: ignore[import-not-found, unused-ignore]
     except ImportError:
         return False
-    fig, axes = plt.subplots(len(reports), 1, figsize=(11, 3.2 * len(reports)), squeeze=False)
-    for ax, report in zip(axes[:, 0], reports, strict=True):
-        hours = [s.at / 3600 for s in report.timeline]
-        queues = list(report.timeline[0].vps) if report.timeline else []
-        for queue in queues:
-            counts = [s.vps[queue] + s.cloud[queue] for s in report.timeline]
-            if any(counts):
-                ax.step(hours, counts, where="post", label=f"{queue} (VPS+cloud)")
-        ax.set_ylabel("workers")
-        ax.set_title(f"{report.controller}: {cost.money(report.cloud_cost_cents)}")
-        depth_axis = ax.twinx()
-        depth_axis.plot(hours, [s.depth for s in report.timeline], color="grey", alpha=0.4)
-        depth_axis.set_ylabel("jobs waiting", color="grey")
-        ax.legend(loc="upper left", fontsize="small")
-    axes[-1, 0].set_xlabel("hours")
+    columns = max(1, len(reports))
+    fig, axes = plt.subplots(
+        3, columns, figsize=(4.2 * columns, 9), sharex=True, sharey="row", squeeze=False
+    )
+    queues = list(reports[0].timeline[0].vps) if reports and reports[0].timeline else []
+    busy = [q for q in queues if any(s.vps[q] + s.cloud[q] for r in reports for s in r.timeline)]
+    colours = plt.get_cmap("tab10")
+    for column, report in enumerate(reports):
+        samples = report.timeline
+        hours = [s.at / 3600 for s in samples]
+        workers, waits, spend = axes[0, column], axes[1, column], axes[2, column]
+        if samples and busy:
+            workers.stackplot(
+                hours,
+                *[[s.vps[q] + s.cloud[q] for s in samples] for q in busy],
+                labels=busy,
+                colors=[colours(queues.index(q)) for q in busy],
+                step="post",
+                alpha=0.85,
+            )
+        workers.set_title(
+            f"{report.controller}\n{cost.money(report.cloud_cost_cents)},"
+            f" {report.launches} launches, {report.cap_breaches} cap breaches",
+            fontsize="medium",
+        )
+        for n, band in enumerate(BANDS):
+            waits.plot(
+                hours,
+                [s.oldest_by_band.get(band, 0.0) / 60 for s in samples],
+                label=f"priority {band}",
+                color=colours(n + 5),
+                linewidth=1,
+            )
+        spend.plot(hours, [s.hour_cents / 100 for s in samples], label="last hour")
+        spend.plot(hours, [s.today_cents / 100 for s in samples], label="today")
+        if caps is not None:
+            spend.axhline(caps[0] / 100, color="tab:blue", linestyle="--", label="hourly cap")
+            spend.axhline(caps[1] / 100, color="tab:orange", linestyle="--", label="daily cap")
+        spend.set_xlabel("hours")
+    axes[0, 0].set_ylabel("workers (VPS + cloud)")
+    axes[1, 0].set_ylabel("oldest waiting job (min)")
+    axes[2, 0].set_ylabel("cloud spend ($)")
+    for row in range(3):
+        axes[row, -1].legend(loc="upper right", fontsize="small")
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(str(path), dpi=100)
+    # fixed margins: tight_layout over 12 axes costs a second, and the shared axes
+    # leave nothing for it to fit
+    fig.subplots_adjust(left=0.06, right=0.99, top=0.9, bottom=0.06, wspace=0.08, hspace=0.15)
+    fig.savefig(str(path), dpi=90)
     plt.close(fig)
     return True

@@ -25,6 +25,7 @@ import csv
 import heapq
 import math
 import random
+from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -33,6 +34,8 @@ from typing import TYPE_CHECKING, Literal
 from autoscaler import cost
 from autoscaler.sim_report import FleetSample
 from autoscaler.snapshot import (
+    RATE_WINDOW_SECONDS,
+    Band,
     Decision,
     History,
     Offer,
@@ -49,6 +52,7 @@ if TYPE_CHECKING:
 
 TRACE_COLUMNS = ("at_seconds", "queue", "priority", "duration_seconds")
 EPSILON_CENTS = 1e-6
+RUN_MEMORY = 100  # finished jobs per queue the mean running time is taken over
 
 
 # -- traces ----------------------------------------------------------------------------------
@@ -66,19 +70,38 @@ class Arrival:
 
 
 def read_trace(path: Path | str) -> list[Arrival]:
-    """The arrivals of a trace CSV, in time order; ValueError naming the line if bad."""
-    with Path(path).open(newline="", encoding="utf-8") as handle:
-        reader = csv.DictReader(handle)
-        header = tuple(reader.fieldnames or ())
-        if header[:4] != TRACE_COLUMNS or header[4:] not in ((), ("count",)):
-            raise ValueError(
-                f"{path}: header must be {','.join(TRACE_COLUMNS)}[,count], not {','.join(header)}"
-            )
-        arrivals = [_arrival(row, f"{path}:{n}") for n, row in enumerate(reader, start=2)]
+    """The arrivals of a trace CSV, in time order; ValueError naming the line if bad.
+
+    Read as spreadsheets and exports write them: any line ends (LF, CRLF, CR), a UTF-8
+    byte-order mark, ``#`` comment lines (before the header too), blank lines and rows
+    of empty cells (``,,,``) skipped, spaces around cells ignored."""
+    text = Path(path).read_text(encoding="utf-8-sig")
+    lines = [
+        (n, line)
+        for n, line in enumerate(text.splitlines(), start=1)
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
+    rows = csv.reader([line for _, line in lines])
+    header = tuple(cell.strip() for cell in next(rows, []))
+    if header[:4] != TRACE_COLUMNS or header[4:] not in ((), ("count",)):
+        raise ValueError(
+            f"{path}: header must be {','.join(TRACE_COLUMNS)}[,count], not {','.join(header)}"
+        )
+    arrivals = []
+    for (n, _), cells in zip(lines[1:], rows, strict=True):
+        values = [cell.strip() for cell in cells]
+        if not any(values):
+            continue
+        if len(values) > len(header):
+            raise ValueError(f"{path}:{n}: {len(values)} cells, the header has {len(header)}")
+        arrivals.append(_arrival(dict(zip(header, values, strict=False)), f"{path}:{n}"))
     return sorted(arrivals, key=lambda a: a.at)
 
 
 def _arrival(row: Mapping[str, str], where: str) -> Arrival:
+    for column in TRACE_COLUMNS:
+        if not row.get(column):
+            raise ValueError(f"{where}: {column} is empty")
     try:
         arrival = Arrival(
             at=float(row["at_seconds"]),
@@ -120,13 +143,22 @@ def _num(value: float) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Cloud:
-    """One simulated provider: prices in cents per instance-hour, boot time, spot risk."""
+    """One simulated provider: prices in cents per instance-hour, boot time, spot risk,
+    and its billing: in steps of ``billing_step_seconds`` with at least
+    ``min_billed_seconds`` per instance (AWS and Google: per second, 60 s minimum)."""
 
     provider: ProviderName
     on_demand_cents_per_hour: float
     spot_cents_per_hour: float | None = None  # None: no spot market
     launch_delay_seconds: float = 90.0
     interruptions_per_hour: float = 0.0  # per spot instance
+    min_billed_seconds: float = 60.0
+    billing_step_seconds: float = 1.0
+
+    def billed_seconds(self, ran: float) -> float:
+        """What an instance that ran ``ran`` seconds is billed for."""
+        steps = math.ceil(max(ran, 0.0) / self.billing_step_seconds - 1e-9)
+        return max(self.min_billed_seconds, steps * self.billing_step_seconds)
 
     def offer(self) -> Offer:
         return Offer(
@@ -146,11 +178,14 @@ class Cloud:
 
 def default_clouds() -> dict[ProviderName, Cloud]:
     """Plausible list prices for the seed's instance types (c6i.xlarge, c2-standard-4,
-    an IONOS cube), boot times, and a spot interruption every 20 instance-hours."""
+    an IONOS cube), boot times (billed: an instance is paid from its launch, takes work
+    after its boot), per-second billing with a minute's minimum, and a spot
+    interruption every 20 instance-hours."""
     return {
         "aws": Cloud("aws", 17.0, 4.0, 90.0, 0.05),
         "google": Cloud("google", 21.0, 5.0, 60.0, 0.05),
-        "ionos": Cloud("ionos", 15.0, None, 120.0, 0.0),
+        # IONOS bills by the minute (assumed here: a minute's step, a minute's minimum).
+        "ionos": Cloud("ionos", 15.0, None, 120.0, 0.0, billing_step_seconds=60.0),
     }
 
 
@@ -184,6 +219,7 @@ class _Worker:
     job: _Job | None = None
     last_job_at: float | None = None
     drain_started_at: float | None = None
+    prewarmed: bool = False
 
     def state(self) -> WorkerState:
         return WorkerState(
@@ -222,11 +258,20 @@ class World:
     interruptions: int = 0
     hourly_breaches: int = 0
     timeline: list[FleetSample] = field(default_factory=list)
+    # churn: seconds billed while booting, and what booting and minimum billing cost
+    boot_billed_seconds: float = 0.0
+    churn_cents: float = 0.0
+    cap_holds: int = 0  # evaluations where the cost caps held a launch
+    # the load the policy estimates from: recent arrivals, recent finished run times
+    arrived: dict[str, deque[tuple[float, int]]] = field(default_factory=dict)
+    ran: dict[str, deque[float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name, queue in self.config.queues.items():
             self.waiting[name] = {}
             self.long_waiting[name] = 0
+            self.arrived[name] = deque()
+            self.ran[name] = deque(maxlen=RUN_MEMORY)
             for i in range(queue.baseline_workers):
                 worker = _Worker(f"vps-{name}-{i}", name, self.now)
                 self.workers[worker.worker_id] = worker
@@ -246,6 +291,7 @@ class World:
     def arrive(self, arrival: Arrival) -> None:
         if arrival.queue not in self.waiting:
             raise ValueError(f"trace queue {arrival.queue!r} is not in the config's queues")
+        self.arrived[arrival.queue].append((self.now, arrival.count))
         for _ in range(arrival.count):
             job = _Job(len(self.jobs), arrival.queue, arrival.priority, arrival.duration, self.now)
             self.jobs.append(job)
@@ -275,6 +321,7 @@ class World:
         if worker is None or worker.job is None or worker.job.seq != seq:
             return  # the worker is gone and its job went back to the queue
         worker.job.done = True
+        self.ran[worker.queue].append(worker.job.duration)
         worker.job = None
         worker.last_job_at = self.now
 
@@ -290,7 +337,19 @@ class World:
             self.enqueue(worker.job)
         interval = self.ledger.get(worker_id)
         if interval is not None:
-            self.ledger[worker_id] = replace(interval, end=self.now)
+            self.ledger[worker_id] = self.close(worker, interval)
+
+    def close(self, worker: _Worker, interval: cost.Interval) -> cost.Interval:
+        """Its meter stopped now, as its provider bills it (the minimum, the steps), and
+        its churn counted: the boot it was paid for and the billing's top-up."""
+        assert worker.provider is not None
+        cloud = self.clouds[worker.provider]
+        ran = self.now - interval.start
+        billed = cloud.billed_seconds(ran)
+        booting = min(ran, cloud.launch_delay_seconds) if not worker.prewarmed else 0.0
+        self.boot_billed_seconds += booting
+        self.churn_cents += worker.price * (booting + billed - ran) / cost.HOUR_SECONDS
+        return replace(interval, end=interval.start + billed)
 
     # decisions
 
@@ -310,6 +369,7 @@ class World:
                 spot=decision.spot,
                 price=price,
                 status="active" if prewarmed else "starting",
+                prewarmed=prewarmed,
             )
             self.workers[worker.worker_id] = worker
             self.ledger[worker.worker_id] = cost.Interval(self.now, None, price)
@@ -342,7 +402,17 @@ class World:
             for priority, heap in self.waiting[name].items()
             if heap
         ]
-        return queue_state(name, heads, long_jobs=self.long_waiting[name])
+        arrived = self.arrived[name]
+        while arrived and arrived[0][0] <= self.now - RATE_WINDOW_SECONDS:
+            arrived.popleft()
+        ran = self.ran[name]
+        return queue_state(
+            name,
+            heads,
+            long_jobs=self.long_waiting[name],
+            arrivals_per_hour=sum(n for _, n in arrived) * 3600.0 / RATE_WINDOW_SECONDS,
+            mean_run_seconds=sum(ran) / len(ran) if ran else None,
+        )
 
     def spend(self) -> Spend:
         return cost.spend(
@@ -362,12 +432,27 @@ class World:
             history=self.history,
         )
 
-    def sample(self, depth: int) -> None:
+    def sample(self, snapshot: Snapshot) -> None:
         vps = dict.fromkeys(self.config.queues, 0)
         cloud = dict.fromkeys(self.config.queues, 0)
         for w in self.workers.values():
             (cloud if w.provider is not None else vps)[w.queue] += 1
-        self.timeline.append(FleetSample(self.now, vps, cloud, depth))
+        oldest: dict[Band, float] = {}
+        for state in snapshot.queues.values():
+            for band, age in state.oldest_by_band.items():
+                oldest[band] = max(oldest.get(band, 0.0), age)
+        self.timeline.append(
+            FleetSample(
+                self.now,
+                vps,
+                cloud,
+                sum(q.depth for q in snapshot.queues.values()),
+                depth_by_queue={name: q.depth for name, q in snapshot.queues.items()},
+                oldest_by_band=oldest,
+                hour_cents=snapshot.spend.last_hour_cents,
+                today_cents=snapshot.spend.today_cents,
+            )
+        )
 
     def check_hour(self) -> None:
         last_hour = cost.spent_between(self.ledger.values(), self.now - 3600.0, self.now)

@@ -59,10 +59,25 @@ class QueueState:
     # Ready jobs expected to run over LONG_JOB_SECONDS (long transcodes: spot with
     # checkpoints); see is_long.
     long_jobs: int = 0
+    # The queue's recent load, where known (None: unknown; the policy then sizes from the
+    # depth alone): jobs that arrived in the last RATE_WINDOW_SECONDS, as a rate per hour,
+    # and the mean running time of its recent finished jobs (autoscaler.estimate).
+    arrivals_per_hour: float | None = None
+    mean_run_seconds: float | None = None
+
+
+# The window the arrival rate is measured over (the loop and the simulator alike): half
+# an hour, long enough that a queue of long, sparse jobs (transcodes every 10 minutes) is
+# not read as idle between two of them (15 minutes flapped such a queue's workers).
+RATE_WINDOW_SECONDS = 1800.0
 
 
 def queue_state(
-    name: str, heads: Iterable[tuple[int, int, float]], long_jobs: int = 0
+    name: str,
+    heads: Iterable[tuple[int, int, float]],
+    long_jobs: int = 0,
+    arrivals_per_hour: float | None = None,
+    mean_run_seconds: float | None = None,
 ) -> QueueState:
     """A queue from its ready jobs per priority: ``(priority, count, oldest age)``."""
     depth_by_band: dict[Band, int] = {}
@@ -78,6 +93,8 @@ def queue_state(
         depth_by_band={b: depth_by_band[b] for b in BANDS if b in depth_by_band},
         oldest_by_band={b: oldest_by_band[b] for b in BANDS if b in oldest_by_band},
         long_jobs=long_jobs,
+        arrivals_per_hour=arrivals_per_hour,
+        mean_run_seconds=mean_run_seconds,
     )
 
 

@@ -34,6 +34,7 @@ from autoscaler.leader import Leadership
 from autoscaler.scheduler import COST_LOCK, HISTORY, ledger_spend, queue_state
 from autoscaler.snapshot import BANDS
 from autoscaler.state import epoch, read_state, to_datetime
+from hypermedia.bulk import runs
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
 from hypermedia.jobs.states import JobStatus
@@ -120,6 +121,21 @@ class DecisionStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class BulkRunStatus:
+    """A bulk run not finished (:mod:`hypermedia.bulk`)."""
+
+    run_id: str
+    kind: str
+    operation: str | None
+    state: str
+    reason: str | None
+    queue: str | None
+    priority: int
+    max_in_flight: int
+    counts: dict[str, int]  # scanned, created, skipped, unfit, migrated, failed, live
+
+
+@dataclass(frozen=True, slots=True)
 class Status:
     at: float
     mode: str  # scheduler.json's mode, or vps_only while the cost lock holds
@@ -132,6 +148,7 @@ class Status:
     spend: SpendStatus
     alerts: list[AlertStatus]
     decisions: list[DecisionStatus] = field(default_factory=list)
+    bulk: list[BulkRunStatus] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -168,6 +185,7 @@ def gather(stack: Stack, config: SchedulerConfig, decisions: int = 10) -> Status
         ).scalar_one_or_none()
         d = t.scheduler_decisions
         recent = conn.execute(select(d).order_by(d.c.decision_id.desc()).limit(decisions)).all()
+        bulk = runs.unfinished(conn)
 
     minutes = RATE_WINDOW_SECONDS / 60
     queues = []
@@ -229,6 +247,20 @@ def gather(stack: Stack, config: SchedulerConfig, decisions: int = 10) -> Status
                 reason=row.reason,
             )
             for row in recent
+        ],
+        bulk=[
+            BulkRunStatus(
+                run_id=r.run_id,
+                kind=r.kind,
+                operation=r.operation,
+                state=r.state,
+                reason=r.reason,
+                queue=r.queue,
+                priority=r.priority,
+                max_in_flight=r.max_in_flight,
+                counts=r.counts(),
+            )
+            for r in bulk
         ],
     )
 

@@ -16,6 +16,10 @@ minutes, a few over 30 minutes, bulk jobs at priority 7-10).
   jobs and 40 images.
 - ``runaway_flood``: 36 hours of arrivals far beyond any fleet (the queues only grow):
   what the cost caps are for.
+- ``three_day_cycle``: three days of the daily cycle, a new draw each day.
+- ``bursts``: six hours of random dumps (OCR, bulk, transcodes, images) over a light
+  background.
+- ``backfill``: a 20,000-job bulk regeneration beside 12 hours of interactive traffic.
 """
 
 from __future__ import annotations
@@ -105,11 +109,79 @@ def runaway_flood() -> list[Arrival]:
     return arrivals
 
 
+def _cycle(days: int, seed: int, scale: float = 1.0) -> list[Arrival]:
+    """``days`` of :func:`day_shape`, each day a different draw of :data:`DAILY_MIX`."""
+    rng = random.Random(seed)
+    arrivals: list[Arrival] = []
+    for minute in range(days * 24 * 60):
+        shape = day_shape(minute % (24 * 60) / 60) * scale
+        for queue, (peak, mix) in DAILY_MIX.items():
+            for share, priority, duration in mix:
+                count = _poisson(rng, peak * share * shape)
+                if count:
+                    at = minute * 60.0 + rng.randrange(60)
+                    arrivals.append(Arrival(at, queue, priority, duration, count))
+    return arrivals
+
+
+def three_day_cycle() -> list[Arrival]:
+    """Three days of the daily cycle (a new draw each day, seed 72)."""
+    return sorted(_cycle(3, 72), key=lambda a: (a.at, a.queue, a.priority))
+
+
+def bursts(seed: int = 6) -> list[Arrival]:
+    """Six hours of bursts over a light background (images every 2 minutes, an OCR
+    page every 3): every 20-50 minutes a dump of 20-150 OCR pages (a tenth of them
+    urgent), 10-80 bulk jobs, a few transcodes or 20-60 images, at random."""
+    rng = random.Random(seed)
+    arrivals = [Arrival(float(t), "images", 2, 10.0) for t in range(0, 6 * 3600, 120)]
+    arrivals += [Arrival(float(t), "ocr", 5, 60.0) for t in range(30, 6 * 3600, 180)]
+    at = float(rng.randrange(600, 1800))
+    while at < 6 * 3600:
+        kind = rng.choice(("ocr", "ocr", "bulk", "media", "images"))
+        if kind == "ocr":
+            n = rng.randrange(20, 151)
+            arrivals += [Arrival(at, "ocr", 3, 60.0, n // 10), Arrival(at, "ocr", 5, 60.0, n)]
+        elif kind == "bulk":
+            arrivals.append(Arrival(at, "bulk", 8, 120.0, rng.randrange(10, 81)))
+        elif kind == "media":
+            arrivals.append(Arrival(at, "media", 6, 600.0, rng.randrange(2, 7)))
+        else:
+            arrivals.append(Arrival(at, "images", 3, 10.0, rng.randrange(20, 61)))
+        at += rng.randrange(1200, 3001)
+    return sorted(arrivals, key=lambda a: (a.at, a.queue, a.priority))
+
+
+def backfill(seed: int = 20) -> list[Arrival]:
+    """A 20,000-job regeneration (bulk, priority 9, 20 s each, submitted in the first
+    10 minutes) beside 12 hours of the daily cycle's interactive traffic (07:00 to
+    19:00: images, documents, OCR, transcodes) and standard conversions in bulk
+    (priority 5) that must overtake the backfill."""
+    rng = random.Random(seed)
+    arrivals = [Arrival(float(60 * i), "bulk", 9, 20.0, 2000) for i in range(10)]
+    for minute in range(12 * 60):
+        shape = day_shape(7 + minute / 60)
+        for queue in ("images", "documents", "ocr", "media"):
+            peak, mix = DAILY_MIX[queue]
+            for share, priority, duration in mix:
+                count = _poisson(rng, peak * share * shape)
+                if count:
+                    at = minute * 60.0 + rng.randrange(60)
+                    arrivals.append(Arrival(at, queue, priority, duration, count))
+        count = _poisson(rng, 0.3 * shape)
+        if count:
+            arrivals.append(Arrival(minute * 60.0 + rng.randrange(60), "bulk", 5, 60.0, count))
+    return sorted(arrivals, key=lambda a: (a.at, a.queue, a.priority))
+
+
 TRACES: dict[str, Callable[[], list[Arrival]]] = {
     "steady": steady,
     "daily_cycle": daily_cycle,
     "burst": burst,
     "runaway_flood": runaway_flood,
+    "three_day_cycle": three_day_cycle,
+    "bursts": bursts,
+    "backfill": backfill,
 }
 
 

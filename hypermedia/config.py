@@ -147,6 +147,9 @@ class Settings(BaseSettings):
     callback_max_attempts: int = Field(default=8, ge=1, le=100)
     callback_timeout_seconds: float = Field(default=10.0, gt=0, le=120)
     callback_poll_seconds: float = Field(default=1.0, gt=0, le=3600)
+    # Bulk runs (hypermedia.bulk): how often the head looks at runs with no room for
+    # jobs (a run with room is driven at once).
+    bulk_poll_seconds: float = Field(default=2.0, gt=0, le=3600)
 
     backoff_base_seconds: float = Field(default=60.0, gt=0)
     backoff_max_seconds: float = Field(default=3600.0, gt=0)

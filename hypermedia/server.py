@@ -6,8 +6,13 @@ and the reconciler every ``reconcile_interval_seconds``, or on the first tick
 after Redis is reachable again or found emptied (the queue's
 ``reconcile_wanted``). A failed round (Redis or the database down) is logged and
 retried on the next tick; ``stop()`` returns once the round in progress has
-finished. A second thread sends completion webhooks (:mod:`hypermedia.callbacks`)
-every ``callback_poll_seconds``, so a receiver that hangs never delays the reaper.
+finished. Every :data:`CHECKPOINT_SWEEP_SECONDS` it deletes the checkpoints of jobs
+that ended and the orphans (:func:`hypermedia.jobs.checkpoints.sweep`). A second
+thread sends completion webhooks (:mod:`hypermedia.callbacks`)
+every ``callback_poll_seconds``, so a receiver that hangs never delays the reaper. A
+third drives bulk runs (:class:`~hypermedia.bulk.runner.BulkRunner`): at once while a
+run has room for jobs, else every ``bulk_poll_seconds``; a head restarted after a crash
+picks its runs up from their cursors.
 
 The access log never shows a signed URL's signature (:class:`RedactSignedUrls`).
 """
@@ -25,9 +30,11 @@ from urllib.parse import unquote_plus
 
 import uvicorn
 
+from hypermedia.bulk.runner import BulkRunner
 from hypermedia.callbacks import CallbackSender
 from hypermedia.config import Settings
 from hypermedia.errors import HypermediaError
+from hypermedia.jobs import checkpoints
 from hypermedia.jobs.reaper import reconcile
 from hypermedia.stack import Stack
 
@@ -35,6 +42,9 @@ if TYPE_CHECKING:
     from fastapi import FastAPI
 
 log = logging.getLogger(__name__)
+
+# How often ended jobs' checkpoints are deleted (hypermedia.jobs.checkpoints.sweep).
+CHECKPOINT_SWEEP_SECONDS = 5.0
 
 
 class Maintenance:
@@ -54,6 +64,14 @@ class Maintenance:
         self._thread: threading.Thread | None = None
         self._sender: threading.Thread | None = None
         self.callbacks = CallbackSender.from_settings(stack.engine, stack.settings, stack.clock)
+        self.bulk = BulkRunner(
+            stack.engine,
+            stack.queue,
+            storage=stack._storage,
+            clock=stack.clock,
+            repository=stack.repository,
+        )
+        self._bulk: threading.Thread | None = None
         self.rounds = 0
         self.reconciles = 0
 
@@ -71,25 +89,42 @@ class Maintenance:
             daemon=True,
         )
         self._sender.start()
+        self._bulk = threading.Thread(
+            target=self.bulk.run,
+            args=(self._stop, self.stack.settings.bulk_poll_seconds),
+            name="hypermedia-bulk",
+            daemon=True,
+        )
+        self._bulk.start()
 
     def stop(self, timeout: float = 30.0) -> None:
         self._stop.set()
-        for thread in (self._thread, self._sender):
+        for thread in (self._thread, self._sender, self._bulk):
             if thread is not None:
                 thread.join(timeout)
                 if thread.is_alive():
                     log.warning("%s thread still busy after %.0f s", thread.name, timeout)
-        self._thread = self._sender = None
+        self._thread = self._sender = self._bulk = None
 
     def _run(self) -> None:
         next_reconcile = self._monotonic()  # reconcile once at start
+        next_sweep = self._monotonic()
         while not self._stop.is_set():
             if self._monotonic() >= next_reconcile or self.stack.queue.reconcile_wanted():
                 self._step("reconcile", self.reconcile)
                 next_reconcile = self._monotonic() + self.reconcile_interval
             self._step("reap", self.stack.reaper.tick)
+            if self._monotonic() >= next_sweep:
+                self._step("checkpoints", self.sweep_checkpoints)
+                next_sweep = self._monotonic() + CHECKPOINT_SWEEP_SECONDS
             self.rounds += 1
             self._stop.wait(self.reaper_interval)
+
+    def sweep_checkpoints(self) -> None:
+        """Ended jobs' checkpoints and orphans out of storage and the record (a process
+        opened without storage has none to sweep)."""
+        if self.stack.has_storage:
+            checkpoints.sweep(self.stack.engine, self.stack.storage, self.stack.clock.now())
 
     def reconcile(self) -> None:
         reconcile(self.stack.engine, self.stack.queue)

@@ -118,6 +118,10 @@ class Stack:
     redis_url: str = ""  # what `redis` connects to (the API's event streams open their own)
 
     @property
+    def has_storage(self) -> bool:
+        return self._storage is not None
+
+    @property
     def storage(self) -> Storage:
         if self._storage is None:
             raise ConfigError(

@@ -29,6 +29,17 @@ Both steps run the same way:
 5. the output probed again: it must hold the encoded stream and last longer than
    zero, else ``invalid_input`` ("no samples": nothing could be decoded).
 
+A video longer than the profile's ``chunk_above_seconds`` is transcoded in
+keyframe-aligned chunks that survive the loss of the worker (:mod:`pipelines.media_chunks`);
+shorter ones in one pass.
+
+A truncated input (an MP4/MOV whose index says more than its file holds: FFmpeg's
+"partial file") is transcoded as far as it decodes (a video whose sound fails first:
+its picture alone); an output shorter than the input's stated duration by a second
+and 2 % or more, or from such an input, is marked partial: the step's units of work
+say ``partial: 1`` (the attempt's record shows them). A truncated MP4 whose index was
+at the end has lost it: nothing can be read, ``invalid_input``.
+
 ffmpeg's own failures become ``invalid_input`` with the last lines it printed (our
 paths replaced); its deaths by rlimit keep the sandbox's codes: ``cpu_limit``
 (``RLIMIT_CPU``: SIGXCPU, on which ffmpeg stops and exits 255, or SIGKILL),
@@ -69,10 +80,10 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from pipelines import progress
+from pipelines import media_chunks, progress
 from pipelines.formats import signatures
 from pipelines.params import integer, reject_unknown
-from pipelines.registry import Output, PipelineError, register
+from pipelines.registry import Output, PipelineError, register, usage_output
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +92,8 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_VIDEO_SECONDS = 7200.0
 DEFAULT_MAX_AUDIO_SECONDS = 14400.0
 LIMIT_KEY = "max_duration_seconds"
+# The profile's chunking (pipelines.media_chunks): they change how, not what.
+CHUNK_KEYS = (media_chunks.CHUNK_SECONDS_KEY, media_chunks.CHUNK_ABOVE_KEY)
 
 DEFAULT_HEIGHT = 720
 MIN_HEIGHT, MAX_HEIGHT = 16, 4320
@@ -100,6 +113,10 @@ _OUT_OF_MEMORY = (
     "malloc of size",
     "out of memory",
 )
+# What FFmpeg's MOV demuxer says of a file that ends before its index (lower case).
+_PARTIAL_FILE = "partial file"
+# An output this much shorter than the input's stated duration (or more) is partial.
+_PARTIAL_SECONDS, _PARTIAL_SHARE = 1.0, 0.02
 _CONTEXT = re.compile(r"\[([\w,]+) @ 0x[0-9a-f]+\]")
 
 # Sample entries of protected tracks, as ffprobe reports them in codec_tag_string.
@@ -203,7 +220,8 @@ class AudioRequest:
 
 def video_request(params: Mapping[str, Any]) -> VideoRequest:
     """``codec`` (h264), ``height`` (largest output height), ``crf`` (0-51)."""
-    reject_unknown("transcode_video", params, ("codec", "height", "crf", LIMIT_KEY))
+    reject_unknown("transcode_video", params, ("codec", "height", "crf", LIMIT_KEY, *CHUNK_KEYS))
+    media_chunks.chunking(params)
     codec = params.get("codec", "h264")
     if codec != "h264":
         raise PipelineError("invalid_params", f"transcode_video: codec must be h264, got {codec!r}")
@@ -304,6 +322,7 @@ class _Ran:
     returncode: int
     text: str  # stdout when it succeeded, else the last of stderr
     cpu_seconds: float
+    tail: str = ""  # the last of stderr, whatever the outcome
 
 
 def _run(
@@ -354,25 +373,27 @@ def _run(
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     if returncode == 0:
-        return _Ran(0, stdout.decode("utf-8", "replace"), cpu)
-    return _Ran(returncode, tail, cpu)
+        return _Ran(0, stdout.decode("utf-8", "replace"), cpu, tail)
+    return _Ran(returncode, tail, cpu, tail)
 
 
 class _Progress:
     """FFmpeg's ``-progress`` lines (``key=value``, a block every ``-stats_period``) as
     the step's progress, in seconds of the output against the input's duration."""
 
-    def __init__(self, total: float | None) -> None:
+    def __init__(self, total: float | None, offset: float = 0.0, *, whole: bool = True) -> None:
         self.total = total
+        self.offset = offset  # media time done before this run (earlier chunks)
+        self.whole = whole  # this run is the whole job: its end is the total
 
     def __call__(self, line: str) -> None:
         key, _, value = line.partition("=")
         if key == "out_time_us" and value.isdigit():
-            done = int(value) / 1e6
+            done = self.offset + int(value) / 1e6
             progress.report(
                 done if self.total is None else min(done, self.total), self.total, "seconds"
             )
-        elif key == "progress" and value == "end" and self.total is not None:
+        elif key == "progress" and value == "end" and self.total is not None and self.whole:
             progress.report(self.total, self.total, "seconds")
 
 
@@ -526,11 +547,21 @@ def video_args(
     source: Path, container: Container, request: VideoRequest, video: Stream, audio: Stream | None
 ) -> list[str]:
     """ffmpeg's arguments for ``transcode_video`` (output path last)."""
+    return [
+        *_video_only_args(source, container, request, video),
+        *([] if audio is None else _sound_args(audio)),
+        "-t", f"{request.max_seconds + _LIMIT_SLACK_SECONDS:.3f}",
+        *_CLEAN, "-movflags", "+faststart", "-f", "mp4",
+    ]  # fmt: skip
+
+
+def _video_only_args(
+    source: Path, container: Container, request: VideoRequest, video: Stream
+) -> list[str]:
+    """ffmpeg, its input and the video's encoding: what a single pass and each chunk
+    share (an input option such as ``-ss`` may go right after ``ffmpeg``)."""
     # Never upscaled, even dimensions, 4:2:0 (what every H.264 player decodes).
     height = f"max(2,trunc(min(ih,{request.height})/2)*2)"
-    sound = [] if audio is None else [
-        "-map", f"0:{audio.index}", "-c:a", "aac", "-b:a", "128k", *_channels(audio),
-    ]  # fmt: skip
     return [
         _tool("ffmpeg"), *_COMMON, *_input_args(source, container.demuxer),
         "-filter_threads", "1",
@@ -538,9 +569,19 @@ def video_args(
         "-vf", f"scale=w=-2:h='{height}',format=yuv420p",
         "-c:v", "libx264", "-preset", "veryfast", "-crf", str(request.crf),
         "-threads", "1", "-x264-params", "threads=1:lookahead-threads=1",
-        *sound,
-        "-t", f"{request.max_seconds + _LIMIT_SLACK_SECONDS:.3f}",
-        *_CLEAN, "-movflags", "+faststart", "-f", "mp4",
+    ]  # fmt: skip
+
+
+def _sound_args(audio: Stream) -> list[str]:
+    """A video's sound: AAC at 128 kbit/s, mono or stereo."""
+    return ["-map", f"0:{audio.index}", "-c:a", "aac", "-b:a", "128k", *_channels(audio)]
+
+
+def _sound_only_args(source: Path, container: Container, audio: Stream) -> list[str]:
+    """A video's sound alone (chunked transcodes encode it once, apart)."""
+    return [
+        _tool("ffmpeg"), *_COMMON, *_input_args(source, container.demuxer),
+        "-filter_threads", "1", *_sound_args(audio), "-vn", *_CLEAN,
     ]  # fmt: skip
 
 
@@ -575,13 +616,32 @@ def transcode(
     output: Path,
     label: str,
     seconds: float | None = None,
-) -> None:
+    *,
+    offset: float = 0.0,
+    part: bool = False,
+) -> bool:
     """Run ffmpeg; its progress reported against ``seconds`` (the input's duration, if
-    stated)."""
+    stated), ``offset`` seconds of it done before; ``part``: one piece of the job (its
+    end is not the job's; without ``seconds``, it reports nothing). True when the input
+    ended before its index said (FFmpeg's "partial file": a truncated MP4/MOV); a
+    failure on such an input is :class:`Truncated`."""
     watched = [args[0], "-progress", "pipe:1", "-stats_period", str(_PROGRESS_PERIOD), *args[1:]]
-    ran = _run([*watched, str(output)], workdir, ".ffmpeg.log", _Progress(seconds))
+    report = None if part and seconds is None else _Progress(seconds, offset, whole=not part)
+    if report is None:
+        watched = args
+    ran = _run([*watched, str(output)], workdir, ".ffmpeg.log", report)
+    truncated = _PARTIAL_FILE in ran.tail.lower()
     if ran.returncode != 0:
-        raise _failure(ran, f"cannot transcode {label}", source, workdir)
+        error = _failure(ran, f"cannot transcode {label}", source, workdir)
+        if truncated and error.code == "invalid_input":
+            raise Truncated(error.code, error.message)
+        raise error
+    return truncated
+
+
+class Truncated(PipelineError):
+    """FFmpeg failed on an input that ends before its index says: another try on less
+    of it (the video without its sound) may still give what decodes."""
 
 
 def _expected(found: Probe, max_seconds: float) -> float | None:
@@ -619,11 +679,38 @@ def transcode_video_step(
     video = check_input(found, "video", container.label, request.max_seconds)
     audio = found.first("audio")
     output = workdir / request.output_type
+    chunk_seconds, chunk_above = media_chunks.chunking(params)
+    units: dict[str, int] | None = None
+    truncated = False
     try:
-        transcode(
-            video_args(input_path, container, request, video, audio),
-            input_path, workdir, output, container.label, _expected(found, request.max_seconds),
-        )  # fmt: skip
+        if found.duration is not None and found.duration > chunk_above:
+            units = media_chunks.transcode_chunked(
+                input_path, workdir, output, container.label,
+                video_args=_video_only_args(input_path, container, request, video),
+                audio_args=(
+                    None if audio is None else _sound_only_args(input_path, container, audio)
+                ),
+                stream_index=video.index,
+                input_args=_input_args(input_path, container.demuxer),
+                chunk_seconds=chunk_seconds,
+                total=found.duration,
+            )  # fmt: skip
+        if units is None:
+            expected = _expected(found, request.max_seconds)
+            try:
+                truncated = transcode(
+                    video_args(input_path, container, request, video, audio),
+                    input_path, workdir, output, container.label, expected,
+                )  # fmt: skip
+            except Truncated:
+                if audio is None:
+                    raise
+                # A truncated file whose sound (or picture) ends where nothing decodes:
+                # the picture alone, as far as it goes.
+                truncated = transcode(
+                    video_args(input_path, container, request, video, None),
+                    input_path, workdir, output, container.label, expected,
+                )  # fmt: skip
         seconds = check_output(
             output, "mp4", "video", "h264", workdir, container.label, request.max_seconds
         )
@@ -631,7 +718,18 @@ def transcode_video_step(
         output.unlink(missing_ok=True)
         raise
     log.debug("video %s %.1fs -> %s", container.demuxer, seconds, request.output_type)
-    return [Output(request.output_type, output, "video/mp4")]
+    units = units or {}
+    if truncated or _short(seconds, found.duration):
+        units["partial"] = 1
+    outputs = [Output(request.output_type, output, "video/mp4")]
+    return outputs + ([usage_output(workdir, units)] if units else [])
+
+
+def _short(seconds: float, stated: float | None) -> bool:
+    """An output shorter than the input said it was: what decoded of a damaged input."""
+    if stated is None:
+        return False
+    return stated - seconds >= max(_PARTIAL_SECONDS, _PARTIAL_SHARE * stated)
 
 
 def transcode_audio_step(
@@ -645,7 +743,7 @@ def transcode_audio_step(
     output = workdir / request.output_type
     codec = request.codec
     try:
-        transcode(
+        truncated = transcode(
             audio_args(input_path, container, request, audio),
             input_path, workdir, output, container.label, _expected(found, request.max_seconds),
         )  # fmt: skip
@@ -656,10 +754,13 @@ def transcode_audio_step(
         output.unlink(missing_ok=True)
         raise
     log.debug("audio %s %.1fs -> %s", container.demuxer, seconds, request.output_type)
-    return [Output(request.output_type, output, codec.content_type)]
+    outputs = [Output(request.output_type, output, codec.content_type)]
+    if truncated or _short(seconds, found.duration):
+        outputs.append(usage_output(workdir, {"partial": 1}))
+    return outputs
 
 
-@register("transcode_video")
+@register("transcode_video", profile_only=CHUNK_KEYS, checkpoints=True)
 def transcode_video(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list[Output]:
     """MP4: H.264 (``crf``, at most ``height`` high) + AAC when the input has sound."""
     return transcode_video_step(input_path, params, workdir)

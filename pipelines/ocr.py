@@ -366,10 +366,13 @@ def _image_dpi(image: Any) -> float:
 
 # Imported by the ocr worker's fork server before it forks: a one-page job with the
 # profile's defaults through the real fork server 6.46 -> 6.13 CPU-s (p50 of 5,
-# interleaved; bench/ocr_preload.py). Engines and models are still built in each job:
+# interleaved; bench/ocr_preload.py). ``rapidocr`` alone imports nothing (its package
+# imports lazily): ``rapidocr.main`` (its modules and their OmegaConf defaults) took
+# another 0.43 CPU-s off each job (6.66 -> 6.23, p50 of 5 interleaved, load 8-10).
+# Engines and models are still built in each job:
 # a server-built engine saved 0.1-0.3 CPU-s more, fixed jobs at one inference thread
 # and cost the server 240 MB (bench/README.md).
-PRELOAD = ("numpy", "cv2", "onnxruntime", "rapidocr", "rapid_layout")
+PRELOAD = ("numpy", "cv2", "onnxruntime", "rapidocr", "rapidocr.main", "rapid_layout")
 
 
 @register("ocr", check=check, profile_only=ocr_params.PROFILE_ONLY, preload=PRELOAD)

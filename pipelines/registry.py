@@ -19,6 +19,10 @@ A step may also report the work it did (``{"page": 3, "escalation": 1}``) with
 :func:`usage_output`: an output of type :data:`USAGE_OUTPUT` that the worker reads
 (the profile's ``unit_costs`` price it; the attempt records it) and never stores.
 
+A step registered with ``checkpoints=True`` may keep finished pieces of its work in
+its workdir (:mod:`pipelines.checkpoints`); the worker stores them as they appear and
+puts them back before a retry (:func:`checkpointing`).
+
 Failures raise :class:`PipelineError` with a stable ``code`` (``unsupported_format``,
 ``invalid_input``, ``pixel_limit``, ``invalid_params`` ...) and whether a retry
 could help (``retryable``); anything else escaping a step is a bug, reported as
@@ -39,6 +43,7 @@ __all__ = [
     "PipelineError",
     "Step",
     "check",
+    "checkpointing",
     "get",
     "load_all",
     "operations",
@@ -87,6 +92,7 @@ _STEPS: dict[str, Step] = {}
 _CHECKS: dict[str, Check] = {}
 _PROFILE_ONLY: dict[str, frozenset[str]] = {}
 _PRELOAD: dict[str, tuple[str, ...]] = {}
+_CHECKPOINTS: set[str] = set()
 
 
 def register(
@@ -95,11 +101,13 @@ def register(
     check: Check | None = None,
     profile_only: Collection[str] = (),
     preload: Sequence[str] = (),
+    checkpoints: bool = False,
 ) -> Callable[[Step], Step]:
     """Register a step. ``profile_only``: parameters only the operator's profile may
     set (paths on the worker and the like); a request naming one is refused.
     ``preload``: libraries the fork server of a worker serving the step may import
-    before it forks, so that each job does not (see :func:`preload`)."""
+    before it forks, so that each job does not (see :func:`preload`). ``checkpoints``:
+    the step keeps finished pieces for a retry (:mod:`pipelines.checkpoints`)."""
 
     def decorate(step: Step) -> Step:
         if operation in _STEPS:
@@ -109,6 +117,8 @@ def register(
             _CHECKS[operation] = check
         _PROFILE_ONLY[operation] = frozenset(profile_only)
         _PRELOAD[operation] = tuple(preload)
+        if checkpoints:
+            _CHECKPOINTS.add(operation)
         return step
 
     return decorate
@@ -139,6 +149,12 @@ def check(operation: str, params: Mapping[str, Any]) -> None:
     found = _CHECKS.get(operation)
     if found is not None:
         found(params)
+
+
+def checkpointing(operation: str) -> bool:
+    """Whether the step for ``operation`` keeps checkpoints (see :func:`register`)."""
+    load_all()
+    return operation in _CHECKPOINTS
 
 
 def get(operation: str) -> Step:

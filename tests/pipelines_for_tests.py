@@ -319,15 +319,26 @@ def connect(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list[
 @register("test.fork_bomb")
 def fork_bomb(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list[Output]:
     """Every process forks for ever (each pid appended to ``pids.txt``); a process whose
-    fork fails sleeps, except the first, which lets the error end the job."""
+    fork fails sleeps, except the first, which lets the error end the job once every
+    child's pid is written (all but itself under ``RLIMIT_NPROC``; at most 20 s)."""
+    import resource
+
     first = os.getpid()
-    log = os.open(workdir / "pids.txt", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    path = workdir / "pids.txt"
+    log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     while True:
         try:
             pid = os.fork()
         except OSError:
             if os.getpid() == first:
-                time.sleep(0.3)  # the last children write their pids
+                limit, _ = resource.getrlimit(resource.RLIMIT_NPROC)
+                deadline = time.monotonic() + 20
+                # A loaded machine may not have run the last children's writes yet.
+                while time.monotonic() < deadline:
+                    written = len(path.read_text().split())
+                    if limit == resource.RLIM_INFINITY or written >= limit - 1:
+                        break
+                    time.sleep(0.05)
                 raise
             time.sleep(3600)
             os._exit(0)
@@ -417,3 +428,27 @@ def tree(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list[Out
     return _json_output(
         workdir, "tree.json", {"pid": os.getpid(), "parent": os.getppid(), "visible": visible}
     )
+
+
+@register("test.transcode_slowly", checkpoints=True)
+def transcode_slowly(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list[Output]:
+    """``transcode_video`` that waits ``pause_seconds`` after each checkpoint it finishes
+    (a kill then lands between two chunks), or ``hold_seconds`` after the piece named
+    ``hold_after`` (a kill then lands there on any machine; a retry that resumes that
+    piece does not commit it again, so it does not wait); it counts the chunks it
+    transcoded in its units of work, as ``transcode_video`` does."""
+    from pipelines import checkpoints, media
+
+    pause = float(params.get("pause_seconds", 0))
+    hold_after, hold = params.get("hold_after"), float(params.get("hold_seconds", 0))
+    commit = checkpoints.commit
+
+    def slow_commit(workdir: Path, name: str) -> Path:
+        path = commit(workdir, name)
+        time.sleep(hold if name == hold_after else pause)
+        return path
+
+    checkpoints.commit = slow_commit  # this child's copy of the module only
+    ours = ("pause_seconds", "hold_after", "hold_seconds")
+    rest = {k: v for k, v in params.items() if k not in ours}
+    return media.transcode_video_step(input_path, rest, workdir)

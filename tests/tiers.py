@@ -8,6 +8,10 @@
                 tests are deselected and the summary says so in one line; with
                 ``CI=true``, or a ``HYPERMEDIA_TEST_CORPUS`` that names no corpus, they
                 fail instead: CI must not pass without the tier.
+``slow``        marker: minutes of its own (a whole ``ray up`` cluster launching nodes).
+                Left out of a run unless ``CI=true``, ``HYPERMEDIA_TEST_SLOW=1`` or a
+                ``-m`` expression that names them (``-m slow`` runs only them); the
+                summary says how many did not run and how to run them.
 """
 
 from __future__ import annotations
@@ -19,19 +23,36 @@ import pytest
 from tests.corpus_support import CORPUS_ENV, find_corpus
 from tests.generated import Generated
 
+SLOW_ENV = "HYPERMEDIA_TEST_SLOW"
 _PROBLEM = pytest.StashKey[str]()
 _DESELECTED = pytest.StashKey[int]()
+_SLOW_DESELECTED = pytest.StashKey[int]()
 # How an xdist worker tells the controller how many it deselected.
 _WORKER_KEY = "hypermedia_corpus_deselected"
+_SLOW_WORKER_KEY = "hypermedia_slow_deselected"
 
 
 def _in_ci() -> bool:
     return os.environ.get("CI", "").lower() == "true"
 
 
+def _slow_wanted(config: pytest.Config) -> bool:
+    asked = os.environ.get(SLOW_ENV, "").lower() in {"1", "true", "yes"}
+    return _in_ci() or asked or "slow" in str(config.getoption("markexpr", ""))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    marked = [item for item in items if item.get_closest_marker("corpus")]
-    if not marked:
+    _leave_out_slow(config, items)
+    _corpus_tier(config, items)
+
+
+def _leave_out_slow(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if any(item.get_closest_marker("slow") for item in items) and not _slow_wanted(config):
+        _deselect(config, items, "slow", _SLOW_DESELECTED, _SLOW_WORKER_KEY)
+
+
+def _corpus_tier(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not any(item.get_closest_marker("corpus") for item in items):
         return
     found = find_corpus()
     if found.path is not None:
@@ -39,12 +60,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if _in_ci() or os.environ.get(CORPUS_ENV):
         config.stash[_PROBLEM] = f"the corpus tier cannot run: {found.problem}"
         return
-    items[:] = [item for item in items if not item.get_closest_marker("corpus")]
+    _deselect(config, items, "corpus", _DESELECTED, _WORKER_KEY)
+
+
+def _deselect(
+    config: pytest.Config,
+    items: list[pytest.Item],
+    marker: str,
+    count: pytest.StashKey[int],
+    worker_key: str,
+) -> None:
+    """Leave out the tests marked ``marker``, counted for the summary (an xdist worker
+    tells its controller the count under ``worker_key``)."""
+    marked = [item for item in items if item.get_closest_marker(marker)]
+    items[:] = [item for item in items if not item.get_closest_marker(marker)]
     config.hook.pytest_deselected(items=marked)
-    config.stash[_DESELECTED] = len(marked)
+    config.stash[count] = len(marked)
     workeroutput = getattr(config, "workeroutput", None)
     if workeroutput is not None:
-        workeroutput[_WORKER_KEY] = len(marked)
+        workeroutput[worker_key] = len(marked)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -59,14 +93,21 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node: object, error: object) -> None:
     """xdist: the controller learns what its workers deselected (all collect the same)."""
-    count = int(getattr(node, "workeroutput", {}).get(_WORKER_KEY, 0))
+    output = getattr(node, "workeroutput", {})
     config: pytest.Config = node.config  # type: ignore[attr-defined]
-    config.stash[_DESELECTED] = max(count, config.stash.get(_DESELECTED, 0))
+    for key, stash in ((_WORKER_KEY, _DESELECTED), (_SLOW_WORKER_KEY, _SLOW_DESELECTED)):
+        config.stash[stash] = max(int(output.get(key, 0)), config.stash.get(stash, 0))
 
 
 def pytest_terminal_summary(
     terminalreporter: pytest.TerminalReporter, config: pytest.Config
 ) -> None:
+    slow = config.stash.get(_SLOW_DESELECTED, 0)
+    if slow:
+        terminalreporter.write_line(
+            f"slow tier: {slow} tests did not run (whole `ray up` clusters, minutes each;"
+            f" CI runs them); to run them set {SLOW_ENV}=1, or -m slow for only them"
+        )
     count = config.stash.get(_DESELECTED, 0)
     if count:
         terminalreporter.write_line(

@@ -45,6 +45,7 @@ OPTIONS = {
     "num_cpus",
     "object_store_bytes",
     "metadata_url",
+    "spot_poll_seconds",
 }
 
 
@@ -84,6 +85,15 @@ class LocalDriver:
         ):
             raise ConfigError(f"provider.drivers.{label}.metadata_url", "expected an http(s) URL")
         self.metadata_url: str | None = metadata_url
+        # How often those watchers read it (the nodes' HYPERMEDIA_SPOT_POLL_SECONDS;
+        # unset: the settings' default).
+        self.spot_poll_seconds: float | None = None
+        if "spot_poll_seconds" in options:
+            self.spot_poll_seconds = _number(options, "spot_poll_seconds", label=label)
+            if self.spot_poll_seconds > 60:
+                raise ConfigError(
+                    f"provider.drivers.{label}.spot_poll_seconds", "at most 60 seconds"
+                )
         self.state_dir.mkdir(parents=True, exist_ok=True)
 
     # -- the shared state file ------------------------------------------------------------
@@ -143,6 +153,8 @@ class LocalDriver:
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
         if spot and self.metadata_url is not None:
             env["HYPERMEDIA_METADATA_URL"] = self.metadata_url
+            if self.spot_poll_seconds is not None:
+                env["HYPERMEDIA_SPOT_POLL_SECONDS"] = str(self.spot_poll_seconds)
         env["HM_RAY_START_ARGS"] = " ".join(
             [
                 f"--node-ip-address={record['ip']}",

@@ -24,6 +24,8 @@ One module per command group, this one builds the app from them:
 - :mod:`~hypermedia.cli.local`: ``head``, ``up``, ``down``, the local stack
 - :mod:`~hypermedia.cli.scheduler`: ``scheduler run``, ``log``, ``explain``,
   ``simulate``, ``reset-cost-lock``
+- :mod:`~hypermedia.cli.bulk`: ``bulk regenerate``, ``backfill``, ``migrate``, ``status``,
+  ``pause``, ``resume``, ``cancel`` (the record, on the server)
 - :mod:`~hypermedia.cli.common`: settings, the record, the API client and options,
   notes and the error line
 """
@@ -37,6 +39,7 @@ from typing import Annotated, Any
 import typer
 
 from hypermedia.cli import (
+    bulk,
     credits,
     database,
     jobs,
@@ -63,6 +66,7 @@ app.add_typer(database.app, name="db")
 app.add_typer(users.app, name="user")
 app.add_typer(credits.app, name="credits")
 app.add_typer(scheduler.app, name="scheduler")
+app.add_typer(bulk.app, name="bulk")
 # Registered in the order `hypermedia --help` lists them.
 app.command()(services.serve)
 app.command()(jobs.submit)

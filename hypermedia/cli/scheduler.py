@@ -174,27 +174,81 @@ def scheduler_explain(config_path: SchedulerConfigPath = None) -> None:
 @app.command("simulate")
 def scheduler_simulate(
     trace: Annotated[
-        Path,
+        Path | None,
         typer.Option(
             "--trace",
             envvar="HYPERMEDIA_SCHEDULER_TRACE",
-            help="Arrivals: at_seconds,queue,priority,duration_seconds.",
+            help="Arrivals: at_seconds,queue,priority,duration_seconds[,count] (CSV).",
+            show_default=False,
         ),
-    ],
+    ] = None,
     config_path: SchedulerConfigPath = None,
     chart: Annotated[
         Path | None,
         typer.Option(
-            "--chart", envvar="HYPERMEDIA_SCHEDULER_CHART", help="Write a PNG of workers and waits."
+            "--chart",
+            envvar="HYPERMEDIA_SCHEDULER_CHART",
+            help="Write a PNG: workers per queue, waits per band, spend against the caps.",
+            show_default=False,
         ),
     ] = None,
+    json_path: Annotated[
+        Path | None,
+        typer.Option(
+            "--json",
+            envvar="HYPERMEDIA_SCHEDULER_JSON",
+            help="Write the results as JSON: {policies: [{policy, cost_cents, launches,"
+            " cap_breaches, p95_wait_seconds: {1-3, 4-6, 7-10}, ...}], capacity: [...]}.",
+            show_default=False,
+        ),
+    ] = None,
+    from_db: Annotated[
+        bool,
+        typer.Option(
+            "--from-db",
+            envvar="HYPERMEDIA_SCHEDULER_FROM_DB",
+            help="Replay the record's real arrivals and run times instead of a trace file.",
+        ),
+    ] = False,
+    since: Annotated[
+        str,
+        typer.Option(
+            "--since",
+            envvar="HYPERMEDIA_SCHEDULER_SINCE",
+            help="With --from-db: how far back (7d, 12h, 90m, 3600s).",
+        ),
+    ] = "7d",
 ) -> None:
-    """Replay a trace through the real policy and cost guard on simulated clouds: cost and
-    waits per priority band, beside a static fleet sized for the peak and a KEDA-style
-    rule. Exit 1 when the policy passed a cap (it must not). Traces: etc/traces/."""
-    from autoscaler import simulate
+    """Replay a trace through the real policy and cost guard on simulated clouds: cost,
+    launches, churn and waits per priority band, beside the seed's rules alone, a static
+    fleet sized for the peak and a KEDA-style rule, and capacity advice. Exit 1 when the
+    policy passed a cap (it must not). Traces: etc/traces/, or the record (--from-db)."""
+    from autoscaler import recorded, simulate
 
-    code = simulate.main(config_path, trace, chart)
+    if from_db == (trace is not None):
+        raise typer.BadParameter("give one of --trace FILE or --from-db")
+    arrivals = None
+    source = None
+    if from_db:
+        import time
+
+        from hypermedia.db.engine import transaction
+
+        try:
+            span = recorded.parse_span(since)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from None
+        engine = open_engine(read_settings())
+        try:
+            with transaction(engine) as conn:
+                arrivals = recorded.arrivals(conn, time.time(), span)
+        finally:
+            engine.dispose()
+        if not arrivals:
+            note(f"no jobs were created in the last {since}: nothing to replay")
+            raise SystemExit(2)
+        source = f"the record, last {since} ({len(arrivals)} jobs)"
+    code = simulate.main(config_path, trace, chart, json_path, arrivals, source)
     if code:
         raise SystemExit(code)
 

@@ -242,4 +242,27 @@ def render(current: Status) -> RenderableType:
             _when(d.decided_at), d.action, d.queue or "-", "yes" if d.applied else "no", d.reason
         )
     parts.append(decisions)
+    if current.bulk:
+        bulk = Table(
+            "run",
+            "kind",
+            "state",
+            "created",
+            "skipped",
+            "migrated",
+            "failed",
+            "in flight",
+            title="Bulk runs",
+            title_justify="left",
+        )
+        for r in current.bulk:
+            c = r.counts
+            bulk.add_row(
+                r.run_id,
+                f"{r.kind} {r.operation or ''}",
+                r.state,
+                *(str(c[k]) for k in ("created", "skipped", "migrated", "failed")),
+                f"{c['live']}/{r.max_in_flight}",
+            )
+        parts.append(bulk)
     return Group(*parts)

@@ -117,6 +117,9 @@ class StoredObject(Base):
     inspection: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     # Set by DELETE /objects/{id}: the blobs are gone; the row stays for its jobs' history.
     deleted_at: Mapped[datetime | None]
+    # Where a bulk migration put the object's verified copy (the run's target backend,
+    # :mod:`hypermedia.bulk.migrate`); NULL: the server's configured storage.
+    storage_backend: Mapped[str | None] = mapped_column(String(64))
 
 
 class ApiKey(Base):
@@ -226,6 +229,10 @@ class ProcessingJob(Base):
         Index("ix_jobs_status_visibility", "status", "visibility_timeout"),
         # A user's jobs a page at a time, newest first (GET /jobs: keyset pages).
         Index("ix_jobs_user_job", "user_id", "job_id"),
+        # A bulk run makes at most one job per object (a resumed run creates none twice)
+        # and counts its jobs in flight by status (its cap).
+        Index("uk_jobs_bulk_run_object", "bulk_run_id", "object_id", unique=True),
+        Index("ix_jobs_bulk_run_status", "bulk_run_id", "status"),
     )
 
     job_id: Mapped[str] = mapped_column(ID, primary_key=True)
@@ -257,6 +264,8 @@ class ProcessingJob(Base):
     # Where the head POSTs the job once it is completed, failed or cancelled (a host of
     # the settings' callback_hosts; see job_callbacks).
     callback_url: Mapped[str | None] = mapped_column(String(2048))
+    # The bulk run that made it (regenerate / backfill), else NULL.
+    bulk_run_id: Mapped[str | None] = mapped_column(ForeignKey("bulk_runs.run_id"))
 
 
 class JobAttempt(Base):
@@ -304,6 +313,25 @@ class JobCallback(Base):
     last_error: Mapped[str | None] = mapped_column(Text)
     delivered_at: Mapped[datetime | None]
     created_at: Mapped[datetime]
+
+
+class JobCheckpoint(Base):
+    """A finished piece of a long job (:mod:`pipelines.checkpoints`: a chunk of a
+    transcode), stored so that a retry on any worker goes on from it. The row is
+    written when its upload URL is granted (``granted_at``), before any byte is
+    stored, so every stored piece has one; ``committed_at`` once the piece is whole in
+    storage. The head deletes pieces and rows once the job has ended, and pieces never
+    committed a day after their grant (:mod:`hypermedia.jobs.checkpoints`)."""
+
+    __tablename__ = "job_checkpoints"
+
+    # checkpoints/{job_id}/{profile_version}/{params digest}/{name}
+    storage_key: Mapped[str] = mapped_column(String(512), primary_key=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("processing_jobs.job_id"), index=True)
+    name: Mapped[str] = mapped_column(String(64))
+    size_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    granted_at: Mapped[datetime]
+    committed_at: Mapped[datetime | None]
 
 
 class JobOutput(Base):
@@ -466,3 +494,41 @@ class AlertDelivery(Base):
     last_error: Mapped[str | None] = mapped_column(Text)
     delivered_at: Mapped[datetime | None]
     created_at: Mapped[datetime]
+
+
+class BulkRun(Base):
+    """An operator's bulk run (:mod:`hypermedia.bulk`): regenerate, backfill or migrate
+    the objects its ``filter`` matches, streamed in ``object_id`` order from ``cursor``
+    (the last object it has dealt with), at most ``max_in_flight`` of its jobs queued or
+    running at a time. ``state``: creating | paused | draining | completed | cancelled
+    | failed."""
+
+    __tablename__ = "bulk_runs"
+
+    run_id: Mapped[str] = mapped_column(ID, primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))  # regenerate | backfill | migrate
+    operation: Mapped[str | None] = mapped_column(String(64))
+    profile_id: Mapped[int | None] = mapped_column(ForeignKey("processing_profiles.profile_id"))
+    target_version: Mapped[int | None] = mapped_column(Integer)
+    filter: Mapped[dict[str, Any]]
+    # migrate: the backend the objects are copied to (no secrets: the head's own).
+    target: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    queue: Mapped[str | None] = mapped_column(String(32))
+    priority: Mapped[int] = mapped_column(Integer)
+    max_in_flight: Mapped[int] = mapped_column(Integer)
+    batch_size: Mapped[int] = mapped_column(Integer)
+    # Who pays: NULL is the platform (no user's credits).
+    account_user_id: Mapped[str | None] = mapped_column(ForeignKey("users.user_id"))
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    cursor: Mapped[str | None] = mapped_column(String(32))
+    scanned: Mapped[int] = mapped_column(BigInteger, default=0)
+    created_jobs: Mapped[int] = mapped_column(BigInteger, default=0)
+    skipped: Mapped[int] = mapped_column(BigInteger, default=0)  # done at the target already
+    unfit: Mapped[int] = mapped_column(BigInteger, default=0)  # the operation refuses it
+    migrated: Mapped[int] = mapped_column(BigInteger, default=0)
+    failed: Mapped[int] = mapped_column(BigInteger, default=0)
+    reason: Mapped[str | None] = mapped_column(Text)
+    created_by: Mapped[str | None] = mapped_column(String(200))
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+    finished_at: Mapped[datetime | None]

@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from dataclasses import asdict
 from datetime import UTC, datetime
-from typing import Annotated, Any, BinaryIO, cast
+from typing import Annotated, Any, BinaryIO, Literal, cast
 
 from fastapi import APIRouter, Depends, FastAPI, Header, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
@@ -39,6 +40,8 @@ from sqlalchemy import text
 
 from hypermedia import __version__
 from hypermedia.accounts import Caller, balance
+from hypermedia.bulk.runs import RunSpec
+from hypermedia.bulk.service import BulkService
 from hypermedia.config import Settings
 from hypermedia.db.engine import transaction
 from hypermedia.errors import (
@@ -56,6 +59,9 @@ from hypermedia.ingest.http_errors import install_error_handlers
 from hypermedia.ingest.inspection import InspectionBudget, InspectionRunner
 from hypermedia.ingest.schemas import (
     AttemptLogResponse,
+    BulkEstimateOut,
+    BulkRunOut,
+    BulkRunsResponse,
     CancelResponse,
     CreditsResponse,
     DeleteObjectResponse,
@@ -648,6 +654,76 @@ def read_queues(caller: CallerDep, stack: StackDep) -> QueuesResponse:
             for s in stack.ingest.queue_overview()
         ]
     )
+
+
+class BulkRunRequest(RunSpec):
+    dry_run: bool = False
+
+
+@router.post(
+    f"{PREFIX}/bulk/runs",
+    operation_id="createBulkRun",
+    summary="Start a bulk regenerate, backfill or migrate run (operators only)",
+    responses=_errors(403, 404),
+    tags=["operators"],
+    response_model=BulkRunOut | BulkEstimateOut,
+)
+def create_bulk_run(
+    body: BulkRunRequest, caller: CallerDep, stack: StackDep
+) -> BulkRunOut | BulkEstimateOut:
+    """``dry_run``: what it would do (count, bytes, CPU time from the operation's past
+    attempts), nothing written. A migration copies with the head's own credentials."""
+    service = _bulk(caller, stack)
+    spec = RunSpec.model_validate(body.model_dump(exclude={"dry_run"}))
+    if body.dry_run:
+        return BulkEstimateOut.model_validate(asdict(service.estimate(spec)))
+    return BulkRunOut.model_validate(service.create(spec, f"api:{caller.user_id}").to_json())
+
+
+@router.get(
+    f"{PREFIX}/bulk/runs",
+    operation_id="listBulkRuns",
+    summary="The latest bulk runs (operators only)",
+    responses=_errors(403),
+    tags=["operators"],
+)
+def list_bulk_runs(caller: CallerDep, stack: StackDep) -> BulkRunsResponse:
+    runs = _bulk(caller, stack).list(50)
+    return BulkRunsResponse(runs=[BulkRunOut.model_validate(r.to_json()) for r in runs])
+
+
+@router.get(
+    f"{PREFIX}/bulk/runs/{{run_id}}",
+    operation_id="getBulkRun",
+    summary="A bulk run's progress (operators only)",
+    responses=_errors(403, 404),
+    tags=["operators"],
+)
+def read_bulk_run(run_id: str, caller: CallerDep, stack: StackDep) -> BulkRunOut:
+    return BulkRunOut.model_validate(_bulk(caller, stack).get(run_id).to_json())
+
+
+@router.post(
+    f"{PREFIX}/bulk/runs/{{run_id}}/{{action}}",
+    operation_id="changeBulkRun",
+    summary="Pause, resume or cancel a bulk run (operators only)",
+    responses=_errors(403, 404, 409),
+    tags=["operators"],
+)
+def change_bulk_run(
+    run_id: str,
+    action: Literal["pause", "resume", "cancel"],
+    caller: CallerDep,
+    stack: StackDep,
+) -> BulkRunOut:
+    return BulkRunOut.model_validate(_bulk(caller, stack).act(run_id, action).to_json())
+
+
+def _bulk(caller: Caller, stack: Stack) -> BulkService:
+    """Bulk runs are the operator's: a user's key is refused, whatever it asks."""
+    if not caller.is_operator:
+        raise Forbidden("bulk runs are for operators only")
+    return BulkService(stack.engine, stack.queue, stack.catalog, clock=stack.clock)
 
 
 @router.get(

@@ -346,6 +346,56 @@ class QueuesResponse(_Model):
     queues: list[QueueOut]
 
 
+class BulkRunOut(_Model):
+    """A bulk run (operators only): its filter, cursor, counts, state and jobs."""
+
+    run_id: str
+    kind: str
+    operation: str | None
+    target_version: int | None
+    filter: dict[str, Any]
+    target: dict[str, Any] | None
+    queue: str | None
+    priority: int
+    max_in_flight: int
+    batch_size: int
+    account_user_id: str | None = Field(description="Who pays; null: the platform.")
+    state: str = Field(description="creating, paused, draining, completed or cancelled.")
+    cursor: str | None = Field(description="The last object id the run has dealt with.")
+    scanned: int
+    created_jobs: int
+    skipped: int
+    unfit: int
+    migrated: int
+    failed: int
+    reason: str | None
+    created_by: str | None
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+    jobs: dict[str, int] = Field(description="The run's jobs by status.")
+
+
+class BulkRunsResponse(_Model):
+    runs: list[BulkRunOut]
+
+
+class BulkEstimateOut(_Model):
+    """What a run would do (``dry_run``): nothing is written."""
+
+    kind: str
+    operation: str | None
+    queue: str | None
+    priority: int
+    objects: int = Field(description="Jobs it would create, or objects it would copy.")
+    skipped: int
+    unfit: int
+    bytes: int
+    mean_job_seconds: float | None
+    history_attempts: int
+    cpu_seconds: float | None
+
+
 class CreditsResponse(_Model):
     balance: float
     reserved: float = Field(description="Held by jobs that have not finished.")

@@ -74,7 +74,7 @@ from hypermedia.errors import (
 from hypermedia.ids import new_id
 from hypermedia.jobs import callbacks
 from hypermedia.jobs.catalog import ProfileCatalog, ProfileRecord
-from hypermedia.jobs.repository import JobRepository, NewJob, NewSubmission
+from hypermedia.jobs.repository import JobRepository, NewJob, NewSubmission, enqueue_new
 from hypermedia.jobs.states import IN_FLIGHT, JobStatus
 from hypermedia.metrics import JOBS_SUBMITTED, NoMetrics, Recorder
 from hypermedia.objects import usable_by
@@ -376,7 +376,7 @@ class IngestService:
         except IntegrityError:
             # A concurrent submit with the same idempotency key won: replay it.
             results, fresh = self._submit_transaction(caller, requests)
-        self._enqueue(fresh)
+        enqueue_new(self.queue, fresh, action="enqueue_deferred")
         for result in results:
             if not result.replayed:
                 for job in result.jobs:
@@ -553,21 +553,6 @@ class IngestService:
             limits = InputLimits.from_dict(profile.input_limits)
             self._input_limits[profile.profile_id] = limits
         return limits
-
-    def _enqueue(self, jobs: Sequence[NewJob]) -> None:
-        by_queue: dict[str, list[tuple[str, int]]] = defaultdict(list)
-        for job in jobs:
-            by_queue[job.queue].append((job.job_id, job.priority))
-        for queue, entries in by_queue.items():
-            try:
-                self.queue.enqueue(queue, entries)
-            except QueueUnavailable as exc:
-                # Durable already: the reconciler pushes these when Redis is back.
-                log.warning(
-                    "redis unavailable; %d jobs stay queued in the database",
-                    len(entries),
-                    extra={"queue": queue, "action": "enqueue_deferred", "error": str(exc)},
-                )
 
     # -- read and cancel --------------------------------------------------------------
 

@@ -31,6 +31,7 @@ from hypermedia import ids
 from hypermedia.clock import Clock, SystemClock
 from hypermedia.db.engine import transaction
 from hypermedia.errors import QueueUnavailable
+from hypermedia.jobs import checkpoints
 from hypermedia.jobs.catalog import ProfileCatalog
 from hypermedia.jobs.priority import band_of
 from hypermedia.jobs.repository import (
@@ -239,6 +240,15 @@ class Dispatcher:
                     "redis unavailable; lease of %s extended in the record only", job.job_id
                 )
         return ok
+
+    def commit_checkpoint(
+        self, job: ClaimedJob, worker_id: str, storage_key: str, size_bytes: int
+    ) -> bool:
+        """A piece of the job's work is whole in storage (see
+        :mod:`hypermedia.jobs.checkpoints`); False if the job is no longer ours."""
+        return checkpoints.commit(
+            self.engine, job.job_id, worker_id, storage_key, size_bytes, self.clock.now()
+        )
 
     def cancel_requested(self, job: ClaimedJob) -> bool:
         with transaction(self.engine) as conn:

@@ -25,10 +25,11 @@ an explicit transaction, the statement being atomic by itself.
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
     Connection,
@@ -42,6 +43,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from hypermedia.clock import to_datetime
 from hypermedia.db import tables as t
+from hypermedia.errors import QueueUnavailable
 from hypermedia.ids import new_id
 from hypermedia.jobs import callbacks, credits
 from hypermedia.jobs import statements as sql
@@ -100,6 +102,12 @@ class FinishedJob:
     units: Mapping[str, int] | None = None
 
 
+if TYPE_CHECKING:
+    from hypermedia.queue.redis_queue import RedisQueue
+
+log = logging.getLogger(__name__)
+
+
 @dataclass(frozen=True, slots=True)
 class NewJob:
     """A job ingest accepted, before it has a row."""
@@ -151,6 +159,48 @@ def _insert_ignore(conn: Connection, table: Any, rows: Sequence[dict[str, Any]])
     conn.execute(dialect.insert(table).on_conflict_do_nothing(), list(rows))
 
 
+def _job_row(job: NewJob, user_id: str, moment: Any, *, callback_url: str | None) -> dict[str, Any]:
+    """A new job's row, born as :data:`JobEvent.ENQUEUE` leaves it."""
+    return {
+        "job_id": job.job_id,
+        "submission_id": job.submission_id,
+        "user_id": user_id,
+        "object_id": job.object_id,
+        "profile_id": job.profile_id,
+        "operation": job.operation,
+        "queue": job.queue,
+        "priority": job.priority,
+        "status": sql.after(JobEvent.ENQUEUE).value,
+        "params": job.params,
+        "estimated_millicredits": job.estimated_millicredits,
+        "attempt_count": 0,
+        "max_attempts": job.max_attempts,
+        "callback_url": callback_url,
+        "cancel_requested": False,
+        "created_at": moment,
+        "queued_at": moment,
+        "updated_at": moment,
+    }
+
+
+def enqueue_new(queue: RedisQueue, jobs: Iterable[NewJob], *, action: str) -> None:
+    """Push jobs the record already holds as ``queued`` onto their Redis queues. Redis
+    down: they stay queued in the record (durable already) and the reconciler pushes
+    them when it is back; a warning with ``action`` says so."""
+    by_queue: dict[str, list[tuple[str, int]]] = defaultdict(list)
+    for job in jobs:
+        by_queue[job.queue].append((job.job_id, job.priority))
+    for name, entries in by_queue.items():
+        try:
+            queue.enqueue(name, entries)
+        except QueueUnavailable as exc:
+            log.warning(
+                "redis unavailable; %d jobs stay queued in the database",
+                len(entries),
+                extra={"queue": name, "action": action, "error": str(exc)},
+            )
+
+
 class JobRepository:
     def __init__(self, backoff: Backoff | None = None) -> None:
         self.backoff = backoff or Backoff()
@@ -191,30 +241,62 @@ class JobRepository:
         conn.execute(
             insert(t.jobs),
             [
-                {
-                    "job_id": job.job_id,
-                    "submission_id": job.submission_id,
-                    "user_id": user_id,
-                    "object_id": job.object_id,
-                    "profile_id": job.profile_id,
-                    "operation": job.operation,
-                    "queue": job.queue,
-                    "priority": job.priority,
-                    "status": sql.after(JobEvent.ENQUEUE).value,
-                    "params": job.params,
-                    "estimated_millicredits": job.estimated_millicredits,
-                    "attempt_count": 0,
-                    "max_attempts": job.max_attempts,
-                    "callback_url": job.callback_url,
-                    "cancel_requested": False,
-                    "created_at": moment,
-                    "queued_at": moment,
-                    "updated_at": moment,
-                }
+                _job_row(job, user_id, moment, callback_url=job.callback_url)
                 for s in submissions
                 for job in s.jobs
             ],
         )
+
+    def create_bulk(
+        self,
+        conn: Connection,
+        run_id: str,
+        user_id: str,
+        submission: NewSubmission,
+        now: float,
+        *,
+        reserve: bool,
+    ) -> list[NewJob]:
+        """Record one batch of a bulk run's jobs (born ``queued``, tagged with
+        ``run_id``) under one submission row of ``user_id``; answers the jobs inserted.
+        A job for an object the run already has a job for is left out (the unique
+        ``(bulk_run_id, object_id)``: a run resumed from an older cursor creates nothing
+        twice). ``reserve``: hold the batch's estimates on ``user_id``'s credits first
+        (a run that names an account; :class:`~hypermedia.errors.PaymentRequired` and
+        nothing written when short); else the platform pays and nothing is reserved."""
+        if not submission.jobs:
+            return []
+        planned = submission.estimated_millicredits
+        if reserve:  # before any row: short of credits, nothing is written
+            credits.reserve(conn, user_id, planned, now)
+        moment = to_datetime(now)
+        conn.execute(
+            insert(t.submissions).values(
+                submission_id=submission.submission_id,
+                user_id=user_id,
+                idempotency_key=submission.idempotency_key,
+                request_hash=submission.request_hash,
+                estimated_millicredits=submission.estimated_millicredits,
+                created_at=moment,
+            )
+        )
+        dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+        rows = [
+            {**_job_row(job, user_id, moment, callback_url=None), "bulk_run_id": run_id}
+            for job in submission.jobs
+        ]
+        inserted = set(
+            conn.execute(
+                dialect.insert(t.jobs).on_conflict_do_nothing().returning(t.jobs.c.job_id),
+                rows,
+                # One statement per batch (insertmanyvalues) with RETURNING.
+            ).scalars()
+        )
+        fresh = [job for job in submission.jobs if job.job_id in inserted]
+        unused = planned - sum(j.estimated_millicredits for j in fresh)
+        if reserve and unused:
+            credits.release(conn, user_id, unused, now)
+        return fresh
 
     def mark_queued(self, conn: Connection, job_ids: Sequence[str], now: float) -> int:
         """created -> queued for a batch."""

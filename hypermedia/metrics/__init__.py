@@ -46,6 +46,7 @@ metric                                            type       labels             
 ``cost_locked``                                   gauge                                    sched.
 ``scheduler_decisions_total``                     counter    action                        sched.
 ``scheduler_last_evaluation_timestamp_seconds``   gauge                                    sched.
+``bulk_run_objects``                              gauge      kind, operation, state, count head
 ================================================  =========  ============================  ======
 
 What each counts:
@@ -72,6 +73,11 @@ What each counts:
   ``max_daily_spend_cents``) and ``alert_threshold_cents``; *cost locked*: 1 while the
   daily cap holds the scheduler in ``vps_only``; *decisions*: rows written to
   ``scheduler_decisions`` by ``action``.
+* *bulk run objects*: the bulk runs not finished (``state`` ``creating``, ``paused``,
+  ``draining``), summed by ``kind`` and ``operation``: objects ``scanned``, jobs
+  ``created``, objects ``skipped`` (done at the target version) and ``unfit``, objects
+  ``migrated`` and ``failed``, and their jobs ``live`` (queued or running: the cap).
+  Each run by its id: ``hypermedia bulk status``, ``hypermedia status``, the operator page.
 
 Nothing here imports prometheus-client or Ray: a :class:`Recorder` is passed to what
 counts (the dispatcher, the reaper, ingest, the scheduler), built by whoever opens the
@@ -247,6 +253,14 @@ LAST_EVALUATION = Metric(
     "When the scheduler last evaluated (Unix seconds).",
 )
 
+BULK_RUN_OBJECTS = Metric(
+    "hypermedia_bulk_run_objects",
+    "gauge",
+    "Bulk runs not finished (creating, paused, draining), summed: their objects by count"
+    " (scanned, created, skipped, unfit, migrated, failed, live: jobs queued or running).",
+    ("kind", "operation", "state", "count"),
+)
+
 CATALOGUE: tuple[Metric, ...] = (
     JOBS_SUBMITTED,
     JOBS_STARTED,
@@ -268,6 +282,7 @@ CATALOGUE: tuple[Metric, ...] = (
     COST_LOCKED,
     DECISIONS,
     LAST_EVALUATION,
+    BULK_RUN_OBJECTS,
 )
 # What the head reads from Redis and the record when it is scraped (never recorded).
 SCRAPED: tuple[Metric, ...] = (
@@ -277,6 +292,7 @@ SCRAPED: tuple[Metric, ...] = (
     QUEUE_RETRY_WAIT,
     WORKERS,
     HEARTBEAT_AGE,
+    BULK_RUN_OBJECTS,
 )
 
 

@@ -273,6 +273,18 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 thresholds=(1,),
             ),
             Panel(
+                "Bulk runs",
+                "Runs not finished: jobs created, objects skipped (done at the target"
+                " version), migrated, and their jobs queued or running (the cap).",
+                (
+                    (
+                        "sum by (run_id, kind, count) (hypermedia_bulk_run_objects{count=~"
+                        '"created|skipped|migrated|failed|live"})',
+                        "{{kind}} {{run_id}} {{count}}",
+                    ),
+                ),
+            ),
+            Panel(
                 "Since the scheduler's last turn",
                 "Seconds since the scheduler last evaluated.",
                 (("time() - max(hypermedia_scheduler_last_evaluation_timestamp_seconds)", "age"),),

@@ -35,6 +35,7 @@ from hypermedia.db.engine import transaction
 from hypermedia.errors import HypermediaError
 from hypermedia.metrics import (
     BANDS,
+    BULK_RUN_OBJECTS,
     CLOUD,
     HEARTBEAT_AGE,
     QUEUE_DEPTH,
@@ -141,6 +142,23 @@ class StateCollector(Collector):
             yield from self._workers(now)
         except HypermediaError as exc:
             log.warning("metrics: workers not read: %s", exc, extra={"action": "metrics"})
+        try:
+            yield from self._bulk()
+        except HypermediaError as exc:
+            log.warning("metrics: bulk runs not read: %s", exc, extra={"action": "metrics"})
+
+    def _bulk(self) -> Iterator[GaugeMetricFamily]:
+        from hypermedia.bulk import runs
+
+        family = _family(BULK_RUN_OBJECTS)
+        sums: Tally[tuple[str, str, str, str]] = Tally()
+        with transaction(self.engine) as conn:
+            for view in runs.unfinished(conn):
+                for name, value in view.counts().items():
+                    sums[(view.kind, view.operation or "", view.state, name)] += value
+        for labels, value in sorted(sums.items()):
+            family.add_metric(list(labels), value)
+        yield family
 
     def _queues(self, now: float) -> Iterator[GaugeMetricFamily]:
         depth, oldest = _family(QUEUE_DEPTH), _family(QUEUE_OLDEST)

@@ -136,16 +136,26 @@ class JobEvents:
         pending = list(events)
         if not pending:
             return
-        try:
-            pipe = self.client.pipeline(transaction=False)
-            for job_id, event in pending:
-                body = json.dumps(event, separators=(",", ":"))
-                ended = event.get("type") == "status" and event.get("status") in ENDED_STATUSES
-                ttl = self.ended_ttl_seconds if ended else self.ttl_seconds
-                self._script(keys=[self.key(job_id)], args=[body, self.kept, ttl], client=pipe)
-            pipe.execute()
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            self._dropped(len(pending), exc)
+        for attempt in (1, 2):
+            try:
+                pipe = self.client.pipeline(transaction=False)
+                for job_id, event in pending:
+                    body = json.dumps(event, separators=(",", ":"))
+                    status = event.get("status")
+                    ended = event.get("type") == "status" and status in ENDED_STATUSES
+                    ttl = self.ended_ttl_seconds if ended else self.ttl_seconds
+                    self._script(keys=[self.key(job_id)], args=[body, self.kept, ttl], client=pipe)
+                pipe.execute()
+                return
+            except redis.exceptions.NoScriptError as exc:
+                # Redis restarted between the pipeline loading the script and running
+                # it (the client's retry reconnected to an empty script cache): the
+                # next pipeline loads it again.
+                if attempt == 2:
+                    self._dropped(len(pending), exc)
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                self._dropped(len(pending), exc)
+                return
 
     def history(self, job_id: str, after: str | None = None) -> list[tuple[str, dict[str, Any]]]:
         """The job's recent events, oldest first; ``after``: only those past that entry."""

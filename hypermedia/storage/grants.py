@@ -13,13 +13,21 @@ The worker names output *types* only, never keys: every output key is
 from the job's object and profile, so a worker can write nowhere else (and a
 re-run overwrites the same keys). Each URL lives ``ttl_seconds``. URLs are never
 logged.
+
+A step that checkpoints (:mod:`pipelines.checkpoints`) has its finished pieces stored
+while it runs: :meth:`StorageGrants.checkpoint_uploads` grants PUT URLs for pieces by
+name (recording each key in ``job_checkpoints`` first, see
+:mod:`hypermedia.jobs.checkpoints`), and :meth:`StorageGrants.checkpoint_downloads`
+GET URLs for the pieces the job committed under its current profile version and
+parameters, for a retry to go on from them.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from sqlalchemy import Engine, select
 
@@ -27,6 +35,7 @@ from hypermedia.clock import Clock, to_datetime
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
 from hypermedia.errors import IllegalTransition, InvalidRequest, NotFound
+from hypermedia.jobs import checkpoints
 from hypermedia.jobs.states import IN_FLIGHT
 from hypermedia.storage.base import (
     Storage,
@@ -58,6 +67,11 @@ class HeldJob:
     object_id: str
     input_key: str
     profile_version: int
+    params: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def checkpoint_prefix(self) -> str:
+        return checkpoints.checkpoint_prefix(self.job_id, self.profile_version, self.params)
 
 
 class StorageGrants:
@@ -114,6 +128,37 @@ class StorageGrants:
         )
         return grants
 
+    def checkpoint_uploads(
+        self, job_id: str, worker_id: str, names: Sequence[str]
+    ) -> dict[str, OutputGrant]:
+        """PUT URLs for the job's pieces ``names``, each key recorded before it is
+        handed out."""
+        if isinstance(names, str) or not 1 <= len(names) <= MAX_OUTPUTS:
+            raise InvalidRequest(f"expected a list of 1..{MAX_OUTPUTS} checkpoint names")
+        for name in names:
+            check_segment(name, "name")
+        job = self.held(job_id, worker_id)
+        keys = {name: job.checkpoint_prefix + name for name in names}
+        with transaction(self.engine) as conn:
+            checkpoints.grant(conn, job_id, keys, self.clock.now())
+        return {
+            name: OutputGrant(key=key, url=self.storage.presign_put(key, self.ttl_seconds))
+            for name, key in keys.items()
+        }
+
+    def checkpoint_downloads(self, job_id: str, worker_id: str) -> dict[str, OutputGrant]:
+        """GET URLs of the pieces the job committed (its profile version and params)."""
+        job = self.held(job_id, worker_id)
+        with transaction(self.engine) as conn:
+            pieces = checkpoints.committed(conn, job_id, job.checkpoint_prefix)
+        return {
+            piece.name: OutputGrant(
+                key=piece.storage_key,
+                url=self.storage.presign_get(piece.storage_key, self.ttl_seconds),
+            )
+            for piece in pieces
+        }
+
     def held(self, job_id: str, worker_id: str) -> HeldJob:
         """The job, if ``worker_id`` holds it in flight; else NotFound / IllegalTransition."""
         j, o, p = t.jobs.c, t.objects.c, t.profiles.c
@@ -127,6 +172,7 @@ class StorageGrants:
                     o.object_id,
                     o.storage_key,
                     p.version,
+                    j.params,
                 )
                 .select_from(
                     t.jobs.join(t.objects, j.object_id == o.object_id).join(
@@ -152,4 +198,5 @@ class StorageGrants:
             object_id=row.object_id,
             input_key=row.storage_key,
             profile_version=row.version,
+            params=dict(row.params or {}),
         )

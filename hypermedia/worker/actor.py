@@ -26,9 +26,10 @@ Ray's pickling.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +115,20 @@ class GrantsService:
             return _error_value(exc)
         return ("ok", {k: (g.key, g.url, g.content_type) for k, g in grants.items()})
 
+    def checkpoint_uploads(self, job_id: str, worker_id: str, names: list[str]) -> tuple[Any, ...]:
+        try:
+            grants = self.grants.checkpoint_uploads(job_id, worker_id, names)
+        except HypermediaError as exc:
+            return _error_value(exc)
+        return ("ok", {k: (g.key, g.url, g.content_type) for k, g in grants.items()})
+
+    def checkpoint_downloads(self, job_id: str, worker_id: str) -> tuple[Any, ...]:
+        try:
+            grants = self.grants.checkpoint_downloads(job_id, worker_id)
+        except HypermediaError as exc:
+            return _error_value(exc)
+        return ("ok", {k: (g.key, g.url, g.content_type) for k, g in grants.items()})
+
     def ping(self) -> str:
         return "ok"
 
@@ -134,6 +149,18 @@ class RayGrants:
         self, job_id: str, worker_id: str, output_types: Mapping[str, str | None]
     ) -> dict[str, OutputGrant]:
         answer = ray.get(self.handle.output_urls.remote(job_id, worker_id, dict(output_types)))
+        raw: dict[str, tuple[str, str, str | None]] = _raise(answer)
+        return {k: OutputGrant(key=v[0], url=v[1], content_type=v[2]) for k, v in raw.items()}
+
+    def checkpoint_uploads(
+        self, job_id: str, worker_id: str, names: Sequence[str]
+    ) -> dict[str, OutputGrant]:
+        answer = ray.get(self.handle.checkpoint_uploads.remote(job_id, worker_id, list(names)))
+        raw: dict[str, tuple[str, str, str | None]] = _raise(answer)
+        return {k: OutputGrant(key=v[0], url=v[1], content_type=v[2]) for k, v in raw.items()}
+
+    def checkpoint_downloads(self, job_id: str, worker_id: str) -> dict[str, OutputGrant]:
+        answer = ray.get(self.handle.checkpoint_downloads.remote(job_id, worker_id))
         raw: dict[str, tuple[str, str, str | None]] = _raise(answer)
         return {k: OutputGrant(key=v[0], url=v[1], content_type=v[2]) for k, v in raw.items()}
 
@@ -174,6 +201,10 @@ class PipelineService:
         work_root = workdirs.worker_root(cfg.data_dir, worker_id)
         # Each job's share of this node's CPUs: its claim loops split them.
         self.job_cpus = max(1, (os.cpu_count() or 1) // max(1, concurrency))
+        # The modules that register steps (tests add theirs): known here too, so the
+        # worker knows which of its operations keep checkpoints (pipelines.registry).
+        for module in preload:
+            importlib.import_module(module)
         preload = queue_preload(self.stack.catalog, queue, preload)
         self.executor: Any = self.make_executor(work_root, preload, cfg)
         executor: Executor = self.executor

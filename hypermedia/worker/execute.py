@@ -10,6 +10,9 @@ The worker's claim loops claim and start jobs in one transaction, then hand each
 :meth:`JobExecution.run_started`; it stops short of the record's complete and answers
 a :class:`Completion`, which the worker's batcher commits with others (group commit).
 
+A step that checkpoints (a long transcode) has its finished pieces stored while it
+runs and put back before a retry (:mod:`hypermedia.worker.checkpointing`).
+
 A step's report of its units of work (the output :data:`pipelines.registry.USAGE_OUTPUT`:
 the ocr step's pages, engine passes, escalations) is not stored: the completion charges
 the job what its profile's ``unit_costs`` make of it
@@ -26,8 +29,10 @@ the lease of each long one every third of it.
 
 :meth:`JobExecution.release_all` (a drain's timeout, a spot notice) kills every
 running job's child and hands the job back to its queue without spending an
-attempt; from then on a job that reaches this execution is handed back before its
-step starts, and the watcher kills again any child that started in between.
+attempt (a spot notice first lets a job that checkpoints store the piece it is on,
+while the notice leaves time); from then on a job that reaches this execution is
+handed back before its step starts, and the watcher kills again any child that
+started in between.
 """
 
 from __future__ import annotations
@@ -57,6 +62,8 @@ from hypermedia.queue.events import JobEvents, progress_event
 from hypermedia.sandbox.outcome import ChildFailed
 from hypermedia.storage import transfer
 from hypermedia.storage.grants import OutputGrant
+from hypermedia.worker.checkpointing import Checkpointer
+from pipelines import registry
 from pipelines.registry import USAGE_OUTPUT
 
 log = logging.getLogger(__name__)
@@ -76,6 +83,12 @@ class Grants(Protocol):
     def output_urls(
         self, job_id: str, worker_id: str, output_types: Mapping[str, str | None]
     ) -> dict[str, OutputGrant]: ...
+
+    def checkpoint_uploads(
+        self, job_id: str, worker_id: str, names: Sequence[str]
+    ) -> Mapping[str, OutputGrant]: ...
+
+    def checkpoint_downloads(self, job_id: str, worker_id: str) -> Mapping[str, OutputGrant]: ...
 
 
 class ChildOutput(Protocol):
@@ -159,6 +172,9 @@ class _Watched:
     lease: float
     next_extend: float  # monotonic seconds
     cancelled: threading.Event = field(default_factory=threading.Event)
+    # Its child was told to die. A cancel that comes while the input downloads (no
+    # child yet) is sent again each poll until one reaches the child.
+    killed: bool = False
 
 
 class _Progress:
@@ -208,6 +224,10 @@ class JobExecution:
         self.poll_seconds = poll_seconds
         self._running: dict[str, _Watched] = {}
         self._releasing: set[str] = set()
+        # Jobs released once their piece in progress is stored: the monotonic time by
+        # which they are stopped anyway (release_all's checkpoint_seconds).
+        self._deferred: dict[str, float] = {}
+        self._checkpointers: dict[str, Checkpointer] = {}
         self._release_everything = False
         self._release_reason: tuple[str | None, str | None] = (None, None)
         self._lock = threading.Lock()
@@ -218,19 +238,55 @@ class JobExecution:
         with self._lock:
             return list(self._running)
 
-    def release_all(self, reason_code: str | None = None, reason: str | None = None) -> list[str]:
+    def release_all(
+        self,
+        reason_code: str | None = None,
+        reason: str | None = None,
+        *,
+        checkpoint_seconds: float = 0.0,
+    ) -> list[str]:
         """Drain timeout, spot notice: stop every running job and hand it back to its
         queue without spending an attempt (``reason_code`` / ``reason`` go on the
-        released attempt). Jobs that come after this are handed back unrun."""
+        released attempt). Jobs that come after this are handed back unrun.
+
+        ``checkpoint_seconds``: a job whose step works in pieces (one begun or restored)
+        may run that long more to finish the piece it is on (a single pass is stopped at
+        once); it is stopped as soon as that piece is stored (the
+        retry goes on from it), or when the time is up (the piece is abandoned)."""
+        cutoff = time.monotonic() + checkpoint_seconds
         with self._lock:
             self._release_everything = True
             if reason_code is not None or reason is not None:
                 self._release_reason = (reason_code, reason)
             jobs = [job_id for job_id in self._running if job_id not in self._releasing]
-            self._releasing.update(jobs)
-        for job_id in jobs:
+            deferred = [
+                j
+                for j in jobs
+                if checkpoint_seconds > 0
+                and j in self._checkpointers
+                and self._checkpointers[j].in_pieces()
+            ]
+            stopped = [j for j in jobs if j not in deferred and j not in self._deferred]
+            self._releasing.update(stopped)
+            for job_id in deferred:
+                self._deferred[job_id] = cutoff
+        for job_id in stopped:
             self.executor.cancel(job_id)
         return jobs
+
+    def _checkpointed(self, job_id: str) -> None:
+        """A piece of ``job_id`` was stored: a job waiting for it to be handed back
+        (see :meth:`release_all`) stops now."""
+        with self._lock:
+            if self._deferred.pop(job_id, None) is None:
+                return
+            self._releasing.add(job_id)
+        log.info(
+            "job %s: its piece in progress is stored; handing it back",
+            job_id,
+            extra={"job_id": job_id, "worker_id": self.worker_id, "action": "checkpointed"},
+        )
+        self.executor.cancel(job_id)
 
     def close(self) -> None:
         """Stop the watcher (running jobs are the caller's to finish first)."""
@@ -263,6 +319,8 @@ class JobExecution:
             with self._lock:
                 self._running.pop(job.job_id, None)
                 self._releasing.discard(job.job_id)
+                self._deferred.pop(job.job_id, None)
+                self._checkpointers.pop(job.job_id, None)
             self.executor.cleanup(job.job_id)
 
     def _execute(
@@ -280,17 +338,29 @@ class JobExecution:
                 )
             if self._is_releasing(job.job_id):
                 return self._release(job)
-            result = self.executor.run(
-                job.job_id,
-                job.operation,
-                input_path,
-                job.params,
-                timeout_seconds=profile.timeout_seconds,
-                memory_limit_mb=profile.memory_limit_mb,
-                max_processes=profile.max_processes,
-                max_output_bytes=profile.max_output_bytes,
-                on_progress=self._step_progress(job),
-            )
+            if cancelled.is_set():  # asked while the input came: no child to start
+                return self._cancelled(job)
+            checkpointer = self._checkpointer(job, workdir)
+            try:
+                result = self.executor.run(
+                    job.job_id,
+                    job.operation,
+                    input_path,
+                    job.params,
+                    timeout_seconds=profile.timeout_seconds,
+                    memory_limit_mb=profile.memory_limit_mb,
+                    max_processes=profile.max_processes,
+                    max_output_bytes=profile.max_output_bytes,
+                    on_progress=self._step_progress(job),
+                )
+            except BaseException:
+                if checkpointer is not None:
+                    # What the child finished before it ended is kept for the retry
+                    # (a job its user cancelled has none).
+                    checkpointer.stop(flush=not cancelled.is_set())
+                raise
+            if checkpointer is not None:
+                checkpointer.stop(flush=False)
             reported = [o for o in result.outputs if o.output_type == USAGE_OUTPUT]
             units = read_units(job, reported[0].path) if reported else None
             records = self._store(job, [o for o in result.outputs if o not in reported])
@@ -319,6 +389,24 @@ class JobExecution:
         if units is not None and job.estimated_millicredits is not None:
             actual = profile.charge_millicredits(job.estimated_millicredits, units)
         return Completion(job, records, result.peak_memory_mb, units, actual)
+
+    def _checkpointer(self, job: ClaimedJob, workdir: Path) -> Checkpointer | None:
+        """For a step that checkpoints: its pieces restored (a retry) and watched."""
+        if not registry.checkpointing(job.operation):
+            return None
+        checkpointer = Checkpointer(
+            job,
+            self.worker_id,
+            self.grants,
+            self.dispatcher,
+            workdir,
+            on_stored=lambda: self._checkpointed(job.job_id),
+        )
+        checkpointer.restore()
+        checkpointer.start()
+        with self._lock:
+            self._checkpointers[job.job_id] = checkpointer
+        return checkpointer
 
     def _store(self, job: ClaimedJob, outputs: Sequence[ChildOutput]) -> list[OutputRecord]:
         if not outputs:
@@ -404,13 +492,22 @@ class JobExecution:
         (their children are killed), and a longer lease for each job a third of
         whose lease has passed since it started or was last extended. A job being
         released has its child killed again (it may have started after
-        :meth:`release_all`)."""
+        :meth:`release_all`), and so has one whose time to store its piece is up."""
         while not self._closed.wait(self.poll_seconds):
             with self._lock:
                 watched = [w for w in self._running.values() if not w.cancelled.is_set()]
+                unkilled = [
+                    w for w in self._running.values() if w.cancelled.is_set() and not w.killed
+                ]
+                due = [j for j, cutoff in self._deferred.items() if cutoff <= time.monotonic()]
+                for job_id in due:
+                    del self._deferred[job_id]
+                    self._releasing.add(job_id)
                 releasing = [job_id for job_id in self._running if job_id in self._releasing]
             for job_id in releasing:
                 self.executor.cancel(job_id)
+            for w in unkilled:
+                w.killed = self.executor.cancel(w.job.job_id)
             if not watched:
                 continue
             try:
@@ -419,7 +516,7 @@ class JobExecution:
                 for w in watched:
                     if w.job.job_id in requested:
                         w.cancelled.set()
-                        self.executor.cancel(w.job.job_id)
+                        w.killed = self.executor.cancel(w.job.job_id)
                     elif now >= w.next_extend:
                         self.dispatcher.extend(w.job, self.worker_id, w.lease)
                         w.next_extend = now + w.lease / 3

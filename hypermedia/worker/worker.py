@@ -31,8 +31,11 @@ notice as its message), commit what had finished, and stop with the row's status
 ``spot_interrupted``. The row is how the worker asks for a replacement: the
 scheduler reads only ``active`` and ``draining`` rows and counts only active ones
 as capacity, so from the notice on the queue has lost this worker while its
-handed-back jobs wait again (the depth and age its scale-up rules read). No
-pipeline can checkpoint yet, so nothing is checkpointed.
+handed-back jobs wait again (the depth and age its scale-up rules read). A job whose
+step checkpoints (a chunked transcode) first gets the notice's time, less
+:data:`SPOT_CHECKPOINT_MARGIN_SECONDS`, to store the chunk it is on, and is stopped
+as soon as it has (else it abandons that chunk); its finished chunks were stored as
+they came, and the retry on another worker goes on from them.
 """
 
 from __future__ import annotations
@@ -68,6 +71,9 @@ SPOT_INTERRUPTED = "spot_interrupted"  # the row's final status, the attempts' c
 # sweep and a stopping worker write them).
 ENDED_STATUSES = ("stopped", "dead", SPOT_INTERRUPTED)
 SPOT_MARGIN_SECONDS = 5.0  # a notice's handing back should be over this long before its deadline
+# Kept after a checkpointing job's last chance to store its piece: the kill, the last
+# uploads and the hand back, before the notice's deadline.
+SPOT_CHECKPOINT_MARGIN_SECONDS = 15.0
 
 
 @dataclass
@@ -315,7 +321,12 @@ class Worker:
             },
         )
         self._set_status("draining")
-        released = self.execution.release_all(SPOT_INTERRUPTED, notice.reason)
+        # A job that checkpoints may store the piece it is on while the notice leaves
+        # time for that, the kill and the hand back; else it is abandoned.
+        window = notice.deadline - self.clock.now() - SPOT_CHECKPOINT_MARGIN_SECONDS
+        released = self.execution.release_all(
+            SPOT_INTERRUPTED, notice.reason, checkpoint_seconds=max(0.0, window)
+        )
         # The children are killed: the loops hand their jobs back and end within
         # moments; an upload in progress gets until just before the deadline.
         wait = max(SPOT_MARGIN_SECONDS, notice.deadline - self.clock.now() - SPOT_MARGIN_SECONDS)

@@ -1,14 +1,13 @@
-"""`ray up ray_cluster/local.yaml` end to end: the whole burst path on this machine.
-
-A burst of video transcodes on ``media``, a queue only burst nodes serve -> the
-scheduler wants a worker and asks Ray (``request_resources``) -> Ray's autoscaler v2
-asks our node provider -> the local driver boots a Ray node from the user data a cloud
-instance would get -> a pipeline actor there takes the jobs. A spot notice served by a
-local metadata endpoint makes that worker hand its job back (the attempt not counted);
-the instance is then reclaimed (terminated, as the cloud would), and the job completes
-on the replacement node. Idle -> drained -> terminated; the ledger closes. With the
-daily cap reached, the next burst is refused and the decision log says why. ``ray
-down`` leaves no process behind.
+"""`ray up ray_cluster/local.yaml` end to end: the whole burst path on this machine. A
+burst of video transcodes on ``media``, a queue only burst nodes serve -> the scheduler
+wants a worker and asks Ray (``request_resources``) -> Ray's autoscaler v2 asks our node
+provider -> the local driver boots a Ray node from the user data a cloud instance would
+get -> a pipeline actor there takes the jobs. A spot notice served by a local metadata
+endpoint makes that worker hand its job back (the attempt not counted); the instance is
+then reclaimed (terminated, as the cloud would), and the job completes on the
+replacement node, transcoding only the chunks the first node had not stored. Idle ->
+drained -> terminated; the ledger closes. With the daily cap reached, the next burst is
+refused and the decision log says why. ``ray down`` leaves no process behind.
 """
 
 from __future__ import annotations
@@ -37,6 +36,9 @@ BIN = Path(sys.executable).parent
 HYPERMEDIA = str(BIN / "hypermedia")
 JOBS = 4
 EVALUATION_SECONDS = 2
+CHUNKING_SHIPPED = "chunk_seconds = 60, chunk_above_seconds = 1800"
+CHUNKING_HERE = "chunk_seconds = 5, chunk_above_seconds = 10"
+CHUNKS = 6  # a 30 s clip with a keyframe every second, in 5 s chunks
 # A whole cluster each: up, bursts, drains, down (2-3 minutes; more under load).
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -145,7 +147,7 @@ class Cluster:
             subprocess.run(
                 ["ffmpeg", "-loglevel", "error", "-y", "-f", "lavfi", "-i",
                  "testsrc=size=640x360:rate=25:duration=30", "-pix_fmt", "yuv420p",
-                 "-c:v", "libx264", "-preset", "ultrafast", str(clip)],
+                 "-c:v", "libx264", "-preset", "ultrafast", "-g", "25", str(clip)],
                 check=True,
             )  # fmt: skip
         files = []
@@ -192,12 +194,24 @@ def cluster(request, tmp_path):
         scheduler_config=str(scheduler_path),
     )
     provider["drivers"]["aws"]["metadata_url"] = metadata.url
+    # The burst workers read it every 0.5 s (5 s by default): a chunk of the test's
+    # clips takes 1-2 s, and the notice must land before the job's last.
+    provider["drivers"]["aws"]["spot_poll_seconds"] = 0.5
     cluster_yaml = tmp_path / "cluster.yaml"
     cluster_yaml.write_text(yaml.safe_dump(config))
+    # The clips (30 s) are transcoded in chunks (the shipped profile chunks over 30 min),
+    # so the job a spot notice interrupts resumes from its stored chunks on the
+    # replacement node.
+    shipped = (REPO / "etc" / "profiles.toml").read_text()
+    chunked = shipped.replace(CHUNKING_SHIPPED, CHUNKING_HERE)
+    assert chunked != shipped, "etc/profiles.toml: transcode_video's chunking moved"
+    profiles = tmp_path / "profiles.toml"
+    profiles.write_text(chunked)
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "HYPERMEDIA_"))}
     env.update(
         HYPERMEDIA_DATA_DIR=str(data),
+        HYPERMEDIA_PROFILES_PATH=str(profiles),
         PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",
         PYTHONPATH=str(REPO),
         COLUMNS="1000",  # rich tables (scheduler log) one row per line
@@ -221,7 +235,10 @@ def cluster(request, tmp_path):
             deadline = time.monotonic() + 30
             while (left := processes_with(marker)) and time.monotonic() < deadline:
                 time.sleep(1)
-            assert left == [], [_cmdline(pid) for pid in left]
+            assert left == [], (
+                [_cmdline(pid) for pid in left],
+                (down.stdout + down.stderr)[-3000:],
+            )
 
 
 def test_a_burst_runs_on_launched_nodes_survives_a_spot_notice_and_ends_drained(cluster):
@@ -238,19 +255,33 @@ def test_a_burst_runs_on_launched_nodes_survives_a_spot_notice_and_ends_drained(
     first_worker = running[0].worker_id
     launched = instances()
     assert launched and all(i.spot and i.queue == "media" for i in launched), launched
+    # The notice comes once the job there has stored a chunk (of six: the rest take
+    # longer than the worker's 0.5 s between two reads of the metadata endpoint).
+    chunked = cluster.wait_for(
+        "a chunk stored by the job on the burst node",
+        lambda: rows(
+            "select c.job_id from job_checkpoints c join job_attempts a"
+            " on a.job_id = c.job_id where a.status = 'running'"
+            f" and a.worker_id = '{first_worker}' and c.committed_at is not null"
+        ),
+        120,
+    )
 
     # The cloud says the instance goes in two minutes: the worker hands its job back.
+    # (The notice reaches every instance: the scheduler may have launched a second one
+    # for the backlog meanwhile, whose worker hands its job back too.)
     metadata.serve_notice()
     released = cluster.wait_for(
         "the interrupted worker to hand its job back",
         lambda: rows(
             "select job_id, worker_id from job_attempts"
             " where status = 'released' and error_code = 'spot_interrupted'"
+            f" and worker_id = '{first_worker}'"
         ),
         90,
     )
-    assert released[0].worker_id == first_worker
     interrupted_job = released[0].job_id
+    assert interrupted_job == chunked[0].job_id, "the notice came after that job ended"
     noticed = [i.instance_id for i in instances()]
     # The scheduler counts the noticed node as leaving: it launches a replacement and
     # terminates the noticed one (the cloud would take it anyway).
@@ -278,6 +309,14 @@ def test_a_burst_runs_on_launched_nodes_survives_a_spot_notice_and_ends_drained(
         f"select attempt_count from processing_jobs where job_id = '{interrupted_job}'"
     )[0]
     assert attempt_count == len(attempts) - 1  # the interrupted attempt was not counted
+    # The notice left time to finish and store the chunk it was on: the replacement
+    # transcoded only the chunks not stored.
+    (units,) = rows(
+        f"select units from job_attempts where job_id = '{interrupted_job}'"
+        " and status = 'completed'"
+    )[0]
+    done = json.loads(units) if isinstance(units, str) else units
+    assert done["chunks_resumed"] >= 1 and done["chunks"] + done["chunks_resumed"] == CHUNKS, done
 
     # Idle for idle_minutes -> drained -> terminated; the ledger closes.
     cluster.wait_for(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
@@ -51,16 +53,17 @@ def test_up_submit_down(tmp_path):
         up = _cli(env, "up")
         assert up.returncode == 0, up.stderr + (data / "head.log").read_text()[-3000:]
         api_url = (data / "head.url").read_text()
-        assert api_url in up.stdout
-        assert _ray_processes(data)
+        assert api_url in up.stdout, up.stdout
+        assert _ray_processes(data), (data / "head.log").read_text()[-3000:]
         again = _cli(env, "up")
-        assert again.returncode == 0
-        assert "already up" in again.stdout
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert "already up" in again.stdout, again.stdout
 
         _dashboard_and_metric_targets(data, api_url)
 
-        key = _cli(env, "user", "add", "alice", "--credits", "100").stdout.strip()
-        assert key.startswith("hm_")
+        added = _cli(env, "user", "add", "alice", "--credits", "100")
+        key = added.stdout.strip()
+        assert key.startswith("hm_"), added.stdout + added.stderr
         # The stack's API serves the operator page (autoscaler/page), not to alice.
         page = httpx.get(f"{api_url}/operator", headers={"Authorization": f"Bearer {key}"})
         assert page.status_code == 403, page.text
@@ -75,12 +78,12 @@ def test_up_submit_down(tmp_path):
             "--wait-timeout",
             "120",
         )
-        assert submitted.returncode == 0, submitted.stderr
-        assert "completed" in submitted.stdout
+        assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+        assert "completed" in submitted.stdout, submitted.stdout
     finally:
         down = _cli(env, "down")
-    assert down.returncode == 0, down.stderr
-    assert "down" in down.stdout
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert "down" in down.stdout, down.stdout
     assert _ray_processes(data) == []
     assert find_running(data / "redis") is None
     assert _cli(env, "down").stdout.strip() == "not running"
@@ -109,15 +112,25 @@ def _dashboard_and_metric_targets(data: Path, api_url: str) -> None:
     assert json.loads((data / "metrics" / "api.json").read_text())[0]["targets"] == [
         api_url.removeprefix("http://")
     ]
-    # Ray writes its file a few seconds after the dashboard starts, then keeps it current.
-    ray_targets = data / "metrics" / "ray.json"
-    deadline = time.monotonic() + 30
-    while not ray_targets.exists() and time.monotonic() < deadline:
-        time.sleep(0.5)
-    (listed,) = json.loads(ray_targets.read_text())
+    # Ray writes its file a few seconds after the dashboard starts, then keeps it current
+    # (every few seconds; slower on a loaded machine).
+    listed = _ray_targets(data / "metrics" / "ray.json", timeout=90)
     assert listed["labels"] == {"job": "ray"} and listed["targets"], listed
     for target in listed["targets"]:  # each answers in Prometheus's text format
-        assert "# TYPE" in httpx.get(f"http://{target}/metrics", timeout=10).text
+        assert "# TYPE" in httpx.get(f"http://{target}/metrics", timeout=30).text
+
+
+def _ray_targets(path: Path, timeout: float) -> dict[str, Any]:
+    """Ray's service discovery entry once it lists a target (or the last one read)."""
+    deadline = time.monotonic() + timeout
+    listed: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError, ValueError):  # not yet written, or mid-write
+            (listed,) = json.loads(path.read_text())
+        if listed.get("targets"):
+            break
+        time.sleep(0.5)
+    return listed
 
 
 def _leftovers(data: Path) -> list[str]:

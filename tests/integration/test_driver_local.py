@@ -96,6 +96,14 @@ def driver_records(driver: LocalDriver) -> dict[str, dict[str, Any]]:
             "provider.drivers.local.on_demand_cents_per_hour",
         ),
         ({"state_dir": "/tmp/x", "num_cpus": "2"}, "provider.drivers.local.num_cpus"),
+        (
+            {"state_dir": "/tmp/x", "spot_poll_seconds": 61},
+            "provider.drivers.local.spot_poll_seconds",
+        ),
+        (
+            {"state_dir": "/tmp/x", "spot_poll_seconds": 0},
+            "provider.drivers.local.spot_poll_seconds",
+        ),
     ],
 )
 def test_bad_options_name_their_key(options, key):

@@ -10,13 +10,15 @@ import time
 from collections.abc import Iterator
 
 import pytest
+import redis
 
 from hypermedia.errors import NotFound
 from hypermedia.ingest.api import create_app
 from hypermedia.ingest.client import HypermediaClient
 from hypermedia.ingest.schemas import JobEvent
 from hypermedia.jobs.repository import ClaimedJob, FinishedJob
-from hypermedia.queue.events import progress_event
+from hypermedia.queue.events import JobEvents, progress_event
+from hypermedia.queue.redis_queue import connect
 from hypermedia.stack import Stack
 from tests.api_support import running_server
 from tests.factories import make_user, submit
@@ -181,3 +183,27 @@ def test_events_published_while_the_record_was_read_are_sent_before_it_ends(stac
         ("status", "completed", None),
     ]
     assert not any(d.get("record") for d in data)  # the end came from the stream
+
+
+def test_an_event_published_as_redis_restarts_is_not_lost_to_its_empty_script_cache(
+    private_redis, monkeypatch
+):
+    """Redis restarted between the pipeline loading the publish script and running it
+    (the client's retry reconnects to a server with no scripts): NoScriptError once,
+    and the event goes out on the next try instead of escaping to the job's worker."""
+    client = connect(private_redis.url)
+    events = JobEvents(client, "hmtest")
+    loads = redis.client.Pipeline.load_scripts
+    flushed: list[bool] = []
+
+    def load_then_lose_them(pipe: redis.client.Pipeline) -> None:
+        loads(pipe)
+        if not flushed:  # what a restart leaves: no scripts
+            flushed.append(client.script_flush() is not None)
+
+    monkeypatch.setattr(redis.client.Pipeline, "load_scripts", load_then_lose_them)
+    event = progress_event("run", 1, 4, "pages", time.time(), 1)
+    events.publish("j" * 32, event)
+    assert flushed == [True]
+    assert [e for _, e in events.history("j" * 32)] == [event]
+    client.close()

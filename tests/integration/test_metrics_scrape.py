@@ -217,7 +217,14 @@ def _load_and_check(rs: RayStack, person, operator, api: str, prom: str) -> None
     # Every query of the shipped dashboard is one Prometheus takes. Those of gauges on
     # what ran here have data (a rate needs two samples of a series: not asked).
     answered = {expr: query(prom, expr.replace("$Queue", ".+")) for expr in grafana.queries()}
-    idle = ("cloud_spend", "cost_locked", "scheduler_", "hypermedia_workers", "heartbeat")
+    idle = (
+        "cloud_spend",
+        "cost_locked",
+        "scheduler_",
+        "hypermedia_workers",
+        "heartbeat",
+        "bulk_run",
+    )
     empty = {expr for expr, result in answered.items() if not result and "[" not in expr}
     assert empty == {e for e in answered if "[" not in e and any(name in e for name in idle)}
     rules = httpx.get(f"{prom}/api/v1/rules", timeout=10).json()["data"]["groups"]

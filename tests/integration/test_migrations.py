@@ -39,6 +39,7 @@ TABLES = {
     "job_attempts",
     "job_outputs",
     "job_callbacks",
+    "job_checkpoints",
     "workers",
     "worker_metrics",
     "scheduler_decisions",
@@ -47,6 +48,7 @@ TABLES = {
     "alerts",
     "alert_deliveries",
     "queue_samples",
+    "bulk_runs",
 }
 
 
@@ -97,6 +99,35 @@ def test_upgrade_downgrade_upgrade(empty_engine):
     assert migrate.current_revision(empty_engine) == migrate.head_revision()
     assert table_names(empty_engine) == TABLES
     assert schema_diffs(empty_engine) == []
+
+
+def test_the_revisions_read_without_alembic_are_alembics(empty_engine):
+    """hypermedia.db.migrate reads the head from the files and the database's revision
+    from its table without importing Alembic: the same answers as Alembic's, at every
+    step (no table, an older revision, the head, back at base)."""
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+
+    script = ScriptDirectory.from_config(migrate.alembic_config())
+    head = script.get_current_head()
+    assert head is not None and migrate.head_revision() == head
+
+    def alembics() -> str | None:
+        with empty_engine.connect() as conn:
+            return MigrationContext.configure(conn).get_current_revision()
+
+    seen = [migrate.current_revision(empty_engine)]
+    assert seen[-1] is None and alembics() is None
+    older = script.get_revision(head).down_revision
+    assert isinstance(older, str)
+    for target in (older, "head"):
+        migrate.upgrade(empty_engine, target)
+        seen.append(migrate.current_revision(empty_engine))
+        assert seen[-1] == alembics()
+    migrate.downgrade(empty_engine, "base")
+    seen.append(migrate.current_revision(empty_engine))
+    assert seen[-1] == alembics()
+    assert seen == [None, older, head, None]
 
 
 def test_upgrade_twice_is_a_no_op(empty_engine):

@@ -296,18 +296,25 @@ def test_the_wheel_carries_the_defaults(wheel):
 
 def test_the_worker_image_builds_the_same_wheel_with_the_server_extra():
     """The image's build stage copies every file the wheel is built from (a missing
-    one fails the build: etc/ for the data files), and both stages ask for `server`
-    and `ocr` (the image serves every queue)."""
+    one fails the build: etc/ for the data files), takes the dependencies of `server`
+    and `ocr` (the image serves every queue) from pyproject.toml at the pins, and the
+    image gets the venv with them and the project installed from its wheel."""
     dockerfile = (REPO / "docker" / "worker.Dockerfile").read_text()
-    build_stage = dockerfile.split(" AS worker")[0]
+    build_stage, worker_stage = dockerfile.split(" AS worker")
     copied = set()
     for line in build_stage.splitlines():
         if line.startswith("COPY "):
             copied.update(line.split()[1:-1])
     assert set(WHEEL_SOURCES) <= copied, set(WHEEL_SOURCES) - copied
-    wheel_command = "pip wheel --wheel-dir /wheels --constraint docker/constraints.txt"
-    assert f"{wheel_command} '.[server,ocr]'" in build_stage
-    assert "--find-links=/wheels 'hypermedia[server,ocr]'" in dockerfile.split(" AS worker")[1]
+    for part in ("['dependencies']", "['optional-dependencies']['server']"):
+        assert part in build_stage
+    assert "['optional-dependencies']['ocr']" in build_stage
+    pinned = "--constraint docker/constraints.txt --requirement /src/requirements.txt"
+    assert build_stage.count(pinned) == 2  # the wheels, then the venv from them alone
+    assert "pip wheel --no-deps --no-build-isolation" in build_stage
+    assert "--no-index --no-deps --root /project" in build_stage
+    assert "COPY --from=build /opt/hypermedia /opt/hypermedia" in worker_stage
+    assert "COPY --from=build /project/ /" in worker_stage
 
 
 def test_the_base_install_is_the_client_and_the_rest_are_extras(wheel):

@@ -32,6 +32,12 @@ class NoGrants:
     def output_urls(self, job_id, worker_id, output_types):
         raise AssertionError("a job with no outputs asked for output URLs")
 
+    def checkpoint_uploads(self, job_id, worker_id, names):
+        raise AssertionError("a step without checkpoints asked to store one")
+
+    def checkpoint_downloads(self, job_id, worker_id):
+        raise AssertionError("a step without checkpoints asked for its checkpoints")
+
 
 def _sleep_without_input(directory: Path) -> Path:
     path = ray_support.test_profiles(directory)

@@ -149,9 +149,18 @@ def test_redis_killed_mid_run_loses_nothing(pg_engine, settings, private_redis):
         finally:
             producing.clear()
 
+    give_up = time.monotonic() + 180
+
+    def running() -> bool:
+        # A thread that died ends the run: its error is the failure, not a hang; so
+        # does a job that never completes (the statuses below then show where it is).
+        if errors or time.monotonic() > give_up:
+            return False
+        return producing.is_set() or _statuses(stack.engine).get("completed", 0) < total
+
     def consume(worker_id: str) -> None:
         try:
-            while producing.is_set() or _statuses(stack.engine).get("completed", 0) < total:
+            while running():
                 try:
                     batch = stack.dispatcher.claim("images", worker_id, count=5)
                 except QueueUnavailable:
@@ -169,10 +178,13 @@ def test_redis_killed_mid_run_loses_nothing(pg_engine, settings, private_redis):
             errors.append(exc)
 
     def reconcile_loop() -> None:
-        while producing.is_set() or _statuses(stack.engine).get("completed", 0) < total:
-            with contextlib.suppress(QueueUnavailable):
-                reconcile(stack.engine, stack.queue)
-            time.sleep(0.2)
+        try:
+            while running():
+                with contextlib.suppress(QueueUnavailable):
+                    reconcile(stack.engine, stack.queue)
+                time.sleep(0.2)
+        except BaseException as exc:
+            errors.append(exc)
 
     threads = [threading.Thread(target=produce)]
     threads += [threading.Thread(target=consume, args=(f"c{i}",)) for i in range(2)]

@@ -9,8 +9,10 @@ from autoscaler.leader import Leadership
 
 
 def test_one_holds_the_other_takes_over_when_it_stops_renewing(redis_client, redis_prefix):
-    first = Leadership(redis_client, redis_prefix, "host-a:1", ttl_seconds=0.4)
-    second = Leadership(redis_client, redis_prefix, "host-b:2", ttl_seconds=0.4)
+    # A lease of 2 s renewed every 0.6 s: room for a loaded machine's late wake-ups
+    # (with 0.4 s and 0.2 s, one late sleep let the lease lapse mid-renewal).
+    first = Leadership(redis_client, redis_prefix, "host-a:1", ttl_seconds=2.0)
+    second = Leadership(redis_client, redis_prefix, "host-b:2", ttl_seconds=2.0)
 
     term = first.acquire()
     assert term is not None and term.token == 1
@@ -18,12 +20,12 @@ def test_one_holds_the_other_takes_over_when_it_stops_renewing(redis_client, red
     assert first.current() == "host-a:1 1"
     # Renewing keeps the same term, past several lease lengths.
     for _ in range(4):
-        time.sleep(0.2)
+        time.sleep(0.6)
         assert first.acquire() == term
         assert second.acquire() is None
     assert first.holds(term)
 
-    time.sleep(0.6)  # the first stopped renewing (it died, or froze)
+    time.sleep(2.2)  # the first stopped renewing (it died, or froze)
     taken = second.acquire()
     assert taken is not None and taken.token == 2
     assert not first.holds(term)  # fenced: its actions check this first

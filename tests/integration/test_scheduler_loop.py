@@ -24,7 +24,7 @@ from autoscaler import config as scheduler_config
 from autoscaler.config import ProviderName
 from autoscaler.leader import Leadership, Term
 from autoscaler.scheduler import COST_LOCK, Scheduler, reset_cost_lock
-from autoscaler.snapshot import Offer, Plan, WorkerState
+from autoscaler.snapshot import RATE_WINDOW_SECONDS, Offer, Plan, WorkerState
 from autoscaler.state import read_state
 from hypermedia import ids, objects
 from hypermedia.clock import Clock, ManualClock, SystemClock
@@ -426,3 +426,84 @@ def test_the_loop_counts_long_transcodes_from_the_record_and_sends_them_to_spot(
         assert loop.observe().queues["media"].long_jobs == 0
     finally:
         stack.close()
+
+
+def test_the_snapshot_carries_each_queues_recent_load(stack):
+    """The policy's estimates on the live loop: jobs created in the last 30 minutes, as a
+    rate per hour, and the mean run time of the queue's recently completed attempts."""
+    person = make_user(stack)
+    job_ids = submit(stack, person, ["thumbnail"]) + submit(stack, person, ["thumbnail"])
+    now = datetime.now(UTC)
+    with transaction(stack.engine) as conn:
+        (queue,) = set(
+            conn.execute(select(t.jobs.c.queue).where(t.jobs.c.job_id.in_(job_ids))).scalars()
+        )
+        for n, (job_id, ms) in enumerate(zip(job_ids, (2000, 4000), strict=True)):
+            conn.execute(
+                t.attempts.insert().values(
+                    job_id=job_id,
+                    attempt_number=1,
+                    worker_id=f"w-{n}",
+                    status="completed",
+                    started_at=now,
+                    finished_at=now,
+                    duration_ms=ms,
+                )
+            )
+        conn.execute(t.jobs.update().where(t.jobs.c.job_id.in_(job_ids)).values(completed_at=now))
+        # a job created an hour ago is out of the rate (its attempt still counts in the mean)
+        conn.execute(
+            t.jobs.update()
+            .where(t.jobs.c.job_id == job_ids[0])
+            .values(created_at=now - timedelta(hours=1))
+        )
+    observed = scheduler(stack, "a", MemoryFleet()).observe().queues
+    assert observed[queue].arrivals_per_hour == pytest.approx(1 * 3600 / RATE_WINDOW_SECONDS)
+    assert observed[queue].mean_run_seconds == pytest.approx(3.0)
+    others = [q for name, q in observed.items() if name != queue]
+    assert {(q.arrivals_per_hour, q.mean_run_seconds) for q in others} == {(0.0, None)}
+
+
+def test_the_record_replays_as_a_trace(stack):
+    """``simulate --from-db --since``: the jobs created in the window, at their times
+    from the first, with their last completed attempt's run time, else their queue's
+    mean; then simulated like a trace file."""
+    from autoscaler import recorded, simulate
+
+    person = make_user(stack)
+    job_ids = [submit(stack, person, ["thumbnail"], priority=p)[0] for p in (2, 5, 8)]
+    base = datetime.now(UTC) - timedelta(hours=2)
+    with transaction(stack.engine) as conn:
+        for n, job_id in enumerate(job_ids):
+            conn.execute(
+                t.jobs.update()
+                .where(t.jobs.c.job_id == job_id)
+                .values(created_at=base + timedelta(seconds=30 * n))
+            )
+        for number, ms, status in ((1, 9000, "failed"), (2, 4000, "completed")):
+            conn.execute(
+                t.attempts.insert().values(
+                    job_id=job_ids[0],
+                    attempt_number=number,
+                    worker_id="w-1",
+                    status=status,
+                    started_at=base,
+                    finished_at=base,
+                    duration_ms=ms,
+                )
+            )
+        (queue,) = set(conn.execute(select(t.jobs.c.queue)).scalars())
+    now = time.time()
+    with transaction(stack.engine) as conn:
+        replayed = recorded.arrivals(conn, now, recorded.parse_span("3h"))
+        assert recorded.arrivals(conn, now, recorded.parse_span("90m")) == []
+    assert [(a.at, a.queue, a.priority, a.duration) for a in replayed] == [
+        (0.0, queue, 2, 4.0),  # its completed attempt, not the failed one
+        (30.0, queue, 5, 4.0),  # never ran: the queue's mean
+        (60.0, queue, 8, 4.0),
+    ]
+    assert recorded.parse_span("7d") == 7 * 86_400 and recorded.parse_span("90") == 90
+    with pytest.raises(ValueError, match="--since 'soon'"):
+        recorded.parse_span("soon")
+    report = simulate.simulate(hybrid_config(), replayed)
+    assert report.jobs == 3 and report.unfinished == 0

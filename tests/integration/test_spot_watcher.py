@@ -277,6 +277,12 @@ class NoGrants:
     ) -> dict[str, OutputGrant]:
         raise AssertionError("asked for output URLs")
 
+    def checkpoint_uploads(self, job_id, worker_id, names):
+        raise AssertionError("a step without checkpoints asked to store one")
+
+    def checkpoint_downloads(self, job_id, worker_id):
+        raise AssertionError("a step without checkpoints asked for its checkpoints")
+
 
 def _profiles_without_input(directory: Path) -> Path:
     path = ray_support.test_profiles(directory)

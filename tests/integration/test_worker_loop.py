@@ -8,9 +8,11 @@ which ``test_sandbox_executor`` and ``test_workers`` cover.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from sqlalchemy import func, select
@@ -43,6 +45,12 @@ class NoGrants:
     ) -> dict[str, OutputGrant]:
         self.calls += 1
         raise AssertionError("a job with no outputs asked for output URLs")
+
+    def checkpoint_uploads(self, job_id, worker_id, names):
+        raise AssertionError("a step without checkpoints asked to store one")
+
+    def checkpoint_downloads(self, job_id, worker_id):
+        raise AssertionError("a step without checkpoints asked for its checkpoints")
 
 
 @contextmanager
@@ -166,4 +174,88 @@ def test_drain_hands_back_prefetched_jobs_not_begun(pg_engine, settings, tmp_pat
     assert [v.attempt_count for v in views] == [1, 0, 0, 0]
     assert [a.status for v in views[1:] for a in v.attempts] == ["released"] * 3
     assert sorted(stack.queue.ready_ids("images")) == sorted(job_ids[1:])
+    stack.close()
+
+
+class _HeldInput(NoGrants):
+    """An input URL whose download hangs until ``release``: a user's cancel arrives
+    while the job's input is still coming, before its step (or child) exists."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.requested = threading.Event()
+        self.released = threading.Event()
+        held = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                held.requested.set()
+                held.released.wait(60)
+                self.send_response(200)
+                self.send_header("Content-Length", "1")
+                self.end_headers()
+                self.wfile.write(b"x")
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def input_url(self, job_id: str, worker_id: str) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/{job_id}"
+
+    def close(self) -> None:
+        self.released.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class _CountingExecutor(InProcessExecutor):
+    def __init__(self, work_root: Path) -> None:
+        super().__init__(work_root, PRELOAD)
+        self.runs = 0
+
+    def run(self, *args, **kwargs):
+        self.runs += 1
+        return super().run(*args, **kwargs)
+
+
+def test_a_cancel_during_the_input_download_never_starts_the_step(engine, settings, tmp_path):
+    """Cancelled while its input downloads (no child to kill yet), the job ends
+    cancelled without its step running: the request is not lost with the kill that
+    had nothing to reach."""
+    stack = open_stack(settings, engine, None, profiles_path=ray_support.test_profiles(tmp_path))
+    person = make_user(stack)
+    obj = make_object(stack, person)
+    request = SubmitRequest(
+        object_id=obj, operations=["test.sleep"], params={"test.sleep": {"seconds": 30}}
+    )
+    job_id = stack.ingest.submit(person.caller, request).job_ids[0]
+    held = _HeldInput()
+    executor = _CountingExecutor(tmp_path / "work")
+    execution = JobExecution(
+        stack.dispatcher, stack.catalog, held, executor, "cancel-w", poll_seconds=0.05
+    )
+    try:
+        (job,) = stack.dispatcher.claim_and_start("images", "cancel-w")
+        outcome: list[object] = []
+        runner = threading.Thread(target=lambda: outcome.append(execution.run_started(job)))
+        runner.start()
+        assert held.requested.wait(30)
+        stack.ingest.cancel(person.caller, job_id)
+        # The watcher's query sees the request (it has no child to kill), then the
+        # input arrives.
+        _wait(lambda: execution._running[job_id].cancelled.is_set())
+        held.released.set()
+        runner.join(60)
+        assert not runner.is_alive()
+    finally:
+        held.close()
+        execution.close()
+    assert executor.runs == 0
+    (result,) = outcome
+    assert getattr(result, "status", None) == "cancelled", result
+    assert stack.ingest.get_job(person.caller, job_id).status == "cancelled"
     stack.close()

@@ -87,6 +87,7 @@ def test_the_registry_exports():
         "Step",
         "USAGE_OUTPUT",
         "check",
+        "checkpointing",
         "get",
         "load_all",
         "operations",

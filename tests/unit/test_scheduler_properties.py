@@ -11,6 +11,10 @@ Whatever arrives, finishes, crashes or costs, these hold:
   passes the hourly cap in any rolling hour, nor the daily cap on any day;
 - nothing is launched in ``vps_only`` or while locked;
 - every terminated worker was draining before.
+
+The snapshots carry the queues' load (the arrival rate over the last 30 minutes, the
+run time of their jobs) or not, drawn: the estimates that size scale-ups and keep
+workers alive work within the same limits.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from autoscaler.snapshot import (
     WorkerState,
     next_history,
 )
+from autoscaler.snapshot import RATE_WINDOW_SECONDS as RATE_WINDOW
 
 START = 1_800_000_000.0 - 1_800_000_000.0 % 86_400 + 20 * 3600  # 20:00 UTC: days turn
 SHIPPED = json.loads(scheduler_config.SHIPPED.read_text())
@@ -167,6 +172,10 @@ class World:
     job_seconds: dict[str, float] = field(default_factory=dict)
     busy_until: dict[str, float] = field(default_factory=dict)
     days: set[float] = field(default_factory=set)
+    # Whether the snapshots carry each queue's load (arrival rate, mean run time): the
+    # policy's estimates size scale-ups and keep workers, within the same limits.
+    estimates: bool = True
+    arrived: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.mode_since = self.now
@@ -186,7 +195,15 @@ class World:
             bands = {b: n for b, n in self.waiting[name].items() if n > 0}
             depth = sum(bands.values())
             age = self.now - self.oldest_at[name] if depth else 0.0
-            queues[name] = QueueState(name, depth, age, depth_by_band=bands)
+            recent = [n for at, n in self.arrived.get(name, []) if at > self.now - RATE_WINDOW]
+            queues[name] = QueueState(
+                name,
+                depth,
+                age,
+                depth_by_band=bands,
+                arrivals_per_hour=sum(recent) * 3600 / RATE_WINDOW if self.estimates else None,
+                mean_run_seconds=self.job_seconds.get(name) if self.estimates else None,
+            )
         return Snapshot(
             now=self.now,
             queues=queues,
@@ -209,6 +226,7 @@ class World:
             self.oldest_at[event.queue] = self.now
         bands[event.band] = bands.get(event.band, 0) + event.count
         self.job_seconds[event.queue] = event.job_seconds
+        self.arrived.setdefault(event.queue, []).append((self.now, event.count))
 
     def finish(self, event: Finish) -> None:
         busy = sorted(k for k, w in self.workers.items() if w.current_jobs)
@@ -359,8 +377,8 @@ def check_decisions(config: SchedulerConfig, snapshot: Snapshot, decisions: list
     assert len(set(terminated)) == len(terminated) and len(set(drained)) == len(drained)
 
 
-def run(config: SchedulerConfig, script: list[Any]) -> World:
-    world = World(config)
+def run(config: SchedulerConfig, script: list[Any], estimates: bool = True) -> World:
+    world = World(config, estimates=estimates)
     for event in [*script, Tick(12)]:  # and an hour of evaluations after the last event
         if isinstance(event, Tick):
             for _ in range(event.evaluations):
@@ -382,7 +400,7 @@ PROPERTY = settings(max_examples=400, deadline=None, suppress_health_check=[Heal
 
 
 @PROPERTY
-@given(config=configs, script=events)
+@given(config=configs, script=events, estimates=st.booleans())
 # Drained mid-job by a switch to vps_only and back: the draining instances still count
 # against max_workers while the flood asks for more.
 @example(
@@ -395,14 +413,16 @@ PROPERTY = settings(max_examples=400, deadline=None, suppress_health_check=[Heal
         Mode("hybrid"),
         Tick(2),
     ],
+    estimates=True,
 )
 # Switched to vps_only mid-job: the drain's 5 minutes end in a forced termination.
 @example(
     config=build_config("hybrid", 60, 2000, 10_000, 3, 2),
     script=[Arrive("ocr", "4-6", 150, 3600.0), Tick(2), Mode("vps_only"), Tick(8)],
+    estimates=False,
 )
-def test_no_event_sequence_breaks_the_limits(config, script):
-    run(config, script)
+def test_no_event_sequence_breaks_the_limits(config, script, estimates):
+    run(config, script, estimates)
 
 
 @settings(max_examples=80, deadline=None)

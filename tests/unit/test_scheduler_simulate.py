@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import random
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from autoscaler import simulate
 from autoscaler.config import ProviderName, SchedulerConfig
 from autoscaler.sim_baselines import KedaRule, StaticFleet, peak_fleet
 from autoscaler.sim_report import percentile
-from autoscaler.sim_world import Arrival, Cloud, read_trace, write_trace
+from autoscaler.sim_world import Arrival, Cloud, World, read_trace, write_trace
 from autoscaler.snapshot import Decision, History, QueueState, Snapshot, Spend, next_history
 
 SHIPPED: dict[str, Any] = json.loads(scheduler_config.SHIPPED.read_text())
@@ -89,6 +90,27 @@ def test_a_hybrid_burst_launches_three_and_costs_price_times_running_time():
     assert (waits.p50, waits.p95, waits.max) == (1020, 1920, 2040)
     assert report.unfinished == 0 and report.cap_breaches == 0
     assert report.duration_seconds == 2700
+    # churn: each paid 60 s of boot before taking work: 3 minutes, 3 x 60 s x 10 c/h
+    assert report.boot_billed_seconds == 180
+    assert report.churn_cents == pytest.approx(0.5)
+
+
+def test_billing_charges_the_providers_minimum_and_its_steps():
+    """A 10 c/h instance up for 30 s is billed AWS's minute; the boot it paid for (20 s)
+    and the top-up (30 s) are churn. Per-second steps bill 61.5 s as 62 s, minute steps
+    (IONOS) 61 s as 120 s."""
+    clouds: dict[ProviderName, Cloud] = {"aws": Cloud("aws", 10.0, None, 20.0)}
+    world = World(hybrid(), clouds, random.Random(0))
+    world.launch(Decision("launch", "test", "ocr", provider="aws"))
+    world.now = 30.0
+    world.remove("sim-00001")
+    [interval] = world.ledger.values()
+    assert (interval.start, interval.end) == (0.0, 60.0)
+    assert world.boot_billed_seconds == 20.0
+    assert world.churn_cents == pytest.approx(10.0 * 50 / 3600)
+    assert Cloud("aws", 1.0).billed_seconds(61.5) == 62  # per second, rounded up
+    assert Cloud("ionos", 1.0, billing_step_seconds=60.0).billed_seconds(61) == 120
+    assert Cloud("ionos", 1.0, billing_step_seconds=60.0).billed_seconds(0.5) == 60
 
 
 def test_launches_never_exceed_max_workers_over_a_long_burst():
@@ -213,6 +235,31 @@ def test_read_trace_rejects_bad_rows(tmp_path):
         simulate.simulate(hybrid(), [Arrival(0.0, "nope", 5, 1.0)])
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        "at_seconds,queue,priority,duration_seconds\r\n0,ocr,5,60\r\n10,ocr,3,30\r\n",
+        "# exported 2026-12-01\nat_seconds,queue,priority,duration_seconds\n0,ocr,5,60\n"
+        "# a comment between rows\n10,ocr,3,30\n",
+        "\ufeffat_seconds, queue ,priority,duration_seconds\r0, ocr ,5,60\r10,ocr,3,30\r",
+        "at_seconds,queue,priority,duration_seconds,count\r\n0,ocr,5,60,\r\n10,ocr,3,30,1\r\n"
+        ",,,,\r\n\r\n",
+    ],
+    ids=["crlf", "comments", "bom-cr-spaces", "empty-cells-and-lines"],
+)
+def test_read_trace_takes_what_spreadsheets_and_exports_write(tmp_path, text):
+    path = tmp_path / "t.csv"
+    path.write_bytes(text.encode())
+    assert read_trace(path) == [Arrival(0.0, "ocr", 5, 60.0), Arrival(10.0, "ocr", 3, 30.0)]
+
+
+def test_read_trace_names_an_empty_cell(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_bytes(b"at_seconds,queue,priority,duration_seconds\r\n0,ocr,5,60\r\n,ocr,5,60\r\n")
+    with pytest.raises(ValueError, match=r"t.csv:3: at_seconds is empty"):
+        read_trace(path)
+
+
 def test_write_then_read_round_trips(tmp_path):
     arrivals = [Arrival(0.0, "ocr", 3, 1.5, 2), Arrival(10.0, "bulk", 9, 60.0)]
     write_trace(tmp_path / "t.csv", arrivals)
@@ -234,9 +281,29 @@ def test_main_prints_the_table_and_draws_the_chart(tmp_path, capsys):
     data["queues"]["ocr"]["cloud_enabled"] = True
     config.write_text(json.dumps(data))
     chart = tmp_path / "out.png"
-    assert simulate.main(config, TRACES / "burst.csv", chart) == 0
+    written = tmp_path / "out.json"
+    assert simulate.main(config, TRACES / "burst.csv", chart, written) == 0
     out = capsys.readouterr().out
     assert "hypermedia" in out and "static-for-peak" in out and "keda-style" in out
+    assert "seed-rules-only" in out
+    document = json.loads(written.read_text())
+    assert document["trace"] == "burst.csv" and document["mode"] == "hybrid"
+    policies = {p["policy"]: p for p in document["policies"]}
+    assert set(policies) == {"hypermedia", "seed-rules-only", "static-for-peak", "keda-style"}
+    ours = policies["hypermedia"]
+    assert set(ours["p95_wait_seconds"]) == {"1-3", "4-6", "7-10"}
+    assert ours["cap_breaches"] == 0 and ours["launches"] >= 1 and ours["cost_cents"] > 0
+    # ocr (max_workers 3) cannot keep up with 200 jobs in an hour; bulk (not
+    # cloud-enabled, no VPS worker) never runs its 60: advice for both, replayed
+    advice = {a["queue"]: a for a in document["capacity"]}
+    assert set(advice) == {"ocr", "bulk"}
+    ocr, bulk = advice["ocr"], advice["bulk"]
+    assert ocr["saturated"] and ocr["max_workers"] == 3 and ocr["workers_for_p95"] > 3
+    assert ocr["cost_cents_after"] > 0
+    assert "capacity: ocr is saturated at max_workers 3" in out
+    assert bulk["saturated"] and bulk["max_workers"] == 0
+    assert bulk["change"] == f"bulk cloud-enabled with max_workers {bulk['workers_for_p95']}"
+    assert "capacity: bulk is saturated at its VPS workers 0" in out
     pytest.importorskip("matplotlib")
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -264,3 +331,30 @@ def test_percentile_is_the_nearest_rank(count: int, fraction: float, rank: int):
     values = [float(i) for i in range(1, count + 1)]
     assert percentile(values, fraction) == rank
     assert percentile([], fraction) == 0.0
+
+
+def test_advice_replays_the_trace_with_the_workers_that_keep_up():
+    """OCR at max_workers 1, 40 jobs of 60 s an hour for two hours (0.67 busy workers,
+    but bunched: 20 at once every half hour): max_workers 1 leaves a p95 over 300 s; the
+    advice's fleet is replayed and waits less."""
+    config = hybrid(ocr={"max_workers": 1})
+    arrivals = [Arrival(t * 1800.0, "ocr", 5, 60.0, 20) for t in range(4)]
+    ours = simulate.simulate(config, arrivals, clouds=AWS)
+    advice = simulate.advise(config, arrivals, ours, clouds=AWS)
+    [item] = advice
+    assert item.capacity is not None and item.capacity.queue == "ocr"
+    assert item.capacity.workers_needed is not None and item.capacity.workers_needed > 1
+    assert item.after is not None and item.after.waits["4-6"].p95 < ours.waits["4-6"].p95
+    assert f"max_workers {item.capacity.workers_needed} for ocr" in item.describe()
+
+
+def test_advice_on_the_caps_when_they_held_launches():
+    clouds: dict[ProviderName, Cloud] = {"aws": Cloud("aws", 100.0, None, 60.0)}
+    config = hybrid(hourly=150, daily=5000)
+    arrivals = [Arrival(0.0, "ocr", 5, 600.0, 60)]
+    ours = simulate.simulate(config, arrivals, clouds=clouds)
+    assert ours.cap_holds > 0  # one $1/h instance fits the $1.50 hourly cap, not two
+    caps = [a for a in simulate.advise(config, arrivals, ours, clouds=clouds) if a.capacity is None]
+    [item] = caps
+    assert "the caps doubled (hourly $3.00, daily $100.00)" in item.describe()
+    assert item.after is not None and item.after.duration_seconds < ours.duration_seconds

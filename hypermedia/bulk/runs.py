@@ -1,0 +1,386 @@
+"""The bulk run record (``bulk_runs``): the one door to it.
+
+A run is created by an operator (``hypermedia bulk ...`` on the server, or the
+operator-only ``POST /v1/hypermedia/bulk/runs``) and then driven by the head
+(:class:`hypermedia.bulk.runner.BulkRunner`). Its states::
+
+    creating ──(objects exhausted)──▶ draining ──(no job of it left live)──▶ completed
+       │  ▲                              │
+     pause resume                      cancel ──▶ cancelled (its queued jobs cancelled,
+       ▼  │                                        running ones asked to stop)
+     paused ──cancel──▶ cancelled
+    creating ──(an account short of credits, a target unreachable ...)──▶ paused, reason
+
+Every change is a guarded ``UPDATE ... WHERE state IN (...)``, as for jobs.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from sqlalchemy import Connection, func, insert, select, update
+
+from hypermedia.clock import to_datetime
+from hypermedia.db import tables as t
+from hypermedia.errors import Conflict, InvalidRequest, NotFound
+from hypermedia.ids import new_id
+from hypermedia.jobs.states import JobStatus
+
+BULK_PRIORITIES = range(7, 11)  # seed 003: background regeneration gets 7-10
+DEFAULT_PRIORITY = 8
+BULK_QUEUE = "bulk"
+# The platform's own account: jobs of a run that names no account are its (estimated
+# at 0 credits; what units a step prices lands in its ledger as the platform's spend).
+PLATFORM_USER_ID = "0" * 32
+PLATFORM_USER_NAME = "hypermedia-platform"
+
+Kind = Literal["regenerate", "backfill", "migrate"]
+
+
+class RunState(enum.StrEnum):
+    CREATING = "creating"
+    PAUSED = "paused"
+    DRAINING = "draining"
+    COMPLETED = "completed"
+    CANCELLED = "cancelled"
+
+
+ACTIVE = frozenset({RunState.CREATING, RunState.DRAINING})  # the runner drives these
+FINISHED = frozenset({RunState.COMPLETED, RunState.CANCELLED})
+# Live job statuses: what counts against a run's max_in_flight.
+LIVE_JOB_STATUSES = (
+    JobStatus.QUEUED.value,
+    JobStatus.CLAIMED.value,
+    JobStatus.PROCESSING.value,
+    JobStatus.RETRY_WAIT.value,
+)
+
+
+class BulkFilter(BaseModel):
+    """Which objects a run considers (all given conditions hold)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    pool_id: str | None = Field(default=None, max_length=64)
+    owner_id: str | None = Field(default=None, max_length=32)
+    detected_kind: str | None = Field(
+        default=None, max_length=32, description="the kind found in the bytes (image, pdf ...)"
+    )
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+    # regenerate: every object with an output of the operation, the current version's
+    # too (else only those whose newest output is below the current version).
+    all_versions: bool = False
+
+    @model_validator(mode="after")
+    def _aware(self) -> BulkFilter:
+        for name in ("created_after", "created_before"):
+            value = getattr(self, name)
+            if value is not None and value.tzinfo is None:
+                raise ValueError(f"{name} needs a time zone (e.g. 2026-01-01T00:00:00Z)")
+        return self
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", exclude_defaults=True)
+
+
+class MigrateTarget(BaseModel):
+    """Where ``migrate`` copies objects: an S3 bucket (the head's own credentials, from
+    its environment; none are stored)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    backend: Literal["s3"] = "s3"
+    bucket: str = Field(min_length=3, max_length=63)
+    endpoint_url: str | None = Field(default=None, max_length=512)
+    region: str | None = Field(default=None, max_length=64)
+    prefix: str = Field(default="", max_length=200)
+
+    @property
+    def name(self) -> str:
+        """What ``objects.storage_backend`` says of an object copied there."""
+        return f"s3:{self.bucket}/{self.prefix}".rstrip("/")
+
+
+class RunSpec(BaseModel):
+    """What an operator asks for."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Kind
+    operation: str | None = Field(default=None, max_length=64)
+    filter: BulkFilter = Field(default_factory=BulkFilter)
+    target: MigrateTarget | None = None
+    priority: int = Field(default=DEFAULT_PRIORITY, ge=min(BULK_PRIORITIES), le=10)
+    queue: str | None = Field(
+        default=None, description="bulk (the default) or the operation's own queue"
+    )
+    max_in_flight: int = Field(default=200, ge=1, le=1_000_000)
+    batch_size: int = Field(default=500, ge=1, le=10_000)
+    account: str | None = Field(
+        default=None, max_length=200, description="a user name (or id) to charge; none: platform"
+    )
+
+    @model_validator(mode="after")
+    def _shape(self) -> RunSpec:
+        if self.kind == "migrate":
+            if self.target is None:
+                raise ValueError("migrate needs a target")
+            if self.operation is not None:
+                raise ValueError("migrate copies objects; it takes no operation")
+        else:
+            if self.operation is None:
+                raise ValueError(f"{self.kind} needs an operation")
+            if self.target is not None:
+                raise ValueError(f"{self.kind} takes no target")
+        return self
+
+
+@dataclass(frozen=True, slots=True)
+class RunView:
+    run_id: str
+    kind: str
+    operation: str | None
+    target_version: int | None
+    filter: dict[str, Any]
+    target: dict[str, Any] | None
+    queue: str | None
+    priority: int
+    max_in_flight: int
+    batch_size: int
+    account_user_id: str | None
+    state: str
+    cursor: str | None
+    scanned: int
+    created_jobs: int
+    skipped: int
+    unfit: int
+    migrated: int
+    failed: int
+    reason: str | None
+    created_by: str | None
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+    jobs: dict[str, int]  # the run's jobs by status (the record's, now)
+
+    @property
+    def live(self) -> int:
+        return sum(self.jobs.get(status, 0) for status in LIVE_JOB_STATUSES)
+
+    def counts(self) -> dict[str, int]:
+        """What metrics and the operator page show of its progress."""
+        return {
+            "scanned": self.scanned,
+            "created": self.created_jobs,
+            "skipped": self.skipped,
+            "unfit": self.unfit,
+            "migrated": self.migrated,
+            "failed": self.failed,
+            "live": self.live,
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name in self.__dataclass_fields__:
+            value = getattr(self, name)
+            out[name] = value.isoformat() if isinstance(value, datetime) else value
+        return out
+
+
+def ensure_platform_user(conn: Connection, now: float) -> str:
+    """The platform's user row (made once; no credit account: nothing is reserved)."""
+    found = conn.execute(
+        select(t.users.c.user_id).where(t.users.c.user_id == PLATFORM_USER_ID)
+    ).scalar_one_or_none()
+    if found is None:
+        conn.execute(
+            insert(t.users).values(
+                user_id=PLATFORM_USER_ID,
+                name=PLATFORM_USER_NAME,
+                is_operator=False,
+                created_at=to_datetime(now),
+            )
+        )
+    return PLATFORM_USER_ID
+
+
+def find_account(conn: Connection, account: str) -> str:
+    row = conn.execute(
+        select(t.users.c.user_id).where(
+            (t.users.c.name == account) | (t.users.c.user_id == account)
+        )
+    ).scalar_one_or_none()
+    if row is None:
+        raise NotFound(f"no user {account!r} to charge", account=account)
+    return str(row)
+
+
+def insert_run(
+    conn: Connection,
+    spec: RunSpec,
+    *,
+    profile_id: int | None,
+    target_version: int | None,
+    queue: str | None,
+    account_user_id: str | None,
+    created_by: str | None,
+    now: float,
+) -> str:
+    run_id = new_id()
+    moment = to_datetime(now)
+    conn.execute(
+        insert(t.bulk_runs).values(
+            run_id=run_id,
+            kind=spec.kind,
+            operation=spec.operation,
+            profile_id=profile_id,
+            target_version=target_version,
+            filter=spec.filter.to_json(),
+            target=None if spec.target is None else spec.target.model_dump(mode="json"),
+            queue=queue,
+            priority=spec.priority,
+            max_in_flight=spec.max_in_flight,
+            batch_size=spec.batch_size,
+            account_user_id=account_user_id,
+            state=RunState.CREATING.value,
+            cursor=None,
+            scanned=0,
+            created_jobs=0,
+            skipped=0,
+            unfit=0,
+            migrated=0,
+            failed=0,
+            created_by=created_by,
+            created_at=moment,
+            updated_at=moment,
+        )
+    )
+    return run_id
+
+
+def move(
+    conn: Connection,
+    run_id: str,
+    sources: frozenset[RunState] | set[RunState],
+    to: RunState,
+    now: float,
+    reason: str | None = None,
+) -> bool:
+    """Guarded state change: whether the run was in one of ``sources``."""
+    values: dict[str, Any] = {"state": to.value, "updated_at": to_datetime(now)}
+    if reason is not None or to is RunState.CREATING:
+        values["reason"] = reason
+    if to in FINISHED:
+        values["finished_at"] = to_datetime(now)
+    result = conn.execute(
+        update(t.bulk_runs)
+        .where(t.bulk_runs.c.run_id == run_id, t.bulk_runs.c.state.in_([s.value for s in sources]))
+        .values(**values)
+    )
+    return result.rowcount == 1
+
+
+def change_state(conn: Connection, run_id: str, action: str, now: float) -> RunState:
+    """An operator's ``pause`` / ``resume`` / ``cancel``: the new state, or Conflict
+    naming the state the run is in."""
+    rules: dict[str, tuple[frozenset[RunState], RunState]] = {
+        "pause": (frozenset({RunState.CREATING}), RunState.PAUSED),
+        "resume": (frozenset({RunState.PAUSED}), RunState.CREATING),
+        "cancel": (
+            frozenset({RunState.CREATING, RunState.PAUSED, RunState.DRAINING}),
+            RunState.CANCELLED,
+        ),
+    }
+    if action not in rules:
+        raise InvalidRequest(f"unknown action {action!r}", action=action)
+    sources, to = rules[action]
+    if move(conn, run_id, sources, to, now):
+        return to
+    state = conn.execute(
+        select(t.bulk_runs.c.state).where(t.bulk_runs.c.run_id == run_id)
+    ).scalar_one_or_none()
+    if state is None:
+        raise NotFound(f"no bulk run {run_id!r}", run_id=run_id)
+    raise Conflict(f"cannot {action} a run that is {state}", run_id=run_id, state=state)
+
+
+def lock(conn: Connection, run_id: str) -> Any:
+    """The run's row, locked for this transaction on PostgreSQL (one head advances a run
+    at a time; SQLite serialises writers anyway)."""
+    stmt = select(t.bulk_runs).where(t.bulk_runs.c.run_id == run_id)
+    if conn.dialect.name == "postgresql":
+        stmt = stmt.with_for_update(skip_locked=True)
+    return conn.execute(stmt).one_or_none()
+
+
+def advance(conn: Connection, run_id: str, cursor: str | None, now: float, **added: int) -> None:
+    """Move the cursor and add to the counts (in the batch's own transaction)."""
+    r = t.bulk_runs.c
+    values: dict[str, Any] = {name: r[name] + amount for name, amount in added.items() if amount}
+    if cursor is not None:
+        values["cursor"] = cursor
+    values["updated_at"] = to_datetime(now)
+    conn.execute(update(t.bulk_runs).where(r.run_id == run_id).values(**values))
+
+
+def live_jobs(conn: Connection, run_id: str, limit: int | None = None) -> int:
+    """The run's jobs queued, running or waiting for a retry; counted up to ``limit``
+    at most (a cap check reads no more rows than the cap, however many are live)."""
+    j = t.jobs.c
+    live = select(j.job_id).where(j.bulk_run_id == run_id, j.status.in_(LIVE_JOB_STATUSES))
+    if limit is not None:
+        live = live.limit(limit)
+    return int(conn.execute(select(func.count()).select_from(live.subquery())).scalar_one())
+
+
+def job_counts(conn: Connection, run_id: str) -> dict[str, int]:
+    j = t.jobs.c
+    rows = conn.execute(
+        select(j.status, func.count()).where(j.bulk_run_id == run_id).group_by(j.status)
+    ).all()
+    return {status: int(count) for status, count in rows}
+
+
+def view(conn: Connection, run_id: str) -> RunView:
+    row = conn.execute(select(t.bulk_runs).where(t.bulk_runs.c.run_id == run_id)).one_or_none()
+    if row is None:
+        raise NotFound(f"no bulk run {run_id!r}", run_id=run_id)
+    return _view(conn, row)
+
+
+def _view(conn: Connection, row: Any) -> RunView:
+    m = row._mapping
+    fields = [f for f in RunView.__dataclass_fields__ if f != "jobs"]
+    return RunView(**{f: m[f] for f in fields}, jobs=job_counts(conn, row.run_id))
+
+
+def list_runs(conn: Connection, limit: int = 50) -> list[RunView]:
+    rows = conn.execute(
+        select(t.bulk_runs).order_by(t.bulk_runs.c.run_id.desc()).limit(limit)
+    ).all()
+    return [_view(conn, row) for row in rows]
+
+
+def active_ids(conn: Connection) -> list[str]:
+    return list(
+        conn.execute(
+            select(t.bulk_runs.c.run_id)
+            .where(t.bulk_runs.c.state.in_([s.value for s in ACTIVE]))
+            .order_by(t.bulk_runs.c.run_id)
+        ).scalars()
+    )
+
+
+def unfinished(conn: Connection) -> list[RunView]:
+    """Runs not completed nor cancelled, oldest first."""
+    rows = conn.execute(
+        select(t.bulk_runs)
+        .where(t.bulk_runs.c.state.not_in([s.value for s in FINISHED]))
+        .order_by(t.bulk_runs.c.run_id)
+    ).all()
+    return [_view(conn, row) for row in rows]

@@ -1,0 +1,249 @@
+"""What an operator does with bulk runs: create one (or only estimate it), look at it,
+pause, resume or cancel it. The CLI (``hypermedia bulk``) and the operator-only API
+routes both call this; the head's :class:`~hypermedia.bulk.runner.BulkRunner` does the
+work.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from sqlalchemy import Engine, select
+
+from hypermedia.bulk import runs
+from hypermedia.bulk import select as pages
+from hypermedia.bulk.runner import plan_page, profile_of
+from hypermedia.bulk.runs import BULK_QUEUE, RunSpec, RunState, RunView
+from hypermedia.clock import Clock, SystemClock
+from hypermedia.db import tables as t
+from hypermedia.db.engine import transaction
+from hypermedia.errors import InvalidRequest, QueueUnavailable
+from hypermedia.jobs.catalog import ProfileCatalog
+from hypermedia.jobs.repository import JobRepository
+from hypermedia.jobs.states import JobStatus
+from hypermedia.queue.redis_queue import RedisQueue
+
+log = logging.getLogger(__name__)
+
+HISTORY_ATTEMPTS = 500  # completed attempts of the operation the CPU estimate averages
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    """What a run would do, counted without writing anything."""
+
+    kind: str
+    operation: str | None
+    queue: str | None
+    priority: int
+    objects: int  # jobs it would create (regenerate, backfill) or objects it would copy
+    skipped: int
+    unfit: int
+    bytes: int
+    mean_job_seconds: float | None  # from the operation's completed attempts
+    history_attempts: int
+    cpu_seconds: float | None
+
+
+class BulkService:
+    def __init__(
+        self,
+        engine: Engine,
+        queue: RedisQueue,
+        catalog: ProfileCatalog,
+        *,
+        clock: Clock | None = None,
+        repository: JobRepository | None = None,
+        queues: Collection[str] = (),
+    ) -> None:
+        self.engine = engine
+        self.queue = queue
+        self.catalog = catalog
+        self.clock = clock or SystemClock()
+        self.repository = repository or JobRepository()
+        self.queues = tuple(queues) or tuple(queue.queues)
+
+    def _resolve(self, spec: RunSpec) -> tuple[int | None, int | None, str | None]:
+        """(profile_id, target version, queue) of a spec, refusing what cannot run."""
+        if spec.kind == "migrate":
+            return None, None, None
+        assert spec.operation is not None
+        profile = self.catalog.get(spec.operation)  # UnknownOperation for a bad name
+        queue = spec.queue or BULK_QUEUE
+        if queue not in (BULK_QUEUE, profile.queue):
+            raise InvalidRequest(
+                f"queue must be {BULK_QUEUE!r} or {spec.operation}'s own {profile.queue!r},"
+                f" not {queue!r}",
+                queue=queue,
+            )
+        if queue not in self.queues:
+            raise InvalidRequest(f"this server has no {queue!r} queue", queue=queue)
+        return profile.profile_id, profile.version, queue
+
+    def create(self, spec: RunSpec, created_by: str | None = None) -> RunView:
+        profile_id, version, queue = self._resolve(spec)
+        now = self.clock.now()
+        with transaction(self.engine) as conn:
+            account = None if spec.account is None else runs.find_account(conn, spec.account)
+            if account is None and spec.kind != "migrate":
+                runs.ensure_platform_user(conn, now)
+            run_id = runs.insert_run(
+                conn,
+                spec,
+                profile_id=profile_id,
+                target_version=version,
+                queue=queue,
+                account_user_id=account,
+                created_by=created_by,
+                now=now,
+            )
+            view = runs.view(conn, run_id)
+        log.info(
+            "bulk run %s created: %s %s",
+            run_id,
+            spec.kind,
+            spec.operation or "",
+            extra={"action": "bulk_create", "run_id": run_id},
+        )
+        return view
+
+    def estimate(self, spec: RunSpec) -> Estimate:
+        """``--dry-run``: stream the run's pages as the runner would (nothing written)."""
+        profile_id, version, queue = self._resolve(spec)
+        objects = skipped = unfit = size = 0
+        with transaction(self.engine) as conn:
+            fake = _DryRun(spec, profile_id, version, queue, self.clock.now())
+            cursor: str | None = None
+            if spec.kind == "migrate":
+                assert spec.target is not None
+                while True:
+                    rows = conn.execute(
+                        pages.migrate_page(fake, spec.target.name, cursor, spec.batch_size)
+                    ).all()
+                    if not rows:
+                        break
+                    objects += len(rows)
+                    size += sum(int(r.size_bytes) for r in rows)
+                    cursor = rows[-1].object_id
+                return Estimate(
+                    spec.kind, None, None, spec.priority, objects, 0, 0, size, None, 0, None
+                )
+            assert profile_id is not None
+            profile = profile_of(conn, profile_id)
+            while True:
+                rows = conn.execute(pages.page(fake, cursor, spec.batch_size)).all()
+                if not rows:
+                    break
+                plan = plan_page(fake, profile, rows, len(rows))
+                objects += len(plan.jobs)
+                skipped += plan.skipped
+                unfit += plan.unfit
+                sizes = {r.object_id: int(r.size_bytes) for r in rows}
+                size += sum(sizes[j.object_id] for j in plan.jobs)
+                cursor = rows[-1].object_id
+            durations = list(
+                conn.execute(
+                    select(t.attempts.c.duration_ms)
+                    .join(t.jobs, t.jobs.c.job_id == t.attempts.c.job_id)
+                    .where(
+                        t.jobs.c.operation == spec.operation,
+                        t.attempts.c.status == "completed",
+                        t.attempts.c.duration_ms.is_not(None),
+                    )
+                    .order_by(t.attempts.c.attempt_id.desc())
+                    .limit(HISTORY_ATTEMPTS)
+                ).scalars()
+            )
+        mean = statistics.fmean(durations) / 1000 if durations else None
+        return Estimate(
+            spec.kind,
+            spec.operation,
+            queue,
+            spec.priority,
+            objects,
+            skipped,
+            unfit,
+            size,
+            mean,
+            len(durations),
+            None if mean is None else mean * objects,
+        )
+
+    def get(self, run_id: str) -> RunView:
+        with transaction(self.engine) as conn:
+            return runs.view(conn, run_id)
+
+    def list(self, limit: int = 50) -> list[RunView]:
+        with transaction(self.engine) as conn:
+            return runs.list_runs(conn, limit)
+
+    def act(self, run_id: str, action: str) -> RunView:
+        """``pause`` (no new jobs; those live finish), ``resume``, ``cancel`` (its queued
+        jobs cancelled, its running ones asked to stop)."""
+        now = self.clock.now()
+        with transaction(self.engine) as conn:
+            state = runs.change_state(conn, run_id, action, now)
+        if state is RunState.CANCELLED:
+            self._cancel_jobs(run_id)
+        with transaction(self.engine) as conn:
+            return runs.view(conn, run_id)
+
+    def _cancel_jobs(self, run_id: str) -> None:
+        j = t.jobs.c
+        now = self.clock.now()
+        with transaction(self.engine) as conn:
+            live = conn.execute(
+                select(j.job_id, j.user_id, j.queue).where(
+                    j.bulk_run_id == run_id, j.status.in_(runs.LIVE_JOB_STATUSES)
+                )
+            ).all()
+            cancelled: dict[str, list[str]] = {}
+            for row in live:
+                status = self.repository.cancel(conn, row.job_id, row.user_id, now)
+                if status is JobStatus.CANCELLED:
+                    cancelled.setdefault(row.queue, []).append(row.job_id)
+        for queue, job_ids in cancelled.items():
+            try:
+                self.queue.remove(queue, job_ids)
+            except QueueUnavailable:
+                log.warning("redis unavailable; the reconciler drops %d jobs", len(job_ids))
+
+
+@dataclass(frozen=True)
+class _DryRun:
+    """A run row's shape for the page queries, from a spec (nothing inserted)."""
+
+    spec: RunSpec
+    profile_id: int | None
+    target_version: int | None
+    queue: str | None
+    now: float
+
+    @property
+    def kind(self) -> str:
+        return self.spec.kind
+
+    @property
+    def operation(self) -> str | None:
+        return self.spec.operation
+
+    @property
+    def filter(self) -> dict[str, object]:
+        return self.spec.filter.to_json()
+
+    @property
+    def priority(self) -> int:
+        return self.spec.priority
+
+    @property
+    def account_user_id(self) -> str | None:
+        return self.spec.account
+
+    @property
+    def created_at(self) -> object:
+        from hypermedia.clock import to_datetime
+
+        return to_datetime(self.now)

@@ -1,0 +1,484 @@
+"""``hypermedia bulk``: regeneration, backfill and migration runs, on the server (the
+record and Redis of the settings; the head's bulk thread does the work).
+
+``regenerate`` / ``backfill`` / ``migrate`` create a run (``--dry-run``: count it,
+estimate its CPU time and, through the scheduler simulator under scheduler.json, its
+cloud cost and duration; nothing is written); ``status`` shows one run or the latest;
+``pause``, ``resume``, ``cancel`` change one.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from hypermedia.cli.common import note, read_settings
+
+if TYPE_CHECKING:
+    from hypermedia.bulk.runs import RunView
+    from hypermedia.bulk.service import BulkService, Estimate
+
+app = typer.Typer(
+    help="Bulk runs: regenerate, backfill, migrate existing objects (operators, on the server).",
+    no_args_is_help=True,
+)
+
+Pool = Annotated[
+    str | None, typer.Option("--pool", envvar="HYPERMEDIA_BULK_POOL", help="Only this pool.")
+]
+Owner = Annotated[
+    str | None,
+    typer.Option("--owner", envvar="HYPERMEDIA_BULK_OWNER", help="Only this owner (user id)."),
+]
+DetectedKind = Annotated[
+    str | None,
+    typer.Option(
+        "--kind",
+        envvar="HYPERMEDIA_BULK_KIND",
+        help="Only objects of this detected kind (image, pdf, video ...).",
+    ),
+]
+After = Annotated[
+    datetime | None,
+    typer.Option(
+        "--created-after",
+        envvar="HYPERMEDIA_BULK_CREATED_AFTER",
+        help="Only objects created at or after (UTC).",
+        formats=["%Y-%m-%d", "%Y-%m-%dT%H:%M:%S"],
+    ),
+]
+Before = Annotated[
+    datetime | None,
+    typer.Option(
+        "--created-before",
+        envvar="HYPERMEDIA_BULK_CREATED_BEFORE",
+        help="Only objects created before (UTC).",
+        formats=["%Y-%m-%d", "%Y-%m-%dT%H:%M:%S"],
+    ),
+]
+Priority = Annotated[
+    int | None,
+    typer.Option(
+        "--priority",
+        envvar="HYPERMEDIA_BULK_PRIORITY",
+        min=7,
+        max=10,
+        help="7-10 (default: 8 on the bulk queue, 10 on the operation's own).",
+        show_default=False,
+    ),
+]
+Queue = Annotated[
+    str | None,
+    typer.Option(
+        "--queue",
+        envvar="HYPERMEDIA_BULK_QUEUE",
+        help="bulk, or the operation's own queue at a bulk priority (default: bulk when"
+        " scheduler.json gives it workers, a VPS baseline or the cloud; else the"
+        " operation's own queue at priority 10, the lowest).",
+        show_default=False,
+    ),
+]
+MaxInFlight = Annotated[
+    int,
+    typer.Option(
+        "--max-in-flight",
+        envvar="HYPERMEDIA_BULK_MAX_IN_FLIGHT",
+        min=1,
+        help="At most this many of the run's jobs queued or running at a time.",
+    ),
+]
+BatchSize = Annotated[
+    int,
+    typer.Option(
+        "--batch-size", envvar="HYPERMEDIA_BULK_BATCH_SIZE", min=1, max=10000, help="Page size."
+    ),
+]
+Account = Annotated[
+    str | None,
+    typer.Option(
+        "--account",
+        envvar="HYPERMEDIA_BULK_ACCOUNT",
+        help="A user (name or id) whose credits pay; default: the platform pays.",
+        show_default=False,
+    ),
+]
+DryRun = Annotated[
+    bool,
+    typer.Option(
+        "--dry-run",
+        envvar="HYPERMEDIA_BULK_DRY_RUN",
+        help="Count and estimate (CPU, cloud cost, duration); create nothing.",
+    ),
+]
+SchedulerConfig = Annotated[
+    Path | None,
+    typer.Option(
+        "--scheduler-config",
+        envvar="HYPERMEDIA_SCHEDULER_CONFIG",
+        help="scheduler.json for --dry-run's simulation (default: the server's).",
+        show_default=False,
+    ),
+]
+Json = Annotated[bool, typer.Option("--json", envvar="HYPERMEDIA_BULK_JSON", help="JSON out.")]
+RunId = Annotated[str, typer.Argument(help="The run's id.")]
+
+
+def _filter(
+    pool: str | None,
+    owner: str | None,
+    kind: str | None,
+    after: datetime | None,
+    before: datetime | None,
+    all_versions: bool = False,
+) -> dict[str, Any]:
+    from datetime import UTC
+
+    def aware(value: datetime | None) -> datetime | None:
+        return None if value is None else value.replace(tzinfo=value.tzinfo or UTC)
+
+    return {
+        "pool_id": pool,
+        "owner_id": owner,
+        "detected_kind": kind,
+        "created_after": aware(after),
+        "created_before": aware(before),
+        "all_versions": all_versions,
+    }
+
+
+def _service() -> tuple[BulkService, Any]:
+    from hypermedia.bulk.service import BulkService
+    from hypermedia.stack import Stack
+
+    stack = Stack.open(read_settings(), with_storage=False)
+    return BulkService(stack.engine, stack.queue, stack.catalog, clock=stack.clock), stack
+
+
+def bulk_has_workers(config: Any) -> bool:
+    """Whether scheduler.json gives the bulk queue any worker: a VPS baseline, or the
+    cloud (in a mode that launches)."""
+    queue = config.queues.get("bulk")
+    if queue is None:
+        return False
+    return bool(queue.baseline_workers > 0 or (queue.cloud_enabled and config.mode != "vps_only"))
+
+
+def choose_queue(spec_fields: dict[str, Any], config_path: Path | None) -> str | None:
+    """The queue and priority a run goes on when the operator named no queue: the bulk
+    queue at 8 where scheduler.json gives it workers; else (``vps_only`` with no bulk
+    baseline, the shipped default) the operation's own queue at 10, the lowest priority,
+    so the VPS runs it after every user's job. Answers a note saying which, or None."""
+    if spec_fields.get("kind") == "migrate" or spec_fields.get("queue"):
+        if spec_fields.get("priority") is None:
+            spec_fields.pop("priority", None)  # the spec's default
+        return None
+    from autoscaler import config as scheduler_config
+    from hypermedia.bulk.runs import BULK_QUEUE
+
+    config = scheduler_config.load(config_path)
+    if bulk_has_workers(config):
+        spec_fields["queue"] = BULK_QUEUE
+        if spec_fields.get("priority") is None:
+            spec_fields["priority"] = 8
+        return None
+    spec_fields["queue"] = "<own>"
+    if spec_fields.get("priority") is None:
+        spec_fields["priority"] = 10
+    return (
+        f"scheduler.json ({config.mode}) gives the bulk queue no worker: the run goes on"
+        f" the operation's own queue at priority {spec_fields['priority']}"
+    )
+
+
+def _start(spec_fields: dict[str, Any], dry_run: bool, config: Path | None, as_json: bool) -> None:
+    from hypermedia.bulk.runs import RunSpec
+
+    said = choose_queue(spec_fields, config)
+    service, stack = _service()
+    try:
+        if spec_fields.get("queue") == "<own>":
+            spec_fields["queue"] = stack.catalog.get(spec_fields["operation"]).queue
+        spec = RunSpec.model_validate(spec_fields)
+        if said and not as_json:
+            note(said)
+        if dry_run:
+            estimate = service.estimate(spec)
+            simulated = simulate(estimate, config) if estimate.cpu_seconds is not None else None
+            _print_estimate(estimate, simulated, as_json)
+            return
+        import getpass
+
+        view = service.create(spec, created_by=f"cli:{getpass.getuser()}")
+    finally:
+        stack.close()
+    _print_run(view, as_json)
+    if not as_json:
+        note("the head's bulk thread creates its jobs; follow it with `hypermedia bulk status`")
+
+
+@app.command("regenerate")
+def regenerate(
+    operation: Annotated[str, typer.Argument(help="The operation whose outputs to remake.")],
+    all_versions: Annotated[
+        bool,
+        typer.Option(
+            "--all",
+            envvar="HYPERMEDIA_BULK_ALL",
+            help="Every output of the operation, the current version's too.",
+        ),
+    ] = False,
+    pool: Pool = None,
+    owner: Owner = None,
+    kind: DetectedKind = None,
+    created_after: After = None,
+    created_before: Before = None,
+    priority: Priority = None,
+    queue: Queue = None,
+    max_in_flight: MaxInFlight = 200,
+    batch_size: BatchSize = 500,
+    account: Account = None,
+    dry_run: DryRun = False,
+    scheduler_config: SchedulerConfig = None,
+    as_json: Json = False,
+) -> None:
+    """Remake every output of OPERATION below its current profile version (or all)."""
+    _start(
+        {
+            "kind": "regenerate",
+            "operation": operation,
+            "filter": _filter(pool, owner, kind, created_after, created_before, all_versions),
+            "priority": priority,
+            "queue": queue,
+            "max_in_flight": max_in_flight,
+            "batch_size": batch_size,
+            "account": account,
+        },
+        dry_run,
+        scheduler_config,
+        as_json,
+    )
+
+
+@app.command("backfill")
+def backfill(
+    operation: Annotated[str, typer.Argument(help="The operation to run.")],
+    pool: Pool = None,
+    owner: Owner = None,
+    kind: DetectedKind = None,
+    created_after: After = None,
+    created_before: Before = None,
+    priority: Priority = None,
+    queue: Queue = None,
+    max_in_flight: MaxInFlight = 200,
+    batch_size: BatchSize = 500,
+    account: Account = None,
+    dry_run: DryRun = False,
+    scheduler_config: SchedulerConfig = None,
+    as_json: Json = False,
+) -> None:
+    """Run OPERATION on every matching upload that lacks its output at the current version."""
+    _start(
+        {
+            "kind": "backfill",
+            "operation": operation,
+            "filter": _filter(pool, owner, kind, created_after, created_before),
+            "priority": priority,
+            "queue": queue,
+            "max_in_flight": max_in_flight,
+            "batch_size": batch_size,
+            "account": account,
+        },
+        dry_run,
+        scheduler_config,
+        as_json,
+    )
+
+
+@app.command("migrate")
+def migrate(
+    bucket: Annotated[
+        str, typer.Option("--to-bucket", envvar="HYPERMEDIA_BULK_TO_BUCKET", help="S3 bucket.")
+    ],
+    endpoint_url: Annotated[
+        str | None,
+        typer.Option("--to-endpoint-url", envvar="HYPERMEDIA_BULK_TO_ENDPOINT_URL"),
+    ] = None,
+    region: Annotated[
+        str | None, typer.Option("--to-region", envvar="HYPERMEDIA_BULK_TO_REGION")
+    ] = None,
+    prefix: Annotated[str, typer.Option("--to-prefix", envvar="HYPERMEDIA_BULK_TO_PREFIX")] = "",
+    pool: Pool = None,
+    owner: Owner = None,
+    kind: DetectedKind = None,
+    created_after: After = None,
+    created_before: Before = None,
+    batch_size: BatchSize = 100,
+    dry_run: DryRun = False,
+    as_json: Json = False,
+) -> None:
+    """Copy objects and outputs from this server's storage to an S3 bucket (the head's
+    AWS credentials), each verified by SHA-256 before its record is switched."""
+    _start(
+        {
+            "kind": "migrate",
+            "filter": _filter(pool, owner, kind, created_after, created_before),
+            "target": {
+                "bucket": bucket,
+                "endpoint_url": endpoint_url,
+                "region": region,
+                "prefix": prefix,
+            },
+            "batch_size": batch_size,
+        },
+        dry_run,
+        None,
+        as_json,
+    )
+
+
+@app.command("status")
+def status(
+    run_id: Annotated[str | None, typer.Argument(help="A run (default: the latest runs).")] = None,
+    as_json: Json = False,
+) -> None:
+    """A run's progress: state, cursor, counts, its jobs by status."""
+    service, stack = _service()
+    try:
+        views = [service.get(run_id)] if run_id else service.list(20)
+    finally:
+        stack.close()
+    if as_json:
+        typer.echo(json.dumps([v.to_json() for v in views], indent=2))
+        return
+    if not views:
+        typer.echo("no bulk runs")
+    for view in views:
+        _print_run(view, False)
+
+
+def _act(run_id: str, action: str, as_json: bool) -> None:
+    service, stack = _service()
+    try:
+        view = service.act(run_id, action)
+    finally:
+        stack.close()
+    _print_run(view, as_json)
+
+
+@app.command("pause")
+def pause(run_id: RunId, as_json: Json = False) -> None:
+    """Stop creating jobs (those in flight finish)."""
+    _act(run_id, "pause", as_json)
+
+
+@app.command("resume")
+def resume(run_id: RunId, as_json: Json = False) -> None:
+    """Go on from the run's cursor."""
+    _act(run_id, "resume", as_json)
+
+
+@app.command("cancel")
+def cancel(run_id: RunId, as_json: Json = False) -> None:
+    """Stop for good: its queued jobs are cancelled, its running ones asked to stop."""
+    _act(run_id, "cancel", as_json)
+
+
+# -- output ----------------------------------------------------------------------------
+
+
+def _print_run(view: RunView, as_json: bool) -> None:
+    if as_json:
+        typer.echo(json.dumps(view.to_json(), indent=2))
+        return
+    what = view.operation or (view.target or {}).get("bucket", "")
+    live = sum(view.jobs.get(s, 0) for s in ("queued", "claimed", "processing", "retry_wait"))
+    typer.echo(
+        f"{view.run_id}  {view.kind} {what}  {view.state}"
+        + (f" ({view.reason})" if view.reason else "")
+    )
+    typer.echo(
+        f"  scanned {view.scanned}, jobs created {view.created_jobs}, skipped {view.skipped},"
+        f" unfit {view.unfit}, migrated {view.migrated}, failed {view.failed}"
+    )
+    if view.kind != "migrate":
+        jobs = ", ".join(f"{k} {v}" for k, v in sorted(view.jobs.items())) or "none"
+        typer.echo(
+            f"  queue {view.queue} priority {view.priority}, in flight {live}/"
+            f"{view.max_in_flight}; jobs: {jobs}; cursor {view.cursor or '-'}"
+        )
+
+
+def simulate(estimate: Estimate, config_path: Path | None) -> dict[str, Any] | None:
+    """The run's jobs arriving at once on its queue, through the scheduler simulator
+    under scheduler.json: cloud cost, duration, jobs left unfinished."""
+    from autoscaler import config as scheduler_config
+    from autoscaler.sim_world import Arrival
+    from autoscaler.simulate import simulate as run_simulation
+
+    if estimate.mean_job_seconds is None or estimate.queue is None or not estimate.objects:
+        return None
+    config = scheduler_config.load(config_path)
+    if estimate.queue not in config.queues:
+        return {"note": f"scheduler.json has no {estimate.queue!r} queue"}
+    arrivals = [
+        Arrival(
+            0.0,
+            estimate.queue,
+            estimate.priority,
+            max(0.001, estimate.mean_job_seconds),
+            estimate.objects,
+        )
+    ]
+    report = run_simulation(config, arrivals, tail_seconds=7 * 24 * 3600.0)
+    return {
+        "mode": config.mode,
+        "cloud_cost_cents": round(report.cloud_cost_cents, 2),
+        "duration_seconds": round(report.duration_seconds, 1),
+        "unfinished": report.unfinished,
+        "launches": report.launches,
+        "peak_cloud_workers": report.peak_cloud(),
+    }
+
+
+def _print_estimate(estimate: Estimate, simulated: dict[str, Any] | None, as_json: bool) -> None:
+    from dataclasses import asdict
+
+    if as_json:
+        typer.echo(json.dumps({**asdict(estimate), "simulation": simulated}, indent=2))
+        return
+    what = "objects to copy" if estimate.kind == "migrate" else "jobs to create"
+    typer.echo(
+        f"{estimate.kind} {estimate.operation or ''}: {estimate.objects} {what}"
+        f" ({estimate.bytes / 1e6:.1f} MB), {estimate.skipped} skipped (done),"
+        f" {estimate.unfit} unfit"
+    )
+    if estimate.kind == "migrate":
+        return
+    if estimate.cpu_seconds is None:
+        typer.echo("estimated CPU time: unknown (no completed attempt of the operation yet)")
+        return
+    typer.echo(
+        f"estimated CPU time: {estimate.cpu_seconds / 3600:.2f} h"
+        f" ({estimate.mean_job_seconds:.3f} s a job over {estimate.history_attempts} attempts)"
+    )
+    if simulated is None:
+        return
+    if "note" in simulated:
+        typer.echo(f"simulation: {simulated['note']}")
+        return
+    typer.echo(
+        f"simulated under scheduler.json ({simulated['mode']}): cloud cost"
+        f" ${simulated['cloud_cost_cents'] / 100:.2f}, duration"
+        f" {simulated['duration_seconds'] / 3600:.2f} h, peak cloud workers"
+        f" {simulated['peak_cloud_workers']}, unfinished {simulated['unfinished']}"
+    )
+    if simulated["unfinished"]:
+        typer.echo(
+            f"  warning: {simulated['unfinished']} jobs never ran in the simulation: the"
+            f" {estimate.queue!r} queue has no worker in this mode (--queue the operation's"
+            " own queue runs them on the VPS at the bulk priority)"
+        )

@@ -1,0 +1,232 @@
+"""``transcode_video`` in chunks: a long input survives the loss of its worker.
+
+An input whose stated duration is over the profile's ``chunk_above_seconds`` is cut
+at its own keyframes into chunks of about ``chunk_seconds`` (:func:`plan`, from the
+video stream's packets as ffprobe lists them: no decoding). Each chunk is transcoded
+on its own (``-ss`` at its first keyframe, exactly its frame count), so it is an
+independent H.264 file starting with an IDR frame; the sound is transcoded once, for
+the whole input. Every finished piece is a checkpoint (:mod:`pipelines.checkpoints`:
+``chunk-00000.mp4`` ..., ``audio.m4a``) that the worker stores as it appears and
+puts back before a retry: a retry transcodes only the pieces missing. The output is
+the chunks concatenated without re-encoding (FFmpeg's concat demuxer, stream copy)
+with the sound muxed beside them: the same codecs, frame count and duration (within
+a frame) as a single pass.
+
+The step reports how many chunks it transcoded and how many it found done, as its
+units of work (``chunks``, ``chunks_resumed``), so an attempt's record says how much
+a retry saved. Progress is the media time done against the input's duration, the
+resumed chunks counted as done.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipelines import checkpoints, progress
+from pipelines.registry import PipelineError
+
+log = logging.getLogger(__name__)
+
+CHUNK_SECONDS_KEY = "chunk_seconds"
+CHUNK_ABOVE_KEY = "chunk_above_seconds"
+DEFAULT_CHUNK_SECONDS = 60
+# The seed: transcodes longer than 30 minutes checkpoint their progress.
+DEFAULT_CHUNK_ABOVE_SECONDS = 1800
+AUDIO_PIECE = "audio.m4a"
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """One independent piece of the video: from the keyframe at ``start`` (seconds, as
+    ffprobe printed it), ``frames`` frames (None: to the end)."""
+
+    index: int
+    start: str
+    seconds: float
+    frames: int | None
+
+    @property
+    def name(self) -> str:
+        return f"chunk-{self.index:05d}.mp4"
+
+
+def plan(packets: Sequence[tuple[float, str, bool]], chunk_seconds: float) -> list[Chunk]:
+    """Cut the video stream's packets ``(pts seconds, pts as printed, keyframe)`` into
+    chunks of at least ``chunk_seconds`` each starting at a keyframe (the last one takes
+    what is left, and a tail under half a chunk goes with the one before). The first
+    chunk starts at the first keyframe; packets before it (no keyframe to decode them
+    from) and packets without a time are not counted."""
+    timed = sorted(packets, key=lambda p: p[0])
+    keys = [p for p in timed if p[2]]
+    if not keys:
+        return []
+    starts = [keys[0]]
+    for key in keys[1:]:
+        if key[0] - starts[-1][0] >= chunk_seconds - 1e-6:
+            starts.append(key)
+    end = timed[-1][0]
+    if len(starts) > 1 and end - starts[-1][0] < chunk_seconds / 2:
+        starts.pop()  # a short tail goes with the chunk before it
+    chunks = []
+    for index, start in enumerate(starts):
+        following = starts[index + 1] if index + 1 < len(starts) else None
+        if following is None:
+            frames = None
+            seconds = max(0.0, end - start[0])
+        else:
+            frames = sum(1 for p in timed if start[0] <= p[0] < following[0])
+            seconds = following[0] - start[0]
+        chunks.append(Chunk(index, start[1], seconds, frames))
+    return chunks
+
+
+def constant_rate(packets: Sequence[tuple[float, str, bool]], tolerance: float = 1e-3) -> bool:
+    """Whether the frames are evenly spaced (within ``tolerance`` seconds). A variable
+    frame rate is made constant by the MP4 output (frames doubled or dropped on the
+    output's grid), and a chunk's grid starts at its own keyframe, not on the whole
+    video's: only an evenly spaced video is cut exactly."""
+    times = sorted(p[0] for p in packets)
+    steps = [b - a for a, b in itertools.pairwise(times)]
+    return bool(steps) and max(steps) - min(steps) <= tolerance
+
+
+def _frames(path: Path, workdir: Path, label: str) -> int:
+    """How many video frames a chunk holds (its packets: demuxed, not decoded)."""
+    from pipelines import media
+
+    args = [
+        media._tool("ffprobe"), "-v", "error", "-hide_banner", "-count_packets",
+        "-select_streams", "v:0", "-show_entries", "stream=nb_read_packets",
+        "-print_format", "csv=p=0", *media._input_args(path, "mov"),
+    ]  # fmt: skip
+    ran = media._run(args, workdir, ".ffprobe.log")
+    if ran.returncode != 0:
+        raise media._failure(ran, f"cannot read a chunk of {label}", path, workdir)
+    try:
+        return int(ran.text.strip().strip(","))
+    except ValueError:
+        return -1
+
+
+def chunking(params: Mapping[str, Any]) -> tuple[float, float]:
+    """``(chunk_seconds, chunk_above_seconds)`` from the step's params."""
+    return (
+        _positive(params, CHUNK_SECONDS_KEY, DEFAULT_CHUNK_SECONDS),
+        _positive(params, CHUNK_ABOVE_KEY, DEFAULT_CHUNK_ABOVE_SECONDS),
+    )
+
+
+def _positive(params: Mapping[str, Any], key: str, default: float) -> float:
+    value = params.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1e7:
+        raise PipelineError("invalid_params", f"{key} must be a positive number, got {value!r}")
+    return float(value)
+
+
+def packets(
+    run: Any, source: Path, input_args: list[str], stream_index: int, workdir: Path, label: str
+) -> list[tuple[float, str, bool]] | None:
+    """The video stream's packets: ``(pts seconds, pts as printed, keyframe)``; None
+    when some have no presentation time (then frames cannot be counted per chunk)."""
+    from pipelines import media
+
+    args = [
+        media._tool("ffprobe"), "-v", "error", "-hide_banner",
+        "-select_streams", str(stream_index),
+        "-show_entries", "packet=pts_time,flags", "-print_format", "csv=p=0",
+        *input_args,
+    ]  # fmt: skip
+    ran = run(args, workdir, ".ffprobe.log")
+    if ran.returncode != 0:
+        raise media._failure(ran, f"cannot read {label}", source, workdir)
+    found = []
+    for line in ran.text.splitlines():
+        pts, _, flags = line.strip().partition(",")
+        try:
+            seconds = float(pts)
+        except ValueError:
+            return None  # N/A: a packet without a time (AVI's B-frames): no plan
+        found.append((seconds, pts, "K" in flags))
+    return found
+
+
+def transcode_chunked(
+    source: Path,
+    workdir: Path,
+    output: Path,
+    label: str,
+    *,
+    video_args: list[str],
+    audio_args: list[str] | None,
+    stream_index: int,
+    input_args: list[str],
+    chunk_seconds: float,
+    total: float,
+) -> dict[str, int] | None:
+    """Transcode ``source`` in chunks into ``output`` (see the module docstring); the
+    units of work (chunks transcoded, chunks resumed). None, having done nothing, for a
+    video that cannot be cut exactly (packets without times, a variable frame rate, no
+    keyframe, one chunk, a chunk whose frames are not all there): the caller
+    transcodes it in one pass.
+    ``video_args``: ffmpeg's arguments up to the output, without input and sound;
+    ``audio_args``: the same for the sound (None: no sound)."""
+    from pipelines import media
+
+    found = packets(media._run, source, input_args, stream_index, workdir, label)
+    usable = found is not None and constant_rate(found)
+    chunks = plan(found, chunk_seconds) if found is not None and usable else []
+    if len(chunks) < 2:
+        log.info("%s: not cut in chunks (%d planned): one pass", label, len(chunks))
+        return None
+    done = checkpoints.finished(workdir)
+    transcoded = resumed = 0
+    offset = 0.0
+    for chunk in chunks:
+        if chunk.name in done:
+            resumed += 1
+        else:
+            partial = checkpoints.partial(workdir, chunk.name)
+            seek = [] if chunk.index == 0 else ["-ss", chunk.start]
+            count = [] if chunk.frames is None else ["-frames:v", str(chunk.frames)]
+            args = [video_args[0], *seek, *video_args[1:], *count, "-an", "-f", "mp4"]
+            media.transcode(args, source, workdir, partial, label, total, offset=offset, part=True)
+            made = _frames(partial, workdir, label)
+            if chunk.frames is not None and made != chunk.frames:
+                # Frames the decoder would not give from this keyframe on (an open GOP's
+                # leading pictures ...): this video cannot be cut exactly.
+                log.warning("%s: chunk %d has %d frames, not %d: one pass instead",
+                            label, chunk.index, made, chunk.frames)  # fmt: skip
+                partial.unlink(missing_ok=True)
+                return None
+            checkpoints.commit(workdir, chunk.name)
+            transcoded += 1
+            progress.report(min(offset + chunk.seconds, total), total, "seconds")
+        offset += chunk.seconds
+    pieces = checkpoints.directory(workdir)
+    if audio_args is not None and AUDIO_PIECE not in done:
+        partial = checkpoints.partial(workdir, AUDIO_PIECE)
+        media.transcode([*audio_args, "-f", "ipod"], source, workdir, partial, label, part=True)
+        checkpoints.commit(workdir, AUDIO_PIECE)
+    listing = workdir / "chunks.txt"
+    listing.write_text("".join(f"file '{pieces / c.name}'\n" for c in chunks))
+    concat = [
+        media._tool("ffmpeg"), *media._COMMON,
+        "-f", "concat", "-safe", "0", "-format_whitelist", "concat,mov",
+        "-protocol_whitelist", "file", "-i", f"file:{listing}",
+    ]  # fmt: skip
+    if audio_args is not None:
+        concat += media._input_args(pieces / AUDIO_PIECE, "mov")
+    concat += ["-map", "0:v", *(["-map", "1:a"] if audio_args is not None else [])]
+    concat += ["-c", "copy", *media._CLEAN, "-movflags", "+faststart", "-f", "mp4"]
+    ran = media._run([*concat, str(output)], workdir, ".ffmpeg.log")
+    listing.unlink(missing_ok=True)
+    if ran.returncode != 0:
+        raise media._failure(ran, f"cannot join the chunks of {label}", source, workdir)
+    progress.report(total, total, "seconds")
+    log.debug("%s: %d chunks transcoded, %d resumed", label, transcoded, resumed)
+    return {"chunks": transcoded, "chunks_resumed": resumed}

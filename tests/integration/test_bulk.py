@@ -1,0 +1,651 @@
+"""Bulk runs on PostgreSQL and SQLite: keyset creation within the cap, idempotence, a
+resume from an old cursor, a version bump regenerating exactly what is missing,
+pause / resume / cancel, who pays, the dry run, and the operator-only API."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import func, select, update
+
+from hypermedia import accounts
+from hypermedia.bulk import runs
+from hypermedia.bulk.runner import BulkRunner
+from hypermedia.bulk.runs import PLATFORM_USER_ID, RunSpec
+from hypermedia.bulk.service import BulkService
+from hypermedia.db import tables as t
+from hypermedia.db.engine import transaction
+from hypermedia.errors import Conflict, InvalidRequest
+from hypermedia.ingest.service import SubmitRequest
+from hypermedia.jobs.catalog import ProfileCatalog, sync_profiles
+from hypermedia.jobs.dispatcher import Dispatcher
+from hypermedia.jobs.repository import FinishedJob, OutputRecord
+from hypermedia.profiles import load_profiles
+from hypermedia.storage.base import derived_key
+from tests.api_support import add_user, bearer
+from tests.factories import make_object, make_user, open_stack
+
+
+def _objects(stack, person, n: int) -> list[str]:
+    return [make_object(stack, person) for _ in range(n)]
+
+
+def _service(stack) -> BulkService:
+    return BulkService(
+        stack.engine, stack.queue, ProfileCatalog.load(stack.engine), clock=stack.clock
+    )
+
+
+def _runner(stack, **kw: Any) -> BulkRunner:
+    return BulkRunner(stack.engine, stack.queue, clock=stack.clock, **kw)
+
+
+def _finish(stack, queue: str, pool_id: str, limit: int = 10_000) -> int:
+    """Run what the queue holds as a worker would: each job completes with one output
+    at its profile's version (a fake step: the record is what these tests are about)."""
+    catalog = ProfileCatalog.load(stack.engine)
+    dispatcher = Dispatcher(stack.engine, stack.queue, catalog, clock=stack.clock)
+    done = 0
+    while done < limit:
+        claimed = dispatcher.claim_and_start(queue, "w-test", 50)
+        if not claimed:
+            return done
+        finished = []
+        for job in claimed:
+            profile = catalog.by_id(job.profile_id)
+            assert profile is not None
+            version = profile.version
+            output = f"{job.operation}-out"
+            key = derived_key(pool_id, job.object_id, version, output)
+            finished.append(FinishedJob(job.job_id, [OutputRecord(output, key, 10, "image/webp")]))
+        dispatcher.complete_many("w-test", finished)
+        done += len(claimed)
+    return done
+
+
+def _jobs_per_object(engine, run_id: str | None = None) -> Counter[str]:
+    j = t.jobs.c
+    stmt = select(j.object_id, func.count()).group_by(j.object_id)
+    if run_id is not None:
+        stmt = stmt.where(j.bulk_run_id == run_id)
+    with transaction(engine) as conn:
+        return Counter(dict(conn.execute(stmt).all()))
+
+
+def _drive(stack, run_id: str, pool_id: str, queue: str = "bulk") -> None:
+    runner = _runner(stack)
+    for _ in range(100):
+        report = runner.step(run_id)
+        if report.state == "completed":
+            return
+        _finish(stack, queue, pool_id)
+    raise AssertionError("the run did not complete")
+
+
+def test_backfill_streams_within_the_cap_and_runs_twice_without_a_second_job(
+    engine, settings, manual_clock
+):
+    stack = open_stack(settings, engine, manual_clock)
+    person = make_user(stack, credits=5)
+    objects = _objects(stack, person, 120)
+    with transaction(stack.engine) as conn:
+        before = accounts.balance(conn, person.caller.user_id)
+    service = _service(stack)
+    spec = RunSpec(
+        kind="backfill",
+        operation="thumbnail",
+        max_in_flight=50,
+        batch_size=20,
+        filter={"pool_id": person.pool_id},
+    )
+    run = service.create(spec, "test")
+    assert run.state == "creating" and run.queue == "bulk" and run.priority == 8
+
+    runner = _runner(stack)
+    runner.step(run.run_id)
+    view = service.get(run.run_id)
+    # The cap: 50 live jobs, no more, whatever the pages; all on the bulk queue at 8.
+    assert view.created_jobs == 50 and view.jobs == {"queued": 50}
+    assert stack.queue.counts("bulk").ready == 50
+    runner.step(run.run_id)
+    assert service.get(run.run_id).created_jobs == 50  # still no room
+    with transaction(stack.engine) as conn:
+        rows = conn.execute(
+            select(t.jobs.c.user_id, t.jobs.c.priority, t.jobs.c.estimated_millicredits).where(
+                t.jobs.c.bulk_run_id == run.run_id
+            )
+        ).all()
+    assert {(r.user_id, r.priority, r.estimated_millicredits) for r in rows} == {
+        (PLATFORM_USER_ID, 8, 0)
+    }
+
+    _drive(stack, run.run_id, person.pool_id)
+    view = service.get(run.run_id)
+    assert view.state == "completed" and view.finished_at is not None
+    assert view.created_jobs == 120 and view.jobs == {"completed": 120}
+    assert view.scanned == 120 and view.skipped == 0
+    assert _jobs_per_object(stack.engine) == Counter(dict.fromkeys(objects, 1))
+    # The platform paid: the owner's credits are untouched.
+    with transaction(stack.engine) as conn:
+        assert accounts.balance(conn, person.caller.user_id) == before
+
+    again = service.create(spec, "test")
+    _drive(stack, again.run_id, person.pool_id)
+    view = service.get(again.run_id)
+    assert view.state == "completed"
+    assert (view.created_jobs, view.skipped, view.scanned) == (0, 120, 120)
+    assert _jobs_per_object(stack.engine) == Counter(dict.fromkeys(objects, 1))
+
+
+def test_resumed_from_an_old_cursor_it_creates_nothing_twice(engine, settings, manual_clock):
+    """What a head killed between its commit and anything after it leaves: a run whose
+    jobs exist. A new runner (the restarted head) goes on; even a cursor rewound to the
+    start creates no second job for any object."""
+    stack = open_stack(settings, engine, manual_clock)
+    person = make_user(stack)
+    objects = _objects(stack, person, 60)
+    service = _service(stack)
+    run = service.create(
+        RunSpec(kind="backfill", operation="thumbnail", max_in_flight=1000, batch_size=25),
+        "test",
+    )
+    first = _runner(stack, max_pages_per_tick=1).step(run.run_id)
+    assert first.created == 25
+    with transaction(stack.engine) as conn:
+        conn.execute(
+            update(t.bulk_runs).where(t.bulk_runs.c.run_id == run.run_id).values(cursor=None)
+        )
+    _runner(stack).step(run.run_id)  # a fresh runner: the restarted head
+    view = service.get(run.run_id)
+    assert view.created_jobs == 60
+    assert _jobs_per_object(stack.engine, run.run_id) == Counter(dict.fromkeys(objects, 1))
+    assert stack.queue.counts("bulk").ready == 60
+
+
+def test_a_version_bump_regenerates_exactly_the_missing_outputs(engine, settings, manual_clock):
+    stack = open_stack(settings, engine, manual_clock)
+    person = make_user(stack)
+    objects = _objects(stack, person, 30)
+    manual_clock.advance(60)
+    untouched = make_object(stack, person)  # never had a thumbnail: not regenerated
+    service = _service(stack)
+    first = service.create(
+        RunSpec(
+            kind="backfill",
+            operation="thumbnail",
+            filter={"created_before": _created_at(stack, untouched)},
+        ),
+        "test",
+    )
+    _drive(stack, first.run_id, person.pool_id)
+    assert service.get(first.run_id).created_jobs == 30
+
+    # thumbnail v2 (new params), and ten objects already remade at v2 by users' submits.
+    profiles = dict(load_profiles(settings().profiles_path, settings().queue_names))
+    bumped = profiles["thumbnail"].model_copy(
+        update={"version": 2, "params": {**profiles["thumbnail"].params, "quality": 70}}
+    )
+    with transaction(stack.engine) as conn:
+        sync_profiles(conn, {**profiles, "thumbnail": bumped}, stack.clock.now())
+    fresh = stack
+    fresh.ingest.catalog = ProfileCatalog.load(stack.engine)  # what a restarted head reads
+    for object_id in objects[:10]:
+        fresh.ingest.submit(
+            person.caller, SubmitRequest(object_id=object_id, operations=["thumbnail"])
+        )
+    _finish(fresh, "images", person.pool_id)
+
+    service = _service(fresh)
+    dry = service.estimate(RunSpec(kind="regenerate", operation="thumbnail"))
+    assert (dry.objects, dry.skipped) == (20, 10)
+    regen = service.create(RunSpec(kind="regenerate", operation="thumbnail"), "test")
+    assert regen.target_version == 2
+    _drive(fresh, regen.run_id, person.pool_id)
+    view = service.get(regen.run_id)
+    assert (view.created_jobs, view.skipped, view.scanned) == (20, 10, 30)
+    made = _jobs_per_object(fresh.engine, regen.run_id)
+    assert set(made) == set(objects[10:])
+    # Every object now has exactly one v2 output; the untouched one has none.
+    o, j = t.outputs.c, t.jobs.c
+    with transaction(fresh.engine) as conn:
+        v2 = Counter(
+            conn.execute(
+                select(j.object_id)
+                .join(t.outputs, o.job_id == j.job_id)
+                .where(o.profile_version == 2, j.operation == "thumbnail")
+            ).scalars()
+        )
+    assert v2 == Counter(dict.fromkeys(objects, 1))
+    again = service.create(RunSpec(kind="regenerate", operation="thumbnail"), "test")
+    _runner(fresh).step(again.run_id)
+    assert service.get(again.run_id).created_jobs == 0
+
+
+def _created_at(stack, object_id: str) -> Any:
+    with transaction(stack.engine) as conn:
+        return conn.execute(
+            select(t.objects.c.created_at).where(t.objects.c.object_id == object_id)
+        ).scalar_one()
+
+
+def test_pause_resume_cancel(engine, settings, manual_clock):
+    stack = open_stack(settings, engine, manual_clock)
+    person = make_user(stack)
+    _objects(stack, person, 40)
+    service = _service(stack)
+    run = service.create(
+        RunSpec(kind="backfill", operation="thumbnail", max_in_flight=10, batch_size=10), "t"
+    )
+    runner = _runner(stack)
+    runner.step(run.run_id)
+    assert service.act(run.run_id, "pause").state == "paused"
+    with pytest.raises(Conflict):
+        service.act(run.run_id, "pause")
+    _finish(stack, "bulk", person.pool_id)
+    runner.step(run.run_id)
+    assert service.get(run.run_id).created_jobs == 10  # paused: nothing new
+    assert service.act(run.run_id, "resume").state == "creating"
+    runner.step(run.run_id)
+    assert service.get(run.run_id).created_jobs == 20
+    view = service.act(run.run_id, "cancel")
+    assert view.state == "cancelled"
+    assert view.jobs == {"completed": 10, "cancelled": 10}
+    assert stack.queue.counts("bulk").ready == 0
+    runner.step(run.run_id)
+    assert service.get(run.run_id).created_jobs == 20
+    with pytest.raises(Conflict):
+        service.act(run.run_id, "resume")
+
+
+def test_a_named_account_pays_and_a_short_one_pauses_the_run(engine, settings, manual_clock):
+    stack = open_stack(settings, engine, manual_clock)
+    person = make_user(stack)
+    _objects(stack, person, 30)  # 1 KB each: thumbnail estimate 0.1 + 0.02/1024 -> 101 mc
+    payer = make_user(stack, name="payer", credits=1.0)  # 1000 mc: 9 jobs, not 30
+    service = _service(stack)
+    run = service.create(
+        RunSpec(
+            kind="backfill",
+            operation="thumbnail",
+            batch_size=9,
+            account="payer",
+            filter={"pool_id": person.pool_id},
+        ),
+        "t",
+    )
+    _runner(stack, max_pages_per_tick=5).step(run.run_id)
+    view = service.get(run.run_id)
+    assert view.state == "paused" and "short" in (view.reason or "")
+    assert view.created_jobs == 9
+    with transaction(stack.engine) as conn:
+        assert accounts.balance(conn, payer.caller.user_id).reserved_millicredits == 9 * 101
+    with transaction(stack.engine) as conn:
+        users = set(
+            conn.execute(
+                select(t.jobs.c.user_id).where(t.jobs.c.bulk_run_id == run.run_id)
+            ).scalars()
+        )
+    assert users == {payer.caller.user_id}
+
+
+def test_refusals(engine, settings, manual_clock):
+    stack = open_stack(settings, engine, manual_clock)
+    service = _service(stack)
+    with pytest.raises(InvalidRequest):
+        service.create(RunSpec(kind="backfill", operation="thumbnail", queue="media"))
+    with pytest.raises(ValueError, match="greater than or equal to 7"):
+        RunSpec(kind="backfill", operation="thumbnail", priority=3)
+    with pytest.raises(ValueError, match="migrate needs a target"):
+        RunSpec(kind="migrate", operation="thumbnail")
+
+
+def test_the_api_is_for_operators_only(pg_engine, settings, manual_clock):
+    from hypermedia.ingest.api import create_app
+
+    stack = open_stack(settings, pg_engine, manual_clock)
+    person = make_user(stack)
+    _objects(stack, person, 5)
+    user = add_user(stack, "someone")
+    operator = add_user(stack, "root", operator=True)
+    client = TestClient(create_app(stack))
+    body = {"kind": "backfill", "operation": "thumbnail"}
+    url = "/v1/hypermedia/bulk/runs"
+    refused = client.post(url, json=body, headers=bearer(user))
+    assert refused.status_code == 403
+    assert client.get(url, headers=bearer(user)).status_code == 403
+    dry = client.post(url, json={**body, "dry_run": True}, headers=bearer(operator))
+    assert dry.status_code == 200 and dry.json()["objects"] == 5
+    with transaction(stack.engine) as conn:
+        assert conn.execute(select(func.count()).select_from(t.bulk_runs)).scalar_one() == 0
+    created = client.post(url, json=body, headers=bearer(operator))
+    assert created.status_code == 200, created.text
+    run_id = created.json()["run_id"]
+    assert client.post(f"{url}/{run_id}/pause", headers=bearer(user)).status_code == 403
+    paused = client.post(f"{url}/{run_id}/pause", headers=bearer(operator))
+    assert paused.json()["state"] == "paused"
+    assert client.post(f"{url}/{run_id}/pause", headers=bearer(operator)).status_code == 409
+    assert client.get(f"{url}/{run_id}", headers=bearer(operator)).json()["run_id"] == run_id
+    assert client.get(f"{url}/nope", headers=bearer(operator)).status_code == 404
+    assert (
+        client.post(url, json={**body, "priority": 2}, headers=bearer(operator)).status_code == 422
+    )
+    with transaction(stack.engine) as conn:
+        assert runs.view(conn, run_id).created_by == f"api:{operator.user_id}"
+
+
+# -- migrate: local -> S3 (moto's server mode) ------------------------------------------------
+
+
+@pytest.fixture
+def s3_target(monkeypatch, tmp_path) -> Iterator[dict[str, str]]:
+    """A bucket on moto's server; the head's S3 credentials from its environment."""
+    import boto3
+
+    from tests import support
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing-key")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing-secret")
+    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    with support.moto_server() as url:
+        bucket = "hm-bulk-migrate"
+        boto3.client("s3", endpoint_url=url, region_name="us-east-1").create_bucket(Bucket=bucket)
+        yield {"bucket": bucket, "endpoint_url": url, "region": "us-east-1"}
+
+
+def test_migrate_local_to_s3_switches_each_record_after_its_copy_is_verified(
+    engine, settings, manual_clock, s3_target
+):
+    import hashlib
+
+    from hypermedia.storage.s3 import S3Storage
+    from tests.factories import stored_object
+
+    stack = open_stack(settings, engine, manual_clock)
+    person = make_user(stack)
+    payloads = {
+        stored_object(stack, person, f"object {i}".encode() * (i + 1)): i for i in range(12)
+    }
+    ids = sorted(payloads)
+    with transaction(stack.engine) as conn:
+        for object_id in ids:
+            data = f"object {payloads[object_id]}".encode() * (payloads[object_id] + 1)
+            conn.execute(
+                update(t.objects)
+                .where(t.objects.c.object_id == object_id)
+                .values(sha256=hashlib.sha256(data).hexdigest())
+            )
+        # One whose bytes were altered behind the record's back, one whose bytes are gone.
+        conn.execute(
+            update(t.objects).where(t.objects.c.object_id == ids[3]).values(sha256="0" * 64)
+        )
+        gone_key = conn.execute(
+            select(t.objects.c.storage_key).where(t.objects.c.object_id == ids[7])
+        ).scalar_one()
+    stack.storage.delete(gone_key)
+
+    service = _service(stack)
+    spec = RunSpec(kind="migrate", target=s3_target, batch_size=5)
+    assert service.estimate(spec).objects == 12
+    run = service.create(spec, "test")
+    runner = BulkRunner(stack.engine, stack.queue, storage=stack.storage, clock=stack.clock)
+    for _ in range(10):
+        if runner.step(run.run_id).state == "completed":
+            break
+    view = service.get(run.run_id)
+    assert (view.state, view.migrated, view.failed, view.scanned) == ("completed", 10, 2, 12)
+    target = S3Storage(
+        s3_target["bucket"], endpoint_url=s3_target["endpoint_url"], region="us-east-1"
+    )
+    name = runs.MigrateTarget.model_validate(s3_target).name
+    with transaction(stack.engine) as conn:
+        rows = conn.execute(
+            select(t.objects.c.object_id, t.objects.c.storage_key, t.objects.c.storage_backend)
+            .where(t.objects.c.object_id.in_(ids))
+            .order_by(t.objects.c.object_id)
+        ).all()
+    for row in rows:
+        if row.object_id in (ids[3], ids[7]):
+            assert row.storage_backend is None  # not verified: not switched
+            continue
+        assert row.storage_backend == name
+        i = payloads[row.object_id]
+        assert b"".join(target.read(row.storage_key)) == f"object {i}".encode() * (i + 1)
+    # Again: only the two left behind are tried, nothing is copied twice.
+    again = service.create(spec, "test")
+    for _ in range(5):
+        if runner.step(again.run_id).state == "completed":
+            break
+    view = service.get(again.run_id)
+    assert (view.scanned, view.migrated, view.failed) == (2, 0, 2)
+
+
+# -- the CLI's dry run: count, CPU time, and the simulator under scheduler.json ---------------
+
+
+def _scheduler_json(tmp_path, mode: str) -> str:
+    import json
+
+    from hypermedia.etc import shipped_etc
+
+    config = json.loads((shipped_etc() / "scheduler.json").read_text())
+    config["mode"] = mode
+    if mode != "vps_only":
+        config["queues"]["bulk"].update(cloud_enabled=True, cloud_provider="aws")
+        config["cloud_providers"]["aws"].update(enabled=True, ami_id="ami-0123456789abcdef0")
+    path = tmp_path / f"scheduler-{mode}.json"
+    path.write_text(json.dumps(config))
+    return str(path)
+
+
+def test_dry_run_counts_estimates_and_simulates_without_writing(
+    pg_engine, settings, manual_clock, tmp_path, redis_url, redis_prefix
+):
+    import json
+
+    from typer.testing import CliRunner
+
+    from hypermedia.cli import app
+    from tests import support
+
+    stack = open_stack(settings, pg_engine, manual_clock)
+    person = make_user(stack)
+    _objects(stack, person, 40)
+    # History: ten thumbnails done by users' submits, 2 s each.
+    for object_id in _objects(stack, person, 10):
+        stack.ingest.submit(
+            person.caller, SubmitRequest(object_id=object_id, operations=["thumbnail"])
+        )
+    _finish(stack, "images", person.pool_id)
+    with transaction(stack.engine) as conn:
+        conn.execute(update(t.attempts).values(duration_ms=2000))
+    env = {
+        "HYPERMEDIA_DATABASE_URL": support.url_string(pg_engine),
+        "HYPERMEDIA_REDIS_URL": redis_url,
+        "HYPERMEDIA_REDIS_PREFIX": redis_prefix,
+        "HYPERMEDIA_DATA_DIR": str(tmp_path),
+    }
+    runner = CliRunner()
+    results = {}
+    for mode in ("vps_only", "hybrid"):
+        out = runner.invoke(
+            app,
+            [
+                "bulk",
+                "backfill",
+                "thumbnail",
+                "--dry-run",
+                "--json",
+                "--scheduler-config",
+                _scheduler_json(tmp_path, mode),
+            ],
+            env=env,
+        )
+        assert out.exit_code == 0, out.output
+        results[mode] = json.loads(out.stdout)
+    hybrid, vps = results["hybrid"], results["vps_only"]
+    assert (hybrid["objects"], hybrid["skipped"]) == (40, 10)
+    assert hybrid["cpu_seconds"] == pytest.approx(80.0)
+    # hybrid with bulk on the cloud: the bulk queue at 8, sent to the cloud at a cost.
+    assert (hybrid["queue"], hybrid["priority"]) == ("bulk", 8)
+    assert hybrid["simulation"]["unfinished"] == 0
+    assert hybrid["simulation"]["cloud_cost_cents"] > 0
+    assert 0 < hybrid["simulation"]["duration_seconds"] < 24 * 3600
+    # vps_only with no bulk worker: the images queue at 10, on the VPS, at no cost.
+    assert (vps["queue"], vps["priority"], vps["objects"]) == ("images", 10, 40)
+    assert vps["simulation"]["unfinished"] == 0 and vps["simulation"]["cloud_cost_cents"] == 0
+    with transaction(stack.engine) as conn:
+        assert conn.execute(select(func.count()).select_from(t.bulk_runs)).scalar_one() == 0
+
+    text = runner.invoke(
+        app,
+        [
+            "bulk",
+            "backfill",
+            "thumbnail",
+            "--dry-run",
+            "--scheduler-config",
+            _scheduler_json(tmp_path, "vps_only"),
+        ],
+        env=env,
+    )
+    assert "40 jobs to create" in text.stdout and "no worker" in text.output
+    created = runner.invoke(
+        app, ["bulk", "backfill", "thumbnail", "--queue", "bulk", "--max-in-flight", "7"], env=env
+    )
+    assert created.exit_code == 0, created.output
+    run_id = created.stdout.split()[0]
+    status = runner.invoke(app, ["bulk", "status", run_id, "--json"], env=env)
+    shown = json.loads(status.stdout)[0]
+    assert (shown["max_in_flight"], shown["queue"], shown["priority"]) == (7, "bulk", 8)
+    paused = runner.invoke(app, ["bulk", "pause", run_id], env=env)
+    assert "paused" in paused.stdout
+    again = runner.invoke(app, ["bulk", "pause", run_id], env=env)
+    assert again.exit_code != 0
+
+
+def test_metrics_and_the_status_show_unfinished_runs(engine, settings, manual_clock):
+    from autoscaler import config as scheduler_config
+    from autoscaler.status import gather
+    from hypermedia.metrics.head import HeadMetrics
+
+    stack = open_stack(settings, engine, manual_clock)
+    person = make_user(stack)
+    _objects(stack, person, 12)
+    service = _service(stack)
+    run = service.create(RunSpec(kind="backfill", operation="thumbnail", max_in_flight=5), "t")
+    _runner(stack).step(run.run_id)
+    metrics = HeadMetrics()
+    metrics.watch(stack.queue, stack.engine, stack.clock)
+    text = metrics.exposition().decode()
+    for count in ("created", "live"):
+        line = (
+            f'hypermedia_bulk_run_objects{{count="{count}",kind="backfill",'
+            'operation="thumbnail",state="creating"} 5.0'
+        )
+        assert line in text
+    (shown,) = gather(stack, scheduler_config.load(None)).bulk
+    assert (shown.run_id, shown.state, shown.counts["created"], shown.counts["live"]) == (
+        run.run_id,
+        "creating",
+        5,
+        5,
+    )
+    service.act(run.run_id, "cancel")
+    assert gather(stack, scheduler_config.load(None)).bulk == []
+    assert "hypermedia_bulk_run_objects{" not in metrics.exposition().decode()
+
+
+def test_filters_by_detected_kind_and_counts_what_the_operation_refuses(
+    engine, settings, manual_clock
+):
+    stack = open_stack(settings, engine, manual_clock)
+    person = make_user(stack)
+    images = _objects(stack, person, 3)
+    pdfs = _objects(stack, person, 2)
+    inspected = {
+        **{i: {"kind": "image", "mime": "image/jpeg", "details": {}} for i in images},
+        **{p: {"kind": "pdf", "mime": "application/pdf", "details": {}} for p in pdfs},
+    }
+    with transaction(stack.engine) as conn:
+        for object_id, inspection in inspected.items():
+            conn.execute(
+                update(t.objects)
+                .where(t.objects.c.object_id == object_id)
+                .values(inspection=inspection)
+            )
+    service = _service(stack)
+    every = service.create(RunSpec(kind="backfill", operation="thumbnail"), "t")
+    _runner(stack).step(every.run_id)
+    view = service.get(every.run_id)
+    # A thumbnail of a PDF is refused at submit (input_type_mismatch): counted, not made.
+    assert (view.created_jobs, view.unfit, view.scanned) == (3, 2, 5)
+    assert set(_jobs_per_object(stack.engine, every.run_id)) == set(images)
+    only_pdfs = service.estimate(
+        RunSpec(kind="backfill", operation="pdf_preview", filter={"detected_kind": "pdf"})
+    )
+    assert (only_pdfs.objects, only_pdfs.unfit) == (2, 0)
+
+
+def test_jobs_committed_while_redis_is_down_reach_it_by_the_reconciler(
+    pg_engine, settings, manual_clock, private_redis
+):
+    """What a head killed between a page's commit and its push leaves: jobs queued in the
+    record that Redis lacks. The run goes on; the reconciler pushes them, once each."""
+    from hypermedia.jobs.reaper import reconcile
+
+    stack = open_stack(settings, pg_engine, manual_clock, redis_url=private_redis.url)
+    person = make_user(stack)
+    _objects(stack, person, 30)
+    service = _service(stack)
+    run = service.create(RunSpec(kind="backfill", operation="thumbnail", batch_size=10), "t")
+    private_redis.kill()
+    report = _runner(stack).step(run.run_id)
+    assert report.created == 30 and service.get(run.run_id).jobs == {"queued": 30}
+    private_redis.restart()
+    assert stack.queue.counts("bulk").ready == 0
+    assert reconcile(stack.engine, stack.queue).total_restored == 30
+    assert stack.queue.counts("bulk").ready == 30
+    _drive(stack, run.run_id, person.pool_id)
+    assert service.get(run.run_id).jobs == {"completed": 30}
+    stack.close()
+
+
+def test_two_heads_driving_one_run_never_pass_its_cap(engine, settings, manual_clock):
+    """A head counts the run's room at the start of its step; a second head that makes
+    pages meanwhile (a handover's overlap) must not let the first use that room again."""
+    stack = open_stack(settings, engine, manual_clock)
+    person = make_user(stack)
+    _objects(stack, person, 60)
+    spec = RunSpec(
+        kind="backfill",
+        operation="thumbnail",
+        max_in_flight=20,
+        batch_size=5,
+        filter={"pool_id": person.pool_id},
+    )
+    run = _service(stack).create(spec, "test")
+
+    class Overlapped(BulkRunner):
+        """A head whose first page comes after another head's whole step."""
+
+        other: BulkRunner | None = None
+
+        def _one_page(self, *args: Any, **kwargs: Any) -> Any:
+            if self.other is not None:
+                other, self.other = self.other, None
+                assert other.step(run.run_id).created == 20  # the whole room
+            return super()._one_page(*args, **kwargs)
+
+    first = Overlapped(stack.engine, stack.queue, clock=stack.clock)
+    first.other = _runner(stack)
+    assert first.step(run.run_id).created == 0
+    with transaction(stack.engine) as conn:
+        assert runs.live_jobs(conn, run.run_id) == 20
+    assert stack.queue.counts("bulk").ready == 20

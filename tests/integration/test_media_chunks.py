@@ -1,0 +1,195 @@
+"""``transcode_video`` in chunks (pipelines.media_chunks), in-process on real FFmpeg:
+the output equals a single pass's, and a second run goes on from the checkpoints the
+first left (only the missing chunks are transcoded, counted in the step's units).
+
+Clips are a few seconds of 160x120 with a keyframe every second, cut into 1 s chunks:
+the whole module costs a few CPU-seconds."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import pipelines.media as media
+from pipelines import checkpoints, media_chunks, progress, registry
+from pipelines.registry import USAGE_OUTPUT, Output
+from tests import media_support as ms
+from tests.generated.media import ffmpeg, video_source
+
+pytestmark = pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="needs FFmpeg")
+
+CHUNKED = {"height": 120, "crf": 23, "chunk_seconds": 1, "chunk_above_seconds": 1}
+SINGLE = {"height": 120, "crf": 23}
+SECONDS = 4
+
+
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("chunk-clips")
+    return {
+        "sound": ms.clip(root / "sound.mp4", SECONDS),
+        "silent": ms.clip(root / "silent.mp4", SECONDS, sound=False),
+        "bframes": ms.clip(root / "bframes.mp4", SECONDS, bframes=True),
+    }
+
+
+@pytest.fixture(scope="module")
+def single(clips: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A single pass of each clip, to compare with."""
+    found = {}
+    for name, clip in clips.items():
+        (output,) = run(clip, SINGLE, tmp_path_factory.mktemp(f"single-{name}"))
+        found[name] = output.path
+    return found
+
+
+def run(clip: Path, params: dict[str, Any], workdir: Path) -> list[Output]:
+    workdir.mkdir(parents=True, exist_ok=True)
+    source = workdir / "input"
+    if not source.exists():
+        shutil.copy(clip, source)
+    return media.transcode_video(source, params, workdir)
+
+
+def units(outputs: list[Output]) -> dict[str, int]:
+    (usage,) = [o for o in outputs if o.output_type == USAGE_OUTPUT]
+    found: dict[str, int] = json.loads(usage.path.read_text())
+    return found
+
+
+@pytest.mark.parametrize("name", ["sound", "silent", "bframes"])
+def test_chunked_output_equals_a_single_pass(
+    name: str, clips: dict[str, Path], single: dict[str, Path], tmp_path: Path
+) -> None:
+    outputs = run(clips[name], CHUNKED, tmp_path)
+    assert [o.output_type for o in outputs] == ["video-h264-120p-crf23.mp4", USAGE_OUTPUT]
+    assert units(outputs) == {"chunks": SECONDS, "chunks_resumed": 0}
+    pieces = sorted(checkpoints.finished(tmp_path))
+    sound = [] if name == "silent" else ["audio.m4a"]
+    assert pieces == [*sound, *(f"chunk-{i:05d}.mp4" for i in range(SECONDS))]
+    ms.assert_same_as_single_pass(outputs[0].path, single[name], SECONDS)
+    # Each chunk is an independent H.264 file of its second's frames.
+    chunk = checkpoints.directory(tmp_path) / "chunk-00001.mp4"
+    assert ms.codecs(chunk) == ["h264"]
+    assert len(ms.frame_times(chunk)) == ms.RATE
+
+
+def test_the_frame_check_sees_a_frame_shifted_by_one(
+    clips: dict[str, Path], single: dict[str, Path]
+) -> None:
+    # The control for assert_same_as_single_pass: testsrc2 moves every frame, so one
+    # frame off is far below the threshold.
+    assert min(ms.frame_psnr(single["sound"], single["sound"], shift=1)) < ms.SAME_FRAME_PSNR
+
+
+def test_a_second_run_transcodes_only_the_missing_chunks(
+    clips: dict[str, Path], single: dict[str, Path], tmp_path: Path
+) -> None:
+    first = run(clips["sound"], CHUNKED, tmp_path)
+    directory = checkpoints.directory(tmp_path)
+    kept = {name: (directory / name).stat() for name in ("chunk-00000.mp4", "chunk-00001.mp4")}
+    # As a kill leaves it: chunks 2 and 3 and the sound not finished, one of them half
+    # written, no output.
+    for name in ("chunk-00002.mp4", "chunk-00003.mp4", "audio.m4a"):
+        (directory / name).unlink()
+    checkpoints.partial(tmp_path, "chunk-00002.mp4").write_bytes(b"\0" * 1000)
+    first[0].path.unlink()
+    second = run(clips["sound"], CHUNKED, tmp_path)
+    assert units(second) == {"chunks": SECONDS - 2, "chunks_resumed": 2}
+    for name, before in kept.items():
+        after = (directory / name).stat()
+        assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    ms.assert_same_as_single_pass(second[0].path, single["sound"], SECONDS)
+
+
+def test_under_the_threshold_one_pass_and_no_checkpoints(
+    clips: dict[str, Path], tmp_path: Path
+) -> None:
+    outputs = run(clips["sound"], {**CHUNKED, "chunk_above_seconds": SECONDS + 1}, tmp_path)
+    assert [o.output_type for o in outputs] == ["video-h264-120p-crf23.mp4"]
+    assert checkpoints.finished(tmp_path) == {}
+
+
+def test_only_the_profile_sets_the_chunking() -> None:
+    assert {"chunk_seconds", "chunk_above_seconds"} <= registry.profile_only("transcode_video")
+    assert registry.checkpointing("transcode_video")
+    assert not registry.checkpointing("transcode_audio")
+
+
+def test_chunk_progress_is_the_jobs_progress_resumed_chunks_counted_done(
+    clips: dict[str, Path], tmp_path: Path
+) -> None:
+    seen: list[progress.Progress] = []
+    progress.reporting_to(seen.append)
+    try:
+        run(clips["sound"], CHUNKED, tmp_path)
+        first = list(seen)
+        seen.clear()
+        directory = checkpoints.directory(tmp_path)
+        for name in ("chunk-00003.mp4", "audio.m4a"):
+            (directory / name).unlink()
+        (tmp_path / "video-h264-120p-crf23.mp4").unlink()
+        run(clips["sound"], CHUNKED, tmp_path)
+        second = list(seen)
+    finally:
+        progress.reporting_to(None)
+    for reports in (first, second):
+        assert {r.unit for r in reports} == {"seconds"}
+        assert all(r.total == pytest.approx(SECONDS, abs=0.1) for r in reports)
+        done = [r.done for r in reports]
+        assert done == sorted(done), "progress went back"
+        assert done[-1] == pytest.approx(reports[-1].total)
+    # Every chunk reported its end in the first run; the second began where the three
+    # resumed chunks end.
+    assert {1.0, 2.0, 3.0} <= {round(r.done, 2) for r in first}
+    assert second[0].done >= 3.0 - 1e-6
+
+
+def test_a_video_whose_packets_have_no_times_is_done_in_one_pass(tmp_path: Path) -> None:
+    # MPEG-4 Part 2 with B-frames in AVI: its packets carry no presentation times, so
+    # frames cannot be counted per chunk; one pass, no checkpoints.
+    source = tmp_path / "input"
+    ffmpeg(*video_source(SECONDS, "160x120", ms.RATE), "-c:v", "mpeg4", "-bf", "2",
+              "-g", str(ms.RATE), "-f", "avi", str(source))  # fmt: skip
+    outputs = media.transcode_video(source, CHUNKED, tmp_path)
+    assert [o.output_type for o in outputs] == ["video-h264-120p-crf23.mp4"]
+    assert checkpoints.finished(tmp_path) == {}
+    assert len(ms.frame_times(outputs[0].path)) == SECONDS * ms.RATE
+
+
+def test_a_variable_frame_rate_video_is_done_in_one_pass(
+    clips: dict[str, Path], tmp_path: Path
+) -> None:
+    # Frames dropped here and there: the MP4 output doubles frames onto a constant rate,
+    # on a grid a chunk could not share with the whole video. One pass, as single.
+    source = tmp_path / "input"
+    ffmpeg(*video_source(SECONDS, "160x120", ms.RATE), "-vf", "select='lt(mod(n\\,7)\\,5)'",
+           "-fps_mode", "vfr", "-c:v", "libx264", "-preset", "ultrafast", "-g", "20",
+           "-f", "matroska", str(source))  # fmt: skip
+    outputs = media.transcode_video(source, CHUNKED, tmp_path)
+    assert [o.output_type for o in outputs] == ["video-h264-120p-crf23.mp4"]
+    assert checkpoints.finished(tmp_path) == {}
+    assert len(ms.frame_times(outputs[0].path)) == SECONDS * ms.RATE  # on the 25 fps grid
+
+
+def test_a_chunk_that_comes_out_short_means_one_pass(
+    clips: dict[str, Path], single: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As with frames a decoder will not give from a keyframe on: the last chunk is
+    # planned with more frames than the video has left.
+    real = media_chunks.plan
+
+    def overcounted(packets, chunk_seconds):
+        chunks = real(packets, chunk_seconds)
+        last = chunks[-1]
+        return [*chunks[:-1], media_chunks.Chunk(last.index, last.start, last.seconds, 10**4)]
+
+    monkeypatch.setattr(media_chunks, "plan", overcounted)
+    outputs = run(clips["sound"], CHUNKED, tmp_path)
+    assert [o.output_type for o in outputs] == ["video-h264-120p-crf23.mp4"]
+    assert not (checkpoints.directory(tmp_path) / f"chunk-{SECONDS - 1:05d}.mp4").exists()
+    ms.assert_same_as_single_pass(outputs[0].path, single["sound"], SECONDS)

@@ -1,0 +1,73 @@
+"""A truncated MP4 (an upload cut short) through the media steps, in-process on real
+FFmpeg: with its index first, what decodes is transcoded and the output is marked
+partial (the step's ``partial`` unit, on the attempt's record); with its index at the
+end (lost with the tail) nothing can be read, and the refusal says so."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+import pipelines.media as media
+from pipelines.registry import USAGE_OUTPUT, Output, PipelineError
+from tests import media_support as ms
+
+pytestmark = pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="needs FFmpeg")
+
+SECONDS = 6
+KEPT = 0.6  # of the bytes
+
+
+def _truncated(tmp_path: Path, *, faststart: bool) -> Path:
+    whole = ms.clip(tmp_path / "whole.mp4", SECONDS, faststart=faststart)
+    data = whole.read_bytes()
+    cut = tmp_path / "input"
+    cut.write_bytes(data[: int(len(data) * KEPT)])
+    return cut
+
+
+def _units(outputs: list[Output]) -> dict[str, int]:
+    found = [o for o in outputs if o.output_type == USAGE_OUTPUT]
+    return json.loads(found[0].path.read_text()) if found else {}
+
+
+@pytest.mark.parametrize(
+    ("operation", "params", "units"),
+    [
+        ("transcode_video", {}, {"partial": 1}),
+        (
+            "transcode_video",
+            {"chunk_seconds": 1, "chunk_above_seconds": 1},
+            {"chunks": 4, "chunks_resumed": 0, "partial": 1},
+        ),
+        ("transcode_audio", {}, {"partial": 1}),
+    ],
+)
+def test_what_decodes_is_transcoded_and_marked_partial(
+    operation: str, params: dict[str, int], units: dict[str, int], tmp_path: Path
+) -> None:
+    source = _truncated(tmp_path, faststart=True)
+    step = getattr(media, operation)
+    outputs = step(source, params, tmp_path)
+    assert _units(outputs) == units
+    output = outputs[0].path
+    assert ms.decode_errors(output) == ""
+    assert 0.5 * SECONDS * KEPT < ms.duration(output) < SECONDS - 1
+    if operation == "transcode_video":
+        assert ms.codecs(output) == ["h264", "aac"]
+
+
+def test_a_whole_file_is_not_partial(tmp_path: Path) -> None:
+    source = ms.clip(tmp_path / "input", SECONDS, faststart=True)
+    assert _units(media.transcode_video(source, {}, tmp_path)) == {}
+
+
+def test_an_mp4_whose_index_was_cut_off_is_refused_clearly(tmp_path: Path) -> None:
+    source = _truncated(tmp_path, faststart=False)
+    with pytest.raises(PipelineError) as caught:
+        media.transcode_video(source, {}, tmp_path)
+    assert caught.value.code == "invalid_input"
+    assert "moov atom not found" in caught.value.message

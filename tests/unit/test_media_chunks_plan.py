@@ -1,0 +1,70 @@
+"""pipelines.media_chunks.plan: keyframe-aligned chunks from a stream's packets."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipelines import checkpoints
+from pipelines.media_chunks import chunking, constant_rate, plan
+from pipelines.registry import PipelineError
+
+
+def packets(count: int, rate: int = 25, gop: int = 25) -> list[tuple[float, str, bool]]:
+    return [(i / rate, f"{i / rate:.6f}", i % gop == 0) for i in range(count)]
+
+
+def test_chunks_start_at_keyframes_and_count_every_frame_once() -> None:
+    chunks = plan(packets(150), 1.0)
+    assert [c.start for c in chunks] == [f"{s:.6f}" for s in range(6)]
+    assert [c.frames for c in chunks] == [25, 25, 25, 25, 25, None]
+    assert [c.name for c in chunks][:2] == ["chunk-00000.mp4", "chunk-00001.mp4"]
+
+
+def test_a_chunk_lasts_at_least_chunk_seconds_up_to_the_next_keyframe() -> None:
+    chunks = plan(packets(250, gop=30), 2.0)  # keyframes every 1.2 s; 9.6 s joins 7.2 s
+    assert [c.start for c in chunks] == ["0.000000", "2.400000", "4.800000", "7.200000"]
+    assert [c.frames for c in chunks] == [60, 60, 60, None]
+    assert sum(c.frames or 0 for c in chunks) + (250 - 180) == 250
+
+
+def test_decode_order_is_sorted_and_leading_frames_without_a_keyframe_are_dropped() -> None:
+    found = [(0.08, "0.080000", False), (0.0, "0.000000", False), (0.04, "0.040000", True)]
+    found += [(0.12, "0.120000", False), (1.04, "1.040000", True), (1.08, "1.080000", False)]
+    found += [(1.64, "1.640000", False)]
+    first, second = plan(found, 1.0)
+    assert (first.index, first.start, first.frames) == (0, "0.040000", 3)
+    assert (second.index, second.start, second.frames) == (1, "1.040000", None)
+    assert first.seconds == pytest.approx(1.0) and second.seconds == pytest.approx(0.6)
+
+
+def test_a_tail_under_half_a_chunk_joins_the_chunk_before() -> None:
+    chunks = plan(packets(110), 1.0)  # 4.4 s: keyframes at 0 .. 4
+    assert [c.frames for c in chunks] == [25, 25, 25, None]
+    assert plan(packets(115), 1.0)[-1].start == "4.000000"  # 4.6 s: the tail stands
+
+
+def test_no_keyframe_no_chunks() -> None:
+    assert plan([(0.0, "0.000000", False)], 1.0) == []
+    assert plan([], 1.0) == []
+
+
+@pytest.mark.parametrize("value", [0, -1, "60", True, float("inf"), None])
+def test_chunking_params_are_positive_numbers(value: object) -> None:
+    with pytest.raises(PipelineError) as caught:
+        chunking({"chunk_seconds": value})
+    assert caught.value.code == "invalid_params"
+
+
+def test_checkpoint_names_are_plain_file_names() -> None:
+    assert checkpoints.valid_name("chunk-00001.mp4")
+    for bad in ("../x", ".hidden", "a/b", "", "A.mp4", "x" * 65, "a..b"):
+        assert not checkpoints.valid_name(bad), bad
+
+
+def test_only_evenly_spaced_frames_are_cut() -> None:
+    assert constant_rate(packets(100))
+    ntsc = [(i * 1001 / 30000, "", i % 30 == 0) for i in range(90)]  # 29.97 fps
+    assert constant_rate(list(reversed(ntsc)))  # decode order
+    gappy = [p for i, p in enumerate(packets(100)) if i % 7 < 5]  # frames dropped
+    assert not constant_rate(gappy)
+    assert not constant_rate(packets(1))
