@@ -528,7 +528,9 @@ def test_escaped_processes_are_dead_before_the_job_is_reported(executor, job_id)
 
 
 def test_a_fork_bomb_stops_at_the_process_limit(executor, job_id):
-    exc = failure(executor, job_id, "test.fork_bomb", max_processes=16)
+    # The bomb's first process waits up to 20 s for its children's pids to be written
+    # (a loaded machine once took over 10 s): the job's timeout must not come first.
+    exc = failure(executor, job_id, "test.fork_bomb", max_processes=16, timeout_seconds=60)
     assert (exc.code, exc.retryable) == ("process_limit", False)
     forked = (executor.workdir(job_id) / "pids.txt").read_text().split()
     assert len(forked) == 15  # the job's first process and 15 more
