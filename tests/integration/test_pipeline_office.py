@@ -582,6 +582,19 @@ def test_a_conversion_over_its_time_is_killed(tmp_path, generated: Generated):
     assert soffice_processes_under(tmp_path) == []
 
 
+def test_libreoffice_starts_without_its_graphics_render_tests(tmp_path, generated: Generated):
+    """A profile that never stored its version made every start run LibreOffice's
+    graphics render tests (~0.55 CPU-s of a ~0.75 CPU-s conversion); they write
+    GraphicsRenderTests.log into the profile when they run."""
+    source = tmp_path / "source"
+    source.write_bytes(generated.read("documents/report.docx"))
+    conversion = convert(source, detect(source), "pdf", tmp_path, 10**9)
+    assert [p.suffix for p in conversion.outputs] == [".pdf"]
+    user = tmp_path / "lo" / "profile" / "user"
+    assert (user / "registrymodifications.xcu").is_file()
+    assert not (user / "GraphicsRenderTests.log").exists()
+
+
 def test_html_without_a_closing_head_keeps_its_body(tmp_path):
     html = b"<html><head><title>t</title><meta charset='iso-8859-1'><body><p>Gr\xfc\xdfe</p>"
     output = in_process("extract_text", html, tmp_path)
