@@ -56,7 +56,7 @@ REPO = Path(__file__).resolve().parents[2]
 PRELOAD = ("pipelines.registry", "pipelines.office")
 LONG_NAME = f"hostile/{hostile.LONG_NAME}"
 LINKED_FODT = "hostile/linked-external.fodt"
-# A cold conversion of a small document (~1.1-2 s measured on 2 busy cores).
+# A cold conversion of a small document (~0.4 s quiet, ~1 s on 2 busy cores).
 SMALL_DOCUMENT_SECONDS = 30.0
 
 pytestmark = pytest.mark.skipif(shutil.which("soffice") is None, reason="needs LibreOffice")
