@@ -109,6 +109,7 @@ class Meter:
         self.peak_rss = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._before: dict[int, tuple[str, float]] = {}
 
     def cpu(self) -> float:
         if self.usage is not None:
@@ -123,7 +124,29 @@ class Meter:
         return float(total)
 
     def start(self) -> None:
+        self._before = self.by_process()
         self._thread.start()
+
+    def by_process(self) -> dict[int, tuple[str, float]]:
+        """Each process's name and CPU so far (its own and its reaped children's)."""
+        import psutil
+
+        found = {}
+        for pid in self._pids():
+            with contextlib.suppress(psutil.Error):
+                proc = psutil.Process(pid)
+                name = " ".join(proc.cmdline())[:80] or proc.name()
+                found[pid] = (name, sum(proc.cpu_times()[:4]))
+        return found
+
+    def breakdown(self) -> dict[str, float]:
+        """CPU-s of the window by process (name; a process started within counts whole)."""
+        totals: dict[str, float] = {}
+        for pid, (name, cpu) in self.by_process().items():
+            spent = cpu - self._before.get(pid, (name, 0.0))[1]
+            key = _short(name)
+            totals[key] = round(totals.get(key, 0.0) + spent, 2)
+        return dict(sorted(totals.items(), key=lambda kv: -kv[1]))
 
     def stop(self) -> None:
         self._stop.set()
@@ -147,6 +170,27 @@ class Meter:
                 with contextlib.suppress(psutil.Error):
                     total += psutil.Process(pid).memory_info().rss
             self.peak_rss = max(self.peak_rss, total / 2**20)
+
+
+def _short(cmdline: str) -> str:
+    """A process's kind from its command line (Ray's workers name their actor)."""
+    for marker in (
+        "ray::",
+        "forkserver",
+        "gcs_server",
+        "raylet",
+        "redis-server",
+        "celery",
+        "dashboard",
+        "runtime_env",
+        "log_monitor",
+        "inspection",
+        "bench/e2e.py",
+    ):
+        if marker in cmdline:
+            rest = cmdline.split(marker, 1)[1].split()
+            return marker + (rest[0] if marker == "ray::" and rest else "")
+    return cmdline[:40]
 
 
 def _own_cgroup_usage() -> Path | None:
@@ -291,6 +335,7 @@ def row_main(row: str, plan_path: Path, out: Path) -> None:
         counts = timed()
         seconds, cpu = time.monotonic() - wall0, meter.cpu() - cpu0
         meter.stop()
+        breakdown = meter.breakdown()
     out.write_text(
         json.dumps(
             {
@@ -299,6 +344,7 @@ def row_main(row: str, plan_path: Path, out: Path) -> None:
                 "cpu_seconds": cpu,
                 "peak_rss_mb": round(meter.peak_rss, 1),
                 "cpu_source": "cgroup" if meter.usage is not None else "process tree",
+                "cpu_by_process": breakdown,
             }
         )
     )

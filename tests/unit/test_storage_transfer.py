@@ -211,3 +211,42 @@ def test_an_empty_file_uploads(tmp_path):
 
 def test_redact():
     assert transfer.redact(URL) == "http://store.test/bucket/derived/p/o/1/out.png"
+
+
+def test_transfers_share_one_tls_context(tmp_path, monkeypatch):
+    """Building a TLS context loads the CA bundle (~17 ms of CPU): a worker builds one,
+    not one per download and upload."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", "5")
+            self.end_headers()
+            self.wfile.write(b"hello")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    built: list[object] = []
+    real = httpx.create_ssl_context
+
+    def counting(*args: object, **kwargs: object) -> object:
+        built.append(1)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(httpx, "create_ssl_context", counting)
+    transfer._ssl_context.cache_clear()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/blob"
+        for n in range(3):
+            assert transfer.download(url, tmp_path / f"f{n}", 100)[0] == 5
+    finally:
+        server.shutdown()
+        server.server_close()
+        transfer._ssl_context.cache_clear()
+    assert (tmp_path / "f2").read_bytes() == b"hello"
+    assert len(built) == 1
