@@ -3,6 +3,7 @@
     pip install -e '.[dev,bench]'     # Celery
     python bench/e2e.py               # the corpus (else generated files), ~5 minutes
     python bench/e2e.py --limit 8 --rows bare,hypermedia --json /tmp/e2e.json
+    python bench/e2e.py --ops thumbnail   # the images' thumbnails alone
 
 The same jobs through three rows: images (``thumbnail`` and ``convert``), PDFs
 (``pdf_preview``) and word-processing documents (``docx_to_pdf``), each step with its
@@ -272,14 +273,13 @@ class CeleryRow:
 
 
 class HypermediaRow:
-    def __init__(self, scratch: Path, stack: contextlib.ExitStack) -> None:
+    def __init__(self, scratch: Path, stack: contextlib.ExitStack, operations: list[str]) -> None:
         import pipelines.registry
         from hypermedia.config import load_settings
         from hypermedia.local import LocalStack, implemented_queues
         from hypermedia.runner import local_operator
 
         settings = load_settings(data_dir=str(scratch / "data"))
-        operations = sorted({*IMAGE_OPERATIONS, "pdf_preview", "docx_to_pdf"})
         self.implemented = pipelines.registry.operations()
         self.local = LocalStack(settings)
         stack.callback(self.local.stop)
@@ -324,7 +324,8 @@ def row_main(row: str, plan_path: Path, out: Path) -> None:
             def timed() -> dict[str, int]:
                 return celery.run(plan, "hm-e2e-jobs")
         else:
-            hypermedia = HypermediaRow(scratch, stack)
+            operations = sorted({op for _path, ops in plan for op in ops})
+            hypermedia = HypermediaRow(scratch, stack, operations)  # their queues' actors
             hypermedia.run(warm)
 
             def timed() -> dict[str, int]:
@@ -381,6 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", default=",".join(ROWS))
     parser.add_argument("--limit", type=int, default=40, help="files of each kind at most")
+    parser.add_argument("--ops", default="", help="only these operations (comma-separated)")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--row", help=argparse.SUPPRESS)
     parser.add_argument("--plan", type=Path, help=argparse.SUPPRESS)
@@ -400,6 +402,12 @@ def main(argv: list[str] | None = None) -> int:
         except ImportError:
             parser.error("the celery row needs Celery: pip install -e '.[bench]'")
     plan = work_set(args.limit)
+    if args.ops:
+        wanted = set(args.ops.split(","))
+        plan = [(path, [o for o in ops if o in wanted]) for path, ops in plan]
+        plan = [(path, ops) for path, ops in plan if ops]
+        if not plan:
+            parser.error(f"no job runs any of {sorted(wanted)}")
     jobs = sum(len(ops) for _p, ops in plan)
     scratch = Path(tempfile.mkdtemp(prefix="hm-bench-e2e-"))
     plan_path = scratch / "plan.json"

@@ -185,6 +185,11 @@ def cluster(request, tmp_path):
 
     scheduler = json.loads((REPO / "ray_cluster" / "scheduler.local.json").read_text())
     scheduler["cloud_providers"]["aws"]["spot_enabled"] = True  # 6 c/h spot: the cheaper
+    # The launch-rate cap is the providers' max_instances per 10 minutes: with 2, a
+    # loaded run that launched two nodes for the burst before the notice (both noticed,
+    # both terminated) could not launch the replacement for 10 minutes. media's
+    # max_workers (2) still bounds how many run at once.
+    scheduler["cloud_providers"]["aws"]["max_instances"] = 3
     scheduler["scaling_rules"]["scale_down"]["drain_timeout_seconds"] = 30
     # Turns and cooldowns of a few seconds, not the example's: the same decisions,
     # sooner (idle_minutes stays 1, the smallest the schema allows).
@@ -310,7 +315,7 @@ def test_a_burst_runs_on_launched_nodes_survives_a_spot_notice_and_ends_drained(
         lambda: (
             rows("select count(*) from processing_jobs where status = 'completed'")[0][0] == JOBS
         ),
-        360,
+        600,  # one-minute clips on up to two nodes: 1-5 minutes, by the machine's load
     )
     attempts = rows(
         f"select worker_id, status from job_attempts where job_id = '{interrupted_job}'"
