@@ -411,10 +411,11 @@ class HypermediaNodeProvider(NodeProvider):
         # inside it: launches let through while this one waited are in its past.
         with self._launch_lock(), transaction(self.engine) as conn:
             now = time.time()
-            choice, refusal = self._choose(conn, queue, node_type, now)
+            choice, refusal = self._choose(conn, queue, node_type, now, request_id)
             if refusal is not None or choice is None:
                 refusal = refusal or "no provider"
                 self._record_refusal(conn, queue, node_type, refusal, now)
+                orders.finish(conn, request_id, now)
             else:
                 # Opened before the launch: a crash between the two never hides spend.
                 self._open_ledger(conn, choice, node_type, request_id, now)
@@ -454,11 +455,14 @@ class HypermediaNodeProvider(NodeProvider):
             result = driver.launch(request)
         except BaseException:
             self._launch_over(request_id)
+            with transaction(self.engine) as conn:
+                orders.finish(conn, request_id, time.time())
             raise
         if isinstance(result, DriverError):
             self._launch_over(request_id)
             with self._lock, transaction(self.engine) as conn:
                 self._close_ledger_row(conn, choice.provider, request_id, now)
+                orders.finish(conn, request_id, time.time())
             raise NodeLaunchException(result.code, f"{choice.label}: {result}", None)
         with self._lock, transaction(self.engine) as conn:
             conn.execute(
@@ -472,6 +476,8 @@ class HypermediaNodeProvider(NodeProvider):
         with self._nodes() as nodes:
             nodes[node_id] = self._record(choice.provider, result, tags, now)
         self._launch_over(request_id)  # recorded: a listing finds it with its tags
+        with transaction(self.engine) as conn:  # the record counts the worker now
+            orders.finish(conn, request_id, time.time())
         log.info(
             "launched %s for queue %s: %s (%s)",
             node_id,
@@ -483,9 +489,10 @@ class HypermediaNodeProvider(NodeProvider):
         return result
 
     def _choose(
-        self, conn: Connection, queue: str, node_type: str, now: float
+        self, conn: Connection, queue: str, node_type: str, now: float, request_id: str
     ) -> tuple[policy.Option | None, str | None]:
-        """Where the next node of ``queue`` goes, or why none may be launched."""
+        """Where the next node of ``queue`` goes, or why none may be launched. The
+        order it follows stays, marked with ``request_id``, until the launch is over."""
         config = self.config
         lock = read_state(conn, "cost_lock")
         s = t.cloud_spend
@@ -528,7 +535,7 @@ class HypermediaNodeProvider(NodeProvider):
             instances[r.provider] = instances.get(r.provider, 0) + 1
         providers = [n for n in config.burst_providers(queue) if n in self.settings.drivers]
         room = admission.provider_room(config, providers, instances)
-        order = orders.take(conn, queue, now)
+        order = orders.take(conn, queue, now, launching=request_id)
         if order is not None and room.get(order.provider, 0) > 0:  # type: ignore[call-overload]
             choice = policy.Option(order.provider, order.spot, order.cents_per_hour)  # type: ignore[arg-type]
         else:

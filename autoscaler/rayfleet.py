@@ -80,6 +80,11 @@ class RayFleet:
     def cloud_workers(self, now: float, actors: Sequence[WorkerState]) -> list[WorkerState]:
         from ray.autoscaler.tags import NODE_KIND_WORKER, TAG_RAY_NODE_KIND
 
+        # The orders before the records: a launch records its node, then ends its order
+        # (autoscaler.orders); read the other way round, a node recorded in between
+        # would be in neither, and the policy would order it again.
+        with transaction(self.engine) as conn:
+            waiting = orders.pending(conn, now)
         records = self.provider.records({TAG_RAY_NODE_KIND: NODE_KIND_WORKER})
         alive = {n.instance_id: n for n in raynodes.nodes(self.address) if n.alive}
         with transaction(self.engine) as conn:
@@ -118,10 +123,9 @@ class RayFleet:
                     node_id=ray_node.node_id if ray_node else None,
                 )
             )
-        # Ordered but not created yet (Ray asks the provider within seconds): they are
-        # the launches of the last turns, and count as starting workers until then.
-        with transaction(self.engine) as conn:
-            waiting = orders.pending(conn, now)
+        # Ordered but not recorded yet (Ray asks the provider within seconds, and the
+        # launch takes its time): the launches of the last turns, starting workers until
+        # their node is recorded.
         for index, order in enumerate(waiting):
             workers.append(
                 WorkerState(

@@ -36,3 +36,25 @@ def test_orders_ray_never_asked_for_expire(engine):
         assert len(orders.pending(conn, now + ORDER_TTL_SECONDS - 1)) == 1
         assert orders.pending(conn, now + ORDER_TTL_SECONDS) == []
         assert orders.take(conn, "bulk", now + ORDER_TTL_SECONDS) is None
+
+
+def test_an_order_a_launch_took_counts_until_the_launch_is_over(engine):
+    """While the node provider launches (seconds to minutes), the order it took stays
+    pending, so the scheduler still counts that worker and does not order another."""
+    now = 3_000_000.0
+    with transaction(engine) as conn:
+        orders.place(conn, [order("media", now), order("media", now + 1)], now)
+    with transaction(engine) as conn:
+        taken = orders.take(conn, "media", now + 2, launching="r-first")
+        assert taken is not None and taken.at == now
+        assert [o.launching for o in orders.pending(conn, now + 2)] == ["r-first", None]
+        # Nothing takes it again: the next launch, or the scheduler taking an order back.
+        again = orders.take(conn, "media", now + 2)
+        assert again is not None and again.at == now + 1
+        assert orders.take(conn, "media", now + 2) is None
+        assert [o.launching for o in orders.pending(conn, now + 2)] == ["r-first"]
+    with transaction(engine) as conn:
+        orders.finish(conn, "r-first", now + 3)
+        assert orders.pending(conn, now + 3) == []
+        orders.finish(conn, "r-unknown", now + 3)  # a launch that had no order
+        assert orders.pending(conn, now + 3) == []
