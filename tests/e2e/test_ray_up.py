@@ -36,8 +36,10 @@ BIN = Path(sys.executable).parent
 HYPERMEDIA = str(BIN / "hypermedia")
 JOBS = 4
 EVALUATION_SECONDS = 2
-CHUNKING_SHIPPED = "chunk_seconds = 60, chunk_above_seconds = 1800"
-CHUNKING_HERE = "chunk_seconds = 5, chunk_above_seconds = 10"
+# transcode_video's params: chunked from 10 s in 5 s chunks, and 480p (not 720p: a 360p
+# clip scaled up cost 1.6 CPU-s a chunk, and a loaded CI-like run took 12 minutes).
+CHUNKING_SHIPPED = "height = 720, crf = 23, chunk_seconds = 60, chunk_above_seconds = 1800"
+CHUNKING_HERE = "height = 480, crf = 23, chunk_seconds = 5, chunk_above_seconds = 10"
 CLIP_SECONDS = 60
 CHUNKS = 12  # a 60 s clip with a keyframe every second, in 5 s chunks
 # A whole cluster each: up, bursts, drains, down (2-3 minutes; more under load).
@@ -209,7 +211,7 @@ def cluster(request, tmp_path):
     )
     provider["drivers"]["aws"]["metadata_url"] = metadata.url
     # The burst workers read it every 0.5 s (5 s by default): a chunk of the test's
-    # clips takes 1-2 s, and the notice must land before the job's last.
+    # clips takes ~0.7 s (more under load), and the notice must land before the job's last.
     provider["drivers"]["aws"]["spot_poll_seconds"] = 0.5
     cluster_yaml = tmp_path / "cluster.yaml"
     cluster_yaml.write_text(yaml.safe_dump(config))
@@ -271,7 +273,7 @@ def test_a_burst_runs_on_launched_nodes_survives_a_spot_notice_and_ends_drained(
     assert launched and all(i.spot and i.queue == "media" for i in launched), launched
     # The notice comes as soon as the job there has finished a chunk (its key is
     # recorded before the upload): the worker then stores it and hands the job back.
-    # The other eleven take 10-20 s, far longer than the worker's 0.5 s between two
+    # The other eleven take ~8 s quiet, far longer than the worker's 0.5 s between two
     # reads of the metadata endpoint and this test's 0.2 s between two looks (with
     # six, CI's loaded machine once finished the clip first).
     chunked = cluster.wait_for(
