@@ -455,8 +455,7 @@ class HypermediaNodeProvider(NodeProvider):
             result = driver.launch(request)
         except BaseException:
             self._launch_over(request_id)
-            with transaction(self.engine) as conn:
-                orders.finish(conn, request_id, time.time())
+            self._finish_order(request_id)
             raise
         if isinstance(result, DriverError):
             self._launch_over(request_id)
@@ -476,8 +475,7 @@ class HypermediaNodeProvider(NodeProvider):
         with self._nodes() as nodes:
             nodes[node_id] = self._record(choice.provider, result, tags, now)
         self._launch_over(request_id)  # recorded: a listing finds it with its tags
-        with transaction(self.engine) as conn:  # the record counts the worker now
-            orders.finish(conn, request_id, time.time())
+        self._finish_order(request_id)  # the record counts the worker now
         log.info(
             "launched %s for queue %s: %s (%s)",
             node_id,
@@ -487,6 +485,16 @@ class HypermediaNodeProvider(NodeProvider):
             extra={"action": "launch", "queue": queue},
         )
         return result
+
+    def _finish_order(self, request_id: str) -> None:
+        """End the order a launch held (:func:`autoscaler.orders.finish`). A record that
+        cannot be reached here does not fail the launch or hide its own error: the order
+        then expires (:data:`autoscaler.orders.ORDER_TTL_SECONDS`)."""
+        try:
+            with transaction(self.engine) as conn:
+                orders.finish(conn, request_id, time.time())
+        except Exception as exc:
+            log.warning("launch %s: its order was not ended: %s", request_id, exc)
 
     def _choose(
         self, conn: Connection, queue: str, node_type: str, now: float, request_id: str
