@@ -328,7 +328,10 @@ def test_a_burst_runs_on_launched_nodes_survives_a_spot_notice_and_ends_drained(
     (attempt_count,) = rows(
         f"select attempt_count from processing_jobs where job_id = '{interrupted_job}'"
     )[0]
-    assert attempt_count == len(attempts) - 1  # the interrupted attempt was not counted
+    # Released attempts are not counted: the first, and any the notice took on a node
+    # launched while it was still served (the replacement may get it too).
+    handed_back = [a for a in attempts if a.status == "released"]
+    assert attempt_count == len(attempts) - len(handed_back)
     # The notice left time to finish and store the chunk it was on: the replacement
     # transcoded only the chunks not stored.
     (units,) = rows(
