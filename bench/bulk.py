@@ -509,7 +509,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     result["meta"] = harness.run_metadata(
         {
             "objects": args.objects,
-            "args": {k: str(v) for k, v in vars(args).items()},
+            "args": {k: (v.name if isinstance(v, Path) else str(v)) for k, v in vars(args).items()},
             "load_before": load_before,
             "load_after": load_after,
         },

@@ -136,7 +136,7 @@ class Meter:
         for pid in self._pids():
             with contextlib.suppress(psutil.Error):
                 proc = psutil.Process(pid)
-                name = " ".join(proc.cmdline())[:80] or proc.name()
+                name = " ".join(proc.cmdline()) or proc.name()
                 found[pid] = (name, sum(proc.cpu_times()[:4]))
         return found
 
@@ -177,7 +177,7 @@ def _short(cmdline: str) -> str:
     """A process's kind from its command line (Ray's workers name their actor)."""
     for marker in (
         "ray::",
-        "forkserver",
+        "sandbox.forkserver",
         "gcs_server",
         "raylet",
         "redis-server",
@@ -191,7 +191,8 @@ def _short(cmdline: str) -> str:
         if marker in cmdline:
             rest = cmdline.split(marker, 1)[1].split()
             return marker + (rest[0] if marker == "ray::" and rest else "")
-    return cmdline[:40]
+    words = cmdline.split()  # the program and its arguments, without their directories
+    return " ".join(os.path.basename(w) for w in words[:3])[:40]
 
 
 def _own_cgroup_usage() -> Path | None:
@@ -464,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
             "loadavg_end": os.getloadavg(),
             "files": len(plan),
             "jobs": jobs,
-            "plan": plan,
+            "plan": [(f"{Path(path).parent.name}/{Path(path).name}", ops) for path, ops in plan],
         },
         "rows": table,
     }
