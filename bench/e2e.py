@@ -3,7 +3,7 @@
     pip install -e '.[dev,bench]'     # Celery
     python bench/e2e.py               # the corpus (else generated files), ~5 minutes
     python bench/e2e.py --limit 8 --rows bare,hypermedia --json /tmp/e2e.json
-    python bench/e2e.py --ops thumbnail   # the images' thumbnails alone
+    python bench/e2e.py --ops thumbnail --repeat 10   # the images' thumbnails alone
 
 The same jobs through three rows: images (``thumbnail`` and ``convert``), PDFs
 (``pdf_preview``) and word-processing documents (``docx_to_pdf``), each step with its
@@ -384,6 +384,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", default=",".join(ROWS))
     parser.add_argument("--limit", type=int, default=40, help="files of each kind at most")
     parser.add_argument("--ops", default="", help="only these operations (comma-separated)")
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="each file this many times (a longer window)"
+    )
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--row", help=argparse.SUPPRESS)
     parser.add_argument("--plan", type=Path, help=argparse.SUPPRESS)
@@ -409,6 +412,10 @@ def main(argv: list[str] | None = None) -> int:
         plan = [(path, ops) for path, ops in plan if ops]
         if not plan:
             parser.error(f"no job runs any of {sorted(wanted)}")
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1")
+    files = plan
+    plan = plan * args.repeat
     jobs = sum(len(ops) for _p, ops in plan)
     scratch = Path(tempfile.mkdtemp(prefix="hm-bench-e2e-"))
     plan_path = scratch / "plan.json"
@@ -463,9 +470,10 @@ def main(argv: list[str] | None = None) -> int:
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
             "loadavg_end": os.getloadavg(),
-            "files": len(plan),
+            "files": len(files),
+            "repeat": args.repeat,
             "jobs": jobs,
-            "plan": [(f"{Path(path).parent.name}/{Path(path).name}", ops) for path, ops in plan],
+            "plan": [(f"{Path(path).parent.name}/{Path(path).name}", ops) for path, ops in files],
         },
         "rows": table,
     }
