@@ -11,7 +11,7 @@ from pathlib import Path
 
 from hypermedia.sandbox.executor import ChildExecutor
 from hypermedia.worker.actor import queue_preload
-from pipelines import registry
+from pipelines import images, registry
 from pipelines.ocr import PRELOAD
 from tests.generated import Generated
 from tests.ocr_support import cer
@@ -32,12 +32,15 @@ class Catalog:
 
 def test_the_ocr_queue_preloads_the_ocr_libraries_only():
     assert registry.preload(["ocr"]) == PRELOAD
-    assert registry.preload(["thumbnail", "pdf_preview"]) == ()
+    assert registry.preload(["thumbnail", "pdf_preview"]) == images.PRELOAD
     assert queue_preload(Catalog(), "ocr", ("pipelines.registry",)) == (
         "pipelines.registry",
         *PRELOAD,
     )
-    assert queue_preload(Catalog(), "images", ("pipelines.registry",)) == ("pipelines.registry",)
+    assert queue_preload(Catalog(), "images", ("pipelines.registry",)) == (
+        "pipelines.registry",
+        *images.PRELOAD,
+    )
 
 
 def test_jobs_run_in_the_sandbox_of_a_server_that_preloaded_them(
