@@ -5,7 +5,8 @@ WebP quality 80, metadata stripped, written to a file) from the same inputs, eac
 (contender, input set) in a fresh subprocess, so peak RSS is that contender's alone:
 
 - ``hypermedia``: ``pipelines.images.thumbnail`` as the worker child runs it: sniffing,
-  header and limit checks, libvips with its worker settings (one thread, no cache).
+  header and limit checks, Pillow for plain (RGB, grey) JPEGs, libvips with its worker
+  settings (one thread, no cache) for the rest (CMYK, truncated), imported on first use.
 - ``pyvips``: a bare ``pyvips.Image.thumbnail(path, 320, height=320)`` and ``webpsave``,
   libvips' defaults (a thread per core, operation cache on).
 - ``pyvips-1t``: the same bare call with the pipeline's settings (one thread, no
@@ -16,9 +17,11 @@ WebP quality 80, metadata stripped, written to a file) from the same inputs, eac
 Input sets: the corpus JPEGs (all but the 280 MP one, which Pillow refuses as a
 decompression bomb) and one 24 MP JPEG made at run time from a corpus photo (kept in
 a temporary directory). Rounds interleave the contenders (the order rotates), and a
-row's images/s is the median of its rounds. Results: a table, and JSON in
-``bench/results/`` (``--json`` to choose); ``bench/reports/thumbnails.json`` is one
-representative run.
+row's images/s is the median of its rounds. Then, as a worker runs a job (one file in
+a fresh child), each corpus JPEG once in a fresh process per contender: the peak RSS
+of such a "job", the largest and the median over the files (``job_peak_rss_mb``).
+Results: a table, and JSON in ``bench/results/`` (``--json`` to choose);
+``bench/reports/thumbnails.json`` is one representative run.
 
     python bench/thumbnails.py            # 3 rounds, about a minute on 2 cores
     python bench/thumbnails.py --quick    # 1 round, fewer repeats
@@ -109,6 +112,13 @@ def _thumbnailer(contender: str, out: Path) -> Any:
     raise SystemExit(f"unknown contender {contender!r}")
 
 
+def job_peak(contender: str, path: Path) -> dict[str, Any]:
+    """One thumbnail in this fresh process, imports included: a job's peak RSS."""
+    with tempfile.TemporaryDirectory(prefix="hm-bench-thumb-") as scratch:
+        _thumbnailer(contender, Path(scratch))(path)
+    return {"peak_rss_mb": round(_peak_rss_mb(), 1), "pyvips": "pyvips" in sys.modules}
+
+
 def worker(contender: str, files: list[Path], repeat: int) -> dict[str, Any]:
     """Time ``repeat`` passes over ``files`` after one untimed pass."""
     with tempfile.TemporaryDirectory(prefix="hm-bench-thumb-") as scratch:
@@ -168,11 +178,13 @@ def make_24mp(directory: Path) -> Path:
     return path
 
 
-def run_contender(contender: str, files: list[Path], repeat: int) -> dict[str, Any]:
+def run_contender(
+    contender: str, files: list[Path], repeat: int, mode: str = "--worker"
+) -> dict[str, Any]:
     command = [
         sys.executable,
         str(Path(__file__).resolve()),
-        "--worker",
+        mode,
         contender,
         "--repeat",
         str(repeat),
@@ -212,12 +224,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="where to write results")
     parser.add_argument("--contenders", default=",".join(CONTENDERS))
     parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--job", help=argparse.SUPPRESS)
     parser.add_argument("--repeat", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("files", nargs="*", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
     if args.worker:
         print(json.dumps(worker(args.worker, args.files, args.repeat)))
+        return 0
+    if args.job:
+        print(json.dumps(job_peak(args.job, args.files[0])))
         return 0
 
     contenders = [c for c in args.contenders.split(",") if c]
@@ -244,6 +260,10 @@ def main(argv: list[str] | None = None) -> int:
                         f" {sample['peak_rss_mb']:6.1f} MB",
                         file=sys.stderr,
                     )
+        jobs = {
+            contender: {path.name: run_contender(contender, [path], 0, "--job") for path in jpegs}
+            for contender in contenders
+        }
 
     rows = []
     for (set_name, contender), runs in samples.items():
@@ -266,6 +286,13 @@ def main(argv: list[str] | None = None) -> int:
                 "rss_after_import_mb": max(run["rss_after_import_mb"] for run in runs),
             }
         )
+    for row in rows:
+        if row["set"] == "corpus JPEGs":
+            peaks = [job["peak_rss_mb"] for job in jobs[row["contender"]].values()]
+            row["job_peak_rss_mb"] = {"max": max(peaks), "median": statistics.median(peaks)}
+            row["job_pyvips_loaded"] = sorted(
+                name for name, job in jobs[row["contender"]].items() if job["pyvips"]
+            )
     _add_ratios(rows)
     report = {
         "meta": {
@@ -309,6 +336,11 @@ def _add_ratios(rows: list[dict[str, Any]]) -> None:
                 row["images_per_cpu_second"] / other["images_per_cpu_second"], 3
             )
             row[f"rss_vs_{peer}"] = round(row["peak_rss_mb"] / other["peak_rss_mb"], 3)
+            if "job_peak_rss_mb" in row:
+                row[f"job_rss_vs_{peer}"] = {
+                    key: round(value / other["job_peak_rss_mb"][key], 3)
+                    for key, value in row["job_peak_rss_mb"].items()
+                }
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
@@ -335,6 +367,16 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         " work MB: peak RSS - RSS after imports.\nRatios: this row / the other contender"
         " (speed > 1 is faster, RSS < 1 is smaller)."
     )
+    print("\nOne corpus JPEG per fresh process (a job): peak RSS, MB")
+    for row in rows:
+        if "job_peak_rss_mb" in row:
+            peak = row["job_peak_rss_mb"]
+            versus = row.get("job_rss_vs_pillow")
+            ratio = f"  vs Pillow {versus['median']:.2f} / {versus['max']:.2f}" if versus else ""
+            print(
+                f"{row['contender']:<10} median {peak['median']:5.1f}  max {peak['max']:5.1f}"
+                f"{ratio}  (pyvips loaded for {len(row['job_pyvips_loaded'])} files)"
+            )
 
 
 def _ratio(row: dict[str, Any], key: str) -> str:
