@@ -132,10 +132,17 @@ class JobEvents:
         self.publish_many([(job_id, event)])
 
     def publish_many(self, events: Iterable[tuple[str, Mapping[str, Any]]]) -> None:
-        """Publish several jobs' events in one round trip (best effort)."""
+        """Publish several jobs' events in one round trip (best effort).
+
+        The pipeline runs the script by its digest: redis-py's own script objects ask
+        ``SCRIPT EXISTS`` before every pipeline, a second round trip for each publish
+        (7 % of a pipeline actor's time on thumbnails). A Redis that lacks the script
+        (its first use, a restart) answers NOSCRIPT to the whole batch, which did
+        nothing then: the script is loaded and the batch sent again."""
         pending = list(events)
         if not pending:
             return
+        script = self._script
         for attempt in (1, 2):
             try:
                 pipe = self.client.pipeline(transaction=False)
@@ -144,15 +151,18 @@ class JobEvents:
                     status = event.get("status")
                     ended = event.get("type") == "status" and status in ENDED_STATUSES
                     ttl = self.ended_ttl_seconds if ended else self.ttl_seconds
-                    self._script(keys=[self.key(job_id)], args=[body, self.kept, ttl], client=pipe)
+                    pipe.evalsha(script.sha, 1, self.key(job_id), body, self.kept, ttl)
                 pipe.execute()
                 return
             except redis.exceptions.NoScriptError as exc:
-                # Redis restarted between the pipeline loading the script and running
-                # it (the client's retry reconnected to an empty script cache): the
-                # next pipeline loads it again.
                 if attempt == 2:
                     self._dropped(len(pending), exc)
+                    return
+                try:
+                    script.sha = self.client.script_load(script.script)
+                except (redis.ConnectionError, redis.TimeoutError) as exc:
+                    self._dropped(len(pending), exc)
+                    return
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 self._dropped(len(pending), exc)
                 return

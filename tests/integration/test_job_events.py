@@ -10,7 +10,6 @@ import time
 from collections.abc import Iterator
 
 import pytest
-import redis
 
 from hypermedia.errors import NotFound
 from hypermedia.ingest.api import create_app
@@ -186,24 +185,36 @@ def test_events_published_while_the_record_was_read_are_sent_before_it_ends(stac
 
 
 def test_an_event_published_as_redis_restarts_is_not_lost_to_its_empty_script_cache(
-    private_redis, monkeypatch
+    private_redis,
 ):
-    """Redis restarted between the pipeline loading the publish script and running it
-    (the client's retry reconnects to a server with no scripts): NoScriptError once,
-    and the event goes out on the next try instead of escaping to the job's worker."""
+    """A Redis without the publish script (a fresh one; one restarted since the last
+    publish: its script cache is empty) answers NOSCRIPT: the script is loaded and the
+    events go out, instead of the error escaping to the job's worker."""
+    client = connect(private_redis.url)
+    client.script_flush()
+    events = JobEvents(client, "hmtest")
+    first = progress_event("run", 1, 4, "pages", time.time(), 1)
+    events.publish("j" * 32, first)  # never loaded on this server
+    client.script_flush()  # what a restart leaves
+    second = progress_event("run", 2, 4, "pages", time.time(), 1)
+    events.publish_many([("j" * 32, second), ("k" * 32, second)])
+    assert [e for _, e in events.history("j" * 32)] == [first, second]
+    assert [e for _, e in events.history("k" * 32)] == [second]
+    client.close()
+
+
+def test_a_publish_is_one_round_trip_once_the_script_is_loaded(private_redis):
+    """No ``SCRIPT EXISTS`` before each pipeline (redis-py's script objects ask it every
+    time): after the first publish, each one is the batch's EVALSHAs alone."""
     client = connect(private_redis.url)
     events = JobEvents(client, "hmtest")
-    loads = redis.client.Pipeline.load_scripts
-    flushed: list[bool] = []
-
-    def load_then_lose_them(pipe: redis.client.Pipeline) -> None:
-        loads(pipe)
-        if not flushed:  # what a restart leaves: no scripts
-            flushed.append(client.script_flush() is not None)
-
-    monkeypatch.setattr(redis.client.Pipeline, "load_scripts", load_then_lose_them)
     event = progress_event("run", 1, 4, "pages", time.time(), 1)
     events.publish("j" * 32, event)
-    assert flushed == [True]
-    assert [e for _, e in events.history("j" * 32)] == [event]
+    client.config_resetstat()
+    for n in range(5):
+        events.publish_many([(f"{n}" * 32, event), ("j" * 32, event)])
+    stats = client.info("commandstats")
+    assert stats["cmdstat_evalsha"]["calls"] == 10, stats
+    assert not any(name.startswith("cmdstat_script") for name in stats), stats
+    assert len(events.history("j" * 32)) == 6
     client.close()
