@@ -24,8 +24,9 @@ which misses the Ray processes that daemonise), after an untimed warm-up of one 
 each operation. Over the timed window: jobs/s, CPU-s a job of the whole row (Redis,
 Ray, PostgreSQL are not used by ``bare``) and, split, ``pipeline`` (the bare row's CPU
 a job: the steps themselves) and ``platform`` (the rest), and the peak of the summed RSS
-of the row's processes (sampled every 0.2 s). Results: a table, and JSON in
-``bench/results/`` (``--json`` to choose); ``bench/reports/e2e.json`` is one run.
+of the row's processes (sampled every 0.2 s; the sampler's own CPU is taken off the
+row's). Results: a table, and JSON in ``bench/results/`` (``--json`` to choose);
+``bench/reports/e2e.json`` is one run.
 """
 
 from __future__ import annotations
@@ -111,6 +112,7 @@ class Meter:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._before: dict[int, tuple[str, float]] = {}
+        self.own_cpu = 0.0  # the sampler thread's CPU: the benchmark's, taken off the row's
 
     def cpu(self) -> float:
         if self.usage is not None:
@@ -171,6 +173,7 @@ class Meter:
                 with contextlib.suppress(psutil.Error):
                     total += psutil.Process(pid).memory_info().rss
             self.peak_rss = max(self.peak_rss, total / 2**20)
+            self.own_cpu = time.thread_time()
 
 
 def _short(cmdline: str) -> str:
@@ -337,6 +340,7 @@ def row_main(row: str, plan_path: Path, out: Path) -> None:
         counts = timed()
         seconds, cpu = time.monotonic() - wall0, meter.cpu() - cpu0
         meter.stop()
+        cpu -= meter.own_cpu
         breakdown = meter.breakdown()
     out.write_text(
         json.dumps(
@@ -344,6 +348,7 @@ def row_main(row: str, plan_path: Path, out: Path) -> None:
                 **counts,
                 "seconds": seconds,
                 "cpu_seconds": cpu,
+                "meter_cpu_seconds": round(meter.own_cpu, 3),
                 "peak_rss_mb": round(meter.peak_rss, 1),
                 "cpu_source": "cgroup" if meter.usage is not None else "process tree",
                 "cpu_by_process": breakdown,

@@ -39,6 +39,7 @@ from pipelines.registry import PipelineError
 # Imported here so that a fork server preloading this module has them (Image.open and
 # save would import every plugin on first use otherwise).
 _PLUGINS = (JpegImagePlugin, PngImagePlugin, WebPImagePlugin)
+Image.preinit()  # the few plugins Image.open loads on its first call (BMP, GIF, PPM)
 # What the libvips path would do with the pixels is plain decoding for these modes.
 _MODES = ("RGB", "L")
 OUTPUT_FORMATS = ("jpeg", "webp", "png")
