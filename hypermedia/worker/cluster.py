@@ -397,6 +397,11 @@ def start_worker_node(
 # the first driver connects (the actors' workers start with the actors).
 _LEAN_ARGS = ("--include-log-monitor=false",)
 _LEAN_ENV = {"RAY_prestart_worker_first_driver": "0"}
+# `ray start` waits a fixed 30 s for its raylet to register with the GCS and fails with
+# this; on a machine loaded past that (seen: load 16 on 2 cores) the next try usually
+# comes up. Any other failure is reported at once.
+_SLOW_START = "timed out during startup"
+START_ATTEMPTS = 2
 
 
 def _run_start(
@@ -408,16 +413,25 @@ def _run_start(
     extra: Mapping[str, str] | None = None,
 ) -> None:
     started = time.monotonic()
-    result = subprocess.run(
-        [*args, *_LEAN_ARGS],
-        env={**ray_environment(token_path, loopback=loopback), **_LEAN_ENV, **(extra or {})},
-        capture_output=True,
-        text=True,
-        timeout=START_TIMEOUT_SECONDS,
-        check=False,
-    )
-    if result.returncode != 0:
+    for attempt in range(1, START_ATTEMPTS + 1):
+        result = subprocess.run(
+            [*args, *_LEAN_ARGS],
+            env={**ray_environment(token_path, loopback=loopback), **_LEAN_ENV, **(extra or {})},
+            capture_output=True,
+            text=True,
+            timeout=START_TIMEOUT_SECONDS,
+            check=False,
+        )
+        if result.returncode == 0:
+            break
         RayNode(temp_dir, token_path).stop()
-        tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-5:])
-        raise ServiceUnavailable(f"`ray start` failed (exit {result.returncode}): {tail}")
+        output = (result.stderr or result.stdout).strip()
+        tail = "\n".join(output.splitlines()[-5:])
+        if _SLOW_START not in output or attempt == START_ATTEMPTS:
+            raise ServiceUnavailable(f"`ray start` failed (exit {result.returncode}): {tail}")
+        log.warning(
+            "`ray start` gave up waiting for its raylet (Ray waits 30 s, a loaded machine "
+            "took longer): starting the node again",
+            extra={"action": "ray_start_retry", "attempt": attempt},
+        )
     log.debug("ray start took %.1fs", time.monotonic() - started)

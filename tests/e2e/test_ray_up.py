@@ -195,9 +195,11 @@ def cluster(request, tmp_path):
     scheduler["cloud_providers"]["aws"]["spot_enabled"] = True  # 6 c/h spot: the cheaper
     # The launch-rate cap is the providers' max_instances per 10 minutes: with 2, a
     # loaded run that launched two nodes for the burst before the notice (both noticed,
-    # both terminated) could not launch the replacement for 10 minutes. media's
-    # max_workers (2) still bounds how many run at once.
-    scheduler["cloud_providers"]["aws"]["max_instances"] = 3
+    # both terminated) could not launch the replacement for 10 minutes; with 3, a run on
+    # a machine at load 16 launched the replacement while the notice was still served
+    # (noticed too) and then waited out the 10 minutes. media's max_workers (2) still
+    # bounds how many run at once; the cap has tests of its own.
+    scheduler["cloud_providers"]["aws"]["max_instances"] = 6
     scheduler["scaling_rules"]["scale_down"]["drain_timeout_seconds"] = 30
     # Turns and cooldowns of a few seconds, not the example's: the same decisions,
     # sooner (idle_minutes stays 1, the smallest the schema allows).

@@ -238,7 +238,8 @@ def test_a_refused_label_is_written_again_after_the_wait(ionos: IonosServer) -> 
     ionos.add_datacenter("de/fra")
     ionos.fail_next(500, path=r"/labels$")
     first = request("labels-0001")
-    instance = launched(make_driver(ionos), "labels-0001")
+    instance = make_driver(ionos).launch(first)  # this request: its launch time is in a label
+    assert isinstance(instance, Instance), instance
     assert ionos.labels(instance.instance_id) == first.tags()
     assert len(ionos.records("POST", r"/labels$")) == 1 + len(TAG_KEYS)
 

@@ -124,3 +124,46 @@ def test_ray_start_gets_an_allowlisted_environment(monkeypatch):
     assert env["RAY_AUTH_TOKEN_PATH"] == str(RAY_TOKEN)
     assert env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0"
     assert "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER" not in cluster.ray_environment(RAY_TOKEN)
+
+
+RAY_SLOW_START = """Traceback (most recent call last):
+    node = ray._private.node.Node(
+Exception: The current node timed out during startup. This could happen because some \
+of the raylet failed to startup or the GCS has become overloaded."""
+
+
+def _fake_ray(tmp_path, answers: list[tuple[int, str]]):
+    """A `ray` that answers ``answers`` in turn (exit code, stderr) and counts its calls."""
+    calls = tmp_path / "calls"
+    script = tmp_path / "ray"
+    lines = ["#!/bin/sh", f'echo x >> "{calls}"', f'n=$(wc -l < "{calls}")']
+    for n, (code, err) in enumerate(answers, start=1):
+        (tmp_path / f"err{n}").write_text(err)
+        lines.append(f'if [ "$n" -eq {n} ]; then cat "{tmp_path}/err{n}" >&2; exit {code}; fi')
+    lines.append("exit 99")
+    script.write_text("\n".join(lines) + "\n")
+    script.chmod(0o755)
+    return script, lambda: len(calls.read_text().splitlines()) if calls.exists() else 0
+
+
+@pytest.mark.parametrize(
+    ("answers", "calls", "error"),
+    [
+        ([(1, RAY_SLOW_START), (0, "")], 2, None),  # Ray's 30 s wait ran out once
+        ([(1, RAY_SLOW_START), (1, RAY_SLOW_START)], 2, "timed out during startup"),
+        ([(1, "ValueError: bad --resources"), (0, "")], 1, "bad --resources"),  # no retry
+    ],
+)
+def test_ray_start_is_tried_again_only_when_its_raylet_was_slow_to_register(
+    tmp_path, answers, calls, error
+):
+    ray_binary, called = _fake_ray(tmp_path, answers)
+    temp_dir = tmp_path / "node"
+    temp_dir.mkdir()
+    start = lambda: cluster._run_start([str(ray_binary), "start"], RAY_TOKEN, temp_dir)  # noqa: E731
+    if error is None:
+        start()
+    else:
+        with pytest.raises(ServiceUnavailable, match=error):
+            start()
+    assert called() == calls
