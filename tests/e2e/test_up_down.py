@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 import psutil
+import pytest
 
 from hypermedia.embedded import find_running
 from hypermedia.worker.cluster import short_temp_dir
@@ -198,6 +199,8 @@ def test_a_head_killed_with_9_takes_its_cluster_with_it(tmp_path):
     assert down.stdout.strip() == "not running"
 
 
+# Two `up`s and a `down`: ~1 minute quiet; 254 s in a CI-like run at load 27 on 2 cores.
+@pytest.mark.timeout(600)
 def test_up_and_down_stop_what_a_killed_stack_left(tmp_path):
     """Head and watchdog killed together (the OOM killer, a kill of everything): the next
     `up` stops the old cluster before starting its own, and `down` stops what is left."""

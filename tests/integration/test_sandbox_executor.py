@@ -19,7 +19,13 @@ from typing import Any
 
 import pytest
 
-from hypermedia.sandbox.executor import ChildExecutor, ChildFailed, ChildResult, StepProgress
+from hypermedia.sandbox.executor import (
+    PROGRESS_FORWARD_INTERVAL,
+    ChildExecutor,
+    ChildFailed,
+    ChildResult,
+    StepProgress,
+)
 from tests.pipelines_for_tests import PRELOAD
 
 MB = 1024 * 1024
@@ -454,7 +460,10 @@ def test_a_child_flooding_its_result_socket_still_delivers_its_result(executor, 
     params = {"flood": 100_000, "steps": 1, "seconds": 0, "unit": "frames"}
     result = run(executor, job_id, "test.progress", params, on_progress=seen.append)
     assert result.outputs == []
-    assert 1 <= len(seen) <= 10  # a receive each, a few parsed
+    # A receive each, one passed on per interval at most (and the last): ~5 when quiet,
+    # more when a loaded machine stretches the child's life.
+    passed_on = result.duration_ms / 1000 / PROGRESS_FORWARD_INTERVAL + 2
+    assert 1 <= len(seen) <= max(10, passed_on), (len(seen), result.duration_ms)
     assert (seen[-1].done, seen[-1].total) == (1, 1)
     # Nobody listening: the result still arrives (the executor reads the socket anyway).
     executor.cleanup(job_id)
