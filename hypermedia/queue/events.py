@@ -159,7 +159,7 @@ class JobEvents:
                     self._dropped(len(pending), exc)
                     return
                 try:
-                    script.sha = self.client.script_load(script.script)
+                    self.client.script_load(script.script)  # the same digest
                 except (redis.ConnectionError, redis.TimeoutError) as exc:
                     self._dropped(len(pending), exc)
                     return
