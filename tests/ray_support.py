@@ -191,7 +191,7 @@ def ray_stack(
                 metrics_seconds=2.0,
             )
             supervisor.start()
-            supervisor.wait_ready()
+            supervisor.wait_ready(timeout=300)  # actors start slowly on a loaded machine
             maintenance.start()
             try:
                 yield RayStack(stack, supervisor, settings)

@@ -167,10 +167,46 @@ class Supervisor:
         return member
 
     def wait_ready(self, timeout: float = 120.0) -> None:
-        """Block until every actor has been created (its constructor ran)."""
-        with self._lock:
-            actors = [m.actor for m in self.members.values()]
-        ray.get([a.stats.remote() for a in actors], timeout=timeout)
+        """Block until every actor has been created (its constructor ran). One that
+        dies first does not count: the watcher starts another, which is waited for in
+        its place. TimeoutError names the workers not ready in time."""
+        deadline = time.monotonic() + timeout
+        ready: set[str] = set()
+        dead: set[str] = set()
+        asked: dict[Any, str] = {}
+        while True:
+            with self._lock:
+                members = [m for m in self.members.values() if m.worker_id not in dead]
+            waiting = [m for m in members if m.worker_id not in ready]
+            # A dead one's replacement may not be started yet: each pool's count, too.
+            short = [
+                queue
+                for queue, wanted in self.pools.items()
+                if sum(m.queue == queue and m.worker_id in ready for m in members) < wanted
+            ]
+            if not waiting and not short:
+                return
+            for member in waiting:
+                if member.worker_id not in asked.values():
+                    asked[member.actor.stats.remote()] = member.worker_id
+            left = deadline - time.monotonic()
+            if left <= 0:
+                names = ", ".join(sorted(m.worker_id for m in waiting) + short)
+                raise TimeoutError(f"pipeline actors not ready after {timeout:g} s: {names}")
+            if not asked:
+                time.sleep(min(left, 0.2))  # a replacement is being started
+                continue
+            answered, _ = ray.wait(list(asked), num_returns=1, timeout=min(left, 1.0))
+            for ref in answered:
+                worker_id = asked.pop(ref)
+                try:
+                    ray.get(ref)
+                except RayActorError as exc:
+                    if exc.actor_init_failed:
+                        raise  # its constructor raised: another would too
+                    dead.add(worker_id)  # the watcher logs it and starts another
+                    continue
+                ready.add(worker_id)
 
     # -- watching ------------------------------------------------------------------
 
@@ -361,11 +397,17 @@ class Supervisor:
 
 
 def death_reason(exc: BaseException) -> str:
-    """One line for an actor's death: Ray's first line (which actor, where) and, when
-    its creation task raised, the last line of that traceback (what was raised)."""
+    """One line for an actor's death. When its creation task raised: Ray's first line
+    (which actor, where) and the last line of that traceback (what was raised). A
+    system death (process killed, node gone, never started): every line Ray gave but
+    the actor's fields (class, id, pid, name, namespace, ip), which say nothing new."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     if not lines:
         return "actor died"
-    if len(lines) > 1 and lines[-1] != lines[0]:
-        return f"{lines[0]} ... {lines[-1]}"
-    return lines[0]
+    if "creation task" in lines[0]:
+        return f"{lines[0]} ... {lines[-1]}" if lines[-1] != lines[0] else lines[0]
+    said = [line for line in lines if not line.startswith(_ACTOR_FIELDS)]
+    return " ".join(said) if said else lines[0]
+
+
+_ACTOR_FIELDS = ("class_name:", "actor_id:", "pid:", "name:", "namespace:", "ip:")

@@ -140,6 +140,22 @@ def test_kill_9_of_the_actor_requeues_its_jobs_at_once(pg_engine, settings, tmp_
         assert dead == "dead"
 
 
+def test_an_actor_killed_before_it_is_ready_is_replaced_and_waited_for(
+    pg_engine, settings, tmp_path
+):
+    """wait_ready does not end in the dead actor's error (nor wait for it): the watcher
+    starts another, and wait_ready waits for that one."""
+    with ray_stack(settings, pg_engine, tmp_path, {"images": 1}) as rs:
+        (started,) = rs.supervisor.resize({"images": 2})
+        (doomed,) = [m for m in rs.supervisor.actors("images") if m.worker_id == started]
+        ray.kill(doomed.actor)  # at once: most likely before its constructor ran
+        rs.supervisor.wait_ready(timeout=120)
+        live = rs.supervisor.actors("images")
+        assert len(live) == 2 and started not in {m.worker_id for m in live}
+        assert started in rs.supervisor.events.died
+        assert all(isinstance(s, dict) for s in rs.supervisor.stats().values())
+
+
 def test_cancel_of_a_running_job_kills_its_child(pg_engine, settings, tmp_path):
     with ray_stack(settings, pg_engine, tmp_path, {"images": 1}) as rs:
         person = make_user(rs.stack)

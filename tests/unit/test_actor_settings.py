@@ -42,3 +42,20 @@ def test_a_death_reason_names_what_the_creation_task_raised():
     assert said.endswith("FileNotFoundError: [Errno 2] No such file or directory: '/tmp/gone'")
     assert death_reason(RuntimeError("")) == "actor died"
     assert death_reason(RuntimeError("one line")) == "one line"
+
+
+def test_a_system_death_keeps_what_ray_said_happened():
+    from hypermedia.worker.supervisor import death_reason
+
+    raised = RuntimeError(
+        "The actor died unexpectedly before finishing this task.\n"
+        "\tclass_name: PipelineActor\n\tactor_id: 1f2e\n\tpid: 0\n\tname: bulk-1\n"
+        "\tnamespace: hypermedia\n\tip: 127.0.0.1\n"
+        "The worker process failed to register within the timeout.\n"
+        "The actor never ran - it was cancelled before it started running.\n"
+    )
+    assert death_reason(raised) == (
+        "The actor died unexpectedly before finishing this task."
+        " The worker process failed to register within the timeout."
+        " The actor never ran - it was cancelled before it started running."
+    )
