@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -45,6 +46,9 @@ from hypermedia.queue.events import entry_order, parse_published
 log = logging.getLogger(__name__)
 
 KEEPALIVE_SECONDS = 15.0
+# How long a stream whose job the record says has ended waits for the job's last event
+# (published just after the record's commit) before it sends the record's status.
+ENDING_GRACE_SECONDS = 2.0
 RETRY_MILLISECONDS = 2000
 
 
@@ -94,7 +98,7 @@ async def stream(
             return  # the stream holds its end
         now = await run_in_threadpool(record)
         if now.get("status") in TERMINAL_STATUSES:
-            async for text in _ending(client, key, last, now):
+            async for text in _ending(client, pubsub, key, last, now):
                 yield text
             return
         if now.get("status") != status:
@@ -113,7 +117,7 @@ async def stream(
                 yield ": keep-alive\n\n"
                 now = await run_in_threadpool(record)
                 if now.get("status") in TERMINAL_STATUSES:
-                    async for text in _ending(client, key, last, now):
+                    async for text in _ending(client, pubsub, key, last, now):
                         yield text
                     return
                 continue
@@ -132,10 +136,16 @@ async def stream(
 
 
 async def _ending(
-    client: redis.asyncio.Redis, key: str, last: tuple[int, int], now: dict[str, Any]
+    client: redis.asyncio.Redis,
+    pubsub: Any,
+    key: str,
+    last: tuple[int, int],
+    now: dict[str, Any],
 ) -> AsyncIterator[str]:
     """The record says the job has ended: the events it published meanwhile (its end
-    among them, unless Redis lost it or it is not published yet), else the record's."""
+    among them), else the record's. The end is published just after the record's
+    commit: one not in the stream yet is waited for on the channel (subscribed since
+    the start) for up to :data:`ENDING_GRACE_SECONDS`; Redis may have lost it."""
     millis, sequence = last
     try:
         entries: Any = await client.xrange(key, min=f"({millis}-{sequence}")
@@ -143,6 +153,21 @@ async def _ending(
         entries = []
     for entry, fields in entries:
         event = json.loads(fields["e"])
+        last = max(last, entry_order(entry))
+        yield message(event, entry)
+        if _ends(event):
+            return
+    deadline = time.monotonic() + ENDING_GRACE_SECONDS
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            published = await pubsub.get_message(ignore_subscribe_messages=True, timeout=left)
+        except (redis.ConnectionError, redis.TimeoutError):
+            break
+        parsed = None if published is None else parse_published(str(published["data"]))
+        if parsed is None or entry_order(parsed[0]) <= last:
+            continue
+        entry, event = parsed
+        last = entry_order(entry)
         yield message(event, entry)
         if _ends(event):
             return

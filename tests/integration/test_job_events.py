@@ -184,6 +184,54 @@ def test_events_published_while_the_record_was_read_are_sent_before_it_ends(stac
     assert not any(d.get("record") for d in data)  # the end came from the stream
 
 
+def test_an_end_published_just_after_the_record_was_read_comes_from_the_stream(stack):
+    """The record's commit comes before the job's last event is published: a subscriber
+    that read the record in between waits a moment for that event (seen once under
+    load: the stream ended on the record's status instead)."""
+    import asyncio
+
+    import redis.asyncio
+
+    from hypermedia.ingest import events as sse
+    from hypermedia.queue.events import status_event
+
+    person = make_user(stack)
+    job_id = submit(stack, person, ["thumbnail"])[0]
+    job = _started(stack, job_id)
+    _progress(stack, job, 1)
+    key = stack.dispatcher.events.key(job_id)
+
+    def record() -> dict[str, object]:
+        # Committed; the worker publishes the end half a second later.
+        timer = threading.Timer(
+            0.5,
+            lambda: stack.dispatcher.events.publish(job_id, status_event("completed", time.time())),
+        )
+        timer.start()
+        return status_event("completed", time.time(), record=True)
+
+    async def collect() -> list[str]:
+        client = redis.asyncio.Redis.from_url(stack.redis_url, decode_responses=True)
+        try:
+            return [text async for text in sse.stream(client, key, record, keepalive=5)]
+        finally:
+            await client.aclose()
+
+    sent = asyncio.run(collect())
+    data = [
+        json.loads(line.removeprefix("data: "))
+        for text in sent
+        for line in text.splitlines()
+        if line.startswith("data: ")
+    ]
+    assert [(d["type"], d.get("status"), d.get("done")) for d in data] == [
+        ("status", "processing", None),
+        ("progress", None, 1.0),
+        ("status", "completed", None),
+    ]
+    assert not data[-1].get("record") and "id: " in sent[-1]
+
+
 def test_an_event_published_as_redis_restarts_is_not_lost_to_its_empty_script_cache(
     private_redis,
 ):
