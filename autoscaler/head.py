@@ -64,6 +64,7 @@ def run() -> None:
     from autoscaler.rayfleet import RayFleet
     from autoscaler.scheduler import open_scheduler
     from hypermedia.config import load_settings
+    from hypermedia.embedded import write_private
     from hypermedia.local import LocalStack
     from hypermedia.metrics import targets
 
@@ -86,8 +87,9 @@ def run() -> None:
         scheduler = open_scheduler(config, local.stack, fleet)
         thread = threading.Thread(target=scheduler.run, args=(stop,), name="scheduler")
         thread.start()
-        (directory / "head.url").write_text(local.api_url)
-        (settings.data_dir / "head.url").write_text(local.api_url)
+        # Whole or not at all: `start` reads it as soon as it exists.
+        write_private(directory / "head.url", local.api_url)
+        write_private(settings.data_dir / "head.url", local.api_url)
         temp_dir = os.environ.get("HM_HEAD_TEMP_DIR")
         if temp_dir:  # where Prometheus finds the Ray nodes (etc/prometheus/)
             targets.link_ray(settings.data_dir, Path(temp_dir))

@@ -207,8 +207,9 @@ def private_directory(path: Path) -> Path:
     return path
 
 
-def _write_private(path: Path, text: str) -> None:
-    """``text`` into ``path``, mode 0600 whatever the umask, replaced atomically."""
+def write_private(path: Path, text: str) -> None:
+    """``text`` into ``path``, mode 0600 whatever the umask, replaced atomically: a
+    reader sees the old file or the whole new one, never an empty one."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
     try:
         with os.fdopen(fd, "w") as out:
@@ -390,7 +391,7 @@ class EmbeddedRedis:
         line, where nothing secret is."""
         if self._password is None:
             self._password = secrets.token_hex(32)
-        _write_private(self.conffile, f"requirepass {self._password}\n")
+        write_private(self.conffile, f"requirepass {self._password}\n")
 
     def _arguments(self, binary: str) -> list[str]:
         return [
@@ -416,7 +417,7 @@ class EmbeddedRedis:
 
     def _spawn(self, binary: str) -> None:
         self.pidfile.unlink(missing_ok=True)
-        _write_private(self.portfile, f"{self.port}\n")
+        write_private(self.portfile, f"{self.port}\n")
         fd = os.open(self.logfile, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         with os.fdopen(fd, "ab") as log:
             # Errors before redis opens its logfile (bad arguments) go to stdout.

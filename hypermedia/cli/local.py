@@ -5,7 +5,6 @@ The data dir holds the head's pid, its API URL and its log."""
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import time
 from pathlib import Path
@@ -29,6 +28,7 @@ def head() -> None:
     import threading
 
     from hypermedia.cli.services import operator_page
+    from hypermedia.embedded import write_private
     from hypermedia.local import LocalStack
 
     settings = read_settings()
@@ -40,7 +40,7 @@ def head() -> None:
         # before the stack is stopped.
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
         signal.signal(signal.SIGINT, lambda *_: stop.set())
-        _write_private(settings.data_dir / "head.url", local.api_url)
+        write_private(settings.data_dir / "head.url", local.api_url)
         log.info("local stack up; API at %s", local.api_url)
         stop.wait()
     finally:
@@ -65,7 +65,7 @@ def up(
         typer.echo(f"already up: {url_file.read_text() if url_file.exists() else '?'}")
         return
     url_file.unlink(missing_ok=True)
-    from hypermedia.embedded import private_directory
+    from hypermedia.embedded import private_directory, write_private
 
     private_directory(settings.data_dir)
     log_path = settings.data_dir / "head.log"
@@ -79,7 +79,7 @@ def up(
             start_new_session=True,
             env=os.environ.copy(),
         )
-    _write_private(pidfile, str(proc.pid))
+    write_private(pidfile, str(proc.pid))
     deadline = time.monotonic() + wait
     while not url_file.exists():
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -140,12 +140,6 @@ def _stop_leftovers(settings: Settings) -> list[str]:
         redis.stop()
         stopped.append("redis")
     return stopped
-
-
-def _write_private(path: Path, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(text)
 
 
 def _pid_alive(pid: int) -> bool:
