@@ -20,12 +20,13 @@ blocked (:mod:`pipelines.image_vips`); pillow-heif for HEIC and Pillow for BMP a
 (:mod:`pipelines.image_decoders`), which the libvips wheel cannot decode. A decoder's
 refusal is ``invalid_input`` with its message, our paths removed.
 
-Plain (RGB or grey) JPEGs shrunk to a box (``thumbnail`` without a crop, ``resize``)
-to JPEG, WebP or PNG go through Pillow instead (:mod:`pipelines.image_pillow`, chosen
-by measurement: ~2x less CPU per image on the corpus JPEGs, libvips' fixed cost per
-call gone), with the same header checks and the same output; whatever it declines
-(CMYK, a file Pillow will not decode, crops) goes to libvips. libvips is imported on
-first use, so a job that takes the Pillow path never loads it.
+Plain (RGB, grey, or CMYK without a profile) JPEGs shrunk to a box (``thumbnail``
+without a crop, ``resize``) to JPEG, WebP or PNG go through Pillow instead
+(:mod:`pipelines.image_pillow`, chosen by measurement: ~2x less CPU per image on the
+corpus JPEGs, libvips' fixed cost per call gone), with the same header checks and the
+same output; whatever it declines (CMYK with its own profile, a file Pillow will not
+decode, crops) goes to libvips. libvips is imported on first use, so a job that takes
+the Pillow path with an RGB or grey JPEG never loads it.
 
 Animated GIF/WebP stay animated when ``resize``, ``compress`` or ``convert`` writes GIF
 or WebP; everything else (thumbnails, other outputs, TIFF pages, HEIF/AVIF items and

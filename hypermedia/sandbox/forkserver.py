@@ -27,7 +27,9 @@ child ~170 more faults, and re-seeds ``random`` itself; it keeps no Python signa
 handlers (a pidfd per child says when it exits) and its per-job work small (binary
 headers, no parsing). Raw fork is sound only in a single-threaded process: if a
 preloaded module started a thread, the server uses ``os.fork()``. Preloaded
-modules must not rely on Python-level ``os.register_at_fork`` hooks.
+modules must not rely on Python-level ``os.register_at_fork`` hooks. A preloaded
+module's ``prepare_fork_server()``, if it has one, runs once in the server before any
+fork: work every child would otherwise do again (the image step's CMYK transform).
 
 What jobs leave behind. The server is a child subreaper: processes a job leaves
 are re-parented to it, not to init. When a job's child exits its process group is
@@ -820,7 +822,9 @@ def main(config: Mapping[str, Any]) -> None:
     preload: Sequence[str] = config["preload"]
     try:
         for module in preload:
-            importlib.import_module(module)
+            prepare = getattr(importlib.import_module(module), "prepare_fork_server", None)
+            if prepare is not None:
+                prepare()  # what every child would otherwise build for itself
         from pipelines import registry
 
         registry.load_all()

@@ -4,7 +4,8 @@ Plain JPEGs shrunk to a box go through Pillow; these tests run both paths on the
 files (``images.pillow_step`` and ``images.vips_step``, the two halves of
 ``run_step``) and check that Pillow's output is what libvips would have written: the
 same format and size, upright, no metadata, pixels within resampling noise; that what
-it declines (CMYK, damaged files, Pillow's bomb limit) still gets libvips' result; and,
+it declines (CMYK with its own profile, damaged files, Pillow's bomb limit) still gets
+libvips' result; and,
 in a fresh interpreter, that a job taking it never loads libvips.
 """
 
@@ -104,14 +105,42 @@ def test_exif_orientation_6_comes_out_upright(generated: Generated, tmp_path: Pa
     assert (rotated.rot("d180") - upright).abs().avg() > 50
 
 
-@pytest.mark.parametrize("name", ["cmyk.jpg", "cmyk-no-profile.jpg"])
-def test_a_cmyk_jpeg_goes_to_libvips_and_comes_out_srgb(name, generated, tmp_path):
-    path = generated / f"images/{name}"
+def test_a_cmyk_jpeg_with_its_own_profile_goes_to_libvips_and_comes_out_srgb(generated, tmp_path):
+    path = generated / "images/cmyk.jpg"
     assert image_pillow.jpeg_input(path) is None
     request = image_params.parse("thumbnail", THUMBNAIL)
     assert images.pillow_step(request, images.detect(path), path, tmp_path / "p") is None
     assert not (tmp_path / "p").exists()
-    out = images.thumbnail(path, THUMBNAIL, tmp_path / "t")
+    _comes_out_srgb_in_the_drawings_colours(images.thumbnail(path, THUMBNAIL, tmp_path / "t"))
+
+
+@pytest.mark.parametrize(("operation", "params"), BOXES)
+def test_a_cmyk_jpeg_without_a_profile_gives_what_libvips_gives(
+    operation, params, generated, tmp_path
+):
+    """Through libvips' own fallback CMYK profile, as libvips converts it."""
+    path = generated / "images/cmyk-no-profile.jpg"
+    taken, reference = _both(operation, params, path, tmp_path)
+    _same_output(taken, reference, noise=2)
+    if params == THUMBNAIL:
+        assert taken is not None
+        _comes_out_srgb_in_the_drawings_colours(taken)
+
+
+def test_the_fork_server_builds_the_cmyk_transform_before_it_forks() -> None:
+    """prepare_fork_server() leaves it built (a child only applies it), and reading
+    libvips' profile starts no thread: the server still forks without hooks."""
+    code = (
+        "import os; from pipelines import image_pillow as p; p.prepare_fork_server();"
+        " print(p.cmyk_to_srgb.cache_info().currsize, len(os.listdir('/proc/self/task')))"
+    )
+    ran = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
+    )
+    assert ran.stdout.split() == ["1", "1"], ran.stdout + ran.stderr
+
+
+def _comes_out_srgb_in_the_drawings_colours(out: list[Output]) -> None:
     image = _opened(out[0])
     assert (image.bands, image.interpretation) == (3, "srgb")
     # Converted through a CMYK profile: the drawing's colours, not their negative.

@@ -287,6 +287,39 @@ def test_the_server_stays_single_threaded_with_the_pipelines_loaded(executor):
     assert os.listdir(f"/proc/{executor.server_pid}/task") == [str(executor.server_pid)]
 
 
+def test_the_image_steps_fork_server_prepares_the_cmyk_transform_and_forks_safely(tmp_path, job_id):
+    """The image steps' own preload: the server built the CMYK transform through
+    libvips (prepare_fork_server) and is still single-threaded; its children run a
+    profile-less CMYK JPEG (Pillow, that transform) and a PNG (libvips, its threads)."""
+    import pyvips
+
+    from pipelines import images
+    from tests.generated import images as drawn
+
+    with ChildExecutor(tmp_path, preload=images.PRELOAD) as ex:
+        assert ex.server_pid is not None
+        assert os.listdir(f"/proc/{ex.server_pid}/task") == [str(ex.server_pid)]
+        cmyk = drawn.picture(640, 480).icc_transform("cmyk")
+        inputs = {
+            "cmyk": cmyk.write_to_buffer(".jpg[Q=90]", keep=drawn.KEEP_NONE),
+            "png": drawn.picture(640, 480).write_to_buffer(".png"),
+        }
+        for n, (kind, data) in enumerate(inputs.items()):
+            job = f"{job_id}-{n}"
+            source = ex.prepare(job) / "input" / "source"
+            source.write_bytes(data)
+            params = {"width": 320, "height": 320, "format": "webp"}
+            result = ex.run(
+                job, "thumbnail", source, params, timeout_seconds=60, memory_limit_mb=512
+            )
+            [output] = result.outputs
+            made = pyvips.Image.new_from_file(str(output.path))
+            assert (made.width, made.bands) == (320, 3), kind
+            # The drawing's colours, not a negative (CMYK through a profile).
+            assert (made - drawn.picture(320, 240)).abs().avg() < 25, kind
+            ex.cleanup(job)
+
+
 # -- failures --------------------------------------------------------------------------
 
 
