@@ -132,7 +132,10 @@ class JpegInput:
         else:
             picture = image
         if picture.mode == _CMYK:
-            picture = ImageCms.applyTransform(picture, cmyk_to_srgb())
+            converted = ImageCms.applyTransform(picture, cmyk_to_srgb())
+            if converted is None:  # only with inPlace=True
+                raise AssertionError("ImageCms.applyTransform gave no image")
+            picture = converted
         method = _UPRIGHT.get(self.orientation)
         if method is not None:
             picture = picture.transpose(method)
