@@ -25,7 +25,7 @@ from sqlalchemy import select
 from hypermedia import accounts
 from hypermedia.accounts import Caller
 from hypermedia.db import tables as t
-from hypermedia.db.engine import transaction
+from hypermedia.db.engine import snapshot, transaction
 from hypermedia.errors import HypermediaError, UnknownOperation
 from hypermedia.stack import Stack
 
@@ -160,7 +160,7 @@ def submit_files(
 
 def poll_statuses(stack: Stack, report: RunReport) -> None:
     ids = [s.job_id for s in report.submitted]
-    with transaction(stack.engine) as conn:
+    with snapshot(stack.engine) as conn:
         for start in range(0, len(ids), 500):
             rows = conn.execute(
                 select(
@@ -194,7 +194,7 @@ def wait_until_finished(
 def write_outputs(stack: Stack, report: RunReport, out_dir: Path) -> None:
     """Copy every completed job's outputs to ``out_dir/<file name>/<output type>``."""
     by_job = {s.job_id: s for s in report.submitted}
-    with transaction(stack.engine) as conn:
+    with snapshot(stack.engine) as conn:
         rows = conn.execute(
             select(t.outputs.c.job_id, t.outputs.c.output_type, t.outputs.c.storage_key).where(
                 t.outputs.c.job_id.in_(list(by_job))

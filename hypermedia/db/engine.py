@@ -52,7 +52,13 @@ def _configure_sqlite(engine: Engine) -> None:
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        # A read-only transaction (``snapshot``) takes no lock: in WAL mode it reads a
+        # snapshot beside the one writer. Any other takes the write lock at once, so
+        # that one which reads then writes never fails on a lock it could not upgrade.
+        if conn.get_execution_options().get(_READ_ONLY):
+            conn.exec_driver_sql("BEGIN")
+        else:
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 def is_sqlite(engine: Engine) -> bool:
@@ -69,6 +75,24 @@ def transaction(engine: Engine) -> Iterator[Connection]:
         if _is_connection_error(exc):
             raise DatabaseUnavailable(f"database unreachable: {exc.orig}") from exc
         raise
+
+
+@contextmanager
+def snapshot(engine: Engine) -> Iterator[Connection]:
+    """A read-only transaction: on SQLite it neither waits for the writer nor holds
+    it up (``transaction`` takes SQLite's write lock, reads included); on PostgreSQL
+    it is a transaction like any other. Writing in it is a mistake SQLite may refuse
+    with "database is locked"."""
+    try:
+        with engine.connect().execution_options(**{_READ_ONLY: True}) as conn, conn.begin():
+            yield conn
+    except OperationalError as exc:
+        if _is_connection_error(exc):
+            raise DatabaseUnavailable(f"database unreachable: {exc.orig}") from exc
+        raise
+
+
+_READ_ONLY = "hypermedia_read_only"
 
 
 def _is_connection_error(exc: DBAPIError) -> bool:

@@ -43,7 +43,7 @@ from hypermedia.accounts import Caller, balance
 from hypermedia.bulk.runs import RunSpec
 from hypermedia.bulk.service import BulkService
 from hypermedia.config import Settings
-from hypermedia.db.engine import transaction
+from hypermedia.db.engine import snapshot, transaction
 from hypermedia.errors import (
     AuthenticationFailed,
     Forbidden,
@@ -219,7 +219,7 @@ def list_jobs(
         created_after=_aware(created_after, "created_after"),
         created_before=_aware(created_before, "created_before"),
     )
-    with transaction(stack.engine) as conn:
+    with snapshot(stack.engine) as conn:
         page = queries.list_jobs(conn, caller.user_id, filters, cursor=cursor, limit=limit)
     return JobsPage(jobs=[job_summary(row) for row in page.jobs], next_cursor=page.next_cursor)
 
@@ -238,7 +238,7 @@ def _aware(moment: datetime | None, name: str) -> datetime | None:
     tags=["jobs"],
 )
 def get_submission(submission_id: str, caller: CallerDep, stack: StackDep) -> SubmissionResponse:
-    with transaction(stack.engine) as conn:
+    with snapshot(stack.engine) as conn:
         found = queries.submission(conn, caller.user_id, submission_id)
     if found is None:
         raise NotFound(f"no submission {submission_id!r}", submission_id=submission_id)
@@ -264,7 +264,7 @@ def get_output_url(
 ) -> OutputUrlResponse:
     """A GET URL signed for ``download_url_ttl_seconds`` (5 minutes by default): hand it
     to a browser; it needs no API key."""
-    with transaction(stack.engine) as conn:
+    with snapshot(stack.engine) as conn:
         found = queries.output(conn, caller.user_id, job_id, output_type)
     if found is None:
         raise NotFound(
@@ -461,7 +461,7 @@ def _quota(stack: Stack, caller: Caller) -> int | None:
 
 
 def _storage_used(stack: Stack, caller: Caller) -> int:
-    with transaction(stack.engine) as conn:
+    with snapshot(stack.engine) as conn:
         return storage_used(conn, caller.user_id)
 
 
@@ -505,7 +505,7 @@ def register_object(
     tags=["objects"],
 )
 def read_object(object_id: str, caller: CallerDep, stack: StackDep) -> ObjectResponse:
-    with transaction(stack.engine) as conn:
+    with snapshot(stack.engine) as conn:
         return _object_response(get_object(conn, caller, object_id))
 
 

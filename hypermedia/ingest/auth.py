@@ -19,7 +19,7 @@ from collections.abc import Callable
 from sqlalchemy import Engine
 
 from hypermedia.accounts import Caller, authenticate
-from hypermedia.db.engine import transaction
+from hypermedia.db.engine import snapshot
 
 
 def _digest(api_key: str) -> str:
@@ -47,7 +47,7 @@ class Authenticator:
         cached = self.cached(api_key)
         if cached is not None:
             return cached
-        with transaction(self.engine) as conn:
+        with snapshot(self.engine) as conn:
             caller = authenticate(conn, api_key)
         if self.ttl > 0:
             expires = self._clock() + self.ttl

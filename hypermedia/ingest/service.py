@@ -57,7 +57,7 @@ from sqlalchemy.exc import IntegrityError
 from hypermedia.accounts import UNLIMITED, Caller, KeyGrants
 from hypermedia.clock import Clock, SystemClock
 from hypermedia.db import tables as t
-from hypermedia.db.engine import transaction
+from hypermedia.db.engine import snapshot, transaction
 from hypermedia.errors import (
     CallbackNotAllowed,
     Conflict,
@@ -558,7 +558,7 @@ class IngestService:
 
     def get_job(self, caller: Caller, job_id: str) -> JobView:
         """The caller's job (NotFound for anyone else's, as for one that does not exist)."""
-        with transaction(self.engine) as conn:
+        with snapshot(self.engine) as conn:
             view = job_view(conn, job_id, caller.user_id)
         if view is None:
             raise NotFound(f"no job {job_id!r}", job_id=job_id)
@@ -566,7 +566,7 @@ class IngestService:
 
     def job(self, job_id: str) -> JobView | None:
         """Any user's job, for what the platform itself tells its owner (callbacks)."""
-        with transaction(self.engine) as conn:
+        with snapshot(self.engine) as conn:
             return job_view(conn, job_id)
 
     def status_event(self, caller: Caller, job_id: str) -> dict[str, Any]:
@@ -574,7 +574,7 @@ class IngestService:
         (:mod:`hypermedia.queue.events`, with ``"record": true``); NotFound for anyone
         else's job. One small query: event streams call it at every keep-alive."""
         j = t.jobs.c
-        with transaction(self.engine) as conn:
+        with snapshot(self.engine) as conn:
             row = conn.execute(
                 select(j.status, j.attempt_count, j.error_code, j.run_after, j.updated_at).where(
                     j.job_id == job_id, j.user_id == caller.user_id
@@ -594,7 +594,7 @@ class IngestService:
     def attempt_log(self, caller: Caller, job_id: str, attempt_number: int) -> str:
         """The end of what the child of a failed attempt printed (NotFound: no such job
         of the caller's, no such attempt, or none kept)."""
-        with transaction(self.engine) as conn:
+        with snapshot(self.engine) as conn:
             log = conn.execute(
                 select(t.attempts.c.log_tail)
                 .join(t.jobs, t.jobs.c.job_id == t.attempts.c.job_id)

@@ -33,7 +33,7 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
 from hypermedia.accounts import Caller, default_pool_id, is_pool_member
-from hypermedia.db.engine import transaction
+from hypermedia.db.engine import snapshot, transaction
 from hypermedia.errors import Conflict, HypermediaError, InvalidRequest, NotFound
 from hypermedia.objects import (
     Deletion,
@@ -63,7 +63,7 @@ def pool_for(conn: Connection, caller: Caller, pool_id: str | None) -> str:
 
 
 def resolve_pool(engine: Engine, caller: Caller, pool_id: str | None) -> str:
-    with transaction(engine) as conn:
+    with snapshot(engine) as conn:
         return pool_for(conn, caller, pool_id)
 
 

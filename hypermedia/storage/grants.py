@@ -33,7 +33,7 @@ from sqlalchemy import Engine, select
 
 from hypermedia.clock import Clock, to_datetime
 from hypermedia.db import tables as t
-from hypermedia.db.engine import transaction
+from hypermedia.db.engine import snapshot, transaction
 from hypermedia.errors import IllegalTransition, InvalidRequest, NotFound
 from hypermedia.jobs import checkpoints
 from hypermedia.jobs.states import IN_FLIGHT
@@ -149,7 +149,7 @@ class StorageGrants:
     def checkpoint_downloads(self, job_id: str, worker_id: str) -> dict[str, OutputGrant]:
         """GET URLs of the pieces the job committed (its profile version and params)."""
         job = self.held(job_id, worker_id)
-        with transaction(self.engine) as conn:
+        with snapshot(self.engine) as conn:
             pieces = checkpoints.committed(conn, job_id, job.checkpoint_prefix)
         return {
             piece.name: OutputGrant(
@@ -162,7 +162,7 @@ class StorageGrants:
     def held(self, job_id: str, worker_id: str) -> HeldJob:
         """The job, if ``worker_id`` holds it in flight; else NotFound / IllegalTransition."""
         j, o, p = t.jobs.c, t.objects.c, t.profiles.c
-        with transaction(self.engine) as conn:
+        with snapshot(self.engine) as conn:
             row = conn.execute(
                 select(
                     j.status,
