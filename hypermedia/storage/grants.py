@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, Select, bindparam, select
 
 from hypermedia.clock import Clock, to_datetime
 from hypermedia.db import tables as t
@@ -72,6 +72,34 @@ class HeldJob:
     @property
     def checkpoint_prefix(self) -> str:
         return checkpoints.checkpoint_prefix(self.job_id, self.profile_version, self.params)
+
+
+def _held_query() -> Select[Any]:
+    j, o, p = t.jobs.c, t.objects.c, t.profiles.c
+    return (
+        select(
+            j.status,
+            j.claimed_by,
+            j.visibility_timeout,
+            o.pool_id,
+            o.object_id,
+            o.storage_key,
+            p.version,
+            j.params,
+        )
+        .select_from(
+            t.jobs.join(t.objects, j.object_id == o.object_id).join(
+                t.profiles, j.profile_id == p.profile_id
+            )
+        )
+        .where(j.job_id == bindparam("job_id"))
+    )
+
+
+# Built once: every grant a worker asks for runs it. SQLAlchemy memoizes a statement's
+# cache key on the object; building a new one per call cost 190 us a call against
+# 70 (SQLite, the whole held() measured in a loop).
+_HELD = _held_query()
 
 
 class StorageGrants:
@@ -161,26 +189,8 @@ class StorageGrants:
 
     def held(self, job_id: str, worker_id: str) -> HeldJob:
         """The job, if ``worker_id`` holds it in flight; else NotFound / IllegalTransition."""
-        j, o, p = t.jobs.c, t.objects.c, t.profiles.c
         with snapshot(self.engine) as conn:
-            row = conn.execute(
-                select(
-                    j.status,
-                    j.claimed_by,
-                    j.visibility_timeout,
-                    o.pool_id,
-                    o.object_id,
-                    o.storage_key,
-                    p.version,
-                    j.params,
-                )
-                .select_from(
-                    t.jobs.join(t.objects, j.object_id == o.object_id).join(
-                        t.profiles, j.profile_id == p.profile_id
-                    )
-                )
-                .where(j.job_id == job_id)
-            ).one_or_none()
+            row = conn.execute(_HELD, {"job_id": job_id}).one_or_none()
         if row is None:
             raise NotFound(f"no job {job_id!r}", job_id=job_id)
         held = row.status in {s.value for s in IN_FLIGHT} and row.claimed_by == worker_id
