@@ -337,9 +337,9 @@ def ingest_client_main(api_url: str, plan_path: Path, out: Path) -> None:
     implemented = pipelines.registry.operations()
     submitted: list[tuple[str, str, str, str]] = []
     skipped: list[tuple[str, str]] = []
+    key = os.environ["HYPERMEDIA_API_KEY"]
     for ops in {tuple(o) for _p, o in plan}:
         files = [Path(p) for p, o in plan if tuple(o) == ops]
-        key = os.environ["HYPERMEDIA_API_KEY"]
         part = submit_files(api_url, key, files, list(ops), implemented)
         submitted += [(str(s.path), s.operation, s.queue, s.job_id) for s in part.submitted]
         skipped += [(str(path), why) for path, why in part.skipped]

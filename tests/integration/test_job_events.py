@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -140,26 +140,16 @@ def test_another_users_job_events_are_404_and_a_queued_job_times_out(stack, base
         assert time.monotonic() - started < 5
 
 
-def test_events_published_while_the_record_was_read_are_sent_before_it_ends(stack):
-    """The race of a subscriber arriving as the job ends: what was published between
-    its reading the stream and the record comes from the stream, the end with its id."""
+def _streamed(
+    stack: Stack, key: str, record: Callable[[], dict[str, object]]
+) -> tuple[list[str], list[dict[str, object]]]:
+    """What :func:`hypermedia.ingest.events.stream` sends for ``key`` with ``record`` as
+    the job record's status: the SSE messages, and the data of each."""
     import asyncio
 
     import redis.asyncio
 
     from hypermedia.ingest import events as sse
-    from hypermedia.queue.events import status_event
-
-    person = make_user(stack)
-    job_id = submit(stack, person, ["thumbnail"])[0]
-    job = _started(stack, job_id)
-    _progress(stack, job, 1)
-    key = stack.dispatcher.events.key(job_id)
-
-    def record() -> dict[str, object]:
-        _progress(stack, job, 2)  # the worker's last events, published meanwhile
-        stack.dispatcher.events.publish(job_id, status_event("completed", time.time()))
-        return status_event("completed", time.time(), record=True)
 
     async def collect() -> list[str]:
         client = redis.asyncio.Redis.from_url(stack.redis_url, decode_responses=True)
@@ -175,6 +165,26 @@ def test_events_published_while_the_record_was_read_are_sent_before_it_ends(stac
         for line in text.splitlines()
         if line.startswith("data: ")
     ]
+    return sent, data
+
+
+def test_events_published_while_the_record_was_read_are_sent_before_it_ends(stack):
+    """The race of a subscriber arriving as the job ends: what was published between
+    its reading the stream and the record comes from the stream, the end with its id."""
+    from hypermedia.queue.events import status_event
+
+    person = make_user(stack)
+    job_id = submit(stack, person, ["thumbnail"])[0]
+    job = _started(stack, job_id)
+    _progress(stack, job, 1)
+    key = stack.dispatcher.events.key(job_id)
+
+    def record() -> dict[str, object]:
+        _progress(stack, job, 2)  # the worker's last events, published meanwhile
+        stack.dispatcher.events.publish(job_id, status_event("completed", time.time()))
+        return status_event("completed", time.time(), record=True)
+
+    _, data = _streamed(stack, key, record)
     assert [(d["type"], d.get("status"), d.get("done")) for d in data] == [
         ("status", "processing", None),
         ("progress", None, 1.0),
@@ -188,11 +198,6 @@ def test_an_end_published_just_after_the_record_was_read_comes_from_the_stream(s
     """The record's commit comes before the job's last event is published: a subscriber
     that read the record in between waits a moment for that event (seen once under
     load: the stream ended on the record's status instead)."""
-    import asyncio
-
-    import redis.asyncio
-
-    from hypermedia.ingest import events as sse
     from hypermedia.queue.events import status_event
 
     person = make_user(stack)
@@ -210,20 +215,7 @@ def test_an_end_published_just_after_the_record_was_read_comes_from_the_stream(s
         timer.start()
         return status_event("completed", time.time(), record=True)
 
-    async def collect() -> list[str]:
-        client = redis.asyncio.Redis.from_url(stack.redis_url, decode_responses=True)
-        try:
-            return [text async for text in sse.stream(client, key, record, keepalive=5)]
-        finally:
-            await client.aclose()
-
-    sent = asyncio.run(collect())
-    data = [
-        json.loads(line.removeprefix("data: "))
-        for text in sent
-        for line in text.splitlines()
-        if line.startswith("data: ")
-    ]
+    sent, data = _streamed(stack, key, record)
     assert [(d["type"], d.get("status"), d.get("done")) for d in data] == [
         ("status", "processing", None),
         ("progress", None, 1.0),
