@@ -87,6 +87,39 @@ def configure_libvips() -> None:
 
 configure_libvips()
 
+# What the image steps call through pyvips. pyvips introspects an operation (its
+# arguments, their types and flags: some 40 GObject calls) the first time a process
+# calls it and keeps that; a job child is a fresh copy of its fork server, so each one
+# would introspect again what it calls (~1.5 ms a job). The loaders appear under their
+# class names (``new_from_source``) and their nicknames (``vips-loader``).
+STEP_OPERATIONS = (
+    *(f"{name}Source" for name in ALLOWED_LOADERS),
+    *(f"{nick}load_source" for nick in ("jpeg", "png", "gif", "webp", "tiff", "heif")),
+    "thumbnail_source",
+    "thumbnail_image",
+    "flatten",
+    "colourspace",
+    "cast",
+    "copy",
+    "unpremultiply",
+    "profile_load",
+    *(f"{nick}save_target" for nick in ("jpeg", "png", "webp", "gif", "heif", "tiff")),
+)
+
+
+def prepare_fork_server() -> None:
+    """Called by a fork server that preloads this module, before it forks: pyvips'
+    introspection of :data:`STEP_OPERATIONS`, done once there, is every job child's.
+    Introspection builds no image and runs nothing: no libvips thread starts, so the
+    server stays single-threaded. An operation this libvips lacks is skipped."""
+    from pyvips.voperation import Introspect
+
+    for name in STEP_OPERATIONS:
+        try:
+            Introspect.get(name)
+        except pyvips.Error:
+            continue
+
 
 def clear_errors() -> None:
     """Empty libvips' per-process error log: warnings from an earlier file (a truncated

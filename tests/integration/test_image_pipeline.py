@@ -520,3 +520,63 @@ def test_errors_do_not_reveal_paths(generated: Generated, tmp_path: Path) -> Non
             assert str(generated.root) not in caught.value.message
             assert "secret-workdir" not in caught.value.message
             assert not (workdir / image_params.parse(step, STEPS[step]).output_type).exists()
+
+
+# Run in a fresh interpreter: the fork server's preload and prepare_fork_server(), then
+# every generated image through the four steps; prints what pyvips introspected after
+# the preparation (a job child would pay for each) and the threads after preparing.
+_INTROSPECTED_AFTER_PREPARE = """
+import importlib, json, os, shutil, sys, tomllib
+from pathlib import Path
+from pipelines import images, registry
+from pyvips.voperation import Introspect
+for name in images.PRELOAD:
+    module = importlib.import_module(name)
+    getattr(module, "prepare_fork_server", lambda: None)()
+threads = len(os.listdir("/proc/self/task"))
+prepared = set(Introspect._introspect_cache)
+profiles = tomllib.loads(Path("etc/profiles.toml").read_text())["profiles"]
+steps = {**{op: profiles[op]["params"] for op in ("thumbnail", "resize", "compress", "convert")},
+         "crop": {**profiles["thumbnail"]["params"], "crop": "attention"}}
+formats = ("jpeg", "png", "webp", "gif", "avif", "tiff")
+out = Path(sys.argv[2])
+ran = 0
+for path in sorted(Path(sys.argv[1]).iterdir()):
+    if path.suffix == ".tsv":
+        continue
+    for step, params in steps.items():
+        for fmt in formats if step == "convert" else (None,):
+            workdir = out / f"{path.name}-{step}-{fmt}"
+            workdir.mkdir()
+            try:
+                registry.get("thumbnail" if step == "crop" else step)(
+                    path, {**params, **({"format": fmt} if fmt else {})}, workdir)
+                ran += 1
+            except registry.PipelineError:
+                pass
+            shutil.rmtree(workdir)
+print(json.dumps({"threads": threads, "ran": ran,
+                  "later": sorted(set(Introspect._introspect_cache) - prepared)}))
+"""
+
+
+def test_the_fork_server_introspects_every_libvips_operation_the_steps_call(
+    generated: Generated, tmp_path: Path
+) -> None:
+    """A job child is a fresh copy of its fork server: an operation pyvips first
+    introspects in the child is introspected again in every child. After the image
+    steps' preload and prepare_fork_server() (still one thread: the server forks with
+    libc's fork), no generated image through any step needs one more."""
+    import json
+    import subprocess
+    import sys
+
+    images_dir = generated.group("images")
+    ran = subprocess.run(
+        [sys.executable, "-c", _INTROSPECTED_AFTER_PREPARE, str(images_dir), str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, check=True, timeout=DEADLINE_SECONDS * 4,
+    )  # fmt: skip
+    found = json.loads(ran.stdout.splitlines()[-1])
+    assert found["threads"] == 1, ran.stderr
+    assert found["ran"] > 100, found  # the steps did run: outputs were made
+    assert found["later"] == [], f"introspected in the child, add to STEP_OPERATIONS: {found}"
