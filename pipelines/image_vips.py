@@ -87,11 +87,11 @@ def configure_libvips() -> None:
 
 configure_libvips()
 
-# What the image steps call through pyvips. pyvips introspects an operation (its
-# arguments, their types and flags: some 40 GObject calls) the first time a process
-# calls it and keeps that; a job child is a fresh copy of its fork server, so each one
-# would introspect again what it calls (~1.5 ms a job). The loaders appear under their
-# class names (``new_from_source``) and their nicknames (``vips-loader``).
+# What the image steps, pdf_preview and ocr call through pyvips. pyvips introspects an
+# operation (its arguments, their types and flags: some 40 GObject calls) the first time
+# a process calls it and keeps that; a job child is a fresh copy of its fork server, so
+# each one would introspect again what it calls (~1.5 ms a job). The loaders appear
+# under their class names (``new_from_source``) and their nicknames (``vips-loader``).
 STEP_OPERATIONS = (
     *(f"{name}Source" for name in ALLOWED_LOADERS),
     *(f"{nick}load_source" for nick in ("jpeg", "png", "gif", "webp", "tiff", "heif")),
@@ -104,6 +104,10 @@ STEP_OPERATIONS = (
     "unpremultiply",
     "profile_load",
     *(f"{nick}save_target" for nick in ("jpeg", "png", "webp", "gif", "heif", "tiff")),
+    "crop",  # pdf_preview's
+    "extract_band",
+    "bandjoin",  # ocr's
+    "rot90",
 )
 
 

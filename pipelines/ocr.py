@@ -372,7 +372,23 @@ def _image_dpi(image: Any) -> float:
 # Engines and models are still built in each job:
 # a server-built engine saved 0.1-0.3 CPU-s more, fixed jobs at one inference thread
 # and cost the server 240 MB (bench/README.md).
-PRELOAD = ("numpy", "cv2", "onnxruntime", "rapidocr", "rapidocr.main", "rapid_layout")
+# Also the searchable PDF's writer (fpdf2 and what it imports: ~0.3 CPU-s a job) and the
+# image decoders with their libvips and Pillow settings (pipelines.images.PRELOAD).
+PRELOAD = (
+    "numpy",
+    "cv2",
+    "onnxruntime",
+    "rapidocr",
+    "rapidocr.main",
+    "rapidocr.inference_engine.onnxruntime.main",
+    "rapid_layout",
+    "rapid_layout.inference_engine.onnxruntime.main",
+    "fpdf",
+    "pipelines.ocr_pdf",
+    "pipelines.image_vips",
+    "pipelines.image_pillow",
+    "pipelines.image_decoders",
+)
 
 
 @register("ocr", check=check, profile_only=ocr_params.PROFILE_ONLY, preload=PRELOAD)

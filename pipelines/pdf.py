@@ -265,7 +265,12 @@ def render_page(
             bitmap.close()
 
 
-@register("pdf_preview")
+# Imported by the fork server of a worker serving pdf_preview before it forks (see
+# pipelines.images.PRELOAD): the encoder's libvips settings and operations.
+PRELOAD = ("pipelines.image_vips",)
+
+
+@register("pdf_preview", preload=PRELOAD)
 def pdf_preview(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list[Output]:
     """Render one page (``page``, 1-based) ``width`` pixels wide as JPEG, PNG or WebP."""
     request = pdf_params.parse(params)
