@@ -5,6 +5,9 @@ hashing as it goes); :func:`upload` streams a file to a PUT URL with an exact
 ``Content-Length`` (S3 refuses chunked uploads). Both work the same against the
 local backend's blob routes and S3.
 
+Each thread keeps one HTTP client (:func:`_client`): consecutive transfers to the
+same store reuse its connections (keep-alive) instead of opening one each.
+
 Only connection failures are retried (a few times, with a short backoff): the
 URL is still good and the transfer starts over. An HTTP error answer is not
 retried here; it raises at once, naming the HTTP status and the store's own
@@ -37,6 +40,7 @@ import os
 import re
 import ssl
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -55,6 +59,9 @@ Progress = Callable[[int, "int | None"], None]  # bytes so far, the total if kno
 
 CHUNK_SIZE = 1 << 20
 DEFAULT_TIMEOUT = httpx.Timeout(60.0, connect=10.0)
+# An idle connection is closed after this long: under uvicorn's own keep-alive timeout
+# (5 s), so the client never reuses one the server is closing.
+KEEPALIVE_SECONDS = 4.0
 # Failures of the connection itself: the request can simply be made again.
 _RETRIED = (httpx.NetworkError, httpx.ConnectTimeout, httpx.RemoteProtocolError)
 _S3_CODE = re.compile(rb"<Code>([^<]{1,100})</Code>")
@@ -112,8 +119,11 @@ def download(
     ``max_bytes`` raises InputTooLarge and leaves no file. ``progress(done, total)``
     is called after each chunk (``total`` from ``Content-Length``, else None)."""
 
+    wait = timeout or DEFAULT_TIMEOUT
+
     def once(http: httpx.Client) -> tuple[int, str]:
-        with http.stream("GET", url, headers={"Accept-Encoding": "identity"}) as response:
+        headers = {"Accept-Encoding": "identity"}
+        with http.stream("GET", url, headers=headers, timeout=wait) as response:
             _raise_for_status(response)
             declared = response.headers.get("content-length", "")
             if declared.isdigit() and int(declared) > max_bytes:
@@ -122,7 +132,7 @@ def download(
             chunks = _counted(response.iter_raw(CHUNK_SIZE), progress, total)
             return _write_atomically(chunks, dest_path, max_bytes)
 
-    return _with_retries("download", url, once, client, timeout, attempts, backoff_seconds)
+    return _with_retries("download", url, once, client, attempts, backoff_seconds)
 
 
 def upload(
@@ -144,16 +154,16 @@ def upload(
     if content_type is not None:
         headers["Content-Type"] = content_type
 
-    def once(http: httpx.Client) -> None:
-        with (
-            path.open("rb") as handle,
-            http.stream(
-                "PUT", url, content=_counted(_chunks(handle), progress, size), headers=headers
-            ) as response,
-        ):
-            _raise_for_status(response)
+    wait = timeout or DEFAULT_TIMEOUT
 
-    _with_retries("upload", url, once, client, timeout, attempts, backoff_seconds)
+    def once(http: httpx.Client) -> None:
+        with path.open("rb") as handle:
+            content = _counted(_chunks(handle), progress, size)
+            with http.stream("PUT", url, content=content, headers=headers, timeout=wait) as got:
+                _raise_for_status(got)
+                got.read()  # (empty) read to its end: else the connection is not kept
+
+    _with_retries("upload", url, once, client, attempts, backoff_seconds)
 
 
 def redact(url: str) -> str:
@@ -173,42 +183,56 @@ def _ssl_context() -> ssl.SSLContext:
     return httpx.create_ssl_context()
 
 
+_local = threading.local()
+
+
+def _client() -> httpx.Client:
+    """This thread's client: a transfer is one thread's work from start to end, and an
+    ``httpx.Client``'s pool is not shared across threads here. A new client (its
+    transport, pool and TLS setup) and a new connection a transfer cost both sides
+    ~1 ms of CPU; kept, a pipeline actor's claim loop reuses the connection for the
+    job's download and uploads and the next job's. Lives as long as its thread."""
+    client: httpx.Client | None = getattr(_local, "client", None)
+    if client is None or client.is_closed:
+        client = httpx.Client(
+            timeout=DEFAULT_TIMEOUT,
+            follow_redirects=False,
+            verify=_ssl_context(),
+            limits=httpx.Limits(max_keepalive_connections=4, keepalive_expiry=KEEPALIVE_SECONDS),
+        )
+        _local.client = client
+    return client
+
+
 def _with_retries(
     what: str,
     url: str,
     once: Callable[[httpx.Client], T],
     client: httpx.Client | None,
-    timeout: httpx.Timeout | float | None,
     attempts: int,
     backoff_seconds: float,
 ) -> T:
     shown = redact(url)
-    http = client or httpx.Client(
-        timeout=timeout or DEFAULT_TIMEOUT, follow_redirects=False, verify=_ssl_context()
-    )
-    try:
-        for attempt in range(1, max(attempts, 1) + 1):
-            try:
-                return once(http)
-            except _RETRIED as exc:
-                if attempt >= attempts:
-                    raise TransferUnavailable(
-                        f"{what} of {shown} failed after {attempt} attempts: {exc!r}", url=shown
-                    ) from exc
-                log.warning(
-                    "%s of %s: %r; retrying",
-                    what,
-                    shown,
-                    exc,
-                    extra={"action": f"storage_{what}", "attempt": attempt},
-                )
-                time.sleep(backoff_seconds * 2 ** (attempt - 1))
-            except httpx.TransportError as exc:  # timeouts: the store is there but stuck
-                raise TransferUnavailable(f"{what} of {shown} failed: {exc!r}", url=shown) from exc
-        raise AssertionError("unreachable")
-    finally:
-        if client is None:
-            http.close()
+    http = client or _client()
+    for attempt in range(1, max(attempts, 1) + 1):
+        try:
+            return once(http)
+        except _RETRIED as exc:
+            if attempt >= attempts:
+                raise TransferUnavailable(
+                    f"{what} of {shown} failed after {attempt} attempts: {exc!r}", url=shown
+                ) from exc
+            log.warning(
+                "%s of %s: %r; retrying",
+                what,
+                shown,
+                exc,
+                extra={"action": f"storage_{what}", "attempt": attempt},
+            )
+            time.sleep(backoff_seconds * 2 ** (attempt - 1))
+        except httpx.TransportError as exc:  # timeouts: the store is there but stuck
+            raise TransferUnavailable(f"{what} of {shown} failed: {exc!r}", url=shown) from exc
+    raise AssertionError("unreachable")
 
 
 def _raise_for_status(response: httpx.Response) -> None:

@@ -213,18 +213,31 @@ def test_redact():
     assert transfer.redact(URL) == "http://store.test/bucket/derived/p/o/1/out.png"
 
 
-def test_transfers_share_one_tls_context(tmp_path, monkeypatch):
-    """Building a TLS context loads the CA bundle (~17 ms of CPU): a worker builds one,
-    not one per download and upload."""
+def test_a_threads_transfers_share_one_connection_and_one_tls_context(tmp_path, monkeypatch):
+    """Building a TLS context loads the CA bundle (~17 ms of CPU), a client and its
+    connection ~1 ms more on each side: a worker builds one context, and each of its
+    threads keeps one client whose connection its consecutive transfers reuse."""
     import http.server
     import threading
 
+    peers: list[int] = []
+
     class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive
+
         def do_GET(self) -> None:
+            peers.append(self.client_address[1])
             self.send_response(200)
             self.send_header("Content-Length", "5")
             self.end_headers()
             self.wfile.write(b"hello")
+
+        def do_PUT(self) -> None:
+            peers.append(self.client_address[1])
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
 
         def log_message(self, *args: object) -> None:
             pass
@@ -240,13 +253,29 @@ def test_transfers_share_one_tls_context(tmp_path, monkeypatch):
     transfer._ssl_context.cache_clear()
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/blob"
+    failures: list[BaseException] = []
+
+    def transfers(name: str) -> None:
+        try:
+            for n in range(3):
+                assert transfer.download(url, tmp_path / f"{name}{n}", 100)[0] == 5
+                transfer.upload(tmp_path / f"{name}{n}", url)
+        except BaseException as exc:  # shown by the assertion below
+            failures.append(exc)
+
     try:
-        url = f"http://127.0.0.1:{server.server_address[1]}/blob"
-        for n in range(3):
-            assert transfer.download(url, tmp_path / f"f{n}", 100)[0] == 5
+        for name in ("a", "b"):  # fresh threads: fresh thread-local clients
+            thread = threading.Thread(target=transfers, args=(name,))
+            thread.start()
+            thread.join(30)
     finally:
         server.shutdown()
         server.server_close()
         transfer._ssl_context.cache_clear()
-    assert (tmp_path / "f2").read_bytes() == b"hello"
+    assert failures == []
+    assert (tmp_path / "b2").read_bytes() == b"hello"
+    assert len(peers) == 12
+    # One connection a thread: six transfers each, two client ports in all.
+    assert len(set(peers[:6])) == 1 and len(set(peers[6:])) == 1 and peers[0] != peers[6]
     assert len(built) == 1
