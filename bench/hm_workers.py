@@ -242,16 +242,19 @@ class Hypermedia:
             jobs=n,
             first_enqueue=first,
             last_enqueue=last_enqueue,
-            last_start=max(s for _c, s, _d in times),
-            last_done=max(d for _c, _s, d in times),
+            last_start=max(s for _j, _c, s, _d in times),
+            last_done=max(d for _j, _c, _s, d in times),
             cpu_ms_per_job={k: round(v, 3) for k, v in cpu.items()},
         )
 
-    def latency(self, n: int, rate: float) -> tuple[list[float], list[float]]:
-        """``n`` jobs, one ``submit`` each, at ``rate``/s: submit -> start and -> done (ms)."""
+    def latency(self, n: int, rate: float) -> tuple[list[float], list[float], list[float]]:
+        """``n`` jobs, one ``submit`` each, at ``rate``/s: submit -> start and -> done
+        (ms), and of submit -> start the part after ``submit`` returned (the job durable
+        and enqueued: the wake-up and the claim up to its start time)."""
         ids = self.subject.take(n)
         base = self.completed()
-        job_ids = []
+        job_ids: list[str] = []
+        returned: dict[str, float] = {}
         began = time.monotonic()
         for i, object_id in enumerate(ids):
             delay = began + i / rate - time.monotonic()
@@ -260,20 +263,23 @@ class Hypermedia:
             result = self.stack.ingest.submit(
                 self.subject.caller, SubmitRequest(object_id=object_id, operations=[OPERATION])
             )
+            returned[result.job_ids[0]] = time.time()
             job_ids.append(result.job_ids[0])
         self._wait_completed(base + n)
         times = self._times(job_ids)
         return (
-            [(s - c) * 1000 for c, s, _d in times],
-            [(d - c) * 1000 for c, _s, d in times],
+            [(s - c) * 1000 for _j, c, s, _d in times],
+            [(d - c) * 1000 for _j, c, _s, d in times],
+            [(s - returned[j]) * 1000 for j, _c, s, _d in times],
         )
 
-    def _times(self, job_ids: list[str]) -> list[tuple[float, float, float]]:
-        """(created, started, completed) of each job, epoch seconds; all must be done."""
+    def _times(self, job_ids: list[str]) -> list[tuple[str, float, float, float]]:
+        """(job id, created, started, completed) of each job, epoch seconds; all must be
+        done."""
         j = t.jobs.c
         with transaction(self.stack.engine) as conn:
             rows = conn.execute(
-                select(j.status, j.created_at, j.started_at, j.completed_at).where(
+                select(j.job_id, j.status, j.created_at, j.started_at, j.completed_at).where(
                     j.job_id.in_(job_ids)
                 )
             ).all()
@@ -281,7 +287,12 @@ class Hypermedia:
         if len(rows) != len(job_ids) or bad:
             raise RuntimeError(f"hypermedia: {len(bad)} jobs not completed: {bad[:5]}")
         return [
-            (r.created_at.timestamp(), r.started_at.timestamp(), r.completed_at.timestamp())
+            (
+                r.job_id,
+                r.created_at.timestamp(),
+                r.started_at.timestamp(),
+                r.completed_at.timestamp(),
+            )
             for r in rows
         ]
 
