@@ -50,8 +50,14 @@ def head() -> None:
 
 def up(
     wait: Annotated[
-        float, typer.Option("--wait", envvar="HYPERMEDIA_UP_WAIT", min=1, help="Seconds.")
-    ] = 180.0,
+        float,
+        typer.Option(
+            "--wait",
+            envvar="HYPERMEDIA_UP_WAIT",
+            min=1,
+            help="Seconds (a loaded machine may need three tries of `ray start`).",
+        ),
+    ] = 300.0,
 ) -> None:
     """Start the local stack in the background (Redis, Ray head, API, actors)."""
     import os

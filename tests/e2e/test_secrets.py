@@ -46,7 +46,7 @@ def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=420,
         check=False,
     )
 
@@ -158,6 +158,7 @@ def _up_run_check_down(env: dict[str, str], data: Path, canaries: list[str]) -> 
     assert _copies(canaries, data) == {conf: [redis_password]}
 
 
+@pytest.mark.timeout(600)  # `up` may try `ray start` three times under load
 def test_local_storage_and_database_credentials_stay_with_their_owners(pg_database_url, tmp_path):
     data = tmp_path / "data"
     env = _base_env(data)
@@ -184,6 +185,7 @@ def moto() -> Iterator[tuple[str, str]]:
         yield endpoint, bucket
 
 
+@pytest.mark.timeout(600)  # `up` may try `ray start` three times under load
 def test_s3_credentials_reach_the_grants_actor_and_nothing_else(tmp_path, moto):
     endpoint, bucket = moto
     data = tmp_path / "data"

@@ -24,7 +24,7 @@ from tests.support import IMAGES_ONLY
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _cli(env: dict[str, str], *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def _cli(env: dict[str, str], *args: str, timeout: float = 420) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "hypermedia.cli", *args],
         env=env,
@@ -45,6 +45,7 @@ def _ray_processes(data: Path) -> list[int]:
     ]
 
 
+@pytest.mark.timeout(600)  # `up` may try `ray start` three times under load
 def test_up_submit_down(tmp_path):
     data = tmp_path / "data"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HYPERMEDIA_", "RAY_"))}
@@ -176,6 +177,7 @@ def _wait_gone(pids: list[int], timeout: float = 60) -> list[int]:
     return [p.pid for p in alive]
 
 
+@pytest.mark.timeout(600)  # `up` may try `ray start` three times under load
 def test_a_head_killed_with_9_takes_its_cluster_with_it(tmp_path):
     """The watchdog stops the Ray head and the Redis a killed head started."""
     data = tmp_path / "data"
