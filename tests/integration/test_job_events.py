@@ -168,16 +168,22 @@ def _streamed(
     return sent, data
 
 
+def _running_with_progress(stack):
+    """A thumbnail job started, its first progress event published: its id, the
+    claimed job and its event stream's key."""
+    person = make_user(stack)
+    job_id = submit(stack, person, ["thumbnail"])[0]
+    job = _started(stack, job_id)
+    _progress(stack, job, 1)
+    return job_id, job, stack.dispatcher.events.key(job_id)
+
+
 def test_events_published_while_the_record_was_read_are_sent_before_it_ends(stack):
     """The race of a subscriber arriving as the job ends: what was published between
     its reading the stream and the record comes from the stream, the end with its id."""
     from hypermedia.queue.events import status_event
 
-    person = make_user(stack)
-    job_id = submit(stack, person, ["thumbnail"])[0]
-    job = _started(stack, job_id)
-    _progress(stack, job, 1)
-    key = stack.dispatcher.events.key(job_id)
+    job_id, job, key = _running_with_progress(stack)
 
     def record() -> dict[str, object]:
         _progress(stack, job, 2)  # the worker's last events, published meanwhile
@@ -200,11 +206,7 @@ def test_an_end_published_just_after_the_record_was_read_comes_from_the_stream(s
     load: the stream ended on the record's status instead)."""
     from hypermedia.queue.events import status_event
 
-    person = make_user(stack)
-    job_id = submit(stack, person, ["thumbnail"])[0]
-    job = _started(stack, job_id)
-    _progress(stack, job, 1)
-    key = stack.dispatcher.events.key(job_id)
+    job_id, _job, key = _running_with_progress(stack)
 
     def record() -> dict[str, object]:
         # Committed; the worker publishes the end half a second later.
