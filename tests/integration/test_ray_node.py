@@ -150,7 +150,12 @@ def _fake_ray(tmp_path, answers: list[tuple[int, str]]):
     ("answers", "calls", "error"),
     [
         ([(1, RAY_SLOW_START), (0, "")], 2, None),  # Ray's 30 s wait ran out once
-        ([(1, RAY_SLOW_START), (1, RAY_SLOW_START)], 2, "timed out during startup"),
+        ([(1, RAY_SLOW_START), (1, RAY_SLOW_START), (0, "")], 3, None),  # twice
+        (
+            [(1, RAY_SLOW_START)] * cluster.START_ATTEMPTS,
+            cluster.START_ATTEMPTS,
+            "timed out during startup",
+        ),
         ([(1, "ValueError: bad --resources"), (0, "")], 1, "bad --resources"),  # no retry
     ],
 )
