@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, func, insert, select, update
+from sqlalchemy import BindParameter, ColumnElement, Connection, func, insert, select, update
 
 from hypermedia.accounts import Caller, is_pool_member
 from hypermedia.clock import to_datetime
@@ -87,18 +87,19 @@ def register_object(
     return ObjectInfo(**{k: v for k, v in values.items() if k in ObjectInfo.__dataclass_fields__})
 
 
-def usable_by(caller: Caller) -> ColumnElement[bool]:
-    """The WHERE clause for objects ``caller`` may use: not deleted, and owned or in one
-    of their pools."""
+def usable_by(user_id: str | BindParameter[str]) -> ColumnElement[bool]:
+    """The WHERE clause for objects the user may use: not deleted, and owned or in one
+    of their pools. ``user_id``: a value, or a bound parameter (a statement built
+    once)."""
     member = (
         select(t.pool_members.c.user_id)
         .where(
             t.pool_members.c.pool_id == t.objects.c.pool_id,
-            t.pool_members.c.user_id == caller.user_id,
+            t.pool_members.c.user_id == user_id,
         )
         .exists()
     )
-    return t.objects.c.deleted_at.is_(None) & ((t.objects.c.owner_id == caller.user_id) | member)
+    return t.objects.c.deleted_at.is_(None) & ((t.objects.c.owner_id == user_id) | member)
 
 
 def storage_used(conn: Connection, user_id: str, *, lock: bool = False) -> int:
@@ -207,7 +208,7 @@ def get_object(conn: Connection, caller: Caller, object_id: str) -> ObjectInfo:
     """The object if ``caller`` may use it; NotFound otherwise (or if it does not exist)."""
     row = conn.execute(
         select(*[t.objects.c[name] for name in ObjectInfo.__dataclass_fields__]).where(
-            t.objects.c.object_id == object_id, usable_by(caller)
+            t.objects.c.object_id == object_id, usable_by(caller.user_id)
         )
     ).first()
     if row is None:

@@ -68,13 +68,25 @@ def is_sqlite(engine: Engine) -> bool:
 @contextmanager
 def transaction(engine: Engine) -> Iterator[Connection]:
     """One transaction; database connection errors become DatabaseUnavailable."""
-    try:
-        with engine.begin() as conn:
+    with _translated(), engine.begin() as conn:
+        yield conn
+
+
+@contextmanager
+def statements(engine: Engine) -> Iterator[Connection]:
+    """For work whose writes are one statement: on PostgreSQL a connection on which
+    each statement is its own transaction (autocommit: no BEGIN and COMMIT round
+    trips; a statement fails or commits whole); on SQLite a :func:`transaction`.
+    Connection errors become DatabaseUnavailable."""
+    if is_sqlite(engine):
+        with transaction(engine) as conn:
             yield conn
-    except OperationalError as exc:
-        if _is_connection_error(exc):
-            raise DatabaseUnavailable(f"database unreachable: {exc.orig}") from exc
-        raise
+        return
+    with (
+        _translated(),
+        engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn,
+    ):
+        yield conn
 
 
 @contextmanager
@@ -83,9 +95,18 @@ def snapshot(engine: Engine) -> Iterator[Connection]:
     it up (``transaction`` takes SQLite's write lock, reads included); on PostgreSQL
     it is a transaction like any other. Writing in it is a mistake SQLite may refuse
     with "database is locked"."""
+    with (
+        _translated(),
+        engine.connect().execution_options(**{_READ_ONLY: True}) as conn,
+        conn.begin(),
+    ):
+        yield conn
+
+
+@contextmanager
+def _translated() -> Iterator[None]:
     try:
-        with engine.connect().execution_options(**{_READ_ONLY: True}) as conn, conn.begin():
-            yield conn
+        yield
     except OperationalError as exc:
         if _is_connection_error(exc):
             raise DatabaseUnavailable(f"database unreachable: {exc.orig}") from exc

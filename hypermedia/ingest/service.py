@@ -51,13 +51,13 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
-from sqlalchemy import Connection, Engine, func, select
+from sqlalchemy import Connection, Engine, Executable, String, bindparam, func, select
 from sqlalchemy.exc import IntegrityError
 
 from hypermedia.accounts import UNLIMITED, Caller, KeyGrants
 from hypermedia.clock import Clock, SystemClock
 from hypermedia.db import tables as t
-from hypermedia.db.engine import snapshot, transaction
+from hypermedia.db.engine import snapshot, statements, transaction
 from hypermedia.errors import (
     CallbackNotAllowed,
     Conflict,
@@ -73,6 +73,7 @@ from hypermedia.errors import (
 )
 from hypermedia.ids import new_id
 from hypermedia.jobs import callbacks
+from hypermedia.jobs import statements as sql
 from hypermedia.jobs.catalog import ProfileCatalog, ProfileRecord
 from hypermedia.jobs.repository import JobRepository, NewJob, NewSubmission, enqueue_new
 from hypermedia.jobs.states import IN_FLIGHT, JobStatus
@@ -307,6 +308,14 @@ class _Object:
     inspection: Inspection | None
 
 
+def _usable_objects(dialect: str) -> Executable:
+    """The objects of ``ids`` the user ``b_user`` may use, with what a submit checks."""
+    o = t.objects.c
+    return select(o.object_id, o.pool_id, o.size_bytes, o.inspection).where(
+        sql.ids_match(o.object_id, dialect), usable_by(bindparam("b_user", type_=String))
+    )
+
+
 class IngestService:
     def __init__(
         self,
@@ -333,6 +342,7 @@ class IngestService:
         self.limiter = limiter
         self.key_defaults = key_defaults
         self._input_limits: dict[int, InputLimits] = {}
+        self._statements = sql.StatementCache()
 
     # -- submit -------------------------------------------------------------------
 
@@ -407,7 +417,9 @@ class IngestService:
         self, caller: Caller, requests: Sequence[SubmitRequest]
     ) -> tuple[list[SubmitResult], list[NewJob]]:
         now = self.clock.now()
-        with transaction(self.engine) as conn:
+        # The writes are one statement on PostgreSQL (JobRepository.create): the reads
+        # before it need no transaction of their own.
+        with statements(self.engine) as conn:
             replays = self._replays(conn, caller, requests)
             objects = self._objects(
                 conn, caller, {r.object_id for i, r in enumerate(requests) if i not in replays}
@@ -487,12 +499,8 @@ class IngestService:
         if not object_ids:
             return {}
         rows = conn.execute(
-            select(
-                t.objects.c.object_id,
-                t.objects.c.pool_id,
-                t.objects.c.size_bytes,
-                t.objects.c.inspection,
-            ).where(t.objects.c.object_id.in_(list(object_ids)), usable_by(caller))
+            self._statements.get(conn, ("objects",), _usable_objects),
+            {"ids": sql.ids_param(conn, object_ids), "b_user": caller.user_id},
         ).all()
         found = {
             r.object_id: _Object(

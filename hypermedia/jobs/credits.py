@@ -47,27 +47,35 @@ LEDGER_COLUMNS = ["user_id", "job_id", "kind", "amount_millicredits", "note", "c
 def reserve(conn: Connection, user_id: str, amount: int, now: float) -> None:
     """Hold ``amount`` of the user's available credits; :class:`PaymentRequired` (and
     nothing held) when fewer are available."""
+    result = conn.execute(reserving(user_id, amount, to_datetime(now)))
+    if result.rowcount != 1:
+        raise payment_required(conn, user_id, amount)
+
+
+def reserving(user_id: Any, amount: Any, now: Any) -> Update:
+    """The UPDATE that holds ``amount`` of the user's credits, touching no row when
+    fewer are available (values or bound parameters)."""
     acct = t.credit_accounts
-    result = conn.execute(
+    return (
         update(acct)
         .where(
             acct.c.user_id == user_id,
             acct.c.balance_millicredits - acct.c.reserved_millicredits >= amount,
         )
-        .values(
-            reserved_millicredits=acct.c.reserved_millicredits + amount,
-            updated_at=to_datetime(now),
-        )
+        .values(reserved_millicredits=acct.c.reserved_millicredits + amount, updated_at=now)
     )
-    if result.rowcount == 1:
-        return
+
+
+def payment_required(conn: Connection, user_id: str, amount: int) -> PaymentRequired:
+    """The error for a reservation of ``amount`` that found too few credits."""
+    acct = t.credit_accounts
     row = conn.execute(
         select(acct.c.balance_millicredits, acct.c.reserved_millicredits).where(
             acct.c.user_id == user_id
         )
     ).first()
     available = 0 if row is None else row.balance_millicredits - row.reserved_millicredits
-    raise PaymentRequired(
+    return PaymentRequired(
         f"not enough credits: this needs {amount / 1000:g}, {available / 1000:g} available",
         required_credits=amount / 1000,
         available_credits=available / 1000,

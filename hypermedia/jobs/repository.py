@@ -159,22 +159,40 @@ def _insert_ignore(conn: Connection, table: Any, rows: Sequence[dict[str, Any]])
     conn.execute(dialect.insert(table).on_conflict_do_nothing(), list(rows))
 
 
-def _job_row(job: NewJob, user_id: str, moment: Any, *, callback_url: str | None) -> dict[str, Any]:
-    """A new job's row, born as :data:`JobEvent.ENQUEUE` leaves it."""
+def _submission_values(submission: NewSubmission) -> dict[str, Any]:
+    """What a submission's row takes from the plan (:data:`sql.SUBMISSION_COLUMNS`)."""
+    return {
+        "submission_id": submission.submission_id,
+        "idempotency_key": submission.idempotency_key,
+        "request_hash": submission.request_hash,
+        "estimated_millicredits": submission.estimated_millicredits,
+    }
+
+
+def _job_values(job: NewJob) -> dict[str, Any]:
+    """What a new job's row takes from the plan (:data:`sql.JOB_COLUMNS`)."""
     return {
         "job_id": job.job_id,
         "submission_id": job.submission_id,
-        "user_id": user_id,
         "object_id": job.object_id,
         "profile_id": job.profile_id,
         "operation": job.operation,
         "queue": job.queue,
         "priority": job.priority,
-        "status": sql.after(JobEvent.ENQUEUE).value,
         "params": job.params,
         "estimated_millicredits": job.estimated_millicredits,
-        "attempt_count": 0,
         "max_attempts": job.max_attempts,
+        "callback_url": job.callback_url,
+    }
+
+
+def _job_row(job: NewJob, user_id: str, moment: Any, *, callback_url: str | None) -> dict[str, Any]:
+    """A new job's row, born as :data:`JobEvent.ENQUEUE` leaves it."""
+    return {
+        **_job_values(job),
+        "user_id": user_id,
+        "status": sql.after(JobEvent.ENQUEUE).value,
+        "attempt_count": 0,
         "callback_url": callback_url,
         "cancel_requested": False,
         "created_at": moment,
@@ -217,24 +235,35 @@ class JobRepository:
         submission rows and their job rows, born ``queued``.
 
         created -> queued happens inside the caller's transaction: the rows are inserted
-        already queued (one statement, no UPDATE of the batch). A second submission with
-        an idempotency key the user already used raises ``IntegrityError``.
+        already queued (no UPDATE of the batch). On PostgreSQL all of it is one
+        statement (:func:`~hypermedia.jobs.statements.create_pg`), atomic by itself: on
+        a connection of :func:`~hypermedia.db.engine.statements` it commits alone. A
+        second submission with an idempotency key the user already used raises
+        ``IntegrityError``, with nothing written.
         """
         if not submissions:
             return
-        credits.reserve(conn, user_id, sum(s.estimated_millicredits for s in submissions), now)
+        amount = sum(s.estimated_millicredits for s in submissions)
+        if conn.dialect.name == "postgresql":  # one statement, one round trip
+            held = conn.execute(
+                self._statements.get(conn, ("create",), sql.create_pg),
+                {
+                    "b_user": user_id,
+                    "b_amount": amount,
+                    "b_now": to_datetime(now),
+                    "b_submissions": [_submission_values(s) for s in submissions],
+                    "b_jobs": [_job_values(job) for s in submissions for job in s.jobs],
+                },
+            ).first()
+            if held is None:
+                raise credits.payment_required(conn, user_id, amount)
+            return
+        credits.reserve(conn, user_id, amount, now)
         moment = to_datetime(now)
         conn.execute(
             insert(t.submissions),
             [
-                {
-                    "submission_id": s.submission_id,
-                    "user_id": user_id,
-                    "idempotency_key": s.idempotency_key,
-                    "request_hash": s.request_hash,
-                    "estimated_millicredits": s.estimated_millicredits,
-                    "created_at": moment,
-                }
+                {**_submission_values(s), "user_id": user_id, "created_at": moment}
                 for s in submissions
             ],
         )

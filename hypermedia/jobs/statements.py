@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from sqlalchemy import (
+    JSON,
     BigInteger,
     ColumnElement,
     Connection,
@@ -31,6 +32,7 @@ from sqlalchemy import (
     any_,
     bindparam,
     case,
+    column,
     func,
     insert,
     literal,
@@ -347,4 +349,82 @@ def close_attempt(dialect: str) -> Executable:
             error_code=None,
             error_message=None,
         )
+    )
+
+
+# -- submit ----------------------------------------------------------------------------
+
+SUBMISSION_COLUMNS = ("submission_id", "idempotency_key", "request_hash", "estimated_millicredits")
+JOB_COLUMNS = (
+    "job_id",
+    "submission_id",
+    "object_id",
+    "profile_id",
+    "operation",
+    "queue",
+    "priority",
+    "params",
+    "estimated_millicredits",
+    "max_attempts",
+    "callback_url",
+)
+
+
+def create_pg(dialect: str) -> Executable:
+    """PostgreSQL: a submit's whole record as one statement (on an autocommit
+    connection its own transaction: no BEGIN and COMMIT round trips). The user's
+    credits reserved (``b_user``, ``b_amount``), then from that row the submission rows
+    (``b_submissions``: a JSON array of objects with :data:`SUBMISSION_COLUMNS`) and
+    the job rows (``b_jobs``, :data:`JOB_COLUMNS`), born queued at ``b_now``. Answers
+    one row when the credits were held; no row, and nothing written, when too few
+    were available. One statement text for any number of rows, so it stays
+    prepared."""
+    now = now_param()
+    held = (
+        credits.reserving(
+            bindparam("b_user", type_=String), bindparam("b_amount", type_=BigInteger), now
+        )
+        .returning(t.credit_accounts.c.user_id)
+        .cte("held")
+    )
+    s = t.submissions.c
+    given = _recordset("b_submissions", [s[name] for name in SUBMISSION_COLUMNS])
+    submitted = (
+        insert(t.submissions)
+        .from_select(
+            [*SUBMISSION_COLUMNS, "user_id", "created_at"],
+            select(*given.c, held.c.user_id, now).select_from(given.join(held, true())),
+        )
+        .returning(s.submission_id)
+        .cte("submitted")
+    )
+    j = t.jobs.c
+    rows = _recordset("b_jobs", [j[name] for name in JOB_COLUMNS])
+    born = {
+        "status": literal(after(JobEvent.ENQUEUE).value, String),
+        "attempt_count": literal(0, j.attempt_count.type),
+        "cancel_requested": literal(False, j.cancel_requested.type),
+        "created_at": now,
+        "queued_at": now,
+        "updated_at": now,
+    }
+    queued = (
+        insert(t.jobs)
+        .from_select(
+            [*JOB_COLUMNS, "user_id", *born],
+            select(*rows.c, held.c.user_id, *born.values()).select_from(rows.join(held, true())),
+        )
+        .returning(j.job_id)
+        .cte("queued")
+    )
+    return select(held.c.user_id).add_cte(submitted, queued)
+
+
+def _recordset(name: str, columns: list[Any]) -> Any:
+    """``json_to_recordset(:name) AS (<columns with their types>)``: rows sent as one
+    JSON parameter."""
+    return (
+        func.json_to_recordset(bindparam(name, type_=JSON))
+        .table_valued(*(column(c.name, c.type) for c in columns))
+        .render_derived(with_types=True)
     )
