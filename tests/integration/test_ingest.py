@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import event, func, select
 
 from hypermedia import accounts
 from hypermedia.db import tables as t
@@ -187,6 +187,83 @@ def test_concurrent_retries_with_one_key_create_one_submission(pg_engine, settin
     assert _count(stack.engine, t.jobs) == 1
     assert _balance(stack, person).reserved_millicredits == results[0].estimated_millicredits
     assert len(stack.queue.ready_ids("images")) == 1
+    stack.close()
+
+
+def test_a_submit_writes_its_record_alike_on_both_databases(engine, settings, manual_clock):
+    """Two requests in one call, two operations, params, a callback URL with a comma
+    and a key: the rows are the same whichever database (PostgreSQL writes them in one
+    statement, SQLite in three); on PostgreSQL the submit makes three statements (the
+    key's replays, the objects, the write), each its own transaction."""
+    stack = open_stack(settings, engine, manual_clock, callback_hosts=["127.0.0.1"])
+    person = make_user(stack, credits=10)
+    first, second = make_object(stack, person), make_object(stack, person)
+    url = "http://127.0.0.1:9/done?a=1,2"
+    requests = [
+        SubmitRequest(
+            object_id=first,
+            operations=["thumbnail", "convert"],
+            params={"convert": {"format": "png"}},
+            priority=7,
+            callback_url=url,
+            idempotency_key="k-1",
+        ),
+        SubmitRequest(object_id=second, operations=["thumbnail"]),
+    ]
+    said: list[tuple[str, bool]] = []
+
+    def statement(conn, _cursor, text, *_args) -> None:
+        # (the statement's verb, whether the driver commits it alone: no BEGIN/COMMIT)
+        alone = getattr(conn.connection.dbapi_connection, "autocommit", None)
+        said.append((text.split()[0].upper(), alone))
+
+    event.listen(stack.engine, "before_cursor_execute", statement)
+    try:
+        results = stack.ingest.submit_many(person.caller, requests)
+    finally:
+        event.remove(stack.engine, "before_cursor_execute", statement)
+    if engine.dialect.name == "postgresql":  # the key's replays, the objects, the write
+        assert said == [("SELECT", True), ("SELECT", True), ("WITH", True)], said
+    jobs = [j for r in results for j in r.jobs]
+    with transaction(stack.engine) as conn:
+        rows = {
+            r.job_id: r
+            for r in conn.execute(select(t.jobs).where(t.jobs.c.user_id == person.caller.user_id))
+        }
+        submissions = conn.execute(
+            select(t.submissions).where(t.submissions.c.user_id == person.caller.user_id)
+        ).all()
+    assert sorted(rows) == sorted(j.job_id for j in jobs)
+    now = manual_clock.now()
+    for result, request in zip(results, requests, strict=True):
+        for job in result.jobs:
+            row = rows[job.job_id]
+            assert (row.submission_id, row.object_id) == (result.submission_id, request.object_id)
+            assert (row.operation, row.queue, row.priority) == (
+                job.operation,
+                job.queue,
+                job.priority,
+            )
+            assert row.status == JobStatus.QUEUED.value
+            assert (row.attempt_count, row.cancel_requested, row.claimed_by) == (0, False, None)
+            assert row.estimated_millicredits == job.estimated_millicredits
+            assert row.callback_url == request.callback_url
+            assert row.created_at.timestamp() == row.queued_at.timestamp() == now
+            assert row.updated_at.timestamp() == now
+            assert row.max_attempts >= 1
+    convert = next(j for j in jobs if j.operation == "convert")
+    assert rows[convert.job_id].params["format"] == "png"
+    assert rows[convert.job_id].profile_id != rows[results[0].jobs[0].job_id].profile_id
+    by_id = {s.submission_id: s for s in submissions}
+    assert sorted(by_id) == sorted(r.submission_id for r in results)
+    keyed = by_id[results[0].submission_id]
+    assert (keyed.idempotency_key, keyed.request_hash) == ("k-1", requests[0].fingerprint())
+    assert keyed.estimated_millicredits == results[0].estimated_millicredits
+    assert by_id[results[1].submission_id].idempotency_key is None
+    assert _balance(stack, person) == accounts.Balance(
+        10_000, sum(r.estimated_millicredits for r in results)
+    )
+    assert sorted(stack.queue.ready_ids("images")) == sorted(j.job_id for j in jobs)
     stack.close()
 
 
