@@ -210,7 +210,7 @@ def test_a_submit_writes_its_record_alike_on_both_databases(engine, settings, ma
         ),
         SubmitRequest(object_id=second, operations=["thumbnail"]),
     ]
-    said: list[tuple[str, bool]] = []
+    said: list[tuple[str, bool | None]] = []
 
     def statement(conn, _cursor, text, *_args) -> None:
         # (the statement's verb, whether the driver commits it alone: no BEGIN/COMMIT)
