@@ -37,6 +37,7 @@ from hypermedia.stack import Stack
 
 OPERATION = "thumbnail"
 QUEUE = "images"
+SEEDED_BYTES = 2_000_000  # each seeded object's size: a photo
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -82,8 +83,8 @@ def open_subject(settings: Settings) -> tuple[Subject, str]:
 def seed_objects(stack: Stack, caller: Caller, pool_id: str, n: int) -> list[str]:
     """Insert ``n`` objects in one statement per 5,000.
 
-    ``objects.register_object`` costs two round trips per object; the rows are
-    the same as it would write.
+    ``objects.register_object`` costs two round trips per object; the rows (and the
+    user's count of stored bytes) are the same as it would write.
     """
     moment = to_datetime(stack.clock.now())
     ids = [new_id() for _ in range(n)]
@@ -96,7 +97,7 @@ def seed_objects(stack: Stack, caller: Caller, pool_id: str, n: int) -> list[str
             "storage_key": f"originals/{pool_id}/{object_id}",
             "filename": "photo.jpg",
             "content_type": "image/jpeg",
-            "size_bytes": 2_000_000,
+            "size_bytes": SEEDED_BYTES,
             "sha256": None,
             "created_at": moment,
         }
@@ -105,6 +106,7 @@ def seed_objects(stack: Stack, caller: Caller, pool_id: str, n: int) -> list[str
     with transaction(stack.engine) as conn:
         for lo in range(0, n, 5000):
             conn.execute(insert(t.objects), rows[lo : lo + 5000])
+        accounts.add_stored_bytes(conn, {caller.user_id: SEEDED_BYTES * n})
     return ids
 
 

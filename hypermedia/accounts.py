@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sqlalchemy import Connection, insert, select, update
@@ -311,3 +312,16 @@ def balance(conn: Connection, user_id: str) -> Balance:
     if row is None:
         raise NotFound(f"no credit account for user {user_id!r}", user_id=user_id)
     return Balance(int(row.balance_millicredits), int(row.reserved_millicredits))
+
+
+def add_stored_bytes(conn: Connection, deltas: Mapping[str, int]) -> None:
+    """Move each user's count of stored bytes (``users.stored_bytes``) by its delta: in
+    the transaction that inserts, resizes or deletes their objects. Users in id order,
+    so two transactions that touch the same users lock them in the same order."""
+    for user_id in sorted(deltas):
+        if deltas[user_id]:
+            conn.execute(
+                update(t.users)
+                .where(t.users.c.user_id == user_id)
+                .values(stored_bytes=t.users.c.stored_bytes + deltas[user_id])
+            )

@@ -16,13 +16,14 @@ uploader claimed; ingest judges every submit on it.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BindParameter, ColumnElement, Connection, func, insert, select, update
+from sqlalchemy import BindParameter, ColumnElement, Connection, insert, select, update
 
-from hypermedia.accounts import Caller, is_pool_member
+from hypermedia.accounts import Caller, add_stored_bytes, is_pool_member
 from hypermedia.clock import to_datetime
 from hypermedia.db import tables as t
 from hypermedia.errors import Conflict, NotFound, StorageQuotaExceeded
@@ -84,6 +85,7 @@ def register_object(
         "inspection": inspection.to_dict() if inspection is not None else None,
     }
     conn.execute(insert(t.objects).values(**values))
+    add_stored_bytes(conn, {caller.user_id: size_bytes})
     return ObjectInfo(**{k: v for k, v in values.items() if k in ObjectInfo.__dataclass_fields__})
 
 
@@ -103,19 +105,13 @@ def usable_by(user_id: str | BindParameter[str]) -> ColumnElement[bool]:
 
 
 def storage_used(conn: Connection, user_id: str, *, lock: bool = False) -> int:
-    """Bytes of the live objects ``user_id`` owns (uploads and the outputs of their jobs).
-    ``lock``: hold the user's row until the transaction ends, so that two uploads
-    checking the quota at once are judged one after the other."""
-    if lock:
-        conn.execute(
-            select(t.users.c.user_id).where(t.users.c.user_id == user_id).with_for_update()
-        )
-    used = conn.execute(
-        select(func.coalesce(func.sum(t.objects.c.size_bytes), 0)).where(
-            t.objects.c.owner_id == user_id, t.objects.c.deleted_at.is_(None)
-        )
-    ).scalar_one()
-    return int(used)
+    """Bytes of the live objects ``user_id`` owns (uploads and the outputs of their jobs):
+    the count kept on the user's row (:func:`~hypermedia.accounts.add_stored_bytes`).
+    ``lock``: hold that row until the transaction ends, so that two uploads checking
+    the quota at once are judged one after the other."""
+    stmt = select(t.users.c.stored_bytes).where(t.users.c.user_id == user_id)
+    used = conn.execute(stmt.with_for_update() if lock else stmt).scalar_one_or_none()
+    return int(used or 0)
 
 
 def check_quota(conn: Connection, user_id: str, adding: int, quota_bytes: int) -> None:
@@ -197,11 +193,16 @@ def mark_deleted(conn: Connection, deletion: Deletion, now: float) -> None:
     """Record a deletion whose blobs are gone: the rows are marked, the outputs' rows of
     its jobs removed. The rows stay for the jobs that ran on them."""
     remove_outputs(conn, deletion.object_ids)
-    conn.execute(
+    marked = conn.execute(
         update(t.objects)
         .where(t.objects.c.object_id.in_(deletion.object_ids), t.objects.c.deleted_at.is_(None))
         .values(deleted_at=to_datetime(now))
-    )
+        .returning(t.objects.c.owner_id, t.objects.c.size_bytes)
+    ).all()
+    freed: dict[str, int] = defaultdict(int)
+    for owner_id, size_bytes in marked:
+        freed[owner_id] -= int(size_bytes)
+    add_stored_bytes(conn, freed)
 
 
 def get_object(conn: Connection, caller: Caller, object_id: str) -> ObjectInfo:

@@ -74,6 +74,10 @@ class User(Base):
     name: Mapped[str] = mapped_column(String(200), unique=True)
     is_operator: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[datetime]
+    # Bytes of the live objects the user owns (uploads and their jobs' outputs), kept
+    # with every insert, resize and deletion of one (hypermedia.accounts.add_stored_bytes):
+    # the storage quota reads one row instead of summing the user's objects.
+    stored_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default=text("0"))
 
 
 class Pool(Base):

@@ -41,6 +41,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql, sqlite
 
+from hypermedia import accounts
 from hypermedia.clock import to_datetime
 from hypermedia.db import tables as t
 from hypermedia.errors import QueueUnavailable
@@ -631,9 +632,12 @@ class JobRepository:
                 ).all()
             )
         records = []
+        stored: defaultdict[str, int] = defaultdict(int)
         for r in rows:
             for o in finished[r.job_id].outputs:
-                object_id = o.object_id or self._derived_object(conn, r.job_id, r.user_id, o, now)
+                object_id = o.object_id or self._derived_object(
+                    conn, r.job_id, r.user_id, o, now, stored
+                )
                 records.append(
                     {
                         "job_id": r.job_id,
@@ -647,6 +651,7 @@ class JobRepository:
                     }
                 )
         _insert_ignore(conn, t.outputs, records)
+        accounts.add_stored_bytes(conn, stored)
 
     def fail(
         self,
@@ -889,20 +894,32 @@ class JobRepository:
     # -- helpers -------------------------------------------------------------------
 
     def _derived_object(
-        self, conn: Connection, job_id: str, user_id: str, output: OutputRecord, now: float
+        self,
+        conn: Connection,
+        job_id: str,
+        user_id: str,
+        output: OutputRecord,
+        now: float,
+        stored: defaultdict[str, int],
     ) -> str:
         """The objects row of an output: one per storage key (a re-run overwrote the
-        same key, so it updates the same row)."""
+        same key, so it updates the same row). What it adds to its owner's stored bytes
+        goes into ``stored``."""
+        o = t.objects.c
         existing = conn.execute(
-            select(t.objects.c.object_id).where(t.objects.c.storage_key == output.storage_key)
-        ).scalar_one_or_none()
+            select(o.object_id, o.owner_id, o.size_bytes, o.deleted_at).where(
+                o.storage_key == output.storage_key
+            )
+        ).first()
         if existing is not None:
             conn.execute(
                 update(t.objects)
-                .where(t.objects.c.object_id == existing)
+                .where(o.object_id == existing.object_id)
                 .values(size_bytes=output.size_bytes, content_type=output.content_type)
             )
-            return str(existing)
+            if existing.deleted_at is None:
+                stored[existing.owner_id] += output.size_bytes - int(existing.size_bytes)
+            return str(existing.object_id)
         source = conn.execute(
             select(t.objects.c.object_id, t.objects.c.pool_id)
             .join(t.jobs, t.jobs.c.object_id == t.objects.c.object_id)
@@ -923,6 +940,7 @@ class JobRepository:
                 created_at=to_datetime(now),
             )
         )
+        stored[user_id] += output.size_bytes
         return object_id
 
     def _close_attempts(

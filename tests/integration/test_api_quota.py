@@ -67,6 +67,23 @@ def live_objects(stack: Stack) -> int:
         )
 
 
+def stored_bytes(stack: Stack) -> dict[str, int]:
+    """Each user's count of stored bytes (``users.stored_bytes``, what the quota reads),
+    after checking it against the sum of their live objects."""
+    o = t.objects.c
+    with transaction(stack.engine) as conn:
+        counted = dict(conn.execute(select(t.users.c.user_id, t.users.c.stored_bytes)).all())
+        summed = dict(
+            conn.execute(
+                select(o.owner_id, func.sum(o.size_bytes))
+                .where(o.deleted_at.is_(None))
+                .group_by(o.owner_id)
+            ).all()
+        )
+    assert counted == {user: summed.get(user, 0) for user in counted}
+    return {user: n for user, n in counted.items() if n}
+
+
 def test_uploads_stop_at_the_storage_quota_and_a_delete_makes_room(stack, client):
     broke = add_user(stack, "broke", credits=0)  # credits do not bound storage
     first = upload(client, broke, png(40_000))
@@ -83,6 +100,7 @@ def test_uploads_stop_at_the_storage_quota_and_a_delete_makes_room(stack, client
     assert chunked.status_code == 413, chunked.text
     assert chunked.json()["error"]["code"] == "storage_quota_exceeded"
     assert live_objects(stack) == 2 and len(stored_files(stack)) == 2
+    assert stored_bytes(stack) == {broke.user_id: 80_000}
 
     fits = upload(client, broke, png(20_000))  # exactly the room left
     assert fits.status_code == 201, fits.text
@@ -100,6 +118,7 @@ def test_uploads_stop_at_the_storage_quota_and_a_delete_makes_room(stack, client
         "bytes_freed": 40_000,
     }
     assert upload(client, broke, png(40_000)).status_code == 201
+    assert stored_bytes(stack)[broke.user_id] == QUOTA
 
     # The Python client deletes too, and maps the answers to the error tree.
     with HypermediaClient(str(client.base_url), broke.api_key) as typed:
@@ -157,6 +176,7 @@ def test_delete_takes_the_outputs_and_their_blobs_and_only_the_owner_may(stack, 
     output = OutputRecord("thumbnail-64.webp", key, blob.size_bytes, "image/webp")
     assert stack.dispatcher.complete(claimed, "w", [output])
     assert len(stored_files(stack)) == 2
+    assert stored_bytes(stack) == {alice.user_id: 5000, bob.user_id: 10}  # the output: Bob's
 
     for other in (bob, mallory):  # a pool member may use it, but only its owner deletes
         refused = client.delete(f"{P}/objects/{object_id}", headers=bearer(other))
@@ -170,6 +190,7 @@ def test_delete_takes_the_outputs_and_their_blobs_and_only_the_owner_may(stack, 
     assert stored_files(stack) == []
     assert not stack.storage.exists(original_key(alice.pool_id, object_id))
     assert live_objects(stack) == 0
+    assert stored_bytes(stack) == {}
 
     assert client.get(f"{P}/objects/{object_id}", headers=bearer(alice)).status_code == 404
     again = client.delete(f"{P}/objects/{object_id}", headers=bearer(alice))
@@ -183,3 +204,26 @@ def test_delete_takes_the_outputs_and_their_blobs_and_only_the_owner_may(stack, 
     # The job's history stays; its output is gone with the object.
     view = client.get(f"{P}/jobs/{job_id}", headers=bearer(bob)).json()
     assert view["status"] == "completed" and view["outputs"] == []
+
+
+def test_a_rerun_that_overwrites_its_output_counts_the_new_size(stack, client):
+    alice = add_user(stack, "alice")
+    object_id = upload(client, alice, png(5000)).json()["object_id"]
+    key = derived_key(alice.pool_id, object_id, 1, "thumbnail-64.webp")
+    for size in (10, 30, 4):  # each run writes the same key: one object row, resized
+        job = client.post(
+            f"{P}/process",
+            json={"object_id": object_id, "operations": ["thumbnail"]},
+            headers=bearer(alice),
+        )
+        assert job.status_code == 202, job.text
+        (claimed,) = stack.dispatcher.claim("images", "w")
+        stack.dispatcher.start(claimed, "w")
+        blob = stack.storage.put(key, [bytes(size)])
+        output = OutputRecord("thumbnail-64.webp", key, blob.size_bytes, "image/webp")
+        assert stack.dispatcher.complete(claimed, "w", [output])
+        assert stored_bytes(stack) == {alice.user_id: 5000 + size}
+    assert live_objects(stack) == 2
+    deleted = client.delete(f"{P}/objects/{object_id}", headers=bearer(alice))
+    assert deleted.json()["bytes_freed"] == 5004
+    assert stored_bytes(stack) == {}

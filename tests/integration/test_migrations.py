@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import Engine, insert, inspect
+from sqlalchemy import Engine, column, insert, inspect, select, table
 from sqlalchemy.exc import IntegrityError
 
 from hypermedia.clock import to_datetime
@@ -250,3 +250,51 @@ def test_one_output_row_per_job_type_and_profile_version(engine):
         conn.execute(insert(JobOutput), [output(1)])
     with engine.connect() as conn:
         assert len(conn.execute(JobOutput.__table__.select()).all()) == 3
+
+
+def test_stored_bytes_starts_from_each_users_live_objects(empty_engine):
+    """0015 adds users.stored_bytes and fills it from the objects already there: each
+    user's live objects (deleted ones and other users' not counted)."""
+    migrate.upgrade(empty_engine, "0014")
+    moment = to_datetime(1_700_000_000.0)
+    users = table(
+        "users", column("user_id"), column("name"), column("is_operator"), column("created_at")
+    )
+    pools = table("pools", column("pool_id"), column("name"), column("created_at"))
+    objects = table(
+        "objects",
+        *(column(name) for name in ("object_id", "pool_id", "owner_id", "kind", "storage_key")),
+        *(column(name) for name in ("filename", "size_bytes", "created_at", "deleted_at")),
+    )
+    with empty_engine.begin() as conn:
+        conn.execute(
+            insert(users),
+            [
+                {"user_id": u, "name": u, "is_operator": False, "created_at": moment}
+                for u in ("ann", "bob", "cid")
+            ],
+        )
+        conn.execute(insert(pools).values(pool_id="p", name="p", created_at=moment))
+        conn.execute(
+            insert(objects),
+            [
+                {
+                    "object_id": f"o{n}",
+                    "pool_id": "p",
+                    "owner_id": owner,
+                    "kind": "original",
+                    "storage_key": f"k{n}",
+                    "filename": "f",
+                    "size_bytes": size,
+                    "created_at": moment,
+                    "deleted_at": moment if deleted else None,
+                }
+                for n, (owner, size, deleted) in enumerate(
+                    [("ann", 100, False), ("ann", 20, False), ("ann", 7, True), ("bob", 5, False)]
+                )
+            ],
+        )
+    migrate.upgrade(empty_engine)
+    with empty_engine.connect() as conn:
+        stored = {u: n for u, n in conn.execute(select(User.user_id, User.stored_bytes))}
+    assert stored == {"ann": 120, "bob": 5, "cid": 0}
