@@ -7,7 +7,9 @@ of other users' objects reveal nothing. Only the owner may delete one
 its rows stay, marked ``deleted_at``, for the history of the jobs that ran on it.
 
 Every user's live objects (uploads and their jobs' outputs) count against their
-storage quota (:func:`check_quota`).
+storage quota (:func:`check_quota`), through the count of bytes kept on the user's row
+(``users.stored_bytes``): whatever inserts, resizes or deletes an object moves it in the
+same transaction (:func:`~hypermedia.accounts.add_stored_bytes`).
 
 An object registered with an :class:`~hypermedia.sandbox.inspect.Inspection` keeps it
 (``inspection``) and its ``content_type`` is the detected mime type, never what the
