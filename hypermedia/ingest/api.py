@@ -410,10 +410,8 @@ async def upload_object(
     operation would be refused (macros, encryption, a ZIP bomb ...). ``pool_id``
     defaults to the caller's personal pool."""
     settings = stack.settings
-    await run_in_threadpool(_count_upload, stack, caller)
-    pool = await run_in_threadpool(uploads.resolve_pool, stack.engine, caller, pool_id)
     quota = _quota(stack, caller)
-    used = 0 if quota is None else await run_in_threadpool(_storage_used, stack, caller)
+    pool, used = await run_in_threadpool(_admit_upload, stack, caller, pool_id, quota)
     room = settings.max_upload_bytes if quota is None else quota - used
     declared = request.headers.get("content-length", "")
     if quota is not None and (room <= 0 or (declared.isdigit() and int(declared) > room)):
@@ -460,9 +458,15 @@ def _quota(stack: Stack, caller: Caller) -> int | None:
     return None if caller.is_operator else stack.settings.user_storage_quota_bytes
 
 
-def _storage_used(stack: Stack, caller: Caller) -> int:
+def _admit_upload(
+    stack: Stack, caller: Caller, pool_id: str | None, quota: int | None
+) -> tuple[str, int]:
+    """Before any byte is read (one trip to a worker thread): the upload counted
+    against the caller's rate, the pool it goes to, the bytes the caller stores."""
+    _count_upload(stack, caller)
     with snapshot(stack.engine) as conn:
-        return storage_used(conn, caller.user_id)
+        pool = uploads.pool_for(conn, caller, pool_id)
+        return pool, 0 if quota is None else storage_used(conn, caller.user_id)
 
 
 @router.post(

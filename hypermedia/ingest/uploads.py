@@ -67,18 +67,31 @@ def resolve_pool(engine: Engine, caller: Caller, pool_id: str | None) -> str:
         return pool_for(conn, caller, pool_id)
 
 
+HANDOFF_BYTES = 1 << 20
+
+
 async def store_stream(
     storage: Storage, key: str, stream: AsyncIterator[bytes], max_bytes: int
 ) -> StoredBlob:
     """Write an async byte stream through the (blocking) storage ``put`` in a worker
-    thread, pulling each chunk from the event loop as the thread asks for it."""
+    thread, pulling chunks from the event loop as the thread asks for them: what has
+    arrived, up to :data:`HANDOFF_BYTES` a trip (a trip between the thread and the
+    loop costs more than the bytes of a small upload)."""
     iterator = stream.__aiter__()
 
     async def next_chunk() -> object:
-        try:
-            return await iterator.__anext__()
-        except StopAsyncIteration:
-            return _DONE
+        parts: list[bytes] = []
+        size = 0
+        while size < HANDOFF_BYTES:
+            try:
+                part = await iterator.__anext__()
+            except StopAsyncIteration:
+                if not parts:
+                    return _DONE
+                break
+            parts.append(part)
+            size += len(part)
+        return b"".join(parts)
 
     def chunks() -> Iterator[bytes]:
         while True:
