@@ -1,9 +1,11 @@
-"""The SQL of the worker's batch steps, built once per dialect and kept.
+"""The SQL of the worker's batch steps and of the submit, built once per dialect and
+kept.
 
 ``claim`` (queued -> claimed, or -> processing with the START event folded in) and
 the attempt rows; ``complete_pg`` (PostgreSQL: the whole completion as one
 statement of data-modifying CTEs) and its parts for other databases (``complete``,
-``close_attempt``, ``ledger``, ``settle``); ``cancel_requested``. Statements take
+``close_attempt``, ``ledger``, ``settle``); ``cancel_requested``; ``create_pg`` (a
+submit's record as one statement on PostgreSQL). Statements take
 bound parameters only (names start with ``b_``, except ``ids``), so one compiled
 form serves every batch: on PostgreSQL the ids go as one comma-separated text
 parameter (``job_id = ANY(string_to_array(:ids, ','))``), one statement text for
