@@ -62,6 +62,11 @@ class UTCDateTime(TypeDecorator[datetime]):
 ID = String(32)
 
 
+def _where(predicate: str) -> dict[str, Any]:
+    """A partial index's predicate, on both databases."""
+    return {"postgresql_where": text(predicate), "sqlite_where": text(predicate)}
+
+
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING)
     type_annotation_map = {datetime: UTCDateTime(), dict[str, Any]: JSON()}
@@ -234,14 +239,30 @@ class ProcessingJob(Base):
         # A user's jobs a page at a time, newest first (GET /jobs: keyset pages).
         Index("ix_jobs_user_job", "user_id", "job_id"),
         # A bulk run makes at most one job per object (a resumed run creates none twice)
-        # and counts its jobs in flight by status (its cap).
-        Index("uk_jobs_bulk_run_object", "bulk_run_id", "object_id", unique=True),
-        Index("ix_jobs_bulk_run_status", "bulk_run_id", "status"),
+        # and counts its jobs in flight by status (its cap). Partial, like completed_at's:
+        # a claim or a completion rewrites the row (status is indexed, so never a HOT
+        # update) and a new row version gets an entry in every index whose predicate
+        # it meets; a job outside bulk runs, or not yet ended, needs none in these.
+        Index(
+            "uk_jobs_bulk_run_object",
+            "bulk_run_id",
+            "object_id",
+            unique=True,
+            **_where("bulk_run_id IS NOT NULL"),
+        ),
+        Index(
+            "ix_jobs_bulk_run_status", "bulk_run_id", "status", **_where("bulk_run_id IS NOT NULL")
+        ),
+        # The out-rate (status view, scheduler): ended jobs only.
+        Index(
+            "ix_processing_jobs_completed_at", "completed_at", **_where("completed_at IS NOT NULL")
+        ),
     )
 
     job_id: Mapped[str] = mapped_column(ID, primary_key=True)
     submission_id: Mapped[str] = mapped_column(ForeignKey("submissions.submission_id"), index=True)
-    user_id: Mapped[str] = mapped_column(ForeignKey("users.user_id"), index=True)
+    # (user_id, job_id) is indexed above: no index of user_id alone.
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.user_id"))
     object_id: Mapped[str] = mapped_column(ForeignKey("objects.object_id"), index=True)
     profile_id: Mapped[int] = mapped_column(ForeignKey("processing_profiles.profile_id"))
     operation: Mapped[str] = mapped_column(String(64))
@@ -263,7 +284,7 @@ class ProcessingJob(Base):
     created_at: Mapped[datetime] = mapped_column(index=True)  # the in-rate (status)
     queued_at: Mapped[datetime | None]
     started_at: Mapped[datetime | None]
-    completed_at: Mapped[datetime | None] = mapped_column(index=True)  # the out-rate
+    completed_at: Mapped[datetime | None]  # the out-rate: indexed above, ended jobs only
     updated_at: Mapped[datetime]
     # Where the head POSTs the job once it is completed, failed or cancelled (a host of
     # the settings' callback_hosts; see job_callbacks).

@@ -298,3 +298,29 @@ def test_stored_bytes_starts_from_each_users_live_objects(empty_engine):
     with empty_engine.connect() as conn:
         stored = {u: n for u, n in conn.execute(select(User.user_id, User.stored_bytes))}
     assert stored == {"ann": 120, "bob": 5, "cid": 0}
+
+
+def test_the_job_indexes_a_claim_and_a_completion_keep_up(empty_engine):
+    """0016: the bulk run indexes and completed_at's are partial (a job outside bulk
+    runs, or not ended, has no entry in them) and user_id has no index of its own."""
+    migrate.upgrade(empty_engine)
+    with empty_engine.connect() as conn:
+        if empty_engine.dialect.name == "postgresql":
+            rows = conn.exec_driver_sql(
+                "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'processing_jobs'"
+            )
+        else:
+            rows = conn.exec_driver_sql(
+                "SELECT name, sql FROM sqlite_master WHERE type = 'index'"
+                " AND tbl_name = 'processing_jobs' AND sql IS NOT NULL"
+            )
+        found = {name: " ".join(definition.split()) for name, definition in rows}
+    partial = {name for name, definition in found.items() if " WHERE " in definition.upper()}
+    assert partial == {
+        "uk_jobs_bulk_run_object",
+        "ix_jobs_bulk_run_status",
+        "ix_processing_jobs_completed_at",
+    }
+    assert "ix_processing_jobs_user_id" not in found and "ix_jobs_user_job" in found
+    assert "bulk_run_id IS NOT NULL" in found["uk_jobs_bulk_run_object"]
+    assert "completed_at IS NOT NULL" in found["ix_processing_jobs_completed_at"]
