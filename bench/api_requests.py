@@ -28,8 +28,6 @@ import contextlib
 import io
 import json
 import os
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -41,6 +39,7 @@ from PIL import Image
 from rich.console import Console
 from rich.table import Table
 
+from bench import hm
 from bench.harness import redis_url, run_metadata, start_redis
 from hypermedia import accounts
 from hypermedia.config import load_settings
@@ -99,19 +98,12 @@ def _run(
     tmp = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="hm-bench-api-")))
     redis = start_redis(tmp / "redis", cleanup)
     port = free_port()
-    env = {
-        **os.environ,
-        "HYPERMEDIA_DATA_DIR": str(tmp / "data"),
-        "HYPERMEDIA_REDIS_URL": redis_url(redis, 0),
-        "HYPERMEDIA_REDIS_PREFIX": "hmapi",
-        "HYPERMEDIA_API_URL": f"http://127.0.0.1:{port}",
-        "HYPERMEDIA_USER_UPLOADS_PER_MINUTE": str(10**9),
-    }
     settings = load_settings(
-        data_dir=env["HYPERMEDIA_DATA_DIR"],
-        redis_url=env["HYPERMEDIA_REDIS_URL"],
-        redis_prefix=env["HYPERMEDIA_REDIS_PREFIX"],
-        api_url=env["HYPERMEDIA_API_URL"],
+        data_dir=tmp / "data",
+        redis_url=redis_url(redis, 0),
+        redis_prefix="hmapi",
+        api_url=f"http://127.0.0.1:{port}",  # the signed blob URLs point at the server
+        user_uploads_per_minute=10**9,
     )
     stack = Stack.open(settings, auto_migrate=True)  # migrates; signs URLs as the server
     cleanup.callback(stack.close)
@@ -119,12 +111,10 @@ def _run(
         user = accounts.create_user(
             conn, "bench", time.time(), credits_millicredits=10**13, grants=accounts.UNLIMITED
         )
-    server = subprocess.Popen(
-        [sys.executable, "-m", "bench.api_server", "--port", str(port)], cwd=ROOT, env=env
+    base, server = cleanup.enter_context(
+        hm.api_server_process(settings, tmp / "api-server.log", port=port)
     )
-    cleanup.callback(_stop, server)
-    client = cleanup.enter_context(httpx.Client(base_url=env["HYPERMEDIA_API_URL"], timeout=60))
-    _wait_healthy(client, server)
+    client = cleanup.enter_context(httpx.Client(base_url=base, timeout=60))
     photo = _photo()
     headers = {"Authorization": f"Bearer {user.api_key}"}
     uploaded: list[str] = []
@@ -220,31 +210,10 @@ def _cpu(pid: int) -> tuple[float, float]:
     return own / hz, (ticks - own) / hz
 
 
-def _wait_healthy(client: httpx.Client, server: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError(f"the API server exited ({server.returncode})")
-        with contextlib.suppress(httpx.HTTPError):
-            if client.get("/healthz").status_code == 200:
-                return
-        time.sleep(0.2)
-    raise RuntimeError("the API server did not answer /healthz within 60 s")
-
-
 def _expect(answer: httpx.Response, status: int) -> None:
     if answer.status_code != status:
         raise RuntimeError(f"{answer.request.method} {answer.request.url.path}: "
                            f"{answer.status_code} {answer.text[:300]}")  # fmt: skip
-
-
-def _stop(server: subprocess.Popen[bytes]) -> None:
-    server.terminate()
-    try:
-        server.wait(15)
-    except subprocess.TimeoutExpired:
-        server.kill()
-        server.wait()
 
 
 if __name__ == "__main__":

@@ -152,14 +152,28 @@ def api_server(settings: Settings, log_path: Path, timeout: float = 30.0) -> Ite
 
     Yields its base URL; the process is terminated (then killed) on the way out.
     """
-    port = free_port()
+    with api_server_process(settings, log_path, timeout) as (base, _process):
+        yield base
+
+
+@contextlib.contextmanager
+def api_server_process(
+    settings: Settings, log_path: Path, timeout: float = 30.0, port: int | None = None
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """:func:`api_server` on ``port`` (else a free one), yielding the process too (to
+    read its CPU). The server gets the settings' database, Redis, data dir, upload rate
+    and, when set, API URL."""
+    port = port or free_port()
     env = {
         **os.environ,
         "HYPERMEDIA_DATABASE_URL": settings.effective_database_url,
         "HYPERMEDIA_REDIS_URL": settings.redis_url or "",
         "HYPERMEDIA_REDIS_PREFIX": settings.redis_prefix,
         "HYPERMEDIA_DATA_DIR": str(settings.data_dir),
+        "HYPERMEDIA_USER_UPLOADS_PER_MINUTE": str(settings.user_uploads_per_minute),
     }
+    if settings.api_url:
+        env["HYPERMEDIA_API_URL"] = settings.api_url
     env.pop("HYPERMEDIA_CONFIG", None)
     base = f"http://127.0.0.1:{port}"
     with log_path.open("ab") as log:
@@ -173,7 +187,7 @@ def api_server(settings: Settings, log_path: Path, timeout: float = 30.0) -> Ite
         )
     try:
         _wait_healthy(process, base, timeout, log_path)
-        yield base
+        yield base, process
     finally:
         _stop(process)
 
