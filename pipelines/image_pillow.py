@@ -17,30 +17,34 @@ libvips path would treat it and gives the same output:
 
 A CMYK (or YCCK) JPEG without an ICC profile is colour managed as libvips manages it:
 from libvips' own fallback CMYK profile ("Chemical proof", ArgyllCMS, public domain;
-read from libvips) to sRGB, relative colorimetric, after the resize (mean difference
-from the libvips path's pixels: 0.05 and 1.1 levels on the corpus's two). Building
-that transform costs ~27 ms, as much as the whole job: it is built once per process,
-and a fork server builds it before it forks (:func:`prepare_fork_server`), so a job
-child only applies it (~1 ms on a thumbnail).
+shipped as ``profiles/cmyk.icm.gz``) to sRGB, relative colorimetric, after the resize
+(mean difference from the libvips path's pixels: 0.05 and 1.1 levels on the corpus's
+two). Building that transform costs ~27 ms, as much as the whole job: it is built once
+per process, and a fork server builds it before it forks (:func:`prepare_fork_server`),
+so a job child only applies it (~1 ms on a thumbnail).
+
+A truncated JPEG is decoded as libvips decodes it: libjpeg is handed an end-of-image
+marker where the data ends and finishes the picture from what it has (the same pixels).
 
 Anything else is declined (``None``) and goes to libvips: a CMYK JPEG with its own
-profile, a file Pillow will not open or decode in full
-(libvips then gives its verdict and message: it reads what a truncated JPEG holds),
-one over Pillow's own decompression-bomb limit (libvips shrinks it on load under our
-limits), crops, and outputs other than JPEG, WebP and PNG. pyvips is not imported on
-this path for RGB and grey: a job child that takes one never loads libvips.
+profile, a file Pillow will not open or decode in full (libvips then gives its verdict
+and message), one over Pillow's own decompression-bomb limit (libvips shrinks it on load
+under our limits), crops, and outputs other than JPEG, WebP and PNG. pyvips is not
+imported on this path: a job child that takes one never loads libvips.
 """
 
 from __future__ import annotations
 
 import errno
 import functools
+import gzip
 import io
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from PIL import Image, ImageCms, JpegImagePlugin, PngImagePlugin, WebPImagePlugin
+from PIL import Image, ImageCms, ImageFile, JpegImagePlugin, PngImagePlugin, WebPImagePlugin
 
 from pipelines import image_params
 from pipelines.image_source import Header, dct_shrink
@@ -54,6 +58,9 @@ Image.preinit()  # the few plugins Image.open loads on its first call (BMP, GIF,
 _MODES = ("RGB", "L")
 # ... and for this one, without an embedded profile, its fallback profile to sRGB.
 _CMYK = "CMYK"
+# libvips' fallback CMYK profile, as pyvips.Image.profile_load("cmyk") gives it (the tests
+# compare): shipped, so that converting a CMYK JPEG loads no libvips.
+CMYK_PROFILE = Path(__file__).with_name("profiles") / "cmyk.icm.gz"
 OUTPUT_FORMATS = ("jpeg", "webp", "png")
 OPERATIONS = ("thumbnail", "resize")
 _ORIENTATION_TAG = 0x0112
@@ -95,7 +102,7 @@ def fitted_size(width: int, height: int, box_width: int, box_height: int) -> tup
 
 @dataclass(slots=True)
 class JpegInput:
-    image: Image.Image
+    image: ImageFile.ImageFile
     header: Header
     orientation: int
 
@@ -109,8 +116,9 @@ class JpegInput:
             wanted = (max(1, columns // shrink), max(1, rows // shrink))
             if image.draft(image.mode, wanted) is None:
                 return None
-        # A truncated or damaged file: libvips reads what a truncated JPEG holds and
-        # refuses a broken one; Pillow's LOAD_TRUNCATED_IMAGES would take both.
+        # A truncated file decodes as libvips decodes it (:func:`_reads_to_eoi`); one
+        # that still wants data, or a broken one, is left to libvips' verdict.
+        image.load_read = _reads_to_eoi(image)  # type: ignore[attr-defined]
         try:
             image.load()
         except MemoryError:
@@ -146,13 +154,32 @@ class JpegInput:
         self.image.close()
 
 
+def _reads_to_eoi(image: ImageFile.ImageFile) -> Callable[[int], bytes]:
+    """The JPEG's data, then, where it ends, one end-of-image marker: what libvips'
+    reader gives libjpeg at a premature end, so libjpeg finishes the picture from what
+    it has, as in libvips. Past the marker the data stays empty: if libjpeg still wants
+    more, Pillow says the file is truncated (LOAD_TRUNCATED_IMAGES stays off)."""
+    assert image.fp is not None, "an open image"
+    read = image.fp.read
+    ended = False
+
+    def load_read(size: int) -> bytes:
+        nonlocal ended
+        data: bytes = read(size)
+        if not data and not ended:
+            ended = True
+            return b"\xff\xd9"
+        return data
+
+    return load_read
+
+
 @functools.cache
 def cmyk_to_srgb() -> ImageCms.ImageCmsTransform:
     """libvips' fallback CMYK profile to sRGB, as its thumbnail converts a CMYK image
     without a profile (relative colorimetric, no black point compensation)."""
-    import pyvips
-
-    cmyk = ImageCms.ImageCmsProfile(io.BytesIO(pyvips.Image.profile_load("cmyk")))
+    with gzip.open(CMYK_PROFILE) as packed:
+        cmyk = ImageCms.ImageCmsProfile(io.BytesIO(packed.read()))
     return ImageCms.buildTransform(
         cmyk,
         ImageCms.createProfile("sRGB"),
@@ -164,8 +191,7 @@ def cmyk_to_srgb() -> ImageCms.ImageCmsTransform:
 
 def prepare_fork_server() -> None:
     """Called by a fork server that preloads this module, before it forks: the CMYK
-    transform, built once there, is every job child's (reading a profile starts no
-    libvips thread, so the server stays single-threaded)."""
+    transform, built once there, is every job child's."""
     cmyk_to_srgb()
 
 

@@ -11,6 +11,7 @@ in a fresh interpreter, that a job taking it never loads libvips.
 
 from __future__ import annotations
 
+import gzip
 import json
 import subprocess
 import sys
@@ -127,9 +128,16 @@ def test_a_cmyk_jpeg_without_a_profile_gives_what_libvips_gives(
         _comes_out_srgb_in_the_drawings_colours(taken)
 
 
+def test_the_shipped_cmyk_profile_is_libvips_fallback() -> None:
+    """The Pillow path converts a profile-less CMYK JPEG through the profile libvips
+    would use: the file shipped beside it holds exactly libvips' bytes."""
+    with gzip.open(image_pillow.CMYK_PROFILE) as packed:
+        assert packed.read() == pyvips.Image.profile_load("cmyk")
+
+
 def test_the_fork_server_builds_the_cmyk_transform_before_it_forks() -> None:
-    """prepare_fork_server() leaves it built (a child only applies it), and reading
-    libvips' profile starts no thread: the server still forks without hooks."""
+    """prepare_fork_server() leaves it built (a child only applies it) and starts no
+    thread: the server still forks without hooks."""
     code = (
         "import os; from pipelines import image_pillow as p; p.prepare_fork_server();"
         " print(p.cmyk_to_srgb.cache_info().currsize, len(os.listdir('/proc/self/task')))"
@@ -213,13 +221,31 @@ def test_a_damaged_jpeg_gets_libvips_verdict(generated: Generated, tmp_path: Pat
         images.thumbnail(broken, THUMBNAIL, tmp_path / "b")
     assert caught.value.code == "invalid_input"
     assert "cannot decode JPEG image" in caught.value.message
-    # Truncated: Pillow stops, libvips reads what is there.
-    truncated = tmp_path / "truncated.jpg"
-    data = (generated / "images/photo.jpg").read_bytes()
-    truncated.write_bytes(data[: len(data) * 2 // 3])
-    assert images.pillow_step(request, images.detect(truncated), truncated, tmp_path / "t") is None
-    out = images.thumbnail(truncated, THUMBNAIL, tmp_path / "t")
-    assert (_opened(out[0]).width, _opened(out[0]).height) == (320, 240)
+
+
+@pytest.mark.parametrize("interlace", [False, True], ids=["baseline", "progressive"])
+def test_a_truncated_jpeg_gives_what_libvips_gives(interlace: bool, tmp_path: Path) -> None:
+    """Both read what a truncated JPEG holds (libjpeg is handed an end-of-image marker
+    where the data ends): the same pixels; where Pillow cannot finish, it declines and
+    libvips decides. Cut at a tenth of the file, two tenths, ... nine tenths."""
+    whole = tmp_path / "whole.jpg"
+    drawn.picture(640, 480).jpegsave(str(whole), Q=85, interlace=interlace)
+    data = whole.read_bytes()
+    (complete,) = images.vips_step(
+        image_params.parse("thumbnail", THUMBNAIL), images.detect(whole), whole, tmp_path / "w"
+    )
+    taken_by_pillow = 0
+    for tenths in range(1, 10):
+        cut = tmp_path / f"cut-{tenths}.jpg"
+        cut.write_bytes(data[: len(data) * tenths // 10])
+        taken, reference = _both("thumbnail", THUMBNAIL, cut, tmp_path / f"{tenths}")
+        if taken is not None:
+            taken_by_pillow += 1
+            _same_output(taken, reference, noise=1)
+        if tenths == 1:  # a tenth of the data: far from the whole picture, on both paths
+            assert (_opened(reference[0]) - _opened(complete)).abs().avg() > 10
+    # Measured: all nine cuts of both kinds; the first cuts into the scan data already.
+    assert taken_by_pillow == 9, taken_by_pillow
 
 
 def test_crops_and_full_size_steps_stay_with_libvips(generated: Generated) -> None:
@@ -275,5 +301,7 @@ def test_a_plain_jpeg_thumbnail_never_loads_libvips(generated: Generated, tmp_pa
         output_type, loaded = _in_a_fresh_interpreter(generated / f"images/{name}", tmp_path)
         assert output_type == "thumbnail-320x320-q80.webp"
         assert not loaded, f"{name}: pyvips was imported on the Pillow path"
+    _, loaded = _in_a_fresh_interpreter(generated / "images/cmyk-no-profile.jpg", tmp_path / "k")
+    assert not loaded, "a CMYK JPEG without a profile loaded libvips"
     _, loaded = _in_a_fresh_interpreter(generated / "images/cmyk.jpg", tmp_path / "cmyk")
-    assert loaded, "a CMYK JPEG goes to libvips"
+    assert loaded, "a CMYK JPEG with its own profile goes to libvips"
