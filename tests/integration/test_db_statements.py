@@ -64,3 +64,31 @@ def test_on_sqlite_it_is_a_transaction(tmp_path):
         assert _count(engine, "t") == 0
     finally:
         engine.dispose()
+
+
+def test_every_statement_is_planned_for_its_parameters(pg_database_url):
+    """A generic plan made while a table is small goes on scanning it as it grows: every
+    connection plans each statement for its own parameters, whatever the pool did."""
+    engine = make_engine(pg_database_url, pool_size=1, max_overflow=0)
+    try:
+        for opener in (transaction, statements, transaction):
+            with opener(engine) as conn:
+                mode = conn.execute(text("SHOW plan_cache_mode")).scalar_one()
+                assert mode == "force_custom_plan"
+        with engine.connect() as conn:  # a transaction rolled back
+            conn.execute(text("SELECT 1"))
+            conn.rollback()
+        with transaction(engine) as conn:
+            assert conn.execute(text("SHOW plan_cache_mode")).scalar_one() == "force_custom_plan"
+            # psycopg prepares a statement on its fifth run; PostgreSQL plans it anew each time.
+            for n in range(12):
+                conn.execute(text("SELECT :n + 1 AS probe"), {"n": n})
+            row = conn.execute(
+                text(
+                    "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+                    " WHERE statement LIKE '%AS probe%'"
+                )
+            ).one()
+            assert (row.generic_plans, row.custom_plans) == (0, 7), row
+    finally:
+        engine.dispose()
