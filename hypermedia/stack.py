@@ -142,6 +142,7 @@ class Stack:
         implemented: Callable[[], Collection[str]] = registered_operations,
         with_storage: bool = True,
         metrics: Recorder | None = None,
+        custom_plans: bool = False,
     ) -> Stack:
         """``implemented`` names the operations ingest accepts (those with a pipeline
         step; tests of queue mechanics may widen it to every profile).
@@ -149,10 +150,12 @@ class Stack:
         signing secret (a pipeline actor's stack).
         ``metrics``: where the stack's parts count what they do; by default the head's
         (:class:`~hypermedia.metrics.head.HeadMetrics`, which also reads the queues and
-        workers when scraped: the API serves it on ``/metrics``)."""
+        workers when scraped: the API serves it on ``/metrics``).
+        ``custom_plans``: see :func:`~hypermedia.db.engine.make_engine` (a pipeline
+        actor's claim loops)."""
         clock = clock or SystemClock()
         prepare_data_dir(settings)
-        engine = engine or make_engine(settings.effective_database_url)
+        engine = engine or make_engine(settings.effective_database_url, custom_plans=custom_plans)
         if auto_migrate:
             migrate(settings, engine, clock=clock)
         elif current_revision(engine) != head_revision():

@@ -19,7 +19,10 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from hypermedia.errors import DatabaseUnavailable
 
 
-def make_engine(url: str, **kwargs: Any) -> Engine:
+def make_engine(url: str, *, custom_plans: bool = False, **kwargs: Any) -> Engine:
+    """An engine for ``url``. ``custom_plans``: on PostgreSQL every statement of its
+    connections is planned for the parameters it runs with (see :data:`PLAN_CACHE_MODE`;
+    the claim loops' engine)."""
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         database = parsed.database
@@ -36,23 +39,26 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     kwargs.setdefault("max_overflow", 20)
     kwargs.setdefault("pool_pre_ping", True)
     engine = create_engine(url, **kwargs)
-    _configure_postgres(engine)
+    if custom_plans:
+        _plan_each_statement(engine)
     return engine
 
 
-# Every statement planned for the parameters it runs with. psycopg prepares a statement
-# on its fifth run, and PostgreSQL then keeps a generic plan if it costs no more than
-# the custom ones did; a queue's statements find rows by id, and a generic plan made
-# while processing_jobs held a few hundred rows scans the table, and goes on scanning
-# it as a burst fills it (statistics change only when autovacuum analyzes, a minute or
-# more later; never where it is off). Measured on the child path (bench/throughput.py,
-# 12,000 jobs, pg_stat_statements): the claim 2.99 ms and 495 buffers a call with the
-# generic plan, 0.33 ms (0.16 of it planning) and 42 with this; PostgreSQL's CPU a job
-# 2.99 -> 0.90 ms.
+# For the claim loops: every statement planned for the parameters it runs with. psycopg
+# prepares a statement on its fifth run, and PostgreSQL then keeps a generic plan if it
+# costs no more than the custom ones did; a claim or completion finds its jobs by id,
+# and a generic plan made while processing_jobs held a few hundred rows scans the table,
+# and goes on scanning it as a burst fills it (statistics change only when autovacuum
+# analyzes, a minute or more later; never where it is off). Measured on the child path
+# (bench/throughput.py, 12,000 jobs, pg_stat_statements): the claim 2.99 ms and 495
+# buffers a call with the generic plan, 0.33 ms (0.16 of it planning) and 42 with this;
+# PostgreSQL's CPU a job 2.99 -> 0.90 ms. Not for every engine: the foreign key checks
+# are planned each time too (five a submitted job), and submit_many of 500 jobs took
+# ~25 % longer with it.
 PLAN_CACHE_MODE = "force_custom_plan"
 
 
-def _configure_postgres(engine: Engine) -> None:
+def _plan_each_statement(engine: Engine) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
         with dbapi_conn.cursor() as cursor:

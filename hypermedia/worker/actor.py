@@ -193,7 +193,7 @@ class PipelineService:
             raise ValueError(f"unknown worker options {sorted(unknown)}")
         cfg: Settings = load_settings(**settings)
         # Per-job grants only; its counts go to Ray's metrics agent.
-        self.stack = Stack.open(cfg, with_storage=False, metrics=actor_metrics())
+        self.stack = Stack.open(cfg, with_storage=False, metrics=actor_metrics(), custom_plans=True)
         # Workers that died here left their jobs' files; on a burst node nobody else
         # is on this disk to remove them.
         engine = self.stack.engine

@@ -66,10 +66,17 @@ def test_on_sqlite_it_is_a_transaction(tmp_path):
         engine.dispose()
 
 
-def test_every_statement_is_planned_for_its_parameters(pg_database_url):
-    """A generic plan made while a table is small goes on scanning it as it grows: every
-    connection plans each statement for its own parameters, whatever the pool did."""
-    engine = make_engine(pg_database_url, pool_size=1, max_overflow=0)
+def test_the_claim_loops_plan_every_statement_for_its_parameters(pg_database_url):
+    """A generic plan made while a table is small goes on scanning it as it grows: the
+    claim loops' engine (custom_plans) plans each statement for its own parameters on
+    every connection, whatever the pool did; other engines keep PostgreSQL's default."""
+    default = make_engine(pg_database_url, pool_size=1, max_overflow=0)
+    try:
+        with transaction(default) as conn:
+            assert conn.execute(text("SHOW plan_cache_mode")).scalar_one() == "auto"
+    finally:
+        default.dispose()
+    engine = make_engine(pg_database_url, custom_plans=True, pool_size=1, max_overflow=0)
     try:
         for opener in (transaction, statements, transaction):
             with opener(engine) as conn:
