@@ -408,8 +408,12 @@ class JobRepository:
             "b_now": to_datetime(now),
             "b_deadline": to_datetime(now + default_lease),
         }
-        for profile_id in profile_ids:
-            params[f"b_deadline_{profile_id}"] = to_datetime(now + leases[profile_id])
+        params.update(
+            sql.lease_params(
+                conn.dialect.name,
+                {pid: to_datetime(now + leases[pid]) for pid in profile_ids},
+            )
+        )
         rows = {r.job_id: r for r in conn.execute(stmt, params)}
         if not rows:
             return []

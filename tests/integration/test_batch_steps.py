@@ -10,6 +10,7 @@ from collections import Counter
 import pytest
 from sqlalchemy import func, select
 
+from hypermedia.clock import to_datetime
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
 from hypermedia.ingest.service import SubmitRequest
@@ -45,6 +46,29 @@ def test_claim_and_start_only_from_queued(pg_engine, settings, manual_clock, sta
         assert claimed == []
         assert after == before
         assert attempts == []
+    stack.close()
+
+
+def test_each_claimed_job_gets_its_profiles_lease(engine, settings, manual_clock):
+    """The deadline of a claim is its profile's lease (the default for a profile the
+    worker names none for), to the microsecond, in the row and in what the worker holds;
+    with more profiles than the statement has parameters for one each."""
+    stack = open_stack(settings, engine, manual_clock)
+    person = make_user(stack)
+    jobs = submit(stack, person, ["thumbnail", "convert", "compress"])
+    with transaction(engine) as conn:
+        profiles = {job_id: _row(conn, job_id)["profile_id"] for job_id in jobs}
+        assert len(set(profiles.values())) == 3
+        first, second, third = (profiles[job_id] for job_id in jobs)
+        # Seconds with a fraction; and 40 profiles that no job of these has.
+        leases = {first: 30.25, second: 3600.000001, **{9000 + n: float(n) for n in range(40)}}
+        claimed = repo.claim_many(conn, jobs, WORKER, NOW, leases, default_lease=90, start=True)
+        rows = {job_id: _row(conn, job_id) for job_id in jobs}
+    expected = {jobs[0]: NOW + 30.25, jobs[1]: NOW + 3600.000001, jobs[2]: NOW + 90}
+    assert {job.job_id: job.deadline for job in claimed} == expected
+    for job_id, deadline in expected.items():
+        assert rows[job_id]["visibility_timeout"] == to_datetime(deadline), job_id
+    assert {profiles[job.job_id] for job in claimed} == {first, second, third}
     stack.close()
 
 
