@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from typing import cast
 
 import pytest
 from sqlalchemy import func, select
@@ -57,7 +58,7 @@ def test_each_claimed_job_gets_its_profiles_lease(engine, settings, manual_clock
     person = make_user(stack)
     jobs = submit(stack, person, ["thumbnail", "convert", "compress"])
     with transaction(engine) as conn:
-        profiles = {job_id: _row(conn, job_id)["profile_id"] for job_id in jobs}
+        profiles = {job_id: cast(int, _row(conn, job_id)["profile_id"]) for job_id in jobs}
         assert len(set(profiles.values())) == 3
         first, second, third = (profiles[job_id] for job_id in jobs)
         # Seconds with a fraction; and 40 profiles that no job of these has.
