@@ -159,7 +159,10 @@ def submit_files(
 
 
 def poll_statuses(stack: Stack, report: RunReport) -> None:
-    ids = [s.job_id for s in report.submitted]
+    """The statuses (and errors) of the submitted jobs not yet seen finished: a job that
+    ended stays as it ended, so a run of n jobs reads each ended one once, not on every
+    poll until the last ends."""
+    ids = [s.job_id for s in report.submitted if report.statuses.get(s.job_id) not in FINISHED]
     with snapshot(stack.engine) as conn:
         for start in range(0, len(ids), 500):
             rows = conn.execute(
