@@ -103,7 +103,9 @@ def _completed(rs: ray_support.RayStack, person: Any, job_id: str) -> bool:
     """Whether the job completed; what it was is kept for the timeout's message."""
     view = rs.stack.ingest.get_job(person.caller, job_id)
     attempts = [(a.status, a.error_code, a.worker_id) for a in view.attempts]
-    rs.last_seen = f"{view.status}, attempts {attempts}"
+    # Where Redis has it too: a timeout's message says which side kept the job waiting.
+    in_redis = rs.stack.queue.members("media").get(job_id, "absent")
+    rs.last_seen = f"{view.status}, attempts {attempts}, in Redis: {in_redis}"
     return view.status == "completed"
 
 
