@@ -9,7 +9,11 @@ Reaper (every few seconds):
 2. Redis leases that expired are put back where the record says (a worker
    that died between popping a job and claiming it in the record leaves a
    lease on a job that is still ``queued``);
-3. retry_wait jobs whose time has come go back to ``queued`` and their queue.
+3. retry_wait jobs whose time has come go back to ``queued`` and their queue;
+4. due entries of Redis's delayed sets whose job the record no longer holds as
+   retry_wait are put back where the record says (a worker that stalled between
+   committing a retry and parking it in Redis, past its backoff, parks a job this
+   reaper already promoted; the reconciler leaves it, since it is in a set).
 
 Reconciler (every minute, at start-up, and at once when Redis may have missed
 writes: see :meth:`~hypermedia.queue.redis_queue.RedisQueue.reconcile_wanted`):
@@ -50,6 +54,7 @@ class ReapReport:
     failed: int = 0
     leases_returned: int = 0
     promoted: int = 0
+    delays_returned: int = 0
 
 
 @dataclass
@@ -94,14 +99,17 @@ class Reaper:
         self._expire(report)
         self._return_leases(report)
         self._promote(report)
-        if report.expired or report.leases_returned or report.promoted:
+        self._return_delays(report)
+        if report.expired or report.leases_returned or report.promoted or report.delays_returned:
             log.info(
-                "reaper: %d expired (%d retry, %d failed), %d leases returned, %d retries due",
+                "reaper: %d expired (%d retry, %d failed), %d leases returned, %d retries due,"
+                " %d delays returned",
                 report.expired,
                 report.retried,
                 report.failed,
                 report.leases_returned,
                 report.promoted,
+                report.delays_returned,
                 extra={"action": "reap"},
             )
         return report
@@ -164,6 +172,32 @@ class Reaper:
                 mirror_row(self.queue, row)
                 if status is JobStatus.QUEUED:
                     report.leases_returned += 1
+
+    def _return_delays(self, report: ReapReport) -> None:
+        """Due entries of Redis's delayed sets that the record no longer holds as
+        waiting, made to agree with it (as expired leases are). A worker parks a failed
+        job there after committing its retry_wait; if it stalls longer than the backoff
+        between the two, this reaper has promoted the job meanwhile (queued in the
+        record, ready in Redis) and the late park hides it in the delayed set, where
+        nothing claims it. Runs after :meth:`_promote`, which takes the due retries
+        the record holds (so what is left due here is one of those, or not yet due in
+        the record: left to a later promote)."""
+        now = self.clock.now()
+        for queue in self.queue.queues:
+            ids = self.queue.due_retries(queue, now, self.batch)
+            if not ids:
+                continue
+            with transaction(self.engine) as conn:
+                rows = self.repository.states(conn, ids)
+            for job_id in ids:
+                row = rows.get(job_id)
+                if row is None:
+                    self.queue.remove(queue, [job_id])
+                    continue
+                if JobStatus(row.status) is JobStatus.RETRY_WAIT:
+                    continue
+                mirror_row(self.queue, row)
+                report.delays_returned += 1
 
     def _promote(self, report: ReapReport) -> None:
         now = self.clock.now()

@@ -118,6 +118,37 @@ def test_lease_popped_but_never_claimed_returns_to_ready(engine, settings, manua
     stack.close()
 
 
+def test_a_retry_parked_after_its_promotion_goes_back_to_ready(engine, settings, manual_clock):
+    """A worker commits a retry, then stalls past the backoff before parking the job in
+    Redis: the reaper promotes it meanwhile, and the late park hides a queued job in
+    the delayed set (seen once, a transcode's retry never claimed at load 8). The
+    reaper's next tick puts it back where the record says; nothing else would."""
+    stack = open_stack(settings, engine, manual_clock)
+    person = make_user(stack)
+    (job_id,) = submit(stack, person, ["thumbnail"])
+    (job,) = stack.dispatcher.claim("images", "w")
+    stack.dispatcher.start(job, "w")
+    stack.dispatcher.fail(job, "w", "child_killed", "killed")
+    assert stack.queue.members("images") == {job_id: "delayed"}
+    manual_clock.advance(3600)
+    assert stack.reaper.tick().promoted == 1
+    assert stack.queue.members("images") == {job_id: "ready"}
+    stack.queue.delay("images", [(job_id, manual_clock.now() - 1)])  # the late park
+    assert stack.ingest.get_job(person.caller, job_id).status == "queued"
+    assert stack.dispatcher.claim("images", "w2") == []  # hidden from every worker
+    report = stack.reaper.tick()
+    assert (report.promoted, report.delays_returned) == (0, 1)
+    assert stack.queue.members("images") == {job_id: "ready"}
+    (again,) = stack.dispatcher.claim("images", "w2")
+    assert again.job_id == job_id and again.attempt_number == 2
+    # A retry still waiting in the record is left to be promoted when it is due.
+    stack.dispatcher.start(again, "w2")
+    stack.dispatcher.fail(again, "w2", "child_killed", "killed")
+    assert stack.reaper.tick().delays_returned == 0
+    assert stack.queue.members("images") == {job_id: "delayed"}
+    stack.close()
+
+
 def test_extended_lease_is_not_reaped(engine, settings, manual_clock):
     stack = open_stack(settings, engine, manual_clock)
     person = make_user(stack)
