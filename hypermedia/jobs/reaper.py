@@ -179,9 +179,9 @@ class Reaper:
         job there after committing its retry_wait; if it stalls longer than the backoff
         between the two, this reaper has promoted the job meanwhile (queued in the
         record, ready in Redis) and the late park hides it in the delayed set, where
-        nothing claims it. Runs after :meth:`_promote`, which takes the due retries
-        the record holds (so what is left due here is one of those, or not yet due in
-        the record: left to a later promote)."""
+        nothing claims it. Runs after :meth:`_promote`, which has taken the retries
+        the record holds as due: an entry still due here is either such a stray, or a
+        retry the record holds as not yet due (left for a later promote)."""
         now = self.clock.now()
         for queue in self.queue.queues:
             ids = self.queue.due_retries(queue, now, self.batch)

@@ -145,7 +145,7 @@ def claim(dialect: str, profile_ids: tuple[int, ...], start: bool) -> Executable
     deadline: Any = bindparam("b_deadline", type_=UTC)
     if profile_ids and dialect == "postgresql":
         # The profiles' deadlines as two arrays in step (:func:`lease_params`): the
-        # statement keeps ~14 parameters whatever the number of profiles (psycopg
+        # statement keeps 18 parameters whatever the number of profiles (psycopg
         # caches its conversion of a query of at most 50; a CASE of 25 profiles made
         # 62, converted again on every claim: a tenth of the claim loops' time).
         ends = Grouping(pg_array("b_lease_ends", postgresql.TIMESTAMP))
