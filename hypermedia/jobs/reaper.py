@@ -26,10 +26,12 @@ truth: wiping Redis loses no job.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, Row, select
 
 from hypermedia import workdirs
 from hypermedia.clock import Clock, SystemClock
@@ -149,19 +151,24 @@ class Reaper:
                 report.failed += 1
                 self.queue.remove(moved.queue, [job_id])
 
+    def _records_of(self, queue: str, ids: list[str]) -> Iterator[Row[Any]]:
+        """The record's rows of these Redis entries of ``queue``, read in one query; an
+        entry whose job the record does not know is dropped from Redis."""
+        if not ids:
+            return
+        with transaction(self.engine) as conn:
+            rows = self.repository.states(conn, ids)
+        for job_id in ids:
+            row = rows.get(job_id)
+            if row is None:
+                self.queue.remove(queue, [job_id])
+            else:
+                yield row
+
     def _return_leases(self, report: ReapReport) -> None:
         now = self.clock.now()
         for queue in self.queue.queues:
-            ids = self.queue.expired_leases(queue, now, self.batch)
-            if not ids:
-                continue
-            with transaction(self.engine) as conn:
-                rows = self.repository.states(conn, ids)
-            for job_id in ids:
-                row = rows.get(job_id)
-                if row is None:
-                    self.queue.remove(queue, [job_id])
-                    continue
+            for row in self._records_of(queue, self.queue.expired_leases(queue, now, self.batch)):
                 status = JobStatus(row.status)
                 if (
                     status in IN_FLIGHT
@@ -184,16 +191,7 @@ class Reaper:
         retry the record holds as not yet due (left for a later promote)."""
         now = self.clock.now()
         for queue in self.queue.queues:
-            ids = self.queue.due_retries(queue, now, self.batch)
-            if not ids:
-                continue
-            with transaction(self.engine) as conn:
-                rows = self.repository.states(conn, ids)
-            for job_id in ids:
-                row = rows.get(job_id)
-                if row is None:
-                    self.queue.remove(queue, [job_id])
-                    continue
+            for row in self._records_of(queue, self.queue.due_retries(queue, now, self.batch)):
                 if JobStatus(row.status) is JobStatus.RETRY_WAIT:
                     continue
                 mirror_row(self.queue, row)
