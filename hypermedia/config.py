@@ -67,13 +67,17 @@ class QueueSettings(BaseModel):
     CPUs each actor of the queue reserves from Ray (its ``num_cpus``: what Ray's
     dashboard, ``ray status`` and ``ray_resources`` show it using). The default, half a
     CPU, lets one actor of each of four queues share a 2-core machine; 0 places actors
-    by their queue resource alone, as Ray sees no CPU taken."""
+    by their queue resource alone, as Ray sees no CPU taken. ``prefetch``, the jobs each
+    claim loop takes in one claim and runs one after another (1: one at a time; more
+    spares the record a claim and a commit a job where jobs are short, see
+    :mod:`hypermedia.worker.worker`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     concurrency: int = Field(default=1, ge=1, le=64)
     workers: int = Field(default=1, ge=0, le=16)
     cpus: float = Field(default=DEFAULT_ACTOR_CPUS, ge=0, le=64)
+    prefetch: int = Field(default=1, ge=1, le=64)
 
     @field_validator("cpus")
     @classmethod

@@ -277,16 +277,44 @@ class Dispatcher:
         )
         return self.complete_many(worker_id, [finished])[0]
 
-    def complete_many(self, worker_id: str, finished: Sequence[FinishedJob]) -> list[bool]:
+    def complete_many(
+        self,
+        worker_id: str,
+        finished: Sequence[FinishedJob],
+        started: Sequence[tuple[ClaimedJob, float]] = (),
+    ) -> list[bool]:
         """Complete a batch in one transaction, then drop them from Redis in one call.
-        Answers, per job, whether it was still ours (the others are mirrored)."""
-        if not finished:
+        Answers, per job, whether it was still ours (the others are mirrored).
+
+        ``started``: jobs a claim loop took ahead (:meth:`claim`: ``claimed``) and has
+        since begun to run, each with the moment it did: started (claimed ->
+        processing) in the same transaction, before the completions, so a job can be
+        both. Their ``processing`` events go out once it has committed."""
+        if not finished and not started:
             return []
-        # Outputs are more statements: then an explicit transaction holds them together.
-        engine = self.engine if any(f.outputs for f in finished) else self._single
+        # More than one statement: then an explicit transaction holds them together.
+        several = started or any(f.outputs for f in finished)
+        engine = self.engine if several else self._single
         now = self.clock.now()
         with transaction(engine) as conn:
-            moved = self.repository.complete_many(conn, worker_id, now, finished, self._versions)
+            begun = self.repository.start_many(
+                conn, worker_id, [(job.job_id, at) for job, at in started]
+            )
+            moved = (
+                self.repository.complete_many(conn, worker_id, now, finished, self._versions)
+                if finished
+                else []
+            )
+        if started:
+            reached = [(job, at) for job, at in started if job.job_id in begun]
+            for job, at in reached:
+                self._count_started([job], at)
+            self.events.publish_many(
+                (job.job_id, status_event(JobStatus.PROCESSING.value, at, job.attempt_number))
+                for job, at in reached
+            )
+        if not finished:
+            return []
         done = {m.job_id for m in moved}
         lost = [f.job_id for f in finished if f.job_id not in done]
         if lost:

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import (
     Connection,
     Row,
+    bindparam,
     delete,
     insert,
     select,
@@ -471,6 +472,56 @@ class JobRepository:
             )
         )
         return result.rowcount == 1
+
+    def start_many(
+        self, conn: Connection, worker_id: str, started: Sequence[tuple[str, float]]
+    ) -> set[str]:
+        """claimed -> processing for jobs a loop took ahead and has now reached, each at
+        its own moment (``(job_id, epoch seconds)``): the job's ``started_at`` and its
+        running attempt's. Answers the jobs this worker still held ``claimed``."""
+        if not started:
+            return set()
+        j, a = t.jobs.c, t.attempts.c
+        (source,) = _guard(JobEvent.START)  # one status: executemany takes no IN list
+        at = bindparam("b_at", type_=sql.UTC)
+        held = set(
+            conn.execute(
+                select(j.job_id).where(
+                    sql.ids_match(j.job_id, conn.dialect.name),
+                    j.claimed_by == worker_id,
+                    j.status.in_(_guard(JobEvent.START)),
+                ),
+                {"ids": sql.ids_param(conn, [job_id for job_id, _ in started])},
+            ).scalars()
+        )
+        rows = [
+            {"b_job": job_id, "b_worker": worker_id, "b_at": to_datetime(moment)}
+            for job_id, moment in started
+        ]
+        rows = [row for row in rows if row["b_job"] in held]
+        if not rows:
+            return set()
+        conn.execute(
+            update(t.jobs)
+            .where(
+                j.job_id == bindparam("b_job"),
+                j.claimed_by == bindparam("b_worker"),
+                j.status == source,
+            )
+            .values(status=JobStatus.PROCESSING.value, started_at=at, updated_at=at),
+            rows,
+        )
+        conn.execute(
+            update(t.attempts)
+            .where(
+                a.job_id == bindparam("b_job"),
+                a.worker_id == bindparam("b_worker"),
+                a.status == "running",
+            )
+            .values(started_at=at),
+            rows,
+        )
+        return held
 
     def extend_lease(
         self, conn: Connection, job_id: str, worker_id: str, deadline: float, now: float

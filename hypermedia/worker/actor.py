@@ -7,10 +7,11 @@ from Redis themselves: Ray carries no per-job calls. ``serve()`` returns when th
 worker stops; its failing with ``RayActorError`` is how the supervisor learns the
 actor (or its node) died.
 
-``options`` tune the worker: ``prefetch`` (jobs one claim loop takes at once,
-default 1). Every step runs in a child of the actor's fork server
-(:meth:`PipelineService.make_executor`); the throughput benchmark's own subclass runs
-them in the actor instead (``bench/in_process.py``), nothing here.
+``options`` tune the worker: ``prefetch`` (jobs one claim loop takes at once; the
+queue's ``prefetch`` setting when not given). Every step runs in a child of the
+actor's fork server (:meth:`PipelineService.make_executor`); the throughput
+benchmark's own subclass runs them in the actor instead (``bench/in_process.py``),
+nothing here.
 
 With ``spot_watch`` set in the settings (``aws`` or ``gcp``, on a spot instance)
 the worker watches the metadata service for the interruption notice and stops
@@ -225,7 +226,7 @@ class PipelineService:
             clock=self.stack.clock,
             heartbeat_seconds=heartbeat_seconds,
             metrics_seconds=metrics_seconds,
-            prefetch=int(options.get("prefetch", 1)),
+            prefetch=int(options.get("prefetch", cfg.queues[queue].prefetch)),
             spot=SpotWatch.from_settings(cfg),
         )
         self.worker.start()

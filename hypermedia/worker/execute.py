@@ -296,12 +296,16 @@ class JobExecution:
             watcher.join(5)
 
     def run_started(self, job: ClaimedJob) -> Outcome | Completion:
-        """Run a job that is already ``processing`` for this worker; a
-        :class:`Completion` when only the record's complete is left."""
+        """Run a job this worker holds (``processing``, or ``claimed`` with its start on
+        its way to the record: :class:`~hypermedia.worker.worker.CompletionBatcher`);
+        a :class:`Completion` when only the record's complete is left."""
         profile = self.catalog.by_id(job.profile_id)
         timeout = profile.timeout_seconds if profile else None
         lease = lease_seconds(timeout, self.dispatcher.grace)
-        watched = _Watched(job, lease, time.monotonic() + lease / 3)
+        # Extended once a third of its lease has passed: since the claim, which for a
+        # job its loop took ahead was a moment before it began.
+        passed = lease - (job.deadline - self.dispatcher.clock.now())
+        watched = _Watched(job, lease, time.monotonic() + max(0.0, lease / 3 - passed))
         with self._lock:
             self._running[job.job_id] = watched
             if self._release_everything:

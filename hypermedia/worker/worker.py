@@ -1,11 +1,17 @@
 """A worker: one queue, N claim loops, a completion batcher, a heartbeat, metrics, drain.
 
 Each claim loop pulls from Redis itself (a Ray call per job would cap
-throughput): lease up to ``prefetch`` jobs, claim and start them in the record in
-one transaction, run them one after another (see ``execute``), and when the queue
-is empty block on the queue's wake-up list for up to a second. ``prefetch`` is 1
-unless the jobs are short: the jobs a loop holds are ``processing`` from the claim
-on, and wait their turn in that loop.
+throughput) and, when the queue is empty, blocks on the queue's wake-up list for up
+to a second. With ``prefetch`` 1 (the default) it leases one job, claims and starts it
+in the record in one transaction and runs it (see ``execute``). With ``prefetch`` n it
+takes up to n jobs in one claim, ``claimed`` and not started, and runs them one after
+another: each is started as the loop reaches it, its start (claimed -> processing, the
+moment it began) written by the completion batcher in its next transaction, so a
+short job costs the record a share of one claim and of one group commit. A job taken
+ahead waits its turn in ``claimed``: once the job before it has run
+:data:`HOLD_SECONDS`, or a third of its own lease has passed, it goes back to its
+queue (released: no attempt spent) for any worker to take, so a long job holds up no
+other.
 
 A job whose step succeeded goes to the :class:`CompletionBatcher`, and its loop
 goes on to the next job. The batcher completes whatever has gathered in one
@@ -45,8 +51,9 @@ import os
 import socket
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import psutil
 from sqlalchemy import Engine, insert, select, update
@@ -66,6 +73,9 @@ IDLE_WAIT_SECONDS = 1.0
 MAX_ERROR_BACKOFF_SECONDS = 5.0
 COMPLETION_BATCH = 256  # jobs per group commit, at most
 COMPLETION_BACKLOG = 2 * COMPLETION_BATCH  # finished jobs waiting for their commit: then loops wait
+# How long a job a claim loop took ahead may wait behind the one it runs (the upkeep
+# thread, each second, hands back what waited longer).
+HOLD_SECONDS = 2.0
 SPOT_INTERRUPTED = "spot_interrupted"  # the row's final status, the attempts' code, the log action
 # A workers row in one of these will not run again (the supervisor, the stale-worker
 # sweep and a stopping worker write them).
@@ -99,15 +109,41 @@ class WorkerStats:
         setattr(self, attribute, getattr(self, attribute) + 1)
 
 
+@dataclass
+class Held:
+    """What one claim loop took ahead (``claimed``, not begun, in order) and since when
+    it runs the job before them (monotonic seconds)."""
+
+    jobs: deque[ClaimedJob] = field(default_factory=deque)
+    since: float = 0.0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def take_all(self) -> list[ClaimedJob]:
+        with self.lock:
+            jobs = list(self.jobs)
+            self.jobs.clear()
+            return jobs
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    """A job taken ahead that its loop has begun, at ``at`` (epoch seconds)."""
+
+    job: ClaimedJob
+    at: float
+
+
 class CompletionBatcher:
     """Group commit of finished jobs for one worker (see the module docstring).
 
     ``add`` returns at once (it waits only when ``max_backlog`` jobs are waiting);
     one thread completes up to ``max_batch`` of what has gathered per transaction
     with :meth:`Dispatcher.complete_many` and reports each job's :class:`Outcome`
-    to ``on_outcome``. A batch whose transaction fails because the database is
-    down is tried again, with backoff, until it is written: the jobs are done and
-    their outputs stored, so running them again would be waste. ``close`` commits
+    to ``on_outcome``. ``start`` hands it the start of a job a loop took ahead: written
+    in the same transaction, before any completion after it. A batch whose
+    transaction fails because the database is down is tried again, with backoff,
+    until it is written: the jobs are done and their outputs stored, so running them
+    again would be waste. ``close`` commits
     what is left and stops the thread; what it cannot commit within its timeout is
     given up (left ``processing``: their leases expire and they run again).
     """
@@ -127,7 +163,7 @@ class CompletionBatcher:
         self.max_batch = max_batch
         self.max_backlog = max_backlog
         self.commits = 0
-        self._pending: list[Completion] = []
+        self._pending: list[Completion | Start] = []
         self._cond = threading.Condition()
         self._closing = False
         self._abandoned = threading.Event()
@@ -135,10 +171,16 @@ class CompletionBatcher:
         self._thread.start()
 
     def add(self, completion: Completion) -> None:
+        self._put(completion)
+
+    def start(self, job: ClaimedJob, at: float) -> None:
+        self._put(Start(job, at))
+
+    def _put(self, item: Completion | Start) -> None:
         with self._cond:
             while len(self._pending) >= self.max_backlog and not self._closing:
                 self._cond.wait()
-            self._pending.append(completion)
+            self._pending.append(item)
             self._cond.notify_all()
 
     def close(self, timeout: float = 60.0) -> None:
@@ -167,20 +209,24 @@ class CompletionBatcher:
                 self._cond.notify_all()
             self._commit(batch)
 
-    def _commit(self, batch: Sequence[Completion]) -> None:
+    def _commit(self, items: Sequence[Completion | Start]) -> None:
+        batch = [item for item in items if isinstance(item, Completion)]
+        starts = [(item.job, item.at) for item in items if isinstance(item, Start)]
         backoff = 0.1
         attempt = 0
         done: list[bool] | None = None
         while done is None:
             attempt += 1
             try:
-                done = self.dispatcher.complete_many(self.worker_id, [c.finished() for c in batch])
+                done = self.dispatcher.complete_many(
+                    self.worker_id, [c.finished() for c in batch], starts
+                )
             except DatabaseUnavailable as exc:
                 if self._abandoned.is_set():
                     break
                 log.warning(
                     "completing %d jobs (try %d): %s; retrying in %.1fs",
-                    len(batch),
+                    len(items),
                     attempt,
                     exc,
                     backoff,
@@ -190,7 +236,7 @@ class CompletionBatcher:
                 backoff = min(backoff * 2, MAX_ERROR_BACKOFF_SECONDS)
             except Exception:
                 log.exception(
-                    "completing %d jobs failed", len(batch), extra={"worker_id": self.worker_id}
+                    "completing %d jobs failed", len(items), extra={"worker_id": self.worker_id}
                 )
                 break
         if done is None or len(done) != len(batch):
@@ -242,6 +288,7 @@ class Worker:
         self._claiming = threading.Event()
         self._stopped = threading.Event()
         self._loops: list[threading.Thread] = []
+        self._held: list[Held] = []
         self._handed_back: list[str] = []
         self._upkeep: threading.Thread | None = None
         self._spot_watcher: SpotWatcher | None = None
@@ -261,8 +308,13 @@ class Worker:
             )
             self._spot_watcher.start()
         for index in range(self.concurrency):
+            held = Held()
+            self._held.append(held)
             loop = threading.Thread(
-                target=self._claim_loop, name=f"{self.worker_id}-loop{index}", daemon=True
+                target=self._claim_loop,
+                args=(held,),
+                name=f"{self.worker_id}-loop{index}",
+                daemon=True,
             )
             loop.start()
             self._loops.append(loop)
@@ -375,17 +427,23 @@ class Worker:
 
     # -- the claim loop ------------------------------------------------------------
 
-    def _claim_loop(self) -> None:
+    def _claim_loop(self, held: Held) -> None:
         backoff = 0.1
         while self._claiming.is_set():
             try:
-                jobs = self.dispatcher.claim_and_start(self.queue, self.worker_id, self.prefetch)
+                if self.prefetch == 1:
+                    jobs = self.dispatcher.claim_and_start(self.queue, self.worker_id)
+                else:
+                    jobs = self.dispatcher.claim(self.queue, self.worker_id, self.prefetch)
                 if not jobs:
                     self.dispatcher.queue.wait(self.queue, IDLE_WAIT_SECONDS)
                     continue
                 with self._stats_lock:
                     self.stats.claimed += len(jobs)
-                self._run_batch(jobs)
+                if self.prefetch == 1:
+                    self._run_batch(jobs)
+                else:
+                    self._run_ahead(jobs, held)
                 backoff = 0.1
             except (QueueUnavailable, DatabaseUnavailable) as exc:
                 # A backing service is down: nothing is lost (the record is the
@@ -420,6 +478,57 @@ class Worker:
                 self.completions.add(result)
             else:
                 self._record(result)
+
+    def _run_ahead(self, jobs: Sequence[ClaimedJob], held: Held) -> None:
+        """Run the jobs one claim took ahead (``claimed``), in order, each started as
+        the loop reaches it; the upkeep thread may hand back those still waiting
+        (:meth:`_return_held`). Draining, none not yet begun is run."""
+        assert self.completions is not None
+        with held.lock:
+            held.jobs.extend(jobs)
+        while True:
+            with held.lock:
+                if not held.jobs:
+                    return
+                job = held.jobs.popleft() if self._claiming.is_set() else None
+                held.since = time.monotonic()
+            if job is None:
+                self._hand_back(held.take_all())
+                return
+            began = self.clock.now()
+            job = replace(job, attempt_started_at=began)
+            self.completions.start(job, began)
+            try:
+                result = self.execution.run_started(job)
+            except BaseException:
+                self._hand_back(held.take_all())
+                raise
+            if isinstance(result, Completion):
+                self.completions.add(result)
+            else:
+                self._record(result)
+
+    def _return_held(self) -> None:
+        """Hand back the jobs a loop took ahead that waited too long: the job before
+        them has run :data:`HOLD_SECONDS`, or a third of their lease has passed."""
+        now_mono, now = time.monotonic(), self.clock.now()
+        for held in self._held:
+            with held.lock:
+                if not held.jobs:
+                    continue
+                late = now_mono - held.since > HOLD_SECONDS or any(
+                    (job.deadline - now) < (job.deadline - (job.attempt_started_at or now)) * 2 / 3
+                    for job in held.jobs
+                )
+            if late:
+                jobs = held.take_all()
+                if jobs:
+                    log.info(
+                        "handing back %d jobs taken ahead: the job before them runs long",
+                        len(jobs),
+                        extra={"worker_id": self.worker_id, "action": "release"},
+                    )
+                    self._hand_back(jobs)
 
     def _hand_back(self, jobs: Sequence[ClaimedJob]) -> None:
         notice = self.notice
@@ -523,6 +632,7 @@ class Worker:
         while not self._stopped.wait(min(1.0, self.heartbeat_seconds)):
             now = time.monotonic()
             try:
+                self._return_held()
                 if now >= next_beat:
                     self.heartbeat()
                     next_beat = now + self.heartbeat_seconds

@@ -1,5 +1,7 @@
-"""The worker's loops without Ray: claim-and-start with prefetch, the completion
-batcher (group commit), operations that need no input, drain with prefetched jobs.
+"""The worker's loops without Ray: claim-and-start, jobs taken ahead (prefetch: each
+started as its loop reaches it, handed back when the job before it runs long), the
+completion batcher (group commit), operations that need no input, drain with
+prefetched jobs.
 
 Steps run in-process (:class:`~bench.in_process.InProcessExecutor`, the
 benchmark's executor) so these tests are about the job path, not the sandbox,
@@ -8,10 +10,12 @@ which ``test_sandbox_executor`` and ``test_workers`` cover.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -165,7 +169,8 @@ def test_drain_hands_back_prefetched_jobs_not_begun(pg_engine, settings, tmp_pat
         prefetch=4,
     )
     worker.start()
-    _wait(lambda: _statuses(stack).get("processing") == 4)
+    # Taken ahead, the three behind the first are claimed, not yet started.
+    _wait(lambda: _statuses(stack) == {"processing": 1, "claimed": 3})
     handed_back = worker.drain(timeout=30)
     assert worker.stats.completed == 1 and worker.stats.released == 3
     assert sorted(handed_back) == sorted(job_ids[1:])
@@ -258,4 +263,129 @@ def test_a_cancel_during_the_input_download_never_starts_the_step(engine, settin
     (result,) = outcome
     assert getattr(result, "status", None) == "cancelled", result
     assert stack.ingest.get_job(person.caller, job_id).status == "cancelled"
+    stack.close()
+
+
+def _sleep_jobs(stack: Stack, seconds: list[float]) -> tuple[object, list[str]]:
+    person = make_user(stack)
+    obj = make_object(stack, person)
+    requests = [
+        SubmitRequest(
+            object_id=obj, operations=["test.sleep"], params={"test.sleep": {"seconds": s}}
+        )
+        for s in seconds
+    ]
+    return person, [r.job_ids[0] for r in stack.ingest.submit_many(person.caller, requests)]
+
+
+def _loop_worker(stack: Stack, tmp_path: Path, worker_id: str, prefetch: int) -> Worker:
+    executor = InProcessExecutor(tmp_path / worker_id, PRELOAD)
+    execution = JobExecution(stack.dispatcher, stack.catalog, NoGrants(), executor, worker_id)
+    return Worker(
+        worker_id=worker_id,
+        queue="images",
+        concurrency=1,
+        engine=stack.engine,
+        dispatcher=stack.dispatcher,
+        execution=execution,
+        work_root=str(tmp_path / worker_id),
+        clock=stack.clock,
+        prefetch=prefetch,
+    )
+
+
+def test_jobs_taken_ahead_start_as_their_loop_reaches_them(engine, settings, tmp_path):
+    """One claim takes three jobs: each becomes ``processing`` only when the loop
+    begins it (the start goes with the completion batcher's transaction), its
+    attempt timed from then, not from the claim."""
+    stack = open_stack(
+        settings, engine, None, profiles_path=_profiles_without_input(tmp_path, "test.sleep")
+    )
+    _person, job_ids = _sleep_jobs(stack, [0.6, 0.6, 0.6])
+    worker = _loop_worker(stack, tmp_path, "ahead", prefetch=3)
+    worker.start()
+    seen: list[dict[str, int]] = []
+    deadline = time.monotonic() + 60
+    while worker.stats.completed < 3:
+        assert time.monotonic() < deadline, "timed out"
+        seen.append(_statuses(stack))
+        time.sleep(0.05)
+    worker.stop()
+    # While they ran: never more than one processing, the others waiting claimed.
+    assert {"processing": 1, "claimed": 2} in seen
+    assert {"completed": 1, "processing": 1, "claimed": 1} in seen
+    assert all(counts.get("processing", 0) <= 1 for counts in seen)
+    assert worker.stats.claimed == 3 and worker.stats.released == 0
+    with transaction(stack.engine) as conn:
+        jobs = {
+            r.job_id: r
+            for r in conn.execute(
+                select(
+                    t.jobs.c.job_id,
+                    t.jobs.c.claimed_at,
+                    t.jobs.c.started_at,
+                    t.jobs.c.completed_at,
+                    t.jobs.c.status,
+                )
+            )
+        }
+        attempts = {
+            r.job_id: r
+            for r in conn.execute(
+                select(
+                    t.attempts.c.job_id,
+                    t.attempts.c.started_at,
+                    t.attempts.c.duration_ms,
+                    t.attempts.c.status,
+                )
+            )
+        }
+    rows = [jobs[j] for j in job_ids]
+    assert [r.status for r in rows] == ["completed"] * 3
+    assert len({r.claimed_at for r in rows}) == 1  # one claim took them all
+    # Each started after the one before it ended, its attempt from that moment.
+    for before, after in itertools.pairwise(rows):
+        assert after.started_at >= before.completed_at - timedelta(milliseconds=50)
+        assert after.started_at - after.claimed_at >= timedelta(seconds=0.5)
+    for job_id, row in zip(job_ids, rows, strict=True):
+        attempt = attempts[job_id]
+        assert attempt.status == "completed"
+        assert abs((attempt.started_at - row.started_at).total_seconds()) < 0.001
+        assert 550 <= attempt.duration_ms < 1500  # its own run, not its wait
+    stack.close()
+
+
+def test_jobs_taken_ahead_go_back_when_the_one_before_runs_long(engine, settings, tmp_path):
+    """A loop took three jobs and the first runs long: after HOLD_SECONDS the other two
+    go back to their queue (released, no attempt spent) and another worker runs them
+    while the first still runs."""
+    from hypermedia.worker.worker import HOLD_SECONDS
+
+    stack = open_stack(
+        settings, engine, None, profiles_path=_profiles_without_input(tmp_path, "test.sleep")
+    )
+    long_run = HOLD_SECONDS + 6
+    person, job_ids = _sleep_jobs(stack, [long_run, 0.1, 0.1])
+    first = _loop_worker(stack, tmp_path, "holder", prefetch=3)
+    first.start()
+    _wait(lambda: _statuses(stack) == {"processing": 1, "claimed": 2})
+    began = time.monotonic()
+    second = _loop_worker(stack, tmp_path, "other", prefetch=1)
+    second.start()
+    _wait(lambda: second.stats.completed == 2, timeout=long_run + 30)
+    waited = time.monotonic() - began
+    assert waited < long_run - 1, "the held jobs waited for the long one"
+    assert first.stats.completed == 0 and first.stats.released == 2
+    views = [stack.ingest.get_job(person.caller, j) for j in job_ids]
+    assert views[0].status == "processing"
+    for view in views[1:]:
+        assert view.status == "completed" and view.attempt_count == 1
+        assert [(a.status, a.worker_id) for a in view.attempts] == [
+            ("released", "holder"),
+            ("completed", "other"),
+        ]
+    _wait(lambda: first.stats.completed == 1, timeout=long_run + 30)
+    first.stop()
+    second.stop()
+    assert _statuses(stack) == {"completed": 3}
     stack.close()
