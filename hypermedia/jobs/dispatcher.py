@@ -155,7 +155,16 @@ class Dispatcher:
         ``processing``, each with its attempt row. For a worker about to run them."""
         return self._claim(queue, worker_id, count, start=True)
 
-    def _claim(self, queue: str, worker_id: str, count: int, *, start: bool) -> list[ClaimedJob]:
+    def claim_ahead(self, queue: str, worker_id: str, count: int) -> list[ClaimedJob]:
+        """:meth:`claim` for a loop that runs the jobs one after another: the first
+        is started in the same transaction (as :meth:`claim_and_start`), the others
+        wait ``claimed`` (``ClaimedJob.started`` False) until the loop reaches them
+        and starts them (:meth:`complete_many`'s ``started``)."""
+        return self._claim(queue, worker_id, count, start="first")
+
+    def _claim(
+        self, queue: str, worker_id: str, count: int, *, start: bool | str
+    ) -> list[ClaimedJob]:
         now = self.clock.now()
         leased = self.queue.claim(queue, worker_id, self.queue_lease_seconds(queue), now, count)
         if not leased:
@@ -180,11 +189,17 @@ class Dispatcher:
         if len(claimed) < len(job_ids):
             ours = {job.job_id for job in claimed}
             self.mirror([job_id for job_id in job_ids if job_id not in ours])
-        if start:
-            self._count_started(claimed, now)
-        status = JobStatus.PROCESSING if start else JobStatus.CLAIMED
+        self._count_started([job for job in claimed if job.started], now)
         self.events.publish_many(
-            (job.job_id, status_event(status.value, now, job.attempt_number)) for job in claimed
+            (
+                job.job_id,
+                status_event(
+                    (JobStatus.PROCESSING if job.started else JobStatus.CLAIMED).value,
+                    now,
+                    job.attempt_number,
+                ),
+            )
+            for job in claimed
         )
         return claimed
 
@@ -292,19 +307,24 @@ class Dispatcher:
         both. Their ``processing`` events go out once it has committed."""
         if not finished and not started:
             return []
+        ending = {f.job_id for f in finished}
+        # A job started and finished since the last batch is both in one statement.
+        together = {job.job_id: at for job, at in started if job.job_id in ending}
+        alone = [(job.job_id, at) for job, at in started if job.job_id not in ending]
         # More than one statement: then an explicit transaction holds them together.
-        several = started or any(f.outputs for f in finished)
+        several = (alone and finished) or any(f.outputs for f in finished)
         engine = self.engine if several else self._single
         now = self.clock.now()
         with transaction(engine) as conn:
-            begun = self.repository.start_many(
-                conn, worker_id, [(job.job_id, at) for job, at in started]
-            )
+            begun = self.repository.start_many(conn, worker_id, alone)
             moved = (
-                self.repository.complete_many(conn, worker_id, now, finished, self._versions)
+                self.repository.complete_many(
+                    conn, worker_id, now, finished, self._versions, together
+                )
                 if finished
                 else []
             )
+        begun |= {m.job_id for m in moved if m.job_id in together}
         if started:
             reached = [(job, at) for job, at in started if job.job_id in begun]
             for job, at in reached:

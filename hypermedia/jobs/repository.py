@@ -80,6 +80,7 @@ class ClaimedJob:
     deadline: float  # lease / visibility timeout, epoch seconds
     attempt_started_at: float | None = None  # the attempt row's started_at, epoch seconds
     estimated_millicredits: int | None = None  # what the submit reserved for it
+    started: bool = True  # processing; False: claimed, its start still to come
 
 
 @dataclass(frozen=True, slots=True)
@@ -384,7 +385,7 @@ class JobRepository:
         leases: Mapping[int, float],
         *,
         default_lease: float,
-        start: bool = False,
+        start: bool | str = False,
     ) -> list[ClaimedJob]:
         """The atomic claim of a batch: one guarded UPDATE (queued -> claimed,
         attempt_count + 1) and one INSERT of their attempt rows.
@@ -392,8 +393,9 @@ class JobRepository:
         ``leases``: lease seconds by profile id (``default_lease`` for any other).
         ``start``: the START event too (claimed -> processing, ``started_at``), in the
         same UPDATE: the claim's guard still decides, the row just does not stop at
-        ``claimed`` on the way. Jobs the guard refuses are left out; the claimed ones
-        come back in the order of ``job_ids``.
+        ``claimed`` on the way; ``"first"``: only for the first of ``job_ids`` (the one
+        its loop runs now; the others it took ahead wait ``claimed``). Jobs the guard
+        refuses are left out; the claimed ones come back in the order of ``job_ids``.
         """
         if not job_ids:
             return []
@@ -409,6 +411,8 @@ class JobRepository:
             "b_now": to_datetime(now),
             "b_deadline": to_datetime(now + default_lease),
         }
+        if start == "first":
+            params["b_first"] = job_ids[0]
         params.update(
             sql.lease_params(
                 conn.dialect.name,
@@ -452,6 +456,7 @@ class JobRepository:
                     deadline=now + leases.get(row.profile_id, default_lease),
                     attempt_started_at=now,
                     estimated_millicredits=row.estimated_millicredits,
+                    started=start is True or (start == "first" and job_id == job_ids[0]),
                 )
             )
         return claimed
@@ -481,6 +486,14 @@ class JobRepository:
         running attempt's. Answers the jobs this worker still held ``claimed``."""
         if not started:
             return set()
+        if conn.dialect.name == "postgresql":
+            stmt = self._statements.get(conn, ("start_pg",), sql.start_pg)
+            params = {
+                "ids": sql.csv(job_id for job_id, _ in started),
+                "b_times": sql.csv(sql.naive_utc(to_datetime(at)) for _, at in started),
+                "b_worker": worker_id,
+            }
+            return set(conn.execute(stmt, params).scalars())
         j, a = t.jobs.c, t.attempts.c
         (source,) = _guard(JobEvent.START)  # one status: executemany takes no IN list
         at = bindparam("b_at", type_=sql.UTC)
@@ -575,6 +588,7 @@ class JobRepository:
         now: float,
         finished: Sequence[FinishedJob],
         versions: Mapping[int, int] | None = None,
+        started: Mapping[str, float] | None = None,
     ) -> list[Moved]:
         """processing -> completed for a batch (group commit): one guarded UPDATE, the
         attempts closed, one ledger charge per job and the credits settled once per
@@ -582,10 +596,15 @@ class JobRepository:
         outputs is one statement (data-modifying CTEs), else a few.
 
         ``versions``: profile versions by id where the caller knows them (else read).
-        Jobs this worker no longer holds are left out of the answer and untouched.
+        ``started``: of these, jobs still ``claimed`` (taken ahead) that began at the
+        moment given: started and completed at once. Jobs this worker no longer holds
+        are left out of the answer and untouched.
         """
         if not finished:
             return []
+        started = started or {}
+        if started and conn.dialect.name != "postgresql":
+            self.start_many(conn, worker_id, list(started.items()))
         if conn.dialect.name == "postgresql":
             stmt = self._statements.get(conn, ("complete_pg",), sql.complete_pg)
             rows = list(
@@ -595,6 +614,12 @@ class JobRepository:
                         "ids": sql.csv(f.job_id for f in finished),
                         "b_actuals": sql.csv(f.actual_millicredits for f in finished),
                         "b_peaks": sql.csv(f.peak_memory_mb for f in finished),
+                        "b_starts": sql.csv(
+                            sql.naive_utc(to_datetime(started[f.job_id]))
+                            if f.job_id in started
+                            else None
+                            for f in finished
+                        ),
                         "b_worker": worker_id,
                         "b_now": to_datetime(now),
                     },

@@ -2,8 +2,9 @@
 kept.
 
 ``claim`` (queued -> claimed, or -> processing with the START event folded in) and
-the attempt rows; ``complete_pg`` (PostgreSQL: the whole completion as one
-statement of data-modifying CTEs) and its parts for other databases (``complete``,
+the attempt rows; ``start_pg`` (the later start of jobs claimed ahead);
+``complete_pg`` (PostgreSQL: the whole completion as one statement of
+data-modifying CTEs) and its parts for other databases (``complete``,
 ``close_attempt``, ``ledger``, ``settle``); ``cancel_requested``; ``create_pg`` (a
 submit's record as one statement on PostgreSQL). Statements take
 bound parameters only (names start with ``b_``, except ``ids``), so one compiled
@@ -34,6 +35,7 @@ from sqlalchemy import (
     Integer,
     String,
     Text,
+    and_,
     any_,
     bindparam,
     case,
@@ -41,6 +43,7 @@ from sqlalchemy import (
     func,
     insert,
     literal,
+    or_,
     select,
     true,
     type_coerce,
@@ -97,6 +100,14 @@ def pg_array(name: str, element: Any) -> Any:
     return text if element is String else sa_cast(text, postgresql.ARRAY(element))
 
 
+def pg_timestamps(name: str) -> Any:
+    """:func:`pg_array` of timestamps (text of :func:`naive_utc`), read once a
+    statement: text -> timestamp is not immutable, so PostgreSQL would parse the whole
+    array again for each row that indexes it (a batch of n jobs, n x n parses: half a
+    completion's time at 60 jobs). As a scalar subquery it is an InitPlan, run once."""
+    return select(pg_array(name, postgresql.TIMESTAMP)).scalar_subquery()
+
+
 def csv(values: Iterable[object]) -> str:
     """Ids, integers and floats (None as NULL) for :func:`_pg_array`; ids never hold commas."""
     return ",".join("NULL" if v is None else str(v) for v in values)
@@ -139,7 +150,9 @@ def cancel_requested(dialect: str) -> Executable:
     )
 
 
-def claim(dialect: str, profile_ids: tuple[int, ...], start: bool) -> Executable:
+def claim(dialect: str, profile_ids: tuple[int, ...], start: bool | str) -> Executable:
+    """The claim of a batch (``start``: True, every job started too; ``"first"``, only
+    the job ``b_first``, the one its loop runs at once: the others wait ``claimed``)."""
     j = t.jobs.c
     now = now_param()
     deadline: Any = bindparam("b_deadline", type_=UTC)
@@ -148,7 +161,7 @@ def claim(dialect: str, profile_ids: tuple[int, ...], start: bool) -> Executable
         # statement keeps 18 parameters whatever the number of profiles (psycopg
         # caches its conversion of a query of at most 50; a CASE of 25 profiles made
         # 62, converted again on every claim: a tenth of the claim loops' time).
-        ends = Grouping(pg_array("b_lease_ends", postgresql.TIMESTAMP))
+        ends = Grouping(pg_timestamps("b_lease_ends"))
         deadline = func.coalesce(
             ends[func.array_position(pg_array("b_lease_profiles", Integer), j.profile_id)],
             deadline,
@@ -167,7 +180,14 @@ def claim(dialect: str, profile_ids: tuple[int, ...], start: bool) -> Executable
         "attempt_count": j.attempt_count + 1,
         "updated_at": now,
     }
-    if start:
+    if start == "first":
+        first = j.job_id == bindparam("b_first", type_=String)
+        values["status"] = case(
+            (first, after(JobEvent.CLAIM, JobEvent.START).value),
+            else_=after(JobEvent.CLAIM).value,
+        )
+        values["started_at"] = case((first, now), else_=j.started_at)
+    elif start:
         values["status"] = after(JobEvent.CLAIM, JobEvent.START).value
         values["started_at"] = now
     claiming = (
@@ -198,15 +218,59 @@ def claim(dialect: str, profile_ids: tuple[int, ...], start: bool) -> Executable
     )
 
 
+def start_pg(dialect: str) -> Executable:
+    """PostgreSQL's :meth:`JobRepository.start_many` in one statement: the jobs of
+    ``ids`` this worker holds ``claimed`` start, each at its moment (``b_times``, in
+    the order of ``ids``), and so do their running attempts; answers the started ids."""
+    j, a = t.jobs.c, t.attempts.c
+    ids = type_coerce(pg_array("ids", String), postgresql.ARRAY(Text))
+    times = pg_timestamps("b_times")
+
+    def of(job_id: Any) -> Any:
+        return Grouping(times)[func.array_position(ids, sa_cast(job_id, Text))]
+
+    started = (
+        update(t.jobs)
+        .where(
+            ids_match(j.job_id, dialect),
+            j.claimed_by == bindparam("b_worker", type_=String),
+            guarded(j.status, JobEvent.START),
+        )
+        .values(
+            status=after(JobEvent.START).value,
+            started_at=of(j.job_id),
+            updated_at=of(j.job_id),
+        )
+        .returning(j.job_id)
+        .cte("started")
+    )
+    timed = (
+        update(t.attempts)
+        .where(
+            ids_match(a.job_id, dialect),
+            a.job_id.in_(select(started.c.job_id)),
+            a.status == "running",
+        )
+        .values(started_at=of(a.job_id))
+        .returning(a.attempt_id)
+        .cte("timed")
+    )
+    return select(started.c.job_id).add_cte(timed)
+
+
+def naive_utc(moment: datetime) -> str:
+    """An aware datetime as PostgreSQL's ``timestamp`` text of its UTC time."""
+    return moment.astimezone(UTC_ZONE).replace(tzinfo=None).isoformat(sep=" ")
+
+
 def lease_params(dialect: str, deadlines: dict[int, datetime]) -> dict[str, Any]:
     """The per-profile deadlines of :func:`claim` (``deadlines``: profile id -> aware
     datetime, one for each of the statement's profile ids)."""
     if dialect != "postgresql":
         return {f"b_deadline_{pid}": moment for pid, moment in deadlines.items()}
-    naive = [moment.astimezone(UTC_ZONE).replace(tzinfo=None) for moment in deadlines.values()]
     return {
         "b_lease_profiles": csv(deadlines),
-        "b_lease_ends": csv(moment.isoformat(sep=" ") for moment in naive),
+        "b_lease_ends": csv(naive_utc(moment) for moment in deadlines.values()),
     }
 
 
@@ -246,21 +310,30 @@ def complete_pg(dialect: str) -> Executable:
     their running attempts, ``ledger`` charges each, ``settle`` moves each user's
     sum from reserved to spent, ``outbox`` records the terminal event of each that
     named a callback (:mod:`hypermedia.jobs.callbacks`). Per-job values (actual cost,
-    peak memory) come as arrays in the order of ``ids``. Every part reads ``done``, so
-    the job rows are locked before the account rows, in the same order as every other
-    step.
+    peak memory, ``b_starts``) come as arrays in the order of ``ids``. Every part reads
+    ``done``, so the job rows are locked before the account rows, in the same order as
+    every other step.
+
+    ``b_starts``: for a job its loop took ahead and began since the last batch, the
+    moment it did (else NULL): such a job, still ``claimed``, is started and completed
+    here at once (its ``started_at`` and its attempt's from that moment), so a short
+    job taken ahead costs no statement of its own.
     """
     j, a = t.jobs.c, t.attempts.c
     now = now_param()
     ids = type_coerce(pg_array("ids", String), postgresql.ARRAY(Text))
     actuals = pg_array("b_actuals", BigInteger)
     peaks = pg_array("b_peaks", Float)
+    starts = pg_timestamps("b_starts")
 
     def of(values: Any, job_id: Any) -> Any:
         return Grouping(values)[func.array_position(ids, sa_cast(job_id, Text))]
 
-    done = _complete_update(dialect, now, of(actuals, j.job_id)).cte("done")
-    elapsed = func.extract("epoch", now - a.started_at) * 1000
+    done = _complete_update(dialect, now, of(actuals, j.job_id), started=of(starts, j.job_id)).cte(
+        "done"
+    )
+    began = func.coalesce(of(starts, a.job_id), a.started_at)
+    elapsed = func.extract("epoch", now - began) * 1000
     closed = (
         update(t.attempts)
         .where(
@@ -270,6 +343,7 @@ def complete_pg(dialect: str) -> Executable:
         )
         .values(
             status="completed",
+            started_at=began,
             finished_at=now,
             duration_ms=func.greatest(0, sa_cast(func.floor(elapsed), BigInteger)),
             peak_memory_mb=of(peaks, a.job_id),
@@ -303,18 +377,30 @@ def complete(dialect: str) -> Executable:
     return _complete_update(dialect, now_param(), bindparam("b_actual", type_=BigInteger))
 
 
-def _complete_update(dialect: str, now: Any, actual: Any) -> ReturningUpdate[Any]:
+def _complete_update(
+    dialect: str, now: Any, actual: Any, *, started: Any = None
+) -> ReturningUpdate[Any]:
     """processing -> completed for the batch this worker holds; ``actual`` is the
-    actual cost (NULL keeps the estimate)."""
+    actual cost (NULL keeps the estimate); ``started``, where not NULL, the moment a
+    ``claimed`` job began: START and COMPLETE at once."""
     j = t.jobs.c
+    status_ok: Any = guarded(j.status, JobEvent.COMPLETE)
+    values: dict[str, Any] = {}
+    if started is not None:
+        status_ok = or_(
+            j.status.in_(guard(JobEvent.COMPLETE)),
+            and_(j.status.in_(guard(JobEvent.START)), started.is_not(None)),
+        ).is_(true())
+        values["started_at"] = func.coalesce(started, j.started_at)
     return (
         update(t.jobs)
         .where(
             ids_match(j.job_id, dialect),
             j.claimed_by == bindparam("b_worker", type_=String),
-            guarded(j.status, JobEvent.COMPLETE),
+            status_ok,
         )
         .values(
+            **values,
             status=after(JobEvent.COMPLETE).value,
             completed_at=now,
             visibility_timeout=None,

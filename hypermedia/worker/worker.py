@@ -76,6 +76,9 @@ COMPLETION_BACKLOG = 2 * COMPLETION_BATCH  # finished jobs waiting for their com
 # How long a job a claim loop took ahead may wait behind the one it runs (the upkeep
 # thread, each second, hands back what waited longer).
 HOLD_SECONDS = 2.0
+# How long the start of a job taken ahead may wait for a completion to share its
+# transaction with (the record says ``claimed`` meanwhile).
+START_LINGER_SECONDS = 0.2
 SPOT_INTERRUPTED = "spot_interrupted"  # the row's final status, the attempts' code, the log action
 # A workers row in one of these will not run again (the supervisor, the stale-worker
 # sweep and a stopping worker write them).
@@ -131,6 +134,7 @@ class Start:
 
     job: ClaimedJob
     at: float
+    queued: float = field(default_factory=time.monotonic)
 
 
 class CompletionBatcher:
@@ -200,14 +204,43 @@ class CompletionBatcher:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._pending and not self._closing:
-                    self._cond.wait()
+                while not self._closing:
+                    if any(isinstance(item, Completion) for item in self._pending):
+                        break
+                    if not self._pending:
+                        self._cond.wait()
+                        continue
+                    # Starts alone wait a moment for a completion to go with.
+                    oldest = min(i.queued for i in self._pending if isinstance(i, Start))
+                    left = oldest + START_LINGER_SECONDS - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._cond.wait(left)
                 if not self._pending:
                     return
-                batch = self._pending[: self.max_batch]
-                del self._pending[: self.max_batch]
+                batch = self._take()
                 self._cond.notify_all()
             self._commit(batch)
+
+    def _take(self) -> list[Completion | Start]:
+        """The next batch: up to ``max_batch`` completions and the starts that go with
+        them; a start whose job has not finished stays for a later batch until it has
+        waited :data:`START_LINGER_SECONDS` (or the batcher closes)."""
+        window = self._pending[: self.max_batch]
+        ending = {item.job.job_id for item in window if isinstance(item, Completion)}
+        ripe = time.monotonic() - START_LINGER_SECONDS
+        batch: list[Completion | Start] = []
+        kept: list[Completion | Start] = []
+        for item in window:
+            go = (
+                isinstance(item, Completion)
+                or item.job.job_id in ending
+                or item.queued <= ripe
+                or self._closing
+            )
+            (batch if go else kept).append(item)
+        self._pending[: len(window)] = kept
+        return batch
 
     def _commit(self, items: Sequence[Completion | Start]) -> None:
         batch = [item for item in items if isinstance(item, Completion)]
@@ -434,7 +467,7 @@ class Worker:
                 if self.prefetch == 1:
                     jobs = self.dispatcher.claim_and_start(self.queue, self.worker_id)
                 else:
-                    jobs = self.dispatcher.claim(self.queue, self.worker_id, self.prefetch)
+                    jobs = self.dispatcher.claim_ahead(self.queue, self.worker_id, self.prefetch)
                 if not jobs:
                     self.dispatcher.queue.wait(self.queue, IDLE_WAIT_SECONDS)
                     continue
@@ -480,9 +513,10 @@ class Worker:
                 self._record(result)
 
     def _run_ahead(self, jobs: Sequence[ClaimedJob], held: Held) -> None:
-        """Run the jobs one claim took ahead (``claimed``), in order, each started as
-        the loop reaches it; the upkeep thread may hand back those still waiting
-        (:meth:`_return_held`). Draining, none not yet begun is run."""
+        """Run the jobs of one claim (:meth:`Dispatcher.claim_ahead`: the first
+        started, the others ``claimed``) in order, each started as the loop reaches it;
+        the upkeep thread may hand back those still waiting (:meth:`_return_held`).
+        Draining, the loop runs the one it began and hands back the others."""
         assert self.completions is not None
         with held.lock:
             held.jobs.extend(jobs)
@@ -490,14 +524,18 @@ class Worker:
             with held.lock:
                 if not held.jobs:
                     return
-                job = held.jobs.popleft() if self._claiming.is_set() else None
+                # Draining, a loop runs the job it began; after a spot notice, none.
+                begun = held.jobs[0].started and self.notice is None
+                draining = not self._claiming.is_set() and not begun
+                job = None if draining else held.jobs.popleft()
                 held.since = time.monotonic()
             if job is None:
                 self._hand_back(held.take_all())
                 return
-            began = self.clock.now()
-            job = replace(job, attempt_started_at=began)
-            self.completions.start(job, began)
+            if not job.started:
+                began = self.clock.now()
+                job = replace(job, attempt_started_at=began, started=True)
+                self.completions.start(job, began)
             try:
                 result = self.execution.run_started(job)
             except BaseException:

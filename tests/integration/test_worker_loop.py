@@ -128,6 +128,17 @@ def test_noop_jobs_drain_through_prefetch_and_group_commit(engine, settings, tmp
         ).scalar_one()
         reserved = conn.execute(select(t.credit_accounts.c.reserved_millicredits)).scalars().all()
     assert [tuple(a) for a in attempts] == [("completed", len(job_ids))]
+    # Taken 25 at a time, most were started and completed in one batch: each still has
+    # its start, that of its attempt, before its end.
+    with transaction(stack.engine) as conn:
+        times = conn.execute(
+            select(t.jobs.c.started_at, t.jobs.c.completed_at, t.attempts.c.started_at).join(
+                t.attempts, t.attempts.c.job_id == t.jobs.c.job_id
+            )
+        ).all()
+    assert len(times) == len(job_ids)
+    assert all(job_start == attempt_start <= end for job_start, end, attempt_start in times)
+    assert len({job_start for job_start, _end, _attempt in times}) > len(job_ids) // 25
     assert charges == len(job_ids)
     assert set(reserved) == {0}
     assert stack.queue.counts("bulk").leased == 0
