@@ -8,13 +8,14 @@ Connection failures are translated into :class:`DatabaseUnavailable` here.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine, event, make_url
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import DBAPIError, DisconnectionError, OperationalError
 
 from hypermedia.errors import DatabaseUnavailable
 
@@ -37,11 +38,42 @@ def make_engine(url: str, *, custom_plans: bool = False, **kwargs: Any) -> Engin
         return engine
     kwargs.setdefault("pool_size", 10)
     kwargs.setdefault("max_overflow", 20)
-    kwargs.setdefault("pool_pre_ping", True)
     engine = create_engine(url, **kwargs)
+    if not kwargs.get("pool_pre_ping"):
+        _ping_when_idle(engine)
     if custom_plans:
         _plan_each_statement(engine)
     return engine
+
+
+# A pooled connection is tried (a round trip) before use only when it has sat idle this
+# long: one a server restart or an idle timeout may have closed. SQLAlchemy's
+# pool_pre_ping tries every checkout, a round trip more for each transaction: on the
+# claim loops (a claim, a completion batch) it was a third of entering a transaction
+# (py-spy --gil of a pipeline actor on the child path). A connection that breaks
+# while in use fails its statement whichever way (DatabaseUnavailable, which the
+# callers retry), and SQLAlchemy then discards every connection of the pool.
+PING_AFTER_IDLE_SECONDS = 5.0
+
+
+def _ping_when_idle(engine: Engine) -> None:
+    @event.listens_for(engine, "checkin")
+    def _on_checkin(_dbapi_conn: Any, record: Any) -> None:
+        record.info[_IDLE_SINCE] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _on_checkout(dbapi_conn: Any, record: Any, _proxy: Any) -> None:
+        since = record.info.get(_IDLE_SINCE)
+        if since is None or time.monotonic() - since < PING_AFTER_IDLE_SECONDS:
+            return
+        try:
+            engine.dialect.do_ping(dbapi_conn)
+        except Exception as exc:
+            # The pool drops this connection and checks out another (a new one).
+            raise DisconnectionError(f"idle connection is gone: {exc}") from exc
+
+
+_IDLE_SINCE = "hypermedia_idle_since"
 
 
 # For the claim loops: every statement planned for the parameters it runs with. psycopg

@@ -325,21 +325,20 @@ class Dispatcher:
                 else []
             )
         begun |= {m.job_id for m in moved if m.job_id in together}
-        if started:
-            reached = [(job, at) for job, at in started if job.job_id in begun]
-            for job, at in reached:
+        starting = []
+        for job, at in started:
+            if job.job_id in begun:
                 self._count_started([job], at)
-            self.events.publish_many(
-                (job.job_id, status_event(JobStatus.PROCESSING.value, at, job.attempt_number))
-                for job, at in reached
-            )
+                event = status_event(JobStatus.PROCESSING.value, at, job.attempt_number)
+                starting.append((job.job_id, event))
         if not finished:
+            self.events.publish_many(starting)
             return []
         done = {m.job_id for m in moved}
         lost = [f.job_id for f in finished if f.job_id not in done]
         if lost:
             self.mirror(lost)
-        self._apply(moved)
+        self._apply(moved, before=starting)  # their starts' events in the same call
         started_at = {f.job_id: f.attempt_started_at for f in finished}
         for m in moved:
             self.metrics.count(JOBS_COMPLETED, {"queue": m.queue, "operation": m.operation})
@@ -455,16 +454,30 @@ class Dispatcher:
 
     # -- mirroring the record into Redis --------------------------------------------------
 
-    def _apply(self, moves: Sequence[Moved], error_code: str | None = None) -> None:
+    def _apply(
+        self,
+        moves: Sequence[Moved],
+        error_code: str | None = None,
+        *,
+        before: Sequence[tuple[str, dict[str, Any]]] = (),
+    ) -> None:
         """Mirror moves into Redis (one call per queue and kind of move) and publish
-        each as the job's status event (``error_code``: of a failed attempt)."""
+        each as the job's status event (``error_code``: of a failed attempt), after
+        the events ``before`` (one call for all)."""
         now = self.clock.now()
         self.events.publish_many(
-            (
-                m.job_id,
-                status_event(m.status.value, now, retry_at=m.retry_at, error_code=error_code),
-            )
-            for m in moves
+            [
+                *before,
+                *(
+                    (
+                        m.job_id,
+                        status_event(
+                            m.status.value, now, retry_at=m.retry_at, error_code=error_code
+                        ),
+                    )
+                    for m in moves
+                ),
+            ]
         )
         enqueue: dict[str, list[tuple[str, int]]] = defaultdict(list)
         delay: dict[str, list[tuple[str, float]]] = defaultdict(list)

@@ -170,6 +170,7 @@ class CompletionBatcher:
         self._pending: list[Completion | Start] = []
         self._cond = threading.Condition()
         self._closing = False
+        self._idle = False  # waiting for anything at all (else for a batch or a timer)
         self._abandoned = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"{worker_id}-complete", daemon=True)
         self._thread.start()
@@ -185,7 +186,9 @@ class CompletionBatcher:
             while len(self._pending) >= self.max_backlog and not self._closing:
                 self._cond.wait()
             self._pending.append(item)
-            self._cond.notify_all()
+            # A start alone need not wake a batcher that has a batch to wait for.
+            if isinstance(item, Completion) or self._idle:
+                self._cond.notify_all()
 
     def close(self, timeout: float = 60.0) -> None:
         with self._cond:
@@ -208,7 +211,9 @@ class CompletionBatcher:
                     if any(isinstance(item, Completion) for item in self._pending):
                         break
                     if not self._pending:
+                        self._idle = True
                         self._cond.wait()
+                        self._idle = False
                         continue
                     # Starts alone wait a moment for a completion to go with.
                     oldest = min(i.queued for i in self._pending if isinstance(i, Start))

@@ -130,3 +130,66 @@ def test_postgres_outage_strands_no_lease_and_loses_no_completion(
     assert stack.queue.counts("images").leased == 0
     stack.close()
     engine.dispose()
+
+
+def test_an_idle_connection_is_tried_before_use_a_busy_one_is_not(
+    private_postgres: PrivatePostgres, monkeypatch
+):
+    """The pool tries a connection (a round trip) only when it has sat idle
+    PING_AFTER_IDLE_SECONDS: after a restart, an idle one is found closed and replaced
+    unseen; a connection in steady use is not tried (no round trip more a
+    transaction), so the restart fails its next transaction once, and the one after
+    goes through on a new connection."""
+    from sqlalchemy import text
+
+    from hypermedia.db import engine as engines
+    from hypermedia.errors import DatabaseUnavailable
+
+    def counted(engine) -> list[bool]:
+        """Each round trip the pool spends trying a connection (what pool_pre_ping
+        would spend on every checkout)."""
+        calls: list[bool] = []
+        ping = engine.dialect.do_ping
+
+        def do_ping(dbapi_conn) -> bool:
+            try:
+                calls.append(ping(dbapi_conn))
+            except Exception:
+                calls.append(False)
+                raise
+            return True
+
+        engine.dialect.do_ping = do_ping
+        return calls
+
+    def backend_pid(engine) -> int:
+        with transaction(engine) as conn:
+            return int(conn.execute(text("SELECT pg_backend_pid()")).scalar_one())
+
+    monkeypatch.setattr(engines, "PING_AFTER_IDLE_SECONDS", 0.5)
+    busy = make_engine(private_postgres.url, pool_size=1, max_overflow=0)
+    idle = make_engine(private_postgres.url, pool_size=1, max_overflow=0)
+    try:
+        busy_pings, idle_pings = counted(busy), counted(idle)
+        first = backend_pid(busy)
+        assert backend_pid(busy) == first and backend_pid(idle)
+        assert busy_pings == [] and idle_pings == []  # back to back: never tried
+
+        private_postgres.stop()
+        private_postgres.start()
+        time.sleep(0.6)  # the idle engine's connection has now sat idle long enough
+        assert backend_pid(idle)  # tried, found closed, replaced: no error
+        assert idle_pings == [False]
+
+        monkeypatch.setattr(engines, "PING_AFTER_IDLE_SECONDS", 3600.0)
+        try:
+            backend_pid(busy)
+        except DatabaseUnavailable:
+            pass
+        else:
+            raise AssertionError("a connection closed by the restart was used untried")
+        assert backend_pid(busy) != first  # a new connection, without a ping
+        assert busy_pings == []
+    finally:
+        busy.dispose()
+        idle.dispose()
