@@ -30,7 +30,7 @@ from hypermedia.storage.grants import OutputGrant
 from hypermedia.worker.execute import JobExecution
 from hypermedia.worker.worker import Worker
 from tests import ray_support
-from tests.factories import make_object, make_user, open_stack
+from tests.factories import Person, make_object, make_user, open_stack
 from tests.pipelines_for_tests import PRELOAD
 
 
@@ -277,7 +277,7 @@ def test_a_cancel_during_the_input_download_never_starts_the_step(engine, settin
     stack.close()
 
 
-def _sleep_jobs(stack: Stack, seconds: list[float]) -> tuple[object, list[str]]:
+def _sleep_jobs(stack: Stack, seconds: list[float]) -> tuple[Person, list[str]]:
     person = make_user(stack)
     obj = make_object(stack, person)
     requests = [
