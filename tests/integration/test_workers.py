@@ -180,3 +180,37 @@ def test_drain_finishes_short_jobs_and_hands_back_long_ones(pg_engine, settings,
         assert view.attempt_count == 0
         assert [a.status for a in view.attempts] == ["released"]
         assert rs.stack.queue.ready_ids("images") == [long_job]
+
+
+def test_a_queues_prefetch_reaches_its_actor(pg_engine, settings, tmp_path):
+    """``queues.images.prefetch = 3``: the images actor's one loop takes three jobs in
+    one claim and runs them one after another, each ``processing`` only from when it
+    begins (the others wait ``claimed``)."""
+    queues = {"images": {"concurrency": 1, "prefetch": 3}}
+    with ray_stack(settings, pg_engine, tmp_path, {"images": 1}, queues=queues) as rs:
+        assert rs.settings.queues["images"].prefetch == 3
+        person = make_user(rs.stack)
+        object_id = stored_object(rs.stack, person, b"x")
+        request = SubmitRequest(
+            object_id=object_id,
+            operations=["test.sleep"],
+            params={"test.sleep": {"seconds": 1.5}},
+        )
+        # Enqueued together (one submit of three), so one claim finds them all.
+        results = rs.stack.ingest.submit_many(person.caller, [request] * 3)
+        jobs = [result.job_ids[0] for result in results]
+        seen: list[list[str]] = []
+
+        def all_done() -> bool:
+            seen.append(sorted(_status(rs, person, job) for job in jobs))
+            return seen[-1] == ["completed"] * 3
+
+        rs.wait_for(all_done, what="the three jobs")
+        assert ["claimed", "claimed", "processing"] in seen
+        assert ["claimed", "completed", "processing"] in seen
+        with transaction(rs.stack.engine) as conn:
+            rows = conn.execute(
+                select(t.jobs.c.claimed_at, t.jobs.c.started_at).where(t.jobs.c.job_id.in_(jobs))
+            ).all()
+        assert len({claimed for claimed, _started in rows}) == 1  # one claim took them
+        assert len({started for _claimed, started in rows}) == 3
