@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy import Engine, Row
 
@@ -163,7 +163,7 @@ class Dispatcher:
         return self._claim(queue, worker_id, count, start="first")
 
     def _claim(
-        self, queue: str, worker_id: str, count: int, *, start: bool | str
+        self, queue: str, worker_id: str, count: int, *, start: bool | Literal["first"]
     ) -> list[ClaimedJob]:
         now = self.clock.now()
         leased = self.queue.claim(queue, worker_id, self.queue_lease_seconds(queue), now, count)
@@ -301,8 +301,8 @@ class Dispatcher:
         """Complete a batch in one transaction, then drop them from Redis in one call.
         Answers, per job, whether it was still ours (the others are mirrored).
 
-        ``started``: jobs a claim loop took ahead (:meth:`claim`: ``claimed``) and has
-        since begun to run, each with the moment it did: started (claimed ->
+        ``started``: jobs a claim loop took ahead (:meth:`claim_ahead`: ``claimed``) and
+        has since begun to run, each with the moment it did: started (claimed ->
         processing) in the same transaction, before the completions, so a job can be
         both. Their ``processing`` events go out once it has committed."""
         if not finished and not started:

@@ -29,7 +29,7 @@ import logging
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from sqlalchemy import (
     Connection,
@@ -385,7 +385,7 @@ class JobRepository:
         leases: Mapping[int, float],
         *,
         default_lease: float,
-        start: bool | str = False,
+        start: bool | Literal["first"] = False,
     ) -> list[ClaimedJob]:
         """The atomic claim of a batch: one guarded UPDATE (queued -> claimed,
         attempt_count + 1) and one INSERT of their attempt rows.

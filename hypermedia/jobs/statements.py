@@ -23,7 +23,7 @@ import threading
 from collections.abc import Callable, Iterable
 from datetime import UTC as UTC_ZONE
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy import (
     JSON,
@@ -150,7 +150,7 @@ def cancel_requested(dialect: str) -> Executable:
     )
 
 
-def claim(dialect: str, profile_ids: tuple[int, ...], start: bool | str) -> Executable:
+def claim(dialect: str, profile_ids: tuple[int, ...], start: bool | Literal["first"]) -> Executable:
     """The claim of a batch (``start``: True, every job started too; ``"first"``, only
     the job ``b_first``, the one its loop runs at once: the others wait ``claimed``)."""
     j = t.jobs.c

@@ -147,9 +147,9 @@ class CompletionBatcher:
     in the same transaction, before any completion after it. A batch whose
     transaction fails because the database is down is tried again, with backoff,
     until it is written: the jobs are done and their outputs stored, so running them
-    again would be waste. ``close`` commits
-    what is left and stops the thread; what it cannot commit within its timeout is
-    given up (left ``processing``: their leases expire and they run again).
+    again would be waste. ``close`` commits what is left and stops the thread; what it
+    cannot commit within its timeout is given up (left in flight: their leases expire
+    and they run again).
     """
 
     def __init__(
