@@ -194,7 +194,9 @@ def test_a_queues_prefetch_reaches_its_actor(pg_engine, settings, tmp_path):
         request = SubmitRequest(
             object_id=object_id,
             operations=["test.sleep"],
-            params={"test.sleep": {"seconds": 1.5}},
+            # Well under HOLD_SECONDS (2 s) with a loaded machine's child start and
+            # exit added: the job behind a longer one is handed back (its claim again).
+            params={"test.sleep": {"seconds": 0.6}},
         )
         # Enqueued together (one submit of three), so one claim finds them all.
         results = rs.stack.ingest.submit_many(person.caller, [request] * 3)
