@@ -198,6 +198,15 @@ class Settings(BaseSettings):
             sources.append(TomlConfigSettingsSource(settings_cls, toml_file=config_file))
         return tuple(sources)
 
+    @field_validator("data_dir", mode="before")
+    @classmethod
+    def _check_data_dir(cls, value: object) -> object:
+        # Path("") is the working directory: an unset variable in a shell script
+        # (HYPERMEDIA_DATA_DIR=$UNSET) would put the stack's files wherever it ran.
+        if isinstance(value, str) and not value.strip():
+            raise ValueError("empty: give the directory the stack keeps its files in")
+        return value
+
     @field_validator("database_url")
     @classmethod
     def _check_database_url(cls, value: str | None) -> str | None:

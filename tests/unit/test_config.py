@@ -245,6 +245,8 @@ BAD_VALUES = [
     ("HYPERMEDIA_LEASE_GRACE_SECONDS", "-1", "lease_grace_seconds", "greater than or equal to 0"),
     ("HYPERMEDIA_REAPER_INTERVAL_SECONDS", "0", "reaper_interval_seconds", "greater than 0"),
     ("HYPERMEDIA_RECONCILE_INTERVAL_SECONDS", "0", "reconcile_interval_seconds", "greater than 0"),
+    ("HYPERMEDIA_DATA_DIR", "", "data_dir", "empty"),
+    ("HYPERMEDIA_DATA_DIR", "  ", "data_dir", "empty"),
     ("HYPERMEDIA_DATABASE_URL", "mysql://u@h/db", "database_url", "postgresql+psycopg://"),
     ("HYPERMEDIA_DATABASE_URL", "db.sqlite", "database_url", "sqlite:///"),
     ("HYPERMEDIA_REDIS_URL", "http://cache:6379", "redis_url", "redis://"),
