@@ -51,8 +51,9 @@ from hypermedia.embedded import EmbeddedRedis
 from hypermedia.worker import cluster
 from tests import support
 
-# Generated inputs and the corpus tier; the order xdist workers get the tests in.
-pytest_plugins = ["tests.tiers", "tests.scheduling"]
+# Generated inputs and the corpus tier; the order xdist workers get the tests in; CPU
+# per test when HYPERMEDIA_TEST_CPU_REPORT names a directory.
+pytest_plugins = ["tests.tiers", "tests.scheduling", "tests.cpu_report"]
 TESTS = Path(__file__).resolve().parent
 
 # Ray reads its auth settings once, at import: every Ray cluster the tests start uses
@@ -78,9 +79,18 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if ray_support is not None:  # a test of this process used the shared Ray head
         ray_support.disconnect()
     if not hasattr(session.config, "workerinput"):  # every worker is done with it
+        from tests.cpu_report import read_shared_head  # a plugin: rewritten before this
         from tests.ray_support import stop_shared_head
 
+        read_shared_head()
         stop_shared_head(Path(os.environ[SHARED_RAY_DIR_ENV]))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):
+        from tests.cpu_report import remove_groups
+
+        remove_groups()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

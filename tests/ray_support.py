@@ -35,6 +35,7 @@ from hypermedia.server import Maintenance
 from hypermedia.stack import Stack
 from hypermedia.worker import cluster
 from hypermedia.worker.supervisor import NAMESPACE, Supervisor, settings_for_actors
+from tests import cpu_report
 from tests.conftest import RAY_TOKEN, SHARED_RAY_DIR_ENV
 from tests.pipelines_for_tests import PRELOAD
 
@@ -67,6 +68,8 @@ def shared_head() -> cluster.RayNode:
                 token_path=RAY_TOKEN,
                 num_cpus=SHARED_CPUS * workers,
             )
+            # HYPERMEDIA_TEST_CPU_REPORT: the head's CPU (every worker's actors) apart.
+            cpu_report.adopt((p.pid for p in _shared.processes()), "shared-head")
     if not ray.is_initialized():
         ray.init(address=_shared.address, logging_level=logging.WARNING, log_to_driver=False)
     return _shared
