@@ -24,8 +24,7 @@ import json
 import os
 import sys
 import time
-from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -91,7 +90,9 @@ class _Recorder:
         self.tests: dict[str, list[float]] = {}
 
     @pytest.hookimpl(hookwrapper=True)
-    def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None):  # type: ignore[no-untyped-def]
+    def pytest_runtest_protocol(
+        self, item: pytest.Item, nextitem: pytest.Item | None
+    ) -> Iterator[None]:
         cpu, wall = usage_seconds(self.group), time.monotonic()
         yield
         self.tests[item.nodeid] = [
@@ -164,13 +165,14 @@ def main(out: str, top: int = 40) -> None:
     print(f"\nthe {top} tests that took the most CPU (CPU-s, wall s):")
     for nodeid, (cpu, wall) in sorted(tests.items(), key=lambda kv: -kv[1][0])[:top]:
         print(f"{cpu:9.1f} {wall:7.1f}  {nodeid}")
-    files: Counter[str] = Counter()
+    files: dict[str, float] = {}  # CPU-s a file
     for nodeid, (cpu, _wall) in tests.items():
-        files[nodeid.split("::")[0]] += cpu
+        name = nodeid.split("::")[0]
+        files[name] = files.get(name, 0.0) + cpu
     print("\nby file:")
-    for name, seconds in files.most_common(top):
+    for name, seconds in sorted(files.items(), key=lambda kv: -kv[1])[:top]:
         print(f"{seconds:9.1f}  {name}")
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:2])
+    main(sys.argv[1])
