@@ -139,17 +139,31 @@ def read_shared_head() -> None:
 
 
 def remove_groups() -> None:
-    """The session's end: its groups that nothing runs in any more go."""
+    """The session's end: its groups, and those of runs that ended before theirs could
+    go (a process still in them then), that nothing runs in any more go."""
     root, session = _root(), os.environ.get(SESSION_ENV)
     if not os.environ.get(REPORT_ENV) or root is None or session is None:
         return
     if session == str(os.getpid()):  # the only process: out of its group first
         (root / "cgroup.procs").write_text(str(os.getpid()))
-    for group in root.glob(f"{PREFIX}-{session}-*"):
+    for group in root.glob(f"{PREFIX}-*-*"):
+        owner = group.name.removeprefix(f"{PREFIX}-").split("-", 1)[0]
+        if owner != session and _alive(owner):
+            continue  # another run's, still going
         try:
             group.rmdir()
         except OSError:
-            continue  # a process still in it (a worker's leftover): the kernel keeps it
+            continue  # a process still in it (a leftover daemon): the kernel keeps it
+
+
+def _alive(pid: str) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def main(out: str, top: int = 40) -> None:
