@@ -11,6 +11,15 @@ worker starts with one long test and takes the next long one when it is free (th
 longest-first rule). A run without xdist keeps the file order, which keeps
 module-scoped fixtures built once.
 
+Under xdist a module-scoped fixture is built by every worker that runs one of its
+tests, and again each time that worker comes back to the module after another's test.
+The modules in :data:`ONE_WORKER`, whose fixture costs seconds (a stack with workers
+that runs every error case, a wheel built, OCR models loaded, encoded media), go to one
+worker whole: the scheduler (:class:`ModulesTogether`, xdist's load-scope scheduling
+with every other test its own unit) keeps them together and the rest in the order above.
+(xdist's own ``--dist loadgroup`` does nothing on pytest 9: it renames items through an
+attribute pytest no longer reads.)
+
 ``python -m tests.scheduling report.xml`` rewrites the durations from a report
 (``pytest --junitxml report.xml``).
 """
@@ -21,11 +30,21 @@ import json
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import Any
 
 import pytest
+from xdist.scheduler import LoadScopeScheduling  # type: ignore[import-untyped]
 
 DURATIONS = Path(__file__).resolve().parent / "durations.json"
 LONG_SECONDS = 3.0
+ONE_WORKER = frozenset(
+    {
+        "tests/integration/test_error_codes.py",
+        "tests/integration/test_packaging.py",
+        "tests/integration/test_ocr_engines.py",
+        "tests/integration/test_media_chunks.py",
+    }
+)
 
 
 def known_durations() -> dict[str, float]:
@@ -60,6 +79,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return  # not an xdist worker: file order
     by_id = {item.nodeid: item for item in items}
     items[:] = [by_id[n] for n in longest_first(list(by_id), known_durations())]
+
+
+class ModulesTogether(LoadScopeScheduling):  # type: ignore[misc]
+    """Load scheduling, one test a unit, but a module of :data:`ONE_WORKER` is one unit
+    (its tests on one worker, in order); units go out in the collection's order."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        module = nodeid.split("::", 1)[0]
+        return module if module in ONE_WORKER else nodeid
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> ModulesTogether | None:
+    if config.getoption("dist") != "load":
+        return None  # a distribution asked for by name
+    config.option.loadscopereorder = False  # longest first (above), not largest unit first
+    return ModulesTogether(config, log)
 
 
 def main(report: str) -> None:
