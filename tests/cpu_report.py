@@ -34,6 +34,7 @@ REPORT_ENV = "HYPERMEDIA_TEST_CPU_REPORT"
 # name, so that its end removes its groups and no other run's.
 SESSION_ENV = "HYPERMEDIA_TEST_CPU_SESSION"
 PREFIX = "hypermedia-tests"
+SHARED_HEAD = "shared-head"  # the group of the session's shared Ray head
 _V1 = Path("/sys/fs/cgroup/cpuacct")
 _V2 = Path("/sys/fs/cgroup")
 
@@ -57,12 +58,18 @@ def usage_seconds(group: Path) -> float:
     raise OSError(f"no CPU usage in {group}")
 
 
-def _group(name: str) -> Path | None:
+def _group_path(name: str) -> Path | None:
+    """This session's group ``name`` (made or not); None without a cgroup tree."""
     root = _root()
     if root is None:
         return None
-    group = root / f"{PREFIX}-{os.environ.get(SESSION_ENV, os.getpid())}-{name}"
-    group.mkdir(exist_ok=True)
+    return root / f"{PREFIX}-{os.environ.get(SESSION_ENV, os.getpid())}-{name}"
+
+
+def _group(name: str) -> Path | None:
+    group = _group_path(name)
+    if group is not None:
+        group.mkdir(exist_ok=True)
     return group
 
 
@@ -79,7 +86,6 @@ def adopt(pids: Iterable[int], name: str) -> None:
             (group / "cgroup.procs").write_text(str(pid))
         except OSError:
             continue  # exited meanwhile
-    (Path(os.environ[REPORT_ENV]) / f"{name}.group").write_text(str(group))
 
 
 class _Recorder:
@@ -132,10 +138,10 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 def read_shared_head() -> None:
     """The session's first process, before it stops the shared head: its group's CPU-s."""
     out = os.environ.get(REPORT_ENV)
-    marker = Path(out or "") / "shared-head.group"
-    if out and marker.is_file():
-        seconds = usage_seconds(Path(marker.read_text()))
-        (Path(out) / "shared-head.json").write_text(json.dumps({"total": round(seconds, 2)}))
+    group = _group_path(SHARED_HEAD) if out else None
+    if out and group is not None and group.is_dir():
+        seconds = usage_seconds(group)
+        (Path(out) / f"{SHARED_HEAD}.json").write_text(json.dumps({"total": round(seconds, 2)}))
 
 
 def remove_groups() -> None:

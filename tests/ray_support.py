@@ -69,7 +69,7 @@ def shared_head() -> cluster.RayNode:
                 num_cpus=SHARED_CPUS * workers,
             )
             # HYPERMEDIA_TEST_CPU_REPORT: the head's CPU (every worker's actors) apart.
-            cpu_report.adopt((p.pid for p in _shared.processes()), "shared-head")
+            cpu_report.adopt((p.pid for p in _shared.processes()), cpu_report.SHARED_HEAD)
     if not ray.is_initialized():
         ray.init(address=_shared.address, logging_level=logging.WARNING, log_to_driver=False)
     return _shared

@@ -12,6 +12,7 @@ from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
 from hypermedia.ingest.service import SubmitRequest
 from hypermedia.storage.base import derived_key
+from hypermedia.workdirs import job_workdir
 from tests.factories import make_user, stored_object
 from tests.ray_support import RayStack, ray_stack
 
@@ -108,8 +109,8 @@ def test_kill_9_of_the_child_fails_the_attempt_and_the_retry_completes(
         rs.wait_for(child_running, what="the child to start")
         # The step says its line, then writes pids.txt: killed before it has said it
         # (a loaded machine), the attempt would have no log to keep.
-        said = rs.settings.data_dir / "work"
-        rs.wait_for(lambda: any(said.glob(f"*/jobs/{job_id}/pids.txt")), what="the child's line")
+        said = job_workdir(rs.settings.data_dir, member.worker_id, job_id) / "pids.txt"
+        rs.wait_for(said.exists, what="the child's line")
         os.kill(pids[job_id], signal.SIGKILL)
         rs.wait_for(lambda: _status(rs, person, job_id) == "completed", what="the retry")
         view = rs.stack.ingest.get_job(person.caller, job_id)
