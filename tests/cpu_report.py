@@ -8,7 +8,8 @@ everything it starts is counted too (CLI commands, API servers, stacks, Ray head
 records each test's CPU-s beside its wall time. The session's shared Ray head, where
 every worker's pipeline actors run, goes into a group of its own when it starts
 (:func:`adopt`: Ray starts actors from the raylet, so they land there too), so that one
-worker's tests do not carry every worker's jobs.
+worker's tests do not carry every worker's jobs; each test's row also has the head's
+CPU-s meanwhile (the test's own actors and jobs when the run has one worker, ``-n 0``).
 
     HYPERMEDIA_TEST_CPU_REPORT=/tmp/cpu ./scripts/test
     python -m tests.cpu_report /tmp/cpu          # the table: tests, files, groups
@@ -99,12 +100,23 @@ class _Recorder:
     def pytest_runtest_protocol(
         self, item: pytest.Item, nextitem: pytest.Item | None
     ) -> Iterator[None]:
+        head = self.shared_head()
         cpu, wall = usage_seconds(self.group), time.monotonic()
         yield
         self.tests[item.nodeid] = [
             round(usage_seconds(self.group) - cpu, 2),
             round(time.monotonic() - wall, 2),
         ]
+        after = self.shared_head()
+        if after is not None:
+            # The shared head's CPU meanwhile: this test's actors and jobs alone only
+            # when the run has one worker (with more it includes the others' too).
+            self.tests[item.nodeid].append(round(after - (head or 0.0), 2))
+
+    @staticmethod
+    def shared_head() -> float | None:
+        group = _group_path(SHARED_HEAD)
+        return usage_seconds(group) if group is not None and group.is_dir() else None
 
     def write(self) -> None:
         body = {"tests": self.tests, "total": round(usage_seconds(self.group), 2)}
@@ -182,16 +194,24 @@ def main(out: str, top: int = 40) -> None:
     print(f"CPU-s by group (total {sum(groups.values()):.0f}):")
     for name, seconds in groups.items():
         print(f"{seconds:9.1f}  {name}")
-    print(f"\nthe {top} tests that took the most CPU (CPU-s, wall s):")
-    for nodeid, (cpu, wall) in sorted(tests.items(), key=lambda kv: -kv[1][0])[:top]:
-        print(f"{cpu:9.1f} {wall:7.1f}  {nodeid}")
-    files: dict[str, float] = {}  # CPU-s a file
-    for nodeid, (cpu, _wall) in tests.items():
-        name = nodeid.split("::")[0]
-        files[name] = files.get(name, 0.0) + cpu
-    print("\nby file:")
-    for name, seconds in sorted(files.items(), key=lambda kv: -kv[1])[:top]:
-        print(f"{seconds:9.1f}  {name}")
+    print(
+        f"\nthe {top} tests that took the most CPU (CPU-s, wall s, the shared head's CPU-s"
+        " meanwhile: the test's own only in a run of one worker):"
+    )
+    for nodeid, (cpu, wall, *head) in sorted(tests.items(), key=lambda kv: -kv[1][0])[:top]:
+        print(f"{cpu:9.1f} {wall:7.1f} {_cell(head)}  {nodeid}")
+    files: dict[str, list[float]] = {}  # CPU-s a file: its worker's, the shared head's
+    for nodeid, (cpu, _wall, *head) in tests.items():
+        row = files.setdefault(nodeid.split("::")[0], [0.0, 0.0])
+        row[0] += cpu
+        row[1] += head[0] if head else 0.0
+    print("\nby file (CPU-s, the shared head's meanwhile):")
+    for name, (seconds, head_seconds) in sorted(files.items(), key=lambda kv: -kv[1][0])[:top]:
+        print(f"{seconds:9.1f} {head_seconds:7.1f}  {name}")
+
+
+def _cell(head: list[float]) -> str:
+    return f"{head[0]:7.1f}" if head else "      -"
 
 
 if __name__ == "__main__":
