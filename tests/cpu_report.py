@@ -14,7 +14,7 @@ CPU-s meanwhile (the test's own actors and jobs when the run has one worker, ``-
     HYPERMEDIA_TEST_CPU_REPORT=/tmp/cpu ./scripts/test
     python -m tests.cpu_report /tmp/cpu          # the table: tests, files, groups
 
-Each worker writes ``<dir>/<worker>.json`` at its end; the shared head's group is read
+Each worker writes ``<dir>/<worker>.json`` at its session's end; the shared head's group is read
 by the controller before the head stops (``shared-head.json``). Needs root (making
 cgroups); without a cgroup tree it can write to, it says so and measures nothing.
 """
@@ -118,7 +118,10 @@ class _Recorder:
         group = _group_path(SHARED_HEAD)
         return usage_seconds(group) if group is not None and group.is_dir() else None
 
-    def write(self) -> None:
+    @pytest.hookimpl(trylast=True)  # after the session's fixtures are torn down
+    def pytest_sessionfinish(self) -> None:
+        # Here, not at unconfigure: an xdist worker may be ended once it has told the
+        # controller it finished (which its wrapper of this hook does after it).
         body = {"tests": self.tests, "total": round(usage_seconds(self.group), 2)}
         (self.out / f"{self.worker}.json").write_text(json.dumps(body))
 
@@ -139,12 +142,6 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     (group / "cgroup.procs").write_text(str(os.getpid()))
     config.pluginmanager.register(_Recorder(group, Path(out), worker), "cpu-report")
-
-
-def pytest_unconfigure(config: pytest.Config) -> None:
-    recorder = config.pluginmanager.get_plugin("cpu-report")
-    if isinstance(recorder, _Recorder):
-        recorder.write()
 
 
 def read_shared_head() -> None:

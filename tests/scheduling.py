@@ -14,9 +14,10 @@ module-scoped fixtures built once.
 Under xdist a module-scoped fixture is built by every worker that runs one of its
 tests, and again each time that worker comes back to the module after another's test.
 The modules in :data:`ONE_WORKER`, whose fixture costs seconds (a stack with workers
-that runs every error case, a wheel built, OCR models loaded, encoded media), go to one
-worker whole: the scheduler (:class:`ModulesTogether`, xdist's load-scope scheduling
-with every other test its own unit) keeps them together and the rest in the order above.
+that runs every error case, a wheel built, OCR models loaded, encoded media, a moto
+server, a fork server), go to one worker whole: the scheduler (:class:`ModulesTogether`,
+xdist's load-scope scheduling with every other test its own unit) keeps them together
+and the rest in the order above.
 (xdist's own ``--dist loadgroup`` does nothing on pytest 9: it renames items through an
 attribute pytest no longer reads.)
 
@@ -43,6 +44,11 @@ ONE_WORKER = frozenset(
         "tests/integration/test_packaging.py",
         "tests/integration/test_ocr_engines.py",
         "tests/integration/test_media_chunks.py",
+        # Spread over the workers, in CPU-s (tests/cpu_report.py) against one module
+        # run: 26 / 18 (moto), 50 / 34 (LibreOffice's executor), 10.6 / 7.8.
+        "tests/integration/test_driver_aws.py",
+        "tests/integration/test_pipeline_office.py",
+        "tests/integration/test_sandbox_executor.py",
     }
 )
 
