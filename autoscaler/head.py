@@ -2,7 +2,9 @@
 
 ``ray up ray_cluster/cluster.yaml`` runs the yaml's ``head_start_ray_commands`` on this
 machine (the provider's :class:`~autoscaler.provider.LocalCommandRunner`): ``ray start
---head`` with the autoscaling config, then ``python -m autoscaler.head start``, which
+--head`` with the autoscaling config (through ``python -m autoscaler.head ray-start``,
+which starts it again when Ray gave up waiting for its raylet on a loaded machine), then
+``python -m autoscaler.head start``, which
 starts :func:`run` in the background and waits until the API answers. ``ray down``
 runs ``ray stop`` on the head, which here means ``python -m autoscaler.head stop``:
 the services stop (the actors finish or hand back their jobs) and then this cluster's
@@ -159,7 +161,38 @@ def stop() -> int:
     return 0
 
 
+def ray_start(args: list[str]) -> int:
+    """``ray start`` with ``args``, tried again as :func:`hypermedia.worker.cluster.start_head`
+    does when Ray gave up waiting 30 s for its raylet (a loaded machine): what the failed
+    try started (this cluster's head processes, by ``HM_HEAD_TEMP_DIR``) is stopped first."""
+    from hypermedia.worker.cluster import _SLOW_START, START_ATTEMPTS, RayNode, _ray_binary
+
+    temp_dir = os.environ.get("HM_HEAD_TEMP_DIR")
+    for attempt in range(1, START_ATTEMPTS + 1):
+        result = subprocess.run([_ray_binary(), "start", *args], capture_output=True, text=True)
+        sys.stdout.write(result.stdout)
+        sys.stderr.write(result.stderr)
+        if result.returncode == 0:
+            return 0
+        slow = _SLOW_START in result.stdout + result.stderr
+        if not slow or attempt == START_ATTEMPTS or not temp_dir:
+            return result.returncode
+        RayNode(temp_dir=Path(temp_dir), token_path=Path("/dev/null")).stop()
+        log.warning(
+            "`ray start` gave up waiting for its raylet (Ray waits 30 s, a loaded machine "
+            "took longer): starting the head again",
+            extra={"action": "ray_start_retry", "attempt": attempt},
+        )
+    return 1
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["ray-start"]:  # the rest is ray's: not parsed here
+        from hypermedia import logs
+
+        logs.configure_from_environment()
+        return ray_start(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m autoscaler.head")
     parser.add_argument("command", choices=("run", "start", "stop"))
     args = parser.parse_args(argv)

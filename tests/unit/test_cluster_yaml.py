@@ -44,9 +44,10 @@ def test_the_cluster_is_the_one_the_issue_describes(name):
     settings = parse_settings(provider)
     assert settings.ray_port != 6379
     start = " ".join(config["head_start_ray_commands"])
-    assert (
-        "ray start --head" in start and "--autoscaling-config=~/ray_bootstrap_config.yaml" in start
-    )
+    # `ray start` through autoscaler.head, which starts it again when Ray gave up waiting
+    # for its raylet on a loaded machine.
+    assert "python -m autoscaler.head ray-start --head" in start
+    assert "--autoscaling-config=~/ray_bootstrap_config.yaml" in start
     assert "--port=$HM_RAY_PORT" in start
     if "--include-dashboard=true" in start:
         assert "--dashboard-host=127.0.0.1" in start
