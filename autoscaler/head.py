@@ -162,28 +162,25 @@ def stop() -> int:
 
 
 def ray_start(args: list[str]) -> int:
-    """``ray start`` with ``args``, tried again as :func:`hypermedia.worker.cluster.start_head`
-    does when Ray gave up waiting 30 s for its raylet (a loaded machine): what the failed
-    try started (this cluster's head processes, by ``HM_HEAD_TEMP_DIR``) is stopped first."""
-    from hypermedia.worker.cluster import _SLOW_START, START_ATTEMPTS, RayNode, _ray_binary
+    """``ray start`` with ``args``, through :func:`~hypermedia.worker.cluster.start_with_retries`
+    (tried again when Ray gave up waiting for its raylet on a loaded machine, after what
+    the failed try started, found by ``HM_HEAD_TEMP_DIR``, is stopped); its output and
+    exit status are ``ray start``'s."""
+    from hypermedia.worker.cluster import ray_binary, start_with_retries
 
     temp_dir = os.environ.get("HM_HEAD_TEMP_DIR")
-    for attempt in range(1, START_ATTEMPTS + 1):
-        result = subprocess.run([_ray_binary(), "start", *args], capture_output=True, text=True)
-        sys.stdout.write(result.stdout)
-        sys.stderr.write(result.stderr)
-        if result.returncode == 0:
-            return 0
-        slow = _SLOW_START in result.stdout + result.stderr
-        if not slow or attempt == START_ATTEMPTS or not temp_dir:
-            return result.returncode
-        RayNode(temp_dir=Path(temp_dir), token_path=Path("/dev/null")).stop()
-        log.warning(
-            "`ray start` gave up waiting for its raylet (Ray waits 30 s, a loaded machine "
-            "took longer): starting the head again",
-            extra={"action": "ray_start_retry", "attempt": attempt},
+    if not temp_dir:
+        print(
+            "ray-start: HM_HEAD_TEMP_DIR is not set (the provider's runner sets it)",
+            file=sys.stderr,
         )
-    return 1
+        return 2
+    result = start_with_retries(
+        [ray_binary(), "start", *args], Path(temp_dir), Path("/dev/null"), timeout=None
+    )
+    sys.stdout.write(result.stdout)
+    sys.stderr.write(result.stderr)
+    return result.returncode
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -44,8 +44,8 @@ ONE_WORKER = frozenset(
         "tests/integration/test_packaging.py",
         "tests/integration/test_ocr_engines.py",
         "tests/integration/test_media_chunks.py",
-        # Spread over the workers, in CPU-s (tests/cpu_report.py) against one module
-        # run: 26 / 18 (moto), 50 / 34 (LibreOffice's executor), 10.6 / 7.8.
+        # Their CPU-s with -n 6 (tests/cpu_report.py), spread against here: 32 / 21
+        # (moto), 86 / 73 (LibreOffice's executor), 12.4 / 9.7.
         "tests/integration/test_driver_aws.py",
         "tests/integration/test_pipeline_office.py",
         "tests/integration/test_sandbox_executor.py",

@@ -270,7 +270,7 @@ def _read_address(temp_dir: Path) -> str:
         return ""
 
 
-def _ray_binary() -> str:
+def ray_binary() -> str:
     candidate = Path(sys.executable).parent / "ray"
     if candidate.exists():
         return str(candidate)
@@ -336,7 +336,7 @@ def start_head(
     _prepare_temp_dir(temp_dir)
     (temp_dir / ADDRESS_FILE).unlink(missing_ok=True)
     args = [
-        _ray_binary(),
+        ray_binary(),
         "start",
         "--head",
         f"--temp-dir={temp_dir}",
@@ -376,7 +376,7 @@ def start_worker_node(
     temp_dir = short_temp_dir(directory, name)
     _prepare_temp_dir(temp_dir)
     args = [
-        _ray_binary(),
+        ray_binary(),
         "start",
         f"--address={address}",
         f"--temp-dir={temp_dir}",
@@ -414,25 +414,43 @@ def _run_start(
     extra: Mapping[str, str] | None = None,
 ) -> None:
     started = time.monotonic()
-    for attempt in range(1, START_ATTEMPTS + 1):
+    result = start_with_retries(
+        [*args, *_LEAN_ARGS],
+        temp_dir,
+        token_path,
+        env={**ray_environment(token_path, loopback=loopback), **_LEAN_ENV, **(extra or {})},
+    )
+    if result.returncode != 0:
+        tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-5:])
+        raise ServiceUnavailable(f"`ray start` failed (exit {result.returncode}): {tail}")
+    log.debug("ray start took %.1fs", time.monotonic() - started)
+
+
+def start_with_retries(
+    command: list[str],
+    temp_dir: Path,
+    token_path: Path,
+    *,
+    env: Mapping[str, str] | None = None,
+    timeout: float | None = START_TIMEOUT_SECONDS,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``command`` (a ``ray start`` of the node whose temp dir is ``temp_dir``); when
+    it fails, stop what it started, and when Ray gave up waiting for its raylet
+    (:data:`_SLOW_START`) try again, :data:`START_ATTEMPTS` tries in all. Answers the
+    last try (exit 0 when the node came up)."""
+    attempt = 1
+    while True:
         result = subprocess.run(
-            [*args, *_LEAN_ARGS],
-            env={**ray_environment(token_path, loopback=loopback), **_LEAN_ENV, **(extra or {})},
-            capture_output=True,
-            text=True,
-            timeout=START_TIMEOUT_SECONDS,
-            check=False,
+            command, env=env, capture_output=True, text=True, timeout=timeout, check=False
         )
         if result.returncode == 0:
-            break
+            return result
         RayNode(temp_dir, token_path).stop()
-        output = (result.stderr or result.stdout).strip()
-        tail = "\n".join(output.splitlines()[-5:])
-        if _SLOW_START not in output or attempt == START_ATTEMPTS:
-            raise ServiceUnavailable(f"`ray start` failed (exit {result.returncode}): {tail}")
+        if _SLOW_START not in result.stderr + result.stdout or attempt == START_ATTEMPTS:
+            return result
         log.warning(
             "`ray start` gave up waiting for its raylet (Ray waits 30 s, a loaded machine "
             "took longer): starting the node again",
             extra={"action": "ray_start_retry", "attempt": attempt},
         )
-    log.debug("ray start took %.1fs", time.monotonic() - started)
+        attempt += 1
