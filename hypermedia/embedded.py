@@ -78,6 +78,23 @@ def free_port(host: str = HOST) -> int:
         return port
 
 
+def listening_socket(host: str = HOST, port: int = 0) -> socket.socket:
+    """A TCP socket listening on ``host``:``port`` (0: the kernel's pick; ``getsockname``
+    tells which). Hand it to the server (uvicorn's ``run(sockets=[...])``) instead of a
+    port from :func:`free_port`: another process cannot take the port between its choice
+    and the server's start. OSError (EADDRINUSE) if ``port`` is taken."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 def _port_is_free(port: int, host: str = HOST) -> bool:
     """True if redis-server could listen on ``port``: like redis, bind with
     SO_REUSEADDR, so connections in TIME_WAIT (left by a killed server) don't count."""

@@ -30,16 +30,18 @@ import fcntl
 import logging
 import math
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from hypermedia.config import Settings, load_settings
-from hypermedia.embedded import find_running, free_port, private_directory, shown_url
-from hypermedia.errors import ServiceUnavailable
+from hypermedia.embedded import find_running, listening_socket, private_directory, shown_url
+from hypermedia.errors import ConfigError, ServiceUnavailable
 
 if TYPE_CHECKING:
     import uvicorn
@@ -105,6 +107,7 @@ class LocalStack:
     extend_app: Callable[[FastAPI], None] | None = None
     _server: uvicorn.Server | None = None
     _server_thread: threading.Thread | None = None
+    _api_socket: socket.socket | None = None
     _stopped: list[str] = field(default_factory=list)
     _lock: IO[str] | None = None
     _watchdog: Watchdog | None = None
@@ -154,10 +157,11 @@ class LocalStack:
             say(f"redis {'reused' if was_running else 'started'} at {shown_url(url)}")
         else:
             url = settings.redis_url
-        port = free_port()
+        # The API's socket listens from here on: nothing started below (Ray's head, its
+        # workers) can take its port before uvicorn serves it.
+        self._api_socket = api_socket(settings)
+        port = self._api_socket.getsockname()[1]
         api_url = settings.api_url or f"http://127.0.0.1:{port}"
-        if settings.api_url:
-            port = int(api_url.rsplit(":", 1)[1].split("/")[0])
         self.settings = settings = load_settings(
             **{**settings.model_dump(exclude_none=True), "redis_url": url, "api_url": api_url}
         )
@@ -199,7 +203,7 @@ class LocalStack:
             if self.node.dashboard_url:
                 targets.link_ray(settings.data_dir, self.node.temp_dir)
                 say(f"ray dashboard at {self.node.dashboard_url} (token in {token})")
-        self._start_api(port)
+        self._start_api(self._api_socket)
         targets.publish_api(settings.data_dir, api_url)
         say(f"api at {api_url}")
 
@@ -220,7 +224,7 @@ class LocalStack:
         )
         self.maintenance.start()
 
-    def _start_api(self, port: int) -> None:
+    def _start_api(self, sock: socket.socket) -> None:
         import uvicorn
 
         from hypermedia.ingest.api import create_app
@@ -229,23 +233,20 @@ class LocalStack:
         app = create_app(self.stack)
         if self.extend_app is not None:
             self.extend_app(app)
-        config = uvicorn.Config(
-            app,
-            host=self.settings.api_host,  # 127.0.0.1 unless burst nodes must fetch blobs
-            port=port,
-            log_config=None,
-            access_log=False,
-            lifespan="off",
-        )
+        config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="off")
         self._server = uvicorn.Server(config)
         self._server_thread = threading.Thread(
-            target=self._server.run, name="hypermedia-api", daemon=True
+            target=self._server.run,
+            kwargs={"sockets": [sock]},
+            name="hypermedia-api",
+            daemon=True,
         )
         self._server_thread.start()
         deadline = time.monotonic() + 30
         while not self._server.started:
             if not self._server_thread.is_alive() or time.monotonic() > deadline:
-                raise ServiceUnavailable(f"the API server did not start on port {port}")
+                host, port = sock.getsockname()[:2]
+                raise ServiceUnavailable(f"the API server did not start on {host}:{port}")
             time.sleep(0.05)
 
     def stop(
@@ -281,6 +282,9 @@ class LocalStack:
             if self._server_thread is not None:
                 self._server_thread.join(10)
             self._server = None
+        if self._api_socket is not None:
+            self._api_socket.close()
+            self._api_socket = None
         if self.node is not None:
             say("stopping the Ray head")
             count = self.node.stop()
@@ -301,6 +305,25 @@ class LocalStack:
         if self._lock is not None:
             self._lock.close()  # releases the flock
             self._lock = None
+
+
+def api_socket(settings: Settings) -> socket.socket:
+    """The local stack API's listening socket: on ``api_host``, at ``api_url``'s port when
+    that is set, else at a port the kernel picks."""
+    port = 0
+    if settings.api_url:
+        port = urlsplit(settings.api_url).port or 0
+        if not port:
+            raise ConfigError(
+                "api_url (HYPERMEDIA_API_URL)",
+                f"{settings.api_url!r} names no port for the local stack's API to listen on",
+            )
+    try:
+        return listening_socket(settings.api_host, port)
+    except OSError as exc:
+        raise ServiceUnavailable(
+            f"the API cannot listen on {settings.api_host}:{port}: {exc.strerror or exc}"
+        ) from None
 
 
 def hold_data_dir(data_dir: Path) -> IO[str]:

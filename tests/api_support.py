@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -13,7 +14,7 @@ from fastapi import FastAPI
 
 from hypermedia.accounts import NewUser, create_user
 from hypermedia.db.engine import transaction
-from hypermedia.embedded import free_port
+from hypermedia.embedded import listening_socket
 from hypermedia.stack import Stack
 
 
@@ -48,13 +49,20 @@ def wait_until_healthy(base_url: str, timeout: float = 20.0) -> None:
 
 
 @contextmanager
-def running_server(app: FastAPI) -> Iterator[str]:
-    """Serve ``app`` with uvicorn on a free port in a thread; yields the base URL."""
-    port = free_port()
+def running_server(
+    app: FastAPI, sock: socket.socket | None = None, *, access_log: bool = True
+) -> Iterator[str]:
+    """Serve ``app`` with uvicorn in a thread on ``sock``, a listening socket (default: a
+    new one on a port the kernel picks; no other process can take it before uvicorn
+    serves it); yields the base URL."""
+    sock = sock or listening_socket()
+    port = sock.getsockname()[1]
     server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, lifespan="off")
+        uvicorn.Config(app, log_config=None, access_log=access_log, lifespan="off")
     )
-    thread = threading.Thread(target=server.run, name="uvicorn-test", daemon=True)
+    thread = threading.Thread(
+        target=server.run, kwargs={"sockets": [sock]}, name="uvicorn-test", daemon=True
+    )
     thread.start()
     base_url = f"http://127.0.0.1:{port}"
     try:
@@ -63,4 +71,5 @@ def running_server(app: FastAPI) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(10)
+        sock.close()
         assert not thread.is_alive(), "uvicorn did not stop"

@@ -17,7 +17,7 @@ import fcntl
 import logging
 import os
 import shutil
-import threading
+import socket
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -26,16 +26,16 @@ from pathlib import Path
 from typing import Any
 
 import ray
-import uvicorn
 
 from hypermedia.config import Settings
-from hypermedia.embedded import free_port
+from hypermedia.embedded import listening_socket
 from hypermedia.ingest.api import create_app
 from hypermedia.server import Maintenance
 from hypermedia.stack import Stack
 from hypermedia.worker import cluster
 from hypermedia.worker.supervisor import NAMESPACE, Supervisor, settings_for_actors
 from tests import cpu_report
+from tests.api_support import running_server
 from tests.conftest import RAY_TOKEN, SHARED_RAY_DIR_ENV
 from tests.pipelines_for_tests import PRELOAD
 
@@ -120,23 +120,10 @@ def test_profiles(directory: Path) -> Path:
 
 
 @contextmanager
-def api_server(stack: Stack, port: int) -> Iterator[None]:
-    config = uvicorn.Config(
-        create_app(stack), host="127.0.0.1", port=port, log_config=None, access_log=False
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        if time.monotonic() > deadline:
-            raise RuntimeError("the API server did not start")
-        time.sleep(0.05)
-    try:
-        yield
-    finally:
-        server.should_exit = True
-        thread.join(10)
+def api_server(stack: Stack, sock: socket.socket) -> Iterator[str]:
+    """The stack's API served on ``sock`` (a listening socket) in a thread."""
+    with running_server(create_app(stack), sock, access_log=False) as base_url:
+        yield base_url
 
 
 @dataclass
@@ -167,9 +154,9 @@ def ray_stack(
     pools: dict[str, int],
     **overrides: Any,
 ) -> Iterator[RayStack]:
-    port = free_port()
+    sock = listening_socket()
     settings = make_settings(
-        api_url=f"http://127.0.0.1:{port}",
+        api_url=f"http://127.0.0.1:{sock.getsockname()[1]}",
         profiles_path=test_profiles(tmp_path),
         # The corpus runs upload hundreds of files as one user: no upload rate.
         **{"user_uploads_per_minute": 10**6, **overrides},
@@ -183,7 +170,7 @@ def ray_stack(
     maintenance = Maintenance(stack, reaper_interval=0.5, reconcile_interval=30)
     try:
         shared_head()
-        with api_server(stack, port):
+        with api_server(stack, sock):
             assert settings.redis_url is not None
             supervisor = Supervisor(
                 stack,

@@ -28,7 +28,7 @@ import redis
 
 from hypermedia.config import load_settings
 from hypermedia.db.engine import make_engine
-from hypermedia.embedded import free_port
+from hypermedia.embedded import listening_socket
 from hypermedia.stack import Stack
 from hypermedia.storage.grants import StorageGrants
 from hypermedia.worker.execute import JobExecution
@@ -206,13 +206,13 @@ def world(
     name = support.unique_name()
     database_url = pg_server.create_database(name, template=support.database_name(pg_url))
     prefix = support.unique_redis_prefix()
-    port = free_port()
+    sock = listening_socket()
     settings = load_settings(
         data_dir=directory,
         database_url=database_url,
         redis_url=support.redis_server_url(),
         redis_prefix=prefix,
-        api_url=f"http://127.0.0.1:{port}",
+        api_url=f"http://127.0.0.1:{sock.getsockname()[1]}",
         profiles_path=_profiles(directory),
     )
     engine = make_engine(database_url)
@@ -221,7 +221,7 @@ def world(
 
     workers: list[Worker] = []
     try:
-        with api_server(stack, port):
+        with api_server(stack, sock) as base_url:
             grants = StorageGrants(stack.engine, stack.storage, 900, stack.clock)
             for queue in QUEUES:
                 worker_id = f"codes-{queue}"
@@ -243,7 +243,7 @@ def world(
                 worker.start()
                 workers.append(worker)
             user = add_user(stack, "codes", credits=1_000_000)
-            yield World(stack, f"http://127.0.0.1:{port}", bearer(user), directory)
+            yield World(stack, base_url, bearer(user), directory)
     finally:
         for worker in workers:
             worker.stop()

@@ -16,11 +16,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -30,14 +28,12 @@ from urllib.parse import parse_qsl, urlsplit, urlunsplit
 import boto3
 import httpx
 import pytest
-import uvicorn
 from botocore.auth import S3SigV4QueryAuth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
-from fastapi import FastAPI
 
 from hypermedia.clock import SystemClock
-from hypermedia.embedded import free_port
+from hypermedia.embedded import free_port, listening_socket
 from hypermedia.errors import InputTooLarge, InvalidRequest, NotFound
 from hypermedia.ingest.api import create_app
 from hypermedia.stack import Stack
@@ -47,7 +43,7 @@ from hypermedia.storage.local import LocalStorage
 from hypermedia.storage.s3 import S3Storage
 from hypermedia.storage.transfer import TransferDenied, TransferNotFound
 from tests import support
-from tests.api_support import wait_until_healthy
+from tests.api_support import running_server
 
 REGION = "us-east-1"
 KEY_ID = "AKIAHYPERMEDIATEST"
@@ -144,23 +140,6 @@ class S3Gate(httpx.BaseTransport):
 # -- the local backend: a Stack served by uvicorn ---------------------------------------------
 
 
-@contextmanager
-def serve(app: FastAPI, port: int) -> Iterator[str]:
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, lifespan="off")
-    )
-    thread = threading.Thread(target=server.run, name="uvicorn-storage-test", daemon=True)
-    thread.start()
-    base_url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until_healthy(base_url)
-        yield base_url
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        assert not thread.is_alive(), "uvicorn did not stop"
-
-
 # -- the backends -----------------------------------------------------------------------------
 
 
@@ -175,14 +154,17 @@ class Backend:
 
 @pytest.fixture
 def local_backend(settings, manual_clock) -> Iterator[Backend]:
-    port = free_port()
+    sock = listening_socket()
     stack = Stack.open(
-        settings(api_url=f"http://127.0.0.1:{port}", max_upload_bytes=LOCAL_UPLOAD_LIMIT),
+        settings(
+            api_url=f"http://127.0.0.1:{sock.getsockname()[1]}",
+            max_upload_bytes=LOCAL_UPLOAD_LIMIT,
+        ),
         clock=manual_clock,
         auto_migrate=True,
     )
     try:
-        with serve(create_app(stack), port), httpx.Client(timeout=30) as http:
+        with running_server(create_app(stack), sock), httpx.Client(timeout=30) as http:
             yield Backend("local", stack.storage, http, manual_clock.advance, stack)
     finally:
         stack.close()
@@ -647,14 +629,14 @@ def test_s3_a_missing_bucket_is_storage_unavailable(moto_endpoint, aws_environme
 
 def test_blob_routes_are_not_found_when_storage_is_s3(settings, moto_endpoint, aws_environment):
     bucket = make_bucket(moto_endpoint)
-    port = free_port()
+    sock = listening_socket()
     stack = Stack.open(
         settings(
             storage_backend="s3",
             s3_bucket=bucket,
             s3_endpoint_url=moto_endpoint,
             s3_region=REGION,
-            api_url=f"http://127.0.0.1:{port}",
+            api_url=f"http://127.0.0.1:{sock.getsockname()[1]}",
         ),
         auto_migrate=True,
     )
@@ -662,7 +644,7 @@ def test_blob_routes_are_not_found_when_storage_is_s3(settings, moto_endpoint, a
         assert isinstance(stack.storage, S3Storage)
         stack.storage.put("originals/p/o", [b"x"])
         assert _read(stack.storage, "originals/p/o") == b"x"
-        with serve(create_app(stack), port) as base:
+        with running_server(create_app(stack), sock) as base:
             response = httpx.get(f"{base}/v1/hypermedia/blobs/originals/p/o?expires=1&sig=00")
             assert (response.status_code, _error_code(response)) == (404, "not_found")
     finally:
