@@ -45,7 +45,8 @@ the group of a job still running is that job's until it ends. Without job uids,
 a process that left the group and lost its parent is killed by a sweep (at most
 once a second, and on shutdown). When the server itself is killed with SIGKILL its
 direct children die of ``PDEATHSIG``; what they left runs until the next server
-that claims the uid block kills the block's processes before its first job.
+that claims the uid block kills the block's processes, and waits until they are gone
+(zombies too), before its first job.
 
 A PID namespace per job. The server clones a tiny init for each spare
 (:mod:`hypermedia.sandbox.tinyinit`: a process sharing the server's memory that runs

@@ -57,6 +57,10 @@ exactly the processes with its uid: after the job the server has every process o
 that uid killed (:func:`kill_uids`, in a throwaway child that takes the uid,
 ``kill(-1, SIGKILL)``) before the uid is given to another job or the job's outputs
 are handed back. Blocks overlapping ``/etc/passwd`` or ``/etc/subuid`` are skipped.
+A server killed with SIGKILL frees its lock at once, while what its jobs left may still
+be dying: the next server to lock the block kills every process of its uids and takes
+it only once none is left, zombies included (:func:`clear_uids`); a block whose
+leftovers do not go within the wait is passed over.
 
 Where the machine does not allow a step (not root, a container without
 ``CAP_SYS_ADMIN``), :func:`probe` finds out at server start by trying it, the
@@ -476,14 +480,11 @@ class Isolation:
         isolation.jobs_cover = cover_of(isolation.plan, settings.jobs_root)
         if os.geteuid() == 0:
             try:
-                isolation._claim_uids()
+                isolation._claim_uids(fork)
             except OSError as exc:
                 isolation.missing["own_uid"] = f"no uid block: {exc}"
         else:
             isolation.missing["own_uid"] = "the worker does not run as root"
-        if isolation.uids and not clear_uids(isolation.uids, fork):
-            isolation.missing["own_uid"] = "could not kill what earlier jobs left in the uid block"
-            isolation._release_uids()
         try:
             isolation.program = Program(compile_filter())
         except FilterUnavailable as exc:
@@ -529,9 +530,15 @@ class Isolation:
             "missing": dict(self.missing),
         }
 
-    def _claim_uids(self) -> None:
+    def _claim_uids(self, fork: Callable[[], int]) -> None:
+        """The lowest free block that nothing of an earlier owner's is left in: its
+        processes killed, and gone (zombies too: they count for ``RLIMIT_NPROC``; a
+        server killed with SIGKILL frees its lock at once, while what its jobs left is
+        still dying or waiting to be reaped by an ancestor). A block whose leftovers do
+        not go within the wait is passed over."""
         taken = _taken_uid_ranges()
         os.makedirs(LOCK_DIR, mode=0o700, exist_ok=True)
+        uncleared = 0
         for block in range(UID_BLOCKS):
             first = self.settings.uid_base + block * UID_SLOTS
             last = first + UID_SLOTS - 1
@@ -543,9 +550,20 @@ class Isolation:
             except BlockingIOError:
                 os.close(fd)
                 continue
+            uids = list(range(first, last + 1))
+            if not clear_uids(uids, fork):
+                os.close(fd)
+                uncleared += 1
+                continue
             self._lock_fd = fd
-            self.uids = list(range(first, last + 1))
+            self.uids = uids
             return
+        if uncleared:
+            raise OSError(
+                errno.EBUSY,
+                f"every uid block is taken ({uncleared} free but holding an earlier "
+                "server's processes that would not end)",
+            )
         raise OSError(errno.EBUSY, "every uid block is taken")
 
     def _release_uids(self) -> None:
@@ -912,24 +930,58 @@ def kill_uids(uids: Sequence[int], fork: Callable[[], int]) -> int:
 
 
 def clear_uids(uids: Sequence[int], fork: Callable[[], int], timeout: float = 5.0) -> bool:
-    """:func:`kill_uids` and wait (a killer stopped by a process it targets is retried)."""
+    """True once no process of ``uids`` is left, zombies included: when there are some,
+    :func:`kill_uids` (a killer stopped by a process it targets is tried again), then
+    a wait of up to ``timeout`` for the kernel and their reaper to remove them."""
     import time
 
-    for _attempt in range(3):
-        pid = kill_uids(uids, fork)
-        deadline = time.monotonic() + timeout
-        while True:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                if os.waitstatus_to_exitcode(status) == 0:
-                    return True
-                break
-            if time.monotonic() >= deadline:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                break
-            time.sleep(0.005)
-    return False
+    if not processes_of_uids(uids):
+        return True
+    if not any(_killed(uids, fork, timeout) for _attempt in range(3)):
+        return False
+    deadline = time.monotonic() + timeout
+    while processes_of_uids(uids):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def _killed(uids: Sequence[int], fork: Callable[[], int], timeout: float) -> bool:
+    """Whether a :func:`kill_uids` killer ran to its end within ``timeout``."""
+    import time
+
+    pid = kill_uids(uids, fork)
+    deadline = time.monotonic() + timeout
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status) == 0
+        if time.monotonic() >= deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return False
+        time.sleep(0.005)
+
+
+def processes_of_uids(uids: Sequence[int]) -> list[int]:
+    """The pids of the processes whose real, effective, saved or filesystem uid is one of
+    ``uids``, zombies included (``/proc/<pid>/status``)."""
+    wanted = set(uids)
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/status", "rb") as status:
+                for line in status:
+                    if line.startswith(b"Uid:"):
+                        if wanted.intersection(int(u) for u in line.split()[1:]):
+                            found.append(int(name))
+                        break
+        except OSError:  # gone meanwhile
+            continue
+    return found
 
 
 def _wait(pid: int) -> int:

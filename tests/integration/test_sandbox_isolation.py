@@ -831,7 +831,8 @@ def test_a_killed_server_takes_its_jobs_processes_with_it(tmp_path, job_id):
         thread = threading.Thread(target=target)
         thread.start()
         assert wait_until((ex.workdir(job_id) / "pids.txt").exists, 10)
-        assert len(processes_of(uids)) == 3  # the step and its two children
+        job_processes = processes_of(uids)
+        assert len(job_processes) == 3  # the step and its two children
         server = ex.server_pid
         assert server is not None
         # The job's process and, where the namespace's init is a tiny one (sharing the
@@ -841,9 +842,72 @@ def test_a_killed_server_takes_its_jobs_processes_with_it(tmp_path, job_id):
         os.kill(server, signal.SIGKILL)
         thread.join(10)
         assert box["failed"].code == "sandbox_unavailable"
-        assert wait_until(lambda: processes_of(uids) == [], 5), processes_of(uids)
-        assert wait_until(lambda: not any(_running(int(pid)) for pid in family), 5)
+        # By their pids, not their uids: once the lock is free another worker's server
+        # (the tests run side by side) may claim the block and run its jobs in it.
+        ended = [*job_processes, *map(int, family)]
+        assert wait_until(lambda: not any(_running(pid) for pid in ended), 5), ended
         # The next server claims a block again: the lowest free one, which another
-        # worker's server may have freed meanwhile (the tests run side by side).
+        # worker's server may have freed meanwhile.
         assert run_job(ex, job_id + "-next", "test.identity")["uid"][0] in uid_range(ex)
-    assert processes_of(uids) == []
+    assert not any(_running(pid) for pid in ended)
+
+
+def _private_uid_base() -> int:
+    """A uid base no other test's servers use (their locks are per block's first uid)."""
+    return 3_000_000 + (os.getpid() % 4096) * 4 * isolation.UID_SLOTS
+
+
+def _leave_process(uid: int, *, zombie: bool) -> int:
+    """A process running as ``uid``, as a killed server's job leaves one: a sleeper whose
+    parent is gone (reaped by whoever adopts it), or, ``zombie``, one that has exited and
+    waits for this test to reap it. Its pid."""
+    reader, writer = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(reader)
+            if not zombie and os.fork() != 0:
+                os._exit(0)  # the sleeper is orphaned
+            os.setresuid(uid, uid, uid)
+            os.write(writer, str(os.getpid()).encode())
+            if not zombie:
+                time.sleep(120)
+        finally:
+            os._exit(0)
+    os.close(writer)
+    left = int(os.read(reader, 32))
+    os.close(reader)
+    if not zombie:
+        os.waitpid(pid, 0)
+    return left
+
+
+def test_a_freed_block_is_claimed_once_what_its_last_server_left_is_gone(tmp_path):
+    """A server killed with SIGKILL frees its block's lock at once, while what its jobs
+    left may still run: the next server kills that and waits until it is gone (so it
+    counts for no job's RLIMIT_NPROC) before it takes the block."""
+    base = _private_uid_base()
+    left = _leave_process(base + 3, zombie=False)
+    assert isolation.processes_of_uids([base + 3]) == [left]
+    with ChildExecutor(tmp_path, preload=PRELOAD, spares=0, uid_base=base) as ex:
+        assert uid_range(ex)[0] == base  # the block it was left in
+        assert not _running(left)
+        assert isolation.processes_of_uids(list(uid_range(ex))) == []
+        assert run_job(ex, "claimed-0", "test.identity")["uid"][0] in uid_range(ex)
+
+
+def test_a_block_whose_leftovers_will_not_go_is_passed_over(tmp_path):
+    """A zombie no one reaps keeps its uid's RLIMIT_NPROC count: its block is not
+    taken; the next one is."""
+    base = _private_uid_base()
+    zombie = _leave_process(base + 5, zombie=True)
+    sleeper = _leave_process(base + 6, zombie=False)
+    try:
+        assert set(isolation.processes_of_uids(range(base, base + 64))) == {zombie, sleeper}
+        with ChildExecutor(tmp_path, preload=PRELOAD, spares=0, uid_base=base) as ex:
+            assert uid_range(ex)[0] == base + isolation.UID_SLOTS
+            assert ex.capabilities["own_uid"] is True
+            assert not _running(sleeper)  # killed all the same
+    finally:
+        os.waitpid(zombie, 0)
+    assert isolation.processes_of_uids(range(base, base + isolation.UID_SLOTS)) == []
