@@ -26,7 +26,7 @@ def test_a_socket_listens_on_the_kernels_port_until_closed(tmp_path):
     try:
         assert port > 0
         assert _connects(port)
-        with pytest.raises(OSError), socket.socket() as other:
+        with pytest.raises(OSError, match="Address already in use"), socket.socket() as other:
             other.bind(("127.0.0.1", port))
     finally:
         sock.close()
