@@ -193,3 +193,4 @@ def ray_stack(
         if ray.is_initialized():
             kill_our_actors()  # what a failed start or stop left: not the next test's
         stack.close()
+        sock.close()  # (api_server closes it; not when the start failed before it)
