@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import socket
+import subprocess
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
 
 import httpx
 import uvicorn
@@ -14,8 +16,10 @@ from fastapi import FastAPI
 
 from hypermedia.accounts import NewUser, create_user
 from hypermedia.db.engine import transaction
-from hypermedia.embedded import listening_socket
+from hypermedia.embedded import free_port, listening_socket
 from hypermedia.stack import Stack
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def add_user(stack: Stack, name: str, credits: float = 10.0, *, operator: bool = False) -> NewUser:
@@ -73,3 +77,42 @@ def running_server(
         thread.join(10)
         sock.close()
         assert not thread.is_alive(), "uvicorn did not stop"
+
+
+def serve_on_a_free_port(
+    command: Callable[[int], list[str]],
+    env: dict[str, str],
+    log_path: Path,
+    *,
+    tries: int = 3,
+    timeout: float = 20.0,
+    pick: Callable[[], int] = free_port,
+) -> tuple[subprocess.Popen[bytes], str]:
+    """A server process (``command(port)``, its output appended to ``log_path``) on a
+    port free when picked, once it answers ``/healthz``; the process and its base URL.
+    Another process may take the port between its pick and the server's bind: the
+    server then exits saying it could not start there, and is started again on another
+    (``tries`` in all)."""
+    for attempt in range(1, tries + 1):
+        port = pick()
+        with log_path.open("a") as log:
+            process = subprocess.Popen(
+                command(port), env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT
+            )
+        base_url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                break
+            with suppress(httpx.TransportError):
+                if httpx.get(f"{base_url}/healthz", timeout=2).status_code == 200:
+                    return process, base_url
+            time.sleep(0.05)
+        else:
+            process.kill()
+            process.wait()
+            raise AssertionError(f"{base_url} did not become healthy within {timeout}s")
+        said = log_path.read_text()
+        if attempt == tries or f"could not start on 127.0.0.1:{port}" not in said:
+            raise AssertionError(f"the server exited {process.returncode}:\n{said[-3000:]}")
+    raise AssertionError("unreachable")

@@ -21,13 +21,12 @@ from sqlalchemy import select
 from hypermedia import webhooks
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
-from hypermedia.embedded import free_port
 from hypermedia.ingest.client import HypermediaClient
 from hypermedia.jobs import callbacks as outbox
 from hypermedia.jobs.repository import FinishedJob
 from hypermedia.stack import Stack
 from tests import support
-from tests.api_support import wait_until_healthy
+from tests.api_support import serve_on_a_free_port
 from tests.factories import make_user
 from tests.webhook_receiver import receiving
 
@@ -38,18 +37,12 @@ REPO = Path(__file__).resolve().parents[2]
 def head(
     env: dict[str, str], log: Path, **more: str
 ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    port = free_port()
-    with log.open("a") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "hypermedia.cli", "serve", "--port", str(port)],
-            env={**env, **more},
-            cwd=REPO,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    process, url = serve_on_a_free_port(
+        lambda port: [sys.executable, "-m", "hypermedia.cli", "serve", "--port", str(port)],
+        {**env, **more},
+        log,
+    )
     try:
-        url = f"http://127.0.0.1:{port}"
-        wait_until_healthy(url)
         yield url, process
     finally:
         if process.poll() is None:

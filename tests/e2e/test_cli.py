@@ -23,9 +23,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from hypermedia.embedded import EmbeddedRedis, free_port
+from hypermedia.embedded import EmbeddedRedis, free_port, listening_socket
 from hypermedia.storage import signing
-from tests.api_support import wait_until_healthy
+from tests.api_support import serve_on_a_free_port
 from tests.generated import Generated
 
 REPO = Path(__file__).resolve().parents[2]
@@ -75,27 +75,21 @@ def cli(tmp_path: Path, private_redis: EmbeddedRedis) -> Cli:
 @contextmanager
 def serving(cli: Cli, log_path: Path) -> Iterator[str]:
     """``hypermedia serve`` on a free port; stopped with SIGTERM, which must exit 0."""
-    port = free_port()
-    with log_path.open("a") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "hypermedia.cli", "serve", "--port", str(port)],
-            env=cli.env,
-            cwd=REPO,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+    process, url = serve_on_a_free_port(
+        lambda port: [sys.executable, "-m", "hypermedia.cli", "serve", "--port", str(port)],
+        cli.env,
+        log_path,
+    )
+    try:
+        yield url
+    finally:
+        process.send_signal(signal.SIGTERM)
         try:
-            url = f"http://127.0.0.1:{port}"
-            wait_until_healthy(url)
-            yield url
-        finally:
-            process.send_signal(signal.SIGTERM)
-            try:
-                code = process.wait(20)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-                raise
+            code = process.wait(20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+            raise
     output = log_path.read_text()
     assert code == 0, f"serve exited {code}:\n{output}"
     assert "Traceback" not in output, output
@@ -200,6 +194,31 @@ def test_serve_reconciles_redis_at_start(
                 break
             time.sleep(0.2)
         assert row[1] == "1" and row[5] == "1/0/0", row
+
+
+def test_serve_on_a_port_taken_before_it_bound_is_started_again(cli: Cli, tmp_path: Path):
+    """`serve` on a port another process took says so and exits; the tests' helper then
+    starts it on another port (free_port()'s pick can be taken before the bind)."""
+    cli.ok("db", "upgrade")
+    log = tmp_path / "serve.log"
+    with listening_socket() as taken:
+        busy = taken.getsockname()[1]
+        ports = iter([busy, free_port()])
+        process, url = serve_on_a_free_port(
+            lambda port: [sys.executable, "-m", "hypermedia.cli", "serve", "--port", str(port)],
+            cli.env,
+            log,
+            pick=lambda: next(ports),
+        )
+    try:
+        assert not url.endswith(f":{busy}")
+        assert httpx.get(f"{url}/healthz").status_code == 200
+        said = log.read_text()
+        assert f"the API server could not start on 127.0.0.1:{busy}" in said
+        assert "Traceback" not in said
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(20) == 0
 
 
 def test_errors_are_one_red_line(cli: Cli):
