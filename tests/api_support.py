@@ -85,7 +85,7 @@ def serve_on_a_free_port(
     log_path: Path,
     *,
     tries: int = 3,
-    timeout: float = 20.0,
+    timeout: float = 60.0,  # a start under load (a CI run's first minutes: load ~20)
     pick: Callable[[], int] = free_port,
 ) -> tuple[subprocess.Popen[bytes], str]:
     """A server process (``command(port)``, its output appended to ``log_path``) on a
