@@ -11,6 +11,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import httpx
+import psutil
 import uvicorn
 from fastapi import FastAPI
 
@@ -104,9 +105,10 @@ def serve_on_a_free_port(
         while time.monotonic() < deadline:
             if process.poll() is not None:
                 break
-            with suppress(httpx.TransportError):
-                if httpx.get(f"{base_url}/healthz", timeout=2).status_code == 200:
-                    return process, base_url
+            # Ours, not whoever took the port (another test's API answers /healthz too).
+            if _listens(process.pid, port):
+                wait_until_healthy(base_url, timeout)
+                return process, base_url
             time.sleep(0.05)
         else:
             process.kill()
@@ -116,3 +118,12 @@ def serve_on_a_free_port(
         if attempt == tries or f"could not start on 127.0.0.1:{port}" not in said:
             raise AssertionError(f"the server exited {process.returncode}:\n{said[-3000:]}")
     raise AssertionError("unreachable")
+
+
+def _listens(pid: int, port: int) -> bool:
+    """Whether process ``pid`` has a TCP socket listening on ``port``."""
+    with suppress(psutil.Error):
+        for conn in psutil.Process(pid).net_connections(kind="tcp"):
+            if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port:
+                return True
+    return False
