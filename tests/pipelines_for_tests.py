@@ -320,7 +320,10 @@ def connect(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list[
 def fork_bomb(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list[Output]:
     """Every process forks for ever (each pid appended to ``pids.txt``); a process whose
     fork fails sleeps, except the first, which lets the error end the job once every
-    child's pid is written (all but itself under ``RLIMIT_NPROC``; at most 20 s)."""
+    child's pid is written (all but itself under ``RLIMIT_NPROC``; at most 20 s), and
+    writes how many it counted then to ``at_limit.txt``. That count is the limit's:
+    no process of the job exits before the first, whereas once the first has gone, a
+    child that had not yet tried may fork one more before the sandbox kills them all."""
     import resource
 
     first = os.getpid()
@@ -339,6 +342,7 @@ def fork_bomb(input_path: Path, params: Mapping[str, Any], workdir: Path) -> lis
                     if limit == resource.RLIM_INFINITY or written >= limit - 1:
                         break
                     time.sleep(0.05)
+                (workdir / "at_limit.txt").write_text(f"{written}\n")
                 raise
             time.sleep(3600)
             os._exit(0)
