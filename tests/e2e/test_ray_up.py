@@ -169,8 +169,9 @@ class Cluster:
         logs = short_temp_dir(self.state, "head") / "session_latest" / "logs"
         return "".join(p.read_text(errors="replace") for p in logs.glob("monitor.*"))
 
-    def submit_clips(self, count: int) -> list[str]:
-        """``count`` one-minute video transcodes (media queue); the clip files."""
+    def submit_clips(self, count: int, seconds: int = CLIP_SECONDS) -> list[str]:
+        """``count`` video transcodes (media queue) of ``seconds``-long clips (chunked
+        above 10 s); the clip files."""
         if not self.client_env:
             key = run(self.env, HYPERMEDIA, "user", "add", "eve", "--credits", "1000")
             assert key.returncode == 0, key.stderr
@@ -179,11 +180,11 @@ class Cluster:
                 "HYPERMEDIA_API_URL": (self.state / "head.url").read_text(),
                 "HYPERMEDIA_API_KEY": key.stdout.strip().splitlines()[-1],
             }
-        clip = self.tmp_path / "clip.mp4"
+        clip = self.tmp_path / f"source-{seconds}s.mp4"
         if not clip.exists():
             subprocess.run(
                 ["ffmpeg", "-loglevel", "error", "-y", "-f", "lavfi", "-i",
-                 f"testsrc=size=640x360:rate=25:duration={CLIP_SECONDS}", "-pix_fmt", "yuv420p",
+                 f"testsrc=size=640x360:rate=25:duration={seconds}", "-pix_fmt", "yuv420p",
                  "-c:v", "libx264", "-preset", "ultrafast", "-g", "25", str(clip)],
                 check=True,
             )  # fmt: skip
@@ -423,8 +424,9 @@ def test_a_burst_runs_on_launched_nodes_survives_a_spot_notice_and_ends_drained(
 @pytest.mark.parametrize("cluster", ["v1"], indirect=True)
 def test_autoscaler_v1_launches_and_the_scheduler_retires_the_node(cluster):
     """`ray start --autoscaling-config` without v2 (RAY_UP_enable_autoscaler_v2=0): the
-    same provider serves v1's StandardAutoscaler."""
-    cluster.submit_clips(2)
+    same provider serves v1's StandardAutoscaler. Short clips (not chunked): the
+    launch and the retirement are what this test shows."""
+    cluster.submit_clips(2, seconds=6)
     cluster.wait_for(
         "both jobs to complete on a burst node",
         lambda: (
