@@ -5,8 +5,13 @@ For each queue it runs the configured number of actors, each holding
 ``RayActorError``; the supervisor then sends the dead worker's in-flight jobs
 straight back to their queues (``Dispatcher.recover_worker``), marks it dead in
 ``workers``, removes the workdirs it left on this node (:mod:`hypermedia.workdirs`)
-and starts a replacement. The lease reaper stays the safety net for
-deaths nobody reports (the whole head gone).
+and starts a replacement if its pool is short of what it wants (a pool a burst node's
+drain shrank is not: a replacement there would wait, pending, for a node nobody
+launches). The lease reaper stays the safety net for deaths nobody reports (the
+whole head gone).
+
+Stopping drains the actors that exist; one never placed on a node (pending: no node
+with room for it) has no job to finish and is not waited for.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ class Member:
     queue: str
     actor: Any
     serving: Any  # ObjectRef of actor.serve()
+    created: Any = None  # ObjectRef answered once the actor exists (its constructor ran)
 
 
 @dataclass
@@ -159,7 +165,7 @@ class Supervisor:
             self.metrics_seconds,
             self.worker_options,
         )
-        member = Member(worker_id, queue, actor, actor.serve.remote())
+        member = Member(worker_id, queue, actor, actor.serve.remote(), actor.pid.remote())
         with self._lock:
             self.members[member.serving] = member
         self.events.started.append(worker_id)
@@ -256,6 +262,22 @@ class Supervisor:
             reason,
             extra={"worker_id": member.worker_id, "queue": member.queue, "action": "died"},
         )
+        self._recover(member, reason)
+        # Its jobs' files (copies of user input) on this node: nobody else removes them.
+        workdirs.remove_worker(self.stack.settings.data_dir, member.worker_id)
+        # Replaced while its pool wants more than are left: not when the scheduler
+        # drained its node (the pool shrank with it) nor after the pool was resized down.
+        if not self._stopping.is_set() and len(self.actors(member.queue)) < self.pools.get(
+            member.queue, 0
+        ):
+            self._spawn(member.queue)
+        # Recorded once handled: whoever sees the death sees its jobs recovered (and
+        # any replacement started) too.
+        self.events.died.append(member.worker_id)
+
+    def _recover(self, member: Member, reason: str) -> None:
+        """A member gone without finishing: its in-flight jobs go back to their queues
+        now, and it is marked dead."""
         try:
             recovered = self.stack.dispatcher.recover_worker(member.worker_id, reason[:500])
             self.events.recovered_jobs.extend(recovered)
@@ -267,12 +289,6 @@ class Supervisor:
                 )
         except HypermediaError as exc:
             log.warning("recovering %s: %s (the reaper will)", member.worker_id, exc)
-        # Its jobs' files (copies of user input) on this node: nobody else removes them.
-        workdirs.remove_worker(self.stack.settings.data_dir, member.worker_id)
-        # Recorded once handled: whoever sees the death sees its jobs recovered too.
-        self.events.died.append(member.worker_id)
-        if not self._stopping.is_set():
-            self._spawn(member.queue)
 
     def _mark_stale_workers(self) -> None:
         """Workers recorded active whose heartbeat is :data:`STALE_HEARTBEATS` beats old
@@ -371,13 +387,26 @@ class Supervisor:
 
     def drain(self, timeout: float) -> list[str]:
         """Every actor stops claiming, finishes (or after ``timeout`` hands back) its
-        jobs and exits. Answers the ids of jobs handed back."""
+        jobs and exits. Answers the ids of jobs handed back. An actor not yet placed on
+        a node (pending) is not waited for, nor one that does not answer within
+        ``timeout`` + 30 s: :meth:`stop` kills them, and their jobs, if any, go back."""
         self._stopping.set()
         members = self.actors()
+        created = {m.created for m in members if m.created is not None}
+        answered, _ = ray.wait(list(created), num_returns=len(created), timeout=0)
+        placed = [m for m in members if m.created is None or m.created in answered]
+        deadline = time.monotonic() + timeout + 30
+        asked = {m.actor.drain.remote(timeout): m for m in placed}
+        done, _ = ray.wait(list(asked), num_returns=len(asked), timeout=timeout + 30)
         released: list[str] = []
-        for result in ray.get([m.actor.drain.remote(timeout) for m in members]):
-            released.extend(result)
-        ray.wait([m.serving for m in members], num_returns=len(members), timeout=timeout + 30)
+        for ref in done:
+            try:
+                released.extend(ray.get(ref))
+            except RayActorError as exc:  # died meanwhile: stop() recovers its jobs
+                log.warning("draining %s: %s", asked[ref].worker_id, death_reason(exc))
+        drained = [asked[ref] for ref in done]
+        left = max(0.0, deadline - time.monotonic())
+        ray.wait([m.serving for m in drained], num_returns=len(drained), timeout=left)
         return released
 
     def stop(self, drain_timeout: float = 30.0) -> None:
@@ -391,9 +420,24 @@ class Supervisor:
                 self._thread.join(5)
                 self._thread = None
             for member in self.actors():
+                drained = _returned(member.serving)
                 ray.kill(member.actor)
+                if not drained:  # pending, dead, or not drained in time: its jobs go back
+                    self._recover(member, "stopped before it had drained")
             if self.grants is not None:
                 ray.kill(self.grants)
+
+
+def _returned(ref: Any) -> bool:
+    """Whether the call behind ``ref`` has returned (not raised), without waiting."""
+    finished, _ = ray.wait([ref], timeout=0)
+    if not finished:
+        return False
+    try:
+        ray.get(ref)
+    except Exception:
+        return False
+    return True
 
 
 def death_reason(exc: BaseException) -> str:

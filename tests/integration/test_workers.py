@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 
 import ray
 from sqlalchemy import func, select
@@ -159,6 +160,52 @@ def test_an_actor_killed_before_it_is_ready_is_replaced_and_waited_for(
         assert len(live) == 2 and started not in {m.worker_id for m in live}
         assert started in rs.supervisor.events.died
         assert all(isinstance(s, dict) for s in rs.supervisor.stats().values())
+
+
+def test_an_actor_that_dies_while_its_pool_wants_no_more_is_not_replaced(
+    pg_engine, settings, tmp_path
+):
+    """A pool resized down keeps the actors it has (fewer only by retiring a node); one
+    of them dying then is not replaced: on a burst node the scheduler drained, the
+    replacement would wait, pending, for a node nobody launches, and hold up the head's
+    stop (a `ray up` test's `ray down` waited 2 minutes for it). Below what the pool
+    wants, a death is replaced as before."""
+    with ray_stack(settings, pg_engine, tmp_path, {"images": 1}) as rs:
+        (extra,) = rs.supervisor.resize({"images": 2})
+        rs.supervisor.wait_ready(timeout=120)
+        assert rs.supervisor.resize({"images": 1}) == []
+        members = {m.worker_id: m for m in rs.supervisor.actors("images")}
+        assert len(members) == 2
+        ray.kill(members[extra].actor)
+        rs.wait_for(lambda: extra in rs.supervisor.events.died, what="death noticed")
+        assert [m.worker_id for m in rs.supervisor.actors("images")] == [
+            w for w in members if w != extra
+        ]
+        assert len(rs.supervisor.events.started) == 2  # no replacement
+        (last,) = rs.supervisor.actors("images")
+        ray.kill(last.actor)
+        rs.wait_for(lambda: last.worker_id in rs.supervisor.events.died, what="death noticed")
+        (replacement,) = rs.supervisor.actors("images")
+        assert rs.supervisor.events.started[-1] == replacement.worker_id
+        assert len(rs.supervisor.events.started) == 3
+        rs.supervisor.wait_ready(timeout=120)
+
+
+def test_stop_does_not_wait_for_an_actor_no_node_can_hold(pg_engine, settings, tmp_path):
+    """An actor still pending (no node has room for it: here it asks 64 CPUs) has no
+    job to finish: stopping drains the others and does not wait for it."""
+    queues = {"media": {"cpus": 64}}
+    with ray_stack(settings, pg_engine, tmp_path, {"images": 1}, queues=queues) as rs:
+        (pending,) = rs.supervisor.resize({"media": 1})
+        (images,) = rs.supervisor.actors("images")
+        stopping = threading.Thread(target=rs.supervisor.stop, kwargs={"drain_timeout": 5})
+        stopping.start()
+        stopping.join(120)
+        assert not stopping.is_alive(), "stop() waited for the pending actor"
+        with transaction(rs.stack.engine) as conn:
+            rows = dict(conn.execute(select(t.workers.c.worker_id, t.workers.c.status)).all())
+        assert rows == {images.worker_id: "stopped"}  # drained; the pending one never ran
+        assert pending not in rs.supervisor.events.died
 
 
 def test_cancel_of_a_running_job_kills_its_child(pg_engine, settings, tmp_path):
