@@ -226,6 +226,7 @@ class PrivatePostgres:
             os.chown(self.base, entry.pw_uid, entry.pw_gid)
         self._run("initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust", "--no-sync")
         self.url = ""
+        self._started = False
 
     def _run(self, program: str, *args: str) -> None:
         done = subprocess.run(
@@ -246,6 +247,23 @@ class PrivatePostgres:
         return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{database}"
 
     def start(self) -> None:
+        """Start the server. Its first start moves to another free port if its pick was
+        taken meanwhile (by any process of a parallel run); later ones keep the port
+        the tests' URLs name."""
+        from hypermedia.embedded import free_port
+
+        for tries_left in reversed(range(3)):
+            try:
+                self._start()
+                break
+            except ServiceNotReachable:
+                log = (self.base / "server.log").read_text(errors="replace")
+                if self._started or not tries_left or "could not bind" not in log:
+                    raise
+                self.port = free_port()
+        self._started = True
+
+    def _start(self) -> None:
         # fsync off: an immediate stop keeps every commit (the OS still has them);
         # synchronous_commit must stay on or it would not.
         options = f"-p {self.port} -k {self.base} -c listen_addresses=127.0.0.1 -c fsync=off"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 
 import pytest
 import redis
@@ -119,3 +120,21 @@ def test_environment_is_isolated():
 
 def test_tier_marker_is_added(request):
     assert request.node.get_closest_marker("integration") is not None
+
+
+def test_a_private_postgres_whose_port_was_taken_starts_on_another():
+    """Its first start moves on when another process took its port pick meanwhile (a
+    parallel run's race between free_port() and the server's bind)."""
+    server = support.PrivatePostgres()
+    taken = socket.socket()
+    try:
+        taken.bind(("127.0.0.1", server.port))
+        taken.listen()
+        first = server.port
+        server.start()
+        assert server.port != first
+        assert "could not bind" in (server.base / "server.log").read_text()
+        assert server.create_migrated().endswith(f":{server.port}/hypermedia")
+    finally:
+        taken.close()
+        server.close()
