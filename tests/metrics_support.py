@@ -89,42 +89,53 @@ def shipped_config(directory: Path, data_dir: Path, key_file: Path, interval: st
 
 @contextmanager
 def prometheus(config: Path) -> Iterator[str]:
-    """Debian's prometheus on ``config``, on a free loopback port; yields its URL."""
+    """Debian's prometheus on ``config``, on a free loopback port; yields its URL. When
+    another process took the port between its pick and Prometheus's bind (a parallel
+    run's race), it starts again on another (3 tries)."""
     binary = shutil.which("prometheus")
     assert binary, "prometheus is missing: ./scripts/setup installs it (Debian's prometheus)"
-    url = f"http://127.0.0.1:{free_port()}"
     log = config.parent / "prometheus.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [
-                binary,
-                f"--config.file={config}",
-                f"--storage.tsdb.path={config.parent / 'tsdb'}",
-                f"--web.listen-address={url.removeprefix('http://')}",
-            ],
-            stdout=out,
-            stderr=out,
-            stdin=subprocess.DEVNULL,
-        )
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert process.poll() is None, log.read_text()[-3000:]
-            try:
-                if httpx.get(f"{url}/-/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.1)
-        yield url
-    finally:
-        process.terminate()
+    for tries_left in reversed(range(3)):
+        url = f"http://127.0.0.1:{free_port()}"
+        with log.open("wb") as out:
+            process = subprocess.Popen(
+                [
+                    binary,
+                    f"--config.file={config}",
+                    f"--storage.tsdb.path={config.parent / 'tsdb'}",
+                    f"--web.listen-address={url.removeprefix('http://')}",
+                ],
+                stdout=out,
+                stderr=out,
+                stdin=subprocess.DEVNULL,
+            )
         try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+            if _ready(process, url, log):
+                yield url
+                return
+            said = log.read_text(errors="replace")
+            assert tries_left and "address already in use" in said, said[-3000:]
+        finally:
+            process.terminate()
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def _ready(process: subprocess.Popen[bytes], url: str, log: Path) -> bool:
+    """Wait until Prometheus answers ready (True) or has exited (False)."""
+    deadline = time.monotonic() + 30
+    while process.poll() is None:
+        try:
+            if httpx.get(f"{url}/-/ready", timeout=2).status_code == 200:
+                return process.poll() is None
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.1)
+    return False
 
 
 def query(url: str, expr: str) -> list[dict[str, Any]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 
+import httpx
 import pytest
 import redis
 from sqlalchemy import create_engine, inspect, text
@@ -12,7 +13,8 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.pool import NullPool
 
 from hypermedia.db import migrate
-from tests import support
+from hypermedia.embedded import free_port
+from tests import metrics_support, support
 
 
 def _insert_pool(engine, pool_id: str) -> None:
@@ -138,3 +140,21 @@ def test_a_private_postgres_whose_port_was_taken_starts_on_another():
     finally:
         taken.close()
         server.close()
+
+
+def test_a_prometheus_whose_port_was_taken_starts_on_another(tmp_path, monkeypatch):
+    """The helper's Prometheus starts again on another port when its pick was taken
+    before it bound it."""
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    picks = iter([taken.getsockname()[1]])
+    monkeypatch.setattr(metrics_support, "free_port", lambda: next(picks, None) or free_port())
+    config = tmp_path / "prometheus.yml"
+    config.write_text("global:\n  scrape_interval: 15s\n")
+    try:
+        with metrics_support.prometheus(config) as url:
+            assert not url.endswith(f":{taken.getsockname()[1]}")
+            assert httpx.get(f"{url}/-/ready", timeout=10).status_code == 200
+    finally:
+        taken.close()
