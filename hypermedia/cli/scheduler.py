@@ -95,9 +95,17 @@ def scheduler_run(
         if metrics_port is not None and not once:
             from prometheus_client import start_http_server
 
-            server, _thread = start_http_server(
-                metrics_port, addr="127.0.0.1", registry=stack.metrics.registry
-            )
+            from hypermedia.errors import ServiceUnavailable
+
+            try:
+                server, _thread = start_http_server(
+                    metrics_port, addr="127.0.0.1", registry=stack.metrics.registry
+                )
+            except OSError as exc:
+                raise ServiceUnavailable(
+                    f"the scheduler's metrics could not start on 127.0.0.1:{metrics_port}"
+                    f" (--metrics-port / HYPERMEDIA_SCHEDULER_METRICS_PORT): {exc.strerror}"
+                ) from exc
         if once:
             evaluation = scheduler.evaluate()
             for decision in evaluation.decisions:

@@ -306,23 +306,21 @@ def test_the_scheduler_commands(cli: Cli, tmp_path: Path):
 
 
 def _scheduler_metrics(cli: Cli, log_path: Path) -> None:
-    """``scheduler run --metrics-port``: its own metrics on loopback, not the API's."""
-    port = free_port()
-    with log_path.open("w") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "hypermedia.cli", "scheduler", "run"],
-            env={**cli.env, "HYPERMEDIA_SCHEDULER_METRICS_PORT": str(port)},
-            cwd=REPO,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+    """``scheduler run`` with HYPERMEDIA_SCHEDULER_METRICS_PORT: its own metrics on
+    loopback, not the API's (started again on another port if its pick was taken)."""
+
+    def command(port: int) -> list[str]:
+        run = [sys.executable, "-m", "hypermedia.cli", "scheduler", "run"]
+        return ["env", f"HYPERMEDIA_SCHEDULER_METRICS_PORT={port}", *run]
+
+    process, url = serve_on_a_free_port(command, cli.env, log_path)
     try:
         deadline = time.monotonic() + 60  # an interpreter's start on a busy machine
         text = ""
         while "hypermedia_scheduler_last_evaluation_timestamp_seconds" not in text:
             assert process.poll() is None and time.monotonic() < deadline, log_path.read_text()
             with suppress(httpx.TransportError):
-                text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
+                text = httpx.get(f"{url}/metrics", timeout=2).text
             time.sleep(0.1)
         assert 'hypermedia_cloud_spend_cap_cents{window="day"} 5000.0' in text
         assert "hypermedia_cost_locked 0.0" in text
@@ -331,6 +329,18 @@ def _scheduler_metrics(cli: Cli, log_path: Path) -> None:
         process.send_signal(signal.SIGTERM)
         code = process.wait(20)
     assert code == 0, log_path.read_text()
+
+
+def test_a_taken_scheduler_metrics_port_is_one_clear_line(cli: Cli):
+    cli.ok("db", "upgrade")
+    with listening_socket("127.0.0.1") as taken:
+        port = taken.getsockname()[1]
+        err = cli.fails("scheduler", "run", "--metrics-port", str(port))
+    assert err.strip() == (
+        f"error: service_unavailable: the scheduler's metrics could not start on"
+        f" 127.0.0.1:{port} (--metrics-port / HYPERMEDIA_SCHEDULER_METRICS_PORT):"
+        " Address already in use"
+    ), err
 
 
 def test_the_access_log_shows_no_signature(cli: Cli, tmp_path: Path):
