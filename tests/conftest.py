@@ -126,6 +126,7 @@ def pg_server() -> Iterator[support.PostgresServer]:
     if problem:
         server.dispose()
         pytest.fail(problem, pytrace=False)
+    server.drop_leftovers()
     yield server
     server.dispose()
 

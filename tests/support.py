@@ -20,6 +20,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import redis
 from sqlalchemy import Connection, Engine, create_engine, make_url, text
 from sqlalchemy.exc import SQLAlchemyError
@@ -132,6 +133,30 @@ class PostgresServer:
             if self._is_template(conn, name):
                 conn.execute(text(f"ALTER DATABASE {self._quote(name)} IS_TEMPLATE false"))
             conn.execute(text(f"DROP DATABASE IF EXISTS {self._quote(name)} WITH (FORCE)"))
+
+    def drop_leftovers(self) -> list[str]:
+        """Drop the test databases (:func:`unique_name`) of test processes no longer
+        running: what a run killed before its teardown left. Only on a server of this
+        machine, where the pid in each name is one of this machine's processes."""
+        host = make_url(self.url).host
+        if host not in (None, "", "127.0.0.1", "localhost", "::1"):
+            return []
+        with self._admin.connect() as conn:
+            names = conn.execute(
+                text("SELECT datname FROM pg_database WHERE datname LIKE :prefix"),
+                {"prefix": f"{NAME_PREFIX}\\_%"},
+            ).scalars()
+            found = list(names)
+        dropped = []
+        for name in found:
+            parts = name.split("_")
+            if len(parts) == 4 and parts[2].isdigit() and not psutil.pid_exists(int(parts[2])):
+                try:
+                    self.drop_database(name)
+                except SQLAlchemyError:
+                    continue  # another xdist worker dropped it first
+                dropped.append(name)
+        return dropped
 
     @staticmethod
     def _is_template(conn: Connection, name: str) -> bool:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import uuid
 
 import httpx
 import pytest
@@ -158,3 +160,23 @@ def test_a_prometheus_whose_port_was_taken_starts_on_another(tmp_path, monkeypat
             assert httpx.get(f"{url}/-/ready", timeout=10).status_code == 200
     finally:
         taken.close()
+
+
+def test_databases_a_killed_run_left_are_dropped(pg_server):
+    """A test database whose process is gone (a run killed before its teardown) is
+    dropped when the next session starts; one of a live process is kept."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    left = f"{support.NAME_PREFIX}_db_{gone.pid}_{uuid.uuid4().hex[:8]}"
+    live = support.unique_name()
+    pg_server.create_database(left)
+    pg_server.create_database(live)
+    try:
+        dropped = pg_server.drop_leftovers()
+        assert left in dropped and live not in dropped
+        with pg_server._admin.connect() as conn:
+            names = set(conn.execute(text("SELECT datname FROM pg_database")).scalars())
+        assert left not in names and live in names
+    finally:
+        pg_server.drop_database(left)
+        pg_server.drop_database(live)
