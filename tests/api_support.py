@@ -38,12 +38,12 @@ def bearer(user: NewUser) -> dict[str, str]:
     return {"Authorization": f"Bearer {user.api_key}"}
 
 
-def wait_until_healthy(base_url: str, timeout: float = 20.0) -> None:
+def wait_until_healthy(base_url: str, timeout: float = 20.0, path: str = "/healthz") -> None:
     deadline = time.monotonic() + timeout
     last: object = None
     while time.monotonic() < deadline:
         try:
-            response = httpx.get(f"{base_url}/healthz", timeout=2)
+            response = httpx.get(f"{base_url}{path}", timeout=2)
             if response.status_code == 200:
                 return
             last = response.text
@@ -88,12 +88,14 @@ def serve_on_a_free_port(
     tries: int = 3,
     timeout: float = 60.0,  # a start under load (a CI run's first minutes: load ~20)
     pick: Callable[[], int] = free_port,
+    ready: str = "/healthz",
+    taken: str = "could not start on 127.0.0.1:{port}",
 ) -> tuple[subprocess.Popen[bytes], str]:
     """A server process (``command(port)``, its output appended to ``log_path``) on a
-    port free when picked, once it answers ``/healthz``; the process and its base URL.
-    Another process may take the port between its pick and the server's bind: the
-    server then exits saying it could not start there, and is started again on another
-    (``tries`` in all)."""
+    port free when picked, once it answers ``ready`` with 200; the process and its base
+    URL. Another process may take the port between its pick and the server's bind: the
+    server then exits saying so (``taken``, with the port), and is started again on
+    another (``tries`` in all)."""
     for attempt in range(1, tries + 1):
         port = pick()
         with log_path.open("a") as log:
@@ -107,7 +109,7 @@ def serve_on_a_free_port(
                 break
             # Ours, not whoever took the port (another test's API answers /healthz too).
             if _listens(process.pid, port):
-                wait_until_healthy(base_url, timeout)
+                wait_until_healthy(base_url, timeout, path=ready)
                 return process, base_url
             time.sleep(0.05)
         else:
@@ -115,7 +117,7 @@ def serve_on_a_free_port(
             process.wait()
             raise AssertionError(f"{base_url} did not become healthy within {timeout}s")
         said = log_path.read_text()
-        if attempt == tries or f"could not start on 127.0.0.1:{port}" not in said:
+        if attempt == tries or taken.format(port=port) not in said:
             raise AssertionError(f"the server exited {process.returncode}:\n{said[-3000:]}")
     raise AssertionError("unreachable")
 

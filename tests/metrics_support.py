@@ -3,9 +3,9 @@ and a real Prometheus on the shipped config."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
-import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from hypermedia.embedded import free_port
 from hypermedia.metrics import RAY_PREFIX
+from tests.api_support import serve_on_a_free_port
 
 
 @dataclass(frozen=True)
@@ -89,53 +90,37 @@ def shipped_config(directory: Path, data_dir: Path, key_file: Path, interval: st
 
 @contextmanager
 def prometheus(config: Path) -> Iterator[str]:
-    """Debian's prometheus on ``config``, on a free loopback port; yields its URL. When
-    another process took the port between its pick and Prometheus's bind (a parallel
-    run's race), it starts again on another (3 tries)."""
+    """Debian's prometheus on ``config``, on a free loopback port; yields its URL
+    (started again on another port if its pick was taken before it bound it)."""
     binary = shutil.which("prometheus")
     assert binary, "prometheus is missing: ./scripts/setup installs it (Debian's prometheus)"
-    log = config.parent / "prometheus.log"
-    for tries_left in reversed(range(3)):
-        url = f"http://127.0.0.1:{free_port()}"
-        with log.open("wb") as out:
-            process = subprocess.Popen(
-                [
-                    binary,
-                    f"--config.file={config}",
-                    f"--storage.tsdb.path={config.parent / 'tsdb'}",
-                    f"--web.listen-address={url.removeprefix('http://')}",
-                ],
-                stdout=out,
-                stderr=out,
-                stdin=subprocess.DEVNULL,
-            )
-        try:
-            if _ready(process, url, log):
-                yield url
-                return
-            said = log.read_text(errors="replace")
-            assert tries_left and "address already in use" in said, said[-3000:]
-        finally:
-            process.terminate()
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
 
+    def command(port: int) -> list[str]:
+        return [
+            binary,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={config.parent / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ]
 
-def _ready(process: subprocess.Popen[bytes], url: str, log: Path) -> bool:
-    """Wait until Prometheus answers ready (True) or has exited (False)."""
-    deadline = time.monotonic() + 30
-    while process.poll() is None:
+    process, url = serve_on_a_free_port(
+        command,
+        dict(os.environ),
+        config.parent / "prometheus.log",
+        timeout=30,
+        pick=free_port,
+        ready="/-/ready",
+        taken="address already in use",
+    )
+    try:
+        yield url
+    finally:
+        process.terminate()
         try:
-            if httpx.get(f"{url}/-/ready", timeout=2).status_code == 200:
-                return process.poll() is None
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline, log.read_text()[-3000:]
-        time.sleep(0.1)
-    return False
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def query(url: str, expr: str) -> list[dict[str, Any]]:

@@ -52,7 +52,7 @@ class Member:
     queue: str
     actor: Any
     serving: Any  # ObjectRef of actor.serve()
-    created: Any = None  # ObjectRef answered once the actor exists (its constructor ran)
+    created: Any  # ObjectRef of actor.pid(): answered once the actor exists
 
 
 @dataclass
@@ -392,9 +392,9 @@ class Supervisor:
         ``timeout`` + 30 s: :meth:`stop` kills them, and their jobs, if any, go back."""
         self._stopping.set()
         members = self.actors()
-        created = {m.created for m in members if m.created is not None}
-        answered, _ = ray.wait(list(created), num_returns=len(created), timeout=0)
-        placed = [m for m in members if m.created is None or m.created in answered]
+        created = [m.created for m in members]
+        answered, _ = ray.wait(created, num_returns=len(created), timeout=0)
+        placed = [m for m in members if m.created in answered]
         deadline = time.monotonic() + timeout + 30
         asked = {m.actor.drain.remote(timeout): m for m in placed}
         done, _ = ray.wait(list(asked), num_returns=len(asked), timeout=timeout + 30)

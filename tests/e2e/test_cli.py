@@ -313,7 +313,7 @@ def _scheduler_metrics(cli: Cli, log_path: Path) -> None:
         run = [sys.executable, "-m", "hypermedia.cli", "scheduler", "run"]
         return ["env", f"HYPERMEDIA_SCHEDULER_METRICS_PORT={port}", *run]
 
-    process, url = serve_on_a_free_port(command, cli.env, log_path)
+    process, url = serve_on_a_free_port(command, cli.env, log_path, ready="/metrics")
     try:
         deadline = time.monotonic() + 60  # an interpreter's start on a busy machine
         text = ""
