@@ -173,9 +173,10 @@ class Supervisor:
         return member
 
     def wait_ready(self, timeout: float = 120.0) -> None:
-        """Block until every actor has been created (its constructor ran). One that
-        dies first does not count: the watcher starts another, which is waited for in
-        its place. TimeoutError names the workers not ready in time."""
+        """Block until every actor has been created (its constructor ran and its
+        ``created`` call answered, so :meth:`drain` counts it placed). One that dies
+        first does not count: the watcher starts another, which is waited for in its
+        place. TimeoutError names the workers not ready in time."""
         deadline = time.monotonic() + timeout
         ready: set[str] = set()
         dead: set[str] = set()
@@ -193,8 +194,7 @@ class Supervisor:
             if not waiting and not short:
                 return
             for member in waiting:
-                if member.worker_id not in asked.values():
-                    asked[member.actor.stats.remote()] = member.worker_id
+                asked.setdefault(member.created, member.worker_id)
             left = deadline - time.monotonic()
             if left <= 0:
                 names = ", ".join(sorted(m.worker_id for m in waiting) + short)
@@ -420,24 +420,33 @@ class Supervisor:
                 self._thread.join(5)
                 self._thread = None
             for member in self.actors():
-                drained = _returned(member.serving)
+                why = _not_drained(member)
                 ray.kill(member.actor)
-                if not drained:  # pending, dead, or not drained in time: its jobs go back
-                    self._recover(member, "stopped before it had drained")
+                if why:  # pending, dead, or not drained in time: its jobs go back
+                    log.warning(
+                        "stopping %s: %s; killed, its jobs go back",
+                        member.worker_id,
+                        why,
+                        extra={"worker_id": member.worker_id, "queue": member.queue},
+                    )
+                    self._recover(member, f"stopped before it had drained: {why}")
             if self.grants is not None:
                 ray.kill(self.grants)
 
 
-def _returned(ref: Any) -> bool:
-    """Whether the call behind ``ref`` has returned (not raised), without waiting."""
-    finished, _ = ray.wait([ref], timeout=0)
-    if not finished:
-        return False
+def _not_drained(member: Member) -> str:
+    """Why ``member`` has not drained ("" if its serve() returned), without waiting."""
+    if not ray.wait([member.created], timeout=0)[0]:
+        return "never placed on a node"
+    if not ray.wait([member.serving], timeout=0)[0]:
+        return "did not drain in time"
     try:
-        ray.get(ref)
-    except Exception:
-        return False
-    return True
+        ray.get(member.serving)
+    except RayActorError as exc:
+        return death_reason(exc)
+    except Exception as exc:
+        return f"serve() raised {type(exc).__name__}: {exc}"
+    return ""
 
 
 def death_reason(exc: BaseException) -> str:

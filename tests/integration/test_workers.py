@@ -191,9 +191,9 @@ def test_an_actor_that_dies_while_its_pool_wants_no_more_is_not_replaced(
         rs.supervisor.wait_ready(timeout=120)
 
 
-def test_stop_does_not_wait_for_an_actor_no_node_can_hold(pg_engine, settings, tmp_path):
+def test_stop_does_not_wait_for_an_actor_no_node_can_hold(pg_engine, settings, tmp_path, caplog):
     """An actor still pending (no node has room for it: here it asks 64 CPUs) has no
-    job to finish: stopping drains the others and does not wait for it."""
+    job to finish: stopping drains the others, does not wait for it, and says so."""
     queues = {"media": {"cpus": 64}}
     with ray_stack(settings, pg_engine, tmp_path, {"images": 1}, queues=queues) as rs:
         (pending,) = rs.supervisor.resize({"media": 1})
@@ -202,6 +202,8 @@ def test_stop_does_not_wait_for_an_actor_no_node_can_hold(pg_engine, settings, t
         stopping.start()
         stopping.join(120)
         assert not stopping.is_alive(), "stop() waited for the pending actor"
+        said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("stopping")]
+        assert said == [f"stopping {pending}: never placed on a node; killed, its jobs go back"]
         with transaction(rs.stack.engine) as conn:
             rows = dict(conn.execute(select(t.workers.c.worker_id, t.workers.c.status)).all())
         assert rows == {images.worker_id: "stopped"}  # drained; the pending one never ran
