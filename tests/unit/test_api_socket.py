@@ -4,6 +4,7 @@ error when that port is taken or missing."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 
 import pytest
@@ -54,3 +55,30 @@ def test_an_api_url_without_a_port_names_the_setting(tmp_path):
     with pytest.raises(ConfigError, match="api_url") as raised:
         api_socket(settings)
     assert "names no port" in str(raised.value)
+
+
+def test_connections_it_accepts_send_small_writes_at_once():
+    """asyncio (uvicorn's loop) turns Nagle's algorithm off only on sockets whose proto
+    is IPPROTO_TCP: with it on, each response's body waited ~40 ms for the client's
+    delayed ACK of its headers."""
+    accepted: list[int] = []
+
+    class Probe(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            sock = transport.get_extra_info("socket")
+            accepted.append(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+            transport.close()
+
+    async def serve_one() -> None:
+        sock = listening_socket()
+        server = await asyncio.get_running_loop().create_server(Probe, sock=sock)
+        async with server:
+            _reader, writer = await asyncio.open_connection(*sock.getsockname()[:2])
+            for _ in range(100):
+                if accepted:
+                    break
+                await asyncio.sleep(0.01)
+            writer.close()
+
+    asyncio.run(serve_one())
+    assert accepted and accepted[0] != 0
