@@ -113,6 +113,9 @@ class Supervisor:
         self.grants: Any = None
         self._stopping = threading.Event()
         self._lock = threading.Lock()
+        # Held while a pool's count is checked and the actors it lacks are started (a
+        # death's replacement, resize): two of them at once would fill one gap twice.
+        self._sizing = threading.Lock()
         self._thread: threading.Thread | None = None
 
     # -- lifecycle --------------------------------------------------------------
@@ -267,10 +270,11 @@ class Supervisor:
         workdirs.remove_worker(self.stack.settings.data_dir, member.worker_id)
         # Replaced while its pool wants more than are left: not when the scheduler
         # drained its node (the pool shrank with it) nor after the pool was resized down.
-        if not self._stopping.is_set() and len(self.actors(member.queue)) < self.pools.get(
-            member.queue, 0
-        ):
-            self._spawn(member.queue)
+        with self._sizing:
+            if not self._stopping.is_set() and len(self.actors(member.queue)) < self.pools.get(
+                member.queue, 0
+            ):
+                self._spawn(member.queue)
         # Recorded once handled: whoever sees the death sees its jobs recovered (and
         # any replacement started) too.
         self.events.died.append(member.worker_id)
@@ -328,11 +332,12 @@ class Supervisor:
         come from :meth:`retire_node`: which actors leave is the scheduler's choice.
         Answers the worker ids started."""
         started = []
-        for queue, wanted in pools.items():
-            self.pools[queue] = wanted
-            live = len(self.actors(queue))
-            for _ in range(max(0, wanted - live)):
-                started.append(self._spawn(queue).worker_id)
+        with self._sizing:
+            for queue, wanted in pools.items():
+                self.pools[queue] = wanted
+                live = len(self.actors(queue))
+                for _ in range(max(0, wanted - live)):
+                    started.append(self._spawn(queue).worker_id)
         return started
 
     def retire_node(self, node_id: str, timeout: float) -> list[str]:
@@ -348,12 +353,14 @@ class Supervisor:
                     )
                 ).scalars()
             )
-        with self._lock:
-            leaving = [m for ref, m in list(self.members.items()) if m.worker_id in on_node]
+        with self._sizing:  # a death meanwhile sees the pool already smaller
+            with self._lock:
+                leaving = [m for m in self.members.values() if m.worker_id in on_node]
+                for member in leaving:
+                    self.members.pop(member.serving, None)
             for member in leaving:
-                self.members.pop(member.serving, None)
+                self.pools[member.queue] = max(0, self.pools.get(member.queue, 0) - 1)
         for member in leaving:
-            self.pools[member.queue] = max(0, self.pools.get(member.queue, 0) - 1)
             threading.Thread(
                 target=self._retire, args=(member, timeout), name="retire", daemon=True
             ).start()
