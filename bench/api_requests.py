@@ -2,6 +2,7 @@
 
     python -m bench.api_requests                      # 300 of each kind
     python -m bench.api_requests --requests 1000 --kinds upload,submit
+    python -m bench.api_requests --socket listening    # served as the local stack serves
 
 One API server (``bench.api_server``: uvicorn, no access log) on the embedded
 default stack (SQLite record in a temporary data dir, a private Redis, local
@@ -59,6 +60,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=300, help="timed requests per kind")
     parser.add_argument("--kinds", default=",".join(KINDS), help=f"a subset of {KINDS}")
     parser.add_argument("--json", type=Path, help="where to write results")
+    parser.add_argument(
+        "--socket",
+        choices=("bind", "listening"),
+        default="bind",
+        help="bind: uvicorn binds the port (hypermedia serve); listening: it serves a "
+        "socket already listening (the local stack of hypermedia run / up)",
+    )
     args = parser.parse_args(argv)
     kinds = [k for k in args.kinds.split(",") if k]
     unknown = set(kinds) - set(KINDS)
@@ -66,8 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown kinds {sorted(unknown)}" if unknown else "--requests must be >= 1")
     console = Console()
     with contextlib.ExitStack() as cleanup:
-        rows = _run(args.requests, kinds, cleanup, console)
-    table = Table(title=f"API server CPU per request, {args.requests} of each kind")
+        rows = _run(args.requests, kinds, cleanup, console, args.socket)
+    table = Table(title=f"API server CPU per request, {args.requests} of each kind ({args.socket})")
     for name in ("kind", "server CPU ms", "of it, children", "wall ms", "client CPU ms"):
         table.add_column(name, justify="left" if name == "kind" else "right")
     for row in rows:
@@ -84,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     path.parent.mkdir(parents=True, exist_ok=True)
     meta = run_metadata(
-        {"requests": args.requests, "loadavg_end": list(os.getloadavg())},
+        {"requests": args.requests, "socket": args.socket, "loadavg_end": list(os.getloadavg())},
         ["fastapi", "starlette", "uvicorn", "httpx", "sqlalchemy"],
     )
     path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
@@ -93,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(
-    n: int, kinds: list[str], cleanup: contextlib.ExitStack, console: Console
+    n: int, kinds: list[str], cleanup: contextlib.ExitStack, console: Console, socket: str
 ) -> list[dict[str, Any]]:
     tmp = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="hm-bench-api-")))
     redis = start_redis(tmp / "redis", cleanup)
@@ -112,7 +120,7 @@ def _run(
             conn, "bench", time.time(), credits_millicredits=10**13, grants=accounts.UNLIMITED
         )
     base, server = cleanup.enter_context(
-        hm.api_server_process(settings, tmp / "api-server.log", port=port)
+        hm.api_server_process(settings, tmp / "api-server.log", port=port, socket=socket)
     )
     client = cleanup.enter_context(httpx.Client(base_url=base, timeout=60))
     photo = _photo()

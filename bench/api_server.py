@@ -1,5 +1,10 @@
 """The HTTP API under uvicorn, for the benchmark: ``python -m bench.api_server --port N``.
 
+``--socket bind`` (the default): uvicorn binds the port itself, as ``hypermedia serve``
+does; ``--socket listening``: it serves a socket already listening
+(:func:`hypermedia.embedded.listening_socket`), as the local stack of ``hypermedia run``
+and ``hypermedia up`` does.
+
 Settings come from ``HYPERMEDIA_*`` variables (the parent passes its database,
 Redis and prefix). The schema must already be migrated. No access log: one
 line per request would measure the terminal, not the API. The server stops by
@@ -17,6 +22,7 @@ import time
 import uvicorn
 
 from hypermedia.config import load_settings
+from hypermedia.embedded import listening_socket
 from hypermedia.ingest.api import create_app
 from hypermedia.stack import Stack
 
@@ -27,6 +33,7 @@ def main() -> None:
     parser.add_argument(
         "--port", type=int, default=int(os.environ.get("HYPERMEDIA_BENCH_PORT", "8080"))
     )
+    parser.add_argument("--socket", choices=("bind", "listening"), default="bind")
     args = parser.parse_args()
     _exit_with_parent()
     stack = Stack.open(load_settings())
@@ -39,7 +46,10 @@ def main() -> None:
             access_log=False,
             lifespan="off",
         )
-        uvicorn.Server(config).run()
+        if args.socket == "listening":
+            uvicorn.Server(config).run(sockets=[listening_socket(args.host, args.port)])
+        else:
+            uvicorn.Server(config).run()
     finally:
         stack.close()
 

@@ -158,11 +158,15 @@ def api_server(settings: Settings, log_path: Path, timeout: float = 30.0) -> Ite
 
 @contextlib.contextmanager
 def api_server_process(
-    settings: Settings, log_path: Path, timeout: float = 30.0, port: int | None = None
+    settings: Settings,
+    log_path: Path,
+    timeout: float = 30.0,
+    port: int | None = None,
+    socket: str = "bind",
 ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """:func:`api_server` on ``port`` (else a free one), yielding the process too (to
     read its CPU). The server gets the settings' database, Redis, data dir, upload rate
-    and, when set, API URL."""
+    and, when set, API URL; ``socket`` is ``bench.api_server``'s ``--socket``."""
     port = port or free_port()
     env = {
         **os.environ,
@@ -178,7 +182,7 @@ def api_server_process(
     base = f"http://127.0.0.1:{port}"
     with log_path.open("ab") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "bench.api_server", "--port", str(port)],
+            [sys.executable, "-m", "bench.api_server", "--port", str(port), "--socket", socket],
             cwd=ROOT,
             env=env,
             stdin=subprocess.DEVNULL,

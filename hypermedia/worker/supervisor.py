@@ -444,7 +444,7 @@ class Supervisor:
 def _not_drained(member: Member) -> str:
     """Why ``member`` has not drained ("" if its serve() returned), without waiting."""
     if not ray.wait([member.created], timeout=0)[0]:
-        return "never placed on a node"
+        return "not started yet (waiting for a node, or still starting)"
     if not ray.wait([member.serving], timeout=0)[0]:
         return "did not drain in time"
     try:

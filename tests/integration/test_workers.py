@@ -203,7 +203,8 @@ def test_stop_does_not_wait_for_an_actor_no_node_can_hold(pg_engine, settings, t
         stopping.join(120)
         assert not stopping.is_alive(), "stop() waited for the pending actor"
         said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("stopping")]
-        assert said == [f"stopping {pending}: never placed on a node; killed, its jobs go back"]
+        why = "not started yet (waiting for a node, or still starting)"
+        assert said == [f"stopping {pending}: {why}; killed, its jobs go back"]
         with transaction(rs.stack.engine) as conn:
             rows = dict(conn.execute(select(t.workers.c.worker_id, t.workers.c.status)).all())
         assert rows == {images.worker_id: "stopped"}  # drained; the pending one never ran
