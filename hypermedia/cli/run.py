@@ -3,6 +3,7 @@ started for them and stopped after, with progress per queue and a summary table.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -91,6 +92,7 @@ def run(
             def advance(path: Path) -> None:
                 progress.update(upload, advance=1, note=path.name[:40])
 
+            began = time.monotonic()
             report = submit_files(
                 local.api_url, key, files, operations, implemented, priority, on_file=advance
             )
@@ -118,8 +120,9 @@ def run(
                     progress.update(task, completed=done.get(queue, 0), note=note)
 
             finished = wait_until_finished(local.stack, report, show, timeout)
+            took = time.monotonic() - began
         write_outputs(local.stack, report, out)
-        _run_summary(console, report, out, finished)
+        _run_summary(console, report, out, finished, took)
     finally:
         console.print("[dim]stopping what was started[/]")
         local.stop(progress=_progress_say(console))
@@ -139,9 +142,11 @@ def _stop_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, interrupt)
 
 
-def _run_summary(console: Any, report: Any, out: Path, finished: bool) -> None:
+def _run_summary(console: Any, report: Any, out: Path, finished: bool, took: float) -> None:
     from rich.markup import escape
     from rich.table import Table
+
+    from hypermedia.runner import FINISHED
 
     table = Table("file", "operation", "status", "output / reason")
     for item in report.submitted:
@@ -164,5 +169,11 @@ def _run_summary(console: Any, report: Any, out: Path, finished: bool) -> None:
         f"{f'; {len(report.skipped)} files skipped' if report.skipped else ''}. "
         f"Outputs in {out}/"
     )
+    if report.submitted:
+        ended = sum(1 for item in report.submitted if report.statuses.get(item.job_id) in FINISHED)
+        console.print(
+            f"{ended} jobs ended {took:.1f} s after the first upload "
+            f"({ended / max(took, 1e-3):.1f} jobs/s, uploads included)"
+        )
     if not finished:
         console.print("[red]timed out waiting for the jobs; they stay recorded and queued[/]")

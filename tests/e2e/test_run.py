@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import psutil
+import pytest
 import pyvips
 
 from hypermedia.embedded import find_running
@@ -44,6 +45,11 @@ def test_run_examples_end_to_end(tmp_path):
     assert "Traceback" not in result.stderr
     text = " ".join(result.stderr.split())
     assert f"{len(samples)} jobs: {len(samples)} completed" in text
+    said = rf"{len(samples)} jobs ended ([0-9.]+) s after the first upload \(([0-9.]+) jobs/s"
+    took = re.search(said, text)
+    assert took is not None, text[-2000:]
+    seconds, rate = float(took[1]), float(took[2])
+    assert 0 < seconds < 600 and rate == pytest.approx(len(samples) / seconds, rel=0.05, abs=0.1)
     for sample in samples:
         (output,) = (tmp_path / "hypermedia-out" / sample.name).iterdir()
         image = pyvips.Image.new_from_file(str(output))
