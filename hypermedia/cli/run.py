@@ -170,7 +170,7 @@ def _run_summary(console: Any, report: Any, out: Path, finished: bool, took: flo
         f"Outputs in {out}/"
     )
     if report.submitted:
-        ended = sum(1 for item in report.submitted if report.statuses.get(item.job_id) in FINISHED)
+        ended = sum(counts[status] for status in FINISHED)
         console.print(
             f"{ended} jobs ended {took:.1f} s after the first upload "
             f"({ended / max(took, 1e-3):.1f} jobs/s, uploads included)"
