@@ -40,6 +40,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import redis
 from sqlalchemy import Engine
@@ -65,13 +66,49 @@ cluster.apply_ray_environment(RAY_TOKEN)
 # Where the worker tests' shared Ray head lives (tests/ray_support.py): a directory the
 # session's first process makes, removes at the end, and every xdist worker inherits.
 SHARED_RAY_DIR_ENV = "HYPERMEDIA_TEST_RAY_DIR"
+SHARED_RAY_DIR_PREFIX = "hm-tests-ray-"
+# In that directory: the pid of the session's first process, which stops the head.
+SHARED_RAY_OWNER = "owner"
 _TIER_MARKS = {"integration": pytest.mark.integration, "e2e": pytest.mark.e2e}
 
 
 def pytest_configure(config: pytest.Config) -> None:
     if not hasattr(config, "workerinput"):  # the session's first process: xdist's or the only
+        stop_leftover_heads(Path(tempfile.gettempdir()))
         # Where the worker tests' shared Ray head goes (tests/ray_support.py).
-        os.environ[SHARED_RAY_DIR_ENV] = tempfile.mkdtemp(prefix="hm-tests-ray-")
+        directory = Path(tempfile.mkdtemp(prefix=SHARED_RAY_DIR_PREFIX))
+        (directory / SHARED_RAY_OWNER).write_text(str(os.getpid()))
+        os.environ[SHARED_RAY_DIR_ENV] = str(directory)
+
+
+def stop_shared_head(directory: Path) -> bool:
+    """Stop the shared Ray head in ``directory``, if one was started there, and remove
+    the directory and the head's temp dir; whether a head was running."""
+    node = cluster.RayNode(cluster.short_temp_dir(directory, "head"), RAY_TOKEN)
+    running = node.is_running()
+    if running or node.temp_dir.exists():
+        node.stop()  # also removes its temp dir, where a killed head's session stays
+    shutil.rmtree(directory, ignore_errors=True)
+    return running
+
+
+def stop_leftover_heads(root: Path) -> list[Path]:
+    """Stop the shared Ray heads (and remove the directories) that sessions no longer
+    running left under ``root``: a pytest killed from outside skips its
+    ``pytest_sessionfinish``, and its head's GCS, raylet and actors would run on.
+    A directory whose owner is alive, or that names no owner yet (a session starting
+    now, or one of a checkout older than the owner file), is left alone."""
+    stopped = []
+    for directory in sorted(root.glob(f"{SHARED_RAY_DIR_PREFIX}*")):
+        try:
+            owner = int((directory / SHARED_RAY_OWNER).read_text())
+        except (OSError, ValueError):
+            continue
+        if psutil.pid_exists(owner):
+            continue
+        stop_shared_head(directory)
+        stopped.append(directory)
+    return stopped
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -80,7 +117,6 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         ray_support.disconnect()
     if not hasattr(session.config, "workerinput"):  # every worker is done with it
         from tests.cpu_report import read_shared_head  # a plugin: rewritten before this
-        from tests.ray_support import stop_shared_head
 
         read_shared_head()
         stop_shared_head(Path(os.environ[SHARED_RAY_DIR_ENV]))

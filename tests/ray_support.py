@@ -2,10 +2,12 @@
 worker tests.
 
 The Ray head is shared by every process of a test session (each xdist worker is a
-driver of its own on it): started by the first test that needs it, in the directory
-the session's first process made (``SHARED_RAY_DIR_ENV``, under a lock), and stopped
-when the session ends (``stop_shared_head``, from conftest, in that first process),
-because starting one costs ~10 s and ~20 CPU-seconds and an idle one ~5 % of a core.
+driver of its own on it), because starting one costs ~10 s and ~20 CPU-seconds and an
+idle one ~5 % of a core: started by the first test that needs it, in the directory the
+session's first process made (``SHARED_RAY_DIR_ENV``, under a lock), and stopped when
+the session ends (``conftest.stop_shared_head``, in that first process). A session
+killed before its end leaves its head running; the next session stops it
+(``conftest.stop_leftover_heads``).
 Nothing a test starts outlives it: the supervisor, its actors and the grants actor
 are stopped at its teardown, and any actor this process's driver made that is still
 alive then is killed (never another worker's). Tests that kill or restart Ray itself
@@ -16,7 +18,6 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
-import shutil
 import socket
 import time
 from collections.abc import Callable, Iterator
@@ -79,14 +80,6 @@ def disconnect() -> None:
     """This process's driver leaves the shared head (which the session's end stops)."""
     if ray.is_initialized():
         ray.shutdown()
-
-
-def stop_shared_head(directory: Path) -> None:
-    """Stop the session's head, if a test started one, and remove its directory."""
-    node = cluster.RayNode(cluster.short_temp_dir(directory, "head"), RAY_TOKEN)
-    if node.is_running():
-        node.stop()
-    shutil.rmtree(directory, ignore_errors=True)
 
 
 def kill_our_actors() -> list[str]:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
+import sys
 import uuid
 
 import httpx
@@ -16,7 +18,8 @@ from sqlalchemy.pool import NullPool
 
 from hypermedia.db import migrate
 from hypermedia.embedded import free_port
-from tests import metrics_support, support
+from hypermedia.worker import cluster
+from tests import conftest, metrics_support, support
 
 
 def _insert_pool(engine, pool_id: str) -> None:
@@ -180,3 +183,40 @@ def test_databases_a_killed_run_left_are_dropped(pg_server):
     finally:
         pg_server.drop_database(left)
         pg_server.drop_database(live)
+
+
+def _stand_in_head(directory) -> subprocess.Popen:
+    """A process that names the head's temp dir of ``directory`` on its command line,
+    as a shared head's GCS and raylet do (what RayNode finds them by)."""
+    marker = str(cluster.short_temp_dir(directory, "head"))
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", marker])
+
+
+def test_ray_heads_a_killed_run_left_are_stopped(tmp_path):
+    """The shared Ray head of a session whose first process is gone (a run killed
+    before its end) is stopped and its directory removed when the next session starts;
+    a live session's head, and a directory naming no owner, are left alone."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    left, live, unowned = (tmp_path / f"{conftest.SHARED_RAY_DIR_PREFIX}{n}" for n in "abc")
+    for directory, owner in ((left, gone.pid), (live, os.getpid()), (unowned, None)):
+        directory.mkdir()
+        if owner is not None:
+            (directory / conftest.SHARED_RAY_OWNER).write_text(str(owner))
+    heads = {d: _stand_in_head(d) for d in (left, live, unowned)}
+    sessions = {d: cluster.short_temp_dir(d, "head") / "session_latest" for d in heads}
+    for session in sessions.values():
+        session.mkdir(parents=True)
+    try:
+        assert conftest.stop_leftover_heads(tmp_path) == [left]
+        assert heads[left].wait(timeout=30) is not None
+        assert not left.exists() and not sessions[left].parent.exists()
+        assert sessions[live].is_dir() and sessions[unowned].is_dir()
+        assert heads[live].poll() is None and heads[unowned].poll() is None
+        assert live.is_dir() and unowned.is_dir()
+    finally:
+        for head in heads.values():
+            head.kill()
+            head.wait()
+        for session in sessions.values():
+            shutil.rmtree(session.parent.parent, ignore_errors=True)
