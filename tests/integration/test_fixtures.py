@@ -185,7 +185,7 @@ def test_databases_a_killed_run_left_are_dropped(pg_server):
         pg_server.drop_database(live)
 
 
-def _stand_in_head(directory) -> subprocess.Popen:
+def _stand_in_head(directory) -> subprocess.Popen[bytes]:
     """A process that names the head's temp dir of ``directory`` on its command line,
     as a shared head's GCS and raylet do (what RayNode finds them by)."""
     marker = str(cluster.short_temp_dir(directory, "head"))
