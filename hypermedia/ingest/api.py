@@ -111,7 +111,9 @@ def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
 # -- dependencies -----------------------------------------------------------------------
 
 
-def _stack(request: Request) -> Stack:
+async def _stack(request: Request) -> Stack:
+    # async: FastAPI runs a plain ``def`` dependency in its thread pool, a hand-off to
+    # another thread and back on every request for one attribute read.
     return cast(Stack, request.app.state.stack)
 
 

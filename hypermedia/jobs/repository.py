@@ -41,6 +41,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import NoResultFound
 
 from hypermedia import accounts
 from hypermedia.clock import to_datetime
@@ -152,14 +153,6 @@ class Moved:
     status: JobStatus
     retry_at: float | None = None
     operation: str = ""  # where the caller counts it (metrics); "" where nobody does
-
-
-def _insert_ignore(conn: Connection, table: Any, rows: Sequence[dict[str, Any]]) -> None:
-    """INSERT ... ON CONFLICT DO NOTHING on PostgreSQL and SQLite alike."""
-    if not rows:
-        return
-    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
-    conn.execute(dialect.insert(table).on_conflict_do_nothing(), list(rows))
 
 
 def _submission_values(submission: NewSubmission) -> dict[str, Any]:
@@ -711,26 +704,29 @@ class JobRepository:
                     )
                 ).all()
             )
-        records = []
+        produced = [(r, o) for r in rows for o in finished[r.job_id].outputs]
         stored: defaultdict[str, int] = defaultdict(int)
-        for r in rows:
-            for o in finished[r.job_id].outputs:
-                object_id = o.object_id or self._derived_object(
-                    conn, r.job_id, r.user_id, o, now, stored
-                )
-                records.append(
-                    {
-                        "job_id": r.job_id,
-                        "output_type": o.output_type,
-                        "profile_version": known[r.profile_id],
-                        "object_id": object_id,
-                        "storage_key": o.storage_key,
-                        "size_bytes": o.size_bytes,
-                        "content_type": o.content_type,
-                        "created_at": to_datetime(now),
-                    }
-                )
-        _insert_ignore(conn, t.outputs, records)
+        object_ids = self._derived_objects(
+            conn, [(r.job_id, r.user_id, o) for r, o in produced if not o.object_id], now, stored
+        )
+        moment = to_datetime(now)
+        records = [
+            {
+                "job_id": r.job_id,
+                "output_type": o.output_type,
+                "profile_version": known[r.profile_id],
+                "object_id": o.object_id or object_ids[o.storage_key],
+                "storage_key": o.storage_key,
+                "size_bytes": o.size_bytes,
+                "content_type": o.content_type,
+                "created_at": moment,
+            }
+            for r, o in produced
+        ]
+        if records:
+            conn.execute(
+                self._statements.get(conn, ("insert_outputs",), sql.insert_outputs), records
+            )
         accounts.add_stored_bytes(conn, stored)
 
     def fail(
@@ -973,55 +969,91 @@ class JobRepository:
 
     # -- helpers -------------------------------------------------------------------
 
-    def _derived_object(
+    def _derived_objects(
         self,
         conn: Connection,
-        job_id: str,
-        user_id: str,
-        output: OutputRecord,
+        outputs: Sequence[tuple[str, str, OutputRecord]],
         now: float,
         stored: defaultdict[str, int],
-    ) -> str:
-        """The objects row of an output: one per storage key (a re-run overwrote the
-        same key, so it updates the same row). What it adds to its owner's stored bytes
-        goes into ``stored``."""
-        o = t.objects.c
-        existing = conn.execute(
-            select(o.object_id, o.owner_id, o.size_bytes, o.deleted_at).where(
-                o.storage_key == output.storage_key
+    ) -> dict[str, str]:
+        """The objects rows of (job_id, user_id, output)s: one per storage key (a re-run
+        overwrote the same key, so it updates the same row), by storage key. What they
+        add to their owners' stored bytes goes into ``stored``. A few statements for
+        the whole batch, each built once."""
+        if not outputs:
+            return {}
+        keys = sorted({output.storage_key for _, _, output in outputs})
+        found = {
+            r.storage_key: r
+            for r in conn.execute(
+                self._statements.get(conn, ("objects_by_key",), sql.objects_by_key),
+                {"b_keys": keys},
             )
-        ).first()
-        if existing is not None:
+        }
+        new_jobs = sorted({job for job, _, out in outputs if out.storage_key not in found})
+        sources = {
+            r.job_id: r
+            for r in (
+                conn.execute(
+                    self._statements.get(conn, ("job_sources",), sql.job_sources),
+                    {"b_jobs": new_jobs},
+                )
+                if new_jobs
+                else ()
+            )
+        }
+        # In the batch's order, as one statement each did before: a key two jobs of the
+        # batch wrote (the same operation asked twice) is created once, then resized.
+        created: dict[str, dict[str, Any]] = {}
+        resized: dict[str, dict[str, Any]] = {}
+        object_ids: dict[str, str] = {}
+        for job_id, user_id, output in outputs:
+            key = output.storage_key
+            if key in created:
+                row = created[key]
+                stored[row["owner_id"]] += output.size_bytes - row["size_bytes"]
+                row.update(size_bytes=output.size_bytes, content_type=output.content_type)
+            elif key in found:
+                existing = found[key]
+                change = resized.get(key)
+                before = int(existing.size_bytes) if change is None else change["b_size"]
+                if existing.deleted_at is None:
+                    stored[existing.owner_id] += output.size_bytes - before
+                resized[key] = {
+                    "b_id": existing.object_id,
+                    "b_size": output.size_bytes,
+                    "b_type": output.content_type,
+                }
+                object_ids[key] = str(existing.object_id)
+            else:
+                source = sources.get(job_id)
+                if source is None:
+                    raise NoResultFound(f"job {job_id} has no source object")
+                object_ids[key] = new_id()
+                created[key] = {
+                    "object_id": object_ids[key],
+                    "pool_id": source.pool_id,
+                    "owner_id": user_id,
+                    "kind": "derived",
+                    "source_object_id": source.object_id,
+                    "storage_key": key,
+                    "filename": output.output_type,
+                    "content_type": output.content_type,
+                    "size_bytes": output.size_bytes,
+                    "created_at": to_datetime(now),
+                }
+                stored[user_id] += output.size_bytes
+        if resized:
             conn.execute(
-                update(t.objects)
-                .where(o.object_id == existing.object_id)
-                .values(size_bytes=output.size_bytes, content_type=output.content_type)
+                self._statements.get(conn, ("resize_object",), sql.resize_object),
+                list(resized.values()),
             )
-            if existing.deleted_at is None:
-                stored[existing.owner_id] += output.size_bytes - int(existing.size_bytes)
-            return str(existing.object_id)
-        source = conn.execute(
-            select(t.objects.c.object_id, t.objects.c.pool_id)
-            .join(t.jobs, t.jobs.c.object_id == t.objects.c.object_id)
-            .where(t.jobs.c.job_id == job_id)
-        ).one()
-        object_id = new_id()
-        conn.execute(
-            insert(t.objects).values(
-                object_id=object_id,
-                pool_id=source.pool_id,
-                owner_id=user_id,
-                kind="derived",
-                source_object_id=source.object_id,
-                storage_key=output.storage_key,
-                filename=output.output_type,
-                content_type=output.content_type,
-                size_bytes=output.size_bytes,
-                created_at=to_datetime(now),
+        if created:
+            conn.execute(
+                self._statements.get(conn, ("insert_objects",), lambda _: insert(t.objects)),
+                list(created.values()),
             )
-        )
-        stored[user_id] += output.size_bytes
-        return object_id
+        return object_ids
 
     def _close_attempts(
         self,

@@ -50,7 +50,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy import cast as sa_cast
-from sqlalchemy.dialects import postgresql
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.sql.dml import ReturningUpdate
 from sqlalchemy.sql.elements import Grouping
 
@@ -541,3 +541,37 @@ def _recordset(name: str, columns: list[Any]) -> Any:
         .table_valued(*(column(c.name, c.type) for c in columns))
         .render_derived(with_types=True)
     )
+
+
+def objects_by_key(dialect: str) -> Executable:
+    """The objects rows already stored at the keys ``b_keys`` (a batch's outputs)."""
+    o = t.objects.c
+    return select(o.object_id, o.owner_id, o.size_bytes, o.deleted_at, o.storage_key).where(
+        o.storage_key.in_(bindparam("b_keys", expanding=True))
+    )
+
+
+def job_sources(dialect: str) -> Executable:
+    """The object each job of ``b_jobs`` reads, with its pool: what a derived object
+    of the job's output points back to."""
+    return (
+        select(t.jobs.c.job_id, t.objects.c.object_id, t.objects.c.pool_id)
+        .join(t.objects, t.jobs.c.object_id == t.objects.c.object_id)
+        .where(t.jobs.c.job_id.in_(bindparam("b_jobs", expanding=True)))
+    )
+
+
+def resize_object(dialect: str) -> Executable:
+    """An object rewritten at the same key (a re-run): its new size and type."""
+    o = t.objects.c
+    return (
+        update(t.objects)
+        .where(o.object_id == bindparam("b_id"))
+        .values(size_bytes=bindparam("b_size"), content_type=bindparam("b_type"))
+    )
+
+
+def insert_outputs(dialect: str) -> Executable:
+    """Outputs rows, one per (job, output type): a re-run's second row is dropped."""
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    return insert(t.outputs).on_conflict_do_nothing()

@@ -164,6 +164,66 @@ def test_complete_many_registers_outputs_once_per_key(engine, settings, manual_c
     stack.close()
 
 
+def _stored_bytes(conn, user_id: str) -> int:
+    return int(
+        conn.execute(
+            select(t.users.c.stored_bytes).where(t.users.c.user_id == user_id)
+        ).scalar_one()
+    )
+
+
+def test_complete_many_with_one_key_written_twice_in_a_batch(engine, settings, manual_clock):
+    """Two jobs of one batch that wrote the same key (the same operation asked twice of
+    one object): one objects row, created by the first and resized by the second, both
+    outputs pointing at it, the owner's stored bytes counting the last size once; and
+    a key already stored before the batch, written twice in it, resized twice."""
+    stack = open_stack(settings, engine, manual_clock)
+    person = make_user(stack)
+    fresh, stored = make_object(stack, person, 1000), make_object(stack, person, 2000)
+    first = [submit(stack, person, ["thumbnail"], object_id=stored)[0]]
+    (job,) = stack.dispatcher.claim_and_start("images", "w", count=1)
+    old = OutputRecord("t.webp", f"derived/{stored}/t.webp", 50, "image/webp")
+    assert stack.dispatcher.complete_many("w", [FinishedJob(job.job_id, [old])]) == [True]
+    with transaction(engine) as conn:
+        assert _stored_bytes(conn, person.caller.user_id) == 1000 + 2000 + 50
+
+    again = [submit(stack, person, ["thumbnail"], object_id=o)[0] for o in (fresh, fresh)]
+    again += [submit(stack, person, ["thumbnail"], object_id=stored)[0] for _ in range(2)]
+    jobs = {j.job_id: j for j in stack.dispatcher.claim_and_start("images", "w", count=4)}
+    sizes = dict(zip(again, (10, 30, 70, 20), strict=True))
+    keys = dict(zip(again, (f"derived/{fresh}/t.webp",) * 2 + (old.storage_key,) * 2, strict=True))
+    finished = [
+        FinishedJob(
+            job_id,
+            [OutputRecord("t.webp", keys[job_id], sizes[job_id], "image/webp")],
+            attempt_started_at=jobs[job_id].attempt_started_at,
+        )
+        for job_id in again
+    ]
+    assert stack.dispatcher.complete_many("w", finished) == [True] * 4
+    with transaction(engine) as conn:
+        rows = conn.execute(
+            select(t.objects.c.storage_key, t.objects.c.object_id, t.objects.c.size_bytes).where(
+                t.objects.c.kind == "derived"
+            )
+        ).all()
+        pointed = dict(
+            conn.execute(
+                select(t.outputs.c.job_id, t.outputs.c.object_id).where(
+                    t.outputs.c.job_id.in_(first + again)
+                )
+            ).all()
+        )
+        total = _stored_bytes(conn, person.caller.user_id)
+    by_key = {r.storage_key: r for r in rows}
+    assert sorted(by_key) == sorted(set(keys.values())) and len(rows) == 2
+    assert by_key[keys[again[0]]].size_bytes == 30 and by_key[old.storage_key].size_bytes == 20
+    assert {pointed[j] for j in again[:2]} == {by_key[keys[again[0]]].object_id}
+    assert {pointed[j] for j in first + again[2:]} == {by_key[old.storage_key].object_id}
+    assert total == 1000 + 2000 + 30 + 20
+    stack.close()
+
+
 def test_claim_and_start_never_gives_a_job_twice(engine, settings):
     stack = open_stack(settings, engine, clock=None)
     person = make_user(stack)
