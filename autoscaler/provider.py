@@ -30,6 +30,12 @@ tags of each node). What it does:
   (once per reason every :data:`REFUSAL_REPEAT_SECONDS`: Ray v2 asks again every few
   seconds). An allowed one goes to the driver with the boot script
   (:mod:`autoscaler.bootstrap`) and opens a row in the ``cloud_spend`` ledger.
+* **The ledger follows the clouds** (:meth:`HypermediaNodeProvider._settle_ledger`,
+  on every listing): a listed instance without an open row gets one (a launch that
+  answered an error after the cloud made its instance, a process that died between
+  the launch and the row's update); a row nothing lists is closed once its launch has
+  settled; a node is taken for gone only after it was missing from the listings for
+  :data:`LISTING_GRACE_SECONDS`, not from one.
 * **Terminate**: only a drained node. A node whose Ray node is still alive is drained
   (PREEMPTION, deadline = ``scaling_rules.scale_down.drain_timeout_seconds`` of
   scheduler.json) and waited for, then the driver deletes the instance and the ledger
@@ -86,6 +92,9 @@ log = logging.getLogger(__name__)
 REFUSAL_REPEAT_SECONDS = 300.0
 SPOT_WATCH: dict[str, str] = {"aws": "aws", "google": "gcp"}  # whose notice a spot node reads
 LISTING_GRACE_SECONDS = 120.0  # a launched instance may be missing from a listing this long
+# A launch's ledger row that no listing has shown (a launch that may have made an
+# instance, or one whose process died) is closed this long after the launch began.
+LAUNCH_SETTLE_SECONDS = 900.0
 HEAD_HOME = "home"
 STOP_HEAD_TIMEOUT_SECONDS = 180.0  # the services get 120 s (autoscaler.head), then Ray
 # scheduler_state row: the head's Ray node id (the VPS), written by the head's services
@@ -255,28 +264,142 @@ class HypermediaNodeProvider(NodeProvider):
             launching.pop(request_id, None)
 
     def _reconcile(self, nodes: dict[str, dict[str, Any]]) -> None:
-        """Bring the node file in line with what the clouds report."""
+        """Bring the node file and the ledger in line with what the clouds report."""
         now = time.time()
         for name, driver in self.drivers.items():
             listed = driver.instances(self.cluster)
             if isinstance(listed, DriverError):
                 log.warning("listing %s instances failed: %s", name, listed)
                 continue
-            by_request = {i.request_id: i for i in listed}
+            live = [i for i in listed if i.state not in ("terminating", "terminated")]
+            by_request = {i.request_id: i for i in live}
             for node_id, record in list(nodes.items()):
-                if record.get("provider") != name or record.get("request_id") in by_request:
+                if record.get("provider") != name:
                     continue
-                if now - record.get("created_at", 0) > LISTING_GRACE_SECONDS:
+                if record.get("request_id") in by_request:
+                    record.pop("missing_since", None)
+                    continue
+                if now - record.get("created_at", 0) <= LISTING_GRACE_SECONDS:
+                    continue
+                # Gone only once missing for a while: one listing may miss an instance.
+                missing_since = record.setdefault("missing_since", now)
+                if now - missing_since > LISTING_GRACE_SECONDS:
                     log.info("%s: its instance is gone", node_id)
-                    self._close_ledger(name, record.get("instance_id", ""), now)
+                    self._close_ledger(name, _ledger_ids(record), now)
                     del nodes[node_id]
-            for instance in listed:
+            for instance in live:
                 node_id = f"hm-{instance.request_id}"
-                # Not recorded: being launched here, by the other process, or before a restart.
+                # Not recorded: being launched here, by the other process, before a
+                # restart, or by a launch that failed after the cloud made the instance.
                 if node_id not in nodes:
                     with self._launches() as launching:
                         tags = launching.get(instance.request_id, {})
                     nodes[node_id] = self._record(name, instance, tags, now)
+            self._settle_ledger(name, live, nodes, now)
+
+    def _settle_ledger(
+        self,
+        provider: ProviderName,
+        live: list[Instance],
+        nodes: Mapping[str, Mapping[str, Any]],
+        now: float,
+    ) -> None:
+        """The ledger counts every instance the cloud lists, once, and nothing else.
+
+        A listed instance without an open row (a launch that answered an error although
+        the cloud made the instance, a process that died between the launch and the
+        row's update, an instance launched before the ledger was kept) gets one, from
+        its tags' launch time and price; a row still under the launch's request id takes
+        the instance's id. An open row that neither a listing nor a node record accounts
+        for is closed once its launch is settled: :data:`LISTING_GRACE_SECONDS` after it
+        began, or :data:`LAUNCH_SETTLE_SECONDS` while a launch of its request id is
+        still on record (under way, or failed in a way that may have made an instance)."""
+        s = t.cloud_spend
+        listed_ids = {i.instance_id for i in live} | {i.request_id for i in live}
+        recorded = {
+            key for r in nodes.values() if r.get("provider") == provider for key in _ledger_ids(r)
+        }
+        with self._launches() as launching:
+            under_way = set(launching)
+        settled: list[str] = []
+        with self._lock, transaction(self.engine) as conn:
+            rows = conn.execute(
+                select(s.c.spend_id, s.c.instance_id, s.c.launched_at, s.c.terminated_at).where(
+                    (s.c.provider == provider)
+                    & (s.c.terminated_at.is_(None) | s.c.instance_id.in_(sorted(listed_ids)))
+                )
+            ).all()
+            by_id = {r.instance_id: r for r in rows}
+            for instance in live:
+                found = by_id.get(instance.instance_id) or by_id.get(instance.request_id)
+                if found is not None and found.terminated_at is None:
+                    if found.instance_id != instance.instance_id:
+                        conn.execute(
+                            s.update()
+                            .where(s.c.spend_id == found.spend_id)
+                            .values(instance_id=instance.instance_id)
+                        )
+                    continue
+                if found is not None:  # closed while the instance still runs: it never stopped
+                    log.warning(
+                        "instance %s is running but its ledger row was closed: reopened",
+                        instance.instance_id,
+                        extra={"action": "ledger_reopened", "instance_id": instance.instance_id},
+                    )
+                    conn.execute(
+                        s.update()
+                        .where(s.c.spend_id == found.spend_id)
+                        .values(instance_id=instance.instance_id, terminated_at=None)
+                    )
+                    continue
+                launched = instance.launched_at if instance.launched_at > 0 else now
+                log.warning(
+                    "instance %s (request %s) had no ledger row: opened one from %s",
+                    instance.instance_id,
+                    instance.request_id,
+                    to_datetime(launched).isoformat(),
+                    extra={"action": "ledger_opened", "instance_id": instance.instance_id},
+                )
+                conn.execute(
+                    s.insert().values(
+                        provider=provider,
+                        instance_id=instance.instance_id,
+                        node_type=instance.node_type[:64],
+                        region="",
+                        spot=instance.spot,
+                        price_per_hour_microusd=cost.to_microusd(instance.price_cents_per_hour),
+                        launched_at=to_datetime(launched),
+                    )
+                )
+            for row in rows:
+                if row.terminated_at is not None or row.instance_id in listed_ids | recorded:
+                    continue
+                age = now - epoch(row.launched_at)
+                wait = (
+                    LAUNCH_SETTLE_SECONDS if row.instance_id in under_way else LISTING_GRACE_SECONDS
+                )
+                if age <= wait:
+                    continue
+                log.warning(
+                    "ledger row %s closed: no listing shows an instance of it %.0f s after"
+                    " its launch began",
+                    row.instance_id,
+                    age,
+                    extra={"action": "ledger_closed", "instance_id": row.instance_id},
+                )
+                conn.execute(
+                    s.update()
+                    .where(s.c.spend_id == row.spend_id)
+                    .values(terminated_at=to_datetime(now))
+                )
+                settled.append(row.instance_id)
+        # A launch's tags are needed until its node is recorded (it adopts them), and
+        # not for a launch whose row was closed as settled.
+        adopted = {i.request_id for i in live if f"hm-{i.request_id}" in nodes}
+        if (adopted | set(settled)) & under_way:
+            with self._launches() as launching:
+                for request_id in adopted | set(settled):
+                    launching.pop(request_id, None)
 
     def _record(
         self, provider: ProviderName, instance: Instance, tags: Mapping[str, str], now: float
@@ -458,10 +581,23 @@ class HypermediaNodeProvider(NodeProvider):
             self._finish_order(request_id)
             raise
         if isinstance(result, DriverError):
-            self._launch_over(request_id)
-            with self._lock, transaction(self.engine) as conn:
-                self._close_ledger_row(conn, choice.provider, request_id, now)
-                orders.finish(conn, request_id, time.time())
+            if result.maybe_launched:
+                # The cloud may hold an instance of this request: its row stays open and
+                # its tags stay on record until a listing shows it (it is adopted) or a
+                # settling time passes without one (the row closes): _settle_ledger.
+                log.warning(
+                    "launch %s: %s; its spend stays on the ledger until a listing shows"
+                    " whether the instance exists",
+                    request_id,
+                    result,
+                    extra={"action": "launch_unsettled", "queue": queue},
+                )
+                self._finish_order(request_id)
+            else:
+                self._launch_over(request_id)
+                with self._lock, transaction(self.engine) as conn:
+                    self._close_ledger_row(conn, choice.provider, [request_id], now)
+                    orders.finish(conn, request_id, time.time())
             raise NodeLaunchException(result.code, f"{choice.label}: {result}", None)
         with self._lock, transaction(self.engine) as conn:
             conn.execute(
@@ -631,22 +767,24 @@ class HypermediaNodeProvider(NodeProvider):
         )
 
     def _close_ledger_row(
-        self, conn: Connection, provider: str, instance_id: str, now: float
+        self, conn: Connection, provider: str, ids: list[str], now: float
     ) -> None:
+        """Close the open row of an instance, found by any of ``ids`` (its instance id,
+        or its launch's request id: the row's id until the launch answered)."""
         s = t.cloud_spend
         conn.execute(
             s.update()
             .where(
                 (s.c.provider == provider)
-                & (s.c.instance_id == instance_id)
+                & s.c.instance_id.in_([i for i in ids if i])
                 & s.c.terminated_at.is_(None)
             )
             .values(terminated_at=to_datetime(now))
         )
 
-    def _close_ledger(self, provider: str, instance_id: str, now: float) -> None:
+    def _close_ledger(self, provider: str, ids: list[str], now: float) -> None:
         with self._lock, transaction(self.engine) as conn:
-            self._close_ledger_row(conn, provider, instance_id, now)
+            self._close_ledger_row(conn, provider, ids, now)
 
     # -- NodeProvider: terminating -----------------------------------------------------------
 
@@ -667,7 +805,7 @@ class HypermediaNodeProvider(NodeProvider):
         problem = driver.terminate(record["instance_id"])
         if problem is not None:
             raise RuntimeError(f"terminating {node_id} ({record['instance_id']}): {problem}")
-        self._close_ledger(provider, record["instance_id"], time.time())
+        self._close_ledger(provider, _ledger_ids(record), time.time())
         with self._nodes() as nodes:
             nodes.pop(node_id, None)
         return None
@@ -746,6 +884,12 @@ class HypermediaNodeProvider(NodeProvider):
         settings = parse_settings(provider)
         load_scheduler_config(settings.scheduler_config)  # a bad scheduler.json too
         return cluster_config
+
+
+def _ledger_ids(record: Mapping[str, Any]) -> list[str]:
+    """The ids a node's ledger row may have: its instance id, or its launch's request id
+    (the row's id until the launch answered, and after a crash before it was renamed)."""
+    return [str(record[k]) for k in ("instance_id", "request_id") if record.get(k)]
 
 
 def vps_workers(conn: Connection, queue: str) -> int:

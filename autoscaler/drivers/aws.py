@@ -42,6 +42,7 @@ from autoscaler.drivers.base import (
     Instance,
     InstanceState,
     LaunchRequest,
+    launch_outcome,
 )
 from hypermedia.errors import ConfigError
 
@@ -222,6 +223,11 @@ class AwsDriver:
     # -- the Driver interface ---------------------------------------------------------------
 
     def launch(self, request: LaunchRequest) -> Instance | DriverError:
+        """See :meth:`_create`; an ``unavailable`` answer may have left an instance
+        (:func:`~autoscaler.drivers.base.launch_outcome`)."""
+        return launch_outcome(self._create(request))
+
+    def _create(self, request: LaunchRequest) -> Instance | DriverError:
         """Start one instance for ``request`` unless one already carries its id."""
         if request.spot and not self.config.spot_enabled:
             return DriverError(

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol
 
 from autoscaler.cost import from_microusd, to_microusd
@@ -139,11 +139,15 @@ class Instance:
 
 @dataclass(frozen=True, slots=True)
 class DriverError:
-    """What went wrong, as a value. ``retryable``: the same call may work later."""
+    """What went wrong, as a value. ``retryable``: the same call may work later.
+    ``maybe_launched``: a launch that failed this way may have left an instance behind
+    (a timeout, a 5xx, an operation still running): the caller keeps counting its spend
+    until a listing shows whether it exists."""
 
     code: ErrorCode
     message: str
     retryable: bool = False
+    maybe_launched: bool = False
 
     def __str__(self) -> str:
         return f"{self.code}: {self.message}"
@@ -170,3 +174,13 @@ class Driver(Protocol):
         """What one instance of the configured type costs now, cents per hour
         (``spot``: the current spot / preemptible price)."""
         ...
+
+
+def launch_outcome(result: Instance | DriverError) -> Instance | DriverError:
+    """A cloud launch's answer as the provider reads it: an ``unavailable`` error (the
+    endpoint timed out or failed after the request may have reached it, or the create
+    operation is still running) may have left an instance behind (``maybe_launched``).
+    The other codes are the cloud refusing the create."""
+    if isinstance(result, DriverError) and result.code == "unavailable":
+        return replace(result, maybe_launched=True)
+    return result

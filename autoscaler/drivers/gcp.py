@@ -53,6 +53,7 @@ from autoscaler.drivers.base import (
     Instance,
     InstanceState,
     LaunchRequest,
+    launch_outcome,
 )
 from hypermedia.errors import ConfigError
 
@@ -190,6 +191,11 @@ class GcpDriver:
     # -- the Driver interface -----------------------------------------------------------
 
     def launch(self, request: LaunchRequest) -> Instance | DriverError:
+        """See :meth:`_create`; an ``unavailable`` answer may have left an instance
+        (:func:`~autoscaler.drivers.base.launch_outcome`)."""
+        return launch_outcome(self._create(request))
+
+    def _create(self, request: LaunchRequest) -> Instance | DriverError:
         """Insert ``hm-<request_id>`` and wait for the operation; a name that exists
         already (a repeated launch) answers the instance that has it."""
         if request.spot and not self.preemptible:

@@ -90,6 +90,7 @@ from autoscaler.drivers.base import (
     Instance,
     InstanceState,
     LaunchRequest,
+    launch_outcome,
 )
 from hypermedia.errors import ConfigError
 
@@ -222,6 +223,11 @@ class IonosDriver:
     # -- the Driver interface --------------------------------------------------------
 
     def launch(self, request: LaunchRequest) -> Instance | DriverError:
+        """See :meth:`_create`; an ``unavailable`` answer may have left an instance
+        (:func:`~autoscaler.drivers.base.launch_outcome`)."""
+        return launch_outcome(self._create(request))
+
+    def _create(self, request: LaunchRequest) -> Instance | DriverError:
         place = self._resolve_datacenter()
         if isinstance(place, DriverError):
             return place

@@ -468,13 +468,20 @@ def test_an_unreachable_endpoint_is_unavailable(ami: str) -> None:
         assert isinstance(answer, DriverError), answer
         assert (answer.code, answer.retryable) == ("unavailable", True)
     assert time.monotonic() - started < 60  # retried, but not forever
+    # A launch that failed so may have reached EC2: the provider keeps its spend counted.
+    assert [a.maybe_launched for a in answers if isinstance(a, DriverError)] == [
+        True,
+        False,
+        False,
+        False,
+    ]
 
 
 def test_a_refused_request_is_invalid(make_driver: MakeDriver) -> None:
     driver = make_driver(options={"subnet_id": "subnet-0000000000000dead"})
     error = driver.launch(request("subnet-0001"))
     assert isinstance(error, DriverError), error
-    assert (error.code, error.retryable) == ("invalid", False)
+    assert (error.code, error.retryable, error.maybe_launched) == ("invalid", False, False)
     assert "InvalidSubnetID.NotFound" in error.message
 
 

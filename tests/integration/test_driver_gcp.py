@@ -304,6 +304,7 @@ def test_operations_that_never_finish() -> None:
         pending = driver.launch(request("slowly-00001"))
         assert isinstance(pending, DriverError), pending
         assert (pending.code, pending.retryable) == ("unavailable", True), pending
+        assert pending.maybe_launched  # the provider keeps its spend counted meanwhile
         assert len(slow.requests("POST", "/wait")) > 1
 
         again = driver.launch(request("slowly-00001"))

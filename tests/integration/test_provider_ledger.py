@@ -1,0 +1,261 @@
+"""The spend ledger counts every instance the cloud runs for the cluster, once.
+
+The node provider with its AWS driver on moto's server (boto3 over real HTTP) and the
+record on PostgreSQL. A cloud can answer a launch with an error after it made the
+instance (a read timeout, a 5xx, an operation still running), a process can die
+between a launch and the ledger's update, and one listing can miss an instance: in
+each case the instance's spend must stay counted against the caps, and a row must
+close once no instance is behind it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import httpx
+import pytest
+from botocore.exceptions import ReadTimeoutError
+from ray.autoscaler.node_launch_exception import NodeLaunchException
+from ray.autoscaler.tags import (
+    NODE_KIND_WORKER,
+    TAG_RAY_LAUNCH_REQUEST,
+    TAG_RAY_NODE_KIND,
+    TAG_RAY_USER_NODE_TYPE,
+)
+from sqlalchemy import select
+
+from autoscaler import provider as provider_module
+from autoscaler.drivers.aws import AwsDriver
+from autoscaler.drivers.base import Instance, LaunchRequest
+from autoscaler.provider import HypermediaNodeProvider
+from hypermedia.db import tables as t
+from hypermedia.db.engine import transaction
+from tests import support
+from tests.conftest import RAY_TOKEN
+from tests.integration.test_node_provider import scheduler_json
+
+REGION = "us-east-1"
+CENTS_AN_HOUR = 60.0  # the hourly cap is 100: one instance fits, two do not
+WORKER = {TAG_RAY_NODE_KIND: NODE_KIND_WORKER, TAG_RAY_USER_NODE_TYPE: "burst_media"}
+RESOURCES = {"queue_media": 1.0}
+
+
+@pytest.fixture(scope="module")
+def moto_server() -> Iterator[str]:
+    with support.moto_server() as url:
+        yield url
+
+
+@pytest.fixture
+def ami(moto_server: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> str:
+    """moto emptied, credentials in the environment, and an image to launch."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAHYPERMEDIATEST")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "hypermedia-test-secret")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    httpx.post(f"{moto_server}/moto-api/reset", timeout=10).raise_for_status()
+    ec2 = boto3.client("ec2", endpoint_url=moto_server, region_name=REGION)
+    return str(ec2.register_image(Name="hm-burst-test")["ImageId"])
+
+
+@pytest.fixture
+def make_provider(
+    tmp_path: Path, pg_database_url: str, moto_server: str, ami: str
+) -> Callable[[], HypermediaNodeProvider]:
+    scheduler = scheduler_json(
+        tmp_path,
+        queues__media__max_workers=5,
+        cloud_providers__aws__region=REGION,
+        cloud_providers__aws__instance_type="m5.large",
+        cloud_providers__aws__ami_id=ami,
+        cloud_providers__aws__max_instances=5,
+    )
+
+    def make() -> HypermediaNodeProvider:
+        """A provider object, as `ray up`, the monitor or a restart builds one."""
+        config = {
+            "type": "external",
+            "module": "autoscaler.provider.HypermediaNodeProvider",
+            "head_ip": "127.0.0.10",
+            "ray_port": 6390,
+            "state_dir": str(tmp_path / "state"),
+            "scheduler_config": str(scheduler),
+            "database_url": pg_database_url,
+            "token_path": str(RAY_TOKEN),
+            "drivers": {
+                "aws": {
+                    "type": "aws",
+                    "endpoint_url": moto_server,
+                    "on_demand_cents_per_hour": CENTS_AN_HOUR,
+                }
+            },
+        }
+        return HypermediaNodeProvider(config, "hm-ledger")
+
+    return make
+
+
+def aws(provider: HypermediaNodeProvider) -> AwsDriver:
+    driver = provider.drivers["aws"]
+    assert isinstance(driver, AwsDriver)
+    return driver
+
+
+def running(provider: HypermediaNodeProvider) -> list[str]:
+    """The cluster's instances EC2 runs (the driver's own listing)."""
+    listed = aws(provider).instances("hm-ledger")
+    assert isinstance(listed, list)
+    return sorted(i.instance_id for i in listed if i.state != "terminating")
+
+
+def open_rows(provider: HypermediaNodeProvider) -> list[str]:
+    s = t.cloud_spend
+    with transaction(provider.engine) as conn:
+        return sorted(
+            conn.execute(select(s.c.instance_id).where(s.c.terminated_at.is_(None))).scalars()
+        )
+
+
+def launch(provider: HypermediaNodeProvider, request: str) -> str:
+    """One launch as Ray asks for it: "launched", or the exception's category."""
+    try:
+        provider.create_node_with_resources_and_labels(
+            {}, {**WORKER, TAG_RAY_LAUNCH_REQUEST: request}, 1, RESOURCES, {}
+        )
+    except NodeLaunchException as exc:
+        return str(exc.category)
+    return "launched"
+
+
+def time_out_after_create(driver: AwsDriver, *, create: bool = True) -> None:
+    """EC2 makes the instance (unless ``create`` is False), but its answer never
+    arrives: botocore's read timeout, which the driver reports as ``unavailable``."""
+    real = driver.client.run_instances
+
+    def run_instances(**request: Any) -> Any:
+        if create:
+            real(**request)
+        raise ReadTimeoutError(endpoint_url="https://ec2.us-east-1.amazonaws.com")
+
+    driver.client.run_instances = run_instances  # type: ignore[method-assign]
+
+
+def test_an_instance_made_by_a_launch_that_timed_out_is_counted_and_adopted(make_provider):
+    provider = make_provider()
+    time_out_after_create(aws(provider))
+    assert launch(provider, "t-1") == "unavailable"
+    (made,) = running(provider)
+    (row,) = open_rows(provider)  # still under the launch's request id
+    assert row.startswith("r")
+    # Its 60 cents an hour count: a second 60-cent instance would pass the $1 cap.
+    assert launch(provider, "t-2") == "cost_guard"
+    assert running(provider) == [made]
+
+    # The next listing adopts it (Ray sees the node it pays for) and the row takes its id.
+    nodes = provider.non_terminated_nodes({TAG_RAY_NODE_KIND: NODE_KIND_WORKER})
+    assert [provider.records()[n]["instance_id"] for n in nodes] == [made]
+    assert open_rows(provider) == [made]
+    state = provider.state_dir / "launching.json"
+    assert json.loads(state.read_text()) == {}  # its launch tags went to the node
+
+
+def test_a_launch_that_timed_out_without_an_instance_is_closed_once_settled(
+    make_provider, monkeypatch
+):
+    provider = make_provider()
+    time_out_after_create(aws(provider), create=False)
+    assert launch(provider, "n-1") == "unavailable"
+    assert running(provider) == [] and len(open_rows(provider)) == 1
+    provider.non_terminated_nodes({})  # settling: the row stays, the cloud may be slow
+    assert len(open_rows(provider)) == 1
+    monkeypatch.setattr(provider_module, "LAUNCH_SETTLE_SECONDS", 0.2)
+    time.sleep(0.3)
+    assert provider.non_terminated_nodes({}) == []
+    assert open_rows(provider) == []
+    assert json.loads((provider.state_dir / "launching.json").read_text()) == {}
+
+
+def test_a_crash_between_the_launch_and_the_ledger_leaves_no_row_open_forever(make_provider):
+    """The process ends after EC2 answered the launch and before the row was renamed to
+    the instance's id: a later provider object adopts the instance, the row follows it,
+    and when the instance is gone the row closes."""
+    provider = make_provider()
+    driver = aws(provider)
+    real = driver.launch
+
+    def launch_then_die(request: LaunchRequest) -> Any:
+        real(request)
+        raise SystemExit("killed")
+
+    driver.launch = launch_then_die  # type: ignore[method-assign]
+    with pytest.raises(SystemExit):
+        launch(provider, "c-1")
+    (made,) = running(provider)
+    assert open_rows(provider) != [made]  # under the request id
+
+    restarted = make_provider()
+    (node_id,) = restarted.non_terminated_nodes({TAG_RAY_NODE_KIND: NODE_KIND_WORKER})
+    assert open_rows(restarted) == [made]
+    assert aws(restarted).terminate(made) is None
+    record = restarted.records()[node_id]
+    restarted._close_ledger("aws", provider_module._ledger_ids(record), time.time())
+    assert open_rows(restarted) == []
+
+
+def test_an_instance_missing_from_one_listing_is_not_taken_for_gone(make_provider, monkeypatch):
+    monkeypatch.setattr(provider_module, "LISTING_GRACE_SECONDS", 0.3)
+    provider = make_provider()
+    assert launch(provider, "g-1") == "launched"
+    (made,) = running(provider)
+    time.sleep(0.4)  # older than the grace a fresh launch gets
+    driver = aws(provider)
+    real = driver.instances
+    driver.instances = lambda cluster: []  # type: ignore[method-assign]
+    (node_id,) = provider.non_terminated_nodes({})  # missed once: kept
+    assert open_rows(provider) == [made]
+    driver.instances = real  # type: ignore[method-assign]
+    assert provider.non_terminated_nodes({}) == [node_id]
+    assert "missing_since" not in provider.records()[node_id]
+
+    driver.instances = lambda cluster: []  # type: ignore[method-assign]
+    assert provider.non_terminated_nodes({}) == [node_id]
+    time.sleep(0.4)  # missing for longer than the grace: gone
+    assert provider.non_terminated_nodes({}) == []
+    assert open_rows(provider) == []
+    driver.instances = real  # type: ignore[method-assign]
+    assert driver.terminate(made) is None
+
+
+def test_an_instance_the_ledger_never_saw_gets_a_row_from_its_tags(make_provider):
+    """Launched by hand with the cluster's tags, or before the ledger was kept: listed,
+    so it is counted, from the launch time and price its tags carry."""
+    provider = make_provider()
+    launched_at = time.time() - 1800
+    made = aws(provider).launch(
+        LaunchRequest(
+            request_id="rmanual000000000000001",
+            cluster="hm-ledger",
+            node_type="burst_media",
+            queue="media",
+            spot=False,
+            price_cents_per_hour=42.0,
+            launched_at=launched_at,
+            user_data="#!/bin/sh\n",
+        )
+    )
+    assert isinstance(made, Instance)
+    provider.non_terminated_nodes({})
+    s = t.cloud_spend
+    with transaction(provider.engine) as conn:
+        (row,) = conn.execute(select(s).where(s.c.terminated_at.is_(None))).all()
+    assert row.instance_id == made.instance_id
+    assert row.price_per_hour_microusd == 420_000
+    assert abs(row.launched_at.timestamp() - int(launched_at)) < 1
+    assert launch(provider, "m-1") == "cost_guard"  # 42 + 60 cents an hour: over $1
+    assert aws(provider).terminate(made.instance_id) is None
