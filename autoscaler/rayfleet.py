@@ -4,9 +4,10 @@ Runs in the head's services process (:mod:`autoscaler.head`), next to the superv
 of the pipeline actors, with ``ray`` connected. Each turn's
 :class:`~autoscaler.snapshot.Plan` becomes:
 
-* **one** ``request_resources`` covering every queue: ``baseline_workers + desired``
-  bundles of ``{"queue_<name>": 1}`` (Ray counts total capacity, so the VPS's own
-  queue resources are part of it). Nodes it needs are never idle-terminated; a
+* **one** ``request_resources`` covering every queue: the baseline the VPS holds plus
+  ``desired`` (:func:`~autoscaler.snapshot.actor_totals`), in bundles of
+  ``{"queue_<name>": 1}`` (Ray counts total capacity, so the VPS's own queue
+  resources are part of it). Nodes it needs are never idle-terminated; a
   queue's bundles going away lets its nodes go;
 * launch orders (:mod:`autoscaler.orders`) so that the node provider puts each new
   node where the policy chose (provider, spot, price);
@@ -39,7 +40,7 @@ from autoscaler import orders, raynodes
 from autoscaler.config import ProviderName, SchedulerConfig
 from autoscaler.leader import Term
 from autoscaler.provider import HypermediaNodeProvider, record_vps_node
-from autoscaler.snapshot import Offer, Plan, WorkerState
+from autoscaler.snapshot import Offer, Plan, WorkerState, actor_totals
 from autoscaler.state import read_state, write_state
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
@@ -182,10 +183,7 @@ class RayFleet:
                 done.append(self._terminate(decision.worker_id))
             else:
                 done.append(False)
-        totals = {
-            name: queue.baseline_workers + plan.desired.get(name, 0)
-            for name, queue in self.config.queues.items()
-        }
+        totals = actor_totals(self.config, plan)
         self._request(totals)
         self.supervisor.resize(totals)
         return done

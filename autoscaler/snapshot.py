@@ -24,7 +24,7 @@ from hypermedia.jobs.priority import Band as Band
 from hypermedia.jobs.priority import band_of as band_of
 
 if TYPE_CHECKING:  # an annotation only: the policy runs without loading pydantic
-    from autoscaler.config import ProviderName
+    from autoscaler.config import ProviderName, SchedulerConfig
 
 
 # The seed's routing table: "Long transcode (> 30 min): spot with checkpointing".
@@ -202,6 +202,9 @@ class Plan:
 
     desired: Mapping[str, int]
     actions: tuple[Decision, ...]
+    # The VPS workers (not cloud) starting or active per queue: in cloud_first, the part
+    # of a queue's baseline the VPS already holds (the cloud holds the rest, in desired).
+    vps: Mapping[str, int] = field(default_factory=dict)
 
 
 def plan_of(snapshot: Snapshot, decisions: Iterable[Decision]) -> Plan:
@@ -220,7 +223,27 @@ def plan_of(snapshot: Snapshot, decisions: Iterable[Decision]) -> Plan:
             desired[decision.queue] = desired.get(decision.queue, 0) + decision.count
         elif decision.action == "drain":
             desired[decision.queue] = desired.get(decision.queue, 0) - 1
-    return Plan({name: max(0, n) for name, n in desired.items()}, actions)
+    vps = dict.fromkeys(snapshot.queues, 0)
+    for worker in snapshot.workers:
+        if not worker.cloud and worker.status in ("starting", "active"):
+            vps[worker.queue] = vps.get(worker.queue, 0) + 1
+    return Plan({name: max(0, n) for name, n in desired.items()}, actions, vps)
+
+
+def actor_totals(config: SchedulerConfig, plan: Plan) -> dict[str, int]:
+    """The pipeline actors each queue wants once a turn's plan is done: what Ray's
+    ``request_resources`` is told and the supervisor's pools are sized to. The VPS's
+    share of the baseline plus the cloud workers the plan wants. In ``vps_only`` and
+    ``hybrid`` the VPS holds the whole baseline; in ``cloud_first`` the policy keeps on
+    the cloud (in ``desired``) whatever part of the baseline the VPS does not hold, so
+    only the VPS's own workers count here, or that part would be asked for twice."""
+    totals = {}
+    for name, queue in config.queues.items():
+        vps = queue.baseline_workers
+        if config.mode == "cloud_first":
+            vps = min(vps, plan.vps.get(name, 0))
+        totals[name] = vps + plan.desired.get(name, 0)
+    return totals
 
 
 LAUNCH_MEMORY_SECONDS = 3600.0  # launches remembered for the launch-rate cap

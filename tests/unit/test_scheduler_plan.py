@@ -50,3 +50,32 @@ def test_desired_workers_per_queue(workers, decisions, desired):
     assert [d.action for d in plan.actions] == [
         d.action for d in decisions if d.action in ("launch", "drain", "terminate")
     ]
+
+
+def _turn(config, *workers: WorkerState) -> dict[str, int]:
+    """What the fleet asks Ray for after the policy's turn over an empty cluster."""
+    from autoscaler import policy
+    from autoscaler.snapshot import actor_totals
+    from tests.unit.test_scheduler_policy import NOW, OFFERS
+
+    queues = {name: QueueState(name, 0) for name in config.queues}
+    now = Snapshot(now=NOW, queues=queues, workers=workers, offers=OFFERS, spend=Spend(0, 0))  # type: ignore[arg-type]
+    return actor_totals(config, plan_of(now, policy.decide(config, now)))
+
+
+def test_cloud_first_asks_for_its_baseline_once():
+    """cloud_first keeps on the cloud the part of a queue's baseline the VPS does not
+    hold: the fleet's request counts those cloud workers once, not once as the
+    baseline and again as the cloud's (four nodes asked for a baseline of two)."""
+    from tests.unit.test_scheduler_policy import make_config
+
+    cloud_first = make_config("cloud_first", queues__ocr__baseline_workers=2)
+    assert _turn(cloud_first)["ocr"] == 2
+    # One baseline worker on the VPS already: one more, on the cloud.
+    assert _turn(cloud_first, worker("vps-1", "ocr", provider=None))["ocr"] == 2
+    # Both launched and running on the cloud, the queue empty: still two.
+    running = (worker("i-1", "ocr"), worker("i-2", "ocr"))
+    assert _turn(cloud_first, *running)["ocr"] == 2
+    # hybrid: the VPS holds the baseline, the cloud only bursts.
+    hybrid = make_config("hybrid", queues__ocr__baseline_workers=2)
+    assert _turn(hybrid)["ocr"] == 2
