@@ -335,7 +335,43 @@ def load(path: Path | str | None = None) -> SchedulerConfig:
     except OSError as exc:
         raise ConfigError(str(chosen), f"cannot be read: {exc.strerror or exc}") from None
     try:
-        data = json.loads(text)
+        data = json.loads(text, object_pairs_hook=_Object)
     except json.JSONDecodeError as exc:
         raise ConfigError(str(chosen), f"not JSON: {exc}") from None
+    twice = _duplicate(data, ())
+    if twice is not None:
+        raise ConfigError(
+            f"{chosen}: {'.'.join(twice)}", "given twice (JSON would keep the last silently)"
+        )
     return parse(data, str(chosen))
+
+
+class _Object(dict[str, Any]):
+    """A JSON object that remembers the keys it was given more than once."""
+
+    def __init__(self, pairs: list[tuple[str, Any]]) -> None:
+        super().__init__(pairs)
+        self.twice: list[str] = []
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                self.twice.append(key)
+            seen.add(key)
+
+
+def _duplicate(value: Any, path: tuple[str, ...]) -> tuple[str, ...] | None:
+    """The path of the first key some object of ``value`` was given twice."""
+    if isinstance(value, _Object) and value.twice:
+        return (*path, value.twice[0])
+    children = (
+        value.items()
+        if isinstance(value, dict)
+        else enumerate(value)
+        if isinstance(value, list)
+        else ()
+    )
+    for key, child in children:
+        found = _duplicate(child, (*path, str(key)))
+        if found is not None:
+            return found
+    return None

@@ -882,8 +882,39 @@ class HypermediaNodeProvider(NodeProvider):
             if isinstance(provider.get(key), str):
                 provider[key] = str(Path(provider[key]).expanduser().resolve())
         settings = parse_settings(provider)
-        load_scheduler_config(settings.scheduler_config)  # a bad scheduler.json too
+        config = load_scheduler_config(settings.scheduler_config)  # a bad scheduler.json too
+        check_node_types(cluster_config, config)
         return cluster_config
+
+
+def check_node_types(cluster_config: Mapping[str, Any], config: SchedulerConfig) -> None:
+    """Each burst node type serves one queue of scheduler.json, and each queue has at
+    most one node type: the provider admits a launch by the queue's workers, and counts
+    a queue's cloud workers by its node type's ledger rows (two node types of one
+    queue would each pass its max_workers). A cluster yaml that breaks this stops
+    ``ray up`` naming the node type."""
+    head = cluster_config.get("head_node_type")
+    served: dict[str, str] = {}
+    for name, node_type in sorted((cluster_config.get("available_node_types") or {}).items()):
+        if name == head:
+            continue
+        key = f"available_node_types.{name}.resources"
+        resources = (node_type or {}).get("resources") or {}
+        queues = sorted(k.removeprefix("queue_") for k in resources if k.startswith("queue_"))
+        if len(queues) != 1:
+            found = ", ".join(f"queue_{q}" for q in queues) or "none"
+            raise ConfigError(key, f"a burst node type needs exactly one queue_<name> ({found})")
+        queue = queues[0]
+        if queue not in config.queues:
+            known = ", ".join(config.queues)
+            raise ConfigError(
+                key, f"queue_{queue}: scheduler.json has no queue {queue!r} ({known})"
+            )
+        if queue in served:
+            raise ConfigError(
+                key, f"queue_{queue} is served by node type {served[queue]!r} already: one a queue"
+            )
+        served[queue] = name
 
 
 def _ledger_ids(record: Mapping[str, Any]) -> list[str]:

@@ -292,6 +292,37 @@ def test_bad_provider_sections_stop_ray_up_naming_the_key(tmp_path, pg_database_
         HypermediaNodeProvider.bootstrap_config(
             {"provider": {**copy.deepcopy(good), "scheduler_config": str(bad_json)}}
         )
+    # Node types: one queue each, a queue scheduler.json knows, one node type a queue
+    # (the provider counts a queue's cloud workers by its node type).
+    head = {"resources": {"queue_images": 1, "queue_documents": 1}, "max_workers": 0}
+    for node_types, key, words in [
+        ({"burst": {"resources": {"CPU": 2}}}, "burst", "exactly one queue_<name> (none)"),
+        ({"burst": {"resources": {"queue_ocr": 1, "queue_media": 1}}}, "burst", "exactly one"),
+        ({"burst": {"resources": {"queue_imagez": 1}}}, "burst", "no queue 'imagez'"),
+        (
+            {
+                "a_media": {"resources": {"queue_media": 1}},
+                "b_media": {"resources": {"queue_media": 1}},
+            },
+            "b_media",
+            "served by node type 'a_media' already",
+        ),
+    ]:
+        config: dict[str, Any] = {
+            "provider": copy.deepcopy(good),
+            "head_node_type": "head",
+            "available_node_types": {"head": head, **node_types},
+        }
+        with pytest.raises(ConfigError) as caught:
+            HypermediaNodeProvider.bootstrap_config(config)
+        assert caught.value.key == f"available_node_types.{key}.resources", node_types
+        assert words in str(caught.value), caught.value
+    fine = {
+        "provider": copy.deepcopy(good),
+        "head_node_type": "head",
+        "available_node_types": {"head": head, "burst_media": {"resources": {"queue_media": 1}}},
+    }
+    HypermediaNodeProvider.bootstrap_config(fine)
     relative = {"provider": {**copy.deepcopy(good), "scheduler_config": "ray_cluster/x.json"}}
     with pytest.raises(ConfigError):  # made absolute, then found missing
         HypermediaNodeProvider.bootstrap_config(relative)

@@ -225,3 +225,20 @@ def test_a_named_file_that_is_missing_or_not_json_refuses(tmp_path, monkeypatch)
     listed.write_text("[]")
     with pytest.raises(ConfigError, match="expected a JSON object"):
         config.load(Path(listed))
+
+
+def test_a_key_given_twice_refuses_naming_its_path(tmp_path):
+    """JSON keeps the last of two equal keys without a word: a file that says vps_only
+    and, further down, cloud_first would burst to the cloud unnoticed."""
+    text = json.dumps(hybrid(), indent=1)
+    twice = tmp_path / "twice.json"
+    twice.write_text(text.replace('"mode": "hybrid",', '"mode": "vps_only", "mode": "hybrid",', 1))
+    with pytest.raises(ConfigError, match="given twice") as caught:
+        config.load(twice)
+    assert caught.value.key == f"{twice}: mode"
+    nested = tmp_path / "nested.json"
+    nested.write_text(text.replace('"max_workers": ', '"max_workers": 1, "max_workers": ', 1))
+    with pytest.raises(ConfigError, match="given twice") as caught:
+        config.load(nested)
+    assert caught.value.key.startswith(f"{nested}: queues.")
+    assert caught.value.key.endswith(".max_workers")
