@@ -308,13 +308,13 @@ def test_bad_provider_sections_stop_ray_up_naming_the_key(tmp_path, pg_database_
             "served by node type 'a_media' already",
         ),
     ]:
-        config: dict[str, Any] = {
+        cluster_yaml: dict[str, Any] = {
             "provider": copy.deepcopy(good),
             "head_node_type": "head",
             "available_node_types": {"head": head, **node_types},
         }
         with pytest.raises(ConfigError) as caught:
-            HypermediaNodeProvider.bootstrap_config(config)
+            HypermediaNodeProvider.bootstrap_config(cluster_yaml)
         assert caught.value.key == f"available_node_types.{key}.resources", node_types
         assert words in str(caught.value), caught.value
     fine = {
