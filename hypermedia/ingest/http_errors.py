@@ -6,11 +6,18 @@
 * a request FastAPI cannot validate is 422 ``invalid_request``, the message
   naming each bad field by its path (``body.operations: ...``);
 * unknown routes and methods are 404 ``not_found`` / 405 ``method_not_allowed``;
+* a value the database refused (SQLAlchemy's ``DataError``: a NUL in text, a number out
+  of its column's range) is 400 ``invalid_request``: a last line behind the checks of
+  :mod:`hypermedia.ingest.fields`, which should have refused it first;
 * anything else is 500 ``internal``: the trace goes to the log, never the body.
+
+An error body always encodes: a message echoing what the request held (a lone UTF-16
+surrogate among it) is sent with non-ASCII characters escaped rather than failing.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from collections.abc import Mapping
@@ -19,6 +26,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DataError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -31,16 +39,28 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(HypermediaError, _on_hypermedia_error)
     app.add_exception_handler(RequestValidationError, _on_validation_error)
     app.add_exception_handler(StarletteHTTPException, _on_http_error)
+    app.add_exception_handler(DataError, _on_data_error)
     app.add_middleware(_InternalErrors)
 
 
 # -- errors ------------------------------------------------------------------------------
 
 
+class _ErrorJSON(JSONResponse):
+    """JSON as FastAPI renders it, but ASCII-escaped when that cannot be UTF-8 (a lone
+    surrogate the request held, echoed in the message): ``"\\ud800"``."""
+
+    def render(self, content: Any) -> bytes:
+        try:
+            return super().render(content)
+        except UnicodeEncodeError:
+            return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+
+
 def _error(
     status: int, body: dict[str, Any], headers: Mapping[str, str] | None = None
 ) -> JSONResponse:
-    return JSONResponse({"error": body}, status_code=status, headers=headers)
+    return _ErrorJSON({"error": body}, status_code=status, headers=headers)
 
 
 def error_response(exc: HypermediaError) -> JSONResponse:
@@ -71,6 +91,20 @@ async def _on_validation_error(_request: Request, exc: Exception) -> JSONRespons
     message = "; ".join(f"{p['path']}: {p['message']}" for p in problems) or "invalid request"
     body = {"code": InvalidRequest.code, "message": message, "details": {"errors": problems}}
     return _error(422, body)
+
+
+async def _on_data_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, DataError)
+    # The database's own words name the column at best, and may quote the value back.
+    log.warning(
+        "database refused a value on %s %s: %s",
+        request.method,
+        request.url.path,
+        exc.orig,
+        extra={"action": "api_data_error"},
+    )
+    message = "a value in the request cannot be stored (out of range or not valid text)"
+    return _error(400, {"code": InvalidRequest.code, "message": message})
 
 
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}

@@ -1,0 +1,40 @@
+"""An API error body always encodes, whatever the request held (a message may echo it)."""
+
+from __future__ import annotations
+
+import json
+
+from hypermedia.errors import UnknownOperation
+from hypermedia.ingest.http_errors import error_response
+
+
+def test_an_error_echoing_a_lone_surrogate_still_encodes():
+    response = error_response(UnknownOperation("'\ud800' is not accepted", operation="\ud800"))
+    assert response.status_code == 422
+    body = bytes(response.body)
+    assert body.isascii() and b"\\ud800" in body
+    assert json.loads(body)["error"]["details"] == {"operation": "\ud800"}
+    plain = error_response(UnknownOperation("'é' is not accepted"))
+    assert "'é'" in bytes(plain.body).decode("utf-8")  # only escaped when it must be
+
+
+def test_a_value_the_database_refused_is_400_not_500():
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+    from sqlalchemy.exc import DataError
+
+    from hypermedia.ingest.http_errors import install_error_handlers
+
+    app = FastAPI()
+
+    @app.get("/refused")
+    def refused() -> None:
+        raise DataError("INSERT ...", {}, ValueError("text fields cannot contain NUL"))
+
+    install_error_handlers(app)
+    with TestClient(app, raise_server_exceptions=False) as client:
+        response = client.get("/refused")
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["code"] == "invalid_request" and "cannot be stored" in error["message"]
+    assert "NUL" not in error["message"]  # the database's words go to the log
