@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -28,6 +28,7 @@ from hypermedia.clock import to_datetime
 from hypermedia.db import tables as t
 from hypermedia.errors import Conflict, InvalidRequest, NotFound
 from hypermedia.ids import new_id
+from hypermedia.ingest.fields import Text
 from hypermedia.jobs.states import JobStatus
 
 BULK_PRIORITIES = range(7, 11)  # seed 003: background regeneration gets 7-10
@@ -65,9 +66,9 @@ class BulkFilter(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    pool_id: str | None = Field(default=None, max_length=64)
-    owner_id: str | None = Field(default=None, max_length=32)
-    detected_kind: str | None = Field(
+    pool_id: Text | None = Field(default=None, max_length=64)
+    owner_id: Text | None = Field(default=None, max_length=32)
+    detected_kind: Text | None = Field(
         default=None, max_length=32, description="the kind found in the bytes (image, pdf ...)"
     )
     created_after: datetime | None = None
@@ -80,8 +81,14 @@ class BulkFilter(BaseModel):
     def _aware(self) -> BulkFilter:
         for name in ("created_after", "created_before"):
             value = getattr(self, name)
-            if value is not None and value.tzinfo is None:
+            if value is None:
+                continue
+            if value.tzinfo is None:
                 raise ValueError(f"{name} needs a time zone (e.g. 2026-01-01T00:00:00Z)")
+            try:
+                value.astimezone(UTC)  # how the record compares it
+            except OverflowError:
+                raise ValueError(f"{name} is outside the years 1-9999 in UTC") from None
         return self
 
     def to_json(self) -> dict[str, Any]:
@@ -95,10 +102,10 @@ class MigrateTarget(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     backend: Literal["s3"] = "s3"
-    bucket: str = Field(min_length=3, max_length=63)
-    endpoint_url: str | None = Field(default=None, max_length=512)
-    region: str | None = Field(default=None, max_length=64)
-    prefix: str = Field(default="", max_length=200)
+    bucket: Text = Field(min_length=3, max_length=63)
+    endpoint_url: Text | None = Field(default=None, max_length=512)
+    region: Text | None = Field(default=None, max_length=64)
+    prefix: Text = Field(default="", max_length=200)
 
     @property
     def name(self) -> str:
@@ -112,16 +119,16 @@ class RunSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     kind: Kind
-    operation: str | None = Field(default=None, max_length=64)
+    operation: Text | None = Field(default=None, max_length=64)
     filter: BulkFilter = Field(default_factory=BulkFilter)
     target: MigrateTarget | None = None
     priority: int = Field(default=DEFAULT_PRIORITY, ge=min(BULK_PRIORITIES), le=10)
-    queue: str | None = Field(
+    queue: Text | None = Field(
         default=None, description="bulk (the default) or the operation's own queue"
     )
     max_in_flight: int = Field(default=200, ge=1, le=1_000_000)
     batch_size: int = Field(default=500, ge=1, le=10_000)
-    account: str | None = Field(
+    account: Text | None = Field(
         default=None, max_length=200, description="a user name (or id) to charge; none: platform"
     )
 

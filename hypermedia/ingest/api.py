@@ -31,11 +31,11 @@ from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Annotated, Any, BinaryIO, Literal, cast
 
-from fastapi import APIRouter, Depends, FastAPI, Header, Query, Request, Response
+from fastapi import APIRouter, Depends, FastAPI, Header, Path, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel
+from pydantic import AfterValidator, BaseModel
 from sqlalchemy import text
 
 from hypermedia import __version__
@@ -52,7 +52,7 @@ from hypermedia.errors import (
     NotFound,
 )
 from hypermedia.ids import new_id
-from hypermedia.ingest import events, openapi, queries, uploads
+from hypermedia.ingest import events, fields, openapi, queries, uploads
 from hypermedia.ingest.auth import Authenticator
 from hypermedia.ingest.guard import RequestGuard, RouteRule, Rules
 from hypermedia.ingest.http_errors import install_error_handlers
@@ -138,6 +138,16 @@ def _inspector(request: Request) -> uploads.Inspector:
 StackDep = Annotated[Stack, Depends(_stack)]
 CallerDep = Annotated[Caller, Depends(_caller)]
 
+# What a path may name (see .fields): an id the platform made matches its pattern; an
+# object id (a web tier may register its own) or an output type is text without NUL.
+JobId = Annotated[str, Path(pattern=fields.ID_PATTERN, description="A job id.")]
+SubmissionId = Annotated[str, Path(pattern=fields.ID_PATTERN)]
+RunId = Annotated[str, Path(pattern=fields.ID_PATTERN)]
+ObjectId = Annotated[fields.Text, Path(min_length=1, max_length=64)]
+OutputType = Annotated[fields.Text, Path(min_length=1, max_length=64)]
+# An attempt's number is a 32-bit integer in the record.
+AttemptNumber = Annotated[int, Path(ge=1, le=2**31 - 1)]
+
 router = APIRouter()
 
 
@@ -183,7 +193,7 @@ def process(
     responses=_errors(404),
     tags=["jobs"],
 )
-def get_job(job_id: str, caller: CallerDep, stack: StackDep) -> JobResponse:
+def get_job(job_id: JobId, caller: CallerDep, stack: StackDep) -> JobResponse:
     return job_response(stack.ingest.get_job(caller, job_id))
 
 
@@ -200,9 +210,9 @@ def list_jobs(
     status: Annotated[
         list[JobStatusName] | None, Query(description="Only these statuses (repeat it).")
     ] = None,
-    operation: Annotated[str | None, Query(max_length=64)] = None,
-    object_id: Annotated[str | None, Query(max_length=64)] = None,
-    submission_id: Annotated[str | None, Query(max_length=64)] = None,
+    operation: Annotated[fields.Text | None, Query(max_length=64)] = None,
+    object_id: Annotated[fields.Text | None, Query(max_length=64)] = None,
+    submission_id: Annotated[str | None, Query(pattern=fields.ID_PATTERN)] = None,
     created_after: datetime | None = None,
     created_before: datetime | None = None,
     cursor: Annotated[
@@ -227,9 +237,15 @@ def list_jobs(
 
 
 def _aware(moment: datetime | None, name: str) -> datetime | None:
-    if moment is not None and moment.tzinfo is None:
+    """``moment`` in UTC, which the record compares it in."""
+    if moment is None:
+        return None
+    if moment.tzinfo is None:
         raise InvalidRequest(f"{name} needs a time zone (e.g. Z or +00:00)", field=name)
-    return moment
+    try:
+        return moment.astimezone(UTC)
+    except OverflowError:  # 9999-12-31T23:59:59-23:59 is in the year 10000 in UTC
+        raise InvalidRequest(f"{name} is outside the years 1-9999 in UTC", field=name) from None
 
 
 @router.get(
@@ -239,7 +255,9 @@ def _aware(moment: datetime | None, name: str) -> datetime | None:
     responses=_errors(404),
     tags=["jobs"],
 )
-def get_submission(submission_id: str, caller: CallerDep, stack: StackDep) -> SubmissionResponse:
+def get_submission(
+    submission_id: SubmissionId, caller: CallerDep, stack: StackDep
+) -> SubmissionResponse:
     with snapshot(stack.engine) as conn:
         found = queries.submission(conn, caller.user_id, submission_id)
     if found is None:
@@ -262,7 +280,7 @@ def get_submission(submission_id: str, caller: CallerDep, stack: StackDep) -> Su
     tags=["jobs"],
 )
 def get_output_url(
-    job_id: str, output_type: str, caller: CallerDep, stack: StackDep
+    job_id: JobId, output_type: OutputType, caller: CallerDep, stack: StackDep
 ) -> OutputUrlResponse:
     """A GET URL signed for ``download_url_ttl_seconds`` (5 minutes by default): hand it
     to a browser; it needs no API key."""
@@ -302,7 +320,7 @@ _EVENT_STREAM: dict[int | str, dict[str, Any]] = {
     tags=["jobs"],
 )
 async def job_events(
-    job_id: str,
+    job_id: JobId,
     request: Request,
     caller: CallerDep,
     stack: StackDep,
@@ -310,9 +328,10 @@ async def job_events(
         str | None,
         Header(
             alias="Last-Event-ID",
-            pattern=r"^[0-9]{1,20}-[0-9]{1,20}$",
+            pattern=fields.ENTRY_ID_PATTERN,
             description="Resume after this event (what an EventSource sends on reconnect).",
         ),
+        AfterValidator(fields.entry_id),
     ] = None,
 ) -> StreamingResponse:
     """The job's recent events, its status as the record has it, then its events as
@@ -347,7 +366,7 @@ async def job_events(
     tags=["jobs"],
 )
 def get_attempt_log(
-    job_id: str, attempt_number: int, caller: CallerDep, stack: StackDep
+    job_id: JobId, attempt_number: AttemptNumber, caller: CallerDep, stack: StackDep
 ) -> AttemptLogResponse:
     """The last 64 KB of the child's stdout and stderr, kept when the attempt failed
     (404 when none was kept: the attempt did not fail in its child)."""
@@ -366,7 +385,7 @@ def get_attempt_log(
     tags=["jobs"],
 )
 def cancel_job(
-    job_id: str, caller: CallerDep, stack: StackDep, response: Response
+    job_id: JobId, caller: CallerDep, stack: StackDep, response: Response
 ) -> CancelResponse:
     """A queued (or retry-waiting) job is cancelled at once (200) and its credits
     released; a running one is asked to stop (202, ``cancel_requested``); a finished
@@ -402,8 +421,8 @@ async def upload_object(
     request: Request,
     caller: CallerDep,
     stack: StackDep,
-    filename: Annotated[str, Query(min_length=1, max_length=255)],
-    pool_id: Annotated[str | None, Query(min_length=1, max_length=64)] = None,
+    filename: Annotated[fields.Text, Query(min_length=1, max_length=255)],
+    pool_id: Annotated[fields.Text | None, Query(min_length=1, max_length=64)] = None,
 ) -> ObjectResponse:
     """Streams the body into storage (at most ``max_upload_bytes``, else 413 and
     nothing is kept), records its sha256, inspects its content and registers the
@@ -510,7 +529,7 @@ def register_object(
     responses=_errors(404),
     tags=["objects"],
 )
-def read_object(object_id: str, caller: CallerDep, stack: StackDep) -> ObjectResponse:
+def read_object(object_id: ObjectId, caller: CallerDep, stack: StackDep) -> ObjectResponse:
     with snapshot(stack.engine) as conn:
         return _object_response(get_object(conn, caller, object_id))
 
@@ -522,7 +541,7 @@ def read_object(object_id: str, caller: CallerDep, stack: StackDep) -> ObjectRes
     responses=_errors(404, 409),
     tags=["objects"],
 )
-def delete_object(object_id: str, caller: CallerDep, stack: StackDep) -> DeleteObjectResponse:
+def delete_object(object_id: ObjectId, caller: CallerDep, stack: StackDep) -> DeleteObjectResponse:
     """Only the object's owner may (anyone else: 404, as for an id that does not exist);
     409 while a job on it is unfinished. The bytes leave the owner's storage quota."""
     deletion = uploads.delete_object(
@@ -705,7 +724,7 @@ def list_bulk_runs(caller: CallerDep, stack: StackDep) -> BulkRunsResponse:
     responses=_errors(403, 404),
     tags=["operators"],
 )
-def read_bulk_run(run_id: str, caller: CallerDep, stack: StackDep) -> BulkRunOut:
+def read_bulk_run(run_id: RunId, caller: CallerDep, stack: StackDep) -> BulkRunOut:
     return BulkRunOut.model_validate(_bulk(caller, stack).get(run_id).to_json())
 
 
@@ -717,7 +736,7 @@ def read_bulk_run(run_id: str, caller: CallerDep, stack: StackDep) -> BulkRunOut
     tags=["operators"],
 )
 def change_bulk_run(
-    run_id: str,
+    run_id: RunId,
     action: Literal["pause", "resume", "cancel"],
     caller: CallerDep,
     stack: StackDep,

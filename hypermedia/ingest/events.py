@@ -78,8 +78,16 @@ async def stream(
     pubsub = client.pubsub()
     try:
         await pubsub.subscribe(key)
-        entries: Any = await client.xrange(key, min="-" if after is None else f"({after}")
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        try:
+            entries: Any = await client.xrange(key, min="-" if after is None else f"({after}")
+        except redis.ResponseError as exc:
+            if after is None:
+                raise
+            # An id Redis refuses (the route checks its range): resume from the start.
+            log.warning("job events: redis refused Last-Event-ID %s: %s", after, exc)
+            after = None
+            entries = await client.xrange(key, min="-")
+    except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError) as exc:
         log.warning("job events: redis unavailable, following the record: %s", exc)
         await _close(pubsub)
         async for text in _record_only(record, keepalive):
@@ -149,7 +157,7 @@ async def _ending(
     millis, sequence = last
     try:
         entries: Any = await client.xrange(key, min=f"({millis}-{sequence}")
-    except (redis.ConnectionError, redis.TimeoutError):
+    except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError):
         entries = []
     for entry, fields in entries:
         event = json.loads(fields["e"])

@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from hypermedia.ingest.fields import Text
+
 
 def credits(millicredits: int) -> float:
     return millicredits / 1000
@@ -283,11 +285,11 @@ class RegisterRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    storage_key: str = Field(min_length=1, max_length=512)
-    filename: str = Field(min_length=1, max_length=255)
-    size_bytes: int = Field(ge=0)
-    pool_id: str | None = Field(default=None, min_length=1, max_length=64)
-    content_type: str | None = Field(
+    storage_key: Text = Field(min_length=1, max_length=512)
+    filename: Text = Field(min_length=1, max_length=255)
+    size_bytes: int = Field(ge=0, le=2**63 - 1)  # the record's 64-bit integer
+    pool_id: Text | None = Field(default=None, min_length=1, max_length=64)
+    content_type: Text | None = Field(
         default=None,
         max_length=127,
         description="Ignored: the type is detected from the stored bytes.",

@@ -72,6 +72,7 @@ from hypermedia.errors import (
     UnknownOperation,
 )
 from hypermedia.ids import new_id
+from hypermedia.ingest.fields import Text, json_problem
 from hypermedia.jobs import callbacks
 from hypermedia.jobs import statements as sql
 from hypermedia.jobs.catalog import ProfileCatalog, ProfileRecord
@@ -95,12 +96,12 @@ class SubmitRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    object_id: str = Field(min_length=1, max_length=64)
-    operations: list[str] = Field(min_length=1, max_length=32)
+    object_id: Text = Field(min_length=1, max_length=64)
+    operations: list[Text] = Field(min_length=1, max_length=32)
     priority: int | None = Field(default=None, ge=1, le=10)
     params: dict[str, dict[str, Any]] = Field(default_factory=dict)
-    idempotency_key: str | None = Field(default=None, min_length=1, max_length=200)
-    callback_url: str | None = Field(
+    idempotency_key: Text | None = Field(default=None, min_length=1, max_length=200)
+    callback_url: Text | None = Field(
         default=None,
         max_length=2048,
         description="POSTed each job, signed, once it is completed, failed or cancelled "
@@ -118,8 +119,12 @@ class SubmitRequest(BaseModel):
     @field_validator("params")
     @classmethod
     def _small(cls, value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-        if len(json.dumps(value)) > MAX_PARAMS_BYTES:
+        if len(json.dumps(value, allow_nan=True)) > MAX_PARAMS_BYTES:
             raise ValueError(f"params must serialize to at most {MAX_PARAMS_BYTES} bytes")
+        # NaN, Infinity, NUL and lone surrogates: JSON the record cannot store.
+        problem = json_problem(value, "params")
+        if problem is not None:
+            raise ValueError(problem)
         for operation, params in value.items():
             limits = sorted(k for k in params if k.startswith(LIMIT_PREFIX))
             if limits:

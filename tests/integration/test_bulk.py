@@ -329,7 +329,9 @@ def test_the_api_is_for_operators_only(pg_engine, settings, manual_clock):
     assert paused.json()["state"] == "paused"
     assert client.post(f"{url}/{run_id}/pause", headers=bearer(operator)).status_code == 409
     assert client.get(f"{url}/{run_id}", headers=bearer(operator)).json()["run_id"] == run_id
-    assert client.get(f"{url}/nope", headers=bearer(operator)).status_code == 404
+    assert client.get(f"{url}/{'0' * 32}", headers=bearer(operator)).status_code == 404
+    malformed = client.get(f"{url}/nope", headers=bearer(operator))  # not an id we make
+    assert malformed.status_code == 422 and "path.run_id" in malformed.json()["error"]["message"]
     assert (
         client.post(url, json={**body, "priority": 2}, headers=bearer(operator)).status_code == 422
     )

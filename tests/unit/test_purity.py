@@ -24,6 +24,8 @@ PURE_MODULES = [
     # Input validation: the rules and the format readers (libmagic, olefile and the
     # AES of PDF 2.0 load on first use, not on import).
     "hypermedia.sandbox.inspect",
+    # What a request's strings and JSON values may hold (checked at the API's edge).
+    "hypermedia.ingest.fields",
     # The scheduler's policy and cost guard: snapshots in, decisions out.
     "autoscaler.policy",
     "autoscaler.cost",

@@ -1,0 +1,80 @@
+"""What a request's strings and values may hold, checked where they enter (pure).
+
+The record refuses what JSON and Python accept: PostgreSQL stores no NUL character in
+text nor in ``jsonb``, no lone UTF-16 surrogate (``"\\ud800"``) anywhere, and no NaN or
+Infinity in ``jsonb``; SQLite would keep NaN as a number no JSON parser reads back. A
+request holding one is refused here with 422 naming its field, never handed to the
+database (a 500) nor stored.
+
+* :data:`ID_PATTERN`: the ids the platform makes (:mod:`hypermedia.ids`): jobs,
+  submissions, bulk runs;
+* :data:`Text`: any other string a request names (object and pool ids, file names,
+  idempotency keys ...): no NUL, no lone surrogate;
+* :func:`json_problem`: where a JSON value (a submit's ``params``) holds what the record
+  cannot store.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any
+
+from pydantic import AfterValidator
+
+ID_PATTERN = r"^[0-9a-f]{32}$"
+# A Redis stream entry id, ``<ms>-<seq>``: each part at most 2**64 - 1 (Redis refuses more).
+ENTRY_ID_PATTERN = r"^[0-9]{1,20}-[0-9]{1,20}$"
+MAX_ENTRY_PART = 2**64 - 1
+
+
+def text_problem(value: str) -> str | None:
+    """Why ``value`` cannot be stored as text (None: it can)."""
+    if "\x00" in value:
+        return "must not contain NUL characters"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return "must not contain lone UTF-16 surrogates"
+    return None
+
+
+def _plain(value: str) -> str:
+    problem = text_problem(value)
+    if problem is not None:
+        raise ValueError(problem)
+    return value
+
+
+Text = Annotated[str, AfterValidator(_plain)]
+
+
+def json_problem(value: Any, path: str) -> str | None:
+    """The first place in ``value`` (a parsed JSON value, at ``path``) that the record
+    cannot store, and why: a NaN or infinite number, a key or string with a NUL or a
+    lone surrogate. None: all of it can be stored. Iterative: however deep the value."""
+    pending: list[tuple[str, Any]] = [(path, value)]
+    while pending:
+        where, item = pending.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            return f"{where}: {item} is not a JSON number"
+        if isinstance(item, str):
+            problem = text_problem(item)
+            if problem is not None:
+                return f"{where}: {problem}"
+        elif isinstance(item, Mapping):
+            for key in item:
+                problem = text_problem(str(key))
+                if problem is not None:
+                    return f"{where}: a key {problem}"
+            pending.extend((f"{where}.{key}", inner) for key, inner in reversed(list(item.items())))
+        elif isinstance(item, Sequence):
+            pending.extend((f"{where}[{i}]", inner) for i, inner in reversed(list(enumerate(item))))
+    return None
+
+
+def entry_id(value: str | None) -> str | None:
+    """A Redis stream entry id (``Last-Event-ID``) whose parts Redis accepts."""
+    if value is not None and any(int(part) > MAX_ENTRY_PART for part in value.split("-")):
+        raise ValueError(f"each part must be at most {MAX_ENTRY_PART}")
+    return value

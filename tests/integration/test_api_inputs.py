@@ -1,0 +1,233 @@
+"""What the record cannot store is refused at the edge with a 4xx naming the field, never
+a 500 nor a dropped stream: NUL characters and lone UTF-16 surrogates in ids and text,
+NaN and Infinity in params, numbers and times past their columns' range, a Last-Event-ID
+past Redis's. Through a real uvicorn server on PostgreSQL (which refuses a NUL in text)
+and SQLite (which would keep a NaN no JSON parser reads back)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import func, select
+
+from hypermedia.db import tables as t
+from hypermedia.db.engine import transaction
+from hypermedia.ingest.api import create_app
+from hypermedia.stack import Stack
+from tests.api_support import add_user, bearer, running_server
+
+P = "/v1/hypermedia"
+PNG = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x10\x00\x00\x00\x10\x08\x02\x00\x00\x00"
+MISSING_JOB = "0" * 32
+
+
+@pytest.fixture
+def stack(engine, settings) -> Iterator[Stack]:
+    opened = Stack.open(settings(), engine=engine, auto_migrate=True)
+    yield opened
+    opened.close()
+
+
+@pytest.fixture
+def client(stack) -> Iterator[httpx.Client]:
+    with (
+        running_server(
+            create_app(stack, auth_cache_seconds=0, events_keepalive_seconds=0.5)
+        ) as url,
+        httpx.Client(base_url=url, timeout=30) as http,
+    ):
+        yield http
+
+
+@pytest.fixture
+def user(stack):
+    return add_user(stack, "alice", credits=100)
+
+
+@pytest.fixture
+def object_id(client, user) -> str:
+    uploaded = client.put(
+        f"{P}/objects", params={"filename": "a.png"}, content=PNG, headers=bearer(user)
+    )
+    assert uploaded.status_code == 201, uploaded.text
+    return str(uploaded.json()["object_id"])
+
+
+def _count(stack: Stack, table) -> int:
+    with transaction(stack.engine) as conn:
+        return int(conn.execute(select(func.count()).select_from(table)).scalar_one())
+
+
+def refused(response: httpx.Response, status: int, field: str, code: str = "invalid_request"):
+    """The error ``response`` must be: its status, its code, a message naming ``field``."""
+    assert response.status_code == status, (field, response.status_code, response.text)
+    error = response.json()["error"]
+    assert error["code"] == code, (field, error)
+    assert field in error["message"], (field, error)
+    return error
+
+
+def raw_submit(client: httpx.Client, user, body: bytes) -> httpx.Response:
+    headers = {**bearer(user), "Content-Type": "application/json"}
+    return client.post(f"{P}/process", content=body, headers=headers)
+
+
+def test_nul_in_an_id_or_text_is_refused_naming_the_field(stack, client, user, object_id):
+    h = bearer(user)
+    job = client.post(
+        f"{P}/process", json={"object_id": object_id, "operations": ["thumbnail"]}, headers=h
+    ).json()["job_ids"][0]
+    nul = "a\x00b"
+    body = {"object_id": object_id, "operations": ["thumbnail"]}
+    requests: list[tuple[str, str, dict[str, Any], str]] = [
+        ("GET", f"{P}/jobs/ab%00cd", {}, "path.job_id"),
+        ("POST", f"{P}/jobs/ab%00cd/cancel", {}, "path.job_id"),
+        ("GET", f"{P}/jobs/ab%00cd/events", {}, "path.job_id"),
+        ("GET", f"{P}/jobs/ab%00cd/attempts/1/log", {}, "path.job_id"),
+        ("GET", f"{P}/jobs/ab%00cd/outputs/thumbnail/url", {}, "path.job_id"),
+        ("GET", f"{P}/jobs/{job}/outputs/a%00b/url", {}, "path.output_type"),
+        ("GET", f"{P}/objects/ab%00cd", {}, "path.object_id"),
+        ("DELETE", f"{P}/objects/ab%00cd", {}, "path.object_id"),
+        ("GET", f"{P}/submissions/ab%00cd", {}, "path.submission_id"),
+        ("GET", f"{P}/jobs", {"params": {"object_id": nul}}, "query.object_id"),
+        ("GET", f"{P}/jobs", {"params": {"operation": nul}}, "query.operation"),
+        ("GET", f"{P}/jobs", {"params": {"submission_id": nul}}, "query.submission_id"),
+        ("PUT", f"{P}/objects", {"params": {"filename": nul}, "content": PNG}, "query.filename"),
+        (
+            "PUT",
+            f"{P}/objects",
+            {"params": {"filename": "a.png", "pool_id": nul}, "content": PNG},
+            "query.pool_id",
+        ),
+        ("POST", f"{P}/process", {"json": {**body, "object_id": nul}}, "body.object_id"),
+        (
+            "POST",
+            f"{P}/process",
+            {"json": {**body, "idempotency_key": nul}},
+            "body.idempotency_key",
+        ),
+        (
+            "POST",
+            f"{P}/process",
+            {"json": {**body, "params": {"thumbnail": {"x": nul}}}},
+            "params.thumbnail.x",
+        ),
+        (
+            "POST",
+            f"{P}/process",
+            {"json": {**body, "callback_url": f"http://example.com/{nul}"}},
+            "body.callback_url",
+        ),
+        (
+            "POST",
+            f"{P}/objects/register",
+            {"json": {"storage_key": "originals/x/y", "filename": nul, "size_bytes": 1}},
+            "body.filename",
+        ),
+        (
+            "POST",
+            f"{P}/objects/register",
+            {"json": {"storage_key": nul, "filename": "a", "size_bytes": 1}},
+            "body.storage_key",
+        ),
+    ]
+    for method, path, extra, field in requests:
+        error = refused(client.request(method, path, headers=h, **extra), 422, field)
+        assert "NUL" in error["message"] or "pattern" in error["message"], error
+    assert _count(stack, t.jobs) == 1 and _count(stack, t.objects) == 1
+
+
+def test_a_lone_surrogate_is_refused_naming_the_field(stack, client, user, object_id):
+    oid = object_id.encode()
+    for body, field in (
+        (b'{"object_id": "\\ud800", "operations": ["thumbnail"]}', "body.object_id"),
+        (b'{"object_id": "%s", "operations": ["\\ud800"]}' % oid, "body.operations.0"),
+        (
+            b'{"object_id": "%s", "operations": ["thumbnail"], "idempotency_key": "\\ud800"}' % oid,
+            "body.idempotency_key",
+        ),
+        (
+            b'{"object_id": "%s", "operations": ["thumbnail"],'
+            b' "params": {"thumbnail": {"a": "\\ud800"}}}' % oid,
+            "params.thumbnail.a",
+        ),
+        (
+            b'{"object_id": "%s", "operations": ["thumbnail"],'
+            b' "params": {"thumbnail": {"\\ud800": 1}}}' % oid,
+            "params.thumbnail: a key",
+        ),
+    ):
+        refused(raw_submit(client, user, body), 422, field)
+    register = client.post(
+        f"{P}/objects/register",
+        content=b'{"storage_key": "originals/%s/%s", "filename": "\\ud800", "size_bytes": 1}'
+        % (user.pool_id.encode(), oid),
+        headers={**bearer(user), "Content-Type": "application/json"},
+    )
+    refused(register, 422, "body.filename")
+    assert _count(stack, t.jobs) == 0 and _count(stack, t.objects) == 1
+
+
+@pytest.mark.parametrize("number", [b"NaN", b"Infinity", b"-Infinity"])
+def test_nan_and_infinity_in_params_are_refused(stack, client, user, object_id, number):
+    body = (
+        b'{"object_id": "%s", "operations": ["thumbnail"], "params": {"thumbnail": {"x": [1, %s]}}}'
+    )
+    error = refused(
+        raw_submit(client, user, body % (object_id.encode(), number)), 422, "body.params"
+    )
+    assert "params.thumbnail.x[1]" in error["message"] and "not a JSON number" in error["message"]
+    assert _count(stack, t.jobs) == 0 and _count(stack, t.submissions) == 0
+    # A big integer is JSON: stored as it came.
+    accepted = raw_submit(
+        client,
+        user,
+        b'{"object_id": "%s", "operations": ["thumbnail"], "params": {"thumbnail": {"x": 1.5}}}'
+        % object_id.encode(),
+    )
+    assert accepted.status_code == 202, accepted.text
+
+
+def test_an_attempt_number_is_bounded(client, user):
+    h = bearer(user)
+    for number in ("99999999999999999999999", str(2**31), "0", "-1"):
+        path = f"{P}/jobs/{MISSING_JOB}/attempts/{number}/log"
+        refused(client.get(path, headers=h), 422, "path.attempt_number")
+    last = client.get(f"{P}/jobs/{MISSING_JOB}/attempts/{2**31 - 1}/log", headers=h)
+    refused(last, 404, str(2**31 - 1), "not_found")
+
+
+def test_a_creation_time_outside_the_record_years_is_refused(client, user):
+    h = bearer(user)
+    for name, moment in (
+        ("created_after", "9999-12-31T23:59:59-23:59"),
+        ("created_before", "0001-01-01T00:00:00+01:00"),
+    ):
+        error = refused(client.get(f"{P}/jobs", params={name: moment}, headers=h), 400, name)
+        assert error["details"] == {"field": name}
+    edge = {"created_after": "0001-01-01T00:00:00Z", "created_before": "9999-12-31T23:59:59Z"}
+    answered = client.get(f"{P}/jobs", params=edge, headers=h)
+    assert answered.status_code == 200 and answered.json()["jobs"] == [], answered.text
+
+
+def test_a_last_event_id_past_redis_range_is_refused_and_its_edge_streams(client, user, object_id):
+    h = bearer(user)
+    job = client.post(
+        f"{P}/process", json={"object_id": object_id, "operations": ["thumbnail"]}, headers=h
+    ).json()["job_ids"][0]
+    assert client.post(f"{P}/jobs/{job}/cancel", headers=h).status_code == 200
+    events = f"{P}/jobs/{job}/events"
+    for past in ("99999999999999999999-0", "0-18446744073709551616"):
+        refused(client.get(events, headers={**h, "Last-Event-ID": past}), 422, "Last-Event-ID")
+    # In range, but Redis refuses to read after it (no id follows the largest): the stream
+    # starts over rather than breaking, and ends with the job's end.
+    last = "18446744073709551615-18446744073709551615"
+    with client.stream("GET", events, headers={**h, "Last-Event-ID": last}) as response:
+        assert response.status_code == 200
+        text = "".join(response.iter_text())
+    data = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ")]
+    assert data and data[-1]["status"] == "cancelled", text

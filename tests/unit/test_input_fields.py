@@ -1,0 +1,84 @@
+"""What a request's strings and values may hold (hypermedia.ingest.fields)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import BaseModel, ValidationError
+
+from hypermedia.ingest.fields import MAX_ENTRY_PART, Text, entry_id, json_problem, text_problem
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ("", None),
+        ("cat.png", None),
+        ("é ✓ 🐱", None),
+        ("\t\n", None),
+        ("a\x00b", "must not contain NUL characters"),
+        ("\x00", "must not contain NUL characters"),
+        ("\ud800", "must not contain lone UTF-16 surrogates"),
+        ("a\udfffb", "must not contain lone UTF-16 surrogates"),
+    ],
+)
+def test_text_problem(value, problem):
+    assert text_problem(value) == problem
+
+
+class _Named(BaseModel):
+    name: Text
+
+
+def test_text_is_refused_by_pydantic_naming_the_field():
+    with pytest.raises(ValidationError) as caught:
+        _Named(name="a\x00")
+    (error,) = caught.value.errors()
+    assert error["loc"] == ("name",) and "NUL" in error["msg"]
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ({}, None),
+        ({"thumbnail": {"width": 10, "fit": "cover", "x": [1, 2.5, None, True]}}, None),
+        ({"t": {"big": 10**30}}, None),
+        ({"t": {"x": float("nan")}}, "params.t.x: nan is not a JSON number"),
+        ({"t": {"x": [1, float("inf")]}}, "params.t.x[1]: inf is not a JSON number"),
+        ({"t": {"x": {"y": -float("inf")}}}, "params.t.x.y: -inf is not a JSON number"),
+        ({"t": {"x": "a\x00"}}, "params.t.x: must not contain NUL characters"),
+        ({"t": {"x": ["ok", "\ud800"]}}, "params.t.x[1]: must not contain lone UTF-16 surrogates"),
+        ({"t": {"\x00": 1}}, "params.t: a key must not contain NUL characters"),
+        ({"\ud800": {}}, "params: a key must not contain lone UTF-16 surrogates"),
+    ],
+)
+def test_json_problem_names_the_first_place(value: Any, problem):
+    assert json_problem(value, "params") == problem
+
+
+def test_json_problem_walks_any_depth():
+    deep: list[Any] = [float("nan")]
+    for _ in range(5000):
+        deep = [deep]
+    problem = json_problem(deep, "p")
+    assert problem is not None and problem.endswith("[0]: nan is not a JSON number")
+
+
+@pytest.mark.parametrize(
+    ("value", "ok"),
+    [
+        (None, True),
+        ("0-0", True),
+        (f"{MAX_ENTRY_PART}-{MAX_ENTRY_PART}", True),
+        (f"{MAX_ENTRY_PART + 1}-0", False),
+        (f"0-{MAX_ENTRY_PART + 1}", False),
+        ("99999999999999999999-0", False),
+    ],
+)
+def test_entry_id_is_within_redis_range(value, ok):
+    if ok:
+        assert entry_id(value) == value
+    else:
+        with pytest.raises(ValueError, match="at most 18446744073709551615"):
+            entry_id(value)
