@@ -33,7 +33,9 @@ submits per minute are not used up (else 429 ``rate_limited``, counted on Redis 
 :mod:`hypermedia.ratelimit`; a batch counts one per request).
 
 An idempotency key makes a retried submit return the jobs of the first one
-(``replayed=True``); the same key with a different request is a ``conflict``.
+(``replayed=True``), whatever the key's rate meanwhile: a replay is neither checked
+against the key's grants nor counted; the same key with a different request is a
+``conflict``.
 Reserved credits are charged (actual cost) when a job completes and released
 when it fails or is cancelled (:mod:`hypermedia.jobs.credits`).
 """
@@ -385,7 +387,6 @@ class IngestService:
                     host=host,
                     port=port,
                 )
-        self._check_grants(caller, requests)
         try:
             results, fresh = self._submit_transaction(caller, requests)
         except IntegrityError:
@@ -414,7 +415,7 @@ class IngestService:
                     allowed_min=low,
                     allowed_max=high,
                 )
-        if self.limiter is not None:
+        if self.limiter is not None and requests:
             identity = caller.key_id or f"user-{caller.user_id}"
             self.limiter.hit("submit", identity, grants.submits_per_minute or 0, len(requests))
 
@@ -424,8 +425,15 @@ class IngestService:
         now = self.clock.now()
         # The writes are one statement on PostgreSQL (JobRepository.create): the reads
         # before it need no transaction of their own.
+        replays: dict[int, SubmitResult] = {}
+        if any(r.idempotency_key for r in requests):
+            with statements(self.engine) as conn:
+                replays = self._replays(conn, caller, requests)
+        # A retry that replays an earlier submit is answered as the first was: the key's
+        # grants (its rate above all) apply to what the others would create. Asked of
+        # Redis between connections: SQLite's write lock is not held meanwhile.
+        self._check_grants(caller, [r for i, r in enumerate(requests) if i not in replays])
         with statements(self.engine) as conn:
-            replays = self._replays(conn, caller, requests)
             objects = self._objects(
                 conn, caller, {r.object_id for i, r in enumerate(requests) if i not in replays}
             )

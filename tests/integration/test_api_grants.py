@@ -113,3 +113,27 @@ def test_a_key_submits_at_most_its_rate(stack, client):
     # The limit lives on Redis, under the stack's prefix, kept by the limits library.
     prefix = f"{stack.settings.redis_prefix}:ratelimit"
     assert any(k.startswith(prefix) for k in stack.redis.scan_iter(f"{prefix}*"))
+
+
+def test_a_replayed_submit_is_answered_whatever_the_rate(stack, client):
+    user = add_user(stack, "alice", credits=100)
+    limited = Submitter(client, new_key(stack, user.user_id, KeyGrants(submits_per_minute=2)))
+
+    def submit(key: str) -> httpx.Response:
+        body = {"object_id": limited.object_id, "operations": ["thumbnail"], "idempotency_key": key}
+        response: httpx.Response = client.post(f"{P}/process", json=body, headers=limited.headers)
+        return response
+
+    first = submit("k1")
+    assert first.status_code == 202 and first.json()["replayed"] is False
+    for _ in range(3):  # retries spend none of the key's rate
+        retry = submit("k1")
+        assert retry.status_code == 202, retry.text
+        assert retry.json()["replayed"] is True
+        assert retry.json()["job_ids"] == first.json()["job_ids"]
+    assert submit("k2").status_code == 202
+    refused = submit("k3")
+    assert refused.status_code == 429, refused.text
+    assert refused.json()["error"]["code"] == "rate_limited"
+    assert submit("k2").json()["replayed"] is True  # past the rate, a replay still replays
+    assert jobs(stack) == 2
