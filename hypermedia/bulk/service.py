@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import statistics
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from sqlalchemy import Engine, select
@@ -21,6 +21,7 @@ from hypermedia.clock import Clock, SystemClock
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
 from hypermedia.errors import InvalidRequest, QueueUnavailable
+from hypermedia.ingest.service import registered_operations, runnable_profile
 from hypermedia.jobs.catalog import ProfileCatalog
 from hypermedia.jobs.repository import JobRepository
 from hypermedia.jobs.states import JobStatus
@@ -58,20 +59,25 @@ class BulkService:
         clock: Clock | None = None,
         repository: JobRepository | None = None,
         queues: Collection[str] = (),
+        implemented: Callable[[], Collection[str]] = registered_operations,
     ) -> None:
+        """``implemented``: the operations something here runs, as the stack's ingest
+        has them (:attr:`~hypermedia.ingest.service.IngestService.implemented`)."""
         self.engine = engine
         self.queue = queue
         self.catalog = catalog
         self.clock = clock or SystemClock()
         self.repository = repository or JobRepository()
         self.queues = tuple(queues) or tuple(queue.queues)
+        self.implemented = implemented
 
     def _resolve(self, spec: RunSpec) -> tuple[int | None, int | None, str | None]:
         """(profile_id, target version, queue) of a spec, refusing what cannot run."""
         if spec.kind == "migrate":
             return None, None, None
         assert spec.operation is not None
-        profile = self.catalog.get(spec.operation)  # UnknownOperation for a bad name
+        # As a submit: UnknownOperation for a name without a profile or without a step.
+        profile = runnable_profile(self.catalog, spec.operation, self.implemented())
         queue = spec.queue or BULK_QUEUE
         if queue not in (BULK_QUEUE, profile.queue):
             raise InvalidRequest(

@@ -748,7 +748,13 @@ def _bulk(caller: Caller, stack: Stack) -> BulkService:
     """Bulk runs are the operator's: a user's key is refused, whatever it asks."""
     if not caller.is_operator:
         raise Forbidden("bulk runs are for operators only")
-    return BulkService(stack.engine, stack.queue, stack.catalog, clock=stack.clock)
+    return BulkService(
+        stack.engine,
+        stack.queue,
+        stack.catalog,
+        clock=stack.clock,
+        implemented=stack.ingest.implemented,
+    )
 
 
 @router.get(

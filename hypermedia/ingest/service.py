@@ -186,6 +186,26 @@ def registered_operations() -> Collection[str]:
     return pipelines.registry.operations()
 
 
+def runnable_profile(
+    catalog: ProfileCatalog, operation: str, implemented: Collection[str]
+) -> ProfileRecord:
+    """``operation``'s active profile, if something here runs it: else 422
+    ``unknown_operation`` (no profile, no pipeline step, or no worker for its queue),
+    the operations accepted in its details. Submits and bulk runs ask it alike."""
+    profile = catalog.get(operation)
+    if operation not in implemented:
+        if operation in registered_operations():  # a step, but nothing runs it
+            why = f"no worker here runs the {profile.queue!r} queue"
+        else:
+            why = "no pipeline step implements it yet"
+        raise UnknownOperation(
+            f"{operation!r} is not accepted: {why}",
+            operation=operation,
+            implemented=sorted(set(implemented) & set(catalog.operations())),
+        )
+    return profile
+
+
 def check_params(
     operation: str, profile_params: Mapping[str, Any], request_params: Mapping[str, Any]
 ) -> None:
@@ -361,17 +381,7 @@ class IngestService:
         implemented = self.implemented()
         for request in requests:
             for operation in request.operations:
-                profile = self.catalog.get(operation)
-                if operation not in implemented:
-                    if operation in registered_operations():  # a step, but nothing runs it
-                        why = f"no worker here runs the {profile.queue!r} queue"
-                    else:
-                        why = "no pipeline step implements it yet"
-                    raise UnknownOperation(
-                        f"{operation!r} is not accepted: {why}",
-                        operation=operation,
-                        implemented=sorted(set(implemented) & set(self.catalog.operations())),
-                    )
+                profile = runnable_profile(self.catalog, operation, implemented)
                 check_params(operation, profile.params, request.params.get(operation, {}))
             unknown = set(request.params) - set(request.operations)
             if unknown:

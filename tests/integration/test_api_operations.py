@@ -75,6 +75,31 @@ def test_profiles_without_a_step_are_refused_at_submit(stack, client):
     assert accepted.status_code == 202, accepted.text
 
 
+def test_a_bulk_run_of_an_operation_without_a_step_is_refused(stack, client):
+    operator = add_user(stack, "op", credits=10, operator=True)
+    for body in (
+        {"kind": "backfill", "operation": "regenerate"},
+        {"kind": "backfill", "operation": "regenerate", "dry_run": True},
+        {"kind": "regenerate", "operation": "regenerate"},
+    ):
+        response = client.post(f"{P}/bulk/runs", json=body, headers=bearer(operator))
+        assert response.status_code == 422, response.text
+        error = response.json()["error"]
+        assert error["code"] == "unknown_operation"
+        assert (
+            error["message"] == "'regenerate' is not accepted: no pipeline step implements it yet"
+        )
+        assert error["details"]["operation"] == "regenerate"
+        assert "thumbnail" in error["details"]["implemented"]
+    assert _count(stack, t.bulk_runs) == 0
+    accepted = client.post(
+        f"{P}/bulk/runs",
+        json={"kind": "backfill", "operation": "thumbnail", "dry_run": True},
+        headers=bearer(operator),
+    )
+    assert accepted.status_code == 200, accepted.text
+
+
 def test_run_and_up_start_an_actor_for_every_queue_with_an_implemented_operation(settings):
     chosen = settings()
     profiles = load_profiles(chosen.profiles_path, chosen.queue_names)
