@@ -85,7 +85,7 @@ from autoscaler.state import epoch, read_state, to_datetime, write_state
 from hypermedia import logs
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
-from hypermedia.errors import ConfigError
+from hypermedia.errors import ConfigError, DatabaseUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -295,7 +295,14 @@ class HypermediaNodeProvider(NodeProvider):
                     with self._launches() as launching:
                         tags = launching.get(instance.request_id, {})
                     nodes[node_id] = self._record(name, instance, tags, now)
-            self._settle_ledger(name, live, nodes, now)
+            with self._launches() as launching:
+                launches = bool(launching)
+            mine = any(r.get("provider") == name for r in nodes.values())
+            if live or mine or launches:  # else nothing to settle (nor, at `ray up`, a record)
+                try:
+                    self._settle_ledger(name, live, nodes, now)
+                except DatabaseUnavailable as exc:  # the next listing tries again
+                    log.warning("the ledger could not be settled with %s: %s", name, exc)
 
     def _settle_ledger(
         self,
@@ -577,7 +584,8 @@ class HypermediaNodeProvider(NodeProvider):
         try:
             result = driver.launch(request)
         except BaseException:
-            self._launch_over(request_id)
+            # Its row and tags stay: the launch may have made an instance, which the next
+            # listing adopts; else the row closes once the launch has settled.
             self._finish_order(request_id)
             raise
         if isinstance(result, DriverError):
