@@ -672,7 +672,7 @@ class IngestService:
 
     def queue_overview(self) -> list[QueueStats]:
         now = self.clock.now()
-        with transaction(self.engine) as conn:
+        with snapshot(self.engine) as conn:  # a read: on SQLite it holds up no writer
             rows = conn.execute(
                 select(
                     t.jobs.c.queue,
