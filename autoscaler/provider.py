@@ -57,6 +57,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -81,11 +82,13 @@ from autoscaler import admission, bootstrap, cost, orders, policy, statefile
 from autoscaler.config import PROVIDERS, ProviderName, SchedulerConfig
 from autoscaler.config import load as load_scheduler_config
 from autoscaler.drivers.base import Driver, DriverError, Instance, LaunchRequest
+from autoscaler.snapshot import QueueState, queue_state
 from autoscaler.state import epoch, read_state, to_datetime, write_state
 from hypermedia import logs
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
 from hypermedia.errors import ConfigError, DatabaseUnavailable
+from hypermedia.jobs.states import JobStatus
 
 log = logging.getLogger(__name__)
 
@@ -691,9 +694,11 @@ class HypermediaNodeProvider(NodeProvider):
         if order is not None and room.get(order.provider, 0) > 0:  # type: ignore[call-overload]
             choice = policy.Option(order.provider, order.spot, order.cents_per_hour)  # type: ignore[arg-type]
         else:
+            # No order (Ray launched for its own reasons, or the order expired): routed by
+            # the seed's table from the jobs waiting, priority 1-3 on demand above all.
             offers = self.offers()
-            kind: policy.RouteKind = "spot" if config.queues[queue].spot_preferred else "either"
-            picked = policy.pick(policy.options(config, queue, offers), kind, room)
+            how = policy.route(queue, config.queues[queue], waiting(conn, queue, now))
+            picked = policy.pick(policy.options(config, queue, offers), how.kind, room)
             if picked is None:
                 full = [name for name, left in room.items() if left <= 0]
                 return None, (
@@ -923,6 +928,29 @@ def check_node_types(cluster_config: Mapping[str, Any], config: SchedulerConfig)
                 key, f"queue_{queue} is served by node type {served[queue]!r} already: one a queue"
             )
         served[queue] = name
+
+
+def waiting(conn: Connection, queue: str, now: float) -> QueueState:
+    """The queue's queued jobs by priority, from the record: what routes a launch made
+    without the scheduler's order (the long-transcode rule needs the scheduler's view)."""
+    j = t.jobs.c
+    rows = conn.execute(
+        select(j.priority, func.count(), func.min(j.queued_at))
+        .where((j.queue == queue) & (j.status == JobStatus.QUEUED.value))
+        .group_by(j.priority)
+    ).all()
+    return queue_state(
+        queue,
+        (
+            (int(priority), int(count), max(0.0, now - _aware(first).timestamp()) if first else 0.0)
+            for priority, count, first in rows
+        ),
+    )
+
+
+def _aware(moment: datetime) -> datetime:
+    """A UTC column's aggregate: SQLite answers min() without its time zone."""
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
 def _ledger_ids(record: Mapping[str, Any]) -> list[str]:

@@ -1,4 +1,5 @@
-"""The spend ledger counts every instance the cloud runs for the cluster, once.
+"""The spend ledger counts every instance the cloud runs for the cluster, once; a
+launch made without the scheduler's order is routed as the policy would route it.
 
 The node provider with its AWS driver on moto's server (boto3 over real HTTP) and the
 record on PostgreSQL. A cloud can answer a launch with an error after it made the
@@ -37,6 +38,7 @@ from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
 from tests import support
 from tests.conftest import RAY_TOKEN
+from tests.factories import make_user, open_stack, submit
 from tests.integration.test_node_provider import scheduler_json
 
 REGION = "us-east-1"
@@ -67,18 +69,18 @@ def ami(moto_server: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> st
 @pytest.fixture
 def make_provider(
     tmp_path: Path, pg_database_url: str, moto_server: str, ami: str
-) -> Callable[[], HypermediaNodeProvider]:
-    scheduler = scheduler_json(
-        tmp_path,
-        queues__media__max_workers=5,
-        cloud_providers__aws__region=REGION,
-        cloud_providers__aws__instance_type="m5.large",
-        cloud_providers__aws__ami_id=ami,
-        cloud_providers__aws__max_instances=5,
-    )
-
-    def make() -> HypermediaNodeProvider:
+) -> Callable[..., HypermediaNodeProvider]:
+    def make(**changes: Any) -> HypermediaNodeProvider:
         """A provider object, as `ray up`, the monitor or a restart builds one."""
+        scheduler = scheduler_json(
+            tmp_path,
+            queues__media__max_workers=5,
+            cloud_providers__aws__region=REGION,
+            cloud_providers__aws__instance_type="m5.large",
+            cloud_providers__aws__ami_id=ami,
+            cloud_providers__aws__max_instances=5,
+            **changes,
+        )
         config = {
             "type": "external",
             "module": "autoscaler.provider.HypermediaNodeProvider",
@@ -259,3 +261,27 @@ def test_an_instance_the_ledger_never_saw_gets_a_row_from_its_tags(make_provider
     assert abs(row.launched_at.timestamp() - int(launched_at)) < 1
     assert launch(provider, "m-1") == "cost_guard"  # 42 + 60 cents an hour: over $1
     assert aws(provider).terminate(made.instance_id) is None
+
+
+def test_a_launch_without_an_order_is_routed_by_the_jobs_waiting(
+    make_provider, settings, pg_engine, manual_clock
+):
+    """Ray may launch a node the scheduler did not order (or after its order expired):
+    the provider then routes it by the seed's table from the queue's waiting jobs, as
+    the policy would: priority 1-3 waiting, on demand even where spot is cheaper."""
+    provider = make_provider(
+        cloud_providers__aws__spot_enabled=True, cloud_providers__aws__spot_max_price="0.05"
+    )
+    stack = open_stack(settings, pg_engine, manual_clock)
+    person = make_user(stack)
+    background = submit(stack, person, ["transcode_video"], priority=8)
+    assert launch(provider, "b-1") == "launched"  # only 7-10 waiting: spot, the cheaper
+    urgent = submit(stack, person, ["transcode_video"], priority=2)
+    assert launch(provider, "u-1") == "launched"  # 1-3 waiting: on demand
+    s = t.cloud_spend
+    with transaction(provider.engine) as conn:
+        spots = conn.execute(select(s.c.spot).order_by(s.c.spend_id)).scalars().all()
+    assert spots == [True, False], (background, urgent)
+    for instance_id in running(provider):
+        assert aws(provider).terminate(instance_id) is None
+    stack.close()
