@@ -213,6 +213,7 @@ def environment(input_path: Path, params: Mapping[str, Any], workdir: Path) -> l
         "pgid": os.getpgid(0),
         "sid": os.getsid(0),
         "tempdir": tempfile.gettempdir(),
+        "oom_score_adj": Path("/proc/self/oom_score_adj").read_text().strip(),
     }
     out = workdir / "seen.json"
     out.write_text(json.dumps(seen))

@@ -76,6 +76,7 @@ RESULT_FD = 3
 PR_SET_PDEATHSIG = 1
 PR_SET_NO_NEW_PRIVS = 38
 SIGKILL = 9
+OOM_SCORE_ADJ = 1000  # the most: the OOM killer takes a job child before all else
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _prctl_function = _libc.prctl
@@ -169,6 +170,16 @@ class _ProgressSender:
             _send(RESULT_FD, data, len(data), MSG_DONTWAIT)  # -1 (EAGAIN): dropped
 
 
+def _first_for_the_oom_killer() -> None:
+    """The kernel's OOM killer takes this job (and what it starts: inherited) before
+    anything else of the node. ``RLIMIT_AS`` bounds each process, not the job: a job of
+    many processes may hold more than its memory limit in all, and should the node run
+    out, the job must die, not the worker, Ray or another job. Raising one's own score
+    needs no privilege; set in the spare, before its view makes /proc read-only."""
+    with suppress(OSError), open("/proc/self/oom_score_adj", "w") as score:
+        score.write(str(OOM_SCORE_ADJ))
+
+
 def _run_step(request: Mapping[str, Any]) -> bytes:
     """Apply the rlimits, run the step; the result as bytes, whatever happens."""
     from pipelines import progress, registry
@@ -223,6 +234,7 @@ def run_spare(
     try:
         os.setsid()
         prctl(PR_SET_PDEATHSIG, SIGKILL)
+        _first_for_the_oom_killer()  # while /proc is the host's, writable
         # The server died before PDEATHSIG was set? (A namespace's pid 1 has no parent
         # it can see: its channel then tells.)
         if (os.getppid() != server_pid) if not sandbox.pid_namespace else _hung_up(channel_fd):

@@ -30,9 +30,15 @@ wall clock, which kills the job's whole process group.
 The wall clock (``timeout_seconds`` * 1.5) is enforced by the fork server, not by
 an rlimit: it also catches a job that sleeps or waits, which ``RLIMIT_CPU`` does not.
 So is the disk budget: ``RLIMIT_FSIZE`` bounds each file, and the fork server kills
-a job whose workdir holds more than ``max_output_bytes`` beside its input (measured
-every 0.25 s: ``output_limit``), so that many files under the limit each cannot fill
-the disk.
+a job whose workdir holds more than ``max_output_bytes`` beside its input, or more
+than 20,000 files (measured every 0.25 s, less often for a workdir of many files:
+``output_limit``), so that many files under the limit each cannot fill the disk.
+
+``RLIMIT_AS`` bounds each process, not the job: a job of ``max_processes`` processes
+may hold up to that many times ``memory_limit_mb``. Each job child sets its
+``oom_score_adj`` to 1000, so should the node run out of memory the kernel kills a
+job, not the worker, Ray or the head's services (a memory cgroup per job uid, which
+would bound the job as a whole, is not built yet).
 """
 
 from __future__ import annotations

@@ -204,6 +204,15 @@ def _out_of_memory(report: ExitReport, memory_limit_mb: int | None, log_tail: st
     return report.maxrss_kb >= NEAR_THE_CAP * memory_limit_mb * 1024
 
 
+# Codes that only the executor gives, from how the child ended (the table above): a
+# result that names one is the child's (a hostile file's) word, not the executor's. A
+# forged "cancelled" left a job nobody cancelled neither failed nor cancelled; a forged
+# retryable "timeout" or "sandbox_unavailable" would spend its attempts.
+EXECUTOR_CODES = frozenset(
+    {"cancelled", "timeout", "child_killed", "cpu_limit", "sandbox_unavailable"}
+)
+
+
 def _parse_result(result: bytes) -> list[dict[str, Any]]:
     try:
         body = json.loads(result)
@@ -211,8 +220,16 @@ def _parse_result(result: bytes) -> list[dict[str, Any]]:
             raise ValueError("not an object")
         error = body.get("error")
         if error is not None:
+            code = str(error["code"])
+            if code in EXECUTOR_CODES:  # only how the child ended says these
+                raise ChildFailed(
+                    "pipeline_crashed",
+                    f"the child reported the executor's own code {code!r}:"
+                    f" {str(error['message'])[:500]}",
+                    retryable=False,
+                )
             raise ChildFailed(
-                str(error["code"]),
+                code,
                 str(error["message"]),
                 retryable=bool(error.get("retryable", False)),
                 detail=str(error.get("detail", "")),

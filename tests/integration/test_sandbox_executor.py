@@ -242,6 +242,7 @@ def test_what_the_child_sees(tmp_path, monkeypatch, job_id):
 
     assert "s3cr3t" not in json.dumps(seen["environ"])
     assert seen["environ"]["VIPS_BLOCK_UNTRUSTED"] == "1"
+    assert seen["oom_score_adj"] == "1000"  # the OOM killer takes a job first
     assert seen["environ"]["HOME"] == seen["environ"]["TMPDIR"] == workdir
     assert seen["cwd"] == seen["tempdir"] == workdir
     # stdin, stdout/stderr (the log), the result socket, and listdir's own descriptor
@@ -409,6 +410,17 @@ def test_pipeline_errors_pass_through(executor, job_id, retryable):
     params = {"code": "invalid_input", "message": "not an image", "retryable": retryable}
     exc = failure(executor, job_id, "test.fail", params)
     assert (exc.code, exc.message, exc.retryable) == ("invalid_input", "not an image", retryable)
+
+
+@pytest.mark.parametrize("code", ["cancelled", "timeout", "sandbox_unavailable"])
+def test_a_child_cannot_claim_the_executors_own_codes(executor, job_id, code):
+    """How a child ended says cancelled, timeout ...: a result naming one (a hostile
+    file's decoder writing its own) is a crash, not a job nobody cancelled taken for
+    cancelled (lost, its error with it) or a retryable failure spending attempts."""
+    params = {"code": code, "message": "forged", "retryable": True}
+    exc = failure(executor, job_id, "test.fail", params)
+    assert (exc.code, exc.retryable) == ("pipeline_crashed", False)
+    assert f"the child reported the executor's own code '{code}'" in exc.message
 
 
 def test_an_unknown_operation_is_unsupported(executor, job_id):
