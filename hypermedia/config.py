@@ -20,7 +20,7 @@ import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
     BaseModel,
@@ -72,7 +72,7 @@ class QueueSettings(BaseModel):
     spares the record a claim and a commit a job where jobs are short, see
     :mod:`hypermedia.worker.worker`)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
 
     concurrency: int = Field(default=1, ge=1, le=64)
     workers: int = Field(default=1, ge=0, le=16)
@@ -100,6 +100,9 @@ class Settings(BaseSettings):
         env_nested_delimiter="__",
         extra="forbid",
         frozen=True,
+        # A refused value may be a secret: the error's text (a traceback at debug level
+        # shows it) leaves inputs out; _describe shows the ones that may be shown.
+        hide_input_in_errors=True,
     )
 
     data_dir: Path = Field(default_factory=_default_data_dir)
@@ -383,6 +386,38 @@ def load_settings(**overrides: Any) -> Settings:
         raise ConfigError("HYPERMEDIA_CONFIG", f"{config_file} is not valid TOML: {exc}") from exc
 
 
+_SECRET_NAME = re.compile(r"(^|_)(secret|key|token|password)$")
+
+
+def _holds_secret_str(annotation: object) -> bool:
+    return annotation is SecretStr or any(_holds_secret_str(a) for a in get_args(annotation))
+
+
+def is_secret_setting(name: str) -> bool:
+    """A setting whose value is never shown: a ``SecretStr``, or named like a secret
+    (``*_secret``, ``*_key``, ``*_token``, ``*_password``)."""
+    field = Settings.model_fields.get(name)
+    if field is not None and _holds_secret_str(field.annotation):
+        return True
+    return bool(_SECRET_NAME.search(name))
+
+
+def shown_value(name: str, value: object) -> str | None:
+    """How a refused value of setting ``name`` may appear in an error, or None if it
+    may not: never a secret's; a URL without its password (``scheme://user:***@host``);
+    nothing that looks like it holds a password we cannot mask."""
+    if is_secret_setting(name):
+        return None
+    if isinstance(value, str) and "@" in value:
+        from hypermedia.embedded import shown_url
+
+        shown = shown_url(value)
+        if shown == value and ":" in value.rpartition("@")[0]:
+            return None  # user:password@host without a scheme: nothing to mask by
+        return repr(shown)
+    return repr(value)
+
+
 def _describe(exc: ValidationError) -> tuple[str, str]:
     first = exc.errors()[0]
     path = ".".join(str(part) for part in first["loc"])
@@ -393,5 +428,9 @@ def _describe(exc: ValidationError) -> tuple[str, str]:
     if first["type"] == "extra_forbidden":
         problem = "unknown setting"
     elif "input" in first and not isinstance(first["input"], dict):
-        problem = f"{problem}; got {first['input']!r}"
+        shown = shown_value(top, first["input"])
+        if shown is None:
+            problem = f"{problem} (the value given is not shown: it may be a secret)"
+        else:
+            problem = f"{problem}; got {shown}"
     return key, problem

@@ -211,13 +211,14 @@ def _read_int(path: Path) -> int | None:
 
 
 def shown_url(url: str) -> str:
-    """``url`` as it may be shown (console, logs): without its password."""
+    """``url`` as it may be shown (console, logs, error messages): without its password.
+    Works on a URL too malformed to connect with (a bad port), which an error shows."""
     parts = urlsplit(url)
-    if parts.password is None:
+    userinfo, at, hostport = parts.netloc.rpartition("@")
+    if not at or ":" not in userinfo:
         return url
-    host = parts.hostname or ""
-    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
+    user = userinfo.partition(":")[0]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{hostport}"))
 
 
 def private_directory(path: Path) -> Path:

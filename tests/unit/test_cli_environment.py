@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from hypermedia.cli import _known_variables, check_environment
 from hypermedia.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(
@@ -54,3 +57,29 @@ def test_the_command_refuses_before_doing_anything():
     assert result.returncode == 1
     assert "HYPERMEDIA_DATABSE_URL: unknown setting" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_refused_secret_is_printed_nowhere(tmp_path):
+    """Neither the error line nor the debug log's traceback carries a refused secret."""
+    for variable, value, secret in [
+        ("HYPERMEDIA_STORAGE_SECRET", "hunter2-topsecret", "hunter2"),
+        ("HYPERMEDIA_DATABASE_URL", "mysql://bob:S3cretPass@db.example/x", "S3cretPass"),
+    ]:
+        result = subprocess.run(
+            [sys.executable, "-m", "hypermedia.cli", "--log-level", "debug", "db", "upgrade"],
+            env={
+                "PATH": "/usr/bin:/bin",
+                "PYTHONPATH": str(REPO),  # this checkout's code, whatever is installed
+                "HYPERMEDIA_DATA_DIR": str(tmp_path),
+                variable: value,
+            },
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert result.returncode == 1
+        assert f"error: config_invalid: {variable.removeprefix('HYPERMEDIA_').lower()}" in (
+            result.stderr
+        )
+        assert secret not in result.stdout + result.stderr

@@ -343,3 +343,47 @@ def test_settings_are_frozen(tmp_path):
     with pytest.raises(Exception, match="frozen"):
         settings.api_port = 1  # type: ignore[misc]
     assert isinstance(settings, Settings)
+
+
+SECRET_VALUES = [
+    # (variable, value, what may be shown of it, the secret part)
+    ("HYPERMEDIA_STORAGE_SECRET", "hunter2-topsecret", None, "hunter2-topsecret"),
+    ("HYPERMEDIA_CALLBACK_SECRET", "hunter2", None, "hunter2"),
+    (
+        "HYPERMEDIA_DATABASE_URL",
+        "mysql://bob:S3cretPass@db.example/x",
+        "'mysql://bob:***@db.example/x'",
+        "S3cretPass",
+    ),
+    (
+        "HYPERMEDIA_REDIS_URL",
+        "http://:R3disPass@127.0.0.1:6379/0",
+        "'http://:***@127.0.0.1:6379/0'",
+        "R3disPass",
+    ),
+    # No scheme, a port that is no number: nothing to mask by, so nothing shown.
+    ("HYPERMEDIA_REDIS_URL", "bob:R3disPass@cache", None, "R3disPass"),
+    ("HYPERMEDIA_REDIS_URL", "redis-x://u:R3disPass@cache:port/0", "u:***@cache", "R3disPass"),
+]
+
+
+@pytest.mark.parametrize(("variable", "value", "shown", "secret"), SECRET_VALUES)
+def test_a_refused_secret_is_never_shown(monkeypatch, variable, value, shown, secret):
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    error = info.value
+    assert error.key.endswith(f"({variable})")
+    assert secret not in error.message
+    if shown is None:
+        assert "the value given is not shown" in error.message
+    else:
+        assert shown in error.message
+    # Nor in the ValidationError the error is raised from (a debug log's traceback).
+    assert secret not in str(error.__cause__)
+
+
+def test_a_refused_plain_value_is_still_shown(monkeypatch):
+    monkeypatch.setenv("HYPERMEDIA_API_PORT", "high")
+    with pytest.raises(ConfigError, match="got 'high'"):
+        load_settings()
