@@ -111,6 +111,15 @@ class LocalStack:
     _stopped: list[str] = field(default_factory=list)
     _lock: IO[str] | None = None
     _watchdog: Watchdog | None = None
+    # The temp dir of the Ray head being started: one interrupted while `ray start` ran
+    # has no ``node`` yet, and stop() must find its processes all the same.
+    _head_temp_dir: Path | None = None
+
+    @property
+    def holds_data_dir(self) -> bool:
+        """True from the moment this stack took the data dir's lock until it stopped. A
+        stack refused the lock (another runs there) owns nothing of the data dir's."""
+        return self._lock is not None
 
     def start(
         self,
@@ -152,8 +161,8 @@ class LocalStack:
             was_running = find_running(redis_dir) is not None
             if not was_running:
                 self._watchdog.watch_redis(redis_dir)
+            self.started_redis = not was_running  # before: a Ctrl-C may come while it starts
             url = ensure_running(redis_dir)
-            self.started_redis = not was_running
             say(f"redis {'reused' if was_running else 'started'} at {shown_url(url)}")
         else:
             url = settings.redis_url
@@ -184,7 +193,8 @@ class LocalStack:
             say(f"ray cluster at {address}")
         else:
             node_ip = str(settings.ray_node_ip) if settings.ray_node_ip is not None else None
-            self._watchdog.watch_ray_node(cluster.short_temp_dir(directory, "head"))
+            self._head_temp_dir = cluster.short_temp_dir(directory, "head")
+            self._watchdog.watch_ray_node(self._head_temp_dir)
             with_dashboard = settings.ray_dashboard if dashboard is None else dashboard
             self.node = cluster.start_head(
                 directory,
@@ -257,7 +267,9 @@ class LocalStack:
         progress: Any = None,
     ) -> None:
         """Stop everything that was started, in reverse order, saying so through
-        ``progress``. Safe to call twice."""
+        ``progress``. Safe to call twice, and after a start that failed or was
+        interrupted: only what this stack started is stopped (``stop_redis`` too applies
+        only to a stack that held the data dir, never to one refused it)."""
         say = progress or (lambda message: log.info("%s", message))
         started = time.monotonic()
         if self.maintenance is not None:
@@ -290,10 +302,18 @@ class LocalStack:
             count = self.node.stop()
             say(f"stopped the Ray head ({count} processes)")
             self.node = None
+        elif self._head_temp_dir is not None:
+            from hypermedia.worker.cluster import RayNode
+
+            starting = RayNode(self._head_temp_dir, Path("-"))
+            if starting.is_running():  # interrupted in `ray start`
+                say(f"stopped a Ray head that was starting ({starting.stop()} processes)")
+        self._head_temp_dir = None
         if self.stack is not None:
             self.stack.close()
             self.stack = None
-        if stop_redis if stop_redis is not None else self.started_redis:
+        wanted = stop_redis if stop_redis is not None else self.started_redis
+        if wanted and self.holds_data_dir:
             running = find_running(self.settings.data_dir / "redis")
             if running is not None:
                 running.stop()
@@ -350,13 +370,20 @@ def hold_data_dir(data_dir: Path) -> IO[str]:
 
 def data_dir_in_use(data_dir: Path) -> bool:
     """True if a live local stack holds ``data_dir``'s lock."""
+    return data_dir_holder(data_dir) is not None
+
+
+def data_dir_holder(data_dir: Path) -> int | None:
+    """The pid of the live local stack that holds ``data_dir``'s lock (0 if it has not
+    written it yet), or None if none does."""
     try:
         handle = open(data_dir / LOCK_FILE)  # noqa: SIM115 (closed below)
     except FileNotFoundError:
-        return False
+        return None
     with handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
-            return True
-        return False
+            text = handle.read().strip()
+            return int(text) if text.isdigit() else 0
+        return None

@@ -161,7 +161,8 @@ def main() -> None:
         app()
     except HypermediaError as exc:
         log.debug("command failed", exc_info=True)
-        fail(f"{exc.code}: {exc.message}")
+        # A HypermediaError raised as such has no code of its own: "error: <message>".
+        fail(exc.message if exc.code == HypermediaError.code else f"{exc.code}: {exc.message}")
     except TimeoutError as exc:
         fail(f"timeout: {exc}")
     except KeyboardInterrupt:

@@ -4,6 +4,7 @@ The data dir holds the head's pid, its API URL and its log."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import time
@@ -16,6 +17,8 @@ from hypermedia.cli.common import read_settings
 from hypermedia.errors import HypermediaError
 
 if TYPE_CHECKING:
+    import subprocess
+
     from hypermedia.config import Settings
 
 # The name head.log's lines have always carried (the module was hypermedia.cli).
@@ -34,18 +37,29 @@ def head() -> None:
     settings = read_settings()
     local = LocalStack(settings, extend_app=operator_page(None))
     stop = threading.Event()
+    # `up` ends a head that does not come up in time with SIGTERM: while starting, it
+    # ends like a Ctrl-C, through the `finally` that stops what was started.
+    signal.signal(signal.SIGTERM, _interrupt)
+    url_file = settings.data_dir / "head.url"
     try:
         local.start(progress=lambda message: log.info("%s", message))
         # After ray.init, which installs its own SIGTERM handler that would kill us
         # before the stack is stopped.
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
         signal.signal(signal.SIGINT, lambda *_: stop.set())
-        write_private(settings.data_dir / "head.url", local.api_url)
+        write_private(url_file, local.api_url)
         log.info("local stack up; API at %s", local.api_url)
         stop.wait()
     finally:
+        # A head refused the data dir (another stack runs there) owns none of its files
+        # nor its Redis: stop() leaves that stack's alone.
+        if local.holds_data_dir:
+            url_file.unlink(missing_ok=True)
         local.stop(stop_redis=True, progress=lambda message: log.info("%s", message))
-        (settings.data_dir / "head.url").unlink(missing_ok=True)
+
+
+def _interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def up(
@@ -63,20 +77,35 @@ def up(
     import os
     import subprocess
 
+    import psutil
+
+    from hypermedia.embedded import private_directory, write_private
+    from hypermedia.errors import ServiceUnavailable
+    from hypermedia.local import data_dir_holder
+
     settings = read_settings()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    pidfile = settings.data_dir / "head.pid"
+    pidfile = settings.data_dir / PIDFILE
     url_file = settings.data_dir / "head.url"
-    if _alive(pidfile):
-        typer.echo(f"already up: {url_file.read_text() if url_file.exists() else '?'}")
-        return
-    url_file.unlink(missing_ok=True)
-    from hypermedia.embedded import private_directory, write_private
-
-    private_directory(settings.data_dir)
     log_path = settings.data_dir / "head.log"
+    running = running_head(settings.data_dir)
+    if running is not None:
+        if url_file.exists():
+            typer.echo(f"already up: {url_file.read_text()}")
+        else:
+            typer.echo(f"already starting (pid {running}; log: {log_path})")
+        return
+    holder = data_dir_holder(settings.data_dir)
+    if holder is not None:
+        raise ServiceUnavailable(
+            f"another local stack (pid {holder or '?'}) runs on {settings.data_dir}: end that "
+            "`hypermedia run`, or use another HYPERMEDIA_DATA_DIR"
+        )
+    url_file.unlink(missing_ok=True)
+    private_directory(settings.data_dir)
     log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     with os.fdopen(log_fd, "ab") as log_file:
+        began_at = log_file.tell()
         proc = subprocess.Popen(
             [sys.executable, "-m", "hypermedia.cli", "--log-level", "info", "head"],
             stdout=log_file,
@@ -85,14 +114,63 @@ def up(
             start_new_session=True,
             env=os.environ.copy(),
         )
-    write_private(pidfile, str(proc.pid))
+    try:
+        created = psutil.Process(proc.pid).create_time()
+    except psutil.Error:
+        created = None  # already gone: the loop below says so
+    write_private(pidfile, f"{proc.pid} {created or ''}".strip())
     deadline = time.monotonic() + wait
     while not url_file.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
+        exited = proc.poll()
+        if exited is not None or time.monotonic() > deadline:
+            if exited is None:
+                _end_process_group(proc)
+                reason = f"within {wait:g} s (--wait) and was stopped"
+            else:
+                said = _error_line(log_path, began_at)
+                reason = f"(its head exited with status {exited}{f': {said}' if said else ''})"
             pidfile.unlink(missing_ok=True)
-            raise HypermediaError(f"the local stack did not come up; see {log_path}")
+            if data_dir_holder(settings.data_dir) is None:
+                _stop_leftovers(settings)  # what a head killed while starting left
+            raise HypermediaError(f"the local stack did not come up {reason}; see {log_path}")
         time.sleep(0.2)
     typer.echo(f"up: API at {url_file.read_text()} (log: {log_path})")
+
+
+PIDFILE = "head.pid"
+HEAD_STOP_SECONDS = 90.0  # the actors drain (30 s), then Ray's head stops
+
+
+def _end_process_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the head's process group (the head stops what it started), SIGKILL it if
+    still there after HEAD_STOP_SECONDS (the watchdog, in a session of its own, then
+    stops what the head started)."""
+    import os
+    import signal
+    import subprocess
+
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(HEAD_STOP_SECONDS)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    with contextlib.suppress(ProcessLookupError):  # what is left of the group
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _error_line(log_path: Path, offset: int) -> str:
+    """The head's own error line (``error: ...``) in what it wrote to its log, if any."""
+    try:
+        with log_path.open("rb") as handle:
+            handle.seek(offset)
+            text = handle.read().decode(errors="replace")
+    except OSError:
+        return ""
+    said = [line for line in text.splitlines() if line.startswith("error: ")]
+    return said[-1].removeprefix("error: ") if said else ""
 
 
 def down(
@@ -108,9 +186,9 @@ def down(
     from hypermedia.local import data_dir_in_use
 
     settings = read_settings()
-    pidfile = settings.data_dir / "head.pid"
-    if _alive(pidfile):
-        pid = int(pidfile.read_text())
+    pidfile = settings.data_dir / PIDFILE
+    pid = running_head(settings.data_dir)
+    if pid is not None:
         os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + wait
         while _pid_alive(pid) and time.monotonic() < deadline:
@@ -130,6 +208,47 @@ def down(
         typer.echo(f"down: stopped what a stack that died left running ({', '.join(stopped)})")
     else:
         typer.echo("not running")
+
+
+def running_head(data_dir: Path) -> int | None:
+    """The pid of the data dir's head (`up`'s or a `hypermedia head`), or None. A pid is
+    trusted only if its process is a head: the one `up` started (head.pid records its
+    create time, so a pid the system gave again to another process does not pass), or
+    the head that holds the data dir's lock (a head.pid lost or never written)."""
+    from hypermedia.local import data_dir_holder
+
+    recorded = _read_pidfile(data_dir / PIDFILE)
+    if recorded is not None and _is_head(*recorded):
+        return recorded[0]
+    holder = data_dir_holder(data_dir)
+    if holder and _is_head(holder, None):
+        return holder
+    return None
+
+
+def _read_pidfile(pidfile: Path) -> tuple[int, float | None] | None:
+    try:
+        fields = pidfile.read_text().split()
+        return int(fields[0]), float(fields[1]) if len(fields) > 1 else None
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _is_head(pid: int, created: float | None) -> bool:
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        if created is not None and abs(proc.create_time() - created) > 1:
+            return False
+        args = proc.cmdline()
+    except psutil.Error:
+        return False
+    # `python -m hypermedia.cli ... head` (up's) or `.../bin/hypermedia ... head`.
+    ours = "hypermedia.cli" in args or any(Path(arg).name == "hypermedia" for arg in args[:2])
+    return ours and "head" in args[1:]
 
 
 def _stop_leftovers(settings: Settings) -> list[str]:
@@ -154,11 +273,4 @@ def _pid_alive(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
-        return False
-
-
-def _alive(pidfile: Path) -> bool:
-    try:
-        return _pid_alive(int(pidfile.read_text()))
-    except (OSError, ValueError):
         return False

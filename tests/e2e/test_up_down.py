@@ -236,3 +236,74 @@ def test_up_and_down_stop_what_a_killed_stack_left(tmp_path):
     assert _leftovers(data) == []
     assert find_running(data / "redis") is None
     assert _cli(env, "down").stdout.strip() == "not running"
+
+
+@pytest.mark.timeout(600)
+def test_a_refused_head_and_a_stale_pid_leave_the_running_stack_alone(tmp_path):
+    """A second head on the data dir is refused and stops nothing of the running stack
+    (it stopped its Redis); a head.pid whose pid the system gave to another process is
+    not taken for the head (`down` killed that process, `up` said "already up"); `down`
+    stops a head that holds the data dir even without head.pid."""
+    data = tmp_path / "data"
+    data.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HYPERMEDIA_", "RAY_"))}
+    env["HYPERMEDIA_DATA_DIR"] = str(data)
+    env.update(IMAGES_ONLY)
+    stranger = subprocess.Popen(["sleep", "300"])
+    try:
+        (data / "head.pid").write_text(f"{stranger.pid}\n")
+        down = _cli(env, "down")
+        assert down.stdout.strip() == "not running", down.stdout + down.stderr
+        assert stranger.poll() is None
+        (data / "head.pid").write_text(f"{stranger.pid}\n")
+        up = _cli(env, "up")
+        assert up.returncode == 0, up.stderr + (data / "head.log").read_text()[-3000:]
+        assert up.stdout.startswith("up: API at "), up.stdout
+        api_url = (data / "head.url").read_text()
+        redis = find_running(data / "redis")
+        assert redis is not None
+
+        second = _cli(env, "head", timeout=120)
+        assert second.returncode == 1, second.stdout + second.stderr
+        assert second.stderr.startswith("error: service_unavailable: another local stack ")
+        assert "Traceback" not in second.stderr
+        running = find_running(data / "redis")
+        assert running is not None and running.pid == redis.pid
+        assert (data / "head.url").read_text() == api_url
+        assert httpx.get(f"{api_url}/healthz", timeout=30).status_code == 200
+        again = _cli(env, "up")
+        assert again.stdout.strip() == f"already up: {api_url}", again.stdout + again.stderr
+
+        (data / "head.pid").unlink()
+        down = _cli(env, "down")
+        assert down.stdout.strip() == "down", down.stdout + down.stderr
+        assert _wait_gone([int(line.split()[0]) for line in _leftovers(data)], timeout=30) == []
+        assert find_running(data / "redis") is None
+        assert stranger.poll() is None
+    finally:
+        stranger.kill()
+        stranger.wait()
+        _cli(env, "down")
+
+
+@pytest.mark.timeout(600)
+def test_up_that_does_not_come_up_in_time_stops_its_head(tmp_path):
+    """`up --wait` that runs out stops the head it started and everything that head had
+    started (it deleted head.pid and left the head starting: ~50 processes came up
+    later, and `down` said "not running")."""
+    data = tmp_path / "data"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HYPERMEDIA_", "RAY_"))}
+    env["HYPERMEDIA_DATA_DIR"] = str(data)
+    env.update(IMAGES_ONLY)
+    try:
+        up = _cli(env, "up", "--wait", "3")
+        assert up.returncode == 1, up.stdout + up.stderr
+        assert up.stderr.startswith("error: the local stack did not come up within 3 s"), up.stderr
+        assert _leftovers(data) == []
+        assert find_running(data / "redis") is None
+        assert not (data / "head.pid").exists()
+        time.sleep(5)  # nothing comes up later either
+        assert _leftovers(data) == []
+    finally:
+        down = _cli(env, "down")
+    assert down.stdout.strip() == "not running", down.stdout + down.stderr
