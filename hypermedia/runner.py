@@ -3,7 +3,8 @@
 ``hypermedia run PATH...`` starts the local stack (:mod:`hypermedia.local`),
 uploads every file and submits its operations through the ingest client (HTTP,
 as any web tier would), shows a progress bar per queue, writes the outputs under
-``./hypermedia-out/<file>/``, prints a summary (done / failed with reasons) and
+``./hypermedia-out/<name>/`` (:func:`named_files`: ``a/photo.jpg`` for
+``in/a/photo.jpg`` of ``run in/``), prints a summary (done / failed with reasons) and
 stops everything it started. Directories are walked; hidden files are skipped.
 
 When no ``--op`` is given, operations are chosen from the file's guessed type
@@ -14,9 +15,10 @@ the real type by content before any decoder sees the file).
 from __future__ import annotations
 
 import mimetypes
+import os
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,7 +28,7 @@ from hypermedia import accounts
 from hypermedia.accounts import Caller
 from hypermedia.db import tables as t
 from hypermedia.db.engine import snapshot, transaction
-from hypermedia.errors import HypermediaError, UnknownOperation
+from hypermedia.errors import ConfigError, HypermediaError, UnknownOperation
 from hypermedia.stack import Stack
 
 LOCAL_OPERATOR = "local-operator"
@@ -71,6 +73,38 @@ def walk(paths: Iterable[Path]) -> Iterator[Path]:
             yield path
         else:
             raise FileNotFoundError(f"no such file or directory: {path}")
+
+
+def named_files(paths: Iterable[Path]) -> dict[Path, Path]:
+    """Every file under ``paths`` (as :func:`walk` finds them) with the name its outputs
+    are written under: its path relative to the directory argument it was found in
+    (``a/photo.jpg`` for ``in/a/photo.jpg`` of ``in``), or its own name for a file
+    argument. Where that names two files alike (``in/a/photo.jpg in/b/photo.jpg``),
+    every file is named by its path relative to the directory all have in common: the
+    outputs of one never overwrite another's."""
+    named: dict[Path, Path] = {}
+    for path in paths:
+        for found in walk([path]):
+            named[found] = found.relative_to(path) if path.is_dir() else Path(found.name)
+    if len(set(named.values())) < len(named):
+        absolute = {found: found.absolute() for found in named}
+        common = Path(os.path.commonpath([a.parent for a in absolute.values()]))
+        named = {found: absolute[found].relative_to(common) for found in named}
+    return named
+
+
+def check_out_dir(out: Path) -> None:
+    """``run --out``: a directory (made if missing) this process can write in, checked
+    before anything starts: a file there was found only after all the work."""
+    key = "--out (HYPERMEDIA_RUN_OUT)"
+    if out.exists() and not out.is_dir():
+        raise ConfigError(key, f"{out} is not a directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(key, f"cannot make the directory {out}: {exc.strerror or exc}") from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise ConfigError(key, f"cannot write in {out}")
 
 
 def check_operations(operations: Iterable[str], implemented: Iterable[str]) -> None:
@@ -194,8 +228,14 @@ def wait_until_finished(
         time.sleep(poll_seconds)
 
 
-def write_outputs(stack: Stack, report: RunReport, out_dir: Path) -> None:
-    """Copy every completed job's outputs to ``out_dir/<file name>/<output type>``."""
+def write_outputs(
+    stack: Stack, report: RunReport, out_dir: Path, names: Mapping[Path, Path] | None = None
+) -> list[str]:
+    """Copy every completed job's outputs to ``out_dir/<name>/<output type>`` (``names``:
+    each file's, from :func:`named_files`; else the file's name). Answers the outputs
+    that could not be written (``path: reason``): the others are written all the same."""
+    names = names or {}
+    failures: list[str] = []
     by_job = {s.job_id: s for s in report.submitted}
     with snapshot(stack.engine) as conn:
         rows = conn.execute(
@@ -205,10 +245,14 @@ def write_outputs(stack: Stack, report: RunReport, out_dir: Path) -> None:
         ).all()
     for row in rows:
         submitted = by_job[row.job_id]
-        target_dir = out_dir / submitted.path.name
-        target_dir.mkdir(parents=True, exist_ok=True)
-        target = target_dir / row.output_type
-        with target.open("wb") as handle:
-            for chunk in stack.storage.read(row.storage_key):
-                handle.write(chunk)
+        target = out_dir / names.get(submitted.path, Path(submitted.path.name)) / row.output_type
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with target.open("wb") as handle:
+                for chunk in stack.storage.read(row.storage_key):
+                    handle.write(chunk)
+        except OSError as exc:
+            failures.append(f"{target}: {exc.strerror or exc}")
+            continue
         report.outputs.setdefault(row.job_id, []).append(target)
+    return failures

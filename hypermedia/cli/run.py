@@ -50,23 +50,27 @@ def run(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
     import pipelines.registry
+    from hypermedia.errors import HypermediaError
     from hypermedia.local import LocalStack, implemented_queues
     from hypermedia.runner import (
         check_operations,
+        check_out_dir,
         local_operator,
+        named_files,
         operations_for,
         submit_files,
         wait_until_finished,
-        walk,
         write_outputs,
     )
 
     console = Console(stderr=True)
     settings = read_settings()
-    files = list(walk(paths))
+    names = named_files(paths)
+    files = list(names)
     implemented = pipelines.registry.operations()
     if operations:
         check_operations(operations, implemented)
+    check_out_dir(out)
     console.print(f"[bold]hypermedia run[/]: {len(files)} files")
     # Actors for the queues these files need only (each one is a fork server with
     # every pipeline loaded): thumbnails alone start one, not one per queue.
@@ -121,11 +125,14 @@ def run(
 
             finished = wait_until_finished(local.stack, report, show, timeout)
             took = time.monotonic() - began
-        write_outputs(local.stack, report, out)
-        _run_summary(console, report, out, finished, took)
+        unwritten = write_outputs(local.stack, report, out, names)
+        _run_summary(console, report, names, out, finished, took)
     finally:
         console.print("[dim]stopping what was started[/]")
         local.stop(progress=_progress_say(console))
+    if unwritten:
+        more = f" and {len(unwritten) - 1} more" if len(unwritten) > 1 else ""
+        raise HypermediaError(f"outputs not written under {out}: {unwritten[0]}{more}")
     counts = report.counts()
     if not finished or counts.get("failed") or report.skipped:
         raise SystemExit(1)
@@ -142,7 +149,14 @@ def _stop_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, interrupt)
 
 
-def _run_summary(console: Any, report: Any, out: Path, finished: bool, took: float) -> None:
+def _run_summary(
+    console: Any,
+    report: Any,
+    names: dict[Path, Path],
+    out: Path,
+    finished: bool,
+    took: float,
+) -> None:
     from rich.markup import escape
     from rich.table import Table
 
@@ -158,9 +172,11 @@ def _run_summary(console: Any, report: Any, out: Path, finished: bool, took: flo
         else:
             detail = report.errors.get(item.job_id, "")
             shown = f"[red]{status}[/]" if status == "failed" else status
-        table.add_row(escape(item.path.name), item.operation, shown, escape(detail))
+        name = str(names.get(item.path, item.path.name))
+        table.add_row(escape(name), item.operation, shown, escape(detail))
     for path, reason in report.skipped:
-        table.add_row(escape(path.name), "-", "[yellow]skipped[/]", escape(reason))
+        name = str(names.get(path, path.name))
+        table.add_row(escape(name), "-", "[yellow]skipped[/]", escape(reason))
     console.print(table)
     counts = report.counts()
     summary = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))

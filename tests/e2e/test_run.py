@@ -152,3 +152,56 @@ def test_run_stopped_with_sigterm_stops_what_it_started_and_says_so(tmp_path):
     assert re.search(r"stopped in \d+\.\d s", text), text[-2000:]
     assert _stack_processes(data) == []
     assert find_running(data / "redis") is None
+
+
+def test_run_keeps_apart_the_outputs_of_files_of_one_name(tmp_path):
+    """in/a/photo.webp and in/b/photo.webp: each its own outputs, under its path in the
+    folder given (both were written to one hypermedia-out/photo.webp/)."""
+    data = tmp_path / "data"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HYPERMEDIA_", "RAY_"))}
+    env["HYPERMEDIA_DATA_DIR"] = str(data)
+    env["COLUMNS"] = "200"
+    folder = tmp_path / "in"
+    for name, sample in (("a", "banner.webp"), ("b", "logo-alpha.png")):
+        (folder / name).mkdir(parents=True)
+        (folder / name / "photo.webp").write_bytes((EXAMPLES / sample).read_bytes())
+    result = _run([str(folder), "--op", "thumbnail"], tmp_path, env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "a/photo.webp" in result.stderr and "b/photo.webp" in result.stderr
+    (first,) = (tmp_path / "hypermedia-out" / "a" / "photo.webp").iterdir()
+    (second,) = (tmp_path / "hypermedia-out" / "b" / "photo.webp").iterdir()
+    assert first.read_bytes() != second.read_bytes()
+    assert not (tmp_path / "hypermedia-out" / "photo.webp").exists()
+
+
+def test_run_refuses_an_out_that_is_a_file_before_starting(tmp_path):
+    data = tmp_path / "data"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HYPERMEDIA_", "RAY_"))}
+    env["HYPERMEDIA_DATA_DIR"] = str(data)
+    env["COLUMNS"] = "1000"
+    (tmp_path / "out.txt").write_text("a file")
+    result = _run([str(EXAMPLES / "banner.webp"), "--out", "out.txt"], tmp_path, env)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        "error: config_invalid: --out (HYPERMEDIA_RUN_OUT): out.txt is not a directory"
+    ]
+    assert not data.exists()  # nothing started
+
+
+def test_run_that_cannot_write_an_output_still_shows_the_summary(tmp_path):
+    data = tmp_path / "data"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HYPERMEDIA_", "RAY_"))}
+    env["HYPERMEDIA_DATA_DIR"] = str(data)
+    env["COLUMNS"] = "1000"
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "banner.webp").write_text("a file where the outputs' folder goes")
+    result = _run(
+        [str(EXAMPLES / "banner.webp"), "--op", "thumbnail", "--out", "out"], tmp_path, env
+    )
+    assert result.returncode == 1, result.stderr[-3000:]
+    text = " ".join(result.stderr.split())
+    assert "1 jobs: 1 completed" in text
+    assert "error: outputs not written under out: out/banner.webp/thumbnail" in text
+    assert "internal" not in text and "Traceback" not in text
+    assert "stopped redis" in text
+    assert find_running(data / "redis") is None
