@@ -4,13 +4,14 @@ container): the API (``serve``) and a worker node of an existing cluster (``work
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from hypermedia.cli.common import read_settings
+from hypermedia.cli.common import note, read_settings
 from hypermedia.errors import ConfigError, HypermediaError
 
 if TYPE_CHECKING:
@@ -85,7 +86,18 @@ def worker(
         list[str],
         typer.Option("--queue", "-q", envvar="HYPERMEDIA_WORKER_QUEUES", help="name[=actors]"),
     ],
-    num_cpus: Annotated[int, typer.Option("--num-cpus", envvar="HYPERMEDIA_WORKER_CPUS")] = 2,
+    num_cpus: Annotated[
+        int, typer.Option("--num-cpus", envvar="HYPERMEDIA_WORKER_CPUS", min=1)
+    ] = 2,
+    wait: Annotated[
+        float,
+        typer.Option(
+            "--wait",
+            envvar="HYPERMEDIA_WORKER_WAIT",
+            min=1,
+            help="Seconds to wait for the head to answer before giving up.",
+        ),
+    ] = 60.0,
 ) -> None:
     """Join this machine to an existing cluster as a worker node for some queues.
 
@@ -97,12 +109,14 @@ def worker(
 
     from hypermedia.worker import cluster
 
-    counts: dict[str, int] = {}
-    for spec in queues:
-        name, _, n = spec.partition("=")
-        counts[name] = int(n or 1)
+    counts = parse_worker_queues(queues)
+    check_head_address(address)
+    check_token_file(token_file)
     settings = read_settings()
     check_worker_cpus(settings, counts, num_cpus)
+    note(f"waiting for the head at {address} (up to {wait:g} s)")
+    cluster.wait_for_head(address, wait)
+    note(f"joining the cluster at {address} (`ray start`)")
     node = cluster.start_worker_node(
         settings.data_dir / "ray",
         address,
@@ -121,6 +135,59 @@ def worker(
                 raise HypermediaError("the Ray node stopped")
     finally:
         node.stop()
+
+
+_QUEUES_KEY = "--queue (HYPERMEDIA_WORKER_QUEUES)"
+_HEAD_ADDRESS = re.compile(r"^([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\]):([0-9]{1,5})$")
+
+
+def parse_worker_queues(specs: list[str]) -> dict[str, int]:
+    """``--queue name[=actors]`` (repeatable; the environment twin takes them separated
+    by spaces): actors per queue, each at least 1."""
+    counts: dict[str, int] = {}
+    for spec in (part for given in specs for part in given.split()):
+        name, equals, count = spec.partition("=")
+        if not name:
+            raise ConfigError(_QUEUES_KEY, f"{spec!r}: expected name or name=actors")
+        if not equals:
+            counts[name] = 1
+            continue
+        if not count.isdigit() or int(count) < 1:
+            raise ConfigError(
+                _QUEUES_KEY, f"{spec!r}: the actors of a queue are a whole number, at least 1"
+            )
+        counts[name] = int(count)
+    if not counts:
+        raise ConfigError(_QUEUES_KEY, "expected at least one queue")
+    return counts
+
+
+def check_head_address(address: str) -> None:
+    """``--address``: the head's GCS as host:port."""
+    found = _HEAD_ADDRESS.fullmatch(address)
+    if found is None or not 1 <= int(found.group(2)) <= 65535:
+        raise ConfigError(
+            "--address (HYPERMEDIA_RAY_ADDRESS)",
+            f"{address!r}: expected the head's host:port (e.g. 10.0.0.5:6380)",
+        )
+
+
+def check_token_file(path: Path) -> None:
+    """``--token-file``: the cluster's token, a file this process reads and that is not
+    empty (Ray answers a missing one with a traceback)."""
+    key = "--token-file (HYPERMEDIA_RAY_TOKEN_FILE)"
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(key, f"no file at {path}: copy the head's token here") from None
+    except IsADirectoryError:
+        raise ConfigError(key, f"{path} is a directory, not the token file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(
+            key, f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}"
+        ) from None
+    if not text.strip():
+        raise ConfigError(key, f"{path} is empty")
 
 
 def check_worker_cpus(settings: Settings, counts: dict[str, int], num_cpus: int) -> None:

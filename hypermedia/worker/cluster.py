@@ -386,8 +386,34 @@ def start_worker_node(
         "--disable-usage-stats",
         *port_arguments(head=False),
     ]
-    _run_start(args, token_path, temp_dir)
+    try:
+        _run_start(args, token_path, temp_dir)
+    except subprocess.TimeoutExpired as exc:
+        RayNode(temp_dir, token_path).stop()  # what the `ray start` cut short began
+        raise ServiceUnavailable(
+            f"cannot reach the head at {address}: `ray start` did not join it within "
+            f"{exc.timeout:g} s"
+        ) from None
     return RayNode(temp_dir=temp_dir, token_path=token_path, address=address)
+
+
+def wait_for_head(address: str, timeout: float) -> None:
+    """Until the head's GCS at ``address`` (host:port) takes a TCP connection; a
+    head that does not within ``timeout`` seconds is one this node cannot reach
+    (`ray start` would try for minutes, silently)."""
+    host, _, port = address.rpartition(":")
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=5):
+                return
+        except OSError as exc:
+            if time.monotonic() >= deadline:
+                reason = exc.strerror or type(exc).__name__
+                raise ServiceUnavailable(
+                    f"cannot reach the head at {address}: {reason} (waited {timeout:g} s)"
+                ) from None
+        time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
 
 
 # What a node of ours goes without (2.3 CPU-s of the ~12 a head costs to start, here):
