@@ -386,6 +386,41 @@ def load_settings(**overrides: Any) -> Settings:
         raise ConfigError("HYPERMEDIA_CONFIG", f"{config_file} is not valid TOML: {exc}") from exc
 
 
+def declared_queue_names(environ: Mapping[str, str]) -> set[str]:
+    """Every queue something names, for telling a misspelt ``HYPERMEDIA_QUEUES__<NAME>__…``
+    from a queue of one's own: the default five, the queues the profiles file routes
+    operations to, and those ``HYPERMEDIA_QUEUES`` (JSON) or the config file's
+    ``[queues.<name>]`` define. A file or value that cannot be read adds nothing here
+    (loading the settings says what is wrong with it)."""
+    import contextlib
+    import json
+
+    names = set(DEFAULT_QUEUES)
+    file: dict[str, Any] = {}
+    config_file = environ.get("HYPERMEDIA_CONFIG")
+    if config_file:
+        try:
+            file = tomllib.loads(Path(config_file).read_text())
+        except (OSError, ValueError):
+            file = {}
+    with_json: Any = {}
+    with contextlib.suppress(ValueError):
+        with_json = json.loads(environ.get("HYPERMEDIA_QUEUES") or "{}")
+    for defined in (file.get("queues"), with_json):
+        if isinstance(defined, dict):
+            names.update(str(name) for name in defined)
+    profiles = environ.get("HYPERMEDIA_PROFILES_PATH") or file.get("profiles_path")
+    try:
+        data = tomllib.loads(Path(str(profiles or REPO_ETC / "profiles.toml")).read_text())
+    except (OSError, ValueError):
+        data = {}
+    profiles_table = data.get("profiles")
+    for body in profiles_table.values() if isinstance(profiles_table, dict) else ():
+        if isinstance(body, dict) and isinstance(body.get("queue"), str):
+            names.add(body["queue"])
+    return names
+
+
 _SECRET_NAME = re.compile(r"(^|_)(secret|key|token|password)$")
 
 

@@ -148,11 +148,44 @@ def check_environment(environ: dict[str, str] | None = None) -> None:
     for name in sorted(environ):
         if not name.startswith("HYPERMEDIA_") or name.startswith("HYPERMEDIA_TEST_"):
             continue
-        if name in known or name.startswith("HYPERMEDIA_QUEUES__"):
+        if name.startswith(QUEUE_VARIABLE):
+            _check_queue_variable(name, environ)
+            continue
+        if name in known:
             continue
         close = difflib.get_close_matches(name, sorted(known), n=1)
         hint = f"; did you mean {close[0]}?" if close else ""
         raise ConfigError(name, f"unknown setting{hint}")
+
+
+QUEUE_VARIABLE = "HYPERMEDIA_QUEUES__"
+
+
+def _check_queue_variable(name: str, environ: dict[str, str]) -> None:
+    """``HYPERMEDIA_QUEUES__<NAME>[__<FIELD>]``: a queue something names (a misspelt one
+    silently added a queue) and a field queues have."""
+    import difflib
+
+    from hypermedia.config import QueueSettings, declared_queue_names
+
+    queue, _, field = name.removeprefix(QUEUE_VARIABLE).partition("__")
+    queues = sorted(declared_queue_names(environ))
+    if queue.lower() not in queues:
+        close = difflib.get_close_matches(queue.lower(), queues, n=1)
+        rest = f"__{field}" if field else ""
+        hint = f"; did you mean {QUEUE_VARIABLE}{close[0].upper()}{rest}?" if close else ""
+        raise ConfigError(
+            name,
+            f"no queue {queue.lower()!r} (the queues: {', '.join(queues)}; a new one is "
+            f"defined in HYPERMEDIA_QUEUES or the config file's [queues.<name>]){hint}",
+        )
+    fields = sorted(QueueSettings.model_fields)
+    if field and field.lower() not in fields:
+        close = difflib.get_close_matches(field.lower(), fields, n=1)
+        hint = f"; did you mean {QUEUE_VARIABLE}{queue}__{close[0].upper()}?" if close else ""
+        raise ConfigError(
+            name, f"unknown setting of queue {queue.lower()!r} ({', '.join(fields)}){hint}"
+        )
 
 
 def main() -> None:

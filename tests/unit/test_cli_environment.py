@@ -83,3 +83,46 @@ def test_a_refused_secret_is_printed_nowhere(tmp_path):
             result.stderr
         )
         assert secret not in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    ("name", "problem"),
+    [
+        (
+            "HYPERMEDIA_QUEUES__IMAGE__CONCURRENCY",
+            "no queue 'image' (the queues: bulk, documents, images, media, ocr; a new one is "
+            "defined in HYPERMEDIA_QUEUES or the config file's [queues.<name>]); "
+            "did you mean HYPERMEDIA_QUEUES__IMAGES__CONCURRENCY?",
+        ),
+        ("HYPERMEDIA_QUEUES__ZZZZZZ__WORKERS", "no queue 'zzzzzz' (the queues: "),
+        (
+            "HYPERMEDIA_QUEUES__IMAGES__CONCURENCY",
+            "unknown setting of queue 'images' (concurrency, cpus, prefetch, workers); "
+            "did you mean HYPERMEDIA_QUEUES__IMAGES__CONCURRENCY?",
+        ),
+    ],
+)
+def test_a_misspelt_queue_variable_is_refused(name, problem):
+    """It added a queue of that name (or left the queue's setting unset) silently."""
+    with pytest.raises(ConfigError) as caught:
+        check_environment({name: "8"})
+    assert caught.value.key == name
+    assert caught.value.message.startswith(f"{name}: {problem}")
+
+
+def test_a_queue_of_ones_own_takes_queue_variables(tmp_path):
+    check_environment(
+        {"HYPERMEDIA_QUEUES": '{"thumbs": {}}', "HYPERMEDIA_QUEUES__THUMBS__WORKERS": "2"}
+    )
+    config = tmp_path / "hypermedia.toml"
+    config.write_text("[queues.scans]\nconcurrency = 2\n")
+    check_environment(
+        {"HYPERMEDIA_CONFIG": str(config), "HYPERMEDIA_QUEUES__SCANS__CONCURRENCY": "3"}
+    )
+    # A queue the profiles route an operation to.
+    profiles = tmp_path / "profiles.toml"
+    profiles.write_text('[profiles.thumbnail]\nqueue = "previews"\n')
+    check_environment(
+        {"HYPERMEDIA_PROFILES_PATH": str(profiles), "HYPERMEDIA_QUEUES__PREVIEWS__WORKERS": "1"}
+    )
+    check_environment({"HYPERMEDIA_QUEUES__OCR": '{"workers": 0}'})
