@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from hypermedia.cli.common import read_settings
+from hypermedia.cli.common import fail, read_settings
 
 
 def _progress_say(console: Any) -> Any:
@@ -77,6 +77,7 @@ def run(
     needed = sorted({op for path in files for op in operations_for(path, operations, implemented)})
     pools = implemented_queues(settings, needed) or None
     local = LocalStack(settings)
+    interrupted = False
     try:
         # A batch that ends when it is done: nobody opens a dashboard for it.
         local.start(pools=pools, progress=_progress_say(console), dashboard=False)
@@ -127,9 +128,13 @@ def run(
             took = time.monotonic() - began
         unwritten = write_outputs(local.stack, report, out, names)
         _run_summary(console, report, names, out, finished, took)
+    except KeyboardInterrupt:
+        interrupted = True  # said once the stack has stopped (typer would exit silently)
     finally:
         console.print("[dim]stopping what was started[/]")
         local.stop(progress=_progress_say(console))
+    if interrupted:
+        fail("interrupted", code=130)
     if unwritten:
         more = f" and {len(unwritten) - 1} more" if len(unwritten) > 1 else ""
         raise HypermediaError(f"outputs not written under {out}: {unwritten[0]}{more}")

@@ -140,6 +140,11 @@ class _Server:
             pass_fds=[theirs.fileno()],
             stdin=subprocess.DEVNULL,
             env=environment,
+            # Not in the terminal's process group: a Ctrl-C there is the API process's to
+            # handle (it stops in order); the server, killed by it, broke the uploads in
+            # flight and printed a KeyboardInterrupt traceback. It ends when the API
+            # process's end of its control socket closes, however that process ends.
+            start_new_session=True,
         )
         theirs.close()
         self.control = ours
@@ -190,6 +195,7 @@ def _server() -> _Server:
 def serve(control_fd: int) -> None:
     """Fork one child per channel received on ``control_fd``; report each child's exit
     code on its channel; return when the control socket closes."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # ends with its control socket only
     inspect_source(BytesSource(b"%PDF-1.4\n"))  # warm: libmagic and the readers loaded
     control = socket.socket(fileno=control_fd)
     wake_r, wake_w = os.pipe()

@@ -31,6 +31,7 @@ import anyio.from_thread
 import anyio.to_thread
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import IntegrityError
+from starlette.requests import ClientDisconnect
 
 from hypermedia.accounts import Caller, default_pool_id, is_pool_member
 from hypermedia.db.engine import snapshot, transaction
@@ -102,7 +103,14 @@ async def store_stream(
             if chunk:
                 yield chunk
 
-    return await anyio.to_thread.run_sync(storage.put, key, chunks(), max_bytes)
+    try:
+        return await anyio.to_thread.run_sync(storage.put, key, chunks(), max_bytes)
+    except ClientDisconnect:
+        # The client went away mid-upload (a Ctrl-C at `hypermedia run`): put() kept
+        # nothing, and there is no one to answer. Not the server's error: it was logged
+        # as an internal one, with a 4 KB traceback.
+        log.info("upload to %s ended: the client disconnected", key, extra={"action": "upload"})
+        raise InvalidRequest("the client disconnected during the upload") from None
 
 
 def inspect_stored(storage: Storage, key: str, size: int) -> Inspection:

@@ -467,7 +467,17 @@ def start_with_retries(
     attempt = 1
     while True:
         result = subprocess.run(
-            command, env=env, capture_output=True, text=True, timeout=timeout, check=False
+            command,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            # The node's daemons (GCS, raylet, the actors under it) out of the caller's
+            # process group: a Ctrl-C at `hypermedia run`'s terminal killed them under
+            # the run, which then could not stop its actors in order. The caller stops
+            # the node itself (RayNode.stop), its watchdog if it dies.
+            start_new_session=True,
         )
         if result.returncode == 0:
             return result

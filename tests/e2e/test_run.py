@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -205,3 +206,56 @@ def test_run_that_cannot_write_an_output_still_shows_the_summary(tmp_path):
     assert "internal" not in text and "Traceback" not in text
     assert "stopped redis" in text
     assert find_running(data / "redis") is None
+
+
+def test_run_interrupted_from_its_terminal_stops_cleanly_in_one_line(tmp_path):
+    """Ctrl-C reaches the terminal's whole process group: the run stops what it started
+    and says so in one line (the inspection server took the SIGINT too: a
+    KeyboardInterrupt traceback, and uploads in flight logged as internal errors)."""
+    data = tmp_path / "data"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HYPERMEDIA_", "RAY_"))}
+    env["HYPERMEDIA_DATA_DIR"] = str(data)
+    many = tmp_path / "many"
+    many.mkdir()
+    for i in range(60):
+        (many / f"{i}-banner.webp").write_bytes((EXAMPLES / "banner.webp").read_bytes())
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hypermedia.cli", "run", str(many), "--op", "thumbnail"],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # a process group of its own, as a terminal gives it
+    )
+    assert proc.stderr is not None
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if "submitting 60 files" in line:
+            break
+    time.sleep(1)  # uploads (and their inspections) in flight
+    # The run alone takes the terminal's signals: not the inspection server, nor Ray's
+    # GCS, raylet and actors (killed under the run, they made its stop fail).
+    assert _process_group(proc.pid) == [proc.pid]
+    os.killpg(proc.pid, signal.SIGINT)
+    _, rest = proc.communicate(timeout=180)
+    text = "".join(seen) + rest
+    assert proc.returncode == 130, text[-3000:]
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text, text[-3000:]
+    assert "internal" not in text, text[-3000:]
+    assert text.strip().splitlines()[-1] == "error: interrupted", text[-3000:]
+    assert "stopped redis" in text
+    assert _stack_processes(data) == []
+    assert find_running(data / "redis") is None
+
+
+def _process_group(pgid: int) -> list[int]:
+    members = []
+    for pid in psutil.pids():
+        try:
+            if os.getpgid(pid) == pgid:
+                members.append(pid)
+        except ProcessLookupError:
+            continue
+    return members
