@@ -77,8 +77,6 @@ def up(
     import os
     import subprocess
 
-    import psutil
-
     from hypermedia.embedded import private_directory, write_private
     from hypermedia.errors import ServiceUnavailable
     from hypermedia.local import data_dir_holder
@@ -114,11 +112,7 @@ def up(
             start_new_session=True,
             env=os.environ.copy(),
         )
-    try:
-        created = psutil.Process(proc.pid).create_time()
-    except psutil.Error:
-        created = None  # already gone: the loop below says so
-    write_private(pidfile, f"{proc.pid} {created or ''}".strip())
+    write_private(pidfile, str(proc.pid))
     deadline = time.monotonic() + wait
     while not url_file.exists():
         exited = proc.poll()
@@ -212,9 +206,10 @@ def down(
 
 def running_head(data_dir: Path) -> int | None:
     """The pid of the data dir's head (`up`'s or a `hypermedia head`), or None. A pid is
-    trusted only if its process is a head: the one `up` started (head.pid records its
-    create time, so a pid the system gave again to another process does not pass), or
-    the head that holds the data dir's lock (a head.pid lost or never written)."""
+    trusted only if its process is a head (`hypermedia ... head`): the one head.pid
+    names if that process is older than the file (a pid the system gave again to
+    another process after is not), or the one that holds the data dir's lock (a
+    head.pid lost or never written)."""
     from hypermedia.local import data_dir_holder
 
     recorded = _read_pidfile(data_dir / PIDFILE)
@@ -226,23 +221,23 @@ def running_head(data_dir: Path) -> int | None:
     return None
 
 
-def _read_pidfile(pidfile: Path) -> tuple[int, float | None] | None:
+def _read_pidfile(pidfile: Path) -> tuple[int, float] | None:
+    """The pid in ``pidfile`` and when the file was written."""
     try:
-        fields = pidfile.read_text().split()
-        return int(fields[0]), float(fields[1]) if len(fields) > 1 else None
-    except (OSError, ValueError, IndexError):
+        return int(pidfile.read_text()), pidfile.stat().st_mtime
+    except (OSError, ValueError):
         return None
 
 
-def _is_head(pid: int, created: float | None) -> bool:
+def _is_head(pid: int, started_before: float | None) -> bool:
     import psutil
 
     try:
         proc = psutil.Process(pid)
         if proc.status() == psutil.STATUS_ZOMBIE:
             return False
-        if created is not None and abs(proc.create_time() - created) > 1:
-            return False
+        if started_before is not None and proc.create_time() > started_before + 1:
+            return False  # the pid was given again, after the file was written
         args = proc.cmdline()
     except psutil.Error:
         return False
