@@ -194,9 +194,7 @@ class RayNode:
         """Every process of this node: those naming its temp dir, the Ray client
         server (which names only the GCS address), and all their children."""
         marker = str(self.temp_dir)
-        address = self.address or _read_address(self.temp_dir)
-        client_server = f"--address={address}" if address else None
-        found: dict[int, psutil.Process] = {}
+        every: list[tuple[psutil.Process, list[str]]] = []
         for proc in psutil.process_iter(["cmdline"]):
             try:
                 args = proc.info["cmdline"] or []
@@ -204,6 +202,14 @@ class RayNode:
                 continue
             if proc.pid == os.getpid():
                 continue  # a caller that names the temp dir on its own command line
+            every.append((proc, args))
+        ours = [args for _proc, args in every if marker in " ".join(args)]
+        # A `ray start` cut short (a Ctrl-C, `up --wait` running out) may have started the
+        # client server but not yet written the address file: the GCS names the address.
+        address = self.address or _read_address(self.temp_dir) or _gcs_address(ours)
+        client_server = f"--address={address}" if address else None
+        found: dict[int, psutil.Process] = {}
+        for proc, args in every:
             if marker in " ".join(args) or (client_server is not None and client_server in args):
                 found[proc.pid] = proc
                 try:
@@ -261,6 +267,18 @@ def _sits_out(proc: psutil.Process) -> bool:
     except psutil.Error:
         return False
     return any(part in line for part in _SITS_OUT_SIGTERM)
+
+
+def _gcs_address(cmdlines: list[list[str]]) -> str:
+    """The GCS address (ip:port) on a ``gcs_server`` command line among ``cmdlines``."""
+    for args in cmdlines:
+        if not args or not args[0].endswith("gcs_server"):
+            continue
+        options = dict(arg.removeprefix("--").partition("=")[::2] for arg in args[1:])
+        ip, port = options.get("node-ip-address"), options.get("gcs_server_port")
+        if ip and port:
+            return f"{ip}:{port}"
+    return ""
 
 
 def _read_address(temp_dir: Path) -> str:

@@ -136,8 +136,9 @@ def _ray_targets(path: Path, timeout: float) -> dict[str, Any]:
 
 
 def _leftovers(data: Path) -> list[str]:
-    """Processes of the data dir's stack: its Ray head's (temp dir, and the client
-    server, which names the GCS address), its Redis and its watchdog."""
+    """Processes of the data dir's stack: its Ray head's (temp dir, the client server,
+    which names the GCS address, anything with the cluster's token), its Redis and its
+    watchdog."""
     temp_dir = short_temp_dir(data / "ray", "head")
     address_file = temp_dir / "ray_current_cluster"
     address = address_file.read_text().strip() if address_file.exists() else None
@@ -151,9 +152,21 @@ def _leftovers(data: Path) -> list[str]:
             str(temp_dir) in line
             or str(data) in line
             or (address and f"--address={address}" in args)
+            or _with_token_of(proc, data)
         ):
             found.append(f"{proc.pid} {line[:120]}")
     return found
+
+
+def _with_token_of(proc: psutil.Process, data: Path) -> bool:
+    """A Ray process of the data dir's cluster that names neither its temp dir nor an
+    address on record (a client server whose `ray start` was cut short): its
+    environment has the cluster's token path."""
+    try:
+        token = proc.environ().get("RAY_AUTH_TOKEN_PATH", "")
+    except psutil.Error:
+        return False
+    return token.startswith(str(data))
 
 
 def _watchdog_pid(data: Path) -> int:

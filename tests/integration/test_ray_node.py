@@ -172,3 +172,17 @@ def test_ray_start_is_tried_again_only_when_its_raylet_was_slow_to_register(
         with pytest.raises(ServiceUnavailable, match=error):
             start()
     assert called() == calls
+
+
+def test_a_head_whose_start_was_cut_short_is_found_whole(head):
+    """A `ray start` interrupted (Ctrl-C, `up --wait` running out) after it started the
+    client server but before it wrote the address file: the client server, which names
+    only the GCS address, is found by the address on the GCS's command line (it was
+    left running)."""
+    (head.temp_dir / cluster.ADDRESS_FILE).unlink()
+    cut_short = cluster.RayNode(head.temp_dir, RAY_TOKEN)
+    procs = cut_short.processes()
+    assert any("ray.util.client.server" in _cmdline(p) for p in procs), procs
+    assert {p.pid for p in procs} == {p.pid for p in head.processes()}
+    cut_short.stop()
+    assert head.processes() == []
