@@ -144,7 +144,9 @@ class _Server:
             # handle (it stops in order); the server, killed by it, broke the uploads in
             # flight and printed a KeyboardInterrupt traceback. It ends when the API
             # process's end of its control socket closes, however that process ends.
-            start_new_session=True,
+            # (A process group, not a session: a session is a CPU group of its own under
+            # the kernel's autogroup scheduling.)
+            process_group=0,
         )
         theirs.close()
         self.control = ours

@@ -206,11 +206,10 @@ def _out_of_memory(report: ExitReport, memory_limit_mb: int | None, log_tail: st
 
 # Codes that only the executor gives, from how the child ended (the table above): a
 # result that names one is the child's (a hostile file's) word, not the executor's. A
-# forged "cancelled" left a job nobody cancelled neither failed nor cancelled; a forged
-# retryable "timeout" or "sandbox_unavailable" would spend its attempts.
-EXECUTOR_CODES = frozenset(
-    {"cancelled", "timeout", "child_killed", "cpu_limit", "sandbox_unavailable"}
-)
+# forged "cancelled" left a job nobody cancelled neither failed nor cancelled. (A step
+# may say "timeout" or "cpu_limit" itself: of a subprocess it ran, LibreOffice's or
+# FFmpeg's.)
+EXECUTOR_CODES = frozenset({"cancelled", "child_killed", "sandbox_unavailable"})
 
 
 def _parse_result(result: bytes) -> list[dict[str, Any]]:

@@ -494,8 +494,11 @@ def start_with_retries(
             # The node's daemons (GCS, raylet, the actors under it) out of the caller's
             # process group: a Ctrl-C at `hypermedia run`'s terminal killed them under
             # the run, which then could not stop its actors in order. The caller stops
-            # the node itself (RayNode.stop), its watchdog if it dies.
-            start_new_session=True,
+            # the node itself (RayNode.stop), its watchdog if it dies. A process group,
+            # not a session: with the kernel's autogroup scheduling a session is a CPU
+            # group of its own, and the niced actors in one would take a full share
+            # beside the API, the client and everything else of the caller's session.
+            process_group=0,
         )
         if result.returncode == 0:
             return result

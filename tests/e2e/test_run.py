@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import psutil
-import pytest
 import pyvips
 
 from hypermedia.embedded import find_running
@@ -50,7 +49,10 @@ def test_run_examples_end_to_end(tmp_path):
     took = re.search(said, text)
     assert took is not None, text[-2000:]
     seconds, rate = float(took[1]), float(took[2])
-    assert 0 < seconds < 600 and rate == pytest.approx(len(samples) / seconds, rel=0.05, abs=0.1)
+    # Both printed to a tenth: the time the rate came from lies within 0.05 s of the one
+    # shown (0.7 s shown, 10.8 jobs/s: 8 jobs in 0.74 s).
+    fastest, slowest = len(samples) / max(seconds - 0.05, 0.01), len(samples) / (seconds + 0.05)
+    assert 0 < seconds < 600 and slowest - 0.05 <= rate <= fastest + 0.05, (seconds, rate)
     for sample in samples:
         (output,) = (tmp_path / "hypermedia-out" / sample.name).iterdir()
         image = pyvips.Image.new_from_file(str(output))

@@ -412,11 +412,11 @@ def test_pipeline_errors_pass_through(executor, job_id, retryable):
     assert (exc.code, exc.message, exc.retryable) == ("invalid_input", "not an image", retryable)
 
 
-@pytest.mark.parametrize("code", ["cancelled", "timeout", "sandbox_unavailable"])
+@pytest.mark.parametrize("code", ["cancelled", "child_killed", "sandbox_unavailable"])
 def test_a_child_cannot_claim_the_executors_own_codes(executor, job_id, code):
-    """How a child ended says cancelled, timeout ...: a result naming one (a hostile
-    file's decoder writing its own) is a crash, not a job nobody cancelled taken for
-    cancelled (lost, its error with it) or a retryable failure spending attempts."""
+    """How a child ended says cancelled, child_killed ...: a result naming one (a
+    hostile file's decoder writing its own) is a crash, not a job nobody cancelled taken
+    for cancelled (lost, its error with it) or the sandbox's retryable failure."""
     params = {"code": code, "message": "forged", "retryable": True}
     exc = failure(executor, job_id, "test.fail", params)
     assert (exc.code, exc.retryable) == ("pipeline_crashed", False)
