@@ -157,26 +157,6 @@ def test_run_stopped_with_sigterm_stops_what_it_started_and_says_so(tmp_path):
     assert find_running(data / "redis") is None
 
 
-def test_run_keeps_apart_the_outputs_of_files_of_one_name(tmp_path):
-    """in/a/photo.webp and in/b/photo.webp: each its own outputs, under its path in the
-    folder given (both were written to one hypermedia-out/photo.webp/)."""
-    data = tmp_path / "data"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HYPERMEDIA_", "RAY_"))}
-    env["HYPERMEDIA_DATA_DIR"] = str(data)
-    env["COLUMNS"] = "200"
-    folder = tmp_path / "in"
-    for name, sample in (("a", "banner.webp"), ("b", "logo-alpha.png")):
-        (folder / name).mkdir(parents=True)
-        (folder / name / "photo.webp").write_bytes((EXAMPLES / sample).read_bytes())
-    result = _run([str(folder), "--op", "thumbnail"], tmp_path, env)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "a/photo.webp" in result.stderr and "b/photo.webp" in result.stderr
-    (first,) = (tmp_path / "hypermedia-out" / "a" / "photo.webp").iterdir()
-    (second,) = (tmp_path / "hypermedia-out" / "b" / "photo.webp").iterdir()
-    assert first.read_bytes() != second.read_bytes()
-    assert not (tmp_path / "hypermedia-out" / "photo.webp").exists()
-
-
 def test_run_refuses_an_out_that_is_a_file_before_starting(tmp_path):
     data = tmp_path / "data"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HYPERMEDIA_", "RAY_"))}
@@ -191,20 +171,30 @@ def test_run_refuses_an_out_that_is_a_file_before_starting(tmp_path):
     assert not data.exists()  # nothing started
 
 
-def test_run_that_cannot_write_an_output_still_shows_the_summary(tmp_path):
+def test_run_keeps_apart_files_of_one_name_and_reports_an_output_not_written(tmp_path):
+    """in/a/photo.webp and in/b/photo.webp: each its outputs under its own path in the
+    folder given (both went to one out/photo.webp/ before). One of them cannot be
+    written (a file where its folder goes): the other is, the summary is shown, then
+    one error line naming it; the stack stops. One run for both: each costs a stack."""
     data = tmp_path / "data"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HYPERMEDIA_", "RAY_"))}
     env["HYPERMEDIA_DATA_DIR"] = str(data)
     env["COLUMNS"] = "1000"
-    (tmp_path / "out").mkdir()
-    (tmp_path / "out" / "banner.webp").write_text("a file where the outputs' folder goes")
-    result = _run(
-        [str(EXAMPLES / "banner.webp"), "--op", "thumbnail", "--out", "out"], tmp_path, env
-    )
+    folder = tmp_path / "in"
+    for name, sample in (("a", "banner.webp"), ("b", "logo-alpha.png")):
+        (folder / name).mkdir(parents=True)
+        (folder / name / "photo.webp").write_bytes((EXAMPLES / sample).read_bytes())
+    (tmp_path / "out" / "b").mkdir(parents=True)
+    (tmp_path / "out" / "b" / "photo.webp").write_text("a file where the outputs' folder goes")
+    result = _run([str(folder), "--op", "thumbnail", "--out", "out"], tmp_path, env)
     assert result.returncode == 1, result.stderr[-3000:]
     text = " ".join(result.stderr.split())
-    assert "1 jobs: 1 completed" in text
-    assert "error: outputs not written under out: out/banner.webp/thumbnail" in text
+    assert "2 jobs: 2 completed" in text
+    assert "a/photo.webp" in text and "b/photo.webp" in text
+    (written,) = (tmp_path / "out" / "a" / "photo.webp").iterdir()
+    assert written.name.startswith("thumbnail") and written.stat().st_size > 0
+    assert not (tmp_path / "out" / "photo.webp").exists()
+    assert "error: outputs not written under out: out/b/photo.webp/thumbnail" in text
     assert "internal" not in text and "Traceback" not in text
     assert "stopped redis" in text
     assert find_running(data / "redis") is None
