@@ -37,9 +37,8 @@ from autoscaler.provider import HypermediaNodeProvider
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
 from tests import support
-from tests.conftest import RAY_TOKEN
 from tests.factories import make_user, open_stack, submit
-from tests.integration.test_node_provider import scheduler_json
+from tests.integration.test_node_provider import provider_config, scheduler_json
 
 REGION = "us-east-1"
 CENTS_AN_HOUR = 60.0  # the hourly cap is 100: one instance fits, two do not
@@ -81,23 +80,14 @@ def make_provider(
             cloud_providers__aws__max_instances=5,
             **changes,
         )
-        config = {
-            "type": "external",
-            "module": "autoscaler.provider.HypermediaNodeProvider",
-            "head_ip": "127.0.0.10",
-            "ray_port": 6390,
-            "state_dir": str(tmp_path / "state"),
-            "scheduler_config": str(scheduler),
-            "database_url": pg_database_url,
-            "token_path": str(RAY_TOKEN),
-            "drivers": {
-                "aws": {
-                    "type": "aws",
-                    "endpoint_url": moto_server,
-                    "on_demand_cents_per_hour": CENTS_AN_HOUR,
-                }
-            },
+        drivers = {
+            "aws": {
+                "type": "aws",
+                "endpoint_url": moto_server,
+                "on_demand_cents_per_hour": CENTS_AN_HOUR,
+            }
         }
+        config = provider_config(tmp_path, pg_database_url, scheduler, drivers=drivers)
         return HypermediaNodeProvider(config, "hm-ledger")
 
     return make
