@@ -57,7 +57,6 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -276,6 +275,10 @@ class HypermediaNodeProvider(NodeProvider):
                 continue
             live = [i for i in listed if i.state not in ("terminating", "terminated")]
             by_request = {i.request_id: i for i in live}
+            # Read once, after the listing: a launch records its tags before it asks the
+            # cloud, so every listed instance of a launch under way has them here.
+            with self._launches() as launching:
+                launches = dict(launching)
             for node_id, record in list(nodes.items()):
                 if record.get("provider") != name:
                     continue
@@ -295,15 +298,12 @@ class HypermediaNodeProvider(NodeProvider):
                 # Not recorded: being launched here, by the other process, before a
                 # restart, or by a launch that failed after the cloud made the instance.
                 if node_id not in nodes:
-                    with self._launches() as launching:
-                        tags = launching.get(instance.request_id, {})
+                    tags = launches.get(instance.request_id, {})
                     nodes[node_id] = self._record(name, instance, tags, now)
-            with self._launches() as launching:
-                launches = bool(launching)
             mine = any(r.get("provider") == name for r in nodes.values())
             if live or mine or launches:  # else nothing to settle (nor, at `ray up`, a record)
                 try:
-                    self._settle_ledger(name, live, nodes, now)
+                    self._settle_ledger(name, live, nodes, set(launches), now)
                 except DatabaseUnavailable as exc:  # the next listing tries again
                     log.warning("the ledger could not be settled with %s: %s", name, exc)
 
@@ -312,6 +312,7 @@ class HypermediaNodeProvider(NodeProvider):
         provider: ProviderName,
         live: list[Instance],
         nodes: Mapping[str, Mapping[str, Any]],
+        under_way: set[str],
         now: float,
     ) -> None:
         """The ledger counts every instance the cloud lists, once, and nothing else.
@@ -329,8 +330,6 @@ class HypermediaNodeProvider(NodeProvider):
         recorded = {
             key for r in nodes.values() if r.get("provider") == provider for key in _ledger_ids(r)
         }
-        with self._launches() as launching:
-            under_way = set(launching)
         settled: list[str] = []
         with self._lock, transaction(self.engine) as conn:
             rows = conn.execute(
@@ -381,8 +380,9 @@ class HypermediaNodeProvider(NodeProvider):
                         launched_at=to_datetime(launched),
                     )
                 )
+            accounted = listed_ids | recorded
             for row in rows:
-                if row.terminated_at is not None or row.instance_id in listed_ids | recorded:
+                if row.terminated_at is not None or row.instance_id in accounted:
                     continue
                 age = now - epoch(row.launched_at)
                 wait = (
@@ -942,15 +942,10 @@ def waiting(conn: Connection, queue: str, now: float) -> QueueState:
     return queue_state(
         queue,
         (
-            (int(priority), int(count), max(0.0, now - _aware(first).timestamp()) if first else 0.0)
+            (int(priority), int(count), max(0.0, now - epoch(first)) if first else 0.0)
             for priority, count, first in rows
         ),
     )
-
-
-def _aware(moment: datetime) -> datetime:
-    """A UTC column's aggregate: SQLite answers min() without its time zone."""
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
 def _ledger_ids(record: Mapping[str, Any]) -> list[str]:

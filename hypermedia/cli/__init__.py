@@ -145,11 +145,16 @@ def check_environment(environ: dict[str, str] | None = None) -> None:
 
     environ = dict(os.environ) if environ is None else environ
     known = _known_variables()
+    queues: list[str] | None = None
     for name in sorted(environ):
         if not name.startswith("HYPERMEDIA_") or name.startswith("HYPERMEDIA_TEST_"):
             continue
         if name.startswith(QUEUE_VARIABLE):
-            _check_queue_variable(name, environ)
+            if queues is None:  # read once: the profiles file and the config file
+                from hypermedia.config import declared_queue_names
+
+                queues = sorted(declared_queue_names(environ))
+            _check_queue_variable(name, queues)
             continue
         if name in known:
             continue
@@ -161,15 +166,14 @@ def check_environment(environ: dict[str, str] | None = None) -> None:
 QUEUE_VARIABLE = "HYPERMEDIA_QUEUES__"
 
 
-def _check_queue_variable(name: str, environ: dict[str, str]) -> None:
+def _check_queue_variable(name: str, queues: list[str]) -> None:
     """``HYPERMEDIA_QUEUES__<NAME>[__<FIELD>]``: a queue something names (a misspelt one
     silently added a queue) and a field queues have."""
     import difflib
 
-    from hypermedia.config import QueueSettings, declared_queue_names
+    from hypermedia.config import QueueSettings
 
     queue, _, field = name.removeprefix(QUEUE_VARIABLE).partition("__")
-    queues = sorted(declared_queue_names(environ))
     if queue.lower() not in queues:
         close = difflib.get_close_matches(queue.lower(), queues, n=1)
         rest = f"__{field}" if field else ""
