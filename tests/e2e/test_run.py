@@ -86,6 +86,20 @@ def test_run_refuses_an_operation_without_a_pipeline(tmp_path):
     assert "missing.jpg" in missing.stderr
 
 
+# Enough files that a run is still uploading when a test's signal comes: 60 were all
+# done within the second one test waited, on a quiet machine (exit 0, nothing stopped).
+MANY = 400
+
+
+def _many_banners(tmp_path: Path) -> Path:
+    many = tmp_path / "many"
+    many.mkdir()
+    banner = (EXAMPLES / "banner.webp").read_bytes()
+    for i in range(MANY):
+        (many / f"{i}-banner.webp").write_bytes(banner)
+    return many
+
+
 def _run_until(tmp_path: Path, env: dict[str, str], files: list[Path], marker: str):
     """`hypermedia run` in the background, once its stderr has shown ``marker``."""
     proc = subprocess.Popen(
@@ -142,11 +156,8 @@ def test_run_stopped_with_sigterm_stops_what_it_started_and_says_so(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HYPERMEDIA_", "RAY_"))}
     env["HYPERMEDIA_DATA_DIR"] = str(data)
     # Enough work to be busy when the signal comes.
-    many = tmp_path / "many"
-    many.mkdir()
-    for i in range(60):
-        (many / f"{i}-banner.webp").write_bytes((EXAMPLES / "banner.webp").read_bytes())
-    proc, seen = _run_until(tmp_path, env, [many], "submitting 60 files")
+    many = _many_banners(tmp_path)
+    proc, seen = _run_until(tmp_path, env, [many], f"submitting {MANY} files")
     proc.send_signal(signal.SIGTERM)
     _, rest = proc.communicate(timeout=120)
     text = " ".join(("".join(seen) + rest).split())
@@ -207,10 +218,7 @@ def test_run_interrupted_from_its_terminal_stops_cleanly_in_one_line(tmp_path):
     data = tmp_path / "data"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HYPERMEDIA_", "RAY_"))}
     env["HYPERMEDIA_DATA_DIR"] = str(data)
-    many = tmp_path / "many"
-    many.mkdir()
-    for i in range(60):
-        (many / f"{i}-banner.webp").write_bytes((EXAMPLES / "banner.webp").read_bytes())
+    many = _many_banners(tmp_path)
     proc = subprocess.Popen(
         [sys.executable, "-m", "hypermedia.cli", "run", str(many), "--op", "thumbnail"],
         env=env,
@@ -224,9 +232,9 @@ def test_run_interrupted_from_its_terminal_stops_cleanly_in_one_line(tmp_path):
     seen = []
     for line in proc.stderr:
         seen.append(line)
-        if "submitting 60 files" in line:
+        if f"submitting {MANY} files" in line:
             break
-    time.sleep(1)  # uploads (and their inspections) in flight
+    time.sleep(0.3)  # uploads (and their inspections) in flight
     # The run alone takes the terminal's signals: not the inspection server, nor Ray's
     # GCS, raylet and actors (killed under the run, they made its stop fail).
     assert _process_group(proc.pid) == [proc.pid]
