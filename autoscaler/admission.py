@@ -72,6 +72,20 @@ def closed(config: SchedulerConfig, queue: str, *, locked: bool) -> tuple[str, b
     return None
 
 
+def staffed(config: SchedulerConfig) -> set[str]:
+    """The queues this configuration gives a worker, now or under load: a VPS baseline,
+    or cloud bursts (a cloud-enabled queue in a mode that launches; the daily cap's
+    lock passes with a reset). A queue outside it has none in ``vps_only`` with a
+    baseline of 0: its jobs would wait forever, so the head's ingest refuses them
+    unless a worker of the queue is live (a node that joined with it)."""
+    bursts = config.mode != "vps_only"
+    return {
+        name
+        for name, queue in config.queues.items()
+        if queue.baseline_workers > 0 or (bursts and queue.cloud_enabled)
+    }
+
+
 def admit(
     config: SchedulerConfig, queue: str, *, verdict: GuardVerdict, queue_workers: int
 ) -> Admission:

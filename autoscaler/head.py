@@ -15,23 +15,33 @@ left alone.
 (``HYPERMEDIA_RAY_ADDRESS``) with ``baseline_workers`` actors per queue, and runs the
 scheduler with the :class:`~autoscaler.rayfleet.RayFleet` over the same node
 provider that Ray's monitor uses (built from ``~/ray_bootstrap_config.yaml``); the API
-serves the operator page (:mod:`autoscaler.page`) with that provider's ``scheduler.json``.
+serves the operator page (:mod:`autoscaler.page`) with that provider's ``scheduler.json``
+and accepts the operations of the queues that have or can get a worker
+(:class:`StaffedQueues`).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Collection
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
+    from autoscaler.config import SchedulerConfig
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +67,47 @@ def _pid(path: Path) -> int | None:
     return pid if psutil.pid_exists(pid) else None
 
 
+class StaffedQueues:
+    """The queues a ``ray up`` head's ingest accepts operations of: those its
+    ``scheduler.json`` gives a worker (:func:`autoscaler.admission.staffed`), and any
+    with a live worker (a node that joined with ``hypermedia worker --queue``). The live
+    ones are read at most every :data:`LIVE_SECONDS`, and only when the configuration
+    leaves a queue out."""
+
+    LIVE_SECONDS = 5.0
+
+    def __init__(self, config: SchedulerConfig, engine: Engine) -> None:
+        from autoscaler.admission import staffed
+
+        self.configured = frozenset(staffed(config))
+        self.missing = set(config.queues) - self.configured
+        self.engine = engine
+        self._live: frozenset[str] = frozenset()
+        self._read_at = -math.inf
+        self._lock = threading.Lock()
+
+    def __call__(self) -> Collection[str]:
+        if not self.missing:
+            return self.configured
+        with self._lock:
+            now = time.monotonic()
+            if now - self._read_at >= self.LIVE_SECONDS:
+                self._live = frozenset(self._read_live())
+                self._read_at = now
+            return self.configured | self._live
+
+    def _read_live(self) -> set[str]:
+        from sqlalchemy import select
+
+        from hypermedia.db import tables as t
+        from hypermedia.db.engine import transaction
+
+        w = t.workers
+        with transaction(self.engine) as conn:
+            rows = conn.execute(select(w.c.queue).where(w.c.status == "active").distinct())
+            return {row.queue for row in rows}
+
+
 def run() -> None:
     """The services, in the foreground, until SIGTERM."""
     import yaml
@@ -76,7 +127,11 @@ def run() -> None:
     config = provider.config
     settings = load_settings(ray_address=provider.head_address)
     pools = {name: q.baseline_workers for name, q in config.queues.items() if q.baseline_workers}
-    local = LocalStack(settings, extend_app=partial(install_page, config=config))
+    local = LocalStack(
+        settings,
+        extend_app=partial(install_page, config=config),
+        cluster_queues=partial(StaffedQueues, config),
+    )
     stop = threading.Event()
     thread: threading.Thread | None = None
     scheduler = None

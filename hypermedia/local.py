@@ -33,7 +33,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -46,6 +46,7 @@ from hypermedia.errors import ConfigError, ServiceUnavailable
 if TYPE_CHECKING:
     import uvicorn
     from fastapi import FastAPI
+    from sqlalchemy import Engine
 
     from hypermedia.server import Maintenance
     from hypermedia.stack import Stack
@@ -79,16 +80,24 @@ def implemented_queues(settings: Settings, operations: list[str]) -> dict[str, i
 def served_operations(settings: Settings, pools: dict[str, int]) -> Callable[[], set[str]]:
     """What the ingest of a stack with these actors and no cluster accepts: the
     implemented operations whose queue has an actor (nothing else would run them)."""
+    served = {queue for queue, count in pools.items() if count > 0}
+    return operations_of(settings, lambda: served)
+
+
+def operations_of(
+    settings: Settings, queues: Callable[[], Collection[str]]
+) -> Callable[[], set[str]]:
+    """The implemented operations whose queue is among ``queues()`` (asked at each
+    submit: what runs may change while the stack runs)."""
     from hypermedia.ingest.service import registered_operations
     from hypermedia.profiles import load_profiles
 
     profiles = load_profiles(settings.profiles_path, settings.queue_names)
 
     def served() -> set[str]:
+        have = queues()
         return {
-            op
-            for op in registered_operations()
-            if op in profiles and pools.get(profiles[op].queue, 0) > 0
+            op for op in registered_operations() if op in profiles and profiles[op].queue in have
         }
 
     return served
@@ -105,6 +114,10 @@ class LocalStack:
     started_redis: bool = False
     # Adds to the API's app what the core does not know (the operator page).
     extend_app: Callable[[FastAPI], None] | None = None
+    # Attached to a cluster: given the record, what names the queues that have or can
+    # get a worker (a `ray up` head: its scheduler.json and the live workers); ingest
+    # refuses the others' operations. None: every queue's (a worker may join for it).
+    cluster_queues: Callable[[Engine], Callable[[], Collection[str]]] | None = None
     _server: uvicorn.Server | None = None
     _server_thread: threading.Thread | None = None
     _api_socket: socket.socket | None = None
@@ -185,6 +198,12 @@ class LocalStack:
         if attached is None:  # no node but this one: a queue without an actor runs nothing
             served = served_operations(settings, pools)
             self.stack = Stack.open(settings, auto_migrate=True, implemented=served)
+        elif self.cluster_queues is not None:
+            from hypermedia.db.engine import make_engine
+
+            engine = make_engine(settings.effective_database_url)
+            served = operations_of(settings, self.cluster_queues(engine))
+            self.stack = Stack.open(settings, auto_migrate=True, engine=engine, implemented=served)
         else:
             self.stack = Stack.open(settings, auto_migrate=True)
         say(f"record in {shown_url(settings.effective_database_url)}")

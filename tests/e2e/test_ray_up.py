@@ -198,6 +198,13 @@ class Cluster:
         assert submitted.stdout.count("queue=media") == count
         return files
 
+    def submit_refused(self, operation: str) -> str:
+        """A submit of ``operation`` the head refuses; its error line."""
+        image = REPO / "examples/logo-alpha.png"
+        refused = run(self.client_env, HYPERMEDIA, "submit", str(image), "--op", operation)
+        assert refused.returncode != 0, refused.stdout
+        return refused.stderr
+
     def scheduler_log(self, limit: int = 200) -> str:
         log = run(self.env, HYPERMEDIA, "scheduler", "log", "--limit", str(limit))
         assert log.returncode == 0, log.stderr
@@ -290,6 +297,9 @@ def test_a_burst_runs_on_launched_nodes_survives_a_spot_notice_and_ends_drained(
     metadata = cluster.metadata
     rows, instances = cluster.rows, cluster.instances
     cluster.submit_clips(JOBS)
+    # scheduler.local.json gives ocr no worker (no baseline, not cloud-enabled): refused
+    # at submit, not accepted to wait forever.
+    assert "no worker here runs the 'ocr' queue" in cluster.submit_refused("ocr")
 
     # A burst node is launched, and a job runs on it (media has no worker on the head).
     cluster.wait_for(

@@ -4,22 +4,28 @@ credits for a job that no actor ever serves (issue 11, item 12)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
 from sqlalchemy import func, select
 
 import pipelines.registry
+from autoscaler import admission
+from autoscaler import config as scheduler_config
+from autoscaler.head import StaffedQueues
+from hypermedia.clock import to_datetime
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
 from hypermedia.ingest.api import create_app
-from hypermedia.local import implemented_queues, served_operations
+from hypermedia.local import implemented_queues, operations_of, served_operations
 from hypermedia.profiles import load_profiles
 from hypermedia.stack import Stack
 from tests.api_support import add_user, bearer, running_server
 
 PNG = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x10\x00\x00\x00\x10\x08\x02\x00\x00\x00"
 P = "/v1/hypermedia"
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -152,3 +158,88 @@ def test_a_queue_without_workers_here_is_refused_at_submit(engine, settings):
         assert _count(stack, t.jobs) == 1
     finally:
         stack.close()
+
+
+def test_a_ray_up_head_refuses_a_queue_its_scheduler_json_gives_no_worker(engine, settings):
+    """The head of `ray up` starts ``baseline_workers`` actors per queue and bursts only
+    cloud-enabled queues outside ``vps_only``: the shipped scheduler.json (vps_only, ocr
+    with a baseline of 0) gives ocr none, so ingest refuses ocr (accepted, it waited
+    forever) until a worker of that queue is live (a node joined with it)."""
+    config = scheduler_config.load(REPO / "etc/scheduler.json")
+    assert admission.staffed(config) == {"images", "documents"}
+    hybrid = config.model_copy(update={"mode": "hybrid"})
+    burst = hybrid.model_copy(
+        update={"queues": {**config.queues, "ocr": _cloud_enabled(config.queues["ocr"])}}
+    )
+    assert admission.staffed(burst) == {"images", "documents", "ocr"}
+    assert admission.staffed(config.model_copy(update={"queues": burst.queues})) == {
+        "images",
+        "documents",
+    }  # vps_only launches nothing, cloud_enabled or not
+
+    chosen = settings()
+    staffed = StaffedQueues(config, engine)
+    stack = Stack.open(
+        chosen, engine=engine, auto_migrate=True, implemented=operations_of(chosen, staffed)
+    )
+    try:
+        with (
+            running_server(create_app(stack, auth_cache_seconds=0)) as url,
+            httpx.Client(base_url=url, timeout=30) as client,
+        ):
+            user = add_user(stack, "carol", credits=100)
+            uploaded = client.put(
+                f"{P}/objects", params={"filename": "a.png"}, content=PNG, headers=bearer(user)
+            )
+            object_id = uploaded.json()["object_id"]
+
+            def submit(operation: str) -> httpx.Response:
+                return client.post(
+                    f"{P}/process",
+                    json={"object_id": object_id, "operations": [operation]},
+                    headers=bearer(user),
+                )
+
+            refused = submit("ocr")
+            assert refused.status_code == 422, refused.text
+            error = refused.json()["error"]
+            assert error["code"] == "unknown_operation"
+            assert "no worker here runs the 'ocr' queue" in error["message"]
+            assert "ocr" not in error["details"]["implemented"]
+            assert "thumbnail" in error["details"]["implemented"]
+            assert submit("thumbnail").status_code == 202
+            assert _count(stack, t.jobs) == 1
+
+            # A worker of the queue joins: its operations are accepted once it is live
+            # (read again after LIVE_SECONDS), refused again once it stopped.
+            _worker(stack, "ocr", "active")
+            staffed._read_at -= StaffedQueues.LIVE_SECONDS
+            accepted = submit("ocr")
+            assert accepted.status_code == 202, accepted.text
+            with transaction(stack.engine) as conn:
+                conn.execute(t.workers.update().values(status="stopped"))
+            staffed._read_at -= StaffedQueues.LIVE_SECONDS
+            assert submit("ocr").status_code == 422
+        assert _count(stack, t.jobs) == 2
+    finally:
+        stack.close()
+
+
+def _cloud_enabled(queue: scheduler_config.QueueConfig) -> scheduler_config.QueueConfig:
+    return queue.model_copy(update={"cloud_enabled": True})
+
+
+def _worker(stack: Stack, queue: str, status: str) -> None:
+    now = stack.clock.now()
+    with transaction(stack.engine) as conn:
+        conn.execute(
+            t.workers.insert().values(
+                worker_id=f"w-{queue}",
+                queue=queue,
+                hostname="joined-node",
+                status=status,
+                concurrency=1,
+                started_at=to_datetime(now),
+                last_heartbeat=to_datetime(now),
+            )
+        )
