@@ -297,6 +297,20 @@ def try_paths(input_path: Path, params: Mapping[str, Any], workdir: Path) -> lis
     return _json_output(workdir, "paths.json", seen)
 
 
+@register("test.read_bytes")
+def read_bytes(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list[Output]:
+    """``read``: paths to read; each: what it holds (up to 4 KB, as text) or the errno's
+    name."""
+    seen: dict[str, str] = {}
+    for path in params.get("read", []):
+        try:
+            with open(path, "rb") as source:
+                seen[path] = source.read(4096).decode(errors="replace")
+        except OSError as exc:
+            seen[path] = _errno_name(exc)
+    return _json_output(workdir, "bytes.json", seen)
+
+
 @register("test.connect")
 def connect(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list[Output]:
     """Try to reach each ``[host, port]`` of ``targets`` over TCP; "connected" or the errno."""

@@ -121,10 +121,10 @@ def _root(
 
 def _known_variables() -> set[str]:
     """Every HYPERMEDIA_* variable something reads: settings fields and CLI options."""
-    from hypermedia.config import Settings
+    from hypermedia.config import SANDBOX_HIDDEN_VARIABLE, Settings
 
     known = {f"HYPERMEDIA_{name.upper()}" for name in Settings.model_fields}
-    known.add("HYPERMEDIA_CONFIG")
+    known.update(("HYPERMEDIA_CONFIG", SANDBOX_HIDDEN_VARIABLE))
     stack: list[Any] = [typer.main.get_command(app)]  # click commands (typer's own click)
     while stack:
         command = stack.pop()

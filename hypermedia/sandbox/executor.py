@@ -85,6 +85,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hypermedia.config import secret_files
 from hypermedia.sandbox import isolation, wire
 from hypermedia.sandbox.limits import DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_MAX_PROCESSES, Limits
 from hypermedia.sandbox.outcome import ChildFailed, ExitReport, interpret, validate_outputs
@@ -370,7 +371,13 @@ class ChildExecutor:
             "enabled": sandbox,
             "work_root": str(self._work_root),
             "jobs_root": str(self._jobs_root),
-            "hidden": [*isolation.DEFAULT_HIDDEN, *map(str, hidden_paths)],
+            # The files this process's environment names as holding secrets (the
+            # settings file, the Ray token: anywhere, not only under a cover).
+            "hidden": [
+                *isolation.DEFAULT_HIDDEN,
+                *secret_files(os.environ),
+                *map(str, hidden_paths),
+            ],
             "covered": list(isolation.DEFAULT_COVERED),
             # Where the worker was started (Ray: where the operator ran ``up``), and so
             # whatever lies there, is not for jobs, on sys.path or not.

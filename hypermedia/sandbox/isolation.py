@@ -797,6 +797,11 @@ class Isolation:
                         flags = MS_NOSUID | MS_NODEV | MS_NOEXEC
                         mount("tmpfs", step.path, "tmpfs", flags, COVER_OPTIONS)
                         covered.append(step.path)
+                    elif os.path.lexists(step.path):
+                        # A file (a hidden secret, such as the settings file): an empty
+                        # one over it, /dev/null bound read-only.
+                        mount("/dev/null", step.path, None, MS_BIND)
+                        covered.append(step.path)
                 else:
                     source = sources[step.path]
                     if os.path.isdir(f"/proc/self/fd/{source}"):

@@ -45,6 +45,7 @@ from pathlib import Path
 
 import psutil
 
+from hypermedia.config import SANDBOX_HIDDEN_VARIABLE, secret_files
 from hypermedia.errors import ServiceUnavailable
 
 log = logging.getLogger(__name__)
@@ -92,6 +93,10 @@ def ray_environment(token_path: Path, *, loopback: bool = False) -> dict[str, st
         k: v for k, v in os.environ.items() if k in INHERITED or k.startswith(INHERITED_PREFIXES)
     }
     env.update(_client_variables(token_path, loopback=loopback))
+    # Where the secrets of this machine's stack are (the settings file, the token):
+    # paths only, for the sandbox of the node's pipeline actors to hide.
+    hidden = secret_files({**os.environ, "RAY_AUTH_TOKEN_PATH": str(token_path)})
+    env[SANDBOX_HIDDEN_VARIABLE] = os.pathsep.join(hidden)
     return env
 
 
