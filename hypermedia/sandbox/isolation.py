@@ -799,7 +799,7 @@ class Isolation:
                         covered.append(step.path)
                     elif os.path.lexists(step.path):
                         # A file (a hidden secret, such as the settings file): an empty
-                        # one over it, /dev/null bound read-only.
+                        # one over it (/dev/null bound there: reads are empty).
                         mount("/dev/null", step.path, None, MS_BIND)
                         covered.append(step.path)
                 else:
