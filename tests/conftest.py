@@ -3,8 +3,10 @@
 Databases
     ``pg_url``            session: the migrated template database. Closed to
                           connections; clone it, don't use it.
-    ``pg_database_url``   a fresh PostgreSQL database cloned from the template
-                          (``CREATE DATABASE ... TEMPLATE``), dropped after the test.
+    ``pg_database_url``   a PostgreSQL database of the test's own, cloned from the
+                          template (``CREATE DATABASE ... TEMPLATE``); after the test
+                          emptied for the next one of the process, or dropped when
+                          the test changed more than its rows.
     ``pg_engine``         an engine on ``pg_database_url``.
     ``sqlite_url``        a fresh migrated SQLite file, ``<tmp_path>/hypermedia.db``.
     ``sqlite_engine``     an engine on it.
@@ -37,6 +39,7 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -180,14 +183,44 @@ def pg_url(pg_server: support.PostgresServer) -> Iterator[str]:
     pg_server.drop_database(name)
 
 
+@dataclass
+class _Clones:
+    """This process's clones of the template between two tests, emptied, and the
+    template's :meth:`~tests.support.PostgresServer.fingerprint`."""
+
+    fingerprint: str | None = None
+    idle: list[str] = field(default_factory=list)
+
+
+@pytest.fixture(scope="session")
+def _pg_clones(pg_server: support.PostgresServer, pg_url: str) -> Iterator[_Clones]:
+    clones = _Clones()
+    yield clones
+    for name in clones.idle:
+        pg_server.drop_database(name)
+
+
 @pytest.fixture
-def pg_database_url(pg_server: support.PostgresServer, pg_url: str) -> Iterator[str]:
-    """A fresh, migrated PostgreSQL database for this test only."""
-    template = support.database_name(pg_url)
-    name = support.unique_name()
-    url = pg_server.create_database(name, template=template)
-    yield url
-    pg_server.drop_database(name)
+def pg_database_url(
+    pg_server: support.PostgresServer, pg_url: str, _pg_clones: _Clones
+) -> Iterator[str]:
+    """A migrated PostgreSQL database for this test only: a clone of the template, new
+    or emptied after an earlier test of this process (:meth:`~tests.support.
+    PostgresServer.reset`: a test that changed more than rows, or left a connection
+    open, has its clone dropped)."""
+    if _pg_clones.idle:
+        name = _pg_clones.idle.pop()
+    else:
+        name = support.unique_name()
+        pg_server.create_database(name, template=support.database_name(pg_url))
+        if _pg_clones.fingerprint is None:
+            _pg_clones.fingerprint = pg_server.fingerprint(name)
+    yield pg_server.database_url(name)
+    fingerprint = _pg_clones.fingerprint
+    if fingerprint is not None and pg_server.reset(name, fingerprint):
+        _pg_clones.idle.append(name)
+    else:
+        pg_server.drop_database(name)
 
 
 @pytest.fixture

@@ -66,6 +66,50 @@ def test_pg_database_is_dropped_after_the_test(pg_server, pg_url):
     assert not pg_server.database_exists(name)
 
 
+def test_a_clone_is_reset_for_the_next_test_only_if_it_changed_no_more_than_rows(pg_server, pg_url):
+    """pg_database_url empties a test's clone for the next test of the process: rows
+    gone, sequences restarted, as cloned. A clone whose schema a test changed, or that
+    a connection still holds, is refused (and dropped)."""
+    template = support.database_name(pg_url)
+    names = [support.unique_name() for _ in range(3)]
+    engines = []
+    try:
+        for name in names:
+            pg_server.create_database(name, template=template)
+            engines.append(create_engine(pg_server.database_url(name), poolclass=NullPool))
+        first, changed, held = engines
+        fingerprint = pg_server.fingerprint(names[0])
+        with first.connect() as conn:
+            sequence = conn.execute(text("SELECT sequencename FROM pg_sequences")).scalars().first()
+        assert sequence is not None
+        for engine in engines:
+            _insert_pool(engine, "p1")
+            with engine.begin() as conn:
+                for _ in range(3):
+                    conn.execute(text(f"SELECT nextval('{sequence}')"))
+        with changed.begin() as conn:
+            conn.execute(text("ALTER TABLE pools ADD COLUMN extra integer"))
+
+        assert pg_server.reset(names[0], fingerprint)
+        assert _count_pools(first) == 0
+        with first.begin() as conn:
+            assert conn.execute(text(f"SELECT nextval('{sequence}')")).scalar_one() == 1
+        assert migrate.current_revision(first) == migrate.head_revision()
+        assert pg_server.fingerprint(names[0]) == fingerprint
+
+        assert not pg_server.reset(names[1], fingerprint)  # its schema changed
+        assert _count_pools(changed) == 1  # left as it was, to be dropped
+        with held.connect() as open_conn:  # a connection a test left open
+            assert not pg_server.reset(names[2], fingerprint)
+            open_conn.execute(text("SELECT 1"))
+        assert _count_pools(held) == 1
+    finally:
+        for engine in engines:
+            engine.dispose()
+        for name in names:
+            pg_server.drop_database(name)
+
+
 def test_delete_keys_touches_only_the_prefix(redis_client, redis_prefix):
     neighbour = support.unique_redis_prefix()
     try:
