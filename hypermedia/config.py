@@ -124,6 +124,13 @@ class Settings(BaseSettings):
     inspection_wall_seconds: float = Field(default=30.0, gt=0, le=3600)
     inspection_memory_mb: int = Field(default=1024, ge=256, le=64 * 1024)
     inspection_concurrency: int = Field(default=2, ge=1, le=64)
+    # Uploads stream into storage in worker threads of their own, at most this many at
+    # once (the rest wait, holding no thread): slow ones never take the threads every
+    # other route runs in. A body that stops for upload_idle_seconds, or arrives slower
+    # than upload_min_bytes_per_second on average once that long, is refused (408).
+    upload_concurrency: int = Field(default=16, ge=1, le=1024)
+    upload_idle_seconds: float = Field(default=30.0, gt=0, le=3600)
+    upload_min_bytes_per_second: int = Field(default=1024, ge=0)
     # What an API key may do unless the operator granted it otherwise (per key, with
     # `hypermedia user add/key/grant`): priorities 1-3 go to on-demand capacity.
     key_priority_min: int = Field(default=4, ge=1, le=10)

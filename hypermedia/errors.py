@@ -126,6 +126,14 @@ class RequestTooLarge(InvalidRequest):
     status = 413
 
 
+class UploadTooSlow(InvalidRequest):
+    """An upload's body stopped arriving, or arrives slower than the API's minimum rate:
+    the upload slot (a worker thread) it held goes to others, and nothing is kept."""
+
+    code = "upload_too_slow"
+    status = 408
+
+
 class InputRejected(InvalidRequest):
     """The object's content (as inspected at upload, never its name or claimed type)
     is refused for the requested operation: 422, nothing created, nothing reserved.

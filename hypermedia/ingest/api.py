@@ -31,6 +31,7 @@ from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Annotated, Any, BinaryIO, Literal, cast
 
+import anyio
 from fastapi import APIRouter, Depends, FastAPI, Header, Path, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
@@ -89,7 +90,7 @@ from hypermedia.jobs.states import IN_FLIGHT
 from hypermedia.objects import ObjectInfo, get_object, quota_exceeded, storage_used
 from hypermedia.sandbox.inspect import Inspection, refusal
 from hypermedia.stack import Stack
-from hypermedia.storage.base import InvalidSignature, original_key
+from hypermedia.storage.base import InvalidSignature, Storage, StoredBlob, original_key
 from hypermedia.storage.local import LocalStorage
 
 log = logging.getLogger(__name__)
@@ -441,9 +442,7 @@ async def upload_object(
     limit = min(settings.max_upload_bytes, room)
     object_id = new_id()
     try:
-        blob = await uploads.store_stream(
-            stack.storage, original_key(pool, object_id), request.stream(), limit
-        )
+        blob = await _store_body(request, stack.storage, original_key(pool, object_id), limit)
     except InputTooLarge:
         if quota is not None and limit < settings.max_upload_bytes:
             raise quota_exceeded(quota, used, None) from None
@@ -463,6 +462,18 @@ async def upload_object(
         )
     )
     return _object_response(info)
+
+
+async def _store_body(request: Request, storage: Storage, key: str, limit: int) -> StoredBlob:
+    """The request's body into ``key``, in one of the app's upload threads, at its pace."""
+    return await uploads.store_stream(
+        storage,
+        key,
+        request.stream(),
+        limit,
+        limiter=request.app.state.upload_limiter,
+        pace=request.app.state.upload_pace,
+    )
 
 
 # Operators (the platform's own accounts, `hypermedia run`'s among them) have neither an
@@ -627,7 +638,7 @@ async def write_blob(
     if content_type is not None and request.headers.get("content-type") != content_type:
         raise InvalidSignature(f"this URL was issued for Content-Type: {content_type}")
     limit = stack.settings.max_upload_bytes
-    blob = await uploads.store_stream(storage, key, request.stream(), limit)
+    blob = await _store_body(request, storage, key, limit)
     return BlobStored(key=blob.key, size_bytes=blob.size_bytes, sha256=blob.sha256)
 
 
@@ -886,6 +897,12 @@ def create_app(
             memory_mb=settings.inspection_memory_mb,
             concurrency=settings.inspection_concurrency,
         )
+    )
+    # Uploads stream in threads of their own (see Settings.upload_concurrency).
+    app.state.upload_limiter = anyio.CapacityLimiter(settings.upload_concurrency)
+    app.state.upload_pace = uploads.ReadPace(
+        idle_seconds=settings.upload_idle_seconds,
+        min_bytes_per_second=settings.upload_min_bytes_per_second,
     )
     app.include_router(router)
     openapi.install(app, lambda: served_operations(stack))

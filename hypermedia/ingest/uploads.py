@@ -25,8 +25,11 @@ directory, a PDF's two ends), never the whole object unless it is small.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
 
+import anyio
 import anyio.from_thread
 import anyio.to_thread
 from sqlalchemy import Connection, Engine
@@ -35,7 +38,7 @@ from starlette.requests import ClientDisconnect
 
 from hypermedia.accounts import Caller, default_pool_id, is_pool_member
 from hypermedia.db.engine import snapshot, transaction
-from hypermedia.errors import Conflict, HypermediaError, InvalidRequest, NotFound
+from hypermedia.errors import Conflict, HypermediaError, InvalidRequest, NotFound, UploadTooSlow
 from hypermedia.objects import (
     Deletion,
     ObjectInfo,
@@ -71,21 +74,63 @@ def resolve_pool(engine: Engine, caller: Caller, pool_id: str | None) -> str:
 HANDOFF_BYTES = 1 << 20
 
 
+@dataclass(frozen=True, slots=True)
+class ReadPace:
+    """How slowly an upload's body may arrive: no part may take longer than
+    ``idle_seconds``, and once that long the average must be ``min_bytes_per_second``
+    (0: no minimum). A client trickling bytes would otherwise hold a thread for ever."""
+
+    idle_seconds: float
+    min_bytes_per_second: int = 0
+
+
 async def store_stream(
-    storage: Storage, key: str, stream: AsyncIterator[bytes], max_bytes: int
+    storage: Storage,
+    key: str,
+    stream: AsyncIterator[bytes],
+    max_bytes: int,
+    *,
+    limiter: anyio.CapacityLimiter | None = None,
+    pace: ReadPace | None = None,
 ) -> StoredBlob:
     """Write an async byte stream through the (blocking) storage ``put`` in a worker
     thread, pulling chunks from the event loop as the thread asks for them: what has
     arrived, up to :data:`HANDOFF_BYTES` a trip (a trip between the thread and the
-    loop costs more than the bytes of a small upload)."""
+    loop costs more than the bytes of a small upload). The thread is borrowed from
+    ``limiter`` (the API's own for uploads: anyio's default one runs every sync route),
+    and a body slower than ``pace`` ends the upload with :class:`UploadTooSlow`."""
     iterator = stream.__aiter__()
+    started: float | None = None
+    received = 0
+
+    async def next_part() -> bytes:
+        nonlocal started, received
+        if pace is None:
+            return await iterator.__anext__()
+        now = time.monotonic()
+        started = now if started is None else started
+        with anyio.move_on_after(pace.idle_seconds) as waited:
+            part = await iterator.__anext__()
+        if waited.cancelled_caught:
+            raise UploadTooSlow(
+                f"no upload bytes arrived for {pace.idle_seconds:g} s",
+                idle_seconds=pace.idle_seconds,
+            )
+        received += len(part)
+        elapsed = time.monotonic() - started
+        if elapsed >= pace.idle_seconds and received < pace.min_bytes_per_second * elapsed:
+            raise UploadTooSlow(
+                f"the upload arrives slower than {pace.min_bytes_per_second} bytes/s",
+                min_bytes_per_second=pace.min_bytes_per_second,
+            )
+        return part
 
     async def next_chunk() -> object:
         parts: list[bytes] = []
         size = 0
         while size < HANDOFF_BYTES:
             try:
-                part = await iterator.__anext__()
+                part = await next_part()
             except StopAsyncIteration:
                 if not parts:
                     return _DONE
@@ -104,7 +149,9 @@ async def store_stream(
                 yield chunk
 
     try:
-        return await anyio.to_thread.run_sync(storage.put, key, chunks(), max_bytes)
+        return await anyio.to_thread.run_sync(
+            storage.put, key, chunks(), max_bytes, limiter=limiter
+        )
     except ClientDisconnect:
         # The client went away mid-upload (a Ctrl-C at `hypermedia run`): put() kept
         # nothing, and there is no one to answer. Not the server's error: it was logged

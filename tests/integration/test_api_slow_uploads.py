@@ -1,0 +1,100 @@
+"""Slow uploads (slowloris: headers, then a trickle or nothing) through a real uvicorn
+server: they neither take the threads every other route runs in, nor hold an upload
+slot for ever."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+
+from hypermedia.ingest.api import create_app
+from hypermedia.stack import Stack
+from tests.api_support import add_user, bearer, running_server
+
+P = "/v1/hypermedia"
+DEFAULT_THREADS = 40  # anyio's default thread limiter: every sync route and dependency
+
+
+@pytest.fixture
+def stack(engine, settings) -> Iterator[Stack]:
+    opened = Stack.open(
+        settings(upload_concurrency=4, upload_idle_seconds=1.5, upload_min_bytes_per_second=100),
+        engine=engine,
+        auto_migrate=True,
+    )
+    yield opened
+    opened.close()
+
+
+@pytest.fixture
+def base_url(stack) -> Iterator[str]:
+    with running_server(create_app(stack), access_log=False) as url:
+        yield url
+
+
+def _slow_upload(base_url: str, api_key: str, declared: int = 10_000_000) -> socket.socket:
+    """A connection that sent an upload's headers and no byte of its body."""
+    parts = urlsplit(base_url)
+    conn = socket.create_connection((parts.hostname, parts.port), timeout=30)
+    conn.sendall(
+        (
+            f"PUT {P}/objects?filename=slow.bin HTTP/1.1\r\nHost: test\r\n"
+            f"Authorization: Bearer {api_key}\r\nContent-Length: {declared}\r\n\r\n"
+        ).encode()
+    )
+    return conn
+
+
+def _answer(conn: socket.socket) -> tuple[int, dict[str, object]]:
+    answer = b""
+    while chunk := conn.recv(65536):
+        answer += chunk
+        head, _, body = answer.partition(b"\r\n\r\n")
+        if body and body.count(b"{") == body.count(b"}"):
+            break
+    return int(head.split(b" ", 2)[1]), json.loads(body)["error"]
+
+
+def test_stalled_uploads_leave_the_other_routes_their_threads(stack, base_url):
+    user = add_user(stack, "eve")  # an ordinary user: 60 uploads a minute
+    with ExitStack() as sockets:
+        for _ in range(DEFAULT_THREADS + 5):
+            sockets.enter_context(_slow_upload(base_url, user.api_key))
+        time.sleep(1.0)  # every one of them in its handler, waiting for its body
+        with httpx.Client(base_url=base_url, timeout=5) as client:
+            assert client.get("/healthz").status_code == 200
+            assert client.get(f"{P}/credits", headers=bearer(user)).status_code == 200
+
+
+def test_an_upload_whose_body_stops_is_refused(stack, base_url):
+    user = add_user(stack, "eve")
+    with _slow_upload(base_url, user.api_key) as conn:
+        conn.sendall(b"x" * 500)
+        started = time.monotonic()
+        status, error = _answer(conn)
+    assert (status, error["code"]) == (408, "upload_too_slow")
+    assert time.monotonic() - started < 10
+    assert not list((stack.settings.data_dir / "objects").rglob("slow*"))
+
+
+def test_an_upload_trickling_below_the_minimum_rate_is_refused(stack, base_url):
+    user = add_user(stack, "eve")
+    with _slow_upload(base_url, user.api_key) as conn:
+        started = time.monotonic()
+        conn.settimeout(0.3)
+        status, error = None, {}
+        while status is None and time.monotonic() - started < 10:
+            conn.sendall(b"x")  # ~4 bytes/s: never idle, far below 100 bytes/s
+            try:
+                status, error = _answer(conn)
+            except TimeoutError:
+                continue
+    assert (status, error.get("code")) == (408, "upload_too_slow")
+    assert "bytes/s" in str(error["message"])
