@@ -89,7 +89,8 @@ def test_an_upload_trickling_below_the_minimum_rate_is_refused(stack, base_url):
     with _slow_upload(base_url, user.api_key) as conn:
         started = time.monotonic()
         conn.settimeout(0.3)
-        status, error = None, {}
+        status: int | None = None
+        error: dict[str, object] = {}
         while status is None and time.monotonic() - started < 10:
             conn.sendall(b"x")  # ~4 bytes/s: never idle, far below 100 bytes/s
             try:
