@@ -896,7 +896,10 @@ def create_app(
             wall_seconds=settings.inspection_wall_seconds,
             memory_mb=settings.inspection_memory_mb,
             concurrency=settings.inspection_concurrency,
-        )
+        ),
+        # The data dir (storage secret, embedded database, Redis, every object) is not
+        # for the parsers of a hostile upload to see.
+        hidden_paths=(settings.data_dir,),
     )
     # Uploads stream in threads of their own (see Settings.upload_concurrency).
     app.state.upload_limiter = anyio.CapacityLimiter(settings.upload_concurrency)

@@ -15,46 +15,83 @@ its connections, its ``__main__``, its environment's credentials) reaches a chil
 Per inspection the API hands the server one end of a fresh socket pair; the child
 speaks on it, and the server adds the child's exit status when it has reaped it::
 
+    server -> API   {"capabilities": ...} (a JSON line on the control socket, at start)
     API -> child    ("inspect", path | None, size, cpu_seconds, memory_mb)
     child -> API    ("pid", pid), then ("read", offset, length)* and one of
                     ("done", inspection) | ("memory",) | ("error", text)
     API -> child    the bytes of each read (an S3 object: the child holds no client)
     server -> API   ("exit", exit code), after the child has ended
 
-A local file is opened by path (read only). Past a budget (``SIGXCPU``, out of
-memory, or the wall clock, after which the API kills the child) the upload is refused
-with :class:`~hypermedia.errors.InspectionLimit` (422 ``inspection_limit``).
+A local file is opened by path (read only), before the sandbox is built. Past a
+budget (``SIGXCPU``, out of memory, or the wall clock, after which the API kills the
+child) the upload is refused with :class:`~hypermedia.errors.InspectionLimit` (422
+``inspection_limit``).
+
+The sandbox. A parser exploit in an upload must reach no more than a job's step does,
+so each child parses inside the job sandbox (:mod:`hypermedia.sandbox.isolation`,
+built once in the server by :meth:`~hypermedia.sandbox.isolation.Isolation.start`, as
+the jobs' fork server does): the child opens its file, then enters a network
+namespace with no interface up (no PostgreSQL, Redis or anything else on 127.0.0.1),
+a mount namespace with the read-only view and its covers (``/tmp``, ``/run``,
+``/root``, ``/home``, the API's working directory, and hidden for good
+``/etc/hypermedia``, the secret files the API's environment names, such as the
+settings file of ``HYPERMEDIA_CONFIG``, and the runner's ``hidden_paths``: the data
+directory with its storage secret, database and objects), ``/proc`` with
+``hidepid=invisible``, a uid of its own with no capabilities and ``RLIMIT_NPROC`` =
+1 (it can start no process or thread, so none outlives it and its uid is free again
+once it is reaped), and last the seccomp filter (:mod:`hypermedia.sandbox.syscalls`).
+No workdir: nothing is writable. What the machine does not allow (not root, no
+``CAP_SYS_ADMIN``) is left out and logged as a warning when the server starts,
+exactly as for jobs; ``sandbox=False`` leaves rlimits only.
 """
 
 from __future__ import annotations
 
 import atexit
+import heapq
+import json
 import logging
 import os
 import resource
 import selectors
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from contextlib import suppress
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Any
 
 from hypermedia.errors import InspectionLimit
-from hypermedia.sandbox.inspect import Inspection, inspect_file, inspect_source
+from hypermedia.sandbox import isolation
+from hypermedia.sandbox.child import PR_SET_NO_NEW_PRIVS, prctl
+from hypermedia.sandbox.inspect import Inspection, inspect_source
 from hypermedia.storage.base import Storage
 from hypermedia.storage.local import LocalStorage
-from pipelines.formats.source import BytesSource, CallbackSource
+from pipelines.formats.source import BytesSource, CallbackSource, FileSource, Source
 
 log = logging.getLogger(__name__)
 
 # What the server's environment keeps of the API's: enough to find Python, its
 # packages and libmagic; no credentials.
 _ENVIRONMENT = ("PATH", "PYTHONPATH", "VIRTUAL_ENV", "HOME", "LANG", "LC_ALL", "TMPDIR", "MAGIC")
+STARTUP_TIMEOUT = 60.0  # the server's "ready": imports, then the sandbox probed
+# The parts of the job sandbox an inspection child gets (no PID namespace: it starts
+# no process, RLIMIT_NPROC), and what is lost without each.
+SANDBOX_FEATURES = {
+    "network_namespace": "inspected files are parsed with the network and this host's services",
+    "mount_namespace": "inspected files are parsed where the data dir and the secrets are readable",
+    "own_uid": "inspected files are parsed as the API's user",
+    "private_proc": "inspected files are parsed where every process's command line is visible",
+    "syscall_filter": "inspected files are parsed without the seccomp filter",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,20 +103,44 @@ class InspectionBudget:
 
 
 class InspectionRunner:
-    """Inspects stored bytes in budgeted children (see the module docstring)."""
+    """Inspects stored bytes in budgeted, sandboxed children (see the module docstring).
 
-    def __init__(self, budget: InspectionBudget) -> None:
+    ``hidden_paths``: more paths the children must not see (pass the data dir).
+    ``sandbox``: False runs them with rlimits only (a warning says so).
+    """
+
+    def __init__(
+        self,
+        budget: InspectionBudget,
+        *,
+        hidden_paths: Sequence[str | Path] = (),
+        sandbox: bool = True,
+    ) -> None:
         self.budget = budget
         self._slots = threading.BoundedSemaphore(budget.concurrency)
+        self._config = _sandbox_config(hidden_paths, enabled=sandbox)
+
+    @property
+    def capabilities(self) -> dict[str, Any]:
+        """What the sandbox of the inspection children has (starting the server)."""
+        server = _acquire(self._config)
+        try:
+            return dict(server.capabilities)
+        finally:
+            _release(server)
 
     def inspect(self, storage: Storage, key: str, size: int) -> Inspection:
         with self._slots:
-            return self._run(storage, key, size)
+            server = _acquire(self._config)
+            try:
+                return self._run(server, storage, key, size)
+            finally:
+                _release(server)
 
-    def _run(self, storage: Storage, key: str, size: int) -> Inspection:
+    def _run(self, server: _Server, storage: Storage, key: str, size: int) -> Inspection:
         budget = self.budget
         path = str(storage.path(key)) if isinstance(storage, LocalStorage) else None
-        conn = _server().open()
+        conn = server.open()
         pid: int | None = None
         deadline = time.monotonic() + budget.wall_seconds
         try:
@@ -128,15 +189,37 @@ class InspectionRunner:
         )
 
 
+def _sandbox_config(hidden_paths: Sequence[str | Path], *, enabled: bool) -> dict[str, Any]:
+    """What the server builds its sandbox from: the API's secret files (the server's
+    environment names none), the caller's hidden paths, the API's working directory."""
+    from hypermedia.config import secret_files  # not in the server (pydantic: 16 MB)
+
+    try:
+        also_cover = [os.getcwd()]
+    except OSError:  # removed meanwhile: nothing there to hide
+        also_cover = []
+    hidden = [*isolation.DEFAULT_HIDDEN, *secret_files(os.environ), *map(str, hidden_paths)]
+    return {"enabled": enabled, "hidden": hidden, "also_cover": also_cover}
+
+
 # -- the API's side of the server ----------------------------------------------------------
 
 
 class _Server:
-    def __init__(self) -> None:
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+        self.users = 0  # inspections running on it
+        self.retired = False  # another runner's config replaced it: closed when unused
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         environment = {k: v for k, v in os.environ.items() if k in _ENVIRONMENT}
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "hypermedia.ingest.inspection", str(theirs.fileno())],
+            [
+                sys.executable,
+                "-m",
+                "hypermedia.ingest.inspection",
+                str(theirs.fileno()),
+                json.dumps(config),
+            ],
             pass_fds=[theirs.fileno()],
             stdin=subprocess.DEVNULL,
             env=environment,
@@ -151,6 +234,44 @@ class _Server:
         theirs.close()
         self.control = ours
         self._lock = threading.Lock()
+        self.capabilities = self._ready()
+
+    def _ready(self) -> dict[str, Any]:
+        """The server's capabilities, once it is ready; its sandbox's gaps logged."""
+        data = b""
+        self.control.settimeout(STARTUP_TIMEOUT)
+        try:
+            while not data.endswith(b"\n"):
+                chunk = self.control.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+        except OSError as exc:
+            self.close()
+            raise RuntimeError(f"the inspection server did not start: {exc}") from None
+        self.control.settimeout(None)
+        try:
+            capabilities = json.loads(data)["capabilities"]
+        except (ValueError, KeyError, TypeError):
+            self.close()
+            raise RuntimeError("the inspection server did not start") from None
+        if not self.config["enabled"]:
+            log.warning(
+                "upload inspection: the sandbox is switched off: files are parsed with"
+                " rlimits only",
+                extra={"action": "sandbox_degraded", "feature": "all"},
+            )
+            return dict(capabilities)
+        for feature, reason in (capabilities.get("missing") or {}).items():
+            if feature in SANDBOX_FEATURES:
+                log.warning(
+                    "upload inspection: no %s (%s): %s",
+                    feature.replace("_", " "),
+                    reason,
+                    SANDBOX_FEATURES[feature],
+                    extra={"action": "sandbox_degraded", "feature": feature},
+                )
+        return dict(capabilities)
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -178,58 +299,106 @@ _current: _Server | None = None
 _current_lock = threading.Lock()
 
 
-def _server() -> _Server:
-    """The process's inspection server, (re)started when needed."""
+def _acquire(config: dict[str, Any]) -> _Server:
+    """The process's inspection server for ``config``, (re)started when needed; one
+    for another config (a test's other data dir) is closed once nothing runs on it."""
     global _current
     with _current_lock:
-        if _current is None or not _current.alive():
-            if _current is not None:
+        if _current is None or not _current.alive() or _current.config != config:
+            old = _current
+            if old is not None and not old.alive():
                 log.warning("the inspection server died; starting another")
-                _current.close()
-            _current = _Server()
+            _current = _Server(config)
             atexit.register(_current.close)
+            if old is not None:
+                old.retired = True
+                if old.users == 0:
+                    old.close()
+        _current.users += 1
         return _current
+
+
+def _release(server: _Server) -> None:
+    with _current_lock:
+        server.users -= 1
+        if server.retired and server.users == 0:
+            server.close()
 
 
 # -- the server and its children ---------------------------------------------------------------
 
 
-def serve(control_fd: int) -> None:
-    """Fork one child per channel received on ``control_fd``; report each child's exit
+def _start_sandbox(config: dict[str, Any]) -> tuple[isolation.Isolation, str]:
+    """The jobs' sandbox for this server's children, and the (empty) work root it needs
+    for its jobs cover (removed when the server ends)."""
+    work_root = tempfile.mkdtemp(prefix="hm-inspection-")
+    # As a worker's work root: a job uid can pass through (not list) it without a view.
+    os.chmod(work_root, 0o711)  # noqa: S103
+    jobs_root = os.path.join(work_root, "jobs")
+    os.mkdir(jobs_root, 0o711)
+    code = isolation.code_paths(list(sys.modules.values()), also_cover=config["also_cover"])
+    settings = isolation.Settings(
+        enabled=bool(config["enabled"]),
+        work_root=work_root,
+        jobs_root=jobs_root,
+        hidden=tuple(config["hidden"]),
+        exposed=code.exposes,
+        covered=(*isolation.DEFAULT_COVERED, *code.covers),
+        pid_init="copy",  # no PID namespaces here: no tiny inits to start
+    )
+    return isolation.Isolation.start(settings, os.fork), work_root
+
+
+def serve(control_fd: int, config: dict[str, Any]) -> None:
+    """Fork one child per channel received on ``control_fd`` (each with a uid of the
+    sandbox's block: a channel waits while none is free); report each child's exit
     code on its channel; return when the control socket closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # ends with its control socket only
     inspect_source(BytesSource(b"%PDF-1.4\n"))  # warm: libmagic and the readers loaded
     control = socket.socket(fileno=control_fd)
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_w, False)
-    signal.set_wakeup_fd(wake_w)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
-    selector = selectors.DefaultSelector()
-    selector.register(control, selectors.EVENT_READ)
-    selector.register(wake_r, selectors.EVENT_READ)
-    children: dict[int, int] = {}  # pid -> its channel's fd
-    while True:
-        for key, _ in selector.select():
-            if key.fileobj is control:
-                message, fds, _flags, _address = socket.recv_fds(control, 16, 1)
-                if not message:
-                    return
-                for fd in fds:
-                    pid = os.fork()
-                    if pid == 0:
-                        selector.close()
-                        control.close()
-                        for other in (wake_r, wake_w, *children.values()):
-                            os.close(other)
-                        _child_main(fd)
-                    children[pid] = fd
-            else:
-                with suppress(BlockingIOError):
-                    os.read(wake_r, 4096)
-        _reap(children)
+    sandbox, work_root = _start_sandbox(config)
+    try:
+        capabilities = sandbox.capabilities()
+        ready = {f: capabilities[f] for f in (*SANDBOX_FEATURES, "uid_range")}
+        ready["missing"] = {f: r for f, r in sandbox.missing.items() if f in SANDBOX_FEATURES}
+        control.sendall(json.dumps({"capabilities": ready}).encode() + b"\n")
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_w, False)
+        signal.set_wakeup_fd(wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        selector = selectors.DefaultSelector()
+        selector.register(control, selectors.EVENT_READ)
+        selector.register(wake_r, selectors.EVENT_READ)
+        children: dict[int, tuple[int, int]] = {}  # pid -> (its channel's fd, its uid)
+        waiting: list[int] = []  # channels' fds
+        free_uids = list(sandbox.uids)
+        while True:
+            for key, _ in selector.select():
+                if key.fileobj is control:
+                    message, fds, _flags, _address = socket.recv_fds(control, 16, 1)
+                    if not message:
+                        return
+                    waiting.extend(fds)
+                else:
+                    with suppress(BlockingIOError):
+                        os.read(wake_r, 4096)
+            _reap(children, free_uids)
+            while waiting and (free_uids or not sandbox.own_uid):
+                fd = waiting.pop(0)
+                uid = heapq.heappop(free_uids) if sandbox.own_uid else 0
+                network = sandbox.network_namespace_of(uid) if uid else None
+                pid = os.fork()
+                if pid == 0:
+                    selector.close()
+                    control.close()
+                    _child_main(fd, sandbox, uid, network)
+                children[pid] = (fd, uid)
+    finally:
+        sandbox.close()
+        shutil.rmtree(work_root, ignore_errors=True)
 
 
-def _reap(children: dict[int, int]) -> None:
+def _reap(children: dict[int, tuple[int, int]], free_uids: list[int]) -> None:
     while children:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -237,44 +406,64 @@ def _reap(children: dict[int, int]) -> None:
             return
         if pid == 0:
             return
-        fd = children.pop(pid, None)
-        if fd is None:
+        if pid not in children:
             continue
+        fd, uid = children.pop(pid)
+        if uid:  # RLIMIT_NPROC = 1: it started no process, none of its uid is left
+            heapq.heappush(free_uids, uid)
         channel = Connection(fd)
         with suppress(OSError):  # the API may have stopped listening: nothing to tell
             channel.send(("exit", os.waitstatus_to_exitcode(status)))
         channel.close()
 
 
-def _child_main(fd: int) -> None:
+def _child_main(fd: int, sandbox: isolation.Isolation, uid: int, network: int | None) -> None:
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     code = 0
     try:
-        _child(Connection(fd))
+        # Every descriptor but stdio, the channel and what the sandbox needs (the
+        # template view, the uid's network namespace): none of the server's others.
+        low = 3
+        for keep in sorted({k for k in (fd, network, sandbox.template) if k is not None}):
+            os.closerange(low, keep)
+            low = keep + 1
+        os.closerange(low, max(os.sysconf("SC_OPEN_MAX"), 1024))
+        _child(Connection(fd), sandbox, uid, network)
     except BaseException:
         code = 1
     finally:
         os._exit(code)
 
 
-def _child(conn: Connection) -> None:
+def _child(conn: Connection, sandbox: isolation.Isolation, uid: int, network: int | None) -> None:
     conn.send(("pid", os.getpid()))
     _, path, size, cpu_seconds, memory_mb = conn.recv()
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds + 1))
-    memory = memory_mb * 1024 * 1024
-    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
 
     def read_at(offset: int, length: int) -> bytes:
         conn.send(("read", offset, length))
         return conn.recv_bytes()
 
+    source: Source
     try:
-        if path is not None:
-            inspection = inspect_file(Path(path))
-        else:
-            inspection = inspect_source(CallbackSource(size, read_at))
+        # Opened before the view hides it (it lies in the data dir).
+        source = FileSource(Path(path)) if path is not None else CallbackSource(size, read_at)
+    except Exception as exc:
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        return
+    try:
+        _isolate(sandbox, uid, network)
+    except BaseException as exc:
+        conn.send(("error", f"the inspection sandbox could not be built: {exc}"))
+        return
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds + 1))
+    if uid:  # counts this uid's processes and threads: this one only
+        resource.setrlimit(resource.RLIMIT_NPROC, (1, 1))
+    memory = memory_mb * 1024 * 1024
+    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+    try:
+        inspection = inspect_source(source)
     except MemoryError:
         conn.send(("memory",))
         return
@@ -284,5 +473,14 @@ def _child(conn: Connection) -> None:
     conn.send(("done", inspection.to_dict()))
 
 
+def _isolate(sandbox: isolation.Isolation, uid: int, network: int | None) -> None:
+    """The job sandbox, as a spare and its job build it (:mod:`hypermedia.sandbox.child`),
+    with no workdir: namespaces and the view, the uid, then the syscall filter."""
+    prctl(PR_SET_NO_NEW_PRIVS, 1)
+    jobs_fd = sandbox.prepare()
+    sandbox.enter(jobs_fd, None, uid, network)
+    sandbox.filter_syscalls()
+
+
 if __name__ == "__main__":
-    serve(int(sys.argv[1]))
+    serve(int(sys.argv[1]), json.loads(sys.argv[2]))

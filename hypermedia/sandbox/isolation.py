@@ -1,9 +1,11 @@
 """What a job's child may see and touch: its own namespaces, a read-only view, a uid of its own.
 
 The fork server (:mod:`hypermedia.sandbox.forkserver`) and its children
-(:mod:`hypermedia.sandbox.child`) use this module; nothing else needs to. Linux
-only; every call is a plain syscall (``ctypes``), no helper binary, so a spare pays
-microseconds, not an ``exec`` (bubblewrap: ~16 ms a run).
+(:mod:`hypermedia.sandbox.child`) use this module, and so does the upload
+inspection server (:mod:`hypermedia.ingest.inspection`), whose children parse each
+upload in the same sandbox with no workdir. Linux only; every call is a plain
+syscall (``ctypes``), no helper binary, so a spare pays microseconds, not an
+``exec`` (bubblewrap: ~16 ms a run).
 
 A spare, before its job arrives (off the job's clock), in :meth:`Isolation.prepare`:
 
@@ -825,10 +827,12 @@ class Isolation:
                 os.close(fd)
 
     def enter(
-        self, jobs_fd: int | None, workdir: str, uid: int, network: int | None = None
+        self, jobs_fd: int | None, workdir: str | None, uid: int, network: int | None = None
     ) -> None:
         """The job arrived: its uid's network namespace entered (``network``, closed),
-        its workdir bound read-write (and its only), then its uid."""
+        its workdir bound read-write (and its only), then its uid. With no ``workdir``
+        (upload inspection, :mod:`hypermedia.ingest.inspection`: it only reads a file
+        it was handed open) nothing is writable: the jobs cover is made read-only empty."""
         if network is not None:
             try:
                 setns(network, CLONE_NEWNET)
@@ -836,7 +840,10 @@ class Isolation:
                 os.close(network)
         elif self._own_network is not None:
             unshare(CLONE_NEWNET)  # the uid's could not be made: one of its own
-        if jobs_fd is not None:
+        if jobs_fd is not None and workdir is None:
+            os.close(jobs_fd)
+            mount_setattr(self.jobs_cover, set_=MOUNT_ATTR_RDONLY)
+        elif jobs_fd is not None and workdir is not None:
             parent, name = os.path.split(workdir)
             if parent != self.settings.jobs_root or name in ("", ".", ".."):
                 raise ValueError(f"workdir {workdir!r} is not in the jobs root")
@@ -853,7 +860,8 @@ class Isolation:
             )
             mount_setattr(self.jobs_cover, set_=MOUNT_ATTR_RDONLY)
         if uid:
-            _chown_tree(workdir, uid)
+            if workdir is not None:
+                _chown_tree(workdir, uid)
             drop_to(uid)
 
     def filter_syscalls(self) -> None:
