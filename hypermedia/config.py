@@ -139,6 +139,9 @@ class Settings(BaseSettings):
     # Every user's stored bytes (uploads and their outputs) and uploads per minute.
     user_storage_quota_bytes: int = Field(default=10 * 1024**3, ge=1)
     user_uploads_per_minute: int = Field(default=60, ge=1)
+    # Uploads one user may have arriving at once (the API's upload threads are shared:
+    # one user's slow bodies must not hold them all). More: 429 until one ends.
+    user_concurrent_uploads: int = Field(default=4, ge=1, le=1024)
 
     # Storage: a local directory (``data_dir/objects``, URLs served by the API and
     # signed with ``storage_secret``) or an S3 bucket (URLs presigned by S3).

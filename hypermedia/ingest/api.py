@@ -441,8 +441,15 @@ async def upload_object(
     # A larger Content-Length than max_upload_bytes was refused by the guard, unread.
     limit = min(settings.max_upload_bytes, room)
     object_id = new_id()
+    in_flight = cast(uploads.UploadsInFlight, request.app.state.uploads_in_flight)
     try:
-        blob = await _store_body(request, stack.storage, original_key(pool, object_id), limit)
+        if caller.is_operator:
+            blob = await _store_body(request, stack.storage, original_key(pool, object_id), limit)
+        else:
+            with in_flight.hold(caller.user_id):
+                blob = await _store_body(
+                    request, stack.storage, original_key(pool, object_id), limit
+                )
     except InputTooLarge:
         if quota is not None and limit < settings.max_upload_bytes:
             raise quota_exceeded(quota, used, None) from None
@@ -903,6 +910,7 @@ def create_app(
     )
     # Uploads stream in threads of their own (see Settings.upload_concurrency).
     app.state.upload_limiter = anyio.CapacityLimiter(settings.upload_concurrency)
+    app.state.uploads_in_flight = uploads.UploadsInFlight(settings.user_concurrent_uploads)
     app.state.upload_pace = uploads.ReadPace(
         idle_seconds=settings.upload_idle_seconds,
         min_bytes_per_second=settings.upload_min_bytes_per_second,

@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import anyio
@@ -38,7 +39,14 @@ from starlette.requests import ClientDisconnect
 
 from hypermedia.accounts import Caller, default_pool_id, is_pool_member
 from hypermedia.db.engine import snapshot, transaction
-from hypermedia.errors import Conflict, HypermediaError, InvalidRequest, NotFound, UploadTooSlow
+from hypermedia.errors import (
+    Conflict,
+    HypermediaError,
+    InvalidRequest,
+    NotFound,
+    RateLimited,
+    UploadTooSlow,
+)
 from hypermedia.objects import (
     Deletion,
     ObjectInfo,
@@ -72,6 +80,36 @@ def resolve_pool(engine: Engine, caller: Caller, pool_id: str | None) -> str:
 
 
 HANDOFF_BYTES = 1 << 20
+
+
+class UploadsInFlight:
+    """The uploads each user has arriving now (this API process's), at most
+    ``per_user``: the upload threads are shared, and one user's slow bodies, each
+    within the pace, could otherwise hold them all. Used from the event loop only."""
+
+    def __init__(self, per_user: int) -> None:
+        self.per_user = per_user
+        self._counts: dict[str, int] = {}
+
+    @contextmanager
+    def hold(self, user_id: str) -> Iterator[None]:
+        held = self._counts.get(user_id, 0)
+        if held >= self.per_user:
+            raise RateLimited(
+                f"{held} uploads of this user are still arriving (at most {self.per_user}"
+                " at once): retry when one has ended",
+                limit=self.per_user,
+                retry_after_seconds=1,
+            )
+        self._counts[user_id] = held + 1
+        try:
+            yield
+        finally:
+            left = self._counts[user_id] - 1
+            if left:
+                self._counts[user_id] = left
+            else:
+                del self._counts[user_id]
 
 
 @dataclass(frozen=True, slots=True)

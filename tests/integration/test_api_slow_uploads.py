@@ -25,7 +25,12 @@ DEFAULT_THREADS = 40  # anyio's default thread limiter: every sync route and dep
 @pytest.fixture
 def stack(engine, settings) -> Iterator[Stack]:
     opened = Stack.open(
-        settings(upload_concurrency=4, upload_idle_seconds=1.5, upload_min_bytes_per_second=100),
+        settings(
+            upload_concurrency=4,
+            upload_idle_seconds=1.5,
+            upload_min_bytes_per_second=100,
+            user_concurrent_uploads=DEFAULT_THREADS + 5,  # one user fills the threads
+        ),
         engine=engine,
         auto_migrate=True,
     )
@@ -99,3 +104,42 @@ def test_an_upload_trickling_below_the_minimum_rate_is_refused(stack, base_url):
                 continue
     assert (status, error.get("code")) == (408, "upload_too_slow")
     assert "bytes/s" in str(error["message"])
+
+
+def test_one_user_may_have_a_few_uploads_arriving_at_once(engine, settings):
+    """user_concurrent_uploads (4 by default): a fifth upload of a user whose four are
+    still arriving is refused at once (429, nothing read); another user's upload, and
+    an operator's, go through; once one of the four ends the user may upload again."""
+    stack = Stack.open(settings(upload_idle_seconds=30), engine=engine, auto_migrate=True)
+    try:
+        with running_server(create_app(stack), access_log=False) as url:
+            eve, bob = add_user(stack, "eve"), add_user(stack, "bob")
+            operator = add_user(stack, "op", operator=True)
+            with ExitStack() as sockets, httpx.Client(base_url=url, timeout=10) as client:
+                held = [sockets.enter_context(_slow_upload(url, eve.api_key)) for _ in range(4)]
+                time.sleep(0.5)  # the four in their handlers, their bodies awaited
+
+                def upload(person) -> httpx.Response:
+                    return client.put(
+                        f"{P}/objects",
+                        params={"filename": "a.bin"},
+                        content=b"hello",
+                        headers=bearer(person),
+                    )
+
+                refused = upload(eve)
+                assert refused.status_code == 429, refused.text
+                assert refused.json()["error"]["code"] == "rate_limited"
+                assert "at most 4 at once" in refused.json()["error"]["message"]
+                assert refused.headers["retry-after"] == "1"
+                assert upload(bob).status_code == 201
+                assert upload(operator).status_code == 201
+                held[0].sendall(b"x" * 5)
+                held[0].shutdown(socket.SHUT_WR)  # its body ends short: the upload ends
+                deadline = time.monotonic() + 5
+                while (answer := upload(eve)).status_code == 429:
+                    assert time.monotonic() < deadline, answer.text
+                    time.sleep(0.1)
+                assert answer.status_code == 201, answer.text
+    finally:
+        stack.close()
