@@ -431,29 +431,6 @@ def declared_queue_names(environ: Mapping[str, str]) -> set[str]:
     return names
 
 
-# Files named in the environment that hold secrets: the settings file (storage secret,
-# database password), a node's Ray token, the alert webhooks (their secrets). A job's
-# sandbox hides them wherever they are (hypermedia.sandbox.executor); a node's Ray
-# processes, whose environment has none of these variables, get their paths in
-# SANDBOX_HIDDEN_VARIABLE (hypermedia.worker.cluster.ray_environment).
-SECRET_FILE_VARIABLES = (
-    "HYPERMEDIA_CONFIG",
-    "HYPERMEDIA_RAY_TOKEN_FILE",
-    "RAY_AUTH_TOKEN_PATH",
-    "HYPERMEDIA_ALERT_WEBHOOKS",
-)
-SANDBOX_HIDDEN_VARIABLE = "HYPERMEDIA_SANDBOX_HIDDEN"  # paths, os.pathsep-separated
-
-
-def secret_files(environ: Mapping[str, str]) -> list[str]:
-    """The absolute paths of the secret-holding files ``environ`` names (relative ones
-    taken from this process's working directory), those of
-    ``HYPERMEDIA_SANDBOX_HIDDEN`` included; each once, in order."""
-    named = [environ.get(name) or "" for name in SECRET_FILE_VARIABLES]
-    named += (environ.get(SANDBOX_HIDDEN_VARIABLE) or "").split(os.pathsep)
-    return list(dict.fromkeys(os.path.abspath(path) for path in named if path))
-
-
 _SECRET_NAME = re.compile(r"(^|_)(secret|key|token|password)$")
 
 

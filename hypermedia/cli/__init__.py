@@ -121,7 +121,8 @@ def _root(
 
 def _known_variables() -> set[str]:
     """Every HYPERMEDIA_* variable something reads: settings fields and CLI options."""
-    from hypermedia.config import SANDBOX_HIDDEN_VARIABLE, Settings
+    from hypermedia.config import Settings
+    from hypermedia.secret_files import SANDBOX_HIDDEN_VARIABLE
 
     known = {f"HYPERMEDIA_{name.upper()}" for name in Settings.model_fields}
     known.update(("HYPERMEDIA_CONFIG", SANDBOX_HIDDEN_VARIABLE))

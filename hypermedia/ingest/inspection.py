@@ -73,6 +73,7 @@ from hypermedia.errors import InspectionLimit
 from hypermedia.sandbox import isolation
 from hypermedia.sandbox.child import PR_SET_NO_NEW_PRIVS, prctl
 from hypermedia.sandbox.inspect import Inspection, inspect_source
+from hypermedia.secret_files import secret_files
 from hypermedia.storage.base import Storage
 from hypermedia.storage.local import LocalStorage
 from pipelines.formats.source import BytesSource, CallbackSource, FileSource, Source
@@ -192,8 +193,6 @@ class InspectionRunner:
 def _sandbox_config(hidden_paths: Sequence[str | Path], *, enabled: bool) -> dict[str, Any]:
     """What the server builds its sandbox from: the API's secret files (the server's
     environment names none), the caller's hidden paths, the API's working directory."""
-    from hypermedia.config import secret_files  # not in the server (pydantic: 16 MB)
-
     try:
         also_cover = [os.getcwd()]
     except OSError:  # removed meanwhile: nothing there to hide

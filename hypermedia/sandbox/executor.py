@@ -85,11 +85,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hypermedia.config import secret_files
 from hypermedia.sandbox import isolation, wire
 from hypermedia.sandbox.limits import DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_MAX_PROCESSES, Limits
 from hypermedia.sandbox.outcome import ChildFailed, ExitReport, interpret, validate_outputs
 from hypermedia.sandbox.wire import MESSAGE_CAP, RESULT_CAP
+from hypermedia.secret_files import secret_files
 from pipelines.registry import Output
 
 __all__ = [

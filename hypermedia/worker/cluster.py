@@ -45,8 +45,8 @@ from pathlib import Path
 
 import psutil
 
-from hypermedia.config import SANDBOX_HIDDEN_VARIABLE, secret_files
 from hypermedia.errors import ServiceUnavailable
+from hypermedia.secret_files import SANDBOX_HIDDEN_VARIABLE, secret_files
 
 log = logging.getLogger(__name__)
 

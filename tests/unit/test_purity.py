@@ -26,6 +26,8 @@ PURE_MODULES = [
     "hypermedia.sandbox.inspect",
     # What a request's strings and JSON values may hold (checked at the API's edge).
     "hypermedia.ingest.fields",
+    # The secret files the environment names, for the sandboxes to hide.
+    "hypermedia.secret_files",
     # The scheduler's policy and cost guard: snapshots in, decisions out.
     "autoscaler.policy",
     "autoscaler.cost",
