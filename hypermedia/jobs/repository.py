@@ -622,6 +622,10 @@ class JobRepository:
             rows = self._complete_in_steps(conn, worker_id, now, finished)
         if not rows:
             return []
+        # The batch's order (UPDATE ... RETURNING answers in the table's): the outputs
+        # register in it, so of two jobs that wrote one key the record keeps the last.
+        order = {f.job_id: i for i, f in enumerate(finished)}
+        rows.sort(key=lambda r: order[r.job_id])
         by_id = {f.job_id: f for f in finished}
         if any(by_id[r.job_id].outputs for r in rows):
             self._register_outputs(conn, rows, by_id, now, versions or {})
@@ -632,8 +636,6 @@ class JobRepository:
         ]
         if units:
             conn.execute(self._statements.get(conn, ("units",), sql.attempt_units), units)
-        order = {f.job_id: i for i, f in enumerate(finished)}
-        rows.sort(key=lambda r: order[r.job_id])
         return [
             Moved(r.job_id, r.queue, r.priority, JobStatus.COMPLETED, operation=r.operation)
             for r in rows

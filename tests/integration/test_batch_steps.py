@@ -224,6 +224,39 @@ def test_complete_many_with_one_key_written_twice_in_a_batch(engine, settings, m
     stack.close()
 
 
+def test_one_key_written_by_several_jobs_keeps_the_batchs_last_size(engine, settings):
+    """The batch's order decides, whatever order the database answers the completing
+    UPDATE in: four jobs of one object write one key, the batch lists them newest
+    first, and the record keeps the size of the last one listed (the storage holds the
+    last upload). PostgreSQL answered in its own order and the record kept another."""
+    stack = open_stack(settings, engine, clock=None)
+    person = make_user(stack)
+    obj = make_object(stack, person, 1000)
+    jobs = [submit(stack, person, ["thumbnail"], object_id=obj)[0] for _ in range(4)]
+    claimed = {j.job_id: j for j in stack.dispatcher.claim_and_start("images", "w", count=4)}
+    assert sorted(claimed) == sorted(jobs)
+    key = f"derived/{obj}/t.webp"
+    listed = list(reversed(jobs))
+    sizes = dict(zip(listed, (40, 30, 20, 10), strict=True))
+    finished = [
+        FinishedJob(
+            job_id,
+            [OutputRecord("t.webp", key, sizes[job_id], "image/webp")],
+            attempt_started_at=claimed[job_id].attempt_started_at,
+        )
+        for job_id in listed
+    ]
+    assert stack.dispatcher.complete_many("w", finished) == [True] * 4
+    with transaction(engine) as conn:
+        size = conn.execute(
+            select(t.objects.c.size_bytes).where(t.objects.c.storage_key == key)
+        ).scalar_one()
+        outputs = dict(conn.execute(select(t.outputs.c.job_id, t.outputs.c.size_bytes)).all())
+    assert size == 10
+    assert outputs == sizes  # each output row keeps its own job's size
+    stack.close()
+
+
 def test_claim_and_start_never_gives_a_job_twice(engine, settings):
     stack = open_stack(settings, engine, clock=None)
     person = make_user(stack)
