@@ -451,14 +451,10 @@ def _child(conn: Connection, sandbox: isolation.Isolation, uid: int, network: in
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
         return
     try:
-        _isolate(sandbox, uid, network)
+        _isolate(sandbox, uid, network, cpu_seconds)
     except BaseException as exc:
         conn.send(("error", f"the inspection sandbox could not be built: {exc}"))
         return
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds + 1))
-    if uid:  # counts this uid's processes and threads: this one only
-        resource.setrlimit(resource.RLIMIT_NPROC, (1, 1))
     memory = memory_mb * 1024 * 1024
     resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
     try:
@@ -472,12 +468,18 @@ def _child(conn: Connection, sandbox: isolation.Isolation, uid: int, network: in
     conn.send(("done", inspection.to_dict()))
 
 
-def _isolate(sandbox: isolation.Isolation, uid: int, network: int | None) -> None:
+def _isolate(sandbox: isolation.Isolation, uid: int, network: int | None, cpu: int) -> None:
     """The job sandbox, as a spare and its job build it (:mod:`hypermedia.sandbox.child`),
-    with no workdir: namespaces and the view, the uid, then the syscall filter."""
+    with no workdir: namespaces and the view, the uid, the limits (but memory's: the
+    parse's alone), then the syscall filter, last (what is watched for: a test saw the
+    filter on before RLIMIT_NPROC)."""
     prctl(PR_SET_NO_NEW_PRIVS, 1)
     jobs_fd = sandbox.prepare()
     sandbox.enter(jobs_fd, None, uid, network)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    if uid:  # counts this uid's processes and threads: this one only
+        resource.setrlimit(resource.RLIMIT_NPROC, (1, 1))
     sandbox.filter_syscalls()
 
 
