@@ -3,7 +3,8 @@ credits for a job that no actor ever serves (issue 11, item 12)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -42,6 +43,30 @@ def client(stack) -> Iterator[httpx.Client]:
         httpx.Client(base_url=url, timeout=30) as http,
     ):
         yield http
+
+
+@contextmanager
+def _submitting(stack: Stack, name: str) -> Iterator[Callable[[str], httpx.Response]]:
+    """A server on ``stack`` and a user with an uploaded PNG: what submits one
+    operation of it."""
+    with (
+        running_server(create_app(stack, auth_cache_seconds=0)) as url,
+        httpx.Client(base_url=url, timeout=30) as client,
+    ):
+        user = add_user(stack, name, credits=100)
+        uploaded = client.put(
+            f"{P}/objects", params={"filename": "a.png"}, content=PNG, headers=bearer(user)
+        )
+        object_id = uploaded.json()["object_id"]
+
+        def submit(operation: str) -> httpx.Response:
+            return client.post(
+                f"{P}/process",
+                json={"object_id": object_id, "operations": [operation]},
+                headers=bearer(user),
+            )
+
+        yield submit
 
 
 def _count(stack: Stack, table) -> int:
@@ -129,31 +154,15 @@ def test_a_queue_without_workers_here_is_refused_at_submit(engine, settings):
         chosen, engine=engine, auto_migrate=True, implemented=served_operations(chosen, pools)
     )
     try:
-        with (
-            running_server(create_app(stack, auth_cache_seconds=0)) as url,
-            httpx.Client(base_url=url, timeout=30) as client,
-        ):
-            user = add_user(stack, "bob", credits=100)
-            uploaded = client.put(
-                f"{P}/objects", params={"filename": "a.png"}, content=PNG, headers=bearer(user)
-            )
-            object_id = uploaded.json()["object_id"]
-            refused = client.post(
-                f"{P}/process",
-                json={"object_id": object_id, "operations": ["pdf_preview"]},
-                headers=bearer(user),
-            )
+        with _submitting(stack, "bob") as submit:
+            refused = submit("pdf_preview")
             assert refused.status_code == 422, refused.text
             error = refused.json()["error"]
             assert error["code"] == "unknown_operation"
             assert "no worker here runs the 'documents' queue" in error["message"]
             assert "thumbnail" in error["details"]["implemented"]
             assert "pdf_preview" not in error["details"]["implemented"]
-            accepted = client.post(
-                f"{P}/process",
-                json={"object_id": object_id, "operations": ["thumbnail"]},
-                headers=bearer(user),
-            )
+            accepted = submit("thumbnail")
             assert accepted.status_code == 202, accepted.text
         assert _count(stack, t.jobs) == 1
     finally:
@@ -183,23 +192,7 @@ def test_a_ray_up_head_refuses_a_queue_its_scheduler_json_gives_no_worker(engine
         chosen, engine=engine, auto_migrate=True, implemented=operations_of(chosen, staffed)
     )
     try:
-        with (
-            running_server(create_app(stack, auth_cache_seconds=0)) as url,
-            httpx.Client(base_url=url, timeout=30) as client,
-        ):
-            user = add_user(stack, "carol", credits=100)
-            uploaded = client.put(
-                f"{P}/objects", params={"filename": "a.png"}, content=PNG, headers=bearer(user)
-            )
-            object_id = uploaded.json()["object_id"]
-
-            def submit(operation: str) -> httpx.Response:
-                return client.post(
-                    f"{P}/process",
-                    json={"object_id": object_id, "operations": [operation]},
-                    headers=bearer(user),
-                )
-
+        with _submitting(stack, "carol") as submit:
             refused = submit("ocr")
             assert refused.status_code == 422, refused.text
             error = refused.json()["error"]
