@@ -26,7 +26,7 @@ that time.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Annotated, Any, BinaryIO, Literal, cast
@@ -454,7 +454,8 @@ async def upload_object(
         if quota is not None and limit < settings.max_upload_bytes:
             raise quota_exceeded(quota, used, None) from None
         raise
-    info = await run_in_threadpool(
+    info = await _registered(
+        request,
         lambda: uploads.register_blob(
             stack.engine,
             stack.storage,
@@ -466,9 +467,18 @@ async def upload_object(
             filename=filename,
             now=stack.clock.now(),
             quota_bytes=quota,
-        )
+        ),
     )
     return _object_response(info)
+
+
+async def _registered(request: Request, register: Callable[[], ObjectInfo]) -> ObjectInfo:
+    """``register`` (an upload's inspection, then its row) in a worker thread borrowed
+    from the app's inspection limiter (``inspection_concurrency``): a registration
+    waiting for an inspection slot waits in the event loop, holding no thread of the
+    default pool every other route runs in (~40 waiting held them all)."""
+    limiter = cast(anyio.CapacityLimiter, request.app.state.inspection_limiter)
+    return await anyio.to_thread.run_sync(register, limiter=limiter)
 
 
 async def _store_body(request: Request, storage: Storage, key: str, limit: int) -> StoredBlob:
@@ -516,26 +526,29 @@ def _admit_upload(
     responses=_errors(400, 404, 409, 413, 429),
     tags=["objects"],
 )
-def register_object(
+async def register_object(
     body: RegisterRequest, request: Request, caller: CallerDep, stack: StackDep
 ) -> ObjectResponse:
     """For web tiers that stored the file themselves, under ``originals/<pool_id>/``.
     The stored bytes are inspected as for an upload; a ``content_type`` in the body is
     ignored. Registrations count against the upload rate and the storage quota."""
-    _count_upload(stack, caller)
-    info = uploads.register_stored(
-        stack.engine,
-        stack.storage,
-        _inspector(request),
-        caller,
-        object_id=new_id(),
-        storage_key=body.storage_key,
-        filename=body.filename,
-        size_bytes=body.size_bytes,
-        pool_id=body.pool_id,
-        sha256=body.sha256,
-        now=stack.clock.now(),
-        quota_bytes=_quota(stack, caller),
+    await run_in_threadpool(_count_upload, stack, caller)
+    info = await _registered(
+        request,
+        lambda: uploads.register_stored(
+            stack.engine,
+            stack.storage,
+            _inspector(request),
+            caller,
+            object_id=new_id(),
+            storage_key=body.storage_key,
+            filename=body.filename,
+            size_bytes=body.size_bytes,
+            pool_id=body.pool_id,
+            sha256=body.sha256,
+            now=stack.clock.now(),
+            quota_bytes=_quota(stack, caller),
+        ),
     )
     return _object_response(info)
 
@@ -910,6 +923,7 @@ def create_app(
     )
     # Uploads stream in threads of their own (see Settings.upload_concurrency).
     app.state.upload_limiter = anyio.CapacityLimiter(settings.upload_concurrency)
+    app.state.inspection_limiter = anyio.CapacityLimiter(settings.inspection_concurrency)
     app.state.uploads_in_flight = uploads.UploadsInFlight(settings.user_concurrent_uploads)
     app.state.upload_pace = uploads.ReadPace(
         idle_seconds=settings.upload_idle_seconds,

@@ -16,6 +16,7 @@ from hypermedia.clock import SystemClock
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
 from hypermedia.errors import InspectionLimit
+from hypermedia.ingest import inspection
 from hypermedia.ingest.api import create_app
 from hypermedia.ingest.inspection import InspectionBudget, InspectionRunner
 from hypermedia.ingest.uploads import inspect_stored
@@ -146,3 +147,47 @@ def test_an_s3_object_is_inspected_through_the_parent(tmp_path, settings, monkey
         found = runner.inspect(storage, key, len(PNG))
         assert found == inspect_stored(storage, key, len(PNG))
         assert (found.kind, found.details["width"], found.details["height"]) == ("image", 48, 32)
+
+
+def test_uploads_waiting_for_an_inspection_slot_hold_no_thread_of_the_other_routes(
+    engine, settings
+):
+    """inspection_concurrency 1, one slow inspection (the crafted PDF, up to its 5 s of
+    CPU) and 45 small uploads behind it, more than anyio's 40 default threads: they wait
+    for the slot holding no thread of the default pool, so /healthz and a credits read
+    answer meanwhile (each registration waited in one of those threads before)."""
+    stack = Stack.open(
+        settings(inspection_cpu_seconds=5, inspection_wall_seconds=60, inspection_concurrency=1),
+        engine=engine,
+        auto_migrate=True,
+    )
+    try:
+        with (
+            running_server(create_app(stack, auth_cache_seconds=0)) as url,
+            ThreadPoolExecutor(50) as pool,
+            httpx.Client(base_url=url, timeout=1.5) as client,
+        ):
+            operator = add_user(stack, "op", operator=True)  # no upload caps
+            slow = pool.submit(_upload, url, operator, crafted_pdf(), "slow.pdf")
+            deadline = time.monotonic() + 10
+            while inspection._current is None or not _children(inspection._current):
+                assert time.monotonic() < deadline, "the slow inspection never started"
+                time.sleep(0.01)
+            small = [pool.submit(_upload, url, operator, PNG, f"{i}.png") for i in range(45)]
+            stored = stack.settings.storage_dir
+            while len([p for p in stored.rglob("*") if p.is_file()]) < 46:  # all waiting
+                assert time.monotonic() < deadline + 10, "the small uploads were not stored"
+                time.sleep(0.05)
+            time.sleep(0.2)  # their registrations begun, waiting for the slot
+            assert not slow.done()
+            assert client.get("/healthz").status_code == 200
+            assert client.get(f"{P}/credits", headers=bearer(operator)).status_code == 200
+            assert slow.result().status_code in (201, 422)  # inspected, or past its CPU
+            assert [u.result().status_code for u in small] == [201] * 45
+    finally:
+        stack.close()
+
+
+def _children(server: inspection._Server) -> list[int]:
+    with open(f"/proc/{server.process.pid}/task/{server.process.pid}/children") as listing:
+        return [int(pid) for pid in listing.read().split()]
