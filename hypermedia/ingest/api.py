@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
+from contextlib import nullcontext
 from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Annotated, Any, BinaryIO, Literal, cast
@@ -442,14 +443,10 @@ async def upload_object(
     limit = min(settings.max_upload_bytes, room)
     object_id = new_id()
     in_flight = cast(uploads.UploadsInFlight, request.app.state.uploads_in_flight)
+    held = nullcontext() if caller.is_operator else in_flight.hold(caller.user_id)
     try:
-        if caller.is_operator:
+        with held:
             blob = await _store_body(request, stack.storage, original_key(pool, object_id), limit)
-        else:
-            with in_flight.hold(caller.user_id):
-                blob = await _store_body(
-                    request, stack.storage, original_key(pool, object_id), limit
-                )
     except InputTooLarge:
         if quota is not None and limit < settings.max_upload_bytes:
             raise quota_exceeded(quota, used, None) from None
