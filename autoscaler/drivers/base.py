@@ -26,6 +26,14 @@ does the lifecycle I/O against one cloud. The contract every driver keeps (and
   rendered (:func:`autoscaler.bootstrap.user_data`); it names where the node finds
   its Ray token, never the token or a cloud credential. Drivers pass it unchanged
   (base64 where the API wants it).
+* **Billing is read, when it can be, at the operator's cost in mind.** A driver that
+  can read its cloud's billing has :meth:`BillingReader.charges` (see
+  :class:`BillingReader`): what the bill says the cluster's resources cost, per UTC day,
+  named by instance id or by the request id tag. The scheduler asks only once a day or
+  an instance has ended and its bill had time to settle
+  (:attr:`BillingReader.billing_settle_seconds`), and at most every
+  :attr:`BillingReader.billing_interval_seconds` (AWS Cost Explorer charges $0.01 a
+  request): a reconciliation is a few requests a day of bursting, not one a turn.
 * **SDKs load lazily.** Importing a driver module imports no SDK; building a driver
   whose SDK is missing raises :class:`~hypermedia.errors.ConfigError` with the
   ``pip install`` that fixes it.
@@ -173,6 +181,40 @@ class Driver(Protocol):
     def price(self, spot: bool) -> float | DriverError:
         """What one instance of the configured type costs now, cents per hour
         (``spot``: the current spot / preemptible price)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Charge:
+    """What a cloud's billing says one of the cluster's resources cost on one UTC day.
+
+    ``request_id`` is the :data:`TAG_REQUEST` value the bill carries (cost allocation
+    tags, billing-export labels), ``instance_id`` the provider's id where the bill names
+    it; at least one is set when the bill can tell whose the charge is. A charge with
+    neither (the cluster's, by its tag, but of no instance: a volume left behind, an
+    address) counts toward the day's bill and belongs to no instance."""
+
+    day: str  # "YYYY-MM-DD", UTC
+    cents: float
+    request_id: str = ""
+    instance_id: str = ""
+
+
+class BillingReader(Protocol):
+    """A driver that can read its cloud's billing (the contract's "Billing is read")."""
+
+    #: How long after a day (or an instance) ended its bill is complete enough to
+    #: compare with the ledger: the provider's billing lag, with a margin.
+    billing_settle_seconds: float
+    #: The least time between two reads (a read may cost money).
+    billing_interval_seconds: float
+
+    def charges(self, cluster: str, first_day: str, last_day: str) -> list[Charge] | DriverError:
+        """Every charge the billing holds for ``cluster``'s resources (by
+        :data:`TAG_CLUSTER`) on the UTC days ``first_day`` .. ``last_day`` (both
+        included, ``YYYY-MM-DD``). Days the billing has not processed yet are simply
+        missing. A billing that is not set up (tags not activated, no export table)
+        answers an ``invalid`` error saying what to set up."""
         ...
 
 
