@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from sqlalchemy import func, select
@@ -25,6 +26,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from autoscaler import alerts
 from autoscaler.alerts import AlertState, Notification, Observation, WorkerHealth
+from autoscaler.billing import Finding
 from autoscaler.config import SchedulerConfig
 from autoscaler.snapshot import Decision, Snapshot
 from autoscaler.state import epoch, read_state, to_datetime, write_state
@@ -113,14 +115,19 @@ class Alerting:
         )
 
     def turn(
-        self, snapshot: Snapshot, decisions: Sequence[Decision], applied: Sequence[bool]
+        self,
+        snapshot: Snapshot,
+        decisions: Sequence[Decision],
+        applied: Sequence[bool],
+        billing: Sequence[Finding] = (),
     ) -> list[Notification]:
         """Evaluate the rules and record what they notify (one transaction); the
         notifications. ``decisions`` and ``applied`` are the turn's, in parallel: only
-        the ones carried out are events."""
+        the ones carried out are events; ``billing``: the turn's reconciliation's
+        findings (events too)."""
         done = [d for d, ok in zip(decisions, applied, strict=True) if ok]
         with transaction(self.engine) as conn:
-            observed = self.observe(conn, snapshot, done)
+            observed = replace(self.observe(conn, snapshot, done), billing=tuple(billing))
             result = alerts.evaluate(self.config.alerts, observed, read_alert_state(conn))
             for notification in result.notifications:
                 self._record(conn, notification)

@@ -38,8 +38,10 @@ a condition that holds turn after turn is one notification, not one per turn.
 
 Events are one notification each and never resolve: a scaling action carried out this
 turn (``launch``, ``drain``, ``terminate``: info, the seed's "worker provisioned /
-terminated") and the policy's own ``alert`` decisions (warning: the spend at
-``alert_threshold_cents``, a queue flooded past the policy table's last row).
+terminated"), the policy's own ``alert`` decisions (warning: the spend at
+``alert_threshold_cents``, a queue flooded past the policy table's last row) and the
+billing reconciliation's findings (``billing``, warning: a settled bill that differs
+from the ledger, :mod:`autoscaler.billing`).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
+from autoscaler.billing import Finding
 from autoscaler.cost import money
 from autoscaler.snapshot import Decision, QueueState, Spend
 
@@ -88,6 +91,8 @@ class Observation:
     daily_cap_cents: float
     # This turn's decisions that were carried out (the events).
     decisions: tuple[Decision, ...] = ()
+    # This turn's billing reconciliation's findings (events too).
+    billing: tuple[Finding, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -357,6 +362,28 @@ def events(decisions: Iterable[Decision], now: float) -> list[Notification]:
     return found
 
 
+def billing_events(findings: Iterable[Finding], now: float) -> list[Notification]:
+    """One warning per settled bill that differs from the ledger."""
+    return [
+        Notification(
+            key=f"billing:{finding.key}",
+            rule="billing",
+            level="warning",
+            status="event",
+            summary=finding.message(),
+            labels={"provider": finding.provider},
+            started_at=now,
+            at=now,
+            details={
+                "subject": finding.subject,
+                "ledger_cents": round(finding.ledger_cents, 4),
+                "billed_cents": round(finding.billed_cents, 4),
+            },
+        )
+        for finding in findings
+    ]
+
+
 def evaluate(config: AlertsConfig, observed: Observation, state: AlertState) -> Result:
     """This turn's notifications and the state for the next turn (see the module doc)."""
     now = observed.now
@@ -398,6 +425,7 @@ def evaluate(config: AlertsConfig, observed: Observation, state: AlertState) -> 
         if key not in holding and before.firing:
             notifications.append(_notification(before, "resolved", now))
     notifications.extend(events(observed.decisions, now))
+    notifications.extend(billing_events(observed.billing, now))
     return Result(notifications, AlertState(active))
 
 
@@ -480,4 +508,5 @@ def rules() -> Sequence[str]:
         "daily_cap",
         "scaling",
         "scheduler_alert",
+        "billing",
     )

@@ -373,6 +373,7 @@ class HypermediaNodeProvider(NodeProvider):
                     s.insert().values(
                         provider=provider,
                         instance_id=instance.instance_id,
+                        request_id=instance.request_id[:64] or None,
                         node_type=instance.node_type[:64],
                         region="",
                         spot=instance.spot,
@@ -771,6 +772,7 @@ class HypermediaNodeProvider(NodeProvider):
             t.cloud_spend.insert().values(
                 provider=choice.provider,
                 instance_id=request_id,
+                request_id=request_id,
                 node_type=node_type,
                 region=region[:64],
                 spot=choice.spot,

@@ -37,6 +37,7 @@ from sqlalchemy import select
 from sqlalchemy.engine import Engine
 
 from autoscaler import orders, raynodes
+from autoscaler.billing import Account, accounts
 from autoscaler.config import ProviderName, SchedulerConfig
 from autoscaler.leader import Term
 from autoscaler.provider import HypermediaNodeProvider, record_vps_node
@@ -144,10 +145,10 @@ class RayFleet:
     def offers(self, now: float) -> dict[ProviderName, Offer]:
         return self.provider.offers()
 
-    def billed(self, instance_ids: Sequence[str]) -> dict[str, float]:
-        # No driver reads provider billing yet: the ledger stands alone (reconcile
-        # compares nothing rather than something made up).
-        return {}
+    def billing(self) -> dict[str, Account]:
+        """The drivers that can read their cloud's billing (``charges``), bound to the
+        cluster; the others (IONOS) are not reconciled."""
+        return accounts(self.provider.drivers, self.provider.cluster)
 
     # -- making it so ------------------------------------------------------------------------
 

@@ -54,9 +54,11 @@ from typing import Any, Protocol
 from sqlalchemy import func, select
 from sqlalchemy.engine import Connection, Engine
 
-from autoscaler import cost, policy, samples, webhooks
+from autoscaler import billing, cost, policy, samples, webhooks
 from autoscaler.alerting import Alerting
+from autoscaler.billing import Account, Finding, LedgerRow
 from autoscaler.config import ProviderName, SchedulerConfig
+from autoscaler.drivers.base import DriverError
 from autoscaler.leader import Leadership, Term
 from autoscaler.snapshot import (
     FLEET_ACTIONS,
@@ -83,7 +85,7 @@ from hypermedia import ids
 from hypermedia.clock import Clock
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
-from hypermedia.errors import ConfigError
+from hypermedia.errors import ConfigError, DatabaseUnavailable
 from hypermedia.jobs.states import JobStatus
 from hypermedia.metrics import (
     COST_LOCKED,
@@ -108,7 +110,7 @@ COST_LOCK = "cost_lock"
 HOLDS = "holds"
 RECONCILED = "billing_reconciled"
 RECONCILE_SECONDS = 900.0  # the seed: billing is checked every 15 minutes
-RECONCILE_TOLERANCE = 0.10  # a bill this far (or 1 cent) from the ledger is reported
+KEEP_FINDINGS = 20  # the last findings kept for `scheduler status`
 
 
 # -- the seam to the clouds ---------------------------------------------------------------
@@ -128,9 +130,9 @@ class Fleet(Protocol):
         """Make the fleet match ``plan``; whether each of ``plan.actions`` was done."""
         ...
 
-    def billed(self, instance_ids: Sequence[str]) -> dict[str, float]:
-        """Cents the provider's billing says each instance has cost so far (it lags;
-        an id it does not know yet is left out)."""
+    def billing(self) -> Mapping[str, Account]:
+        """The providers whose billing this fleet can read (:mod:`autoscaler.billing`),
+        by name; a provider left out is not reconciled."""
         ...
 
 
@@ -150,7 +152,7 @@ class NoCloud:
             log.warning("no cloud driver configured: %s not carried out", decision.reason)
         return [False] * len(plan.actions)
 
-    def billed(self, instance_ids: Sequence[str]) -> dict[str, float]:
+    def billing(self) -> Mapping[str, Account]:
         return {}
 
 
@@ -355,6 +357,30 @@ def ledger_spend(conn: Connection, now: float, locked: bool, alerted_today: bool
     return cost.spend(intervals, now, locked=locked, alerted_today=alerted_today)
 
 
+_KEEP = billing.KEEP_DAYS * billing.DAY_SECONDS
+
+
+def ledger_rows(conn: Connection, since: float) -> list[LedgerRow]:
+    """The ledger's rows still running or terminated at or after ``since``."""
+    s = t.cloud_spend
+    query = select(s).where(
+        s.c.terminated_at.is_(None) | (s.c.terminated_at >= _to_datetime(since))
+    )
+    return [
+        LedgerRow(
+            spend_id=row.spend_id,
+            provider=row.provider,
+            instance_id=row.instance_id,
+            request_id=row.request_id,
+            launched_at=_epoch(row.launched_at),
+            terminated_at=_epoch(row.terminated_at) if row.terminated_at is not None else None,
+            cents_per_hour=cost.from_microusd(row.price_per_hour_microusd),
+            reconciled=row.reconciled_at is not None,
+        )
+        for row in conn.execute(query.order_by(s.c.spend_id))
+    ]
+
+
 def hold_key(decision: Decision) -> str:
     """A hold's identity across turns: its queue, worker and reason without the numbers
     (depth, age and cooldown seconds change every turn; the hold is the same)."""
@@ -440,10 +466,16 @@ class Scheduler:
             return Evaluation(snapshot, decisions, None)
         applied = self._carry_out(plan_of(snapshot, decisions), decisions, term)
         self._record(snapshot, decisions, applied, term)
-        self.reconcile(snapshot.now)
+        try:
+            findings = self.reconcile(snapshot.now)
+        except DatabaseUnavailable:
+            raise
+        except Exception:  # a bill that cannot be read or made sense of never stops the scaling
+            log.exception("reconciling the billing failed")
+            findings = []
         if self.leadership.holds(term):
             try:
-                self.alerting.turn(snapshot, decisions, applied)
+                self.alerting.turn(snapshot, decisions, applied, findings)
             except Exception:  # the alerts never stop the scaling
                 log.exception("evaluating the alert rules failed")
         return Evaluation(snapshot, decisions, term)
@@ -462,57 +494,82 @@ class Scheduler:
             {w.node_id: w.spot for w in snapshot.workers if w.cloud and w.node_id is not None}
         )
 
-    def reconcile(self, now: float) -> list[str]:
-        """Every :data:`RECONCILE_SECONDS`, compare the ledger with the providers' billing:
-        store what each instance was billed, and warn about every instance whose bill
-        and ledger differ by more than :data:`RECONCILE_TOLERANCE` (the caps run on the
-        ledger, which is real time; billing lags). The instances that differ."""
-        s = t.cloud_spend
+    def reconcile(self, now: float) -> list[Finding]:
+        """Every :data:`RECONCILE_SECONDS`, compare the ledger with what the providers
+        bill (:mod:`autoscaler.billing`: only what has settled, a provider's billing read
+        only when something of it is pending, at most every interval of its reader).
+        Settled rows get what was billed and ``reconciled_at``; each finding is logged
+        and returned (the turn's alerts notify them). The findings of this check."""
         with transaction(self.engine) as conn:
-            last = read_state(conn, RECONCILED)
-            if last is not None and now - float(last["at"]) < RECONCILE_SECONDS:
+            state = read_state(conn, RECONCILED) or {}
+            if now - float(state.get("at", -RECONCILE_SECONDS)) < RECONCILE_SECONDS:
                 return []
-            rows = conn.execute(
-                select(
-                    s.c.spend_id,
-                    s.c.instance_id,
-                    s.c.launched_at,
-                    s.c.terminated_at,
-                    s.c.price_per_hour_microusd,
-                ).where(
-                    s.c.terminated_at.is_(None)
-                    | s.c.reconciled_at.is_(None)
-                    | (s.c.reconciled_at < s.c.terminated_at)
+            rows = ledger_rows(conn, now - billing.KEEP_DAYS * billing.DAY_SECONDS)
+        accounts = self.fleet.billing()
+        providers: dict[str, Any] = dict(state.get("providers", {}))
+        findings: list[Finding] = []
+        for name in sorted({row.provider for row in rows}):
+            mine = [row for row in rows if row.provider == name]
+            kept: dict[str, Any] = dict(providers.get(name, {}))
+            providers[name] = kept
+            account = accounts.get(name)
+            if account is None:
+                kept.update(error="its billing is not read", read_at=None)
+                continue
+            compared = [d for d in kept.get("compared", []) if d >= billing.day_of(now - _KEEP)]
+            instances, days = billing.pending(mine, account.settle_seconds, compared, now)
+            if not (instances or days) or now < float(kept.get("next_read", 0.0)):
+                continue
+            first, last = billing.window(instances, days)
+            kept["next_read"] = now + account.interval_seconds
+            charges = account.read(first, last)
+            if isinstance(charges, DriverError):
+                kept["error"] = str(charges)
+                log.warning(
+                    "reading %s's billing for %s .. %s failed: %s",
+                    name,
+                    first,
+                    last,
+                    charges,
+                    extra={"action": "scheduler_reconcile"},
                 )
-            ).all()
-        bills = self.fleet.billed([row.instance_id for row in rows]) if rows else {}
-        differing = []
+                continue
+            start, end = billing.day_start(first), billing.day_start(last) + billing.DAY_SECONDS
+            overlapping = [
+                r
+                for r in mine
+                if r.launched_at < end and (r.terminated_at is None or r.terminated_at >= start)
+            ]
+            outcome = billing.compare(name, overlapping, charges, instances, days, now)
+            with transaction(self.engine) as conn:
+                s = t.cloud_spend
+                for spend_id, cents in outcome.billed.items():
+                    conn.execute(
+                        s.update()
+                        .where(s.c.spend_id == spend_id)
+                        .values(
+                            billed_microusd=cost.to_microusd(cents),
+                            reconciled_at=_to_datetime(now),
+                        )
+                    )
+            kept.update(
+                error=None,
+                read_at=now,
+                compared=sorted(set(compared) | set(outcome.days)),
+                charges=len(charges),
+                window=[first, last],
+            )
+            for finding in outcome.findings:
+                log.warning("%s", finding.message(), extra={"action": "scheduler_reconcile"})
+            findings.extend(outcome.findings)
         with transaction(self.engine) as conn:
-            for row in rows:
-                if row.instance_id not in bills:
-                    continue
-                billed = bills[row.instance_id]
-                end = _epoch(row.terminated_at) if row.terminated_at is not None else now
-                hours = max(0.0, end - _epoch(row.launched_at)) / cost.HOUR_SECONDS
-                ledger = cost.from_microusd(row.price_per_hour_microusd) * hours
-                if abs(billed - ledger) > max(1.0, RECONCILE_TOLERANCE * ledger):
-                    differing.append(row.instance_id)
-                    log.warning(
-                        "billing for %s is %.2f cents, the ledger says %.2f",
-                        row.instance_id,
-                        billed,
-                        ledger,
-                        extra={"action": "scheduler_reconcile"},
-                    )
-                conn.execute(
-                    s.update()
-                    .where(s.c.spend_id == row.spend_id)
-                    .values(
-                        billed_microusd=cost.to_microusd(billed), reconciled_at=_to_datetime(now)
-                    )
-                )
-            write_state(conn, RECONCILED, {"at": now, "instances": len(bills)}, now)
-        return differing
+            previous = list((read_state(conn, RECONCILED) or {}).get("findings", []))
+            recent = previous + [
+                {"at": now, "key": f.key, "message": f.message()} for f in findings
+            ]
+            value = {"at": now, "providers": providers, "findings": recent[-KEEP_FINDINGS:]}
+            write_state(conn, RECONCILED, value, now)
+        return findings
 
     def _carry_out(self, plan: Plan, decisions: list[Decision], term: Term) -> list[bool]:
         """Hand the plan to the fleet if this term still leads; records (alert, lock,

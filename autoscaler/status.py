@@ -13,6 +13,9 @@
   the cloud instances on the meter (open ``cloud_spend`` rows);
 - **spend**: the ledger's last hour and today, the caps of ``scheduler.json``, and the
   daily cap's lock;
+- **billing**: the last reconciliation of the ledger with each provider's bill
+  (:mod:`autoscaler.billing`): when it was read, up to which day, an error, and the last
+  findings;
 - **alerts** firing (:mod:`autoscaler.alerting`'s state), the most severe first;
 - **decisions**: the scheduler's last ones with their reasons; who leads and when the
   last turn was.
@@ -31,7 +34,7 @@ from sqlalchemy import func, select
 from autoscaler.alerting import METRICS_FRESH_SECONDS, read_alert_state
 from autoscaler.config import SchedulerConfig
 from autoscaler.leader import Leadership
-from autoscaler.scheduler import COST_LOCK, HISTORY, ledger_spend, queue_state
+from autoscaler.scheduler import COST_LOCK, HISTORY, RECONCILED, ledger_spend, queue_state
 from autoscaler.snapshot import BANDS
 from autoscaler.state import epoch, read_state, to_datetime
 from hypermedia.bulk import runs
@@ -101,6 +104,17 @@ class SpendStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class BillingStatus:
+    """One provider's reconciliation: its bill last read at ``read_at`` (None: never),
+    the days compared up to ``compared_through``, or what went wrong."""
+
+    provider: str
+    read_at: float | None
+    compared_through: str | None
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class AlertStatus:
     key: str
     rule: str
@@ -149,6 +163,9 @@ class Status:
     alerts: list[AlertStatus]
     decisions: list[DecisionStatus] = field(default_factory=list)
     bulk: list[BulkRunStatus] = field(default_factory=list)
+    billing: list[BillingStatus] = field(default_factory=list)
+    # The reconciliation's last findings: a settled bill that differs from the ledger.
+    billing_findings: list[str] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -178,6 +195,7 @@ def gather(stack: Stack, config: SchedulerConfig, decisions: int = 10) -> Status
         workers = _workers(conn, now)
         instances = _instances(conn, now)
         lock = read_state(conn, COST_LOCK)
+        reconciled = read_state(conn, RECONCILED) or {}
         spend = ledger_spend(conn, now, lock is not None, False)
         firing = read_alert_state(conn).firing()
         last_turn = conn.execute(
@@ -233,6 +251,16 @@ def gather(stack: Stack, config: SchedulerConfig, decisions: int = 10) -> Status
             locked_at=float(lock["at"]) if lock is not None else None,
             lock_reason=lock.get("reason") if lock is not None else None,
         ),
+        billing=[
+            BillingStatus(
+                provider=name,
+                read_at=kept.get("read_at"),
+                compared_through=max(kept.get("compared") or [""]) or None,
+                error=kept.get("error"),
+            )
+            for name, kept in sorted(reconciled.get("providers", {}).items())
+        ],
+        billing_findings=[f["message"] for f in reconciled.get("findings", [])][-5:],
         alerts=[
             AlertStatus(a.key, a.rule, a.level, a.summary, a.firing_since or a.since, a.last_sent)
             for a in firing

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from autoscaler import config as scheduler_config
+from autoscaler.billing import Account
 from autoscaler.config import ProviderName
 from autoscaler.leader import Leadership, Term
 from autoscaler.scheduler import Scheduler
@@ -37,7 +38,7 @@ class OneCloud:
     def offers(self, now: float) -> dict[ProviderName, Offer]:
         return {"aws": Offer("aws", 17.0, None)}
 
-    def billed(self, instance_ids: Sequence[str]) -> dict[str, float]:
+    def billing(self) -> dict[str, Account]:
         return {}
 
     def apply(self, plan: Plan, term: Term) -> list[bool]:

@@ -44,7 +44,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Literal, Protocol
+from typing import Literal, Protocol, runtime_checkable
 
 from autoscaler.cost import from_microusd, to_microusd
 
@@ -200,6 +200,7 @@ class Charge:
     instance_id: str = ""
 
 
+@runtime_checkable
 class BillingReader(Protocol):
     """A driver that can read its cloud's billing (the contract's "Billing is read")."""
 

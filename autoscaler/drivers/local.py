@@ -10,6 +10,12 @@ running the request's user data, exactly as cloud-init would, with
 launching process's ``RAY_*`` variables (a node that inherits them registers the
 head's resources).
 
+Its "billing" (:meth:`LocalDriver.charges`) is what the machine kept of each instance's
+life, in ``<state_dir>/billing.json``: from the launch to the terminate, at the driver's
+list price times ``billing_factor`` (default 1: the bill is the ledger; above 1 a cloud
+that bills what the ledger does not price, as disks), settled ``billing_settle_seconds``
+after it ended (default 0). The whole reconciliation runs against it on one machine.
+
 State lives in ``<state_dir>/instances.json`` under an exclusive ``flock``: ``ray up``
 and the head's monitor each build a provider (and a driver), and both must see the
 same instances. An instance stays listed until it is terminated, even when its Ray
@@ -24,18 +30,21 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from autoscaler import statefile
-from autoscaler.drivers.base import DriverError, Instance, LaunchRequest
+from autoscaler.billing import DAY_SECONDS, day_of, day_start
+from autoscaler.drivers.base import Charge, DriverError, Instance, LaunchRequest
 from hypermedia.errors import ConfigError
 from hypermedia.worker.cluster import RayNode, port_arguments, short_temp_dir
 
 log = logging.getLogger(__name__)
 
 BOOT_TIMEOUT_SECONDS = 120.0
+FORGET = 62 * 86_400.0  # billing.json forgets an instance this long after it ended
 FIRST_HOST = 11  # 127.0.0.11; the head is on 127.0.0.10
 LAST_HOST = 250
 OPTIONS = {
@@ -46,6 +55,8 @@ OPTIONS = {
     "object_store_bytes",
     "metadata_url",
     "spot_poll_seconds",
+    "billing_factor",
+    "billing_settle_seconds",
 }
 
 
@@ -94,6 +105,15 @@ class LocalDriver:
                 raise ConfigError(
                     f"provider.drivers.{label}.spot_poll_seconds", "at most 60 seconds"
                 )
+        self.billing_factor = _number(options, "billing_factor", 1.0, label)
+        settle = options.get("billing_settle_seconds", 0.0)
+        if isinstance(settle, bool) or not isinstance(settle, int | float) or settle < 0:
+            raise ConfigError(
+                f"provider.drivers.{label}.billing_settle_seconds",
+                f"expected a number of seconds >= 0, got {settle!r}",
+            )
+        self.billing_settle_seconds = float(settle)
+        self.billing_interval_seconds = 60.0
         self.state_dir.mkdir(parents=True, exist_ok=True)
 
     # -- the shared state file ------------------------------------------------------------
@@ -101,6 +121,10 @@ class LocalDriver:
     def _state(self) -> contextlib.AbstractContextManager[dict[str, dict[str, Any]]]:
         """The instances, read and written under an exclusive lock."""
         return statefile.locked_json(self.state_dir / "instances.json")
+
+    def _bill(self) -> contextlib.AbstractContextManager[dict[str, dict[str, Any]]]:
+        """What the "cloud" bills: each instance's life and price, kept after it is gone."""
+        return statefile.locked_json(self.state_dir / "billing.json")
 
     def _node(self, record: Mapping[str, Any]) -> RayNode:
         return RayNode(temp_dir=Path(record["temp_dir"]), token_path=Path("/dev/null"))
@@ -131,6 +155,20 @@ class LocalDriver:
                 "state": "pending",
             }
             state[instance_id] = record
+        with self._bill() as bill:
+            gone = [i for i, r in bill.items() if r["end"] and r["end"] < time.time() - FORGET]
+            for old in gone:
+                del bill[old]
+            bill.setdefault(
+                instance_id,
+                {
+                    "cluster": request.cluster,
+                    "request_id": request.request_id,
+                    "start": time.time(),
+                    "end": None,
+                    "cents_per_hour": self.price_of(request.spot) * self.billing_factor,
+                },
+            )
         # Booting takes seconds: the lock is not held meanwhile (listing goes on).
         problem = self._boot(record, request.user_data, request.spot)
         with self._state() as state:
@@ -202,6 +240,9 @@ class LocalDriver:
             if record is None or record["state"] == "terminating":
                 return None
             record["state"] = "terminating"
+        with self._bill() as bill:
+            if instance_id in bill and bill[instance_id]["end"] is None:
+                bill[instance_id]["end"] = time.time()
         try:
             self._node(record).stop()
         finally:
@@ -211,7 +252,36 @@ class LocalDriver:
         return None
 
     def price(self, spot: bool) -> float | DriverError:
+        return self.price_of(spot)
+
+    def price_of(self, spot: bool) -> float:
         return self.spot if spot else self.on_demand
+
+    def charges(self, cluster: str, first_day: str, last_day: str) -> list[Charge]:
+        """Each instance's cost per UTC day from ``first_day`` to ``last_day``, as the
+        machine kept it (see the module docstring)."""
+        start = day_start(first_day)
+        end = day_start(last_day) + DAY_SECONDS
+        now = time.time()
+        with self._bill() as bill:
+            lives = [(i, dict(r)) for i, r in sorted(bill.items()) if r["cluster"] == cluster]
+        found = []
+        for instance_id, life in lives:
+            day = max(start, day_start(day_of(life["start"])))
+            stop = min(end, life["end"] if life["end"] is not None else now)
+            while day < stop:
+                seconds = min(stop, day + DAY_SECONDS) - max(day, life["start"])
+                if seconds > 0:
+                    found.append(
+                        Charge(
+                            day=day_of(day),
+                            cents=life["cents_per_hour"] * seconds / 3600.0,
+                            request_id=life["request_id"],
+                            instance_id=instance_id,
+                        )
+                    )
+                day += DAY_SECONDS
+        return found
 
     def running(self, instance_id: str) -> bool:
         """Whether the instance's Ray processes are alive (the tests look)."""

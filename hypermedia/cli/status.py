@@ -214,6 +214,18 @@ def render(current: Status) -> RenderableType:
         )
     )
 
+    for b in current.billing:
+        if b.error is not None:
+            said = f"Billing {b.provider}: {b.error}"
+        elif b.read_at is None:
+            said = f"Billing {b.provider}: nothing settled to compare yet"
+        else:
+            through = f", compared through {b.compared_through}" if b.compared_through else ""
+            said = f"Billing {b.provider}: read {_when(b.read_at)}{through}"
+        parts.append(Text(said, style="yellow" if b.error else ""))
+    for finding in current.billing_findings:
+        parts.append(Text(f"  {finding}", style="yellow"))
+
     styles = {"critical": "bold red", "warning": "yellow", "info": ""}
     alerts = Table(
         "level",

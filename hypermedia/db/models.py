@@ -466,6 +466,8 @@ class CloudSpend(Base):
     )
     provider: Mapped[str] = mapped_column(String(16))
     instance_id: Mapped[str] = mapped_column(String(128))
+    # The launch's request id (the hypermedia-request tag): a bill may name only that.
+    request_id: Mapped[str | None] = mapped_column(String(64))
     node_type: Mapped[str] = mapped_column(String(64))
     region: Mapped[str] = mapped_column(String(64))
     spot: Mapped[bool] = mapped_column(Boolean, default=False)

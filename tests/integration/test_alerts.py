@@ -19,6 +19,7 @@ from sqlalchemy import select
 
 from autoscaler import config as scheduler_config
 from autoscaler import webhooks
+from autoscaler.billing import Account
 from autoscaler.config import ProviderName
 from autoscaler.leader import Leadership, Term
 from autoscaler.scheduler import Scheduler, reset_cost_lock
@@ -73,7 +74,7 @@ class CloudInMemory:
     def offers(self, now: float) -> dict[ProviderName, Offer]:
         return {"aws": Offer("aws", 17.0, None)}
 
-    def billed(self, instance_ids: Sequence[str]) -> dict[str, float]:
+    def billing(self) -> dict[str, Account]:
         return {}
 
     def apply(self, plan: Plan, term: Term) -> list[bool]:

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from autoscaler import bootstrap, raynodes
-from autoscaler.drivers.base import DriverError, Instance
+from autoscaler import billing, bootstrap, raynodes, statefile
+from autoscaler.drivers.base import BillingReader, DriverError, Instance
 from autoscaler.drivers.local import LocalDriver
 from hypermedia.errors import ConfigError
 from hypermedia.worker import cluster
@@ -30,6 +30,34 @@ def driver(tmp_path):
 def test_the_contract(driver):
     check_contract(driver)
     check_contract(driver, spot=True)
+
+
+def test_its_bill_is_each_instances_life_at_its_price_per_utc_day(tmp_path):
+    made = LocalDriver(
+        {"state_dir": str(tmp_path / "bill"), "on_demand_cents_per_hour": 36, "billing_factor": 1.5}
+    )
+    assert isinstance(made, BillingReader) and made.billing_settle_seconds == 0
+    before = time.time()
+    launched = made.launch(request("bill-0001"))
+    assert isinstance(launched, Instance)
+    running = made.charges("contract", billing.day_of(before), billing.day_of(time.time()))
+    assert [(c.request_id, c.instance_id) for c in running] == [("bill-0001", "lc-bill-0001")]
+    assert made.terminate(launched.instance_id) is None
+    after = time.time()
+    today = billing.day_of(after)
+    (charge,) = made.charges("contract", billing.day_of(before), today)
+    assert 0 < charge.cents <= 54 * (after - before) / 3600  # 36 c/h x 1.5
+    assert made.charges("another-cluster", today, today) == []
+    # An instance that ran 30 hours, from 20:00 two days ago: billed on three days.
+    end = billing.day_start(today) + 2 * 3600
+    with statefile.locked_json(made.state_dir / "billing.json") as bill:
+        bill["lc-bill-0001"].update(start=end - 30 * 3600, end=end)
+    first = billing.day_of(end - 30 * 3600)
+    charges = made.charges("contract", first, today)
+    assert [c.day for c in charges] == [first, billing.day_of(end - 3 * 3600), today]
+    assert [round(c.cents, 6) for c in charges] == [4 * 54.0, 24 * 54.0, 2 * 54.0]
+    # A read of fewer days answers only those.
+    assert [c.day for c in made.charges("contract", today, today)] == [today]
 
 
 def test_two_drivers_on_one_state_dir_see_the_same_instances(tmp_path, driver):
@@ -103,6 +131,11 @@ def driver_records(driver: LocalDriver) -> dict[str, dict[str, Any]]:
         (
             {"state_dir": "/tmp/x", "spot_poll_seconds": 0},
             "provider.drivers.local.spot_poll_seconds",
+        ),
+        ({"state_dir": "/tmp/x", "billing_factor": 0}, "provider.drivers.local.billing_factor"),
+        (
+            {"state_dir": "/tmp/x", "billing_settle_seconds": -1},
+            "provider.drivers.local.billing_settle_seconds",
         ),
     ],
 )

@@ -30,8 +30,10 @@ from ray.autoscaler.tags import (
 )
 from sqlalchemy import select
 
-from autoscaler import cost, orders, raynodes
+from autoscaler import billing, cost, orders, raynodes
+from autoscaler.drivers.base import DriverError
 from autoscaler.provider import HypermediaNodeProvider, record_vps_node
+from autoscaler.scheduler import ledger_rows
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
 from hypermedia.errors import ConfigError
@@ -374,6 +376,20 @@ def test_launch_list_adopt_and_terminate_a_real_node(tmp_path, make_provider):
         assert provider.non_terminated_nodes({}) == ["hm-it-head"]
         (row,) = ledger(provider)
         assert row.terminated_at is not None
+        # The row kept its launch's request id; the driver's bill names the instance by
+        # both and agrees with the ledger (billing.compare: no finding).
+        assert row.request_id and row.instance_id == f"lc-{row.request_id}"
+        (account,) = billing.accounts(provider.drivers, provider.cluster).values()
+        with transaction(provider.engine) as conn:
+            (settled,) = ledger_rows(conn, time.time() - 3600)
+        first, last = billing.window([settled], [])
+        charges = account.read(first, last)
+        assert not isinstance(charges, DriverError)
+        assert [(c.request_id, c.instance_id) for c in charges] == [
+            (row.request_id, row.instance_id)
+        ]
+        outcome = billing.compare("aws", [settled], charges, [settled], [], time.time())
+        assert outcome.findings == () and outcome.billed[settled.spend_id] > 0
         # ray down: the VPS itself is not deleted, but its Ray head is stopped even when
         # `ray down`'s own `ray stop` on the head did not run (it swallows why).
         assert head.is_running()

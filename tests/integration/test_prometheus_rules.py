@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "etc" / "prometheus" / "alerts.yml"
 RULE_TESTS = REPO / "tests" / "prometheus" / "alerts_test.yml"
 # Events (scaling, the policy's own alerts) are the scheduler's: Prometheus has no event.
-EVENTS = {"scaling", "scheduler_alert"}
+EVENTS = {"scaling", "scheduler_alert", "billing"}
 
 
 def promtool(*args: str) -> subprocess.CompletedProcess[str]:

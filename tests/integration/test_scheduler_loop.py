@@ -20,14 +20,17 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
+from autoscaler import billing
 from autoscaler import config as scheduler_config
+from autoscaler.billing import Account
 from autoscaler.config import ProviderName
+from autoscaler.drivers.base import Charge, DriverError
 from autoscaler.leader import Leadership, Term
-from autoscaler.scheduler import COST_LOCK, Scheduler, reset_cost_lock
+from autoscaler.scheduler import COST_LOCK, RECONCILED, Scheduler, reset_cost_lock
 from autoscaler.snapshot import RATE_WINDOW_SECONDS, Offer, Plan, WorkerState
 from autoscaler.state import read_state
 from hypermedia import ids, objects
-from hypermedia.clock import Clock, ManualClock, SystemClock
+from hypermedia.clock import Clock, ManualClock, SystemClock, to_datetime
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
 from hypermedia.metrics import (
@@ -43,6 +46,8 @@ from hypermedia.sandbox.inspect import Inspection
 from hypermedia.stack import Stack
 from tests.factories import Person, make_user, submit
 
+SETTLE = 48 * 3600.0  # as Cost Explorer's reader
+
 
 class MemoryFleet:
     """Cloud instances as values: launched, drained, terminated on request."""
@@ -51,8 +56,8 @@ class MemoryFleet:
         self.price = price_cents
         self.workers: dict[str, WorkerState] = {}
         self.actions: list[tuple[str, int]] = []  # (action, term token)
-        self.bills: dict[str, float] = {}  # instance id -> cents billed
-        self.billing_calls = 0
+        self.bill: list[Charge] | DriverError = []  # what the cloud's billing answers
+        self.reads: list[tuple[str, str]] = []  # the days each read of it covered
         self.plans: list[Plan] = []
 
     def cloud_workers(self, now: float, actors: Sequence[WorkerState]) -> list[WorkerState]:
@@ -61,9 +66,14 @@ class MemoryFleet:
     def offers(self, now: float) -> dict[ProviderName, Offer]:
         return {"aws": Offer("aws", self.price, self.price / 3)}
 
-    def billed(self, instance_ids: Sequence[str]) -> dict[str, float]:
-        self.billing_calls += 1
-        return {i: self.bills[i] for i in instance_ids if i in self.bills}
+    def billing(self) -> dict[str, Account]:
+        return {"aws": Account(SETTLE, 6 * 3600.0, self.read_bill)}
+
+    def read_bill(self, first_day: str, last_day: str) -> list[Charge] | DriverError:
+        self.reads.append((first_day, last_day))
+        if isinstance(self.bill, DriverError):
+            return self.bill
+        return [c for c in self.bill if first_day <= c.day <= last_day]
 
     def apply(self, plan: Plan, term: Term) -> list[bool]:
         self.plans.append(plan)
@@ -270,37 +280,102 @@ def test_a_flood_alerts_the_operator_once_not_every_evaluation(stack):
     assert "ocr" in again.observe().history.last_alert
 
 
-def test_billing_is_reconciled_every_15_minutes_and_differences_are_reported(stack, caplog):
-    launched = datetime.now(UTC) - timedelta(hours=1)
+def spend_row(conn, instance: str, start: float, end: float | None, request: str | None = None):
+    conn.execute(
+        t.cloud_spend.insert().values(
+            provider="aws",
+            instance_id=instance,
+            request_id=request,
+            node_type="ocr",
+            region="eu-west-3",
+            spot=False,
+            price_per_hour_microusd=170_000,  # 17 cents an hour
+            launched_at=to_datetime(start),
+            terminated_at=to_datetime(end) if end is not None else None,
+        )
+    )
+
+
+def test_settled_bills_are_reconciled_with_the_ledger_and_differences_alerted(stack, caplog):
+    monday = billing.day_start("2026-11-30")
+    hour = 3600.0
     with transaction(stack.engine) as conn:
-        for instance in ("i-fair", "i-odd", "i-unbilled"):
-            conn.execute(
-                t.cloud_spend.insert().values(
-                    provider="aws",
-                    instance_id=instance,
-                    node_type="ocr",
-                    region="eu-west-3",
-                    spot=False,
-                    price_per_hour_microusd=170_000,  # 17 cents an hour
-                    launched_at=launched,
-                    terminated_at=None,
-                )
-            )
+        spend_row(conn, "i-fair", monday + 10 * hour, monday + 11 * hour, "req-fair")
+        spend_row(conn, "i-odd", monday + 10 * hour, monday + 11 * hour, "req-odd")
+        spend_row(conn, "i-long", monday + 9 * hour, None, "req-long")  # still running
     fleet = MemoryFleet()
-    fleet.bills = {"i-fair": 17.1, "i-odd": 40.0}  # an hour at 17 c/h, and a surprise
-    loop = scheduler(stack, "a", fleet)
+    fleet.bill = [
+        Charge("2026-11-30", 17.1, instance_id="i-fair"),
+        Charge("2026-11-30", 40.0, request_id="req-odd"),  # a surprise, found by its tag
+        Charge("2026-11-30", 15 * 17.0, request_id="req-long"),  # 09:00 .. 24:00
+        Charge("2026-11-30", 60.0, request_id="req-stray"),  # nothing the ledger knows
+        Charge("2026-12-01", 24 * 17.0, request_id="req-long"),
+    ]
+    # Tuesday noon: nothing has settled (48 h): the bill is not read.
+    clock = ManualClock(monday + 36 * hour)
+    loop = scheduler(stack, "a", fleet, clock=clock)
+    assert loop.reconcile(clock.now()) == []
+    assert fleet.reads == []
+    # Thursday 00:30: Monday and both ended instances have settled; one read covers them.
+    clock.advance(36.5 * hour)
     with caplog.at_level(logging.WARNING, logger="autoscaler.scheduler"):
         loop.evaluate()
-    assert fleet.billing_calls == 1
-    assert [r.getMessage() for r in caplog.records if "billing for" in r.getMessage()] == [
-        "billing for i-odd is 40.00 cents, the ledger says 17.00"
+    assert fleet.reads == [("2026-11-30", "2026-11-30")]
+    warned = [r.getMessage() for r in caplog.records if r.name == "autoscaler.scheduler"]
+    assert warned == [
+        "aws's bill for instance i-odd is $0.40, the ledger counted $0.17",
+        "aws's bill for the day 2026-11-30 is $3.72, the ledger counted $2.89 ($0.60 of it on"
+        " resources the ledger does not know)",
     ]
     with transaction(stack.engine) as conn:
         rows = {r.instance_id: r for r in conn.execute(select(t.cloud_spend))}
+        sent = conn.execute(select(t.alerts).where(t.alerts.c.rule == "billing")).all()
+        state = read_state(conn, RECONCILED)
     assert rows["i-fair"].billed_microusd == 171_000 and rows["i-fair"].reconciled_at is not None
-    assert rows["i-unbilled"].reconciled_at is None  # the provider did not know it yet
-    loop.evaluate()  # within 15 minutes: billing is not asked again
-    assert fleet.billing_calls == 1
+    assert rows["i-odd"].billed_microusd == 400_000 and rows["i-odd"].reconciled_at is not None
+    assert rows["i-long"].reconciled_at is None  # running: never settled as a whole
+    assert sorted(a.summary for a in sent) == sorted(warned)
+    assert {a.level for a in sent} == {"warning"}
+    assert state is not None and state["providers"]["aws"]["compared"] == ["2026-11-30"]
+    # Within 15 minutes nothing is checked; after them nothing is pending: no read.
+    loop.evaluate()
+    clock.advance(20 * 60)
+    loop.evaluate()
+    assert fleet.reads == [("2026-11-30", "2026-11-30")]
+    # Friday 00:30: Tuesday has settled: the running instance's day, read alone, agrees.
+    clock.advance(24 * hour)
+    assert loop.reconcile(clock.now()) == []
+    assert fleet.reads[1:] == [("2026-12-01", "2026-12-01")]
+
+
+def test_a_bill_that_cannot_be_read_is_tried_again_after_its_interval(stack, caplog):
+    monday = billing.day_start("2026-11-30")
+    with transaction(stack.engine) as conn:
+        spend_row(conn, "i-1", monday + 3600, monday + 7200)
+    fleet = MemoryFleet()
+    fleet.bill = DriverError("auth", "AccessDenied: ce:GetCostAndUsage")
+    clock = ManualClock(monday + 4 * 86_400)
+    loop = scheduler(stack, "a", fleet, clock=clock)
+    with caplog.at_level(logging.WARNING, logger="autoscaler.scheduler"):
+        assert loop.reconcile(clock.now()) == []
+    assert any("ce:GetCostAndUsage" in r.getMessage() for r in caplog.records)
+    clock.advance(3600)  # a check every 15 min, but the reader's interval is 6 h
+    loop.reconcile(clock.now())
+    assert len(fleet.reads) == 1
+    with transaction(stack.engine) as conn:
+        state = read_state(conn, RECONCILED)
+        row = conn.execute(select(t.cloud_spend)).one()
+    assert state is not None and "AccessDenied" in state["providers"]["aws"]["error"]
+    assert row.reconciled_at is None
+    fleet.bill = [Charge("2026-11-30", 17.0, instance_id="i-1")]
+    clock.advance(5 * 3600)
+    assert loop.reconcile(clock.now()) == []
+    assert len(fleet.reads) == 2
+    with transaction(stack.engine) as conn:
+        state = read_state(conn, RECONCILED)
+        row = conn.execute(select(t.cloud_spend)).one()
+    assert state is not None and state["providers"]["aws"]["error"] is None
+    assert row.reconciled_at is not None and row.billed_microusd == 170_000
 
 
 def test_the_fleet_gets_one_plan_with_the_workers_wanted_per_queue(stack):

@@ -14,7 +14,9 @@ import pytest
 from sqlalchemy import func, select, text
 from typer.testing import CliRunner
 
-from autoscaler.status import RATE_WINDOW_SECONDS, gather
+from autoscaler.scheduler import RECONCILED
+from autoscaler.state import write_state
+from autoscaler.status import RATE_WINDOW_SECONDS, BillingStatus, gather
 from hypermedia.cli import app
 from hypermedia.clock import to_datetime
 from hypermedia.db import tables as t
@@ -136,6 +138,8 @@ def test_gather_shows_what_the_record_and_redis_hold(stack, scene):
     assert status.spend.last_hour_cents == pytest.approx(85.0, abs=0.01)
     assert (status.spend.daily_cap_cents, status.spend.locked) == (5000, False)
 
+    # The scene's fleet reads no bill: the ledger's provider says so.
+    assert status.billing == [BillingStatus("aws", None, None, "its billing is not read")]
     assert [a.key for a in status.alerts] == record["firing"] == ["queue_depth:images"]
     assert [d.reason for d in status.decisions] == record["decisions"][:10]
     assert any(d.action == "launch" and d.queue == "images" for d in status.decisions)
@@ -183,6 +187,12 @@ def test_the_command_shows_the_same_numbers(stack, scene, tmp_path: Path):
 
     assert steady(shown) == steady(expected)
 
+    # What the last reconciliation found (autoscaler.scheduler.Scheduler.reconcile).
+    with transaction(stack.engine) as conn:
+        found = "aws's bill for instance i-9 is $0.40, the ledger counted $0.17"
+        providers = {"aws": {"read_at": 1_800_000_000.0, "compared": ["2027-01-14"]}}
+        value = {"at": 1.0, "providers": providers, "findings": [{"message": found}]}
+        write_state(conn, RECONCILED, value, 1.0)
     screen = runner.invoke(app, ["status"], env=env)
     assert screen.exit_code == 0, screen.output
     rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in screen.stdout.splitlines()]
@@ -192,3 +202,5 @@ def test_the_command_shows_the_same_numbers(stack, scene, tmp_path: Path):
     for word in ("w-images", "w-docs", "42.5 %", "queue_depth:images", "i-0", "hybrid"):
         assert word in screen.stdout, word
     assert "launch" in screen.stdout
+    assert "Billing aws: read 2027-01-15 08:00:00, compared through 2027-01-14" in screen.stdout
+    assert found in screen.stdout

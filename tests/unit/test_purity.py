@@ -37,6 +37,8 @@ PURE_MODULES = [
     "autoscaler.admission",
     # The alert rules: an observation in, notifications out.
     "autoscaler.alerts",
+    # Billing reconciliation: ledger rows and a bill in, findings out.
+    "autoscaler.billing",
     # The operator page's chart columns: samples and the ledger in, columns out.
     "autoscaler.page.charts",
     # OCR: its parameters (checked at submit) and its reading order and page judgement.
