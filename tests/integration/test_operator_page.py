@@ -203,6 +203,7 @@ def read_page(browser: Any) -> dict[str, Any]:
             for name in ("spend-hour", "cap-hour", "spend-today", "cap-day", "alert-threshold")
         ],
         "lock": text(browser, "#lock"),
+        "billing": [p.text for p in browser.find_elements(By.CSS_SELECTOR, "#spend .billing")],
         "alerts": [
             row.get_attribute("data-alert")
             for row in browser.find_elements(By.CSS_SELECTOR, "#alerts tbody tr[data-alert]")
@@ -263,6 +264,7 @@ def expected_page(status: dict[str, Any]) -> dict[str, Any]:
             )
         ],
         "lock": "not locked" if not spend["locked"] else spend["lock_reason"],
+        "billing": [f"billing {b['provider']}: {b['error']}" for b in status["billing"]],
         "alerts": [a["key"] for a in status["alerts"]],
         "decisions": [(d["action"], d["queue"] or "-", d["reason"]) for d in status["decisions"]],
     }
@@ -284,6 +286,7 @@ def steady(shown: dict[str, Any]) -> dict[str, Any]:
         },
         "instances": shown["instances"],
         "caps": shown["spend"][1::2],
+        "billing": shown["billing"],
         "alerts": shown["alerts"],
     }
 
