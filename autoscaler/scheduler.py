@@ -522,7 +522,11 @@ class Scheduler:
                 continue
             first, last = billing.window(instances, days)
             kept["next_read"] = now + account.interval_seconds
-            charges = account.read(first, last)
+            try:
+                charges = account.read(first, last)
+            except Exception as exc:  # a driver bug: still wait the interval (a read costs)
+                log.exception("reading %s's billing failed", name)
+                charges = DriverError("invalid", f"reading the bill failed: {exc!r}")
             if isinstance(charges, DriverError):
                 kept["error"] = str(charges)
                 log.warning(

@@ -56,7 +56,7 @@ class MemoryFleet:
         self.price = price_cents
         self.workers: dict[str, WorkerState] = {}
         self.actions: list[tuple[str, int]] = []  # (action, term token)
-        self.bill: list[Charge] | DriverError = []  # what the cloud's billing answers
+        self.bill: list[Charge] | DriverError | Exception = []  # what the billing answers
         self.reads: list[tuple[str, str]] = []  # the days each read of it covered
         self.plans: list[Plan] = []
 
@@ -71,6 +71,8 @@ class MemoryFleet:
 
     def read_bill(self, first_day: str, last_day: str) -> list[Charge] | DriverError:
         self.reads.append((first_day, last_day))
+        if isinstance(self.bill, Exception):
+            raise self.bill  # a driver's bug
         if isinstance(self.bill, DriverError):
             return self.bill
         return [c for c in self.bill if first_day <= c.day <= last_day]
@@ -348,12 +350,17 @@ def test_settled_bills_are_reconciled_with_the_ledger_and_differences_alerted(st
     assert fleet.reads[1:] == [("2026-12-01", "2026-12-01")]
 
 
-def test_a_bill_that_cannot_be_read_is_tried_again_after_its_interval(stack, caplog):
+@pytest.mark.parametrize("failure", ["error", "exception"])
+def test_a_bill_that_cannot_be_read_is_tried_again_after_its_interval(stack, caplog, failure):
     monday = billing.day_start("2026-11-30")
     with transaction(stack.engine) as conn:
         spend_row(conn, "i-1", monday + 3600, monday + 7200)
     fleet = MemoryFleet()
-    fleet.bill = DriverError("auth", "AccessDenied: ce:GetCostAndUsage")
+    fleet.bill = (
+        DriverError("auth", "AccessDenied: ce:GetCostAndUsage")
+        if failure == "error"
+        else KeyError("AccessDenied: ce:GetCostAndUsage")  # a parse that went wrong
+    )
     clock = ManualClock(monday + 4 * 86_400)
     loop = scheduler(stack, "a", fleet, clock=clock)
     with caplog.at_level(logging.WARNING, logger="autoscaler.scheduler"):
