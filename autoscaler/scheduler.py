@@ -34,6 +34,11 @@ minute): the operator page's charts.
    :class:`~autoscaler.webhooks.Sender` delivers them on its own thread while
    :meth:`Scheduler.run` runs, so a webhook never holds up a turn.
 
+5. every :data:`RECONCILE_SECONDS` (the seed's 15 minutes), reconciles the ledger with
+   what the clouds bill (:meth:`Scheduler.reconcile`, :mod:`autoscaler.billing`): a
+   provider's bill is read only when something of it has settled and was not compared;
+   its findings are alerts of the same turn.
+
 Every turn sets the spend gauges (the last hour and today, the caps, the alert
 threshold, the cost lock) and the time of the evaluation in the stack's recorder
 (:mod:`hypermedia.metrics`), and tells it which Ray nodes are cloud workers; every
