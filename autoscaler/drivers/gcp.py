@@ -24,10 +24,11 @@ How the contract (:mod:`autoscaler.drivers.base`) is kept here:
 
 * The instance name is ``hm-<request_id>``: a second insert of the same request
   answers 409 and the driver answers the instance that already has the name.
-* Labels carry :data:`~autoscaler.drivers.base.TAG_KEYS`; :meth:`GcpDriver.instances`
-  lists by the ``hypermedia-cluster`` label. ``STOPPING``, ``SUSPENDED`` and
-  ``TERMINATED`` instances are listed as ``terminating`` rather than left out: a
-  stopped instance still exists (and its disk still bills) until it is deleted.
+* Labels carry :data:`~autoscaler.drivers.base.TAG_KEYS`, on the instance and on its
+  boot disk; :meth:`GcpDriver.instances` lists by the ``hypermedia-cluster`` label.
+  ``STOPPING``, ``SUSPENDED`` and ``TERMINATED`` instances are listed as
+  ``terminating`` rather than left out: a stopped instance still exists (and its disk
+  still bills) until it is deleted.
 * Operations are waited on with ``ZoneOperationsClient.wait`` built with the same
   endpoint and credentials (``ExtendedOperation.result()`` would poll Google's
   host whatever the endpoint), for at most ``operation_timeout`` seconds.
@@ -308,8 +309,10 @@ class GcpDriver:
         disk = compute.AttachedDisk(
             boot=True,
             auto_delete=True,
+            # The disk carries the instance's labels too, so its cost in the billing
+            # export is the cluster's and the request's.
             initialize_params=compute.AttachedDiskInitializeParams(
-                source_image=self.image, disk_size_gb=self.disk_size_gb
+                source_image=self.image, disk_size_gb=self.disk_size_gb, labels=request.tags()
             ),
         )
         interface = compute.NetworkInterface(network=self.network or "global/networks/default")

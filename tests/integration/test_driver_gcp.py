@@ -142,6 +142,9 @@ def test_insert_body(server: GcpServer, spot: bool) -> None:
     assert disk["boot"] is True and disk["autoDelete"] is True
     assert disk["initializeParams"]["sourceImage"] == config().image
     assert int(disk["initializeParams"]["diskSizeGb"]) == 20
+    # The boot disk is labelled like the instance: its cost in the billing export is
+    # the cluster's and the request's.
+    assert disk["initializeParams"]["labels"] == launch.tags()
 
     labels = body["labels"]
     assert set(TAG_KEYS) <= set(labels)
