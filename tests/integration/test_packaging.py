@@ -54,6 +54,7 @@ SERVER_SIDE = {
     "cryptography",
     "pypdfium2",
     "google-cloud-compute",
+    "google-cloud-bigquery",
     "grpcio",
     "ionoscloud",
 }
@@ -324,7 +325,7 @@ def test_the_base_install_is_the_client_and_the_rest_are_extras(wheel):
     server = in_extra(requirements, "server")
     assert {"ray", "sqlalchemy", "fastapi", "typer", "pyvips-binary", "boto3"} <= server
     assert in_extra(requirements, "aws") == {"boto3"}
-    assert in_extra(requirements, "gcp") == {"google-cloud-compute"}
+    assert in_extra(requirements, "gcp") == {"google-cloud-compute", "google-cloud-bigquery"}
     assert in_extra(requirements, "ionos") == {"ionoscloud"}
     assert {"rapidocr", "onnxruntime", "tesserocr", "fpdf2"} <= in_extra(requirements, "ocr")
     (everything,) = [r for r in requirements if r.marker and r.marker.evaluate({"extra": "all"})]
