@@ -1,4 +1,5 @@
-"""A local Compute Engine: the part of the REST API the GCP driver's SDK calls.
+"""A local Compute Engine, and BigQuery's query API: the part of the REST APIs the GCP
+driver's SDKs call.
 
 A real HTTP server (``ThreadingHTTPServer`` on 127.0.0.1, port 0, in a thread) with
 an in-memory store. It records every request (method, path, query, JSON body,
@@ -23,6 +24,23 @@ Knobs for the contract's hard parts:
 * :meth:`GcpServer.fail_next`: the next call of one kind answers an HTTP error
   with a reason, or (``in_operation``) an operation that ends with that error code,
   as Compute Engine reports stockouts and most quota failures.
+
+BigQuery, as google-cloud-bigquery's ``Client.query_and_wait`` calls it (found by
+running it against this server: jobs.query, then while a query runs or has more pages
+jobs.get and jobs.getQueryResults, and jobs.cancel when the caller stops waiting)::
+
+    POST /bigquery/v2/projects/{p}/queries                  jobs.query
+    GET  /bigquery/v2/projects/{p}/jobs/{job}               jobs.get
+    GET  /bigquery/v2/projects/{p}/queries/{job}            jobs.getQueryResults
+    POST /bigquery/v2/projects/{p}/jobs/{job}/cancel        jobs.cancel
+
+The SQL is recorded, never run: every query answers the rows a test set with
+:meth:`GcpServer.set_billing_rows`, in the billing query's result schema
+(:data:`BILLING_SCHEMA`) and BigQuery's ``f``/``v`` row encoding. Knobs:
+``query_polls`` (a query reads as running that many times: jobs.query answers
+``jobComplete: false``) and ``page_rows`` (rows per page; the rest behind a
+``pageToken``). ``fail_next("query", ...)`` fails the next jobs.query,
+``fail_next("results", ...)`` the next jobs.getQueryResults.
 """
 
 from __future__ import annotations
@@ -38,11 +56,25 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Literal
 from urllib.parse import parse_qs, urlsplit
 
-Action = Literal["insert", "list", "get", "delete"]
+Action = Literal["insert", "list", "get", "delete", "query", "results"]
+
+#: The result schema of the driver's billing query (autoscaler.drivers.gcp.billing_sql).
+BILLING_SCHEMA = (
+    ("usage_day", "DATE"),
+    ("request_id", "STRING"),
+    ("resource_name", "STRING"),
+    ("currency", "STRING"),
+    ("amount", "FLOAT"),
+)
+BIGQUERY_LOCATION = "EU"
 
 _PATH = re.compile(
     r"^/compute/v1/projects/(?P<project>[^/]+)/zones/(?P<zone>[^/]+)/"
     r"(?P<kind>instances|operations)(?:/(?P<name>[^/]+))?(?P<wait>/wait)?$"
+)
+_BIGQUERY_PATH = re.compile(
+    r"^/bigquery/v2/projects/(?P<project>[^/]+)/(?P<kind>queries|jobs)"
+    r"(?:/(?P<job>[^/]+))?(?P<cancel>/cancel)?$"
 )
 _FILTER_TERM = re.compile(r'\s*labels\.(?P<key>[a-z][a-z0-9_-]*)\s*=\s*"(?P<value>[^"]*)"\s*')
 
@@ -82,9 +114,20 @@ class _Operation:
 
 
 @dataclass
+class _Job:
+    project: str
+    query: str
+    rows: list[dict[str, Any]]  # the answer, encoded as f/v rows
+    polls_left: int
+    cancelled: bool = False
+
+
+@dataclass
 class _Store:
     instances: dict[tuple[str, str], _Instance] = field(default_factory=dict)  # (project, name)
     operations: dict[str, _Operation] = field(default_factory=dict)
+    jobs: dict[str, _Job] = field(default_factory=dict)
+    billing_rows: list[dict[str, Any]] = field(default_factory=list)
     failures: dict[Action, _Failure] = field(default_factory=dict)
     records: list[Recorded] = field(default_factory=list)
 
@@ -99,11 +142,15 @@ class GcpServer:
         list_lag: int = 0,
         deleting_reads: int = 1,
         operation_polls: int = 0,
+        query_polls: int = 0,
+        page_rows: int | None = None,
     ) -> None:
         self.provisioning_reads = provisioning_reads
         self.list_lag = list_lag
         self.deleting_reads = deleting_reads
         self.operation_polls = operation_polls
+        self.query_polls = query_polls
+        self.page_rows = page_rows
         self._store = _Store()
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
@@ -142,6 +189,17 @@ class GcpServer:
             found = self._store.instances.get((project, name))
             return None if found is None else json.loads(json.dumps(found.resource))
 
+    def set_billing_rows(self, rows: list[dict[str, Any]]) -> None:
+        """What every query answers from now on: rows keyed by :data:`BILLING_SCHEMA`'s
+        names (a missing key is NULL), encoded as BigQuery encodes them."""
+        with self._lock:
+            self._store.billing_rows = [_encode_row(row) for row in rows]
+
+    def job(self, job_id: str) -> dict[str, Any] | None:
+        with self._lock:
+            found = self._store.jobs.get(job_id)
+            return None if found is None else {"cancelled": found.cancelled}
+
     def fail_next(
         self,
         action: Action,
@@ -164,6 +222,9 @@ class GcpServer:
     ) -> tuple[int, dict[str, Any]]:
         with self._lock:
             self._store.records.append(Recorded(method, path, query, body, authorized))
+            found = _BIGQUERY_PATH.match(path)
+            if found is not None:
+                return self._bigquery(method, found, query, body)
             match = _PATH.match(path)
             if match is None:
                 return _error(404, "notFound", f"no route for {method} {path}")
@@ -313,6 +374,102 @@ class GcpServer:
             return {**running, "status": "RUNNING"}
         return operation.body
 
+    # -- BigQuery ----------------------------------------------------------------------
+
+    def _bigquery(
+        self, method: str, match: re.Match[str], query: dict[str, list[str]], body: Any
+    ) -> tuple[int, dict[str, Any]]:
+        project, kind, job_id, cancel = match.group("project", "kind", "job", "cancel")
+        if kind == "queries" and job_id is None and method == "POST":
+            return self._query(project, body)
+        job = self._store.jobs.get(job_id or "")
+        if job is None or job.project != project:
+            return _error(404, "notFound", f"Not found: Job {project}:{job_id}")
+        if kind == "jobs" and method == "GET" and cancel is None:
+            return 200, self._job_resource(job_id or "", job, advance=True)
+        if kind == "jobs" and method == "POST" and cancel is not None:
+            job.cancelled = True
+            resource = self._job_resource(job_id or "", job, advance=False)
+            return 200, {"kind": "bigquery#jobCancelResponse", "job": resource}
+        if kind == "queries" and method == "GET":
+            failure = self._failure("results")
+            if failure is not None:
+                return _error(failure.status, failure.reason, failure.message)
+            return 200, self._results(job_id or "", job, query)
+        return _error(405, "badRequest", f"{method} {match.string} is not implemented here")
+
+    def _query(self, project: str, body: Any) -> tuple[int, dict[str, Any]]:
+        """jobs.query: a job that answers the billing rows set."""
+        if not isinstance(body, dict) or not isinstance(body.get("query"), str):
+            return _error(400, "invalid", "a query request needs its query")
+        failure = self._failure("query")
+        if failure is not None:
+            return _error(failure.status, failure.reason, failure.message)
+        job_id = f"job_{next(self._ids)}"
+        job = _Job(project, body["query"], list(self._store.billing_rows), self.query_polls)
+        self._store.jobs[job_id] = job
+        answer = self._results(job_id, job, {})
+        return 200, {**answer, "kind": "bigquery#queryResponse", "queryId": f"q{job_id}"}
+
+    def _results(self, job_id: str, job: _Job, query: dict[str, list[str]]) -> dict[str, Any]:
+        """One page of the job's rows (jobs.query, jobs.getQueryResults), or that it
+        is still running."""
+        reference = {"projectId": job.project, "jobId": job_id, "location": BIGQUERY_LOCATION}
+        answer: dict[str, Any] = {
+            "kind": "bigquery#getQueryResultsResponse",
+            "jobReference": reference,
+        }
+        if job.polls_left > 0:
+            job.polls_left -= 1
+            return {**answer, "jobComplete": False}
+        start = int((query.get("pageToken") or ["rows-0"])[0].removeprefix("rows-"))
+        size = len(job.rows) if self.page_rows is None else self.page_rows
+        if "maxResults" in query:
+            size = min(size, int(query["maxResults"][0]))
+        page = job.rows[start : start + size]
+        answer.update(
+            schema={
+                "fields": [{"name": n, "type": t, "mode": "NULLABLE"} for n, t in BILLING_SCHEMA]
+            },
+            totalRows=str(len(job.rows)),
+            totalBytesProcessed="10485760",
+            cacheHit=False,
+            jobComplete=True,
+        )
+        if page:
+            answer["rows"] = page
+        if page and start + len(page) < len(job.rows):
+            answer["pageToken"] = f"rows-{start + len(page)}"
+        return answer
+
+    def _job_resource(self, job_id: str, job: _Job, *, advance: bool) -> dict[str, Any]:
+        if advance and job.polls_left > 0:
+            job.polls_left -= 1
+        reference = {"projectId": job.project, "jobId": job_id, "location": BIGQUERY_LOCATION}
+        return {
+            "kind": "bigquery#job",
+            "id": f"{job.project}:{BIGQUERY_LOCATION}.{job_id}",
+            "jobReference": reference,
+            "configuration": {
+                "jobType": "QUERY",
+                "query": {"query": job.query, "useLegacySql": False},
+            },
+            "status": {"state": "RUNNING" if job.polls_left > 0 else "DONE"},
+            "statistics": {"creationTime": "1714521600000", "query": {"statementType": "SELECT"}},
+        }
+
+
+def _encode_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A row in BigQuery's JSON encoding: ``{"f": [{"v": "text"}, ...]}``, NULL as null."""
+    unknown = set(row) - {name for name, _type in BILLING_SCHEMA}
+    if unknown:
+        raise ValueError(f"not in the billing schema: {sorted(unknown)}")
+    cells = []
+    for name, _type in BILLING_SCHEMA:
+        value = row.get(name)
+        cells.append({"v": None if value is None else str(value)})
+    return {"f": cells}
+
 
 def _error(status: int, reason: str, message: str) -> tuple[int, dict[str, Any]]:
     errors = [{"message": message, "domain": "global", "reason": reason}]
@@ -351,7 +508,7 @@ def _handler(server: GcpServer) -> type[BaseHTTPRequestHandler]:
 
 
 @contextmanager
-def gcp_server(**knobs: int) -> Iterator[GcpServer]:
+def gcp_server(**knobs: Any) -> Iterator[GcpServer]:
     """A running :class:`GcpServer` (see its knobs), shut down afterwards."""
     server = GcpServer(**knobs)
     server.start()
