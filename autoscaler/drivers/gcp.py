@@ -1,4 +1,5 @@
-"""The Google Compute Engine driver (google-cloud-compute, REST transport).
+"""The Google Compute Engine driver (google-cloud-compute, REST transport), and its
+billing read from the Cloud Billing export to BigQuery (google-cloud-bigquery).
 
 One zone, one machine type, one image (:class:`~autoscaler.config.GoogleConfig`);
 the rest comes from the cluster yaml's ``provider.drivers.google`` options, checked when the
@@ -18,6 +19,10 @@ driver is built (an unknown key or a bad value raises
 ``api_endpoint``            ``http(s)://host:port`` instead of Google's (tests)
 ``anonymous_credentials``   bool, default false: no credentials at all (tests);
                             otherwise ``google.auth.default()``
+``billing_export_table``    ``project.dataset.table``: the Cloud Billing *detailed*
+                            export (``gcp_billing_export_resource_v1_<ACCOUNT>``)
+                            that :meth:`GcpDriver.charges` reads; without it the
+                            driver reads no billing
 ==========================  ==========================================================
 
 How the contract (:mod:`autoscaler.drivers.base`) is kept here:
@@ -34,6 +39,20 @@ How the contract (:mod:`autoscaler.drivers.base`) is kept here:
   host whatever the endpoint), for at most ``operation_timeout`` seconds.
 * Every ``google.api_core`` / ``google.auth`` / connection error is translated into a
   :class:`~autoscaler.drivers.base.DriverError` where it enters (:func:`translate`).
+* **Billing** (:class:`~autoscaler.drivers.base.BillingReader`): Google Cloud has no
+  per-instance billing API; the resource-level costs are in the Cloud Billing detailed
+  export to BigQuery, which the operator enables (Billing > Billing export > Detailed
+  usage cost) and names in ``billing_export_table``. :meth:`GcpDriver.charges` runs one
+  parameterized standard-SQL query (:func:`billing_sql`) in ``project`` (the driver's
+  credentials need ``roles/bigquery.jobUser`` there and ``roles/bigquery.dataViewer``
+  on the export's dataset): cost plus credits per UTC day of ``usage_start_time``, per
+  ``hypermedia-request`` label and per ``resource.name``, for the rows labelled with the
+  cluster, scanning only the days' partitions (a day's margin on each side). The BigQuery
+  client uses ``api_endpoint`` and ``anonymous_credentials`` as the Compute client does.
+  The export lags hours, up to a day (:data:`BILLING_SETTLE_SECONDS`), and a query bills
+  at least 10 MB scanned (:data:`BILLING_INTERVAL_SECONDS`). The SQL is checked against
+  BigQuery's documented export schema only: the tests run the real SDK against a local
+  server that speaks BigQuery's REST API and answers canned rows, not a real BigQuery.
 """
 
 from __future__ import annotations
@@ -44,11 +63,15 @@ import re
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
+from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from autoscaler.config import GoogleConfig
 from autoscaler.drivers.base import (
     TAG_CLUSTER,
+    TAG_REQUEST,
+    Charge,
     DriverError,
     ErrorCode,
     Instance,
@@ -61,7 +84,7 @@ from hypermedia.errors import ConfigError
 _KEY = "provider.drivers.google"  # where these options live in the cluster yaml
 
 if TYPE_CHECKING:
-    from google.cloud import compute_v1
+    from google.cloud import bigquery, compute_v1
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +93,19 @@ INSTALL_HINT = "pip install 'hypermedia[gcp]'"
 NAME_PREFIX = "hm-"
 COMPUTE_SCOPE = "https://www.googleapis.com/auth/compute"
 NODE_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
+BIGQUERY_SCOPE = "https://www.googleapis.com/auth/bigquery"
+
+#: The Cloud Billing export to BigQuery lags the usage by hours, up to a day (and
+#: credits can come later still): a day's charges are compared two days after it ended.
+BILLING_SETTLE_SECONDS = 48 * 3600.0
+#: A query bills at least 10 MB scanned, whatever it reads: once an hour at most.
+BILLING_INTERVAL_SECONDS = 3600.0
+#: The export's partitions (``_PARTITIONTIME``, daily) are not the UTC days of the usage:
+#: Google's billing days are Pacific time, and rows are exported hours later. So a UTC
+#: day's rows are searched in the partitions of the day before and the day after as well
+#: (the filter on ``usage_start_time`` keeps the days asked). This is a reading of the
+#: docs and of public queries of the export, not checked against a real export here.
+PARTITION_MARGIN = timedelta(days=1)
 
 _STATES: dict[str, InstanceState] = {
     "PROVISIONING": "pending",
@@ -98,6 +134,13 @@ _CAPACITY = frozenset(
 _NOT_READY = frozenset({"RESOURCENOTREADY", "RESOURCE_NOT_READY"})
 _EXISTS = frozenset({"ALREADY_EXISTS", "RESOURCE_ALREADY_EXISTS", "ALREADYEXISTS"})
 _LABEL_VALUE = re.compile(r"^[a-z0-9_-]{1,63}$")
+_DAY = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$")
+# project (optionally domain-scoped, "example.com:project") . dataset . table: the
+# characters BigQuery allows in each, less the ones that could leave the back quotes.
+_TABLE = re.compile(
+    r"^(?:[a-z0-9][a-z0-9.-]*[a-z0-9]:)?[a-z][a-z0-9-]{4,28}[a-z0-9]"
+    r"\.[A-Za-z0-9_]{1,1024}\.[A-Za-z0-9_-]{1,1024}$"
+)
 _OPTIONS = frozenset(
     {
         "project",
@@ -110,14 +153,19 @@ _OPTIONS = frozenset(
         "disk_size_gb",
         "on_demand_cents_per_hour",
         "spot_cents_per_hour",
+        "billing_export_table",
     }
 )
 
 
 class GcpDriver:
-    """Lifecycle I/O against Compute Engine in one zone (see the module docstring)."""
+    """Lifecycle I/O against Compute Engine in one zone, and a
+    :class:`~autoscaler.drivers.base.BillingReader` of the billing export (see the
+    module docstring)."""
 
     name = PROVIDER
+    billing_settle_seconds = BILLING_SETTLE_SECONDS
+    billing_interval_seconds = BILLING_INTERVAL_SECONDS
 
     def __init__(
         self,
@@ -172,6 +220,13 @@ class GcpDriver:
                 f"{endpoint!r} needs its scheme (http://, https://)",
             )
         anonymous = _bool(options, "anonymous_credentials", default=False)
+        self.billing_export_table = _string(options, "billing_export_table")
+        if self.billing_export_table is not None and not _TABLE.match(self.billing_export_table):
+            raise ConfigError(
+                f"{_KEY}.billing_export_table",
+                f"expected project.dataset.table (the detailed billing export), not"
+                f" {self.billing_export_table!r}",
+            )
 
         try:
             from google.api_core.client_options import ClientOptions
@@ -180,7 +235,7 @@ class GcpDriver:
             raise ConfigError(
                 _KEY, f"google-cloud-compute is not installed ({INSTALL_HINT})"
             ) from exc
-        credentials = _credentials(anonymous)
+        credentials = _credentials(anonymous, COMPUTE_SCOPE)
         client_options = ClientOptions(api_endpoint=endpoint) if endpoint is not None else None
         self._instances = compute_v1.InstancesClient(
             credentials=credentials, client_options=client_options, transport="rest"
@@ -188,6 +243,21 @@ class GcpDriver:
         self._operations = compute_v1.ZoneOperationsClient(
             credentials=credentials, client_options=client_options, transport="rest"
         )
+        self._bigquery: bigquery.Client | None = None
+        if self.billing_export_table is not None:
+            try:
+                from google.cloud import bigquery
+            except ImportError as exc:
+                raise ConfigError(
+                    f"{_KEY}.billing_export_table",
+                    f"reading the billing export needs google-cloud-bigquery, which is not"
+                    f" installed ({INSTALL_HINT})",
+                ) from exc
+            self._bigquery = bigquery.Client(
+                project=self.project,
+                credentials=_credentials(anonymous, BIGQUERY_SCOPE),
+                client_options=client_options,
+            )
 
     # -- the Driver interface -----------------------------------------------------------
 
@@ -301,6 +371,96 @@ class GcpDriver:
             )
         return self.spot_cents_per_hour
 
+    # -- the BillingReader interface ----------------------------------------------------
+
+    def charges(self, cluster: str, first_day: str, last_day: str) -> list[Charge] | DriverError:
+        """What the billing export says the resources labelled with ``cluster`` cost on
+        the UTC days ``first_day`` .. ``last_day``: one :class:`Charge` per day, request
+        label and resource name (cost plus credits, in cents). Days the export has not
+        reached yet are missing."""
+        table = self.billing_export_table
+        if self._bigquery is None or table is None:
+            return DriverError(
+                "invalid",
+                "Google Cloud bills no instance by itself: set"
+                f" {_KEY}.billing_export_table to the detailed billing export table"
+                " (project.dataset.gcp_billing_export_resource_v1_<BILLING_ACCOUNT>; Billing"
+                " > Billing export > Detailed usage cost)",
+            )
+        if not _LABEL_VALUE.match(cluster):
+            return DriverError("invalid", f"cluster {cluster!r} is not a label value")
+        first, last = _day(first_day), _day(last_day)
+        if first is None or last is None:
+            return DriverError(
+                "invalid", f"days {first_day!r} .. {last_day!r}: expected YYYY-MM-DD"
+            )
+        if last < first:
+            return []
+        from google.cloud import bigquery
+
+        start = datetime(first.year, first.month, first.day, tzinfo=UTC)
+        end = datetime(last.year, last.month, last.day, tzinfo=UTC) + timedelta(days=1)
+        job_config = bigquery.QueryJobConfig(
+            use_legacy_sql=False,
+            query_parameters=[
+                bigquery.ScalarQueryParameter("cluster_key", "STRING", TAG_CLUSTER),
+                bigquery.ScalarQueryParameter("cluster", "STRING", cluster),
+                bigquery.ScalarQueryParameter("request_key", "STRING", TAG_REQUEST),
+                bigquery.ScalarQueryParameter("project", "STRING", self.project),
+                bigquery.ScalarQueryParameter("usage_start", "TIMESTAMP", start),
+                bigquery.ScalarQueryParameter("usage_end", "TIMESTAMP", end),
+                bigquery.ScalarQueryParameter(
+                    "partition_start", "TIMESTAMP", start - PARTITION_MARGIN
+                ),
+                bigquery.ScalarQueryParameter("partition_end", "TIMESTAMP", end + PARTITION_MARGIN),
+            ],
+        )
+        action = f"read {cluster}'s charges of {first_day} .. {last_day} from {table}"
+        try:
+            rows = self._bigquery.query_and_wait(
+                billing_sql(table),
+                job_config=job_config,
+                api_timeout=self.request_timeout,
+                wait_timeout=self.operation_timeout,
+                # No retries: the scheduler reads again at its next interval. (The SDK
+                # takes None for both, as its docstring says, but annotates Retry.)
+                retry=None,  # type: ignore[arg-type]
+                job_retry=None,  # type: ignore[arg-type]
+            )
+            found = [dict(row.items()) for row in rows]  # the further pages load here
+        except Exception as exc:
+            return self._billing_error(exc, action, table)
+        charges = []
+        for row in found:
+            charge = _charge(row)
+            if isinstance(charge, str):
+                return DriverError("invalid", f"{action}: {charge}")
+            charges.append(charge)
+        return charges
+
+    def _billing_error(self, exc: BaseException, action: str, table: str) -> DriverError:
+        try:
+            error = translate(exc, action)
+        except Exception:
+            # Not an API, credentials or network error: say what it was, never raise.
+            log.exception("%s: unexpected %s", action, type(exc).__name__)
+            return DriverError("invalid", f"{action}: unexpected {type(exc).__name__}: {exc}")
+        if error.code == "auth":
+            dataset = table.rsplit(".", 1)[0]
+            return replace(
+                error,
+                message=f"{error.message} (the driver's credentials need"
+                f" roles/bigquery.jobUser on project {self.project}, where the query runs,"
+                f" and roles/bigquery.dataViewer on the dataset {dataset})",
+            )
+        if error.code == "not_found":
+            return DriverError(
+                "invalid",
+                f"{error.message} (is {_KEY}.billing_export_table = {table} the detailed"
+                " billing export, and can the driver's credentials see it?)",
+            )
+        return error
+
     # -- helpers ------------------------------------------------------------------------
 
     def _instance_resource(self, name: str, request: LaunchRequest) -> compute_v1.Instance:
@@ -409,6 +569,72 @@ class GcpDriver:
         return operation
 
 
+def billing_sql(table: str) -> str:
+    """The query :meth:`GcpDriver.charges` runs: every value is a query parameter; the
+    table name (checked against ``_TABLE``) is the one thing in the text.
+
+    Per row of the export labelled ``@cluster_key = @cluster`` in ``@project``: its
+    cost plus its credits (negative amounts), summed per UTC day of
+    ``usage_start_time``, ``@request_key`` label value and ``resource.name`` (a boot
+    disk is named like its instance), with the currency. The ``_PARTITIONTIME`` bounds
+    keep the scan to the days asked and their margin."""
+    if not _TABLE.match(table):
+        raise ValueError(f"{table!r} is not project.dataset.table")
+    # S608: the table name is the one thing formatted in, matched against _TABLE above.
+    return f"""\
+WITH charged AS (
+  SELECT
+    DATE(usage_start_time, "UTC") AS usage_day,
+    (SELECT kv.value FROM UNNEST(labels) AS kv WHERE kv.key = @request_key LIMIT 1)
+      AS request_id,
+    resource.name AS resource_name,
+    currency,
+    cost + IFNULL((SELECT SUM(credit.amount) FROM UNNEST(credits) AS credit), 0) AS amount
+  FROM `{table}`
+  WHERE _PARTITIONTIME >= @partition_start AND _PARTITIONTIME < @partition_end
+    AND usage_start_time >= @usage_start AND usage_start_time < @usage_end
+    AND project.id = @project
+    AND EXISTS (
+      SELECT 1 FROM UNNEST(labels) AS kv WHERE kv.key = @cluster_key AND kv.value = @cluster
+    )
+)
+SELECT usage_day, request_id, resource_name, currency, SUM(amount) AS amount
+FROM charged
+GROUP BY usage_day, request_id, resource_name, currency
+ORDER BY usage_day, request_id, resource_name, currency
+"""  # noqa: S608
+
+
+def _charge(row: Mapping[str, Any]) -> Charge | str:
+    """One result row as a :class:`Charge`, or what is wrong with it."""
+    day, amount, currency = row.get("usage_day"), row.get("amount"), row.get("currency")
+    if currency != "USD":
+        return (
+            f"the billing export is in {currency!r}, not USD: the ledger counts US cents"
+            " (a billing account's currency is set when it is created)"
+        )
+    if isinstance(day, datetime) or not isinstance(day, date) or isinstance(amount, bool):
+        return f"unexpected row {dict(row)!r}"
+    if not isinstance(amount, int | float | Decimal) or not math.isfinite(amount):
+        return f"unexpected amount in row {dict(row)!r}"
+    request_id, resource_name = row.get("request_id"), row.get("resource_name")
+    return Charge(
+        day=day.isoformat(),
+        cents=round(float(amount) * 100.0, 6),
+        request_id=request_id if isinstance(request_id, str) else "",
+        instance_id=resource_name if isinstance(resource_name, str) else "",
+    )
+
+
+def _day(text: str) -> date | None:
+    if not isinstance(text, str) or not _DAY.match(text):
+        return None
+    try:
+        return date.fromisoformat(text)
+    except ValueError:
+        return None
+
+
 def translate(exc: BaseException, action: str) -> DriverError:
     """The :class:`DriverError` for what the SDK (or the network under it) raised."""
     from google.api_core import exceptions as core
@@ -474,7 +700,7 @@ def _reasons(exc: Any) -> list[str]:
     return found
 
 
-def _credentials(anonymous: bool) -> Any:
+def _credentials(anonymous: bool, scope: str) -> Any:
     from google.auth import default as google_auth_default
     from google.auth import exceptions as auth
     from google.auth.credentials import AnonymousCredentials
@@ -482,7 +708,7 @@ def _credentials(anonymous: bool) -> Any:
     if anonymous:
         return AnonymousCredentials()  # type: ignore[no-untyped-call]  # unannotated __init__
     try:
-        credentials, _project = google_auth_default(scopes=[COMPUTE_SCOPE])
+        credentials, _project = google_auth_default(scopes=[scope])
     except auth.DefaultCredentialsError as exc:
         raise ConfigError(_KEY, f"no Google credentials (google.auth.default): {exc}") from None
     return credentials

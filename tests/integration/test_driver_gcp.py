@@ -1,10 +1,13 @@
-"""The GCP driver: the real google-cloud-compute SDK over real HTTP against the local
-Compute Engine of :mod:`tests.clouds.gcp_server` (no mock of the SDK or of our code).
+"""The GCP driver: the real google-cloud-compute and google-cloud-bigquery SDKs over
+real HTTP against the local Compute Engine and BigQuery of :mod:`tests.clouds.gcp_server`
+(no mock of the SDKs or of our code).
 
 The shared contract runs for standard and spot instances on a server that is
 eventually consistent (new instances missing from lists, PROVISIONING before
 RUNNING, operations RUNNING before DONE); the rest checks what went over the wire,
-the error translation, and the options.
+the error translation, and the options. The billing tests check the query the driver
+sends to BigQuery and what it makes of BigQuery's answers; the SQL itself is checked
+against BigQuery's documented billing export schema only, not run by a real BigQuery.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import re
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,10 +25,10 @@ from typing import Any
 import pytest
 
 from autoscaler.config import GoogleConfig
-from autoscaler.drivers.base import TAG_KEYS, DriverError, Instance
-from autoscaler.drivers.gcp import GcpDriver
+from autoscaler.drivers.base import TAG_KEYS, BillingReader, Charge, DriverError, Instance
+from autoscaler.drivers.gcp import GcpDriver, billing_sql
 from hypermedia.errors import ConfigError
-from tests.clouds.gcp_server import GcpServer, gcp_server
+from tests.clouds.gcp_server import Action, GcpServer, gcp_server
 from tests.driver_contract import check_contract, listed, request
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -411,4 +415,292 @@ except ConfigError as exc:
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=ROOT
     )
     assert done.returncode == 0, done.stderr
+    assert "pip install 'hypermedia[gcp]'" in done.stdout, done.stdout
+
+
+# -- billing: the detailed billing export, read with the real BigQuery SDK ---------------
+#
+# The local server speaks BigQuery's REST API (jobs.query, jobs.get, getQueryResults,
+# jobs.cancel) and answers the rows a test sets: what is checked is what the driver sends
+# (the SQL text, its parameters) and what it makes of BigQuery's answers. The SQL itself
+# is checked against BigQuery's documented export schema only, never run here.
+
+EXPORT = "billing-admin.billing_export.gcp_billing_export_resource_v1_01A2B3_C4D5E6_F7G8H9"
+
+
+def billing_driver(server_url: str, **overrides: Any) -> GcpDriver:
+    overrides.setdefault("billing_export_table", EXPORT)
+    return make_driver(server_url, operation_timeout=5.0, **overrides)
+
+
+def charged(driver: GcpDriver, cluster: str, first: str, last: str) -> list[Charge]:
+    found = driver.charges(cluster, first, last)
+    assert not isinstance(found, DriverError), found
+    return found
+
+
+def parameters(body: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    """The named query parameters of a jobs.query body: name -> (type, value)."""
+    return {
+        p["name"]: (p["parameterType"]["type"], p["parameterValue"]["value"])
+        for p in body["queryParameters"]
+    }
+
+
+def test_the_driver_is_a_billing_reader(server: GcpServer) -> None:
+    reader: BillingReader = billing_driver(server.url)  # mypy checks the protocol
+    assert reader.billing_settle_seconds == 48 * 3600
+    assert reader.billing_interval_seconds == 3600
+
+
+def test_charges_from_the_export_rows(server: GcpServer) -> None:
+    server.set_billing_rows(
+        [
+            # An instance's day: its name and its request label (cost + credits, dollars).
+            {
+                "usage_day": "2024-05-01",
+                "request_id": "blue-000001",
+                "resource_name": "hm-blue-000001",
+                "currency": "USD",
+                "amount": 1.2345,
+            },
+            # A day whose credits outweigh the cost.
+            {
+                "usage_day": "2024-05-02",
+                "request_id": "blue-000001",
+                "resource_name": "hm-blue-000001",
+                "currency": "USD",
+                "amount": -0.015,
+            },
+            # The cluster's label and nothing else: a charge of no instance.
+            {"usage_day": "2024-05-02", "currency": "USD", "amount": 0.25},
+            # The request label without a resource name.
+            {
+                "usage_day": "2024-05-03",
+                "request_id": "blue-000002",
+                "currency": "USD",
+                "amount": 2,
+            },
+        ]
+    )
+    found = charged(billing_driver(server.url), "blue", "2024-05-01", "2024-05-03")
+
+    assert [(c.day, c.request_id, c.instance_id) for c in found] == [
+        ("2024-05-01", "blue-000001", "hm-blue-000001"),
+        ("2024-05-02", "blue-000001", "hm-blue-000001"),
+        ("2024-05-02", "", ""),
+        ("2024-05-03", "blue-000002", ""),
+    ]
+    assert [c.cents for c in found] == pytest.approx([123.45, -1.5, 25.0, 200.0])
+    assert all(type(c) is Charge for c in found)
+
+
+def test_one_parameterized_query_over_the_wire(server: GcpServer) -> None:
+    """One jobs.query in the driver's project: the cluster, the label keys, the days and
+    the partition bounds are query parameters, not text; the table is back-quoted."""
+    server.set_billing_rows([])
+    assert charged(billing_driver(server.url), "blue", "2024-05-01", "2024-05-03") == []
+
+    [request] = server.requests("POST", "/queries")
+    assert request.path == f"/bigquery/v2/projects/{PROJECT}/queries"
+    assert not request.authorized, "anonymous credentials sent an Authorization header"
+    body = request.body
+    assert body["useLegacySql"] is False
+    assert body["parameterMode"] == "NAMED"
+    assert parameters(body) == {
+        "cluster_key": ("STRING", "hypermedia-cluster"),
+        "cluster": ("STRING", "blue"),
+        "request_key": ("STRING", "hypermedia-request"),
+        "project": ("STRING", PROJECT),
+        "usage_start": ("TIMESTAMP", "2024-05-01 00:00:00+00:00"),
+        "usage_end": ("TIMESTAMP", "2024-05-04 00:00:00+00:00"),
+        # The days' partitions, a day's margin on each side.
+        "partition_start": ("TIMESTAMP", "2024-04-30 00:00:00+00:00"),
+        "partition_end": ("TIMESTAMP", "2024-05-05 00:00:00+00:00"),
+    }
+    sql = " ".join(body["query"].split())
+    assert f"FROM `{EXPORT}`" in sql
+    assert "_PARTITIONTIME >= @partition_start AND _PARTITIONTIME < @partition_end" in sql
+    assert "usage_start_time >= @usage_start AND usage_start_time < @usage_end" in sql
+    assert "kv.key = @cluster_key AND kv.value = @cluster" in sql
+    assert "project.id = @project" in sql
+    assert 'DATE(usage_start_time, "UTC") AS usage_day' in sql
+    assert "SUM(credit.amount) FROM UNNEST(credits)" in sql
+    assert "resource.name AS resource_name" in sql
+    for value in ("blue", "2024-05", "hypermedia-"):
+        assert value not in sql, f"{value!r} is formatted into the SQL"
+
+
+def test_a_running_query_and_pages(server: GcpServer) -> None:
+    """A query still running when jobs.query answers, and its rows over three pages."""
+    rows = [
+        {"usage_day": f"2024-05-0{d}", "request_id": "pages-00001", "currency": "USD", "amount": d}
+        for d in (1, 2, 3, 4, 5)
+    ]
+    with gcp_server(query_polls=2, page_rows=2) as slow:
+        slow.set_billing_rows(rows)
+        found = charged(billing_driver(slow.url), "pages", "2024-05-01", "2024-05-05")
+        assert [c.day for c in found] == [f"2024-05-0{d}" for d in (1, 2, 3, 4, 5)]
+        assert [c.cents for c in found] == [100.0, 200.0, 300.0, 400.0, 500.0]
+        [job_path] = {r.path for r in slow.requests("GET", "") if "/queries/" in r.path}
+        tokens = [r.query.get("pageToken") for r in slow.requests("GET", job_path)]
+        assert ["rows-2"] in tokens and ["rows-4"] in tokens, tokens
+
+
+def test_a_query_that_never_finishes_is_unavailable() -> None:
+    with gcp_server(query_polls=1_000_000) as slow:
+        slow.set_billing_rows([])
+        driver = make_driver(slow.url, operation_timeout=1.0, billing_export_table=EXPORT)
+        started = time.monotonic()
+        failed = driver.charges("blue", "2024-05-01", "2024-05-01")
+        assert isinstance(failed, DriverError), failed
+        assert (failed.code, failed.retryable) == ("unavailable", True), failed
+        assert time.monotonic() - started < 30
+        [cancel] = slow.requests("POST", "/cancel")  # the SDK gives the job up
+        assert slow.job(cancel.path.split("/")[-2]) == {"cancelled": True}
+
+
+def test_a_currency_other_than_usd_is_invalid(server: GcpServer) -> None:
+    server.set_billing_rows(
+        [{"usage_day": "2024-05-01", "currency": "EUR", "amount": 1.0, "request_id": "x"}]
+    )
+    failed = billing_driver(server.url).charges("blue", "2024-05-01", "2024-05-01")
+    assert isinstance(failed, DriverError), failed
+    assert failed.code == "invalid" and "'EUR'" in failed.message, failed
+
+
+@pytest.mark.parametrize(
+    ("action", "status", "reason", "code", "retryable", "says"),
+    [
+        ("query", 403, "accessDenied", "auth", False, "roles/bigquery.jobUser"),
+        ("query", 404, "notFound", "invalid", False, EXPORT),
+        ("query", 400, "invalidQuery", "invalid", False, "refused here"),
+        ("query", 403, "rateLimitExceeded", "quota", True, "refused here"),
+        ("query", 503, "backendError", "unavailable", True, "refused here"),
+        ("query", 500, "internalError", "unavailable", True, "refused here"),
+        ("results", 503, "backendError", "unavailable", True, "refused here"),
+    ],
+)
+def test_billing_errors_are_values(
+    action: Action, status: int, reason: str, code: str, retryable: bool, says: str
+) -> None:
+    with gcp_server(page_rows=1) as server:  # two pages: a getQueryResults call to fail
+        server.set_billing_rows([{"usage_day": "2024-05-01", "currency": "USD", "amount": 1.0}] * 2)
+        driver = billing_driver(server.url)
+        server.fail_next(action, status, reason, "refused here")
+        failed = driver.charges("blue", "2024-05-01", "2024-05-01")
+        assert isinstance(failed, DriverError), failed
+        assert (failed.code, failed.retryable) == (code, retryable), failed
+        assert says in failed.message, failed.message
+        if code == "auth":
+            assert "roles/bigquery.dataViewer on the dataset billing-admin.billing_export" in (
+                failed.message
+            )
+        assert len(charged(driver, "blue", "2024-05-01", "2024-05-01")) == 2  # and again
+
+
+def test_billing_on_an_unreachable_endpoint_is_unavailable() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    driver = billing_driver(f"http://127.0.0.1:{port}")  # nothing listens there any more
+    started = time.monotonic()
+    failed = driver.charges("blue", "2024-05-01", "2024-05-01")
+    assert isinstance(failed, DriverError), failed
+    assert (failed.code, failed.retryable) == ("unavailable", True), failed
+    assert time.monotonic() - started < 30, "the SDK retried"
+
+
+def test_no_export_table_says_what_to_set(server: GcpServer) -> None:
+    failed = make_driver(server.url).charges("blue", "2024-05-01", "2024-05-01")
+    assert isinstance(failed, DriverError), failed
+    assert failed.code == "invalid" and not failed.retryable
+    assert f"set {KEY}.billing_export_table to the detailed billing export table" in (
+        failed.message
+    )
+    assert server.records == []
+
+
+@pytest.mark.parametrize(
+    ("cluster", "first", "last"),
+    [
+        ('blue" OR TRUE --', "2024-05-01", "2024-05-01"),
+        ("blue", "2024-5-1", "2024-05-01"),
+        ("blue", "2024-05-01", "20240502"),
+        ("blue", "2024-02-30", "2024-03-01"),
+    ],
+)
+def test_bad_arguments_are_invalid_and_send_nothing(
+    server: GcpServer, cluster: str, first: str, last: str
+) -> None:
+    failed = billing_driver(server.url).charges(cluster, first, last)
+    assert isinstance(failed, DriverError) and failed.code == "invalid", failed
+    assert server.records == []
+
+
+def test_a_reversed_range_is_no_charges(server: GcpServer) -> None:
+    assert charged(billing_driver(server.url), "blue", "2024-05-02", "2024-05-01") == []
+    assert server.records == []
+
+
+@pytest.mark.parametrize(
+    "table",
+    [
+        "billing_export.gcp_billing_export_resource_v1_X",  # no project
+        "billing-admin.billing_export",
+        "billing-admin.billing_export.t.extra",
+        "billing-admin.billing_export.t`; DROP TABLE x; --",
+        "billing-admin.billing export.t",
+        "Billing-Admin.billing_export.t",
+        "billing-admin.billing-export.t",  # datasets have no hyphens
+        "",
+        42,
+    ],
+)
+def test_a_bad_export_table_names_its_key(table: Any) -> None:
+    with pytest.raises(ConfigError) as raised:
+        GcpDriver(
+            config(preemptible=True), options("http://127.0.0.1:9", billing_export_table=table)
+        )
+    assert raised.value.details["key"] == f"{KEY}.billing_export_table"
+
+
+@pytest.mark.parametrize(
+    "table",
+    [EXPORT, "example.com:billing-admin.billing_export.gcp_billing_export_resource_v1_X"],
+)
+def test_export_tables_accepted(table: str) -> None:
+    driver = GcpDriver(
+        config(preemptible=True), options("http://127.0.0.1:9", billing_export_table=table)
+    )
+    assert driver.billing_export_table == table
+    assert f"`{table}`" in billing_sql(table)
+
+
+def test_bigquery_loads_for_the_billing_export_only() -> None:
+    """In a fresh interpreter: a driver without ``billing_export_table`` builds without
+    google-cloud-bigquery (a head that bursts without reading the bill needs only
+    google-cloud-compute); one with it says what to install when BigQuery's SDK is
+    missing."""
+    google = config(preemptible=True).model_dump()
+    probe = f"""
+import sys
+from autoscaler.config import GoogleConfig
+from autoscaler.drivers.gcp import GcpDriver
+from hypermedia.errors import ConfigError
+
+sys.modules["google.cloud.bigquery"] = None  # as if not installed
+google = GoogleConfig.model_validate({google!r})
+GcpDriver(google, {options("http://127.0.0.1:9")!r})
+try:
+    GcpDriver(google, {options("http://127.0.0.1:9", billing_export_table=EXPORT)!r})
+except ConfigError as exc:
+    print(exc)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"{KEY}.billing_export_table: "), done.stdout
+    assert "google-cloud-bigquery" in done.stdout, done.stdout
     assert "pip install 'hypermedia[gcp]'" in done.stdout, done.stdout
