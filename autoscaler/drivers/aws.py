@@ -114,6 +114,8 @@ _AUTH = frozenset(
         "ExpiredToken",
         "RequestExpired",
         "AccessDenied",
+        "AccessDeniedException",  # JSON-protocol services (Cost Explorer)
+        "UnrecognizedClientException",  # the same, for an unknown access key id
         "OptInRequired",
         "Blocked",
         "PendingVerification",
@@ -132,8 +134,9 @@ _UNAVAILABLE = frozenset(
 )
 
 
-def driver_error(exc: Exception) -> DriverError:
-    """What a botocore error means for the caller, as a :class:`DriverError`.
+def driver_error(exc: Exception, service: str = "EC2") -> DriverError:
+    """What a botocore error means for the caller, as a :class:`DriverError`
+    (``service`` names the endpoint in the message when it could not be reached).
 
     Raises ``exc`` again when it is ``ParamValidationError`` (a request we built
     wrong) or not a botocore error at all: those are bugs, not answers.
@@ -173,7 +176,7 @@ def driver_error(exc: Exception) -> DriverError:
     if isinstance(exc, boto_errors.BotoCoreError):
         # Connection refused or reset, timeouts, TLS, the client's own retry quota
         # spent, a response it could not read: the endpoint, not the request.
-        return DriverError("unavailable", f"EC2 endpoint: {exc}", retryable=True)
+        return DriverError("unavailable", f"{service} endpoint: {exc}", retryable=True)
     raise exc
 
 

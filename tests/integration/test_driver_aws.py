@@ -532,6 +532,8 @@ def client_error(code: str, status: int = 400) -> ClientError:
         (client_error("UnauthorizedOperation", 403), "auth", False),
         (client_error("AuthFailure.ServiceLinkedRoleCreationNotPermitted", 403), "auth", False),
         (client_error("InvalidClientTokenId", 401), "auth", False),
+        (client_error("AccessDeniedException"), "auth", False),  # JSON protocol (ce)
+        (client_error("UnrecognizedClientException"), "auth", False),
         (client_error("InvalidParameterValue"), "invalid", False),
         (client_error("InvalidParameterCombination"), "invalid", False),
         (client_error("InvalidAMIID.NotFound"), "invalid", False),
