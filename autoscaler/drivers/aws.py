@@ -15,6 +15,32 @@ It keeps the contract of :mod:`autoscaler.drivers.base` this way:
   role), never from the cluster yaml; the user data is passed unchanged (boto3
   base64-encodes it) and the instance metadata service requires IMDSv2 tokens.
 * **Lazy SDK.** boto3 is imported when a driver is built, not with this module.
+* **Billing is read** from AWS Cost Explorer (:meth:`AwsDriver.charges`, so the driver
+  is a :class:`~autoscaler.drivers.base.BillingReader`): one ``GetCostAndUsage`` a
+  read, daily ``UnblendedCost`` of what carries the cluster's tag, grouped by the
+  request id tag. The instances' volumes carry the same tags as the instances
+  (``TagSpecifications`` for ``instance`` and ``volume``), so their cost lands in the
+  same request's group. What the operator sets up, once:
+
+  - the head's credentials need the IAM permission ``ce:GetCostAndUsage``;
+  - Cost Explorer enabled for the account (opening it once in the Billing console
+    does; its data is ready up to 24 hours later);
+  - the user-defined cost allocation tags ``hypermedia-cluster`` and
+    ``hypermedia-request`` activated in the Billing console (Cost allocation tags) or
+    with ``aws ce update-cost-allocation-tags-status --cost-allocation-tags-status
+    TagKey=hypermedia-cluster,Status=Active TagKey=hypermedia-request,Status=Active``.
+    A key can be activated once resources carrying it exist (it shows up to 24 hours
+    after the first launch), and costs from before its activation do not carry it
+    (unless a backfill is requested). Without them Cost Explorer answers nothing for
+    the cluster: an empty list, not an error (the answer cannot tell "not activated"
+    from "nothing billed yet", and asking ``ListCostAllocationTags`` would be one more
+    paid request and one more permission).
+
+  Cost Explorer costs $0.01 a request (each page is one), and its data lags up to
+  about 24 hours: the scheduler reads only once a day or an instance has ended and
+  :attr:`AwsDriver.billing_settle_seconds` (48 h) have passed, and at most every
+  :attr:`AwsDriver.billing_interval_seconds` (6 h). Cost Explorer lives in
+  ``us-east-1`` whatever the EC2 region (``endpoint_url`` serves both, for tests).
 
 Options (the ``aws`` section of the provider config, checked when the driver is
 built; a bad one is a :class:`~hypermedia.errors.ConfigError` naming
@@ -29,15 +55,18 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import re
+import threading
 from collections.abc import Mapping
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal, InvalidOperation
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from autoscaler.config import AwsConfig
 from autoscaler.drivers.base import (
     TAG_CLUSTER,
     TAG_REQUEST,
+    Charge,
     DriverError,
     Instance,
     InstanceState,
@@ -94,6 +123,15 @@ _STATES: dict[str, InstanceState] = {
 CONNECT_TIMEOUT = 5.0
 READ_TIMEOUT = 30.0
 MAX_ATTEMPTS = 3
+
+# Cost Explorer: one global endpoint in us-east-1; its data lags up to ~24 h, and every
+# request (every page) costs $0.01.
+BILLING_REGION = "us-east-1"
+BILLING_SETTLE_SECONDS = 48 * 3600.0
+BILLING_INTERVAL_SECONDS = 6 * 3600.0
+BILLING_METRIC = "UnblendedCost"
+BILLING_PERMISSION = "ce:GetCostAndUsage"
+_DAY = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
 
 _CAPACITY = frozenset(
     {
@@ -180,10 +218,50 @@ def driver_error(exc: Exception, service: str = "EC2") -> DriverError:
     raise exc
 
 
+def billing_error(exc: Exception) -> DriverError:
+    """:func:`driver_error` for a Cost Explorer call, saying what fixes the answers an
+    operator can fix: a refusal names the IAM permission, and
+    ``DataUnavailableException`` (Cost Explorer not enabled yet, or its data not
+    ready) is retryable: the billing data is not available yet."""
+    error = driver_error(exc, service="Cost Explorer")
+    code = _error_code(exc)
+    if code.split(".", 1)[0] in ("AccessDenied", "AccessDeniedException"):
+        return DriverError(
+            "auth",
+            f"{error.message} (the head's AWS credentials need the IAM permission"
+            f" {BILLING_PERMISSION}, and the account Cost Explorer enabled)",
+        )
+    if code == "DataUnavailableException":
+        return DriverError(
+            "unavailable",
+            f"the billing data is not available yet ({error.message}): Cost Explorer"
+            " prepares an account's data up to 24 hours after it is enabled",
+            retryable=True,
+        )
+    if code == "LimitExceededException":  # Cost Explorer's throttling
+        return DriverError("unavailable", error.message, retryable=True)
+    return error
+
+
+class _CostExplorer(Protocol):
+    """The part of boto3's Cost Explorer client the driver uses (the project installs
+    no ``mypy_boto3_ce`` stubs)."""
+
+    @property
+    def meta(self) -> Any: ...
+
+    def get_cost_and_usage(self, **params: Any) -> Mapping[str, Any]: ...
+
+
 class AwsDriver:
-    """EC2 lifecycle for one cluster's burst nodes (see the module docstring)."""
+    """EC2 lifecycle for one cluster's burst nodes, and their bill from Cost Explorer
+    (see the module docstring for what the operator sets up for that)."""
 
     name = "aws"
+    #: Cost Explorer's data lags up to ~24 h: a day's bill is read 48 h after it.
+    billing_settle_seconds: float = BILLING_SETTLE_SECONDS
+    #: Each Cost Explorer request costs $0.01: at most one read every 6 h.
+    billing_interval_seconds: float = BILLING_INTERVAL_SECONDS
 
     def __init__(self, config: AwsConfig, options: Mapping[str, Any]) -> None:
         self.config = config
@@ -208,20 +286,42 @@ class AwsDriver:
             boto_errors.ClientError,
             boto_errors.BotoCoreError,
         )
+        self._client_config = Config(
+            connect_timeout=CONNECT_TIMEOUT,
+            read_timeout=READ_TIMEOUT,
+            retries={"mode": "standard", "max_attempts": MAX_ATTEMPTS},
+        )
         try:
+            self._session = boto3.session.Session()
             #: The boto3 EC2 client (public so tests can watch what is sent).
-            self.client: EC2Client = boto3.session.Session().client(
+            self.client: EC2Client = self._session.client(
                 "ec2",
                 region_name=self.region,
                 endpoint_url=self.endpoint_url,
-                config=Config(
-                    connect_timeout=CONNECT_TIMEOUT,
-                    read_timeout=READ_TIMEOUT,
-                    retries={"mode": "standard", "max_attempts": MAX_ATTEMPTS},
-                ),
+                config=self._client_config,
             )
         except boto_errors.BotoCoreError as exc:  # e.g. AWS_PROFILE names no profile
             raise ConfigError(_KEY, f"cannot build an EC2 client: {exc}") from None
+        self._cost_explorer: _CostExplorer | None = None
+        self._cost_explorer_lock = threading.Lock()
+
+    @property
+    def cost_explorer(self) -> _CostExplorer:
+        """The boto3 Cost Explorer client, built on first use (most drivers never read
+        billing); in ``us-east-1`` whatever the EC2 region, at ``endpoint_url`` when
+        set. Public so tests can watch what is sent."""
+        with self._cost_explorer_lock:
+            if self._cost_explorer is None:
+                self._cost_explorer = cast(
+                    "_CostExplorer",
+                    self._session.client(
+                        "ce",
+                        region_name=BILLING_REGION,
+                        endpoint_url=self.endpoint_url,
+                        config=self._client_config,
+                    ),
+                )
+            return self._cost_explorer
 
     # -- the Driver interface ---------------------------------------------------------------
 
@@ -328,6 +428,73 @@ class AwsDriver:
                 retryable=True,
             )
         return cents
+
+    # -- the BillingReader interface ------------------------------------------------------
+
+    def charges(self, cluster: str, first_day: str, last_day: str) -> list[Charge] | DriverError:
+        """What Cost Explorer says ``cluster``'s resources cost on the UTC days
+        ``first_day`` .. ``last_day`` (both included): one :class:`Charge` per day and
+        request id tag, in cents (``UnblendedCost``), zero amounts left out and negative
+        ones (a refund the bill puts on a tagged resource) kept. The cost of the
+        cluster's resources without a request id tag comes back with ``request_id``
+        "". Cost Explorer does not name instances here: ``instance_id`` stays "".
+
+        One ``GetCostAndUsage`` per page ($0.01 each). Days are ``YYYY-MM-DD``; a
+        malformed day or ``last_day`` before ``first_day`` is the caller's bug
+        (``ValueError``)."""
+        start = _day(first_day)
+        end = _day(last_day)
+        if end < start:
+            raise ValueError(f"last_day {last_day} is before first_day {first_day}")
+        params: dict[str, Any] = {
+            # End is exclusive: the day after last_day.
+            "TimePeriod": {
+                "Start": start.isoformat(),
+                "End": (end + timedelta(days=1)).isoformat(),
+            },
+            "Granularity": "DAILY",
+            "Metrics": [BILLING_METRIC],
+            "Filter": {"Tags": {"Key": TAG_CLUSTER, "Values": [cluster]}},
+            "GroupBy": [{"Type": "TAG", "Key": TAG_REQUEST}],
+        }
+        context = {"cluster": cluster, "action": "billing_read"}
+        dollars: dict[tuple[str, str], Decimal] = {}
+        pages = 0
+        seen_tokens: set[str] = set()
+        try:
+            while True:
+                reply = self.cost_explorer.get_cost_and_usage(**params)
+                pages += 1
+                problem = _add_charges(dollars, reply)
+                if problem is not None:
+                    log.warning("billing read for %s: %s", cluster, problem, extra=context)
+                    return problem
+                token = reply.get("NextPageToken")
+                if not token:
+                    break
+                if token in seen_tokens:  # never ending, at $0.01 a page: stop
+                    return DriverError(
+                        "invalid", f"Cost Explorer answered the page token {token!r} twice"
+                    )
+                seen_tokens.add(token)
+                params["NextPageToken"] = token
+        except self._boto_errors as exc:
+            error = billing_error(exc)
+            log.warning("billing read for %s failed: %s", cluster, error, extra=context)
+            return error
+        log.info(
+            "billing read for %s, %s .. %s: %d charges in %d pages",
+            cluster,
+            first_day,
+            last_day,
+            len(dollars),
+            pages,
+            extra=context,
+        )
+        return [
+            Charge(day=day, cents=float(amount * 100), request_id=request_id)
+            for (day, request_id), amount in sorted(dollars.items())
+        ]
 
     # -- EC2 calls ------------------------------------------------------------------------
 
@@ -445,6 +612,61 @@ def _filter(name: str, value: str) -> FilterTypeDef:
 
 def _tags(described: InstanceTypeDef) -> dict[str, str]:
     return {t["Key"]: t["Value"] for t in described.get("Tags", []) if "Key" in t and "Value" in t}
+
+
+def _day(text: str) -> date:
+    """A ``YYYY-MM-DD`` day (exactly that form: Cost Explorer takes no other)."""
+    if not _DAY.fullmatch(text):
+        raise ValueError(f"{text!r} is not a YYYY-MM-DD day")
+    return date.fromisoformat(text)
+
+
+def _add_charges(
+    dollars: dict[tuple[str, str], Decimal], reply: Mapping[str, Any]
+) -> DriverError | None:
+    """Add one ``GetCostAndUsage`` page's groups to ``dollars`` by (day, request id);
+    an answer the driver cannot read as dollars of a day is an ``invalid`` error."""
+    prefix = f"{TAG_REQUEST}$"
+    for result in reply.get("ResultsByTime", []):
+        day = str(result.get("TimePeriod", {}).get("Start", ""))
+        try:
+            _day(day)
+        except ValueError:
+            return DriverError("invalid", f"Cost Explorer answered a period starting {day!r}")
+        for group in result.get("Groups", []):
+            keys = group.get("Keys", [])
+            key = str(keys[0]) if keys else ""
+            if not key.startswith(prefix):
+                return DriverError(
+                    "invalid", f"Cost Explorer answered the group {keys!r}, not {prefix}<id>"
+                )
+            where = f"{key} on {day}"
+            metric = group.get("Metrics", {}).get(BILLING_METRIC)
+            if not isinstance(metric, Mapping):
+                return DriverError(
+                    "invalid", f"Cost Explorer answered no {BILLING_METRIC}: {where}"
+                )
+            try:
+                amount = Decimal(str(metric.get("Amount")))
+            except InvalidOperation:
+                amount = Decimal("NaN")
+            if not amount.is_finite():
+                return DriverError(
+                    "invalid",
+                    f"Cost Explorer answered the amount {metric.get('Amount')!r}: {where}",
+                )
+            if amount == 0:
+                continue
+            unit = metric.get("Unit")
+            if unit != "USD":
+                return DriverError(
+                    "invalid",
+                    f"Cost Explorer answered {BILLING_METRIC} in {unit!r}, not USD ({where}):"
+                    " the driver reads dollars only",
+                )
+            request_id = key.removeprefix(prefix)
+            dollars[(day, request_id)] = dollars.get((day, request_id), Decimal(0)) + amount
+    return None
 
 
 def _error_code(exc: Exception) -> str:

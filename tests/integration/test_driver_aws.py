@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import base64
 import copy
+import json
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
@@ -33,7 +36,7 @@ from botocore.exceptions import (
 
 from autoscaler.config import AwsConfig
 from autoscaler.drivers.aws import AwsDriver, driver_error
-from autoscaler.drivers.base import TAG_KEYS, DriverError, Instance
+from autoscaler.drivers.base import TAG_KEYS, BillingReader, Charge, DriverError, Instance
 from hypermedia.embedded import free_port
 from hypermedia.errors import ConfigError
 from tests import support
@@ -560,6 +563,332 @@ def test_our_own_bugs_still_raise() -> None:
         driver_error(ParamValidationError(report="MinCount is missing"))
     with pytest.raises(KeyError):
         driver_error(KeyError("not botocore's"))
+
+
+# -- billing (Cost Explorer) ----------------------------------------------------------------
+#
+# moto's GetCostAndUsage answers canned results, queued with an HTTP POST: a request
+# takes the next one from the queue and keeps it for its exact body (so a page asked
+# again with the same NextPageToken gets the same page), or answers nothing when the
+# queue is empty. moto checks nothing of the request: what is sent is checked here.
+
+COST_RESULTS = "/moto-api/static/ce/cost-and-usage-results"
+
+
+def queue_cost_results(endpoint: str, *results: dict[str, Any]) -> None:
+    reply = httpx.post(f"{endpoint}{COST_RESULTS}", json={"results": list(results)}, timeout=10)
+    assert reply.status_code == 201, reply.text
+
+
+def cost_day(day: str, end: str, groups: dict[str, str], unit: str = "USD") -> dict[str, Any]:
+    """One day of a GetCostAndUsage answer: ``groups`` maps a request id ("" for the
+    cluster's cost without one) to its UnblendedCost in dollars."""
+    return {
+        "TimePeriod": {"Start": day, "End": end},
+        "Total": {},
+        "Groups": [
+            {
+                "Keys": [f"hypermedia-request${request_id}"],
+                "Metrics": {"UnblendedCost": {"Amount": amount, "Unit": unit}},
+            }
+            for request_id, amount in groups.items()
+        ],
+        "Estimated": True,
+    }
+
+
+def record_cost_requests(driver: AwsDriver) -> list[dict[str, Any]]:
+    """The parameters of each GetCostAndUsage the driver's Cost Explorer client sends."""
+    sent: list[dict[str, Any]] = []
+
+    def on_params(params: dict[str, Any], **_: Any) -> None:
+        sent.append(copy.deepcopy(params))
+
+    driver.cost_explorer.meta.events.register("provide-client-params.ce.GetCostAndUsage", on_params)
+    return sent
+
+
+def charges_of(driver: AwsDriver, first_day: str, last_day: str) -> list[Charge]:
+    charges = driver.charges("alpha", first_day, last_day)
+    assert isinstance(charges, list), charges
+    return charges
+
+
+def test_the_driver_is_a_billing_reader_that_reads_rarely(make_driver: MakeDriver) -> None:
+    reader: BillingReader = make_driver()  # mypy checks the protocol
+    assert reader.billing_settle_seconds == 48 * 3600  # Cost Explorer lags up to ~24 h
+    assert reader.billing_interval_seconds == 6 * 3600  # $0.01 a request
+
+
+def test_charges_are_cost_explorer_s_groups_in_cents(
+    make_driver: MakeDriver, endpoint: str
+) -> None:
+    queue_cost_results(
+        endpoint,
+        {
+            "ResultsByTime": [
+                cost_day(
+                    "2026-03-01",
+                    "2026-03-02",
+                    {"spot-0001": "0.5", "": "0.0101516483", "demand-0002": "0"},
+                ),
+                cost_day(
+                    "2026-03-02",
+                    "2026-03-03",
+                    {"spot-0001": "1.25", "": "0.0000000000", "demand-0002": "0.04"},
+                ),
+            ],
+            "DimensionValueAttributes": [],
+        },
+    )
+    charges = charges_of(make_driver(), "2026-03-01", "2026-03-02")
+    assert [(c.day, c.request_id, c.instance_id) for c in charges] == [
+        ("2026-03-01", "", ""),  # the cluster's, tagged with no request
+        ("2026-03-01", "spot-0001", ""),
+        ("2026-03-02", "demand-0002", ""),
+        ("2026-03-02", "spot-0001", ""),
+    ]  # zero amounts left out
+    assert [c.cents for c in charges] == pytest.approx([1.01516483, 50.0, 4.0, 125.0])
+
+
+def test_nothing_billed_is_no_charges(make_driver: MakeDriver) -> None:
+    """moto's empty answer, as Cost Explorer's for days not processed yet or for cost
+    allocation tags not activated: no charges, not an error."""
+    assert charges_of(make_driver(), "2026-03-01", "2026-03-02") == []
+
+
+def test_charges_follow_the_pages(make_driver: MakeDriver, endpoint: str) -> None:
+    """Two pages: the first request takes the first canned answer, the second (the same
+    body plus NextPageToken) the next one."""
+    queue_cost_results(
+        endpoint,
+        {
+            "ResultsByTime": [cost_day("2026-03-01", "2026-03-02", {"spot-0001": "0.5"})],
+            "DimensionValueAttributes": [],
+            "NextPageToken": "page-2-token",
+        },
+        {
+            "ResultsByTime": [
+                # Cost Explorer may split a day across pages; should it split a group
+                # too, it is still one charge per day and request.
+                cost_day("2026-03-01", "2026-03-02", {"demand-0002": "0.2", "spot-0001": "0.25"}),
+                cost_day("2026-03-02", "2026-03-03", {"spot-0001": "0.1"}),
+            ],
+            "DimensionValueAttributes": [],
+        },
+    )
+    driver = make_driver()
+    sent = record_cost_requests(driver)
+    charges = charges_of(driver, "2026-03-01", "2026-03-02")
+    assert [(c.day, c.request_id) for c in charges] == [
+        ("2026-03-01", "demand-0002"),
+        ("2026-03-01", "spot-0001"),
+        ("2026-03-02", "spot-0001"),
+    ]
+    assert [c.cents for c in charges] == pytest.approx([20.0, 75.0, 10.0])
+    assert len(sent) == 2
+    assert "NextPageToken" not in sent[0]
+    assert sent[1] == {**sent[0], "NextPageToken": "page-2-token"}
+
+
+def test_a_page_token_answered_twice_stops_the_read(make_driver: MakeDriver, endpoint: str) -> None:
+    """Each page costs $0.01: a token that comes back again would page forever (moto
+    answers the same body the same page, so without the stop this would not end)."""
+    page = {
+        "ResultsByTime": [cost_day("2026-03-01", "2026-03-02", {"spot-0001": "0.5"})],
+        "DimensionValueAttributes": [],
+        "NextPageToken": "same-token",
+    }
+    queue_cost_results(endpoint, page, page)
+    driver = make_driver()
+    sent = record_cost_requests(driver)
+    error = driver.charges("alpha", "2026-03-01", "2026-03-01")
+    assert isinstance(error, DriverError), error
+    assert (error.code, error.retryable) == ("invalid", False)
+    assert "same-token" in error.message
+    assert [params.get("NextPageToken") for params in sent] == [None, "same-token"]
+
+
+def test_what_a_billing_read_sends(make_driver: MakeDriver, endpoint: str) -> None:
+    """Daily unblended cost of what carries the cluster's tag, grouped by request id,
+    End the day after last_day (exclusive), from us-east-1 whatever the EC2 region,
+    at the driver's endpoint_url."""
+    driver = make_driver(region="eu-west-1")
+    sent = record_cost_requests(driver)
+    wire: list[Any] = []
+    driver.cost_explorer.meta.events.register(
+        "before-send.ce.GetCostAndUsage", lambda request, **_: wire.append(request)
+    )
+    assert driver.charges("alpha", "2026-02-27", "2026-02-28") == []
+    assert sent == [
+        {
+            "TimePeriod": {"Start": "2026-02-27", "End": "2026-03-01"},
+            "Granularity": "DAILY",
+            "Metrics": ["UnblendedCost"],
+            "Filter": {"Tags": {"Key": "hypermedia-cluster", "Values": ["alpha"]}},
+            "GroupBy": [{"Type": "TAG", "Key": "hypermedia-request"}],
+        }
+    ]
+    assert len(wire) == 1
+    assert wire[0].url.startswith(endpoint)
+    assert wire[0].headers["X-Amz-Target"] == b"AWSInsightsIndexService.GetCostAndUsage"
+    assert b"/us-east-1/ce/aws4_request" in wire[0].headers["Authorization"]
+    assert json.loads(wire[0].body)["TimePeriod"] == {"Start": "2026-02-27", "End": "2026-03-01"}
+    assert driver.client.meta.region_name == "eu-west-1"  # EC2 stays where it was
+
+
+def test_one_day_is_start_to_the_next_day(make_driver: MakeDriver) -> None:
+    driver = make_driver()
+    sent = record_cost_requests(driver)
+    assert driver.charges("alpha", "2024-12-31", "2024-12-31") == []
+    assert sent[0]["TimePeriod"] == {"Start": "2024-12-31", "End": "2025-01-01"}
+
+
+@pytest.mark.parametrize(
+    ("first_day", "last_day", "says"),
+    [
+        ("2026-03-02", "2026-03-01", "is before"),
+        ("2026-3-1", "2026-03-02", "not a YYYY-MM-DD day"),
+        ("2026-03-01", "20260302", "not a YYYY-MM-DD day"),
+        ("2026-02-30", "2026-03-02", "day is out of range"),
+    ],
+)
+def test_bad_days_are_the_caller_s_bug(
+    make_driver: MakeDriver, first_day: str, last_day: str, says: str
+) -> None:
+    driver = make_driver()
+    sent = record_cost_requests(driver)
+    with pytest.raises(ValueError, match=says):
+        driver.charges("alpha", first_day, last_day)
+    assert sent == []
+
+
+def test_an_amount_in_another_currency_is_invalid(make_driver: MakeDriver, endpoint: str) -> None:
+    queue_cost_results(
+        endpoint,
+        {
+            "ResultsByTime": [
+                cost_day("2026-03-01", "2026-03-02", {"spot-0001": "0.5"}, unit="EUR")
+            ],
+            "DimensionValueAttributes": [],
+        },
+    )
+    error = make_driver().charges("alpha", "2026-03-01", "2026-03-01")
+    assert isinstance(error, DriverError), error
+    assert (error.code, error.retryable) == ("invalid", False)
+    assert "'EUR', not USD" in error.message
+
+
+@pytest.mark.parametrize(
+    "group",
+    [
+        {"Keys": ["hypermedia-cluster$alpha"], "Metrics": {"UnblendedCost": {"Amount": "1"}}},
+        {"Keys": ["hypermedia-request$x"], "Metrics": {"BlendedCost": {"Amount": "1"}}},
+        {
+            "Keys": ["hypermedia-request$x"],
+            "Metrics": {"UnblendedCost": {"Amount": "lots", "Unit": "USD"}},
+        },
+    ],
+    ids=["another-group-key", "no-unblended-cost", "not-a-number"],
+)
+def test_an_answer_that_is_not_dollars_by_request_is_invalid(
+    make_driver: MakeDriver, endpoint: str, group: dict[str, Any]
+) -> None:
+    day = {"TimePeriod": {"Start": "2026-03-01", "End": "2026-03-02"}, "Groups": [group]}
+    queue_cost_results(endpoint, {"ResultsByTime": [day], "DimensionValueAttributes": []})
+    error = make_driver().charges("alpha", "2026-03-01", "2026-03-01")
+    assert isinstance(error, DriverError), error
+    assert (error.code, error.retryable) == ("invalid", False)
+
+
+def test_an_unreachable_cost_explorer_is_unavailable(ami: str) -> None:
+    driver = AwsDriver(
+        aws_config(ami),
+        {
+            "endpoint_url": f"http://127.0.0.1:{free_port()}",
+            "on_demand_cents_per_hour": ON_DEMAND_CENTS,
+        },
+    )
+    started = time.monotonic()
+    error = driver.charges("alpha", "2026-03-01", "2026-03-02")
+    assert isinstance(error, DriverError), error
+    assert (error.code, error.retryable) == ("unavailable", True)
+    assert error.message.startswith("Cost Explorer endpoint: ")
+    assert time.monotonic() - started < 60  # retried, but not forever
+
+
+class CostExplorerRefusing:
+    """An HTTP server answering every request with one Cost Explorer error (JSON
+    protocol, as AWS sends it): errors moto's Cost Explorer cannot be made to give."""
+
+    def __init__(self, status: int, error_type: str, message: str) -> None:
+        body = json.dumps({"__type": error_type, "Message": message}).encode()
+        self.requests = 0
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                outer.requests += 1
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                self.send_response(status)
+                self.send_header("Content-Type", "application/x-amz-json-1.1")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=10)
+
+
+@pytest.mark.parametrize(
+    ("status", "error_type", "code", "retryable", "says"),
+    [
+        (
+            400,
+            "AccessDeniedException",
+            "auth",
+            False,
+            "need the IAM permission ce:GetCostAndUsage",
+        ),
+        (
+            400,
+            "com.amazonaws.awsinsightsindexservice#DataUnavailableException",
+            "unavailable",
+            True,
+            "the billing data is not available yet",
+        ),
+        (400, "LimitExceededException", "unavailable", True, "LimitExceededException"),
+        (400, "BillExpirationException", "invalid", False, "BillExpirationException"),
+        (400, "UnrecognizedClientException", "auth", False, "UnrecognizedClientException"),
+    ],
+)
+def test_cost_explorer_s_refusals_become_driver_errors(
+    ami: str, status: int, error_type: str, code: str, retryable: bool, says: str
+) -> None:
+    server = CostExplorerRefusing(status, error_type, "refused for the test")
+    try:
+        driver = AwsDriver(
+            aws_config(ami),
+            {"endpoint_url": server.url, "on_demand_cents_per_hour": ON_DEMAND_CENTS},
+        )
+        error = driver.charges("alpha", "2026-03-01", "2026-03-02")
+    finally:
+        server.close()
+    assert isinstance(error, DriverError), error
+    assert (error.code, error.retryable) == (code, retryable)
+    assert says in error.message
+    assert "refused for the test" in error.message
+    assert server.requests >= 1
 
 
 # -- options ------------------------------------------------------------------------------
