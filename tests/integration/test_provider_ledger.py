@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -30,14 +31,20 @@ from ray.autoscaler.tags import (
 )
 from sqlalchemy import select
 
+from autoscaler import billing
 from autoscaler import provider as provider_module
+from autoscaler.billing import Account
 from autoscaler.drivers.aws import AwsDriver
 from autoscaler.drivers.base import Instance, LaunchRequest
+from autoscaler.leader import Leadership
 from autoscaler.provider import HypermediaNodeProvider
+from autoscaler.scheduler import NoCloud, Scheduler
+from hypermedia.clock import ManualClock
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
 from tests import support
 from tests.factories import make_user, open_stack, submit
+from tests.integration.test_driver_aws import cost_day, queue_cost_results
 from tests.integration.test_node_provider import provider_config, scheduler_json
 
 REGION = "us-east-1"
@@ -274,4 +281,51 @@ def test_a_launch_without_an_order_is_routed_by_the_jobs_waiting(
     assert spots == [True, False], (background, urgent)
     for instance_id in running(provider):
         assert aws(provider).terminate(instance_id) is None
+    stack.close()
+
+
+class BilledFleet(NoCloud):
+    """No scaling: only the provider's drivers' billing, as a `ray up` head's fleet has it."""
+
+    def __init__(self, provider: HypermediaNodeProvider) -> None:
+        self.provider = provider
+
+    def billing(self) -> dict[str, Account]:
+        return billing.accounts(self.provider.drivers, self.provider.cluster)
+
+
+def test_an_ended_instances_cost_explorer_bill_is_reconciled_with_its_row(
+    make_provider, moto_server, settings, pg_engine
+):
+    """The whole path on real parts: a launch opens the row under its request id, the
+    instance's terminate closes it, and two days later the scheduler reads Cost
+    Explorer (boto3 over HTTP to moto, its answer queued) for that day, finds the bill
+    by the request tag and compares it with the row."""
+    provider = make_provider()
+    assert launch(provider, "bill-1") == "launched"
+    (node_id,) = provider.non_terminated_nodes({TAG_RAY_NODE_KIND: NODE_KIND_WORKER})
+    provider.terminate_node(node_id)
+    s = t.cloud_spend
+    with transaction(provider.engine) as conn:
+        row = conn.execute(select(s)).one()
+    assert row.terminated_at is not None and row.request_id and row.instance_id.startswith("i-")
+    day = row.terminated_at.strftime("%Y-%m-%d")
+    after = (row.terminated_at + timedelta(days=1)).strftime("%Y-%m-%d")
+    # The bill: 50 cents on the instance's request tag (its seconds on the ledger are
+    # worth a fraction of a cent), 20 on the cluster's resources of no request.
+    groups = {row.request_id: "0.50", "": "0.20"}
+    queue_cost_results(moto_server, {"ResultsByTime": [cost_day(day, after, groups)]})
+    clock = ManualClock(time.time() + 3 * 86_400)  # the day and the instance have settled
+    stack = open_stack(settings, pg_engine, clock)
+    leadership = Leadership(stack.redis, stack.settings.redis_prefix, "bill", 60)
+    loop = Scheduler(
+        provider.config, stack.engine, stack.queue, leadership, clock, BilledFleet(provider)
+    )
+    found = loop.reconcile(clock.now())
+    assert [f.subject for f in found] == [f"instance {row.instance_id}", day]
+    assert [(round(f.billed_cents, 6)) for f in found] == [50.0, 70.0]
+    assert "$0.20 of it on resources the ledger does not know" in found[1].message()
+    with transaction(provider.engine) as conn:
+        row = conn.execute(select(s)).one()
+    assert row.billed_microusd == 500_000 and row.reconciled_at is not None
     stack.close()
