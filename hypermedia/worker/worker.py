@@ -333,6 +333,7 @@ class Worker:
         self._shutdown_lock = threading.Lock()
         self._process = psutil.Process()
         self._last_metrics = (time.monotonic(), 0)
+        self._last_cpu = (time.monotonic(), self.cpu_seconds())
 
     # -- lifecycle --------------------------------------------------------------
 
@@ -636,6 +637,29 @@ class Worker:
                 .values(last_heartbeat=to_datetime(self.clock.now()))
             )
 
+    def cpu_seconds(self) -> float:
+        """CPU seconds of this process and everything it started: the fork server and
+        the jobs' children, running or ended (a process's ``children_*`` times hold its
+        waited-for descendants', so an ended job counts in its parent's)."""
+        total = 0.0
+        for process in [self._process, *self._process.children(recursive=True)]:
+            try:
+                times = process.cpu_times()
+            except psutil.Error:
+                continue
+            total += times.user + times.system + times.children_user + times.children_system
+        return total
+
+    def cpu_percent(self) -> float:
+        """The worker's CPU use since the last call, its jobs' included, as a share of
+        the cores it may use (its concurrency, at most the machine's): 100 is a worker
+        whose every loop keeps a core busy (the alert's "worker CPU > 90 %")."""
+        now, total = time.monotonic(), self.cpu_seconds()
+        then, before = self._last_cpu
+        self._last_cpu = (now, total)
+        cores = max(1, min(self.concurrency, os.cpu_count() or 1))
+        return max(0.0, total - before) / max(now - then, 1e-6) / cores * 100.0
+
     def write_metrics(self) -> None:
         now_mono = time.monotonic()
         with self._stats_lock:
@@ -659,7 +683,7 @@ class Worker:
                 insert(t.worker_metrics).values(
                     worker_id=self.worker_id,
                     recorded_at=to_datetime(self.clock.now()),
-                    cpu_percent=self._process.cpu_percent(None),
+                    cpu_percent=round(self.cpu_percent(), 1),
                     memory_mb=rss / 2**20,
                     disk_free_mb=(disk.free / 2**20) if disk else 0.0,
                     jobs_completed=completed,
@@ -671,7 +695,7 @@ class Worker:
     def _upkeep_loop(self) -> None:
         next_beat = time.monotonic() + self.heartbeat_seconds
         next_metrics = time.monotonic() + self.metrics_seconds
-        self._process.cpu_percent(None)  # prime the CPU counter
+        self.cpu_percent()  # from now: the time before the loops started is not theirs
         while not self._stopped.wait(min(1.0, self.heartbeat_seconds)):
             now = time.monotonic()
             try:

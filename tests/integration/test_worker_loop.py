@@ -19,6 +19,7 @@ from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import psutil
 from sqlalchemy import func, select
 
 from bench.in_process import InProcessExecutor
@@ -401,4 +402,51 @@ def test_jobs_taken_ahead_go_back_when_the_one_before_runs_long(engine, settings
     first.stop()
     second.stop()
     assert _statuses(stack) == {"completed": 3}
+    stack.close()
+
+
+def test_the_workers_cpu_counts_its_jobs_sandboxed_children(pg_engine, settings, tmp_path):
+    """``worker_metrics.cpu_percent`` (the seed's "worker CPU > 90 %" alert reads it) is
+    the worker's CPU with its jobs': the steps run in sandboxed children of the fork
+    server, not in the worker's process, whose own CPU alone stays near 0 while a job
+    keeps a core busy. Here one job burns 2 s of CPU (then RLIMIT_CPU stops it)."""
+    from hypermedia.sandbox.executor import ChildExecutor
+
+    profiles = ray_support.test_profiles(tmp_path)  # test.spin reads no input
+    stack = open_stack(settings, pg_engine, None, profiles_path=profiles)
+    person = make_user(stack)
+    obj = make_object(stack, person)
+    params = {"test.spin": {"cpu_seconds": 2}}
+    stack.ingest.submit_many(
+        person.caller, [SubmitRequest(object_id=obj, operations=["test.spin"], params=params)]
+    )
+    executor = ChildExecutor(tmp_path / "cpu", preload=PRELOAD, hidden_paths=(tmp_path,))
+    execution = JobExecution(stack.dispatcher, stack.catalog, NoGrants(), executor, "cpu-w")
+    worker = Worker(
+        worker_id="cpu-w",
+        queue="bulk",
+        concurrency=1,
+        engine=stack.engine,
+        dispatcher=stack.dispatcher,
+        execution=execution,
+        work_root=str(tmp_path / "cpu"),
+        clock=stack.clock,
+    )
+    worker.start()
+    try:
+        worker.cpu_percent()  # the window starts here
+        own = psutil.Process().cpu_times()  # the worker's process: this one
+        _wait(lambda: worker.stats.failed + worker.stats.retried >= 1, timeout=120)
+        worker.write_metrics()
+        after = psutil.Process().cpu_times()
+    finally:
+        worker.stop()
+        executor.close()
+    with transaction(stack.engine) as conn:
+        (shown,) = conn.execute(select(t.worker_metrics.c.cpu_percent)).scalars()
+    # 2 CPU-s in a window of a few seconds: well above 20 % of the worker's one core,
+    # however loaded the machine; the worker's process alone used a fraction of that.
+    assert shown >= 20, shown
+    alone = (after.user + after.system) - (own.user + own.system)
+    assert alone < 2 * 0.5, alone
     stack.close()
