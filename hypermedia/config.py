@@ -173,6 +173,10 @@ class Settings(BaseSettings):
     lease_grace_seconds: float = Field(default=30.0, ge=0)
     reaper_interval_seconds: float = Field(default=5.0, gt=0)
     reconcile_interval_seconds: float = Field(default=60.0, gt=0)
+    # A worker claims no job while the disk of its workdirs has less than this free
+    # (MB): a job may write up to its profile's max_output_bytes there, and on one VPS
+    # that disk is also the database's. It claims again once there is.
+    worker_min_free_disk_mb: int = Field(default=2048, ge=0)
 
     # A Ray cluster started by `ray up` (ray_cluster/*.yaml): the head services attach
     # to it instead of starting a Ray head of their own, run the scheduler.json

@@ -228,6 +228,7 @@ class PipelineService:
             metrics_seconds=metrics_seconds,
             prefetch=int(options.get("prefetch", cfg.queues[queue].prefetch)),
             spot=SpotWatch.from_settings(cfg),
+            min_free_disk_mb=cfg.worker_min_free_disk_mb,
         )
         self.worker.start()
 

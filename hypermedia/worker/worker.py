@@ -47,7 +47,9 @@ they came, and the retry on another worker goes on from them.
 from __future__ import annotations
 
 import logging
+import math
 import os
+import shutil
 import socket
 import threading
 import time
@@ -71,6 +73,7 @@ log = logging.getLogger(__name__)
 
 IDLE_WAIT_SECONDS = 1.0
 MAX_ERROR_BACKOFF_SECONDS = 5.0
+DISK_CHECK_SECONDS = 5.0  # how often a worker reads its free disk space (while low: waits)
 COMPLETION_BATCH = 256  # jobs per group commit, at most
 COMPLETION_BACKLOG = 2 * COMPLETION_BATCH  # finished jobs waiting for their commit: then loops wait
 # How long a job a claim loop took ahead may wait behind the one it runs (the upkeep
@@ -304,6 +307,7 @@ class Worker:
         on_outcome: Callable[[Outcome], None] | None = None,
         prefetch: int = 1,
         spot: SpotWatch | None = None,
+        min_free_disk_mb: int = 0,
     ) -> None:
         self.worker_id = worker_id
         self.queue = queue
@@ -319,6 +323,9 @@ class Worker:
         self.on_outcome = on_outcome
         self.prefetch = max(1, prefetch)
         self.spot = spot
+        self.min_free_disk_mb = min_free_disk_mb
+        self._disk_checked = (-math.inf, False)  # (monotonic time, low)
+        self._disk_lock = threading.Lock()
         self.notice: SpotNotice | None = None
         self.completions: CompletionBatcher | None = None
         self.stats = WorkerStats()
@@ -466,9 +473,48 @@ class Worker:
 
     # -- the claim loop ------------------------------------------------------------
 
+    def disk_low(self) -> bool:
+        """Whether the disk of the workdirs has less than ``min_free_disk_mb`` free
+        (read at most every :data:`DISK_CHECK_SECONDS`); the change is logged once."""
+        if self.min_free_disk_mb <= 0:
+            return False
+        with self._disk_lock:
+            checked_at, was_low = self._disk_checked
+            now = time.monotonic()
+            if now - checked_at < DISK_CHECK_SECONDS:
+                return was_low
+            try:
+                free_mb = shutil.disk_usage(self.work_root).free / 2**20
+            except OSError as exc:  # the workdirs' root is gone: claiming would fail too
+                log.warning("cannot read the free disk space of %s: %s", self.work_root, exc)
+                free_mb = 0.0
+            low = free_mb < self.min_free_disk_mb
+            self._disk_checked = (now, low)
+        if low and not was_low:
+            log.warning(
+                "%s: %.0f MB free on the disk of %s, below worker_min_free_disk_mb (%d):"
+                " claiming no job until there is more",
+                self.worker_id,
+                free_mb,
+                self.work_root,
+                self.min_free_disk_mb,
+                extra={"worker_id": self.worker_id, "action": "disk_low"},
+            )
+        elif was_low and not low:
+            log.info(
+                "%s: %.0f MB free again: claiming",
+                self.worker_id,
+                free_mb,
+                extra={"worker_id": self.worker_id, "action": "disk_ok"},
+            )
+        return low
+
     def _claim_loop(self, held: Held) -> None:
         backoff = 0.1
         while self._claiming.is_set():
+            if self.disk_low():  # read every DISK_CHECK_SECONDS; a drain ends the wait
+                self._stopped.wait(IDLE_WAIT_SECONDS)
+                continue
             try:
                 if self.prefetch == 1:
                     jobs = self.dispatcher.claim_and_start(self.queue, self.worker_id)

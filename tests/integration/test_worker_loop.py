@@ -11,6 +11,8 @@ which ``test_sandbox_executor`` and ``test_workers`` cover.
 from __future__ import annotations
 
 import itertools
+import logging
+import shutil
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -449,4 +451,43 @@ def test_the_workers_cpu_counts_its_jobs_sandboxed_children(pg_engine, settings,
     assert shown >= 20, shown
     alone = (after.user + after.system) - (own.user + own.system)
     assert alone < 2 * 0.5, alone
+    stack.close()
+
+
+def test_a_worker_claims_nothing_while_its_disk_is_low_and_goes_on_after(
+    pg_engine, settings, tmp_path, caplog
+):
+    """Below ``worker_min_free_disk_mb`` free on its workdirs' disk a worker claims no
+    job (it says so, once); the jobs wait queued, and are run once there is room."""
+    stack = open_stack(settings, pg_engine, None, profiles_path=ray_support.test_profiles(tmp_path))
+    job_ids = _submit_noops(stack, 3)
+    free_mb = shutil.disk_usage(tmp_path).free // 2**20
+    executor = InProcessExecutor(tmp_path / "disk", PRELOAD)
+    execution = JobExecution(stack.dispatcher, stack.catalog, NoGrants(), executor, "disk-w")
+    worker = Worker(
+        worker_id="disk-w",
+        queue="bulk",
+        concurrency=2,
+        engine=stack.engine,
+        dispatcher=stack.dispatcher,
+        execution=execution,
+        work_root=str(tmp_path / "disk"),
+        clock=stack.clock,
+        min_free_disk_mb=free_mb + 1_000_000,  # a terabyte more than this disk has
+    )
+    with caplog.at_level(logging.WARNING, logger="hypermedia.worker.worker"):
+        worker.start()
+        time.sleep(2.5)  # two and a half idle waits of each loop
+    try:
+        assert worker.stats.claimed == 0
+        assert _statuses(stack) == {"queued": 3}
+        low = [
+            r.getMessage() for r in caplog.records if "worker_min_free_disk_mb" in r.getMessage()
+        ]
+        assert len(low) == 1 and "claiming no job" in low[0], low
+        worker.min_free_disk_mb = 1  # room again (read within DISK_CHECK_SECONDS)
+        _wait(lambda: worker.stats.completed == 3, timeout=60)
+        assert _statuses(stack) == {"completed": 3}, job_ids
+    finally:
+        worker.stop()
     stack.close()
