@@ -979,7 +979,8 @@ class JobRepository:
         stored: defaultdict[str, int],
     ) -> dict[str, str]:
         """The objects rows of (job_id, user_id, output)s: one per storage key (a re-run
-        overwrote the same key, so it updates the same row), by storage key. What they
+        overwrote the same key, so it updates the same row; a row deleted meanwhile is
+        live again, the re-running job's user's), by storage key. What they
         add to their owners' stored bytes goes into ``stored``. A few statements for
         the whole batch, each built once."""
         if not outputs:
@@ -1018,11 +1019,18 @@ class JobRepository:
             elif key in found:
                 existing = found[key]
                 change = resized.get(key)
-                before = int(existing.size_bytes) if change is None else change["b_size"]
-                if existing.deleted_at is None:
-                    stored[existing.owner_id] += output.size_bytes - before
+                if change is not None:
+                    owner, before = change["b_owner"], change["b_size"]
+                elif existing.deleted_at is None:
+                    owner, before = existing.owner_id, int(existing.size_bytes)
+                else:
+                    # Its owner deleted it: the bytes are stored again, this job's
+                    # user's now (else no quota would count them, no delete take them).
+                    owner, before = user_id, 0
+                stored[owner] += output.size_bytes - before
                 resized[key] = {
                     "b_id": existing.object_id,
+                    "b_owner": owner,
                     "b_size": output.size_bytes,
                     "b_type": output.content_type,
                 }

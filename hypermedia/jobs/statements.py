@@ -562,12 +562,18 @@ def job_sources(dialect: str) -> Executable:
 
 
 def resize_object(dialect: str) -> Executable:
-    """An object rewritten at the same key (a re-run): its new size and type."""
+    """An object rewritten at the same key (a re-run): its new size and type, and its
+    owner (``b_owner``); live again if it had been deleted (its bytes are back)."""
     o = t.objects.c
     return (
         update(t.objects)
         .where(o.object_id == bindparam("b_id"))
-        .values(size_bytes=bindparam("b_size"), content_type=bindparam("b_type"))
+        .values(
+            owner_id=bindparam("b_owner"),
+            size_bytes=bindparam("b_size"),
+            content_type=bindparam("b_type"),
+            deleted_at=None,
+        )
     )
 
 

@@ -227,3 +227,76 @@ def test_a_rerun_that_overwrites_its_output_counts_the_new_size(stack, client):
     deleted = client.delete(f"{P}/objects/{object_id}", headers=bearer(alice))
     assert deleted.json()["bytes_freed"] == 5004
     assert stored_bytes(stack) == {}
+
+
+def run_thumbnail(stack: Stack, client: httpx.Client, user, object_id: str, size: int) -> str:
+    """Submit a thumbnail of ``object_id`` as ``user`` and complete it (the worker's part
+    through the dispatcher) with an output of ``size`` bytes; the job's id."""
+    job = client.post(
+        f"{P}/process",
+        json={"object_id": object_id, "operations": ["thumbnail"]},
+        headers=bearer(user),
+    )
+    assert job.status_code == 202, job.text
+    (claimed,) = stack.dispatcher.claim("images", "w")
+    stack.dispatcher.start(claimed, "w")
+    with transaction(stack.engine) as conn:
+        pool_id = conn.execute(
+            select(t.objects.c.pool_id).where(t.objects.c.object_id == object_id)
+        ).scalar_one()
+    key = derived_key(pool_id, object_id, 1, "thumbnail-64.webp")
+    blob = stack.storage.put(key, [bytes(size)])
+    output = OutputRecord("thumbnail-64.webp", key, blob.size_bytes, "image/webp")
+    assert stack.dispatcher.complete(claimed, "w", [output])
+    return claimed.job_id
+
+
+def test_a_rerun_after_its_output_was_deleted_counts_the_output_again(stack, client):
+    # Before: the re-run wrote its output through the deleted object row, so its bytes
+    # counted against no quota and no later delete took them: delete the output, run
+    # again, and the user stored without limit, downloadable, for ever.
+    alice = add_user(stack, "alice")
+    object_id = upload(client, alice, png(5000)).json()["object_id"]
+    first = run_thumbnail(stack, client, alice, object_id, 10)
+    (output,) = client.get(f"{P}/jobs/{first}", headers=bearer(alice)).json()["outputs"]
+    deleted = client.delete(f"{P}/objects/{output['object_id']}", headers=bearer(alice))
+    assert deleted.status_code == 200, deleted.text
+    assert stored_bytes(stack) == {alice.user_id: 5000}
+    assert len(stored_files(stack)) == 1
+
+    second = run_thumbnail(stack, client, alice, object_id, 3000)
+    (again,) = client.get(f"{P}/jobs/{second}", headers=bearer(alice)).json()["outputs"]
+    assert again["size_bytes"] == 3000
+    assert stored_bytes(stack) == {alice.user_id: 8000}
+    revived = client.get(f"{P}/objects/{again['object_id']}", headers=bearer(alice))
+    assert revived.status_code == 200, revived.text
+    assert revived.json()["size_bytes"] == 3000
+
+    deleted = client.delete(f"{P}/objects/{object_id}", headers=bearer(alice))
+    assert deleted.json() == {"object_id": object_id, "outputs_deleted": 1, "bytes_freed": 8000}
+    assert stored_files(stack) == []
+    assert stored_bytes(stack) == {}
+
+
+def test_a_pool_members_rerun_after_another_deleted_the_output_is_the_members(stack, client):
+    # The output row Bob's job made is Bob's; once he deleted it, Alice's re-run makes
+    # the output hers: her quota counts it and she may delete it.
+    alice, bob = add_user(stack, "alice"), add_user(stack, "bob")
+    with transaction(stack.engine) as conn:
+        add_pool_member(conn, alice.pool_id, bob.user_id)
+    object_id = upload(client, alice, png(5000)).json()["object_id"]
+    bobs = run_thumbnail(stack, client, bob, object_id, 10)
+    (output,) = client.get(f"{P}/jobs/{bobs}", headers=bearer(bob)).json()["outputs"]
+    assert (
+        client.delete(f"{P}/objects/{output['object_id']}", headers=bearer(bob)).status_code == 200
+    )
+
+    run_thumbnail(stack, client, alice, object_id, 20)
+    assert stored_bytes(stack) == {alice.user_id: 5020}
+    assert client.get(f"{P}/objects/{output['object_id']}", headers=bearer(bob)).status_code == 200
+    refused = client.delete(f"{P}/objects/{output['object_id']}", headers=bearer(bob))
+    assert refused.status_code == 404, refused.text
+    deleted = client.delete(f"{P}/objects/{output['object_id']}", headers=bearer(alice))
+    assert deleted.json()["bytes_freed"] == 20
+    assert stored_bytes(stack) == {alice.user_id: 5000}
+    assert len(stored_files(stack)) == 1
