@@ -760,13 +760,23 @@ def transcode_audio_step(
     return outputs
 
 
-@register("transcode_video", profile_only=CHUNK_KEYS, checkpoints=True)
+def _check_video(params: Mapping[str, Any]) -> None:
+    """Refuse at submit what :func:`transcode_video` would refuse of its parameters."""
+    video_request(params)
+
+
+def _check_audio(params: Mapping[str, Any]) -> None:
+    """Refuse at submit what :func:`transcode_audio` would refuse of its parameters."""
+    audio_request(params)
+
+
+@register("transcode_video", check=_check_video, profile_only=CHUNK_KEYS, checkpoints=True)
 def transcode_video(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list[Output]:
     """MP4: H.264 (``crf``, at most ``height`` high) + AAC when the input has sound."""
     return transcode_video_step(input_path, params, workdir)
 
 
-@register("transcode_audio")
+@register("transcode_audio", check=_check_audio)
 def transcode_audio(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list[Output]:
     """The first audio track as ``codec`` (aac -> M4A, opus -> Ogg, mp3) at ``bitrate``."""
     return transcode_audio_step(input_path, params, workdir)

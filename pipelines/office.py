@@ -83,7 +83,12 @@ def _accepted(path: Path, kinds: tuple[str, ...], operation: str) -> DocumentKin
     return kind
 
 
-@register("docx_to_pdf")
+def _check(operation: str, params: Mapping[str, Any]) -> None:
+    """Refuse at submit what the step would refuse of its parameters."""
+    parse_params(operation, params)
+
+
+@register("docx_to_pdf", check=lambda params: _check("docx_to_pdf", params))
 def docx_to_pdf(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list[Output]:
     """A word-processing document as ``document.pdf``."""
     request = parse_params("docx_to_pdf", params)
@@ -98,7 +103,7 @@ def docx_to_pdf(input_path: Path, params: Mapping[str, Any], workdir: Path) -> l
     return [Output(PDF_TYPE, path, "application/pdf")]
 
 
-@register("extract_text")
+@register("extract_text", check=lambda params: _check("extract_text", params))
 def extract_text(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list[Output]:
     """The text of a document as ``text.txt`` (UTF-8)."""
     request = parse_params("extract_text", params)

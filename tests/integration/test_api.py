@@ -153,6 +153,30 @@ def test_process_rejects_bad_input(api, alice):
     assert_error(bad_params, 400, "invalid_request")
 
 
+@pytest.mark.parametrize(
+    ("operation", "params", "named"),
+    [
+        ("thumbnail", {"width": 10**40}, "width"),
+        ("resize", {"width": 100, "height": 100, "format": "bmp"}, "format"),
+        ("compress", {"quality": 0}, "quality"),
+        ("convert", {"format": "png", "colour": "red"}, "colour"),
+        ("pdf_preview", {"page": 0}, "page"),
+        ("transcode_video", {"crf": 99}, "crf"),
+        ("transcode_audio", {"codec": "flac"}, "codec"),
+        ("docx_to_pdf", {"pages": 3}, "pages"),
+        ("extract_text", {"shout": True}, "shout"),
+    ],
+)
+def test_parameters_a_step_would_refuse_are_refused_at_submit(api, alice, operation, params, named):
+    """What the worker's step would refuse of its parameters is a 422 before a job
+    exists (each step registers its parser as its check), never a job that fails."""
+    obj = upload(api, alice)
+    response = submit(api, alice, obj["object_id"], [operation], params={operation: params})
+    error = assert_error(response, 422, "invalid_params")
+    assert named in error["message"], error
+    assert api.get(f"{P}/jobs", headers=bearer(alice)).json()["jobs"] == []
+
+
 # -- other users' ids ---------------------------------------------------------------------
 
 
