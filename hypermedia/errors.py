@@ -38,7 +38,7 @@ translated where they enter, with ``raise ... from exc``.
     ├── Conflict            409  e.g. idempotency key reused for another request
     ├── IllegalTransition   409  a job state change the state machine forbids
     ├── PaymentRequired     402  not enough credits: nothing was created
-    ├── StorageQuotaExceeded 413 the user's stored bytes would pass their quota
+    ├── StorageQuotaExceeded 413 the user's stored bytes would pass (or have reached) their quota
     ├── RateLimited         429  too many submits or uploads; ``Retry-After`` says when
     ├── ServiceUnavailable  503  a backing service is down
     │   ├── DatabaseUnavailable
@@ -238,7 +238,8 @@ class PaymentRequired(HypermediaError):
 
 
 class StorageQuotaExceeded(HypermediaError):
-    """The upload would take the user's stored bytes past ``user_storage_quota_bytes``."""
+    """The upload would take the user's stored bytes past ``user_storage_quota_bytes``,
+    or a submit comes from a user whose outputs already took them there."""
 
     code = "storage_quota_exceeded"
     status = 413

@@ -206,6 +206,7 @@ class Stack:
                 key_defaults=key_defaults,
                 metrics=metrics,
                 callback_hosts=settings.callback_hosts,
+                storage_quota_bytes=settings.user_storage_quota_bytes,
             ),
             dispatcher=Dispatcher(
                 engine,

@@ -81,7 +81,7 @@ from hypermedia.jobs.catalog import ProfileCatalog, ProfileRecord
 from hypermedia.jobs.repository import JobRepository, NewJob, NewSubmission, enqueue_new
 from hypermedia.jobs.states import IN_FLIGHT, JobStatus
 from hypermedia.metrics import JOBS_SUBMITTED, NoMetrics, Recorder
-from hypermedia.objects import usable_by
+from hypermedia.objects import quota_exceeded, storage_used, usable_by
 from hypermedia.queue.events import JobEvents, status_event
 from hypermedia.queue.redis_queue import RedisQueue
 from hypermedia.ratelimit import RateLimiter
@@ -356,8 +356,12 @@ class IngestService:
         key_defaults: KeyGrants = UNLIMITED,
         metrics: Recorder | None = None,
         callback_hosts: Collection[str] = (),
+        storage_quota_bytes: int | None = None,
     ) -> None:
         self.engine = engine
+        # A user (not an operator) who stores this much already starts no job: its
+        # outputs would be stored on top (None: no quota).
+        self.storage_quota_bytes = storage_quota_bytes
         self.metrics: Recorder = metrics or NoMetrics()
         self.callback_hosts = tuple(callback_hosts)
         self.events = JobEvents(queue.client, queue.prefix)
@@ -444,6 +448,11 @@ class IngestService:
         # Redis between connections: SQLite's write lock is not held meanwhile.
         self._check_grants(caller, [r for i, r in enumerate(requests) if i not in replays])
         with statements(self.engine) as conn:
+            quota = None if caller.is_operator else self.storage_quota_bytes
+            if quota is not None and len(replays) < len(requests):
+                used = storage_used(conn, caller.user_id)
+                if used >= quota:
+                    raise quota_exceeded(quota, used, None)
             objects = self._objects(
                 conn, caller, {r.object_id for i, r in enumerate(requests) if i not in replays}
             )

@@ -300,3 +300,39 @@ def test_a_pool_members_rerun_after_another_deleted_the_output_is_the_members(st
     assert deleted.json()["bytes_freed"] == 20
     assert stored_bytes(stack) == {alice.user_id: 5000}
     assert len(stored_files(stack)) == 1
+
+
+def test_a_user_whose_outputs_filled_the_quota_starts_no_job_until_a_delete(stack, client):
+    """The quota counts the jobs' outputs too: past it (a big output can take a user
+    there) a submit is refused (413, nothing created) as an upload is; a delete makes
+    room again. An operator has no quota."""
+    alice = add_user(stack, "alice")
+    object_id = upload(client, alice, png(5000)).json()["object_id"]
+    first = run_thumbnail(stack, client, alice, object_id, QUOTA)  # 5000 + QUOTA stored
+    refused = client.post(
+        f"{P}/process",
+        json={"object_id": object_id, "operations": ["resize"]},
+        headers=bearer(alice),
+    )
+    assert refused.status_code == 413, refused.text
+    error = refused.json()["error"]
+    assert error["code"] == "storage_quota_exceeded"
+    assert f"{QUOTA + 5000} of {QUOTA} bytes stored" in error["message"]
+    with transaction(stack.engine) as conn:
+        assert conn.execute(select(func.count()).select_from(t.jobs)).scalar_one() == 1
+    operator = add_user(stack, "ops", operator=True)
+    mine = upload(client, operator, png(2000)).json()["object_id"]
+    ok = client.post(
+        f"{P}/process",
+        json={"object_id": mine, "operations": ["thumbnail"]},
+        headers=bearer(operator),
+    )
+    assert ok.status_code == 202, ok.text
+    (output,) = client.get(f"{P}/jobs/{first}", headers=bearer(alice)).json()["outputs"]
+    assert client.delete(f"{P}/objects/{output['object_id']}", headers=bearer(alice)).is_success
+    again = client.post(
+        f"{P}/process",
+        json={"object_id": object_id, "operations": ["resize"]},
+        headers=bearer(alice),
+    )
+    assert again.status_code == 202, again.text
