@@ -365,6 +365,8 @@ class JobExecution:
                 raise
             if checkpointer is not None:
                 checkpointer.stop(flush=False)
+            if cancelled.is_set():  # asked while the step ran: nothing is stored
+                return self._cancelled(job)
             reported = [o for o in result.outputs if o.output_type == USAGE_OUTPUT]
             units = read_units(job, reported[0].path) if reported else None
             records = self._store(job, [o for o in result.outputs if o not in reported])
@@ -387,8 +389,9 @@ class JobExecution:
         except HypermediaError as exc:
             retryable = isinstance(exc, QueueUnavailable | DatabaseUnavailable)
             return self._fail(job, exc.code, exc.message, retryable)
-        if cancelled.is_set() and self.dispatcher.honour_cancel(job, self.worker_id):
-            return Outcome(job.job_id, "cancelled")
+        # A cancel asked once the outputs are stored comes too late to save the work:
+        # the job completes, its outputs registered (counted on the quota, deletable),
+        # rather than ending cancelled with blobs in storage that no row accounts for.
         actual = None
         if units is not None and job.estimated_millicredits is not None:
             actual = profile.charge_millicredits(job.estimated_millicredits, units)

@@ -30,7 +30,7 @@ from hypermedia.db.engine import transaction
 from hypermedia.ingest.service import SubmitRequest
 from hypermedia.stack import Stack
 from hypermedia.storage.grants import OutputGrant
-from hypermedia.worker.execute import JobExecution
+from hypermedia.worker.execute import Completion, JobExecution
 from hypermedia.worker.worker import Worker
 from tests import ray_support
 from tests.factories import Person, make_object, make_user, open_stack
@@ -277,6 +277,96 @@ def test_a_cancel_during_the_input_download_never_starts_the_step(engine, settin
     (result,) = outcome
     assert getattr(result, "status", None) == "cancelled", result
     assert stack.ingest.get_job(person.caller, job_id).status == "cancelled"
+    stack.close()
+
+
+class _HeldUpload(NoGrants):
+    """The input comes at once; each output's upload hangs until ``release``: a user's
+    cancel arrives once the step has ended and its outputs are on their way."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.requested = threading.Event()
+        self.released = threading.Event()
+        self.stored: dict[str, bytes] = {}
+        held = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                self.send_response(200)
+                self.send_header("Content-Length", "5")
+                self.end_headers()
+                self.wfile.write(b"bytes")
+
+            def do_PUT(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                held.requested.set()
+                held.released.wait(60)
+                held.stored[self.path] = body
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def _url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/{path}"
+
+    def input_url(self, job_id: str, worker_id: str) -> str:
+        return self._url(f"in/{job_id}")
+
+    def output_urls(
+        self, job_id: str, worker_id: str, output_types: Mapping[str, str | None]
+    ) -> dict[str, OutputGrant]:
+        return {
+            kind: OutputGrant(f"out/{job_id}/{kind}", self._url(f"out/{job_id}/{kind}"))
+            for kind in output_types
+        }
+
+    def close(self) -> None:
+        self.released.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_cancel_once_the_outputs_are_being_stored_comes_too_late(engine, settings, tmp_path):
+    """A cancel that arrives while the finished step's outputs upload does not end the
+    job cancelled with its outputs in storage and no row for them (counted on no quota,
+    taken by no delete): the job completes with them."""
+    stack = open_stack(settings, engine, None, profiles_path=ray_support.test_profiles(tmp_path))
+    person = make_user(stack)
+    obj = make_object(stack, person)
+    request = SubmitRequest(object_id=obj, operations=["test.copy_input"])
+    job_id = stack.ingest.submit(person.caller, request).job_ids[0]
+    held = _HeldUpload()
+    executor = _CountingExecutor(tmp_path / "work")
+    execution = JobExecution(
+        stack.dispatcher, stack.catalog, held, executor, "late-w", poll_seconds=0.05
+    )
+    try:
+        (job,) = stack.dispatcher.claim_and_start("images", "late-w")
+        outcome: list[object] = []
+        runner = threading.Thread(target=lambda: outcome.append(execution.run_started(job)))
+        runner.start()
+        assert held.requested.wait(30)  # the step ran; its output is uploading
+        stack.ingest.cancel(person.caller, job_id)
+        _wait(lambda: execution._running[job_id].cancelled.is_set())
+        held.released.set()
+        runner.join(60)
+        assert not runner.is_alive()
+    finally:
+        held.close()
+        execution.close()
+    assert executor.runs == 1
+    (result,) = outcome
+    assert isinstance(result, Completion), result
+    assert [o.storage_key for o in result.outputs] == [f"out/{job_id}/copy"]
+    assert held.stored == {f"/out/{job_id}/copy": b"bytes"}
     stack.close()
 
 
