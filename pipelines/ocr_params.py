@@ -15,7 +15,8 @@ child. Parameters are the profile's ``params`` merged with the request's:
     the previous result is weak (:mod:`pipelines.ocr`). ``paddle`` (the PaddleOCR
     package itself, extra ``paddle``) needs ``paddle_models`` in the profile.
 ``min_confidence``
-    0..1, default 0.97: a page whose mean line confidence is below it escalates.
+    0..1 in hundredths (0.97, not 0.971: the output's name holds it, ``c97``), default
+    0.97: a page whose mean line confidence is below it escalates.
     PP-OCR gives 0.98-1.00 on pages it reads right (the corpus's clean pages) and
     0.90-0.96 where lines are upside down or the print is tiny; Tesseract's own
     numbers run lower (0.93-0.97 on clean pages), so a Tesseract result at the end of
@@ -194,7 +195,7 @@ def parse(params: Mapping[str, Any]) -> OcrRequest:
     request = OcrRequest(
         languages=_languages(params.get("lang")),
         engines=_engines(params.get("engines")),
-        min_confidence=_fraction(params, "min_confidence", DEFAULT_MIN_CONFIDENCE),
+        min_confidence=_hundredths(params, "min_confidence", DEFAULT_MIN_CONFIDENCE),
         dpi=integer(params, "dpi", 72, 600, DEFAULT_DPI),
         text_layer=text_layer,
         max_pages=integer(params, "max_pages", 1, MAX_PAGES_LIMIT, DEFAULT_MAX_PAGES),
@@ -280,6 +281,17 @@ def _engines(value: object) -> tuple[str, ...]:
     if len(set(names)) != len(names):
         raise PipelineError("invalid_params", f"ocr: engines lists one twice: {value!r}")
     return tuple(names)
+
+
+def _hundredths(params: Mapping[str, Any], key: str, default: float) -> float:
+    """A fraction in hundredths: the output's name holds it as a whole percent, so two
+    requests that name one output asked for the same thing."""
+    value = _fraction(params, key, default)
+    if abs(value * 100 - round(value * 100)) > 1e-9:
+        raise PipelineError(
+            "invalid_params", f"ocr: {key} is given in hundredths (0.97), got {value}"
+        )
+    return round(value, 2)
 
 
 def _fraction(params: Mapping[str, Any], key: str, default: float) -> float:

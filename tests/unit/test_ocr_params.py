@@ -70,6 +70,8 @@ def test_languages(params, languages):
         ({"engines": []}, "engines must be"),
         ({"min_confidence": 1.5}, "min_confidence must be in 0..1"),
         ({"min_confidence": True}, "must be a number"),
+        # The output's name holds it in hundredths (c97): 0.971 would share 0.97's name.
+        ({"min_confidence": 0.971}, "min_confidence is given in hundredths"),
         ({"dpi": 20}, "dpi must be in 72..600"),
         ({"text_layer": "keep"}, "text_layer must be"),
         ({"colour": "red"}, "unknown parameter(s) colour"),
