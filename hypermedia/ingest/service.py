@@ -81,7 +81,7 @@ from hypermedia.jobs.catalog import ProfileCatalog, ProfileRecord
 from hypermedia.jobs.repository import JobRepository, NewJob, NewSubmission, enqueue_new
 from hypermedia.jobs.states import IN_FLIGHT, JobStatus
 from hypermedia.metrics import JOBS_SUBMITTED, NoMetrics, Recorder
-from hypermedia.objects import quota_exceeded, storage_used, usable_by
+from hypermedia.objects import quota_exceeded, usable_by
 from hypermedia.queue.events import JobEvents, status_event
 from hypermedia.queue.redis_queue import RedisQueue
 from hypermedia.ratelimit import RateLimiter
@@ -336,11 +336,14 @@ class _Object:
 
 
 def _usable_objects(dialect: str) -> Executable:
-    """The objects of ``ids`` the user ``b_user`` may use, with what a submit checks."""
+    """The objects of ``ids`` the user ``b_user`` may use, with what a submit checks,
+    and the user's stored bytes (the storage quota), in the same statement."""
     o = t.objects.c
-    return select(o.object_id, o.pool_id, o.size_bytes, o.inspection).where(
-        sql.ids_match(o.object_id, dialect), usable_by(bindparam("b_user", type_=String))
-    )
+    user = bindparam("b_user", type_=String)
+    stored = select(t.users.c.stored_bytes).where(t.users.c.user_id == user).scalar_subquery()
+    return select(
+        o.object_id, o.pool_id, o.size_bytes, o.inspection, stored.label("stored_bytes")
+    ).where(sql.ids_match(o.object_id, dialect), usable_by(user))
 
 
 class IngestService:
@@ -448,14 +451,12 @@ class IngestService:
         # Redis between connections: SQLite's write lock is not held meanwhile.
         self._check_grants(caller, [r for i, r in enumerate(requests) if i not in replays])
         with statements(self.engine) as conn:
-            quota = None if caller.is_operator else self.storage_quota_bytes
-            if quota is not None and len(replays) < len(requests):
-                used = storage_used(conn, caller.user_id)
-                if used >= quota:
-                    raise quota_exceeded(quota, used, None)
-            objects = self._objects(
+            objects, used = self._objects(
                 conn, caller, {r.object_id for i, r in enumerate(requests) if i not in replays}
             )
+            quota = None if caller.is_operator else self.storage_quota_bytes
+            if quota is not None and objects and used >= quota:
+                raise quota_exceeded(quota, used, None)
             planned = [
                 self._plan(request, objects[request.object_id])
                 for index, request in enumerate(requests)
@@ -526,10 +527,10 @@ class IngestService:
 
     def _objects(
         self, conn: Connection, caller: Caller, object_ids: set[str]
-    ) -> dict[str, _Object]:
-        """The objects ``caller`` may use, by id."""
+    ) -> tuple[dict[str, _Object], int]:
+        """The objects ``caller`` may use, by id, and the caller's stored bytes."""
         if not object_ids:
-            return {}
+            return {}, 0
         rows = conn.execute(
             self._statements.get(conn, ("objects",), _usable_objects),
             {"ids": sql.ids_param(conn, object_ids), "b_user": caller.user_id},
@@ -545,7 +546,7 @@ class IngestService:
         missing = sorted(object_ids - set(found))
         if missing:
             raise NotFound(f"no object {missing[0]!r}", object_id=missing[0])
-        return found
+        return found, int(rows[0].stored_bytes or 0)
 
     def _plan(self, request: SubmitRequest, obj: _Object) -> NewSubmission:
         size = obj.size_bytes
