@@ -16,6 +16,7 @@ from sqlalchemy import ColumnElement, Exists, Select, and_, exists, literal, sel
 
 from hypermedia.bulk.runs import LIVE_JOB_STATUSES
 from hypermedia.db import tables as t
+from hypermedia.objects import usable_by
 
 o = t.objects.c
 
@@ -70,9 +71,14 @@ def done_clause(run: Any) -> ColumnElement[bool]:
 
 def page(run: Any, cursor: str | None, limit: int) -> Select[Any]:
     """The next page of a regenerate/backfill run: object_id, pool_id, size_bytes,
-    inspection, done."""
+    inspection, done. A run that names an account deals with the objects that account
+    may use only (their jobs are its: it sees them and fetches their outputs)."""
     conds = filter_clause(run.filter)
     conds.append(o.kind == "original")
+    if run.account_user_id is not None:
+        # The account's jobs are the account's to see and fetch the outputs of: only
+        # the objects it may use (its own, its pools') are dealt with.
+        conds.append(usable_by(run.account_user_id))
     if run.kind == "regenerate":
         older = (
             []

@@ -266,6 +266,8 @@ def test_a_named_account_pays_and_a_short_one_pauses_the_run(engine, settings, m
     person = make_user(stack)
     _objects(stack, person, 30)  # 1 KB each: thumbnail estimate 0.1 + 0.02/1024 -> 101 mc
     payer = make_user(stack, name="payer", credits=1.0)  # 1000 mc: 9 jobs, not 30
+    with transaction(stack.engine) as conn:  # the account pays for a pool it is in
+        accounts.add_pool_member(conn, person.pool_id, payer.caller.user_id)
     service = _service(stack)
     run = service.create(
         RunSpec(
@@ -290,6 +292,32 @@ def test_a_named_account_pays_and_a_short_one_pauses_the_run(engine, settings, m
             ).scalars()
         )
     assert users == {payer.caller.user_id}
+
+
+def test_a_named_account_gets_jobs_only_on_objects_it_may_use(engine, settings, manual_clock):
+    """The jobs of a run that names an account are the account's: it sees them and
+    fetches their outputs. So only objects it may use are dealt with, never another
+    user's (an operator's run billed to alice made her the owner of jobs on bob's files,
+    their outputs hers to download)."""
+    stack = open_stack(settings, engine, manual_clock)
+    bob = make_user(stack, name="bob")
+    _objects(stack, bob, 3)
+    alice = make_user(stack, name="alice", credits=10.0)
+    mine = _objects(stack, alice, 2)
+    service = _service(stack)
+    run = service.create(
+        RunSpec(kind="backfill", operation="thumbnail", batch_size=10, account="alice"), "t"
+    )
+    _runner(stack).step(run.run_id)
+    view = service.get(run.run_id)
+    assert view.created_jobs == 2, view
+    with transaction(stack.engine) as conn:
+        objects = set(
+            conn.execute(
+                select(t.jobs.c.object_id).where(t.jobs.c.bulk_run_id == run.run_id)
+            ).scalars()
+        )
+    assert objects == set(mine)
 
 
 def test_refusals(engine, settings, manual_clock):
