@@ -25,18 +25,34 @@ if TYPE_CHECKING:
 log = logging.getLogger("hypermedia.cli")
 
 
-def head() -> None:
+def head(
+    scheduler: Annotated[
+        bool,
+        typer.Option(
+            "--scheduler/--no-scheduler",
+            envvar="HYPERMEDIA_HEAD_SCHEDULER",
+            help="Run the scheduler's loop here too, with no cloud to burst to: the alert"
+            " rules and their webhooks, the queue samples of the operator page's charts.",
+        ),
+    ] = True,
+) -> None:
     """Run the local stack in the foreground (what `up` starts in the background)."""
     import signal
     import threading
 
+    from autoscaler import config as scheduler_config
+    from autoscaler import webhooks
     from hypermedia.cli.services import operator_page
     from hypermedia.embedded import write_private
     from hypermedia.local import LocalStack
 
     settings = read_settings()
+    # Read before anything starts: a bad scheduler.json or webhooks file refuses here.
+    config = scheduler_config.load(None)
+    hooks = webhooks.load() if scheduler else []
     local = LocalStack(settings, extend_app=operator_page(None))
     stop = threading.Event()
+    loop: threading.Thread | None = None
     # `up` ends a head that does not come up in time with SIGTERM: while starting, it
     # ends like a Ctrl-C, through the `finally` that stops what was started.
     signal.signal(signal.SIGTERM, _interrupt)
@@ -48,9 +64,20 @@ def head() -> None:
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
         signal.signal(signal.SIGINT, lambda *_: stop.set())
         write_private(url_file, local.api_url)
+        if scheduler and local.stack is not None:
+            from autoscaler.scheduler import open_scheduler
+
+            # No fleet: nothing bursts from here (a `ray up` head's services do that).
+            turns = open_scheduler(config, local.stack, alert_webhooks=hooks)
+            loop = threading.Thread(target=turns.run, args=(stop,), name="scheduler")
+            loop.start()
+            log.info("scheduler in %s mode, no cloud", config.mode)
         log.info("local stack up; API at %s", local.api_url)
         stop.wait()
     finally:
+        stop.set()
+        if loop is not None:
+            loop.join(30)
         # A head refused the data dir (another stack runs there) owns none of its files
         # nor its Redis: stop() leaves that stack's alone.
         if local.holds_data_dir:

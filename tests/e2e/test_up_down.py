@@ -82,6 +82,13 @@ def test_up_submit_down(tmp_path):
         )
         assert submitted.returncode == 0, submitted.stdout + submitted.stderr
         assert "completed" in submitted.stdout, submitted.stdout
+        # The head runs the scheduler's loop (no cloud): it leads, has had its turns
+        # (the alert rules, the page's queue samples).
+        shown = _cli(env, "status", "--json")
+        assert shown.returncode == 0, shown.stdout + shown.stderr
+        status = json.loads(shown.stdout)
+        assert status["leader"] and status["last_turn_at"], status
+        assert "scheduler in vps_only mode, no cloud" in (data / "head.log").read_text()
     finally:
         down = _cli(env, "down")
     assert down.returncode == 0, down.stdout + down.stderr
