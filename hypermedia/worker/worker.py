@@ -308,6 +308,7 @@ class Worker:
         prefetch: int = 1,
         spot: SpotWatch | None = None,
         min_free_disk_mb: int = 0,
+        disk_check_seconds: float = DISK_CHECK_SECONDS,
     ) -> None:
         self.worker_id = worker_id
         self.queue = queue
@@ -324,6 +325,7 @@ class Worker:
         self.prefetch = max(1, prefetch)
         self.spot = spot
         self.min_free_disk_mb = min_free_disk_mb
+        self.disk_check_seconds = disk_check_seconds
         self._disk_checked = (-math.inf, False)  # (monotonic time, low)
         self._disk_lock = threading.Lock()
         self.notice: SpotNotice | None = None
@@ -475,13 +477,13 @@ class Worker:
 
     def disk_low(self) -> bool:
         """Whether the disk of the workdirs has less than ``min_free_disk_mb`` free
-        (read at most every :data:`DISK_CHECK_SECONDS`); the change is logged once."""
+        (read at most every ``disk_check_seconds``); the change is logged once."""
         if self.min_free_disk_mb <= 0:
             return False
         with self._disk_lock:
             checked_at, was_low = self._disk_checked
             now = time.monotonic()
-            if now - checked_at < DISK_CHECK_SECONDS:
+            if now - checked_at < self.disk_check_seconds:
                 return was_low
             try:
                 free_mb = shutil.disk_usage(self.work_root).free / 2**20
@@ -512,7 +514,7 @@ class Worker:
     def _claim_loop(self, held: Held) -> None:
         backoff = 0.1
         while self._claiming.is_set():
-            if self.disk_low():  # read every DISK_CHECK_SECONDS; a drain ends the wait
+            if self.disk_low():  # read every disk_check_seconds; a drain ends the wait
                 self._stopped.wait(IDLE_WAIT_SECONDS)
                 continue
             try:

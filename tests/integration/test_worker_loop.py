@@ -564,10 +564,11 @@ def test_a_worker_claims_nothing_while_its_disk_is_low_and_goes_on_after(
         work_root=str(tmp_path / "disk"),
         clock=stack.clock,
         min_free_disk_mb=free_mb + 1_000_000,  # a terabyte more than this disk has
+        disk_check_seconds=0.2,
     )
     with caplog.at_level(logging.WARNING, logger="hypermedia.worker.worker"):
         worker.start()
-        time.sleep(2.5)  # two and a half idle waits of each loop
+        time.sleep(1.5)  # seven reads of the free space, each loop waiting between
     try:
         assert worker.stats.claimed == 0
         assert _statuses(stack) == {"queued": 3}
@@ -575,7 +576,7 @@ def test_a_worker_claims_nothing_while_its_disk_is_low_and_goes_on_after(
             r.getMessage() for r in caplog.records if "worker_min_free_disk_mb" in r.getMessage()
         ]
         assert len(low) == 1 and "claiming no job" in low[0], low
-        worker.min_free_disk_mb = 1  # room again (read within DISK_CHECK_SECONDS)
+        worker.min_free_disk_mb = 1  # room again (read within disk_check_seconds)
         _wait(lambda: worker.stats.completed == 3, timeout=60)
         assert _statuses(stack) == {"completed": 3}, job_ids
     finally:
