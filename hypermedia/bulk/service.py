@@ -121,7 +121,9 @@ class BulkService:
         profile_id, version, queue = self._resolve(spec)
         objects = skipped = unfit = size = 0
         with transaction(self.engine) as conn:
-            fake = _DryRun(spec, profile_id, version, queue, self.clock.now())
+            # The account as the run would have it: its user id (a name is resolved).
+            account = None if spec.account is None else runs.find_account(conn, spec.account)
+            fake = _DryRun(spec, profile_id, version, queue, self.clock.now(), account)
             cursor: str | None = None
             if spec.kind == "migrate":
                 assert spec.target is not None
@@ -227,6 +229,7 @@ class _DryRun:
     target_version: int | None
     queue: str | None
     now: float
+    account_user_id: str | None  # the named account's user id (the spec may name it)
 
     @property
     def kind(self) -> str:
@@ -243,10 +246,6 @@ class _DryRun:
     @property
     def priority(self) -> int:
         return self.spec.priority
-
-    @property
-    def account_user_id(self) -> str | None:
-        return self.spec.account
 
     @property
     def created_at(self) -> object:

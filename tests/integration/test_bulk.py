@@ -19,7 +19,7 @@ from hypermedia.bulk.runs import PLATFORM_USER_ID, RunSpec
 from hypermedia.bulk.service import BulkService
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
-from hypermedia.errors import Conflict, InvalidRequest
+from hypermedia.errors import Conflict, InvalidRequest, NotFound
 from hypermedia.ingest.service import SubmitRequest
 from hypermedia.jobs.catalog import ProfileCatalog, sync_profiles
 from hypermedia.jobs.dispatcher import Dispatcher
@@ -318,6 +318,26 @@ def test_a_named_account_gets_jobs_only_on_objects_it_may_use(engine, settings, 
             ).scalars()
         )
     assert objects == set(mine)
+
+
+def test_the_dry_run_of_a_run_that_names_an_account_counts_what_the_run_would(
+    engine, settings, manual_clock
+):
+    """The dry run deals with the objects the named account may use, as the run does:
+    the account is named as the run names it (its user name), so the count is not 0."""
+    stack = open_stack(settings, engine, manual_clock)
+    bob = make_user(stack, name="bob")
+    _objects(stack, bob, 3)
+    alice = make_user(stack, name="alice", credits=10.0)
+    _objects(stack, alice, 2)
+    service = _service(stack)
+    spec = RunSpec(kind="backfill", operation="thumbnail", batch_size=10, account="alice")
+    assert service.estimate(spec).objects == 2
+    with pytest.raises(NotFound):
+        service.estimate(spec.model_copy(update={"account": "nobody"}))
+    run = service.create(spec, "t")
+    _runner(stack).step(run.run_id)
+    assert service.get(run.run_id).created_jobs == 2
 
 
 def test_refusals(engine, settings, manual_clock):
