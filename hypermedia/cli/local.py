@@ -53,6 +53,7 @@ def head(
     local = LocalStack(settings, extend_app=operator_page(None))
     stop = threading.Event()
     loop: threading.Thread | None = None
+    turns = None
     # `up` ends a head that does not come up in time with SIGTERM: while starting, it
     # ends like a Ctrl-C, through the `finally` that stops what was started.
     signal.signal(signal.SIGTERM, _interrupt)
@@ -78,6 +79,12 @@ def head(
         stop.set()
         if loop is not None:
             loop.join(30)
+        if turns is not None:
+            # Its lease given up while Redis still runs: the next head leads at once.
+            try:
+                turns.stop()
+            except Exception as exc:  # then the lease lapses by itself
+                log.warning("the scheduler's lease was not given up: %s", exc)
         # A head refused the data dir (another stack runs there) owns none of its files
         # nor its Redis: stop() leaves that stack's alone.
         if local.holds_data_dir:
