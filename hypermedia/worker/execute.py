@@ -499,10 +499,13 @@ class JobExecution:
         (their children are killed), and a longer lease for each job a third of
         whose lease has passed since it started or was last extended. A job being
         released has its child killed again (it may have started after
-        :meth:`release_all`), and so has one whose time to store its piece is up."""
+        :meth:`release_all`), and so has one whose time to store its piece is up. A
+        cancelled job's lease is extended too: it is ours until its run returns, and a
+        cancel once its outputs upload comes too late (the job completes)."""
         while not self._closed.wait(self.poll_seconds):
             with self._lock:
-                watched = [w for w in self._running.values() if not w.cancelled.is_set()]
+                running = list(self._running.values())
+                watched = [w for w in running if not w.cancelled.is_set()]
                 unkilled = [
                     w for w in self._running.values() if w.cancelled.is_set() and not w.killed
                 ]
@@ -515,12 +518,16 @@ class JobExecution:
                 self.executor.cancel(job_id)
             for w in unkilled:
                 w.killed = self.executor.cancel(w.job.job_id)
-            if not watched:
+            if not running:
                 continue
             try:
-                requested = self.dispatcher.cancel_requested_among([w.job.job_id for w in watched])
+                requested = (
+                    self.dispatcher.cancel_requested_among([w.job.job_id for w in watched])
+                    if watched
+                    else set()
+                )
                 now = time.monotonic()
-                for w in watched:
+                for w in running:
                     if w.job.job_id in requested:
                         w.cancelled.set()
                         w.killed = self.executor.cancel(w.job.job_id)

@@ -370,6 +370,51 @@ def test_a_cancel_once_the_outputs_are_being_stored_comes_too_late(engine, setti
     stack.close()
 
 
+def test_a_late_cancel_keeps_the_jobs_lease_while_its_outputs_upload(engine, settings, tmp_path):
+    """A cancel that comes while the outputs upload is too late, and the job completes:
+    so its lease is still extended meanwhile. Were it not, an upload longer than what
+    was left of the lease would let the reaper take the job (lease_expired), and its
+    completion, the outputs already in storage, would find the job no longer ours."""
+    profiles = ray_support.test_profiles(tmp_path)
+    text = profiles.read_text()
+    head, _, rest = text.partition('[profiles."test.copy_input"]')
+    rest = rest.replace("timeout_seconds = 30", "timeout_seconds = 1", 1)  # a 1.5 s lease
+    profiles.write_text(f'{head}[profiles."test.copy_input"]{rest}')
+    stack = open_stack(settings, engine, None, profiles_path=profiles, lease_grace_seconds=0)
+    person = make_user(stack)
+    obj = make_object(stack, person)
+    request = SubmitRequest(object_id=obj, operations=["test.copy_input"])
+    job_id = stack.ingest.submit(person.caller, request).job_ids[0]
+    held = _HeldUpload()
+    executor = _CountingExecutor(tmp_path / "work")
+    execution = JobExecution(
+        stack.dispatcher, stack.catalog, held, executor, "late-w", poll_seconds=0.05
+    )
+    try:
+        (job,) = stack.dispatcher.claim_and_start("images", "late-w")
+        outcome: list[object] = []
+        runner = threading.Thread(target=lambda: outcome.append(execution.run_started(job)))
+        runner.start()
+        assert held.requested.wait(30)  # the step ran; its output is uploading
+        stack.ingest.cancel(person.caller, job_id)
+        _wait(lambda: execution._running[job_id].cancelled.is_set())
+        time.sleep(3)  # the upload outlasts the lease (1.5 s) twice over
+        assert stack.reaper.tick().expired == 0
+        held.released.set()
+        runner.join(60)
+        assert not runner.is_alive()
+    finally:
+        held.close()
+        execution.close()
+    (result,) = outcome
+    assert isinstance(result, Completion), result
+    assert stack.dispatcher.complete_many("late-w", [result.finished()]) == [True]
+    with transaction(stack.engine) as conn:
+        status = conn.execute(select(t.jobs.c.status).where(t.jobs.c.job_id == job_id))
+        assert status.scalar_one() == "completed"
+    stack.close()
+
+
 def _sleep_jobs(stack: Stack, seconds: list[float]) -> tuple[Person, list[str]]:
     person = make_user(stack)
     obj = make_object(stack, person)
