@@ -177,6 +177,32 @@ def test_parameters_a_step_would_refuse_are_refused_at_submit(api, alice, operat
     assert api.get(f"{P}/jobs", headers=bearer(alice)).json()["jobs"] == []
 
 
+def test_a_check_the_head_cannot_make_does_not_refuse_the_parameters(api, alice, monkeypatch):
+    """transcode_audio's check asks FFmpeg which codecs it has. On a head without FFmpeg
+    (the media workers are elsewhere: a burst node's image has it) a codec the step
+    takes is no invalid parameter: the submit is accepted, and the worker's step, which
+    has FFmpeg, decides. Only what the check finds wrong is a 422."""
+    import pipelines.media
+    from pipelines.registry import PipelineError
+    from tests.error_inputs import flac_declaring
+
+    def missing(name: str) -> str:
+        raise PipelineError("tool_unavailable", f"{name} is not installed", retryable=True)
+
+    monkeypatch.setattr(pipelines.media, "_tool", missing)
+    pipelines.media.ffmpeg_encoders.cache_clear()
+    try:
+        obj = upload(api, alice, flac_declaring(10), "sound.flac")
+        params = {"transcode_audio": {"codec": "opus", "bitrate": "96k"}}
+        response = submit(api, alice, obj["object_id"], ["transcode_audio"], params=params)
+        assert response.status_code == 202, response.text
+        wrong = {"transcode_audio": {"codec": "opus", "bitrate": "lots"}}
+        refused = submit(api, alice, obj["object_id"], ["transcode_audio"], params=wrong)
+        assert_error(refused, 422, "invalid_params")
+    finally:
+        pipelines.media.ffmpeg_encoders.cache_clear()
+
+
 # -- other users' ids ---------------------------------------------------------------------
 
 
