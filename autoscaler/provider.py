@@ -333,7 +333,13 @@ class HypermediaNodeProvider(NodeProvider):
         settled: list[str] = []
         with self._lock, transaction(self.engine) as conn:
             rows = conn.execute(
-                select(s.c.spend_id, s.c.instance_id, s.c.launched_at, s.c.terminated_at).where(
+                select(
+                    s.c.spend_id,
+                    s.c.instance_id,
+                    s.c.request_id,
+                    s.c.launched_at,
+                    s.c.terminated_at,
+                ).where(
                     (s.c.provider == provider)
                     & (s.c.terminated_at.is_(None) | s.c.instance_id.in_(sorted(listed_ids)))
                 )
@@ -342,11 +348,16 @@ class HypermediaNodeProvider(NodeProvider):
             for instance in live:
                 found = by_id.get(instance.instance_id) or by_id.get(instance.request_id)
                 if found is not None and found.terminated_at is None:
+                    # The row takes the instance's id, and keeps its request id (a row
+                    # from before it was kept gets it here: a bill may name only that).
+                    changes: dict[str, Any] = {}
                     if found.instance_id != instance.instance_id:
+                        changes["instance_id"] = instance.instance_id
+                    if found.request_id is None and instance.request_id:
+                        changes["request_id"] = instance.request_id[:64]
+                    if changes:
                         conn.execute(
-                            s.update()
-                            .where(s.c.spend_id == found.spend_id)
-                            .values(instance_id=instance.instance_id)
+                            s.update().where(s.c.spend_id == found.spend_id).values(**changes)
                         )
                     continue
                 if found is not None:  # closed while the instance still runs: it never stopped
@@ -358,7 +369,14 @@ class HypermediaNodeProvider(NodeProvider):
                     conn.execute(
                         s.update()
                         .where(s.c.spend_id == found.spend_id)
-                        .values(instance_id=instance.instance_id, terminated_at=None)
+                        .values(
+                            instance_id=instance.instance_id,
+                            request_id=found.request_id or instance.request_id[:64] or None,
+                            terminated_at=None,
+                            # Running on: its bill is not settled after all.
+                            reconciled_at=None,
+                            billed_microusd=None,
+                        )
                     )
                     continue
                 launched = instance.launched_at if instance.launched_at > 0 else now

@@ -176,7 +176,7 @@ class Settings(BaseSettings):
     # A worker claims no job while the disk of its workdirs has less than this free
     # (MB): a job may write up to its profile's max_output_bytes there, and on one VPS
     # that disk is also the database's. It claims again once there is.
-    worker_min_free_disk_mb: int = Field(default=2048, ge=0)
+    worker_min_free_disk_mb: int = Field(default=1024, ge=0)
 
     # A Ray cluster started by `ray up` (ray_cluster/*.yaml): the head services attach
     # to it instead of starting a Ray head of their own, run the scheduler.json

@@ -100,6 +100,8 @@ BIGQUERY_SCOPE = "https://www.googleapis.com/auth/bigquery"
 BILLING_SETTLE_SECONDS = 48 * 3600.0
 #: A query bills at least 10 MB scanned, whatever it reads: once an hour at most.
 BILLING_INTERVAL_SECONDS = 3600.0
+#: The longest a billing query is waited for (in the scheduler's turn).
+BILLING_WAIT_SECONDS = 60.0
 #: The export's partitions (``_PARTITIONTIME``, daily) are not the UTC days of the usage:
 #: Google's billing days are Pacific time, and rows are exported hours later. So a UTC
 #: day's rows are searched in the partitions of the day before and the day after as well
@@ -421,7 +423,9 @@ class GcpDriver:
                 billing_sql(table),
                 job_config=job_config,
                 api_timeout=self.request_timeout,
-                wait_timeout=self.operation_timeout,
+                # Read in the leader's turn: a slow query must not hold the scaling up
+                # (nor outlast the lease); the next read tries again.
+                wait_timeout=min(self.operation_timeout, BILLING_WAIT_SECONDS),
                 # No retries: the scheduler reads again at its next interval. (The SDK
                 # takes None for both, as its docstring says, but annotates Retry.)
                 retry=None,  # type: ignore[arg-type]

@@ -324,3 +324,45 @@ def test_the_job_indexes_a_claim_and_a_completion_keep_up(empty_engine):
     assert "ix_processing_jobs_user_id" not in found and "ix_jobs_user_job" in found
     assert "bulk_run_id IS NOT NULL" in found["uk_jobs_bulk_run_object"]
     assert "completed_at IS NOT NULL" in found["ix_processing_jobs_completed_at"]
+
+
+def test_the_ledgers_ended_rows_from_before_request_ids_count_as_reconciled(empty_engine):
+    """0017: cloud_spend.request_id. An ended row from before has none, so a bill that
+    names only the request tag cannot find it: it is marked reconciled (billed unknown)
+    rather than reported by the first reconciliation as billed nothing. A running row
+    stays open to reconciliation (the next listing gives it its request id)."""
+    migrate.upgrade(empty_engine, "0016")
+    names = ("provider", "instance_id", "node_type", "region", "spot")
+    spend = table(
+        "cloud_spend",
+        *(column(name) for name in names),
+        *(column(name) for name in ("price_per_hour_microusd", "launched_at", "terminated_at")),
+        column("reconciled_at"),
+    )
+    launched, ended = to_datetime(1_800_000_000.0), to_datetime(1_800_003_600.0)
+    with empty_engine.begin() as conn:
+        conn.execute(
+            insert(spend),
+            [
+                {
+                    "provider": "aws",
+                    "instance_id": name,
+                    "node_type": "burst_ocr",
+                    "region": "eu-west-3",
+                    "spot": False,
+                    "price_per_hour_microusd": 170_000,
+                    "launched_at": launched,
+                    "terminated_at": end,
+                }
+                for name, end in (("i-ended", ended), ("i-running", None))
+            ],
+        )
+    migrate.upgrade(empty_engine)
+    with empty_engine.connect() as conn:
+        found = conn.execute(
+            select(spend.c.instance_id, spend.c.reconciled_at, spend.c.terminated_at)
+        ).all()
+    rows = {r.instance_id: r for r in found}
+    assert rows["i-running"].reconciled_at is None
+    assert rows["i-ended"].reconciled_at is not None
+    assert rows["i-ended"].reconciled_at == rows["i-ended"].terminated_at  # as stored

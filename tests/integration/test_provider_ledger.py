@@ -39,7 +39,7 @@ from autoscaler.drivers.base import Instance, LaunchRequest
 from autoscaler.leader import Leadership
 from autoscaler.provider import HypermediaNodeProvider
 from autoscaler.scheduler import NoCloud, Scheduler
-from hypermedia.clock import ManualClock
+from hypermedia.clock import ManualClock, to_datetime
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
 from tests import support
@@ -229,6 +229,38 @@ def test_an_instance_missing_from_one_listing_is_not_taken_for_gone(make_provide
     assert open_rows(provider) == []
     driver.instances = real  # type: ignore[method-assign]
     assert driver.terminate(made) is None
+
+
+def test_a_listing_gives_a_row_its_request_id_and_takes_a_reopened_rows_bill_back(
+    make_provider,
+):
+    """A row without a request id (kept before they were) gets it from the listed
+    instance's tags: a bill may name only that. A row closed (and reconciled) while its
+    instance runs on is reopened with its reconciliation undone: its bill is not
+    settled."""
+    provider = make_provider()
+    assert launch(provider, "q-1") == "launched"
+    (made,) = running(provider)
+    provider.non_terminated_nodes({})
+    s = t.cloud_spend
+    with transaction(provider.engine) as conn:
+        request_id = conn.execute(select(s.c.request_id)).scalar_one()
+        conn.execute(s.update().values(request_id=None))
+    provider.non_terminated_nodes({})
+    with transaction(provider.engine) as conn:
+        assert conn.execute(select(s.c.request_id)).scalar_one() == request_id
+        now = to_datetime(time.time())
+        conn.execute(
+            s.update().values(
+                request_id=None, terminated_at=now, reconciled_at=now, billed_microusd=1
+            )
+        )
+    provider.non_terminated_nodes({})
+    with transaction(provider.engine) as conn:
+        row = conn.execute(select(s)).one()
+    assert (row.instance_id, row.request_id) == (made, request_id)
+    assert (row.terminated_at, row.reconciled_at, row.billed_microusd) == (None, None, None)
+    assert aws(provider).terminate(made) is None
 
 
 def test_an_instance_the_ledger_never_saw_gets_a_row_from_its_tags(make_provider):

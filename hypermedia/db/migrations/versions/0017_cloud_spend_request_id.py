@@ -1,7 +1,10 @@
 """cloud_spend.request_id: the launch's request id (the ``hypermedia-request`` tag), kept
 after the row takes the instance's id, so a cloud bill that names the tag and not the
 instance (Cost Explorer's cost allocation tags, a billing export's labels) finds its row.
-Rows from before stay NULL: their bills are matched by instance id.
+A running instance's row gets its request id at the next listing (from the instance's
+tags); the ended rows from before have none and their instances cannot be found in such
+a bill: they are marked reconciled as they are (billed unknown), so the first
+reconciliation does not report each of them as billed nothing. Days are still compared.
 
 Revision ID: 0017
 Revises: 0016
@@ -21,6 +24,10 @@ depends_on = None
 
 def upgrade() -> None:
     op.add_column("cloud_spend", sa.Column("request_id", sa.String(64), nullable=True))
+    op.execute(
+        "UPDATE cloud_spend SET reconciled_at = terminated_at"
+        " WHERE terminated_at IS NOT NULL AND reconciled_at IS NULL"
+    )
 
 
 def downgrade() -> None:
