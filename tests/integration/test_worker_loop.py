@@ -15,7 +15,7 @@ import logging
 import shutil
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -334,11 +334,12 @@ class _HeldUpload(NoGrants):
         self.server.server_close()
 
 
-def test_a_cancel_once_the_outputs_are_being_stored_comes_too_late(engine, settings, tmp_path):
-    """A cancel that arrives while the finished step's outputs upload does not end the
-    job cancelled with its outputs in storage and no row for them (counted on no quota,
-    taken by no delete): the job completes with them."""
-    stack = open_stack(settings, engine, None, profiles_path=ray_support.test_profiles(tmp_path))
+def _cancel_while_uploading(
+    stack: Stack, tmp_path: Path, meanwhile: Callable[[], None] = lambda: None
+) -> tuple[str, object, _HeldUpload, _CountingExecutor]:
+    """Run one test.copy_input job whose output's upload hangs; cancel it then, do
+    ``meanwhile``, let the upload end. The job id, what its run answered, the upload
+    server and the executor."""
     person = make_user(stack)
     obj = make_object(stack, person)
     request = SubmitRequest(object_id=obj, operations=["test.copy_input"])
@@ -356,14 +357,24 @@ def test_a_cancel_once_the_outputs_are_being_stored_comes_too_late(engine, setti
         assert held.requested.wait(30)  # the step ran; its output is uploading
         stack.ingest.cancel(person.caller, job_id)
         _wait(lambda: execution._running[job_id].cancelled.is_set())
+        meanwhile()
         held.released.set()
         runner.join(60)
         assert not runner.is_alive()
     finally:
         held.close()
         execution.close()
-    assert executor.runs == 1
     (result,) = outcome
+    return job_id, result, held, executor
+
+
+def test_a_cancel_once_the_outputs_are_being_stored_comes_too_late(engine, settings, tmp_path):
+    """A cancel that arrives while the finished step's outputs upload does not end the
+    job cancelled with its outputs in storage and no row for them (counted on no quota,
+    taken by no delete): the job completes with them."""
+    stack = open_stack(settings, engine, None, profiles_path=ray_support.test_profiles(tmp_path))
+    job_id, result, held, executor = _cancel_while_uploading(stack, tmp_path)
+    assert executor.runs == 1
     assert isinstance(result, Completion), result
     assert [o.storage_key for o in result.outputs] == [f"out/{job_id}/copy"]
     assert held.stored == {f"/out/{job_id}/copy": b"bytes"}
@@ -381,32 +392,12 @@ def test_a_late_cancel_keeps_the_jobs_lease_while_its_outputs_upload(engine, set
     rest = rest.replace("timeout_seconds = 30", "timeout_seconds = 1", 1)  # a 1.5 s lease
     profiles.write_text(f'{head}[profiles."test.copy_input"]{rest}')
     stack = open_stack(settings, engine, None, profiles_path=profiles, lease_grace_seconds=0)
-    person = make_user(stack)
-    obj = make_object(stack, person)
-    request = SubmitRequest(object_id=obj, operations=["test.copy_input"])
-    job_id = stack.ingest.submit(person.caller, request).job_ids[0]
-    held = _HeldUpload()
-    executor = _CountingExecutor(tmp_path / "work")
-    execution = JobExecution(
-        stack.dispatcher, stack.catalog, held, executor, "late-w", poll_seconds=0.05
-    )
-    try:
-        (job,) = stack.dispatcher.claim_and_start("images", "late-w")
-        outcome: list[object] = []
-        runner = threading.Thread(target=lambda: outcome.append(execution.run_started(job)))
-        runner.start()
-        assert held.requested.wait(30)  # the step ran; its output is uploading
-        stack.ingest.cancel(person.caller, job_id)
-        _wait(lambda: execution._running[job_id].cancelled.is_set())
+
+    def outlast_the_lease() -> None:
         time.sleep(3)  # the upload outlasts the lease (1.5 s) twice over
         assert stack.reaper.tick().expired == 0
-        held.released.set()
-        runner.join(60)
-        assert not runner.is_alive()
-    finally:
-        held.close()
-        execution.close()
-    (result,) = outcome
+
+    job_id, result, _held, _executor = _cancel_while_uploading(stack, tmp_path, outlast_the_lease)
     assert isinstance(result, Completion), result
     assert stack.dispatcher.complete_many("late-w", [result.finished()]) == [True]
     with transaction(stack.engine) as conn:
