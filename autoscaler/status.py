@@ -106,7 +106,9 @@ class SpendStatus:
 @dataclass(frozen=True, slots=True)
 class BillingStatus:
     """One provider's reconciliation: its bill last read at ``read_at`` (None: never),
-    the days compared up to ``compared_through``, or what went wrong."""
+    the latest day compared (``compared_through``; a day with no spend on the ledger
+    is never compared, and an older one may still wait to settle), or what went
+    wrong."""
 
     provider: str
     read_at: float | None

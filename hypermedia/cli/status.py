@@ -220,7 +220,7 @@ def render(current: Status) -> RenderableType:
         elif b.read_at is None:
             said = f"Billing {b.provider}: nothing settled to compare yet"
         else:
-            through = f", compared through {b.compared_through}" if b.compared_through else ""
+            through = f", last day compared {b.compared_through}" if b.compared_through else ""
             said = f"Billing {b.provider}: read {_when(b.read_at)}{through}"
         parts.append(Text(said, style="yellow" if b.error else ""))
     for finding in current.billing_findings:

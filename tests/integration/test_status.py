@@ -202,5 +202,5 @@ def test_the_command_shows_the_same_numbers(stack, scene, tmp_path: Path):
     for word in ("w-images", "w-docs", "42.5 %", "queue_depth:images", "i-0", "hybrid"):
         assert word in screen.stdout, word
     assert "launch" in screen.stdout
-    assert "Billing aws: read 2027-01-15 08:00:00, compared through 2027-01-14" in screen.stdout
+    assert "Billing aws: read 2027-01-15 08:00:00, last day compared 2027-01-14" in screen.stdout
     assert found in screen.stdout
