@@ -138,6 +138,7 @@ Holds and notes
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal
@@ -145,7 +146,15 @@ from typing import TYPE_CHECKING, Literal
 from autoscaler import admission, cost, estimate
 from autoscaler.admission import Admission
 from autoscaler.cost import Budget, GuardVerdict
-from autoscaler.snapshot import Band, Decision, Offer, QueueState, Snapshot, WorkerState
+from autoscaler.snapshot import (
+    Band,
+    Decision,
+    ManualBurst,
+    Offer,
+    QueueState,
+    Snapshot,
+    WorkerState,
+)
 
 if TYPE_CHECKING:  # config values come in built: importing pydantic is the loader's job
     from autoscaler.config import ProviderName, QueueConfig, SchedulerConfig
@@ -443,7 +452,8 @@ class _QueueView:
     admission: Admission  # counting every worker not terminated against max_workers
     vps_live: int
     cloud_live: tuple[WorkerState, ...]  # starting or active, not drained now
-    floor: int  # cloud workers kept for the baseline (cloud_first)
+    floor: int  # cloud workers kept: the baseline (cloud_first), an operator's burst
+    manual: ManualBurst | None = None  # the operator's burst that sets the floor, if any
 
 
 def _queue(
@@ -478,6 +488,9 @@ def _queue(
         ),
         floor=max(0, qc.baseline_workers - vps_live) if config.mode == "cloud_first" else 0,
     )
+    manual = snapshot.bursts.get(name)
+    if manual is not None and manual.until > snapshot.now and manual.workers > view.floor:
+        view = replace(view, floor=manual.workers, manual=manual)
     if up or len(view.cloud_live) < view.floor:
         _scale_up(config, snapshot, view, up, plan)
     else:
@@ -505,6 +518,14 @@ def _scale_up(
     wanted = min(view.floor + burst, most)
     if up:
         headline = f"Scaling up {name}: {load}"
+    elif view.manual is not None:
+        until = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(view.manual.until))
+        by = f" by {view.manual.by}" if view.manual.by else ""
+        headline = (
+            f"Keeping {name}'s manual burst{by}: {have} of {view.manual.workers} cloud"
+            f" workers until {until}"
+        )
+        sizing = "manual burst"
     else:
         headline = (
             f"Keeping {name}'s baseline on the cloud (cloud_first): {view.vps_live + have}"
@@ -705,7 +726,8 @@ def _scale_down(config: SchedulerConfig, snapshot: Snapshot, view: _QueueView, p
         return
     drainable = len(view.cloud_live) - view.floor
     if drainable <= 0:
-        plan.notes.append(f"{name}: {load}; cloud workers at the baseline ({view.floor})")
+        kept = "the manual burst" if view.manual is not None else "the baseline"
+        plan.notes.append(f"{name}: {load}; cloud workers at {kept} ({view.floor})")
         return
     idle_for = rules.idle_minutes * 60
     idle = sorted(

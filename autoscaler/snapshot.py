@@ -161,6 +161,17 @@ class History:
 
 
 @dataclass(frozen=True, slots=True)
+class ManualBurst:
+    """An operator's burst (the seed's stage 2, "manual cloud burst"): keep ``workers``
+    cloud workers for the queue until ``until`` (epoch seconds), whatever its depth;
+    the caps, ``max_workers`` and the mode still apply. ``hypermedia scheduler burst``."""
+
+    workers: int
+    until: float
+    by: str = ""  # who asked (the operator's name, for the reasons)
+
+
+@dataclass(frozen=True, slots=True)
 class Snapshot:
     now: float
     queues: Mapping[str, QueueState]
@@ -168,6 +179,8 @@ class Snapshot:
     offers: Mapping[ProviderName, Offer]
     spend: Spend
     history: History = History()
+    # Operators' bursts by queue (those whose time has passed are ignored).
+    bursts: Mapping[str, ManualBurst] = field(default_factory=dict)
 
 
 Action = Literal["launch", "drain", "terminate", "alert", "lock", "hold"]

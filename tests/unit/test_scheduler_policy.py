@@ -11,7 +11,16 @@ import pytest
 from autoscaler import config as scheduler_config
 from autoscaler import policy
 from autoscaler.config import SchedulerConfig
-from autoscaler.snapshot import Decision, History, Offer, QueueState, Snapshot, Spend, WorkerState
+from autoscaler.snapshot import (
+    Decision,
+    History,
+    ManualBurst,
+    Offer,
+    QueueState,
+    Snapshot,
+    Spend,
+    WorkerState,
+)
 
 NOW = 1_800_000_000.0
 SHIPPED = json.loads(scheduler_config.SHIPPED.read_text())
@@ -87,6 +96,7 @@ def snap(
     offers: dict[str, Offer] | None = None,
     spend: Spend | None = None,
     history: History | None = None,
+    bursts: dict[str, ManualBurst] | None = None,
 ) -> Snapshot:
     return Snapshot(
         now=NOW,
@@ -95,6 +105,7 @@ def snap(
         offers=OFFERS if offers is None else offers,  # type: ignore[arg-type]
         spend=spend or Spend(0.0, 0.0),
         history=history or History(),
+        bursts=bursts or {},
     )
 
 
@@ -410,6 +421,36 @@ def test_cloud_first_baseline_launches_obey_the_cooldown():
     decisions = policy.decide(config, snap(queue(), history=history))
     assert launched(decisions) == 0
     assert "cooldown" in of(decisions, "hold")[0].reason
+
+
+def test_a_manual_burst_keeps_its_cloud_workers_until_it_ends():
+    """The seed's stage 2, "manual cloud burst": an operator's burst launches up to its
+    workers with an empty queue (same cooldown, caps and max_workers as any launch),
+    and scale-down keeps them until it ends; then they go as idle workers do."""
+    config = make_config()
+    burst = {"ocr": ManualBurst(workers=3, until=NOW + 3600, by="ops")}
+    decisions = policy.decide(config, snap(queue(), bursts=burst))
+    assert launched(decisions) == 3
+    assert of(decisions, "launch")[0].reason.startswith(
+        "Keeping ocr's manual burst by ops: 0 of 3 cloud workers until"
+    )
+    # at max_workers 2, two; in the cooldown, none
+    capped = make_config(queues__ocr__max_workers=2)
+    assert launched(policy.decide(capped, snap(queue(), bursts=burst))) == 2
+    cooling = History(last_scale_up={"ocr": NOW - 10})
+    assert launched(policy.decide(config, snap(queue(), history=cooling, bursts=burst))) == 0
+    # idle for an hour, the queue empty for an hour: kept while the burst lasts
+    idle = tuple(cloud(f"w-{n}", idle=3600) for n in range(3))
+    empty = History(empty_since={"ocr": NOW - 3600})
+    kept = policy.decide(config, snap(queue(), workers=idle, history=empty, bursts=burst))
+    assert of(kept, "drain") == [] and launched(kept) == 0
+    # ended: they drain as any idle workers
+    ended = {"ocr": ManualBurst(workers=3, until=NOW - 1)}
+    gone = policy.decide(config, snap(queue(), workers=idle, history=empty, bursts=ended))
+    assert len(of(gone, "drain")) == 3
+    # a queue that may not burst, or vps_only: nothing
+    assert policy.decide(config, snap(queue("images"), bursts={"images": burst["ocr"]})) == []
+    assert launched(policy.decide(make_config("vps_only"), snap(queue(), bursts=burst))) == 0
 
 
 # -- misplaced cloud workers -----------------------------------------------------------------
