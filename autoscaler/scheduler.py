@@ -71,6 +71,7 @@ from autoscaler.snapshot import (
     RATE_WINDOW_SECONDS,
     Decision,
     History,
+    ManualBurst,
     Offer,
     Plan,
     QueueState,
@@ -183,6 +184,66 @@ def history_value(history: History) -> dict[str, Any]:
         "launches": list(history.launches),
         "empty_since": dict(history.empty_since),
         "last_alert": dict(history.last_alert),
+    }
+
+
+BURSTS = "bursts"  # scheduler_state: operators' manual bursts by queue
+MAX_BURST_SECONDS = 7 * 86_400.0
+
+
+def set_burst(
+    engine: Engine,
+    config: SchedulerConfig,
+    queue: str,
+    workers: int,
+    seconds: float,
+    now: float,
+    by: str = "",
+) -> ManualBurst:
+    """Record an operator's burst (``hypermedia scheduler burst``): keep ``workers``
+    cloud workers for ``queue`` for ``seconds``. Refused (ConfigError naming the key)
+    where nothing could launch them: a queue not in scheduler.json or not
+    cloud-enabled, ``vps_only``, more than ``max_workers``."""
+    if queue not in config.queues:
+        raise ConfigError(f"scheduler.json: queues.{queue}", "no such queue")
+    if config.mode == "vps_only":
+        raise ConfigError(
+            "scheduler.json: mode", "vps_only launches nothing: set hybrid to burst by hand"
+        )
+    if not config.queues[queue].cloud_enabled:
+        raise ConfigError(f"scheduler.json: queues.{queue}.cloud_enabled", "false: it never bursts")
+    limit = config.queues[queue].max_workers
+    if not 1 <= workers <= limit:
+        raise ConfigError(
+            f"scheduler.json: queues.{queue}.max_workers",
+            f"a burst of {workers} workers: between 1 and max_workers ({limit})",
+        )
+    if not 0 < seconds <= MAX_BURST_SECONDS:
+        raise ConfigError("burst --for", "between a minute and 7 days")
+    burst = ManualBurst(workers=workers, until=now + seconds, by=by)
+    with transaction(engine) as conn:
+        kept = dict(read_state(conn, BURSTS) or {})
+        kept[queue] = {"workers": burst.workers, "until": burst.until, "by": burst.by}
+        write_state(conn, BURSTS, kept, now)
+    return burst
+
+
+def end_burst(engine: Engine, queue: str, now: float) -> bool:
+    """End an operator's burst of ``queue`` (its workers then go as idle ones do);
+    whether there was one."""
+    with transaction(engine) as conn:
+        kept = dict(read_state(conn, BURSTS) or {})
+        found = kept.pop(queue, None)
+        write_state(conn, BURSTS, kept, now)
+    return found is not None and float(found["until"]) > now
+
+
+def bursts_from(value: Mapping[str, Any] | None, now: float) -> dict[str, ManualBurst]:
+    """The operators' bursts that have not ended."""
+    return {
+        queue: ManualBurst(int(b["workers"]), float(b["until"]), str(b.get("by", "")))
+        for queue, b in (value or {}).items()
+        if float(b["until"]) > now
     }
 
 
@@ -440,6 +501,7 @@ class Scheduler:
             alerted = read_state(conn, "alerted") or {}
             today = _to_datetime(now).date().isoformat()
             spend = ledger_spend(conn, now, lock is not None, alerted.get("day") == today)
+            bursts = bursts_from(read_state(conn, BURSTS), now)
         queues = {
             name: queue_state(self.queue, name, now, long[name], loads[name])
             for name in self.config.queues
@@ -455,6 +517,7 @@ class Scheduler:
             offers=self.fleet.offers(now),
             spend=spend,
             history=history,
+            bursts=bursts,
         )
 
     def explain(self) -> list[str]:

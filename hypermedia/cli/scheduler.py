@@ -261,6 +261,66 @@ def scheduler_simulate(
         raise SystemExit(code)
 
 
+_DURATION = {"m": 60, "h": 3600, "d": 86_400}
+
+
+def parse_duration(text: str) -> float:
+    """``90m``, ``2h``, ``1d``: seconds."""
+    number, unit = text[:-1], text[-1:].lower()
+    if unit not in _DURATION or not number.isdigit() or int(number) == 0:
+        raise typer.BadParameter(f"{text!r}: a whole number of minutes, hours or days (2h)")
+    return int(number) * _DURATION[unit]
+
+
+@app.command("burst")
+def scheduler_burst(
+    queue: Annotated[str, typer.Argument(help="The queue (scheduler.json's queues).")],
+    workers: Annotated[
+        int,
+        typer.Option(
+            "--workers", "-n", envvar="HYPERMEDIA_BURST_WORKERS", min=1, help="Cloud workers."
+        ),
+    ] = 1,
+    duration: Annotated[
+        str,
+        typer.Option(
+            "--for", envvar="HYPERMEDIA_BURST_FOR", help="How long: 90m, 2h, 1d (7 days at most)."
+        ),
+    ] = "1h",
+    end: Annotated[
+        bool, typer.Option("--end", envvar="HYPERMEDIA_BURST_END", help="End the queue's burst.")
+    ] = False,
+    config_path: SchedulerConfigPath = None,
+) -> None:
+    """Burst by hand (the seed's stage 2): keep WORKERS cloud workers for QUEUE for a
+    while, whatever its depth. The scheduler leading a `ray up` head launches them at its
+    next turn, within the cost caps, max_workers and the cooldowns, and lets them go
+    once the burst ends and they are idle. On the server only."""
+    import getpass
+    import time
+
+    from autoscaler import config as scheduler_config
+    from autoscaler.scheduler import end_burst, set_burst
+
+    seconds = parse_duration(duration)  # the arguments first, then the database
+    loaded = scheduler_config.load(config_path)
+    now = time.time()
+    engine = open_engine(read_settings())
+    try:
+        if end:
+            ended = end_burst(engine, queue, now)
+            typer.echo(f"{queue}: burst ended" if ended else f"{queue}: no burst to end")
+            return
+        burst = set_burst(engine, loaded, queue, workers, seconds, now, by=getpass.getuser())
+    finally:
+        engine.dispose()
+    until = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(burst.until))
+    typer.echo(
+        f"{queue}: {burst.workers} cloud workers until {until}; the scheduler launches them"
+        " at its next turn, within the caps"
+    )
+
+
 @app.command("reset-cost-lock")
 def scheduler_reset_cost_lock() -> None:
     """Lift the daily-cap lock (back to the mode scheduler.json sets). On the server only."""

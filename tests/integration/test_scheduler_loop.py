@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import select
+from typer.testing import CliRunner
 
 from autoscaler import billing
 from autoscaler import config as scheduler_config
@@ -30,6 +31,7 @@ from autoscaler.scheduler import COST_LOCK, RECONCILED, Scheduler, reset_cost_lo
 from autoscaler.snapshot import RATE_WINDOW_SECONDS, Offer, Plan, WorkerState
 from autoscaler.state import read_state
 from hypermedia import ids, objects
+from hypermedia.cli import app
 from hypermedia.clock import Clock, ManualClock, SystemClock, to_datetime
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
@@ -44,6 +46,7 @@ from hypermedia.metrics import (
 )
 from hypermedia.sandbox.inspect import Inspection
 from hypermedia.stack import Stack
+from tests import support
 from tests.factories import Person, make_user, submit
 
 SETTLE = 48 * 3600.0  # as Cost Explorer's reader
@@ -589,3 +592,51 @@ def test_the_record_replays_as_a_trace(stack):
         recorded.parse_span("soon")
     report = simulate.simulate(hybrid_config(), replayed)
     assert report.jobs == 3 and report.unfinished == 0
+
+
+def test_a_manual_burst_from_the_command_launches_with_an_empty_queue_until_it_ends(
+    stack, tmp_path
+):
+    """`hypermedia scheduler burst ocr --workers 2 --for 2h` (the seed's stage 2): the
+    leader's next turn launches two ocr workers with nothing queued; `--end` lets them
+    go. Where nothing could launch them the command refuses, naming the key."""
+    data: dict[str, Any] = copy.deepcopy(json.loads(scheduler_config.SHIPPED.read_text()))
+    data["mode"] = "hybrid"
+    data["cloud_providers"]["aws"].update(enabled=True, ami_id="ami-0123456789abcdef0")
+    data["queues"]["ocr"].update(cloud_enabled=True, cloud_provider="aws")
+    config_file = tmp_path / "scheduler.json"
+    config_file.write_text(json.dumps(data))
+    env = {
+        "HYPERMEDIA_DATABASE_URL": support.url_string(stack.engine),
+        "HYPERMEDIA_DATA_DIR": str(tmp_path),
+        "HYPERMEDIA_SCHEDULER_CONFIG": str(config_file),
+    }
+    runner = CliRunner()
+    said = runner.invoke(
+        app, ["scheduler", "burst", "ocr", "--workers", "2", "--for", "2h"], env=env
+    )
+    assert said.exit_code == 0, said.output
+    assert "ocr: 2 cloud workers until" in said.output
+    fleet = MemoryFleet()
+    loop = scheduler(stack, "a", fleet)
+    first = loop.evaluate()
+    launches = [d for d in first.decisions if d.action == "launch"]
+    assert sum(d.count for d in launches) == 2 and launches[0].queue == "ocr"
+    assert "manual burst" in launches[0].reason
+    assert stack.queue.counts("ocr").ready == 0  # nothing was queued
+    ended = runner.invoke(app, ["scheduler", "burst", "ocr", "--end"], env=env)
+    assert ended.exit_code == 0 and "burst ended" in ended.output, ended.output
+    assert scheduler(stack, "a", fleet).observe().bursts == {}
+    # Refused where nothing could launch them, naming the key.
+    for args, key in (
+        (["images"], "queues.images.cloud_enabled"),
+        (["ocr", "--workers", "11"], "queues.ocr.max_workers"),
+        (["nope"], "queues.nope"),
+    ):
+        refused = runner.invoke(app, ["scheduler", "burst", *args], env=env)
+        said_why = refused.output + str(refused.exception)  # the CLI's main prints it
+        assert refused.exit_code != 0 and key in said_why, said_why
+    data["mode"] = "vps_only"
+    config_file.write_text(json.dumps(data))
+    refused = runner.invoke(app, ["scheduler", "burst", "ocr"], env=env)
+    assert refused.exit_code != 0 and "vps_only" in str(refused.exception), refused.output
