@@ -16,6 +16,7 @@
 - **billing**: the last reconciliation of the ledger with each provider's bill
   (:mod:`autoscaler.billing`): when it was read, up to which day, an error, and the last
   findings;
+- **bursts**: the operators' manual bursts not ended (``hypermedia scheduler burst``);
 - **alerts** firing (:mod:`autoscaler.alerting`'s state), the most severe first;
 - **decisions**: the scheduler's last ones with their reasons; who leads and when the
   last turn was.
@@ -34,7 +35,15 @@ from sqlalchemy import func, select
 from autoscaler.alerting import METRICS_FRESH_SECONDS, read_alert_state
 from autoscaler.config import SchedulerConfig
 from autoscaler.leader import Leadership
-from autoscaler.scheduler import COST_LOCK, HISTORY, RECONCILED, ledger_spend, queue_state
+from autoscaler.scheduler import (
+    BURSTS,
+    COST_LOCK,
+    HISTORY,
+    RECONCILED,
+    bursts_from,
+    ledger_spend,
+    queue_state,
+)
 from autoscaler.snapshot import BANDS
 from autoscaler.state import epoch, read_state, to_datetime
 from hypermedia.bulk import runs
@@ -104,6 +113,16 @@ class SpendStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class BurstStatus:
+    """An operator's manual burst not ended (``hypermedia scheduler burst``)."""
+
+    queue: str
+    workers: int
+    until: float
+    by: str
+
+
+@dataclass(frozen=True, slots=True)
 class BillingStatus:
     """One provider's reconciliation: its bill last read at ``read_at`` (None: never),
     the latest day compared (``compared_through``; a day with no spend on the ledger
@@ -166,6 +185,7 @@ class Status:
     decisions: list[DecisionStatus] = field(default_factory=list)
     bulk: list[BulkRunStatus] = field(default_factory=list)
     billing: list[BillingStatus] = field(default_factory=list)
+    bursts: list[BurstStatus] = field(default_factory=list)
     # The reconciliation's last findings: a settled bill that differs from the ledger.
     billing_findings: list[str] = field(default_factory=list)
 
@@ -198,6 +218,7 @@ def gather(stack: Stack, config: SchedulerConfig, decisions: int = 10) -> Status
         instances = _instances(conn, now)
         lock = read_state(conn, COST_LOCK)
         reconciled = read_state(conn, RECONCILED) or {}
+        bursts = bursts_from(read_state(conn, BURSTS), now)
         spend = ledger_spend(conn, now, lock is not None, False)
         firing = read_alert_state(conn).firing()
         last_turn = conn.execute(
@@ -263,6 +284,9 @@ def gather(stack: Stack, config: SchedulerConfig, decisions: int = 10) -> Status
             for name, kept in sorted(reconciled.get("providers", {}).items())
         ],
         billing_findings=[f["message"] for f in reconciled.get("findings", [])][-5:],
+        bursts=[
+            BurstStatus(queue, b.workers, b.until, b.by) for queue, b in sorted(bursts.items())
+        ],
         alerts=[
             AlertStatus(a.key, a.rule, a.level, a.summary, a.firing_since or a.since, a.last_sent)
             for a in firing

@@ -225,6 +225,14 @@ def render(current: Status) -> RenderableType:
         parts.append(Text(said, style="yellow" if b.error else ""))
     for finding in current.billing_findings:
         parts.append(Text(f"  {finding}", style="yellow"))
+    for burst in current.bursts:
+        by = f" (by {burst.by})" if burst.by else ""
+        parts.append(
+            Text(
+                f"Manual burst {burst.queue}: {burst.workers} cloud workers until"
+                f" {_when(burst.until)}{by}"
+            )
+        )
 
     styles = {"critical": "bold red", "warning": "yellow", "info": ""}
     alerts = Table(

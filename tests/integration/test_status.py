@@ -7,6 +7,7 @@ scheduler takes a real turn (a launch, an alert firing); then :func:`gather`,
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ import pytest
 from sqlalchemy import func, select, text
 from typer.testing import CliRunner
 
-from autoscaler.scheduler import RECONCILED
+from autoscaler.scheduler import RECONCILED, set_burst
 from autoscaler.state import write_state
 from autoscaler.status import RATE_WINDOW_SECONDS, BillingStatus, gather
 from hypermedia.cli import app
@@ -193,6 +194,10 @@ def test_the_command_shows_the_same_numbers(stack, scene, tmp_path: Path):
         providers = {"aws": {"read_at": 1_800_000_000.0, "compared": ["2027-01-14"]}}
         value = {"at": 1.0, "providers": providers, "findings": [{"message": found}]}
         write_state(conn, RECONCILED, value, 1.0)
+    # An operator's manual burst (autoscaler.scheduler.set_burst, what the command writes).
+    set_burst(stack.engine, scene, "images", 2, 7200, time.time(), by="ops")
+    shown = json.loads(runner.invoke(app, ["status", "--json"], env=env).stdout)
+    assert [(b["queue"], b["workers"], b["by"]) for b in shown["bursts"]] == [("images", 2, "ops")]
     screen = runner.invoke(app, ["status"], env=env)
     assert screen.exit_code == 0, screen.output
     rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in screen.stdout.splitlines()]
@@ -204,3 +209,4 @@ def test_the_command_shows_the_same_numbers(stack, scene, tmp_path: Path):
     assert "launch" in screen.stdout
     assert "Billing aws: read 2027-01-15 08:00:00, last day compared 2027-01-14" in screen.stdout
     assert found in screen.stdout
+    assert "Manual burst images: 2 cloud workers until" in screen.stdout
