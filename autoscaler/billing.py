@@ -38,13 +38,13 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
-from autoscaler.cost import HOUR_SECONDS, money
+from autoscaler.cost import DAY_SECONDS, HOUR_SECONDS, money
 from autoscaler.drivers.base import BillingReader, Charge, DriverError
 
 TOLERANCE = 0.10  # a bill this far from the ledger is a finding
 MIN_DIFFERENCE_CENTS = 1.0  # ... and at least this far
 KEEP_DAYS = 62  # compared days remembered (a bill is never read further back)
-DAY_SECONDS = 86_400.0
+KEEP_SECONDS = KEEP_DAYS * DAY_SECONDS
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +150,7 @@ def pending(
     not reconciled, and the days with ledger spend that ended that long ago and were not
     compared (``compared``: the days already compared), oldest first."""
     done = set(compared)
-    horizon = now - KEEP_DAYS * DAY_SECONDS
+    horizon = now - KEEP_SECONDS
     instances: list[LedgerRow] = []
     days: set[str] = set()
     for row in rows:

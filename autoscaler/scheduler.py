@@ -423,9 +423,6 @@ def ledger_spend(conn: Connection, now: float, locked: bool, alerted_today: bool
     return cost.spend(intervals, now, locked=locked, alerted_today=alerted_today)
 
 
-_KEEP = billing.KEEP_DAYS * billing.DAY_SECONDS
-
-
 def ledger_rows(conn: Connection, since: float) -> list[LedgerRow]:
     """The ledger's rows still running or terminated at or after ``since``."""
     s = t.cloud_spend
@@ -572,7 +569,7 @@ class Scheduler:
             state = read_state(conn, RECONCILED) or {}
             if now - float(state.get("at", -RECONCILE_SECONDS)) < RECONCILE_SECONDS:
                 return []
-            rows = ledger_rows(conn, now - billing.KEEP_DAYS * billing.DAY_SECONDS)
+            rows = ledger_rows(conn, now - billing.KEEP_SECONDS)
         accounts = self.fleet.billing()
         providers: dict[str, Any] = dict(state.get("providers", {}))
         findings: list[Finding] = []
@@ -584,7 +581,8 @@ class Scheduler:
             if account is None:
                 kept.update(error="its billing is not read", read_at=None)
                 continue
-            compared = [d for d in kept.get("compared", []) if d >= billing.day_of(now - _KEEP)]
+            oldest = billing.day_of(now - billing.KEEP_SECONDS)
+            compared = [d for d in kept.get("compared", []) if d >= oldest]
             instances, days = billing.pending(mine, account.settle_seconds, compared, now)
             if not (instances or days) or now < float(kept.get("next_read", 0.0)):
                 continue
@@ -606,7 +604,7 @@ class Scheduler:
                     extra={"action": "scheduler_reconcile"},
                 )
                 continue
-            start, end = billing.day_start(first), billing.day_start(last) + billing.DAY_SECONDS
+            start, end = billing.day_start(first), billing.day_start(last) + cost.DAY_SECONDS
             overlapping = [
                 r
                 for r in mine
@@ -634,11 +632,10 @@ class Scheduler:
             for finding in outcome.findings:
                 log.warning("%s", finding.message(), extra={"action": "scheduler_reconcile"})
             findings.extend(outcome.findings)
+        recent = list(state.get("findings", [])) + [
+            {"at": now, "key": f.key, "message": f.message()} for f in findings
+        ]
         with transaction(self.engine) as conn:
-            previous = list((read_state(conn, RECONCILED) or {}).get("findings", []))
-            recent = previous + [
-                {"at": now, "key": f.key, "message": f.message()} for f in findings
-            ]
             value = {"at": now, "providers": providers, "findings": recent[-KEEP_FINDINGS:]}
             write_state(conn, RECONCILED, value, now)
         return findings

@@ -36,7 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from autoscaler import statefile
-from autoscaler.billing import DAY_SECONDS, day_of, day_start
+from autoscaler.billing import KEEP_SECONDS, day_of, day_start
+from autoscaler.cost import DAY_SECONDS, HOUR_SECONDS
 from autoscaler.drivers.base import Charge, DriverError, Instance, LaunchRequest
 from hypermedia.errors import ConfigError
 from hypermedia.worker.cluster import RayNode, port_arguments, short_temp_dir
@@ -44,7 +45,6 @@ from hypermedia.worker.cluster import RayNode, port_arguments, short_temp_dir
 log = logging.getLogger(__name__)
 
 BOOT_TIMEOUT_SECONDS = 120.0
-FORGET = 62 * 86_400.0  # billing.json forgets an instance this long after it ended
 FIRST_HOST = 11  # 127.0.0.11; the head is on 127.0.0.10
 LAST_HOST = 250
 OPTIONS = {
@@ -156,7 +156,10 @@ class LocalDriver:
             }
             state[instance_id] = record
         with self._bill() as bill:
-            gone = [i for i, r in bill.items() if r["end"] and r["end"] < time.time() - FORGET]
+            # Forgotten once the reconciliation no longer reads back that far.
+            gone = [
+                i for i, r in bill.items() if r["end"] and r["end"] < time.time() - KEEP_SECONDS
+            ]
             for old in gone:
                 del bill[old]
             bill.setdefault(
@@ -275,7 +278,7 @@ class LocalDriver:
                     found.append(
                         Charge(
                             day=day_of(day),
-                            cents=life["cents_per_hour"] * seconds / 3600.0,
+                            cents=life["cents_per_hour"] * seconds / HOUR_SECONDS,
                             request_id=life["request_id"],
                             instance_id=instance_id,
                         )
