@@ -39,18 +39,20 @@ def head(
     """Run the local stack in the foreground (what `up` starts in the background)."""
     import signal
     import threading
+    from functools import partial
 
     from autoscaler import config as scheduler_config
     from autoscaler import webhooks
-    from hypermedia.cli.services import operator_page
+    from autoscaler.page.routes import install as install_page
     from hypermedia.embedded import write_private
     from hypermedia.local import LocalStack
 
     settings = read_settings()
     # Read before anything starts: a bad scheduler.json or webhooks file refuses here.
+    # The operator page shows the same file's mode and caps.
     config = scheduler_config.load(None)
     hooks = webhooks.load() if scheduler else []
-    local = LocalStack(settings, extend_app=operator_page(None))
+    local = LocalStack(settings, extend_app=partial(install_page, config=config))
     stop = threading.Event()
     loop: threading.Thread | None = None
     turns = None
