@@ -39,7 +39,8 @@ import errno
 import logging
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -333,36 +334,25 @@ def _log_done(
     )
 
 
-def checker(operation: str) -> Callable[[Mapping[str, Any]], None]:
-    """The submit-time check of ``operation``'s parameters: what :func:`run_step` would
-    refuse of them (a size out of range, an unknown format or key) is refused before a
-    job exists (422 ``invalid_params``), not failed in a worker."""
-
-    def check(params: Mapping[str, Any]) -> None:
-        image_params.parse(operation, params)
-
-    return check
-
-
-@register("thumbnail", check=checker("thumbnail"), preload=PRELOAD)
+@register("thumbnail", check=partial(image_params.parse, "thumbnail"), preload=PRELOAD)
 def thumbnail(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list[Output]:
     """Fit inside ``width`` x ``height`` (or fill and ``crop``), first frame, never enlarged."""
     return run_step("thumbnail", input_path, params, workdir)
 
 
-@register("resize", check=checker("resize"), preload=PRELOAD)
+@register("resize", check=partial(image_params.parse, "resize"), preload=PRELOAD)
 def resize(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list[Output]:
     """Fit inside ``width`` x ``height``, never enlarged."""
     return run_step("resize", input_path, params, workdir)
 
 
-@register("compress", check=checker("compress"), preload=PRELOAD)
+@register("compress", check=partial(image_params.parse, "compress"), preload=PRELOAD)
 def compress(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list[Output]:
     """Re-encode at full size as JPEG, WebP or AVIF at ``quality``."""
     return run_step("compress", input_path, params, workdir)
 
 
-@register("convert", check=checker("convert"), preload=PRELOAD)
+@register("convert", check=partial(image_params.parse, "convert"), preload=PRELOAD)
 def convert(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list[Output]:
     """Re-encode at full size as ``format`` (jpeg, png, webp, avif, tiff, gif)."""
     return run_step("convert", input_path, params, workdir)

@@ -764,11 +764,6 @@ def transcode_audio_step(
     return outputs
 
 
-def _check_video(params: Mapping[str, Any]) -> None:
-    """Refuse at submit what :func:`transcode_video` would refuse of its parameters."""
-    video_request(params)
-
-
 def _check_audio(params: Mapping[str, Any]) -> None:
     """Refuse at submit what :func:`transcode_audio` would refuse of its parameters.
     Where this machine has no FFmpeg to ask (a head whose media workers are elsewhere),
@@ -781,7 +776,7 @@ def _check_audio(params: Mapping[str, Any]) -> None:
         audio_request(params, lambda: frozenset(c.encoder for c in AUDIO_CODECS.values()))
 
 
-@register("transcode_video", check=_check_video, profile_only=CHUNK_KEYS, checkpoints=True)
+@register("transcode_video", check=video_request, profile_only=CHUNK_KEYS, checkpoints=True)
 def transcode_video(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list[Output]:
     """MP4: H.264 (``crf``, at most ``height`` high) + AAC when the input has sound."""
     return transcode_video_step(input_path, params, workdir)

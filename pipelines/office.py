@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -83,12 +84,7 @@ def _accepted(path: Path, kinds: tuple[str, ...], operation: str) -> DocumentKin
     return kind
 
 
-def _check(operation: str, params: Mapping[str, Any]) -> None:
-    """Refuse at submit what the step would refuse of its parameters."""
-    parse_params(operation, params)
-
-
-@register("docx_to_pdf", check=lambda params: _check("docx_to_pdf", params))
+@register("docx_to_pdf", check=partial(parse_params, "docx_to_pdf"))
 def docx_to_pdf(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list[Output]:
     """A word-processing document as ``document.pdf``."""
     request = parse_params("docx_to_pdf", params)
@@ -103,7 +99,7 @@ def docx_to_pdf(input_path: Path, params: Mapping[str, Any], workdir: Path) -> l
     return [Output(PDF_TYPE, path, "application/pdf")]
 
 
-@register("extract_text", check=lambda params: _check("extract_text", params))
+@register("extract_text", check=partial(parse_params, "extract_text"))
 def extract_text(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list[Output]:
     """The text of a document as ``text.txt`` (UTF-8)."""
     request = parse_params("extract_text", params)

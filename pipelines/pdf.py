@@ -270,12 +270,7 @@ def render_page(
 PRELOAD = ("pipelines.image_vips",)
 
 
-def check(params: Mapping[str, Any]) -> None:
-    """Refuse at submit what :func:`pdf_preview` would refuse of its parameters."""
-    pdf_params.parse(params)
-
-
-@register("pdf_preview", check=check, preload=PRELOAD)
+@register("pdf_preview", check=pdf_params.parse, preload=PRELOAD)
 def pdf_preview(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list[Output]:
     """Render one page (``page``, 1-based) ``width`` pixels wide as JPEG, PNG or WebP."""
     request = pdf_params.parse(params)

@@ -86,7 +86,9 @@ class PipelineError(Exception):
 Step = Callable[[Path, Mapping[str, Any], Path], list[Output]]
 # Validates an operation's parameters (profile's merged with the request's) before a
 # job exists: raises PipelineError("invalid_params", ...), does no decoding.
-Check = Callable[[Mapping[str, Any]], None]
+# What the step would refuse of its parameters raises PipelineError; what it answers
+# (a step's own parser may serve: its parsed request) is not used.
+Check = Callable[[Mapping[str, Any]], object]
 
 _STEPS: dict[str, Step] = {}
 _CHECKS: dict[str, Check] = {}
