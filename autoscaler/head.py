@@ -17,21 +17,19 @@ scheduler with the :class:`~autoscaler.rayfleet.RayFleet` over the same node
 provider that Ray's monitor uses (built from ``~/ray_bootstrap_config.yaml``); the API
 serves the operator page (:mod:`autoscaler.page`) with that provider's ``scheduler.json``
 and accepts the operations of the queues that have or can get a worker
-(:class:`StaffedQueues`).
+(:func:`staffed_queues`).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import math
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Collection
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -42,6 +40,7 @@ if TYPE_CHECKING:
     from sqlalchemy import Engine
 
     from autoscaler.config import SchedulerConfig
+    from hypermedia.local import StaffedQueues
 
 log = logging.getLogger(__name__)
 
@@ -67,45 +66,13 @@ def _pid(path: Path) -> int | None:
     return pid if psutil.pid_exists(pid) else None
 
 
-class StaffedQueues:
-    """The queues a ``ray up`` head's ingest accepts operations of: those its
-    ``scheduler.json`` gives a worker (:func:`autoscaler.admission.staffed`), and any
-    with a live worker (a node that joined with ``hypermedia worker --queue``). The live
-    ones are read at most every :data:`LIVE_SECONDS`, and only when the configuration
-    leaves a queue out."""
+def staffed_queues(config: SchedulerConfig, engine: Engine) -> StaffedQueues:
+    """The queues a head's ingest accepts operations of: those ``config`` gives a
+    worker (:func:`autoscaler.admission.staffed`), and any with a live worker."""
+    from autoscaler.admission import staffed
+    from hypermedia.local import StaffedQueues
 
-    LIVE_SECONDS = 5.0
-
-    def __init__(self, config: SchedulerConfig, engine: Engine) -> None:
-        from autoscaler.admission import staffed
-
-        self.configured = frozenset(staffed(config))
-        self.missing = set(config.queues) - self.configured
-        self.engine = engine
-        self._live: frozenset[str] = frozenset()
-        self._read_at = -math.inf
-        self._lock = threading.Lock()
-
-    def __call__(self) -> Collection[str]:
-        if not self.missing:
-            return self.configured
-        with self._lock:
-            now = time.monotonic()
-            if now - self._read_at >= self.LIVE_SECONDS:
-                self._live = frozenset(self._read_live())
-                self._read_at = now
-            return self.configured | self._live
-
-    def _read_live(self) -> set[str]:
-        from sqlalchemy import select
-
-        from hypermedia.db import tables as t
-        from hypermedia.db.engine import transaction
-
-        w = t.workers
-        with transaction(self.engine) as conn:
-            rows = conn.execute(select(w.c.queue).where(w.c.status == "active").distinct())
-            return {row.queue for row in rows}
+    return StaffedQueues(engine, staffed(config), config.queues)
 
 
 def run() -> None:
@@ -130,7 +97,7 @@ def run() -> None:
     local = LocalStack(
         settings,
         extend_app=partial(install_page, config=config),
-        cluster_queues=partial(StaffedQueues, config),
+        cluster_queues=partial(staffed_queues, config),
     )
     stop = threading.Event()
     thread: threading.Thread | None = None

@@ -103,6 +103,45 @@ def operations_of(
     return served
 
 
+class StaffedQueues:
+    """The queues that have or can get a worker, asked at each submit: ``staffed``
+    (what the deployment gives a worker: a local stack's actors, a ``scheduler.json``'s
+    baseline or bursts) and any of ``queues`` with a live worker (a node that joined
+    with ``hypermedia worker --queue``). The live ones are read from the record at most
+    every :data:`LIVE_SECONDS`, and only while ``staffed`` leaves some of ``queues`` out."""
+
+    LIVE_SECONDS = 5.0
+
+    def __init__(self, engine: Engine, staffed: Collection[str], queues: Collection[str]) -> None:
+        self.configured = frozenset(staffed)
+        self.missing = frozenset(queues) - self.configured
+        self.engine = engine
+        self._live: frozenset[str] = frozenset()
+        self._read_at = -math.inf
+        self._lock = threading.Lock()
+
+    def __call__(self) -> Collection[str]:
+        if not self.missing:
+            return self.configured
+        with self._lock:
+            now = time.monotonic()
+            if now - self._read_at >= self.LIVE_SECONDS:
+                self._live = frozenset(self._read_live())
+                self._read_at = now
+            return self.configured | self._live
+
+    def _read_live(self) -> set[str]:
+        from sqlalchemy import select
+
+        from hypermedia.db import tables as t
+        from hypermedia.db.engine import transaction
+
+        w = t.workers
+        with transaction(self.engine) as conn:
+            rows = conn.execute(select(w.c.queue).where(w.c.status == "active").distinct())
+            return {row.queue for row in rows}
+
+
 @dataclass
 class LocalStack:
     settings: Settings
@@ -116,7 +155,8 @@ class LocalStack:
     extend_app: Callable[[FastAPI], None] | None = None
     # Attached to a cluster: given the record, what names the queues that have or can
     # get a worker (a `ray up` head: its scheduler.json and the live workers); ingest
-    # refuses the others' operations. None: every queue's (a worker may join for it).
+    # refuses the others' operations. None: the queues of the stack's own actors, and of
+    # the nodes that joined it (with ``ray_node_ip`` or a cluster to attach to).
     cluster_queues: Callable[[Engine], Callable[[], Collection[str]]] | None = None
     _server: uvicorn.Server | None = None
     _server_thread: threading.Thread | None = None
@@ -195,17 +235,22 @@ class LocalStack:
             import pipelines.registry
 
             pools = implemented_queues(settings, pipelines.registry.operations())
-        if attached is None:  # no node but this one: a queue without an actor runs nothing
+        if attached is None and settings.ray_node_ip is None:
+            # No node but this one: a queue without an actor runs nothing.
             served = served_operations(settings, pools)
             self.stack = Stack.open(settings, auto_migrate=True, implemented=served)
-        elif self.cluster_queues is not None:
+        else:
             from hypermedia.db.engine import make_engine
 
             engine = make_engine(settings.effective_database_url)
-            served = operations_of(settings, self.cluster_queues(engine))
+            if self.cluster_queues is not None:
+                queues = self.cluster_queues(engine)
+            else:  # nodes may join this head: its actors' queues, and the joined ones'
+                queues = StaffedQueues(
+                    engine, {q for q, n in pools.items() if n > 0}, settings.queue_names
+                )
+            served = operations_of(settings, queues)
             self.stack = Stack.open(settings, auto_migrate=True, engine=engine, implemented=served)
-        else:
-            self.stack = Stack.open(settings, auto_migrate=True)
         say(f"record in {shown_url(settings.effective_database_url)}")
         if attached is not None:
             address = attached

@@ -24,7 +24,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from typing import TYPE_CHECKING
 from urllib.parse import unquote_plus
 
@@ -40,6 +40,7 @@ from hypermedia.stack import Stack
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
+    from sqlalchemy import Engine
 
 log = logging.getLogger(__name__)
 
@@ -206,12 +207,25 @@ def serve(
     port: int,
     access_log: bool = True,
     extend: Callable[[FastAPI], None] | None = None,
+    queues: Callable[[Engine], Callable[[], Collection[str]]] | None = None,
 ) -> None:
     """Open the stack, start maintenance, run the API until SIGINT/SIGTERM, clean up.
-    ``extend`` adds to the app what the core does not know (the operator page)."""
+    ``extend`` adds to the app what the core does not know (the operator page).
+    ``queues``: given the record, what names the queues that have or can get a worker
+    (:class:`~hypermedia.local.StaffedQueues`); ingest refuses the others' operations.
+    None: every implemented operation is accepted."""
     from hypermedia.ingest.api import create_app
 
-    stack = Stack.open(settings)
+    if queues is None:
+        stack = Stack.open(settings)
+    else:
+        from hypermedia.db.engine import make_engine
+        from hypermedia.local import operations_of
+
+        engine = make_engine(settings.effective_database_url)
+        stack = Stack.open(
+            settings, engine=engine, implemented=operations_of(settings, queues(engine))
+        )
     maintenance = Maintenance(
         stack,
         reaper_interval=settings.reaper_interval_seconds,

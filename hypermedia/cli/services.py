@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -16,9 +16,6 @@ from hypermedia.errors import ConfigError, HypermediaError
 
 if TYPE_CHECKING:
     from hypermedia.config import Settings
-
-if TYPE_CHECKING:
-    from fastapi import FastAPI
 
 
 def serve(
@@ -49,28 +46,24 @@ def serve(
     ] = None,
 ) -> None:
     """Run the HTTP API (and the operator page at /operator), the reaper and the
-    reconciler until interrupted."""
+    reconciler until interrupted. It accepts the operations of the queues that
+    ``scheduler.json`` gives a worker (a baseline, or bursts) and of those a live worker
+    serves (a node that joined with ``hypermedia worker --queue``)."""
+    from autoscaler import config
+    from autoscaler.head import staffed_queues
+    from autoscaler.page.routes import install
     from hypermedia.server import serve as run
 
     settings = read_settings(api_host=host, api_port=port)
+    scheduler = config.load(scheduler_config)  # read now: a bad file stops the start
     run(
         settings,
         host=settings.api_host,
         port=settings.api_port,
         access_log=access_log,
-        extend=operator_page(scheduler_config),
+        extend=partial(install, config=scheduler),
+        queues=partial(staffed_queues, scheduler),
     )
-
-
-def operator_page(scheduler_config: Path | None) -> Callable[[FastAPI], None]:
-    """What mounts the operator page (:mod:`autoscaler.page`) on the API's app, showing
-    ``scheduler_config``'s mode and caps (read now: a bad file stops the start)."""
-    from functools import partial
-
-    from autoscaler import config
-    from autoscaler.page.routes import install
-
-    return partial(install, config=config.load(scheduler_config))
 
 
 def worker(

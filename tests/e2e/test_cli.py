@@ -196,6 +196,35 @@ def test_serve_reconciles_redis_at_start(
         assert row[1] == "1" and row[5] == "1/0/0", row
 
 
+def test_serve_refuses_what_no_worker_runs(cli: Cli, tmp_path: Path, generated: Generated):
+    """`serve` runs no worker: it accepts the operations of the queues its
+    scheduler.json gives a worker (a baseline, or bursts) and of those a joined node
+    serves. The shipped file gives ocr none (vps_only, a baseline of 0): an ocr job would
+    wait forever, so it is refused at submit, and nothing is queued."""
+    cli.ok("db", "upgrade")
+    key = _user(cli, "ops", "--credits", "10", "--operator")
+    page = str(generated / "images/photo.jpg")
+    shipped = json.loads((REPO / "etc/scheduler.json").read_text())
+    cli.env["HYPERMEDIA_SCHEDULER_CONFIG"] = str(REPO / "etc/scheduler.json")
+    with serving(cli, tmp_path / "serve.log") as url:
+        env = {"HYPERMEDIA_API_URL": url, "HYPERMEDIA_API_KEY": key}
+        err = cli.fails("submit", page, "--op", "ocr", **env)
+        assert "unknown_operation" in err and "no worker here runs the 'ocr' queue" in err, err
+        assert _queue_row(cli.ok("queues", **env), "ocr")[1] == "0"
+        cli.ok("submit", page, "--op", "thumbnail", **env)
+        assert _queue_row(cli.ok("queues", **env), "images")[1] == "1"
+
+    shipped["queues"]["ocr"]["baseline_workers"] = 1  # the VPS runs an ocr worker now
+    staffed = tmp_path / "scheduler.json"
+    staffed.write_text(json.dumps(shipped))
+    cli.env["HYPERMEDIA_SCHEDULER_CONFIG"] = str(staffed)
+    with serving(cli, tmp_path / "serve.log") as url:
+        env = {"HYPERMEDIA_API_URL": url, "HYPERMEDIA_API_KEY": key}
+        out = cli.ok("submit", page, "--op", "ocr", **env)
+        assert re.search(r"^job [0-9a-f]{32} ocr queue=ocr ", out, re.M), out
+        assert _queue_row(cli.ok("queues", **env), "ocr")[1] == "1"
+
+
 def test_serve_on_a_port_taken_before_it_bound_is_started_again(cli: Cli, tmp_path: Path):
     """`serve` on a port another process took says so and exits; the tests' helper then
     starts it on another port (free_port()'s pick can be taken before the bind)."""

@@ -14,7 +14,7 @@ from sqlalchemy import func, select
 import pipelines.registry
 from autoscaler import admission
 from autoscaler import config as scheduler_config
-from autoscaler.head import StaffedQueues
+from autoscaler.head import staffed_queues
 from hypermedia.clock import to_datetime
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
@@ -187,7 +187,7 @@ def test_a_ray_up_head_refuses_a_queue_its_scheduler_json_gives_no_worker(engine
     }  # vps_only launches nothing, cloud_enabled or not
 
     chosen = settings()
-    staffed = StaffedQueues(config, engine)
+    staffed = staffed_queues(config, engine)
     stack = Stack.open(
         chosen, engine=engine, auto_migrate=True, implemented=operations_of(chosen, staffed)
     )
@@ -206,12 +206,12 @@ def test_a_ray_up_head_refuses_a_queue_its_scheduler_json_gives_no_worker(engine
             # A worker of the queue joins: its operations are accepted once it is live
             # (read again after LIVE_SECONDS), refused again once it stopped.
             _worker(stack, "ocr", "active")
-            staffed._read_at -= StaffedQueues.LIVE_SECONDS
+            staffed._read_at -= staffed.LIVE_SECONDS
             accepted = submit("ocr")
             assert accepted.status_code == 202, accepted.text
             with transaction(stack.engine) as conn:
                 conn.execute(t.workers.update().values(status="stopped"))
-            staffed._read_at -= StaffedQueues.LIVE_SECONDS
+            staffed._read_at -= staffed.LIVE_SECONDS
             assert submit("ocr").status_code == 422
         assert _count(stack, t.jobs) == 2
     finally:
