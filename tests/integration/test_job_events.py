@@ -207,6 +207,7 @@ def test_an_end_published_just_after_the_record_was_read_comes_from_the_stream(s
     from hypermedia.queue.events import status_event
 
     job_id, _job, key = _running_with_progress(stack)
+    worker: list[threading.Timer] = []
 
     def record() -> dict[str, object]:
         # Committed; the worker publishes the end half a second later.
@@ -214,10 +215,18 @@ def test_an_end_published_just_after_the_record_was_read_comes_from_the_stream(s
             0.5,
             lambda: stack.dispatcher.events.publish(job_id, status_event("completed", time.time())),
         )
+        worker.append(timer)
         timer.start()
         return status_event("completed", time.time(), record=True)
 
     sent, data = _streamed(stack, key, record)
+    # The stream has the end as soon as Redis ran the publish script, before the
+    # worker's thread has read the script's reply: done with the stack's Redis before
+    # the fixture closes it (under load, the close came first; its pool disconnects
+    # connections in use too, and redis-py's read failed in that thread: EBADF).
+    [timer] = worker
+    timer.join(10)
+    assert not timer.is_alive()
     assert [(d["type"], d.get("status"), d.get("done")) for d in data] == [
         ("status", "processing", None),
         ("progress", None, 1.0),
