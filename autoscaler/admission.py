@@ -19,7 +19,8 @@ In this order, the first that applies:
    terminated, VPS and cloud, starting, active *and draining* (a draining instance
    still exists and costs money). The room is ``max_workers`` minus that count; the
    baseline is not subtracted again (the VPS workers are counted as they are, and in
-   ``cloud_first`` the baseline itself is on the cloud).
+   ``cloud_first`` the baseline beyond the VPS's share is on the cloud:
+   :mod:`autoscaler.placement`).
 3. **The cost guard refuses every launch** (:attr:`~autoscaler.cost.GuardVerdict.
    launch_refusal`: the hourly cap, the launch rate). A launch it allows is still
    checked at its price, instance by instance (:meth:`~autoscaler.cost.Budget.refusal`).
@@ -37,6 +38,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from autoscaler.cost import RESET_COMMAND, GuardVerdict
+from autoscaler.placement import vps_pools
 
 if TYPE_CHECKING:  # config values come in built: importing pydantic is the loader's job
     from autoscaler.config import ProviderName, SchedulerConfig
@@ -73,16 +75,19 @@ def closed(config: SchedulerConfig, queue: str, *, locked: bool) -> tuple[str, b
 
 
 def staffed(config: SchedulerConfig) -> set[str]:
-    """The queues this configuration gives a worker, now or under load: a VPS baseline,
-    or cloud bursts (a cloud-enabled queue in a mode that launches; the daily cap's
-    lock passes with a reset). A queue outside it has none in ``vps_only`` with a
-    baseline of 0: its jobs would wait forever, so the head's ingest refuses them
+    """The queues this configuration gives a worker, now or under load: VPS workers
+    (:func:`autoscaler.placement.vps_pools`: in ``cloud_first`` a queue that is not
+    cloud-enabled keeps its whole baseline there), or cloud workers (a cloud-enabled
+    queue in a mode that launches; the daily cap's lock passes with a reset). A queue
+    outside it has none: no VPS share and no cloud (a baseline of 0 in ``vps_only``, or
+    not cloud-enabled): its jobs would wait forever, so the head's ingest refuses them
     unless a worker of the queue is live (a node that joined with it)."""
     bursts = config.mode != "vps_only"
+    vps = vps_pools(config)
     return {
         name
         for name, queue in config.queues.items()
-        if queue.baseline_workers > 0 or (bursts and queue.cloud_enabled)
+        if vps[name] > 0 or (bursts and queue.cloud_enabled)
     }
 
 

@@ -100,10 +100,13 @@ Modes
     terminated. ``hybrid``: the VPS holds the baseline (the policy never starts or stops
     VPS workers); the cloud takes bursts as above. ``cloud_first`` ("minimal VPS worker,
     most processing on cloud"): the same thresholds and table, and the baseline is
-    kept on the cloud: a cloud-enabled queue with fewer VPS workers than
-    ``baseline_workers`` gets cloud workers up to its baseline even with an empty queue
-    (same cooldown and caps as any launch), bursts come on top of it, and scale-down
-    never drains below it. Locked by the daily cap: as ``vps_only``.
+    kept on the cloud but for the VPS's share (:func:`autoscaler.placement.vps_pools`:
+    at most one worker of a cloud-enabled queue; the whole baseline of one that is not,
+    which never gets cloud workers): a cloud-enabled queue gets cloud workers up to
+    ``baseline_workers`` less that share (less its non-cloud workers live, if more)
+    even with an empty queue (same cooldown and caps as any launch), bursts come on top
+    of it, and scale-down never drains below it. Locked by the daily cap: as
+    ``vps_only``; the VPS's share keeps running the queue's jobs.
 
 Routing (the launch's ``spot`` flag), the most urgent waiting work first:
     priority 1-3 jobs waiting: on-demand only (the VPS takes them too); long transcodes
@@ -143,7 +146,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal
 
-from autoscaler import admission, cost, estimate
+from autoscaler import admission, cost, estimate, placement
 from autoscaler.admission import Admission
 from autoscaler.cost import Budget, GuardVerdict
 from autoscaler.snapshot import (
@@ -453,6 +456,7 @@ class _QueueView:
     vps_live: int
     cloud_live: tuple[WorkerState, ...]  # starting or active, not drained now
     floor: int  # cloud workers kept: the baseline (cloud_first), an operator's burst
+    vps_share: int = 0  # the baseline the VPS keeps (autoscaler.placement.vps_pools)
     manual: ManualBurst | None = None  # the operator's burst that sets the floor, if any
 
 
@@ -477,6 +481,10 @@ def _queue(
         return
 
     vps_live = sum(1 for w in mine if not w.cloud and w.status in LIVE)
+    # The cloud holds the baseline less the VPS's share (all of it in hybrid, one worker
+    # of a cloud-enabled queue in cloud_first), or less the non-cloud workers live if
+    # more: a VPS actor being replaced launches nothing.
+    vps_share = placement.vps_pools(config)[name]
     view = _QueueView(
         name=name,
         config=qc,
@@ -486,7 +494,8 @@ def _queue(
         cloud_live=tuple(
             w for w in mine if w.cloud and w.status in LIVE and w.worker_id not in plan.drained
         ),
-        floor=max(0, qc.baseline_workers - vps_live) if config.mode == "cloud_first" else 0,
+        floor=max(0, qc.baseline_workers - max(vps_live, vps_share)),
+        vps_share=vps_share,
     )
     manual = snapshot.bursts.get(name)
     if manual is not None and manual.until > snapshot.now and manual.workers > view.floor:
@@ -528,8 +537,9 @@ def _scale_up(
         sizing = "manual burst"
     else:
         headline = (
-            f"Keeping {name}'s baseline on the cloud (cloud_first): {view.vps_live + have}"
-            f" of {view.config.baseline_workers} baseline workers"
+            f"Keeping {name}'s baseline on the cloud (cloud_first): {have} of {view.floor}"
+            f" cloud workers (baseline {view.config.baseline_workers},"
+            f" {max(view.vps_live, view.vps_share)} on the VPS)"
         )
         sizing = "baseline"
 

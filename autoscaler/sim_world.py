@@ -8,7 +8,9 @@ Trace
     :mod:`autoscaler.traces` writes the shipped ones (``etc/traces/``).
 
 World
-    Each queue has ``baseline_workers`` VPS workers from the start (free). A cloud
+    Each queue has its VPS workers from the start (free): the head's pools
+    (:func:`autoscaler.placement.vps_pools`: its baseline, in ``cloud_first`` at most one
+    of a cloud-enabled queue, whose policy keeps the rest on the cloud). A cloud
     instance is launched by a decision, costs its price per hour from its launch (the
     same :class:`~autoscaler.cost.Interval` ledger as the loop's), takes jobs after its
     provider's launch delay, and is gone at ``terminate`` (its interval closed). A spot
@@ -32,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from autoscaler import cost
+from autoscaler.placement import vps_pools
 from autoscaler.sim_report import FleetSample
 from autoscaler.snapshot import (
     RATE_WINDOW_SECONDS,
@@ -267,12 +270,13 @@ class World:
     ran: dict[str, deque[float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for name, queue in self.config.queues.items():
+        vps = vps_pools(self.config)
+        for name in self.config.queues:
             self.waiting[name] = {}
             self.long_waiting[name] = 0
             self.arrived[name] = deque()
             self.ran[name] = deque(maxlen=RUN_MEMORY)
-            for i in range(queue.baseline_workers):
+            for i in range(vps[name]):
                 worker = _Worker(f"vps-{name}-{i}", name, self.now)
                 self.workers[worker.worker_id] = worker
 

@@ -17,6 +17,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal
 
+from autoscaler.placement import vps_pools
+
 # Priority bands of the seed's routing table: one copy, in the core (the metrics and the
 # alerts label by them too), re-exported here for the policy and the simulator.
 from hypermedia.jobs.priority import BANDS as BANDS
@@ -215,9 +217,6 @@ class Plan:
 
     desired: Mapping[str, int]
     actions: tuple[Decision, ...]
-    # The VPS workers (not cloud) starting or active per queue: in cloud_first, the part
-    # of a queue's baseline the VPS already holds (the cloud holds the rest, in desired).
-    vps: Mapping[str, int] = field(default_factory=dict)
 
 
 def plan_of(snapshot: Snapshot, decisions: Iterable[Decision]) -> Plan:
@@ -236,27 +235,19 @@ def plan_of(snapshot: Snapshot, decisions: Iterable[Decision]) -> Plan:
             desired[decision.queue] = desired.get(decision.queue, 0) + decision.count
         elif decision.action == "drain":
             desired[decision.queue] = desired.get(decision.queue, 0) - 1
-    vps = dict.fromkeys(snapshot.queues, 0)
-    for worker in snapshot.workers:
-        if not worker.cloud and worker.status in ("starting", "active"):
-            vps[worker.queue] = vps.get(worker.queue, 0) + 1
-    return Plan({name: max(0, n) for name, n in desired.items()}, actions, vps)
+    return Plan({name: max(0, n) for name, n in desired.items()}, actions)
 
 
 def actor_totals(config: SchedulerConfig, plan: Plan) -> dict[str, int]:
     """The pipeline actors each queue wants once a turn's plan is done: what Ray's
     ``request_resources`` is told and the supervisor's pools are sized to. The VPS's
-    share of the baseline plus the cloud workers the plan wants. In ``vps_only`` and
-    ``hybrid`` the VPS holds the whole baseline; in ``cloud_first`` the policy keeps on
-    the cloud (in ``desired``) whatever part of the baseline the VPS does not hold, so
-    only the VPS's own workers count here, or that part would be asked for twice."""
-    totals = {}
-    for name, queue in config.queues.items():
-        vps = queue.baseline_workers
-        if config.mode == "cloud_first":
-            vps = min(vps, plan.vps.get(name, 0))
-        totals[name] = vps + plan.desired.get(name, 0)
-    return totals
+    share of the baseline (:func:`autoscaler.placement.vps_pools`: the whole baseline
+    in ``vps_only`` and ``hybrid``, at most one worker of a cloud-enabled queue in
+    ``cloud_first``) plus the cloud workers the plan wants (in ``cloud_first`` they
+    include the rest of the baseline: asked for once). The share is what the head's
+    Ray node advertises, so Ray launches nodes for the cloud's part only."""
+    vps = vps_pools(config)
+    return {name: vps[name] + plan.desired.get(name, 0) for name in config.queues}
 
 
 LAUNCH_MEMORY_SECONDS = 3600.0  # launches remembered for the launch-rate cap

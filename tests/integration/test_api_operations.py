@@ -170,10 +170,11 @@ def test_a_queue_without_workers_here_is_refused_at_submit(engine, settings):
 
 
 def test_a_ray_up_head_refuses_a_queue_its_scheduler_json_gives_no_worker(engine, settings):
-    """The head of `ray up` starts ``baseline_workers`` actors per queue and bursts only
-    cloud-enabled queues outside ``vps_only``: the shipped scheduler.json (vps_only, ocr
-    with a baseline of 0) gives ocr none, so ingest refuses ocr (accepted, it waited
-    forever) until a worker of that queue is live (a node joined with it)."""
+    """The head of `ray up` starts the VPS's actors per queue (the baseline; in
+    cloud_first one of a cloud-enabled queue's) and bursts only cloud-enabled queues
+    outside ``vps_only``: the shipped scheduler.json (vps_only, ocr with a baseline of
+    0) gives ocr none, so ingest refuses ocr (accepted, it waited forever) until a
+    worker of that queue is live (a node joined with it)."""
     config = scheduler_config.load(REPO / "etc/scheduler.json")
     assert admission.staffed(config) == {"images", "documents"}
     hybrid = config.model_copy(update={"mode": "hybrid"})
@@ -181,6 +182,11 @@ def test_a_ray_up_head_refuses_a_queue_its_scheduler_json_gives_no_worker(engine
         update={"queues": {**config.queues, "ocr": _cloud_enabled(config.queues["ocr"])}}
     )
     assert admission.staffed(burst) == {"images", "documents", "ocr"}
+    # cloud_first: images and documents, not cloud-enabled, keep their VPS baseline
+    cloud_first = burst.model_copy(update={"mode": "cloud_first"})
+    assert admission.staffed(cloud_first) == {"images", "documents", "ocr"}
+    closed = config.model_copy(update={"mode": "cloud_first"})
+    assert admission.staffed(closed) == {"images", "documents"}
     assert admission.staffed(config.model_copy(update={"queues": burst.queues})) == {
         "images",
         "documents",

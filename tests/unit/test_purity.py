@@ -35,6 +35,8 @@ PURE_MODULES = [
     "autoscaler.snapshot",
     # The admission rule the policy and the node provider both apply.
     "autoscaler.admission",
+    # The VPS's share of each queue's baseline, by mode.
+    "autoscaler.placement",
     # The alert rules: an observation in, notifications out.
     "autoscaler.alerts",
     # Billing reconciliation: ledger rows and a bill in, findings out.

@@ -52,30 +52,38 @@ def test_desired_workers_per_queue(workers, decisions, desired):
     ]
 
 
-def _turn(config, *workers: WorkerState) -> dict[str, int]:
+def _turn(config, *workers: WorkerState, locked: bool = False) -> dict[str, int]:
     """What the fleet asks Ray for after the policy's turn over an empty cluster."""
     from autoscaler import policy
     from autoscaler.snapshot import actor_totals
     from tests.unit.test_scheduler_policy import NOW, OFFERS
 
     queues = {name: QueueState(name, 0) for name in config.queues}
-    now = Snapshot(now=NOW, queues=queues, workers=workers, offers=OFFERS, spend=Spend(0, 0))  # type: ignore[arg-type]
+    spend = Spend(0, 0, locked=locked)
+    now = Snapshot(now=NOW, queues=queues, workers=workers, offers=OFFERS, spend=spend)  # type: ignore[arg-type]
     return actor_totals(config, plan_of(now, policy.decide(config, now)))
 
 
 def test_cloud_first_asks_for_its_baseline_once():
     """cloud_first keeps on the cloud the part of a queue's baseline the VPS does not
-    hold: the fleet's request counts those cloud workers once, not once as the
-    baseline and again as the cloud's (four nodes asked for a baseline of two)."""
+    hold (the VPS holds one worker of a cloud-enabled queue): the fleet's request counts
+    the VPS's worker and those cloud workers once each, not the baseline and again the
+    cloud's (four nodes asked for a baseline of two)."""
     from tests.unit.test_scheduler_policy import make_config
 
-    cloud_first = make_config("cloud_first", queues__ocr__baseline_workers=2)
-    assert _turn(cloud_first)["ocr"] == 2
-    # One baseline worker on the VPS already: one more, on the cloud.
-    assert _turn(cloud_first, worker("vps-1", "ocr", provider=None))["ocr"] == 2
-    # Both launched and running on the cloud, the queue empty: still two.
-    running = (worker("i-1", "ocr"), worker("i-2", "ocr"))
-    assert _turn(cloud_first, *running)["ocr"] == 2
+    cloud_first = make_config("cloud_first", queues__ocr__baseline_workers=3)
+    assert _turn(cloud_first)["ocr"] == 3
+    assert _turn(cloud_first, worker("vps-1", "ocr", provider=None))["ocr"] == 3
+    # The cloud's two launched and running, the queue empty: still three.
+    running = (worker("vps-1", "ocr", provider=None), worker("i-1", "ocr"), worker("i-2", "ocr"))
+    assert _turn(cloud_first, *running)["ocr"] == 3
+    # A third cloud worker (a burst that went idle) is drained: back to three.
+    assert _turn(cloud_first, *running, worker("i-3", "ocr"))["ocr"] == 3
+    # Locked by the daily cap: the cloud workers drain, the VPS's worker stays.
+    assert _turn(cloud_first, *running, locked=True)["ocr"] == 1
+    # images is not cloud-enabled: its whole baseline on the VPS, in every mode.
+    assert _turn(cloud_first)["images"] == 1
     # hybrid: the VPS holds the baseline, the cloud only bursts.
-    hybrid = make_config("hybrid", queues__ocr__baseline_workers=2)
-    assert _turn(hybrid)["ocr"] == 2
+    hybrid = make_config("hybrid", queues__ocr__baseline_workers=3)
+    assert _turn(hybrid)["ocr"] == 3
+    assert _turn(hybrid, running[1])["ocr"] == 3  # an idle burst worker drains

@@ -389,22 +389,54 @@ def test_hybrid_keeps_no_baseline_on_the_cloud():
     assert policy.decide(config, snap(queue())) == []
 
 
-def test_cloud_first_keeps_the_baseline_on_the_cloud():
-    config = make_config("cloud_first", queues__ocr__baseline_workers=2)
+def test_cloud_first_keeps_the_baseline_on_the_cloud_but_the_vps_worker():
+    """cloud_first: the VPS keeps one worker of a cloud-enabled queue (the head's pools,
+    autoscaler.placement.vps_pools); the cloud the rest of the baseline, queue empty."""
+    config = make_config("cloud_first", queues__ocr__baseline_workers=3)
     decisions = policy.decide(config, snap(queue()))
     assert launched(decisions) == 2
     assert of(decisions, "launch")[0].reason.startswith(
-        "Keeping ocr's baseline on the cloud (cloud_first): 0 of 2 baseline workers"
+        "Keeping ocr's baseline on the cloud (cloud_first): 0 of 2 cloud workers"
+        " (baseline 3, 1 on the VPS)"
     )
-    # a VPS worker of the queue counts toward the baseline
-    assert launched(policy.decide(config, snap(queue(), workers=(vps("v-1"),)))) == 1
+    # the VPS worker live: the same two; it is being replaced (not live): still two,
+    # not a third for the moment it is missing
+    assert launched(policy.decide(config, snap(queue(), workers=(vps("v-1"),)))) == 2
+    # a second non-cloud worker (a machine joined with `hypermedia worker --queue ocr`)
+    # holds a part of the baseline too
+    joined = (vps("v-1"), vps("joined-1"))
+    assert launched(policy.decide(config, snap(queue(), workers=joined))) == 1
     # bursts come on top of the baseline
-    baseline = (cloud("w-1", jobs=1), cloud("w-2", jobs=1))
+    baseline = (vps("v-1", jobs=1), cloud("w-1", jobs=1), cloud("w-2", jobs=1))
     assert launched(policy.decide(config, snap(queue(depth=14), workers=baseline))) == 1
 
 
+@pytest.mark.parametrize(
+    ("mode", "changes"),
+    [
+        # a baseline of one is the VPS's minimal worker
+        ("cloud_first", {"queues__ocr__baseline_workers": 1}),
+        # not cloud-enabled: the whole baseline on the VPS, nothing on the cloud
+        ("cloud_first", {"queues__ocr__baseline_workers": 2, "queues__ocr__cloud_enabled": False}),
+        ("hybrid", {"queues__ocr__baseline_workers": 3}),
+        ("vps_only", {"queues__ocr__baseline_workers": 3}),
+    ],
+)
+def test_no_cloud_baseline_where_the_vps_holds_it(mode, changes):
+    config = make_config(mode, **changes)
+    assert policy.decide(config, snap(queue(), workers=(vps("v-1"),))) == []
+
+
+def test_cloud_first_locked_drains_the_cloud_baseline_and_launches_none():
+    config = make_config("cloud_first", queues__ocr__baseline_workers=3)
+    workers = (vps("v-1"), cloud("w-1"), cloud("w-2"))
+    decisions = policy.decide(config, snap(queue(), workers=workers, spend=Spend(0, 0, True)))
+    assert launched(decisions) == 0
+    assert sorted(str(d.worker_id) for d in of(decisions, "drain")) == ["w-1", "w-2"]
+
+
 def test_cloud_first_never_scales_down_below_the_baseline():
-    config = make_config("cloud_first", queues__ocr__baseline_workers=1)
+    config = make_config("cloud_first", queues__ocr__baseline_workers=2)
     idle = (cloud("w-1", idle=3600), cloud("w-2", idle=1800))
     decisions = policy.decide(config, snap(queue(), workers=idle))
     assert [d.worker_id for d in of(decisions, "drain")] == ["w-1"]
@@ -416,7 +448,7 @@ def test_cloud_first_never_scales_down_below_the_baseline():
 
 
 def test_cloud_first_baseline_launches_obey_the_cooldown():
-    config = make_config("cloud_first", queues__ocr__baseline_workers=1)
+    config = make_config("cloud_first", queues__ocr__baseline_workers=2)
     history = History(last_scale_up={"ocr": NOW - 10})
     decisions = policy.decide(config, snap(queue(), history=history))
     assert launched(decisions) == 0

@@ -30,6 +30,7 @@ from hypothesis import strategies as st
 from autoscaler import config as scheduler_config
 from autoscaler import cost, policy
 from autoscaler.config import PROVIDERS, ProviderName, SchedulerConfig
+from autoscaler.placement import vps_pools
 from autoscaler.snapshot import (
     BANDS,
     Band,
@@ -61,7 +62,8 @@ def build_config(
     data["cloud_providers"]["google"].update(
         enabled=google_max > 0, image="projects/p/global/images/w", max_instances=google_max
     )
-    data["queues"]["ocr"].update(baseline_workers=1, max_workers=4, cloud_enabled=True)
+    # ocr: in cloud_first one baseline worker on the VPS, one on the cloud
+    data["queues"]["ocr"].update(baseline_workers=2, max_workers=4, cloud_enabled=True)
     data["queues"]["bulk"].update(max_workers=3, cloud_enabled=True)
     data["cost_limits"] = {
         "max_hourly_spend_cents": hourly,
@@ -180,12 +182,12 @@ class World:
     def __post_init__(self) -> None:
         self.mode_since = self.now
         self.waiting = {q: {} for q in self.config.queues}
-        # the VPS: the baseline in vps_only and hybrid; minimal (none) in cloud_first
-        if self.config.mode != "cloud_first":
-            for name, queue in self.config.queues.items():
-                for i in range(queue.baseline_workers):
-                    worker = WorkerState(f"vps-{name}-{i}", name, "active", self.now)
-                    self.workers[worker.worker_id] = worker
+        # the VPS: the head's pools (the baseline in vps_only and hybrid; in cloud_first
+        # one worker of a cloud-enabled queue), fixed from the start as the head's are
+        for name, count in vps_pools(self.config).items():
+            for i in range(count):
+                worker = WorkerState(f"vps-{name}-{i}", name, "active", self.now)
+                self.workers[worker.worker_id] = worker
 
     # observation
 
