@@ -12,7 +12,11 @@ Ray head processes, found by their temp dir; Ray's other clusters on the host ar
 left alone.
 
 :func:`run` attaches the local stack (:mod:`hypermedia.local`) to the cluster
-(``HYPERMEDIA_RAY_ADDRESS``) with ``baseline_workers`` actors per queue, and runs the
+(``HYPERMEDIA_RAY_ADDRESS``) with the VPS's pipeline actors per queue
+(:func:`autoscaler.placement.vps_pools`: the baseline in ``vps_only`` and ``hybrid``;
+in ``cloud_first`` at most one of a cloud-enabled queue, the rest of its baseline
+launched on the cloud by the scheduler), once it has checked that the head's Ray node
+advertises exactly those ``queue_<name>`` slots, and runs the
 scheduler with the :class:`~autoscaler.rayfleet.RayFleet` over the same node
 provider that Ray's monitor uses (built from ``~/ray_bootstrap_config.yaml``); the API
 serves the operator page (:mod:`autoscaler.page`) with that provider's ``scheduler.json``
@@ -30,6 +34,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -75,11 +80,35 @@ def staffed_queues(config: SchedulerConfig, engine: Engine) -> StaffedQueues:
     return StaffedQueues(engine, staffed(config), config.queues)
 
 
+def check_head_slots(address: str, pools: Mapping[str, int], mode: str) -> None:
+    """Stop (naming both) unless the head's Ray node advertises one ``queue_<name>`` per
+    actor of ``pools``: with a slot more, Ray would place a cloud worker's actor on the
+    VPS (and launch nothing); with one less, a VPS actor would wait for a burst node.
+    Both come from scheduler.json when ``ray up`` starts the head
+    (:func:`autoscaler.provider.head_resources`); the file edited since then is the
+    way they differ."""
+    from autoscaler import raynodes
+    from hypermedia.worker.cluster import queue_resources
+
+    heads = [n for n in raynodes.nodes(address) if n.alive and n.head]
+    if not heads:
+        raise SystemExit(f"no live Ray head at {address}")
+    have = {k: v for k, v in heads[0].resources.items() if k.startswith("queue_")}
+    wanted = queue_resources(pools)
+    if have != wanted:
+        raise SystemExit(
+            f"the head's Ray node advertises {have or 'no queue resources'}, but"
+            f" scheduler.json (mode {mode}) puts {wanted or 'no actors'} on the VPS:"
+            " `ray up` again (it restarts the head from the file)"
+        )
+
+
 def run() -> None:
     """The services, in the foreground, until SIGTERM."""
     import yaml
 
     from autoscaler.page.routes import install as install_page
+    from autoscaler.placement import vps_pools
     from autoscaler.provider import HypermediaNodeProvider
     from autoscaler.rayfleet import RayFleet
     from autoscaler.scheduler import open_scheduler
@@ -93,7 +122,8 @@ def run() -> None:
     provider = HypermediaNodeProvider(bootstrap["provider"], bootstrap["cluster_name"])
     config = provider.config
     settings = load_settings(ray_address=provider.head_address)
-    pools = {name: q.baseline_workers for name, q in config.queues.items() if q.baseline_workers}
+    pools = {name: count for name, count in vps_pools(config).items() if count}
+    check_head_slots(provider.head_address, pools, config.mode)
     local = LocalStack(
         settings,
         extend_app=partial(install_page, config=config),

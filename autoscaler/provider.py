@@ -17,7 +17,10 @@ Declared in a cluster yaml (``ray_cluster/cluster.yaml``)::
 tags of each node). What it does:
 
 * **The head is the VPS.** Creating the head node adopts this machine; commands run
-  here (:class:`LocalCommandRunner`): no SSH anywhere.
+  here (:class:`LocalCommandRunner`): no SSH anywhere. Its Ray node advertises a
+  ``queue_<name>`` slot per pipeline actor the VPS runs
+  (:func:`autoscaler.placement.vps_pools`, by scheduler.json's mode:
+  :func:`head_resources`), so Ray launches burst nodes for the cloud's part only.
 * **Launch** (``create_node_with_resources_and_labels``): a node type serves one queue
   (its ``queue_<name>`` resource). The provider takes the scheduler's launch order for
   that queue (:mod:`autoscaler.orders`: provider, spot, price) or, without one, the
@@ -77,7 +80,7 @@ from ray.autoscaler.tags import (
 from sqlalchemy import ColumnElement, func, select
 from sqlalchemy.engine import Connection, Engine
 
-from autoscaler import admission, bootstrap, cost, orders, policy, statefile
+from autoscaler import admission, bootstrap, cost, orders, placement, policy, statefile
 from autoscaler.config import PROVIDERS, ProviderName, SchedulerConfig
 from autoscaler.config import load as load_scheduler_config
 from autoscaler.drivers.base import Driver, DriverError, Instance, LaunchRequest
@@ -98,6 +101,8 @@ LISTING_GRACE_SECONDS = 120.0  # a launched instance may be missing from a listi
 # instance, or one whose process died) is closed this long after the launch began.
 LAUNCH_SETTLE_SECONDS = 900.0
 HEAD_HOME = "home"
+# The node's resources for `ray start` (ray_constants.RESOURCES_ENVIRONMENT_VARIABLE).
+RESOURCES_VARIABLE = "RAY_OVERRIDE_RESOURCES"
 STOP_HEAD_TIMEOUT_SECONDS = 180.0  # the services get 120 s (autoscaler.head), then Ray
 # scheduler_state row: the head's Ray node id (the VPS), written by the head's services
 # (:mod:`autoscaler.head`): the workers on it, or outside Ray, are the VPS workers.
@@ -920,15 +925,51 @@ class HypermediaNodeProvider(NodeProvider):
         return cluster_config
 
 
+def head_resources(config: SchedulerConfig, declared: Mapping[str, Any]) -> dict[str, float]:
+    """The head's Ray resources: what its node type ``declared`` but ``queue_<name>``,
+    and one ``queue_<name>`` slot per pipeline actor the VPS runs
+    (:func:`autoscaler.placement.vps_pools`): the head's services start exactly those
+    actors, and the scheduler's ``request_resources`` counts the head's slots as the
+    VPS's share, so Ray launches burst nodes for the rest."""
+    from hypermedia.worker.cluster import queue_resources
+
+    kept = {k: float(v) for k, v in declared.items() if not k.startswith("queue_")}
+    return {**kept, **queue_resources(placement.vps_pools(config))}
+
+
 def check_node_types(cluster_config: Mapping[str, Any], config: SchedulerConfig) -> None:
     """Each burst node type serves one queue of scheduler.json, and each queue has at
     most one node type: the provider admits a launch by the queue's workers, and counts
     a queue's cloud workers by its node type's ledger rows (two node types of one
-    queue would each pass its max_workers). A cluster yaml that breaks this stops
-    ``ray up`` naming the node type."""
+    queue would each pass its max_workers). In a mode that launches, every
+    cloud-enabled queue has a node type (its cloud workers, and in ``cloud_first`` part
+    of its baseline, would find none). The head's ``queue_<name>`` resources, if the
+    yaml gives any, are the VPS's pools (:func:`head_resources` sets them: other
+    numbers would be ignored). A cluster yaml that breaks this stops ``ray up`` naming
+    the node type."""
+    from hypermedia.worker.cluster import queue_resources
+
     head = cluster_config.get("head_node_type")
+    node_types = cluster_config.get("available_node_types") or {}
+    head_declared = {
+        k: float(v)
+        for k, v in ((node_types.get(head) or {}).get("resources") or {}).items()
+        if k.startswith("queue_")
+    }
+    vps = queue_resources(placement.vps_pools(config))
+    if head_declared and head_declared != vps:
+
+        def shown(resources: Mapping[str, float]) -> str:
+            return ", ".join(f"{k}: {v:g}" for k, v in sorted(resources.items())) or "none"
+
+        raise ConfigError(
+            f"available_node_types.{head}.resources",
+            f"{shown(head_declared)}, but the head advertises a queue_<name> slot per VPS"
+            f" pipeline actor of scheduler.json (mode {config.mode}: {shown(vps)}); leave"
+            " queue_<name> out of the head's resources",
+        )
     served: dict[str, str] = {}
-    for name, node_type in sorted((cluster_config.get("available_node_types") or {}).items()):
+    for name, node_type in sorted(node_types.items()):
         if name == head:
             continue
         key = f"available_node_types.{name}.resources"
@@ -948,6 +989,16 @@ def check_node_types(cluster_config: Mapping[str, Any], config: SchedulerConfig)
                 key, f"queue_{queue} is served by node type {served[queue]!r} already: one a queue"
             )
         served[queue] = name
+    if not node_types or config.mode == "vps_only":
+        return
+    for queue, queue_config in config.queues.items():
+        if queue_config.cloud_enabled and queue not in served:
+            raise ConfigError(
+                "available_node_types",
+                f"no node type serves queue_{queue}, which scheduler.json bursts to the"
+                f" cloud (cloud_enabled, mode {config.mode}): add one with resources"
+                f" {{queue_{queue}: 1}}",
+            )
 
 
 def waiting(conn: Connection, queue: str, now: float) -> QueueState:
@@ -1043,6 +1094,9 @@ class LocalCommandRunner(CommandRunnerInterface):
         for key, value in (extra or {}).items():
             env[key] = value if isinstance(value, str) else json.dumps(value)
         env["RAY_USAGE_STATS_ENABLED"] = "0"  # `ray up` turns it on in its own process
+        # Ray's updater passes the head node type's resources here; `ray start` reads them.
+        declared = json.loads(env.get(RESOURCES_VARIABLE) or "{}")
+        env[RESOURCES_VARIABLE] = json.dumps(head_resources(self.provider.config, declared))
         return env
 
     def run(

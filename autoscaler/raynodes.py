@@ -18,7 +18,7 @@ import argparse
 import logging
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -33,6 +33,8 @@ class RayNodeInfo:
     node_type: str
     alive: bool
     labels: dict[str, str]
+    resources: dict[str, float] = field(default_factory=dict)  # its total, as it registered
+    head: bool = False
 
 
 def reachable(address: str, timeout: float = 2.0) -> bool:
@@ -63,6 +65,8 @@ def nodes(address: str) -> list[RayNodeInfo]:
             node_type=info.node_type_name,
             alive=info.state == gcs_pb2.GcsNodeInfo.ALIVE,  # type: ignore[attr-defined]
             labels=dict(info.labels),
+            resources=dict(info.resources_total),
+            head=info.is_head_node,
         )
         for node_id, info in found.items()
     ]

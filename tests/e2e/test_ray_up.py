@@ -19,6 +19,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -169,9 +170,8 @@ class Cluster:
         logs = short_temp_dir(self.state, "head") / "session_latest" / "logs"
         return "".join(p.read_text(errors="replace") for p in logs.glob("monitor.*"))
 
-    def submit_clips(self, count: int, seconds: int = CLIP_SECONDS) -> list[str]:
-        """``count`` video transcodes (media queue) of ``seconds``-long clips (chunked
-        above 10 s); the clip files."""
+    def client(self) -> dict[str, str]:
+        """The environment of a user's ``hypermedia submit`` (the user made once)."""
         if not self.client_env:
             key = run(self.env, HYPERMEDIA, "user", "add", "eve", "--credits", "1000")
             assert key.returncode == 0, key.stderr
@@ -180,6 +180,12 @@ class Cluster:
                 "HYPERMEDIA_API_URL": (self.state / "head.url").read_text(),
                 "HYPERMEDIA_API_KEY": key.stdout.strip().splitlines()[-1],
             }
+        return self.client_env
+
+    def submit_clips(self, count: int, seconds: int = CLIP_SECONDS) -> list[str]:
+        """``count`` video transcodes (media queue) of ``seconds``-long clips (chunked
+        above 10 s); the clip files."""
+        self.client()
         clip = self.tmp_path / f"source-{seconds}s.mp4"
         if not clip.exists():
             subprocess.run(
@@ -201,7 +207,7 @@ class Cluster:
     def submit_refused(self, operation: str) -> str:
         """A submit of ``operation`` the head refuses; its error line."""
         image = REPO / "examples/logo-alpha.png"
-        refused = run(self.client_env, HYPERMEDIA, "submit", str(image), "--op", operation)
+        refused = run(self.client(), HYPERMEDIA, "submit", str(image), "--op", operation)
         assert refused.returncode != 0, refused.stdout
         return refused.stderr
 
@@ -214,7 +220,8 @@ class Cluster:
 @pytest.fixture(params=["v2"])
 def cluster(request, tmp_path):
     """``ray up`` of ray_cluster/local.yaml (on its own port and state dir), autoscaler v2
-    unless the test asks for ``v1``; ``ray down`` after, which must leave nothing."""
+    unless the test asks for ``v1``; ``ray down`` after, which must leave nothing. With
+    ``cloud_first``: that mode, and media (cloud-enabled) with a baseline of 2."""
     state = tmp_path / "state"
     data = tmp_path / "data"
     metadata = MetadataServer().start()
@@ -234,6 +241,9 @@ def cluster(request, tmp_path):
     scheduler["evaluation_interval_seconds"] = EVALUATION_SECONDS
     scheduler["scaling_rules"]["scale_up"].update(oldest_job_age_seconds=5, cooldown_seconds=2)
     scheduler["scaling_rules"]["scale_down"]["cooldown_seconds"] = 2
+    if request.param == "cloud_first":
+        scheduler["mode"] = "cloud_first"
+        scheduler["queues"]["media"]["baseline_workers"] = 2
     scheduler_path = tmp_path / "scheduler.json"
     scheduler_path.write_text(json.dumps(scheduler))
 
@@ -267,7 +277,7 @@ def cluster(request, tmp_path):
         PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",
         PYTHONPATH=str(REPO),
         COLUMNS="1000",  # rich tables (scheduler log) one row per line
-        RAY_UP_enable_autoscaler_v2="1" if request.param == "v2" else "0",
+        RAY_UP_enable_autoscaler_v2="0" if request.param == "v1" else "1",
     )
     up = run(env, str(BIN / "ray"), "up", "-y", str(cluster_yaml), timeout=400)
     try:
@@ -464,3 +474,84 @@ def test_autoscaler_v1_launches_and_the_scheduler_retires_the_node(cluster):
     launches = [r for r in ours if r.get("action") == "launch"]
     assert launches and launches[0]["logger"] == "autoscaler.provider", ours[-5:]
     assert launches[0]["queue"] == "media"
+
+
+@pytest.mark.parametrize("cluster", ["cloud_first"], indirect=True)
+def test_cloud_first_keeps_one_worker_on_the_head_and_the_rest_of_the_baseline_on_the_cloud(
+    cluster: Cluster,
+):
+    """cloud_first, media (cloud-enabled) with a baseline of 2: the head runs one media
+    actor (its minimal VPS worker) and advertises one queue_media slot; the scheduler's
+    first turns launch the other baseline worker on a burst node with the queue empty,
+    and only that one. images and documents (not cloud-enabled) keep their baseline on
+    the head; ocr (neither) is refused at submit. Locked by the daily cap, the burst
+    node is drained and terminated and the head's media worker runs media jobs alone."""
+    rows = cluster.rows
+
+    def vps_node() -> str | None:
+        found = rows("select value from scheduler_state where name = 'vps_node'")
+        if not found:
+            return None
+        value = found[0][0]
+        return str((json.loads(value) if isinstance(value, str) else value)["node_id"])
+
+    def active(queue: str) -> list[Any]:
+        return cluster.rows(
+            f"select worker_id, node_id from workers where queue = '{queue}'"
+            " and status = 'active' order by started_at"
+        )
+
+    head = cluster.wait_for("the head's Ray node recorded", vps_node, 60)
+    for queue in ("images", "documents", "media"):
+        workers = cluster.wait_for(f"the head's {queue} worker", partial(active, queue), 60)
+        assert [w.node_id for w in workers].count(head) == 1, (queue, workers)
+
+    # The scheduler keeps the rest of media's baseline on the cloud: one burst node.
+    cluster.wait_for(
+        "media's second baseline worker, on a burst node",
+        lambda: [w for w in active("media") if w.node_id != head],
+        240,
+    )
+    launched = cluster.instances()
+    assert [i.queue for i in launched] == ["media"], launched
+    time.sleep(5 * EVALUATION_SECONDS)  # a few turns more: no third worker, none drained
+    assert [i.instance_id for i in cluster.instances()] == [launched[0].instance_id]
+    media = active("media")
+    assert len(media) == 2 and sorted(w.node_id == head for w in media) == [False, True]
+    assert [w.node_id for w in active("images") + active("documents")] == [head, head]
+    log = cluster.scheduler_log()
+    assert "Keeping media's baseline on the cloud (cloud_first): 0 of 1 cloud workers" in log
+    assert "(baseline 2, 1 on the VPS)" in log
+    assert "Scaling up media" not in log  # the queue is empty: no burst, the baseline
+
+    assert "no worker here runs the 'ocr' queue" in cluster.submit_refused("ocr")
+
+    # The daily cap is reached: the burst node goes; the head's media worker stays.
+    now = time.time()
+    with cluster.engine.begin() as conn:
+        conn.execute(
+            text(
+                "insert into cloud_spend (provider, instance_id, node_type, region, spot,"
+                " price_per_hour_microusd, launched_at, terminated_at)"
+                " values ('aws', 'i-expensive', 'burst_media', 'local', 0, :price,"
+                " datetime(:start, 'unixepoch'), datetime(:end, 'unixepoch'))"
+            ),
+            {
+                "price": 21_600 * 3600 * 10_000,
+                "start": max(now - 120, now - now % 86_400),
+                "end": now,
+            },
+        )
+    cluster.wait_for(
+        "the burst node to be drained and terminated", lambda: not cluster.instances(), 180
+    )
+    cluster.submit_clips(1, seconds=6)
+    cluster.wait_for(
+        "the media job to complete while locked",
+        lambda: rows("select count(*) from processing_jobs where status = 'completed'")[0][0] == 1,
+        180,
+    )
+    (worker,) = rows("select worker_id from job_attempts where status = 'completed'")[0]
+    assert worker in {w.worker_id for w in active("media") if w.node_id == head}
+    assert cluster.instances() == []
+    assert "locked to vps_only" in cluster.scheduler_log(50)

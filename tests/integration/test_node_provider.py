@@ -319,12 +319,48 @@ def test_bad_provider_sections_stop_ray_up_naming_the_key(tmp_path, pg_database_
             HypermediaNodeProvider.bootstrap_config(cluster_yaml)
         assert caught.value.key == f"available_node_types.{key}.resources", node_types
         assert words in str(caught.value), caught.value
-    fine = {
+    fine: dict[str, Any] = {
         "provider": copy.deepcopy(good),
         "head_node_type": "head",
         "available_node_types": {"head": head, "burst_media": {"resources": {"queue_media": 1}}},
     }
     HypermediaNodeProvider.bootstrap_config(fine)
+    # The head's queue_<name> slots are scheduler.json's VPS pools (head_resources): a
+    # yaml may leave them out, or say the same; other numbers stop `ray up`. media is
+    # cloud-enabled (hybrid): without a node type its bursts would find none.
+    bare = {"resources": {"CPU": 2}, "max_workers": 0}
+    for head_type, others, key, words in [
+        (
+            {"resources": {"queue_images": 2, "queue_documents": 1}},
+            {"burst_media": {"resources": {"queue_media": 1}}},
+            "available_node_types.head.resources",
+            "(mode hybrid: queue_documents: 1, queue_images: 1); leave queue_<name> out",
+        ),
+        (bare, {}, "available_node_types", "no node type serves queue_media"),
+    ]:
+        cluster_yaml = {
+            "provider": copy.deepcopy(good),
+            "head_node_type": "head",
+            "available_node_types": {"head": head_type, **others},
+        }
+        with pytest.raises(ConfigError) as caught:
+            HypermediaNodeProvider.bootstrap_config(cluster_yaml)
+        assert caught.value.key == key, caught.value
+        assert words in str(caught.value), caught.value
+    fine["available_node_types"]["head"] = bare
+    HypermediaNodeProvider.bootstrap_config(fine)
+    # cloud_first with media's baseline of 2: one of them is the head's
+    cloud_first = scheduler_json(tmp_path, mode="cloud_first", queues__media__baseline_workers=2)
+    fine["provider"]["scheduler_config"] = str(cloud_first)
+    fine["available_node_types"]["head"] = {
+        "resources": {"queue_images": 1, "queue_documents": 1, "queue_media": 1}
+    }
+    HypermediaNodeProvider.bootstrap_config(fine)
+    fine["available_node_types"]["head"] = {
+        "resources": {"queue_images": 1, "queue_documents": 1, "queue_media": 2}
+    }
+    with pytest.raises(ConfigError, match=r"mode cloud_first: .*queue_media: 1"):
+        HypermediaNodeProvider.bootstrap_config(fine)
     relative = {"provider": {**copy.deepcopy(good), "scheduler_config": "ray_cluster/x.json"}}
     with pytest.raises(ConfigError):  # made absolute, then found missing
         HypermediaNodeProvider.bootstrap_config(relative)

@@ -15,7 +15,13 @@ import yaml
 from ray.autoscaler._private.util import prepare_config, validate_config
 
 from autoscaler.config import SHIPPED, parse
-from autoscaler.provider import HypermediaNodeProvider, head_environment, parse_settings, queue_of
+from autoscaler.provider import (
+    HypermediaNodeProvider,
+    head_environment,
+    head_resources,
+    parse_settings,
+    queue_of,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 YAMLS = {
@@ -59,9 +65,12 @@ def test_the_cluster_is_the_one_the_issue_describes(name):
     scheduler = parse(json.loads(YAMLS[name].read_text()))
     types = config["available_node_types"]
     head = types.pop(config["head_node_type"])
-    baseline = {f"queue_{q}": float(c.baseline_workers) for q, c in scheduler.queues.items()}
-    assert {k: float(v) for k, v in head["resources"].items()} == {
-        k: v for k, v in baseline.items() if v
+    # The head's queue_<name> slots are scheduler.json's (head_resources), not the yaml's:
+    # with the shipped files, the baseline queues (images, documents).
+    assert not [k for k in head["resources"] if k.startswith("queue_")]
+    assert head_resources(scheduler, head["resources"]) == {
+        "queue_images": 1.0,
+        "queue_documents": 1.0,
     }
     for node_type, spec in types.items():
         queue = queue_of(spec["resources"])
@@ -84,3 +93,39 @@ def test_commands_on_the_head_run_with_token_auth_and_their_own_home(tmp_path):
     assert env["PYTHONSAFEPATH"] == "1"  # Ray's monitor script dir holds an autoscaler.py
     assert env["HM_RAY_ADDRESS"] == f"127.0.0.10:{provider.settings.ray_port}"
     assert "--port=" not in env["HM_HEAD_PORTS"]
+
+
+@pytest.mark.parametrize(
+    ("mode", "media_baseline", "slots"),
+    [
+        # hybrid: the whole baseline on the VPS, media's too
+        ("hybrid", 2, {"queue_images": 1.0, "queue_documents": 1.0, "queue_media": 2.0}),
+        # cloud_first: one of cloud-enabled media's two on the VPS; images and documents,
+        # not cloud-enabled, keep theirs
+        ("cloud_first", 2, {"queue_images": 1.0, "queue_documents": 1.0, "queue_media": 1.0}),
+        ("cloud_first", 0, {"queue_images": 1.0, "queue_documents": 1.0}),
+    ],
+)
+def test_the_head_starts_ray_with_a_slot_per_vps_actor(tmp_path, mode, media_baseline, slots):
+    """What the head's `ray start` runs with (RAY_OVERRIDE_RESOURCES, which Ray's
+    updater fills from the head node type): the VPS's pools of scheduler.json's mode,
+    the node type's other resources kept and its queue_<name> replaced."""
+    from autoscaler.provider import LocalCommandRunner
+
+    scheduler = json.loads(YAMLS["local.yaml"].read_text())
+    scheduler["mode"] = mode
+    scheduler["queues"]["media"].update(baseline_workers=media_baseline, max_workers=2)
+    path = tmp_path / "scheduler.json"
+    path.write_text(json.dumps(scheduler))
+    section = dict(load("local.yaml")["provider"])
+    section.update(state_dir=str(tmp_path / "state"), scheduler_config=str(path))
+    runner = LocalCommandRunner(HypermediaNodeProvider(section, "hm-unit"), "test")
+    out = runner.run(
+        'echo "$RAY_OVERRIDE_RESOURCES"',
+        with_output=True,
+        silent=True,
+        environment_variables={"RAY_OVERRIDE_RESOURCES": {"queue_media": 5, "disk": 1}},
+    )
+    assert json.loads(out) == {"disk": 1.0, **slots}
+    out = runner.run('echo "$RAY_OVERRIDE_RESOURCES"', with_output=True, silent=True)
+    assert json.loads(out) == slots
