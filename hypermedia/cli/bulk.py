@@ -159,12 +159,13 @@ def _service() -> tuple[BulkService, Any]:
 
 
 def bulk_has_workers(config: Any) -> bool:
-    """Whether scheduler.json gives the bulk queue any worker: a VPS baseline, or the
-    cloud (in a mode that launches)."""
-    queue = config.queues.get("bulk")
-    if queue is None:
-        return False
-    return bool(queue.baseline_workers > 0 or (queue.cloud_enabled and config.mode != "vps_only"))
+    """Whether scheduler.json gives the bulk queue any worker: VPS workers, or the
+    cloud (in a mode that launches): the rule the head's ingest applies
+    (:func:`autoscaler.admission.staffed`)."""
+    from autoscaler.admission import staffed
+    from hypermedia.bulk.runs import BULK_QUEUE
+
+    return BULK_QUEUE in staffed(config)
 
 
 def choose_queue(spec_fields: dict[str, Any], config_path: Path | None) -> str | None:
