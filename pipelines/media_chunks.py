@@ -7,7 +7,10 @@ on its own (``-ss`` at its first keyframe, exactly its frame count), so it is an
 independent H.264 file starting with an IDR frame; the sound is transcoded once, for
 the whole input. Every finished piece is a checkpoint (:mod:`pipelines.checkpoints`:
 ``chunk-00000.mp4`` ..., ``audio.m4a``) that the worker stores as it appears and
-puts back before a retry: a retry transcodes only the pieces missing. The output is
+puts back before a retry: a retry transcodes only the pieces missing. A piece put back
+is used only once it decodes without an error (and, for a chunk, holds its frame
+count): one damaged in storage (truncated, bytes changed) is transcoded again, never
+joined into the output nor taken for a fault of the input. The output is
 the chunks concatenated without re-encoding (FFmpeg's concat demuxer, stream copy)
 with the sound muxed beside them: the same codecs, frame count and duration (within
 a frame) as a single pass.
@@ -113,6 +116,40 @@ def _frames(path: Path, workdir: Path, label: str) -> int:
         return -1
 
 
+def _intact(path: Path, workdir: Path, stream: str, frames: int | None) -> bool:
+    """Whether a piece found in the checkpoint directory (put back from storage) is
+    whole: ``stream`` (``v`` or ``a``) decodes without an error and, for a chunk that
+    names it, holds ``frames`` frames. Decoding costs a fraction of the encode it saves."""
+    from pipelines import media
+
+    args = [
+        media._tool("ffmpeg"), *media._COMMON, "-xerror",
+        *media._input_args(path, "mov"), "-map", f"0:{stream}:0", "-f", "null", "-",
+    ]  # fmt: skip
+    ran = media._run(args, workdir, ".ffmpeg-check.log")
+    if ran.returncode != 0 or ran.tail.strip():
+        return False
+    if frames is None:
+        return True
+    try:
+        return _frames(path, workdir, path.name) == frames
+    except PipelineError:
+        return False
+
+
+def _usable(done: dict[str, Path], name: str, workdir: Path, label: str, **check: Any) -> bool:
+    """Whether the piece ``name`` was found done and is intact; a damaged one is removed
+    (the caller makes it again)."""
+    path = done.get(name)
+    if path is None:
+        return False
+    if _intact(path, workdir, **check):
+        return True
+    log.warning("%s: checkpoint %s is damaged: made again", label, name)
+    path.unlink(missing_ok=True)
+    return False
+
+
 def chunking(params: Mapping[str, Any]) -> tuple[float, float]:
     """``(chunk_seconds, chunk_above_seconds)`` from the step's params."""
     return (
@@ -187,7 +224,7 @@ def transcode_chunked(
     transcoded = resumed = 0
     offset = 0.0
     for chunk in chunks:
-        if chunk.name in done:
+        if _usable(done, chunk.name, workdir, label, stream="v", frames=chunk.frames):
             resumed += 1
         else:
             partial = checkpoints.partial(workdir, chunk.name)
@@ -208,7 +245,9 @@ def transcode_chunked(
             progress.report(min(offset + chunk.seconds, total), total, "seconds")
         offset += chunk.seconds
     pieces = checkpoints.directory(workdir)
-    if audio_args is not None and AUDIO_PIECE not in done:
+    if audio_args is not None and not _usable(
+        done, AUDIO_PIECE, workdir, label, stream="a", frames=None
+    ):
         partial = checkpoints.partial(workdir, AUDIO_PIECE)
         media.transcode([*audio_args, "-f", "ipod"], source, workdir, partial, label, part=True)
         checkpoints.commit(workdir, AUDIO_PIECE)

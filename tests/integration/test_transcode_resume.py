@@ -273,3 +273,68 @@ def test_a_spot_notice_keeps_the_finished_chunks_for_the_next_worker(
             maintenance.stop()
             second.stop()
     stack.close()
+
+
+@pytest.mark.parametrize("damage", ["truncated", "bytes_changed"])
+def test_a_checkpoint_damaged_in_storage_is_made_again(
+    pg_engine, settings, tmp_path, moto_s3, clip, damage
+):
+    """A committed chunk whose stored bytes are damaged (cut in half, or 2,000 bytes
+    inverted) before the retry restores it: the retry makes that chunk again and the
+    job completes with a single pass's output. Before: the truncated chunk failed the
+    job for good (``invalid_input``: the concat could not open it, blamed on the
+    user's input), the changed one was joined into an output that did not decode."""
+    stack = Stack.open(
+        settings(
+            profiles_path=ray_support.test_profiles(tmp_path), backoff_base_seconds=0.2, **moto_s3
+        ),
+        engine=pg_engine,
+        auto_migrate=True,
+    )
+    person = make_user(stack)
+    job_id = _submit(stack, person, clip, hold=True)
+    work_a, work_b = tmp_path / "work-a", tmp_path / "work-b"
+    maintenance = Maintenance(stack, reaper_interval=0.5, reconcile_interval=30)
+    with (
+        ChildExecutor(work_a, preload=PRELOAD) as executor_a,
+        ChildExecutor(work_b, preload=PRELOAD) as executor_b,
+    ):
+        first = _spot_worker(stack, executor_a, "first-a", work_a, None)
+        first.start()
+        try:
+            _killed_after_k(stack, job_id)
+            pid = executor_a.child_pid(job_id)
+            assert pid is not None
+            os.kill(pid, signal.SIGKILL)
+            _wait(lambda: _status(stack, person, job_id) in ("retry_wait", "queued"), "the kill")
+        finally:
+            first.stop()
+        key = min(_keys(stack, job_id))
+        assert key.endswith("/chunk-00000.mp4")
+        data = b"".join(stack.storage.read(key))
+        middle = len(data) // 2
+        if damage == "truncated":
+            data = data[:middle]
+        else:
+            data = (
+                data[:middle]
+                + bytes(b ^ 0xFF for b in data[middle : middle + 2000])
+                + data[middle + 2000 :]
+            )
+        stack.storage.put(key, [data])
+        second = _spot_worker(stack, executor_b, "second-b", work_b, None)
+        second.start()
+        maintenance.start()
+        try:
+            _wait(lambda: _status(stack, person, job_id) in ("completed", "failed"), "the retry")
+            view = stack.ingest.get_job(person.caller, job_id)
+            assert [(a.status, a.error_code) for a in view.attempts] == [
+                ("failed", "child_killed"),
+                ("completed", None),
+            ]
+            # chunk 0 made again, chunk 1 resumed, chunks 2 and 3 made for the first time
+            _check_resumed(stack, person, job_id, clip, tmp_path, resumed=KILL_AFTER - 1)
+        finally:
+            maintenance.stop()
+            second.stop()
+    stack.close()
