@@ -3,7 +3,8 @@
 A caller may use an object they own or one in a pool they belong to. Anything
 else answers :class:`NotFound`, exactly as for an id that does not exist, so ids
 of other users' objects reveal nothing. Only the owner may delete one
-(:func:`plan_deletion`, :func:`mark_deleted`): its blobs and its outputs' blobs go,
+(:func:`plan_deletion`, :func:`mark_deleted`; bulk runs' jobs on it are cancelled first,
+:func:`cancel_bulk_jobs`): its blobs and its outputs' blobs go,
 its rows stay, marked ``deleted_at``, for the history of the jobs that ran on it.
 
 Every user's live objects (uploads and their jobs' outputs) count against their
@@ -29,7 +30,7 @@ from hypermedia.accounts import Caller, add_stored_bytes, is_pool_member
 from hypermedia.clock import to_datetime
 from hypermedia.db import tables as t
 from hypermedia.errors import Conflict, NotFound, StorageQuotaExceeded
-from hypermedia.jobs.repository import remove_outputs
+from hypermedia.jobs.repository import JobRepository, remove_outputs
 from hypermedia.jobs.states import JobStatus
 from hypermedia.sandbox.inspect import Inspection
 
@@ -189,6 +190,29 @@ def plan_deletion(conn: Connection, caller: Caller, object_id: str) -> Deletion:
         storage_keys=[r.storage_key for r in rows],
         size_bytes=sum(int(r.size_bytes) for r in rows),
     )
+
+
+def cancel_bulk_jobs(conn: Connection, caller: Caller, object_id: str, now: float) -> int:
+    """Before its owner deletes ``object_id``: cancel the unfinished jobs of bulk runs on
+    it (the platform's background work, or a named account's: not the owner's to cancel,
+    nor to see). Those not running are cancelled, the running ones asked to stop (the
+    deletion waits for them as for any unfinished job). Nothing for a caller who does
+    not own the object (the deletion then answers NotFound). How many were cancelled."""
+    o, j = t.objects.c, t.jobs.c
+    owned = select(o.object_id).where(
+        o.object_id == object_id, o.owner_id == caller.user_id, o.deleted_at.is_(None)
+    )
+    rows = conn.execute(
+        select(j.job_id, j.user_id).where(
+            j.object_id.in_(owned), j.bulk_run_id.is_not(None), j.status.not_in(_FINISHED)
+        )
+    ).all()
+    repository = JobRepository()
+    cancelled = 0
+    for row in rows:
+        if repository.cancel(conn, row.job_id, row.user_id, now) is JobStatus.CANCELLED:
+            cancelled += 1
+    return cancelled
 
 
 def mark_deleted(conn: Connection, deletion: Deletion, now: float) -> None:

@@ -50,6 +50,7 @@ from hypermedia.errors import (
 from hypermedia.objects import (
     Deletion,
     ObjectInfo,
+    cancel_bulk_jobs,
     mark_deleted,
     plan_deletion,
     register_object,
@@ -300,7 +301,11 @@ def delete_object(
     """Delete an object of the caller's, its outputs and all their blobs. The rows are
     marked first, in one transaction (from then on nothing can submit on it, and the
     quota counts it no more); the blobs go after, with no database lock held on the
-    object store. A blob the store fails to delete is logged and left behind."""
+    object store. A blob the store fails to delete is logged and left behind. Bulk runs'
+    jobs on the object are cancelled first, in a transaction of their own (a running
+    one asked to stop even when the deletion must wait for it)."""
+    with transaction(engine) as conn:
+        cancel_bulk_jobs(conn, caller, object_id, now)
     with transaction(engine) as conn:
         deletion = plan_deletion(conn, caller, object_id)
         mark_deleted(conn, deletion, now)

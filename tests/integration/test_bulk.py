@@ -20,6 +20,7 @@ from hypermedia.bulk.service import BulkService
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
 from hypermedia.errors import Conflict, InvalidRequest, NotFound
+from hypermedia.ingest import uploads
 from hypermedia.ingest.service import SubmitRequest
 from hypermedia.jobs.catalog import ProfileCatalog, sync_profiles
 from hypermedia.jobs.dispatcher import Dispatcher
@@ -699,3 +700,45 @@ def test_two_heads_driving_one_run_never_pass_its_cap(engine, settings, manual_c
     with transaction(stack.engine) as conn:
         assert runs.live_jobs(conn, run.run_id) == 20
     assert stack.queue.counts("bulk").ready == 20
+
+
+def test_the_owner_deletes_an_object_a_run_has_jobs_on(engine, settings, manual_clock):
+    """A bulk run's jobs are the platform's: their object's owner can neither see nor
+    cancel them. Before, deleting the object answered 409 'cancel them first' (naming
+    job ids the owner then got 404 for) as long as the run's job waited on a queue that
+    might have no worker for hours. Now the deletion cancels the queued ones and goes
+    on; a running one is asked to stop (the deletion waits for it, as for any job)."""
+    stack = open_stack(settings, engine, manual_clock)
+    person, stranger = make_user(stack), make_user(stack)
+    running, queued, kept = _objects(stack, person, 3)  # ids are time-ordered
+    service = _service(stack)
+    run = service.create(RunSpec(kind="backfill", operation="thumbnail", max_in_flight=10), "t")
+    _runner(stack).step(run.run_id)
+    assert service.get(run.run_id).jobs == {"queued": 3}
+    dispatcher = Dispatcher(
+        stack.engine, stack.queue, ProfileCatalog.load(stack.engine), clock=stack.clock
+    )
+    (claimed,) = dispatcher.claim_and_start("bulk", "w-test", 1)
+    assert claimed.object_id == running
+    j = t.jobs.c
+
+    def job_of(object_id: str) -> Any:
+        with transaction(stack.engine) as conn:
+            return conn.execute(
+                select(j.job_id, j.status, j.cancel_requested).where(j.object_id == object_id)
+            ).one()
+
+    with pytest.raises(NotFound):  # not the stranger's: nothing cancelled
+        uploads.delete_object(
+            stack.engine, stack.storage, stranger.caller, queued, manual_clock.now()
+        )
+    assert job_of(queued).status == "queued"
+    uploads.delete_object(stack.engine, stack.storage, person.caller, queued, manual_clock.now())
+    assert job_of(queued).status == "cancelled"
+    with pytest.raises(Conflict):
+        uploads.delete_object(
+            stack.engine, stack.storage, person.caller, running, manual_clock.now()
+        )
+    assert job_of(running).cancel_requested  # committed, though the deletion waits
+    assert job_of(kept).status == "queued"
+    assert service.get(run.run_id).jobs == {"queued": 1, "cancelled": 1, "processing": 1}
