@@ -16,6 +16,8 @@
   target, its SHA-256 checked three ways (what the record says, what was read, what
   the target holds when read back), and only then is its record switched
   (``objects.storage_backend``). A mismatch counts ``failed`` and switches nothing.
+- a run whose profile is no longer active (a new version deployed: workers would fail
+  its jobs as ``profile_missing``) is paused with that reason, creating nothing more;
 - when no object is left, a run is ``draining``; once none of its jobs is live, it is
   ``completed``.
 """
@@ -83,6 +85,12 @@ class _Page:
 def profile_of(conn: Connection, profile_id: int) -> ProfileRecord:
     row = conn.execute(select_profile(profile_id)).mappings().one()
     return ProfileRecord(**{k: row[k] for k in ProfileRecord.__dataclass_fields__})
+
+
+def _active(conn: Connection, profile_id: int) -> bool:
+    """Whether the profile is still the operation's deployed one."""
+    p = t.profiles.c
+    return bool(conn.execute(select(p.active).where(p.profile_id == profile_id)).scalar_one())
 
 
 def select_profile(profile_id: int) -> Any:
@@ -240,6 +248,21 @@ class BulkRunner:
                 room.cursor = run.cursor
                 if room.left <= 0:
                     return False
+            if not _active(conn, run.profile_id):
+                # A new version of the operation's profile was deployed: workers refuse
+                # jobs of this one (profile_missing, for good). Made no more; the
+                # operator starts a run for the new version.
+                runs.move(
+                    conn,
+                    run_id,
+                    {RunState.CREATING},
+                    RunState.PAUSED,
+                    now,
+                    reason=f"paused: {run.operation}'s profile version {run.target_version} is"
+                    " no longer active (a new version was deployed): cancel this run and"
+                    " start one for the new version",
+                )
+                return False
             profile = profile_of(conn, run.profile_id)
             rows = conn.execute(pages.page(run, run.cursor, run.batch_size)).all()
             plan = plan_page(run, profile, rows, room.left)

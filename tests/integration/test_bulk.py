@@ -742,3 +742,34 @@ def test_the_owner_deletes_an_object_a_run_has_jobs_on(engine, settings, manual_
     assert job_of(running).cancel_requested  # committed, though the deletion waits
     assert job_of(kept).status == "queued"
     assert service.get(run.run_id).jobs == {"queued": 1, "cancelled": 1, "processing": 1}
+
+
+def test_a_version_deployed_mid_run_pauses_the_run(engine, settings, manual_clock):
+    """thumbnail v2 deployed while a backfill of v1 is half way: workers refuse jobs of
+    the inactive v1 (profile_missing, for good). Before, the run went on making v1 jobs
+    for every object left (15 of 20 failed, the run 'completed'); now it pauses, naming
+    why, and makes none."""
+    stack = open_stack(settings, engine, manual_clock)
+    person = make_user(stack)
+    _objects(stack, person, 20)
+    service = _service(stack)
+    run = service.create(
+        RunSpec(kind="backfill", operation="thumbnail", max_in_flight=5, batch_size=5), "t"
+    )
+    runner = _runner(stack)
+    runner.step(run.run_id)
+    _finish(stack, "bulk", person.pool_id)
+    profiles = dict(load_profiles(settings().profiles_path, settings().queue_names))
+    bumped = profiles["thumbnail"].model_copy(
+        update={"version": 2, "params": {**profiles["thumbnail"].params, "quality": 70}}
+    )
+    with transaction(stack.engine) as conn:
+        sync_profiles(conn, {**profiles, "thumbnail": bumped}, stack.clock.now())
+    assert runner.step(run.run_id).state == "paused"
+    view = service.get(run.run_id)
+    assert view.created_jobs == 5 and view.jobs == {"completed": 5}
+    assert view.reason is not None and "version 1 is no longer active" in view.reason
+    service.act(run.run_id, "resume")
+    runner.step(run.run_id)
+    assert service.get(run.run_id).state == "paused"  # still nothing made for v1
+    assert service.get(run.run_id).created_jobs == 5
