@@ -16,8 +16,8 @@
   target, its SHA-256 checked three ways (what the record says, what was read, what
   the target holds when read back), and only then is its record switched
   (``objects.storage_backend``). A mismatch counts ``failed`` and switches nothing.
-- a run whose profile is no longer active (a new version deployed: workers would fail
-  its jobs as ``profile_missing``) is paused with that reason, creating nothing more;
+- a run whose profile is no longer active (a new version deployed: its outputs would be
+  the old version's) is paused with that reason, creating nothing more;
 - when no object is left, a run is ``draining``; once none of its jobs is live, it is
   ``completed``.
 """
@@ -249,9 +249,9 @@ class BulkRunner:
                 if room.left <= 0:
                     return False
             if not _active(conn, run.profile_id):
-                # A new version of the operation's profile was deployed: workers refuse
-                # jobs of this one (profile_missing, for good). Made no more; the
-                # operator starts a run for the new version.
+                # A new version of the operation's profile was deployed: this run's jobs
+                # would make the old version's outputs. Made no more; the operator
+                # starts a run for the new version.
                 runs.move(
                     conn,
                     run_id,

@@ -8,11 +8,12 @@ because its outputs would silently differ under the same keys.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, Engine, insert, select, update
+from sqlalchemy import Connection, Engine, RowMapping, insert, select, update
 
 from hypermedia.clock import to_datetime
 from hypermedia.db import tables as t
@@ -20,6 +21,8 @@ from hypermedia.db.engine import transaction
 from hypermedia.errors import ConfigError, UnknownOperation
 from hypermedia.profiles import BYTES_PER_MB, Profile
 from hypermedia.sandbox.limits import DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_MAX_PROCESSES
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,26 +126,39 @@ def sync_profiles(conn: Connection, profiles: Mapping[str, Profile], now: float)
         )
 
 
-class ProfileCatalog:
-    """Active profiles by operation, read once from the database."""
+def _record(row: RowMapping) -> ProfileRecord:
+    return ProfileRecord(**{k: row[k] for k in ProfileRecord.__dataclass_fields__})
 
-    def __init__(self, records: Mapping[str, ProfileRecord]) -> None:
+
+class ProfileCatalog:
+    """Active profiles by operation, read once from the database (what ingest submits
+    jobs with), and any profile by id (what a job runs with).
+
+    A job keeps the profile it was submitted with. A deploy (``db upgrade`` syncing a
+    new version) can come between a submit and the job's run, on either side of a
+    process's read: a worker started before it meets jobs of the new version, one
+    started after meets jobs queued at the old one. :meth:`by_id` reads a profile it
+    does not hold from the record (once; active or not), so both run, each with its
+    own version's settings, and nothing submitted is lost to a deploy."""
+
+    def __init__(self, records: Mapping[str, ProfileRecord], engine: Engine | None = None) -> None:
         self._by_operation = dict(records)
         self._by_id = {r.profile_id: r for r in records.values()}
+        self._engine = engine
 
     @classmethod
     def load(cls, engine: Engine) -> ProfileCatalog:
         with transaction(engine) as conn:
-            return cls.from_connection(conn)
+            return cls(cls._active(conn), engine)
 
     @classmethod
     def from_connection(cls, conn: Connection) -> ProfileCatalog:
+        return cls(cls._active(conn))
+
+    @staticmethod
+    def _active(conn: Connection) -> dict[str, ProfileRecord]:
         rows = conn.execute(select(t.profiles).where(t.profiles.c.active.is_(True))).mappings()
-        records = {
-            r["operation"]: ProfileRecord(**{k: r[k] for k in ProfileRecord.__dataclass_fields__})
-            for r in rows
-        }
-        return cls(records)
+        return {r["operation"]: _record(r) for r in rows}
 
     def get(self, operation: str) -> ProfileRecord:
         try:
@@ -155,7 +171,28 @@ class ProfileCatalog:
             ) from None
 
     def by_id(self, profile_id: int) -> ProfileRecord | None:
-        return self._by_id.get(profile_id)
+        """The profile ``profile_id``, active or not (see the class docstring); None if
+        the record has no such row (or this catalog has no record to ask)."""
+        found = self._by_id.get(profile_id)
+        if found is not None or self._engine is None:
+            return found
+        with transaction(self._engine) as conn:
+            row = (
+                conn.execute(select(t.profiles).where(t.profiles.c.profile_id == profile_id))
+                .mappings()
+                .first()
+            )
+        if row is None:
+            return None
+        found = self._by_id.setdefault(profile_id, _record(row))
+        log.info(
+            "profile %s v%s (id %d, %s) read for a job",
+            found.operation,
+            found.version,
+            profile_id,
+            "active" if row["active"] else "no longer active",
+        )
+        return found
 
     def operations(self) -> list[str]:
         return sorted(self._by_operation)

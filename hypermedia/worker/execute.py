@@ -317,7 +317,9 @@ class JobExecution:
                 self._watcher.start()
         try:
             if profile is None:
-                return self._fail(job, "profile_missing", "the job's profile is not active", False)
+                return self._fail(
+                    job, "profile_missing", "the job's profile is not in the record", False
+                )
             return self._execute(job, profile, watched.cancelled)
         finally:
             with self._lock:

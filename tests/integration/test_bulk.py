@@ -745,10 +745,10 @@ def test_the_owner_deletes_an_object_a_run_has_jobs_on(engine, settings, manual_
 
 
 def test_a_version_deployed_mid_run_pauses_the_run(engine, settings, manual_clock):
-    """thumbnail v2 deployed while a backfill of v1 is half way: workers refuse jobs of
-    the inactive v1 (profile_missing, for good). Before, the run went on making v1 jobs
-    for every object left (15 of 20 failed, the run 'completed'); now it pauses, naming
-    why, and makes none."""
+    """thumbnail v2 deployed while a backfill of v1 is half way: the run's jobs would
+    make v1's outputs, no longer the deployed version's. Before, the run went on making
+    v1 jobs for every object left (and workers then failed 15 of 20 as profile_missing,
+    the run 'completed'); now it pauses, naming why, and makes none."""
     stack = open_stack(settings, engine, manual_clock)
     person = make_user(stack)
     _objects(stack, person, 20)

@@ -62,13 +62,18 @@ class NoGrants:
 
 @contextmanager
 def running_worker(
-    stack: Stack, tmp_path: Path, *, prefetch: int, concurrency: int = 2
+    stack: Stack,
+    tmp_path: Path,
+    *,
+    prefetch: int,
+    concurrency: int = 2,
+    worker_id: str = "loop-w",
 ) -> Iterator[tuple[Worker, NoGrants]]:
     grants = NoGrants()
     executor = InProcessExecutor(tmp_path / "work", PRELOAD)
-    execution = JobExecution(stack.dispatcher, stack.catalog, grants, executor, "loop-w")
+    execution = JobExecution(stack.dispatcher, stack.catalog, grants, executor, worker_id)
     worker = Worker(
-        worker_id="loop-w",
+        worker_id=worker_id,
         queue="bulk",
         concurrency=concurrency,
         engine=stack.engine,
@@ -147,6 +152,63 @@ def test_noop_jobs_drain_through_prefetch_and_group_commit(engine, settings, tmp
     assert stack.queue.counts("bulk").leased == 0
     assert not list((tmp_path / "work" / "jobs").iterdir())  # every workdir removed
     stack.close()
+
+
+def test_jobs_on_either_side_of_a_deploy_run_with_their_own_version(engine, settings, tmp_path):
+    """A deploy (a stack opened on profiles where test.noop is at v2: ``db upgrade`` or a
+    restart syncs them) between submits and runs. A worker that read its catalog before
+    meets jobs of v2, one that read it after meets jobs queued at v1: each runs every
+    job with the profile it was submitted with (read from the record once). Before,
+    both failed such jobs for good as ``profile_missing``."""
+    (tmp_path / "v1").mkdir()
+    (tmp_path / "v2").mkdir()
+    v1 = ray_support.test_profiles(tmp_path / "v1")
+    v2 = ray_support.test_profiles(tmp_path / "v2")
+    text = v2.read_text()
+    block = text.index('[profiles."test.noop"]')
+    version = text.index("version = 1\n", block)
+    params = text.index("params = { needs_input = false }", block)
+    assert version < params < text.index("[", block + 1)
+    v2.write_text(
+        text[:version]
+        + "version = 2\n"
+        + text[version + len("version = 1\n") : params]
+        + "params = { needs_input = false, v = 2 }"
+        + text[params + len("params = { needs_input = false }") :]
+    )
+    before = open_stack(settings, engine, None, profiles_path=v1)
+    old_jobs = _submit_noops(before, 5)
+    after = open_stack(settings, engine, None, profiles_path=v2)  # the deploy
+    new_jobs = _submit_noops(after, 5)
+    assert before.catalog.get("test.noop").version == 1
+    assert after.catalog.get("test.noop").version == 2
+
+    def versions(job_ids: list[str]) -> set[int]:
+        with transaction(after.engine) as conn:
+            return set(
+                conn.execute(
+                    select(t.profiles.c.version)
+                    .join(t.jobs, t.jobs.c.profile_id == t.profiles.c.profile_id)
+                    .where(t.jobs.c.job_id.in_(job_ids))
+                ).scalars()
+            )
+
+    assert versions(old_jobs) == {1} and versions(new_jobs) == {2}
+    # The worker of before's catalog takes all ten: v1's as it knows them, v2's read.
+    with running_worker(before, tmp_path, prefetch=1) as (worker, _grants):
+        _wait(lambda: worker.stats.completed + worker.stats.failed >= 10)
+        worker.stop()
+    assert worker.stats.completed == 10, worker.stats
+    # A v1 job still queued meets a worker of after's catalog (v1 inactive there).
+    late = _submit_noops(before, 3)  # before's ingest still submits v1
+    assert versions(late) == {1}
+    with running_worker(after, tmp_path, prefetch=1, worker_id="after-w") as (worker, _grants):
+        _wait(lambda: worker.stats.completed + worker.stats.failed >= 3)
+        worker.stop()
+    assert worker.stats.completed == 3, worker.stats
+    assert _statuses(after) == {"completed": 13}
+    before.close()
+    after.close()
 
 
 def _profiles_without_input(directory: Path, operation: str) -> Path:
