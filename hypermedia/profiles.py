@@ -49,6 +49,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from hypermedia.errors import ConfigError
 from hypermedia.sandbox.inspect import ANY, KINDS, InputLimits
 from hypermedia.sandbox.limits import DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_MAX_PROCESSES
+from pipelines import registry
 
 MILLI = 1000
 BYTES_PER_MB = 1024 * 1024
@@ -145,6 +146,16 @@ def parse_profiles(
             raise ConfigError(
                 f"{key}.queue",
                 f"unknown queue {profile.queue!r}; expected one of {sorted(known_queues)}",
+            )
+        bounded = registry.bounded_units(operation)
+        priced = [unit for unit, cost in profile.unit_costs.items() if cost]
+        unbounded = sorted(set(priced) - (bounded or set()))
+        if bounded is not None and unbounded:
+            raise ConfigError(
+                f"{key}.unit_costs.{unbounded[0]}",
+                f"the {operation} step declares no bound for {unbounded[0]!r}: a submit could"
+                " not reserve what it may cost, and a balance could go below zero; it bounds"
+                f" {', '.join(sorted(bounded)) or 'no unit'}",
             )
         profiles[operation] = profile
     return profiles

@@ -31,7 +31,8 @@ Outputs (names from :meth:`OcrRequest.output_type`): ``.txt`` (UTF-8, pages apar
 by a form feed, blocks by a blank line, in reading order), ``.json`` (schema in
 :func:`_page_json`) and ``.pdf`` (page images with an invisible text layer); and the
 job's units of work for the worker (:func:`_usage`: page, engine_pass, escalation counts),
-which the ocr profile's ``unit_costs`` price.
+which the ocr profile's ``unit_costs`` price; :func:`max_units` bounds them for a submit
+to reserve.
 Engines run on ``HYPERMEDIA_JOB_CPUS`` threads (the job's CPU share, set by the
 worker), else on the CPUs this process may use.
 """
@@ -50,9 +51,16 @@ from typing import TYPE_CHECKING, Any
 
 from pipelines import ocr_layout, ocr_params, progress, sniff
 from pipelines.ocr_engines import Engine, LayoutModel, Line, Region
-from pipelines.registry import Output, PipelineError, register, usage_output
+from pipelines.registry import (
+    Output,
+    PipelineError,
+    register,
+    register_max_units,
+    usage_output,
+)
 
 if TYPE_CHECKING:
+    from pipelines.formats.inspection import Inspection
     from pipelines.ocr_engines import PageArray
 
 log = logging.getLogger(__name__)
@@ -519,6 +527,31 @@ def _usage(results: Sequence[PageResult], workdir: Path) -> Output:
             "escalation": passes - len(read),
         },
     )
+
+
+@register_max_units("ocr", units=("page", "ocr_page", "engine_pass", "escalation"))
+def max_units(params: Mapping[str, Any], inspection: Inspection | None) -> dict[str, int]:
+    """The most of each unit :func:`_usage` can report: every page read by every engine
+    of the chain (each page after the first engine escalating to the last). Pages: 1
+    for an image (the step reads its first frame); a PDF's page count as its inspection
+    found it, at most ``max_pages`` (the step refuses more); ``max_pages`` when it is
+    not known (a PDF whose count the inspection could not read, an input never
+    inspected)."""
+    request = ocr_params.parse(params)
+    pages = request.max_pages
+    if inspection is not None and inspection.kind == "image":
+        pages = 1
+    elif inspection is not None and inspection.kind == "pdf":
+        counted = inspection.details.get("pages")
+        if isinstance(counted, int) and counted >= 1:
+            pages = min(counted, request.max_pages)
+    engines = len(request.engines)
+    return {
+        "page": pages,
+        "ocr_page": pages,
+        "engine_pass": pages * engines,
+        "escalation": pages * (engines - 1),
+    }
 
 
 def _save_page_image(page: PageArray, stem: Path) -> Path:

@@ -17,7 +17,12 @@ always give the same one (a re-run overwrites the same key).
 
 A step may also report the work it did (``{"page": 3, "escalation": 1}``) with
 :func:`usage_output`: an output of type :data:`USAGE_OUTPUT` that the worker reads
-(the profile's ``unit_costs`` price it; the attempt records it) and never stores.
+(the profile's ``unit_costs`` price it; the attempt records it) and never stores. A
+step that reports units declares the most of each it can report for an input
+(:func:`register_max_units`): a submit reserves the estimate plus those units at their
+prices, so a job is never charged more than its user had available. A profile that
+prices a unit its step declares no bound for is refused at startup
+(:func:`bounded_units`).
 
 A step registered with ``checkpoints=True`` may keep finished pieces of its work in
 its workdir (:mod:`pipelines.checkpoints`); the worker stores them as they appear and
@@ -31,25 +36,33 @@ could help (``retryable``); anything else escaping a step is a bug, reported as
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+if typing.TYPE_CHECKING:  # (a name of its own would be one more export)
+    from pipelines.formats.inspection import Inspection
+
 __all__ = [
     "USAGE_OUTPUT",
     "Check",
+    "MaxUnits",
     "Output",
     "PipelineError",
     "Step",
+    "bounded_units",
     "check",
     "checkpointing",
     "get",
     "load_all",
+    "max_units",
     "operations",
     "preload",
     "profile_only",
     "register",
+    "register_max_units",
     "usage_output",
 ]
 
@@ -89,12 +102,19 @@ Step = Callable[[Path, Mapping[str, Any], Path], list[Output]]
 # What the step would refuse of its parameters raises PipelineError; what it answers
 # (a step's own parser may serve: its parsed request) is not used.
 Check = Callable[[Mapping[str, Any]], object]
+# The most of each unit of work a step may report for one input: called with the
+# parameters (the profile's merged with the request's, already checked) and the input's
+# inspection (:class:`pipelines.formats.inspection.Inspection`: kind, pages ...; None
+# for an object never inspected, such as another job's output), before the job exists.
+# Answers ``{unit: count}``; a unit it leaves out is bounded by 0.
+MaxUnits = Callable[[Mapping[str, Any], "Inspection | None"], Mapping[str, int]]
 
 _STEPS: dict[str, Step] = {}
 _CHECKS: dict[str, Check] = {}
 _PROFILE_ONLY: dict[str, frozenset[str]] = {}
 _PRELOAD: dict[str, tuple[str, ...]] = {}
 _CHECKPOINTS: set[str] = set()
+_MAX_UNITS: dict[str, tuple[frozenset[str], MaxUnits]] = {}
 
 
 def register(
@@ -124,6 +144,52 @@ def register(
         return step
 
     return decorate
+
+
+def register_max_units(operation: str, units: Collection[str]) -> Callable[[MaxUnits], MaxUnits]:
+    """Declare the units of work the step for ``operation`` reports (``units``) and the
+    most of each it can report for an input (the decorated :data:`MaxUnits`). What a
+    submit reserves is the job's estimate plus these at the profile's ``unit_costs``;
+    the completion never charges more (a step that reports past its bound is charged
+    its bound, and a warning says so)."""
+
+    def decorate(bound: MaxUnits) -> MaxUnits:
+        if operation in _MAX_UNITS:
+            raise ValueError(f"the units of {operation!r} registered twice")
+        _MAX_UNITS[operation] = (frozenset(units), bound)
+        return bound
+
+    return decorate
+
+
+def bounded_units(operation: str) -> frozenset[str] | None:
+    """The units of work the step for ``operation`` declares a bound for (see
+    :func:`register_max_units`; none declared: empty), None when no step implements
+    ``operation``."""
+    load_all()
+    if operation not in _STEPS:
+        return None
+    return _MAX_UNITS.get(operation, (frozenset(), None))[0]
+
+
+def max_units(
+    operation: str, params: Mapping[str, Any], inspection: Inspection | None
+) -> dict[str, int]:
+    """The most of each unit of work the step for ``operation`` may report on an input
+    of ``inspection`` with ``params``: every unit it declares, 0 where its bound leaves
+    one out ({} for a step that declares none). ``PipelineError`` for parameters the
+    step refuses."""
+    load_all()
+    found = _MAX_UNITS.get(operation)
+    if found is None:
+        return {}
+    declared, bound = found
+    answer = dict.fromkeys(sorted(declared), 0)
+    for unit, count in bound(params, inspection).items():
+        if unit not in declared:
+            raise ValueError(f"{operation}: bounds {unit!r}, which it did not declare")
+        answer[unit] = max(0, int(count))
+    return answer
 
 
 def preload(operations: Iterable[str]) -> tuple[str, ...]:

@@ -18,8 +18,9 @@ from sqlalchemy import Connection, Engine, RowMapping, insert, select, update
 from hypermedia.clock import to_datetime
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
-from hypermedia.errors import ConfigError, UnknownOperation
+from hypermedia.errors import ConfigError, InvalidParams, UnknownOperation
 from hypermedia.profiles import BYTES_PER_MB, Profile
+from hypermedia.sandbox.inspect import Inspection
 from hypermedia.sandbox.limits import DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_MAX_PROCESSES
 
 log = logging.getLogger(__name__)
@@ -49,14 +50,42 @@ class ProfileRecord:
 
     def estimate_millicredits(self, size_bytes: int) -> int:
         """``base_cost + cost_per_mb x size_mb``, rounded up to a millicredit: what a
-        submit reserves for a job on ``size_bytes`` of input."""
+        job on ``size_bytes`` of input costs before the units of work its step reports."""
         per_byte_numerator = self.cost_per_mb_millicredits * size_bytes
         variable = -(-per_byte_numerator // BYTES_PER_MB)  # ceil division, exact
         return self.base_cost_millicredits + variable
 
+    def reserve_millicredits(
+        self, estimate: int, params: Mapping[str, Any], inspection: Inspection | None
+    ) -> int:
+        """What a submit holds for a job on an input of ``inspection`` with ``params``
+        (the profile's merged with the request's, checked already): its ``estimate``
+        plus each priced unit of work at the most its step may report
+        (:func:`pipelines.registry.max_units`), so that no charge exceeds it. Parameters
+        the step refuses raise :class:`InvalidParams`; a priced unit the step does not
+        bound, :class:`ConfigError` (the profiles' load refuses such a price first)."""
+        costs = {unit: cost for unit, cost in self.unit_costs_millicredits.items() if cost}
+        if not costs:
+            return estimate
+        from pipelines import registry
+
+        try:
+            bound = registry.max_units(self.operation, params, inspection)
+        except registry.PipelineError as exc:
+            raise InvalidParams(exc.message, operation=self.operation) from exc
+        unbounded = sorted(set(costs) - set(bound))
+        if unbounded:
+            raise ConfigError(
+                f"profiles.{self.operation}.unit_costs.{unbounded[0]}",
+                f"the {self.operation} step declares no bound for {unbounded[0]!r}:"
+                " a submit cannot reserve what it may cost",
+            )
+        return estimate + sum(cost * bound[unit] for unit, cost in costs.items())
+
     def charge_millicredits(self, estimate: int, units: Mapping[str, int] | None) -> int:
         """What a completed job costs: its ``estimate`` plus each priced unit of work
-        its step reported times its count (ocr: ``escalation`` per page re-read)."""
+        its step reported times its count (ocr: ``escalation`` per page re-read). The
+        completion charges at most the job's reservation (:meth:`reserve_millicredits`)."""
         if not units:
             return estimate
         costs = self.unit_costs_millicredits

@@ -82,18 +82,22 @@ def test_the_clients_methods_and_their_parameters():
 def test_the_registry_exports():
     assert sorted(registry.__all__) == [
         "Check",
+        "MaxUnits",
         "Output",
         "PipelineError",
         "Step",
         "USAGE_OUTPUT",
+        "bounded_units",
         "check",
         "checkpointing",
         "get",
         "load_all",
+        "max_units",
         "operations",
         "preload",
         "profile_only",
         "register",
+        "register_max_units",
         "usage_output",
     ]
     assert set(defined_here(registry)) <= set(registry.__all__)

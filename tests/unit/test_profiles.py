@@ -12,9 +12,11 @@ from typing import Any
 import pytest
 
 from hypermedia.config import DEFAULT_QUEUES, REPO_ETC
-from hypermedia.errors import ConfigError
+from hypermedia.errors import ConfigError, InvalidParams
 from hypermedia.jobs.catalog import ProfileRecord, record_values
 from hypermedia.profiles import BYTES_PER_MB, MILLI, Profile, load_profiles, parse_profiles
+from hypermedia.sandbox.inspect import Inspection
+from pipelines import registry
 
 MB = 1024 * 1024
 SHIPPED = REPO_ETC / "profiles.toml"
@@ -230,6 +232,69 @@ def test_shipped_ocr_charges_each_escalation(shipped):
     ocr = as_record(shipped["ocr"])
     assert ocr.unit_costs_millicredits == {"escalation": 250}
     assert ocr.charge_millicredits(1000, {"page": 2, "engine_pass": 5, "escalation": 3}) == 1750
+
+
+def _ocr_params(shipped, **changes: Any) -> dict[str, Any]:
+    return {**shipped["ocr"].params, **changes}
+
+
+IMAGE = Inspection("image", "image/png", {"width": 800, "height": 600})
+
+
+@pytest.mark.parametrize(
+    ("inspection", "changes", "pages", "engines"),
+    [
+        (IMAGE, {}, 1, 3),  # an image is one page; the shipped chain has 3 engines
+        (Inspection("pdf", "application/pdf", {"pages": 3}), {}, 3, 3),
+        (Inspection("pdf", "application/pdf", {"pages": 3}), {"engines": ["ppocr"]}, 3, 1),
+        (Inspection("pdf", "application/pdf", {"pages": 3}), {"max_pages": 2}, 2, 3),
+        (Inspection("pdf", "application/pdf", {}), {}, 100, 3),  # count unknown: max_pages
+        (Inspection("pdf", "application/pdf", {}), {"max_pages": 7}, 7, 3),
+        (None, {"engines": ["ppocr", "tesseract"]}, 100, 2),  # never inspected: max_pages
+    ],
+)
+def test_ocr_bounds_its_units_by_pages_and_engines(shipped, inspection, changes, pages, engines):
+    bound = registry.max_units("ocr", _ocr_params(shipped, **changes), inspection)
+    assert bound == {
+        "page": pages,
+        "ocr_page": pages,
+        "engine_pass": pages * engines,
+        "escalation": pages * (engines - 1),
+    }
+
+
+def test_shipped_ocr_reserves_its_escalations_at_most(shipped):
+    """Estimate plus 0.25 per escalation the input may have: 1 page x 2 for an image, 3 x
+    2 for a 3-page PDF, none with one engine; thumbnail prices no unit."""
+    ocr = as_record(shipped["ocr"])
+    pdf = Inspection("pdf", "application/pdf", {"pages": 3})
+    assert ocr.reserve_millicredits(1200, _ocr_params(shipped), IMAGE) == 1700
+    assert ocr.reserve_millicredits(1200, _ocr_params(shipped), pdf) == 2700
+    assert ocr.reserve_millicredits(1200, _ocr_params(shipped, engines=["ppocr"]), pdf) == 1200
+    thumbnail = as_record(shipped["thumbnail"])
+    assert thumbnail.reserve_millicredits(300, shipped["thumbnail"].params, IMAGE) == 300
+    with pytest.raises(InvalidParams, match="engines"):
+        ocr.reserve_millicredits(1200, _ocr_params(shipped, engines=["nope"]), pdf)
+
+
+def test_a_priced_unit_its_step_does_not_bound_is_refused():
+    """A price on a unit the step declares no bound for would let a charge pass the
+    reservation: refused at load, naming the key. Units priced 0 and operations no step
+    implements (nothing reports their units) are let through."""
+    with pytest.raises(ConfigError) as info:
+        parse_profiles(document(unit_costs={"frames": 0.5}), DEFAULT_QUEUES, "p.toml")
+    assert info.value.key == "p.toml: profiles.thumbnail.unit_costs.frames"
+    assert "declares no bound for 'frames'" in info.value.message
+    assert "below zero" in info.value.message
+    ocr = document("ocr", queue="ocr", unit_costs={"escalation": 0.25, "minutes": 1.0})
+    with pytest.raises(ConfigError) as info:
+        parse_profiles(ocr, DEFAULT_QUEUES, "p.toml")
+    assert info.value.key == "p.toml: profiles.ocr.unit_costs.minutes"
+    assert "it bounds engine_pass, escalation, ocr_page, page" in info.value.message
+    free = document(unit_costs={"frames": 0.0})
+    assert parse_profiles(free, DEFAULT_QUEUES, "p.toml")["thumbnail"].unit_costs == {"frames": 0.0}
+    nothing = document("not_a_step", unit_costs={"frames": 0.5})
+    assert parse_profiles(nothing, DEFAULT_QUEUES, "p.toml")["not_a_step"].unit_costs
 
 
 # -- bad profiles ---------------------------------------------------------------------
