@@ -30,10 +30,22 @@ does not accept is refused with ``input_type_mismatch`` or ``unsupported_format`
 Credits are stored as integer millicredits so sums are exact on every database; a job's
 estimate is :meth:`hypermedia.jobs.catalog.ProfileRecord.estimate_millicredits` of the
 profile's row. ``unit_costs`` prices the units of work a step reports when it completes
-(:data:`pipelines.registry.USAGE_OUTPUT`; the ocr step: ``page``, ``engine_pass``,
-``escalation``): a completed job is charged its estimate plus each priced unit times
-its count (:meth:`~hypermedia.jobs.catalog.ProfileRecord.charge_millicredits`), and its
-attempt records the units. The reservation at submit is the estimate alone.
+(:data:`pipelines.registry.USAGE_OUTPUT`; the ocr step: ``page``, ``ocr_page``,
+``engine_pass``, ``escalation``): a completed job is charged its estimate plus each
+priced unit times its count (:meth:`~hypermedia.jobs.catalog.ProfileRecord.
+charge_millicredits`), and its attempt records the units.
+
+Credits are a hard limit, so the reservation at submit is the worst case: the estimate
+plus each priced unit at the most the step may report for this input and these params
+(:meth:`~hypermedia.jobs.catalog.ProfileRecord.reserve_millicredits`, from the bound
+the step declares with :func:`pipelines.registry.register_max_units`; ocr: pages, 1 for
+an image, a PDF's page count from its inspection, else ``max_pages``, times the engines
+of the chain after the first). The job keeps it (``jobs.reserved_millicredits``); the
+completion charges at most it (a step that reports past its bound is charged the
+reservation, and a warning is logged) and releases all of it, as a failure or a cancel
+does: no balance goes below zero. A profile that prices a unit its step declares no
+bound for is refused here (``profiles.<op>.unit_costs.<unit>``): the reservation could
+not cover it. Units priced 0, and profiles of operations no step implements, pass.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ from hypermedia.db.engine import transaction
 from hypermedia.ids import new_id
 from hypermedia.ingest.service import SubmitRequest
 from hypermedia.profiles import load_profiles
+from hypermedia.sandbox.inspect import Inspection
 from hypermedia.stack import Stack
 from hypermedia.storage.base import original_key
 
@@ -55,7 +56,11 @@ def make_user(stack: Stack, name: str | None = None, credits: float = 1_000_000.
     return Person(caller, user.api_key, user.pool_id)
 
 
-def make_object(stack: Stack, person: Person, size_bytes: int = 1024) -> str:
+def make_object(
+    stack: Stack, person: Person, size_bytes: int = 1024, inspection: Inspection | None = None
+) -> str:
+    """An object's row (no bytes stored); ``inspection``: what its upload found in it
+    (None: never inspected, like another job's output)."""
     object_id = new_id()
     with transaction(stack.engine) as conn:
         objects.register_object(
@@ -67,8 +72,19 @@ def make_object(stack: Stack, person: Person, size_bytes: int = 1024) -> str:
             filename="file.bin",
             size_bytes=size_bytes,
             now=stack.clock.now(),
+            inspection=inspection,
         )
     return object_id
+
+
+def image_inspection() -> Inspection:
+    """What an upload finds in a PNG (ocr reads it as one page)."""
+    return Inspection("image", "image/png", {"label": "PNG image", "width": 800, "height": 600})
+
+
+def pdf_inspection(pages: int) -> Inspection:
+    """What an upload finds in a PDF of ``pages`` pages."""
+    return Inspection("pdf", "application/pdf", {"label": "PDF document", "pages": pages})
 
 
 def stored_object(stack: Stack, person: Person, payload: bytes) -> str:

@@ -11,7 +11,8 @@
 
 Bulk work is the platform's cost: its jobs belong to the platform's own user and
 reserve nothing, unless the run names an account to charge (then each batch reserves
-its estimates there first, and a short account pauses the run with the reason).
+its jobs' reservations there first: estimates plus the most their priced units may
+cost; a short account pauses the run with the reason).
 
 Jobs go on the ``bulk`` queue by default (``--queue`` may name the operation's own
 queue instead, at the same bulk priority); why, with the numbers, is in the bench

@@ -115,14 +115,15 @@ def plan_page(run: Any, profile: ProfileRecord, rows: Iterable[Any], room: int) 
         if int(row.size_bytes) > profile.max_input_bytes:
             plan.unfit += 1
             continue
-        if row.inspection is not None:
+        inspection = None if row.inspection is None else Inspection.from_dict(row.inspection)
+        if inspection is not None:
             try:
-                check_operation(
-                    Inspection.from_dict(row.inspection), run.operation, profile.accepts, limits
-                )
+                check_operation(inspection, run.operation, profile.accepts, limits)
             except InputRejected:
                 plan.unfit += 1
                 continue
+        params = dict(profile.params)
+        estimate = 0 if platform else profile.estimate_millicredits(int(row.size_bytes))
         plan.jobs.append(
             NewJob(
                 job_id=new_id(),
@@ -132,10 +133,11 @@ def plan_page(run: Any, profile: ProfileRecord, rows: Iterable[Any], room: int) 
                 operation=run.operation,
                 queue=run.queue,
                 priority=run.priority,
-                params=dict(profile.params),
-                estimated_millicredits=0
-                if platform
-                else profile.estimate_millicredits(int(row.size_bytes)),
+                params=params,
+                estimated_millicredits=estimate,
+                # The platform's too: the most its priced units may cost it (its
+                # ledger's spend), though its account holds nothing.
+                reserved_millicredits=profile.reserve_millicredits(estimate, params, inspection),
                 max_attempts=profile.max_attempts,
             )
         )

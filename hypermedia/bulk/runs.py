@@ -35,7 +35,8 @@ BULK_PRIORITIES = range(7, 11)  # seed 003: background regeneration gets 7-10
 DEFAULT_PRIORITY = 8
 BULK_QUEUE = "bulk"
 # The platform's own account: jobs of a run that names no account are its (estimated
-# at 0 credits; what units a step prices lands in its ledger as the platform's spend).
+# at 0 credits; what units a step prices lands in its ledger as the platform's spend,
+# at most the bound their reservations record; its account holds nothing).
 PLATFORM_USER_ID = "0" * 32
 PLATFORM_USER_NAME = "hypermedia-platform"
 

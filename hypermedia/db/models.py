@@ -271,6 +271,10 @@ class ProcessingJob(Base):
     status: Mapped[str] = mapped_column(String(16))
     params: Mapped[dict[str, Any]]
     estimated_millicredits: Mapped[int] = mapped_column(BigInteger)
+    # What the submit held on the user's credits: the estimate plus the most the units
+    # of work its step may report can cost (unit_costs); every release gives back this,
+    # and the completion charges at most this.
+    reserved_millicredits: Mapped[int] = mapped_column(BigInteger)
     actual_millicredits: Mapped[int | None] = mapped_column(BigInteger)
     attempt_count: Mapped[int] = mapped_column(Integer, default=0)
     max_attempts: Mapped[int] = mapped_column(Integer)

@@ -18,10 +18,14 @@ Order of work (the seed's job creation, made transactional):
    raises before anything is written. Objects recorded without an inspection (outputs,
    rows older than migration 0002) are left to the pipelines' own checks;
 3. credits are estimated as ``base_cost + cost_per_mb x size_mb`` per job
-   (:meth:`~hypermedia.jobs.catalog.ProfileRecord.estimate_millicredits`);
+   (:meth:`~hypermedia.jobs.catalog.ProfileRecord.estimate_millicredits`), and each
+   job's reservation is its estimate plus the most its step's priced units of work
+   may cost for this input and these params
+   (:meth:`~hypermedia.jobs.catalog.ProfileRecord.reserve_millicredits`: ocr's
+   escalations), the most it can ever be charged;
 4. the job record takes them in one transaction
-   (:meth:`~hypermedia.jobs.repository.JobRepository.create`): the estimates are
-   *reserved* on the caller's account, and too few available credits raise
+   (:meth:`~hypermedia.jobs.repository.JobRepository.create`): the reservations are
+   held on the caller's account, and too few available credits raise
    :class:`PaymentRequired` and roll it back, so nothing is created and nothing is
    queued; else the job rows are inserted, born ``queued``, and it commits;
 5. the jobs are pushed to their Redis queues. If Redis is down the jobs are still
@@ -36,8 +40,9 @@ An idempotency key makes a retried submit return the jobs of the first one
 (``replayed=True``), whatever the key's rate meanwhile: a replay is neither checked
 against the key's grants nor counted; the same key with a different request is a
 ``conflict``.
-Reserved credits are charged (actual cost) when a job completes and released
-when it fails or is cancelled (:mod:`hypermedia.jobs.credits`).
+A job's reservation is released when it ends: when it completes, its actual cost
+(at most the reservation) is charged; when it fails or is cancelled, nothing is
+(:mod:`hypermedia.jobs.credits`).
 """
 
 from __future__ import annotations
@@ -234,6 +239,9 @@ class SubmittedJob:
     queue: str
     priority: int
     estimated_millicredits: int
+    # What the submit holds: the estimate plus the most its step's priced units of work
+    # may cost (ocr: escalations); the most the job may be charged.
+    reserved_millicredits: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,6 +249,7 @@ class SubmitResult:
     submission_id: str
     jobs: list[SubmittedJob]
     estimated_millicredits: int
+    reserved_millicredits: int
     replayed: bool = False
 
     @property
@@ -286,6 +295,7 @@ class JobView:
     attempt_count: int
     max_attempts: int
     estimated_millicredits: int
+    reserved_millicredits: int
     actual_millicredits: int | None
     error_code: str | None
     error_message: str | None
@@ -477,11 +487,17 @@ class IngestService:
                     submission_id=p.submission_id,
                     jobs=[
                         SubmittedJob(
-                            j.job_id, j.operation, j.queue, j.priority, j.estimated_millicredits
+                            j.job_id,
+                            j.operation,
+                            j.queue,
+                            j.priority,
+                            j.estimated_millicredits,
+                            j.reserved_millicredits,
                         )
                         for j in p.jobs
                     ],
                     estimated_millicredits=p.estimated_millicredits,
+                    reserved_millicredits=p.reserved_millicredits,
                 )
             )
         return results, fresh
@@ -513,6 +529,7 @@ class IngestService:
                     t.jobs.c.queue,
                     t.jobs.c.priority,
                     t.jobs.c.estimated_millicredits,
+                    t.jobs.c.reserved_millicredits,
                 )
                 .where(t.jobs.c.submission_id == row.submission_id)
                 .order_by(t.jobs.c.job_id)
@@ -521,6 +538,7 @@ class IngestService:
                 submission_id=row.submission_id,
                 jobs=[SubmittedJob(*j) for j in jobs],
                 estimated_millicredits=row.estimated_millicredits,
+                reserved_millicredits=sum(j.reserved_millicredits for j in jobs),
                 replayed=True,
             )
         return replays
@@ -569,6 +587,8 @@ class IngestService:
                 except InputRejected as exc:
                     exc.details["object_id"] = request.object_id
                     raise
+            params = {**profile.params, **request.params.get(operation, {})}
+            estimate = profile.estimate_millicredits(size)
             jobs.append(
                 NewJob(
                     job_id=new_id(),
@@ -578,8 +598,11 @@ class IngestService:
                     operation=operation,
                     queue=profile.queue,
                     priority=request.priority or profile.default_priority,
-                    params={**profile.params, **request.params.get(operation, {})},
-                    estimated_millicredits=profile.estimate_millicredits(size),
+                    params=params,
+                    estimated_millicredits=estimate,
+                    reserved_millicredits=profile.reserve_millicredits(
+                        estimate, params, obj.inspection
+                    ),
                     max_attempts=profile.max_attempts,
                     callback_url=request.callback_url,
                 )

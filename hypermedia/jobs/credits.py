@@ -5,10 +5,16 @@ it completes. The one module that moves them (an operator's grant is
 An account holds ``balance`` (what the user has) and ``reserved`` (held by unfinished
 jobs); ``balance - reserved`` is what a submit may still reserve::
 
-    reserve   submit                    reserved += estimate   (refused past the balance)
-    release   failed for good, cancelled reserved -= estimate
-    charge    completed                 balance  -= actual, reserved -= estimate,
+    reserve   submit                    reserved += reservation (refused past the balance)
+    release   failed for good, cancelled reserved -= reservation
+    charge    completed                 balance  -= actual, reserved -= reservation,
                                         one ``charge`` entry in the ledger per job
+
+A job's reservation (``jobs.reserved_millicredits``) is its estimate plus the most the
+units of work its step may report can cost (:meth:`~hypermedia.jobs.catalog.ProfileRecord.
+reserve_millicredits`); its actual cost (the estimate plus the units it reported) is
+charged at most that, so ``balance`` never goes below zero: what a submit reserves
+never exceeds ``balance - reserved``.
 
 :func:`reserve` and :func:`release` run on the caller's connection, inside the
 transaction that creates or ends the job. The charge is part of the worker's group
@@ -44,12 +50,15 @@ from hypermedia.errors import PaymentRequired
 LEDGER_COLUMNS = ["user_id", "job_id", "kind", "amount_millicredits", "note", "created_at"]
 
 
-def reserve(conn: Connection, user_id: str, amount: int, now: float) -> None:
+def reserve(
+    conn: Connection, user_id: str, amount: int, now: float, *, estimate: int | None = None
+) -> None:
     """Hold ``amount`` of the user's available credits; :class:`PaymentRequired` (and
-    nothing held) when fewer are available."""
+    nothing held) when fewer are available (``estimate``: the jobs' estimates, which
+    its message shows beside ``amount`` when they differ)."""
     result = conn.execute(reserving(user_id, amount, to_datetime(now)))
     if result.rowcount != 1:
-        raise payment_required(conn, user_id, amount)
+        raise payment_required(conn, user_id, amount, estimate)
 
 
 def reserving(user_id: Any, amount: Any, now: Any) -> Update:
@@ -66,8 +75,12 @@ def reserving(user_id: Any, amount: Any, now: Any) -> Update:
     )
 
 
-def payment_required(conn: Connection, user_id: str, amount: int) -> PaymentRequired:
-    """The error for a reservation of ``amount`` that found too few credits."""
+def payment_required(
+    conn: Connection, user_id: str, amount: int, estimate: int | None = None
+) -> PaymentRequired:
+    """The error for a reservation of ``amount`` that found too few credits: how much
+    it needs reserved and how much is available; with the jobs' ``estimate`` when the
+    reservation is more (it holds the most their steps' units of work may cost too)."""
     acct = t.credit_accounts
     row = conn.execute(
         select(acct.c.balance_millicredits, acct.c.reserved_millicredits).where(
@@ -75,10 +88,20 @@ def payment_required(conn: Connection, user_id: str, amount: int) -> PaymentRequ
         )
     ).first()
     available = 0 if row is None else row.balance_millicredits - row.reserved_millicredits
+    if estimate is None or estimate == amount:
+        return PaymentRequired(
+            f"not enough credits: this needs {amount / 1000:g} reserved,"
+            f" {available / 1000:g} available",
+            required_credits=amount / 1000,
+            available_credits=available / 1000,
+        )
     return PaymentRequired(
-        f"not enough credits: this needs {amount / 1000:g}, {available / 1000:g} available",
+        f"not enough credits: this needs {amount / 1000:g} reserved (estimated"
+        f" {estimate / 1000:g}, plus {(amount - estimate) / 1000:g} for the most its units"
+        f" of work may cost), {available / 1000:g} available",
         required_credits=amount / 1000,
         available_credits=available / 1000,
+        estimated_credits=estimate / 1000,
     )
 
 
@@ -114,7 +137,7 @@ def charge(completed: Any, now: Any, *where: ColumnElement[bool]) -> Insert:
 
 def settle(user_id: Any, charged: Any, reserved: Any, now: Any) -> Update:
     """A user's account after their completed jobs: ``charged`` (the sum of their actual
-    costs) leaves the balance and ``reserved`` (the sum of their estimates) leaves the
+    costs) leaves the balance and ``reserved`` (the sum of their reservations) leaves the
     reservation. Each argument is a bound parameter or a column."""
     acct = t.credit_accounts
     return (

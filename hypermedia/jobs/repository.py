@@ -80,7 +80,9 @@ class ClaimedJob:
     max_attempts: int
     deadline: float  # lease / visibility timeout, epoch seconds
     attempt_started_at: float | None = None  # the attempt row's started_at, epoch seconds
-    estimated_millicredits: int | None = None  # what the submit reserved for it
+    estimated_millicredits: int | None = None  # its cost before the step's units of work
+    # What the submit reserved for it: the most its completion may charge.
+    reserved_millicredits: int | None = None
     started: bool = True  # processing; False: claimed, its start still to come
 
 
@@ -99,7 +101,8 @@ class FinishedJob:
 
     job_id: str
     outputs: Sequence[OutputRecord] = ()
-    actual_millicredits: int | None = None  # None: charge the estimate
+    # None: charge the estimate; either way at most the job's reservation.
+    actual_millicredits: int | None = None
     peak_memory_mb: float | None = None
     attempt_started_at: float | None = None  # known to the claimant; None: read it
     # The work the step reported (pages, engine passes ...): the attempt's units.
@@ -125,6 +128,9 @@ class NewJob:
     priority: int
     params: dict[str, Any]
     estimated_millicredits: int
+    # What the submit holds for it: the estimate plus the most the units of work its
+    # step may report can cost (ProfileRecord.reserve_millicredits).
+    reserved_millicredits: int
     max_attempts: int
     callback_url: str | None = None  # POSTed the job once it has ended (hypermedia.callbacks)
 
@@ -141,6 +147,10 @@ class NewSubmission:
     @property
     def estimated_millicredits(self) -> int:
         return sum(job.estimated_millicredits for job in self.jobs)
+
+    @property
+    def reserved_millicredits(self) -> int:
+        return sum(job.reserved_millicredits for job in self.jobs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +187,7 @@ def _job_values(job: NewJob) -> dict[str, Any]:
         "priority": job.priority,
         "params": job.params,
         "estimated_millicredits": job.estimated_millicredits,
+        "reserved_millicredits": job.reserved_millicredits,
         "max_attempts": job.max_attempts,
         "callback_url": job.callback_url,
     }
@@ -225,7 +236,8 @@ class JobRepository:
     def create(
         self, conn: Connection, user_id: str, submissions: Sequence[NewSubmission], now: float
     ) -> None:
-        """Record accepted submissions of one user: the sum of their estimates reserved
+        """Record accepted submissions of one user: the sum of their jobs' reservations
+        held
         (:func:`~hypermedia.jobs.credits.reserve`: too few credits raise
         :class:`~hypermedia.errors.PaymentRequired` before any row is written), their
         submission rows and their job rows, born ``queued``.
@@ -239,7 +251,8 @@ class JobRepository:
         """
         if not submissions:
             return
-        amount = sum(s.estimated_millicredits for s in submissions)
+        amount = sum(s.reserved_millicredits for s in submissions)
+        estimate = sum(s.estimated_millicredits for s in submissions)
         if conn.dialect.name == "postgresql":  # one statement, one round trip
             held = conn.execute(
                 self._statements.get(conn, ("create",), sql.create_pg),
@@ -252,9 +265,9 @@ class JobRepository:
                 },
             ).first()
             if held is None:
-                raise credits.payment_required(conn, user_id, amount)
+                raise credits.payment_required(conn, user_id, amount, estimate)
             return
-        credits.reserve(conn, user_id, amount, now)
+        credits.reserve(conn, user_id, amount, now, estimate=estimate)
         moment = to_datetime(now)
         conn.execute(
             insert(t.submissions),
@@ -286,14 +299,14 @@ class JobRepository:
         ``run_id``) under one submission row of ``user_id``; answers the jobs inserted.
         A job for an object the run already has a job for is left out (the unique
         ``(bulk_run_id, object_id)``: a run resumed from an older cursor creates nothing
-        twice). ``reserve``: hold the batch's estimates on ``user_id``'s credits first
+        twice). ``reserve``: hold the batch's reservations on ``user_id``'s credits first
         (a run that names an account; :class:`~hypermedia.errors.PaymentRequired` and
         nothing written when short); else the platform pays and nothing is reserved."""
         if not submission.jobs:
             return []
-        planned = submission.estimated_millicredits
+        planned = submission.reserved_millicredits
         if reserve:  # before any row: short of credits, nothing is written
-            credits.reserve(conn, user_id, planned, now)
+            credits.reserve(conn, user_id, planned, now, estimate=submission.estimated_millicredits)
         moment = to_datetime(now)
         conn.execute(
             insert(t.submissions).values(
@@ -318,7 +331,7 @@ class JobRepository:
             ).scalars()
         )
         fresh = [job for job in submission.jobs if job.job_id in inserted]
-        unused = planned - sum(j.estimated_millicredits for j in fresh)
+        unused = planned - sum(j.reserved_millicredits for j in fresh)
         if reserve and unused:
             credits.release(conn, user_id, unused, now)
         return fresh
@@ -449,6 +462,7 @@ class JobRepository:
                     deadline=now + leases.get(row.profile_id, default_lease),
                     attempt_started_at=now,
                     estimated_millicredits=row.estimated_millicredits,
+                    reserved_millicredits=row.reserved_millicredits,
                     started=start is True or (start == "first" and job_id == job_ids[0]),
                 )
             )
@@ -565,7 +579,9 @@ class JobRepository:
         peak_memory_mb: float | None = None,
     ) -> Moved | None:
         """processing -> completed: outputs registered (idempotently), attempt closed,
-        credits charged. None if this worker no longer holds the job."""
+        credits charged (``actual_millicredits``, else the estimate; at most the job's
+        reservation) and the reservation released. None if this worker no longer holds
+        the job."""
         moved = self.complete_many(
             conn,
             worker_id,
@@ -584,9 +600,11 @@ class JobRepository:
         started: Mapping[str, float] | None = None,
     ) -> list[Moved]:
         """processing -> completed for a batch (group commit): one guarded UPDATE, the
-        attempts closed, one ledger charge per job and the credits settled once per
-        user; outputs registered (idempotently). On PostgreSQL all of it but the
-        outputs is one statement (data-modifying CTEs), else a few.
+        attempts closed, one ledger charge per job (its actual cost, at most its
+        reservation) and the credits settled once per user (the charges spent, the
+        jobs' whole reservations released); outputs registered (idempotently). On
+        PostgreSQL all of it but the outputs is one statement (data-modifying CTEs),
+        else a few.
 
         ``versions``: profile versions by id where the caller knows them (else read).
         ``started``: of these, jobs still ``claimed`` (taken ahead) that began at the
@@ -676,7 +694,7 @@ class JobRepository:
         charged: dict[str, list[int]] = defaultdict(lambda: [0, 0])
         for r in rows:
             charged[r.user_id][0] += r.actual_millicredits
-            charged[r.user_id][1] += r.estimated_millicredits
+            charged[r.user_id][1] += r.reserved_millicredits
         # The account rows last: they are the rows every submit and completion of a
         # user contends for, so hold their locks for the shortest time.
         conn.execute(
@@ -764,7 +782,7 @@ class JobRepository:
                 t.jobs.c.operation,
                 t.jobs.c.priority,
                 t.jobs.c.user_id,
-                t.jobs.c.estimated_millicredits,
+                t.jobs.c.reserved_millicredits,
                 t.jobs.c.claimed_by,
                 t.jobs.c.callback_url,
             ).where(*conds)
@@ -806,7 +824,7 @@ class JobRepository:
             log_tail,
         )
         if decision.status is JobStatus.FAILED:
-            credits.release(conn, row.user_id, row.estimated_millicredits, now)
+            credits.release(conn, row.user_id, row.reserved_millicredits, now)
             if row.callback_url:
                 callbacks.record(conn, [(job_id, JobStatus.FAILED.value)], now)
         moved = Moved(
@@ -873,14 +891,14 @@ class JobRepository:
                 t.jobs.c.priority,
                 t.jobs.c.user_id,
                 t.jobs.c.attempt_count,
-                t.jobs.c.estimated_millicredits,
+                t.jobs.c.reserved_millicredits,
                 t.jobs.c.callback_url,
             )
         ).one_or_none()
         if row is None:
             return None
         self._close_attempt(conn, job_id, "cancelled", now, None)
-        credits.release(conn, row.user_id, row.estimated_millicredits, now)
+        credits.release(conn, row.user_id, row.reserved_millicredits, now)
         if row.callback_url:
             callbacks.record(conn, [(job_id, JobStatus.CANCELLED.value)], now)
         return Moved(job_id, row.queue, row.priority, JobStatus.CANCELLED)
@@ -906,10 +924,10 @@ class JobRepository:
                 run_after=None,
                 updated_at=to_datetime(now),
             )
-            .returning(t.jobs.c.estimated_millicredits, t.jobs.c.callback_url)
+            .returning(t.jobs.c.reserved_millicredits, t.jobs.c.callback_url)
         ).one_or_none()
         if row is not None:
-            credits.release(conn, user_id, row.estimated_millicredits, now)
+            credits.release(conn, user_id, row.reserved_millicredits, now)
             if row.callback_url:
                 callbacks.record(conn, [(job_id, JobStatus.CANCELLED.value)], now)
             return JobStatus.CANCELLED

@@ -206,6 +206,7 @@ def claim(dialect: str, profile_ids: tuple[int, ...], start: bool | Literal["fir
             j.attempt_count,
             j.max_attempts,
             j.estimated_millicredits,
+            j.reserved_millicredits,
         )
     )
     if dialect != "postgresql":
@@ -307,12 +308,12 @@ def complete_pg(dialect: str) -> Executable:
     """PostgreSQL's :meth:`complete_many` in one statement.
 
     ``done`` completes the jobs this worker holds (the guard); ``closed`` closes
-    their running attempts, ``ledger`` charges each, ``settle`` moves each user's
-    sum from reserved to spent, ``outbox`` records the terminal event of each that
-    named a callback (:mod:`hypermedia.jobs.callbacks`). Per-job values (actual cost,
-    peak memory, ``b_starts``) come as arrays in the order of ``ids``. Every part reads
-    ``done``, so the job rows are locked before the account rows, in the same order as
-    every other step.
+    their running attempts, ``ledger`` charges each, ``settle`` spends each user's
+    charges and releases their jobs' reservations, ``outbox`` records the terminal
+    event of each that named a callback (:mod:`hypermedia.jobs.callbacks`). Per-job
+    values (actual cost, peak memory, ``b_starts``) come as arrays in the order of
+    ``ids``. Every part reads ``done``, so the job rows are locked before the account
+    rows, in the same order as every other step.
 
     ``b_starts``: for a job its loop took ahead and began since the last batch, the
     moment it did (else NULL): such a job, still ``claimed``, is started and completed
@@ -358,7 +359,7 @@ def complete_pg(dialect: str) -> Executable:
         select(
             done.c.user_id,
             func.sum(done.c.actual_millicredits).label("charge"),
-            func.sum(done.c.estimated_millicredits).label("reserved"),
+            func.sum(done.c.reserved_millicredits).label("reserved"),
         )
         .group_by(done.c.user_id)
         .subquery("totals")
@@ -381,9 +382,13 @@ def _complete_update(
     dialect: str, now: Any, actual: Any, *, started: Any = None
 ) -> ReturningUpdate[Any]:
     """processing -> completed for the batch this worker holds; ``actual`` is the
-    actual cost (NULL keeps the estimate); ``started``, where not NULL, the moment a
-    ``claimed`` job began: START and COMPLETE at once."""
+    actual cost (NULL keeps the estimate), charged at most the job's reservation (what
+    its submit held: the charge can never take more than the user had available);
+    ``started``, where not NULL, the moment a ``claimed`` job began: START and
+    COMPLETE at once."""
     j = t.jobs.c
+    cost = func.coalesce(actual, j.estimated_millicredits)
+    capped = case((cost > j.reserved_millicredits, j.reserved_millicredits), else_=cost)
     status_ok: Any = guarded(j.status, JobEvent.COMPLETE)
     values: dict[str, Any] = {}
     if started is not None:
@@ -405,7 +410,7 @@ def _complete_update(
             completed_at=now,
             visibility_timeout=None,
             updated_at=now,
-            actual_millicredits=func.coalesce(actual, j.estimated_millicredits),
+            actual_millicredits=capped,
             error_code=None,
             error_message=None,
         )
@@ -417,6 +422,7 @@ def _complete_update(
             j.user_id,
             j.profile_id,
             j.estimated_millicredits,
+            j.reserved_millicredits,
             j.actual_millicredits,
             j.callback_url,
         )
@@ -430,7 +436,8 @@ def ledger(dialect: str) -> Executable:
 
 
 def settle(dialect: str) -> Executable:
-    """A user's account after a batch: ``b_charge`` spent, ``b_reserved`` released."""
+    """A user's account after a batch: ``b_charge`` spent, ``b_reserved`` (the jobs'
+    reservations) released."""
     return credits.settle(
         bindparam("b_user", type_=String),
         bindparam("b_charge", type_=BigInteger),
@@ -478,6 +485,7 @@ JOB_COLUMNS = (
     "priority",
     "params",
     "estimated_millicredits",
+    "reserved_millicredits",
     "max_attempts",
     "callback_url",
 )

@@ -16,8 +16,10 @@ runs and put back before a retry (:mod:`hypermedia.worker.checkpointing`).
 A step's report of its units of work (the output :data:`pipelines.registry.USAGE_OUTPUT`:
 the ocr step's pages, engine passes, escalations) is not stored: the completion charges
 the job what its profile's ``unit_costs`` make of it
-(:meth:`~hypermedia.jobs.catalog.ProfileRecord.charge_millicredits`) and records it on
-the attempt. A report that is not a small JSON object of counts is logged and ignored.
+(:meth:`~hypermedia.jobs.catalog.ProfileRecord.charge_millicredits`), at most what its
+submit reserved (the step's declared bound: a report past it is charged the
+reservation, with a warning), and records it on the attempt. A report that is not a
+small JSON object of counts is logged and ignored.
 
 An operation whose profile sets ``params.needs_input = false`` gets no input: no
 GET URL, no download; its step is handed a path where no file is. A step that
@@ -396,7 +398,7 @@ class JobExecution:
         # rather than ending cancelled with blobs in storage that no row accounts for.
         actual = None
         if units is not None and job.estimated_millicredits is not None:
-            actual = profile.charge_millicredits(job.estimated_millicredits, units)
+            actual = charge(job, profile, units)
         return Completion(job, records, result.peak_memory_mb, units, actual)
 
     def _checkpointer(self, job: ClaimedJob, workdir: Path) -> Checkpointer | None:
@@ -559,3 +561,25 @@ def read_units(job: ClaimedJob, path: Path) -> dict[str, int] | None:
         extra={"job_id": job.job_id, "queue": job.queue, "action": "usage_ignored"},
     )
     return None
+
+
+def charge(job: ClaimedJob, profile: ProfileRecord, units: Mapping[str, int]) -> int:
+    """What the completion charges ``job``: its estimate plus the priced ``units`` its
+    step reported, at most what its submit reserved. More than the reservation means
+    the step reported past the bound it declared (:func:`pipelines.registry.max_units`):
+    charged the reservation, and a warning says so (the bound is wrong)."""
+    assert job.estimated_millicredits is not None
+    actual = profile.charge_millicredits(job.estimated_millicredits, units)
+    reserved = job.reserved_millicredits
+    if reserved is None or actual <= reserved:
+        return actual
+    log.warning(
+        "job %s: its step reported more units of work than it bounds (%s): charged the"
+        " %d millicredits reserved, not %d",
+        job.job_id,
+        ", ".join(f"{unit}={count}" for unit, count in sorted(units.items())),
+        reserved,
+        actual,
+        extra={"job_id": job.job_id, "queue": job.queue, "action": "charge_capped"},
+    )
+    return reserved

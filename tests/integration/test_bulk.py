@@ -28,7 +28,7 @@ from hypermedia.jobs.repository import FinishedJob, OutputRecord
 from hypermedia.profiles import load_profiles
 from hypermedia.storage.base import derived_key
 from tests.api_support import add_user, bearer
-from tests.factories import make_object, make_user, open_stack
+from tests.factories import image_inspection, make_object, make_user, open_stack
 
 
 def _objects(stack, person, n: int) -> list[str]:
@@ -293,6 +293,59 @@ def test_a_named_account_pays_and_a_short_one_pauses_the_run(engine, settings, m
             ).scalars()
         )
     assert users == {payer.caller.user_id}
+
+
+def test_an_ocr_run_reserves_and_charges_as_a_submit_does(engine, settings, manual_clock):
+    """ocr prices its escalations: each job of a run reserves its estimate plus the most
+    the input may escalate (a 1 KB image: 1.001 + 2 x 0.25), on the named account as a
+    submit would, so an account holding two jobs' worst case gets two jobs and a pause;
+    completed past their bound, they are charged their reservations, never more, and
+    the balance ends at 0. A platform run holds no credits, but its jobs record the
+    same bound on what the platform's ledger may be charged."""
+    stack = open_stack(settings, engine, manual_clock)
+    person = make_user(stack)
+    for _ in range(3):
+        make_object(stack, person, inspection=image_inspection())
+    payer = make_user(stack, name="payer", credits=2 * 1.501)
+    with transaction(stack.engine) as conn:
+        accounts.add_pool_member(conn, person.pool_id, payer.caller.user_id)
+    service = _service(stack)
+    spec = RunSpec(
+        kind="backfill",
+        operation="ocr",
+        batch_size=1,
+        account="payer",
+        filter={"pool_id": person.pool_id},
+    )
+    run = service.create(spec, "t")
+    _runner(stack, max_pages_per_tick=5).step(run.run_id)
+    view = service.get(run.run_id)
+    assert view.state == "paused" and "this needs 1.501 reserved" in (view.reason or "")
+    assert view.created_jobs == 2
+    with transaction(stack.engine) as conn:
+        assert accounts.balance(conn, payer.caller.user_id) == accounts.Balance(3002, 3002)
+    catalog = ProfileCatalog.load(stack.engine)
+    dispatcher = Dispatcher(stack.engine, stack.queue, catalog, clock=stack.clock)
+    jobs = dispatcher.claim_and_start("bulk", "w-test", 10)
+    assert [(j.estimated_millicredits, j.reserved_millicredits) for j in jobs] == [(1001, 1501)] * 2
+    units = {"page": 1, "ocr_page": 1, "engine_pass": 5, "escalation": 4}  # past its bound
+    dispatcher.complete_many(
+        "w-test", [FinishedJob(j.job_id, actual_millicredits=2001, units=units) for j in jobs]
+    )
+    with transaction(stack.engine) as conn:
+        assert accounts.balance(conn, payer.caller.user_id) == accounts.Balance(0, 0)
+    platform = service.create(
+        RunSpec(kind="backfill", operation="ocr", filter={"pool_id": person.pool_id}), "t"
+    )
+    _runner(stack).step(platform.run_id)
+    with transaction(stack.engine) as conn:
+        held = conn.execute(
+            select(t.jobs.c.estimated_millicredits, t.jobs.c.reserved_millicredits).where(
+                t.jobs.c.bulk_run_id == platform.run_id
+            )
+        ).all()
+    assert [tuple(r) for r in held] == [(0, 500)] * 3
+    stack.close()
 
 
 def test_a_named_account_gets_jobs_only_on_objects_it_may_use(engine, settings, manual_clock):

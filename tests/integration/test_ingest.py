@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 
 import pytest
@@ -23,7 +24,14 @@ from hypermedia.errors import (
 from hypermedia.ingest.service import SubmitRequest
 from hypermedia.jobs.repository import FinishedJob
 from hypermedia.jobs.states import JobStatus
-from tests.factories import make_object, make_user, open_stack
+from hypermedia.worker.execute import charge
+from tests.factories import (
+    image_inspection,
+    make_object,
+    make_user,
+    open_stack,
+    pdf_inspection,
+)
 
 
 def _count(engine, table) -> int:
@@ -39,20 +47,24 @@ def _balance(stack, person) -> accounts.Balance:
 def test_estimate_is_base_plus_per_mb_and_is_reserved(engine, settings, manual_clock):
     stack = open_stack(settings, engine, manual_clock)
     person = make_user(stack, credits=10)
-    obj = make_object(stack, person, size_bytes=5 * 1024 * 1024)
+    obj = make_object(stack, person, size_bytes=5 * 1024 * 1024, inspection=image_inspection())
     result = stack.ingest.submit(
         person.caller, SubmitRequest(object_id=obj, operations=["thumbnail", "ocr"])
     )
     # thumbnail: 0.1 + 0.02 x 5 = 0.2; ocr: 1.0 + 0.2 x 5 = 2.0
     assert [j.estimated_millicredits for j in result.jobs] == [200, 2000]
     assert result.estimated_millicredits == 2200
-    assert _balance(stack, person) == accounts.Balance(10_000, 2200)
+    # ocr also holds its escalations at most: an image is one page, which the shipped
+    # chain (3 engines) may escalate twice, at 0.25 each. thumbnail prices no unit.
+    assert [j.reserved_millicredits for j in result.jobs] == [200, 2500]
+    assert result.reserved_millicredits == 2700
+    assert _balance(stack, person) == accounts.Balance(10_000, 2700)
     # Completing charges the actual cost and releases the reservation.
     (job,) = stack.dispatcher.claim("images", "w")
     stack.dispatcher.start(job, "w")
     stack.dispatcher.complete(job, "w", actual_millicredits=150)
-    assert _balance(stack, person) == accounts.Balance(9850, 2000)
-    # Cancelling releases without charging.
+    assert _balance(stack, person) == accounts.Balance(9850, 2500)
+    # Cancelling releases the whole reservation without charging.
     stack.ingest.cancel(person.caller, result.job_ids[1])
     assert _balance(stack, person) == accounts.Balance(9850, 0)
     with transaction(stack.engine) as conn:
@@ -68,7 +80,7 @@ def test_estimate_is_base_plus_per_mb_and_is_reserved(engine, settings, manual_c
 def test_not_enough_credits_creates_nothing(engine, settings, manual_clock):
     stack = open_stack(settings, engine, manual_clock)
     person = make_user(stack, credits=1.5)
-    obj = make_object(stack, person, size_bytes=5 * 1024 * 1024)
+    obj = make_object(stack, person, size_bytes=5 * 1024 * 1024, inspection=image_inspection())
     stack.ingest.submit(person.caller, SubmitRequest(object_id=obj, operations=["thumbnail"]))
     jobs_before = _count(stack.engine, t.jobs)
     subs_before = _count(stack.engine, t.submissions)
@@ -79,7 +91,16 @@ def test_not_enough_credits_creates_nothing(engine, settings, manual_clock):
             person.caller, SubmitRequest(object_id=obj, operations=["thumbnail", "ocr"])
         )
     assert caught.value.status == 402
-    assert caught.value.details == {"required_credits": 2.2, "available_credits": 1.3}
+    # It needs its reservation (estimated 2.2, plus 0.5 for ocr's escalations at most).
+    assert caught.value.details == {
+        "required_credits": 2.7,
+        "available_credits": 1.3,
+        "estimated_credits": 2.2,
+    }
+    assert caught.value.message == (
+        "not enough credits: this needs 2.7 reserved (estimated 2.2, plus 0.5 for the most"
+        " its units of work may cost), 1.3 available"
+    )
     assert _count(stack.engine, t.jobs) == jobs_before
     assert _count(stack.engine, t.submissions) == subs_before
     assert _balance(stack, person) == balance_before
@@ -129,7 +150,7 @@ def test_pool_members_may_use_each_others_objects(engine, settings, manual_clock
     assert stack.ingest.get_job(bob.caller, result.job_ids[0]).status == "queued"
     with pytest.raises(NotFound):
         stack.ingest.get_job(alice.caller, result.job_ids[0])
-    assert _balance(stack, bob).reserved_millicredits == result.estimated_millicredits
+    assert _balance(stack, bob).reserved_millicredits == result.reserved_millicredits
     stack.close()
 
 
@@ -143,7 +164,11 @@ def test_idempotency_key_returns_the_same_jobs(engine, settings, manual_clock):
     assert again.replayed and not first.replayed
     assert again.job_ids == first.job_ids
     assert again.estimated_millicredits == first.estimated_millicredits
-    assert _balance(stack, person).reserved_millicredits == first.estimated_millicredits
+    assert again.reserved_millicredits == first.reserved_millicredits
+    assert [j.reserved_millicredits for j in again.jobs] == [
+        j.reserved_millicredits for j in first.jobs
+    ]
+    assert _balance(stack, person).reserved_millicredits == first.reserved_millicredits
     assert _count(stack.engine, t.jobs) == 2
     with pytest.raises(Conflict):
         stack.ingest.submit(
@@ -247,6 +272,9 @@ def test_a_submit_writes_its_record_alike_on_both_databases(engine, settings, ma
             assert row.status == JobStatus.QUEUED.value
             assert (row.attempt_count, row.cancel_requested, row.claimed_by) == (0, False, None)
             assert row.estimated_millicredits == job.estimated_millicredits
+            # No unit of these profiles is priced: they reserve their estimates.
+            assert row.reserved_millicredits == job.reserved_millicredits
+            assert job.reserved_millicredits == job.estimated_millicredits
             assert row.callback_url == request.callback_url
             assert row.created_at.timestamp() == row.queued_at.timestamp() == now
             assert row.updated_at.timestamp() == now
@@ -272,13 +300,15 @@ def test_a_completion_records_its_units_and_charges_what_it_is_given(
 ):
     """The worker's completion (group commit) with the step's units of work: the attempt
     keeps them, the job is charged the actual the worker priced (here one escalation
-    of the ocr profile's 0.25 on top of the 1.2 estimate)."""
+    of the ocr profile's 0.25 on top of the 1.2 estimate); the whole reservation (1.7:
+    up to two escalations of the one page) is released."""
     stack = open_stack(settings, engine, manual_clock)
     person = make_user(stack, credits=10)
-    obj = make_object(stack, person, size_bytes=1024 * 1024)
+    obj = make_object(stack, person, size_bytes=1024 * 1024, inspection=image_inspection())
     stack.ingest.submit(person.caller, SubmitRequest(object_id=obj, operations=["ocr"]))
     (job,) = stack.dispatcher.claim("ocr", "w")
-    assert job.estimated_millicredits == 1200
+    assert (job.estimated_millicredits, job.reserved_millicredits) == (1200, 1700)
+    assert _balance(stack, person) == accounts.Balance(10_000, 1700)
     stack.dispatcher.start(job, "w")
     units = {"page": 1, "ocr_page": 1, "engine_pass": 2, "escalation": 1}
     actual = stack.catalog.get("ocr").charge_millicredits(1200, units)
@@ -287,6 +317,122 @@ def test_a_completion_records_its_units_and_charges_what_it_is_given(
     view = stack.ingest.get_job(person.caller, job.job_id)
     assert (view.actual_millicredits, view.attempts[0].units) == (1450, units)
     assert _balance(stack, person) == accounts.Balance(10_000 - 1450, 0)
+    stack.close()
+
+
+def test_an_ocr_job_needs_its_escalations_reserved(engine, settings, manual_clock):
+    """An ocr job may be charged its estimate plus 0.25 per escalation: a submit holds
+    the most its step may escalate for the input (a 3-page PDF, the shipped 3-engine
+    chain: 2 escalations a page, 1.5) on top of the 1.2 estimate. An account holding
+    exactly the estimate is refused (402, nothing created) instead of being charged
+    past its balance; a chain of one engine (no escalation possible) reserves the
+    estimate alone; an account holding the worst case is accepted."""
+    stack = open_stack(settings, engine, manual_clock)
+    short = make_user(stack, credits=1.2)
+    obj = make_object(stack, short, size_bytes=1024 * 1024, inspection=pdf_inspection(3))
+    with pytest.raises(PaymentRequired) as caught:
+        stack.ingest.submit(short.caller, SubmitRequest(object_id=obj, operations=["ocr"]))
+    assert caught.value.status == 402
+    assert caught.value.details == {
+        "required_credits": 2.7,
+        "available_credits": 1.2,
+        "estimated_credits": 1.2,
+    }
+    assert "this needs 2.7 reserved" in caught.value.message
+    assert _count(stack.engine, t.jobs) == _count(stack.engine, t.submissions) == 0
+    assert _balance(stack, short) == accounts.Balance(1200, 0)
+    assert stack.queue.ready_ids("ocr") == []
+    one_engine = SubmitRequest(
+        object_id=obj, operations=["ocr"], params={"ocr": {"engines": ["ppocr"]}}
+    )
+    alone = stack.ingest.submit(short.caller, one_engine)
+    assert (alone.estimated_millicredits, alone.reserved_millicredits) == (1200, 1200)
+    assert _balance(stack, short) == accounts.Balance(1200, 1200)
+    enough = make_user(stack, credits=2.7)
+    mine = make_object(stack, enough, size_bytes=1024 * 1024, inspection=pdf_inspection(3))
+    result = stack.ingest.submit(enough.caller, SubmitRequest(object_id=mine, operations=["ocr"]))
+    assert (result.estimated_millicredits, result.reserved_millicredits) == (1200, 2700)
+    (job,) = result.jobs
+    assert (job.estimated_millicredits, job.reserved_millicredits) == (1200, 2700)
+    assert _balance(stack, enough) == accounts.Balance(2700, 2700)
+    view = stack.ingest.get_job(enough.caller, job.job_id)
+    assert (view.estimated_millicredits, view.reserved_millicredits) == (1200, 2700)
+    stack.close()
+
+
+def test_a_completion_charges_at_most_the_reservation(engine, settings, manual_clock, caplog):
+    """Accounts holding exactly ocr jobs' reservations (1.2 + 6 escalations of a 3-page
+    PDF at 0.25): a completion that reports its worst case is charged all of it; one
+    whose step reports more than it bounds (a bug in the bound) is charged the
+    reservation, with a warning, never more; the completion's statement caps what it
+    is handed too. Balances end at 0, never below; every reservation is released."""
+    stack = open_stack(settings, engine, manual_clock)
+    person = make_user(stack, credits=3 * 2.7)
+    for _ in range(3):
+        obj = make_object(stack, person, size_bytes=1024 * 1024, inspection=pdf_inspection(3))
+        stack.ingest.submit(person.caller, SubmitRequest(object_id=obj, operations=["ocr"]))
+    assert _balance(stack, person) == accounts.Balance(8100, 8100)
+    jobs = stack.dispatcher.claim("ocr", "w", count=3)
+    assert [j.reserved_millicredits for j in jobs] == [2700] * 3
+    profile = stack.catalog.get("ocr")
+
+    def units(escalations: int) -> dict[str, int]:
+        return {"page": 3, "ocr_page": 3, "engine_pass": 3 + escalations, "escalation": escalations}
+
+    with caplog.at_level(logging.WARNING, logger="hypermedia.worker.execute"):
+        assert charge(jobs[0], profile, units(6)) == 2700
+        assert not caplog.records
+        assert charge(jobs[1], profile, units(9)) == 2700  # 3450 reported
+    (warning,) = caplog.records
+    assert "more units of work than it bounds" in warning.getMessage()
+    assert "charged the 2700 millicredits reserved, not 3450" in warning.getMessage()
+    finished = [
+        FinishedJob(jobs[0].job_id, actual_millicredits=2700, units=units(6)),
+        FinishedJob(jobs[1].job_id, actual_millicredits=2700, units=units(9)),
+        FinishedJob(jobs[2].job_id, actual_millicredits=3450, units=units(9)),
+    ]
+    for job in jobs:
+        stack.dispatcher.start(job, "w")
+    assert stack.dispatcher.complete_many("w", finished) == [True] * 3
+    views = [stack.ingest.get_job(person.caller, j.job_id) for j in jobs]
+    assert [v.actual_millicredits for v in views] == [2700] * 3
+    assert views[2].attempts[0].units == units(9)  # recorded as reported
+    assert _balance(stack, person) == accounts.Balance(0, 0)
+    with transaction(stack.engine) as conn:
+        ledger = conn.execute(
+            select(t.credit_ledger.c.amount_millicredits).where(t.credit_ledger.c.kind == "charge")
+        ).scalars()
+        assert sorted(ledger) == [-2700] * 3
+    stack.close()
+
+
+def test_failure_and_cancel_release_the_whole_reservation(engine, settings, manual_clock):
+    """An ocr job holds its estimate and its escalations at most (1.2 + 1.5 on a 3-page
+    PDF): cancelled while queued, failed for good, cancelled while it runs, each gives
+    all of it back and is charged nothing."""
+    stack = open_stack(settings, engine, manual_clock)
+    person = make_user(stack, credits=10)
+    job_ids = []
+    for _ in range(3):
+        obj = make_object(stack, person, size_bytes=1024 * 1024, inspection=pdf_inspection(3))
+        result = stack.ingest.submit(
+            person.caller, SubmitRequest(object_id=obj, operations=["ocr"])
+        )
+        job_ids.extend(result.job_ids)
+    assert _balance(stack, person) == accounts.Balance(10_000, 3 * 2700)
+    assert stack.ingest.cancel(person.caller, job_ids[0]) is JobStatus.CANCELLED
+    assert _balance(stack, person) == accounts.Balance(10_000, 2 * 2700)
+    failing, running = stack.dispatcher.claim("ocr", "w", count=2)
+    stack.dispatcher.start(failing, "w")
+    status = stack.dispatcher.fail(failing, "w", "invalid_input", "bad page", retryable=False)
+    assert status is JobStatus.FAILED
+    assert _balance(stack, person) == accounts.Balance(10_000, 2700)
+    stack.dispatcher.start(running, "w")
+    assert stack.ingest.cancel(person.caller, running.job_id) is JobStatus.PROCESSING
+    assert stack.dispatcher.honour_cancel(running, "w")
+    assert stack.ingest.get_job(person.caller, running.job_id).status == "cancelled"
+    assert _balance(stack, person) == accounts.Balance(10_000, 0)
+    assert _count(stack.engine, t.credit_ledger) == 1  # the grant: nothing charged
     stack.close()
 
 

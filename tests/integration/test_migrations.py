@@ -227,6 +227,7 @@ def test_one_output_row_per_job_type_and_profile_version(engine):
                     "status": "completed",
                     "params": {},
                     "estimated_millicredits": 120,
+                    "reserved_millicredits": 120,
                     "max_attempts": 3,
                     "created_at": now,
                     "updated_at": now,
@@ -366,3 +367,99 @@ def test_the_ledgers_ended_rows_from_before_request_ids_count_as_reconciled(empt
     assert rows["i-running"].reconciled_at is None
     assert rows["i-ended"].reconciled_at is not None
     assert rows["i-ended"].reconciled_at == rows["i-ended"].terminated_at  # as stored
+
+
+def test_the_jobs_from_before_reservations_reserved_their_estimates(empty_engine):
+    """0018: processing_jobs.reserved_millicredits, what a job's submit held (the
+    estimate plus the most its step's priced units may cost). A job from before held
+    its estimate: its row gets that, so releasing or completing it gives back exactly
+    what its submit reserved. Every job written since must give it (PostgreSQL keeps
+    no default)."""
+    migrate.upgrade(empty_engine, "0017")
+    moment = to_datetime(1_800_000_000.0)
+    rows = {
+        "users": [{"user_id": "u", "name": "ann", "is_operator": False, "created_at": moment}],
+        "pools": [{"pool_id": "p", "name": "p", "created_at": moment}],
+        "objects": [
+            {
+                "object_id": "o",
+                "pool_id": "p",
+                "owner_id": "u",
+                "kind": "original",
+                "storage_key": "k",
+                "filename": "f",
+                "size_bytes": 1,
+                "created_at": moment,
+            }
+        ],
+        "processing_profiles": [
+            {
+                "profile_id": 1,
+                "operation": "ocr",
+                "version": 1,
+                "queue": "ocr",
+                "base_cost_millicredits": 1000,
+                "cost_per_mb_millicredits": 200,
+                "timeout_seconds": 30,
+                "memory_limit_mb": 1024,
+                "max_input_bytes": 1000,
+                "max_attempts": 2,
+                "default_priority": 4,
+                "params": "{}",
+                "active": True,
+                "created_at": moment,
+                "updated_at": moment,
+            }
+        ],
+        "submissions": [
+            {
+                "submission_id": "s",
+                "user_id": "u",
+                "request_hash": "h",
+                "estimated_millicredits": 3400,
+                "created_at": moment,
+            }
+        ],
+        "processing_jobs": [
+            {
+                "job_id": job_id,
+                "submission_id": "s",
+                "user_id": "u",
+                "object_id": "o",
+                "profile_id": 1,
+                "operation": "ocr",
+                "queue": "ocr",
+                "priority": 4,
+                "status": status,
+                "params": "{}",
+                "estimated_millicredits": estimate,
+                "attempt_count": 0,
+                "max_attempts": 2,
+                "cancel_requested": False,
+                "created_at": moment,
+                "updated_at": moment,
+            }
+            for job_id, status, estimate in (
+                ("queued", "queued", 1200),
+                ("done", "completed", 2200),
+            )
+        ],
+    }
+    with empty_engine.begin() as conn:
+        for name, values in rows.items():
+            conn.execute(insert(table(name, *(column(key) for key in values[0]))), values)
+    migrate.upgrade(empty_engine)
+    jobs = table("processing_jobs", column("job_id"), column("reserved_millicredits"))
+    with empty_engine.connect() as conn:
+        found = dict(conn.execute(select(jobs.c.job_id, jobs.c.reserved_millicredits)).all())
+    assert found == {"queued": 1200, "done": 2200}
+    if empty_engine.dialect.name == "postgresql":
+        (column_info,) = [
+            c
+            for c in inspect(empty_engine).get_columns("processing_jobs")
+            if c["name"] == "reserved_millicredits"
+        ]
+        assert column_info["default"] is None and column_info["nullable"] is False
+    migrate.downgrade(empty_engine, "0017")
+    names = {c["name"] for c in inspect(empty_engine).get_columns("processing_jobs")}
+    assert "reserved_millicredits" not in names and "estimated_millicredits" in names

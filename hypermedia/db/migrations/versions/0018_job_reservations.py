@@ -1,0 +1,40 @@
+"""processing_jobs.reserved_millicredits: what a job's submit held on its user's credits,
+the estimate plus the most the units of work its step may report can cost (the ocr
+step's escalations, which were charged on top of a reservation of the estimate alone,
+so a balance could go below zero). Every release gives it back, and a completion
+charges at most it. A job from before reserved its estimate: its row gets that (the
+UPDATE rewrites every job row once).
+
+Revision ID: 0018
+Revises: 0017
+Create Date: 2026-12-06 09:00:00.000000
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0018"
+down_revision = "0017"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    # A plain ADD COLUMN, not a batch (SQLite's batch copies the table, which other
+    # tables refer to): SQLite needs a constant default for a NOT NULL column, so it
+    # keeps DEFAULT 0 (every insert gives the column); PostgreSQL drops it.
+    op.add_column(
+        "processing_jobs",
+        sa.Column(
+            "reserved_millicredits", sa.BigInteger(), server_default=sa.text("0"), nullable=False
+        ),
+    )
+    op.execute("UPDATE processing_jobs SET reserved_millicredits = estimated_millicredits")
+    if op.get_bind().dialect.name == "postgresql":
+        op.alter_column("processing_jobs", "reserved_millicredits", server_default=None)
+
+
+def downgrade() -> None:
+    op.drop_column("processing_jobs", "reserved_millicredits")  # SQLite >= 3.35: in place
