@@ -59,10 +59,15 @@ def submit(
             typer.echo(f"object {obj.object_id} {path} {obj.size_bytes} bytes")
             result = client.process(obj.object_id, op, priority=priority)
             for job in result.jobs:
-                typer.echo(
+                line = (
                     f"job {job.job_id} {job.operation} queue={job.queue} "
                     f"priority={job.priority} estimated_credits={job.estimated_credits:g}"
                 )
+                reserved = job.reserved_credits
+                if reserved is not None and reserved != job.estimated_credits:
+                    # Held until it ends: the most its units of work may add (ocr).
+                    line += f" reserved_credits={reserved:g}"
+                typer.echo(line)
                 job_ids.append(job.job_id)
         if not wait:
             return
@@ -98,13 +103,15 @@ def show_job(job_id: str, api_url: str | None, api_key: str | None, timeout: flo
         return "-" if moment is None else moment.isoformat(timespec="seconds")
 
     charged = "-" if job.actual_credits is None else f"{job.actual_credits:g}"
+    reserved = job.reserved_credits
+    held = "" if reserved in (None, job.estimated_credits) else f", reserved {reserved:g}"
     rows = [
         ("job", job.job_id),
         ("status", job.status + (" (cancel requested)" if job.cancel_requested else "")),
         ("operation", f"{job.operation} (queue {job.queue}, priority {job.priority})"),
         ("object", job.object_id),
         ("attempts", f"{job.attempt_count} of {job.max_attempts}"),
-        ("credits", f"estimated {job.estimated_credits:g}, charged {charged}"),
+        ("credits", f"estimated {job.estimated_credits:g}{held}, charged {charged}"),
         ("created", at(job.created_at)),
         ("queued", at(job.queued_at)),
         ("started", at(job.started_at)),

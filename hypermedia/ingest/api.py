@@ -854,10 +854,12 @@ def _process_response(result: SubmitResult) -> ProcessResponse:
                 queue=j.queue,
                 priority=j.priority,
                 estimated_credits=credits(j.estimated_millicredits),
+                reserved_credits=credits(j.reserved_millicredits),
             )
             for j in result.jobs
         ],
         estimated_credits=credits(result.estimated_millicredits),
+        reserved_credits=credits(result.reserved_millicredits),
         replayed=result.replayed,
     )
 

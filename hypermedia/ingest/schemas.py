@@ -45,6 +45,12 @@ class SubmittedJobOut(_Model):
     queue: str
     priority: int
     estimated_credits: float
+    reserved_credits: float | None = Field(
+        default=None,
+        description="What the submit holds on your credits: the estimate plus the most "
+        "the units of work its step may report can cost (the profile's unit_costs: ocr "
+        "escalations). The job is never charged more; the rest is released when it ends.",
+    )
 
 
 class ProcessResponse(_Model):
@@ -52,6 +58,12 @@ class ProcessResponse(_Model):
     job_ids: list[str]
     jobs: list[SubmittedJobOut]
     estimated_credits: float
+    reserved_credits: float | None = Field(
+        default=None,
+        description="What the submit holds on your credits: the estimate plus the most "
+        "the units of work its step may report can cost (the profile's unit_costs: ocr "
+        "escalations). The job is never charged more; the rest is released when it ends.",
+    )
     replayed: bool = Field(description="True when an idempotency key replayed an earlier submit.")
 
 
@@ -128,6 +140,12 @@ class JobResponse(_Model):
     attempt_count: int
     max_attempts: int
     estimated_credits: float
+    reserved_credits: float | None = Field(
+        default=None,
+        description="What the submit holds on your credits: the estimate plus the most "
+        "the units of work its step may report can cost (the profile's unit_costs: ocr "
+        "escalations). The job is never charged more; the rest is released when it ends.",
+    )
     actual_credits: float | None = Field(
         default=None, description="What the job was charged, once it completed."
     )
@@ -166,6 +184,7 @@ def job_response(view: Any) -> JobResponse:
         attempt_count=view.attempt_count,
         max_attempts=view.max_attempts,
         estimated_credits=credits(view.estimated_millicredits),
+        reserved_credits=credits(view.reserved_millicredits),
         actual_credits=credits_or_none(view.actual_millicredits),
         error_code=view.error_code,
         error_message=view.error_message,

@@ -211,7 +211,8 @@ def test_serve_refuses_what_no_worker_runs(cli: Cli, tmp_path: Path, generated: 
         err = cli.fails("submit", page, "--op", "ocr", **env)
         assert "unknown_operation" in err and "no worker here runs the 'ocr' queue" in err, err
         assert _queue_row(cli.ok("queues", **env), "ocr")[1] == "0"
-        cli.ok("submit", page, "--op", "thumbnail", **env)
+        out = cli.ok("submit", page, "--op", "thumbnail", **env)
+        assert "estimated_credits=" in out and "reserved_credits" not in out, out
         assert _queue_row(cli.ok("queues", **env), "images")[1] == "1"
 
     shipped["queues"]["ocr"]["baseline_workers"] = 1  # the VPS runs an ocr worker now
@@ -222,6 +223,10 @@ def test_serve_refuses_what_no_worker_runs(cli: Cli, tmp_path: Path, generated: 
         env = {"HYPERMEDIA_API_URL": url, "HYPERMEDIA_API_KEY": key}
         out = cli.ok("submit", page, "--op", "ocr", **env)
         assert re.search(r"^job [0-9a-f]{32} ocr queue=ocr ", out, re.M), out
+        # Beside the estimate, what the submit holds: the one page may escalate twice
+        # along the shipped 3-engine chain, 0.25 each.
+        held = re.search(r"estimated_credits=([0-9.]+) reserved_credits=([0-9.]+)$", out, re.M)
+        assert held and float(held[2]) - float(held[1]) == pytest.approx(0.5), out
         assert _queue_row(cli.ok("queues", **env), "ocr")[1] == "1"
 
 
