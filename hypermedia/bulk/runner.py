@@ -93,6 +93,11 @@ def _active(conn: Connection, profile_id: int) -> bool:
     return bool(conn.execute(select(p.active).where(p.profile_id == profile_id)).scalar_one())
 
 
+def _pause(conn: Connection, run_id: str, now: float, why: str) -> None:
+    """A run creating jobs pauses, the reason kept for the operator."""
+    runs.move(conn, run_id, {RunState.CREATING}, RunState.PAUSED, now, reason=f"paused: {why}")
+
+
 def select_profile(profile_id: int) -> Any:
     return select(t.profiles).where(t.profiles.c.profile_id == profile_id)
 
@@ -254,15 +259,13 @@ class BulkRunner:
                 # A new version of the operation's profile was deployed: this run's jobs
                 # would make the old version's outputs. Made no more; the operator
                 # starts a run for the new version.
-                runs.move(
+                _pause(
                     conn,
                     run_id,
-                    {RunState.CREATING},
-                    RunState.PAUSED,
                     now,
-                    reason=f"paused: {run.operation}'s profile version {run.target_version} is"
-                    " no longer active (a new version was deployed): cancel this run and"
-                    " start one for the new version",
+                    f"{run.operation}'s profile version {run.target_version} is no longer"
+                    " active (a new version was deployed): cancel this run and start one"
+                    " for the new version",
                 )
                 return False
             profile = profile_of(conn, run.profile_id)
@@ -288,14 +291,7 @@ class BulkRunner:
                     reserve=run.account_user_id is not None,
                 )
             except PaymentRequired as exc:
-                runs.move(
-                    conn,
-                    run_id,
-                    {RunState.CREATING},
-                    RunState.PAUSED,
-                    now,
-                    reason=f"paused: the account to charge is short: {exc.message}",
-                )
+                _pause(conn, run_id, now, f"the account to charge is short: {exc.message}")
                 return False
             runs.advance(
                 conn,
