@@ -211,6 +211,26 @@ class Cluster:
         assert refused.returncode != 0, refused.stdout
         return refused.stderr
 
+    def pass_the_daily_cap(self) -> None:
+        """Spend past the daily cap on the ledger: seconds of a very expensive instance
+        ($216/s of running: the $5 cap is passed within any second of it), all of them
+        today even just after midnight UTC."""
+        now = time.time()
+        with self.engine.begin() as conn:
+            conn.execute(
+                text(
+                    "insert into cloud_spend (provider, instance_id, node_type, region, spot,"
+                    " price_per_hour_microusd, launched_at, terminated_at)"
+                    " values ('aws', 'i-expensive', 'burst_media', 'local', 0, :price,"
+                    " datetime(:start, 'unixepoch'), datetime(:end, 'unixepoch'))"
+                ),
+                {
+                    "price": 21_600 * 3600 * 10_000,
+                    "start": max(now - 120, now - now % 86_400),
+                    "end": now,
+                },
+            )
+
     def scheduler_log(self, limit: int = 200) -> str:
         log = run(self.env, HYPERMEDIA, "scheduler", "log", "--limit", str(limit))
         assert log.returncode == 0, log.stderr
@@ -408,21 +428,8 @@ def test_a_burst_runs_on_launched_nodes_survives_a_spot_notice_and_ends_drained(
     ledger = rows("select instance_id, spot from cloud_spend where instance_id != 'i-expensive'")
     assert len(ledger) >= 2 and all(spot for _, spot in ledger)  # the noticed one + replacement
 
-    # The daily cap is reached (seconds of a very expensive instance, all of them today
-    # even just after midnight UTC): the next burst is refused, and the log says why.
-    now = time.time()
-    today = now - now % 86_400
-    with cluster.engine.begin() as conn:
-        conn.execute(
-            text(
-                "insert into cloud_spend (provider, instance_id, node_type, region, spot,"
-                " price_per_hour_microusd, launched_at, terminated_at)"
-                " values ('aws', 'i-expensive', 'burst_media', 'local', 0, :price,"
-                " datetime(:start, 'unixepoch'), datetime(:end, 'unixepoch'))"
-            ),
-            # $216/s of running: the $5 cap is passed within any second of it.
-            {"price": 21_600 * 3600 * 10_000, "start": max(now - 120, today), "end": now},
-        )
+    # The daily cap is reached: the next burst is refused, and the log says why.
+    cluster.pass_the_daily_cap()
     cluster.submit_clips(3)
     refused = cluster.wait_for(
         "the scheduler to refuse the burst",
@@ -527,21 +534,7 @@ def test_cloud_first_keeps_one_worker_on_the_head_and_the_rest_of_the_baseline_o
     assert "no worker here runs the 'ocr' queue" in cluster.submit_refused("ocr")
 
     # The daily cap is reached: the burst node goes; the head's media worker stays.
-    now = time.time()
-    with cluster.engine.begin() as conn:
-        conn.execute(
-            text(
-                "insert into cloud_spend (provider, instance_id, node_type, region, spot,"
-                " price_per_hour_microusd, launched_at, terminated_at)"
-                " values ('aws', 'i-expensive', 'burst_media', 'local', 0, :price,"
-                " datetime(:start, 'unixepoch'), datetime(:end, 'unixepoch'))"
-            ),
-            {
-                "price": 21_600 * 3600 * 10_000,
-                "start": max(now - 120, now - now % 86_400),
-                "end": now,
-            },
-        )
+    cluster.pass_the_daily_cap()
     cluster.wait_for(
         "the burst node to be drained and terminated", lambda: not cluster.instances(), 180
     )
