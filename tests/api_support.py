@@ -129,3 +129,81 @@ def _listens(pid: int, port: int) -> bool:
             if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port:
                 return True
     return False
+
+
+class AnswerDropper:
+    """A TCP proxy in front of a real server that passes every request on but, for the
+    next ``drops`` requests whose first line starts with ``request_line``, closes the
+    client's connection instead of passing the answer back: the server did the work,
+    the client never hears of it (a load balancer's reset, a lost network path)."""
+
+    def __init__(self, upstream: str, request_line: bytes, drops: int) -> None:
+        self.upstream = upstream.removeprefix("http://").rstrip("/")
+        self.request_line = request_line
+        self.drops = drops
+        self.dropped = 0
+        self._lock = threading.Lock()
+        self._listener = listening_socket()
+        self._threads: list[threading.Thread] = []
+        self._sockets: list[socket.socket] = []
+        self._closed = False
+        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+
+    def __enter__(self) -> AnswerDropper:
+        self._start(self._accept)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._closed = True
+        with suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)
+        self._listener.close()
+        with self._lock:
+            for sock in self._sockets:
+                with suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+        for thread in self._threads:
+            thread.join(5)
+
+    def _start(self, target: Callable[..., None], *args: object) -> None:
+        thread = threading.Thread(target=target, args=args, daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            host, port = self.upstream.rsplit(":", 1)
+            server = socket.create_connection((host, int(port)))
+            with self._lock:
+                self._sockets += [client, server]
+            doomed = threading.Event()
+            self._start(self._requests, client, server, doomed)
+            self._start(self._answers, server, client, doomed)
+
+    def _requests(
+        self, client: socket.socket, server: socket.socket, doomed: threading.Event
+    ) -> None:
+        with suppress(OSError):
+            while data := client.recv(65536):
+                with self._lock:
+                    if data.startswith(self.request_line) and self.dropped < self.drops:
+                        self.dropped += 1
+                        doomed.set()
+                server.sendall(data)
+
+    def _answers(
+        self, server: socket.socket, client: socket.socket, doomed: threading.Event
+    ) -> None:
+        with suppress(OSError):
+            while data := server.recv(65536):
+                if doomed.is_set():
+                    break  # the answer is lost
+                client.sendall(data)
+        for sock in (client, server):
+            with suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()

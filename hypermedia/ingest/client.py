@@ -13,13 +13,24 @@ server sent (``not_found`` -> :class:`NotFound`, ``insufficient_credits`` ->
 code becomes a plain :class:`HypermediaError` (its details keep ``server_code``
 and ``http_status``). A server that cannot be reached raises
 :class:`ServiceUnavailable`.
+
+Retries (``retries``, 2 by default; backoff 0.5 s doubling, or the ``Retry-After``
+the server sends): a request that never reached the server (the connection was
+refused or could not be made) is sent again, whatever it is; one that may have
+reached it (no answer, a dropped connection, a 502/503/504) is sent again only when
+repeating it is harmless: reads, and :meth:`HypermediaClient.process`, which sends
+an ``Idempotency-Key`` (its own when the caller names none) so that a submit whose
+answer was lost is answered by the server as the first was (``replayed``), never
+created twice. Anything else raises :class:`ServiceUnavailable` saying that the
+request may have been carried out.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Iterator, Mapping
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import datetime
 from pathlib import Path
 from types import TracebackType
@@ -91,26 +102,73 @@ class HypermediaClient:
         *,
         timeout: float = 30.0,
         transport: httpx.BaseTransport | None = None,
+        retries: int = 2,
     ) -> None:
+        """``timeout``: seconds for each connect, read and write of one try;
+        ``retries``: tries after the first one (see the module's doc)."""
+        if retries < 0:
+            raise ValueError("retries must be 0 or more")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
+        self.retries = retries
         self._http = httpx.Client(
             base_url=self.base_url, headers=headers, timeout=timeout, transport=transport
         )
 
     # -- plumbing -------------------------------------------------------------------------
 
-    def _request(self, method: str, path: str, model: type[_Model], **kwargs: Any) -> _Model:
-        try:
-            response = self._http.request(method, path, **kwargs)
-        except httpx.TransportError as exc:
-            raise ServiceUnavailable(
-                f"cannot reach the API at {self.base_url}: {exc}", url=self.base_url
-            ) from exc
-        if response.status_code >= 400:
-            raise error_from_response(response.status_code, _json_or_none(response))
-        return model.model_validate_json(response.content)
+    def _request(
+        self,
+        method: str,
+        path: str,
+        model: type[_Model],
+        *,
+        replayable: bool | None = None,
+        content: Callable[[], bytes | Iterable[bytes]] | None = None,
+        **kwargs: Any,
+    ) -> _Model:
+        """One call, tried again as the module's doc says: ``replayable`` (default: a
+        GET) when repeating it after it may have reached the server is harmless;
+        ``content`` makes the body afresh for each try."""
+        if replayable is None:
+            replayable = method == "GET"
+        tries = 1 + self.retries
+        for attempt in range(1, tries + 1):
+            if content is not None:
+                kwargs["content"] = content()
+            try:
+                response = self._http.request(method, path, **kwargs)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                # Nothing reached the server: sending it again is always safe.
+                if attempt < tries:
+                    self._backoff(attempt, None)
+                    continue
+                raise ServiceUnavailable(
+                    f"cannot reach the API at {self.base_url}: {exc}", url=self.base_url
+                ) from exc
+            except httpx.TransportError as exc:
+                if replayable and attempt < tries:
+                    self._backoff(attempt, None)
+                    continue
+                raise ServiceUnavailable(
+                    f"no answer from the API at {self.base_url} to {method} {path} "
+                    f"({type(exc).__name__}: {exc}): the request may have been carried out",
+                    url=self.base_url,
+                ) from exc
+            if response.status_code in _RETRIED_STATUSES and replayable and attempt < tries:
+                self._backoff(attempt, response.headers.get("Retry-After"))
+                continue
+            if response.status_code >= 400:
+                raise error_from_response(response.status_code, _json_or_none(response))
+            return model.model_validate_json(response.content)
+        raise AssertionError("unreachable")
+
+    def _backoff(self, attempt: int, retry_after: str | None) -> None:
+        delay = min(_BACKOFF_MAX, _BACKOFF_BASE * 2 ** (attempt - 1))
+        if retry_after is not None and retry_after.isdigit():
+            delay = min(_BACKOFF_MAX, max(delay, float(retry_after)))
+        time.sleep(delay)
 
     def close(self) -> None:
         self._http.close()
@@ -141,11 +199,17 @@ class HypermediaClient:
         if isinstance(source, bytes):
             if filename is None:
                 raise ValueError("filename is required when uploading bytes")
-            content: bytes | Iterable[bytes] = source
+            data = source
+
+            def content() -> bytes | Iterable[bytes]:
+                return data
         else:
             path = Path(source)
             filename = filename or path.name
-            content = _file_chunks(path)
+
+            def content() -> bytes | Iterable[bytes]:
+                return _file_chunks(path)
+
         params = {"filename": filename}
         if pool_id is not None:
             params["pool_id"] = pool_id
@@ -156,6 +220,7 @@ class HypermediaClient:
             "PUT",
             f"{PREFIX}/objects",
             ObjectResponse,
+            replayable=False,  # a second upload would be a second object
             params=params,
             content=content,
             headers=headers,
@@ -203,7 +268,13 @@ class HypermediaClient:
         callback_url: str | None = None,
     ) -> ProcessResponse:
         """Submit ``operations`` on an object; ``callback_url``: POSTed each job, signed,
-        once it has ended (a host the server allows)."""
+        once it has ended (a host the server allows).
+
+        The submit carries ``idempotency_key`` (a new random one when None), so that a
+        try whose answer was lost is retried safely: the server answers the retry as
+        it did the first (``replayed``). When every try failed, the
+        :class:`ServiceUnavailable` names the key in its details
+        (``idempotency_key``): submit again with it to learn what became of it."""
         body: dict[str, Any] = {"object_id": object_id, "operations": list(operations)}
         if priority is not None:
             body["priority"] = priority
@@ -211,10 +282,20 @@ class HypermediaClient:
             body["callback_url"] = callback_url
         if params:
             body["params"] = {op: dict(p) for op, p in params.items()}
-        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
-        return self._request(
-            "POST", f"{PREFIX}/process", ProcessResponse, json=body, headers=headers
-        )
+        key = idempotency_key or uuid.uuid4().hex
+        try:
+            return self._request(
+                "POST",
+                f"{PREFIX}/process",
+                ProcessResponse,
+                replayable=True,
+                json=body,
+                headers={"Idempotency-Key": key},
+            )
+        except ServiceUnavailable as exc:
+            if "idempotency_key" not in exc.details:
+                exc.details["idempotency_key"] = key
+            raise
 
     def job(self, job_id: str) -> JobResponse:
         return self._request("GET", f"{PREFIX}/jobs/{job_id}", JobResponse)
@@ -349,6 +430,9 @@ class HypermediaClient:
         return HealthResponse.model_validate_json(response.content)
 
 
+_RETRIED_STATUSES = frozenset({502, 503, 504})
+_BACKOFF_BASE = 0.5  # seconds before the second try, doubling
+_BACKOFF_MAX = 30.0
 _EVENT_READ_TIMEOUT = 45.0  # three keep-alives
 _EVENT_STREAM_DROPS = 5  # connections in a row that drop without an event: then give up
 

@@ -24,7 +24,7 @@ from hypermedia.errors import (
 from hypermedia.ingest.api import create_app
 from hypermedia.ingest.client import HypermediaClient
 from hypermedia.stack import Stack
-from tests.api_support import add_user, running_server
+from tests.api_support import AnswerDropper, add_user, running_server
 from tests.generated import Generated
 
 IMAGE = b"\xff\xd8\xff\xe0" + bytes(range(256)) * 40
@@ -153,6 +153,41 @@ def test_client_cancel_of_finished_job_raises_illegal_transition(stack):
         stack.dispatcher.complete(claimed, "w")
         with pytest.raises(IllegalTransition, match="completed"):
             client.cancel(job_id)
+
+
+def test_a_submit_whose_answer_was_lost_is_retried_without_a_second_job(stack, base_url):
+    """The server creates the jobs and reserves their credits, then the answer is lost
+    (the connection drops): the client tries again with the same Idempotency-Key, and
+    the server answers with the first submit's jobs; nothing is created or reserved twice."""
+    alice = add_user(stack, "alice", credits=5)
+    with HypermediaClient(base_url, alice.api_key) as direct:
+        obj = direct.upload(IMAGE, "a.jpg")
+    with (
+        AnswerDropper(base_url, b"POST /v1/hypermedia/process", drops=1) as proxy,
+        HypermediaClient(proxy.url, alice.api_key) as client,
+    ):
+        submitted = client.process(obj.object_id, ["thumbnail"])
+        assert proxy.dropped == 1
+        assert submitted.replayed  # the answer of the first, lost, try
+        jobs = client.list_jobs(object_id=obj.object_id).jobs
+        assert [j.job_id for j in jobs] == submitted.job_ids
+        assert client.credits().reserved == pytest.approx(submitted.estimated_credits)
+
+
+def test_a_submit_with_no_answer_says_it_may_have_been_done_and_names_its_key(stack, base_url):
+    alice = add_user(stack, "alice", credits=5)
+    with HypermediaClient(base_url, alice.api_key) as direct:
+        obj = direct.upload(IMAGE, "a.jpg")
+    with (
+        AnswerDropper(base_url, b"POST /v1/hypermedia/process", drops=2) as proxy,
+        HypermediaClient(proxy.url, alice.api_key, retries=1) as client,
+    ):
+        with pytest.raises(ServiceUnavailable, match="may have been carried out") as lost:
+            client.process(obj.object_id, ["thumbnail"], idempotency_key="order-17")
+        assert lost.value.details["idempotency_key"] == "order-17"
+        again = client.process(obj.object_id, ["thumbnail"], idempotency_key="order-17")
+        assert again.replayed
+        assert len(client.list_jobs(object_id=obj.object_id).jobs) == 1
 
 
 def test_unreachable_server_is_service_unavailable():
