@@ -423,3 +423,47 @@ def test_pip_install_of_the_wheel_without_extras(wheel, tmp_path):
         r" pip install 'hypermedia\[server\]'\n",
         script.stderr,
     ), script.stderr
+
+
+#: A web tier's code with a type error only the client's own types reveal.
+TYPED_USER = """\
+from hypermedia.ingest.client import HypermediaClient
+
+with HypermediaClient("http://127.0.0.1:8080", "hm_x") as client:
+    submitted = client.process("an-object", ["thumbnail"])
+    count: int = submitted.job_ids
+"""
+
+
+def test_a_web_tiers_mypy_checks_its_calls_against_the_installed_clients_types(wheel, tmp_path):
+    """The wheel is typed (PEP 561's py.typed): mypy, run on code that uses the
+    installed client, reads its annotations rather than refusing the import."""
+    assert "hypermedia/py.typed" in zipfile.ZipFile(wheel).namelist()
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
+        check=True,
+        timeout=300,
+        env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
+    )
+    user = tmp_path / "web_tier.py"
+    user.write_text(TYPED_USER)
+    # Only the venv's site-packages: not the checkout (cwd, PYTHONPATH).
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MYPYPATH")}
+    mypy = [sys.executable, "-m", "mypy", "--strict", "--no-incremental"]
+    checked = subprocess.run(
+        [*mypy, "--python-executable", str(python), user.name],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env=env,
+        check=False,
+    )
+    assert checked.returncode == 1, checked.stdout + checked.stderr
+    assert checked.stdout.splitlines()[0] == (
+        f"{user.name}:5: error: Incompatible types in assignment (expression has type "
+        '"list[str]", variable has type "int")  [assignment]'
+    ), checked.stdout
