@@ -106,8 +106,26 @@ _bearer = HTTPBearer(
 )
 
 
+_RETRY_AFTER = {
+    "Retry-After": {
+        "description": "Seconds to wait before trying again.",
+        "schema": {"type": "integer"},
+    }
+}
+
+
+def _error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """The errors ``statuses`` as the handlers answer them (ErrorResponse; a 429 with
+    ``Retry-After``)."""
+    return {
+        status: {"model": ErrorResponse, **({"headers": _RETRY_AFTER} if status == 429 else {})}
+        for status in statuses
+    }
+
+
 def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    return {status: {"model": ErrorResponse} for status in (*statuses, 401, 422)}
+    """A keyed route's errors: ``statuses``, 401 and 422 (a malformed request)."""
+    return _error_responses(*statuses, 401, 422)
 
 
 # -- dependencies -----------------------------------------------------------------------
@@ -415,7 +433,7 @@ _BINARY_BODY: dict[str, Any] = {
     operation_id="uploadObject",
     status_code=201,
     summary="Upload a file (the raw request body)",
-    responses=_errors(400, 404, 413, 429),
+    responses=_errors(400, 404, 408, 413, 429, 503),
     openapi_extra=_BINARY_BODY,
     tags=["objects"],
 )
@@ -589,9 +607,7 @@ class BlobStored(BaseModel):
     sha256: str
 
 
-_BLOB_ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorResponse} for status in (400, 403, 404, 413)
-}
+_BLOB_ERRORS = _error_responses(400, 403, 404, 413, 422)
 
 
 def _local_storage(stack: Stack) -> LocalStorage:
@@ -635,7 +651,7 @@ def read_blob(
     f"{PREFIX}/blobs/{{key:path}}",
     operation_id="writeBlob",
     summary="Store a blob through a signed URL (no API key)",
-    responses=_BLOB_ERRORS,
+    responses={**_BLOB_ERRORS, **_error_responses(408)},
     openapi_extra=_BINARY_BODY,
     tags=["storage"],
 )

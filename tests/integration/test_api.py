@@ -611,6 +611,29 @@ def test_openapi_document_is_valid_and_complete(api):
     assert "security" not in paths["/healthz"]["get"]
 
 
+def test_openapi_error_answers_have_the_one_shape_the_server_sends(api):
+    """Every error a route documents is ErrorResponse (what the handlers answer, a
+    request FastAPI cannot validate included: never FastAPI's HTTPValidationError),
+    a 429 says it comes with Retry-After, and the streamed uploads document their 408."""
+    document = api.get("/openapi.json").json()
+    assert "HTTPValidationError" not in document["components"]["schemas"]
+    for path, methods in document["paths"].items():
+        for method, operation in methods.items():
+            for status, response in operation["responses"].items():
+                if int(status) < 400 or path == "/healthz":
+                    continue
+                schema = response["content"]["application/json"]["schema"]
+                assert schema == {"$ref": "#/components/schemas/ErrorResponse"}, (
+                    method,
+                    path,
+                    status,
+                )
+                if status == "429":
+                    assert "Retry-After" in response.get("headers", {}), (method, path)
+    for path in (f"{P}/objects", f"{P}/blobs/{{key}}"):
+        assert "408" in document["paths"][path]["put"]["responses"], path
+
+
 def test_openapi_names_every_operation_and_enumerates_operations_and_error_codes(api, stack):
     document = api.get("/openapi.json").json()
     ids = [
