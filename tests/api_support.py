@@ -150,11 +150,17 @@ class AnswerDropper:
         self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
 
     def __enter__(self) -> AnswerDropper:
-        self._start(self._accept)
+        self._start(self._accept, self._listener)
         return self
 
     def __exit__(self, *_: object) -> None:
         self._closed = True
+        self.cut()
+        for thread in self._threads:
+            thread.join(5)
+
+    def cut(self) -> None:
+        """As an API restarting: every connection reset, new ones refused."""
         with suppress(OSError):
             self._listener.shutdown(socket.SHUT_RDWR)
         self._listener.close()
@@ -162,18 +168,22 @@ class AnswerDropper:
             for sock in self._sockets:
                 with suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
-        for thread in self._threads:
-            thread.join(5)
+            self._sockets.clear()
+
+    def restore(self) -> None:
+        """Listening again, on the same port."""
+        self._listener = listening_socket(port=int(self.url.rsplit(":", 1)[1]))
+        self._start(self._accept, self._listener)
 
     def _start(self, target: Callable[..., None], *args: object) -> None:
         thread = threading.Thread(target=target, args=args, daemon=True)
         self._threads.append(thread)
         thread.start()
 
-    def _accept(self) -> None:
+    def _accept(self, listener: socket.socket) -> None:
         while not self._closed:
             try:
-                client, _ = self._listener.accept()
+                client, _ = listener.accept()
             except OSError:
                 return
             host, port = self.upstream.rsplit(":", 1)

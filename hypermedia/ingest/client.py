@@ -349,11 +349,15 @@ class HypermediaClient:
         """The job's events (``GET /jobs/{id}/events``): its recent ones, its status as
         the record has it, then each as it happens, until it has ended. A dropped
         connection is resumed where it left off (``Last-Event-ID``), after the
-        ``retry`` the server asks for. ``timeout``: seconds in all, then TimeoutError
+        ``retry`` the server asks for, doubling while the API stays away (refused
+        connections, as while it restarts: about a minute in all, the
+        ``_EVENT_STREAM_DROPS`` tries); an API never reached in this call is tried as
+        any request (``retries``). ``timeout``: seconds in all, then TimeoutError
         naming the last status."""
         deadline = None if timeout is None else time.monotonic() + timeout
         state = _Following(job_id, last_event_id)
         drops = 0
+        refused = 0  # connection attempts refused before one succeeded
         while True:
             try:
                 for event in self._event_stream(state, deadline):
@@ -364,15 +368,29 @@ class HypermediaClient:
             except httpx.ReadTimeout:
                 if deadline is not None and time.monotonic() >= deadline:
                     raise state.timed_out(timeout) from None
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                if state.connected:
+                    drops += 1
+                else:
+                    refused += 1
+                if drops > _EVENT_STREAM_DROPS or refused > self.retries:
+                    raise ServiceUnavailable(
+                        f"cannot reach the API at {self.base_url}: {exc}", url=self.base_url
+                    ) from exc
+                if not state.connected:
+                    self._backoff(refused, None)
+                    continue
             except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
                 drops += 1
                 if drops > _EVENT_STREAM_DROPS:
                     raise ServiceUnavailable(
                         f"the event stream of job {job_id} keeps dropping: {exc}"
                     ) from exc
-            if deadline is not None and time.monotonic() >= deadline:
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
                 raise state.timed_out(timeout)
-            time.sleep(state.retry)
+            pause = min(_BACKOFF_MAX, state.retry * 2 ** max(0, drops - 1))
+            time.sleep(pause if deadline is None else min(pause, deadline - now))
 
     def _event_stream(self, state: _Following, deadline: float | None) -> Iterator[JobEvent]:
         headers = {"Accept": "text/event-stream"}
@@ -383,23 +401,19 @@ class HypermediaClient:
         if deadline is not None:
             read = max(0.001, min(read, deadline - time.monotonic()))
         path = f"{PREFIX}/jobs/{state.job_id}/events"
-        try:
-            with self._http.stream(
-                "GET", path, headers=headers, timeout=httpx.Timeout(self.timeout, read=read)
-            ) as response:
-                if response.status_code >= 400:
-                    response.read()
-                    raise error_from_response(response.status_code, _json_or_none(response))
-                for event in _server_sent_events(response.iter_lines(), state):
-                    if event is not None:
-                        state.seen(event)
-                        yield event
-                    if deadline is not None and time.monotonic() >= deadline:
-                        return  # events() says it timed out
-        except httpx.ConnectError as exc:
-            raise ServiceUnavailable(
-                f"cannot reach the API at {self.base_url}: {exc}", url=self.base_url
-            ) from exc
+        with self._http.stream(
+            "GET", path, headers=headers, timeout=httpx.Timeout(self.timeout, read=read)
+        ) as response:
+            state.connected = True
+            if response.status_code >= 400:
+                response.read()
+                raise error_from_response(response.status_code, _json_or_none(response))
+            for event in _server_sent_events(response.iter_lines(), state):
+                if event is not None:
+                    state.seen(event)
+                    yield event
+                if deadline is not None and time.monotonic() >= deadline:
+                    return  # events() says it timed out
 
     def wait(self, job_id: str, timeout: float = 300.0) -> JobResponse:
         """Follow the job's events (:meth:`events`) until it is completed, failed or
@@ -445,6 +459,7 @@ class _Following:
         self.last_id = last_id
         self.status = "unknown"
         self.retry = 2.0
+        self.connected = False  # whether the API answered once
 
     def seen(self, event: JobEvent) -> None:
         if event.id is not None:

@@ -19,7 +19,7 @@ from hypermedia.jobs.repository import ClaimedJob, FinishedJob
 from hypermedia.queue.events import JobEvents, progress_event
 from hypermedia.queue.redis_queue import connect
 from hypermedia.stack import Stack
-from tests.api_support import running_server
+from tests.api_support import AnswerDropper, running_server
 from tests.factories import make_user, submit
 
 
@@ -106,6 +106,44 @@ def test_a_late_subscriber_gets_the_recent_events_and_the_stream_ends_with_the_j
     watched = CliRunner().invoke(app, ["watch", job_id], env=env)
     assert watched.exit_code == 0, watched.output
     assert job_id[:12] in watched.stdout and "completed" in watched.stdout
+
+
+def test_wait_outlasts_an_api_restart(stack, base_url):
+    """The API goes away under a waiting client (its stream reset, connections refused
+    for a few seconds, as a deploy restarts it) and comes back: wait() reconnects and
+    answers the job, instead of raising at the first refused connection."""
+    person = make_user(stack)
+    job_id = submit(stack, person, ["thumbnail"])[0]
+    job = _started(stack, job_id)
+    with (
+        AnswerDropper(base_url, b"", drops=0) as api,
+        HypermediaClient(api.url, person.api_key) as client,
+    ):
+        seen: list[JobEvent] = []
+        outcome: list[object] = []
+        first = threading.Event()
+
+        def follow() -> None:
+            try:
+                for event in client.events(job_id, timeout=60):
+                    seen.append(event)
+                    first.set()
+                outcome.append(client.job(job_id).status)
+            except Exception as exc:
+                outcome.append(exc)
+
+        follower = threading.Thread(target=follow)
+        follower.start()
+        assert first.wait(10)
+        api.cut()
+        time.sleep(5)  # the client's reconnect (after the server's 2 s retry) is refused
+        assert not outcome, outcome
+        api.restore()
+        stack.dispatcher.complete_many("w", [FinishedJob(job.job_id)])
+        follower.join(40)
+        assert not follower.is_alive()
+        assert outcome == ["completed"], outcome
+        assert seen[-1].status == "completed"
 
 
 def test_the_record_ends_a_stream_whose_terminal_event_redis_lost(stack, base_url):
