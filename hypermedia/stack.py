@@ -21,7 +21,13 @@ from hypermedia.accounts import KeyGrants
 from hypermedia.clock import Clock, SystemClock
 from hypermedia.config import Settings
 from hypermedia.db.engine import make_engine, transaction
-from hypermedia.db.migrate import current_revision, head_revision, upgrade
+from hypermedia.db.migrate import (
+    current_revision,
+    head_revision,
+    newer_than_code,
+    schema_problem,
+    upgrade,
+)
 from hypermedia.embedded import private_directory
 from hypermedia.errors import ConfigError
 from hypermedia.ingest.service import IngestService, registered_operations
@@ -93,6 +99,9 @@ def migrate(
     prepare_data_dir(settings)
     engine = engine or make_engine(settings.effective_database_url)
     try:
+        newer = newer_than_code(engine)
+        if newer is not None:
+            raise ConfigError("database_url (HYPERMEDIA_DATABASE_URL)", newer)
         if current_revision(engine) != head_revision():
             upgrade(engine)
         profiles = load_profiles(settings.profiles_path, settings.queue_names)
@@ -161,11 +170,8 @@ class Stack:
         engine = engine or make_engine(settings.effective_database_url, custom_plans=custom_plans)
         if auto_migrate:
             migrate(settings, engine, clock=clock)
-        elif current_revision(engine) != head_revision():
-            raise ConfigError(
-                "database_url (HYPERMEDIA_DATABASE_URL)",
-                "the database schema is not up to date: run `hypermedia db upgrade`",
-            )
+        elif (problem := schema_problem(engine)) is not None:
+            raise ConfigError("database_url (HYPERMEDIA_DATABASE_URL)", problem)
         catalog = ProfileCatalog.load(engine)
         if not len(catalog):
             raise ConfigError(

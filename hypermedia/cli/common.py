@@ -48,7 +48,7 @@ def open_engine(settings: Settings) -> Engine:
     from sqlalchemy import make_url
 
     from hypermedia.db.engine import make_engine
-    from hypermedia.db.migrate import current_revision, head_revision
+    from hypermedia.db.migrate import schema_problem
 
     url = make_url(settings.effective_database_url)
     if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
@@ -65,12 +65,10 @@ def open_engine(settings: Settings) -> Engine:
                 " one? a new deployment starts with `hypermedia db upgrade`)",
             )
     engine = make_engine(settings.effective_database_url)
-    if current_revision(engine) != head_revision():
+    problem = schema_problem(engine)
+    if problem is not None:
         engine.dispose()
-        raise ConfigError(
-            "database_url (HYPERMEDIA_DATABASE_URL)",
-            "the database schema is not up to date: run `hypermedia db upgrade`",
-        )
+        raise ConfigError("database_url (HYPERMEDIA_DATABASE_URL)", problem)
     return engine
 
 

@@ -68,8 +68,60 @@ def current_revision(engine: Engine) -> str | None:
 
 
 @cache
+def known_revisions() -> frozenset[str]:
+    """Every revision this code's migrations hold."""
+    return frozenset(_read_revisions()[0])
+
+
+@cache
 def head_revision() -> str | None:
     """The newest migration: the one no other names as its ``down_revision``."""
+    revisions, revised = _read_revisions()
+    heads = sorted(revisions - revised)
+    if len(heads) > 1:
+        raise RuntimeError(f"the migrations have several heads: {heads}")
+    return heads[0] if heads else None
+
+
+def schema_problem(engine: Engine) -> str | None:
+    """What keeps this code from using the database's schema, said so that the operator
+    knows which way to go; None when it is at :func:`head_revision`.
+
+    A database at a revision these migrations do not hold was migrated by a newer
+    hypermedia: ``db upgrade`` cannot help (Alembic cannot find the revision), the
+    code must be upgraded (a worker or a head left on the old version after a deploy)."""
+    return _problem(current_revision(engine))
+
+
+def newer_than_code(engine: Engine) -> str | None:
+    """:func:`schema_problem`'s answer when the database is newer than this code (what
+    ``db upgrade`` must refuse: it cannot go back), else None."""
+    revision = current_revision(engine)
+    if revision is None or revision in known_revisions():
+        return None
+    return _problem(revision)
+
+
+def _problem(revision: str | None) -> str | None:
+    head = head_revision()
+    if revision == head:
+        return None
+    if revision is None:
+        return "the database has no schema yet: run `hypermedia db upgrade`"
+    if revision not in known_revisions():
+        return (
+            f"the database schema is at revision {revision}, which this hypermedia does not"
+            f" know (its newest is {head}): a newer hypermedia migrated it. Run that version"
+            " here (upgrade this installation); `hypermedia db upgrade` cannot go back"
+        )
+    return (
+        f"the database schema is at revision {revision}, this hypermedia needs {head}:"
+        " run `hypermedia db upgrade`"
+    )
+
+
+def _read_revisions() -> tuple[set[str], set[str]]:
+    """The migrations' revisions, and those another names as its ``down_revision``."""
     revisions: set[str] = set()
     revised: set[str] = set()
     for path in (MIGRATIONS / "versions").glob("*.py"):
@@ -83,7 +135,4 @@ def head_revision() -> str | None:
             raise RuntimeError(f"{path.name}: a migration without a down_revision")
         if down.group(1):
             revised.add(down.group(1))
-    heads = sorted(revisions - revised)
-    if len(heads) > 1:
-        raise RuntimeError(f"the migrations have several heads: {heads}")
-    return heads[0] if heads else None
+    return revisions, revised

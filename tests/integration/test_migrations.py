@@ -463,3 +463,43 @@ def test_the_jobs_from_before_reservations_reserved_their_estimates(empty_engine
     migrate.downgrade(empty_engine, "0017")
     names = {c["name"] for c in inspect(empty_engine).get_columns("processing_jobs")}
     assert "reserved_millicredits" not in names and "estimated_millicredits" in names
+
+
+def test_code_and_schema_that_disagree_say_which_way_to_go(empty_engine, settings):
+    """Old code on a schema a newer hypermedia migrated (a worker or head left behind
+    by a deploy) is told to upgrade the code: `db upgrade` cannot go back (Alembic cannot
+    find the revision; it was 'internal: CommandError'), and was what the message said.
+    New code on an older schema names both revisions and `db upgrade`."""
+    from hypermedia.cli.common import open_engine
+    from hypermedia.errors import ConfigError
+    from hypermedia.stack import Stack
+    from hypermedia.stack import migrate as stack_migrate
+
+    url = empty_engine.url.render_as_string(hide_password=False)
+    configured = settings(database_url=url)
+    head = migrate.head_revision()
+    migrate.upgrade(empty_engine)
+    version = table("alembic_version", column("version_num"))
+    with empty_engine.begin() as conn:
+        conn.execute(version.update().values(version_num="9999"))
+
+    for attempt in (
+        lambda: Stack.open(configured),
+        lambda: open_engine(configured),
+        lambda: stack_migrate(configured, empty_engine),  # `hypermedia db upgrade`
+    ):
+        with pytest.raises(ConfigError) as raised:
+            attempt()
+        message = str(raised.value)
+        unknown = f"at revision 9999, which this hypermedia does not know (its newest is {head})"
+        assert unknown in message, message
+        assert "upgrade this installation" in message, message
+    assert migrate.current_revision(empty_engine) == "9999"  # nothing was touched
+
+    older = "0016"
+    with empty_engine.begin() as conn:
+        conn.execute(version.update().values(version_num=older))
+    with pytest.raises(ConfigError) as raised:
+        Stack.open(configured)
+    assert f"at revision {older}, this hypermedia needs {head}" in str(raised.value)
+    assert "run `hypermedia db upgrade`" in str(raised.value)
