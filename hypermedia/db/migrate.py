@@ -7,16 +7,30 @@ imports, a third of a short CLI command's time): the newest one from the migrati
 files' ``revision`` / ``down_revision`` lines, the database's from its
 ``alembic_version`` table. tests/integration/test_migrations.py holds both equal to
 Alembic's own answers. Migrating imports Alembic.
+
+On PostgreSQL a migration waits at most :data:`LOCK_TIMEOUT_SECONDS` for each lock it
+takes (``lock_timeout``), and is tried :data:`LOCK_ATTEMPTS` times. A migration that
+alters a table (``ACCESS EXCLUSIVE``) behind a long transaction on it (a backup, a
+report, a session left open) would otherwise wait for it to end, and every query of
+the running platform on that table (submits, claims, completions) would queue behind
+the migration meanwhile. A migration that gives up changes nothing (one transaction)
+and says which sessions held it up.
 """
 
 from __future__ import annotations
 
+import logging
 import re
+import time
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Engine, column, inspect, select, table
+from sqlalchemy import Engine, Row, column, inspect, select, table, text
+from sqlalchemy.exc import OperationalError
+
+from hypermedia.errors import ServiceUnavailable
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -25,6 +39,14 @@ MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 VERSION_TABLE = "alembic_version"  # Alembic's default, which env.py keeps
 _REVISION = re.compile(r"^revision\s*(?::\s*str\s*)?=\s*['\"]([^'\"]+)['\"]", re.M)
 _DOWN = re.compile(r"^down_revision\s*(?::[^=]+)?=\s*(?:['\"]([^'\"]+)['\"]|None)", re.M)
+# PostgreSQL: how long a migration waits for one lock, how often it is tried, the pause
+# between tries (read at each call).
+LOCK_TIMEOUT_SECONDS = 5.0
+LOCK_ATTEMPTS = 6
+LOCK_PAUSE_SECONDS = 5.0
+_LOCK_NOT_AVAILABLE = "55P03"  # SQLSTATE of lock_timeout
+
+log = logging.getLogger(__name__)
 
 
 def alembic_config(url: str | None = None) -> Config:
@@ -40,19 +62,83 @@ def alembic_config(url: str | None = None) -> Config:
 def upgrade(engine: Engine, revision: str = "head") -> None:
     from alembic import command
 
-    cfg = alembic_config()
-    with engine.begin() as conn:
-        cfg.attributes["connection"] = conn
-        command.upgrade(cfg, revision)
+    _migrate(engine, lambda cfg: command.upgrade(cfg, revision), f"to {revision}")
 
 
 def downgrade(engine: Engine, revision: str) -> None:
     from alembic import command
 
-    cfg = alembic_config()
-    with engine.begin() as conn:
-        cfg.attributes["connection"] = conn
-        command.downgrade(cfg, revision)
+    _migrate(engine, lambda cfg: command.downgrade(cfg, revision), f"down to {revision}")
+
+
+def _migrate(engine: Engine, step: Callable[[Config], None], what: str) -> None:
+    """``step`` in one transaction; on PostgreSQL under ``lock_timeout``, tried again
+    while a lock is not to be had (see the module docstring)."""
+    postgres = engine.dialect.name == "postgresql"
+    timeout, attempts = LOCK_TIMEOUT_SECONDS, max(1, LOCK_ATTEMPTS)
+    for attempt in range(1, attempts + 1):
+        cfg = alembic_config()
+        try:
+            with engine.begin() as conn:
+                if postgres:
+                    conn.exec_driver_sql(
+                        f"SET LOCAL lock_timeout = '{max(1, round(timeout * 1000))}ms'"
+                    )
+                cfg.attributes["connection"] = conn
+                step(cfg)
+            return
+        except OperationalError as exc:
+            if getattr(exc.orig, "sqlstate", None) != _LOCK_NOT_AVAILABLE:
+                raise
+            holders = _lock_holders(engine, timeout)
+            if attempt == attempts:
+                raise ServiceUnavailable(
+                    f"the migration {what} waited {attempts} times {timeout:g} s for a lock on"
+                    " the record's tables and gave up, changing nothing: other sessions hold"
+                    f" them in long transactions ({holders}). Run it again once they have"
+                    " ended (a backup, a report), or end them",
+                    holders=holders,
+                ) from exc
+            log.warning(
+                "the migration %s waited %g s for a lock (attempt %d of %d): held by %s;"
+                " trying again in %g s",
+                what,
+                timeout,
+                attempt,
+                attempts,
+                holders,
+                LOCK_PAUSE_SECONDS,
+                extra={"action": "migrate"},
+            )
+            time.sleep(LOCK_PAUSE_SECONDS)
+
+
+def _lock_holders(engine: Engine, older_than: float) -> str:
+    """The other sessions of this database holding table locks in a transaction begun
+    more than ``older_than`` seconds ago: what a migration waited for."""
+    query = text(
+        "SELECT DISTINCT a.pid, a.application_name, a.state, a.xact_start,"
+        " left(a.query, 80) AS query FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
+        " WHERE l.locktype = 'relation' AND l.granted"
+        " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+        " AND a.pid <> pg_backend_pid()"
+        " AND a.xact_start < now() - make_interval(secs => :older_than)"
+        " ORDER BY a.xact_start LIMIT 5"
+    )
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(query, {"older_than": older_than}).all()
+    except OperationalError as exc:
+        return f"not known: {exc.orig or exc}"
+    if not rows:
+        return "none left now"
+    return "; ".join(_holder(row) for row in rows)
+
+
+def _holder(row: Row[Any]) -> str:
+    name = f" {row.application_name!r}" if row.application_name else ""
+    began = f"{row.xact_start:%Y-%m-%d %H:%M:%S%z}"
+    return f"pid {row.pid}{name}, {row.state}, in a transaction since {began}: {row.query}"
 
 
 def current_revision(engine: Engine) -> str | None:

@@ -503,3 +503,63 @@ def test_code_and_schema_that_disagree_say_which_way_to_go(empty_engine, setting
         Stack.open(configured)
     assert f"at revision {older}, this hypermedia needs {head}" in str(raised.value)
     assert "run `hypermedia db upgrade`" in str(raised.value)
+
+
+def test_a_migration_behind_a_long_transaction_gives_up_instead_of_holding_the_platform(
+    pg_server, monkeypatch
+):
+    """`db upgrade` while a long transaction reads processing_jobs (a backup, a report):
+    0016 rebuilds processing_jobs' indexes (ACCESS EXCLUSIVE), so it waited for that
+    transaction to end, and every submit, claim and completion queued behind it
+    meanwhile (a submit took 33 s behind a 40 s read on a live stack). Now each try waits
+    LOCK_TIMEOUT_SECONDS, and the last gives up, changing nothing, naming the session;
+    once it has ended the migration goes through."""
+    import threading
+    import time
+
+    from sqlalchemy import text
+
+    from hypermedia.errors import ServiceUnavailable
+
+    monkeypatch.setattr(migrate, "LOCK_TIMEOUT_SECONDS", 0.5, raising=False)
+    monkeypatch.setattr(migrate, "LOCK_ATTEMPTS", 2, raising=False)
+    monkeypatch.setattr(migrate, "LOCK_PAUSE_SECONDS", 0.2, raising=False)
+    name = support.unique_name("mig")
+    engine = make_engine(pg_server.create_database(name))
+    holder = make_engine(engine.url.render_as_string(hide_password=False))
+    try:
+        migrate.upgrade(engine, "0015")
+        outcome: list[BaseException | None] = []
+        with holder.connect() as reader:
+            # SET autobegins the transaction the read holds open (ACCESS SHARE).
+            reader.execute(text("SET application_name = 'nightly-report'"))
+            reader.execute(text("SELECT count(*) FROM processing_jobs")).scalar()
+            time.sleep(0.6)  # older than a lock wait
+
+            def run() -> None:
+                try:
+                    migrate.upgrade(engine)
+                    outcome.append(None)
+                except BaseException as exc:
+                    outcome.append(exc)
+
+            thread = threading.Thread(target=run, daemon=True)
+            started = time.monotonic()
+            thread.start()
+            thread.join(15)
+            waited = time.monotonic() - started
+            reader.rollback()  # lets a migration still waiting (before the fix) go on
+        thread.join(30)
+        assert waited < 15, "the migration waited for the long transaction to end"
+        (raised,) = outcome
+        assert isinstance(raised, ServiceUnavailable), raised
+        assert "gave up, changing nothing" in str(raised)
+        assert "'nightly-report'" in str(raised) and "processing_jobs" in str(raised)
+        assert migrate.current_revision(engine) == "0015"
+        migrate.upgrade(engine)  # nothing holds it up now
+        assert migrate.current_revision(engine) == migrate.head_revision()
+        assert schema_diffs(engine) == []
+    finally:
+        holder.dispose()
+        engine.dispose()
+        pg_server.drop_database(name)
