@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from hypermedia.cli.common import read_settings
+from hypermedia.cli.common import note, read_settings
 
 app = typer.Typer(help="The job record's schema.", no_args_is_help=True)
 
@@ -27,3 +27,4 @@ def db_upgrade() -> None:
         engine.dispose()
     shown = make_url(settings.effective_database_url).render_as_string(hide_password=True)
     typer.echo(f"database {shown} is at revision {revision}; profiles synced")
+    note("running servers and workers read changed profiles when restarted")
