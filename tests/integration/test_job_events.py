@@ -307,3 +307,77 @@ def test_a_publish_is_one_round_trip_once_the_script_is_loaded(private_redis):
     assert not any(name.startswith("cmdstat_script") for name in stats), stats
     assert len(events.history("j" * 32)) == 6
     client.close()
+
+
+def test_a_waiting_client_outlasts_a_restart_of_the_head(stack):
+    """`submit --wait`, `watch` and client.wait() across a restart of the head (the API
+    gone for a while, then back on the same address): the stream is taken up again
+    and ends with the job, which completed meanwhile. It failed with
+    service_unavailable ('cannot reach the API'; `watch`: 'did not complete') at the
+    first connection refused, though the job went on. A server never reached still
+    fails at once."""
+    import uvicorn
+
+    from hypermedia.embedded import listening_socket
+    from hypermedia.errors import ServiceUnavailable
+    from tests.api_support import wait_until_healthy
+
+    app = create_app(stack, events_keepalive_seconds=0.5)
+
+    def serve(sock):
+        server = uvicorn.Server(uvicorn.Config(app, log_config=None, lifespan="off"))
+        thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+        thread.start()
+        return server, thread
+
+    def stop(server, thread, sock) -> None:  # as a head killed: open streams cut
+        server.should_exit = server.force_exit = True
+        thread.join(10)
+        sock.close()
+        assert not thread.is_alive()
+
+    person = make_user(stack)
+    job_id = submit(stack, person, ["thumbnail"])[0]
+    job = _started(stack, job_id)
+    first = listening_socket()
+    port = first.getsockname()[1]
+    base_url = f"http://127.0.0.1:{port}"
+    server, thread = serve(first)
+    wait_until_healthy(base_url)
+    outcome: list[object] = []
+    seen: list[JobEvent] = []
+    with HypermediaClient(base_url, person.api_key) as client:
+
+        def follow() -> None:
+            try:
+                for event in client.events(job_id, timeout=60):
+                    seen.append(event)
+                outcome.append(client.job(job_id).status)
+            except Exception as exc:
+                outcome.append(exc)
+
+        follower = threading.Thread(target=follow)
+        follower.start()
+        deadline = time.monotonic() + 10
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _shape(seen) == [("status", "processing", None)]
+        stop(server, thread, first)
+        # Down: the job ends meanwhile, and the client finds nobody listening.
+        assert stack.dispatcher.complete_many("w", [FinishedJob(job.job_id)]) == [True]
+        time.sleep(4)
+        second = listening_socket(port=port)
+        server, thread = serve(second)
+        try:
+            follower.join(30)
+            assert not follower.is_alive()
+        finally:
+            stop(server, thread, second)
+    assert outcome == ["completed"], outcome
+    assert _shape(seen)[-1] == ("status", "completed", None)
+
+    with HypermediaClient(base_url, person.api_key) as client:  # nobody there, ever
+        started = time.monotonic()
+        with pytest.raises(ServiceUnavailable, match="cannot reach the API"):
+            client.wait(job_id, timeout=30)
+        assert time.monotonic() - started < 5
