@@ -9,7 +9,8 @@
   :data:`RATE_WINDOW_SECONDS`, from the record;
 - **workers**: every live ``workers`` row (active, draining): where it runs (the VPS, or
   a cloud node: a Ray node other than the head's, once ``ray up`` recorded it), host,
-  state, heartbeat age, running attempts, last CPU (``worker_metrics``, if recent); and
+  state, heartbeat age, running attempts, last CPU (``worker_metrics``, if recent),
+  whether it has paused claiming and why (the disk guard: ``claims_paused``); and
   the cloud instances on the meter (open ``cloud_spend`` rows);
 - **spend**: the ledger's last hour and today, the caps of ``scheduler.json``, and the
   daily cap's lock;
@@ -88,6 +89,17 @@ class WorkerStatus:
     current_jobs: int
     concurrency: int
     cpu_percent: float | None
+    # Claiming no job although live (the disk guard): why ("low disk (312 MB free, needs
+    # 1024)") and for how long; None: claiming.
+    claims_paused: str | None = None
+    claims_paused_seconds: float | None = None
+
+    @property
+    def shown_state(self) -> str:
+        """The state as ``hypermedia status`` and the operator page show it."""
+        if self.claims_paused is None:
+            return self.state
+        return f"{self.state}, claiming paused: {self.claims_paused}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -355,6 +367,12 @@ def _workers(conn: Any, now: float) -> list[WorkerStatus]:
             current_jobs=int(row.running or 0),
             concurrency=row.concurrency,
             cpu_percent=None if row.cpu_percent is None else round(row.cpu_percent, 1),
+            claims_paused=row.claims_paused_reason if row.claims_paused_since else None,
+            claims_paused_seconds=(
+                None
+                if row.claims_paused_since is None
+                else round(max(0.0, now - epoch(row.claims_paused_since)), 1)
+            ),
         )
         for row in rows
     ]

@@ -171,7 +171,12 @@ def render(current: Status) -> RenderableType:
             w.queue,
             w.location,
             w.hostname,
-            w.state,
+            w.shown_state
+            + (
+                ""
+                if w.claims_paused_seconds is None
+                else f" for {age_text(w.claims_paused_seconds)}"
+            ),
             f"{age_text(w.heartbeat_age_seconds)} ago",
             f"{w.current_jobs}/{w.concurrency}",
             "-" if w.cpu_percent is None else f"{w.cpu_percent:g} %",

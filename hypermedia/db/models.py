@@ -395,6 +395,10 @@ class Worker(Base):
     started_at: Mapped[datetime]
     last_heartbeat: Mapped[datetime]
     stopped_at: Mapped[datetime | None]
+    # Claiming no job while active, since when and why (the disk guard: "low disk: 312
+    # MB free, needs 1024"); NULL while it claims.
+    claims_paused_since: Mapped[datetime | None]
+    claims_paused_reason: Mapped[str | None] = mapped_column(String(200))
 
 
 class WorkerMetric(Base):

@@ -21,7 +21,12 @@ is still ``processing`` in the record and runs again (at least once; outputs are
 written to the same keys).
 
 The worker registers in ``workers``, heartbeats every ``heartbeat_seconds`` and
-writes a ``worker_metrics`` row every ``metrics_seconds``.
+writes a ``worker_metrics`` row every ``metrics_seconds``. While the disk of its
+workdirs has less than ``min_free_disk_mb`` free it claims nothing (the disk guard,
+:meth:`Worker.disk_low`), and its row says so: ``claims_paused_since`` and
+``claims_paused_reason`` ("low disk (312 MB free, needs 1024)"), NULL again once it
+claims; ``hypermedia status`` shows it, the alert rule ``worker_disk_low`` notifies it
+and the scheduler drains a cloud node paused too long.
 
 ``drain(timeout)``: stop claiming, hand back jobs claimed but not started, let
 running jobs finish; whatever still runs after ``timeout`` is stopped and handed
@@ -328,6 +333,9 @@ class Worker:
         self.disk_check_seconds = disk_check_seconds
         self._disk_checked = (-math.inf, False)  # (monotonic time, low)
         self._disk_lock = threading.Lock()
+        # Claiming paused (the disk guard): since when (the clock's time) and why, as
+        # the row says it (claims_paused_since, claims_paused_reason); None: claiming.
+        self.paused: tuple[float, str] | None = None
         self.notice: SpotNotice | None = None
         self.completions: CompletionBatcher | None = None
         self.stats = WorkerStats()
@@ -477,8 +485,14 @@ class Worker:
 
     def disk_low(self) -> bool:
         """Whether the disk of the workdirs has less than ``min_free_disk_mb`` free
-        (read at most every ``disk_check_seconds``); the change is logged once."""
+        (read at most every ``disk_check_seconds``); the change is logged once and
+        written to the row at once (``claims_paused_since``, ``claims_paused_reason``:
+        what ``hypermedia status``, the ``worker_disk_low`` alert and the scheduler
+        read); the heartbeat keeps the reason's free space current."""
         if self.min_free_disk_mb <= 0:
+            if self.paused is not None:  # the guard turned off while paused
+                self.paused = None
+                self._record_pause()
             return False
         with self._disk_lock:
             checked_at, was_low = self._disk_checked
@@ -492,6 +506,14 @@ class Worker:
                 free_mb = 0.0
             low = free_mb < self.min_free_disk_mb
             self._disk_checked = (now, low)
+            if low:
+                since = self.paused[0] if self.paused is not None else self.clock.now()
+                reason = f"low disk ({free_mb:.0f} MB free, needs {self.min_free_disk_mb})"
+                self.paused = (since, reason)
+            else:
+                self.paused = None
+        if low != was_low:
+            self._record_pause()
         if low and not was_low:
             log.warning(
                 "%s: %.0f MB free on the disk of %s, below worker_min_free_disk_mb (%d):"
@@ -677,12 +699,32 @@ class Worker:
         except HypermediaError as exc:
             log.warning("could not record worker status %s: %s", status, exc)
 
+    def _pause_values(self) -> dict[str, object]:
+        paused = self.paused
+        return {
+            "claims_paused_since": None if paused is None else to_datetime(paused[0]),
+            "claims_paused_reason": None if paused is None else paused[1],
+        }
+
+    def _record_pause(self) -> None:
+        """Write whether claiming is paused, and why, to the row (the next heartbeat
+        tries again if the record is away)."""
+        try:
+            with transaction(self.engine) as conn:
+                conn.execute(
+                    update(t.workers)
+                    .where(t.workers.c.worker_id == self.worker_id)
+                    .values(self._pause_values())
+                )
+        except HypermediaError as exc:
+            log.warning("could not record the claims' pause: %s", exc)
+
     def heartbeat(self) -> None:
         with transaction(self.engine) as conn:
             conn.execute(
                 update(t.workers)
                 .where(t.workers.c.worker_id == self.worker_id)
-                .values(last_heartbeat=to_datetime(self.clock.now()))
+                .values(last_heartbeat=to_datetime(self.clock.now()), **self._pause_values())
             )
 
     def cpu_seconds(self) -> float:

@@ -11,6 +11,7 @@ which ``test_sandbox_executor`` and ``test_workers`` cover.
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import shutil
 import threading
@@ -23,8 +24,11 @@ from pathlib import Path
 
 import psutil
 from sqlalchemy import func, select
+from typer.testing import CliRunner
 
+from autoscaler import config as scheduler_config
 from bench.in_process import InProcessExecutor
+from hypermedia.cli import app
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
 from hypermedia.ingest.service import SubmitRequest
@@ -32,7 +36,7 @@ from hypermedia.stack import Stack
 from hypermedia.storage.grants import OutputGrant
 from hypermedia.worker.execute import Completion, JobExecution
 from hypermedia.worker.worker import Worker
-from tests import ray_support
+from tests import ray_support, support
 from tests.factories import Person, make_object, make_user, open_stack
 from tests.pipelines_for_tests import PRELOAD
 
@@ -677,6 +681,82 @@ def test_a_worker_claims_nothing_while_its_disk_is_low_and_goes_on_after(
         worker.min_free_disk_mb = 1  # room again (read within disk_check_seconds)
         _wait(lambda: worker.stats.completed == 3, timeout=60)
         assert _statuses(stack) == {"completed": 3}, job_ids
+    finally:
+        worker.stop()
+    stack.close()
+
+
+def test_a_worker_paused_by_low_disk_says_so_in_its_row_and_in_hypermedia_status(
+    pg_engine, settings, tmp_path
+):
+    """The disk guard's pause is no longer one log line: the worker's row says since when
+    and why it claims nothing (at once, and kept current by the heartbeat), ``hypermedia
+    status --json`` and the screen show it beside the worker, and it clears once there
+    is room."""
+    stack = open_stack(settings, pg_engine, None, profiles_path=ray_support.test_profiles(tmp_path))
+    _submit_noops(stack, 2)
+    free_mb = shutil.disk_usage(tmp_path).free // 2**20
+    needs = free_mb + 1_000_000  # a terabyte more than this disk has
+    executor = InProcessExecutor(tmp_path / "disk", PRELOAD)
+    execution = JobExecution(stack.dispatcher, stack.catalog, NoGrants(), executor, "disk-s")
+    worker = Worker(
+        worker_id="disk-s",
+        queue="bulk",
+        concurrency=1,
+        engine=stack.engine,
+        dispatcher=stack.dispatcher,
+        execution=execution,
+        work_root=str(tmp_path / "disk"),
+        clock=stack.clock,
+        heartbeat_seconds=0.5,
+        min_free_disk_mb=needs,
+        disk_check_seconds=0.2,
+    )
+
+    def row() -> tuple[object, str | None]:
+        w = t.workers.c
+        with transaction(stack.engine) as conn:
+            found = conn.execute(
+                select(w.claims_paused_since, w.claims_paused_reason).where(w.worker_id == "disk-s")
+            ).one()
+        return found[0], found[1]
+
+    env = {
+        "HYPERMEDIA_DATABASE_URL": support.url_string(stack.engine),
+        "HYPERMEDIA_REDIS_URL": support.redis_server_url(),
+        "HYPERMEDIA_REDIS_PREFIX": stack.settings.redis_prefix,
+        "HYPERMEDIA_DATA_DIR": str(tmp_path),
+        "HYPERMEDIA_SCHEDULER_CONFIG": str(scheduler_config.SHIPPED),
+    }
+    runner = CliRunner()
+    started = time.time()
+    worker.start()
+    try:
+        _wait(lambda: row()[0] is not None, timeout=10)
+        since, reason = row()
+        assert worker.stats.claimed == 0
+        assert reason is not None and reason.startswith("low disk (")
+        assert reason.endswith(f" MB free, needs {needs})")
+        free_said = int(reason.split("(")[1].split(" MB")[0])
+        assert abs(free_said - free_mb) < 10_000, (free_said, free_mb)
+        result = runner.invoke(app, ["status", "--json"], env=env)
+        assert result.exit_code == 0, result.output
+        (shown,) = [w for w in json.loads(result.stdout)["workers"] if w["worker_id"] == "disk-s"]
+        assert shown["state"] == "active"
+        assert shown["claims_paused"] == reason
+        assert 0 <= shown["claims_paused_seconds"] <= time.time() - started + 1
+        screen = runner.invoke(app, ["status"], env=env, terminal_width=250)
+        assert screen.exit_code == 0, screen.output
+        assert "claiming paused: low disk" in screen.stdout
+        time.sleep(1.2)  # heartbeats: the pause keeps its start
+        assert row()[0] == since
+
+        worker.min_free_disk_mb = 1  # room again
+        _wait(lambda: row() == (None, None), timeout=10)
+        _wait(lambda: worker.stats.completed == 2, timeout=60)
+        result = runner.invoke(app, ["status", "--json"], env=env)
+        (shown,) = [w for w in json.loads(result.stdout)["workers"] if w["worker_id"] == "disk-s"]
+        assert shown["claims_paused"] is None and shown["claims_paused_seconds"] is None
     finally:
         worker.stop()
     stack.close()
