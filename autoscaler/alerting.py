@@ -45,7 +45,8 @@ _LOG_LEVELS = {"info": logging.INFO, "warning": logging.WARNING, "critical": log
 
 
 def worker_health(conn: Connection, now: float) -> tuple[WorkerHealth, ...]:
-    """The live workers (active, draining): heartbeat age and last recent CPU."""
+    """The live workers (active, draining): heartbeat age, last recent CPU, and since
+    when and why each has paused claiming (None: it claims)."""
     w, m = t.workers, t.worker_metrics
     latest = (
         select(m.c.worker_id, func.max(m.c.metric_id).label("metric_id"))
@@ -54,7 +55,15 @@ def worker_health(conn: Connection, now: float) -> tuple[WorkerHealth, ...]:
         .subquery()
     )
     rows = conn.execute(
-        select(w.c.worker_id, w.c.queue, w.c.status, w.c.last_heartbeat, m.c.cpu_percent)
+        select(
+            w.c.worker_id,
+            w.c.queue,
+            w.c.status,
+            w.c.last_heartbeat,
+            w.c.claims_paused_since,
+            w.c.claims_paused_reason,
+            m.c.cpu_percent,
+        )
         .outerjoin(latest, latest.c.worker_id == w.c.worker_id)
         .outerjoin(m, m.c.metric_id == latest.c.metric_id)
         .where(w.c.status.in_(LIVE))
@@ -67,6 +76,10 @@ def worker_health(conn: Connection, now: float) -> tuple[WorkerHealth, ...]:
             status=row.status,
             heartbeat_age_seconds=max(0.0, now - epoch(row.last_heartbeat)),
             cpu_percent=row.cpu_percent,
+            claims_paused_since=(
+                None if row.claims_paused_since is None else epoch(row.claims_paused_since)
+            ),
+            claims_paused_reason=row.claims_paused_reason,
         )
         for row in rows
     )

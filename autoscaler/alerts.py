@@ -18,6 +18,10 @@ oldest_job:Q          warning  the oldest ready priority 1-3 job of Q waits > 15
 worker_cpu:W          warning  worker W's last ``cpu_percent`` > 90, sustained 10 min
 heartbeat:W           warning  worker W (active or draining) last beat > 2 min ago:
                                the seed's "worker unhealthy"
+worker_disk_low:W     warning  worker W has claimed no job for > 5 min: its workdirs'
+                               disk below ``worker_min_free_disk_mb`` (its row's
+                               ``claims_paused_since``; the scheduler drains such a
+                               cloud worker after ``claims_paused_drain_seconds``)
 all_workers_unhealthy critical no worker with a fresh heartbeat, while workers are
                                listed or jobs wait
 failure_rate          warning  failed attempts > 10 % of the last 100 finished (once
@@ -78,6 +82,10 @@ class WorkerHealth:
     status: str
     heartbeat_age_seconds: float
     cpu_percent: float | None = None  # its last metrics row, if recent (None: none)
+    # Claiming no job since (the disk guard: its row's claims_paused_since) and why;
+    # None: claiming.
+    claims_paused_since: float | None = None
+    claims_paused_reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,6 +213,7 @@ def conditions(config: AlertsConfig, observed: Observation, locked: bool) -> lis
             )
 
     cpu_rule = config.worker_cpu
+    disk_rule = config.worker_disk_low
     stale_after = config.heartbeat.older_than_seconds
     healthy = 0
     for worker in observed.workers:
@@ -225,6 +234,24 @@ def conditions(config: AlertsConfig, observed: Observation, locked: bool) -> lis
             )
         else:
             healthy += 1
+        if worker.claims_paused_since is not None:
+            paused = max(0.0, observed.now - worker.claims_paused_since)
+            # The record says since when: the rule fires once that is long enough
+            # (no pending turns of its own: a restarted scheduler knows it at once).
+            if paused >= disk_rule.for_seconds:
+                found.append(
+                    Condition(
+                        f"worker_disk_low:{worker.worker_id}",
+                        "worker_disk_low",
+                        "warning",
+                        f"worker {worker.worker_id} ({worker.queue}) has claimed no job for"
+                        f" {_minutes(paused)}: {worker.claims_paused_reason or 'low disk'}"
+                        f" (more than {_minutes(disk_rule.for_seconds)})",
+                        labels,
+                        round(paused, 1),
+                        disk_rule.for_seconds,
+                    )
+                )
         if worker.cpu_percent is not None and worker.cpu_percent > cpu_rule.above_percent:
             found.append(
                 Condition(
@@ -501,6 +528,7 @@ def rules() -> Sequence[str]:
         "oldest_job",
         "worker_cpu",
         "heartbeat",
+        "worker_disk_low",
         "all_workers_unhealthy",
         "failure_rate",
         "failure_spike",

@@ -1,7 +1,9 @@
 """``scheduler.json``: the seed's schema (seed 000, "Settings File"), validated strictly.
 
-Two keys are ours, optional: ``scaling_rules.scale_down.drain_timeout_seconds`` (default
-300, the seed's "timeout after 5 min" of a drain) and ``alerts``, the thresholds of the
+Three keys are ours, optional: ``scaling_rules.scale_down.drain_timeout_seconds`` (default
+300, the seed's "timeout after 5 min" of a drain),
+``scaling_rules.scale_down.claims_paused_drain_seconds`` (default 600: a cloud worker
+whose disk is low is drained after it) and ``alerts``, the thresholds of the
 seed's alert rules ("Monitoring & Alerts"), each defaulting to the seed's value (see
 :class:`AlertsConfig`; the rules themselves are :mod:`autoscaler.alerts`).
 
@@ -166,6 +168,11 @@ class ScaleDown(_Strict):
     # the seed's file; the one setting the policy, the node provider's Ray drain and the
     # actors' hand-back all read.
     drain_timeout_seconds: int = Field(default=300, ge=1, le=86_400)
+    # Not in the seed's file either: a cloud worker that has claimed no job this long
+    # because its disk is low (every actor on its node paused by the disk guard,
+    # ``worker_min_free_disk_mb``) is drained, so it stops costing money and a
+    # replacement can be launched; a VPS worker is only alerted (``worker_disk_low``).
+    claims_paused_drain_seconds: int = Field(default=600, ge=1, le=86_400)
 
 
 class ScalingRules(_Strict):
@@ -245,6 +252,14 @@ class HeartbeatAlert(_Strict):
     older_than_seconds: int = Field(default=120, ge=1)
 
 
+class WorkerDiskLowAlert(_Strict):
+    """A live worker that has claimed no job for ``for_seconds`` because its workdirs'
+    disk is below ``worker_min_free_disk_mb`` (its row's ``claims_paused_since``;
+    default 5 min: a job's cleanup that frees the disk within minutes says nothing)."""
+
+    for_seconds: int = Field(default=300, ge=0, le=86_400)
+
+
 class AlertsConfig(_Strict):
     """The alert rules' thresholds (:mod:`autoscaler.alerts`), the seed's by default.
     ``repeat_interval_seconds``: a firing alert is sent again this often while it fires."""
@@ -257,6 +272,7 @@ class AlertsConfig(_Strict):
     failure_spike: FailureSpikeAlert = FailureSpikeAlert()
     daily_spend: DailySpendAlert = DailySpendAlert()
     heartbeat: HeartbeatAlert = HeartbeatAlert()
+    worker_disk_low: WorkerDiskLowAlert = WorkerDiskLowAlert()
 
 
 class SchedulerConfig(_Strict):

@@ -19,8 +19,15 @@ One evaluation, in this order (the applier applies the list in order):
    straight from active.
 3. **Cloud workers that must go whatever the load** are drained: every one of a queue
    :func:`autoscaler.admission.closed` closes (``vps_only``, locked, the queue no
-   longer in the file or no longer cloud-enabled), and any whose queue no longer
-   bursts to that worker's provider.
+   longer in the file or no longer cloud-enabled), any whose queue no longer
+   bursts to that worker's provider, and any that has claimed no job for
+   ``scaling_rules.scale_down.claims_paused_drain_seconds`` (default 10 minutes)
+   because its disk is low (``WorkerState.claims_paused_since``: the disk guard,
+   ``worker_min_free_disk_mb``): unhealthy, it costs money and runs nothing. Drained,
+   it no longer counts as the queue's capacity, so the rules below launch a
+   replacement if the queue needs one (``max_workers`` still counts it until it is
+   terminated). A VPS worker is never drained for it (the alert rule
+   ``worker_disk_low`` tells the operator).
 4. **Per queue** (in the file's order), scale-up or scale-down, never both:
 
    - *Scale-up* is triggered when ``depth >= queue_depth_threshold`` or
@@ -384,6 +391,10 @@ def _evaluate(config: SchedulerConfig, snapshot: Snapshot) -> _Plan:
             why = _misplaced(config, worker, verdict.locked)
             if why is not None:
                 plan.add(_drain(worker, f"Draining worker {worker.worker_id}: {why}"))
+    grace = config.scaling_rules.scale_down.claims_paused_drain_seconds
+    for worker in cloud:
+        if worker.status in LIVE and worker.worker_id not in plan.drained:
+            _drain_if_starved(worker, snapshot.now, grace, plan)
 
     for name in config.queues:
         _queue(config, snapshot, name, verdict, plan)
@@ -426,6 +437,31 @@ def _terminate_if_drained(
                 spot=worker.spot,
             )
         )
+
+
+def _drain_if_starved(worker: WorkerState, now: float, grace: float, plan: _Plan) -> None:
+    """Drain a cloud worker that has claimed no job for ``grace`` seconds because its
+    disk is low (the disk guard): idle, it costs money while its queue waits; once it
+    is drained the queue's rules may launch a replacement. Within the grace, a note."""
+    since = worker.claims_paused_since
+    if since is None:
+        return
+    paused = max(0.0, now - since)
+    why = worker.claims_paused_reason or "low disk"
+    if paused < grace:
+        plan.notes.append(
+            f"worker {worker.worker_id} ({worker.provider}): claiming paused for"
+            f" {paused:.0f}s ({why}), drained at {grace:.0f}s"
+        )
+        return
+    plan.add(
+        _drain(
+            worker,
+            f"Draining worker {worker.worker_id}: unhealthy, it has claimed no job for"
+            f" {_duration(paused)} ({why}; claims_paused_drain_seconds {grace:.0f}): an idle"
+            f" instance that costs money; {worker.queue} gets a replacement if it needs one",
+        )
+    )
 
 
 def _duration(seconds: float) -> str:

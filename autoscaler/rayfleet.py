@@ -110,6 +110,14 @@ class RayFleet:
                 kept[node_id] = now
                 log.info("%s got a spot interruption notice", node_id)
             status = "draining" if node_id in kept else "active" if ray_node else "starting"
+            # The node claims nothing once every actor on it has paused (its disk low):
+            # since the last of them paused.
+            paused = [a for a in on_node if a.claims_paused_since is not None]
+            last_paused = (
+                max(paused, key=lambda a: a.claims_paused_since or 0.0)
+                if paused and len(paused) == len(on_node)
+                else None
+            )
             workers.append(
                 WorkerState(
                     worker_id=node_id,
@@ -123,6 +131,12 @@ class RayFleet:
                     cost_per_hour_cents=float(record.get("price") or 0.0),
                     drain_started_at=kept.get(node_id),
                     node_id=ray_node.node_id if ray_node else None,
+                    claims_paused_since=(
+                        None if last_paused is None else last_paused.claims_paused_since
+                    ),
+                    claims_paused_reason=(
+                        None if last_paused is None else last_paused.claims_paused_reason
+                    ),
                 )
             )
         # Ordered but not recorded yet (Ray asks the provider within seconds, and the

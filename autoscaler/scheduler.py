@@ -377,6 +377,8 @@ def vps_workers(conn: Connection) -> list[WorkerState]:
             w.c.status,
             w.c.node_id,
             w.c.started_at,
+            w.c.claims_paused_since,
+            w.c.claims_paused_reason,
             running.c.running,
             finished.c.last,
         )
@@ -393,6 +395,10 @@ def vps_workers(conn: Connection) -> list[WorkerState]:
             current_jobs=int(row.running or 0),
             last_job_at=_epoch(row.last) if row.last is not None else None,
             node_id=row.node_id,
+            claims_paused_since=(
+                _epoch(row.claims_paused_since) if row.claims_paused_since is not None else None
+            ),
+            claims_paused_reason=row.claims_paused_reason,
         )
         for row in rows
     ]

@@ -120,6 +120,11 @@ class WorkerState:
     # The Ray node it runs on (hex id): an actor's node, or a cloud worker's Ray node once
     # it has joined. The loop uses it to count an actor on a burst node with its node.
     node_id: str | None = None
+    # Claiming no job since (the disk guard, ``worker_min_free_disk_mb``: the workers
+    # row's claims_paused_since; a cloud node's when all its actors are paused, since the
+    # last of them paused) and why; None: it claims.
+    claims_paused_since: float | None = None
+    claims_paused_reason: str | None = None
 
     @property
     def cloud(self) -> bool:

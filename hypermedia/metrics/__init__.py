@@ -40,6 +40,7 @@ metric                                            type       labels             
 ``queue_retry_wait``                              gauge      queue                         head
 ``workers``                                       gauge      queue, state, location, spot  head
 ``worker_heartbeat_age_seconds``                  gauge      queue                         head
+``worker_claims_paused_seconds``                  gauge      queue                         head
 ``cloud_spend_cents``                             gauge      window                        sched.
 ``cloud_spend_cap_cents``                         gauge      window                        sched.
 ``cloud_spend_alert_cents``                       gauge                                    sched.
@@ -219,6 +220,13 @@ HEARTBEAT_AGE = Metric(
     "The oldest heartbeat among a queue's live workers.",
     ("queue",),
 )
+CLAIMS_PAUSED = Metric(
+    "hypermedia_worker_claims_paused_seconds",
+    "gauge",
+    "The longest a queue's live worker has claimed no job because its disk is low"
+    " (worker_min_free_disk_mb); 0: every one claims.",
+    ("queue",),
+)
 SPEND = Metric(
     "hypermedia_cloud_spend_cents",
     "gauge",
@@ -276,6 +284,7 @@ CATALOGUE: tuple[Metric, ...] = (
     QUEUE_RETRY_WAIT,
     WORKERS,
     HEARTBEAT_AGE,
+    CLAIMS_PAUSED,
     SPEND,
     SPEND_CAP,
     SPEND_ALERT,
@@ -292,6 +301,7 @@ SCRAPED: tuple[Metric, ...] = (
     QUEUE_RETRY_WAIT,
     WORKERS,
     HEARTBEAT_AGE,
+    CLAIMS_PAUSED,
     BULK_RUN_OBJECTS,
 )
 

@@ -36,6 +36,7 @@ from hypermedia.errors import HypermediaError
 from hypermedia.metrics import (
     BANDS,
     BULK_RUN_OBJECTS,
+    CLAIMS_PAUSED,
     CLOUD,
     HEARTBEAT_AGE,
     QUEUE_DEPTH,
@@ -186,25 +187,35 @@ class StateCollector(Collector):
         w = t.workers.c
         with transaction(self.engine) as conn:
             rows: Sequence[Any] = conn.execute(
-                select(w.queue, w.status, w.node_id, w.last_heartbeat).where(
+                select(w.queue, w.status, w.node_id, w.last_heartbeat, w.claims_paused_since).where(
                     w.status.in_(LIVE_WORKERS)
                 )
             ).all()
         cloud = self.metrics.cloud_nodes
         tally: Tally[tuple[str, str, str, str]] = Tally()
         beats: dict[str, float] = {}
+        paused: dict[str, float] = {}
         for row in rows:
             on_cloud = row.node_id is not None and row.node_id in cloud
             spot = "true" if on_cloud and cloud[row.node_id] else "false"
             tally[(row.queue, row.status, CLOUD if on_cloud else VPS, spot)] += 1
             age = max(0.0, now - to_epoch(row.last_heartbeat))
             beats[row.queue] = max(beats.get(row.queue, 0.0), age)
+            paused_for = (
+                0.0
+                if row.claims_paused_since is None
+                else max(0.0, now - to_epoch(row.claims_paused_since))
+            )
+            paused[row.queue] = max(paused.get(row.queue, 0.0), paused_for)
         workers, heartbeat = _family(WORKERS), _family(HEARTBEAT_AGE)
+        claims_paused = _family(CLAIMS_PAUSED)
         for key, count in sorted(tally.items()):
             workers.add_metric(list(key), count)
         for queue, age in sorted(beats.items()):
             heartbeat.add_metric([queue], age)
-        yield from (workers, heartbeat)
+        for queue, seconds in sorted(paused.items()):
+            claims_paused.add_metric([queue], seconds)
+        yield from (workers, heartbeat, claims_paused)
 
 
 def _family(metric: Metric) -> GaugeMetricFamily:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -25,12 +26,16 @@ from autoscaler.leader import Leadership, Term
 from autoscaler.scheduler import Scheduler, reset_cost_lock
 from autoscaler.snapshot import Offer, Plan, WorkerState
 from autoscaler.state import read_state
+from bench.in_process import InProcessExecutor
 from hypermedia import ids
 from hypermedia.clock import Clock, ManualClock, SystemClock, to_datetime
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
 from hypermedia.stack import Stack
+from hypermedia.worker.execute import JobExecution
+from hypermedia.worker.worker import Worker
 from tests.factories import add_worker_row, make_user, open_stack, submit
+from tests.pipelines_for_tests import PRELOAD
 from tests.webhook_receiver import Receiver, receiving
 
 SECRET = "a-webhook-secret-of-32-characters"
@@ -269,6 +274,76 @@ def test_worker_cpu_heartbeat_and_all_workers_unhealthy(harness):
             t.workers.update().where(t.workers.c.worker_id == "w-docs").values(status="dead")
         )
     assert keys(harness.turn(30), "resolved") == ["heartbeat:w-docs"]
+
+
+def test_a_worker_paused_by_low_disk_is_alerted_after_five_minutes_and_cleared(harness, tmp_path):
+    """``worker_disk_low``: a real worker whose workdirs' disk is below
+    ``worker_min_free_disk_mb`` (set above this disk's free space) pauses its claims and
+    writes so to its row; the scheduler's turns see it (a VPS worker: never drained),
+    the webhook gets a warning once it has lasted 5 minutes, and a resolved one when the
+    worker claims again."""
+    stack, clock = harness.stack, harness.clock
+    free_mb = shutil.disk_usage(tmp_path).free // 2**20
+    executor = InProcessExecutor(tmp_path / "disk", PRELOAD)
+    execution = JobExecution(stack.dispatcher, stack.catalog, None, executor, "w-disk")  # type: ignore[arg-type]
+    worker = Worker(
+        worker_id="w-disk",
+        queue="images",
+        concurrency=1,
+        engine=stack.engine,
+        dispatcher=stack.dispatcher,
+        execution=execution,
+        work_root=str(tmp_path / "disk"),
+        clock=clock,
+        min_free_disk_mb=free_mb + 1_000_000,  # a terabyte more than this disk has
+        disk_check_seconds=0.2,
+    )
+
+    def paused_since() -> Any:
+        with transaction(stack.engine) as conn:
+            return conn.execute(
+                select(t.workers.c.claims_paused_since).where(t.workers.c.worker_id == "w-disk")
+            ).scalar_one()
+
+    worker.start()
+    harness.beating.add("w-disk")
+    try:
+        deadline = time.monotonic() + 10
+        while paused_since() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert paused_since() is not None
+        (seen,) = [w for w in harness.scheduler.observe().workers if w.worker_id == "w-disk"]
+        assert seen.claims_paused_reason is not None
+        assert seen.claims_paused_reason.startswith("low disk (")
+        assert harness.turn() == []  # pending: it must last 5 minutes
+        assert harness.turn(299) == []
+        fired = harness.turn(1)
+        assert keys(fired) == ["worker_disk_low:w-disk"]
+        (alert,) = fired
+        assert (alert["status"], alert["level"], alert["labels"]) == (
+            "firing",
+            "warning",
+            {"worker_id": "w-disk", "queue": "images"},
+        )
+        assert "has claimed no job for 5 min: low disk (" in alert["summary"]
+        assert alert["details"]["value"] == 300.0 and alert["details"]["threshold"] == 300
+        assert harness.turn(600) == []  # firing on: sent once
+        with transaction(stack.engine) as conn:  # on the VPS, only alerted
+            decisions = conn.execute(select(t.scheduler_decisions.c.action)).scalars().all()
+        assert "drain" not in decisions and "terminate" not in decisions
+
+        worker.min_free_disk_mb = 1  # room again: it claims, its row says so
+        deadline = time.monotonic() + 10
+        while paused_since() is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert paused_since() is None
+        resolved = harness.turn(60)
+        assert [(a["key"], a["status"]) for a in resolved] == [
+            ("worker_disk_low:w-disk", "resolved")
+        ]
+        assert harness.turn(60) == []
+    finally:
+        worker.stop()
 
 
 def test_failure_rate_and_failure_spike(harness):

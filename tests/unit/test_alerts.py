@@ -154,6 +154,54 @@ def test_decisions_carried_out_are_events():
     assert result.state.active == {}
 
 
+def test_a_worker_paused_by_low_disk_fires_after_five_minutes_and_clears_when_it_claims():
+    """``worker_disk_low``: from the row's ``claims_paused_since``, a warning once paused
+    for ``for_seconds`` (300 by default), resolved when the worker claims again; a
+    worker that stops being listed resolves it too."""
+    reason = "low disk (312 MB free, needs 1024)"
+
+    def paused(since: float | None) -> tuple[WorkerHealth, ...]:
+        return (
+            WorkerHealth(
+                "w1",
+                "images",
+                "active",
+                5.0,
+                claims_paused_since=since,
+                claims_paused_reason=None if since is None else reason,
+            ),
+        )
+
+    turns = run(
+        observed(T0, workers=paused(T0 - 60)),
+        observed(T0 + 239, workers=paused(T0 - 60)),  # 299 s
+        observed(T0 + 240, workers=paused(T0 - 60)),  # 300 s: fires
+        observed(T0 + 300, workers=paused(T0 - 60)),  # once, not every turn
+        observed(T0 + 360, workers=paused(None)),  # claims again
+        observed(T0 + 420, workers=paused(None)),
+    )
+    key = "worker_disk_low:w1"
+    assert turns == [[], [], [(key, "firing")], [], [(key, "resolved")], []]
+    (found,) = alerts.conditions(RULES, observed(T0 + 240, workers=paused(T0 - 60)), False)
+    assert (found.rule, found.level, found.value, found.threshold) == (
+        "worker_disk_low",
+        "warning",
+        300.0,
+        300,
+    )
+    assert found.labels == {"worker_id": "w1", "queue": "images"}
+    assert found.summary == (
+        f"worker w1 (images) has claimed no job for 5 min: {reason} (more than 5 min)"
+    )
+    # The worker gone from the list resolves it; the rule's own threshold is the config's.
+    assert run(observed(T0, workers=paused(T0 - 300)), observed(T0 + 60, workers=())) == [
+        [(key, "firing")],
+        [(key, "resolved")],
+    ]
+    quick = AlertsConfig.model_validate({"worker_disk_low": {"for_seconds": 0}})
+    assert run(observed(T0, workers=paused(T0)), rules=quick) == [[(key, "firing")]]
+
+
 def test_thresholds_come_from_the_config():
     rules = AlertsConfig.model_validate({"queue_depth": {"above": 5, "for_seconds": 0}})
     assert run(observed(depth=6), rules=rules) == [[("queue_depth:images", "firing")]]

@@ -39,6 +39,11 @@ def test_the_shipped_file_is_the_seeds_vps_only_defaults():
     assert loaded.scaling_rules.scale_up.queue_depth_threshold == 10
     assert loaded.scaling_rules.scale_down.idle_minutes == 10
     assert loaded.scaling_rules.scale_down.drain_timeout_seconds == 300  # the seed's 5 min
+    # Ours, not the seed's: a cloud worker whose disk is low, drained after 10 minutes;
+    # the alert after 5. The shipped file says the defaults.
+    assert loaded.scaling_rules.scale_down.claims_paused_drain_seconds == 600
+    assert loaded.alerts.worker_disk_low.for_seconds == 300
+    assert loaded.alerts == config.AlertsConfig()
     limits = loaded.cost_limits
     assert (limits.max_hourly_spend_cents, limits.max_daily_spend_cents) == (500, 5000)
     assert loaded.burst_providers("ocr") == []
@@ -121,6 +126,21 @@ def _drop(path: str) -> Callable[[dict[str, Any]], None]:
             _set("scaling_rules.scale_down.drain_timeout_seconds", 0),
             "scaling_rules.scale_down.drain_timeout_seconds",
             "greater",
+        ),
+        (
+            _set("scaling_rules.scale_down.claims_paused_drain_seconds", 0),
+            "scaling_rules.scale_down.claims_paused_drain_seconds",
+            "greater",
+        ),
+        (
+            _set("alerts.worker_disk_low.for_seconds", -1),
+            "alerts.worker_disk_low.for_seconds",
+            "greater",
+        ),
+        (
+            _set("alerts.worker_disk_low.for_seconds", "300"),
+            "alerts.worker_disk_low.for_seconds",
+            "integer",
         ),
         (
             _set("cloud_providers.aws.spot_max_price", "-1"),

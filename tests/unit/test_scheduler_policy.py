@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -734,3 +735,73 @@ def test_explain_shows_the_cost_guard_even_when_nothing_was_wanted():
     lines = policy.explain(make_config(), snap(queue(), spend=Spend(500.0, 600.0)))
     assert "Nothing to do." in lines
     assert "cost: hourly spend $5.00 is at the $5.00 cap: no new instances" in lines
+
+
+# -- a worker whose disk is low ------------------------------------------------------------
+
+LOW_DISK = "low disk (312 MB free, needs 1024)"
+
+
+def starved(worker: WorkerState, paused_for: float) -> WorkerState:
+    """``worker`` as its row says after the disk guard paused its claims ``paused_for`` s ago."""
+    return replace(worker, claims_paused_since=NOW - paused_for, claims_paused_reason=LOW_DISK)
+
+
+@pytest.mark.parametrize(("paused_for", "drained"), [(599, False), (600, True), (7200, True)])
+def test_a_cloud_worker_paused_by_low_disk_is_drained_after_the_grace_period(paused_for, drained):
+    """The default ``claims_paused_drain_seconds`` is 10 minutes: before it, a note; from
+    it on, a drain naming why (then the usual termination once it has no jobs)."""
+    worker = starved(cloud("w-disk", jobs=0, idle=30), paused_for)
+    config = make_config()
+    assert config.scaling_rules.scale_down.claims_paused_drain_seconds == 600
+    state = snap(queue(depth=3), workers=(worker,))
+    drains = of(policy.decide(config, state), "drain")
+    if not drained:
+        assert drains == []
+        assert any(
+            "w-disk" in line and "claiming paused for 599s" in line
+            for line in policy.explain(config, state)
+        )
+        return
+    assert [d.worker_id for d in drains] == ["w-disk"]
+    assert drains[0].queue == "ocr" and drains[0].provider == "aws"
+    assert drains[0].reason.startswith("Draining worker w-disk: unhealthy, it has claimed no job")
+    assert LOW_DISK in drains[0].reason and "claims_paused_drain_seconds 600" in drains[0].reason
+    # Drained, it is terminated the next turn (no jobs) like any drained worker.
+    after = replace(worker, status="draining", drain_started_at=NOW)
+    terminate = of(policy.decide(config, snap(queue(depth=3), workers=(after,))), "terminate")
+    assert [d.worker_id for d in terminate] == ["w-disk"]
+
+
+def test_a_drained_disk_starved_worker_is_replaced_when_the_queue_needs_one():
+    """Its queue deep (50 jobs: the table's 3 burst workers), the starved worker was counted
+    as capacity; drained, it no longer is, and the same turn launches in its place."""
+    config = make_config()
+    busy = [cloud(f"w-{i}", jobs=1) for i in range(2)]
+    worker = starved(cloud("w-disk"), 3600)
+    history = History(last_scale_up={"ocr": NOW - 3600})
+    before = policy.decide(
+        config, snap(queue(depth=50, oldest=60), workers=(*busy, cloud("w-ok")), history=history)
+    )
+    assert of(before, "launch") == []  # three workers up: the table's target
+    decisions = policy.decide(
+        config, snap(queue(depth=50, oldest=60), workers=(*busy, worker), history=history)
+    )
+    assert [d.worker_id for d in of(decisions, "drain")] == ["w-disk"]
+    launches = of(decisions, "launch")
+    assert sum(d.count for d in launches) == 1, decisions
+
+
+def test_a_vps_worker_paused_by_low_disk_is_never_drained():
+    """On the VPS the operator is alerted (``worker_disk_low``); nothing is stopped."""
+    worker = starved(vps("v-disk"), 86_400)
+    decisions = policy.decide(make_config(), snap(queue(depth=3), workers=(worker,)))
+    assert [d for d in decisions if d.action in ("drain", "terminate")] == []
+
+
+def test_the_grace_period_is_the_configs():
+    config = make_config(scaling_rules__scale_down__claims_paused_drain_seconds=60)
+    worker = starved(cloud("w-disk"), 61)
+    drains = of(policy.decide(config, snap(queue(), workers=(worker,))), "drain")
+    assert [d.worker_id for d in drains] == ["w-disk"]
+    assert "claims_paused_drain_seconds 60" in drains[0].reason
