@@ -225,6 +225,14 @@ class Conflict(HypermediaError):
     status = 409
 
 
+class IdempotencyKeyReused(Conflict):
+    """An upload's ``Idempotency-Key`` already made an object of other content (another
+    sha256, size, file name or pool), or one since deleted: nothing is stored; upload it
+    under a new key."""
+
+    code = "idempotency_key_reused"
+
+
 class IllegalTransition(HypermediaError):
     """The state machine forbids this change (or a guarded UPDATE matched nothing)."""
 

@@ -66,10 +66,13 @@ def register_object(
     sha256: str | None = None,
     inspection: Inspection | None = None,
     quota_bytes: int | None = None,
+    idempotency_key: str | None = None,
 ) -> ObjectInfo:
     """Record a file already in storage. The caller must belong to ``pool_id``. With an
     ``inspection``, its mime type replaces ``content_type``; with ``quota_bytes``, the
-    caller's stored bytes must stay within it (StorageQuotaExceeded)."""
+    caller's stored bytes must stay within it (StorageQuotaExceeded); an
+    ``idempotency_key`` the caller's objects already hold is an IntegrityError (the
+    unique index ``uk_object_idempotency_key``)."""
     if not is_pool_member(conn, pool_id, caller.user_id):
         raise NotFound(f"no pool {pool_id!r}", pool_id=pool_id)
     if quota_bytes is not None:
@@ -87,7 +90,7 @@ def register_object(
         "created_at": to_datetime(now),
         "inspection": inspection.to_dict() if inspection is not None else None,
     }
-    conn.execute(insert(t.objects).values(**values))
+    conn.execute(insert(t.objects).values(**values, idempotency_key=idempotency_key))
     add_stored_bytes(conn, {caller.user_id: size_bytes})
     return ObjectInfo(**{k: v for k, v in values.items() if k in ObjectInfo.__dataclass_fields__})
 

@@ -107,6 +107,10 @@ class StoredObject(Base):
     """A file in storage: an upload (``kind='original'``) or a derived output."""
 
     __tablename__ = "objects"
+    # An upload's Idempotency-Key: one object per user and key (NULLs never collide).
+    __table_args__ = (
+        Index("uk_object_idempotency_key", "owner_id", "idempotency_key", unique=True),
+    )
 
     object_id: Mapped[str] = mapped_column(ID, primary_key=True)
     pool_id: Mapped[str] = mapped_column(ForeignKey("pools.pool_id"), index=True)
@@ -129,6 +133,9 @@ class StoredObject(Base):
     # Where a bulk migration put the object's verified copy (the run's target backend,
     # :mod:`hypermedia.bulk.migrate`); NULL: the server's configured storage.
     storage_backend: Mapped[str | None] = mapped_column(String(64))
+    # The Idempotency-Key of the upload that made it (PUT /objects): a retry with the
+    # same key answers with this object instead of storing a second one.
+    idempotency_key: Mapped[str | None] = mapped_column(String(200))
 
 
 class ApiKey(Base):

@@ -28,9 +28,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
-from typing import Annotated, Any, BinaryIO, Literal, cast
+from typing import Annotated, Any, BinaryIO, Literal, TypeVar, cast
 
 import anyio
 from fastapi import APIRouter, Depends, FastAPI, Header, Path, Query, Request, Response
@@ -95,6 +95,7 @@ from hypermedia.storage.base import InvalidSignature, Storage, StoredBlob, origi
 from hypermedia.storage.local import LocalStorage
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 PREFIX = "/v1/hypermedia"
 METRICS_PATH = "/metrics"  # where Prometheus looks by default
@@ -428,12 +429,26 @@ _BINARY_BODY: dict[str, Any] = {
 }
 
 
+UploadKey = Annotated[
+    fields.Text | None,
+    Header(
+        alias="Idempotency-Key",
+        min_length=1,
+        max_length=200,
+        description="Makes the upload safe to retry: another upload of yours under this "
+        "key, with the same bytes, file name and pool, stores nothing and is answered "
+        "with the first object (`replayed`); with anything else, or once that object is "
+        "deleted: 409 `idempotency_key_reused`. Honoured as long as submits' keys are.",
+    ),
+]
+
+
 @router.put(
     f"{PREFIX}/objects",
     operation_id="uploadObject",
     status_code=201,
     summary="Upload a file (the raw request body)",
-    responses=_errors(400, 404, 408, 413, 429, 503),
+    responses=_errors(400, 404, 408, 409, 413, 429, 503),
     openapi_extra=_BINARY_BODY,
     tags=["objects"],
 )
@@ -443,16 +458,32 @@ async def upload_object(
     stack: StackDep,
     filename: Annotated[fields.Text, Query(min_length=1, max_length=255)],
     pool_id: Annotated[fields.Text | None, Query(min_length=1, max_length=64)] = None,
+    idempotency_key: UploadKey = None,
 ) -> ObjectResponse:
     """Streams the body into storage (at most ``max_upload_bytes``, else 413 and
     nothing is kept), records its sha256, inspects its content and registers the
     object. ``content_type`` in the answer is the type detected from the bytes (the
     request's ``Content-Type`` is not trusted, nor kept); ``refusal`` says when every
     operation would be refused (macros, encryption, a ZIP bomb ...). ``pool_id``
-    defaults to the caller's personal pool."""
+    defaults to the caller's personal pool. With an ``Idempotency-Key`` header, a
+    retry of an upload whose answer was lost gets the first object (``replayed``):
+    its body is read and compared, never stored nor counted again (quota, rate); an
+    upload that failed left no key behind."""
     settings = stack.settings
     quota = _quota(stack, caller)
-    pool, used = await run_in_threadpool(_admit_upload, stack, caller, pool_id, quota)
+    admitted = await run_in_threadpool(
+        _admit_upload, stack, caller, pool_id, quota, idempotency_key
+    )
+    pool, used = admitted.pool, admitted.used
+    in_flight = cast(uploads.UploadsInFlight, request.app.state.uploads_in_flight)
+    held = nullcontext() if caller.is_operator else in_flight.hold(caller.user_id)
+    if admitted.earlier is not None:
+        assert idempotency_key is not None
+        with held:
+            replayed = await _replayed_upload(
+                request, admitted.earlier, idempotency_key, pool, filename
+            )
+        return _object_response(replayed.info, replayed=True)
     room = settings.max_upload_bytes if quota is None else quota - used
     declared = request.headers.get("content-length", "")
     if quota is not None and (room <= 0 or (declared.isdigit() and int(declared) > room)):
@@ -460,8 +491,6 @@ async def upload_object(
     # A larger Content-Length than max_upload_bytes was refused by the guard, unread.
     limit = min(settings.max_upload_bytes, room)
     object_id = new_id()
-    in_flight = cast(uploads.UploadsInFlight, request.app.state.uploads_in_flight)
-    held = nullcontext() if caller.is_operator else in_flight.hold(caller.user_id)
     try:
         with held:
             blob = await _store_body(request, stack.storage, original_key(pool, object_id), limit)
@@ -469,7 +498,7 @@ async def upload_object(
         if quota is not None and limit < settings.max_upload_bytes:
             raise quota_exceeded(quota, used, None) from None
         raise
-    info = await _registered(
+    uploaded = await _registered(
         request,
         lambda: uploads.register_blob(
             stack.engine,
@@ -482,12 +511,38 @@ async def upload_object(
             filename=filename,
             now=stack.clock.now(),
             quota_bytes=quota,
+            idempotency_key=idempotency_key,
         ),
     )
-    return _object_response(info)
+    return _object_response(uploaded.info, replayed=uploaded.replayed)
 
 
-async def _registered(request: Request, register: Callable[[], ObjectInfo]) -> ObjectInfo:
+async def _replayed_upload(
+    request: Request, earlier: uploads.Keyed, key: str, pool: str, filename: str
+) -> uploads.Uploaded:
+    """A retry of the upload that made ``earlier``: refused unread when its pool, file
+    name or declared size tell it is another; else its body hashed (nothing stored)
+    and compared with the first's."""
+    declared = request.headers.get("content-length", "")
+    size = int(declared) if declared.isdigit() else None
+    uploads.replay(earlier, key, pool_id=pool, filename=filename, size_bytes=size)
+    digest = await uploads.hash_stream(
+        request.stream(),
+        earlier.info.size_bytes,
+        limiter=request.app.state.upload_limiter,
+        pace=request.app.state.upload_pace,
+    )
+    return uploads.replay(
+        earlier,
+        key,
+        pool_id=pool,
+        filename=filename,
+        size_bytes=earlier.info.size_bytes + 1 if digest is None else digest.size_bytes,
+        sha256=None if digest is None else digest.sha256,
+    )
+
+
+async def _registered(request: Request, register: Callable[[], _T]) -> _T:
     """``register`` (an upload's inspection, then its row) in a worker thread borrowed
     from the app's inspection limiter (``inspection_concurrency``): a registration
     waiting for an inspection slot waits in the event loop, holding no thread of the
@@ -522,15 +577,29 @@ def _quota(stack: Stack, caller: Caller) -> int | None:
     return None if caller.is_operator else stack.settings.user_storage_quota_bytes
 
 
+@dataclass(frozen=True, slots=True)
+class _Admitted:
+    pool: str
+    used: int
+    earlier: uploads.Keyed | None = None
+
+
 def _admit_upload(
-    stack: Stack, caller: Caller, pool_id: str | None, quota: int | None
-) -> tuple[str, int]:
-    """Before any byte is read (one trip to a worker thread): the upload counted
-    against the caller's rate, the pool it goes to, the bytes the caller stores."""
-    _count_upload(stack, caller)
+    stack: Stack, caller: Caller, pool_id: str | None, quota: int | None, key: str | None
+) -> _Admitted:
+    """Before any byte is read (one trip to a worker thread): the pool the upload goes
+    to, the bytes the caller stores, the object an upload under the same idempotency
+    ``key`` made; unless it is a retry of that one, the upload counted against the
+    caller's rate."""
+    if key is None:
+        _count_upload(stack, caller)
     with snapshot(stack.engine) as conn:
         pool = uploads.pool_for(conn, caller, pool_id)
-        return pool, 0 if quota is None else storage_used(conn, caller.user_id)
+        earlier = None if key is None else uploads.keyed_object(conn, caller.user_id, key)
+        used = 0 if quota is None or earlier else storage_used(conn, caller.user_id)
+    if key is not None and earlier is None:
+        _count_upload(stack, caller)
+    return _Admitted(pool, used, earlier)
 
 
 @router.post(
@@ -880,7 +949,7 @@ def _process_response(result: SubmitResult) -> ProcessResponse:
     )
 
 
-def _object_response(info: ObjectInfo) -> ObjectResponse:
+def _object_response(info: ObjectInfo, *, replayed: bool = False) -> ObjectResponse:
     detected_kind = refused = None
     if info.inspection is not None:
         inspection = Inspection.from_dict(info.inspection)
@@ -898,6 +967,7 @@ def _object_response(info: ObjectInfo) -> ObjectResponse:
         detected_kind=detected_kind,
         refusal=refused,
         created_at=info.created_at,
+        replayed=replayed,
     )
 
 

@@ -337,6 +337,11 @@ class ObjectResponse(_Model):
         "(`macro_document`, `encrypted_document`, `zip_bomb` ...): the code and why.",
     )
     created_at: datetime
+    replayed: bool = Field(
+        default=False,
+        description="True when an upload's Idempotency-Key replayed an earlier upload: "
+        "this is its object, nothing more was stored.",
+    )
 
 
 class DeleteObjectResponse(_Model):

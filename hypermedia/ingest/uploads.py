@@ -20,31 +20,48 @@ facts every later submit is judged on. What the client claimed (a ``Content-Type
 header, a ``content_type`` field) is not kept. A local file is read in place; an
 object in S3 through ranged GETs of what inspection needs (a header, a ZIP or OLE2
 directory, a PDF's two ends), never the whole object unless it is small.
+
+An upload may carry an idempotency key (the ``Idempotency-Key`` header), kept on its
+object row, unique per owner (``uk_object_idempotency_key``), and honoured as long as
+the submit's are (for ever). A second upload under the same key stores nothing and is
+not charged to the quota: its body is hashed as it arrives (:func:`hash_stream`) and,
+when it is the first's (same sha256, size, file name and pool), answered with the
+first object (:func:`replay`, ``replayed``); anything else is
+:class:`~hypermedia.errors.IdempotencyKeyReused` (409), as is a key whose object was
+deleted since. Two uploads under one key at once both store and inspect their bytes,
+but the unique index lets only one row in: the other deletes its blob and answers as
+a retry would (:func:`register_blob`). A key is written only with its object, so an
+upload refused (too large, too slow, hostile, over quota) leaves none behind.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TypeVar
 
 import anyio
 import anyio.from_thread
 import anyio.to_thread
-from sqlalchemy import Connection, Engine
+from sqlalchemy import Connection, Engine, select
 from sqlalchemy.exc import IntegrityError
 from starlette.requests import ClientDisconnect
 
 from hypermedia.accounts import Caller, default_pool_id, is_pool_member
+from hypermedia.db import tables as t
 from hypermedia.db.engine import snapshot, transaction
 from hypermedia.errors import (
     Conflict,
     HypermediaError,
+    IdempotencyKeyReused,
     InvalidRequest,
     NotFound,
     RateLimited,
+    StorageQuotaExceeded,
     UploadTooSlow,
 )
 from hypermedia.objects import (
@@ -63,6 +80,7 @@ from pipelines.formats.source import CallbackSource
 log = logging.getLogger(__name__)
 
 _DONE = object()
+_T = TypeVar("_T")
 
 
 def pool_for(conn: Connection, caller: Caller, pool_id: str | None) -> str:
@@ -138,6 +156,57 @@ async def store_stream(
     loop costs more than the bytes of a small upload). The thread is borrowed from
     ``limiter`` (the API's own for uploads: anyio's default one runs every sync route),
     and a body slower than ``pace`` ends the upload with :class:`UploadTooSlow`."""
+    return await _pump(
+        lambda chunks: storage.put(key, chunks, max_bytes),
+        stream,
+        limiter=limiter,
+        pace=pace,
+        target=key,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Digest:
+    """A body read and hashed, stored nowhere."""
+
+    size_bytes: int
+    sha256: str
+
+
+async def hash_stream(
+    stream: AsyncIterator[bytes],
+    max_bytes: int,
+    *,
+    limiter: anyio.CapacityLimiter | None = None,
+    pace: ReadPace | None = None,
+) -> Digest | None:
+    """Read an async byte stream as :func:`store_stream` does (same threads, same pace)
+    but only hash it: a retried upload's body, compared with the first. None, and the
+    rest left unread, once it passes ``max_bytes`` (then it is not the first's)."""
+
+    def digest(chunks: Iterator[bytes]) -> Digest | None:
+        sha = hashlib.sha256()
+        size = 0
+        for chunk in chunks:
+            size += len(chunk)
+            if size > max_bytes:
+                return None
+            sha.update(chunk)
+        return Digest(size, sha.hexdigest())
+
+    return await _pump(digest, stream, limiter=limiter, pace=pace, target="a replay")
+
+
+async def _pump(
+    sink: Callable[[Iterator[bytes]], _T],
+    stream: AsyncIterator[bytes],
+    *,
+    limiter: anyio.CapacityLimiter | None,
+    pace: ReadPace | None,
+    target: str,
+) -> _T:
+    """``sink`` over the chunks of ``stream``, in a worker thread (see
+    :func:`store_stream`)."""
     iterator = stream.__aiter__()
     started: float | None = None
     received = 0
@@ -188,14 +257,12 @@ async def store_stream(
                 yield chunk
 
     try:
-        return await anyio.to_thread.run_sync(
-            storage.put, key, chunks(), max_bytes, limiter=limiter
-        )
+        return await anyio.to_thread.run_sync(sink, chunks(), limiter=limiter)
     except ClientDisconnect:
         # The client went away mid-upload (a Ctrl-C at `hypermedia run`): put() kept
         # nothing, and there is no one to answer. Not the server's error: it was logged
         # as an internal one, with a 4 KB traceback.
-        log.info("upload to %s ended: the client disconnected", key, extra={"action": "upload"})
+        log.info("upload to %s ended: the client disconnected", target, extra={"action": "upload"})
         raise InvalidRequest("the client disconnected during the upload") from None
 
 
@@ -211,6 +278,67 @@ def inspect_stored(storage: Storage, key: str, size: int) -> Inspection:
 Inspector = Callable[[Storage, str, int], Inspection]  # (storage, key, size) -> facts
 
 
+@dataclass(frozen=True, slots=True)
+class Keyed:
+    """The object an earlier upload under an idempotency key made (``deleted``: since
+    deleted)."""
+
+    info: ObjectInfo
+    deleted: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Uploaded:
+    info: ObjectInfo
+    replayed: bool = False
+
+
+def keyed_object(conn: Connection, user_id: str, key: str) -> Keyed | None:
+    """The object ``user_id`` uploaded under idempotency ``key``, if any."""
+    o = t.objects.c
+    row = conn.execute(
+        select(*[o[name] for name in ObjectInfo.__dataclass_fields__], o.deleted_at).where(
+            o.owner_id == user_id, o.idempotency_key == key
+        )
+    ).first()
+    if row is None:
+        return None
+    fields = {k: v for k, v in row._mapping.items() if k != "deleted_at"}
+    return Keyed(ObjectInfo(**fields), deleted=row.deleted_at is not None)
+
+
+def replay(
+    earlier: Keyed,
+    key: str,
+    *,
+    pool_id: str,
+    filename: str,
+    size_bytes: int | None = None,
+    sha256: str | None = None,
+) -> Uploaded:
+    """A retried upload under ``key`` answered as the first (``earlier``) was, when it
+    is the same upload: same pool and file name and, once its body is known (``None``:
+    not yet), the same size and sha256. IdempotencyKeyReused otherwise."""
+    info = earlier.info
+    if earlier.deleted:
+        problem = f"made object {info.object_id!r}, deleted since"
+    elif pool_id != info.pool_id:
+        problem = f"uploaded to pool {info.pool_id!r}, not {pool_id!r}"
+    elif filename[:255] != info.filename:
+        problem = f"uploaded {info.filename!r}, not {filename!r}"
+    elif size_bytes is not None and size_bytes != info.size_bytes:
+        problem = f"uploaded {info.size_bytes} bytes, not {size_bytes}"
+    elif sha256 is not None and sha256 != info.sha256:
+        problem = "uploaded other content (another sha256)"
+    else:
+        return Uploaded(info, replayed=True)
+    raise IdempotencyKeyReused(
+        f"Idempotency-Key {key!r} already {problem}: nothing was stored. Upload it with a new key",
+        idempotency_key=key,
+        object_id=info.object_id,
+    )
+
+
 def register_blob(
     engine: Engine,
     storage: Storage,
@@ -223,12 +351,16 @@ def register_blob(
     filename: str,
     now: float,
     quota_bytes: int | None = None,
-) -> ObjectInfo:
-    """Inspect and record an uploaded blob; delete it again if that fails."""
+    idempotency_key: str | None = None,
+) -> Uploaded:
+    """Inspect and record an uploaded blob; delete it again if that fails. An
+    ``idempotency_key`` another upload recorded meanwhile (a concurrent one: the unique
+    index lets one in; or its bytes, counted first, leave these no room in the quota)
+    answers as that upload's retry: :func:`replay` (the blob deleted)."""
     try:
         inspection = inspector(storage, blob.key, blob.size_bytes)
         with transaction(engine) as conn:
-            return register_object(
+            info = register_object(
                 conn,
                 caller,
                 object_id=object_id,
@@ -240,10 +372,25 @@ def register_blob(
                 inspection=inspection,
                 now=now,
                 quota_bytes=quota_bytes,
+                idempotency_key=idempotency_key,
             )
-    except BaseException:
+        return Uploaded(info)
+    except BaseException as exc:
         storage.delete(blob.key)
-        raise
+        if idempotency_key is None or not isinstance(exc, IntegrityError | StorageQuotaExceeded):
+            raise
+        with snapshot(engine) as conn:
+            earlier = keyed_object(conn, caller.user_id, idempotency_key)
+        if earlier is None:
+            raise
+        return replay(
+            earlier,
+            idempotency_key,
+            pool_id=pool_id,
+            filename=filename,
+            size_bytes=blob.size_bytes,
+            sha256=blob.sha256,
+        )
 
 
 def register_stored(

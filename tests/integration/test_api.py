@@ -632,6 +632,13 @@ def test_openapi_error_answers_have_the_one_shape_the_server_sends(api):
                     assert "Retry-After" in response.get("headers", {}), (method, path)
     for path in (f"{P}/objects", f"{P}/blobs/{{key}}"):
         assert "408" in document["paths"][path]["put"]["responses"], path
+    upload = document["paths"][f"{P}/objects"]["put"]
+    assert "409" in upload["responses"]
+    [key] = [p for p in upload["parameters"] if p["name"] == "Idempotency-Key"]
+    assert key["in"] == "header" and not key.get("required")
+    assert "idempotency_key_reused" in key["description"]
+    assert "idempotency_key_reused" in document["components"]["schemas"]["ErrorCode"]["enum"]
+    assert "replayed" in document["components"]["schemas"]["ObjectResponse"]["properties"]
 
 
 def test_openapi_names_every_operation_and_enumerates_operations_and_error_codes(api, stack):

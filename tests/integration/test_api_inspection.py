@@ -83,6 +83,26 @@ def test_an_inspection_past_its_cpu_budget_refuses_the_upload(stack, base_url):
     assert response.json()["content_type"] == "image/png"
 
 
+def test_an_upload_refused_by_inspection_leaves_its_idempotency_key_free(stack, base_url):
+    """A retry under the key of an upload inspection refused is a new upload: the
+    refused one left neither an object nor its key."""
+    user = add_user(stack, "alice")
+    headers = {**bearer(user), "Idempotency-Key": "report-3"}
+    with httpx.Client(base_url=base_url, timeout=120) as client:
+        refused = client.put(
+            f"{P}/objects", params={"filename": "r.pdf"}, content=crafted_pdf(), headers=headers
+        )
+        assert refused.status_code == 422, refused.text
+        assert refused.json()["error"]["code"] == "inspection_limit"
+        assert _objects(stack) == 0
+        accepted = client.put(
+            f"{P}/objects", params={"filename": "r.pdf"}, content=PNG, headers=headers
+        )
+    assert accepted.status_code == 201, accepted.text
+    assert accepted.json()["replayed"] is False and accepted.json()["detected_kind"] == "image"
+    assert _objects(stack) == 1
+
+
 def test_healthz_answers_while_inspections_run(stack, base_url):
     user = add_user(stack, "alice")
     data = crafted_pdf()

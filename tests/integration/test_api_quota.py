@@ -3,7 +3,9 @@ uvicorn server."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -336,3 +338,111 @@ def test_a_user_whose_outputs_filled_the_quota_starts_no_job_until_a_delete(stac
         headers=bearer(alice),
     )
     assert again.status_code == 202, again.text
+
+
+def keyed(client: httpx.Client, user, data, key: str, name: str = "a.png", **params: str):
+    return client.put(
+        f"{P}/objects",
+        params={"filename": name, **params},
+        content=data,
+        headers={**bearer(user), "Idempotency-Key": key},
+    )
+
+
+def test_an_upload_retried_under_its_key_is_the_first_object_stored_and_counted_once(stack, client):
+    """The same user, key and bytes again: the first object (``replayed``), nothing
+    stored nor counted again, even with the quota full; anything else under the key
+    (other bytes, size, file name or pool; the object deleted since) is 409
+    ``idempotency_key_reused`` and stores nothing. Keys are per user."""
+    alice, bob = add_user(stack, "alice"), add_user(stack, "bob")
+    data = png(QUOTA)  # fills alice's quota: a second copy could not be stored
+    first = keyed(client, alice, data, "upload-1")
+    assert first.status_code == 201, first.text
+    assert first.json()["replayed"] is False
+    again = keyed(client, alice, data, "upload-1")
+    assert again.status_code == 201, again.text
+    assert again.json() == {**first.json(), "replayed": True}
+    chunked = keyed(client, alice, iter([data[:5000], data[5000:]]), "upload-1")  # no length
+    assert chunked.status_code == 201 and chunked.json()["replayed"] is True, chunked.text
+    assert live_objects(stack) == 1 and len(stored_files(stack)) == 1
+    assert stored_bytes(stack) == {alice.user_id: QUOTA}
+
+    other = data[:-1] + b"\x01"  # same size, other sha256
+    for response in (
+        keyed(client, alice, other, "upload-1"),
+        keyed(client, alice, iter([other[:5000], other[5000:]]), "upload-1"),
+        keyed(client, alice, png(500), "upload-1"),  # refused by its Content-Length, unread
+        keyed(client, alice, iter([data, b"more"]), "upload-1"),  # past the first's size
+        keyed(client, alice, data, "upload-1", name="b.png"),
+    ):
+        assert response.status_code == 409, response.text
+        error = response.json()["error"]
+        assert error["code"] == "idempotency_key_reused"
+        assert "upload-1" in error["message"] and "new key" in error["message"]
+        assert error["details"] == {
+            "idempotency_key": "upload-1",
+            "object_id": first.json()["object_id"],
+        }
+    assert live_objects(stack) == 1 and len(stored_files(stack)) == 1
+    assert stored_bytes(stack) == {alice.user_id: QUOTA}
+
+    # Bob's key of the same name is his own.
+    bobs = keyed(client, bob, png(1000), "upload-1")
+    assert bobs.status_code == 201 and bobs.json()["replayed"] is False, bobs.text
+    assert bobs.json()["object_id"] != first.json()["object_id"]
+
+    # A key whose object was deleted makes no second one.
+    deleted = client.delete(f"{P}/objects/{first.json()['object_id']}", headers=bearer(alice))
+    assert deleted.status_code == 200, deleted.text
+    gone = keyed(client, alice, data, "upload-1")
+    assert gone.status_code == 409 and "deleted" in gone.json()["error"]["message"], gone.text
+    assert keyed(client, alice, data, "upload-2").status_code == 201
+    assert stored_bytes(stack) == {alice.user_id: QUOTA, bob.user_id: 1000}
+
+
+def test_uploads_under_one_key_at_once_make_one_object(stack, client):
+    """Two uploads with one key whose bodies arrive together: both are past the key's
+    look-up before either is stored; the unique index lets one row in, the other
+    answers as its retry (or 409 with other bytes) and its blob is deleted."""
+    alice = add_user(stack, "alice")
+    data = png(40_000)
+
+    def race(bodies: list[bytes], key: str) -> list[httpx.Response]:
+        barrier = threading.Barrier(len(bodies))
+
+        def body(content: bytes) -> Iterator[bytes]:
+            yield content[:1000]
+            barrier.wait(30)  # both requests admitted, their first bytes stored
+            yield content[1000:]
+
+        with ThreadPoolExecutor(len(bodies)) as pool:
+            futures = [pool.submit(keyed, client, alice, body(b), key) for b in bodies]
+            return [f.result() for f in futures]
+
+    same = race([data, data], "together")
+    assert [r.status_code for r in same] == [201, 201], [r.text for r in same]
+    assert same[0].json()["object_id"] == same[1].json()["object_id"]
+    assert sorted(r.json()["replayed"] for r in same) == [False, True]
+    assert live_objects(stack) == 1 and len(stored_files(stack)) == 1
+    assert stored_bytes(stack) == {alice.user_id: 40_000}
+
+    different = race([png(30_000), png(30_000)[:-1] + b"\x01"], "apart")
+    assert sorted(r.status_code for r in different) == [201, 409], [r.text for r in different]
+    [conflict] = [r for r in different if r.status_code == 409]
+    assert conflict.json()["error"]["code"] == "idempotency_key_reused"
+    assert live_objects(stack) == 2 and len(stored_files(stack)) == 2
+    assert stored_bytes(stack) == {alice.user_id: 70_000}
+
+
+def test_an_upload_refused_leaves_no_key_behind(stack, client):
+    """Past the quota as it streams: refused, nothing stored, and its key free: the
+    retry with a file that fits is a new object, not a 409."""
+    alice = add_user(stack, "alice")
+    over = keyed(client, alice, iter([png(60_000), bytes(60_000)]), "retry-me")
+    assert over.status_code == 413, over.text
+    assert over.json()["error"]["code"] == "storage_quota_exceeded"
+    assert live_objects(stack) == 0 and stored_files(stack) == []
+    fits = keyed(client, alice, png(60_000), "retry-me")
+    assert fits.status_code == 201 and fits.json()["replayed"] is False, fits.text
+    assert keyed(client, alice, png(60_000), "retry-me").json()["replayed"] is True
+    assert live_objects(stack) == 1 and stored_bytes(stack) == {alice.user_id: 60_000}

@@ -465,6 +465,78 @@ def test_the_jobs_from_before_reservations_reserved_their_estimates(empty_engine
     assert "reserved_millicredits" not in names and "estimated_millicredits" in names
 
 
+def test_objects_from_before_upload_keys_have_none_and_a_key_is_one_object_per_owner(
+    empty_engine,
+):
+    """0019: objects.idempotency_key, unique per owner (``uk_object_idempotency_key``).
+    The objects from before have no key, and any number of objects without one live
+    side by side; one owner's key names one object, another owner's same key another."""
+    migrate.upgrade(empty_engine, "0018")
+    moment = to_datetime(1_800_000_000.0)
+    objects = table(
+        "objects",
+        *(
+            column(name)
+            for name in (
+                "object_id",
+                "pool_id",
+                "owner_id",
+                "kind",
+                "storage_key",
+                "filename",
+                "size_bytes",
+                "created_at",
+            )
+        ),
+    )
+
+    def obj(object_id: str, owner: str, **more: str | None) -> dict[str, object]:
+        return {
+            "object_id": object_id,
+            "pool_id": "p",
+            "owner_id": owner,
+            "kind": "original",
+            "storage_key": object_id,
+            "filename": "f",
+            "size_bytes": 1,
+            "created_at": moment,
+            **more,
+        }
+
+    with empty_engine.begin() as conn:
+        conn.execute(
+            insert(table("users", *map(column, ("user_id", "name", "is_operator", "created_at")))),
+            [
+                {"user_id": u, "name": u, "is_operator": False, "created_at": moment}
+                for u in ("u", "v")
+            ],
+        )
+        conn.execute(
+            insert(table("pools", column("pool_id"), column("name"), column("created_at"))),
+            [{"pool_id": "p", "name": "p", "created_at": moment}],
+        )
+        conn.execute(insert(objects), [obj("old", "u")])
+    migrate.upgrade(empty_engine)
+    keyed = table(objects.name, *(column(c.name) for c in objects.c), column("idempotency_key"))
+    with empty_engine.begin() as conn:
+        assert conn.execute(select(keyed.c.idempotency_key)).scalars().all() == [None]
+        conn.execute(
+            insert(keyed),
+            [
+                obj("none", "u", idempotency_key=None),
+                obj("k-u", "u", idempotency_key="k"),
+                obj("k-v", "v", idempotency_key="k"),
+            ],
+        )
+    with pytest.raises(IntegrityError), empty_engine.begin() as conn:
+        conn.execute(insert(keyed), [obj("k-u-again", "u", idempotency_key="k")])
+    migrate.downgrade(empty_engine, "0018")
+    names = {c["name"] for c in inspect(empty_engine).get_columns("objects")}
+    assert "idempotency_key" not in names and "owner_id" in names
+    indexes = {i["name"] for i in inspect(empty_engine).get_indexes("objects")}
+    assert "uk_object_idempotency_key" not in indexes
+
+
 def test_code_and_schema_that_disagree_say_which_way_to_go(empty_engine, settings):
     """Old code on a schema a newer hypermedia migrated (a worker or head left behind
     by a deploy) is told to upgrade the code: `db upgrade` cannot go back (Alembic cannot

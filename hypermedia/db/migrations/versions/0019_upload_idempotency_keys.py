@@ -1,0 +1,35 @@
+"""objects.idempotency_key: the ``Idempotency-Key`` of the upload that made an object
+(``PUT /objects``), unique per owner (``uk_object_idempotency_key``; rows without one,
+every object from before, never collide), so that a retried upload whose answer was
+lost is answered with the first object instead of storing a second one and counting
+its bytes twice against the quota.
+
+Revision ID: 0019
+Revises: 0018
+Create Date: 2026-12-07 09:00:00.000000
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0019"
+down_revision = "0018"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    # A plain ADD COLUMN and a unique index, not a batch (SQLite's batch copies the
+    # table, which other tables refer to); a unique index rather than a constraint:
+    # SQLite adds the one in place, not the other.
+    op.add_column("objects", sa.Column("idempotency_key", sa.String(200), nullable=True))
+    op.create_index(
+        "uk_object_idempotency_key", "objects", ["owner_id", "idempotency_key"], unique=True
+    )
+
+
+def downgrade() -> None:
+    op.drop_index("uk_object_idempotency_key", table_name="objects")
+    op.drop_column("objects", "idempotency_key")  # SQLite >= 3.35 drops a column in place
