@@ -18,11 +18,13 @@ Retries (``retries``, 2 by default; backoff 0.5 s doubling, or the ``Retry-After
 the server sends): a request that never reached the server (the connection was
 refused or could not be made) is sent again, whatever it is; one that may have
 reached it (no answer, a dropped connection, a 502/503/504) is sent again only when
-repeating it is harmless: reads, and :meth:`HypermediaClient.process`, which sends
-an ``Idempotency-Key`` (its own when the caller names none) so that a submit whose
-answer was lost is answered by the server as the first was (``replayed``), never
-created twice. Anything else raises :class:`ServiceUnavailable` saying that the
-request may have been carried out.
+repeating it is harmless: reads, and :meth:`HypermediaClient.process` and
+:meth:`HypermediaClient.upload`, which send an ``Idempotency-Key`` (their own when the
+caller names none) so that a submit or an upload whose answer was lost is answered by
+the server as the first was (``replayed``), never created (nor stored, nor counted
+against the quota) twice; an upload's body is sent again from its start. Anything
+else raises :class:`ServiceUnavailable` saying that the request may have been carried
+out.
 """
 
 from __future__ import annotations
@@ -193,9 +195,16 @@ class HypermediaClient:
         pool_id: str | None = None,
         *,
         content_type: str = "application/octet-stream",
+        idempotency_key: str | None = None,
     ) -> ObjectResponse:
-        """Upload a file (streamed from disk) or bytes; ``filename`` defaults to the
-        file's name."""
+        """Upload a file (streamed from disk, afresh for each try) or bytes;
+        ``filename`` defaults to the file's name.
+
+        The upload carries ``idempotency_key`` (a new random one when None), so that a
+        try whose answer was lost is retried safely: the server stores nothing more and
+        answers with the first object (``replayed``). When every try failed, the
+        :class:`ServiceUnavailable` names the key in its details (``idempotency_key``):
+        upload again with it to get the object, if there is one."""
         if isinstance(source, bytes):
             if filename is None:
                 raise ValueError("filename is required when uploading bytes")
@@ -213,18 +222,24 @@ class HypermediaClient:
         params = {"filename": filename}
         if pool_id is not None:
             params["pool_id"] = pool_id
-        headers = {"Content-Type": content_type}
+        key = idempotency_key or uuid.uuid4().hex
+        headers = {"Content-Type": content_type, "Idempotency-Key": key}
         if not isinstance(source, bytes):
             headers["Content-Length"] = str(Path(source).stat().st_size)
-        return self._request(
-            "PUT",
-            f"{PREFIX}/objects",
-            ObjectResponse,
-            replayable=False,  # a second upload would be a second object
-            params=params,
-            content=content,
-            headers=headers,
-        )
+        try:
+            return self._request(
+                "PUT",
+                f"{PREFIX}/objects",
+                ObjectResponse,
+                replayable=True,  # the key: a retry is answered with the first object
+                params=params,
+                content=content,
+                headers=headers,
+            )
+        except ServiceUnavailable as exc:
+            if "idempotency_key" not in exc.details:
+                exc.details["idempotency_key"] = key
+            raise
 
     def register(
         self,

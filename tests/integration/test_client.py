@@ -8,7 +8,10 @@ from collections.abc import Iterator
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import func, select
 
+from hypermedia.db import tables as t
+from hypermedia.db.engine import transaction
 from hypermedia.embedded import free_port
 from hypermedia.errors import (
     AuthenticationFailed,
@@ -188,6 +191,60 @@ def test_a_submit_with_no_answer_says_it_may_have_been_done_and_names_its_key(st
         again = client.process(obj.object_id, ["thumbnail"], idempotency_key="order-17")
         assert again.replayed
         assert len(client.list_jobs(object_id=obj.object_id).jobs) == 1
+
+
+def _originals(stack: Stack, user_id: str) -> tuple[int, int]:
+    """The user's object rows and the bytes their quota counts."""
+    with transaction(stack.engine) as conn:
+        rows = conn.execute(
+            select(func.count()).select_from(t.objects).where(t.objects.c.owner_id == user_id)
+        ).scalar_one()
+        used = conn.execute(
+            select(t.users.c.stored_bytes).where(t.users.c.user_id == user_id)
+        ).scalar_one()
+    return int(rows), int(used)
+
+
+def test_an_upload_whose_answer_was_lost_is_retried_without_a_second_object(
+    stack, base_url, tmp_path
+):
+    """The server stores and registers the file, then the answer is lost: the client
+    sends the file again, from its start, under the same Idempotency-Key, and the
+    server answers with the first object; nothing is stored or counted twice."""
+    alice = add_user(stack, "alice")
+    source = tmp_path / "photo.jpg"
+    source.write_bytes(IMAGE)
+    with (
+        AnswerDropper(base_url, b"PUT /v1/hypermedia/objects", drops=1) as proxy,
+        HypermediaClient(proxy.url, alice.api_key) as client,
+    ):
+        obj = client.upload(source)
+        assert proxy.dropped == 1
+        assert obj.replayed  # the answer of the first, lost, try
+        assert obj.sha256 == hashlib.sha256(IMAGE).hexdigest()
+        assert client.object(obj.object_id).object_id == obj.object_id
+    assert _originals(stack, alice.user_id) == (1, len(IMAGE))
+    stored = [p for p in stack.settings.storage_dir.rglob("*") if p.is_file()]
+    assert [p.name for p in stored] == [obj.object_id]
+
+
+def test_an_upload_with_no_answer_names_its_key_and_the_key_gets_the_object(stack, base_url):
+    alice = add_user(stack, "alice")
+    with (
+        AnswerDropper(base_url, b"PUT /v1/hypermedia/objects", drops=2) as proxy,
+        HypermediaClient(proxy.url, alice.api_key, retries=1) as client,
+    ):
+        with pytest.raises(ServiceUnavailable, match="may have been carried out") as lost:
+            client.upload(IMAGE, "a.jpg", idempotency_key="photo-17")
+        assert lost.value.details["idempotency_key"] == "photo-17"
+        again = client.upload(IMAGE, "a.jpg", idempotency_key="photo-17")
+        assert again.replayed
+        with pytest.raises(Conflict, match="other content") as reused:
+            client.upload(IMAGE[:-1] + b"\x00", "a.jpg", idempotency_key="photo-17")
+        assert reused.value.code == "idempotency_key_reused"
+        fresh = client.upload(IMAGE, "a.jpg")  # a key of its own: a second object
+        assert not fresh.replayed and fresh.object_id != again.object_id
+    assert _originals(stack, alice.user_id) == (2, 2 * len(IMAGE))
 
 
 def test_unreachable_server_is_service_unavailable():

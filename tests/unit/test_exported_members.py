@@ -41,7 +41,7 @@ CLIENT_METHODS = {
     "__enter__": [],
     "__exit__": ["exc_type", "exc", "tb"],
     "close": [],
-    "upload": ["source", "filename", "pool_id", "content_type"],
+    "upload": ["source", "filename", "pool_id", "content_type", "idempotency_key"],
     "register": ["storage_key", "filename", "size_bytes", "pool_id", "content_type", "sha256"],
     "object": ["object_id"],
     "delete": ["object_id"],
