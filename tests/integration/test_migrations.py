@@ -468,10 +468,10 @@ def test_the_jobs_from_before_reservations_reserved_their_estimates(empty_engine
 def test_objects_from_before_upload_keys_have_none_and_a_key_is_one_object_per_owner(
     empty_engine,
 ):
-    """0019: objects.idempotency_key, unique per owner (``uk_object_idempotency_key``).
+    """0020: objects.idempotency_key, unique per owner (``uk_object_idempotency_key``).
     The objects from before have no key, and any number of objects without one live
     side by side; one owner's key names one object, another owner's same key another."""
-    migrate.upgrade(empty_engine, "0018")
+    migrate.upgrade(empty_engine, "0019")
     moment = to_datetime(1_800_000_000.0)
     objects = table(
         "objects",
@@ -530,7 +530,7 @@ def test_objects_from_before_upload_keys_have_none_and_a_key_is_one_object_per_o
         )
     with pytest.raises(IntegrityError), empty_engine.begin() as conn:
         conn.execute(insert(keyed), [obj("k-u-again", "u", idempotency_key="k")])
-    migrate.downgrade(empty_engine, "0018")
+    migrate.downgrade(empty_engine, "0019")
     names = {c["name"] for c in inspect(empty_engine).get_columns("objects")}
     assert "idempotency_key" not in names and "owner_id" in names
     indexes = {i["name"] for i in inspect(empty_engine).get_indexes("objects")}

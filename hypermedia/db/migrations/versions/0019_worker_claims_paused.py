@@ -2,7 +2,7 @@
 although it is active (its workdirs' disk below ``worker_min_free_disk_mb``) says so in
 its row, since when and why ("low disk: 312 MB free, needs 1024"), for ``hypermedia
 status``, the alert rule ``worker_disk_low`` and the scheduler, which drains a cloud
-worker paused past ``scaling_rules.scale_down.paused_drain_seconds``. NULL: claiming.
+worker paused past ``scaling_rules.scale_down.claims_paused_drain_seconds``. NULL: claiming.
 
 Revision ID: 0019
 Revises: 0018

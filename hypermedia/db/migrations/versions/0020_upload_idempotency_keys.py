@@ -4,8 +4,8 @@ every object from before, never collide), so that a retried upload whose answer 
 lost is answered with the first object instead of storing a second one and counting
 its bytes twice against the quota.
 
-Revision ID: 0019
-Revises: 0018
+Revision ID: 0020
+Revises: 0019
 Create Date: 2026-12-07 09:00:00.000000
 """
 
@@ -14,8 +14,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0019"
-down_revision = "0018"
+revision = "0020"
+down_revision = "0019"
 branch_labels = None
 depends_on = None
 
