@@ -218,6 +218,20 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 thresholds=(120,),
             ),
             Panel(
+                "Claims paused",
+                "The longest a live worker of the queue has claimed nothing because its disk"
+                " is low (worker_min_free_disk_mb); alerts past 5 minutes, and the scheduler"
+                " drains a cloud node past claims_paused_drain_seconds.",
+                (
+                    (
+                        f"max by (queue) (hypermedia_worker_claims_paused_seconds{{{QUEUE}}})",
+                        "{{queue}}",
+                    ),
+                ),
+                unit="s",
+                thresholds=(300,),
+            ),
+            Panel(
                 "Node CPU",
                 "Ray's measure of each node's CPU; the seed alerts past 90 % for 10 minutes.",
                 (("ray_node_cpu_utilization", "{{instance}}"),),
