@@ -36,6 +36,8 @@ translated where they enter, with ``raise ... from exc``.
     │   └── UrlExpired           a signed blob URL past its expiry        (storage.base)
     ├── NotFound            404  does not exist, or belongs to someone else
     ├── Conflict            409  e.g. idempotency key reused for another request
+    │   ├── IdempotencyKeyReused  an upload's key already made an object of other content
+    │   └── AlreadyRegistered     a storage key registered already (another file, another user)
     ├── IllegalTransition   409  a job state change the state machine forbids
     ├── PaymentRequired     402  not enough credits: nothing was created
     ├── StorageQuotaExceeded 413 the user's stored bytes would pass (or have reached) their quota
@@ -231,6 +233,15 @@ class IdempotencyKeyReused(Conflict):
     under a new key."""
 
     code = "idempotency_key_reused"
+
+
+class AlreadyRegistered(Conflict):
+    """A registration (``POST /objects/register``) names a storage key an object already
+    has, and is not a retry of the registration that made it (its owner, the same file
+    name, size and sha256): nothing is registered. Its owner is told the object's id;
+    anyone else is not."""
+
+    code = "already_registered"
 
 
 class IllegalTransition(HypermediaError):

@@ -615,26 +615,51 @@ async def register_object(
 ) -> ObjectResponse:
     """For web tiers that stored the file themselves, under ``originals/<pool_id>/``.
     The stored bytes are inspected as for an upload; a ``content_type`` in the body is
-    ignored. Registrations count against the upload rate and the storage quota."""
-    await run_in_threadpool(_count_upload, stack, caller)
-    info = await _registered(
+    ignored. Registrations count against the upload rate and the storage quota.
+
+    The storage key is the registration's idempotency key (an ``Idempotency-Key``
+    header is not read): registering a key again, as the owner of its object, with the
+    ``filename``, ``size_bytes`` and ``sha256`` (or none) the first registration
+    recorded answers with that object (``replayed``), inspected and counted once: a
+    retry whose answer was lost. Anything else under a registered key (another file,
+    another user's, an object deleted since) is 409 ``already_registered``, naming the
+    object only to its owner."""
+    registration, again = await run_in_threadpool(_admit_registration, stack, caller, body)
+    if again is not None:
+        return _object_response(again.info, replayed=True)
+    registered = await _registered(
         request,
         lambda: uploads.register_stored(
             stack.engine,
             stack.storage,
             _inspector(request),
             caller,
+            registration,
             object_id=new_id(),
-            storage_key=body.storage_key,
-            filename=body.filename,
-            size_bytes=body.size_bytes,
-            pool_id=body.pool_id,
-            sha256=body.sha256,
             now=stack.clock.now(),
             quota_bytes=_quota(stack, caller),
         ),
     )
-    return _object_response(info)
+    return _object_response(registered.info, replayed=registered.replayed)
+
+
+def _admit_registration(
+    stack: Stack, caller: Caller, body: RegisterRequest
+) -> tuple[uploads.Registration, uploads.Uploaded | None]:
+    """The registration asked for, and the first object when it is a registration's
+    retry (not counted again); anything else (refused here or not) is counted against
+    the caller's upload rate."""
+    again = None
+    try:
+        registration = uploads.Registration.of(
+            body.storage_key, body.filename, body.size_bytes, body.pool_id, body.sha256
+        )
+        registration.pool(stack.engine, caller)
+        again = registration.again(stack.engine, caller)
+    finally:
+        if again is None:
+            _count_upload(stack, caller)
+    return registration, again
 
 
 @router.get(

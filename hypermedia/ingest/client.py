@@ -18,11 +18,12 @@ Retries (``retries``, 2 by default; backoff 0.5 s doubling, or the ``Retry-After
 the server sends): a request that never reached the server (the connection was
 refused or could not be made) is sent again, whatever it is; one that may have
 reached it (no answer, a dropped connection, a 502/503/504) is sent again only when
-repeating it is harmless: reads, and :meth:`HypermediaClient.process` and
+repeating it is harmless: reads, :meth:`HypermediaClient.process` and
 :meth:`HypermediaClient.upload`, which send an ``Idempotency-Key`` (their own when the
 caller names none) so that a submit or an upload whose answer was lost is answered by
 the server as the first was (``replayed``), never created (nor stored, nor counted
-against the quota) twice; an upload's body is sent again from its start. Anything
+against the quota) twice (an upload's body is sent again from its start), and
+:meth:`HypermediaClient.register`, whose storage key is its idempotency key. Anything
 else raises :class:`ServiceUnavailable` saying that the request may have been carried
 out.
 """
@@ -250,6 +251,15 @@ class HypermediaClient:
         content_type: str | None = None,
         sha256: str | None = None,
     ) -> ObjectResponse:
+        """Register a file already stored at ``storage_key`` (under
+        ``originals/<pool_id>/``).
+
+        The storage key is the registration's idempotency key, so a try whose answer was
+        lost is retried safely: the server answers with the first object (``replayed``),
+        counted once. When every try failed, the :class:`ServiceUnavailable` names the
+        key in its details (``storage_key``): register it again to get the object, if
+        there is one. A key registered as another file, or by another user, raises
+        :class:`~hypermedia.errors.AlreadyRegistered`."""
         body: dict[str, Any] = {
             "storage_key": storage_key,
             "filename": filename,
@@ -262,7 +272,18 @@ class HypermediaClient:
         ):
             if value is not None:
                 body[key] = value
-        return self._request("POST", f"{PREFIX}/objects/register", ObjectResponse, json=body)
+        try:
+            return self._request(
+                "POST",
+                f"{PREFIX}/objects/register",
+                ObjectResponse,
+                replayable=True,  # the storage key: a retry is answered with the first object
+                json=body,
+            )
+        except ServiceUnavailable as exc:
+            if "storage_key" not in exc.details:
+                exc.details["storage_key"] = storage_key
+            raise
 
     def object(self, object_id: str) -> ObjectResponse:
         return self._request("GET", f"{PREFIX}/objects/{object_id}", ObjectResponse)

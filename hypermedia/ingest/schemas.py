@@ -339,8 +339,9 @@ class ObjectResponse(_Model):
     created_at: datetime
     replayed: bool = Field(
         default=False,
-        description="True when an upload's Idempotency-Key replayed an earlier upload: "
-        "this is its object, nothing more was stored.",
+        description="True when an upload's Idempotency-Key replayed an earlier upload, or a "
+        "registration repeated the one of its storage key: this is its object, nothing more "
+        "was stored or registered.",
     )
 
 

@@ -9,7 +9,14 @@ bytes are deleted again.
 Registering a file the web tier stored itself is allowed only under the pool's
 own prefix, ``originals/<pool_id>/``, and only once per key: otherwise a caller
 could register (and so process and read) a file of a pool they are not in.
-The size is checked against storage; a given sha256 is recorded as given.
+The size is checked against storage; a given sha256 is recorded as given. The storage
+key is a registration's idempotency key (an ``Idempotency-Key`` header is not read:
+one rule): registering a key again, as its object's owner, with the file name, size
+and sha256 (or none) the first registration recorded, is a retry whose answer was
+lost: it is answered with the first object (:func:`registered_again`, ``replayed``),
+nothing inspected nor counted again; anything else is
+:class:`~hypermedia.errors.AlreadyRegistered` (409), naming the object only to its
+owner, as is a key whose object was deleted since.
 
 Either way the bytes count against the uploader's storage quota (checked again, with
 the user's row locked, in the transaction that records them), and the stored bytes
@@ -47,7 +54,7 @@ from typing import TypeVar
 import anyio
 import anyio.from_thread
 import anyio.to_thread
-from sqlalchemy import Connection, Engine, select
+from sqlalchemy import ColumnElement, Connection, Engine, select
 from sqlalchemy.exc import IntegrityError
 from starlette.requests import ClientDisconnect
 
@@ -55,6 +62,7 @@ from hypermedia.accounts import Caller, default_pool_id, is_pool_member
 from hypermedia.db import tables as t
 from hypermedia.db.engine import snapshot, transaction
 from hypermedia.errors import (
+    AlreadyRegistered,
     Conflict,
     HypermediaError,
     IdempotencyKeyReused,
@@ -296,10 +304,18 @@ class Uploaded:
 def keyed_object(conn: Connection, user_id: str, key: str) -> Keyed | None:
     """The object ``user_id`` uploaded under idempotency ``key``, if any."""
     o = t.objects.c
+    return _object_where(conn, o.owner_id == user_id, o.idempotency_key == key)
+
+
+def stored_object(conn: Connection, storage_key: str) -> Keyed | None:
+    """The object (anyone's, deleted or not) whose bytes are at ``storage_key``, if any."""
+    return _object_where(conn, t.objects.c.storage_key == storage_key)
+
+
+def _object_where(conn: Connection, *where: ColumnElement[bool]) -> Keyed | None:
+    o = t.objects.c
     row = conn.execute(
-        select(*[o[name] for name in ObjectInfo.__dataclass_fields__], o.deleted_at).where(
-            o.owner_id == user_id, o.idempotency_key == key
-        )
+        select(*[o[name] for name in ObjectInfo.__dataclass_fields__], o.deleted_at).where(*where)
     ).first()
     if row is None:
         return None
@@ -393,28 +409,113 @@ def register_blob(
         )
 
 
+def registered_again(
+    earlier: Keyed,
+    caller: Caller,
+    *,
+    storage_key: str,
+    filename: str,
+    size_bytes: int,
+    sha256: str | None,
+) -> Uploaded:
+    """A registration of ``storage_key``, which ``earlier`` already has, answered as
+    the first registration was when it is its retry: the owner's, with the file name,
+    size and sha256 (or none) the first recorded. AlreadyRegistered otherwise, naming
+    the object only to its owner."""
+    info = earlier.info
+    if info.owner_id != caller.user_id:
+        raise AlreadyRegistered(
+            f"{storage_key!r} is already registered, by another user: nothing was"
+            " registered. Store the file under a key of its own",
+            storage_key=storage_key,
+        )
+    if earlier.deleted:
+        problem = "deleted since"
+    elif filename[:255] != info.filename:
+        problem = f"named {info.filename!r}, not {filename!r}"
+    elif size_bytes != info.size_bytes:
+        problem = f"of {info.size_bytes} bytes, not {size_bytes}"
+    elif sha256 != info.sha256:
+        recorded = "no sha256" if info.sha256 is None else f"sha256 {info.sha256}"
+        given = "none" if sha256 is None else sha256
+        problem = f"recorded with {recorded}, not {given}"
+    else:
+        return Uploaded(info, replayed=True)
+    raise AlreadyRegistered(
+        f"{storage_key!r} is already registered as your object {info.object_id!r}, {problem}:"
+        " nothing was registered. Store another file under a key of its own",
+        storage_key=storage_key,
+        object_id=info.object_id,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    """What ``POST /objects/register`` asks for, its storage key checked."""
+
+    storage_key: str
+    filename: str
+    size_bytes: int
+    pool_id: str | None
+    sha256: str | None
+
+    @classmethod
+    def of(
+        cls,
+        storage_key: str,
+        filename: str,
+        size_bytes: int,
+        pool_id: str | None,
+        sha256: str | None,
+    ) -> Registration:
+        return cls(check_key(storage_key), filename, size_bytes, pool_id, sha256)
+
+    def pool(self, engine: Engine, caller: Caller) -> str:
+        """The pool it goes to; the key must lie under that pool's prefix."""
+        pool = resolve_pool(engine, caller, self.pool_id)
+        if not self.storage_key.startswith(f"originals/{pool}/"):
+            raise InvalidRequest(
+                f"storage_key must lie under originals/{pool}/", storage_key=self.storage_key
+            )
+        return pool
+
+    def again(self, engine: Engine, caller: Caller) -> Uploaded | None:
+        """The first object when this registers a key registered already (its retry),
+        else None (AlreadyRegistered when that object is another file, or not the
+        caller's: :func:`registered_again`)."""
+        with snapshot(engine) as conn:
+            earlier = stored_object(conn, self.storage_key)
+        if earlier is None:
+            return None
+        return registered_again(
+            earlier,
+            caller,
+            storage_key=self.storage_key,
+            filename=self.filename,
+            size_bytes=self.size_bytes,
+            sha256=self.sha256,
+        )
+
+
 def register_stored(
     engine: Engine,
     storage: Storage,
     inspector: Inspector,
     caller: Caller,
+    registration: Registration,
     *,
     object_id: str,
-    storage_key: str,
-    filename: str,
-    size_bytes: int,
-    pool_id: str | None,
-    sha256: str | None,
     now: float,
     quota_bytes: int | None = None,
-) -> ObjectInfo:
+) -> Uploaded:
     """Register a file the web tier already put in storage (see the module docstring).
     The bytes are inspected between two short transactions, not inside one: a slow
-    object store must not hold a database lock (SQLite's is the whole file)."""
-    key = check_key(storage_key)
-    pool = resolve_pool(engine, caller, pool_id)
-    if not key.startswith(f"originals/{pool}/"):
-        raise InvalidRequest(f"storage_key must lie under originals/{pool}/", storage_key=key)
+    object store must not hold a database lock (SQLite's is the whole file). The key
+    registered meanwhile (a concurrent registration: the unique index lets one in; or
+    its bytes, counted first, leave these no room in the quota) answers as that
+    registration's retry: :meth:`Registration.again`."""
+    key, size_bytes = registration.storage_key, registration.size_bytes
+    pool = registration.pool(engine, caller)
     if not storage.exists(key):
         raise InvalidRequest(f"nothing is stored at {key!r}", storage_key=key)
     stored = storage.size(key)
@@ -425,21 +526,27 @@ def register_stored(
     inspection = inspector(storage, key, stored)
     try:
         with transaction(engine) as conn:
-            return register_object(  # checks pool membership again, in this transaction
+            info = register_object(  # checks pool membership again, in this transaction
                 conn,
                 caller,
                 object_id=object_id,
                 pool_id=pool,
                 storage_key=key,
-                filename=filename,
+                filename=registration.filename,
                 size_bytes=size_bytes,
-                sha256=sha256,
+                sha256=registration.sha256,
                 inspection=inspection,
                 now=now,
                 quota_bytes=quota_bytes,
             )
-    except IntegrityError as exc:
-        raise Conflict(f"{key!r} is already registered", storage_key=key) from exc
+        return Uploaded(info)
+    except (IntegrityError, StorageQuotaExceeded) as exc:
+        again = registration.again(engine, caller)
+        if again is not None:
+            return again
+        if isinstance(exc, IntegrityError):
+            raise Conflict(f"{key!r} could not be registered", storage_key=key) from exc
+        raise
 
 
 def delete_object(

@@ -11,9 +11,11 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
-from hypermedia.accounts import balance, revoke_api_key
+from hypermedia.accounts import Caller, add_pool_member, balance, revoke_api_key
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
+from hypermedia.errors import AlreadyRegistered
+from hypermedia.ingest import uploads
 from hypermedia.ingest.api import create_app
 from hypermedia.stack import Stack
 from hypermedia.storage.base import original_key
@@ -394,14 +396,17 @@ def test_register_a_file_the_web_tier_stored(api, stack, alice, bob):
     assert submit(api, alice, obj["object_id"]).status_code == 202
 
     again = api.post(f"{P}/objects/register", json=body, headers=bearer(alice))
-    assert_error(again, 409, "conflict")
+    assert again.status_code == 201, again.text  # a retry: the first object (below)
+    assert again.json() == {**obj, "replayed": True}
     missing = {**body, "storage_key": original_key(alice.pool_id, "nothing-here")}
     assert_error(
         api.post(f"{P}/objects/register", json=missing, headers=bearer(alice)),
         400,
         "invalid_request",
     )
-    wrong_size = {**body, "storage_key": key, "size_bytes": 1}
+    wrong_size = {**body, "storage_key": original_key(alice.pool_id, "web-tier-0004")}
+    stack.storage.put(wrong_size["storage_key"], [PNG])
+    wrong_size["size_bytes"] = 1
     assert_error(
         api.post(f"{P}/objects/register", json=wrong_size, headers=bearer(alice)),
         400,
@@ -424,6 +429,115 @@ def test_register_a_file_the_web_tier_stored(api, stack, alice, bob):
         api.post(f"{P}/objects/register", json=as_pool, headers=bearer(bob)), 404, "not_found"
     )
     assert count(stack, t.objects) == 1
+
+
+def stored_bytes(stack, user) -> int:
+    with transaction(stack.engine) as conn:
+        used = conn.execute(select(t.users.c.stored_bytes).where(t.users.c.user_id == user.user_id))
+        return int(used.scalar_one())
+
+
+def test_registering_a_key_again_is_the_first_object_or_already_registered(api, stack, alice, bob):
+    """The storage key is a registration's idempotency key: its owner registering it
+    again as the same file (name, size, sha256 as first recorded) gets the first object,
+    replayed, counted once; another file under the key, an object deleted since, or
+    another member of the pool gets 409 already_registered, the object named only to its
+    owner."""
+    with transaction(stack.engine) as conn:
+        add_pool_member(conn, alice.pool_id, bob.user_id)
+    key = original_key(alice.pool_id, "web-tier-0001")
+    blob = stack.storage.put(key, [PNG])
+    body = {"storage_key": key, "filename": "cat.png", "size_bytes": len(PNG)}
+
+    def register(user, **changes: Any) -> Any:
+        return api.post(f"{P}/objects/register", json={**body, **changes}, headers=bearer(user))
+
+    first = register(alice, sha256=blob.sha256)
+    assert first.status_code == 201, first.text
+    obj = first.json()
+    assert not obj["replayed"]
+    for _ in range(2):
+        retried = register(alice, sha256=blob.sha256, pool_id=alice.pool_id)
+        assert retried.status_code == 201, retried.text
+        assert retried.json() == {**obj, "replayed": True}
+    assert count(stack, t.objects) == 1
+    assert stored_bytes(stack, alice) == len(PNG)  # counted once
+
+    for changes, said in (
+        ({"sha256": "0" * 64}, f"recorded with sha256 {blob.sha256}, not {'0' * 64}"),
+        ({}, f"recorded with sha256 {blob.sha256}, not none"),
+        ({"sha256": blob.sha256, "filename": "dog.png"}, "named 'cat.png', not 'dog.png'"),
+    ):
+        refused = assert_error(register(alice, **changes), 409, "already_registered")
+        assert refused["details"] == {"storage_key": key, "object_id": obj["object_id"]}
+        assert obj["object_id"] in refused["message"] and said in refused["message"]
+    # Another file put under the key since: its size (checked against the record first).
+    stack.storage.put(key, [PNG + b"more"])
+    grown = assert_error(register(alice, size_bytes=len(PNG) + 4), 409, "already_registered")
+    assert f"of {len(PNG)} bytes, not {len(PNG) + 4}" in grown["message"]
+    stack.storage.put(key, [PNG])
+
+    # Bob, a member of the pool, is told the key is taken, never by which object.
+    theirs = assert_error(
+        register(bob, sha256=blob.sha256, pool_id=alice.pool_id), 409, "already_registered"
+    )
+    assert theirs["details"] == {"storage_key": key}
+    assert obj["object_id"] not in theirs["message"] and "another user" in theirs["message"]
+
+    assert api.delete(f"{P}/objects/{obj['object_id']}", headers=bearer(alice)).status_code == 200
+    stack.storage.put(key, [PNG])  # the web tier stores the file again under the key
+    gone = assert_error(register(alice, sha256=blob.sha256), 409, "already_registered")
+    assert "deleted since" in gone["message"]
+    assert count(stack, t.objects) == 1
+    assert stored_bytes(stack, alice) == 0
+
+
+def test_a_registration_without_a_sha256_is_replayed_without_one(api, stack, alice):
+    key = original_key(alice.pool_id, "web-tier-0003")
+    stack.storage.put(key, [PNG])
+    body = {"storage_key": key, "filename": "cat.png", "size_bytes": len(PNG)}
+    first = api.post(f"{P}/objects/register", json=body, headers=bearer(alice))
+    assert first.status_code == 201, first.text
+    again = api.post(f"{P}/objects/register", json=body, headers=bearer(alice))
+    assert again.status_code == 201, again.text
+    assert again.json() == {**first.json(), "replayed": True} and again.json()["sha256"] is None
+    assert count(stack, t.objects) == 1 and stored_bytes(stack, alice) == len(PNG)
+
+
+def test_a_registration_that_loses_the_race_for_its_key_answers_as_the_winners_retry(
+    api, stack, alice, bob
+):
+    """Two registrations of one key at once both find it free and inspect it; the unique
+    index lets one row in, and the other answers as a retry would: the first object to
+    its owner, already_registered to anyone else. (Here the second starts after the
+    first ended, skipping the route's look-up, as a concurrent one does.)"""
+    with transaction(stack.engine) as conn:
+        add_pool_member(conn, alice.pool_id, bob.user_id)
+    key = original_key(alice.pool_id, "web-tier-0005")
+    stack.storage.put(key, [PNG])
+    body = {"storage_key": key, "filename": "cat.png", "size_bytes": len(PNG)}
+    first = api.post(f"{P}/objects/register", json=body, headers=bearer(alice))
+    assert first.status_code == 201, first.text
+
+    def racing(user_id: str) -> uploads.Uploaded:
+        registration = uploads.Registration.of(key, "cat.png", len(PNG), alice.pool_id, None)
+        return uploads.register_stored(
+            stack.engine,
+            stack.storage,
+            uploads.inspect_stored,
+            Caller(user_id),
+            registration,
+            object_id="0" * 32,
+            now=stack.clock.now(),
+            quota_bytes=10**9,
+        )
+
+    late = racing(alice.user_id)
+    assert late.replayed and late.info.object_id == first.json()["object_id"]
+    with pytest.raises(AlreadyRegistered) as refused:
+        racing(bob.user_id)
+    assert refused.value.details == {"storage_key": key}
+    assert count(stack, t.objects) == 1 and stored_bytes(stack, alice) == len(PNG)
 
 
 # -- authentication, operators, credits, health ------------------------------------------------
@@ -639,6 +753,9 @@ def test_openapi_error_answers_have_the_one_shape_the_server_sends(api):
     assert "idempotency_key_reused" in key["description"]
     assert "idempotency_key_reused" in document["components"]["schemas"]["ErrorCode"]["enum"]
     assert "replayed" in document["components"]["schemas"]["ObjectResponse"]["properties"]
+    register = document["paths"][f"{P}/objects/register"]["post"]
+    assert "409" in register["responses"] and "already_registered" in register["description"]
+    assert "already_registered" in document["components"]["schemas"]["ErrorCode"]["enum"]
 
 
 def test_openapi_names_every_operation_and_enumerates_operations_and_error_codes(api, stack):

@@ -14,6 +14,7 @@ from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
 from hypermedia.embedded import free_port
 from hypermedia.errors import (
+    AlreadyRegistered,
     AuthenticationFailed,
     Conflict,
     Forbidden,
@@ -244,6 +245,42 @@ def test_an_upload_with_no_answer_names_its_key_and_the_key_gets_the_object(stac
         assert reused.value.code == "idempotency_key_reused"
         fresh = client.upload(IMAGE, "a.jpg")  # a key of its own: a second object
         assert not fresh.replayed and fresh.object_id != again.object_id
+    assert _originals(stack, alice.user_id) == (2, 2 * len(IMAGE))
+
+
+def test_a_registration_whose_answer_was_lost_is_retried_and_gets_the_first_object(stack, base_url):
+    """The web tier stored the file; the server registers it, then the answer is lost:
+    the client registers the key again and the server answers with the first object,
+    one row, its bytes counted once. With no answer at all the error names the key, and
+    registering it again gets the object."""
+    alice = add_user(stack, "alice")
+    key = f"originals/{alice.pool_id}/web-tier-17"
+    blob = stack.storage.put(key, [IMAGE])
+    with (
+        AnswerDropper(base_url, b"POST /v1/hypermedia/objects/register", drops=1) as proxy,
+        HypermediaClient(proxy.url, alice.api_key) as client,
+    ):
+        obj = client.register(key, "photo.jpg", len(IMAGE), sha256=blob.sha256)
+        assert proxy.dropped == 1
+        assert obj.replayed  # the answer of the first, lost, try
+        assert obj.sha256 == blob.sha256 and obj.filename == "photo.jpg"
+        assert client.object(obj.object_id).object_id == obj.object_id
+        with pytest.raises(AlreadyRegistered) as other:
+            client.register(key, "photo.jpg", len(IMAGE))  # no sha256: not the first's
+        assert other.value.details["object_id"] == obj.object_id
+    assert _originals(stack, alice.user_id) == (1, len(IMAGE))
+
+    second = f"originals/{alice.pool_id}/web-tier-18"
+    stack.storage.put(second, [IMAGE])
+    with (
+        AnswerDropper(base_url, b"POST /v1/hypermedia/objects/register", drops=2) as proxy,
+        HypermediaClient(proxy.url, alice.api_key, retries=1) as client,
+    ):
+        with pytest.raises(ServiceUnavailable, match="may have been carried out") as lost:
+            client.register(second, "b.jpg", len(IMAGE))
+        assert lost.value.details["storage_key"] == second
+        again = client.register(second, "b.jpg", len(IMAGE))
+        assert again.replayed and again.object_id != obj.object_id
     assert _originals(stack, alice.user_id) == (2, 2 * len(IMAGE))
 
 
