@@ -62,10 +62,17 @@ from typing import Any, ClassVar
 
 
 class HypermediaError(Exception):
-    """Root of every error hypermedia raises on purpose."""
+    """Root of every error hypermedia raises on purpose.
+
+    ``status`` is the HTTP status this server answers the class with; ``http_status``
+    is the one an HTTP answer actually carried, set on an error made from an answer
+    (:func:`hypermedia.ingest.client.error_from_response`; a transfer's store), None
+    otherwise. They may differ: a server answers 422 ``invalid_request`` for a body its
+    schema refuses, while :class:`InvalidRequest`'s ``status`` is 400."""
 
     code: ClassVar[str] = "error"
     status: ClassVar[int] = 500
+    http_status: int | None = None
 
     def __init__(self, message: str, **details: Any) -> None:
         super().__init__(message)

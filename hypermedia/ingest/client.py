@@ -11,8 +11,12 @@ An API error is raised as the :mod:`hypermedia.errors` class whose ``code`` the
 server sent (``not_found`` -> :class:`NotFound`, ``insufficient_credits`` ->
 :class:`PaymentRequired` ...) with the server's message and details; an unknown
 code becomes a plain :class:`HypermediaError` (its details keep ``server_code``
-and ``http_status``). A server that cannot be reached raises
-:class:`ServiceUnavailable`.
+and ``http_status``). Every error made from an answer has the HTTP status the server
+sent as ``http_status`` (an ``int``), which is not always the class's ``status`` (the
+class's usual one: a body the API's schema refuses is 422 ``invalid_request``, while
+``InvalidRequest.status`` is 400): switch on ``code``, or read ``http_status`` for the
+answer's status. A server that cannot be reached, or sent no answer, raises
+:class:`ServiceUnavailable` with ``http_status`` None.
 
 Retries (``retries``, 2 by default; backoff 0.5 s doubling, or the ``Retry-After``
 the server sends): a request that never reached the server (the connection was
@@ -76,7 +80,14 @@ def _error_classes() -> dict[str, type[HypermediaError]]:
 
 
 def error_from_response(status: int, payload: Any) -> HypermediaError:
-    """The exception an error response stands for."""
+    """The exception an error response stands for, its ``http_status`` the answer's
+    ``status``."""
+    error = _error_of(status, payload)
+    error.http_status = status
+    return error
+
+
+def _error_of(status: int, payload: Any) -> HypermediaError:
     body = payload.get("error") if isinstance(payload, Mapping) else None
     if not isinstance(body, Mapping):
         return HypermediaError(f"HTTP {status}", http_status=status)

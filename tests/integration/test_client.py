@@ -284,6 +284,29 @@ def test_a_registration_whose_answer_was_lost_is_retried_and_gets_the_first_obje
     assert _originals(stack, alice.user_id) == (2, 2 * len(IMAGE))
 
 
+def test_client_errors_carry_the_http_status_the_server_sent(stack, base_url):
+    """The class of an error is the server's code, and its ``status`` that class's
+    usual one; ``http_status`` is what the answer said."""
+    alice = add_user(stack, "alice", credits=5)
+    with HypermediaClient(base_url, alice.api_key) as client:
+        obj = client.upload(IMAGE, "a.jpg")
+        with pytest.raises(InvalidRequest) as invalid:
+            client.process(obj.object_id, ["thumbnail"], priority=11)
+        assert invalid.value.code == "invalid_request" and invalid.value.status == 400
+        assert invalid.value.http_status == 422
+        assert invalid.value.to_dict()["code"] == "invalid_request"
+        assert "http_status" not in invalid.value.details
+        with pytest.raises(NotFound) as missing:
+            client.job("0" * 32)
+        assert missing.value.http_status == 404 == missing.value.status
+    with (
+        HypermediaClient(f"http://127.0.0.1:{free_port()}", alice.api_key, retries=0) as client,
+        pytest.raises(ServiceUnavailable) as unreachable,
+    ):
+        client.credits()
+    assert unreachable.value.http_status is None
+
+
 def test_unreachable_server_is_service_unavailable():
     with (
         HypermediaClient(f"http://127.0.0.1:{free_port()}", "hm_x_y", timeout=2) as client,

@@ -33,6 +33,7 @@ def test_codes_map_to_classes(code, cls):
     assert error.message == "m"
     assert str(error) == "m"
     assert error.details == {"a": 1}
+    assert error.http_status == 400  # the answer's, whatever the class's own status
 
 
 def test_config_error_keeps_the_server_message():
@@ -49,6 +50,7 @@ def test_unknown_codes_become_the_root_error():
     assert type(error) is errors.HypermediaError
     assert error.message == "internal server error"
     assert error.details == {"server_code": "internal", "http_status": 500}
+    assert error.http_status == 500
 
 
 @pytest.mark.parametrize("payload", [None, "text", {"detail": "x"}, {"error": "x"}])
@@ -56,6 +58,20 @@ def test_responses_without_an_error_body(payload):
     error = error_from_response(502, payload)
     assert type(error) is errors.HypermediaError
     assert error.message == "HTTP 502"
+    assert error.http_status == 502
+
+
+def test_errors_not_made_from_an_answer_have_no_http_status():
+    assert errors.NotFound("m").http_status is None
+    assert errors.ConfigError("k", "bad").http_status is None
+    config = error_from_response(
+        503, {"error": {"code": "config_invalid", "message": "k: bad", "details": {"key": "k"}}}
+    )
+    assert config.http_status == 503 and config.to_dict() == {
+        "code": "config_invalid",
+        "message": "k: bad",
+        "details": {"key": "k"},
+    }
 
 
 def test_details_cannot_clash_with_the_message_argument():
