@@ -227,6 +227,7 @@ def _load_and_check(rs: RayStack, person, operator, api: str, prom: str) -> None
         "scheduler_",
         "hypermedia_workers",
         "heartbeat",
+        "claims_paused",  # per queue of live workers, as the heartbeat's age
         "bulk_run",
     )
     deadline = time.monotonic() + 30
