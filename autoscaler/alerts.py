@@ -235,9 +235,11 @@ def conditions(config: AlertsConfig, observed: Observation, locked: bool) -> lis
         else:
             healthy += 1
         if worker.claims_paused_since is not None:
-            paused = max(0.0, observed.now - worker.claims_paused_since)
             # The record says since when: the rule fires once that is long enough
-            # (no pending turns of its own: a restarted scheduler knows it at once).
+            # (no pending turns of its own: a restarted scheduler knows it at once). To
+            # the millisecond: a moment read back from the record may be a microsecond
+            # later than it was written (datetime rounds), 299.999999 s for 300.
+            paused = round(max(0.0, observed.now - worker.claims_paused_since), 3)
             if paused >= disk_rule.for_seconds:
                 found.append(
                     Condition(

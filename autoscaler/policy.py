@@ -446,7 +446,7 @@ def _drain_if_starved(worker: WorkerState, now: float, grace: float, plan: _Plan
     since = worker.claims_paused_since
     if since is None:
         return
-    paused = max(0.0, now - since)
+    paused = round(max(0.0, now - since), 3)  # to the millisecond, as alerts.py's rule
     why = worker.claims_paused_reason or "low disk"
     if paused < grace:
         plan.notes.append(
