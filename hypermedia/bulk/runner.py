@@ -41,7 +41,7 @@ from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
 from hypermedia.errors import HypermediaError, InputRejected, PaymentRequired
 from hypermedia.ids import new_id
-from hypermedia.jobs.catalog import ProfileRecord
+from hypermedia.jobs.catalog import ProfileRecord, record_from_row
 from hypermedia.jobs.repository import JobRepository, NewJob, NewSubmission, enqueue_new
 from hypermedia.queue.redis_queue import RedisQueue
 from hypermedia.sandbox.inspect import InputLimits, Inspection, check_operation
@@ -83,14 +83,7 @@ class _Page:
 
 
 def profile_of(conn: Connection, profile_id: int) -> ProfileRecord:
-    row = conn.execute(select_profile(profile_id)).mappings().one()
-    return ProfileRecord(**{k: row[k] for k in ProfileRecord.__dataclass_fields__})
-
-
-def _active(conn: Connection, profile_id: int) -> bool:
-    """Whether the profile is still the operation's deployed one."""
-    p = t.profiles.c
-    return bool(conn.execute(select(p.active).where(p.profile_id == profile_id)).scalar_one())
+    return record_from_row(conn.execute(select_profile(profile_id)).mappings().one())
 
 
 def _pause(conn: Connection, run_id: str, now: float, why: str) -> None:
@@ -255,7 +248,8 @@ class BulkRunner:
                 room.cursor = run.cursor
                 if room.left <= 0:
                     return False
-            if not _active(conn, run.profile_id):
+            row = conn.execute(select_profile(run.profile_id)).mappings().one()
+            if not row["active"]:
                 # A new version of the operation's profile was deployed: this run's jobs
                 # would make the old version's outputs. Made no more; the operator
                 # starts a run for the new version.
@@ -268,7 +262,7 @@ class BulkRunner:
                     " for the new version",
                 )
                 return False
-            profile = profile_of(conn, run.profile_id)
+            profile = record_from_row(row)
             rows = conn.execute(pages.page(run, run.cursor, run.batch_size)).all()
             plan = plan_page(run, profile, rows, room.left)
             if not rows:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, Engine, RowMapping, insert, select, update
 
@@ -20,8 +20,10 @@ from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
 from hypermedia.errors import ConfigError, InvalidParams, UnknownOperation
 from hypermedia.profiles import BYTES_PER_MB, Profile
-from hypermedia.sandbox.inspect import Inspection
 from hypermedia.sandbox.limits import DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_MAX_PROCESSES
+
+if TYPE_CHECKING:
+    from hypermedia.sandbox.inspect import Inspection
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +157,8 @@ def sync_profiles(conn: Connection, profiles: Mapping[str, Profile], now: float)
         )
 
 
-def _record(row: RowMapping) -> ProfileRecord:
+def record_from_row(row: RowMapping) -> ProfileRecord:
+    """A ``processing_profiles`` row as its :class:`ProfileRecord`."""
     return ProfileRecord(**{k: row[k] for k in ProfileRecord.__dataclass_fields__})
 
 
@@ -187,7 +190,7 @@ class ProfileCatalog:
     @staticmethod
     def _active(conn: Connection) -> dict[str, ProfileRecord]:
         rows = conn.execute(select(t.profiles).where(t.profiles.c.active.is_(True))).mappings()
-        return {r["operation"]: _record(r) for r in rows}
+        return {r["operation"]: record_from_row(r) for r in rows}
 
     def get(self, operation: str) -> ProfileRecord:
         try:
@@ -213,7 +216,7 @@ class ProfileCatalog:
             )
         if row is None:
             return None
-        found = self._by_id.setdefault(profile_id, _record(row))
+        found = self._by_id.setdefault(profile_id, record_from_row(row))
         log.info(
             "profile %s v%s (id %d, %s) read for a job",
             found.operation,
