@@ -237,11 +237,15 @@ class SpotWatcher:
     def _aws_token(self, client: httpx.Client) -> str:
         if self._token is None or time.monotonic() >= self._token_refresh_at:
             ttl = self.watch.token_ttl_seconds
+            # The token's life starts when the service issues it, before the answer is
+            # read: the clock starts at the request, so a slow answer shortens the margin
+            # instead of outliving the token.
+            asked = time.monotonic()
             response = client.put(AWS_TOKEN_PATH, headers={AWS_TTL_HEADER: str(ttl)})
             if response.status_code != 200 or not response.text:
                 raise ValueError(f"token request answered {response.status_code}")
             self._token = response.text.strip()
-            self._token_refresh_at = time.monotonic() + ttl * 0.8
+            self._token_refresh_at = asked + ttl * 0.8
         return self._token
 
     def _check_aws(self, client: httpx.Client) -> SpotNotice | None:
