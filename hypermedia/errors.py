@@ -35,8 +35,8 @@ translated where they enter, with ``raise ... from exc``.
     │   ├── InvalidSignature     a signed blob URL that does not verify   (storage.base)
     │   └── UrlExpired           a signed blob URL past its expiry        (storage.base)
     ├── NotFound            404  does not exist, or belongs to someone else
-    ├── Conflict            409  e.g. idempotency key reused for another request
-    │   ├── IdempotencyKeyReused  an upload's key already made an object of other content
+    ├── Conflict            409  e.g. a user name taken, a run in a state that forbids it
+    │   ├── IdempotencyKeyReused  a key already used for another submit or upload
     │   └── AlreadyRegistered     a storage key registered already (another file, another user)
     ├── IllegalTransition   409  a job state change the state machine forbids
     ├── PaymentRequired     402  not enough credits: nothing was created
@@ -235,9 +235,11 @@ class Conflict(HypermediaError):
 
 
 class IdempotencyKeyReused(Conflict):
-    """An upload's ``Idempotency-Key`` already made an object of other content (another
-    sha256, size, file name or pool), or one since deleted: nothing is stored; upload it
-    under a new key."""
+    """An ``Idempotency-Key`` already used for something else: a submit's key for
+    another request (other operations, object, params, priority or callback), or an
+    upload's key that already made an object of other content (another sha256, size,
+    file name or pool), or one since deleted. Nothing is created; send it under a new
+    key."""
 
     code = "idempotency_key_reused"
 

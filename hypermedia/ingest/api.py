@@ -194,7 +194,8 @@ def process(
             min_length=1,
             max_length=200,
             description="Same as the body's idempotency_key; a retry with the same key "
-            "and body replays the first submit.",
+            "and body replays the first submit; another body under the key is 409 "
+            "`idempotency_key_reused`.",
         ),
     ] = None,
 ) -> ProcessResponse:

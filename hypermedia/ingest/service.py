@@ -67,7 +67,7 @@ from hypermedia.db import tables as t
 from hypermedia.db.engine import snapshot, statements, transaction
 from hypermedia.errors import (
     CallbackNotAllowed,
-    Conflict,
+    IdempotencyKeyReused,
     IllegalTransition,
     InputRejected,
     InputTooLarge,
@@ -518,8 +518,9 @@ class IngestService:
         for row in rows:
             index = keyed[row.idempotency_key]
             if row.request_hash != requests[index].fingerprint():
-                raise Conflict(
-                    "idempotency key already used for a different request",
+                raise IdempotencyKeyReused(
+                    "idempotency key already used for a different request: nothing was "
+                    "submitted; send this request under a new key",
                     idempotency_key=row.idempotency_key,
                 )
             jobs = conn.execute(

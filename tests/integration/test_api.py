@@ -317,7 +317,7 @@ def test_idempotency_key_replays_the_first_submit(api, stack, alice):
     assert count(stack, t.jobs) == 2
 
     other = api.post(f"{P}/process", json={**body, "operations": ["thumbnail"]}, headers=headers)
-    assert_error(other, 409, "conflict")
+    assert_error(other, 409, "idempotency_key_reused")
     mismatch = api.post(f"{P}/process", json={**body, "idempotency_key": "other"}, headers=headers)
     assert_error(mismatch, 400, "invalid_request")
     assert count(stack, t.jobs) == 2
