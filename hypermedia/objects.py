@@ -6,6 +6,10 @@ of other users' objects reveal nothing. Only the owner may delete one
 (:func:`plan_deletion`, :func:`mark_deleted`; bulk runs' jobs on it are cancelled first,
 :func:`cancel_bulk_jobs`): its blobs and its outputs' blobs go,
 its rows stay, marked ``deleted_at``, for the history of the jobs that ran on it.
+An output is one object however many jobs wrote it (its key is deterministic), owned
+by the user whose job made it first; deleting it while other users' jobs name it
+takes it from the deleter's jobs and quota only: it passes, bytes and all, to the user
+of the latest of those jobs (one pool member deletes nothing of another's).
 
 Every user's live objects (uploads and their jobs' outputs) count against their
 storage quota (:func:`check_quota`), through the count of bytes kept on the user's row
@@ -24,7 +28,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BindParameter, ColumnElement, Connection, insert, select, update
+from sqlalchemy import BindParameter, ColumnElement, Connection, delete, insert, select, update
 
 from hypermedia.accounts import Caller, add_stored_bytes, is_pool_member
 from hypermedia.clock import to_datetime
@@ -147,6 +151,10 @@ class Deletion:
     object_ids: list[str]
     storage_keys: list[str]
     size_bytes: int
+    # An output other users' jobs name too: it is not deleted but passed on to ``heir``
+    # (from ``owner_id``, whose jobs no longer name it).
+    owner_id: str | None = None
+    heir: str | None = None
 
     @property
     def outputs(self) -> int:
@@ -164,6 +172,16 @@ def plan_deletion(conn: Connection, caller: Caller, object_id: str) -> Deletion:
     ).first()
     if row is None:
         raise NotFound(f"no object {object_id!r}", object_id=object_id)
+    heir = _other_user_of(conn, caller, object_id)
+    if heir is not None:
+        return Deletion(
+            object_id=object_id,
+            object_ids=[object_id],
+            storage_keys=[],
+            size_bytes=int(row.size_bytes),
+            owner_id=caller.user_id,
+            heir=heir,
+        )
     derived = conn.execute(
         select(o.object_id, o.storage_key, o.size_bytes).where(
             o.source_object_id == object_id, o.deleted_at.is_(None)
@@ -195,6 +213,19 @@ def plan_deletion(conn: Connection, caller: Caller, object_id: str) -> Deletion:
     )
 
 
+def _other_user_of(conn: Connection, caller: Caller, object_id: str) -> str | None:
+    """The user of the latest job not ``caller``'s whose output is ``object_id`` (an
+    output two users' jobs wrote), if any."""
+    o = t.outputs.c
+    return conn.execute(
+        select(t.jobs.c.user_id)
+        .join(t.jobs, t.jobs.c.job_id == o.job_id)
+        .where(o.object_id == object_id, t.jobs.c.user_id != caller.user_id)
+        .order_by(o.created_at.desc(), o.output_id.desc())
+        .limit(1)
+    ).scalar_one_or_none()
+
+
 def cancel_bulk_jobs(conn: Connection, caller: Caller, object_id: str, now: float) -> int:
     """Before its owner deletes ``object_id``: cancel the unfinished jobs of bulk runs on
     it (the platform's background work, or a named account's: not the owner's to cancel,
@@ -220,7 +251,11 @@ def cancel_bulk_jobs(conn: Connection, caller: Caller, object_id: str, now: floa
 
 def mark_deleted(conn: Connection, deletion: Deletion, now: float) -> None:
     """Record a deletion whose blobs are gone: the rows are marked, the outputs' rows of
-    its jobs removed. The rows stay for the jobs that ran on them."""
+    its jobs removed. The rows stay for the jobs that ran on them. An output passed on
+    (``heir``) is the heir's from now on, and no longer an output of the deleter's jobs."""
+    if deletion.heir is not None:
+        _pass_on(conn, deletion)
+        return
     remove_outputs(conn, deletion.object_ids)
     marked = conn.execute(
         update(t.objects)
@@ -232,6 +267,28 @@ def mark_deleted(conn: Connection, deletion: Deletion, now: float) -> None:
     for owner_id, size_bytes in marked:
         freed[owner_id] -= int(size_bytes)
     add_stored_bytes(conn, freed)
+
+
+def _pass_on(conn: Connection, deletion: Deletion) -> None:
+    assert deletion.owner_id is not None and deletion.heir is not None
+    deleters_jobs = select(t.jobs.c.job_id).where(t.jobs.c.user_id == deletion.owner_id)
+    conn.execute(
+        delete(t.outputs).where(
+            t.outputs.c.object_id == deletion.object_id, t.outputs.c.job_id.in_(deleters_jobs)
+        )
+    )
+    moved = conn.execute(
+        update(t.objects)
+        .where(
+            t.objects.c.object_id == deletion.object_id,
+            t.objects.c.owner_id == deletion.owner_id,
+            t.objects.c.deleted_at.is_(None),
+        )
+        .values(owner_id=deletion.heir)
+        .returning(t.objects.c.size_bytes)
+    ).scalar_one_or_none()
+    if moved is not None:
+        add_stored_bytes(conn, {deletion.owner_id: -int(moved), deletion.heir: int(moved)})
 
 
 def get_object(conn: Connection, caller: Caller, object_id: str) -> ObjectInfo:

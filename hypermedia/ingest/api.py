@@ -684,7 +684,8 @@ def read_object(object_id: ObjectId, caller: CallerDep, stack: StackDep) -> Obje
 )
 def delete_object(object_id: ObjectId, caller: CallerDep, stack: StackDep) -> DeleteObjectResponse:
     """Only the object's owner may (anyone else: 404, as for an id that does not exist);
-    409 while a job on it is unfinished. The bytes leave the owner's storage quota."""
+    409 while a job on it is unfinished. The bytes leave the owner's storage quota. An
+    output other users' jobs wrote too is not deleted: it passes to the latest of them."""
     deletion = uploads.delete_object(
         stack.engine, stack.storage, caller, object_id, stack.clock.now()
     )

@@ -304,6 +304,49 @@ def test_a_pool_members_rerun_after_another_deleted_the_output_is_the_members(st
     assert len(stored_files(stack)) == 1
 
 
+def test_a_members_delete_of_an_output_another_members_job_shares_leaves_it_theirs(stack, client):
+    # Before: Bob's job made the output first, so its row was his; Alice's job of the
+    # same thumbnail wrote the same key through that row. Bob's delete took the blob and
+    # Alice's job's output row with it: a pool member destroyed another user's output.
+    alice, bob = add_user(stack, "alice"), add_user(stack, "bob")
+    with transaction(stack.engine) as conn:
+        add_pool_member(conn, alice.pool_id, bob.user_id)
+    object_id = upload(client, alice, png(5000)).json()["object_id"]
+    bobs = run_thumbnail(stack, client, bob, object_id, 10)
+    alices = run_thumbnail(stack, client, alice, object_id, 10)
+    (output,) = client.get(f"{P}/jobs/{alices}", headers=bearer(alice)).json()["outputs"]
+    assert stored_bytes(stack) == {alice.user_id: 5000, bob.user_id: 10}
+
+    deleted = client.delete(f"{P}/objects/{output['object_id']}", headers=bearer(bob))
+    assert deleted.status_code == 200, deleted.text
+    # Gone from Bob's jobs and his quota; Alice's output stays, hers now.
+    assert deleted.json() == {
+        "object_id": output["object_id"],
+        "outputs_deleted": 0,
+        "bytes_freed": 10,
+    }
+    assert client.get(f"{P}/jobs/{bobs}", headers=bearer(bob)).json()["outputs"] == []
+    assert client.get(f"{P}/jobs/{alices}", headers=bearer(alice)).json()["outputs"] == [output]
+    url = client.get(
+        f"{P}/jobs/{alices}/outputs/{output['output_type']}/url", headers=bearer(alice)
+    )
+    assert url.status_code == 200, url.text
+    assert stack.storage.exists(output["storage_key"])
+    assert stored_bytes(stack) == {alice.user_id: 5010}
+    refused = client.delete(f"{P}/objects/{output['object_id']}", headers=bearer(bob))
+    assert refused.status_code == 404, refused.text
+
+    deleted = client.delete(f"{P}/objects/{output['object_id']}", headers=bearer(alice))
+    assert deleted.json() == {
+        "object_id": output["object_id"],
+        "outputs_deleted": 0,
+        "bytes_freed": 10,
+    }
+    assert not stack.storage.exists(output["storage_key"])
+    assert client.get(f"{P}/jobs/{alices}", headers=bearer(alice)).json()["outputs"] == []
+    assert stored_bytes(stack) == {alice.user_id: 5000}
+
+
 def test_a_user_whose_outputs_filled_the_quota_starts_no_job_until_a_delete(stack, client):
     """The quota counts the jobs' outputs too: past it (a big output can take a user
     there) a submit is refused (413, nothing created) as an upload is; a delete makes
