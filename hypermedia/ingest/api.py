@@ -457,7 +457,7 @@ async def upload_object(
     request: Request,
     caller: CallerDep,
     stack: StackDep,
-    filename: Annotated[fields.Text, Query(min_length=1, max_length=255)],
+    filename: Annotated[fields.FileName, Query(min_length=1, max_length=255)],
     pool_id: Annotated[fields.Text | None, Query(min_length=1, max_length=64)] = None,
     idempotency_key: UploadKey = None,
 ) -> ObjectResponse:

@@ -10,6 +10,12 @@ database (a 500) nor stored.
   submissions, bulk runs;
 * :data:`Text`: any other string a request names (object and pool ids, file names,
   idempotency keys ...): no NUL, no lone surrogate;
+* :data:`FileName`: a file name, which the web tier shows and puts in its downloads'
+  ``Content-Disposition``: :data:`Text` without control characters (C0, DEL, C1: a
+  CR/LF ends a header or a log line, an ESC drives a terminal). A name never becomes a
+  key nor a path, so ``..``, ``/`` and ``CON`` are only names, and bidi marks stay
+  (Arabic and Hebrew names need them; U+202E in ``image\u202egpj.exe`` is the
+  corpus's ``sanitize:filename``: kept, and in no path nor key);
 * :func:`json_problem`: where a JSON value (a submit's ``params``) holds what the record
   cannot store.
 """
@@ -17,6 +23,7 @@ database (a 500) nor stored.
 from __future__ import annotations
 
 import math
+import unicodedata
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any
 
@@ -47,6 +54,27 @@ def _plain(value: str) -> str:
 
 
 Text = Annotated[str, AfterValidator(_plain)]
+
+
+def file_name_problem(value: str) -> str | None:
+    """Why ``value`` is no file name to store and show (None: it is one)."""
+    problem = text_problem(value)
+    if problem is not None:
+        return problem
+    for index, char in enumerate(value):
+        if unicodedata.category(char) == "Cc":
+            return f"must not contain control characters (U+{ord(char):04X} at {index})"
+    return None
+
+
+def _file_name(value: str) -> str:
+    problem = file_name_problem(value)
+    if problem is not None:
+        raise ValueError(problem)
+    return value
+
+
+FileName = Annotated[str, AfterValidator(_file_name)]
 
 
 def json_problem(value: Any, path: str) -> str | None:

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from hypermedia.ingest.fields import Text
+from hypermedia.ingest.fields import FileName, Text
 
 
 def credits(millicredits: int) -> float:
@@ -305,7 +305,7 @@ class RegisterRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     storage_key: Text = Field(min_length=1, max_length=512)
-    filename: Text = Field(min_length=1, max_length=255)
+    filename: FileName = Field(min_length=1, max_length=255)
     size_bytes: int = Field(ge=0, le=2**63 - 1)  # the record's 64-bit integer
     pool_id: Text | None = Field(default=None, min_length=1, max_length=64)
     content_type: Text | None = Field(

@@ -172,6 +172,52 @@ def test_a_lone_surrogate_is_refused_naming_the_field(stack, client, user, objec
     assert _count(stack, t.jobs) == 0 and _count(stack, t.objects) == 1
 
 
+@pytest.mark.parametrize(
+    "name",
+    [
+        "a.png\r\nX-Injected: 1",  # a header, once a web tier puts it in Content-Disposition
+        "a\nb.png",
+        "a\tb.png",
+        "\x1b]0;owned\x07a.png",  # a terminal escape
+        "a\x7fb.png",
+        "a\x85b.png",  # C1: NEL
+        "a\x9bb.png",  # C1: CSI
+    ],
+)
+def test_a_file_name_with_control_characters_is_refused(stack, client, user, name):
+    # Before: stored and answered as given (201): a name that ends a header line once a
+    # web tier puts it in Content-Disposition, breaks a log line or drives a terminal.
+    h = bearer(user)
+    upload = client.put(f"{P}/objects", params={"filename": name}, content=PNG, headers=h)
+    error = refused(upload, 422, "query.filename")
+    assert "U+" in error["message"], error
+    register = client.post(
+        f"{P}/objects/register",
+        json={"storage_key": f"originals/{user.pool_id}/web-1", "filename": name, "size_bytes": 1},
+        headers=h,
+    )
+    refused(register, 422, "body.filename")
+    assert _count(stack, t.objects) == 0
+
+
+def test_a_file_name_that_looks_like_a_path_is_only_a_name(stack, client, user):
+    # Names never become keys nor paths: these are kept as given, the bytes go to the
+    # object's own key.
+    names = ["../../etc/passwd", "/etc/passwd", "..", "CON", "e\u0301.png", "image\u202egpj.exe"]
+    for name in names:
+        uploaded = client.put(
+            f"{P}/objects", params={"filename": name}, content=PNG, headers=bearer(user)
+        )
+        assert uploaded.status_code == 201, uploaded.text
+        body = uploaded.json()
+        assert body["filename"] == name
+        with transaction(stack.engine) as conn:
+            key = conn.execute(
+                select(t.objects.c.storage_key).where(t.objects.c.object_id == body["object_id"])
+            ).scalar_one()
+        assert key == f"originals/{user.pool_id}/{body['object_id']}"
+
+
 @pytest.mark.parametrize("number", [b"NaN", b"Infinity", b"-Infinity"])
 def test_nan_and_infinity_in_params_are_refused(stack, client, user, object_id, number):
     body = (

@@ -7,7 +7,14 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from hypermedia.ingest.fields import MAX_ENTRY_PART, Text, entry_id, json_problem, text_problem
+from hypermedia.ingest.fields import (
+    MAX_ENTRY_PART,
+    Text,
+    entry_id,
+    file_name_problem,
+    json_problem,
+    text_problem,
+)
 
 
 @pytest.mark.parametrize(
@@ -25,6 +32,33 @@ from hypermedia.ingest.fields import MAX_ENTRY_PART, Text, entry_id, json_proble
 )
 def test_text_problem(value, problem):
     assert text_problem(value) == problem
+
+
+_CONTROL = "must not contain control characters"
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ("cat.png", None),
+        ("é ✓ 🐱.png", None),
+        ("e\u0301.png", None),  # a combining accent is a letter's, not a control
+        ("../../etc/passwd", None),  # only a name: never a key nor a path
+        ("..", None),
+        ("CON", None),
+        ("a\x00b", "must not contain NUL characters"),
+        ("\ud800", "must not contain lone UTF-16 surrogates"),
+        ("a\tb", f"{_CONTROL} (U+0009 at 1)"),
+        ("a\r\nX: 1", f"{_CONTROL} (U+000D at 1)"),
+        ("\x1b[31m", f"{_CONTROL} (U+001B at 0)"),
+        ("a\x7f", f"{_CONTROL} (U+007F at 1)"),
+        ("a\x9b", f"{_CONTROL} (U+009B at 1)"),
+        ("image\u202egpj.exe", None),  # the corpus's sanitize:filename: kept, in no key
+        ("\u05e7\u05d5\u05d1\u05e5\u200f.png", None),  # a Hebrew name and its RLM
+    ],
+)
+def test_file_name_problem(value, problem):
+    assert file_name_problem(value) == problem
 
 
 class _Named(BaseModel):
