@@ -28,7 +28,16 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BindParameter, ColumnElement, Connection, delete, insert, select, update
+from sqlalchemy import (
+    BindParameter,
+    ColumnElement,
+    Connection,
+    delete,
+    func,
+    insert,
+    select,
+    update,
+)
 
 from hypermedia.accounts import Caller, add_stored_bytes, is_pool_member
 from hypermedia.clock import to_datetime
@@ -189,21 +198,30 @@ def plan_deletion(conn: Connection, caller: Caller, object_id: str) -> Deletion:
     ).all()
     rows = [row, *derived]
     ids = [r.object_id for r in rows]
-    unfinished = (
+    j = t.jobs.c
+    live = (j.object_id.in_(ids), j.status.not_in(_FINISHED))
+    # The caller's own jobs by id (theirs to cancel); other users' only counted: the ids
+    # of another user's jobs are not the caller's to learn.
+    mine = (
         conn.execute(
-            select(t.jobs.c.job_id)
-            .where(t.jobs.c.object_id.in_(ids), t.jobs.c.status.not_in(_FINISHED))
-            .order_by(t.jobs.c.job_id)
-            .limit(10)
+            select(j.job_id).where(*live, j.user_id == caller.user_id).order_by(j.job_id).limit(10)
         )
         .scalars()
         .all()
     )
-    if unfinished:
+    others = int(
+        conn.execute(
+            select(func.count()).select_from(t.jobs).where(*live, j.user_id != caller.user_id)
+        ).scalar_one()
+    )
+    if mine or others:
+        waiting = f"; {others} job{'s' if others != 1 else ''} of other users must finish"
         raise Conflict(
-            "the object has unfinished jobs: cancel them (or let them finish) first",
+            "the object has unfinished jobs: cancel yours (or let them finish) first"
+            + (waiting if others else ""),
             object_id=object_id,
-            job_ids=list(unfinished),
+            job_ids=list(mine),
+            other_users_jobs=others,
         )
     return Deletion(
         object_id=object_id,

@@ -169,7 +169,21 @@ def test_delete_takes_the_outputs_and_their_blobs_and_only_the_owner_may(stack, 
 
     busy = client.delete(f"{P}/objects/{object_id}", headers=bearer(alice))
     assert busy.status_code == 409, busy.text
-    assert busy.json()["error"]["details"]["job_ids"] == [job_id]
+    # Bob's job holds it up, but its id is his: Alice learns that one job of another
+    # user's is unfinished (before: its id, in details.job_ids).
+    error = busy.json()["error"]
+    assert error["details"] == {"object_id": object_id, "job_ids": [], "other_users_jobs": 1}
+    assert job_id not in busy.text
+    assert "1 job of other users" in error["message"], error
+    mine = client.post(
+        f"{P}/process",
+        json={"object_id": object_id, "operations": ["resize"]},
+        headers=bearer(alice),
+    ).json()["job_ids"][0]
+    busy = client.delete(f"{P}/objects/{object_id}", headers=bearer(alice))
+    error = busy.json()["error"]
+    assert error["details"] == {"object_id": object_id, "job_ids": [mine], "other_users_jobs": 1}
+    assert client.post(f"{P}/jobs/{mine}/cancel", headers=bearer(alice)).status_code == 200
 
     (claimed,) = stack.dispatcher.claim("images", "w")
     stack.dispatcher.start(claimed, "w")
