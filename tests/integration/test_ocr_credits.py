@@ -1,4 +1,4 @@
-"""Credits of a real ocr job that escalates, on both databases: the page whose lines 2
+"""Credits of a real ocr job that escalates: the page whose lines 2
 and 4 are upside down (tests/generated/ocr_pages.py) makes the chain's first engine
 read it weakly, so the page goes on to the next engine: each such escalation costs the
 ocr profile's ``unit_costs.escalation`` on top of the estimate.
@@ -9,6 +9,10 @@ holds only the estimate is refused (402, nothing created) rather than charged pa
 balance; an account that holds exactly the worst case runs the job through a worker
 (the real sandbox and its fork server, minus Ray), is charged the estimate plus the
 escalations that happened, keeps the rest and holds nothing afterwards.
+
+On PostgreSQL only: the same charge, release and 402 on SQLite are test_ingest's
+(test_an_ocr_job_needs_its_escalations_reserved, test_a_completion_charges_at_most_the_
+reservation run on both); what this adds is the real engines' escalations, ~10 CPU-s.
 """
 
 from __future__ import annotations
@@ -71,11 +75,12 @@ def _balance(stack: Stack, person: Person) -> accounts.Balance:
         return accounts.balance(conn, person.caller.user_id)
 
 
-# A quiet machine: ~15 s a database; beside other work on 2 cores, several times that.
+# A quiet machine: ~15 s; beside other work on 2 cores, several times that.
 @pytest.mark.timeout(600)
 def test_an_escalating_ocr_job_is_charged_within_its_reservation(
-    engine: Engine, settings, tmp_path: Path, generated: Generated
+    pg_engine: Engine, settings, tmp_path: Path, generated: Generated
 ):
+    engine = pg_engine
     sock = listening_socket()
     chosen = settings(
         api_url=f"http://127.0.0.1:{sock.getsockname()[1]}",
