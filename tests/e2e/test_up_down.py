@@ -45,21 +45,46 @@ def _ray_processes(data: Path) -> list[int]:
     ]
 
 
+# One stack for all of it: a `up` costs ~14 CPU-s.
 @pytest.mark.timeout(600)  # `up` may try `ray start` three times under load
 def test_up_submit_down(tmp_path):
+    """`up` leaves a stack running for other commands, `down` stops it. A head.pid whose
+    pid the system gave to another process is not taken for the head (`down` killed that
+    process, `up` said "already up"); a second head on the data dir is refused and stops
+    nothing of the running stack (it stopped its Redis); `down` stops a head that holds
+    the data dir even without head.pid."""
     data = tmp_path / "data"
+    data.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HYPERMEDIA_", "RAY_"))}
     env["HYPERMEDIA_DATA_DIR"] = str(data)
     env.update(IMAGES_ONLY)
+    stranger = subprocess.Popen(["sleep", "300"])
     try:
+        (data / "head.pid").write_text(f"{stranger.pid}\n")
+        down = _cli(env, "down")
+        assert down.stdout.strip() == "not running", down.stdout + down.stderr
+        assert stranger.poll() is None
+        (data / "head.pid").write_text(f"{stranger.pid}\n")
         up = _cli(env, "up")
         assert up.returncode == 0, up.stderr + (data / "head.log").read_text()[-3000:]
+        assert up.stdout.startswith("up: API at "), up.stdout
         api_url = (data / "head.url").read_text()
         assert api_url in up.stdout, up.stdout
         assert _ray_processes(data), (data / "head.log").read_text()[-3000:]
+        redis = find_running(data / "redis")
+        assert redis is not None
         again = _cli(env, "up")
         assert again.returncode == 0, again.stdout + again.stderr
-        assert "already up" in again.stdout, again.stdout
+        assert again.stdout.strip() == f"already up: {api_url}", again.stdout + again.stderr
+
+        second = _cli(env, "head", timeout=120)
+        assert second.returncode == 1, second.stdout + second.stderr
+        assert second.stderr.startswith("error: service_unavailable: another local stack ")
+        assert "Traceback" not in second.stderr
+        running = find_running(data / "redis")
+        assert running is not None and running.pid == redis.pid
+        assert (data / "head.url").read_text() == api_url
+        assert httpx.get(f"{api_url}/healthz", timeout=30).status_code == 200
 
         _dashboard_and_metric_targets(data, api_url)
 
@@ -89,13 +114,20 @@ def test_up_submit_down(tmp_path):
         status = json.loads(shown.stdout)
         assert status["leader"] and status["last_turn_at"], status
         assert "scheduler in vps_only mode, no cloud" in (data / "head.log").read_text()
-    finally:
+
+        (data / "head.pid").unlink()
         down = _cli(env, "down")
-    assert down.returncode == 0, down.stdout + down.stderr
-    assert "down" in down.stdout, down.stdout
-    assert _ray_processes(data) == []
-    assert find_running(data / "redis") is None
-    assert _cli(env, "down").stdout.strip() == "not running"
+        assert down.returncode == 0, down.stdout + down.stderr
+        assert down.stdout.strip() == "down", down.stdout + down.stderr
+        assert _wait_gone([int(line.split()[0]) for line in _leftovers(data)], timeout=30) == []
+        assert _ray_processes(data) == []
+        assert find_running(data / "redis") is None
+        assert _cli(env, "down").stdout.strip() == "not running"
+        assert stranger.poll() is None
+    finally:
+        stranger.kill()
+        stranger.wait()
+        _cli(env, "down")
 
 
 def _dashboard_and_metric_targets(data: Path, api_url: str) -> None:
@@ -256,54 +288,6 @@ def test_up_and_down_stop_what_a_killed_stack_left(tmp_path):
     assert _leftovers(data) == []
     assert find_running(data / "redis") is None
     assert _cli(env, "down").stdout.strip() == "not running"
-
-
-@pytest.mark.timeout(600)
-def test_a_refused_head_and_a_stale_pid_leave_the_running_stack_alone(tmp_path):
-    """A second head on the data dir is refused and stops nothing of the running stack
-    (it stopped its Redis); a head.pid whose pid the system gave to another process is
-    not taken for the head (`down` killed that process, `up` said "already up"); `down`
-    stops a head that holds the data dir even without head.pid."""
-    data = tmp_path / "data"
-    data.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HYPERMEDIA_", "RAY_"))}
-    env["HYPERMEDIA_DATA_DIR"] = str(data)
-    env.update(IMAGES_ONLY)
-    stranger = subprocess.Popen(["sleep", "300"])
-    try:
-        (data / "head.pid").write_text(f"{stranger.pid}\n")
-        down = _cli(env, "down")
-        assert down.stdout.strip() == "not running", down.stdout + down.stderr
-        assert stranger.poll() is None
-        (data / "head.pid").write_text(f"{stranger.pid}\n")
-        up = _cli(env, "up")
-        assert up.returncode == 0, up.stderr + (data / "head.log").read_text()[-3000:]
-        assert up.stdout.startswith("up: API at "), up.stdout
-        api_url = (data / "head.url").read_text()
-        redis = find_running(data / "redis")
-        assert redis is not None
-
-        second = _cli(env, "head", timeout=120)
-        assert second.returncode == 1, second.stdout + second.stderr
-        assert second.stderr.startswith("error: service_unavailable: another local stack ")
-        assert "Traceback" not in second.stderr
-        running = find_running(data / "redis")
-        assert running is not None and running.pid == redis.pid
-        assert (data / "head.url").read_text() == api_url
-        assert httpx.get(f"{api_url}/healthz", timeout=30).status_code == 200
-        again = _cli(env, "up")
-        assert again.stdout.strip() == f"already up: {api_url}", again.stdout + again.stderr
-
-        (data / "head.pid").unlink()
-        down = _cli(env, "down")
-        assert down.stdout.strip() == "down", down.stdout + down.stderr
-        assert _wait_gone([int(line.split()[0]) for line in _leftovers(data)], timeout=30) == []
-        assert find_running(data / "redis") is None
-        assert stranger.poll() is None
-    finally:
-        stranger.kill()
-        stranger.wait()
-        _cli(env, "down")
 
 
 @pytest.mark.timeout(600)
