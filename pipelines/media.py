@@ -385,15 +385,18 @@ class _Progress:
     """FFmpeg's ``-progress`` lines (``key=value``, a block every ``-stats_period``) as
     the step's progress, in seconds of the output against the input's duration."""
 
-    def __init__(self, total: float | None, offset: float = 0.0, *, whole: bool = True) -> None:
+    def __init__(
+        self, total: float | None, offset: float = 0.0, *, whole: bool = True, scale: float = 1.0
+    ) -> None:
         self.total = total
-        self.offset = offset  # media time done before this run (earlier chunks)
+        self.offset = offset  # progress done before this run (earlier chunks)
         self.whole = whole  # this run is the whole job: its end is the total
+        self.scale = scale  # progress per second of this run's output (its share)
 
     def __call__(self, line: str) -> None:
         key, _, value = line.partition("=")
         if key == "out_time_us" and value.isdigit():
-            done = self.offset + int(value) / 1e6
+            done = self.offset + self.scale * int(value) / 1e6
             progress.report(
                 done if self.total is None else min(done, self.total), self.total, "seconds"
             )
@@ -576,6 +579,14 @@ def _video_only_args(
     ]  # fmt: skip
 
 
+def _output_pixels(video: Stream, height: int) -> int:
+    """An output picture's pixels: the input's scaled to at most ``height`` high."""
+    if video.height <= 0:
+        return 0
+    scale = min(1.0, height / video.height)
+    return round(video.width * scale) * round(video.height * scale)
+
+
 def _sound_args(audio: Stream) -> list[str]:
     """A video's sound: AAC at 128 kbit/s, mono or stereo."""
     return ["-map", f"0:{audio.index}", "-c:a", "aac", "-b:a", "128k", *_channels(audio)]
@@ -622,15 +633,21 @@ def transcode(
     seconds: float | None = None,
     *,
     offset: float = 0.0,
+    scale: float = 1.0,
     part: bool = False,
 ) -> bool:
     """Run ffmpeg; its progress reported against ``seconds`` (the input's duration, if
-    stated), ``offset`` seconds of it done before; ``part``: one piece of the job (its
+    stated), ``offset`` seconds of it done before, each second of output counted as
+    ``scale`` (a pass with a share of the job); ``part``: one piece of the job (its
     end is not the job's; without ``seconds``, it reports nothing). True when the input
     ended before its index said (FFmpeg's "partial file": a truncated MP4/MOV); a
     failure on such an input is :class:`Truncated`."""
     watched = [args[0], "-progress", "pipe:1", "-stats_period", str(_PROGRESS_PERIOD), *args[1:]]
-    report = None if part and seconds is None else _Progress(seconds, offset, whole=not part)
+    report = (
+        None
+        if part and seconds is None
+        else _Progress(seconds, offset, whole=not part, scale=scale)
+    )
     if report is None:
         watched = args
     ran = _run([*watched, str(output)], workdir, ".ffmpeg.log", report)
@@ -698,6 +715,7 @@ def transcode_video_step(
                 input_args=_input_args(input_path, container.demuxer),
                 chunk_seconds=chunk_seconds,
                 total=found.duration,
+                frame_pixels=_output_pixels(video, request.height),
             )  # fmt: skip
         if units is None:
             expected = _expected(found, request.max_seconds)
