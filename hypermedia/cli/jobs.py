@@ -238,7 +238,7 @@ def watch(
             return
         task = tasks[job_id]
         if event.type == "progress":
-            detail = f"{event.phase} {_amount(event)}"
+            detail = f"{event.phase} {_amount(event)}".rstrip()
             bars.update(task, completed=event.fraction or 0.0, description=detail)
         elif event.status is not None:
             done = 1.0 if event.status == "completed" else None
@@ -278,6 +278,8 @@ def _amount(event: JobEvent) -> str:
                 value /= 1024
         return f"{value:g}"
 
+    if event.total is None and not event.done:  # a phase begins, its measure unknown
+        return ""
     done = size(event.done or 0.0)
     if event.total is None:
         return f"{done} {event.unit or ''}".strip()

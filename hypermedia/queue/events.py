@@ -12,7 +12,9 @@ Each event is a JSON object::
      "unit": "seconds", "fraction": 0.208, "attempt": 1, "at": 1733300003.6}
 
 (``phase``: ``download`` and ``upload`` in ``bytes``, the worker's; ``run``, the step's;
-``fraction`` null when the total is unknown; a status event may add ``retry_at`` or
+``fraction`` null when the total is unknown; a ``run`` event with ``done`` 0 and no
+total follows a download that showed its progress, so that a step that reports none
+does not leave the download's full bar showing; a status event may add ``retry_at`` or
 ``error_code``). :class:`JobEvents` appends it to the job's capped stream (kept a day
 after its last event while the job runs, ten minutes after its end), so a late
 subscriber reads the recent ones, and publishes it on the channel of the same name

@@ -338,12 +338,17 @@ class JobExecution:
             workdir = self.executor.prepare(job.job_id)
             input_path = workdir / "input" / "source"
             if profile.params.get(NEEDS_INPUT, True) is not False:
+                downloading = self._progress(job, "download")
                 transfer.download(
                     self.grants.input_url(job.job_id, self.worker_id),
                     input_path,
                     profile.max_input_bytes,
-                    progress=self._progress(job, "download"),
+                    progress=downloading,
                 )
+                if downloading.published:
+                    # The step may report nothing (a DOCX conversion): without this,
+                    # a watcher shows the download's full bar while it runs.
+                    self._run_starts(job)
             if self._is_releasing(job.job_id):
                 return self._release(job)
             if cancelled.is_set():  # asked while the input came: no child to start
@@ -449,6 +454,11 @@ class JobExecution:
 
     def _progress(self, job: ClaimedJob, phase: str, unit: str = "bytes") -> _Progress:
         return _Progress(self.dispatcher.events, job, phase, unit)
+
+    def _run_starts(self, job: ClaimedJob) -> None:
+        """The run phase begins, measure unknown until the step reports one."""
+        event = progress_event("run", 0.0, None, "", time.time(), job.attempt_number)
+        self.dispatcher.events.publish(job.job_id, event)
 
     def _step_progress(self, job: ClaimedJob) -> Callable[[Any], None]:
         """The step's reports (already at most a few a second: the executor's)."""

@@ -346,6 +346,76 @@ def test_a_cancel_during_the_input_download_never_starts_the_step(engine, settin
     stack.close()
 
 
+class _SlowInput(NoGrants):
+    """An input that comes in two halves 0.4 s apart: a download long enough to show
+    its progress (one event a 0.25 s at most)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                self.send_response(200)
+                self.send_header("Content-Length", str(2 * 65536))
+                self.end_headers()
+                self.wfile.write(b"x" * 65536)
+                self.wfile.flush()
+                time.sleep(0.4)
+                self.wfile.write(b"y" * 65536)
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def input_url(self, job_id: str, worker_id: str) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/{job_id}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_step_that_reports_nothing_follows_its_shown_download_with_a_run_phase(
+    engine, settings, tmp_path
+):
+    """A download long enough to show its progress ends at its full bar; a step that
+    reports no progress of its own (a DOCX conversion) would leave that bar showing
+    while it runs: the run phase begins with an event of no measure (the watcher shows
+    "run", the bar empty)."""
+    stack = open_stack(settings, engine, None, profiles_path=ray_support.test_profiles(tmp_path))
+    person = make_user(stack)
+    obj = make_object(stack, person)
+    request = SubmitRequest(
+        object_id=obj, operations=["test.sleep"], params={"test.sleep": {"seconds": 0.3}}
+    )
+    job_id = stack.ingest.submit(person.caller, request).job_ids[0]
+    slow = _SlowInput()
+    execution = JobExecution(
+        stack.dispatcher, stack.catalog, slow, InProcessExecutor(tmp_path / "work", PRELOAD), "w"
+    )
+    try:
+        (job,) = stack.dispatcher.claim_and_start("images", "w")
+        outcome = execution.run_started(job)
+    finally:
+        slow.close()
+        execution.close()
+    assert isinstance(outcome, Completion), outcome  # the worker's batcher records it
+    events = [e for _, e in stack.dispatcher.events.history(job_id)]
+    progress = [
+        (e["phase"], e["done"], e["total"], e["fraction"])
+        for e in events
+        if e["type"] == "progress"
+    ]
+    downloads = [p for p in progress if p[0] == "download"]
+    assert downloads and downloads[-1] == ("download", 131072, 131072, 1.0), progress
+    assert progress[-1] == ("run", 0.0, None, None), progress
+    assert events[-1]["phase"] == "run", events
+    stack.close()
+
+
 class _HeldUpload(NoGrants):
     """The input comes at once; each output's upload hangs until ``release``: a user's
     cancel arrives once the step has ended and its outputs are on their way."""
