@@ -125,7 +125,11 @@ def _known_variables() -> set[str]:
     from hypermedia.secret_files import SANDBOX_HIDDEN_VARIABLE
 
     known = {f"HYPERMEDIA_{name.upper()}" for name in Settings.model_fields}
-    known.update(("HYPERMEDIA_CONFIG", SANDBOX_HIDDEN_VARIABLE))
+    # Read outside the settings: by the sandbox's fork servers (which import no pydantic),
+    # and by Grafana's provisioning (etc/grafana/: the README's grafana-server line).
+    known.update(
+        ("HYPERMEDIA_CONFIG", SANDBOX_HIDDEN_VARIABLE, PID_INIT_VARIABLE, "HYPERMEDIA_GRAFANA")
+    )
     stack: list[Any] = [typer.main.get_command(app)]  # click commands (typer's own click)
     while stack:
         command = stack.pop()
@@ -157,6 +161,8 @@ def check_environment(environ: dict[str, str] | None = None) -> None:
                 queues = sorted(declared_queue_names(environ))
             _check_queue_variable(name, queues)
             continue
+        if name == PID_INIT_VARIABLE:
+            _check_pid_init(environ[name])
         if name in known:
             continue
         close = difflib.get_close_matches(name, sorted(known), n=1)
@@ -165,6 +171,18 @@ def check_environment(environ: dict[str, str] | None = None) -> None:
 
 
 QUEUE_VARIABLE = "HYPERMEDIA_QUEUES__"
+# hypermedia.sandbox.executor.PID_INIT_ENV, named here so that checking the environment
+# imports no sandbox.
+PID_INIT_VARIABLE = "HYPERMEDIA_SANDBOX_PID_INIT"
+
+
+def _check_pid_init(value: str) -> None:
+    """Its value now, naming the variable: else each actor's fork server would refuse it
+    once the stack had started."""
+    from hypermedia.sandbox.executor import PID_INITS
+
+    if value not in PID_INITS:
+        raise ConfigError(PID_INIT_VARIABLE, f"{value!r}: expected 'tiny' or 'copy'")
 
 
 def _check_queue_variable(name: str, queues: list[str]) -> None:

@@ -714,14 +714,16 @@ class ChildExecutor:
 
 
 PID_INIT_ENV = "HYPERMEDIA_SANDBOX_PID_INIT"
+PID_INITS = ("tiny", "copy")
 
 
 def _pid_init() -> str:
     """What inits the jobs' PID namespaces: ``tiny`` (the default,
     :mod:`.tinyinit`) or ``copy`` (each spare is its namespace's init, as on machines
-    without the tiny init's code), from ``HYPERMEDIA_SANDBOX_PID_INIT``."""
+    without the tiny init's code), from ``HYPERMEDIA_SANDBOX_PID_INIT`` (the CLI refuses
+    another value before anything starts)."""
     value = os.environ.get(PID_INIT_ENV, "tiny")
-    if value not in ("tiny", "copy"):
+    if value not in PID_INITS:
         raise ValueError(f"{PID_INIT_ENV}={value!r}: expected 'tiny' or 'copy'")
     return value
 

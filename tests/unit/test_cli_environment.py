@@ -39,6 +39,7 @@ def test_every_known_variable_passes():
     # Settings fields and CLI option twins alike.
     assert {"HYPERMEDIA_DATABASE_URL", "HYPERMEDIA_API_KEY", "HYPERMEDIA_RUN_OPS"} <= known
     environ = dict.fromkeys(known, "x")
+    environ["HYPERMEDIA_SANDBOX_PID_INIT"] = "copy"  # checked here: "tiny" or "copy"
     environ["HYPERMEDIA_QUEUES__IMAGES__CONCURRENCY"] = "8"
     environ["HYPERMEDIA_TEST_PG_URL"] = "postgresql://elsewhere"
     environ["PATH"] = "/usr/bin"
@@ -126,3 +127,27 @@ def test_a_queue_of_ones_own_takes_queue_variables(tmp_path):
         {"HYPERMEDIA_PROFILES_PATH": str(profiles), "HYPERMEDIA_QUEUES__PREVIEWS__WORKERS": "1"}
     )
     check_environment({"HYPERMEDIA_QUEUES__OCR": '{"workers": 0}'})
+
+
+def test_every_variable_the_readme_names_is_known():
+    """A variable the README tells the operator to set is one the CLI lets through (the
+    README's HYPERMEDIA_SANDBOX_PID_INIT was refused as a misspelling of _HIDDEN)."""
+    import re
+
+    named = set(re.findall(r"\bHYPERMEDIA_[A-Z0-9_]*[A-Z0-9]\b", (REPO / "README.md").read_text()))
+    named = {n for n in named if not n.startswith(("HYPERMEDIA_QUEUES__", "HYPERMEDIA_TEST_"))}
+    assert "HYPERMEDIA_SANDBOX_PID_INIT" in named
+    assert sorted(named - _known_variables()) == []
+
+
+def test_a_documented_sandbox_init_passes_and_a_wrong_one_is_refused_by_name():
+    from hypermedia.cli import PID_INIT_VARIABLE
+    from hypermedia.sandbox.executor import PID_INIT_ENV
+
+    assert PID_INIT_VARIABLE == PID_INIT_ENV
+    check_environment({"HYPERMEDIA_SANDBOX_PID_INIT": "copy"})
+    check_environment({"HYPERMEDIA_SANDBOX_PID_INIT": "tiny"})
+    with pytest.raises(ConfigError) as caught:
+        check_environment({"HYPERMEDIA_SANDBOX_PID_INIT": "Copy"})
+    assert caught.value.key == "HYPERMEDIA_SANDBOX_PID_INIT"
+    assert "'tiny' or 'copy'" in caught.value.message
