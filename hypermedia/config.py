@@ -72,7 +72,9 @@ class QueueSettings(BaseModel):
     spares the record a claim and a commit a job where jobs are short, see
     :mod:`hypermedia.worker.worker`)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, allow_inf_nan=False, hide_input_in_errors=True
+    )
 
     concurrency: int = Field(default=1, ge=1, le=64)
     workers: int = Field(default=1, ge=0, le=16)
@@ -100,6 +102,7 @@ class Settings(BaseSettings):
         env_nested_delimiter="__",
         extra="forbid",
         frozen=True,
+        allow_inf_nan=False,
         # A refused value may be a secret: the error's text (a traceback at debug level
         # shows it) leaves inputs out; _describe shows the ones that may be shown.
         hide_input_in_errors=True,
@@ -168,11 +171,14 @@ class Settings(BaseSettings):
     # jobs (a run with room is driven at once).
     bulk_poll_seconds: float = Field(default=2.0, gt=0, le=3600)
 
-    backoff_base_seconds: float = Field(default=60.0, gt=0)
-    backoff_max_seconds: float = Field(default=3600.0, gt=0)
-    lease_grace_seconds: float = Field(default=30.0, ge=0)
-    reaper_interval_seconds: float = Field(default=5.0, gt=0)
-    reconcile_interval_seconds: float = Field(default=60.0, gt=0)
+    # Every span of time is bounded: a clock, a timedelta and a thread's wait overflow
+    # somewhere past them (an unbounded reaper interval killed serve's maintenance
+    # thread while its API went on answering).
+    backoff_base_seconds: float = Field(default=60.0, gt=0, le=86_400)
+    backoff_max_seconds: float = Field(default=3600.0, gt=0, le=7 * 86_400)
+    lease_grace_seconds: float = Field(default=30.0, ge=0, le=86_400)
+    reaper_interval_seconds: float = Field(default=5.0, gt=0, le=3600)
+    reconcile_interval_seconds: float = Field(default=60.0, gt=0, le=86_400)
     # A worker claims no job while the disk of its workdirs has less than this free
     # (MB): a job may write up to its profile's max_output_bytes there, and on one VPS
     # that disk is also the database's. It claims again once there is.

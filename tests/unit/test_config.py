@@ -387,3 +387,26 @@ def test_a_refused_plain_value_is_still_shown(monkeypatch):
     monkeypatch.setenv("HYPERMEDIA_API_PORT", "high")
     with pytest.raises(ConfigError, match="got 'high'"):
         load_settings()
+
+
+FLOAT_SETTINGS = sorted(
+    name for name, field in Settings.model_fields.items() if field.annotation is float
+)
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "1e300"])
+@pytest.mark.parametrize("name", FLOAT_SETTINGS)
+def test_a_float_setting_refuses_what_no_clock_can_wait(monkeypatch, name, value):
+    """``HYPERMEDIA_REAPER_INTERVAL_SECONDS=inf`` was taken: ``serve`` came up with its
+    maintenance thread dead (``OverflowError: timestamp out of range``), no reaper and no
+    reconciler behind an API that answered. Every seconds setting is finite and bounded."""
+    monkeypatch.setenv(f"HYPERMEDIA_{name.upper()}", value)
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    assert info.value.key == f"{name} (HYPERMEDIA_{name.upper()})"
+
+
+def test_the_float_settings_are_the_seconds_ones():
+    assert "reaper_interval_seconds" in FLOAT_SETTINGS
+    assert "lease_grace_seconds" in FLOAT_SETTINGS
+    assert len(FLOAT_SETTINGS) >= 10
