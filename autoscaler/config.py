@@ -350,6 +350,8 @@ def load(path: Path | str | None = None) -> SchedulerConfig:
         text = chosen.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(str(chosen), f"cannot be read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(str(chosen), f"not UTF-8 text (byte {exc.start})") from None
     try:
         data = json.loads(text, object_pairs_hook=_Object)
     except json.JSONDecodeError as exc:

@@ -141,6 +141,8 @@ def load(path: Path | str | None = None) -> list[Webhook]:
         text = chosen.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(str(chosen), f"cannot be read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(str(chosen), f"not UTF-8 text (byte {exc.start})") from None
     if mode & 0o007:
         raise ConfigError(
             str(chosen),

@@ -404,6 +404,10 @@ def load_settings(**overrides: Any) -> Settings:
         raise ConfigError(*_describe(exc)) from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError("HYPERMEDIA_CONFIG", f"{config_file} is not valid TOML: {exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            "HYPERMEDIA_CONFIG", f"{config_file} is not UTF-8 text (byte {exc.start})"
+        ) from None
 
 
 def declared_queue_names(environ: Mapping[str, str]) -> set[str]:

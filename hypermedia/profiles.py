@@ -175,10 +175,15 @@ def parse_profiles(
 
 def load_profiles(path: Path, queues: Iterable[str]) -> dict[str, Profile]:
     """Read and validate the profiles file."""
+    key = "profiles_path (HYPERMEDIA_PROFILES_PATH)"
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError as exc:
-        raise ConfigError("profiles_path (HYPERMEDIA_PROFILES_PATH)", f"no file at {path}") from exc
+        raise ConfigError(key, f"no file at {path}") from exc
+    except OSError as exc:
+        raise ConfigError(key, f"{path} cannot be read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}", f"not UTF-8 text (byte {exc.start})") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}", f"not valid TOML: {exc}") from exc
     return parse_profiles(data, queues, str(path))
