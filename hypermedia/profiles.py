@@ -53,10 +53,19 @@ from __future__ import annotations
 import re
 import tomllib
 from collections.abc import Iterable, Mapping
+from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, get_type_hints
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    ValidationError,
+    create_model,
+    field_validator,
+)
 
 from hypermedia.errors import ConfigError
 from hypermedia.sandbox.inspect import ANY, KINDS, InputLimits
@@ -65,36 +74,55 @@ from pipelines import registry
 
 MILLI = 1000
 BYTES_PER_MB = 1024 * 1024
+# What the record's columns and setrlimit hold: a cost (credits) below a billion, a
+# memory limit up to 1 TiB (an INTEGER column of MB), sizes up to 1 PiB (RLIMIT_FSIZE
+# and BIGINT stop at 2**63).
+MAX_COST = 1e9
+MAX_MEMORY_MB = 1024 * 1024
+MAX_BYTES = 2**50
 _MIME = re.compile(r"[a-z]+/[a-z0-9][a-z0-9.+-]*", re.I)
 _UNIT = re.compile(r"[a-z][a-z0-9_]{0,31}")
+# Strict: TOML has integers, floats and booleans of its own, so "30" for 30 or true for
+# 1 is a mistake to name, not a value to convert (a float field still takes an integer).
+Int = Annotated[int, Strict()]
+Float = Annotated[float, Strict()]
+Str = Annotated[str, Strict()]
+# The limits table checked as strictly: InputLimits is a plain dataclass that pydantic
+# validates leniently (its rows come back from the record as JSON too).
+_LIMIT_TYPES = get_type_hints(InputLimits, include_extras=True)
+_STRICT_LIMITS = create_model(
+    "limits",
+    __config__=ConfigDict(extra="forbid", strict=True, allow_inf_nan=False),
+    **{f.name: (_LIMIT_TYPES[f.name], f.default) for f in fields(InputLimits)},  # type: ignore[call-overload]
+)
 
 
 class Profile(BaseModel):
     """One operation's processing profile, as configured."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    operation: str = Field(pattern=r"^[a-z][a-z0-9_.]{0,63}$")
-    queue: str
-    version: int = Field(ge=1)
-    base_cost: float = Field(ge=0)
-    cost_per_mb: float = Field(ge=0)
-    timeout_seconds: int = Field(ge=1, le=24 * 3600)
-    memory_limit_mb: int = Field(ge=16)
+    operation: Str = Field(pattern=r"^[a-z][a-z0-9_.]{0,63}$")
+    queue: Str
+    version: Int = Field(ge=1)
+    base_cost: Float = Field(ge=0, lt=MAX_COST)
+    cost_per_mb: Float = Field(ge=0, lt=MAX_COST)
+    timeout_seconds: Int = Field(ge=1, le=24 * 3600)
+    memory_limit_mb: Int = Field(ge=16, le=MAX_MEMORY_MB)
     # Processes *and threads* of the job's child (RLIMIT_NPROC under its own uid):
     # raise it for a thread-hungry tool (LibreOffice, onnxruntime).
-    max_processes: int = Field(default=DEFAULT_MAX_PROCESSES, ge=1, le=4096)
+    max_processes: Int = Field(default=DEFAULT_MAX_PROCESSES, ge=1, le=4096)
     # The largest file a job may write (RLIMIT_FSIZE; 10 GB by default).
-    max_output_bytes: int = Field(default=DEFAULT_MAX_OUTPUT_BYTES, ge=1024)
-    max_input_bytes: int = Field(ge=1)
-    max_attempts: int = Field(ge=1, le=100)
-    default_priority: int = Field(ge=1, le=10)
+    max_output_bytes: Int = Field(default=DEFAULT_MAX_OUTPUT_BYTES, ge=1024, le=MAX_BYTES)
+    max_input_bytes: Int = Field(ge=1, le=MAX_BYTES)
+    max_attempts: Int = Field(ge=1, le=100)
+    default_priority: Int = Field(ge=1, le=10)
     params: dict[str, Any] = Field(default_factory=dict)
-    accepts: list[str] = Field(default_factory=lambda: [ANY], min_length=1)
-    limits: InputLimits = Field(default_factory=InputLimits)
+    accepts: list[Str] = Field(default_factory=lambda: [ANY], min_length=1)
+    limits: InputLimits = Field(default_factory=InputLimits)  # see _STRICT_LIMITS
     # Credits per unit of work the step reports (ocr: escalation = a page re-read by
     # the next engine of the chain); units without a price cost nothing.
-    unit_costs: dict[str, float] = Field(default_factory=dict)
+    unit_costs: dict[str, Float] = Field(default_factory=dict)
 
     @field_validator("unit_costs")
     @classmethod
@@ -102,7 +130,7 @@ class Profile(BaseModel):
         for unit, cost in value.items():
             if not _UNIT.fullmatch(unit):
                 raise ValueError(f"{unit!r} is not a unit name (a-z, 0-9, _)")
-            if not 0 <= cost < 1e9:
+            if not 0 <= cost < MAX_COST:
                 raise ValueError(f"the cost of {unit} must be 0 or more, got {cost}")
         return value
 
@@ -133,7 +161,10 @@ class Profile(BaseModel):
 def parse_profiles(
     data: Mapping[str, Any], queues: Iterable[str], source: str
 ) -> dict[str, Profile]:
-    """Validate a ``{"profiles": {...}}`` mapping; errors name ``profiles.<op>.<key>``."""
+    """Validate a ``{"profiles": {...}}`` mapping; errors name ``profiles.<op>.<key>``.
+
+    Strictly: TOML has integers, floats and booleans of its own, so ``"30"`` for 30 or
+    ``true`` for 1 is a mistake to name, not a value to convert."""
     known_queues = set(queues)
     extra = set(data) - {"profiles"}
     if extra:
@@ -147,10 +178,14 @@ def parse_profiles(
         if not isinstance(body, Mapping):
             raise ConfigError(key, "expected a table")
         try:
-            profile = Profile(operation=operation, **body)
+            if isinstance(body.get("limits"), Mapping):
+                _STRICT_LIMITS.model_validate(body["limits"])
+            profile = Profile.model_validate({**body, "operation": operation})
         except ValidationError as exc:
             first = exc.errors()[0]
             loc = ".".join(str(p) for p in first["loc"])
+            if exc.title == "limits":
+                loc = f"limits.{loc}"
             unknown = first["type"] in ("extra_forbidden", "unexpected_keyword_argument")
             msg = "unknown key" if unknown else first["msg"]
             raise ConfigError(f"{key}.{loc}", msg) from exc

@@ -142,7 +142,7 @@ class InputLimits:
     from the constraints below) so that these rules import no pydantic model machinery.
     """
 
-    __pydantic_config__: ClassVar[dict[str, Any]] = {"extra": "forbid"}
+    __pydantic_config__: ClassVar[dict[str, Any]] = {"extra": "forbid", "allow_inf_nan": False}
 
     max_pixels: Positive | None = None
     max_source_pixels: Positive | None = None

@@ -318,6 +318,20 @@ BAD_FIELDS = [
     ("queue", 3, "valid string"),
     ("unit_costs", {"escalation": -1.0}, "must be 0 or more"),
     ("unit_costs", {"Escalation!": 1.0}, "is not a unit name"),
+    # The file's own types: TOML has numbers and booleans, and a string or a boolean
+    # where a number goes is a mistake, not a number (both were taken as one).
+    ("timeout_seconds", "30", "valid integer"),
+    ("default_priority", True, "valid integer"),
+    ("max_input_bytes", 1e8, "valid integer"),
+    # Finite and within what the record and setrlimit hold: inf and 1e300 stopped
+    # `db upgrade` with "internal: OverflowError"; a memory limit of 1e14 MB was synced
+    # and failed every job (pipeline_crashed: OverflowError).
+    ("base_cost", float("inf"), "finite number"),
+    ("base_cost", 1e300, "less than"),
+    ("cost_per_mb", float("nan"), "finite number"),
+    ("memory_limit_mb", 10**14, "less than or equal to 1048576"),
+    ("max_output_bytes", 2**63, "less than or equal to"),
+    ("max_input_bytes", 2**63, "less than or equal to"),
 ]
 
 
@@ -328,6 +342,22 @@ def test_bad_value_names_the_profile_key(field, value, problem):
     assert info.value.key == f"p.toml: profiles.thumbnail.{field}"
     assert problem in info.value.message
     assert info.value.code == "config_invalid"
+
+
+@pytest.mark.parametrize(
+    ("limits", "key", "problem"),
+    [
+        ({"jpeg_shrink_on_load": "yes"}, "jpeg_shrink_on_load", "valid boolean"),
+        ({"max_pages": "10"}, "max_pages", "valid integer"),
+        ({"max_duration_seconds": float("inf")}, "max_duration_seconds", "finite number"),
+        ({"max_zip_ratio": float("nan")}, "max_zip_ratio", "finite number"),
+    ],
+)
+def test_bad_limit_names_the_limit_key(limits, key, problem):
+    with pytest.raises(ConfigError) as info:
+        parse_profiles(document(limits=limits), DEFAULT_QUEUES, "p.toml")
+    assert info.value.key == f"p.toml: profiles.thumbnail.limits.{key}"
+    assert problem in info.value.message
 
 
 @pytest.mark.parametrize("field", sorted(VALID))
