@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -340,12 +341,34 @@ def parse(data: Any, source: str = "scheduler.json") -> SchedulerConfig:
         raise ConfigError(f"{source}: {'.'.join(path) or '(top level)'}", problem) from None
 
 
-def load(path: Path | str | None = None) -> SchedulerConfig:
-    """The scheduler's configuration (see the module docstring for where it comes from)."""
+def chosen_path(path: Path | str | None = None) -> Path:
+    """The file :func:`load` reads for ``path`` (see the module docstring)."""
     explicit = path if path is not None else os.environ.get(ENV_VAR) or None
     chosen = Path(explicit) if explicit is not None else DEFAULT_PATH
     if explicit is None and not chosen.exists():
         chosen = SHIPPED
+    return chosen
+
+
+def check_queues(config: SchedulerConfig, deployment: Iterable[str], source: str) -> None:
+    """Every queue of ``config`` is one of the deployment's (``HYPERMEDIA_QUEUES``): one
+    that is not would get VPS slots and bursts that no pipeline actor serves."""
+    known = list(deployment)
+    unknown = sorted(set(config.queues) - set(known))
+    if unknown:
+        raise ConfigError(
+            f"{source}: queues.{unknown[0]}",
+            f"not a queue of this deployment ({', '.join(known)}; HYPERMEDIA_QUEUES"
+            " or the settings file's [queues.<name>] adds one)",
+        )
+
+
+def load(path: Path | str | None = None, queues: Iterable[str] | None = None) -> SchedulerConfig:
+    """The scheduler's configuration (see the module docstring for where it comes from).
+    ``queues``: the deployment's (the settings' ``queue_names``), which every queue of the
+    file must be one of; a process that starts anything passes them, so that a file
+    naming another queue refuses before it starts."""
+    chosen = chosen_path(path)
     try:
         text = chosen.read_text(encoding="utf-8")
     except OSError as exc:
@@ -361,7 +384,10 @@ def load(path: Path | str | None = None) -> SchedulerConfig:
         raise ConfigError(
             f"{chosen}: {'.'.join(twice)}", "given twice (JSON would keep the last silently)"
         )
-    return parse(data, str(chosen))
+    config = parse(data, str(chosen))
+    if queues is not None:
+        check_queues(config, queues, str(chosen))
+    return config
 
 
 class _Object(dict[str, Any]):

@@ -107,6 +107,7 @@ def run() -> None:
     """The services, in the foreground, until SIGTERM."""
     import yaml
 
+    from autoscaler.config import check_queues, chosen_path
     from autoscaler.page.routes import install as install_page
     from autoscaler.placement import vps_pools
     from autoscaler.provider import HypermediaNodeProvider
@@ -122,6 +123,7 @@ def run() -> None:
     provider = HypermediaNodeProvider(bootstrap["provider"], bootstrap["cluster_name"])
     config = provider.config
     settings = load_settings(ray_address=provider.head_address)
+    check_queues(config, settings.queue_names, str(chosen_path(provider.settings.scheduler_config)))
     pools = {name: count for name, count in vps_pools(config).items() if count}
     check_head_slots(provider.head_address, pools, config.mode)
     local = LocalStack(

@@ -919,8 +919,12 @@ class HypermediaNodeProvider(NodeProvider):
         for key in ("scheduler_config", "state_dir", "token_path"):
             if isinstance(provider.get(key), str):
                 provider[key] = str(Path(provider[key]).expanduser().resolve())
+        from hypermedia.config import load_settings
+
         settings = parse_settings(provider)
-        config = load_scheduler_config(settings.scheduler_config)  # a bad scheduler.json too
+        # A bad scheduler.json too, and one naming a queue the head's settings lack (its
+        # services would start Ray's head and actors, then refuse).
+        config = load_scheduler_config(settings.scheduler_config, load_settings().queue_names)
         check_node_types(cluster_config, config)
         return cluster_config
 

@@ -50,7 +50,7 @@ def head(
     settings = read_settings()
     # Read before anything starts: a bad scheduler.json or webhooks file refuses here.
     # The operator page shows the same file's mode and caps.
-    config = scheduler_config.load(None)
+    config = scheduler_config.load(None, settings.queue_names)
     hooks = webhooks.load() if scheduler else []
     local = LocalStack(settings, extend_app=partial(install_page, config=config))
     stop = threading.Event()

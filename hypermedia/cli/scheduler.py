@@ -48,9 +48,10 @@ def _scheduler(
     from hypermedia.metrics.head import HeadMetrics
     from hypermedia.stack import Stack
 
-    loaded = scheduler_config.load(config_path)
+    settings = read_settings()
+    loaded = scheduler_config.load(config_path, settings.queue_names)
     hooks = webhooks.load(webhooks_path) if alerts else []
-    stack = Stack.open(read_settings(), metrics=HeadMetrics())
+    stack = Stack.open(settings, metrics=HeadMetrics())
     try:
         return open_scheduler(loaded, stack, alert_webhooks=hooks), stack
     except BaseException:
@@ -303,9 +304,10 @@ def scheduler_burst(
     from autoscaler.scheduler import end_burst, set_burst
 
     seconds = parse_duration(duration)  # the arguments first, then the database
-    loaded = scheduler_config.load(config_path)
+    settings = read_settings()
+    loaded = scheduler_config.load(config_path, settings.queue_names)
     now = time.time()
-    engine = open_engine(read_settings())
+    engine = open_engine(settings)
     try:
         if end:
             ended = end_burst(engine, queue, now)

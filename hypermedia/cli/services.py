@@ -55,7 +55,8 @@ def serve(
     from hypermedia.server import serve as run
 
     settings = read_settings(api_host=host, api_port=port)
-    scheduler = config.load(scheduler_config)  # read now: a bad file stops the start
+    # Read now: a bad file, or one naming a queue the settings lack, stops the start.
+    scheduler = config.load(scheduler_config, settings.queue_names)
     run(
         settings,
         host=settings.api_host,

@@ -339,6 +339,29 @@ def test_the_scheduler_commands(cli: Cli, tmp_path: Path):
     assert "queues.ocr.max_workers" in err
 
 
+def test_a_scheduler_json_queue_the_deployment_lacks_refuses_before_anything_starts(
+    cli: Cli, tmp_path: Path
+):
+    """``serve`` took a scheduler.json with a queue no setting defines (``thumbs``) and
+    served; ``head`` started Redis, Ray, the API and four actors, then refused (40 s
+    later). Each refuses at once now, naming the file and the queue, and starts nothing."""
+    cli.ok("db", "upgrade")
+    path = tmp_path / "my-scheduler.json"
+    data = json.loads((REPO / "etc" / "scheduler.json").read_text())
+    data["queues"]["thumbs"] = {"baseline_workers": 1, "max_workers": 1}
+    path.write_text(json.dumps(data))
+    expected = f"{path}: queues.thumbs: not a queue of this deployment"
+    assert expected in cli.fails(
+        "serve", "--port", str(free_port()), "--scheduler-config", str(path)
+    )
+    env = {"HYPERMEDIA_SCHEDULER_CONFIG": str(path), "HYPERMEDIA_RAY_DASHBOARD": "false"}
+    assert expected in cli.fails("head", **env)
+    assert not (tmp_path / "data" / "redis").exists()
+    assert not (tmp_path / "data" / "ray").exists()
+    assert expected in cli.fails("scheduler", "explain", "--config", str(path))
+    assert expected in cli.fails("scheduler", "burst", "ocr", "--config", str(path))
+
+
 def _scheduler_metrics(cli: Cli, log_path: Path) -> None:
     """``scheduler run`` with HYPERMEDIA_SCHEDULER_METRICS_PORT: its own metrics on
     loopback, not the API's (started again on another port if its pick was taken)."""

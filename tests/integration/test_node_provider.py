@@ -294,6 +294,17 @@ def test_bad_provider_sections_stop_ray_up_naming_the_key(tmp_path, pg_database_
         HypermediaNodeProvider.bootstrap_config(
             {"provider": {**copy.deepcopy(good), "scheduler_config": str(bad_json)}}
         )
+    # A queue the settings lack (the head's services would start Ray and the actors,
+    # then refuse): `ray up` stops first, naming the file and the queue.
+    other_queue = tmp_path / "other-queue.json"
+    data = json.loads((Path(__file__).parents[2] / "etc" / "scheduler.json").read_text())
+    data["queues"]["thumbs"] = {"baseline_workers": 1, "max_workers": 1}
+    other_queue.write_text(json.dumps(data))
+    with pytest.raises(ConfigError) as caught:
+        HypermediaNodeProvider.bootstrap_config(
+            {"provider": {**copy.deepcopy(good), "scheduler_config": str(other_queue)}}
+        )
+    assert caught.value.key == f"{other_queue}: queues.thumbs"
     # Node types: one queue each, a queue scheduler.json knows, one node type a queue
     # (the provider counts a queue's cloud workers by its node type).
     head = {"resources": {"queue_images": 1, "queue_documents": 1}, "max_workers": 0}

@@ -262,3 +262,22 @@ def test_a_key_given_twice_refuses_naming_its_path(tmp_path):
         config.load(nested)
     assert caught.value.key.startswith(f"{nested}: queues.")
     assert caught.value.key.endswith(".max_workers")
+
+
+def test_a_queue_the_deployment_lacks_refuses_naming_the_file(tmp_path):
+    """A queue of scheduler.json that is not one of the deployment's (HYPERMEDIA_QUEUES)
+    would get VPS slots and bursts no pipeline serves: refused where the file is loaded,
+    naming the file as given (it said "scheduler.json" whatever the path)."""
+    data = hybrid()
+    data["queues"]["thumbs"] = {"baseline_workers": 1, "max_workers": 1}
+    path = tmp_path / "etc-scheduler.json"
+    path.write_text(json.dumps(data))
+    assert "thumbs" in config.load(path).queues  # the file alone is well formed
+    deployment = ("images", "documents", "ocr", "media", "bulk")
+    with pytest.raises(ConfigError) as caught:
+        config.load(path, queues=deployment)
+    assert caught.value.key == f"{path}: queues.thumbs"
+    assert "not a queue of this deployment (images, documents, ocr, media, bulk;" in (
+        caught.value.message
+    )
+    assert config.load(path, queues=(*deployment, "thumbs")).queues["thumbs"].baseline_workers == 1
