@@ -399,7 +399,7 @@ def load_settings(**overrides: Any) -> Settings:
     if config_file and not Path(config_file).is_file():
         raise ConfigError("HYPERMEDIA_CONFIG", f"file {config_file!r} does not exist")
     try:
-        return Settings(**overrides)
+        settings = Settings(**overrides)
     except ValidationError as exc:
         raise ConfigError(*_describe(exc)) from exc
     except tomllib.TOMLDecodeError as exc:
@@ -408,6 +408,31 @@ def load_settings(**overrides: Any) -> Settings:
         raise ConfigError(
             "HYPERMEDIA_CONFIG", f"{config_file} is not UTF-8 text (byte {exc.start})"
         ) from None
+    if config_file:
+        _check_private(Path(config_file))
+    return settings
+
+
+def _check_private(path: Path) -> None:
+    """A settings file that holds a secret (a secret setting, a URL with a password) must
+    not be readable by others, as the alert webhooks file must not: refuse it naming the
+    file and the key, never the value."""
+    import stat
+
+    from hypermedia.embedded import shown_url
+
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if not mode & 0o007:
+        return
+    data = tomllib.loads(path.read_text(encoding="utf-8"))  # read once already: it parses
+    for key, value in data.items():
+        if not isinstance(value, str) or not value:
+            continue
+        if is_secret_setting(key) or shown_url(value) != value:  # a URL's password
+            raise ConfigError(
+                f"{path}: {key}",
+                f"a secret in a file others may read (mode {mode:04o}): chmod o-rwx {path}",
+            )
 
 
 def declared_queue_names(environ: Mapping[str, str]) -> set[str]:

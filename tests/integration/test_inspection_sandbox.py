@@ -234,8 +234,13 @@ def test_the_api_hides_its_data_dir_from_inspection(site, monkeypatch, sqlite_en
     """Through the API: an upload being inspected (a slow PDF) cannot read the data dir
     the API serves from, its settings file, nor connect to anything."""
     data_dir, files = _canaries(site, monkeypatch)
+    # The settings refuse a file with a secret that others may read: read it private,
+    # then made readable by anyone (what the inspection must be hidden from regardless).
+    (site / "hm.toml").chmod(0o600)
+    loaded = settings(data_dir=data_dir, inspection_cpu_seconds=30, inspection_wall_seconds=60)
+    (site / "hm.toml").chmod(0o644)
     stack = Stack.open(
-        settings(data_dir=data_dir, inspection_cpu_seconds=30, inspection_wall_seconds=60),
+        loaded,
         engine=sqlite_engine,
         auto_migrate=True,
     )

@@ -73,7 +73,12 @@ def _actor_executor(
     """The executor of a pipeline actor started by a head that has ``head_env``."""
     for name, value in head_env.items():
         monkeypatch.setenv(name, value)
-    head = load_settings()  # the head: reads HYPERMEDIA_CONFIG
+    # The head reads HYPERMEDIA_CONFIG, which it refuses while others may read it (a
+    # secret there); the job is tested against the file made readable by anyone after.
+    config = Path(head_env["HYPERMEDIA_CONFIG"])
+    config.chmod(0o600)
+    head = load_settings()
+    config.chmod(0o644)
     assert head.storage_secret is not None
     actor_settings = settings_for_actors(head, "redis://127.0.0.1:6379/0")
     # The actor's process has its raylet's environment, which `ray start` got from

@@ -410,3 +410,32 @@ def test_the_float_settings_are_the_seconds_ones():
     assert "reaper_interval_seconds" in FLOAT_SETTINGS
     assert "lease_grace_seconds" in FLOAT_SETTINGS
     assert len(FLOAT_SETTINGS) >= 10
+
+
+@pytest.mark.parametrize(
+    ("toml", "key"),
+    [
+        ("storage_secret = '" + "s3cr3t" * 6 + "'", "storage_secret"),
+        ("callback_secret = '" + "s3cr3t" * 6 + "'", "callback_secret"),
+        ("api_key = 'hm_s3cr3t'", "api_key"),
+        ("database_url = 'postgresql://hm:s3cr3t@db/hm'", "database_url"),
+        ("redis_url = 'redis://:s3cr3t@cache:6379/0'", "redis_url"),
+    ],
+)
+def test_a_secret_in_a_settings_file_others_may_read_is_refused(config_file, toml, key):
+    """The settings file may hold the storage and callback secrets, an API key, database
+    and Redis passwords; the alert webhooks file with secrets is refused when others may
+    read it, and this one was taken at 0644. Refused now, naming the file and the key,
+    never the value; the same file at 0600, or at 0644 without a secret, loads."""
+    path = config_file(toml + "\n")
+    path.chmod(0o644)
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    assert info.value.key == f"{path}: {key}"
+    assert "others may read" in info.value.message and "0644" in info.value.message
+    assert "s3cr3t" not in str(info.value)
+    path.chmod(0o640)
+    load_settings()
+    path.write_text("api_port = 8081\ndatabase_url = 'postgresql://hm@db/hm'\n")
+    path.chmod(0o644)
+    assert load_settings().api_port == 8081
