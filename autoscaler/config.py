@@ -47,7 +47,7 @@ PLACEHOLDER = "..."
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
 
 
 class QueueConfig(_Strict):

@@ -97,6 +97,17 @@ def _drop(path: str) -> Callable[[dict[str, Any]], None]:
             "string",
         ),
         (_set("mode", "turbo"), "mode", "vps_only"),
+        # JSON as Python reads it has Infinity and NaN: a threshold that never fires
+        (
+            _set("alerts.worker_cpu.above_percent", float("inf")),
+            "alerts.worker_cpu.above_percent",
+            "finite number",
+        ),
+        (
+            _set("alerts.failure_rate.above_percent", float("nan")),
+            "alerts.failure_rate.above_percent",
+            "finite number",
+        ),
         (_set("queues", []), "queues", "dictionary"),
         # missing sections
         (_drop("cost_limits"), "cost_limits", "required"),
