@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import unicodedata
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, Any
 
 from pydantic import AfterValidator
@@ -46,14 +46,19 @@ def text_problem(value: str) -> str | None:
     return None
 
 
-def _plain(value: str) -> str:
-    problem = text_problem(value)
-    if problem is not None:
-        raise ValueError(problem)
-    return value
+def _refusing(problem: Callable[[str], str | None]) -> AfterValidator:
+    """A validator that refuses a value ``problem`` finds one in, saying what it is."""
+
+    def check(value: str) -> str:
+        found = problem(value)
+        if found is not None:
+            raise ValueError(found)
+        return value
+
+    return AfterValidator(check)
 
 
-Text = Annotated[str, AfterValidator(_plain)]
+Text = Annotated[str, _refusing(text_problem)]
 
 
 def file_name_problem(value: str) -> str | None:
@@ -67,14 +72,7 @@ def file_name_problem(value: str) -> str | None:
     return None
 
 
-def _file_name(value: str) -> str:
-    problem = file_name_problem(value)
-    if problem is not None:
-        raise ValueError(problem)
-    return value
-
-
-FileName = Annotated[str, AfterValidator(_file_name)]
+FileName = Annotated[str, _refusing(file_name_problem)]
 
 
 def json_problem(value: Any, path: str) -> str | None:

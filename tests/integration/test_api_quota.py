@@ -11,7 +11,7 @@ import httpx
 import pytest
 from sqlalchemy import func, select
 
-from hypermedia.accounts import add_pool_member
+from hypermedia.accounts import NewUser, add_pool_member
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
 from hypermedia.errors import NotFound, StorageQuotaExceeded
@@ -294,13 +294,18 @@ def test_a_rerun_after_its_output_was_deleted_counts_the_output_again(stack, cli
     assert stored_bytes(stack) == {}
 
 
-def test_a_pool_members_rerun_after_another_deleted_the_output_is_the_members(stack, client):
-    # The output row Bob's job made is Bob's; once he deleted it, Alice's re-run makes
-    # the output hers: her quota counts it and she may delete it.
+def _bob_in_alices_pool(stack, client) -> tuple[NewUser, NewUser, str]:
+    """Alice, Bob (a member of her pool) and a 5,000-byte image of hers."""
     alice, bob = add_user(stack, "alice"), add_user(stack, "bob")
     with transaction(stack.engine) as conn:
         add_pool_member(conn, alice.pool_id, bob.user_id)
-    object_id = upload(client, alice, png(5000)).json()["object_id"]
+    return alice, bob, upload(client, alice, png(5000)).json()["object_id"]
+
+
+def test_a_pool_members_rerun_after_another_deleted_the_output_is_the_members(stack, client):
+    # The output row Bob's job made is Bob's; once he deleted it, Alice's re-run makes
+    # the output hers: her quota counts it and she may delete it.
+    alice, bob, object_id = _bob_in_alices_pool(stack, client)
     bobs = run_thumbnail(stack, client, bob, object_id, 10)
     (output,) = client.get(f"{P}/jobs/{bobs}", headers=bearer(bob)).json()["outputs"]
     assert (
@@ -322,10 +327,7 @@ def test_a_members_delete_of_an_output_another_members_job_shares_leaves_it_thei
     # Before: Bob's job made the output first, so its row was his; Alice's job of the
     # same thumbnail wrote the same key through that row. Bob's delete took the blob and
     # Alice's job's output row with it: a pool member destroyed another user's output.
-    alice, bob = add_user(stack, "alice"), add_user(stack, "bob")
-    with transaction(stack.engine) as conn:
-        add_pool_member(conn, alice.pool_id, bob.user_id)
-    object_id = upload(client, alice, png(5000)).json()["object_id"]
+    alice, bob, object_id = _bob_in_alices_pool(stack, client)
     bobs = run_thumbnail(stack, client, bob, object_id, 10)
     alices = run_thumbnail(stack, client, alice, object_id, 10)
     (output,) = client.get(f"{P}/jobs/{alices}", headers=bearer(alice)).json()["outputs"]

@@ -262,24 +262,27 @@ def test_drain_hands_back_prefetched_jobs_not_begun(pg_engine, settings, tmp_pat
     stack.close()
 
 
-class _HeldInput(NoGrants):
-    """An input URL whose download hangs until ``release``: a user's cancel arrives
-    while the job's input is still coming, before its step (or child) exists."""
+def _one_sleep_job(settings, engine, tmp_path: Path, seconds: float) -> tuple[Stack, Person, str]:
+    """A stack with the test profiles, a user and their one test.sleep job, queued."""
+    stack = open_stack(settings, engine, None, profiles_path=ray_support.test_profiles(tmp_path))
+    person = make_user(stack)
+    request = SubmitRequest(
+        object_id=make_object(stack, person),
+        operations=["test.sleep"],
+        params={"test.sleep": {"seconds": seconds}},
+    )
+    return stack, person, stack.ingest.submit(person.caller, request).job_ids[0]
 
-    def __init__(self) -> None:
+
+class _InputServer(NoGrants):
+    """Serves each job's input by ``get`` (an HTTP handler's ``do_GET``)."""
+
+    def __init__(self, get: Callable[[BaseHTTPRequestHandler], None]) -> None:
         super().__init__()
-        self.requested = threading.Event()
-        self.released = threading.Event()
-        held = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
-                held.requested.set()
-                held.released.wait(60)
-                self.send_response(200)
-                self.send_header("Content-Length", "1")
-                self.end_headers()
-                self.wfile.write(b"x")
+                get(self)
 
             def log_message(self, format: str, *args: object) -> None:
                 pass
@@ -292,9 +295,31 @@ class _HeldInput(NoGrants):
         return f"http://127.0.0.1:{self.server.server_address[1]}/{job_id}"
 
     def close(self) -> None:
-        self.released.set()
         self.server.shutdown()
         self.server.server_close()
+
+
+class _HeldInput(_InputServer):
+    """An input URL whose download hangs until ``release``: a user's cancel arrives
+    while the job's input is still coming, before its step (or child) exists."""
+
+    def __init__(self) -> None:
+        self.requested = threading.Event()
+        self.released = threading.Event()
+
+        def get(handler: BaseHTTPRequestHandler) -> None:
+            self.requested.set()
+            self.released.wait(60)
+            handler.send_response(200)
+            handler.send_header("Content-Length", "1")
+            handler.end_headers()
+            handler.wfile.write(b"x")
+
+        super().__init__(get)
+
+    def close(self) -> None:
+        self.released.set()
+        super().close()
 
 
 class _CountingExecutor(InProcessExecutor):
@@ -311,13 +336,7 @@ def test_a_cancel_during_the_input_download_never_starts_the_step(engine, settin
     """Cancelled while its input downloads (no child to kill yet), the job ends
     cancelled without its step running: the request is not lost with the kill that
     had nothing to reach."""
-    stack = open_stack(settings, engine, None, profiles_path=ray_support.test_profiles(tmp_path))
-    person = make_user(stack)
-    obj = make_object(stack, person)
-    request = SubmitRequest(
-        object_id=obj, operations=["test.sleep"], params={"test.sleep": {"seconds": 30}}
-    )
-    job_id = stack.ingest.submit(person.caller, request).job_ids[0]
+    stack, person, job_id = _one_sleep_job(settings, engine, tmp_path, 30)
     held = _HeldInput()
     executor = _CountingExecutor(tmp_path / "work")
     execution = JobExecution(
@@ -346,36 +365,21 @@ def test_a_cancel_during_the_input_download_never_starts_the_step(engine, settin
     stack.close()
 
 
-class _SlowInput(NoGrants):
+class _SlowInput(_InputServer):
     """An input that comes in two halves 0.4 s apart: a download long enough to show
     its progress (one event a 0.25 s at most)."""
 
     def __init__(self) -> None:
-        super().__init__()
+        def get(handler: BaseHTTPRequestHandler) -> None:
+            handler.send_response(200)
+            handler.send_header("Content-Length", str(2 * 65536))
+            handler.end_headers()
+            handler.wfile.write(b"x" * 65536)
+            handler.wfile.flush()
+            time.sleep(0.4)
+            handler.wfile.write(b"y" * 65536)
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                self.send_response(200)
-                self.send_header("Content-Length", str(2 * 65536))
-                self.end_headers()
-                self.wfile.write(b"x" * 65536)
-                self.wfile.flush()
-                time.sleep(0.4)
-                self.wfile.write(b"y" * 65536)
-
-            def log_message(self, format: str, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def input_url(self, job_id: str, worker_id: str) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}/{job_id}"
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(get)
 
 
 def test_a_step_that_reports_nothing_follows_its_shown_download_with_a_run_phase(
@@ -385,13 +389,7 @@ def test_a_step_that_reports_nothing_follows_its_shown_download_with_a_run_phase
     reports no progress of its own (a DOCX conversion) would leave that bar showing
     while it runs: the run phase begins with an event of no measure (the watcher shows
     "run", the bar empty)."""
-    stack = open_stack(settings, engine, None, profiles_path=ray_support.test_profiles(tmp_path))
-    person = make_user(stack)
-    obj = make_object(stack, person)
-    request = SubmitRequest(
-        object_id=obj, operations=["test.sleep"], params={"test.sleep": {"seconds": 0.3}}
-    )
-    job_id = stack.ingest.submit(person.caller, request).job_ids[0]
+    stack, _person, job_id = _one_sleep_job(settings, engine, tmp_path, 0.3)
     slow = _SlowInput()
     execution = JobExecution(
         stack.dispatcher, stack.catalog, slow, InProcessExecutor(tmp_path / "work", PRELOAD), "w"
