@@ -194,6 +194,10 @@ def parse_profiles(
                 f"{key}.queue",
                 f"unknown queue {profile.queue!r}; expected one of {sorted(known_queues)}",
             )
+        try:
+            registry.check_profile(operation, profile.params)
+        except registry.PipelineError as exc:  # every submit would be refused for it
+            raise ConfigError(f"{key}.params", exc.message) from None
         bounded = registry.bounded_units(operation)
         priced = [unit for unit, cost in profile.unit_costs.items() if cost]
         unbounded = sorted(set(priced) - (bounded or set()))

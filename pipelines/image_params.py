@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipelines.params import integer, reject_unknown
-from pipelines.registry import PipelineError
+from pipelines.registry import PipelineError, UnsetParameters
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,9 +127,7 @@ def parse(operation: str, params: Mapping[str, Any]) -> ImageRequest:
     reject_unknown(operation, params, allowed)
     missing = [key for key in _REQUIRED[operation] if params.get(key) is None]
     if missing:
-        raise PipelineError(
-            "invalid_params", f"{operation}: missing parameter(s) {', '.join(missing)}"
-        )
+        raise UnsetParameters(f"{operation}: missing parameter(s) {', '.join(missing)}")
 
     output_format = _format(operation, params["format"])
     quality = integer(params, "quality", 1, 100, DEFAULT_QUALITY)

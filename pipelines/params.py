@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from pipelines.registry import PipelineError
+from pipelines.registry import PipelineError, UnsetParameters
 
 
 def reject_unknown(operation: str, params: Mapping[str, Any], allowed: Collection[str]) -> None:
@@ -29,7 +29,7 @@ def integer(params: Mapping[str, Any], key: str, low: int, high: int, default: i
     value = params.get(key)
     if value is None:
         if default is None:
-            raise PipelineError("invalid_params", f"missing parameter {key}")
+            raise UnsetParameters(f"missing parameter {key}")
         return default
     # bool is an int subclass: width=True is a mistake, not 1.
     if isinstance(value, bool) or not isinstance(value, int):

@@ -36,6 +36,7 @@ could help (``retryable``); anything else escaping a step is a bug, reported as
 
 from __future__ import annotations
 
+import contextlib
 import typing
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -52,8 +53,10 @@ __all__ = [
     "Output",
     "PipelineError",
     "Step",
+    "UnsetParameters",
     "bounded_units",
     "check",
+    "check_profile",
     "checkpointing",
     "get",
     "load_all",
@@ -94,6 +97,14 @@ class PipelineError(Exception):
         self.code = code
         self.message = message
         self.retryable = retryable
+
+
+class UnsetParameters(PipelineError):
+    """Parameters the operation needs that are not set: refused in a request, but not in
+    a profile, which may leave them to each request (:func:`check_profile`)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("invalid_params", message)
 
 
 Step = Callable[[Path, Mapping[str, Any], Path], list[Output]]
@@ -217,6 +228,14 @@ def check(operation: str, params: Mapping[str, Any]) -> None:
     found = _CHECKS.get(operation)
     if found is not None:
         found(params)
+
+
+def check_profile(operation: str, params: Mapping[str, Any]) -> None:
+    """Refuse what a profile sets that every request would be refused for (an unknown
+    key, a bad value), as :func:`check` does; parameters it leaves unset are for the
+    requests to set."""
+    with contextlib.suppress(UnsetParameters):
+        check(operation, params)
 
 
 def checkpointing(operation: str) -> bool:

@@ -378,6 +378,30 @@ def test_unknown_profile_keys_are_refused(extra):
     assert "unknown key" in info.value.message
 
 
+@pytest.mark.parametrize(
+    ("params", "problem"),
+    [
+        # A typo: every submit of the operation was refused (422 invalid_params) instead.
+        ({"widht": 320, "height": 320, "format": "webp"}, "unknown parameter(s) widht"),
+        ({"width": 320, "height": 320, "format": "webp", "quality": 500}, "quality"),
+        ({"width": "320", "height": 320, "format": "webp"}, "width"),
+    ],
+)
+def test_profile_params_every_submit_would_be_refused_for_are_refused(params, problem):
+    with pytest.raises(ConfigError) as info:
+        parse_profiles(document(params=params), DEFAULT_QUEUES, "p.toml")
+    assert info.value.key == "p.toml: profiles.thumbnail.params"
+    assert problem in info.value.message
+
+
+def test_profile_params_may_leave_what_the_operation_needs_to_the_requests():
+    # thumbnail needs width, height and format: a request may set what the profile does
+    # not (each submit's check refuses a request that sets none).
+    loaded = parse_profiles(document(params={"width": 320}), DEFAULT_QUEUES, "p.toml")
+    assert loaded["thumbnail"].params == {"width": 320}
+    assert parse_profiles(document(params={}), DEFAULT_QUEUES, "p.toml")["thumbnail"].params == {}
+
+
 @pytest.mark.parametrize("queue", ["video", "Images", "", "image"])
 def test_unknown_queue_is_refused(queue):
     with pytest.raises(ConfigError) as info:
