@@ -195,6 +195,41 @@ def choose_queue(spec_fields: dict[str, Any], config_path: Path | None) -> str |
     )
 
 
+# The option that sets each field of a RunSpec (what a refusal names).
+OPTIONS = {
+    "operation": "OPERATION",
+    "filter.pool_id": "--pool",
+    "filter.owner_id": "--owner",
+    "filter.detected_kind": "--kind",
+    "filter.created_after": "--created-after",
+    "filter.created_before": "--created-before",
+    "target.bucket": "--to-bucket",
+    "target.endpoint_url": "--to-endpoint-url",
+    "target.region": "--to-region",
+    "target.prefix": "--to-prefix",
+    "priority": "--priority",
+    "queue": "--queue",
+    "max_in_flight": "--max-in-flight",
+    "batch_size": "--batch-size",
+    "account": "--account",
+}
+
+
+def _validated(model: Any, fields: dict[str, Any]) -> Any:
+    """``model`` from the options' values; a value the spec refuses (a bound typer's own
+    range does not hold) is refused as typer refuses one, naming the option."""
+    from pydantic import ValidationError
+
+    try:
+        return model.model_validate(fields)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        path = ".".join(str(part) for part in first["loc"])
+        raise typer.BadParameter(
+            first["msg"], param_hint=f"'{OPTIONS.get(path, path or 'options')}'"
+        ) from None
+
+
 def _start(spec_fields: dict[str, Any], dry_run: bool, config: Path | None, as_json: bool) -> None:
     from hypermedia.bulk.runs import RunSpec
 
@@ -203,7 +238,7 @@ def _start(spec_fields: dict[str, Any], dry_run: bool, config: Path | None, as_j
     try:
         if spec_fields.get("queue") == "<own>":
             spec_fields["queue"] = stack.catalog.get(spec_fields["operation"]).queue
-        spec = RunSpec.model_validate(spec_fields)
+        spec = _validated(RunSpec, spec_fields)
         if said and not as_json:
             note(said)
         if dry_run:

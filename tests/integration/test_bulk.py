@@ -826,3 +826,34 @@ def test_a_version_deployed_mid_run_pauses_the_run(engine, settings, manual_cloc
     runner.step(run.run_id)
     assert service.get(run.run_id).state == "paused"  # still nothing made for v1
     assert service.get(run.run_id).created_jobs == 5
+
+
+def test_the_cli_refuses_a_bad_value_naming_its_option(
+    sqlite_engine, settings, manual_clock, tmp_path, redis_url, redis_prefix
+):
+    """What typer's own ranges do not cover (the spec's bounds: --max-in-flight up to
+    1,000,000, --pool's 64 characters, --to-bucket's 3) is refused the same way, naming
+    the option, never as an internal error."""
+    from typer.testing import CliRunner
+
+    from hypermedia.cli import app
+    from tests import support
+
+    open_stack(settings, sqlite_engine, manual_clock).close()
+    env = {
+        "HYPERMEDIA_DATABASE_URL": support.url_string(sqlite_engine),
+        "HYPERMEDIA_REDIS_URL": redis_url,
+        "HYPERMEDIA_REDIS_PREFIX": redis_prefix,
+        "HYPERMEDIA_DATA_DIR": str(tmp_path),
+    }
+    runner = CliRunner()
+    for args, option, problem in [
+        (["backfill", "thumbnail", "--max-in-flight", "1000001"], "--max-in-flight", "1000000"),
+        (["regenerate", "thumbnail", "--pool", "p" * 65], "--pool", "at most 64"),
+        (["migrate", "--to-bucket", "ab"], "--to-bucket", "at least 3"),
+    ]:
+        out = runner.invoke(app, ["bulk", *args], env=env)
+        assert out.exit_code == 2, (args, out.output, out.exception)
+        assert f"Invalid value for '{option}'" in out.output and problem in out.output, out.output
+    with transaction(sqlite_engine) as conn:
+        assert conn.execute(select(func.count()).select_from(t.bulk_runs)).scalar_one() == 0
