@@ -33,6 +33,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, select, update
 
+from hypermedia import accounts
 from hypermedia.bulk import runs
 from hypermedia.bulk import select as pages
 from hypermedia.bulk.runs import RunState
@@ -89,6 +90,19 @@ def profile_of(conn: Connection, profile_id: int) -> ProfileRecord:
 def _pause(conn: Connection, run_id: str, now: float, why: str) -> None:
     """A run creating jobs pauses, the reason kept for the operator."""
     runs.move(conn, run_id, {RunState.CREATING}, RunState.PAUSED, now, reason=f"paused: {why}")
+
+
+def _affordable(conn: Connection, user_id: str, jobs: list[NewJob]) -> int:
+    """How many of ``jobs``, in order, the account's available credits reserve."""
+    held = accounts.balance(conn, user_id)
+    available = held.balance_millicredits - held.reserved_millicredits
+    count = 0
+    for job in jobs:
+        available -= job.reserved_millicredits
+        if available < 0:
+            break
+        count += 1
+    return count
 
 
 def select_profile(profile_id: int) -> Any:
@@ -269,24 +283,22 @@ class BulkRunner:
                 runs.move(conn, run_id, {RunState.CREATING}, RunState.DRAINING, now)
                 return False
             user_id = run.account_user_id or runs.PLATFORM_USER_ID
-            submission = NewSubmission(
-                plan.jobs[0].submission_id if plan.jobs else new_id(),
-                None,
-                f"bulk:{run_id}",
-                tuple(plan.jobs),
-            )
+            short: PaymentRequired | None = None
             try:
-                fresh = self.repository.create_bulk(
-                    conn,
-                    run_id,
-                    user_id,
-                    submission,
-                    now,
-                    reserve=run.account_user_id is not None,
-                )
+                fresh = self._create(conn, run_id, user_id, plan, now, run.account_user_id)
             except PaymentRequired as exc:
-                _pause(conn, run_id, now, f"the account to charge is short: {exc.message}")
-                return False
+                # The account pays for fewer than the page's jobs: the ones it can pay
+                # for are made (the cursor stops after the last), then the run pauses.
+                short = exc
+                affordable = _affordable(conn, user_id, plan.jobs)
+                plan = plan_page(run, profile, rows, affordable)
+                try:
+                    fresh = self._create(conn, run_id, user_id, plan, now, run.account_user_id)
+                except PaymentRequired:  # spent by another meanwhile
+                    plan = _Page()
+                if not plan.jobs:
+                    _pause(conn, run_id, now, f"the account to charge is short: {exc.message}")
+                    return False
             runs.advance(
                 conn,
                 run_id,
@@ -300,7 +312,9 @@ class BulkRunner:
             # A short page dealt with to its end was the last: no object is left (one
             # stored since comes after the cursor and is not this run's to wait for).
             last = len(rows) < run.batch_size and plan.scanned == len(rows)
-            if last:
+            if short is not None:
+                _pause(conn, run_id, now, f"the account to charge is short: {short.message}")
+            elif last:
                 runs.move(conn, run_id, {RunState.CREATING}, RunState.DRAINING, now)
         room.left -= len(fresh)
         if plan.cursor is not None:
@@ -310,7 +324,27 @@ class BulkRunner:
         report.created += len(fresh)
         report.skipped += plan.skipped
         report.unfit += plan.unfit
-        return not last
+        return not last and short is None
+
+    def _create(
+        self,
+        conn: Connection,
+        run_id: str,
+        user_id: str,
+        plan: _Page,
+        now: float,
+        account_user_id: str | None,
+    ) -> list[NewJob]:
+        """A page's jobs in the record (reserved first when the run names an account)."""
+        submission = NewSubmission(
+            plan.jobs[0].submission_id if plan.jobs else new_id(),
+            None,
+            f"bulk:{run_id}",
+            tuple(plan.jobs),
+        )
+        return self.repository.create_bulk(
+            conn, run_id, user_id, submission, now, reserve=account_user_id is not None
+        )
 
     # -- migrate --------------------------------------------------------------------------
 

@@ -295,6 +295,43 @@ def test_a_named_account_pays_and_a_short_one_pauses_the_run(engine, settings, m
     assert users == {payer.caller.user_id}
 
 
+def test_a_short_account_gets_the_jobs_it_can_pay_for_before_the_run_pauses(
+    engine, settings, manual_clock
+):
+    """An account with credits for 19 of a page's 30 jobs: the 19 are made (and
+    reserved), then the run pauses for the rest; its cursor stops at the 19th object,
+    so a resume with more credits goes on from the 20th."""
+    stack = open_stack(settings, engine, manual_clock)
+    person = make_user(stack)
+    objects = _objects(stack, person, 30)  # 101 mc each (see above)
+    payer = make_user(stack, name="payer", credits=2.0)  # 2000 mc: 19 jobs
+    with transaction(stack.engine) as conn:
+        accounts.add_pool_member(conn, person.pool_id, payer.caller.user_id)
+    service = _service(stack)
+    run = service.create(
+        RunSpec(
+            kind="backfill",
+            operation="thumbnail",
+            account="payer",
+            filter={"pool_id": person.pool_id},
+        ),
+        "t",
+    )
+    _runner(stack).step(run.run_id)
+    view = service.get(run.run_id)
+    assert view.state == "paused" and "short" in (view.reason or ""), view
+    assert (view.created_jobs, view.scanned, view.cursor) == (19, 19, sorted(objects)[18])
+    with transaction(stack.engine) as conn:
+        assert accounts.balance(conn, payer.caller.user_id).reserved_millicredits == 19 * 101
+    _finish(stack, "bulk", person.pool_id)
+    with transaction(stack.engine) as conn:
+        accounts.grant_credits(conn, payer.caller.user_id, 2000, manual_clock.now())
+    service.act(run.run_id, "resume")
+    _drive(stack, run.run_id, person.pool_id)
+    assert service.get(run.run_id).jobs == {"completed": 30}
+    assert _jobs_per_object(stack.engine, run.run_id) == Counter(dict.fromkeys(objects, 1))
+
+
 def test_an_ocr_run_reserves_and_charges_as_a_submit_does(engine, settings, manual_clock):
     """ocr prices its escalations: each job of a run reserves its estimate plus the most
     the input may escalate (a 1 KB image: 1.001 + 2 x 0.25), on the named account as a
