@@ -61,10 +61,9 @@ class LocalStorage:
 
     def put(self, key: str, chunks: Iterable[bytes], max_bytes: int | None = None) -> StoredBlob:
         target = self.path(key)
-        target.parent.mkdir(parents=True, exist_ok=True)
         digest = hashlib.sha256()
         size = 0
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".upload-")
+        fd, tmp = self._temp_beside(target)
         try:
             with os.fdopen(fd, "wb") as out:
                 for chunk in chunks:
@@ -113,8 +112,30 @@ class LocalStorage:
             raise NotFound(f"no stored object at {key!r}", key=key) from None
 
     def delete(self, key: str) -> None:
+        """Delete the blob, and the directories that leaves empty (keys name no
+        directories, as in S3: a sweep of checkpoints/<job>/... left one per job)."""
+        path = self.path(key)
         with contextlib.suppress(FileNotFoundError):
-            self.path(key).unlink()
+            path.unlink()
+        for directory in path.parents:
+            if directory == self.root or self.root not in directory.parents:
+                break
+            try:
+                directory.rmdir()
+            except OSError:  # not empty (or gone): what is above is not empty either
+                break
+
+    def _temp_beside(self, target: Path) -> tuple[int, str]:
+        """A new private file in ``target``'s directory (made if needed; again if a
+        delete took it away empty meanwhile)."""
+        for _ in range(3):
+            # Either fails when a delete takes the directory between its two moves
+            # (mkdir's exist_ok looks again, and finds none).
+            with contextlib.suppress(FileNotFoundError, FileExistsError):
+                target.parent.mkdir(parents=True, exist_ok=True)
+                return tempfile.mkstemp(dir=target.parent, prefix=".upload-")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        return tempfile.mkstemp(dir=target.parent, prefix=".upload-")
 
     # -- signed URLs ---------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -649,3 +650,47 @@ def test_blob_routes_are_not_found_when_storage_is_s3(settings, moto_endpoint, a
             assert (response.status_code, _error_code(response)) == (404, "not_found")
     finally:
         stack.close()
+
+
+def test_local_deletes_take_the_directories_they_empty(local_backend):
+    """Keys name no directories (as in S3): a checkpoint sweep left checkpoints/<job>/
+    <version>/<digest>/ behind for every job. A directory another blob is in stays, as
+    does the root; a put into a directory a delete just emptied still lands."""
+    storage = local_backend.storage
+    assert isinstance(storage, LocalStorage)
+    storage.put("checkpoints/j1/1/d1/chunk-0", [b"a"])
+    storage.put("checkpoints/j1/1/d1/chunk-1", [b"b"])
+    storage.put("checkpoints/j2/1/d2/chunk-0", [b"c"])
+    storage.delete("checkpoints/j1/1/d1/chunk-0")
+    assert (storage.root / "checkpoints/j1/1/d1").is_dir()  # chunk-1 is still there
+    storage.delete("checkpoints/j1/1/d1/chunk-1")
+    assert not (storage.root / "checkpoints/j1").exists()
+    assert (storage.root / "checkpoints/j2/1/d2/chunk-0").is_file()
+    storage.delete("checkpoints/j2/1/d2/chunk-0")
+    assert not (storage.root / "checkpoints").exists() and storage.root.is_dir()
+    storage.delete("checkpoints/j2/1/d2/chunk-0")  # gone already: nothing to do
+    storage.put("checkpoints/j2/1/d2/chunk-0", [b"c"])
+    assert b"".join(storage.read("checkpoints/j2/1/d2/chunk-0")) == b"c"
+
+
+def test_local_puts_and_deletes_in_one_directory_at_once_lose_no_blob(local_backend):
+    storage = local_backend.storage
+    assert isinstance(storage, LocalStorage)
+    errors: list[BaseException] = []
+
+    def churn(name: str) -> None:
+        try:
+            for i in range(200):
+                storage.put(f"outputs/p/o/{name}", [b"x"])
+                assert storage.exists(f"outputs/p/o/{name}"), i
+                storage.delete(f"outputs/p/o/{name}")
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=churn, args=(f"b{n}",)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert errors == []
+    assert not (storage.root / "outputs").exists()
