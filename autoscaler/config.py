@@ -375,16 +375,7 @@ def load(path: Path | str | None = None, queues: Iterable[str] | None = None) ->
         raise ConfigError(str(chosen), f"cannot be read: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
         raise ConfigError(str(chosen), f"not UTF-8 text (byte {exc.start})") from None
-    try:
-        data = json.loads(text, object_pairs_hook=_Object)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(str(chosen), f"not JSON: {exc}") from None
-    twice = _duplicate(data, ())
-    if twice is not None:
-        raise ConfigError(
-            f"{chosen}: {'.'.join(twice)}", "given twice (JSON would keep the last silently)"
-        )
-    config = parse(data, str(chosen))
+    config = parse(read_json(text, str(chosen)), str(chosen))
     if queues is not None:
         check_queues(config, queues, str(chosen))
     return config
@@ -401,6 +392,22 @@ class _Object(dict[str, Any]):
             if key in seen:
                 self.twice.append(key)
             seen.add(key)
+
+
+def read_json(text: str, source: str) -> Any:
+    """A configuration file's JSON; ConfigError naming ``source`` for text that is not
+    JSON, and naming the key for one an object was given twice (JSON would keep the
+    last silently)."""
+    try:
+        data = json.loads(text, object_pairs_hook=_Object)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(source, f"not JSON: {exc}") from None
+    twice = _duplicate(data, ())
+    if twice is not None:
+        raise ConfigError(
+            f"{source}: {'.'.join(twice)}", "given twice (JSON would keep the last silently)"
+        )
+    return data
 
 
 def _duplicate(value: Any, path: tuple[str, ...]) -> tuple[str, ...] | None:

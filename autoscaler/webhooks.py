@@ -55,6 +55,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 from sqlalchemy import select
 from sqlalchemy.engine import Engine
 
+from autoscaler.config import read_json
 from autoscaler.state import to_datetime
 from hypermedia.clock import Clock
 from hypermedia.db import tables as t
@@ -148,11 +149,7 @@ def load(path: Path | str | None = None) -> list[Webhook]:
             str(chosen),
             f"holds webhook secrets but others may read it (mode {mode:04o}): chmod o-rwx",
         )
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(str(chosen), f"not JSON: {exc.msg} (line {exc.lineno})") from None
-    return parse(data, str(chosen))
+    return parse(read_json(text, str(chosen)), str(chosen))
 
 
 def payload(row: Any, delivery_id: str) -> dict[str, Any]:

@@ -247,6 +247,20 @@ def test_a_bad_webhooks_file_refuses_to_start(tmp_path, data, mode, words):
     assert "t0ps3cret" not in str(caught.value)
 
 
+def test_a_key_given_twice_in_the_webhooks_file_is_refused(tmp_path):
+    # JSON keeps the last silently: a second "url" would send the alerts elsewhere.
+    path = write(tmp_path, {})
+    text = json.dumps({"webhooks": [GOOD]})
+    path.write_text(text.replace('"name": "ops"', '"name": "ops", "url": "https://b.example/"'))
+    with pytest.raises(ConfigError) as caught:
+        webhooks.load(path)
+    assert caught.value.key == f"{path}: webhooks.0.url"
+    assert "given twice" in caught.value.message
+    path.write_text("{not json")
+    with pytest.raises(ConfigError, match="not JSON"):
+        webhooks.load(path)
+
+
 def test_a_named_file_that_is_missing_is_an_error(tmp_path):
     with pytest.raises(ConfigError, match="cannot be read"):
         webhooks.load(tmp_path / "nope.json")
