@@ -221,3 +221,49 @@ def test_a_port_in_the_allowlist_allows_that_port_only(settings, sqlite_engine, 
             assert getattr(refused.value, "code", None) == "callback_not_allowed"
     finally:
         stack.close()
+
+
+class _Passes:
+    """A stop event for a sender's loop: runs ``then`` (pass number -> action) after
+    those passes and is set after the last."""
+
+    def __init__(self, then: dict[int, Any]) -> None:
+        self.then = then
+        self.passes = 0
+
+    def is_set(self) -> bool:
+        return self.passes >= max(self.then)
+
+    def wait(self, timeout: float) -> bool:
+        self.passes += 1
+        self.then[self.passes]()
+        return self.is_set()
+
+
+def test_a_database_outage_is_one_warning_line_not_a_traceback_every_pass(
+    sqlite_engine, settings, manual_clock, caplog
+):
+    """The sender polls every second: a database that is down was an ERROR with the
+    whole traceback each pass (60 a minute in the head's log for a one-minute outage).
+    It is one warning naming the cause when the outage starts, a line when it ends."""
+    from hypermedia.db.engine import make_engine
+    from hypermedia.embedded import free_port
+
+    down = make_engine(f"postgresql+psycopg://hm:pw-never-logged@127.0.0.1:{free_port()}/hm")
+    sender = CallbackSender.from_settings(down, settings(callback_secret=SECRET), manual_clock)
+
+    def use(engine: Any) -> Any:
+        return lambda: setattr(sender, "engine", engine)
+
+    steps = {n: (lambda: None) for n in range(1, 29)}
+    steps[20], steps[23] = use(sqlite_engine), use(down)  # down 20 passes, up 3, down 5
+    caplog.set_level("INFO", logger="hypermedia.callbacks")
+    try:
+        sender.run(_Passes(steps), 0.0)  # type: ignore[arg-type]
+    finally:
+        down.dispose()
+    records = [r for r in caplog.records if r.name == "hypermedia.callbacks"]
+    assert [r.levelname for r in records] == ["WARNING", "INFO", "WARNING"]
+    assert not any(r.exc_info for r in records)
+    assert "database unreachable" in records[0].getMessage()
+    assert "pw-never-logged" not in caplog.text
