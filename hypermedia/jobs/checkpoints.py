@@ -34,7 +34,7 @@ from sqlalchemy import Connection, Engine, and_, delete, exists, insert, or_, se
 
 from hypermedia.clock import to_datetime
 from hypermedia.db import tables as t
-from hypermedia.db.engine import transaction
+from hypermedia.db.engine import snapshot, transaction
 from hypermedia.errors import HypermediaError
 from hypermedia.jobs.states import IN_FLIGHT, TERMINAL
 from hypermedia.storage.base import Storage, check_segment
@@ -132,7 +132,7 @@ def count(engine: Engine, job_id: str, *, only_committed: bool = True) -> int:
     query = select(c.storage_key).where(c.job_id == job_id)
     if only_committed:
         query = query.where(c.committed_at.is_not(None))
-    with engine.connect() as conn:
+    with snapshot(engine) as conn:
         return len(conn.execute(query).all())
 
 
@@ -153,7 +153,7 @@ def sweep(
         c.committed_at.is_(None),
         c.granted_at < to_datetime(now) - timedelta(seconds=orphan_seconds),
     )
-    with engine.connect() as conn:
+    with snapshot(engine) as conn:
         keys: Sequence[str] = (
             conn.execute(select(c.storage_key).where(or_(ended, stale)).limit(SWEEP_BATCH))
             .scalars()

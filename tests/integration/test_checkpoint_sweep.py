@@ -80,3 +80,24 @@ def test_the_sweep_keeps_live_pieces_and_deletes_ended_and_orphaned_ones(
         == 0
     )
     stack.close()
+
+
+def test_the_sweep_with_the_database_down_is_database_unavailable(sqlite_engine, settings):
+    """The head sweeps every few seconds: its read was a raw connection, so a database
+    that was down raised SQLAlchemy's OperationalError, logged as 'checkpoints failed
+    unexpectedly' with the whole traceback each time. It is DatabaseUnavailable, the
+    one warning line every other step of the head logs for it."""
+    import pytest
+
+    from hypermedia.db.engine import make_engine
+    from hypermedia.embedded import free_port
+    from hypermedia.errors import DatabaseUnavailable
+
+    stack = open_stack(settings, sqlite_engine, None)
+    down = make_engine(f"postgresql+psycopg://hm@127.0.0.1:{free_port()}/hm")
+    try:
+        with pytest.raises(DatabaseUnavailable, match="database unreachable"):
+            checkpoints.sweep(down, stack.storage, stack.clock.now())
+    finally:
+        down.dispose()
+        stack.close()
