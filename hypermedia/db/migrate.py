@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Engine, Row, column, inspect, select, table, text
 from sqlalchemy.exc import OperationalError
 
+from hypermedia.db.engine import snapshot
 from hypermedia.errors import ServiceUnavailable
 
 if TYPE_CHECKING:
@@ -142,8 +143,10 @@ def _holder(row: Row[Any]) -> str:
 
 
 def current_revision(engine: Engine) -> str | None:
-    """The database's revision; None before the first migration."""
-    with engine.connect() as conn:
+    """The database's revision; None before the first migration. A database that cannot
+    be reached is :class:`~hypermedia.errors.DatabaseUnavailable` (every command that
+    opens the stack asks this first)."""
+    with snapshot(engine) as conn:
         if not inspect(conn).has_table(VERSION_TABLE):
             return None
         version = table(VERSION_TABLE, column("version_num"))

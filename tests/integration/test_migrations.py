@@ -635,3 +635,25 @@ def test_a_migration_behind_a_long_transaction_gives_up_instead_of_holding_the_p
         holder.dispose()
         engine.dispose()
         pg_server.drop_database(name)
+
+
+def test_a_stack_opened_on_a_database_that_is_down_is_told_so(settings, tmp_path):
+    """Every command that opens the stack reads the schema's revision first: with
+    PostgreSQL down, `hypermedia status` said 'error: internal: OperationalError:
+    (psycopg.OperationalError) ...' (an unexpected error, SQLAlchemy's words). It is
+    DatabaseUnavailable (the CLI: 'error: database_unavailable: database unreachable:
+    ...'), the password nowhere in it."""
+    from hypermedia.embedded import free_port
+    from hypermedia.errors import DatabaseUnavailable
+    from hypermedia.stack import Stack
+
+    url = f"postgresql://hm:pw-never-shown@127.0.0.1:{free_port()}/hm"
+    down = make_engine(url)
+    try:
+        with pytest.raises(DatabaseUnavailable, match="database unreachable") as raised:
+            migrate.current_revision(down)
+        with pytest.raises(DatabaseUnavailable, match="database unreachable"):
+            Stack.open(settings(database_url=url), with_storage=False)
+    finally:
+        down.dispose()
+    assert "pw-never-shown" not in str(raised.value)
