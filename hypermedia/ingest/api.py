@@ -116,10 +116,13 @@ _RETRY_AFTER = {
 
 
 def _error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    """The errors ``statuses`` as the handlers answer them (ErrorResponse; a 429 with
-    ``Retry-After``)."""
+    """The errors ``statuses`` as the handlers answer them (ErrorResponse; a 429 and a
+    503 with ``Retry-After``)."""
     return {
-        status: {"model": ErrorResponse, **({"headers": _RETRY_AFTER} if status == 429 else {})}
+        status: {
+            "model": ErrorResponse,
+            **({"headers": _RETRY_AFTER} if status in (429, 503) else {}),
+        }
         for status in statuses
     }
 

@@ -2,7 +2,8 @@
 
 * a :class:`~hypermedia.errors.HypermediaError` answers its own ``status`` and
   ``code`` (401 adds ``WWW-Authenticate: Bearer``; a ``retry_after_seconds`` detail
-  adds ``Retry-After``);
+  adds ``Retry-After``, and a 503 without one, the database or Redis down, says
+  :data:`OUTAGE_RETRY_AFTER_SECONDS`);
 * a request FastAPI cannot validate is 422 ``invalid_request``, the message
   naming each bad field by its path (``body.operations: ...``);
 * unknown routes and methods are 404 ``not_found`` / 405 ``method_not_allowed``;
@@ -33,6 +34,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from hypermedia.errors import HypermediaError, InvalidRequest
 
 log = logging.getLogger(__name__)
+
+# When a client should try again after a 503 whose error names no time of its own (a
+# database or Redis that is down: nobody knows when it is back; the reaper and the
+# reconciler try every few seconds, so a retry sooner than this would meet the outage).
+OUTAGE_RETRY_AFTER_SECONDS = 5
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -65,13 +71,16 @@ def _error(
 
 def error_response(exc: HypermediaError) -> JSONResponse:
     """The answer to ``exc``: its status and body; 401 adds ``WWW-Authenticate``, an
-    error with a ``retry_after_seconds`` detail a ``Retry-After`` header."""
+    error with a ``retry_after_seconds`` detail a ``Retry-After`` header (a 503
+    without one: :data:`OUTAGE_RETRY_AFTER_SECONDS`)."""
     headers: dict[str, str] = {}
     if exc.status == 401:
         headers["WWW-Authenticate"] = "Bearer"
     retry_after = exc.details.get("retry_after_seconds")
     if isinstance(retry_after, int | float):
         headers["Retry-After"] = str(max(1, math.ceil(retry_after)))
+    elif exc.status == 503:
+        headers["Retry-After"] = str(OUTAGE_RETRY_AFTER_SECONDS)
     if exc.status >= 500:
         log.warning("%s: %s", exc.code, exc.message, extra={"action": "api_error"})
     return _error(exc.status, exc.to_dict(), headers or None)

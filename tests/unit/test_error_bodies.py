@@ -38,3 +38,22 @@ def test_a_value_the_database_refused_is_400_not_500():
     error = response.json()["error"]
     assert error["code"] == "invalid_request" and "cannot be stored" in error["message"]
     assert "NUL" not in error["message"]  # the database's words go to the log
+
+
+def test_a_service_outage_is_503_with_retry_after():
+    """A database or Redis that is down answered 503 with no Retry-After (seen under
+    hypermedia up with PostgreSQL stopped: 60 submits, none told when to come back);
+    the client's backoff and any other client's read it. One the error names wins."""
+    from hypermedia.errors import DatabaseUnavailable, QueueUnavailable, ServiceUnavailable
+    from hypermedia.ingest.http_errors import OUTAGE_RETRY_AFTER_SECONDS
+
+    for error in (
+        DatabaseUnavailable("database unreachable: connection refused"),
+        QueueUnavailable("redis unreachable: connection refused"),
+    ):
+        response = error_response(error)
+        assert response.status_code == 503
+        assert response.headers["Retry-After"] == str(OUTAGE_RETRY_AFTER_SECONDS)
+        assert json.loads(bytes(response.body))["error"]["code"] == error.code
+    named = ServiceUnavailable("busy", retry_after_seconds=42)
+    assert error_response(named).headers["Retry-After"] == "42"
