@@ -3,7 +3,8 @@
 * a :class:`~hypermedia.errors.HypermediaError` answers its own ``status`` and
   ``code`` (401 adds ``WWW-Authenticate: Bearer``; a ``retry_after_seconds`` detail
   adds ``Retry-After``, and a 503 without one, the database or Redis down, says
-  :data:`OUTAGE_RETRY_AFTER_SECONDS`);
+  :data:`OUTAGE_RETRY_AFTER_SECONDS`; such an outage is told in
+  :data:`OUTAGE_MESSAGES`' words, the driver's going to the log);
 * a request FastAPI cannot validate is 422 ``invalid_request``, the message
   naming each bad field by its path (``body.operations: ...``);
 * unknown routes and methods are 404 ``not_found`` / 405 ``method_not_allowed``;
@@ -31,7 +32,12 @@ from sqlalchemy.exc import DataError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from hypermedia.errors import HypermediaError, InvalidRequest
+from hypermedia.errors import (
+    DatabaseUnavailable,
+    HypermediaError,
+    InvalidRequest,
+    QueueUnavailable,
+)
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +45,12 @@ log = logging.getLogger(__name__)
 # database or Redis that is down: nobody knows when it is back; the reaper and the
 # reconciler try every few seconds, so a retry sooner than this would meet the outage).
 OUTAGE_RETRY_AFTER_SECONDS = 5
+# What a caller is told of an outage: the driver's words (the host, the port, the
+# database's name) are the operator's, in the log.
+OUTAGE_MESSAGES = {
+    DatabaseUnavailable.code: "the database is unreachable; try again shortly",
+    QueueUnavailable.code: "the job queue is unreachable; try again shortly",
+}
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -83,7 +95,10 @@ def error_response(exc: HypermediaError) -> JSONResponse:
         headers["Retry-After"] = str(OUTAGE_RETRY_AFTER_SECONDS)
     if exc.status >= 500:
         log.warning("%s: %s", exc.code, exc.message, extra={"action": "api_error"})
-    return _error(exc.status, exc.to_dict(), headers or None)
+    body = exc.to_dict()
+    if exc.code in OUTAGE_MESSAGES:
+        body["message"] = OUTAGE_MESSAGES[exc.code]
+    return _error(exc.status, body, headers or None)
 
 
 async def _on_hypermedia_error(_request: Request, exc: Exception) -> JSONResponse:
