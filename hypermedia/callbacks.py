@@ -54,14 +54,13 @@ from hypermedia.errors import HypermediaError
 from hypermedia.ingest.schemas import job_response
 from hypermedia.ingest.service import JobView, job_view
 from hypermedia.jobs import callbacks as outbox
+from hypermedia.logs import Outage
 from hypermedia.storage.local import load_or_create_secret
 from hypermedia.webhooks import backoff, send
 
 log = logging.getLogger(__name__)
 
 BATCH = 50
-# While every pass fails the same way (the database is down), it is said again this often.
-OUTAGE_REPEAT_SECONDS = 300.0
 USER_AGENT = "hypermedia-callbacks/1"
 SECRET_SETTING = "callback_secret (HYPERMEDIA_CALLBACK_SECRET)"  # noqa: S105 - its name
 
@@ -153,26 +152,14 @@ class CallbackSender:
         return done
 
     def run(self, stop: threading.Event, poll_seconds: float) -> None:
-        # A database that is down fails every pass alike: one line when that starts (or
-        # its kind of error changes), again every OUTAGE_REPEAT_SECONDS, one when it ends.
-        failing: type[HypermediaError] | None = None
-        failed_passes = 0
-        said_at = 0.0
+        # A database that is down fails every pass alike: told when that starts, every
+        # few minutes while it lasts, and when it ends.
+        outage = Outage(log, "callbacks wait", extra={"action": "callback"})
         while not stop.is_set():
             try:
                 self.deliver_due()
             except HypermediaError as exc:
-                failed_passes += 1
-                now = time.monotonic()
-                if type(exc) is not failing or now - said_at >= OUTAGE_REPEAT_SECONDS:
-                    log.warning(
-                        "callbacks wait: %s (%d passes failed; tried every %s s)",
-                        exc,
-                        failed_passes,
-                        poll_seconds,
-                        extra={"action": "callback"},
-                    )
-                    failing, said_at = type(exc), now
+                outage.failed(exc)
             except Exception:
                 log.exception(
                     "callback pass failed; the next in %s s",
@@ -180,13 +167,7 @@ class CallbackSender:
                     extra={"action": "callback"},
                 )
             else:
-                if failing is not None:
-                    log.info(
-                        "callbacks sending again after %d failed passes",
-                        failed_passes,
-                        extra={"action": "callback"},
-                    )
-                failing, failed_passes = None, 0
+                outage.succeeded()
             stop.wait(poll_seconds)
 
     def _attempt(self, client: Any, row: Any) -> Delivery | None:

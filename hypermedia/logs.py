@@ -31,7 +31,8 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import IO, Any
 
@@ -183,3 +184,56 @@ def configure_package(name: str, argv: list[str] | None = None) -> bool:
     logger.setLevel(level)
     logger.propagate = False
     return True
+
+
+class Outage:
+    """A loop's failures of one kind (a database or Redis that is down fails every pass
+    alike), told once when they start or their kind changes, again every
+    ``repeat_seconds`` while they last, and once when a pass succeeds again: a loop
+    that runs every second logged a line (or a traceback) a pass.
+
+    ``failed(exc)`` after a failed pass, ``succeeded()`` after a good one; ``what``
+    begins each line ("callbacks wait", "reap failed")."""
+
+    def __init__(
+        self,
+        logger: logging.Logger,
+        what: str,
+        *,
+        repeat_seconds: float = 300.0,
+        extra: Mapping[str, Any] | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.logger = logger
+        self.what = what
+        self.repeat_seconds = repeat_seconds
+        self.extra = dict(extra or {})
+        self._monotonic = monotonic
+        self._kind: type[BaseException] | None = None
+        self._failed = 0
+        self._said_at = 0.0
+
+    @property
+    def failing(self) -> bool:
+        return self._kind is not None
+
+    def failed(self, exc: BaseException) -> None:
+        self._failed += 1
+        now = self._monotonic()
+        if type(exc) is not self._kind or now - self._said_at >= self.repeat_seconds:
+            self.logger.warning(
+                "%s: %s (%d passes failed so far; told again every %.0f s while it lasts)",
+                self.what,
+                exc,
+                self._failed,
+                self.repeat_seconds,
+                extra=self.extra,
+            )
+            self._kind, self._said_at = type(exc), now
+
+    def succeeded(self) -> None:
+        if self._kind is not None:
+            self.logger.info(
+                "%s: over after %d failed passes", self.what, self._failed, extra=self.extra
+            )
+        self._kind, self._failed = None, 0

@@ -36,6 +36,7 @@ from hypermedia.config import Settings
 from hypermedia.errors import HypermediaError
 from hypermedia.jobs import checkpoints
 from hypermedia.jobs.reaper import reconcile
+from hypermedia.logs import Outage
 from hypermedia.stack import Stack
 
 if TYPE_CHECKING:
@@ -75,6 +76,7 @@ class Maintenance:
         self._bulk: threading.Thread | None = None
         self.rounds = 0
         self.reconciles = 0
+        self._outages: dict[str, Outage] = {}  # by action: each told apart
 
     def start(self) -> None:
         if self._thread is not None:
@@ -131,12 +133,16 @@ class Maintenance:
         reconcile(self.stack.engine, self.stack.queue)
         self.reconciles += 1
 
-    @staticmethod
-    def _step(action: str, step: Callable[[], object]) -> None:
+    def _step(self, action: str, step: Callable[[], object]) -> None:
+        outage = self._outages.get(action)
+        if outage is None:
+            outage = Outage(log, f"{action} failed", extra={"action": action})
+            self._outages[action] = outage
         try:
             step()
+            outage.succeeded()
         except HypermediaError as exc:
-            log.warning("%s failed: %s", action, exc, extra={"action": action})
+            outage.failed(exc)
         except Exception:
             log.exception("%s failed unexpectedly", action, extra={"action": action})
 

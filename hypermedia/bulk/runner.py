@@ -44,6 +44,7 @@ from hypermedia.errors import HypermediaError, InputRejected, PaymentRequired
 from hypermedia.ids import new_id
 from hypermedia.jobs.catalog import ProfileRecord, record_from_row
 from hypermedia.jobs.repository import JobRepository, NewJob, NewSubmission, enqueue_new
+from hypermedia.logs import Outage
 from hypermedia.queue.redis_queue import RedisQueue
 from hypermedia.sandbox.inspect import InputLimits, Inspection, check_operation
 from hypermedia.storage.base import Storage
@@ -186,14 +187,17 @@ class BulkRunner:
         return [self.step(run_id) for run_id in run_ids]
 
     def run(self, stop: threading.Event, interval: float) -> None:
-        """Tick until ``stop`` (the head's bulk thread); a failed tick is logged."""
+        """Tick until ``stop`` (the head's bulk thread); a failed tick is logged (an
+        outage once, then every few minutes while it lasts)."""
+        outage = Outage(log, "bulk tick failed", extra={"action": "bulk"})
         while not stop.is_set():
             busy = False
             try:
                 reports = self.tick()
                 busy = any(r.pages and r.state == RunState.CREATING for r in reports)
+                outage.succeeded()
             except HypermediaError as exc:
-                log.warning("bulk tick failed: %s", exc, extra={"action": "bulk"})
+                outage.failed(exc)
             except Exception:
                 log.exception("bulk tick failed unexpectedly", extra={"action": "bulk"})
             # A run with room goes on at once; else wait for jobs to finish.

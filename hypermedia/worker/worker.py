@@ -71,6 +71,7 @@ from hypermedia.db.engine import transaction
 from hypermedia.errors import DatabaseUnavailable, HypermediaError, QueueUnavailable
 from hypermedia.jobs.dispatcher import Dispatcher
 from hypermedia.jobs.repository import ClaimedJob
+from hypermedia.logs import Outage
 from hypermedia.worker.execute import Completion, JobExecution, Outcome
 from hypermedia.worker.spot import SpotNotice, SpotWatch, SpotWatcher
 
@@ -783,6 +784,9 @@ class Worker:
             )
 
     def _upkeep_loop(self) -> None:
+        # The record or Redis down fails every pass alike: told when that starts, every
+        # few minutes while it lasts, and when it ends.
+        outage = Outage(log, "upkeep", extra={"worker_id": self.worker_id})
         next_beat = time.monotonic() + self.heartbeat_seconds
         next_metrics = time.monotonic() + self.metrics_seconds
         self.cpu_percent()  # from now: the time before the loops started is not theirs
@@ -796,8 +800,9 @@ class Worker:
                 if now >= next_metrics:
                     self.write_metrics()
                     next_metrics = now + self.metrics_seconds
+                outage.succeeded()
             except HypermediaError as exc:
-                log.warning("upkeep: %s", exc, extra={"worker_id": self.worker_id})
+                outage.failed(exc)
 
 
 def ended_workers(engine: Engine, worker_ids: Sequence[str]) -> set[str]:
