@@ -82,19 +82,50 @@ def status(
             else:
                 Console(width=max(120, Console().width)).print(render(current))
             return
+        # An outage of the record or Redis is shown, and the watch goes on: it is when
+        # the operator watches most (before, the first failed read ended it).
+        outage = _Outage()
         try:
             if as_json:
                 while True:
-                    typer.echo(json.dumps(gather(stack, loaded).as_json()))
+                    typer.echo(json.dumps(outage.read(stack, loaded, as_json=True)))
                     time.sleep(interval)
-            with Live(render(gather(stack, loaded)), auto_refresh=False, screen=True) as live:
+            with Live(outage.read(stack, loaded), auto_refresh=False, screen=True) as live:
                 while True:
                     time.sleep(interval)
-                    live.update(render(gather(stack, loaded)), refresh=True)
+                    live.update(outage.read(stack, loaded), refresh=True)
         except KeyboardInterrupt:
             return
     finally:
         stack.close()
+
+
+class _Outage:
+    """``--watch``'s reads: the status, or what is down and since when."""
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+
+    def read(self, stack: Any, loaded: Any, *, as_json: bool = False) -> Any:
+        from autoscaler.status import gather
+        from hypermedia.errors import ServiceUnavailable
+
+        try:
+            current = gather(stack, loaded)
+        except ServiceUnavailable as exc:
+            now = time.time()
+            self.since = self.since or now
+            if as_json:
+                return {"at": now, "error": exc.to_dict(), "since": self.since}
+            from rich.text import Text
+
+            return Text(
+                f"hypermedia at {_when(now)} UTC: {exc.code}: {exc.message}\n"
+                f"since {_when(self.since)} UTC; trying again every refresh (Ctrl-C stops)",
+                style="bold red",
+            )
+        self.since = None
+        return current.as_json() if as_json else render(current)
 
 
 def _money(cents: float) -> str:

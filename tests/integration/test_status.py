@@ -7,6 +7,7 @@ scheduler takes a real turn (a launch, an alert firing); then :func:`gather`,
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -210,3 +211,69 @@ def test_the_command_shows_the_same_numbers(stack, scene, tmp_path: Path):
     assert "Billing aws: read 2027-01-15 08:00:00, last day compared 2027-01-14" in screen.stdout
     assert found in screen.stdout
     assert "Manual burst images: 2 cloud workers until" in screen.stdout
+
+
+def test_watch_shows_an_outage_and_goes_on_when_it_ends(stack, scene, tmp_path: Path):
+    """`status --watch` ended at the first read that failed (Redis or the record down):
+    when the operator watches most. It shows what is down and since when, then the
+    platform again once it is back."""
+    import queue as lines_queue
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    from hypermedia.embedded import EmbeddedRedis
+
+    redis = EmbeddedRedis(tmp_path / "redis")
+    redis.start()
+    port = redis.port
+    config_file = tmp_path / "scheduler.json"
+    config_file.write_text(json.dumps(config_data()))
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("HYPERMEDIA_")},
+        "HYPERMEDIA_DATABASE_URL": support.url_string(stack.engine),
+        "HYPERMEDIA_REDIS_URL": redis.url,
+        "HYPERMEDIA_DATA_DIR": str(tmp_path),
+        "HYPERMEDIA_SCHEDULER_CONFIG": str(config_file),
+    }
+    watching = subprocess.Popen(
+        [sys.executable, "-m", "hypermedia.cli", "status", "--watch", "--json"],
+        env={**env, "HYPERMEDIA_STATUS_INTERVAL": "0.5"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    seen: lines_queue.Queue[dict[str, Any]] = lines_queue.Queue()
+
+    def read() -> None:
+        assert watching.stdout is not None
+        for line in watching.stdout:
+            seen.put(json.loads(line))
+
+    threading.Thread(target=read, daemon=True).start()
+
+    def next_line(kind: str) -> dict[str, Any]:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            line = seen.get(timeout=max(0.1, deadline - time.monotonic()))
+            if ("error" in line) == (kind == "error"):
+                return line
+        raise AssertionError(f"no {kind} line within 60 s")
+
+    try:
+        assert "queues" in next_line("status")
+        redis.stop()
+        down = next_line("error")
+        assert down["error"]["code"] == "queue_unavailable", down
+        assert down["since"] <= down["at"]
+        redis = EmbeddedRedis(tmp_path / "redis", port)
+        redis.start()
+        assert "queues" in next_line("status")
+        assert watching.poll() is None  # still watching
+    finally:
+        watching.send_signal(signal.SIGINT)
+        _out, err = watching.communicate(timeout=30)
+        redis.stop()
+    assert watching.returncode == 0, err
+    assert "Traceback" not in err
