@@ -42,9 +42,9 @@ from autoscaler.status import Status, gather
 from hypermedia.accounts import Caller
 from hypermedia.clock import age_text
 from hypermedia.db.engine import transaction
-from hypermedia.errors import AuthenticationFailed, Forbidden
+from hypermedia.errors import AuthenticationFailed, Forbidden, ServiceUnavailable
 from hypermedia.ingest.auth import Authenticator
-from hypermedia.ingest.http_errors import error_response
+from hypermedia.ingest.http_errors import OUTAGE_MESSAGES, error_response
 from hypermedia.stack import Stack
 
 PATH = "/operator"
@@ -65,6 +65,19 @@ HEADERS = {
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
 }
+
+
+# While the record or Redis is down the page can neither check the key nor read what it
+# shows: it says so, and reloads itself until they are back (a JSON error stopped it).
+OUTAGE_REFRESH_SECONDS = 10
+
+
+class PageOutage(Exception):
+    """The record or Redis is down: the page says which and reloads itself."""
+
+    def __init__(self, error: ServiceUnavailable) -> None:
+        super().__init__(error.message)
+        self.error = error
 
 
 class OperatorKeyNeeded(Exception):
@@ -103,6 +116,8 @@ async def _operator(request: Request) -> Caller:
         caller = await run_in_threadpool(authenticator, key)
     except AuthenticationFailed as exc:
         raise OperatorKeyNeeded(exc.message) from None
+    except ServiceUnavailable as exc:
+        raise PageOutage(exc) from None
     if not caller.is_operator:
         raise Forbidden("the operator page is for operators only")
     return caller
@@ -155,10 +170,14 @@ def history(stack: Stack, config: SchedulerConfig, status: Status, hours: float)
 
 
 def render(template: Template, stack: Stack, config: SchedulerConfig, hours: float) -> str:
-    status = gather(stack, config, decisions=DECISION_LOG)
+    try:
+        status = gather(stack, config, decisions=DECISION_LOG)
+        drawn = history(stack, config, status, hours).as_json()
+    except ServiceUnavailable as exc:
+        raise PageOutage(exc) from None
     return template.render(
         status=status,
-        charts=history(stack, config, status, hours).as_json(),
+        charts=drawn,
         hours=hours,
         windows=WINDOWS,
         refresh_seconds=REFRESH_SECONDS,
@@ -182,4 +201,20 @@ def install(app: FastAPI, config: SchedulerConfig) -> None:
 
     app.add_api_route(PATH, operator_page, methods=["GET"], include_in_schema=False)
     app.add_exception_handler(OperatorKeyNeeded, _challenge)
+    outage_page = templates().get_template("outage.html")
+
+    async def _outage(_request: Request, exc: Exception) -> HTMLResponse:
+        assert isinstance(exc, PageOutage)
+        error_response(exc.error)  # logged as every outage the API answers is
+        page = outage_page.render(
+            at=datetime.now(UTC).timestamp(),
+            code=exc.error.code,
+            message=OUTAGE_MESSAGES.get(exc.error.code, exc.error.message),
+            refresh_seconds=OUTAGE_REFRESH_SECONDS,
+            static=STATIC_PATH,
+        )
+        headers = {**HEADERS, "Retry-After": str(OUTAGE_REFRESH_SECONDS)}
+        return HTMLResponse(page, status_code=503, headers=headers)
+
+    app.add_exception_handler(PageOutage, _outage)
     app.mount(STATIC_PATH, StaticFiles(directory=STATIC_DIR), name="operator-static")

@@ -414,3 +414,32 @@ def test_the_leader_samples_each_queue_once_a_minute_and_forgets_old_samples(sta
     clock.advance(120)
     assert other.evaluate().term is None
     assert len(taken()) == 2 * len(names)
+
+
+def test_the_page_says_the_record_is_down_and_reloads_until_it_is_back(
+    private_postgres: support.PrivatePostgres, settings
+):
+    """With PostgreSQL down the page answered the API's JSON 503 (the key cannot be
+    checked, nothing can be read), and a browser showing it stopped reloading: it is an
+    HTML page now that says what is down, in the page's own words, and reloads itself."""
+    stack = Stack.open(settings(database_url=private_postgres.url), auto_migrate=True)
+    try:
+        operator = add_user(stack, "ops", operator=True)
+        app = create_app(stack)
+        install(app, scheduler_config.parse(config_data()))
+        with running_server(app) as base_url:
+            page = f"{base_url}/operator"
+            assert httpx.get(page, headers=basic(operator.api_key)).status_code == 200
+            private_postgres.stop()
+            down = httpx.get(page, headers=basic(operator.api_key), timeout=60)
+            assert down.status_code == 503, down.text
+            assert down.headers["content-type"].startswith("text/html")
+            assert down.headers["retry-after"] == "10"
+            assert '<meta http-equiv="refresh" content="10">' in down.text
+            assert "database_unavailable" in down.text and "unreachable" in down.text
+            assert str(private_postgres.port) not in down.text  # the driver's words: the log's
+            private_postgres.start()
+            back = httpx.get(page, headers=basic(operator.api_key), timeout=60)
+            assert back.status_code == 200, back.text
+    finally:
+        stack.close()
