@@ -187,6 +187,10 @@ def submit_files(
             except HypermediaError as exc:
                 report.skipped.append((path, f"{exc.code}: {exc.message}"))
                 continue
+            except OSError as exc:  # the file, not the API: httpx's errors are translated
+                # Removed since the walk, or unreadable: the other files go on.
+                report.skipped.append((path, f"cannot read the file: {exc.strerror or exc}"))
+                continue
             for job in result.jobs:
                 report.submitted.append(Submitted(path, job.operation, job.queue, job.job_id))
     return report
