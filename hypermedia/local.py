@@ -180,8 +180,12 @@ class LocalStack:
         pools: dict[str, int] | None = None,
         progress: Any = None,
         dashboard: bool | None = None,
+        before_workers: Callable[[Stack], None] | None = None,
     ) -> None:
-        """``dashboard``: start Ray's dashboard (default: the ``ray_dashboard`` setting)."""
+        """``dashboard``: start Ray's dashboard (default: the ``ray_dashboard`` setting).
+        ``before_workers``: given the stack once its record and Redis are open, before
+        any pipeline actor or the reconciler runs (what it does to the record, no job
+        of it has been claimed yet)."""
         from hypermedia.metrics import targets
         from hypermedia.watchdog import Watchdog
         from hypermedia.worker import cluster
@@ -252,6 +256,8 @@ class LocalStack:
             served = operations_of(settings, queues)
             self.stack = Stack.open(settings, auto_migrate=True, engine=engine, implemented=served)
         say(f"record in {shown_url(settings.effective_database_url)}")
+        if before_workers is not None:
+            before_workers(self.stack)
         if attached is not None:
             address = attached
             say(f"ray cluster at {address}")

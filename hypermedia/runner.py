@@ -29,6 +29,7 @@ from hypermedia.accounts import Caller
 from hypermedia.db import tables as t
 from hypermedia.db.engine import snapshot, transaction
 from hypermedia.errors import ConfigError, HypermediaError, UnknownOperation
+from hypermedia.jobs.states import JobStatus
 from hypermedia.stack import Stack
 
 LOCAL_OPERATOR = "local-operator"
@@ -168,11 +169,14 @@ def submit_files(
     implemented: list[str],
     priority: int | None = None,
     on_file: Callable[[Path], None] | None = None,
+    report: RunReport | None = None,
 ) -> RunReport:
-    """Upload and submit through the HTTP ingest client, as a web tier would."""
+    """Upload and submit through the HTTP ingest client, as a web tier would. ``report``
+    (a new one if None) holds every job as soon as it is submitted: a run interrupted
+    half-way knows the jobs it has to account for."""
     from hypermedia.ingest.client import HypermediaClient
 
-    report = RunReport()
+    report = report if report is not None else RunReport()
     with HypermediaClient(api_url, api_key, timeout=120) as client:
         for path in files:
             if on_file is not None:
@@ -194,6 +198,37 @@ def submit_files(
             for job in result.jobs:
                 report.submitted.append(Submitted(path, job.operation, job.queue, job.job_id))
     return report
+
+
+def unfinished_jobs(stack: Stack, caller: Caller) -> list[str]:
+    """The jobs of ``caller`` (the embedded operator) that have not ended: at the start
+    of a run, those an earlier one left when it was killed (``kill -9``, a power cut)."""
+    with snapshot(stack.engine) as conn:
+        return list(
+            conn.execute(
+                select(t.jobs.c.job_id).where(
+                    t.jobs.c.user_id == caller.user_id, t.jobs.c.status.not_in(FINISHED)
+                )
+            ).scalars()
+        )
+
+
+def cancel_jobs(stack: Stack, caller: Caller, job_ids: Iterable[str]) -> tuple[int, int]:
+    """Cancel those of ``job_ids`` that have not ended; answers how many are cancelled
+    and how many were in flight, asked to stop (a live worker kills a cancelled job's
+    step within seconds; one a dead stack left is cancelled once its lease runs out and
+    it is claimed again). A job that ended meanwhile stays as it ended."""
+    cancelled = stopping = 0
+    for job_id in job_ids:
+        try:
+            status = stack.ingest.cancel(caller, job_id)
+        except HypermediaError:  # ended since (already completed, failed or cancelled)
+            continue
+        if status is JobStatus.CANCELLED:
+            cancelled += 1
+        else:
+            stopping += 1
+    return cancelled, stopping
 
 
 def poll_statuses(stack: Stack, report: RunReport) -> None:

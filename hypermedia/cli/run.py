@@ -3,6 +3,7 @@ started for them and stopped after, with progress per queue and a summary table.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -50,15 +51,19 @@ def run(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
     import pipelines.registry
+    from hypermedia.accounts import Caller
     from hypermedia.errors import HypermediaError
     from hypermedia.local import LocalStack, implemented_queues
     from hypermedia.runner import (
+        RunReport,
+        cancel_jobs,
         check_operations,
         check_out_dir,
         local_operator,
         named_files,
         operations_for,
         submit_files,
+        unfinished_jobs,
         wait_until_finished,
         write_outputs,
     )
@@ -78,13 +83,43 @@ def run(
     pools = implemented_queues(settings, needed) or None
     local = LocalStack(settings)
     interrupted = False
+    report = RunReport()
+    caller: Caller | None = None
+    began = time.monotonic()
+    unwritten: list[str] = []
     try:
+        operator: list[tuple[Caller, str]] = []
+
+        def cancel_leftovers(stack: Any) -> None:
+            # Jobs an earlier run submitted and never saw end (it was killed: nothing
+            # cancelled them) would run here, for outputs nobody writes out. Cancelled
+            # before any actor could claim one.
+            operator.append(local_operator(stack))
+            left, stopping = cancel_jobs(
+                stack, operator[0][0], unfinished_jobs(stack, operator[0][0])
+            )
+            if left or stopping:
+                running = (
+                    f"; {stopping} it left running end cancelled once their lease runs out"
+                    if stopping
+                    else ""
+                )
+                console.print(
+                    f"[yellow]an earlier run was killed before it ended: cancelled {left} of"
+                    f" its jobs{running}[/]"
+                )
+
         # A batch that ends when it is done: nobody opens a dashboard for it.
-        local.start(pools=pools, progress=_progress_say(console), dashboard=False)
+        local.start(
+            pools=pools,
+            progress=_progress_say(console),
+            dashboard=False,
+            before_workers=cancel_leftovers,
+        )
         _stop_on_sigterm()
-        console.print(f"[dim]submitting {len(files)} files[/]")
         assert local.stack is not None
-        _caller, key = local_operator(local.stack)
+        caller, key = operator[0]
+        console.print(f"[dim]submitting {len(files)} files[/]")
         with Progress(
             TextColumn("[bold]{task.description:<12}"),
             BarColumn(),
@@ -98,8 +133,15 @@ def run(
                 progress.update(upload, advance=1, note=path.name[:40])
 
             began = time.monotonic()
-            report = submit_files(
-                local.api_url, key, files, operations, implemented, priority, on_file=advance
+            submit_files(
+                local.api_url,
+                key,
+                files,
+                operations,
+                implemented,
+                priority,
+                on_file=advance,
+                report=report,
             )
             progress.update(upload, note="")
             totals: dict[str, int] = {}
@@ -130,6 +172,12 @@ def run(
         _run_summary(console, report, names, out, finished, took)
     except KeyboardInterrupt:
         interrupted = True  # said once the stack has stopped (typer would exit silently)
+        if caller is not None and local.stack is not None:
+            # A second Ctrl-C (or SIGTERM) skips this and stops at once.
+            with contextlib.suppress(KeyboardInterrupt):
+                unwritten = _wind_down(
+                    console, local.stack, caller, report, names, out, len(files), began
+                )
     finally:
         console.print("[dim]stopping what was started[/]")
         local.stop(progress=_progress_say(console))
@@ -141,6 +189,51 @@ def run(
     counts = report.counts()
     if not finished or counts.get("failed") or report.skipped:
         raise SystemExit(1)
+
+
+# How long an interrupted run waits for the jobs it cancelled while they ran: a worker
+# kills a cancelled job's step within seconds (it polls every 2 s).
+WIND_DOWN_SECONDS = 30.0
+
+
+def _wind_down(
+    console: Any,
+    stack: Any,
+    caller: Any,
+    report: Any,
+    names: dict[Path, Path],
+    out: Path,
+    file_count: int,
+    began: float,
+) -> list[str]:
+    """An interrupted run: its jobs that have not ended are cancelled (else they would
+    run in the next stack of the data dir, for nobody), the outputs of those that did are
+    written, the summary says which is which. Answers the outputs not written."""
+    from hypermedia.runner import (
+        cancel_jobs,
+        unfinished_jobs,
+        wait_until_finished,
+        write_outputs,
+    )
+
+    console.print("[yellow]interrupted: cancelling the jobs that have not ended[/]")
+    # Every unfinished job of the embedded operator is this run's (one stack per data
+    # dir, and it cancelled an earlier run's as it started): also one whose submit the
+    # interrupt cut off after the API had created it.
+    cancel_jobs(stack, caller, unfinished_jobs(stack, caller))
+    finished = wait_until_finished(stack, report, lambda _report: None, WIND_DOWN_SECONDS)
+    unwritten = write_outputs(stack, report, out, names)
+    _run_summary(console, report, names, out, finished, time.monotonic() - began)
+    submitted = {s.path for s in report.submitted} | {path for path, _ in report.skipped}
+    counts = report.counts()
+    console.print(
+        f"[yellow]interrupted[/]: {counts['completed']} jobs done (outputs in {out}/),"
+        f" {counts['cancelled']} cancelled, {file_count - len(submitted)} of {file_count}"
+        " files not submitted; a new run processes every file it is given again"
+    )
+    for failure in unwritten:
+        console.print(f"[red]output not written[/]: {failure}")
+    return unwritten
 
 
 def _stop_on_sigterm() -> None:

@@ -4,19 +4,27 @@ files end to end, writes outputs, and stops everything it started."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import psutil
 import pyvips
+from sqlalchemy import select
 
+from hypermedia.db import tables as t
+from hypermedia.db.engine import transaction
 from hypermedia.embedded import find_running
+from hypermedia.runner import local_operator
 from hypermedia.worker.cluster import short_temp_dir
+from tests.factories import Person, open_stack, stored_object, submit
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
@@ -151,13 +159,23 @@ def test_run_killed_with_9_leaves_no_service_running(tmp_path):
     assert find_running(data / "redis") is None
 
 
+def _job_statuses(database: Path) -> Counter[str]:
+    with contextlib.closing(sqlite3.connect(database)) as conn:
+        return Counter(status for (status,) in conn.execute("SELECT status FROM processing_jobs"))
+
+
 def test_run_stopped_with_sigterm_stops_what_it_started_and_says_so(tmp_path):
+    """Stopped once jobs are in the record: the outputs of those done are written, the
+    others cancelled (they were left queued, and the next run of the data dir ran them
+    for nobody), and the summary says which is which."""
     data = tmp_path / "data"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HYPERMEDIA_", "RAY_"))}
     env["HYPERMEDIA_DATA_DIR"] = str(data)
     # Enough work to be busy when the signal comes.
     many = _many_banners(tmp_path)
     proc, seen = _run_until(tmp_path, env, [many], f"submitting {MANY} files")
+    while sum(_job_statuses(data / "hypermedia.db").values()) < 20 and proc.poll() is None:
+        time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
     _, rest = proc.communicate(timeout=120)
     text = " ".join(("".join(seen) + rest).split())
@@ -166,6 +184,58 @@ def test_run_stopped_with_sigterm_stops_what_it_started_and_says_so(tmp_path):
     assert re.search(r"stopped in \d+\.\d s", text), text[-2000:]
     assert _stack_processes(data) == []
     assert find_running(data / "redis") is None
+    said = re.search(
+        r"interrupted: (\d+) jobs done \(outputs in hypermedia-out/\), (\d+) cancelled,"
+        rf" (\d+) of {MANY} files not submitted",
+        text,
+    )
+    assert said is not None, text[-3000:]
+    done, cancelled, unsent = map(int, said.groups())
+    assert done + cancelled + unsent == MANY and unsent <= MANY - 20
+    outputs = list((tmp_path / "hypermedia-out").glob("*/thumbnail*"))
+    assert len(outputs) == done
+    # Nothing of it is left to run: every job it submitted ended. (A submit the signal
+    # cut off after the API created its job is not in the summary: done or cancelled.)
+    statuses = _job_statuses(data / "hypermedia.db")
+    assert set(statuses) <= {"completed", "cancelled"}, statuses
+    assert 0 <= statuses["completed"] - done <= 1 and 0 <= statuses["cancelled"] - cancelled <= 1
+
+
+def test_run_cancels_the_jobs_an_earlier_run_killed_with_9_left(settings, sqlite_engine, tmp_path):
+    """A run killed with -9 leaves its jobs queued in the record: the next run of the data
+    dir ran them (the reconciler put them back in Redis) for outputs nobody wrote out. It
+    cancels them, before an actor could claim one, and says so."""
+    stack = open_stack(settings, sqlite_engine, None)  # the data dir's own record
+    caller, _key = local_operator(stack)
+    with transaction(stack.engine) as conn:
+        pool_id = conn.execute(
+            select(t.pool_members.c.pool_id).where(t.pool_members.c.user_id == caller.user_id)
+        ).scalar_one()
+    operator = Person(caller, _key, pool_id)
+    banner = (EXAMPLES / "banner.webp").read_bytes()
+    left = [
+        job
+        for _ in range(2)
+        for job in submit(
+            stack, operator, ["thumbnail"], object_id=stored_object(stack, operator, banner)
+        )
+    ]
+    stack.close()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HYPERMEDIA_", "RAY_"))}
+    env["HYPERMEDIA_DATA_DIR"] = str(tmp_path)
+    env["COLUMNS"] = "1000"
+    result = _run([str(EXAMPLES / "logo-alpha.png"), "--op", "thumbnail"], tmp_path, env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    text = " ".join(result.stderr.split())
+    assert "an earlier run was killed before it ended: cancelled 2 of its jobs" in text
+    assert "1 jobs: 1 completed" in text
+    with contextlib.closing(sqlite3.connect(tmp_path / "hypermedia.db")) as conn:
+        ended = dict(
+            conn.execute(
+                "SELECT job_id, status FROM processing_jobs WHERE job_id IN (?, ?)", left
+            ).fetchall()
+        )
+    assert ended == dict.fromkeys(left, "cancelled")
 
 
 def test_run_refuses_an_out_that_is_a_file_before_starting(tmp_path):
