@@ -105,8 +105,8 @@ def run(
                     else ""
                 )
                 console.print(
-                    f"[yellow]an earlier run was killed before it ended: cancelled {left} of"
-                    f" its jobs{running}[/]"
+                    "[yellow]an earlier run was killed or timed out before its jobs ended:"
+                    f" cancelled {left} of them{running}[/]"
                 )
 
         # A batch that ends when it is done: nobody opens a dashboard for it.
@@ -290,4 +290,7 @@ def _run_summary(
             f"({ended / max(took, 1e-3):.1f} jobs/s, uploads included)"
         )
     if not finished:
-        console.print("[red]timed out waiting for the jobs; they stay recorded and queued[/]")
+        console.print(
+            "[red]timed out waiting for the jobs; they stay recorded and queued until the"
+            " next run of this data dir cancels them[/]"
+        )

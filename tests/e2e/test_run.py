@@ -227,7 +227,9 @@ def test_run_cancels_the_jobs_an_earlier_run_killed_with_9_left(settings, sqlite
     result = _run([str(EXAMPLES / "logo-alpha.png"), "--op", "thumbnail"], tmp_path, env)
     assert result.returncode == 0, result.stderr[-3000:]
     text = " ".join(result.stderr.split())
-    assert "an earlier run was killed before it ended: cancelled 2 of its jobs" in text
+    assert (
+        "an earlier run was killed or timed out before its jobs ended: cancelled 2 of them" in text
+    )
     assert "1 jobs: 1 completed" in text
     with contextlib.closing(sqlite3.connect(tmp_path / "hypermedia.db")) as conn:
         ended = dict(
