@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import mimetypes
 import os
+import shutil
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -28,7 +29,7 @@ from hypermedia import accounts
 from hypermedia.accounts import Caller
 from hypermedia.db import tables as t
 from hypermedia.db.engine import snapshot, transaction
-from hypermedia.errors import ConfigError, HypermediaError, UnknownOperation
+from hypermedia.errors import ConfigError, HypermediaError, ServiceUnavailable, UnknownOperation
 from hypermedia.jobs.states import JobStatus
 from hypermedia.stack import Stack
 
@@ -106,6 +107,37 @@ def check_out_dir(out: Path) -> None:
         raise ConfigError(key, f"cannot make the directory {out}: {exc.strerror or exc}") from None
     if not os.access(out, os.W_OK | os.X_OK):
         raise ConfigError(key, f"cannot write in {out}")
+
+
+def check_disk(data_dir: Path, min_free_mb: int) -> None:
+    """Enough free disk for the workers to claim: below ``worker_min_free_disk_mb`` on
+    the disk of their workdirs (in ``data_dir``) they claim nothing, and a run waited
+    with its bars at 0 until its timeout (30 min) without a word."""
+    probe = data_dir
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent  # the data dir is made when the stack starts
+    free_mb = shutil.disk_usage(probe).free / 2**20
+    if free_mb < min_free_mb:
+        raise ServiceUnavailable(
+            f"the disk of {data_dir} has {free_mb:.0f} MB free, below"
+            f" worker_min_free_disk_mb ({min_free_mb}): the workers would claim no job; free"
+            " some space, or lower HYPERMEDIA_WORKER_MIN_FREE_DISK_MB",
+            free_mb=round(free_mb),
+        )
+
+
+def paused_workers(stack: Stack) -> dict[str, str]:
+    """The live workers that claim nothing, and why (a low disk)."""
+    from hypermedia.worker.worker import ENDED_STATUSES as ENDED_WORKERS
+
+    w = t.workers.c
+    with snapshot(stack.engine) as conn:
+        rows = conn.execute(
+            select(w.worker_id, w.claims_paused_reason).where(
+                w.claims_paused_reason.is_not(None), w.status.not_in(ENDED_WORKERS)
+            )
+        ).all()
+    return {row.worker_id: row.claims_paused_reason for row in rows}
 
 
 def check_operations(operations: Iterable[str], implemented: Iterable[str]) -> None:

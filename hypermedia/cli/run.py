@@ -57,11 +57,13 @@ def run(
     from hypermedia.runner import (
         RunReport,
         cancel_jobs,
+        check_disk,
         check_operations,
         check_out_dir,
         local_operator,
         named_files,
         operations_for,
+        paused_workers,
         submit_files,
         unfinished_jobs,
         wait_until_finished,
@@ -76,6 +78,7 @@ def run(
     if operations:
         check_operations(operations, implemented)
     check_out_dir(out)
+    check_disk(settings.data_dir, settings.worker_min_free_disk_mb)
     console.print(f"[bold]hypermedia run[/]: {len(files)} files")
     # Actors for the queues these files need only (each one is a fork server with
     # every pipeline loaded): thumbnails alone start one, not one per queue.
@@ -152,8 +155,28 @@ def run(
                 for queue, total in totals.items()
             }
             by_job = {item.job_id: item.queue for item in report.submitted}
+            # A worker that claims nothing (its disk ran low meanwhile) is said once,
+            # and again if that changes: the bars would only stop.
+            paused: dict[str, Any] = {"said": {}, "at": 0.0}
+
+            def say_paused() -> None:
+                if time.monotonic() - paused["at"] < 2.0:
+                    return
+                paused["at"] = time.monotonic()
+                assert local.stack is not None
+                now = paused_workers(local.stack)
+                if now != paused["said"]:
+                    for worker_id, reason in sorted(now.items()):
+                        progress.console.print(
+                            f"[yellow]{worker_id} claims no job: {reason}[/]"
+                            " (worker_min_free_disk_mb, HYPERMEDIA_WORKER_MIN_FREE_DISK_MB)"
+                        )
+                    if paused["said"] and not now:
+                        progress.console.print("[green]the workers claim jobs again[/]")
+                    paused["said"] = now
 
             def show(rep: Any) -> None:
+                say_paused()
                 done: dict[str, int] = {}
                 failed: dict[str, int] = {}
                 for job_id, queue in by_job.items():

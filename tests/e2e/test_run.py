@@ -254,6 +254,23 @@ def test_run_refuses_an_out_that_is_a_file_before_starting(tmp_path):
     assert not data.exists()  # nothing started
 
 
+def test_run_refuses_a_disk_its_workers_would_claim_nothing_on_before_starting(tmp_path):
+    """Below worker_min_free_disk_mb the workers claim nothing: a run on such a disk sat
+    with its bars at 0 until its timeout (30 minutes), without a word."""
+    data = tmp_path / "data"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HYPERMEDIA_", "RAY_"))}
+    env["HYPERMEDIA_DATA_DIR"] = str(data)
+    env["COLUMNS"] = "1000"
+    env["HYPERMEDIA_WORKER_MIN_FREE_DISK_MB"] = str(2**40)  # more than any disk has
+    result = _run([str(EXAMPLES / "banner.webp")], tmp_path, env)
+    assert result.returncode == 1
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"error: service_unavailable: the disk of {data} has "), line
+    assert "below worker_min_free_disk_mb (1099511627776)" in line
+    assert "HYPERMEDIA_WORKER_MIN_FREE_DISK_MB" in line
+    assert not data.exists()  # nothing started
+
+
 def test_run_keeps_apart_files_of_one_name_and_reports_an_output_not_written(tmp_path):
     """in/a/photo.webp and in/b/photo.webp: each its outputs under its own path in the
     folder given (both went to one out/photo.webp/ before). One of them cannot be
