@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -85,6 +86,18 @@ def _drive(stack, run_id: str, pool_id: str, queue: str = "bulk") -> None:
             return
         _finish(stack, queue, pool_id)
     raise AssertionError("the run did not complete")
+
+
+def _cli_env(engine, redis_url: str, redis_prefix: str, data_dir: Path) -> dict[str, str]:
+    """The environment of a `hypermedia bulk ...` command on this test's record and Redis."""
+    from tests import support
+
+    return {
+        "HYPERMEDIA_DATABASE_URL": support.url_string(engine),
+        "HYPERMEDIA_REDIS_URL": redis_url,
+        "HYPERMEDIA_REDIS_PREFIX": redis_prefix,
+        "HYPERMEDIA_DATA_DIR": str(data_dir),
+    }
 
 
 def test_backfill_streams_within_the_cap_and_runs_twice_without_a_second_job(
@@ -593,7 +606,6 @@ def test_dry_run_counts_estimates_and_simulates_without_writing(
     from typer.testing import CliRunner
 
     from hypermedia.cli import app
-    from tests import support
 
     stack = open_stack(settings, pg_engine, manual_clock)
     person = make_user(stack)
@@ -606,12 +618,7 @@ def test_dry_run_counts_estimates_and_simulates_without_writing(
     _finish(stack, "images", person.pool_id)
     with transaction(stack.engine) as conn:
         conn.execute(update(t.attempts).values(duration_ms=2000))
-    env = {
-        "HYPERMEDIA_DATABASE_URL": support.url_string(pg_engine),
-        "HYPERMEDIA_REDIS_URL": redis_url,
-        "HYPERMEDIA_REDIS_PREFIX": redis_prefix,
-        "HYPERMEDIA_DATA_DIR": str(tmp_path),
-    }
+    env = _cli_env(pg_engine, redis_url, redis_prefix, tmp_path)
     runner = CliRunner()
     results = {}
     for mode in ("vps_only", "hybrid"):
@@ -874,15 +881,9 @@ def test_the_cli_refuses_a_bad_value_naming_its_option(
     from typer.testing import CliRunner
 
     from hypermedia.cli import app
-    from tests import support
 
     open_stack(settings, sqlite_engine, manual_clock).close()
-    env = {
-        "HYPERMEDIA_DATABASE_URL": support.url_string(sqlite_engine),
-        "HYPERMEDIA_REDIS_URL": redis_url,
-        "HYPERMEDIA_REDIS_PREFIX": redis_prefix,
-        "HYPERMEDIA_DATA_DIR": str(tmp_path),
-    }
+    env = _cli_env(sqlite_engine, redis_url, redis_prefix, tmp_path)
     runner = CliRunner()
     for args, option, problem in [
         (["backfill", "thumbnail", "--max-in-flight", "1000001"], "--max-in-flight", "1000000"),
