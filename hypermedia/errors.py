@@ -46,6 +46,7 @@ translated where they enter, with ``raise ... from exc``.
     │   ├── DatabaseUnavailable
     │   ├── QueueUnavailable
     │   └── StorageUnavailable                                          (storage.base)
+    │       └── StorageFull  507  no room left on the storage's disk
     └── TransferError            a worker's GET/PUT on a presigned URL   (storage.transfer)
         ├── TransferDenied       403 (usually expired: retryable)
         ├── TransferNotFound     404

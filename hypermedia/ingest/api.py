@@ -116,12 +116,12 @@ _RETRY_AFTER = {
 
 
 def _error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    """The errors ``statuses`` as the handlers answer them (ErrorResponse; a 429 and a
-    503 with ``Retry-After``)."""
+    """The errors ``statuses`` as the handlers answer them (ErrorResponse; a 429, a 503
+    and a 507 with ``Retry-After``)."""
     return {
         status: {
             "model": ErrorResponse,
-            **({"headers": _RETRY_AFTER} if status in (429, 503) else {}),
+            **({"headers": _RETRY_AFTER} if status in (429, 503, 507) else {}),
         }
         for status in statuses
     }
@@ -452,7 +452,7 @@ UploadKey = Annotated[
     operation_id="uploadObject",
     status_code=201,
     summary="Upload a file (the raw request body)",
-    responses=_errors(400, 404, 408, 409, 413, 429, 503),
+    responses=_errors(400, 404, 408, 409, 413, 429, 503, 507),
     openapi_extra=_BINARY_BODY,
     tags=["objects"],
 )
@@ -472,7 +472,9 @@ async def upload_object(
     defaults to the caller's personal pool. With an ``Idempotency-Key`` header, a
     retry of an upload whose answer was lost gets the first object (``replayed``):
     its body is read and compared, never stored nor counted again (quota, rate); an
-    upload that failed left no key behind."""
+    upload that failed left no key behind. Storage that cannot take the bytes answers
+    503 ``storage_unavailable`` (507 ``storage_full`` for a full disk), with
+    ``Retry-After``: nothing is kept, nothing counted on the quota."""
     settings = stack.settings
     quota = _quota(stack, caller)
     admitted = await run_in_threadpool(
@@ -706,7 +708,7 @@ class BlobStored(BaseModel):
     sha256: str
 
 
-_BLOB_ERRORS = _error_responses(400, 403, 404, 413, 422)
+_BLOB_ERRORS = _error_responses(400, 403, 404, 413, 422, 503)
 
 
 def _local_storage(stack: Stack) -> LocalStorage:
@@ -750,7 +752,7 @@ def read_blob(
     f"{PREFIX}/blobs/{{key:path}}",
     operation_id="writeBlob",
     summary="Store a blob through a signed URL (no API key)",
-    responses={**_BLOB_ERRORS, **_error_responses(408)},
+    responses={**_BLOB_ERRORS, **_error_responses(408, 507)},
     openapi_extra=_BINARY_BODY,
     tags=["storage"],
 )

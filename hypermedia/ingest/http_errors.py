@@ -2,9 +2,11 @@
 
 * a :class:`~hypermedia.errors.HypermediaError` answers its own ``status`` and
   ``code`` (401 adds ``WWW-Authenticate: Bearer``; a ``retry_after_seconds`` detail
-  adds ``Retry-After``, and a 503 without one, the database or Redis down, says
-  :data:`OUTAGE_RETRY_AFTER_SECONDS`; such an outage is told in
-  :data:`OUTAGE_MESSAGES`' words, the driver's going to the log);
+  adds ``Retry-After``, and a 503 without one, the database, Redis or the storage down,
+  says :data:`OUTAGE_RETRY_AFTER_SECONDS`, a 507 (the storage's disk full)
+  :data:`STORAGE_FULL_RETRY_AFTER_SECONDS`; such an outage is told in
+  :data:`OUTAGE_MESSAGES`' words, with no details, the driver's or the disk's going to
+  the log);
 * a request FastAPI cannot validate is 422 ``invalid_request``, the message
   naming each bad field by its path (``body.operations: ...``);
 * unknown routes and methods are 404 ``not_found`` / 405 ``method_not_allowed``;
@@ -38,6 +40,7 @@ from hypermedia.errors import (
     InvalidRequest,
     QueueUnavailable,
 )
+from hypermedia.storage.base import StorageFull, StorageUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -45,11 +48,17 @@ log = logging.getLogger(__name__)
 # database or Redis that is down: nobody knows when it is back; the reaper and the
 # reconciler try every few seconds, so a retry sooner than this would meet the outage).
 OUTAGE_RETRY_AFTER_SECONDS = 5
+# A full disk stays full until the operator makes room: sooner is a wasted upload.
+STORAGE_FULL_RETRY_AFTER_SECONDS = 60
 # What a caller is told of an outage: the driver's words (the host, the port, the
-# database's name) are the operator's, in the log.
+# database's name; the bucket, the endpoint, the storage directory) are the
+# operator's, in the log.
 OUTAGE_MESSAGES = {
     DatabaseUnavailable.code: "the database is unreachable; try again shortly",
     QueueUnavailable.code: "the job queue is unreachable; try again shortly",
+    StorageUnavailable.code: "the file storage is unavailable; nothing was stored; "
+    "try again shortly",
+    StorageFull.code: "the file storage is full; nothing was stored; try again later",
 }
 
 
@@ -93,11 +102,13 @@ def error_response(exc: HypermediaError) -> JSONResponse:
         headers["Retry-After"] = str(max(1, math.ceil(retry_after)))
     elif exc.status == 503:
         headers["Retry-After"] = str(OUTAGE_RETRY_AFTER_SECONDS)
+    elif exc.status == 507:
+        headers["Retry-After"] = str(STORAGE_FULL_RETRY_AFTER_SECONDS)
     if exc.status >= 500:
         log.warning("%s: %s", exc.code, exc.message, extra={"action": "api_error"})
     body = exc.to_dict()
     if exc.code in OUTAGE_MESSAGES:
-        body["message"] = OUTAGE_MESSAGES[exc.code]
+        body = {"code": exc.code, "message": OUTAGE_MESSAGES[exc.code]}
     return _error(exc.status, body, headers or None)
 
 

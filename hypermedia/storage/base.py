@@ -30,7 +30,9 @@ runs the same suite against each:
   These URLs are how workers, which hold no storage credentials, move bytes; the
   head issues them per job (:mod:`hypermedia.storage.grants`).
 * A bad key raises :class:`~hypermedia.errors.InvalidRequest` before any I/O; a
-  backend that cannot be reached raises :class:`StorageUnavailable`.
+  backend that cannot be reached, or cannot write (a read-only disk, a refusal),
+  raises :class:`StorageUnavailable`; one with no room left :class:`StorageFull`.
+  Either way nothing is stored (a key that held bytes keeps them).
 
 Errors of this package (under :mod:`hypermedia.errors`)::
 
@@ -39,6 +41,7 @@ Errors of this package (under :mod:`hypermedia.errors`)::
     └── UrlExpired           a signed URL past its expiry
     ServiceUnavailable (503)
     └── StorageUnavailable   the object store cannot be reached, or refused us
+        └── StorageFull (507)   no room left on the storage's disk
 """
 
 from __future__ import annotations
@@ -70,6 +73,14 @@ class UrlExpired(Forbidden):
 
 class StorageUnavailable(ServiceUnavailable):
     code = "storage_unavailable"
+
+
+class StorageFull(StorageUnavailable):
+    """The storage's disk (or the quota of its file system) has no room left: a retry
+    may succeed once the operator made room, not a few seconds later."""
+
+    code = "storage_full"
+    status = 507
 
 
 @dataclass(frozen=True, slots=True)

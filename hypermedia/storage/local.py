@@ -10,6 +10,7 @@ every process of a deployment agrees on it.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import logging
 import os
@@ -23,6 +24,8 @@ from hypermedia.clock import Clock, SystemClock
 from hypermedia.errors import ConfigError, NotFound
 from hypermedia.storage import signing
 from hypermedia.storage.base import (
+    StorageFull,
+    StorageUnavailable,
     StoredBlob,
     check_content_type,
     check_key,
@@ -34,6 +37,8 @@ from hypermedia.storage.base import (
 log = logging.getLogger(__name__)
 
 _SIGNING_SETTING = "storage_secret (HYPERMEDIA_STORAGE_SECRET)"
+# A disk (or the file system's quota) with no room left.
+_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
 class LocalStorage:
@@ -63,20 +68,25 @@ class LocalStorage:
         target = self.path(key)
         digest = hashlib.sha256()
         size = 0
-        fd, tmp = self._temp_beside(target)
+        with self._disk(key, "store"):
+            fd, tmp = self._temp_beside(target)
         try:
-            with os.fdopen(fd, "wb") as out:
+            try:
                 for chunk in chunks:
                     size += len(chunk)
                     if max_bytes is not None and size > max_bytes:
                         raise too_large(max_bytes)
                     digest.update(chunk)
-                    out.write(chunk)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(tmp, target)
+                    with self._disk(key, "store"):
+                        _write_all(fd, chunk)
+                with self._disk(key, "store"):
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            with self._disk(key, "store"):
+                os.replace(tmp, target)
         except BaseException:
-            with contextlib.suppress(FileNotFoundError):
+            with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
         return StoredBlob(key=key, size_bytes=size, sha256=digest.hexdigest())
@@ -84,38 +94,46 @@ class LocalStorage:
     def read(self, key: str, chunk_size: int = 1 << 20) -> Iterator[bytes]:
         handle, _size = self.open(key)
         with handle:
-            while chunk := handle.read(chunk_size):
+            while True:
+                with self._disk(key, "read"):
+                    chunk = handle.read(chunk_size)
+                if not chunk:
+                    return
                 yield chunk
 
     def read_range(self, key: str, offset: int, length: int) -> bytes:
         check_range(offset, length)
         handle, _size = self.open(key)
-        with handle:
+        with handle, self._disk(key, "read"):
             return os.pread(handle.fileno(), length, offset) if length else b""
 
     def open(self, key: str) -> tuple[BinaryIO, int]:
         """The open file and its size, taken from the same file: a concurrent
         replace cannot make them disagree."""
-        try:
-            handle = self.path(key).open("rb")
-        except FileNotFoundError:
-            raise NotFound(f"no stored object at {key!r}", key=key) from None
-        return handle, os.fstat(handle.fileno()).st_size
+        path = self.path(key)
+        with self._disk(key, "read"):
+            try:
+                handle = path.open("rb")
+            except FileNotFoundError:
+                raise NotFound(f"no stored object at {key!r}", key=key) from None
+            return handle, os.fstat(handle.fileno()).st_size
 
     def exists(self, key: str) -> bool:
         return self.path(key).is_file()
 
     def size(self, key: str) -> int:
-        try:
-            return self.path(key).stat().st_size
-        except FileNotFoundError:
-            raise NotFound(f"no stored object at {key!r}", key=key) from None
+        path = self.path(key)
+        with self._disk(key, "read"):
+            try:
+                return path.stat().st_size
+            except FileNotFoundError:
+                raise NotFound(f"no stored object at {key!r}", key=key) from None
 
     def delete(self, key: str) -> None:
         """Delete the blob, and the directories that leaves empty (keys name no
         directories, as in S3: a sweep of checkpoints/<job>/... left one per job)."""
         path = self.path(key)
-        with contextlib.suppress(FileNotFoundError):
+        with self._disk(key, "delete"), contextlib.suppress(FileNotFoundError):
             path.unlink()
         for directory in path.parents:
             if directory == self.root or self.root not in directory.parents:
@@ -124,6 +142,24 @@ class LocalStorage:
                 directory.rmdir()
             except OSError:  # not empty (or gone): what is above is not empty either
                 break
+
+    @contextlib.contextmanager
+    def _disk(self, key: str, doing: str) -> Iterator[None]:
+        """The disk's refusals (full, read-only, no permission, I/O errors) as the
+        contract's errors: a full disk is StorageFull, anything else
+        StorageUnavailable. The message is the operator's (the directory, the OS's
+        words); an API caller reads the outage's own (see ingest.http_errors)."""
+        try:
+            yield
+        except OSError as exc:
+            raise self._refused(exc, key, doing) from exc
+
+    def _refused(self, exc: OSError, key: str, doing: str) -> StorageUnavailable:
+        reason = exc.strerror or type(exc).__name__
+        message = f"local storage at {self.root} cannot {doing} {key!r}: {reason}"
+        if exc.errno in _FULL:
+            return StorageFull(message, key=key)
+        return StorageUnavailable(message, key=key)
 
     def _temp_beside(self, target: Path) -> tuple[int, str]:
         """A new private file in ``target``'s directory (made if needed; again if a
@@ -175,6 +211,12 @@ class LocalStorage:
                 _SIGNING_SETTING, "this local storage was built without a signing secret"
             )
         return self._secret
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def load_or_create_secret(

@@ -62,3 +62,37 @@ def test_a_service_outage_is_503_with_retry_after():
         assert "10.0.0.7" not in body["message"] and "unreachable; try again" in body["message"]
     named = ServiceUnavailable("busy", retry_after_seconds=42)
     assert error_response(named).headers["Retry-After"] == "42"
+
+
+def test_a_storage_outage_is_told_in_its_own_words_with_retry_after():
+    """The storage's words name the operator's bucket, endpoint or directory: the log's.
+    A full disk is 507, told to come back later than an outage."""
+    from hypermedia.ingest.http_errors import (
+        OUTAGE_RETRY_AFTER_SECONDS,
+        STORAGE_FULL_RETRY_AFTER_SECONDS,
+    )
+    from hypermedia.storage.base import StorageFull, StorageUnavailable
+
+    for error, status, retry_after in (
+        (
+            StorageUnavailable(
+                "S3 unreachable: Could not connect to the endpoint URL: "
+                '"http://10.0.0.7:9000/hm-prod/originals/p/o"',
+                bucket="hm-prod",
+            ),
+            503,
+            OUTAGE_RETRY_AFTER_SECONDS,
+        ),
+        (
+            StorageFull("local storage at /srv/hm/objects cannot store 'o': full", key="o"),
+            507,
+            STORAGE_FULL_RETRY_AFTER_SECONDS,
+        ),
+    ):
+        response = error_response(error)
+        assert response.status_code == status
+        assert response.headers["Retry-After"] == str(retry_after)
+        body = json.loads(bytes(response.body))["error"]
+        assert body["code"] == error.code and "nothing was stored" in body["message"]
+        assert "details" not in body
+        assert "hm-prod" not in str(body) and "/srv/hm" not in str(body)
