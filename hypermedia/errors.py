@@ -292,3 +292,16 @@ class DatabaseUnavailable(ServiceUnavailable):
 
 class QueueUnavailable(ServiceUnavailable):
     code = "queue_unavailable"
+
+
+def error_classes() -> dict[str, type[HypermediaError]]:
+    """Every error class by its code, the first (the most general) for a code two share:
+    an error that crossed a process (an HTTP answer, a Ray actor's) raised again as
+    itself. Classes defined elsewhere (the storage's) are found once imported."""
+    found: dict[str, type[HypermediaError]] = {}
+    pending: list[type[HypermediaError]] = [HypermediaError]
+    while pending:
+        cls = pending.pop()
+        found.setdefault(cls.code, cls)
+        pending.extend(cls.__subclasses__())
+    return found

@@ -46,7 +46,7 @@ from typing import Any, Self, TypeVar
 import httpx
 from pydantic import BaseModel
 
-from hypermedia.errors import ConfigError, HypermediaError, ServiceUnavailable
+from hypermedia.errors import ConfigError, HypermediaError, ServiceUnavailable, error_classes
 from hypermedia.ingest.schemas import (
     AttemptLogResponse,
     CancelResponse,
@@ -69,16 +69,6 @@ PREFIX = "/v1/hypermedia"
 _Model = TypeVar("_Model", bound=BaseModel)
 
 
-def _error_classes() -> dict[str, type[HypermediaError]]:
-    found: dict[str, type[HypermediaError]] = {}
-    pending: list[type[HypermediaError]] = [HypermediaError]
-    while pending:
-        cls = pending.pop()
-        found.setdefault(cls.code, cls)
-        pending.extend(cls.__subclasses__())
-    return found
-
-
 def error_from_response(status: int, payload: Any) -> HypermediaError:
     """The exception an error response stands for, its ``http_status`` the answer's
     ``status``."""
@@ -96,7 +86,7 @@ def _error_of(status: int, payload: Any) -> HypermediaError:
     details = body.get("details")
     details = dict(details) if isinstance(details, Mapping) else {}
     details.pop("message", None)  # would collide with the constructor's own argument
-    cls = _error_classes().get(code)
+    cls = error_classes().get(code)
     if cls is None:
         return HypermediaError(message, **{**details, "server_code": code, "http_status": status})
     if issubclass(cls, ConfigError):

@@ -38,7 +38,7 @@ import ray
 
 from hypermedia import workdirs
 from hypermedia.config import Settings, load_settings
-from hypermedia.errors import HypermediaError, IllegalTransition, NotFound, ServiceUnavailable
+from hypermedia.errors import ConfigError, HypermediaError, ServiceUnavailable, error_classes
 from hypermedia.storage.grants import OutputGrant
 
 log = logging.getLogger(__name__)
@@ -48,12 +48,6 @@ HEAD_RESOURCE = "node:__internal_head__"
 
 def _error_value(exc: HypermediaError) -> tuple[str, str, str]:
     return ("error", exc.code, exc.message)
-
-
-_ERRORS: dict[str, type[HypermediaError]] = {
-    NotFound.code: NotFound,
-    IllegalTransition.code: IllegalTransition,
-}
 
 
 def _configure_logging() -> None:
@@ -69,7 +63,11 @@ def _raise(answer: tuple[Any, ...]) -> Any:
     if answer[0] == "ok":
         return answer[1]
     _, code, message = answer
-    cls = _ERRORS.get(code, ServiceUnavailable)
+    # As itself (the database or the storage down is retried, a job no longer ours
+    # is let go): every other answer was ServiceUnavailable, and its job failed for good.
+    cls = error_classes().get(code, ServiceUnavailable)
+    if issubclass(cls, ConfigError):  # its constructor names a key: the head's to fix
+        cls = ServiceUnavailable
     raise cls(message)
 
 

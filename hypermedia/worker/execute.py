@@ -49,13 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from hypermedia.errors import (
-    DatabaseUnavailable,
-    HypermediaError,
-    IllegalTransition,
-    NotFound,
-    QueueUnavailable,
-)
+from hypermedia.errors import HypermediaError, IllegalTransition, NotFound, ServiceUnavailable
 from hypermedia.jobs.catalog import ProfileCatalog, ProfileRecord
 from hypermedia.jobs.dispatcher import Dispatcher, lease_seconds
 from hypermedia.jobs.repository import ClaimedJob, FinishedJob, OutputRecord
@@ -396,7 +390,8 @@ class JobExecution:
         except transfer.TransferError as exc:
             return self._fail(job, exc.code, exc.message, exc.retryable)
         except HypermediaError as exc:
-            retryable = isinstance(exc, QueueUnavailable | DatabaseUnavailable)
+            # The record, Redis or the storage down (here or where the grants are made).
+            retryable = isinstance(exc, ServiceUnavailable)
             return self._fail(job, exc.code, exc.message, retryable)
         # A cancel asked once the outputs are stored comes too late to save the work:
         # the job completes, its outputs registered (counted on the quota, deletable),

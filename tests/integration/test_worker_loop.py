@@ -23,6 +23,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import psutil
+import pytest
 from sqlalchemy import func, select
 from typer.testing import CliRunner
 
@@ -321,6 +322,45 @@ class _HeldInput(_InputServer):
     def close(self) -> None:
         self.released.set()
         super().close()
+
+
+class _GrantsDown(NoGrants):
+    """Grants answered as the grants actor answers them, with the head's record or
+    storage down: the error's code and message, raised again in the worker."""
+
+    def __init__(self, code: str) -> None:
+        super().__init__()
+        self.code = code
+
+    def input_url(self, job_id: str, worker_id: str) -> str:
+        from hypermedia.worker.actor import _raise
+
+        return _raise(("error", self.code, f"{self.code}: the head could not sign"))
+
+
+@pytest.mark.parametrize("code", ["database_unavailable", "storage_unavailable", "storage_full"])
+def test_grants_the_head_could_not_make_for_an_outage_are_retried(engine, settings, tmp_path, code):
+    """Any code but not_found and illegal_transition came back from the grants actor as
+    ServiceUnavailable, and only the record's or Redis' outage was retried: a storage
+    outage at the head failed every job it met for good, at its first attempt."""
+    stack, _person, job_id = _one_sleep_job(settings, engine, tmp_path, 0.1)
+    execution = JobExecution(
+        stack.dispatcher,
+        stack.catalog,
+        _GrantsDown(code),
+        InProcessExecutor(tmp_path / "work", PRELOAD),
+        "w",
+    )
+    try:
+        (job,) = stack.dispatcher.claim_and_start("images", "w")
+        outcome = execution.run_started(job)
+    finally:
+        execution.close()
+    assert (outcome.status, outcome.error_code) == ("retry_wait", code), outcome
+    with transaction(stack.engine) as conn:
+        row = conn.execute(select(t.jobs.c.status).where(t.jobs.c.job_id == job_id)).one()
+    assert row.status == "retry_wait"
+    stack.close()
 
 
 class _CountingExecutor(InProcessExecutor):
