@@ -36,7 +36,7 @@ from hypermedia.ingest.service import SubmitRequest
 from hypermedia.runner import paused_workers
 from hypermedia.stack import Stack
 from hypermedia.storage.grants import OutputGrant
-from hypermedia.worker.execute import Completion, JobExecution
+from hypermedia.worker.execute import Completion, JobExecution, Outcome
 from hypermedia.worker.worker import Worker
 from tests import ray_support, support
 from tests.factories import Person, make_object, make_user, open_stack
@@ -335,7 +335,8 @@ class _GrantsDown(NoGrants):
     def input_url(self, job_id: str, worker_id: str) -> str:
         from hypermedia.worker.actor import _raise
 
-        return _raise(("error", self.code, f"{self.code}: the head could not sign"))
+        url: str = _raise(("error", self.code, f"{self.code}: the head could not sign"))
+        return url
 
 
 @pytest.mark.parametrize("code", ["database_unavailable", "storage_unavailable", "storage_full"])
@@ -356,6 +357,7 @@ def test_grants_the_head_could_not_make_for_an_outage_are_retried(engine, settin
         outcome = execution.run_started(job)
     finally:
         execution.close()
+    assert isinstance(outcome, Outcome), outcome
     assert (outcome.status, outcome.error_code) == ("retry_wait", code), outcome
     with transaction(stack.engine) as conn:
         row = conn.execute(select(t.jobs.c.status).where(t.jobs.c.job_id == job_id)).one()
