@@ -80,6 +80,24 @@ log = logging.getLogger(__name__)
 IDLE_WAIT_SECONDS = 1.0
 MAX_ERROR_BACKOFF_SECONDS = 5.0
 DISK_CHECK_SECONDS = 5.0  # how often a worker reads its free disk space (while low: waits)
+# An attempt that failed because a service it needs is down (the storage its input and
+# outputs move through, the head that signs their URLs): the job is retried later, but
+# the next jobs would meet the same outage at once and each spend an attempt (a
+# 3-minute storage outage failed every queued job for good). The worker claims nothing
+# for a while instead: this long after the first such failure, twice as long after
+# each next one, at most OUTAGE_PAUSE_MAX_SECONDS; a job that completes ends the pause.
+OUTAGE_CODES = frozenset(
+    {
+        "transfer_unavailable",
+        "storage_unavailable",
+        "storage_full",
+        "service_unavailable",
+        "database_unavailable",
+        "queue_unavailable",
+    }
+)
+OUTAGE_PAUSE_SECONDS = 15.0
+OUTAGE_PAUSE_MAX_SECONDS = 300.0
 COMPLETION_BATCH = 256  # jobs per group commit, at most
 COMPLETION_BACKLOG = 2 * COMPLETION_BATCH  # finished jobs waiting for their commit: then loops wait
 # How long a job a claim loop took ahead may wait behind the one it runs (the upkeep
@@ -96,6 +114,13 @@ SPOT_MARGIN_SECONDS = 5.0  # a notice's handing back should be over this long be
 # Kept after a checkpointing job's last chance to store its piece: the kill, the last
 # uploads and the hand back, before the notice's deadline.
 SPOT_CHECKPOINT_MARGIN_SECONDS = 15.0
+
+
+class _OutageMet(Exception):
+    """What the pause's log line says: the job, its error and how long claims wait."""
+
+    def __init__(self, outcome: Outcome, pause: float) -> None:
+        super().__init__(f"job {outcome.job_id} {outcome.error_code}; no claim for {pause:.0f} s")
 
 
 @dataclass
@@ -315,6 +340,7 @@ class Worker:
         spot: SpotWatch | None = None,
         min_free_disk_mb: int = 0,
         disk_check_seconds: float = DISK_CHECK_SECONDS,
+        outage_pause_seconds: float = OUTAGE_PAUSE_SECONDS,
     ) -> None:
         self.worker_id = worker_id
         self.queue = queue
@@ -337,6 +363,12 @@ class Worker:
         # Claiming paused (the disk guard): since when (the clock's time) and why, as
         # the row says it (claims_paused_since, claims_paused_reason); None: claiming.
         self.paused: tuple[float, str] | None = None
+        self.outage_pause_seconds = outage_pause_seconds
+        self._outage_failures = 0
+        self._outage_until = 0.0  # monotonic: no claim before it
+        self._outage_log = Outage(
+            log, "claims paused: a job met an outage", extra={"worker_id": worker_id}
+        )
         self.notice: SpotNotice | None = None
         self.completions: CompletionBatcher | None = None
         self.stats = WorkerStats()
@@ -540,6 +572,10 @@ class Worker:
             if self.disk_low():  # read every disk_check_seconds; a drain ends the wait
                 self._stopped.wait(IDLE_WAIT_SECONDS)
                 continue
+            waiting = self._outage_until - time.monotonic()
+            if waiting > 0:  # a job met an outage: the next would too
+                self._stopped.wait(min(waiting, IDLE_WAIT_SECONDS))
+                continue
             try:
                 if self.prefetch == 1:
                     jobs = self.dispatcher.claim_and_start(self.queue, self.worker_id)
@@ -665,6 +701,17 @@ class Worker:
     def _record(self, outcome: Outcome) -> None:
         with self._stats_lock:
             self.stats.count(outcome)
+            if outcome.error_code in OUTAGE_CODES:
+                self._outage_failures += 1
+                pause = min(
+                    OUTAGE_PAUSE_MAX_SECONDS,
+                    self.outage_pause_seconds * 2 ** (self._outage_failures - 1),
+                )
+                self._outage_until = time.monotonic() + pause
+                self._outage_log.failed(_OutageMet(outcome, pause))
+            elif outcome.status == "completed" and self._outage_failures:
+                self._outage_failures, self._outage_until = 0, 0.0
+                self._outage_log.succeeded()
         if self.on_outcome is not None:
             self.on_outcome(outcome)
 

@@ -365,6 +365,79 @@ def test_grants_the_head_could_not_make_for_an_outage_are_retried(engine, settin
     stack.close()
 
 
+class _StorageComesBack(_InputServer):
+    """The input's URL, which the head cannot sign while ``down`` is set (its storage is
+    unavailable: the grants actor's answer, raised again in the worker)."""
+
+    def __init__(self) -> None:
+        self.down = threading.Event()
+
+        def get(handler: BaseHTTPRequestHandler) -> None:
+            handler.send_response(200)
+            handler.send_header("Content-Length", "1")
+            handler.end_headers()
+            handler.wfile.write(b"x")
+
+        super().__init__(get)
+
+    def input_url(self, job_id: str, worker_id: str) -> str:
+        from hypermedia.worker.actor import _raise
+
+        if self.down.is_set():
+            _raise(("error", "storage_unavailable", "the file storage is unavailable"))
+        return super().input_url(job_id, worker_id)
+
+
+def test_a_worker_whose_jobs_meet_an_outage_stops_claiming_for_a_while(engine, settings, tmp_path):
+    """A job that fails because the storage is down is retried later; the next jobs
+    would meet the same outage at once, each spending an attempt (a few minutes of
+    outage failed every queued job for good). The worker claims nothing for a while
+    after such a failure, twice as long after the next, and claims as before once a job
+    completes again."""
+    stack, person, _first = _one_sleep_job(settings, engine, tmp_path, 0.05)
+    for _ in range(3):
+        stack.ingest.submit(
+            person.caller,
+            SubmitRequest(
+                object_id=make_object(stack, person),
+                operations=["test.sleep"],
+                params={"test.sleep": {"seconds": 0.05}},
+            ),
+        )
+    storage = _StorageComesBack()
+    storage.down.set()
+    executor = InProcessExecutor(tmp_path / "work", PRELOAD)
+    execution = JobExecution(stack.dispatcher, stack.catalog, storage, executor, "outage-w")
+    worker = Worker(
+        worker_id="outage-w",
+        queue="images",
+        concurrency=1,
+        engine=stack.engine,
+        dispatcher=stack.dispatcher,
+        execution=execution,
+        work_root=str(tmp_path / "work"),
+        clock=stack.clock,
+        outage_pause_seconds=1.0,
+    )
+    worker.start()
+    try:
+        _wait(lambda: worker.stats.retried == 1, timeout=30)
+        time.sleep(0.5)  # within the pause: nothing more is claimed
+        assert (worker.stats.claimed, worker.stats.retried) == (1, 1)
+        _wait(lambda: worker.stats.retried == 2, timeout=30)  # after it: one more, met
+        time.sleep(1.2)  # the second pause is twice as long
+        assert (worker.stats.claimed, worker.stats.retried) == (2, 2)
+        storage.down.clear()
+        _wait(lambda: worker.stats.completed == 2, timeout=30)  # the two never tried
+    finally:
+        worker.stop()
+        storage.close()
+    statuses = _statuses(stack)
+    assert statuses == {"retry_wait": 2, "completed": 2}, statuses
+    assert worker.stats.failed == 0  # none failed for good
+    stack.close()
+
+
 class _CountingExecutor(InProcessExecutor):
     def __init__(self, work_root: Path) -> None:
         super().__init__(work_root, PRELOAD)
