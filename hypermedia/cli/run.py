@@ -60,6 +60,7 @@ def run(
         check_disk,
         check_operations,
         check_out_dir,
+        forget_objects,
         local_operator,
         named_files,
         operations_for,
@@ -192,6 +193,7 @@ def run(
             finished = wait_until_finished(local.stack, report, show, timeout)
             took = time.monotonic() - began
         unwritten = write_outputs(local.stack, report, out, names)
+        forget_objects(local.api_url, key, report)  # written out: the data dir keeps none
         _run_summary(console, report, names, out, finished, took)
     except KeyboardInterrupt:
         interrupted = True  # said once the stack has stopped (typer would exit silently)
@@ -201,6 +203,7 @@ def run(
                 unwritten = _wind_down(
                     console, local.stack, caller, report, names, out, len(files), began
                 )
+                forget_objects(local.api_url, key, report)
     finally:
         console.print("[dim]stopping what was started[/]")
         local.stop(progress=_progress_say(console))

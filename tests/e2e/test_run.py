@@ -70,6 +70,10 @@ def test_run_examples_end_to_end(tmp_path):
     (upright,) = (tmp_path / "hypermedia-out" / "phone-photo-rotated.jpg").iterdir()
     image = pyvips.Image.new_from_file(str(upright))
     assert image.height > image.width
+    # Written out, the files and outputs leave the data dir's storage (each run kept a
+    # copy of all of them, for ever).
+    stored = [p for p in (data / "objects").rglob("*") if p.is_file()]
+    assert stored == [], stored
     # Everything it started is gone: no Redis from its data dir, no Ray processes.
     assert find_running(data / "redis") is None
     marker = str(short_temp_dir(data / "ray", "head"))
