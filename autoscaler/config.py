@@ -25,6 +25,7 @@ Pure: pydantic and the standard library; :func:`load` reads one file.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Iterable
 from decimal import Decimal, InvalidOperation
@@ -43,6 +44,7 @@ SHIPPED = shipped_etc() / "scheduler.json"
 Mode = Literal["vps_only", "hybrid", "cloud_first"]
 ProviderName = Literal["aws", "google", "ionos"]
 PROVIDERS: tuple[ProviderName, ...] = ("aws", "google", "ionos")
+log = logging.getLogger(__name__)
 PLACEHOLDER = "..."
 
 
@@ -360,6 +362,18 @@ def check_queues(config: SchedulerConfig, deployment: Iterable[str], source: str
             f"{source}: queues.{unknown[0]}",
             f"not a queue of this deployment ({', '.join(known)}; HYPERMEDIA_QUEUES"
             " or the settings file's [queues.<name>] adds one)",
+        )
+    missing = [name for name in known if name not in config.queues]
+    if missing:
+        # Not an error (a deployment may leave a queue to its joined nodes), but a queue
+        # added to the settings and forgotten here gets no worker: its operations are
+        # refused at submit, and nothing said why.
+        log.warning(
+            "%s has no entry for the queue(s) %s: no worker of this file runs them (their"
+            " operations are refused at submit unless a joined node serves them); add"
+            " queues.<name> to it",
+            source,
+            ", ".join(missing),
         )
 
 

@@ -292,3 +292,19 @@ def test_a_queue_the_deployment_lacks_refuses_naming_the_file(tmp_path):
         caught.value.message
     )
     assert config.load(path, queues=(*deployment, "thumbs")).queues["thumbs"].baseline_workers == 1
+
+
+def test_a_queue_of_the_deployment_the_file_lacks_is_said(tmp_path, caplog):
+    """A queue added to the settings and forgotten in scheduler.json gets no worker:
+    its operations are refused at submit, and nothing said why at the start."""
+    path = tmp_path / "scheduler.json"
+    path.write_text(json.dumps(hybrid()))
+    named = set(config.load(path).queues)
+    with caplog.at_level("WARNING", logger="autoscaler.config"):
+        config.load(path, queues=(*sorted(named), "thumbs"))
+    (said,) = [r.getMessage() for r in caplog.records if r.name == "autoscaler.config"]
+    assert said.startswith(f"{path} has no entry for the queue(s) thumbs: no worker")
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="autoscaler.config"):
+        config.load(path, queues=sorted(named))
+    assert [r for r in caplog.records if r.name == "autoscaler.config"] == []
