@@ -297,7 +297,9 @@ class QueueUnavailable(ServiceUnavailable):
 def error_classes() -> dict[str, type[HypermediaError]]:
     """Every error class by its code, the first (the most general) for a code two share:
     an error that crossed a process (an HTTP answer, a Ray actor's) raised again as
-    itself. Classes defined elsewhere (the storage's) are found once imported."""
+    itself (the storage's classes too: a web tier's client catches StorageUnavailable)."""
+    import hypermedia.storage.base  # noqa: F401  (its classes: InvalidSignature, StorageFull ...)
+
     found: dict[str, type[HypermediaError]] = {}
     pending: list[type[HypermediaError]] = [HypermediaError]
     while pending:

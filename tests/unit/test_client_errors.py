@@ -36,6 +36,29 @@ def test_codes_map_to_classes(code, cls):
     assert error.http_status == 400  # the answer's, whatever the class's own status
 
 
+def test_the_storages_codes_map_to_their_classes_in_a_client_alone():
+    """The storage's error classes live in hypermedia.storage.base, which a web tier's
+    process importing only the client never imported: a 507 storage_full was the root
+    HypermediaError, not StorageFull (a StorageUnavailable) to catch."""
+    import subprocess
+    import sys
+
+    program = (
+        "from hypermedia.ingest.client import error_from_response\n"
+        "for code in ('storage_full', 'storage_unavailable', 'url_expired'):\n"
+        "    error = error_from_response(503, {'error': {'code': code, 'message': 'm'}})\n"
+        "    print(type(error).__name__, [c.__name__ for c in type(error).__mro__][1])\n"
+    )
+    shown = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, check=True
+    ).stdout.split("\n")
+    assert shown[:3] == [
+        "StorageFull StorageUnavailable",
+        "StorageUnavailable ServiceUnavailable",
+        "UrlExpired Forbidden",
+    ]
+
+
 def test_config_error_keeps_the_server_message():
     payload = {"error": {"code": "config_invalid", "message": "k: bad", "details": {"key": "k"}}}
     error = error_from_response(500, payload)
