@@ -99,7 +99,7 @@ def send(
     }
     try:
         response = client.post(url, content=body, headers=headers, timeout=timeout)
-    except httpx.HTTPError as exc:
+    except (httpx.HTTPError, httpx.InvalidURL) as exc:  # InvalidURL is no HTTPError
         return Answer(None, type(exc).__name__)  # its text can hold the URL: its kind only
     code = response.status_code
     return Answer(code, None if 200 <= code < 300 else f"answered {code}")

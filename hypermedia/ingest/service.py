@@ -50,6 +50,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import unicodedata
 from collections import defaultdict
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -158,7 +159,12 @@ class SubmitRequest(BaseModel):
 
 def callback_target(url: str) -> tuple[str, int]:
     """A callback URL's host (lower case, an IPv6 address without brackets) and port;
-    ValueError for anything but a plain http(s) URL (no credentials, no fragment)."""
+    ValueError for anything but a plain http(s) URL (no credentials, no fragment, no
+    control character: ``urlsplit`` drops a tab or a newline where the HTTP client
+    refuses the URL)."""
+    for index, char in enumerate(url):
+        if unicodedata.category(char) == "Cc":
+            raise ValueError(f"must not contain control characters ({char!r} at {index})")
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError("expected an http:// or https:// URL with a host")

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from pydantic import ValidationError
 from sqlalchemy import select
 
 from hypermedia import webhooks
@@ -267,3 +268,46 @@ def test_a_database_outage_is_one_warning_line_not_a_traceback_every_pass(
     assert not any(r.exc_info for r in records)
     assert "database unreachable" in records[0].getMessage()
     assert "pw-never-logged" not in caplog.text
+
+
+def test_a_callback_url_the_http_client_refuses_is_refused_at_submit_and_never_stalls_the_sender(
+    settings, sqlite_engine, manual_clock
+):
+    """A control character in the URL (a DEL, a tab in the host ...) passed the submit's
+    check but httpx refuses it with InvalidURL, which is no HTTPError: the sender's pass
+    raised on that row, left it claimed and unanswered, and never sent the rows after it.
+    The submit refuses it now, naming callback_url; a row that holds one anyway fails its
+    attempt and the pass goes on."""
+    stack = open_stack(
+        settings,
+        sqlite_engine,
+        manual_clock,
+        callback_hosts=["127.0.0.1"],
+        callback_secret=SECRET,
+        callback_max_attempts=1,
+    )
+    try:
+        person = make_user(stack)
+        with receiving() as receiver:
+            for bad in (receiver.url + "\x7f", receiver.url.replace(":", ":\t", 2)):
+                with pytest.raises(ValidationError, match="callback_url"):
+                    submit(stack, person, ["thumbnail"], callback_url=bad)
+            bad_job, good_job = (
+                submit(stack, person, ["thumbnail"], callback_url=receiver.url)[0] for _ in range(2)
+            )
+            with transaction(stack.engine) as conn:  # as a row written before the check
+                conn.execute(
+                    t.jobs.update()
+                    .where(t.jobs.c.job_id == bad_job)
+                    .values(callback_url=receiver.url + "\x7f")
+                )
+            for job_id in (bad_job, good_job):
+                stack.ingest.cancel(person.caller, job_id)
+            sent = {d.job_id: d for d in _sender(stack).deliver_due()}
+            assert (sent[bad_job].delivered, sent[bad_job].error) == (False, "InvalidURL")
+            assert sent[good_job].delivered
+            assert [_verified(r)["job"]["job_id"] for r in receiver.taken()] == [good_job]
+        rows = _outbox(stack)
+        assert (rows[bad_job].status, rows[bad_job].attempts) == ("failed", 1)
+    finally:
+        stack.close()
