@@ -12,6 +12,14 @@ The request
     :func:`verify` is the receiver's side. Redirects are not followed: a webhook's
     host is what was allowed, never where it points.
 
+What an attempt may cost
+    ``timeout`` bounds the whole attempt, not each read: a receiver that answers one
+    byte every few seconds is cut off when it is spent (its socket shut down), and
+    the answer's body is never read (only the status line and headers, which the
+    HTTP parser caps at 100 KB), so neither a slow receiver nor a huge answer holds
+    the sender, which sends one delivery after another. The name's resolution is the
+    one step not bounded by it.
+
 Retries
     A delivery is done on a 2xx answer. Any other answer, a timeout or a refused
     connection is retried after :func:`backoff` (10 s, doubling, at most 15 min)
@@ -22,8 +30,11 @@ Retries
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
+import socket
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,6 +87,53 @@ class Answer:
         return self.error is None
 
 
+class _Deadline:
+    """Cuts one request off ``seconds`` after it starts, whatever it is waiting for: the
+    connection's socket (a duplicate, so a TLS wrap of the original does not hide it)
+    is shut down, which wakes a read blocked on it. httpx's timeouts bound each read,
+    so a receiver that sends a byte now and then held the sender for ever."""
+
+    def __init__(self, seconds: float) -> None:
+        self.expired = False
+        self._lock = threading.Lock()
+        self._socket: socket.socket | None = None
+        self._timer = threading.Timer(seconds, self._expire)
+        self._timer.daemon = True
+
+    def __enter__(self) -> _Deadline:
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._timer.cancel()
+        with self._lock:
+            if self._socket is not None:
+                self._socket.close()
+                self._socket = None
+
+    def trace(self, event: str, info: dict[str, Any]) -> None:
+        """httpx's ``trace`` extension: takes the connection's socket once it is made."""
+        if event != "connection.connect_tcp.complete":
+            return
+        made = info["return_value"].get_extra_info("socket")
+        with self._lock:
+            if isinstance(made, socket.socket) and self._socket is None:
+                self._socket = made.dup()
+                if self.expired:
+                    self._shut()
+
+    def _expire(self) -> None:
+        with self._lock:
+            self.expired = True
+            if self._socket is not None:
+                self._shut()
+
+    def _shut(self) -> None:
+        assert self._socket is not None
+        with contextlib.suppress(OSError):  # already closed by the other end
+            self._socket.shutdown(socket.SHUT_RDWR)
+
+
 def send(
     client: Any,
     url: str,
@@ -87,19 +145,33 @@ def send(
     timeout: float,
     user_agent: str,
 ) -> Answer:
-    """POST ``body`` to ``url`` once, signed (see the module docstring). ``client``: an
-    ``httpx.Client`` that does not follow redirects."""
+    """POST ``body`` to ``url`` once, signed, in at most about ``timeout`` seconds (see
+    the module docstring). ``client``: an ``httpx.Client`` that does not follow
+    redirects."""
     import httpx
 
     headers = {
         "Content-Type": "application/json",
         "User-Agent": user_agent,
+        # A connection of its own, never one kept from an earlier delivery: the
+        # deadline takes the socket when it is made.
+        "Connection": "close",
         DELIVERY_HEADER: delivery_id,
         SIGNATURE_HEADER: sign(secret, body, timestamp),
     }
-    try:
-        response = client.post(url, content=body, headers=headers, timeout=timeout)
-    except (httpx.HTTPError, httpx.InvalidURL) as exc:  # InvalidURL is no HTTPError
-        return Answer(None, type(exc).__name__)  # its text can hold the URL: its kind only
-    code = response.status_code
+    with _Deadline(timeout) as deadline:
+        try:
+            with client.stream(
+                "POST",
+                url,
+                content=body,
+                headers=headers,
+                timeout=timeout,
+                extensions={"trace": deadline.trace},
+            ) as response:
+                code = response.status_code  # the body is never read
+        except (httpx.HTTPError, httpx.InvalidURL) as exc:  # InvalidURL is no HTTPError
+            if deadline.expired:
+                return Answer(None, f"no answer in {timeout:g} s")
+            return Answer(None, type(exc).__name__)  # its text can hold the URL: its kind
     return Answer(code, None if 200 <= code < 300 else f"answered {code}")

@@ -2,12 +2,15 @@
 
 It records every request (headers and body) and answers the codes it is told to, in
 order (then 200); ``hold`` makes it keep each request open until released (a webhook
-that hangs)."""
+that hangs); ``answer_bytes`` makes it answer that long a body (``sent``: how much of it
+the sender took before it went away); ``drip`` makes it write its answer's head one byte
+at a time, that many seconds apart (a receiver that never quite times out)."""
 
 from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -33,6 +36,9 @@ class Receiver:
         self.hold = threading.Event()  # set: requests wait for `release`
         self.release = threading.Event()
         self.arrived = threading.Event()
+        self.answer_bytes = 0
+        self.sent = 0
+        self.drip = 0.0
         self._lock = threading.Lock()
         receiver = self
 
@@ -48,9 +54,26 @@ class Receiver:
                     receiver.requests.append(
                         Received(self.path, dict(self.headers.items()), body, code)
                     )
+                if receiver.drip:
+                    head = f"HTTP/1.1 {code} OK\r\nContent-Length: 0\r\n\r\n".encode()
+                    try:
+                        for byte in head:
+                            self.wfile.write(bytes([byte]))
+                            time.sleep(receiver.drip)
+                    except OSError:
+                        pass  # the sender went away
+                    return
                 self.send_response(code)
-                self.send_header("Content-Length", "0")
+                self.send_header("Content-Length", str(receiver.answer_bytes))
                 self.end_headers()
+                chunk = b"x" * (1 << 20)
+                while receiver.sent < receiver.answer_bytes:
+                    size = min(len(chunk), receiver.answer_bytes - receiver.sent)
+                    try:
+                        self.wfile.write(chunk[:size])
+                    except OSError:
+                        return  # the sender went away
+                    receiver.sent += size
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass
