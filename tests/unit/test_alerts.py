@@ -275,3 +275,12 @@ def test_signature_binds_body_secret_and_time():
     assert not webhooks.verify("k" * 16, body, header, 1_000 + 301)  # too old: a replay
     assert not webhooks.verify("k" * 16, body, "garbage", 1_000)
     assert [webhooks.backoff(n) for n in (1, 2, 3, 8, 20)] == [10, 20, 40, 900, 900]
+
+
+def test_a_signature_header_of_any_characters_is_not_valid_and_never_raises():
+    """A receiver reads the header as Latin-1 (Starlette, http.server): a forged ``v1=é``
+    raised TypeError out of verify (hmac.compare_digest takes ASCII strings only), a
+    500 for the receiver instead of a refused request."""
+    body = b'{"alert": 1}'
+    for header in ("t=1000,v1=\xe9", "t=1000,v1=\u0100" * 2, "t=\xe9,v1=00", "t=1000,v1="):
+        assert not webhooks.verify("k" * 16, body, header, 1_000), header
