@@ -311,3 +311,42 @@ def test_a_callback_url_the_http_client_refuses_is_refused_at_submit_and_never_s
         assert (rows[bad_job].status, rows[bad_job].attempts) == ("failed", 1)
     finally:
         stack.close()
+
+
+def test_a_receiver_that_does_not_answer_holds_its_own_callbacks_not_the_others(
+    settings, sqlite_engine, manual_clock
+):
+    """The sender sent one row after another: a receiver that took its whole timeout to
+    (not) answer held every other user's callbacks behind each of its own (8 attempts of
+    10 s a row). Each receiver has its own lane now, the lanes side by side, and a lane
+    whose attempt timed out leaves its other rows to the next pass."""
+    stack = open_stack(
+        settings,
+        sqlite_engine,
+        manual_clock,
+        callback_hosts=["127.0.0.1"],
+        callback_secret=SECRET,
+        callback_timeout_seconds=1,
+    )
+    try:
+        person = make_user(stack)
+        with receiving() as slow, receiving() as quick:
+            slow.hold.set()  # it reads each request and answers none
+            held = [
+                submit(stack, person, ["thumbnail"], callback_url=slow.url)[0] for _ in range(3)
+            ]
+            answered = [
+                submit(stack, person, ["thumbnail"], callback_url=quick.url)[0] for _ in range(3)
+            ]
+            for job_id in (*held, *answered):
+                stack.ingest.cancel(person.caller, job_id)
+            sent = _sender(stack).deliver_due()
+            tried = [d for d in sent if d.job_id in held]
+            assert len(tried) == 1, tried  # one timed out: the other two wait for a pass
+            assert tried[0].error == "no answer in 1 s"
+            assert sorted(d.job_id for d in sent if d.delivered) == sorted(answered)
+            assert len(quick.taken()) == 3
+        rows = _outbox(stack)
+        assert sorted(rows[j].attempts for j in held) == [0, 0, 1]
+    finally:
+        stack.close()
