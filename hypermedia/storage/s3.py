@@ -4,7 +4,11 @@ boto3 is imported only when a client is built, so importing this module (and
 the core) stays cheap. botocore errors are translated here: a missing key is
 :class:`~hypermedia.errors.NotFound`; connection failures and anything S3
 refuses are :class:`~hypermedia.storage.base.StorageUnavailable`; missing AWS
-credentials are a :class:`~hypermedia.errors.ConfigError`.
+credentials are a :class:`~hypermedia.errors.ConfigError`. The credentials are looked
+up when the client is built, so a head with none to be had (none configured, or an
+instance role / container endpoint that does not answer) refuses to start, naming
+them, instead of answering every storage request with an error; credentials that
+cannot be refreshed later make requests :class:`StorageUnavailable` (503).
 
 ``put`` buffers one part (``part_size``, 8 MiB by default) at a time: an object
 smaller than a part is one ``PutObject``, a larger one a multipart upload that is
@@ -38,13 +42,19 @@ if TYPE_CHECKING:
 
 MIN_PART_SIZE = 5 * 1024 * 1024  # S3's minimum for every part but the last
 _MISSING = frozenset({"NoSuchKey", "404", "NotFound"})
+_CREDENTIALS = "AWS credentials"
+_NONE_FOUND = (
+    "the S3 backend found none (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, "
+    "a profile or an instance role)"
+)
 
 
 def make_client(endpoint_url: str | None = None, region: str | None = None) -> S3Client:
     """An S3 client with credentials from the usual AWS chain (environment, profile,
-    instance role)."""
+    instance role); ConfigError when that chain has none, or cannot fetch them."""
     import boto3
     from botocore.config import Config
+    from botocore.exceptions import BotoCoreError
 
     options: dict[str, Any] = {
         "signature_version": "s3v4",
@@ -59,6 +69,15 @@ def make_client(endpoint_url: str | None = None, region: str | None = None) -> S
         options["request_checksum_calculation"] = "when_required"
         options["response_checksum_validation"] = "when_required"
     session = boto3.session.Session()
+    try:
+        # Fetched (and kept by the session for its client) now: botocore would
+        # otherwise raise this from the client's constructor untranslated, or, finding
+        # none, build a client that fails every request.
+        found = session.get_credentials()
+    except BotoCoreError as exc:
+        raise ConfigError(_CREDENTIALS, f"the S3 backend could not fetch them: {exc}") from exc
+    if found is None:
+        raise ConfigError(_CREDENTIALS, _NONE_FOUND)
     return session.client(
         "s3", endpoint_url=endpoint_url, region_name=region, config=Config(**options)
     )
@@ -250,11 +269,7 @@ class S3Storage:
                 http_status=status,
             )
         if isinstance(exc, boto.NoCredentialsError | boto.PartialCredentialsError):
-            return ConfigError(
-                "AWS credentials",
-                "the S3 backend found none (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, "
-                "a profile or an instance role)",
-            )
+            return ConfigError(_CREDENTIALS, _NONE_FOUND)
         if isinstance(exc, boto.BotoCoreError):
             return StorageUnavailable(f"S3 unreachable: {exc}", bucket=self.bucket)
         return None

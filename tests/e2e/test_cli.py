@@ -422,3 +422,47 @@ def test_the_access_log_shows_no_signature(cli: Cli, tmp_path: Path):
     assert "PUT /v1/hypermedia/blobs/derived/p/o/1/t?expires=" in output
     assert "content_type=image%2Fpng" in output
     assert not [sig for sig in signatures if sig in output]
+
+
+def _s3_without_credentials(cli: Cli, tmp_path: Path, **aws: str) -> dict[str, str]:
+    """The S3 backend with no AWS credentials anywhere: none in the environment, no
+    config or credentials file, the instance metadata service a closed port. ``aws``
+    adds to that (a container credentials endpoint that answers nothing ...)."""
+    env = {k: v for k, v in cli.env.items() if not k.startswith("AWS_")}
+    env.update(
+        HYPERMEDIA_STORAGE_BACKEND="s3",
+        HYPERMEDIA_S3_BUCKET="hm-bucket",
+        HYPERMEDIA_S3_ENDPOINT_URL=f"http://127.0.0.1:{free_port()}",
+        HYPERMEDIA_S3_REGION="us-east-1",
+        AWS_CONFIG_FILE=str(tmp_path / "no-aws-config"),
+        AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "no-aws-credentials"),
+        AWS_EC2_METADATA_SERVICE_ENDPOINT=f"http://127.0.0.1:{free_port()}",
+        **aws,
+    )
+    return env
+
+
+def test_s3_credentials_that_cannot_be_had_refuse_the_start_in_one_line(cli: Cli, tmp_path: Path):
+    """``serve`` with the S3 backend and no credentials to be had stops at its start with
+    the one error line naming them, and no secret of the environment in it; it neither
+    answers 500 to every upload later (none at all) nor ends in an ``internal`` error (a
+    container credentials endpoint that does not answer)."""
+    cli.ok("db", "upgrade")
+    none = Cli(_s3_without_credentials(cli, tmp_path))
+    err = none.fails("serve", "--port", str(free_port()))
+    assert err.strip().startswith("error: config_invalid: AWS credentials: "), err
+    assert len(err.strip().splitlines()) == 1, err
+    unreachable = Cli(
+        _s3_without_credentials(
+            cli,
+            tmp_path,
+            AWS_CONTAINER_CREDENTIALS_FULL_URI=f"http://127.0.0.1:{free_port()}/credentials",
+            AWS_CONTAINER_AUTHORIZATION_TOKEN="canary-container-token",
+            AWS_SECRET_ACCESS_KEY="canary-secret-key",  # without its key id: unused
+        )
+    )
+    err = unreachable.fails("serve", "--port", str(free_port()))
+    assert err.strip().startswith("error: config_invalid: AWS credentials: "), err
+    assert "container" in err, err
+    assert len(err.strip().splitlines()) == 1, err
+    assert "canary" not in err, err
