@@ -20,7 +20,9 @@
 - **bursts**: the operators' manual bursts not ended (``hypermedia scheduler burst``);
 - **alerts** firing (:mod:`autoscaler.alerting`'s state), the most severe first;
 - **decisions**: the scheduler's last ones with their reasons; who leads and when the
-  last turn was.
+  last turn was;
+- **storage**: its probe's last answer (:mod:`hypermedia.storage.health`), when the
+  caller has one: up, or down and why.
 
 It answers a :class:`Status` of plain values (:meth:`Status.as_json`: what ``hypermedia
 status --json`` prints); it writes nothing.
@@ -52,6 +54,7 @@ from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
 from hypermedia.jobs.states import JobStatus
 from hypermedia.stack import Stack
+from hypermedia.storage.health import StorageHealth
 
 RATE_WINDOW_SECONDS = 900.0
 FINAL = (JobStatus.COMPLETED.value, JobStatus.FAILED.value, JobStatus.CANCELLED.value)
@@ -183,6 +186,13 @@ class BulkRunStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class StorageStatus:
+    ok: bool
+    problem: str | None
+    checked_at: float
+
+
+@dataclass(frozen=True, slots=True)
 class Status:
     at: float
     mode: str  # scheduler.json's mode, or vps_only while the cost lock holds
@@ -200,13 +210,19 @@ class Status:
     bursts: list[BurstStatus] = field(default_factory=list)
     # The reconciliation's last findings: a settled bill that differs from the ledger.
     billing_findings: list[str] = field(default_factory=list)
+    storage: StorageStatus | None = None  # None: not probed by this caller
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def gather(stack: Stack, config: SchedulerConfig, decisions: int = 10) -> Status:
-    """The platform now (see the module docstring)."""
+def gather(
+    stack: Stack,
+    config: SchedulerConfig,
+    decisions: int = 10,
+    storage: StorageHealth | None = None,
+) -> Status:
+    """The platform now (see the module docstring); ``storage``: the probe to ask."""
     now = stack.clock.now()
     since = to_datetime(now - RATE_WINDOW_SECONDS)
     names = list(stack.queue.queues)
@@ -266,8 +282,10 @@ def gather(stack: Stack, config: SchedulerConfig, decisions: int = 10) -> Status
             )
         )
     limits = config.cost_limits
+    probed = storage.state() if storage is not None else None
     leadership = Leadership(stack.redis, stack.settings.redis_prefix, "status", 1)
     return Status(
+        storage=StorageStatus(probed.ok, probed.problem, probed.checked_at) if probed else None,
         at=now,
         mode="vps_only" if lock is not None else config.mode,
         leader=leadership.current(),

@@ -155,6 +155,10 @@ class Settings(BaseSettings):
     s3_prefix: str = Field(default="", max_length=200)
     storage_secret: SecretStr | None = Field(default=None, min_length=32)
     presign_ttl_seconds: int = Field(default=900, ge=1, le=7 * 24 * 3600)
+    # /healthz probes the storage (S3: a HEAD of the bucket) at most this often (0: on
+    # every ask), and waits at most storage_probe_timeout_seconds for it.
+    storage_probe_seconds: float = Field(default=15.0, ge=0, le=3600)
+    storage_probe_timeout_seconds: float = Field(default=2.0, gt=0, le=60)
     # An output's download URL (GET /jobs/{id}/outputs/{type}/url) lives this long.
     download_url_ttl_seconds: int = Field(default=300, ge=1, le=24 * 3600)
 

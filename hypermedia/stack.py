@@ -41,6 +41,7 @@ from hypermedia.profiles import load_profiles
 from hypermedia.queue.redis_queue import RedisQueue, connect
 from hypermedia.ratelimit import RateLimiter
 from hypermedia.storage.base import Storage
+from hypermedia.storage.health import StorageHealth
 from hypermedia.storage.local import LocalStorage, load_or_create_secret
 
 
@@ -89,6 +90,15 @@ def build_storage(settings: Settings, clock: Clock) -> Storage:
     )
 
 
+def storage_health(storage: Storage, settings: Settings, clock: Clock) -> StorageHealth:
+    return StorageHealth(
+        storage.check,
+        every=settings.storage_probe_seconds,
+        timeout=settings.storage_probe_timeout_seconds,
+        clock=clock,
+    )
+
+
 def migrate(
     settings: Settings, engine: Engine | None = None, *, clock: Clock | None = None
 ) -> None:
@@ -128,6 +138,8 @@ class Stack:
     metrics: Recorder
     _storage: Storage | None = None
     redis_url: str = ""  # what `redis` connects to (the API's event streams open their own)
+    # The storage's probe (cached), what /healthz asks; None without storage.
+    storage_health: StorageHealth | None = None
 
     @property
     def has_storage(self) -> bool:
@@ -194,6 +206,7 @@ class Stack:
         key_defaults = KeyGrants(
             settings.key_priority_min, settings.key_priority_max, settings.key_submits_per_minute
         )
+        storage = build_storage(settings, clock) if with_storage else None
         return cls(
             settings=settings,
             engine=engine,
@@ -234,8 +247,9 @@ class Stack:
             clock=clock,
             limiter=limiter,
             metrics=metrics,
-            _storage=build_storage(settings, clock) if with_storage else None,
+            _storage=storage,
             redis_url=redis_url,
+            storage_health=storage_health(storage, settings, clock) if storage else None,
         )
 
     def close(self) -> None:

@@ -171,7 +171,7 @@ def history(stack: Stack, config: SchedulerConfig, status: Status, hours: float)
 
 def render(template: Template, stack: Stack, config: SchedulerConfig, hours: float) -> str:
     try:
-        status = gather(stack, config, decisions=DECISION_LOG)
+        status = gather(stack, config, decisions=DECISION_LOG, storage=stack.storage_health)
         drawn = history(stack, config, status, hours).as_json()
     except ServiceUnavailable as exc:
         raise PageOutage(exc) from None

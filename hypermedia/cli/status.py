@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     from rich.console import RenderableType
 
     from autoscaler.status import Status
+    from hypermedia.stack import Stack
+    from hypermedia.storage.health import StorageHealth
 
 
 def status(
@@ -73,10 +75,12 @@ def status(
     from hypermedia.stack import Stack
 
     loaded = scheduler_config.load(config_path)
-    stack = Stack.open(read_settings(), with_storage=False)
+    settings = read_settings()
+    stack = Stack.open(settings, with_storage=False)
+    probe = _storage_probe(stack)
     try:
         if not watch:
-            current = gather(stack, loaded)
+            current = gather(stack, loaded, storage=probe)
             if as_json:
                 typer.echo(json.dumps(current.as_json(), indent=2))
             else:
@@ -88,12 +92,12 @@ def status(
         try:
             if as_json:
                 while True:
-                    typer.echo(json.dumps(outage.read(stack, loaded, as_json=True)))
+                    typer.echo(json.dumps(outage.read(stack, loaded, probe, as_json=True)))
                     time.sleep(interval)
-            with Live(outage.read(stack, loaded), auto_refresh=False, screen=True) as live:
+            with Live(outage.read(stack, loaded, probe), auto_refresh=False, screen=True) as live:
                 while True:
                     time.sleep(interval)
-                    live.update(outage.read(stack, loaded), refresh=True)
+                    live.update(outage.read(stack, loaded, probe), refresh=True)
         except KeyboardInterrupt:
             return
     finally:
@@ -106,12 +110,12 @@ class _Outage:
     def __init__(self) -> None:
         self.since: float | None = None
 
-    def read(self, stack: Any, loaded: Any, *, as_json: bool = False) -> Any:
+    def read(self, stack: Any, loaded: Any, probe: Any, *, as_json: bool = False) -> Any:
         from autoscaler.status import gather
         from hypermedia.errors import ServiceUnavailable
 
         try:
-            current = gather(stack, loaded)
+            current = gather(stack, loaded, storage=probe)
         except ServiceUnavailable as exc:
             now = time.time()
             self.since = self.since or now
@@ -126,6 +130,25 @@ class _Outage:
             )
         self.since = None
         return current.as_json() if as_json else render(current)
+
+
+def _storage_probe(stack: Stack) -> StorageHealth:
+    """The storage's probe, as the API's /healthz runs it; a storage that cannot even be
+    built (S3 credentials to be had nowhere) is down for that reason."""
+    from hypermedia.errors import HypermediaError
+    from hypermedia.stack import build_storage, storage_health
+    from hypermedia.storage.health import StorageHealth
+
+    try:
+        storage = build_storage(stack.settings, stack.clock)
+    except HypermediaError as exc:
+        refusal = exc
+
+        def refused() -> None:
+            raise refusal
+
+        return StorageHealth(refused, every=0, timeout=1, clock=stack.clock)
+    return storage_health(storage, stack.settings, stack.clock)
 
 
 def _money(cents: float) -> str:
@@ -151,6 +174,11 @@ def render(current: Status) -> RenderableType:
         f" {leader} · last turn {_when(current.last_turn_at)}"
     )
     parts.append(Text(header, style="bold"))
+    if current.storage is not None:
+        if current.storage.ok:
+            parts.append(Text("Storage: up"))
+        else:
+            parts.append(Text(f"Storage: down: {current.storage.problem}", style="bold red"))
 
     window = f"{current.rate_window_seconds / 60:.0f} min"
     queues = Table(

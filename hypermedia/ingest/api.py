@@ -905,17 +905,21 @@ def _bulk(caller: Caller, stack: Stack) -> BulkService:
 @router.get(
     "/healthz",
     operation_id="getHealth",
-    summary="Database and Redis reachability (no authentication)",
+    summary="Database, Redis and storage reachability (no authentication)",
     responses={503: {"model": HealthResponse, "description": "A backing service is down."}},
     tags=["operators"],
 )
 def healthz(stack: StackDep, response: Response) -> HealthResponse:
+    """``storage``: the storage's last probe (S3: a HEAD of the bucket; local: the
+    directory takes a file and has room), at most ``storage_probe_seconds`` old."""
     database = _database_ok(stack)
     redis_ok = _redis_ok(stack)
-    if not (database and redis_ok):
+    storage = stack.storage_health is not None and stack.storage_health.state().ok
+    ok = database and redis_ok and storage
+    if not ok:
         response.status_code = 503
     return HealthResponse(
-        status="ok" if database and redis_ok else "unavailable", database=database, redis=redis_ok
+        status="ok" if ok else "unavailable", database=database, redis=redis_ok, storage=storage
     )
 
 

@@ -433,3 +433,4 @@ class HealthResponse(_Model):
     status: Literal["ok", "unavailable"]
     database: bool
     redis: bool
+    storage: bool

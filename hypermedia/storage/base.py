@@ -29,6 +29,9 @@ runs the same suite against each:
   SigV4 maximum). Issuing a URL touches no object: the key need not exist yet.
   These URLs are how workers, which hold no storage credentials, move bytes; the
   head issues them per job (:mod:`hypermedia.storage.grants`).
+* ``check()`` is a cheap look at whether the backend works now (S3: a HEAD of the
+  bucket; local: its directory takes a file and has room left), what ``/healthz``
+  probes (:mod:`hypermedia.storage.health`): it returns, or raises what a write would.
 * A bad key raises :class:`~hypermedia.errors.InvalidRequest` before any I/O; a
   backend that cannot be reached, or cannot write (a read-only disk, a refusal),
   raises :class:`StorageUnavailable`; one with no room left :class:`StorageFull`.
@@ -157,6 +160,8 @@ class Storage(Protocol):
     def presign_get(self, key: str, ttl_seconds: int) -> str: ...
 
     def presign_put(self, key: str, ttl_seconds: int, content_type: str | None = None) -> str: ...
+
+    def check(self) -> None: ...
 
 
 def too_large(max_bytes: int) -> InputTooLarge:

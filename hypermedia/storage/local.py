@@ -143,6 +143,17 @@ class LocalStorage:
             except OSError:  # not empty (or gone): what is above is not empty either
                 break
 
+    def check(self) -> None:
+        """The directory (made if need be) takes a file, and has room left."""
+        with self._disk(".probe", "store"):
+            self.root.mkdir(parents=True, exist_ok=True)
+            fd, name = tempfile.mkstemp(dir=self.root, prefix=".probe-")
+            os.close(fd)
+            os.unlink(name)
+            room = os.statvfs(self.root)
+        if room.f_bavail == 0:
+            raise StorageFull(f"local storage at {self.root} has no room left", key=".probe")
+
     @contextlib.contextmanager
     def _disk(self, key: str, doing: str) -> Iterator[None]:
         """The disk's refusals (full, read-only, no permission, I/O errors) as the

@@ -238,6 +238,15 @@ class S3Storage:
                 "put_object", Params=params, ExpiresIn=ttl_seconds, HttpMethod="PUT"
             )
 
+    def check(self) -> None:
+        try:
+            with self._translated(self.bucket):
+                self.client.head_bucket(Bucket=self.bucket)
+        except NotFound:  # HeadBucket's 404 has no NoSuchBucket code to tell it
+            raise StorageUnavailable(
+                f"S3 bucket {self.bucket!r} does not exist", bucket=self.bucket
+            ) from None
+
     @contextlib.contextmanager
     def _translated(self, key: str) -> Iterator[None]:
         try:

@@ -7,6 +7,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
+import boto3
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
@@ -19,6 +20,7 @@ from hypermedia.ingest import uploads
 from hypermedia.ingest.api import create_app
 from hypermedia.stack import Stack
 from hypermedia.storage.base import original_key
+from tests import support
 from tests.api_support import add_user, bearer
 from tests.metrics_support import parse, sum_by
 
@@ -632,7 +634,7 @@ def test_credits_show_balance_reserved_available(api, alice):
 def test_healthz_needs_no_key(api):
     response = api.get("/healthz")
     assert response.status_code == 200
-    assert response.json() == {"status": "ok", "database": True, "redis": True}
+    assert response.json() == {"status": "ok", "database": True, "redis": True, "storage": True}
 
 
 def test_healthz_reports_redis_down(sqlite_engine, settings, private_redis):
@@ -644,7 +646,52 @@ def test_healthz_reports_redis_down(sqlite_engine, settings, private_redis):
             private_redis.stop()
             response = api.get("/healthz")
         assert response.status_code == 503
-        assert response.json() == {"status": "unavailable", "database": True, "redis": False}
+        assert response.json() == {
+            "status": "unavailable",
+            "database": True,
+            "redis": False,
+            "storage": True,
+        }
+    finally:
+        stack.close()
+
+
+def test_healthz_reports_s3_down(sqlite_engine, settings, monkeypatch, tmp_path):
+    """The S3 bucket probed (a HEAD of it): 503 ``storage: false`` once the S3 server is
+    gone, where it said ``ok`` before."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "hypermedia-test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "hypermedia-test-secret")
+    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    with support.moto_server() as endpoint:
+        boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(
+            Bucket="hm-health"
+        )
+        stack = Stack.open(
+            settings(
+                storage_backend="s3",
+                s3_bucket="hm-health",
+                s3_endpoint_url=endpoint,
+                s3_region="us-east-1",
+                storage_probe_seconds=0,
+            ),
+            engine=sqlite_engine,
+            auto_migrate=True,
+        )
+        api = TestClient(create_app(stack))
+        response = api.get("/healthz")
+        assert response.status_code == 200
+        assert response.json() == {"status": "ok", "database": True, "redis": True, "storage": True}
+    try:
+        response = api.get("/healthz")  # the S3 server stopped
+        assert response.status_code == 503  # was 200 ok
+        assert response.json() == {
+            "status": "unavailable",
+            "database": True,
+            "redis": True,
+            "storage": False,
+        }
     finally:
         stack.close()
 

@@ -213,6 +213,33 @@ def test_the_command_shows_the_same_numbers(stack, scene, tmp_path: Path):
     assert "Manual burst images: 2 cloud workers until" in screen.stdout
 
 
+def test_the_command_shows_the_storage(stack, scene, tmp_path: Path):
+    """``status`` probes the storage as /healthz does: up, or down and why (here the
+    local directory is a file, where nothing can be stored)."""
+    config_file = tmp_path / "scheduler.json"
+    config_file.write_text(json.dumps(config_data()))
+    data = tmp_path / "status-data"
+    env = {
+        "HYPERMEDIA_DATABASE_URL": support.url_string(stack.engine),
+        "HYPERMEDIA_REDIS_URL": support.redis_server_url(),
+        "HYPERMEDIA_REDIS_PREFIX": stack.settings.redis_prefix,
+        "HYPERMEDIA_DATA_DIR": str(data),
+        "HYPERMEDIA_SCHEDULER_CONFIG": str(config_file),
+    }
+    runner = CliRunner()
+    result = runner.invoke(app, ["status", "--json"], env=env)
+    assert result.exit_code == 0, result.output
+    storage = json.loads(result.stdout)["storage"]  # was no storage at all
+    assert (storage["ok"], storage["problem"]) == (True, None)
+    (data / "objects").rmdir()
+    (data / "objects").write_bytes(b"")
+    storage = json.loads(runner.invoke(app, ["status", "--json"], env=env).stdout)["storage"]
+    assert storage["ok"] is False and str(data / "objects") in storage["problem"]
+    screen = runner.invoke(app, ["status"], env=env)
+    assert screen.exit_code == 0, screen.output
+    assert "Storage: down: local storage at" in screen.stdout
+
+
 def test_watch_shows_an_outage_and_goes_on_when_it_ends(stack, scene, tmp_path: Path):
     """`status --watch` ended at the first read that failed (Redis or the record down):
     when the operator watches most. It shows what is down and since when, then the

@@ -210,6 +210,21 @@ def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+# -- check (what /healthz probes) -------------------------------------------------------------
+
+
+def test_a_working_backend_passes_its_check_and_keeps_nothing(backend):
+    backend.storage.check()
+    if isinstance(backend.storage, LocalStorage):
+        assert not [p for p in backend.storage.root.iterdir() if p.name.startswith(".probe")]
+
+
+def test_the_check_of_a_bucket_that_is_not_there_says_so(moto_endpoint, aws_environment):
+    storage = S3Storage("hm-no-such-bucket", endpoint_url=moto_endpoint, region=REGION)
+    with pytest.raises(StorageUnavailable, match="'hm-no-such-bucket' does not exist"):
+        storage.check()
+
+
 # -- put / read / exists / size / delete ------------------------------------------------------
 
 

@@ -14,6 +14,7 @@ stored go on; once the disk is back, uploads are stored again.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import subprocess
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
 from hypermedia.db import tables as t
@@ -152,3 +154,45 @@ def test_a_full_or_read_only_disk_refuses_uploads_cleanly_and_keeps_nothing(
                 assert storage_used(conn, person.user_id) == used + 200 * KiB
     finally:
         stack.close()
+
+
+def test_healthz_tells_a_full_or_read_only_disk(sqlite_engine, settings, small_disk):
+    """``/healthz`` probes the storage too: 503 ``storage: false`` while the local
+    directory cannot take a file (read-only) or has no room left, ``ok`` once it is
+    back; the database and Redis fields mean what they did."""
+    stack = Stack.open(settings(storage_probe_seconds=0), auto_migrate=True)
+    try:
+        api = TestClient(create_app(stack))
+        up = {"status": "ok", "database": True, "redis": True, "storage": True}
+        down = {"status": "unavailable", "database": True, "redis": True, "storage": False}
+        healthy = api.get("/healthz")
+        assert (healthy.status_code, healthy.json()) == (200, up)
+
+        _remount(small_disk, "ro")
+        read_only = api.get("/healthz")
+        assert (read_only.status_code, read_only.json()) == (503, down)  # was 200 ok
+        _remount(small_disk, "rw")
+        assert api.get("/healthz").json() == up
+
+        _fill(small_disk / "filler")
+        full = api.get("/healthz")
+        assert (full.status_code, full.json()) == (503, down)  # was 200 ok
+        (small_disk / "filler").unlink()
+        assert api.get("/healthz").json() == up
+    finally:
+        stack.close()
+
+
+def _fill(path: Path) -> None:
+    """Write ``path`` until its disk refuses: not a byte of room left."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        while True:
+            try:
+                os.write(fd, b"\0" * 4 * KiB)
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
+                return
+    finally:
+        os.close(fd)
