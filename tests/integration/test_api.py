@@ -675,6 +675,9 @@ def test_healthz_reports_s3_down(sqlite_engine, settings, monkeypatch, tmp_path)
                 s3_endpoint_url=endpoint,
                 s3_region="us-east-1",
                 storage_probe_seconds=0,
+                # A HEAD of moto's bucket on a loaded machine may take seconds: the
+                # probe's own limit is not what this test is about.
+                storage_probe_timeout_seconds=60,
             ),
             engine=sqlite_engine,
             auto_migrate=True,

@@ -160,7 +160,10 @@ def test_healthz_tells_a_full_or_read_only_disk(sqlite_engine, settings, small_d
     """``/healthz`` probes the storage too: 503 ``storage: false`` while the local
     directory cannot take a file (read-only) or has no room left, ``ok`` once it is
     back; the database and Redis fields mean what they did."""
-    stack = Stack.open(settings(storage_probe_seconds=0), auto_migrate=True)
+    # Every ask probes; the limit on a probe's time is not what this test is about.
+    stack = Stack.open(
+        settings(storage_probe_seconds=0, storage_probe_timeout_seconds=60), auto_migrate=True
+    )
     try:
         api = TestClient(create_app(stack))
         up = {"status": "ok", "database": True, "redis": True, "storage": True}
