@@ -69,7 +69,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from hypermedia.errors import InspectionLimit
+from hypermedia.errors import InspectionLimit, ServiceUnavailable
 from hypermedia.sandbox import isolation
 from hypermedia.sandbox.child import PR_SET_NO_NEW_PRIVS, prctl
 from hypermedia.sandbox.inspect import Inspection, inspect_source
@@ -156,8 +156,8 @@ class InspectionRunner:
                 try:
                     message = conn.recv()
                 except EOFError:
-                    raise RuntimeError(
-                        f"the inspection server went away inspecting {key!r}"
+                    raise ServiceUnavailable(
+                        f"upload inspection is unavailable: its server went away inspecting {key!r}"
                     ) from None
                 kind = message[0]
                 if kind == "pid":
@@ -247,13 +247,19 @@ class _Server:
                 data += chunk
         except OSError as exc:
             self.close()
-            raise RuntimeError(f"the inspection server did not start: {exc}") from None
+            raise ServiceUnavailable(
+                f"upload inspection is unavailable: its server did not start: {exc}"
+            ) from None
         self.control.settimeout(None)
         try:
             capabilities = json.loads(data)["capabilities"]
         except (ValueError, KeyError, TypeError):
             self.close()
-            raise RuntimeError("the inspection server did not start") from None
+            # It ended before it said it was ready (killed: the API stopping, the OOM
+            # killer): the upload is refused as the other outages are (503, not 500).
+            raise ServiceUnavailable(
+                "upload inspection is unavailable: its server ended as it started"
+            ) from None
         if not self.config["enabled"]:
             log.warning(
                 "upload inspection: the sandbox is switched off: files are parsed with"

@@ -316,3 +316,25 @@ def test_without_cap_sys_admin_inspection_degrades_loudly():
     assert {"network_namespace", "mount_namespace", "own_uid"} <= set(caps["missing"])
     for feature in ("network namespace", "mount namespace", "own uid"):
         assert f"WARNING upload inspection: no {feature}" in done.stderr
+
+
+def test_a_server_that_ends_as_it_starts_is_an_outage_not_an_internal_error():
+    """The inspection server killed while it started (the API stopping beside an upload,
+    the OOM killer) was a RuntimeError: a 500 ``internal`` with its traceback in the log
+    (a CI-like run of `hypermedia run` interrupted mid-upload). It is ServiceUnavailable,
+    a 503 with Retry-After, nothing stored."""
+    from hypermedia.errors import ServiceUnavailable
+    from hypermedia.ingest.http_errors import error_response
+    from tests.integration.test_api_inspection import PNG
+
+    class Store:
+        def read_range(self, key: str, offset: int, length: int) -> bytes:
+            return PNG[offset : offset + length]
+
+    runner = InspectionRunner(InspectionBudget(cpu_seconds=5))
+    # A config its server cannot start from: it ends before it says it is ready.
+    runner._config = {**runner._config, "hidden": 5}
+    with pytest.raises(ServiceUnavailable, match="its server ended as it started") as ended:
+        runner.inspect(Store(), "originals/p/cat", len(PNG))  # type: ignore[arg-type]
+    answer = error_response(ended.value)
+    assert (answer.status_code, answer.headers["Retry-After"]) == (503, "5")
