@@ -46,6 +46,13 @@ def _sender(stack: Stack) -> CallbackSender:
     return CallbackSender.from_settings(stack.engine, stack.settings, stack.clock)
 
 
+def _local_callbacks(settings, engine, clock, **overrides: Any) -> Stack:
+    """A stack on SQLite whose callbacks may go to this machine's receivers."""
+    return open_stack(
+        settings, engine, clock, callback_hosts=["127.0.0.1"], callback_secret=SECRET, **overrides
+    )
+
+
 def _outbox(stack: Stack) -> dict[str, Any]:
     with transaction(stack.engine) as conn:
         return {r.job_id: r for r in conn.execute(select(t.callbacks)).all()}
@@ -278,14 +285,7 @@ def test_a_callback_url_the_http_client_refuses_is_refused_at_submit_and_never_s
     raised on that row, left it claimed and unanswered, and never sent the rows after it.
     The submit refuses it now, naming callback_url; a row that holds one anyway fails its
     attempt and the pass goes on."""
-    stack = open_stack(
-        settings,
-        sqlite_engine,
-        manual_clock,
-        callback_hosts=["127.0.0.1"],
-        callback_secret=SECRET,
-        callback_max_attempts=1,
-    )
+    stack = _local_callbacks(settings, sqlite_engine, manual_clock, callback_max_attempts=1)
     try:
         person = make_user(stack)
         with receiving() as receiver:
@@ -320,14 +320,7 @@ def test_a_receiver_that_does_not_answer_holds_its_own_callbacks_not_the_others(
     (not) answer held every other user's callbacks behind each of its own (8 attempts of
     10 s a row). Each receiver has its own lane now, the lanes side by side, and a lane
     whose attempt timed out leaves its other rows to the next pass."""
-    stack = open_stack(
-        settings,
-        sqlite_engine,
-        manual_clock,
-        callback_hosts=["127.0.0.1"],
-        callback_secret=SECRET,
-        callback_timeout_seconds=1,
-    )
+    stack = _local_callbacks(settings, sqlite_engine, manual_clock, callback_timeout_seconds=1)
     try:
         person = make_user(stack)
         with receiving() as slow, receiving() as quick:

@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -74,13 +75,16 @@ def running_worker(
     prefetch: int,
     concurrency: int = 2,
     worker_id: str = "loop-w",
+    queue: str = "bulk",
+    grants: NoGrants | None = None,
+    **options: Any,
 ) -> Iterator[tuple[Worker, NoGrants]]:
-    grants = NoGrants()
+    grants = grants or NoGrants()
     executor = InProcessExecutor(tmp_path / "work", PRELOAD)
     execution = JobExecution(stack.dispatcher, stack.catalog, grants, executor, worker_id)
     worker = Worker(
         worker_id=worker_id,
-        queue="bulk",
+        queue=queue,
         concurrency=concurrency,
         engine=stack.engine,
         dispatcher=stack.dispatcher,
@@ -88,6 +92,7 @@ def running_worker(
         work_root=str(tmp_path / "work"),
         clock=stack.clock,
         prefetch=prefetch,
+        **options,
     )
     worker.start()
     try:
@@ -406,31 +411,26 @@ def test_a_worker_whose_jobs_meet_an_outage_stops_claiming_for_a_while(engine, s
         )
     storage = _StorageComesBack()
     storage.down.set()
-    executor = InProcessExecutor(tmp_path / "work", PRELOAD)
-    execution = JobExecution(stack.dispatcher, stack.catalog, storage, executor, "outage-w")
-    worker = Worker(
-        worker_id="outage-w",
-        queue="images",
-        concurrency=1,
-        engine=stack.engine,
-        dispatcher=stack.dispatcher,
-        execution=execution,
-        work_root=str(tmp_path / "work"),
-        clock=stack.clock,
-        outage_pause_seconds=1.0,
-    )
-    worker.start()
     try:
-        _wait(lambda: worker.stats.retried == 1, timeout=30)
-        time.sleep(0.5)  # within the pause: nothing more is claimed
-        assert (worker.stats.claimed, worker.stats.retried) == (1, 1)
-        _wait(lambda: worker.stats.retried == 2, timeout=30)  # after it: one more, met
-        time.sleep(1.2)  # the second pause is twice as long
-        assert (worker.stats.claimed, worker.stats.retried) == (2, 2)
-        storage.down.clear()
-        _wait(lambda: worker.stats.completed == 2, timeout=30)  # the two never tried
+        with running_worker(
+            stack,
+            tmp_path,
+            prefetch=1,
+            concurrency=1,
+            worker_id="outage-w",
+            queue="images",
+            grants=storage,
+            outage_pause_seconds=1.0,
+        ) as (worker, _grants):
+            _wait(lambda: worker.stats.retried == 1, timeout=30)
+            time.sleep(0.5)  # within the pause: nothing more is claimed
+            assert (worker.stats.claimed, worker.stats.retried) == (1, 1)
+            _wait(lambda: worker.stats.retried == 2, timeout=30)  # after it: one more, met
+            time.sleep(1.2)  # the second pause is twice as long
+            assert (worker.stats.claimed, worker.stats.retried) == (2, 2)
+            storage.down.clear()
+            _wait(lambda: worker.stats.completed == 2, timeout=30)  # the two never tried
     finally:
-        worker.stop()
         storage.close()
     statuses = _statuses(stack)
     assert statuses == {"retry_wait": 2, "completed": 2}, statuses
