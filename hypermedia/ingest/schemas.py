@@ -433,4 +433,5 @@ class HealthResponse(_Model):
     status: Literal["ok", "unavailable"]
     database: bool
     redis: bool
-    storage: bool
+    # Probed since 2026-12: None from a server that does not say (a client may be newer).
+    storage: bool | None = None
