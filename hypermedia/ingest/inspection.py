@@ -337,21 +337,25 @@ def _start_sandbox(config: dict[str, Any]) -> tuple[isolation.Isolation, str]:
     """The jobs' sandbox for this server's children, and the (empty) work root it needs
     for its jobs cover (removed when the server ends)."""
     work_root = tempfile.mkdtemp(prefix="hm-inspection-")
-    # As a worker's work root: a job uid can pass through (not list) it without a view.
-    os.chmod(work_root, 0o711)  # noqa: S103
-    jobs_root = os.path.join(work_root, "jobs")
-    os.mkdir(jobs_root, 0o711)
-    code = isolation.code_paths(list(sys.modules.values()), also_cover=config["also_cover"])
-    settings = isolation.Settings(
-        enabled=bool(config["enabled"]),
-        work_root=work_root,
-        jobs_root=jobs_root,
-        hidden=tuple(config["hidden"]),
-        exposed=code.exposes,
-        covered=(*isolation.DEFAULT_COVERED, *code.covers),
-        pid_init="copy",  # no PID namespaces here: no tiny inits to start
-    )
-    return isolation.Isolation.start(settings, os.fork), work_root
+    try:
+        # As a worker's work root: a job uid can pass through (not list) it without a view.
+        os.chmod(work_root, 0o711)  # noqa: S103
+        jobs_root = os.path.join(work_root, "jobs")
+        os.mkdir(jobs_root, 0o711)
+        code = isolation.code_paths(list(sys.modules.values()), also_cover=config["also_cover"])
+        settings = isolation.Settings(
+            enabled=bool(config["enabled"]),
+            work_root=work_root,
+            jobs_root=jobs_root,
+            hidden=tuple(config["hidden"]),
+            exposed=code.exposes,
+            covered=(*isolation.DEFAULT_COVERED, *code.covers),
+            pid_init="copy",  # no PID namespaces here: no tiny inits to start
+        )
+        return isolation.Isolation.start(settings, os.fork), work_root
+    except BaseException:  # a server that cannot start leaves no work root behind
+        shutil.rmtree(work_root, ignore_errors=True)
+        raise
 
 
 def serve(control_fd: int, config: dict[str, Any]) -> None:

@@ -318,7 +318,9 @@ def test_without_cap_sys_admin_inspection_degrades_loudly():
         assert f"WARNING upload inspection: no {feature}" in done.stderr
 
 
-def test_a_server_that_ends_as_it_starts_is_an_outage_not_an_internal_error():
+def test_a_server_that_ends_as_it_starts_is_an_outage_not_an_internal_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
     """The inspection server killed while it started (the API stopping beside an upload,
     the OOM killer) was a RuntimeError: a 500 ``internal`` with its traceback in the log
     (a CI-like run of `hypermedia run` interrupted mid-upload). It is ServiceUnavailable,
@@ -334,7 +336,10 @@ def test_a_server_that_ends_as_it_starts_is_an_outage_not_an_internal_error():
     runner = InspectionRunner(InspectionBudget(cpu_seconds=5))
     # A config its server cannot start from: it ends before it says it is ready.
     runner._config = {**runner._config, "hidden": 5}
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # where the server makes its work root
     with pytest.raises(ServiceUnavailable, match="its server ended as it started") as ended:
         runner.inspect(Store(), "originals/p/cat", len(PNG))  # type: ignore[arg-type]
     answer = error_response(ended.value)
     assert (answer.status_code, answer.headers["Retry-After"]) == (503, "5")
+    # Nor did it leave its work root (each such start left an empty one in /tmp).
+    assert list(tmp_path.iterdir()) == []
