@@ -193,6 +193,7 @@ class Stack:
         redis_url = redis_url_for(settings)
         client = connect(redis_url)
         queue = RedisQueue(client, settings.redis_prefix, settings.queue_names)
+        head = None  # the head's own recorder, made here when none is given
         if metrics is None:
             from hypermedia.metrics.head import HeadMetrics
 
@@ -207,6 +208,9 @@ class Stack:
             settings.key_priority_min, settings.key_priority_max, settings.key_submits_per_minute
         )
         storage = build_storage(settings, clock) if with_storage else None
+        health = storage_health(storage, settings, clock) if storage else None
+        if head is not None and health is not None:
+            head.watch_storage(health)
         return cls(
             settings=settings,
             engine=engine,
@@ -249,7 +253,7 @@ class Stack:
             metrics=metrics,
             _storage=storage,
             redis_url=redis_url,
-            storage_health=storage_health(storage, settings, clock) if storage else None,
+            storage_health=health,
         )
 
     def close(self) -> None:

@@ -48,6 +48,7 @@ metric                                            type       labels             
 ``scheduler_decisions_total``                     counter    action                        sched.
 ``scheduler_last_evaluation_timestamp_seconds``   gauge                                    sched.
 ``bulk_run_objects``                              gauge      kind, operation, state, count head
+``storage_up``                                    gauge                                    head
 ================================================  =========  ============================  ======
 
 What each counts:
@@ -79,6 +80,11 @@ What each counts:
   ``created``, objects ``skipped`` (done at the target version) and ``unfit``, objects
   ``migrated`` and ``failed``, and their jobs ``live`` (queued or running: the cap).
   Each run by its id: ``hypermedia bulk status``, ``hypermedia status``, the operator page.
+* *storage up*: 1 if the head's last probe of the storage (S3: a HEAD of the bucket;
+  local: the directory takes a file and has room) answered, 0 if not: the probe
+  ``/healthz`` and ``hypermedia status`` show, run at most every
+  ``storage_probe_seconds``; a scrape waits for it at most
+  ``storage_probe_timeout_seconds``.
 
 Nothing here imports prometheus-client or Ray: a :class:`Recorder` is passed to what
 counts (the dispatcher, the reaper, ingest, the scheduler), built by whoever opens the
@@ -268,6 +274,12 @@ BULK_RUN_OBJECTS = Metric(
     " (scanned, created, skipped, unfit, migrated, failed, live: jobs queued or running).",
     ("kind", "operation", "state", "count"),
 )
+STORAGE_UP = Metric(
+    "hypermedia_storage_up",
+    "gauge",
+    "1 if the head's last probe of the storage answered (S3: a HEAD of the bucket; local:"
+    " the directory takes a file and has room), 0 if not.",
+)
 
 CATALOGUE: tuple[Metric, ...] = (
     JOBS_SUBMITTED,
@@ -292,6 +304,7 @@ CATALOGUE: tuple[Metric, ...] = (
     DECISIONS,
     LAST_EVALUATION,
     BULK_RUN_OBJECTS,
+    STORAGE_UP,
 )
 # What the head reads from Redis and the record when it is scraped (never recorded).
 SCRAPED: tuple[Metric, ...] = (
@@ -303,6 +316,7 @@ SCRAPED: tuple[Metric, ...] = (
     HEARTBEAT_AGE,
     CLAIMS_PAUSED,
     BULK_RUN_OBJECTS,
+    STORAGE_UP,
 )
 
 

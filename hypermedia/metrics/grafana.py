@@ -232,6 +232,15 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 thresholds=(300,),
             ),
             Panel(
+                "Storage down",
+                "1 while the head's probe of the storage (S3: a HEAD of the bucket; local: the"
+                " directory takes a file and has room) fails: uploads, job inputs and outputs"
+                " cannot move, /healthz answers 503; alerts past 2 minutes.",
+                (("1 - min(hypermedia_storage_up)", "down"),),
+                kind="stat",
+                thresholds=(1,),
+            ),
+            Panel(
                 "Node CPU",
                 "Ray's measure of each node's CPU; the seed alerts past 90 % for 10 minutes.",
                 (("ray_node_cpu_utilization", "{{instance}}"),),

@@ -6,7 +6,8 @@ head's processes count as it happens (submits, the failures the reaper and the
 supervisor record, the scheduler's spend and decisions). :meth:`HeadMetrics.watch`
 adds what is read when Prometheus scrapes: queue depth and oldest age per priority
 band from Redis (one pipelined round trip per queue), in-flight and retry-wait
-counts, and the live workers and their heartbeats from the record (one query). A
+counts, the live workers and their heartbeats from the record (one query), and the
+storage probe's last answer (:meth:`HeadMetrics.watch_storage`). A
 backing service that does not answer leaves its metrics out of that scrape (and says
 so in the log) rather than failing the whole answer.
 """
@@ -18,7 +19,7 @@ import logging
 import threading
 from collections import Counter as Tally
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client import Counter as PromCounter
@@ -44,6 +45,7 @@ from hypermedia.metrics import (
     QUEUE_OLDEST,
     QUEUE_RETRY_WAIT,
     SCRAPED,
+    STORAGE_UP,
     VPS,
     WORKERS,
     Labels,
@@ -52,6 +54,9 @@ from hypermedia.metrics import (
     check,
 )
 from hypermedia.queue.redis_queue import RedisQueue
+
+if TYPE_CHECKING:
+    from hypermedia.storage.health import StorageHealth
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +75,7 @@ class HeadMetrics:
         self._instruments: dict[str, Any] = {}
         self._lock = threading.Lock()
         self._watched = False
+        self.storage_health: StorageHealth | None = None
 
     def count(self, metric: Metric, labels: Labels, amount: float = 1.0) -> None:
         self._child(metric, "counter", labels).inc(amount)
@@ -101,6 +107,10 @@ class HeadMetrics:
         if not self._watched:
             self.registry.register(StateCollector(queue, engine, clock, self))
             self._watched = True
+
+    def watch_storage(self, health: StorageHealth) -> None:
+        """Export the storage probe's last answer on every scrape (``storage_up``)."""
+        self.storage_health = health
 
     def exposition(self) -> bytes:
         """The text format Prometheus scrapes (``Content-Type``: :data:`CONTENT_TYPE`)."""
@@ -147,6 +157,11 @@ class StateCollector(Collector):
             yield from self._bulk()
         except HypermediaError as exc:
             log.warning("metrics: bulk runs not read: %s", exc, extra={"action": "metrics"})
+        health = self.metrics.storage_health
+        if health is not None:  # never raises: a storage that hangs is down after the timeout
+            family = _family(STORAGE_UP)
+            family.add_metric([], 1.0 if health.state().ok else 0.0)
+            yield family
 
     def _bulk(self) -> Iterator[GaugeMetricFamily]:
         from hypermedia.bulk import runs

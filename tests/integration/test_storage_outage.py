@@ -40,6 +40,7 @@ from hypermedia.storage import transfer
 from hypermedia.storage.base import StorageFull, StorageUnavailable
 from hypermedia.storage.local import LocalStorage
 from tests.api_support import add_user, bearer, running_server
+from tests.metrics_support import parse
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
 
@@ -159,27 +160,40 @@ def test_a_full_or_read_only_disk_refuses_uploads_cleanly_and_keeps_nothing(
 def test_healthz_tells_a_full_or_read_only_disk(sqlite_engine, settings, small_disk):
     """``/healthz`` probes the storage too: 503 ``storage: false`` while the local
     directory cannot take a file (read-only) or has no room left, ``ok`` once it is
-    back; the database and Redis fields mean what they did."""
+    back; the database and Redis fields mean what they did. ``/metrics`` says the same
+    (``hypermedia_storage_up`` 0 or 1: what the HypermediaStorageDown alert reads)."""
     # Every ask probes; the limit on a probe's time is not what this test is about.
     stack = Stack.open(
         settings(storage_probe_seconds=0, storage_probe_timeout_seconds=60), auto_migrate=True
     )
     try:
         api = TestClient(create_app(stack))
+        operator = bearer(add_user(stack, "ops", operator=True))
+
+        def storage_up() -> list[float]:
+            response = api.get("/metrics", headers=operator)
+            assert response.status_code == 200, response.text
+            samples = parse(response.text)
+            return [s.value for s in samples if s.name == "hypermedia_storage_up"]
+
         up = {"status": "ok", "database": True, "redis": True, "storage": True}
         down = {"status": "unavailable", "database": True, "redis": True, "storage": False}
         healthy = api.get("/healthz")
         assert (healthy.status_code, healthy.json()) == (200, up)
+        assert storage_up() == [1.0]
 
         _remount(small_disk, "ro")
         read_only = api.get("/healthz")
         assert (read_only.status_code, read_only.json()) == (503, down)  # was 200 ok
+        assert storage_up() == [0.0]  # no such series before
         _remount(small_disk, "rw")
         assert api.get("/healthz").json() == up
+        assert storage_up() == [1.0]
 
         _fill(small_disk / "filler")
         full = api.get("/healthz")
         assert (full.status_code, full.json()) == (503, down)  # was 200 ok
+        assert storage_up() == [0.0]
         (small_disk / "filler").unlink()
         assert api.get("/healthz").json() == up
     finally:
