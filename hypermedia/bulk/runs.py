@@ -114,6 +114,19 @@ class MigrateTarget(BaseModel):
         return f"s3:{self.bucket}/{self.prefix}".rstrip("/")
 
 
+MAX_IN_FLIGHT = 1_000_000  # a run's cap on its live jobs, at most
+
+
+class RunChange(BaseModel):
+    """What an operator may change while a run runs (``PATCH`` of the run)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_in_flight: int = Field(
+        ge=1, le=MAX_IN_FLIGHT, description="at most this many of its jobs queued or running"
+    )
+
+
 class RunSpec(BaseModel):
     """What an operator asks for."""
 
@@ -127,7 +140,7 @@ class RunSpec(BaseModel):
     queue: Text | None = Field(
         default=None, description="bulk (the default) or the operation's own queue"
     )
-    max_in_flight: int = Field(default=200, ge=1, le=1_000_000)
+    max_in_flight: int = Field(default=200, ge=1, le=MAX_IN_FLIGHT)
     batch_size: int = Field(default=500, ge=1, le=10_000)
     account: Text | None = Field(
         default=None, max_length=200, description="a user name (or id) to charge; none: platform"
@@ -315,6 +328,24 @@ def change_state(conn: Connection, run_id: str, action: str, now: float) -> RunS
     if state is None:
         raise NotFound(f"no bulk run {run_id!r}", run_id=run_id)
     raise Conflict(f"cannot {action} a run that is {state}", run_id=run_id, state=state)
+
+
+def set_max_in_flight(conn: Connection, run_id: str, max_in_flight: int, now: float) -> None:
+    """An operator's new cap on the run's live jobs (taken at the runner's next step;
+    a lower one lets the jobs live finish and creates none until fewer are live), or
+    NotFound, or Conflict naming the state of a run that has finished."""
+    r = t.bulk_runs.c
+    result = conn.execute(
+        update(t.bulk_runs)
+        .where(r.run_id == run_id, r.state.not_in([s.value for s in FINISHED]))
+        .values(max_in_flight=max_in_flight, updated_at=to_datetime(now))
+    )
+    if result.rowcount == 1:
+        return
+    state = conn.execute(select(r.state).where(r.run_id == run_id)).scalar_one_or_none()
+    if state is None:
+        raise NotFound(f"no bulk run {run_id!r}", run_id=run_id)
+    raise Conflict(f"cannot change a run that is {state}", run_id=run_id, state=state)
 
 
 def lock(conn: Connection, run_id: str) -> Any:

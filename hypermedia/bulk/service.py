@@ -199,6 +199,12 @@ class BulkService:
         with transaction(self.engine) as conn:
             return runs.view(conn, run_id)
 
+    def throttle(self, run_id: str, max_in_flight: int) -> RunView:
+        """Change a run's ``max_in_flight`` while it runs (or is paused)."""
+        with transaction(self.engine) as conn:
+            runs.set_max_in_flight(conn, run_id, max_in_flight, self.clock.now())
+            return runs.view(conn, run_id)
+
     def _cancel_jobs(self, run_id: str) -> None:
         j = t.jobs.c
         now = self.clock.now()

@@ -423,6 +423,21 @@ def cancel(run_id: RunId, as_json: Json = False) -> None:
     _act(run_id, "cancel", as_json)
 
 
+@app.command("throttle")
+def throttle(run_id: RunId, max_in_flight: MaxInFlight, as_json: Json = False) -> None:
+    """Change a running (or paused) run's --max-in-flight: a lower one creates no job
+    until fewer are live; those live finish."""
+    from hypermedia.bulk.runs import RunChange
+
+    _validated(RunChange, {"max_in_flight": max_in_flight})
+    service, stack = _service()
+    try:
+        view = service.throttle(run_id, max_in_flight)
+    finally:
+        stack.close()
+    _print_run(view, as_json)
+
+
 # -- output ----------------------------------------------------------------------------
 
 

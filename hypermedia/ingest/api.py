@@ -42,7 +42,7 @@ from sqlalchemy import text
 
 from hypermedia import __version__
 from hypermedia.accounts import Caller, balance
-from hypermedia.bulk.runs import RunSpec
+from hypermedia.bulk.runs import RunChange, RunSpec
 from hypermedia.bulk.service import BulkService
 from hypermedia.config import Settings
 from hypermedia.db.engine import snapshot
@@ -887,6 +887,23 @@ def change_bulk_run(
     stack: StackDep,
 ) -> BulkRunOut:
     return BulkRunOut.model_validate(_bulk(caller, stack).act(run_id, action).to_json())
+
+
+@router.patch(
+    f"{PREFIX}/bulk/runs/{{run_id}}",
+    operation_id="updateBulkRun",
+    summary="Change a bulk run's max_in_flight while it runs (operators only)",
+    responses=_errors(403, 404, 409),
+    tags=["operators"],
+)
+def update_bulk_run(
+    run_id: RunId, body: RunChange, caller: CallerDep, stack: StackDep
+) -> BulkRunOut:
+    """Taken at the run's next step: a lower cap creates no job until fewer are live
+    (those live finish); a finished run is 409."""
+    return BulkRunOut.model_validate(
+        _bulk(caller, stack).throttle(run_id, body.max_in_flight).to_json()
+    )
 
 
 def _bulk(caller: Caller, stack: Stack) -> BulkService:

@@ -4,6 +4,7 @@ pause / resume / cancel, who pays, the dry run, and the operator-only API."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -275,6 +276,40 @@ def test_pause_resume_cancel(engine, settings, manual_clock):
         service.act(run.run_id, "resume")
 
 
+def test_a_running_run_takes_a_new_cap_at_its_next_step(engine, settings, manual_clock):
+    """``throttle``: a lower cap creates nothing until fewer jobs are live, a higher one
+    fills up to it; a paused run takes one too; a finished run is a Conflict naming its
+    state, an unknown one NotFound."""
+    stack = open_stack(settings, engine, manual_clock)
+    person = make_user(stack)
+    _objects(stack, person, 40)
+    service = _service(stack)
+    run = service.create(
+        RunSpec(kind="backfill", operation="thumbnail", max_in_flight=10, batch_size=10), "t"
+    )
+    runner = _runner(stack)
+    runner.step(run.run_id)
+    assert service.get(run.run_id).created_jobs == 10
+    assert service.throttle(run.run_id, 3).max_in_flight == 3
+    runner.step(run.run_id)
+    assert service.get(run.run_id).created_jobs == 10  # 10 live, over the new cap of 3
+    _finish(stack, "bulk", person.pool_id)
+    runner.step(run.run_id)
+    view = service.get(run.run_id)
+    assert (view.created_jobs, view.jobs) == (13, {"completed": 10, "queued": 3})
+    service.act(run.run_id, "pause")
+    assert service.throttle(run.run_id, 25).max_in_flight == 25
+    service.act(run.run_id, "resume")
+    runner.step(run.run_id)
+    assert service.get(run.run_id).created_jobs == 35  # 25 live now
+    service.act(run.run_id, "cancel")
+    with pytest.raises(Conflict, match="cannot change a run that is cancelled"):
+        service.throttle(run.run_id, 5)
+    assert service.get(run.run_id).max_in_flight == 25
+    with pytest.raises(NotFound):
+        service.throttle("0" * 32, 5)
+
+
 def test_a_named_account_pays_and_a_short_one_pauses_the_run(engine, settings, manual_clock):
     stack = open_stack(settings, engine, manual_clock)
     person = make_user(stack)
@@ -489,6 +524,21 @@ def test_the_api_is_for_operators_only(pg_engine, settings, manual_clock):
     )
     with transaction(stack.engine) as conn:
         assert runs.view(conn, run_id).created_by == f"api:{operator.user_id}"
+    # PATCH: the cap of a run that runs or is paused; nothing else may change.
+    patched = client.patch(f"{url}/{run_id}", json={"max_in_flight": 7}, headers=bearer(operator))
+    assert (patched.status_code, patched.json()["max_in_flight"]) == (200, 7), patched.text
+    assert (
+        client.patch(f"{url}/{run_id}", json={"max_in_flight": 8}, headers=bearer(user))
+    ).status_code == 403
+    for bad in ({"max_in_flight": 0}, {"max_in_flight": 7, "priority": 9}, {}):
+        refused = client.patch(f"{url}/{run_id}", json=bad, headers=bearer(operator))
+        assert refused.status_code == 422, (bad, refused.text)
+    assert client.get(f"{url}/{run_id}", headers=bearer(operator)).json()["max_in_flight"] == 7
+    gone = client.patch(f"{url}/{'0' * 32}", json={"max_in_flight": 7}, headers=bearer(operator))
+    assert gone.status_code == 404
+    client.post(f"{url}/{run_id}/cancel", headers=bearer(operator))
+    finished = client.patch(f"{url}/{run_id}", json={"max_in_flight": 9}, headers=bearer(operator))
+    assert finished.status_code == 409 and "cancelled" in finished.json()["error"]["message"]
 
 
 # -- migrate: local -> S3 (moto's server mode) ------------------------------------------------
@@ -895,3 +945,37 @@ def test_the_cli_refuses_a_bad_value_naming_its_option(
         assert f"Invalid value for '{option}'" in out.output and problem in out.output, out.output
     with transaction(sqlite_engine) as conn:
         assert conn.execute(select(func.count()).select_from(t.bulk_runs)).scalar_one() == 0
+
+
+def test_the_cli_throttles_a_run(
+    sqlite_engine, settings, manual_clock, tmp_path, redis_url, redis_prefix
+):
+    """``hypermedia bulk throttle RUN --max-in-flight N``: the run's new cap, shown as
+    ``status`` shows it; a bad value names the option, a finished run says its state."""
+    from typer.testing import CliRunner
+
+    from hypermedia.cli import app
+
+    stack = open_stack(settings, sqlite_engine, manual_clock)
+    try:
+        run = _service(stack).create(RunSpec(kind="backfill", operation="thumbnail"), "t")
+    finally:
+        stack.close()
+    env = _cli_env(sqlite_engine, redis_url, redis_prefix, tmp_path)
+    runner = CliRunner()
+    out = runner.invoke(
+        app, ["bulk", "throttle", run.run_id, "--max-in-flight", "40", "--json"], env=env
+    )
+    assert out.exit_code == 0, (out.output, out.exception)
+    assert json.loads(out.output)["max_in_flight"] == 40
+    too_many = runner.invoke(
+        app, ["bulk", "throttle", run.run_id, "--max-in-flight", "1000001"], env=env
+    )
+    assert too_many.exit_code == 2 and "Invalid value for '--max-in-flight'" in too_many.output
+    assert runner.invoke(app, ["bulk", "cancel", run.run_id], env=env).exit_code == 0
+    finished = runner.invoke(app, ["bulk", "throttle", run.run_id, "--max-in-flight", "5"], env=env)
+    # main() prints it as "error: conflict: ..." (typer's app, invoked here, raises it)
+    assert isinstance(finished.exception, Conflict), (finished.output, finished.exception)
+    assert finished.exception.message == "cannot change a run that is cancelled"
+    with transaction(sqlite_engine) as conn:
+        assert runs.view(conn, run.run_id).max_in_flight == 40
