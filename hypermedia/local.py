@@ -375,9 +375,11 @@ class LocalStack:
         elif self._head_temp_dir is not None:
             from hypermedia.worker.cluster import RayNode
 
-            starting = RayNode(self._head_temp_dir, Path("-"))
-            if starting.is_running():  # interrupted in `ray start`
-                say(f"stopped a Ray head that was starting ({starting.stop()} processes)")
+            # Interrupted in start_head: `ray start` may have started some daemons, or
+            # none yet (its temp dir made, empty); stop() takes both.
+            count = RayNode(self._head_temp_dir, Path("-")).stop()
+            if count:
+                say(f"stopped a Ray head that was starting ({count} processes)")
         self._head_temp_dir = None
         if self.stack is not None:
             self.stack.close()

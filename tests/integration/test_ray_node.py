@@ -186,3 +186,16 @@ def test_a_head_whose_start_was_cut_short_is_found_whole(head):
     assert {p.pid for p in procs} == {p.pid for p in head.processes()}
     cut_short.stop()
     assert head.processes() == []
+
+
+def test_a_stack_stopped_as_its_head_starts_leaves_no_temp_dir(settings):
+    """A Ctrl-C after start_head made the head's temp dir but before `ray start` ran
+    anything: the stack's stop removes the dir (it was left, empty, under /tmp)."""
+    from hypermedia.local import LocalStack, ray_directory
+
+    stack = LocalStack(settings())
+    temp_dir = cluster.short_temp_dir(ray_directory(stack.settings), "head")
+    cluster._prepare_temp_dir(temp_dir)  # what start_head does before `ray start`
+    stack._head_temp_dir = temp_dir  # what start() had set when the interrupt came
+    stack.stop()
+    assert not temp_dir.parent.exists()
