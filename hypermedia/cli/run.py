@@ -304,15 +304,15 @@ def _run_summary(
     console.print(table)
     counts = report.counts()
     summary = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+    skipped = f"; {_counted(len(report.skipped), 'file')} skipped" if report.skipped else ""
     console.print(
-        f"[bold]{len(report.submitted)} jobs[/]: {summary or 'none'}"
-        f"{f'; {len(report.skipped)} files skipped' if report.skipped else ''}. "
+        f"[bold]{_counted(len(report.submitted), 'job')}[/]: {summary or 'none'}{skipped}. "
         f"Outputs in {out}/"
     )
     if report.submitted:
         ended = sum(counts[status] for status in FINISHED)
         console.print(
-            f"{ended} jobs ended {took:.1f} s after the first upload "
+            f"{_counted(ended, 'job')} ended {took:.1f} s after the first upload "
             f"({ended / max(took, 1e-3):.1f} jobs/s, uploads included)"
         )
     if not finished:
@@ -320,3 +320,7 @@ def _run_summary(
             "[red]timed out waiting for the jobs; they stay recorded and queued until the"
             " next run of this data dir cancels them[/]"
         )
+
+
+def _counted(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"

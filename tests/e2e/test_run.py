@@ -234,7 +234,7 @@ def test_run_cancels_the_jobs_an_earlier_run_killed_with_9_left(settings, sqlite
     assert (
         "an earlier run was killed or timed out before its jobs ended: cancelled 2 of them" in text
     )
-    assert "1 jobs: 1 completed" in text
+    assert "1 job: 1 completed" in text
     with contextlib.closing(sqlite3.connect(tmp_path / "hypermedia.db")) as conn:
         ended = dict(
             conn.execute(
