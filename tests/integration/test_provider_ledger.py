@@ -361,3 +361,27 @@ def test_an_ended_instances_cost_explorer_bill_is_reconciled_with_its_row(
         row = conn.execute(select(s)).one()
     assert row.billed_microusd == 500_000 and row.reconciled_at is not None
     stack.close()
+
+
+@pytest.mark.parametrize("content", [b"", b'{"hm-r1": {"provi', b"[]", b"\xff\xfe"])
+def test_a_state_file_cut_short_is_set_aside_and_rebuilt_from_the_listing(make_provider, content):
+    """nodes.json and launching.json cut short (a crash before their data reached the
+    disk), or not an object: the provider still lists, terminates and launches (it
+    raised JSONDecodeError on each, so Ray could stop none of the nodes it pays for);
+    the listing adopts the instance again and the unreadable copy is kept beside."""
+    provider = make_provider()
+    assert launch(provider, "s-1") == "launched"
+    (made,) = running(provider)
+    (provider.state_dir / "nodes.json").write_bytes(content)
+    (provider.state_dir / "launching.json").write_bytes(content)
+
+    (node_id,) = provider.non_terminated_nodes({TAG_RAY_NODE_KIND: NODE_KIND_WORKER})
+    assert provider.records()[node_id]["instance_id"] == made
+    assert open_rows(provider) == [made]  # counted once, as before
+    kept = sorted(p.name.split(".corrupt-")[0] for p in provider.state_dir.glob("*.corrupt-*"))
+    assert kept == ["launching.json", "nodes.json"]
+    provider.terminate_node(node_id)
+    assert running(provider) == [] and open_rows(provider) == []
+    assert launch(provider, "s-2") == "launched"
+    for instance_id in running(provider):
+        assert aws(provider).terminate(instance_id) is None
