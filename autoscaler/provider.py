@@ -385,11 +385,20 @@ class HypermediaNodeProvider(NodeProvider):
                     )
                     continue
                 launched = instance.launched_at if instance.launched_at > 0 else now
+                price = instance.price_cents_per_hour
+                priced = "its tags' price"
+                if price <= 0:
+                    # No price tag (started by hand with the cluster's tag, a tag
+                    # removed): counted at the on-demand list price, not for free.
+                    price = self._list_price(provider)
+                    priced = "no price tag: the on-demand list price"
                 log.warning(
-                    "instance %s (request %s) had no ledger row: opened one from %s",
+                    "instance %s (request %s) had no ledger row: opened one from %s at %s/h (%s)",
                     instance.instance_id,
                     instance.request_id,
                     to_datetime(launched).isoformat(),
+                    cost.money(price),
+                    priced,
                     extra={"action": "ledger_opened", "instance_id": instance.instance_id},
                 )
                 conn.execute(
@@ -400,7 +409,7 @@ class HypermediaNodeProvider(NodeProvider):
                         node_type=instance.node_type[:64],
                         region="",
                         spot=instance.spot,
-                        price_per_hour_microusd=cost.to_microusd(instance.price_cents_per_hour),
+                        price_per_hour_microusd=cost.to_microusd(price),
                         launched_at=to_datetime(launched),
                     )
                 )
@@ -434,6 +443,19 @@ class HypermediaNodeProvider(NodeProvider):
             with self._launches() as launching:
                 for request_id in adopted | set(settled):
                     launching.pop(request_id, None)
+
+    def _list_price(self, provider: ProviderName) -> float:
+        """The provider's on-demand price per hour, in cents: what an instance of it
+        costs (a spot one at most, by EC2's default maximum). The drivers' on-demand
+        price is configured, never fetched; one that cannot answer counts as the hourly
+        cap: an instance of unknown price may use all of it."""
+        on_demand = self.drivers[provider].price(False)
+        if isinstance(on_demand, float):
+            return on_demand
+        log.warning(
+            "%s has no on-demand price (%s): counted at the hourly cap", provider, on_demand
+        )
+        return float(self.config.cost_limits.max_hourly_spend_cents)
 
     def _record(
         self, provider: ProviderName, instance: Instance, tags: Mapping[str, str], now: float

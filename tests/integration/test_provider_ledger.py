@@ -385,3 +385,32 @@ def test_a_state_file_cut_short_is_set_aside_and_rebuilt_from_the_listing(make_p
     assert launch(provider, "s-2") == "launched"
     for instance_id in running(provider):
         assert aws(provider).terminate(instance_id) is None
+
+
+def test_an_instance_listed_without_a_price_tag_is_counted_at_the_list_price(make_provider):
+    """An instance started by hand with only the cluster's and a request tag (or one
+    whose price tag was removed) got a row at $0 an hour: the caps never counted it and
+    a second launch passed the $1 hourly cap beside it. It is counted at the on-demand
+    list price now."""
+    provider = make_provider()
+    driver = aws(provider)
+    tags: list[Any] = [
+        {"Key": "hypermedia-cluster", "Value": "hm-ledger"},
+        {"Key": "hypermedia-request", "Value": "rbyhand000000000000001"},
+    ]
+    driver.client.run_instances(
+        ImageId=driver.ami_id,
+        InstanceType="m5.large",
+        MinCount=1,
+        MaxCount=1,
+        TagSpecifications=[{"ResourceType": "instance", "Tags": tags}],
+    )
+    (made,) = running(provider)
+    provider.non_terminated_nodes({})
+    s = t.cloud_spend
+    with transaction(provider.engine) as conn:
+        (row,) = conn.execute(select(s).where(s.c.terminated_at.is_(None))).all()
+    assert (row.instance_id, row.price_per_hour_microusd) == (made, 600_000)
+    assert launch(provider, "p-1") == "cost_guard"  # 60 + 60 cents an hour: over $1
+    assert running(provider) == [made]
+    assert driver.terminate(made) is None
