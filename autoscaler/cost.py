@@ -38,6 +38,12 @@ Guard (``max_hourly_spend_cents``, ``max_daily_spend_cents``, ``alert_threshold_
       instances die at boot is relaunched at most once per window, not every
       evaluation. Each entry of ``History.launches`` is one instance (a launch of 3
       records 3 times).
+    - **The clock set back.** A launch more than :data:`CLOCK_SLACK_SECONDS` after
+      ``now`` means the clock went back (an NTP step, a VM restored from a snapshot):
+      the ledger's spend is computed against a clock behind the time it has already
+      run, so the intervals after ``now`` cost nothing in it and the hour and the day
+      look unspent. No launch until the clock passes that launch again; a launch in
+      the clock's future still counts for the launch-rate cap.
 
 Every refusal and verdict carries a reason a person can read; money is shown in dollars.
 """
@@ -58,6 +64,8 @@ DAY_SECONDS = 86_400.0
 # A launched instance's price is committed for this long (the guard's look-ahead).
 COMMITTED_HOURS = 1.0
 LAUNCH_WINDOW_SECONDS = 600.0
+# A launch this far in the future of the guard's clock: the clock was set back.
+CLOCK_SLACK_SECONDS = 60.0
 RESET_COMMAND = "hypermedia scheduler reset-cost-lock"
 
 
@@ -141,8 +149,20 @@ def launch_rate_cap(providers: CloudProviders) -> int:
 
 
 def recent_launches(launches: Iterable[float], now: float) -> int:
-    """Launches in the window ``(now - 600 s, now]``."""
-    return sum(1 for at in launches if now - LAUNCH_WINDOW_SECONDS < at <= now)
+    """Launches after ``now - 600 s`` (those after ``now`` too: the clock went back)."""
+    return sum(1 for at in launches if now - LAUNCH_WINDOW_SECONDS < at)
+
+
+def clock_set_back(launches: Iterable[float], now: float) -> str | None:
+    """Why no launch may start while the clock is behind the last launch (None: it
+    is not, by more than :data:`CLOCK_SLACK_SECONDS`)."""
+    behind = max((at - now for at in launches), default=0.0)
+    if behind <= CLOCK_SLACK_SECONDS:
+        return None
+    return (
+        f"the clock is {behind:,.0f} s behind the last launch (set back?): the spend"
+        " against the caps cannot be computed; no new instances until it passes it"
+    )
 
 
 def summary(limits: CostLimits, spend: Spend, committed_cents_per_hour: float) -> str:
@@ -252,6 +272,7 @@ def guard(
     stop_horizon_seconds: float,
 ) -> GuardVerdict:
     """The verdict of the cost limits (see the module docstring for each rule)."""
+    launches = list(launches)
     today = spend.today_cents
     committed = committed_cents_per_hour
     daily = limits.max_daily_spend_cents
@@ -291,6 +312,11 @@ def guard(
         )
         reasons.append(at_cap)
         blocked = blocked or at_cap
+
+    set_back = clock_set_back(launches, now)
+    if set_back is not None:
+        reasons.append(set_back)
+        blocked = blocked or set_back
 
     left = max(0, max_launches - recent_launches(launches, now))
     if left == 0:

@@ -414,3 +414,35 @@ def test_an_instance_listed_without_a_price_tag_is_counted_at_the_list_price(mak
     assert launch(provider, "p-1") == "cost_guard"  # 60 + 60 cents an hour: over $1
     assert running(provider) == [made]
     assert driver.terminate(made) is None
+
+
+class SetClock:
+    """The provider's ``time`` module, ``offset`` seconds from the real clock."""
+
+    def __init__(self, offset: float) -> None:
+        self.offset = offset
+
+    def time(self) -> float:
+        return time.time() + self.offset
+
+
+def test_a_clock_set_back_does_not_forget_the_days_spend(make_provider, monkeypatch):
+    """The ledger prices time by the clock: set back two hours, the 50 cents an instance
+    had cost today read as nothing, and a launch the daily cap had refused went
+    through. Launches wait for the clock to pass the last launch now."""
+    provider = make_provider(
+        cost_limits__max_hourly_spend_cents=500,
+        cost_limits__max_daily_spend_cents=150,
+        cost_limits__alert_threshold_cents=100,
+    )
+    assert launch(provider, "k-1") == "launched"
+    monkeypatch.setattr(provider_module, "time", SetClock(50 * 60))  # 50 minutes later
+    assert launch(provider, "k-2") == "cost_guard"  # 50 + 2 x 60 cents: over $1.50
+    monkeypatch.setattr(provider_module, "time", SetClock(50 * 60 - 2 * 3600))  # set back
+    with pytest.raises(NodeLaunchException, match=r"the clock is 4,\d{3} s behind the last"):
+        provider.create_node_with_resources_and_labels(
+            {}, {**WORKER, TAG_RAY_LAUNCH_REQUEST: "k-3"}, 1, RESOURCES, {}
+        )
+    assert len(running(provider)) == 1
+    for instance_id in running(provider):
+        assert aws(provider).terminate(instance_id) is None

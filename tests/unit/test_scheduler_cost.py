@@ -148,9 +148,10 @@ def test_the_launch_rate_cap_is_the_enabled_providers_max_instances():
 
 @pytest.mark.parametrize(
     ("ago", "counted"),
-    [(0.0, 1), (599.0, 1), (600.0, 0), (601.0, 0), (-1.0, 0)],
+    [(0.0, 1), (599.0, 1), (600.0, 0), (601.0, 0), (-1.0, 1), (-7200.0, 1)],
 )
 def test_recent_launches_are_the_last_ten_minutes(ago, counted):
+    """A launch after ``now`` is recent too: the clock went back since."""
     now = MIDNIGHT + HOUR
     assert cost.recent_launches([now - ago], now) == counted
 
@@ -300,6 +301,23 @@ def test_the_launch_rate_cap_stops_a_relaunch_loop():
     # ten minutes later the window is clear
     later = verdict(Spend(0.0, 0.0), launches=launches, max_launches=5, now=now + 600)
     assert later.launches_allowed
+
+
+@pytest.mark.parametrize(("ahead", "allowed"), [(0.0, True), (60.0, True), (61.0, False)])
+def test_a_clock_set_back_behind_the_last_launch_stops_new_instances(ahead, allowed):
+    """The ledger's spend against a clock set back misses what ran since: every launch
+    waits until the clock passes the last one again (a second of NTP jitter does not)."""
+    now = MIDNIGHT + 12 * HOUR
+    checked = verdict(Spend(0.0, 0.0), launches=(now - 3000, now + ahead), now=now)
+    assert checked.launches_allowed is allowed
+    if not allowed:
+        assert checked.launch_refusal == (
+            "the clock is 61 s behind the last launch (set back?): the spend against the"
+            " caps cannot be computed; no new instances until it passes it"
+        )
+        assert checked.launch_refusal in checked.reasons
+        assert checked.budget.refusal(1.0) == checked.launch_refusal
+        assert not checked.lock  # nothing locks: it passes with the clock
 
 
 def test_the_summary_reads_like_a_sentence():
