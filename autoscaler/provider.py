@@ -590,14 +590,20 @@ class HypermediaNodeProvider(NodeProvider):
         # inside it: launches let through while this one waited are in its past.
         with self._launch_lock(), transaction(self.engine) as conn:
             now = time.time()
-            choice, refusal = self._choose(conn, queue, node_type, now, request_id)
+            # The same launch asked again (Ray retrying it, or the other provider object
+            # of the cluster): admitted and counted once already, so its row stands for
+            # it and the driver answers the instance it made (idempotent by request id).
+            # Admitting it anew counted the instance twice and failed on the row's rename.
+            choice, refusal = self._launched_before(conn, request_id), None
+            if choice is None:
+                choice, refusal = self._choose(conn, queue, node_type, now, request_id)
+                if choice is not None and refusal is None:
+                    # Opened before the launch: a crash between the two never hides spend.
+                    self._open_ledger(conn, choice, node_type, request_id, now)
             if refusal is not None or choice is None:
                 refusal = refusal or "no provider"
                 self._record_refusal(conn, queue, node_type, refusal, now)
                 orders.finish(conn, request_id, now)
-            else:
-                # Opened before the launch: a crash between the two never hides spend.
-                self._open_ledger(conn, choice, node_type, request_id, now)
         if refusal is not None or choice is None:  # raised after the refusal is committed
             raise NodeLaunchException(
                 "cost_guard", f"refused launching a {node_type} node: {refusal}", None
@@ -678,6 +684,21 @@ class HypermediaNodeProvider(NodeProvider):
             extra={"action": "launch", "queue": queue},
         )
         return result
+
+    def _launched_before(self, conn: Connection, request_id: str) -> policy.Option | None:
+        """Where the launch ``request_id`` went, if its ledger row is open (None: it is
+        a new launch, or its row was closed: it failed, or its instance is gone)."""
+        s = t.cloud_spend
+        row = conn.execute(
+            select(s.c.provider, s.c.spot, s.c.price_per_hour_microusd).where(
+                (s.c.request_id == request_id) & s.c.terminated_at.is_(None)
+            )
+        ).first()
+        if row is None or row.provider not in self.settings.drivers:
+            return None
+        return policy.Option(
+            row.provider, row.spot, cost.from_microusd(row.price_per_hour_microusd)
+        )
 
     def _finish_order(self, request_id: str) -> None:
         """End the order a launch held (:func:`autoscaler.orders.finish`). A record that

@@ -446,3 +446,25 @@ def test_a_clock_set_back_does_not_forget_the_days_spend(make_provider, monkeypa
     assert len(running(provider)) == 1
     for instance_id in running(provider):
         assert aws(provider).terminate(instance_id) is None
+
+
+def test_a_launch_asked_again_is_the_same_instance_counted_once(make_provider):
+    """Ray asking again for a launch it asked for (the same launch request), here from
+    the cluster's other provider object: the driver answers the instance it made, and
+    the ledger keeps one row. It raised UniqueViolation on uk_spend_instance before and
+    left a second open row under the request id, counting the instance twice for as
+    long as it ran."""
+    caps = {"cost_limits__max_hourly_spend_cents": 500}
+    tags = {**WORKER, TAG_RAY_LAUNCH_REQUEST: "again"}
+    first = make_provider(**caps).create_node_with_resources_and_labels({}, tags, 1, RESOURCES, {})
+    other = make_provider(**caps)
+    again = other.create_node_with_resources_and_labels({}, tags, 1, RESOURCES, {})
+    assert first is not None and again is not None
+    assert {k: i.instance_id for k, i in again.items()} == {
+        k: i.instance_id for k, i in first.items()
+    }
+    (made,) = running(other)
+    assert open_rows(other) == [made]
+    other.non_terminated_nodes({})
+    assert open_rows(other) == [made]
+    assert aws(other).terminate(made) is None
