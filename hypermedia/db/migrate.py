@@ -22,16 +22,17 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Engine, Row, column, inspect, select, table, text
+from sqlalchemy import Connection, Engine, Row, column, inspect, select, table, text
 from sqlalchemy.exc import OperationalError
 
 from hypermedia.db.engine import snapshot
-from hypermedia.errors import ServiceUnavailable
+from hypermedia.errors import HypermediaError, ServiceUnavailable
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -80,13 +81,14 @@ def _migrate(engine: Engine, step: Callable[[Config], None], what: str) -> None:
     for attempt in range(1, attempts + 1):
         cfg = alembic_config()
         try:
-            with engine.begin() as conn:
+            with engine.connect() as conn, _foreign_keys_checked_at_commit(conn), conn.begin():
                 if postgres:
                     conn.exec_driver_sql(
                         f"SET LOCAL lock_timeout = '{max(1, round(timeout * 1000))}ms'"
                     )
                 cfg.attributes["connection"] = conn
                 step(cfg)
+                _check_foreign_keys(conn)
             return
         except OperationalError as exc:
             if getattr(exc.orig, "sqlstate", None) != _LOCK_NOT_AVAILABLE:
@@ -112,6 +114,43 @@ def _migrate(engine: Engine, step: Callable[[Config], None], what: str) -> None:
                 extra={"action": "migrate"},
             )
             time.sleep(LOCK_PAUSE_SECONDS)
+
+
+@contextmanager
+def _foreign_keys_checked_at_commit(conn: Connection) -> Iterator[None]:
+    """On SQLite, foreign keys off for the migration's transaction (then
+    :func:`_check_foreign_keys` before it commits): the procedure SQLite documents for a
+    schema change it cannot make in place. Alembic's batch mode makes such a change
+    (a constraint added, a column dropped) by copying the table, dropping it and
+    renaming the copy, and with foreign keys on, dropping a table other rows refer to
+    fails: every database with a job that had an attempt could not be upgraded past
+    0013. The pragma is a no-op inside a transaction, so it is set before it begins."""
+    if conn.dialect.name != "sqlite":
+        yield
+        return
+    driver = conn.connection.driver_connection
+    assert driver is not None
+    driver.execute("PRAGMA foreign_keys=OFF")
+    try:
+        yield
+    finally:
+        try:
+            driver.execute("PRAGMA foreign_keys=ON")
+        except Exception:
+            conn.invalidate()  # never back in the pool without its foreign keys
+            raise
+
+
+def _check_foreign_keys(conn: Connection) -> None:
+    if conn.dialect.name != "sqlite":
+        return
+    broken = conn.exec_driver_sql("PRAGMA foreign_key_check").all()
+    if broken:
+        shown = "; ".join(f"{r[0]} row {r[1]} -> {r[2]}" for r in broken[:5])
+        raise HypermediaError(
+            f"the migration would leave {len(broken)} row(s) referring to rows that do not"
+            f" exist ({shown}); nothing was changed"
+        )
 
 
 def _lock_holders(engine: Engine, older_than: float) -> str:

@@ -657,3 +657,133 @@ def test_a_stack_opened_on_a_database_that_is_down_is_told_so(settings, tmp_path
     finally:
         down.dispose()
     assert "pw-never-shown" not in str(raised.value)
+
+
+def test_a_record_with_jobs_upgrades_from_the_first_revision_and_back(empty_engine):
+    """On SQLite, Alembic's batch mode changes a table it cannot alter in place (0013
+    adds a foreign key to processing_jobs; downgrades drop columns) by copying it,
+    dropping it and renaming the copy. With foreign keys on, dropping a table that
+    other rows refer to failed: 'FOREIGN KEY constraint failed' for every embedded
+    record with a job that had an attempt, upgraded from any revision before 0013, and
+    downgrades past 0013, 0011, 0005, 0003 likewise. Now a migration runs with them
+    off and checks them before it commits (SQLite's documented procedure): every row
+    stays, the schema is the models', and foreign keys hold again afterwards."""
+    migrate.upgrade(empty_engine, "0001")
+    moment = to_datetime(1_800_000_000.0)
+    job = {
+        "submission_id": "s",
+        "user_id": "u",
+        "object_id": "o",
+        "profile_id": 1,
+        "operation": "thumbnail",
+        "queue": "images",
+        "priority": 2,
+        "params": "{}",
+        "estimated_millicredits": 100,
+        "max_attempts": 3,
+        "cancel_requested": False,
+        "created_at": moment,
+        "updated_at": moment,
+    }
+    rows = {
+        "users": [{"user_id": "u", "name": "ann", "is_operator": False, "created_at": moment}],
+        "pools": [{"pool_id": "p", "name": "p", "created_at": moment}],
+        "objects": [
+            {
+                "object_id": object_id,
+                "pool_id": "p",
+                "owner_id": "u",
+                "kind": kind,
+                "storage_key": object_id,
+                "filename": "f",
+                "size_bytes": 10,
+                "created_at": moment,
+            }
+            for object_id, kind in (("o", "original"), ("d", "derived"))
+        ],
+        "processing_profiles": [
+            {
+                "operation": "thumbnail",
+                "version": 1,
+                "queue": "images",
+                "base_cost_millicredits": 100,
+                "cost_per_mb_millicredits": 0,
+                "timeout_seconds": 30,
+                "memory_limit_mb": 1024,
+                "max_input_bytes": 1000,
+                "max_attempts": 3,
+                "default_priority": 2,
+                "params": "{}",
+                "active": True,
+                "created_at": moment,
+                "updated_at": moment,
+            }
+        ],
+        "submissions": [
+            {
+                "submission_id": "s",
+                "user_id": "u",
+                "request_hash": "h",
+                "estimated_millicredits": 200,
+                "created_at": moment,
+            }
+        ],
+        "processing_jobs": [
+            {**job, "job_id": "done", "status": "completed", "attempt_count": 1},
+            {**job, "job_id": "running", "status": "processing", "attempt_count": 1},
+        ],
+        "job_attempts": [
+            {
+                "job_id": job_id,
+                "attempt_number": 1,
+                "worker_id": "w",
+                "status": status,
+                "started_at": moment,
+            }
+            for job_id, status in (("done", "succeeded"), ("running", "running"))
+        ],
+        "job_outputs": [
+            {
+                "job_id": "done",
+                "output_type": "thumbnail",
+                "profile_version": 1,
+                "object_id": "d",
+                "storage_key": "d",
+                "size_bytes": 10,
+                "created_at": moment,
+            }
+        ],
+        "credit_ledger": [
+            {
+                "user_id": "u",
+                "job_id": "done",
+                "kind": "charge",
+                "amount_millicredits": -100,
+                "note": "thumbnail",
+                "created_at": moment,
+            }
+        ],
+    }
+    with empty_engine.begin() as conn:
+        for name, values in rows.items():
+            conn.execute(insert(table(name, *(column(key) for key in values[0]))), values)
+
+    def counts() -> dict[str, int]:
+        with empty_engine.connect() as conn:
+            return {
+                name: len(conn.execute(select(table(name, column(next(iter(values[0])))))).all())
+                for name, values in rows.items()
+            }
+
+    expected = {name: len(values) for name, values in rows.items()}
+    migrate.upgrade(empty_engine)
+    assert counts() == expected
+    assert schema_diffs(empty_engine) == []
+    migrate.downgrade(empty_engine, "0001")
+    assert counts() == expected
+    migrate.upgrade(empty_engine)
+    assert counts() == expected
+    assert schema_diffs(empty_engine) == []
+    orphan = table("job_attempts", *(column(key) for key in rows["job_attempts"][0]))
+    with pytest.raises(IntegrityError), empty_engine.begin() as conn:
+        conn.execute(insert(orphan), [{**rows["job_attempts"][0], "job_id": "none"}])
