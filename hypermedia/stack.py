@@ -26,6 +26,7 @@ from hypermedia.db.migrate import (
     head_revision,
     newer_than_code,
     schema_problem,
+    take_turns,
     upgrade,
 )
 from hypermedia.embedded import private_directory
@@ -116,6 +117,7 @@ def migrate(
             upgrade(engine)
         profiles = load_profiles(settings.profiles_path, settings.queue_names)
         with transaction(engine) as conn:
+            take_turns(conn)
             sync_profiles(conn, profiles, (clock or SystemClock()).now())
     finally:
         if owned:

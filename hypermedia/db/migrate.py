@@ -14,7 +14,8 @@ alters a table (``ACCESS EXCLUSIVE``) behind a long transaction on it (a backup,
 report, a session left open) would otherwise wait for it to end, and every query of
 the running platform on that table (submits, claims, completions) would queue behind
 the migration meanwhile. A migration that gives up changes nothing (one transaction)
-and says which sessions held it up.
+and says which sessions held it up. Two processes migrating at once (two heads started
+together) take turns (:func:`take_turns`).
 """
 
 from __future__ import annotations
@@ -47,6 +48,10 @@ LOCK_TIMEOUT_SECONDS = 5.0
 LOCK_ATTEMPTS = 6
 LOCK_PAUSE_SECONDS = 5.0
 _LOCK_NOT_AVAILABLE = "55P03"  # SQLSTATE of lock_timeout
+# PostgreSQL: the advisory lock (pg_advisory_xact_lock's key, "hm_migra") a migration's
+# and a profile sync's transaction hold, so that two processes doing either at once
+# take turns (see :func:`take_turns`).
+MIGRATION_LOCK_KEY = 0x686D5F6D69677261
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +87,7 @@ def _migrate(engine: Engine, step: Callable[[Config], None], what: str) -> None:
         cfg = alembic_config()
         try:
             with engine.connect() as conn, _foreign_keys_checked_at_commit(conn), conn.begin():
+                take_turns(conn)
                 if postgres:
                     conn.exec_driver_sql(
                         f"SET LOCAL lock_timeout = '{max(1, round(timeout * 1000))}ms'"
@@ -114,6 +120,27 @@ def _migrate(engine: Engine, step: Callable[[Config], None], what: str) -> None:
                 extra={"action": "migrate"},
             )
             time.sleep(LOCK_PAUSE_SECONDS)
+
+
+def take_turns(conn: Connection) -> None:
+    """Wait, to the end of ``conn``'s transaction, for any other process migrating the
+    database or syncing its profiles. Two heads started at once (or ``db upgrade`` beside
+    an ``up``) both migrated an empty database: the second's CREATE TABLE waited for the
+    first's and then failed ('duplicate key value violates unique constraint
+    "pg_type_typname_nsp_index"'), as did both syncing a new profile version. On
+    PostgreSQL an advisory lock, taken before the lock timeout is set: a migration of a
+    big table takes what it takes, and the one waiting then finds nothing left to do.
+    SQLite needs none: such a transaction takes the write lock as it begins."""
+    if conn.dialect.name != "postgresql":
+        return
+    key = MIGRATION_LOCK_KEY
+    if conn.exec_driver_sql(f"SELECT pg_try_advisory_xact_lock({key})").scalar():
+        return
+    log.info(
+        "another process is migrating this database or syncing its profiles: waiting for it",
+        extra={"action": "migrate"},
+    )
+    conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({key})")
 
 
 @contextmanager

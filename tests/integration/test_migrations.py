@@ -787,3 +787,67 @@ def test_a_record_with_jobs_upgrades_from_the_first_revision_and_back(empty_engi
     orphan = table("job_attempts", *(column(key) for key in rows["job_attempts"][0]))
     with pytest.raises(IntegrityError), empty_engine.begin() as conn:
         conn.execute(insert(orphan), [{**rows["job_attempts"][0], "job_id": "none"}])
+
+
+# A process that waits for a file to appear, then migrates and syncs the profiles (what
+# `hypermedia db upgrade`, `up` and `run` do as they start).
+_MIGRATE_WHEN_TOLD = """
+import sys, time
+from pathlib import Path
+from hypermedia.config import load_settings
+from hypermedia.stack import migrate
+while not Path(sys.argv[1]).exists():
+    time.sleep(0.005)
+try:
+    migrate(load_settings())
+except Exception as exc:
+    print(f"{type(exc).__name__}: {exc}")
+"""
+
+
+def test_two_processes_migrating_at_once_take_turns(pg_server, tmp_path):
+    """Two heads started at once on an empty PostgreSQL database (`db upgrade` beside an
+    `up`): the second's CREATE TABLE waited for the first's, then failed ('duplicate key
+    value violates unique constraint "pg_type_typname_nsp_index"', 3 runs of 3), and two
+    syncing the same new profile version, one of them on uk_profile_operation_version.
+    Now each migration and profile sync holds an advisory lock: both succeed, the second
+    finding nothing left to do."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    name = support.unique_name("mig")
+    url = pg_server.create_database(name)
+    go = tmp_path / "go"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HYPERMEDIA_")}
+    env.update(
+        HYPERMEDIA_DATABASE_URL=url,
+        HYPERMEDIA_DATA_DIR=str(tmp_path / "data"),
+        PYTHONPATH=str(Path(__file__).resolve().parents[2]),
+    )
+    engine = make_engine(url)
+    try:
+        processes = [
+            subprocess.Popen(
+                [sys.executable, "-c", _MIGRATE_WHEN_TOLD, str(go)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            for _ in range(2)
+        ]
+        go.touch()
+        outputs = [process.communicate(timeout=120)[0] for process in processes]
+        assert outputs == ["", ""], outputs
+        assert [process.returncode for process in processes] == [0, 0]
+        assert migrate.current_revision(engine) == migrate.head_revision()
+        assert schema_diffs(engine) == []
+        profiles = table("processing_profiles", column("operation"), column("version"))
+        with engine.connect() as conn:
+            rows = conn.execute(select(profiles.c.operation, profiles.c.version)).all()
+        assert rows and len(rows) == len(set(rows))
+    finally:
+        engine.dispose()
+        pg_server.drop_database(name)
