@@ -24,10 +24,10 @@ from hypermedia.db.engine import make_engine, transaction
 from hypermedia.db.migrate import (
     current_revision,
     head_revision,
-    newer_than_code,
     schema_problem,
     take_turns,
     upgrade,
+    upgrade_problem,
 )
 from hypermedia.embedded import private_directory
 from hypermedia.errors import ConfigError
@@ -110,9 +110,9 @@ def migrate(
     prepare_data_dir(settings)
     engine = engine or make_engine(settings.effective_database_url)
     try:
-        newer = newer_than_code(engine)
-        if newer is not None:
-            raise ConfigError("database_url (HYPERMEDIA_DATABASE_URL)", newer)
+        refused = upgrade_problem(engine)
+        if refused is not None:
+            raise ConfigError("database_url (HYPERMEDIA_DATABASE_URL)", refused)
         if current_revision(engine) != head_revision():
             upgrade(engine)
         profiles = load_profiles(settings.profiles_path, settings.queue_names)

@@ -244,26 +244,40 @@ def schema_problem(engine: Engine) -> str | None:
 
     A database at a revision these migrations do not hold was migrated by a newer
     hypermedia: ``db upgrade`` cannot help (Alembic cannot find the revision), the
-    code must be upgraded (a worker or a head left on the old version after a deploy)."""
-    return _problem(current_revision(engine))
+    code must be upgraded (a worker or a head left on the old version after a deploy).
+    Another application's database (tables of hypermedia's names but no revision, or a
+    revision and no job table) is said to be one."""
+    return _problem(engine, current_revision(engine))
 
 
-def newer_than_code(engine: Engine) -> str | None:
-    """:func:`schema_problem`'s answer when the database is newer than this code (what
-    ``db upgrade`` must refuse: it cannot go back), else None."""
+def upgrade_problem(engine: Engine) -> str | None:
+    """:func:`schema_problem`'s answer when ``db upgrade`` must refuse the database (it
+    is newer than this code, or another application's), else None."""
     revision = current_revision(engine)
-    if revision is None or revision in known_revisions():
+    if revision in known_revisions() or (revision is None and not _hypermedias_names(engine)):
         return None
-    return _problem(revision)
+    return _problem(engine, revision)
 
 
-def _problem(revision: str | None) -> str | None:
+def _problem(engine: Engine, revision: str | None) -> str | None:
     head = head_revision()
     if revision == head:
         return None
     if revision is None:
+        taken = _hypermedias_names(engine)
+        if taken:
+            return (
+                f"the database has no hypermedia schema but tables named as hypermedia's"
+                f" ({', '.join(taken)}): another application's database? Point it at an"
+                " empty database or at hypermedia's"
+            )
         return "the database has no schema yet: run `hypermedia db upgrade`"
     if revision not in known_revisions():
+        if "processing_jobs" not in _hypermedias_names(engine):
+            return (
+                f"the database is at revision {revision} and has no job record: another"
+                " application's database? Point it at hypermedia's"
+            )
         return (
             f"the database schema is at revision {revision}, which this hypermedia does not"
             f" know (its newest is {head}): a newer hypermedia migrated it. Run that version"
@@ -273,6 +287,15 @@ def _problem(revision: str | None) -> str | None:
         f"the database schema is at revision {revision}, this hypermedia needs {head}:"
         " run `hypermedia db upgrade`"
     )
+
+
+def _hypermedias_names(engine: Engine) -> list[str]:
+    """The database's tables that bear the name of one of hypermedia's."""
+    from hypermedia.db.models import Base
+
+    with snapshot(engine) as conn:
+        present = set(inspect(conn).get_table_names())
+    return sorted(present & set(Base.metadata.tables))
 
 
 def _read_revisions() -> tuple[set[str], set[str]]:

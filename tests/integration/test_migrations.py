@@ -851,3 +851,45 @@ def test_two_processes_migrating_at_once_take_turns(pg_server, tmp_path):
     finally:
         engine.dispose()
         pg_server.drop_database(name)
+
+
+def test_another_applications_database_is_said_to_be_one(empty_engine, settings):
+    """`hypermedia db upgrade` on a database of another application's with a `users`
+    table of its own: Alembic's CREATE TABLE users failed, 'error: internal:
+    ProgrammingError: (psycopg.errors.DuplicateTable) relation "users" already exists'
+    and 12 more lines of SQL, after `status` had told the operator to run it ('no schema
+    yet'). One migrated by another application's Alembic was said to be migrated by a
+    newer hypermedia. Each is refused, naming what was found, and nothing is touched."""
+    from sqlalchemy import text
+
+    from hypermedia.cli.common import open_engine
+    from hypermedia.errors import ConfigError
+    from hypermedia.stack import migrate as stack_migrate
+
+    configured = settings(database_url=empty_engine.url.render_as_string(hide_password=False))
+    with empty_engine.begin() as conn:
+        conn.execute(text("CREATE TABLE users (id INTEGER PRIMARY KEY, email TEXT)"))
+    for attempt in (
+        lambda: stack_migrate(configured, empty_engine),
+        lambda: open_engine(configured),
+    ):
+        with pytest.raises(ConfigError) as raised:
+            attempt()
+        assert "tables named as hypermedia's (users): another application's database" in str(
+            raised.value
+        )
+    assert set(inspect(empty_engine).get_table_names()) == {"users"}
+
+    with empty_engine.begin() as conn:
+        conn.execute(text("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL)"))
+        conn.execute(text("INSERT INTO alembic_version VALUES ('ae1027a6acf')"))
+    for attempt in (
+        lambda: stack_migrate(configured, empty_engine),
+        lambda: open_engine(configured),
+    ):
+        with pytest.raises(ConfigError) as raised:
+            attempt()
+        message = str(raised.value)
+        assert "at revision ae1027a6acf and has no job record" in message, message
+        assert "newer hypermedia" not in message
+    assert set(inspect(empty_engine).get_table_names()) == {"users", "alembic_version"}
