@@ -180,7 +180,17 @@ def _is_connection_error(exc: DBAPIError) -> bool:
     if exc.connection_invalidated:
         return True
     text = str(exc.orig).lower()
-    return any(
-        marker in text
-        for marker in ("connection", "could not connect", "server closed", "terminating")
-    )
+    return any(marker in text for marker in _CONNECTION_ERRORS)
+
+
+# What the driver's message says when the server cannot be reached (or a host name not
+# resolved: psycopg's own "failed to resolve host", libpq's "could not translate host
+# name").
+_CONNECTION_ERRORS = (
+    "connection",
+    "could not connect",
+    "server closed",
+    "terminating",
+    "resolve host",
+    "translate host name",
+)

@@ -659,6 +659,23 @@ def test_a_stack_opened_on_a_database_that_is_down_is_told_so(settings, tmp_path
     assert "pw-never-shown" not in str(raised.value)
 
 
+def test_a_database_host_that_does_not_resolve_is_unreachable():
+    """A misspelt host name in the database URL: `hypermedia db upgrade` (and every
+    command) said 'error: internal: OperationalError: (psycopg.OperationalError) failed
+    to resolve host ...' and SQLAlchemy's background link. It is DatabaseUnavailable like
+    any server that cannot be reached, the password nowhere in it."""
+    from hypermedia.errors import DatabaseUnavailable
+
+    down = make_engine("postgresql://hm:pw-never-shown@no-such-host.invalid/hm")
+    try:
+        with pytest.raises(DatabaseUnavailable, match="database unreachable") as raised:
+            migrate.current_revision(down)
+    finally:
+        down.dispose()
+    assert "no-such-host.invalid" in str(raised.value)
+    assert "pw-never-shown" not in str(raised.value)
+
+
 def test_a_record_with_jobs_upgrades_from_the_first_revision_and_back(empty_engine):
     """On SQLite, Alembic's batch mode changes a table it cannot alter in place (0013
     adds a foreign key to processing_jobs; downgrades drop columns) by copying it,
