@@ -16,6 +16,7 @@ translated where they enter, with ``raise ... from exc``.
     │   ├── InputTooLarge   413  object bigger than the profile allows
     │   ├── RequestTooLarge 413  a request body over its route's limit
     │   ├── InspectionLimit 422  inspecting the upload passed its CPU/memory/time budget
+    │   ├── InspectionCrashed 422 the upload's inspector died of a signal parsing it
     │   └── InputRejected   422  the object's content is refused for the operation
     │       ├── UnsupportedFormat    a format the platform (or this operation) does not process
     │       ├── InputTypeMismatch    the operation is for another kind of file
@@ -206,6 +207,15 @@ class InspectionLimit(InvalidRequest):
     at upload, before any operation is judged (so not an InputRejected verdict)."""
 
     code = "inspection_limit"
+    status = 422
+
+
+class InspectionCrashed(InvalidRequest):
+    """The child inspecting the upload died of a signal (a segfault, an abort, the
+    seccomp filter's kill) parsing it: the file is refused at upload, as past a budget,
+    and nothing of it is kept (a parser the file crashes is not handed it again)."""
+
+    code = "inspection_crashed"
     status = 422
 
 

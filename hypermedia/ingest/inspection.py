@@ -25,7 +25,10 @@ speaks on it, and the server adds the child's exit status when it has reaped it:
 A local file is opened by path (read only), before the sandbox is built. Past a
 budget (``SIGXCPU``, out of memory, or the wall clock, after which the API kills the
 child) the upload is refused with :class:`~hypermedia.errors.InspectionLimit` (422
-``inspection_limit``).
+``inspection_limit``); a child that dies of another signal (a parser's segfault or
+abort on a crafted file) with :class:`~hypermedia.errors.InspectionCrashed` (422
+``inspection_crashed``). Either way nothing of the upload is kept, and the server forks
+the next child as before.
 
 The sandbox. A parser exploit in an upload must reach no more than a job's step does,
 so each child parses inside the job sandbox (:mod:`hypermedia.sandbox.isolation`,
@@ -69,7 +72,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from hypermedia.errors import InspectionLimit, ServiceUnavailable
+from hypermedia.errors import InspectionCrashed, InspectionLimit, ServiceUnavailable
 from hypermedia.sandbox import isolation
 from hypermedia.sandbox.child import PR_SET_NO_NEW_PRIVS, prctl
 from hypermedia.sandbox.inspect import Inspection, inspect_source
@@ -178,6 +181,15 @@ class InspectionRunner:
     def _died(self, key: str, exit_code: int) -> Exception:
         if exit_code in (-signal.SIGXCPU, -signal.SIGKILL):
             return self._limit(key, f"needed more than {self.budget.cpu_seconds} s of CPU")
+        if exit_code < 0:  # killed by a signal while it parsed: the file crashed it
+            name = _signal_name(-exit_code)
+            log.warning(
+                "inspection of %s crashed: %s", key, name, extra={"action": "inspection_crashed"}
+            )
+            return InspectionCrashed(
+                f"the file could not be inspected: it crashed the inspector ({name})",
+                signal=name,
+            )
         return RuntimeError(f"the inspection child for {key!r} died (exit code {exit_code})")
 
     def _limit(self, key: str, what: str) -> InspectionLimit:
@@ -188,6 +200,13 @@ class InspectionRunner:
             wall_seconds=self.budget.wall_seconds,
             memory_mb=self.budget.memory_mb,
         )
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def _sandbox_config(hidden_paths: Sequence[str | Path], *, enabled: bool) -> dict[str, Any]:

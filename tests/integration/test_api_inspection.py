@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 import uuid
 from collections.abc import Iterator
@@ -101,6 +103,49 @@ def test_an_upload_refused_by_inspection_leaves_its_idempotency_key_free(stack, 
     assert accepted.status_code == 201, accepted.text
     assert accepted.json()["replayed"] is False and accepted.json()["detected_kind"] == "image"
     assert _objects(stack) == 1
+
+
+@pytest.mark.parametrize("crash", [signal.SIGSEGV, signal.SIGSYS], ids=["segfault", "seccomp"])
+def test_an_inspection_child_that_crashes_refuses_the_upload(engine, settings, crash):
+    """A parser that dies of a signal on a hostile file (a segfault; SIGSYS, the
+    seccomp filter's kill) answered 500 ``internal`` with a traceback in the log. It is
+    422 ``inspection_crashed`` naming the signal: nothing stored, nothing charged, and
+    the next upload is inspected as before. The child is killed from outside with the
+    signal a crash delivers (its exit status is all the runner sees)."""
+    stack = Stack.open(
+        settings(inspection_cpu_seconds=30, inspection_wall_seconds=60),
+        engine=engine,
+        auto_migrate=True,
+    )
+    try:
+        with (
+            running_server(create_app(stack, auth_cache_seconds=0)) as url,
+            ThreadPoolExecutor(1) as pool,
+            httpx.Client(base_url=url, timeout=120) as client,
+        ):
+            user = add_user(stack, "alice")
+            credits = client.get(f"{P}/credits", headers=bearer(user)).json()
+            upload = pool.submit(_upload, url, user, crafted_pdf(), "crash.pdf")
+            deadline = time.monotonic() + 60
+            while inspection._current is None or not _children(inspection._current):
+                assert time.monotonic() < deadline, "the inspection never started"
+                time.sleep(0.01)
+            [child] = _children(inspection._current)
+            os.kill(child, crash)
+            response = upload.result()
+            assert response.status_code == 422, response.text
+            error = response.json()["error"]
+            assert error["code"] == "inspection_crashed"
+            assert crash.name in error["message"]
+            assert _objects(stack) == 0
+            assert [p for p in stack.settings.storage_dir.rglob("*") if p.is_file()] == []
+            assert client.get(f"{P}/credits", headers=bearer(user)).json() == credits
+
+            after = _upload(url, user, PNG, "ok.png")
+            assert after.status_code == 201, after.text
+            assert after.json()["detected_kind"] == "image"
+    finally:
+        stack.close()
 
 
 def test_healthz_answers_while_inspections_run(stack, base_url):
