@@ -6,13 +6,15 @@ Matroska file with no video track is audio, an ASF file without a video stream i
 ``duration_seconds`` is read where a header states it cheaply: MP4/QuickTime (``mvhd``),
 Matroska/WebM (``Info/Duration``), WAV (data size / byte rate), FLAC (STREAMINFO),
 AVI (``avih``). Elsewhere (MP3, Ogg ...) it is left unknown, and the media pipeline
-enforces its own limits. DRM-protected MP4 tracks (FairPlay, Common Encryption sample
-entries) are reported as ``encrypted``: no key, no transcode.
+enforces its own limits; so is a stated duration that is no number of seconds (a
+Matroska float that is NaN, infinite or negative). DRM-protected MP4 tracks (FairPlay,
+Common Encryption sample entries) are reported as ``encrypted``: no key, no transcode.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import struct
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,6 +51,14 @@ def analyze(source: Source, found: Signature) -> Media:
         with contextlib.suppress(struct.error, ValueError, OSError, OverflowError):
             reader(source, media)
     return media
+
+
+def _stated(media: Media, seconds: float) -> None:
+    """Record a header's duration, if it is one: a NaN passed every duration limit (each
+    comparison is false), and a NaN or an infinity is no JSON (PostgreSQL refused the
+    upload; an error naming it could not be answered)."""
+    if math.isfinite(seconds) and seconds >= 0:
+        media.details["duration_seconds"] = round(seconds, 3)
 
 
 # -- ISO base media (MP4, MOV, M4A, 3GP) ------------------------------------------------------
@@ -121,7 +131,7 @@ def _mvhd(body: bytes, media: Media) -> None:
     else:
         timescale, duration = struct.unpack_from(">II", body, 12)
     if timescale:
-        media.details["duration_seconds"] = round(duration / timescale, 3)
+        _stated(media, duration / timescale)
 
 
 # -- Matroska / WebM ----------------------------------------------------------------------------
@@ -190,7 +200,7 @@ def _ebml_segment(data: bytes, start: int, end: int, media: Media) -> None:
                     if field_id == _TRACK_TYPE:
                         track_types.add(int.from_bytes(data[fbody:fend], "big"))
     if duration is not None:
-        media.details["duration_seconds"] = round(duration * scale / 1e9, 3)
+        _stated(media, duration * scale / 1e9)
     if track_types:
         media.details["tracks"] = sorted(track_types)
         if 1 not in track_types and 2 in track_types:
@@ -223,7 +233,7 @@ def _wav(source: Source, media: Media) -> None:
             data_size = min(size, source.size - body)
             break
     if byte_rate and data_size is not None:
-        media.details["duration_seconds"] = round(data_size / byte_rate, 3)
+        _stated(media, data_size / byte_rate)
 
 
 def _avi(source: Source, media: Media) -> None:
@@ -231,7 +241,7 @@ def _avi(source: Source, media: Media) -> None:
         if kind == b"avih":
             micro_per_frame, *_rest = struct.unpack("<I", source.read_at(body, 4))
             total_frames = struct.unpack("<I", source.read_at(body + 16, 4))[0]
-            media.details["duration_seconds"] = round(micro_per_frame * total_frames / 1e6, 3)
+            _stated(media, micro_per_frame * total_frames / 1e6)
             return
 
 
@@ -244,7 +254,7 @@ def _flac(source: Source, media: Media) -> None:
     sample_rate = packed >> 44
     total_samples = packed & ((1 << 36) - 1)
     if sample_rate:
-        media.details["duration_seconds"] = round(total_samples / sample_rate, 3)
+        _stated(media, total_samples / sample_rate)
 
 
 def _ogg(source: Source, media: Media) -> None:

@@ -25,6 +25,7 @@ from hypermedia.ingest.uploads import inspect_stored
 from hypermedia.stack import Stack, build_storage
 from tests import support
 from tests.api_support import add_user, bearer, running_server
+from tests.unit.test_inspect_signatures import ebml
 
 P = "/v1/hypermedia"
 PNG = (
@@ -146,6 +147,29 @@ def test_an_inspection_child_that_crashes_refuses_the_upload(engine, settings, c
             assert after.json()["detected_kind"] == "image"
     finally:
         stack.close()
+
+
+@pytest.mark.parametrize("duration_ms", [float("inf"), float("nan")], ids=["inf", "nan"])
+def test_a_webm_stating_a_duration_that_is_no_number_is_uploaded_and_judged(
+    stack, base_url, duration_ms
+):
+    """A WebM whose header states an infinite (or NaN) Duration: on PostgreSQL the upload
+    was 400 ``invalid_request`` ("a value ... cannot be stored": the facts held a
+    non-JSON float), on SQLite it was stored and a transcode_video submit answered 500
+    (the inf in duration_limit's details could not be rendered; a NaN passed the limit).
+    The duration is unknown, as for formats that state none: the worker's probe
+    judges it."""
+    user = add_user(stack, "alice")
+    response = _upload(base_url, user, ebml(b"webm", [1, 2], duration_ms), "clip.webm")
+    assert response.status_code == 201, response.text
+    assert response.json()["detected_kind"] == "video"
+    with httpx.Client(base_url=base_url, timeout=60) as client:
+        submitted = client.post(
+            f"{P}/process",
+            json={"object_id": response.json()["object_id"], "operations": ["transcode_video"]},
+            headers=bearer(user),
+        )
+    assert submitted.status_code == 202, submitted.text
 
 
 def test_healthz_answers_while_inspections_run(stack, base_url):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import json
 import struct
 import zlib
 
@@ -363,6 +364,16 @@ MEDIA = [
 @pytest.mark.parametrize(("name", "data", "seconds"), MEDIA, ids=[m[0] for m in MEDIA])
 def test_media_durations(name, data, seconds):
     assert inspect(data).details["duration_seconds"] == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("duration_ms", [float("nan"), float("inf"), -1500.0, 1e308])
+def test_a_stated_duration_that_is_no_number_of_seconds_is_not_reported(duration_ms):
+    """A Matroska Duration of NaN was reported as such and passed every duration limit;
+    an infinite one made the facts no JSON (PostgreSQL refused the upload, a
+    duration_limit naming it was a 500)."""
+    details = inspect(ebml(b"webm", [1, 2], duration_ms)).details
+    assert "duration_seconds" not in details
+    json.dumps(details, allow_nan=False)
 
 
 @pytest.mark.parametrize("entry", [b"drms", b"encv", b"enca"])
