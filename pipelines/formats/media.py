@@ -47,8 +47,9 @@ def analyze(source: Source, found: Signature) -> Media:
     media = Media(found.kind, found.mime, found.label)
     reader = _READERS.get(found.format)
     if reader is not None:
-        # What could be read stays; the demuxer decides about the rest.
-        with contextlib.suppress(struct.error, ValueError, OSError, OverflowError):
+        # What could be read stays; the demuxer decides about the rest. (IndexError:
+        # a header cut short, read byte by byte.)
+        with contextlib.suppress(struct.error, ValueError, IndexError, OSError, OverflowError):
             reader(source, media)
     return media
 

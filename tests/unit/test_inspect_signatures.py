@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import logging
 import struct
 import zlib
 
@@ -374,6 +375,24 @@ def test_a_stated_duration_that_is_no_number_of_seconds_is_not_reported(duration
     details = inspect(ebml(b"webm", [1, 2], duration_ms)).details
     assert "duration_seconds" not in details
     json.dumps(details, allow_nan=False)
+
+
+@pytest.mark.parametrize(
+    ("name", "data", "kind"),
+    [
+        # The Tracks element's id, then the end of the file: no size.
+        ("matroska", ebml(b"matroska", [2], 1500.0)[:90], "video"),
+        ("flac", b"fLaC", "audio"),
+    ],
+    ids=["matroska", "flac"],
+)
+def test_a_media_header_cut_short_is_read_as_far_as_it_goes(name, data, kind, caplog):
+    """A header cut off inside an element raised IndexError out of the reader: every
+    such upload logged an error with its traceback ("inspecting a ... failed"), as a
+    reader's bug would be."""
+    with caplog.at_level(logging.ERROR):
+        assert inspect(data).kind == kind
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
 @pytest.mark.parametrize("entry", [b"drms", b"encv", b"enca"])
