@@ -12,21 +12,27 @@ hypermedia.ingest.inspection``, started on first use, one per API process, gone
 when the API's end of its control socket closes) that has the inspection modules
 loaded: a fork costs milliseconds, and nothing of the API process (its threads,
 its connections, its ``__main__``, its environment's credentials) reaches a child.
-Per inspection the API hands the server one end of a fresh socket pair; the child
-speaks on it, and the server adds the child's exit status when it has reaped it::
+Per inspection the API hands the server one end of each of two fresh socket pairs:
+the child speaks on the first (its channel), the server alone on the second (the
+status: the child never holds it, so it cannot forge its pid or how it ended). Every
+message is a JSON array in a length-prefixed frame (``Connection.send_bytes``), never
+a pickle: what a parser exploit in the child writes is read as data, checked, and
+refused when it is no message of this protocol::
 
     server -> API   {"capabilities": ...} (a JSON line on the control socket, at start)
-    API -> child    ("inspect", path | None, size, cpu_seconds, memory_mb)
-    child -> API    ("pid", pid), then ("read", offset, length)* and one of
-                    ("done", inspection) | ("memory",) | ("error", text)
-    API -> child    the bytes of each read (an S3 object: the child holds no client)
-    server -> API   ("exit", exit code), after the child has ended
+    API -> child    ["inspect", path | null, size, cpu_seconds, memory_mb]
+    child -> API    ["read", offset, length]* then one of
+                    ["done", inspection] | ["memory"] | ["error", text]
+    API -> child    the bytes of each read (raw; an S3 object: the child holds no client),
+                    at most READ_CAP bytes and never past the object's end
+    server -> API   ["pid", pid] once forked, ["exit", exit code] once reaped (status)
 
 A local file is opened by path (read only), before the sandbox is built. Past a
 budget (``SIGXCPU``, out of memory, or the wall clock, after which the API kills the
-child) the upload is refused with :class:`~hypermedia.errors.InspectionLimit` (422
-``inspection_limit``); a child that dies of another signal (a parser's segfault or
-abort on a crafted file) with :class:`~hypermedia.errors.InspectionCrashed` (422
+child, by the pid the server gave) the upload is refused with
+:class:`~hypermedia.errors.InspectionLimit` (422 ``inspection_limit``); a child that
+dies of another signal (a parser's segfault or abort on a crafted file), or sends what
+is no message, with :class:`~hypermedia.errors.InspectionCrashed` (422
 ``inspection_crashed``). Either way nothing of the upload is kept, and the server forks
 the next child as before.
 
@@ -68,7 +74,7 @@ import time
 from collections.abc import Sequence
 from contextlib import suppress
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
+from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +93,8 @@ log = logging.getLogger(__name__)
 # packages and libmagic; no credentials.
 _ENVIRONMENT = ("PATH", "PYTHONPATH", "VIRTUAL_ENV", "HOME", "LANG", "LC_ALL", "TMPDIR", "MAGIC")
 STARTUP_TIMEOUT = 60.0  # the server's "ready": imports, then the sandbox probed
+MESSAGE_CAP = 16 * 1024 * 1024  # a child's message (an inspection: a few KB)
+READ_CAP = 16 * 1024 * 1024  # bytes one read asks for (the readers ask for 8 MiB at most)
 # The parts of the job sandbox an inspection child gets (no PID namespace: it starts
 # no process, RLIMIT_NPROC), and what is lost without each.
 SANDBOX_FEATURES = {
@@ -144,39 +152,59 @@ class InspectionRunner:
     def _run(self, server: _Server, storage: Storage, key: str, size: int) -> Inspection:
         budget = self.budget
         path = str(storage.path(key)) if isinstance(storage, LocalStorage) else None
-        conn = server.open()
+        channel, status = server.open()
+        watched = [channel, status]
         pid: int | None = None
         deadline = time.monotonic() + budget.wall_seconds
         try:
-            conn.send(("inspect", path, size, budget.cpu_seconds, budget.memory_mb))
+            channel.send_bytes(
+                _encode(["inspect", path, size, budget.cpu_seconds, budget.memory_mb])
+            )
             while True:
                 remaining = deadline - time.monotonic()
-                if remaining <= 0 or not conn.poll(remaining):
+                ready = wait(watched, remaining) if remaining > 0 else []
+                if not ready:
                     if pid is not None:
                         with suppress(ProcessLookupError):
                             os.kill(pid, signal.SIGKILL)
                     raise self._limit(key, f"took longer than {budget.wall_seconds:g} s")
+                if channel in ready:  # first: a child's answer comes before its exit
+                    try:
+                        message = _from_child(channel)
+                    except EOFError:  # it has ended: its exit status follows
+                        watched.remove(channel)
+                        continue
+                    except _NoMessage as exc:
+                        if pid is not None:
+                            with suppress(ProcessLookupError):
+                                os.kill(pid, signal.SIGKILL)
+                        raise self._garbled(key, str(exc)) from None
+                    kind = message[0]
+                    if kind == "read":
+                        offset = message[1]
+                        length = min(message[2], READ_CAP, max(size - offset, 0))
+                        data = storage.read_range(key, offset, length) if length else b""
+                        channel.send_bytes(data)
+                    elif kind == "done":
+                        return Inspection.from_dict(message[1])
+                    elif kind == "memory":
+                        raise self._limit(key, f"needed more than {budget.memory_mb} MB")
+                    else:
+                        raise RuntimeError(f"inspecting {key!r} failed in its child: {message[1]}")
+                    continue
                 try:
-                    message = conn.recv()
+                    kind, value = json.loads(status.recv_bytes())
                 except EOFError:
                     raise ServiceUnavailable(
                         f"upload inspection is unavailable: its server went away inspecting {key!r}"
                     ) from None
-                kind = message[0]
                 if kind == "pid":
-                    pid = message[1]
-                elif kind == "read":
-                    conn.send_bytes(storage.read_range(key, message[1], message[2]))
-                elif kind == "done":
-                    return Inspection.from_dict(message[1])
-                elif kind == "memory":
-                    raise self._limit(key, f"needed more than {budget.memory_mb} MB")
-                elif kind == "exit":
-                    raise self._died(key, message[1])
+                    pid = value
                 else:
-                    raise RuntimeError(f"inspecting {key!r} failed in its child: {message[1]}")
+                    raise self._died(key, value)
         finally:
-            conn.close()
+            channel.close()
+            status.close()
 
     def _died(self, key: str, exit_code: int) -> Exception:
         if exit_code in (-signal.SIGXCPU, -signal.SIGKILL):
@@ -192,6 +220,17 @@ class InspectionRunner:
             )
         return RuntimeError(f"the inspection child for {key!r} died (exit code {exit_code})")
 
+    def _garbled(self, key: str, what: str) -> InspectionCrashed:
+        log.warning(
+            "inspection of %s stopped: its child sent %s",
+            key,
+            what,
+            extra={"action": "inspection_crashed"},
+        )
+        return InspectionCrashed(
+            "the file could not be inspected: its inspector sent no message of the protocol"
+        )
+
     def _limit(self, key: str, what: str) -> InspectionLimit:
         log.warning("inspection of %s stopped: %s", key, what, extra={"action": "inspection_limit"})
         return InspectionLimit(
@@ -200,6 +239,49 @@ class InspectionRunner:
             wall_seconds=self.budget.wall_seconds,
             memory_mb=self.budget.memory_mb,
         )
+
+
+class _NoMessage(Exception):
+    """What a child sent is no message of the protocol (a parser exploit writing)."""
+
+
+def _encode(message: list[Any]) -> bytes:
+    return json.dumps(message).encode()
+
+
+def _from_child(channel: Connection) -> list[Any]:
+    """The child's next message, checked: a list of the protocol's shapes, or
+    :class:`_NoMessage` (EOFError: the channel was closed)."""
+    try:
+        message = json.loads(channel.recv_bytes(MESSAGE_CAP))
+    except OSError as exc:  # over the cap: the rest of the stream is no frame either
+        raise _NoMessage(f"a frame over {MESSAGE_CAP:,} bytes") from exc
+    except (ValueError, RecursionError) as exc:
+        raise _NoMessage(f"no JSON ({type(exc).__name__})") from exc
+    if isinstance(message, list) and message:
+        kind, values = message[0], message[1:]
+        if kind == "read" and len(values) == 2 and all(_count(v) for v in values):
+            return message
+        if kind == "done" and len(values) == 1 and _inspection(values[0]):
+            return message
+        if kind == "memory" and not values:
+            return message
+        if kind == "error" and len(values) == 1 and isinstance(values[0], str):
+            return message
+    raise _NoMessage(f"an unknown message ({str(message)[:100]!r})")
+
+
+def _count(value: Any) -> bool:
+    return type(value) is int and value >= 0
+
+
+def _inspection(value: Any) -> bool:
+    return (
+        isinstance(value, dict)
+        and isinstance(value.get("kind"), str)
+        and isinstance(value.get("mime"), str)
+        and isinstance(value.get("details", {}), dict)
+    )
 
 
 def _signal_name(number: int) -> str:
@@ -300,15 +382,17 @@ class _Server:
     def alive(self) -> bool:
         return self.process.poll() is None
 
-    def open(self) -> Connection:
-        """A channel to a new child of the server."""
+    def open(self) -> tuple[Connection, Connection]:
+        """A channel to a new child of the server, and the server's status of it."""
         mine, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        status, server = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             with self._lock:
-                socket.send_fds(self.control, [b"i"], [child.fileno()])
+                socket.send_fds(self.control, [b"i"], [child.fileno(), server.fileno()])
         finally:
             child.close()
-        return Connection(mine.detach())
+            server.close()
+        return Connection(mine.detach()), Connection(status.detach())
 
     def close(self) -> None:
         self.control.close()  # the server exits on EOF
@@ -379,8 +463,8 @@ def _start_sandbox(config: dict[str, Any]) -> tuple[isolation.Isolation, str]:
 
 def serve(control_fd: int, config: dict[str, Any]) -> None:
     """Fork one child per channel received on ``control_fd`` (each with a uid of the
-    sandbox's block: a channel waits while none is free); report each child's exit
-    code on its channel; return when the control socket closes."""
+    sandbox's block: a channel waits while none is free); report each child's pid and
+    exit code on its status socket; return when the control socket closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # ends with its control socket only
     inspect_source(BytesSource(b"%PDF-1.4\n"))  # warm: libmagic and the readers loaded
     control = socket.socket(fileno=control_fd)
@@ -397,22 +481,22 @@ def serve(control_fd: int, config: dict[str, Any]) -> None:
         selector = selectors.DefaultSelector()
         selector.register(control, selectors.EVENT_READ)
         selector.register(wake_r, selectors.EVENT_READ)
-        children: dict[int, tuple[int, int]] = {}  # pid -> (its channel's fd, its uid)
-        waiting: list[int] = []  # channels' fds
+        children: dict[int, tuple[Connection, int]] = {}  # pid -> (its status, its uid)
+        waiting: list[tuple[int, int]] = []  # (a channel's fd, its status's fd)
         free_uids = list(sandbox.uids)
         while True:
             for key, _ in selector.select():
                 if key.fileobj is control:
-                    message, fds, _flags, _address = socket.recv_fds(control, 16, 1)
+                    message, fds, _flags, _address = socket.recv_fds(control, 16, 2)
                     if not message:
                         return
-                    waiting.extend(fds)
+                    waiting.extend(zip(fds[::2], fds[1::2], strict=True))
                 else:
                     with suppress(BlockingIOError):
                         os.read(wake_r, 4096)
             _reap(children, free_uids)
             while waiting and (free_uids or not sandbox.own_uid):
-                fd = waiting.pop(0)
+                fd, status_fd = waiting.pop(0)
                 uid = heapq.heappop(free_uids) if sandbox.own_uid else 0
                 network = sandbox.network_namespace_of(uid) if uid else None
                 pid = os.fork()
@@ -420,13 +504,17 @@ def serve(control_fd: int, config: dict[str, Any]) -> None:
                     selector.close()
                     control.close()
                     _child_main(fd, sandbox, uid, network)
-                children[pid] = (fd, uid)
+                os.close(fd)  # the child's and the API's alone from here
+                status = Connection(status_fd)
+                with suppress(OSError):  # the API may have stopped listening
+                    status.send_bytes(_encode(["pid", pid]))
+                children[pid] = (status, uid)
     finally:
         sandbox.close()
         shutil.rmtree(work_root, ignore_errors=True)
 
 
-def _reap(children: dict[int, tuple[int, int]], free_uids: list[int]) -> None:
+def _reap(children: dict[int, tuple[Connection, int]], free_uids: list[int]) -> None:
     while children:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -436,12 +524,11 @@ def _reap(children: dict[int, tuple[int, int]], free_uids: list[int]) -> None:
             return
         if pid not in children:
             continue
-        fd, uid = children.pop(pid)
+        channel, uid = children.pop(pid)
         if uid:  # RLIMIT_NPROC = 1: it started no process, none of its uid is left
             heapq.heappush(free_uids, uid)
-        channel = Connection(fd)
         with suppress(OSError):  # the API may have stopped listening: nothing to tell
-            channel.send(("exit", os.waitstatus_to_exitcode(status)))
+            channel.send_bytes(_encode(["exit", os.waitstatus_to_exitcode(status)]))
         channel.close()
 
 
@@ -465,11 +552,13 @@ def _child_main(fd: int, sandbox: isolation.Isolation, uid: int, network: int | 
 
 
 def _child(conn: Connection, sandbox: isolation.Isolation, uid: int, network: int | None) -> None:
-    conn.send(("pid", os.getpid()))
-    _, path, size, cpu_seconds, memory_mb = conn.recv()
+    _, path, size, cpu_seconds, memory_mb = json.loads(conn.recv_bytes())
+
+    def send(*message: Any) -> None:
+        conn.send_bytes(_encode(list(message)))
 
     def read_at(offset: int, length: int) -> bytes:
-        conn.send(("read", offset, length))
+        send("read", offset, length)
         return conn.recv_bytes()
 
     source: Source
@@ -477,24 +566,24 @@ def _child(conn: Connection, sandbox: isolation.Isolation, uid: int, network: in
         # Opened before the view hides it (it lies in the data dir).
         source = FileSource(Path(path)) if path is not None else CallbackSource(size, read_at)
     except Exception as exc:
-        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        send("error", f"{type(exc).__name__}: {exc}")
         return
     try:
         _isolate(sandbox, uid, network, cpu_seconds)
     except BaseException as exc:
-        conn.send(("error", f"the inspection sandbox could not be built: {exc}"))
+        send("error", f"the inspection sandbox could not be built: {exc}")
         return
     memory = memory_mb * 1024 * 1024
     resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
     try:
         inspection = inspect_source(source)
     except MemoryError:
-        conn.send(("memory",))
+        send("memory")
         return
     except Exception as exc:
-        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        send("error", f"{type(exc).__name__}: {exc}")
         return
-    conn.send(("done", inspection.to_dict()))
+    send("done", inspection.to_dict())
 
 
 def _isolate(sandbox: isolation.Isolation, uid: int, network: int | None, cpu: int) -> None:

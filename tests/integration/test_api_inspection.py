@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -17,7 +19,7 @@ from sqlalchemy import func, select
 from hypermedia.clock import SystemClock
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
-from hypermedia.errors import InspectionLimit
+from hypermedia.errors import InspectionCrashed, InspectionLimit
 from hypermedia.ingest import inspection
 from hypermedia.ingest.api import create_app
 from hypermedia.ingest.inspection import InspectionBudget, InspectionRunner
@@ -170,6 +172,81 @@ def test_a_webm_stating_a_duration_that_is_no_number_is_uploaded_and_judged(
             headers=bearer(user),
         )
     assert submitted.status_code == 202, submitted.text
+
+
+# A parser exploit: on the inspection server's path as sitecustomize, it replaces the
+# readers, so each child that inspects a PNG runs it (code of the attacker's, in the
+# sandbox, as after a memory-safety bug) and writes its frames on the child's sockets.
+_EXPLOIT = """
+import json, os, pickle, stat, struct, time
+from pathlib import Path
+import pipelines.formats.inspection as readers
+
+PLAN = json.loads((Path(__file__).parent / "plan.json").read_text())
+real = readers.inspect_source
+
+class Payload:
+    def __reduce__(self):  # run by whoever unpickles it
+        return (os.mkdir, (PLAN["canary"],))
+
+def frames():
+    if PLAN["send"] == "pickled code":
+        return [pickle.dumps(Payload())]
+    if PLAN["send"] == "pickled pid":
+        return [pickle.dumps(("pid", PLAN["victim"]))]
+    return [json.dumps(["pid", PLAN["victim"]]).encode()]
+
+def exploit(source):
+    if not source.read_at(0, 8).startswith(b"\\x89PNG"):
+        return real(source)  # the server's warm-up
+    for fd in range(3, 256):
+        try:
+            if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+                continue
+            for frame in frames():
+                os.write(fd, struct.pack("!i", len(frame)) + frame)
+        except OSError:
+            continue
+    time.sleep(30)  # past the wall clock: the API kills "the child"
+
+readers.inspect_source = exploit
+"""
+
+
+class _Png:
+    def read_range(self, key: str, offset: int, length: int) -> bytes:
+        return PNG[offset : offset + length]
+
+
+@pytest.mark.parametrize("send", ["pickled code", "pickled pid", "json pid"])
+def test_an_exploited_inspection_child_reaches_nothing_of_the_api(tmp_path, monkeypatch, send):
+    """Code run in the inspection child by a parser exploit reached the API process: the
+    API unpickled the child's messages (a pickle that calls os.mkdir did, in the API),
+    and SIGKILLed whatever pid the child named when the wall clock ran out (a process of
+    the test's, here; any, the API being root). Now the child's messages are JSON,
+    checked (anything else: 422 ``inspection_crashed``), and its pid and exit status
+    come from the server on a socket the child never holds."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(_EXPLOIT)
+    canary = tmp_path / "the API ran the child's code"
+    victim = subprocess.Popen(["sleep", "60"])
+    try:
+        plan = {"send": send, "canary": str(canary), "victim": victim.pid}
+        (hook / "plan.json").write_text(json.dumps(plan))
+        monkeypatch.setenv("PYTHONPATH", f"{hook}:{os.environ.get('PYTHONPATH', '')}")
+        runner = InspectionRunner(
+            InspectionBudget(cpu_seconds=5, wall_seconds=2, concurrency=1),
+            hidden_paths=(tmp_path / "its own server",),  # a server started with the hook
+        )
+        with pytest.raises(InspectionCrashed) as crashed:
+            runner.inspect(_Png(), "originals/p/cat", len(PNG))  # type: ignore[arg-type]
+        assert crashed.value.status == 422
+        assert not canary.exists()
+        assert victim.poll() is None
+    finally:
+        victim.kill()
+        victim.wait()
 
 
 def test_healthz_answers_while_inspections_run(stack, base_url):
