@@ -254,6 +254,8 @@ def _from_child(channel: Connection) -> list[Any]:
     :class:`_NoMessage` (EOFError: the channel was closed)."""
     try:
         message = json.loads(channel.recv_bytes(MESSAGE_CAP))
+    except ConnectionError:  # it died with bytes of ours unread (a reset): it has ended
+        raise EOFError from None
     except OSError as exc:  # over the cap: the rest of the stream is no frame either
         raise _NoMessage(f"a frame over {MESSAGE_CAP:,} bytes") from exc
     except (ValueError, RecursionError) as exc:
