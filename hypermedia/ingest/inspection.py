@@ -157,9 +157,10 @@ class InspectionRunner:
         pid: int | None = None
         deadline = time.monotonic() + budget.wall_seconds
         try:
-            channel.send_bytes(
-                _encode(["inspect", path, size, budget.cpu_seconds, budget.memory_mb])
-            )
+            if not _tell(
+                channel, _encode(["inspect", path, size, budget.cpu_seconds, budget.memory_mb])
+            ):
+                watched.remove(channel)
             while True:
                 remaining = deadline - time.monotonic()
                 ready = wait(watched, remaining) if remaining > 0 else []
@@ -184,7 +185,8 @@ class InspectionRunner:
                         offset = message[1]
                         length = min(message[2], READ_CAP, max(size - offset, 0))
                         data = storage.read_range(key, offset, length) if length else b""
-                        channel.send_bytes(data)
+                        if not _tell(channel, data):
+                            watched.remove(channel)
                     elif kind == "done":
                         return Inspection.from_dict(message[1])
                     elif kind == "memory":
@@ -243,6 +245,16 @@ class InspectionRunner:
 
 class _NoMessage(Exception):
     """What a child sent is no message of the protocol (a parser exploit writing)."""
+
+
+def _tell(channel: Connection, data: bytes) -> bool:
+    """Send ``data`` to the child; False if it has ended (killed, a crash: its exit
+    status follows on the status socket)."""
+    try:
+        channel.send_bytes(data)
+    except ConnectionError:  # a broken pipe, a reset
+        return False
+    return True
 
 
 def _encode(message: list[Any]) -> bytes:
