@@ -145,6 +145,11 @@ class Settings(BaseSettings):
     # Uploads one user may have arriving at once (the API's upload threads are shared:
     # one user's slow bodies must not hold them all). More: 429 until one ends.
     user_concurrent_uploads: int = Field(default=4, ge=1, le=1024)
+    # Job event streams (GET /jobs/{id}/events) this API process serves at once, each
+    # holding a socket and a Redis connection while its job runs: in all (more: 503),
+    # and of one user (more: 429 until one ends; operators have no such cap).
+    event_streams: int = Field(default=1000, ge=1, le=100_000)
+    user_concurrent_event_streams: int = Field(default=100, ge=1, le=100_000)
 
     # Storage: a local directory (``data_dir/objects``, URLs served by the API and
     # signed with ``storage_secret``) or an S3 bucket (URLs presigned by S3).

@@ -341,7 +341,7 @@ _EVENT_STREAM: dict[int | str, dict[str, Any]] = {
     operation_id="streamJobEvents",
     summary="A job's events, live (Server-Sent Events)",
     response_class=StreamingResponse,
-    responses={**_EVENT_STREAM, **_errors(404)},
+    responses={**_EVENT_STREAM, **_errors(404, 429, 503)},
     tags=["jobs"],
 )
 async def job_events(
@@ -362,12 +362,22 @@ async def job_events(
     """The job's recent events, its status as the record has it, then its events as
     they happen, until it has ended: status changes and progress (download, the step's
     own, upload)."""
-    await run_in_threadpool(stack.ingest.status_event, caller, job_id)  # 404: not theirs
+    streams = cast(events.EventStreams, request.app.state.event_streams)
+    slot = streams.take(caller)  # 429 / 503 before anything is read
+    try:
+        await run_in_threadpool(stack.ingest.status_event, caller, job_id)  # 404: not theirs
+    except BaseException:
+        slot.release()
+        raise
     client = getattr(request.app.state, "events_redis", None)
     if client is None:
         import redis.asyncio
 
-        client = redis.asyncio.Redis.from_url(stack.redis_url, decode_responses=True)
+        # Each stream holds a connection (its pub/sub) and takes another for a moment:
+        # redis-py's default pool of 100 refused the 101st stream its live events.
+        client = redis.asyncio.Redis.from_url(
+            stack.redis_url, decode_responses=True, max_connections=2 * streams.total
+        )
         request.app.state.events_redis = client
     body = events.stream(
         client,
@@ -376,10 +386,8 @@ async def job_events(
         after=last_event_id,
         keepalive=request.app.state.events_keepalive,
     )
-    return StreamingResponse(
-        body,
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    return events.EventStreamResponse(
+        body, slot=slot, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     )
 
 
@@ -1045,6 +1053,9 @@ def create_app(
     )
     app.state.stack = stack
     app.state.events_keepalive = events_keepalive_seconds
+    app.state.event_streams = events.EventStreams(
+        stack.settings.event_streams, stack.settings.user_concurrent_event_streams
+    )
     authenticator = Authenticator(stack.engine, ttl=auth_cache_seconds)
     app.state.authenticator = authenticator
     settings = stack.settings

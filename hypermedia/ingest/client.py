@@ -388,9 +388,11 @@ class HypermediaClient:
         connection is resumed where it left off (``Last-Event-ID``), after the
         ``retry`` the server asks for, doubling while the API stays away (refused
         connections, as while it restarts: about a minute in all, the
-        ``_EVENT_STREAM_DROPS`` tries); an API never reached in this call is tried as
-        any request (``retries``). ``timeout``: seconds in all, then TimeoutError
-        naming the last status."""
+        ``_EVENT_STREAM_DROPS`` tries; a 503, the server stopping or full, counts
+        the same, after its ``Retry-After``); an API never reached in this call is tried
+        as any request (``retries``). A 429 (the user's streams are all taken) is tried
+        again after its ``Retry-After`` until one is free. ``timeout``: seconds in all,
+        then TimeoutError naming the last status."""
         deadline = None if timeout is None else time.monotonic() + timeout
         state = _Following(job_id, last_event_id)
         drops = 0
@@ -423,6 +425,19 @@ class HypermediaClient:
                     raise ServiceUnavailable(
                         f"the event stream of job {job_id} keeps dropping: {exc}"
                     ) from exc
+            except _StreamRefused as refusal:
+                # The server is there: the user's streams are all taken (429; one
+                # ends when its job does), or this server's, or it is stopping (503).
+                if refusal.error.http_status != 429:
+                    drops += 1
+                    if drops > _EVENT_STREAM_DROPS:
+                        raise refusal.error from None
+                now = time.monotonic()
+                if deadline is not None and now >= deadline:
+                    raise state.timed_out(timeout) from None
+                pause = min(_BACKOFF_MAX, refusal.retry_after or state.retry)
+                time.sleep(pause if deadline is None else min(pause, deadline - now))
+                continue
             now = time.monotonic()
             if deadline is not None and now >= deadline:
                 raise state.timed_out(timeout)
@@ -444,7 +459,10 @@ class HypermediaClient:
             state.connected = True
             if response.status_code >= 400:
                 response.read()
-                raise error_from_response(response.status_code, _json_or_none(response))
+                error = error_from_response(response.status_code, _json_or_none(response))
+                if response.status_code in (429, 503):
+                    raise _StreamRefused(error, response.headers.get("Retry-After", ""))
+                raise error
             for event in _server_sent_events(response.iter_lines(), state):
                 if event is not None:
                     state.seen(event)
@@ -486,6 +504,15 @@ _BACKOFF_BASE = 0.5  # seconds before the second try, doubling
 _BACKOFF_MAX = 30.0
 _EVENT_READ_TIMEOUT = 45.0  # three keep-alives
 _EVENT_STREAM_DROPS = 5  # connections in a row that drop without an event: then give up
+
+
+class _StreamRefused(Exception):
+    """The API answered an event stream 429 or 503: try again after ``retry_after``."""
+
+    def __init__(self, error: HypermediaError, retry_after: str) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.retry_after = float(retry_after) if retry_after.isdigit() else None
 
 
 class _Following:

@@ -25,6 +25,10 @@ what it missed, while the stream keeps it. The stream ends after a terminal stat
 is read again at every keep-alive: an event Redis lost never leaves a subscriber waiting
 for more than that. While Redis cannot be reached the record alone is followed, every
 keep-alive.
+
+:class:`EventStreams` bounds them (each holds a socket and a Redis connection for as long
+as its job runs): at most ``per_user`` of one user (more: 429 ``rate_limited``) and
+``total`` in all (more: 503).
 """
 
 from __future__ import annotations
@@ -33,13 +37,17 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import redis
 import redis.asyncio
 from starlette.concurrency import run_in_threadpool
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
+from hypermedia.accounts import Caller
+from hypermedia.errors import RateLimited, ServiceUnavailable
 from hypermedia.ingest.schemas import TERMINAL_STATUSES
 from hypermedia.queue.events import entry_order, parse_published
 
@@ -50,6 +58,89 @@ KEEPALIVE_SECONDS = 15.0
 # (published just after the record's commit) before it sends the record's status.
 ENDING_GRACE_SECONDS = 2.0
 RETRY_MILLISECONDS = 2000
+# When a user whose streams are all taken may try again: one ends when its job does.
+BUSY_RETRY_AFTER_SECONDS = 5
+
+
+class EventStreams:
+    """The job event streams this API process serves now: at most ``per_user`` of one
+    user (operators have no such cap) and ``total`` in all. Used from the event loop
+    only."""
+
+    def __init__(self, total: int, per_user: int) -> None:
+        self.total = total
+        self.per_user = per_user
+        self._counts: dict[str, int] = {}
+        self._open: set[_Slot] = set()
+
+    @property
+    def open(self) -> int:
+        return len(self._open)
+
+    def take(self, caller: Caller) -> _Slot:
+        """A place for one more stream of ``caller``'s: RateLimited (429) when the user
+        has ``per_user`` open, ServiceUnavailable (503) when this process has ``total``."""
+        if self.open >= self.total:
+            raise ServiceUnavailable(
+                f"this API server has {self.open} event streams open (at most"
+                f" {self.total}): try again when one has ended",
+                limit=self.total,
+                retry_after_seconds=BUSY_RETRY_AFTER_SECONDS,
+            )
+        user = caller.user_id
+        held = self._counts.get(user, 0)
+        if not caller.is_operator and held >= self.per_user:
+            raise RateLimited(
+                f"{held} event streams of this user are open (at most {self.per_user}"
+                " at once): try again when one has ended",
+                limit=self.per_user,
+                retry_after_seconds=BUSY_RETRY_AFTER_SECONDS,
+            )
+        self._counts[user] = held + 1
+        slot = _Slot(self, user)
+        self._open.add(slot)
+        return slot
+
+    def _release(self, slot: _Slot) -> None:
+        self._open.discard(slot)
+        left = self._counts[slot.user] - 1
+        if left:
+            self._counts[slot.user] = left
+        else:
+            del self._counts[slot.user]
+
+
+class _Slot:
+    """One stream's place in :class:`EventStreams`, given back once (``release``)."""
+
+    def __init__(self, streams: EventStreams, user: str) -> None:
+        self.streams: EventStreams | None = streams
+        self.user = user
+
+    def release(self) -> None:
+        if self.streams is not None:
+            self.streams._release(self)
+            self.streams = None
+
+
+class EventStreamResponse(StreamingResponse):
+    """A stream of :func:`stream`'s messages that holds its ``slot`` until it ends."""
+
+    def __init__(
+        self,
+        content: AsyncIterator[str],
+        *,
+        slot: _Slot,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(content, media_type="text/event-stream", headers=headers)
+        self.slot = slot
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.slot.release()
 
 
 def message(event: dict[str, Any], entry: str | None = None) -> str:

@@ -5,10 +5,12 @@ resuming with Last-Event-ID, the record when Redis lost an event, another user's
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
 
+import httpx
 import pytest
 
 from hypermedia.errors import NotFound
@@ -381,3 +383,98 @@ def test_a_waiting_client_outlasts_a_restart_of_the_head(stack):
         with pytest.raises(ServiceUnavailable, match="cannot reach the API"):
             client.wait(job_id, timeout=30)
         assert time.monotonic() - started < 5
+
+
+def _open_stream(base_url: str, person, job_id: str) -> socket.socket:
+    """A client following ``job_id``'s events on a raw socket, once the server has sent
+    the stream's first lines (its place taken)."""
+    host, port = base_url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)), timeout=10)
+    sock.sendall(
+        f"GET /v1/hypermedia/jobs/{job_id}/events HTTP/1.1\r\nHost: x\r\n"
+        f"Authorization: Bearer {person.api_key}\r\n\r\n".encode()
+    )
+    assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+    return sock
+
+
+def _events_answer(base_url: str, person, job_id: str) -> httpx.Response:
+    """The answer to a request for ``job_id``'s events that the server refuses."""
+    url = f"{base_url}/v1/hypermedia/jobs/{job_id}/events"
+    with httpx.stream("GET", url, headers={"Authorization": f"Bearer {person.api_key}"}) as r:
+        assert r.status_code != 200
+        r.read()
+        return r
+
+
+def test_event_streams_are_capped_per_user_and_per_server(pg_engine, settings):
+    """Each stream holds a socket and a Redis connection while its job runs. One user
+    had no cap: past redis-py's pool of 100 connections every further stream, anyone's,
+    was sent no live event (followed the record alone, each keep-alive), and thousands
+    held as many sockets. Now a user's streams past user_concurrent_event_streams are
+    429 with Retry-After (nothing read), the server's past event_streams 503, and a
+    client waiting on a 429 gets its stream once one of the user's ends."""
+    stack = Stack.open(
+        settings(event_streams=3, user_concurrent_event_streams=2),
+        engine=pg_engine,
+        auto_migrate=True,
+    )
+    try:
+        with running_server(create_app(stack, events_keepalive_seconds=0.5)) as url:
+            alice, bob = make_user(stack), make_user(stack)
+            jobs = submit(stack, alice, ["thumbnail"]) + submit(stack, alice, ["thumbnail"])
+            held = [_open_stream(url, alice, jobs[0]), _open_stream(url, alice, jobs[1])]
+            refused = _events_answer(url, alice, jobs[0])
+            assert refused.status_code == 429, refused.text
+            assert refused.json()["error"]["code"] == "rate_limited"
+            assert refused.headers["Retry-After"] == "5"
+            # Another user is not refused for hers; the server's third is its last.
+            bobs = submit(stack, bob, ["thumbnail"])[0]
+            held.append(_open_stream(url, bob, bobs))
+            full = _events_answer(url, bob, bobs)
+            assert full.status_code == 503 and "at most 3" in full.json()["error"]["message"]
+            assert full.headers["Retry-After"] == "5"
+
+            # The client waits on a 429 (alice's third) until one of hers has ended.
+            seen: list[JobEvent] = []
+            with HypermediaClient(url, alice.api_key) as client:
+                follower = threading.Thread(
+                    target=lambda: seen.extend(client.events(jobs[0], timeout=30)), daemon=True
+                )
+                follower.start()
+                held.pop(0).close()
+                held.pop(0).close()  # two places: the client's comes whenever it asks
+                deadline = time.monotonic() + 20
+                while not seen and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                assert _shape(seen[:1]) == [("status", "queued", None)]
+                stack.ingest.cancel(alice.caller, jobs[0])
+                follower.join(15)
+                assert not follower.is_alive()
+                assert _shape(seen)[-1] == ("status", "cancelled", None)
+            for sock in held:
+                sock.close()
+    finally:
+        stack.close()
+
+
+def test_a_hundred_streams_of_one_user_leave_another_her_live_events(stack):
+    """redis-py's asyncio pool holds 100 connections unless told otherwise, and each
+    stream holds one: with 100 streams of one user open, another's stream was sent no
+    live event (it followed the record alone, at each keep-alive)."""
+    with running_server(create_app(stack, events_keepalive_seconds=5)) as url:
+        alice, mallory = make_user(stack), make_user(stack)
+        job_id = submit(stack, alice, ["thumbnail"])[0]
+        job = _started(stack, job_id)
+        hers = submit(stack, mallory, ["thumbnail"])[0]
+        held = [_open_stream(url, mallory, hers) for _ in range(100)]
+        try:
+            with HypermediaClient(url, alice.api_key) as client:
+                events = iter(client.events(job_id, timeout=20))
+                assert next(events).status == "processing"
+                _progress(stack, job, 1)
+                live = next(events)
+                assert (live.type, live.done, live.record) == ("progress", 1.0, False)
+        finally:
+            for sock in held:
+                sock.close()
