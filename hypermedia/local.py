@@ -308,13 +308,14 @@ class LocalStack:
         import uvicorn
 
         from hypermedia.ingest.api import create_app
+        from hypermedia.server import ApiServer
 
         assert self.stack is not None
         app = create_app(self.stack)
         if self.extend_app is not None:
             self.extend_app(app)
         config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="off")
-        self._server = uvicorn.Server(config)
+        self._server = ApiServer(config, app)
         self._server_thread = threading.Thread(
             target=self._server.run,
             kwargs={"sockets": [sock]},

@@ -40,6 +40,8 @@ from hypermedia.logs import Outage
 from hypermedia.stack import Stack
 
 if TYPE_CHECKING:
+    import socket
+
     from fastapi import FastAPI
     from sqlalchemy import Engine
 
@@ -188,9 +190,21 @@ def redact_access_log() -> None:
         access.addFilter(RedactSignedUrls())
 
 
-class _Server(uvicorn.Server):
-    """uvicorn, minus re-raising SIGTERM/SIGINT after its graceful shutdown: that
-    would kill the process before ``serve`` has closed the stack."""
+class ApiServer(uvicorn.Server):
+    """uvicorn for the API's ``app`` (:func:`~hypermedia.ingest.api.create_app`): its
+    job event streams end as the server stops (each lasts as long as its job, and
+    uvicorn waits for every open response: a SIGTERM did not stop ``serve`` while
+    anyone followed a running job); and, in the main thread, minus re-raising
+    SIGTERM/SIGINT after its graceful shutdown: that would kill the process before
+    ``serve`` has closed the stack."""
+
+    def __init__(self, config: uvicorn.Config, app: FastAPI) -> None:
+        super().__init__(config)
+        self.event_streams = app.state.event_streams
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self.event_streams.close()
+        await super().shutdown(sockets)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -245,7 +259,7 @@ def serve(
         config = uvicorn.Config(
             app, host=host, port=port, log_config=None, access_log=access_log, lifespan="off"
         )
-        server = _Server(config)
+        server = ApiServer(config, app)
         redact_access_log()
         maintenance.start()
         log.info("serving the API on http://%s:%d", host, port, extra={"action": "serve"})

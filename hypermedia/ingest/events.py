@@ -28,7 +28,10 @@ keep-alive.
 
 :class:`EventStreams` bounds them (each holds a socket and a Redis connection for as long
 as its job runs): at most ``per_user`` of one user (more: 429 ``rate_limited``) and
-``total`` in all (more: 503).
+``total`` in all (more: 503), and it ends them all, cleanly, when the server stops
+(:class:`EventStreamResponse`): a stream lasts as long as its job, and the server would
+otherwise wait for every job followed before it exits. A client takes its stream up
+again on the next server with ``Last-Event-ID``.
 """
 
 from __future__ import annotations
@@ -37,14 +40,16 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from functools import partial
 from typing import Any
 
+import anyio
 import redis
 import redis.asyncio
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from hypermedia.accounts import Caller
 from hypermedia.errors import RateLimited, ServiceUnavailable
@@ -70,6 +75,7 @@ class EventStreams:
     def __init__(self, total: int, per_user: int) -> None:
         self.total = total
         self.per_user = per_user
+        self.closed = False  # the server is stopping: no new stream
         self._counts: dict[str, int] = {}
         self._open: set[_Slot] = set()
 
@@ -79,7 +85,13 @@ class EventStreams:
 
     def take(self, caller: Caller) -> _Slot:
         """A place for one more stream of ``caller``'s: RateLimited (429) when the user
-        has ``per_user`` open, ServiceUnavailable (503) when this process has ``total``."""
+        has ``per_user`` open, ServiceUnavailable (503) when this process has ``total``
+        or is stopping."""
+        if self.closed:
+            raise ServiceUnavailable(
+                "the API is stopping: follow the job again in a moment",
+                retry_after_seconds=RETRY_MILLISECONDS / 1000,
+            )
         if self.open >= self.total:
             raise ServiceUnavailable(
                 f"this API server has {self.open} event streams open (at most"
@@ -101,6 +113,13 @@ class EventStreams:
         self._open.add(slot)
         return slot
 
+    def close(self) -> None:
+        """The server is stopping: every stream ends (see :class:`EventStreamResponse`),
+        and none starts."""
+        self.closed = True
+        for slot in list(self._open):
+            slot.end()
+
     def _release(self, slot: _Slot) -> None:
         self._open.discard(slot)
         left = self._counts[slot.user] - 1
@@ -111,11 +130,24 @@ class EventStreams:
 
 
 class _Slot:
-    """One stream's place in :class:`EventStreams`, given back once (``release``)."""
+    """One stream's place in :class:`EventStreams`, given back once (``release``);
+    ``end()`` stops the stream that holds it (the server is stopping)."""
 
     def __init__(self, streams: EventStreams, user: str) -> None:
         self.streams: EventStreams | None = streams
         self.user = user
+        self.ended = False
+        self._stop: Callable[[], None] | None = None
+
+    def on_end(self, stop: Callable[[], None]) -> None:
+        self._stop = stop
+        if self.ended:
+            stop()
+
+    def end(self) -> None:
+        self.ended = True
+        if self._stop is not None:
+            self._stop()
 
     def release(self) -> None:
         if self.streams is not None:
@@ -124,7 +156,10 @@ class _Slot:
 
 
 class EventStreamResponse(StreamingResponse):
-    """A stream of :func:`stream`'s messages that holds its ``slot`` until it ends."""
+    """A stream of :func:`stream`'s messages that holds its ``slot`` while it runs and
+    ends when the client goes away, when the messages do, or when the server stops
+    (the slot's ``end()``): then the body ends cleanly, as after a lost event, and the
+    client reconnects (``Last-Event-ID``) to the server that follows."""
 
     def __init__(
         self,
@@ -137,8 +172,26 @@ class EventStreamResponse(StreamingResponse):
         self.slot = slot
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = ended = False
+
+        async def sending(message: Message) -> None:
+            nonlocal started, ended
+            started = True
+            ended = message["type"] == "http.response.body" and not message.get("more_body")
+            await send(message)
+
         try:
-            await super().__call__(scope, receive, send)
+            async with anyio.create_task_group() as group:
+
+                async def until(done: Callable[[], Awaitable[None]]) -> None:
+                    await done()
+                    group.cancel_scope.cancel()
+
+                self.slot.on_end(group.cancel_scope.cancel)
+                group.start_soon(until, partial(self.listen_for_disconnect, receive))
+                await until(partial(self.stream_response, sending))
+            if self.slot.ended and started and not ended:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             self.slot.release()
 
@@ -277,8 +330,6 @@ async def _record_only(
     record: Callable[[], dict[str, Any]], keepalive: float
 ) -> AsyncIterator[str]:
     """Without Redis: the record's status, as it changes, until it ends."""
-    import anyio
-
     seen: str | None = None
     while True:
         now = await run_in_threadpool(record)

@@ -16,16 +16,19 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
 
+from hypermedia.config import load_settings
 from hypermedia.embedded import EmbeddedRedis, free_port, listening_socket
+from hypermedia.stack import Stack
 from hypermedia.storage import signing
 from tests.api_support import serve_on_a_free_port
+from tests.factories import make_user, submit
 from tests.generated import Generated
 
 REPO = Path(__file__).resolve().parents[2]
@@ -422,6 +425,38 @@ def test_the_access_log_shows_no_signature(cli: Cli, tmp_path: Path):
     assert "PUT /v1/hypermedia/blobs/derived/p/o/1/t?expires=" in output
     assert "content_type=image%2Fpng" in output
     assert not [sig for sig in signatures if sig in output]
+
+
+def test_serve_stops_while_a_client_follows_a_running_job(
+    cli: Cli, private_redis: EmbeddedRedis, tmp_path: Path
+):
+    """SIGTERM stops serve while a client follows a running job's events: the stream
+    ends cleanly (the client takes it up on the next server, Last-Event-ID) and serve
+    exits 0. Before, uvicorn waited for every open response, and a job's stream lasts
+    as long as the job: serve was still 'Waiting for connections to close' 40 s after
+    SIGTERM (a service manager then kills it, and the stack is never closed)."""
+    cli.ok("db", "upgrade")
+    stack = Stack.open(load_settings(data_dir=tmp_path / "data", redis_url=private_redis.url))
+    try:
+        person = make_user(stack)
+        job_id = submit(stack, person, ["thumbnail"])[0]
+        stack.dispatcher.claim_and_start("images", "w")
+        with ExitStack() as streams, httpx.Client(timeout=30) as http:
+            with serving(cli, tmp_path / "serve.log") as url:
+                response = streams.enter_context(
+                    http.stream(
+                        "GET",
+                        f"{url}/v1/hypermedia/jobs/{job_id}/events",
+                        headers={"Authorization": f"Bearer {person.api_key}"},
+                    )
+                )
+                lines = response.iter_lines()
+                first = next(line for line in lines if line.startswith("data: "))
+                assert '"status":"processing"' in first
+            rest = list(lines)  # the body ends: no error, no end of the job
+        assert not [line for line in rest if line.startswith("data: ")], rest
+    finally:
+        stack.close()
 
 
 def _s3_without_credentials(cli: Cli, tmp_path: Path, **aws: str) -> dict[str, str]:
