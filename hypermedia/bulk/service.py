@@ -25,6 +25,7 @@ from hypermedia.ingest.service import registered_operations, runnable_profile
 from hypermedia.jobs.catalog import ProfileCatalog
 from hypermedia.jobs.repository import JobRepository
 from hypermedia.jobs.states import JobStatus
+from hypermedia.queue.events import JobEvents, status_event
 from hypermedia.queue.redis_queue import RedisQueue
 
 log = logging.getLogger(__name__)
@@ -70,6 +71,7 @@ class BulkService:
         self.repository = repository or JobRepository()
         self.queues = tuple(queues) or tuple(queue.queues)
         self.implemented = implemented
+        self.events = JobEvents(queue.client, queue.prefix)
 
     def _resolve(self, spec: RunSpec) -> tuple[int | None, int | None, str | None]:
         """(profile_id, target version, queue) of a spec, refusing what cannot run."""
@@ -224,6 +226,12 @@ class BulkService:
                 self.queue.remove(queue, job_ids)
             except QueueUnavailable:
                 log.warning("redis unavailable; the reconciler drops %d jobs", len(job_ids))
+        # Their followers' streams end now, as after a user's cancel (best effort: the
+        # streams read the record at each keep-alive too).
+        ended = status_event(JobStatus.CANCELLED.value, now)
+        self.events.publish_many(
+            (job_id, ended) for job_ids in cancelled.values() for job_id in job_ids
+        )
 
 
 @dataclass(frozen=True)
