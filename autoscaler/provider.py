@@ -39,6 +39,18 @@ tags of each node). What it does:
   the launch and the row's update); a row nothing lists is closed once its launch has
   settled; a node is taken for gone only after it was missing from the listings for
   :data:`LISTING_GRACE_SECONDS`, not from one.
+* **The daily cap when the scheduler is gone** (:meth:`HypermediaNodeProvider._backstop`,
+  on a listing, at most every :data:`BACKSTOP_CHECK_SECONDS`): the scheduler drains and
+  terminates every cloud worker at the daily cap; a busy node is never idle to Ray, so
+  with the scheduler dead or hung nothing else would stop it. When the cost guard says
+  the daily cap is reached (the admission's own verdict, or the lock) and the
+  scheduler's leader has recorded no turn for ``scheduler_stale_seconds`` (default
+  :data:`SCHEDULER_STALE_SECONDS`, at least five evaluation intervals), the provider
+  locks to ``vps_only`` (as the scheduler would) and terminates the cloud nodes itself,
+  without a drain (nothing tells their actors to stop claiming: a drain would only wait
+  out its deadline, paying); their jobs go back when their leases expire. Each is a
+  ``scheduler_decisions`` row and an error in the log. A scheduler that evaluates keeps
+  the cap to itself: its drain lets the jobs finish first.
 * **Terminate**: only a drained node. A node whose Ray node is still alive is drained
   (PREEMPTION, deadline = ``scaling_rules.scale_down.drain_timeout_seconds`` of
   scheduler.json) and waited for, then the driver deletes the instance and the ledger
@@ -87,6 +99,7 @@ from autoscaler.drivers.base import Driver, DriverError, Instance, LaunchRequest
 from autoscaler.snapshot import QueueState, queue_state
 from autoscaler.state import epoch, read_state, to_datetime, write_state
 from hypermedia import logs
+from hypermedia.clock import age_text
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
 from hypermedia.errors import ConfigError, DatabaseUnavailable
@@ -107,6 +120,13 @@ STOP_HEAD_TIMEOUT_SECONDS = 180.0  # the services get 120 s (autoscaler.head), t
 # scheduler_state row: the head's Ray node id (the VPS), written by the head's services
 # (:mod:`autoscaler.head`): the workers on it, or outside Ray, are the VPS workers.
 VPS_NODE = "vps_node"
+# The daily cap's backstop (see the module docstring): how often a listing checks, and
+# how long the scheduler may go without a turn before the provider stops the cloud
+# itself (unless the cluster yaml says scheduler_stale_seconds).
+BACKSTOP_CHECK_SECONDS = 60.0
+SCHEDULER_STALE_SECONDS = 300.0
+STALE_INTERVALS = 5  # the default is at least this many evaluation intervals
+MIN_STALE_INTERVALS = 3  # a leader's lease: a handover takes this long
 LIVE_WORKER_STATUSES = ("active", "draining")  # a workers row not yet gone
 
 
@@ -133,6 +153,10 @@ class ProviderSettings(BaseModel):
     # HM_WORKER_IMAGE (/etc/default/hypermedia-worker).
     worker_image: str | None = Field(default=None, pattern=bootstrap.IMAGE_REFERENCE)
     node_num_cpus: int | None = Field(default=None, ge=1)
+    # With the daily cap reached, the provider terminates the cloud nodes itself once the
+    # scheduler has recorded no turn for this long; default: SCHEDULER_STALE_SECONDS or
+    # five evaluation intervals, whichever is longer.
+    scheduler_stale_seconds: int | None = Field(default=None, ge=60, le=86_400)
     drivers: dict[ProviderName, DriverSettings] = Field(default_factory=dict)
 
 
@@ -163,6 +187,23 @@ def parse_settings(provider_config: Mapping[str, Any]) -> ProviderSettings:
     if settings.ray_port == 6379:
         raise ConfigError("provider.ray_port", "6379 is Redis's port: choose another")
     return settings
+
+
+def scheduler_stale_seconds(settings: ProviderSettings, config: SchedulerConfig) -> float:
+    """How long the scheduler may go without a turn before the provider's backstop
+    acts at the daily cap. A setting shorter than :data:`MIN_STALE_INTERVALS` evaluation
+    intervals is refused: the backstop would act between a live scheduler's turns."""
+    interval = config.evaluation_interval_seconds
+    if settings.scheduler_stale_seconds is None:
+        return max(SCHEDULER_STALE_SECONDS, STALE_INTERVALS * interval)
+    if settings.scheduler_stale_seconds < MIN_STALE_INTERVALS * interval:
+        raise ConfigError(
+            "provider.scheduler_stale_seconds",
+            f"{settings.scheduler_stale_seconds} is less than {MIN_STALE_INTERVALS} of"
+            f" scheduler.json's evaluation intervals ({interval} s): the provider would"
+            " stop the cloud between a running scheduler's turns",
+        )
+    return float(settings.scheduler_stale_seconds)
 
 
 def build_driver(
@@ -208,6 +249,8 @@ class HypermediaNodeProvider(NodeProvider):
         self.state_dir = Path(self.settings.state_dir).expanduser()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.config = load_scheduler_config(self.settings.scheduler_config)
+        self.stale_seconds = scheduler_stale_seconds(self.settings, self.config)
+        self._backstop_checked_at = float("-inf")
         for name in self.settings.drivers:
             if not self.config.cloud_providers.get(name).enabled:
                 log.warning("driver for %s configured, but scheduler.json does not enable it", name)
@@ -489,11 +532,102 @@ class HypermediaNodeProvider(NodeProvider):
     def non_terminated_nodes(self, tag_filters: dict[str, str]) -> list[str]:
         with self._nodes() as nodes:
             self._reconcile(nodes)
-            return [
-                node_id
-                for node_id, record in sorted(nodes.items())
-                if all(record["tags"].get(k) == v for k, v in tag_filters.items())
-            ]
+            listed = {node_id: json.loads(json.dumps(record)) for node_id, record in nodes.items()}
+        stopped = self._backstop(listed)
+        return [
+            node_id
+            for node_id, record in sorted(listed.items())
+            if node_id not in stopped
+            and all(record["tags"].get(k) == v for k, v in tag_filters.items())
+        ]
+
+    # -- the daily cap without the scheduler -------------------------------------------------
+
+    def _backstop(self, nodes: Mapping[str, Mapping[str, Any]]) -> set[str]:
+        """At most every :data:`BACKSTOP_CHECK_SECONDS`: with the daily cap reached and
+        no turn of the scheduler for :attr:`stale_seconds`, lock and terminate the cloud
+        nodes (see the module docstring). The nodes it terminated."""
+        cloud = {n: r for n, r in nodes.items() if r.get("driver") is not None}
+        now = time.time()
+        if not cloud or now - self._backstop_checked_at < BACKSTOP_CHECK_SECONDS:
+            return set()
+        self._backstop_checked_at = now
+        try:
+            reason = self._backstop_reason(now, len(cloud))
+        except DatabaseUnavailable as exc:  # the next check tries again
+            log.warning("the daily cap could not be checked: %s", exc)
+            return set()
+        if reason is None:
+            return set()
+        stopped: set[str] = set()
+        done: dict[str, bool] = {}
+        for node_id, record in sorted(cloud.items()):
+            log.error(
+                "terminating %s (%s): %s",
+                node_id,
+                record.get("instance_id"),
+                reason,
+                extra={"action": "backstop_terminate", "queue": record.get("queue")},
+            )
+            try:
+                self._delete(node_id, record)
+            except Exception:  # the next check tries again
+                log.exception("terminating %s failed", node_id)
+                done[node_id] = False
+                continue
+            done[node_id] = True
+            stopped.add(node_id)
+        try:
+            with transaction(self.engine) as conn:
+                for node_id, applied in done.items():
+                    record = cloud[node_id]
+                    self._record_decision(
+                        conn,
+                        "terminate",
+                        f"{reason} ({node_id}, {record.get('instance_id')})",
+                        time.time(),
+                        queue=record.get("queue"),
+                        provider=record.get("provider"),
+                        applied=applied,
+                        instance_id=record.get("instance_id"),
+                        mode="vps_only",
+                    )
+        except DatabaseUnavailable as exc:
+            log.warning("the backstop's decisions were not recorded: %s", exc)
+        return stopped
+
+    def _backstop_reason(self, now: float, nodes: int) -> str | None:
+        """Why the cloud nodes must go now, the lock written (None: they need not, or
+        the scheduler is there to drain them)."""
+        from autoscaler.scheduler import COST_LOCK, last_turn
+
+        # Under the launch lock: no launch is admitted between the verdict and the lock.
+        with self._launch_lock(), transaction(self.engine) as conn:
+            verdict, _ = self._verdict(conn, now)
+            if not verdict.locked:
+                return None
+            turn = last_turn(conn)
+            if turn is not None and now - turn <= self.stale_seconds:
+                log.debug(
+                    "the daily cap is reached: the scheduler (last turn %.0f s ago) drains",
+                    now - turn,
+                )
+                return None
+            since = (
+                "The scheduler has never recorded a turn"
+                if turn is None
+                else f"The scheduler's last turn was {age_text(now - turn)} ago"
+            )
+            why = verdict.lock_reason or next(iter(verdict.reasons))
+            reason = (
+                f"{why[0].upper()}{why[1:]}. {since} (stale after {self.stale_seconds:.0f} s):"
+                f" the node provider terminates the {nodes} cloud node{'s' if nodes != 1 else ''}"
+                " itself, without a drain"
+            )
+            if verdict.lock_reason is not None:  # what the scheduler's turn would persist
+                write_state(conn, COST_LOCK, {"at": now, "reason": reason}, now)
+                self._record_decision(conn, "lock", reason, now, mode="vps_only")
+            return reason
 
     def records(self, tag_filters: Mapping[str, str] | None = None) -> dict[str, dict[str, Any]]:
         """Every node's record (reconciled with the clouds first), for the scheduler."""
@@ -716,34 +850,7 @@ class HypermediaNodeProvider(NodeProvider):
         """Where the next node of ``queue`` goes, or why none may be launched. The
         order it follows stays, marked with ``request_id``, until the launch is over."""
         config = self.config
-        lock = read_state(conn, "cost_lock")
-        s = t.cloud_spend
-        rows = conn.execute(
-            select(s.c.provider, s.c.node_type, s.c.launched_at, s.c.price_per_hour_microusd).where(
-                s.c.terminated_at.is_(None)
-            )
-        ).all()
-        from autoscaler.scheduler import ledger_spend
-
-        alerted = read_state(conn, "alerted") or {}
-        spend = ledger_spend(
-            conn, now, lock is not None, alerted.get("day") == to_datetime(now).date().isoformat()
-        )
-        launches = conn.execute(
-            select(s.c.launched_at).where(
-                s.c.launched_at > to_datetime(now - cost.LAUNCH_WINDOW_SECONDS)
-            )
-        ).scalars()
-        committed = sum(cost.from_microusd(r.price_per_hour_microusd) for r in rows)
-        verdict = cost.guard(
-            config.cost_limits,
-            spend,
-            now=now,
-            committed_cents_per_hour=committed,
-            launches=[epoch(at) for at in launches],
-            max_launches=cost.launch_rate_cap(config.cloud_providers),
-            stop_horizon_seconds=policy.stop_horizon_seconds(config),
-        )
+        verdict, rows = self._verdict(conn, now)
         # A node type serves one queue: the ledger's open rows of this one are the
         # queue's cloud instances (draining ones too, as the policy counts them).
         cloud = sum(1 for r in rows if r.node_type == node_type)
@@ -779,6 +886,39 @@ class HypermediaNodeProvider(NodeProvider):
             return None, refusal
         return choice, None
 
+    def _verdict(self, conn: Connection, now: float) -> tuple[cost.GuardVerdict, list[Any]]:
+        """The cost guard's verdict on the ledger now, as the policy reaches it, and the
+        ledger's open rows (provider, node_type, launched_at, price_per_hour_microusd)."""
+        from autoscaler.scheduler import COST_LOCK, ledger_spend
+
+        lock = read_state(conn, COST_LOCK)
+        s = t.cloud_spend
+        rows = conn.execute(
+            select(s.c.provider, s.c.node_type, s.c.launched_at, s.c.price_per_hour_microusd).where(
+                s.c.terminated_at.is_(None)
+            )
+        ).all()
+        alerted = read_state(conn, "alerted") or {}
+        spend = ledger_spend(
+            conn, now, lock is not None, alerted.get("day") == to_datetime(now).date().isoformat()
+        )
+        launches = conn.execute(
+            select(s.c.launched_at).where(
+                s.c.launched_at > to_datetime(now - cost.LAUNCH_WINDOW_SECONDS)
+            )
+        ).scalars()
+        committed = sum(cost.from_microusd(r.price_per_hour_microusd) for r in rows)
+        verdict = cost.guard(
+            self.config.cost_limits,
+            spend,
+            now=now,
+            committed_cents_per_hour=committed,
+            launches=[epoch(at) for at in launches],
+            max_launches=cost.launch_rate_cap(self.config.cloud_providers),
+            stop_horizon_seconds=policy.stop_horizon_seconds(self.config),
+        )
+        return verdict, list(rows)
+
     def offers(self) -> dict[ProviderName, Any]:
         from autoscaler.snapshot import Offer
 
@@ -808,17 +948,36 @@ class HypermediaNodeProvider(NodeProvider):
         log.warning("%s", reason, extra={"action": "launch_refused", "queue": queue})
         if recent:
             return
+        self._record_decision(conn, "hold", reason, now, queue=queue)
+
+    def _record_decision(
+        self,
+        conn: Connection,
+        action: str,
+        reason: str,
+        now: float,
+        *,
+        queue: str | None = None,
+        provider: str | None = None,
+        applied: bool = True,
+        instance_id: str | None = None,
+        mode: str | None = None,
+    ) -> None:
+        """A ``scheduler_decisions`` row of the provider's own (``details.source``)."""
+        details: dict[str, Any] = {"source": "node_provider", "cluster": self.cluster}
+        if instance_id is not None:
+            details["instance_id"] = instance_id
         conn.execute(
-            d.insert().values(
+            t.scheduler_decisions.insert().values(
                 decided_at=to_datetime(now),
-                mode=self.config.mode,
+                mode=mode or self.config.mode,
                 queue=queue,
-                action="hold",
+                action=action,
                 count=1,
-                provider=None,
+                provider=provider,
                 reason=reason,
-                details={"source": "node_provider", "cluster": self.cluster},
-                applied=True,
+                details=details,
+                applied=applied,
             )
         )
 
@@ -881,6 +1040,12 @@ class HypermediaNodeProvider(NodeProvider):
             return None
         said = self._drain(node_id)
         log.info("terminating %s: %s", node_id, said, extra={"action": "terminate"})
+        self._delete(node_id, record)
+        return None
+
+    def _delete(self, node_id: str, record: Mapping[str, Any]) -> None:
+        """Delete a node's instance (raises if the driver cannot), close its ledger row
+        and forget it."""
         provider = record["provider"]
         driver = self.drivers[provider]
         problem = driver.terminate(record["instance_id"])
@@ -889,7 +1054,6 @@ class HypermediaNodeProvider(NodeProvider):
         self._close_ledger(provider, _ledger_ids(record), time.time())
         with self._nodes() as nodes:
             nodes.pop(node_id, None)
-        return None
 
     def _stop_head(self) -> None:
         """``ray down`` ran ``ray stop`` on the head before it terminates the head, but
@@ -968,6 +1132,7 @@ class HypermediaNodeProvider(NodeProvider):
         # A bad scheduler.json too, and one naming a queue the head's settings lack (its
         # services would start Ray's head and actors, then refuse).
         config = load_scheduler_config(settings.scheduler_config, load_settings().queue_names)
+        scheduler_stale_seconds(settings, config)
         check_node_types(cluster_config, config)
         return cluster_config
 

@@ -247,6 +247,15 @@ def bursts_from(value: Mapping[str, Any] | None, now: float) -> dict[str, Manual
     }
 
 
+def last_turn(conn: Connection) -> float | None:
+    """When the leader last recorded a turn (its history, written every turn; None:
+    never): what ``scheduler status`` shows and the node provider's backstop reads."""
+    row = conn.execute(
+        select(t.scheduler_state.c.updated_at).where(t.scheduler_state.c.name == HISTORY)
+    ).scalar_one_or_none()
+    return _epoch(row) if row is not None else None
+
+
 def reset_cost_lock(engine: Engine) -> dict[str, Any] | None:
     """Clear the daily-cap lock (``hypermedia scheduler reset-cost-lock``); what it was."""
     with transaction(engine) as conn:

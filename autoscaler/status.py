@@ -41,9 +41,9 @@ from autoscaler.leader import Leadership
 from autoscaler.scheduler import (
     BURSTS,
     COST_LOCK,
-    HISTORY,
     RECONCILED,
     bursts_from,
+    last_turn,
     ledger_spend,
     queue_state,
 )
@@ -249,9 +249,7 @@ def gather(
         bursts = bursts_from(read_state(conn, BURSTS), now)
         spend = ledger_spend(conn, now, lock is not None, False)
         firing = read_alert_state(conn).firing()
-        last_turn = conn.execute(
-            select(t.scheduler_state.c.updated_at).where(t.scheduler_state.c.name == HISTORY)
-        ).scalar_one_or_none()
+        turn = last_turn(conn)
         d = t.scheduler_decisions
         recent = conn.execute(select(d).order_by(d.c.decision_id.desc()).limit(decisions)).all()
         bulk = runs.unfinished(conn)
@@ -289,7 +287,7 @@ def gather(
         at=now,
         mode="vps_only" if lock is not None else config.mode,
         leader=leadership.current(),
-        last_turn_at=epoch(last_turn) if last_turn is not None else None,
+        last_turn_at=turn,
         rate_window_seconds=RATE_WINDOW_SECONDS,
         queues=queues,
         workers=workers,

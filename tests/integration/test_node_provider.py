@@ -282,12 +282,29 @@ def test_bad_provider_sections_stop_ray_up_naming_the_key(tmp_path, pg_database_
         ({"drivers": {"gcp": {"type": "local"}}}, "provider.drivers.gcp"),
         # moved to scheduler.json: one drain timeout for the policy and the provider
         ({"drain_timeout_seconds": 60}, "provider.drain_timeout_seconds"),
+        ({"scheduler_stale_seconds": 30}, "provider.scheduler_stale_seconds"),
     ]
     for broken, key in cases:
         config = {"provider": {**copy.deepcopy(good), **broken}}
         with pytest.raises(ConfigError) as caught:
             HypermediaNodeProvider.bootstrap_config(config)
         assert caught.value.key.startswith(key), (broken, caught.value.key)
+    # The daily cap's backstop may not act between a running scheduler's turns.
+    slow = str(scheduler_json(tmp_path, evaluation_interval_seconds=120))
+    with pytest.raises(ConfigError, match=r"less than 3 of scheduler\.json's evaluation") as stale:
+        HypermediaNodeProvider.bootstrap_config(
+            {
+                "provider": {
+                    **copy.deepcopy(good),
+                    "scheduler_config": slow,
+                    "scheduler_stale_seconds": 300,
+                }
+            }
+        )
+    assert stale.value.key == "provider.scheduler_stale_seconds"
+    slow_config = {**copy.deepcopy(good), "scheduler_config": slow}
+    assert HypermediaNodeProvider(slow_config, "hm-it").stale_seconds == 600  # 5 intervals
+    assert HypermediaNodeProvider(good, "hm-it").stale_seconds == 300
     bad_json = tmp_path / "bad.json"
     bad_json.write_text('{"mode": "sometimes"}')
     with pytest.raises(ConfigError):

@@ -34,6 +34,7 @@ from sqlalchemy import select
 from autoscaler import billing
 from autoscaler import provider as provider_module
 from autoscaler.billing import Account
+from autoscaler.cost import day_start as cost_day_start
 from autoscaler.drivers.aws import AwsDriver
 from autoscaler.drivers.base import Instance, LaunchRequest
 from autoscaler.leader import Leadership
@@ -468,3 +469,91 @@ def test_a_launch_asked_again_is_the_same_instance_counted_once(make_provider):
     other.non_terminated_nodes({})
     assert open_rows(other) == [made]
     assert aws(other).terminate(made) is None
+
+
+def a_turn(provider: HypermediaNodeProvider, stack: Any, at: float) -> None:
+    """One evaluation of the scheduler (its leader) at ``at``: what a running loop does
+    every interval, recording its turn."""
+    leadership = Leadership(stack.redis, stack.settings.redis_prefix, "loop", 60)
+    Scheduler(provider.config, stack.engine, stack.queue, leadership, ManualClock(at)).evaluate()
+
+
+BACKSTOP_CAPS = {
+    "cost_limits__max_hourly_spend_cents": 500,
+    "cost_limits__max_daily_spend_cents": 100,
+    "cost_limits__alert_threshold_cents": 80,
+}
+
+
+def test_the_provider_stops_the_cloud_at_the_daily_cap_when_the_scheduler_has_stopped(
+    make_provider, monkeypatch, settings, pg_engine
+):
+    """Only the scheduler drained and terminated cloud workers at the daily cap; the
+    provider only refused launches. With the scheduler dead or hung, a busy node (never
+    idle to Ray) ran on past the cap for as long as nobody looked. The provider, in
+    Ray's monitor, now terminates them itself when the cap is reached and the scheduler
+    has not evaluated for ``scheduler_stale_seconds``; it says so in a decision, the
+    log, and the cost lock that `scheduler status` shows."""
+    noon = cost_day_start(time.time()) + 12 * 3600  # the day's spend stays within one day
+    monkeypatch.setattr(provider_module, "time", SetClock(noon - time.time()))
+    provider = make_provider(**BACKSTOP_CAPS)
+    stack = open_stack(settings, pg_engine, ManualClock(noon))
+    a_turn(provider, stack, noon)  # the scheduler ran, then stopped
+    assert launch(provider, "cap-1") == "launched"
+    (made,) = running(provider)
+
+    # Two hours at 60 cents: $1.20 today, past the $1 daily cap; the scheduler's last
+    # turn was two hours ago. A listing stops the instance and closes its row.
+    monkeypatch.setattr(provider_module, "time", SetClock(noon + 2 * 3600 - time.time()))
+    assert provider.non_terminated_nodes({TAG_RAY_NODE_KIND: NODE_KIND_WORKER}) == []
+    assert running(provider) == [] and open_rows(provider) == []
+    with transaction(provider.engine) as conn:
+        (row,) = conn.execute(
+            select(t.scheduler_decisions).where(t.scheduler_decisions.c.action == "terminate")
+        ).all()
+        lock = conn.execute(
+            select(t.scheduler_state.c.value).where(t.scheduler_state.c.name == "cost_lock")
+        ).scalar_one()
+    assert row.applied and row.details["source"] == "node_provider"
+    assert row.details["instance_id"] == made
+    assert row.reason.startswith("Daily cloud spend cap $1.00 reached: $1.20 today"), row.reason
+    assert "The scheduler's last turn was 2h 00m ago (stale after 300 s)" in row.reason
+    assert lock["reason"] in row.reason
+    assert launch(provider, "cap-2") == "cost_guard"  # locked until the reset
+    stack.close()
+
+
+def test_the_provider_leaves_the_cap_to_a_scheduler_that_is_running(
+    make_provider, monkeypatch, settings, pg_engine
+):
+    """The scheduler drains its cloud workers at the cap (their jobs finish or go back
+    first): while it evaluates, the provider terminates nothing; once its turns stop
+    for ``scheduler_stale_seconds``, the next check (at most one every
+    BACKSTOP_CHECK_SECONDS) does."""
+    noon = cost_day_start(time.time()) + 12 * 3600
+    monkeypatch.setattr(provider_module, "time", SetClock(noon - time.time()))
+    provider = make_provider(**BACKSTOP_CAPS)
+    stack = open_stack(settings, pg_engine, ManualClock(noon))
+    assert launch(provider, "alive-1") == "launched"
+    (made,) = running(provider)
+
+    later = noon + 2 * 3600
+    a_turn(provider, stack, later - 60)  # a minute ago: it locked, and drains the workers
+    monkeypatch.setattr(provider_module, "time", SetClock(later - time.time()))
+    (node_id,) = provider.non_terminated_nodes({TAG_RAY_NODE_KIND: NODE_KIND_WORKER})
+    assert running(provider) == [made] and open_rows(provider) == [made]
+
+    # Still within the stale time (300 s) of its last turn: nothing, however often Ray lists.
+    monkeypatch.setattr(provider_module, "time", SetClock(later + 200 - time.time()))
+    assert provider.non_terminated_nodes({}) == [node_id]
+    # Past it, but within BACKSTOP_CHECK_SECONDS of the last check: not checked yet.
+    monkeypatch.setattr(provider_module, "time", SetClock(later + 250 - time.time()))
+    assert provider.non_terminated_nodes({}) == [node_id]
+    assert running(provider) == [made]
+    monkeypatch.setattr(provider_module, "time", SetClock(later + 300 - time.time()))
+    assert provider.non_terminated_nodes({}) == []
+    assert running(provider) == []
+    with transaction(provider.engine) as conn:
+        actions = conn.execute(select(t.scheduler_decisions.c.action)).scalars().all()
+    assert actions.count("terminate") == 1
+    stack.close()
