@@ -11,6 +11,12 @@ It keeps the contract of :mod:`autoscaler.drivers.base` this way:
   (retryable). ``ParamValidationError`` is our bug and still raises.
 * **Tags** go on the instance and its volumes, with ``Name=hm-<request id>`` for
   people reading the console.
+* **No volume outlives its instance.** A launch maps the AMI's root device (its
+  ``RootDeviceName``, read once with ``DescribeImages``) with ``DeleteOnTermination``
+  true, whatever the AMI says: an AMI registered with it false would leave an EBS
+  volume billing after every terminated instance. The override keeps the AMI's size
+  (the rest of the AMI's mapping applies as it is); an AMI whose root is not EBS, or
+  that maps no root device, is launched with its own mapping.
 * **No secrets.** Credentials come from boto3's default chain (environment, instance
   role), never from the cluster yaml; the user data is passed unchanged (boto3
   base64-encodes it) and the instance metadata service requires IMDSv2 tokens.
@@ -81,7 +87,10 @@ if TYPE_CHECKING:
     from mypy_boto3_ec2 import EC2Client
     from mypy_boto3_ec2.literals import InstanceStateNameType, InstanceTypeType
     from mypy_boto3_ec2.type_defs import (
+        BlockDeviceMappingTypeDef,
+        EbsBlockDeviceTypeDef,
         FilterTypeDef,
+        ImageTypeDef,
         InstanceTypeDef,
         RunInstancesRequestTypeDef,
         SpotMarketOptionsTypeDef,
@@ -304,6 +313,9 @@ class AwsDriver:
             raise ConfigError(_KEY, f"cannot build an EC2 client: {exc}") from None
         self._cost_explorer: _CostExplorer | None = None
         self._cost_explorer_lock = threading.Lock()
+        # The launch's mapping of the AMI's root volume (root_volume_mapping), once read:
+        # a list of none or one.
+        self._root_volume: list[BlockDeviceMappingTypeDef] | None = None
 
     @property
     def cost_explorer(self) -> _CostExplorer:
@@ -347,7 +359,8 @@ class AwsDriver:
                     extra={**context, "action": "launch_found"},
                 )
                 return existing
-            reply = self.client.run_instances(**self._run_instances_request(request))
+            params = self._run_instances_request(request, self._root_volume_mappings())
+            reply = self.client.run_instances(**params)
         except self._boto_errors as exc:
             error = driver_error(exc)
             log.warning(
@@ -525,6 +538,22 @@ class AwsDriver:
             for described in reservation.get("Instances", [])
         ]
 
+    def _root_volume_mappings(self) -> list[BlockDeviceMappingTypeDef]:
+        """The AMI's root volume mapped to be deleted with the instance (none when the
+        AMI has no EBS root), read once: an AMI id names one image for good."""
+        if self._root_volume is None:
+            images = self.client.describe_images(ImageIds=[self.ami_id]).get("Images", [])
+            mapping = root_volume_mapping(images[0]) if images else None
+            if mapping is None:
+                log.warning(
+                    "AMI %s maps no EBS root device: launched with its own block device"
+                    " mapping (a root volume it keeps after termination would go on billing)",
+                    self.ami_id,
+                    extra={"action": "ami_root_unmapped"},
+                )
+            self._root_volume = [] if mapping is None else [mapping]
+        return list(self._root_volume)
+
     def _spot_price_dollars(self) -> Decimal | None:
         """The lowest of each zone's newest price (EC2 answers, for ``StartTime`` now,
         the price in effect in each zone)."""
@@ -548,7 +577,9 @@ class AwsDriver:
                     newest[zone] = (when, price)
         return min((price for _, price in newest.values()), default=None)
 
-    def _run_instances_request(self, request: LaunchRequest) -> RunInstancesRequestTypeDef:
+    def _run_instances_request(
+        self, request: LaunchRequest, volumes: list[BlockDeviceMappingTypeDef]
+    ) -> RunInstancesRequestTypeDef:
         tags: list[TagTypeDef] = [{"Key": k, "Value": v} for k, v in request.tags().items()]
         tags.append({"Key": "Name", "Value": f"hm-{request.request_id}"})
         specs: list[TagSpecificationTypeDef] = [
@@ -565,6 +596,8 @@ class AwsDriver:
             "TagSpecifications": specs,
             "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
         }
+        if volumes:
+            params["BlockDeviceMappings"] = volumes
         if self.subnet_id is not None:
             params["SubnetId"] = self.subnet_id
         if self.security_group_ids:
@@ -604,6 +637,23 @@ class AwsDriver:
 
 
 # -- helpers ------------------------------------------------------------------------------
+
+
+def root_volume_mapping(image: ImageTypeDef) -> BlockDeviceMappingTypeDef | None:
+    """The mapping a launch of ``image`` sends for its root device: deleted on
+    termination, at the AMI's own size (EC2 takes the rest, its snapshot and volume
+    type, from the AMI). None when the AMI has no EBS root device to map."""
+    root = image.get("RootDeviceName")
+    if not root or image.get("RootDeviceType", "ebs") == "instance-store":
+        return None
+    for mapping in image.get("BlockDeviceMappings", []):
+        if mapping.get("DeviceName") == root and "Ebs" in mapping:
+            ebs: EbsBlockDeviceTypeDef = {"DeleteOnTermination": True}
+            size = mapping["Ebs"].get("VolumeSize")
+            if size:
+                ebs["VolumeSize"] = size
+            return {"DeviceName": root, "Ebs": ebs}
+    return None
 
 
 def _filter(name: str, value: str) -> FilterTypeDef:

@@ -35,7 +35,7 @@ from botocore.exceptions import (
 )
 
 from autoscaler.config import AwsConfig
-from autoscaler.drivers.aws import AwsDriver, driver_error
+from autoscaler.drivers.aws import AwsDriver, driver_error, root_volume_mapping
 from autoscaler.drivers.base import TAG_KEYS, BillingReader, Charge, DriverError, Instance
 from hypermedia.embedded import free_port
 from hypermedia.errors import ConfigError
@@ -251,6 +251,9 @@ def test_a_spot_launch_sends_and_stores_what_it_should(
             {"ResourceType": "volume", "Tags": tags},
         ],
         "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
+        "BlockDeviceMappings": [
+            {"DeviceName": "/dev/sda1", "Ebs": {"DeleteOnTermination": True, "VolumeSize": 15}}
+        ],
         "InstanceMarketOptions": {
             "MarketType": "spot",
             "SpotOptions": {
@@ -282,6 +285,87 @@ def test_a_spot_launch_sends_and_stores_what_it_should(
     assert instance.spot is True
     assert instance.private_ip == kept["PrivateIpAddress"]
     assert instance.extra["instance_type"] == INSTANCE_TYPE
+
+
+def test_the_root_volume_is_deleted_with_the_instance_whatever_the_ami_says(
+    make_driver: MakeDriver, ec2: EC2Client, ami: str
+) -> None:
+    """An AMI whose root mapping says DeleteOnTermination false (moto registers every
+    image so) left an EBS volume billing after each terminated instance: the launch
+    sent no mapping and took the AMI's. The launch maps the AMI's root device
+    (described once per driver) to be deleted, at the AMI's size, and the volume
+    carries the launch's tags. moto ignores an AMI's mapping at launch (it deletes a
+    default root volume anyway), so the request is what proves it; what moto stores
+    and deletes shows EC2 takes it."""
+    image = ec2.describe_images(ImageIds=[ami])["Images"][0]
+    root = image["RootDeviceName"]
+    (ami_root,) = [m for m in image["BlockDeviceMappings"] if m["DeviceName"] == root]
+    assert ami_root["Ebs"]["DeleteOnTermination"] is False
+    driver = make_driver()
+    sent = record_run_instances(driver.client)
+    described: list[Any] = []
+    driver.client.meta.events.register(
+        "provide-client-params.ec2.DescribeImages", lambda params, **_: described.append(params)
+    )
+    first = launched(driver, "root-0001")
+    launched(driver, "root-0002")
+    mapping = {"DeviceName": root, "Ebs": {"DeleteOnTermination": True, "VolumeSize": 15}}
+    assert [p["BlockDeviceMappings"] for p in sent.params] == [[mapping], [mapping]]
+    assert sent.bodies[0]["BlockDeviceMapping.1.Ebs.DeleteOnTermination"] == ["true"]
+    assert described == [{"ImageIds": [ami]}]  # once: an AMI id names one image
+
+    (kept,) = stored(ec2, first.instance_id)["BlockDeviceMappings"]
+    assert (kept["DeviceName"], kept["Ebs"]["DeleteOnTermination"]) == (root, True)
+    volume_id = kept["Ebs"]["VolumeId"]
+    (volume,) = ec2.describe_volumes(VolumeIds=[volume_id])["Volumes"]
+    assert tag_dict(volume["Tags"])["hypermedia-request"] == "root-0001"
+    assert driver.terminate(first.instance_id) is None
+    assert volume_id not in [v["VolumeId"] for v in ec2.describe_volumes()["Volumes"]]
+
+
+@pytest.mark.parametrize(
+    ("image", "mapping"),
+    [
+        ({}, None),  # nothing described
+        ({"RootDeviceName": "/dev/xvda"}, None),  # no mapping: the AMI's own
+        (
+            {
+                "RootDeviceName": "/dev/sda1",
+                "RootDeviceType": "instance-store",
+                "BlockDeviceMappings": [{"DeviceName": "/dev/sda1", "VirtualName": "ephemeral0"}],
+            },
+            None,
+        ),
+        (
+            {
+                "RootDeviceName": "/dev/xvda",
+                "BlockDeviceMappings": [
+                    {"DeviceName": "/dev/sdb", "Ebs": {"VolumeSize": 100}},
+                    {"DeviceName": "/dev/xvda", "Ebs": {"DeleteOnTermination": False}},
+                ],
+            },
+            {"DeviceName": "/dev/xvda", "Ebs": {"DeleteOnTermination": True}},
+        ),
+        (
+            {
+                "RootDeviceName": "/dev/xvda",
+                "RootDeviceType": "ebs",
+                "BlockDeviceMappings": [
+                    {
+                        "DeviceName": "/dev/xvda",
+                        "Ebs": {"VolumeSize": 30, "VolumeType": "gp3", "Encrypted": True},
+                    }
+                ],
+            },
+            {"DeviceName": "/dev/xvda", "Ebs": {"DeleteOnTermination": True, "VolumeSize": 30}},
+        ),
+    ],
+)
+def test_the_root_override_maps_only_an_ebs_root(image: Any, mapping: Any) -> None:
+    """Only the AMI's EBS root device is mapped, with nothing of it but its size: the
+    rest (snapshot, type, encryption) EC2 takes from the AMI, and an encryption flag
+    sent back could be refused."""
+    assert root_volume_mapping(image) == mapping
 
 
 def test_an_on_demand_launch_has_no_market_options_and_no_max_price(
