@@ -372,9 +372,10 @@ def test_the_ledgers_ended_rows_from_before_request_ids_count_as_reconciled(empt
 def test_the_jobs_from_before_reservations_reserved_their_estimates(empty_engine):
     """0018: processing_jobs.reserved_millicredits, what a job's submit held (the
     estimate plus the most its step's priced units may cost). A job from before held
-    its estimate: its row gets that, so releasing or completing it gives back exactly
-    what its submit reserved. Every job written since must give it (PostgreSQL keeps
-    no default)."""
+    its estimate: a live one's row gets that, so releasing or completing it gives back
+    exactly what its submit reserved; an ended one holds nothing (0: the migration
+    rewrites only the live jobs' rows, not the whole table). Every job written since
+    must give it (PostgreSQL keeps no default)."""
     migrate.upgrade(empty_engine, "0017")
     moment = to_datetime(1_800_000_000.0)
     rows = {
@@ -441,6 +442,7 @@ def test_the_jobs_from_before_reservations_reserved_their_estimates(empty_engine
             }
             for job_id, status, estimate in (
                 ("queued", "queued", 1200),
+                ("retrying", "retry_wait", 1300),
                 ("done", "completed", 2200),
             )
         ],
@@ -452,7 +454,7 @@ def test_the_jobs_from_before_reservations_reserved_their_estimates(empty_engine
     jobs = table("processing_jobs", column("job_id"), column("reserved_millicredits"))
     with empty_engine.connect() as conn:
         found = dict(conn.execute(select(jobs.c.job_id, jobs.c.reserved_millicredits)).all())
-    assert found == {"queued": 1200, "done": 2200}
+    assert found == {"queued": 1200, "retrying": 1300, "done": 0}
     if empty_engine.dialect.name == "postgresql":
         (column_info,) = [
             c

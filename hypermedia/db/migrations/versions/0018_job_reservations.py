@@ -2,8 +2,11 @@
 the estimate plus the most the units of work its step may report can cost (the ocr
 step's escalations, which were charged on top of a reservation of the estimate alone,
 so a balance could go below zero). Every release gives it back, and a completion
-charges at most it. A job from before reserved its estimate: its row gets that (the
-UPDATE rewrites every job row once).
+charges at most it. A job from before that has not ended reserved its estimate: its
+row gets that. An ended job holds nothing (its reservation was given back when it
+ended, and nothing reads the column of one again): it keeps the 0 of the ADD COLUMN,
+so the migration rewrites only the live jobs' rows, never the whole table (rewriting
+every row held every write to processing_jobs for 5.5 s at 200,000 jobs).
 
 Revision ID: 0018
 Revises: 0017
@@ -31,7 +34,10 @@ def upgrade() -> None:
             "reserved_millicredits", sa.BigInteger(), server_default=sa.text("0"), nullable=False
         ),
     )
-    op.execute("UPDATE processing_jobs SET reserved_millicredits = estimated_millicredits")
+    op.execute(
+        "UPDATE processing_jobs SET reserved_millicredits = estimated_millicredits"
+        " WHERE status IN ('created', 'queued', 'claimed', 'processing', 'retry_wait')"
+    )
     if op.get_bind().dialect.name == "postgresql":
         op.alter_column("processing_jobs", "reserved_millicredits", server_default=None)
 
