@@ -30,7 +30,7 @@ from sqlalchemy import select, update
 
 from hypermedia import workdirs
 from hypermedia.clock import to_datetime
-from hypermedia.config import Settings
+from hypermedia.config import Settings, is_secret_setting
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
 from hypermedia.errors import HypermediaError
@@ -70,14 +70,17 @@ NODE_SETTINGS = ("spot_watch", "metadata_url", "spot_poll_seconds")
 def settings_for_actors(settings: Settings, redis_url: str) -> dict[str, Any]:
     """Plain settings an actor rebuilds its own connections from.
 
-    No storage secret: pipeline actors move bytes with per-job URLs, and the grants
-    actor gets the head's credentials through a file (:mod:`hypermedia.storage.
-    credentials`). The database and Redis URLs, passwords included, go as they are:
-    every actor connects to both. They travel as constructor arguments (Ray's control
-    plane, token-authenticated, held in memory), never in ``runtime_env`` (which Ray
-    logs) nor on a command line, and no file of Ray's holds them (tests/integration/
-    test_secrets.py scans for them)."""
-    exclude = {*NODE_SETTINGS, "storage_secret"}
+    No secret setting (:func:`~hypermedia.config.is_secret_setting`): pipeline actors
+    move bytes with per-job URLs, the grants actor gets the head's credentials through a
+    file (:mod:`hypermedia.storage.credentials`), the head alone signs callbacks, and a
+    client's API key is nobody's business here (a masked secret would not even load:
+    ten asterisks are too short for a signing secret). The database and Redis URLs,
+    passwords included, go as they are: every actor connects to both. They travel as
+    constructor arguments (Ray's control plane, token-authenticated, held in memory),
+    never in ``runtime_env`` (which Ray logs) nor on a command line, and no file of
+    Ray's holds them (tests/e2e/test_secrets.py scans for them)."""
+    secret = {name for name in Settings.model_fields if is_secret_setting(name)}
+    exclude = {*NODE_SETTINGS, *secret}
     data = settings.model_dump(mode="json", exclude_none=True, exclude=exclude)
     data["redis_url"] = redis_url
     data["database_url"] = settings.effective_database_url

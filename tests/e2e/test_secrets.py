@@ -1,11 +1,12 @@
 """Credentials reach only the process that needs them (issue 11, item 1).
 
 ``hypermedia up`` runs real jobs with canary credentials: an ``AWS_SECRET_ACCESS_KEY``,
-a configured storage signing secret, a database password, and the embedded Redis's
-generated password. Then every file under the data dir (the head's log included) and
-the Ray temp dir (session logs, ``runtime_env_agent.log``, the GCS's, the raylet's,
-every worker's) is read while the cluster runs, and again after ``down``: no copy of
-any canary but in ``redis.conf``, the one file that holds the Redis password (0600).
+a configured storage signing secret, a callback signing secret, a database password,
+and the embedded Redis's generated password. Then every file under the data dir (the
+head's log included) and the Ray temp dir (session logs, ``runtime_env_agent.log``, the
+GCS's, the raylet's, every worker's) is read while the cluster runs, and again after
+``down``: no copy of any canary but in ``redis.conf``, the one file that holds the
+Redis password (0600).
 No process has a canary on its command line, and only the head has one in its
 environment (where the operator put it).
 """
@@ -37,6 +38,7 @@ _RUN = secrets.token_hex(4)
 CANARY_AWS = f"canaryAwsSecretKey0x5f3759df{_RUN}"
 CANARY_STORAGE = f"canary-storage-signing-secret-0x1badb002{_RUN}"
 CANARY_DB = f"canaryDbPassword0xdeadbeef{_RUN}"
+CANARY_CALLBACK = f"canary-callback-signing-secret-0xcafef00d{_RUN}"
 
 
 def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
@@ -168,7 +170,9 @@ def test_local_storage_and_database_credentials_stay_with_their_owners(pg_databa
         "postgres@", f"postgres:{CANARY_DB}@", 1
     )
     env["HYPERMEDIA_STORAGE_SECRET"] = CANARY_STORAGE
-    _up_run_check_down(env, data, [CANARY_AWS, CANARY_STORAGE, CANARY_DB])
+    # The head alone signs callbacks (set, it once kept every actor from starting).
+    env["HYPERMEDIA_CALLBACK_SECRET"] = CANARY_CALLBACK
+    _up_run_check_down(env, data, [CANARY_AWS, CANARY_STORAGE, CANARY_DB, CANARY_CALLBACK])
 
 
 @pytest.fixture

@@ -59,3 +59,22 @@ def test_a_system_death_keeps_what_ray_said_happened():
         " The worker process failed to register within the timeout."
         " The actor never ran - it was cancelled before it started running."
     )
+
+
+def test_no_secret_setting_reaches_the_actors(tmp_path):
+    """The callback secret (the head's sender signs webhooks) and a client's API key
+    are the head's alone. Handed over, the callback secret came masked, ten asterisks,
+    and every actor refused to start (callback_secret: at least 32 characters): with
+    HYPERMEDIA_CALLBACK_SECRET set, `hypermedia up` never came up; the API key went in
+    clear into Ray's actor table."""
+    callback = "canary-callback-secret-" + "c" * 20
+    api_key = "hm_canary-api-key-" + "k" * 20
+    settings = load_settings(data_dir=tmp_path, callback_secret=callback, api_key=api_key)
+    data = settings_for_actors(settings, "redis://127.0.0.1:1/0")
+    assert not {"callback_secret", "api_key"} & set(data)
+    dumped = json.dumps(data)
+    assert callback not in dumped
+    assert api_key not in dumped
+    actor = load_settings(**data)  # what each actor does first
+    assert actor.callback_secret is None
+    assert actor.api_key is None
