@@ -20,7 +20,7 @@ from sqlalchemy import Engine
 from hypermedia.accounts import KeyGrants
 from hypermedia.clock import Clock, SystemClock
 from hypermedia.config import Settings
-from hypermedia.db.engine import make_engine, transaction
+from hypermedia.db.engine import make_engine, sqlite_file, transaction
 from hypermedia.db.migrate import (
     current_revision,
     head_revision,
@@ -47,9 +47,12 @@ from hypermedia.storage.local import LocalStorage, load_or_create_secret
 
 
 def prepare_data_dir(settings: Settings) -> None:
-    """The data dir ``0700`` (record, objects, secrets, logs: no one else's), and the
-    embedded SQLite record ``0600``, made so before SQLite opens it: its ``-wal``
-    and ``-shm`` files take the record's mode."""
+    """The data dir ``0700`` (record, objects, secrets, logs: no one else's), and a
+    SQLite record ``0600``, made so before SQLite opens it: its ``-wal`` and ``-shm``
+    files take the record's mode. The embedded one is made private again if it is
+    not; one the URL names elsewhere is created private (SQLite would take the umask:
+    0644, for every user to read), and one there already keeps the mode its operator
+    gave it."""
     private_directory(settings.data_dir)
     if settings.database_url is None:
         record = settings.data_dir / "hypermedia.db"
@@ -58,6 +61,10 @@ def prepare_data_dir(settings: Settings) -> None:
             with contextlib.suppress(FileNotFoundError):
                 if stat.S_IMODE(path.stat().st_mode) != 0o600:
                     os.chmod(path, 0o600)
+    elif (named := sqlite_file(settings.database_url)) is not None:
+        named.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            os.close(os.open(named, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
 
 
 def redis_url_for(settings: Settings) -> str:

@@ -26,9 +26,8 @@ def make_engine(url: str, *, custom_plans: bool = False, **kwargs: Any) -> Engin
     the claim loops' engine)."""
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
-        database = parsed.database
-        if database and database != ":memory:":
-            Path(database).parent.mkdir(parents=True, exist_ok=True)
+        if (database := sqlite_file(url)) is not None:
+            database.parent.mkdir(parents=True, exist_ok=True)
         engine = create_engine(
             url,
             connect_args={"check_same_thread": False, "timeout": 30},
@@ -44,6 +43,17 @@ def make_engine(url: str, *, custom_plans: bool = False, **kwargs: Any) -> Engin
     if custom_plans:
         _plan_each_statement(engine)
     return engine
+
+
+def sqlite_file(url: str) -> Path | None:
+    """The file a SQLite ``url`` names (None: another database, SQLite in memory, or
+    a ``file:`` URI, whose file SQLite finds itself)."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    if parsed.database.startswith("file:"):
+        return None
+    return Path(parsed.database)
 
 
 # A pooled connection is tried (a round trip) before use only when it has sat idle this

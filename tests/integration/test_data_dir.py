@@ -10,7 +10,7 @@ import redis
 
 from hypermedia.config import load_settings
 from hypermedia.embedded import find_running
-from hypermedia.stack import Stack
+from hypermedia.stack import Stack, migrate
 
 
 def _mode(path: os.PathLike[str]) -> int:
@@ -57,3 +57,23 @@ def test_a_record_made_before_is_made_private(tmp_path):
         running.stop()
     assert _mode(data) == 0o700
     assert _mode(data / "hypermedia.db") == 0o600
+
+
+def test_a_sqlite_record_named_by_the_url_is_private(tmp_path):
+    """HYPERMEDIA_DATABASE_URL=sqlite:///elsewhere/hm.db is the same record (users, key
+    hashes, objects, callback URLs, the credit ledger) outside the data dir: SQLite made
+    it with the umask's mode, 0644 under the usual 022, readable by every user of the
+    machine (measured: `hypermedia db upgrade` then `user add`, -rw-r--r--)."""
+    elsewhere = tmp_path / "elsewhere"
+    settings = load_settings(
+        data_dir=tmp_path / "data", database_url=f"sqlite:///{elsewhere / 'hm.db'}"
+    )
+    old = os.umask(0o022)
+    try:
+        migrate(settings)
+    finally:
+        os.umask(old)
+    files = [p for p in elsewhere.iterdir() if p.name.startswith("hm.db")]
+    assert elsewhere / "hm.db" in files
+    loose = {p.name: oct(_mode(p)) for p in files if _mode(p) & 0o077}
+    assert loose == {}
