@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -47,6 +48,26 @@ FORMAT_VARIABLE = "HYPERMEDIA_LOG_FORMAT"
 LEVEL_VARIABLE = "HYPERMEDIA_LOG_LEVEL"
 # Both log routine steps at INFO (every request; plugin set-up): noise above DEBUG.
 NOISY = ("httpx", "alembic")
+
+# Query parameters that are credentials: a signed blob URL's ``sig`` (with its expiry
+# it lets anyone read or write that object), an S3 presigned URL's parts.
+SECRET_PARAMETERS = frozenset(
+    {"sig", "x-amz-signature", "x-amz-credential", "x-amz-security-token", "signature"}
+)
+REDACTED = "[redacted]"
+# A value ends where a URL's query part or the line around it does: at the next
+# parameter, a blank, a quote (JSON's escaped one too), a bracket or a fragment.
+_SECRET_VALUE = re.compile(
+    r"([?&;](?:" + "|".join(sorted(SECRET_PARAMETERS)) + r")=)[^&;\s\"'<>#\\]+",
+    re.IGNORECASE,
+)
+
+
+def redact_urls(text: str) -> str:
+    """``text`` with the value of every :data:`SECRET_PARAMETERS` query parameter of
+    the URLs in it replaced by ``[redacted]`` (the rest of each URL stays)."""
+    return _SECRET_VALUE.sub(lambda found: found[1] + REDACTED, text)
+
 
 # What a LogRecord carries of its own; everything else on it came from ``extra=``.
 # uvicorn's ``color_message`` is its message again with terminal colour codes.
@@ -70,6 +91,9 @@ class JsonFormatter(_JsonFormatter):
             reserved_attrs=sorted(_RECORD_ATTRS),
         )
 
+    def format(self, record: logging.LogRecord) -> str:
+        return redact_urls(super().format(record))
+
     def add_fields(
         self, log_data: dict[str, Any], record: logging.LogRecord, message_dict: dict[str, Any]
     ) -> None:
@@ -84,6 +108,9 @@ class TextFormatter(logging.Formatter):
 
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact_urls(super().format(record))
 
     def formatMessage(self, record: logging.LogRecord) -> str:
         line = super().formatMessage(record)

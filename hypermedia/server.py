@@ -36,7 +36,7 @@ from hypermedia.config import Settings
 from hypermedia.errors import HypermediaError
 from hypermedia.jobs import checkpoints
 from hypermedia.jobs.reaper import reconcile
-from hypermedia.logs import Outage
+from hypermedia.logs import REDACTED, SECRET_PARAMETERS, Outage
 from hypermedia.stack import Stack
 
 if TYPE_CHECKING:
@@ -149,14 +149,6 @@ class Maintenance:
             log.exception("%s failed unexpectedly", action, extra={"action": action})
 
 
-# Query parameters that are credentials: a signed blob URL's ``sig`` (with its expiry
-# it lets anyone read or write that object), an S3 presigned URL's parts.
-SECRET_PARAMETERS = frozenset(
-    {"sig", "x-amz-signature", "x-amz-credential", "x-amz-security-token", "signature"}
-)
-REDACTED = "[redacted]"
-
-
 def redact_query(target: str) -> str:
     """A request target as it may be logged: the values of :data:`SECRET_PARAMETERS`
     replaced (the rest of the query stays, for whoever reads the log)."""
@@ -174,7 +166,8 @@ def redact_query(target: str) -> str:
 
 class RedactSignedUrls(logging.Filter):
     """uvicorn's access log line carries the full request target (its third argument):
-    signed URLs lose their signature before any handler sees the record."""
+    signed URLs lose their signature before any handler sees the record (ours redact
+    every line again: :func:`hypermedia.logs.redact_urls`)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         args = record.args

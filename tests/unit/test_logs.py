@@ -171,3 +171,45 @@ def test_only_rays_autoscaler_process_has_our_package_taken_over(
     line = json.loads(capsys.readouterr().err.strip())
     assert (line["message"], line["action"], line["queue"]) == ("launched n-1", "launch", "media")
     assert line["logger"] == f"{name}.drivers"
+
+
+SIGNED = (
+    "http://127.0.0.1:8080/v1/hypermedia/blobs/originals/u/o?expires=1796493397"
+    "&sig=a423843f78fae092bb4064ed14b6a607649b225839cc2b81017e599e552866d8"
+)
+PRESIGNED = (
+    "https://b.s3.amazonaws.com/k?X-Amz-Algorithm=AWS4-HMAC-SHA256"
+    "&X-Amz-Credential=AKIAEXAMPLE%2F20261205%2Fus-east-1%2Fs3%2Faws4_request"
+    "&X-Amz-Expires=900&X-Amz-Security-Token=FwoGZXIvYXdzEXAMPLETOKEN"
+    "&X-Amz-Signature=0acdc2976faacda8a35131ca67886d78fdba06e29e451704ffdba0e359de626e"
+)
+
+
+@pytest.mark.parametrize("log_format", logs.FORMATS)
+def test_no_line_carries_a_signed_urls_signature(root: logging.Logger, log_format: str):
+    """A pipeline actor at HYPERMEDIA_LOG_LEVEL=debug wrote httpx's own line for each
+    transfer, 'HTTP Request: GET <url> "HTTP/1.1 200 OK"', with the whole presigned URL of
+    the job's input and outputs in its worker-*.err (measured: 'hypermedia head
+    --log-level debug', a thumbnail job): a read of the user's file, or a write over
+    its output, for anyone who reads Ray's logs in the 15 minutes the URL lives. Every
+    line our handlers write now has those parameters' values redacted, a traceback's too."""
+    import httpx
+
+    stream = io.StringIO()
+    logs.configure("debug", log_format, stream)
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(403 if "X-Amz" in str(request.url) else 200)
+
+    with httpx.Client(transport=httpx.MockTransport(answer)) as client:
+        client.get(SIGNED)
+        try:
+            client.put(PRESIGNED, content=b"x").raise_for_status()
+        except httpx.HTTPStatusError:
+            logging.getLogger("hypermedia.storage.transfer").exception("upload failed")
+    written = stream.getvalue()
+    assert "HTTP Request: GET" in written  # httpx's line is there, the URLs without secrets
+    assert "/v1/hypermedia/blobs/originals/u/o?expires=1796493397&sig=[redacted]" in written
+    assert "X-Amz-Expires=900" in written
+    for secret in ("a423843f78fae092", "AKIAEXAMPLE", "FwoGZXIvYXdz", "0acdc2976faacda8"):
+        assert secret not in written
