@@ -48,6 +48,10 @@ FORMAT_VARIABLE = "HYPERMEDIA_LOG_FORMAT"
 LEVEL_VARIABLE = "HYPERMEDIA_LOG_LEVEL"
 # Both log routine steps at INFO (every request; plugin set-up): noise above DEBUG.
 NOISY = ("httpx", "alembic")
+# Their DEBUG lines hold credentials: the AWS SDK's every request's Authorization header,
+# each presigned URL's signature beside its canonical request (the rest of the URL), a
+# session token. They log at INFO at most, whatever the level.
+NEVER_DEBUG = ("botocore", "boto3", "s3transfer")
 
 # Query parameters that are credentials: a signed blob URL's ``sig`` (with its expiry
 # it lets anyone read or write that object), an S3 presigned URL's parts.
@@ -157,6 +161,8 @@ def configure(level: str, log_format: str | None = None, stream: IO[str] | None 
     root.setLevel(number)
     for noisy in NOISY:
         logging.getLogger(noisy).setLevel(logging.WARNING if number > logging.DEBUG else number)
+    for secretive in NEVER_DEBUG:
+        logging.getLogger(secretive).setLevel(max(number, logging.INFO))
     return chosen
 
 

@@ -213,3 +213,30 @@ def test_no_line_carries_a_signed_urls_signature(root: logging.Logger, log_forma
     assert "X-Amz-Expires=900" in written
     for secret in ("a423843f78fae092", "AKIAEXAMPLE", "FwoGZXIvYXdz", "0acdc2976faacda8"):
         assert secret not in written
+
+
+@pytest.mark.parametrize("log_format", logs.FORMATS)
+def test_debug_shows_no_request_signature_of_the_aws_sdk(root: logging.Logger, log_format: str):
+    """At HYPERMEDIA_LOG_LEVEL=debug botocore.auth wrote each presigned URL's signature
+    ('Signature:\\n<hex>') beside its canonical request (bucket, key, date, expiry: all
+    the rest of the URL), and botocore.endpoint every request's Authorization header
+    (measured: 'hypermedia head --log-level debug' on S3, the download URL's
+    X-Amz-Signature in head.log). The AWS SDK's loggers stay at INFO."""
+    import boto3
+
+    stream = io.StringIO()
+    logs.configure("debug", log_format, stream)
+    s3 = boto3.client(
+        "s3",
+        region_name="us-east-1",
+        aws_access_key_id="AKIAEXAMPLE",
+        aws_secret_access_key="canary-secret-key",
+        aws_session_token="canary-session-token",
+    )
+    url = s3.generate_presigned_url("get_object", {"Bucket": "b", "Key": "k"}, ExpiresIn=900)
+    signature = url.rpartition("X-Amz-Signature=")[2]
+    logging.getLogger("hypermedia.test").debug("debug is on")
+    written = stream.getvalue()
+    assert "debug is on" in written
+    assert signature not in written
+    assert "canary-session-token" not in written
