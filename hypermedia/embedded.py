@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 from typing import Self
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote_plus, urlsplit, urlunsplit
 
 from hypermedia.errors import ConfigError, QueueUnavailable
 
@@ -210,15 +210,29 @@ def _read_int(path: Path) -> int | None:
         return None
 
 
+# Query parameters that hold a password: libpq's (psycopg) and redis-py's ``password``,
+# libpq's ``sslpassword`` (of the client key).
+_PASSWORD_PARAMETERS = frozenset({"password", "sslpassword"})
+
+
 def shown_url(url: str) -> str:
-    """``url`` as it may be shown (console, logs, error messages): without its password.
-    Works on a URL too malformed to connect with (a bad port), which an error shows."""
-    parts = urlsplit(url)
+    """``url`` as it may be shown (console, logs, error messages): without its password,
+    in its user info or its query. Works on a URL too malformed to connect with (a bad
+    port), which an error shows."""
+    parts = shown = urlsplit(url)
     userinfo, at, hostport = parts.netloc.rpartition("@")
-    if not at or ":" not in userinfo:
-        return url
-    user = userinfo.partition(":")[0]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{hostport}"))
+    if at and ":" in userinfo:
+        user = userinfo.partition(":")[0]
+        shown = shown._replace(netloc=f"{user}:***@{hostport}")
+    masked = []
+    for part in parts.query.split("&"):
+        name, eq, _value = part.partition("=")
+        if eq and unquote_plus(name).lower() in _PASSWORD_PARAMETERS:
+            part = f"{name}=***"
+        masked.append(part)
+    shown = shown._replace(query="&".join(masked))
+    # Unchanged, the URL as given (urlunsplit drops a slash of sqlite:////path).
+    return url if shown == parts else urlunsplit(shown)
 
 
 def private_directory(path: Path) -> Path:

@@ -16,6 +16,7 @@ def db_upgrade() -> None:
 
     from hypermedia.db.engine import make_engine
     from hypermedia.db.migrate import current_revision
+    from hypermedia.embedded import shown_url
     from hypermedia.stack import migrate
 
     settings = read_settings()
@@ -25,6 +26,8 @@ def db_upgrade() -> None:
         revision = current_revision(engine)
     finally:
         engine.dispose()
-    shown = make_url(settings.effective_database_url).render_as_string(hide_password=True)
+    shown = shown_url(
+        make_url(settings.effective_database_url).render_as_string(hide_password=False)
+    )
     typer.echo(f"database {shown} is at revision {revision}; profiles synced")
     note("running servers and workers read changed profiles when restarted")

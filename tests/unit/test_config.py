@@ -420,6 +420,8 @@ def test_the_float_settings_are_the_seconds_ones():
         ("api_key = 'hm_s3cr3t'", "api_key"),
         ("database_url = 'postgresql://hm:s3cr3t@db/hm'", "database_url"),
         ("redis_url = 'redis://:s3cr3t@cache:6379/0'", "redis_url"),
+        ("database_url = 'postgresql://hm@db/hm?password=s3cr3t'", "database_url"),
+        ("redis_url = 'redis://cache:6379/0?password=s3cr3t'", "redis_url"),
     ],
 )
 def test_a_secret_in_a_settings_file_others_may_read_is_refused(config_file, toml, key):
@@ -439,3 +441,32 @@ def test_a_secret_in_a_settings_file_others_may_read_is_refused(config_file, tom
     path.write_text("api_port = 8081\ndatabase_url = 'postgresql://hm@db/hm'\n")
     path.chmod(0o644)
     assert load_settings().api_port == 8081
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("postgresql://hm:s3cr3t@db/hm", "postgresql://hm:***@db/hm"),
+        # libpq and redis-py take the password from the query too.
+        (
+            "postgresql://hm@db:5432/hm?sslmode=require&password=s3cr3t",
+            "postgresql://hm@db:5432/hm?sslmode=require&password=***",
+        ),
+        ("postgresql://hm@db/hm?PASSWORD=s3cr3t&x=1", "postgresql://hm@db/hm?PASSWORD=***&x=1"),
+        (
+            "postgresql://hm@db/hm?sslpassword=s3cr3t&sslkey=/k",
+            "postgresql://hm@db/hm?sslpassword=***&sslkey=/k",
+        ),
+        ("redis://:s3cr3t@cache:6379/0?password=s3cr3t", "redis://:***@cache:6379/0?password=***"),
+        ("redis://cache:6379/0", "redis://cache:6379/0"),
+        ("sqlite:////srv/hm/hm.db", "sqlite:////srv/hm/hm.db"),
+    ],
+)
+def test_a_shown_url_has_no_password(url, shown):
+    """A password in the URL's query ('postgresql://hm@db/hm?password=...', which psycopg
+    and redis-py both take) was shown in clear: `hypermedia db upgrade` printed 'database
+    postgresql+psycopg://hm_role@127.0.0.1:5432/hm?password=<it> is at revision 0020',
+    `up` logged 'record in ...' with it, a settings file holding it was taken at 0644."""
+    from hypermedia.embedded import shown_url
+
+    assert shown_url(url) == shown
