@@ -81,11 +81,24 @@ class HypermediaError(Exception):
         self.message = message
         self.details = details
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Rebuilt from its state, not by calling __init__ with ``args`` (a subclass's own
+        # __init__, ConfigError's, takes other arguments): an error crossing a process
+        # (a Ray actor's constructor or method) arrives whole, class and details kept.
+        return (_rebuilt, (type(self), self.message, self.__dict__))
+
     def to_dict(self) -> dict[str, Any]:
         body: dict[str, Any] = {"code": self.code, "message": self.message}
         if self.details:
             body["details"] = self.details
         return body
+
+
+def _rebuilt(cls: type[HypermediaError], message: str, state: dict[str, Any]) -> HypermediaError:
+    error = cls.__new__(cls)
+    Exception.__init__(error, message)
+    error.__dict__.update(state)
+    return error
 
 
 class ConfigError(HypermediaError):
@@ -308,12 +321,33 @@ def error_classes() -> dict[str, type[HypermediaError]]:
     """Every error class by its code, the first (the most general) for a code two share:
     an error that crossed a process (an HTTP answer, a Ray actor's) raised again as
     itself (the storage's classes too: a web tier's client catches StorageUnavailable)."""
+    found: dict[str, type[HypermediaError]] = {}
+    for cls in _every_class():
+        found.setdefault(cls.code, cls)
+    return found
+
+
+def _every_class() -> list[type[HypermediaError]]:
+    """HypermediaError and every subclass, each before its own subclasses."""
     import hypermedia.storage.base  # noqa: F401  (its classes: InvalidSignature, StorageFull ...)
 
-    found: dict[str, type[HypermediaError]] = {}
+    every: list[type[HypermediaError]] = []
     pending: list[type[HypermediaError]] = [HypermediaError]
     while pending:
         cls = pending.pop()
-        found.setdefault(cls.code, cls)
+        every.append(cls)
         pending.extend(cls.__subclasses__())
-    return found
+    return every
+
+
+def from_traceback(text: str) -> HypermediaError | None:
+    """The error a traceback's last line names (``hypermedia.errors.ConfigError:
+    database_url: ...``), as itself, when it is one of ours (Ray gives an actor's
+    constructor's error only as its traceback's text); None otherwise."""
+    lines = text.strip().splitlines()
+    name, found, message = (lines[-1] if lines else "").partition(": ")
+    module, _, class_name = name.rpartition(".")
+    if not found or not module.startswith("hypermedia."):
+        return None
+    cls = next((c for c in _every_class() if c.__name__ == class_name), None)
+    return None if cls is None else _rebuilt(cls, message, {"message": message, "details": {}})

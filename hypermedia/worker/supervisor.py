@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Mapping
@@ -33,7 +34,7 @@ from hypermedia.clock import to_datetime
 from hypermedia.config import Settings, is_secret_setting
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
-from hypermedia.errors import HypermediaError
+from hypermedia.errors import HypermediaError, ServiceUnavailable, from_traceback
 from hypermedia.ids import new_id
 from hypermedia.stack import Stack
 from hypermedia.storage import credentials
@@ -65,6 +66,22 @@ class SupervisorEvents:
 # Facts of the node an actor runs on, not of the head: a spot burst node's boot script
 # sets HYPERMEDIA_SPOT_WATCH, and the actor there reads it from its own environment.
 NODE_SETTINGS = ("spot_watch", "metadata_url", "spot_poll_seconds")
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # Ray colours the task's name in its traceback
+
+
+def start_error(what: str, exc: RayActorError) -> Exception:
+    """Why an actor's constructor failed, for the operator: the error it raised, as
+    itself when it is one of ours (a ConfigError names its key: ``up`` said only
+    ``internal: UnserializableException``, or Ray's whole traceback), else the
+    traceback's last line."""
+    text = _ANSI.sub("", str(exc))
+    error = from_traceback(text)
+    if error is not None:
+        return error
+    last = (text.strip().splitlines() or [type(exc).__name__])[-1]
+    return ServiceUnavailable(f"{what} could not start: {last}")
 
 
 def settings_for_actors(settings: Settings, redis_url: str) -> dict[str, Any]:
@@ -145,7 +162,12 @@ class Supervisor:
                 resources={HEAD_RESOURCE: 0.001},
                 namespace=NAMESPACE,
             ).remote(self.actor_settings, str(path) if path is not None else None)
-            ray.get(self.grants.ping.remote())
+            try:
+                ray.get(self.grants.ping.remote())
+            except RayActorError as exc:
+                if exc.actor_init_failed:
+                    raise start_error("the grants actor", exc) from None
+                raise
         finally:
             if path is not None:
                 credentials.remove(path)
@@ -214,8 +236,8 @@ class Supervisor:
                 try:
                     ray.get(ref)
                 except RayActorError as exc:
-                    if exc.actor_init_failed:
-                        raise  # its constructor raised: another would too
+                    if exc.actor_init_failed:  # its constructor raised: another would too
+                        raise start_error(f"pipeline actor {worker_id}", exc) from None
                     dead.add(worker_id)  # the watcher logs it and starts another
                     continue
                 ready.add(worker_id)

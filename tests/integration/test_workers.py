@@ -8,6 +8,7 @@ import signal
 import threading
 from datetime import timedelta
 
+import pytest
 import ray
 from sqlalchemy import func, select
 
@@ -282,3 +283,39 @@ def test_a_queues_prefetch_reaches_its_actor(pg_engine, settings, tmp_path):
         # batch, so completed_at may come a moment after the next one's start).
         for before, after in itertools.pairwise(rows):
             assert after.started_at - before.started_at >= timedelta(seconds=0.6), rows
+
+
+def test_an_actor_whose_constructor_refuses_its_settings_says_why(
+    sqlite_engine, settings, tmp_path
+):
+    """The actors open the record from their own settings: one that finds no schema
+    there (a node's settings naming another database) refuses with the ConfigError the
+    head would give, and the supervisor's start raises that error, key and advice
+    included. `up` said only ``internal: UnserializableException`` (a ConfigError did
+    not unpickle), and Ray's error, had it crossed, holds the whole traceback."""
+    from hypermedia.errors import ConfigError
+    from hypermedia.stack import Stack
+    from hypermedia.worker.supervisor import Supervisor, settings_for_actors
+    from tests.pipelines_for_tests import PRELOAD
+    from tests.ray_support import kill_our_actors, shared_head
+
+    made = settings()
+    stack = Stack.open(made, engine=sqlite_engine, auto_migrate=True)
+    try:
+        shared_head()
+        assert made.redis_url is not None
+        actor_settings = settings_for_actors(made, made.redis_url)
+        actor_settings["database_url"] = f"sqlite:///{tmp_path / 'empty.db'}"
+        supervisor = Supervisor(stack, actor_settings, {"images": 1}, preload=PRELOAD)
+        try:
+            with pytest.raises(ConfigError) as refused:
+                supervisor.start()
+            assert refused.value.code == "config_invalid"
+            assert refused.value.message.startswith("database_url (HYPERMEDIA_DATABASE_URL): ")
+            assert "run `hypermedia db upgrade`" in refused.value.message
+        finally:
+            supervisor.stop(drain_timeout=5)
+    finally:
+        if ray.is_initialized():
+            kill_our_actors()
+        stack.close()
