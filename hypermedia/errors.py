@@ -15,6 +15,7 @@ translated where they enter, with ``raise ... from exc``.
     │   ├── CallbackNotAllowed 422 a callback_url whose host is not in the server's callback_hosts
     │   ├── InputTooLarge   413  object bigger than the profile allows
     │   ├── RequestTooLarge 413  a request body over its route's limit
+    │   ├── UnsupportedMediaType 415 a JSON route's body sent as another type (curl -d's)
     │   ├── InspectionLimit 422  inspecting the upload passed its CPU/memory/time budget
     │   ├── InspectionCrashed 422 the upload's inspector died of a signal parsing it
     │   └── InputRejected   422  the object's content is refused for the operation
@@ -148,6 +149,14 @@ class RequestTooLarge(InvalidRequest):
 
     code = "request_too_large"
     status = 413
+
+
+class UnsupportedMediaType(InvalidRequest):
+    """A route that takes JSON was sent its body under another ``Content-Type`` (none,
+    or ``curl -d``'s ``application/x-www-form-urlencoded``): not read as JSON at all."""
+
+    code = "unsupported_media_type"
+    status = 415
 
 
 class UploadTooSlow(InvalidRequest):

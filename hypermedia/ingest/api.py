@@ -183,7 +183,7 @@ router = APIRouter()
     operation_id="submitJobs",
     status_code=202,
     summary="Submit processing jobs for an object",
-    responses=_errors(400, 402, 403, 404, 409, 413, 429, 503),
+    responses=_errors(400, 402, 403, 404, 409, 413, 415, 429, 503),
     tags=["jobs"],
 )
 def process(
@@ -621,7 +621,7 @@ def _admit_upload(
     operation_id="registerObject",
     status_code=201,
     summary="Register a file already in storage",
-    responses=_errors(400, 404, 409, 413, 429),
+    responses=_errors(400, 404, 409, 413, 415, 429),
     tags=["objects"],
 )
 async def register_object(
@@ -842,7 +842,7 @@ class BulkRunRequest(RunSpec):
     f"{PREFIX}/bulk/runs",
     operation_id="createBulkRun",
     summary="Start a bulk regenerate, backfill or migrate run (operators only)",
-    responses=_errors(403, 404),
+    responses=_errors(403, 404, 413, 415),
     tags=["operators"],
     response_model=BulkRunOut | BulkEstimateOut,
 )
@@ -901,7 +901,7 @@ def change_bulk_run(
     f"{PREFIX}/bulk/runs/{{run_id}}",
     operation_id="updateBulkRun",
     summary="Change a bulk run's max_in_flight while it runs (operators only)",
-    responses=_errors(403, 404, 409),
+    responses=_errors(403, 404, 409, 413, 415),
     tags=["operators"],
 )
 def update_bulk_run(

@@ -8,7 +8,10 @@
   :data:`OUTAGE_MESSAGES`' words, with no details, the driver's or the disk's going to
   the log);
 * a request FastAPI cannot validate is 422 ``invalid_request``, the message
-  naming each bad field by its path (``body.operations: ...``);
+  naming each bad field by its path (``body.operations: ...``; a body that is not JSON:
+  where and why, in :mod:`json`'s words); a JSON route's body sent under another
+  ``Content-Type`` (none, or ``curl -d``'s form type: FastAPI does not read it as
+  JSON) is 415 ``unsupported_media_type`` naming the header to send;
 * unknown routes and methods are 404 ``not_found`` / 405 ``method_not_allowed``;
 * a value the database refused (SQLAlchemy's ``DataError``: a NUL in text, a number out
   of its column's range) is 400 ``invalid_request``: a last line behind the checks of
@@ -39,6 +42,7 @@ from hypermedia.errors import (
     HypermediaError,
     InvalidRequest,
     QueueUnavailable,
+    UnsupportedMediaType,
 )
 from hypermedia.storage.base import StorageFull, StorageUnavailable
 
@@ -117,15 +121,48 @@ async def _on_hypermedia_error(_request: Request, exc: Exception) -> JSONRespons
     return error_response(exc)
 
 
-async def _on_validation_error(_request: Request, exc: Exception) -> JSONResponse:
+async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
+    errors = exc.errors()
+    content_type = request.headers.get("content-type")
+    if not _is_json(content_type) and any(_body_unread(error) for error in errors):
+        said = "named none" if not content_type else f"said {content_type!r}"
+        return error_response(
+            UnsupportedMediaType(
+                "this route takes a JSON body: send it with Content-Type: application/json"
+                f" (the request {said})",
+                content_type=content_type,
+            )
+        )
     problems = []
-    for error in exc.errors():
+    for error in errors:
         path = ".".join(str(part) for part in error.get("loc", ()))
-        problems.append({"path": path, "message": str(error.get("msg", "")), "type": error["type"]})
+        message = str(error.get("msg", ""))
+        if error["type"] == "json_invalid":
+            # FastAPI's loc is ("body", <character>) and its msg "JSON decode error".
+            at = error.get("loc", ("body",))[1:]
+            path = "body"
+            reason = error.get("ctx", {}).get("error", "")
+            message = f"not valid JSON{f' at character {at[0]}' if at else ''}: {reason}"
+        problems.append({"path": path, "message": message, "type": error["type"]})
     message = "; ".join(f"{p['path']}: {p['message']}" for p in problems) or "invalid request"
     body = {"code": InvalidRequest.code, "message": message, "details": {"errors": problems}}
     return _error(422, body)
+
+
+def _is_json(content_type: str | None) -> bool:
+    """Whether FastAPI reads a body of ``content_type`` as JSON (``application/json``,
+    ``application/*+json``, with parameters or not)."""
+    if not content_type:
+        return False
+    kind = content_type.partition(";")[0].strip().lower()
+    main, _, sub = kind.partition("/")
+    return main == "application" and (sub == "json" or sub.endswith("+json"))
+
+
+def _body_unread(error: Any) -> bool:
+    """FastAPI's error for a model body it was given as bytes (not read as JSON)."""
+    return tuple(error.get("loc", ())) == ("body",) and error["type"] == "model_attributes_type"
 
 
 async def _on_data_error(request: Request, exc: Exception) -> JSONResponse:

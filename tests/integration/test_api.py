@@ -158,6 +158,47 @@ def test_process_rejects_bad_input(api, alice):
 
 
 @pytest.mark.parametrize(
+    "content_type", [None, "application/x-www-form-urlencoded", "text/plain", "text/json"]
+)
+def test_a_json_body_sent_as_another_type_is_415_saying_which_type_to_send(
+    api, alice, content_type
+):
+    """`curl -d '{...}'` sends application/x-www-form-urlencoded: valid JSON under another
+    type was 422 "body: Input should be a valid dictionary or object to extract fields
+    from", which says nothing of the header a person has to change."""
+    obj = upload(api, alice)
+    body = f'{{"object_id": "{obj["object_id"]}", "operations": ["thumbnail"]}}'.encode()
+    headers = (
+        bearer(alice) if content_type is None else {**bearer(alice), "Content-Type": content_type}
+    )
+    error = assert_error(
+        api.post(f"{P}/process", content=body, headers=headers), 415, "unsupported_media_type"
+    )
+    assert "Content-Type: application/json" in error["message"]
+    if content_type is not None:
+        assert content_type in error["message"]
+    assert count(stack=api.app.state.stack, table=t.jobs) == 0
+    # The same body as JSON is taken; so is a JSON type with parameters.
+    headers = {**bearer(alice), "Content-Type": "application/json; charset=utf-8"}
+    assert api.post(f"{P}/process", content=body, headers=headers).status_code == 202
+    # A JSON body of the wrong shape is still the schema's 422.
+    wrong = api.post(f"{P}/process", json=[1, 2], headers=bearer(alice))
+    assert_error(wrong, 422, "invalid_request")
+
+
+def test_a_body_that_is_not_json_says_where_and_why(api, alice):
+    response = api.post(
+        f"{P}/process",
+        content=b'{"object_id": "x", operations: []}',
+        headers={**bearer(alice), "Content-Type": "application/json"},
+    )
+    error = assert_error(response, 422, "invalid_request")
+    # json's own words and the position: "JSON decode error" alone said neither.
+    assert "Expecting property name enclosed in double quotes" in error["message"]
+    assert "character 19" in error["message"]
+
+
+@pytest.mark.parametrize(
     ("operation", "params", "named"),
     [
         ("thumbnail", {"width": 10**40}, "width"),
@@ -794,6 +835,12 @@ def test_openapi_error_answers_have_the_one_shape_the_server_sends(api):
                 )
                 if status in ("429", "503"):
                     assert "Retry-After" in response.get("headers", {}), (method, path)
+    for path, methods in document["paths"].items():
+        for method, operation in methods.items():
+            if "application/json" in operation.get("requestBody", {}).get("content", {}):
+                # Every JSON body can be too large, or sent under another type.
+                assert {"413", "415"} <= set(operation["responses"]), (method, path)
+    assert "unsupported_media_type" in document["components"]["schemas"]["ErrorCode"]["enum"]
     for path in (f"{P}/objects", f"{P}/blobs/{{key}}"):
         assert "408" in document["paths"][path]["put"]["responses"], path
     upload = document["paths"][f"{P}/objects"]["put"]
