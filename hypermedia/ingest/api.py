@@ -171,6 +171,11 @@ ObjectId = Annotated[fields.Text, Path(min_length=1, max_length=64)]
 OutputType = Annotated[fields.Text, Path(min_length=1, max_length=64)]
 # An attempt's number is a 32-bit integer in the record.
 AttemptNumber = Annotated[int, Path(ge=1, le=2**31 - 1)]
+CreatedTime = Annotated[
+    datetime | None,
+    Query(description="An ISO 8601 time with its zone (`Z`, `+02:00`)."),
+    AfterValidator(lambda moment: None if moment is None else _in_utc(moment)),
+]
 
 router = APIRouter()
 
@@ -238,8 +243,8 @@ def list_jobs(
     operation: Annotated[fields.Text | None, Query(max_length=64)] = None,
     object_id: Annotated[fields.Text | None, Query(max_length=64)] = None,
     submission_id: Annotated[str | None, Query(pattern=fields.ID_PATTERN)] = None,
-    created_after: datetime | None = None,
-    created_before: datetime | None = None,
+    created_after: CreatedTime = None,
+    created_before: CreatedTime = None,
     cursor: Annotated[
         str | None,
         Query(pattern=r"^[0-9a-f]{32}$", description="`next_cursor` of the page before."),
@@ -253,24 +258,23 @@ def list_jobs(
         operation=operation,
         object_id=object_id,
         submission_id=submission_id,
-        created_after=_aware(created_after, "created_after"),
-        created_before=_aware(created_before, "created_before"),
+        created_after=created_after,
+        created_before=created_before,
     )
     with snapshot(stack.engine) as conn:
         page = queries.list_jobs(conn, caller.user_id, filters, cursor=cursor, limit=limit)
     return JobsPage(jobs=[job_summary(row) for row in page.jobs], next_cursor=page.next_cursor)
 
 
-def _aware(moment: datetime | None, name: str) -> datetime | None:
-    """``moment`` in UTC, which the record compares it in."""
-    if moment is None:
-        return None
+def _in_utc(moment: datetime) -> datetime:
+    """``moment`` in UTC, which the record compares it in (a ValueError: 422 naming the
+    parameter, as for any other bad query parameter)."""
     if moment.tzinfo is None:
-        raise InvalidRequest(f"{name} needs a time zone (e.g. Z or +00:00)", field=name)
+        raise ValueError("needs a time zone (e.g. Z or +00:00)")
     try:
         return moment.astimezone(UTC)
     except OverflowError:  # 9999-12-31T23:59:59-23:59 is in the year 10000 in UTC
-        raise InvalidRequest(f"{name} is outside the years 1-9999 in UTC", field=name) from None
+        raise ValueError("is outside the years 1-9999 in UTC") from None
 
 
 @router.get(
