@@ -16,6 +16,7 @@ translated where they enter, with ``raise ... from exc``.
     │   ├── InputTooLarge   413  object bigger than the profile allows
     │   ├── RequestTooLarge 413  a request body over its route's limit
     │   ├── UnsupportedMediaType 415 a JSON route's body sent as another type (curl -d's)
+    │   ├── RangeNotSatisfiable 416 a blob download's Range past the blob's end
     │   ├── InspectionLimit 422  inspecting the upload passed its CPU/memory/time budget
     │   ├── InspectionCrashed 422 the upload's inspector died of a signal parsing it
     │   └── InputRejected   422  the object's content is refused for the operation
@@ -157,6 +158,13 @@ class UnsupportedMediaType(InvalidRequest):
 
     code = "unsupported_media_type"
     status = 415
+
+
+class RangeNotSatisfiable(InvalidRequest):
+    """A blob download's ``Range`` starts past the blob's end."""
+
+    code = "range_not_satisfiable"
+    status = 416
 
 
 class UploadTooSlow(InvalidRequest):

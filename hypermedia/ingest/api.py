@@ -52,12 +52,13 @@ from hypermedia.errors import (
     InputTooLarge,
     InvalidRequest,
     NotFound,
+    RangeNotSatisfiable,
 )
 from hypermedia.ids import new_id
-from hypermedia.ingest import events, fields, openapi, queries, uploads
+from hypermedia.ingest import events, fields, openapi, queries, ranges, uploads
 from hypermedia.ingest.auth import Authenticator
 from hypermedia.ingest.guard import RequestGuard, RouteRule, Rules
-from hypermedia.ingest.http_errors import install_error_handlers
+from hypermedia.ingest.http_errors import error_response, install_error_handlers
 from hypermedia.ingest.inspection import InspectionBudget, InspectionRunner
 from hypermedia.ingest.schemas import (
     AttemptLogResponse,
@@ -312,7 +313,8 @@ def get_output_url(
     job_id: JobId, output_type: OutputType, caller: CallerDep, stack: StackDep
 ) -> OutputUrlResponse:
     """A GET URL signed for ``download_url_ttl_seconds`` (5 minutes by default): hand it
-    to a browser; it needs no API key."""
+    to a browser; it needs no API key, and serves a ``Range`` of bytes (a ``<video>``
+    seeks with them)."""
     with snapshot(stack.engine) as conn:
         found = queries.output(conn, caller.user_id, job_id, output_type)
     if found is None:
@@ -729,10 +731,64 @@ def _local_storage(stack: Stack) -> LocalStorage:
     return stack.storage
 
 
-def _file_chunks(handle: BinaryIO, chunk_size: int = 1 << 20) -> Iterator[bytes]:
+def _file_chunks(
+    handle: BinaryIO, start: int, length: int, chunk_size: int = 1 << 20
+) -> Iterator[bytes]:
     with handle:
-        while chunk := handle.read(chunk_size):
+        handle.seek(start)
+        while length > 0 and (chunk := handle.read(min(chunk_size, length))):
+            length -= len(chunk)
             yield chunk
+
+
+_BLOB_RANGE = Header(
+    alias="Range",
+    description="One range of bytes (`bytes=0-1023`, `bytes=1024-`, `bytes=-1024`): 206 "
+    "with those bytes and `Content-Range`; past the end: 416. Several ranges, or with "
+    "`If-Range`: the whole blob (200).",
+)
+_BLOB_HEADERS = {
+    "Content-Length": {"schema": {"type": "integer"}},
+    "Accept-Ranges": {"schema": {"type": "string", "enum": ["bytes"]}},
+}
+
+
+def _blob_answer(
+    request: Request, stack: Stack, key: str, expires: str | None, sig: str | None
+) -> Response:
+    """The answer to a GET (or HEAD: the same, without the bytes) of a signed blob URL."""
+    storage = _local_storage(stack)
+    storage.verify("GET", key, expires, sig)
+    handle, size = storage.open(key)
+    try:
+        wanted = ranges.requested(
+            request.headers.get("range"), size, if_range=request.headers.get("if-range")
+        )
+    except ranges.Unsatisfiable:
+        handle.close()
+        refused = error_response(
+            RangeNotSatisfiable(
+                f"the range {request.headers.get('range')!r} starts past the blob's {size} bytes",
+                size_bytes=size,
+            )
+        )
+        refused.headers["Content-Range"] = f"bytes */{size}"
+        return refused
+    headers = {"Accept-Ranges": "bytes", "Content-Length": str(size)}
+    status, start, length = 200, 0, size
+    if wanted is not None:
+        status, start, length = 206, wanted.start, wanted.length
+        headers.update({"Content-Length": str(length), "Content-Range": wanted.content_range})
+    media_type = "application/octet-stream"
+    if request.method == "HEAD":
+        handle.close()
+        return Response(status_code=status, headers=headers, media_type=media_type)
+    return StreamingResponse(
+        _file_chunks(handle, start, length),
+        status_code=status,
+        media_type=media_type,
+        headers=headers,
+    )
 
 
 @router.get(
@@ -741,23 +797,56 @@ def _file_chunks(handle: BinaryIO, chunk_size: int = 1 << 20) -> Iterator[bytes]
     summary="Read a stored blob through a signed URL (no API key)",
     response_class=StreamingResponse,
     responses={
-        200: {"content": {"application/octet-stream": {"schema": {"type": "string"}}}},
+        200: {
+            "content": {"application/octet-stream": {"schema": {"type": "string"}}},
+            "headers": _BLOB_HEADERS,
+        },
+        206: {
+            "description": "The range asked for (`Content-Range` says which).",
+            "content": {"application/octet-stream": {"schema": {"type": "string"}}},
+            "headers": {**_BLOB_HEADERS, "Content-Range": {"schema": {"type": "string"}}},
+        },
         **_BLOB_ERRORS,
+        **_error_responses(416),
     },
     tags=["storage"],
 )
 def read_blob(
-    key: str, stack: StackDep, expires: str | None = None, sig: str | None = None
-) -> StreamingResponse:
-    """Streams the bytes at ``key`` if ``expires`` and ``sig`` sign a GET of it."""
-    storage = _local_storage(stack)
-    storage.verify("GET", key, expires, sig)
-    handle, size = storage.open(key)
-    return StreamingResponse(
-        _file_chunks(handle),
-        media_type="application/octet-stream",
-        headers={"Content-Length": str(size)},
-    )
+    key: str,
+    request: Request,
+    stack: StackDep,
+    expires: str | None = None,
+    sig: str | None = None,
+    byte_range: Annotated[str | None, _BLOB_RANGE] = None,
+) -> Response:
+    """Streams the bytes at ``key`` (or one range of them) if ``expires`` and ``sig``
+    sign a GET of it."""
+    return _blob_answer(request, stack, key, expires, sig)
+
+
+@router.head(
+    f"{PREFIX}/blobs/{{key:path}}",
+    operation_id="headBlob",
+    summary="A stored blob's size, through a signed GET URL (no API key)",
+    responses={
+        200: {
+            "description": "What a GET would answer, without the bytes.",
+            "headers": _BLOB_HEADERS,
+        },
+        **_BLOB_ERRORS,
+    },
+    response_class=Response,
+    tags=["storage"],
+)
+def head_blob(
+    key: str,
+    request: Request,
+    stack: StackDep,
+    expires: str | None = None,
+    sig: str | None = None,
+    byte_range: Annotated[str | None, _BLOB_RANGE] = None,
+) -> Response:
+    return _blob_answer(request, stack, key, expires, sig)
 
 
 @router.put(
