@@ -129,8 +129,9 @@ def _error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
 
 
 def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    """A keyed route's errors: ``statuses``, 401 and 422 (a malformed request)."""
-    return _error_responses(*statuses, 401, 422)
+    """A keyed route's errors: ``statuses``, 401, 422 (a malformed request) and 503 (the
+    key is checked in the database first: while it is down, every keyed route is 503)."""
+    return _error_responses(*statuses, 401, 422, 503)
 
 
 # -- dependencies -----------------------------------------------------------------------

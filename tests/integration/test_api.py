@@ -887,3 +887,36 @@ def test_openapi_names_every_operation_and_enumerates_operations_and_error_codes
     ):
         assert code in codes
     assert schemas["ErrorBody"]["properties"]["code"]["$ref"] == "#/components/schemas/ErrorCode"
+
+
+def test_every_keyed_route_documents_the_503_it_answers_while_the_database_is_down(
+    private_postgres: support.PrivatePostgres, settings
+):
+    """The key is checked in the database before anything else: with PostgreSQL down every
+    keyed route answers 503 database_unavailable with Retry-After, while the document
+    listed a 503 for submitJobs, uploadObject and streamJobEvents only: a generated
+    client met a status its route does not know."""
+    stack = Stack.open(settings(database_url=private_postgres.url), auto_migrate=True)
+    try:
+        alice = add_user(stack, "alice")
+        with TestClient(create_app(stack, auth_cache_seconds=0)) as api:
+            document = api.get("/openapi.json").json()
+            private_postgres.stop()
+            keyed = [
+                (method, path)
+                for path, methods in document["paths"].items()
+                for method, operation in methods.items()
+                if operation.get("security")
+            ]
+            assert len(keyed) > 15
+            values = {"job_id": "0" * 32, "submission_id": "0" * 32, "run_id": "0" * 32}
+            for method, path in keyed:
+                operation = document["paths"][path][method]
+                assert "503" in operation["responses"], (method, path)
+                assert "Retry-After" in operation["responses"]["503"]["headers"]
+                url = re.sub(r"\{(\w+)\}", lambda m: values.get(m[1], "1"), path)
+                response = api.request(method.upper(), url, headers=bearer(alice))
+                assert_error(response, 503, "database_unavailable")
+                assert response.headers["retry-after"] == "5"
+    finally:
+        stack.close()
