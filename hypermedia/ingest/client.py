@@ -16,7 +16,9 @@ sent as ``http_status`` (an ``int``), which is not always the class's ``status``
 class's usual one: a body the API's schema refuses is 422 ``invalid_request``, while
 ``InvalidRequest.status`` is 400): switch on ``code``, or read ``http_status`` for the
 answer's status. A server that cannot be reached, or sent no answer, raises
-:class:`ServiceUnavailable` with ``http_status`` None.
+:class:`ServiceUnavailable` with ``http_status`` None; an answer that is not what the
+API sends (a web page at a base URL that is not the API's, a value of a newer server's
+this client does not know) a plain :class:`HypermediaError` saying so.
 
 Retries (``retries``, 2 by default; backoff 0.5 s doubling, or the ``Retry-After``
 the server sends): a request that never reached the server (the connection was
@@ -44,7 +46,7 @@ from types import TracebackType
 from typing import Any, Self, TypeVar
 
 import httpx
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from hypermedia.errors import ConfigError, HypermediaError, ServiceUnavailable, error_classes
 from hypermedia.ingest.schemas import (
@@ -165,8 +167,16 @@ class HypermediaClient:
                 continue
             if response.status_code >= 400:
                 raise error_from_response(response.status_code, _json_or_none(response))
-            return model.model_validate_json(response.content)
+            return self._read(response, model)
         raise AssertionError("unreachable")
+
+    def _read(self, response: httpx.Response, model: type[_Model]) -> _Model:
+        """The answer as ``model``; one that is not (a web page at a base URL that is not
+        the API's, a value a newer server added) a HypermediaError saying so."""
+        try:
+            return model.model_validate_json(response.content)
+        except ValidationError as exc:
+            raise _unreadable(response, model.__name__, _problems(exc)) from exc
 
     def _backoff(self, attempt: int, retry_after: str | None) -> None:
         delay = min(_BACKOFF_MAX, _BACKOFF_BASE * 2 ** (attempt - 1))
@@ -463,12 +473,19 @@ class HypermediaClient:
                 if response.status_code in (429, 503):
                     raise _StreamRefused(error, response.headers.get("Retry-After", ""))
                 raise error
-            for event in _server_sent_events(response.iter_lines(), state):
-                if event is not None:
-                    state.seen(event)
-                    yield event
-                if deadline is not None and time.monotonic() >= deadline:
-                    return  # events() says it timed out
+            if not response.headers.get("content-type", "").startswith("text/event-stream"):
+                # Not the API (a web page): following it again and again would never end.
+                raise _unreadable(response, "event stream", "not text/event-stream")
+            events = _server_sent_events(response.iter_lines(), state)
+            try:
+                for event in events:
+                    if event is not None:
+                        state.seen(event)
+                        yield event
+                    if deadline is not None and time.monotonic() >= deadline:
+                        return  # events() says it timed out
+            except ValueError as exc:  # json's, or pydantic's ValidationError
+                raise _unreadable(response, "JobEvent", _problems(exc)) from exc
 
     def wait(self, job_id: str, timeout: float = 300.0) -> JobResponse:
         """Follow the job's events (:meth:`events`) until it is completed, failed or
@@ -496,7 +513,7 @@ class HypermediaClient:
             ) from exc
         if response.status_code not in (200, 503):
             raise error_from_response(response.status_code, _json_or_none(response))
-        return HealthResponse.model_validate_json(response.content)
+        return self._read(response, HealthResponse)
 
 
 _RETRIED_STATUSES = frozenset({502, 503, 504})
@@ -558,6 +575,29 @@ def _server_sent_events(lines: Iterable[str], state: _Following) -> Iterator[Job
             data.append(value)
         elif name == "retry" and value.isdigit():
             state.retry = int(value) / 1000
+
+
+def _unreadable(response: httpx.Response, expected: str, problem: str) -> HypermediaError:
+    """A HypermediaError for an answer that is not the ``expected`` the API sends."""
+    content_type = response.headers.get("content-type", "no Content-Type")
+    request = response.request
+    error = HypermediaError(
+        f"the answer to {request.method} {request.url} (HTTP {response.status_code},"
+        f" {content_type}) is not a {expected} this client can read ({problem}):"
+        " is it the hypermedia API, and of a version this client knows?",
+        url=str(request.url),
+    )
+    error.http_status = response.status_code
+    return error
+
+
+def _problems(exc: ValueError) -> str:
+    if not isinstance(exc, ValidationError):
+        return str(exc)
+    return "; ".join(
+        f"{'.'.join(str(part) for part in e['loc']) or 'body'}: {e['msg']}"
+        for e in exc.errors()[:3]
+    )
 
 
 def _json_or_none(response: httpx.Response) -> Any:

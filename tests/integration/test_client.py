@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import hashlib
+import json
+import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from fastapi.testclient import TestClient
+from pydantic import ValidationError
 from sqlalchemy import func, select
 
 from hypermedia.db import tables as t
@@ -18,6 +23,7 @@ from hypermedia.errors import (
     AuthenticationFailed,
     Conflict,
     Forbidden,
+    HypermediaError,
     IllegalTransition,
     InvalidRequest,
     NotFound,
@@ -305,6 +311,90 @@ def test_client_errors_carry_the_http_status_the_server_sent(stack, base_url):
     ):
         client.credits()
     assert unreachable.value.http_status is None
+
+
+@contextmanager
+def answering(status: int, content_type: str, body: bytes) -> Iterator[str]:
+    """A real HTTP server that answers every request ``status`` with ``body``: what a
+    base URL that is not the API (a web tier's catch-all page) or a newer API sends."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def _answer(self) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = do_PUT = _answer
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+def test_an_answer_the_client_cannot_read_is_a_hypermedia_error_naming_the_url():
+    """A 200 that is not the API's JSON escaped as pydantic's ValidationError, which
+    ``except HypermediaError`` (the module's promise) does not catch and the CLI showed
+    as "internal: ValidationError: 1 validation error for CreditsResponse"."""
+    page = b"<!doctype html><title>web tier</title>"
+    with answering(200, "text/html", page) as url, HypermediaClient(url, "hm_x_y") as client:
+        for call in (client.credits, lambda: client.job("0" * 32), client.health):
+            with pytest.raises(HypermediaError) as unreadable:
+                call()
+            error = unreadable.value
+            assert error.http_status == 200
+            assert url in error.message and "text/html" in error.message
+            assert "is it the hypermedia API" in error.message
+            assert isinstance(error.__cause__, ValidationError)
+        # Following its events was reconnecting every 2 s until wait()'s timeout.
+        with pytest.raises(HypermediaError, match="not text/event-stream") as stream:
+            client.wait("0" * 32, timeout=30)
+        assert stream.value.http_status == 200
+    # A newer server's job in a status this client does not know: named, not a crash.
+    job = client_job_json(status="paused")
+    with (
+        answering(200, "application/json", job) as url,
+        HypermediaClient(url, "hm_x_y") as client,
+        pytest.raises(HypermediaError, match="status") as unknown,
+    ):
+        client.job("0" * 32)
+    assert "JobResponse" in unknown.value.message
+    event = b'id: 1-0\ndata: {"type": "status", "status": "paused"}\n\n'
+    with (
+        answering(200, "text/event-stream", event) as url,
+        HypermediaClient(url, "hm_x_y") as client,
+        pytest.raises(HypermediaError, match="JobEvent") as unknown,
+    ):
+        list(client.events("0" * 32, timeout=30))
+    assert "status" in unknown.value.message
+
+
+def client_job_json(**fields: object) -> bytes:
+    job = {
+        "job_id": "0" * 32,
+        "object_id": "o",
+        "operation": "thumbnail",
+        "queue": "images",
+        "priority": 5,
+        "status": "queued",
+        "cancel_requested": False,
+        "attempt_count": 0,
+        "max_attempts": 3,
+        "estimated_credits": 0.1,
+        "created_at": "2026-01-01T00:00:00Z",
+        **fields,
+    }
+    return json.dumps(job).encode()
 
 
 def test_unreachable_server_is_service_unavailable():
