@@ -37,13 +37,16 @@ out.
 from __future__ import annotations
 
 import json
+import os
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from datetime import datetime
+from os import PathLike
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, BinaryIO, Self, TypeVar, cast
 
 import httpx
 from pydantic import BaseModel, ValidationError
@@ -202,50 +205,46 @@ class HypermediaClient:
 
     def upload(
         self,
-        source: Path | str | bytes,
+        source: Path | str | bytes | BinaryIO | Iterable[bytes],
         filename: str | None = None,
         pool_id: str | None = None,
         *,
         content_type: str = "application/octet-stream",
         idempotency_key: str | None = None,
     ) -> ObjectResponse:
-        """Upload a file (streamed from disk, afresh for each try) or bytes;
-        ``filename`` defaults to the file's name.
+        """Upload a file: a path (streamed from disk, afresh for each try), bytes, a
+        binary file object (streamed from where it stands: a seekable one, such as an
+        open file or a web framework's uploaded file, afresh from there for each try) or
+        an iterable of bytes (streamed without a ``Content-Length``). ``filename``
+        defaults to the path's or the file object's name; bytes and iterables need one.
 
         The upload carries ``idempotency_key`` (a new random one when None), so that a
         try whose answer was lost is retried safely: the server stores nothing more and
-        answers with the first object (``replayed``). When every try failed, the
-        :class:`ServiceUnavailable` names the key in its details (``idempotency_key``):
-        upload again with it to get the object, if there is one."""
-        if isinstance(source, bytes):
-            if filename is None:
-                raise ValueError("filename is required when uploading bytes")
-            data = source
-
-            def content() -> bytes | Iterable[bytes]:
-                return data
-        else:
-            path = Path(source)
-            filename = filename or path.name
-
-            def content() -> bytes | Iterable[bytes]:
-                return _file_chunks(path)
-
+        answers with the first object (``replayed``). A source that can be read only once
+        (an iterable, a pipe) is not sent again once its bytes started: such a try
+        raises. When every try failed, the :class:`ServiceUnavailable` names the key in
+        its details (``idempotency_key``): upload again with it to get the object, if
+        there is one."""
+        body = _upload_body(source)
+        filename = filename or body.name
+        if filename is None:
+            raise ValueError("filename is required when uploading bytes or an iterable")
         params = {"filename": filename}
         if pool_id is not None:
             params["pool_id"] = pool_id
         key = idempotency_key or uuid.uuid4().hex
         headers = {"Content-Type": content_type, "Idempotency-Key": key}
-        if not isinstance(source, bytes):
-            headers["Content-Length"] = str(Path(source).stat().st_size)
+        if body.size is not None:
+            headers["Content-Length"] = str(body.size)
         try:
             return self._request(
                 "PUT",
                 f"{PREFIX}/objects",
                 ObjectResponse,
-                replayable=True,  # the key: a retry is answered with the first object
+                # The key: a retry is answered with the first object, if it can be sent.
+                replayable=body.replayable,
                 params=params,
-                content=content,
+                content=body.content,
                 headers=headers,
             )
         except ServiceUnavailable as exc:
@@ -609,5 +608,71 @@ def _json_or_none(response: httpx.Response) -> Any:
 
 def _file_chunks(path: Path, chunk_size: int = 1 << 20) -> Iterable[bytes]:
     with path.open("rb") as handle:
-        while chunk := handle.read(chunk_size):
+        yield from _read_chunks(handle, chunk_size)
+
+
+def _read_chunks(handle: BinaryIO, chunk_size: int = 1 << 20) -> Iterator[bytes]:
+    while chunk := handle.read(chunk_size):
+        yield chunk
+
+
+@dataclass(frozen=True, slots=True)
+class _UploadBody:
+    """What an upload sends: ``content()`` makes the body for a try; ``replayable``: a
+    try that may have reached the server can be sent again (see :func:`_upload_body`)."""
+
+    content: Callable[[], bytes | Iterable[bytes]]
+    size: int | None  # None: unknown, sent chunked
+    name: str | None  # the file's, when it has one
+    replayable: bool
+
+
+def _upload_body(source: Path | str | bytes | BinaryIO | Iterable[bytes]) -> _UploadBody:
+    if isinstance(source, bytes | bytearray | memoryview):
+        data = bytes(source)
+        return _UploadBody(lambda: data, len(data), None, True)
+    if isinstance(source, str | PathLike):
+        path = Path(source)
+        return _UploadBody(lambda: _file_chunks(path), path.stat().st_size, path.name, True)
+    name = getattr(source, "name", None)
+    name = Path(name).name if isinstance(name, str) and name else None
+    if hasattr(source, "read"):
+        handle = cast(BinaryIO, source)
+        if handle.seekable():
+            start = handle.tell()
+            size = handle.seek(0, os.SEEK_END) - start
+            handle.seek(start)
+
+            def from_start() -> Iterable[bytes]:
+                handle.seek(start)
+                return _read_chunks(handle)
+
+            return _UploadBody(from_start, size, name, True)
+        return _UploadBody(_Once(_read_chunks(handle)), None, name, False)
+    if isinstance(source, Iterable):
+        return _UploadBody(_Once(iter(source)), None, name, False)
+    raise TypeError(
+        f"cannot upload a {type(source).__name__}: pass a path, bytes, a file or chunks"
+    )
+
+
+class _Once:
+    """The body of a source that can be read once: handed out again only while none of
+    it was sent (a connection refused before the body went out)."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self._chunks = chunks
+        self._started = False
+
+    def __call__(self) -> Iterable[bytes]:
+        if self._started:
+            raise ServiceUnavailable(
+                "the upload's connection broke after part of its body was sent, and the"
+                " body (an iterable, a pipe) cannot be read again: upload it again",
+            )
+        return self._sent()
+
+    def _sent(self) -> Iterator[bytes]:
+        for chunk in self._chunks:
+            self._started = True
             yield chunk

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import json
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -233,6 +235,60 @@ def test_an_upload_whose_answer_was_lost_is_retried_without_a_second_object(
     assert _originals(stack, alice.user_id) == (1, len(IMAGE))
     stored = [p for p in stack.settings.storage_dir.rglob("*") if p.is_file()]
     assert [p.name for p in stored] == [obj.object_id]
+
+
+def test_an_upload_takes_a_file_object_or_chunks(stack, base_url, tmp_path):
+    """A web tier holds an uploaded file as a file object (an open file, a framework's
+    upload, a BytesIO) or a stream of chunks: upload() took a path or bytes only, and
+    raised TypeError ("expected str, bytes or os.PathLike object, not BufferedReader")."""
+    alice = add_user(stack, "alice")
+    source = tmp_path / "photo.jpg"
+    source.write_bytes(b"HEADER" + IMAGE)
+    sha = hashlib.sha256(IMAGE).hexdigest()
+    with HypermediaClient(base_url, alice.api_key) as client:
+        with source.open("rb") as handle:
+            handle.seek(len(b"HEADER"))  # from where it stands
+            from_file = client.upload(handle)
+        assert (from_file.filename, from_file.size_bytes, from_file.sha256) == (
+            "photo.jpg",
+            len(IMAGE),
+            sha,
+        )
+        from_memory = client.upload(io.BytesIO(IMAGE), "memory.jpg")
+        assert (from_memory.size_bytes, from_memory.sha256) == (len(IMAGE), sha)
+        chunks = (IMAGE[i : i + 1000] for i in range(0, len(IMAGE), 1000))
+        from_chunks = client.upload(chunks, "chunks.jpg")  # no Content-Length: chunked
+        assert (from_chunks.size_bytes, from_chunks.sha256) == (len(IMAGE), sha)
+        read, write = os.pipe()
+        with os.fdopen(write, "wb") as writer:
+            writer.write(IMAGE)
+        with os.fdopen(read, "rb") as pipe:
+            assert not pipe.seekable()
+            from_pipe = client.upload(pipe, "pipe.jpg")
+        assert (from_pipe.size_bytes, from_pipe.sha256) == (len(IMAGE), sha)
+        with pytest.raises(ValueError, match="filename is required"):
+            client.upload(iter([IMAGE]))
+
+
+def test_a_file_object_is_sent_again_from_where_it_stood_and_chunks_are_not(stack, base_url):
+    alice = add_user(stack, "alice")
+    with (
+        AnswerDropper(base_url, b"PUT /v1/hypermedia/objects", drops=1) as proxy,
+        HypermediaClient(proxy.url, alice.api_key) as client,
+    ):
+        handle = io.BytesIO(b"skip" + IMAGE)
+        handle.seek(4)
+        obj = client.upload(handle, "a.jpg")
+        assert proxy.dropped == 1 and obj.replayed  # sent again, from byte 4
+        assert obj.sha256 == hashlib.sha256(IMAGE).hexdigest()
+        # Chunks cannot be read again: the lost answer is an error naming the key.
+        proxy.drops = 2
+        with pytest.raises(ServiceUnavailable, match="may have been carried out") as lost:
+            client.upload(iter([IMAGE]), "b.jpg", idempotency_key="chunks-1")
+        assert proxy.dropped == 2 and lost.value.details["idempotency_key"] == "chunks-1"
+        again = client.upload(iter([IMAGE]), "b.jpg", idempotency_key="chunks-1")
+        assert again.replayed
+    assert _originals(stack, alice.user_id) == (2, 2 * len(IMAGE))
 
 
 def test_an_upload_with_no_answer_names_its_key_and_the_key_gets_the_object(stack, base_url):
