@@ -47,6 +47,7 @@ from os import PathLike
 from pathlib import Path
 from types import TracebackType
 from typing import Any, BinaryIO, Self, TypeVar, cast
+from urllib.parse import quote
 
 import httpx
 from pydantic import BaseModel, ValidationError
@@ -296,11 +297,13 @@ class HypermediaClient:
             raise
 
     def object(self, object_id: str) -> ObjectResponse:
-        return self._request("GET", f"{PREFIX}/objects/{object_id}", ObjectResponse)
+        return self._request("GET", f"{PREFIX}/objects/{_segment(object_id)}", ObjectResponse)
 
     def delete(self, object_id: str) -> DeleteObjectResponse:
         """Delete an object of yours, its derived outputs and their stored bytes."""
-        return self._request("DELETE", f"{PREFIX}/objects/{object_id}", DeleteObjectResponse)
+        return self._request(
+            "DELETE", f"{PREFIX}/objects/{_segment(object_id)}", DeleteObjectResponse
+        )
 
     # -- jobs --------------------------------------------------------------------------------
 
@@ -344,7 +347,7 @@ class HypermediaClient:
             raise
 
     def job(self, job_id: str) -> JobResponse:
-        return self._request("GET", f"{PREFIX}/jobs/{job_id}", JobResponse)
+        return self._request("GET", f"{PREFIX}/jobs/{_segment(job_id)}", JobResponse)
 
     def list_jobs(
         self,
@@ -374,20 +377,22 @@ class HypermediaClient:
         return self._request("GET", f"{PREFIX}/jobs", JobsPage, params=params)
 
     def submission(self, submission_id: str) -> SubmissionResponse:
-        return self._request("GET", f"{PREFIX}/submissions/{submission_id}", SubmissionResponse)
+        return self._request(
+            "GET", f"{PREFIX}/submissions/{_segment(submission_id)}", SubmissionResponse
+        )
 
     def output_url(self, job_id: str, output_type: str) -> OutputUrlResponse:
         """A short-lived URL that downloads the output without an API key."""
-        path = f"{PREFIX}/jobs/{job_id}/outputs/{output_type}/url"
+        path = f"{PREFIX}/jobs/{_segment(job_id)}/outputs/{_segment(output_type)}/url"
         return self._request("GET", path, OutputUrlResponse)
 
     def attempt_log(self, job_id: str, attempt_number: int) -> str:
         """The end of what a failed attempt's child printed."""
-        path = f"{PREFIX}/jobs/{job_id}/attempts/{attempt_number}/log"
+        path = f"{PREFIX}/jobs/{_segment(job_id)}/attempts/{_segment(str(attempt_number))}/log"
         return self._request("GET", path, AttemptLogResponse).log
 
     def cancel(self, job_id: str) -> CancelResponse:
-        return self._request("POST", f"{PREFIX}/jobs/{job_id}/cancel", CancelResponse)
+        return self._request("POST", f"{PREFIX}/jobs/{_segment(job_id)}/cancel", CancelResponse)
 
     def events(
         self, job_id: str, *, last_event_id: str | None = None, timeout: float | None = None
@@ -461,7 +466,7 @@ class HypermediaClient:
         read = _EVENT_READ_TIMEOUT
         if deadline is not None:
             read = max(0.001, min(read, deadline - time.monotonic()))
-        path = f"{PREFIX}/jobs/{state.job_id}/events"
+        path = f"{PREFIX}/jobs/{_segment(state.job_id)}/events"
         with self._http.stream(
             "GET", path, headers=headers, timeout=httpx.Timeout(self.timeout, read=read)
         ) as response:
@@ -597,6 +602,14 @@ def _problems(exc: ValueError) -> str:
         f"{'.'.join(str(part) for part in e['loc']) or 'body'}: {e['msg']}"
         for e in exc.errors()[:3]
     )
+
+
+def _segment(value: str) -> str:
+    """``value`` as one path segment: escaped, so that an id (a user's, handed on by a
+    web tier) cannot name another route (``../bulk/runs/<id>``, ``x?y``); a dot segment
+    escaped too, or httpx would resolve it."""
+    quoted = quote(value, safe="")
+    return quoted.replace(".", "%2E") if value in (".", "..") else quoted
 
 
 def _json_or_none(response: httpx.Response) -> Any:

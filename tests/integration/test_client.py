@@ -453,6 +453,35 @@ def client_job_json(**fields: object) -> bytes:
     return json.dumps(job).encode()
 
 
+def test_an_id_is_one_path_segment_and_cannot_reach_another_route(stack, base_url):
+    """The client put ids into its paths as given, and httpx resolves dot segments: a
+    web tier handing a user's job id to cancel() with its operator key had
+    cancel("../bulk/runs/<run>") cancel that bulk run (POST /bulk/runs/<run>/cancel),
+    and job("../credits") read the credits. An id is now one escaped segment: the
+    server answers for that id (none: 404), whatever it holds."""
+    operator = add_user(stack, "ops", operator=True)
+    with HypermediaClient(base_url, operator.api_key) as client:
+        run = client._http.post(
+            "/v1/hypermedia/bulk/runs", json={"kind": "backfill", "operation": "thumbnail"}
+        ).json()
+        assert run["state"] == "creating"
+        for attempt in (
+            lambda: client.cancel(f"../bulk/runs/{run['run_id']}"),
+            lambda: client.cancel(f"x/../../bulk/runs/{run['run_id']}"),
+            lambda: client.job("../credits"),
+            lambda: client.job(".."),
+            lambda: client.object("../credits"),
+            lambda: client.output_url("0" * 32, "../../../../credits?x="),
+            lambda: client.submission("../credits"),
+        ):
+            with pytest.raises((NotFound, InvalidRequest)):
+                attempt()
+        state = client._http.get(f"/v1/hypermedia/bulk/runs/{run['run_id']}").json()["state"]
+        assert state == "creating"
+        obj = client.upload(IMAGE, "a.jpg")
+        assert client.object(obj.object_id).object_id == obj.object_id  # plain ids work
+
+
 def test_unreachable_server_is_service_unavailable():
     with (
         HypermediaClient(f"http://127.0.0.1:{free_port()}", "hm_x_y", timeout=2) as client,
