@@ -24,7 +24,8 @@ Retries (``retries``, 2 by default; backoff 0.5 s doubling, or the ``Retry-After
 the server sends): a request that never reached the server (the connection was
 refused or could not be made) is sent again, whatever it is; one that may have
 reached it (no answer, a dropped connection, a 502/503/504) is sent again only when
-repeating it is harmless: reads, :meth:`HypermediaClient.process` and
+repeating it is harmless: reads, :meth:`HypermediaClient.cancel` (a cancel repeated
+is answered as the first), :meth:`HypermediaClient.process` and
 :meth:`HypermediaClient.upload`, which send an ``Idempotency-Key`` (their own when the
 caller names none) so that a submit or an upload whose answer was lost is answered by
 the server as the first was (``replayed``), never created (nor stored, nor counted
@@ -392,7 +393,10 @@ class HypermediaClient:
         return self._request("GET", path, AttemptLogResponse).log
 
     def cancel(self, job_id: str) -> CancelResponse:
-        return self._request("POST", f"{PREFIX}/jobs/{_segment(job_id)}/cancel", CancelResponse)
+        """Cancel a job, or ask a running one to stop. Sent again when its answer was
+        lost: a cancel repeated is answered as the first (cancelled, or cancel requested)."""
+        path = f"{PREFIX}/jobs/{_segment(job_id)}/cancel"
+        return self._request("POST", path, CancelResponse, replayable=True)
 
     def events(
         self, job_id: str, *, last_event_id: str | None = None, timeout: float | None = None

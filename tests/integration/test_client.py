@@ -186,6 +186,25 @@ def test_a_submit_whose_answer_was_lost_is_retried_without_a_second_job(stack, b
         assert client.credits().reserved == pytest.approx(submitted.estimated_credits)
 
 
+def test_a_cancel_whose_answer_was_lost_is_sent_again(stack, base_url):
+    """Cancelling is idempotent on the server (a cancelled job cancelled again answers
+    200 cancelled, a running one 202 again), yet the client raised ServiceUnavailable
+    "the request may have been carried out" when a cancel's answer was lost."""
+    alice = add_user(stack, "alice", credits=5)
+    with HypermediaClient(base_url, alice.api_key) as direct:
+        obj = direct.upload(IMAGE, "a.jpg")
+        job_id = direct.process(obj.object_id, ["thumbnail"]).job_ids[0]
+    with (
+        AnswerDropper(base_url, b"POST /v1/hypermedia/jobs/", drops=1) as proxy,
+        HypermediaClient(proxy.url, alice.api_key) as client,
+    ):
+        cancelled = client.cancel(job_id)
+        assert proxy.dropped == 1
+        assert (cancelled.status, cancelled.cancel_requested) == ("cancelled", False)
+        assert client.job(job_id).status == "cancelled"
+        assert client.credits().reserved == 0
+
+
 def test_a_submit_with_no_answer_says_it_may_have_been_done_and_names_its_key(stack, base_url):
     alice = add_user(stack, "alice", credits=5)
     with HypermediaClient(base_url, alice.api_key) as direct:
