@@ -244,27 +244,31 @@ def _other_user_of(conn: Connection, caller: Caller, object_id: str) -> str | No
     ).scalar_one_or_none()
 
 
-def cancel_bulk_jobs(conn: Connection, caller: Caller, object_id: str, now: float) -> int:
+def cancel_bulk_jobs(
+    conn: Connection, caller: Caller, object_id: str, now: float
+) -> dict[str, list[str]]:
     """Before its owner deletes ``object_id``: cancel the unfinished jobs of bulk runs on
     it (the platform's background work, or a named account's: not the owner's to cancel,
     nor to see). Those not running are cancelled, the running ones asked to stop (the
     deletion waits for them as for any unfinished job). Nothing for a caller who does
-    not own the object (the deletion then answers NotFound). How many were cancelled."""
+    not own the object (the deletion then answers NotFound). The jobs cancelled, by
+    queue: once committed, they leave Redis and their followers hear of it
+    (:func:`~hypermedia.jobs.repository.forget_cancelled`)."""
     o, j = t.objects.c, t.jobs.c
     owned = select(o.object_id).where(
         o.object_id == object_id, o.owner_id == caller.user_id, o.deleted_at.is_(None)
     )
     rows = conn.execute(
-        select(j.job_id, j.user_id).where(
+        select(j.job_id, j.user_id, j.queue).where(
             j.object_id.in_(owned), j.bulk_run_id.is_not(None), j.status.not_in(_FINISHED)
         )
     ).all()
     repository = JobRepository()
-    cancelled = 0
+    cancelled: dict[str, list[str]] = defaultdict(list)
     for row in rows:
         if repository.cancel(conn, row.job_id, row.user_id, now) is JobStatus.CANCELLED:
-            cancelled += 1
-    return cancelled
+            cancelled[row.queue].append(row.job_id)
+    return dict(cancelled)
 
 
 def mark_deleted(conn: Connection, deletion: Deletion, now: float) -> None:

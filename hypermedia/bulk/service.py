@@ -20,12 +20,12 @@ from hypermedia.bulk.runs import BULK_QUEUE, RunSpec, RunState, RunView
 from hypermedia.clock import Clock, SystemClock
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
-from hypermedia.errors import InvalidRequest, QueueUnavailable
+from hypermedia.errors import InvalidRequest
 from hypermedia.ingest.service import registered_operations, runnable_profile
 from hypermedia.jobs.catalog import ProfileCatalog
-from hypermedia.jobs.repository import JobRepository
+from hypermedia.jobs.repository import JobRepository, forget_cancelled
 from hypermedia.jobs.states import JobStatus
-from hypermedia.queue.events import JobEvents, status_event
+from hypermedia.queue.events import JobEvents
 from hypermedia.queue.redis_queue import RedisQueue
 
 log = logging.getLogger(__name__)
@@ -221,17 +221,7 @@ class BulkService:
                 status = self.repository.cancel(conn, row.job_id, row.user_id, now)
                 if status is JobStatus.CANCELLED:
                     cancelled.setdefault(row.queue, []).append(row.job_id)
-        for queue, job_ids in cancelled.items():
-            try:
-                self.queue.remove(queue, job_ids)
-            except QueueUnavailable:
-                log.warning("redis unavailable; the reconciler drops %d jobs", len(job_ids))
-        # Their followers' streams end now, as after a user's cancel (best effort: the
-        # streams read the record at each keep-alive too).
-        ended = status_event(JobStatus.CANCELLED.value, now)
-        self.events.publish_many(
-            (job_id, ended) for job_ids in cancelled.values() for job_id in job_ids
-        )
+        forget_cancelled(self.queue, self.events, cancelled, now, action="bulk_cancel")
 
 
 @dataclass(frozen=True)

@@ -707,7 +707,13 @@ def delete_object(object_id: ObjectId, caller: CallerDep, stack: StackDep) -> De
     409 while a job on it is unfinished. The bytes leave the owner's storage quota. An
     output other users' jobs wrote too is not deleted: it passes to the latest of them."""
     deletion = uploads.delete_object(
-        stack.engine, stack.storage, caller, object_id, stack.clock.now()
+        stack.engine,
+        stack.storage,
+        stack.queue,
+        stack.ingest.events,
+        caller,
+        object_id,
+        stack.clock.now(),
     )
     return DeleteObjectResponse(
         object_id=object_id, outputs_deleted=deletion.outputs, bytes_freed=deletion.size_bytes

@@ -72,6 +72,7 @@ from hypermedia.errors import (
     StorageQuotaExceeded,
     UploadTooSlow,
 )
+from hypermedia.jobs.repository import forget_cancelled
 from hypermedia.objects import (
     Deletion,
     ObjectInfo,
@@ -80,6 +81,8 @@ from hypermedia.objects import (
     plan_deletion,
     register_object,
 )
+from hypermedia.queue.events import JobEvents
+from hypermedia.queue.redis_queue import RedisQueue
 from hypermedia.sandbox.inspect import Inspection, inspect_file, inspect_source
 from hypermedia.storage.base import Storage, StoredBlob, check_key
 from hypermedia.storage.local import LocalStorage
@@ -550,16 +553,24 @@ def register_stored(
 
 
 def delete_object(
-    engine: Engine, storage: Storage, caller: Caller, object_id: str, now: float
+    engine: Engine,
+    storage: Storage,
+    queue: RedisQueue,
+    events: JobEvents,
+    caller: Caller,
+    object_id: str,
+    now: float,
 ) -> Deletion:
     """Delete an object of the caller's, its outputs and all their blobs. The rows are
     marked first, in one transaction (from then on nothing can submit on it, and the
     quota counts it no more); the blobs go after, with no database lock held on the
     object store. A blob the store fails to delete is logged and left behind. Bulk runs'
     jobs on the object are cancelled first, in a transaction of their own (a running
-    one asked to stop even when the deletion must wait for it)."""
+    one asked to stop even when the deletion must wait for it); those cancelled then
+    leave their Redis queue and publish their end, as a user's cancel does."""
     with transaction(engine) as conn:
-        cancel_bulk_jobs(conn, caller, object_id, now)
+        cancelled = cancel_bulk_jobs(conn, caller, object_id, now)
+    forget_cancelled(queue, events, cancelled, now, action="delete_object")
     with transaction(engine) as conn:
         deletion = plan_deletion(conn, caller, object_id)
         mark_deleted(conn, deletion, now)

@@ -110,6 +110,7 @@ class FinishedJob:
 
 
 if TYPE_CHECKING:
+    from hypermedia.queue.events import JobEvents
     from hypermedia.queue.redis_queue import RedisQueue
 
 log = logging.getLogger(__name__)
@@ -224,6 +225,35 @@ def enqueue_new(queue: RedisQueue, jobs: Iterable[NewJob], *, action: str) -> No
                 len(entries),
                 extra={"queue": name, "action": action, "error": str(exc)},
             )
+
+
+def forget_cancelled(
+    queue: RedisQueue,
+    events: JobEvents,
+    cancelled: Mapping[str, Sequence[str]],
+    now: float,
+    *,
+    action: str,
+) -> None:
+    """After the commit that cancelled jobs (queue name -> job ids): take them off their
+    Redis queues and publish each one's ``cancelled`` status event, so that followers'
+    streams end now. Best effort: with Redis down the reconciler drops them later, and
+    the streams read the record at each keep-alive."""
+    from hypermedia.queue.events import status_event
+
+    for name, job_ids in cancelled.items():
+        if not job_ids:
+            continue
+        try:
+            queue.remove(name, list(job_ids))
+        except QueueUnavailable as exc:
+            log.warning(
+                "redis unavailable; the reconciler drops %d cancelled jobs",
+                len(job_ids),
+                extra={"queue": name, "action": action, "error": str(exc)},
+            )
+    ended = status_event(JobStatus.CANCELLED.value, now)
+    events.publish_many((job_id, ended) for job_ids in cancelled.values() for job_id in job_ids)
 
 
 class JobRepository:

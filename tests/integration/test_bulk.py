@@ -902,18 +902,69 @@ def test_the_owner_deletes_an_object_a_run_has_jobs_on(engine, settings, manual_
 
     with pytest.raises(NotFound):  # not the stranger's: nothing cancelled
         uploads.delete_object(
-            stack.engine, stack.storage, stranger.caller, queued, manual_clock.now()
+            stack.engine,
+            stack.storage,
+            stack.queue,
+            stack.ingest.events,
+            stranger.caller,
+            queued,
+            manual_clock.now(),
         )
     assert job_of(queued).status == "queued"
-    uploads.delete_object(stack.engine, stack.storage, person.caller, queued, manual_clock.now())
+    uploads.delete_object(
+        stack.engine,
+        stack.storage,
+        stack.queue,
+        stack.ingest.events,
+        person.caller,
+        queued,
+        manual_clock.now(),
+    )
     assert job_of(queued).status == "cancelled"
     with pytest.raises(Conflict):
         uploads.delete_object(
-            stack.engine, stack.storage, person.caller, running, manual_clock.now()
+            stack.engine,
+            stack.storage,
+            stack.queue,
+            stack.ingest.events,
+            person.caller,
+            running,
+            manual_clock.now(),
         )
     assert job_of(running).cancel_requested  # committed, though the deletion waits
     assert job_of(kept).status == "queued"
     assert service.get(run.run_id).jobs == {"queued": 1, "cancelled": 1, "processing": 1}
+
+
+def test_deleting_an_object_ends_its_bulk_jobs_event_streams(engine, settings, manual_clock):
+    """DELETE /objects/{id} cancels the bulk runs' queued jobs on the object: each gets
+    its `cancelled` status event and leaves its Redis queue, as a run's cancel does.
+    Before, nothing was published (a follower saw the end only at its stream's next read
+    of the record) and the job stayed ready in Redis until the reconciler's next pass."""
+    from hypermedia.ingest.api import create_app
+
+    stack = open_stack(settings, engine, manual_clock)
+    person = make_user(stack)
+    (object_id,) = _objects(stack, person, 1)
+    run = _service(stack).create(
+        RunSpec(kind="backfill", operation="thumbnail", max_in_flight=10), "t"
+    )
+    _runner(stack).step(run.run_id)
+    with transaction(stack.engine) as conn:
+        job_id = conn.execute(
+            select(t.jobs.c.job_id).where(t.jobs.c.bulk_run_id == run.run_id)
+        ).scalar_one()
+    assert stack.queue.counts("bulk").ready == 1
+    client = TestClient(create_app(stack))
+    answer = client.delete(
+        f"/v1/hypermedia/objects/{object_id}",
+        headers={"Authorization": f"Bearer {person.api_key}"},
+    )
+    assert answer.status_code == 200, answer.text
+    events = stack.dispatcher.events
+    assert [e["status"] for _, e in events.history(job_id)] == ["cancelled"]
+    assert 0 < events.client.ttl(events.key(job_id)) <= events.ended_ttl_seconds
+    assert stack.queue.counts("bulk").ready == 0
 
 
 def test_a_version_deployed_mid_run_pauses_the_run(engine, settings, manual_clock):
