@@ -13,7 +13,7 @@ import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from sqlalchemy import Connection, bindparam, insert, select, update
+from sqlalchemy import ColumnElement, Connection, bindparam, exists, insert, select, true, update
 
 from hypermedia.clock import to_datetime
 from hypermedia.db import tables as t
@@ -232,6 +232,18 @@ def revoke_api_key(conn: Connection, key_id: str, now: float) -> bool:
         .values(revoked_at=to_datetime(now))
     )
     return result.rowcount == 1
+
+
+def key_in_force(caller: Caller) -> ColumnElement[bool]:
+    """SQL: the caller's API key is still theirs and not revoked (always true for a
+    caller built in-process, without a key). What a long request (a job's event stream)
+    asks again as it goes: authentication was checked once, when it began."""
+    if caller.key_id is None:
+        return true()
+    k = t.api_keys.c
+    return exists().where(
+        k.key_id == caller.key_id, k.user_id == caller.user_id, k.revoked_at.is_(None)
+    )
 
 
 def authenticate(conn: Connection, api_key: str) -> Caller:

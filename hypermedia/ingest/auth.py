@@ -2,7 +2,8 @@
 
 A successful authentication is remembered for ``ttl`` seconds (30 by default)
 so the submit path does not pay a database round trip per request. The price:
-a revoked key keeps working on a running server for at most ``ttl`` seconds.
+a revoked key keeps working on a running server for at most ``ttl`` seconds (a job's
+event stream it opened ends at its next keep-alive, which asks the record itself).
 Only successes are cached, the cache holds at most ``max_entries`` keys (the
 least recently used go first), and it is keyed by a digest of the key, never
 the key itself.

@@ -24,7 +24,8 @@ what it missed, while the stream keeps it. The stream ends after a terminal stat
 (completed, failed or cancelled), whether it came as an event or from the record, which
 is read again at every keep-alive: an event Redis lost never leaves a subscriber waiting
 for more than that. While Redis cannot be reached the record alone is followed, every
-keep-alive.
+keep-alive. That read also asks whether the caller's API key is still in force: a stream
+whose key was revoked ends at its next keep-alive.
 
 :class:`EventStreams` bounds them (each holds a socket and a Redis connection for as long
 as its job runs): at most ``per_user`` of one user (more: 429 ``rate_limited``) and
@@ -40,7 +41,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from functools import partial
 from typing import Any
 
@@ -52,7 +53,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Message, Receive, Scope, Send
 
 from hypermedia.accounts import Caller
-from hypermedia.errors import RateLimited, ServiceUnavailable
+from hypermedia.errors import AuthenticationFailed, RateLimited, ServiceUnavailable
 from hypermedia.ingest.schemas import TERMINAL_STATUSES
 from hypermedia.queue.events import entry_order, parse_published
 
@@ -217,7 +218,27 @@ async def stream(
 ) -> AsyncIterator[str]:
     """The SSE messages of one job (see the module docstring). ``key``: its events key
     (stream and channel); ``record()``: its status event as the record has it (called
-    in a thread); ``after``: the Last-Event-ID the client sent."""
+    in a thread), or AuthenticationFailed once the caller may follow it no more (their
+    key revoked): the stream then ends there, as when the server stops, and the
+    client's reconnect is refused; ``after``: the Last-Event-ID the client sent."""
+    async with contextlib.aclosing(_follow(client, key, record, after, keepalive)) as messages:
+        try:
+            async for text in messages:
+                yield text
+        except AuthenticationFailed:
+            log.info(
+                "job events: the stream's API key was revoked; it ends",
+                extra={"action": "job_events"},
+            )
+
+
+async def _follow(
+    client: redis.asyncio.Redis,
+    key: str,
+    record: Callable[[], dict[str, Any]],
+    after: str | None,
+    keepalive: float,
+) -> AsyncGenerator[str, None]:
     yield f"retry: {RETRY_MILLISECONDS}\n\n"
     pubsub = client.pubsub()
     try:

@@ -62,11 +62,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sqlalchemy import Connection, Engine, Executable, String, bindparam, func, select
 from sqlalchemy.exc import IntegrityError
 
-from hypermedia.accounts import UNLIMITED, Caller, KeyGrants
+from hypermedia.accounts import UNLIMITED, Caller, KeyGrants, key_in_force
 from hypermedia.clock import Clock, SystemClock
 from hypermedia.db import tables as t
 from hypermedia.db.engine import snapshot, statements, transaction
 from hypermedia.errors import (
+    AuthenticationFailed,
     CallbackNotAllowed,
     IdempotencyKeyReused,
     IllegalTransition,
@@ -643,14 +644,23 @@ class IngestService:
     def status_event(self, caller: Caller, job_id: str) -> dict[str, Any]:
         """The caller's job's status as the record has it, shaped as a status event
         (:mod:`hypermedia.queue.events`, with ``"record": true``); NotFound for anyone
-        else's job. One small query: event streams call it at every keep-alive."""
+        else's job; AuthenticationFailed once the caller's API key is revoked (its
+        authentication may be cached: a stream opened before the revocation ends at its
+        next keep-alive). One small query: event streams call it at every keep-alive."""
         j = t.jobs.c
         with snapshot(self.engine) as conn:
             row = conn.execute(
-                select(j.status, j.attempt_count, j.error_code, j.run_after, j.updated_at).where(
-                    j.job_id == job_id, j.user_id == caller.user_id
-                )
+                select(
+                    j.status,
+                    j.attempt_count,
+                    j.error_code,
+                    j.run_after,
+                    j.updated_at,
+                    key_in_force(caller).label("key_in_force"),
+                ).where(j.job_id == job_id, j.user_id == caller.user_id)
             ).one_or_none()
+        if row is not None and not row.key_in_force:
+            raise AuthenticationFailed("invalid API key")
         if row is None:
             raise NotFound(f"no job {job_id!r}", job_id=job_id)
         return status_event(

@@ -478,3 +478,39 @@ def test_a_hundred_streams_of_one_user_leave_another_her_live_events(stack):
         finally:
             for sock in held:
                 sock.close()
+
+
+def test_a_revoked_keys_open_stream_ends_at_its_next_keep_alive(stack, base_url):
+    """A stream re-read the record at each keep-alive by user id only: one opened before
+    its key was revoked (`hypermedia user revoke`) kept sending the job's events for as
+    long as the job ran. Now the first read of the record after the revocation ends it,
+    and the client's reconnect is refused 401 (at once: the authenticator's cache does
+    not keep the key alive for a stream)."""
+    from hypermedia.accounts import key_id_of, revoke_api_key
+    from hypermedia.errors import AuthenticationFailed
+
+    person = make_user(stack)
+    job_id = submit(stack, person, ["thumbnail"])[0]
+    job = _started(stack, job_id)
+    url = f"{base_url}/v1/hypermedia/jobs/{job_id}/events"
+    headers = {"Authorization": f"Bearer {person.api_key}"}
+    keepalives = 0
+    with httpx.stream("GET", url, headers=headers, timeout=10) as answer:
+        assert answer.status_code == 200
+        lines = answer.iter_lines()
+        for line in lines:
+            if line.startswith("data: ") and '"processing"' in line:
+                break
+        with stack.engine.begin() as conn:
+            assert revoke_api_key(conn, key_id_of(person.api_key), time.time())
+        _progress(stack, job, 1)  # the job goes on
+        for line in lines:
+            if line == ": keep-alive":
+                keepalives += 1
+                if keepalives == 20:  # the record was read 19 times: it never ends
+                    break
+        else:
+            keepalives = 0  # ended
+    assert keepalives == 0
+    with HypermediaClient(base_url, person.api_key) as client, pytest.raises(AuthenticationFailed):
+        next(iter(client.events(job_id, timeout=10)))
