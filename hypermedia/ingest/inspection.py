@@ -9,9 +9,11 @@ further uploads wait their turn.
 
 The children are forked by a small warm server (``python -m
 hypermedia.ingest.inspection``, started on first use, one per API process, gone
-when the API's end of its control socket closes) that has the inspection modules
-loaded: a fork costs milliseconds, and nothing of the API process (its threads,
-its connections, its ``__main__``, its environment's credentials) reaches a child.
+when the API's end of its control socket closes, however the API ended: it kills
+and reaps its children then, and a server killed itself takes them along, their
+``PDEATHSIG``) that has the inspection modules loaded: a fork costs milliseconds,
+and nothing of the API process (its threads, its connections, its ``__main__``, its
+environment's credentials) reaches a child.
 Per inspection the API hands the server one end of each of two fresh socket pairs:
 the child speaks on the first (its channel), the server alone on the second (the
 status: the child never holds it, so it cannot forge its pid or how it ended). Every
@@ -80,7 +82,7 @@ from typing import Any
 
 from hypermedia.errors import InspectionCrashed, InspectionLimit, ServiceUnavailable
 from hypermedia.sandbox import isolation
-from hypermedia.sandbox.child import PR_SET_NO_NEW_PRIVS, prctl
+from hypermedia.sandbox.child import PR_SET_NO_NEW_PRIVS, PR_SET_PDEATHSIG, SIGKILL, prctl
 from hypermedia.sandbox.inspect import Inspection, inspect_source
 from hypermedia.secret_files import secret_files
 from hypermedia.storage.base import Storage
@@ -483,6 +485,7 @@ def serve(control_fd: int, config: dict[str, Any]) -> None:
     inspect_source(BytesSource(b"%PDF-1.4\n"))  # warm: libmagic and the readers loaded
     control = socket.socket(fileno=control_fd)
     sandbox, work_root = _start_sandbox(config)
+    children: dict[int, tuple[Connection, int]] = {}  # pid -> (its status, its uid)
     try:
         capabilities = sandbox.capabilities()
         ready = {f: capabilities[f] for f in (*SANDBOX_FEATURES, "uid_range")}
@@ -495,9 +498,9 @@ def serve(control_fd: int, config: dict[str, Any]) -> None:
         selector = selectors.DefaultSelector()
         selector.register(control, selectors.EVENT_READ)
         selector.register(wake_r, selectors.EVENT_READ)
-        children: dict[int, tuple[Connection, int]] = {}  # pid -> (its status, its uid)
         waiting: list[tuple[int, int]] = []  # (a channel's fd, its status's fd)
         free_uids = list(sandbox.uids)
+        server = os.getpid()
         while True:
             for key, _ in selector.select():
                 if key.fileobj is control:
@@ -517,15 +520,30 @@ def serve(control_fd: int, config: dict[str, Any]) -> None:
                 if pid == 0:
                     selector.close()
                     control.close()
-                    _child_main(fd, sandbox, uid, network)
+                    _child_main(fd, sandbox, uid, network, server)
                 os.close(fd)  # the child's and the API's alone from here
                 status = Connection(status_fd)
                 with suppress(OSError):  # the API may have stopped listening
                     status.send_bytes(_encode(["pid", pid]))
                 children[pid] = (status, uid)
     finally:
+        # The API has gone (or this server fails): an inspection no one waits for
+        # ends now, not when its parse does (up to its CPU budget), re-parented to init.
+        _end_children(children)
         sandbox.close()
         shutil.rmtree(work_root, ignore_errors=True)
+
+
+def _end_children(children: dict[int, tuple[Connection, int]]) -> None:
+    """Kill the children still running and reap them."""
+    for pid in children:
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    for pid, (status, _uid) in children.items():
+        with suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+        status.close()
+    children.clear()
 
 
 def _reap(children: dict[int, tuple[Connection, int]], free_uids: list[int]) -> None:
@@ -546,11 +564,14 @@ def _reap(children: dict[int, tuple[Connection, int]], free_uids: list[int]) -> 
         channel.close()
 
 
-def _child_main(fd: int, sandbox: isolation.Isolation, uid: int, network: int | None) -> None:
+def _child_main(
+    fd: int, sandbox: isolation.Isolation, uid: int, network: int | None, server: int
+) -> None:
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     code = 0
     try:
+        _die_with(server)  # a server SIGKILLed (the OOM killer) has no finally
         # Every descriptor but stdio, the channel and what the sandbox needs (the
         # template view, the uid's network namespace): none of the server's others.
         low = 3
@@ -558,14 +579,23 @@ def _child_main(fd: int, sandbox: isolation.Isolation, uid: int, network: int | 
             os.closerange(low, keep)
             low = keep + 1
         os.closerange(low, max(os.sysconf("SC_OPEN_MAX"), 1024))
-        _child(Connection(fd), sandbox, uid, network)
+        _child(Connection(fd), sandbox, uid, network, server)
     except BaseException:
         code = 1
     finally:
         os._exit(code)
 
 
-def _child(conn: Connection, sandbox: isolation.Isolation, uid: int, network: int | None) -> None:
+def _die_with(server: int) -> None:
+    """SIGKILL when the server dies (PDEATHSIG); gone already if it died first."""
+    prctl(PR_SET_PDEATHSIG, SIGKILL)
+    if os.getppid() != server:
+        os._exit(0)
+
+
+def _child(
+    conn: Connection, sandbox: isolation.Isolation, uid: int, network: int | None, server: int
+) -> None:
     _, path, size, cpu_seconds, memory_mb = json.loads(conn.recv_bytes())
 
     def send(*message: Any) -> None:
@@ -583,7 +613,7 @@ def _child(conn: Connection, sandbox: isolation.Isolation, uid: int, network: in
         send("error", f"{type(exc).__name__}: {exc}")
         return
     try:
-        _isolate(sandbox, uid, network, cpu_seconds)
+        _isolate(sandbox, uid, network, cpu_seconds, server)
     except BaseException as exc:
         send("error", f"the inspection sandbox could not be built: {exc}")
         return
@@ -600,7 +630,9 @@ def _child(conn: Connection, sandbox: isolation.Isolation, uid: int, network: in
     send("done", inspection.to_dict())
 
 
-def _isolate(sandbox: isolation.Isolation, uid: int, network: int | None, cpu: int) -> None:
+def _isolate(
+    sandbox: isolation.Isolation, uid: int, network: int | None, cpu: int, server: int
+) -> None:
     """The job sandbox, as a spare and its job build it (:mod:`hypermedia.sandbox.child`),
     with no workdir: namespaces and the view, the uid, the limits (but memory's: the
     parse's alone), then the syscall filter, last (what is watched for: a test saw the
@@ -608,6 +640,8 @@ def _isolate(sandbox: isolation.Isolation, uid: int, network: int | None, cpu: i
     prctl(PR_SET_NO_NEW_PRIVS, 1)
     jobs_fd = sandbox.prepare()
     sandbox.enter(jobs_fd, None, uid, network)
+    if uid:  # a change of uid cleared PDEATHSIG
+        _die_with(server)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
     if uid:  # counts this uid's processes and threads: this one only

@@ -6,27 +6,32 @@ import json
 import os
 import signal
 import subprocess
+import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import suppress
 
 import boto3
 import httpx
+import psutil
 import pytest
 from sqlalchemy import func, select
 
 from hypermedia.clock import SystemClock
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
-from hypermedia.errors import InspectionCrashed, InspectionLimit
+from hypermedia.errors import InspectionCrashed, InspectionLimit, ServiceUnavailable
 from hypermedia.ingest import inspection
 from hypermedia.ingest.api import create_app
 from hypermedia.ingest.inspection import InspectionBudget, InspectionRunner
 from hypermedia.ingest.uploads import inspect_stored
 from hypermedia.stack import Stack, build_storage
+from hypermedia.storage.local import LocalStorage
 from tests import support
-from tests.api_support import add_user, bearer, running_server
+from tests.api_support import REPO, add_user, bearer, running_server
 from tests.unit.test_inspect_signatures import ebml
 
 P = "/v1/hypermedia"
@@ -357,3 +362,134 @@ def test_uploads_waiting_for_an_inspection_slot_hold_no_thread_of_the_other_rout
 def _children(server: inspection._Server) -> list[int]:
     with open(f"/proc/{server.process.pid}/task/{server.process.pid}/children") as listing:
         return [int(pid) for pid in listing.read().split()]
+
+
+def _ended(pid: int) -> bool:
+    """The process has exited (a zombie no one reaped yet counts: it runs nothing)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _sigkill_pending(pid: int) -> bool:
+    with open(f"/proc/{pid}/status") as status:
+        fields = dict(line.split(":\t", 1) for line in status if ":\t" in line)
+    return any(int(fields[f], 16) & (1 << (signal.SIGKILL - 1)) for f in ("SigPnd", "ShdPnd"))
+
+
+def _wait_ended(pid: int, seconds: float = 30.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not _ended(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+# The API process of the next test: one inspection of a local object, which stalls.
+_STALLED_API = """
+import sys
+from pathlib import Path
+
+from hypermedia.ingest.inspection import InspectionBudget, InspectionRunner
+from hypermedia.storage.local import LocalStorage
+
+runner = InspectionRunner(InspectionBudget(cpu_seconds=60, wall_seconds=600, concurrency=1))
+runner.inspect(LocalStorage(Path(sys.argv[1])), "originals/p/stalled", 100)
+"""
+
+
+def test_an_api_killed_mid_inspection_leaves_no_inspection_child_running(tmp_path):
+    """The API process SIGKILLed while an upload was inspected: its inspection server
+    ended (EOF on its control socket) but left the child running, re-parented to init,
+    until it ended by itself (a parse runs up to its CPU budget). Now the server kills
+    and reaps its children as it ends. The child here waits opening its file (a FIFO),
+    as a long parse would be still running."""
+    root = tmp_path / "objects"
+    stalled = LocalStorage(root).path("originals/p/stalled")
+    stalled.parent.mkdir(parents=True)
+    os.mkfifo(stalled)
+    api = subprocess.Popen(
+        [sys.executable, "-c", _STALLED_API, str(root)],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    left: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            servers = [p.pid for p in psutil.Process(api.pid).children()]
+            children = [c.pid for s in servers for c in psutil.Process(s).children()]
+            if children:
+                break
+            assert api.poll() is None and time.monotonic() < deadline, "no inspection began"
+            time.sleep(0.02)
+        [server] = servers
+        [child] = children
+        left = [server, child]
+        api.kill()
+        api.wait()
+        assert _wait_ended(server), "the server did not end with the API"
+        assert _ended(child), "the inspection child outlived its server"
+    finally:
+        api.kill()
+        api.wait()
+        for pid in left:
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+class _StalledReads:
+    """A storage whose reads wait: the child that asks is inside its sandbox, parsing."""
+
+    def __init__(self) -> None:
+        self.asked = threading.Event()
+        self.answer = threading.Event()
+
+    def read_range(self, key: str, offset: int, length: int) -> bytes:
+        self.asked.set()
+        self.answer.wait(60)
+        return PNG[offset : offset + length]
+
+
+def test_an_inspection_server_killed_takes_its_children_along(tmp_path):
+    """The inspection server SIGKILLed (the OOM killer) while a child parsed: the child
+    went on, re-parented to init. Now it dies with the server (PDEATHSIG, set again
+    once it took its own uid, which clears it)."""
+    runner = InspectionRunner(
+        InspectionBudget(cpu_seconds=60, wall_seconds=120, concurrency=1),
+        hidden_paths=(tmp_path / "its own server",),
+    )
+    storage = _StalledReads()
+    outcome: list[BaseException] = []
+
+    def inspect() -> None:
+        try:
+            runner.inspect(storage, "originals/p/cat", len(PNG))  # type: ignore[arg-type]
+        except BaseException as exc:
+            outcome.append(exc)
+
+    inspecting = threading.Thread(target=inspect)
+    inspecting.start()
+    child: int | None = None
+    try:
+        assert storage.asked.wait(60), "the child never read"
+        server = inspection._current
+        assert server is not None
+        [child] = _children(server)
+        assert psutil.Process(child).uids().real != os.getuid() or not server.capabilities.get(
+            "own_uid"
+        )
+        server.process.kill()
+        server.process.wait()
+        # PDEATHSIG is sent as the server exits, before its parent can reap it: the
+        # child has ended, or has SIGKILL pending. (Left running, it would be killed
+        # only by the next server to claim its uid block.)
+        assert _ended(child) or _sigkill_pending(child), "the child outlived its server"
+    finally:
+        storage.answer.set()
+        inspecting.join(60)
+        if child is not None:
+            with suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)
+    assert [type(e) for e in outcome] == [ServiceUnavailable]
