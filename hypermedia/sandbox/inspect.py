@@ -331,6 +331,9 @@ def _check_limits(inspection: Inspection, limits: InputLimits, about: dict[str, 
     duration = d.get("duration_seconds")
     if (
         isinstance(duration, int | float)
+        # Inspection reports no duration that is no number of seconds; facts stored
+        # before it refused them may hold inf or NaN: unknown, as a new upload's.
+        and math.isfinite(duration)
         and limits.max_duration_seconds is not None
         and duration > limits.max_duration_seconds
     ):

@@ -493,3 +493,35 @@ def test_an_inspection_server_killed_takes_its_children_along(tmp_path):
             with suppress(ProcessLookupError):
                 os.kill(child, signal.SIGKILL)
     assert [type(e) for e in outcome] == [ServiceUnavailable]
+
+
+def test_a_stored_infinite_duration_counts_as_unknown_at_submit(sqlite_engine, settings):
+    """A video object whose stored facts hold an infinite duration (uploaded on SQLite
+    before its inspection refused to report one): a transcode_video submit answered 500
+    ``internal`` (duration_limit's details held inf, which the error body could not
+    render). Such a duration is unknown at submit, as a new upload's would be: the
+    worker's probe judges the file."""
+    from fastapi.testclient import TestClient
+
+    from hypermedia.sandbox.inspect import Inspection
+    from tests.factories import make_object, make_user, open_stack
+
+    stack = open_stack(settings, sqlite_engine, SystemClock())
+    try:
+        person = make_user(stack)
+        facts = Inspection("video", "video/webm", {"duration_seconds": float("inf")})
+        object_id = make_object(stack, person, inspection=facts)
+        with transaction(stack.engine) as conn:
+            stored = conn.execute(
+                select(t.objects.c.inspection).where(t.objects.c.object_id == object_id)
+            ).scalar_one()
+        assert stored["details"]["duration_seconds"] == float("inf")  # as such a row holds
+        client = TestClient(create_app(stack), raise_server_exceptions=False)
+        submitted = client.post(
+            f"{P}/process",
+            json={"object_id": object_id, "operations": ["transcode_video"]},
+            headers={"Authorization": f"Bearer {person.api_key}"},
+        )
+        assert submitted.status_code == 202, submitted.text
+    finally:
+        stack.close()

@@ -591,6 +591,20 @@ RULES = [
         None,
     ),
     (
+        "infinite duration, stored before inspection refused it: unknown",
+        Inspection("video", "video/webm", {"duration_seconds": float("inf")}),
+        ["video"],
+        InputLimits(max_duration_seconds=1),
+        None,
+    ),
+    (
+        "duration that is no number: unknown",
+        Inspection("video", "video/webm", {"duration_seconds": float("nan")}),
+        ["video"],
+        InputLimits(max_duration_seconds=1),
+        None,
+    ),
+    (
         "encrypted beats the type",
         Inspection("pdf", "application/pdf", {"encrypted": "user password"}),
         IMAGES,
