@@ -370,6 +370,13 @@ class Settings(BaseSettings):
         return self.database_url or f"sqlite:///{self.data_dir / 'hypermedia.db'}"
 
     @property
+    def database_setting(self) -> str:
+        """The setting :attr:`effective_database_url` comes from, as an error names it."""
+        if self.database_url:
+            return "database_url (HYPERMEDIA_DATABASE_URL)"
+        return "data_dir (HYPERMEDIA_DATA_DIR)"
+
+    @property
     def storage_dir(self) -> Path:
         return self.data_dir / "objects"
 

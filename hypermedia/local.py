@@ -246,7 +246,7 @@ class LocalStack:
         else:
             from hypermedia.db.engine import make_engine
 
-            engine = make_engine(settings.effective_database_url)
+            engine = make_engine(settings.effective_database_url, setting=settings.database_setting)
             if self.cluster_queues is not None:
                 queues = self.cluster_queues(engine)
             else:  # nodes may join this head: its actors' queues, and the joined ones'

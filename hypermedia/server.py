@@ -235,7 +235,7 @@ def serve(
         from hypermedia.db.engine import make_engine
         from hypermedia.local import operations_of
 
-        engine = make_engine(settings.effective_database_url)
+        engine = make_engine(settings.effective_database_url, setting=settings.database_setting)
         stack = Stack.open(
             settings, engine=engine, implemented=operations_of(settings, queues(engine))
         )

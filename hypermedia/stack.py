@@ -115,7 +115,9 @@ def migrate(
     its imports and a read of every migration file, on each start of a local stack)."""
     owned = engine is None
     prepare_data_dir(settings)
-    engine = engine or make_engine(settings.effective_database_url)
+    engine = engine or make_engine(
+        settings.effective_database_url, setting=settings.database_setting
+    )
     try:
         refused = upgrade_problem(engine)
         if refused is not None:
@@ -188,7 +190,11 @@ class Stack:
         actor's claim loops)."""
         clock = clock or SystemClock()
         prepare_data_dir(settings)
-        engine = engine or make_engine(settings.effective_database_url, custom_plans=custom_plans)
+        engine = engine or make_engine(
+            settings.effective_database_url,
+            custom_plans=custom_plans,
+            setting=settings.database_setting,
+        )
         if auto_migrate:
             migrate(settings, engine, clock=clock)
         elif (problem := schema_problem(engine)) is not None:

@@ -54,17 +54,12 @@ def open_engine(settings: Settings) -> Engine:
     if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
         path = Path(url.database or "")
         if not path.exists():
-            key = (
-                "database_url (HYPERMEDIA_DATABASE_URL)"
-                if settings.database_url
-                else "data_dir (HYPERMEDIA_DATA_DIR)"
-            )
             raise ConfigError(
-                key,
+                settings.database_setting,
                 f"no database at {path}: nothing has run with this data dir (the services'"
                 " one? a new deployment starts with `hypermedia db upgrade`)",
             )
-    engine = make_engine(settings.effective_database_url)
+    engine = make_engine(settings.effective_database_url, setting=settings.database_setting)
     problem = schema_problem(engine)
     if problem is not None:
         engine.dispose()

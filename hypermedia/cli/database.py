@@ -20,7 +20,7 @@ def db_upgrade() -> None:
     from hypermedia.stack import migrate
 
     settings = read_settings()
-    engine = make_engine(settings.effective_database_url)
+    engine = make_engine(settings.effective_database_url, setting=settings.database_setting)
     try:
         migrate(settings, engine)
         revision = current_revision(engine)

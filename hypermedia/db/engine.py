@@ -17,17 +17,32 @@ from typing import Any
 from sqlalchemy import Connection, Engine, create_engine, event, make_url
 from sqlalchemy.exc import DBAPIError, DisconnectionError, OperationalError
 
-from hypermedia.errors import DatabaseUnavailable
+from hypermedia.errors import ConfigError, DatabaseUnavailable
 
 
-def make_engine(url: str, *, custom_plans: bool = False, **kwargs: Any) -> Engine:
+def make_engine(
+    url: str,
+    *,
+    custom_plans: bool = False,
+    setting: str = "database_url (HYPERMEDIA_DATABASE_URL)",
+    **kwargs: Any,
+) -> Engine:
     """An engine for ``url``. ``custom_plans``: on PostgreSQL every statement of its
     connections is planned for the parameters it runs with (see :data:`PLAN_CACHE_MODE`;
-    the claim loops' engine)."""
+    the claim loops' engine). ``setting``: where ``url`` comes from, as a ConfigError
+    names it (a SQLite file whose directory cannot be made)."""
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         if (database := sqlite_file(url)) is not None:
-            database.parent.mkdir(parents=True, exist_ok=True)
+            directory = database.parent
+            try:
+                directory.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise ConfigError(
+                    setting,
+                    f"cannot make {directory}, the directory of the SQLite record"
+                    f" {database}: {exc.strerror or exc}",
+                ) from exc
         engine = create_engine(
             url,
             connect_args={"check_same_thread": False, "timeout": 30},

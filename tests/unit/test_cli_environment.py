@@ -151,3 +151,35 @@ def test_a_documented_sandbox_init_passes_and_a_wrong_one_is_refused_by_name():
         check_environment({"HYPERMEDIA_SANDBOX_PID_INIT": "Copy"})
     assert caught.value.key == "HYPERMEDIA_SANDBOX_PID_INIT"
     assert "'tiny' or 'copy'" in caught.value.message
+
+
+@pytest.mark.parametrize("variable", ["HYPERMEDIA_DATABASE_URL", "HYPERMEDIA_DATA_DIR"])
+def test_a_sqlite_record_whose_directory_cannot_be_made_names_its_setting(tmp_path, variable):
+    """`db upgrade` on a SQLite file under a path that cannot be a directory printed
+    `error: internal: FileNotFoundError` (NotADirectoryError here); it names the setting
+    and the directory."""
+    blocker = tmp_path / "a file"
+    blocker.write_text("")
+    data_dir = tmp_path / "data"
+    environment = {
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": str(REPO),
+        "HYPERMEDIA_DATA_DIR": str(data_dir),
+    }
+    if variable == "HYPERMEDIA_DATABASE_URL":
+        environment[variable] = f"sqlite:///{blocker}/sub/x.db"
+        key = "database_url (HYPERMEDIA_DATABASE_URL)"
+    else:
+        environment[variable] = str(blocker / "data")
+        key = "data_dir (HYPERMEDIA_DATA_DIR)"
+    result = subprocess.run(
+        [sys.executable, "-m", "hypermedia.cli", "db", "upgrade"],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert result.stderr.startswith(f"error: config_invalid: {key}: cannot make "), result.stderr
+    assert str(blocker) in result.stderr
