@@ -47,6 +47,8 @@ REPO_ETC = shipped_etc()
 DEFAULT_QUEUES = ("images", "documents", "ocr", "media", "bulk")
 _QUEUE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 _S3_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+# The URL schemes whose driver is installed (``postgresql`` is made psycopg's).
+_DATABASE_DRIVERS = ("postgresql", "postgresql+psycopg", "sqlite", "sqlite+pysqlite")
 _CALLBACK_HOST = re.compile(r"^([a-z0-9.-]{1,253}|\[[0-9a-f:.]{2,45}\])(:[0-9]{1,5})?$")
 _S3_PREFIX = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._=-]{0,199}/?)*$")
 
@@ -244,9 +246,17 @@ class Settings(BaseSettings):
     def _check_database_url(cls, value: str | None) -> str | None:
         if value is None:
             return None
-        if not value.startswith(("postgresql", "sqlite")):
+        scheme, found, _rest = value.partition("://")
+        if not found or scheme.split("+")[0] not in ("postgresql", "sqlite"):
             raise ValueError("expected a postgresql+psycopg:// or sqlite:/// URL")
-        if value.startswith("postgresql://"):
+        if scheme not in _DATABASE_DRIVERS:
+            # A driver SQLAlchemy knows but this install has not (asyncpg, psycopg2, ...):
+            # refused here rather than as an internal ModuleNotFoundError at connect.
+            raise ValueError(
+                f"driver {scheme!r} is not supported: use postgresql+psycopg:// (psycopg 3)"
+                " or sqlite:///"
+            )
+        if scheme == "postgresql":
             # One driver, chosen: psycopg 3.
             value = "postgresql+psycopg://" + value.removeprefix("postgresql://")
         return value

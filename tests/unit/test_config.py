@@ -156,6 +156,8 @@ def test_a_worker_node_refuses_actors_its_cpus_cannot_hold():
         ("postgresql+psycopg://u@h/db", "postgresql+psycopg://u@h/db"),
         ("sqlite:///relative.db", "sqlite:///relative.db"),
         ("sqlite:////abs/path.db", "sqlite:////abs/path.db"),
+        ("sqlite+pysqlite:////abs/path.db", "sqlite+pysqlite:////abs/path.db"),
+        ("sqlite://", "sqlite://"),
     ],
 )
 def test_database_url_is_normalized_to_psycopg(url, expected, monkeypatch):
@@ -249,6 +251,17 @@ BAD_VALUES = [
     ("HYPERMEDIA_DATA_DIR", "  ", "data_dir", "empty"),
     ("HYPERMEDIA_DATABASE_URL", "mysql://u@h/db", "database_url", "postgresql+psycopg://"),
     ("HYPERMEDIA_DATABASE_URL", "db.sqlite", "database_url", "sqlite:///"),
+    # Drivers SQLAlchemy knows but hypermedia does not install: refused here, not as an
+    # internal ModuleNotFoundError at the first connection.
+    (
+        "HYPERMEDIA_DATABASE_URL",
+        "postgresql+asyncpg://u@h/db",
+        "database_url",
+        "'postgresql+asyncpg'",
+    ),
+    ("HYPERMEDIA_DATABASE_URL", "postgresql+psycopg2://u@h/db", "database_url", "not supported"),
+    ("HYPERMEDIA_DATABASE_URL", "sqlite+aiosqlite:///x.db", "database_url", "not supported"),
+    ("HYPERMEDIA_DATABASE_URL", "sqlitex:///x.db", "database_url", "sqlite:///"),
     ("HYPERMEDIA_REDIS_URL", "http://cache:6379", "redis_url", "redis://"),
     ("HYPERMEDIA_REDIS_URL", "cache:6379", "redis_url", "redis://"),
     ("HYPERMEDIA_REDIS_PREFIX", "a:b", "redis_prefix", "pattern"),
