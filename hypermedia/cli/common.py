@@ -42,9 +42,11 @@ def read_settings(**overrides: Any) -> Settings:
     return load_settings(**{k: v for k, v in overrides.items() if v is not None})
 
 
-def open_engine(settings: Settings) -> Engine:
+def open_engine(settings: Settings, *, connect_timeout: int | None = None) -> Engine:
     """An engine on an existing database whose schema is up to date. A SQLite file that
-    is not there is not created: a data dir nothing has run with is an error."""
+    is not there is not created: a data dir nothing has run with is an error.
+    ``connect_timeout``: seconds a PostgreSQL connection may take (None: libpq's, no
+    limit: a server whose packets are dropped holds the command for minutes)."""
     from sqlalchemy import make_url
 
     from hypermedia.db.engine import make_engine
@@ -59,8 +61,17 @@ def open_engine(settings: Settings) -> Engine:
                 f"no database at {path}: nothing has run with this data dir (the services'"
                 " one? a new deployment starts with `hypermedia db upgrade`)",
             )
-    engine = make_engine(settings.effective_database_url, setting=settings.database_setting)
-    problem = schema_problem(engine)
+    options: dict[str, Any] = {}
+    if connect_timeout is not None and url.get_backend_name() != "sqlite":
+        options["connect_args"] = {"connect_timeout": connect_timeout}
+    engine = make_engine(
+        settings.effective_database_url, setting=settings.database_setting, **options
+    )
+    try:
+        problem = schema_problem(engine)
+    except BaseException:
+        engine.dispose()
+        raise
     if problem is not None:
         engine.dispose()
         raise ConfigError("database_url (HYPERMEDIA_DATABASE_URL)", problem)

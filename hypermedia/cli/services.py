@@ -108,6 +108,7 @@ def worker(
     check_token_file(token_file)
     settings = read_settings()
     check_worker_cpus(settings, counts, num_cpus)
+    check_worker_schema(settings)
     note(f"waiting for the head at {address} (up to {wait:g} s)")
     cluster.wait_for_head(address, wait)
     note(f"joining the cluster at {address} (`ray start`)")
@@ -182,6 +183,24 @@ def check_token_file(path: Path) -> None:
         ) from None
     if not text.strip():
         raise ConfigError(key, f"{path} is empty")
+
+
+def check_worker_schema(settings: Settings) -> None:
+    """A node whose settings name the database (``database_url``): its schema must be
+    the one this hypermedia knows, checked as ``serve`` checks it. A node left on an old
+    hypermedia after a deploy joined, and each actor placed on it failed at start, on the
+    head's logs only. A database this node cannot reach now is said and not refused:
+    the actors connect with the head's settings, and retry."""
+    if settings.database_url is None:
+        return  # the usual node: its actors get the database from the head
+    from hypermedia.cli.common import open_engine
+    from hypermedia.errors import DatabaseUnavailable
+
+    try:
+        # ConfigError: the schema, named as serve does.
+        open_engine(settings, connect_timeout=10).dispose()
+    except DatabaseUnavailable as exc:
+        note(f"the schema is not checked: {exc.message}")
 
 
 def check_worker_cpus(settings: Settings, counts: dict[str, int], num_cpus: int) -> None:

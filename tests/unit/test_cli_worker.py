@@ -64,7 +64,9 @@ def test_the_token_file_must_be_there_and_hold_a_token(tmp_path):
     check_token_file(tmp_path / "token")
 
 
-def _worker(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def _worker(
+    tmp_path: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     (tmp_path / "token").write_text("abc\n")
     return subprocess.run(
         [
@@ -81,6 +83,7 @@ def _worker(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
             "PYTHONPATH": str(REPO),
             "HYPERMEDIA_DATA_DIR": str(tmp_path / "data"),
             "COLUMNS": "1000",
+            **(env or {}),
         },
         capture_output=True,
         text=True,
@@ -116,3 +119,32 @@ def test_the_command_refuses_a_mistake_in_one_line(tmp_path, args, said):
     assert result.returncode == 1
     (line,) = result.stderr.strip().splitlines()  # one line: no traceback
     assert line.startswith(f"error: config_invalid: {said}"), line
+
+
+def test_a_node_whose_hypermedia_does_not_know_the_schema_refuses_before_ray_start(tmp_path):
+    """A worker node left on an old hypermedia after a deploy (the record migrated by a
+    newer one): its command joined the cluster, and each actor placed on it failed at
+    start, on the head's logs only. With the database URL in its settings it now checks
+    the schema first and refuses as `serve` does, naming the key, before `ray start`."""
+    import sqlite3
+
+    record = tmp_path / "newer.db"
+    with sqlite3.connect(record) as db:  # as a newer hypermedia left it
+        db.execute("CREATE TABLE alembic_version (version_num VARCHAR(32) PRIMARY KEY)")
+        db.execute("INSERT INTO alembic_version VALUES ('9999_from_the_future')")
+        db.execute("CREATE TABLE processing_jobs (job_id TEXT PRIMARY KEY)")
+    with socket.socket() as probe:  # a port nothing listens on: no head
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    result = _worker(
+        tmp_path,
+        *("--address", f"127.0.0.1:{port}", "--queue", "images", "--wait", "2"),
+        env={"HYPERMEDIA_DATABASE_URL": f"sqlite:///{record}"},
+    )
+    assert result.returncode == 1
+    (line,) = result.stderr.strip().splitlines()  # refused before waiting for the head
+    assert line.startswith(
+        "error: config_invalid: database_url (HYPERMEDIA_DATABASE_URL): the database schema"
+        " is at revision 9999_from_the_future, which this hypermedia does not know"
+    ), line
+    assert not (tmp_path / "data" / "ray").exists()
