@@ -17,6 +17,9 @@ truth (``<name>.txt``, reading order), laid out like the corpus's ``ocr/`` pairs
   ``born-digital.pdf``: the same paragraphs as PDF text (no image).
 
 Everything is drawn from fixed seeds: the same bytes every run for one Pillow.
+
+Pages some tests draw for themselves (not in the group): :func:`script_page`, lines
+of another script (Vietnamese, Arabic right to left: DejaVu Sans has both).
 """
 
 from __future__ import annotations
@@ -97,6 +100,38 @@ def _page(lines: list[tuple[str, int, int]], size: int, width: int, height: int)
     face = font(size)
     for text, x, y in lines:
         draw.text((x, y), text, fill=0, font=face)
+    return image
+
+
+VIETNAMESE = (
+    "Tôi yêu tiếng Việt rất nhiều.",
+    "Hà Nội là thủ đô của Việt Nam.",
+    "Chúng tôi đi học mỗi ngày.",
+)
+ARABIC = (
+    "مرحبا بكم في المدينة الجميلة",
+    "الكتاب على الطاولة الكبيرة",
+    "نحن نذهب إلى المدرسة كل يوم",
+)
+
+
+def script_page(lines: tuple[str, ...], *, rtl: bool = False, size: int = 48) -> Image.Image:
+    """``lines`` one under another in DejaVu Sans, right-aligned for a right-to-left
+    script (Pillow shapes Arabic with libraqm)."""
+    from PIL import Image, ImageDraw
+
+    margin, step, face = 150, int(size * 1.7), font(size)
+    direction = "rtl" if rtl else None
+    measure = ImageDraw.Draw(Image.new("L", (1, 1)))
+    width = margin * 2 + int(
+        max(measure.textlength(t, font=face, direction=direction) for t in lines)
+    )
+    image = Image.new("L", (width, margin * 2 + step * len(lines)), 255)
+    draw = ImageDraw.Draw(image)
+    for index, text in enumerate(lines):
+        length = draw.textlength(text, font=face, direction=direction)
+        x = width - margin - length if rtl else margin
+        draw.text((x, margin + index * step), text, fill=0, font=face, direction=direction)
     return image
 
 
