@@ -603,7 +603,6 @@ class TesseractEngine:
                 f"tesseract has no model for {', '.join(wanted)} (apt-get install"
                 f" {' '.join(f'tesseract-ocr-{name}' for name in wanted)})",
             )
-        self._tesserocr = tesserocr
         self._api = tesserocr.PyTessBaseAPI(
             path=f"{directory}/",
             lang="+".join(languages),
@@ -623,37 +622,54 @@ class TesseractEngine:
             page = _uint8(cv2.resize(page, size, interpolation=cv2.INTER_CUBIC))
         binary, angle = prepare_for_tesseract(page)
         api = self._api
-        tesserocr = self._tesserocr
         api.SetImage(Image.fromarray(binary))
         api.Recognize()
-        level = tesserocr.RIL.TEXTLINE
         lines = []
-        iterator = api.GetIterator()
-        if iterator is None:
-            api.Clear()
-            return []
-        for item in tesserocr.iterate_level(iterator, level):
-            try:
-                text = item.GetUTF8Text(level)
-                box = item.BoundingBox(level)
-            except RuntimeError:  # "No text returned": an empty line
-                continue
-            if not text or box is None:
-                continue
-            text = " ".join(text.split())
-            if not text:
-                continue
-            x0, y0, x1, y1 = box
+        for text, (x0, y0, x1, y1), confidence in tsv_lines(api.GetTSVText(0)):
             xs, ys = _unrotate_box(x0, y0, x1, y1, angle, binary.shape[1], binary.shape[0])
             xs, ys = [x / scale for x in xs], [y / scale for y in ys]
-            lines.append(
-                Line(text, _clip(xs, ys, width, height), _unit(item.Confidence(level) / 100))
-            )
+            lines.append(Line(text, _clip(xs, ys, width, height), _unit(confidence / 100)))
         api.Clear()
         return lines
 
     def close(self) -> None:
         self._api.End()
+
+
+def tsv_lines(tsv: str) -> list[tuple[str, tuple[int, int, int, int], float]]:
+    """The text lines of Tesseract's TSV result: each line's words in reading order
+    joined by a space, its box ``(x0, y0, x1, y1)`` and confidence (0..100: the mean
+    of its words', as Tesseract's own line confidence is); lines without a word left
+    out. Read from the TSV, not tesserocr's result iterator: the iterator gives a
+    right-to-left line (Arabic) as its first word only, letters reversed."""
+    boxes: dict[tuple[str, ...], tuple[int, int, int, int]] = {}
+    words: dict[tuple[str, ...], list[tuple[str, float]]] = {}
+    for row in tsv.splitlines():
+        fields = row.split("\t")
+        if len(fields) < 11 or fields[0] not in ("4", "5"):
+            continue
+        # level, page, block, paragraph, line, word, left, top, width, height, conf, text
+        key = tuple(fields[1:5])
+        try:
+            left, top, box_width, box_height = (int(v) for v in fields[6:10])
+            confidence = float(fields[10])
+        except ValueError:
+            continue
+        if fields[0] == "4":
+            boxes[key] = (left, top, left + box_width, top + box_height)
+            continue
+        text = " ".join((fields[11] if len(fields) > 11 else "").split())
+        if text and confidence >= 0:
+            words.setdefault(key, []).append((text, confidence))
+    return [
+        (
+            " ".join(text for text, _ in said),
+            boxes[key],
+            sum(confidence for _, confidence in said) / len(said),
+        )
+        for key, said in words.items()
+        if key in boxes
+    ]
 
 
 def prepare_for_tesseract(page: PageArray) -> tuple[PageArray, float]:
