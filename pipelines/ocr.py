@@ -10,7 +10,10 @@ Per page:
    page is rendered at ``dpi`` (PDF) or decoded upright (images: EXIF orientation
    applied, alpha flattened onto white), within ``max_pixels``.
 2. Tesseract's OSD says whether the page is turned by 90/180/270 degrees; a turned
-   page is turned upright first (``orientation`` in the JSON).
+   page is turned upright first (``orientation`` in the JSON); a page skewed by a
+   degree or more (up to 5) is then turned level (``deskew``), so that the lines'
+   boxes do not overlap and reading order holds. The page image of the searchable
+   PDF is the page as read, upright and level.
 3. The chain (``engines``) runs in order until a result is good
    (:func:`pipelines.ocr_layout.assess`: mean line confidence at least
    ``min_confidence``, plausible text); each weak result escalates to the next
@@ -142,6 +145,7 @@ class PageResult:
     engine: str | None = None
     confidence: float | None = None
     orientation: int = 0
+    deskew: float = 0.0
     attempts: list[Attempt] = field(default_factory=list)
     # The layout model's regions, None when it did not run.
     regions: list[Region] | None = None
@@ -213,12 +217,12 @@ def detect_regions(
 
 def recognise_page(
     page: PageArray, request: ocr_params.OcrRequest, engines: Engines
-) -> tuple[PageArray, int, list[Attempt], Attempt]:
-    """Turn ``page`` upright and run the chain on it: the upright page, its turn, every
-    attempt and the chosen one."""
+) -> tuple[PageArray, int, float, list[Attempt], Attempt]:
+    """Turn ``page`` upright and level and run the chain on it: the upright page, its
+    turn, the degrees it was turned level by, every attempt and the chosen one."""
     import numpy as np
 
-    from pipelines.ocr_engines import OSD_MIN_CONFIDENCE, page_orientation
+    from pipelines.ocr_engines import OSD_MIN_CONFIDENCE, deskew, page_orientation
 
     turn = 0
     degrees, confidence = page_orientation(page)
@@ -226,6 +230,7 @@ def recognise_page(
         turn = degrees
         # OSD's angle is how far the page is turned clockwise: turn it back.
         page = np.ascontiguousarray(np.rot90(page, k=degrees // 90))
+    page, skew = deskew(page)
     grey = page.min(axis=2)
     dark = grey < 128
     ink = float(dark.mean())
@@ -257,7 +262,7 @@ def recognise_page(
         reasons = "; ".join(f"{a.engine}: {a.skipped}" for a in attempts)
         raise PipelineError("engine_unavailable", f"ocr: no engine of the chain can run: {reasons}")
     chosen = max(tried, key=lambda a: (a.weakness is None, a.confidence or 0.0))
-    return page, turn, attempts, chosen
+    return page, turn, skew, attempts, chosen
 
 
 def _ink_box(dark: Any) -> tuple[int, int, int, int]:
@@ -434,7 +439,7 @@ def _ocr_image_page(
     pages_dir: Path,
     images: list[Path],
 ) -> PageResult:
-    upright, turn, attempts, chosen = recognise_page(page, request, engines)
+    upright, turn, skew, attempts, chosen = recognise_page(page, request, engines)
     regions, layout_cpu = detect_regions(upright, request, engines)
     height, width = upright.shape[:2]
     images.append(_save_page_image(upright, pages_dir / f"page-{number}"))
@@ -448,6 +453,7 @@ def _ocr_image_page(
         engine=chosen.engine,
         confidence=chosen.confidence,
         orientation=turn,
+        deskew=skew,
         attempts=attempts,
         regions=regions,
         layout_cpu_seconds=layout_cpu,
@@ -631,11 +637,13 @@ def _write_outputs(
 
 
 def _page_json(result: PageResult, request: ocr_params.OcrRequest) -> dict[str, Any]:
-    """``{page, width, height, dpi, source, engine, confidence, orientation, attempts,
-    layout, blocks: [{type, bbox, confidence, lines: [{text, bbox, confidence, engine,
-    language}]}]}``; bboxes are ``[x0, y0, x1, y1]`` in the page image's pixels (after
-    ``orientation``). ``layout`` is ``{model, regions, cpu_seconds}`` or null when it is
-    off (then blocks have no ``type`` nor ``confidence``). A block's ``type`` is its
+    """``{page, width, height, dpi, source, engine, confidence, orientation, deskew,
+    attempts, layout, blocks: [{type, bbox, confidence, lines: [{text, bbox, confidence,
+    engine, language}]}]}``; bboxes are ``[x0, y0, x1, y1]`` in the page image's pixels
+    (after ``orientation``, then ``deskew``: the degrees, counter-clockwise, a skewed
+    page was turned level by on a canvas grown to hold it; 0 when it was not).
+    ``layout`` is ``{model, regions, cpu_seconds}`` or null when it is off (then
+    blocks have no ``type`` nor ``confidence``). A block's ``type`` is its
     region's class (:class:`pipelines.ocr_engines.Region`; ``text`` for lines outside
     every region, ``confidence`` null), its bbox the region's; a ``table`` block adds
     ``cells: null`` and ``structure`` saying why (no table-structure model is installed:
@@ -674,6 +682,7 @@ def _page_json(result: PageResult, request: ocr_params.OcrRequest) -> dict[str, 
         "engine": engine,
         "confidence": round(result.confidence, 4) if result.confidence is not None else None,
         "orientation": result.orientation,
+        "deskew": round(result.deskew, 2),
         "attempts": [attempt.as_json() for attempt in result.attempts],
         "layout": None
         if result.regions is None
