@@ -202,13 +202,14 @@ def save(
             raise PipelineError(
                 "output_limit", f"the {output_format.name} output outgrew max_output_bytes"
             ) from None
-        if any(marker in reason for marker in _NO_MEMORY):
+        if any(marker in reason for marker in NO_MEMORY):
             raise MemoryError(f"libvips could not encode: {reason}") from None
         raise
 
 
 _FILE_TOO_LARGE = os.strerror(errno.EFBIG)  # "File too large"
-_NO_MEMORY = (os.strerror(errno.ENOMEM), "out of memory", "unable to create thread")
+# What libvips says when memory (or a thread) is refused: the sandbox's memory_limit.
+NO_MEMORY = (os.strerror(errno.ENOMEM), "out of memory", "unable to create thread")
 
 
 def _save(

@@ -311,6 +311,7 @@ def _detect(path: Path) -> str:
 def load_image(path: Path, kind: str, max_pixels: int) -> tuple[PageArray, float]:
     """The image upright (EXIF orientation applied), RGB on white; its dpi."""
     import numpy as np
+    import pyvips
 
     from pipelines import images
     from pipelines.image_source import DecodeFailed, describe_error
@@ -344,7 +345,15 @@ def load_image(path: Path, kind: str, max_pixels: int) -> tuple[PageArray, float
         image = image.colourspace("srgb").cast("uchar")
     if image.bands == 1:
         image = image.bandjoin([image, image])
-    array = np.asarray(image.numpy(), dtype=np.uint8)
+    try:
+        # libvips decodes here, into one buffer of the whole page.
+        array = np.asarray(image.numpy(), dtype=np.uint8)
+    except pyvips.Error as exc:
+        reason = " ".join(str(exc).split())
+        if any(marker in reason for marker in images.NO_MEMORY):
+            # The sandbox's memory_limit, as the image steps report it.
+            raise MemoryError(f"libvips could not decode the page: {reason}") from None
+        raise PipelineError("invalid_input", f"the image cannot be decoded: {reason}") from None
     if array.ndim == 2:
         array = np.stack([array] * 3, axis=2)
     return np.ascontiguousarray(array[:, :, :3]), dpi
