@@ -248,9 +248,9 @@ IMAGE = Inspection("image", "image/png", {"width": 800, "height": 600})
         (Inspection("pdf", "application/pdf", {"pages": 3}), {}, 3, 3),
         (Inspection("pdf", "application/pdf", {"pages": 3}), {"engines": ["ppocr"]}, 3, 1),
         (Inspection("pdf", "application/pdf", {"pages": 3}), {"max_pages": 2}, 2, 3),
-        (Inspection("pdf", "application/pdf", {}), {}, 100, 3),  # count unknown: max_pages
+        (Inspection("pdf", "application/pdf", {}), {}, 25, 3),  # count unknown: max_pages
         (Inspection("pdf", "application/pdf", {}), {"max_pages": 7}, 7, 3),
-        (None, {"engines": ["ppocr", "tesseract"]}, 100, 2),  # never inspected: max_pages
+        (None, {"engines": ["ppocr", "tesseract"]}, 25, 2),  # never inspected: max_pages
     ],
 )
 def test_ocr_bounds_its_units_by_pages_and_engines(shipped, inspection, changes, pages, engines):
