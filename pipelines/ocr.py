@@ -310,9 +310,6 @@ def _detect(path: Path) -> str:
 
 def load_image(path: Path, kind: str, max_pixels: int) -> tuple[PageArray, float]:
     """The image upright (EXIF orientation applied), RGB on white; its dpi."""
-    import numpy as np
-    import pyvips
-
     from pipelines import images
     from pipelines.image_source import DecodeFailed, describe_error
 
@@ -338,6 +335,58 @@ def load_image(path: Path, kind: str, max_pixels: int) -> tuple[PageArray, float
         raise PipelineError(
             "invalid_input", f"the image cannot be decoded: {describe_error(exc, path)}"
         ) from None
+    return _page_array(image)
+
+
+def tiff_pages(path: Path) -> int:
+    """How many pages (directories) a TIFF holds, from its header."""
+    from pipelines import images
+    from pipelines.image_source import DecodeFailed, describe_error
+
+    try:
+        source = images.open_input(path, images.detect(path))
+    except DecodeFailed as exc:
+        raise PipelineError(
+            "invalid_input", f"the image cannot be decoded: {describe_error(exc, path)}"
+        ) from None
+    try:
+        return max(1, source.header.frames)
+    finally:
+        source.close()
+
+
+def load_tiff_page(path: Path, index: int, max_pixels: int) -> tuple[PageArray, float]:
+    """Page ``index`` (from 0) of a TIFF, upright, RGB on white; its dpi."""
+    import pyvips
+
+    from pipelines.image_source import DecodeFailed
+    from pipelines.image_vips import check_loader
+
+    try:
+        image = pyvips.Image.tiffload(str(path), page=index, access="sequential")
+        check_loader(image, "tiffload")
+    except (pyvips.Error, DecodeFailed) as exc:
+        reason = " ".join(str(exc).split())
+        raise PipelineError(
+            "invalid_input", f"page {index + 1} of the TIFF cannot be decoded: {reason}"
+        ) from None
+    if image.width * image.height > max_pixels:
+        raise PipelineError(
+            "pixel_limit",
+            f"page {index + 1}: {image.width}x{image.height} ="
+            f" {image.width * image.height:,} pixels is over the limit of {max_pixels:,}"
+            " (max_pixels)",
+        )
+    return _page_array(image.autorot())
+
+
+def _page_array(image: Any) -> tuple[PageArray, float]:
+    """A decoded page as the engines read it (RGB, 8 bits, on white), and its dpi."""
+    import numpy as np
+    import pyvips
+
+    from pipelines import images
+
     dpi = _image_dpi(image)
     if image.hasalpha():
         image = image.flatten(background=[255] * (image.bands - 1))
@@ -428,6 +477,20 @@ def ocr(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list[Outp
     try:
         if kind == "pdf":
             _ocr_pdf(input_path, request, engines, pages_dir, results, images)
+        elif kind == "tiff" and (count := tiff_pages(input_path)) > 1:
+            # Every page of a multi-page TIFF (a fax, a scanner's document): the first
+            # alone was read, and the others were left out without a word.
+            if count > request.max_pages:
+                raise PipelineError(
+                    "page_limit",
+                    f"the TIFF has {count:,} pages, over the limit of {request.max_pages:,}",
+                )
+            for index in range(count):
+                page, dpi = load_tiff_page(input_path, index, request.max_pixels)
+                results.append(
+                    _ocr_image_page(index + 1, page, dpi, request, engines, pages_dir, images)
+                )
+                progress.report(index + 1, count, "pages")
         else:
             page, dpi = load_image(input_path, kind, request.max_pixels)
             results.append(_ocr_image_page(1, page, dpi, request, engines, pages_dir, images))
@@ -548,18 +611,24 @@ def _usage(results: Sequence[PageResult], workdir: Path) -> Output:
 def max_units(params: Mapping[str, Any], inspection: Inspection | None) -> dict[str, int]:
     """The most of each unit :func:`_usage` can report: every page read by every engine
     of the chain (each page after the first engine escalating to the last). Pages: 1
-    for an image (the step reads its first frame); a PDF's page count as its inspection
-    found it, at most ``max_pages`` (the step refuses more); ``max_pages`` when it is
-    not known (a PDF whose count the inspection could not read, an input never
-    inspected)."""
+    for an image (the step reads its first frame), a TIFF's pages (it reads them all);
+    a PDF's page count as its inspection found it; at most ``max_pages`` (the step
+    refuses more); ``max_pages`` when it is not known (a PDF whose count the inspection
+    could not read, an input never inspected)."""
     request = ocr_params.parse(params)
     pages = request.max_pages
+    counted = inspection.details.get("pages") if inspection is not None else None
     if inspection is not None and inspection.kind == "image":
         pages = 1
-    elif inspection is not None and inspection.kind == "pdf":
-        counted = inspection.details.get("pages")
-        if isinstance(counted, int) and counted >= 1:
+        if inspection.mime == "image/tiff" and isinstance(counted, int) and counted > 1:
             pages = min(counted, request.max_pages)
+    elif (
+        inspection is not None
+        and inspection.kind == "pdf"
+        and isinstance(counted, int)
+        and counted >= 1
+    ):
+        pages = min(counted, request.max_pages)
     engines = len(request.engines)
     return {
         "page": pages,

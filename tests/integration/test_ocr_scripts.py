@@ -10,6 +10,7 @@ Debian's tessdata).
   words in reading order, each word's letters in their order.
 - A page skewed by 4 degrees either way is turned level before it is read (``deskew``
   in the JSON) and its lines come out one by one, in order.
+- Every page of a multi-page TIFF is read, in order, within ``max_pages``.
 """
 
 from __future__ import annotations
@@ -108,3 +109,32 @@ def test_a_page_skewed_a_few_degrees_keeps_its_line_order(tmp_path: Path, degree
     ]
     (described,) = json.loads(Path(document.path).read_text(encoding="utf-8"))["pages"]
     assert described["deskew"] == pytest.approx(-degrees, abs=0.5)
+
+
+def test_every_page_of_a_multi_page_tiff_is_read(tmp_path: Path):
+    """A fax or a scanner's document: a TIFF of several pages. The step read its first
+    page alone and said nothing of the others; it reads each as a page now (the JSON's
+    pages, the text in page order, one progress report a page), within max_pages."""
+    from PIL import Image
+
+    from pipelines.registry import PipelineError
+
+    words = ("Alpha harbour morning", "Bravo station evening", "Charlie garden winter")
+    pages = [
+        ocr_pages.script_page((line,), size=42).convert("L").point(lambda v: 255 if v > 128 else 0)
+        for line in words
+    ]
+    path = tmp_path / "fax.tif"
+    pages[0].save(path, save_all=True, append_images=pages[1:], compression="tiff_lzw")
+    assert Image.open(path).n_frames == 3
+    outputs, text = run(path, tmp_path / "work", {"engines": ["tesseract"]})
+    (document,) = [
+        o for o in outputs if o.output_type.startswith("ocr-") and o.output_type.endswith(".json")
+    ]
+    found = json.loads(Path(document.path).read_text(encoding="utf-8"))
+    assert [page["page"] for page in found["pages"]] == [1, 2, 3]  # was [1]
+    positions = [text.find(line) for line in words]
+    assert -1 not in positions and positions == sorted(positions), text
+    with pytest.raises(PipelineError) as refused:
+        ocr.ocr(path, {"engines": ["tesseract"], "max_pages": 2}, tmp_path / "again")
+    assert refused.value.code == "page_limit" and "3 pages" in refused.value.message

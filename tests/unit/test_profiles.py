@@ -245,6 +245,9 @@ IMAGE = Inspection("image", "image/png", {"width": 800, "height": 600})
     ("inspection", "changes", "pages", "engines"),
     [
         (IMAGE, {}, 1, 3),  # an image is one page; the shipped chain has 3 engines
+        (Inspection("image", "image/tiff", {"pages": 3}), {}, 3, 3),  # each TIFF page read
+        (Inspection("image", "image/tiff", {"pages": 40}), {}, 25, 3),  # refused past 25
+        (Inspection("image", "image/gif", {"pages": 3}), {}, 1, 3),  # a GIF: its first frame
         (Inspection("pdf", "application/pdf", {"pages": 3}), {}, 3, 3),
         (Inspection("pdf", "application/pdf", {"pages": 3}), {"engines": ["ppocr"]}, 3, 1),
         (Inspection("pdf", "application/pdf", {"pages": 3}), {"max_pages": 2}, 2, 3),
