@@ -126,7 +126,7 @@ def test_every_page_of_a_multi_page_tiff_is_read(tmp_path: Path):
     ]
     path = tmp_path / "fax.tif"
     pages[0].save(path, save_all=True, append_images=pages[1:], compression="tiff_lzw")
-    assert Image.open(path).n_frames == 3
+    assert getattr(Image.open(path), "n_frames", 1) == 3
     outputs, text = run(path, tmp_path / "work", {"engines": ["tesseract"]})
     (document,) = [
         o for o in outputs if o.output_type.startswith("ocr-") and o.output_type.endswith(".json")
