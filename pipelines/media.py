@@ -458,6 +458,9 @@ class Stream:
 class Probe:
     streams: list[Stream]
     duration: float | None  # seconds, None where nothing states it
+    # The container's start time (seconds): its earliest stream's; ffmpeg counts the
+    # output's time from there.
+    start: float = 0.0
 
     def first(self, kind: str) -> Stream | None:
         """The first decodable stream of ``kind`` (cover art is not video)."""
@@ -504,7 +507,11 @@ def _parse_probe(data: dict[str, Any]) -> Probe:
     if duration is None:
         known = [d for d in durations if d is not None]
         duration = max(known) if known else None
-    return Probe(streams, duration)
+    try:
+        start = float(data.get("format", {}).get("start_time"))
+    except (TypeError, ValueError):
+        start = 0.0
+    return Probe(streams, duration, start if math.isfinite(start) else 0.0)
 
 
 def _float(value: object) -> float | None:
@@ -715,6 +722,7 @@ def transcode_video_step(
                 input_args=_input_args(input_path, container.demuxer),
                 chunk_seconds=chunk_seconds,
                 total=found.duration,
+                start=found.start,
                 frame_pixels=_output_pixels(video, request.height),
             )  # fmt: skip
         if units is None:

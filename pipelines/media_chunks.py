@@ -12,7 +12,8 @@ is used only once it decodes without an error (and, for a chunk, holds its frame
 count): one damaged in storage (truncated, bytes changed) is transcoded again, never
 joined into the output nor taken for a fault of the input. The output is
 the chunks concatenated without re-encoding (FFmpeg's concat demuxer, stream copy)
-with the sound muxed beside them: the same codecs, frame count and duration (within
+with the sound muxed beside them, each keeping its own times (a sound that starts
+after the picture keeps its delay): the same codecs, frame count and duration (within
 a frame) as a single pass.
 
 The step reports how many chunks it transcoded and how many it found done, as its
@@ -50,6 +51,8 @@ AUDIO_PIECE = "audio.m4a"
 _PICTURE_BASE_CPU = 0.004
 _PICTURE_PIXEL_CPU = 9e-9
 _SOUND_CPU = 0.007
+# Times closer than this (seconds) are the same (ffprobe prints microseconds).
+_SAME_TIME = 1e-3
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,12 +225,13 @@ def transcode_chunked(
     chunk_seconds: float,
     total: float,
     frame_pixels: int,
+    start: float = 0.0,
 ) -> dict[str, int] | None:
     """Transcode ``source`` in chunks into ``output`` (see the module docstring); the
     units of work (chunks transcoded, chunks resumed). None, having done nothing, for a
     video that cannot be cut exactly (packets without times, a variable frame rate, no
-    keyframe, one chunk, a chunk whose frames are not all there): the caller
-    transcodes it in one pass.
+    keyframe, a first keyframe after the input's ``start``, one chunk, a chunk whose
+    frames are not all there): the caller transcodes it in one pass.
     ``video_args``: ffmpeg's arguments up to the output, without input and sound;
     ``audio_args``: the same for the sound (None: no sound); ``frame_pixels``: an
     output picture's (what the sound's share of the progress is weighed against)."""
@@ -236,6 +240,14 @@ def transcode_chunked(
     found = packets(media._run, source, input_args, stream_index, workdir, label)
     usable = found is not None and constant_rate(found)
     chunks = plan(found, chunk_seconds) if found is not None and usable else []
+    if chunks and float(chunks[0].start) - start > _SAME_TIME:
+        # The picture starts after the input does (the sound first, a recording begun
+        # mid-GOP): the output's constant rate fills that time with copies of the first
+        # frame, in chunk 0 only, where the frame count cannot see them.
+        log.info(
+            "%s: its picture starts %.3f s in: one pass", label, float(chunks[0].start) - start
+        )
+        return None
     if len(chunks) < 2:
         log.info("%s: not cut in chunks (%d planned): one pass", label, len(chunks))
         return None
@@ -281,8 +293,10 @@ def transcode_chunked(
         checkpoints.commit(workdir, AUDIO_PIECE)
     listing = workdir / "chunks.txt"
     listing.write_text("".join(f"file '{pieces / c.name}'\n" for c in chunks))
+    # -copyts: each piece keeps its own times, the sound its delay after the picture
+    # (ffmpeg would start every input at zero).
     concat = [
-        media._tool("ffmpeg"), *media._COMMON,
+        media._tool("ffmpeg"), *media._COMMON, "-copyts",
         "-f", "concat", "-safe", "0", "-format_whitelist", "concat,mov",
         "-protocol_whitelist", "file", "-i", f"file:{listing}",
     ]  # fmt: skip

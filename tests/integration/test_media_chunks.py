@@ -18,7 +18,7 @@ import pipelines.media as media
 from pipelines import checkpoints, media_chunks, progress, registry
 from pipelines.registry import USAGE_OUTPUT, Output
 from tests import media_support as ms
-from tests.generated.media import ffmpeg, video_source
+from tests.generated.media import ffmpeg, tone_source, video_source
 
 pytestmark = pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="needs FFmpeg")
 
@@ -207,6 +207,46 @@ def test_a_variable_frame_rate_video_is_done_in_one_pass(
     assert [o.output_type for o in outputs] == ["video-h264-120p-crf23.mp4"]
     assert checkpoints.finished(tmp_path) == {}
     assert len(ms.frame_times(outputs[0].path)) == SECONDS * ms.RATE  # on the 25 fps grid
+
+
+def late(path: Path, *, sound: float = 0.0, picture: float = 0.0) -> Path:
+    """A Matroska clip (keyframe each second) whose sound or picture starts ``sound`` or
+    ``picture`` seconds after the container does, as recordings and remuxes have it."""
+    gop = str(ms.RATE)
+    ffmpeg("-itsoffset", str(picture), *video_source(SECONDS, "160x120", ms.RATE),
+           "-itsoffset", str(sound), *tone_source(SECONDS),
+           "-c:v", "libx264", "-preset", "ultrafast", "-pix_fmt", "yuv420p", "-g", gop,
+           "-keyint_min", gop, "-sc_threshold", "0", "-c:a", "aac", "-threads", "1",
+           "-f", "matroska", str(path))  # fmt: skip
+    return path
+
+
+def sound_start(path: Path) -> float:
+    (sound,) = [s for s in ms.probe(path)["streams"] if s["codec_type"] == "audio"]
+    return float(sound["start_time"])
+
+
+def test_a_sound_that_starts_late_keeps_its_delay(tmp_path: Path) -> None:
+    # Joined, each input started at zero: the sound came 0.46 s early, all the way.
+    source = late(tmp_path / "late-sound.mkv", sound=0.5)
+    (single,) = run(source, SINGLE, tmp_path / "single")
+    outputs = run(source, CHUNKED, tmp_path / "chunked")
+    assert units(outputs) == {"chunks": SECONDS, "chunks_resumed": 0}
+    assert sound_start(single.path) > 0.4
+    assert sound_start(outputs[0].path) == pytest.approx(sound_start(single.path), abs=1e-3)
+    ms.assert_same_as_single_pass(outputs[0].path, single.path, SECONDS)
+
+
+def test_a_picture_that_starts_late_is_done_in_one_pass(tmp_path: Path) -> None:
+    # The constant rate fills the first 0.5 s with copies of the first frame, in chunk 0
+    # only: chunked, as many frames after them were lost (114 -> 100) and the picture
+    # ran 0.56 s ahead of the sound from the first join on.
+    source = late(tmp_path / "late-picture.mkv", picture=0.5)
+    (single,) = run(source, SINGLE, tmp_path / "single")
+    outputs = run(source, CHUNKED, tmp_path / "chunked")
+    assert [o.output_type for o in outputs] == ["video-h264-120p-crf23.mp4"]
+    assert checkpoints.finished(tmp_path / "chunked") == {}
+    assert ms.frame_times(outputs[0].path) == ms.frame_times(single.path)
 
 
 def test_a_chunk_that_comes_out_short_means_one_pass(
