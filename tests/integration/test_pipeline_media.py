@@ -15,6 +15,7 @@ height of at most the requested one, never upscaled, with even dimensions.
 
 from __future__ import annotations
 
+import array
 import json
 import os
 import shutil
@@ -33,6 +34,7 @@ from hypermedia.sandbox.executor import ChildExecutor, ChildFailed
 from pipelines.registry import Output, PipelineError
 from tests.corpus_support import Row, corpus, manifest_rows
 from tests.generated import Generated, hostile
+from tests.generated.media import ffmpeg, video_source
 
 REPO = Path(__file__).resolve().parents[2]
 PROFILES = tomllib.loads((REPO / "etc" / "profiles.toml").read_text())["profiles"]
@@ -187,6 +189,43 @@ def test_audio_codecs(
     check_output(source, "transcode_audio", output, params)
     bit_rate = int(ffprobe(output.path)["format"]["bit_rate"])
     assert bit_rate < int(output_type.split("-")[2].split("k")[0]) * 1000 * 1.6
+
+
+def peak(path: Path) -> float:
+    """The largest sample of ``path``'s sound, decoded as floats (full scale: 1.0; a
+    player clips what is over it)."""
+    decoded = subprocess.run(
+        ["ffmpeg", "-nostdin", "-v", "error", "-i", f"file:{path}", "-vn", "-f", "f32le", "-"],
+        capture_output=True, check=True,
+    ).stdout  # fmt: skip
+    samples = array.array("f")
+    samples.frombytes(decoded)
+    return max(abs(sample) for sample in samples)
+
+
+@pytest.mark.parametrize("channels", ["5.1", "7.1"])
+@pytest.mark.parametrize(
+    ("operation", "params"),
+    [("transcode_audio", {}), ("transcode_audio", {"codec": "mp3"}), ("transcode_video", {})],
+)
+def test_surround_is_mixed_down_without_clipping(
+    channels: str, operation: str, params: dict[str, Any], tmp_path: Path
+) -> None:
+    # Every channel a tone at half of full scale. AAC (float samples) took the downmix
+    # unscaled: peaks of 1.23-1.28 (8,161 samples over full scale in 3 s of 5.1) and
+    # 8-10 dB louder than the same input in MP3 (16-bit samples, scaled to fit).
+    if params.get("codec") == "mp3" and "libmp3lame" not in media.ffmpeg_encoders():
+        pytest.skip("this FFmpeg has no libmp3lame")
+    count = 6 if channels == "5.1" else 8
+    layout = "|".join(f"c{i}=c0" for i in range(count))
+    source = tmp_path / "surround.mkv"
+    video = operation == "transcode_video"
+    ffmpeg(*(video_source(3, "160x120") if video else []),
+           "-f", "lavfi", "-i", "aevalsrc=0.5*sin(2*PI*440*t):s=48000:d=3",
+           *(["-c:v", "libx264", "-preset", "ultrafast"] if video else []),
+           "-af", f"pan={channels}|{layout}", "-c:a", "pcm_s16le", str(source))  # fmt: skip
+    (output, *_) = run_step(operation, source, params, tmp_path / "out")
+    assert 0.4 < peak(output.path) <= 1.0
 
 
 def test_video_height_and_crf(tmp_path: Path, generated: Generated) -> None:
