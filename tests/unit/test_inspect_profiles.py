@@ -52,7 +52,7 @@ def test_shipped_limits():
         max_pixels=100_000_000, max_source_pixels=400_000_000, jpeg_shrink_on_load=True
     )
     assert profiles["regenerate"].accepts == ["any"]
-    assert profiles["ocr"].limits.max_pages == 100
+    assert profiles["ocr"].limits.max_pages == 25  # what its 300 s of CPU reads
     assert profiles["transcode_video"].limits.max_duration_seconds == 7200
 
 
