@@ -37,6 +37,7 @@ out.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -424,7 +425,7 @@ class HypermediaClient:
                         return
             except httpx.ReadTimeout:
                 if deadline is not None and time.monotonic() >= deadline:
-                    raise state.timed_out(timeout) from None
+                    raise self._timed_out(state, timeout) from None
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                 if state.connected:
                     drops += 1
@@ -452,15 +453,23 @@ class HypermediaClient:
                         raise refusal.error from None
                 now = time.monotonic()
                 if deadline is not None and now >= deadline:
-                    raise state.timed_out(timeout) from None
+                    raise self._timed_out(state, timeout) from None
                 pause = min(_BACKOFF_MAX, refusal.retry_after or state.retry)
                 time.sleep(pause if deadline is None else min(pause, deadline - now))
                 continue
             now = time.monotonic()
             if deadline is not None and now >= deadline:
-                raise state.timed_out(timeout)
+                raise self._timed_out(state, timeout)
             pause = min(_BACKOFF_MAX, state.retry * 2 ** max(0, drops - 1))
             time.sleep(pause if deadline is None else min(pause, deadline - now))
+
+    def _timed_out(self, state: _Following, timeout: float | None) -> TimeoutError:
+        """TimeoutError naming the job's last status: the record's, read once, when no
+        event said it within ``timeout`` (a short one, a slow stream: "still unknown")."""
+        if state.status == "unknown":
+            with contextlib.suppress(HypermediaError, httpx.HTTPError):
+                state.status = self.job(state.job_id).status
+        return state.timed_out(timeout)
 
     def _event_stream(self, state: _Following, deadline: float | None) -> Iterator[JobEvent]:
         headers = {"Accept": "text/event-stream"}

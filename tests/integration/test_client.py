@@ -103,6 +103,10 @@ def test_client_end_to_end_over_http(stack, base_url, tmp_path):
         assert finished.status == "cancelled" and finished.finished
         with pytest.raises(TimeoutError, match="still queued"):
             client.wait(submitted.job_ids[1], timeout=0.2)
+        # Timed out before any event said the status (a loaded machine: "still unknown"):
+        # the record's, read once.
+        with pytest.raises(TimeoutError, match="still queued"):
+            client.wait(submitted.job_ids[1], timeout=0.001)
 
         with pytest.raises(NotFound, match="no job"):
             client.job("0" * 32)
