@@ -452,10 +452,13 @@ class _StalledReads:
         return PNG[offset : offset + length]
 
 
-def test_an_inspection_server_killed_takes_its_children_along(tmp_path):
+def test_an_inspection_server_killed_takes_its_children_along(tmp_path, monkeypatch):
     """The inspection server SIGKILLed (the OOM killer) while a child parsed: the child
     went on, re-parented to init. Now it dies with the server (PDEATHSIG, set again
     once it took its own uid, which clears it)."""
+    # Where the server makes its work root: killed, it cannot remove it (one was left in
+    # /tmp by every run of this test).
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
     runner = InspectionRunner(
         InspectionBudget(cpu_seconds=60, wall_seconds=120, concurrency=1),
         hidden_paths=(tmp_path / "its own server",),
