@@ -247,7 +247,10 @@ def _created_at(stack, object_id: str) -> Any:
         ).scalar_one()
 
 
-def test_pause_resume_cancel(engine, settings, manual_clock):
+def _backfill_of_40(
+    engine, settings, manual_clock
+) -> tuple[Any, Any, BulkService, Any, BulkRunner]:
+    """A user's 40 objects and a thumbnail backfill of them, 10 in flight, 10 a page."""
     stack = open_stack(settings, engine, manual_clock)
     person = make_user(stack)
     _objects(stack, person, 40)
@@ -255,7 +258,11 @@ def test_pause_resume_cancel(engine, settings, manual_clock):
     run = service.create(
         RunSpec(kind="backfill", operation="thumbnail", max_in_flight=10, batch_size=10), "t"
     )
-    runner = _runner(stack)
+    return stack, person, service, run, _runner(stack)
+
+
+def test_pause_resume_cancel(engine, settings, manual_clock):
+    stack, person, service, run, runner = _backfill_of_40(engine, settings, manual_clock)
     runner.step(run.run_id)
     assert service.act(run.run_id, "pause").state == "paused"
     with pytest.raises(Conflict):
@@ -280,14 +287,7 @@ def test_a_running_run_takes_a_new_cap_at_its_next_step(engine, settings, manual
     """``throttle``: a lower cap creates nothing until fewer jobs are live, a higher one
     fills up to it; a paused run takes one too; a finished run is a Conflict naming its
     state, an unknown one NotFound."""
-    stack = open_stack(settings, engine, manual_clock)
-    person = make_user(stack)
-    _objects(stack, person, 40)
-    service = _service(stack)
-    run = service.create(
-        RunSpec(kind="backfill", operation="thumbnail", max_in_flight=10, batch_size=10), "t"
-    )
-    runner = _runner(stack)
+    stack, person, service, run, runner = _backfill_of_40(engine, settings, manual_clock)
     runner.step(run.run_id)
     assert service.get(run.run_id).created_jobs == 10
     assert service.throttle(run.run_id, 3).max_in_flight == 3
