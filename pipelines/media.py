@@ -452,6 +452,7 @@ class Stream:
     height: int
     channels: int
     cover_art: bool
+    default: bool = False  # its disposition: what a player picks among its kind
 
 
 @dataclass(frozen=True, slots=True)
@@ -463,11 +464,11 @@ class Probe:
     start: float = 0.0
 
     def first(self, kind: str) -> Stream | None:
-        """The first decodable stream of ``kind`` (cover art is not video)."""
-        for stream in self.streams:
-            if stream.kind == kind and stream.codec and not stream.cover_art:
-                return stream
-        return None
+        """The decodable stream of ``kind`` a player would play: the first flagged
+        default, else the first (cover art is not video). A Matroska file with a
+        German track first and the English one flagged default plays English."""
+        found = [s for s in self.streams if s.kind == kind and s.codec and not s.cover_art]
+        return next((s for s in found if s.default), found[0] if found else None)
 
 
 def probe(path: Path, demuxer: str, workdir: Path, label: str) -> Probe:
@@ -500,6 +501,7 @@ def _parse_probe(data: dict[str, Any]) -> Probe:
                 height=int(raw.get("height") or 0),
                 channels=int(raw.get("channels") or 0),
                 cover_art=bool(raw.get("disposition", {}).get("attached_pic")),
+                default=bool(raw.get("disposition", {}).get("default")),
             )
         )
         durations.append(_float(raw.get("duration")))
@@ -813,5 +815,6 @@ def transcode_video(input_path: Path, params: Mapping[str, Any], workdir: Path) 
 
 @register("transcode_audio", check=_check_audio)
 def transcode_audio(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list[Output]:
-    """The first audio track as ``codec`` (aac -> M4A, opus -> Ogg, mp3) at ``bitrate``."""
+    """The audio track a player would play (the one flagged default, else the first) as
+    ``codec`` (aac -> M4A, opus -> Ogg, mp3) at ``bitrate``."""
     return transcode_audio_step(input_path, params, workdir)

@@ -16,6 +16,7 @@ height of at most the requested one, never upscaled, with even dimensions.
 from __future__ import annotations
 
 import array
+import itertools
 import json
 import os
 import shutil
@@ -420,6 +421,50 @@ def run_in_sandbox(ex: ChildExecutor, source: Path, operation: str, **limits: An
         return caught.value
     finally:
         ex.cleanup(job_id)
+
+
+def frequency(path: Path, track: int = 0) -> float:
+    """The pitch of ``path``'s audio ``track`` (a pure tone), in Hz: its zero crossings,
+    halved."""
+    decoded = subprocess.run(
+        ["ffmpeg", "-nostdin", "-v", "error", "-i", f"file:{path}", "-map", f"0:a:{track}",
+         "-ac", "1",
+         "-ar", "48000", "-f", "f32le", "-"],
+        capture_output=True, check=True,
+    ).stdout  # fmt: skip
+    samples = array.array("f")
+    samples.frombytes(decoded)
+    crossings = sum(1 for a, b in itertools.pairwise(samples) if (a < 0) != (b < 0))
+    return crossings / 2 / (len(samples) / 48000)
+
+
+@pytest.mark.parametrize("operation", ["transcode_video", "transcode_audio"])
+def test_the_default_audio_track_is_the_one_kept(
+    operation: str, executor: ChildExecutor, tmp_path: Path
+) -> None:
+    # Track 1 German at 300 Hz, track 2 English at 900 Hz and flagged default: players
+    # play track 2. Both steps kept track 1 (300 Hz measured in each output).
+    source = tmp_path / "two-languages.mkv"
+    ffmpeg(*(video_source(2, "160x120") if operation == "transcode_video" else []),
+           "-f", "lavfi", "-i", "sine=frequency=300:sample_rate=48000:duration=2",
+           "-f", "lavfi", "-i", "sine=frequency=900:sample_rate=48000:duration=2",
+           *(["-map", "0", "-map", "1", "-map", "2", "-c:v", "libx264", "-preset", "ultrafast"]
+             if operation == "transcode_video" else ["-map", "0", "-map", "1"]),
+           "-c:a", "libopus", "-metadata:s:a:0", "language=deu", "-metadata:s:a:1",
+           "language=eng", "-disposition:a:0", "0", "-disposition:a:1", "default",
+           str(source))  # fmt: skip
+    assert frequency(source, 0) == pytest.approx(300, rel=0.05)
+    assert frequency(source, 1) == pytest.approx(900, rel=0.05)
+    job_id = f"media-default-track-{os.getpid()}-{operation}"
+    input_path = executor.prepare(job_id) / "input" / "source"
+    input_path.write_bytes(source.read_bytes())
+    try:
+        result = executor.run(job_id, operation, input_path, {}, **limits_of(operation))
+        (output,) = result.outputs
+        check_output(source, operation, output, {})
+        assert frequency(output.path) == pytest.approx(900, rel=0.05)
+    finally:
+        executor.cleanup(job_id)
 
 
 def test_rlimits_become_their_codes(executor: ChildExecutor, generated: Generated) -> None:
