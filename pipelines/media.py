@@ -13,7 +13,8 @@ Both steps run the same way:
    gets the input as ``file:/abs/path`` so nothing in it is read as an option or a URL.
    A MIDI file (notes, no samples) or anything not audio/video is
    ``unsupported_format``; an empty file is ``invalid_input``;
-3. probed with ffprobe (JSON): a container it cannot open is ``invalid_input``; a
+3. probed with ffprobe (JSON): a container it cannot open (an MP4 cut inside its index
+   included, see below) is ``invalid_input``; a
    DRM-protected track (FairPlay ``drms``, Common Encryption ``enca``/``encv`` ...) is
    ``encrypted_document``; no video stream for ``transcode_video`` (cover art does not
    count) or no audio stream for ``transcode_audio`` is ``no_streams`` (the message
@@ -38,7 +39,11 @@ A truncated input (an MP4/MOV whose index says more than its file holds: FFmpeg'
 its picture alone); an output shorter than the input's stated duration by a second
 and 2 % or more, or from such an input, is marked partial: the step's units of work
 say ``partial: 1`` (the attempt's record shows them). A truncated MP4 whose index was
-at the end has lost it: nothing can be read, ``invalid_input``.
+at the end has lost it (or part of it): the file ends inside or before its ``moov``
+box. Where ffprobe then fails, finds no track of the kind asked for, or the transcode
+fails, that is ``invalid_input`` ("cut short: its index (moov) is incomplete or
+missing"), never ``no_streams``; where what is left of the index still decodes, the
+output is marked partial.
 
 ffmpeg's own failures become ``invalid_input`` with the last lines it printed (our
 paths replaced); its deaths by rlimit keep the sandbox's codes: ``cpu_limit``
@@ -75,13 +80,15 @@ import shutil
 import signal
 import subprocess
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 from pipelines import media_chunks, progress
 from pipelines.formats import signatures
+from pipelines.formats.media import isobmff_index_cut
+from pipelines.formats.source import FileSource
 from pipelines.params import integer, reject_unknown
 from pipelines.registry import Output, PipelineError, register, usage_output
 
@@ -462,6 +469,9 @@ class Probe:
     # The container's start time (seconds): its earliest stream's; ffmpeg counts the
     # output's time from there.
     start: float = 0.0
+    # An MP4/MOV that ends inside its index (or before it): a missing stream is the
+    # damage, not the file's content.
+    index_cut: bool = False
 
     def first(self, kind: str) -> Stream | None:
         """The decodable stream of ``kind`` a player would play: the first flagged
@@ -485,6 +495,32 @@ def probe(path: Path, demuxer: str, workdir: Path, label: str) -> Probe:
         return _parse_probe(json.loads(ran.text))
     except (ValueError, TypeError, AttributeError) as exc:
         raise PipelineError("invalid_input", f"cannot read {label}: unexpected probe") from exc
+
+
+def probe_input(path: Path, container: Container, workdir: Path) -> Probe:
+    """:func:`probe` of the step's input; an MP4/MOV cut short inside (or before) its
+    index is ``invalid_input`` saying so where ffprobe fails on it."""
+    index_cut = False
+    if container.demuxer == "mov":
+        source = FileSource(path)
+        try:
+            index_cut = isobmff_index_cut(source)
+        finally:
+            source.close()
+    try:
+        found = probe(path, container.demuxer, workdir, container.label)
+    except PipelineError as exc:
+        if index_cut and exc.code == "invalid_input":
+            raise _index_cut(container.label) from exc
+        raise
+    return replace(found, index_cut=index_cut)
+
+
+def _index_cut(label: str) -> PipelineError:
+    return PipelineError(
+        "invalid_input",
+        f"{label} is cut short: its index (moov) is incomplete or missing",
+    )
 
 
 def _parse_probe(data: dict[str, Any]) -> Probe:
@@ -533,6 +569,8 @@ def check_input(found: Probe, kind: str, label: str, max_seconds: float) -> Stre
             f"{label} has a DRM-protected track ({protected[0]}): it cannot be decoded",
         )
     stream = found.first(kind)
+    if stream is None and found.index_cut:
+        raise _index_cut(label)
     if stream is None:
         other = "transcode_audio" if kind == "video" else "transcode_video"
         has_other = found.first("audio" if kind == "video" else "video") is not None
@@ -708,7 +746,7 @@ def transcode_video_step(
     request = video_request(params)
     container = detect(input_path)
     workdir.mkdir(parents=True, exist_ok=True)
-    found = probe(input_path, container.demuxer, workdir, container.label)
+    found = probe_input(input_path, container, workdir)
     video = check_input(found, "video", container.label, request.max_seconds)
     audio = found.first("audio")
     output = workdir / request.output_type
@@ -749,12 +787,17 @@ def transcode_video_step(
         seconds = check_output(
             output, "mp4", "video", "h264", workdir, container.label, request.max_seconds
         )
+    except PipelineError as exc:
+        output.unlink(missing_ok=True)
+        if found.index_cut and exc.code == "invalid_input":
+            raise _index_cut(container.label) from exc
+        raise
     except BaseException:
         output.unlink(missing_ok=True)
         raise
     log.debug("video %s %.1fs -> %s", container.demuxer, seconds, request.output_type)
     units = units or {}
-    if truncated or _short(seconds, found.duration):
+    if truncated or found.index_cut or _short(seconds, found.duration):
         units["partial"] = 1
     outputs = [Output(request.output_type, output, "video/mp4")]
     return outputs + ([usage_output(workdir, units)] if units else [])
@@ -773,7 +816,7 @@ def transcode_audio_step(
     request = audio_request(params)
     container = detect(input_path)
     workdir.mkdir(parents=True, exist_ok=True)
-    found = probe(input_path, container.demuxer, workdir, container.label)
+    found = probe_input(input_path, container, workdir)
     audio = check_input(found, "audio", container.label, request.max_seconds)
     output = workdir / request.output_type
     codec = request.codec
@@ -785,12 +828,17 @@ def transcode_audio_step(
         seconds = check_output(
             output, codec.muxer, "audio", codec.name, workdir, container.label, request.max_seconds
         )
+    except PipelineError as exc:
+        output.unlink(missing_ok=True)
+        if found.index_cut and exc.code == "invalid_input":
+            raise _index_cut(container.label) from exc
+        raise
     except BaseException:
         output.unlink(missing_ok=True)
         raise
     log.debug("audio %s %.1fs -> %s", container.demuxer, seconds, request.output_type)
     outputs = [Output(request.output_type, output, codec.content_type)]
-    if truncated or _short(seconds, found.duration):
+    if truncated or found.index_cut or _short(seconds, found.duration):
         outputs.append(usage_output(workdir, {"partial": 1}))
     return outputs
 

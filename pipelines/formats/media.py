@@ -79,6 +79,33 @@ def _isobmff(source: Source, media: Media) -> None:
         media.kind, media.mime, media.label = "audio", "audio/mp4", "MP4 audio"
 
 
+def isobmff_index_cut(source: Source) -> bool:
+    """True when an MP4/QuickTime file ends before its index: no whole ``moov`` box, and
+    its last top-level box (the ``moov`` itself, or the ``mdat`` before it) runs past
+    the end of the file. An upload cut short whose index was at the end: ffprobe finds
+    no track in it (or fails on its header), though the file is damaged, not trackless."""
+    offset = 0
+    for _ in range(MAX_BOXES):
+        header = source.read_at(offset, 16)
+        if len(header) < 8:
+            return False
+        size, box = struct.unpack_from(">I4s", header)
+        if size == 1:
+            if len(header) < 16:
+                return False
+            size = struct.unpack_from(">Q", header, 8)[0]
+        elif size == 0:  # to the end of the file
+            return False
+        if size < 8:
+            return False
+        if offset + size > source.size:
+            return True
+        if box == b"moov":
+            return False
+        offset += size
+    return False
+
+
 def _walk_boxes(
     source: Source, start: int, end: int, handlers: set[bytes], media: Media, depth: int
 ) -> None:

@@ -65,9 +65,30 @@ def test_a_whole_file_is_not_partial(tmp_path: Path) -> None:
     assert _units(media.transcode_video(source, {}, tmp_path)) == {}
 
 
-def test_an_mp4_whose_index_was_cut_off_is_refused_clearly(tmp_path: Path) -> None:
-    source = _truncated(tmp_path, faststart=False)
+# Where the file ends (bytes past the start of its moov box, or a share of the whole
+# file): the moov's header alone, its mvhd, a first trak half read, most of the index,
+# and the index lost with the tail (the mdat cut).
+@pytest.mark.parametrize("cut", [8, 100, 600, 3000, "60%"])
+@pytest.mark.parametrize("operation", ["transcode_video", "transcode_audio"])
+def test_an_mp4_whose_index_was_cut_off_is_refused_clearly(
+    cut: int | str, operation: str, tmp_path: Path
+) -> None:
+    # Cut inside its moov, the file had "no video stream" (no_streams): ffprobe reads a
+    # moov that ends early as one without tracks.
+    whole = ms.clip(tmp_path / "whole.mp4", SECONDS).read_bytes()
+    moov = whole.index(b"moov") - 4
+    assert moov > len(whole) // 2  # the index is at the end
+    end = int(len(whole) * KEPT) if cut == "60%" else moov + int(cut)
+    source = tmp_path / "input"
+    source.write_bytes(whole[:end])
     with pytest.raises(PipelineError) as caught:
-        media.transcode_video(source, {}, tmp_path)
-    assert caught.value.code == "invalid_input"
-    assert "moov atom not found" in caught.value.message
+        getattr(media, operation)(source, {}, tmp_path)
+    assert caught.value.code == "invalid_input", caught.value.message
+    assert "cut short: its index (moov) is incomplete" in caught.value.message
+
+
+def test_an_mp4_without_sound_still_has_no_audio_stream(tmp_path: Path) -> None:
+    source = ms.clip(tmp_path / "input", SECONDS, sound=False)
+    with pytest.raises(PipelineError) as caught:
+        media.transcode_audio(source, {}, tmp_path)
+    assert caught.value.code == "no_streams", caught.value.message
