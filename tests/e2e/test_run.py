@@ -195,7 +195,9 @@ def test_run_stopped_with_sigterm_stops_what_it_started_and_says_so(tmp_path):
     )
     assert said is not None, text[-3000:]
     done, cancelled, unsent = map(int, said.groups())
-    assert done + cancelled + unsent == MANY and unsent <= MANY - 20
+    # 20 jobs were in the record; the signal may have cut off the 20th submit's answer
+    # (its job made, not in the summary: see below).
+    assert done + cancelled + unsent == MANY and unsent <= MANY - 19
     outputs = list((tmp_path / "hypermedia-out").glob("*/thumbnail*"))
     assert len(outputs) == done
     # Nothing of it is left to run: every job it submitted ended. (A submit the signal
