@@ -53,7 +53,13 @@ def prepare_data_dir(settings: Settings) -> None:
     not; one the URL names elsewhere is created private (SQLite would take the umask:
     0644, for every user to read), and one there already keeps the mode its operator
     gave it."""
-    private_directory(settings.data_dir)
+    try:
+        private_directory(settings.data_dir)
+    except OSError as exc:
+        raise ConfigError(
+            "data_dir (HYPERMEDIA_DATA_DIR)",
+            f"cannot make {settings.data_dir}: {exc.strerror or exc}",
+        ) from exc
     if settings.database_url is None:
         record = settings.data_dir / "hypermedia.db"
         os.close(os.open(record, os.O_RDWR | os.O_CREAT, 0o600))
@@ -62,9 +68,15 @@ def prepare_data_dir(settings: Settings) -> None:
                 if stat.S_IMODE(path.stat().st_mode) != 0o600:
                     os.chmod(path, 0o600)
     elif (named := sqlite_file(settings.database_url)) is not None:
-        named.parent.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileExistsError):
-            os.close(os.open(named, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
+        try:
+            named.parent.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(FileExistsError):
+                os.close(os.open(named, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
+        except OSError as exc:
+            raise ConfigError(
+                settings.database_setting,
+                f"cannot make the SQLite record {named}: {exc.strerror or exc}",
+            ) from exc
 
 
 def redis_url_for(settings: Settings) -> str:

@@ -153,11 +153,14 @@ def test_a_documented_sandbox_init_passes_and_a_wrong_one_is_refused_by_name():
     assert "'tiny' or 'copy'" in caught.value.message
 
 
+@pytest.mark.parametrize("command", [["db", "upgrade"], ["status"]])
 @pytest.mark.parametrize("variable", ["HYPERMEDIA_DATABASE_URL", "HYPERMEDIA_DATA_DIR"])
-def test_a_sqlite_record_whose_directory_cannot_be_made_names_its_setting(tmp_path, variable):
-    """`db upgrade` on a SQLite file under a path that cannot be a directory printed
-    `error: internal: FileNotFoundError` (NotADirectoryError here); it names the setting
-    and the directory."""
+def test_a_sqlite_record_whose_directory_cannot_be_made_names_its_setting(
+    tmp_path, variable, command
+):
+    """`db upgrade` (and `status`, which makes the record's file private first) on a
+    SQLite file under a path that cannot be a directory printed `error: internal:
+    FileNotFoundError` (NotADirectoryError here); it names the setting and the path."""
     blocker = tmp_path / "a file"
     blocker.write_text("")
     data_dir = tmp_path / "data"
@@ -173,7 +176,7 @@ def test_a_sqlite_record_whose_directory_cannot_be_made_names_its_setting(tmp_pa
         environment[variable] = str(blocker / "data")
         key = "data_dir (HYPERMEDIA_DATA_DIR)"
     result = subprocess.run(
-        [sys.executable, "-m", "hypermedia.cli", "db", "upgrade"],
+        [sys.executable, "-m", "hypermedia.cli", *command],
         env=environment,
         capture_output=True,
         text=True,
