@@ -102,7 +102,7 @@ def test_a_page_skewed_a_few_degrees_keeps_its_line_order(tmp_path: Path, degree
     page = tmp_path / "skewed.png"
     clean = ocr_pages.clean_page()
     clean.rotate(degrees, resample=Image.Resampling.BICUBIC, expand=True, fillcolor=255).save(page)
-    outputs, text = run(page, tmp_path / "work", {"engines": ["ppocr"]})
+    outputs, text = run(page, tmp_path / "work", {"engines": ["tesseract"]})
     assert [line for line in text.splitlines() if line] == list(ocr_pages.PARAGRAPHS)
     (document,) = [
         o for o in outputs if o.output_type.endswith(".json") and o.output_type != USAGE_OUTPUT
