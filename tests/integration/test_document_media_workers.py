@@ -121,9 +121,11 @@ def _check_watched(job: Any, watched: list[Any], late: list[Any]) -> None:
         assert run[0][1]["done"] == 0, run[0]
         run = run[1:]
     assert all("total" in e for _, e in run), run
-    assert len(run) >= 3, events
+    # FFmpeg reports every quarter second: a quiet machine transcodes the clip in well
+    # under a second, so one report part-way and the last are what it is sure to see.
+    assert len(run) >= 2, events
     fractions = [e["fraction"] for _, e in run]
-    assert fractions == sorted(fractions) and fractions[-1] == 1.0
+    assert fractions == sorted(fractions) and fractions[0] < 1.0 and fractions[-1] == 1.0
     assert {(e["unit"], e["total"]) for _, e in run} == {("seconds", CLIP_SECONDS)}
     # Live: the first of them reached the other process well before the job ended.
     assert run[0][0] < job.completed_at.timestamp() - 0.5, (run[0][0], job.completed_at)
