@@ -173,7 +173,9 @@ def send(
             ) as response:
                 code = response.status_code  # the body is never read
         except (httpx.HTTPError, httpx.InvalidURL) as exc:  # InvalidURL is no HTTPError
-            if deadline.expired:
+            # httpx's own timeout (each read's, the same seconds) can fire before the
+            # deadline's timer thread is let run on a busy machine: the same no answer.
+            if deadline.expired or isinstance(exc, httpx.TimeoutException):
                 return Answer(None, f"no answer in {timeout:g} s")
             return Answer(None, type(exc).__name__)  # its text can hold the URL: its kind
     return Answer(code, None if 200 <= code < 300 else f"answered {code}")

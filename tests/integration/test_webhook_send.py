@@ -48,3 +48,18 @@ def test_a_receiver_that_answers_a_byte_at_a_time_is_cut_off_at_the_timeout():
         receiver.drip = 0.2
         answer = _send(receiver, timeout=0.5)
     assert (answer.code, answer.error) == (None, "no answer in 0.5 s")
+
+
+def test_a_receiver_that_never_answers_is_no_answer_whichever_timer_fires_first(monkeypatch):
+    """httpx's read timeout is the attempt's seconds too, and on a busy machine it can
+    fire before the deadline's timer thread is let run: that attempt was recorded as
+    'ReadTimeout' (a CI run's callback test saw it), where every other was 'no answer
+    in 1 s'. Here the deadline's timer never runs, so httpx's fires alone."""
+    monkeypatch.setattr(webhooks._Deadline, "_expire", lambda self: None)
+    with receiving() as receiver:
+        receiver.hold.set()
+        try:
+            answer = _send(receiver, timeout=0.5)
+        finally:
+            receiver.release.set()
+    assert (answer.code, answer.error) == (None, "no answer in 0.5 s")
