@@ -40,6 +40,32 @@ def tone_source(seconds: float = SECONDS, frequency: int = 440) -> list[str]:
     return ["-f", "lavfi", "-i", f"sine=frequency={frequency}:sample_rate=44100:duration={seconds}"]
 
 
+# Three bars, left to right: dark grey, mid grey, white (8-bit RGB levels).
+BAR_LEVELS = (0x20, 0x80, 0xFF)
+
+
+def bars(path: Path, transfer: str = "", seconds: float = 1.0) -> Path:
+    """A 336x240 clip of :data:`BAR_LEVELS` bars in H.264. ``transfer`` "smpte2084"
+    (PQ) or "arib-std-b67" (HLG): the same picture as HDR does it, 10-bit BT.2020 with
+    SDR white at 100 nits (zimg's conversion), tagged so; "": SDR, untagged."""
+    colours = ";".join(
+        f"color=c=0x{level:02x}{level:02x}{level:02x}:s=112x240:r=25:d={seconds}[b{i}]"
+        for i, level in enumerate(BAR_LEVELS)
+    )
+    graph = f"{colours};[b0][b1][b2]hstack=3"
+    if not transfer:
+        ffmpeg("-filter_complex", graph, *_EXACT, *H264, str(path))
+        return path
+    graph += (
+        ",zscale=tin=bt709:pin=bt709:min=bt709:rin=tv"
+        f":t={transfer}:p=bt2020:m=bt2020nc:r=tv:npl=100,format=yuv420p10le"
+    )
+    ffmpeg("-filter_complex", graph, *_EXACT, "-c:v", "libx264", "-pix_fmt", "yuv420p10le",
+           "-color_primaries", "bt2020", "-color_trc", transfer, "-colorspace", "bt2020nc",
+           "-color_range", "tv", str(path))  # fmt: skip
+    return path
+
+
 H264 = ["-c:v", "libx264", "-pix_fmt", "yuv420p"]
 # name -> (sources, codecs and container options)
 _BOTH = (*video_source(), *tone_source())

@@ -35,7 +35,7 @@ from hypermedia.sandbox.executor import ChildExecutor, ChildFailed
 from pipelines.registry import Output, PipelineError
 from tests.corpus_support import Row, corpus, manifest_rows
 from tests.generated import Generated, hostile
-from tests.generated.media import ffmpeg, video_source
+from tests.generated.media import bars, ffmpeg, video_source
 
 REPO = Path(__file__).resolve().parents[2]
 PROFILES = tomllib.loads((REPO / "etc" / "profiles.toml").read_text())["profiles"]
@@ -244,6 +244,64 @@ def test_video_height_and_crf(tmp_path: Path, generated: Generated) -> None:
     assert large.output_type == "video-h264-2160p-crf23.mp4"
     (video,) = streams(ffprobe(large.path), "video")
     assert video["height"] == source_height - source_height % 2
+
+
+def bar_luma(path: Path) -> list[float]:
+    """The mean luma (8-bit code values, as coded) of each of :func:`bars`' three bars
+    in the middle frame of a 336x240 yuv420p video, their edges left out."""
+    frame = subprocess.run(
+        ["ffmpeg", "-v", "error", "-ss", "0.5", "-i", f"file:{path}", "-frames:v", "1",
+         "-f", "rawvideo", "-pix_fmt", "yuv420p", "-"],
+        capture_output=True, check=True,
+    ).stdout  # fmt: skip
+    width, height = 336, 240
+    assert len(frame) == width * height * 3 // 2
+    means = []
+    for bar in range(3):
+        left, right = bar * width // 3 + 10, (bar + 1) * width // 3 - 10
+        values = [frame[y * width + x] for y in range(20, height - 20) for x in range(left, right)]
+        means.append(sum(values) / len(values))
+    return means
+
+
+def colour_tags(path: Path) -> tuple[str, ...]:
+    (video,) = streams(ffprobe(path), "video")
+    keys = ("pix_fmt", "color_primaries", "color_transfer", "color_space", "color_range")
+    return tuple(video.get(key, "") for key in keys)
+
+
+@pytest.mark.parametrize("transfer", ["smpte2084", "arib-std-b67"])
+def test_hdr_is_tone_mapped_to_sdr(transfer: str, tmp_path: Path) -> None:
+    # H.264 8-bit is shown as SDR BT.709. PQ cut to 8 bits as it was: the bars (SDR
+    # luma 43/126/235) came out 45/93/127 tagged bt2020/smpte2084, a washed-out grey
+    # picture; HLG 34/89/154. Tone-mapped: 43/126/201, the dark and mid bars as SDR
+    # has them, the 100-nit white bent a little under SDR's white, tagged BT.709.
+    (sdr,) = run_step("transcode_video", bars(tmp_path / "sdr.mp4"), {}, tmp_path / "sdr")
+    source = bars(tmp_path / "hdr.mp4", transfer)
+    (hdr,) = run_step("transcode_video", source, {}, tmp_path / "hdr")
+    assert colour_tags(hdr.path) == ("yuv420p", "bt709", "bt709", "bt709", "tv")
+    (dark, grey, white), expected = bar_luma(hdr.path), bar_luma(sdr.path)
+    assert abs(dark - expected[0]) <= 3 and abs(grey - expected[1]) <= 3, (dark, grey, expected)
+    assert expected[2] - 40 <= white <= expected[2], (white, expected)
+    check_output(source, "transcode_video", hdr, {})
+
+
+def test_sdr_keeps_its_picture_and_tags(tmp_path: Path) -> None:
+    # The SDR path is the one it was: no tone-mapping, no tags added.
+    source = bars(tmp_path / "sdr.mp4")
+    (sdr,) = run_step("transcode_video", source, {}, tmp_path / "sdr")
+    assert colour_tags(sdr.path) == ("yuv420p", "", "", "", "")
+    assert [round(v) for v in bar_luma(sdr.path)] == [round(v) for v in bar_luma(source)]
+
+
+def test_hdr_without_zscale_keeps_its_own_tags(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An FFmpeg without zimg cannot tone-map: the picture is HDR's, and says so.
+    monkeypatch.setattr(media, "ffmpeg_filters", lambda: frozenset({"scale", "format"}))
+    source = bars(tmp_path / "hdr.mp4", "smpte2084")
+    (hdr,) = run_step("transcode_video", source, {}, tmp_path / "hdr")
+    assert colour_tags(hdr.path) == ("yuv420p", "bt2020", "smpte2084", "bt2020nc", "tv")
 
 
 def test_duration_limit(tmp_path: Path, generated: Generated) -> None:
