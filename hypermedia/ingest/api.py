@@ -198,14 +198,14 @@ def process(
     caller: CallerDep,
     stack: StackDep,
     idempotency_key: Annotated[
-        str | None,
+        fields.IdempotencyKey | None,
         Header(
             alias="Idempotency-Key",
             min_length=1,
             max_length=200,
             description="Same as the body's idempotency_key; a retry with the same key "
             "and body replays the first submit; another body under the key is 409 "
-            "`idempotency_key_reused`.",
+            f"`idempotency_key_reused`. {fields.IDEMPOTENCY_KEY_RULE} (else 422).",
         ),
     ] = None,
 ) -> ProcessResponse:
@@ -449,7 +449,7 @@ _BINARY_BODY: dict[str, Any] = {
 
 
 UploadKey = Annotated[
-    fields.Text | None,
+    fields.IdempotencyKey | None,
     Header(
         alias="Idempotency-Key",
         min_length=1,
@@ -457,7 +457,8 @@ UploadKey = Annotated[
         description="Makes the upload safe to retry: another upload of yours under this "
         "key, with the same bytes, file name and pool, stores nothing and is answered "
         "with the first object (`replayed`); with anything else, or once that object is "
-        "deleted: 409 `idempotency_key_reused`. Honoured as long as submits' keys are.",
+        "deleted: 409 `idempotency_key_reused`. Honoured as long as submits' keys are. "
+        f"{fields.IDEMPOTENCY_KEY_RULE} (else 422).",
     ),
 ]
 

@@ -54,7 +54,14 @@ from urllib.parse import quote
 import httpx
 from pydantic import BaseModel, ValidationError
 
-from hypermedia.errors import ConfigError, HypermediaError, ServiceUnavailable, error_classes
+from hypermedia.errors import (
+    ConfigError,
+    HypermediaError,
+    InvalidRequest,
+    ServiceUnavailable,
+    error_classes,
+)
+from hypermedia.ingest.fields import idempotency_key_problem
 from hypermedia.ingest.schemas import (
     AttemptLogResponse,
     CancelResponse,
@@ -221,8 +228,9 @@ class HypermediaClient:
         an iterable of bytes (streamed without a ``Content-Length``). ``filename``
         defaults to the path's or the file object's name; bytes and iterables need one.
 
-        The upload carries ``idempotency_key`` (a new random one when None), so that a
-        try whose answer was lost is retried safely: the server stores nothing more and
+        The upload carries ``idempotency_key`` (a new random one when None; one that is
+        not 1-200 printable ASCII characters raises :class:`InvalidRequest`, unsent), so
+        that a try whose answer was lost is retried safely: the server stores nothing more and
         answers with the first object (``replayed``). A source that can be read only once
         (an iterable, a pipe) is not sent again once its bytes started: such a try
         raises. When every try failed, the :class:`ServiceUnavailable` names the key in
@@ -235,7 +243,7 @@ class HypermediaClient:
         params = {"filename": filename}
         if pool_id is not None:
             params["pool_id"] = pool_id
-        key = idempotency_key or uuid.uuid4().hex
+        key = _idempotency_key(idempotency_key)
         headers = {"Content-Type": content_type, "Idempotency-Key": key}
         if body.size is not None:
             headers["Content-Length"] = str(body.size)
@@ -321,8 +329,9 @@ class HypermediaClient:
         """Submit ``operations`` on an object; ``callback_url``: POSTed each job, signed,
         once it has ended (a host the server allows).
 
-        The submit carries ``idempotency_key`` (a new random one when None), so that a
-        try whose answer was lost is retried safely: the server answers the retry as
+        The submit carries ``idempotency_key`` (a new random one when None; one that is
+        not 1-200 printable ASCII characters raises :class:`InvalidRequest`, unsent), so
+        that a try whose answer was lost is retried safely: the server answers the retry as
         it did the first (``replayed``). When every try failed, the
         :class:`ServiceUnavailable` names the key in its details
         (``idempotency_key``): submit again with it to learn what became of it."""
@@ -333,7 +342,7 @@ class HypermediaClient:
             body["callback_url"] = callback_url
         if params:
             body["params"] = {op: dict(p) for op, p in params.items()}
-        key = idempotency_key or uuid.uuid4().hex
+        key = _idempotency_key(idempotency_key)
         try:
             return self._request(
                 "POST",
@@ -615,6 +624,18 @@ def _problems(exc: ValueError) -> str:
         f"{'.'.join(str(part) for part in e['loc']) or 'body'}: {e['msg']}"
         for e in exc.errors()[:3]
     )
+
+
+def _idempotency_key(given: str | None) -> str:
+    """``given``, or a new random key; a key the API would refuse (it travels in a
+    header: printable ASCII, see :data:`~hypermedia.ingest.fields.IDEMPOTENCY_KEY_RULE`)
+    raises :class:`InvalidRequest` before anything is sent."""
+    if given is None:
+        return uuid.uuid4().hex
+    problem = idempotency_key_problem(given)
+    if problem is not None:
+        raise InvalidRequest(f"idempotency_key {problem}", idempotency_key=given)
+    return given
 
 
 def _segment(value: str) -> str:

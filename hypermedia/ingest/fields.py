@@ -10,6 +10,10 @@ database (a 500) nor stored.
   submissions, bulk runs;
 * :data:`Text`: any other string a request names (object and pool ids, file names,
   idempotency keys ...): no NUL, no lone surrogate;
+* :data:`IdempotencyKey`: a submit's or an upload's idempotency key, which travels in
+  an ``Idempotency-Key`` header (a header's bytes are read as Latin-1, so a UTF-8 key
+  would come back as another string): 1-200 printable ASCII characters (U+0020 to
+  U+007E), not beginning nor ending with a space (HTTP strips those from a header);
 * :data:`FileName`: a file name, which the web tier shows and puts in its downloads'
   ``Content-Disposition``: :data:`Text` without control characters (C0, DEL, C1: a
   CR/LF ends a header or a log line, an ESC drives a terminal). A name never becomes a
@@ -61,6 +65,25 @@ def _refusing(problem: Callable[[str], str | None]) -> AfterValidator:
 Text = Annotated[str, _refusing(text_problem)]
 
 
+MAX_IDEMPOTENCY_KEY = 200
+IDEMPOTENCY_KEY_RULE = (
+    f"1-{MAX_IDEMPOTENCY_KEY} printable ASCII characters (U+0020 to U+007E), "
+    "not beginning nor ending with a space: it travels in an Idempotency-Key header"
+)
+
+
+def idempotency_key_problem(value: str) -> str | None:
+    """Why ``value`` is no idempotency key (None: it is one)."""
+    if not 1 <= len(value) <= MAX_IDEMPOTENCY_KEY:
+        return f"must be {IDEMPOTENCY_KEY_RULE}; it has {len(value)} characters"
+    for index, char in enumerate(value):
+        if not " " <= char <= "~":
+            return f"must be {IDEMPOTENCY_KEY_RULE}; U+{ord(char):04X} at {index} is not"
+    if value[0] == " " or value[-1] == " ":
+        return f"must be {IDEMPOTENCY_KEY_RULE}; it has a space at an end"
+    return None
+
+
 def file_name_problem(value: str) -> str | None:
     """Why ``value`` is no file name to store and show (None: it is one)."""
     problem = text_problem(value)
@@ -73,6 +96,7 @@ def file_name_problem(value: str) -> str | None:
 
 
 FileName = Annotated[str, _refusing(file_name_problem)]
+IdempotencyKey = Annotated[str, _refusing(idempotency_key_problem)]
 
 
 def json_problem(value: Any, path: str) -> str | None:

@@ -81,7 +81,7 @@ from hypermedia.errors import (
     UnknownOperation,
 )
 from hypermedia.ids import new_id
-from hypermedia.ingest.fields import Text, json_problem
+from hypermedia.ingest.fields import IDEMPOTENCY_KEY_RULE, IdempotencyKey, Text, json_problem
 from hypermedia.jobs import callbacks
 from hypermedia.jobs import statements as sql
 from hypermedia.jobs.catalog import ProfileCatalog, ProfileRecord
@@ -109,7 +109,9 @@ class SubmitRequest(BaseModel):
     operations: list[Text] = Field(min_length=1, max_length=32)
     priority: int | None = Field(default=None, ge=1, le=10)
     params: dict[str, dict[str, Any]] = Field(default_factory=dict)
-    idempotency_key: Text | None = Field(default=None, min_length=1, max_length=200)
+    idempotency_key: IdempotencyKey | None = Field(
+        default=None, min_length=1, max_length=200, description=f"{IDEMPOTENCY_KEY_RULE}."
+    )
     callback_url: Text | None = Field(
         default=None,
         max_length=2048,

@@ -137,7 +137,7 @@ def test_nul_in_an_id_or_text_is_refused_naming_the_field(stack, client, user, o
     ]
     for method, path, extra, field in requests:
         error = refused(client.request(method, path, headers=h, **extra), 422, field)
-        assert "NUL" in error["message"] or "pattern" in error["message"], error
+        assert any(says in error["message"] for says in ("NUL", "pattern", "U+0000")), error
     assert _count(stack, t.jobs) == 1 and _count(stack, t.objects) == 1
 
 
@@ -282,3 +282,29 @@ def test_a_last_event_id_past_redis_range_is_refused_and_its_edge_streams(client
         text = "".join(response.iter_text())
     data = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ")]
     assert data and data[-1]["status"] == "cancelled", text
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "cl\u00e9".encode(),  # UTF-8: read as Latin-1 it was stored as "cl\u00c3\u00a9"
+        "cl\u00e9".encode("latin-1"),
+        b"\xff\xfe",
+    ],
+)
+def test_an_idempotency_key_header_not_ascii_is_refused(stack, client, user, object_id, key):
+    # Before: a header's bytes were read as Latin-1 and kept (201/202): a UTF-8 key was
+    # stored as another string than the caller's, which the same key sent in the body
+    # (as JSON, read as UTF-8) then did not match.
+    h = [(b"Authorization", f"Bearer {user.api_key}".encode()), (b"Idempotency-Key", key)]
+    upload = client.put(f"{P}/objects", params={"filename": "b.png"}, content=PNG, headers=h)
+    error = refused(upload, 422, "header.Idempotency-Key")
+    assert "printable ASCII" in error["message"], error
+    submit = client.post(
+        f"{P}/process", json={"object_id": object_id, "operations": ["thumbnail"]}, headers=h
+    )
+    refused(submit, 422, "header.Idempotency-Key")
+    body = {"object_id": object_id, "operations": ["thumbnail"], "idempotency_key": "cl\u00e9"}
+    in_body = client.post(f"{P}/process", json=body, headers=bearer(user))
+    refused(in_body, 422, "body.idempotency_key")
+    assert _count(stack, t.jobs) == 0 and _count(stack, t.objects) == 1

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import httpx
 import pytest
 
 from hypermedia import errors
-from hypermedia.ingest.client import error_from_response
+from hypermedia.ingest.client import HypermediaClient, error_from_response
 
 
 @pytest.mark.parametrize(
@@ -112,3 +113,24 @@ def test_every_error_code_is_distinct():
         assert cls.code not in seen, f"{cls} and {seen.get(cls.code)} share {cls.code}"
         seen[cls.code] = cls
         pending.extend(cls.__subclasses__())
+
+
+@pytest.mark.parametrize("key", ["cl\u00e9", "\U0001f511", "", " k", "k" * 201, "a\nb"])
+def test_a_key_the_api_would_refuse_is_refused_unsent(key):
+    # Before: a non-ASCII key raised a bare UnicodeEncodeError from httpx's header
+    # encoding; an empty one was silently replaced by a random key.
+    sent: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        return httpx.Response(500)
+
+    with HypermediaClient("http://api", "hm_x", transport=httpx.MockTransport(answer)) as client:
+        with pytest.raises(errors.InvalidRequest, match="printable ASCII") as upload:
+            client.upload(b"abc", "a.bin", idempotency_key=key)
+        with pytest.raises(errors.InvalidRequest, match="idempotency_key must be") as process:
+            client.process("o1", ["thumbnail"], idempotency_key=key)
+    assert sent == []
+    for caught in (upload, process):
+        assert caught.value.details == {"idempotency_key": key}
+        assert caught.value.http_status is None

@@ -12,6 +12,7 @@ from hypermedia.ingest.fields import (
     Text,
     entry_id,
     file_name_problem,
+    idempotency_key_problem,
     json_problem,
     text_problem,
 )
@@ -59,6 +60,38 @@ _CONTROL = "must not contain control characters"
 )
 def test_file_name_problem(value, problem):
     assert file_name_problem(value) == problem
+
+
+_KEY_RULE = "must be 1-200 printable ASCII characters"
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ("order-42", None),
+        ("3f2a9c1e-7b7d-4c1a-9a51-0e6d8f7d2b10", None),
+        ("a b", None),  # a space inside is kept by HTTP
+        ("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~", None),
+        ("k" * 200, None),
+        ("", f"{_KEY_RULE} (U+0020 to U+007E)"),
+        ("k" * 201, f"{_KEY_RULE} (U+0020 to U+007E)"),
+        ("cl\u00e9", "U+00E9 at 2 is not"),  # Latin-1: its bytes would pass as a header's
+        ("cl\u00c3\u00a9", "U+00C3 at 2 is not"),  # "clé" in UTF-8, read as Latin-1
+        ("\U0001f511", "U+1F511 at 0 is not"),
+        ("a\tb", "U+0009 at 1 is not"),
+        ("a\x7f", "U+007F at 1 is not"),
+        ("a\x00", "U+0000 at 1 is not"),
+        (" a", "it has a space at an end"),  # HTTP strips it from a header
+        ("a ", "it has a space at an end"),
+    ],
+)
+def test_idempotency_key_problem(value, problem):
+    found = idempotency_key_problem(value)
+    if problem is None:
+        assert found is None
+    else:
+        assert found is not None and found.startswith(_KEY_RULE) and problem in found, found
+        assert "Idempotency-Key header" in found
 
 
 class _Named(BaseModel):
