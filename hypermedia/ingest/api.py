@@ -35,6 +35,7 @@ from typing import Annotated, Any, BinaryIO, Literal, TypeVar, cast
 import anyio
 from fastapi import APIRouter, Depends, FastAPI, Header, Path, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import AfterValidator, BaseModel
@@ -179,7 +180,19 @@ CreatedTime = Annotated[
     AfterValidator(lambda moment: None if moment is None else _in_utc(moment)),
 ]
 
-router = APIRouter()
+
+async def _utf8_query(request: Request) -> None:
+    """422 naming the query parameter whose bytes are not UTF-8 (Starlette would hand
+    the route U+FFFD in their place: a file name stored as nobody gave it)."""
+    found = fields.undecodable_query(request.scope.get("query_string", b""))
+    if found is not None:
+        name, why = found
+        raise RequestValidationError(
+            [{"type": "string_unicode", "loc": ("query", name), "msg": why, "input": None}]
+        )
+
+
+router = APIRouter(dependencies=[Depends(_utf8_query)])
 
 
 # -- jobs -------------------------------------------------------------------------------

@@ -20,6 +20,9 @@ database (a 500) nor stored.
   key nor a path, so ``..``, ``/`` and ``CON`` are only names, and bidi marks stay
   (Arabic and Hebrew names need them; U+202E in ``image\u202egpj.exe`` is the
   corpus's ``sanitize:filename``: kept, and in no path nor key);
+* :func:`undecodable_query`: a query parameter whose percent-encoded bytes are not
+  UTF-8 (``filename=%FF.png``), which Starlette would decode to U+FFFD and the record
+  keep as a name nobody gave;
 * :func:`json_problem`: where a JSON value (a submit's ``params``) holds what the record
   cannot store.
 """
@@ -30,6 +33,7 @@ import math
 import unicodedata
 from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, Any
+from urllib.parse import unquote_to_bytes
 
 from pydantic import AfterValidator
 
@@ -120,6 +124,28 @@ def json_problem(value: Any, path: str) -> str | None:
             pending.extend((f"{where}.{key}", inner) for key, inner in reversed(list(item.items())))
         elif isinstance(item, Sequence):
             pending.extend((f"{where}[{i}]", inner) for i, inner in reversed(list(enumerate(item))))
+    return None
+
+
+def undecodable_query(query_string: bytes) -> tuple[str, str] | None:
+    """The first parameter of ``query_string`` (a URL's raw query, as the server got it)
+    whose name or value is not UTF-8 once percent-decoded: its name (undecodable bytes
+    replaced) and why; None: every one is."""
+    if b"%" not in query_string:
+        return None  # only ASCII reaches here (h11 refuses other bytes in a target)
+    for pair in query_string.split(b"&"):
+        raw_name, _, raw_value = pair.partition(b"=")
+        name = unquote_to_bytes(raw_name.replace(b"+", b" "))
+        for part in (name, unquote_to_bytes(raw_value.replace(b"+", b" "))):
+            try:
+                part.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                bad = part[exc.start : exc.end].hex(" ").upper()
+                return (
+                    name.decode("utf-8", "replace"),
+                    f"is not UTF-8 once percent-decoded (bytes {bad} at {exc.start}): "
+                    "percent-encode the text's UTF-8 bytes",
+                )
     return None
 
 

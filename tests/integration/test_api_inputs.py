@@ -308,3 +308,25 @@ def test_an_idempotency_key_header_not_ascii_is_refused(stack, client, user, obj
     in_body = client.post(f"{P}/process", json=body, headers=bearer(user))
     refused(in_body, 422, "body.idempotency_key")
     assert _count(stack, t.jobs) == 0 and _count(stack, t.objects) == 1
+
+
+def test_a_query_parameter_not_utf8_is_refused_naming_it(stack, client, user, object_id):
+    # Before: Starlette decoded the bytes with U+FFFD in place of the bad ones, and the
+    # upload stored "\ufffdcat\ufffd.png" (201), a name nobody gave.
+    h = bearer(user)
+    for query, field, bad in (
+        ("filename=%FFcat%C3.png", "query.filename", "FF at 0"),
+        ("filename=a.png&pool_id=%C3%28", "query.pool_id", "C3 at 0"),
+        ("filename=%ED%A0%80.png", "query.filename", "ED at 0"),  # a UTF-8 surrogate
+        ("filename=a.png&%FF=1", "query.\ufffd", "FF at 0"),
+    ):
+        upload = client.put(f"{P}/objects?{query}", content=PNG, headers=h)
+        error = refused(upload, 422, field)
+        assert "not UTF-8" in error["message"] and bad in error["message"], error
+    listed = client.get(f"{P}/jobs?object_id=caf%E9", headers=h)  # Latin-1, not UTF-8
+    refused(listed, 422, "query.object_id")
+    assert _count(stack, t.objects) == 1
+    # Percent-encoded UTF-8 is the name, exactly; so is '+' for a space.
+    named = client.put(f"{P}/objects?filename=caf%C3%A9+%F0%9F%90%B1.png", content=PNG, headers=h)
+    assert named.status_code == 201, named.text
+    assert named.json()["filename"] == "caf\u00e9 \U0001f431.png"

@@ -15,6 +15,7 @@ from hypermedia.ingest.fields import (
     idempotency_key_problem,
     json_problem,
     text_problem,
+    undecodable_query,
 )
 
 
@@ -149,3 +150,27 @@ def test_entry_id_is_within_redis_range(value, ok):
     else:
         with pytest.raises(ValueError, match="at most 18446744073709551615"):
             entry_id(value)
+
+
+@pytest.mark.parametrize(
+    ("query", "found"),
+    [
+        (b"", None),
+        (b"filename=a.png&pool_id=p1", None),
+        (b"filename=caf%C3%A9+%F0%9F%90%B1.png", None),
+        (b"filename=%25FF", None),  # an escaped '%': the text "%FF"
+        (b"a=%zz&b", None),  # not an escape: kept as given, as Starlette does
+        (b"filename=%FF.png", ("filename", "FF at 0")),
+        (b"filename=ok&pool_id=x%C3", ("pool_id", "C3 at 1")),
+        (b"filename=%E9t%E9", ("filename", "E9 at 0")),  # Latin-1
+        (b"filename=%ED%A0%80", ("filename", "ED at 0")),  # an encoded surrogate
+        (b"%FFname=1", ("\ufffdname", "FF at 0")),
+    ],
+)
+def test_undecodable_query(query, found):
+    problem = undecodable_query(query)
+    if found is None:
+        assert problem is None
+    else:
+        assert problem is not None and problem[0] == found[0], problem
+        assert "not UTF-8" in problem[1] and found[1] in problem[1], problem
