@@ -26,10 +26,12 @@ that time.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
+from email.utils import formatdate
 from typing import Annotated, Any, BinaryIO, Literal, TypeVar, cast
 
 import anyio
@@ -327,8 +329,9 @@ def get_output_url(
     job_id: JobId, output_type: OutputType, caller: CallerDep, stack: StackDep
 ) -> OutputUrlResponse:
     """A GET URL signed for ``download_url_ttl_seconds`` (5 minutes by default): hand it
-    to a browser; it needs no API key, and serves a ``Range`` of bytes (a ``<video>``
-    seeks with them)."""
+    to a browser; it needs no API key, answers the output's ``content_type`` and an
+    ``ETag`` (``If-None-Match``: 304), and serves a ``Range`` of bytes (a ``<video>``
+    seeks with them), on either storage backend."""
     with snapshot(stack.engine) as conn:
         found = queries.output(conn, caller.user_id, job_id, output_type)
     if found is None:
@@ -339,7 +342,7 @@ def get_output_url(
     return OutputUrlResponse(
         job_id=job_id,
         output_type=found.output_type,
-        url=stack.storage.presign_get(found.storage_key, ttl),
+        url=stack.storage.presign_get(found.storage_key, ttl, found.content_type),
         expires_at=datetime.fromtimestamp(stack.clock.now() + ttl, UTC),
         size_bytes=found.size_bytes,
         content_type=found.content_type,
@@ -766,24 +769,71 @@ _BLOB_RANGE = Header(
     alias="Range",
     description="One range of bytes (`bytes=0-1023`, `bytes=1024-`, `bytes=-1024`): 206 "
     "with those bytes and `Content-Range`; past the end: 416. Several ranges, or with "
-    "`If-Range`: the whole blob (200).",
+    "an `If-Range` that is not the blob's current `ETag`: the whole blob (200).",
+)
+_BLOB_IF_NONE_MATCH = Header(
+    alias="If-None-Match",
+    description="The `ETag` of an earlier answer (or `*`): 304 with no body while the "
+    "blob is still those bytes.",
+)
+_BLOB_CONTENT_TYPE = Query(
+    description="What the URL was signed with: the `Content-Type` a GET answers "
+    "(`application/octet-stream` without it), the one a PUT must send."
 )
 _BLOB_HEADERS = {
     "Content-Length": {"schema": {"type": "integer"}},
     "Accept-Ranges": {"schema": {"type": "string", "enum": ["bytes"]}},
+    "ETag": {
+        "description": "Changes when the blob's bytes are replaced.",
+        "schema": {"type": "string"},
+    },
+    "Last-Modified": {"schema": {"type": "string"}},
 }
+# What the route serves (an output may be HTML or SVG) comes from the API's origin: no
+# sniffing a type it was not given, and a document a browser would run scripts in is
+# sandboxed (no script, no cookie of that origin). Not every type: a sandboxed PDF is
+# refused by Chromium's viewer.
+_SCRIPTED_TYPES = frozenset(
+    {"text/html", "application/xhtml+xml", "image/svg+xml", "text/xml", "application/xml"}
+)
+
+
+def _blob_safety(content_type: str) -> dict[str, str]:
+    headers = {"X-Content-Type-Options": "nosniff"}
+    if content_type.partition(";")[0] in _SCRIPTED_TYPES:
+        headers["Content-Security-Policy"] = "sandbox"
+    return headers
 
 
 def _blob_answer(
-    request: Request, stack: Stack, key: str, expires: str | None, sig: str | None
+    request: Request,
+    stack: Stack,
+    key: str,
+    expires: str | None,
+    sig: str | None,
+    content_type: str | None,
 ) -> Response:
     """The answer to a GET (or HEAD: the same, without the bytes) of a signed blob URL."""
     storage = _local_storage(stack)
-    storage.verify("GET", key, expires, sig)
+    storage.verify("GET", key, expires, sig, content_type)
     handle, size = storage.open(key)
+    stat = os.fstat(handle.fileno())
+    etag = ranges.entity_tag(size, stat.st_mtime_ns, stat.st_ino)
+    media_type = content_type or "application/octet-stream"
+    validators = {
+        "ETag": etag,
+        "Last-Modified": formatdate(stat.st_mtime, usegmt=True),
+        **_blob_safety(media_type),
+    }
+    if ranges.not_modified(request.headers.get("if-none-match"), etag):
+        handle.close()
+        return Response(status_code=304, headers=validators)
     try:
         wanted = ranges.requested(
-            request.headers.get("range"), size, if_range=request.headers.get("if-range")
+            request.headers.get("range"),
+            size,
+            if_range=request.headers.get("if-range"),
+            etag=etag,
         )
     except ranges.Unsatisfiable:
         handle.close()
@@ -795,12 +845,11 @@ def _blob_answer(
         )
         refused.headers["Content-Range"] = f"bytes */{size}"
         return refused
-    headers = {"Accept-Ranges": "bytes", "Content-Length": str(size)}
+    headers = {"Accept-Ranges": "bytes", "Content-Length": str(size), **validators}
     status, start, length = 200, 0, size
     if wanted is not None:
         status, start, length = 206, wanted.start, wanted.length
         headers.update({"Content-Length": str(length), "Content-Range": wanted.content_range})
-    media_type = "application/octet-stream"
     if request.method == "HEAD":
         handle.close()
         return Response(status_code=status, headers=headers, media_type=media_type)
@@ -819,6 +868,7 @@ def _blob_answer(
     response_class=StreamingResponse,
     responses={
         200: {
+            "description": "The blob, as the type the URL was signed with.",
             "content": {"application/octet-stream": {"schema": {"type": "string"}}},
             "headers": _BLOB_HEADERS,
         },
@@ -827,6 +877,7 @@ def _blob_answer(
             "content": {"application/octet-stream": {"schema": {"type": "string"}}},
             "headers": {**_BLOB_HEADERS, "Content-Range": {"schema": {"type": "string"}}},
         },
+        304: {"description": "`If-None-Match` named the blob's `ETag`: no body."},
         **_BLOB_ERRORS,
         **_error_responses(416),
     },
@@ -838,11 +889,13 @@ def read_blob(
     stack: StackDep,
     expires: str | None = None,
     sig: str | None = None,
+    content_type: Annotated[str | None, _BLOB_CONTENT_TYPE] = None,
     byte_range: Annotated[str | None, _BLOB_RANGE] = None,
+    if_none_match: Annotated[str | None, _BLOB_IF_NONE_MATCH] = None,
 ) -> Response:
     """Streams the bytes at ``key`` (or one range of them) if ``expires`` and ``sig``
-    sign a GET of it."""
-    return _blob_answer(request, stack, key, expires, sig)
+    sign a GET of it (and of its ``content_type``)."""
+    return _blob_answer(request, stack, key, expires, sig, content_type)
 
 
 @router.head(
@@ -854,6 +907,7 @@ def read_blob(
             "description": "What a GET would answer, without the bytes.",
             "headers": _BLOB_HEADERS,
         },
+        304: {"description": "`If-None-Match` named the blob's `ETag`."},
         **_BLOB_ERRORS,
     },
     response_class=Response,
@@ -865,9 +919,11 @@ def head_blob(
     stack: StackDep,
     expires: str | None = None,
     sig: str | None = None,
+    content_type: Annotated[str | None, _BLOB_CONTENT_TYPE] = None,
     byte_range: Annotated[str | None, _BLOB_RANGE] = None,
+    if_none_match: Annotated[str | None, _BLOB_IF_NONE_MATCH] = None,
 ) -> Response:
-    return _blob_answer(request, stack, key, expires, sig)
+    return _blob_answer(request, stack, key, expires, sig, content_type)
 
 
 @router.put(

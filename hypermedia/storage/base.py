@@ -20,11 +20,16 @@ runs the same suite against each:
   ZIP directory, without fetching the whole object. A missing key raises ``NotFound``.
 * ``exists(key)``; ``size(key)`` (``NotFound`` when missing); ``delete(key)``
   (deleting a missing key is not an error).
-* ``presign_get(key, ttl_seconds)`` and ``presign_put(key, ttl_seconds,
-  content_type=None)`` return URLs any HTTP client can use without other
+* ``presign_get(key, ttl_seconds, content_type=None)`` and ``presign_put(key,
+  ttl_seconds, content_type=None)`` return URLs any HTTP client can use without other
   credentials: ``GET`` answers the bytes, ``PUT`` stores the request body at that
-  key (replacing, atomically). A URL is bound to its method, its key and, when
-  given, the ``Content-Type`` the uploader must send; it stops working
+  key (replacing, atomically). A GET answers ``content_type`` when given (a download's
+  type: a browser shows an image, plays a video), an ``ETag`` that changes when the
+  bytes are replaced, ``304`` to an ``If-None-Match`` naming it, one ``Range`` of bytes
+  (206; past the end: 416) and honours that range under an ``If-Range`` naming the
+  current ``ETag`` (another: the whole blob). A URL is bound to its method, its key
+  and, when given, its content type (the one a GET answers, the ``Content-Type`` a PUT
+  must send); it stops working
   ``ttl_seconds`` after it was made (403). ``ttl_seconds`` is 1 s to 7 days (the
   SigV4 maximum). Issuing a URL touches no object: the key need not exist yet.
   These URLs are how workers, which hold no storage credentials, move bytes; the
@@ -157,7 +162,7 @@ class Storage(Protocol):
 
     def delete(self, key: str) -> None: ...
 
-    def presign_get(self, key: str, ttl_seconds: int) -> str: ...
+    def presign_get(self, key: str, ttl_seconds: int, content_type: str | None = None) -> str: ...
 
     def presign_put(self, key: str, ttl_seconds: int, content_type: str | None = None) -> str: ...
 

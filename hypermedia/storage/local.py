@@ -186,8 +186,8 @@ class LocalStorage:
 
     # -- signed URLs ---------------------------------------------------------------------
 
-    def presign_get(self, key: str, ttl_seconds: int) -> str:
-        return self._sign("GET", key, ttl_seconds, None)
+    def presign_get(self, key: str, ttl_seconds: int, content_type: str | None = None) -> str:
+        return self._sign("GET", key, ttl_seconds, check_content_type(content_type))
 
     def presign_put(self, key: str, ttl_seconds: int, content_type: str | None = None) -> str:
         return self._sign("PUT", key, ttl_seconds, check_content_type(content_type))

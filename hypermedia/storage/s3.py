@@ -215,15 +215,18 @@ class S3Storage:
         with self._translated(key):
             self.client.delete_object(Bucket=self.bucket, Key=name)
 
-    def presign_get(self, key: str, ttl_seconds: int) -> str:
+    def presign_get(self, key: str, ttl_seconds: int, content_type: str | None = None) -> str:
         name = self.name(key)
         check_ttl(ttl_seconds)
+        params: dict[str, str] = {"Bucket": self.bucket, "Key": name}
+        check_content_type(content_type)
+        if content_type is not None:
+            # response-content-type: S3 answers it in place of the object's own (an
+            # original stored through the API has none: binary/octet-stream).
+            params["ResponseContentType"] = content_type
         with self._translated(key):
             return self.client.generate_presigned_url(
-                "get_object",
-                Params={"Bucket": self.bucket, "Key": name},
-                ExpiresIn=ttl_seconds,
-                HttpMethod="GET",
+                "get_object", Params=params, ExpiresIn=ttl_seconds, HttpMethod="GET"
             )
 
     def presign_put(self, key: str, ttl_seconds: int, content_type: str | None = None) -> str:

@@ -598,6 +598,12 @@ def test_jobs_by_page_a_submission_and_an_outputs_download_url(stack):
         assert abs(link.expires_at.timestamp() - (time.time() + ttl)) < 30
         downloaded = http.get(link.url)  # no API key: the URL is the credential
         assert downloaded.status_code == 200 and downloaded.content == b"RIFF-the-thumbnail"
+        # Its type, as the record has it (was application/octet-stream), and an ETag a
+        # browser revalidates with (there was none).
+        assert downloaded.headers["content-type"] == "image/webp"
+        etag = downloaded.headers["etag"]
+        revalidated = http.get(link.url, headers={"If-None-Match": etag})
+        assert (revalidated.status_code, revalidated.content) == (304, b"")
         with pytest.raises(NotFound):
             client.output_url(job.job_id, "no-such-output.webp")
 

@@ -1,10 +1,17 @@
-"""Which bytes a Range header asks of a blob (hypermedia.ingest.ranges): a case table."""
+"""Which bytes a Range header asks of a blob, and whether its conditions leave anything
+to send (hypermedia.ingest.ranges): case tables."""
 
 from __future__ import annotations
 
 import pytest
 
-from hypermedia.ingest.ranges import ByteRange, Unsatisfiable, requested
+from hypermedia.ingest.ranges import (
+    ByteRange,
+    Unsatisfiable,
+    entity_tag,
+    not_modified,
+    requested,
+)
 
 
 @pytest.mark.parametrize(
@@ -47,9 +54,44 @@ def test_a_range_with_no_byte_of_the_blob_is_unsatisfiable(header, size):
         requested(header, size)
 
 
-def test_if_range_serves_the_whole_blob():
-    """The blob routes send no validator (ETag, Last-Modified) an If-Range could match."""
-    assert requested("bytes=0-9", 100, if_range='"x"') is None
+TAG = entity_tag(100, 1_700_000_000_123_456_789, 42)
+
+
+@pytest.mark.parametrize(
+    ("if_range", "expected"),
+    [
+        (TAG, ByteRange(0, 9, 100)),  # still the blob the client has part of
+        (f" {TAG} ", ByteRange(0, 9, 100)),
+        ('"x"', None),  # replaced since: the whole blob
+        (f"W/{TAG}", None),  # a weak tag never matches an If-Range
+        ("Wed, 21 Oct 2015 07:28:00 GMT", None),  # a date: not checked, the whole blob
+    ],
+)
+def test_if_range_serves_the_range_only_under_the_current_tag(if_range, expected):
+    assert requested("bytes=0-9", 100, if_range=if_range, etag=TAG) == expected
+    assert requested("bytes=0-9", 100, if_range=if_range) is None  # no tag to compare
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [
+        (None, False),
+        (TAG, True),
+        (f'"a", {TAG}', True),
+        (f"W/{TAG}", True),  # If-None-Match compares weakly
+        ("*", True),
+        ('"a"', False),
+        ("", False),
+    ],
+)
+def test_not_modified(header, expected):
+    assert not_modified(header, TAG) is expected
+
+
+def test_the_tag_changes_with_the_file():
+    assert TAG.startswith('"') and TAG.endswith('"')
+    assert len({TAG, entity_tag(101, 1, 42), entity_tag(100, 2, 42), entity_tag(100, 1, 43)}) == 4
+    assert entity_tag(100, 1_700_000_000_123_456_789, 42) == TAG
 
 
 def test_the_answers_headers():
