@@ -38,6 +38,14 @@ is no message, with :class:`~hypermedia.errors.InspectionCrashed` (422
 ``inspection_crashed``). Either way nothing of the upload is kept, and the server forks
 the next child as before.
 
+The server's work root (``$TMPDIR/hm-inspection-<pid>-*``, which the sandbox needs for
+its jobs cover) is removed as the server ends. A server SIGKILLed (the OOM killer,
+systemd's last kill of a stopping unit's processes) cannot: the next server to start
+sweeps the roots of servers that are gone (:func:`sweep_work_roots`): its user's, named
+for a pid no process has, and whose ``owner.lock`` (held by its server for as long as it
+runs, released by the kernel however it ends) is free. A live server's root is never
+touched, even one in another PID namespace sharing the directory (its lock is held).
+
 The sandbox. A parser exploit in an upload must reach no more than a job's step does,
 so each child parses inside the job sandbox (:mod:`hypermedia.sandbox.isolation`,
 built once in the server by :meth:`~hypermedia.sandbox.isolation.Isolation.start`, as
@@ -59,6 +67,7 @@ exactly as for jobs; ``sandbox=False`` leaves rlimits only.
 from __future__ import annotations
 
 import atexit
+import fcntl
 import heapq
 import json
 import logging
@@ -94,6 +103,8 @@ log = logging.getLogger(__name__)
 # What the server's environment keeps of the API's: enough to find Python, its
 # packages and libmagic; no credentials.
 _ENVIRONMENT = ("PATH", "PYTHONPATH", "VIRTUAL_ENV", "HOME", "LANG", "LC_ALL", "TMPDIR", "MAGIC")
+WORK_ROOT_PREFIX = "hm-inspection-"  # then the server's pid, "-", mkdtemp's letters
+OWNER_LOCK = "owner.lock"  # in a work root: locked by its server while it runs
 STARTUP_TIMEOUT = 60.0  # the server's "ready": imports, then the sandbox probed
 MESSAGE_CAP = 16 * 1024 * 1024  # a child's message (an inspection: a few KB)
 READ_CAP = 16 * 1024 * 1024  # bytes one read asks for (the readers ask for 8 MiB at most)
@@ -452,10 +463,87 @@ def _release(server: _Server) -> None:
 # -- the server and its children ---------------------------------------------------------------
 
 
+def sweep_work_roots(directory: str | None = None) -> list[str]:
+    """Remove from ``directory`` (default: the temporary directory) the work roots that
+    servers gone without removing theirs left (see the module docstring); the removed.
+    Only this user's, each named for a pid no process has and with its ``owner.lock``
+    free: a root without a lock (its server killed as it made it, or an older server's,
+    named for no pid) is left."""
+    removed = []
+    for entry in os.scandir(directory or tempfile.gettempdir()):
+        owner = _owner_pid(entry.name)
+        if owner is None or _alive(owner):
+            continue
+        try:
+            if not entry.is_dir(follow_symlinks=False):
+                continue
+            if entry.stat(follow_symlinks=False).st_uid != os.getuid():
+                continue
+            lock = os.open(
+                os.path.join(entry.path, OWNER_LOCK), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
+            )
+        except OSError:  # gone meanwhile, no lock in it, not ours to open
+            continue
+        try:
+            # Held: its server runs (a pid of another PID namespace's, or one reused).
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(lock)
+            continue
+        try:
+            shutil.rmtree(entry.path, ignore_errors=True)
+        finally:
+            os.close(lock)
+        removed.append(entry.path)
+    return removed
+
+
+def _owner_pid(name: str) -> int | None:
+    pid, dash, _letters = name.removeprefix(WORK_ROOT_PREFIX).partition("-")
+    if name.startswith(WORK_ROOT_PREFIX) and dash and pid.isdigit() and pid.isascii():
+        return int(pid)
+    return None
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs: a zombie does not (a server killed with its API waits to be
+    reaped by init, which may take seconds: ~2 s measured)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's: alive
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            state = stat.read().rpartition(b")")[2].split()[:1]
+    except OSError:  # gone meanwhile, or /proc hides it: its lock still tells
+        return True
+    return state not in ([b"Z"], [b"X"])
+
+
+def _make_work_root() -> tuple[str, int]:
+    """A new work root named for this server's pid, and its ``owner.lock``, locked for as
+    long as the descriptor returned stays open (the server's life: the children close
+    it as they start)."""
+    work_root = tempfile.mkdtemp(prefix=f"{WORK_ROOT_PREFIX}{os.getpid()}-")
+    try:
+        lock = os.open(
+            os.path.join(work_root, OWNER_LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
+        )
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a new file: no one holds it
+    except BaseException:
+        shutil.rmtree(work_root, ignore_errors=True)
+        raise
+    return work_root, lock
+
+
 def _start_sandbox(config: dict[str, Any]) -> tuple[isolation.Isolation, str]:
-    """The jobs' sandbox for this server's children, and the (empty) work root it needs
-    for its jobs cover (removed when the server ends)."""
-    work_root = tempfile.mkdtemp(prefix="hm-inspection-")
+    """The jobs' sandbox for this server's children, and the (empty but for its lock)
+    work root it needs for its jobs cover (removed when the server ends; the roots of
+    servers killed before they could remove theirs are swept first)."""
+    sweep_work_roots()
+    work_root, _lock = _make_work_root()  # held until the server's process ends
     try:
         # As a worker's work root: a job uid can pass through (not list) it without a view.
         os.chmod(work_root, 0o711)  # noqa: S103

@@ -1,0 +1,185 @@
+"""How ``hypermedia serve`` ends, and what it leaves: killed with 9, its upload
+inspection server and the server's children end with it, and the work root a server
+killed beside it could not remove is swept by the next server to start."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from hypermedia.embedded import EmbeddedRedis
+from hypermedia.ingest.inspection import WORK_ROOT_PREFIX
+from tests.api_support import REPO, serve_on_a_free_port
+from tests.integration.test_api_inspection import PNG, crafted_pdf
+
+P = "/v1/hypermedia"
+
+
+class Serve:
+    """``hypermedia serve`` processes on one data dir, with their own TMPDIR (where
+    their inspection servers make their work roots)."""
+
+    def __init__(self, tmp_path: Path, redis: EmbeddedRedis) -> None:
+        self.tmp = tmp_path / "tmp"
+        self.tmp.mkdir()
+        self.log = tmp_path / "serve.log"
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("HYPERMEDIA_")}
+        self.env.update(
+            HYPERMEDIA_DATA_DIR=str(tmp_path / "data"),
+            HYPERMEDIA_REDIS_URL=redis.url,
+            # A crafted PDF's inspection runs for seconds: long enough to be caught in it.
+            HYPERMEDIA_INSPECTION_CPU_SECONDS="120",
+            HYPERMEDIA_INSPECTION_WALL_SECONDS="240",
+            PYTHONPATH=str(REPO),
+            TMPDIR=str(self.tmp),
+        )
+        self.cli("db", "upgrade")
+        self.key = self.cli("user", "add", "alice", "--credits", "5").strip()
+        self.started: list[subprocess.Popen[bytes]] = []
+
+    def cli(self, *args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "hypermedia.cli", *args],
+            env=self.env,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    def start(self) -> tuple[subprocess.Popen[bytes], str]:
+        process, url = serve_on_a_free_port(
+            lambda port: [sys.executable, "-m", "hypermedia.cli", "serve", "--port", str(port)],
+            self.env,
+            self.log,
+        )
+        self.started.append(process)
+        return process, url
+
+    def upload(self, url: str, data: bytes, name: str = "a.png") -> httpx.Response:
+        return httpx.put(
+            f"{url}{P}/objects",
+            params={"filename": name},
+            content=data,
+            headers={"Authorization": f"Bearer {self.key}"},
+            timeout=300,
+        )
+
+    def roots(self) -> list[str]:
+        return sorted(p.name for p in self.tmp.iterdir() if p.name.startswith(WORK_ROOT_PREFIX))
+
+    def stop_all(self) -> None:
+        for process in self.started:
+            with suppress(ProcessLookupError):
+                process.kill()
+            process.wait()
+
+
+@pytest.fixture
+def serve(tmp_path: Path, private_redis: EmbeddedRedis) -> Iterator[Serve]:
+    servers = Serve(tmp_path, private_redis)
+    try:
+        yield servers
+    finally:
+        servers.stop_all()
+
+
+def _inspection_server(api: int, timeout: float = 30.0) -> psutil.Process:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for child in psutil.Process(api).children():
+            with suppress(psutil.Error):
+                if "hypermedia.ingest.inspection" in child.cmdline():
+                    return child
+        time.sleep(0.05)
+    raise AssertionError("no inspection server")
+
+
+@contextmanager
+def _inspecting(serve: Serve, url: str, api: int) -> Iterator[tuple[psutil.Process, int]]:
+    """An upload of a crafted PDF (seconds of parsing) in flight: the API's inspection
+    server and the pid of the child parsing it. A first upload has the server started
+    and ready (as it starts, it runs short-lived children of other kinds)."""
+    first = serve.upload(url, PNG)
+    assert first.status_code == 201, first.text
+
+    def upload() -> None:
+        with suppress(httpx.HTTPError):  # the API is killed under it
+            serve.upload(url, crafted_pdf(), "c.pdf")
+
+    uploading = threading.Thread(target=upload, daemon=True)
+    uploading.start()
+    server = _inspection_server(api)
+    deadline = time.monotonic() + 60
+    while not (children := server.children()):
+        assert time.monotonic() < deadline, "no inspection began"
+        time.sleep(0.02)
+    [child] = children
+    try:
+        yield server, child.pid
+    finally:
+        uploading.join(30)
+
+
+def _gone(pid: int) -> bool:
+    """Ended (a zombie that no one reaped yet runs nothing)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _within(seconds: float, check: Callable[[], bool]) -> bool:
+    deadline = time.monotonic() + seconds
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_serve_killed_with_9_leaves_no_inspection_process_nor_work_root(serve):
+    # The API alone SIGKILLed mid-inspection: its server sees its control socket close,
+    # kills and reaps its child, removes its work root and exits.
+    api, url = serve.start()
+    with _inspecting(serve, url, api.pid) as (server, child):
+        [root] = serve.roots()
+        assert re.fullmatch(rf"{WORK_ROOT_PREFIX}{server.pid}-\w+", root), root
+        api.kill()
+        api.wait()
+        assert _within(5, lambda: _gone(server.pid) and _gone(child))
+    assert _within(5, lambda: serve.roots() == [])
+
+    # The API and its server SIGKILLed together (systemd's last kill of a unit, the OOM
+    # killer's of a cgroup): the child dies with its server (PDEATHSIG); the server's
+    # work root stays behind, for the next server to sweep.
+    api, url = serve.start()
+    with _inspecting(serve, url, api.pid) as (server, child):
+        [left] = serve.roots()
+        os.kill(server.pid, signal.SIGKILL)
+        api.kill()
+        api.wait()
+        assert _within(5, lambda: _gone(server.pid) and _gone(child))
+    assert serve.roots() == [left]
+
+    api, url = serve.start()
+    answer = serve.upload(url, PNG)
+    assert answer.status_code == 201, answer.text
+    server = _inspection_server(api.pid)
+    assert serve.roots() == [root for root in serve.roots() if f"-{server.pid}-" in root]
+    assert left not in serve.roots()
