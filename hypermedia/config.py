@@ -136,6 +136,10 @@ class Settings(BaseSettings):
     upload_concurrency: int = Field(default=16, ge=1, le=1024)
     upload_idle_seconds: float = Field(default=30.0, gt=0, le=3600)
     upload_min_bytes_per_second: int = Field(default=1024, ge=0)
+    # A stopping API (SIGTERM) lets the requests in flight finish this long; then an
+    # upload still arriving is refused (503, its partial bytes removed), and what still
+    # runs STOP_ANSWER_SECONDS later is cancelled (hypermedia.server.ApiServer).
+    api_shutdown_seconds: float = Field(default=30.0, gt=0, le=3600)
     # What an API key may do unless the operator granted it otherwise (per key, with
     # `hypermedia user add/key/grant`): priorities 1-3 go to on-demand capacity.
     key_priority_min: int = Field(default=4, ge=1, le=10)

@@ -363,7 +363,9 @@ class LocalStack:
         if self._server is not None:
             self._server.should_exit = True
             if self._server_thread is not None:
-                self._server_thread.join(10)
+                # Its uploads in flight get their time, then their answers (ApiServer).
+                timeout = self._server.config.timeout_graceful_shutdown or 0
+                self._server_thread.join(timeout + 5)
             self._server = None
         if self._api_socket is not None:
             self._api_socket.close()

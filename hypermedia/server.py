@@ -19,8 +19,10 @@ The access log never shows a signed URL's signature (:class:`RedactSignedUrls`).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+import math
 import signal
 import threading
 import time
@@ -49,6 +51,9 @@ log = logging.getLogger(__name__)
 
 # How often ended jobs' checkpoints are deleted (hypermedia.jobs.checkpoints.sweep).
 CHECKPOINT_SWEEP_SECONDS = 5.0
+# A stopping API's uploads refused (api_shutdown_seconds), how long their answers and
+# the removal of their partial bytes may take before uvicorn cancels what still runs.
+STOP_ANSWER_SECONDS = 5.0
 
 
 class Maintenance:
@@ -187,17 +192,37 @@ class ApiServer(uvicorn.Server):
     """uvicorn for the API's ``app`` (:func:`~hypermedia.ingest.api.create_app`): its
     job event streams end as the server stops (each lasts as long as its job, and
     uvicorn waits for every open response: a SIGTERM did not stop ``serve`` while
-    anyone followed a running job); and, in the main thread, minus re-raising
-    SIGTERM/SIGINT after its graceful shutdown: that would kill the process before
-    ``serve`` has closed the stack."""
+    anyone followed a running job); the requests in flight get
+    ``api_shutdown_seconds`` to finish, then the uploads still arriving are refused
+    (503, nothing kept: :class:`~hypermedia.ingest.uploads.UploadStop`) and
+    :data:`STOP_ANSWER_SECONDS` later uvicorn cancels whatever still runs (a slow
+    client's upload held the stop for as long as its body took); and, in the main
+    thread, minus re-raising SIGTERM/SIGINT after its graceful shutdown: that would kill
+    the process before ``serve`` has closed the stack."""
 
     def __init__(self, config: uvicorn.Config, app: FastAPI) -> None:
+        self.shutdown_seconds = float(app.state.stack.settings.api_shutdown_seconds)
+        config.timeout_graceful_shutdown = math.ceil(self.shutdown_seconds + STOP_ANSWER_SECONDS)
         super().__init__(config)
         self.event_streams = app.state.event_streams
+        self.upload_stop = app.state.upload_stop
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         self.event_streams.close()
-        await super().shutdown(sockets)
+        loop = asyncio.get_running_loop()
+        cut = loop.call_later(self.shutdown_seconds, self._stop_uploads)
+        try:
+            await super().shutdown(sockets)
+        finally:
+            cut.cancel()
+
+    def _stop_uploads(self) -> None:
+        log.warning(
+            "the API is stopping: uploads still arriving after %g s are refused",
+            self.shutdown_seconds,
+            extra={"action": "serve"},
+        )
+        self.upload_stop.stop()
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:

@@ -569,6 +569,7 @@ async def _replayed_upload(
         earlier.info.size_bytes,
         limiter=request.app.state.upload_limiter,
         pace=request.app.state.upload_pace,
+        stop=request.app.state.upload_stop,
     )
     return uploads.replay(
         earlier,
@@ -598,6 +599,7 @@ async def _store_body(request: Request, storage: Storage, key: str, limit: int) 
         limit,
         limiter=request.app.state.upload_limiter,
         pace=request.app.state.upload_pace,
+        stop=request.app.state.upload_stop,
     )
 
 
@@ -1244,6 +1246,7 @@ def create_app(
     app.state.upload_limiter = anyio.CapacityLimiter(settings.upload_concurrency)
     app.state.inspection_limiter = anyio.CapacityLimiter(settings.inspection_concurrency)
     app.state.uploads_in_flight = uploads.UploadsInFlight(settings.user_concurrent_uploads)
+    app.state.upload_stop = uploads.UploadStop()  # stopped by the server as it stops
     app.state.upload_pace = uploads.ReadPace(
         idle_seconds=settings.upload_idle_seconds,
         min_bytes_per_second=settings.upload_min_bytes_per_second,

@@ -69,6 +69,7 @@ from hypermedia.errors import (
     InvalidRequest,
     NotFound,
     RateLimited,
+    ServiceUnavailable,
     StorageQuotaExceeded,
     UploadTooSlow,
 )
@@ -142,6 +143,39 @@ class UploadsInFlight:
                 del self._counts[user_id]
 
 
+class UploadStop:
+    """Ends the upload bodies still arriving when the API stops (:meth:`stop`, from
+    the event loop): each read waiting for a body's bytes then, and every later one, is
+    refused with :class:`~hypermedia.errors.ServiceUnavailable` (503, Retry-After), so
+    storage's ``put`` removes what it wrote and the client is answered. A slow client
+    would otherwise hold the API's graceful stop for as long as its body took (a 100 MB
+    upload at 4 KB/s: seven hours), and uvicorn's own timeout cancels the handler
+    instead: a 500 with a traceback. Used from the event loop only."""
+
+    def __init__(self) -> None:
+        self.stopped = False
+        self._reads: set[anyio.CancelScope] = set()
+
+    def stop(self) -> None:
+        self.stopped = True
+        for scope in self._reads:
+            scope.cancel()
+
+    @contextmanager
+    def reading(self) -> Iterator[None]:
+        """Around the wait for a body's next bytes."""
+        if not self.stopped:
+            with anyio.CancelScope() as scope:
+                self._reads.add(scope)
+                try:
+                    yield
+                finally:
+                    self._reads.discard(scope)
+            if not scope.cancelled_caught:
+                return
+        raise ServiceUnavailable("the API is stopping: upload again later")
+
+
 @dataclass(frozen=True, slots=True)
 class ReadPace:
     """How slowly an upload's body may arrive: no part may take longer than
@@ -160,18 +194,21 @@ async def store_stream(
     *,
     limiter: anyio.CapacityLimiter | None = None,
     pace: ReadPace | None = None,
+    stop: UploadStop | None = None,
 ) -> StoredBlob:
     """Write an async byte stream through the (blocking) storage ``put`` in a worker
     thread, pulling chunks from the event loop as the thread asks for them: what has
     arrived, up to :data:`HANDOFF_BYTES` a trip (a trip between the thread and the
     loop costs more than the bytes of a small upload). The thread is borrowed from
     ``limiter`` (the API's own for uploads: anyio's default one runs every sync route),
-    and a body slower than ``pace`` ends the upload with :class:`UploadTooSlow`."""
+    and a body slower than ``pace`` ends the upload with :class:`UploadTooSlow`; one
+    still arriving when ``stop`` stops, with :class:`ServiceUnavailable`."""
     return await _pump(
         lambda chunks: storage.put(key, chunks, max_bytes),
         stream,
         limiter=limiter,
         pace=pace,
+        stop=stop,
         target=key,
     )
 
@@ -190,6 +227,7 @@ async def hash_stream(
     *,
     limiter: anyio.CapacityLimiter | None = None,
     pace: ReadPace | None = None,
+    stop: UploadStop | None = None,
 ) -> Digest | None:
     """Read an async byte stream as :func:`store_stream` does (same threads, same pace)
     but only hash it: a retried upload's body, compared with the first. None, and the
@@ -205,7 +243,7 @@ async def hash_stream(
             sha.update(chunk)
         return Digest(size, sha.hexdigest())
 
-    return await _pump(digest, stream, limiter=limiter, pace=pace, target="a replay")
+    return await _pump(digest, stream, limiter=limiter, pace=pace, stop=stop, target="a replay")
 
 
 async def _pump(
@@ -214,6 +252,7 @@ async def _pump(
     *,
     limiter: anyio.CapacityLimiter | None,
     pace: ReadPace | None,
+    stop: UploadStop | None = None,
     target: str,
 ) -> _T:
     """``sink`` over the chunks of ``stream``, in a worker thread (see
@@ -223,6 +262,12 @@ async def _pump(
     received = 0
 
     async def next_part() -> bytes:
+        if stop is None:
+            return await paced_part()
+        with stop.reading():
+            return await paced_part()
+
+    async def paced_part() -> bytes:
         nonlocal started, received
         if pace is None:
             return await iterator.__anext__()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -183,3 +184,79 @@ def test_serve_killed_with_9_leaves_no_inspection_process_nor_work_root(serve):
     server = _inspection_server(api.pid)
     assert serve.roots() == [root for root in serve.roots() if f"-{server.pid}-" in root]
     assert left not in serve.roots()
+
+
+class SlowUpload:
+    """An upload whose body arrives at ``rate`` bytes/s (above the API's minimum), in a
+    thread, until told to finish it or the API answers."""
+
+    def __init__(self, url: str, key: str, declared: int, rate: int = 4096) -> None:
+        self.declared = declared
+        self.sent = 0
+        self.finish = threading.Event()
+        self.answer = b""
+        port = int(url.rsplit(":", 1)[1])
+        self.conn = socket.create_connection(("127.0.0.1", port), timeout=30)
+        self.conn.sendall(
+            (
+                f"PUT {P}/objects?filename=slow.bin HTTP/1.1\r\nHost: test\r\n"
+                f"Authorization: Bearer {key}\r\nContent-Length: {declared}\r\n\r\n"
+            ).encode()
+        )
+        self.rate = rate
+        self.thread = threading.Thread(target=self._send, daemon=True)
+        self.thread.start()
+
+    def _send(self) -> None:
+        self.conn.settimeout(0.25)
+        try:
+            while self.sent < self.declared:
+                part = self.declared - self.sent if self.finish.is_set() else self.rate // 4
+                self.conn.sendall(b"x" * part)
+                self.sent += part
+                with suppress(TimeoutError):
+                    if chunk := self.conn.recv(65536):
+                        self.answer += chunk
+                        break
+        except OSError:
+            pass
+        self.conn.settimeout(30)
+        with suppress(OSError):
+            while chunk := self.conn.recv(65536):
+                self.answer += chunk
+
+    def status(self) -> int:
+        self.thread.join(30)
+        self.conn.close()
+        return int(self.answer.split(b" ", 2)[1]) if self.answer else 0
+
+
+def test_serve_stopped_with_sigterm_during_slow_uploads_stops_in_bounded_time(serve):
+    """A client streaming an upload slowly (above the minimum rate) held `serve`'s
+    SIGTERM for as long as its body took (uvicorn waits for every request; a 100 MB body
+    at 4 KB/s: seven hours). Now the requests in flight get api_shutdown_seconds: an
+    upload that ends within it is stored, one still arriving then is refused (503,
+    Retry-After) with nothing of it kept."""
+    serve.env["HYPERMEDIA_API_SHUTDOWN_SECONDS"] = "3"
+    api, url = serve.start()
+    objects = Path(serve.env["HYPERMEDIA_DATA_DIR"]) / "objects"
+    finishing = SlowUpload(url, serve.key, declared=20_000)
+    trickling = SlowUpload(url, serve.key, declared=100_000_000)
+    assert _within(10, lambda: len(list(objects.rglob(".upload-*"))) == 2)
+    stopping = time.monotonic()
+    api.send_signal(signal.SIGTERM)
+    time.sleep(1)
+    finishing.finish.set()  # its body's rest, within the shutdown time
+    try:
+        code = api.wait(20)
+    except subprocess.TimeoutExpired:
+        raise AssertionError("serve did not stop within 20 s of SIGTERM") from None
+    took = time.monotonic() - stopping
+    assert code == 0 and took < 3 + 5, (code, took)
+    assert finishing.status() == 201, finishing.answer
+    assert trickling.status() == 503, trickling.answer
+    assert b"retry-after" in trickling.answer.lower()
+    assert b'"code":"service_unavailable"' in trickling.answer
+    # The stored upload is its object's one file; nothing of the refused one is left.
+    assert [p.stat().st_size for p in objects.rglob("*") if p.is_file()] == [20_000]
+    assert "Traceback" not in serve.log.read_text()
