@@ -37,6 +37,13 @@ from hypermedia.storage.base import (
 log = logging.getLogger(__name__)
 
 _SIGNING_SETTING = "storage_secret (HYPERMEDIA_STORAGE_SECRET)"
+# Where a put writes before its file is renamed into place: one directory (a key's
+# segments start with a letter or digit, so no key is in it), on the same file system.
+STAGING = ".staging"
+# A staged file not written for this long belongs to a put that died with its process
+# (a kill -9, the OOM killer): an upload idle for upload_idle_seconds (at most an hour)
+# is refused long before. Removed by :meth:`LocalStorage.check`.
+STALE_STAGING_SECONDS = 2 * 3600.0
 # A disk (or the file system's quota) with no room left.
 _FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 
@@ -69,7 +76,7 @@ class LocalStorage:
         digest = hashlib.sha256()
         size = 0
         with self._disk(key, "store"):
-            fd, tmp = self._temp_beside(target)
+            fd, tmp = self._staged()
         try:
             try:
                 for chunk in chunks:
@@ -84,7 +91,7 @@ class LocalStorage:
             finally:
                 os.close(fd)
             with self._disk(key, "store"):
-                os.replace(tmp, target)
+                self._move_into_place(tmp, target)
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
@@ -144,7 +151,8 @@ class LocalStorage:
                 break
 
     def check(self) -> None:
-        """The directory (made if need be) takes a file, and has room left."""
+        """The directory (made if need be) takes a file, and has room left; what puts
+        that died left staged is removed (:data:`STALE_STAGING_SECONDS`)."""
         with self._disk(".probe", "store"):
             self.root.mkdir(parents=True, exist_ok=True)
             fd, name = tempfile.mkstemp(dir=self.root, prefix=".probe-")
@@ -153,6 +161,22 @@ class LocalStorage:
             room = os.statvfs(self.root)
         if room.f_bavail == 0:
             raise StorageFull(f"local storage at {self.root} has no room left", key=".probe")
+        self.sweep_staging()
+
+    def sweep_staging(self, older_than: float = STALE_STAGING_SECONDS) -> int:
+        """Remove staged files not written for ``older_than`` seconds (their puts' processes
+        were killed mid-write); how many."""
+        removed = 0
+        cutoff = self.clock.now() - older_than
+        with contextlib.suppress(FileNotFoundError), os.scandir(self.root / STAGING) as found:
+            for entry in found:
+                with contextlib.suppress(FileNotFoundError):
+                    if entry.is_file(follow_symlinks=False) and entry.stat().st_mtime < cutoff:
+                        os.unlink(entry.path)
+                        removed += 1
+        if removed:
+            log.info("local storage: removed %d staged file(s) of puts that died", removed)
+        return removed
 
     @contextlib.contextmanager
     def _disk(self, key: str, doing: str) -> Iterator[None]:
@@ -172,17 +196,27 @@ class LocalStorage:
             return StorageFull(message, key=key)
         return StorageUnavailable(message, key=key)
 
-    def _temp_beside(self, target: Path) -> tuple[int, str]:
-        """A new private file in ``target``'s directory (made if needed; again if a
+    def _staged(self) -> tuple[int, str]:
+        """A new private file in :data:`STAGING`, the directory made if need be."""
+        staging = self.root / STAGING
+        with contextlib.suppress(FileNotFoundError):
+            return tempfile.mkstemp(dir=staging, prefix=".upload-")
+        staging.mkdir(parents=True, exist_ok=True)
+        return tempfile.mkstemp(dir=staging, prefix=".upload-")
+
+    @staticmethod
+    def _move_into_place(staged: str, target: Path) -> None:
+        """Rename ``staged`` to ``target``, its directory made if needed (again if a
         delete took it away empty meanwhile)."""
         for _ in range(3):
             # Either fails when a delete takes the directory between its two moves
             # (mkdir's exist_ok looks again, and finds none).
             with contextlib.suppress(FileNotFoundError, FileExistsError):
                 target.parent.mkdir(parents=True, exist_ok=True)
-                return tempfile.mkstemp(dir=target.parent, prefix=".upload-")
+                os.replace(staged, target)
+                return
         target.parent.mkdir(parents=True, exist_ok=True)
-        return tempfile.mkstemp(dir=target.parent, prefix=".upload-")
+        os.replace(staged, target)
 
     # -- signed URLs ---------------------------------------------------------------------
 
