@@ -910,3 +910,58 @@ def test_a_block_whose_leftovers_will_not_go_is_passed_over(tmp_path):
     finally:
         os.waitpid(zombie, 0)
     assert isolation.processes_of_uids(range(base, base + isolation.UID_SLOTS)) == []
+
+
+_TEMPLATE_SERVER = """
+import os, signal, sys, time
+from hypermedia.sandbox import isolation
+
+work = sys.argv[1]
+sandbox = isolation.Isolation(isolation.Settings(True, work, work + "/jobs", (), ()))
+sandbox.plan = isolation.plan_view([], [], work)
+sandbox.jobs_cover = isolation.cover_of(sandbox.plan, work + "/jobs")
+
+def fork():
+    pid = os.fork()
+    if pid:  # the server is killed once its template child has built the view
+        print(pid, flush=True)
+        while "pause" not in open(f"/proc/{pid}/wchan").read():
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGKILL)
+    return pid
+
+sandbox._make_template(fork)
+"""
+
+
+def test_a_server_killed_while_it_makes_its_template_takes_the_template_child_along(tmp_path):
+    """The child that builds the template view pauses until its server kills it; a
+    server killed meanwhile (SIGKILL at its start, the OOM killer) left it paused for
+    ever, holding what the server held open."""
+    said = tmp_path / "said"
+    with said.open("w") as out:  # a file, not a pipe: a child left alive holds it open
+        server = subprocess.run(
+            [sys.executable, "-c", _TEMPLATE_SERVER, str(tmp_path)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            timeout=60,
+            check=False,
+        )
+    assert server.returncode == -signal.SIGKILL, said.read_text()
+    child = int(said.read_text().split()[0])
+
+    def running() -> bool:
+        try:
+            state = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            return False
+        return state != "Z"
+
+    deadline = time.monotonic() + 10
+    while running() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    alive = running()
+    if alive:
+        os.kill(child, signal.SIGKILL)
+    assert not alive, f"the template child {child} outlived its server"
