@@ -206,6 +206,7 @@ class ApiServer(uvicorn.Server):
         super().__init__(config)
         self.event_streams = app.state.event_streams
         self.upload_stop = app.state.upload_stop
+        self.event_subscriber = app.state.event_subscriber
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         self.event_streams.close()
@@ -215,6 +216,7 @@ class ApiServer(uvicorn.Server):
             await super().shutdown(sockets)
         finally:
             cut.cancel()
+            await self.event_subscriber.aclose()
 
     def _stop_uploads(self) -> None:
         log.warning(

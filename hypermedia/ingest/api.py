@@ -91,6 +91,7 @@ from hypermedia.ingest.schemas import (
     job_summary,
 )
 from hypermedia.ingest.service import SubmitRequest, SubmitResult
+from hypermedia.ingest.subscriber import EventSubscriber
 from hypermedia.jobs.states import IN_FLIGHT
 from hypermedia.objects import ObjectInfo, get_object, quota_exceeded, storage_used
 from hypermedia.sandbox.inspect import Inspection, refusal
@@ -392,18 +393,8 @@ async def job_events(
     except BaseException:
         slot.release()
         raise
-    client = getattr(request.app.state, "events_redis", None)
-    if client is None:
-        import redis.asyncio
-
-        # Each stream holds a connection (its pub/sub) and takes another for a moment:
-        # redis-py's default pool of 100 refused the 101st stream its live events.
-        client = redis.asyncio.Redis.from_url(
-            stack.redis_url, decode_responses=True, max_connections=2 * streams.total
-        )
-        request.app.state.events_redis = client
     body = events.stream(
-        client,
+        cast(EventSubscriber, request.app.state.event_subscriber),
         stack.ingest.events.key(job_id),
         lambda: stack.ingest.status_event(caller, job_id),
         after=last_event_id,
@@ -1228,6 +1219,7 @@ def create_app(
     app.state.event_streams = events.EventStreams(
         stack.settings.event_streams, stack.settings.user_concurrent_event_streams
     )
+    app.state.event_subscriber = EventSubscriber(stack.redis_url)
     authenticator = Authenticator(stack.engine, ttl=auth_cache_seconds)
     app.state.authenticator = authenticator
     settings = stack.settings

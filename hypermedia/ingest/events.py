@@ -27,11 +27,14 @@ for more than that. While Redis cannot be reached the record alone is followed, 
 keep-alive. That read also asks whether the caller's API key is still in force: a stream
 whose key was revoked ends at its next keep-alive.
 
-:class:`EventStreams` bounds them (each holds a socket and a Redis connection for as long
-as its job runs): at most ``per_user`` of one user (more: 429 ``rate_limited``) and
-``total`` in all (more: 503), and it ends them all, cleanly, when the server stops
-(:class:`EventStreamResponse`): a stream lasts as long as its job, and the server would
-otherwise wait for every job followed before it exits. A client takes its stream up
+The streams of an API process share one Redis pub/sub connection
+(:class:`~hypermedia.ingest.subscriber.EventSubscriber`: a job's channel is subscribed
+while a stream follows it) and a small pool for their reads. :class:`EventStreams`
+bounds them (each holds a socket for as long as its job runs): at most ``per_user`` of
+one user (more: 429 ``rate_limited``) and ``total`` in all (more: 503), and it ends them
+all, cleanly, when the server stops (:class:`EventStreamResponse`): a stream lasts as
+long as its job, and the server would otherwise wait for every job followed before it
+exits. A client takes its stream up
 again on the next server with ``Last-Event-ID``.
 """
 
@@ -55,6 +58,7 @@ from starlette.types import Message, Receive, Scope, Send
 from hypermedia.accounts import Caller
 from hypermedia.errors import AuthenticationFailed, RateLimited, ServiceUnavailable
 from hypermedia.ingest.schemas import TERMINAL_STATUSES
+from hypermedia.ingest.subscriber import EventSubscriber, Subscription
 from hypermedia.queue.events import entry_order, parse_published
 
 log = logging.getLogger(__name__)
@@ -209,19 +213,21 @@ def _ends(event: dict[str, Any]) -> bool:
 
 
 async def stream(
-    client: redis.asyncio.Redis,
+    subscriber: EventSubscriber,
     key: str,
     record: Callable[[], dict[str, Any]],
     *,
     after: str | None = None,
     keepalive: float = KEEPALIVE_SECONDS,
 ) -> AsyncIterator[str]:
-    """The SSE messages of one job (see the module docstring). ``key``: its events key
-    (stream and channel); ``record()``: its status event as the record has it (called
-    in a thread), or AuthenticationFailed once the caller may follow it no more (their
-    key revoked): the stream then ends there, as when the server stops, and the
-    client's reconnect is refused; ``after``: the Last-Event-ID the client sent."""
-    async with contextlib.aclosing(_follow(client, key, record, after, keepalive)) as messages:
+    """The SSE messages of one job (see the module docstring). ``subscriber``: the API
+    process's one subscriber; ``key``: the job's events key (stream and channel);
+    ``record()``: its status event as the record has it (called in a thread), or
+    AuthenticationFailed once the caller may follow it no more (their key revoked):
+    the stream then ends there, as when the server stops, and the client's reconnect
+    is refused; ``after``: the Last-Event-ID the client sent."""
+    messages = _follow(subscriber, key, record, after, keepalive)
+    async with contextlib.aclosing(messages):
         try:
             async for text in messages:
                 yield text
@@ -233,32 +239,32 @@ async def stream(
 
 
 async def _follow(
-    client: redis.asyncio.Redis,
+    subscriber: EventSubscriber,
     key: str,
     record: Callable[[], dict[str, Any]],
     after: str | None,
     keepalive: float,
 ) -> AsyncGenerator[str, None]:
     yield f"retry: {RETRY_MILLISECONDS}\n\n"
-    pubsub = client.pubsub()
-    try:
-        await pubsub.subscribe(key)
+    async with contextlib.AsyncExitStack() as stack:
+        client = subscriber.client
         try:
-            entries: Any = await client.xrange(key, min="-" if after is None else f"({after}")
-        except redis.ResponseError as exc:
-            if after is None:
-                raise
-            # An id Redis refuses (the route checks its range): resume from the start.
-            log.warning("job events: redis refused Last-Event-ID %s: %s", after, exc)
-            after = None
-            entries = await client.xrange(key, min="-")
-    except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError) as exc:
-        log.warning("job events: redis unavailable, following the record: %s", exc)
-        await _close(pubsub)
-        async for text in _record_only(record, keepalive):
-            yield text
-        return
-    try:
+            live = await stack.enter_async_context(subscriber.subscribe(key))
+            try:
+                entries: Any = await client.xrange(key, min="-" if after is None else f"({after}")
+            except redis.ResponseError as exc:
+                if after is None:
+                    raise
+                # An id Redis refuses (the route checks its range): resume from the start.
+                log.warning("job events: redis refused Last-Event-ID %s: %s", after, exc)
+                after = None
+                entries = await client.xrange(key, min="-")
+        except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError) as exc:
+            log.warning("job events: redis unavailable, following the record: %s", exc)
+            await stack.aclose()
+            async for text in _record_only(record, keepalive):
+                yield text
+            return
         last = entry_order(after) if after is not None else (0, 0)
         status: str | None = None
         for entry, fields in entries:
@@ -271,30 +277,37 @@ async def _follow(
             return  # the stream holds its end
         now = await run_in_threadpool(record)
         if now.get("status") in TERMINAL_STATUSES:
-            async for text in _ending(client, pubsub, key, last, now):
+            async for text in _ending(client, live, key, last, now):
                 yield text
             return
         if now.get("status") != status:
             yield message(now)
         while True:
             try:
-                published = await pubsub.get_message(
-                    ignore_subscribe_messages=True, timeout=keepalive
-                )
+                published = await live.get(keepalive)
+                missed = await _missed(client, live, key, last)
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 log.warning("job events: redis went away, following the record: %s", exc)
+                await stack.aclose()
                 async for text in _record_only(record, keepalive):
                     yield text
                 return
+            for entry, event in missed:
+                last = entry_order(entry)
+                yield message(event, entry)
+                if _ends(event):
+                    return
             if published is None:
+                if missed:
+                    continue
                 yield ": keep-alive\n\n"
                 now = await run_in_threadpool(record)
                 if now.get("status") in TERMINAL_STATUSES:
-                    async for text in _ending(client, pubsub, key, last, now):
+                    async for text in _ending(client, live, key, last, now):
                         yield text
                     return
                 continue
-            parsed = parse_published(str(published["data"]))
+            parsed = parse_published(published)
             if parsed is None:
                 continue
             entry, event = parsed
@@ -304,13 +317,24 @@ async def _follow(
             yield message(event, entry)
             if _ends(event):
                 return
-    finally:
-        await _close(pubsub)
+
+
+async def _missed(
+    client: redis.asyncio.Redis, live: Subscription, key: str, last: tuple[int, int]
+) -> list[tuple[str, dict[str, Any]]]:
+    """What the channel brought this stream that it fell too far behind to keep (its
+    client reads slowly): read from the job's stream, past ``last``."""
+    if not live.missed:
+        return []
+    live.missed = False
+    millis, sequence = last
+    entries: Any = await client.xrange(key, min=f"({millis}-{sequence}")
+    return [(str(entry), json.loads(fields["e"])) for entry, fields in entries]
 
 
 async def _ending(
     client: redis.asyncio.Redis,
-    pubsub: Any,
+    live: Subscription,
     key: str,
     last: tuple[int, int],
     now: dict[str, Any],
@@ -333,10 +357,10 @@ async def _ending(
     deadline = time.monotonic() + ENDING_GRACE_SECONDS
     while (left := deadline - time.monotonic()) > 0:
         try:
-            published = await pubsub.get_message(ignore_subscribe_messages=True, timeout=left)
+            published = await live.get(left)
         except (redis.ConnectionError, redis.TimeoutError):
             break
-        parsed = None if published is None else parse_published(str(published["data"]))
+        parsed = None if published is None else parse_published(published)
         if parsed is None or entry_order(parsed[0]) <= last:
             continue
         entry, event = parsed
@@ -362,8 +386,3 @@ async def _record_only(
         if seen in TERMINAL_STATUSES:
             return
         await anyio.sleep(keepalive)
-
-
-async def _close(pubsub: Any) -> None:
-    with contextlib.suppress(Exception):  # the connection is gone already
-        await pubsub.aclose()

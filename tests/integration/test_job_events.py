@@ -187,16 +187,15 @@ def _streamed(
     the job record's status: the SSE messages, and the data of each."""
     import asyncio
 
-    import redis.asyncio
-
     from hypermedia.ingest import events as sse
+    from hypermedia.ingest.subscriber import EventSubscriber
 
     async def collect() -> list[str]:
-        client = redis.asyncio.Redis.from_url(stack.redis_url, decode_responses=True)
+        subscriber = EventSubscriber(stack.redis_url)
         try:
-            return [text async for text in sse.stream(client, key, record, keepalive=5)]
+            return [text async for text in sse.stream(subscriber, key, record, keepalive=5)]
         finally:
-            await client.aclose()
+            await subscriber.aclose()
 
     sent = asyncio.run(collect())
     data = [
@@ -514,3 +513,93 @@ def test_a_revoked_keys_open_stream_ends_at_its_next_keep_alive(stack, base_url)
     assert keepalives == 0
     with HypermediaClient(base_url, person.api_key) as client, pytest.raises(AuthenticationFailed):
         next(iter(client.events(job_id, timeout=10)))
+
+
+def _following(base_url: str, person, job_id: str) -> socket.socket:
+    """A client following ``job_id``'s events on a raw socket, once the stream has sent
+    the job's status (its channel subscribed, its recent events read)."""
+    sock = _open_stream(base_url, person, job_id)
+    seen = b""
+    while b"event: status" not in seen:
+        chunk = sock.recv(4096)
+        assert chunk, seen
+        seen += chunk
+    return sock
+
+
+def _clients(redis_client) -> list[dict[str, str]]:
+    return [c for c in redis_client.client_list() if c.get("name") != "test-observer"]
+
+
+def test_the_streams_of_an_api_process_share_one_redis_subscriber(
+    pg_engine, settings, private_redis
+):
+    """Each stream held a pub/sub connection of its own: 50 streams were 50 Redis
+    connections (1000 per API process at the cap, against Redis's maxclients). Now one
+    connection, named, follows the channels of every stream, a channel while anyone
+    follows it; the streams go on through Redis going away (they follow the record
+    and end with it) and the streams after it came back hear live events again."""
+    from hypermedia.ingest.subscriber import CLIENT_NAME, READ_CONNECTIONS
+
+    stack = Stack.open(settings(redis_url=private_redis.url), engine=pg_engine, auto_migrate=True)
+    observer = connect(private_redis.url)
+    observer.client_setname("test-observer")
+    held: list[socket.socket] = []
+    try:
+        with running_server(create_app(stack, events_keepalive_seconds=0.5)) as url:
+            person = make_user(stack)
+            jobs = [submit(stack, person, ["thumbnail"])[0] for _ in range(10)]
+            held = [_following(url, person, jobs[n % 10]) for n in range(50)]
+            subscribed = [c for c in _clients(observer) if int(c.get("sub", 0))]
+            assert len(subscribed) == 1, subscribed
+            assert subscribed[0]["name"] == CLIENT_NAME and int(subscribed[0]["sub"]) == 10
+            ours = [c for c in _clients(observer) if c.get("name") == CLIENT_NAME]
+            assert len(ours) <= 1 + READ_CONNECTIONS, ours
+
+            # Live events reach every stream of the job, once each.
+            job = _started(stack, jobs[0])
+            _progress(stack, job, 1)
+            for sock in held[::10]:  # jobs[0]'s
+                seen = b""
+                while b"event: progress" not in seen:
+                    seen += sock.recv(4096)
+                assert seen.count(b"event: progress") == 1 and b'"done":1' in seen, seen
+
+            # The streams gone, their channels are unsubscribed; the connection stays.
+            for sock in held:
+                sock.close()
+            held = []
+            deadline = time.monotonic() + 10
+            while any(int(c.get("sub", 0)) for c in _clients(observer)):
+                assert time.monotonic() < deadline, _clients(observer)
+                time.sleep(0.05)
+
+            # Redis goes away under a stream: it follows the record and ends with it.
+            other = _started(stack, jobs[1])
+            with HypermediaClient(url, person.api_key) as client:
+                events = iter(client.events(jobs[0], timeout=30))
+                assert _shape([next(events), next(events)]) == [
+                    ("status", "processing", None),
+                    ("progress", None, 1.0),
+                ]
+                observer.close()
+                private_redis.stop()
+                with stack.engine.begin() as conn:
+                    stack.repository.complete_many(
+                        conn, "w", time.time(), [FinishedJob(job.job_id)]
+                    )
+                rest = list(events)
+                # The record's status, as it changes (the first read may come before
+                # the commit), then its end.
+                assert _shape(rest)[-1] == ("status", "completed", None), rest
+                assert all(e.record for e in rest) and len(rest) <= 2, rest
+                private_redis.start()  # back, on the same port (empty)
+                events = iter(client.events(jobs[1], timeout=30))
+                assert next(events).status == "processing"
+                _progress(stack, other, 2)
+                live = next(events)
+                assert (live.type, live.done, live.record) == ("progress", 2.0, False)
+    finally:
+        for sock in held:
+            sock.close()
+        stack.close()
