@@ -699,14 +699,17 @@ class IngestService:
         """Cancel a job: answers CANCELLED, or the in-flight status with cancel requested."""
         now = self.clock.now()
         with transaction(self.engine) as conn:
-            status = self.repository.cancel(conn, job_id, caller.user_id, now)
-            queue = conn.execute(
-                select(t.jobs.c.queue).where(
+            found = conn.execute(
+                select(t.jobs.c.queue, t.jobs.c.status).where(
                     t.jobs.c.job_id == job_id, t.jobs.c.user_id == caller.user_id
                 )
-            ).scalar_one_or_none()
-        if status is None or queue is None:
+            ).one_or_none()
+            status = self.repository.cancel(conn, job_id, caller.user_id, now)
+        if status is None or found is None:
             raise NotFound(f"no job {job_id!r}", job_id=job_id)
+        queue = found.queue
+        if status is JobStatus.CANCELLED and found.status == JobStatus.CANCELLED.value:
+            return status  # cancelled before: its end was published then
         if status is JobStatus.CANCELLED:
             try:
                 self.queue.remove(queue, [job_id])

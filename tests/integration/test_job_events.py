@@ -603,3 +603,18 @@ def test_the_streams_of_an_api_process_share_one_redis_subscriber(
         for sock in held:
             sock.close()
         stack.close()
+
+
+def test_cancelling_a_cancelled_job_again_publishes_no_second_end(stack, base_url):
+    """A cancel of a job cancelled before (a client's retry, `hypermedia cancel` run
+    twice) answered 200 and published the job's ``cancelled`` event again: its stream
+    held two ends, and every later subscriber was sent both."""
+    person = make_user(stack)
+    job_id = submit(stack, person, ["thumbnail"])[0]
+    with HypermediaClient(base_url, person.api_key) as client:
+        assert client.cancel(job_id).status == "cancelled"
+        assert client.cancel(job_id).status == "cancelled"  # still answered, idempotent
+        events = list(client.events(job_id, timeout=10))
+    assert _shape(events) == [("status", "cancelled", None)]
+    history = [e for _, e in stack.dispatcher.events.history(job_id)]
+    assert [e["status"] for e in history] == ["cancelled"]
