@@ -9,10 +9,12 @@ private ``redis-server`` in ``data_dir``.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import stat
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from pathlib import Path
 
 import redis
 from sqlalchemy import Engine
@@ -44,6 +46,8 @@ from hypermedia.ratelimit import RateLimiter
 from hypermedia.storage.base import Storage
 from hypermedia.storage.health import StorageHealth
 from hypermedia.storage.local import LocalStorage, load_or_create_secret
+
+log = logging.getLogger(__name__)
 
 
 def prepare_data_dir(settings: Settings) -> None:
@@ -77,6 +81,21 @@ def prepare_data_dir(settings: Settings) -> None:
                 settings.database_setting,
                 f"cannot make the SQLite record {named}: {exc.strerror or exc}",
             ) from exc
+        _warn_if_others_read(named)
+
+
+def _warn_if_others_read(record: Path) -> None:
+    """A SQLite record made before elsewhere keeps its operator's mode, but one others
+    may read (users, key hashes, callback URLs, the ledger) is said so, with the fix."""
+    with contextlib.suppress(OSError):
+        mode = stat.S_IMODE(record.stat().st_mode)
+        if mode & 0o077:
+            log.warning(
+                "the SQLite record %s may be read by others (mode %04o): chmod 600 %s",
+                record,
+                mode,
+                record,
+            )
 
 
 def redis_url_for(settings: Settings) -> str:

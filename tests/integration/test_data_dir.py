@@ -77,3 +77,26 @@ def test_a_sqlite_record_named_by_the_url_is_private(tmp_path):
     assert elsewhere / "hm.db" in files
     loose = {p.name: oct(_mode(p)) for p in files if _mode(p) & 0o077}
     assert loose == {}
+
+
+def test_a_sqlite_record_named_by_the_url_that_others_may_read_is_said_so(tmp_path, caplog):
+    """One made before keeps the mode its operator gave it (it may be shared on
+    purpose), but a record others may read was kept without a word."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    record = elsewhere / "hm.db"
+    record.touch(mode=0o644)
+    os.chmod(record, 0o644)
+    settings = load_settings(data_dir=tmp_path / "data", database_url=f"sqlite:///{record}")
+    with caplog.at_level("WARNING", logger="hypermedia.stack"):
+        migrate(settings)
+    assert _mode(record) == 0o644
+    said = [r.getMessage() for r in caplog.records if r.name == "hypermedia.stack"]
+    assert said == [
+        f"the SQLite record {record} may be read by others (mode 0644): chmod 600 {record}"
+    ]
+    caplog.clear()
+    os.chmod(record, 0o600)
+    with caplog.at_level("WARNING", logger="hypermedia.stack"):
+        migrate(settings)
+    assert [r for r in caplog.records if r.name == "hypermedia.stack"] == []
