@@ -524,7 +524,7 @@ class EmbeddedRedis:
         return (
             self.port is not None
             and _pid_alive(pid)
-            and server_pid(self.port, self._password) == pid
+            and (server_pid(self.port, self._password) == pid or _runs_from(pid, self.directory))
         )
 
     def _signal_and_wait(self, pid: int) -> None:
@@ -571,9 +571,21 @@ def find_running(directory: Path) -> EmbeddedRedis | None:
     pid = _read_int(directory / PIDFILE)
     if port is None or pid is None or not _pid_alive(pid):
         return None
-    if server_pid(port, read_password(directory)) != pid:
+    if server_pid(port, read_password(directory)) != pid and not _runs_from(pid, directory):
         return None
     return EmbeddedRedis(directory, port)
+
+
+def _runs_from(pid: int, directory: Path) -> bool:
+    """Whether ``pid`` is a redis-server started from ``directory`` (its working
+    directory): ours even when it does not take the directory's password now (its
+    redis.conf replaced under it), so that it can still be stopped."""
+    try:
+        comm = Path(f"/proc/{pid}/comm").read_text().strip()
+        cwd = Path(os.readlink(f"/proc/{pid}/cwd"))
+    except OSError:
+        return False
+    return comm.startswith("redis-server") and cwd == Path(directory).resolve()
 
 
 def ensure_running(directory: Path, *, start_timeout: float = 10.0) -> str:
@@ -591,7 +603,15 @@ def ensure_running(directory: Path, *, start_timeout: float = 10.0) -> str:
         try:
             running = find_running(directory)
             if running is not None:
-                return running.url
+                if running.is_running():
+                    return running.url
+                # Its redis.conf was replaced under it: it answers no URL of ours.
+                logger.warning(
+                    "the embedded Redis of %s does not take its directory's password: "
+                    "starting it again",
+                    directory,
+                )
+                running.stop()
             previous = _read_int(directory / PORTFILE)
             port = previous if previous is not None and _port_reusable(previous) else None
             server = EmbeddedRedis(directory, port, detached=True, start_timeout=start_timeout)

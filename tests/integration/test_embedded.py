@@ -288,6 +288,32 @@ def test_ensure_running_starts_then_reuses(server_dir):
     assert again.pid == pid
 
 
+def test_a_server_whose_redis_conf_was_replaced_is_still_stopped_and_started_anew(server_dir):
+    """Its redis.conf replaced under it (restored from a backup, made again), the
+    server took no password of the directory's: `down` (find_running, stop) left it
+    running, and the next start began a second server beside it."""
+    ensure_running(server_dir)
+    first = find_running(server_dir)
+    assert first is not None and first.pid is not None
+    old_pid = first.pid
+    conf = server_dir / "redis.conf"
+    conf.write_text(conf.read_text().replace("requirepass ", "requirepass other-"))
+    url = ensure_running(server_dir)  # the stray one stopped, one server taking it
+    assert wait_dead(old_pid)
+    client = redis.Redis.from_url(url)
+    assert client.ping()
+    client.close()
+    assert len(redis_servers_in(server_dir)) == 1
+    conf.write_text(conf.read_text().replace("requirepass ", "requirepass again-"))
+    running = find_running(server_dir)  # what `down` does
+    assert running is not None
+    pid = running.pid
+    assert pid is not None
+    running.stop()
+    assert wait_dead(pid)
+    assert redis_servers_in(server_dir) == []
+
+
 def test_ensure_running_outlives_the_process_that_started_it(server_dir):
     code = (
         "import sys; from pathlib import Path; from hypermedia.embedded import ensure_running; "
