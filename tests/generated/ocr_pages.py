@@ -19,7 +19,8 @@ truth (``<name>.txt``, reading order), laid out like the corpus's ``ocr/`` pairs
 Everything is drawn from fixed seeds: the same bytes every run for one Pillow.
 
 Pages some tests draw for themselves (not in the group): :func:`script_page`, lines
-of another script (Vietnamese, Arabic right to left: DejaVu Sans has both).
+of another script (Vietnamese, Arabic right to left: DejaVu Sans has both; simplified
+Chinese in WenQuanYi Micro Hei, :data:`CJK_FONT_PATHS`).
 """
 
 from __future__ import annotations
@@ -37,6 +38,11 @@ if TYPE_CHECKING:
 FONT_PATHS = (
     "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
     "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+)
+# Chinese and Japanese: Debian's fonts-wqy-microhei.
+CJK_FONT_PATHS = (
+    "/usr/share/fonts/truetype/wqy/wqy-microhei.ttc",
+    "/usr/share/fonts/wqy-microhei/wqy-microhei.ttc",
 )
 PARAGRAPHS = (
     "The quick brown fox jumps over the lazy dog near the river bank.",
@@ -83,12 +89,16 @@ TABLE = (
 )
 
 
-def font(size: int) -> ImageFont.FreeTypeFont:
+def font(size: int, paths: tuple[str, ...] = FONT_PATHS) -> ImageFont.FreeTypeFont:
     from PIL import ImageFont
 
-    for path in FONT_PATHS:
+    for path in paths:
         if Path(path).is_file():
             return ImageFont.truetype(path, size)
+    if paths == CJK_FONT_PATHS:
+        raise FileNotFoundError(
+            "WenQuanYi Micro Hei is missing: apt-get install fonts-wqy-microhei"
+        )
     raise FileNotFoundError("DejaVu Sans is missing: apt-get install fonts-dejavu-core")
 
 
@@ -114,13 +124,25 @@ ARABIC = (
     "نحن نذهب إلى المدرسة كل يوم",
 )
 
+CHINESE = (
+    "我们每天早上去学校上课",
+    "今天的天气非常好",
+    "这本书在大桌子上面",
+    "请在星期五之前交回表格",
+    "办公室八点半开门五点关门",
+    "每个样品测量了三次",
+)
 
-def script_page(lines: tuple[str, ...], *, rtl: bool = False, size: int = 48) -> Image.Image:
-    """``lines`` one under another in DejaVu Sans, right-aligned for a right-to-left
-    script (Pillow shapes Arabic with libraqm)."""
+
+def script_page(
+    lines: tuple[str, ...], *, rtl: bool = False, size: int = 48, cjk: bool = False
+) -> Image.Image:
+    """``lines`` one under another in DejaVu Sans (WenQuanYi Micro Hei for ``cjk``),
+    right-aligned for a right-to-left script (Pillow shapes Arabic with libraqm)."""
     from PIL import Image, ImageDraw
 
-    margin, step, face = 150, int(size * 1.7), font(size)
+    margin, step = 150, int(size * 1.7)
+    face = font(size, CJK_FONT_PATHS if cjk else FONT_PATHS)
     direction = "rtl" if rtl else None
     measure = ImageDraw.Draw(Image.new("L", (1, 1)))
     width = margin * 2 + int(

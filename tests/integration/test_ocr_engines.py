@@ -147,19 +147,36 @@ def test_ppocr_reads_a_glyph_two_pieces_share_once():
     assert [" ".join(text.split()) for _, _, text, _ in joined] == ["burn running"]
 
 
-def test_tesseract_scales_an_arabic_page_by_its_text_height():
+def test_tesseract_scales_arabic_and_han_pages_by_their_text_height():
     """The text height of DejaVu Sans Arabic is ~0.76 of its type size whatever the
-    page's size; the page is scaled to bring it to Tesseract's good height (enlarged
-    by a whole factor, within the pixel budget), a Latin page by its size as before."""
-    for size in (24, 48, 96):
-        drawn = ocr_pages.script_page(ocr_pages.ARABIC, rtl=True, size=size)
+    page's size, of Han in WenQuanYi Micro Hei ~0.86; the page is scaled to bring it to
+    its script's good height for Tesseract (enlarged by a whole factor, within the
+    pixel budget), a Latin page by its size as before."""
+    pages = [
+        (ocr_pages.script_page(ocr_pages.ARABIC, rtl=True, size=s), s, 0.7, 0.8)
+        for s in (24, 48, 96)
+    ]
+    pages += [
+        (ocr_pages.script_page(ocr_pages.CHINESE, size=s, cjk=True), s, 0.8, 0.9)
+        for s in (24, 48, 96)
+    ]
+    for drawn, size, low, high in pages:
         binary = ocr_engines.binarise(np.asarray(drawn.convert("L"), dtype=np.uint8))
         height = ocr_engines.text_height(binary)
-        assert height is not None and 0.7 * size <= height <= 0.8 * size, (size, height)
+        assert height is not None and low * size <= height <= high * size, (size, height)
     assert ocr_engines.text_height(np.full((100, 100), 255, dtype=np.uint8)) is None
-    scale = ocr_engines.arabic_scale
+    target = ocr_engines.text_height_target
+    assert target(["ara"]) == 14.0 and target(["eng", "ara"]) == 14.0
+    assert target(["chi_sim"]) == target(["chi_tra"]) == target(["jpn", "eng"]) == 17.0
+    assert target(["ara", "chi_tra"]) == 14.0 and target(["eng", "vie"]) is None
+
+    def scale(height: int, width: int, text: float | None) -> float:
+        return ocr_engines.text_scale(height, width, text, 14.0)
+
     assert scale(300, 700, 36.0) == pytest.approx(14.0 / 36.0)  # was enlarged 2x
     assert scale(300, 700, 7.0) == 2.0 and scale(300, 700, 4.0) == 4.0
     assert scale(300, 700, 14.5) == 1.0 and scale(3000, 3000, 500.0) == pytest.approx(1 / 6)
     assert scale(4000, 5000, 4.0) == 1.0  # 20 Mpx: enlarged 2x would pass the budget
     assert scale(300, 700, None) == ocr_engines.upscale_factor(300, 700) == 2
+    # The corpus's traditional Chinese page: text 26 px on 237 x 91 (enlarged 3x before).
+    assert ocr_engines.text_scale(91, 237, 26.0, 17.0) == pytest.approx(17.0 / 26.0)
