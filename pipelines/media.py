@@ -313,40 +313,34 @@ def _tool(name: str) -> str:
     return path
 
 
-@cache
-def ffmpeg_encoders() -> frozenset[str]:
-    """The encoders this FFmpeg build has (``ffmpeg -encoders``)."""
+def _ffmpeg_listing(what: str) -> list[list[str]]:
+    """The lines of ``ffmpeg -<what>`` (``encoders``, ``filters``), split in fields."""
     listing = subprocess.run(
-        [_tool("ffmpeg"), "-hide_banner", "-nostdin", "-encoders"],
+        [_tool("ffmpeg"), "-hide_banner", "-nostdin", f"-{what}"],
         capture_output=True,
         text=True,
         check=False,
         stdin=subprocess.DEVNULL,
     ).stdout
-    names = set()
-    for line in listing.splitlines():
-        fields = line.split()
-        if len(fields) >= 2 and len(fields[0]) == 6 and fields[0][0] in "VAS":
-            names.add(fields[1])
-    return frozenset(names)
+    return [line.split() for line in listing.splitlines()]
+
+
+@cache
+def ffmpeg_encoders() -> frozenset[str]:
+    """The encoders this FFmpeg build has (``ffmpeg -encoders``)."""
+    return frozenset(
+        fields[1]
+        for fields in _ffmpeg_listing("encoders")
+        if len(fields) >= 2 and len(fields[0]) == 6 and fields[0][0] in "VAS"
+    )
 
 
 @cache
 def ffmpeg_filters() -> frozenset[str]:
     """The filters this FFmpeg build has (``ffmpeg -filters``)."""
-    listing = subprocess.run(
-        [_tool("ffmpeg"), "-hide_banner", "-nostdin", "-filters"],
-        capture_output=True,
-        text=True,
-        check=False,
-        stdin=subprocess.DEVNULL,
-    ).stdout
-    names = set()
-    for line in listing.splitlines():
-        fields = line.split()
-        if len(fields) >= 3 and "->" in fields[2]:
-            names.add(fields[1])
-    return frozenset(names)
+    return frozenset(
+        fields[1] for fields in _ffmpeg_listing("filters") if len(fields) >= 3 and "->" in fields[2]
+    )
 
 
 def _input_args(path: Path, demuxer: str) -> list[str]:
