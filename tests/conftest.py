@@ -254,6 +254,7 @@ def sqlite_url(_sqlite_template: Path, tmp_path: Path) -> str:
     """A fresh migrated SQLite file where ``Settings(data_dir=tmp_path)`` looks for it."""
     path = tmp_path / "hypermedia.db"
     shutil.copyfile(_sqlite_template, path)
+    path.chmod(0o600)  # as hypermedia makes its record (else every start warns)
     return f"sqlite:///{path}"
 
 
