@@ -20,6 +20,8 @@ limits. Profiles are read from TOML::
     accepts = ["image/jpeg", "image/png"]     # kinds or mime types, by content; "any"
     limits = { max_pixels = 100_000_000 }     # see hypermedia.sandbox.inspect.InputLimits
     unit_costs = { escalation = 0.25 }        # credits per unit of work the step reports
+    timeout_seconds_per_page = 12             # with max_timeout_seconds: see below
+    max_timeout_seconds = 7200
 
 ``accepts`` lists kinds of :mod:`hypermedia.sandbox.inspect` (``image``, ``pdf``,
 ``ooxml-word``, ``video`` ...) or mime types (``image/png``), as found in the file's
@@ -46,6 +48,16 @@ reservation, and a warning is logged) and releases all of it, as a failure or a 
 does: no balance goes below zero. A profile that prices a unit its step declares no
 bound for is refused here (``profiles.<op>.unit_costs.<unit>``): the reservation could
 not cover it. Units priced 0, and profiles of operations no step implements, pass.
+
+A job's time limit is the profile's ``timeout_seconds``, or, for a profile that gives
+``timeout_seconds_per_page`` (and with it ``max_timeout_seconds``), ``timeout_seconds``
+plus that for each page the step may read (its bound of the unit ``page``: ocr's, from
+the input's inspection), worked out at submit and kept on the job
+(``processing_jobs.timeout_seconds``;
+:meth:`~hypermedia.jobs.catalog.ProfileRecord.job_timeout_seconds`). The worker gives it
+to the job's child (CPU rlimit, wall clock = x 1.5) and to its lease. A document whose
+time would pass ``max_timeout_seconds`` is refused at submit with ``page_limit``, naming
+the most pages the cap allows.
 """
 
 from __future__ import annotations
@@ -80,6 +92,7 @@ BYTES_PER_MB = 1024 * 1024
 MAX_COST = 1e9
 MAX_MEMORY_MB = 1024 * 1024
 MAX_BYTES = 2**50
+MAX_TIMEOUT_SECONDS = 24 * 3600
 _MIME = re.compile(r"[a-z]+/[a-z0-9][a-z0-9.+-]*", re.I)
 _UNIT = re.compile(r"[a-z][a-z0-9_]{0,31}")
 # Strict: TOML has integers, floats and booleans of its own, so "30" for 30 or true for
@@ -107,7 +120,12 @@ class Profile(BaseModel):
     version: Int = Field(ge=1)
     base_cost: Float = Field(ge=0, lt=MAX_COST)
     cost_per_mb: Float = Field(ge=0, lt=MAX_COST)
-    timeout_seconds: Int = Field(ge=1, le=24 * 3600)
+    timeout_seconds: Int = Field(ge=1, le=MAX_TIMEOUT_SECONDS)
+    # A job's time grows with its pages: timeout_seconds + this x the pages its step
+    # may read (its bound of the unit ``page``), at most max_timeout_seconds; a longer
+    # document is refused at submit (page_limit).
+    timeout_seconds_per_page: Float | None = Field(default=None, gt=0, le=MAX_TIMEOUT_SECONDS)
+    max_timeout_seconds: Int | None = Field(default=None, ge=1, le=MAX_TIMEOUT_SECONDS)
     memory_limit_mb: Int = Field(ge=16, le=MAX_MEMORY_MB)
     # Processes *and threads* of the job's child (RLIMIT_NPROC under its own uid):
     # raise it for a thread-hungry tool (LibreOffice, onnxruntime).
@@ -208,8 +226,37 @@ def parse_profiles(
                 " not reserve what it may cost, and a balance could go below zero; it bounds"
                 f" {', '.join(sorted(bounded)) or 'no unit'}",
             )
+        _check_page_timeouts(key, profile, bounded)
         profiles[operation] = profile
     return profiles
+
+
+def _check_page_timeouts(key: str, profile: Profile, bounded: frozenset[str] | None) -> None:
+    """``timeout_seconds_per_page`` and ``max_timeout_seconds`` come together, the cap
+    leaves time for a page, and the step bounds the pages it reads (a submit counts
+    them with that bound)."""
+    per_page, cap = profile.timeout_seconds_per_page, profile.max_timeout_seconds
+    if per_page is None and cap is None:
+        return
+    if per_page is None or cap is None:
+        given, missing = (
+            ("timeout_seconds_per_page", "max_timeout_seconds")
+            if cap is None
+            else ("max_timeout_seconds", "timeout_seconds_per_page")
+        )
+        raise ConfigError(f"{key}.{missing}", f"expected beside {given}")
+    if cap < profile.timeout_seconds + per_page:
+        raise ConfigError(
+            f"{key}.max_timeout_seconds",
+            f"{cap} leaves no time for a page: timeout_seconds ({profile.timeout_seconds})"
+            f" + timeout_seconds_per_page ({per_page:g}) is more",
+        )
+    if bounded is not None and "page" not in bounded:
+        raise ConfigError(
+            f"{key}.timeout_seconds_per_page",
+            f"the {profile.operation} step declares no bound for the pages it reads:"
+            " a submit could not give its job the time they need",
+        )
 
 
 def load_profiles(path: Path, queues: Iterable[str]) -> dict[str, Profile]:

@@ -136,6 +136,11 @@ def plan_page(run: Any, profile: ProfileRecord, rows: Iterable[Any], room: int) 
                 plan.unfit += 1
                 continue
         params = dict(profile.params)
+        try:
+            timeout = profile.job_timeout_seconds(params, inspection)
+        except InputRejected:  # more pages than its time limit allows
+            plan.unfit += 1
+            continue
         estimate = 0 if platform else profile.estimate_millicredits(int(row.size_bytes))
         plan.jobs.append(
             NewJob(
@@ -152,6 +157,7 @@ def plan_page(run: Any, profile: ProfileRecord, rows: Iterable[Any], room: int) 
                 # ledger's spend), though its account holds nothing.
                 reserved_millicredits=profile.reserve_millicredits(estimate, params, inspection),
                 max_attempts=profile.max_attempts,
+                timeout_seconds=timeout,
             )
         )
     return plan

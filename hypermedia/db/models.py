@@ -218,6 +218,9 @@ class ProcessingProfile(Base):
     unit_costs_millicredits: Mapped[dict[str, int]] = mapped_column(
         JSON, default=dict, server_default=text("'{}'")
     )
+    # A job's time grows with its pages up to a cap (profiles.py); NULL: it does not.
+    timeout_seconds_per_page: Mapped[float | None] = mapped_column(Float)
+    max_timeout_seconds: Mapped[int | None] = mapped_column(Integer)
     active: Mapped[bool] = mapped_column(Boolean, default=True)
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
@@ -282,6 +285,10 @@ class ProcessingJob(Base):
     # of work its step may report can cost (unit_costs); every release gives back this,
     # and the completion charges at most this.
     reserved_millicredits: Mapped[int] = mapped_column(BigInteger)
+    # The job's time limit, worked out at submit (its pages' time: profiles.py); the
+    # worker's CPU and wall-clock limits and lease follow it. NULL (jobs from before
+    # it): the profile's timeout_seconds.
+    timeout_seconds: Mapped[int | None] = mapped_column(Integer)
     actual_millicredits: Mapped[int | None] = mapped_column(BigInteger)
     attempt_count: Mapped[int] = mapped_column(Integer, default=0)
     max_attempts: Mapped[int] = mapped_column(Integer)

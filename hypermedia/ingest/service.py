@@ -22,7 +22,10 @@ Order of work (the seed's job creation, made transactional):
    job's reservation is its estimate plus the most its step's priced units of work
    may cost for this input and these params
    (:meth:`~hypermedia.jobs.catalog.ProfileRecord.reserve_millicredits`: ocr's
-   escalations), the most it can ever be charged;
+   escalations), the most it can ever be charged; and its time limit, from the pages
+   its step may read where its profile gives time a page
+   (:meth:`~hypermedia.jobs.catalog.ProfileRecord.job_timeout_seconds`: a document
+   past ``max_timeout_seconds`` is refused, ``page_limit``);
 4. the job record takes them in one transaction
    (:meth:`~hypermedia.jobs.repository.JobRepository.create`): the reservations are
    held on the caller's account, and too few available credits raise
@@ -598,6 +601,11 @@ class IngestService:
                     exc.details["object_id"] = request.object_id
                     raise
             params = {**profile.params, **request.params.get(operation, {})}
+            try:
+                timeout = profile.job_timeout_seconds(params, obj.inspection)
+            except InputRejected as exc:
+                exc.details["object_id"] = request.object_id
+                raise
             estimate = profile.estimate_millicredits(size)
             jobs.append(
                 NewJob(
@@ -615,6 +623,7 @@ class IngestService:
                     ),
                     max_attempts=profile.max_attempts,
                     callback_url=request.callback_url,
+                    timeout_seconds=timeout,
                 )
             )
         return NewSubmission(

@@ -9,6 +9,7 @@ because its outputs would silently differ under the same keys.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -18,7 +19,7 @@ from sqlalchemy import Connection, Engine, RowMapping, insert, select, update
 from hypermedia.clock import to_datetime
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
-from hypermedia.errors import ConfigError, InvalidParams, UnknownOperation
+from hypermedia.errors import ConfigError, InvalidParams, PageLimit, UnknownOperation
 from hypermedia.profiles import BYTES_PER_MB, Profile
 from hypermedia.sandbox.limits import DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_MAX_PROCESSES
 
@@ -49,6 +50,38 @@ class ProfileRecord:
     input_limits: dict[str, Any] = field(default_factory=dict)
     # Millicredits per unit of work the step reports (profiles.py's unit_costs).
     unit_costs_millicredits: dict[str, int] = field(default_factory=dict)
+    # A job's time grows with its pages up to a cap (profiles.py; job_timeout_seconds).
+    timeout_seconds_per_page: float | None = None
+    max_timeout_seconds: int | None = None
+
+    def job_timeout_seconds(self, params: Mapping[str, Any], inspection: Inspection | None) -> int:
+        """A job's time limit on an input of ``inspection`` with ``params`` (checked
+        already): ``timeout_seconds``, plus ``timeout_seconds_per_page`` for each page
+        its step may read (:func:`pipelines.registry.max_units`' ``page``), rounded up.
+        Past ``max_timeout_seconds``: :class:`~hypermedia.errors.PageLimit`, naming the
+        most pages the cap allows."""
+        per_page, cap = self.timeout_seconds_per_page, self.max_timeout_seconds
+        if per_page is None or cap is None:
+            return self.timeout_seconds
+        from pipelines import registry
+
+        try:
+            pages = registry.max_units(self.operation, params, inspection).get("page", 0)
+        except registry.PipelineError as exc:
+            raise InvalidParams(exc.message, operation=self.operation) from exc
+        seconds = math.ceil(self.timeout_seconds + per_page * pages)
+        if seconds <= cap:
+            return seconds
+        most = max(0, math.floor((cap - self.timeout_seconds) / per_page))
+        about = {} if inspection is None else {"kind": inspection.kind, "mime": inspection.mime}
+        raise PageLimit(
+            f"{self.operation} of {pages:,} pages needs {seconds:,} s"
+            f" ({self.timeout_seconds:,} + {per_page:g} a page), over its limit of"
+            f" {cap:,} s: at most {most:,} pages",
+            **about,
+            pages=pages,
+            limit=most,
+        )
 
     def estimate_millicredits(self, size_bytes: int) -> int:
         """``base_cost + cost_per_mb x size_mb``, rounded up to a millicredit: what a
@@ -113,6 +146,8 @@ def record_values(profile: Profile) -> dict[str, Any]:
         "accepts": list(profile.accepts),
         "input_limits": profile.limits.to_dict(),
         "unit_costs_millicredits": profile.unit_costs_millicredits,
+        "timeout_seconds_per_page": profile.timeout_seconds_per_page,
+        "max_timeout_seconds": profile.max_timeout_seconds,
     }
 
 

@@ -84,6 +84,9 @@ class ClaimedJob:
     # What the submit reserved for it: the most its completion may charge.
     reserved_millicredits: int | None = None
     started: bool = True  # processing; False: claimed, its start still to come
+    # Its time limit (from its pages: ProfileRecord.job_timeout_seconds); None (a job
+    # from before it): its profile's timeout_seconds.
+    timeout_seconds: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +137,8 @@ class NewJob:
     reserved_millicredits: int
     max_attempts: int
     callback_url: str | None = None  # POSTed the job once it has ended (hypermedia.callbacks)
+    # Its time limit (ProfileRecord.job_timeout_seconds); None: its profile's.
+    timeout_seconds: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +196,7 @@ def _job_values(job: NewJob) -> dict[str, Any]:
         "reserved_millicredits": job.reserved_millicredits,
         "max_attempts": job.max_attempts,
         "callback_url": job.callback_url,
+        "timeout_seconds": job.timeout_seconds,
     }
 
 
@@ -494,6 +500,7 @@ class JobRepository:
                     estimated_millicredits=row.estimated_millicredits,
                     reserved_millicredits=row.reserved_millicredits,
                     started=start is True or (start == "first" and job_id == job_ids[0]),
+                    timeout_seconds=row.timeout_seconds,
                 )
             )
         return claimed

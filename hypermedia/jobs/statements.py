@@ -207,6 +207,7 @@ def claim(dialect: str, profile_ids: tuple[int, ...], start: bool | Literal["fir
             j.max_attempts,
             j.estimated_millicredits,
             j.reserved_millicredits,
+            j.timeout_seconds,
         )
     )
     if dialect != "postgresql":
@@ -488,6 +489,7 @@ JOB_COLUMNS = (
     "reserved_millicredits",
     "max_attempts",
     "callback_url",
+    "timeout_seconds",
 )
 
 

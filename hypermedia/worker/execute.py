@@ -25,6 +25,10 @@ An operation whose profile sets ``params.needs_input = false`` gets no input: no
 GET URL, no download; its step is handed a path where no file is. A step that
 returns no outputs asks for no PUT URLs and uploads nothing.
 
+A job runs under its own time limit (``ClaimedJob.timeout_seconds``, worked out from
+its pages at submit), its profile's for a job from before: its child's CPU rlimit and
+wall clock, and its lease, follow it.
+
 While jobs run, one watcher thread per execution polls ``cancel_requested`` for all
 of them in one query (killing the child of a job its user cancelled) and extends
 the lease of each long one every third of it.
@@ -198,6 +202,14 @@ class _Progress:
         self.events.publish(self.job.job_id, event)
 
 
+def job_timeout(job: ClaimedJob, profile: ProfileRecord | None) -> int | None:
+    """The time limit ``job`` runs under: its own (worked out from its pages at
+    submit), else its profile's; None when neither is known."""
+    if job.timeout_seconds is not None:
+        return job.timeout_seconds
+    return profile.timeout_seconds if profile is not None else None
+
+
 class JobExecution:
     """Runs claimed jobs for one worker. Thread-safe: each loop calls ``run`` or
     ``run_started``."""
@@ -296,10 +308,10 @@ class JobExecution:
         its way to the record: :class:`~hypermedia.worker.worker.CompletionBatcher`);
         a :class:`Completion` when only the record's complete is left."""
         profile = self.catalog.by_id(job.profile_id)
-        timeout = profile.timeout_seconds if profile else None
-        lease = lease_seconds(timeout, self.dispatcher.grace)
+        lease = lease_seconds(job_timeout(job, profile), self.dispatcher.grace)
         # Extended once a third of its lease has passed: since the claim, which for a
-        # job its loop took ahead was a moment before it began.
+        # job its loop took ahead was a moment before it began. A job whose pages gave
+        # it more time than its profile's (the claim's lease) is extended at once.
         passed = lease - (job.deadline - self.dispatcher.clock.now())
         watched = _Watched(job, lease, time.monotonic() + max(0.0, lease / 3 - passed))
         with self._lock:
@@ -354,7 +366,11 @@ class JobExecution:
                     job.operation,
                     input_path,
                     job.params,
-                    timeout_seconds=profile.timeout_seconds,
+                    timeout_seconds=(
+                        profile.timeout_seconds
+                        if job.timeout_seconds is None
+                        else job.timeout_seconds
+                    ),
                     memory_limit_mb=profile.memory_limit_mb,
                     max_processes=profile.max_processes,
                     max_output_bytes=profile.max_output_bytes,

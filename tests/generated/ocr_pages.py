@@ -20,7 +20,8 @@ Everything is drawn from fixed seeds: the same bytes every run for one Pillow.
 
 Pages some tests draw for themselves (not in the group): :func:`script_page`, lines
 of another script (Vietnamese, Arabic right to left: DejaVu Sans has both; simplified
-Chinese in WenQuanYi Micro Hei, :data:`CJK_FONT_PATHS`).
+Chinese in WenQuanYi Micro Hei, :data:`CJK_FONT_PATHS`); :func:`long_scan`, an
+image-only PDF of many tiny pages of one line each.
 """
 
 from __future__ import annotations
@@ -155,6 +156,22 @@ def script_page(
         x = width - margin - length if rtl else margin
         draw.text((x, margin + index * step), text, fill=0, font=face, direction=direction)
     return image
+
+
+def long_scan(path: Path, pages: int) -> None:
+    """An image-only PDF of ``pages`` pages (a long scan, cheap to make and to read):
+    each a tiny picture of one line, "Page <n>"."""
+    images = [_page([(f"Page {n}", 10, 10)], 20, 160, 44) for n in range(1, pages + 1)]
+    stamp = time.gmtime(946_684_800)  # 2000-01-01: Pillow stamps the time otherwise
+    images[0].save(
+        path,
+        format="PDF",
+        resolution=72,
+        save_all=True,
+        append_images=images[1:],
+        creationDate=stamp,
+        modDate=stamp,
+    )
 
 
 def clean_page(size: int = 42, margin: int = 150) -> Image.Image:

@@ -539,6 +539,106 @@ def test_objects_from_before_upload_keys_have_none_and_a_key_is_one_object_per_o
     assert "uk_object_idempotency_key" not in indexes
 
 
+def test_jobs_and_profiles_from_before_job_timeouts_keep_their_profiles_time(empty_engine):
+    """0021: processing_jobs.timeout_seconds (a job's own time, from its pages) and
+    processing_profiles.timeout_seconds_per_page / max_timeout_seconds. Rows from before
+    get NULL (a job runs under its profile's timeout_seconds; a profile gives no time a
+    page) and none is rewritten; a job written after keeps its own time."""
+    migrate.upgrade(empty_engine, "0020")
+    moment = to_datetime(1_800_000_000.0)
+    rows = {
+        "users": [{"user_id": "u", "name": "ann", "is_operator": False, "created_at": moment}],
+        "pools": [{"pool_id": "p", "name": "p", "created_at": moment}],
+        "objects": [
+            {
+                "object_id": "o",
+                "pool_id": "p",
+                "owner_id": "u",
+                "kind": "original",
+                "storage_key": "k",
+                "filename": "f",
+                "size_bytes": 1,
+                "created_at": moment,
+            }
+        ],
+        "processing_profiles": [
+            {
+                "profile_id": 1,
+                "operation": "ocr",
+                "version": 3,
+                "queue": "ocr",
+                "base_cost_millicredits": 1000,
+                "cost_per_mb_millicredits": 200,
+                "timeout_seconds": 300,
+                "memory_limit_mb": 1024,
+                "max_input_bytes": 1000,
+                "max_attempts": 2,
+                "default_priority": 4,
+                "params": "{}",
+                "active": True,
+                "created_at": moment,
+                "updated_at": moment,
+            }
+        ],
+        "submissions": [
+            {
+                "submission_id": "s",
+                "user_id": "u",
+                "request_hash": "h",
+                "estimated_millicredits": 1000,
+                "created_at": moment,
+            }
+        ],
+    }
+
+    def job(job_id: str, **more: object) -> dict[str, object]:
+        return {
+            "job_id": job_id,
+            "submission_id": "s",
+            "user_id": "u",
+            "object_id": "o",
+            "profile_id": 1,
+            "operation": "ocr",
+            "queue": "ocr",
+            "priority": 4,
+            "status": "queued",
+            "params": "{}",
+            "estimated_millicredits": 1000,
+            "reserved_millicredits": 1000,
+            "attempt_count": 0,
+            "max_attempts": 2,
+            "cancel_requested": False,
+            "created_at": moment,
+            "updated_at": moment,
+            **more,
+        }
+
+    with empty_engine.begin() as conn:
+        for name, values in rows.items():
+            conn.execute(insert(table(name, *(column(key) for key in values[0]))), values)
+        conn.execute(insert(table("processing_jobs", *map(column, job("old")))), [job("old")])
+    migrate.upgrade(empty_engine)
+    jobs = table("processing_jobs", *map(column, job("new", timeout_seconds=780)))
+    profiles = table(
+        "processing_profiles",
+        column("profile_id"),
+        column("timeout_seconds_per_page"),
+        column("max_timeout_seconds"),
+    )
+    with empty_engine.begin() as conn:
+        conn.execute(insert(jobs), [job("new", timeout_seconds=780)])
+        found = dict(conn.execute(select(jobs.c.job_id, jobs.c.timeout_seconds)).all())
+        (profile,) = conn.execute(select(profiles)).all()
+    assert found == {"old": None, "new": 780}
+    assert tuple(profile) == (1, None, None)
+    migrate.downgrade(empty_engine, "0020")
+    names = {c["name"] for c in inspect(empty_engine).get_columns("processing_jobs")}
+    assert "timeout_seconds" not in names and "reserved_millicredits" in names
+    names = {c["name"] for c in inspect(empty_engine).get_columns("processing_profiles")}
+    assert not names & {"timeout_seconds_per_page", "max_timeout_seconds"}
+    assert "timeout_seconds" in names
+
+
 def test_code_and_schema_that_disagree_say_which_way_to_go(empty_engine, settings):
     """Old code on a schema a newer hypermedia migrated (a worker or head left behind
     by a deploy) is told to upgrade the code: `db upgrade` cannot go back (Alembic cannot

@@ -52,7 +52,15 @@ def test_shipped_limits():
         max_pixels=100_000_000, max_source_pixels=400_000_000, jpeg_shrink_on_load=True
     )
     assert profiles["regenerate"].accepts == ["any"]
-    assert profiles["ocr"].limits.max_pages == 25  # what its 300 s of CPU reads
+    # 500 pages: 300 s + 12 s a page is 6,300 s, within its cap of 7,200 s.
+    ocr = profiles["ocr"]
+    assert ocr.limits.max_pages == ocr.params["max_pages"] == 500
+    assert (ocr.timeout_seconds, ocr.timeout_seconds_per_page, ocr.max_timeout_seconds) == (
+        300,
+        12,
+        7200,
+    )
+    assert ocr.timeout_seconds + 12 * 500 <= 7200
     assert profiles["transcode_video"].limits.max_duration_seconds == 7200
 
 

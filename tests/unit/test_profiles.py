@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from hypermedia.config import DEFAULT_QUEUES, REPO_ETC
-from hypermedia.errors import ConfigError, InvalidParams
+from hypermedia.errors import ConfigError, InvalidParams, PageLimit
 from hypermedia.jobs.catalog import ProfileRecord, record_values
 from hypermedia.profiles import BYTES_PER_MB, MILLI, Profile, load_profiles, parse_profiles
 from hypermedia.sandbox.inspect import Inspection
@@ -246,14 +246,14 @@ IMAGE = Inspection("image", "image/png", {"width": 800, "height": 600})
     [
         (IMAGE, {}, 1, 3),  # an image is one page; the shipped chain has 3 engines
         (Inspection("image", "image/tiff", {"pages": 3}), {}, 3, 3),  # each TIFF page read
-        (Inspection("image", "image/tiff", {"pages": 40}), {}, 25, 3),  # refused past 25
+        (Inspection("image", "image/tiff", {"pages": 600}), {}, 500, 3),  # refused past 500
         (Inspection("image", "image/gif", {"pages": 3}), {}, 1, 3),  # a GIF: its first frame
         (Inspection("pdf", "application/pdf", {"pages": 3}), {}, 3, 3),
         (Inspection("pdf", "application/pdf", {"pages": 3}), {"engines": ["ppocr"]}, 3, 1),
         (Inspection("pdf", "application/pdf", {"pages": 3}), {"max_pages": 2}, 2, 3),
-        (Inspection("pdf", "application/pdf", {}), {}, 25, 3),  # count unknown: max_pages
+        (Inspection("pdf", "application/pdf", {}), {}, 500, 3),  # count unknown: max_pages
         (Inspection("pdf", "application/pdf", {}), {"max_pages": 7}, 7, 3),
-        (None, {"engines": ["ppocr", "tesseract"]}, 25, 2),  # never inspected: max_pages
+        (None, {"engines": ["ppocr", "tesseract"]}, 500, 2),  # never inspected: max_pages
     ],
 )
 def test_ocr_bounds_its_units_by_pages_and_engines(shipped, inspection, changes, pages, engines):
@@ -298,6 +298,93 @@ def test_a_priced_unit_its_step_does_not_bound_is_refused():
     assert parse_profiles(free, DEFAULT_QUEUES, "p.toml")["thumbnail"].unit_costs == {"frames": 0.0}
     nothing = document("not_a_step", unit_costs={"frames": 0.5})
     assert parse_profiles(nothing, DEFAULT_QUEUES, "p.toml")["not_a_step"].unit_costs
+
+
+# -- a job's time from its pages ------------------------------------------------------
+
+
+def _ocr(**changes: Any) -> ProfileRecord:
+    body = {**VALID, "queue": "ocr", "timeout_seconds": 300, **changes}
+    return as_record(Profile(operation="ocr", **body))
+
+
+def _pdf(pages: int | None) -> Inspection:
+    return Inspection("pdf", "application/pdf", {} if pages is None else {"pages": pages})
+
+
+@pytest.mark.parametrize(
+    ("inspection", "params", "expected"),
+    [
+        (IMAGE, {}, 300 + 12),  # one page
+        (_pdf(40), {}, 300 + 12 * 40),
+        (_pdf(500), {}, 300 + 12 * 500),
+        (_pdf(None), {}, 300 + 12 * 500),  # count unknown: max_pages, the most it reads
+        (None, {}, 300 + 12 * 500),  # never inspected: the same
+        (_pdf(40), {"max_pages": 30}, 300 + 12 * 30),  # the step reads no more than 30
+        (Inspection("image", "image/tiff", {"pages": 7}), {}, 300 + 12 * 7),
+    ],
+)
+def test_a_jobs_time_grows_with_its_pages(shipped, inspection, params, expected):
+    """The shipped ocr profile: 300 s, and 12 s more for each page the step may read."""
+    ocr = as_record(shipped["ocr"])
+    assert ocr.job_timeout_seconds(_ocr_params(shipped, **params), inspection) == expected
+
+
+def test_a_jobs_time_is_its_profiles_without_time_a_page(shipped):
+    thumbnail = as_record(shipped["thumbnail"])
+    assert thumbnail.job_timeout_seconds(shipped["thumbnail"].params, IMAGE) == 30
+    ocr = _ocr()
+    assert ocr.job_timeout_seconds({"max_pages": 500}, _pdf(400)) == 300
+
+
+def test_pages_past_the_time_cap_are_page_limit_naming_the_most_allowed():
+    """300 + 12.5 a page within 1,000 s: 56 pages (1,000 s); the 57th is refused."""
+    ocr = _ocr(timeout_seconds_per_page=12.5, max_timeout_seconds=1000)
+    params = {"max_pages": 500}
+    assert ocr.job_timeout_seconds(params, _pdf(56)) == 1000
+    assert ocr.job_timeout_seconds(params, _pdf(3)) == 338  # 337.5, rounded up
+    with pytest.raises(PageLimit) as info:
+        ocr.job_timeout_seconds(params, _pdf(57))
+    assert info.value.code == "page_limit"
+    assert info.value.details["limit"] == 56 and info.value.details["pages"] == 57
+    assert "at most 56 pages" in info.value.message and "1,000 s" in info.value.message
+    with pytest.raises(PageLimit):  # count unknown: the step may read max_pages
+        ocr.job_timeout_seconds(params, _pdf(None))
+    with pytest.raises(InvalidParams, match="engines"):
+        ocr.job_timeout_seconds({"engines": ["nope"]}, _pdf(3))
+
+
+@pytest.mark.parametrize(
+    ("operation", "changes", "key", "problem"),
+    [
+        ("ocr", {"timeout_seconds_per_page": 12}, "max_timeout_seconds", "expected beside"),
+        ("ocr", {"max_timeout_seconds": 7200}, "timeout_seconds_per_page", "expected beside"),
+        (
+            "ocr",
+            {"timeout_seconds_per_page": 12, "max_timeout_seconds": 311},
+            "max_timeout_seconds",
+            "leaves no time for a page",
+        ),
+        (
+            "ocr",
+            {"timeout_seconds_per_page": 0, "max_timeout_seconds": 7200},
+            "timeout_seconds_per_page",
+            "greater than 0",
+        ),
+        (
+            "thumbnail",  # its step reports no pages
+            {"timeout_seconds_per_page": 1, "max_timeout_seconds": 600},
+            "timeout_seconds_per_page",
+            "declares no bound for the pages it reads",
+        ),
+    ],
+)
+def test_bad_time_a_page_names_the_key(operation, changes, key, problem):
+    body = document(operation, queue="ocr", timeout_seconds=300, **changes)
+    with pytest.raises(ConfigError) as info:
+        parse_profiles(body, DEFAULT_QUEUES, "p.toml")
+    assert info.value.key == f"p.toml: profiles.{operation}.{key}"
+    assert problem in info.value.message
 
 
 # -- bad profiles ---------------------------------------------------------------------
