@@ -149,25 +149,33 @@ def _outputs_payload(outputs: object) -> bytes:
 class _ProgressSender:
     """The step's progress reports (:mod:`pipelines.progress`) as PROGRESS messages on
     the result socket: at most one per :data:`PROGRESS_INTERVAL` (and the last, ``done``
-    = ``total``), never blocking: one the socket cannot take at once is dropped. Sent
-    with libc's ``send`` on the result descriptor itself: no other descriptor is open
-    in the job."""
+    = ``total``), never one the same as the last sent (FFmpeg's last ``out_time`` and
+    its ``progress=end`` both report the total, as do a chunked transcode's last chunk
+    and its concat: the job's events held the end twice), never blocking: one the
+    socket cannot take at once is dropped. Sent with libc's ``send`` on the result
+    descriptor itself: no other descriptor is open in the job."""
 
-    __slots__ = ("last",)
+    __slots__ = ("clock", "last", "sent")
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
         self.last = 0.0
+        self.sent: tuple[Any, Any, str] | None = None
 
     def __call__(self, progress: Any) -> None:
-        now = time.monotonic()
+        now = self.clock()
         final = progress.total is not None and progress.done >= progress.total
         if now - self.last < PROGRESS_INTERVAL and not final:
             return
+        report = (progress.done, progress.total, str(progress.unit))
+        if report == self.sent:
+            return
         self.last = now
-        body = {"done": progress.done, "total": progress.total, "unit": str(progress.unit)}
+        body = {"done": report[0], "total": report[1], "unit": report[2]}
         with suppress(ValueError, TypeError):
             data = json.dumps({"progress": body}).encode()
-            _send(RESULT_FD, data, len(data), MSG_DONTWAIT)  # -1 (EAGAIN): dropped
+            if _send(RESULT_FD, data, len(data), MSG_DONTWAIT) >= 0:  # -1 (EAGAIN): dropped
+                self.sent = report
 
 
 def _first_for_the_oom_killer() -> None:
