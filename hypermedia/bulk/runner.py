@@ -40,14 +40,14 @@ from hypermedia.bulk.runs import RunState
 from hypermedia.clock import Clock, SystemClock
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
-from hypermedia.errors import HypermediaError, InputRejected, PaymentRequired
+from hypermedia.errors import HypermediaError, InputRejected, InvalidRequest, PaymentRequired
 from hypermedia.ids import new_id
 from hypermedia.jobs.catalog import ProfileRecord, record_from_row
 from hypermedia.jobs.repository import JobRepository, NewJob, NewSubmission, enqueue_new
 from hypermedia.logs import Outage
 from hypermedia.queue.redis_queue import RedisQueue
 from hypermedia.sandbox.inspect import InputLimits, Inspection, check_operation
-from hypermedia.storage.base import Storage
+from hypermedia.storage.base import Storage, check_content_type
 
 log = logging.getLogger(__name__)
 
@@ -375,7 +375,9 @@ class BulkRunner:
         target = self._target(target_spec)
         migrated = failed = 0
         for row in rows:
-            problem = copy_verified(self.storage, target, row.storage_key, row.sha256)
+            problem = copy_verified(
+                self.storage, target, row.storage_key, row.sha256, row.content_type
+            )
             if problem is None:
                 with transaction(self.engine) as conn:
                     # Switched only now that its copy is verified, and only if nobody
@@ -443,11 +445,22 @@ def _hashing(chunks: Iterable[bytes], digest: Any) -> Iterator[bytes]:
         yield chunk
 
 
-def copy_verified(source: Storage, target: Storage, key: str, recorded: str | None) -> str | None:
-    """Copy ``key``; None once the target's bytes are verified, else what is wrong."""
+def copy_verified(
+    source: Storage,
+    target: Storage,
+    key: str,
+    recorded: str | None,
+    content_type: str | None = None,
+) -> str | None:
+    """Copy ``key`` (stored as ``content_type``, the record's, when it is one a store
+    takes); None once the target's bytes are verified, else what is wrong."""
     read = hashlib.sha256()
     try:
-        stored = target.put(key, _hashing(source.read(key), read))
+        check_content_type(content_type)
+    except InvalidRequest:
+        content_type = None
+    try:
+        stored = target.put(key, _hashing(source.read(key), read), content_type=content_type)
     except HypermediaError as exc:
         return f"copy failed: {exc.code}: {exc.message}"
     if recorded is not None and read.hexdigest() != recorded:

@@ -110,7 +110,14 @@ def migrate_page(run: Any, target_name: str, cursor: str | None, limit: int) -> 
     if cursor is not None:
         conds.append(o.object_id > cursor)
     return (
-        select(o.object_id, o.storage_key, o.size_bytes, o.sha256, o.storage_backend)
+        select(
+            o.object_id,
+            o.storage_key,
+            o.size_bytes,
+            o.sha256,
+            o.storage_backend,
+            o.content_type,
+        )
         .where(and_(*conds))
         .order_by(o.object_id)
         .limit(limit)

@@ -96,7 +96,13 @@ from hypermedia.jobs.states import IN_FLIGHT
 from hypermedia.objects import ObjectInfo, get_object, quota_exceeded, storage_used
 from hypermedia.sandbox.inspect import Inspection, refusal
 from hypermedia.stack import Stack
-from hypermedia.storage.base import InvalidSignature, Storage, StoredBlob, original_key
+from hypermedia.storage.base import (
+    DEFAULT_CONTENT_TYPE,
+    InvalidSignature,
+    Storage,
+    StoredBlob,
+    original_key,
+)
 from hypermedia.storage.local import LocalStorage
 
 log = logging.getLogger(__name__)
@@ -812,7 +818,7 @@ def _blob_answer(
     handle, size = storage.open(key)
     stat = os.fstat(handle.fileno())
     etag = ranges.entity_tag(size, stat.st_mtime_ns, stat.st_ino)
-    media_type = content_type or "application/octet-stream"
+    media_type = content_type or DEFAULT_CONTENT_TYPE
     validators = {
         "ETag": etag,
         "Last-Modified": formatdate(stat.st_mtime, usegmt=True),

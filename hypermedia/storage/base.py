@@ -8,11 +8,14 @@ become keys. Output keys are deterministic,
 Every backend honours this, and ``tests/integration/test_storage_contract.py``
 runs the same suite against each:
 
-* ``put(key, chunks, max_bytes)`` streams the chunks in and is atomic: a reader
-  sees the old bytes or the new bytes, never a partial object; writing a key twice
-  replaces it (deterministic output keys make a re-run harmless). More than
-  ``max_bytes`` raises :class:`~hypermedia.errors.InputTooLarge` and stores
+* ``put(key, chunks, max_bytes, content_type=None)`` streams the chunks in and is
+  atomic: a reader sees the old bytes or the new bytes, never a partial object;
+  writing a key twice replaces it (deterministic output keys make a re-run harmless).
+  More than ``max_bytes`` raises :class:`~hypermedia.errors.InputTooLarge` and stores
   nothing (a key that held bytes keeps them). Returns size and sha256.
+  ``content_type`` (what the caller knows of the bytes; :data:`DEFAULT_CONTENT_TYPE`
+  without, as the local backend answers) is what S3 stores with the object, for those
+  who read the bucket itself; a local file keeps none.
 * ``read(key)`` streams the bytes; a missing key raises
   :class:`~hypermedia.errors.NotFound` (on first iteration: ``read`` is lazy).
 * ``read_range(key, offset, length)`` answers up to ``length`` bytes from ``offset``
@@ -24,7 +27,8 @@ runs the same suite against each:
   ttl_seconds, content_type=None)`` return URLs any HTTP client can use without other
   credentials: ``GET`` answers the bytes, ``PUT`` stores the request body at that
   key (replacing, atomically). A GET answers ``content_type`` when given (a download's
-  type: a browser shows an image, plays a video), an ``ETag`` that changes when the
+  type: a browser shows an image, plays a video; without, :data:`DEFAULT_CONTENT_TYPE`,
+  or on S3 the type a put stored), an ``ETag`` that changes when the
   bytes are replaced, ``304`` to an ``If-None-Match`` naming it, one ``Range`` of bytes
   (206; past the end: 416) and honours that range under an ``If-Range`` naming the
   current ``ETag`` (another: the whole blob). A URL is bound to its method, its key
@@ -69,6 +73,8 @@ _CONTENT_TYPE = re.compile(
 _TEXT_CONTENT_TYPE = re.compile(r"^text/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,62}; charset=utf-8$")
 
 MAX_TTL_SECONDS = 7 * 24 * 3600
+# The type of bytes nobody said the type of.
+DEFAULT_CONTENT_TYPE = "application/octet-stream"
 
 
 class InvalidSignature(Forbidden):
@@ -149,7 +155,11 @@ def derived_key(pool_id: str, object_id: str, profile_version: int, output_type:
 
 class Storage(Protocol):
     def put(
-        self, key: str, chunks: Iterable[bytes], max_bytes: int | None = None
+        self,
+        key: str,
+        chunks: Iterable[bytes],
+        max_bytes: int | None = None,
+        content_type: str | None = None,
     ) -> StoredBlob: ...
 
     def read(self, key: str, chunk_size: int = 1 << 20) -> Iterator[bytes]: ...

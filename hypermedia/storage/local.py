@@ -71,7 +71,16 @@ class LocalStorage:
     def path(self, key: str) -> Path:
         return self.root / check_key(key)
 
-    def put(self, key: str, chunks: Iterable[bytes], max_bytes: int | None = None) -> StoredBlob:
+    def put(
+        self,
+        key: str,
+        chunks: Iterable[bytes],
+        max_bytes: int | None = None,
+        content_type: str | None = None,
+    ) -> StoredBlob:
+        """``content_type`` is checked, not kept: a file has no type, and the blob route
+        answers the one its URL was signed with."""
+        check_content_type(content_type)
         target = self.path(key)
         digest = hashlib.sha256()
         size = 0

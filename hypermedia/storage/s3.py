@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from hypermedia.errors import ConfigError, HypermediaError, NotFound
 from hypermedia.storage.base import (
+    DEFAULT_CONTENT_TYPE,
     StorageUnavailable,
     StoredBlob,
     check_content_type,
@@ -105,8 +106,17 @@ class S3Storage:
         """The S3 object name of ``key`` (the prefix and the key)."""
         return self.prefix + check_key(key)
 
-    def put(self, key: str, chunks: Iterable[bytes], max_bytes: int | None = None) -> StoredBlob:
+    def put(
+        self,
+        key: str,
+        chunks: Iterable[bytes],
+        max_bytes: int | None = None,
+        content_type: str | None = None,
+    ) -> StoredBlob:
         name = self.name(key)
+        # Stored with the object for whoever reads the bucket itself (a web tier, a
+        # CDN): S3's own default, binary/octet-stream, is no type anything else says.
+        stored_type = check_content_type(content_type) or DEFAULT_CONTENT_TYPE
         digest = hashlib.sha256()
         size = 0
         buffer = bytearray()
@@ -121,11 +131,13 @@ class S3Storage:
                 buffer += chunk
                 while len(buffer) >= self.part_size:
                     if upload_id is None:
-                        upload_id = self._start_multipart(key, name)
+                        upload_id = self._start_multipart(key, name, stored_type)
                     parts.append(self._upload_part(key, name, upload_id, len(parts) + 1, buffer))
             if upload_id is None:
                 with self._translated(key):
-                    self.client.put_object(Bucket=self.bucket, Key=name, Body=bytes(buffer))
+                    self.client.put_object(
+                        Bucket=self.bucket, Key=name, Body=bytes(buffer), ContentType=stored_type
+                    )
             else:
                 if buffer:
                     parts.append(self._upload_part(key, name, upload_id, len(parts) + 1, buffer))
@@ -145,9 +157,12 @@ class S3Storage:
             raise
         return StoredBlob(key=key, size_bytes=size, sha256=digest.hexdigest())
 
-    def _start_multipart(self, key: str, name: str) -> str:
+    def _start_multipart(self, key: str, name: str, content_type: str) -> str:
         with self._translated(key):
-            return self.client.create_multipart_upload(Bucket=self.bucket, Key=name)["UploadId"]
+            started = self.client.create_multipart_upload(
+                Bucket=self.bucket, Key=name, ContentType=content_type
+            )
+            return started["UploadId"]
 
     def _upload_part(
         self, key: str, name: str, upload_id: str, number: int, buffer: bytearray
@@ -219,10 +234,10 @@ class S3Storage:
         name = self.name(key)
         check_ttl(ttl_seconds)
         params: dict[str, str] = {"Bucket": self.bucket, "Key": name}
-        check_content_type(content_type)
         if content_type is not None:
-            # response-content-type: S3 answers it in place of the object's own (an
-            # original stored through the API has none: binary/octet-stream).
+            check_content_type(content_type)
+            # response-content-type: S3 answers it in place of the type stored with the
+            # object (without one: the put's, application/octet-stream unless it said).
             params["ResponseContentType"] = content_type
         with self._translated(key):
             return self.client.generate_presigned_url(

@@ -589,6 +589,15 @@ def test_migrate_local_to_s3_switches_each_record_after_its_copy_is_verified(
         conn.execute(
             update(t.objects).where(t.objects.c.object_id == ids[3]).values(sha256="0" * 64)
         )
+        # Its copy is stored as the recorded type (S3 stored none: binary/octet-stream);
+        # a type no store takes is not one (then as with none).
+        types = {ids[0]: "image/png", ids[1]: "text/plain; charset=latin-1"}
+        for object_id, content_type in types.items():
+            conn.execute(
+                update(t.objects)
+                .where(t.objects.c.object_id == object_id)
+                .values(content_type=content_type)
+            )
         gone_key = conn.execute(
             select(t.objects.c.storage_key).where(t.objects.c.object_id == ids[7])
         ).scalar_one()
@@ -621,6 +630,9 @@ def test_migrate_local_to_s3_switches_each_record_after_its_copy_is_verified(
         assert row.storage_backend == name
         i = payloads[row.object_id]
         assert b"".join(target.read(row.storage_key)) == f"object {i}".encode() * (i + 1)
+        stored = target.client.head_object(Bucket=target.bucket, Key=row.storage_key)
+        expected = "image/png" if row.object_id == ids[0] else "application/octet-stream"
+        assert stored["ContentType"] == expected, row.object_id
     # Again: only the two left behind are tried, nothing is copied twice.
     again = service.create(spec, "test")
     for _ in range(5):

@@ -438,6 +438,39 @@ def test_a_get_urls_content_type_is_signed(local_backend):
     assert "content-security-policy" not in plain.headers
 
 
+def test_a_put_keeps_the_type_it_is_given_and_an_untyped_url_answers_the_default(backend, request):
+    """S3 stored no type (a reader of the bucket, or an untyped URL, met S3's
+    binary/octet-stream where the local backend answers application/octet-stream):
+    it stores the one the caller knows, the default without, as the local backend
+    answers an untyped URL; a typed URL answers its type on both."""
+    small, large = os.urandom(1000), os.urandom(9 * MiB)  # one PutObject; a multipart
+    backend.storage.put("originals/p/typed", [small], content_type="image/png")
+    backend.storage.put("originals/p/large", [large], content_type="video/mp4")
+    backend.storage.put("originals/p/untyped", [small])
+    untyped = backend.http.get(backend.storage.presign_get("originals/p/untyped", 60))
+    assert untyped.content == small
+    assert untyped.headers["content-type"] == "application/octet-stream"
+    asked = backend.http.get(backend.storage.presign_get("originals/p/typed", 60, "image/gif"))
+    assert asked.headers["content-type"] == "image/gif"
+    large_url = backend.storage.presign_get("originals/p/large", 60)
+    expected = "video/mp4" if backend.kind == "s3" else "application/octet-stream"
+    assert backend.http.get(large_url).headers["content-type"] == expected
+    with pytest.raises(InvalidRequest, match="content type"):
+        backend.storage.put("originals/p/bad", [small], content_type="text/html\r\nX-A: b")
+    assert not backend.storage.exists("originals/p/bad")
+    if isinstance(backend.storage, S3Storage):
+        admin = admin_client(request.getfixturevalue("moto_endpoint"))
+        stored = {
+            key: admin.head_object(Bucket=backend.storage.bucket, Key=backend.storage.name(key))
+            for key in ("originals/p/typed", "originals/p/large", "originals/p/untyped")
+        }
+        assert {key: head["ContentType"] for key, head in stored.items()} == {
+            "originals/p/typed": "image/png",
+            "originals/p/large": "video/mp4",
+            "originals/p/untyped": "application/octet-stream",
+        }
+
+
 def test_a_get_url_answers_a_range_past_the_end_416(backend):
     backend.storage.put("derived/p/o/1/video", [b"x" * 100])
     url = backend.storage.presign_get("derived/p/o/1/video", 60)
