@@ -58,7 +58,7 @@ from hypermedia.errors import (
     RangeNotSatisfiable,
 )
 from hypermedia.ids import new_id
-from hypermedia.ingest import events, fields, openapi, queries, ranges, uploads
+from hypermedia.ingest import downloads, events, fields, openapi, queries, ranges, uploads
 from hypermedia.ingest.auth import Authenticator
 from hypermedia.ingest.guard import RequestGuard, RouteRule, Rules
 from hypermedia.ingest.http_errors import error_response, install_error_handlers
@@ -338,7 +338,11 @@ def get_output_url(
     """A GET URL signed for ``download_url_ttl_seconds`` (5 minutes by default): hand it
     to a browser; it needs no API key, answers the output's ``content_type`` and an
     ``ETag`` (``If-None-Match``: 304), and serves a ``Range`` of bytes (a ``<video>``
-    seeks with them), on either storage backend."""
+    seeks with them), on either storage backend. Its ``Content-Disposition`` names the
+    file after the upload's (``report.docx``: ``report.pdf``; ``photo.jpg``:
+    ``photo-thumbnail-320x320.webp``), ``inline`` for an image, a video, audio or a PDF
+    (a browser shows them), ``attachment`` for the rest (see
+    :mod:`hypermedia.ingest.downloads`)."""
     with snapshot(stack.engine) as conn:
         found = queries.output(conn, caller.user_id, job_id, output_type)
     if found is None:
@@ -349,7 +353,14 @@ def get_output_url(
     return OutputUrlResponse(
         job_id=job_id,
         output_type=found.output_type,
-        url=stack.storage.presign_get(found.storage_key, ttl, found.content_type),
+        url=stack.storage.presign_get(
+            found.storage_key,
+            ttl,
+            found.content_type,
+            downloads.content_disposition(
+                downloads.download_name(found.filename, found.output_type), found.content_type
+            ),
+        ),
         expires_at=datetime.fromtimestamp(stack.clock.now() + ttl, UTC),
         size_bytes=found.size_bytes,
         content_type=found.content_type,
@@ -779,8 +790,16 @@ _BLOB_CONTENT_TYPE = Query(
     description="What the URL was signed with: the `Content-Type` a GET answers "
     "(`application/octet-stream` without it), the one a PUT must send."
 )
+_BLOB_DISPOSITION = Query(
+    description="What the URL was signed with: the `Content-Disposition` a GET answers "
+    "(none without it)."
+)
 _BLOB_HEADERS = {
     "Content-Length": {"schema": {"type": "integer"}},
+    "Content-Disposition": {
+        "description": "The one the URL was signed with, if any.",
+        "schema": {"type": "string"},
+    },
     "Accept-Ranges": {"schema": {"type": "string", "enum": ["bytes"]}},
     "ETag": {
         "description": "Changes when the blob's bytes are replaced.",
@@ -811,10 +830,11 @@ def _blob_answer(
     expires: str | None,
     sig: str | None,
     content_type: str | None,
+    disposition: str | None,
 ) -> Response:
     """The answer to a GET (or HEAD: the same, without the bytes) of a signed blob URL."""
     storage = _local_storage(stack)
-    storage.verify("GET", key, expires, sig, content_type)
+    storage.verify("GET", key, expires, sig, content_type, disposition)
     handle, size = storage.open(key)
     stat = os.fstat(handle.fileno())
     etag = ranges.entity_tag(size, stat.st_mtime_ns, stat.st_ino)
@@ -824,6 +844,8 @@ def _blob_answer(
         "Last-Modified": formatdate(stat.st_mtime, usegmt=True),
         **_blob_safety(media_type),
     }
+    if disposition is not None:
+        validators["Content-Disposition"] = disposition
     if ranges.not_modified(request.headers.get("if-none-match"), etag):
         handle.close()
         return Response(status_code=304, headers=validators)
@@ -889,12 +911,13 @@ def read_blob(
     expires: str | None = None,
     sig: str | None = None,
     content_type: Annotated[str | None, _BLOB_CONTENT_TYPE] = None,
+    disposition: Annotated[str | None, _BLOB_DISPOSITION] = None,
     byte_range: Annotated[str | None, _BLOB_RANGE] = None,
     if_none_match: Annotated[str | None, _BLOB_IF_NONE_MATCH] = None,
 ) -> Response:
     """Streams the bytes at ``key`` (or one range of them) if ``expires`` and ``sig``
-    sign a GET of it (and of its ``content_type``)."""
-    return _blob_answer(request, stack, key, expires, sig, content_type)
+    sign a GET of it (and of its ``content_type`` and ``disposition``)."""
+    return _blob_answer(request, stack, key, expires, sig, content_type, disposition)
 
 
 @router.head(
@@ -919,10 +942,11 @@ def head_blob(
     expires: str | None = None,
     sig: str | None = None,
     content_type: Annotated[str | None, _BLOB_CONTENT_TYPE] = None,
+    disposition: Annotated[str | None, _BLOB_DISPOSITION] = None,
     byte_range: Annotated[str | None, _BLOB_RANGE] = None,
     if_none_match: Annotated[str | None, _BLOB_IF_NONE_MATCH] = None,
 ) -> Response:
-    return _blob_answer(request, stack, key, expires, sig, content_type)
+    return _blob_answer(request, stack, key, expires, sig, content_type, disposition)
 
 
 @router.put(

@@ -112,11 +112,13 @@ def submission(conn: Connection, user_id: str, submission_id: str) -> tuple[Any,
 
 
 def output(conn: Connection, user_id: str, job_id: str, output_type: str) -> Any | None:
-    """The user's job's output of ``output_type`` (its newest profile version)."""
+    """The user's job's output of ``output_type`` (its newest profile version), with the
+    file name of the object the job read (``filename``)."""
     o = t.outputs.c
     return conn.execute(
-        select(o.output_type, o.storage_key, o.size_bytes, o.content_type)
+        select(o.output_type, o.storage_key, o.size_bytes, o.content_type, t.objects.c.filename)
         .join(t.jobs, t.jobs.c.job_id == o.job_id)
+        .join(t.objects, t.objects.c.object_id == t.jobs.c.object_id)
         .where(o.job_id == job_id, o.output_type == output_type, t.jobs.c.user_id == user_id)
         .order_by(o.profile_version.desc())
         .limit(1)

@@ -23,17 +23,19 @@ runs the same suite against each:
   ZIP directory, without fetching the whole object. A missing key raises ``NotFound``.
 * ``exists(key)``; ``size(key)`` (``NotFound`` when missing); ``delete(key)``
   (deleting a missing key is not an error).
-* ``presign_get(key, ttl_seconds, content_type=None)`` and ``presign_put(key,
-  ttl_seconds, content_type=None)`` return URLs any HTTP client can use without other
-  credentials: ``GET`` answers the bytes, ``PUT`` stores the request body at that
-  key (replacing, atomically). A GET answers ``content_type`` when given (a download's
-  type: a browser shows an image, plays a video; without, :data:`DEFAULT_CONTENT_TYPE`,
-  or on S3 the type a put stored), an ``ETag`` that changes when the
-  bytes are replaced, ``304`` to an ``If-None-Match`` naming it, one ``Range`` of bytes
-  (206; past the end: 416) and honours that range under an ``If-Range`` naming the
-  current ``ETag`` (another: the whole blob). A URL is bound to its method, its key
-  and, when given, its content type (the one a GET answers, the ``Content-Type`` a PUT
-  must send); it stops working
+* ``presign_get(key, ttl_seconds, content_type=None, disposition=None)`` and
+  ``presign_put(key, ttl_seconds, content_type=None)`` return URLs any HTTP client can
+  use without other credentials: ``GET`` answers the bytes, ``PUT`` stores the request
+  body at that key (replacing, atomically). A GET answers ``content_type`` when given (a
+  download's type: a browser shows an image, plays a video; without,
+  :data:`DEFAULT_CONTENT_TYPE`, or on S3 the type a put stored), ``disposition`` as its
+  ``Content-Disposition`` when given (what a browser saves it as:
+  :mod:`hypermedia.ingest.downloads`; printable ASCII, :func:`check_disposition`), an
+  ``ETag`` that changes when the bytes are replaced, ``304`` to an ``If-None-Match``
+  naming it, one ``Range`` of bytes (206; past the end: 416) and honours that range
+  under an ``If-Range`` naming the current ``ETag`` (another: the whole blob). A URL is
+  bound to its method, its key and, when given, its content type (the one a GET
+  answers, the ``Content-Type`` a PUT must send) and disposition; it stops working
   ``ttl_seconds`` after it was made (403). ``ttl_seconds`` is 1 s to 7 days (the
   SigV4 maximum). Issuing a URL touches no object: the key need not exist yet.
   These URLs are how workers, which hold no storage credentials, move bytes; the
@@ -71,6 +73,7 @@ _CONTENT_TYPE = re.compile(
 )
 # Text is stored with its charset, or a browser guesses it: UTF-8 is the only one.
 _TEXT_CONTENT_TYPE = re.compile(r"^text/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,62}; charset=utf-8$")
+_DISPOSITION = re.compile(r"^[\x20-\x7e]{1,2000}$")
 
 MAX_TTL_SECONDS = 7 * 24 * 3600
 # The type of bytes nobody said the type of.
@@ -138,6 +141,16 @@ def check_content_type(content_type: str | None) -> str | None:
     return content_type
 
 
+def check_disposition(disposition: str | None) -> str | None:
+    """A ``Content-Disposition`` value of printable ASCII (no CR/LF: nothing a header
+    could be ended or another added with), at most 2000 characters, or None."""
+    if disposition is not None and not _DISPOSITION.fullmatch(disposition):
+        raise InvalidRequest(
+            "invalid content disposition: expected 1-2000 printable ASCII characters"
+        )
+    return disposition
+
+
 def check_range(offset: int, length: int) -> None:
     if offset < 0 or length < 0:
         raise InvalidRequest(
@@ -172,7 +185,13 @@ class Storage(Protocol):
 
     def delete(self, key: str) -> None: ...
 
-    def presign_get(self, key: str, ttl_seconds: int, content_type: str | None = None) -> str: ...
+    def presign_get(
+        self,
+        key: str,
+        ttl_seconds: int,
+        content_type: str | None = None,
+        disposition: str | None = None,
+    ) -> str: ...
 
     def presign_put(self, key: str, ttl_seconds: int, content_type: str | None = None) -> str: ...
 

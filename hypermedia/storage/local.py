@@ -28,6 +28,7 @@ from hypermedia.storage.base import (
     StorageUnavailable,
     StoredBlob,
     check_content_type,
+    check_disposition,
     check_key,
     check_range,
     check_ttl,
@@ -229,8 +230,20 @@ class LocalStorage:
 
     # -- signed URLs ---------------------------------------------------------------------
 
-    def presign_get(self, key: str, ttl_seconds: int, content_type: str | None = None) -> str:
-        return self._sign("GET", key, ttl_seconds, check_content_type(content_type))
+    def presign_get(
+        self,
+        key: str,
+        ttl_seconds: int,
+        content_type: str | None = None,
+        disposition: str | None = None,
+    ) -> str:
+        return self._sign(
+            "GET",
+            key,
+            ttl_seconds,
+            check_content_type(content_type),
+            check_disposition(disposition),
+        )
 
     def presign_put(self, key: str, ttl_seconds: int, content_type: str | None = None) -> str:
         return self._sign("PUT", key, ttl_seconds, check_content_type(content_type))
@@ -242,21 +255,42 @@ class LocalStorage:
         expires: str | None,
         sig: str | None,
         content_type: str | None = None,
+        disposition: str | None = None,
     ) -> None:
         """Check a signed URL's parameters as the blob routes received them; raise
         InvalidSignature / UrlExpired (403) when it must be refused."""
         signing.verify(
-            self._require_secret(), method, key, expires, sig, content_type, self.clock.now()
+            self._require_secret(),
+            method,
+            key,
+            expires,
+            sig,
+            content_type,
+            self.clock.now(),
+            disposition=disposition,
         )
 
-    def _sign(self, method: str, key: str, ttl_seconds: int, content_type: str | None) -> str:
+    def _sign(
+        self,
+        method: str,
+        key: str,
+        ttl_seconds: int,
+        content_type: str | None,
+        disposition: str | None = None,
+    ) -> str:
         check_key(key)
         check_ttl(ttl_seconds)
         if self.base_url is None:
             raise ConfigError("api_url (HYPERMEDIA_API_URL)", "local storage URLs need the API URL")
         expires = int(self.clock.now()) + ttl_seconds
         return signing.signed_url(
-            self.base_url, self._require_secret(), method, key, expires, content_type
+            self.base_url,
+            self._require_secret(),
+            method,
+            key,
+            expires,
+            content_type,
+            disposition=disposition,
         )
 
     def _require_secret(self) -> str:

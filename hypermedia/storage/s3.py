@@ -31,6 +31,7 @@ from hypermedia.storage.base import (
     StorageUnavailable,
     StoredBlob,
     check_content_type,
+    check_disposition,
     check_key,
     check_range,
     check_ttl,
@@ -230,10 +231,18 @@ class S3Storage:
         with self._translated(key):
             self.client.delete_object(Bucket=self.bucket, Key=name)
 
-    def presign_get(self, key: str, ttl_seconds: int, content_type: str | None = None) -> str:
+    def presign_get(
+        self,
+        key: str,
+        ttl_seconds: int,
+        content_type: str | None = None,
+        disposition: str | None = None,
+    ) -> str:
         name = self.name(key)
         check_ttl(ttl_seconds)
         params: dict[str, str] = {"Bucket": self.bucket, "Key": name}
+        if disposition is not None:
+            params["ResponseContentDisposition"] = check_disposition(disposition) or ""
         if content_type is not None:
             check_content_type(content_type)
             # response-content-type: S3 answers it in place of the type stored with the

@@ -601,6 +601,11 @@ def test_jobs_by_page_a_submission_and_an_outputs_download_url(stack):
         # Its type, as the record has it (was application/octet-stream), and an ETag a
         # browser revalidates with (there was none).
         assert downloaded.headers["content-type"] == "image/webp"
+        # Saved as the upload's name and the output's type (was the key's last segment),
+        # shown in place: an image.
+        assert downloaded.headers["content-disposition"] == (
+            "inline; filename=\"a-thumbnail-test.webp\"; filename*=UTF-8''a-thumbnail-test.webp"
+        )
         etag = downloaded.headers["etag"]
         revalidated = http.get(link.url, headers={"If-None-Match": etag})
         assert (revalidated.status_code, revalidated.content) == (304, b"")

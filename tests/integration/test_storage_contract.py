@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+import re
 import threading
 import time
 import uuid
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, urlsplit, urlunsplit
 
 import boto3
 import httpx
@@ -37,6 +38,7 @@ from hypermedia.clock import SystemClock
 from hypermedia.embedded import free_port, listening_socket
 from hypermedia.errors import InputTooLarge, InvalidRequest, NotFound
 from hypermedia.ingest.api import create_app
+from hypermedia.ingest.downloads import content_disposition
 from hypermedia.stack import Stack
 from hypermedia.storage import transfer
 from hypermedia.storage.base import InvalidSignature, Storage, StorageUnavailable
@@ -469,6 +471,54 @@ def test_a_put_keeps_the_type_it_is_given_and_an_untyped_url_answers_the_default
             "originals/p/large": "video/mp4",
             "originals/p/untyped": "application/octet-stream",
         }
+
+
+def test_a_get_url_answers_its_content_disposition(backend):
+    """A browser saving a download named it after the key's last segment (nothing on
+    either backend said otherwise): a URL signed with a disposition answers it, on a
+    GET, a range and a 304 alike, whatever quotes, backslashes, CR/LF or other script
+    the name held (the header is built from it as printable ASCII)."""
+    key = "derived/p/o/1/thumbnail-64x64.webp"
+    backend.storage.put(key, [b"RIFF-bytes"])
+    name = 'a"b\\c\r\nSet-Cookie: x=1 تقرير.webp'
+    value = content_disposition(name, "image/webp")
+    url = backend.storage.presign_get(key, 60, "image/webp", value)
+    got = backend.http.get(url)
+    assert (got.status_code, got.content) == (200, b"RIFF-bytes")
+    assert got.headers["content-disposition"] == value
+    assert value.startswith('inline; filename="a_b_c_Set-Cookie_ x_1 _.webp"; filename*=')
+    assert "set-cookie" not in got.headers
+    ranged = backend.http.get(url, headers={"Range": "bytes=0-3"})
+    assert (ranged.status_code, ranged.headers["content-disposition"]) == (206, value)
+    same = backend.http.get(url, headers={"If-None-Match": got.headers["etag"]})
+    assert same.status_code == 304
+    if backend.kind == "local":  # moto answers a 304 without it; S3 sends it
+        assert same.headers["content-disposition"] == value
+    assert (
+        "content-disposition" not in backend.http.get(backend.storage.presign_get(key, 60)).headers
+    )
+    for bad in ("inline\r\nSet-Cookie: x=1", 'inline; filename="\u00e9"', ""):
+        with pytest.raises(InvalidRequest, match="content disposition"):
+            backend.storage.presign_get(key, 60, "image/webp", bad)
+
+
+def test_a_get_urls_disposition_is_signed(local_backend):
+    storage, http = local_backend.storage, local_backend.http
+    storage.put("derived/p/o/1/page", [b"bytes"])
+    url = storage.presign_get("derived/p/o/1/page", 60, None, 'inline; filename="a.txt"')
+    assert http.get(url).status_code == 200
+    swapped = url.replace("inline", "attachment")
+    assert swapped != url and http.get(swapped).status_code == 403
+    dropped = re.sub(r"&disposition=[^&]*", "", url)
+    assert dropped != url and http.get(dropped).status_code == 403
+    # Neither a content type nor a disposition passes for both (a line break in the first).
+    both = storage.presign_get("derived/p/o/1/page", 60, "text/plain", 'inline; filename="a"')
+    query = dict(parse_qsl(urlsplit(both).query))
+    merged = (
+        f"{both.split('?')[0]}?expires={query['expires']}&sig={query['sig']}"
+        f"&content_type={quote(query['content_type'] + chr(10) + query['disposition'], safe='')}"
+    )
+    assert http.get(merged).status_code == 403
 
 
 def test_a_get_url_answers_a_range_past_the_end_416(backend):
