@@ -35,7 +35,7 @@ import uvicorn
 from hypermedia.bulk.runner import BulkRunner
 from hypermedia.callbacks import CallbackSender
 from hypermedia.config import Settings
-from hypermedia.errors import HypermediaError
+from hypermedia.errors import HypermediaError, ServiceUnavailable
 from hypermedia.jobs import checkpoints
 from hypermedia.jobs.reaper import reconcile
 from hypermedia.logs import REDACTED, SECRET_PARAMETERS, Outage
@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 
     from fastapi import FastAPI
     from sqlalchemy import Engine
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 log = logging.getLogger(__name__)
 
@@ -188,27 +189,78 @@ def redact_access_log() -> None:
         access.addFilter(RedactSignedUrls())
 
 
+class CutCleanly:
+    """ASGI wrapper of the API for its stop: a request still running when uvicorn
+    cancels what outlived the graceful shutdown (``api_shutdown_seconds`` +
+    :data:`STOP_ANSWER_SECONDS`) answers 503 ``service_unavailable`` (with
+    ``Retry-After``) if its answer had not begun, and is logged as a warning. uvicorn
+    answered a 500 and logged the cancellation's traceback at ERROR. Only once
+    :attr:`stopping` is set: a cancellation before that is not the stop's."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self.stopping = False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except asyncio.CancelledError:
+            if not self.stopping:
+                raise
+            log.warning(
+                "the API stopped: %s %s was cut short%s",
+                scope.get("method"),
+                scope.get("path"),
+                "" if started else " (answered 503)",
+                extra={"action": "serve"},
+            )
+            if not started:
+                from hypermedia.ingest.http_errors import error_response
+
+                answer = error_response(ServiceUnavailable("the API is stopping: try again later"))
+                with contextlib.suppress(Exception):
+                    await answer(scope, receive, send)
+
+
 class ApiServer(uvicorn.Server):
     """uvicorn for the API's ``app`` (:func:`~hypermedia.ingest.api.create_app`): its
     job event streams end as the server stops (each lasts as long as its job, and
     uvicorn waits for every open response: a SIGTERM did not stop ``serve`` while
     anyone followed a running job); the requests in flight get
     ``api_shutdown_seconds`` to finish, then the uploads still arriving are refused
-    (503, nothing kept: :class:`~hypermedia.ingest.uploads.UploadStop`) and
+    (503, nothing kept: :class:`~hypermedia.ingest.uploads.UploadStop`), as are those
+    still inspected (their children killed, their blobs deleted:
+    :meth:`~hypermedia.ingest.inspection.InspectionRunner.stop`), and
     :data:`STOP_ANSWER_SECONDS` later uvicorn cancels whatever still runs (a slow
-    client's upload held the stop for as long as its body took); and, in the main
+    client's upload held the stop for as long as its body took), answered 503 if it can
+    be (:class:`CutCleanly`); and, in the main
     thread, minus re-raising SIGTERM/SIGINT after its graceful shutdown: that would kill
     the process before ``serve`` has closed the stack."""
 
     def __init__(self, config: uvicorn.Config, app: FastAPI) -> None:
         self.shutdown_seconds = float(app.state.stack.settings.api_shutdown_seconds)
         config.timeout_graceful_shutdown = math.ceil(self.shutdown_seconds + STOP_ANSWER_SECONDS)
+        self.cut = CutCleanly(app)
+        config.app = self.cut
         super().__init__(config)
         self.event_streams = app.state.event_streams
         self.upload_stop = app.state.upload_stop
+        self.inspector = app.state.inspector
         self.event_subscriber = app.state.event_subscriber
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self.cut.stopping = True
         self.event_streams.close()
         loop = asyncio.get_running_loop()
         cut = loop.call_later(self.shutdown_seconds, self._stop_uploads)
@@ -220,11 +272,12 @@ class ApiServer(uvicorn.Server):
 
     def _stop_uploads(self) -> None:
         log.warning(
-            "the API is stopping: uploads still arriving after %g s are refused",
+            "the API is stopping: uploads still arriving or inspected after %g s are refused",
             self.shutdown_seconds,
             extra={"action": "serve"},
         )
         self.upload_stop.stop()
+        self.inspector.stop()
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:

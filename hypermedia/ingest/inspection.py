@@ -108,6 +108,8 @@ OWNER_LOCK = "owner.lock"  # in a work root: locked by its server while it runs
 STARTUP_TIMEOUT = 60.0  # the server's "ready": imports, then the sandbox probed
 MESSAGE_CAP = 16 * 1024 * 1024  # a child's message (an inspection: a few KB)
 READ_CAP = 16 * 1024 * 1024  # bytes one read asks for (the readers ask for 8 MiB at most)
+# How soon an inspection running as the API stops ends (InspectionRunner.stop).
+STOP_POLL_SECONDS = 0.25
 # The parts of the job sandbox an inspection child gets (no PID namespace: it starts
 # no process, RLIMIT_NPROC), and what is lost without each.
 SANDBOX_FEATURES = {
@@ -144,6 +146,20 @@ class InspectionRunner:
         self.budget = budget
         self._slots = threading.BoundedSemaphore(budget.concurrency)
         self._config = _sandbox_config(hidden_paths, enabled=sandbox)
+        self._stopped = threading.Event()
+
+    def stop(self) -> None:
+        """The API is stopping: the inspections running end (their children killed)
+        within :data:`STOP_POLL_SECONDS`, and those that start after are refused, with
+        :class:`~hypermedia.errors.ServiceUnavailable` (their uploads answer 503 and
+        delete their blobs). An inspection may take ``wall_seconds`` (30 s): the API's
+        stop would wait that long, then be cut by uvicorn (a 500, and the blob left
+        without its object row when the process ended under the inspection)."""
+        self._stopped.set()
+
+    def _refuse_if_stopped(self) -> None:
+        if self._stopped.is_set():
+            raise ServiceUnavailable("the API is stopping: upload again later")
 
     @property
     def capabilities(self) -> dict[str, Any]:
@@ -155,7 +171,9 @@ class InspectionRunner:
             _release(server)
 
     def inspect(self, storage: Storage, key: str, size: int) -> Inspection:
+        self._refuse_if_stopped()
         with self._slots:
+            self._refuse_if_stopped()
             server = _acquire(self._config)
             try:
                 return self._run(server, storage, key, size)
@@ -176,12 +194,15 @@ class InspectionRunner:
                 watched.remove(channel)
             while True:
                 remaining = deadline - time.monotonic()
-                ready = wait(watched, remaining) if remaining > 0 else []
-                if not ready:
+                if remaining <= 0 or self._stopped.is_set():
                     if pid is not None:
                         with suppress(ProcessLookupError):
                             os.kill(pid, signal.SIGKILL)
+                    self._refuse_if_stopped()
                     raise self._limit(key, f"took longer than {budget.wall_seconds:g} s")
+                ready = wait(watched, min(remaining, STOP_POLL_SECONDS))
+                if not ready:
+                    continue
                 if channel in ready:  # first: a child's answer comes before its exit
                     try:
                         message = _from_child(channel)

@@ -260,3 +260,61 @@ def test_serve_stopped_with_sigterm_during_slow_uploads_stops_in_bounded_time(se
     # The stored upload is its object's one file; nothing of the refused one is left.
     assert [p.stat().st_size for p in objects.rglob("*") if p.is_file()] == [20_000]
     assert "Traceback" not in serve.log.read_text()
+
+
+# On the inspection server's path as sitecustomize: the crafted PDF's inspection (not
+# the server's warm-up PDF's) takes 60 s.
+_SLOW_PDF = """
+import time
+import pipelines.formats.inspection as readers
+
+real = readers.inspect_source
+
+def slow(source):
+    if source.read_at(0, 32).startswith(b"%PDF-1.4\\n/Width 1 "):
+        time.sleep(60)
+    return real(source)
+
+readers.inspect_source = slow
+"""
+
+
+def test_serve_stopped_with_sigterm_mid_inspection_answers_503_and_keeps_no_blob(serve, tmp_path):
+    """An upload whose body arrived in time but whose inspection still ran when the
+    stop's time was up was cancelled by uvicorn: a 500 with a traceback at ERROR, and
+    the process exiting under the inspection left the stored blob with no object row.
+    Now it answers 503 service_unavailable, logs no traceback, and its blob is removed."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(_SLOW_PDF)
+    serve.env["PYTHONPATH"] = f"{hook}:{serve.env['PYTHONPATH']}"
+    serve.env["HYPERMEDIA_API_SHUTDOWN_SECONDS"] = "1"
+    api, url = serve.start()
+    objects = Path(serve.env["HYPERMEDIA_DATA_DIR"]) / "objects"
+    first = serve.upload(url, PNG)
+    assert first.status_code == 201, first.text
+    answers: list[httpx.Response] = []
+    uploading = threading.Thread(
+        target=lambda: answers.append(serve.upload(url, crafted_pdf(1 << 20), "c.pdf")),
+        daemon=True,
+    )
+    uploading.start()
+    server = _inspection_server(api.pid)
+    assert _within(60, lambda: bool(server.children())), "no inspection began"
+    stopping = time.monotonic()
+    api.send_signal(signal.SIGTERM)
+    try:
+        code = api.wait(30)
+    except subprocess.TimeoutExpired:
+        raise AssertionError("serve did not stop within 30 s of SIGTERM") from None
+    took = time.monotonic() - stopping
+    uploading.join(30)
+    log = serve.log.read_text()
+    assert code == 0 and took < 1 + 5 + 2, (code, took, log[-3000:])
+    [answer] = answers
+    assert answer.status_code == 503, answer.text
+    assert answer.json()["error"]["code"] == "service_unavailable"
+    assert "retry-after" in answer.headers
+    assert "Traceback" not in log and "Exception in ASGI application" not in log, log[-3000:]
+    # The PNG's blob, nothing of the PDF's.
+    assert [p.stat().st_size for p in objects.rglob("*") if p.is_file()] == [len(PNG)]
