@@ -172,7 +172,8 @@ class DecisionStatus:
 
 @dataclass(frozen=True, slots=True)
 class BulkRunStatus:
-    """A bulk run not finished (:mod:`hypermedia.bulk`)."""
+    """A bulk run not finished, or cancelled with jobs still stopping
+    (:mod:`hypermedia.bulk`)."""
 
     run_id: str
     kind: str
@@ -182,7 +183,14 @@ class BulkRunStatus:
     queue: str | None
     priority: int
     max_in_flight: int
-    counts: dict[str, int]  # scanned, created, skipped, unfit, migrated, failed, live
+    # scanned, created, skipped, unfit, migrated, failed, live, stopping (a cancelled
+    # run's jobs not ended yet)
+    counts: dict[str, int]
+
+    @property
+    def shown_state(self) -> str:
+        """The state as ``hypermedia status`` and the operator page show it."""
+        return runs.shown_state(self.state, self.counts.get("stopping", 0))
 
 
 @dataclass(frozen=True, slots=True)

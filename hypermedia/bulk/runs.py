@@ -12,6 +12,12 @@ operator-only ``POST /v1/hypermedia/bulk/runs``) and then driven by the head
     creating ──(an account short of credits, a target unreachable ...)──▶ paused, reason
 
 Every change is a guarded ``UPDATE ... WHERE state IN (...)``, as for jobs.
+
+A cancelled run's jobs that were running go on until their worker sees the request
+(seconds, or a lease's length if that worker died): ``stopping`` counts them, and
+what an operator reads of the run (``hypermedia bulk status``, the API's run, the
+status and the operator page, the metrics) says "cancelled (3 jobs still stopping)"
+until none is left, so a cancelled run does not pass for an idle cluster.
 """
 
 from __future__ import annotations
@@ -193,6 +199,15 @@ class RunView:
     def live(self) -> int:
         return sum(self.jobs.get(status, 0) for status in LIVE_JOB_STATUSES)
 
+    @property
+    def stopping(self) -> int:
+        """The jobs of a cancelled run not ended yet (asked to stop); 0 otherwise."""
+        return self.live if self.state == RunState.CANCELLED else 0
+
+    @property
+    def shown_state(self) -> str:
+        return shown_state(self.state, self.stopping)
+
     def counts(self) -> dict[str, int]:
         """What metrics and the operator page show of its progress."""
         return {
@@ -203,6 +218,7 @@ class RunView:
             "migrated": self.migrated,
             "failed": self.failed,
             "live": self.live,
+            "stopping": self.stopping,
         }
 
     def to_json(self) -> dict[str, Any]:
@@ -210,7 +226,15 @@ class RunView:
         for name in self.__dataclass_fields__:
             value = getattr(self, name)
             out[name] = value.isoformat() if isinstance(value, datetime) else value
+        out["stopping"] = self.stopping
         return out
+
+
+def shown_state(state: str, stopping: int) -> str:
+    """A run's state as an operator reads it: "cancelled (3 jobs still stopping)"."""
+    if not stopping:
+        return state
+    return f"{state} ({stopping} job{'' if stopping == 1 else 's'} still stopping)"
 
 
 def ensure_platform_user(conn: Connection, now: float) -> str:
@@ -416,10 +440,18 @@ def active_ids(conn: Connection) -> list[str]:
 
 
 def unfinished(conn: Connection) -> list[RunView]:
-    """Runs not completed nor cancelled, oldest first."""
+    """Runs not completed nor cancelled, and cancelled runs whose jobs are still
+    stopping, oldest first."""
+    r, j = t.bulk_runs.c, t.jobs.c
+    stopping = (
+        select(j.job_id).where(j.bulk_run_id == r.run_id, j.status.in_(LIVE_JOB_STATUSES)).exists()
+    )
     rows = conn.execute(
         select(t.bulk_runs)
-        .where(t.bulk_runs.c.state.not_in([s.value for s in FINISHED]))
-        .order_by(t.bulk_runs.c.run_id)
+        .where(
+            r.state.not_in([s.value for s in FINISHED])
+            | ((r.state == RunState.CANCELLED.value) & stopping)
+        )
+        .order_by(r.run_id)
     ).all()
     return [_view(conn, row) for row in rows]

@@ -448,7 +448,7 @@ def _print_run(view: RunView, as_json: bool) -> None:
     what = view.operation or (view.target or {}).get("bucket", "")
     live = sum(view.jobs.get(s, 0) for s in ("queued", "claimed", "processing", "retry_wait"))
     typer.echo(
-        f"{view.run_id}  {view.kind} {what}  {view.state}"
+        f"{view.run_id}  {view.kind} {what}  {view.shown_state}"
         + (f" ({view.reason})" if view.reason else "")
     )
     typer.echo(

@@ -344,7 +344,7 @@ def render(current: Status) -> RenderableType:
             bulk.add_row(
                 r.run_id,
                 f"{r.kind} {r.operation or ''}",
-                r.state,
+                r.shown_state,
                 *(str(c[k]) for k in ("created", "skipped", "migrated", "failed")),
                 f"{c['live']}/{r.max_in_flight}",
             )

@@ -401,6 +401,11 @@ class BulkRunOut(_Model):
     updated_at: datetime
     finished_at: datetime | None
     jobs: dict[str, int] = Field(description="The run's jobs by status.")
+    stopping: int = Field(
+        0,
+        description="A cancelled run's jobs still running, asked to stop (0 once none"
+        " is left; always 0 for a run not cancelled).",
+    )
 
 
 class BulkRunsResponse(_Model):

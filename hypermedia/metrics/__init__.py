@@ -76,9 +76,11 @@ What each counts:
   daily cap holds the scheduler in ``vps_only``; *decisions*: rows written to
   ``scheduler_decisions`` by ``action``.
 * *bulk run objects*: the bulk runs not finished (``state`` ``creating``, ``paused``,
-  ``draining``), summed by ``kind`` and ``operation``: objects ``scanned``, jobs
-  ``created``, objects ``skipped`` (done at the target version) and ``unfit``, objects
-  ``migrated`` and ``failed``, and their jobs ``live`` (queued or running: the cap).
+  ``draining``, and ``cancelled`` while jobs it asked to stop still run), summed by
+  ``kind`` and ``operation``: objects ``scanned``, jobs ``created``, objects ``skipped``
+  (done at the target version) and ``unfit``, objects ``migrated`` and ``failed``, and
+  their jobs ``live`` (queued or running: the cap) and ``stopping`` (a cancelled run's
+  jobs not ended yet).
   Each run by its id: ``hypermedia bulk status``, ``hypermedia status``, the operator page.
 * *storage up*: 1 if the head's last probe of the storage (S3: a HEAD of the bucket;
   local: the directory takes a file and has room) answered, 0 if not: the probe
@@ -270,8 +272,9 @@ LAST_EVALUATION = Metric(
 BULK_RUN_OBJECTS = Metric(
     "hypermedia_bulk_run_objects",
     "gauge",
-    "Bulk runs not finished (creating, paused, draining), summed: their objects by count"
-    " (scanned, created, skipped, unfit, migrated, failed, live: jobs queued or running).",
+    "Bulk runs not finished (creating, paused, draining; cancelled while its jobs stop),"
+    " summed: their objects by count (scanned, created, skipped, unfit, migrated, failed,"
+    " live: jobs queued or running, stopping: a cancelled run's jobs not ended yet).",
     ("kind", "operation", "state", "count"),
 )
 STORAGE_UP = Metric(

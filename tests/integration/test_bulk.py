@@ -1067,3 +1067,57 @@ def test_the_cli_throttles_a_run(
     assert finished.exception.message == "cannot change a run that is cancelled"
     with transaction(sqlite_engine) as conn:
         assert runs.view(conn, run.run_id).max_in_flight == 40
+
+
+def test_a_cancelled_run_says_how_many_jobs_are_still_stopping(
+    engine, settings, manual_clock, tmp_path, redis_url, redis_prefix
+):
+    """Cancelling a run cancels its queued jobs and asks its running ones to stop; those
+    run on until their worker sees it. The run said ``cancelled`` at once, everywhere an
+    operator looks, and ``hypermedia status`` and the operator page dropped it: a
+    cluster still busy with it passed for idle. Now each says how many still stop
+    (``stopping``; "cancelled (2 jobs still stopping)"), until none is left."""
+    from typer.testing import CliRunner
+
+    from autoscaler import config as scheduler_config
+    from autoscaler.page.routes import render, templates
+    from autoscaler.status import gather
+    from hypermedia.cli import app
+    from hypermedia.ingest.api import create_app
+
+    stack = open_stack(settings, engine, manual_clock)
+    person = make_user(stack)
+    _objects(stack, person, 5)
+    service = _service(stack)
+    run = service.create(RunSpec(kind="backfill", operation="thumbnail", max_in_flight=10), "t")
+    _runner(stack).step(run.run_id)
+    running = stack.dispatcher.claim_and_start("bulk", "w-test", 2)
+    assert len(running) == 2
+
+    view = service.act(run.run_id, "cancel")
+    assert view.jobs == {"cancelled": 3, "processing": 2}
+    assert (view.state, view.stopping, view.to_json()["stopping"]) == ("cancelled", 2, 2)
+    config = scheduler_config.load(None)
+    (shown,) = gather(stack, config).bulk
+    assert (shown.run_id, shown.counts["stopping"]) == (run.run_id, 2)
+    assert shown.shown_state == "cancelled (2 jobs still stopping)"
+    page = render(templates().get_template("operator.html"), stack, config, 1)
+    assert "cancelled (2 jobs still stopping)" in page
+    operator = add_user(stack, "ops-stopping", operator=True)
+    client = TestClient(create_app(stack))
+    answer = client.get(f"/v1/hypermedia/bulk/runs/{run.run_id}", headers=bearer(operator))
+    assert answer.status_code == 200, answer.text
+    assert (answer.json()["state"], answer.json()["stopping"]) == ("cancelled", 2)
+    env = _cli_env(engine, redis_url, redis_prefix, tmp_path)
+    out = CliRunner().invoke(app, ["bulk", "status", run.run_id], env=env)
+    assert out.exit_code == 0, (out.output, out.exception)
+    assert "  cancelled (2 jobs still stopping)" in out.output.splitlines()[0]
+
+    # Their worker sees the request: one stops, then the other.
+    assert stack.dispatcher.honour_cancel(running[0], "w-test")
+    assert service.get(run.run_id).shown_state == "cancelled (1 job still stopping)"
+    assert stack.dispatcher.honour_cancel(running[1], "w-test")
+    done = service.get(run.run_id)
+    assert (done.stopping, done.shown_state, done.to_json()["stopping"]) == (0, "cancelled", 0)
+    assert gather(stack, config).bulk == []
+    stack.close()
