@@ -10,7 +10,9 @@
 - **workers**: every live ``workers`` row (active, draining): where it runs (the VPS, or
   a cloud node: a Ray node other than the head's, once ``ray up`` recorded it), host,
   state, heartbeat age, running attempts, last CPU (``worker_metrics``, if recent),
-  whether it has paused claiming and why (the disk guard: ``claims_paused``); and
+  whether it has paused claiming and why (the disk guard: ``claims_paused``), its last
+  outage pause (``outage_paused``: why, since when, how long; while it lasts or after);
+  and
   the cloud instances on the meter (open ``cloud_spend`` rows);
 - **spend**: the ledger's last hour and today, the caps of ``scheduler.json``, and the
   daily cap's lock;
@@ -50,6 +52,7 @@ from autoscaler.scheduler import (
 from autoscaler.snapshot import BANDS
 from autoscaler.state import epoch, read_state, to_datetime
 from hypermedia.bulk import runs
+from hypermedia.clock import age_text
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
 from hypermedia.jobs.states import JobStatus
@@ -96,6 +99,14 @@ class WorkerStatus:
     # 1024)") and for how long; None: claiming.
     claims_paused: str | None = None
     claims_paused_seconds: float | None = None
+    # Its last outage pause (the record, Redis or the storage down: claims held back):
+    # why, since when, how long (so far, while ``outage_pause_over`` is False); None:
+    # never paused.
+    outage_paused: str | None = None
+    outage_paused_since: float | None = None
+    outage_paused_seconds: float | None = None
+    outage_pause_over: bool = False
+    outage_paused_ago_seconds: float | None = None  # since it began
 
     @property
     def shown_state(self) -> str:
@@ -103,6 +114,17 @@ class WorkerStatus:
         if self.claims_paused is None:
             return self.state
         return f"{self.state}, claiming paused: {self.claims_paused}"
+
+    @property
+    def outage_note(self) -> str | None:
+        """Its last outage pause as ``hypermedia status`` and the operator page say it."""
+        if self.outage_paused is None or self.outage_paused_seconds is None:
+            return None
+        lasted = age_text(self.outage_paused_seconds)
+        if not self.outage_pause_over:
+            return f"claiming paused by an outage for {lasted}: {self.outage_paused}"
+        ago = age_text(self.outage_paused_ago_seconds or 0.0)
+        return f"paused {lasted} by an outage {ago} ago: {self.outage_paused}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -397,9 +419,26 @@ def _workers(conn: Any, now: float) -> list[WorkerStatus]:
                 if row.claims_paused_since is None
                 else round(max(0.0, now - epoch(row.claims_paused_since)), 1)
             ),
+            **_outage_pause(row, now),
         )
         for row in rows
     ]
+
+
+def _outage_pause(row: Any, now: float) -> dict[str, Any]:
+    if row.outage_paused_since is None:
+        return {}
+    since = epoch(row.outage_paused_since)
+    over = row.outage_paused_seconds is not None
+    return {
+        "outage_paused": row.outage_paused_reason,
+        "outage_paused_since": since,
+        "outage_paused_seconds": (
+            row.outage_paused_seconds if over else round(max(0.0, now - since), 1)
+        ),
+        "outage_pause_over": over,
+        "outage_paused_ago_seconds": round(max(0.0, now - since), 1),
+    }
 
 
 def _instances(conn: Any, now: float) -> list[InstanceStatus]:

@@ -235,7 +235,8 @@ def render(current: Status) -> RenderableType:
                 ""
                 if w.claims_paused_seconds is None
                 else f" for {age_text(w.claims_paused_seconds)}"
-            ),
+            )
+            + ("" if w.outage_note is None else f"; {w.outage_note}"),
             f"{age_text(w.heartbeat_age_seconds)} ago",
             f"{w.current_jobs}/{w.concurrency}",
             "-" if w.cpu_percent is None else f"{w.cpu_percent:g} %",

@@ -413,6 +413,12 @@ class Worker(Base):
     # MB free, needs 1024"); NULL while it claims.
     claims_paused_since: Mapped[datetime | None]
     claims_paused_reason: Mapped[str | None] = mapped_column(String(200))
+    # Its last outage pause (the record, Redis or the storage down: claims held back so
+    # that no job spends an attempt on it): since when, why, and how long it lasted
+    # (NULL while it lasts). Written by the worker's upkeep once the row can be.
+    outage_paused_since: Mapped[datetime | None]
+    outage_paused_reason: Mapped[str | None] = mapped_column(String(200))
+    outage_paused_seconds: Mapped[float | None] = mapped_column(Float)
 
 
 class WorkerMetric(Base):

@@ -28,6 +28,16 @@ workdirs has less than ``min_free_disk_mb`` free it claims nothing (the disk gua
 claims; ``hypermedia status`` shows it, the alert rule ``worker_disk_low`` notifies it
 and the scheduler drains a cloud node paused too long.
 
+An outage pauses claiming too: a claim the record or Redis refused (the loops try
+again, backing off), or a job that failed because a service it needs is down (no
+claim for a while: see :data:`OUTAGE_CODES`). That pause is kept in memory
+(:class:`OutagePause`: since when and why) and ends at the first claim that finds the
+queue empty or the first job completed; the row's ``outage_paused_since``,
+``outage_paused_reason`` and ``outage_paused_seconds`` (how long it lasted, NULL while
+it lasts) say the last one, written by the upkeep within a second of a change, or as
+soon as the record takes it again: ``hypermedia status`` and the operator page show
+it after an outage that no log reader saw.
+
 ``drain(timeout)``: stop claiming, hand back jobs claimed but not started, let
 running jobs finish; whatever still runs after ``timeout`` is stopped and handed
 straight back to its queue (no attempt spent); completions are committed before
@@ -114,6 +124,16 @@ SPOT_MARGIN_SECONDS = 5.0  # a notice's handing back should be over this long be
 # Kept after a checkpointing job's last chance to store its piece: the kill, the last
 # uploads and the hand back, before the notice's deadline.
 SPOT_CHECKPOINT_MARGIN_SECONDS = 15.0
+
+
+@dataclass(frozen=True, slots=True)
+class OutagePause:
+    """A worker's outage pause: since when (the clock's time), why, and how long it
+    lasted (None while it lasts)."""
+
+    since: float
+    reason: str
+    seconds: float | None = None
 
 
 class _OutageMet(Exception):
@@ -369,6 +389,9 @@ class Worker:
         self._outage_log = Outage(
             log, "claims paused: a job met an outage", extra={"worker_id": worker_id}
         )
+        # The last outage pause, as the row's outage_paused_* say it once written.
+        self.outage_pause: OutagePause | None = None
+        self._outage_pause_written: OutagePause | None = None
         self.notice: SpotNotice | None = None
         self.completions: CompletionBatcher | None = None
         self.stats = WorkerStats()
@@ -582,6 +605,9 @@ class Worker:
                 else:
                     jobs = self.dispatcher.claim_ahead(self.queue, self.worker_id, self.prefetch)
                 if not jobs:
+                    with self._stats_lock:
+                        if time.monotonic() >= self._outage_until:
+                            self._outage_ended()  # a claim went through: services answer
                     self.dispatcher.queue.wait(self.queue, IDLE_WAIT_SECONDS)
                     continue
                 with self._stats_lock:
@@ -596,6 +622,7 @@ class Worker:
                 # truth); try again a little later.
                 with self._stats_lock:
                     self.stats.errors += 1
+                    self._outage_began(f"{exc.code}: {exc}")
                 log.warning("claim loop: %s; retrying in %.1fs", exc, backoff)
                 self._stopped.wait(backoff)
                 backoff = min(backoff * 2, MAX_ERROR_BACKOFF_SECONDS)
@@ -709,11 +736,36 @@ class Worker:
                 )
                 self._outage_until = time.monotonic() + pause
                 self._outage_log.failed(_OutageMet(outcome, pause))
-            elif outcome.status == "completed" and self._outage_failures:
-                self._outage_failures, self._outage_until = 0, 0.0
-                self._outage_log.succeeded()
+                self._outage_began(f"job {outcome.job_id} failed: {outcome.error_code}")
+            elif outcome.status == "completed":
+                if self._outage_failures:
+                    self._outage_failures, self._outage_until = 0, 0.0
+                    self._outage_log.succeeded()
+                self._outage_ended()
         if self.on_outcome is not None:
             self.on_outcome(outcome)
+
+    def _outage_began(self, reason: str) -> None:
+        """Claims pause for an outage (called holding ``_stats_lock``); a pause that
+        lasts keeps its start and first reason."""
+        pause = self.outage_pause
+        if pause is None or pause.seconds is not None:
+            self.outage_pause = OutagePause(self.clock.now(), reason[:200])
+
+    def _outage_ended(self) -> None:
+        """Claims go on (called holding ``_stats_lock``): the pause gets its length."""
+        pause = self.outage_pause
+        if pause is None or pause.seconds is not None:
+            return
+        ended = replace(pause, seconds=round(max(0.0, self.clock.now() - pause.since), 1))
+        self.outage_pause = ended
+        log.info(
+            "%s: claiming again after an outage pause of %.0f s (%s)",
+            self.worker_id,
+            ended.seconds,
+            ended.reason,
+            extra={"worker_id": self.worker_id, "action": "outage_pause_over"},
+        )
 
     # -- registration, heartbeat, metrics ---------------------------------------------
 
@@ -768,12 +820,32 @@ class Worker:
             log.warning("could not record the claims' pause: %s", exc)
 
     def heartbeat(self) -> None:
+        pause = self.outage_pause
         with transaction(self.engine) as conn:
             conn.execute(
                 update(t.workers)
                 .where(t.workers.c.worker_id == self.worker_id)
-                .values(last_heartbeat=to_datetime(self.clock.now()), **self._pause_values())
+                .values(
+                    last_heartbeat=to_datetime(self.clock.now()),
+                    **self._pause_values(),
+                    **_outage_values(pause),
+                )
             )
+        self._outage_pause_written = pause
+
+    def record_outage_pause(self) -> None:
+        """Write the last outage pause to the row if it changed since it was written
+        (the upkeep, each pass: at once while the record answers, else once it is back)."""
+        pause = self.outage_pause
+        if pause is self._outage_pause_written:
+            return
+        with transaction(self.engine) as conn:
+            conn.execute(
+                update(t.workers)
+                .where(t.workers.c.worker_id == self.worker_id)
+                .values(_outage_values(pause))
+            )
+        self._outage_pause_written = pause
 
     def cpu_seconds(self) -> float:
         """CPU seconds of this process and everything it started: the fork server and
@@ -841,6 +913,7 @@ class Worker:
             now = time.monotonic()
             try:
                 self._return_held()
+                self.record_outage_pause()
                 if now >= next_beat:
                     self.heartbeat()
                     next_beat = now + self.heartbeat_seconds
@@ -850,6 +923,16 @@ class Worker:
                 outage.succeeded()
             except HypermediaError as exc:
                 outage.failed(exc)
+
+
+def _outage_values(pause: OutagePause | None) -> dict[str, object]:
+    if pause is None:
+        return {}
+    return {
+        "outage_paused_since": to_datetime(pause.since),
+        "outage_paused_reason": pause.reason,
+        "outage_paused_seconds": pause.seconds,
+    }
 
 
 def ended_workers(engine: Engine, worker_ids: Sequence[str]) -> set[str]:

@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from sqlalchemy import func, select
 
 from bench.in_process import InProcessExecutor
@@ -193,3 +194,104 @@ def test_an_idle_connection_is_tried_before_use_a_busy_one_is_not(
     finally:
         busy.dispose()
         idle.dispose()
+
+
+def test_the_workers_row_says_its_outage_pause_once_the_record_is_back(
+    private_postgres: PrivatePostgres, settings, tmp_path
+):
+    """A claim the record refuses pauses the worker's claims (the loop backs off);
+    that was said only in the worker's log, and its row (what ``hypermedia status`` and
+    the operator page read) showed a worker claiming all along. Now the worker keeps the
+    pause, why and since when, and writes it as soon as the record takes it again, with
+    its length once a claim goes through."""
+    from rich.console import Console
+
+    from autoscaler import config as scheduler_config
+    from autoscaler.page.routes import render, templates
+    from autoscaler.status import gather
+    from hypermedia.cli.status import render as render_status
+
+    engine = make_engine(private_postgres.url)
+    stack = open_stack(settings, engine, None, profiles_path=_sleep_without_input(tmp_path))
+    person = make_user(stack)
+    obj = make_object(stack, person)
+
+    def submit(seconds: float, count: int) -> list[str]:
+        requests = [
+            SubmitRequest(
+                object_id=obj,
+                operations=["test.sleep"],
+                params={"test.sleep": {"seconds": seconds}},
+            )
+            for _ in range(count)
+        ]
+        return [r.job_ids[0] for r in stack.ingest.submit_many(person.caller, requests)]
+
+    running = submit(2, 1)[0]
+    executor = InProcessExecutor(tmp_path / "work", PRELOAD)
+    execution = JobExecution(stack.dispatcher, stack.catalog, NoGrants(), executor, "pg-p")
+    worker = Worker(
+        worker_id="pg-p",
+        queue="images",
+        concurrency=1,
+        engine=stack.engine,
+        dispatcher=stack.dispatcher,
+        execution=execution,
+        work_root=str(tmp_path / "work"),
+        clock=stack.clock,
+        heartbeat_seconds=1.0,
+    )
+    worker.start()
+
+    def row():
+        w = t.workers.c
+        with transaction(stack.engine) as conn:
+            return conn.execute(
+                select(
+                    w.outage_paused_since, w.outage_paused_reason, w.outage_paused_seconds
+                ).where(w.worker_id == "pg-p")
+            ).one()
+
+    try:
+        _wait(lambda: execution.running() == [running], 30, "the first job to run")
+        waiting = submit(0, 3)
+        assert row() == (None, None, None)
+        stopped_at = time.time()
+        private_postgres.stop()
+        _wait(lambda: worker.outage_pause is not None, 30, "the claim loop to meet the outage")
+        pause = worker.outage_pause
+        assert pause is not None and pause.seconds is None
+        assert pause.reason.startswith("database_unavailable: ")
+        assert stopped_at <= pause.since <= time.time()
+        time.sleep(6)
+        private_postgres.start()
+        started_at = time.time()
+        _wait(
+            lambda: worker.stats.completed == 1 + len(waiting),
+            60,
+            "every job to complete after the outage",
+        )
+        _wait(lambda: row()[2] is not None, 10, "the row to say how long the pause lasted")
+        since, reason, seconds = row()
+        assert since.timestamp() == pytest.approx(pause.since, abs=0.01)
+        assert reason == pause.reason
+        assert started_at - pause.since - 1 <= seconds <= time.time() - pause.since
+        assert worker.outage_pause is not None and worker.outage_pause.seconds == seconds
+
+        (shown,) = gather(stack, scheduler_config.load(None)).workers
+        assert (shown.outage_paused, shown.outage_pause_over) == (reason, True)
+        assert shown.outage_paused_seconds == seconds
+        note = shown.outage_note
+        assert note is not None and note.startswith(f"paused {int(seconds)}s by an outage ")
+        assert note.endswith(f" ago: {reason}")
+        console = Console(width=400, record=True)
+        console.print(render_status(gather(stack, scheduler_config.load(None))))
+        assert f"paused {int(seconds)}s by an outage" in console.export_text()
+        page = render(
+            templates().get_template("operator.html"), stack, scheduler_config.load(None), 1
+        )
+        assert f"paused {int(seconds)}s by an outage" in page
+    finally:
+        worker.stop()
+        stack.close()
+        engine.dispose()

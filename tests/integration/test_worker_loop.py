@@ -398,7 +398,8 @@ def test_a_worker_whose_jobs_meet_an_outage_stops_claiming_for_a_while(engine, s
     would meet the same outage at once, each spending an attempt (a few minutes of
     outage failed every queued job for good). The worker claims nothing for a while
     after such a failure, twice as long after the next, and claims as before once a job
-    completes again."""
+    completes again. The pause (since the first failure, why, how long) is the row's
+    once it ended (it was said only in the worker's log)."""
     stack, person, _first = _one_sleep_job(settings, engine, tmp_path, 0.05)
     for _ in range(3):
         stack.ingest.submit(
@@ -423,13 +424,32 @@ def test_a_worker_whose_jobs_meet_an_outage_stops_claiming_for_a_while(engine, s
             outage_pause_seconds=1.0,
         ) as (worker, _grants):
             _wait(lambda: worker.stats.retried == 1, timeout=30)
+            first = worker.outage_pause
+            assert first is not None and first.seconds is None
+            assert first.reason == f"job {_first} failed: storage_unavailable"
             time.sleep(0.5)  # within the pause: nothing more is claimed
             assert (worker.stats.claimed, worker.stats.retried) == (1, 1)
             _wait(lambda: worker.stats.retried == 2, timeout=30)  # after it: one more, met
             time.sleep(1.2)  # the second pause is twice as long
             assert (worker.stats.claimed, worker.stats.retried) == (2, 2)
+            assert worker.outage_pause == first  # one pause from the first failure on
             storage.down.clear()
             _wait(lambda: worker.stats.completed == 2, timeout=30)  # the two never tried
+            # The first completion ended the pause; the upkeep writes it to the row.
+            ended = worker.outage_pause
+            assert ended is not None and (ended.since, ended.reason) == (first.since, first.reason)
+            assert ended.seconds is not None and 3.0 <= ended.seconds < 30
+            w = t.workers.c
+            shown = select(w.outage_paused_since, w.outage_paused_reason, w.outage_paused_seconds)
+
+            def row() -> Any:
+                with transaction(stack.engine) as conn:
+                    return conn.execute(shown.where(w.worker_id == "outage-w")).one()
+
+            _wait(lambda: row().outage_paused_seconds is not None, timeout=10)
+            since, reason, seconds = row()
+            assert (reason, seconds) == (first.reason, ended.seconds)
+            assert since.timestamp() == pytest.approx(first.since, abs=0.01)
     finally:
         storage.close()
     statuses = _statuses(stack)
