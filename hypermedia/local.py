@@ -336,11 +336,14 @@ class LocalStack:
         drain_timeout: float = 30.0,
         stop_redis: bool | None = None,
         progress: Any = None,
+        keep_logs: Path | None = None,
     ) -> None:
         """Stop everything that was started, in reverse order, saying so through
         ``progress``. Safe to call twice, and after a start that failed or was
         interrupted: only what this stack started is stopped (``stop_redis`` too applies
-        only to a stack that held the data dir, never to one refused it)."""
+        only to a stack that held the data dir, never to one refused it).
+        ``keep_logs``: copy the actors' logs of the Ray head this stack started there
+        first (:mod:`hypermedia.runlogs`; its session goes with the head)."""
         say = progress or (lambda message: log.info("%s", message))
         started = time.monotonic()
         if self.maintenance is not None:
@@ -370,6 +373,8 @@ class LocalStack:
         if self._api_socket is not None:
             self._api_socket.close()
             self._api_socket = None
+        if self.node is not None and keep_logs is not None:
+            self._keep_logs(keep_logs, say)
         if self.node is not None:
             say("stopping the Ray head")
             count = self.node.stop()
@@ -400,6 +405,19 @@ class LocalStack:
         if self._lock is not None:
             self._lock.close()  # releases the flock
             self._lock = None
+
+    def _keep_logs(self, dest: Path, say: Callable[[str], None]) -> None:
+        from hypermedia import runlogs
+
+        assert self.node is not None
+        try:
+            kept = runlogs.keep(runlogs.session_logs(self.node.temp_dir), dest)
+        except OSError as exc:
+            say(f"could not keep the workers' logs in {dest}: {exc}")
+            log.warning("could not keep the workers' logs in %s: %s", dest, exc)
+            return
+        if kept:
+            say(f"kept the workers' logs in {dest} ({len(kept)} files)")
 
 
 def api_socket(settings: Settings) -> socket.socket:

@@ -45,7 +45,8 @@ def run(
 
     Starts a private Redis, a SQLite record, a Ray head on free ports and the
     pipeline actors; submits through the HTTP ingest client; shows progress per
-    queue; writes outputs under --out; prints what was done and what failed.
+    queue; writes outputs under --out; prints what was done and what failed. A run
+    with failed jobs keeps its workers' logs under the data dir's logs/ and says where.
     """
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
@@ -54,6 +55,7 @@ def run(
     from hypermedia.accounts import Caller
     from hypermedia.errors import HypermediaError
     from hypermedia.local import LocalStack, implemented_queues
+    from hypermedia.runlogs import run_logs_dir
     from hypermedia.runner import (
         RunReport,
         cancel_jobs,
@@ -91,6 +93,9 @@ def run(
     caller: Caller | None = None
     began = time.monotonic()
     unwritten: list[str] = []
+    # Where the workers' logs are kept when the run went wrong (its Ray session, with
+    # the jobs' worker-side tracebacks, goes with the stack); None: not kept.
+    keep_logs: Path | None = None
     try:
         operator: list[tuple[Caller, str]] = []
 
@@ -194,19 +199,27 @@ def run(
             took = time.monotonic() - began
         unwritten = write_outputs(local.stack, report, out, names)
         forget_objects(local.api_url, key, report)  # written out: the data dir keeps none
-        _run_summary(console, report, names, out, finished, took)
+        if report.counts().get("failed") or not finished:
+            keep_logs = run_logs_dir(settings.data_dir)
+        _run_summary(console, report, names, out, finished, took, keep_logs)
     except KeyboardInterrupt:
         interrupted = True  # said once the stack has stopped (typer would exit silently)
         if caller is not None and local.stack is not None:
             # A second Ctrl-C (or SIGTERM) skips this and stops at once.
             with contextlib.suppress(KeyboardInterrupt):
+                if report.counts().get("failed"):
+                    keep_logs = run_logs_dir(settings.data_dir)
                 unwritten = _wind_down(
-                    console, local.stack, caller, report, names, out, len(files), began
+                    console, local.stack, caller, report, names, out, len(files), began, keep_logs
                 )
                 forget_objects(local.api_url, key, report)
+    except Exception:
+        keep_logs = run_logs_dir(settings.data_dir)  # what the workers said of it, kept
+        console.print(f"[red]the run failed; the workers' logs are kept in {keep_logs}/[/]")
+        raise
     finally:
         console.print("[dim]stopping what was started[/]")
-        local.stop(progress=_progress_say(console))
+        local.stop(progress=_progress_say(console), keep_logs=keep_logs)
     if interrupted:
         fail("interrupted", code=130)
     if unwritten:
@@ -231,6 +244,7 @@ def _wind_down(
     out: Path,
     file_count: int,
     began: float,
+    logs: Path | None = None,
 ) -> list[str]:
     """An interrupted run: its jobs that have not ended are cancelled (else they would
     run in the next stack of the data dir, for nobody), the outputs of those that did are
@@ -249,7 +263,7 @@ def _wind_down(
     cancel_jobs(stack, caller, unfinished_jobs(stack, caller))
     finished = wait_until_finished(stack, report, lambda _report: None, WIND_DOWN_SECONDS)
     unwritten = write_outputs(stack, report, out, names)
-    _run_summary(console, report, names, out, finished, time.monotonic() - began)
+    _run_summary(console, report, names, out, finished, time.monotonic() - began, logs)
     submitted = {s.path for s in report.submitted} | {path for path, _ in report.skipped}
     counts = report.counts()
     console.print(
@@ -280,7 +294,10 @@ def _run_summary(
     out: Path,
     finished: bool,
     took: float,
+    logs: Path | None = None,
 ) -> None:
+    """``logs``: where the workers' logs of a run with failures are kept (said with the
+    counts)."""
     from rich.markup import escape
     from rich.table import Table
 
@@ -305,9 +322,10 @@ def _run_summary(
     counts = report.counts()
     summary = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
     skipped = f"; {_counted(len(report.skipped), 'file')} skipped" if report.skipped else ""
+    kept = f"; the workers' logs of this run are in {logs}/" if logs is not None else ""
     console.print(
         f"[bold]{_counted(len(report.submitted), 'job')}[/]: {summary or 'none'}{skipped}. "
-        f"Outputs in {out}/"
+        f"Outputs in {out}/{kept}"
     )
     if report.submitted:
         ended = sum(counts[status] for status in FINISHED)

@@ -74,6 +74,7 @@ def test_run_examples_end_to_end(tmp_path):
     # copy of all of them, for ever).
     stored = [p for p in (data / "objects").rglob("*") if p.is_file()]
     assert stored == [], stored
+    assert not (data / "logs").exists()  # nothing failed: no worker logs kept
     # Everything it started is gone: no Redis from its data dir, no Ray processes.
     assert find_running(data / "redis") is None
     marker = str(short_temp_dir(data / "ray", "head"))
@@ -366,3 +367,34 @@ def _process_group(pgid: int) -> list[int]:
         except ProcessLookupError:
             continue
     return members
+
+
+def test_a_run_with_a_failed_job_keeps_its_workers_logs_and_says_where(tmp_path):
+    """The run's Ray session (the actors' logs: a failed job's worker-side lines and
+    traceback) went with the stack it stops; a failure could not be read afterwards.
+    A run with failed jobs now keeps its workers' logs under the data dir's logs/
+    (private, redacted) and its summary line says where."""
+    data = tmp_path / "data"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HYPERMEDIA_", "RAY_"))}
+    env["HYPERMEDIA_DATA_DIR"] = str(data)
+    env["COLUMNS"] = "1000"
+    folder = tmp_path / "in"
+    folder.mkdir()
+    png = bytearray((EXAMPLES / "logo-alpha.png").read_bytes())
+    png[100:-20] = b"A" * (len(png) - 120)  # a PNG by its header that no decoder reads
+    (folder / "corrupt.png").write_bytes(bytes(png))
+    result = _run([str(folder), "--op", "thumbnail", "--out", "out"], tmp_path, env)
+    assert result.returncode == 1, result.stderr[-3000:]
+    text = " ".join(result.stderr.split())
+    (kept,) = (data / "logs").iterdir()
+    assert re.fullmatch(r"run-\d{8}-\d{6}", kept.name)
+    assert f"1 job: 1 failed. Outputs in out/; the workers' logs of this run are in {kept}/" in (
+        text
+    )
+    assert (data / "logs").stat().st_mode & 0o777 == 0o700
+    assert kept.stat().st_mode & 0o777 == 0o700
+    said = {p.name: p.read_text() for p in kept.iterdir()}
+    assert all(name.startswith("worker-") for name in said), sorted(said)
+    failed = [name for name, lines in said.items() if "attempt 1 failed: invalid_input" in lines]
+    assert len(failed) == 1 and failed[0].endswith(".err"), sorted(said)
+    assert find_running(data / "redis") is None  # the stack stopped all the same
