@@ -36,6 +36,9 @@ by a form feed, blocks by a blank line, in reading order), ``.json`` (schema in
 job's units of work for the worker (:func:`_usage`: page, engine_pass, escalation counts),
 which the ocr profile's ``unit_costs`` price; :func:`max_units` bounds them for a submit
 to reserve.
+A document of more than one page is read in pieces that survive the loss of its
+attempt (:mod:`pipelines.ocr_resume`): the pages read are committed as checkpoints
+every few pages, and a retry reads only the pages it does not find there.
 Engines run on ``HYPERMEDIA_JOB_CPUS`` threads (the job's CPU share, set by the
 worker), else on the CPUs this process may use.
 """
@@ -47,12 +50,12 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipelines import ocr_layout, ocr_params, progress, sniff
+from pipelines import ocr_layout, ocr_params, ocr_resume, progress, sniff
 from pipelines.ocr_engines import Engine, LayoutModel, Line, Region
 from pipelines.registry import (
     Output,
@@ -462,7 +465,9 @@ PRELOAD = (
 )
 
 
-@register("ocr", check=check, profile_only=ocr_params.PROFILE_ONLY, preload=PRELOAD)
+@register(
+    "ocr", check=check, profile_only=ocr_params.PROFILE_ONLY, preload=PRELOAD, checkpoints=True
+)
 def ocr(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list[Output]:
     """OCR an image or PDF: text, JSON and a searchable PDF (see the module doc)."""
     request = ocr_params.parse(params)
@@ -474,9 +479,17 @@ def ocr(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list[Outp
     engines = Engines(request, job_threads())
     results: list[PageResult] = []
     images: list[Path] = []
+    saved: list[ocr_resume.PageCheckpoints] = []
+
+    def pieces(count: int) -> ocr_resume.PageCheckpoints:
+        # Made once the page count is known: a piece is only for a document of as many.
+        done = ocr_resume.PageCheckpoints(workdir, pages_dir, count, params)
+        saved.append(done)
+        return done
+
     try:
         if kind == "pdf":
-            _ocr_pdf(input_path, request, engines, pages_dir, results, images)
+            _ocr_pdf(input_path, request, engines, pages_dir, results, images, pieces)
         elif kind == "tiff" and (count := tiff_pages(input_path)) > 1:
             # Every page of a multi-page TIFF (a fax, a scanner's document): the first
             # alone was read, and the others were left out without a word.
@@ -485,17 +498,24 @@ def ocr(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list[Outp
                     "page_limit",
                     f"the TIFF has {count:,} pages, over the limit of {request.max_pages:,}",
                 )
+            done = pieces(count)
             for index in range(count):
-                page, dpi = load_tiff_page(input_path, index, request.max_pixels)
-                results.append(
-                    _ocr_image_page(index + 1, page, dpi, request, engines, pages_dir, images)
-                )
+                if not _resumed(done, index + 1, results, images):
+                    page, dpi = load_tiff_page(input_path, index, request.max_pixels)
+                    results.append(
+                        _ocr_image_page(index + 1, page, dpi, request, engines, pages_dir, images)
+                    )
+                    done.add(results[-1], images[-1])
                 progress.report(index + 1, count, "pages")
         else:
             page, dpi = load_image(input_path, kind, request.max_pixels)
             results.append(_ocr_image_page(1, page, dpi, request, engines, pages_dir, images))
             progress.report(1, 1, "pages")
-        outputs = [*_write_outputs(results, images, request, workdir), _usage(results, workdir)]
+        resumed = saved[0].resumed if saved else 0
+        outputs = [
+            *_write_outputs(results, images, request, workdir),
+            _usage(results, workdir, resumed),
+        ]
     finally:
         engines.close()
         shutil.rmtree(pages_dir, ignore_errors=True)
@@ -532,6 +552,18 @@ def _ocr_image_page(
     )
 
 
+def _resumed(
+    done: ocr_resume.PageCheckpoints, number: int, results: list[PageResult], images: list[Path]
+) -> bool:
+    """Whether page ``number`` was read by an earlier attempt (then it is taken)."""
+    found = done.page(number)
+    if found is None:
+        return False
+    results.append(found[0])
+    images.append(found[1])
+    return True
+
+
 def _ocr_pdf(
     path: Path,
     request: ocr_params.OcrRequest,
@@ -539,6 +571,7 @@ def _ocr_pdf(
     pages_dir: Path,
     results: list[PageResult],
     images: list[Path],
+    pieces: Callable[[int], ocr_resume.PageCheckpoints],
 ) -> None:
     import pypdfium2 as pdfium
 
@@ -553,7 +586,11 @@ def _ocr_pdf(
                 "page_limit",
                 f"the PDF has {count:,} pages, over the limit of {request.max_pages:,}",
             )
+        done = pieces(count)
         for index in range(count):
+            if _resumed(done, index + 1, results, images):
+                progress.report(index + 1, count, "pages")
+                continue
             try:
                 page = document[index]
             except pdfium.PdfiumError:
@@ -581,30 +618,35 @@ def _ocr_pdf(
                         layout_cpu_seconds=layout_cpu,
                     )
                 )
-                progress.report(index + 1, count, "pages")
-                continue
-            results.append(
-                _ocr_image_page(index + 1, array, request.dpi, request, engines, pages_dir, images)
-            )
+            else:
+                results.append(
+                    _ocr_image_page(
+                        index + 1, array, request.dpi, request, engines, pages_dir, images
+                    )
+                )
+            done.add(results[-1], images[-1])
             progress.report(index + 1, count, "pages")
 
 
-def _usage(results: Sequence[PageResult], workdir: Path) -> Output:
+def _usage(results: Sequence[PageResult], workdir: Path, resumed: int = 0) -> Output:
     """The job's units of work, as the ocr profile's ``unit_costs`` price them:
     ``page``, ``ocr_page`` (read by an engine, not a text layer), ``engine_pass``
     (engines that read a page; skipped ones are not) and ``escalation`` (the passes
-    after each page's first)."""
+    after each page's first), over the whole document, pages an earlier attempt read
+    included (the job is charged as one uninterrupted attempt would be); and, on an
+    attempt that took pages from earlier ones, ``pages_resumed``: how many (not
+    priced), so that its record says how much the retry saved."""
     read = [r for r in results if r.source == "ocr"]
     passes = sum(1 for r in read for a in r.attempts if a.skipped is None)
-    return usage_output(
-        workdir,
-        {
-            "page": len(results),
-            "ocr_page": len(read),
-            "engine_pass": passes,
-            "escalation": passes - len(read),
-        },
-    )
+    units = {
+        "page": len(results),
+        "ocr_page": len(read),
+        "engine_pass": passes,
+        "escalation": passes - len(read),
+    }
+    if resumed:
+        units["pages_resumed"] = resumed
+    return usage_output(workdir, units)
 
 
 @register_max_units("ocr", units=("page", "ocr_page", "engine_pass", "escalation"))

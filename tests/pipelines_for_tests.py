@@ -471,3 +471,27 @@ def transcode_slowly(input_path: Path, params: Mapping[str, Any], workdir: Path)
     ours = ("pause_seconds", "hold_after", "hold_seconds")
     rest = {k: v for k, v in params.items() if k not in ours}
     return media.transcode_video_step(input_path, rest, workdir)
+
+
+@register("test.ocr_slowly", checkpoints=True)
+def ocr_slowly(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list[Output]:
+    """``ocr`` committing its pages every ``every_pages`` pages, that waits
+    ``hold_seconds`` after committing the piece named ``hold_after`` (a kill then lands
+    there on any machine; a retry takes those pages and never commits that piece
+    again); it counts the pages it read and took in its units of work, as ``ocr``
+    does."""
+    from pipelines import checkpoints, ocr, ocr_resume
+
+    hold_after, hold = params.get("hold_after"), float(params.get("hold_seconds", 0))
+    commit = checkpoints.commit
+
+    def slow_commit(workdir: Path, name: str) -> Path:
+        path = commit(workdir, name)
+        if name == hold_after:
+            time.sleep(hold)
+        return path
+
+    checkpoints.commit = slow_commit  # this child's copy of the module only
+    ocr_resume.EVERY_PAGES = int(params.get("every_pages", ocr_resume.EVERY_PAGES))
+    ours = ("hold_after", "hold_seconds", "every_pages")
+    return ocr.ocr(input_path, {k: v for k, v in params.items() if k not in ours}, workdir)
