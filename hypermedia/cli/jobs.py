@@ -111,6 +111,7 @@ def show_job(job_id: str, api_url: str | None, api_key: str | None, timeout: flo
         ("operation", f"{job.operation} (queue {job.queue}, priority {job.priority})"),
         ("object", job.object_id),
         ("attempts", f"{job.attempt_count} of {job.max_attempts}"),
+        ("time limit", "-" if job.timeout_seconds is None else f"{job.timeout_seconds:,} s"),
         ("credits", f"estimated {job.estimated_credits:g}{held}, charged {charged}"),
         ("created", at(job.created_at)),
         ("queued", at(job.queued_at)),

@@ -163,6 +163,12 @@ class JobResponse(_Model):
         default=None,
         description="Once the job has ended with a `callback_url`: its delivery so far.",
     )
+    timeout_seconds: int | None = Field(
+        default=None,
+        description="The time limit each attempt runs under, in seconds: worked out at "
+        "submit from the pages its step may read (ocr: the profile's time plus its time "
+        "per page).",
+    )
 
     @property
     def finished(self) -> bool:
@@ -199,6 +205,7 @@ def job_response(view: Any) -> JobResponse:
         callback=None
         if callback is None
         else CallbackOut.model_validate(callback, from_attributes=True),
+        timeout_seconds=view.timeout_seconds,
     )
 
 

@@ -320,6 +320,9 @@ class JobView:
     outputs: list[OutputView] = field(default_factory=list)
     callback_url: str | None = None
     callback: CallbackView | None = None  # its terminal event's delivery, once it ended
+    # The time limit its child runs under, seconds: its own, worked out at submit (its
+    # pages), else (a job from before 0021) its profile's; None when neither is known.
+    timeout_seconds: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -787,7 +790,7 @@ class IngestService:
         return stats
 
 
-_NOT_COLUMNS = ("attempts", "outputs", "callback")
+_NOT_COLUMNS = ("attempts", "outputs", "callback", "timeout_seconds")
 
 
 def job_view(conn: Connection, job_id: str, user_id: str | None = None) -> JobView | None:
@@ -813,6 +816,11 @@ def job_view(conn: Connection, job_id: str, user_id: str | None = None) -> JobVi
     ).all()
     callback = callbacks.of_job(conn, job_id) if row.callback_url else None
     m = row._mapping
+    timeout = row.timeout_seconds
+    if timeout is None:  # a job from before its time was kept on it: its profile's
+        timeout = conn.execute(
+            select(t.profiles.c.timeout_seconds).where(t.profiles.c.profile_id == row.profile_id)
+        ).scalar_one_or_none()
     return JobView(
         **{k: m[k] for k in JobView.__dataclass_fields__ if k not in _NOT_COLUMNS},
         attempts=[
@@ -826,4 +834,5 @@ def job_view(conn: Connection, job_id: str, user_id: str | None = None) -> JobVi
         callback=None
         if callback is None
         else CallbackView(**{k: callback._mapping[k] for k in CallbackView.__dataclass_fields__}),
+        timeout_seconds=timeout,
     )

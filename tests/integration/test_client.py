@@ -541,6 +541,42 @@ def test_a_failed_attempts_log_is_shown_to_its_owner_by_the_api_and_status(stack
     assert "frame 9 corrupt" not in shown.stdout and "frame 10 corrupt" in shown.stdout
 
 
+def test_a_jobs_time_limit_is_shown_by_the_api_and_status(stack, base_url):
+    """Its own (an ocr job's grows with its pages), else its profile's (a job from
+    before the record kept it): neither the API's job nor ``status`` said it."""
+    from sqlalchemy import update
+    from typer.testing import CliRunner
+
+    from hypermedia.cli import app
+
+    alice = add_user(stack, "alice")
+    env = {"HYPERMEDIA_API_URL": base_url, "HYPERMEDIA_API_KEY": alice.api_key}
+    with HypermediaClient(base_url, alice.api_key) as client:
+        job_id = client.process(client.upload(IMAGE, "a.jpg").object_id, ["thumbnail"]).job_ids[0]
+        with transaction(stack.engine) as conn:
+            conn.execute(
+                update(t.jobs).where(t.jobs.c.job_id == job_id).values(timeout_seconds=4321)
+            )
+            profile = conn.execute(
+                select(t.profiles.c.timeout_seconds)
+                .select_from(
+                    t.jobs.join(t.profiles, t.jobs.c.profile_id == t.profiles.c.profile_id)
+                )
+                .where(t.jobs.c.job_id == job_id)
+            ).scalar_one()
+        assert client.job(job_id).timeout_seconds == 4321
+        shown = CliRunner().invoke(app, ["status", job_id], env=env)
+        assert shown.exit_code == 0, shown.output
+        assert "time limit 4,321 s\n" in shown.stdout
+        with transaction(stack.engine) as conn:
+            conn.execute(
+                update(t.jobs).where(t.jobs.c.job_id == job_id).values(timeout_seconds=None)
+            )
+        assert client.job(job_id).timeout_seconds == profile
+    shown = CliRunner().invoke(app, ["status", job_id], env=env)
+    assert f"time limit {profile:,} s\n" in shown.stdout
+
+
 def test_jobs_by_page_a_submission_and_an_outputs_download_url(stack):
     from datetime import UTC, datetime, timedelta
 
