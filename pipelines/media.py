@@ -336,6 +336,14 @@ def ffmpeg_encoders() -> frozenset[str]:
 
 
 @cache
+def ffmpeg_build() -> str:
+    """This FFmpeg build as ``ffmpeg -version`` prints it (its version, configuration
+    and libraries' versions): what a transcode's bytes depend on besides its input and
+    arguments."""
+    return "\n".join(" ".join(fields) for fields in _ffmpeg_listing("version"))
+
+
+@cache
 def ffmpeg_filters() -> frozenset[str]:
     """The filters this FFmpeg build has (``ffmpeg -filters``)."""
     return frozenset(

@@ -10,7 +10,9 @@ the whole input. Every finished piece is a checkpoint (:mod:`pipelines.checkpoin
 puts back before a retry: a retry transcodes only the pieces missing. A piece put back
 is used only once it decodes without an error (and, for a chunk, holds its frame
 count): one damaged in storage (truncated, bytes changed) is transcoded again, never
-joined into the output nor taken for a fault of the input. The output is
+joined into the output nor taken for a fault of the input. A piece is tied to the
+FFmpeg build that made it (:func:`pipelines.media.ffmpeg_build`): a retry on a node
+with another build transcodes every chunk again. The output is
 the chunks concatenated without re-encoding (FFmpeg's concat demuxer, stream copy)
 with the sound muxed beside them, each keeping its own times (a sound that starts
 after the picture keeps its delay): the same codecs, frame count and duration (within
@@ -251,7 +253,8 @@ def transcode_chunked(
     if len(chunks) < 2:
         log.info("%s: not cut in chunks (%d planned): one pass", label, len(chunks))
         return None
-    done = checkpoints.finished(workdir)
+    build = media.ffmpeg_build()
+    done = checkpoints.finished(workdir, build)
     transcoded = resumed = 0
     offset = 0.0
     rate = len(found or []) / total if total > 0 else 0.0
@@ -261,7 +264,7 @@ def transcode_chunked(
         if _usable(done, chunk.name, workdir, label, stream="v", frames=chunk.frames):
             resumed += 1
         else:
-            partial = checkpoints.partial(workdir, chunk.name)
+            partial = checkpoints.partial(workdir, chunk.name, build)
             seek = [] if chunk.index == 0 else ["-ss", chunk.start]
             count = [] if chunk.frames is None else ["-frames:v", str(chunk.frames)]
             args = [video_args[0], *seek, *video_args[1:], *count, "-an", "-f", "mp4"]
@@ -277,7 +280,7 @@ def transcode_chunked(
                             label, chunk.index, made, chunk.frames)  # fmt: skip
                 partial.unlink(missing_ok=True)
                 return None
-            checkpoints.commit(workdir, chunk.name)
+            checkpoints.commit(workdir, chunk.name, build)
             transcoded += 1
             progress.report(min(offset + chunk.seconds, total) * pictures, total, "seconds")
         offset += chunk.seconds
@@ -285,14 +288,16 @@ def transcode_chunked(
     if audio_args is not None and not _usable(
         done, AUDIO_PIECE, workdir, label, stream="a", frames=None
     ):
-        partial = checkpoints.partial(workdir, AUDIO_PIECE)
+        partial = checkpoints.partial(workdir, AUDIO_PIECE, build)
         media.transcode(
             [*audio_args, "-f", "ipod"], source, workdir, partial, label, total,
             offset=total * pictures, scale=share, part=True,
         )  # fmt: skip
-        checkpoints.commit(workdir, AUDIO_PIECE)
+        checkpoints.commit(workdir, AUDIO_PIECE, build)
     listing = workdir / "chunks.txt"
-    listing.write_text("".join(f"file '{pieces / c.name}'\n" for c in chunks))
+    listing.write_text(
+        "".join(f"file '{pieces / checkpoints.stored_name(c.name, build)}'\n" for c in chunks)
+    )
     # -copyts: each piece keeps its own times, the sound its delay after the picture
     # (ffmpeg would start every input at zero).
     concat = [
@@ -301,7 +306,7 @@ def transcode_chunked(
         "-protocol_whitelist", "file", "-i", f"file:{listing}",
     ]  # fmt: skip
     if audio_args is not None:
-        concat += media._input_args(pieces / AUDIO_PIECE, "mov")
+        concat += media._input_args(pieces / checkpoints.stored_name(AUDIO_PIECE, build), "mov")
     concat += ["-map", "0:v", *(["-map", "1:a"] if audio_args is not None else [])]
     concat += ["-c", "copy", *media._CLEAN, "-movflags", "+faststart", "-f", "mp4"]
     ran = media._run([*concat, str(output)], workdir, ".ffmpeg.log")

@@ -665,6 +665,43 @@ def tesseract_languages() -> frozenset[str]:
     return frozenset(p.name.removesuffix(".traineddata") for p in directory.glob("*.traineddata"))
 
 
+# The packages a page's reading depends on: the engines, their inference runtimes and
+# the models their wheels ship, OpenCV (scaling, binarisation, deskew) and the page's
+# rasteriser and decoders.
+BUILD_PACKAGES = (
+    "rapidocr", "onnxruntime", "rapid-layout", "paddleocr", "paddlepaddle", "rapidocr-paddle",
+    "tesserocr", "opencv-python-headless", "opencv-python", "numpy", "pypdfium2", "pillow",
+    "pillow-heif", "pyvips", "pyvips-binary",
+)  # fmt: skip
+
+
+@functools.cache
+def engines_build() -> str:
+    """This node's OCR build: the versions of :data:`BUILD_PACKAGES` (``-``: not
+    installed), libtesseract's and the tessdata models' (their names and sizes). What
+    a page's reading depends on besides the page and the step's parameters (the paddle
+    engine's models are named by them)."""
+    from importlib import metadata
+
+    lines = []
+    for package in BUILD_PACKAGES:
+        try:
+            lines.append(f"{package} {metadata.version(package)}")
+        except metadata.PackageNotFoundError:
+            lines.append(f"{package} -")
+    try:
+        lines.append(" ".join(_tesserocr().tesseract_version().split()))
+    except PipelineError:
+        lines.append("tesseract -")
+    directory = tessdata_dir()
+    if directory is not None:
+        lines.extend(
+            f"{model.name} {model.stat().st_size}"
+            for model in sorted(directory.glob("*.traineddata"))
+        )
+    return "\n".join(lines)
+
+
 def _tesserocr() -> Any:
     # libtesseract runs OpenMP threads of its own unless told otherwise; it reads
     # the variable when it is loaded.

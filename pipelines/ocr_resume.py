@@ -18,7 +18,10 @@ byte for byte those of one uninterrupted attempt that had read the same pages (t
 searchable PDF's creation date and ``/ID`` aside, which differ between any two runs).
 A piece is used only when it is whole (its zip's CRCs hold) and was written by this
 :data:`FORMAT` for a document of the same page count and the same parameters; one that
-is not is left out, with a warning, and its pages are read again. Storage keys a piece
+is not is left out, with a warning, and its pages are read again. A piece is tied to
+the OCR build that wrote it (:func:`pipelines.ocr_engines.engines_build`: the engines'
+and their runtimes' versions, libtesseract's and its models'): a retry on a node with
+another build reads every page again. Storage keys a piece
 by its job, profile version and parameters (:mod:`hypermedia.jobs.checkpoints`): a
 changed profile never finds another version's pages.
 
@@ -79,11 +82,15 @@ class PageCheckpoints:
         *,
         every_pages: int | None = None,
         every_seconds: float | None = None,
+        build: str | None = None,
     ) -> None:
+        from pipelines.ocr_engines import engines_build
+
         self.workdir = workdir
         self.pages_dir = pages_dir
         self.pages = pages
         self.digest = params_digest(params)
+        self.build = engines_build() if build is None else build
         self.every_pages = EVERY_PAGES if every_pages is None else every_pages
         self.every_seconds = EVERY_SECONDS if every_seconds is None else every_seconds
         self._restored: dict[int, tuple[dict[str, Any], Path]] = {}
@@ -93,7 +100,7 @@ class PageCheckpoints:
         self._load()
 
     def _load(self) -> None:
-        for name, path in sorted(checkpoints.finished(self.workdir).items()):
+        for name, path in sorted(checkpoints.finished(self.workdir, self.build).items()):
             if _PIECE.fullmatch(name) is None:
                 continue
             try:
@@ -153,7 +160,7 @@ class PageCheckpoints:
             return
         numbers = [result.number for result, _ in self._pending]
         name = piece_name(min(numbers), max(numbers))
-        partial = checkpoints.partial(self.workdir, name)
+        partial = checkpoints.partial(self.workdir, name, self.build)
         results = []
         with zipfile.ZipFile(partial, "w", zipfile.ZIP_STORED) as piece:
             for result, image in self._pending:
@@ -162,7 +169,7 @@ class PageCheckpoints:
                 results.append({**encode(result), "image": member})
             index = {"format": FORMAT, "pages": self.pages, "params": self.digest}
             piece.writestr(_INDEX, json.dumps({**index, "results": results}, ensure_ascii=False))
-        checkpoints.commit(self.workdir, name)
+        checkpoints.commit(self.workdir, name, self.build)
         self._pending.clear()
         self._since = time.monotonic()
 

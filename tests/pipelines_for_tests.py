@@ -462,8 +462,8 @@ def transcode_slowly(input_path: Path, params: Mapping[str, Any], workdir: Path)
     hold_after, hold = params.get("hold_after"), float(params.get("hold_seconds", 0))
     commit = checkpoints.commit
 
-    def slow_commit(workdir: Path, name: str) -> Path:
-        path = commit(workdir, name)
+    def slow_commit(workdir: Path, name: str, build: str = "") -> Path:
+        path = commit(workdir, name, build)
         time.sleep(hold if name == hold_after else pause)
         return path
 
@@ -485,8 +485,8 @@ def ocr_slowly(input_path: Path, params: Mapping[str, Any], workdir: Path) -> li
     hold_after, hold = params.get("hold_after"), float(params.get("hold_seconds", 0))
     commit = checkpoints.commit
 
-    def slow_commit(workdir: Path, name: str) -> Path:
-        path = commit(workdir, name)
+    def slow_commit(workdir: Path, name: str, build: str = "") -> Path:
+        path = commit(workdir, name, build)
         if name == hold_after:
             time.sleep(hold)
         return path

@@ -17,7 +17,9 @@ Every write to ``job_checkpoints`` is here. A piece's life:
 
 Keys: ``checkpoints/{job_id}/{profile_version}/{params digest}/{name}``
 (:func:`checkpoint_key`): a piece is only ever read back for the same job, profile
-version and parameters.
+version and parameters. Its name carries the build that made it (FFmpeg's, the OCR
+engines': :func:`pipelines.checkpoints.build_tag`), and a step takes only its own
+build's pieces.
 """
 
 from __future__ import annotations

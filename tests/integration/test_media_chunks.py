@@ -55,6 +55,11 @@ def run(clip: Path, params: dict[str, Any], workdir: Path) -> list[Output]:
     return media.transcode_video(source, params, workdir)
 
 
+def piece(workdir: Path, name: str) -> Path:
+    """Where the piece ``name`` this node's FFmpeg made is."""
+    return checkpoints.directory(workdir) / checkpoints.stored_name(name, media.ffmpeg_build())
+
+
 def units(outputs: list[Output]) -> dict[str, int]:
     (usage,) = [o for o in outputs if o.output_type == USAGE_OUTPUT]
     found: dict[str, int] = json.loads(usage.path.read_text())
@@ -68,12 +73,12 @@ def test_chunked_output_equals_a_single_pass(
     outputs = run(clips[name], CHUNKED, tmp_path)
     assert [o.output_type for o in outputs] == ["video-h264-120p-crf23.mp4", USAGE_OUTPUT]
     assert units(outputs) == {"chunks": SECONDS, "chunks_resumed": 0}
-    pieces = sorted(checkpoints.finished(tmp_path))
+    pieces = sorted(checkpoints.finished(tmp_path, media.ffmpeg_build()))
     sound = [] if name == "silent" else ["audio.m4a"]
     assert pieces == [*sound, *(f"chunk-{i:05d}.mp4" for i in range(SECONDS))]
     ms.assert_same_as_single_pass(outputs[0].path, single[name], SECONDS)
     # Each chunk is an independent H.264 file of its second's frames.
-    chunk = checkpoints.directory(tmp_path) / "chunk-00001.mp4"
+    chunk = piece(tmp_path, "chunk-00001.mp4")
     assert ms.codecs(chunk) == ["h264"]
     assert len(ms.frame_times(chunk)) == ms.RATE
 
@@ -90,19 +95,37 @@ def test_a_second_run_transcodes_only_the_missing_chunks(
     clips: dict[str, Path], single: dict[str, Path], tmp_path: Path
 ) -> None:
     first = run(clips["sound"], CHUNKED, tmp_path)
-    directory = checkpoints.directory(tmp_path)
-    kept = {name: (directory / name).stat() for name in ("chunk-00000.mp4", "chunk-00001.mp4")}
+    kept = {name: piece(tmp_path, name).stat() for name in ("chunk-00000.mp4", "chunk-00001.mp4")}
     # As a kill leaves it: chunks 2 and 3 and the sound not finished, one of them half
     # written, no output.
     for name in ("chunk-00002.mp4", "chunk-00003.mp4", "audio.m4a"):
-        (directory / name).unlink()
-    checkpoints.partial(tmp_path, "chunk-00002.mp4").write_bytes(b"\0" * 1000)
+        piece(tmp_path, name).unlink()
+    checkpoints.partial(tmp_path, "chunk-00002.mp4", media.ffmpeg_build()).write_bytes(b"\0" * 1000)
     first[0].path.unlink()
     second = run(clips["sound"], CHUNKED, tmp_path)
     assert units(second) == {"chunks": SECONDS - 2, "chunks_resumed": 2}
     for name, before in kept.items():
-        after = (directory / name).stat()
+        after = piece(tmp_path, name).stat()
         assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    ms.assert_same_as_single_pass(second[0].path, single["sound"], SECONDS)
+
+
+def test_a_retry_under_another_ffmpeg_build_makes_every_piece_again(
+    clips: dict[str, Path], single: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = run(clips["sound"], CHUNKED, tmp_path)
+    first[0].path.unlink()
+    # The retry lands on a node whose FFmpeg is another build: the pieces put back
+    # (every one) are not its own, and none is joined into its output.
+    other = media.ffmpeg_build().replace("ffmpeg version", "ffmpeg version 99.0", 1)
+    monkeypatch.setattr(media, "ffmpeg_build", lambda: other)
+    second = run(clips["sound"], CHUNKED, tmp_path)
+    assert units(second) == {"chunks": SECONDS, "chunks_resumed": 0}
+    assert sorted(checkpoints.finished(tmp_path, other)) == [
+        "audio.m4a",
+        *(f"chunk-{i:05d}.mp4" for i in range(SECONDS)),
+    ]
+    assert len(checkpoints.finished(tmp_path)) == 2 * (SECONDS + 1)  # both builds', stored
     ms.assert_same_as_single_pass(second[0].path, single["sound"], SECONDS)
 
 
@@ -129,9 +152,8 @@ def test_chunk_progress_is_the_jobs_progress_resumed_chunks_counted_done(
         run(clips["sound"], CHUNKED, tmp_path)
         first = list(seen)
         seen.clear()
-        directory = checkpoints.directory(tmp_path)
         for name in ("chunk-00003.mp4", "audio.m4a"):
-            (directory / name).unlink()
+            piece(tmp_path, name).unlink()
         (tmp_path / "video-h264-120p-crf23.mp4").unlink()
         run(clips["sound"], CHUNKED, tmp_path)
         second = list(seen)
@@ -158,7 +180,7 @@ def test_the_sound_pass_moves_the_progress_the_chunks_leave_it_room(
     # The sound is transcoded once, after every chunk: 32 minutes of 160x120 took 17 s
     # for the chunks, then 74 s for the sound with the progress at 99.98 %. Its pass
     # has a share of the progress, so the chunks end below the total and it moves on.
-    sound = checkpoints.partial(tmp_path, media_chunks.AUDIO_PIECE)
+    sound = checkpoints.partial(tmp_path, media_chunks.AUDIO_PIECE, media.ffmpeg_build())
     seen: list[tuple[float, bool]] = []
     progress.reporting_to(lambda r: seen.append((r.done, sound.exists())))
     try:
@@ -264,5 +286,5 @@ def test_a_chunk_that_comes_out_short_means_one_pass(
     monkeypatch.setattr(media_chunks, "plan", overcounted)
     outputs = run(clips["sound"], CHUNKED, tmp_path)
     assert [o.output_type for o in outputs] == ["video-h264-120p-crf23.mp4"]
-    assert not (checkpoints.directory(tmp_path) / f"chunk-{SECONDS - 1:05d}.mp4").exists()
+    assert not piece(tmp_path, f"chunk-{SECONDS - 1:05d}.mp4").exists()
     ms.assert_same_as_single_pass(outputs[0].path, single["sound"], SECONDS)

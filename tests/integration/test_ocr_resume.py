@@ -28,7 +28,7 @@ import ray
 
 from hypermedia.ingest.service import SubmitRequest
 from hypermedia.jobs import checkpoints as records
-from pipelines import checkpoints, ocr, ocr_resume, registry
+from pipelines import checkpoints, ocr, ocr_engines, ocr_resume, registry
 from tests import support
 from tests.factories import make_user, stored_object
 from tests.generated import ocr_pages
@@ -116,10 +116,16 @@ def _assert_same(resumed: dict[str, bytes], whole: dict[str, bytes], read_from: 
         assert resumed[".json"] == whole[".json"]
 
 
+def _finished(workdir: Path) -> dict[str, Path]:
+    """The pieces this node's OCR build wrote, by name."""
+    return checkpoints.finished(workdir, ocr_engines.engines_build())
+
+
 def _restore(source: Path, workdir: Path, *names: str) -> None:
     checkpoints.directory(workdir).mkdir(parents=True)
     for name in names:
-        shutil.copy(checkpoints.directory(source) / name, checkpoints.directory(workdir) / name)
+        piece = _finished(source)[name]
+        shutil.copy(piece, checkpoints.directory(workdir) / piece.name)
 
 
 def test_the_worker_keeps_the_ocr_steps_checkpoints():
@@ -130,7 +136,7 @@ def test_a_retry_reads_only_the_pages_not_committed(scan, tmp_path, read_pages):
     whole = _run(scan, tmp_path / "whole")
     assert len(read_pages) == PAGES
     # The last page's piece is never written: the outputs come next.
-    assert sorted(checkpoints.finished(tmp_path / "whole")) == [
+    assert sorted(_finished(tmp_path / "whole")) == [
         FIRST_PIECE,
         ocr_resume.piece_name(3, 4),
     ]
@@ -141,7 +147,7 @@ def test_a_retry_reads_only_the_pages_not_committed(scan, tmp_path, read_pages):
     assert len(read_pages) == PAGES - 2
     assert json.loads(resumed[".json"]) != json.loads(whole[".json"])  # CPU seconds measured
     _assert_same(resumed, whole, read_from=3)
-    assert sorted(checkpoints.finished(tmp_path / "retry")) == [
+    assert sorted(_finished(tmp_path / "retry")) == [
         FIRST_PIECE,
         ocr_resume.piece_name(3, 4),
     ]
@@ -151,7 +157,7 @@ def test_every_committed_page_is_taken_and_the_outputs_are_the_same_bytes(
     scan, tmp_path, read_pages
 ):
     whole = _run(scan, tmp_path / "whole")
-    pieces = sorted(checkpoints.finished(tmp_path / "whole"))
+    pieces = sorted(_finished(tmp_path / "whole"))
     read_pages.clear()
     _restore(tmp_path / "whole", tmp_path / "retry", *pieces)
     resumed = _run(scan, tmp_path / "retry")
@@ -163,7 +169,7 @@ def test_every_committed_page_is_taken_and_the_outputs_are_the_same_bytes(
 def test_a_piece_not_for_this_reading_is_left_out(scan, tmp_path, read_pages, damage):
     _run(scan, tmp_path / "whole")
     _restore(tmp_path / "whole", tmp_path / "retry", FIRST_PIECE)
-    piece = checkpoints.directory(tmp_path / "retry") / FIRST_PIECE
+    piece = _finished(tmp_path / "retry")[FIRST_PIECE]
     params = PARAMS
     if damage == "truncated":
         piece.write_bytes(piece.read_bytes()[:-200])
@@ -175,6 +181,22 @@ def test_a_piece_not_for_this_reading_is_left_out(scan, tmp_path, read_pages, da
     read_pages.clear()
     _run(scan, tmp_path / "retry", params)
     assert len(read_pages) == (PAGES + 1 if damage == "other_document" else PAGES)
+
+
+def test_a_piece_of_another_ocr_build_is_left_out(scan, tmp_path, read_pages, monkeypatch):
+    whole = _run(scan, tmp_path / "whole")
+    _restore(tmp_path / "whole", tmp_path / "retry", FIRST_PIECE)
+    # The retry lands on a node with another tesseract: the piece put back is not its own.
+    other = ocr_engines.engines_build().replace("tesseract ", "tesseract 9.9.9-", 1)
+    monkeypatch.setattr(ocr_engines, "engines_build", lambda: other)
+    read_pages.clear()
+    resumed = _run(scan, tmp_path / "retry")
+    assert len(read_pages) == PAGES
+    assert sorted(checkpoints.finished(tmp_path / "retry", other)) == [
+        FIRST_PIECE,
+        ocr_resume.piece_name(3, 4),
+    ]
+    _assert_same(resumed, whole, read_from=1)
 
 
 def test_the_usage_counts_the_pages_taken(scan, tmp_path, read_pages):
@@ -217,7 +239,7 @@ def test_kill_9_of_the_child_resumes_from_the_committed_pages(
             lambda: records.count(rs.stack.engine, job_id) >= 1, timeout=120, what="a piece"
         )
         (key,) = _keys(rs.stack, job_id)
-        assert key.startswith(f"checkpoints/{job_id}/1/") and key.endswith(f"/{FIRST_PIECE}")
+        assert key.startswith(f"checkpoints/{job_id}/1/") and key.endswith(f"-{FIRST_PIECE}")
         os.kill(ray.get(member.actor.child_pids.remote())[job_id], signal.SIGKILL)
         rs.wait_for(
             lambda: rs.stack.ingest.get_job(person.caller, job_id).status == "completed",

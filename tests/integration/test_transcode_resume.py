@@ -310,7 +310,7 @@ def test_a_checkpoint_damaged_in_storage_is_made_again(
         finally:
             first.stop()
         key = min(_keys(stack, job_id))
-        assert key.endswith("/chunk-00000.mp4")
+        assert key.endswith("-chunk-00000.mp4")
         data = b"".join(stack.storage.read(key))
         middle = len(data) // 2
         if damage == "truncated":
