@@ -15,7 +15,13 @@ so that what the stream reads from the job's capped stream next and what the cha
 brings between them cover every event. When the connection is lost every stream
 following a channel hears so (its ``get`` raises ``redis.ConnectionError``) and
 follows the record from then on, as it would without Redis; the next subscription
-opens a new connection. The read commands of the streams (``XRANGE``) share a small
+opens a new connection. A connection that dies without a word (a network partition,
+a Redis host frozen: no reset comes, and the socket waits for ever) is found out too:
+the reader sends a PING once :data:`PING_SECONDS` passed without a word from Redis
+(a message, a confirmation, a PONG), and takes the connection for lost, as one reset,
+once :data:`SILENT_SECONDS` passed so (20 s: its PING unanswered for 10). The streams'
+reads give up after :data:`READ_TIMEOUT_SECONDS`, connecting after
+:data:`CONNECT_SECONDS`. The read commands of the streams (``XRANGE``) share a small
 pool of their own (:attr:`EventSubscriber.client`). Every connection is named
 ``client_name`` (``CLIENT LIST`` shows them). Used from one event loop at a time: one
 served again on another loop (a server started again in the same process) starts
@@ -48,6 +54,12 @@ READ_WAIT_SECONDS = 10.0
 # few a second; a stream this far behind reads the rest from the job's stream.
 QUEUED_MESSAGES = 256
 CONFIRM_SECONDS = 10.0  # for Redis to confirm a subscription
+# Nothing from Redis on the pub/sub connection for this long: the reader PINGs it.
+PING_SECONDS = 10.0
+# Nothing from Redis for this long (a PING unanswered for 10 s at least): it is lost.
+SILENT_SECONDS = 20.0
+READ_TIMEOUT_SECONDS = 10.0  # a stream's read (XRANGE) that Redis does not answer
+CONNECT_SECONDS = 10.0
 _READ_SECONDS = 5.0  # the reader's wait for a message, before it waits again
 _GONE = (redis.ConnectionError, redis.TimeoutError, OSError)
 
@@ -122,6 +134,8 @@ class EventSubscriber:
                 self.url,
                 max_connections=self.read_connections,
                 timeout=READ_WAIT_SECONDS,
+                socket_timeout=READ_TIMEOUT_SECONDS,
+                socket_connect_timeout=CONNECT_SECONDS,
                 decode_responses=True,
                 client_name=self.client_name,
                 # Once more on a new connection: one of before a Redis restart is
@@ -221,6 +235,7 @@ class EventSubscriber:
             decode_responses=True,
             client_name=self.client_name,
             retry=Retry(NoBackoff(), 0),
+            socket_connect_timeout=CONNECT_SECONDS,
         )
         pubsub = client.pubsub()
         try:
@@ -243,14 +258,30 @@ class EventSubscriber:
         return task
 
     async def _read(self, pubsub: PubSub, client: redis.asyncio.Redis) -> None:
+        clock = asyncio.get_running_loop().time
+        heard = pinged = clock()  # Redis's last word; the last PING sent
         try:
             while self._pubsub is pubsub:
+                now = clock()
+                if now - heard >= SILENT_SECONDS:
+                    silent = redis.TimeoutError(f"redis said nothing for {now - heard:.0f}s")
+                    self._lost(pubsub, silent)
+                    return
                 try:
-                    message = await pubsub.get_message(timeout=_READ_SECONDS)
+                    if now - max(heard, pinged) >= PING_SECONDS:
+                        # Only sent (its PONG is read here, any word of Redis will do):
+                        # one write, as the SUBSCRIBE of a stream is.
+                        await pubsub.ping()
+                        pinged = now
+                    wake = min(max(heard, pinged) + PING_SECONDS, heard + SILENT_SECONDS)
+                    message = await pubsub.get_message(
+                        timeout=max(0.0, min(_READ_SECONDS, wake - clock()))
+                    )
                 except _GONE as exc:
                     self._lost(pubsub, exc)
                     return
                 if message is not None:
+                    heard = clock()
                     self._deliver(message)
         finally:
             # Cancelled (the loop ends): the streams' channels are followed no more.
