@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sqlalchemy import select
+from sqlalchemy import and_, or_, select
 
 from hypermedia import accounts
 from hypermedia.accounts import Caller
@@ -126,18 +126,49 @@ def check_disk(data_dir: Path, min_free_mb: int) -> None:
         )
 
 
-def paused_workers(stack: Stack) -> dict[str, str]:
-    """The live workers that claim nothing, and why (a low disk)."""
+@dataclass(frozen=True, slots=True)
+class ClaimPause:
+    """A live worker that claims nothing now, and why: ``disk`` (its disk guard:
+    ``workers.claims_paused_reason``) or ``outage`` (the record, Redis or the storage
+    down: ``workers.outage_paused_reason``, while the pause lasts)."""
+
+    worker_id: str
+    cause: str
+    reason: str
+
+    @property
+    def notice(self) -> str:
+        """As ``hypermedia run`` says it while its jobs wait (plain text)."""
+        if self.cause == "disk":
+            return (
+                f"{self.worker_id} claims no job: {self.reason}"
+                " (worker_min_free_disk_mb, HYPERMEDIA_WORKER_MIN_FREE_DISK_MB)"
+            )
+        return f"{self.worker_id} claims no job: paused by an outage: {self.reason}"
+
+
+def paused_workers(stack: Stack) -> list[ClaimPause]:
+    """The live workers that claim nothing, and why (a low disk, an outage), by worker."""
     from hypermedia.worker.worker import ENDED_STATUSES as ENDED_WORKERS
 
     w = t.workers.c
+    outage = and_(w.outage_paused_since.is_not(None), w.outage_paused_seconds.is_(None))
     with snapshot(stack.engine) as conn:
         rows = conn.execute(
-            select(w.worker_id, w.claims_paused_reason).where(
-                w.claims_paused_reason.is_not(None), w.status.not_in(ENDED_WORKERS)
+            select(w.worker_id, w.claims_paused_reason, w.outage_paused_reason, outage)
+            .where(
+                or_(w.claims_paused_reason.is_not(None), outage),
+                w.status.not_in(ENDED_WORKERS),
             )
+            .order_by(w.worker_id)
         ).all()
-    return {row.worker_id: row.claims_paused_reason for row in rows}
+    pauses = []
+    for worker_id, disk, outage_reason, in_outage in rows:
+        if disk is not None:
+            pauses.append(ClaimPause(worker_id, "disk", disk))
+        if in_outage:
+            pauses.append(ClaimPause(worker_id, "outage", outage_reason or "a service is down"))
+    return pauses
 
 
 def check_operations(operations: Iterable[str], implemented: Iterable[str]) -> None:

@@ -49,6 +49,7 @@ def run(
     with failed jobs keeps its workers' logs under the data dir's logs/ and says where.
     """
     from rich.console import Console
+    from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
     import pipelines.registry
@@ -161,9 +162,9 @@ def run(
                 for queue, total in totals.items()
             }
             by_job = {item.job_id: item.queue for item in report.submitted}
-            # A worker that claims nothing (its disk ran low meanwhile) is said once,
-            # and again if that changes: the bars would only stop.
-            paused: dict[str, Any] = {"said": {}, "at": 0.0}
+            # A worker that claims nothing (its disk ran low meanwhile, an outage) is
+            # said once, and again if that changes: the bars would only stop.
+            paused: dict[str, Any] = {"said": [], "at": 0.0}
 
             def say_paused() -> None:
                 if time.monotonic() - paused["at"] < 2.0:
@@ -172,11 +173,8 @@ def run(
                 assert local.stack is not None
                 now = paused_workers(local.stack)
                 if now != paused["said"]:
-                    for worker_id, reason in sorted(now.items()):
-                        progress.console.print(
-                            f"[yellow]{worker_id} claims no job: {reason}[/]"
-                            " (worker_min_free_disk_mb, HYPERMEDIA_WORKER_MIN_FREE_DISK_MB)"
-                        )
+                    for pause in now:
+                        progress.console.print(f"[yellow]{escape(pause.notice)}[/]")
                     if paused["said"] and not now:
                         progress.console.print("[green]the workers claim jobs again[/]")
                     paused["said"] = now

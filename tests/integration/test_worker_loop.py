@@ -34,7 +34,7 @@ from hypermedia.cli import app
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
 from hypermedia.ingest.service import SubmitRequest
-from hypermedia.runner import paused_workers
+from hypermedia.runner import ClaimPause, paused_workers
 from hypermedia.stack import Stack
 from hypermedia.storage.grants import OutputGrant
 from hypermedia.worker.execute import Completion, JobExecution, Outcome
@@ -947,7 +947,8 @@ def test_a_worker_paused_by_low_disk_says_so_in_its_row_and_in_hypermedia_status
         assert reason.endswith(f" MB free, needs {needs})")
         free_said = int(reason.split("(")[1].split(" MB")[0])
         assert abs(free_said - free_mb) < 10_000, (free_said, free_mb)
-        assert paused_workers(stack) == {"disk-s": reason}  # what `hypermedia run` says
+        # What `hypermedia run` says.
+        assert paused_workers(stack) == [ClaimPause("disk-s", "disk", reason)]
         result = runner.invoke(app, ["status", "--json"], env=env)
         assert result.exit_code == 0, result.output
         (shown,) = [w for w in json.loads(result.stdout)["workers"] if w["worker_id"] == "disk-s"]
@@ -962,7 +963,7 @@ def test_a_worker_paused_by_low_disk_says_so_in_its_row_and_in_hypermedia_status
 
         worker.min_free_disk_mb = 1  # room again
         _wait(lambda: row() == (None, None), timeout=10)
-        assert paused_workers(stack) == {}
+        assert paused_workers(stack) == []
         _wait(lambda: worker.stats.completed == 2, timeout=60)
         result = runner.invoke(app, ["status", "--json"], env=env)
         (shown,) = [w for w in json.loads(result.stdout)["workers"] if w["worker_id"] == "disk-s"]
