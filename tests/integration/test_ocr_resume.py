@@ -144,8 +144,7 @@ def test_a_retry_reads_only_the_pages_not_committed(scan, tmp_path, read_pages):
     read_pages.clear()
     _restore(tmp_path / "whole", tmp_path / "retry", FIRST_PIECE)
     resumed = _run(scan, tmp_path / "retry")
-    assert len(read_pages) == PAGES - 2
-    assert json.loads(resumed[".json"]) != json.loads(whole[".json"])  # CPU seconds measured
+    assert len(read_pages) == PAGES - 2  # the pages read again: their CPU seconds are new
     _assert_same(resumed, whole, read_from=3)
     assert sorted(_finished(tmp_path / "retry")) == [
         FIRST_PIECE,
