@@ -282,7 +282,12 @@ def test_run_keeps_apart_files_of_one_name_and_reports_an_output_not_written(tmp
     """in/a/photo.webp and in/b/photo.webp: each its outputs under its own path in the
     folder given (both went to one out/photo.webp/ before). One of them cannot be
     written (a file where its folder goes): the other is, the summary is shown, then
-    one error line naming it; the stack stops. One run for both: each costs a stack."""
+    one error line naming it; the stack stops. One run for both: each costs a stack.
+
+    And in/c/corrupt.png, a PNG by its header that no decoder reads, fails: the run's
+    Ray session (the actors' logs: a failed job's worker-side lines and traceback) went
+    with the stack it stops. A run with failed jobs now keeps its workers' logs under
+    the data dir's logs/ (private, redacted) and its summary line says where."""
     data = tmp_path / "data"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HYPERMEDIA_", "RAY_"))}
     env["HYPERMEDIA_DATA_DIR"] = str(data)
@@ -291,12 +296,27 @@ def test_run_keeps_apart_files_of_one_name_and_reports_an_output_not_written(tmp
     for name, sample in (("a", "banner.webp"), ("b", "logo-alpha.png")):
         (folder / name).mkdir(parents=True)
         (folder / name / "photo.webp").write_bytes((EXAMPLES / sample).read_bytes())
+    png = bytearray((EXAMPLES / "logo-alpha.png").read_bytes())
+    png[100:-20] = b"A" * (len(png) - 120)
+    (folder / "c").mkdir()
+    (folder / "c" / "corrupt.png").write_bytes(bytes(png))
     (tmp_path / "out" / "b").mkdir(parents=True)
     (tmp_path / "out" / "b" / "photo.webp").write_text("a file where the outputs' folder goes")
     result = _run([str(folder), "--op", "thumbnail", "--out", "out"], tmp_path, env)
     assert result.returncode == 1, result.stderr[-3000:]
     text = " ".join(result.stderr.split())
-    assert "2 jobs: 2 completed" in text
+    (kept,) = (data / "logs").iterdir()
+    assert re.fullmatch(r"run-\d{8}-\d{6}", kept.name)
+    assert "3 jobs: 2 completed, 1 failed. Outputs in out/; the workers' logs of this run are" in (
+        text
+    ), text
+    assert f"the workers' logs of this run are in {kept}/" in text
+    assert (data / "logs").stat().st_mode & 0o777 == 0o700
+    assert kept.stat().st_mode & 0o777 == 0o700
+    said = {p.name: p.read_text() for p in kept.iterdir()}
+    assert all(name.startswith("worker-") for name in said), sorted(said)
+    failed = [name for name, lines in said.items() if "attempt 1 failed: invalid_input" in lines]
+    assert len(failed) == 1 and failed[0].endswith(".err"), sorted(said)
     assert "a/photo.webp" in text and "b/photo.webp" in text
     (written,) = (tmp_path / "out" / "a" / "photo.webp").iterdir()
     assert written.name.startswith("thumbnail") and written.stat().st_size > 0
@@ -367,34 +387,3 @@ def _process_group(pgid: int) -> list[int]:
         except ProcessLookupError:
             continue
     return members
-
-
-def test_a_run_with_a_failed_job_keeps_its_workers_logs_and_says_where(tmp_path):
-    """The run's Ray session (the actors' logs: a failed job's worker-side lines and
-    traceback) went with the stack it stops; a failure could not be read afterwards.
-    A run with failed jobs now keeps its workers' logs under the data dir's logs/
-    (private, redacted) and its summary line says where."""
-    data = tmp_path / "data"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HYPERMEDIA_", "RAY_"))}
-    env["HYPERMEDIA_DATA_DIR"] = str(data)
-    env["COLUMNS"] = "1000"
-    folder = tmp_path / "in"
-    folder.mkdir()
-    png = bytearray((EXAMPLES / "logo-alpha.png").read_bytes())
-    png[100:-20] = b"A" * (len(png) - 120)  # a PNG by its header that no decoder reads
-    (folder / "corrupt.png").write_bytes(bytes(png))
-    result = _run([str(folder), "--op", "thumbnail", "--out", "out"], tmp_path, env)
-    assert result.returncode == 1, result.stderr[-3000:]
-    text = " ".join(result.stderr.split())
-    (kept,) = (data / "logs").iterdir()
-    assert re.fullmatch(r"run-\d{8}-\d{6}", kept.name)
-    assert f"1 job: 1 failed. Outputs in out/; the workers' logs of this run are in {kept}/" in (
-        text
-    )
-    assert (data / "logs").stat().st_mode & 0o777 == 0o700
-    assert kept.stat().st_mode & 0o777 == 0o700
-    said = {p.name: p.read_text() for p in kept.iterdir()}
-    assert all(name.startswith("worker-") for name in said), sorted(said)
-    failed = [name for name, lines in said.items() if "attempt 1 failed: invalid_input" in lines]
-    assert len(failed) == 1 and failed[0].endswith(".err"), sorted(said)
-    assert find_running(data / "redis") is None  # the stack stopped all the same
