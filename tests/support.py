@@ -19,6 +19,7 @@ import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import redis
@@ -299,6 +300,29 @@ def moto_server() -> Iterator[str]:
         yield f"http://{host}:{port}"
     finally:
         server.stop()
+
+
+@contextlib.contextmanager
+def moto_bucket(
+    monkeypatch: Any, prefix: str, region: str = "us-east-1"
+) -> Iterator[dict[str, str]]:
+    """A bucket on :func:`moto_server` (its test credentials in the environment), as
+    the settings that name it: ``storage_backend``, ``s3_bucket``, ``s3_endpoint_url``,
+    ``s3_region``."""
+    import boto3
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "hypermedia-test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "hypermedia-test-secret")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", region)
+    with moto_server() as endpoint:
+        bucket = f"{prefix}-{uuid.uuid4().hex[:10]}"
+        boto3.client("s3", endpoint_url=endpoint, region_name=region).create_bucket(Bucket=bucket)
+        yield {
+            "storage_backend": "s3",
+            "s3_bucket": bucket,
+            "s3_endpoint_url": endpoint,
+            "s3_region": region,
+        }
 
 
 class PrivatePostgres:

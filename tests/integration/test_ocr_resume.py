@@ -17,12 +17,10 @@ import os
 import re
 import shutil
 import signal
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 import ray
 
@@ -50,18 +48,8 @@ FIRST_PIECE = ocr_resume.piece_name(1, 2)
 
 @pytest.fixture
 def moto_s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "hypermedia-test")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "hypermedia-test-secret")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
-    with support.moto_server() as endpoint:
-        bucket = f"hm-ocr-resume-{uuid.uuid4().hex[:10]}"
-        boto3.client("s3", endpoint_url=endpoint, region_name=REGION).create_bucket(Bucket=bucket)
-        yield {
-            "storage_backend": "s3",
-            "s3_bucket": bucket,
-            "s3_endpoint_url": endpoint,
-            "s3_region": REGION,
-        }
+    with support.moto_bucket(monkeypatch, "hm-ocr-resume", REGION) as settings:
+        yield settings
 
 
 @pytest.fixture(scope="module")

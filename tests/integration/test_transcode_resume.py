@@ -18,12 +18,10 @@ from __future__ import annotations
 import os
 import signal
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 import ray
 from sqlalchemy import select
@@ -59,18 +57,8 @@ REGION = "us-east-1"
 
 @pytest.fixture
 def moto_s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "hypermedia-test")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "hypermedia-test-secret")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
-    with support.moto_server() as endpoint:
-        bucket = f"hm-resume-{uuid.uuid4().hex[:10]}"
-        boto3.client("s3", endpoint_url=endpoint, region_name=REGION).create_bucket(Bucket=bucket)
-        yield {
-            "storage_backend": "s3",
-            "s3_bucket": bucket,
-            "s3_endpoint_url": endpoint,
-            "s3_region": REGION,
-        }
+    with support.moto_bucket(monkeypatch, "hm-resume", REGION) as settings:
+        yield settings
 
 
 @pytest.fixture(scope="module")
