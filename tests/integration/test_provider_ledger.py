@@ -436,10 +436,14 @@ def test_a_clock_set_back_does_not_forget_the_days_spend(make_provider, monkeypa
         cost_limits__max_daily_spend_cents=150,
         cost_limits__alert_threshold_cents=100,
     )
+    # From noon: 50 minutes on from the real time of day crossed midnight UTC, where the
+    # day's spend starts again, in a run at 23:19.
+    noon = cost_day_start(time.time()) + 12 * 3600 - time.time()
+    monkeypatch.setattr(provider_module, "time", SetClock(noon))
     assert launch(provider, "k-1") == "launched"
-    monkeypatch.setattr(provider_module, "time", SetClock(50 * 60))  # 50 minutes later
+    monkeypatch.setattr(provider_module, "time", SetClock(noon + 50 * 60))  # 50 minutes on
     assert launch(provider, "k-2") == "cost_guard"  # 50 + 2 x 60 cents: over $1.50
-    monkeypatch.setattr(provider_module, "time", SetClock(50 * 60 - 2 * 3600))  # set back
+    monkeypatch.setattr(provider_module, "time", SetClock(noon + 50 * 60 - 2 * 3600))  # back
     with pytest.raises(NodeLaunchException, match=r"the clock is 4,\d{3} s behind the last"):
         provider.create_node_with_resources_and_labels(
             {}, {**WORKER, TAG_RAY_LAUNCH_REQUEST: "k-3"}, 1, RESOURCES, {}
