@@ -28,6 +28,7 @@ import pytest
 import pipelines.registry
 from hypermedia.sandbox import isolation, syscalls
 from hypermedia.sandbox.executor import PID_INIT_ENV, ChildExecutor, ChildFailed
+from tests import sandbox_faults
 from tests.integration.test_sandbox_executor import (
     alive,
     children_of,
@@ -965,3 +966,29 @@ def test_a_server_killed_while_it_makes_its_template_takes_the_template_child_al
     if alive:
         os.kill(child, signal.SIGKILL)
     assert not alive, f"the template child {child} outlived its server"
+
+
+def test_a_server_killed_before_its_tiny_init_could_die_with_it_takes_the_init_along(tmp_path):
+    """The server dies by SIGKILL between a tiny init's clone and the init's
+    ``PDEATHSIG`` (Ray kills an actor's fork server with the actor, at any moment; a
+    new init may not have run yet on a busy machine): the init, once it runs, ends
+    too. It paused for ever, with PPid 1, holding the server's memory."""
+    preload = (*PRELOAD, "tests.sandbox_faults")
+    with ChildExecutor(tmp_path, preload=preload, spares=1) as ex:
+        assert ex.capabilities["tiny_init"] is True
+        server = ex.server_pid
+        assert server is not None
+        said = tmp_path / sandbox_faults.STOPPED
+        assert wait_until(said.exists, 30)
+        init, blocked = said.read_text().split()
+        init_pid = int(init)
+        try:
+            assert blocked == "0"  # stopped before its first steps: no PDEATHSIG yet
+            assert wait_until(lambda: not alive(server), 10)
+            assert alive(init_pid)  # stopped, outliving its server
+            os.kill(init_pid, signal.SIGCONT)
+            gone = wait_until(lambda: not alive(init_pid), 5)
+        finally:
+            if alive(init_pid):
+                os.kill(init_pid, signal.SIGKILL)
+        assert gone, f"the tiny init {init_pid} outlived its server {server}"
