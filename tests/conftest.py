@@ -123,6 +123,36 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
         read_shared_head()
         stop_shared_head(Path(os.environ[SHARED_RAY_DIR_ENV]))
+        _fail_on_leaked_sandbox_processes(session)
+
+
+def _fail_on_leaked_sandbox_processes(session: pytest.Session) -> None:
+    """Sandbox processes of this session that outlived their owners (every test, and the
+    shared head's actors, are done): named, killed, and the run fails
+    (:mod:`tests.sandbox_leaks`)."""
+    from tests.sandbox_leaks import leaked_sandbox_processes
+
+    # Made by the first tmp_path (xdist makes it for its workers): none, and no test
+    # ran anything there (getbasetemp() would make one now, and prune old ones).
+    factory = getattr(session.config, "_tmp_path_factory", None)  # pytest's, for tmp_path
+    basetemp = getattr(factory, "_basetemp", None)
+    if basetemp is None:
+        return
+    leaked = leaked_sandbox_processes(basetemp)
+    if not leaked:
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    lines = [
+        f"{len(leaked)} sandbox process(es) of this session outlived their owners (killed now):",
+        *(f"  {found}" for found in leaked),
+    ]
+    if reporter is not None:
+        reporter.write_line("")
+        for line in lines:
+            reporter.write_line(line, red=True, bold=True)
+    else:
+        print("\n".join(lines), file=sys.stderr)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import uuid
+from pathlib import Path
 
 import httpx
 import pytest
@@ -19,7 +23,10 @@ from sqlalchemy.pool import NullPool
 from hypermedia.db import migrate
 from hypermedia.embedded import free_port
 from hypermedia.worker import cluster
-from tests import conftest, metrics_support, support
+from tests import conftest, metrics_support, sandbox_leaks, support
+from tests.integration.test_sandbox_executor import alive, wait_until
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _insert_pool(engine, pool_id: str) -> None:
@@ -264,3 +271,74 @@ def test_ray_heads_a_killed_run_left_are_stopped(tmp_path):
             head.wait()
         for session in sessions.values():
             shutil.rmtree(session.parent.parent, ignore_errors=True)
+
+
+_STOPPED_INIT_SERVER = """
+import os, signal, sys
+from hypermedia.sandbox.tinyinit import TinyInits
+
+tiny = TinyInits.for_this_machine()
+# Stopped before it runs (it waits behind this process on one CPU): alive, with no
+# PDEATHSIG to end it.
+os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+init = tiny.clone()
+os.kill(init, signal.SIGSTOP)
+print(init, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def _left_tiny_init(root) -> int:
+    """A tiny init whose server was killed, kept stopped (so alive, as one that missed
+    its server's death would be): its command line is its server's, a fork server's
+    of a work root under ``root``."""
+    config = json.dumps({"work_root": f"{root}/work"})
+    said = root / "said"
+    with said.open("w") as out:  # a file, not a pipe: the stopped init holds it open
+        subprocess.run(
+            [sys.executable, "-c", _STOPPED_INIT_SERVER, "hypermedia.sandbox.forkserver", config],
+            stdout=out,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            timeout=60,
+            check=False,
+        )
+    return int(said.read_text().split()[0])
+
+
+def test_the_session_end_names_and_kills_only_its_own_leaked_sandbox_processes(tmp_path):
+    """The session's end check (tests/sandbox_leaks.py): a tiny init whose server died
+    under this session's base directory is named and killed; a sandbox server of
+    another session's (a directory whose name only begins like this one's) is left."""
+    mine = _left_tiny_init(tmp_path)
+    other_root = tmp_path.parent / f"{tmp_path.name}-other"
+    config = json.dumps({"work_root": f"{other_root}/work"})
+    theirs = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import time; time.sleep(60)",
+            "hypermedia.ingest.inspection",
+            config,
+        ]
+    )
+    try:
+        assert wait_until(lambda: _cmdline(theirs.pid).endswith(config.encode()), 10)
+        leaked = sandbox_leaks.leaked_sandbox_processes(tmp_path, grace=0.5)
+        assert [(found.pid, found.what) for found in leaked] == [(mine, "a PID namespace's init")]
+        assert wait_until(lambda: not alive(mine), 5)
+        assert theirs.poll() is None
+        assert sandbox_leaks.leaked_sandbox_processes(tmp_path, grace=0) == []
+    finally:
+        with contextlib.suppress(OSError):
+            os.kill(mine, signal.SIGKILL)
+        theirs.kill()
+        theirs.wait()
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            return cmdline.read().rstrip(b"\0")
+    except OSError:
+        return b""
