@@ -40,14 +40,14 @@ from hypermedia.bulk.runs import RunState
 from hypermedia.clock import Clock, SystemClock
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
-from hypermedia.errors import HypermediaError, InputRejected, InvalidRequest, PaymentRequired
+from hypermedia.errors import HypermediaError, InputRejected, PaymentRequired
 from hypermedia.ids import new_id
 from hypermedia.jobs.catalog import ProfileRecord, record_from_row
 from hypermedia.jobs.repository import JobRepository, NewJob, NewSubmission, enqueue_new
 from hypermedia.logs import Outage
 from hypermedia.queue.redis_queue import RedisQueue
 from hypermedia.sandbox.inspect import InputLimits, Inspection, check_operation
-from hypermedia.storage.base import Storage, check_content_type
+from hypermedia.storage.base import Storage, storable_content_type
 
 log = logging.getLogger(__name__)
 
@@ -456,11 +456,9 @@ def copy_verified(
     takes); None once the target's bytes are verified, else what is wrong."""
     read = hashlib.sha256()
     try:
-        check_content_type(content_type)
-    except InvalidRequest:
-        content_type = None
-    try:
-        stored = target.put(key, _hashing(source.read(key), read), content_type=content_type)
+        stored = target.put(
+            key, _hashing(source.read(key), read), content_type=storable_content_type(content_type)
+        )
     except HypermediaError as exc:
         return f"copy failed: {exc.code}: {exc.message}"
     if recorded is not None and read.hexdigest() != recorded:

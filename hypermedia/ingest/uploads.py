@@ -22,7 +22,8 @@ Either way the bytes count against the uploader's storage quota (checked again, 
 the user's row locked, in the transaction that records them), and the stored bytes
 are inspected (by the ``inspector`` given: the API's runs
 :func:`inspect_stored` in a budgeted child, :mod:`.inspection`) before the object
-row is written: its ``content_type`` is the detected type and its ``inspection`` the
+row is written: its ``content_type`` is the detected type (an upload's bytes are
+stored with it too, once known: S3 keeps it) and its ``inspection`` the
 facts every later submit is judged on. What the client claimed (a ``Content-Type``
 header, a ``content_type`` field) is not kept. A local file is read in place; an
 object in S3 through ranged GETs of what inspection needs (a header, a ZIP or OLE2
@@ -85,7 +86,7 @@ from hypermedia.objects import (
 from hypermedia.queue.events import JobEvents
 from hypermedia.queue.redis_queue import RedisQueue
 from hypermedia.sandbox.inspect import Inspection, inspect_file, inspect_source
-from hypermedia.storage.base import Storage, StoredBlob, check_key
+from hypermedia.storage.base import Storage, StoredBlob, check_key, storable_content_type
 from hypermedia.storage.local import LocalStorage
 from pipelines.formats.source import CallbackSource
 
@@ -423,6 +424,9 @@ def register_blob(
     answers as that upload's retry: :func:`replay` (the blob deleted)."""
     try:
         inspection = inspector(storage, blob.key, blob.size_bytes)
+        # Stored before anyone knew their type: the bytes take the one detected (what a
+        # reader of the bucket, or a URL asking none, meets), before any job reads them.
+        storage.set_content_type(blob.key, storable_content_type(inspection.mime))
         with transaction(engine) as conn:
             info = register_object(
                 conn,

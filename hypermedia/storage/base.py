@@ -16,6 +16,10 @@ runs the same suite against each:
   ``content_type`` (what the caller knows of the bytes; :data:`DEFAULT_CONTENT_TYPE`
   without, as the local backend answers) is what S3 stores with the object, for those
   who read the bucket itself; a local file keeps none.
+* ``set_content_type(key, content_type)`` stores ``content_type`` (the default without)
+  with the bytes already at ``key``, unchanged: the type of an upload, known only once
+  the stored bytes were inspected. S3 copies the object onto itself (in parts past
+  5 GiB); a local file keeps none. A missing key raises ``NotFound``.
 * ``read(key)`` streams the bytes; a missing key raises
   :class:`~hypermedia.errors.NotFound` (on first iteration: ``read`` is lazy).
 * ``read_range(key, offset, length)`` answers up to ``length`` bytes from ``offset``
@@ -141,6 +145,16 @@ def check_content_type(content_type: str | None) -> str | None:
     return content_type
 
 
+def storable_content_type(content_type: str | None) -> str | None:
+    """``content_type`` when a store takes it (:func:`check_content_type`), else None:
+    a type recorded of the bytes that a store would refuse (libmagic's, with parameters)
+    stores them untyped rather than refuses them."""
+    try:
+        return check_content_type(content_type)
+    except InvalidRequest:
+        return None
+
+
 def check_disposition(disposition: str | None) -> str | None:
     """A ``Content-Disposition`` value of printable ASCII (no CR/LF: nothing a header
     could be ended or another added with), at most 2000 characters, or None."""
@@ -174,6 +188,8 @@ class Storage(Protocol):
         max_bytes: int | None = None,
         content_type: str | None = None,
     ) -> StoredBlob: ...
+
+    def set_content_type(self, key: str, content_type: str | None) -> None: ...
 
     def read(self, key: str, chunk_size: int = 1 << 20) -> Iterator[bytes]: ...
 

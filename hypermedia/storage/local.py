@@ -111,6 +111,11 @@ class LocalStorage:
             raise
         return StoredBlob(key=key, size_bytes=size, sha256=digest.hexdigest())
 
+    def set_content_type(self, key: str, content_type: str | None) -> None:
+        """Checked, not kept (as :meth:`put`'s); NotFound for a missing key."""
+        check_content_type(content_type)
+        self.size(key)
+
     def read(self, key: str, chunk_size: int = 1 << 20) -> Iterator[bytes]:
         handle, _size = self.open(key)
         with handle:

@@ -14,7 +14,9 @@ cannot be refreshed later make requests :class:`StorageUnavailable` (503).
 smaller than a part is one ``PutObject``, a larger one a multipart upload that is
 completed only once every byte arrived (S3 makes both visible atomically) and
 aborted on any failure, including the ``max_bytes`` refusal, so nothing is left
-behind. Presigned URLs are SigV4 (``generate_presigned_url``), path-style when
+behind. ``set_content_type`` copies the object onto itself with the new type (one
+``CopyObject`` up to ``copy_part_size``, 5 GiB, S3's largest; a multipart copy of
+parts that size above). Presigned URLs are SigV4 (``generate_presigned_url``), path-style when
 an ``endpoint_url`` is given.
 """
 
@@ -43,6 +45,7 @@ if TYPE_CHECKING:
     from mypy_boto3_s3.type_defs import CompletedPartTypeDef
 
 MIN_PART_SIZE = 5 * 1024 * 1024  # S3's minimum for every part but the last
+MAX_COPY_BYTES = 5 * 1024**3  # S3's largest CopyObject, and largest part
 _MISSING = frozenset({"NoSuchKey", "404", "NotFound"})
 _CREDENTIALS = "AWS credentials"
 _NONE_FOUND = (
@@ -95,12 +98,16 @@ class S3Storage:
         prefix: str = "",
         client: S3Client | None = None,
         part_size: int = 8 * 1024 * 1024,
+        copy_part_size: int = MAX_COPY_BYTES,
     ) -> None:
         if part_size < MIN_PART_SIZE:
             raise ValueError(f"part_size must be at least {MIN_PART_SIZE} bytes")
+        if not MIN_PART_SIZE <= copy_part_size <= MAX_COPY_BYTES:
+            raise ValueError(f"copy_part_size must be {MIN_PART_SIZE} to {MAX_COPY_BYTES} bytes")
         self.bucket = bucket
         self.prefix = f"{check_key(prefix.strip('/'))}/" if prefix.strip("/") else ""
         self.part_size = part_size
+        self.copy_part_size = copy_part_size
         self.client: S3Client = client or make_client(endpoint_url, region)
 
     def name(self, key: str) -> str:
@@ -151,12 +158,62 @@ class S3Storage:
                     )
         except BaseException:
             if upload_id is not None:
-                with contextlib.suppress(Exception):
-                    self.client.abort_multipart_upload(
-                        Bucket=self.bucket, Key=name, UploadId=upload_id
-                    )
+                self._abort_multipart(name, upload_id)
             raise
         return StoredBlob(key=key, size_bytes=size, sha256=digest.hexdigest())
+
+    def set_content_type(self, key: str, content_type: str | None) -> None:
+        name = self.name(key)
+        stored_type = check_content_type(content_type) or DEFAULT_CONTENT_TYPE
+        with self._translated(key):
+            head = self.client.head_object(Bucket=self.bucket, Key=name)
+        if head.get("ContentType") == stored_type:
+            return
+        size = head["ContentLength"]
+        if size > self.copy_part_size:
+            self._copy_in_parts(key, name, size, stored_type)
+            return
+        with self._translated(key):
+            self.client.copy_object(
+                Bucket=self.bucket,
+                Key=name,
+                CopySource={"Bucket": self.bucket, "Key": name},
+                ContentType=stored_type,
+                MetadataDirective="REPLACE",
+            )
+
+    def _copy_in_parts(self, key: str, name: str, size: int, content_type: str) -> None:
+        """``name`` onto itself as ``content_type`` by a multipart copy: visible only
+        once complete (the old object's bytes are the same), aborted on any failure."""
+        upload_id = self._start_multipart(key, name, content_type)
+        parts: list[CompletedPartTypeDef] = []
+        try:
+            for number, start in enumerate(range(0, size, self.copy_part_size), start=1):
+                end = min(start + self.copy_part_size, size) - 1
+                with self._translated(key):
+                    answer = self.client.upload_part_copy(
+                        Bucket=self.bucket,
+                        Key=name,
+                        UploadId=upload_id,
+                        PartNumber=number,
+                        CopySource={"Bucket": self.bucket, "Key": name},
+                        CopySourceRange=f"bytes={start}-{end}",
+                    )
+                parts.append({"ETag": answer["CopyPartResult"]["ETag"], "PartNumber": number})
+            with self._translated(key):
+                self.client.complete_multipart_upload(
+                    Bucket=self.bucket,
+                    Key=name,
+                    UploadId=upload_id,
+                    MultipartUpload={"Parts": parts},
+                )
+        except BaseException:
+            self._abort_multipart(name, upload_id)
+            raise
+
+    def _abort_multipart(self, name: str, upload_id: str) -> None:
+        with contextlib.suppress(Exception):
+            self.client.abort_multipart_upload(Bucket=self.bucket, Key=name, UploadId=upload_id)
 
     def _start_multipart(self, key: str, name: str, content_type: str) -> str:
         with self._translated(key):

@@ -320,6 +320,50 @@ def test_an_s3_object_is_inspected_through_the_parent(tmp_path, settings, monkey
         assert (found.kind, found.details["width"], found.details["height"]) == ("image", 48, 32)
 
 
+def test_an_upload_to_s3_is_stored_as_its_inspected_type(sqlite_engine, settings, monkeypatch):
+    """An upload's bytes are stored before they are inspected, so S3 kept every upload
+    as application/octet-stream (what a reader of the bucket, or an untyped URL, met).
+    Once inspected, the object is stored as the type detected, as its row says: a PNG
+    of one PutObject and one of a multipart upload (9 MiB), plain text; bytes of no
+    known type stay application/octet-stream."""
+    with support.moto_bucket(monkeypatch, "hm-types") as s3:
+        stack = Stack.open(settings(**s3), engine=sqlite_engine, auto_migrate=True)
+        try:
+            with running_server(create_app(stack, auth_cache_seconds=0)) as url:
+                user = add_user(stack, "alice", operator=True)  # no quota for 9 MiB
+                files = {
+                    "small.png": PNG,
+                    "large.png": PNG + os.urandom(9 * 1024 * 1024),
+                    "noise.bin": b"\x00\x17" + os.urandom(4000),
+                    "notes.txt": b"plain words\n" * 100,
+                }
+                stored = {}
+                for name, data in files.items():
+                    response = _upload(url, user, data, name)
+                    assert response.status_code == 201, response.text
+                    stored[name] = response.json()
+            admin = boto3.client("s3", endpoint_url=s3["s3_endpoint_url"], region_name="us-east-1")
+            with transaction(stack.engine) as conn:
+                rows = conn.execute(select(t.objects.c.filename, t.objects.c.storage_key)).all()
+            keys = {row.filename: row.storage_key for row in rows}
+            heads = {
+                name: admin.head_object(Bucket=s3["s3_bucket"], Key=keys[name]) for name in files
+            }
+        finally:
+            stack.close()
+    assert {name: head["ContentType"] for name, head in heads.items()} == {
+        "small.png": "image/png",
+        "large.png": "image/png",
+        "noise.bin": "application/octet-stream",
+        "notes.txt": "text/plain",
+    }
+    assert {name: head["ContentLength"] for name, head in heads.items()} == {
+        name: len(data) for name, data in files.items()
+    }
+    assert stored["large.png"]["content_type"] == "image/png"
+    assert stored["notes.txt"]["content_type"] == "text/plain"
+
+
 def test_uploads_waiting_for_an_inspection_slot_hold_no_thread_of_the_other_routes(
     engine, settings
 ):

@@ -521,6 +521,42 @@ def test_a_get_urls_disposition_is_signed(local_backend):
     assert http.get(merged).status_code == 403
 
 
+def test_a_stored_objects_type_is_set_its_bytes_unchanged(backend, request, monkeypatch):
+    """An upload is stored before it is inspected: set_content_type gives the stored
+    bytes their type once known (S3: a copy onto itself, in parts past copy_part_size,
+    here 5 MiB for a 12 MiB object); the default without. A local file keeps none."""
+    small, large = os.urandom(1000), os.urandom(12 * MiB)
+    backend.storage.put("originals/p/small", [small])
+    backend.storage.put("originals/p/large", [large])
+    if isinstance(backend.storage, S3Storage):
+        monkeypatch.setattr(backend.storage, "copy_part_size", 5 * MiB)
+    backend.storage.set_content_type("originals/p/small", "image/png")
+    backend.storage.set_content_type("originals/p/large", "video/mp4")
+    backend.storage.set_content_type("originals/p/small", "image/png")  # as it is: no copy
+    assert b"".join(backend.storage.read("originals/p/small")) == small
+    assert b"".join(backend.storage.read("originals/p/large")) == large
+    with pytest.raises(NotFound):
+        backend.storage.set_content_type("originals/p/missing", "image/png")
+    with pytest.raises(InvalidRequest, match="content type"):
+        backend.storage.set_content_type("originals/p/small", "text/html\r\nX-A: b")
+    small_url = backend.storage.presign_get("originals/p/small", 60)
+    expected = "image/png" if backend.kind == "s3" else "application/octet-stream"
+    assert backend.http.get(small_url).headers["content-type"] == expected
+    if isinstance(backend.storage, S3Storage):
+        admin = admin_client(request.getfixturevalue("moto_endpoint"))
+        name = backend.storage.name
+        types = {
+            key: admin.head_object(Bucket=backend.storage.bucket, Key=name(key))["ContentType"]
+            for key in ("originals/p/small", "originals/p/large")
+        }
+        assert types == {"originals/p/small": "image/png", "originals/p/large": "video/mp4"}
+        backend.storage.set_content_type("originals/p/small", None)
+        head = admin.head_object(Bucket=backend.storage.bucket, Key=name("originals/p/small"))
+        assert head["ContentType"] == "application/octet-stream"
+        uploads = admin.list_multipart_uploads(Bucket=backend.storage.bucket)
+        assert uploads.get("Uploads", []) == []
+
+
 def test_a_get_url_answers_a_range_past_the_end_416(backend):
     backend.storage.put("derived/p/o/1/video", [b"x" * 100])
     url = backend.storage.presign_get("derived/p/o/1/video", 60)
