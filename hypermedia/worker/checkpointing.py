@@ -8,7 +8,10 @@ For a step that checkpoints, the worker
   does that work again);
 - while the step runs, looks at that directory every :data:`POLL_SECONDS` and stores
   each new whole piece: a PUT URL from the head (which records the key first), the
-  upload, then the commit in the record (only while this worker holds the job);
+  upload, then the commit in the record (only while this worker holds the job). A
+  restored piece the step made again (it found it damaged: bytes changed in storage,
+  a zip that does not read) is a new piece, another file under the same name: it
+  replaces the damaged one in storage, or every later retry would meet that again;
 - once the child has ended without output (failed, killed, released for a spot notice
   or a drain), stores what it left before the job is handed back.
 
@@ -66,6 +69,7 @@ class Checkpointer:
         self.on_stored = on_stored  # called after pieces were stored (not restored ones)
         self.restored: list[str] = []
         self.stored: set[str] = set()
+        self._as_restored: dict[str, _FileIdentity] = {}  # until made again and stored
         self._lock = threading.Lock()  # one store at a time (the thread, the last flush)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -93,8 +97,12 @@ class Checkpointer:
                 log.warning("job %s: checkpoint %s not restored: %s", self.job.job_id, name, exc,
                             extra=self._extra)  # fmt: skip
                 continue
+            identity = _identity(directory / name)
+            if identity is None:
+                continue
             self.restored.append(name)
             self.stored.add(name)  # already in storage, committed
+            self._as_restored[name] = identity
         if self.restored:
             log.info(
                 "job %s: %d checkpoints restored",
@@ -138,7 +146,7 @@ class Checkpointer:
     def _store_new(self) -> int:
         with self._lock:
             fresh = {n: p for n, p in checkpoints.finished(self.workdir).items()
-                     if n not in self.stored}  # fmt: skip
+                     if n not in self.stored or self._made_again(n, p)}  # fmt: skip
             if not fresh:
                 return 0
             try:
@@ -167,5 +175,26 @@ class Checkpointer:
                 if not committed:
                     return done  # the job is no longer ours
                 self.stored.add(name)
+                self._as_restored.pop(name, None)
                 done += 1
             return done
+
+    def _made_again(self, name: str, path: Path) -> bool:
+        """Whether the restored piece ``name`` is another file now (the step replaced
+        it: renamed a new piece onto it, or removed it and made it again)."""
+        restored = self._as_restored.get(name)
+        return restored is not None and _identity(path) not in (None, restored)
+
+
+# A file as the directory holds it: (inode, size, modification time in ns). A piece made
+# again is a new file renamed onto the name: another inode, or the same one reused with
+# another modification time.
+_FileIdentity = tuple[int, int, int]
+
+
+def _identity(path: Path) -> _FileIdentity | None:
+    try:
+        found = path.stat()
+    except OSError:
+        return None
+    return (found.st_ino, found.st_size, found.st_mtime_ns)

@@ -326,3 +326,91 @@ def test_a_checkpoint_damaged_in_storage_is_made_again(
             maintenance.stop()
             second.stop()
     stack.close()
+
+
+def test_a_damaged_checkpoint_made_again_is_stored_again(
+    pg_engine, settings, tmp_path, moto_s3, clip
+):
+    """A restored chunk found damaged is made again, but its worker counted it stored
+    (it had restored it) and never stored the new one: storage kept the damaged bytes,
+    and every later retry met them again. Attempt 1 commits chunk 0 and is killed; its
+    stored bytes are damaged; attempt 2 makes chunk 0 again, which must replace the
+    damaged one in storage (old code: never within 60 s), and is killed while it holds
+    after it; attempt 3 resumes chunk 0 and makes the other three."""
+    stack = Stack.open(
+        settings(
+            profiles_path=ray_support.test_profiles(tmp_path), backoff_base_seconds=0.2, **moto_s3
+        ),
+        engine=pg_engine,
+        auto_migrate=True,
+    )
+    person = make_user(stack)
+    object_id = stored_object(stack, person, clip.read_bytes())
+    hold = {"hold_after": "chunk-00000.mp4", "hold_seconds": 600}
+    job_id = stack.ingest.submit(
+        person.caller,
+        SubmitRequest(object_id=object_id, operations=[OPERATION], params={OPERATION: hold}),
+    ).job_ids[0]
+    works = [tmp_path / f"work-{n}" for n in (1, 2, 3)]
+    maintenance = Maintenance(stack, reaper_interval=0.5, reconcile_interval=30)
+    with (
+        ChildExecutor(works[0], preload=PRELOAD) as executor_1,
+        ChildExecutor(works[1], preload=PRELOAD) as executor_2,
+        ChildExecutor(works[2], preload=PRELOAD) as executor_3,
+    ):
+        first = _spot_worker(stack, executor_1, "first", works[0], None)
+        first.start()
+        try:
+            _wait(lambda: checkpoints.count(stack.engine, job_id) >= 1, "chunk 0", timeout=120)
+            _kill_child(stack, person, job_id, executor_1)
+        finally:
+            first.stop()
+        (key,) = _keys(stack, job_id)
+        assert key.endswith("-chunk-00000.mp4")
+        data = b"".join(stack.storage.read(key))
+        middle = len(data) // 2
+        damaged = (
+            data[:middle]
+            + bytes(b ^ 0xFF for b in data[middle : middle + 2000])
+            + data[middle + 2000 :]
+        )
+        stack.storage.put(key, [damaged])
+        maintenance.start()  # where the retries' backoff ends
+        try:
+            second = _spot_worker(stack, executor_2, "second", works[1], None)
+            second.start()
+            try:
+                _wait(lambda: executor_2.child_pid(job_id) is not None, "attempt 2", timeout=120)
+                _wait(
+                    lambda: b"".join(stack.storage.read(key)) != damaged,
+                    "the chunk made again stored in place of the damaged one",
+                    timeout=60,
+                )
+                _kill_child(stack, person, job_id, executor_2)
+            finally:
+                second.stop()
+            third = _spot_worker(stack, executor_3, "third", works[2], None)
+            third.start()
+            try:
+                _wait(
+                    lambda: _status(stack, person, job_id) in ("completed", "failed"), "attempt 3"
+                )
+                view = stack.ingest.get_job(person.caller, job_id)
+                assert [(a.status, a.error_code) for a in view.attempts] == [
+                    ("failed", "child_killed"),
+                    ("failed", "child_killed"),
+                    ("completed", None),
+                ]
+                _check_resumed(stack, person, job_id, clip, tmp_path, resumed=1)
+            finally:
+                third.stop()
+        finally:
+            maintenance.stop()
+    stack.close()
+
+
+def _kill_child(stack: Stack, person: Any, job_id: str, executor: ChildExecutor) -> None:
+    pid = executor.child_pid(job_id)
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    _wait(lambda: _status(stack, person, job_id) in ("retry_wait", "queued"), "the kill")
