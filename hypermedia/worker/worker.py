@@ -30,9 +30,12 @@ and the scheduler drains a cloud node paused too long.
 
 An outage pauses claiming too: a claim the record or Redis refused (the loops try
 again, backing off), or a job that failed because a service it needs is down (no
-claim for a while: see :data:`OUTAGE_CODES`). That pause is kept in memory
+claim for a while: see :data:`OUTAGE_CODES`), or, for a worker with nothing to claim,
+the record refusing its upkeep's writes (the heartbeat: a claim that finds the queue
+empty asks Redis only, never the record). That pause is kept in memory
 (:class:`OutagePause`: since when and why) and ends at the first claim that finds the
-queue empty or the first job completed; the row's ``outage_paused_since``,
+queue empty, once the record took a write of the upkeep again, or the first job
+completed; the row's ``outage_paused_since``,
 ``outage_paused_reason`` and ``outage_paused_seconds`` (how long it lasted, NULL while
 it lasts) say the last one, written by the upkeep within a second of a change, or as
 soon as the record takes it again: ``hypermedia status`` and the operator page show
@@ -392,6 +395,9 @@ class Worker:
         # The last outage pause, as the row's outage_paused_* say it once written.
         self.outage_pause: OutagePause | None = None
         self._outage_pause_written: OutagePause | None = None
+        # The upkeep's last write to the record failed for the record (an idle worker's
+        # only sign of its outage): an empty claim, which asks Redis only, ends no pause.
+        self._record_unreachable = False
         self.notice: SpotNotice | None = None
         self.completions: CompletionBatcher | None = None
         self.stats = WorkerStats()
@@ -606,7 +612,7 @@ class Worker:
                     jobs = self.dispatcher.claim_ahead(self.queue, self.worker_id, self.prefetch)
                 if not jobs:
                     with self._stats_lock:
-                        if time.monotonic() >= self._outage_until:
+                        if time.monotonic() >= self._outage_until and not self._record_unreachable:
                             self._outage_ended()  # a claim went through: services answer
                     self.dispatcher.queue.wait(self.queue, IDLE_WAIT_SECONDS)
                     continue
@@ -832,6 +838,7 @@ class Worker:
                 )
             )
         self._outage_pause_written = pause
+        self._record_answers()
 
     def record_outage_pause(self) -> None:
         """Write the last outage pause to the row if it changed since it was written
@@ -846,6 +853,18 @@ class Worker:
                 .values(_outage_values(pause))
             )
         self._outage_pause_written = pause
+        self._record_answers()
+
+    def _record_answers(self) -> None:
+        with self._stats_lock:
+            self._record_unreachable = False
+
+    def _record_unreachable_for_upkeep(self, exc: DatabaseUnavailable) -> None:
+        """The upkeep's write to the record failed: the worker is in an outage, claiming
+        or not (idle, its claims never reach the record)."""
+        with self._stats_lock:
+            self._record_unreachable = True
+            self._outage_began(f"{exc.code}: {exc}")
 
     def cpu_seconds(self) -> float:
         """CPU seconds of this process and everything it started: the fork server and
@@ -922,6 +941,8 @@ class Worker:
                     next_metrics = now + self.metrics_seconds
                 outage.succeeded()
             except HypermediaError as exc:
+                if isinstance(exc, DatabaseUnavailable):
+                    self._record_unreachable_for_upkeep(exc)
                 outage.failed(exc)
 
 

@@ -295,3 +295,65 @@ def test_the_workers_row_says_its_outage_pause_once_the_record_is_back(
         worker.stop()
         stack.close()
         engine.dispose()
+
+
+@pytest.mark.parametrize(
+    ("down", "code"), [("database", "database_unavailable"), ("redis", "queue_unavailable")]
+)
+def test_an_idle_workers_row_says_its_outage_pause_too(
+    private_postgres: PrivatePostgres, private_redis, settings, tmp_path, down, code
+):
+    """A worker with nothing to claim when the record or Redis went down for 6 s: its
+    row says the pause (since, why, how long) once the record takes it again, as a
+    claiming worker's does."""
+    engine = make_engine(private_postgres.url)
+    stack = open_stack(
+        settings,
+        engine,
+        None,
+        redis_url=private_redis.url,
+        profiles_path=_sleep_without_input(tmp_path),
+    )
+    executor = InProcessExecutor(tmp_path / "work", PRELOAD)
+    execution = JobExecution(stack.dispatcher, stack.catalog, NoGrants(), executor, "idle-w")
+    worker = Worker(
+        worker_id="idle-w",
+        queue="images",
+        concurrency=1,
+        engine=stack.engine,
+        dispatcher=stack.dispatcher,
+        execution=execution,
+        work_root=str(tmp_path / "work"),
+        clock=stack.clock,
+        heartbeat_seconds=1.0,
+    )
+
+    def row():
+        w = t.workers.c
+        with transaction(stack.engine) as conn:
+            return conn.execute(
+                select(
+                    w.outage_paused_since, w.outage_paused_reason, w.outage_paused_seconds
+                ).where(w.worker_id == "idle-w")
+            ).one()
+
+    service = private_postgres if down == "database" else private_redis
+    worker.start()
+    try:
+        time.sleep(2)  # idle: a few empty claims and heartbeats
+        assert row() == (None, None, None) and worker.stats.claimed == 0
+        stopped_at = time.time()
+        service.stop()
+        time.sleep(6)
+        service.start()
+        started_at = time.time()
+        _wait(lambda: row()[2] is not None, 20, "the row to say how long the pause lasted")
+        since, reason, seconds = row()
+        assert stopped_at <= since.timestamp() <= started_at
+        assert reason.startswith(f"{code}: ")
+        assert 0 < seconds <= time.time() - since.timestamp()
+        assert worker.stats.claimed == 0
+    finally:
+        worker.stop()
+        stack.close()
+        engine.dispose()
