@@ -98,6 +98,7 @@ from hypermedia.sandbox.inspect import Inspection, refusal
 from hypermedia.stack import Stack
 from hypermedia.storage.base import (
     DEFAULT_CONTENT_TYPE,
+    SCRIPTED_TYPES,
     InvalidSignature,
     Storage,
     StoredBlob,
@@ -811,14 +812,11 @@ _BLOB_HEADERS = {
 # sniffing a type it was not given, and a document a browser would run scripts in is
 # sandboxed (no script, no cookie of that origin). Not every type: a sandboxed PDF is
 # refused by Chromium's viewer.
-_SCRIPTED_TYPES = frozenset(
-    {"text/html", "application/xhtml+xml", "image/svg+xml", "text/xml", "application/xml"}
-)
 
 
 def _blob_safety(content_type: str) -> dict[str, str]:
     headers = {"X-Content-Type-Options": "nosniff"}
-    if content_type.partition(";")[0] in _SCRIPTED_TYPES:
+    if content_type.partition(";")[0] in SCRIPTED_TYPES:
         headers["Content-Security-Policy"] = "sandbox"
     return headers
 

@@ -145,10 +145,22 @@ def check_content_type(content_type: str | None) -> str | None:
     return content_type
 
 
+# Types a browser runs scripts in. A user's bytes are never stored as one of them: a
+# bucket read by browsers straight (a CDN in front, public access) would run the user's
+# script in its own origin. What hypermedia serves itself is sandboxed (nosniff, CSP).
+SCRIPTED_TYPES = frozenset(
+    {"text/html", "application/xhtml+xml", "image/svg+xml", "text/xml", "application/xml"}
+)
+
+
 def storable_content_type(content_type: str | None) -> str | None:
-    """``content_type`` when a store takes it (:func:`check_content_type`), else None:
-    a type recorded of the bytes that a store would refuse (libmagic's, with parameters)
-    stores them untyped rather than refuses them."""
+    """The type a user's bytes recorded as ``content_type`` are stored as: itself when a
+    store takes it (:func:`check_content_type`), else None (untyped: application/octet-
+    stream). None too for a type a browser runs scripts in (:data:`SCRIPTED_TYPES`); a
+    type a store would refuse (libmagic's, with parameters) stores them untyped rather
+    than refuses them."""
+    if content_type is not None and content_type.partition(";")[0].strip() in SCRIPTED_TYPES:
+        return None
     try:
         return check_content_type(content_type)
     except InvalidRequest:

@@ -325,7 +325,8 @@ def test_an_upload_to_s3_is_stored_as_its_inspected_type(sqlite_engine, settings
     as application/octet-stream (what a reader of the bucket, or an untyped URL, met).
     Once inspected, the object is stored as the type detected, as its row says: a PNG
     of one PutObject and one of a multipart upload (9 MiB), plain text; bytes of no
-    known type stay application/octet-stream."""
+    known type stay application/octet-stream, and so does HTML (a bucket served to
+    browsers straight would run the user's script)."""
     with support.moto_bucket(monkeypatch, "hm-types") as s3:
         stack = Stack.open(settings(**s3), engine=sqlite_engine, auto_migrate=True)
         try:
@@ -336,6 +337,7 @@ def test_an_upload_to_s3_is_stored_as_its_inspected_type(sqlite_engine, settings
                     "large.png": PNG + os.urandom(9 * 1024 * 1024),
                     "noise.bin": b"\x00\x17" + os.urandom(4000),
                     "notes.txt": b"plain words\n" * 100,
+                    "page.html": b"<!DOCTYPE html><html><script>alert(1)</script></html>\n",
                 }
                 stored = {}
                 for name, data in files.items():
@@ -356,12 +358,14 @@ def test_an_upload_to_s3_is_stored_as_its_inspected_type(sqlite_engine, settings
         "large.png": "image/png",
         "noise.bin": "application/octet-stream",
         "notes.txt": "text/plain",
+        "page.html": "application/octet-stream",  # never a type a browser runs scripts in
     }
     assert {name: head["ContentLength"] for name, head in heads.items()} == {
         name: len(data) for name, data in files.items()
     }
     assert stored["large.png"]["content_type"] == "image/png"
     assert stored["notes.txt"]["content_type"] == "text/plain"
+    assert stored["page.html"]["content_type"] == "text/html"  # the record keeps it
 
 
 def test_uploads_waiting_for_an_inspection_slot_hold_no_thread_of_the_other_routes(
