@@ -138,6 +138,9 @@ def _fail_on_leaked_sandbox_processes(session: pytest.Session) -> None:
     basetemp = getattr(factory, "_basetemp", None)
     if basetemp is None:
         return
+    inspection = sys.modules.get("hypermedia.ingest.inspection")
+    if inspection is not None:  # this process's own, which it closes at its exit
+        inspection.close_server()
     leaked = leaked_sandbox_processes(basetemp)
     if not leaked:
         return

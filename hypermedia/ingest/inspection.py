@@ -474,6 +474,17 @@ def _acquire(config: dict[str, Any]) -> _Server:
         return _current
 
 
+def close_server() -> None:
+    """Closes this process's inspection server now, as its exit would (a test session
+    that looks for sandbox processes left running, at its end, while its process
+    still runs)."""
+    global _current
+    with _current_lock:
+        server, _current = _current, None
+    if server is not None:
+        server.close()
+
+
 def _release(server: _Server) -> None:
     with _current_lock:
         server.users -= 1
