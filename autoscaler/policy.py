@@ -248,10 +248,18 @@ class Option:
     provider: ProviderName
     spot: bool
     cents_per_hour: float
+    # The node provider's launch: the market price when ``cents_per_hour`` is the most
+    # a spot instance may bill (what the caps count), None otherwise.
+    quoted_cents_per_hour: float | None = None
 
     @property
     def label(self) -> str:
         kind = "spot" if self.spot else "on-demand"
+        if self.quoted_cents_per_hour is not None:
+            return (
+                f"{self.provider} {kind} at {cost.money(self.quoted_cents_per_hour)}/h"
+                f" (counted at its maximum, {cost.money(self.cents_per_hour)}/h)"
+            )
         return f"{self.provider} {kind} at {cost.money(self.cents_per_hour)}/h"
 
 

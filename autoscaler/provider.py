@@ -61,6 +61,7 @@ tags of each node). What it does:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
@@ -435,6 +436,10 @@ class HypermediaNodeProvider(NodeProvider):
                     # removed): counted at the on-demand list price, not for free.
                     price = self._list_price(provider)
                     priced = "no price tag: the on-demand list price"
+                elif instance.spot:  # a tag from before spot was counted at its maximum
+                    most = self._at_most(policy.Option(provider, True, price)).cents_per_hour
+                    if most > price:
+                        price, priced = most, "spot: the most it may bill"
                 log.warning(
                     "instance %s (request %s) had no ledger row: opened one from %s at %s/h (%s)",
                     instance.instance_id,
@@ -881,10 +886,34 @@ class HypermediaNodeProvider(NodeProvider):
                     else f"no provider offers an instance for {queue}"
                 )
             choice = picked
+        choice = self._at_most(choice)
         refusal = verdict.budget.refusal(choice.cents_per_hour)
         if refusal is not None:
             return None, refusal
         return choice, None
+
+    def _at_most(self, choice: policy.Option) -> policy.Option:
+        """The choice priced at the most it may bill an hour, which the caps count. An
+        on-demand instance bills its list price. A spot instance bills the market price
+        of each moment, which may rise after the launch up to its maximum: on AWS the
+        ``MaxPrice`` the launch sends (``spot_max_price``), else EC2's default maximum,
+        the on-demand price; on Google, the on-demand price (a spot VM never costs
+        more). Its market price now stays the quoted one, for the bill's reconciliation."""
+        if not choice.spot:
+            return choice
+        ceiling = (
+            self.config.cloud_providers.aws.spot_max_price_cents
+            if choice.provider == "aws"
+            else None
+        )
+        if ceiling is None:
+            ceiling = self._list_price(choice.provider)
+        most = max(ceiling, choice.cents_per_hour)
+        if most == choice.cents_per_hour:
+            return choice
+        return dataclasses.replace(
+            choice, cents_per_hour=most, quoted_cents_per_hour=choice.cents_per_hour
+        )
 
     def _verdict(self, conn: Connection, now: float) -> tuple[cost.GuardVerdict, list[Any]]:
         """The cost guard's verdict on the ledger now, as the policy reaches it, and the
@@ -1002,6 +1031,11 @@ class HypermediaNodeProvider(NodeProvider):
                 region=region[:64],
                 spot=choice.spot,
                 price_per_hour_microusd=cost.to_microusd(choice.cents_per_hour),
+                quoted_per_hour_microusd=(
+                    None
+                    if choice.quoted_cents_per_hour is None
+                    else cost.to_microusd(choice.quoted_cents_per_hour)
+                ),
                 launched_at=to_datetime(now),
             )
         )

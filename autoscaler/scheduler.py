@@ -452,7 +452,13 @@ def ledger_rows(conn: Connection, since: float) -> list[LedgerRow]:
             request_id=row.request_id,
             launched_at=_epoch(row.launched_at),
             terminated_at=_epoch(row.terminated_at) if row.terminated_at is not None else None,
-            cents_per_hour=cost.from_microusd(row.price_per_hour_microusd),
+            # What the bill should say: the launch's quoted price where the caps count
+            # a higher one (a spot instance's maximum).
+            cents_per_hour=cost.from_microusd(
+                row.price_per_hour_microusd
+                if row.quoted_per_hour_microusd is None
+                else row.quoted_per_hour_microusd
+            ),
             reconciled=row.reconciled_at is not None,
         )
         for row in conn.execute(query.order_by(s.c.spend_id))

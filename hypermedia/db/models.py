@@ -499,7 +499,12 @@ class CloudSpend(Base):
     node_type: Mapped[str] = mapped_column(String(64))
     region: Mapped[str] = mapped_column(String(64))
     spot: Mapped[bool] = mapped_column(Boolean, default=False)
+    # What the caps count: the most the instance may bill an hour (a spot instance's
+    # maximum, not its launch price).
     price_per_hour_microusd: Mapped[int] = mapped_column(BigInteger)
+    # The price it was launched at when lower (a spot instance's market price then):
+    # what its bill is expected to say. NULL: the price above.
+    quoted_per_hour_microusd: Mapped[int | None] = mapped_column(BigInteger)
     launched_at: Mapped[datetime]
     terminated_at: Mapped[datetime | None]
     billed_microusd: Mapped[int | None] = mapped_column(BigInteger)

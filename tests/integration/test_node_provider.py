@@ -423,7 +423,10 @@ def test_launch_list_adopt_and_terminate_a_real_node(tmp_path, make_provider):
         joined = raynodes.alive_node(head.address, node_id)
         assert joined is not None and joined.node_type == "burst_media"
         (row,) = ledger(provider)
-        assert (row.provider, row.spot, row.price_per_hour_microusd) == ("aws", True, 60_000)
+        # Counted at the most a spot instance may bill (the 17-cent on-demand price),
+        # the 6-cent order quoted for the bill's reconciliation.
+        assert (row.provider, row.spot, row.price_per_hour_microusd) == ("aws", True, 170_000)
+        assert row.quoted_per_hour_microusd == 60_000
         assert row.terminated_at is None
         with transaction(provider.engine) as conn:
             assert orders.pending(conn, time.time()) == []  # taken

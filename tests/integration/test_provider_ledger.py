@@ -39,7 +39,7 @@ from autoscaler.drivers.aws import AwsDriver
 from autoscaler.drivers.base import Instance, LaunchRequest
 from autoscaler.leader import Leadership
 from autoscaler.provider import HypermediaNodeProvider
-from autoscaler.scheduler import NoCloud, Scheduler
+from autoscaler.scheduler import NoCloud, Scheduler, ledger_rows
 from hypermedia.clock import ManualClock, to_datetime
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
@@ -415,6 +415,41 @@ def test_an_instance_listed_without_a_price_tag_is_counted_at_the_list_price(mak
     assert launch(provider, "p-1") == "cost_guard"  # 60 + 60 cents an hour: over $1
     assert running(provider) == [made]
     assert driver.terminate(made) is None
+
+
+@pytest.mark.parametrize(
+    ("max_price", "counted", "second"),
+    [(None, 600_000, "cost_guard"), ("0.05", 50_000, "launched")],
+)
+def test_a_spot_instance_counts_at_the_most_it_may_bill_not_its_launch_price(
+    make_provider, max_price, counted, second
+):
+    """A spot instance bills the market price of each moment, which may rise after the
+    launch up to its maximum: spot_max_price when set, else the on-demand price (EC2's
+    default maximum). Booked at its launch price (moto's m5.large: under a cent an
+    hour), five spot instances passed the $1 hourly cap although they may bill $3 an
+    hour together. The caps count the maximum now; the launch price stays on the row
+    for the bill's reconciliation."""
+    changes: dict[str, Any] = {"cloud_providers__aws__spot_enabled": True}
+    if max_price is not None:
+        changes["cloud_providers__aws__spot_max_price"] = max_price
+    provider = make_provider(**changes)
+    market = aws(provider).price(True)
+    assert isinstance(market, float) and market < 5  # nothing waits: the cheaper, spot
+    assert launch(provider, "s-1") == "launched"
+    s = t.cloud_spend
+    with transaction(provider.engine) as conn:
+        (row,) = conn.execute(select(s)).all()
+    assert row.spot
+    assert row.price_per_hour_microusd == counted
+    assert row.quoted_per_hour_microusd == round(market * 10_000)
+    with transaction(provider.engine) as conn:  # what the reconciliation expects billed
+        (ledger,) = ledger_rows(conn, 0)
+    assert ledger.cents_per_hour == pytest.approx(market)
+    # 60 + 60 cents an hour at most: over the $1 cap (5 + 5 cents: within it).
+    assert launch(provider, "s-2") == second
+    for instance_id in running(provider):
+        assert aws(provider).terminate(instance_id) is None
 
 
 class SetClock:
