@@ -18,8 +18,12 @@ Keeps the contract of :mod:`autoscaler.drivers.base`:
   written again once the wait is over). A launch answers an
   :class:`~autoscaler.drivers.base.Instance` only when every label is on; when they cannot
   be written the server is deleted and the launch answers the error, so no launch leaves
-  an unlabelled server behind. Only a crash between the create and its labels (a few
-  requests) can; launching again with the same request id finds it by name and labels it.
+  an unlabelled server behind. When the delete fails too, the launch answers the error as
+  ``maybe_launched`` and :meth:`IonosDriver.instances` lists the server under the launch's
+  tags (kept in memory) until it is gone, so the provider counts it and can terminate it.
+  Only a crash between the create and its labels (a few requests), or a restart before
+  such a server is gone, leaves one unseen; launching again with the same request id
+  finds it by name and labels it.
   :meth:`IonosDriver.instances` reads every label with one ``GET /labels`` and rebuilds
   instances with :meth:`Instance.from_tags`: a fresh process sees the cluster from IONOS
   alone.
@@ -219,6 +223,9 @@ class IonosDriver:
         self._place: tuple[str, str] | None = None  # (datacenter id, location), resolved once
         self._image_fields: dict[str, str] | None = None
         self._terminating: set[str] = set()
+        # Servers a launch made but could neither label nor delete: listed under the
+        # launch's tags (no label names their cluster) until they are gone.
+        self._unlabelled: dict[str, dict[str, str]] = {}
 
     # -- the Driver interface --------------------------------------------------------
 
@@ -269,8 +276,24 @@ class IonosDriver:
         if isinstance(labels, DriverError):  # a second chance, now that time has passed
             labels = self._write_labels(dc, server_id, wanted, None)
         if isinstance(labels, DriverError):
-            self._delete(dc, server_id)  # an unlabelled server would be nobody's
-            return labels
+            # An unlabelled server would be nobody's: deleted. One the delete leaves
+            # running is listed under the launch's tags (instances) and the launch may
+            # have made it: the provider keeps counting it and adopts it.
+            undone = self._delete(dc, server_id)
+            if undone is None:
+                return labels
+            logger.error(
+                "ionos server %s (%s) could not be labelled (%s) nor deleted (%s): listed"
+                " under its launch's tags while it runs",
+                name,
+                server_id,
+                labels,
+                undone,
+                extra={"action": "launch_unlabelled", "instance_id": server_id},
+            )
+            with self._lock:
+                self._unlabelled[server_id] = dict(wanted)
+            return dataclasses.replace(labels, maybe_launched=True)
         if waited is not None:
             logger.warning(
                 "ionos server %s answered as pending: %s", name, waited, extra={"action": "launch"}
@@ -290,10 +313,13 @@ class IonosDriver:
         if isinstance(labels, DriverError):
             return labels
         with self._lock:  # forget deletions that are over
-            self._terminating &= {str(s.id) for s in servers}
+            present = {str(s.id) for s in servers}
+            self._terminating &= present
+            self._unlabelled = {k: v for k, v in self._unlabelled.items() if k in present}
+            unlabelled = dict(self._unlabelled)
         found: list[Instance] = []
         for server in servers:
-            tags = labels.get(str(server.id), {})
+            tags = {**unlabelled.get(str(server.id), {}), **labels.get(str(server.id), {})}
             if tags.get(TAG_CLUSTER) == cluster:
                 found.append(self._instance(dc, server, tags))
         return found

@@ -256,6 +256,32 @@ def test_labels_that_cannot_be_written_undo_the_launch(ionos: IonosServer) -> No
     eventually(lambda: ionos.servers(dc) == [])
 
 
+def test_a_server_neither_labelled_nor_deleted_stays_listed_and_counted(
+    ionos: IonosServer,
+) -> None:
+    """IONOS refuses the labels (a 400, every try) and then the delete that undoes the
+    launch (a 500): the server runs on, unlabelled. It was invisible to instances() and
+    the launch answered a plain error, so the provider closed its ledger row at once and
+    nothing ever counted or terminated it. The launch now answers maybe_launched (the
+    row stays open) and the driver lists the server under the launch's tags until it is
+    gone, so the provider adopts it and Ray can terminate it."""
+    dc = ionos.add_datacenter("de/fra")
+    driver = make_driver(ionos)
+    ionos.fail_next(400, path=r"/labels$", times=50)
+    ionos.fail_next(500, method="DELETE", path=r"/servers/[^/]+$")
+    wanted = request("labels-0004")
+    error = failed(driver.launch(wanted))
+    assert error.maybe_launched
+    (server,) = ionos.servers(dc)
+    assert ionos.labels(server["id"]) == {}
+    (found,) = listed(driver, "contract")
+    assert (found.instance_id, found.request_id) == (server["id"], "labels-0004")
+    assert found.price_cents_per_hour == wanted.price_cents_per_hour
+    assert driver.terminate(found.instance_id) is None
+    eventually(lambda: ionos.servers(dc) == [])
+    assert listed(driver, "contract") == []
+
+
 def test_an_unlabelled_server_is_labelled_by_the_next_launch(ionos: IonosServer) -> None:
     ionos.add_datacenter("de/fra")
     driver = make_driver(ionos)
