@@ -50,6 +50,7 @@ Every refusal and verdict carries a reason a person can read; money is shown in 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
@@ -92,22 +93,60 @@ def from_microusd(microusd: int) -> float:
 # -- the ledger ------------------------------------------------------------------------------
 
 
+# How each cloud bills an instance's time: (the least it bills, the step it rounds up to),
+# in seconds. EC2 (Linux) and Compute Engine: by the second, a minute at least; IONOS by
+# the minute (assumed, as the simulator does: a minute's step, a minute's minimum).
+BILLING_SECONDS: dict[str, tuple[float, float]] = {
+    "aws": (60.0, 1.0),
+    "google": (60.0, 1.0),
+    "ionos": (60.0, 60.0),
+}
+DEFAULT_BILLING_SECONDS = (60.0, 60.0)  # another provider (local): the coarser of them
+
+
+def billed_seconds(seconds: float, minimum: float, step: float) -> float:
+    """What a cloud bills for an instance that ran ``seconds``: at least ``minimum``,
+    rounded up to a whole number of ``step`` seconds."""
+    billed = max(seconds, minimum)
+    return math.ceil(billed / step - 1e-9) * step if step > 0 else billed
+
+
 @dataclass(frozen=True, slots=True)
 class Interval:
-    """One cloud instance on the meter: from ``start`` to ``end`` (None: still running)."""
+    """One cloud instance on the meter: from ``start`` to ``end`` (None: still running).
+    An ended one costs what its cloud bills (``min_seconds`` at least, rounded up to
+    ``step_seconds``), counted in the window it ended in."""
 
     start: float
     end: float | None
     cents_per_hour: float
+    min_seconds: float = 0.0
+    step_seconds: float = 0.0
 
     @classmethod
     def of(cls, worker: WorkerState, end: float | None = None) -> Interval:
         return cls(worker.started_at, end, worker.cost_per_hour_cents)
 
+    @classmethod
+    def billed(
+        cls, provider: str, start: float, end: float | None, cents_per_hour: float
+    ) -> Interval:
+        """A ledger row's interval, billed as its provider bills (:data:`BILLING_SECONDS`)."""
+        minimum, step = BILLING_SECONDS.get(provider, DEFAULT_BILLING_SECONDS)
+        return cls(start, end, cents_per_hour, minimum, step)
+
     def cents_between(self, start: float, end: float) -> float:
-        """What it cost between ``start`` and ``end`` (a running one runs until ``end``)."""
+        """What it cost between ``start`` and ``end`` (a running one runs until ``end``;
+        one that ended by ``end`` costs its whole bill: its minimum and rounding too)."""
         lo = max(self.start, start)
-        hi = end if self.end is None else min(self.end, end)
+        if self.end is None:
+            hi = end
+        elif self.end <= end:
+            hi = self.start + billed_seconds(
+                self.end - self.start, self.min_seconds, self.step_seconds
+            )
+        else:
+            hi = end
         return 0.0 if hi <= lo else self.cents_per_hour * (hi - lo) / HOUR_SECONDS
 
 

@@ -417,16 +417,17 @@ def ledger_intervals(conn: Connection, since: float | None = None) -> list[cost.
     """The ``cloud_spend`` ledger's instances on the meter (those still running or
     terminated at or after ``since``, if given)."""
     s = t.cloud_spend
-    query = select(s.c.launched_at, s.c.terminated_at, s.c.price_per_hour_microusd)
+    query = select(s.c.provider, s.c.launched_at, s.c.terminated_at, s.c.price_per_hour_microusd)
     if since is not None:
         query = query.where(
             s.c.terminated_at.is_(None) | (s.c.terminated_at >= _to_datetime(since))
         )
     return [
-        cost.Interval(
-            start=_epoch(row.launched_at),
-            end=_epoch(row.terminated_at) if row.terminated_at is not None else None,
-            cents_per_hour=cost.from_microusd(row.price_per_hour_microusd),
+        cost.Interval.billed(
+            row.provider,
+            _epoch(row.launched_at),
+            _epoch(row.terminated_at) if row.terminated_at is not None else None,
+            cost.from_microusd(row.price_per_hour_microusd),
         )
         for row in conn.execute(query)
     ]

@@ -39,7 +39,7 @@ from autoscaler.drivers.aws import AwsDriver
 from autoscaler.drivers.base import Instance, LaunchRequest
 from autoscaler.leader import Leadership
 from autoscaler.provider import HypermediaNodeProvider
-from autoscaler.scheduler import NoCloud, Scheduler, ledger_rows
+from autoscaler.scheduler import NoCloud, Scheduler, ledger_rows, ledger_spend
 from hypermedia.clock import ManualClock, to_datetime
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
@@ -450,6 +450,22 @@ def test_a_spot_instance_counts_at_the_most_it_may_bill_not_its_launch_price(
     assert launch(provider, "s-2") == second
     for instance_id in running(provider):
         assert aws(provider).terminate(instance_id) is None
+
+
+def test_an_instance_ended_within_its_first_minute_counts_the_minute_ec2_bills(make_provider):
+    """EC2 bills a Linux instance by the second with a 60 s minimum (Google likewise,
+    IONOS by the minute): one terminated a few seconds after its launch bills a minute,
+    1 cent at 60 cents an hour, while the ledger counted its seconds (0.05 cents), so a
+    fleet relaunched within the launch-rate cap billed more than the caps saw."""
+    provider = make_provider()
+    assert launch(provider, "q-1") == "launched"
+    ((node_id, record),) = provider.records().items()
+    provider._delete(node_id, record)
+    assert running(provider) == [] and open_rows(provider) == []
+    with transaction(provider.engine) as conn:
+        spent = ledger_spend(conn, time.time(), False, False)
+    assert spent.today_cents >= 1.0
+    assert spent.last_hour_cents >= 1.0
 
 
 class SetClock:

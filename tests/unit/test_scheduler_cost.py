@@ -327,3 +327,20 @@ def test_the_summary_reads_like_a_sentence():
         " running instances $0.80/h; locked to vps_only until"
         " `hypermedia scheduler reset-cost-lock`"
     )
+
+
+def test_an_ended_instance_costs_what_its_cloud_bills():
+    """Per second with a minute's minimum (AWS, Google), by the started minute (IONOS);
+    the bill counts in the window the instance ended in, a running one by the second."""
+    now = 10_000.0
+    aws = cost.Interval.billed("aws", now - 100, now - 95, 60.0)  # 5 s: a minute billed
+    assert aws.cents_between(now - 3600, now) == pytest.approx(1.0)
+    longer = cost.Interval.billed("google", now - 100, now - 10, 60.0)  # 90 s: 90 s
+    assert longer.cents_between(now - 3600, now) == pytest.approx(1.5)
+    ionos = cost.Interval.billed("ionos", now - 100, now - 10, 60.0)  # 90 s: 2 minutes
+    assert ionos.cents_between(now - 3600, now) == pytest.approx(2.0)
+    running = cost.Interval.billed("aws", now - 30, None, 60.0)
+    assert running.cents_between(now - 3600, now) == pytest.approx(0.5)
+    assert cost.Interval(now - 100, now - 95, 60.0).cents_between(now - 3600, now) == (
+        pytest.approx(60.0 * 5 / 3600)
+    )
