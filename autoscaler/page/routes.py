@@ -154,8 +154,10 @@ def history(stack: Stack, config: SchedulerConfig, status: Status, hours: float)
     since = until - hours * 3600
     with transaction(stack.engine) as conn:
         taken = samples.read(conn, since, until)
-        # An instance ended before the day of ``since`` costs nothing in the window.
-        intervals = ledger_intervals(conn, cost.day_start(since))
+        # The window's first points count the hour before ``since`` and its day so far:
+        # an instance ended before both costs nothing in the window.
+        start = min(cost.day_start(since), since - cost.HOUR_SECONDS)
+        intervals = ledger_intervals(conn, start)
     return charts(
         taken,
         intervals,

@@ -416,6 +416,37 @@ def test_the_leader_samples_each_queue_once_a_minute_and_forgets_old_samples(sta
     assert len(taken()) == 2 * len(names)
 
 
+def test_the_last_hour_chart_counts_an_instance_of_the_day_before(stack, clock):
+    """A window that starts in the first hour of a UTC day: its first points' last hour
+    reaches into the day before, and an instance that ended there costs in it (the
+    ledger was read from the window's midnight on: it counted nothing)."""
+    from autoscaler import cost
+    from autoscaler.page.routes import history
+
+    midnight = cost.day_start(clock.now()) + cost.DAY_SECONDS  # the next, a fixed point
+    clock.advance(midnight + 3 * 3600 + 20 * 60 - clock.now())  # 03:20 UTC: since 00:20
+    with transaction(stack.engine) as conn:
+        conn.execute(
+            t.cloud_spend.insert().values(
+                provider="aws",
+                instance_id="i-late",
+                node_type="images",
+                region="eu-west-3",
+                spot=False,
+                price_per_hour_microusd=2_000_000,  # $2/h
+                launched_at=to_datetime(midnight - 3600),  # 23:00 to 23:50 the day before
+                terminated_at=to_datetime(midnight - 600),
+            )
+        )
+    config = scheduler_config.parse(config_data())
+    status = gather(stack, config)
+    drawn = history(stack, config, status, HOURS)
+    assert drawn.spend_times[0] == midnight + 20 * 60
+    # At 00:20 the last hour holds its 30 minutes from 23:20: $1; today nothing.
+    assert (drawn.last_hour_cents[0], drawn.today_cents[0]) == (100.0, 0.0)
+    assert drawn.last_hour_cents[-1] == drawn.today_cents[-1] == 0.0
+
+
 def test_the_page_says_the_record_is_down_and_reloads_until_it_is_back(
     private_postgres: support.PrivatePostgres, settings
 ):
