@@ -361,7 +361,10 @@ class IonosServer:
             "id": server_id,
             "type": "server",
             "href": href,
-            "metadata": {"state": "BUSY", "createdDate": time.strftime("%Y-%m-%dT%H:%M:%SZ")},
+            "metadata": {
+                "state": "BUSY",
+                "createdDate": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            },
             "properties": {**properties, "vmState": None, "availabilityZone": "AUTO"},
             "entities": {
                 "volumes": {"id": f"{server_id}/volumes", "type": "collection", "items": volumes},
