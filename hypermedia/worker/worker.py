@@ -733,7 +733,6 @@ class Worker:
 
     def _record(self, outcome: Outcome) -> None:
         with self._stats_lock:
-            self.stats.count(outcome)
             if outcome.error_code in OUTAGE_CODES:
                 self._outage_failures += 1
                 pause = min(
@@ -741,13 +740,15 @@ class Worker:
                     self.outage_pause_seconds * 2 ** (self._outage_failures - 1),
                 )
                 self._outage_until = time.monotonic() + pause
-                self._outage_log.failed(_OutageMet(outcome, pause))
                 self._outage_began(f"job {outcome.job_id} failed: {outcome.error_code}")
+                self._outage_log.failed(_OutageMet(outcome, pause))
             elif outcome.status == "completed":
                 if self._outage_failures:
                     self._outage_failures, self._outage_until = 0, 0.0
                     self._outage_log.succeeded()
                 self._outage_ended()
+            # Counted last: whoever sees the count (unlocked) sees the pause it began.
+            self.stats.count(outcome)
         if self.on_outcome is not None:
             self.on_outcome(outcome)
 
