@@ -149,13 +149,7 @@ class S3Storage:
             else:
                 if buffer:
                     parts.append(self._upload_part(key, name, upload_id, len(parts) + 1, buffer))
-                with self._translated(key):
-                    self.client.complete_multipart_upload(
-                        Bucket=self.bucket,
-                        Key=name,
-                        UploadId=upload_id,
-                        MultipartUpload={"Parts": parts},
-                    )
+                self._complete_multipart(key, name, upload_id, parts)
         except BaseException:
             if upload_id is not None:
                 self._abort_multipart(name, upload_id)
@@ -200,16 +194,21 @@ class S3Storage:
                         CopySourceRange=f"bytes={start}-{end}",
                     )
                 parts.append({"ETag": answer["CopyPartResult"]["ETag"], "PartNumber": number})
-            with self._translated(key):
-                self.client.complete_multipart_upload(
-                    Bucket=self.bucket,
-                    Key=name,
-                    UploadId=upload_id,
-                    MultipartUpload={"Parts": parts},
-                )
+            self._complete_multipart(key, name, upload_id, parts)
         except BaseException:
             self._abort_multipart(name, upload_id)
             raise
+
+    def _complete_multipart(
+        self, key: str, name: str, upload_id: str, parts: list[CompletedPartTypeDef]
+    ) -> None:
+        with self._translated(key):
+            self.client.complete_multipart_upload(
+                Bucket=self.bucket,
+                Key=name,
+                UploadId=upload_id,
+                MultipartUpload={"Parts": parts},
+            )
 
     def _abort_multipart(self, name: str, upload_id: str) -> None:
         with contextlib.suppress(Exception):
