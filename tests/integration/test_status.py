@@ -332,8 +332,12 @@ def test_watch_on_screen_ends_at_ctrl_c_between_two_reads(stack, scene, tmp_path
         stderr=subprocess.PIPE,
         text=True,
     )
-    time.sleep(10)  # started, and reading every 0.5 s (off a terminal it draws nothing)
-    watching.send_signal(signal.SIGINT)
-    _out, err = watching.communicate(timeout=30)
+    try:
+        time.sleep(10)  # started, and reading every 0.5 s (off a terminal it draws nothing)
+        watching.send_signal(signal.SIGINT)
+        _out, err = watching.communicate(timeout=30)
+    finally:
+        watching.kill()  # none left behind if it did not end
+        watching.wait()
     assert watching.returncode == 0, err
     assert "Traceback" not in err
