@@ -11,8 +11,6 @@ seconds until Ctrl-C. With a job id it asks the API (:func:`hypermedia.cli.jobs.
 from __future__ import annotations
 
 import json
-import signal
-import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -91,38 +89,19 @@ def status(
         # An outage of the record or Redis is shown, and the watch goes on: it is when
         # the operator watches most (before, the first failed read ended it).
         outage = _Outage()
-        stop = _stop_on_ctrl_c()
         try:
             if as_json:
-                while not stop.is_set():
+                while True:
                     typer.echo(json.dumps(outage.read(stack, loaded, probe, as_json=True)))
-                    stop.wait(interval)
-                return
+                    time.sleep(interval)
             with Live(outage.read(stack, loaded, probe), auto_refresh=False, screen=True) as live:
-                while not stop.wait(interval):
+                while True:
+                    time.sleep(interval)
                     live.update(outage.read(stack, loaded, probe), refresh=True)
         except KeyboardInterrupt:
             return
-        finally:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
     finally:
         stack.close()
-
-
-def _stop_on_ctrl_c() -> threading.Event:
-    """Ctrl-C ends ``--watch`` between two reads: the first sets the event (a
-    KeyboardInterrupt raised in the middle of a read could leave a lock of the
-    connections held, which closing the stack then waited for: a watch that did not end
-    in 30 s of SIGINT once, on a loaded machine); a second one interrupts at once."""
-    stop = threading.Event()
-
-    def interrupt(signum: int, frame: Any) -> None:
-        if stop.is_set():
-            signal.default_int_handler(signum, frame)
-        stop.set()
-
-    signal.signal(signal.SIGINT, interrupt)
-    return stop
 
 
 class _Outage:
