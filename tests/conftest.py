@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -73,6 +74,14 @@ SHARED_RAY_DIR_PREFIX = "hm-tests-ray-"
 # In that directory: the pid of the session's first process, which stops the head.
 SHARED_RAY_OWNER = "owner"
 _TIER_MARKS = {"integration": pytest.mark.integration, "e2e": pytest.mark.e2e}
+
+
+# A suite started in the background (`./scripts/test &` from a script, nohup) inherits
+# SIGINT ignored, and so does every process its tests start: a `run` or a `status --watch`
+# a test stops with Ctrl-C ran on (a CI-like run here failed both so). Python's own handler
+# again, in each test process; what they start gets the default back at exec.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_configure(config: pytest.Config) -> None:
