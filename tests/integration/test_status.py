@@ -300,8 +300,12 @@ def test_watch_shows_an_outage_and_goes_on_when_it_ends(stack, scene, tmp_path: 
         assert watching.poll() is None  # still watching
     finally:
         watching.send_signal(signal.SIGINT)
-        _out, err = watching.communicate(timeout=30)
-        redis.stop()
+        try:
+            _out, err = watching.communicate(timeout=30)
+        finally:  # neither left running if the watch did not end
+            watching.kill()
+            watching.wait()
+            redis.stop()
     assert watching.returncode == 0, err
     assert "Traceback" not in err
 
