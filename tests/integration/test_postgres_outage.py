@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import func, select
@@ -79,18 +80,7 @@ def test_postgres_outage_strands_no_lease_and_loses_no_completion(
         return [r.job_ids[0] for r in stack.ingest.submit_many(person.caller, requests)]
 
     running = submit(3, 1, 1)[0]
-    executor = InProcessExecutor(tmp_path / "work", PRELOAD)
-    execution = JobExecution(stack.dispatcher, stack.catalog, NoGrants(), executor, "pg-w")
-    worker = Worker(
-        worker_id="pg-w",
-        queue="images",
-        concurrency=1,
-        engine=stack.engine,
-        dispatcher=stack.dispatcher,
-        execution=execution,
-        work_root=str(tmp_path / "work"),
-        clock=stack.clock,
-    )
+    worker, execution = _worker(stack, tmp_path, "pg-w")
     worker.start()
     try:
         _wait(lambda: execution.running() == [running], 30, "the first job to run")
@@ -228,19 +218,7 @@ def test_the_workers_row_says_its_outage_pause_once_the_record_is_back(
         return [r.job_ids[0] for r in stack.ingest.submit_many(person.caller, requests)]
 
     running = submit(2, 1)[0]
-    executor = InProcessExecutor(tmp_path / "work", PRELOAD)
-    execution = JobExecution(stack.dispatcher, stack.catalog, NoGrants(), executor, "pg-p")
-    worker = Worker(
-        worker_id="pg-p",
-        queue="images",
-        concurrency=1,
-        engine=stack.engine,
-        dispatcher=stack.dispatcher,
-        execution=execution,
-        work_root=str(tmp_path / "work"),
-        clock=stack.clock,
-        heartbeat_seconds=1.0,
-    )
+    worker, execution = _worker(stack, tmp_path, "pg-p", heartbeat_seconds=1.0)
     worker.start()
 
     def row():
@@ -314,19 +292,7 @@ def test_an_idle_workers_row_says_its_outage_pause_too(
         redis_url=private_redis.url,
         profiles_path=_sleep_without_input(tmp_path),
     )
-    executor = InProcessExecutor(tmp_path / "work", PRELOAD)
-    execution = JobExecution(stack.dispatcher, stack.catalog, NoGrants(), executor, "idle-w")
-    worker = Worker(
-        worker_id="idle-w",
-        queue="images",
-        concurrency=1,
-        engine=stack.engine,
-        dispatcher=stack.dispatcher,
-        execution=execution,
-        work_root=str(tmp_path / "work"),
-        clock=stack.clock,
-        heartbeat_seconds=1.0,
-    )
+    worker, _execution = _worker(stack, tmp_path, "idle-w", heartbeat_seconds=1.0)
 
     def row():
         w = t.workers.c
@@ -357,3 +323,23 @@ def test_an_idle_workers_row_says_its_outage_pause_too(
         worker.stop()
         stack.close()
         engine.dispose()
+
+
+def _worker(
+    stack: Any, tmp_path: Path, worker_id: str, heartbeat_seconds: float = 30.0
+) -> tuple[Worker, JobExecution]:
+    """An images worker of ``stack`` running its jobs in process (not started)."""
+    executor = InProcessExecutor(tmp_path / "work", PRELOAD)
+    execution = JobExecution(stack.dispatcher, stack.catalog, NoGrants(), executor, worker_id)
+    worker = Worker(
+        worker_id=worker_id,
+        queue="images",
+        concurrency=1,
+        engine=stack.engine,
+        dispatcher=stack.dispatcher,
+        execution=execution,
+        work_root=str(tmp_path / "work"),
+        clock=stack.clock,
+        heartbeat_seconds=heartbeat_seconds,
+    )
+    return worker, execution
