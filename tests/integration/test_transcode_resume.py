@@ -272,13 +272,7 @@ def test_a_checkpoint_damaged_in_storage_is_made_again(
     job completes with a single pass's output. Before: the truncated chunk failed the
     job for good (``invalid_input``: the concat could not open it, blamed on the
     user's input), the changed one was joined into an output that did not decode."""
-    stack = Stack.open(
-        settings(
-            profiles_path=ray_support.test_profiles(tmp_path), backoff_base_seconds=0.2, **moto_s3
-        ),
-        engine=pg_engine,
-        auto_migrate=True,
-    )
+    stack = _s3_stack(settings, pg_engine, tmp_path, moto_s3)
     person = make_user(stack)
     job_id = _submit(stack, person, clip, hold=True)
     work_a, work_b = tmp_path / "work-a", tmp_path / "work-b"
@@ -337,13 +331,7 @@ def test_a_damaged_checkpoint_made_again_is_stored_again(
     stored bytes are damaged; attempt 2 makes chunk 0 again, which must replace the
     damaged one in storage (old code: never within 60 s), and is killed while it holds
     after it; attempt 3 resumes chunk 0 and makes the other three."""
-    stack = Stack.open(
-        settings(
-            profiles_path=ray_support.test_profiles(tmp_path), backoff_base_seconds=0.2, **moto_s3
-        ),
-        engine=pg_engine,
-        auto_migrate=True,
-    )
+    stack = _s3_stack(settings, pg_engine, tmp_path, moto_s3)
     person = make_user(stack)
     object_id = stored_object(stack, person, clip.read_bytes())
     hold = {"hold_after": "chunk-00000.mp4", "hold_seconds": 600}
@@ -414,3 +402,14 @@ def _kill_child(stack: Stack, person: Any, job_id: str, executor: ChildExecutor)
     assert pid is not None
     os.kill(pid, signal.SIGKILL)
     _wait(lambda: _status(stack, person, job_id) in ("retry_wait", "queued"), "the kill")
+
+
+def _s3_stack(settings: Any, engine: Any, tmp_path: Path, moto_s3: dict[str, Any]) -> Stack:
+    """A stack on moto's S3 with the test profiles, retrying after 0.2 s."""
+    return Stack.open(
+        settings(
+            profiles_path=ray_support.test_profiles(tmp_path), backoff_base_seconds=0.2, **moto_s3
+        ),
+        engine=engine,
+        auto_migrate=True,
+    )
