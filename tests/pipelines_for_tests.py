@@ -136,6 +136,18 @@ def allocate(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list
     return []
 
 
+@register("test.allocate_in_opencv")
+def allocate_in_opencv(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list[Output]:
+    """Ask OpenCV for an ``mb`` megabyte image (it raises ``cv2.error``, not
+    MemoryError, when it cannot have it). Preload ``cv2`` with this module."""
+    import cv2
+    import numpy as np
+
+    side = int((int(params["mb"]) * 1024 * 1024) ** 0.5)
+    cv2.resize(np.zeros((8, 8), np.uint8), (side, side))
+    return []
+
+
 @register("test.flood")
 def flood(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list[Output]:
     """Write one file without end (1 MB at a time) until the limit stops it."""

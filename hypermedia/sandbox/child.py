@@ -106,13 +106,22 @@ _TOO_LARGE = _error("output_limit", "an output file outgrew the limit (RLIMIT_FS
 _TOO_MANY = _error("process_limit", "the job could not start a process or thread (RLIMIT_NPROC)")
 
 
+# OpenCV raises its own ``cv2.error`` when an allocation fails (code -4, StsNoMem:
+# "Insufficient memory"), not MemoryError; read by its module and code, so the server
+# never needs to import OpenCV to recognise it.
+_OPENCV_NO_MEMORY = ("cv2", -4)
+
+
 def _errno_in_chain(exc: BaseException | None, code: int) -> bool:
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
         if isinstance(exc, OSError) and exc.errno == code:
             return True
-        if isinstance(exc, MemoryError) and code == errno.ENOMEM:
+        if code == errno.ENOMEM and (
+            isinstance(exc, MemoryError)
+            or (type(exc).__module__, getattr(exc, "code", None)) == _OPENCV_NO_MEMORY
+        ):
             return True
         exc = exc.__cause__ or exc.__context__
     return False

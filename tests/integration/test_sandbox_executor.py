@@ -365,6 +365,15 @@ def test_memory_hog_gets_memory_limit_and_the_executor_survives(executor, job_id
     assert run(executor, job_id + "-next", "test.noop").outputs == []
 
 
+def test_an_opencv_allocation_past_the_limit_is_memory_limit(tmp_path: Path):
+    # OpenCV's own error for a failed allocation (the OCR step's resize of a large page
+    # under load met it: reported pipeline_crashed before).
+    with ChildExecutor(tmp_path / "work", preload=(*PRELOAD, "numpy", "cv2")) as ex:
+        exc = failure(ex, "opencv", "test.allocate_in_opencv", {"mb": 2048}, memory_limit_mb=1024)
+        assert exc.code == "memory_limit", exc
+        run(ex, "opencv-small", "test.allocate_in_opencv", {"mb": 16}, memory_limit_mb=1024)
+
+
 def test_memory_within_the_limit_is_fine_and_measured(executor, job_id):
     result = run(executor, job_id, "test.allocate", {"mb": 128}, memory_limit_mb=512)
     assert result.peak_memory_mb > 128
