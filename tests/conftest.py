@@ -58,7 +58,7 @@ from tests import support
 
 # Generated inputs and the corpus tier; the order xdist workers get the tests in; CPU
 # per test when HYPERMEDIA_TEST_CPU_REPORT names a directory.
-pytest_plugins = ["tests.tiers", "tests.scheduling", "tests.cpu_report"]
+pytest_plugins = ["tests.tiers", "tests.scheduling", "tests.cpu_report", "tests.slow_machine"]
 TESTS = Path(__file__).resolve().parent
 
 # Ray reads its auth settings once, at import: every Ray cluster the tests start uses
