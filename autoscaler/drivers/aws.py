@@ -79,6 +79,7 @@ from autoscaler.drivers.base import (
     LaunchRequest,
     launch_outcome,
 )
+from hypermedia import aws_sdk
 from hypermedia.errors import ConfigError
 
 _KEY = "provider.drivers.aws"  # where these options live in the cluster yaml
@@ -284,7 +285,7 @@ class AwsDriver:
         self.iam_instance_profile: str | None = parsed.get("iam_instance_profile")
         self.on_demand_cents_per_hour = float(parsed["on_demand_cents_per_hour"])
         try:
-            import boto3
+            import boto3  # noqa: F401 - here for the error below; aws_sdk makes the session
             from botocore import exceptions as boto_errors
             from botocore.config import Config
         except ImportError as exc:
@@ -301,7 +302,7 @@ class AwsDriver:
             retries={"mode": "standard", "max_attempts": MAX_ATTEMPTS},
         )
         try:
-            self._session = boto3.session.Session()
+            self._session = aws_sdk.session()
             #: The boto3 EC2 client (public so tests can watch what is sent).
             self.client: EC2Client = self._session.client(
                 "ec2",

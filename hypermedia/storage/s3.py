@@ -27,6 +27,7 @@ import hashlib
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from hypermedia import aws_sdk
 from hypermedia.errors import ConfigError, HypermediaError, NotFound
 from hypermedia.storage.base import (
     DEFAULT_CONTENT_TYPE,
@@ -57,7 +58,6 @@ _NONE_FOUND = (
 def make_client(endpoint_url: str | None = None, region: str | None = None) -> S3Client:
     """An S3 client with credentials from the usual AWS chain (environment, profile,
     instance role); ConfigError when that chain has none, or cannot fetch them."""
-    import boto3
     from botocore.config import Config
     from botocore.exceptions import BotoCoreError
 
@@ -73,7 +73,7 @@ def make_client(endpoint_url: str | None = None, region: str | None = None) -> S
         options["s3"] = {"addressing_style": "path"}
         options["request_checksum_calculation"] = "when_required"
         options["response_checksum_validation"] = "when_required"
-    session = boto3.session.Session()
+    session = aws_sdk.session()
     try:
         # Fetched (and kept by the session for its client) now: botocore would
         # otherwise raise this from the client's constructor untranslated, or, finding
