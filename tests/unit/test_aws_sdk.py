@@ -19,8 +19,10 @@ def test_sessions_share_one_loader_and_keep_their_own_credentials(monkeypatch):
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIASECOND")
     second = aws_sdk.session()
     assert _loader(first) is _loader(second)
-    assert first.get_credentials().access_key == "AKIAFIRST"
-    assert second.get_credentials().access_key == "AKIASECOND"
+    first_credentials, second_credentials = first.get_credentials(), second.get_credentials()
+    assert first_credentials is not None and second_credentials is not None
+    assert first_credentials.access_key == "AKIAFIRST"
+    assert second_credentials.access_key == "AKIASECOND"
     client = second.client("s3", region_name="eu-west-1")
     assert client.meta.region_name == "eu-west-1"
 
