@@ -51,6 +51,7 @@ from urllib.parse import urlsplit
 
 from sqlalchemy import Engine
 
+from hypermedia import tls
 from hypermedia.clock import Clock
 from hypermedia.config import Settings
 from hypermedia.db.engine import transaction
@@ -175,7 +176,7 @@ class CallbackSender:
         for row in due:
             lanes.setdefault(_receiver(row.callback_url), []).append(row)
         with (
-            httpx.Client(follow_redirects=False) as client,
+            httpx.Client(follow_redirects=False, verify=tls.client_context()) as client,
             ThreadPoolExecutor(min(SENDERS, len(lanes)), thread_name_prefix="callback") as pool,
         ):
             sent = list(pool.map(lambda rows: self._lane(client, rows), lanes.values()))

@@ -15,6 +15,7 @@ import psutil
 import uvicorn
 from fastapi import FastAPI
 
+from hypermedia import tls
 from hypermedia.accounts import NewUser, create_user
 from hypermedia.db.engine import transaction
 from hypermedia.embedded import free_port, listening_socket
@@ -43,7 +44,7 @@ def wait_until_healthy(base_url: str, timeout: float = 20.0, path: str = "/healt
     last: object = None
     while time.monotonic() < deadline:
         try:
-            response = httpx.get(f"{base_url}{path}", timeout=2)
+            response = httpx.get(f"{base_url}{path}", timeout=2, verify=tls.client_context())
             if response.status_code == 200:
                 return
             last = response.text

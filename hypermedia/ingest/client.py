@@ -54,6 +54,7 @@ from urllib.parse import quote
 import httpx
 from pydantic import BaseModel, ValidationError
 
+from hypermedia import tls
 from hypermedia.errors import (
     ConfigError,
     HypermediaError,
@@ -132,7 +133,11 @@ class HypermediaClient:
         self.timeout = timeout
         self.retries = retries
         self._http = httpx.Client(
-            base_url=self.base_url, headers=headers, timeout=timeout, transport=transport
+            base_url=self.base_url,
+            headers=headers,
+            timeout=timeout,
+            transport=transport,
+            verify=tls.client_context(),
         )
 
     # -- plumbing -------------------------------------------------------------------------
