@@ -35,7 +35,7 @@ from hypermedia.server import Maintenance
 from hypermedia.stack import Stack
 from hypermedia.worker import cluster
 from hypermedia.worker.supervisor import NAMESPACE, Supervisor, settings_for_actors
-from tests import cpu_report
+from tests import cpu_report, slow_machine
 from tests.api_support import running_server
 from tests.conftest import RAY_TOKEN, SHARED_RAY_DIR_ENV
 from tests.pipelines_for_tests import PRELOAD
@@ -174,7 +174,9 @@ def ray_stack(
                 metrics_seconds=2.0,
             )
             supervisor.start()
-            supervisor.wait_ready(timeout=300)  # actors start slowly on a loaded machine
+            # Actors start slowly on a loaded machine; said by name before the test's
+            # 240 s limit cuts it (both stretched alike on a slower one).
+            supervisor.wait_ready(timeout=200 * slow_machine.current_scale())
             maintenance.start()
             try:
                 yield RayStack(stack, supervisor, settings)

@@ -64,6 +64,15 @@ def session_scale() -> float:
     return scale
 
 
+def current_scale() -> float:
+    """The session's factor as a test process sees it (1 outside such a session): for
+    waits inside a test, which must end before its pytest-timeout limit does."""
+    try:
+        return max(1.0, float(os.environ.get(SCALE_ENV, "1")))
+    except ValueError:
+        return 1.0
+
+
 def scaled_timeout(item: pytest.Item, default: float, scale: float) -> float | None:
     """``item``'s pytest-timeout limit times ``scale``; None where it has none."""
     marker = item.get_closest_marker("timeout")

@@ -81,3 +81,10 @@ def test_the_factor_is_the_slowdown_within_bounds():
     assert slow_machine.scale_for(base * 2.5) == 2.5
     assert slow_machine.scale_for(base * 10) == slow_machine.MAX_SCALE
     assert slow_machine.measure(iterations=1000, runs=2) > 0
+
+
+def test_waits_inside_a_test_read_the_session_s_factor(monkeypatch):
+    monkeypatch.setenv(slow_machine.SCALE_ENV, "2.5")
+    assert slow_machine.current_scale() == 2.5
+    monkeypatch.delenv(slow_machine.SCALE_ENV)
+    assert slow_machine.current_scale() == 1
