@@ -26,17 +26,14 @@ from autoscaler.leader import Leadership, Term
 from autoscaler.scheduler import Scheduler, reset_cost_lock
 from autoscaler.snapshot import Offer, Plan, WorkerState
 from autoscaler.state import read_state
-from bench.in_process import InProcessExecutor
 from hypermedia import ids
 from hypermedia.clock import Clock, ManualClock, SystemClock, to_datetime, to_epoch
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
 from hypermedia.stack import Stack
-from hypermedia.worker.execute import JobExecution
-from hypermedia.worker.worker import Worker
 from tests.factories import add_worker_row, make_user, open_stack, submit
-from tests.pipelines_for_tests import PRELOAD
 from tests.webhook_receiver import Receiver, receiving
+from tests.worker_support import loop_worker
 
 SECRET = "a-webhook-secret-of-32-characters"
 
@@ -289,16 +286,10 @@ def test_a_worker_paused_by_low_disk_is_alerted_after_five_minutes_and_cleared(h
     while to_epoch(to_datetime(clock.now())) <= clock.now():
         clock.advance(0.0000003)
     free_mb = shutil.disk_usage(tmp_path).free // 2**20
-    executor = InProcessExecutor(tmp_path / "disk", PRELOAD)
-    execution = JobExecution(stack.dispatcher, stack.catalog, None, executor, "w-disk")  # type: ignore[arg-type]
-    worker = Worker(
-        worker_id="w-disk",
-        queue="images",
-        concurrency=1,
-        engine=stack.engine,
-        dispatcher=stack.dispatcher,
-        execution=execution,
-        work_root=str(tmp_path / "disk"),
+    worker = loop_worker(
+        stack,
+        tmp_path / "disk",
+        "w-disk",
         clock=clock,
         min_free_disk_mb=free_mb + 1_000_000,  # a terabyte more than this disk has
         disk_check_seconds=0.2,

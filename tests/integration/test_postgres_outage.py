@@ -8,37 +8,19 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 from sqlalchemy import func, select
 
-from bench.in_process import InProcessExecutor
 from hypermedia.db import tables as t
 from hypermedia.db.engine import make_engine, transaction
 from hypermedia.ingest.service import SubmitRequest
-from hypermedia.worker.execute import JobExecution
-from hypermedia.worker.worker import Worker
 from tests import ray_support
 from tests.factories import make_object, make_user, open_stack
-from tests.pipelines_for_tests import PRELOAD
 from tests.support import PrivatePostgres
+from tests.worker_support import loop_worker
 
 OUTAGE_SECONDS = 20  # longer than the old completion retries (8 tries, about 16 s)
-
-
-class NoGrants:
-    def input_url(self, job_id: str, worker_id: str) -> str:
-        raise AssertionError("a job that needs no input asked for its input URL")
-
-    def output_urls(self, job_id, worker_id, output_types):
-        raise AssertionError("a job with no outputs asked for output URLs")
-
-    def checkpoint_uploads(self, job_id, worker_id, names):
-        raise AssertionError("a step without checkpoints asked to store one")
-
-    def checkpoint_downloads(self, job_id, worker_id):
-        raise AssertionError("a step without checkpoints asked for its checkpoints")
 
 
 def _sleep_without_input(directory: Path) -> Path:
@@ -80,7 +62,8 @@ def test_postgres_outage_strands_no_lease_and_loses_no_completion(
         return [r.job_ids[0] for r in stack.ingest.submit_many(person.caller, requests)]
 
     running = submit(3, 1, 1)[0]
-    worker, execution = _worker(stack, tmp_path, "pg-w")
+    worker = loop_worker(stack, tmp_path / "work", "pg-w")
+    execution = worker.execution
     worker.start()
     try:
         _wait(lambda: execution.running() == [running], 30, "the first job to run")
@@ -218,7 +201,8 @@ def test_the_workers_row_says_its_outage_pause_once_the_record_is_back(
         return [r.job_ids[0] for r in stack.ingest.submit_many(person.caller, requests)]
 
     running = submit(2, 1)[0]
-    worker, execution = _worker(stack, tmp_path, "pg-p", heartbeat_seconds=1.0)
+    worker = loop_worker(stack, tmp_path / "work", "pg-p", heartbeat_seconds=1.0)
+    execution = worker.execution
     worker.start()
 
     def row():
@@ -292,7 +276,7 @@ def test_an_idle_workers_row_says_its_outage_pause_too(
         redis_url=private_redis.url,
         profiles_path=_sleep_without_input(tmp_path),
     )
-    worker, _execution = _worker(stack, tmp_path, "idle-w", heartbeat_seconds=1.0)
+    worker = loop_worker(stack, tmp_path / "work", "idle-w", heartbeat_seconds=1.0)
 
     def row():
         w = t.workers.c
@@ -323,23 +307,3 @@ def test_an_idle_workers_row_says_its_outage_pause_too(
         worker.stop()
         stack.close()
         engine.dispose()
-
-
-def _worker(
-    stack: Any, tmp_path: Path, worker_id: str, heartbeat_seconds: float = 30.0
-) -> tuple[Worker, JobExecution]:
-    """An images worker of ``stack`` running its jobs in process (not started)."""
-    executor = InProcessExecutor(tmp_path / "work", PRELOAD)
-    execution = JobExecution(stack.dispatcher, stack.catalog, NoGrants(), executor, worker_id)
-    worker = Worker(
-        worker_id=worker_id,
-        queue="images",
-        concurrency=1,
-        engine=stack.engine,
-        dispatcher=stack.dispatcher,
-        execution=execution,
-        work_root=str(tmp_path / "work"),
-        clock=stack.clock,
-        heartbeat_seconds=heartbeat_seconds,
-    )
-    return worker, execution

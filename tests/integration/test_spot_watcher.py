@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -29,7 +29,6 @@ from hypermedia.errors import ConfigError
 from hypermedia.ingest.service import SubmitRequest
 from hypermedia.sandbox.executor import ChildExecutor
 from hypermedia.stack import Stack
-from hypermedia.storage.grants import OutputGrant
 from hypermedia.worker.execute import JobExecution
 from hypermedia.worker.spot import SpotNotice, SpotWatch, SpotWatcher
 from hypermedia.worker.worker import SPOT_INTERRUPTED, Worker
@@ -44,6 +43,7 @@ from tests.clouds.metadata_server import (
 )
 from tests.factories import make_object, make_user, open_stack
 from tests.pipelines_for_tests import PRELOAD
+from tests.worker_support import NoGrants
 
 
 @pytest.fixture
@@ -268,24 +268,6 @@ def test_spot_settings(monkeypatch):
 
 
 # -- a worker answering the notice ----------------------------------------------------------
-
-
-class NoGrants:
-    """The sleep job reads no input and writes no output: no URL may be asked for."""
-
-    def input_url(self, job_id: str, worker_id: str) -> str:
-        raise AssertionError("asked for an input URL")
-
-    def output_urls(
-        self, job_id: str, worker_id: str, output_types: Mapping[str, str | None]
-    ) -> dict[str, OutputGrant]:
-        raise AssertionError("asked for output URLs")
-
-    def checkpoint_uploads(self, job_id, worker_id, names):
-        raise AssertionError("a step without checkpoints asked to store one")
-
-    def checkpoint_downloads(self, job_id, worker_id):
-        raise AssertionError("a step without checkpoints asked for its checkpoints")
 
 
 def _profiles_without_input(directory: Path) -> Path:

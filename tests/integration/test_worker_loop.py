@@ -42,29 +42,7 @@ from hypermedia.worker.worker import Worker
 from tests import ray_support, support
 from tests.factories import Person, make_object, make_user, open_stack
 from tests.pipelines_for_tests import PRELOAD
-
-
-class NoGrants:
-    """Grants that must not be asked: a no-input, no-output job needs none."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-
-    def input_url(self, job_id: str, worker_id: str) -> str:
-        self.calls += 1
-        raise AssertionError("a job that needs no input asked for its input URL")
-
-    def output_urls(
-        self, job_id: str, worker_id: str, output_types: Mapping[str, str | None]
-    ) -> dict[str, OutputGrant]:
-        self.calls += 1
-        raise AssertionError("a job with no outputs asked for output URLs")
-
-    def checkpoint_uploads(self, job_id, worker_id, names):
-        raise AssertionError("a step without checkpoints asked to store one")
-
-    def checkpoint_downloads(self, job_id, worker_id):
-        raise AssertionError("a step without checkpoints asked for its checkpoints")
+from tests.worker_support import NoGrants, loop_worker
 
 
 @contextmanager
@@ -80,17 +58,13 @@ def running_worker(
     **options: Any,
 ) -> Iterator[tuple[Worker, NoGrants]]:
     grants = grants or NoGrants()
-    executor = InProcessExecutor(tmp_path / "work", PRELOAD)
-    execution = JobExecution(stack.dispatcher, stack.catalog, grants, executor, worker_id)
-    worker = Worker(
-        worker_id=worker_id,
+    worker = loop_worker(
+        stack,
+        tmp_path / "work",
+        worker_id,
         queue=queue,
         concurrency=concurrency,
-        engine=stack.engine,
-        dispatcher=stack.dispatcher,
-        execution=execution,
-        work_root=str(tmp_path / "work"),
-        clock=stack.clock,
+        grants=grants,
         prefetch=prefetch,
         **options,
     )
@@ -242,19 +216,8 @@ def test_drain_hands_back_prefetched_jobs_not_begun(pg_engine, settings, tmp_pat
         SubmitRequest(object_id=obj, operations=["test.sleep"], params=params) for _ in range(4)
     ]
     job_ids = [r.job_ids[0] for r in stack.ingest.submit_many(person.caller, requests)]
-    executor = InProcessExecutor(tmp_path / "work", PRELOAD)
-    execution = JobExecution(stack.dispatcher, stack.catalog, NoGrants(), executor, "drainer")
-    worker = Worker(  # one loop takes all four jobs at once
-        worker_id="drainer",
-        queue="images",
-        concurrency=1,
-        engine=stack.engine,
-        dispatcher=stack.dispatcher,
-        execution=execution,
-        work_root=str(tmp_path / "work"),
-        clock=stack.clock,
-        prefetch=4,
-    )
+    # One loop takes all four jobs at once.
+    worker = loop_worker(stack, tmp_path / "work", "drainer", prefetch=4)
     worker.start()
     # Taken ahead, the three behind the first are claimed, not yet started.
     _wait(lambda: _statuses(stack) == {"processing": 1, "claimed": 3})
@@ -705,22 +668,6 @@ def _sleep_jobs(stack: Stack, seconds: list[float]) -> tuple[Person, list[str]]:
     return person, [r.job_ids[0] for r in stack.ingest.submit_many(person.caller, requests)]
 
 
-def _loop_worker(stack: Stack, tmp_path: Path, worker_id: str, prefetch: int) -> Worker:
-    executor = InProcessExecutor(tmp_path / worker_id, PRELOAD)
-    execution = JobExecution(stack.dispatcher, stack.catalog, NoGrants(), executor, worker_id)
-    return Worker(
-        worker_id=worker_id,
-        queue="images",
-        concurrency=1,
-        engine=stack.engine,
-        dispatcher=stack.dispatcher,
-        execution=execution,
-        work_root=str(tmp_path / worker_id),
-        clock=stack.clock,
-        prefetch=prefetch,
-    )
-
-
 def test_jobs_taken_ahead_start_as_their_loop_reaches_them(engine, settings, tmp_path):
     """One claim takes three jobs: each becomes ``processing`` only when the loop
     begins it (the start goes with the completion batcher's transaction), its
@@ -729,7 +676,7 @@ def test_jobs_taken_ahead_start_as_their_loop_reaches_them(engine, settings, tmp
         settings, engine, None, profiles_path=_profiles_without_input(tmp_path, "test.sleep")
     )
     _person, job_ids = _sleep_jobs(stack, [0.6, 0.6, 0.6])
-    worker = _loop_worker(stack, tmp_path, "ahead", prefetch=3)
+    worker = loop_worker(stack, tmp_path / "ahead", "ahead", prefetch=3)
     worker.start()
     seen: list[dict[str, int]] = []
     deadline = time.monotonic() + 60
@@ -798,11 +745,11 @@ def test_jobs_taken_ahead_go_back_when_the_one_before_runs_long(engine, settings
     )
     long_run = HOLD_SECONDS + 6
     person, job_ids = _sleep_jobs(stack, [long_run, 0.1, 0.1])
-    first = _loop_worker(stack, tmp_path, "holder", prefetch=3)
+    first = loop_worker(stack, tmp_path / "holder", "holder", prefetch=3)
     first.start()
     _wait(lambda: _statuses(stack) == {"processing": 1, "claimed": 2})
     began = time.monotonic()
-    second = _loop_worker(stack, tmp_path, "other", prefetch=1)
+    second = loop_worker(stack, tmp_path / "other", "other", prefetch=1)
     second.start()
     _wait(lambda: second.stats.completed == 2, timeout=long_run + 30)
     waited = time.monotonic() - began
@@ -839,17 +786,7 @@ def test_the_workers_cpu_counts_its_jobs_sandboxed_children(pg_engine, settings,
         person.caller, [SubmitRequest(object_id=obj, operations=["test.spin"], params=params)]
     )
     executor = ChildExecutor(tmp_path / "cpu", preload=PRELOAD, hidden_paths=(tmp_path,))
-    execution = JobExecution(stack.dispatcher, stack.catalog, NoGrants(), executor, "cpu-w")
-    worker = Worker(
-        worker_id="cpu-w",
-        queue="bulk",
-        concurrency=1,
-        engine=stack.engine,
-        dispatcher=stack.dispatcher,
-        execution=execution,
-        work_root=str(tmp_path / "cpu"),
-        clock=stack.clock,
-    )
+    worker = loop_worker(stack, tmp_path / "cpu", "cpu-w", queue="bulk", executor=executor)
     worker.start()
     try:
         worker.cpu_percent()  # the window starts here
@@ -878,17 +815,12 @@ def test_a_worker_claims_nothing_while_its_disk_is_low_and_goes_on_after(
     stack = open_stack(settings, pg_engine, None, profiles_path=ray_support.test_profiles(tmp_path))
     job_ids = _submit_noops(stack, 3)
     free_mb = shutil.disk_usage(tmp_path).free // 2**20
-    executor = InProcessExecutor(tmp_path / "disk", PRELOAD)
-    execution = JobExecution(stack.dispatcher, stack.catalog, NoGrants(), executor, "disk-w")
-    worker = Worker(
-        worker_id="disk-w",
+    worker = loop_worker(
+        stack,
+        tmp_path / "disk",
+        "disk-w",
         queue="bulk",
         concurrency=2,
-        engine=stack.engine,
-        dispatcher=stack.dispatcher,
-        execution=execution,
-        work_root=str(tmp_path / "disk"),
-        clock=stack.clock,
         min_free_disk_mb=free_mb + 1_000_000,  # a terabyte more than this disk has
         disk_check_seconds=0.2,
     )
@@ -921,17 +853,11 @@ def test_a_worker_paused_by_low_disk_says_so_in_its_row_and_in_hypermedia_status
     _submit_noops(stack, 2)
     free_mb = shutil.disk_usage(tmp_path).free // 2**20
     needs = free_mb + 1_000_000  # a terabyte more than this disk has
-    executor = InProcessExecutor(tmp_path / "disk", PRELOAD)
-    execution = JobExecution(stack.dispatcher, stack.catalog, NoGrants(), executor, "disk-s")
-    worker = Worker(
-        worker_id="disk-s",
+    worker = loop_worker(
+        stack,
+        tmp_path / "disk",
+        "disk-s",
         queue="bulk",
-        concurrency=1,
-        engine=stack.engine,
-        dispatcher=stack.dispatcher,
-        execution=execution,
-        work_root=str(tmp_path / "disk"),
-        clock=stack.clock,
         heartbeat_seconds=0.5,
         min_free_disk_mb=needs,
         disk_check_seconds=0.2,
