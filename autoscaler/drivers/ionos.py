@@ -3,8 +3,9 @@
 Keeps the contract of :mod:`autoscaler.drivers.base`:
 
 * **launch** lists the datacenter's servers and answers the one named
-  ``hm-<request id>`` if there is one (IONOS has no client token: the name is the
-  idempotency key); a leftover of a failed create (state FAILED) is deleted and replaced.
+  ``hm-<request id>.<cluster>`` (or ``hm-<request id>``, the name before the cluster was
+  in it) if there is one (IONOS has no client token: the name is the idempotency key); a
+  leftover of a failed create (state FAILED) is deleted and replaced.
   Otherwise one ``POST /datacenters/{dc}/servers`` creates the server with its boot
   volume (``image`` or ``imageAlias``, ``userData`` = base64 of the boot script, unchanged)
   and, with ``lan_id``, a DHCP NIC in that LAN. The answer is 202 with
@@ -12,6 +13,13 @@ Keeps the contract of :mod:`autoscaler.drivers.base`:
   FAILED: the server is deleted and the launch answers ``capacity`` (retryable). Still
   unfinished after ``launch_timeout_seconds`` (or the poll failing): the labelled server is
   answered as ``pending``; it is real, it bills, and :meth:`IonosDriver.instances` follows it.
+* **The name says whose the server is** from its first moment (:func:`server_name`):
+  IONOS takes no labels in the create, unlike AWS (tags in ``RunInstances``) and GCP
+  (labels in the insert). A cluster (``[a-z0-9_-]``, 63 at most) and a request id
+  (``[a-z0-9-]``, 40 at most) hold no dot, so the name parses back unambiguously; it is
+  107 characters at most (the provider's request ids make it 25 + the cluster's). The
+  Cloud API sets no length or character rule on ``name`` (only on ``hostname``, which
+  the driver leaves to IONOS); the test server accepts any non-empty name.
 * **Tags are server labels** (``/datacenters/{dc}/servers/{id}/labels``, one per
   :data:`~autoscaler.drivers.base.TAG_KEYS` key), written right after the create is
   accepted, while IONOS builds the server (if IONOS refuses one then, the missing ones are
@@ -21,14 +29,19 @@ Keeps the contract of :mod:`autoscaler.drivers.base`:
   an unlabelled server behind. When the delete fails too, the launch answers the error as
   ``maybe_launched`` and :meth:`IonosDriver.instances` lists the server under the launch's
   tags (kept in memory) until it is gone, so the provider counts it and can terminate it.
-  Only a crash between the create and its labels (a few requests), or a restart before
-  such a server is gone, leaves one unseen; launching again with the same request id
-  finds it by name and labels it.
+  A crash between the create and its labels (a few requests), or a restart before such a
+  server is gone, leaves a server with no labels or only some: it is listed by its name
+  (below), and launching again with the same request id finds it by name and labels it.
   :meth:`IonosDriver.instances` reads every label with one ``GET /labels`` and rebuilds
   instances with :meth:`Instance.from_tags`: a fresh process sees the cluster from IONOS
   alone.
 * **instances**: the datacenter's servers whose ``hypermedia-cluster`` label is the
-  cluster; state from ``metadata.state`` and ``properties.vmState``
+  cluster, and those without that label whose name is ``hm-<request id>.<cluster>``:
+  their tags are what labels they have over what the name says (cluster, request id,
+  not spot, launched at the server's ``createdDate``; no node type, queue nor price, so
+  the provider counts them at the on-demand list price). Only a server named the old way
+  (by a driver from before the cluster was in the name) that lost its labels stays
+  unseen. State from ``metadata.state`` and ``properties.vmState``
   (:func:`server_state`). IONOS shows a server being deleted as BUSY, like one being
   built: the ids this driver deleted read ``terminating`` until they are gone.
 * **terminate**: ``DELETE …/servers/{id}?deleteVolumes=True`` (the boot volume goes
@@ -75,6 +88,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import datetime
 import functools
 import json
 import logging
@@ -90,6 +104,9 @@ from typing import Any, TypeVar
 from autoscaler.config import IonosConfig
 from autoscaler.drivers.base import (
     TAG_CLUSTER,
+    TAG_LAUNCHED,
+    TAG_REQUEST,
+    TAG_SPOT,
     DriverError,
     Instance,
     InstanceState,
@@ -109,6 +126,8 @@ SDK_TRIES = 2  # the SDK's tries of one call on 429/502/503/504
 PAGE = 1000
 TAG_PREFIX = "hypermedia-"
 
+# A server's name: NAME_PREFIX, the request id, ".", the cluster (neither holds a dot).
+_NAME = re.compile(r"^hm-(?P<request>[a-z][a-z0-9-]{5,39})\.(?P<cluster>[a-z0-9_-]{1,63})$")
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$", re.I)
 _STATUS_PATH = re.compile(r"/requests/([^/?#]+)/status")
 _DEAD = frozenset({"FAILED", "DESTROYING", "FAILED_DESTROYING", "INACTIVE", "TERMINATED"})
@@ -239,11 +258,14 @@ class IonosDriver:
         if isinstance(place, DriverError):
             return place
         dc, location = place
-        name = NAME_PREFIX + request.request_id
+        name = server_name(request.cluster, request.request_id)
         servers = self._list_servers(dc)
         if isinstance(servers, DriverError):
             return servers
-        existing = self._existing(dc, name, servers)
+        # A server of this request named the way drivers before the cluster was in the
+        # name did (its launch began before an upgrade) is this launch's too.
+        names = {name, NAME_PREFIX + request.request_id}
+        existing = self._existing(dc, names, servers)
         if existing is not None:
             if isinstance(existing, DriverError):
                 return existing
@@ -319,7 +341,14 @@ class IonosDriver:
             unlabelled = dict(self._unlabelled)
         found: list[Instance] = []
         for server in servers:
-            tags = {**unlabelled.get(str(server.id), {}), **labels.get(str(server.id), {})}
+            # The labels win over what this process knows of a launch it could not label,
+            # which wins over what the name says (cluster, request id): a server whose
+            # launcher died before labelling it is still the cluster's, and counted.
+            tags = {
+                **_tags_from_name(server),
+                **unlabelled.get(str(server.id), {}),
+                **labels.get(str(server.id), {}),
+            }
             if tags.get(TAG_CLUSTER) == cluster:
                 found.append(self._instance(dc, server, tags))
         return found
@@ -367,9 +396,9 @@ class IonosDriver:
                 return items
 
     def _existing(
-        self, dc: str, name: str, servers: list[Any]
+        self, dc: str, names: set[str], servers: list[Any]
     ) -> tuple[Any, dict[str, str]] | DriverError | None:
-        """The server an earlier launch of this name made (with its labels), if any.
+        """The server an earlier launch of one of these names made (with its labels), if any.
 
         Leftovers of a failed create are deleted and skipped, as are servers this driver
         is deleting; of several candidates (a replacement beside a leftover still being
@@ -377,7 +406,7 @@ class IonosDriver:
         """
         candidates = []
         for server in servers:
-            if server.properties is None or server.properties.name != name:
+            if server.properties is None or server.properties.name not in names:
                 continue
             with self._lock:
                 deleting = str(server.id) in self._terminating
@@ -609,6 +638,32 @@ class IonosDriver:
         instance = Instance.from_tags(str(server.id), self.name, tags, state, _private_ip(server))
         extra = {"datacenter": dc, "name": str(properties.name if properties else "")}
         return dataclasses.replace(instance, extra=extra)
+
+
+def server_name(cluster: str, request_id: str) -> str:
+    """The name of the server a launch creates: ``hm-<request id>.<cluster>``.
+
+    IONOS has no tags at create time: the name is the only fact that is on the server
+    from its first moment, so it says whose the server is until the labels are on. A
+    cluster (``[a-z0-9_-]``) and a request id (``[a-z0-9-]``) hold no dot, so the name
+    parses back unambiguously (:func:`_tags_from_name`); at most 107 characters."""
+    return f"{NAME_PREFIX}{request_id}.{cluster}"
+
+
+def _tags_from_name(server: Any) -> dict[str, str]:
+    """What a server's name says of it (cluster, request id; IONOS has no spot; the
+    launch time is its creation): {} for a name :func:`server_name` did not make."""
+    properties = server.properties
+    match = _NAME.match(str(properties.name or "")) if properties is not None else None
+    if match is None:
+        return {}
+    tags = {TAG_CLUSTER: match["cluster"], TAG_REQUEST: match["request"], TAG_SPOT: "false"}
+    created = _created(server)
+    if isinstance(created, datetime.datetime):
+        if created.tzinfo is None:  # IONOS answers UTC
+            created = created.replace(tzinfo=datetime.UTC)
+        tags[TAG_LAUNCHED] = str(int(created.timestamp()))
+    return tags
 
 
 def api_error(action: str, status: int | None, body: object) -> DriverError:

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from autoscaler.config import IonosConfig
-from autoscaler.drivers.base import TAG_KEYS, DriverError, Instance
+from autoscaler.drivers.base import TAG_CLUSTER, TAG_KEYS, TAG_REQUEST, DriverError, Instance
 from autoscaler.drivers.ionos import SDK_TRIES, IonosDriver, server_state
 from hypermedia.errors import ConfigError
 from tests.clouds.ionos_server import IonosServer
@@ -112,7 +112,7 @@ def test_create_request_as_sent(ionos: IonosServer) -> None:
     (post,) = ionos.records("POST", r"/servers$")
     assert post.path == f"/datacenters/{dc}/servers"
     assert post.body["properties"] == {
-        "name": "hm-sent-0001",
+        "name": "hm-sent-0001.contract",
         "cores": 2,
         "ram": 4096,
         "type": "VCPU",
@@ -287,13 +287,110 @@ def test_an_unlabelled_server_is_labelled_by_the_next_launch(ionos: IonosServer)
     driver = make_driver(ionos)
     first = launched(driver, "labels-0003")
     ionos.drop_labels(first.instance_id)  # as if the launcher died before labelling
-    assert listed(make_driver(ionos), "contract") == []
+    (named,) = listed(make_driver(ionos), "contract")  # by its name
+    assert (named.instance_id, named.request_id, named.node_type) == (
+        first.instance_id,
+        "labels-0003",
+        "",
+    )
 
     again = launched(make_driver(ionos), "labels-0003")
     assert again.instance_id == first.instance_id
     assert [i.instance_id for i in listed(driver, "contract")] == [first.instance_id]
     assert set(ionos.labels(first.instance_id)) == set(TAG_KEYS)
     assert len(ionos.records("POST", r"/servers$")) == 1
+
+
+class Crash(BaseException):
+    """The launcher's process dying (not an error the driver answers)."""
+
+
+class DiesAfterTheCreate(IonosDriver):
+    """A launcher that dies once IONOS has accepted the create, before any label."""
+
+    def _write_labels(self, *args: Any, **kwargs: Any) -> Any:
+        raise Crash
+
+
+def test_a_server_whose_launcher_died_before_labelling_is_listed_by_its_name(
+    ionos: IonosServer,
+) -> None:
+    """IONOS takes no labels at create time: they are written right after. A launcher
+    that died in between (or a restart, which forgets the in-memory list of servers it
+    could not label) left a server that bills but that instances() never listed: the
+    provider neither counted it against the caps nor terminated it. The name now carries
+    the cluster as well as the request id, so a fresh driver lists the server under its
+    cluster (state from IONOS, cluster and request id from the name) and can delete it."""
+    dc = ionos.add_datacenter("de/fra")
+    dying = DiesAfterTheCreate(make_config(), {"host": ionos.url, "on_demand_cents_per_hour": 15})
+    wanted = request("crash-0001")
+    started = time.time()
+    with pytest.raises(Crash):
+        dying.launch(wanted)
+    (server,) = ionos.servers(dc)
+    assert ionos.labels(server["id"]) == {}
+
+    fresh = make_driver(ionos)
+    (found,) = listed(fresh, "contract")
+    assert (found.instance_id, found.cluster, found.request_id) == (
+        server["id"],
+        "contract",
+        "crash-0001",
+    )
+    assert found.provider == "ionos" and found.state == "pending" and not found.spot
+    assert started - 1 <= found.launched_at <= time.time()
+    assert found.price_cents_per_hour == 0  # no price label: the provider counts the list price
+    assert listed(fresh, "another") == []
+    assert fresh.terminate(found.instance_id) is None
+    assert all(i.state == "terminating" for i in listed(fresh, "contract"))  # or gone
+    eventually(lambda: ionos.servers(dc) == [])
+    assert listed(make_driver(ionos), "contract") == []
+
+
+def test_a_server_whose_launcher_died_is_labelled_by_launching_again(ionos: IonosServer) -> None:
+    dc = ionos.add_datacenter("de/fra")
+    dying = DiesAfterTheCreate(make_config(), {"host": ionos.url, "on_demand_cents_per_hour": 15})
+    wanted = request("crash-0002", cluster="prod_eu")
+    with pytest.raises(Crash):
+        dying.launch(wanted)
+    (server,) = ionos.servers(dc)
+    assert server["properties"]["name"] == "hm-crash-0002.prod_eu"
+
+    again = make_driver(ionos).launch(wanted)
+    assert isinstance(again, Instance) and again.instance_id == server["id"]
+    assert ionos.labels(server["id"]) == wanted.tags()
+    assert len(ionos.records("POST", r"/servers$")) == 1
+    (seen,) = listed(make_driver(ionos), "prod_eu")
+    assert (seen.node_type, seen.queue, seen.price_cents_per_hour) == ("burst_ocr", "ocr", 12.5)
+
+
+def test_servers_named_the_old_way_keep_working(
+    ionos: IonosServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server a driver from before the cluster was in the name made (``hm-<request
+    id>``): listed by its labels, found again by a launch of its request id."""
+    dc = ionos.add_datacenter("de/fra")
+    with monkeypatch.context() as before:
+        before.setattr("autoscaler.drivers.ionos.server_name", lambda cluster, rid: f"hm-{rid}")
+        old = launched(make_driver(ionos), "old-00001")
+    assert [s["properties"]["name"] for s in ionos.servers(dc)] == ["hm-old-00001"]
+
+    fresh = make_driver(ionos)
+    (seen,) = listed(fresh, "contract")
+    assert (seen.instance_id, seen.request_id, seen.node_type) == (
+        old.instance_id,
+        "old-00001",
+        "burst_ocr",
+    )
+    assert launched(fresh, "old-00001").instance_id == old.instance_id
+    assert len(ionos.records("POST", r"/servers$")) == 1
+    ionos.drop_labels(old.instance_id)  # its name does not say its cluster
+    assert listed(fresh, "contract") == []
+    assert launched(fresh, "old-00001").instance_id == old.instance_id  # labelled again
+    assert {ionos.labels(old.instance_id)[k] for k in (TAG_CLUSTER, TAG_REQUEST)} == {
+        "contract",
+        "old-00001",
+    }
 
 
 def test_a_launch_that_outlasts_its_timeout_answers_the_labelled_server(
