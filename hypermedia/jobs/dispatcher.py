@@ -339,15 +339,16 @@ class Dispatcher:
         if lost:
             self.mirror(lost)
         self._apply(moved, before=starting)  # their starts' events in the same call
-        started_at = {f.job_id: f.attempt_started_at for f in finished}
+        by_id = {f.job_id: f for f in finished}
         for m in moved:
             self.metrics.count(JOBS_COMPLETED, {"queue": m.queue, "operation": m.operation})
-            began = started_at.get(m.job_id)
+            began = by_id[m.job_id].attempt_started_at
+            ended = by_id[m.job_id].attempt_finished_at
             if began is not None:
                 self.metrics.observe(
                     JOB_DURATION,
                     {"queue": m.queue, "operation": m.operation, "outcome": COMPLETED},
-                    max(0.0, now - began),
+                    max(0.0, (now if ended is None else ended) - began),
                 )
         return [f.job_id in done for f in finished]
 

@@ -110,6 +110,10 @@ class FinishedJob:
     attempt_started_at: float | None = None  # known to the claimant; None: read it
     # The work the step reported (pages, engine passes ...): the attempt's units.
     units: Mapping[str, int] | None = None
+    # When the attempt's work ended (its outputs stored), epoch seconds: its
+    # finished_at, and its duration up to it. None: the completion's own moment. A
+    # worker commits its completions in batches, so its job's end is not the commit's.
+    attempt_finished_at: float | None = None
 
 
 if TYPE_CHECKING:
@@ -668,6 +672,12 @@ class JobRepository:
                             else None
                             for f in finished
                         ),
+                        "b_ends": sql.csv(
+                            None
+                            if f.attempt_finished_at is None
+                            else sql.naive_utc(to_datetime(f.attempt_finished_at))
+                            for f in finished
+                        ),
                         "b_worker": worker_id,
                         "b_now": to_datetime(now),
                     },
@@ -714,15 +724,7 @@ class JobRepository:
             rows.extend(conn.execute(stmt, {**params, "b_actual": actual}))
         if not rows:
             return []
-        self._close_attempts(
-            conn,
-            [
-                (r.job_id, by_id[r.job_id].attempt_started_at, by_id[r.job_id].peak_memory_mb)
-                for r in rows
-            ],
-            "completed",
-            now,
-        )
+        self._close_attempts(conn, [by_id[r.job_id] for r in rows], "completed", now)
         conn.execute(
             self._statements.get(conn, ("ledger",), sql.ledger),
             {"ids": sql.ids_param(conn, [r.job_id for r in rows]), "b_now": moment},
@@ -1121,16 +1123,13 @@ class JobRepository:
         return object_ids
 
     def _close_attempts(
-        self,
-        conn: Connection,
-        attempts: Iterable[tuple[str, float | None, float | None]],
-        status: str,
-        now: float,
+        self, conn: Connection, finished: Iterable[FinishedJob], status: str, now: float
     ) -> None:
-        """Close the running attempt of each (job_id, its started_at if known, peak
-        memory) in one executemany; started times not given are read in one SELECT."""
-        attempts = list(attempts)
-        unknown = [job_id for job_id, started, _ in attempts if started is None]
+        """Close the running attempt of each job in one executemany, ended at its
+        ``attempt_finished_at`` (else ``now``); started times not given are read in one
+        SELECT."""
+        finished = list(finished)
+        unknown = [f.job_id for f in finished if f.attempt_started_at is None]
         started_at: dict[str, float] = {}
         if unknown:
             a = t.attempts.c
@@ -1139,17 +1138,20 @@ class JobRepository:
             ).all():
                 started_at[job_id] = begun.timestamp()
         rows = []
-        for job_id, started, peak in attempts:
-            begun = started if started is not None else started_at.get(job_id)
+        for f in finished:
+            begun = f.attempt_started_at
+            if begun is None:
+                begun = started_at.get(f.job_id)
             if begun is None:
                 continue  # no running attempt (a row older than attempts)
+            ended = now if f.attempt_finished_at is None else f.attempt_finished_at
             rows.append(
                 {
-                    "b_job": job_id,
-                    "b_duration": max(0, int((now - begun) * 1000)),
-                    "b_peak": peak,
+                    "b_job": f.job_id,
+                    "b_duration": max(0, int((ended - begun) * 1000)),
+                    "b_peak": f.peak_memory_mb,
                     "b_status": status,
-                    "b_now": to_datetime(now),
+                    "b_now": to_datetime(ended),
                 }
             )
         if rows:

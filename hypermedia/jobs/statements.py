@@ -312,14 +312,17 @@ def complete_pg(dialect: str) -> Executable:
     their running attempts, ``ledger`` charges each, ``settle`` spends each user's
     charges and releases their jobs' reservations, ``outbox`` records the terminal
     event of each that named a callback (:mod:`hypermedia.jobs.callbacks`). Per-job
-    values (actual cost, peak memory, ``b_starts``) come as arrays in the order of
-    ``ids``. Every part reads ``done``, so the job rows are locked before the account
-    rows, in the same order as every other step.
+    values (actual cost, peak memory, ``b_starts``, ``b_ends``) come as arrays in the
+    order of ``ids``. Every part reads ``done``, so the job rows are locked before the
+    account rows, in the same order as every other step.
 
     ``b_starts``: for a job its loop took ahead and began since the last batch, the
     moment it did (else NULL): such a job, still ``claimed``, is started and completed
     here at once (its ``started_at`` and its attempt's from that moment), so a short
     job taken ahead costs no statement of its own.
+
+    ``b_ends``: the moment each job's attempt ended (its work done, before the batch
+    it waited for; NULL: ``b_now``), its ``finished_at`` and the end of its duration.
     """
     j, a = t.jobs.c, t.attempts.c
     now = now_param()
@@ -327,6 +330,7 @@ def complete_pg(dialect: str) -> Executable:
     actuals = pg_array("b_actuals", BigInteger)
     peaks = pg_array("b_peaks", Float)
     starts = pg_timestamps("b_starts")
+    ends = pg_timestamps("b_ends")
 
     def of(values: Any, job_id: Any) -> Any:
         return Grouping(values)[func.array_position(ids, sa_cast(job_id, Text))]
@@ -335,7 +339,8 @@ def complete_pg(dialect: str) -> Executable:
         "done"
     )
     began = func.coalesce(of(starts, a.job_id), a.started_at)
-    elapsed = func.extract("epoch", now - began) * 1000
+    ended = func.coalesce(of(ends, a.job_id), now)
+    elapsed = func.extract("epoch", ended - began) * 1000
     closed = (
         update(t.attempts)
         .where(
@@ -346,7 +351,7 @@ def complete_pg(dialect: str) -> Executable:
         .values(
             status="completed",
             started_at=began,
-            finished_at=now,
+            finished_at=ended,
             duration_ms=func.greatest(0, sa_cast(func.floor(elapsed), BigInteger)),
             peak_memory_mb=of(peaks, a.job_id),
             error_code=None,

@@ -152,6 +152,9 @@ class Completion:
     peak_memory_mb: float | None
     units: dict[str, int] | None = None  # the step's units of work, as it reported them
     actual_millicredits: int | None = None  # None: the estimate
+    # When its work ended (outputs stored), epoch seconds: its attempt's end, not the
+    # later commit of the batch it waits for. None: that commit's moment.
+    ended_at: float | None = None
 
     def finished(self) -> FinishedJob:
         return FinishedJob(
@@ -161,6 +164,7 @@ class Completion:
             peak_memory_mb=self.peak_memory_mb,
             attempt_started_at=self.job.attempt_started_at,
             units=self.units,
+            attempt_finished_at=self.ended_at,
         )
 
 
@@ -415,7 +419,8 @@ class JobExecution:
         actual = None
         if units is not None and job.estimated_millicredits is not None:
             actual = charge(job, profile, units)
-        return Completion(job, records, result.peak_memory_mb, units, actual)
+        ended = self.dispatcher.clock.now()
+        return Completion(job, records, result.peak_memory_mb, units, actual, ended)
 
     def _checkpointer(self, job: ClaimedJob, workdir: Path) -> Checkpointer | None:
         """For a step that checkpoints: its pieces restored (a retry) and watched."""

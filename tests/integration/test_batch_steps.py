@@ -17,6 +17,7 @@ from hypermedia.db.engine import transaction
 from hypermedia.ingest.service import SubmitRequest
 from hypermedia.jobs.repository import FinishedJob, JobRepository, OutputRecord
 from hypermedia.jobs.states import JobStatus
+from hypermedia.metrics import JOB_DURATION, MemoryRecorder
 from tests.factories import make_object, make_user, open_stack, submit
 from tests.integration.test_guards import NOW, WORKER, _force, _row
 
@@ -123,6 +124,55 @@ def test_complete_many_completes_only_the_jobs_this_worker_runs(engine, settings
     assert sorted(ledger) == sorted((job_id, -estimate) for job_id in done)
     assert balance_after == (balance_before[0] - 2 * estimate, balance_before[1] - 2 * estimate)
     assert set(stack.queue.members("images")) == {theirs[0].job_id, only_claimed.job_id}
+    stack.close()
+
+
+def test_complete_many_ends_each_attempt_when_its_work_ended(engine, settings, manual_clock):
+    """A worker commits its completions in batches: a job's attempt ends when its work
+    did (``FinishedJob.attempt_finished_at``), not at the later commit of the batch it
+    waited for, in its finished_at, its duration_ms and the duration metric; without
+    one, at the commit. Known or read start, and a job taken ahead that began and ended
+    since the last batch (started and completed in the same commit)."""
+    stack = open_stack(settings, engine, manual_clock)
+    stack.dispatcher.metrics = recorder = MemoryRecorder()
+    person = make_user(stack)
+    for _ in range(4):
+        submit(stack, person, ["thumbnail"])
+    t0 = manual_clock.now()
+    known, read, no_end = stack.dispatcher.claim_and_start("images", WORKER, count=3)
+    (ahead,) = stack.dispatcher.claim("images", WORKER, count=1)
+    finished = [
+        FinishedJob(known.job_id, attempt_started_at=t0, attempt_finished_at=t0 + 1.5),
+        FinishedJob(read.job_id, attempt_finished_at=t0 + 2.25),
+        FinishedJob(ahead.job_id, attempt_started_at=t0 + 1, attempt_finished_at=t0 + 3.125),
+        FinishedJob(no_end.job_id, attempt_started_at=t0),
+    ]
+    manual_clock.advance(5)  # the batch commits well after they ended
+    assert stack.dispatcher.complete_many(WORKER, finished, [(ahead, t0 + 1)]) == [True] * 4
+    with transaction(engine) as conn:
+        a = t.attempts.c
+        attempts = {
+            r.job_id: r
+            for r in conn.execute(
+                select(a.job_id, a.status, a.started_at, a.finished_at, a.duration_ms)
+            )
+        }
+    expected = {
+        known.job_id: (t0, t0 + 1.5, 1500),
+        read.job_id: (t0, t0 + 2.25, 2250),
+        ahead.job_id: (t0 + 1, t0 + 3.125, 2125),
+        no_end.job_id: (t0, t0 + 5, 5000),
+    }
+    assert {
+        job_id: (r.status, r.started_at, r.finished_at, r.duration_ms)
+        for job_id, r in attempts.items()
+    } == {
+        job_id: ("completed", to_datetime(began), to_datetime(ended), ms)
+        for job_id, (began, ended, ms) in expected.items()
+    }
+    labels = {"queue": "images", "operation": "thumbnail", "outcome": "completed"}
+    # The job whose start the record had to read is not timed here (its start unknown).
+    assert sorted(recorder.observations(JOB_DURATION, **labels)) == [1.5, 2.125, 5.0]
     stack.close()
 
 

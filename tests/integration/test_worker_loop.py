@@ -25,12 +25,13 @@ from typing import Any
 
 import psutil
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 from typer.testing import CliRunner
 
 from autoscaler import config as scheduler_config
 from bench.in_process import InProcessExecutor
 from hypermedia.cli import app
+from hypermedia.clock import to_datetime
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
 from hypermedia.ingest.service import SubmitRequest
@@ -711,6 +712,7 @@ def test_jobs_taken_ahead_start_as_their_loop_reaches_them(engine, settings, tmp
                 select(
                     t.attempts.c.job_id,
                     t.attempts.c.started_at,
+                    t.attempts.c.finished_at,
                     t.attempts.c.duration_ms,
                     t.attempts.c.status,
                 )
@@ -719,18 +721,102 @@ def test_jobs_taken_ahead_start_as_their_loop_reaches_them(engine, settings, tmp
     rows = [jobs[j] for j in job_ids]
     assert [r.status for r in rows] == ["completed"] * 3
     assert len({r.claimed_at for r in rows}) == 1  # one claim took them all
-    # Each started after the one before it had run its 0.6 s, its attempt from then. Not
-    # after the one before's recorded end: an attempt ends at its batch's commit, which
-    # may come after the loop began the next job (a CI-like run: 11.5 ms after).
+    # Each started after the one before it ended (its attempt's recorded end: when its
+    # work did, not the later commit of its batch), its attempt from then.
     for before, after in itertools.pairwise(rows):
         ran = attempts[before.job_id]
-        assert after.started_at >= ran.started_at + timedelta(seconds=0.6), (before, after, ran)
+        ended = ran.started_at + timedelta(milliseconds=ran.duration_ms)
+        assert ended <= ran.finished_at <= after.started_at, (before, after, ran)
+        assert ran.finished_at >= ran.started_at + timedelta(seconds=0.6), ran
         assert after.started_at - after.claimed_at >= timedelta(seconds=0.5)
     for job_id, row in zip(job_ids, rows, strict=True):
         attempt = attempts[job_id]
         assert attempt.status == "completed"
         assert abs((attempt.started_at - row.started_at).total_seconds()) < 0.001
         assert 550 <= attempt.duration_ms < 1500  # its own run, not its wait
+    stack.close()
+
+
+class _SecondWaits(InProcessExecutor):
+    """In-process steps; every step after the first waits for ``go`` before it runs.
+    ``ended``: when each step returned (epoch seconds), by job id."""
+
+    def __init__(self, work_root: Path) -> None:
+        super().__init__(work_root, PRELOAD)
+        self.go = threading.Event()
+        self.ended: dict[str, float] = {}
+        self._runs = 0
+
+    def run(self, job_id: str, *args: Any, **kwargs: Any) -> Any:
+        self._runs += 1
+        if self._runs > 1:
+            assert self.go.wait(60)
+        result = super().run(job_id, *args, **kwargs)
+        self.ended[job_id] = time.time()
+        return result
+
+
+def test_an_attempt_ends_when_its_step_did_not_when_its_batch_commits(
+    pg_engine, settings, tmp_path
+):
+    """A job that finished while the batch before it was still committing (held here
+    by a lock on its user's account row) waits for a later commit; its attempt still
+    ends when its step did, so duration_ms is its own run, not its run plus that wait."""
+    stack = open_stack(
+        settings, pg_engine, None, profiles_path=_profiles_without_input(tmp_path, "test.sleep")
+    )
+    person, job_ids = _sleep_jobs(stack, [0.05, 0.3])
+    executor = _SecondWaits(tmp_path / "delayed")
+    worker = loop_worker(stack, tmp_path / "delayed", "delayed", prefetch=1, executor=executor)
+    holder = pg_engine.connect()
+    holder.begin()
+    accounts = t.credit_accounts.c
+    holder.execute(
+        select(accounts.user_id).where(accounts.user_id == person.caller.user_id).with_for_update()
+    ).one()
+
+    def commit_waits() -> bool:
+        with transaction(pg_engine) as conn:
+            waiting = conn.execute(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+                )
+            ).scalar_one()
+        return bool(waiting)
+
+    worker.start()
+    try:
+        _wait(commit_waits)  # the first job's batch, held
+        executor.go.set()  # the second job runs while it is
+        _wait(lambda: len(executor.ended) == 2)
+        time.sleep(1.0)  # its completion waits for the batch before it
+        released = time.time()
+        holder.commit()
+        _wait(lambda: worker.stats.completed == 2)
+    finally:
+        holder.close()
+        worker.stop()
+    second = next(j for j in job_ids if executor.ended[j] == max(executor.ended.values()))
+    with transaction(stack.engine) as conn:
+        attempt = conn.execute(
+            select(
+                t.attempts.c.started_at,
+                t.attempts.c.finished_at,
+                t.attempts.c.duration_ms,
+                t.attempts.c.status,
+            ).where(t.attempts.c.job_id == second)
+        ).one()
+        completed_at = conn.execute(
+            select(t.jobs.c.completed_at).where(t.jobs.c.job_id == second)
+        ).scalar_one()
+    assert attempt.status == "completed"
+    # Ended after its step returned and before its batch could commit, which came later.
+    assert to_datetime(executor.ended[second]) <= attempt.finished_at < to_datetime(released)
+    assert completed_at >= to_datetime(released)
+    span = (attempt.finished_at - attempt.started_at).total_seconds() * 1000
+    assert abs(attempt.duration_ms - span) <= 1  # to its recorded end
+    assert attempt.duration_ms >= 300  # its step's own 0.3 s
     stack.close()
 
 
