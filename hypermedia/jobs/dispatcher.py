@@ -364,7 +364,9 @@ class Dispatcher:
         log_tail: str | None = None,
     ) -> JobStatus | None:
         """Record a failed attempt: answers RETRY_WAIT or FAILED (None if not ours).
-        ``log_tail``: the end of the child's output, kept on the attempt."""
+        ``log_tail``: the end of the child's output, kept on the attempt. A job its
+        loop took ahead and began (``job.started``) whose start the record has not yet
+        had is started at its moment first (:meth:`JobRepository.fail`)."""
         now = self.clock.now()
         with transaction(self.engine) as conn:
             result = self.repository.fail(
@@ -377,6 +379,7 @@ class Dispatcher:
                 retryable=retryable,
                 peak_memory_mb=peak_memory_mb,
                 log_tail=log_tail,
+                started_at=job.attempt_started_at if job.started else None,
             )
         if result is None:
             self.mirror([job.job_id])

@@ -801,12 +801,16 @@ class JobRepository:
         peak_memory_mb: float | None = None,
         retry_now: bool = False,
         log_tail: str | None = None,
+        started_at: float | None = None,
     ) -> tuple[Moved, FailureDecision] | None:
         """A failed attempt: retry_wait with backoff, or failed once attempts are used up.
 
         ``worker_id`` None is the reaper acting for a worker that vanished; it only
         matches jobs whose lease has expired. ``log_tail``: the end of what the job's
-        child printed, kept on the attempt for the job's owner.
+        child printed, kept on the attempt for the job's owner. ``started_at``: when
+        the worker began the job; one its loop took ahead may still be ``claimed`` here
+        (its start waits in the worker's completion batcher): it starts at that moment
+        first, so its attempt is timed from it, not from the claim.
         """
         conds = [t.jobs.c.job_id == job_id, t.jobs.c.status.in_(_guard(JobEvent.FAIL))]
         if worker_id is not None:
@@ -824,10 +828,17 @@ class JobRepository:
                 t.jobs.c.reserved_millicredits,
                 t.jobs.c.claimed_by,
                 t.jobs.c.callback_url,
+                t.jobs.c.status,
             ).where(*conds)
         ).one_or_none()
         if row is None:
             return None
+        if (
+            started_at is not None
+            and worker_id is not None
+            and row.status in _guard(JobEvent.START)
+        ):
+            self.start_many(conn, worker_id, [(job_id, started_at)])
         decision = decide_failure(
             row.attempt_count, row.max_attempts, now, self.backoff, retryable=retryable
         )

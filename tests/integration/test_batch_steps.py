@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from dataclasses import replace
 from typing import cast
 
 import pytest
@@ -173,6 +174,39 @@ def test_complete_many_ends_each_attempt_when_its_work_ended(engine, settings, m
     labels = {"queue": "images", "operation": "thumbnail", "outcome": "completed"}
     # The job whose start the record had to read is not timed here (its start unknown).
     assert sorted(recorder.observations(JOB_DURATION, **labels)) == [1.5, 2.125, 5.0]
+    stack.close()
+
+
+def test_a_job_taken_ahead_that_fails_before_its_start_is_written_is_timed_from_it(
+    engine, settings, manual_clock
+):
+    """A loop took two jobs; the second, begun, fails while its start still waits in
+    the worker's completion batcher (the record has it ``claimed``): its attempt is
+    timed from when the loop began it, not from the claim, and the job has that
+    started_at. The start the batcher writes afterwards changes nothing."""
+    stack = open_stack(settings, engine, manual_clock)
+    person = make_user(stack)
+    for _ in range(2):
+        submit(stack, person, ["thumbnail"])
+    t0 = manual_clock.now()
+    _first, second = stack.dispatcher.claim_ahead("images", WORKER, 2)
+    assert not second.started
+    began = manual_clock.advance(3)  # the loop reaches it once the first has run
+    second = replace(second, attempt_started_at=began, started=True)  # as the loop does
+    manual_clock.advance(0.5)
+    status = stack.dispatcher.fail(second, WORKER, "boom", "it broke", retryable=True)
+    assert status is JobStatus.RETRY_WAIT
+    assert stack.dispatcher.complete_many(WORKER, [], [(second, began)]) == []
+    with transaction(engine) as conn:
+        a = t.attempts.c
+        attempt = conn.execute(
+            select(a.status, a.started_at, a.finished_at, a.duration_ms).where(
+                a.job_id == second.job_id
+            )
+        ).one()
+        job = _row(conn, second.job_id)
+    assert tuple(attempt) == ("failed", to_datetime(began), to_datetime(t0 + 3.5), 500)
+    assert job["status"] == "retry_wait" and job["started_at"] == to_datetime(began)
     stack.close()
 
 
