@@ -129,7 +129,13 @@ Provider choice
     launched in this evaluation), the cheapest allowed option: the spot price where
     spot is allowed (AWS ``spot_enabled`` within ``spot_max_price``, Google
     ``preemptible``; IONOS has none) and wanted, else on-demand. Ties go to on-demand,
-    then to the order aws, google, ionos.
+    then to the order aws, google, ionos. The caps count each option as the node
+    provider does (:func:`at_most`): a spot instance at the most it may bill (AWS:
+    ``spot_max_price``, else the on-demand price; Google: the on-demand price), an
+    on-demand one at its price; the cheapest option by its price now *that the caps
+    allow* is chosen, so a spot instance whose maximum would pass a cap gives way to
+    the on-demand one that fits (for every route but on-demand-only: spot wanted
+    falls back to on-demand as it does without a spot offer).
 
 What the applier records for the next evaluation
     ``launch``: ``History.last_scale_up[queue] = now`` and ``now`` once per instance in
@@ -243,14 +249,21 @@ def route(queue: str, config: QueueConfig, state: QueueState) -> Route:
 
 @dataclass(frozen=True, slots=True)
 class Option:
-    """An instance one provider offers now."""
+    """An instance one provider offers now. ``cents_per_hour`` is what the caps count
+    (:func:`at_most`); :attr:`expected_cents_per_hour` what it is expected to bill."""
 
     provider: ProviderName
     spot: bool
     cents_per_hour: float
-    # The node provider's launch: the market price when ``cents_per_hour`` is the most
-    # a spot instance may bill (what the caps count), None otherwise.
+    # The market price when ``cents_per_hour`` is the most a spot instance may bill
+    # (what the caps count), None otherwise.
     quoted_cents_per_hour: float | None = None
+
+    @property
+    def expected_cents_per_hour(self) -> float:
+        """Its price now (a spot instance's market price): what the choice ranks by."""
+        quoted = self.quoted_cents_per_hour
+        return self.cents_per_hour if quoted is None else quoted
 
     @property
     def label(self) -> str:
@@ -263,10 +276,28 @@ class Option:
         return f"{self.provider} {kind} at {cost.money(self.cents_per_hour)}/h"
 
 
+def at_most(config: SchedulerConfig, option: Option, on_demand_cents_per_hour: float) -> Option:
+    """The option priced at the most it may bill an hour, which the caps count (the
+    node provider's rule too: it books a launch so). An on-demand instance bills its
+    list price. A spot instance bills the market price of each moment, which may rise
+    after the launch up to its maximum: on AWS the ``MaxPrice`` the launch sends
+    (``spot_max_price``), else EC2's default maximum, the on-demand price; on Google,
+    the on-demand price (a spot VM never costs more). Its market price now stays
+    (``quoted_cents_per_hour``). Priced so already: unchanged."""
+    if not option.spot:
+        return option
+    ceiling = config.cloud_providers.aws.spot_max_price_cents if option.provider == "aws" else None
+    most = max(on_demand_cents_per_hour if ceiling is None else ceiling, option.cents_per_hour)
+    if most == option.cents_per_hour:
+        return option
+    return replace(option, cents_per_hour=most, quoted_cents_per_hour=option.cents_per_hour)
+
+
 def options(
     config: SchedulerConfig, queue: str, offers: Mapping[ProviderName, Offer]
 ) -> list[Option]:
-    """Every instance the queue may burst onto, with its price now."""
+    """Every instance the queue may burst onto, with its price now and, for the caps,
+    the most it may bill (:func:`at_most`)."""
     providers = config.cloud_providers
     found: list[Option] = []
     for name in config.burst_providers(queue):
@@ -279,22 +310,32 @@ def options(
             continue
         ceiling = providers.aws.spot_max_price_cents if name == "aws" else None
         if ceiling is None or spot <= ceiling:
-            found.append(Option(name, True, spot))
+            found.append(at_most(config, Option(name, True, spot), offer.on_demand_cents_per_hour))
     return found
 
 
 def pick(
-    choices: Sequence[Option], kind: RouteKind, room: Mapping[ProviderName, int]
+    choices: Sequence[Option],
+    kind: RouteKind,
+    room: Mapping[ProviderName, int],
+    budget: Budget | None = None,
 ) -> Option | None:
-    """The cheapest option the route allows on a provider with room (None: none)."""
+    """The cheapest option (by its price now) the route allows on a provider with room
+    and, given a ``budget``, that the caps allow at the most it may bill (None: none).
+    Spot wanted falls back to on-demand where no spot option is left."""
     usable = [o for o in choices if room.get(o.provider, 0) > 0]
+    if budget is not None:
+        usable = [o for o in usable if budget.refusal(o.cents_per_hour) is None]
     if kind == "on_demand":
         usable = [o for o in usable if not o.spot]
     elif kind == "spot":
         usable = [o for o in usable if o.spot] or usable
     if not usable:
         return None
-    return min(usable, key=lambda o: (o.cents_per_hour, o.spot, PROVIDER_ORDER.index(o.provider)))
+    return min(
+        usable,
+        key=lambda o: (o.expected_cents_per_hour, o.spot, PROVIDER_ORDER.index(o.provider)),
+    )
 
 
 # -- one evaluation --------------------------------------------------------------------------
@@ -620,18 +661,24 @@ def _scale_up(
     why: dict[Option, str] = {}
     stopped: str | None = None
     for this in routes:
-        option = pick(choices, this.kind, _provider_room(config, snapshot, plan))
-        if option is None:
+        room = _provider_room(config, snapshot, plan)
+        cheapest = pick(choices, this.kind, room)
+        if cheapest is None:
             stopped = _no_provider(config, snapshot, name, plan)
             break
-        refused = plan.budget.refusal(option.cents_per_hour)
-        if refused is not None:
-            stopped = refused
+        # The cheapest the caps allow at the most it may bill, as the node provider
+        # counts it: a spot maximum over a cap gives way to an on-demand option that fits.
+        option = pick(choices, this.kind, room, plan.budget)
+        if option is None:
+            stopped = plan.budget.refusal(cheapest.cents_per_hour)
             break
+        if option != cheapest:
+            refused = plan.budget.refusal(cheapest.cents_per_hour)
+            why.setdefault(option, f"{this.why}; not {cheapest.label}: {refused}")
+        why.setdefault(option, this.why)
         plan.budget = plan.budget.after_launch(option.cents_per_hour)
         plan.launched[option.provider] = plan.launched.get(option.provider, 0) + 1
         picked.append(option)
-        why.setdefault(option, this.why)
 
     for option in dict.fromkeys(picked):
         count = picked.count(option)
@@ -643,7 +690,7 @@ def _scale_up(
                 provider=option.provider,
                 spot=option.spot,
                 count=count,
-                cents_per_hour=option.cents_per_hour,
+                cents_per_hour=option.expected_cents_per_hour,
             )
         )
     if stopped is not None:
@@ -858,7 +905,7 @@ class _KeepAlive:
         how = route(view.name, view.config, view.state)
         everywhere = dict.fromkeys(config.burst_providers(view.name), 1)
         found = pick(options(config, view.name, snapshot.offers), how.kind, everywhere)
-        self.replacement = None if found is None else found.cents_per_hour
+        self.replacement = None if found is None else found.expected_cents_per_hour
 
     def holds(self, worker: WorkerState, rule: str, plan: _Plan) -> bool:
         """Whether ``worker`` is kept (the hold added); else it counts as drained. A

@@ -61,7 +61,6 @@ tags of each node). What it does:
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import json
 import logging
@@ -875,17 +874,19 @@ class HypermediaNodeProvider(NodeProvider):
         else:
             # No order (Ray launched for its own reasons, or the order expired): routed by
             # the seed's table from the jobs waiting, priority 1-3 on demand above all.
+            # The cheapest the caps allow at the most it may bill, as the policy picks.
             offers = self.offers()
             how = policy.route(queue, config.queues[queue], waiting(conn, queue, now))
-            picked = policy.pick(policy.options(config, queue, offers), how.kind, room)
-            if picked is None:
+            choices = policy.options(config, queue, offers)
+            cheapest = policy.pick(choices, how.kind, room)
+            if cheapest is None:
                 full = [name for name, left in room.items() if left <= 0]
                 return None, (
                     f"every provider for {queue} is at max_instances ({', '.join(full)})"
                     if full
                     else f"no provider offers an instance for {queue}"
                 )
-            choice = picked
+            choice = policy.pick(choices, how.kind, room, verdict.budget) or cheapest
         choice = self._at_most(choice)
         refusal = verdict.budget.refusal(choice.cents_per_hour)
         if refusal is not None:
@@ -893,27 +894,13 @@ class HypermediaNodeProvider(NodeProvider):
         return choice, None
 
     def _at_most(self, choice: policy.Option) -> policy.Option:
-        """The choice priced at the most it may bill an hour, which the caps count. An
-        on-demand instance bills its list price. A spot instance bills the market price
-        of each moment, which may rise after the launch up to its maximum: on AWS the
-        ``MaxPrice`` the launch sends (``spot_max_price``), else EC2's default maximum,
-        the on-demand price; on Google, the on-demand price (a spot VM never costs
-        more). Its market price now stays the quoted one, for the bill's reconciliation."""
+        """The choice priced at the most it may bill an hour, which the caps count: the
+        policy's own rule (:func:`autoscaler.policy.at_most`), with the provider's
+        on-demand list price. Its market price now stays the quoted one, for the bill's
+        reconciliation."""
         if not choice.spot:
             return choice
-        ceiling = (
-            self.config.cloud_providers.aws.spot_max_price_cents
-            if choice.provider == "aws"
-            else None
-        )
-        if ceiling is None:
-            ceiling = self._list_price(choice.provider)
-        most = max(ceiling, choice.cents_per_hour)
-        if most == choice.cents_per_hour:
-            return choice
-        return dataclasses.replace(
-            choice, cents_per_hour=most, quoted_cents_per_hour=choice.cents_per_hour
-        )
+        return policy.at_most(self.config, choice, self._list_price(choice.provider))
 
     def _verdict(self, conn: Connection, now: float) -> tuple[cost.GuardVerdict, list[Any]]:
         """The cost guard's verdict on the ledger now, as the policy reaches it, and the

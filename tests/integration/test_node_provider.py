@@ -30,10 +30,11 @@ from ray.autoscaler.tags import (
 )
 from sqlalchemy import select
 
-from autoscaler import billing, cost, orders, raynodes
+from autoscaler import billing, cost, orders, policy, raynodes
 from autoscaler.drivers.base import DriverError
 from autoscaler.provider import HypermediaNodeProvider, record_vps_node
 from autoscaler.scheduler import ledger_rows
+from autoscaler.snapshot import QueueState, Snapshot, Spend
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
 from hypermedia.errors import ConfigError
@@ -271,6 +272,57 @@ def test_concurrent_launches_never_pass_max_instances_together(tmp_path, make_pr
     # The boots fail (no token), but only two launches were let through the guard.
     assert sorted(outcomes).count("cost_guard") == 2, outcomes
     assert len(ledger(provider)) == 2
+
+
+@pytest.mark.parametrize(
+    ("max_price", "spot", "counted"), [("1.50", False, 17), ("0.50", True, 50)]
+)
+def test_a_spot_maximum_over_the_cap_launches_the_on_demand_instance_that_fits(
+    tmp_path, make_provider, max_price, spot, counted
+):
+    """Spot at 4 c/h, on demand at 17 c/h, the $1 hourly cap. The provider counts a
+    spot launch at its spot_max_price: at $1.50 it passes the cap, and the policy chose
+    spot (the cheaper at its market price), the provider refused it and launched
+    nothing, though the on-demand instance fits. Both now take the cheapest the caps
+    allow: on demand, by the scheduler's order and by Ray's own launch; at $0.50 spot
+    still fits and wins."""
+    scheduler = scheduler_json(
+        tmp_path,
+        cloud_providers__aws__spot_enabled=True,
+        cloud_providers__aws__spot_max_price=max_price,
+    )
+    provider = make_provider(
+        scheduler,
+        token_path=str(tmp_path / "no-token"),  # the boots fail at once: only the choice counts
+        drivers={
+            "aws": {"type": "local", "on_demand_cents_per_hour": 17, "spot_cents_per_hour": 4}
+        },
+    )
+    # Ray's own launch, without an order: routed as the policy routes it.
+    assert launch_outcome(provider, "unordered") == "launched"
+    # The scheduler's turn on the provider's prices: its plan, and the order it leaves.
+    now = time.time()
+    snapshot = Snapshot(
+        now=now,
+        queues={"media": QueueState("media", depth=5)},
+        workers=(),
+        offers=provider.offers(),
+        spend=Spend(0.0, 0.0),
+    )
+    [planned] = [d for d in policy.decide(provider.config, snapshot) if d.action == "launch"]
+    assert (planned.provider, planned.spot) == ("aws", spot)
+    order = orders.Order("media", "aws", planned.spot, planned.cents_per_hour, "test", 1, now)
+    with transaction(provider.engine) as conn:
+        orders.place(conn, [order], now)
+    assert launch_outcome(provider, "ordered") == "launched"
+    with transaction(provider.engine) as conn:
+        assert orders.pending(conn, time.time()) == []  # taken
+    rows = ledger(provider)
+    assert [(r.spot, r.price_per_hour_microusd) for r in rows] == [
+        (spot, cost.to_microusd(counted))
+    ] * 2
+    assert [r.quoted_per_hour_microusd for r in rows] == [40_000 if spot else None] * 2
+    assert not [d for d in decisions(provider) if d.action == "hold"]  # nothing refused
 
 
 def test_bad_provider_sections_stop_ray_up_naming_the_key(tmp_path, pg_database_url):

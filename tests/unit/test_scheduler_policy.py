@@ -563,9 +563,13 @@ def test_the_cheapest_eligible_offer_wins():
     [launch] = of(policy.decide(make_config(), snap(queue(depth=12), offers=offers)), "launch")
     assert (launch.provider, launch.spot) == ("aws", True)
     assert launch.reason == (
-        "Scaling up ocr: depth=12, oldest=0s; 1 on aws spot at $0.04/h"
-        " (on-demand or spot, the cheaper; depth 6-20 or oldest 2-5 min: 1 burst worker)"
+        "Scaling up ocr: depth=12, oldest=0s; 1 on aws spot at $0.04/h (counted at its"
+        " maximum, $0.05/h) (on-demand or spot, the cheaper; depth 6-20 or oldest 2-5 min:"
+        " 1 burst worker)"
     )
+    assert (
+        launch.cents_per_hour == 4.0
+    )  # the order's price: the market's (the provider books the maximum)
 
 
 def test_a_spot_price_over_spot_max_price_is_not_eligible():
@@ -635,10 +639,12 @@ def test_hourly_spend_at_the_cap_holds_every_launch():
 
 
 def test_a_launch_that_would_pass_the_hourly_cap_is_held_instance_by_instance():
-    # 490 c/h committed; the cheapest is google spot at 3 c/h: 3 fit (499 c/h), a 4th does not
+    # 490 c/h committed; the caps count a spot instance at the most it may bill: google
+    # spot (3 c/h) at its 20 c/h on-demand price does not fit; aws spot (4 c/h) at its
+    # 5 c/h spot_max_price does: 2 fit (500 c/h), a 3rd does not
     workers = (cloud("w-0", queue_name="bulk", jobs=1, cents=490.0),)
     decisions = policy.decide(make_config(), snap(queue(depth=150), workers=workers))
-    assert [(d.provider, d.count) for d in of(decisions, "launch")] == [("google", 3)]
+    assert [(d.provider, d.spot, d.count) for d in of(decisions, "launch")] == [("aws", True, 2)]
     [hold] = of(decisions, "hold")
     assert hold.reason.startswith("Not scaling up ocr further (depth=150, oldest=0s): a launch")
     assert "over the $5.00 hourly cap" in hold.reason
@@ -685,6 +691,64 @@ def test_the_spend_alert_goes_out_once():
     assert policy.decide(make_config(), snap(queue(), spend=Spend(0.0, 3000.0, False, True))) == []
 
 
+@pytest.mark.parametrize(
+    "cap",
+    [
+        {"cost_limits__max_hourly_spend_cents": 20},
+        {"cost_limits__max_daily_spend_cents": 20, "cost_limits__alert_threshold_cents": 20},
+    ],
+    ids=["hourly", "daily"],
+)
+@pytest.mark.parametrize(("max_price", "spot"), [("0.30", False), ("0.20", True)])
+def test_a_spot_instance_counts_against_the_caps_at_the_most_it_may_bill(cap, max_price, spot):
+    """The node provider counts a spot launch at the most it may bill (spot_max_price)
+    and refuses it when that passes a cap. The plan counts it so too: spot at 4 c/h
+    with a 30 c/h maximum over a 20 c/h cap gives way to the on-demand instance at
+    17 c/h that fits (the plan chose spot, the provider refused it, and nothing was
+    launched, turn after turn); with a 20 c/h maximum spot still fits and wins."""
+    config = make_config(
+        cloud_providers__aws__spot_max_price=max_price, queues__ocr__cloud_provider="aws", **cap
+    )
+    decisions = policy.decide(config, snap(queue(depth=12)))
+    [launch] = of(decisions, "launch")
+    assert (launch.provider, launch.spot, launch.count) == ("aws", spot, 1)
+    assert launch.cents_per_hour == (4.0 if spot else 17.0)
+    assert of(decisions, "hold") == []
+    if not spot:
+        assert "; not aws spot at $0.04/h (counted at its maximum, $0.30/h): a launch at" in (
+            launch.reason
+        )
+    else:
+        assert "(counted at its maximum, $0.20/h)" in launch.reason
+
+
+def test_a_spot_maximum_over_the_cap_with_no_on_demand_that_fits_is_a_hold():
+    config = make_config(
+        cloud_providers__aws__spot_max_price="0.30",
+        queues__ocr__cloud_provider="aws",
+        cost_limits__max_hourly_spend_cents=10,
+    )
+    decisions = policy.decide(config, snap(queue(depth=12)))
+    assert launched(decisions) == 0
+    [hold] = of(decisions, "hold")
+    assert hold.reason == (
+        "Not scaling up ocr (depth=12, oldest=0s): a launch at $0.30/h would commit"
+        " $0.30/h, over the $0.10 hourly cap"
+    )
+
+
+def test_a_spot_route_falls_back_to_on_demand_when_only_that_fits_the_caps():
+    config = make_config(
+        cloud_providers__aws__spot_max_price="0.30",
+        queues__bulk__cloud_provider="aws",
+        cost_limits__max_hourly_spend_cents=20,
+    )
+    [launch] = of(policy.decide(config, snap(queue("bulk", depth=12))), "launch")
+    assert (launch.provider, launch.spot) == ("aws", False)
+    assert launch.reason.startswith("Scaling up bulk: depth=12, oldest=0s; 1 on aws on-demand")
+    assert "bulk prefers spot; not aws spot" in launch.reason
+
+
 def test_the_launch_rate_cap_holds_launches():
     history = History(launches=(NOW - 30,) * 10)  # aws 5 + google 5 per 10 minutes
     decisions = policy.decide(make_config(), snap(queue(depth=50), history=history))
@@ -697,11 +761,12 @@ def test_the_launch_rate_cap_holds_launches():
 def test_launches_across_queues_share_the_budget():
     workers = (cloud("w-0", queue_name="images", status="draining", jobs=1, drain_for=1),)
     config = make_config(cost_limits__max_hourly_spend_cents=30)
-    # images' draining worker commits 17 c/h: 13 c/h left: ocr gets 4 x 3 c/h google spot
+    # images' draining worker commits 17 c/h: 13 c/h left: ocr gets 2 aws spot counted at
+    # their 5 c/h maximum (google spot counts its 20 c/h on-demand price: it fits no more)
     decisions = policy.decide(
         config, snap(queue(depth=150), queue("bulk", depth=150), workers=workers)
     )
-    assert [(d.queue, d.count) for d in of(decisions, "launch")] == [("ocr", 4)]
+    assert [(d.queue, d.count) for d in of(decisions, "launch")] == [("ocr", 2)]
     assert [d.queue for d in of(decisions, "hold")] == ["ocr", "bulk"]
 
 
