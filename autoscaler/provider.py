@@ -436,7 +436,7 @@ class HypermediaNodeProvider(NodeProvider):
                     price = self._list_price(provider)
                     priced = "no price tag: the on-demand list price"
                 elif instance.spot:  # a tag from before spot was counted at its maximum
-                    most = self._at_most(policy.Option(provider, True, price)).cents_per_hour
+                    most = self.at_most(policy.Option(provider, True, price)).cents_per_hour
                     if most > price:
                         price, priced = most, "spot: the most it may bill"
                 log.warning(
@@ -887,13 +887,13 @@ class HypermediaNodeProvider(NodeProvider):
                     else f"no provider offers an instance for {queue}"
                 )
             choice = policy.pick(choices, how.kind, room, verdict.budget) or cheapest
-        choice = self._at_most(choice)
+        choice = self.at_most(choice)
         refusal = verdict.budget.refusal(choice.cents_per_hour)
         if refusal is not None:
             return None, refusal
         return choice, None
 
-    def _at_most(self, choice: policy.Option) -> policy.Option:
+    def at_most(self, choice: policy.Option) -> policy.Option:
         """The choice priced at the most it may bill an hour, which the caps count: the
         policy's own rule (:func:`autoscaler.policy.at_most`), with the provider's
         on-demand list price. Its market price now stays the quoted one, for the bill's

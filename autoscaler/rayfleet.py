@@ -40,6 +40,7 @@ from autoscaler import orders, raynodes
 from autoscaler.billing import Account, accounts
 from autoscaler.config import ProviderName, SchedulerConfig
 from autoscaler.leader import Term
+from autoscaler.policy import Option
 from autoscaler.provider import HypermediaNodeProvider, record_vps_node
 from autoscaler.snapshot import Offer, Plan, WorkerState, actor_totals
 from autoscaler.state import read_state, write_state
@@ -51,6 +52,37 @@ log = logging.getLogger(__name__)
 DRAINING = "draining"
 SPOT_INTERRUPTED = "spot_interrupted"  # a worker row's status after the notice
 ORDER_PREFIX = "order-"  # a worker ordered but not created yet
+
+
+def ordered_workers(
+    provider: HypermediaNodeProvider, waiting: Sequence[orders.Order]
+) -> list[WorkerState]:
+    """Ordered but not recorded yet (Ray asks the provider within seconds, and the
+    launch takes its time): the launches of the last turns, starting workers until their
+    node is recorded. Each costs what the provider will book it at (a spot one: the most
+    it may bill, :meth:`~autoscaler.provider.HypermediaNodeProvider.at_most`), so the
+    next turn's caps count it as the provider will."""
+    return [
+        WorkerState(
+            worker_id=f"{ORDER_PREFIX}{int(order.at)}-{index}",
+            queue=order.queue,
+            status="starting",
+            started_at=order.at,
+            provider=order.provider,  # type: ignore[arg-type]
+            spot=order.spot,
+            cost_per_hour_cents=_booked(provider, order),
+        )
+        for index, order in enumerate(waiting)
+    ]
+
+
+def _booked(provider: HypermediaNodeProvider, order: orders.Order) -> float:
+    """What the provider books an order's launch at (an order for a provider it has no
+    driver for is never launched there: at the order's price)."""
+    if order.provider not in provider.drivers:
+        return order.cents_per_hour
+    option = Option(order.provider, order.spot, order.cents_per_hour)
+    return provider.at_most(option).cents_per_hour
 
 
 class RayFleet:
@@ -139,22 +171,7 @@ class RayFleet:
                     ),
                 )
             )
-        # Ordered but not recorded yet (Ray asks the provider within seconds, and the
-        # launch takes its time): the launches of the last turns, starting workers until
-        # their node is recorded.
-        for index, order in enumerate(waiting):
-            workers.append(
-                WorkerState(
-                    worker_id=f"{ORDER_PREFIX}{int(order.at)}-{index}",
-                    queue=order.queue,
-                    status="starting",
-                    started_at=order.at,
-                    provider=order.provider,  # type: ignore[arg-type]
-                    spot=order.spot,
-                    cost_per_hour_cents=order.cents_per_hour,
-                )
-            )
-        return workers
+        return workers + ordered_workers(self.provider, waiting)
 
     def offers(self, now: float) -> dict[ProviderName, Offer]:
         return self.provider.offers()

@@ -33,6 +33,7 @@ from sqlalchemy import select
 from autoscaler import billing, cost, orders, policy, raynodes
 from autoscaler.drivers.base import DriverError
 from autoscaler.provider import HypermediaNodeProvider, record_vps_node
+from autoscaler.rayfleet import ordered_workers
 from autoscaler.scheduler import ledger_rows
 from autoscaler.snapshot import QueueState, Snapshot, Spend
 from hypermedia.db import tables as t
@@ -323,6 +324,45 @@ def test_a_spot_maximum_over_the_cap_launches_the_on_demand_instance_that_fits(
     ] * 2
     assert [r.quoted_per_hour_microusd for r in rows] == [40_000 if spot else None] * 2
     assert not [d for d in decisions(provider) if d.action == "hold"]  # nothing refused
+
+
+def test_a_spot_order_not_launched_yet_counts_at_what_the_provider_books(tmp_path, make_provider):
+    """The scheduler counts the workers it ordered, not yet launched, against the caps
+    of its next turn. A spot order at 4 c/h counted so (the provider books it at its
+    60 c/h spot_max_price) left 96 c/h of the $1 hourly cap in that turn's view: it
+    ordered a second spot worker the provider would refuse (120 c/h), where the
+    on-demand one (77 c/h) fits."""
+    scheduler = scheduler_json(
+        tmp_path,
+        cloud_providers__aws__spot_enabled=True,
+        cloud_providers__aws__spot_max_price="0.60",
+    )
+    provider = make_provider(
+        scheduler,
+        token_path=str(tmp_path / "no-token"),  # the boot fails at once: only the booking counts
+        drivers={
+            "aws": {"type": "local", "on_demand_cents_per_hour": 17, "spot_cents_per_hour": 4}
+        },
+    )
+    now = time.time()
+    with transaction(provider.engine) as conn:  # the last turn's order: spot, at its market price
+        orders.place(conn, [orders.Order("media", "aws", True, 4.0, "test", 1, now)], now)
+        waiting = orders.pending(conn, now)
+    ordered = ordered_workers(provider, waiting)
+    assert [(w.status, w.spot, w.cost_per_hour_cents) for w in ordered] == [("starting", True, 60)]
+    snapshot = Snapshot(
+        now=now,
+        queues={"media": QueueState("media", depth=30)},  # 2 burst workers wanted
+        workers=tuple(ordered),
+        offers=provider.offers(),
+        spend=Spend(0.0, 0.0),
+    )
+    [planned] = [d for d in policy.decide(provider.config, snapshot) if d.action == "launch"]
+    assert (planned.provider, planned.spot, planned.count) == ("aws", False, 1)
+    # The provider books the ordered launch at what the scheduler counted.
+    assert launch_outcome(provider, "ordered") == "launched"
+    (row,) = ledger(provider)
+    assert (row.spot, row.price_per_hour_microusd) == (True, cost.to_microusd(60))
 
 
 def test_bad_provider_sections_stop_ray_up_naming_the_key(tmp_path, pg_database_url):
