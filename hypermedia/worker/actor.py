@@ -27,6 +27,7 @@ Ray's pickling.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import os
@@ -191,44 +192,53 @@ class PipelineService:
         if unknown:
             raise ValueError(f"unknown worker options {sorted(unknown)}")
         cfg: Settings = load_settings(**settings)
-        # Per-job grants only; its counts go to Ray's metrics agent.
-        self.stack = Stack.open(cfg, with_storage=False, metrics=actor_metrics(), custom_plans=True)
-        # Workers that died here left their jobs' files; on a burst node nobody else
-        # is on this disk to remove them.
-        engine = self.stack.engine
-        workdirs.sweep(cfg.data_dir, lambda found: ended_workers(engine, found))
-        work_root = workdirs.worker_root(cfg.data_dir, worker_id)
-        # Each job's share of this node's CPUs: its claim loops split them.
-        self.job_cpus = max(1, (os.cpu_count() or 1) // max(1, concurrency))
-        # The modules that register steps (tests add theirs): known here too, so the
-        # worker knows which of its operations keep checkpoints (pipelines.registry).
-        for module in preload:
-            importlib.import_module(module)
-        preload = queue_preload(self.stack.catalog, queue, preload)
-        self.executor: Any = self.make_executor(work_root, preload, cfg)
-        executor: Executor = self.executor
-        grants_client = RayGrants(grants) if _is_actor_handle(grants) else grants
-        execution = JobExecution(
-            self.stack.dispatcher, self.stack.catalog, grants_client, executor, worker_id
-        )
-        node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
-        self.worker = Worker(
-            worker_id=worker_id,
-            queue=queue,
-            concurrency=concurrency,
-            engine=self.stack.engine,
-            dispatcher=self.stack.dispatcher,
-            execution=execution,
-            work_root=str(work_root),
-            node_id=node_id,
-            clock=self.stack.clock,
-            heartbeat_seconds=heartbeat_seconds,
-            metrics_seconds=metrics_seconds,
-            prefetch=int(options.get("prefetch", cfg.queues[queue].prefetch)),
-            spot=SpotWatch.from_settings(cfg),
-            min_free_disk_mb=cfg.worker_min_free_disk_mb,
-        )
-        self.worker.start()
+        # What is made here is closed again when a later step fails (a Worker argument,
+        # its registration in the record): else the fork server and its spares would
+        # live on beside this process, which Ray may keep after __init__ raised.
+        with contextlib.ExitStack() as made:
+            # Per-job grants only; its counts go to Ray's metrics agent.
+            self.stack = Stack.open(
+                cfg, with_storage=False, metrics=actor_metrics(), custom_plans=True
+            )
+            made.callback(self.stack.close)
+            # Workers that died here left their jobs' files; on a burst node nobody else
+            # is on this disk to remove them.
+            engine = self.stack.engine
+            workdirs.sweep(cfg.data_dir, lambda found: ended_workers(engine, found))
+            work_root = workdirs.worker_root(cfg.data_dir, worker_id)
+            # Each job's share of this node's CPUs: its claim loops split them.
+            self.job_cpus = max(1, (os.cpu_count() or 1) // max(1, concurrency))
+            # The modules that register steps (tests add theirs): known here too, so the
+            # worker knows which of its operations keep checkpoints (pipelines.registry).
+            for module in preload:
+                importlib.import_module(module)
+            preload = queue_preload(self.stack.catalog, queue, preload)
+            self.executor: Any = self.make_executor(work_root, preload, cfg)
+            made.callback(self.executor.close)
+            executor: Executor = self.executor
+            grants_client = RayGrants(grants) if _is_actor_handle(grants) else grants
+            execution = JobExecution(
+                self.stack.dispatcher, self.stack.catalog, grants_client, executor, worker_id
+            )
+            node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+            self.worker = Worker(
+                worker_id=worker_id,
+                queue=queue,
+                concurrency=concurrency,
+                engine=self.stack.engine,
+                dispatcher=self.stack.dispatcher,
+                execution=execution,
+                work_root=str(work_root),
+                node_id=node_id,
+                clock=self.stack.clock,
+                heartbeat_seconds=heartbeat_seconds,
+                metrics_seconds=metrics_seconds,
+                prefetch=int(options.get("prefetch", cfg.queues[queue].prefetch)),
+                spot=SpotWatch.from_settings(cfg),
+                min_free_disk_mb=cfg.worker_min_free_disk_mb,
+            )
+            self.worker.start()
+            made.pop_all()  # all started: serve() closes them
 
     def make_executor(self, work_root: Path, preload: tuple[str, ...], cfg: Settings) -> Any:
         """Where the steps run: a child per job, forked by the actor's fork server."""
