@@ -432,7 +432,9 @@ class Dispatcher:
         reason: str | None = None,
     ) -> bool:
         """Hand the job back without spending an attempt (drain, spot notice);
-        ``reason_code`` / ``reason`` go on the released attempt."""
+        ``reason_code`` / ``reason`` go on the released attempt. One its loop took
+        ahead and began (``job.started``), its start not yet in the record, is started
+        at its moment first, as in :meth:`fail`; one never begun goes back unstarted."""
         with transaction(self.engine) as conn:
             moved = self.repository.release(
                 conn,
@@ -441,6 +443,7 @@ class Dispatcher:
                 self.clock.now(),
                 reason_code=reason_code,
                 reason=reason,
+                started_at=job.attempt_started_at if job.started else None,
             )
         if moved is None:
             self.mirror([job.job_id])
@@ -449,8 +452,16 @@ class Dispatcher:
         return True
 
     def honour_cancel(self, job: ClaimedJob, worker_id: str) -> bool:
+        """The job's user asked to cancel it: in flight -> cancelled. A begun job its
+        loop took ahead is started at its moment first, as in :meth:`release`."""
         with transaction(self.engine) as conn:
-            moved = self.repository.cancel_claimed(conn, job.job_id, worker_id, self.clock.now())
+            moved = self.repository.cancel_claimed(
+                conn,
+                job.job_id,
+                worker_id,
+                self.clock.now(),
+                started_at=job.attempt_started_at if job.started else None,
+            )
         if moved is None:
             return False
         self._apply([moved])

@@ -891,11 +891,16 @@ class JobRepository:
         *,
         reason_code: str | None = None,
         reason: str | None = None,
+        started_at: float | None = None,
     ) -> Moved | None:
         """Hand an in-flight job back to the queue without spending an attempt
         (drain, spot notice). The attempt row is closed as ``released``, with
         ``reason_code`` / ``reason`` in its error columns when given (why it was
-        handed back; ``released`` says it is not a failure)."""
+        handed back; ``released`` says it is not a failure). ``started_at``: as for
+        :meth:`fail`, a job its loop took ahead and began, still ``claimed`` here,
+        starts at that moment first, its attempt timed from it."""
+        if started_at is not None:
+            self.start_many(conn, worker_id, [(job_id, started_at)])
         row = conn.execute(
             update(t.jobs)
             .where(
@@ -919,9 +924,18 @@ class JobRepository:
         return Moved(job_id, row.queue, row.priority, JobStatus.QUEUED)
 
     def cancel_claimed(
-        self, conn: Connection, job_id: str, worker_id: str, now: float
+        self,
+        conn: Connection,
+        job_id: str,
+        worker_id: str,
+        now: float,
+        *,
+        started_at: float | None = None,
     ) -> Moved | None:
-        """The worker honours ``cancel_requested``: in flight -> cancelled."""
+        """The worker honours ``cancel_requested``: in flight -> cancelled.
+        ``started_at``: as for :meth:`release`."""
+        if started_at is not None:
+            self.start_many(conn, worker_id, [(job_id, started_at)])
         row = conn.execute(
             update(t.jobs)
             .where(

@@ -210,6 +210,85 @@ def test_a_job_taken_ahead_that_fails_before_its_start_is_written_is_timed_from_
     stack.close()
 
 
+def _attempt_of(conn, job_id: str) -> tuple[object, ...]:
+    a = t.attempts.c
+    return tuple(
+        conn.execute(
+            select(a.status, a.started_at, a.finished_at, a.duration_ms).where(a.job_id == job_id)
+        ).one()
+    )
+
+
+def test_a_job_taken_ahead_released_before_its_start_is_written_is_timed_from_it(
+    engine, settings, manual_clock
+):
+    """A loop took three jobs; the worker drains (or has a spot notice) while the
+    second, begun, still has its start waiting in the worker's completion batcher (the
+    record has it ``claimed``): it is handed back with its released attempt timed from
+    when the loop began it, not from the claim, and the job has that started_at. The
+    third, never begun, goes back unstarted. The start the batcher writes afterwards
+    changes nothing."""
+    stack = open_stack(settings, engine, manual_clock)
+    person = make_user(stack)
+    for _ in range(3):
+        submit(stack, person, ["thumbnail"])
+    t0 = manual_clock.now()
+    _first, second, third = stack.dispatcher.claim_ahead("images", WORKER, 3)
+    assert not second.started and not third.started
+    began = manual_clock.advance(3)  # the loop reaches it once the first has run
+    second = replace(second, attempt_started_at=began, started=True)  # as the loop does
+    manual_clock.advance(0.5)
+    assert stack.dispatcher.release(second, WORKER, reason_code="drain", reason="draining")
+    assert stack.dispatcher.release(third, WORKER)
+    assert stack.dispatcher.complete_many(WORKER, [], [(second, began)]) == []
+    with transaction(engine) as conn:
+        attempts = {job.job_id: _attempt_of(conn, job.job_id) for job in (second, third)}
+        jobs = {job.job_id: _row(conn, job.job_id) for job in (second, third)}
+    assert attempts[second.job_id] == (
+        "released",
+        to_datetime(began),
+        to_datetime(t0 + 3.5),
+        500,
+    )
+    assert jobs[second.job_id]["status"] == "queued"
+    assert jobs[second.job_id]["started_at"] == to_datetime(began)
+    assert jobs[second.job_id]["attempt_count"] == 0  # no attempt spent
+    # Never begun: its attempt ran from the claim, the job was never started.
+    assert attempts[third.job_id] == ("released", to_datetime(t0), to_datetime(t0 + 3.5), 3500)
+    assert jobs[third.job_id]["status"] == "queued" and jobs[third.job_id]["started_at"] is None
+    stack.close()
+
+
+def test_a_job_taken_ahead_cancelled_before_its_start_is_written_is_timed_from_it(
+    engine, settings, manual_clock
+):
+    """A loop took two jobs; the second, begun, is cancelled by its user and the
+    worker honours it while its start still waits in the completion batcher (the record
+    has it ``claimed``): its cancelled attempt is timed from when the loop began it,
+    not from the claim, and the job has that started_at. The start the batcher writes
+    afterwards changes nothing."""
+    stack = open_stack(settings, engine, manual_clock)
+    person = make_user(stack)
+    for _ in range(2):
+        submit(stack, person, ["thumbnail"])
+    t0 = manual_clock.now()
+    _first, second = stack.dispatcher.claim_ahead("images", WORKER, 2)
+    assert not second.started
+    began = manual_clock.advance(3)  # the loop reaches it once the first has run
+    second = replace(second, attempt_started_at=began, started=True)  # as the loop does
+    manual_clock.advance(0.25)
+    assert stack.ingest.cancel(person.caller, second.job_id) is JobStatus.CLAIMED
+    manual_clock.advance(0.25)
+    assert stack.dispatcher.honour_cancel(second, WORKER)
+    assert stack.dispatcher.complete_many(WORKER, [], [(second, began)]) == []
+    with transaction(engine) as conn:
+        attempt = _attempt_of(conn, second.job_id)
+        job = _row(conn, second.job_id)
+    assert attempt == ("cancelled", to_datetime(began), to_datetime(t0 + 3.5), 500)
+    assert job["status"] == "cancelled" and job["started_at"] == to_datetime(began)
+    stack.close()
+
+
 def _account(conn, user_id: str) -> tuple[int, int]:
     acct = t.credit_accounts.c
     row = conn.execute(

@@ -737,6 +737,30 @@ def test_jobs_taken_ahead_start_as_their_loop_reaches_them(engine, settings, tmp
     stack.close()
 
 
+def _hold_account(pg_engine, person: Person) -> Any:
+    """A connection in a transaction holding ``person``'s credit account row: a batch
+    that completes one of their jobs waits for it (commit or close it)."""
+    holder = pg_engine.connect()
+    holder.begin()
+    accounts = t.credit_accounts.c
+    holder.execute(
+        select(accounts.user_id).where(accounts.user_id == person.caller.user_id).with_for_update()
+    ).one()
+    return holder
+
+
+def _a_commit_waits(pg_engine) -> bool:
+    """Some transaction of this test's database waits for a lock."""
+    with transaction(pg_engine) as conn:
+        waiting = conn.execute(
+            text(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            )
+        ).scalar_one()
+    return bool(waiting)
+
+
 class _SecondWaits(InProcessExecutor):
     """In-process steps; every step after the first waits for ``go`` before it runs.
     ``ended``: when each step returned (epoch seconds), by job id."""
@@ -768,26 +792,10 @@ def test_an_attempt_ends_when_its_step_did_not_when_its_batch_commits(
     person, job_ids = _sleep_jobs(stack, [0.05, 0.3])
     executor = _SecondWaits(tmp_path / "delayed")
     worker = loop_worker(stack, tmp_path / "delayed", "delayed", prefetch=1, executor=executor)
-    holder = pg_engine.connect()
-    holder.begin()
-    accounts = t.credit_accounts.c
-    holder.execute(
-        select(accounts.user_id).where(accounts.user_id == person.caller.user_id).with_for_update()
-    ).one()
-
-    def commit_waits() -> bool:
-        with transaction(pg_engine) as conn:
-            waiting = conn.execute(
-                text(
-                    "SELECT count(*) FROM pg_stat_activity"
-                    " WHERE datname = current_database() AND wait_event_type = 'Lock'"
-                )
-            ).scalar_one()
-        return bool(waiting)
-
+    holder = _hold_account(pg_engine, person)
     worker.start()
     try:
-        _wait(commit_waits)  # the first job's batch, held
+        _wait(lambda: _a_commit_waits(pg_engine))  # the first job's batch, held
         executor.go.set()  # the second job runs while it is
         _wait(lambda: len(executor.ended) == 2)
         time.sleep(1.0)  # its completion waits for the batch before it
@@ -817,6 +825,75 @@ def test_an_attempt_ends_when_its_step_did_not_when_its_batch_commits(
     span = (attempt.finished_at - attempt.started_at).total_seconds() * 1000
     assert abs(attempt.duration_ms - span) <= 1  # to its recorded end
     assert attempt.duration_ms >= 300  # its step's own 0.3 s
+    stack.close()
+
+
+@pytest.mark.parametrize("how", ["drain", "spot notice"])
+def test_a_begun_job_taken_ahead_handed_back_before_its_start_is_written_is_timed_from_it(
+    pg_engine, settings, tmp_path, monkeypatch, how
+):
+    """A loop took two jobs. The first's completion waits for its batch (held here by a
+    lock on its user's account row), and the start of the second, which the loop has
+    begun, waits in the completion batcher behind it: the record still has it
+    ``claimed``. The worker drains (or has a spot notice) and hands the second back
+    (its child killed): its released attempt is timed from when its loop began it, not
+    from the claim, and the job has that started_at; the start the batcher writes
+    once the lock goes changes nothing."""
+    from hypermedia.sandbox.executor import ChildExecutor
+    from hypermedia.worker import worker as worker_module
+    from hypermedia.worker.spot import SpotNotice
+
+    # A start alone stays in the batcher (else after 0.2 s it might join the held batch).
+    monkeypatch.setattr(worker_module, "START_LINGER_SECONDS", 3600.0)
+    stack = open_stack(
+        settings, pg_engine, None, profiles_path=_profiles_without_input(tmp_path, "test.sleep")
+    )
+    person, (first_id, second_id) = _sleep_jobs(stack, [0.05, 120])
+    executor = ChildExecutor(tmp_path / "ahead", preload=PRELOAD, hidden_paths=(tmp_path,))
+    worker = loop_worker(stack, tmp_path / "ahead", "ahead-w", prefetch=2, executor=executor)
+    holder = _hold_account(pg_engine, person)
+    handed_back: list[str] = []
+    stopping = threading.Thread(
+        target=lambda: handed_back.extend(
+            worker.drain(timeout=0)
+            if how == "drain"
+            else worker.interrupt(SpotNotice("aws", "terminate", time.time() + 120, time.time()))
+        )
+    )
+    try:
+        worker.start()
+        _wait(lambda: _a_commit_waits(pg_engine))  # the first job's batch, held
+        _wait(lambda: executor.child_pid(second_id) is not None)  # the second begun
+        assert _statuses(stack) == {"processing": 1, "claimed": 1}  # its start not written
+        stopping.start()
+        _wait(lambda: _statuses(stack) == {"processing": 1, "queued": 1})  # handed back
+    finally:
+        holder.close()  # the held batch commits; then the batcher's start of the second
+        if stopping.is_alive():
+            stopping.join(60)
+        worker.stop()
+        executor.close()
+    assert handed_back == [second_id]
+    assert (worker.stats.completed, worker.stats.released) == (1, 1)
+    with transaction(stack.engine) as conn:
+        job = conn.execute(select(t.jobs).where(t.jobs.c.job_id == second_id)).one()
+        a = t.attempts.c
+        attempt = conn.execute(
+            select(a.status, a.started_at, a.finished_at, a.duration_ms, a.error_code).where(
+                a.job_id == second_id
+            )
+        ).one()
+        first = conn.execute(
+            select(a.finished_at).where(a.job_id == first_id, a.status == "completed")
+        ).scalar_one()
+    assert (job.status, job.attempt_count) == ("queued", 0)
+    assert attempt.status == "released"
+    assert attempt.error_code == (None if how == "drain" else "spot_interrupted")
+    # Begun once the first had run (not at the claim), its attempt from then.
+    assert job.started_at is not None and attempt.started_at == job.started_at
+    assert job.claimed_at < first <= job.started_at
+    span = (attempt.finished_at - attempt.started_at).total_seconds() * 1000
+    assert abs(attempt.duration_ms - span) <= 1
     stack.close()
 
 
