@@ -385,7 +385,7 @@ class Dispatcher:
             self.mirror([job.job_id])
             return None
         moved, _decision = result
-        self._apply([moved], error_code=error_code)
+        self._apply([moved], error_code=error_code, before=self._begun_first(job, moved))
         began = job.attempt_started_at
         count_failure(self.metrics, moved, error_code, None if began is None else now - began)
         return moved.status
@@ -448,7 +448,7 @@ class Dispatcher:
         if moved is None:
             self.mirror([job.job_id])
             return False
-        self._apply([moved])
+        self._apply([moved], before=self._begun_first(job, moved))
         return True
 
     def honour_cancel(self, job: ClaimedJob, worker_id: str) -> bool:
@@ -464,8 +464,19 @@ class Dispatcher:
             )
         if moved is None:
             return False
-        self._apply([moved])
+        self._apply([moved], before=self._begun_first(job, moved))
         return True
+
+    def _begun_first(self, job: ClaimedJob, moved: Moved) -> list[tuple[str, dict[str, Any]]]:
+        """A start its fail, release or cancel wrote first (``moved.started_at``: a job
+        taken ahead and begun, its start still in the worker's completion batcher,
+        which then finds it no longer ``claimed``): counted as that start would have
+        been, and its ``processing`` event, to go out before the move's."""
+        if moved.started_at is None:
+            return []
+        self._count_started([job], moved.started_at)
+        event = status_event(JobStatus.PROCESSING.value, moved.started_at, job.attempt_number)
+        return [(job.job_id, event)]
 
     # -- mirroring the record into Redis --------------------------------------------------
 

@@ -173,6 +173,9 @@ class Moved:
     status: JobStatus
     retry_at: float | None = None
     operation: str = ""  # where the caller counts it (metrics); "" where nobody does
+    # A job its loop took ahead and began, started first in the same transaction (its
+    # start had not reached the record): that moment; the caller counts the start.
+    started_at: float | None = None
 
 
 def _submission_values(submission: NewSubmission) -> dict[str, Any]:
@@ -833,12 +836,14 @@ class JobRepository:
         ).one_or_none()
         if row is None:
             return None
+        began = None
         if (
             started_at is not None
             and worker_id is not None
             and row.status in _guard(JobEvent.START)
+            and self.start_many(conn, worker_id, [(job_id, started_at)])
         ):
-            self.start_many(conn, worker_id, [(job_id, started_at)])
+            began = started_at
         decision = decide_failure(
             row.attempt_count, row.max_attempts, now, self.backoff, retryable=retryable
         )
@@ -878,7 +883,13 @@ class JobRepository:
             if row.callback_url:
                 callbacks.record(conn, [(job_id, JobStatus.FAILED.value)], now)
         moved = Moved(
-            job_id, row.queue, row.priority, decision.status, decision.retry_at, row.operation
+            job_id,
+            row.queue,
+            row.priority,
+            decision.status,
+            decision.retry_at,
+            row.operation,
+            started_at=began,
         )
         return moved, decision
 
@@ -899,8 +910,7 @@ class JobRepository:
         handed back; ``released`` says it is not a failure). ``started_at``: as for
         :meth:`fail`, a job its loop took ahead and began, still ``claimed`` here,
         starts at that moment first, its attempt timed from it."""
-        if started_at is not None:
-            self.start_many(conn, worker_id, [(job_id, started_at)])
+        began = self._start_begun(conn, job_id, worker_id, started_at)
         row = conn.execute(
             update(t.jobs)
             .where(
@@ -921,7 +931,7 @@ class JobRepository:
         if row is None:
             return None
         self._close_attempt(conn, job_id, "released", now, None, reason_code, reason)
-        return Moved(job_id, row.queue, row.priority, JobStatus.QUEUED)
+        return Moved(job_id, row.queue, row.priority, JobStatus.QUEUED, started_at=began)
 
     def cancel_claimed(
         self,
@@ -934,8 +944,7 @@ class JobRepository:
     ) -> Moved | None:
         """The worker honours ``cancel_requested``: in flight -> cancelled.
         ``started_at``: as for :meth:`release`."""
-        if started_at is not None:
-            self.start_many(conn, worker_id, [(job_id, started_at)])
+        began = self._start_begun(conn, job_id, worker_id, started_at)
         row = conn.execute(
             update(t.jobs)
             .where(
@@ -965,7 +974,16 @@ class JobRepository:
         credits.release(conn, row.user_id, row.reserved_millicredits, now)
         if row.callback_url:
             callbacks.record(conn, [(job_id, JobStatus.CANCELLED.value)], now)
-        return Moved(job_id, row.queue, row.priority, JobStatus.CANCELLED)
+        return Moved(job_id, row.queue, row.priority, JobStatus.CANCELLED, started_at=began)
+
+    def _start_begun(
+        self, conn: Connection, job_id: str, worker_id: str, started_at: float | None
+    ) -> float | None:
+        """Start a job its loop began at ``started_at`` if the record still has it
+        ``claimed`` (:meth:`start_many`); answers that moment if it did."""
+        if started_at is None or not self.start_many(conn, worker_id, [(job_id, started_at)]):
+            return None
+        return started_at
 
     # -- cancellation by the user ---------------------------------------------------
 

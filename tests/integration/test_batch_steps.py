@@ -18,7 +18,7 @@ from hypermedia.db.engine import transaction
 from hypermedia.ingest.service import SubmitRequest
 from hypermedia.jobs.repository import FinishedJob, JobRepository, OutputRecord
 from hypermedia.jobs.states import JobStatus
-from hypermedia.metrics import JOB_DURATION, MemoryRecorder
+from hypermedia.metrics import JOB_DURATION, JOBS_STARTED, MemoryRecorder
 from tests.factories import make_object, make_user, open_stack, submit
 from tests.integration.test_guards import NOW, WORKER, _force, _row
 
@@ -183,8 +183,10 @@ def test_a_job_taken_ahead_that_fails_before_its_start_is_written_is_timed_from_
     """A loop took two jobs; the second, begun, fails while its start still waits in
     the worker's completion batcher (the record has it ``claimed``): its attempt is
     timed from when the loop began it, not from the claim, and the job has that
-    started_at. The start the batcher writes afterwards changes nothing."""
+    started_at; its start is counted and its ``processing`` event goes out before the
+    failure's. The start the batcher writes afterwards changes nothing."""
     stack = open_stack(settings, engine, manual_clock)
+    stack.dispatcher.metrics = recorder = MemoryRecorder()
     person = make_user(stack)
     for _ in range(2):
         submit(stack, person, ["thumbnail"])
@@ -207,7 +209,13 @@ def test_a_job_taken_ahead_that_fails_before_its_start_is_written_is_timed_from_
         job = _row(conn, second.job_id)
     assert tuple(attempt) == ("failed", to_datetime(began), to_datetime(t0 + 3.5), 500)
     assert job["status"] == "retry_wait" and job["started_at"] == to_datetime(began)
+    assert recorder.total(JOBS_STARTED) == 2  # the first at its claim, the second once
+    assert _statuses_published(stack, second.job_id) == ["claimed", "processing", "retry_wait"]
     stack.close()
+
+
+def _statuses_published(stack, job_id: str) -> list[str]:
+    return [e["status"] for _, e in stack.dispatcher.events.history(job_id)]
 
 
 def _attempt_of(conn, job_id: str) -> tuple[object, ...]:
@@ -226,9 +234,11 @@ def test_a_job_taken_ahead_released_before_its_start_is_written_is_timed_from_it
     second, begun, still has its start waiting in the worker's completion batcher (the
     record has it ``claimed``): it is handed back with its released attempt timed from
     when the loop began it, not from the claim, and the job has that started_at. The
-    third, never begun, goes back unstarted. The start the batcher writes afterwards
-    changes nothing."""
+    third, never begun, goes back unstarted. The second's start is counted and its
+    ``processing`` event goes out before the hand-back's. The start the batcher writes
+    afterwards changes nothing."""
     stack = open_stack(settings, engine, manual_clock)
+    stack.dispatcher.metrics = recorder = MemoryRecorder()
     person = make_user(stack)
     for _ in range(3):
         submit(stack, person, ["thumbnail"])
@@ -256,6 +266,9 @@ def test_a_job_taken_ahead_released_before_its_start_is_written_is_timed_from_it
     # Never begun: its attempt ran from the claim, the job was never started.
     assert attempts[third.job_id] == ("released", to_datetime(t0), to_datetime(t0 + 3.5), 3500)
     assert jobs[third.job_id]["status"] == "queued" and jobs[third.job_id]["started_at"] is None
+    assert recorder.total(JOBS_STARTED) == 2  # the first at its claim, the second once
+    assert _statuses_published(stack, second.job_id) == ["claimed", "processing", "queued"]
+    assert _statuses_published(stack, third.job_id) == ["claimed", "queued"]
     stack.close()
 
 
@@ -265,9 +278,11 @@ def test_a_job_taken_ahead_cancelled_before_its_start_is_written_is_timed_from_i
     """A loop took two jobs; the second, begun, is cancelled by its user and the
     worker honours it while its start still waits in the completion batcher (the record
     has it ``claimed``): its cancelled attempt is timed from when the loop began it,
-    not from the claim, and the job has that started_at. The start the batcher writes
+    not from the claim, and the job has that started_at; its start is counted and its
+    ``processing`` event goes out before the cancel's. The start the batcher writes
     afterwards changes nothing."""
     stack = open_stack(settings, engine, manual_clock)
+    stack.dispatcher.metrics = recorder = MemoryRecorder()
     person = make_user(stack)
     for _ in range(2):
         submit(stack, person, ["thumbnail"])
@@ -286,6 +301,8 @@ def test_a_job_taken_ahead_cancelled_before_its_start_is_written_is_timed_from_i
         job = _row(conn, second.job_id)
     assert attempt == ("cancelled", to_datetime(began), to_datetime(t0 + 3.5), 500)
     assert job["status"] == "cancelled" and job["started_at"] == to_datetime(began)
+    assert recorder.total(JOBS_STARTED) == 2  # the first at its claim, the second once
+    assert _statuses_published(stack, second.job_id) == ["claimed", "processing", "cancelled"]
     stack.close()
 
 
