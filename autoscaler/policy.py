@@ -86,8 +86,9 @@ simulator both measure; without it every rule is the seed's as above)
   the rule and the estimate) while the arrivals keep more workers busy than would
   remain, or more jobs than the remaining workers can run are expected before a
   replacement could take work (boot + the scale-up cooldown); never one dearer than its
-  replacement would be. Draining for ``vps_only``, the lock, or a queue no longer
-  bursting is never held.
+  replacement would be, each at what it is expected to bill (a spot one at the market
+  price, not the maximum its booking and the caps count). Draining for ``vps_only``, the
+  lock, or a queue no longer bursting is never held.
 - *Routing a scale-up with urgent work waiting*: only the workers the priority 1-3
   jobs need (to run them within ``oldest_job_age_seconds``, at least one, less the VPS
   and on-demand workers up) go on-demand; the rest take the route of the work behind
@@ -291,6 +292,20 @@ def at_most(config: SchedulerConfig, option: Option, on_demand_cents_per_hour: f
     if most == option.cents_per_hour:
         return option
     return replace(option, cents_per_hour=most, quoted_cents_per_hour=option.cents_per_hour)
+
+
+def expected_cents_per_hour(worker: WorkerState, offers: Mapping[ProviderName, Offer]) -> float:
+    """What a running cloud worker is expected to bill an hour, to rank it against an
+    :class:`Option`'s :attr:`~Option.expected_cents_per_hour`. Its
+    ``cost_per_hour_cents`` is what the node provider booked it at, which the caps count
+    (:func:`at_most`: a spot one at the most it may bill); a spot instance bills the
+    market price of each moment: its provider's spot offer now, at most that booking
+    (its maximum). Without a spot price now: its booking."""
+    booked = worker.cost_per_hour_cents
+    offer = None if worker.provider is None else offers.get(worker.provider)
+    if not worker.spot or offer is None or offer.spot_cents_per_hour is None:
+        return booked
+    return min(offer.spot_cents_per_hour, booked)
 
 
 def options(
@@ -910,14 +925,15 @@ class _KeepAlive:
     def holds(self, worker: WorkerState, rule: str, plan: _Plan) -> bool:
         """Whether ``worker`` is kept (the hold added); else it counts as drained. A
         worker dearer than its replacement would be (on-demand, where a launch now
-        would be spot) is not kept: idle, it costs more than a new one's boot."""
+        would be spot) is not kept: idle, it costs more than a new one's boot. Both are
+        priced at what they are expected to bill (:func:`expected_cents_per_hour`)."""
         self.left -= 1
         if self.load is None or worker.provider is None:
             return False
-        if (
-            self.replacement is not None
-            and worker.cost_per_hour_cents > self.replacement + EPSILON_CENTS
-        ):
+        # Like for like: what each is expected to bill (a spot one's market price), not
+        # a running spot worker's booking at its maximum against the market's price.
+        expected = expected_cents_per_hour(worker, self.snapshot.offers)
+        if self.replacement is not None and expected > self.replacement + EPSILON_CENTS:
             return False
         boot = estimate.boot_seconds(worker.provider, self.snapshot.offers.get(worker.provider))
         horizon = boot + self.cooldown

@@ -115,6 +115,8 @@ class WorkerState:
     last_job_at: float | None = None  # the last job it finished (None: none yet)
     provider: ProviderName | None = None  # None: the VPS
     spot: bool = False
+    # What the node provider booked it at, which the caps count: a spot instance at the
+    # most it may bill (autoscaler.policy.at_most); it bills the market price.
     cost_per_hour_cents: float = 0.0
     drain_started_at: float | None = None
     # The Ray node it runs on (hex id): an actor's node, or a cloud worker's Ray node once

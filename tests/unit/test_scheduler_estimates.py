@@ -154,6 +154,33 @@ def test_keep_alive_does_not_keep_a_worker_dearer_than_its_replacement():
     assert [d.worker_id for d in of(decisions, "hold")] == ["w-1"]
 
 
+@pytest.mark.parametrize(("provider", "booked"), [("aws", 5.0), ("google", 20.0)])
+def test_keep_alive_ranks_a_spot_worker_by_what_it_bills_not_its_booked_maximum(provider, booked):
+    """The node provider books a spot worker at the most it may bill (AWS: the 5 c/h
+    spot_max_price; Google: the 20 c/h on-demand price), and the caps count it so; it
+    bills the market price (4 c/h, 3 c/h), as its spot replacement would. Compared at
+    its maximum with the replacement's market price it looked dearer than its
+    replacement, and was drained although the arrivals need it again. An on-demand
+    worker booked at the same price is still no keeper where a launch now is spot."""
+    config = make_config(queues__ocr__cloud_provider=provider)
+    offers = {
+        "aws": Offer("aws", 17.0, 4.0, launch_delay_seconds=90.0),
+        "google": Offer("google", 20.0, 3.0, launch_delay_seconds=90.0),
+    }
+    worker = cloud("w-1", provider=provider, idle=900, cents=booked, spot=True)
+    state = loaded(per_hour=30.0)
+    decisions = policy.decide(config, snap(state, workers=(worker,), offers=offers))
+    assert of(decisions, "drain") == []
+    [hold] = of(decisions, "hold")
+    assert hold.reason.startswith("Keeping worker w-1 (would drain: idle for 15 minutes")
+    # On-demand at its list price it is dearer than the spot replacement: drained.
+    on_demand = replace(
+        worker, spot=False, cost_per_hour_cents=offers[provider].on_demand_cents_per_hour
+    )
+    decisions = policy.decide(config, snap(state, workers=(on_demand,), offers=offers))
+    assert [d.worker_id for d in of(decisions, "drain")] == ["w-1"]
+
+
 def test_keep_alive_keeps_only_the_workers_the_rate_needs():
     """Empty for 10 minutes, three idle burst workers and a VPS worker; 100 arrivals an
     hour of 90 s keep 2.5 workers busy: the VPS and two burst workers stay, one goes."""

@@ -72,8 +72,10 @@ def cloud(
     idle: float = 0.0,
     cents: float = 17.0,
     drain_for: float | None = None,
+    spot: bool = False,
 ) -> WorkerState:
-    """A cloud worker that finished its last job ``idle`` seconds ago."""
+    """A cloud worker that finished its last job ``idle`` seconds ago; ``cents``: what
+    the provider booked it at (a spot one: the most it may bill)."""
     return WorkerState(
         worker_id=worker_id,
         queue=queue_name,
@@ -82,6 +84,7 @@ def cloud(
         current_jobs=jobs,
         last_job_at=NOW - idle,
         provider=provider,  # type: ignore[arg-type]
+        spot=spot,
         cost_per_hour_cents=cents,
         drain_started_at=None if drain_for is None else NOW - drain_for,
     )
