@@ -12,13 +12,17 @@ World
     (:func:`autoscaler.placement.vps_pools`: its baseline, in ``cloud_first`` at most one
     of a cloud-enabled queue, whose policy keeps the rest on the cloud). A cloud
     instance is launched by a decision, costs its price per hour from its launch (the
-    same :class:`~autoscaler.cost.Interval` ledger as the loop's), takes jobs after its
-    provider's launch delay, and is gone at ``terminate`` (its interval closed). A spot
-    instance may be interrupted (a Poisson process per instance, ``interruptions_per_hour``,
-    seeded): it disappears and its job goes back to the queue. Every worker runs one job at
-    a time and takes the most urgent job first (priority, then age). A job's wait is the
-    time from its arrival to its last start (an interrupted job waits again); a job still
-    waiting at the end counts with its wait so far (``unfinished`` says how many).
+    same :class:`~autoscaler.cost.Interval` ledger as the loop's; a spot instance the
+    market's), takes jobs after its provider's launch delay, and is gone at
+    ``terminate`` (its interval closed). The cost guard counts each instance as the
+    node provider books it (:func:`autoscaler.policy.at_most`: a spot one at the most
+    it may bill), running and in the spend, as in the loop; the report's costs are
+    what the clouds bill. A spot instance may be interrupted (a Poisson process per
+    instance, ``interruptions_per_hour``, seeded): it disappears and its job goes back
+    to the queue. Every worker runs one job at a time and takes the most urgent job
+    first (priority, then age). A job's wait is the time from its arrival to its last
+    start (an interrupted job waits again); a job still waiting at the end counts with
+    its wait so far (``unfinished`` says how many).
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from autoscaler import cost
+from autoscaler import cost, policy
 from autoscaler.placement import vps_pools
 from autoscaler.sim_report import FleetSample
 from autoscaler.snapshot import (
@@ -217,7 +221,8 @@ class _Worker:
     started_at: float
     provider: ProviderName | None = None
     spot: bool = False
-    price: float = 0.0
+    price: float = 0.0  # what its cloud bills an hour (a spot instance: the market's)
+    booked: float = 0.0  # what the node provider books it at, the caps count (at_most)
     status: Literal["starting", "active", "draining"] = "active"
     job: _Job | None = None
     last_job_at: float | None = None
@@ -234,7 +239,7 @@ class _Worker:
             last_job_at=self.last_job_at,
             provider=self.provider,
             spot=self.spot,
-            cost_per_hour_cents=self.price,
+            cost_per_hour_cents=self.booked,
             drain_started_at=self.drain_started_at,
         )
 
@@ -252,7 +257,10 @@ class World:
     waiting: dict[str, dict[int, list[tuple[float, int, _Job]]]] = field(default_factory=dict)
     long_waiting: dict[str, int] = field(default_factory=dict)
     workers: dict[str, _Worker] = field(default_factory=dict)
-    ledger: dict[str, cost.Interval] = field(default_factory=dict)
+    ledger: dict[str, cost.Interval] = field(default_factory=dict)  # what the clouds bill
+    # The same instances at what the node provider books them at: what the loop's ledger
+    # (cloud_spend) holds and the cost guard counts.
+    booked: dict[str, cost.Interval] = field(default_factory=dict)
     jobs: list[_Job] = field(default_factory=list)
     history: History = field(default_factory=History)
     locked_at: float | None = None
@@ -341,7 +349,8 @@ class World:
             self.enqueue(worker.job)
         interval = self.ledger.get(worker_id)
         if interval is not None:
-            self.ledger[worker_id] = self.close(worker, interval)
+            closed = self.ledger[worker_id] = self.close(worker, interval)
+            self.booked[worker_id] = replace(self.booked[worker_id], end=closed.end)
 
     def close(self, worker: _Worker, interval: cost.Interval) -> cost.Interval:
         """Its meter stopped now, as its provider bills it (the minimum, the steps), and
@@ -363,6 +372,10 @@ class World:
         if cloud is None:
             raise ValueError(f"no simulated cloud for provider {decision.provider!r}")
         price = cloud.price(decision.spot)
+        # Booked as the node provider books it, and so counted against the caps: a spot
+        # instance at the most it may bill; it bills the market's price.
+        option = policy.Option(decision.provider, decision.spot, price)
+        booked = policy.at_most(self.config, option, cloud.on_demand_cents_per_hour)
         for _ in range(decision.count):
             self.launches += 1
             worker = _Worker(
@@ -372,11 +385,13 @@ class World:
                 provider=decision.provider,
                 spot=decision.spot,
                 price=price,
+                booked=booked.cents_per_hour,
                 status="active" if prewarmed else "starting",
                 prewarmed=prewarmed,
             )
             self.workers[worker.worker_id] = worker
             self.ledger[worker.worker_id] = cost.Interval(self.now, None, price)
+            self.booked[worker.worker_id] = cost.Interval(self.now, None, booked.cents_per_hour)
             if not prewarmed:
                 self.push(self.now + cloud.launch_delay_seconds, "boot", worker.worker_id)
             if decision.spot and cloud.interruptions_per_hour > 0:
@@ -419,8 +434,10 @@ class World:
         )
 
     def spend(self) -> Spend:
+        """The spend the cost guard sees: the instances at what the provider booked them
+        at (as the loop's ledger; what they are billed is :attr:`ledger`)."""
         return cost.spend(
-            self.ledger.values(),
+            self.booked.values(),
             self.now,
             locked=self.locked_at is not None,
             alerted_today=self.alerted_day == cost.day_start(self.now),
@@ -441,6 +458,7 @@ class World:
         cloud = dict.fromkeys(self.config.queues, 0)
         for w in self.workers.values():
             (cloud if w.provider is not None else vps)[w.queue] += 1
+        billed = cost.spend(self.ledger.values(), self.now)
         oldest: dict[Band, float] = {}
         for state in snapshot.queues.values():
             for band, age in state.oldest_by_band.items():
@@ -453,8 +471,9 @@ class World:
                 sum(q.depth for q in snapshot.queues.values()),
                 depth_by_queue={name: q.depth for name, q in snapshot.queues.items()},
                 oldest_by_band=oldest,
-                hour_cents=snapshot.spend.last_hour_cents,
-                today_cents=snapshot.spend.today_cents,
+                # what the clouds bill (the guard's snapshot counts the bookings)
+                hour_cents=billed.last_hour_cents,
+                today_cents=billed.today_cents,
             )
         )
 

@@ -185,6 +185,27 @@ def test_an_interrupted_spot_job_goes_back_to_the_queue():
     assert report.waits["7-10"].max > 1200  # the third job waited for two reruns
 
 
+def test_running_spot_instances_count_against_the_caps_at_what_the_provider_books():
+    """Spot at 4 c/h with a 30 c/h spot_max_price, on-demand 40 c/h, a $1 hourly cap;
+    150 bulk jobs of 60 s at t=0 (the flood row: up to max_workers 5). The node provider
+    books a spot launch at its maximum and counts the running ones so: the plan's first
+    turn launches 3 spot (90 c/h; a 4th, 120 c/h, or on-demand, 130 c/h, passes the cap),
+    and no turn after it launches more while they run. Counted at the market's 4 c/h,
+    the three left 88 c/h of room in the next turn's view: 2 more spot instances the
+    provider would refuse. What they cost stays the market's price: 3 x 4 c/h."""
+    clouds: dict[ProviderName, Cloud] = {"aws": Cloud("aws", 40.0, 4.0, launch_delay_seconds=60.0)}
+    config = hybrid(hourly=100)
+    aws = config.cloud_providers.aws.model_copy(update={"spot_max_price": "0.30"})
+    providers = config.cloud_providers.model_copy(update={"aws": aws})
+    config = config.model_copy(update={"cloud_providers": providers})
+    report = simulate.simulate(config, [Arrival(0.0, "bulk", 9, 60.0, 150)], clouds=clouds)
+    assert (report.launches, report.peak_cloud()) == (3, 3)
+    assert report.cap_holds > 0 and report.cap_breaches == 0
+    assert report.unfinished == 0
+    # billed at the market price: 3 instances x 4 c/h, from launch to termination
+    assert report.cloud_cost_cents <= 3 * 4.0 * report.duration_seconds / 3600
+
+
 def test_same_seed_same_report():
     arrivals = read_trace(TRACES / "burst.csv")
     first = simulate.simulate(hybrid(), arrivals, seed=7)
