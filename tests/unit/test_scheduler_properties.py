@@ -277,6 +277,12 @@ class World:
             offer = snapshot.offers[decision.provider]
             price = offer.spot_cents_per_hour if decision.spot else offer.on_demand_cents_per_hour
             assert price is not None
+            # booked as the node provider books it, which the caps count: a spot
+            # instance at the most it may bill
+            option = policy.Option(decision.provider, decision.spot, price)
+            price = policy.at_most(
+                self.config, option, offer.on_demand_cents_per_hour
+            ).cents_per_hour
             for _ in range(decision.count):
                 self.serial += 1
                 worker = WorkerState(
