@@ -368,11 +368,13 @@ class HypermediaNodeProvider(NodeProvider):
         A listed instance without an open row (a launch that answered an error although
         the cloud made the instance, a process that died between the launch and the
         row's update, an instance launched before the ledger was kept) gets one, from
-        its tags' launch time and price; a row still under the launch's request id takes
-        the instance's id. An open row that neither a listing nor a node record accounts
-        for is closed once its launch is settled: :data:`LISTING_GRACE_SECONDS` after it
-        began, or :data:`LAUNCH_SETTLE_SECONDS` while a launch of its request id is
-        still on record (under way, or failed in a way that may have made an instance)."""
+        its launch time (its tag, else when the cloud says it created the instance: see
+        :meth:`Instance.from_tags`) and its tags' price; a row still under the launch's
+        request id takes the instance's id. An open row that neither a listing nor a
+        node record accounts for is closed once its launch is settled:
+        :data:`LISTING_GRACE_SECONDS` after it began, or :data:`LAUNCH_SETTLE_SECONDS`
+        while a launch of its request id is still on record (under way, or failed in a
+        way that may have made an instance)."""
         s = t.cloud_spend
         listed_ids = {i.instance_id for i in live} | {i.request_id for i in live}
         recorded = {

@@ -9,6 +9,7 @@ fixtures turn that into a test failure.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import glob
 import os
 import pwd
@@ -300,6 +301,19 @@ def moto_server() -> Iterator[str]:
         yield f"http://{host}:{port}"
     finally:
         server.stop()
+
+
+def set_moto_launch_time(instance_id: str, launched: float, region: str = "us-east-1") -> None:
+    """Say that EC2 started ``instance_id`` at ``launched`` (epoch seconds): what
+    DescribeInstances answers as its ``LaunchTime`` from now on. EC2's API cannot set it;
+    :func:`moto_server` runs in this process, so its backend can."""
+    from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.ec2.models import ec2_backends
+
+    instance = ec2_backends[DEFAULT_ACCOUNT_ID][region].get_instance(instance_id)
+    # moto keeps it as a naive UTC datetime, as its own clock gives it.
+    moment = datetime.datetime.fromtimestamp(launched, datetime.UTC).replace(tzinfo=None)
+    instance.launch_time = moment
 
 
 @contextlib.contextmanager

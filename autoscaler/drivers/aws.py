@@ -10,7 +10,10 @@ It keeps the contract of :mod:`autoscaler.drivers.base` this way:
   where it enters: capacity (retryable), quota, auth, invalid, unavailable
   (retryable). ``ParamValidationError`` is our bug and still raises.
 * **Tags** go on the instance and its volumes, with ``Name=hm-<request id>`` for
-  people reading the console.
+  people reading the console. An instance listed without the launch time tag (started
+  by hand with the cluster's tag, the tag removed) is launched at its ``LaunchTime``,
+  so the provider counts what it billed before it was seen (EC2's ``LaunchTime`` is
+  its last start: the hours of one stopped and started again before that go uncounted).
 * **No volume outlives its instance.** A launch maps the AMI's root device (its
   ``RootDeviceName``, read once with ``DescribeImages``) with ``DeleteOnTermination``
   true, whatever the AMI says: an AMI registered with it false would leave an EBS
@@ -629,6 +632,7 @@ class AwsDriver:
             tags,
             state,
             private_ip=described.get("PrivateIpAddress") or None,
+            created=_epoch(described.get("LaunchTime")),
         )
         extra = {"instance_type": str(described.get("InstanceType", self.instance_type))}
         zone = described.get("Placement", {}).get("AvailabilityZone")
@@ -663,6 +667,13 @@ def _filter(name: str, value: str) -> FilterTypeDef:
 
 def _tags(described: InstanceTypeDef) -> dict[str, str]:
     return {t["Key"]: t["Value"] for t in described.get("Tags", []) if "Key" in t and "Value" in t}
+
+
+def _epoch(moment: object) -> float | None:
+    """A time EC2 answers (botocore parses it to an aware datetime) in epoch seconds."""
+    if not isinstance(moment, datetime):
+        return None
+    return (moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)).timestamp()
 
 
 def _day(text: str) -> date:

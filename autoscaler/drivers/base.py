@@ -22,6 +22,10 @@ does the lifecycle I/O against one cloud. The contract every driver keeps (and
 * **Tags say whose it is.** Every instance carries :data:`TAG_KEYS` (cluster, node
   type, queue, request id, spot, launch time, price) as tags, labels or a name
   prefix, so a fresh process can list the cluster's instances from the cloud alone.
+  An instance without a launch time tag (started by hand with the cluster's tag, a tag
+  removed, a launch that died before tagging) is listed as launched when its cloud
+  says it was created (:meth:`Instance.from_tags`' ``created``), so the spend it
+  billed before the provider first saw it is counted.
 * **No secrets in user data.** ``request.user_data`` is the boot script the provider
   rendered (:func:`autoscaler.bootstrap.user_data`); it names where the node finds
   its Ray token, never the token or a cloud credential. Drivers pass it unchanged
@@ -42,6 +46,7 @@ does the lifecycle I/O against one cloud. The contract every driver keeps (and
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol, runtime_checkable
@@ -128,8 +133,17 @@ class Instance:
         tags: Mapping[str, str],
         state: InstanceState,
         private_ip: str | None = None,
+        created: float | None = None,
     ) -> Instance:
-        """Rebuild an instance from the tags :meth:`LaunchRequest.tags` wrote."""
+        """Rebuild an instance from the tags :meth:`LaunchRequest.tags` wrote.
+
+        ``created`` is when the cloud says it created the instance (epoch seconds): its
+        launch time when the tags carry none, never later than now (a cloud's clock
+        ahead of ours). A launch time tag stays authoritative; with neither,
+        ``launched_at`` is 0 and the provider counts the instance from when it sees it."""
+        launched_at = float(tags.get(TAG_LAUNCHED) or 0)
+        if launched_at <= 0 and created is not None and created > 0:
+            launched_at = min(created, time.time())
         return cls(
             instance_id=instance_id,
             provider=provider,
@@ -139,7 +153,7 @@ class Instance:
             request_id=tags.get(TAG_REQUEST, ""),
             spot=tags.get(TAG_SPOT) == "true",
             state=state,
-            launched_at=float(tags.get(TAG_LAUNCHED) or 0),
+            launched_at=launched_at,
             price_cents_per_hour=from_microusd(int(tags.get(TAG_PRICE) or 0)),
             private_ip=private_ip,
         )

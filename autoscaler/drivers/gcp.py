@@ -31,6 +31,9 @@ How the contract (:mod:`autoscaler.drivers.base`) is kept here:
   answers 409 and the driver answers the instance that already has the name.
 * Labels carry :data:`~autoscaler.drivers.base.TAG_KEYS`, on the instance and on its
   boot disk; :meth:`GcpDriver.instances` lists by the ``hypermedia-cluster`` label.
+  An instance without the launch time label (created by hand with the cluster's label,
+  the label removed) is launched at its ``creationTimestamp``, so the provider counts
+  what it billed before it was seen.
   ``STOPPING``, ``SUSPENDED`` and ``TERMINATED`` instances are listed as
   ``terminating`` rather than left out: a stopped instance still exists (and its disk
   still bills) until it is deleted.
@@ -537,7 +540,14 @@ class GcpDriver:
     def _instance(self, item: compute_v1.Instance) -> Instance:
         state = _STATES.get(item.status, "pending")
         private_ip = next((i.network_i_p for i in item.network_interfaces if i.network_i_p), None)
-        found = Instance.from_tags(item.name, PROVIDER, dict(item.labels), state, private_ip)
+        found = Instance.from_tags(
+            item.name,
+            PROVIDER,
+            dict(item.labels),
+            state,
+            private_ip,
+            created=_timestamp(item.creation_timestamp),
+        )
         return replace(found, extra={"zone": self.zone, "status": item.status})
 
     def _wait(
@@ -628,6 +638,16 @@ def _charge(row: Mapping[str, Any]) -> Charge | str:
         request_id=request_id if isinstance(request_id, str) else "",
         instance_id=resource_name if isinstance(resource_name, str) else "",
     )
+
+
+def _timestamp(text: str) -> float | None:
+    """An RFC 3339 time Compute Engine answers (``creationTimestamp``:
+    ``2026-12-06T01:02:03.456-08:00``) in epoch seconds; None when absent or unreadable."""
+    try:
+        moment = datetime.fromisoformat(text)
+    except (TypeError, ValueError):
+        return None
+    return (moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)).timestamp()
 
 
 def _day(text: str) -> date | None:

@@ -41,7 +41,10 @@ Keeps the contract of :mod:`autoscaler.drivers.base`:
   not spot, launched at the server's ``createdDate``; no node type, queue nor price, so
   the provider counts them at the on-demand list price). Only a server named the old way
   (by a driver from before the cluster was in the name) that lost its labels stays
-  unseen. State from ``metadata.state`` and ``properties.vmState``
+  unseen. A server without the launch time label (those listed by name, one labelled
+  by hand with the cluster's label, a label removed) is launched at its
+  ``metadata.createdDate``, so the provider counts what it billed before it was seen.
+  State from ``metadata.state`` and ``properties.vmState``
   (:func:`server_state`). IONOS shows a server being deleted as BUSY, like one being
   built: the ids this driver deleted read ``terminating`` until they are gone.
 * **terminate**: ``DELETE …/servers/{id}?deleteVolumes=True`` (the boot volume goes
@@ -104,7 +107,6 @@ from typing import Any, TypeVar
 from autoscaler.config import IonosConfig
 from autoscaler.drivers.base import (
     TAG_CLUSTER,
-    TAG_LAUNCHED,
     TAG_REQUEST,
     TAG_SPOT,
     DriverError,
@@ -635,7 +637,9 @@ class IonosDriver:
         with self._lock:
             deleting = str(server.id) in self._terminating
         state = "terminating" if deleting else server_state(_metadata_state(server), vm_state)
-        instance = Instance.from_tags(str(server.id), self.name, tags, state, _private_ip(server))
+        instance = Instance.from_tags(
+            str(server.id), self.name, tags, state, _private_ip(server), created=_epoch(server)
+        )
         extra = {"datacenter": dc, "name": str(properties.name if properties else "")}
         return dataclasses.replace(instance, extra=extra)
 
@@ -651,19 +655,14 @@ def server_name(cluster: str, request_id: str) -> str:
 
 
 def _tags_from_name(server: Any) -> dict[str, str]:
-    """What a server's name says of it (cluster, request id; IONOS has no spot; the
-    launch time is its creation): {} for a name :func:`server_name` did not make."""
+    """What a server's name says of it (cluster, request id; IONOS has no spot; its
+    launch time is its creation, :func:`_epoch`): {} for a name :func:`server_name` did
+    not make."""
     properties = server.properties
     match = _NAME.match(str(properties.name or "")) if properties is not None else None
     if match is None:
         return {}
-    tags = {TAG_CLUSTER: match["cluster"], TAG_REQUEST: match["request"], TAG_SPOT: "false"}
-    created = _created(server)
-    if isinstance(created, datetime.datetime):
-        if created.tzinfo is None:  # IONOS answers UTC
-            created = created.replace(tzinfo=datetime.UTC)
-        tags[TAG_LAUNCHED] = str(int(created.timestamp()))
-    return tags
+    return {TAG_CLUSTER: match["cluster"], TAG_REQUEST: match["request"], TAG_SPOT: "false"}
 
 
 def api_error(action: str, status: int | None, body: object) -> DriverError:
@@ -703,6 +702,16 @@ def _request_id(headers: Any) -> str | None:
 
 def _created(server: Any) -> object:
     return None if server.metadata is None else server.metadata.created_date
+
+
+def _epoch(server: Any) -> float | None:
+    """When IONOS created the server (``metadata.createdDate``), in epoch seconds."""
+    created = _created(server)
+    if not isinstance(created, datetime.datetime):
+        return None
+    if created.tzinfo is None:  # IONOS answers UTC
+        created = created.replace(tzinfo=datetime.UTC)
+    return created.timestamp()
 
 
 def _metadata_state(server: Any) -> str | None:

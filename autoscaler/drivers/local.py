@@ -20,7 +20,9 @@ State lives in ``<state_dir>/instances.json`` under an exclusive ``flock``: ``ra
 and the head's monitor each build a provider (and a driver), and both must see the
 same instances. An instance stays listed until it is terminated, even when its Ray
 processes have exited (a drained node's raylet exits; the "machine" is still there
-until someone terminates it, as on a cloud).
+until someone terminates it, as on a cloud). Each record keeps when it was made
+(``created``, the bill's start): an instance whose launch time tag was removed from the
+file is listed as launched then, as the cloud drivers list one at its creation time.
 """
 
 from __future__ import annotations
@@ -131,7 +133,12 @@ class LocalDriver:
 
     def _instance(self, instance_id: str, record: Mapping[str, Any]) -> Instance:
         return Instance.from_tags(
-            instance_id, self.name, record["tags"], record["state"], record["ip"]
+            instance_id,
+            self.name,
+            record["tags"],
+            record["state"],
+            record["ip"],
+            created=record.get("created"),
         )
 
     # -- the driver interface ---------------------------------------------------------------
@@ -147,12 +154,14 @@ class LocalDriver:
             ]
             if not free:
                 return DriverError("capacity", "no free loopback address left", retryable=True)
+            created = time.time()
             record: dict[str, Any] = {
                 "ip": free[0],
                 # Short: Ray's socket paths under it must stay within 107 bytes.
                 "temp_dir": str(short_temp_dir(self.state_dir, f"n{free[0].rsplit('.', 1)[1]}")),
                 "tags": request.tags(),
                 "state": "pending",
+                "created": created,
             }
             state[instance_id] = record
         with self._bill() as bill:
@@ -167,7 +176,7 @@ class LocalDriver:
                 {
                     "cluster": request.cluster,
                     "request_id": request.request_id,
-                    "start": time.time(),
+                    "start": created,
                     "end": None,
                     "cents_per_hour": self.price_of(request.spot) * self.billing_factor,
                 },

@@ -21,6 +21,10 @@ Knobs for the contract's hard parts:
 * ``deleting_reads``: a deleted instance reads as ``STOPPING`` that many times
   before it is gone.
 * ``operation_polls``: an operation answers ``RUNNING`` that many times first.
+* An instance's ``creationTimestamp`` is its insert's time, in RFC 3339 with
+  milliseconds and a -08:00 offset as Compute Engine writes it (US Pacific);
+  :meth:`GcpServer.set_created` moves it, :meth:`GcpServer.remove_label` takes a
+  label off (an instance labelled by hand, a label removed in the console).
 * :meth:`GcpServer.fail_next`: the next call of one kind answers an HTTP error
   with a reason, or (``in_operation``) an operation that ends with that error code,
   as Compute Engine reports stockouts and most quota failures.
@@ -45,10 +49,12 @@ The SQL is recorded, never run: every query answers the rows a test set with
 
 from __future__ import annotations
 
+import datetime
 import itertools
 import json
 import re
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -189,6 +195,15 @@ class GcpServer:
             found = self._store.instances.get((project, name))
             return None if found is None else json.loads(json.dumps(found.resource))
 
+    def set_created(self, name: str, when: float, project: str = "hm-test") -> None:
+        """Say the instance was created at ``when`` (epoch seconds)."""
+        with self._lock:
+            self._store.instances[project, name].resource["creationTimestamp"] = _rfc3339(when)
+
+    def remove_label(self, name: str, key: str, project: str = "hm-test") -> None:
+        with self._lock:
+            self._store.instances[project, name].resource.get("labels", {}).pop(key, None)
+
     def set_billing_rows(self, rows: list[dict[str, Any]]) -> None:
         """What every query answers from now on: rows keyed by :data:`BILLING_SCHEMA`'s
         names (a missing key is NULL), encoded as BigQuery encodes them."""
@@ -264,6 +279,7 @@ class GcpServer:
             kind="compute#instance",
             selfLink=f"https://compute.example/compute/v1/{link}",
             zone=zone,
+            creationTimestamp=_rfc3339(time.time()),
         )
         interfaces = resource.get("networkInterfaces") or [{}]
         resource["networkInterfaces"] = [
@@ -457,6 +473,12 @@ class GcpServer:
             "status": {"state": "RUNNING" if job.polls_left > 0 else "DONE"},
             "statistics": {"creationTime": "1714521600000", "query": {"statementType": "SELECT"}},
         }
+
+
+def _rfc3339(when: float) -> str:
+    """``when`` as Compute Engine writes times: ``2026-12-05T22:02:03.456-08:00``."""
+    pacific = datetime.timezone(datetime.timedelta(hours=-8))
+    return datetime.datetime.fromtimestamp(when, pacific).isoformat(timespec="milliseconds")
 
 
 def _encode_row(row: dict[str, Any]) -> dict[str, Any]:

@@ -227,6 +227,17 @@ class IonosServer:
         with self._lock:
             self._labels.pop(server_id, None)
 
+    def remove_label(self, server_id: str, key: str) -> None:
+        """Remove one label (as in the console, or a server labelled by hand without it)."""
+        with self._lock:
+            self._labels.get(server_id, {}).pop(key, None)
+
+    def set_created(self, datacenter: str, server_id: str, when: float) -> None:
+        """Say the server was created at ``when`` (epoch seconds): its ``createdDate``."""
+        with self._lock:
+            server = self._servers[datacenter][server_id]
+            server["metadata"]["createdDate"] = _iso(when)
+
     # -- the API ---------------------------------------------------------------------
 
     def handle(self, method: str, raw_path: str, headers: dict[str, str], body: Any) -> _Answer:
@@ -363,7 +374,7 @@ class IonosServer:
             "href": href,
             "metadata": {
                 "state": "BUSY",
-                "createdDate": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "createdDate": _iso(time.time()),
             },
             "properties": {**properties, "vmState": None, "availabilityZone": "AUTO"},
             "entities": {
@@ -461,6 +472,11 @@ class IonosServer:
         for nic in server["entities"]["nics"]["items"]:
             nic["properties"]["ips"] = [f"10.7.0.{self._next_ip}"]
             self._next_ip += 1
+
+
+def _iso(when: float) -> str:
+    """A time as IONOS writes it: ``2026-12-06T05:31:43Z`` (UTC, whole seconds)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(when))
 
 
 def _dict(value: Any, key: str) -> dict[str, Any]:

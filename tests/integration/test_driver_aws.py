@@ -36,7 +36,15 @@ from botocore.exceptions import (
 
 from autoscaler.config import AwsConfig
 from autoscaler.drivers.aws import AwsDriver, driver_error, root_volume_mapping
-from autoscaler.drivers.base import TAG_KEYS, BillingReader, Charge, DriverError, Instance
+from autoscaler.drivers.base import (
+    TAG_CLUSTER,
+    TAG_KEYS,
+    TAG_REQUEST,
+    BillingReader,
+    Charge,
+    DriverError,
+    Instance,
+)
 from hypermedia.embedded import free_port
 from hypermedia.errors import ConfigError
 from tests import support
@@ -473,6 +481,58 @@ def test_instances_are_listed_by_cluster(make_driver: MakeDriver, ec2: EC2Client
     assert states[alpha_1.instance_id] == "terminating"
     assert driver.terminate(alpha_2.instance_id) is None
     assert [i.instance_id for i in listed(driver, "alpha")] == [alpha_1.instance_id]
+
+
+def run_by_hand(ec2: EC2Client, ami: str, tags: dict[str, str]) -> str:
+    """An instance started outside the driver (the console, a script) with ``tags``."""
+    reply = ec2.run_instances(
+        ImageId=ami,
+        InstanceType="m5.large",
+        MinCount=1,
+        MaxCount=1,
+        TagSpecifications=[
+            {"ResourceType": "instance", "Tags": [{"Key": k, "Value": v} for k, v in tags.items()]}
+        ],
+    )
+    return reply["Instances"][0]["InstanceId"]
+
+
+def test_an_instance_without_a_launch_time_tag_is_launched_at_its_launch_time(
+    make_driver: MakeDriver, ec2: EC2Client, ami: str
+) -> None:
+    """Started by hand with the cluster's tag, or its launch time tag removed: it was
+    listed as launched at 0, so the provider counted its spend from when it first saw it
+    and the hours it had billed before were missing from the daily cap. It is listed as
+    launched at EC2's LaunchTime now; a launch time tag stays what counts."""
+    driver = make_driver()
+    by_hand = run_by_hand(ec2, ami, {TAG_CLUSTER: "contract", TAG_REQUEST: "byhand-0001"})
+    three_hours_ago = float(int(time.time()) - 3 * 3600)
+    support.set_moto_launch_time(by_hand, three_hours_ago)
+    tagged = launched(driver, "tagged-0001")
+    support.set_moto_launch_time(tagged.instance_id, three_hours_ago)  # the tag says otherwise
+
+    found = {i.instance_id: i for i in listed(driver, "contract")}
+    assert found[by_hand].launched_at == three_hours_ago
+    assert stored(ec2, by_hand)["LaunchTime"].timestamp() == three_hours_ago
+    assert found[tagged.instance_id].launched_at == tagged.launched_at > three_hours_ago
+
+    # As moto starts it: its LaunchTime, strictly before the listing.
+    fresh = run_by_hand(ec2, ami, {TAG_CLUSTER: "contract"})
+    (listing,) = [i for i in listed(driver, "contract") if i.instance_id == fresh]
+    assert listing.launched_at == stored(ec2, fresh)["LaunchTime"].timestamp() > 0
+    assert listing.launched_at <= time.time()
+
+
+def test_a_launch_time_ahead_of_our_clock_counts_from_now(
+    make_driver: MakeDriver, ec2: EC2Client, ami: str
+) -> None:
+    """EC2's clock ahead of ours: no instance is launched later than it is listed."""
+    driver = make_driver()
+    by_hand = run_by_hand(ec2, ami, {TAG_CLUSTER: "contract"})
+    support.set_moto_launch_time(by_hand, time.time() + 3600)
+    before = time.time()
+    (found,) = listed(driver, "contract")
+    assert before <= found.launched_at <= time.time()
 
 
 def test_terminate(make_driver: MakeDriver, ec2: EC2Client) -> None:

@@ -19,13 +19,21 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from autoscaler.config import GoogleConfig
-from autoscaler.drivers.base import TAG_KEYS, BillingReader, Charge, DriverError, Instance
+from autoscaler.drivers.base import (
+    TAG_KEYS,
+    TAG_LAUNCHED,
+    BillingReader,
+    Charge,
+    DriverError,
+    Instance,
+)
 from autoscaler.drivers.gcp import GcpDriver, billing_sql
 from hypermedia.errors import ConfigError
 from tests.clouds.gcp_server import Action, GcpServer, gcp_server
@@ -228,6 +236,36 @@ def test_list_by_cluster_label(server: GcpServer) -> None:
 
     refused = driver.instances('blue" OR labels.x = "y')
     assert isinstance(refused, DriverError) and refused.code == "invalid"
+
+
+def test_an_instance_without_a_launch_time_label_is_launched_at_its_creation(
+    server: GcpServer,
+) -> None:
+    """Created by hand with the cluster's label, or its launch time label removed: it
+    was listed as launched at 0, so the provider counted its spend from when it first
+    saw it and the hours it had billed before were missing from the daily cap. It is
+    listed as launched at its creationTimestamp now; a launch time label stays what
+    counts, and a creation time ahead of our clock counts as now."""
+    driver = make_driver(server.url)
+    tagged = request("tagged-0001")
+    for wanted in (request("old-000001"), request("fresh-00001"), request("ahead-00001"), tagged):
+        assert isinstance(driver.launch(wanted), Instance)
+    for name in ("old-000001", "fresh-00001", "ahead-00001"):
+        server.remove_label(f"hm-{name}", TAG_LAUNCHED)
+    three_hours_ago = float(int(time.time()) - 3 * 3600)
+    server.set_created("hm-old-000001", three_hours_ago)
+    server.set_created("hm-tagged-0001", three_hours_ago)
+    server.set_created("hm-ahead-00001", time.time() + 3600)
+
+    before = time.time()
+    found = {i.instance_id: i for i in listed(driver, "contract")}
+    assert found["hm-old-000001"].launched_at == three_hours_ago
+    fresh = server.instance("hm-fresh-00001")
+    assert fresh is not None
+    created = datetime.fromisoformat(fresh["creationTimestamp"]).timestamp()
+    assert found["hm-fresh-00001"].launched_at == created < before
+    assert before <= found["hm-ahead-00001"].launched_at <= time.time()
+    assert found["hm-tagged-0001"].launched_at == tagged.launched_at > three_hours_ago
 
 
 def test_terminate_deletes_and_gone_is_success(server: GcpServer) -> None:

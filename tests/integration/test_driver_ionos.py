@@ -7,6 +7,7 @@ server's record.
 from __future__ import annotations
 
 import base64
+import datetime
 import json
 import socket
 import subprocess
@@ -16,10 +17,18 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 
 from autoscaler.config import IonosConfig
-from autoscaler.drivers.base import TAG_CLUSTER, TAG_KEYS, TAG_REQUEST, DriverError, Instance
+from autoscaler.drivers.base import (
+    TAG_CLUSTER,
+    TAG_KEYS,
+    TAG_LAUNCHED,
+    TAG_REQUEST,
+    DriverError,
+    Instance,
+)
 from autoscaler.drivers.ionos import SDK_TRIES, IonosDriver, server_state
 from hypermedia.errors import ConfigError
 from tests.clouds.ionos_server import IonosServer
@@ -391,6 +400,66 @@ def test_servers_named_the_old_way_keep_working(
         "contract",
         "old-00001",
     }
+
+
+def by_hand(ionos: IonosServer, dc: str, name: str, labels: dict[str, str]) -> str:
+    """A server made in the console (or by a script), not by the driver, with ``labels``."""
+    body = {
+        "properties": {"name": name, "cores": 1, "ram": 1024},
+        "entities": {
+            "volumes": {
+                "items": [
+                    {"properties": {"type": "HDD", "size": 10, "imageAlias": "ubuntu:latest"}}
+                ]
+            }
+        },
+    }
+    auth = (ionos.username, ionos.password)
+    made = httpx.post(f"{ionos.url}/datacenters/{dc}/servers", json=body, auth=auth, timeout=10)
+    made.raise_for_status()
+    server_id = str(made.json()["id"])
+    for key, value in labels.items():
+        labelled = httpx.post(
+            f"{ionos.url}/datacenters/{dc}/servers/{server_id}/labels",
+            json={"properties": {"key": key, "value": value}},
+            auth=auth,
+            timeout=10,
+        )
+        labelled.raise_for_status()
+    return server_id
+
+
+def test_a_server_without_a_launch_time_label_is_launched_at_its_creation(
+    ionos: IonosServer,
+) -> None:
+    """Made by hand with the cluster's label, or its launch time label removed: it was
+    listed as launched at 0 (unless its name was the driver's), so the provider counted
+    its spend from when it first saw it and the hours it had billed before were missing
+    from the daily cap. It is listed as launched at its createdDate now; a launch time
+    label stays what counts, and a creation time ahead of our clock counts as now."""
+    dc = ionos.add_datacenter("de/fra")
+    driver = make_driver(ionos)
+    old = by_hand(ionos, dc, "ocr-by-hand", {TAG_CLUSTER: "contract"})
+    fresh = by_hand(ionos, dc, "fresh-by-hand", {TAG_CLUSTER: "contract"})
+    ahead = launched(driver, "ahead-0001")
+    ionos.remove_label(ahead.instance_id, TAG_LAUNCHED)
+    tagged = request("tagged-0001")
+    made = driver.launch(tagged)
+    assert isinstance(made, Instance), made
+    tagged_id = made.instance_id
+    three_hours_ago = float(int(time.time()) - 3 * 3600)
+    ionos.set_created(dc, old, three_hours_ago)
+    ionos.set_created(dc, tagged_id, three_hours_ago)
+    ionos.set_created(dc, ahead.instance_id, time.time() + 3600)
+
+    before = time.time()
+    found = {i.instance_id: i for i in listed(driver, "contract")}
+    assert found[old].launched_at == three_hours_ago
+    (server,) = [s for s in ionos.servers(dc) if s["id"] == fresh]
+    created = datetime.datetime.fromisoformat(server["metadata"]["createdDate"]).timestamp()
+    assert found[fresh].launched_at == created < before
+    assert before <= found[ahead.instance_id].launched_at <= time.time()
+    assert found[tagged_id].launched_at == tagged.launched_at > three_hours_ago
 
 
 def test_a_launch_that_outlasts_its_timeout_answers_the_labelled_server(

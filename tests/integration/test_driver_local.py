@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from autoscaler import billing, bootstrap, raynodes, statefile
-from autoscaler.drivers.base import BillingReader, DriverError, Instance
+from autoscaler.drivers.base import TAG_LAUNCHED, BillingReader, DriverError, Instance
 from autoscaler.drivers.local import LocalDriver
 from hypermedia.errors import ConfigError
 from hypermedia.worker import cluster
@@ -67,6 +67,22 @@ def test_two_drivers_on_one_state_dir_see_the_same_instances(tmp_path, driver):
     again = other.launch(request("shared-0001"))
     assert isinstance(again, Instance) and again.instance_id == launched.instance_id
     assert [i.instance_id for i in listed(other, "contract")] == [launched.instance_id]
+
+
+def test_an_instance_without_a_launch_time_tag_is_launched_when_it_was_made(driver):
+    """Its launch time tag removed from the state file: it was listed as launched at 0
+    (the provider then counted it from when it saw it); it is listed as launched when
+    the driver made it now, the start of its bill, as a cloud's creation time."""
+    before = time.time()
+    made = driver.launch(request("untagged-01"))
+    assert isinstance(made, Instance)
+    with driver._state() as state:
+        del state[made.instance_id]["tags"][TAG_LAUNCHED]
+    with driver._bill() as bill:
+        start = bill[made.instance_id]["start"]
+    (found,) = listed(driver, "contract")
+    assert found.launched_at == start
+    assert before <= start < time.time()
 
 
 def test_a_boot_script_that_fails_is_an_error_value_and_leaves_nothing(driver):

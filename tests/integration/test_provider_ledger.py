@@ -417,6 +417,49 @@ def test_an_instance_listed_without_a_price_tag_is_counted_at_the_list_price(mak
     assert driver.terminate(made) is None
 
 
+def test_an_adopted_instance_without_a_launch_time_tag_counts_from_its_launch(
+    make_provider, monkeypatch
+):
+    """An instance started by hand with the cluster's tag (or a launch whose process
+    died before tagging it, a tag removed) has no launch time tag: its row opened at the
+    moment the provider first listed it, so the two hours it had billed were missing from
+    the day's spend and a launch the $1.50 daily cap refuses went through. The row opens
+    at EC2's LaunchTime now."""
+    provider = make_provider(
+        cost_limits__max_hourly_spend_cents=500,
+        cost_limits__max_daily_spend_cents=150,
+        cost_limits__alert_threshold_cents=100,
+    )
+    driver = aws(provider)
+    tags: list[Any] = [
+        {"Key": "hypermedia-cluster", "Value": "hm-ledger"},
+        {"Key": "hypermedia-request", "Value": "rbyhand000000000000002"},
+    ]
+    reply = driver.client.run_instances(
+        ImageId=driver.ami_id,
+        InstanceType="m5.large",
+        MinCount=1,
+        MaxCount=1,
+        TagSpecifications=[{"ResourceType": "instance", "Tags": tags}],
+    )
+    made = reply["Instances"][0]["InstanceId"]
+    # The provider's clock at noon yesterday (UTC: one day's spend whatever the time of
+    # day), EC2 started the instance two hours before.
+    noon = cost_day_start(time.time()) - 12 * 3600
+    support.set_moto_launch_time(made, noon - 2 * 3600, REGION)
+    monkeypatch.setattr(provider_module, "time", SetClock(noon - time.time()))
+    provider.non_terminated_nodes({})
+    s = t.cloud_spend
+    with transaction(provider.engine) as conn:
+        (row,) = conn.execute(select(s).where(s.c.terminated_at.is_(None))).all()
+    assert row.instance_id == made
+    assert row.launched_at.timestamp() == noon - 2 * 3600
+    # 2 h x 60 cents billed, + 2 x 60 cents an hour: over $1.50 (not counting them: 1.20).
+    assert launch(provider, "d-1") == "cost_guard"
+    assert running(provider) == [made]
+    assert driver.terminate(made) is None
+
+
 @pytest.mark.parametrize(
     ("max_price", "counted", "second"),
     [(None, 600_000, "cost_guard"), ("0.05", 50_000, "launched")],
