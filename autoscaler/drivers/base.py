@@ -45,6 +45,7 @@ does the lifecycle I/O against one cloud. The contract every driver keeps (and
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from collections.abc import Mapping
@@ -141,7 +142,7 @@ class Instance:
         launch time when the tags carry none, never later than now (a cloud's clock
         ahead of ours). A launch time tag stays authoritative; with neither,
         ``launched_at`` is 0 and the provider counts the instance from when it sees it."""
-        launched_at = float(tags.get(TAG_LAUNCHED) or 0)
+        launched_at = _tag_number(tags, TAG_LAUNCHED)
         if launched_at <= 0 and created is not None and created > 0:
             launched_at = min(created, time.time())
         return cls(
@@ -154,9 +155,21 @@ class Instance:
             spot=tags.get(TAG_SPOT) == "true",
             state=state,
             launched_at=launched_at,
-            price_cents_per_hour=from_microusd(int(tags.get(TAG_PRICE) or 0)),
+            price_cents_per_hour=from_microusd(int(_tag_number(tags, TAG_PRICE))),
             private_ip=private_ip,
         )
+
+
+def _tag_number(tags: Mapping[str, str], key: str) -> float:
+    """The number a tag holds; 0, as if it were missing, when it holds none (tags can be
+    edited by hand in the cloud's console: "soon", "1e400", "nan"). One such tag must not
+    stop the listing of every instance: the instance is counted as one without it (from
+    its creation, at the on-demand list price)."""
+    try:
+        value = float(tags.get(key) or 0)
+    except ValueError:
+        return 0.0
+    return value if math.isfinite(value) else 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,6 +39,8 @@ from autoscaler.drivers.aws import AwsDriver, driver_error, root_volume_mapping
 from autoscaler.drivers.base import (
     TAG_CLUSTER,
     TAG_KEYS,
+    TAG_LAUNCHED,
+    TAG_PRICE,
     TAG_REQUEST,
     BillingReader,
     Charge,
@@ -533,6 +535,36 @@ def test_a_launch_time_ahead_of_our_clock_counts_from_now(
     before = time.time()
     (found,) = listed(driver, "contract")
     assert before <= found.launched_at <= time.time()
+
+
+@pytest.mark.parametrize("value", ["soon", "1e400", "nan", "-inf", "12 cents"])
+def test_a_tag_edited_by_hand_to_no_number_leaves_the_listing_whole(
+    make_driver: MakeDriver, ec2: EC2Client, ami: str, value: str
+) -> None:
+    """A launch time or price tag edited in the console to something that is no number
+    made the whole listing raise ValueError (every cycle: no instance counted, none
+    terminated). The instance is listed as one without the tag: launched at its
+    LaunchTime, priced 0 (the provider then counts it at the on-demand list price)."""
+    driver = make_driver()
+    edited = launched(driver, "edited-0001")
+    other = launched(driver, "other-0001")
+    ec2.create_tags(
+        Resources=[edited.instance_id],
+        Tags=[{"Key": TAG_LAUNCHED, "Value": value}, {"Key": TAG_PRICE, "Value": value}],
+    )
+    found = {i.instance_id: i for i in listed(driver, "contract")}
+    assert set(found) == {edited.instance_id, other.instance_id}
+    assert (
+        found[edited.instance_id].launched_at
+        == stored(ec2, edited.instance_id)["LaunchTime"].timestamp()
+    )
+    assert found[edited.instance_id].price_cents_per_hour == 0
+    untouched = found[other.instance_id]
+    assert (untouched.launched_at, untouched.price_cents_per_hour) == (
+        other.launched_at,
+        other.price_cents_per_hour,
+    )
+    assert other.price_cents_per_hour > 0
 
 
 def test_terminate(make_driver: MakeDriver, ec2: EC2Client) -> None:
