@@ -537,6 +537,11 @@ def _describe(exc: ValidationError) -> tuple[str, str]:
     path = ".".join(str(part) for part in first["loc"])
     top = str(first["loc"][0]) if first["loc"] else ""
     env = f"HYPERMEDIA_{top.upper()}"
+    # A nested key set by its own variable (HYPERMEDIA_QUEUES__IMAGES__PREFETCH) is named
+    # by it; given in HYPERMEDIA_QUEUES (JSON) or the file, by the top-level one.
+    nested = "HYPERMEDIA_" + "__".join(str(part) for part in first["loc"]).upper()
+    if len(first["loc"]) > 1:
+        env = next((name for name in os.environ if name.upper() == nested), env)
     key = f"{path} ({env})" if top else path
     problem = first["msg"]
     if first["type"] == "extra_forbidden":

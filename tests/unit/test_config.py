@@ -272,6 +272,10 @@ BAD_VALUES = [
     ("HYPERMEDIA_QUEUES", '{"images": {"concurrency": 65}}', "queues.images.concurrency", "<= 64"),
     ("HYPERMEDIA_QUEUES", '{"images": {"workers": -1}}', "queues.images.workers", ">= 0"),
     ("HYPERMEDIA_QUEUES", '{"images": {"workers": 17}}', "queues.images.workers", "<= 16"),
+    # The variable set is named, not HYPERMEDIA_QUEUES (the README's per-queue form).
+    ("HYPERMEDIA_QUEUES__IMAGES__PREFETCH", "0", "queues.images.prefetch", ">= 1"),
+    ("HYPERMEDIA_QUEUES__OCR__CPUS", "0.001", "queues.ocr.cpus", "at least 0.01"),
+    ("HYPERMEDIA_QUEUES__MEDIA__WORKERS", "many", "queues.media.workers", "valid integer"),
     ("HYPERMEDIA_CALLBACK_HOSTS", "https://hooks.example.com", "callback_hosts", "no scheme"),
     ("HYPERMEDIA_CALLBACK_HOSTS", "a.example.com,b.example.com/x", "callback_hosts", "no path"),
     ("HYPERMEDIA_CALLBACK_SECRET", "short", "callback_secret", "at least 32"),
