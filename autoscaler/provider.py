@@ -182,7 +182,8 @@ def parse_settings(provider_config: Mapping[str, Any]) -> ProviderSettings:
         settings = ProviderSettings.model_validate(data)
     except ValidationError as exc:
         first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"])
+        # "[key]": pydantic's mark for a mapping's key (a driver name) that is refused.
+        where = ".".join(str(part) for part in first["loc"] if part != "[key]")
         raise ConfigError(f"provider.{where}", first["msg"]) from None
     if settings.ray_port == 6379:
         raise ConfigError("provider.ray_port", "6379 is Redis's port: choose another")

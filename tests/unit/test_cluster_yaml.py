@@ -129,3 +129,28 @@ def test_the_head_starts_ray_with_a_slot_per_vps_actor(tmp_path, mode, media_bas
     assert json.loads(out) == {"disk": 1.0, **slots}
     out = runner.run('echo "$RAY_OVERRIDE_RESOURCES"', with_output=True, silent=True)
     assert json.loads(out) == slots
+
+
+@pytest.mark.parametrize(
+    ("change", "key"),
+    [
+        ({"ray_port": 6379}, "provider.ray_port"),
+        ({"ray_port": "6390"}, "provider.ray_port"),
+        ({"state_dir": None}, "provider.state_dir"),
+        ({"headip": "10.8.0.1"}, "provider.headip"),
+        ({"scheduler_stale_seconds": 10}, "provider.scheduler_stale_seconds"),
+        ({"drain_timeout_seconds": 60}, "provider.drain_timeout_seconds"),
+        # A provider name scheduler.json does not have: named as given (it was
+        # "provider.drivers.azure.[key]", pydantic's mark for a mapping's key).
+        ({"drivers": {"azure": {"type": "aws"}}}, "provider.drivers.azure"),
+        ({"drivers": {"aws": {"kind": "aws"}}}, "provider.drivers.aws.type"),
+    ],
+)
+def test_a_bad_provider_section_is_refused_naming_the_key(change, key):
+    from hypermedia.errors import ConfigError
+
+    section = {k: v for k, v in load("cluster.yaml")["provider"].items() if k not in change}
+    section.update({k: v for k, v in change.items() if v is not None})
+    with pytest.raises(ConfigError) as info:
+        parse_settings(section)
+    assert info.value.key == key
