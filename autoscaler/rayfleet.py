@@ -171,7 +171,12 @@ class RayFleet:
                     ),
                 )
             )
-        return workers + ordered_workers(self.provider, waiting)
+        # A launch under way holds its order until create_node has recorded the node, but
+        # a listing adopts the instance as soon as the cloud shows it: such a node counts
+        # itself, its order no longer (counted twice, its order was drained as idle).
+        recorded = {record.get("request_id") for record in records.values()}
+        unrecorded = [o for o in waiting if o.launching is None or o.launching not in recorded]
+        return workers + ordered_workers(self.provider, unrecorded)
 
     def offers(self, now: float) -> dict[ProviderName, Offer]:
         return self.provider.offers()

@@ -33,7 +33,7 @@ from sqlalchemy import select
 from autoscaler import billing, cost, orders, policy, raynodes
 from autoscaler.drivers.base import DriverError
 from autoscaler.provider import HypermediaNodeProvider, record_vps_node
-from autoscaler.rayfleet import ordered_workers
+from autoscaler.rayfleet import RayFleet, ordered_workers
 from autoscaler.scheduler import ledger_rows
 from autoscaler.snapshot import QueueState, Snapshot, Spend
 from hypermedia.db import tables as t
@@ -363,6 +363,50 @@ def test_a_spot_order_not_launched_yet_counts_at_what_the_provider_books(tmp_pat
     assert launch_outcome(provider, "ordered") == "launched"
     (row,) = ledger(provider)
     assert (row.spot, row.price_per_hour_microusd) == (True, cost.to_microusd(60))
+
+
+def test_a_launch_under_way_counts_once_while_the_cloud_lists_its_instance(tmp_path, make_provider):
+    """An ordered launch under way whose instance the cloud already lists (the head
+    services' listing adopts it before create_node returns) counted twice in the
+    scheduler's fleet: the node's record and its order, still held until the launch
+    ends. Under a manual burst of 1 (`ray up` of local.yaml, whose local instances boot
+    for seconds) the turns in between drained the order ("Scaling down worker
+    order-...: media empty") and its caps counted the launch twice."""
+    head = cluster.start_head(
+        tmp_path / "ray", resources={}, token_path=RAY_TOKEN, num_cpus=1, node_ip="127.0.0.10"
+    )
+    try:
+        scheduler = scheduler_json(tmp_path)
+        port = int(head.address.rsplit(":", 1)[1])
+        provider = make_provider(scheduler, ray_port=port)
+        services = make_provider(scheduler, ray_port=port)  # the head services' object
+        fleet = RayFleet.__new__(RayFleet)  # cloud_workers reads the provider, the record
+        fleet.config, fleet.provider, fleet.engine = services.config, services, services.engine
+        driver = provider.drivers["aws"]
+        launch = driver.launch
+        during: list[list[str]] = []
+
+        def launch_then_count(request: Any) -> Any:
+            result = launch(request)  # the instance exists: the driver lists it from now on
+            during.append([w.worker_id for w in fleet.cloud_workers(time.time(), [])])
+            return result
+
+        driver.launch = launch_then_count
+        with transaction(provider.engine) as conn:
+            orders.place(
+                conn,
+                [orders.Order("media", "aws", False, 17.0, "test", 1, time.time())],
+                time.time(),
+            )
+        tags = {**WORKER, TAG_RAY_LAUNCH_REQUEST: "counted-1"}
+        created = provider.create_node_with_resources_and_labels({}, tags, 1, RESOURCES, {})
+        assert created is not None
+        (node_id,) = created
+        assert during == [[node_id]]  # the node alone, not its order beside it
+        assert [w.worker_id for w in fleet.cloud_workers(time.time(), [])] == [node_id]
+        provider.terminate_node(node_id)
+    finally:
+        head.stop()
 
 
 def test_bad_provider_sections_stop_ray_up_naming_the_key(tmp_path, pg_database_url):
