@@ -34,6 +34,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from hypermedia.config_errors import chosen_error, is_unknown_key, unknown_key_problem
 from hypermedia.errors import ConfigError
 from hypermedia.etc import shipped_etc
 
@@ -331,15 +332,17 @@ def parse(data: Any, source: str = "scheduler.json") -> SchedulerConfig:
     try:
         return SchedulerConfig.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
+        first = chosen_error(exc)
         path = [str(part) for part in first["loc"]]
         cause = first.get("ctx", {}).get("error")
         if isinstance(cause, _KeyError):
             # A model validator names a key of the model it validated (loc = the model).
             key_path = ".".join([*path, cause.key])
             raise ConfigError(f"{source}: {key_path}", cause.problem) from None
-        unknown = first["type"] == "extra_forbidden"
-        problem = "unknown key" if unknown else first["msg"]
+        if is_unknown_key(first):
+            problem = unknown_key_problem(exc, first, SchedulerConfig)
+        else:
+            problem = first["msg"]
         raise ConfigError(f"{source}: {'.'.join(path) or '(top level)'}", problem) from None
 
 

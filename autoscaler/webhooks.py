@@ -58,6 +58,7 @@ from sqlalchemy.engine import Engine
 from autoscaler.config import read_json
 from autoscaler.state import to_datetime
 from hypermedia.clock import Clock
+from hypermedia.config_errors import chosen_error, is_unknown_key, unknown_key_problem
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
 from hypermedia.errors import ConfigError
@@ -124,9 +125,12 @@ def parse(data: Any, source: str) -> list[Webhook]:
     try:
         return list(WebhooksFile.model_validate(data).webhooks)
     except ValidationError as exc:
-        first = exc.errors()[0]
+        first = chosen_error(exc)
         path = ".".join(str(part) for part in first["loc"]) or "(top level)"
-        problem = "unknown key" if first["type"] == "extra_forbidden" else first["msg"]
+        if is_unknown_key(first):
+            problem = unknown_key_problem(exc, first, WebhooksFile)
+        else:
+            problem = first["msg"]
         # Never echo the input: it may be a secret.
         raise ConfigError(f"{source}: {path}", problem) from None
 

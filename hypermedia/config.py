@@ -40,6 +40,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from hypermedia.config_errors import chosen_error, is_unknown_key, unknown_key_problem
 from hypermedia.errors import ConfigError
 from hypermedia.etc import shipped_etc
 
@@ -533,7 +534,7 @@ def shown_value(name: str, value: object) -> str | None:
 
 
 def _describe(exc: ValidationError) -> tuple[str, str]:
-    first = exc.errors()[0]
+    first = chosen_error(exc)
     path = ".".join(str(part) for part in first["loc"])
     top = str(first["loc"][0]) if first["loc"] else ""
     env = f"HYPERMEDIA_{top.upper()}"
@@ -544,8 +545,8 @@ def _describe(exc: ValidationError) -> tuple[str, str]:
         env = next((name for name in os.environ if name.upper() == nested), env)
     key = f"{path} ({env})" if top else path
     problem = first["msg"]
-    if first["type"] == "extra_forbidden":
-        problem = "unknown setting"
+    if is_unknown_key(first):
+        problem = unknown_key_problem(exc, first, Settings, "unknown setting")
     elif "input" in first and not isinstance(first["input"], dict):
         shown = shown_value(top, first["input"])
         if shown is None:

@@ -79,6 +79,7 @@ from pydantic import (
     field_validator,
 )
 
+from hypermedia.config_errors import chosen_error, is_unknown_key, unknown_key, unknown_key_problem
 from hypermedia.errors import ConfigError
 from hypermedia.sandbox.inspect import ANY, KINDS, InputLimits
 from hypermedia.sandbox.limits import DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_MAX_PROCESSES
@@ -186,7 +187,10 @@ def parse_profiles(
     known_queues = set(queues)
     extra = set(data) - {"profiles"}
     if extra:
-        raise ConfigError(f"{source}: {sorted(extra)[0]}", "unknown top-level key")
+        name = sorted(extra)[0]
+        raise ConfigError(
+            f"{source}: {name}", unknown_key(name, ["profiles"], "unknown top-level key")
+        )
     raw = data.get("profiles")
     if not isinstance(raw, Mapping) or not raw:
         raise ConfigError(f"{source}: profiles", "expected at least one [profiles.<operation>]")
@@ -200,12 +204,12 @@ def parse_profiles(
                 _STRICT_LIMITS.model_validate(body["limits"])
             profile = Profile.model_validate({**body, "operation": operation})
         except ValidationError as exc:
-            first = exc.errors()[0]
+            first = chosen_error(exc)
             loc = ".".join(str(p) for p in first["loc"])
-            if exc.title == "limits":
+            model = _STRICT_LIMITS if exc.title == "limits" else Profile
+            if model is _STRICT_LIMITS:
                 loc = f"limits.{loc}"
-            unknown = first["type"] in ("extra_forbidden", "unexpected_keyword_argument")
-            msg = "unknown key" if unknown else first["msg"]
+            msg = unknown_key_problem(exc, first, model) if is_unknown_key(first) else first["msg"]
             raise ConfigError(f"{key}.{loc}", msg) from exc
         if profile.queue not in known_queues:
             raise ConfigError(

@@ -83,6 +83,7 @@ from autoscaler.drivers.base import (
     launch_outcome,
 )
 from hypermedia import aws_sdk
+from hypermedia.config_errors import close_key
 from hypermedia.errors import ConfigError
 
 _KEY = "provider.drivers.aws"  # where these options live in the cluster yaml
@@ -751,8 +752,10 @@ def _parse_options(options: Mapping[str, Any]) -> dict[str, Any]:
         raise ConfigError(_KEY, "expected a mapping of options")
     for key in options:
         if key not in OPTION_KEYS:
+            close = close_key(str(key), OPTION_KEYS)
+            hint = f"did you mean {close}? " if close else ""
             expected = ", ".join(sorted(OPTION_KEYS))
-            raise ConfigError(f"{_KEY}.{key}", f"unknown key (expected one of {expected})")
+            raise ConfigError(f"{_KEY}.{key}", f"unknown key ({hint}expected one of {expected})")
     parsed: dict[str, Any] = {}
     for key in ("endpoint_url", "subnet_id", "iam_instance_profile"):
         if options.get(key) is not None:

@@ -82,6 +82,7 @@ from autoscaler.drivers.base import (
     LaunchRequest,
     launch_outcome,
 )
+from hypermedia.config_errors import unknown_key
 from hypermedia.errors import ConfigError
 
 _KEY = "provider.drivers.google"  # where these options live in the cluster yaml
@@ -191,7 +192,7 @@ class GcpDriver:
             raise ConfigError(_KEY, "expected a mapping of options")
         unknown = sorted(str(key) for key in options if key not in _OPTIONS)
         if unknown:
-            raise ConfigError(f"{_KEY}.{unknown[0]}", "unknown key")
+            raise ConfigError(f"{_KEY}.{unknown[0]}", unknown_key(unknown[0], _OPTIONS))
         project = _string(options, "project")
         if project is None:
             raise ConfigError(f"{_KEY}.project", "required")

@@ -115,6 +115,7 @@ from autoscaler.drivers.base import (
     LaunchRequest,
     launch_outcome,
 )
+from hypermedia.config_errors import close_key
 from hypermedia.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -163,8 +164,10 @@ class IonosOptions:
                     " (IONOS_TOKEN, or IONOS_USERNAME and IONOS_PASSWORD)",
                 )
             if key not in known:
+                close = close_key(str(key), known)
+                hint = f"did you mean {close}? " if close else ""
                 raise ConfigError(
-                    _key(str(key)), f"unknown key (known: {', '.join(sorted(known))})"
+                    _key(str(key)), f"unknown key ({hint}known: {', '.join(sorted(known))})"
                 )
         price = _number(options, "on_demand_cents_per_hour", None)
         ram_mb = _integer(options, "ram_mb", cls.ram_mb, minimum=256)

@@ -41,6 +41,7 @@ from autoscaler import statefile
 from autoscaler.billing import KEEP_SECONDS, day_of, day_start
 from autoscaler.cost import DAY_SECONDS, HOUR_SECONDS
 from autoscaler.drivers.base import Charge, DriverError, Instance, LaunchRequest
+from hypermedia.config_errors import unknown_key
 from hypermedia.errors import ConfigError
 from hypermedia.worker.cluster import RayNode, port_arguments, short_temp_dir
 
@@ -81,7 +82,10 @@ class LocalDriver:
     def __init__(self, options: Mapping[str, Any], *, label: str = "local") -> None:
         unknown = sorted(set(options) - OPTIONS)
         if unknown:
-            raise ConfigError(f"provider.drivers.{label}.{unknown[0]}", "unknown option")
+            raise ConfigError(
+                f"provider.drivers.{label}.{unknown[0]}",
+                unknown_key(str(unknown[0]), OPTIONS, "unknown option"),
+            )
         state_dir = options.get("state_dir")
         if not isinstance(state_dir, str) or not state_dir:
             raise ConfigError(f"provider.drivers.{label}.state_dir", "required: a directory path")

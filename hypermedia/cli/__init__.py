@@ -145,8 +145,9 @@ def _known_variables() -> set[str]:
 
 def check_environment(environ: dict[str, str] | None = None) -> None:
     """Refuse a misspelt ``HYPERMEDIA_*`` variable instead of silently ignoring it."""
-    import difflib
     import os
+
+    from hypermedia.config_errors import close_key
 
     environ = dict(os.environ) if environ is None else environ
     known = _known_variables()
@@ -165,8 +166,8 @@ def check_environment(environ: dict[str, str] | None = None) -> None:
             _check_pid_init(environ[name])
         if name in known:
             continue
-        close = difflib.get_close_matches(name, sorted(known), n=1)
-        hint = f"; did you mean {close[0]}?" if close else ""
+        close = close_key(name, known)
+        hint = f"; did you mean {close}?" if close else ""
         raise ConfigError(name, f"unknown setting{hint}")
 
 
@@ -188,15 +189,14 @@ def _check_pid_init(value: str) -> None:
 def _check_queue_variable(name: str, queues: list[str]) -> None:
     """``HYPERMEDIA_QUEUES__<NAME>[__<FIELD>]``: a queue something names (a misspelt one
     silently added a queue) and a field queues have."""
-    import difflib
-
     from hypermedia.config import QueueSettings
+    from hypermedia.config_errors import close_key
 
     queue, _, field = name.removeprefix(QUEUE_VARIABLE).partition("__")
     if queue.lower() not in queues:
-        close = difflib.get_close_matches(queue.lower(), queues, n=1)
+        close = close_key(queue.lower(), queues)
         rest = f"__{field}" if field else ""
-        hint = f"; did you mean {QUEUE_VARIABLE}{close[0].upper()}{rest}?" if close else ""
+        hint = f"; did you mean {QUEUE_VARIABLE}{close.upper()}{rest}?" if close else ""
         raise ConfigError(
             name,
             f"no queue {queue.lower()!r} (the queues: {', '.join(queues)}; a new one is "
@@ -204,8 +204,8 @@ def _check_queue_variable(name: str, queues: list[str]) -> None:
         )
     fields = sorted(QueueSettings.model_fields)
     if field and field.lower() not in fields:
-        close = difflib.get_close_matches(field.lower(), fields, n=1)
-        hint = f"; did you mean {QUEUE_VARIABLE}{queue}__{close[0].upper()}?" if close else ""
+        close = close_key(field.lower(), fields)
+        hint = f"; did you mean {QUEUE_VARIABLE}{queue}__{close.upper()}?" if close else ""
         raise ConfigError(
             name, f"unknown setting of queue {queue.lower()!r} ({', '.join(fields)}){hint}"
         )

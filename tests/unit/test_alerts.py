@@ -233,6 +233,13 @@ def test_the_webhooks_file(tmp_path, monkeypatch):
     [
         ({"webhooks": [GOOD]}, 0o644, "others may read it"),
         ({"webhooks": [{**GOOD, "extra": 1}]}, 0o600, "webhooks.0.extra: unknown key"),
+        # A misspelt required key: named as written, not as "webhooks.0.url: Field required".
+        (
+            {"webhooks": [{**{k: v for k, v in GOOD.items() if k != "url"}, "urls": GOOD["url"]}]},
+            0o600,
+            "webhooks.0.urls: unknown key (did you mean url?)",
+        ),
+        ({"webhook": [GOOD]}, 0o600, ": webhook: unknown key (did you mean webhooks?)"),
         ({"webhooks": [{**GOOD, "url": "ftp://x.example/"}]}, 0o600, "webhooks.0.url"),
         ({"webhooks": [{**GOOD, "secret": "short"}]}, 0o600, "webhooks.0.secret"),
         ({"webhooks": [{**GOOD, "min_level": "loud"}]}, 0o600, "webhooks.0.min_level"),

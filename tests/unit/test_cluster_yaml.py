@@ -154,3 +154,64 @@ def test_a_bad_provider_section_is_refused_naming_the_key(change, key):
     with pytest.raises(ConfigError) as info:
         parse_settings(section)
     assert info.value.key == key
+
+
+@pytest.mark.parametrize(
+    ("rename", "drop", "key", "known"),
+    [
+        # Required keys misspelt: they were refused as "provider.head_ip: Field required",
+        # a key the operator believes they wrote.
+        ({"head_ip": "headip"}, (), "provider.headip", "head_ip"),
+        ({"state_dir": "state_directory"}, (), "provider.state_directory", "state_dir"),
+        # Another error beside it (a required key truly missing) does not hide it.
+        ({"head_ip": "head_pi"}, ("state_dir",), "provider.head_pi", "head_ip"),
+        # Not required: named as before, now with the key meant.
+        ({"ray_port": "rayport"}, (), "provider.rayport", "ray_port"),
+        (
+            {"node_token_path": "node_token_file"},
+            (),
+            "provider.node_token_file",
+            "node_token_path",
+        ),
+    ],
+)
+def test_a_misspelt_provider_key_is_named_as_written_with_the_known_one(rename, drop, key, known):
+    from hypermedia.errors import ConfigError
+
+    section = dict(load("cluster.yaml")["provider"])
+    for right, typo in rename.items():
+        section[typo] = section.pop(right)
+    for name in drop:
+        del section[name]
+    with pytest.raises(ConfigError) as info:
+        parse_settings(section)
+    assert info.value.key == key
+    assert str(info.value) == f"{key}: unknown key (did you mean {known}?)"
+
+
+def test_a_misspelt_driver_option_is_named_with_the_known_one(tmp_path):
+    """The drivers' options (provider.drivers.<name>) name the option meant too."""
+    from autoscaler.config import GoogleConfig
+    from autoscaler.drivers.aws import _parse_options
+    from autoscaler.drivers.gcp import GcpDriver
+    from autoscaler.drivers.ionos import IonosOptions
+    from autoscaler.drivers.local import LocalDriver
+    from hypermedia.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^provider\.drivers\.aws\.subnet: unknown key \("):
+        _parse_options({"subnet": "subnet-1", "on_demand_cents_per_hour": 5})
+    with pytest.raises(ConfigError, match=r"did you mean subnet_id\? expected one of "):
+        _parse_options({"subnet": "subnet-1", "on_demand_cents_per_hour": 5})
+    google = GoogleConfig(max_instances=1, zone="z", machine_type="m", image="i")
+    with pytest.raises(ConfigError) as info:
+        GcpDriver(google, {"projekt": "p", "on_demand_cents_per_hour": 5})
+    assert str(info.value) == (
+        "provider.drivers.google.projekt: unknown key (did you mean project?)"
+    )
+    with pytest.raises(ConfigError, match=r"did you mean ram_mb\? known: "):
+        IonosOptions.parse({"ram": 1024, "on_demand_cents_per_hour": 5})
+    with pytest.raises(ConfigError) as info:
+        LocalDriver({"state_directory": str(tmp_path)})
+    assert str(info.value) == (
+        "provider.drivers.local.state_directory: unknown option (did you mean state_dir?)"
+    )

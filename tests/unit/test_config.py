@@ -323,23 +323,39 @@ def test_bad_file_value_names_key_and_variable(config_file, toml, key, problem):
 
 
 @pytest.mark.parametrize(
-    ("toml", "key"),
+    ("toml", "key", "problem"),
     [
-        ("bogus = 1", "bogus (HYPERMEDIA_BOGUS)"),
-        ("apiport = 8080", "apiport (HYPERMEDIA_APIPORT)"),
+        ("bogus = 1", "bogus (HYPERMEDIA_BOGUS)", "unknown setting"),
+        (
+            "apiport = 8080",
+            "apiport (HYPERMEDIA_APIPORT)",
+            "unknown setting (did you mean api_port?)",
+        ),
         (
             "[queues.images]\nconcurrency = 2\nthreads = 4",
             "queues.images.threads (HYPERMEDIA_QUEUES)",
+            "unknown setting",
         ),
-        ("[scheduler]\nmode = 'hybrid'", "scheduler (HYPERMEDIA_SCHEDULER)"),
+        (
+            "[queues.images]\nconcurency = 2",
+            "queues.images.concurency (HYPERMEDIA_QUEUES)",
+            "unknown setting (did you mean concurrency?)",
+        ),
+        ("[scheduler]\nmode = 'hybrid'", "scheduler (HYPERMEDIA_SCHEDULER)", "unknown setting"),
+        # Beside a bad value the misspelt key is still the one named.
+        (
+            "api_port = 0\nredis_ulr = 'redis://localhost'",
+            "redis_ulr (HYPERMEDIA_REDIS_ULR)",
+            "unknown setting (did you mean redis_url?)",
+        ),
     ],
 )
-def test_unknown_keys_in_the_file_are_refused(config_file, toml, key):
+def test_unknown_keys_in_the_file_are_refused(config_file, toml, key, problem):
     config_file(toml + "\n")
     with pytest.raises(ConfigError) as info:
         load_settings()
     assert info.value.key == key
-    assert "unknown setting" in info.value.message
+    assert info.value.message == f"{key}: {problem}"
 
 
 @pytest.mark.parametrize("name", ["bogus", "apiport", "redisurl"])

@@ -468,6 +468,49 @@ def test_unknown_profile_keys_are_refused(extra):
     assert "unknown key" in info.value.message
 
 
+def _misspelt(body: dict[str, Any], key: str, typo: str) -> None:
+    body[typo] = body.pop(key, 1)
+
+
+@pytest.mark.parametrize(
+    ("key", "typo", "also_missing"),
+    [
+        # A required key misspelt: it was refused as "default_priority: Field required",
+        # a key the operator believes they wrote.
+        ("default_priority", "default_prority", None),
+        ("max_attempts", "max_attempt", None),
+        ("max_processes", "max_processess", None),  # not required
+        # Another error beside it does not hide the typo.
+        ("default_priority", "default_prority", "version"),
+        ("max_processes", "max_proceses", "timeout_seconds"),
+    ],
+)
+def test_a_misspelt_key_is_named_as_written_with_the_known_one(key, typo, also_missing):
+    data = document()
+    body = data["profiles"]["thumbnail"]
+    _misspelt(body, key, typo)
+    if also_missing:
+        del body[also_missing]
+    with pytest.raises(ConfigError) as info:
+        parse_profiles(data, DEFAULT_QUEUES, "etc/profiles.toml")
+    assert info.value.key == f"etc/profiles.toml: profiles.thumbnail.{typo}"
+    assert str(info.value) == (
+        f"etc/profiles.toml: profiles.thumbnail.{typo}: unknown key (did you mean {key}?)"
+    )
+
+
+def test_a_misspelt_limit_or_top_level_key_is_named_with_the_known_one():
+    with pytest.raises(ConfigError) as info:
+        parse_profiles(document(limits={"max_pixel": 10}), DEFAULT_QUEUES, "p.toml")
+    assert str(info.value) == (
+        "p.toml: profiles.thumbnail.limits.max_pixel: unknown key (did you mean max_pixels?)"
+    )
+    data = {"profile": document()["profiles"], **document()}
+    with pytest.raises(ConfigError) as info:
+        parse_profiles(data, DEFAULT_QUEUES, "p.toml")
+    assert str(info.value) == "p.toml: profile: unknown top-level key (did you mean profiles?)"
+
+
 @pytest.mark.parametrize(
     ("params", "problem"),
     [

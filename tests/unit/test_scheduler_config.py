@@ -193,6 +193,56 @@ def test_bad_input_refuses_to_start_naming_the_key(change, key, words):
     assert words in str(caught.value)
 
 
+def _misspell(path: str, typo: str) -> Callable[[dict[str, Any]], None]:
+    def change(data: dict[str, Any]) -> None:
+        *parents, last = path.split(".")
+        for part in parents:
+            data = data[part]
+        data[typo] = data.pop(last)
+
+    return change
+
+
+@pytest.mark.parametrize(
+    ("change", "key", "known"),
+    [
+        # Required keys misspelt: they were refused as "<the right key>: Field required".
+        (
+            _misspell("cost_limits.max_daily_spend_cents", "max_daily_spend_cent"),
+            "cost_limits.max_daily_spend_cent",
+            "max_daily_spend_cents",
+        ),
+        (
+            _misspell("queues.ocr.max_workers", "max_worker"),
+            "queues.ocr.max_worker",
+            "max_workers",
+        ),
+        (_misspell("cost_limits", "cost_limit"), "cost_limit", "cost_limits"),
+        (
+            _misspell("scaling_rules.scale_up.cooldown_seconds", "cooldown_second"),
+            "scaling_rules.scale_up.cooldown_second",
+            "cooldown_seconds",
+        ),
+        # Not required: named as before, now with the key meant.
+        (
+            _set("alerts.worker_cpu.above_percnt", 80.0),
+            "alerts.worker_cpu.above_percnt",
+            "above_percent",
+        ),
+        (_set("mod", "hybrid"), "mod", "mode"),
+        (_set("turbo", True), "turbo", ""),  # nothing close: unknown key, no guess
+    ],
+)
+def test_a_misspelt_key_is_named_as_written_with_the_known_one(change, key, known):
+    data = copy.deepcopy(SHIPPED)
+    change(data)
+    with pytest.raises(ConfigError) as caught:
+        config.parse(data)
+    assert caught.value.key == f"scheduler.json: {key}"
+    hint = f" (did you mean {known}?)" if known else ""
+    assert str(caught.value) == f"scheduler.json: {key}: unknown key{hint}"
+
+
 @pytest.mark.parametrize(
     ("change", "key", "words"),
     [
