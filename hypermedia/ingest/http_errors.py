@@ -9,7 +9,8 @@
   the log);
 * a request FastAPI cannot validate is 422 ``invalid_request``, the message
   naming each bad field by its path (``body.operations: ...``; a body that is not JSON:
-  where and why, in :mod:`json`'s words); a JSON route's body sent under another
+  where and why, in :mod:`json`'s words; one it cannot read: why: not UTF-8, nested
+  too deeply, an integer of more than 4300 digits); a JSON route's body sent under another
   ``Content-Type`` (none, or ``curl -d``'s form type: FastAPI does not read it as
   JSON) is 415 ``unsupported_media_type`` naming the header to send;
 * unknown routes and methods are 404 ``not_found`` / 405 ``method_not_allowed``;
@@ -179,6 +180,26 @@ async def _on_data_error(request: Request, exc: Exception) -> JSONResponse:
     return _error(400, {"code": InvalidRequest.code, "message": message})
 
 
+def _unreadable_json(cause: ValueError | RecursionError) -> JSONResponse:
+    """422 ``invalid_request`` for a JSON body :mod:`json` could not read, as for one
+    that is not JSON: bytes that are not UTF-8 (nor UTF-16, UTF-32), nesting past the
+    parser's depth, an integer past Python's 4300 digits."""
+    if isinstance(cause, RecursionError):
+        reason = "nested too deeply"
+    elif isinstance(cause, UnicodeDecodeError):
+        reason = f"not UTF-8 text ({cause.reason} at byte {cause.start})"
+    else:
+        reason = str(cause).partition("; use sys.")[0]
+    message = f"not valid JSON: {reason}"
+    problems = [{"path": "body", "message": message, "type": "json_invalid"}]
+    body = {
+        "code": InvalidRequest.code,
+        "message": f"body: {message}",
+        "details": {"errors": problems},
+    }
+    return _error(422, body)
+
+
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
 # The codes answered here that no error class carries (the OpenAPI ErrorCode enum).
 HANDLER_CODES = ("not_found", "method_not_allowed", "http_error", "internal")
@@ -186,6 +207,11 @@ HANDLER_CODES = ("not_found", "method_not_allowed", "http_error", "internal")
 
 async def _on_http_error(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
+    cause = exc.__cause__
+    if exc.status_code == 400 and isinstance(cause, ValueError | RecursionError):
+        # FastAPI's "There was an error parsing the body" (400 http_error): a body its
+        # JSON parser gave up on for other reasons than a JSONDecodeError.
+        return _unreadable_json(cause)
     code = _HTTP_CODES.get(exc.status_code, "http_error")
     return _error(exc.status_code, {"code": code, "message": str(exc.detail)}, exc.headers)
 

@@ -330,3 +330,30 @@ def test_a_query_parameter_not_utf8_is_refused_naming_it(stack, client, user, ob
     named = client.put(f"{P}/objects?filename=caf%C3%A9+%F0%9F%90%B1.png", content=PNG, headers=h)
     assert named.status_code == 201, named.text
     assert named.json()["filename"] == "caf\u00e9 \U0001f431.png"
+
+
+@pytest.mark.parametrize(
+    ("body", "why"),
+    [
+        (b'{"object_id": "caf\xe9", "operations": ["thumbnail"]}', "not UTF-8 text"),
+        (b"\x00" * 10, "not UTF-8 text"),
+        (b'{"a": ' * 5000 + b"1" + b"}" * 5000, "nested too deeply"),
+        (b"[" * 5000 + b"]" * 5000, "nested too deeply"),
+        (
+            b'{"object_id": "x", "operations": ["thumbnail"], "priority": 1%s}' % (b"0" * 5000),
+            "4300 digits",
+        ),
+    ],
+)
+def test_a_json_body_the_parser_cannot_read_is_422_saying_why(stack, client, user, body, why):
+    # Before: 400 http_error "There was an error parsing the body" (FastAPI's, for any
+    # error of json.loads but a JSONDecodeError): no reason, and a status neither
+    # registerObject nor the bulk routes document.
+    headers = {**bearer(user), "Content-Type": "application/json"}
+    for path in (f"{P}/process", f"{P}/objects/register"):
+        error = refused(client.post(path, content=body, headers=headers), 422, "body")
+        assert error["message"].startswith("body: not valid JSON: "), error
+        assert why in error["message"], error
+        assert "sys." not in error["message"], error
+        assert error["details"]["errors"][0]["type"] == "json_invalid", error
+    assert _count(stack, t.jobs) == 0 and _count(stack, t.objects) == 0
