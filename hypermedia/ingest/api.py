@@ -1241,6 +1241,10 @@ def create_app(
         summary="Processing jobs for user files: submit, follow, cancel.",
         docs_url="/docs",
         redoc_url=None,
+        # Starlette would answer a path with a slash too many (an empty id: GET
+        # /jobs/, DELETE /objects/) with a 307 to the route without it: the list of
+        # jobs for a job, a 405 for a delete. No route ends in a slash: 404.
+        redirect_slashes=False,
     )
     app.state.stack = stack
     app.state.events_keepalive = events_keepalive_seconds

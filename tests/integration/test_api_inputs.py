@@ -357,3 +357,23 @@ def test_a_json_body_the_parser_cannot_read_is_422_saying_why(stack, client, use
         assert "sys." not in error["message"], error
         assert error["details"]["errors"][0]["type"] == "json_invalid", error
     assert _count(stack, t.jobs) == 0 and _count(stack, t.objects) == 0
+
+
+def test_an_empty_id_is_404_not_a_redirect_to_another_route(client, user, object_id):
+    # Before: 307 to the path without its last slash: GET /jobs/ (an empty job id) led
+    # to the caller's list of jobs, DELETE /objects/ to a 405 from the upload route.
+    h = bearer(user)
+    for method, path in (
+        ("GET", f"{P}/jobs/"),
+        ("GET", f"{P}/jobs/%2F"),
+        ("GET", f"{P}/submissions/"),
+        ("GET", f"{P}/objects/"),
+        ("DELETE", f"{P}/objects/"),
+        ("GET", f"{P}/bulk/runs/"),
+        ("PATCH", f"{P}/bulk/runs/"),
+        ("GET", f"{P}/credits/"),
+    ):
+        answer = client.request(method, path, headers=h)
+        assert answer.status_code == 404, (method, path, answer.status_code, answer.headers)
+        assert answer.json()["error"]["code"] == "not_found", (method, path, answer.text)
+    assert client.get(f"{P}/objects/{object_id}", headers=h).status_code == 200
