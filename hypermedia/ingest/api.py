@@ -927,8 +927,13 @@ def read_blob(
             "description": "What a GET would answer, without the bytes.",
             "headers": _BLOB_HEADERS,
         },
+        206: {
+            "description": "What a GET of the `Range` would answer, without the bytes.",
+            "headers": {**_BLOB_HEADERS, "Content-Range": {"schema": {"type": "string"}}},
+        },
         304: {"description": "`If-None-Match` named the blob's `ETag`."},
         **_BLOB_ERRORS,
+        **_error_responses(416),
     },
     response_class=Response,
     tags=["storage"],
@@ -1033,7 +1038,7 @@ class BulkRunRequest(RunSpec):
     f"{PREFIX}/bulk/runs",
     operation_id="createBulkRun",
     summary="Start a bulk regenerate, backfill or migrate run (operators only)",
-    responses=_errors(403, 404, 413, 415),
+    responses=_errors(400, 403, 404, 413, 415),
     tags=["operators"],
     response_model=BulkRunOut | BulkEstimateOut,
 )

@@ -131,6 +131,24 @@ def test_a_bulk_run_of_an_operation_without_a_step_is_refused(stack, client):
     assert accepted.status_code == 200, accepted.text
 
 
+def test_a_bulk_run_on_another_queue_is_a_400_its_route_documents(stack, client):
+    # Before: answered 400 invalid_request, which createBulkRun's OpenAPI entry did not
+    # list (a generated client had no error type for it).
+    operator = add_user(stack, "op", credits=10, operator=True)
+    for queue, says in (("ocr", "queue must be 'bulk'"), ("nowhere", "queue must be 'bulk'")):
+        body = {"kind": "backfill", "operation": "thumbnail", "queue": queue, "dry_run": True}
+        response = client.post(f"{P}/bulk/runs", json=body, headers=bearer(operator))
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["code"] == "invalid_request" and says in error["message"], error
+    document = client.get("/openapi.json").json()
+    responses = document["paths"][f"{P}/bulk/runs"]["post"]["responses"]
+    assert responses["400"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/ErrorResponse"
+    }
+    assert _count(stack, t.bulk_runs) == 0
+
+
 def test_run_and_up_start_an_actor_for_every_queue_with_an_implemented_operation(settings):
     chosen = settings()
     profiles = load_profiles(chosen.profiles_path, chosen.queue_names)

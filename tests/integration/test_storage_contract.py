@@ -593,6 +593,25 @@ def test_the_local_blob_route_answers_head_and_what_it_cannot_serve_as_a_range_w
     assert error["code"] == "range_not_satisfiable" and "1000 bytes" in error["message"]
 
 
+def test_the_local_blob_route_documents_what_a_head_of_a_range_answers(local_backend):
+    # Before: a HEAD with a Range answered 206 (416 past the end), as a GET does, but
+    # headBlob's OpenAPI entry listed neither.
+    storage, http = local_backend.storage, local_backend.http
+    storage.put("derived/p/o/1/video", [b"x" * 100])
+    url = storage.presign_get("derived/p/o/1/video", 60)
+    ranged = http.head(url, headers={"Range": "bytes=0-9"})
+    assert ranged.status_code == 206 and ranged.headers["content-range"] == "bytes 0-9/100"
+    past = http.head(url, headers={"Range": "bytes=100-"})
+    assert past.status_code == 416 and past.headers["content-range"] == "bytes */100"
+    base = url.split("/v1/", 1)[0]
+    document = http.get(f"{base}/openapi.json").json()
+    head = document["paths"]["/v1/hypermedia/blobs/{key}"]["head"]["responses"]
+    get = document["paths"]["/v1/hypermedia/blobs/{key}"]["get"]["responses"]
+    assert {"206", "416"} <= set(head), sorted(head)
+    assert "Content-Range" in head["206"]["headers"]
+    assert head["416"] == get["416"]
+
+
 def test_presigned_put_round_trip_and_replace(backend):
     key = "derived/p/o/2/convert.png"
     url = backend.storage.presign_put(key, 60)
