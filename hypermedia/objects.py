@@ -174,10 +174,14 @@ def plan_deletion(conn: Connection, caller: Caller, object_id: str) -> Deletion:
     """What deleting ``object_id`` takes. Only its owner may (anyone else: NotFound, as
     for an id that does not exist); not while a job on it is unfinished (Conflict)."""
     o = t.objects.c
+    # Locked before the jobs on it are looked for: a submit (which locks the objects
+    # it creates jobs on FOR SHARE, see jobs.statements.create_pg) either has
+    # committed its jobs by then, and they are seen below, or waits and then finds the
+    # object deleted.
     row = conn.execute(
-        select(o.object_id, o.storage_key, o.size_bytes).where(
-            o.object_id == object_id, o.owner_id == caller.user_id, o.deleted_at.is_(None)
-        )
+        select(o.object_id, o.storage_key, o.size_bytes)
+        .where(o.object_id == object_id, o.owner_id == caller.user_id, o.deleted_at.is_(None))
+        .with_for_update()
     ).first()
     if row is None:
         raise NotFound(f"no object {object_id!r}", object_id=object_id)

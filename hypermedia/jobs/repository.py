@@ -46,7 +46,7 @@ from sqlalchemy.exc import NoResultFound
 from hypermedia import accounts
 from hypermedia.clock import to_datetime
 from hypermedia.db import tables as t
-from hypermedia.errors import QueueUnavailable
+from hypermedia.errors import NotFound, QueueUnavailable
 from hypermedia.ids import new_id
 from hypermedia.jobs import callbacks, credits
 from hypermedia.jobs import statements as sql
@@ -178,6 +178,17 @@ class Moved:
     started_at: float | None = None
 
 
+def _deleted_object(conn: Connection, object_ids: Sequence[str]) -> str | None:
+    """The first of ``object_ids`` whose object is deleted (None: none is)."""
+    o = t.objects.c
+    return conn.execute(
+        select(o.object_id)
+        .where(o.object_id.in_(object_ids), o.deleted_at.is_not(None))
+        .order_by(o.object_id)
+        .limit(1)
+    ).scalar_one_or_none()
+
+
 def _submission_values(submission: NewSubmission) -> dict[str, Any]:
     """What a submission's row takes from the plan (:data:`sql.SUBMISSION_COLUMNS`)."""
     return {
@@ -297,6 +308,7 @@ class JobRepository:
         amount = sum(s.reserved_millicredits for s in submissions)
         estimate = sum(s.estimated_millicredits for s in submissions)
         if conn.dialect.name == "postgresql":  # one statement, one round trip
+            objects = sorted({job.object_id for s in submissions for job in s.jobs})
             held = conn.execute(
                 self._statements.get(conn, ("create",), sql.create_pg),
                 {
@@ -305,9 +317,14 @@ class JobRepository:
                     "b_now": to_datetime(now),
                     "b_submissions": [_submission_values(s) for s in submissions],
                     "b_jobs": [_job_values(job) for s in submissions for job in s.jobs],
+                    "b_objects": sql.ids_param(conn, objects),
+                    "b_object_count": len(objects),
                 },
             ).first()
             if held is None:
+                deleted = _deleted_object(conn, objects)
+                if deleted is not None:  # since the submit read it
+                    raise NotFound(f"no object {deleted!r}", object_id=deleted)
                 raise credits.payment_required(conn, user_id, amount, estimate)
             return
         credits.reserve(conn, user_id, amount, now, estimate=estimate)

@@ -505,13 +505,27 @@ def create_pg(dialect: str) -> Executable:
     (``b_submissions``: a JSON array of objects with :data:`SUBMISSION_COLUMNS`) and
     the job rows (``b_jobs``, :data:`JOB_COLUMNS`), born queued at ``b_now``. Answers
     one row when the credits were held; no row, and nothing written, when too few
-    were available. One statement text for any number of rows, so it stays
-    prepared."""
+    were available, or when one of the jobs' objects (``b_objects``, ``b_object_count``
+    of them) is deleted: they are locked ``FOR SHARE`` first, so a deletion (which
+    locks its object ``FOR UPDATE`` before it looks for jobs on it) either waits for
+    this statement and then sees its jobs, or is seen here, done. One statement text
+    for any number of rows, so it stays prepared."""
     now = now_param()
+    o = t.objects.c
+    live = (
+        select(o.object_id)
+        .where(ids_match(o.object_id, dialect, "b_objects"), o.deleted_at.is_(None))
+        .with_for_update(read=True)
+        .cte("live")
+    )
+    all_live = select(func.count()).select_from(live).scalar_subquery() == bindparam(
+        "b_object_count", type_=Integer
+    )
     held = (
         credits.reserving(
             bindparam("b_user", type_=String), bindparam("b_amount", type_=BigInteger), now
         )
+        .where(all_live)
         .returning(t.credit_accounts.c.user_id)
         .cte("held")
     )

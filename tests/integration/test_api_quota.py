@@ -4,20 +4,23 @@ uvicorn server."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 
 from hypermedia.accounts import NewUser, add_pool_member
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
 from hypermedia.errors import NotFound, StorageQuotaExceeded
 from hypermedia.ingest.api import create_app
+from hypermedia.ingest.auth import Authenticator
 from hypermedia.ingest.client import HypermediaClient
 from hypermedia.jobs.repository import OutputRecord
+from hypermedia.objects import mark_deleted, plan_deletion
 from hypermedia.stack import Stack
 from hypermedia.storage.base import derived_key, original_key
 from tests.api_support import add_user, bearer, running_server
@@ -505,3 +508,50 @@ def test_an_upload_refused_leaves_no_key_behind(stack, client):
     assert fits.status_code == 201 and fits.json()["replayed"] is False, fits.text
     assert keyed(client, alice, png(60_000), "retry-me").json()["replayed"] is True
     assert live_objects(stack) == 1 and stored_bytes(stack) == {alice.user_id: 60_000}
+
+
+def _a_statement_waits_for_a_lock(stack: Stack) -> bool:
+    with transaction(stack.engine) as conn:
+        waiting = conn.execute(
+            text(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            )
+        ).scalar_one()
+    return bool(waiting)
+
+
+def test_a_submit_while_its_object_is_being_deleted_is_refused(stack, client):
+    """Before, on PostgreSQL: a submit that read the object before a concurrent delete
+    marked it, and wrote its job after the delete had looked for jobs on it, was 202
+    as the delete was 200: a queued job, its credits reserved, on an object deleted and
+    its blob gone (21 of 150 such races through the API). Now the delete locks the
+    object before it looks, and the submit's statement locks it too: the submit waits
+    for the delete, then finds the object gone (404), nothing reserved. SQLite runs
+    one writer at a time: the two never interleave."""
+    if stack.engine.dialect.name != "postgresql":
+        pytest.skip("SQLite's writers take turns")
+    alice = add_user(stack, "alice", credits=10)
+    object_id = upload(client, alice, PNG).json()["object_id"]
+    caller = Authenticator(stack.engine, ttl=0)(alice.api_key)
+    body = {"object_id": object_id, "operations": ["thumbnail"]}
+    with ThreadPoolExecutor(1) as pool, stack.engine.connect() as conn:
+        deleting = conn.begin()
+        deletion = plan_deletion(conn, caller, object_id)  # no job on it yet
+        submitted = pool.submit(client.post, f"{P}/process", json=body, headers=bearer(alice))
+        # The submit either answers at once (it did, 202) or waits for the delete.
+        while not submitted.done() and not _a_statement_waits_for_a_lock(stack):
+            time.sleep(0.01)
+        mark_deleted(conn, deletion, stack.clock.now())
+        deleting.commit()
+        answer = submitted.result()
+    assert answer.status_code == 404, answer.text
+    assert answer.json()["error"] == {
+        "code": "not_found",
+        "message": f"no object {object_id!r}",
+        "details": {"object_id": object_id},
+    }
+    with transaction(stack.engine) as conn:
+        assert conn.execute(select(func.count()).select_from(t.jobs)).scalar_one() == 0
+        account = conn.execute(select(t.credit_accounts.c.reserved_millicredits)).scalar_one()
+    assert account == 0
