@@ -355,7 +355,17 @@ def start_head(
     node = RayNode(temp_dir=temp_dir, token_path=token_path)
     if node.is_running():
         node.address = _read_address(temp_dir)
-        return node
+        if node.address:
+            return node
+        # Running without the address file its start writes last: what a `ray start`
+        # cut short left (killed, or past its time). Not a head a driver can use (its
+        # address was taken for "", which ray.init refuses): stopped, started afresh.
+        log.warning(
+            "ray head in %s was left half-started (no address file): stopping it",
+            temp_dir,
+            extra={"action": "ray_start_leftover"},
+        )
+        node.stop()
     _prepare_temp_dir(temp_dir)
     (temp_dir / ADDRESS_FILE).unlink(missing_ok=True)
     args = [
@@ -376,7 +386,14 @@ def start_head(
     extra = dict(zip(_FIXED_METRIC_PORTS, map(str, _free_ports(2)), strict=True))
     if dashboard:
         extra.update(dashboard_env or {})
-    _run_start(args, token_path, temp_dir, loopback=node_ip is None, extra=extra)
+    try:
+        _run_start(args, token_path, temp_dir, loopback=node_ip is None, extra=extra)
+    except subprocess.TimeoutExpired as exc:
+        raise ServiceUnavailable(
+            f"`ray start` of the head did not finish within {exc.timeout:g} s"
+            f" ({START_ATTEMPTS} tries): the machine is too loaded, or Ray cannot start"
+            f" here (its logs: {temp_dir})"
+        ) from None
     node.address = _read_address(temp_dir)
     if dashboard:
         port = next(a for a in args if a.startswith("--dashboard-port=")).partition("=")[2]
@@ -468,6 +485,7 @@ def _run_start(
         temp_dir,
         token_path,
         env={**ray_environment(token_path, loopback=loopback), **_LEAN_ENV, **(extra or {})},
+        timeout=START_TIMEOUT_SECONDS,
     )
     if result.returncode != 0:
         tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-5:])
@@ -485,26 +503,25 @@ def start_with_retries(
 ) -> subprocess.CompletedProcess[str]:
     """Run ``command`` (a ``ray start`` of the node whose temp dir is ``temp_dir``); when
     it fails, stop what it started, and when Ray gave up waiting for its raylet
-    (:data:`_SLOW_START`) try again, :data:`START_ATTEMPTS` tries in all. Answers the
-    last try (exit 0 when the node came up)."""
+    (:data:`_SLOW_START`) or the try ran past ``timeout`` try again,
+    :data:`START_ATTEMPTS` tries in all. Answers the last try (exit 0 when the node came
+    up); raises :class:`subprocess.TimeoutExpired` when that ran past ``timeout``, what
+    it started stopped (its daemons outlive the ``ray start`` the timeout kills)."""
     attempt = 1
     while True:
-        result = subprocess.run(
-            command,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-            # The node's daemons (GCS, raylet, the actors under it) out of the caller's
-            # process group: a Ctrl-C at `hypermedia run`'s terminal killed them under
-            # the run, which then could not stop its actors in order. The caller stops
-            # the node itself (RayNode.stop), its watchdog if it dies. A process group,
-            # not a session: with the kernel's autogroup scheduling a session is a CPU
-            # group of its own, and the niced actors in one would take a full share
-            # beside the API, the client and everything else of the caller's session.
-            process_group=0,
-        )
+        try:
+            result = _run_ray_start(command, env, timeout)
+        except subprocess.TimeoutExpired:
+            RayNode(temp_dir, token_path).stop()
+            if attempt == START_ATTEMPTS:
+                raise
+            log.warning(
+                "`ray start` ran past %g s (a loaded machine): starting the node again",
+                timeout,
+                extra={"action": "ray_start_retry", "attempt": attempt},
+            )
+            attempt += 1
+            continue
         if result.returncode == 0:
             return result
         RayNode(temp_dir, token_path).stop()
@@ -516,3 +533,24 @@ def start_with_retries(
             extra={"action": "ray_start_retry", "attempt": attempt},
         )
         attempt += 1
+
+
+def _run_ray_start(
+    command: list[str], env: Mapping[str, str] | None, timeout: float | None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        command,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        # The node's daemons (GCS, raylet, the actors under it) out of the caller's
+        # process group: a Ctrl-C at `hypermedia run`'s terminal killed them under
+        # the run, which then could not stop its actors in order. The caller stops
+        # the node itself (RayNode.stop), its watchdog if it dies. A process group,
+        # not a session: with the kernel's autogroup scheduling a session is a CPU
+        # group of its own, and the niced actors in one would take a full share
+        # beside the API, the client and everything else of the caller's session.
+        process_group=0,
+    )

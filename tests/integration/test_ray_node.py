@@ -199,3 +199,39 @@ def test_a_stack_stopped_as_its_head_starts_leaves_no_temp_dir(settings):
     stack._head_temp_dir = temp_dir  # what start() had set when the interrupt came
     stack.stop()
     assert not temp_dir.parent.exists()
+
+
+def test_a_head_left_half_started_is_stopped_and_started_afresh(tmp_path):
+    """A `ray start` cut short (killed, or past its time) leaves the head's daemons
+    running without the address file its start writes last. The next start took that
+    for a running head with the address "" (every test after it on the shared head:
+    ValueError: Invalid address format); it stops those daemons and starts afresh."""
+    directory = tmp_path / "ray"
+    first = cluster.start_head(directory, resources={}, token_path=RAY_TOKEN, num_cpus=0)
+    try:
+        left = {p.pid for p in first.processes()}
+        (first.temp_dir / cluster.ADDRESS_FILE).unlink()
+        again = cluster.start_head(directory, resources={}, token_path=RAY_TOKEN, num_cpus=0)
+        assert again.address.startswith("127.0.0.1:"), again.address
+        cluster.wait_for_head(again.address, timeout=30)
+        assert left.isdisjoint(p.pid for p in again.processes() if p.is_running())
+    finally:
+        cluster.RayNode(first.temp_dir, RAY_TOKEN).stop()
+
+
+def test_a_ray_start_past_its_time_is_tried_again_then_refused_leaving_nothing(
+    tmp_path, monkeypatch
+):
+    """Past its time, `ray start` is killed but the daemons it started are not: they were
+    left running and the raw TimeoutExpired reached the caller. Now each try's daemons
+    are stopped, the start is tried again, and the head refuses in one line."""
+    monkeypatch.setattr(cluster, "START_TIMEOUT_SECONDS", 1.0)
+    monkeypatch.setattr(cluster, "START_ATTEMPTS", 2)
+    directory = tmp_path / "ray"
+    node = cluster.RayNode(cluster.short_temp_dir(directory, "head"), RAY_TOKEN)
+    try:
+        with pytest.raises(ServiceUnavailable, match=r"did not finish within 1 s \(2 tries\)"):
+            cluster.start_head(directory, resources={}, token_path=RAY_TOKEN, num_cpus=0)
+        assert node.processes() == []
+    finally:
+        node.stop()
