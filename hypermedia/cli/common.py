@@ -85,7 +85,11 @@ def open_client(api_url: str | None, api_key: str | None, timeout: float) -> Hyp
     url = settings.api_url or f"http://{settings.api_host}:{settings.api_port}"
     if not settings.api_key:
         raise AuthenticationFailed("no API key: pass --api-key or set HYPERMEDIA_API_KEY")
-    return HypermediaClient(url, settings.api_key, timeout=timeout)
+    try:
+        return HypermediaClient(url, settings.api_key, timeout=timeout)
+    except ConfigError as exc:  # named as the user set it
+        problem = exc.message.removeprefix(f"{exc.key}: ")
+        raise ConfigError("api_url (--api-url, HYPERMEDIA_API_URL)", problem) from None
 
 
 def note(message: str) -> None:

@@ -124,10 +124,13 @@ class HypermediaClient:
         transport: httpx.BaseTransport | None = None,
         retries: int = 2,
     ) -> None:
-        """``timeout``: seconds for each connect, read and write of one try;
-        ``retries``: tries after the first one (see the module's doc)."""
+        """``base_url``: the API's, ``http://`` or ``https://`` and its host (anything
+        else raises :class:`~hypermedia.errors.ConfigError`, naming it); ``timeout``:
+        seconds for each connect, read and write of one try; ``retries``: tries after the
+        first one (see the module's doc)."""
         if retries < 0:
             raise ValueError("retries must be 0 or more")
+        _check_base_url(base_url)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
@@ -641,6 +644,22 @@ def _idempotency_key(given: str | None) -> str:
     if problem is not None:
         raise InvalidRequest(f"idempotency_key {problem}", idempotency_key=given)
     return given
+
+
+def _check_base_url(base_url: str) -> None:
+    """A base URL that names no http(s) scheme or no host (``127.0.0.1:8080``,
+    ``localhost:8080``) raises ConfigError: httpx would refuse each request, after the
+    retries, as an API that may have carried it out."""
+    try:
+        url = httpx.URL(base_url)
+    except httpx.InvalidURL as exc:
+        raise ConfigError("base_url", f"{base_url!r} is not a URL: {exc}") from None
+    if url.scheme not in ("http", "https") or not url.host:
+        raise ConfigError(
+            "base_url",
+            f"{base_url!r} is not an http:// or https:// URL with a host"
+            " (such as http://127.0.0.1:8080)",
+        )
 
 
 def _segment(value: str) -> str:

@@ -23,6 +23,7 @@ from hypermedia.embedded import free_port
 from hypermedia.errors import (
     AlreadyRegistered,
     AuthenticationFailed,
+    ConfigError,
     Conflict,
     Forbidden,
     HypermediaError,
@@ -511,6 +512,29 @@ def test_unreachable_server_is_service_unavailable():
         pytest.raises(ServiceUnavailable, match="cannot reach"),
     ):
         client.credits()
+
+
+def test_a_base_url_without_http_or_a_host_is_refused_naming_it():
+    """``HypermediaClient("127.0.0.1:8080", key)`` (or HYPERMEDIA_API_URL=localhost:8080)
+    was taken: each request failed in httpx (UnsupportedProtocol), was retried, and
+    raised ServiceUnavailable "no answer from the API ... the request may have been
+    carried out" (it was never sent), and events() raised httpx's own exception."""
+    from typer.testing import CliRunner
+
+    from hypermedia.cli import app
+
+    for bad in ("127.0.0.1:8080", "localhost:8080", "ftp://127.0.0.1:8080", "http://", ""):
+        with pytest.raises(ConfigError, match="base_url") as refused:
+            HypermediaClient(bad, "hm_x_y")
+        assert repr(bad) in refused.value.message and "http://" in refused.value.message
+    for good in ("http://127.0.0.1:8080/", "https://api.example", "http://[::1]:80"):
+        HypermediaClient(good, "hm_x_y").close()
+
+    env = {"HYPERMEDIA_API_URL": "localhost:8080", "HYPERMEDIA_API_KEY": "hm_x_y"}
+    shown = CliRunner().invoke(app, ["credits", "show"], env=env)
+    assert isinstance(shown.exception, ConfigError)  # main() prints it as config_invalid
+    assert shown.exception.key == "api_url (--api-url, HYPERMEDIA_API_URL)"
+    assert shown.exception.message.startswith(f"{shown.exception.key}: 'localhost:8080' is not")
 
 
 def test_a_failed_attempts_log_is_shown_to_its_owner_by_the_api_and_status(stack, base_url):
