@@ -328,14 +328,14 @@ class HypermediaClient:
     def process(
         self,
         object_id: str,
-        operations: Iterable[str],
+        operations: str | Iterable[str],
         priority: int | None = None,
         params: Mapping[str, Mapping[str, Any]] | None = None,
         idempotency_key: str | None = None,
         callback_url: str | None = None,
     ) -> ProcessResponse:
-        """Submit ``operations`` on an object; ``callback_url``: POSTed each job, signed,
-        once it has ended (a host the server allows).
+        """Submit ``operations`` (one name, or several) on an object; ``callback_url``:
+        POSTed each job, signed, once it has ended (a host the server allows).
 
         The submit carries ``idempotency_key`` (a new random one when None; one that is
         not 1-200 printable ASCII characters raises :class:`InvalidRequest`, unsent), so
@@ -343,7 +343,7 @@ class HypermediaClient:
         it did the first (``replayed``). When every try failed, the
         :class:`ServiceUnavailable` names the key in its details
         (``idempotency_key``): submit again with it to learn what became of it."""
-        body: dict[str, Any] = {"object_id": object_id, "operations": list(operations)}
+        body: dict[str, Any] = {"object_id": object_id, "operations": _names(operations)}
         if priority is not None:
             body["priority"] = priority
         if callback_url is not None:
@@ -371,7 +371,7 @@ class HypermediaClient:
     def list_jobs(
         self,
         *,
-        status: Iterable[str] = (),
+        status: str | Iterable[str] = (),
         operation: str | None = None,
         object_id: str | None = None,
         submission_id: str | None = None,
@@ -381,8 +381,8 @@ class HypermediaClient:
         limit: int = 50,
     ) -> JobsPage:
         """One page of your jobs, newest first; pass its ``next_cursor`` as ``cursor``
-        for the next."""
-        params: dict[str, Any] = {"status": list(status), "limit": limit}
+        for the next. ``status``: one, or any of several."""
+        params: dict[str, Any] = {"status": _names(status), "limit": limit}
         for name, value in (
             ("operation", operation),
             ("object_id", object_id),
@@ -660,6 +660,12 @@ def _check_base_url(base_url: str) -> None:
             f"{base_url!r} is not an http:// or https:// URL with a host"
             " (such as http://127.0.0.1:8080)",
         )
+
+
+def _names(given: str | Iterable[str]) -> list[str]:
+    """One name, or several: a str is Iterable[str] too, and ``list("thumbnail")`` sent
+    nine one-letter operations (422 "unknown operation 't'")."""
+    return [given] if isinstance(given, str) else list(given)
 
 
 def _segment(value: str) -> str:

@@ -172,6 +172,27 @@ def test_client_cancel_of_finished_job_raises_illegal_transition(stack):
             client.cancel(job_id)
 
 
+def test_an_operation_or_a_status_may_be_given_as_one_name(stack):
+    """process(object_id, "thumbnail") and list_jobs(status="queued") type-check (a str
+    is an Iterable[str]) but were sent a letter at a time: 422 "unknown operation 't'",
+    and a 422 for each letter of the status."""
+    alice = add_user(stack, "alice")
+    with (
+        TestClient(create_app(stack)) as http,
+        HypermediaClient("http://testserver", alice.api_key, transport=http._transport) as client,
+    ):
+        obj = client.upload(IMAGE, "a.jpg")
+        one = client.process(obj.object_id, "thumbnail")
+        assert [job.operation for job in one.jobs] == ["thumbnail"]
+        queued = client.list_jobs(status="queued")
+        assert [job.job_id for job in queued.jobs] == one.job_ids
+        client.cancel(one.job_ids[0])
+        assert client.list_jobs(status="queued").jobs == []
+        assert [j.job_id for j in client.list_jobs(status=("queued", "cancelled")).jobs] == (
+            one.job_ids
+        )
+
+
 def test_a_submit_whose_answer_was_lost_is_retried_without_a_second_job(stack, base_url):
     """The server creates the jobs and reserves their credits, then the answer is lost
     (the connection drops): the client tries again with the same Idempotency-Key, and
