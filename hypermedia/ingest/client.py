@@ -199,10 +199,14 @@ class HypermediaClient:
         except ValidationError as exc:
             raise _unreadable(response, model.__name__, _problems(exc)) from exc
 
-    def _backoff(self, attempt: int, retry_after: str | None) -> None:
+    def _backoff(
+        self, attempt: int, retry_after: str | None, deadline: float | None = None
+    ) -> None:
         delay = min(_BACKOFF_MAX, _BACKOFF_BASE * 2 ** (attempt - 1))
         if retry_after is not None and retry_after.isdigit():
             delay = min(_BACKOFF_MAX, max(delay, float(retry_after)))
+        if deadline is not None:
+            delay = max(0.0, min(delay, deadline - time.monotonic()))
         time.sleep(delay)
 
     def close(self) -> None:
@@ -427,8 +431,10 @@ class HypermediaClient:
         ``_EVENT_STREAM_DROPS`` tries; a 503, the server stopping or full, counts
         the same, after its ``Retry-After``); an API never reached in this call is tried
         as any request (``retries``). A 429 (the user's streams are all taken) is tried
-        again after its ``Retry-After`` until one is free. ``timeout``: seconds in all,
-        then TimeoutError naming the last status."""
+        again after its ``Retry-After`` until one is free. ``timeout``: seconds in all
+        (each try's connect and read included), then TimeoutError naming the last status
+        (when no event said it, the record's: one read of at most
+        ``_STATUS_READ_SECONDS`` more)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         state = _Following(job_id, last_event_id)
         drops = 0
@@ -444,6 +450,8 @@ class HypermediaClient:
                 if deadline is not None and time.monotonic() >= deadline:
                     raise self._timed_out(state, timeout) from None
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise self._timed_out(state, timeout) from None
                 if state.connected:
                     drops += 1
                 else:
@@ -453,7 +461,7 @@ class HypermediaClient:
                         f"cannot reach the API at {self.base_url}: {exc}", url=self.base_url
                     ) from exc
                 if not state.connected:
-                    self._backoff(refused, None)
+                    self._backoff(refused, None, deadline)
                     continue
             except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
                 drops += 1
@@ -482,10 +490,17 @@ class HypermediaClient:
 
     def _timed_out(self, state: _Following, timeout: float | None) -> TimeoutError:
         """TimeoutError naming the job's last status: the record's, read once, when no
-        event said it within ``timeout`` (a short one, a slow stream: "still unknown")."""
+        event said it within ``timeout`` (a short one, a slow stream: "still unknown").
+        That read is one try of at most ``_STATUS_READ_SECONDS``: with :meth:`job`'s
+        retries and timeouts, a wait(timeout=5) on an API that does not answer raised
+        after 5 + 3 x 30 s."""
         if state.status == "unknown":
+            path = f"{PREFIX}/jobs/{_segment(state.job_id)}"
+            limit = min(self.timeout, _STATUS_READ_SECONDS)
             with contextlib.suppress(HypermediaError, httpx.HTTPError):
-                state.status = self.job(state.job_id).status
+                response = self._http.get(path, timeout=limit)
+                if response.status_code == 200:
+                    state.status = self._read(response, JobResponse).status
         return state.timed_out(timeout)
 
     def _event_stream(self, state: _Following, deadline: float | None) -> Iterator[JobEvent]:
@@ -493,12 +508,13 @@ class HypermediaClient:
         if state.last_id is not None:
             headers["Last-Event-ID"] = state.last_id
         # Keep-alives come every 15 s: a longer silence is a dead connection.
-        read = _EVENT_READ_TIMEOUT
-        if deadline is not None:
-            read = max(0.001, min(read, deadline - time.monotonic()))
+        limit, read = self.timeout, _EVENT_READ_TIMEOUT
+        if deadline is not None:  # a connect (an API that takes none) within it too
+            left = max(0.001, deadline - time.monotonic())
+            limit, read = min(limit, left), min(read, left)
         path = f"{PREFIX}/jobs/{_segment(state.job_id)}/events"
         with self._http.stream(
-            "GET", path, headers=headers, timeout=httpx.Timeout(self.timeout, read=read)
+            "GET", path, headers=headers, timeout=httpx.Timeout(limit, read=read)
         ) as response:
             state.connected = True
             if response.status_code >= 400:
@@ -555,6 +571,7 @@ _BACKOFF_BASE = 0.5  # seconds before the second try, doubling
 _BACKOFF_MAX = 30.0
 _EVENT_READ_TIMEOUT = 45.0  # three keep-alives
 _EVENT_STREAM_DROPS = 5  # connections in a row that drop without an event: then give up
+_STATUS_READ_SECONDS = 2.0  # the job's status read once a wait has timed out
 
 
 class _StreamRefused(Exception):

@@ -6,10 +6,11 @@ import hashlib
 import io
 import json
 import os
+import socket
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -478,6 +479,83 @@ def test_an_answer_the_client_cannot_read_is_a_hypermedia_error_naming_the_url()
     ):
         list(client.events("0" * 32, timeout=30))
     assert "status" in unknown.value.message
+
+
+class Silent:
+    """A real TCP server that takes each connection and reads its request, and never
+    answers: an API that hangs (a stuck process, a proxy holding connections). Its
+    ``requests`` are the request lines it got."""
+
+    def __init__(self) -> None:
+        self.requests: list[str] = []
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._held: list[socket.socket] = []
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+
+    def __enter__(self) -> Silent:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        with suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)
+        self._listener.close()
+        self._thread.join(5)
+        for held in self._held:
+            held.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                connection, _ = self._listener.accept()
+            except OSError:
+                return
+            self._held.append(connection)
+            threading.Thread(target=self._read, args=(connection,), daemon=True).start()
+
+    def _read(self, connection: socket.socket) -> None:
+        with suppress(OSError):
+            line = connection.makefile("rb").readline()
+            self.requests.append(line.decode("latin-1").strip())
+
+
+@contextmanager
+def taking_no_connection() -> Iterator[str]:
+    """A real listening socket whose backlog is full: a connect to it hangs until its
+    timeout (an API behind a firewall that drops packets, a host that is gone)."""
+    listener = socket.create_server(("127.0.0.1", 0), backlog=0)
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    filler = socket.create_connection(listener.getsockname())
+    try:
+        yield url
+    finally:
+        filler.close()
+        listener.close()
+
+
+def test_wait_raises_at_its_timeout_when_the_api_does_not_answer():
+    """wait(timeout=1) on an API that hangs read the job's status once the time was up
+    with job()'s retries, each its full ``timeout``: three reads and 1 + 3 x 20 s + the
+    backoff here (5 + 3 x 30 s with the defaults); on an API that takes no connection
+    each try's connect took the client's ``timeout`` too, the deadline aside. Now each
+    is bounded by what is left of the timeout, and the status read is one try of at
+    most 2 s: the wait ends before one try's ``timeout`` (20 s) could have passed."""
+    with Silent() as api, HypermediaClient(api.url, "hm_x_y", timeout=20, retries=2) as client:
+        started = time.monotonic()
+        with pytest.raises(TimeoutError, match="still unknown after 1 s"):
+            client.wait("0" * 32, timeout=1)
+        assert time.monotonic() - started < 20
+        reads = [r for r in api.requests if r.startswith(f"GET /v1/hypermedia/jobs/{'0' * 32} ")]
+        assert len(reads) <= 1, api.requests
+    with (
+        taking_no_connection() as url,
+        HypermediaClient(url, "hm_x_y", timeout=20, retries=2) as client,
+    ):
+        started = time.monotonic()
+        with pytest.raises(TimeoutError, match="still unknown after 1 s"):
+            client.wait("0" * 32, timeout=1)
+        assert time.monotonic() - started < 20
 
 
 def client_job_json(**fields: object) -> bytes:
