@@ -428,17 +428,19 @@ class HypermediaClient:
         connection is resumed where it left off (``Last-Event-ID``), after the
         ``retry`` the server asks for, doubling while the API stays away (refused
         connections, as while it restarts: about a minute in all, the
-        ``_EVENT_STREAM_DROPS`` tries; a 503, the server stopping or full, counts
-        the same, after its ``Retry-After``); an API never reached in this call is tried
-        as any request (``retries``). A 429 (the user's streams are all taken) is tried
-        again after its ``Retry-After`` until one is free. ``timeout``: seconds in all
+        ``_EVENT_STREAM_DROPS`` tries; a 503, the server stopping or full, counts the
+        same, after its ``Retry-After``, and so does a connection on which nothing comes
+        for 45 s, three keep-alives); an API that never answered in this call (refused,
+        or silent for 45 s) is tried as any request (``retries``). A 429 (the user's
+        streams are all taken) is tried again after its ``Retry-After`` until one is
+        free. ``timeout``: seconds in all
         (each try's connect and read included), then TimeoutError naming the last status
         (when no event said it, the record's: one read of at most
         ``_STATUS_READ_SECONDS`` more)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         state = _Following(job_id, last_event_id)
         drops = 0
-        refused = 0  # connection attempts refused before one succeeded
+        unanswered = 0  # tries that got no answer (refused, silent) before one did
         while True:
             try:
                 for event in self._event_stream(state, deadline):
@@ -446,28 +448,41 @@ class HypermediaClient:
                     yield event
                     if event.ends:
                         return
-            except httpx.ReadTimeout:
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise self._timed_out(state, timeout) from None
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                 if deadline is not None and time.monotonic() >= deadline:
                     raise self._timed_out(state, timeout) from None
                 if state.connected:
                     drops += 1
                 else:
-                    refused += 1
-                if drops > _EVENT_STREAM_DROPS or refused > self.retries:
+                    unanswered += 1
+                if drops > _EVENT_STREAM_DROPS or unanswered > self.retries:
                     raise ServiceUnavailable(
                         f"cannot reach the API at {self.base_url}: {exc}", url=self.base_url
                     ) from exc
                 if not state.connected:
-                    self._backoff(refused, None, deadline)
+                    self._backoff(unanswered, None, deadline)
                     continue
-            except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
+            except httpx.TransportError as exc:
+                # Dropped (a reset, a closed connection) or silent past three keep-alives
+                # (ReadTimeout: an API that hangs), or no answer at all in this call.
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise self._timed_out(state, timeout) from None
+                if not state.connected:
+                    unanswered += 1
+                    if unanswered > self.retries:
+                        raise ServiceUnavailable(
+                            f"no answer from the API at {self.base_url} to the event stream"
+                            f" of job {job_id} ({type(exc).__name__}: {exc})",
+                            url=self.base_url,
+                        ) from exc
+                    self._backoff(unanswered, None, deadline)
+                    continue
                 drops += 1
                 if drops > _EVENT_STREAM_DROPS:
                     raise ServiceUnavailable(
-                        f"the event stream of job {job_id} keeps dropping: {exc}"
+                        f"the event stream of job {job_id} at {self.base_url} keeps"
+                        f" dropping ({type(exc).__name__}: {exc})",
+                        url=self.base_url,
                     ) from exc
             except _StreamRefused as refusal:
                 # The server is there: the user's streams are all taken (429; one

@@ -558,6 +558,37 @@ def test_wait_raises_at_its_timeout_when_the_api_does_not_answer():
         assert time.monotonic() - started < 20
 
 
+def test_following_events_of_an_api_that_never_answers_ends(monkeypatch):
+    """events() without a timeout (hypermedia watch's default) on an API that takes the
+    connection and never answers (a hung process, a proxy holding it): each read timed
+    out (45 s, three keep-alives), counted as nothing, and it connected again, for
+    ever. Now such a try counts as one that got no answer, as any request's
+    (``retries``), then ServiceUnavailable; and any other transport error of the
+    stream is a drop, never httpx's own exception."""
+    from hypermedia.ingest import client as module
+
+    monkeypatch.setattr(module, "_EVENT_READ_TIMEOUT", 0.5)
+    outcome: list[BaseException | list[object]] = []
+    with Silent() as api, HypermediaClient(api.url, "hm_x_y", retries=1) as client:
+
+        def follow() -> None:
+            try:
+                outcome.append(list(client.events("0" * 32)))
+            except BaseException as exc:
+                outcome.append(exc)
+
+        follower = threading.Thread(target=follow, daemon=True)
+        follower.start()
+        follower.join(60)
+        assert not follower.is_alive(), f"still following after {len(api.requests)} tries"
+    [error] = outcome
+    assert isinstance(error, ServiceUnavailable), error
+    assert "no answer from the API" in error.message and "ReadTimeout" in error.message
+    assert error.details["url"] == api.url
+    assert len(api.requests) == 2  # retries=1
+    assert all(r.startswith(f"GET /v1/hypermedia/jobs/{'0' * 32}/events ") for r in api.requests)
+
+
 def client_job_json(**fields: object) -> bytes:
     job = {
         "job_id": "0" * 32,
