@@ -227,18 +227,19 @@ class HypermediaClient:
 
     def upload(
         self,
-        source: Path | str | bytes | BinaryIO | Iterable[bytes],
+        source: Path | str | bytes | bytearray | memoryview | BinaryIO | Iterable[bytes],
         filename: str | None = None,
         pool_id: str | None = None,
         *,
         content_type: str = "application/octet-stream",
         idempotency_key: str | None = None,
     ) -> ObjectResponse:
-        """Upload a file: a path (streamed from disk, afresh for each try), bytes, a
-        binary file object (streamed from where it stands: a seekable one, such as an
-        open file or a web framework's uploaded file, afresh from there for each try) or
-        an iterable of bytes (streamed without a ``Content-Length``). ``filename``
-        defaults to the path's or the file object's name; bytes and iterables need one.
+        """Upload a file: a path (streamed from disk, afresh for each try), bytes (or a
+        bytearray, a memoryview), a binary file object (streamed from where it stands: a
+        seekable one, such as an open file or a web framework's uploaded file, afresh from
+        there for each try) or an iterable of bytes (streamed without a
+        ``Content-Length``). ``filename`` defaults to the path's or the file object's
+        name; bytes and iterables need one.
 
         The upload carries ``idempotency_key`` (a new random one when None; one that is
         not 1-200 printable ASCII characters raises :class:`InvalidRequest`, unsent), so
@@ -736,7 +737,9 @@ class _UploadBody:
     replayable: bool
 
 
-def _upload_body(source: Path | str | bytes | BinaryIO | Iterable[bytes]) -> _UploadBody:
+def _upload_body(
+    source: Path | str | bytes | bytearray | memoryview | BinaryIO | Iterable[bytes],
+) -> _UploadBody:
     if isinstance(source, bytes | bytearray | memoryview):
         data = bytes(source)
         return _UploadBody(lambda: data, len(data), None, True)

@@ -302,6 +302,10 @@ def test_an_upload_takes_a_file_object_or_chunks(stack, base_url, tmp_path):
         )
         from_memory = client.upload(io.BytesIO(IMAGE), "memory.jpg")
         assert (from_memory.size_bytes, from_memory.sha256) == (len(IMAGE), sha)
+        # A bytearray or a memoryview: taken as bytes (mypy refused a bytearray).
+        for buffer in (bytearray(IMAGE), memoryview(IMAGE)):
+            from_buffer = client.upload(buffer, "buffer.jpg")
+            assert (from_buffer.size_bytes, from_buffer.sha256) == (len(IMAGE), sha)
         chunks = (IMAGE[i : i + 1000] for i in range(0, len(IMAGE), 1000))
         from_chunks = client.upload(chunks, "chunks.jpg")  # no Content-Length: chunked
         assert (from_chunks.size_bytes, from_chunks.sha256) == (len(IMAGE), sha)
