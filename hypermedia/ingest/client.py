@@ -124,8 +124,9 @@ class HypermediaClient:
         transport: httpx.BaseTransport | None = None,
         retries: int = 2,
     ) -> None:
-        """``base_url``: the API's, ``http://`` or ``https://`` and its host (anything
-        else raises :class:`~hypermedia.errors.ConfigError`, naming it); ``timeout``:
+        """``base_url``: the API's, ``http://`` or ``https://`` and its host, without
+        :data:`PREFIX` (anything else raises :class:`~hypermedia.errors.ConfigError`,
+        naming it); ``timeout``:
         seconds for each connect, read and write of one try; ``retries``: tries after the
         first one (see the module's doc)."""
         if retries < 0:
@@ -682,7 +683,8 @@ def _idempotency_key(given: str | None) -> str:
 def _check_base_url(base_url: str) -> None:
     """A base URL that names no http(s) scheme or no host (``127.0.0.1:8080``,
     ``localhost:8080``) raises ConfigError: httpx would refuse each request, after the
-    retries, as an API that may have carried it out."""
+    retries, as an API that may have carried it out; so does one ending with
+    :data:`PREFIX`."""
     try:
         url = httpx.URL(base_url)
     except httpx.InvalidURL as exc:
@@ -692,6 +694,14 @@ def _check_base_url(base_url: str) -> None:
             "base_url",
             f"{base_url!r} is not an http:// or https:// URL with a host"
             " (such as http://127.0.0.1:8080)",
+        )
+    if url.path.rstrip("/").endswith(PREFIX):
+        # Every path would be PREFIX twice: each call a 404 not_found, as a job or an
+        # object that does not exist (a web tier would take its jobs for gone).
+        raise ConfigError(
+            "base_url",
+            f"{base_url!r} ends with {PREFIX}, which the client adds itself: give the"
+            f" URL the API is served at ({base_url.rstrip('/').removesuffix(PREFIX)!r})",
         )
 
 

@@ -663,6 +663,13 @@ def test_a_base_url_without_http_or_a_host_is_refused_naming_it():
         assert repr(bad) in refused.value.message and "http://" in refused.value.message
     for good in ("http://127.0.0.1:8080/", "https://api.example", "http://[::1]:80"):
         HypermediaClient(good, "hm_x_y").close()
+    # With the API's prefix, which the client adds: every call was 404 not_found "Not
+    # Found", as a job that does not exist.
+    for prefixed in ("http://127.0.0.1:8080/v1/hypermedia", "https://h/media/v1/hypermedia/"):
+        with pytest.raises(ConfigError, match="ends with /v1/hypermedia") as refused:
+            HypermediaClient(prefixed, "hm_x_y")
+        assert prefixed.rstrip("/").removesuffix("/v1/hypermedia") in refused.value.message
+    HypermediaClient("https://h/media/", "hm_x_y").close()  # served under a path: fine
 
     env = {"HYPERMEDIA_API_URL": "localhost:8080", "HYPERMEDIA_API_KEY": "hm_x_y"}
     shown = CliRunner().invoke(app, ["credits", "show"], env=env)
