@@ -89,7 +89,13 @@ def open_client(api_url: str | None, api_key: str | None, timeout: float) -> Hyp
         return HypermediaClient(url, settings.api_key, timeout=timeout)
     except ConfigError as exc:  # named as the user set it
         problem = exc.message.removeprefix(f"{exc.key}: ")
-        raise ConfigError("api_url (--api-url, HYPERMEDIA_API_URL)", problem) from None
+        raise ConfigError(_CLIENT_SETTINGS.get(exc.key, exc.key), problem) from None
+
+
+_CLIENT_SETTINGS = {
+    "base_url": "api_url (--api-url, HYPERMEDIA_API_URL)",
+    "api_key": "api_key (--api-key, HYPERMEDIA_API_KEY)",
+}
 
 
 def note(message: str) -> None:

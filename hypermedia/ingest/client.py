@@ -126,12 +126,15 @@ class HypermediaClient:
     ) -> None:
         """``base_url``: the API's, ``http://`` or ``https://`` and its host, without
         :data:`PREFIX` (anything else raises :class:`~hypermedia.errors.ConfigError`,
-        naming it); ``timeout``:
+        naming it); ``api_key``: its key, the whitespace around it dropped (a key file's
+        newline), one a header cannot carry (a space, a character past ASCII inside)
+        raises ConfigError, which does not show it; ``timeout``:
         seconds for each connect, read and write of one try; ``retries``: tries after the
         first one (see the module's doc)."""
         if retries < 0:
             raise ValueError("retries must be 0 or more")
         _check_base_url(base_url)
+        api_key = _checked_api_key(api_key)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
@@ -678,6 +681,25 @@ def _idempotency_key(given: str | None) -> str:
     if problem is not None:
         raise InvalidRequest(f"idempotency_key {problem}", idempotency_key=given)
     return given
+
+
+def _checked_api_key(api_key: str | None) -> str | None:
+    """``api_key`` without the whitespace around it: read from a file (``read_text()``),
+    its newline made every request fail in httpx (an illegal header value), retried,
+    as "no answer from the API ... the request may have been carried out"; a key
+    with a character past ASCII raised UnicodeEncodeError. Any character a header
+    cannot carry is a ConfigError, which names where it is but not the key."""
+    if api_key is None:
+        return None
+    key = api_key.strip()
+    for at, char in enumerate(key):
+        if not "!" <= char <= "~":
+            raise ConfigError(
+                "api_key",
+                f"U+{ord(char):04X} at {at} of {len(key)} characters: an API key is"
+                " printable ASCII without spaces (hm_...)",
+            )
+    return key
 
 
 def _check_base_url(base_url: str) -> None:

@@ -678,6 +678,35 @@ def test_a_base_url_without_http_or_a_host_is_refused_naming_it():
     assert shown.exception.message.startswith(f"{shown.exception.key}: 'localhost:8080' is not")
 
 
+def test_an_api_key_read_with_its_newline_works_and_one_a_header_cannot_carry_is_refused(
+    stack, base_url, tmp_path
+):
+    """A key read from a file (``read_text()``) keeps its newline: every request failed
+    in httpx (an illegal header value), was retried and raised ServiceUnavailable "no
+    answer from the API ... the request may have been carried out"; a key with a
+    character past ASCII raised UnicodeEncodeError. The whitespace around a key is
+    dropped; one with a character a header cannot carry inside is a ConfigError that
+    does not show it."""
+    from typer.testing import CliRunner
+
+    from hypermedia.cli import app
+
+    alice = add_user(stack, "alice", credits=5)
+    key_file = tmp_path / "api-key"
+    key_file.write_text(alice.api_key + "\n")
+    with HypermediaClient(base_url, key_file.read_text()) as client:
+        assert client.credits().balance == 5
+    for bad in (alice.api_key[:8] + " " + alice.api_key[8:], alice.api_key + "é"):
+        with pytest.raises(ConfigError, match="api_key: U\\+00") as refused:
+            HypermediaClient(base_url, bad)
+        assert alice.api_key[4:] not in refused.value.message  # a secret: never shown
+
+    env = {"HYPERMEDIA_API_URL": base_url, "HYPERMEDIA_API_KEY": alice.api_key + "é"}
+    shown = CliRunner().invoke(app, ["credits", "show"], env=env)
+    assert isinstance(shown.exception, ConfigError)
+    assert shown.exception.key == "api_key (--api-key, HYPERMEDIA_API_KEY)"
+
+
 def test_a_failed_attempts_log_is_shown_to_its_owner_by_the_api_and_status(stack, base_url):
     from typer.testing import CliRunner
 
