@@ -22,7 +22,8 @@ this client does not know) a plain :class:`HypermediaError` saying so.
 
 Retries (``retries``, 2 by default; backoff 0.5 s doubling, or the ``Retry-After``
 the server sends): a request that never reached the server (the connection was
-refused or could not be made) is sent again, whatever it is; one that may have
+refused or could not be made, or none of the client's own came free) is sent again,
+whatever it is; one that may have
 reached it (no answer, a dropped connection, a 502/503/504) is sent again only when
 repeating it is harmless: reads, :meth:`HypermediaClient.cancel` (a cancel repeated
 is answered as the first), :meth:`HypermediaClient.process` and
@@ -177,6 +178,18 @@ class HypermediaClient:
                     continue
                 raise ServiceUnavailable(
                     f"cannot reach the API at {self.base_url}: {exc}", url=self.base_url
+                ) from exc
+            except httpx.PoolTimeout as exc:
+                # Never sent: the client's connections were all taken (open event
+                # streams, other threads' calls) for the whole timeout.
+                if attempt < tries:
+                    self._backoff(attempt, None)
+                    continue
+                raise ServiceUnavailable(
+                    f"no connection of this client to the API at {self.base_url} came free"
+                    f" for {method} {path} within {self.timeout:g} s (all in use: open"
+                    " event streams, other threads' calls); nothing was sent",
+                    url=self.base_url,
                 ) from exc
             except httpx.TransportError as exc:
                 if replayable and attempt < tries:

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
@@ -591,6 +592,38 @@ def test_following_events_of_an_api_that_never_answers_ends(monkeypatch):
     assert error.details["url"] == api.url
     assert len(api.requests) == 2  # retries=1
     assert all(r.startswith(f"GET /v1/hypermedia/jobs/{'0' * 32}/events ") for r in api.requests)
+
+
+def test_a_call_that_waited_for_a_free_connection_in_vain_says_nothing_was_sent():
+    """Every connection of the client's pool taken (here its one, by an event stream;
+    httpx's default is 100, as many as the streams a user may open): a DELETE that
+    waited for one the whole timeout was never sent, yet raised ServiceUnavailable "no
+    answer from the API ... the request may have been carried out"."""
+    limits = httpx.Limits(max_connections=1)
+    with (
+        Silent() as api,
+        HypermediaClient(
+            api.url, "hm_x_y", timeout=1, retries=1, transport=httpx.HTTPTransport(limits=limits)
+        ) as client,
+    ):
+        ended: list[BaseException] = []
+
+        def follow() -> None:  # holds the one connection until its timeout
+            try:
+                list(client.events("0" * 32, timeout=8))
+            except BaseException as exc:
+                ended.append(exc)
+
+        follower = threading.Thread(target=follow, daemon=True)
+        follower.start()
+        while not api.requests:
+            time.sleep(0.05)
+        with pytest.raises(ServiceUnavailable, match="nothing was sent") as busy:
+            client.delete("an-object")
+        assert "may have been carried out" not in busy.value.message
+        assert not any(r.startswith("DELETE") for r in api.requests), api.requests
+        follower.join(60)
+        assert [type(e) for e in ended] == [TimeoutError]
 
 
 def client_job_json(**fields: object) -> bytes:
