@@ -247,6 +247,19 @@ class PostgresServer:
         self._admin.dispose()
 
 
+def waits_for_a_lock(engine: Engine) -> bool:
+    """Some session of ``engine``'s PostgreSQL database waits for a lock (a statement a
+    test holds back with a row lock of its own is under way)."""
+    with engine.connect() as conn:
+        waiting = conn.execute(
+            text(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            )
+        ).scalar_one()
+    return bool(waiting)
+
+
 def make_sqlite_template(path: Path) -> Path:
     """A migrated SQLite file, checkpointed so a plain file copy is complete."""
     engine = make_engine(f"sqlite:///{path}")

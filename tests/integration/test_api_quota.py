@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from sqlalchemy import func, select, text
+from sqlalchemy import func, select
 
 from hypermedia.accounts import NewUser, add_pool_member
 from hypermedia.db import tables as t
@@ -23,6 +23,7 @@ from hypermedia.jobs.repository import OutputRecord
 from hypermedia.objects import mark_deleted, plan_deletion
 from hypermedia.stack import Stack
 from hypermedia.storage.base import derived_key, original_key
+from tests import support
 from tests.api_support import add_user, bearer, running_server
 
 P = "/v1/hypermedia"
@@ -510,17 +511,6 @@ def test_an_upload_refused_leaves_no_key_behind(stack, client):
     assert live_objects(stack) == 1 and stored_bytes(stack) == {alice.user_id: 60_000}
 
 
-def _a_statement_waits_for_a_lock(stack: Stack) -> bool:
-    with transaction(stack.engine) as conn:
-        waiting = conn.execute(
-            text(
-                "SELECT count(*) FROM pg_stat_activity"
-                " WHERE datname = current_database() AND wait_event_type = 'Lock'"
-            )
-        ).scalar_one()
-    return bool(waiting)
-
-
 def test_a_submit_while_its_object_is_being_deleted_is_refused(stack, client):
     """Before, on PostgreSQL: a submit that read the object before a concurrent delete
     marked it, and wrote its job after the delete had looked for jobs on it, was 202
@@ -540,7 +530,7 @@ def test_a_submit_while_its_object_is_being_deleted_is_refused(stack, client):
         deletion = plan_deletion(conn, caller, object_id)  # no job on it yet
         submitted = pool.submit(client.post, f"{P}/process", json=body, headers=bearer(alice))
         # The submit either answers at once (it did, 202) or waits for the delete.
-        while not submitted.done() and not _a_statement_waits_for_a_lock(stack):
+        while not submitted.done() and not support.waits_for_a_lock(stack.engine):
             time.sleep(0.01)
         mark_deleted(conn, deletion, stack.clock.now())
         deleting.commit()

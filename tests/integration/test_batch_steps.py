@@ -12,14 +12,15 @@ from typing import cast
 import pytest
 from sqlalchemy import func, select
 
-from hypermedia.clock import to_datetime
+from hypermedia.clock import ManualClock, to_datetime
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
 from hypermedia.ingest.service import SubmitRequest
-from hypermedia.jobs.repository import FinishedJob, JobRepository, OutputRecord
+from hypermedia.jobs.repository import ClaimedJob, FinishedJob, JobRepository, OutputRecord
 from hypermedia.jobs.states import JobStatus
 from hypermedia.metrics import JOB_DURATION, JOBS_STARTED, MemoryRecorder
-from tests.factories import make_object, make_user, open_stack, submit
+from hypermedia.stack import Stack
+from tests.factories import Person, make_object, make_user, open_stack, submit
 from tests.integration.test_guards import NOW, WORKER, _force, _row
 
 repo = JobRepository()
@@ -177,6 +178,24 @@ def test_complete_many_ends_each_attempt_when_its_work_ended(engine, settings, m
     stack.close()
 
 
+def _second_begun(
+    stack: Stack, clock: ManualClock, jobs: int
+) -> tuple[MemoryRecorder, Person, float, list[ClaimedJob]]:
+    """``jobs`` thumbnails taken by one claim, none started in the record; the second
+    begun by its loop 3 s after the claim (its start only in the worker's completion
+    batcher yet). The metrics recorder, the user, the claim's time and the jobs."""
+    stack.dispatcher.metrics = recorder = MemoryRecorder()
+    person = make_user(stack)
+    for _ in range(jobs):
+        submit(stack, person, ["thumbnail"])
+    t0 = clock.now()
+    taken = stack.dispatcher.claim_ahead("images", WORKER, jobs)
+    assert not any(job.started for job in taken[1:])
+    began = clock.advance(3)  # the loop reaches it once the first has run
+    taken[1] = replace(taken[1], attempt_started_at=began, started=True)  # as the loop does
+    return recorder, person, t0, taken
+
+
 def test_a_job_taken_ahead_that_fails_before_its_start_is_written_is_timed_from_it(
     engine, settings, manual_clock
 ):
@@ -186,15 +205,8 @@ def test_a_job_taken_ahead_that_fails_before_its_start_is_written_is_timed_from_
     started_at; its start is counted and its ``processing`` event goes out before the
     failure's. The start the batcher writes afterwards changes nothing."""
     stack = open_stack(settings, engine, manual_clock)
-    stack.dispatcher.metrics = recorder = MemoryRecorder()
-    person = make_user(stack)
-    for _ in range(2):
-        submit(stack, person, ["thumbnail"])
-    t0 = manual_clock.now()
-    _first, second = stack.dispatcher.claim_ahead("images", WORKER, 2)
-    assert not second.started
-    began = manual_clock.advance(3)  # the loop reaches it once the first has run
-    second = replace(second, attempt_started_at=began, started=True)  # as the loop does
+    recorder, _person, t0, (_first, second) = _second_begun(stack, manual_clock, 2)
+    began = t0 + 3
     manual_clock.advance(0.5)
     status = stack.dispatcher.fail(second, WORKER, "boom", "it broke", retryable=True)
     assert status is JobStatus.RETRY_WAIT
@@ -238,15 +250,8 @@ def test_a_job_taken_ahead_released_before_its_start_is_written_is_timed_from_it
     ``processing`` event goes out before the hand-back's. The start the batcher writes
     afterwards changes nothing."""
     stack = open_stack(settings, engine, manual_clock)
-    stack.dispatcher.metrics = recorder = MemoryRecorder()
-    person = make_user(stack)
-    for _ in range(3):
-        submit(stack, person, ["thumbnail"])
-    t0 = manual_clock.now()
-    _first, second, third = stack.dispatcher.claim_ahead("images", WORKER, 3)
-    assert not second.started and not third.started
-    began = manual_clock.advance(3)  # the loop reaches it once the first has run
-    second = replace(second, attempt_started_at=began, started=True)  # as the loop does
+    recorder, _person, t0, (_first, second, third) = _second_begun(stack, manual_clock, 3)
+    began = t0 + 3
     manual_clock.advance(0.5)
     assert stack.dispatcher.release(second, WORKER, reason_code="drain", reason="draining")
     assert stack.dispatcher.release(third, WORKER)
@@ -282,15 +287,8 @@ def test_a_job_taken_ahead_cancelled_before_its_start_is_written_is_timed_from_i
     ``processing`` event goes out before the cancel's. The start the batcher writes
     afterwards changes nothing."""
     stack = open_stack(settings, engine, manual_clock)
-    stack.dispatcher.metrics = recorder = MemoryRecorder()
-    person = make_user(stack)
-    for _ in range(2):
-        submit(stack, person, ["thumbnail"])
-    t0 = manual_clock.now()
-    _first, second = stack.dispatcher.claim_ahead("images", WORKER, 2)
-    assert not second.started
-    began = manual_clock.advance(3)  # the loop reaches it once the first has run
-    second = replace(second, attempt_started_at=began, started=True)  # as the loop does
+    recorder, person, t0, (_first, second) = _second_begun(stack, manual_clock, 2)
+    began = t0 + 3
     manual_clock.advance(0.25)
     assert stack.ingest.cancel(person.caller, second.job_id) is JobStatus.CLAIMED
     manual_clock.advance(0.25)

@@ -25,7 +25,7 @@ from typing import Any
 
 import psutil
 import pytest
-from sqlalchemy import func, select, text
+from sqlalchemy import func, select
 from typer.testing import CliRunner
 
 from autoscaler import config as scheduler_config
@@ -754,18 +754,6 @@ def _hold_account(pg_engine, person: Person) -> Any:
     return holder
 
 
-def _a_commit_waits(pg_engine) -> bool:
-    """Some transaction of this test's database waits for a lock."""
-    with transaction(pg_engine) as conn:
-        waiting = conn.execute(
-            text(
-                "SELECT count(*) FROM pg_stat_activity"
-                " WHERE datname = current_database() AND wait_event_type = 'Lock'"
-            )
-        ).scalar_one()
-    return bool(waiting)
-
-
 class _SecondWaits(InProcessExecutor):
     """In-process steps; every step after the first waits for ``go`` before it runs.
     ``ended``: when each step returned (epoch seconds), by job id."""
@@ -800,7 +788,7 @@ def test_an_attempt_ends_when_its_step_did_not_when_its_batch_commits(
     holder = _hold_account(pg_engine, person)
     worker.start()
     try:
-        _wait(lambda: _a_commit_waits(pg_engine))  # the first job's batch, held
+        _wait(lambda: support.waits_for_a_lock(pg_engine))  # the first job's batch, held
         executor.go.set()  # the second job runs while it is
         _wait(lambda: len(executor.ended) == 2)
         time.sleep(1.0)  # its completion waits for the batch before it
@@ -867,7 +855,7 @@ def test_a_begun_job_taken_ahead_handed_back_before_its_start_is_written_is_time
     )
     try:
         worker.start()
-        _wait(lambda: _a_commit_waits(pg_engine))  # the first job's batch, held
+        _wait(lambda: support.waits_for_a_lock(pg_engine))  # the first job's batch, held
         _wait(lambda: executor.child_pid(second_id) is not None)  # the second begun
         assert _statuses(stack) == {"processing": 1, "claimed": 1}  # its start not written
         stopping.start()
