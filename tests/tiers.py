@@ -8,6 +8,12 @@
                 tests are deselected and the summary says so in one line; with
                 ``CI=true``, or a ``HYPERMEDIA_TEST_CORPUS`` that names no corpus, they
                 fail instead: CI must not pass without the tier.
+``root``        marker (``@pytest.mark.root("what needs it")``): the test needs root (the
+                full sandbox: namespaces, uids, seccomp; mounts). Run as another user
+                it is skipped, saying why; with ``CI=true`` it fails instead: CI runs
+                as root and must not pass without these tests.
+``program``     marker (``@pytest.mark.program("ffmpeg")``): the test runs that program;
+                where it is not on PATH, the same: skipped, or failed with ``CI=true``.
 ``slow``        marker: minutes of its own (a whole ``ray up`` cluster launching nodes).
                 Left out of a run unless ``CI=true``, ``HYPERMEDIA_TEST_SLOW=1`` or a
                 ``-m`` expression that names them (``-m slow`` runs only them); the
@@ -17,6 +23,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 
 import pytest
 
@@ -88,6 +95,21 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     problem = item.config.stash.get(_PROBLEM, "")
     if problem and item.get_closest_marker("corpus"):
         pytest.fail(problem, pytrace=False)
+    root = item.get_closest_marker("root")
+    if root is not None and os.geteuid() != 0:
+        why = f"{root.args[0] if root.args else 'needs root'} (running as uid {os.geteuid()})"
+        _cannot_run(f"{why}: CI must run these tests as root")
+    for needed in item.iter_markers("program"):
+        name = needed.args[0]
+        if shutil.which(name) is None:
+            _cannot_run(f"needs {name}, not on PATH (scripts/setup installs it)")
+
+
+def _cannot_run(why: str) -> None:
+    """A test that cannot run here: skipped, saying why; a failure with ``CI=true``."""
+    if _in_ci():
+        pytest.fail(why, pytrace=False)
+    pytest.skip(why)
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -38,7 +38,7 @@ from hypermedia.storage.local import LocalStorage
 from tests.api_support import add_user, bearer, running_server
 from tests.integration.test_api_inspection import PNG, crafted_pdf
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the full sandbox needs root")
+pytestmark = pytest.mark.root("the full sandbox needs root")
 
 REPO = Path(__file__).resolve().parents[2]
 CANARY = "canary-inspection-secret-0123456789"

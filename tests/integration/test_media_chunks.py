@@ -20,7 +20,7 @@ from pipelines.registry import USAGE_OUTPUT, Output
 from tests import media_support as ms
 from tests.generated.media import ffmpeg, tone_source, video_source
 
-pytestmark = pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="needs FFmpeg")
+pytestmark = pytest.mark.program("ffmpeg")
 
 CHUNKED = {"height": 120, "crf": 23, "chunk_seconds": 1, "chunk_above_seconds": 1}
 SINGLE = {"height": 120, "crf": 23}

@@ -6,7 +6,6 @@ end (lost with the tail) nothing can be read, and the refusal says so."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ import pipelines.media as media
 from pipelines.registry import USAGE_OUTPUT, Output, PipelineError
 from tests import media_support as ms
 
-pytestmark = pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="needs FFmpeg")
+pytestmark = pytest.mark.program("ffmpeg")
 
 SECONDS = 6
 KEPT = 0.6  # of the bytes

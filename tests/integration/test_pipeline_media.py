@@ -19,7 +19,6 @@ import array
 import itertools
 import json
 import os
-import shutil
 import subprocess
 import time
 import tomllib
@@ -41,7 +40,7 @@ REPO = Path(__file__).resolve().parents[2]
 PROFILES = tomllib.loads((REPO / "etc" / "profiles.toml").read_text())["profiles"]
 MEDIA_EXTENSIONS = {".mp3", ".m4a", ".flac", ".wav", ".mp4", ".mov", ".avi", ".mid"}
 
-pytestmark = pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="needs FFmpeg")
+pytestmark = pytest.mark.program("ffmpeg")
 
 # What a refusal's reason allows (the step's stable codes).
 REJECT_CODES: dict[str, set[str]] = {

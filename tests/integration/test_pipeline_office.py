@@ -59,7 +59,7 @@ LINKED_FODT = "hostile/linked-external.fodt"
 # A cold conversion of a small document (~0.4 s quiet, ~1 s on 2 busy cores).
 SMALL_DOCUMENT_SECONDS = 30.0
 
-pytestmark = pytest.mark.skipif(shutil.which("soffice") is None, reason="needs LibreOffice")
+pytestmark = pytest.mark.program("soffice")
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,6 @@ without Ray, as the actor's process builds it, with the real sandboxed executor.
 
 from __future__ import annotations
 
-import os
 from datetime import UTC, datetime
 
 import pytest
@@ -19,7 +18,7 @@ from tests.pipelines_for_tests import PRELOAD
 from tests.sandbox_leaks import leaked_sandbox_processes
 from tests.worker_support import NoGrants
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the full sandbox needs root")
+pytestmark = pytest.mark.root("the full sandbox needs root")
 
 
 def _register(engine, worker_id: str) -> None:

@@ -40,7 +40,7 @@ from tests.pipelines_for_tests import PRELOAD
 REPO = Path(__file__).resolve().parents[2]
 MB = 1024 * 1024
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the full sandbox needs root")
+pytestmark = pytest.mark.root("the full sandbox needs root")
 
 
 @pytest.fixture(scope="module")

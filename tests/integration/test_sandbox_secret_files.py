@@ -32,7 +32,7 @@ from hypermedia.worker.actor import PipelineService
 from hypermedia.worker.supervisor import settings_for_actors
 from tests.pipelines_for_tests import PRELOAD
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the full sandbox needs root")
+pytestmark = pytest.mark.root("the full sandbox needs root")
 
 STORAGE_SECRET = "canary-storage-secret-0123456789abcdef"
 DB_PASSWORD = "canary-db-password"

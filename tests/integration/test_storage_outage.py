@@ -42,7 +42,7 @@ from hypermedia.storage.local import LocalStorage
 from tests.api_support import add_user, bearer, running_server
 from tests.metrics_support import parse
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
+pytestmark = pytest.mark.root("mounting a tmpfs needs root")
 
 P = "/v1/hypermedia"
 KiB = 1024

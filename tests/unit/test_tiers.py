@@ -23,13 +23,30 @@ def test_on_the_corpus():
     pass
 """
 
+NEEDS = """
+import pytest
+
+@pytest.mark.root("the full sandbox needs root")
+def test_as_root():
+    pass
+
+@pytest.mark.program("hypermedia-no-such-program")
+def test_with_a_program():
+    pass
+
+@pytest.mark.program("sh")
+def test_with_sh():
+    pass
+"""
+
 
 @pytest.fixture
 def suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
     for name in ("CI", "HYPERMEDIA_TEST_SLOW", "HYPERMEDIA_TEST_CORPUS"):
         monkeypatch.delenv(name, raising=False)
     pytester.makeini(
-        "[pytest]\nmarkers =\n    slow: slow\n    corpus: corpus\naddopts = --strict-markers\n"
+        "[pytest]\nmarkers =\n    slow: slow\n    corpus: corpus\n    root: root\n"
+        "    program: program\naddopts = --strict-markers\n"
     )
     pytester.makepyfile(test_suite=SUITE)
     return pytester
@@ -87,3 +104,31 @@ def test_a_corpus_asked_for_and_missing_fails_its_tests(
     result = _run(suite)
     result.assert_outcomes(passed=1, errors=1, deselected=1)
     result.stdout.fnmatch_lines(["*the corpus tier cannot run*"])
+
+
+@pytest.mark.parametrize("ci", [False, True])
+def test_a_test_that_cannot_run_here_is_skipped_saying_why_and_fails_in_ci(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, ci: bool
+):
+    """Not root, or a program not on PATH: skipped with the reason, but with CI=true a
+    failure (CI must not pass without them); a program that is there runs."""
+    monkeypatch.delenv("CI", raising=False)
+    if ci:
+        monkeypatch.setenv("CI", "true")
+    monkeypatch.setattr("os.geteuid", lambda: 1000)  # this run's user is not root
+    pytester.makeini(
+        "[pytest]\nmarkers =\n    root: root\n    program: program\naddopts = --strict-markers\n"
+    )
+    pytester.makepyfile(test_needs=NEEDS)
+    result = pytester.runpytest_inprocess("-p", "tests.tiers", "-p", "no:cacheprovider", "-rsE")
+    if ci:
+        result.assert_outcomes(passed=1, errors=2)  # failed at setup, as the corpus tier
+    else:
+        result.assert_outcomes(passed=1, skipped=2)
+    result.stdout.fnmatch_lines(
+        [
+            "*the full sandbox needs root (running as uid 1000): CI must run these tests as root*",
+            "*needs hypermedia-no-such-program, not on PATH*",
+        ],
+        consecutive=False,
+    )
