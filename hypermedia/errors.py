@@ -68,13 +68,16 @@ from typing import Any, ClassVar
 class HypermediaError(Exception):
     """Root of every error hypermedia raises on purpose.
 
+    ``code`` is the class's, except on an error made from an HTTP answer whose code no
+    class carries (``internal``, ``method_not_allowed``: a plain HypermediaError whose
+    ``code`` is the server's, so ``to_dict()`` passes it on unchanged).
     ``status`` is the HTTP status this server answers the class with; ``http_status``
     is the one an HTTP answer actually carried, set on an error made from an answer
     (:func:`hypermedia.ingest.client.error_from_response`; a transfer's store), None
     otherwise. They may differ: a server answers 422 ``invalid_request`` for a body its
     schema refuses, while :class:`InvalidRequest`'s ``status`` is 400."""
 
-    code: ClassVar[str] = "error"
+    code: str = "error"  # the class's; an error made from an answer, the server's
     status: ClassVar[int] = 500
     http_status: int | None = None
 

@@ -7,18 +7,20 @@
         submitted = client.process(obj.object_id, ["thumbnail"])
         job = client.wait(submitted.job_ids[0], timeout=60)
 
-An API error is raised as the :mod:`hypermedia.errors` class whose ``code`` the
-server sent (``not_found`` -> :class:`NotFound`, ``insufficient_credits`` ->
-:class:`PaymentRequired` ...) with the server's message and details; an unknown
-code becomes a plain :class:`HypermediaError` (its details keep ``server_code``
-and ``http_status``). Every error made from an answer has the HTTP status the server
-sent as ``http_status`` (an ``int``), which is not always the class's ``status`` (the
-class's usual one: a body the API's schema refuses is 422 ``invalid_request``, while
-``InvalidRequest.status`` is 400): switch on ``code``, or read ``http_status`` for the
-answer's status. A server that cannot be reached, or sent no answer, raises
-:class:`ServiceUnavailable` with ``http_status`` None; an answer that is not what the
-API sends (a web page at a base URL that is not the API's, a value of a newer server's
-this client does not know) a plain :class:`HypermediaError` saying so.
+An API error is raised as the :mod:`hypermedia.errors` class whose ``code`` the server
+sent (``not_found`` -> :class:`NotFound`, ``insufficient_credits`` ->
+:class:`PaymentRequired` ...) with the server's message and details; a code no class
+carries (``internal``, ``method_not_allowed``, a newer server's) becomes a plain
+:class:`HypermediaError` whose ``code`` is the server's (its details keep it as
+``server_code``, and ``http_status``). Every error made from an answer has the HTTP
+status the server sent as ``http_status`` (an ``int``), which is not always the
+class's ``status`` (the class's usual one: a body the API's schema refuses is 422
+``invalid_request``, while ``InvalidRequest.status`` is 400): switch on ``code``, or
+read ``http_status`` for the answer's status. A server that cannot be reached, or sent
+no answer, raises :class:`ServiceUnavailable` with ``http_status`` None; an answer
+that is not what the API sends (a web page at a base URL that is not the API's, a
+value of a newer server's this client does not know) a plain :class:`HypermediaError`
+saying so.
 
 Retries (``retries``, 2 by default; backoff 0.5 s doubling, or the ``Retry-After``
 the server sends): a request that never reached the server (the connection was
@@ -105,7 +107,11 @@ def _error_of(status: int, payload: Any) -> HypermediaError:
     details.pop("message", None)  # would collide with the constructor's own argument
     cls = error_classes().get(code)
     if cls is None:
-        return HypermediaError(message, **{**details, "server_code": code, "http_status": status})
+        # A code no class carries (a newer server's, a handler's: internal,
+        # method_not_allowed): the root class, its code the server's, not "error".
+        error = HypermediaError(message, **{**details, "server_code": code, "http_status": status})
+        error.code = code
+        return error
     if issubclass(cls, ConfigError):
         # ConfigError's constructor builds its message from the key; keep the server's.
         error = ConfigError(str(details.get("key", "?")), message)

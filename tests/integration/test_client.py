@@ -37,9 +37,9 @@ from hypermedia.errors import (
     UnknownOperation,
 )
 from hypermedia.ingest.api import create_app
-from hypermedia.ingest.client import HypermediaClient
+from hypermedia.ingest.client import HypermediaClient, error_from_response
 from hypermedia.stack import Stack
-from tests.api_support import AnswerDropper, add_user, running_server
+from tests.api_support import AnswerDropper, add_user, bearer, running_server
 from tests.generated import Generated
 
 IMAGE = b"\xff\xd8\xff\xe0" + bytes(range(256)) * 40
@@ -418,6 +418,37 @@ def test_client_errors_carry_the_http_status_the_server_sent(stack, base_url):
     ):
         client.credits()
     assert unreachable.value.http_status is None
+
+
+def test_a_code_no_class_carries_is_the_errors_code(stack, base_url, monkeypatch):
+    """The codes the API answers that no error class carries (``internal``, a route's
+    ``method_not_allowed``) came back as a HypermediaError whose ``code`` was
+    ``"error"``, the server's only in its details: a web tier switching on ``code``
+    could not tell a server fault from anything else."""
+    alice = add_user(stack, "alice", credits=5)
+
+    def broken(*_: object) -> None:
+        raise RuntimeError("the account read failed")
+
+    monkeypatch.setattr("hypermedia.ingest.api.balance", broken)
+    with (
+        HypermediaClient(base_url, alice.api_key, retries=0) as client,
+        pytest.raises(HypermediaError) as internal,
+    ):
+        client.credits()
+    assert type(internal.value) is HypermediaError
+    assert (internal.value.code, internal.value.http_status) == ("internal", 500)
+    assert internal.value.to_dict()["code"] == "internal"
+    assert internal.value.details["server_code"] == "internal"
+
+    wrong = httpx.delete(f"{base_url}/v1/hypermedia/credits", headers=bearer(alice))
+    refused = error_from_response(wrong.status_code, wrong.json())
+    assert type(refused) is HypermediaError
+    assert (refused.code, refused.http_status) == ("method_not_allowed", 405)
+    # A code with a class is still that class, its code the class's.
+    with HypermediaClient(base_url, alice.api_key) as client, pytest.raises(NotFound) as missing:
+        client.job("0" * 32)
+    assert missing.value.code == "not_found"
 
 
 @contextmanager

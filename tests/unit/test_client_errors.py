@@ -72,6 +72,7 @@ def test_unknown_codes_become_the_root_error():
         500, {"error": {"code": "internal", "message": "internal server error"}}
     )
     assert type(error) is errors.HypermediaError
+    assert error.code == "internal"  # the server's (was "error")
     assert error.message == "internal server error"
     assert error.details == {"server_code": "internal", "http_status": 500}
     assert error.http_status == 500
