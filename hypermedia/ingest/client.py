@@ -85,6 +85,7 @@ from hypermedia.ingest.schemas import (
 __all__ = ["PREFIX", "HypermediaClient", "error_from_response"]
 
 PREFIX = "/v1/hypermedia"
+_EVENT_STREAMS = 100  # a client's open event streams at most: the API's default per user
 _Model = TypeVar("_Model", bound=BaseModel)
 
 
@@ -130,6 +131,7 @@ class HypermediaClient:
         timeout: float = 30.0,
         transport: httpx.BaseTransport | None = None,
         retries: int = 2,
+        event_streams: int = _EVENT_STREAMS,
     ) -> None:
         """``base_url``: the API's, ``http://`` or ``https://`` and its host, without
         :data:`PREFIX` (anything else raises :class:`~hypermedia.errors.ConfigError`,
@@ -137,9 +139,15 @@ class HypermediaClient:
         newline), one a header cannot carry (a space, a character past ASCII inside)
         raises ConfigError, which does not show it; ``timeout``:
         seconds for each connect, read and write of one try; ``retries``: tries after the
-        first one (see the module's doc)."""
+        first one (see the module's doc); ``event_streams``: the most event streams
+        (:meth:`events`, :meth:`wait`) this client holds open at once, on connections of
+        their own: a stream past them waits for one to end (up to its ``timeout``), and
+        the other calls always have their own (httpx's pool of 100). A ``transport`` given
+        (a test's, one with its own limits) carries both, in its one pool."""
         if retries < 0:
             raise ValueError("retries must be 0 or more")
+        if event_streams < 1:
+            raise ValueError("event_streams must be 1 or more")
         _check_base_url(base_url)
         api_key = _checked_api_key(api_key)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -153,6 +161,21 @@ class HypermediaClient:
             transport=transport,
             verify=tls.client_context(),
         )
+        # A stream holds its connection as long as its job runs: on the calls' pool, as
+        # many streams as a user may open (100) took all of it, and every other call of
+        # the client waited its whole timeout, then failed unsent.
+        self._streams = self._http
+        if transport is None:
+            self._streams = httpx.Client(
+                base_url=self.base_url,
+                headers=headers,
+                timeout=timeout,
+                verify=tls.client_context(),
+                limits=httpx.Limits(
+                    max_connections=event_streams,
+                    max_keepalive_connections=min(event_streams, 20),
+                ),
+            )
 
     # -- plumbing -------------------------------------------------------------------------
 
@@ -234,6 +257,8 @@ class HypermediaClient:
 
     def close(self) -> None:
         self._http.close()
+        if self._streams is not self._http:
+            self._streams.close()
 
     def __enter__(self) -> Self:
         return self
@@ -472,6 +497,10 @@ class HypermediaClient:
                     yield event
                     if event.ends:
                         return
+            except httpx.PoolTimeout:
+                # This client's event_streams were all open for the whole timeout (a
+                # stream waits for one without a timeout, so only with one).
+                raise self._timed_out(state, timeout) from None
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                 if deadline is not None and time.monotonic() >= deadline:
                     raise self._timed_out(state, timeout) from None
@@ -548,12 +577,14 @@ class HypermediaClient:
             headers["Last-Event-ID"] = state.last_id
         # Keep-alives come every 15 s: a longer silence is a dead connection.
         limit, read = self.timeout, _EVENT_READ_TIMEOUT
+        # One of this client's event_streams: waited for until one ends (or the deadline).
+        pool: float | None = None
         if deadline is not None:  # a connect (an API that takes none) within it too
             left = max(0.001, deadline - time.monotonic())
-            limit, read = min(limit, left), min(read, left)
+            limit, read, pool = min(limit, left), min(read, left), left
         path = f"{PREFIX}/jobs/{_segment(state.job_id)}/events"
-        with self._http.stream(
-            "GET", path, headers=headers, timeout=httpx.Timeout(limit, read=read)
+        with self._streams.stream(
+            "GET", path, headers=headers, timeout=httpx.Timeout(limit, read=read, pool=pool)
         ) as response:
             state.connected = True
             if response.status_code >= 400:

@@ -486,6 +486,63 @@ def test_a_hundred_streams_of_one_user_leave_another_her_live_events(stack):
                 sock.close()
 
 
+def test_more_event_streams_than_connections_leave_the_clients_other_calls_theirs(stack):
+    """httpx's pool holds 100 connections, as many as the event streams a user may open
+    (user_concurrent_event_streams): a web tier's client following 100 streams had every
+    connection taken, and its next call waited its whole timeout for one, then failed
+    ("nothing was sent"). Streams have connections of their own now (the client's
+    event_streams, 100): the other calls keep theirs, and a stream past them waits for
+    one to end."""
+    streams = 101
+    with running_server(create_app(stack, events_keepalive_seconds=5)) as url:
+        alice = make_user(stack)
+        job_id = submit(stack, alice, ["thumbnail"])[0]
+        lock = threading.Lock()
+        following: list[str] = []
+        ends: list[str | BaseException] = []
+        with HypermediaClient(url, alice.api_key, timeout=5, retries=0) as client:
+
+            def follow() -> None:
+                last = "none"
+                try:
+                    for event in client.events(job_id, timeout=90):
+                        if last == "none":
+                            with lock:
+                                following.append(job_id)
+                        last = event.status or last
+                except BaseException as exc:
+                    last = exc  # type: ignore[assignment]
+                with lock:
+                    ends.append(last)
+
+            threads = [threading.Thread(target=follow, daemon=True) for _ in range(streams)]
+            for thread in threads:
+                thread.start()
+            deadline = time.monotonic() + 60
+            while len(following) < 100 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert len(following) == 100, (len(following), ends)
+            assert client.credits().reserved > 0  # the queued job's
+            assert client.job(job_id).status == "queued"
+            assert len(following) == 100  # the one past them waits, holding nothing
+            stack.ingest.cancel(alice.caller, job_id)
+            for thread in threads:
+                thread.join(60)
+            assert not any(thread.is_alive() for thread in threads)
+        assert ends == ["cancelled"] * streams
+
+        # Past a client's event_streams, a stream waits for one, up to its timeout.
+        queued = submit(stack, alice, ["thumbnail"])[0]
+        with HypermediaClient(url, alice.api_key, event_streams=1) as client:
+            first = iter(client.events(queued, timeout=30))
+            assert next(first).status == "queued"
+            started = time.monotonic()
+            with pytest.raises(TimeoutError, match="still queued"):
+                list(client.events(queued, timeout=1))
+            assert time.monotonic() - started < 10
+            assert client.job(queued).status == "queued"
+
+
 def test_a_revoked_keys_open_stream_ends_at_its_next_keep_alive(stack, base_url):
     """A stream re-read the record at each keep-alive by user id only: one opened before
     its key was revoked (`hypermedia user revoke`) kept sending the job's events for as

@@ -37,7 +37,7 @@ def test_the_client_module_exports():
 
 
 CLIENT_METHODS = {
-    "__init__": ["base_url", "api_key", "timeout", "transport", "retries"],
+    "__init__": ["base_url", "api_key", "timeout", "transport", "retries", "event_streams"],
     "__enter__": [],
     "__exit__": ["exc_type", "exc", "tb"],
     "close": [],
