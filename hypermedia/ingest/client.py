@@ -65,6 +65,7 @@ from hypermedia.errors import (
     ServiceUnavailable,
     error_classes,
 )
+from hypermedia.ingest.client_downloads import OutputDownload, OutputTransfer
 from hypermedia.ingest.fields import idempotency_key_problem
 from hypermedia.ingest.schemas import (
     AttemptLogResponse,
@@ -86,6 +87,7 @@ __all__ = ["PREFIX", "HypermediaClient", "error_from_response"]
 
 PREFIX = "/v1/hypermedia"
 _EVENT_STREAMS = 100  # a client's open event streams at most: the API's default per user
+_DOWNLOAD_CHUNK = 1 << 20  # bytes an output download writes (or hands on) at a time
 _Model = TypeVar("_Model", bound=BaseModel)
 
 
@@ -458,6 +460,75 @@ class HypermediaClient:
         path = f"{PREFIX}/jobs/{_segment(job_id)}/outputs/{_segment(output_type)}/url"
         return self._request("GET", path, OutputUrlResponse)
 
+    def download(self, job_id: str, output_type: str, to: Path | str | BinaryIO) -> OutputDownload:
+        """Save one of a job's outputs to ``to``: a path (written to ``<name>.part``
+        beside it, renamed once whole; nothing left under either name when it fails) or
+        a binary file object, written from where it stands (started again from there
+        when the output was replaced during the transfer and it is seekable).
+
+        Streamed (1 MiB chunks, never the whole output in memory) from its signed URL
+        (:meth:`output_url`), with the client's TLS, timeout and retries: a try that got
+        no answer is sent again, and a transfer that dropped midway is taken up where it
+        stopped (a ``Range``); see :mod:`hypermedia.ingest.client_downloads`. Errors are
+        the client's: :class:`~hypermedia.errors.NotFound` (no such job or output),
+        :class:`ServiceUnavailable` when every try failed (``received_bytes`` in its
+        details)."""
+        if isinstance(to, str | PathLike):
+            return self._download_to_path(job_id, output_type, Path(to))
+        restart: Callable[[], None] | None = None
+        if to.seekable():
+            start = to.tell()
+
+            def rewind() -> None:
+                to.seek(start)
+                to.truncate()
+
+            restart = rewind
+        transfer = self._output_transfer(job_id, output_type)
+        for chunk in transfer.chunks(_DOWNLOAD_CHUNK, restart):
+            to.write(chunk)
+        return _downloaded(job_id, output_type, transfer)
+
+    def _download_to_path(self, job_id: str, output_type: str, path: Path) -> OutputDownload:
+        part = path.with_name(f"{path.name}.part")
+        try:
+            with part.open("wb") as handle:
+                done = self.download(job_id, output_type, handle)
+            part.replace(path)
+        except BaseException:
+            part.unlink(missing_ok=True)
+            raise
+        return done
+
+    def output_chunks(
+        self, job_id: str, output_type: str, *, chunk_size: int = _DOWNLOAD_CHUNK
+    ) -> Iterator[bytes]:
+        """One of a job's outputs as chunks of bytes (a web framework's streaming
+        response), fetched as :meth:`download` fetches it; its connection is held until
+        the iterator is exhausted or closed. A transfer that dropped is taken up where
+        it stopped; one whose output was replaced meanwhile raises (its first bytes
+        were handed on)."""
+        return self._output_transfer(job_id, output_type).chunks(chunk_size, None)
+
+    def _output_transfer(self, job_id: str, output_type: str) -> OutputTransfer:
+        return OutputTransfer(
+            self._http,
+            lambda: self.output_url(job_id, output_type),
+            self._blob_url,
+            error_from_response,
+            lambda attempt: self._backoff(attempt, None),
+            self.retries,
+        )
+
+    def _blob_url(self, url: str) -> str:
+        """A local storage's blob URL (signed with the API's public URL) through this
+        client's base URL: the same API, where this client reaches it (a web tier's
+        internal address; the signature does not cover the host). Any other URL (an
+        object store's) as it is."""
+        path = httpx.URL(url).raw_path.decode("ascii")  # with its query
+        at = path.find(f"{PREFIX}/blobs/")
+        return url if at < 0 else self.base_url + path[at:]
+
     def attempt_log(self, job_id: str, attempt_number: int) -> str:
         """The end of what a failed attempt's child printed."""
         path = f"{PREFIX}/jobs/{_segment(job_id)}/attempts/{_segment(str(attempt_number))}/log"
@@ -696,6 +767,17 @@ def _server_sent_events(lines: Iterable[str], state: _Following) -> Iterator[Job
             data.append(value)
         elif name == "retry" and value.isdigit():
             state.retry = int(value) / 1000
+
+
+def _downloaded(job_id: str, output_type: str, transfer: OutputTransfer) -> OutputDownload:
+    return OutputDownload(
+        job_id=job_id,
+        output_type=output_type,
+        size_bytes=transfer.received,
+        content_type=transfer.content_type,
+        resumed=transfer.resumed,
+        restarted=transfer.restarted,
+    )
 
 
 def _unreadable(response: httpx.Response, expected: str, problem: str) -> HypermediaError:

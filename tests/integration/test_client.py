@@ -915,3 +915,93 @@ def test_jobs_by_page_a_submission_and_an_outputs_download_url(stack):
             other.submission(first.submission_id)
         with pytest.raises(NotFound):
             other.output_url(job.job_id, "thumbnail-test.webp")
+
+
+def _an_output(stack: Stack, client: HypermediaClient, data: bytes, output_type: str) -> str:
+    """A job of ``client``'s user completed with ``data`` as its ``output_type``."""
+    from hypermedia.jobs.repository import OutputRecord
+    from hypermedia.storage.base import derived_key
+
+    obj = client.upload(IMAGE, "a.jpg")
+    submitted = client.process(obj.object_id, ["thumbnail"])
+    [job] = [
+        j
+        for j in stack.dispatcher.claim_and_start("images", "w", 10)
+        if j.job_id == submitted.job_ids[0]
+    ]
+    key = derived_key(obj.pool_id, obj.object_id, 1, output_type)
+    step = 1 << 20
+    stack.storage.put(key, (data[at : at + step] for at in range(0, len(data), step)))
+    assert stack.dispatcher.complete(
+        job, "w", [OutputRecord(output_type, key, len(data), "video/mp4")]
+    )
+    return job.job_id
+
+
+def test_an_output_downloads_streamed_to_a_file_and_a_dropped_transfer_resumes(
+    stack, base_url, tmp_path, monkeypatch
+):
+    """A web tier had output_url() alone: it fetched the signed URL itself, with its own
+    TLS, timeouts and retries (none), the URL's host the API's public one, and a
+    dropped transfer started again from nothing. download() streams it to a file with
+    the client's: the first try's answer lost (no byte came) is sent again, and a
+    transfer cut after 3 MiB is taken up there (Range), never the whole output in
+    memory."""
+    import tracemalloc
+
+    from hypermedia.ingest import api
+
+    alice = add_user(stack, "alice", credits=5)
+    data = os.urandom(40 << 20)
+    served: list[tuple[int, int]] = []
+    whole = api._file_chunks
+
+    def cut_once(handle, start, length, chunk_size=1 << 20):
+        served.append((start, length))
+        sent = 0
+        for chunk in whole(handle, start, length, chunk_size):
+            if len(served) == 2 and sent >= 3 << 20:
+                raise ConnectionResetError("the transfer is cut")
+            sent += len(chunk)
+            yield chunk
+
+    monkeypatch.setattr(api, "_file_chunks", cut_once)
+    with (
+        AnswerDropper(base_url, b"GET /v1/hypermedia/blobs/", drops=1) as dropper,
+        HypermediaClient(dropper.url, alice.api_key, timeout=20) as client,
+    ):
+        job_id = _an_output(stack, client, data, "video.mp4")
+        target = tmp_path / "out" / "video.mp4"
+        target.parent.mkdir()
+        tracemalloc.start()
+        try:
+            done = client.download(job_id, "video.mp4", target)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert dropper.dropped == 1
+    assert hashlib.sha256(target.read_bytes()).digest() == hashlib.sha256(data).digest()
+    assert (done.size_bytes, done.content_type, done.resumed) == (len(data), "video/mp4", 1)
+    assert list(target.parent.iterdir()) == [target]  # no .part left
+    # The lost answer's, the cut one's, then the rest alone.
+    assert served[:2] == [(0, len(data)), (0, len(data))]
+    [(start, length)] = served[2:]
+    assert start >= 3 << 20 and start + length == len(data)
+    assert peak < 16 << 20, peak  # the output is 40 MiB (the server's and proxy's in it)
+
+
+def test_an_output_is_handed_on_in_chunks_or_written_to_a_file_object(stack, base_url, tmp_path):
+    alice = add_user(stack, "alice", credits=5)
+    data = bytes(range(256)) * 9000
+    with HypermediaClient(base_url, alice.api_key) as client:
+        job_id = _an_output(stack, client, data, "video.mp4")
+        chunks = list(client.output_chunks(job_id, "video.mp4", chunk_size=1 << 16))
+        assert b"".join(chunks) == data and max(len(c) for c in chunks) <= 1 << 16
+        sink = io.BytesIO(b"head:")
+        sink.seek(5)
+        assert client.download(job_id, "video.mp4", sink).size_bytes == len(data)
+        assert sink.getvalue() == b"head:" + data
+        (tmp_path / "out").mkdir()
+        with pytest.raises(NotFound):
+            client.download(job_id, "no-such.mp4", tmp_path / "out" / "missing.mp4")
+        assert list((tmp_path / "out").iterdir()) == []

@@ -60,6 +60,8 @@ CLIENT_METHODS = {
     ],
     "submission": ["submission_id"],
     "output_url": ["job_id", "output_type"],
+    "download": ["job_id", "output_type", "to"],
+    "output_chunks": ["job_id", "output_type", "chunk_size"],
     "cancel": ["job_id"],
     "wait": ["job_id", "timeout"],
     "events": ["job_id", "last_event_id", "timeout"],
