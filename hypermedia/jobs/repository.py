@@ -189,6 +189,24 @@ def _deleted_object(conn: Connection, object_ids: Sequence[str]) -> str | None:
     ).scalar_one_or_none()
 
 
+def _lock_live_objects(conn: Connection, object_ids: Iterable[str]) -> set[str]:
+    """Those of ``object_ids`` whose object is live, locked ``FOR SHARE`` until the
+    transaction ends, in id order (as :func:`~hypermedia.jobs.statements.create_pg`
+    and a deletion lock theirs: two never wait for each other's rows in turn). A
+    deletion (which locks its object ``FOR UPDATE`` before it looks for jobs on it)
+    either waits for this transaction, then sees its jobs, or is waited for, and its
+    object is not among those answered."""
+    o = t.objects.c
+    return set(
+        conn.execute(
+            select(o.object_id)
+            .where(o.object_id.in_(sorted(set(object_ids))), o.deleted_at.is_(None))
+            .order_by(o.object_id)
+            .with_for_update(read=True)
+        ).scalars()
+    )
+
+
 def _submission_values(submission: NewSubmission) -> dict[str, Any]:
     """What a submission's row takes from the plan (:data:`sql.SUBMISSION_COLUMNS`)."""
     return {
@@ -359,14 +377,19 @@ class JobRepository:
         ``run_id``) under one submission row of ``user_id``; answers the jobs inserted.
         A job for an object the run already has a job for is left out (the unique
         ``(bulk_run_id, object_id)``: a run resumed from an older cursor creates nothing
-        twice). ``reserve``: hold the batch's reservations on ``user_id``'s credits first
-        (a run that names an account; :class:`~hypermedia.errors.PaymentRequired` and
-        nothing written when short); else the platform pays and nothing is reserved."""
-        if not submission.jobs:
+        twice), and so is one for an object deleted since the page was read (its
+        object locked first, see :func:`_lock_live_objects`). ``reserve``: hold the
+        batch's reservations on ``user_id``'s credits first (a run that names an
+        account; :class:`~hypermedia.errors.PaymentRequired` and nothing written when
+        short); else the platform pays and nothing is reserved."""
+        live = _lock_live_objects(conn, [job.object_id for job in submission.jobs])
+        jobs = [job for job in submission.jobs if job.object_id in live]
+        if not jobs:
             return []
-        planned = submission.reserved_millicredits
+        planned = sum(job.reserved_millicredits for job in jobs)
+        estimate = sum(job.estimated_millicredits for job in jobs)
         if reserve:  # before any row: short of credits, nothing is written
-            credits.reserve(conn, user_id, planned, now, estimate=submission.estimated_millicredits)
+            credits.reserve(conn, user_id, planned, now, estimate=estimate)
         moment = to_datetime(now)
         conn.execute(
             insert(t.submissions).values(
@@ -374,14 +397,14 @@ class JobRepository:
                 user_id=user_id,
                 idempotency_key=submission.idempotency_key,
                 request_hash=submission.request_hash,
-                estimated_millicredits=submission.estimated_millicredits,
+                estimated_millicredits=estimate,
                 created_at=moment,
             )
         )
         dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
         rows = [
             {**_job_row(job, user_id, moment, callback_url=None), "bulk_run_id": run_id}
-            for job in submission.jobs
+            for job in jobs
         ]
         inserted = set(
             conn.execute(
@@ -390,7 +413,7 @@ class JobRepository:
                 # One statement per batch (insertmanyvalues) with RETURNING.
             ).scalars()
         )
-        fresh = [job for job in submission.jobs if job.job_id in inserted]
+        fresh = [job for job in jobs if job.job_id in inserted]
         unused = planned - sum(j.reserved_millicredits for j in fresh)
         if reserve and unused:
             credits.release(conn, user_id, unused, now)

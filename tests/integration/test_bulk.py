@@ -5,8 +5,10 @@ pause / resume / cancel, who pays, the dry run, and the operator-only API."""
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +29,10 @@ from hypermedia.ingest.service import SubmitRequest
 from hypermedia.jobs.catalog import ProfileCatalog, sync_profiles
 from hypermedia.jobs.dispatcher import Dispatcher
 from hypermedia.jobs.repository import FinishedJob, OutputRecord
+from hypermedia.objects import mark_deleted, plan_deletion
 from hypermedia.profiles import load_profiles
 from hypermedia.storage.base import derived_key
+from tests import support
 from tests.api_support import add_user, bearer
 from tests.factories import image_inspection, make_object, make_user, open_stack
 
@@ -977,6 +981,52 @@ def test_deleting_an_object_ends_its_bulk_jobs_event_streams(engine, settings, m
     assert [e["status"] for _, e in events.history(job_id)] == ["cancelled"]
     assert 0 < events.client.ttl(events.key(job_id)) <= events.ended_ttl_seconds
     assert stack.queue.counts("bulk").ready == 0
+
+
+@pytest.mark.parametrize("engine", ["postgresql"], indirect=True)
+def test_a_page_made_while_one_of_its_objects_is_being_deleted_leaves_it_out(
+    engine, settings, manual_clock
+):
+    """Before, on PostgreSQL: a run's page read its objects, and the delete of one of
+    them looked for jobs on it before the page's jobs were committed: the delete was
+    done and the run had a queued job, its credits reserved on the named account, on
+    the deleted object whose blob was gone. Now the page's jobs lock their objects
+    (FOR SHARE) and are made only on those still live: the page waits for the delete,
+    leaves the deleted object out (skipped) and reserves for the others only. SQLite's
+    writers take turns: the two never interleave (PostgreSQL only)."""
+    stack = open_stack(settings, engine, manual_clock)
+    person = make_user(stack)
+    kept, deleted = _objects(stack, person, 2)  # 1 KB each: 101 mc a thumbnail
+    payer = make_user(stack, name="payer", credits=1.0)
+    with transaction(stack.engine) as conn:
+        accounts.add_pool_member(conn, person.pool_id, payer.caller.user_id)
+    service = _service(stack)
+    run = service.create(
+        RunSpec(
+            kind="backfill",
+            operation="thumbnail",
+            account="payer",
+            filter={"pool_id": person.pool_id},
+        ),
+        "t",
+    )
+    with ThreadPoolExecutor(1) as pool, stack.engine.connect() as conn:
+        deleting = conn.begin()
+        deletion = plan_deletion(conn, person.caller, deleted)  # no job on it yet
+        stepped = pool.submit(_runner(stack).step, run.run_id)
+        # The page either is done at once (it was, with a job on the object) or waits.
+        while not stepped.done() and not support.waits_for_a_lock(stack.engine):
+            time.sleep(0.01)
+        mark_deleted(conn, deletion, manual_clock.now())
+        deleting.commit()
+        report = stepped.result()
+    assert report.created == 1, report
+    assert _jobs_per_object(stack.engine, run.run_id) == Counter({kept: 1})
+    view = service.get(run.run_id)
+    assert (view.created_jobs, view.skipped, view.scanned) == (1, 1, 2)
+    with transaction(stack.engine) as conn:
+        assert accounts.balance(conn, payer.caller.user_id).reserved_millicredits == 101
+    assert stack.queue.counts("bulk").ready == 1
 
 
 def test_a_version_deployed_mid_run_pauses_the_run(engine, settings, manual_clock):
