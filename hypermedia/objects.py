@@ -195,13 +195,35 @@ def plan_deletion(conn: Connection, caller: Caller, object_id: str) -> Deletion:
             owner_id=caller.user_id,
             heir=heir,
         )
+    # Its own jobs first: one still completing may hold an output's row, and then wants
+    # this one's (the foreign key of a new output): waiting for that output's lock
+    # below would be a deadlock, refusing here is not.
+    _refuse_unfinished_jobs(conn, caller, object_id, [object_id])
+    # Its outputs locked too, in id order (after it: they are younger, and ids are
+    # time-ordered), as a submit locks its objects: a submit on an output either has
+    # committed its job by then, and it is seen below, or waits and then finds the
+    # output deleted.
     derived = conn.execute(
-        select(o.object_id, o.storage_key, o.size_bytes).where(
-            o.source_object_id == object_id, o.deleted_at.is_(None)
-        )
+        select(o.object_id, o.storage_key, o.size_bytes)
+        .where(o.source_object_id == object_id, o.deleted_at.is_(None))
+        .order_by(o.object_id)
+        .with_for_update()
     ).all()
     rows = [row, *derived]
     ids = [r.object_id for r in rows]
+    _refuse_unfinished_jobs(conn, caller, object_id, ids)
+    return Deletion(
+        object_id=object_id,
+        object_ids=ids,
+        storage_keys=[r.storage_key for r in rows],
+        size_bytes=sum(int(r.size_bytes) for r in rows),
+    )
+
+
+def _refuse_unfinished_jobs(
+    conn: Connection, caller: Caller, object_id: str, ids: list[str]
+) -> None:
+    """Conflict if a job on one of ``ids`` (``object_id`` and its outputs) is unfinished."""
     j = t.jobs.c
     live = (j.object_id.in_(ids), j.status.not_in(_FINISHED))
     # The caller's own jobs by id (theirs to cancel); other users' only counted: the ids
@@ -227,12 +249,6 @@ def plan_deletion(conn: Connection, caller: Caller, object_id: str) -> Deletion:
             job_ids=list(mine),
             other_users_jobs=others,
         )
-    return Deletion(
-        object_id=object_id,
-        object_ids=ids,
-        storage_keys=[r.storage_key for r in rows],
-        size_bytes=sum(int(r.size_bytes) for r in rows),
-    )
 
 
 def _other_user_of(conn: Connection, caller: Caller, object_id: str) -> str | None:

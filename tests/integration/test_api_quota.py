@@ -544,3 +544,53 @@ def test_a_submit_while_its_object_is_being_deleted_is_refused(stack, client):
         assert conn.execute(select(func.count()).select_from(t.jobs)).scalar_one() == 0
         account = conn.execute(select(t.credit_accounts.c.reserved_millicredits)).scalar_one()
     assert account == 0
+
+
+def _output_of(stack: Stack, client: httpx.Client, user, object_id: str) -> str:
+    """The object id of a thumbnail of ``object_id`` (a job run for it, completed)."""
+    job_id = run_thumbnail(stack, client, user, object_id, 10)
+    (output,) = client.get(f"{P}/jobs/{job_id}", headers=bearer(user)).json()["outputs"]
+    return str(output["object_id"])
+
+
+def _live_jobs_and_reserved(stack: Stack) -> tuple[int, int]:
+    j = t.jobs.c
+    with transaction(stack.engine) as conn:
+        live = conn.execute(
+            select(func.count()).where(j.status.not_in(["completed", "failed", "cancelled"]))
+        ).scalar_one()
+        reserved = conn.execute(select(func.sum(t.credit_accounts.c.reserved_millicredits)))
+        return int(live), int(reserved.scalar_one() or 0)
+
+
+@pytest.mark.parametrize("engine", ["postgresql"], indirect=True)
+def test_a_submit_on_an_output_while_its_source_is_being_deleted_is_refused(stack, client):
+    """Deleting an object deletes its outputs. Before, on PostgreSQL, the delete locked
+    the object only: a submit on one of its outputs went through while the delete was
+    under way (202), and the delete then marked that output deleted (200): a queued
+    job, its credits reserved, on an output whose blob was gone. Now the delete locks
+    the outputs too: the submit waits for it, then finds the output gone (404),
+    nothing reserved."""
+    alice = add_user(stack, "alice", credits=10)
+    source = upload(client, alice, PNG).json()["object_id"]
+    output = _output_of(stack, client, alice, source)
+    caller = Authenticator(stack.engine, ttl=0)(alice.api_key)
+    body = {"object_id": output, "operations": ["resize"]}
+    with ThreadPoolExecutor(1) as pool, stack.engine.connect() as conn:
+        deleting = conn.begin()
+        deletion = plan_deletion(conn, caller, source)
+        assert deletion.object_ids == [source, output]
+        submitted = pool.submit(client.post, f"{P}/process", json=body, headers=bearer(alice))
+        # The submit either answers at once (it did, 202) or waits for the delete.
+        while not submitted.done() and not support.waits_for_a_lock(stack.engine):
+            time.sleep(0.01)
+        mark_deleted(conn, deletion, stack.clock.now())
+        deleting.commit()
+        answer = submitted.result()
+    assert answer.status_code == 404, answer.text
+    assert answer.json()["error"] == {
+        "code": "not_found",
+        "message": f"no object {output!r}",
+        "details": {"object_id": output},
+    }
+    assert _live_jobs_and_reserved(stack) == (0, 0)
