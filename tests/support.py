@@ -247,9 +247,9 @@ class PostgresServer:
         self._admin.dispose()
 
 
-def waits_for_a_lock(engine: Engine) -> bool:
-    """Some session of ``engine``'s PostgreSQL database waits for a lock (a statement a
-    test holds back with a row lock of its own is under way)."""
+def waits_for_a_lock(engine: Engine, sessions: int = 1) -> bool:
+    """At least ``sessions`` sessions of ``engine``'s PostgreSQL database wait for a
+    lock (statements a test holds back with row locks of its own are under way)."""
     with engine.connect() as conn:
         waiting = conn.execute(
             text(
@@ -257,7 +257,7 @@ def waits_for_a_lock(engine: Engine) -> bool:
                 " WHERE datname = current_database() AND wait_event_type = 'Lock'"
             )
         ).scalar_one()
-    return bool(waiting)
+    return int(waiting) >= sessions
 
 
 def make_sqlite_template(path: Path) -> Path:

@@ -508,13 +508,17 @@ def create_pg(dialect: str) -> Executable:
     were available, or when one of the jobs' objects (``b_objects``, ``b_object_count``
     of them) is deleted: they are locked ``FOR SHARE`` first, so a deletion (which
     locks its object ``FOR UPDATE`` before it looks for jobs on it) either waits for
-    this statement and then sees its jobs, or is seen here, done. One statement text
-    for any number of rows, so it stays prepared."""
+    this statement and then sees its jobs, or is seen here, done. They are locked in
+    id order, as a deletion locks an object and then its (younger) outputs: else a
+    batch naming both could take the output, then wait for the object the deletion
+    holds while it waits for the output (deadlock detected). One statement text for
+    any number of rows, so it stays prepared."""
     now = now_param()
     o = t.objects.c
     live = (
         select(o.object_id)
         .where(ids_match(o.object_id, dialect, "b_objects"), o.deleted_at.is_(None))
+        .order_by(o.object_id)  # the rows are locked as sorted
         .with_for_update(read=True)
         .cte("live")
     )
