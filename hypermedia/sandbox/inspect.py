@@ -17,7 +17,8 @@ Two steps, kept apart so the facts can be stored and the rules re-applied:
    the file under a profile's ``accepts`` and :class:`InputLimits`, and raises the
    :class:`~hypermedia.errors.InputRejected` subclass with a stable code otherwise::
 
-       invalid_input         empty, truncated or unreadable container
+       invalid_input         empty, truncated or unreadable container, or an image that
+                             ends before its header gives a width and height
        encrypted_document    needs a password or key (PDF user password, encrypted Office/ODF, DRM)
        zip_bomb              over the size / ratio / entry limits, recursive or overlapping
                              entries, or cells whose shared strings expand past the size limit

@@ -7,6 +7,12 @@ GIF with a 65535x1321 frame at y=65280 declares 65535x66601).
 
 Values are what the file *claims*; a malformed header gives what could be read, or
 nothing. The decoders in the worker check again and refuse what does not decode.
+
+One verdict is taken here: a file that ends before its header gives a width and a
+height (an 8-byte PNG signature, a JPEG cut before its frame header, a HEIF with no
+``ispe`` in all of its bytes) is ``corrupt``, refused at upload and submit as no
+decoder can make anything of it. A file whose header is whole is the decoders' to
+judge, however little follows it (a PNG cut in its pixels may still thumbnail).
 """
 
 from __future__ import annotations
@@ -28,18 +34,44 @@ _ISPE = re.compile(rb"ispe\x00\x00\x00\x00(.{4})(.{4})", re.S)
 
 
 def geometry(source: Source, image_format: str) -> dict[str, Any]:
-    """``width``/``height`` (and ``frames``/``pages`` where counted) of an image."""
+    """``width``/``height`` (and ``frames``/``pages`` where counted) of an image, or
+    ``corrupt`` when the file ends before its header gives them."""
     reader = _READERS.get(image_format)
     if reader is None:
         return {}
+    watched = _Watched(source)
     try:
-        found = reader(source)
+        found = reader(watched)
     except (struct.error, ValueError, OSError):
-        return {}
+        found = {}
+    if ("width" not in found or "height" not in found) and watched.asked_past_end:
+        # A zero is a width that was read: the decoder refuses it (below).
+        return {
+            "corrupt": f"the file ends ({source.size:,} bytes) before its header gives"
+            " a width and height"
+        }
     if not found.get("width") or not found.get("height"):
         # Zero or missing: nothing to limit; the decoder refuses such files.
         return {k: v for k, v in found.items() if k not in ("width", "height")}
     return found
+
+
+class _Watched:
+    """A source that notes whether a reader asked for bytes past its end: a reader that
+    found no dimensions and did ran out of file looking for them."""
+
+    def __init__(self, source: Source) -> None:
+        self._source = source
+        self.asked_past_end = False
+
+    @property
+    def size(self) -> int:
+        return self._source.size
+
+    def read_at(self, offset: int, length: int) -> bytes:
+        if length > 0 and offset + length > self._source.size:
+            self.asked_past_end = True
+        return self._source.read_at(offset, length)
 
 
 def _png(source: Source) -> dict[str, Any]:
@@ -137,11 +169,13 @@ def _webp(source: Source) -> dict[str, Any]:
     found: dict[str, Any] = {}
     frames = 0
     offset = 12
-    end = min(source.size, 8 + struct.unpack("<I", source.read_at(4, 4))[0])
+    end = 8 + struct.unpack("<I", source.read_at(4, 4))[0]  # as the RIFF header declares
     for _ in range(MAX_CHUNKS):
         if offset + 8 > end or offset > WALK_LIMIT_BYTES:
             break
         header = source.read_at(offset, 18)
+        if len(header) < 8:
+            break  # the file ends before the chunks its RIFF header declares
         kind, length = header[:4], struct.unpack_from("<I", header, 4)[0]
         data = header[8:]
         if kind == b"VP8X" and len(data) >= 10:
@@ -223,6 +257,8 @@ def _bmp(source: Source) -> dict[str, Any]:
 def _ico(source: Source) -> dict[str, Any]:
     count = min(struct.unpack("<H", source.read_at(4, 2))[0], 256)
     entries = source.read_at(6, 16 * count)
+    if len(entries) < 16:
+        return {}  # no directory entry: no size to read
     best = (0, 0)
     for i in range(len(entries) // 16):
         w, h = entries[16 * i] or 256, entries[16 * i + 1] or 256

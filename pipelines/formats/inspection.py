@@ -25,7 +25,8 @@ log = logging.getLogger(__name__)
 
 # Bump when the inspection would find different facts: stored inspections say which
 # version made them.
-INSPECTOR_VERSION = 2
+# 3: an image that ends before its header gives a width and height is corrupt.
+INSPECTOR_VERSION = 3
 HEAD_BYTES = signatures.HEAD_BYTES
 _FLAT_ODF_SCAN_BYTES = 8 * 1024 * 1024
 _POLYGLOT_KINDS = {"image", "pdf", "video", "audio"}

@@ -576,3 +576,35 @@ def test_a_stored_infinite_duration_counts_as_unknown_at_submit(sqlite_engine, s
         assert submitted.status_code == 202, submitted.text
     finally:
         stack.close()
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff\xe0\x00\x10JFIF\x00"],
+    ids=["png signature", "jpeg SOI and APP0's start"],
+)
+def test_an_image_with_no_readable_header_is_refused_at_submit(stack, base_url, data):
+    """An upload of an image's signature alone (the 8 bytes of PNG's) was accepted, and
+    so was a thumbnail of it: a job was queued that no decoder could run, and it failed
+    in the worker. The upload says it is refused (invalid_input, its header ends before
+    a width and height), and a submit of any operation on it is a 422 that queues
+    nothing."""
+    user = add_user(stack, "alice", credits=100)
+    response = _upload(base_url, user, data, "cut.png")
+    assert response.status_code == 201, response.text
+    uploaded = response.json()
+    assert uploaded["detected_kind"] == "image"
+    with httpx.Client(base_url=base_url, timeout=60) as client:
+        submitted = client.post(
+            f"{P}/process",
+            json={"object_id": uploaded["object_id"], "operations": ["thumbnail"]},
+            headers=bearer(user),
+        )
+    assert submitted.status_code == 422, submitted.text
+    error = submitted.json()["error"]
+    assert error["code"] == "invalid_input"
+    assert "width and height" in error["message"], error
+    refused = uploaded["refusal"]
+    assert (refused["code"], refused["message"]) == ("invalid_input", error["message"])
+    with transaction(stack.engine) as conn:
+        assert conn.execute(select(func.count()).select_from(t.jobs)).scalar_one() == 0

@@ -15,7 +15,7 @@ import zlib
 
 import pytest
 
-from hypermedia.sandbox.inspect import Inspection, inspect_source
+from hypermedia.sandbox.inspect import Inspection, inspect_source, refusal
 from pipelines.formats import signatures
 from pipelines.formats.source import BytesSource, CallbackSource, SourceFile, buffered
 
@@ -311,6 +311,46 @@ def test_image_headers(name, data, expected):
 def test_a_zero_dimension_is_not_reported():
     details = inspect(png(0, 10)).details
     assert "width" not in details and "height" not in details
+
+
+# Files that end inside their image header, before it gives a width and height: no
+# decoder can make anything of them. An 8-byte PNG signature was accepted at upload and
+# for a thumbnail at submit, queued, and failed in the worker.
+HEADER_CUT = [
+    ("png signature", b"\x89PNG\r\n\x1a\n"),
+    ("png cut inside IHDR", png(10, 10)[:20]),
+    ("jpeg SOI and the start of APP0", b"\xff\xd8\xff\xe0\x00\x10JFIF\x00"),
+    ("jpeg cut before its frame header", jpeg(10, 10, app_bytes=100)[:60]),
+    ("gif signature", b"GIF89a\x10\x00"),
+    ("webp riff header", riff(b"WEBP", [(b"VP8L", b"\x2f" + bytes(8))])[:16]),
+    ("tiff header", b"II*\x00\x08\x00\x00\x00"),
+    ("heif brands", ftyp(b"heic", b"mif1")),
+]
+
+
+@pytest.mark.parametrize(("name", "data"), HEADER_CUT, ids=[c[0] for c in HEADER_CUT])
+def test_an_image_that_ends_inside_its_header_is_refused_at_upload(name, data):
+    found = inspect(data)
+    assert found.kind == "image"
+    problem = refusal(found)
+    assert problem is not None and problem.code == "invalid_input", found
+    assert "width and height" in problem.message and f"{len(data)} bytes" in problem.message
+
+
+# A file cut after its header is the decoders' to judge (tolerate:truncated in the
+# corpus): the header says what it is, and its pixels are counted against the limits.
+HEADER_WHOLE = [
+    ("png cut after IHDR", png(10, 10)[:33], 10),
+    ("jpeg cut after its frame header", jpeg(10, 10, app_bytes=100)[: 2 + 104 + 13], 10),
+    ("gif cut after its screen descriptor", gif(10, 10, [(0, 0, 10, 10)])[:13], 10),
+]
+
+
+@pytest.mark.parametrize(("name", "data", "width"), HEADER_WHOLE, ids=[c[0] for c in HEADER_WHOLE])
+def test_an_image_cut_after_its_header_is_left_to_the_decoder(name, data, width):
+    found = inspect(data)
+    assert found.details["width"] == width and "corrupt" not in found.details
+    assert refusal(found) is None
 
 
 def test_tiff_page_loops_end():
