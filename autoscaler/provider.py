@@ -100,7 +100,12 @@ from autoscaler.snapshot import QueueState, queue_state
 from autoscaler.state import epoch, read_state, to_datetime, write_state
 from hypermedia import logs
 from hypermedia.clock import age_text
-from hypermedia.config_errors import chosen_error, is_unknown_key, unknown_key_problem
+from hypermedia.config_errors import (
+    chosen_error,
+    is_unknown_key,
+    misspelt_required_key,
+    unknown_key_problem,
+)
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
 from hypermedia.errors import ConfigError, DatabaseUnavailable
@@ -183,12 +188,15 @@ def parse_settings(provider_config: Mapping[str, Any]) -> ProviderSettings:
         settings = ProviderSettings.model_validate(data)
     except ValidationError as exc:
         first = chosen_error(exc)
-        # "[key]": pydantic's mark for a mapping's key (a driver name) that is refused.
-        where = ".".join(str(part) for part in first["loc"] if part != "[key]")
+        loc: tuple[int | str, ...] = first["loc"]
         if is_unknown_key(first):
             problem = unknown_key_problem(exc, first, ProviderSettings)
+        elif (misspelt := misspelt_required_key(exc, ProviderSettings)) is not None:
+            loc, problem = misspelt  # a driver's ``tpye``: its options allow any key
         else:
             problem = first["msg"]
+        # "[key]": pydantic's mark for a mapping's key (a driver name) that is refused.
+        where = ".".join(str(part) for part in loc if part != "[key]")
         raise ConfigError(f"provider.{where}", problem) from None
     if settings.ray_port == 6379:
         raise ConfigError("provider.ray_port", "6379 is Redis's port: choose another")

@@ -7,7 +7,10 @@ misspells: ``profiles.thumbnail.default_prority: unknown key (did you mean
 default_priority?)``. A misspelt *required* key is two errors to pydantic, the key
 missing and the key unknown, and it lists the missing one first: reported as such,
 the operator read a complaint about a key they believe they wrote. So an unknown key
-is reported before any other error (:func:`chosen_error`).
+is reported before any other error (:func:`chosen_error`). Where a model allows keys
+it does not know (a cloud driver's options, which the driver checks), a misspelt
+required key is no unknown key to pydantic, only the missing one:
+:func:`misspelt_required_key` finds it among the keys given.
 """
 
 from __future__ import annotations
@@ -59,6 +62,25 @@ def unknown_key_problem(
     ]
     close = close_key(str(name), missing) or close_key(str(name), keys_at(model, parent))
     return f"{what} (did you mean {close}?)" if close else what
+
+
+def misspelt_required_key(
+    exc: ValidationError, model: type[Any]
+) -> tuple[tuple[int | str, ...], str] | None:
+    """A key given where ``model`` reports a required key missing, which ``model`` does
+    not know there and which misspells the missing one (``tpye`` beside a missing
+    ``type``): its place as written and the problem, ``unknown key (did you mean
+    type?)``; None when there is no such key."""
+    for error in exc.errors():
+        given = error.get("input")
+        if error["type"] != "missing" or not isinstance(given, Mapping):
+            continue
+        *parent, name = error["loc"]
+        known = set(keys_at(model, parent))
+        written = close_key(str(name), [str(key) for key in given if key not in known])
+        if written is not None:
+            return (*parent, written), f"unknown key (did you mean {name}?)"
+    return None
 
 
 def keys_at(model: type[Any], loc: Sequence[int | str]) -> list[str]:

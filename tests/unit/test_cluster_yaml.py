@@ -189,6 +189,24 @@ def test_a_misspelt_provider_key_is_named_as_written_with_the_known_one(rename, 
     assert str(info.value) == f"{key}: unknown key (did you mean {known}?)"
 
 
+@pytest.mark.parametrize("typo", ["tpye", "typ", "Type"])
+def test_a_misspelt_driver_type_is_named_as_written_with_the_known_one(typo):
+    """A driver's ``type`` misspelt (``tpye: aws``) was refused as
+    "provider.drivers.aws.type: Field required": a driver's options are its own (extra
+    keys allowed here, checked by the driver), so the misspelling was no unknown key."""
+    from hypermedia.errors import ConfigError
+
+    section = dict(load("cluster.yaml")["provider"])
+    drivers = {name: dict(options) for name, options in section["drivers"].items()}
+    drivers["aws"][typo] = drivers["aws"].pop("type")
+    section["drivers"] = drivers
+    with pytest.raises(ConfigError) as info:
+        parse_settings(section)
+    key = f"provider.drivers.aws.{typo}"
+    assert info.value.key == key
+    assert str(info.value) == f"{key}: unknown key (did you mean type?)"
+
+
 def test_a_misspelt_driver_option_is_named_with_the_known_one(tmp_path):
     """The drivers' options (provider.drivers.<name>) name the option meant too."""
     from autoscaler.config import GoogleConfig
