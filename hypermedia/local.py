@@ -5,8 +5,9 @@
     HYPERMEDIA_DATABASE_URL), migrated -> Ray head on free ports, token auth (with
     its dashboard on 127.0.0.1 unless ``ray_dashboard`` is off or the caller says
     not: ``run``) -> the API (ingest + signed blob URLs for local storage, the head's
-    ``/metrics``) on a free port -> supervisor with one pipeline actor per queue that
-    has pipelines -> reaper and reconciler
+    ``/metrics``) on ``api_port`` for ``up`` (:func:`api_ports`), else a free port
+    -> supervisor with one pipeline actor per queue that has pipelines -> reaper and
+    reconciler
 
 The head offers Ray as many CPUs as the machine has, or as its actors reserve
 (``queues.<name>.cpus`` each) if that is more: every actor the stack starts is placed.
@@ -158,6 +159,10 @@ class LocalStack:
     # refuses the others' operations. None: the queues of the stack's own actors, and of
     # the nodes that joined it (with ``ray_node_ip`` or a cluster to attach to).
     cluster_queues: Callable[[Engine], Callable[[], Collection[str]]] | None = None
+    # `up`'s stack: the API listens on api_port (8080 unless set; README "Configuration"),
+    # where a web tier and the CLI's client find it again after a `down` and `up`. Else
+    # (`run`, the tests' stacks) on a port the kernel picks, unless api_url names one.
+    fixed_api_port: bool = False
     _server: uvicorn.Server | None = None
     _server_thread: threading.Thread | None = None
     _api_socket: socket.socket | None = None
@@ -225,7 +230,7 @@ class LocalStack:
             url = settings.redis_url
         # The API's socket listens from here on: nothing started below (Ray's head, its
         # workers) can take its port before uvicorn serves it.
-        self._api_socket = api_socket(settings)
+        self._api_socket = api_socket(settings, fixed=self.fixed_api_port)
         port = self._api_socket.getsockname()[1]
         api_url = settings.api_url or f"http://127.0.0.1:{port}"
         self.settings = settings = load_settings(
@@ -420,10 +425,22 @@ class LocalStack:
             say(f"kept the workers' logs in {dest} ({len(kept)} files)")
 
 
-def api_socket(settings: Settings) -> socket.socket:
-    """The local stack API's listening socket: on ``api_host``, at ``api_url``'s port when
-    that is set, else at a port the kernel picks."""
-    port = 0
+@dataclass(frozen=True, slots=True)
+class ApiPorts:
+    """Where a local stack's API listens: ``ports`` in order (0: one the kernel picks),
+    each taken one passed over for the next; ``setting``: the setting that asked for
+    the first, which is never passed over (a web tier was told it)."""
+
+    ports: tuple[int, ...]
+    setting: str | None = None
+
+
+def api_ports(settings: Settings, *, fixed: bool) -> ApiPorts:
+    """The ports the local stack's API may listen on: ``api_url``'s when it is set;
+    with ``fixed`` (``up``'s stack, which a web tier and the CLI's client find at
+    ``http://api_host:api_port``, as ``serve``'s) ``api_port`` as set, else its default
+    (8080) or, that one taken, a port the kernel picks; without (``run``'s stack, whose
+    API is its own) a port the kernel picks."""
     if settings.api_url:
         port = urlsplit(settings.api_url).port or 0
         if not port:
@@ -431,12 +448,58 @@ def api_socket(settings: Settings) -> socket.socket:
                 "api_url (HYPERMEDIA_API_URL)",
                 f"{settings.api_url!r} names no port for the local stack's API to listen on",
             )
-    try:
-        return listening_socket(settings.api_host, port)
-    except OSError as exc:
-        raise ServiceUnavailable(
-            f"the API cannot listen on {settings.api_host}:{port}: {exc.strerror or exc}"
-        ) from None
+        return ApiPorts((port,), "api_url (HYPERMEDIA_API_URL)")
+    if not fixed:
+        return ApiPorts((0,))
+    if "api_port" in settings.model_fields_set:
+        return ApiPorts((settings.api_port,), "api_port (HYPERMEDIA_API_PORT)")
+    return ApiPorts((settings.api_port, 0))
+
+
+def api_socket(settings: Settings, *, fixed: bool = False) -> socket.socket:
+    """The local stack API's listening socket, on ``api_host`` (:func:`api_ports`)."""
+    return listen_api(settings.api_host, api_ports(settings, fixed=fixed))
+
+
+def listen_api(host: str, chosen: ApiPorts) -> socket.socket:
+    """A socket listening on the first of ``chosen.ports`` that is free (a warning says
+    which was passed over); ServiceUnavailable naming the address if none is."""
+    first = chosen.ports[0]
+    for port in chosen.ports:
+        try:
+            sock = listening_socket(host, port)
+        except OSError as exc:
+            if port != chosen.ports[-1]:
+                continue
+            named = f" ({chosen.setting})" if chosen.setting else ""
+            raise ServiceUnavailable(
+                f"the API cannot listen on {host}:{port}{named}: {exc.strerror or exc}"
+            ) from None
+        if port != first:
+            log.warning(
+                "%s:%d is taken: the API listens on port %d instead (set"
+                " HYPERMEDIA_API_PORT for a port that stays)",
+                host,
+                first,
+                sock.getsockname()[1],
+                extra={"action": "api_port"},
+            )
+        return sock
+    raise AssertionError("no port to listen on")  # ApiPorts holds at least one
+
+
+def moved_api_note(settings: Settings, api_url: str) -> str | None:
+    """What ``up`` says when its stack's API is not at ``api_port``'s default: that
+    port was taken (:func:`api_ports`), and a web tier told this URL loses it at the
+    next ``up``."""
+    port = urlsplit(api_url).port
+    if settings.api_url or "api_port" in settings.model_fields_set or port == settings.api_port:
+        return None
+    return (
+        f"port {settings.api_port} (api_port's default) was taken: the API listens on"
+        f" {port} until `down`; set HYPERMEDIA_API_PORT (or free {settings.api_port})"
+        " for a port that stays"
+    )
 
 
 def hold_data_dir(data_dir: Path) -> IO[str]:

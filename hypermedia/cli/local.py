@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from hypermedia.cli.common import read_settings
+from hypermedia.cli.common import note, read_settings
 from hypermedia.errors import HypermediaError
 
 if TYPE_CHECKING:
@@ -52,7 +52,9 @@ def head(
     # The operator page shows the same file's mode and caps.
     config = scheduler_config.load(None, settings.queue_names)
     hooks = webhooks.load() if scheduler else []
-    local = LocalStack(settings, extend_app=partial(install_page, config=config))
+    local = LocalStack(
+        settings, extend_app=partial(install_page, config=config), fixed_api_port=True
+    )
     stop = threading.Event()
     loop: threading.Thread | None = None
     turns = None
@@ -115,7 +117,7 @@ def up(
 
     from hypermedia.embedded import private_directory, write_private
     from hypermedia.errors import ServiceUnavailable
-    from hypermedia.local import data_dir_holder
+    from hypermedia.local import data_dir_holder, moved_api_note
 
     settings = read_settings()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
@@ -164,7 +166,11 @@ def up(
                 _stop_leftovers(settings)  # what a head killed while starting left
             raise HypermediaError(f"the local stack did not come up {reason}; see {log_path}")
         time.sleep(0.2)
-    typer.echo(f"up: API at {url_file.read_text()} (log: {log_path})")
+    api_url = url_file.read_text()
+    typer.echo(f"up: API at {api_url} (log: {log_path})")
+    moved = moved_api_note(settings, api_url)
+    if moved is not None:
+        note(moved)
 
 
 PIDFILE = "head.pid"

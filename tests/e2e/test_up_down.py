@@ -17,7 +17,7 @@ import httpx
 import psutil
 import pytest
 
-from hypermedia.embedded import find_running
+from hypermedia.embedded import find_running, free_port
 from hypermedia.worker.cluster import short_temp_dir
 from tests.support import IMAGES_ONLY
 
@@ -52,11 +52,13 @@ def test_up_submit_down(tmp_path):
     pid the system gave to another process is not taken for the head (`down` killed that
     process, `up` said "already up"); a second head on the data dir is refused and stops
     nothing of the running stack (it stopped its Redis); `down` stops a head that holds
-    the data dir even without head.pid."""
+    the data dir even without head.pid. The API listens on api_port (it was a port the
+    kernel picked, another at each `up`), where the CLI's client finds it."""
     data = tmp_path / "data"
     data.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HYPERMEDIA_", "RAY_"))}
     env["HYPERMEDIA_DATA_DIR"] = str(data)
+    env["HYPERMEDIA_API_PORT"] = str(free_port())  # 8080, the default, may be taken here
     env.update(IMAGES_ONLY)
     stranger = subprocess.Popen(["sleep", "300"])
     try:
@@ -69,6 +71,7 @@ def test_up_submit_down(tmp_path):
         assert up.returncode == 0, up.stderr + (data / "head.log").read_text()[-3000:]
         assert up.stdout.startswith("up: API at "), up.stdout
         api_url = (data / "head.url").read_text()
+        assert api_url == f"http://127.0.0.1:{env['HYPERMEDIA_API_PORT']}"
         assert api_url in up.stdout, up.stdout
         assert _ray_processes(data), (data / "head.log").read_text()[-3000:]
         redis = find_running(data / "redis")
@@ -94,7 +97,7 @@ def test_up_submit_down(tmp_path):
         # The stack's API serves the operator page (autoscaler/page), not to alice.
         page = httpx.get(f"{api_url}/operator", headers={"Authorization": f"Bearer {key}"})
         assert page.status_code == 403, page.text
-        client_env = {**env, "HYPERMEDIA_API_URL": api_url, "HYPERMEDIA_API_KEY": key}
+        client_env = {**env, "HYPERMEDIA_API_KEY": key}  # no HYPERMEDIA_API_URL: api_port
         submitted = _cli(
             client_env,
             "submit",
