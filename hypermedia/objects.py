@@ -4,8 +4,9 @@ A caller may use an object they own or one in a pool they belong to. Anything
 else answers :class:`NotFound`, exactly as for an id that does not exist, so ids
 of other users' objects reveal nothing. Only the owner may delete one
 (:func:`plan_deletion`, :func:`mark_deleted`; bulk runs' jobs on it are cancelled first,
-:func:`cancel_bulk_jobs`): its blobs and its outputs' blobs go,
-its rows stay, marked ``deleted_at``, for the history of the jobs that ran on it.
+:func:`cancel_bulk_jobs`): its blobs and those of everything derived from
+it (its outputs, the outputs of jobs on them...) go, their rows stay, marked
+``deleted_at``, for the history of the jobs that ran on them.
 An output is one object however many jobs wrote it (its key is deterministic), owned
 by the user whose job made it first; deleting it while other users' jobs name it
 takes it from the deleter's jobs and quota only: it passes, bytes and all, to the user
@@ -153,8 +154,9 @@ def quota_exceeded(quota_bytes: int, used: int, adding: int | None) -> StorageQu
 
 @dataclass(frozen=True, slots=True)
 class Deletion:
-    """What deleting one object removes: the object and its derived outputs (their
-    rows, marked deleted) and every stored blob of them."""
+    """What deleting one object removes: the object and everything derived from it
+    (its outputs, the outputs of jobs on them, and so on: their rows, marked deleted)
+    and every stored blob of them."""
 
     object_id: str
     object_ids: list[str]
@@ -199,31 +201,51 @@ def plan_deletion(conn: Connection, caller: Caller, object_id: str) -> Deletion:
     # this one's (the foreign key of a new output): waiting for that output's lock
     # below would be a deadlock, refusing here is not.
     _refuse_unfinished_jobs(conn, caller, object_id, [object_id])
-    # Its outputs locked too, in id order (after it: they are younger, and ids are
-    # time-ordered), as a submit locks its objects: a submit on an output either has
-    # committed its job by then, and it is seen below, or waits and then finds the
-    # output deleted.
-    derived = conn.execute(
-        select(o.object_id, o.storage_key, o.size_bytes)
-        .where(o.source_object_id == object_id, o.deleted_at.is_(None))
-        .order_by(o.object_id)
-        .with_for_update()
-    ).all()
-    rows = [row, *derived]
-    ids = [r.object_id for r in rows]
-    _refuse_unfinished_jobs(conn, caller, object_id, ids)
+    rows = {object_id: row}
+    # Then everything derived from it, however far (outputs of jobs on its outputs...):
+    # locked too, as a submit locks its objects, so a submit on one either has committed
+    # its job by then, and it is seen, or waits and then finds the object deleted. In
+    # id order, as a submit and a bulk page lock theirs (descendants are younger than
+    # the object: ids are time-ordered), and all in one statement, else a batch naming
+    # a grandchild and an uncle younger than it could hold the one this waits for. Their
+    # jobs are refused before they are locked too (one completing may hold a younger
+    # output's row and want its source's), and again once they are: a job that ended
+    # meanwhile may have made more outputs, found by the next round (younger still).
+    while fresh := sorted(set(_descendants(conn, object_id)) - rows.keys()):
+        _refuse_unfinished_jobs(conn, caller, object_id, fresh)
+        locked = conn.execute(
+            select(o.object_id, o.storage_key, o.size_bytes)
+            .where(o.object_id.in_(fresh), o.deleted_at.is_(None))
+            .order_by(o.object_id)
+            .with_for_update()
+        ).all()
+        rows.update((r.object_id, r) for r in locked)
+        _refuse_unfinished_jobs(conn, caller, object_id, list(rows))
     return Deletion(
         object_id=object_id,
-        object_ids=ids,
-        storage_keys=[r.storage_key for r in rows],
-        size_bytes=sum(int(r.size_bytes) for r in rows),
+        object_ids=list(rows),
+        storage_keys=[r.storage_key for r in rows.values()],
+        size_bytes=sum(int(r.size_bytes) for r in rows.values()),
     )
+
+
+def _descendants(conn: Connection, object_id: str) -> list[str]:
+    """The live objects derived from ``object_id``, however far (an output of a job on
+    one of its outputs...), through deleted ones too (a row marked before deletions
+    took the whole tree may have live outputs)."""
+    o = t.objects.c
+    tree = select(o.object_id).where(o.source_object_id == object_id).cte(recursive=True)
+    # UNION, not UNION ALL: a cycle (which no insert makes) would end, not loop.
+    tree = tree.union(select(o.object_id).where(o.source_object_id == tree.c.object_id))
+    live = select(o.object_id).where(o.object_id.in_(select(tree.c.object_id)))
+    return list(conn.execute(live.where(o.deleted_at.is_(None))).scalars())
 
 
 def _refuse_unfinished_jobs(
     conn: Connection, caller: Caller, object_id: str, ids: list[str]
 ) -> None:
-    """Conflict if a job on one of ``ids`` (``object_id`` and its outputs) is unfinished."""
+    """Conflict if a job on one of ``ids`` (``object_id`` and what was derived from it) is
+    unfinished."""
     j = t.jobs.c
     live = (j.object_id.in_(ids), j.status.not_in(_FINISHED))
     # The caller's own jobs by id (theirs to cancel); other users' only counted: the ids

@@ -368,6 +368,46 @@ def test_a_members_delete_of_an_output_another_members_job_shares_leaves_it_thei
     assert stored_bytes(stack) == {alice.user_id: 5000}
 
 
+def test_delete_takes_every_output_derived_from_the_object_and_their_blobs(stack, client):
+    """Deleting an upload deletes what was derived from it, however far: an output of
+    a job on one of its outputs too (a thumbnail of its thumbnail, a pool member's
+    included). Before, only its direct outputs: a thumbnail of its thumbnail stayed,
+    live, its blob stored, counted in the quota. Jobs unfinished anywhere below it
+    hold the delete up as on the object (409: the caller's by id, others' counted)."""
+    alice, bob, upload_id = _bob_in_alices_pool(stack, client)
+    thumbnail = _output_of(stack, client, alice, upload_id)
+    of_thumbnail = _output_of(stack, client, bob, thumbnail)  # Bob's, from Alice's object
+    third = _output_of(stack, client, alice, of_thumbnail)
+    assert stored_bytes(stack) == {alice.user_id: 5020, bob.user_id: 10}
+    assert len(stored_files(stack)) == 4
+
+    def submit(user, object_id: str) -> str:
+        body = {"object_id": object_id, "operations": ["resize"]}
+        job = client.post(f"{P}/process", json=body, headers=bearer(user))
+        assert job.status_code == 202, job.text
+        return str(job.json()["job_ids"][0])
+
+    bobs, alices = submit(bob, third), submit(alice, of_thumbnail)
+    busy = client.delete(f"{P}/objects/{upload_id}", headers=bearer(alice))
+    assert busy.status_code == 409, busy.text
+    error = busy.json()["error"]
+    assert error["details"] == {"object_id": upload_id, "job_ids": [alices], "other_users_jobs": 1}
+    assert bobs not in busy.text
+    for user, job_id in ((alice, alices), (bob, bobs)):
+        cancel = client.post(f"{P}/jobs/{job_id}/cancel", headers=bearer(user))
+        assert cancel.status_code == 200, cancel.text
+
+    deleted = client.delete(f"{P}/objects/{upload_id}", headers=bearer(alice))
+    assert deleted.status_code == 200, deleted.text
+    assert deleted.json() == {"object_id": upload_id, "outputs_deleted": 3, "bytes_freed": 5030}
+    assert stored_files(stack) == []
+    assert live_objects(stack) == 0
+    assert stored_bytes(stack) == {}
+    for object_id in (thumbnail, of_thumbnail, third):
+        gone = client.get(f"{P}/objects/{object_id}", headers=bearer(alice))
+        assert gone.status_code == 404, gone.text
+
+
 def test_a_user_whose_outputs_filled_the_quota_starts_no_job_until_a_delete(stack, client):
     """The quota counts the jobs' outputs too: past it (a big output can take a user
     there) a submit is refused (413, nothing created) as an upload is; a delete makes
@@ -644,3 +684,59 @@ def test_a_batch_on_an_object_and_its_output_while_the_object_is_deleted_is_refu
         {"object_id": source},
     )
     assert _live_jobs_and_reserved(stack) == (0, 0)
+
+
+def _resized(stack: Stack, client: httpx.Client, user, object_id: str) -> str:
+    """The object id of a resize of ``object_id`` (a job run for it, completed)."""
+    body = {"object_id": object_id, "operations": ["resize"]}
+    job = client.post(f"{P}/process", json=body, headers=bearer(user))
+    assert job.status_code == 202, job.text
+    (claimed,) = stack.dispatcher.claim("images", "w")
+    stack.dispatcher.start(claimed, "w")
+    key = derived_key(user.pool_id, object_id, 1, "resize.webp")
+    blob = stack.storage.put(key, [bytes(20)])
+    output = OutputRecord("resize.webp", key, blob.size_bytes, "image/webp")
+    assert stack.dispatcher.complete(claimed, "w", [output])
+    (made,) = client.get(f"{P}/jobs/{claimed.job_id}", headers=bearer(user)).json()["outputs"]
+    return str(made["object_id"])
+
+
+@pytest.mark.parametrize("engine", ["postgresql"], indirect=True)
+def test_a_batch_on_a_grandchild_and_a_younger_output_while_the_object_is_deleted(stack, client):
+    """The delete locks the whole tree derived from the object in one id order, as a
+    submit locks its objects: a batch naming a thumbnail of a thumbnail and an output
+    made after it (younger, so after it in id order, though nearer the object) takes
+    both before the delete, waiting at the grandchild, reaches either; the delete then
+    sees its jobs (409). Locked a generation at a time (the outputs, then theirs), the
+    delete would hold the younger output while it waited for the grandchild the batch
+    holds, the batch waiting for it: deadlock detected. Before, the grandchild was not
+    deleted at all: the delete was 200 and the batch 404 on the younger output."""
+    alice = add_user(stack, "alice", credits=10)
+    source = upload(client, alice, PNG).json()["object_id"]
+    child = _output_of(stack, client, alice, source)
+    grandchild = _output_of(stack, client, alice, child)
+    younger = _resized(stack, client, alice, source)
+    assert sorted([younger, grandchild, child, source]) == [source, child, grandchild, younger]
+    caller = Authenticator(stack.engine, ttl=0)(alice.api_key)
+    batch = [SubmitRequest(object_id=i, operations=["resize"]) for i in (grandchild, younger)]
+    o = t.objects.c
+    with ThreadPoolExecutor(2) as pool, stack.engine.connect() as other:
+        holding = other.begin()  # a submit on the grandchild, under way
+        held = select(o.object_id).where(o.object_id == grandchild)
+        other.execute(held.with_for_update(read=True))
+        deleted = pool.submit(client.delete, f"{P}/objects/{source}", headers=bearer(alice))
+        while not deleted.done() and not support.waits_for_a_lock(stack.engine):
+            time.sleep(0.01)
+        submitted = pool.submit(stack.ingest.submit_many, caller, batch)
+        results = submitted.result(timeout=10)
+        holding.commit()
+        answer = deleted.result()
+    job_ids = sorted(job.job_id for result in results for job in result.jobs)
+    assert len(job_ids) == 2
+    assert answer.status_code == 409, answer.text
+    assert answer.json()["error"]["details"] == {
+        "object_id": source,
+        "job_ids": job_ids,
+        "other_users_jobs": 0,
+    }
+    assert live_objects(stack) == 4
