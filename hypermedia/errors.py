@@ -47,6 +47,7 @@ translated where they enter, with ``raise ... from exc``.
     ├── RateLimited         429  too many submits or uploads; ``Retry-After`` says when
     ├── ServiceUnavailable  503  a backing service is down
     │   ├── DatabaseUnavailable
+    │   ├── DatabaseConflict     a transaction aborted by a deadlock, again when rerun
     │   ├── QueueUnavailable
     │   └── StorageUnavailable                                          (storage.base)
     │       └── StorageFull  507  no room left on the storage's disk
@@ -331,6 +332,15 @@ class ServiceUnavailable(HypermediaError):
 
 class DatabaseUnavailable(ServiceUnavailable):
     code = "database_unavailable"
+
+
+class DatabaseConflict(ServiceUnavailable):
+    """PostgreSQL aborted the request's transaction in a conflict with concurrent ones
+    (deadlock detected, a serialization failure), again when it was run again
+    (:mod:`hypermedia.db.conflicts`): nothing of it was kept, and the request may be
+    sent again (``retry_after_seconds``)."""
+
+    code = "database_conflict"
 
 
 class QueueUnavailable(ServiceUnavailable):

@@ -17,6 +17,10 @@
 * a value the database refused (SQLAlchemy's ``DataError``: a NUL in text, a number out
   of its column's range) is 400 ``invalid_request``: a last line behind the checks of
   :mod:`hypermedia.ingest.fields`, which should have refused it first;
+* a transaction PostgreSQL aborted in a conflict with concurrent ones (deadlock
+  detected, a serialization failure) on a path that does not run it again
+  (:mod:`hypermedia.db.conflicts`) is 503 ``database_conflict`` with ``Retry-After``,
+  as the paths that do answer once their runs are spent: never 500;
 * anything else is 500 ``internal``: the trace goes to the log, never the body.
 
 An error body always encodes: a message echoing what the request held (a lone UTF-16
@@ -38,6 +42,7 @@ from sqlalchemy.exc import DataError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from hypermedia.db.conflicts import conflict_error
 from hypermedia.errors import (
     DatabaseUnavailable,
     HypermediaError,
@@ -240,7 +245,11 @@ class _InternalErrors:
 
         try:
             await self.app(scope, receive, tracking_send)
-        except Exception:
+        except Exception as exc:
+            conflict = conflict_error(exc)
+            if conflict is not None and not started:
+                await error_response(conflict)(scope, receive, send)
+                return
             log.exception(
                 "internal error on %s %s",
                 scope.get("method"),

@@ -68,6 +68,7 @@ from sqlalchemy.exc import IntegrityError
 from hypermedia.accounts import UNLIMITED, Caller, KeyGrants, key_in_force
 from hypermedia.clock import Clock, SystemClock
 from hypermedia.db import tables as t
+from hypermedia.db.conflicts import rerun_on_conflict
 from hypermedia.db.engine import snapshot, statements, transaction
 from hypermedia.errors import (
     AuthenticationFailed,
@@ -475,19 +476,26 @@ class IngestService:
         # grants (its rate above all) apply to what the others would create. Asked of
         # Redis between connections: SQLite's write lock is not held meanwhile.
         self._check_grants(caller, [r for i, r in enumerate(requests) if i not in replays])
-        with statements(self.engine) as conn:
-            objects, used = self._objects(
-                conn, caller, {r.object_id for i, r in enumerate(requests) if i not in replays}
-            )
-            quota = None if caller.is_operator else self.storage_quota_bytes
-            if quota is not None and objects and used >= quota:
-                raise quota_exceeded(quota, used, None)
-            planned = [
-                self._plan(request, objects[request.object_id])
-                for index, request in enumerate(requests)
-                if index not in replays
-            ]
-            self.repository.create(conn, caller.user_id, planned, now)
+
+        def record() -> list[NewSubmission]:
+            with statements(self.engine) as conn:
+                objects, used = self._objects(
+                    conn, caller, {r.object_id for i, r in enumerate(requests) if i not in replays}
+                )
+                quota = None if caller.is_operator else self.storage_quota_bytes
+                if quota is not None and objects and used >= quota:
+                    raise quota_exceeded(quota, used, None)
+                planned = [
+                    self._plan(request, objects[request.object_id])
+                    for index, request in enumerate(requests)
+                    if index not in replays
+                ]
+                self.repository.create(conn, caller.user_id, planned, now)
+            return planned
+
+        # Run again whole if PostgreSQL aborts it in a deadlock with a concurrent delete
+        # or submit: nothing of it was kept, and nothing was sent to Redis yet.
+        planned = rerun_on_conflict(record, what="submit")
         results: list[SubmitResult] = []
         fresh: list[NewJob] = []
         planned_iter = iter(planned)

@@ -61,6 +61,7 @@ from starlette.requests import ClientDisconnect
 
 from hypermedia.accounts import Caller, default_pool_id, is_pool_member
 from hypermedia.db import tables as t
+from hypermedia.db.conflicts import rerun_on_conflict
 from hypermedia.db.engine import snapshot, transaction
 from hypermedia.errors import (
     AlreadyRegistered,
@@ -617,12 +618,22 @@ def delete_object(
     jobs on the object are cancelled first, in a transaction of their own (a running
     one asked to stop even when the deletion must wait for it); those cancelled then
     leave their Redis queue and publish their end, as a user's cancel does."""
-    with transaction(engine) as conn:
-        cancelled = cancel_bulk_jobs(conn, caller, object_id, now)
+
+    # Each transaction run again whole if PostgreSQL aborts it in a deadlock (with a
+    # submit, a completion): what it did outside the database comes after its commit.
+    def cancelling() -> dict[str, list[str]]:
+        with transaction(engine) as conn:
+            return cancel_bulk_jobs(conn, caller, object_id, now)
+
+    def deleting() -> Deletion:
+        with transaction(engine) as conn:
+            deletion = plan_deletion(conn, caller, object_id)
+            mark_deleted(conn, deletion, now)
+        return deletion
+
+    cancelled = rerun_on_conflict(cancelling, what="delete_object")
     forget_cancelled(queue, events, cancelled, now, action="delete_object")
-    with transaction(engine) as conn:
-        deletion = plan_deletion(conn, caller, object_id)
-        mark_deleted(conn, deletion, now)
+    deletion = rerun_on_conflict(deleting, what="delete_object")
     for key in deletion.storage_keys:
         try:
             storage.delete(key)

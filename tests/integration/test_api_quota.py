@@ -14,6 +14,7 @@ from sqlalchemy import func, select, update
 
 from hypermedia.accounts import NewUser, add_pool_member
 from hypermedia.db import tables as t
+from hypermedia.db.conflicts import CONFLICT_ATTEMPTS
 from hypermedia.db.engine import transaction
 from hypermedia.errors import NotFound, StorageQuotaExceeded
 from hypermedia.ingest.api import create_app
@@ -740,3 +741,47 @@ def test_a_batch_on_a_grandchild_and_a_younger_output_while_the_object_is_delete
         "other_users_jobs": 0,
     }
     assert live_objects(stack) == 4
+
+
+@pytest.mark.parametrize("engine", ["postgresql"], indirect=True)
+@pytest.mark.parametrize("deadlocks", [1, CONFLICT_ATTEMPTS])
+def test_a_delete_caught_in_a_deadlock_is_run_again_then_answers_503(stack, client, deadlocks):
+    """A delete holding its object and waiting for an output another transaction holds
+    (a submit on the output under way), which then wants the object: PostgreSQL's
+    deadlock detected, the delete (waiting longest) aborted. Before: an untranslated
+    OperationalError, 500 ``internal``. Now its transaction is run again: once the
+    other is done, the delete is 200; still deadlocked on its last run, 503
+    ``database_conflict`` with Retry-After, nothing deleted."""
+    alice = add_user(stack, "alice", credits=10)
+    source = upload(client, alice, PNG).json()["object_id"]
+    output = _output_of(stack, client, alice, source)
+    o = t.objects.c
+    with ThreadPoolExecutor(1) as pool, stack.engine.connect() as other:
+        holding = other.begin()
+        other.execute(select(o.object_id).where(o.object_id == output).with_for_update(read=True))
+        deleted = pool.submit(client.delete, f"{P}/objects/{source}", headers=bearer(alice))
+        for _ in range(deadlocks):
+            while not support.waits_for_a_lock(stack.engine):  # the delete, for the output
+                assert not deleted.done(), deleted.result().text
+                time.sleep(0.01)
+            # The object, wanted by the output's holder: a cycle. PostgreSQL aborts the
+            # delete, which found it (it waited first); this lock is then let go, the
+            # output's kept, for the delete's next run to wait for.
+            wanting = other.begin_nested()
+            other.execute(
+                select(o.object_id).where(o.object_id == source).with_for_update(read=True)
+            )
+            wanting.rollback()
+        holding.commit()
+        answer = deleted.result()
+    if deadlocks < CONFLICT_ATTEMPTS:
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["outputs_deleted"] == 1
+        assert live_objects(stack) == 0
+        return
+    assert answer.status_code == 503, answer.text
+    assert answer.headers["Retry-After"] == "1"
+    error = answer.json()["error"]
+    assert (error["code"], error["details"]["sqlstate"]) == ("database_conflict", "40P01")
+    assert live_objects(stack) == 2
+    assert len(stored_files(stack)) == 2
