@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from sqlalchemy import Connection, func, insert, select, update
 
 from hypermedia.clock import to_datetime
@@ -83,6 +83,32 @@ class BulkFilter(BaseModel):
     # regenerate: every object with an output of the operation, the current version's
     # too (else only those whose newest output is below the current version).
     all_versions: bool = False
+
+    @field_validator("detected_kind")
+    @classmethod
+    def _a_kind(cls, value: str | None) -> str | None:
+        # A kind the inspector never finds matches no object: a typo, not a selection.
+        from hypermedia.sandbox.inspect import KINDS
+
+        if value is not None and value not in KINDS:
+            raise ValueError(
+                f"{value!r} is no kind the inspector finds ({', '.join(sorted(KINDS))})"
+            )
+        return value
+
+    @field_validator("created_before")
+    @classmethod
+    def _after_the_start(cls, value: datetime | None, info: ValidationInfo) -> datetime | None:
+        start = info.data.get("created_after")
+        # Naive times are refused below, naming the field; only aware ones compare.
+        if value is None or start is None or value.tzinfo is None or start.tzinfo is None:
+            return value
+        if value <= start:
+            raise ValueError(
+                f"the range is empty: created_before ({value.isoformat()}) must be after"
+                f" created_after ({start.isoformat()})"
+            )
+        return value
 
     @model_validator(mode="after")
     def _aware(self) -> BulkFilter:
@@ -252,6 +278,23 @@ def ensure_platform_user(conn: Connection, now: float) -> str:
             )
         )
     return PLATFORM_USER_ID
+
+
+def check_filter(conn: Connection, flt: BulkFilter) -> None:
+    """NotFound naming the field when the filter names a pool or an owner that does not
+    exist (it would match nothing: a typo passing for a selection with nothing to do)."""
+    if flt.pool_id is not None:
+        found = conn.execute(
+            select(t.pools.c.pool_id).where(t.pools.c.pool_id == flt.pool_id)
+        ).scalar_one_or_none()
+        if found is None:
+            raise NotFound(f"filter.pool_id: no pool {flt.pool_id!r}", pool_id=flt.pool_id)
+    if flt.owner_id is not None:
+        found = conn.execute(
+            select(t.users.c.user_id).where(t.users.c.user_id == flt.owner_id)
+        ).scalar_one_or_none()
+        if found is None:
+            raise NotFound(f"filter.owner_id: no user {flt.owner_id!r}", owner_id=flt.owner_id)
 
 
 def find_account(conn: Connection, account: str) -> str:

@@ -95,6 +95,7 @@ class BulkService:
         profile_id, version, queue = self._resolve(spec)
         now = self.clock.now()
         with transaction(self.engine) as conn:
+            runs.check_filter(conn, spec.filter)
             account = None if spec.account is None else runs.find_account(conn, spec.account)
             if account is None and spec.kind != "migrate":
                 runs.ensure_platform_user(conn, now)
@@ -123,6 +124,7 @@ class BulkService:
         profile_id, version, queue = self._resolve(spec)
         objects = skipped = unfit = size = 0
         with transaction(self.engine) as conn:
+            runs.check_filter(conn, spec.filter)
             # The account as the run would have it: its user id (a name is resolved).
             account = None if spec.account is None else runs.find_account(conn, spec.account)
             fake = _DryRun(spec, profile_id, version, queue, self.clock.now(), account)

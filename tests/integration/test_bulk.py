@@ -1171,3 +1171,85 @@ def test_a_cancelled_run_says_how_many_jobs_are_still_stopping(
     assert (done.stopping, done.shown_state, done.to_json()["stopping"]) == (0, "cancelled", 0)
     assert gather(stack, config).bulk == []
     stack.close()
+
+
+def test_a_filter_that_can_match_nothing_is_refused_naming_its_field(
+    pg_engine, settings, manual_clock, tmp_path, redis_url, redis_prefix
+):
+    """A run whose filter names a pool or owner that does not exist, a kind the inspector
+    never finds, or an empty time range matches nothing. Before, each was accepted (200),
+    the run went to ``completed`` with 0 scanned and a dry run said 0 jobs: an operator's
+    typo passed for a selection with nothing left to do. Now each is refused, nothing
+    written, naming the field (the CLI: the option)."""
+    from typer.testing import CliRunner
+
+    from hypermedia.cli import app
+    from hypermedia.ingest.api import create_app
+
+    stack = open_stack(settings, pg_engine, manual_clock)
+    person = make_user(stack)
+    _objects(stack, person, 2)
+    operator = add_user(stack, "root", operator=True)
+    client = TestClient(create_app(stack))
+    url = "/v1/hypermedia/bulk/runs"
+    body = {"kind": "backfill", "operation": "thumbnail"}
+    for flt, status, says in [
+        ({"pool_id": "no-such-pool"}, 404, "filter.pool_id: no pool 'no-such-pool'"),
+        ({"owner_id": "f" * 32}, 404, f"filter.owner_id: no user {'f' * 32!r}"),
+        ({"detected_kind": "imgae"}, 422, "body.filter.detected_kind: Value error, 'imgae' is"),
+        (
+            {"created_after": "2026-02-01T00:00:00Z", "created_before": "2026-01-01T00:00:00Z"},
+            422,
+            "body.filter.created_before: Value error, the range is empty",
+        ),
+        (
+            {"created_after": "2026-01-01T00:00:00Z", "created_before": "2026-01-01T00:00:00Z"},
+            422,
+            "body.filter.created_before: Value error, the range is empty",
+        ),
+    ]:
+        for dry_run in (True, False):
+            answer = client.post(
+                url, json={**body, "filter": flt, "dry_run": dry_run}, headers=bearer(operator)
+            )
+            assert answer.status_code == status, (flt, answer.text)
+            assert answer.json()["error"]["message"].startswith(says), (flt, answer.text)
+    with transaction(stack.engine) as conn:
+        assert conn.execute(select(func.count()).select_from(t.bulk_runs)).scalar_one() == 0
+    # What does exist is taken: the pool, its owner, a kind, a range around now.
+    ok = {
+        "pool_id": person.pool_id,
+        "owner_id": person.caller.user_id,
+        "detected_kind": "image",
+        "created_after": "2020-01-01T00:00:00Z",
+    }
+    answer = client.post(
+        url, json={**body, "filter": ok, "dry_run": True}, headers=bearer(operator)
+    )
+    assert answer.status_code == 200, answer.text
+
+    env = _cli_env(pg_engine, redis_url, redis_prefix, tmp_path)
+    runner = CliRunner()
+    out = runner.invoke(
+        app,
+        [
+            "bulk",
+            "backfill",
+            "thumbnail",
+            "--created-after",
+            "2026-02-01",
+            "--created-before",
+            "2026-01-01",
+        ],
+        env=env,
+    )
+    assert out.exit_code == 2, (out.output, out.exception)
+    assert "Invalid value for '--created-before'" in out.output, out.output
+    out = runner.invoke(app, ["bulk", "backfill", "thumbnail", "--kind", "imgae"], env=env)
+    assert out.exit_code == 2 and "Invalid value for '--kind'" in out.output, out.output
+    out = runner.invoke(app, ["bulk", "backfill", "thumbnail", "--pool", "nopool"], env=env)
+    assert isinstance(out.exception, NotFound), (out.output, out.exception)
+    assert out.exception.message == "filter.pool_id: no pool 'nopool'"
+    with transaction(stack.engine) as conn:
+        assert conn.execute(select(func.count()).select_from(t.bulk_runs)).scalar_one() == 0
+    stack.close()
