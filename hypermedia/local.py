@@ -247,7 +247,10 @@ class LocalStack:
         if attached is None and settings.ray_node_ip is None:
             # No node but this one: a queue without an actor runs nothing.
             served = served_operations(settings, pools)
-            self.stack = Stack.open(settings, auto_migrate=True, implemented=served)
+            actors = frozenset(q for q, n in pools.items() if n > 0)
+            self.stack = Stack.open(
+                settings, auto_migrate=True, implemented=served, served_queues=lambda: actors
+            )
         else:
             from hypermedia.db.engine import make_engine
 
@@ -259,7 +262,13 @@ class LocalStack:
                     engine, {q for q, n in pools.items() if n > 0}, settings.queue_names
                 )
             served = operations_of(settings, queues)
-            self.stack = Stack.open(settings, auto_migrate=True, engine=engine, implemented=served)
+            self.stack = Stack.open(
+                settings,
+                auto_migrate=True,
+                engine=engine,
+                implemented=served,
+                served_queues=queues,
+            )
         say(f"record in {shown_url(settings.effective_database_url)}")
         if before_workers is not None:
             before_workers(self.stack)

@@ -293,6 +293,26 @@ class ApiServer(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
+def head_stack(
+    settings: Settings, queues: Callable[[Engine], Callable[[], Collection[str]]] | None
+) -> Stack:
+    """The stack ``serve`` runs: with ``queues``, its ingest accepts the operations of
+    the queues named, and bulk runs go only on those; None: every queue's."""
+    if queues is None:
+        return Stack.open(settings)
+    from hypermedia.db.engine import make_engine
+    from hypermedia.local import operations_of
+
+    engine = make_engine(settings.effective_database_url, setting=settings.database_setting)
+    served = queues(engine)
+    return Stack.open(
+        settings,
+        engine=engine,
+        implemented=operations_of(settings, served),
+        served_queues=served,
+    )
+
+
 def serve(
     settings: Settings,
     *,
@@ -309,16 +329,7 @@ def serve(
     None: every implemented operation is accepted."""
     from hypermedia.ingest.api import create_app
 
-    if queues is None:
-        stack = Stack.open(settings)
-    else:
-        from hypermedia.db.engine import make_engine
-        from hypermedia.local import operations_of
-
-        engine = make_engine(settings.effective_database_url, setting=settings.database_setting)
-        stack = Stack.open(
-            settings, engine=engine, implemented=operations_of(settings, queues(engine))
-        )
+    stack = head_stack(settings, queues)
     maintenance = Maintenance(
         stack,
         reaper_interval=settings.reaper_interval_seconds,

@@ -182,6 +182,9 @@ class Stack:
     redis_url: str = ""  # what `redis` connects to (the API's event streams open their own)
     # The storage's probe (cached), what /healthz asks; None without storage.
     storage_health: StorageHealth | None = None
+    # The queues that have or can get a worker, asked when a bulk run is placed (a run
+    # on a queue no worker serves would wait forever); None: every configured queue.
+    served_queues: Callable[[], Collection[str]] | None = None
 
     @property
     def has_storage(self) -> bool:
@@ -209,6 +212,7 @@ class Stack:
         with_storage: bool = True,
         metrics: Recorder | None = None,
         custom_plans: bool = False,
+        served_queues: Callable[[], Collection[str]] | None = None,
     ) -> Stack:
         """``implemented`` names the operations ingest accepts (those with a pipeline
         step; tests of queue mechanics may widen it to every profile).
@@ -218,7 +222,9 @@ class Stack:
         (:class:`~hypermedia.metrics.head.HeadMetrics`, which also reads the queues and
         workers when scraped: the API serves it on ``/metrics``).
         ``custom_plans``: see :func:`~hypermedia.db.engine.make_engine` (a pipeline
-        actor's claim loops)."""
+        actor's claim loops).
+        ``served_queues``: the queues that have or can get a worker (those ``implemented``
+        was drawn from), where a bulk run may go; None: every configured queue."""
         clock = clock or SystemClock()
         prepare_data_dir(settings)
         engine = engine or make_engine(
@@ -300,6 +306,7 @@ class Stack:
             _storage=storage,
             redis_url=redis_url,
             storage_health=health,
+            served_queues=served_queues,
         )
 
     def close(self) -> None:

@@ -38,7 +38,8 @@ from hypermedia.ingest.fields import Text
 from hypermedia.jobs.states import JobStatus
 
 BULK_PRIORITIES = range(7, 11)  # seed 003: background regeneration gets 7-10
-DEFAULT_PRIORITY = 8
+DEFAULT_PRIORITY = 8  # on the bulk queue
+OWN_QUEUE_PRIORITY = 10  # on the operation's own queue: after every user's job
 BULK_QUEUE = "bulk"
 # The platform's own account: jobs of a run that names no account are its (estimated
 # at 0 credits; what units a step prices lands in its ledger as the platform's spend,
@@ -168,9 +169,17 @@ class RunSpec(BaseModel):
     operation: Text | None = Field(default=None, max_length=64)
     filter: BulkFilter = Field(default_factory=BulkFilter)
     target: MigrateTarget | None = None
-    priority: int = Field(default=DEFAULT_PRIORITY, ge=min(BULK_PRIORITIES), le=10)
+    priority: int | None = Field(
+        default=None,
+        ge=min(BULK_PRIORITIES),
+        le=max(BULK_PRIORITIES),
+        description=f"{min(BULK_PRIORITIES)}-{max(BULK_PRIORITIES)}; default:"
+        f" {DEFAULT_PRIORITY} on the bulk queue, {OWN_QUEUE_PRIORITY} on the operation's own",
+    )
     queue: Text | None = Field(
-        default=None, description="bulk (the default) or the operation's own queue"
+        default=None,
+        description="bulk, or the operation's own queue; default: bulk when a worker serves"
+        " it here, else the operation's own queue (a queue no worker serves is refused)",
     )
     max_in_flight: int = Field(default=200, ge=1, le=MAX_IN_FLIGHT)
     batch_size: int = Field(default=500, ge=1, le=10_000)
@@ -315,6 +324,7 @@ def insert_run(
     profile_id: int | None,
     target_version: int | None,
     queue: str | None,
+    priority: int,
     account_user_id: str | None,
     created_by: str | None,
     now: float,
@@ -331,7 +341,7 @@ def insert_run(
             filter=spec.filter.to_json(),
             target=None if spec.target is None else spec.target.model_dump(mode="json"),
             queue=queue,
-            priority=spec.priority,
+            priority=priority,
             max_in_flight=spec.max_in_flight,
             batch_size=spec.batch_size,
             account_user_id=account_user_id,

@@ -16,7 +16,14 @@ from sqlalchemy import Engine, select
 from hypermedia.bulk import runs
 from hypermedia.bulk import select as pages
 from hypermedia.bulk.runner import plan_page, profile_of
-from hypermedia.bulk.runs import BULK_QUEUE, RunSpec, RunState, RunView
+from hypermedia.bulk.runs import (
+    BULK_QUEUE,
+    DEFAULT_PRIORITY,
+    OWN_QUEUE_PRIORITY,
+    RunSpec,
+    RunState,
+    RunView,
+)
 from hypermedia.clock import Clock, SystemClock
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
@@ -31,6 +38,46 @@ from hypermedia.queue.redis_queue import RedisQueue
 log = logging.getLogger(__name__)
 
 HISTORY_ATTEMPTS = 500  # completed attempts of the operation the CPU estimate averages
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where a run's jobs go: a queue and a priority."""
+
+    queue: str | None  # None: a migration (no job)
+    priority: int
+
+
+def place(
+    spec: RunSpec, own_queue: str, configured: Collection[str], served: Collection[str]
+) -> Placement:
+    """The queue and priority of a run of ``spec`` whose operation's own queue is
+    ``own_queue``: the one named (bulk or the own queue, configured and served by a
+    worker, else InvalidRequest naming it); none named, the bulk queue at 8 where a
+    worker serves it, else the operation's own queue at 10, the lowest, so that it runs
+    after every user's job. ``served``: the queues that have or can get a worker; a run
+    on another would be accepted and wait forever."""
+    operation = spec.operation
+    queue = spec.queue
+    if queue is None:
+        queue = BULK_QUEUE if BULK_QUEUE in served else own_queue
+    elif queue not in (BULK_QUEUE, own_queue):
+        raise InvalidRequest(
+            f"queue must be {BULK_QUEUE!r} or {operation}'s own {own_queue!r}, not {queue!r}",
+            queue=queue,
+        )
+    if queue not in configured:
+        raise InvalidRequest(f"this server has no {queue!r} queue", queue=queue)
+    if queue not in served:
+        raise InvalidRequest(
+            f"queue: no worker serves the {queue!r} queue here (the deployment gives it"
+            f" none and no live worker has it): its jobs would wait forever; name"
+            f" {operation}'s own queue {own_queue!r}, or give {queue!r} workers",
+            queue=queue,
+        )
+    if spec.priority is not None:
+        return Placement(queue, spec.priority)
+    return Placement(queue, DEFAULT_PRIORITY if queue == BULK_QUEUE else OWN_QUEUE_PRIORITY)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,9 +108,12 @@ class BulkService:
         repository: JobRepository | None = None,
         queues: Collection[str] = (),
         implemented: Callable[[], Collection[str]] = registered_operations,
+        served_queues: Callable[[], Collection[str]] | None = None,
     ) -> None:
         """``implemented``: the operations something here runs, as the stack's ingest
-        has them (:attr:`~hypermedia.ingest.service.IngestService.implemented`)."""
+        has them (:attr:`~hypermedia.ingest.service.IngestService.implemented`);
+        ``served_queues``: the queues that have or can get a worker
+        (:attr:`~hypermedia.stack.Stack.served_queues`; None: every queue)."""
         self.engine = engine
         self.queue = queue
         self.catalog = catalog
@@ -71,28 +121,21 @@ class BulkService:
         self.repository = repository or JobRepository()
         self.queues = tuple(queues) or tuple(queue.queues)
         self.implemented = implemented
+        self.served_queues = served_queues
         self.events = JobEvents(queue.client, queue.prefix)
 
-    def _resolve(self, spec: RunSpec) -> tuple[int | None, int | None, str | None]:
-        """(profile_id, target version, queue) of a spec, refusing what cannot run."""
+    def _resolve(self, spec: RunSpec) -> tuple[int | None, int | None, Placement]:
+        """(profile_id, target version, placement) of a spec, refusing what cannot run."""
         if spec.kind == "migrate":
-            return None, None, None
+            return None, None, Placement(None, spec.priority or DEFAULT_PRIORITY)
         assert spec.operation is not None
         # As a submit: UnknownOperation for a name without a profile or without a step.
         profile = runnable_profile(self.catalog, spec.operation, self.implemented())
-        queue = spec.queue or BULK_QUEUE
-        if queue not in (BULK_QUEUE, profile.queue):
-            raise InvalidRequest(
-                f"queue must be {BULK_QUEUE!r} or {spec.operation}'s own {profile.queue!r},"
-                f" not {queue!r}",
-                queue=queue,
-            )
-        if queue not in self.queues:
-            raise InvalidRequest(f"this server has no {queue!r} queue", queue=queue)
-        return profile.profile_id, profile.version, queue
+        served = self.queues if self.served_queues is None else self.served_queues()
+        return profile.profile_id, profile.version, place(spec, profile.queue, self.queues, served)
 
     def create(self, spec: RunSpec, created_by: str | None = None) -> RunView:
-        profile_id, version, queue = self._resolve(spec)
+        profile_id, version, placed = self._resolve(spec)
         now = self.clock.now()
         with transaction(self.engine) as conn:
             runs.check_filter(conn, spec.filter)
@@ -104,7 +147,8 @@ class BulkService:
                 spec,
                 profile_id=profile_id,
                 target_version=version,
-                queue=queue,
+                queue=placed.queue,
+                priority=placed.priority,
                 account_user_id=account,
                 created_by=created_by,
                 now=now,
@@ -121,13 +165,13 @@ class BulkService:
 
     def estimate(self, spec: RunSpec) -> Estimate:
         """``--dry-run``: stream the run's pages as the runner would (nothing written)."""
-        profile_id, version, queue = self._resolve(spec)
+        profile_id, version, placed = self._resolve(spec)
         objects = skipped = unfit = size = 0
         with transaction(self.engine) as conn:
             runs.check_filter(conn, spec.filter)
             # The account as the run would have it: its user id (a name is resolved).
             account = None if spec.account is None else runs.find_account(conn, spec.account)
-            fake = _DryRun(spec, profile_id, version, queue, self.clock.now(), account)
+            fake = _DryRun(spec, profile_id, version, placed, self.clock.now(), account)
             cursor: str | None = None
             if spec.kind == "migrate":
                 assert spec.target is not None
@@ -141,7 +185,7 @@ class BulkService:
                     size += sum(int(r.size_bytes) for r in rows)
                     cursor = rows[-1].object_id
                 return Estimate(
-                    spec.kind, None, None, spec.priority, objects, 0, 0, size, None, 0, None
+                    spec.kind, None, None, placed.priority, objects, 0, 0, size, None, 0, None
                 )
             assert profile_id is not None
             profile = profile_of(conn, profile_id)
@@ -173,8 +217,8 @@ class BulkService:
         return Estimate(
             spec.kind,
             spec.operation,
-            queue,
-            spec.priority,
+            placed.queue,
+            placed.priority,
             objects,
             skipped,
             unfit,
@@ -233,7 +277,7 @@ class _DryRun:
     spec: RunSpec
     profile_id: int | None
     target_version: int | None
-    queue: str | None
+    placed: Placement
     now: float
     account_user_id: str | None  # the named account's user id (the spec may name it)
 
@@ -250,8 +294,12 @@ class _DryRun:
         return self.spec.filter.to_json()
 
     @property
+    def queue(self) -> str | None:
+        return self.placed.queue
+
+    @property
     def priority(self) -> int:
-        return self.spec.priority
+        return self.placed.priority
 
     @property
     def created_at(self) -> object:

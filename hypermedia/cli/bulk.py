@@ -77,8 +77,9 @@ Queue = Annotated[
         "--queue",
         envvar="HYPERMEDIA_BULK_QUEUE",
         help="bulk, or the operation's own queue at a bulk priority (default: bulk when"
-        " scheduler.json gives it workers, a VPS baseline or the cloud; else the"
-        " operation's own queue at priority 10, the lowest).",
+        " scheduler.json gives it workers, a VPS baseline or the cloud, or a live worker"
+        " serves it; else the operation's own queue at priority 10, the lowest). A queue"
+        " no worker serves is refused.",
         show_default=False,
     ),
 ]
@@ -150,49 +151,27 @@ def _filter(
     }
 
 
-def _service() -> tuple[BulkService, Any]:
+def _service(scheduler: Path | bool | None = False) -> tuple[BulkService, Any]:
+    """The service on the server's record and Redis. ``scheduler``: the scheduler.json
+    (None: the default one) whose queues with a worker, and those a live worker serves,
+    are where a run may go (the rule the head's ingest applies,
+    :func:`autoscaler.head.staffed_queues`); False: no run is placed (status, pause ...)."""
     from hypermedia.bulk.service import BulkService
     from hypermedia.stack import Stack
 
     stack = Stack.open(read_settings(), with_storage=False)
-    return BulkService(stack.engine, stack.queue, stack.catalog, clock=stack.clock), stack
+    served = None
+    if scheduler is not False:
+        from autoscaler import config as scheduler_config
+        from autoscaler.head import staffed_queues
 
-
-def bulk_has_workers(config: Any) -> bool:
-    """Whether scheduler.json gives the bulk queue any worker: VPS workers, or the
-    cloud (in a mode that launches): the rule the head's ingest applies
-    (:func:`autoscaler.admission.staffed`)."""
-    from autoscaler.admission import staffed
-    from hypermedia.bulk.runs import BULK_QUEUE
-
-    return BULK_QUEUE in staffed(config)
-
-
-def choose_queue(spec_fields: dict[str, Any], config_path: Path | None) -> str | None:
-    """The queue and priority a run goes on when the operator named no queue: the bulk
-    queue at 8 where scheduler.json gives it workers; else (``vps_only`` with no bulk
-    baseline, the shipped default) the operation's own queue at 10, the lowest priority,
-    so the VPS runs it after every user's job. Answers a note saying which, or None."""
-    if spec_fields.get("kind") == "migrate" or spec_fields.get("queue"):
-        if spec_fields.get("priority") is None:
-            spec_fields.pop("priority", None)  # the spec's default
-        return None
-    from autoscaler import config as scheduler_config
-    from hypermedia.bulk.runs import BULK_QUEUE
-
-    config = scheduler_config.load(config_path)
-    if bulk_has_workers(config):
-        spec_fields["queue"] = BULK_QUEUE
-        if spec_fields.get("priority") is None:
-            spec_fields["priority"] = 8
-        return None
-    spec_fields["queue"] = "<own>"
-    if spec_fields.get("priority") is None:
-        spec_fields["priority"] = 10
-    return (
-        f"scheduler.json ({config.mode}) gives the bulk queue no worker: the run goes on"
-        f" the operation's own queue at priority {spec_fields['priority']}"
+        path = scheduler if isinstance(scheduler, Path) else None
+        config = scheduler_config.load(path, stack.settings.queue_names)
+        served = staffed_queues(config, stack.engine)
+    service = BulkService(
+        stack.engine, stack.queue, stack.catalog, clock=stack.clock, served_queues=served
     )
+    return service, stack
 
 
 # The option that sets each field of a RunSpec (what a refusal names).
@@ -231,18 +210,15 @@ def _validated(model: Any, fields: dict[str, Any]) -> Any:
 
 
 def _start(spec_fields: dict[str, Any], dry_run: bool, config: Path | None, as_json: bool) -> None:
-    from hypermedia.bulk.runs import RunSpec
+    from hypermedia.bulk.runs import BULK_QUEUE, RunSpec
 
-    said = choose_queue(spec_fields, config)
-    service, stack = _service()
+    spec = _validated(RunSpec, spec_fields)
+    service, stack = _service(False if spec.kind == "migrate" else config)
     try:
-        if spec_fields.get("queue") == "<own>":
-            spec_fields["queue"] = stack.catalog.get(spec_fields["operation"]).queue
-        spec = _validated(RunSpec, spec_fields)
-        if said and not as_json:
-            note(said)
         if dry_run:
             estimate = service.estimate(spec)
+            if spec.queue is None and estimate.queue not in (None, BULK_QUEUE) and not as_json:
+                note(_own_queue_note(estimate.queue, estimate.priority))
             simulated = simulate(estimate, config) if estimate.cpu_seconds is not None else None
             _print_estimate(estimate, simulated, as_json)
             return
@@ -251,9 +227,18 @@ def _start(spec_fields: dict[str, Any], dry_run: bool, config: Path | None, as_j
         view = service.create(spec, created_by=f"cli:{getpass.getuser()}")
     finally:
         stack.close()
+    if spec.queue is None and view.queue not in (None, BULK_QUEUE) and not as_json:
+        note(_own_queue_note(view.queue, view.priority))
     _print_run(view, as_json)
     if not as_json:
         note("the head's bulk thread creates its jobs; follow it with `hypermedia bulk status`")
+
+
+def _own_queue_note(queue: str | None, priority: int) -> str:
+    return (
+        f"no worker serves the bulk queue (scheduler.json gives it none, no live worker has"
+        f" it): the run goes on the operation's own queue {queue!r} at priority {priority}"
+    )
 
 
 @app.command("regenerate")

@@ -1120,6 +1120,7 @@ def _bulk(caller: Caller, stack: Stack) -> BulkService:
         stack.catalog,
         clock=stack.clock,
         implemented=stack.ingest.implemented,
+        served_queues=stack.served_queues,
     )
 
 

@@ -731,7 +731,15 @@ def test_dry_run_counts_estimates_and_simulates_without_writing(
     )
     assert "40 jobs to create" in text.stdout and "no worker" in text.output
     created = runner.invoke(
-        app, ["bulk", "backfill", "thumbnail", "--queue", "bulk", "--max-in-flight", "7"], env=env
+        app,
+        [
+            "bulk",
+            "backfill",
+            "thumbnail",
+            *("--queue", "bulk", "--max-in-flight", "7"),
+            *("--scheduler-config", _scheduler_json(tmp_path, "hybrid")),
+        ],
+        env=env,
     )
     assert created.exit_code == 0, created.output
     run_id = created.stdout.split()[0]
@@ -1252,4 +1260,89 @@ def test_a_filter_that_can_match_nothing_is_refused_naming_its_field(
     assert out.exception.message == "filter.pool_id: no pool 'nopool'"
     with transaction(stack.engine) as conn:
         assert conn.execute(select(func.count()).select_from(t.bulk_runs)).scalar_one() == 0
+    stack.close()
+
+
+def test_a_run_goes_only_on_a_queue_a_worker_serves(
+    pg_engine, settings, tmp_path, redis_url, redis_prefix
+):
+    """The shipped scheduler.json (vps_only) gives the bulk queue no worker. The CLI
+    then put a run on the operation's own queue at 10, but the API put it on ``bulk``
+    all the same (200), and so did `--queue bulk`, on any head: accepted, its jobs
+    created and never run. Now both place a run by one rule, on the head's queues
+    (scheduler.json's and the live workers'): none named, ``bulk`` at 8 where a worker
+    serves it, else the operation's own queue at 10; a queue named that no worker serves
+    is 400 naming ``queue``, nothing written (dry run or not)."""
+    from functools import partial
+
+    from typer.testing import CliRunner
+
+    from autoscaler import config as scheduler_config
+    from autoscaler.head import staffed_queues
+    from hypermedia.cli import app
+    from hypermedia.clock import to_datetime
+    from hypermedia.etc import shipped_etc
+    from hypermedia.ingest.api import create_app
+    from hypermedia.server import head_stack
+
+    config = scheduler_config.load(shipped_etc() / "scheduler.json")
+    served = partial(staffed_queues, config)
+    open_stack(settings, pg_engine, None).close()  # the profiles synced, as `db upgrade` does
+    stack = head_stack(settings(), served)  # what `hypermedia serve` runs
+    person = make_user(stack)
+    _objects(stack, person, 3)
+    operator = add_user(stack, "root", operator=True)
+    client = TestClient(create_app(stack))
+    url = "/v1/hypermedia/bulk/runs"
+    body = {"kind": "backfill", "operation": "thumbnail"}
+
+    def post(**more: Any) -> Any:
+        return client.post(url, json={**body, **more}, headers=bearer(operator))
+
+    def count() -> int:
+        with transaction(stack.engine) as conn:
+            return int(conn.execute(select(func.count()).select_from(t.bulk_runs)).scalar_one())
+
+    for dry_run in (True, False):
+        refused = post(queue="bulk", dry_run=dry_run)
+        assert refused.status_code == 400, refused.text
+        error = refused.json()["error"]
+        assert error["details"] == {"queue": "bulk"}, error
+        assert error["message"].startswith("queue: no worker serves the 'bulk' queue"), error
+    assert count() == 0
+    placed = post()
+    assert placed.status_code == 200, placed.text
+    assert (placed.json()["queue"], placed.json()["priority"]) == ("images", 10)
+    assert (post(dry_run=True).json()["queue"], post(priority=9).json()["priority"]) == (
+        "images",
+        9,
+    )
+    env = _cli_env(pg_engine, redis_url, redis_prefix, tmp_path)
+    cli = CliRunner().invoke(app, ["bulk", "backfill", "thumbnail", "--queue", "bulk"], env=env)
+    assert isinstance(cli.exception, InvalidRequest), (cli.output, cli.exception)
+    assert "no worker serves the 'bulk' queue" in cli.exception.message
+    assert count() == 2
+
+    # A worker of the bulk queue joins: runs go there (read again after LIVE_SECONDS).
+    now = to_datetime(time.time())
+    with transaction(stack.engine) as conn:
+        conn.execute(
+            t.workers.insert().values(
+                worker_id="w-bulk",
+                queue="bulk",
+                hostname="joined-node",
+                status="active",
+                concurrency=1,
+                started_at=now,
+                last_heartbeat=now,
+            )
+        )
+    assert stack.served_queues is not None
+    stack.served_queues._read_at -= stack.served_queues.LIVE_SECONDS  # type: ignore[attr-defined]
+    joined = post()
+    assert (joined.json()["queue"], joined.json()["priority"]) == ("bulk", 8), joined.text
+    assert post(queue="bulk").status_code == 200
+    cli = CliRunner().invoke(app, ["bulk", "backfill", "thumbnail", "--json"], env=env)
+    assert cli.exit_code == 0, (cli.output, cli.exception)
+    assert json.loads(cli.stdout)["queue"] == "bulk"
     stack.close()
