@@ -328,7 +328,11 @@ def insert_run(
     account_user_id: str | None,
     created_by: str | None,
     now: float,
+    idempotency_key: str | None = None,
+    request_hash: str | None = None,
 ) -> str:
+    """A new run's row; ``idempotency_key`` one ``created_by`` already used is an
+    IntegrityError (``uk_bulk_run_idempotency_key``)."""
     run_id = new_id()
     moment = to_datetime(now)
     conn.execute(
@@ -356,9 +360,21 @@ def insert_run(
             created_by=created_by,
             created_at=moment,
             updated_at=moment,
+            idempotency_key=idempotency_key,
+            request_hash=request_hash,
         )
     )
     return run_id
+
+
+def created_under(conn: Connection, created_by: str | None, idempotency_key: str) -> Any:
+    """The run ``created_by`` created under ``idempotency_key`` (its id and request
+    hash), or None."""
+    r = t.bulk_runs.c
+    creator = r.created_by.is_(None) if created_by is None else r.created_by == created_by
+    return conn.execute(
+        select(r.run_id, r.request_hash).where(creator, r.idempotency_key == idempotency_key)
+    ).one_or_none()
 
 
 def move(

@@ -6,12 +6,14 @@ work.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import statistics
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from sqlalchemy import Engine, select
+from sqlalchemy.exc import IntegrityError
 
 from hypermedia.bulk import runs
 from hypermedia.bulk import select as pages
@@ -27,7 +29,7 @@ from hypermedia.bulk.runs import (
 from hypermedia.clock import Clock, SystemClock
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
-from hypermedia.errors import InvalidRequest
+from hypermedia.errors import IdempotencyKeyReused, InvalidRequest
 from hypermedia.ingest.service import registered_operations, runnable_profile
 from hypermedia.jobs.catalog import ProfileCatalog
 from hypermedia.jobs.repository import JobRepository, forget_cancelled
@@ -134,10 +136,41 @@ class BulkService:
         served = self.queues if self.served_queues is None else self.served_queues()
         return profile.profile_id, profile.version, place(spec, profile.queue, self.queues, served)
 
-    def create(self, spec: RunSpec, created_by: str | None = None) -> RunView:
+    def create(
+        self, spec: RunSpec, created_by: str | None = None, idempotency_key: str | None = None
+    ) -> RunView:
+        """A new run; with ``idempotency_key``, a create ``created_by`` repeats (same key,
+        same spec: a retry whose answer was lost) answers the first run and starts none,
+        and the key under another spec is IdempotencyKeyReused."""
+        if idempotency_key is None:
+            return self._create(spec, created_by, None, None)
+        asked = hashlib.sha256(spec.model_dump_json().encode()).hexdigest()
+        try:
+            return self._create(spec, created_by, idempotency_key, asked)
+        except IntegrityError:  # a concurrent create under the key won: answer its run
+            return self._create(spec, created_by, idempotency_key, asked)
+
+    def _create(
+        self,
+        spec: RunSpec,
+        created_by: str | None,
+        idempotency_key: str | None,
+        asked: str | None,
+    ) -> RunView:
         profile_id, version, placed = self._resolve(spec)
         now = self.clock.now()
         with transaction(self.engine) as conn:
+            if idempotency_key is not None:
+                first = runs.created_under(conn, created_by, idempotency_key)
+                if first is not None:
+                    if first.request_hash != asked:
+                        raise IdempotencyKeyReused(
+                            f"Idempotency-Key {idempotency_key!r} already created run"
+                            f" {first.run_id} of another request: send this one under a"
+                            " new key",
+                            run_id=first.run_id,
+                        )
+                    return runs.view(conn, first.run_id)
             runs.check_filter(conn, spec.filter)
             account = None if spec.account is None else runs.find_account(conn, spec.account)
             if account is None and spec.kind != "migrate":
@@ -152,6 +185,8 @@ class BulkService:
                 account_user_id=account,
                 created_by=created_by,
                 now=now,
+                idempotency_key=idempotency_key,
+                request_hash=asked,
             )
             view = runs.view(conn, run_id)
         log.info(

@@ -125,6 +125,16 @@ SchedulerConfig = Annotated[
     ),
 ]
 Json = Annotated[bool, typer.Option("--json", envvar="HYPERMEDIA_BULK_JSON", help="JSON out.")]
+IdempotencyKey = Annotated[
+    str | None,
+    typer.Option(
+        "--idempotency-key",
+        envvar="HYPERMEDIA_BULK_IDEMPOTENCY_KEY",
+        help="The same command again with this key (its answer lost) shows the run it"
+        " created and starts none; another command under the key is refused.",
+        show_default=False,
+    ),
+]
 RunId = Annotated[str, typer.Argument(help="The run's id.")]
 
 
@@ -209,10 +219,19 @@ def _validated(model: Any, fields: dict[str, Any]) -> Any:
         ) from None
 
 
-def _start(spec_fields: dict[str, Any], dry_run: bool, config: Path | None, as_json: bool) -> None:
+def _start(
+    spec_fields: dict[str, Any],
+    dry_run: bool,
+    config: Path | None,
+    as_json: bool,
+    idempotency_key: str | None = None,
+) -> None:
     from hypermedia.bulk.runs import BULK_QUEUE, RunSpec
+    from hypermedia.ingest.fields import idempotency_key_problem
 
     spec = _validated(RunSpec, spec_fields)
+    if idempotency_key is not None and (problem := idempotency_key_problem(idempotency_key)):
+        raise typer.BadParameter(problem, param_hint="'--idempotency-key'")
     service, stack = _service(False if spec.kind == "migrate" else config)
     try:
         if dry_run:
@@ -224,7 +243,7 @@ def _start(spec_fields: dict[str, Any], dry_run: bool, config: Path | None, as_j
             return
         import getpass
 
-        view = service.create(spec, created_by=f"cli:{getpass.getuser()}")
+        view = service.create(spec, f"cli:{getpass.getuser()}", idempotency_key)
     finally:
         stack.close()
     if spec.queue is None and view.queue not in (None, BULK_QUEUE) and not as_json:
@@ -265,6 +284,7 @@ def regenerate(
     dry_run: DryRun = False,
     scheduler_config: SchedulerConfig = None,
     as_json: Json = False,
+    idempotency_key: IdempotencyKey = None,
 ) -> None:
     """Remake every output of OPERATION below its current profile version (or all)."""
     _start(
@@ -281,6 +301,7 @@ def regenerate(
         dry_run,
         scheduler_config,
         as_json,
+        idempotency_key,
     )
 
 
@@ -300,6 +321,7 @@ def backfill(
     dry_run: DryRun = False,
     scheduler_config: SchedulerConfig = None,
     as_json: Json = False,
+    idempotency_key: IdempotencyKey = None,
 ) -> None:
     """Run OPERATION on every matching upload that lacks its output at the current version."""
     _start(
@@ -316,6 +338,7 @@ def backfill(
         dry_run,
         scheduler_config,
         as_json,
+        idempotency_key,
     )
 
 
@@ -340,6 +363,7 @@ def migrate(
     batch_size: BatchSize = 100,
     dry_run: DryRun = False,
     as_json: Json = False,
+    idempotency_key: IdempotencyKey = None,
 ) -> None:
     """Copy objects and outputs from this server's storage to an S3 bucket (the head's
     AWS credentials), each verified by SHA-256 before its record is switched."""
@@ -358,6 +382,7 @@ def migrate(
         dry_run,
         None,
         as_json,
+        idempotency_key,
     )
 
 

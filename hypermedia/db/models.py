@@ -564,6 +564,10 @@ class BulkRun(Base):
     | failed."""
 
     __tablename__ = "bulk_runs"
+    # A create's Idempotency-Key: one run per creator and key (NULLs never collide).
+    __table_args__ = (
+        Index("uk_bulk_run_idempotency_key", "created_by", "idempotency_key", unique=True),
+    )
 
     run_id: Mapped[str] = mapped_column(ID, primary_key=True)
     kind: Mapped[str] = mapped_column(String(16))  # regenerate | backfill | migrate
@@ -592,3 +596,5 @@ class BulkRun(Base):
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
     finished_at: Mapped[datetime | None]
+    idempotency_key: Mapped[str | None] = mapped_column(String(200))
+    request_hash: Mapped[str | None] = mapped_column(String(64))  # what the create asked

@@ -1038,12 +1038,25 @@ class BulkRunRequest(RunSpec):
     f"{PREFIX}/bulk/runs",
     operation_id="createBulkRun",
     summary="Start a bulk regenerate, backfill or migrate run (operators only)",
-    responses=_errors(400, 403, 404, 413, 415),
+    responses=_errors(400, 403, 404, 409, 413, 415),
     tags=["operators"],
     response_model=BulkRunOut | BulkEstimateOut,
 )
 def create_bulk_run(
-    body: BulkRunRequest, caller: CallerDep, stack: StackDep
+    body: BulkRunRequest,
+    caller: CallerDep,
+    stack: StackDep,
+    idempotency_key: Annotated[
+        fields.IdempotencyKey | None,
+        Header(
+            alias="Idempotency-Key",
+            min_length=1,
+            max_length=200,
+            description="A retry with the same key and body answers the run the first "
+            "created and starts none; another body under the key is 409 "
+            f"`idempotency_key_reused`. {fields.IDEMPOTENCY_KEY_RULE} (else 422).",
+        ),
+    ] = None,
 ) -> BulkRunOut | BulkEstimateOut:
     """``dry_run``: what it would do (count, bytes, CPU time from the operation's past
     attempts), nothing written. A migration copies with the head's own credentials."""
@@ -1051,7 +1064,8 @@ def create_bulk_run(
     spec = RunSpec.model_validate(body.model_dump(exclude={"dry_run"}))
     if body.dry_run:
         return BulkEstimateOut.model_validate(asdict(service.estimate(spec)))
-    return BulkRunOut.model_validate(service.create(spec, f"api:{caller.user_id}").to_json())
+    view = service.create(spec, f"api:{caller.user_id}", idempotency_key)
+    return BulkRunOut.model_validate(view.to_json())
 
 
 @router.get(

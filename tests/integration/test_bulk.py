@@ -1346,3 +1346,72 @@ def test_a_run_goes_only_on_a_queue_a_worker_serves(
     assert cli.exit_code == 0, (cli.output, cli.exception)
     assert json.loads(cli.stdout)["queue"] == "bulk"
     stack.close()
+
+
+@pytest.mark.parametrize("engine", ["postgresql"], indirect=True)
+def test_a_retried_create_under_its_idempotency_key_starts_no_second_run(
+    engine, settings, manual_clock, tmp_path, redis_url, redis_prefix
+):
+    """A web tier's POST /bulk/runs whose answer was lost (a timeout, a proxy's 502) and
+    was sent again started a second run over the same objects: two runs listed, each
+    taking its own max_in_flight of the queue, the second's counts all skips. Now an
+    Idempotency-Key (the CLI's --idempotency-key) makes the retry answer the first run,
+    also when both arrive at once; the key under another body is 409 naming the run;
+    keys are the creator's own."""
+    from typer.testing import CliRunner
+
+    from hypermedia.cli import app
+    from hypermedia.ingest.api import create_app
+
+    stack = open_stack(settings, engine, manual_clock)
+    person = make_user(stack)
+    _objects(stack, person, 3)
+    operator = add_user(stack, "root", operator=True)
+    other = add_user(stack, "root2", operator=True)
+    client = TestClient(create_app(stack))
+    url = "/v1/hypermedia/bulk/runs"
+    body = {"kind": "backfill", "operation": "thumbnail", "max_in_flight": 50}
+
+    def post(who: Any, key: str, **more: Any) -> Any:
+        return client.post(
+            url, json={**body, **more}, headers={**bearer(who), "Idempotency-Key": key}
+        )
+
+    def count() -> int:
+        with transaction(stack.engine) as conn:
+            return int(conn.execute(select(func.count()).select_from(t.bulk_runs)).scalar_one())
+
+    first = post(operator, "nightly-1")
+    assert first.status_code == 200, first.text
+    again = post(operator, "nightly-1")
+    assert again.status_code == 200, again.text
+    assert again.json()["run_id"] == first.json()["run_id"]
+    assert count() == 1
+    reused = post(operator, "nightly-1", max_in_flight=10)
+    assert reused.status_code == 409, reused.text
+    error = reused.json()["error"]
+    assert error["code"] == "idempotency_key_reused"
+    assert error["details"] == {"run_id": first.json()["run_id"]}
+    theirs = post(other, "nightly-1")  # another operator's key
+    assert theirs.status_code == 200 and theirs.json()["run_id"] != first.json()["run_id"]
+    assert count() == 2
+    responses = client.get("/openapi.json").json()["paths"][url]["post"]["responses"]
+    assert "409" in responses
+
+    # Both at once: one run, answered to both.
+    service = _service(stack)
+    spec = RunSpec(kind="backfill", operation="thumbnail", batch_size=7)
+    with ThreadPoolExecutor(4) as pool:
+        made = list(pool.map(lambda _: service.create(spec, "t", "same").run_id, range(4)))
+    assert len(set(made)) == 1 and count() == 3
+
+    env = _cli_env(stack.engine, redis_url, redis_prefix, tmp_path)
+    runner = CliRunner()
+    cli = ["bulk", "backfill", "thumbnail", "--json", "--idempotency-key", "cli-1"]
+    ran = [runner.invoke(app, cli, env=env) for _ in range(2)]
+    assert [r.exit_code for r in ran] == [0, 0], [(r.output, r.exception) for r in ran]
+    assert json.loads(ran[0].stdout)["run_id"] == json.loads(ran[1].stdout)["run_id"]
+    assert count() == 4
+    bad = runner.invoke(app, [*cli[:-1], "caf\u00e9"], env=env)
+    assert bad.exit_code == 2 and "Invalid value for '--idempotency-key'" in bad.output
+    stack.close()
