@@ -130,6 +130,9 @@ def run() -> None:
         settings,
         extend_app=partial(install_page, config=config),
         cluster_queues=partial(staffed_queues, config),
+        # On api_port (8080 unless set), as `hypermedia up`'s and `serve`'s: the web tier
+        # finds the API at the same address after `ray up` restarts the head.
+        fixed_api_port=True,
     )
     stop = threading.Event()
     thread: threading.Thread | None = None

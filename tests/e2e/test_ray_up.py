@@ -298,11 +298,14 @@ def cluster(request, tmp_path):
         PYTHONPATH=str(REPO),
         COLUMNS="1000",  # rich tables (scheduler log) one row per line
         RAY_UP_enable_autoscaler_v2="0" if request.param == "v1" else "1",
+        # The head's API listens on api_port, as set (else 8080, or a free port if taken).
+        HYPERMEDIA_API_PORT=str(api_port := free_port()),
     )
     up = run(env, str(BIN / "ray"), "up", "-y", str(cluster_yaml), timeout=400)
     try:
         assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
         assert "head services up" in up.stdout + up.stderr
+        assert (state / "head.url").read_text() == f"http://127.0.0.1:{api_port}"
         yield Cluster(env, state, data, config["cluster_name"], metadata, tmp_path)
     finally:
         down = run(env, str(BIN / "ray"), "down", "-y", str(cluster_yaml), timeout=400)
