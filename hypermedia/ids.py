@@ -8,6 +8,7 @@ lexicographic order, which is therefore age order.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -17,10 +18,19 @@ _last_ms = 0
 _counter = 0
 
 
-def new_id() -> str:
+def new_id(after: str | None = None) -> str:
+    """A new id; with ``after`` (an id made elsewhere, perhaps on a machine whose clock
+    runs ahead of this one's), one that sorts after it: its millisecond at least the
+    next one of ``after``'s. A derived output's id sorts after its source's, which the
+    locks of a deletion and a submit rely on (both take an object before its outputs:
+    :func:`hypermedia.objects.plan_deletion`), whatever the worker's clock says."""
     global _last_ms, _counter
+    floor = 0
+    if after is not None and len(after) == 32:
+        with contextlib.suppress(ValueError):  # not one of ours: nothing to follow
+            floor = int(after[:12], 16) + 1
     with _lock:
-        ms = time.time_ns() // 1_000_000
+        ms = max(time.time_ns() // 1_000_000, floor)
         if ms <= _last_ms:
             _counter += 1
             if _counter > 0xFFF:  # 4096 ids in one ms: borrow the next millisecond

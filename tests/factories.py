@@ -57,11 +57,16 @@ def make_user(stack: Stack, name: str | None = None, credits: float = 1_000_000.
 
 
 def make_object(
-    stack: Stack, person: Person, size_bytes: int = 1024, inspection: Inspection | None = None
+    stack: Stack,
+    person: Person,
+    size_bytes: int = 1024,
+    inspection: Inspection | None = None,
+    object_id: str | None = None,
 ) -> str:
     """An object's row (no bytes stored); ``inspection``: what its upload found in it
-    (None: never inspected, like another job's output)."""
-    object_id = new_id()
+    (None: never inspected, like another job's output); ``object_id``: its id, if not
+    a new one."""
+    object_id = object_id or new_id()
     with transaction(stack.engine) as conn:
         objects.register_object(
             conn,

@@ -1179,7 +1179,7 @@ class JobRepository:
                 source = sources.get(job_id)
                 if source is None:
                     raise NoResultFound(f"job {job_id} has no source object")
-                object_ids[key] = new_id()
+                object_ids[key] = new_id(after=source.object_id)
                 created[key] = {
                     "object_id": object_ids[key],
                     "pool_id": source.pool_id,

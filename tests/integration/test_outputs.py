@@ -4,8 +4,11 @@ registers one output row and one derived object."""
 
 from __future__ import annotations
 
+import time
+
 from sqlalchemy import func, select
 
+from hypermedia import ids
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
 from hypermedia.jobs.repository import OutputRecord
@@ -62,4 +65,30 @@ def test_same_job_twice_gives_one_output(engine, settings, manual_clock):
     assert stack.ingest.get_job(person.caller, again).outputs[0].object_id == (
         view.outputs[0].object_id
     )
+    stack.close()
+
+
+def test_an_outputs_id_sorts_after_its_sources_made_by_a_clock_running_ahead(
+    engine, settings, manual_clock, monkeypatch
+):
+    """The upload's id was made by an API whose clock runs an hour ahead of the
+    worker's: the output's id still sorts after it (a deletion locks an object, then
+    its outputs, and a submit naming both locks them in id order: the same order)."""
+    monkeypatch.setattr(ids, "_last_ms", ids._last_ms)  # this process's clock, put back
+    monkeypatch.setattr(ids, "_counter", ids._counter)
+    stack = open_stack(settings, engine, manual_clock)
+    person = make_user(stack)
+    ahead = (time.time_ns() // 1_000_000 + 3_600_000) << 80 | 0x7 << 76 | 0x2 << 62
+    object_id = make_object(stack, person, object_id=f"{ahead:032x}")
+    submit(stack, person, ["thumbnail"], object_id=object_id)
+    (job,) = stack.dispatcher.claim("images", "w1")
+    stack.dispatcher.start(job, "w1")
+    key = derived_key(person.pool_id, object_id, 1, "thumbnail-320x320-q80.webp")
+    record = OutputRecord("thumbnail-320x320-q80.webp", key, 10, "image/webp")
+    assert stack.dispatcher.complete(job, "w1", [record])
+    with transaction(stack.engine) as conn:
+        (output_id,) = conn.execute(
+            select(t.objects.c.object_id).where(t.objects.c.source_object_id == object_id)
+        ).scalars()
+    assert output_id > object_id
     stack.close()

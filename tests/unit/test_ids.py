@@ -10,6 +10,7 @@ import uuid
 
 import pytest
 
+from hypermedia import ids
 from hypermedia.ids import new_id
 
 HEX32 = re.compile(r"^[0-9a-f]{32}$")
@@ -67,3 +68,22 @@ def test_unique_across_threads(threads):
     for chunk in results:  # each thread sees its own ids increase
         assert chunk == sorted(chunk)
         assert len(set(chunk)) == len(chunk)
+
+
+def test_an_id_made_after_another_sorts_after_it_whatever_this_clock_says(monkeypatch):
+    """A derived output's id follows its source's even when the source was made on a
+    machine whose clock runs ahead (an hour here): deletions and submits lock an object
+    before its outputs, in id order."""
+    # This process's ids go on an hour ahead after it: put its clock back for the rest.
+    monkeypatch.setattr(ids, "_last_ms", ids._last_ms)
+    monkeypatch.setattr(ids, "_counter", ids._counter)
+    ahead = (time.time_ns() // 1_000_000 + 3_600_000) << 80 | 0x7 << 76 | 0x2 << 62
+    source = f"{ahead:032x}"
+    outputs = [new_id(after=source) for _ in range(5_000)]
+    assert all(source < output for output in outputs)
+    assert all(earlier < later for earlier, later in itertools.pairwise(outputs))
+    assert new_id() > outputs[-1]  # and this process's ids go on from there
+    # A source older than now changes nothing; one not of ours is no floor.
+    before = time.time_ns() // 1_000_000
+    assert int(new_id(after="0" * 32)[:12], 16) >= before
+    assert HEX32.match(new_id(after="legacy-object-7"))
