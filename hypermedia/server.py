@@ -7,7 +7,10 @@ after Redis is reachable again or found emptied (the queue's
 ``reconcile_wanted``). A failed round (Redis or the database down) is logged and
 retried on the next tick; ``stop()`` returns once the round in progress has
 finished. Every :data:`CHECKPOINT_SWEEP_SECONDS` it deletes the checkpoints of jobs
-that ended and the orphans (:func:`hypermedia.jobs.checkpoints.sweep`). A second
+that ended and the orphans (:func:`hypermedia.jobs.checkpoints.sweep`), and every
+:data:`~hypermedia.storage.deletions.SWEEP_SECONDS` the blobs of deleted objects that
+the storage failed to delete when they were (:func:`hypermedia.storage.deletions.sweep`,
+with backoff). A second
 thread sends completion webhooks (:mod:`hypermedia.callbacks`)
 every ``callback_poll_seconds``, so a receiver that hangs never delays the reaper. A
 third drives bulk runs (:class:`~hypermedia.bulk.runner.BulkRunner`): at once while a
@@ -40,6 +43,7 @@ from hypermedia.jobs import checkpoints
 from hypermedia.jobs.reaper import reconcile
 from hypermedia.logs import REDACTED, SECRET_PARAMETERS, Outage
 from hypermedia.stack import Stack
+from hypermedia.storage import deletions
 
 if TYPE_CHECKING:
     import socket
@@ -119,7 +123,7 @@ class Maintenance:
 
     def _run(self) -> None:
         next_reconcile = self._monotonic()  # reconcile once at start
-        next_sweep = self._monotonic()
+        next_sweep = next_blob_sweep = self._monotonic()
         while not self._stop.is_set():
             if self._monotonic() >= next_reconcile or self.stack.queue.reconcile_wanted():
                 self._step("reconcile", self.reconcile)
@@ -128,6 +132,9 @@ class Maintenance:
             if self._monotonic() >= next_sweep:
                 self._step("checkpoints", self.sweep_checkpoints)
                 next_sweep = self._monotonic() + CHECKPOINT_SWEEP_SECONDS
+            if self._monotonic() >= next_blob_sweep:
+                self._step("blob_sweep", self.sweep_blobs)
+                next_blob_sweep = self._monotonic() + deletions.SWEEP_SECONDS
             self.rounds += 1
             self._stop.wait(self.reaper_interval)
 
@@ -136,6 +143,11 @@ class Maintenance:
         opened without storage has none to sweep)."""
         if self.stack.has_storage:
             checkpoints.sweep(self.stack.engine, self.stack.storage, self.stack.clock.now())
+
+    def sweep_blobs(self) -> None:
+        """Deleted objects' blobs the storage failed to delete, tried again once due."""
+        if self.stack.has_storage:
+            deletions.sweep(self.stack.engine, self.stack.storage, self.stack.clock.now())
 
     def reconcile(self) -> None:
         reconcile(self.stack.engine, self.stack.queue)

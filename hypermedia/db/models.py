@@ -377,6 +377,24 @@ class JobCheckpoint(Base):
     committed_at: Mapped[datetime | None]
 
 
+class BlobDeletion(Base):
+    """A stored blob to delete: written in the transaction that marks its object
+    deleted (``DELETE /objects/{id}``), removed once the storage has deleted it. A
+    deletion the storage failed (S3 down, a timeout, a disk error) stays, and the
+    head's maintenance tries it again with backoff (:mod:`hypermedia.storage.deletions`)."""
+
+    __tablename__ = "blob_deletions"
+
+    storage_key: Mapped[str] = mapped_column(String(512), primary_key=True)
+    # The object whose deletion asked for it (for the log; the row of a blob it was).
+    object_id: Mapped[str | None] = mapped_column(ID)
+    requested_at: Mapped[datetime]
+    # Failed tries so far, when the next is due, and what the last one met.
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[datetime] = mapped_column(index=True)
+    last_error: Mapped[str | None] = mapped_column(String(200))
+
+
 class JobOutput(Base):
     __tablename__ = "job_outputs"
     __table_args__ = (

@@ -66,7 +66,6 @@ from hypermedia.db.engine import snapshot, transaction
 from hypermedia.errors import (
     AlreadyRegistered,
     Conflict,
-    HypermediaError,
     IdempotencyKeyReused,
     InvalidRequest,
     NotFound,
@@ -87,6 +86,7 @@ from hypermedia.objects import (
 from hypermedia.queue.events import JobEvents
 from hypermedia.queue.redis_queue import RedisQueue
 from hypermedia.sandbox.inspect import Inspection, inspect_file, inspect_source
+from hypermedia.storage import deletions
 from hypermedia.storage.base import Storage, StoredBlob, check_key, storable_content_type
 from hypermedia.storage.local import LocalStorage
 from pipelines.formats.source import CallbackSource
@@ -613,11 +613,14 @@ def delete_object(
 ) -> Deletion:
     """Delete an object of the caller's, its outputs and all their blobs. The rows are
     marked first, in one transaction (from then on nothing can submit on it, and the
-    quota counts it no more); the blobs go after, with no database lock held on the
-    object store. A blob the store fails to delete is logged and left behind. Bulk runs'
-    jobs on the object are cancelled first, in a transaction of their own (a running
-    one asked to stop even when the deletion must wait for it); those cancelled then
-    leave their Redis queue and publish their end, as a user's cancel does."""
+    quota counts it no more) that also records the blobs to delete
+    (:mod:`hypermedia.storage.deletions`); the blobs go after, with no database lock
+    held on the object store, each losing its record once the store has deleted it. One
+    the store fails to delete keeps it, and the head's maintenance tries it again
+    later. Bulk runs' jobs on the object are cancelled first, in a transaction of their
+    own (a running one asked to stop even when the deletion must wait for it); those
+    cancelled then leave their Redis queue and publish their end, as a user's cancel
+    does."""
 
     # Each transaction run again whole if PostgreSQL aborts it in a deadlock (with a
     # submit, a completion): what it did outside the database comes after its commit.
@@ -629,20 +632,11 @@ def delete_object(
         with transaction(engine) as conn:
             deletion = plan_deletion(conn, caller, object_id)
             mark_deleted(conn, deletion, now)
+            deletions.record(conn, object_id, deletion.storage_keys, now)
         return deletion
 
     cancelled = rerun_on_conflict(cancelling, what="delete_object")
     forget_cancelled(queue, events, cancelled, now, action="delete_object")
     deletion = rerun_on_conflict(deleting, what="delete_object")
-    for key in deletion.storage_keys:
-        try:
-            storage.delete(key)
-        except HypermediaError as exc:
-            log.warning(
-                "deleted object %s: blob %s stays behind: %s",
-                object_id,
-                key,
-                exc,
-                extra={"action": "delete_object"},
-            )
+    deletions.delete_blobs(engine, storage, deletion.storage_keys, now, action="delete_object")
     return deletion

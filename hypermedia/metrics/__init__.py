@@ -49,6 +49,8 @@ metric                                            type       labels             
 ``scheduler_last_evaluation_timestamp_seconds``   gauge                                    sched.
 ``bulk_run_objects``                              gauge      kind, operation, state, count head
 ``storage_up``                                    gauge                                    head
+``blob_deletions_pending``                        gauge                                    head
+``blob_deletions_oldest_age_seconds``             gauge                                    head
 ================================================  =========  ============================  ======
 
 What each counts:
@@ -87,6 +89,10 @@ What each counts:
   ``/healthz`` and ``hypermedia status`` show, run at most every
   ``storage_probe_seconds``; a scrape waits for it at most
   ``storage_probe_timeout_seconds``.
+* *blob deletions*: the blobs of deleted objects not deleted yet (``blob_deletions``:
+  the storage failed, and the head's maintenance tries again with backoff,
+  :mod:`hypermedia.storage.deletions`), and how long the oldest has waited (0 when
+  none). A blob left there is still stored, and paid for.
 
 Nothing here imports prometheus-client or Ray: a :class:`Recorder` is passed to what
 counts (the dispatcher, the reaper, ingest, the scheduler), built by whoever opens the
@@ -283,6 +289,16 @@ STORAGE_UP = Metric(
     "1 if the head's last probe of the storage answered (S3: a HEAD of the bucket; local:"
     " the directory takes a file and has room), 0 if not.",
 )
+BLOB_DELETIONS_PENDING = Metric(
+    "hypermedia_blob_deletions_pending",
+    "gauge",
+    "Blobs of deleted objects not deleted yet: the storage failed, the head tries again.",
+)
+BLOB_DELETIONS_OLDEST = Metric(
+    "hypermedia_blob_deletions_oldest_age_seconds",
+    "gauge",
+    "How long the oldest blob deletion not done yet has waited (0 when none).",
+)
 
 CATALOGUE: tuple[Metric, ...] = (
     JOBS_SUBMITTED,
@@ -308,6 +324,8 @@ CATALOGUE: tuple[Metric, ...] = (
     LAST_EVALUATION,
     BULK_RUN_OBJECTS,
     STORAGE_UP,
+    BLOB_DELETIONS_PENDING,
+    BLOB_DELETIONS_OLDEST,
 )
 # What the head reads from Redis and the record when it is scraped (never recorded).
 SCRAPED: tuple[Metric, ...] = (
@@ -320,6 +338,8 @@ SCRAPED: tuple[Metric, ...] = (
     CLAIMS_PAUSED,
     BULK_RUN_OBJECTS,
     STORAGE_UP,
+    BLOB_DELETIONS_PENDING,
+    BLOB_DELETIONS_OLDEST,
 )
 
 

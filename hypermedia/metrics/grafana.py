@@ -241,6 +241,22 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 thresholds=(1,),
             ),
             Panel(
+                "Blob deletions waiting",
+                "Blobs of deleted objects the storage failed to delete (S3 down, a timeout, a"
+                " disk error): still stored, and paid for; the head's maintenance tries each"
+                " again, backing off up to an hour between tries.",
+                (("max(hypermedia_blob_deletions_pending)", "waiting"),),
+            ),
+            Panel(
+                "Oldest blob deletion waiting",
+                "How long the oldest of them has waited to be deleted; alerts past an hour"
+                " (the storage has refused it at every try: the head's log, action"
+                " blob_sweep, says why).",
+                (("max(hypermedia_blob_deletions_oldest_age_seconds)", "oldest"),),
+                unit="s",
+                thresholds=(3600,),
+            ),
+            Panel(
                 "Node CPU",
                 "Ray's measure of each node's CPU; the seed alerts past 90 % for 10 minutes.",
                 (("ray_node_cpu_utilization", "{{instance}}"),),

@@ -36,6 +36,8 @@ from hypermedia.db.engine import transaction
 from hypermedia.errors import HypermediaError
 from hypermedia.metrics import (
     BANDS,
+    BLOB_DELETIONS_OLDEST,
+    BLOB_DELETIONS_PENDING,
     BULK_RUN_OBJECTS,
     CLAIMS_PAUSED,
     CLOUD,
@@ -157,11 +159,25 @@ class StateCollector(Collector):
             yield from self._bulk()
         except HypermediaError as exc:
             log.warning("metrics: bulk runs not read: %s", exc, extra={"action": "metrics"})
+        try:
+            yield from self._blob_deletions(now)
+        except HypermediaError as exc:
+            log.warning("metrics: blob deletions not read: %s", exc, extra={"action": "metrics"})
         health = self.metrics.storage_health
         if health is not None:  # never raises: a storage that hangs is down after the timeout
             family = _family(STORAGE_UP)
             family.add_metric([], 1.0 if health.state().ok else 0.0)
             yield family
+
+    def _blob_deletions(self, now: float) -> Iterator[GaugeMetricFamily]:
+        from hypermedia.storage import deletions
+
+        with transaction(self.engine) as conn:
+            waiting = deletions.pending(conn, now)
+        count, oldest = _family(BLOB_DELETIONS_PENDING), _family(BLOB_DELETIONS_OLDEST)
+        count.add_metric([], waiting.count)
+        oldest.add_metric([], waiting.oldest_age_seconds)
+        yield from (count, oldest)
 
     def _bulk(self) -> Iterator[GaugeMetricFamily]:
         from hypermedia.bulk import runs

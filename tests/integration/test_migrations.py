@@ -49,6 +49,7 @@ TABLES = {
     "alert_deliveries",
     "queue_samples",
     "bulk_runs",
+    "blob_deletions",
 }
 
 
