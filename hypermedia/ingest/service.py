@@ -718,13 +718,19 @@ class IngestService:
     def cancel(self, caller: Caller, job_id: str) -> JobStatus:
         """Cancel a job: answers CANCELLED, or the in-flight status with cancel requested."""
         now = self.clock.now()
-        with transaction(self.engine) as conn:
-            found = conn.execute(
-                select(t.jobs.c.queue, t.jobs.c.status).where(
-                    t.jobs.c.job_id == job_id, t.jobs.c.user_id == caller.user_id
-                )
-            ).one_or_none()
-            status = self.repository.cancel(conn, job_id, caller.user_id, now)
+
+        def cancelling() -> tuple[Any, JobStatus | None]:
+            with transaction(self.engine) as conn:
+                found = conn.execute(
+                    select(t.jobs.c.queue, t.jobs.c.status).where(
+                        t.jobs.c.job_id == job_id, t.jobs.c.user_id == caller.user_id
+                    )
+                ).one_or_none()
+                return found, self.repository.cancel(conn, job_id, caller.user_id, now)
+
+        # Run again whole if PostgreSQL aborts it in a deadlock (with a completion, a
+        # delete): Redis and the job's followers hear of it only after its commit.
+        found, status = rerun_on_conflict(cancelling, what="cancel")
         if status is None or found is None:
             raise NotFound(f"no job {job_id!r}", job_id=job_id)
         queue = found.queue

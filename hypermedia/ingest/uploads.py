@@ -428,22 +428,28 @@ def register_blob(
         # Stored before anyone knew their type: the bytes take the one detected (what a
         # reader of the bucket, or a URL asking none, meets), before any job reads them.
         storage.set_content_type(blob.key, storable_content_type(inspection.mime))
-        with transaction(engine) as conn:
-            info = register_object(
-                conn,
-                caller,
-                object_id=object_id,
-                pool_id=pool_id,
-                storage_key=blob.key,
-                filename=filename,
-                size_bytes=blob.size_bytes,
-                sha256=blob.sha256,
-                inspection=inspection,
-                now=now,
-                quota_bytes=quota_bytes,
-                idempotency_key=idempotency_key,
-            )
-        return Uploaded(info)
+
+        def registering() -> ObjectInfo:
+            with transaction(engine) as conn:
+                return register_object(
+                    conn,
+                    caller,
+                    object_id=object_id,
+                    pool_id=pool_id,
+                    storage_key=blob.key,
+                    filename=filename,
+                    size_bytes=blob.size_bytes,
+                    sha256=blob.sha256,
+                    inspection=inspection,
+                    now=now,
+                    quota_bytes=quota_bytes,
+                    idempotency_key=idempotency_key,
+                )
+
+        # Run again whole if PostgreSQL aborts it in a deadlock: the bytes are stored
+        # and inspected already, the transaction only records them. Spent: the blob
+        # goes, and the 503 says to upload again.
+        return Uploaded(rerun_on_conflict(registering, what="upload"))
     except BaseException as exc:
         storage.delete(blob.key)
         if idempotency_key is None or not isinstance(exc, IntegrityError | StorageQuotaExceeded):
@@ -577,9 +583,10 @@ def register_stored(
             f"size_bytes is {size_bytes} but {key!r} holds {stored} bytes", storage_key=key
         )
     inspection = inspector(storage, key, stored)
-    try:
+
+    def registering() -> ObjectInfo:
         with transaction(engine) as conn:
-            info = register_object(  # checks pool membership again, in this transaction
+            return register_object(  # checks pool membership again, in this transaction
                 conn,
                 caller,
                 object_id=object_id,
@@ -592,7 +599,10 @@ def register_stored(
                 now=now,
                 quota_bytes=quota_bytes,
             )
-        return Uploaded(info)
+
+    try:
+        # Run again whole if PostgreSQL aborts it in a deadlock: it only records.
+        return Uploaded(rerun_on_conflict(registering, what="register"))
     except (IntegrityError, StorageQuotaExceeded) as exc:
         again = registration.again(engine, caller)
         if again is not None:

@@ -29,6 +29,7 @@ from sqlalchemy import Engine, Row
 
 from hypermedia import ids
 from hypermedia.clock import Clock, SystemClock
+from hypermedia.db.conflicts import rerun_on_conflict
 from hypermedia.db.engine import transaction
 from hypermedia.errors import QueueUnavailable
 from hypermedia.jobs import checkpoints
@@ -315,15 +316,23 @@ class Dispatcher:
         several = (alone and finished) or any(f.outputs for f in finished)
         engine = self.engine if several else self._single
         now = self.clock.now()
-        with transaction(engine) as conn:
-            begun = self.repository.start_many(conn, worker_id, alone)
-            moved = (
-                self.repository.complete_many(
-                    conn, worker_id, now, finished, self._versions, together
+
+        def completing() -> tuple[set[str], list[Any]]:
+            with transaction(engine) as conn:
+                begun = self.repository.start_many(conn, worker_id, alone)
+                moved = (
+                    self.repository.complete_many(
+                        conn, worker_id, now, finished, self._versions, together
+                    )
+                    if finished
+                    else []
                 )
-                if finished
-                else []
-            )
+            return begun, moved
+
+        # Run again whole if PostgreSQL aborts it in a deadlock (with a delete, a
+        # submit): Redis and the events hear of it only after its commit. Spent:
+        # DatabaseConflict, which the worker retries as it does an outage.
+        begun, moved = rerun_on_conflict(completing, what="complete")
         begun |= {m.job_id for m in moved if m.job_id in together}
         starting = []
         for job, at in started:

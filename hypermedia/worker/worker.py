@@ -81,7 +81,12 @@ from sqlalchemy import Engine, insert, select, update
 from hypermedia.clock import Clock, SystemClock, to_datetime
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
-from hypermedia.errors import DatabaseUnavailable, HypermediaError, QueueUnavailable
+from hypermedia.errors import (
+    DatabaseConflict,
+    DatabaseUnavailable,
+    HypermediaError,
+    QueueUnavailable,
+)
 from hypermedia.jobs.dispatcher import Dispatcher
 from hypermedia.jobs.repository import ClaimedJob
 from hypermedia.logs import Outage
@@ -316,7 +321,7 @@ class CompletionBatcher:
                 done = self.dispatcher.complete_many(
                     self.worker_id, [c.finished() for c in batch], starts
                 )
-            except DatabaseUnavailable as exc:
+            except (DatabaseUnavailable, DatabaseConflict) as exc:
                 if self._abandoned.is_set():
                     break
                 log.warning(
