@@ -116,7 +116,10 @@ class StoredObject(Base):
     pool_id: Mapped[str] = mapped_column(ForeignKey("pools.pool_id"), index=True)
     owner_id: Mapped[str] = mapped_column(ForeignKey("users.user_id"), index=True)
     kind: Mapped[str] = mapped_column(String(16), default="original")
-    source_object_id: Mapped[str | None] = mapped_column(ForeignKey("objects.object_id"))
+    # Indexed: a deletion walks everything derived from an object by it.
+    source_object_id: Mapped[str | None] = mapped_column(
+        ForeignKey("objects.object_id"), index=True
+    )
     storage_key: Mapped[str] = mapped_column(String(512), unique=True)
     filename: Mapped[str] = mapped_column(String(255))
     # Detected from the bytes at upload/registration (never the client's claim); for

@@ -1013,3 +1013,17 @@ def test_another_applications_database_is_said_to_be_one(empty_engine, settings)
         assert "at revision ae1027a6acf and has no job record" in message, message
         assert "newer hypermedia" not in message
     assert set(inspect(empty_engine).get_table_names()) == {"users", "alembic_version"}
+
+
+def test_an_objects_outputs_are_found_by_an_index(empty_engine):
+    """0026: a deletion walks everything derived from an object by source_object_id
+    (a step per generation); unindexed, each step read the whole table (400k objects
+    on PostgreSQL: 110 ms a step, 1.9 ms with the index)."""
+    migrate.upgrade(empty_engine)
+
+    def indexed() -> list[list[str | None]]:
+        return [i["column_names"] for i in inspect(empty_engine).get_indexes("objects")]
+
+    assert ["source_object_id"] in indexed()
+    migrate.downgrade(empty_engine, "0025")
+    assert ["source_object_id"] not in indexed()

@@ -1,0 +1,25 @@
+"""objects.source_object_id indexed (``ix_objects_source_object_id``): deleting an
+object finds everything derived from it (a recursive query over this column, one
+step a generation): without an index each step read the whole objects table.
+
+Revision ID: 0026
+Revises: 0025
+Create Date: 2026-12-09 15:00:00.000000
+"""
+
+from __future__ import annotations
+
+from alembic import op
+
+revision = "0026"
+down_revision = "0025"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    op.create_index("ix_objects_source_object_id", "objects", ["source_object_id"])
+
+
+def downgrade() -> None:
+    op.drop_index("ix_objects_source_object_id", table_name="objects")
