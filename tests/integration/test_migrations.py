@@ -164,6 +164,21 @@ def test_other_named_unique_constraints(engine, table, name, columns):
     assert {c["name"]: c["column_names"] for c in found}[name] == columns
 
 
+@pytest.mark.parametrize(
+    ("table", "name", "columns"),
+    [
+        ("objects", "uk_object_idempotency_key", ["owner_id", "idempotency_key"]),
+        ("processing_jobs", "uk_jobs_bulk_run_object", ["bulk_run_id", "object_id"]),
+        ("bulk_runs", "uk_bulk_run_idempotency_key", ["created_by", "idempotency_key"]),
+    ],
+)
+def test_named_unique_indexes(engine, table, name, columns):
+    """The unique rules made as indexes (a reflection lists them apart from constraints):
+    0020's upload keys, 0016's one job per object in a bulk run, 0024's bulk run keys."""
+    found = {i["name"]: i for i in inspect(engine).get_indexes(table)}
+    assert found[name]["unique"] and found[name]["column_names"] == columns
+
+
 def test_one_output_row_per_job_type_and_profile_version(engine):
     now = to_datetime(1_800_000_000.0)
     with engine.begin() as conn:
@@ -538,6 +553,60 @@ def test_objects_from_before_upload_keys_have_none_and_a_key_is_one_object_per_o
     assert "idempotency_key" not in names and "owner_id" in names
     indexes = {i["name"] for i in inspect(empty_engine).get_indexes("objects")}
     assert "uk_object_idempotency_key" not in indexes
+
+
+def test_runs_from_before_create_keys_have_none_and_a_key_is_one_run_per_creator(empty_engine):
+    """0024: bulk_runs.idempotency_key and request_hash, unique per creator
+    (``uk_bulk_run_idempotency_key``): the runs from before have no key and any number
+    without one live side by side; one creator's key names one run, another's the same
+    key another; the downgrade drops both columns and the index."""
+    migrate.upgrade(empty_engine, "0023")
+    moment = to_datetime(1_800_000_000.0)
+    names = ["run_id", "kind", "filter", "priority", "max_in_flight", "batch_size", "state"]
+    names += ["scanned", "created_jobs", "skipped", "unfit", "migrated", "failed"]
+    names += ["created_by", "created_at", "updated_at"]
+    bulk_runs = table("bulk_runs", *map(column, names))
+
+    def run(run_id: str, creator: str, **more: str | None) -> dict[str, object]:
+        counts = dict.fromkeys(("scanned", "created_jobs", "skipped", "unfit"), 0)
+        return {
+            "run_id": run_id,
+            "kind": "backfill",
+            "filter": "{}",  # JSON text: a bare table() has no JSON type to bind it
+            "priority": 8,
+            "max_in_flight": 200,
+            "batch_size": 500,
+            "state": "creating",
+            **counts,
+            "migrated": 0,
+            "failed": 0,
+            "created_by": creator,
+            "created_at": moment,
+            "updated_at": moment,
+            **more,
+        }
+
+    with empty_engine.begin() as conn:
+        conn.execute(insert(bulk_runs), [run("old", "cli:ann")])
+    migrate.upgrade(empty_engine)
+    keyed = table(bulk_runs.name, *(column(c.name) for c in bulk_runs.c), column("idempotency_key"))
+    with empty_engine.begin() as conn:
+        assert conn.execute(select(keyed.c.idempotency_key)).scalars().all() == [None]
+        conn.execute(
+            insert(keyed),
+            [
+                run("none", "cli:ann", idempotency_key=None),
+                run("k-ann", "cli:ann", idempotency_key="k"),
+                run("k-bob", "api:bob", idempotency_key="k"),
+            ],
+        )
+    with pytest.raises(IntegrityError), empty_engine.begin() as conn:
+        conn.execute(insert(keyed), [run("k-ann-again", "cli:ann", idempotency_key="k")])
+    migrate.downgrade(empty_engine, "0023")
+    columns = {c["name"] for c in inspect(empty_engine).get_columns("bulk_runs")}
+    assert not {"idempotency_key", "request_hash"} & columns and "created_by" in columns
+    indexes = {i["name"] for i in inspect(empty_engine).get_indexes("bulk_runs")}
+    assert "uk_bulk_run_idempotency_key" not in indexes
 
 
 def test_jobs_and_profiles_from_before_job_timeouts_keep_their_profiles_time(empty_engine):
