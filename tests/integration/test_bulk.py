@@ -873,6 +873,38 @@ def test_two_heads_driving_one_run_never_pass_its_cap(engine, settings, manual_c
     assert stack.queue.counts("bulk").ready == 20
 
 
+def test_a_cancel_between_a_pages_commit_and_its_push_leaves_no_ready_job(
+    engine, settings, manual_clock
+):
+    """A run cancelled after a page's jobs committed but before they reached Redis: the
+    cancel's removal ran before the push, which then put the cancelled jobs in the ready
+    set, where the scheduler reads its depth (Redis's, not the record's): 12 jobs that
+    will never run read as demand for a burst worker until the reconciler's next pass
+    (60 s). The push now takes off Redis what the record says ended meanwhile."""
+    from autoscaler.policy import table_row
+    from autoscaler.scheduler import queue_state
+
+    stack = open_stack(settings, engine, manual_clock)
+    person = make_user(stack)
+    _objects(stack, person, 12)
+    service = _service(stack)
+    run = service.create(RunSpec(kind="backfill", operation="thumbnail", batch_size=12), "t")
+    push = stack.queue.enqueue
+
+    def cancelled_first(name: str, entries: Any) -> int:
+        assert service.act(run.run_id, "cancel").jobs == {"cancelled": 12}
+        return push(name, entries)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(stack.queue, "enqueue", cancelled_first)
+        assert _runner(stack).step(run.run_id).created == 12
+    assert service.get(run.run_id).jobs == {"cancelled": 12}
+    seen = queue_state(stack.queue, "bulk", time.time())  # ids are stamped by the wall clock
+    assert (seen.depth, table_row(seen.depth, seen.oldest_age_seconds).burst) == (0, 0)
+    assert stack.queue.counts("bulk").ready == 0
+    stack.close()
+
+
 def test_cancelling_a_run_ends_its_jobs_event_streams(engine, settings, manual_clock):
     """A run's jobs cancelled with it get their `cancelled` status event, as a user's
     cancel gives: nothing was published, so a follower (the run's named account) saw the
