@@ -491,11 +491,29 @@ def _view(conn: Connection, row: Any) -> RunView:
     return RunView(**{f: m[f] for f in fields}, jobs=job_counts(conn, row.run_id))
 
 
-def list_runs(conn: Connection, limit: int = 50) -> list[RunView]:
-    rows = conn.execute(
-        select(t.bulk_runs).order_by(t.bulk_runs.c.run_id.desc()).limit(limit)
-    ).all()
-    return [_view(conn, row) for row in rows]
+MAX_PAGE = 200  # runs a page holds at most (as the jobs list's)
+
+
+@dataclass(frozen=True, slots=True)
+class RunPage:
+    runs: list[RunView]
+    next_cursor: str | None  # None: this was the last page
+
+
+def list_runs(conn: Connection, limit: int = 50, cursor: str | None = None) -> RunPage:
+    """A page of runs, newest first, as the jobs list pages: run ids are time-ordered,
+    so a page is ``run_id < <cursor> ORDER BY run_id DESC LIMIT n`` on the primary key,
+    and a run created while an operator pages never shifts what is left to read. The
+    cursor is the last run id of the page before (opaque to clients)."""
+    limit = max(1, min(limit, MAX_PAGE))
+    r = t.bulk_runs.c
+    stmt = select(t.bulk_runs)
+    if cursor is not None:
+        stmt = stmt.where(r.run_id < cursor)
+    rows = conn.execute(stmt.order_by(r.run_id.desc()).limit(limit + 1)).all()
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return RunPage([_view(conn, row) for row in rows], rows[-1].run_id if more else None)
 
 
 def active_ids(conn: Connection) -> list[str]:

@@ -267,9 +267,11 @@ class BulkService:
         with transaction(self.engine) as conn:
             return runs.view(conn, run_id)
 
-    def list(self, limit: int = 50) -> list[RunView]:
+    def list(self, limit: int = 50, cursor: str | None = None) -> runs.RunPage:
+        """A page of runs, newest first; pass its ``next_cursor`` as ``cursor`` for the
+        next (older) page."""
         with transaction(self.engine) as conn:
-            return runs.list_runs(conn, limit)
+            return runs.list_runs(conn, limit, cursor)
 
     def act(self, run_id: str, action: str) -> RunView:
         """``pause`` (no new jobs; those live finish), ``resume``, ``cancel`` (its queued

@@ -10,6 +10,7 @@ cloud cost and duration; nothing is written); ``status`` shows one run or the la
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -389,21 +390,52 @@ def migrate(
 @app.command("status")
 def status(
     run_id: Annotated[str | None, typer.Argument(help="A run (default: the latest runs).")] = None,
+    limit: Annotated[
+        int,
+        typer.Option(
+            "--limit",
+            envvar="HYPERMEDIA_BULK_LIMIT",
+            min=1,
+            max=200,
+            help="Without RUN_ID: at most this many runs, newest first.",
+        ),
+    ] = 20,
+    cursor: Annotated[
+        str | None,
+        typer.Option(
+            "--cursor",
+            envvar="HYPERMEDIA_BULK_CURSOR",
+            help="Without RUN_ID: the runs older than this one (the cursor a page ends with).",
+            show_default=False,
+        ),
+    ] = None,
     as_json: Json = False,
 ) -> None:
-    """A run's progress: state, cursor, counts, its jobs by status."""
+    """A run's progress: state, cursor, counts, its jobs by status; without RUN_ID, the
+    runs a page at a time (the next page's --cursor is said on stderr)."""
+    from hypermedia.ingest.fields import ID_PATTERN
+
+    if cursor is not None and not re.fullmatch(ID_PATTERN, cursor):
+        raise typer.BadParameter("not a run id", param_hint="'--cursor'")
     service, stack = _service()
+    next_cursor = None
     try:
-        views = [service.get(run_id)] if run_id else service.list(20)
+        if run_id:
+            views = [service.get(run_id)]
+        else:
+            page = service.list(limit, cursor)
+            views, next_cursor = page.runs, page.next_cursor
     finally:
         stack.close()
     if as_json:
         typer.echo(json.dumps([v.to_json() for v in views], indent=2))
-        return
-    if not views:
-        typer.echo("no bulk runs")
-    for view in views:
-        _print_run(view, False)
+    else:
+        if not views:
+            typer.echo("no bulk runs" if cursor is None else "no older bulk runs")
+        for view in views:
+            _print_run(view, False)
+    if next_cursor is not None:
+        note(f"older runs: hypermedia bulk status --cursor {next_cursor}")
 
 
 def _act(run_id: str, action: str, as_json: bool) -> None:

@@ -45,6 +45,7 @@ from sqlalchemy import text
 
 from hypermedia import __version__
 from hypermedia.accounts import Caller, balance
+from hypermedia.bulk.runs import MAX_PAGE as BULK_MAX_PAGE
 from hypermedia.bulk.runs import RunChange, RunSpec
 from hypermedia.bulk.service import BulkService
 from hypermedia.config import Settings
@@ -1071,13 +1072,26 @@ def create_bulk_run(
 @router.get(
     f"{PREFIX}/bulk/runs",
     operation_id="listBulkRuns",
-    summary="The latest bulk runs (operators only)",
+    summary="The bulk runs, newest first, a page at a time (operators only)",
     responses=_errors(403),
     tags=["operators"],
 )
-def list_bulk_runs(caller: CallerDep, stack: StackDep) -> BulkRunsResponse:
-    runs = _bulk(caller, stack).list(50)
-    return BulkRunsResponse(runs=[BulkRunOut.model_validate(r.to_json()) for r in runs])
+def list_bulk_runs(
+    caller: CallerDep,
+    stack: StackDep,
+    cursor: Annotated[
+        str | None,
+        Query(pattern=r"^[0-9a-f]{32}$", description="`next_cursor` of the page before."),
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=BULK_MAX_PAGE)] = 50,
+) -> BulkRunsResponse:
+    """Keyset pages, as the jobs list's: a page never shifts when runs are created
+    meanwhile."""
+    page = _bulk(caller, stack).list(limit, cursor)
+    return BulkRunsResponse(
+        runs=[BulkRunOut.model_validate(r.to_json()) for r in page.runs],
+        next_cursor=page.next_cursor,
+    )
 
 
 @router.get(

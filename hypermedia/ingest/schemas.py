@@ -417,6 +417,10 @@ class BulkRunOut(_Model):
 
 class BulkRunsResponse(_Model):
     runs: list[BulkRunOut]
+    next_cursor: str | None = Field(
+        default=None,
+        description="Pass as `cursor` for the next page (older runs); null on the last.",
+    )
 
 
 class BulkEstimateOut(_Model):

@@ -545,6 +545,66 @@ def test_the_api_is_for_operators_only(pg_engine, settings, manual_clock):
     assert finished.status_code == 409 and "cancelled" in finished.json()["error"]["message"]
 
 
+def test_the_runs_are_listed_a_page_at_a_time(
+    engine, settings, manual_clock, tmp_path, redis_url, redis_prefix
+):
+    """GET /bulk/runs answered the latest 50 runs and no way to the 51st (nor did ``bulk
+    status``'s 20); now both page as the jobs list does: ``cursor`` (the page before's
+    ``next_cursor``, null on the last) and ``limit`` (1-200, default 50), newest first,
+    a run created while paging shifting nothing left to read."""
+    from typer.testing import CliRunner
+
+    from hypermedia.cli import app
+    from hypermedia.ingest.api import create_app
+
+    stack = open_stack(settings, engine, manual_clock)
+    service = _service(stack)
+    spec = RunSpec(kind="backfill", operation="thumbnail")
+    made = [service.create(spec, "t").run_id for _ in range(52)]
+    newest_first = made[::-1]
+    operator = add_user(stack, "ops-pages", operator=True)
+    client = TestClient(create_app(stack))
+    url = "/v1/hypermedia/bulk/runs"
+
+    first = client.get(url, headers=bearer(operator)).json()
+    assert [r["run_id"] for r in first["runs"]] == newest_first[:50]
+    older = client.get(url, params={"cursor": first["next_cursor"]}, headers=bearer(operator))
+    assert [r["run_id"] for r in older.json()["runs"]] == newest_first[50:]
+    assert older.json()["next_cursor"] is None
+    seen: list[str] = []
+    cursor = None
+    while True:
+        params: dict[str, Any] = {"limit": 20} | ({"cursor": cursor} if cursor else {})
+        page = client.get(url, params=params, headers=bearer(operator)).json()
+        seen += [r["run_id"] for r in page["runs"]]
+        if len(seen) == 20:
+            service.create(spec, "t")  # a run created while paging: shifts nothing
+        if page["next_cursor"] is None:
+            break
+        cursor = page["next_cursor"]
+    assert seen == newest_first
+    for bad in ({"limit": 0}, {"limit": 201}, {"cursor": "nope"}):
+        refused = client.get(url, params=bad, headers=bearer(operator))
+        assert refused.status_code == 422, (bad, refused.text)
+
+    env = _cli_env(engine, redis_url, redis_prefix, tmp_path)
+    runner = CliRunner()
+    out = runner.invoke(app, ["bulk", "status", "--limit", "2", "--json"], env=env)
+    assert out.exit_code == 0, (out.output, out.exception)
+    listed = [r["run_id"] for r in json.loads(out.stdout)]
+    assert len(listed) == 2
+    assert f"older runs: hypermedia bulk status --cursor {listed[1]}" in out.stderr
+    out = runner.invoke(app, ["bulk", "status", "--cursor", made[1]], env=env)
+    assert out.exit_code == 0, (out.output, out.exception)
+    assert out.stdout.startswith(made[0]) and "older runs" not in out.stderr
+    assert runner.invoke(app, ["bulk", "status", "--cursor", made[0]], env=env).stdout == (
+        "no older bulk runs\n"
+    )
+    malformed = runner.invoke(app, ["bulk", "status", "--cursor", "nope"], env=env)
+    assert malformed.exit_code == 2 and "Invalid value for '--cursor'" in malformed.output
+    stack.close()
+
+
 # -- migrate: local -> S3 (moto's server mode) ------------------------------------------------
 
 
