@@ -23,12 +23,12 @@ until none is left, so a cancelled run does not pass for an idle cluster.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
-from sqlalchemy import Connection, func, insert, select, update
+from sqlalchemy import Connection, case, func, insert, literal, select, update
 
 from hypermedia.clock import to_datetime
 from hypermedia.db import tables as t
@@ -202,6 +202,88 @@ class RunSpec(BaseModel):
         return self
 
 
+# The jobs that ended in this window (at most: since the run was created) give a run's
+# rate, and from it its ETA.
+RATE_WINDOW_SECONDS = 600.0
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """How far a run is, in objects of its selection (what ``status`` and the API show).
+
+    ``total``: the objects its filter selected at create, or, once nothing is left to
+    scan (draining, completed), those it scanned (objects stored since are dealt with
+    too, objects deleted since are not); None for a run from before totals while it
+    scans. ``done``: skipped (done already), unfit and completed (migrated);
+    ``failed``: jobs failed or cancelled (copies failed); ``in_flight``: jobs queued or
+    running; ``remaining``: the rest, in flight and not scanned yet. ``jobs_per_second``:
+    its jobs ended over the last :data:`RATE_WINDOW_SECONDS`; ``eta_seconds``: the jobs
+    left (in flight, and those the objects not scanned yet would make at the share of
+    jobs so far) at that rate, while it runs."""
+
+    total: int | None
+    done: int
+    failed: int
+    in_flight: int
+    remaining: int | None
+    percent: float | None
+    jobs_per_second: float | None
+    eta_seconds: float | None
+
+
+def progress(
+    *,
+    kind: str,
+    state: str,
+    total: int | None,
+    scanned: int,
+    created_jobs: int,
+    skipped: int,
+    unfit: int,
+    migrated: int,
+    failed: int,
+    jobs: dict[str, int],
+    ended_recently: int = 0,
+    window_seconds: float = 0.0,
+) -> Progress:
+    """A run's :class:`Progress` from its counts and its jobs by status (pure)."""
+    if kind == "migrate":
+        done, lost, in_flight = migrated, failed, 0
+    else:
+        done = skipped + unfit + jobs.get(JobStatus.COMPLETED.value, 0)
+        lost = jobs.get(JobStatus.FAILED.value, 0) + jobs.get(JobStatus.CANCELLED.value, 0)
+        in_flight = sum(jobs.get(status, 0) for status in LIVE_JOB_STATUSES)
+    if state in (RunState.DRAINING, RunState.COMPLETED):
+        whole: int | None = scanned  # nothing is left to scan
+    else:
+        whole = None if total is None else max(total, scanned)
+    if whole is None:
+        return Progress(None, done, lost, in_flight, None, None, None, None)
+    remaining = max(0, whole - done - lost)
+    if whole:
+        percent = round(100.0 * min(whole, done + lost) / whole, 1)
+    else:
+        percent = 100.0 if state in (RunState.DRAINING, RunState.COMPLETED) else 0.0
+    rate = None
+    if kind != "migrate" and ended_recently and window_seconds > 0:
+        rate = ended_recently / window_seconds
+    eta = None
+    if rate is not None and state in ACTIVE:
+        unscanned = max(0, whole - scanned)
+        share = created_jobs / scanned if scanned else 1.0
+        eta = round((in_flight + unscanned * share) / rate, 1)
+    return Progress(
+        whole,
+        done,
+        lost,
+        in_flight,
+        remaining,
+        percent,
+        None if rate is None else round(rate, 3),
+        eta,
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class RunView:
     run_id: str
@@ -228,7 +310,9 @@ class RunView:
     created_at: datetime
     updated_at: datetime
     finished_at: datetime | None
+    total: int | None  # the objects its filter selected at create (None: from before)
     jobs: dict[str, int]  # the run's jobs by status (the record's, now)
+    progress: Progress
 
     @property
     def live(self) -> int:
@@ -260,6 +344,8 @@ class RunView:
         out: dict[str, Any] = {}
         for name in self.__dataclass_fields__:
             value = getattr(self, name)
+            if isinstance(value, Progress):
+                value = asdict(value)
             out[name] = value.isoformat() if isinstance(value, datetime) else value
         out["stopping"] = self.stopping
         return out
@@ -367,6 +453,18 @@ def insert_run(
     return run_id
 
 
+def count_total(conn: Connection, run_id: str) -> int:
+    """Count the objects the new run's filter selects (one count over the filter; what
+    it costs on 100k objects: README's Bulk runs) and keep it as its ``total``."""
+    from hypermedia.bulk.select import selection
+
+    row = conn.execute(select(t.bulk_runs).where(t.bulk_runs.c.run_id == run_id)).one()
+    target = None if row.target is None else MigrateTarget.model_validate(row.target).name
+    total = int(conn.execute(selection(row, target)).scalar_one())
+    conn.execute(update(t.bulk_runs).where(t.bulk_runs.c.run_id == run_id).values(total=total))
+    return total
+
+
 def created_under(conn: Connection, created_by: str | None, idempotency_key: str) -> Any:
     """The run ``created_by`` created under ``idempotency_key`` (its id and request
     hash), or None."""
@@ -471,24 +569,62 @@ def live_jobs(conn: Connection, run_id: str, limit: int | None = None) -> int:
 
 
 def job_counts(conn: Connection, run_id: str) -> dict[str, int]:
+    return _job_counts(conn, run_id, None)[0]
+
+
+def _job_counts(
+    conn: Connection, run_id: str, since: datetime | None
+) -> tuple[dict[str, int], int]:
+    """The run's jobs by status, and how many completed or failed at or after
+    ``since`` (0 without), in one pass over its jobs."""
     j = t.jobs.c
+    ended = (
+        func.sum(case((j.completed_at >= since, 1), else_=0)) if since is not None else literal(0)
+    )
     rows = conn.execute(
-        select(j.status, func.count()).where(j.bulk_run_id == run_id).group_by(j.status)
+        select(j.status, func.count(), ended).where(j.bulk_run_id == run_id).group_by(j.status)
     ).all()
-    return {status: int(count) for status, count in rows}
+    rate_statuses = (JobStatus.COMPLETED.value, JobStatus.FAILED.value)
+    recent = sum(int(n or 0) for status, _, n in rows if status in rate_statuses)
+    return {status: int(count) for status, count, _ in rows}, recent
 
 
-def view(conn: Connection, run_id: str) -> RunView:
+def view(conn: Connection, run_id: str, now: float | None = None) -> RunView:
+    """The run as an operator reads it; ``now``: the moment its rate is measured to
+    (None: no rate, no ETA)."""
     row = conn.execute(select(t.bulk_runs).where(t.bulk_runs.c.run_id == run_id)).one_or_none()
     if row is None:
         raise NotFound(f"no bulk run {run_id!r}", run_id=run_id)
-    return _view(conn, row)
+    return _view(conn, row, now)
 
 
-def _view(conn: Connection, row: Any) -> RunView:
+def _view(conn: Connection, row: Any, now: float | None = None) -> RunView:
     m = row._mapping
-    fields = [f for f in RunView.__dataclass_fields__ if f != "jobs"]
-    return RunView(**{f: m[f] for f in fields}, jobs=job_counts(conn, row.run_id))
+    window = 0.0
+    since = None
+    if now is not None:
+        created = m["created_at"]
+        created = created if created.tzinfo else created.replace(tzinfo=UTC)
+        window = max(0.0, min(RATE_WINDOW_SECONDS, now - created.timestamp()))
+        since = to_datetime(now - window)
+    jobs, recent = _job_counts(conn, row.run_id, since)
+    fields = [f for f in RunView.__dataclass_fields__ if f not in ("jobs", "progress")]
+    values = {f: m[f] for f in fields}
+    shown = progress(
+        kind=m["kind"],
+        state=m["state"],
+        total=m["total"],
+        scanned=m["scanned"],
+        created_jobs=m["created_jobs"],
+        skipped=m["skipped"],
+        unfit=m["unfit"],
+        migrated=m["migrated"],
+        failed=m["failed"],
+        jobs=jobs,
+        ended_recently=recent,
+        window_seconds=window,
+    )
+    return RunView(**values, jobs=jobs, progress=shown)
 
 
 MAX_PAGE = 200  # runs a page holds at most (as the jobs list's)
@@ -500,7 +636,9 @@ class RunPage:
     next_cursor: str | None  # None: this was the last page
 
 
-def list_runs(conn: Connection, limit: int = 50, cursor: str | None = None) -> RunPage:
+def list_runs(
+    conn: Connection, limit: int = 50, cursor: str | None = None, now: float | None = None
+) -> RunPage:
     """A page of runs, newest first, as the jobs list pages: run ids are time-ordered,
     so a page is ``run_id < <cursor> ORDER BY run_id DESC LIMIT n`` on the primary key,
     and a run created while an operator pages never shifts what is left to read. The
@@ -513,7 +651,7 @@ def list_runs(conn: Connection, limit: int = 50, cursor: str | None = None) -> R
     rows = conn.execute(stmt.order_by(r.run_id.desc()).limit(limit + 1)).all()
     more = len(rows) > limit
     rows = rows[:limit]
-    return RunPage([_view(conn, row) for row in rows], rows[-1].run_id if more else None)
+    return RunPage([_view(conn, row, now) for row in rows], rows[-1].run_id if more else None)
 
 
 def active_ids(conn: Connection) -> list[str]:

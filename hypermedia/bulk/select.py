@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import ColumnElement, Exists, Select, and_, exists, literal, select
+from sqlalchemy import ColumnElement, Exists, Select, and_, exists, func, literal, select
 
 from hypermedia.bulk.runs import LIVE_JOB_STATUSES
 from hypermedia.db import tables as t
@@ -69,10 +69,15 @@ def done_clause(run: Any) -> ColumnElement[bool]:
     return _outputs_of(run.operation, *version) | live
 
 
-def page(run: Any, cursor: str | None, limit: int) -> Select[Any]:
-    """The next page of a regenerate/backfill run: object_id, pool_id, size_bytes,
-    inspection, done. A run that names an account deals with the objects that account
-    may use only (their jobs are its: it sees them and fetches their outputs)."""
+def selection(run: Any, target_name: str | None = None) -> Select[Any]:
+    """How many objects the run deals with (its pages' rows, from the start; a
+    migration's: those not at ``target_name``): one count over the filter, done or not
+    (a run's progress: ``bulk_runs.total``)."""
+    conds = _conditions(run) if target_name is None else _migrate_conditions(run, target_name)
+    return select(func.count()).select_from(t.objects).where(and_(*conds))
+
+
+def _conditions(run: Any) -> list[ColumnElement[bool]]:
     conds = filter_clause(run.filter)
     conds.append(o.kind == "original")
     if run.account_user_id is not None:
@@ -86,6 +91,14 @@ def page(run: Any, cursor: str | None, limit: int) -> Select[Any]:
             else [t.outputs.c.profile_version < run.target_version]
         )
         conds.append(_outputs_of(run.operation, *older))
+    return conds
+
+
+def page(run: Any, cursor: str | None, limit: int) -> Select[Any]:
+    """The next page of a regenerate/backfill run: object_id, pool_id, size_bytes,
+    inspection, done. A run that names an account deals with the objects that account
+    may use only (their jobs are its: it sees them and fetches their outputs)."""
+    conds = _conditions(run)
     if cursor is not None:
         conds.append(o.object_id > cursor)
     return (
@@ -102,11 +115,16 @@ def page(run: Any, cursor: str | None, limit: int) -> Select[Any]:
     )
 
 
+def _migrate_conditions(run: Any, target_name: str) -> list[ColumnElement[bool]]:
+    conds = filter_clause(run.filter)
+    conds.append(o.storage_backend.is_(None) | (o.storage_backend != target_name))
+    return conds
+
+
 def migrate_page(run: Any, target_name: str, cursor: str | None, limit: int) -> Select[Any]:
     """The next page of a migration: every object (uploads and outputs) the filter
     matches whose verified copy is not at ``target_name`` yet."""
-    conds = filter_clause(run.filter)
-    conds.append(o.storage_backend.is_(None) | (o.storage_backend != target_name))
+    conds = _migrate_conditions(run, target_name)
     if cursor is not None:
         conds.append(o.object_id > cursor)
     return (

@@ -170,7 +170,7 @@ class BulkService:
                             " new key",
                             run_id=first.run_id,
                         )
-                    return runs.view(conn, first.run_id)
+                    return runs.view(conn, first.run_id, now)
             runs.check_filter(conn, spec.filter)
             account = None if spec.account is None else runs.find_account(conn, spec.account)
             if account is None and spec.kind != "migrate":
@@ -188,7 +188,8 @@ class BulkService:
                 idempotency_key=idempotency_key,
                 request_hash=asked,
             )
-            view = runs.view(conn, run_id)
+            runs.count_total(conn, run_id)
+            view = runs.view(conn, run_id, now)
         log.info(
             "bulk run %s created: %s %s",
             run_id,
@@ -265,13 +266,13 @@ class BulkService:
 
     def get(self, run_id: str) -> RunView:
         with transaction(self.engine) as conn:
-            return runs.view(conn, run_id)
+            return runs.view(conn, run_id, self.clock.now())
 
     def list(self, limit: int = 50, cursor: str | None = None) -> runs.RunPage:
         """A page of runs, newest first; pass its ``next_cursor`` as ``cursor`` for the
         next (older) page."""
         with transaction(self.engine) as conn:
-            return runs.list_runs(conn, limit, cursor)
+            return runs.list_runs(conn, limit, cursor, self.clock.now())
 
     def act(self, run_id: str, action: str) -> RunView:
         """``pause`` (no new jobs; those live finish), ``resume``, ``cancel`` (its queued
@@ -282,13 +283,13 @@ class BulkService:
         if state is RunState.CANCELLED:
             self._cancel_jobs(run_id)
         with transaction(self.engine) as conn:
-            return runs.view(conn, run_id)
+            return runs.view(conn, run_id, self.clock.now())
 
     def throttle(self, run_id: str, max_in_flight: int) -> RunView:
         """Change a run's ``max_in_flight`` while it runs (or is paused)."""
         with transaction(self.engine) as conn:
             runs.set_max_in_flight(conn, run_id, max_in_flight, self.clock.now())
-            return runs.view(conn, run_id)
+            return runs.view(conn, run_id, self.clock.now())
 
     def _cancel_jobs(self, run_id: str) -> None:
         j = t.jobs.c

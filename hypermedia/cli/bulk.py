@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from hypermedia.cli.common import note, read_settings
+from hypermedia.cli.common import fail, note, read_settings
 
 if TYPE_CHECKING:
     from hypermedia.bulk.runs import RunView
@@ -409,15 +409,44 @@ def status(
             show_default=False,
         ),
     ] = None,
+    follow: Annotated[
+        bool,
+        typer.Option(
+            "--follow",
+            envvar="HYPERMEDIA_BULK_FOLLOW",
+            help="Follow RUN_ID until it completes, is cancelled or pauses: a progress bar"
+            " (with --json: one JSON line each --interval). Exits 1 unless it completed.",
+        ),
+    ] = False,
+    interval: Annotated[
+        float,
+        typer.Option(
+            "--interval",
+            envvar="HYPERMEDIA_BULK_INTERVAL",
+            min=0.05,
+            max=3600,
+            help="--follow: seconds between two reads of the run.",
+        ),
+    ] = 2.0,
     as_json: Json = False,
 ) -> None:
-    """A run's progress: state, cursor, counts, its jobs by status; without RUN_ID, the
-    runs a page at a time (the next page's --cursor is said on stderr)."""
+    """A run's progress: state, total, done, failed, remaining, percent and ETA, counts,
+    its jobs by status; without RUN_ID, the runs a page at a time (the next page's
+    --cursor is said on stderr)."""
     from hypermedia.ingest.fields import ID_PATTERN
 
     if cursor is not None and not re.fullmatch(ID_PATTERN, cursor):
         raise typer.BadParameter("not a run id", param_hint="'--cursor'")
+    if follow and not run_id:
+        raise typer.BadParameter("follows one run: name its RUN_ID", param_hint="'--follow'")
     service, stack = _service()
+    if follow:
+        assert run_id is not None
+        try:
+            _follow(service, run_id, interval, as_json)
+        finally:
+            stack.close()
+        return
     next_cursor = None
     try:
         if run_id:
@@ -436,6 +465,67 @@ def status(
             _print_run(view, False)
     if next_cursor is not None:
         note(f"older runs: hypermedia bulk status --cursor {next_cursor}")
+
+
+def _follow(service: BulkService, run_id: str, interval: float, as_json: bool) -> None:
+    """Read the run every ``interval`` seconds until it completes, is cancelled (its
+    jobs stopped) or pauses; a bar of its progress, or a JSON line a read."""
+    import time
+
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from hypermedia.bulk.runs import RunState
+
+    bars = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.percentage:>5.1f}%"),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[detail]}"),
+        console=Console(),
+        disable=as_json,
+    )
+    task = bars.add_task(run_id[:12], total=None, detail="")
+    with bars:
+        while True:
+            view = service.get(run_id)
+            if as_json:
+                typer.echo(json.dumps(view.to_json()))
+            shown = view.progress
+            bars.update(
+                task,
+                total=shown.total,
+                completed=shown.done + shown.failed,
+                detail=_progress_detail(view),
+            )
+            ended = view.state == RunState.COMPLETED or (
+                view.state == RunState.CANCELLED and not view.stopping
+            )
+            if ended or view.state == RunState.PAUSED:
+                break
+            time.sleep(interval)
+    if not as_json:
+        _print_run(view, False)
+    if view.state != RunState.COMPLETED:
+        fail(f"run {run_id} is {view.shown_state}" + (f": {view.reason}" if view.reason else ""))
+
+
+def _progress_detail(view: RunView) -> str:
+    """The run's state, failures, rate and ETA beside its bar (and its status line)."""
+    from hypermedia.clock import age_text
+
+    shown = view.progress
+    parts = [view.shown_state]
+    if shown.failed:
+        parts.append(f"{shown.failed:,} failed")
+    if shown.in_flight:
+        parts.append(f"{shown.in_flight:,} in flight")
+    if shown.jobs_per_second is not None:
+        parts.append(f"{shown.jobs_per_second:.2f} jobs/s")
+    if shown.eta_seconds is not None:
+        parts.append(f"ETA {age_text(shown.eta_seconds)}")
+    return ", ".join(parts)
 
 
 def _act(run_id: str, action: str, as_json: bool) -> None:
@@ -493,6 +583,23 @@ def _print_run(view: RunView, as_json: bool) -> None:
         f"{view.run_id}  {view.kind} {what}  {view.shown_state}"
         + (f" ({view.reason})" if view.reason else "")
     )
+    shown = view.progress
+    if shown.total is None:
+        typer.echo(
+            f"  progress: {shown.done:,} done, {shown.failed:,} failed (no total: the run"
+            " is from before totals were counted)"
+        )
+    else:
+        typer.echo(
+            f"  progress {shown.percent:.1f}%: {shown.done + shown.failed:,} of"
+            f" {shown.total:,} objects ({shown.done:,} done, {shown.failed:,} failed,"
+            f" {shown.remaining:,} remaining)"
+            + (
+                ""
+                if shown.jobs_per_second is None and shown.eta_seconds is None
+                else "; " + _rate_text(shown.jobs_per_second, shown.eta_seconds)
+            )
+        )
     typer.echo(
         f"  scanned {view.scanned}, jobs created {view.created_jobs}, skipped {view.skipped},"
         f" unfit {view.unfit}, migrated {view.migrated}, failed {view.failed}"
@@ -503,6 +610,15 @@ def _print_run(view: RunView, as_json: bool) -> None:
             f"  queue {view.queue} priority {view.priority}, in flight {live}/"
             f"{view.max_in_flight}; jobs: {jobs}; cursor {view.cursor or '-'}"
         )
+
+
+def _rate_text(rate: float | None, eta: float | None) -> str:
+    from hypermedia.clock import age_text
+
+    parts = [] if rate is None else [f"{rate:.2f} jobs/s"]
+    if eta is not None:
+        parts.append(f"ETA {age_text(eta)}")
+    return ", ".join(parts)
 
 
 def simulate(estimate: Estimate, config_path: Path | None) -> dict[str, Any] | None:

@@ -619,3 +619,5 @@ class BulkRun(Base):
     finished_at: Mapped[datetime | None]
     idempotency_key: Mapped[str | None] = mapped_column(String(200))
     request_hash: Mapped[str | None] = mapped_column(String(64))  # what the create asked
+    # The objects its filter selected at create (its progress's whole); NULL: from before.
+    total: Mapped[int | None] = mapped_column(BigInteger)

@@ -380,6 +380,26 @@ class QueuesResponse(_Model):
     queues: list[QueueOut]
 
 
+class BulkProgressOut(_Model):
+    """How far a run is, in objects of its selection."""
+
+    total: int | None = Field(
+        description="The objects its filter selected at create (once nothing is left to"
+        " scan: those it scanned); null for a run from before totals while it scans."
+    )
+    done: int = Field(description="Skipped (done already), unfit, and completed or migrated.")
+    failed: int = Field(description="Jobs failed or cancelled; a migration's failed copies.")
+    in_flight: int = Field(description="Jobs queued or running.")
+    remaining: int | None = Field(description="In flight and not scanned yet.")
+    percent: float | None = Field(description="(done + failed) / total, in percent.")
+    jobs_per_second: float | None = Field(
+        description="Its jobs that ended over the last 10 minutes, a second; null: none."
+    )
+    eta_seconds: float | None = Field(
+        description="The jobs left at that rate while it runs; null: unknown, or not running."
+    )
+
+
 class BulkRunOut(_Model):
     """A bulk run (operators only): its filter, cursor, counts, state and jobs."""
 
@@ -408,6 +428,10 @@ class BulkRunOut(_Model):
     updated_at: datetime
     finished_at: datetime | None
     jobs: dict[str, int] = Field(description="The run's jobs by status.")
+    total: int | None = Field(
+        None, description="The objects its filter selected at create; null: from before."
+    )
+    progress: BulkProgressOut | None = None
     stopping: int = Field(
         0,
         description="A cancelled run's jobs still running, asked to stop (0 once none"

@@ -545,6 +545,124 @@ def test_the_api_is_for_operators_only(pg_engine, settings, manual_clock):
     assert finished.status_code == 409 and "cancelled" in finished.json()["error"]["message"]
 
 
+def test_a_runs_status_says_its_total_share_rate_and_eta(
+    engine, settings, manual_clock, tmp_path, redis_url, redis_prefix
+):
+    """A run's status said what it had scanned and no more: no total, no share, no ETA,
+    so an operator could not tell how far a long run was. Now the create counts its
+    selection once (``total``) and the run (API, ``bulk status``) says ``progress``:
+    done, failed, in flight, remaining, percent, its jobs' rate over the last 10 minutes
+    and the ETA at that rate."""
+    from typer.testing import CliRunner
+
+    from hypermedia.cli import app
+    from hypermedia.ingest.api import create_app
+
+    stack = open_stack(settings, engine, manual_clock)
+    person = make_user(stack)
+    _objects(stack, person, 10)
+    operator = add_user(stack, "ops-progress", operator=True)
+    client = TestClient(create_app(stack))
+    url = "/v1/hypermedia/bulk/runs"
+    body = {"kind": "backfill", "operation": "thumbnail", "max_in_flight": 4, "batch_size": 4}
+    created = client.post(url, json=body, headers=bearer(operator)).json()
+    run_id = created["run_id"]
+    assert created["total"] == 10
+    assert created["progress"] == {
+        "total": 10,
+        "done": 0,
+        "failed": 0,
+        "in_flight": 0,
+        "remaining": 10,
+        "percent": 0.0,
+        "jobs_per_second": None,
+        "eta_seconds": None,
+    }
+    runner = _runner(stack)
+    runner.step(run_id)
+    manual_clock.advance(100)
+    assert _finish(stack, "bulk", person.pool_id) == 4
+    runner.step(run_id)  # 4 more queued
+    shown = client.get(f"{url}/{run_id}", headers=bearer(operator)).json()["progress"]
+    # 4 ended in the 100 s since the create: 0.04 a second; left: 4 queued and 2
+    # unscanned (at 8 jobs for 8 objects): 6 / 0.04
+    assert shown == {
+        "total": 10,
+        "done": 4,
+        "failed": 0,
+        "in_flight": 4,
+        "remaining": 6,
+        "percent": 40.0,
+        "jobs_per_second": 0.04,
+        "eta_seconds": 150.0,
+    }
+    listed = client.get(url, headers=bearer(operator)).json()["runs"]
+    assert listed[0]["progress"]["percent"] == 40.0
+
+    env = _cli_env(engine, redis_url, redis_prefix, tmp_path)
+    cli = CliRunner()
+    out = cli.invoke(app, ["bulk", "status", run_id], env=env)
+    assert out.exit_code == 0, (out.output, out.exception)
+    assert "  progress 40.0%: 4 of 10 objects (4 done, 0 failed, 6 remaining)" in out.stdout
+    out = cli.invoke(app, ["bulk", "status", run_id, "--json"], env=env)
+    assert json.loads(out.stdout)[0]["progress"]["remaining"] == 6
+
+    # --follow: a bar until it completes (exit 0), one JSON line a read with --json
+    _drive(stack, run_id, person.pool_id)
+    out = cli.invoke(app, ["bulk", "status", run_id, "--follow"], env=env)
+    assert out.exit_code == 0, (out.output, out.exception)
+    assert "100.0%" in out.stdout and "10/10" in out.stdout and "completed" in out.stdout
+    out = cli.invoke(app, ["bulk", "status", run_id, "--follow", "--json"], env=env)
+    assert out.exit_code == 0, (out.output, out.exception)
+    (line,) = out.stdout.splitlines()
+    assert json.loads(line)["progress"]["percent"] == 100.0
+    assert cli.invoke(app, ["bulk", "status", "--follow"], env=env).exit_code == 2
+    stack.close()
+
+
+def test_following_a_run_shows_it_move_and_exits_1_when_it_pauses(
+    pg_engine, settings, manual_clock, tmp_path, redis_url, redis_prefix
+):
+    """``bulk status RUN --follow`` reads the run each --interval while the head works
+    (here a thread) and stops when nothing more will move: paused, exit 1 naming it."""
+    import threading
+
+    from typer.testing import CliRunner
+
+    from hypermedia.cli import app
+
+    stack = open_stack(settings, pg_engine, manual_clock)
+    person = make_user(stack)
+    _objects(stack, person, 12)
+    service = _service(stack)
+    run = service.create(
+        RunSpec(kind="backfill", operation="thumbnail", max_in_flight=3, batch_size=3), "t"
+    )
+
+    def head() -> None:
+        runner = _runner(stack)
+        for _ in range(2):  # two pages of 3, each finished, then a pause
+            time.sleep(0.2)
+            runner.step(run.run_id)
+            time.sleep(0.2)
+            _finish(stack, "bulk", person.pool_id)
+        service.act(run.run_id, "pause")
+
+    worker = threading.Thread(target=head, daemon=True)
+    worker.start()
+    env = _cli_env(pg_engine, redis_url, redis_prefix, tmp_path)
+    args = ["bulk", "status", run.run_id, "--follow", "--json", "--interval", "0.05"]
+    out = CliRunner().invoke(app, args, env=env)
+    worker.join(10)
+    assert out.exit_code == 1, (out.output, out.exception)
+    lines = [json.loads(line) for line in out.stdout.splitlines()]
+    percents = [line["progress"]["percent"] for line in lines]
+    assert percents == sorted(percents) and percents[-1] == 50.0, percents
+    assert lines[-1]["state"] == "paused" and len(lines) >= 2
+    assert f"run {run.run_id} is paused" in out.stderr
+    stack.close()
+
+
 def test_the_runs_are_listed_a_page_at_a_time(
     engine, settings, manual_clock, tmp_path, redis_url, redis_prefix
 ):

@@ -609,6 +609,18 @@ def test_runs_from_before_create_keys_have_none_and_a_key_is_one_run_per_creator
     assert "uk_bulk_run_idempotency_key" not in indexes
 
 
+def test_runs_from_before_totals_have_none(empty_engine):
+    """0027: bulk_runs.total (the objects a run's filter selected at create): NULL for
+    the runs from before (their progress has no total while they scan); the downgrade
+    drops it."""
+    migrate.upgrade(empty_engine, "0026")
+    migrate.upgrade(empty_engine)
+    columns = {c["name"]: c for c in inspect(empty_engine).get_columns("bulk_runs")}
+    assert columns["total"]["nullable"] and columns["total"]["default"] is None
+    migrate.downgrade(empty_engine, "0026")
+    assert "total" not in {c["name"] for c in inspect(empty_engine).get_columns("bulk_runs")}
+
+
 def test_jobs_and_profiles_from_before_job_timeouts_keep_their_profiles_time(empty_engine):
     """0021: processing_jobs.timeout_seconds (a job's own time, from its pages) and
     processing_profiles.timeout_seconds_per_page / max_timeout_seconds. Rows from before
