@@ -41,7 +41,7 @@ from hypermedia.bulk import select as pages
 from hypermedia.bulk.runs import RunState
 from hypermedia.clock import Clock, SystemClock
 from hypermedia.db import tables as t
-from hypermedia.db.engine import transaction
+from hypermedia.db.engine import snapshot, transaction
 from hypermedia.errors import HypermediaError, InputRejected, PaymentRequired
 from hypermedia.ids import new_id
 from hypermedia.jobs.catalog import ProfileRecord, record_from_row
@@ -340,8 +340,9 @@ class BulkRunner:
         enqueue_new(self.queue, fresh, action="bulk_enqueue")
         if fresh:
             # A cancel of the run (or of one of its jobs) that landed between the commit
-            # and the push must not leave its jobs ready in Redis.
-            with transaction(self.engine) as conn:
+            # and the push must not leave its jobs ready in Redis. A read: on SQLite it
+            # takes no write lock.
+            with snapshot(self.engine) as conn:
                 unqueue_ended(conn, self.queue, fresh, action="bulk_enqueue")
         report.pages += 1
         report.created += len(fresh)

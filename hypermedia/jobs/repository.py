@@ -274,8 +274,9 @@ def unqueue_ended(
     conn: Connection, queue: RedisQueue, jobs: Sequence[NewJob], *, action: str
 ) -> int:
     """After :func:`enqueue_new`: take off Redis those of ``jobs`` the record says ended
-    (``conn``: a transaction begun after the push). A cancel that committed between the
-    jobs' commit and their push removed them before the push put them in ``ready``,
+    (``conn``: a transaction begun after the push; a read-only one will do). A cancel
+    that committed between the jobs' commit and their push removed them before the push
+    put them in ``ready``,
     where they would read as demand (the scheduler's depth is Redis's) until the
     reconciler's next pass; any later cancel's own removal follows the push. How many
     were taken off (best effort: with Redis down, the reconciler's pass)."""
