@@ -3,7 +3,8 @@
 SQLite is the embedded default: WAL journal, foreign keys on, and every
 transaction opened with ``BEGIN IMMEDIATE`` so writers queue for the lock
 instead of failing half-way with "database is locked" on lock upgrade.
-Connection failures are translated into :class:`DatabaseUnavailable` here.
+Connection failures are translated into :class:`DatabaseUnavailable` here, and so
+is a SQLite record another process kept locked past :data:`SQLITE_BUSY_SECONDS`.
 """
 
 from __future__ import annotations
@@ -25,12 +26,15 @@ def make_engine(
     *,
     custom_plans: bool = False,
     setting: str = "database_url (HYPERMEDIA_DATABASE_URL)",
+    sqlite_busy_seconds: float | None = None,
     **kwargs: Any,
 ) -> Engine:
     """An engine for ``url``. ``custom_plans``: on PostgreSQL every statement of its
     connections is planned for the parameters it runs with (see :data:`PLAN_CACHE_MODE`;
     the claim loops' engine). ``setting``: where ``url`` comes from, as a ConfigError
-    names it (a SQLite file whose directory cannot be made)."""
+    names it (a SQLite file whose directory cannot be made). ``sqlite_busy_seconds``:
+    how long a SQLite transaction waits for another's write lock (None:
+    :data:`SQLITE_BUSY_SECONDS`)."""
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         if (database := sqlite_file(url)) is not None:
@@ -43,12 +47,13 @@ def make_engine(
                     f"cannot make {directory}, the directory of the SQLite record"
                     f" {database}: {exc.strerror or exc}",
                 ) from exc
+        busy = SQLITE_BUSY_SECONDS if sqlite_busy_seconds is None else sqlite_busy_seconds
         engine = create_engine(
             url,
-            connect_args={"check_same_thread": False, "timeout": 30},
+            connect_args={"check_same_thread": False, "timeout": busy},
             **kwargs,
         )
-        _configure_sqlite(engine)
+        _configure_sqlite(engine, busy)
         return engine
     kwargs.setdefault("pool_size", 10)
     kwargs.setdefault("max_overflow", 20)
@@ -123,7 +128,16 @@ def _plan_each_statement(engine: Engine) -> None:
         dbapi_conn.commit()  # a setting made in a transaction rolled back would be undone
 
 
-def _configure_sqlite(engine: Engine) -> None:
+# How long a SQLite transaction waits for the write lock another connection holds (any
+# process's: the API, the pipeline actors, the CLI) before it gives up with SQLITE_BUSY,
+# translated into DatabaseUnavailable (503 from the API; the worker loops retry it).
+# Writers hold it for milliseconds (under 100 uploads and submits at once and the
+# actors completing, a wait of 2.5 s at most): 30 s of waiting is something else (an
+# operator's `sqlite3` shell left in a transaction, a stopped process holding it).
+SQLITE_BUSY_SECONDS = 30.0
+
+
+def _configure_sqlite(engine: Engine, busy_seconds: float) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
         # Let SQLAlchemy's "begin" event issue BEGIN itself (pysqlite's own is deferred).
@@ -132,7 +146,7 @@ def _configure_sqlite(engine: Engine) -> None:
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.execute("PRAGMA foreign_keys=ON")
-        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.execute(f"PRAGMA busy_timeout={round(busy_seconds * 1000)}")
         cursor.close()
 
     @event.listens_for(engine, "begin")
@@ -195,10 +209,24 @@ def _translated() -> Iterator[None]:
     except OperationalError as exc:
         if _is_connection_error(exc):
             raise DatabaseUnavailable(f"database unreachable: {exc.orig}") from exc
+        if _is_sqlite_busy(exc):
+            raise DatabaseUnavailable(
+                f"the SQLite record stayed locked by another writer: {exc.orig}"
+            ) from exc
         raise
 
 
 _READ_ONLY = "hypermedia_read_only"
+
+
+def _is_sqlite_busy(exc: DBAPIError) -> bool:
+    """SQLITE_BUSY (any of its extended codes): the lock was not had within the busy
+    timeout. Only that: SQLITE_LOCKED is a conflict inside one connection, a bug."""
+    code = getattr(exc.orig, "sqlite_errorcode", None)
+    return isinstance(code, int) and code & 0xFF == _SQLITE_BUSY
+
+
+_SQLITE_BUSY = 5
 
 
 def _is_connection_error(exc: DBAPIError) -> bool:

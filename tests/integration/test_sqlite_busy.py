@@ -1,0 +1,155 @@
+"""The SQLite record locked by another process for longer than the busy timeout.
+
+Every process of a local stack (the API, the pipeline actors, the CLI, an operator's
+``sqlite3`` shell) writes the one file, one writer at a time; a transaction waits up to
+the busy timeout (30 s; 0.3 s here) for the write lock, then SQLite gives up with
+SQLITE_BUSY ("database is locked"). That is the database being unavailable for a
+while, as PostgreSQL down is: the API answers 503 ``database_unavailable`` with
+``Retry-After`` (not 500 ``internal``), and a worker's batch of completions waits and is
+committed once the lock is free (not dropped, its jobs left processing until their
+leases expire and run again).
+
+The lock is held by another OS process through the project's own engine.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import select
+
+from bench.in_process import InProcessExecutor
+from hypermedia.db import tables as t
+from hypermedia.db.engine import make_engine, snapshot, transaction
+from hypermedia.errors import DatabaseUnavailable
+from hypermedia.ingest.api import create_app
+from hypermedia.ingest.http_errors import OUTAGE_RETRY_AFTER_SECONDS
+from hypermedia.ingest.service import SubmitRequest
+from tests import ray_support
+from tests.factories import make_object, make_user, open_stack
+from tests.pipelines_for_tests import PRELOAD
+from tests.worker_support import loop_worker
+
+BUSY_SECONDS = 0.3
+P = "/v1/hypermedia"
+
+# Another process: BEGIN IMMEDIATE through the project's engine (the write lock), held
+# until its stdin says so.
+_HOLDER = """
+import sys
+from hypermedia.db.engine import make_engine, transaction
+with transaction(make_engine(sys.argv[1])):
+    print("holding", flush=True)
+    sys.stdin.readline()
+"""
+
+
+@contextmanager
+def write_lock_held(url: str) -> Iterator[None]:
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, url],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "holding\n"
+        yield
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        assert holder.wait(20) == 0
+
+
+@pytest.fixture
+def busy_engine(sqlite_url: str) -> Iterator[Any]:
+    engine = make_engine(sqlite_url, sqlite_busy_seconds=BUSY_SECONDS)
+    yield engine
+    engine.dispose()
+
+
+def test_a_request_past_the_busy_timeout_answers_503_not_500(
+    sqlite_url, busy_engine, settings, tmp_path
+):
+    stack = open_stack(settings, busy_engine, None)
+    person = make_user(stack)
+    obj = make_object(stack, person)
+    client = TestClient(create_app(stack), raise_server_exceptions=False)
+    body = {"object_id": obj, "operations": ["thumbnail"]}
+    headers = {"Authorization": f"Bearer {person.api_key}"}
+    with write_lock_held(sqlite_url):
+        with (
+            pytest.raises(DatabaseUnavailable, match="locked by another writer"),
+            transaction(busy_engine),
+        ):
+            pass
+        with snapshot(busy_engine) as conn:  # reads go on
+            assert conn.execute(select(t.objects.c.object_id)).scalar_one() == obj
+        submitted = client.post(f"{P}/process", json=body, headers=headers)
+        uploaded = client.put(
+            f"{P}/objects", params={"filename": "a.txt"}, content=b"hello", headers=headers
+        )
+        for answer in (submitted, uploaded):
+            assert answer.status_code == 503, answer.text
+            assert answer.json()["error"]["code"] == "database_unavailable"
+            assert answer.headers["Retry-After"] == str(OUTAGE_RETRY_AFTER_SECONDS)
+    assert client.post(f"{P}/process", json=body, headers=headers).status_code == 202
+
+
+class _Gated(InProcessExecutor):
+    """Runs a job once told to."""
+
+    def __init__(self, work_root: Path) -> None:
+        super().__init__(work_root, PRELOAD)
+        self.entered = threading.Event()
+        self.go = threading.Event()
+
+    def run(self, job_id: str, *args: Any, **kwargs: Any) -> Any:
+        self.entered.set()
+        assert self.go.wait(60)
+        return super().run(job_id, *args, **kwargs)
+
+
+def test_a_completion_that_meets_the_lock_is_committed_once_it_is_free(
+    sqlite_url, busy_engine, settings, tmp_path
+):
+    stack = open_stack(
+        settings, busy_engine, None, profiles_path=ray_support.test_profiles(tmp_path)
+    )
+    person = make_user(stack)
+    obj = make_object(stack, person)
+    [result] = stack.ingest.submit_many(
+        person.caller, [SubmitRequest(object_id=obj, operations=["test.noop"])]
+    )
+    job_id = result.job_ids[0]
+    executor = _Gated(tmp_path / "work")
+    worker = loop_worker(stack, tmp_path / "work", "busy-w", queue="bulk", executor=executor)
+    worker.start()
+    try:
+        assert executor.entered.wait(30)
+        with write_lock_held(sqlite_url):
+            executor.go.set()  # the job ends; its completion waits for the lock
+            time.sleep(BUSY_SECONDS * 5)  # several busy timeouts
+        deadline = time.monotonic() + 15
+        while _status(busy_engine, job_id) != "completed":
+            assert time.monotonic() < deadline, _status(busy_engine, job_id)
+            time.sleep(0.05)
+    finally:
+        worker.stop()
+    assert worker.stats.completed == 1
+
+
+def _status(engine: Any, job_id: str) -> str:
+    with snapshot(engine) as conn:
+        return str(
+            conn.execute(select(t.jobs.c.status).where(t.jobs.c.job_id == job_id)).scalar_one()
+        )
