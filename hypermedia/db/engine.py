@@ -128,6 +128,17 @@ def _plan_each_statement(engine: Engine) -> None:
         dbapi_conn.commit()  # a setting made in a transaction rolled back would be undone
 
 
+# FULL: each commit syncs the WAL before it returns, so what the record acknowledged (a
+# 202's job, a charge in the ledger, cloud spend counted against its caps, an API key
+# shown once) survives a power loss or a kernel crash, as PostgreSQL's default
+# (synchronous_commit on) does, and as the local storage's blobs do (fsynced before
+# their row is written). NORMAL syncs the WAL only at checkpoints (every 1000 pages):
+# no corruption, but every commit since the last one may be gone after a power loss:
+# hundreds of acknowledged jobs under load, a blob left with no row. Measured on a
+# virtio disk: 0.44 ms a commit against 0.16 (2,300 commits/s); a 100-client upload
+# and submit burst on a hypermedia up stack did not slow (CPU-bound).
+SQLITE_SYNCHRONOUS = "FULL"
+
 # How long a SQLite transaction waits for the write lock another connection holds (any
 # process's: the API, the pipeline actors, the CLI) before it gives up with SQLITE_BUSY,
 # translated into DatabaseUnavailable (503 from the API; the worker loops retry it).
@@ -144,7 +155,7 @@ def _configure_sqlite(engine: Engine, busy_seconds: float) -> None:
         dbapi_conn.isolation_level = None
         cursor = dbapi_conn.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute(f"PRAGMA synchronous={SQLITE_SYNCHRONOUS}")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.execute(f"PRAGMA busy_timeout={round(busy_seconds * 1000)}")
         cursor.close()
