@@ -80,7 +80,7 @@ from sqlalchemy import Engine, insert, select, update
 
 from hypermedia.clock import Clock, SystemClock, to_datetime
 from hypermedia.db import tables as t
-from hypermedia.db.engine import transaction
+from hypermedia.db.engine import snapshot, transaction
 from hypermedia.errors import (
     DatabaseConflict,
     DatabaseUnavailable,
@@ -964,7 +964,7 @@ def _outage_values(pause: OutagePause | None) -> dict[str, object]:
 
 def ended_workers(engine: Engine, worker_ids: Sequence[str]) -> set[str]:
     """Which of ``worker_ids`` the record says have ended."""
-    with engine.connect() as conn:
+    with snapshot(engine) as conn:  # a read: on SQLite it takes no write lock
         rows = conn.execute(
             select(t.workers.c.worker_id).where(
                 t.workers.c.worker_id.in_(list(worker_ids)),

@@ -34,6 +34,7 @@ from hypermedia.errors import DatabaseUnavailable
 from hypermedia.ingest.api import create_app
 from hypermedia.ingest.http_errors import OUTAGE_RETRY_AFTER_SECONDS
 from hypermedia.ingest.service import SubmitRequest
+from hypermedia.worker.worker import ended_workers
 from tests import ray_support
 from tests.factories import make_object, make_user, open_stack
 from tests.pipelines_for_tests import PRELOAD
@@ -103,6 +104,20 @@ def test_a_request_past_the_busy_timeout_answers_503_not_500(
             assert answer.json()["error"]["code"] == "database_unavailable"
             assert answer.headers["Retry-After"] == str(OUTAGE_RETRY_AFTER_SECONDS)
     assert client.post(f"{P}/process", json=body, headers=headers).status_code == 202
+
+
+def test_health_and_the_ended_workers_read_while_another_process_writes(
+    sqlite_url, busy_engine, settings
+):
+    """/healthz and the supervisor's read of ended workers are reads: they answer
+    while another process holds the write lock (they took it, as a write would, and
+    waited the busy timeout: 30 s for /healthz, then 'database: false')."""
+    stack = open_stack(settings, busy_engine, None)
+    client = TestClient(create_app(stack), raise_server_exceptions=False)
+    with write_lock_held(sqlite_url):
+        health = client.get("/healthz")
+        assert health.json()["database"] is True, health.text
+        assert ended_workers(busy_engine, ["no-such-worker"]) == set()
 
 
 class _Gated(InProcessExecutor):
