@@ -42,6 +42,22 @@ def read_settings(**overrides: Any) -> Settings:
     return load_settings(**{k: v for k, v in overrides.items() if v is not None})
 
 
+def require_database(settings: Settings) -> None:
+    """ConfigError if the database is a SQLite file that is not there (opening it would
+    create it empty): a data dir nothing has run with."""
+    from sqlalchemy import make_url
+
+    url = make_url(settings.effective_database_url)
+    if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
+        path = Path(url.database or "")
+        if not path.exists():
+            raise ConfigError(
+                settings.database_setting,
+                f"no database at {path}: nothing has run with this data dir (the services'"
+                " one? a new deployment starts with `hypermedia db upgrade`)",
+            )
+
+
 def open_engine(settings: Settings, *, connect_timeout: int | None = None) -> Engine:
     """An engine on an existing database whose schema is up to date. A SQLite file that
     is not there is not created: a data dir nothing has run with is an error.
@@ -53,14 +69,7 @@ def open_engine(settings: Settings, *, connect_timeout: int | None = None) -> En
     from hypermedia.db.migrate import schema_problem
 
     url = make_url(settings.effective_database_url)
-    if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
-        path = Path(url.database or "")
-        if not path.exists():
-            raise ConfigError(
-                settings.database_setting,
-                f"no database at {path}: nothing has run with this data dir (the services'"
-                " one? a new deployment starts with `hypermedia db upgrade`)",
-            )
+    require_database(settings)
     options: dict[str, Any] = {}
     if connect_timeout is not None and url.get_backend_name() != "sqlite":
         options["connect_args"] = {"connect_timeout": connect_timeout}

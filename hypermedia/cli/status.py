@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from hypermedia.cli.common import ApiKey, ApiUrl, Timeout, read_settings
+from hypermedia.cli.common import ApiKey, ApiUrl, Timeout, read_settings, require_database
 from hypermedia.cli.jobs import show_job
 from hypermedia.clock import age_text
 
@@ -76,6 +76,7 @@ def status(
 
     loaded = scheduler_config.load(config_path)
     settings = read_settings()
+    require_database(settings)  # else the open below would create it, empty
     stack = Stack.open(settings, with_storage=False)
     probe = _storage_probe(stack)
     try:

@@ -318,10 +318,11 @@ def test_the_scheduler_commands(cli: Cli, tmp_path: Path):
     """explain / run --once / log / reset-cost-lock on the embedded SQLite and a private
     Redis, with the shipped vps_only defaults and with a file that is wrong."""
     # A data dir nothing has run with: said plainly, and nothing is created there.
-    err = cli.fails("scheduler", "log")
-    assert "data_dir (HYPERMEDIA_DATA_DIR): no database at" in err
-    assert "not up to date" not in err
-    assert not (tmp_path / "data").exists()
+    for command in (("scheduler", "log"), ("status",)):
+        err = cli.fails(*command)
+        assert "data_dir (HYPERMEDIA_DATA_DIR): no database at" in err, command
+        assert "not up to date" not in err
+        assert not (tmp_path / "data").exists()
     cli.ok("db", "upgrade")
     explained = cli.ok("scheduler", "explain")
     assert "vps_only" in explained
