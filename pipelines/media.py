@@ -127,6 +127,11 @@ _OUT_OF_MEMORY = (
 _PARTIAL_FILE = "partial file"
 # An output this much shorter than the input's stated duration (or more) is partial.
 _PARTIAL_SECONDS, _PARTIAL_SHARE = 1.0, 0.02
+# ffprobe's name of a layout it cannot name (FFmpeg 6 and later; 5 says "unknown").
+_UNNAMED_LAYOUT = re.compile(r"[0-9]+ channels")
+# Up to this many channels of no named layout, FFmpeg takes its default layout of that
+# many (6: 5.1) to mix them to stereo; past it, which (if any) depends on its version.
+_GUESSED_CHANNELS = 8
 _CONTEXT = re.compile(r"\[([\w,]+) @ 0x[0-9a-f]+\]")
 
 # Transfers of HDR pictures (ffprobe's names, which zscale's ``tin`` takes): PQ, HLG.
@@ -492,6 +497,8 @@ class Stream:
     height: int
     channels: int
     cover_art: bool
+    # Its channel layout as ffprobe names it ("5.1(side)"); "" where it names none.
+    layout: str = ""
     default: bool = False  # its disposition: what a player picks among its kind
     # Its colour as ffprobe names it (color_transfer, color_primaries, color_space,
     # color_range); "" where it says nothing.
@@ -581,6 +588,7 @@ def _parse_probe(data: dict[str, Any]) -> Probe:
                 width=int(raw.get("width") or 0),
                 height=int(raw.get("height") or 0),
                 channels=int(raw.get("channels") or 0),
+                layout=_layout(raw.get("channel_layout")),
                 cover_art=bool(raw.get("disposition", {}).get("attached_pic")),
                 default=bool(raw.get("disposition", {}).get("default")),
                 transfer=_color(raw.get("color_transfer")),
@@ -604,6 +612,14 @@ def _parse_probe(data: dict[str, Any]) -> Probe:
 def _color(value: object) -> str:
     """One of ffprobe's colour names, "" where it states none (or "unknown")."""
     return value if isinstance(value, str) and value != "unknown" else ""
+
+
+def _layout(value: object) -> str:
+    """ffprobe's channel layout, "" where it names none ("unknown"; "10 channels" in
+    FFmpeg 6 and later)."""
+    if not isinstance(value, str) or value == "unknown" or _UNNAMED_LAYOUT.fullmatch(value):
+        return ""
+    return value
 
 
 def _float(value: object) -> float | None:
@@ -762,7 +778,15 @@ def _channels(audio: Stream) -> list[str]:
     an unnamed layout ("2 channels") is refused by the AAC encoder until named. A
     downmix is scaled to fit full scale: the resampler scales it for integer samples
     (MP3, Opus) but not for float ones (AAC), where 5.1 at half scale peaked at 1.23
-    (7.1: 1.65), clipped by every player and 8-10 dB louder than the same input in MP3."""
+    (7.1: 1.65), clipped by every player and 8-10 dB louder than the same input in MP3.
+    Past eight channels with no layout (a multitrack recorder's microphones, a WAV
+    without a channel mask) nothing says where a channel goes, and FFmpeg 5 knows no
+    layout of 9-15 channels to guess, so it failed ("Rematrix is needed between 10
+    channels and stereo ..."): they are mixed to mono, each at an equal share (fits
+    full scale)."""
+    if not audio.layout and audio.channels > _GUESSED_CHANNELS:
+        mix = "+".join(f"c{channel}" for channel in range(audio.channels))
+        return ["-af", f"pan=mono|c0<{mix}", "-ac", "1"]
     return ["-ac", "1" if audio.channels == 1 else "2", "-rematrix_maxval", "1.0"]
 
 

@@ -229,6 +229,36 @@ def test_surround_is_mixed_down_without_clipping(
     assert 0.4 < peak(output.path) <= 1.0
 
 
+@pytest.mark.parametrize("count", [10, 12])
+@pytest.mark.parametrize(
+    ("operation", "params"),
+    [("transcode_audio", {}), ("transcode_audio", {"codec": "opus"}), ("transcode_video", {})],
+)
+def test_unnamed_channels_past_eight_are_mixed_to_mono(
+    count: int, operation: str, params: dict[str, Any], tmp_path: Path
+) -> None:
+    # A multitrack recorder's WAV (10 or 12 microphones, no channel mask): FFmpeg has
+    # no layout of that many channels to guess, so it could not mix them to stereo
+    # and both steps failed, invalid_input ("Rematrix is needed between 10 channels
+    # and stereo but there is not enough information to do it").
+    if params.get("codec") == "opus" and "libopus" not in media.ffmpeg_encoders():
+        pytest.skip("this FFmpeg has no libopus")
+    tones = "|".join(["0.5*sin(2*PI*440*t)"] * count)
+    source = tmp_path / "multitrack.mov"
+    video = operation == "transcode_video"
+    ffmpeg(*(video_source(1, "160x120") if video else []),
+           "-f", "lavfi", "-i", f"aevalsrc={tones}:s=48000:d=1",
+           *(["-c:v", "libx264", "-preset", "ultrafast"] if video else []),
+           "-c:a", "pcm_s16le", str(source))  # fmt: skip
+    (sound,) = streams(ffprobe(source), "audio")
+    assert sound["channels"] == count and sound.get("channel_layout", "unknown") == "unknown"
+    (output, *_) = run_step(operation, source, params, tmp_path / "out")
+    check_output(source, operation, output, params)
+    (mixed,) = streams(ffprobe(output.path), "audio")
+    assert mixed["channels"] == 1
+    assert 0.4 < peak(output.path) <= 1.0  # each microphone at its share: no clipping
+
+
 def test_video_height_and_crf(tmp_path: Path, generated: Generated) -> None:
     source = generated / "media/clip.mp4"
     params = {"codec": "h264", "height": 145, "crf": 30}
