@@ -22,28 +22,29 @@ Both steps run the same way:
    is ``duration_limit`` and a stated duration of zero is ``invalid_input`` ("no
    samples");
 4. transcoded by ffmpeg into the workdir (its ``-progress`` reported as the step's, in
-   seconds of output against the input's stated duration), metadata and chapters dropped, one thread
-   per codec and filter graph (the sandbox's ``RLIMIT_NPROC`` counts threads). An HDR
-   picture (PQ or HLG, ffprobe's ``color_transfer``) is tone-mapped to SDR BT.709 with
-   zimg (see :func:`_picture_args`): 5 s of 1080p PQ to 720p took 3.4 CPU-s against
-   1.5 untouched, and 210 MB resident (RLIMIT_AS: 512 MB was enough, 448 MB not). The
+   seconds of output against the input's length, :attr:`Probe.length`), metadata and
+   chapters dropped, one thread per codec and filter graph (the sandbox's
+   ``RLIMIT_NPROC`` counts threads). An HDR picture (PQ or HLG, ffprobe's
+   ``color_transfer``) is tone-mapped to SDR BT.709 with zimg (see
+   :func:`_picture_args`): 5 s of 1080p PQ to 720p took 3.4 CPU-s against 1.5
+   untouched, and 210 MB resident (RLIMIT_AS: 512 MB was enough, 448 MB not). The
    output is cut at ``max_duration_seconds`` + 1 s, so an input whose header did not
    state its length still cannot run for hours; an output longer than the limit is
    ``duration_limit``;
 5. the output probed again: it must hold the encoded stream and last longer than
    zero, else ``invalid_input`` ("no samples": nothing could be decoded).
 
-A video longer than the profile's ``chunk_above_seconds`` is transcoded in
-keyframe-aligned chunks that survive the loss of the worker (:mod:`pipelines.media_chunks`);
-shorter ones in one pass.
+A video longer (:attr:`Probe.length`) than the profile's ``chunk_above_seconds`` is
+transcoded in keyframe-aligned chunks that survive the loss of the worker
+(:mod:`pipelines.media_chunks`); shorter ones in one pass.
 
 A truncated input (an MP4/MOV whose index says more than its file holds: FFmpeg's
 "partial file") is transcoded as far as it decodes (a video whose sound fails first:
-its picture alone); an output shorter than the input's stated duration by a second
-and 2 % or more, or from such an input, is marked partial: the step's units of work
-say ``partial: 1`` (the attempt's record shows them). A truncated MP4 whose index was
-at the end has lost it (or part of it): the file ends inside or before its ``moov``
-box. Where ffprobe then fails, finds no track of the kind asked for, or the transcode
+its picture alone); an output shorter than the input's length (:attr:`Probe.length`)
+by a second and 2 % or more, or from such an input, is marked partial: the step's units
+of work say ``partial: 1`` (the attempt's record shows them). A truncated MP4 whose
+index was at the end has lost it (or part of it): the file ends inside or before its
+``moov`` box. Where ffprobe then fails, finds no track of the kind asked for, or the transcode
 fails, that is ``invalid_input`` ("cut short: its index (moov) is incomplete or
 missing"), never ``no_streams``; where what is left of the index still decodes, the
 output is marked partial.
@@ -524,6 +525,20 @@ class Probe:
     # An MP4/MOV that ends inside its index (or before it): a missing stream is the
     # damage, not the file's content.
     index_cut: bool = False
+    # Seconds from the earliest start of its pictures and sounds to the latest end, as
+    # the streams state them (an MP4's sample tables); None where none states both.
+    span: float | None = None
+
+    @property
+    def length(self) -> float | None:
+        """How long the output will be, uncut: the streams' :attr:`span` where it is
+        shorter than the container's ``duration``, else that. An MP4's movie header
+        counts a leading empty edit (tracks starting 5 s in: 7 s for 2 s of frames;
+        FFmpeg's output starts at the first frame) and may say anything; the sample
+        tables list what there is. The limits stay on ``duration``, what ingest read."""
+        if self.span is None or self.duration is None:
+            return self.duration if self.span is None else self.span
+        return min(self.duration, self.span)
 
     def first(self, kind: str) -> Stream | None:
         """The decodable stream of ``kind`` a player would play: the first flagged
@@ -578,6 +593,7 @@ def _index_cut(label: str) -> PipelineError:
 def _parse_probe(data: dict[str, Any]) -> Probe:
     streams = []
     durations = []
+    extents: list[tuple[float, float]] = []  # (start, end) of each picture and sound
     for raw in data.get("streams", []):
         streams.append(
             Stream(
@@ -598,6 +614,10 @@ def _parse_probe(data: dict[str, Any]) -> Probe:
             )
         )
         durations.append(_float(raw.get("duration")))
+        begins, lasts = _time(raw.get("start_time")), _float(raw.get("duration"))
+        kept = streams[-1].kind in ("video", "audio") and not streams[-1].cover_art
+        if kept and begins is not None and lasts is not None:
+            extents.append((begins, begins + lasts))
     duration = _float(data.get("format", {}).get("duration"))
     if duration is None:
         known = [d for d in durations if d is not None]
@@ -606,7 +626,10 @@ def _parse_probe(data: dict[str, Any]) -> Probe:
         start = float(data.get("format", {}).get("start_time"))
     except (TypeError, ValueError):
         start = 0.0
-    return Probe(streams, duration, start if math.isfinite(start) else 0.0)
+    span = None
+    if extents:
+        span = max(end for _, end in extents) - min(begin for begin, _ in extents)
+    return Probe(streams, duration, start if math.isfinite(start) else 0.0, span=span)
 
 
 def _color(value: object) -> str:
@@ -620,6 +643,15 @@ def _layout(value: object) -> str:
     if not isinstance(value, str) or value == "unknown" or _UNNAMED_LAYOUT.fullmatch(value):
         return ""
     return value
+
+
+def _time(value: object) -> float | None:
+    """A time ffprobe printed (it may be negative), None where it is none."""
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _float(value: object) -> float | None:
@@ -832,10 +864,10 @@ class Truncated(PipelineError):
 
 
 def _expected(found: Probe, max_seconds: float) -> float | None:
-    """How long the output will be: the input's stated duration, cut at the limit."""
-    if not found.duration:
+    """How long the output will be: the input's length, cut at the limit."""
+    if not found.length:
         return None
-    return min(found.duration, max_seconds + _LIMIT_SLACK_SECONDS)
+    return min(found.length, max_seconds + _LIMIT_SLACK_SECONDS)
 
 
 def check_output(
@@ -870,7 +902,7 @@ def transcode_video_step(
     units: dict[str, int] | None = None
     truncated = False
     try:
-        if found.duration is not None and found.duration > chunk_above:
+        if found.length is not None and found.length > chunk_above:
             units = media_chunks.transcode_chunked(
                 input_path, workdir, output, container.label,
                 video_args=_video_only_args(input_path, container, request, video),
@@ -880,7 +912,7 @@ def transcode_video_step(
                 stream_index=video.index,
                 input_args=_input_args(input_path, container.demuxer),
                 chunk_seconds=chunk_seconds,
-                total=found.duration,
+                total=found.length,
                 start=found.start,
                 frame_pixels=_output_pixels(video, request.height),
             )  # fmt: skip
@@ -913,7 +945,7 @@ def transcode_video_step(
         raise
     log.debug("video %s %.1fs -> %s", container.demuxer, seconds, request.output_type)
     units = units or {}
-    if truncated or found.index_cut or _short(seconds, found.duration):
+    if truncated or found.index_cut or _short(seconds, found.length):
         units["partial"] = 1
     outputs = [Output(request.output_type, output, "video/mp4")]
     return outputs + ([usage_output(workdir, units)] if units else [])
@@ -954,7 +986,7 @@ def transcode_audio_step(
         raise
     log.debug("audio %s %.1fs -> %s", container.demuxer, seconds, request.output_type)
     outputs = [Output(request.output_type, output, codec.content_type)]
-    if truncated or found.index_cut or _short(seconds, found.duration):
+    if truncated or found.index_cut or _short(seconds, found.length):
         outputs.append(usage_output(workdir, {"partial": 1}))
     return outputs
 

@@ -19,6 +19,7 @@ import array
 import itertools
 import json
 import os
+import struct
 import subprocess
 import time
 import tomllib
@@ -31,10 +32,11 @@ import pytest
 
 import pipelines.media as media
 from hypermedia.sandbox.executor import ChildExecutor, ChildFailed
+from pipelines import progress
 from pipelines.registry import Output, PipelineError
 from tests.corpus_support import Row, corpus, manifest_rows
 from tests.generated import Generated, hostile
-from tests.generated.media import bars, ffmpeg, video_source
+from tests.generated.media import bars, ffmpeg, tone_source, video_source
 
 REPO = Path(__file__).resolve().parents[2]
 PROFILES = tomllib.loads((REPO / "etc" / "profiles.toml").read_text())["profiles"]
@@ -257,6 +259,45 @@ def test_unnamed_channels_past_eight_are_mixed_to_mono(
     (mixed,) = streams(ffprobe(output.path), "audio")
     assert mixed["channels"] == 1
     assert 0.4 < peak(output.path) <= 1.0  # each microphone at its share: no clipping
+
+
+def movie_header_says(path: Path, seconds: float) -> None:
+    """Rewrite ``path``'s MP4 movie header (``mvhd``, version 0) to say ``seconds``."""
+    data = bytearray(path.read_bytes())
+    at = data.index(b"mvhd") + 4 + 4 + 8  # version and flags, creation and change times
+    (timescale,) = struct.unpack_from(">I", data, at)
+    struct.pack_into(">I", data, at + 4, round(seconds * timescale))
+    path.write_bytes(data)
+
+
+@pytest.mark.parametrize("operation", ["transcode_video", "transcode_audio"])
+@pytest.mark.parametrize("header", ["empty edit", "lies"])
+def test_an_mp4_whose_header_counts_more_than_its_tracks_is_whole(
+    header: str, operation: str, tmp_path: Path
+) -> None:
+    # 2 s of picture and sound whose movie header says 7 s (a 5 s empty edit first:
+    # the tracks start at 5 s; FFmpeg's output starts at the first frame) or 3600 s
+    # (its tracks' sample tables say 2 s). Both steps marked the complete output
+    # partial, and reported their progress against 7 or 3600 s: 2 of 3600 until the
+    # end (the chunk planner read all the packets first, 3600 s being over 30 min).
+    source = tmp_path / "input.mp4"
+    offset = ["-output_ts_offset", "5"] if header == "empty edit" else []
+    ffmpeg(*video_source(2, "160x120"), *tone_source(2),
+           "-c:v", "libx264", "-preset", "ultrafast", "-c:a", "aac", *offset,
+           str(source))  # fmt: skip
+    if header == "lies":
+        movie_header_says(source, 3600)
+    assert duration(ffprobe(source)) == pytest.approx(7 if offset else 3600)
+    seen: list[progress.Progress] = []
+    progress.reporting_to(seen.append)
+    try:
+        outputs = run_step(operation, source, {}, tmp_path / "out")
+    finally:
+        progress.reporting_to(None)
+    (output,) = outputs  # no usage output: nothing marked partial
+    assert duration(ffprobe(output.path)) == pytest.approx(2, abs=0.1)
+    assert seen and all(report.total == pytest.approx(2, abs=0.1) for report in seen)
+    assert seen[-1].done == seen[-1].total
 
 
 def test_video_height_and_crf(tmp_path: Path, generated: Generated) -> None:
