@@ -20,6 +20,10 @@
   (:mod:`autoscaler.billing`): when it was read, up to which day, an error, and the last
   findings;
 - **bursts**: the operators' manual bursts not ended (``hypermedia scheduler burst``);
+- **bulk runs**: those not finished (:func:`hypermedia.bulk.runs.unfinished`) with their
+  progress (done and failed of their total, in flight, rate, ETA: what ``hypermedia bulk
+  status`` says), and the last :data:`BULK_FINISHED_SHOWN` finished in the last
+  :data:`BULK_FINISHED_WITHIN` seconds; their jobs counted in one query for all of them;
 - **alerts** firing (:mod:`autoscaler.alerting`'s state), the most severe first;
 - **decisions**: the scheduler's last ones with their reasons; who leads and when the
   last turn was;
@@ -60,6 +64,9 @@ from hypermedia.stack import Stack
 from hypermedia.storage.health import StorageHealth
 
 RATE_WINDOW_SECONDS = 900.0
+# The finished bulk runs shown below those not finished: a few, of the last day.
+BULK_FINISHED_SHOWN = 3
+BULK_FINISHED_WITHIN = 86_400.0
 FINAL = (JobStatus.COMPLETED.value, JobStatus.FAILED.value, JobStatus.CANCELLED.value)
 
 
@@ -208,6 +215,10 @@ class BulkRunStatus:
     # scanned, created, skipped, unfit, migrated, failed, live, stopping (a cancelled
     # run's jobs not ended yet)
     counts: dict[str, int]
+    # total, done, failed, in flight, remaining, percent, rate, ETA (as ``bulk status``);
+    # total and percent None: a run from before totals, while it scans
+    progress: runs.Progress
+    finished_at: float | None = None
 
     @property
     def shown_state(self) -> str:
@@ -236,6 +247,8 @@ class Status:
     alerts: list[AlertStatus]
     decisions: list[DecisionStatus] = field(default_factory=list)
     bulk: list[BulkRunStatus] = field(default_factory=list)
+    # The last few runs finished (BULK_FINISHED_SHOWN, in BULK_FINISHED_WITHIN), latest first.
+    bulk_finished: list[BulkRunStatus] = field(default_factory=list)
     billing: list[BillingStatus] = field(default_factory=list)
     bursts: list[BurstStatus] = field(default_factory=list)
     # The reconciliation's last findings: a settled bill that differs from the ledger.
@@ -282,7 +295,8 @@ def gather(
         turn = last_turn(conn)
         d = t.scheduler_decisions
         recent = conn.execute(select(d).order_by(d.c.decision_id.desc()).limit(decisions)).all()
-        bulk = runs.unfinished(conn)
+        bulk = runs.unfinished(conn, now)
+        bulk_finished = runs.recently_finished(conn, now, BULK_FINISHED_SHOWN, BULK_FINISHED_WITHIN)
 
     minutes = RATE_WINDOW_SECONDS / 60
     queues = []
@@ -360,20 +374,24 @@ def gather(
             )
             for row in recent
         ],
-        bulk=[
-            BulkRunStatus(
-                run_id=r.run_id,
-                kind=r.kind,
-                operation=r.operation,
-                state=r.state,
-                reason=r.reason,
-                queue=r.queue,
-                priority=r.priority,
-                max_in_flight=r.max_in_flight,
-                counts=r.counts(),
-            )
-            for r in bulk
-        ],
+        bulk=[_bulk_run(r) for r in bulk],
+        bulk_finished=[_bulk_run(r) for r in bulk_finished],
+    )
+
+
+def _bulk_run(r: runs.RunView) -> BulkRunStatus:
+    return BulkRunStatus(
+        run_id=r.run_id,
+        kind=r.kind,
+        operation=r.operation,
+        state=r.state,
+        reason=r.reason,
+        queue=r.queue,
+        priority=r.priority,
+        max_in_flight=r.max_in_flight,
+        counts=r.counts(),
+        progress=r.progress,
+        finished_at=None if r.finished_at is None else epoch(r.finished_at),
     )
 
 

@@ -123,3 +123,78 @@ def scene(stack: Stack, clock: ManualClock) -> scheduler_config.SchedulerConfig:
     evaluation = scheduler.evaluate()
     assert "launch" in [d.action for d in evaluation.decisions]
     return config
+
+
+def bulk_runs(stack: Stack, clock: ManualClock) -> dict[str, str]:
+    """Bulk runs as an operator watching a long one sees them (names -> run ids), each on
+    its own pool: ``active`` (10 objects, 4 jobs a page: 3 completed and 1 failed 100 s
+    after its create, 4 more queued: 40%, 0.04 jobs/s, ETA 150 s), ``paused`` (3 objects,
+    none done), ``old`` (no total: from before migration 0027, while it scans: one job
+    queued), ``completed`` (2 objects, both done) and three cancelled before any job:
+    ``cancelled-1`` (finished first: older than the three shown), ``cancelled-2`` and
+    ``cancelled-3`` (the last to finish)."""
+    from hypermedia.bulk.runner import BulkRunner
+    from hypermedia.bulk.runs import RunSpec
+    from hypermedia.bulk.service import BulkService
+    from hypermedia.jobs.catalog import ProfileCatalog
+    from hypermedia.jobs.dispatcher import Dispatcher
+    from hypermedia.jobs.repository import FinishedJob, OutputRecord
+    from hypermedia.storage.base import derived_key
+    from tests.factories import make_object
+
+    catalog = ProfileCatalog.load(stack.engine)
+    service = BulkService(stack.engine, stack.queue, catalog, clock=clock)
+    runner = BulkRunner(stack.engine, stack.queue, clock=clock)
+    dispatcher = Dispatcher(stack.engine, stack.queue, catalog, clock=clock)
+
+    def pool(n: int) -> str:
+        person = make_user(stack)
+        for _ in range(n):
+            make_object(stack, person)
+        return person.pool_id
+
+    def run(pool_id: str, **kw: Any) -> str:
+        spec = RunSpec(kind="backfill", operation="thumbnail", filter={"pool_id": pool_id}, **kw)
+        return service.create(spec, "ops").run_id
+
+    def complete(job: Any, pool_id: str) -> FinishedJob:
+        profile = catalog.by_id(job.profile_id)
+        assert profile is not None
+        key = derived_key(pool_id, job.object_id, profile.version, "thumbnail-out")
+        return FinishedJob(job.job_id, [OutputRecord("thumbnail-out", key, 10, "image/webp")])
+
+    made: dict[str, str] = {}
+    done_pool, active_pool, other_pool = pool(2), pool(10), pool(3)
+    made["cancelled-1"] = run(other_pool)
+    service.act(made["cancelled-1"], "cancel")
+    clock.advance(60)
+    made["completed"] = run(done_pool)
+    for _ in range(5):
+        if runner.step(made["completed"]).state == "completed":
+            break
+        claimed = dispatcher.claim_and_start("bulk", "w-bulk", count=10)
+        dispatcher.complete_many("w-bulk", [complete(job, done_pool) for job in claimed])
+    clock.advance(60)
+    for name in ("cancelled-2", "cancelled-3"):
+        made[name] = run(other_pool)
+        service.act(made[name], "cancel")
+        clock.advance(60)
+
+    made["active"] = run(active_pool, max_in_flight=4, batch_size=4)
+    runner.step(made["active"])
+    clock.advance(100)
+    claimed = dispatcher.claim_and_start("bulk", "w-bulk", count=4)
+    assert len(claimed) == 4
+    dispatcher.complete_many("w-bulk", [complete(job, active_pool) for job in claimed[:3]])
+    dispatcher.fail(claimed[3], "w-bulk", "bad_input", "no", retryable=False)
+    runner.step(made["active"])  # 4 more queued
+
+    made["paused"] = run(other_pool)
+    service.act(made["paused"], "pause")
+    made["old"] = run(other_pool, max_in_flight=1, batch_size=1)
+    runner.step(made["old"])
+    with transaction(stack.engine) as conn:  # as a run made before totals were counted
+        conn.execute(
+            t.bulk_runs.update().where(t.bulk_runs.c.run_id == made["old"]).values(total=None)
+        )
+    return made

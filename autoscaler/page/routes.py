@@ -144,7 +144,9 @@ def templates() -> Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    environment.filters.update(money=cost.money, age=age_text, when=when)
+    environment.filters.update(
+        money=cost.money, age=age_text, when=when, thousands=lambda n: f"{n:,}"
+    )
     return environment
 
 

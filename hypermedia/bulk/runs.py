@@ -23,12 +23,13 @@ until none is left, so a cancelled run does not pass for an idle cluster.
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
-from sqlalchemy import Connection, case, func, insert, literal, select, update
+from sqlalchemy import ColumnElement, Connection, case, func, insert, literal, select, update
 
 from hypermedia.clock import to_datetime
 from hypermedia.db import tables as t
@@ -569,24 +570,40 @@ def live_jobs(conn: Connection, run_id: str, limit: int | None = None) -> int:
 
 
 def job_counts(conn: Connection, run_id: str) -> dict[str, int]:
-    return _job_counts(conn, run_id, None)[0]
+    return _job_counts(conn, [run_id], None).get(run_id, ({}, 0))[0]
 
 
 def _job_counts(
-    conn: Connection, run_id: str, since: datetime | None
-) -> tuple[dict[str, int], int]:
-    """The run's jobs by status, and how many completed or failed at or after
-    ``since`` (0 without), in one pass over its jobs."""
-    j = t.jobs.c
-    ended = (
-        func.sum(case((j.completed_at >= since, 1), else_=0)) if since is not None else literal(0)
-    )
+    conn: Connection, run_ids: list[str], now: float | None
+) -> dict[str, tuple[dict[str, int], int]]:
+    """Each run's jobs by status, and how many of them completed or failed in its rate
+    window (the last :data:`RATE_WINDOW_SECONDS`, at most since the run was created; 0
+    without ``now``): one query, one pass over the runs' jobs, however many runs."""
+    if not run_ids:
+        return {}
+    j, r = t.jobs.c, t.bulk_runs.c
+    stmt = select(j.bulk_run_id, j.status, func.count())
+    if now is None:
+        stmt = stmt.add_columns(literal(0))
+    else:
+        recent = (j.completed_at >= to_datetime(now - RATE_WINDOW_SECONDS)) & (
+            j.completed_at >= r.created_at
+        )
+        stmt = stmt.add_columns(func.sum(case((recent, 1), else_=0))).join(
+            t.bulk_runs, r.run_id == j.bulk_run_id
+        )
     rows = conn.execute(
-        select(j.status, func.count(), ended).where(j.bulk_run_id == run_id).group_by(j.status)
+        stmt.where(j.bulk_run_id.in_(run_ids)).group_by(j.bulk_run_id, j.status)
     ).all()
     rate_statuses = (JobStatus.COMPLETED.value, JobStatus.FAILED.value)
-    recent = sum(int(n or 0) for status, _, n in rows if status in rate_statuses)
-    return {status: int(count) for status, count, _ in rows}, recent
+    out: dict[str, tuple[dict[str, int], int]] = {}
+    for run_id, status, count, ended in rows:
+        jobs, recent_count = out.get(run_id, ({}, 0))
+        jobs[status] = int(count)
+        if status in rate_statuses:
+            recent_count += int(ended or 0)
+        out[run_id] = (jobs, recent_count)
+    return out
 
 
 def view(conn: Connection, run_id: str, now: float | None = None) -> RunView:
@@ -595,36 +612,39 @@ def view(conn: Connection, run_id: str, now: float | None = None) -> RunView:
     row = conn.execute(select(t.bulk_runs).where(t.bulk_runs.c.run_id == run_id)).one_or_none()
     if row is None:
         raise NotFound(f"no bulk run {run_id!r}", run_id=run_id)
-    return _view(conn, row, now)
+    return _views(conn, [row], now)[0]
 
 
-def _view(conn: Connection, row: Any, now: float | None = None) -> RunView:
-    m = row._mapping
-    window = 0.0
-    since = None
-    if now is not None:
-        created = m["created_at"]
-        created = created if created.tzinfo else created.replace(tzinfo=UTC)
-        window = max(0.0, min(RATE_WINDOW_SECONDS, now - created.timestamp()))
-        since = to_datetime(now - window)
-    jobs, recent = _job_counts(conn, row.run_id, since)
+def _views(conn: Connection, rows: Sequence[Any], now: float | None = None) -> list[RunView]:
+    """The runs of ``rows`` (``bulk_runs`` rows) as an operator reads them, their jobs
+    counted in one query for all (:func:`_job_counts`)."""
+    counted = _job_counts(conn, [row.run_id for row in rows], now)
     fields = [f for f in RunView.__dataclass_fields__ if f not in ("jobs", "progress")]
-    values = {f: m[f] for f in fields}
-    shown = progress(
-        kind=m["kind"],
-        state=m["state"],
-        total=m["total"],
-        scanned=m["scanned"],
-        created_jobs=m["created_jobs"],
-        skipped=m["skipped"],
-        unfit=m["unfit"],
-        migrated=m["migrated"],
-        failed=m["failed"],
-        jobs=jobs,
-        ended_recently=recent,
-        window_seconds=window,
-    )
-    return RunView(**values, jobs=jobs, progress=shown)
+    views = []
+    for row in rows:
+        m = row._mapping
+        window = 0.0
+        if now is not None:
+            created = m["created_at"]
+            created = created if created.tzinfo else created.replace(tzinfo=UTC)
+            window = max(0.0, min(RATE_WINDOW_SECONDS, now - created.timestamp()))
+        jobs, recent = counted.get(row.run_id, ({}, 0))
+        shown = progress(
+            kind=m["kind"],
+            state=m["state"],
+            total=m["total"],
+            scanned=m["scanned"],
+            created_jobs=m["created_jobs"],
+            skipped=m["skipped"],
+            unfit=m["unfit"],
+            migrated=m["migrated"],
+            failed=m["failed"],
+            jobs=jobs,
+            ended_recently=recent if window > 0 else 0,
+            window_seconds=window,
+        )
+        views.append(RunView(**{f: m[f] for f in fields}, jobs=jobs, progress=shown))
+    return views
 
 
 MAX_PAGE = 200  # runs a page holds at most (as the jobs list's)
@@ -651,7 +671,7 @@ def list_runs(
     rows = conn.execute(stmt.order_by(r.run_id.desc()).limit(limit + 1)).all()
     more = len(rows) > limit
     rows = rows[:limit]
-    return RunPage([_view(conn, row, now) for row in rows], rows[-1].run_id if more else None)
+    return RunPage(_views(conn, rows, now), rows[-1].run_id if more else None)
 
 
 def active_ids(conn: Connection) -> list[str]:
@@ -664,19 +684,37 @@ def active_ids(conn: Connection) -> list[str]:
     )
 
 
-def unfinished(conn: Connection) -> list[RunView]:
+def unfinished(conn: Connection, now: float | None = None) -> list[RunView]:
     """Runs not completed nor cancelled, and cancelled runs whose jobs are still
-    stopping, oldest first."""
-    r, j = t.bulk_runs.c, t.jobs.c
-    stopping = (
-        select(j.job_id).where(j.bulk_run_id == r.run_id, j.status.in_(LIVE_JOB_STATUSES)).exists()
-    )
+    stopping, oldest first (two queries, however many: the runs, then their jobs)."""
+    r = t.bulk_runs.c
+    rows = conn.execute(
+        select(t.bulk_runs)
+        .where(r.state.not_in([s.value for s in FINISHED]) | (_stopping()))
+        .order_by(r.run_id)
+    ).all()
+    return _views(conn, rows, now)
+
+
+def recently_finished(conn: Connection, now: float, limit: int, within: float) -> list[RunView]:
+    """The last ``limit`` runs that finished (completed, or cancelled with none of their
+    jobs still stopping) in the ``within`` seconds before ``now``, the latest first."""
+    r = t.bulk_runs.c
     rows = conn.execute(
         select(t.bulk_runs)
         .where(
-            r.state.not_in([s.value for s in FINISHED])
-            | ((r.state == RunState.CANCELLED.value) & stopping)
+            r.state.in_([s.value for s in FINISHED]),
+            r.finished_at >= to_datetime(now - within),
+            ~_stopping(),
         )
-        .order_by(r.run_id)
+        .order_by(r.finished_at.desc(), r.run_id.desc())
+        .limit(limit)
     ).all()
-    return [_view(conn, row) for row in rows]
+    return _views(conn, rows, now)
+
+
+def _stopping() -> ColumnElement[bool]:
+    """A cancelled run with jobs still live (asked to stop, not ended yet)."""
+    r, j = t.bulk_runs.c, t.jobs.c
+    live = select(j.job_id).where(j.bulk_run_id == r.run_id, j.status.in_(LIVE_JOB_STATUSES))
+    return (r.state == RunState.CANCELLED.value) & live.exists()

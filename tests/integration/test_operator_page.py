@@ -37,7 +37,7 @@ from hypermedia.stack import Stack
 from tests import support
 from tests.api_support import add_user, running_server
 from tests.browser_support import chromium
-from tests.status_scene import clock, config_data, scene, stack
+from tests.status_scene import bulk_runs, clock, config_data, scene, stack
 
 __all__ = ["clock", "scene", "stack"]  # the scene's fixtures, used here
 
@@ -474,3 +474,99 @@ def test_the_page_says_the_record_is_down_and_reloads_until_it_is_back(
             assert back.status_code == 200, back.text
     finally:
         stack.close()
+
+
+def test_the_page_shows_each_bulk_runs_progress(stack, clock, tmp_path):
+    """The page listed the bulk runs not finished with their raw counts (created,
+    skipped, migrated, failed) and nothing of how far each was: an operator watching a
+    long regeneration could not tell. Each run not finished now shows its progress as
+    ``bulk status`` says it (percent, done + failed of the total, failed, in flight,
+    rate, ETA; "—" where there is none: a run from before totals), and the last three
+    finished of the day follow, greyed."""
+    from selenium.webdriver.common.by import By
+
+    made = bulk_runs(stack, clock)
+    config = scheduler_config.parse(config_data())
+    operator = add_user(stack, "ops", operator=True)
+    app = create_app(stack)
+    install(app, config)
+    with running_server(app) as base_url, chromium() as browser:
+        host = base_url.removeprefix("http://")
+        browser.get(f"http://operator:{operator.api_key}@{host}/operator")
+        heading = browser.find_element(By.CSS_SELECTOR, "#bulk h2").text
+        rows = {
+            row.get_attribute("data-run"): {
+                "class": row.get_attribute("class"),
+                **{
+                    name: row.find_element(By.CSS_SELECTOR, f".{name}").text
+                    for name in (
+                        "kind",
+                        "state",
+                        "queue",
+                        "percent",
+                        "objects",
+                        "failed",
+                        "live",
+                        "rate",
+                        "eta",
+                    )
+                },
+                "bar": row.find_element(By.TAG_NAME, "progress").get_attribute("value"),
+                "title": row.find_element(By.CSS_SELECTOR, ".objects").get_attribute("title"),
+            }
+            for row in browser.find_elements(By.CSS_SELECTOR, "#bulk tbody tr[data-run]")
+        }
+        order = list(rows)
+        console = [e for e in browser.get_log("browser") if e["level"] in ("SEVERE", "ERROR")]
+    assert console == []
+    assert heading == "Bulk runs 3 not finished · the last 3 finished below"
+    names = {run_id: name for name, run_id in made.items()}
+    # Not finished, oldest first; then the last three finished, the latest first.
+    assert [names[r] for r in order] == [
+        "active",
+        "paused",
+        "old",
+        "cancelled-3",
+        "cancelled-2",
+        "completed",
+    ]
+    shown = {names[r]: row for r, row in rows.items()}
+    assert shown["active"] == {
+        "class": "",
+        "kind": "backfill thumbnail",
+        "state": "creating",
+        "queue": "bulk · 8",
+        "percent": "40.0%",
+        "objects": "4/10",
+        "failed": "1",
+        "live": "4/4",
+        "rate": "0.04/s",
+        "eta": "2m 30s",
+        "bar": "40",
+        "title": "3 done, 1 failed, 6 remaining",
+    }
+    assert {k: shown["paused"][k] for k in ("state", "percent", "objects", "rate", "eta")} == {
+        "state": "paused",
+        "percent": "0.0%",
+        "objects": "0/3",
+        "rate": "—",
+        "eta": "—",
+    }
+    # A run from before totals, while it scans: no percent, no total, no crash.
+    assert {k: shown["old"][k] for k in ("state", "percent", "objects", "live", "eta")} == {
+        "state": "creating",
+        "percent": "—",
+        "objects": "0/—",
+        "live": "1/1",
+        "eta": "—",
+    }
+    assert shown["old"]["title"] == "0 done, 0 failed"
+    assert shown["completed"]["class"] == "finished"
+    assert shown["completed"]["state"].startswith("completed 20")  # and when
+    assert (shown["completed"]["percent"], shown["completed"]["objects"]) == ("100.0%", "2/2")
+    assert shown["cancelled-3"]["state"].startswith("cancelled ")
+    # The numbers are gather's (the page gathers on the same clock).
+    status = gather(stack, config)
+    assert [r.run_id for r in status.bulk + status.bulk_finished] == order
+    (active,) = [r for r in status.bulk if r.run_id == made["active"]]
+    assert active.progress.percent == 40.0 and active.progress.eta_seconds == 150.0

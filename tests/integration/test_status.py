@@ -25,7 +25,7 @@ from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
 from hypermedia.stack import Stack
 from tests import support
-from tests.status_scene import clock, config_data, scene, stack
+from tests.status_scene import bulk_runs, clock, config_data, scene, stack
 
 __all__ = ["clock", "scene", "stack"]  # the scene's fixtures, used here
 
@@ -149,6 +149,54 @@ def test_gather_shows_what_the_record_and_redis_hold(stack, scene):
     assert status.mode == "hybrid" and status.last_turn_at == pytest.approx(
         stack.clock.now(), abs=1
     )
+
+
+def test_gather_reads_every_bulk_runs_progress_in_the_same_few_queries(stack, clock):
+    """gather counted each bulk run's jobs in a query of its own (N+1: a page reload a
+    query a run) and showed no progress; now the runs' jobs are counted in one query
+    for all, with their rate, and the last finished runs come in one more."""
+    from sqlalchemy import event
+
+    from autoscaler import config as scheduler_config
+    from hypermedia.bulk.runs import RunSpec
+    from hypermedia.bulk.service import BulkService
+    from hypermedia.jobs.catalog import ProfileCatalog
+
+    made = bulk_runs(stack, clock)
+    config = scheduler_config.parse(config_data())
+    statements: list[str] = []
+
+    def count(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        statements.append(statement)
+
+    event.listen(stack.engine, "before_cursor_execute", count)
+    try:
+        status = gather(stack, config)
+        few = len(statements)
+        service = BulkService(stack.engine, stack.queue, ProfileCatalog.load(stack.engine))
+        for _ in range(6):  # 6 more, not finished
+            service.create(RunSpec(kind="backfill", operation="thumbnail"), "ops")
+        statements.clear()
+        more = gather(stack, config)
+    finally:
+        event.remove(stack.engine, "before_cursor_execute", count)
+    assert len(more.bulk) == len(status.bulk) + 6
+    assert len(statements) == few, statements
+    shown = {r.run_id: r for r in status.bulk}
+    assert [r.run_id for r in status.bulk] == [made[n] for n in ("active", "paused", "old")]
+    active = shown[made["active"]].progress
+    assert (active.total, active.done, active.failed, active.in_flight) == (10, 3, 1, 4)
+    assert (active.percent, active.jobs_per_second, active.eta_seconds) == (40.0, 0.04, 150.0)
+    old = shown[made["old"]].progress
+    assert (old.total, old.percent, old.remaining, old.eta_seconds) == (None, None, None, None)
+    assert [r.run_id for r in status.bulk_finished] == [
+        made[n] for n in ("cancelled-3", "cancelled-2", "completed")
+    ]
+    assert status.bulk_finished[2].progress.percent == 100.0
+    assert status.bulk_finished[2].finished_at is not None
+    # As JSON (status --json): the progress as the API's run says it.
+    (listed,) = [r for r in status.as_json()["bulk"] if r["run_id"] == made["active"]]
+    assert listed["progress"]["remaining"] == 6
 
 
 def test_the_command_shows_the_same_numbers(stack, scene, tmp_path: Path):
