@@ -3,7 +3,8 @@
 Without a job id it is an operator's command on the server: it reads the record and
 Redis (the settings' ``database_url`` and ``redis_url``, like ``scheduler log``) and
 ``scheduler.json`` through :func:`autoscaler.status.gather`, and shows queues, workers,
-spend, firing alerts and the last decisions; ``--json`` prints the same values as JSON,
+spend, firing alerts, the last decisions, and the bulk runs not finished with their
+progress (then the last few finished); ``--json`` prints the same values as JSON,
 ``--watch`` redraws (or, with ``--json``, prints one JSON line) every ``--interval``
 seconds until Ctrl-C. With a job id it asks the API (:func:`hypermedia.cli.jobs.show_job`).
 """
@@ -328,27 +329,51 @@ def render(current: Status) -> RenderableType:
             _when(d.decided_at), d.action, d.queue or "-", "yes" if d.applied else "no", d.reason
         )
     parts.append(decisions)
-    if current.bulk:
-        bulk = Table(
-            "run",
-            "kind",
-            "state",
-            "created",
-            "skipped",
-            "migrated",
-            "failed",
-            "in flight",
-            title="Bulk runs",
-            title_justify="left",
-        )
-        for r in current.bulk:
-            c = r.counts
-            bulk.add_row(
-                r.run_id,
-                f"{r.kind} {r.operation or ''}",
-                r.shown_state,
-                *(str(c[k]) for k in ("created", "skipped", "migrated", "failed")),
-                f"{c['live']}/{r.max_in_flight}",
-            )
-        parts.append(bulk)
+    if current.bulk or current.bulk_finished:
+        parts.append(_bulk_table(current))
     return Group(*parts)
+
+
+NONE = "—"  # a value a run has not (yet): no total, no rate, no ETA
+
+
+def _bulk_table(current: Status) -> RenderableType:
+    """The bulk runs not finished, each with its progress (as ``bulk status`` says it),
+    then the last few finished, dimmed."""
+    from rich.table import Column, Table
+
+    finished = current.bulk_finished
+    title = f"Bulk runs ({len(current.bulk)} not finished" + (
+        f"; the last {len(finished)} finished, dimmed)" if finished else ")"
+    )
+    table = Table(
+        Column("run", no_wrap=True),  # whole: what bulk pause/cancel take
+        Column("kind, queue · priority", min_width=9),
+        Column("state", min_width=9),
+        Column("progress", min_width=6, overflow="fold"),
+        "failed",
+        "in flight",
+        "rate",
+        "ETA",
+        title=title,
+        title_justify="left",
+    )
+    rows = [(r, False) for r in current.bulk] + [(r, True) for r in finished]
+    for r, ended in rows:
+        p = r.progress
+        state = r.shown_state + (f" ({r.reason})" if r.reason else "")
+        if ended and r.finished_at is not None:
+            state += f" {age_text(current.at - r.finished_at)} ago"
+        table.add_row(
+            r.run_id,
+            f"{r.kind} {r.operation or ''}".strip() + f", {r.queue or '-'} · {r.priority}",
+            state,
+            (NONE if p.percent is None else f"{p.percent:.1f}%")
+            + f" {p.done + p.failed:,}/{NONE if p.total is None else f'{p.total:,}'}",
+            f"{p.failed:,}",
+            f"{r.counts['live']}/{r.max_in_flight}",
+            NONE if p.jobs_per_second is None else f"{p.jobs_per_second:.2f}/s",
+            NONE if p.eta_seconds is None else age_text(p.eta_seconds),
+            style="dim" if ended else None,
+        )
+    return table

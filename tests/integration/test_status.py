@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -259,6 +260,75 @@ def test_the_command_shows_the_same_numbers(stack, scene, tmp_path: Path):
     assert "Billing aws: read 2027-01-15 08:00:00, last day compared 2027-01-14" in screen.stdout
     assert found in screen.stdout
     assert "Manual burst images: 2 cloud workers until" in screen.stdout
+
+
+def test_the_command_shows_each_bulk_runs_progress(stack, clock, tmp_path: Path):
+    """``status`` listed the bulk runs not finished with their raw counts and nothing of
+    how far each was. Each now shows its progress as ``bulk status`` says it (a bar,
+    percent, done + failed of the total, failed, in flight, rate, ETA; "—" where there is
+    none: a run from before totals), then the last three finished of the day; --json
+    has each run's progress and the finished ones."""
+    # The scene's runs end at the real now (status runs on the real clock): the active
+    # run's 4 jobs ended about 100 s ago.
+    clock.advance(time.time() - clock.now() - 340)
+    made = bulk_runs(stack, clock)
+    config_file = tmp_path / "scheduler.json"
+    config_file.write_text(json.dumps(config_data()))
+    env = {
+        "HYPERMEDIA_DATABASE_URL": support.url_string(stack.engine),
+        "HYPERMEDIA_REDIS_URL": support.redis_server_url(),
+        "HYPERMEDIA_REDIS_PREFIX": stack.settings.redis_prefix,
+        "HYPERMEDIA_DATA_DIR": str(tmp_path),
+        "HYPERMEDIA_SCHEDULER_CONFIG": str(config_file),
+    }
+    runner = CliRunner()
+    screen = runner.invoke(app, ["status"], env=env)
+    assert screen.exit_code == 0, screen.output
+    assert "Bulk runs (3 not finished; the last 3 finished, dimmed)" in screen.stdout
+    rows: dict[str, list[str]] = {}  # a row's cells, its wrapped lines joined
+    for line in screen.stdout.splitlines():
+        cells = [cell.strip() for cell in line.split("│")[1:-1]]
+        if cells and cells[0] in made.values():
+            run = rows[cells[0]] = cells
+        elif rows and len(cells) == len(run) and not cells[0]:
+            run[:] = [f"{a} {b}".strip() for a, b in zip(run, cells, strict=True)]
+        elif rows:
+            break
+    names = {run_id: name for name, run_id in made.items()}
+    assert [names[r] for r in rows] == [
+        "active",
+        "paused",
+        "old",
+        "cancelled-3",
+        "cancelled-2",
+        "completed",
+    ]
+    shown = {names[r]: cells for r, cells in rows.items()}
+    active = shown["active"]
+    assert active[1:6] == ["backfill thumbnail, bulk · 8", "creating", "40.0% 4/10", "1", "4/4"]
+    assert active[6] == "0.04/s" and active[7].startswith("2m "), active  # ~150 s
+    assert shown["paused"][2:4] == ["paused", "0.0% 0/3"] and shown["paused"][6:] == ["—", "—"]
+    # A run from before totals, while it scans: no percent, no total, no crash.
+    assert shown["old"][2:8] == ["creating", "— 0/—", "0", "1/1", "—", "—"]
+    assert re.fullmatch(r"completed \dm \d\ds ago", shown["completed"][2]), shown["completed"]
+    assert shown["completed"][3] == "100.0% 2/2"
+    assert re.fullmatch(r"cancelled \dm \d\ds ago", shown["cancelled-3"][2])
+
+    result = runner.invoke(app, ["status", "--json"], env=env)
+    assert result.exit_code == 0, result.output
+    listed = json.loads(result.stdout)
+    progress = {names[r["run_id"]]: r["progress"] for r in listed["bulk"]}
+    assert {k: progress["active"][k] for k in ("total", "done", "failed", "in_flight")} == {
+        "total": 10,
+        "done": 3,
+        "failed": 1,
+        "in_flight": 4,
+    }
+    assert progress["active"]["percent"] == 40.0
+    assert progress["old"]["total"] is None and progress["old"]["percent"] is None
+    finished = [names[r["run_id"]] for r in listed["bulk_finished"]]
+    assert finished == ["cancelled-3", "cancelled-2", "completed"]
+    assert listed["bulk_finished"][2]["finished_at"] is not None
 
 
 def test_the_command_shows_the_storage(stack, scene, tmp_path: Path):
