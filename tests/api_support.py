@@ -218,3 +218,41 @@ class AnswerDropper:
             with suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
             sock.close()
+
+
+class RequestHolder(AnswerDropper):
+    """A TCP proxy in front of a real server that, while :meth:`hold` is on, keeps each
+    request whose first line starts with ``request_line`` from the server until
+    :meth:`release` (the others pass): a slow path to the server, as an S3 endpoint
+    behind a stalled network takes its time to answer. ``held`` is set once one is kept."""
+
+    def __init__(self, upstream: str, request_line: bytes) -> None:
+        super().__init__(upstream, request_line, drops=0)
+        self.held = threading.Event()
+        self._released = threading.Event()
+        self._released.set()
+
+    def __enter__(self) -> RequestHolder:
+        super().__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+        super().__exit__(*exc)
+
+    def hold(self) -> None:
+        self.held.clear()
+        self._released.clear()
+
+    def release(self) -> None:
+        self._released.set()
+
+    def _requests(
+        self, client: socket.socket, server: socket.socket, doomed: threading.Event
+    ) -> None:
+        with suppress(OSError):
+            while data := client.recv(65536):
+                if data.startswith(self.request_line) and not self._released.is_set():
+                    self.held.set()
+                    self._released.wait()
+                server.sendall(data)

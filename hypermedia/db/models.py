@@ -396,6 +396,9 @@ class BlobDeletion(Base):
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     next_attempt_at: Mapped[datetime] = mapped_column(index=True)
     last_error: Mapped[str | None] = mapped_column(String(200))
+    # SQLite: a deleter calls the storage now, until then at the latest (no transaction
+    # open meanwhile); no job is granted the key to write until it is done.
+    claimed_until: Mapped[datetime | None]
 
 
 class JobOutput(Base):

@@ -21,10 +21,24 @@ Deleting a blob that is not there succeeds (S3's DELETE, the local unlink), so a
 deleted twice (the API and a sweep at once, or a record whose removal failed) is
 harmless. An output's key can be written again, though: it is its source's and
 profile's, and a job re-run on the source after the output was deleted writes it and
-revives the row. Each blob is therefore deleted with its source's row locked (no job is
-created on the source meanwhile), and not at all while its row is live again (the
+revives the row. A blob is therefore not deleted while its row is live again (the
 record goes: the bytes are that row's) or a job on its source has yet to end (tried
-again later). How many records are waiting, and the oldest one's age, are
+again later), and no job on the source may write it while the storage deletes it:
+
+* on PostgreSQL the storage is called with the source's row locked (no job is created
+  on the source meanwhile; only that source's submits wait);
+* on SQLite a transaction takes the whole database's write lock (every upload, submit
+  and completion waits), so none is open during the storage's call: a short one
+  decides and **claims** the record (``claimed_until``, :data:`CLAIM_SECONDS` on),
+  the storage deletes, another removes the record. A job created meanwhile is granted
+  no URL for a key whose deletion is claimed (:func:`being_deleted`,
+  :meth:`~hypermedia.storage.grants.StorageGrants.output_urls`: a retryable refusal),
+  so its bytes are written after the storage's answer, never before a late delete.
+  Left open: a storage call that outlasts its claim (logged; S3's is bounded well
+  below it), and, as on PostgreSQL, a worker that lost its job but still holds a PUT
+  URL granted before (it lives ``presign_ttl_seconds``).
+
+How many records are waiting, and the oldest one's age, are
 ``hypermedia_blob_deletions_*`` (:mod:`hypermedia.metrics`).
 """
 
@@ -32,15 +46,18 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from sqlalchemy import Connection, Engine, delete, func, insert, select, update
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.sql import ColumnElement
 
 from hypermedia.clock import to_datetime, to_epoch
 from hypermedia.db import tables as t
-from hypermedia.db.engine import snapshot, transaction
+from hypermedia.db.engine import is_sqlite, snapshot, transaction
 from hypermedia.errors import HypermediaError
 from hypermedia.jobs.states import TERMINAL
 from hypermedia.storage.base import Storage
@@ -55,6 +72,12 @@ MAX_DELAY_SECONDS = 3600.0
 # How often the head's maintenance sweeps, and how many records at most a sweep reads.
 SWEEP_SECONDS = 30.0
 SWEEP_BATCH = 500
+# How long a claimed deletion (SQLite) keeps its key from the jobs that would write it,
+# and from other deleters: longer than the storage's longest delete (S3: botocore's 3
+# attempts of a 10 s connect and a 60 s read, about 4 min with its backoff). A claim
+# that ran out (its deleter died, or a local disk hung longer) is tried again by the
+# sweep; a delete still under way then could take a re-run's new bytes, and says so.
+CLAIM_SECONDS = 600.0
 _ERROR_CHARS = 200
 _FINISHED = [s.value for s in TERMINAL]
 
@@ -97,14 +120,16 @@ class DeleteReport:
     deleted: list[str] = field(default_factory=list)
     revived: list[str] = field(default_factory=list)  # its object is live again: kept
     waiting: list[str] = field(default_factory=list)  # a job on its source may write it
+    busy: list[str] = field(default_factory=list)  # another deleter has it, or is done
     failed: dict[str, str] = field(default_factory=dict)  # key -> error
     left: list[str] = field(default_factory=list)  # not tried: the one before failed
 
 
 class _StorageFailed(Exception):
-    def __init__(self, error: HypermediaError) -> None:
+    def __init__(self, error: HypermediaError, claim: datetime | None = None) -> None:
         super().__init__(str(error))
         self.error = error
+        self.claim = claim
 
 
 def delete_blobs(
@@ -115,12 +140,14 @@ def delete_blobs(
     done stays recorded for the sweep. ``action``: for the log."""
     report = DeleteReport()
     for index, key in enumerate(keys):
+        claim: datetime | None = None
         try:
             getattr(report, _delete_one(engine, storage, key, now)).append(key)
             continue
         except _StorageFailed as failed:
             report.failed[key] = str(failed.error)[:_ERROR_CHARS]
             problem: Exception = failed.error
+            claim = failed.claim
         except (HypermediaError, DBAPIError) as exc:  # the record: the sweep tries again
             problem = exc
         report.left = list(keys[index + 1 :])
@@ -133,66 +160,146 @@ def delete_blobs(
         )
         if key in report.failed:
             with contextlib.suppress(HypermediaError, DBAPIError):
-                _failed(engine, key, report.failed[key], now)
+                _failed(engine, key, report.failed[key], now, claim)
         break
     return report
 
 
 def _delete_one(engine: Engine, storage: Storage, key: str, now: float) -> str:
     """Delete one recorded blob (the :class:`DeleteReport` list it goes in), unless its
-    key may be written again. An output's key is its source's and profile's, and a job
-    on the source re-run after the output was deleted writes the same key and revives
-    its row (:meth:`~hypermedia.jobs.repository.JobRepository.complete`): a late
-    deletion would take those new bytes. So the source's row is locked first (as a
-    submit locks the objects it creates jobs on: no job on it is created until the
-    blob is gone), and a blob whose row is live again is kept, one a job on the source
-    still to end may write is left for later. The storage's failure:
-    :class:`_StorageFailed`, nothing of the transaction kept."""
-    o, b, j = t.objects.c, t.blob_deletions.c, t.jobs.c
-    holder = select(o.object_id, o.source_object_id, o.deleted_at).where(o.storage_key == key)
+    key may be written again (see the module docstring): with its source's row locked
+    on PostgreSQL, claimed on SQLite. The storage's failure: :class:`_StorageFailed`."""
+    if is_sqlite(engine):
+        return _delete_claimed(engine, storage, key, now)
+    return _delete_locked(engine, storage, key, now)
+
+
+def _delete_locked(engine: Engine, storage: Storage, key: str, now: float) -> str:
+    """PostgreSQL: the storage deletes in the transaction that locked the source's row
+    (a submit locks the objects it creates jobs on: none on this source is created until
+    the blob is gone). Its failure keeps nothing of the transaction."""
     with transaction(engine) as conn:
-        row = conn.execute(holder).first()
-        source = None if row is None else row.source_object_id
-        if source is not None:
-            conn.execute(select(o.object_id).where(o.object_id == source).with_for_update())
-            row = conn.execute(holder).first()  # as of the lock
-        gone = delete(t.blob_deletions).where(b.storage_key == key)
-        if row is not None and row.deleted_at is None:
-            conn.execute(gone)
-            return "revived"
-        if (
-            source is not None
-            and conn.execute(
-                select(j.job_id).where(j.object_id == source, j.status.not_in(_FINISHED)).limit(1)
-            ).first()
-        ):
-            conn.execute(
-                update(t.blob_deletions)
-                .where(b.storage_key == key)
-                .values(next_attempt_at=to_datetime(now + FIRST_DELAY_SECONDS))
-            )
-            return "waiting"
+        verdict = _decide(conn, key, now)
+        if verdict is not None:
+            return verdict
         try:
             storage.delete(key)
         except HypermediaError as exc:
             raise _StorageFailed(exc) from exc
-        conn.execute(gone)
+        conn.execute(delete(t.blob_deletions).where(t.blob_deletions.c.storage_key == key))
         return "deleted"
 
 
-def _failed(engine: Engine, key: str, error: str, now: float) -> None:
+def _delete_claimed(engine: Engine, storage: Storage, key: str, now: float) -> str:
+    """SQLite: no transaction open while the storage deletes (its write lock is the
+    whole database's). One decides and claims the record until :data:`CLAIM_SECONDS`
+    on (no output URL for ``key`` is granted meanwhile: :func:`being_deleted`; the
+    sweep passes it by), the storage deletes, one more removes the record if the claim
+    is still this one's. A claim still held by another deleter: ``busy``."""
     b = t.blob_deletions.c
+    claim = to_datetime(now + CLAIM_SECONDS)
+    with transaction(engine) as conn:
+        held = conn.execute(select(b.claimed_until).where(b.storage_key == key)).first()
+        if held is None or (
+            held.claimed_until is not None and held.claimed_until > to_datetime(now)
+        ):
+            return "busy"
+        verdict = _decide(conn, key, now)
+        if verdict is not None:
+            return verdict
+        conn.execute(
+            update(t.blob_deletions)
+            .where(b.storage_key == key)
+            .values(claimed_until=claim, next_attempt_at=claim)
+        )
+    began = time.monotonic()
+    try:
+        storage.delete(key)
+    except HypermediaError as exc:
+        raise _StorageFailed(exc, claim) from exc
+    finally:
+        took = time.monotonic() - began
+        if took > CLAIM_SECONDS:
+            log.warning(
+                "blob %s: the storage took %.0f s to delete it, more than its claim"
+                " (%.0f s): a job on its source may have written it meanwhile",
+                key,
+                took,
+                CLAIM_SECONDS,
+                extra={"action": "blob_delete"},
+            )
+    with transaction(engine) as conn:
+        conn.execute(delete(t.blob_deletions).where(b.storage_key == key, b.claimed_until == claim))
+    return "deleted"
+
+
+def _decide(conn: Connection, key: str, now: float) -> str | None:
+    """Whether a recorded key is to be deleted now (None), else what became of it:
+    ``revived`` (its row is live again: the bytes are that row's, the record goes) or
+    ``waiting`` (a job on its source has yet to end and may write it: tried again
+    later). An output's source row is locked first (PostgreSQL; SQLite's transaction
+    holds the database's)."""
+    o, b, j = t.objects.c, t.blob_deletions.c, t.jobs.c
+    holder = select(o.object_id, o.source_object_id, o.deleted_at).where(o.storage_key == key)
+    row = conn.execute(holder).first()
+    source = None if row is None else row.source_object_id
+    if source is not None:
+        conn.execute(select(o.object_id).where(o.object_id == source).with_for_update())
+        row = conn.execute(holder).first()  # as of the lock
+    if row is not None and row.deleted_at is None:
+        conn.execute(delete(t.blob_deletions).where(b.storage_key == key))
+        return "revived"
+    if (
+        source is not None
+        and conn.execute(
+            select(j.job_id).where(j.object_id == source, j.status.not_in(_FINISHED)).limit(1)
+        ).first()
+    ):
+        conn.execute(
+            update(t.blob_deletions)
+            .where(b.storage_key == key)
+            .values(next_attempt_at=to_datetime(now + FIRST_DELAY_SECONDS))
+        )
+        return "waiting"
+    return None
+
+
+def being_deleted(conn: Connection, keys: Sequence[str], now: float) -> list[str]:
+    """The ``keys`` whose deletion is claimed (the storage may be deleting them now):
+    none is to be written until its claim is gone (:func:`_delete_claimed`)."""
+    b = t.blob_deletions.c
+    if not keys:
+        return []
+    return list(
+        conn.execute(
+            select(b.storage_key).where(
+                b.storage_key.in_(list(keys)), b.claimed_until > to_datetime(now)
+            )
+        ).scalars()
+    )
+
+
+def _failed(
+    engine: Engine, key: str, error: str, now: float, claim: datetime | None = None
+) -> None:
+    """The failed try recorded, and its claim (``claim``) let go; nothing done when
+    another deleter holds the record now."""
+    b = t.blob_deletions.c
+    ours: ColumnElement[bool] = (
+        b.claimed_until.is_(None) if claim is None else b.claimed_until == claim
+    )
     with transaction(engine) as conn:
         failures = 1 + int(
             conn.execute(select(b.attempts).where(b.storage_key == key)).scalar() or 0
         )
         conn.execute(
             update(t.blob_deletions)
-            .where(b.storage_key == key)
+            .where(b.storage_key == key, ours)
             .values(
                 attempts=failures,
                 next_attempt_at=to_datetime(now + retry_delay(failures)),
                 last_error=error,
+                claimed_until=None,
             )
         )
 

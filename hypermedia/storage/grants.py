@@ -11,8 +11,10 @@ finished, requeued or expired job, gets
 The worker names output *types* only, never keys: every output key is
 ``derived/{pool_id}/{object_id}/{profile_version}/{output_type}``, computed here
 from the job's object and profile, so a worker can write nowhere else (and a
-re-run overwrites the same keys). Each URL lives ``ttl_seconds``. URLs are never
-logged.
+re-run overwrites the same keys). A key whose blob the storage may be deleting now
+(an earlier run's output, deleted since: :func:`hypermedia.storage.deletions.being_deleted`)
+is refused with :class:`~hypermedia.storage.base.StorageUnavailable`, which the worker
+retries later. Each URL lives ``ttl_seconds``. URLs are never logged.
 
 A step that checkpoints (:mod:`pipelines.checkpoints`) has its finished pieces stored
 while it runs: :meth:`StorageGrants.checkpoint_uploads` grants PUT URLs for pieces by
@@ -29,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Engine, Select, bindparam, select
+from sqlalchemy import Connection, Engine, Select, bindparam, select
 
 from hypermedia.clock import Clock, to_datetime
 from hypermedia.db import tables as t
@@ -37,8 +39,10 @@ from hypermedia.db.engine import snapshot, transaction
 from hypermedia.errors import IllegalTransition, InvalidRequest, NotFound
 from hypermedia.jobs import checkpoints
 from hypermedia.jobs.states import IN_FLIGHT
+from hypermedia.storage import deletions
 from hypermedia.storage.base import (
     Storage,
+    StorageUnavailable,
     check_content_type,
     check_segment,
     check_ttl,
@@ -141,10 +145,26 @@ class StorageGrants:
         for output_type, content_type in wanted.items():
             check_segment(output_type, "output_type")
             check_content_type(content_type)
-        job = self.held(job_id, worker_id)
+        with snapshot(self.engine) as conn:
+            job = self._held(conn, job_id, worker_id)
+            keys = {
+                output_type: derived_key(
+                    job.pool_id, job.object_id, job.profile_version, output_type
+                )
+                for output_type in wanted
+            }
+            busy = deletions.being_deleted(conn, list(keys.values()), self.clock.now())
+        if busy:
+            # The blob of an output deleted since, which the storage is deleting now:
+            # bytes put before its delete lands would be taken.
+            raise StorageUnavailable(
+                f"{busy[0]!r} is being deleted (an earlier run's output): try again later",
+                job_id=job_id,
+                storage_key=busy[0],
+            )
         grants = {}
         for output_type, content_type in wanted.items():
-            key = derived_key(job.pool_id, job.object_id, job.profile_version, output_type)
+            key = keys[output_type]
             url = self.storage.presign_put(key, self.ttl_seconds, content_type)
             grants[output_type] = OutputGrant(key=key, url=url, content_type=content_type)
         log.info(
@@ -190,7 +210,10 @@ class StorageGrants:
     def held(self, job_id: str, worker_id: str) -> HeldJob:
         """The job, if ``worker_id`` holds it in flight; else NotFound / IllegalTransition."""
         with snapshot(self.engine) as conn:
-            row = conn.execute(_HELD, {"job_id": job_id}).one_or_none()
+            return self._held(conn, job_id, worker_id)
+
+    def _held(self, conn: Connection, job_id: str, worker_id: str) -> HeldJob:
+        row = conn.execute(_HELD, {"job_id": job_id}).one_or_none()
         if row is None:
             raise NotFound(f"no job {job_id!r}", job_id=job_id)
         held = row.status in {s.value for s in IN_FLIGHT} and row.claimed_by == worker_id

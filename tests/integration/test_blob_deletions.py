@@ -8,23 +8,27 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import boto3
 import httpx
 import pytest
 from moto.server import ThreadedMotoServer
-from sqlalchemy import select
+from sqlalchemy import select, update
 
-from hypermedia.clock import ManualClock
+from hypermedia.clock import ManualClock, to_datetime
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
 from hypermedia.ingest.api import create_app
 from hypermedia.server import Maintenance
 from hypermedia.stack import Stack
 from hypermedia.storage import deletions
-from tests.api_support import add_user, bearer, running_server
+from hypermedia.storage.base import StorageUnavailable
+from hypermedia.storage.grants import StorageGrants
+from tests.api_support import RequestHolder, add_user, bearer, running_server
 from tests.integration.test_api_quota import PNG, run_thumbnail, upload
 
 P = "/v1/hypermedia"
@@ -223,3 +227,188 @@ def _complete_with(stack: Stack, claimed, key: str, size: int) -> None:
     blob = stack.storage.put(key, [bytes(size)])
     output = OutputRecord("thumbnail-64.webp", key, blob.size_bytes, "image/webp")
     assert stack.dispatcher.complete(job, "w", [output])
+
+
+# How long S3's DELETE is kept from moto: what a writer waited for before.
+HOLD_SECONDS = 5.0
+
+
+def _s3_stack(settings, engine, endpoint: str, bucket: str, clock: ManualClock) -> Stack:
+    return Stack.open(
+        settings(
+            storage_backend="s3", s3_bucket=bucket, s3_endpoint_url=endpoint, s3_region=REGION
+        ),
+        engine=engine,
+        auto_migrate=True,
+        clock=clock,
+    )
+
+
+@contextlib.contextmanager
+def _releasing(holder: RequestHolder) -> Iterator[None]:
+    """The requests kept let go on the way out (before the API stops: it waits for them)."""
+    try:
+        yield
+    finally:
+        holder.release()
+
+
+class _Timed(threading.Thread):
+    """``call()`` in a thread of its own: its answer, and how long it took."""
+
+    def __init__(self, call: Callable[[], httpx.Response]) -> None:
+        super().__init__(daemon=True)
+        self.call = call
+        self.answer: httpx.Response | None = None
+        self.seconds = -1.0
+
+    def run(self) -> None:
+        began = time.monotonic()
+        self.answer = self.call()
+        self.seconds = time.monotonic() - began
+
+
+def _submit(url: str, user, object_id: str) -> httpx.Response:
+    with httpx.Client(base_url=url, timeout=120) as client:
+        return client.post(
+            f"{P}/process",
+            json={"object_id": object_id, "operations": ["thumbnail"]},
+            headers=bearer(user),
+        )
+
+
+def _delete(url: str, user, object_id: str) -> httpx.Response:
+    with httpx.Client(base_url=url, timeout=120) as client:
+        return client.delete(f"{P}/objects/{object_id}", headers=bearer(user))
+
+
+def test_a_slow_storage_delete_holds_no_sqlite_writer_back(sqlite_engine, settings, moto):
+    """Before: on SQLite each blob was deleted inside BEGIN IMMEDIATE, the whole
+    database's write lock: with S3's DELETE kept from moto for 5 s (a stalled path), a
+    submit on another object waited for all of it (5.0 s), as would every upload and
+    every worker's completion; with S3 unreachable, 30 s and more a try. Now the
+    deletion is claimed in a short transaction and the storage called after its
+    commit: the submit is answered while the DELETE is still kept."""
+    bucket = "hm-deletions-slow"
+    boto3.client("s3", endpoint_url=moto.url, region_name=REGION).create_bucket(Bucket=bucket)
+    with RequestHolder(moto.url, b"DELETE ") as s3_path:
+        stack = _s3_stack(settings, sqlite_engine, s3_path.url, bucket, ManualClock())
+        try:
+            with (
+                running_server(create_app(stack, auth_cache_seconds=0)) as url,
+                httpx.Client(base_url=url, timeout=120) as client,
+                _releasing(s3_path),
+            ):
+                alice = add_user(stack, "alice")
+                doomed = upload(client, alice, PNG).json()["object_id"]
+                other = upload(client, alice, PNG, "b.png").json()["object_id"]
+
+                s3_path.hold()
+                deleting = _Timed(lambda: _delete(url, alice, doomed))
+                deleting.start()
+                assert s3_path.held.wait(30), "the DELETE never reached S3"
+                submitting = _Timed(lambda: _submit(url, alice, other))
+                submitting.start()
+                submitting.join(HOLD_SECONDS)
+                answered_while_held = not submitting.is_alive()
+                s3_path.release()
+                submitting.join(60)
+                deleting.join(60)
+                assert submitting.answer is not None and submitting.answer.status_code == 202
+                assert answered_while_held, (
+                    f"the submit waited {submitting.seconds:.1f} s for S3's DELETE"
+                )
+                assert submitting.seconds < HOLD_SECONDS / 2
+                assert deleting.answer is not None and deleting.answer.status_code == 200
+                assert _records(stack) == {}
+                s3 = boto3.client("s3", endpoint_url=moto.url, region_name=REGION)
+                assert s3.list_objects_v2(Bucket=bucket)["KeyCount"] == 1
+        finally:
+            stack.close()
+
+
+def test_a_job_writes_no_key_whose_deletion_is_under_way(sqlite_engine, settings, moto):
+    """On SQLite the storage is called with no lock held, so a job on the source may be
+    submitted and run while its output's blob is being deleted: the deletion claimed
+    the key first, and the job is granted no URL to write it until the storage has
+    answered (a retryable refusal: else its new bytes could be taken by the late
+    DELETE, the row revived with nothing behind it). Once deleted, the job writes it."""
+    bucket = "hm-deletions-claimed"
+    boto3.client("s3", endpoint_url=moto.url, region_name=REGION).create_bucket(Bucket=bucket)
+    clock = ManualClock()
+    with RequestHolder(moto.url, b"DELETE ") as s3_path:
+        stack = _s3_stack(settings, sqlite_engine, s3_path.url, bucket, clock)
+        grants = StorageGrants(stack.engine, stack.storage, 600, clock)
+        try:
+            with (
+                running_server(create_app(stack, auth_cache_seconds=0)) as url,
+                httpx.Client(base_url=url, timeout=120) as client,
+                _releasing(s3_path),
+            ):
+                alice = add_user(stack, "alice")
+                source = upload(client, alice, PNG).json()["object_id"]
+                job_id = run_thumbnail(stack, client, alice, source, 10)
+                (output,) = client.get(f"{P}/jobs/{job_id}", headers=bearer(alice)).json()[
+                    "outputs"
+                ]
+                (key,) = _keys_of(stack, output["object_id"])
+
+                s3_path.hold()
+                deleting = _Timed(lambda: _delete(url, alice, output["object_id"]))
+                deleting.start()
+                assert s3_path.held.wait(30), "the DELETE never reached S3"
+                queued = _Timed(lambda: _submit(url, alice, source))
+                queued.start()
+                queued.join(HOLD_SECONDS)
+                assert not queued.is_alive(), "the submit waited for S3's DELETE"
+                assert queued.answer is not None and queued.answer.status_code == 202
+                (claimed,) = stack.dispatcher.claim("images", "w")
+                stack.dispatcher.start(claimed, "w")
+                with pytest.raises(StorageUnavailable, match="being deleted"):
+                    grants.output_urls(claimed.job_id, "w", ["thumbnail-64.webp"])
+                s3_path.release()
+                deleting.join(60)
+                assert deleting.answer is not None and deleting.answer.status_code == 200
+                assert _records(stack) == {}
+
+                (granted,) = grants.output_urls(claimed.job_id, "w", ["thumbnail-64.webp"]).values()
+                assert granted.key == key
+                _complete_with(stack, [claimed], key, 30)
+                assert stack.storage.size(key) == 30
+        finally:
+            stack.close()
+
+
+def test_a_claim_left_by_a_deleter_that_died_runs_out_and_the_sweep_takes_it(
+    sqlite_engine, settings
+):
+    """SQLite: a deleter that died between its claim and the storage's answer leaves the
+    record claimed. Until the claim runs out the key is granted to no job and no sweep
+    takes it (busy: another deleter may be at it); then the sweep deletes it."""
+    clock = ManualClock()
+    stack = Stack.open(settings(), engine=sqlite_engine, auto_migrate=True, clock=clock)
+    try:
+        key = "derived/p/o/1/thumbnail-64.webp"
+        stack.storage.put(key, [b"left"])
+        b = t.blob_deletions.c
+        with transaction(stack.engine) as conn:
+            deletions.record(conn, "o", [key], clock.now())
+            claim = to_datetime(clock.now() + deletions.CLAIM_SECONDS)
+            conn.execute(
+                update(t.blob_deletions)
+                .where(b.storage_key == key)
+                .values(claimed_until=claim, next_attempt_at=claim)
+            )
+        with transaction(stack.engine) as conn:
+            assert deletions.being_deleted(conn, [key, "other"], clock.now()) == [key]
+        report = deletions.delete_blobs(stack.engine, stack.storage, [key], clock.now(), action="t")
+        assert report.busy == [key] and stack.storage.exists(key)
+        clock.advance(deletions.FIRST_TRY_SECONDS)
+        assert deletions.sweep(stack.engine, stack.storage, clock.now()).deleted == []
+        clock.advance(deletions.CLAIM_SECONDS)
+        with transaction(stack.engine) as conn:
+            assert deletions.being_deleted(conn, [key], clock.now()) == []
+        assert deletions.sweep(stack.engine, stack.storage, clock.now()).deleted == [key]
+        assert not stack.storage.exists(key) and _records(stack) == {}
+    finally:
+        stack.close()
