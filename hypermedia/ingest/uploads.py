@@ -419,10 +419,12 @@ def register_blob(
     quota_bytes: int | None = None,
     idempotency_key: str | None = None,
 ) -> Uploaded:
-    """Inspect and record an uploaded blob; delete it again if that fails. An
-    ``idempotency_key`` another upload recorded meanwhile (a concurrent one: the unique
-    index lets one in; or its bytes, counted first, leave these no room in the quota)
-    answers as that upload's retry: :func:`replay` (the blob deleted)."""
+    """Inspect and record an uploaded blob; delete it again if that fails (recorded
+    first, :func:`hypermedia.storage.deletions.discard`: a delete the storage fails is
+    tried again later). An ``idempotency_key`` another upload recorded meanwhile (a
+    concurrent one: the unique index lets one in; or its bytes, counted first, leave
+    these no room in the quota) answers as that upload's retry: :func:`replay` (the
+    blob deleted)."""
     try:
         inspection = inspector(storage, blob.key, blob.size_bytes)
         # Stored before anyone knew their type: the bytes take the one detected (what a
@@ -451,7 +453,9 @@ def register_blob(
         # goes, and the 503 says to upload again.
         return Uploaded(rerun_on_conflict(registering, what="upload"))
     except BaseException as exc:
-        storage.delete(blob.key)
+        # Recorded before it is deleted: a storage failing the delete leaves it to the
+        # head's sweep (and the error that failed the upload stands).
+        deletions.discard(engine, storage, object_id, [blob.key], now, action="upload")
         if idempotency_key is None or not isinstance(exc, IntegrityError | StorageQuotaExceeded):
             raise
         with snapshot(engine) as conn:

@@ -4,8 +4,9 @@ deleted object's bytes go even when the storage fails the first time.
 Every write to ``blob_deletions`` is here. A blob's deletion:
 
 1. **recorded** (:func:`record`) in the transaction that marks its object deleted
-   (``DELETE /objects/{id}``): from its commit on, the record says the bytes must go,
-   whatever happens to the process that committed it;
+   (``DELETE /objects/{id}``), or in one of its own for an upload's blob that was not
+   registered after all (:func:`discard`): from its commit on, the record says the
+   bytes must go, whatever happens to the process that committed it;
 2. **tried** at once, after that commit (:func:`delete_blobs`, by the API): each blob
    the storage deleted loses its record; the first the storage fails (S3 down, a
    timeout, a disk error) keeps it, with its error and its next try
@@ -163,6 +164,41 @@ def delete_blobs(
                 _failed(engine, key, report.failed[key], now, claim)
         break
     return report
+
+
+def discard(
+    engine: Engine,
+    storage: Storage,
+    object_id: str,
+    keys: Sequence[str],
+    now: float,
+    *,
+    action: str,
+) -> DeleteReport | None:
+    """Delete blobs stored for ``object_id`` that no row records (an upload whose
+    registration failed): recorded first, in a transaction of their own, then deleted
+    as by :func:`delete_blobs`, what the storage fails left to the sweep. Never raises
+    for the storage or the record. When not even the record can be written (the
+    database down, maybe what failed the registration): one try at once (None), and a
+    blob it fails too is left behind, logged (nothing else knows of it)."""
+    try:
+        with transaction(engine) as conn:
+            record(conn, object_id, keys, now)
+    except (HypermediaError, DBAPIError) as unrecorded:
+        for key in keys:
+            try:
+                storage.delete(key)
+            except HypermediaError as exc:
+                log.error(
+                    "blob %s of %s left behind: not recorded (%s), not deleted (%s)",
+                    key,
+                    object_id,
+                    unrecorded,
+                    exc,
+                    extra={"action": action},
+                )
+        return None
+    return delete_blobs(engine, storage, keys, now, action=action)
 
 
 def _delete_one(engine: Engine, storage: Storage, key: str, now: float) -> str:

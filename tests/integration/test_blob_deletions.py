@@ -19,16 +19,21 @@ import pytest
 from moto.server import ThreadedMotoServer
 from sqlalchemy import select, update
 
+from hypermedia.accounts import Caller
 from hypermedia.clock import ManualClock, to_datetime
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
+from hypermedia.errors import StorageQuotaExceeded
+from hypermedia.ids import new_id
+from hypermedia.ingest import uploads
 from hypermedia.ingest.api import create_app
 from hypermedia.server import Maintenance
 from hypermedia.stack import Stack
 from hypermedia.storage import deletions
-from hypermedia.storage.base import StorageUnavailable
+from hypermedia.storage.base import StorageUnavailable, StoredBlob, original_key
 from hypermedia.storage.grants import StorageGrants
 from tests.api_support import RequestHolder, add_user, bearer, running_server
+from tests.factories import image_inspection
 from tests.integration.test_api_quota import PNG, run_thumbnail, upload
 
 P = "/v1/hypermedia"
@@ -410,5 +415,55 @@ def test_a_claim_left_by_a_deleter_that_died_runs_out_and_the_sweep_takes_it(
             assert deletions.being_deleted(conn, [key], clock.now()) == []
         assert deletions.sweep(stack.engine, stack.storage, clock.now()).deleted == [key]
         assert not stack.storage.exists(key) and _records(stack) == {}
+    finally:
+        stack.close()
+
+
+def test_an_upload_not_registered_has_its_blob_deleted_later_when_the_disk_refused(
+    engine, settings
+):
+    """Before: the blob of an upload whose registration failed (its bytes leave no room
+    in the quota: another upload counted first) was deleted once, and a disk refusing
+    that raised the delete's storage_unavailable in place of the upload's own error,
+    the blob left for ever, in no record. Now it is recorded first and deleted as a
+    deleted object's: the quota's error stands, the record waits for the sweep."""
+    clock = ManualClock()
+    stack = Stack.open(settings(), engine=engine, auto_migrate=True, clock=clock)
+    root = stack.settings.storage_dir
+    alice = add_user(stack, "alice")
+
+    def register(object_id: str, blob: StoredBlob) -> None:
+        uploads.register_blob(
+            stack.engine,
+            stack.storage,
+            lambda *_: image_inspection(),
+            Caller(alice.user_id),
+            object_id=object_id,
+            pool_id=alice.pool_id,
+            blob=blob,
+            filename="a.png",
+            now=clock.now(),
+            quota_bytes=len(PNG) - 1,
+        )
+
+    try:
+        deleted, kept = new_id(), new_id()
+        blob = stack.storage.put(original_key(alice.pool_id, deleted), [PNG])
+        with pytest.raises(StorageQuotaExceeded):
+            register(deleted, blob)
+        assert not (root / blob.key).exists() and _records(stack) == {}
+
+        blob = stack.storage.put(original_key(alice.pool_id, kept), [PNG])
+        _immutable(root / blob.key, True)
+        try:
+            with pytest.raises(StorageQuotaExceeded):
+                register(kept, blob)
+            assert _records(stack) == {blob.key: (1, True)}
+        finally:
+            _immutable(root / blob.key, False)
+        assert (root / blob.key).exists()
+        clock.advance(deletions.retry_delay(1))
+        _maintenance(stack).sweep_blobs()
+        assert not (root / blob.key).exists() and _records(stack) == {}
     finally:
         stack.close()
