@@ -220,6 +220,7 @@ def world(
     from hypermedia.sandbox.executor import ChildExecutor
 
     workers: list[Worker] = []
+    executors: list[ChildExecutor] = []
     try:
         with api_server(stack, sock) as base_url:
             grants = StorageGrants(stack.engine, stack.storage, 900, stack.clock)
@@ -227,6 +228,7 @@ def world(
                 worker_id = f"codes-{queue}"
                 work_root = directory / "work" / worker_id
                 executor = ChildExecutor(work_root, preload=PRELOAD, hidden_paths=(directory,))
+                executors.append(executor)
                 execution = JobExecution(
                     stack.dispatcher, stack.catalog, grants, executor, worker_id
                 )
@@ -247,6 +249,8 @@ def world(
     finally:
         for worker in workers:
             worker.stop()
+        for executor in executors:  # the caller's (as a pipeline actor closes its own)
+            executor.close()
         stack.close()
         engine.dispose()
         pg_server.drop_database(name)
