@@ -133,24 +133,54 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         read_shared_head()
         stop_shared_head(Path(os.environ[SHARED_RAY_DIR_ENV]))
         _fail_on_leaked_sandbox_processes(session)
+    else:
+        _note_leaked_sandbox_processes(session)
+
+
+LEAKS_NOTE = "sandbox-leaks-{}.txt"  # an xdist worker's, in the session's base directory
+
+
+def _basetemp(session: pytest.Session) -> Path | None:
+    """The process's base temporary directory if a tmp_path made it (none: no test ran
+    anything there; getbasetemp() would make one now, and prune old ones)."""
+    factory = getattr(session.config, "_tmp_path_factory", None)  # pytest's, for tmp_path
+    basetemp = getattr(factory, "_basetemp", None)
+    return None if basetemp is None else Path(basetemp)
+
+
+def _leaked_here(basetemp: Path) -> list[str]:
+    from tests.sandbox_leaks import leaked_sandbox_processes
+
+    inspection = sys.modules.get("hypermedia.ingest.inspection")
+    if inspection is not None:  # this process's own, which it closes at its exit
+        inspection.close_server()
+    return [str(found) for found in leaked_sandbox_processes(basetemp)]
+
+
+def _note_leaked_sandbox_processes(session: pytest.Session) -> None:
+    """An xdist worker's: its tests' sandbox processes still running as it ends would die
+    with it (their parent-death signal) before the first process looks, unseen; named in
+    a note the first process reads (:func:`_fail_on_leaked_sandbox_processes`)."""
+    basetemp = _basetemp(session)
+    if basetemp is None:
+        return
+    leaked = _leaked_here(basetemp)
+    if leaked:
+        worker = session.config.workerinput["workerid"]  # type: ignore[attr-defined]
+        (basetemp.parent / LEAKS_NOTE.format(worker)).write_text("\n".join(leaked))
 
 
 def _fail_on_leaked_sandbox_processes(session: pytest.Session) -> None:
     """Sandbox processes of this session that outlived their owners (every test, and the
-    shared head's actors, are done): named, killed, and the run fails
-    (:mod:`tests.sandbox_leaks`)."""
-    from tests.sandbox_leaks import leaked_sandbox_processes
-
-    # Made by the first tmp_path (xdist makes it for its workers): none, and no test
-    # ran anything there (getbasetemp() would make one now, and prune old ones).
-    factory = getattr(session.config, "_tmp_path_factory", None)  # pytest's, for tmp_path
-    basetemp = getattr(factory, "_basetemp", None)
+    shared head's actors, are done), its xdist workers' included (their notes): named,
+    killed, and the run fails (:mod:`tests.sandbox_leaks`)."""
+    basetemp = _basetemp(session)
     if basetemp is None:
         return
-    inspection = sys.modules.get("hypermedia.ingest.inspection")
-    if inspection is not None:  # this process's own, which it closes at its exit
-        inspection.close_server()
-    leaked = leaked_sandbox_processes(basetemp)
+    leaked = _leaked_here(basetemp)
+    for note in sorted(basetemp.glob(LEAKS_NOTE.format("*"))):
+        worker = note.name.removeprefix("sandbox-leaks-").removesuffix(".txt")
+        leaked += [f"{line} (xdist worker {worker})" for line in note.read_text().splitlines()]
     if not leaked:
         return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
