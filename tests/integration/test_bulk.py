@@ -51,6 +51,26 @@ def _runner(stack, **kw: Any) -> BulkRunner:
     return BulkRunner(stack.engine, stack.queue, clock=stack.clock, **kw)
 
 
+def _paid_run(stack, person, credits: float, operation: str = "thumbnail", **spec: Any):
+    """A backfill of ``person``'s pool paid for by the account ``payer`` (``credits``, a
+    member of the pool: an account pays for a pool it is in): the service and the run."""
+    payer = make_user(stack, name="payer", credits=credits)
+    with transaction(stack.engine) as conn:
+        accounts.add_pool_member(conn, person.pool_id, payer.caller.user_id)
+    service = _service(stack)
+    run = service.create(
+        RunSpec(
+            kind="backfill",
+            operation=operation,
+            account="payer",
+            filter={"pool_id": person.pool_id},
+            **spec,
+        ),
+        "t",
+    )
+    return payer, service, run
+
+
 def _finish(stack, queue: str, pool_id: str, limit: int = 10_000) -> int:
     """Run what the queue holds as a worker would: each job completes with one output
     at its profile's version (a fake step: the record is what these tests are about)."""
@@ -318,20 +338,7 @@ def test_a_named_account_pays_and_a_short_one_pauses_the_run(engine, settings, m
     stack = open_stack(settings, engine, manual_clock)
     person = make_user(stack)
     _objects(stack, person, 30)  # 1 KB each: thumbnail estimate 0.1 + 0.02/1024 -> 101 mc
-    payer = make_user(stack, name="payer", credits=1.0)  # 1000 mc: 9 jobs, not 30
-    with transaction(stack.engine) as conn:  # the account pays for a pool it is in
-        accounts.add_pool_member(conn, person.pool_id, payer.caller.user_id)
-    service = _service(stack)
-    run = service.create(
-        RunSpec(
-            kind="backfill",
-            operation="thumbnail",
-            batch_size=9,
-            account="payer",
-            filter={"pool_id": person.pool_id},
-        ),
-        "t",
-    )
+    payer, service, run = _paid_run(stack, person, 1.0, batch_size=9)  # 1000 mc: 9 jobs
     _runner(stack, max_pages_per_tick=5).step(run.run_id)
     view = service.get(run.run_id)
     assert view.state == "paused" and "short" in (view.reason or "")
@@ -356,19 +363,7 @@ def test_a_short_account_gets_the_jobs_it_can_pay_for_before_the_run_pauses(
     stack = open_stack(settings, engine, manual_clock)
     person = make_user(stack)
     objects = _objects(stack, person, 30)  # 101 mc each (see above)
-    payer = make_user(stack, name="payer", credits=2.0)  # 2000 mc: 19 jobs
-    with transaction(stack.engine) as conn:
-        accounts.add_pool_member(conn, person.pool_id, payer.caller.user_id)
-    service = _service(stack)
-    run = service.create(
-        RunSpec(
-            kind="backfill",
-            operation="thumbnail",
-            account="payer",
-            filter={"pool_id": person.pool_id},
-        ),
-        "t",
-    )
+    payer, service, run = _paid_run(stack, person, 2.0)  # 2000 mc: 19 jobs
     _runner(stack).step(run.run_id)
     view = service.get(run.run_id)
     assert view.state == "paused" and "short" in (view.reason or ""), view
@@ -395,18 +390,7 @@ def test_an_ocr_run_reserves_and_charges_as_a_submit_does(engine, settings, manu
     person = make_user(stack)
     for _ in range(3):
         make_object(stack, person, inspection=image_inspection())
-    payer = make_user(stack, name="payer", credits=2 * 1.501)
-    with transaction(stack.engine) as conn:
-        accounts.add_pool_member(conn, person.pool_id, payer.caller.user_id)
-    service = _service(stack)
-    spec = RunSpec(
-        kind="backfill",
-        operation="ocr",
-        batch_size=1,
-        account="payer",
-        filter={"pool_id": person.pool_id},
-    )
-    run = service.create(spec, "t")
+    payer, service, run = _paid_run(stack, person, 2 * 1.501, "ocr", batch_size=1)
     _runner(stack, max_pages_per_tick=5).step(run.run_id)
     view = service.get(run.run_id)
     assert view.state == "paused" and "this needs 1.501 reserved" in (view.reason or "")
@@ -1215,19 +1199,7 @@ def test_a_page_made_while_one_of_its_objects_is_being_deleted_leaves_it_out(
     stack = open_stack(settings, engine, manual_clock)
     person = make_user(stack)
     kept, deleted = _objects(stack, person, 2)  # 1 KB each: 101 mc a thumbnail
-    payer = make_user(stack, name="payer", credits=1.0)
-    with transaction(stack.engine) as conn:
-        accounts.add_pool_member(conn, person.pool_id, payer.caller.user_id)
-    service = _service(stack)
-    run = service.create(
-        RunSpec(
-            kind="backfill",
-            operation="thumbnail",
-            account="payer",
-            filter={"pool_id": person.pool_id},
-        ),
-        "t",
-    )
+    payer, service, run = _paid_run(stack, person, 1.0)
     with ThreadPoolExecutor(1) as pool, stack.engine.connect() as conn:
         deleting = conn.begin()
         deletion = plan_deletion(conn, person.caller, deleted)  # no job on it yet
