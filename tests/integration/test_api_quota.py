@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import httpx
 import pytest
@@ -564,18 +565,8 @@ def test_a_submit_while_its_object_is_being_deleted_is_refused(stack, client):
     one writer at a time: the two never interleave (PostgreSQL only)."""
     alice = add_user(stack, "alice", credits=10)
     object_id = upload(client, alice, PNG).json()["object_id"]
-    caller = Authenticator(stack.engine, ttl=0)(alice.api_key)
     body = {"object_id": object_id, "operations": ["thumbnail"]}
-    with ThreadPoolExecutor(1) as pool, stack.engine.connect() as conn:
-        deleting = conn.begin()
-        deletion = plan_deletion(conn, caller, object_id)  # no job on it yet
-        submitted = pool.submit(client.post, f"{P}/process", json=body, headers=bearer(alice))
-        # The submit either answers at once (it did, 202) or waits for the delete.
-        while not submitted.done() and not support.waits_for_a_lock(stack.engine):
-            time.sleep(0.01)
-        mark_deleted(conn, deletion, stack.clock.now())
-        deleting.commit()
-        answer = submitted.result()
+    answer = _submit_while_deleting(stack, client, alice, object_id, body, [object_id])
     assert answer.status_code == 404, answer.text
     assert answer.json()["error"] == {
         "code": "not_found",
@@ -586,6 +577,26 @@ def test_a_submit_while_its_object_is_being_deleted_is_refused(stack, client):
         assert conn.execute(select(func.count()).select_from(t.jobs)).scalar_one() == 0
         account = conn.execute(select(t.credit_accounts.c.reserved_millicredits)).scalar_one()
     assert account == 0
+
+
+def _submit_while_deleting(
+    stack: Stack, client: httpx.Client, user, deleted: str, body: dict[str, Any], planned: list[str]
+) -> httpx.Response:
+    """``body`` submitted over HTTP while a deletion of ``deleted`` (which takes
+    ``planned``) holds its locks; the deletion commits once the submit answered or waits
+    for it. The submit's answer."""
+    caller = Authenticator(stack.engine, ttl=0)(user.api_key)
+    with ThreadPoolExecutor(1) as pool, stack.engine.connect() as conn:
+        deleting = conn.begin()
+        deletion = plan_deletion(conn, caller, deleted)  # no job on them yet
+        assert deletion.object_ids == planned
+        submitted = pool.submit(client.post, f"{P}/process", json=body, headers=bearer(user))
+        # The submit either answers at once (it did, 202) or waits for the delete.
+        while not submitted.done() and not support.waits_for_a_lock(stack.engine):
+            time.sleep(0.01)
+        mark_deleted(conn, deletion, stack.clock.now())
+        deleting.commit()
+        return submitted.result()
 
 
 def _output_of(stack: Stack, client: httpx.Client, user, object_id: str) -> str:
@@ -616,19 +627,8 @@ def test_a_submit_on_an_output_while_its_source_is_being_deleted_is_refused(stac
     alice = add_user(stack, "alice", credits=10)
     source = upload(client, alice, PNG).json()["object_id"]
     output = _output_of(stack, client, alice, source)
-    caller = Authenticator(stack.engine, ttl=0)(alice.api_key)
     body = {"object_id": output, "operations": ["resize"]}
-    with ThreadPoolExecutor(1) as pool, stack.engine.connect() as conn:
-        deleting = conn.begin()
-        deletion = plan_deletion(conn, caller, source)
-        assert deletion.object_ids == [source, output]
-        submitted = pool.submit(client.post, f"{P}/process", json=body, headers=bearer(alice))
-        # The submit either answers at once (it did, 202) or waits for the delete.
-        while not submitted.done() and not support.waits_for_a_lock(stack.engine):
-            time.sleep(0.01)
-        mark_deleted(conn, deletion, stack.clock.now())
-        deleting.commit()
-        answer = submitted.result()
+    answer = _submit_while_deleting(stack, client, alice, source, body, [source, output])
     assert answer.status_code == 404, answer.text
     assert answer.json()["error"] == {
         "code": "not_found",
