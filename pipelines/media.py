@@ -62,7 +62,10 @@ Output types carry every parameter that changes the output::
     audio-mp3-192k.mp3
 
 ``height`` is the largest height: smaller inputs keep theirs (never upscaled) and
-dimensions are rounded to even numbers (H.264 4:2:0 needs them). The limits
+dimensions are rounded to even numbers (H.264 4:2:0 needs them). A picture wider than
+libx264 encodes (16384 pixels, :data:`MAX_SIDE`; a panorama, a 17000x64 strip) is
+scaled down to fit, its shape kept; one that would then be under 2 pixels high (or,
+at its height, under a pixel wide) is ``invalid_input`` (:func:`check_picture`). The limits
 (``max_duration_seconds``) decide whether there is an output, never what it is, so
 they are not in the name. Job params are the profile's ``params`` merged with the
 request's, and a request may not send ``max_*`` keys: the profile's ``[limits]``
@@ -108,6 +111,10 @@ CHUNK_KEYS = (media_chunks.CHUNK_SECONDS_KEY, media_chunks.CHUNK_ABOVE_KEY)
 
 DEFAULT_HEIGHT = 720
 MIN_HEIGHT, MAX_HEIGHT = 16, 4320
+# The widest and highest picture libx264 encodes ("invalid width x height (17000x64)"
+# past it); its levels' limits (6.2: 139,264 macroblocks, 16384x4096 is 262,144) it
+# only warns about. MAX_HEIGHT is under it: only the width needs bounding.
+MAX_SIDE = 16384
 DEFAULT_CRF = 23
 DEFAULT_BITRATE_KBPS = 128
 MIN_BITRATE_KBPS, MAX_BITRATE_KBPS = 32, 320
@@ -500,6 +507,9 @@ class Stream:
     cover_art: bool
     # Its channel layout as ffprobe names it ("5.1(side)"); "" where it names none.
     layout: str = ""
+    # Degrees its display matrix turns it (a phone's portrait video: 90 or -90; FFmpeg
+    # turns the picture upright before the filters see it); 0 where none.
+    rotation: float = 0.0
     default: bool = False  # its disposition: what a player picks among its kind
     # Its colour as ffprobe names it (color_transfer, color_primaries, color_space,
     # color_range); "" where it says nothing.
@@ -513,6 +523,13 @@ class Stream:
         """A PQ (HDR10, Dolby Vision's base) or HLG picture: made for a brighter screen
         than an SDR output is shown on."""
         return self.transfer in _HDR_TRANSFERS
+
+    @property
+    def shown(self) -> tuple[int, int]:
+        """Its width and height as shown (and as FFmpeg's filters get it): stored, or
+        swapped by a quarter turn."""
+        turn = round(self.rotation) % 180
+        return (self.height, self.width) if 89 <= turn <= 91 else (self.width, self.height)
 
 
 @dataclass(frozen=True, slots=True)
@@ -605,6 +622,7 @@ def _parse_probe(data: dict[str, Any]) -> Probe:
                 height=int(raw.get("height") or 0),
                 channels=int(raw.get("channels") or 0),
                 layout=_layout(raw.get("channel_layout")),
+                rotation=_rotation(raw),
                 cover_art=bool(raw.get("disposition", {}).get("attached_pic")),
                 default=bool(raw.get("disposition", {}).get("default")),
                 transfer=_color(raw.get("color_transfer")),
@@ -643,6 +661,15 @@ def _layout(value: object) -> str:
     if not isinstance(value, str) or value == "unknown" or _UNNAMED_LAYOUT.fullmatch(value):
         return ""
     return value
+
+
+def _rotation(raw: dict[str, Any]) -> float:
+    """The turn of a stream's display matrix (ffprobe's side data), else of its
+    ``rotate`` tag (older FFmpeg); 0 where it states none."""
+    for side in raw.get("side_data_list") or []:
+        if isinstance(side, dict) and "rotation" in side:
+            return _time(side["rotation"]) or 0.0
+    return _time((raw.get("tags") or {}).get("rotate")) or 0.0
 
 
 def _time(value: object) -> float | None:
@@ -736,7 +763,11 @@ def _picture_args(
     SDR screens an H.264 output is for. ``filters``: the FFmpeg filters there are;
     without zimg's ``zscale`` (or ``tonemap``) an HDR picture keeps its own colour and
     says so in its tags."""
-    height = f"max(2,trunc(min(ih,{request.height})/2)*2)"
+    # The largest even height up to the input's and the request's, and under 16385
+    # ih/iw, so that the width the scaler makes of it (h iw/ih, rounded to even: see
+    # output_size) is at most MAX_SIDE; an input that fitted before is made as before.
+    bound = f"ceil({MAX_SIDE + 1}*ih/iw)-1"
+    height = f"max(2,trunc(min(min(ih,{request.height}),{bound})/2)*2)"
     scaled = f"scale=w=-2:h='{height}'"
     if not video.hdr:
         return ["-vf", f"{scaled},format=yuv420p"]
@@ -766,12 +797,37 @@ def _picture_args(
     ]
 
 
-def _output_pixels(video: Stream, height: int) -> int:
-    """An output picture's pixels: the input's scaled to at most ``height`` high."""
-    if video.height <= 0:
-        return 0
-    scale = min(1.0, height / video.height)
-    return round(video.width * scale) * round(video.height * scale)
+def output_size(width: int, height: int, max_height: int) -> tuple[int, int]:
+    """The size :func:`_picture_args`' scaler makes of a ``width`` x ``height`` picture
+    (as shown), FFmpeg's arithmetic: the height by its expression, the width (``-2``)
+    the height x width / height rounded to the nearest even number (half away from
+    zero: av_rescale). Under 2 wide (0) or over MAX_SIDE: no H.264 can be made of it."""
+    if width <= 0 or height <= 0:
+        return 0, 0
+    bound = -(-(MAX_SIDE + 1) * height // width) - 1  # ceil(16385 ih/iw) - 1
+    high = max(2, min(height, max_height, bound) // 2 * 2)
+    return (high * width + height) // (2 * height) * 2, high
+
+
+def check_picture(video: Stream, request: VideoRequest, label: str) -> None:
+    """Refuse a picture (as shown) no H.264 output can keep the shape of: so wide that
+    at MAX_SIDE wide it is under 2 pixels high, or so narrow that at the height it is
+    made it is under a pixel wide. FFmpeg's own failures said neither (libx264's "invalid width x
+    height (40000x2)"; a width of 0, "Cannot allocate memory": memory_limit)."""
+    width, height = video.shown
+    made = output_size(width, height, request.height)
+    if made[0] and made[0] <= MAX_SIDE:
+        return
+    if width <= 0 or height <= 0:
+        return  # nothing stated: FFmpeg decides
+    if made[0] > MAX_SIDE:
+        high = height * MAX_SIDE / width
+        problem = f"too wide: {MAX_SIDE} pixels wide (libx264's most), it would be"
+        problem += f" {high:.5g} high, less than 2"
+    else:
+        problem = f"too narrow: {made[1]} pixels high, it would be"
+        problem += f" {width * made[1] / height:.2g} wide, less than 1"
+    raise PipelineError("invalid_input", f"{label}: its {width}x{height} picture is {problem}")
 
 
 def _sound_args(audio: Stream) -> list[str]:
@@ -896,6 +952,7 @@ def transcode_video_step(
     workdir.mkdir(parents=True, exist_ok=True)
     found = probe_input(input_path, container, workdir)
     video = check_input(found, "video", container.label, request.max_seconds)
+    check_picture(video, request, container.label)
     audio = found.first("audio")
     output = workdir / request.output_type
     chunk_seconds, chunk_above = media_chunks.chunking(params)
@@ -914,7 +971,7 @@ def transcode_video_step(
                 chunk_seconds=chunk_seconds,
                 total=found.length,
                 start=found.start,
-                frame_pixels=_output_pixels(video, request.height),
+                frame_pixels=math.prod(output_size(*video.shown, request.height)),
             )  # fmt: skip
         if units is None:
             expected = _expected(found, request.max_seconds)

@@ -316,6 +316,56 @@ def test_video_height_and_crf(tmp_path: Path, generated: Generated) -> None:
     assert video["height"] == source_height - source_height % 2
 
 
+def picture(path: Path, size: str, rotation: int = 0) -> Path:
+    """A 1 s clip of ``size`` (5 frames, PNG in MOV: no H.264 limit on its size),
+    its display matrix turned by ``rotation`` degrees."""
+    plain = path.with_name(f"plain-{path.name}")
+    ffmpeg("-f", "lavfi", "-i", f"color=c=teal:s={size}:r=5:d=1,format=rgb24",
+           "-c:v", "png", str(plain))  # fmt: skip
+    return turned(plain, path, rotation)
+
+
+def turned(source: Path, path: Path, rotation: int) -> Path:
+    """``source`` copied to ``path`` (MP4/MOV) with a display matrix of ``rotation``
+    degrees (FFmpeg 5.1's mov muxer writes the rotate tag only for a stream copy)."""
+    ffmpeg("-i", str(source), "-c", "copy", "-metadata:s:v:0", f"rotate={rotation}", str(path))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("size", "rotation", "made"),
+    [("17000x64", 0, (15938, 60)), ("4x30000", 90, (15000, 2))],
+)
+def test_a_picture_wider_than_h264_allows_is_scaled_to_fit(
+    size: str, rotation: int, made: tuple[int, int], tmp_path: Path
+) -> None:
+    # libx264 encodes at most 16384 pixels a side: 17000x64 failed ("libx264:
+    # invalid width x height (17000x64)"). Scaled to fit, its shape kept; a portrait
+    # phone video stored 4x30000 is shown 30000x4 (its width bounded, not its height).
+    source = picture(tmp_path / "wide.mov", size, rotation)
+    (output,) = run_step("transcode_video", source, {}, tmp_path / "out")
+    check_output(source, "transcode_video", output, {})
+    (video,) = streams(ffprobe(output.path), "video")
+    assert (video["width"], video["height"]) == made
+
+
+@pytest.mark.parametrize(
+    ("size", "message"),
+    [
+        ("40000x2", "is too wide: 16384 pixels wide (libx264's most), it would be 0.8192 high"),
+        ("2x17000", "is too narrow: 720 pixels high, it would be 0.085 wide"),
+    ],
+)
+def test_a_picture_no_h264_keeps_the_shape_of_is_refused(
+    size: str, message: str, tmp_path: Path
+) -> None:
+    # 40000x2 under 16384 wide is under 2 pixels high: libx264's "invalid width x
+    # height (40000x2)"; 2x17000 at 720 high is under a pixel wide: a width of 0,
+    # "Cannot allocate memory" (memory_limit).
+    error = failure("transcode_video", picture(tmp_path / "in.mov", size), {}, tmp_path / "a")
+    assert error.code == "invalid_input" and message in error.message, error.message
+
+
 def bar_luma(path: Path) -> list[float]:
     """The mean luma (8-bit code values, as coded) of each of :func:`bars`' three bars
     in the middle frame of a 336x240 yuv420p video, their edges left out."""
