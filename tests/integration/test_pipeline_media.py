@@ -100,6 +100,14 @@ def duration(data: dict[str, Any]) -> float | None:
         return None
 
 
+def shown_height(stream: dict[str, Any]) -> int:
+    """A video stream's height as shown: its stored width where its display matrix
+    turns it a quarter (a phone's portrait video: FFmpeg's output is upright)."""
+    turns = [side.get("rotation", 0) for side in stream.get("side_data_list", [])]
+    quarter = round(float(turns[0] if turns else 0)) % 180 == 90
+    return int(stream["width"] if quarter else stream["height"])
+
+
 def check_output(source: Path, operation: str, output: Output, params: dict[str, Any]) -> str:
     """Assert the output is right for ``source``; a short description of it."""
     before, after = ffprobe(source), ffprobe(output.path)
@@ -119,7 +127,7 @@ def check_output(source: Path, operation: str, output: Output, params: dict[str,
         assert video["codec_name"] == "h264"
         assert video["pix_fmt"] == "yuv420p"
         assert video["width"] % 2 == 0 and video["height"] % 2 == 0
-        assert video["height"] <= min(params.get("height", 720), source_video["height"] + 1)
+        assert video["height"] <= min(params.get("height", 720), shown_height(source_video) + 1)
         sound = [s["codec_name"] for s in streams(after, "audio")]
         assert sound == (["aac"] if streams(before, "audio") else [])
         return f"h264 {video['width']}x{video['height']} {seconds:.2f}s" + (
@@ -364,6 +372,21 @@ def test_a_picture_no_h264_keeps_the_shape_of_is_refused(
     # "Cannot allocate memory" (memory_limit).
     error = failure("transcode_video", picture(tmp_path / "in.mov", size), {}, tmp_path / "a")
     assert error.code == "invalid_input" and message in error.message, error.message
+
+
+def test_a_turned_video_is_made_upright(tmp_path: Path) -> None:
+    # A phone's portrait video: 320x240 stored, a display matrix turning it 90
+    # degrees, shown 240x320. The output is upright, 240x320 with no turn; the tests'
+    # check compared its 320 with the stored 240 and called it upscaled.
+    plain = tmp_path / "plain.mp4"
+    ffmpeg(*video_source(1, "320x240"), "-c:v", "libx264", "-preset", "ultrafast", str(plain))
+    source = turned(plain, tmp_path / "portrait.mp4", 90)
+    (stored,) = streams(ffprobe(source), "video")
+    assert (stored["width"], stored["height"], shown_height(stored)) == (320, 240, 320)
+    (output,) = run_step("transcode_video", source, {}, tmp_path / "out")
+    check_output(source, "transcode_video", output, {})
+    (video,) = streams(ffprobe(output.path), "video")
+    assert (video["width"], video["height"], shown_height(video)) == (240, 320, 320)
 
 
 def bar_luma(path: Path) -> list[float]:
