@@ -10,8 +10,8 @@
   run's priority on the run's queue. The jobs, the cursor and the counts commit in one
   transaction (with the run's row locked), then the jobs go to Redis; a head killed
   between the two leaves them queued in the record for the reconciler. Those a cancel
-  ended between the two are taken off Redis again right after the push (the cancel's
-  own removal came before it), so they never stand as ready demand. A head killed
+  ended between the two are not made ready by the push (the cancel's removal left a
+  tombstone the push honours), so they never stand as ready demand. A head killed
   anywhere resumes from the committed cursor, and the unique ``(bulk_run_id,
   object_id)`` makes a second job for an object impossible whatever happens.
 - migrate: each object of the page is copied from the head's storage to the run's
@@ -41,17 +41,11 @@ from hypermedia.bulk import select as pages
 from hypermedia.bulk.runs import RunState
 from hypermedia.clock import Clock, SystemClock
 from hypermedia.db import tables as t
-from hypermedia.db.engine import snapshot, transaction
+from hypermedia.db.engine import transaction
 from hypermedia.errors import HypermediaError, InputRejected, PaymentRequired
 from hypermedia.ids import new_id
 from hypermedia.jobs.catalog import ProfileRecord, record_from_row
-from hypermedia.jobs.repository import (
-    JobRepository,
-    NewJob,
-    NewSubmission,
-    enqueue_new,
-    unqueue_ended,
-)
+from hypermedia.jobs.repository import JobRepository, NewJob, NewSubmission, enqueue_new
 from hypermedia.logs import Outage
 from hypermedia.queue.redis_queue import RedisQueue
 from hypermedia.sandbox.inspect import InputLimits, Inspection, check_operation
@@ -338,12 +332,6 @@ class BulkRunner:
         if plan.cursor is not None:
             room.cursor = plan.cursor
         enqueue_new(self.queue, fresh, action="bulk_enqueue")
-        if fresh:
-            # A cancel of the run (or of one of its jobs) that landed between the commit
-            # and the push must not leave its jobs ready in Redis. A read: on SQLite it
-            # takes no write lock.
-            with snapshot(self.engine) as conn:
-                unqueue_ended(conn, self.queue, fresh, action="bulk_enqueue")
         report.pages += 1
         report.created += len(fresh)
         report.skipped += plan.skipped

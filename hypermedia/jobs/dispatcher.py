@@ -559,7 +559,7 @@ def mirror_row(queue: RedisQueue, row: Row[Any]) -> None:
         queue.delay(row.queue, [(row.job_id, due)])
     elif status in IN_FLIGHT:
         deadline = row.visibility_timeout.timestamp() if row.visibility_timeout else 0.0
-        queue.remove(row.queue, [row.job_id])
+        queue.remove(row.queue, [row.job_id], ended=False)  # live: no tombstone
         queue.restore(
             row.queue,
             [Restore("leased", row.job_id, row.priority, deadline, row.claimed_by or "")],

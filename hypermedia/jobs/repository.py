@@ -52,7 +52,6 @@ from hypermedia.jobs import callbacks, credits
 from hypermedia.jobs import statements as sql
 from hypermedia.jobs.states import (
     IN_FLIGHT,
-    TERMINAL,
     Backoff,
     FailureDecision,
     JobEvent,
@@ -255,7 +254,9 @@ def _job_row(job: NewJob, user_id: str, moment: Any, *, callback_url: str | None
 def enqueue_new(queue: RedisQueue, jobs: Iterable[NewJob], *, action: str) -> None:
     """Push jobs the record already holds as ``queued`` onto their Redis queues. Redis
     down: they stay queued in the record (durable already) and the reconciler pushes
-    them when it is back; a warning with ``action`` says so."""
+    them when it is back; a warning with ``action`` says so. Those a cancel ended since
+    their commit are not made ready: its removal left a tombstone the push honours
+    (:mod:`hypermedia.queue.keys`), so no read of the record is needed here."""
     by_queue: dict[str, list[tuple[str, int]]] = defaultdict(list)
     for job in jobs:
         by_queue[job.queue].append((job.job_id, job.priority))
@@ -268,41 +269,6 @@ def enqueue_new(queue: RedisQueue, jobs: Iterable[NewJob], *, action: str) -> No
                 len(entries),
                 extra={"queue": name, "action": action, "error": str(exc)},
             )
-
-
-def unqueue_ended(
-    conn: Connection, queue: RedisQueue, jobs: Sequence[NewJob], *, action: str
-) -> int:
-    """After :func:`enqueue_new`: take off Redis those of ``jobs`` the record says ended
-    (``conn``: a transaction begun after the push; a read-only one will do). A cancel
-    that committed between the jobs' commit and their push removed them before the push
-    put them in ``ready``,
-    where they would read as demand (the scheduler's depth is Redis's) until the
-    reconciler's next pass; any later cancel's own removal follows the push. How many
-    were taken off (best effort: with Redis down, the reconciler's pass)."""
-    if not jobs:
-        return 0
-    j = t.jobs.c
-    ended = conn.execute(
-        select(j.job_id, j.queue).where(
-            j.job_id.in_([job.job_id for job in jobs]),
-            j.status.in_([status.value for status in TERMINAL]),
-        )
-    ).all()
-    by_queue: dict[str, list[str]] = defaultdict(list)
-    for row in ended:
-        by_queue[row.queue].append(row.job_id)
-    removed = 0
-    for name, job_ids in by_queue.items():
-        try:
-            removed += queue.remove(name, job_ids)
-        except QueueUnavailable as exc:
-            log.warning(
-                "redis unavailable; the reconciler drops %d jobs that ended before their push",
-                len(job_ids),
-                extra={"queue": name, "action": action, "error": str(exc)},
-            )
-    return removed
 
 
 def forget_cancelled(

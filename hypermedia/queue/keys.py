@@ -19,6 +19,15 @@ key                          type    contents
                                      own priority.
 ``{p}:wake:{q}``             LIST    wake-up tokens for idle claimers (BLPOP), trimmed
                                      to ``WAKE_TOKENS_MAX``.
+``{p}:ended:{q}``            ZSET    tombstones: jobs taken off as ended (terminal in
+                                     the record, or unknown to it). member = job id,
+                                     score = when (epoch ms). A push (enqueue, delay,
+                                     restore) skips a job found here, so one that read
+                                     the job as live before it ended (a submit between
+                                     its commit and its push) cannot make it ready
+                                     again. Kept at least ``ENDED_KEPT_SECONDS``: each
+                                     removal trims older entries and renews the key's
+                                     expiry by as much.
 ``{p}:reconciled``           STRING  epoch seconds of the last complete reconcile. Its
                                      absence (FLUSHALL, a restart that lost the data)
                                      asks for a reconcile at once.
@@ -38,8 +47,13 @@ key                          type    contents
 
 A job id is in at most one of ready / leased / delayed. Redis mirrors the job
 record: ``queued`` -> ready, ``claimed``/``processing`` -> leased, ``retry_wait``
--> delayed, terminal -> absent. PostgreSQL is the truth; the reconciler rebuilds
-these keys from it, so losing Redis loses no job.
+-> delayed, terminal -> absent (and in ended for a while). PostgreSQL is the truth;
+the reconciler rebuilds these keys from it, so losing Redis loses no job.
+
+A terminal job never becomes live again, so a tombstone is never wrong, only
+bounded: a push later than ``ENDED_KEPT_SECONDS`` after the job's removal (or one
+after a removal that could not reach Redis) leaves it ready until the reconciler's
+next pass drops it.
 """
 
 from __future__ import annotations
@@ -47,6 +61,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 WAKE_TOKENS_MAX = 256
+# Far longer than a commit -> push gap can be (the client gives a push up after about
+# 45 s: 4 tries of a 10 s timeout); beyond it the reconciler's pass is the safety net.
+ENDED_KEPT_SECONDS = 300
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,9 +74,18 @@ class QueueKeys:
     delayed: str
     prio: str
     wake: str
+    ended: str
 
     def all(self) -> tuple[str, ...]:
-        return (self.ready, self.leased, self.owner, self.delayed, self.prio, self.wake)
+        return (
+            self.ready,
+            self.leased,
+            self.owner,
+            self.delayed,
+            self.prio,
+            self.wake,
+            self.ended,
+        )
 
 
 def reconciled_key(prefix: str) -> str:
@@ -74,6 +100,7 @@ def queue_keys(prefix: str, queue: str) -> QueueKeys:
         delayed=f"{prefix}:delayed:{queue}",
         prio=f"{prefix}:prio:{queue}",
         wake=f"{prefix}:wake:{queue}",
+        ended=f"{prefix}:ended:{queue}",
     )
 
 

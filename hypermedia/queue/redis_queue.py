@@ -5,6 +5,11 @@ Contract (what the rest of the platform may rely on):
 * ``enqueue`` puts jobs in ``ready``; ``claim`` pops by priority (1 first) then
   age and records a lease with a deadline; a job is in at most one of ready /
   leased / delayed (see :mod:`hypermedia.queue.keys`).
+* A job taken off as ended (:meth:`RedisQueue.remove`) leaves a tombstone for at
+  least :data:`~hypermedia.queue.keys.ENDED_KEPT_SECONDS`, and no push (``enqueue``,
+  ``delay``, ``restore``) puts it back meanwhile: a caller that read the job as
+  live and pushes after it ended (a submit whose job is cancelled between its commit
+  and its push) is a no-op, in the same script, so such a job never stands ready.
 * Every multi-key step is one Lua script, so it is atomic.
 * Redis is an index, not the record: callers change the job record first (the
   guarded UPDATE), then mirror it here. A step that fails here is repaired by
@@ -33,7 +38,13 @@ from redis.commands.core import Script
 from redis.retry import Retry
 
 from hypermedia.errors import QueueUnavailable
-from hypermedia.queue.keys import WAKE_TOKENS_MAX, QueueKeys, queue_keys, reconciled_key
+from hypermedia.queue.keys import (
+    ENDED_KEPT_SECONDS,
+    WAKE_TOKENS_MAX,
+    QueueKeys,
+    queue_keys,
+    reconciled_key,
+)
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -178,7 +189,8 @@ class RedisQueue:
 
     @_redis_call
     def enqueue(self, queue: str, entries: Sequence[tuple[str, int]]) -> int:
-        """Make jobs ready: ``entries`` are (job_id, priority)."""
+        """Make jobs ready: ``entries`` are (job_id, priority). Those removed as ended
+        within :data:`ENDED_KEPT_SECONDS` stay out. Returns how many were made ready."""
         if not entries:
             return 0
         k = self.keys(queue)
@@ -186,7 +198,9 @@ class RedisQueue:
         for job_id, priority in entries:
             args += [priority, job_id]
         return int(
-            self._run("enqueue", (k.ready, k.leased, k.owner, k.delayed, k.prio, k.wake), args)
+            self._run(
+                "enqueue", (k.ready, k.leased, k.owner, k.delayed, k.prio, k.wake, k.ended), args
+            )
         )
 
     # -- consumers -------------------------------------------------------------
@@ -226,26 +240,38 @@ class RedisQueue:
 
     @_redis_call
     def delay(self, queue: str, entries: Sequence[tuple[str, float]]) -> None:
-        """Park jobs until due: ``entries`` are (job_id, due epoch seconds)."""
+        """Park jobs until due: ``entries`` are (job_id, due epoch seconds). Those
+        removed as ended within :data:`ENDED_KEPT_SECONDS` are parked nowhere."""
         if not entries:
             return
         k = self.keys(queue)
         args: list[Any] = []
         for job_id, due in entries:
             args += [_ms(due), job_id]
-        self._run("delay", (k.ready, k.leased, k.owner, k.delayed, k.prio), args)
+        self._run("delay", (k.ready, k.leased, k.owner, k.delayed, k.prio, k.ended), args)
 
     @_redis_call
-    def remove(self, queue: str, job_ids: Sequence[str]) -> int:
-        """Forget jobs (terminal, or unknown to the record)."""
+    def remove(self, queue: str, job_ids: Sequence[str], *, ended: bool = True) -> int:
+        """Forget jobs: terminal in the record, or unknown to it (``ended``), so each
+        gets a tombstone that keeps any later push from putting it back for
+        :data:`ENDED_KEPT_SECONDS`. ``ended=False``: a live job only cleared from its
+        set, to be put in another (:meth:`restore`). Returns how many left a set."""
         if not job_ids:
             return 0
         k = self.keys(queue)
-        return int(self._run("remove", (k.ready, k.leased, k.owner, k.delayed, k.prio), job_ids))
+        keep = _ms(ENDED_KEPT_SECONDS) if ended else 0
+        return int(
+            self._run(
+                "remove",
+                (k.ready, k.leased, k.owner, k.delayed, k.prio, k.ended),
+                [_ms(time.time()), keep, *job_ids],
+            )
+        )
 
     @_redis_call
     def restore(self, queue: str, entries: Sequence[Restore]) -> int:
-        """Add entries only where the job is in no set now. Returns how many were added."""
+        """Add entries only where the job is in no set now and was not removed as ended
+        within :data:`ENDED_KEPT_SECONDS`. Returns how many were added."""
         if not entries:
             return 0
         k = self.keys(queue)

@@ -1042,7 +1042,7 @@ def test_a_cancel_between_a_pages_commit_and_its_push_leaves_no_ready_job(
     cancel's removal ran before the push, which then put the cancelled jobs in the ready
     set, where the scheduler reads its depth (Redis's, not the record's): 12 jobs that
     will never run read as demand for a burst worker until the reconciler's next pass
-    (60 s). The push now takes off Redis what the record says ended meanwhile."""
+    (60 s). The cancel's removal now leaves tombstones the push honours."""
     from autoscaler.policy import table_row
     from autoscaler.scheduler import queue_state
 

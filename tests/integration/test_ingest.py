@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import pytest
 from sqlalchemy import event, func, select
@@ -501,6 +502,63 @@ def test_cancel_queued_and_finished(engine, settings, manual_clock):
     with pytest.raises(IllegalTransition) as caught:
         stack.ingest.cancel(person.caller, other)
     assert caught.value.status == 409
+    stack.close()
+
+
+def test_a_cancel_between_a_submits_commit_and_its_push_leaves_no_ready_job(
+    engine, settings, manual_clock
+):
+    """Each job of a submit cancelled (DELETE /jobs/{id}) after the submit committed but
+    before its push reached Redis: the cancel's removal ran first and found nothing,
+    then the push made the cancelled jobs ready, where the scheduler reads a queue's
+    depth (Redis's, not the record's): 12 jobs that will never run read as demand for a
+    burst worker until the reconciler's next pass. The cancel's removal now leaves a
+    tombstone the push honours, and no read of the record is added to the submit."""
+    from autoscaler.policy import table_row
+    from autoscaler.scheduler import queue_state
+
+    stack = open_stack(settings, engine, manual_clock)
+    person = make_user(stack)
+    obj = make_object(stack, person)
+    requests = [SubmitRequest(object_id=obj, operations=["thumbnail"]) for _ in range(12)]
+    push = stack.queue.enqueue
+    committed, go = threading.Event(), threading.Event()
+    pushed: list[int] = []
+    results, errors = [], []
+
+    def held(name: str, entries: list[tuple[str, int]]) -> int:
+        committed.set()  # the submit's transaction has committed: it pushes now
+        assert go.wait(30)
+        pushed.append(push(name, entries))
+        return pushed[-1]
+
+    def submitting() -> None:
+        try:
+            results.extend(stack.ingest.submit_many(person.caller, requests))
+        except BaseException as exc:
+            errors.append(exc)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(stack.queue, "enqueue", held)
+        submitter = threading.Thread(target=submitting)
+        submitter.start()
+        try:
+            assert committed.wait(30)
+            with transaction(stack.engine) as conn:
+                job_ids = list(conn.execute(select(t.jobs.c.job_id)).scalars())
+            assert len(job_ids) == 12
+            for job_id in job_ids:
+                assert stack.ingest.cancel(person.caller, job_id) is JobStatus.CANCELLED
+        finally:
+            go.set()
+            submitter.join(30)
+    assert not errors, errors
+    assert sorted(job for r in results for job in r.job_ids) == sorted(job_ids)
+    seen = queue_state(stack.queue, "images", time.time())  # ids: the wall clock's
+    assert (seen.depth, table_row(seen.depth, seen.oldest_age_seconds).burst) == (0, 0)
+    assert pushed == [0]  # none made ready
+    assert stack.queue.members("images") == {}
+    assert {stack.ingest.get_job(person.caller, j).status for j in job_ids} == {"cancelled"}
     stack.close()
 
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from hypermedia import accounts
 from hypermedia.db.engine import transaction
 from hypermedia.jobs.reaper import LEASE_EXPIRED
+from hypermedia.jobs.states import JobStatus
 from tests.factories import make_user, open_stack, submit
 
 
@@ -146,6 +149,41 @@ def test_a_retry_parked_after_its_promotion_goes_back_to_ready(engine, settings,
     stack.dispatcher.fail(again, "w2", "child_killed", "killed")
     assert stack.reaper.tick().delays_returned == 0
     assert stack.queue.members("images") == {job_id: "delayed"}
+    stack.close()
+
+
+def test_a_cancel_between_a_promotion_or_release_and_its_push_leaves_no_ready_job(
+    engine, settings, manual_clock
+):
+    """A retry the reaper promotes, and a job a worker releases, each go to Redis after
+    the commit that made them queued; a cancel committed in between removed nothing,
+    and the push then left a cancelled job ready (demand to the scheduler) until the
+    reconciler's pass. The cancel's tombstone keeps the push from doing so."""
+    stack = open_stack(settings, engine, manual_clock)
+    person = make_user(stack)
+    promoted, released = submit(stack, person, ["thumbnail"]), submit(stack, person, ["thumbnail"])
+    (job,) = stack.dispatcher.claim("images", "w")
+    stack.dispatcher.start(job, "w")
+    stack.dispatcher.fail(job, "w", "child_killed", "killed")
+    assert stack.queue.members("images") == {promoted[0]: "delayed", released[0]: "ready"}
+    (held,) = stack.dispatcher.claim("images", "w2")
+    stack.dispatcher.start(held, "w2")
+    push = stack.queue.enqueue
+
+    def cancelled_first(name, entries):
+        for job_id, _priority in entries:
+            assert stack.ingest.cancel(person.caller, job_id) is JobStatus.CANCELLED
+        return push(name, entries)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(stack.queue, "enqueue", cancelled_first)
+        assert stack.dispatcher.release(held, "w2")
+        manual_clock.advance(3600)
+        assert stack.reaper.tick().promoted == 1
+    assert stack.queue.members("images") == {}
+    assert stack.queue.counts("images").ready == 0
+    for job_id in (*promoted, *released):
+        assert stack.ingest.get_job(person.caller, job_id).status == "cancelled"
     stack.close()
 
 
