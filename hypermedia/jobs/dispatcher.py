@@ -516,21 +516,21 @@ class Dispatcher:
         )
         enqueue: dict[str, list[tuple[str, int]]] = defaultdict(list)
         delay: dict[str, list[tuple[str, float]]] = defaultdict(list)
-        remove: dict[str, list[str]] = defaultdict(list)
+        remove: dict[tuple[str, bool], list[str]] = defaultdict(list)
         for m in moves:
             if m.status is JobStatus.QUEUED:
                 enqueue[m.queue].append((m.job_id, m.priority))
             elif m.status is JobStatus.RETRY_WAIT and m.retry_at is not None:
                 delay[m.queue].append((m.job_id, m.retry_at))
-            else:
-                remove[m.queue].append(m.job_id)
+            else:  # a completion leaves no tombstone (RedisQueue.remove)
+                remove[m.queue, m.status is not JobStatus.COMPLETED].append(m.job_id)
         try:
             for queue, entries in enqueue.items():
                 self.queue.enqueue(queue, entries)
             for queue, due in delay.items():
                 self.queue.delay(queue, due)
-            for queue, job_ids in remove.items():
-                self.queue.remove(queue, job_ids)
+            for (queue, tombstone), job_ids in remove.items():
+                self.queue.remove(queue, job_ids, tombstone=tombstone)
         except QueueUnavailable as exc:
             log.warning("redis unavailable; reconciler will mirror %d jobs: %s", len(moves), exc)
 
@@ -559,7 +559,7 @@ def mirror_row(queue: RedisQueue, row: Row[Any]) -> None:
         queue.delay(row.queue, [(row.job_id, due)])
     elif status in IN_FLIGHT:
         deadline = row.visibility_timeout.timestamp() if row.visibility_timeout else 0.0
-        queue.remove(row.queue, [row.job_id], ended=False)  # live: no tombstone
+        queue.remove(row.queue, [row.job_id], tombstone=False)  # live: no tombstone
         queue.restore(
             row.queue,
             [Restore("leased", row.job_id, row.priority, deadline, row.claimed_by or "")],
