@@ -65,7 +65,9 @@ def test_the_heads_scheduler_hands_the_lead_over_when_the_head_stops(
     class Local:
         """The local stack, its services left out: the head's scheduler on this stack."""
 
-        def __init__(self, _settings: object, extend_app: object = None) -> None:
+        def __init__(
+            self, _settings: object, extend_app: object = None, fixed_api_port: bool = False
+        ) -> None:
             self.stack, self.api_url, self.holds_data_dir = stack, "http://127.0.0.1:9", True
 
         def start(self, progress: object = None) -> None:

@@ -158,9 +158,10 @@ def test_a_documented_sandbox_init_passes_and_a_wrong_one_is_refused_by_name():
 def test_a_sqlite_record_whose_directory_cannot_be_made_names_its_setting(
     tmp_path, variable, command
 ):
-    """`db upgrade` (and `status`, which makes the record's file private first) on a
+    """`db upgrade` (and `status`, which made the record's file private first) on a
     SQLite file under a path that cannot be a directory printed `error: internal:
-    FileNotFoundError` (NotADirectoryError here); it names the setting and the path."""
+    FileNotFoundError` (NotADirectoryError here); it names the setting and the path
+    (`status`, which opens an existing record only, says there is none: 45c6878)."""
     blocker = tmp_path / "a file"
     blocker.write_text("")
     data_dir = tmp_path / "data"
@@ -184,5 +185,6 @@ def test_a_sqlite_record_whose_directory_cannot_be_made_names_its_setting(
         check=False,
     )
     assert result.returncode == 1
-    assert result.stderr.startswith(f"error: config_invalid: {key}: cannot make "), result.stderr
+    said = "no database at " if command == ["status"] else "cannot make "
+    assert result.stderr.startswith(f"error: config_invalid: {key}: {said}"), result.stderr
     assert str(blocker) in result.stderr
