@@ -147,7 +147,12 @@ class Maintenance:
     def sweep_blobs(self) -> None:
         """Deleted objects' blobs the storage failed to delete, tried again once due."""
         if self.stack.has_storage:
-            deletions.sweep(self.stack.engine, self.stack.storage, self.stack.clock.now())
+            deletions.sweep(
+                self.stack.engine,
+                self.stack.storage,
+                self.stack.clock.now(),
+                backends=self.stack.backends,
+            )
 
     def reconcile(self) -> None:
         reconcile(self.stack.engine, self.stack.queue)

@@ -44,6 +44,7 @@ from hypermedia.profiles import load_profiles
 from hypermedia.queue.redis_queue import RedisQueue, connect
 from hypermedia.ratelimit import RateLimiter
 from hypermedia.storage.base import Storage
+from hypermedia.storage.deletions import Backends
 from hypermedia.storage.health import StorageHealth
 from hypermedia.storage.local import LocalStorage, load_or_create_secret
 
@@ -185,10 +186,21 @@ class Stack:
     # The queues that have or can get a worker, asked when a bulk run is placed (a run
     # on a queue no worker serves would wait forever); None: every configured queue.
     served_queues: Callable[[], Collection[str]] | None = None
+    _backends: Backends | None = None
 
     @property
     def has_storage(self) -> bool:
         return self._storage is not None
+
+    @property
+    def backends(self) -> Backends:
+        """The backends bulk migrations copied objects to, by name (a deletion deletes
+        a migrated object's copy there too), opened when first named."""
+        if self._backends is None:
+            from hypermedia.bulk.runner import MigrateTargets
+
+            self._backends = MigrateTargets(self.engine)
+        return self._backends
 
     @property
     def storage(self) -> Storage:

@@ -49,7 +49,8 @@ from hypermedia.jobs.repository import JobRepository, NewJob, NewSubmission, enq
 from hypermedia.logs import Outage
 from hypermedia.queue.redis_queue import RedisQueue
 from hypermedia.sandbox.inspect import InputLimits, Inspection, check_operation
-from hypermedia.storage.base import Storage, storable_content_type
+from hypermedia.storage import deletions
+from hypermedia.storage.base import Storage, StorageUnavailable, storable_content_type
 
 log = logging.getLogger(__name__)
 
@@ -382,18 +383,36 @@ class BulkRunner:
             )
             if problem is None:
                 with transaction(self.engine) as conn:
-                    # Switched only now that its copy is verified, and only if nobody
-                    # switched it elsewhere meanwhile.
-                    conn.execute(
+                    # Switched only now that its copy is verified, only if nobody
+                    # switched it elsewhere meanwhile, and only while it is not deleted:
+                    # a deletion that committed first recorded no copy here (its row
+                    # said none, as of its lock), so this one records its copy's.
+                    switched = conn.execute(
                         update(t.objects)
                         .where(
                             t.objects.c.object_id == row.object_id,
+                            t.objects.c.deleted_at.is_(None),
                             t.objects.c.storage_backend.is_(None)
                             if row.storage_backend is None
                             else t.objects.c.storage_backend == row.storage_backend,
                         )
                         .values(storage_backend=target_spec.name)
-                    )
+                    ).rowcount
+                    if (
+                        not switched
+                        and conn.execute(
+                            select(t.objects.c.deleted_at.is_not(None)).where(
+                                t.objects.c.object_id == row.object_id
+                            )
+                        ).scalar()
+                    ):
+                        deletions.record(
+                            conn,
+                            row.object_id,
+                            [row.storage_key],
+                            self.clock.now(),
+                            backend=target_spec.name,
+                        )
                 migrated += 1
             else:
                 failed += 1
@@ -439,6 +458,35 @@ def open_target(spec: dict[str, Any]) -> Storage:
         region=spec.get("region"),
         prefix=spec.get("prefix") or "",
     )
+
+
+class MigrateTargets:
+    """The storage a migration copied objects to, by what ``objects.storage_backend``
+    says of them (:data:`hypermedia.storage.deletions.Backends`): the latest migrate
+    run to that name says where it is, opened as the runner opens it (the head's
+    environment). One storage per name, kept. A name no run records raises
+    :class:`~hypermedia.storage.base.StorageUnavailable` (the deletion stays recorded)."""
+
+    def __init__(
+        self, engine: Engine, open_storage: Callable[[dict[str, Any]], Storage] | None = None
+    ) -> None:
+        self.engine = engine
+        self._open = open_storage or open_target
+        self._opened: dict[str, Storage] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, name: str) -> Storage:
+        with self._lock:
+            storage = self._opened.get(name)
+        if storage is not None:
+            return storage
+        with transaction(self.engine) as conn:
+            spec = runs.migrate_target(conn, name)
+        if spec is None:
+            raise StorageUnavailable(f"no migrate run copied objects to {name!r}")
+        storage = self._open(spec.model_dump())
+        with self._lock:
+            return self._opened.setdefault(name, storage)
 
 
 def _hashing(chunks: Iterable[bytes], digest: Any) -> Iterator[bytes]:

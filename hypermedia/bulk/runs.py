@@ -404,6 +404,22 @@ def find_account(conn: Connection, account: str) -> str:
     return str(row)
 
 
+def migrate_target(conn: Connection, name: str) -> MigrateTarget | None:
+    """The target of the latest migrate run whose copies are recorded as ``name``
+    (``objects.storage_backend``): where to reach them (its endpoint and region)."""
+    r = t.bulk_runs.c
+    rows = conn.execute(
+        select(r.target)
+        .where(r.kind == "migrate", r.target.is_not(None))
+        .order_by(r.created_at.desc(), r.run_id.desc())
+    ).scalars()
+    for target in rows:
+        spec = MigrateTarget.model_validate(target)
+        if spec.name == name:
+            return spec
+    return None
+
+
 def insert_run(
     conn: Connection,
     spec: RunSpec,

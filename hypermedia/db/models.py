@@ -399,6 +399,9 @@ class BlobDeletion(Base):
     # SQLite: a deleter calls the storage now, until then at the latest (no transaction
     # open meanwhile); no job is granted the key to write until it is done.
     claimed_until: Mapped[datetime | None]
+    # Where its object's verified copy was migrated to (objects.storage_backend), deleted
+    # there too; NULL: the server's storage only.
+    storage_backend: Mapped[str | None] = mapped_column(String(64))
 
 
 class JobOutput(Base):

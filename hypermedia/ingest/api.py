@@ -743,6 +743,7 @@ def delete_object(object_id: ObjectId, caller: CallerDep, stack: StackDep) -> De
         caller,
         object_id,
         stack.clock.now(),
+        stack.backends,
     )
     return DeleteObjectResponse(
         object_id=object_id, outputs_deleted=deletion.outputs, bytes_freed=deletion.size_bytes

@@ -624,8 +624,10 @@ def delete_object(
     caller: Caller,
     object_id: str,
     now: float,
+    backends: deletions.Backends | None = None,
 ) -> Deletion:
-    """Delete an object of the caller's, its outputs and all their blobs. The rows are
+    """Delete an object of the caller's, its outputs and all their blobs (a migrated
+    one's also where it was migrated to, reached through ``backends``). The rows are
     marked first, in one transaction (from then on nothing can submit on it, and the
     quota counts it no more) that also records the blobs to delete
     (:mod:`hypermedia.storage.deletions`); the blobs go after, with no database lock
@@ -652,5 +654,7 @@ def delete_object(
     cancelled = rerun_on_conflict(cancelling, what="delete_object")
     forget_cancelled(queue, events, cancelled, now, action="delete_object")
     deletion = rerun_on_conflict(deleting, what="delete_object")
-    deletions.delete_blobs(engine, storage, deletion.storage_keys, now, action="delete_object")
+    deletions.delete_blobs(
+        engine, storage, deletion.storage_keys, now, action="delete_object", backends=backends
+    )
     return deletion

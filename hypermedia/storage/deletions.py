@@ -18,6 +18,14 @@ Every write to ``blob_deletions`` is here. A blob's deletion:
    :data:`MAX_DELAY_SECONDS`). A record is first due :data:`FIRST_TRY_SECONDS` after
    it was written (the API's own try, and one of an API that died after the commit).
 
+A migrated object (``objects.storage_backend``: a bulk ``migrate`` copied it to another
+backend and verified the copy) has its key in two places: the copy there and the
+original the migration left in the server's storage. Its record says which backend
+(``storage_backend``, from its object's row when recorded), and each try deletes the
+key from the server's storage and then from that backend (reached through
+:data:`Backends`); either one failing keeps the record, and the next try deletes both
+again.
+
 Deleting a blob that is not there succeeds (S3's DELETE, the local unlink), so a key
 deleted twice (the API and a sweep at once, or a record whose removal failed) is
 harmless. An output's key can be written again, though: it is its source's and
@@ -48,7 +56,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -61,7 +69,7 @@ from hypermedia.db import tables as t
 from hypermedia.db.engine import is_sqlite, snapshot, transaction
 from hypermedia.errors import HypermediaError
 from hypermedia.jobs.states import TERMINAL
-from hypermedia.storage.base import Storage
+from hypermedia.storage.base import Storage, StorageUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +90,10 @@ CLAIM_SECONDS = 600.0
 _ERROR_CHARS = 200
 _FINISHED = [s.value for s in TERMINAL]
 
+Backends = Callable[[str], Storage]
+"""The storage an ``objects.storage_backend`` names (where a migration copied it);
+raises a :class:`~hypermedia.errors.HypermediaError` when it cannot be reached."""
+
 
 def retry_delay(failures: int) -> float:
     """Seconds until the next try of a blob whose deletion failed ``failures`` times."""
@@ -90,15 +102,40 @@ def retry_delay(failures: int) -> float:
     return float(min(FIRST_DELAY_SECONDS * 2 ** min(failures - 1, 32), MAX_DELAY_SECONDS))
 
 
-def record(conn: Connection, object_id: str, keys: Sequence[str], now: float) -> None:
+def record(
+    conn: Connection,
+    object_id: str,
+    keys: Sequence[str],
+    now: float,
+    *,
+    backend: str | None = None,
+) -> None:
     """Record ``keys`` to delete, in the caller's transaction (the one marking
-    ``object_id``'s rows deleted). A key recorded already keeps its record."""
+    ``object_id``'s rows deleted), each with the backend its object's row says a copy
+    was migrated to. A key recorded already keeps its record. ``backend``: the keys
+    have a copy there (a migration's, of an object deleted while it copied it), also
+    recorded on a record that names none."""
     if not keys:
         return
-    b = t.blob_deletions.c
+    b, o = t.blob_deletions.c, t.objects.c
     existing = set(
         conn.execute(select(b.storage_key).where(b.storage_key.in_(list(keys)))).scalars()
     )
+    if backend is not None:
+        migrated = dict.fromkeys(keys, backend)
+        conn.execute(
+            update(t.blob_deletions)
+            .where(b.storage_key.in_(list(existing)), b.storage_backend.is_(None))
+            .values(storage_backend=backend)
+        )
+    else:
+        migrated = dict(
+            conn.execute(
+                select(o.storage_key, o.storage_backend).where(
+                    o.storage_key.in_(list(keys)), o.storage_backend.is_not(None)
+                )
+            ).all()
+        )
     when = to_datetime(now)
     due = to_datetime(now + FIRST_TRY_SECONDS)
     fresh = [
@@ -108,6 +145,7 @@ def record(conn: Connection, object_id: str, keys: Sequence[str], now: float) ->
             "requested_at": when,
             "attempts": 0,
             "next_attempt_at": due,
+            "storage_backend": migrated.get(key),
         }
         for key in dict.fromkeys(keys)
         if key not in existing
@@ -134,16 +172,23 @@ class _StorageFailed(Exception):
 
 
 def delete_blobs(
-    engine: Engine, storage: Storage, keys: Sequence[str], now: float, *, action: str
+    engine: Engine,
+    storage: Storage,
+    keys: Sequence[str],
+    now: float,
+    *,
+    action: str,
+    backends: Backends | None = None,
 ) -> DeleteReport:
-    """Delete the blobs of recorded ``keys`` from ``storage`` and their records (see
-    the module docstring, 2.). Never raises for the storage or the record: what was not
-    done stays recorded for the sweep. ``action``: for the log."""
+    """Delete the blobs of recorded ``keys`` from ``storage`` (and a migrated one's
+    from its backend, through ``backends``) and their records (see the module docstring,
+    2.). Never raises for the storage or the record: what was not done stays recorded
+    for the sweep. ``action``: for the log."""
     report = DeleteReport()
     for index, key in enumerate(keys):
         claim: datetime | None = None
         try:
-            getattr(report, _delete_one(engine, storage, key, now)).append(key)
+            getattr(report, _delete_one(engine, storage, backends, key, now)).append(key)
             continue
         except _StorageFailed as failed:
             report.failed[key] = str(failed.error)[:_ERROR_CHARS]
@@ -201,16 +246,35 @@ def discard(
     return delete_blobs(engine, storage, keys, now, action=action)
 
 
-def _delete_one(engine: Engine, storage: Storage, key: str, now: float) -> str:
+def _delete_one(
+    engine: Engine, storage: Storage, backends: Backends | None, key: str, now: float
+) -> str:
     """Delete one recorded blob (the :class:`DeleteReport` list it goes in), unless its
     key may be written again (see the module docstring): with its source's row locked
     on PostgreSQL, claimed on SQLite. The storage's failure: :class:`_StorageFailed`."""
     if is_sqlite(engine):
-        return _delete_claimed(engine, storage, key, now)
-    return _delete_locked(engine, storage, key, now)
+        return _delete_claimed(engine, storage, backends, key, now)
+    return _delete_locked(engine, storage, backends, key, now)
 
 
-def _delete_locked(engine: Engine, storage: Storage, key: str, now: float) -> str:
+def _delete_everywhere(
+    storage: Storage, backends: Backends | None, key: str, backend: str | None
+) -> None:
+    """``key`` deleted from the server's storage and, when its object was migrated,
+    from that backend too."""
+    storage.delete(key)
+    if backend is None:
+        return
+    if backends is None:
+        raise StorageUnavailable(
+            f"blob {key} is also in {backend!r}, which this deleter cannot reach"
+        )
+    backends(backend).delete(key)
+
+
+def _delete_locked(
+    engine: Engine, storage: Storage, backends: Backends | None, key: str, now: float
+) -> str:
     """PostgreSQL: the storage deletes in the transaction that locked the source's row
     (a submit locks the objects it creates jobs on: none on this source is created until
     the blob is gone). Its failure keeps nothing of the transaction."""
@@ -218,15 +282,20 @@ def _delete_locked(engine: Engine, storage: Storage, key: str, now: float) -> st
         verdict = _decide(conn, key, now)
         if verdict is not None:
             return verdict
+        backend = conn.execute(
+            select(t.blob_deletions.c.storage_backend).where(t.blob_deletions.c.storage_key == key)
+        ).scalar()
         try:
-            storage.delete(key)
+            _delete_everywhere(storage, backends, key, backend)
         except HypermediaError as exc:
             raise _StorageFailed(exc) from exc
         conn.execute(delete(t.blob_deletions).where(t.blob_deletions.c.storage_key == key))
         return "deleted"
 
 
-def _delete_claimed(engine: Engine, storage: Storage, key: str, now: float) -> str:
+def _delete_claimed(
+    engine: Engine, storage: Storage, backends: Backends | None, key: str, now: float
+) -> str:
     """SQLite: no transaction open while the storage deletes (its write lock is the
     whole database's). One decides and claims the record until :data:`CLAIM_SECONDS`
     on (no output URL for ``key`` is granted meanwhile: :func:`being_deleted`; the
@@ -235,7 +304,9 @@ def _delete_claimed(engine: Engine, storage: Storage, key: str, now: float) -> s
     b = t.blob_deletions.c
     claim = to_datetime(now + CLAIM_SECONDS)
     with transaction(engine) as conn:
-        held = conn.execute(select(b.claimed_until).where(b.storage_key == key)).first()
+        held = conn.execute(
+            select(b.claimed_until, b.storage_backend).where(b.storage_key == key)
+        ).first()
         if held is None or (
             held.claimed_until is not None and held.claimed_until > to_datetime(now)
         ):
@@ -250,7 +321,7 @@ def _delete_claimed(engine: Engine, storage: Storage, key: str, now: float) -> s
         )
     began = time.monotonic()
     try:
-        storage.delete(key)
+        _delete_everywhere(storage, backends, key, held.storage_backend)
     except HypermediaError as exc:
         raise _StorageFailed(exc, claim) from exc
     finally:
@@ -341,7 +412,12 @@ def _failed(
 
 
 def sweep(
-    engine: Engine, storage: Storage, now: float, *, batch: int = SWEEP_BATCH
+    engine: Engine,
+    storage: Storage,
+    now: float,
+    *,
+    batch: int = SWEEP_BATCH,
+    backends: Backends | None = None,
 ) -> DeleteReport:
     """Try the recorded deletions that are due (see the module docstring, 3.)."""
     b = t.blob_deletions.c
@@ -354,7 +430,7 @@ def sweep(
                 .limit(batch)
             ).scalars()
         )
-    report = delete_blobs(engine, storage, keys, now, action="blob_sweep")
+    report = delete_blobs(engine, storage, keys, now, action="blob_sweep", backends=backends)
     if report.deleted:
         log.info(
             "deleted %d blobs left behind", len(report.deleted), extra={"action": "blob_sweep"}

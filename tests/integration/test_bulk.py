@@ -808,6 +808,119 @@ def test_migrate_local_to_s3_switches_each_record_after_its_copy_is_verified(
     assert (view.scanned, view.migrated, view.failed) == (2, 0, 2)
 
 
+def test_deleting_a_migrated_object_deletes_its_copy_where_it_was_migrated_to(
+    engine, settings, manual_clock, s3_target
+):
+    """A migrated object's copy in the target bucket goes with it (the API's delete, and
+    the sweep of a deletion the API did not get to), as does the original the migration
+    left in the server's storage."""
+    from hypermedia.ingest.api import create_app
+    from hypermedia.server import Maintenance
+    from hypermedia.storage import deletions
+    from hypermedia.storage.s3 import S3Storage
+    from tests.factories import stored_object
+
+    stack = open_stack(settings, engine, manual_clock)
+    person = make_user(stack)
+    ids = [stored_object(stack, person, f"object {i}".encode()) for i in range(3)]
+    spec = RunSpec(kind="migrate", target=s3_target)
+    run = _service(stack).create(spec, "test")
+    runner = BulkRunner(stack.engine, stack.queue, storage=stack.storage, clock=stack.clock)
+    assert runner.step(run.run_id).migrated == 3
+    target = S3Storage(
+        s3_target["bucket"], endpoint_url=s3_target["endpoint_url"], region="us-east-1"
+    )
+    o = t.objects.c
+    with transaction(stack.engine) as conn:
+        keys = dict(
+            conn.execute(select(o.object_id, o.storage_key).where(o.object_id.in_(ids))).all()
+        )
+    assert all(target.exists(keys[i]) and stack.storage.exists(keys[i]) for i in ids)
+
+    client = TestClient(create_app(stack))
+    headers = {"Authorization": f"Bearer {person.api_key}"}
+    deleted = client.delete(f"/v1/hypermedia/objects/{ids[0]}", headers=headers)
+    assert deleted.status_code == 200, deleted.text
+    # One whose deletion committed but whose blobs the API never tried (it died).
+    with transaction(stack.engine) as conn:
+        deletion = plan_deletion(conn, person.caller, ids[1])
+        mark_deleted(conn, deletion, manual_clock.now())
+        deletions.record(conn, ids[1], deletion.storage_keys, manual_clock.now())
+    manual_clock.advance(deletions.FIRST_TRY_SECONDS)
+    Maintenance(stack, reaper_interval=1, reconcile_interval=60).sweep_blobs()
+
+    for object_id in ids[:2]:
+        assert not target.exists(keys[object_id]), object_id
+        assert not stack.storage.exists(keys[object_id]), object_id
+    assert target.exists(keys[ids[2]]) and stack.storage.exists(keys[ids[2]])
+    with transaction(stack.engine) as conn:
+        assert deletions.pending(conn, manual_clock.now()).count == 0
+    stack.close()
+
+
+def test_an_object_deleted_while_its_copy_is_made_has_the_copy_deleted_too(
+    engine, settings, manual_clock, s3_target
+):
+    """Deleted between its copy's write and its record's switch: the deletion recorded no
+    copy (its row said none), so the switch, finding it deleted, records the copy's."""
+    from hypermedia.bulk.runner import open_target
+    from hypermedia.server import Maintenance
+    from hypermedia.storage import deletions
+    from tests.factories import stored_object
+
+    stack = open_stack(settings, engine, manual_clock)
+    person = make_user(stack)
+    object_id = stored_object(stack, person, b"deleted while copied")
+    opened = []
+
+    class DeletedWhileCopied:
+        """The target; its read-back deletes the object (as its owner's DELETE would)."""
+
+        def __init__(self, storage) -> None:
+            self.storage = storage
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.storage, name)
+
+        def read(self, key: str, chunk_size: int = 1 << 20):
+            uploads.delete_object(
+                stack.engine,
+                stack.storage,
+                stack.queue,
+                stack.ingest.events,
+                person.caller,
+                object_id,
+                manual_clock.now(),
+            )
+            return self.storage.read(key, chunk_size)
+
+    def target_storage(spec: dict[str, Any]) -> Any:
+        opened.append(open_target(spec))
+        return DeletedWhileCopied(opened[-1])
+
+    run = _service(stack).create(RunSpec(kind="migrate", target=s3_target), "test")
+    runner = BulkRunner(
+        stack.engine,
+        stack.queue,
+        storage=stack.storage,
+        clock=stack.clock,
+        target_storage=target_storage,
+    )
+    runner.step(run.run_id)
+    with transaction(stack.engine) as conn:
+        key, backend = conn.execute(
+            select(t.objects.c.storage_key, t.objects.c.storage_backend).where(
+                t.objects.c.object_id == object_id
+            )
+        ).one()
+    assert backend is None  # not switched
+    assert opened[0].exists(key)
+    manual_clock.advance(deletions.FIRST_TRY_SECONDS)
+    Maintenance(stack, reaper_interval=1, reconcile_interval=60).sweep_blobs()
+    assert not opened[0].exists(key) and not stack.storage.exists(key)
+    stack.close()
+
+
 # -- the CLI's dry run: count, CPU time, and the simulator under scheduler.json ---------------
 
 
