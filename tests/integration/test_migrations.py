@@ -1108,3 +1108,40 @@ def test_an_objects_outputs_are_found_by_an_index(empty_engine):
     assert ["source_object_id"] in indexed()
     migrate.downgrade(empty_engine, "0025")
     assert ["source_object_id"] not in indexed()
+
+
+def test_copies_of_objects_deleted_before_0029_are_recorded_for_the_sweep(empty_engine):
+    """0029: a deletion deletes the copy a bulk migrate made on another backend; the
+    objects deleted before it had theirs left there (billed, never read): each is
+    recorded, due at once, with its backend. A live migrated object and a deleted one
+    never migrated are not."""
+    from hypermedia.db import tables as t
+
+    migrate.upgrade(empty_engine, "0028")
+    moment = to_datetime(1_800_000_000.0)
+    row = {"pool_id": "p", "owner_id": "u", "kind": "original", "filename": "f"}
+    with empty_engine.begin() as conn:
+        conn.execute(
+            insert(t.users),
+            [{"user_id": "u", "name": "u", "is_operator": False, "created_at": moment}],
+        )
+        conn.execute(insert(t.pools), [{"pool_id": "p", "name": "p", "created_at": moment}])
+        conn.execute(
+            insert(t.objects),
+            [
+                {**row, "object_id": o, "storage_key": f"k-{o}", "size_bytes": 1,
+                 "created_at": moment, "deleted_at": deleted, "storage_backend": backend}
+                for o, deleted, backend in (
+                    ("gone", moment, "s3:archive"),
+                    ("live", None, "s3:archive"),
+                    ("plain", moment, None),
+                )
+            ],
+        )  # fmt: skip
+    migrate.upgrade(empty_engine)
+    d = t.blob_deletions.c
+    with empty_engine.begin() as conn:
+        recorded = conn.execute(
+            select(d.storage_key, d.object_id, d.storage_backend, d.attempts, d.next_attempt_at)
+        ).all()
+    assert [tuple(r) for r in recorded] == [("k-gone", "gone", "s3:archive", 0, moment)]
