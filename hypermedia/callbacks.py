@@ -28,10 +28,14 @@ Durability
     receivers side by side (a slow one holds its own rows, never the others'), claims
     each attempt by a guarded UPDATE, and retries any answer but a 2xx after
     :func:`~hypermedia.webhooks.backoff` until ``callback_max_attempts``; then the
-    delivery is ``failed``. Every attempt's answer (code, error) is kept on the row, and
-    ``GET /jobs/{id}`` shows it
-    (``callback``). Delivery is at least once: a receiver should drop an event id it has
-    seen (a head killed after the answer but before recording it sends again).
+    delivery is ``failed``. A receiver that gives no answer (no connection, or none in
+    the timeout) has its other due rows put behind the one retried, due with it and
+    their attempts uncounted: while it is down one of its events is retried at a time
+    (the next once that one has failed), and its backlog never fills a pass
+    (:data:`BATCH` rows) ahead of other receivers'. Every attempt's answer (code,
+    error) is kept on the row, and ``GET /jobs/{id}`` shows it (``callback``). Delivery
+    is at least once: a receiver should drop an event id it has seen (a head killed
+    after the answer but before recording it sends again).
 
 The URL, which may carry a token, is never logged; an attempt that got no answer keeps
 only the kind of error.
@@ -67,6 +71,7 @@ log = logging.getLogger(__name__)
 
 BATCH = 50
 SENDERS = 8  # receivers sent to at once
+POSTPONE_CHUNK = 500  # event ids an UPDATE names
 USER_AGENT = "hypermedia-callbacks/1"
 SECRET_SETTING = "callback_secret (HYPERMEDIA_CALLBACK_SECRET)"  # noqa: S105 - its name
 
@@ -110,6 +115,7 @@ class Delivery:
     delivered: bool
     response_code: int | None
     error: str | None
+    retry_at: float | None = None  # when it is due again (None: delivered or failed)
 
 
 def _receiver(url: str | None) -> str:
@@ -122,12 +128,15 @@ def _receiver(url: str | None) -> str:
     return f"{(parts.hostname or '').lower()}:{port or parts.scheme}"
 
 
-def _timed_out(delivery: Delivery) -> bool:
-    """An attempt that waited its whole timeout for an answer (the costly kind)."""
-    error = delivery.error or ""
-    return delivery.response_code is None and (
-        error.startswith("no answer") or error.endswith("Timeout")
-    )
+# No answer because of the URL itself, not its receiver: the receiver's other rows may
+# still get through.
+_URL_ERRORS = frozenset({"InvalidURL", "UnsupportedProtocol"})
+
+
+def _unanswered(delivery: Delivery) -> bool:
+    """An attempt its receiver did not answer (no connection, or none in the timeout):
+    the receiver's other rows would fare the same."""
+    return delivery.response_code is None and delivery.error not in _URL_ERRORS
 
 
 class CallbackSender:
@@ -189,9 +198,32 @@ class CallbackSender:
             if delivery is None:
                 continue
             done.append(delivery)
-            if _timed_out(delivery):  # the next would wait as long: the next pass's
+            if _unanswered(delivery):  # the next would fare the same (or wait as long)
+                if delivery.retry_at is not None:
+                    self._postpone(_receiver(row.callback_url), delivery.retry_at)
                 break
         return done
+
+    def _postpone(self, receiver: str, until: float) -> None:
+        """Put the receiver's other due rows behind the one it did not answer, due when
+        that one is retried: left due, a receiver with more of them than a pass takes
+        (:data:`BATCH`) filled every pass with rows it would not answer, and every other
+        receiver's waited behind them all."""
+        now = self.clock.now()
+        with transaction(self.engine) as conn:
+            events = [
+                row.event_id
+                for row in outbox.due_urls(conn, now)
+                if _receiver(row.callback_url) == receiver
+            ]
+            for start in range(0, len(events), POSTPONE_CHUNK):
+                outbox.postpone(conn, events[start : start + POSTPONE_CHUNK], now, until)
+        if events:
+            log.info(
+                "%d callbacks to a receiver that did not answer wait for its retry",
+                len(events),
+                extra={"action": "callback"},
+            )
 
     def run(self, stop: threading.Event, poll_seconds: float) -> None:
         # A database that is down fails every pass alike: told when that starts, every
@@ -267,5 +299,11 @@ class CallbackSender:
                 extra=extra,
             )
         return Delivery(
-            row.event_id, row.job_id, attempt, answer.delivered, answer.code, answer.error
+            row.event_id,
+            row.job_id,
+            attempt,
+            answer.delivered,
+            answer.code,
+            answer.error,
+            retry_at,
         )

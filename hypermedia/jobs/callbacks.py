@@ -13,7 +13,9 @@ job has one such event, and every attempt to deliver it carries the same id (the
 webhook's ``X-Hypermedia-Delivery``), whoever sends it.
 
 Delivery states: ``pending`` (due at ``next_attempt_at``) -> ``delivered`` (a 2xx
-answer) | ``failed`` (the sender's attempt limit reached). An attempt is claimed by a
+answer) | ``failed`` (the sender's attempt limit reached). A receiver that does not
+answer has its other due rows postponed (:func:`postpone`) behind the one retried,
+their attempts uncounted. An attempt is claimed by a
 guarded UPDATE (the attempt count and due time as read) that pushes
 ``next_attempt_at`` past the attempt's timeout, so two senders never send one attempt
 twice and one that dies mid-send leaves the row due again later. Delivery is at least
@@ -24,7 +26,7 @@ sends again, with the same event id.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from sqlalchemy import Connection, Row, String, insert, literal, select, update
@@ -85,15 +87,46 @@ def insert_completed(done: Any, now: Any) -> Any:
 
 
 def due(conn: Connection, now: float, limit: int) -> Sequence[Any]:
-    """Pending rows due at ``now``, oldest due first, with their job's callback URL."""
+    """Pending rows due at ``now``, oldest due first (then in the order their jobs
+    ended), with their job's callback URL."""
     c = t.callbacks.c
     return conn.execute(
         select(c.event_id, c.job_id, c.event, c.attempts, c.created_at, t.jobs.c.callback_url)
         .join(t.jobs, t.jobs.c.job_id == c.job_id)
         .where(c.status == PENDING, c.next_attempt_at <= to_datetime(now))
-        .order_by(c.next_attempt_at)
+        .order_by(c.next_attempt_at, c.created_at, c.job_id)
         .limit(limit)
     ).all()
+
+
+def due_urls(conn: Connection, now: float) -> Iterator[Any]:
+    """Every pending row due at ``now``: its event id and its job's callback URL, read
+    a page at a time (a receiver's backlog may be large)."""
+    c = t.callbacks.c
+    # Options of this statement only: Connection.execution_options would stream every
+    # later statement on the connection too (an UPDATE in a server-side cursor fails).
+    yield from conn.execute(
+        select(c.event_id, t.jobs.c.callback_url)
+        .join(t.jobs, t.jobs.c.job_id == c.job_id)
+        .where(c.status == PENDING, c.next_attempt_at <= to_datetime(now)),
+        execution_options={"yield_per": 1000},
+    )
+
+
+def postpone(conn: Connection, events: Sequence[str], now: float, until: float) -> None:
+    """Make ``events`` due at ``until``, those still pending and due at ``now`` (one a
+    sender holds is not due), without an attempt: their receiver did not answer
+    another."""
+    c = t.callbacks.c
+    conn.execute(
+        update(t.callbacks)
+        .where(
+            c.event_id.in_(events),
+            c.status == PENDING,
+            c.next_attempt_at <= to_datetime(now),
+        )
+        .values(next_attempt_at=to_datetime(until))
+    )
 
 
 def claim(conn: Connection, event: str, attempts: int, now: float, hold_until: float) -> bool:

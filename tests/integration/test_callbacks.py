@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 from pydantic import ValidationError
 from sqlalchemy import select
 
-from hypermedia import webhooks
+from hypermedia import callbacks, webhooks
 from hypermedia.callbacks import CallbackSender
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
@@ -341,5 +341,50 @@ def test_a_receiver_that_does_not_answer_holds_its_own_callbacks_not_the_others(
             assert len(quick.taken()) == 3
         rows = _outbox(stack)
         assert sorted(rows[j].attempts for j in held) == [0, 0, 1]
+    finally:
+        stack.close()
+
+
+def test_a_backlog_on_a_receiver_that_does_not_answer_holds_no_other_receivers_callbacks(
+    settings, engine, manual_clock
+):
+    """A pass takes the oldest due rows (callbacks.BATCH): a receiver that did not answer
+    with more events due than one pass takes had them all taken again each pass, one of
+    them tried (its timeout) and the rest left due, so another receiver's callback waited
+    behind every one of them (5,000 events at 10 s: 14 hours). Now the first that gets no
+    answer puts the receiver's other due events behind its own retry, attempts uncounted."""
+    stack = _local_callbacks(settings, engine, manual_clock, callback_timeout_seconds=1)
+    try:
+        person = make_user(stack)
+        with receiving() as slow, receiving() as quick:
+            slow.hold.set()  # it reads each request and answers none
+            held = [
+                submit(stack, person, ["thumbnail"], callback_url=slow.url)[0]
+                for _ in range(callbacks.BATCH + 10)
+            ]
+            for job_id in held:
+                stack.ingest.cancel(person.caller, job_id)
+            manual_clock.advance(1)
+            answered = submit(stack, person, ["thumbnail"], callback_url=quick.url)[0]
+            stack.ingest.cancel(person.caller, answered)
+            sender = _sender(stack)
+            first = sender.deliver_due()
+            assert [d.error for d in first] == ["no answer in 1 s"]
+            second = sender.deliver_due()  # the next pass: the quick receiver's turn
+            assert [(d.job_id, d.delivered) for d in second] == [(answered, True)]
+            assert len(quick.taken()) == 1
+            rows = _outbox(stack)
+            assert sorted(rows[j].attempts for j in held) == [0] * (len(held) - 1) + [1]
+            # The slow receiver's others are due with its retry, the first in line first.
+            retry = max(rows[j].next_attempt_at for j in held)
+            assert all(rows[j].next_attempt_at == retry for j in held if rows[j].attempts == 0)
+            manual_clock.advance(webhooks.backoff(1) + 1)
+            slow.hold.clear()
+            slow.release.set()
+            after = sender.deliver_due() + sender.deliver_due()  # a pass takes 50
+            assert len(after) == len(held) and all(d.delivered for d in after)
+            # All of them, each once more than the one it did not answer, in order.
+            arrived = [r.json()["job"]["job_id"] for r in slow.taken()]
+            assert arrived[-len(held) :] == held and len(arrived) == len(held) + 1
     finally:
         stack.close()
