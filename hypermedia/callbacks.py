@@ -25,14 +25,15 @@ Durability
     the send loses nothing: the row is still ``pending`` when a head runs again.
     :class:`CallbackSender` works through due rows on its own thread
     (:class:`hypermedia.server.Maintenance` starts it), each receiver's in order and the
-    receivers side by side (a slow one holds its own rows, never the others'), claims
+    receivers side by side, a lane each (a slow one holds its own rows, never the
+    others': a pass starts lanes for the receivers not busy and waits for none), claims
     each attempt by a guarded UPDATE, and retries any answer but a 2xx after
     :func:`~hypermedia.webhooks.backoff` until ``callback_max_attempts``; then the
     delivery is ``failed``. A receiver that gives no answer (no connection, or none in
     the timeout) has its other due rows put behind the one retried, due with it and
     their attempts uncounted: while it is down one of its events is retried at a time
-    (the next once that one has failed), and its backlog never fills a pass
-    (:data:`BATCH` rows) ahead of other receivers'. Every attempt's answer (code,
+    (the next once that one has failed), and its backlog is not tried row after row.
+    Every attempt's answer (code,
     error) is kept on the row, and ``GET /jobs/{id}`` shows it (``callback``). Delivery
     is at least once: a receiver should drop an event id it has seen (a head killed
     after the answer but before recording it sends again).
@@ -48,7 +49,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -69,7 +70,7 @@ from hypermedia.webhooks import backoff, send
 
 log = logging.getLogger(__name__)
 
-BATCH = 50
+BATCH = 50  # rows of one receiver a lane takes
 SENDERS = 8  # receivers sent to at once
 POSTPONE_CHUNK = 500  # event ids an UPDATE names
 USER_AGENT = "hypermedia-callbacks/1"
@@ -133,6 +134,15 @@ def _receiver(url: str | None) -> str:
 _URL_ERRORS = frozenset({"InvalidURL", "UnsupportedProtocol"})
 
 
+def _report(lane: Future[Any]) -> None:
+    """A lane the head's loop started and nobody waits for: its failure, told."""
+    exc = lane.exception()
+    if isinstance(exc, HypermediaError):
+        log.warning("callback lane stopped: %s", exc, extra={"action": "callback"})
+    elif exc is not None:
+        log.error("callback lane failed", exc_info=exc, extra={"action": "callback"})
+
+
 def _unanswered(delivery: Delivery) -> bool:
     """An attempt its receiver did not answer (no connection, or none in the timeout):
     the receiver's other rows would fare the same."""
@@ -157,6 +167,8 @@ class CallbackSender:
         self.clock = clock
         self.max_attempts = max_attempts
         self.timeout_seconds = timeout_seconds
+        self._lock = threading.Lock()
+        self._busy: set[str] = set()  # receivers with a lane running
 
     @classmethod
     def from_settings(cls, engine: Engine, settings: Settings, clock: Clock) -> CallbackSender:
@@ -169,51 +181,109 @@ class CallbackSender:
         )
 
     def deliver_due(self) -> list[Delivery]:
-        """One pass: events due now, one attempt each, what each attempt got. Each
-        receiver (host and port) has a lane of its own, sent in order; the lanes run
-        side by side (:data:`SENDERS` at once), and a lane whose attempt timed out leaves
-        the rest of its rows to the next pass.
-        One after another, a receiver that answers slowly (each attempt up to its
-        timeout) held every other user's callbacks behind its own."""
+        """One pass, waited for: events due now, one attempt each, what each attempt
+        got (see :meth:`_start`)."""
         import httpx
 
-        with transaction(self.engine) as conn:
-            due = outbox.due(conn, self.clock.now(), BATCH)
-        if not due:
-            return []
-        lanes: dict[str, list[Any]] = {}
-        for row in due:
-            lanes.setdefault(_receiver(row.callback_url), []).append(row)
         with (
             httpx.Client(follow_redirects=False, verify=tls.client_context()) as client,
-            ThreadPoolExecutor(min(SENDERS, len(lanes)), thread_name_prefix="callback") as pool,
+            ThreadPoolExecutor(SENDERS, thread_name_prefix="callback") as pool,
         ):
-            sent = list(pool.map(lambda rows: self._lane(client, rows), lanes.values()))
-        return [delivery for lane in sent for delivery in lane]
+            lanes = self._start(client, pool, threading.Event())
+            return [delivery for lane in lanes for delivery in lane.result()]
 
-    def _lane(self, client: Any, rows: list[Any]) -> list[Delivery]:
+    def run(self, stop: threading.Event, poll_seconds: float) -> None:
+        """A pass every ``poll_seconds`` until ``stop``, never waiting for the lanes an
+        earlier pass started: a receiver taking its timeout holds only its own lane."""
+        import httpx
+
+        # A database that is down fails every pass alike: told when that starts, every
+        # few minutes while it lasts, and when it ends.
+        outage = Outage(log, "callbacks wait", extra={"action": "callback"})
+        with (
+            httpx.Client(follow_redirects=False, verify=tls.client_context()) as client,
+            ThreadPoolExecutor(SENDERS, thread_name_prefix="callback") as pool,
+        ):
+            while not stop.is_set():
+                try:
+                    for lane in self._start(client, pool, stop):
+                        lane.add_done_callback(_report)
+                except HypermediaError as exc:
+                    outage.failed(exc)
+                except Exception:
+                    log.exception(
+                        "callback pass failed; the next in %s s",
+                        poll_seconds,
+                        extra={"action": "callback"},
+                    )
+                else:
+                    outage.succeeded()
+                stop.wait(poll_seconds)
+
+    def _start(self, client: Any, pool: Executor, stop: threading.Event) -> list[Future[Any]]:
+        """Start a lane for each receiver (host and port) with due rows and none running,
+        up to :data:`SENDERS` at once, each with its first :data:`BATCH` rows, sent in
+        order; a lane that gets no answer leaves the rest of its receiver's rows behind
+        that one's retry. The due rows are read in order, past those of a busy
+        receiver: a pass that took the oldest 50 left every other receiver's callbacks
+        behind a backlog of one receiver's, and one that waited for its slowest lane
+        held the next for everyone."""
+        with self._lock:
+            busy = set(self._busy)
+        free = SENDERS - len(busy)
+        lanes: dict[str, list[Any]] = {}
+        full = 0
+        if free > 0:
+            with transaction(self.engine) as conn:
+                for row in outbox.due(conn, self.clock.now()):
+                    receiver = _receiver(row.callback_url)
+                    lane = lanes.get(receiver)
+                    if lane is None:
+                        if receiver in busy or len(lanes) == free:
+                            continue
+                        lane = lanes[receiver] = []
+                    if len(lane) < BATCH:
+                        lane.append(row)
+                        full += len(lane) == BATCH
+                        if full == free:
+                            break
+        with self._lock:
+            self._busy.update(lanes)
+        return [
+            pool.submit(self._lane, client, receiver, rows, stop)
+            for receiver, rows in lanes.items()
+        ]
+
+    def _lane(
+        self, client: Any, receiver: str, rows: list[Any], stop: threading.Event
+    ) -> list[Delivery]:
         done = []
-        for row in rows:
-            delivery = self._attempt(client, row)
-            if delivery is None:
-                continue
-            done.append(delivery)
-            if _unanswered(delivery):  # the next would fare the same (or wait as long)
-                if delivery.retry_at is not None:
-                    self._postpone(_receiver(row.callback_url), delivery.retry_at)
-                break
+        try:
+            for row in rows:
+                if stop.is_set():
+                    break
+                delivery = self._attempt(client, row)
+                if delivery is None:
+                    continue
+                done.append(delivery)
+                if _unanswered(delivery):  # the next would fare the same (or wait as long)
+                    if delivery.retry_at is not None:
+                        self._postpone(receiver, delivery.retry_at)
+                    break
+        finally:
+            with self._lock:
+                self._busy.discard(receiver)
         return done
 
     def _postpone(self, receiver: str, until: float) -> None:
         """Put the receiver's other due rows behind the one it did not answer, due when
-        that one is retried: left due, a receiver with more of them than a pass takes
-        (:data:`BATCH`) filled every pass with rows it would not answer, and every other
-        receiver's waited behind them all."""
+        that one is retried: left due, its backlog was tried row after row, each its
+        whole timeout, and burnt their attempts while it was down."""
         now = self.clock.now()
         with transaction(self.engine) as conn:
             events = [
                 row.event_id
-                for row in outbox.due_urls(conn, now)
+                for row in outbox.due(conn, now)
                 if _receiver(row.callback_url) == receiver
             ]
             for start in range(0, len(events), POSTPONE_CHUNK):
@@ -224,25 +294,6 @@ class CallbackSender:
                 len(events),
                 extra={"action": "callback"},
             )
-
-    def run(self, stop: threading.Event, poll_seconds: float) -> None:
-        # A database that is down fails every pass alike: told when that starts, every
-        # few minutes while it lasts, and when it ends.
-        outage = Outage(log, "callbacks wait", extra={"action": "callback"})
-        while not stop.is_set():
-            try:
-                self.deliver_due()
-            except HypermediaError as exc:
-                outage.failed(exc)
-            except Exception:
-                log.exception(
-                    "callback pass failed; the next in %s s",
-                    poll_seconds,
-                    extra={"action": "callback"},
-                )
-            else:
-                outage.succeeded()
-            stop.wait(poll_seconds)
 
     def _attempt(self, client: Any, row: Any) -> Delivery | None:
         now = self.clock.now()

@@ -86,30 +86,19 @@ def insert_completed(done: Any, now: Any) -> Any:
 # -- the sender's side -------------------------------------------------------------------------
 
 
-def due(conn: Connection, now: float, limit: int) -> Sequence[Any]:
+def due(conn: Connection, now: float) -> Iterator[Any]:
     """Pending rows due at ``now``, oldest due first (then in the order their jobs
-    ended), with their job's callback URL."""
-    c = t.callbacks.c
-    return conn.execute(
-        select(c.event_id, c.job_id, c.event, c.attempts, c.created_at, t.jobs.c.callback_url)
-        .join(t.jobs, t.jobs.c.job_id == c.job_id)
-        .where(c.status == PENDING, c.next_attempt_at <= to_datetime(now))
-        .order_by(c.next_attempt_at, c.created_at, c.job_id)
-        .limit(limit)
-    ).all()
-
-
-def due_urls(conn: Connection, now: float) -> Iterator[Any]:
-    """Every pending row due at ``now``: its event id and its job's callback URL, read
-    a page at a time (a receiver's backlog may be large)."""
+    ended), with their job's callback URL, read a page at a time: the sender reads
+    past a busy receiver's rows, however many, to the others'."""
     c = t.callbacks.c
     # Options of this statement only: Connection.execution_options would stream every
     # later statement on the connection too (an UPDATE in a server-side cursor fails).
     yield from conn.execute(
-        select(c.event_id, t.jobs.c.callback_url)
+        select(c.event_id, c.job_id, c.event, c.attempts, c.created_at, t.jobs.c.callback_url)
         .join(t.jobs, t.jobs.c.job_id == c.job_id)
-        .where(c.status == PENDING, c.next_attempt_at <= to_datetime(now)),
-        execution_options={"yield_per": 1000},
+        .where(c.status == PENDING, c.next_attempt_at <= to_datetime(now))
+        .order_by(c.next_attempt_at, c.created_at, c.job_id),
+        execution_options={"yield_per": 500},
     )
 
 

@@ -4,6 +4,7 @@ same event id, a sender killed mid-send, the allowlist."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -368,11 +369,11 @@ def test_a_backlog_on_a_receiver_that_does_not_answer_holds_no_other_receivers_c
             answered = submit(stack, person, ["thumbnail"], callback_url=quick.url)[0]
             stack.ingest.cancel(person.caller, answered)
             sender = _sender(stack)
-            first = sender.deliver_due()
-            assert [d.error for d in first] == ["no answer in 1 s"]
-            second = sender.deliver_due()  # the next pass: the quick receiver's turn
-            assert [(d.job_id, d.delivered) for d in second] == [(answered, True)]
+            first = {d.job_id: d for d in sender.deliver_due()}  # both lanes
+            assert first.pop(answered).delivered
+            assert [d.error for d in first.values()] == ["no answer in 1 s"]
             assert len(quick.taken()) == 1
+            assert sender.deliver_due() == []  # the slow receiver's wait for its retry
             rows = _outbox(stack)
             assert sorted(rows[j].attempts for j in held) == [0] * (len(held) - 1) + [1]
             # The slow receiver's others are due with its retry, the first in line first.
@@ -387,4 +388,50 @@ def test_a_backlog_on_a_receiver_that_does_not_answer_holds_no_other_receivers_c
             arrived = [r.json()["job"]["job_id"] for r in slow.taken()]
             assert arrived[-len(held) :] == held and len(arrived) == len(held) + 1
     finally:
+        stack.close()
+
+
+def test_a_receiver_busy_with_its_lane_never_holds_the_next_pass_for_the_others(
+    settings, engine, manual_clock
+):
+    """A pass waited for its slowest lane before the next began: while one receiver
+    took its timeout (or answered just inside it, each of up to 50 rows), a callback to
+    any other receiver that became due waited for the whole lane. The head's loop now
+    starts a pass every poll, lanes for the receivers not busy, and its due rows are
+    read past a busy receiver's (however many)."""
+    stack = _local_callbacks(settings, engine, manual_clock, callback_timeout_seconds=20)
+    stop = threading.Event()
+    sender = _sender(stack)
+    loop = threading.Thread(target=sender.run, args=(stop, 0.05), daemon=True)
+    try:
+        person = make_user(stack)
+        with receiving() as slow, receiving() as quick:
+            slow.hold.set()  # it reads each request and answers none until released
+            held = [
+                submit(stack, person, ["thumbnail"], callback_url=slow.url)[0]
+                for _ in range(callbacks.BATCH + 10)
+            ]
+            for job_id in held:
+                stack.ingest.cancel(person.caller, job_id)
+            loop.start()
+            assert slow.arrived.wait(10)
+            answered = submit(stack, person, ["thumbnail"], callback_url=quick.url)[0]
+            stack.ingest.cancel(person.caller, answered)
+            began = time.monotonic()
+            while not quick.requests and time.monotonic() - began < 10:
+                time.sleep(0.02)
+            waited = time.monotonic() - began
+            assert [r.json()["job"]["job_id"] for r in quick.taken()] == [answered]
+            assert waited < 5, waited  # not the slow lane's 20 s
+            assert not slow.requests  # still held
+            slow.hold.clear()
+            slow.release.set()
+            began = time.monotonic()
+            while len(slow.requests) < len(held) and time.monotonic() - began < 20:
+                time.sleep(0.05)
+            assert sorted(r.json()["job"]["job_id"] for r in slow.taken()) == sorted(held)
+    finally:
+        stop.set()
+        if loop.ident is not None:
+            loop.join(30)
         stack.close()
