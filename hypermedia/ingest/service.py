@@ -183,7 +183,23 @@ def callback_target(url: str) -> tuple[str, int]:
         port = parts.port
     except ValueError:
         raise ValueError("has an invalid port") from None
-    return parts.hostname.lower(), port or (443 if parts.scheme == "https" else 80)
+    return _host_name(parts.hostname), port or (443 if parts.scheme == "https" else 80)
+
+
+def _host_name(host: str) -> str:
+    """``host`` as the allowlist compares it: lower case, a name in its ASCII (IDNA)
+    form as the HTTP client connects to it (``bücher.example`` is
+    ``xn--bcher-kva.example``), without the root's trailing dot (``hooks.example.`` is
+    ``hooks.example``, the same name in DNS). ValueError if it has no IDNA form."""
+    host = host.lower()
+    if not host.isascii():
+        import httpx
+
+        try:
+            host = httpx.URL(f"http://{host}/").raw_host.decode("ascii").lower()
+        except (httpx.InvalidURL, UnicodeError):
+            raise ValueError(f"has a host with no IDNA form ({host!r})") from None
+    return host[:-1] if host.endswith(".") and not host.endswith("..") else host
 
 
 def callback_allowed(url: str, hosts: Collection[str]) -> bool:
@@ -192,7 +208,11 @@ def callback_allowed(url: str, hosts: Collection[str]) -> bool:
     host, port = callback_target(url)
     for entry in hosts:
         allowed = urlsplit(f"//{entry}")
-        if allowed.hostname == host and allowed.port in (None, port):
+        try:
+            name = _host_name(allowed.hostname or "")
+        except ValueError:
+            continue  # a name no URL can carry allows nothing
+        if name == host and allowed.port in (None, port):
             return True
     return False
 

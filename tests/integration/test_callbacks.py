@@ -232,6 +232,35 @@ def test_a_port_in_the_allowlist_allows_that_port_only(settings, sqlite_engine, 
         stack.close()
 
 
+def test_a_host_is_allowed_in_any_of_its_spellings_and_only_its_own(
+    settings, sqlite_engine, manual_clock
+):
+    """The allowlist compares the name the HTTP client connects to: a trailing root dot
+    and a Unicode name whose IDNA form is listed are the host they name (they were
+    refused), and no spelling of another host passes."""
+    hosts = ["xn--bcher-kva.example", "hooks.example."]
+    stack = open_stack(settings, sqlite_engine, manual_clock, callback_hosts=hosts)
+    try:
+        person = make_user(stack)
+        for url in (
+            "https://bücher.example/x",
+            "https://BÜCHER.example./x",
+            "https://hooks.example/x",
+            "https://hooks.example./x",
+        ):
+            assert len(submit(stack, person, ["thumbnail"], callback_url=url)) == 1, url
+        for url in (
+            "https://bucher.example/x",
+            "https://hooks.example../x",
+            "https://xn--bcher-kva.example.evil/x",
+        ):
+            with pytest.raises(Exception, match="callback_url") as refused:
+                submit(stack, person, ["thumbnail"], callback_url=url)
+            assert getattr(refused.value, "code", None) == "callback_not_allowed", url
+    finally:
+        stack.close()
+
+
 class _Passes:
     """A stop event for a sender's loop: runs ``then`` (pass number -> action) after
     those passes and is set after the last."""
