@@ -281,18 +281,34 @@ def authenticate(conn: Connection, api_key: str) -> Caller:
 def grant_credits(
     conn: Connection, user_id: str, amount_millicredits: int, now: float, note: str = ""
 ) -> int:
-    """Add (or, negative, remove) credits; returns the new balance."""
-    result = conn.execute(
-        update(t.credit_accounts)
-        .where(t.credit_accounts.c.user_id == user_id)
-        .values(
-            balance_millicredits=t.credit_accounts.c.balance_millicredits + amount_millicredits,
-            updated_at=to_datetime(now),
+    """Add (or, negative, remove) credits; returns the new balance.
+
+    A removal takes at most what is available (``balance - reserved``): what unfinished
+    jobs hold stays, so their charges never take the balance below zero. More raises
+    :class:`Conflict`, nothing removed. The guard is in the UPDATE itself, so a removal
+    and a submit's reservation racing on the account row are one after the other."""
+    acct = t.credit_accounts
+    stmt = update(acct).where(acct.c.user_id == user_id)
+    if amount_millicredits < 0:
+        stmt = stmt.where(
+            acct.c.balance_millicredits + amount_millicredits >= acct.c.reserved_millicredits
         )
-        .returning(t.credit_accounts.c.balance_millicredits)
+    result = conn.execute(
+        stmt.values(
+            balance_millicredits=acct.c.balance_millicredits + amount_millicredits,
+            updated_at=to_datetime(now),
+        ).returning(acct.c.balance_millicredits)
     ).one_or_none()
     if result is None:
-        raise NotFound(f"no credit account for user {user_id!r}", user_id=user_id)
+        held = balance(conn, user_id)  # NotFound without an account
+        raise Conflict(
+            f"cannot remove {-amount_millicredits / 1000:g} credits: "
+            f"{held.available_millicredits / 1000:g} available (balance "
+            f"{held.balance_millicredits / 1000:g}, {held.reserved_millicredits / 1000:g}"
+            " reserved by unfinished jobs)",
+            user_id=user_id,
+            available_credits=held.available_millicredits / 1000,
+        )
     conn.execute(
         insert(t.credit_ledger).values(
             user_id=user_id,

@@ -32,6 +32,7 @@ from tests.factories import (
     make_user,
     open_stack,
     pdf_inspection,
+    submit,
 )
 
 
@@ -434,6 +435,37 @@ def test_failure_and_cancel_release_the_whole_reservation(engine, settings, manu
     assert stack.ingest.get_job(person.caller, running.job_id).status == "cancelled"
     assert _balance(stack, person) == accounts.Balance(10_000, 0)
     assert _count(stack.engine, t.credit_ledger) == 1  # the grant: nothing charged
+    stack.close()
+
+
+def test_a_removal_of_credits_leaves_what_unfinished_jobs_hold(engine, settings, manual_clock):
+    """An operator's removal (``credits grant USER -- -N``) takes at most what is
+    available: the credits a queued job holds stay, so its charge never takes the
+    balance below zero."""
+    stack = open_stack(settings, engine, manual_clock)
+    person = make_user(stack, credits=0.2)
+    user_id = person.caller.user_id
+    submit(stack, person, ["thumbnail"])  # 0.1 + 0.02 x 1 KiB: 0.101 reserved
+    assert _balance(stack, person) == accounts.Balance(200, 101)
+    refused = r"cannot remove 0.2 credits: 0.099 available \(balance 0.2, 0.101 reserved"
+    with pytest.raises(Conflict, match=refused), transaction(stack.engine) as conn:
+        accounts.grant_credits(conn, user_id, -200, manual_clock.now())
+    assert _balance(stack, person) == accounts.Balance(200, 101)
+    with transaction(stack.engine) as conn:
+        assert accounts.grant_credits(conn, user_id, -99, manual_clock.now()) == 101
+    with pytest.raises(Conflict, match="0 available"), transaction(stack.engine) as conn:
+        accounts.grant_credits(conn, user_id, -1, manual_clock.now())
+    (job,) = stack.dispatcher.claim("images", "w")
+    stack.dispatcher.start(job, "w")
+    assert stack.dispatcher.complete(job, "w")
+    assert _balance(stack, person) == accounts.Balance(0, 0)
+    with transaction(stack.engine) as conn:
+        ledger = conn.execute(
+            select(t.credit_ledger.c.kind, t.credit_ledger.c.amount_millicredits).order_by(
+                t.credit_ledger.c.entry_id
+            )
+        ).all()
+    assert [tuple(r) for r in ledger] == [("grant", 200), ("adjust", -99), ("charge", -101)]
     stack.close()
 
 
