@@ -1,8 +1,10 @@
-"""``hypermedia credits``: credit accounts. ``grant`` writes the job record (an
-operator, on the server); ``show`` asks the API with the caller's key."""
+"""``hypermedia credits``: credit accounts. ``grant`` writes the job record and
+``check`` reads it (an operator, on the server); ``show`` asks the API with the
+caller's key."""
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Annotated
 
@@ -39,6 +41,60 @@ def credits_grant(
     finally:
         engine.dispose()
     typer.echo(f"granted {amount:g} credits to {user}; balance {balance / 1000:g}")
+
+
+@app.command("check")
+def credits_check(
+    as_json: Annotated[
+        bool, typer.Option("--json", envvar="HYPERMEDIA_CREDITS_JSON", help="JSON out.")
+    ] = False,
+) -> None:
+    """Check every credit account against its ledger and its jobs: the balance is the
+    sum of the ledger's entries, the reservation what unfinished jobs hold, neither
+    below zero, no job charged twice. Exits 1 naming each account that disagrees."""
+    from sqlalchemy import select
+
+    from hypermedia.db import tables as t
+    from hypermedia.db.engine import snapshot
+    from hypermedia.jobs.credits import drift
+
+    engine = open_engine(read_settings())
+    try:
+        with snapshot(engine) as conn:
+            found = drift(conn)
+            names = dict(
+                conn.execute(
+                    select(t.users.c.user_id, t.users.c.name).where(
+                        t.users.c.user_id.in_([d.user_id for d in found])
+                    )
+                ).all()
+            )
+    finally:
+        engine.dispose()
+    if as_json:
+        typer.echo(
+            json.dumps(
+                [
+                    {
+                        "user_id": d.user_id,
+                        "name": names.get(d.user_id),
+                        "balance_millicredits": d.balance,
+                        "ledger_millicredits": d.ledger,
+                        "reserved_millicredits": d.reserved,
+                        "held_millicredits": d.held,
+                        "double_charged": list(d.double_charged),
+                        "problems": d.problems,
+                    }
+                    for d in found
+                ]
+            )
+        )
+    elif not found:
+        typer.echo("every credit account agrees with its ledger and its jobs")
+    for d in found if not as_json else ():
+        typer.echo(f"{names.get(d.user_id, d.user_id)} ({d.user_id}): {'; '.join(d.problems)}")
+    if found:
+        raise typer.Exit(1)
 
 
 @app.command("show")

@@ -25,10 +25,16 @@ the completion itself), from whatever source of completed jobs it hands in.
 Amounts are integer millicredits. The account rows are the rows every submit and
 completion of a user contends for: callers touch them last in a transaction, so the
 job rows are locked first, in the same order everywhere.
+
+What must hold, and :func:`drift` checks (``hypermedia credits check``): an account's
+``balance`` is the sum of its ledger entries (grants, adjustments, charges), its
+``reserved`` the sum of its unfinished jobs' reservations, neither below zero, and no
+job has more than one charge.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import (
@@ -37,6 +43,7 @@ from sqlalchemy import (
     Insert,
     String,
     Update,
+    func,
     insert,
     literal,
     select,
@@ -46,6 +53,7 @@ from sqlalchemy import (
 from hypermedia.clock import to_datetime
 from hypermedia.db import tables as t
 from hypermedia.errors import PaymentRequired
+from hypermedia.jobs.states import TERMINAL
 
 LEDGER_COLUMNS = ["user_id", "job_id", "kind", "amount_millicredits", "note", "created_at"]
 
@@ -149,3 +157,87 @@ def settle(user_id: Any, charged: Any, reserved: Any, now: Any) -> Update:
             updated_at=now,
         )
     )
+
+
+@dataclass(frozen=True, slots=True)
+class AccountDrift:
+    """An account whose row disagrees with what it should be: ``ledger`` (the sum of
+    its ledger entries, what ``balance`` should be), ``held`` (the sum of its
+    unfinished jobs' reservations, what ``reserved`` should be) and ``double_charged``
+    (jobs with more than one charge)."""
+
+    user_id: str
+    balance: int
+    ledger: int
+    reserved: int
+    held: int
+    double_charged: tuple[str, ...] = ()
+
+    @property
+    def problems(self) -> list[str]:
+        """What is wrong, in words (empty: nothing)."""
+        found = []
+        if self.balance != self.ledger:
+            found.append(
+                f"balance {self.balance / 1000:g} but its ledger sums to {self.ledger / 1000:g}"
+            )
+        if self.reserved != self.held:
+            found.append(
+                f"reserved {self.reserved / 1000:g}"
+                f" but its unfinished jobs hold {self.held / 1000:g}"
+            )
+        if self.balance < 0:
+            found.append(f"balance {self.balance / 1000:g} is below zero")
+        if self.reserved < 0:
+            found.append(f"reserved {self.reserved / 1000:g} is below zero")
+        if self.double_charged:
+            found.append(f"charged more than once: {', '.join(self.double_charged)}")
+        return found
+
+
+def drift(conn: Connection) -> list[AccountDrift]:
+    """Every account whose row disagrees with its ledger and its jobs (see the module's
+    docstring), by user id; empty when all agree. The accounts and their sums are one
+    statement, so one snapshot: a submit or completion committing meanwhile is wholly
+    in it or wholly out, never read as drift."""
+    acct, led, j = t.credit_accounts.c, t.credit_ledger.c, t.jobs.c
+    ledger = (
+        select(func.coalesce(func.sum(led.amount_millicredits), 0))
+        .where(led.user_id == acct.user_id)
+        .scalar_subquery()
+    )
+    held = (
+        select(func.coalesce(func.sum(j.reserved_millicredits), 0))
+        .where(j.user_id == acct.user_id, j.status.not_in(sorted(s.value for s in TERMINAL)))
+        .scalar_subquery()
+    )
+    rows = conn.execute(
+        select(
+            acct.user_id,
+            acct.balance_millicredits,
+            ledger.label("ledger"),
+            acct.reserved_millicredits,
+            held.label("held"),
+        ).order_by(acct.user_id)
+    ).all()
+    twice: dict[str, list[str]] = {}
+    for user_id, job_id in conn.execute(
+        select(led.user_id, led.job_id)
+        .where(led.kind == "charge", led.job_id.is_not(None))
+        .group_by(led.user_id, led.job_id)
+        .having(func.count() > 1)
+        .order_by(led.user_id, led.job_id)
+    ).all():
+        twice.setdefault(user_id, []).append(job_id)
+    checked = (
+        AccountDrift(
+            row.user_id,
+            int(row.balance_millicredits),
+            int(row.ledger),
+            int(row.reserved_millicredits),
+            int(row.held),
+            tuple(twice.get(row.user_id, ())),
+        )
+        for row in rows
+    )
+    return [account for account in checked if account.problems]
