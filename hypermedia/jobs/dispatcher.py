@@ -78,9 +78,11 @@ def lease_seconds(timeout_seconds: int | None, grace_seconds: float) -> float:
 def count_failure(
     metrics: Recorder, moved: Moved, code: str, duration_seconds: float | None = None
 ) -> None:
-    """A failed attempt, as the record took it: the job failed, or waits for a retry."""
+    """A failed attempt, as the record took it: the job failed, or waits for a retry
+    (one cancelled meanwhile, which the attempt's end ended, counts as neither)."""
     labels = {"queue": moved.queue, "operation": moved.operation, "code": code}
-    metrics.count(JOBS_FAILED if moved.status is JobStatus.FAILED else JOBS_RETRIED, labels)
+    if moved.status is not JobStatus.CANCELLED:
+        metrics.count(JOBS_FAILED if moved.status is JobStatus.FAILED else JOBS_RETRIED, labels)
     if duration_seconds is not None:
         metrics.observe(
             JOB_DURATION,

@@ -147,8 +147,8 @@ class Reaper:
             if moved.status is JobStatus.RETRY_WAIT and moved.retry_at is not None:
                 report.retried += 1
                 self.queue.delay(moved.queue, [(job_id, moved.retry_at)])
-            else:
-                report.failed += 1
+            else:  # failed, or cancelled by its owner while it ran
+                report.failed += int(moved.status is JobStatus.FAILED)
                 self.queue.remove(moved.queue, [job_id])
 
     def _records_of(self, queue: str, ids: list[str]) -> Iterator[Row[Any]]:

@@ -848,7 +848,8 @@ class JobRepository:
         log_tail: str | None = None,
         started_at: float | None = None,
     ) -> tuple[Moved, FailureDecision] | None:
-        """A failed attempt: retry_wait with backoff, or failed once attempts are used up.
+        """A failed attempt: retry_wait with backoff, or failed once attempts are used up
+        (cancelled instead of retried if its owner asked for that meanwhile).
 
         ``worker_id`` None is the reaper acting for a worker that vanished; it only
         matches jobs whose lease has expired. ``log_tail``: the end of what the job's
@@ -874,6 +875,7 @@ class JobRepository:
                 t.jobs.c.claimed_by,
                 t.jobs.c.callback_url,
                 t.jobs.c.status,
+                t.jobs.c.cancel_requested,
             ).where(*conds)
         ).one_or_none()
         if row is None:
@@ -892,6 +894,11 @@ class JobRepository:
         if retry_now and decision.retry_at is not None:
             # The worker died, not the job: the attempt counts, the wait does not.
             decision = FailureDecision(decision.status, now, decision.reason + " (retry now)")
+        if row.cancel_requested and decision.retry_at is not None:
+            # Its owner cancelled it while it ran (a worker that died, or failed it,
+            # before honouring that): cancelled now, its credits released, not queued
+            # again to be claimed and cancelled by the next worker after the backoff.
+            decision = FailureDecision(JobStatus.CANCELLED, None, "cancel requested")
         values: dict[str, Any] = {
             "status": decision.status.value,
             "error_code": error_code,
@@ -920,10 +927,10 @@ class JobRepository:
             error_message,
             log_tail,
         )
-        if decision.status is JobStatus.FAILED:
+        if decision.status in (JobStatus.FAILED, JobStatus.CANCELLED):
             credits.release(conn, row.user_id, row.reserved_millicredits, now)
             if row.callback_url:
-                callbacks.record(conn, [(job_id, JobStatus.FAILED.value)], now)
+                callbacks.record(conn, [(job_id, decision.status.value)], now)
         moved = Moved(
             job_id,
             row.queue,

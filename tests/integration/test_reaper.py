@@ -68,6 +68,37 @@ def test_expired_lease_is_reaped_then_retried_until_failed(engine, settings, man
     stack.close()
 
 
+def test_a_job_cancelled_while_its_worker_is_lost_ends_cancelled_when_its_lease_expires(
+    engine, settings, manual_clock
+):
+    """Its owner cancels it while it runs (cancel_requested), then its worker dies
+    before honouring that: the reaper took the expired lease for a failed attempt and
+    queued it again after the backoff (its credits held a minute or more, an attempt
+    spent, claimed again only to be cancelled). Now it ends cancelled at once, its
+    credits released; a worker failing such a job ends it the same way."""
+    stack = open_stack(settings, engine, manual_clock, backoff_base_seconds=60)
+    person = make_user(stack)
+    lost, failing = submit(stack, person, ["thumbnail"]), submit(stack, person, ["thumbnail"])
+    claimed = stack.dispatcher.claim("images", "w", 2)
+    for job in claimed:
+        assert stack.dispatcher.start(job, "w")
+    assert {stack.ingest.cancel(person.caller, j) for j in (*lost, *failing)} == {
+        JobStatus.PROCESSING
+    }  # cancel requested: its worker is to honour it
+    manual_clock.advance(stack.dispatcher.queue_lease_seconds("images") + 1)
+    (failing_job,) = [job for job in claimed if job.job_id in failing]
+    assert stack.dispatcher.fail(failing_job, "w", "x", "boom") is JobStatus.CANCELLED
+    report = stack.reaper.tick()
+    assert (report.expired, report.retried, report.failed) == (1, 0, 0)
+    for job_id in (*lost, *failing):
+        assert stack.ingest.get_job(person.caller, job_id).status == "cancelled"
+    counts = stack.queue.counts("images")
+    assert (counts.ready, counts.leased, counts.delayed) == (0, 0, 0)
+    with transaction(stack.engine) as conn:
+        assert accounts.balance(conn, person.caller.user_id).reserved_millicredits == 0
+    stack.close()
+
+
 def test_backoff_doubles_and_max_attempts_ends_in_failed(engine, settings, manual_clock):
     stack = open_stack(settings, engine, manual_clock, backoff_base_seconds=60)
     person = make_user(stack)
