@@ -24,8 +24,11 @@ Both steps run the same way:
 4. transcoded by ffmpeg into the workdir (its ``-progress`` reported as the step's, in
    seconds of output against the input's length, :attr:`Probe.length`), metadata and
    chapters dropped, one thread per codec and filter graph (the sandbox's
-   ``RLIMIT_NPROC`` counts threads). An HDR picture (PQ or HLG, ffprobe's
-   ``color_transfer``) is tone-mapped to SDR BT.709 with zimg (see
+   ``RLIMIT_NPROC`` counts threads). The picture keeps its frame rate: an evenly
+   spaced one on the MP4 output's constant rate, a variable one (a phone's burst, a
+   screen recording's idle seconds; :func:`pipelines.media_chunks.variable_rate` of
+   its packets) every frame at its own time, on its own time base. An HDR picture (PQ
+   or HLG, ffprobe's ``color_transfer``) is tone-mapped to SDR BT.709 with zimg (see
    :func:`_picture_args`): 5 s of 1080p PQ to 720p took 3.4 CPU-s against 1.5
    untouched, and 210 MB resident (RLIMIT_AS: 512 MB was enough, 448 MB not). The
    output is cut at ``max_duration_seconds`` + 1 s, so an input whose header did not
@@ -724,14 +727,32 @@ def _too_long(label: str, seconds: float, limit: float) -> PipelineError:
 
 _COMMON = ["-hide_banner", "-nostdin", "-y", "-v", "error", "-threads", "1"]
 _CLEAN = ["-map_metadata", "-1", "-map_chapters", "-1", "-sn", "-dn"]
+# Frames passed through as they come (the MP4 muxer's default is a constant rate, which
+# doubled a ~1 fps screen recording's frames to its nominal 60 and dropped a phone's
+# 60 fps burst in a 30 fps clip), encoded on the input's own time base: on the
+# encoder's default 1/rate one, times were rounded onto the grid (7 of a burst's 30
+# frames dropped with ``vfr``; ``passthrough``'s equal times rewritten by the muxer).
+# Only for an uneven input: an evenly spaced one's output would change for nothing (a
+# byte of an MP4's, more of a Matroska's on its 1 ms time base). -fps_mode: FFmpeg 5.1.
+_EXACT_TIMES = ["-fps_mode", "passthrough", "-enc_time_base", "-1"]
 
 
 def video_args(
-    source: Path, container: Container, request: VideoRequest, video: Stream, audio: Stream | None
+    source: Path,
+    container: Container,
+    request: VideoRequest,
+    video: Stream,
+    audio: Stream | None,
+    *,
+    exact_times: bool = False,
 ) -> list[str]:
-    """ffmpeg's arguments for ``transcode_video`` (output path last)."""
+    """ffmpeg's arguments for ``transcode_video`` (output path last). ``exact_times``:
+    every frame kept at its own time (a variable frame rate, see
+    :func:`pipelines.media_chunks.variable_rate`), else put on the MP4 output's
+    constant-rate grid."""
     return [
         *_video_only_args(source, container, request, video),
+        *(_EXACT_TIMES if exact_times else []),
         *([] if audio is None else _sound_args(audio)),
         "-t", f"{request.max_seconds + _LIMIT_SLACK_SECONDS:.3f}",
         *_CLEAN, "-movflags", "+faststart", "-f", "mp4",
@@ -959,15 +980,19 @@ def transcode_video_step(
     units: dict[str, int] | None = None
     truncated = False
     try:
-        if found.length is not None and found.length > chunk_above:
+        long = found.length is not None and found.length > chunk_above
+        listed = _packets(input_path, container, video, workdir, strict=long)
+        # A variable frame rate keeps its frames' times: one pass (a chunk's grid would
+        # be its own, and a joined output cannot say each chunk's length).
+        exact = listed is not None and media_chunks.variable_rate(listed)
+        if found.length is not None and long and not exact:
             units = media_chunks.transcode_chunked(
                 input_path, workdir, output, container.label,
                 video_args=_video_only_args(input_path, container, request, video),
                 audio_args=(
                     None if audio is None else _sound_only_args(input_path, container, audio)
                 ),
-                stream_index=video.index,
-                input_args=_input_args(input_path, container.demuxer),
+                found=listed,
                 chunk_seconds=chunk_seconds,
                 total=found.length,
                 start=found.start,
@@ -977,7 +1002,7 @@ def transcode_video_step(
             expected = _expected(found, request.max_seconds)
             try:
                 truncated = transcode(
-                    video_args(input_path, container, request, video, audio),
+                    video_args(input_path, container, request, video, audio, exact_times=exact),
                     input_path, workdir, output, container.label, expected,
                 )  # fmt: skip
             except Truncated:
@@ -986,7 +1011,7 @@ def transcode_video_step(
                 # A truncated file whose sound (or picture) ends where nothing decodes:
                 # the picture alone, as far as it goes.
                 truncated = transcode(
-                    video_args(input_path, container, request, video, None),
+                    video_args(input_path, container, request, video, None, exact_times=exact),
                     input_path, workdir, output, container.label, expected,
                 )  # fmt: skip
         seconds = check_output(
@@ -1006,6 +1031,25 @@ def transcode_video_step(
         units["partial"] = 1
     outputs = [Output(request.output_type, output, "video/mp4")]
     return outputs + ([usage_output(workdir, units)] if units else [])
+
+
+def _packets(
+    source: Path, container: Container, video: Stream, workdir: Path, *, strict: bool
+) -> list[tuple[float, str, bool]] | None:
+    """The video stream's packets (:func:`pipelines.media_chunks.packets`): what a
+    chunked transcode is cut by and a variable frame rate is seen in. Where ffprobe
+    cannot list them, a video to chunk (``strict``) fails as it did; any other is
+    transcoded on the constant rate, as it was."""
+    try:
+        return media_chunks.packets(
+            _run, source, _input_args(source, container.demuxer), video.index, workdir,
+            container.label,
+        )  # fmt: skip
+    except PipelineError:
+        if strict:
+            raise
+        log.warning("%s: its packets could not be listed: constant rate", container.label)
+        return None
 
 
 def _short(seconds: float, stated: float | None) -> bool:

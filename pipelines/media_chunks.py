@@ -55,6 +55,9 @@ _PICTURE_PIXEL_CPU = 9e-9
 _SOUND_CPU = 0.007
 # Times closer than this (seconds) are the same (ffprobe prints microseconds).
 _SAME_TIME = 1e-3
+# Frame steps this close (seconds) are one constant rate's, rounded to the time base: a
+# 29.97 fps Matroska on its 1 ms time base steps 33 and 34 ms.
+_EVEN_STEPS = 2e-3
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +113,18 @@ def constant_rate(packets: Sequence[tuple[float, str, bool]], tolerance: float =
     times = sorted(p[0] for p in packets)
     steps = [b - a for a, b in itertools.pairwise(times)]
     return bool(steps) and max(steps) - min(steps) <= tolerance
+
+
+def variable_rate(packets: Sequence[tuple[float, str, bool]]) -> bool:
+    """Whether the frames' times are too uneven for a constant rate (steps more than
+    ``_EVEN_STEPS`` apart: a phone's burst, a screen recording's idle seconds): the
+    MP4 output's grid would double or drop frames and move the rest, so such a video
+    keeps its own times (:func:`pipelines.media.video_args`' ``exact_times``). Two
+    frames at one time are not (the grid drops the copy; the video's own time base
+    cannot hold both)."""
+    times = sorted(p[0] for p in packets)
+    steps = [b - a for a, b in itertools.pairwise(times)]
+    return bool(steps) and min(steps) > 0 and max(steps) - min(steps) > _EVEN_STEPS
 
 
 def _frames(path: Path, workdir: Path, label: str) -> int:
@@ -222,8 +237,7 @@ def transcode_chunked(
     *,
     video_args: list[str],
     audio_args: list[str] | None,
-    stream_index: int,
-    input_args: list[str],
+    found: list[tuple[float, str, bool]] | None,
     chunk_seconds: float,
     total: float,
     frame_pixels: int,
@@ -235,11 +249,11 @@ def transcode_chunked(
     keyframe, a first keyframe after the input's ``start``, one chunk, a chunk whose
     frames are not all there): the caller transcodes it in one pass.
     ``video_args``: ffmpeg's arguments up to the output, without input and sound;
-    ``audio_args``: the same for the sound (None: no sound); ``frame_pixels``: an
-    output picture's (what the sound's share of the progress is weighed against)."""
+    ``audio_args``: the same for the sound (None: no sound); ``found``: the video
+    stream's :func:`packets`; ``frame_pixels``: an output picture's (what the sound's
+    share of the progress is weighed against)."""
     from pipelines import media
 
-    found = packets(media._run, source, input_args, stream_index, workdir, label)
     usable = found is not None and constant_rate(found)
     chunks = plan(found, chunk_seconds) if found is not None and usable else []
     if chunks and float(chunks[0].start) - start > _SAME_TIME:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pipelines import checkpoints
-from pipelines.media_chunks import chunking, constant_rate, plan
+from pipelines.media_chunks import chunking, constant_rate, plan, variable_rate
 from pipelines.registry import PipelineError
 
 
@@ -68,3 +68,25 @@ def test_only_evenly_spaced_frames_are_cut() -> None:
     gappy = [p for i, p in enumerate(packets(100)) if i % 7 < 5]  # frames dropped
     assert not constant_rate(gappy)
     assert not constant_rate(packets(1))
+
+
+def timed(*times: float) -> list[tuple[float, str, bool]]:
+    return [(t, f"{t:.6f}", i == 0) for i, t in enumerate(times)]
+
+
+def test_a_variable_frame_rate_is_told_from_a_constant_one_on_a_coarse_time_base() -> None:
+    # On its 1 ms time base 29.97 fps steps 33 and 34 ms, 23.976 41 and 42: constant.
+    for rate in (30000 / 1001, 24000 / 1001):
+        rounded = timed(*(round(i / rate, 3) for i in range(90)))
+        assert not variable_rate(list(reversed(rounded)))
+    assert not variable_rate(packets(100))
+    assert not variable_rate(timed(*(i * 1001 / 30000 for i in range(90))))
+    # A phone's 60 fps burst in a 30 fps clip, a screen recording's idle seconds,
+    # frames dropped here and there.
+    burst = [i / 30 for i in range(30)] + [1 + i / 60 for i in range(30)]
+    assert variable_rate(timed(*burst, *(1.5 + i / 30 for i in range(30))))
+    assert variable_rate(timed(0, 0.2, 0.6, 1.2, 2.0, 3.0))
+    assert variable_rate([p for i, p in enumerate(packets(100)) if i % 7 < 5])
+    # Two frames at one time: the constant rate drops the copy, as it did.
+    assert not variable_rate(timed(0, 0.04, 0.04, 0.2, 0.24))
+    assert not variable_rate(timed(0.5)) and not variable_rate([])

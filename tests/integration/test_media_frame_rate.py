@@ -1,0 +1,156 @@
+"""``transcode_video`` on variable frame rates (phone clips, screen recordings): every
+frame kept at its own time, the sound still in step with the picture; an evenly spaced
+video (a 29.97 fps Matroska on its 1 ms time base included) still made on the
+constant rate, as before.
+
+Clips are 160x120, under 3 s, their frames timed by ``setpts`` on a 1/90000 time base.
+"""
+
+from __future__ import annotations
+
+import array
+import itertools
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import pipelines.media as media
+from pipelines.registry import Output
+from tests import media_support as ms
+from tests.generated.media import ffmpeg
+
+pytestmark = pytest.mark.program("ffmpeg")
+
+PARAMS = {"height": 120, "crf": 23}
+TICK = 1 / 90000
+# A phone's 30 fps clip: 1 s at 30, a 0.5 s burst at 60, 1 s at 30 with 4 ms of jitter
+# (90 frames); the white one is frame 70, at 1.8333 s.
+PHONE = "if(lt(N,30),N/30,if(lt(N,60),1+(N-30)/60,1.5+(N-60)/30+0.004*(mod(N,3)-1)))"
+FLASH = 70
+# A screen recording: 6 frames in 3 s, further apart each time.
+SCREEN = "N*N*0.1+N*0.1"
+RATE = 44100
+
+
+def timed(path: Path, times: str, *, frames: int, rate: int, flash_at: float | None) -> Path:
+    """An H.264 MP4 of ``frames`` frames (black, frame FLASH white) at ``times``
+    (seconds, an expression of N), kept as they are; with ``flash_at``, a sound silent
+    until a 1 kHz tone starts then (the white frame's time)."""
+    picture = f"color=c=black:s=160x120:r={rate},trim=end_frame={frames}"
+    picture += f",drawbox=c=white:t=fill:enable='eq(n\\,{FLASH})'"
+    picture += f",settb=1/90000,setpts='({times.replace(',', chr(92) + ',')})/TB'"
+    sources = ["-f", "lavfi", "-i", picture]
+    codecs = ["-c:v", "libx264", "-preset", "ultrafast", "-pix_fmt", "yuv420p"]
+    codecs += ["-fps_mode", "passthrough", "-enc_time_base", "1:90000"]
+    codecs += ["-video_track_timescale", "90000"]
+    if flash_at is not None:
+        tone = f"aevalsrc='if(gte(t\\,{flash_at})\\,0.5*sin(2*PI*1000*t)\\,0)':s={RATE}:d=2.5"
+        sources += ["-f", "lavfi", "-i", tone]
+        codecs += ["-c:a", "aac"]
+    ffmpeg(*sources, *codecs, "-threads", "1", "-f", "mp4", str(path))
+    return path
+
+
+def packet_times(path: Path) -> list[float]:
+    done = subprocess.run(
+        ["ffprobe", "-v", "error", "-select_streams", "v:0", "-show_entries",
+         "packet=pts_time", "-print_format", "csv=p=0", f"file:{path}"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return sorted(float(line.strip().strip(",")) for line in done.stdout.split())
+
+
+def flash_time(path: Path) -> float:
+    """When the white frame is shown (decoded: its mean luma)."""
+    done = subprocess.run(
+        ["ffprobe", "-v", "error", "-f", "lavfi", "-i", f"movie={path},signalstats",
+         "-show_entries", "frame=pts_time:frame_tags=lavfi.signalstats.YAVG",
+         "-print_format", "csv=p=0"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    rows = [line.split(",") for line in done.stdout.split()]
+    return min(float(t) for t, luma in rows if float(luma) > 128)
+
+
+def tone_onset(path: Path) -> float:
+    """When the sound starts (decoded: its first sample over a quarter of full scale)."""
+    done = subprocess.run(
+        ["ffmpeg", "-nostdin", "-v", "error", "-i", f"file:{path}", "-map", "0:a:0",
+         "-ac", "1", "-ar", str(RATE), "-f", "s16le", "-"],
+        capture_output=True, check=True,
+    )  # fmt: skip
+    samples = array.array("h", done.stdout)
+    first = next(i for i, s in enumerate(samples) if abs(s) > 8192)
+    (sound,) = [s for s in ms.probe(path)["streams"] if s["codec_type"] == "audio"]
+    start = float(sound["start_time"])
+    return start + first / RATE
+
+
+def decode_errors(path: Path) -> str:
+    """What a strict full decode says: empty when clean. Its frames are passed on the
+    file's own time base (:func:`tests.media_support.decode_errors`' null output
+    rounds a burst's times onto its rate and complains of equal ones, the source's too)."""
+    done = subprocess.run(
+        ["ffmpeg", "-nostdin", "-v", "error", "-xerror", "-i", f"file:{path}",
+         "-enc_time_base", "-1", "-f", "null", "-"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    return done.stderr.strip() if done.returncode == 0 else f"exit {done.returncode}: {done.stderr}"
+
+
+def transcode(source: Path, workdir: Path) -> Output:
+    workdir.mkdir()
+    (video, *rest) = media.transcode_video(source, PARAMS, workdir)
+    assert rest == []  # not partial
+    assert decode_errors(video.path) == ""
+    return video
+
+
+def test_a_phone_clips_burst_keeps_every_frame_at_its_time_and_the_sound_in_step(
+    tmp_path: Path,
+) -> None:
+    # On the constant rate the frames after the burst were moved on the output's grid
+    # (up to 0.17 s late: the white frame no longer met the tone's start).
+    source = timed(tmp_path / "phone.mp4", PHONE, frames=90, rate=30, flash_at=1.5 + 10 / 30)
+    video = transcode(source, tmp_path / "out")
+    times, expected = packet_times(video.path), packet_times(source)
+    assert len(times) == len(expected) == 90
+    assert times == pytest.approx(expected, abs=TICK)
+    assert flash_time(video.path) == pytest.approx(flash_time(source), abs=TICK)
+    # The sound's start within a few AAC samples of the source's, and of the white frame.
+    assert tone_onset(video.path) == pytest.approx(tone_onset(source), abs=2e-3)
+    assert tone_onset(video.path) == pytest.approx(flash_time(video.path), abs=3e-3)
+    assert abs(ms.duration(video.path) - ms.duration(source)) <= 1 / 30
+
+
+def test_a_screen_recordings_few_frames_stay_few(tmp_path: Path) -> None:
+    # On the constant rate its 6 frames were copied onto a 5 fps grid: 18.
+    source = timed(tmp_path / "screen.mp4", SCREEN, frames=6, rate=60, flash_at=None)
+    video = transcode(source, tmp_path / "out")
+    assert packet_times(source) == pytest.approx([0, 0.2, 0.6, 1.2, 2.0, 3.0], abs=TICK)
+    assert packet_times(video.path) == pytest.approx(packet_times(source), abs=TICK)
+
+
+def test_an_evenly_spaced_video_is_made_on_the_constant_rate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 29.97 fps in Matroska: its 1 ms time base steps 33 and 34 ms, a constant rate.
+    source = tmp_path / "ntsc.mkv"
+    ffmpeg("-f", "lavfi", "-i", "testsrc2=size=160x120:rate=30000/1001:duration=1",
+           "-c:v", "libx264", "-preset", "ultrafast", "-threads", "1", str(source))  # fmt: skip
+    ran: list[list[str]] = []
+    real = media.transcode
+
+    def watched(args: list[str], *rest: Any, **named: Any) -> bool:
+        ran.append(args)
+        return real(args, *rest, **named)
+
+    monkeypatch.setattr(media, "transcode", watched)
+    phone = timed(tmp_path / "phone.mp4", PHONE, frames=90, rate=30, flash_at=None)
+    transcode(source, tmp_path / "ntsc")
+    transcode(phone, tmp_path / "phone")
+    assert ["-fps_mode" in args for args in ran] == [False, True]
+    steps = {round(b - a, 3) for a, b in itertools.pairwise(packet_times(source))}
+    assert steps == {0.033, 0.034}
