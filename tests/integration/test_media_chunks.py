@@ -290,3 +290,25 @@ def test_a_chunk_that_comes_out_short_means_one_pass(
     assert [o.output_type for o in outputs] == ["video-h264-120p-crf23.mp4"]
     assert not piece(tmp_path, f"chunk-{SECONDS - 1:05d}.mp4").exists()
     ms.assert_same_as_single_pass(outputs[0].path, single["sound"], SECONDS)
+
+
+def test_a_23_976_fps_matroska_on_a_millisecond_time_base_is_chunked(tmp_path: Path) -> None:
+    """Matroska keeps times in milliseconds, so 23.976 fps steps 41 and 42 ms: evenly
+    spaced within the 1 ms the chunks allow, but 0.042 - 0.041 is 0.0010000000000000009
+    in floats, and such a video (most films) was done in one pass, no checkpoint kept.
+    Now it is chunked, and its chunks make the single pass's frames at its times."""
+    source = tmp_path / "film.mkv"
+    ffmpeg(
+        "-f", "lavfi", "-i", f"testsrc2=size=160x120:rate=24000/1001:duration={SECONDS}",
+        "-c:v", "libx264", "-preset", "ultrafast", "-pix_fmt", "yuv420p",
+        "-g", "24", "-keyint_min", "24", "-sc_threshold", "0", "-threads", "1",
+        "-f", "matroska", str(source),
+    )  # fmt: skip
+    chunked = run(source, CHUNKED, tmp_path / "chunked")
+    (single, *_) = run(source, SINGLE, tmp_path / "single")
+    assert units(chunked)["chunks"] >= SECONDS - 1, units(chunked)
+    assert ms.decode_errors(chunked[0].path) == ""
+    times, expected = ms.frame_times(chunked[0].path), ms.frame_times(single.path)
+    assert len(times) == len(expected) == round(SECONDS * 24000 / 1001)
+    assert times == pytest.approx(expected, abs=1e-3)
+    assert min(ms.frame_psnr(chunked[0].path, single.path)) >= ms.SAME_FRAME_PSNR
