@@ -95,11 +95,13 @@ class Canary:
         server = socket.create_server(("127.0.0.1", port))
         server.settimeout(0.2)
         self._servers.append(server)
-        threading.Thread(target=self._accept, args=(server,), daemon=True).start()
-        return int(server.getsockname()[1])
+        # Its port read here: a listener closed before its thread first ran made the
+        # thread's getsockname() raise (EBADF, a warning in whichever test ran next).
+        bound = int(server.getsockname()[1])
+        threading.Thread(target=self._accept, args=(server, bound), daemon=True).start()
+        return bound
 
-    def _accept(self, server: socket.socket) -> None:
-        port = server.getsockname()[1]
+    def _accept(self, server: socket.socket, port: int) -> None:
         while True:
             try:
                 conn, _ = server.accept()
