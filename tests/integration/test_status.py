@@ -200,16 +200,22 @@ def test_gather_reads_every_bulk_runs_progress_in_the_same_few_queries(stack, cl
     assert listed["progress"]["remaining"] == 6
 
 
-def test_the_command_shows_the_same_numbers(stack, scene, tmp_path: Path):
+def _status_env(stack, tmp_path: Path, data: Path | None = None) -> dict[str, str]:
+    """The environment of a ``status`` run on ``stack`` with config_data()'s
+    scheduler.json (written under ``tmp_path``) and ``data`` (``tmp_path``) its data dir."""
     config_file = tmp_path / "scheduler.json"
     config_file.write_text(json.dumps(config_data()))
-    env = {
+    return {
         "HYPERMEDIA_DATABASE_URL": support.url_string(stack.engine),
         "HYPERMEDIA_REDIS_URL": support.redis_server_url(),
         "HYPERMEDIA_REDIS_PREFIX": stack.settings.redis_prefix,
-        "HYPERMEDIA_DATA_DIR": str(tmp_path),
+        "HYPERMEDIA_DATA_DIR": str(data or tmp_path),
         "HYPERMEDIA_SCHEDULER_CONFIG": str(config_file),
     }
+
+
+def test_the_command_shows_the_same_numbers(stack, scene, tmp_path: Path):
+    env = _status_env(stack, tmp_path)
     runner = CliRunner()
     result = runner.invoke(app, ["status", "--json"], env=env)
     assert result.exit_code == 0, result.output
@@ -272,15 +278,7 @@ def test_the_command_shows_each_bulk_runs_progress(stack, clock, tmp_path: Path)
     # run's 4 jobs ended about 100 s ago.
     clock.advance(time.time() - clock.now() - 340)
     made = bulk_runs(stack, clock)
-    config_file = tmp_path / "scheduler.json"
-    config_file.write_text(json.dumps(config_data()))
-    env = {
-        "HYPERMEDIA_DATABASE_URL": support.url_string(stack.engine),
-        "HYPERMEDIA_REDIS_URL": support.redis_server_url(),
-        "HYPERMEDIA_REDIS_PREFIX": stack.settings.redis_prefix,
-        "HYPERMEDIA_DATA_DIR": str(tmp_path),
-        "HYPERMEDIA_SCHEDULER_CONFIG": str(config_file),
-    }
+    env = _status_env(stack, tmp_path)
     runner = CliRunner()
     screen = runner.invoke(app, ["status"], env=env)
     assert screen.exit_code == 0, screen.output
@@ -341,16 +339,8 @@ def test_the_command_shows_each_bulk_runs_progress(stack, clock, tmp_path: Path)
 def test_the_command_shows_the_storage(stack, scene, tmp_path: Path):
     """``status`` probes the storage as /healthz does: up, or down and why (here the
     local directory is a file, where nothing can be stored)."""
-    config_file = tmp_path / "scheduler.json"
-    config_file.write_text(json.dumps(config_data()))
     data = tmp_path / "status-data"
-    env = {
-        "HYPERMEDIA_DATABASE_URL": support.url_string(stack.engine),
-        "HYPERMEDIA_REDIS_URL": support.redis_server_url(),
-        "HYPERMEDIA_REDIS_PREFIX": stack.settings.redis_prefix,
-        "HYPERMEDIA_DATA_DIR": str(data),
-        "HYPERMEDIA_SCHEDULER_CONFIG": str(config_file),
-    }
+    env = _status_env(stack, tmp_path, data)
     runner = CliRunner()
     result = runner.invoke(app, ["status", "--json"], env=env)
     assert result.exit_code == 0, result.output
