@@ -60,7 +60,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from sqlalchemy import Connection, Engine, delete, func, insert, select, update
+from sqlalchemy import Connection, Engine, delete, func, select, update
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import ColumnElement
 
@@ -118,16 +119,8 @@ def record(
     if not keys:
         return
     b, o = t.blob_deletions.c, t.objects.c
-    existing = set(
-        conn.execute(select(b.storage_key).where(b.storage_key.in_(list(keys)))).scalars()
-    )
     if backend is not None:
         migrated = dict.fromkeys(keys, backend)
-        conn.execute(
-            update(t.blob_deletions)
-            .where(b.storage_key.in_(list(existing)), b.storage_backend.is_(None))
-            .values(storage_backend=backend)
-        )
     else:
         migrated = dict(
             conn.execute(
@@ -138,7 +131,7 @@ def record(
         )
     when = to_datetime(now)
     due = to_datetime(now + FIRST_TRY_SECONDS)
-    fresh = [
+    rows = [
         {
             "storage_key": key,
             "object_id": object_id,
@@ -148,10 +141,21 @@ def record(
             "storage_backend": migrated.get(key),
         }
         for key in dict.fromkeys(keys)
-        if key not in existing
     ]
-    if fresh:
-        conn.execute(insert(t.blob_deletions), fresh)
+    # One statement: a record a deleter removes meanwhile is written afresh, never lost
+    # between a read of which exist and a write to them.
+    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+    stmt = dialect.insert(t.blob_deletions).values(rows)
+    if backend is None:
+        conn.execute(stmt.on_conflict_do_nothing(index_elements=[b.storage_key]))
+    else:
+        conn.execute(
+            stmt.on_conflict_do_update(
+                index_elements=[b.storage_key],
+                set_={"storage_backend": stmt.excluded.storage_backend},
+                where=b.storage_backend.is_(None),
+            )
+        )
 
 
 @dataclass
@@ -289,8 +293,17 @@ def _delete_locked(
             _delete_everywhere(storage, backends, key, backend)
         except HypermediaError as exc:
             raise _StorageFailed(exc) from exc
-        conn.execute(delete(t.blob_deletions).where(t.blob_deletions.c.storage_key == key))
+        conn.execute(delete(t.blob_deletions).where(*_as_deleted(key, backend)))
         return "deleted"
+
+
+def _as_deleted(key: str, backend: str | None) -> tuple[ColumnElement[bool], ...]:
+    """The record of ``key`` as it was when its blob was deleted (from ``backend`` too):
+    a migration that recorded a copy on a backend meanwhile (of an object deleted while
+    it copied it) leaves it standing, for the sweep to delete that copy."""
+    b = t.blob_deletions.c
+    same = b.storage_backend.is_(None) if backend is None else b.storage_backend == backend
+    return b.storage_key == key, same
 
 
 def _delete_claimed(
@@ -336,7 +349,17 @@ def _delete_claimed(
                 extra={"action": "blob_delete"},
             )
     with transaction(engine) as conn:
-        conn.execute(delete(t.blob_deletions).where(b.storage_key == key, b.claimed_until == claim))
+        gone = conn.execute(
+            delete(t.blob_deletions).where(
+                *_as_deleted(key, held.storage_backend), b.claimed_until == claim
+            )
+        )
+        if gone.rowcount == 0:  # a copy recorded meanwhile: the sweep's, at once
+            conn.execute(
+                update(t.blob_deletions)
+                .where(b.storage_key == key, b.claimed_until == claim)
+                .values(claimed_until=None, next_attempt_at=to_datetime(now))
+            )
     return "deleted"
 
 

@@ -32,6 +32,7 @@ from hypermedia.stack import Stack
 from hypermedia.storage import deletions
 from hypermedia.storage.base import StorageUnavailable, StoredBlob, original_key
 from hypermedia.storage.grants import StorageGrants
+from hypermedia.storage.local import LocalStorage
 from tests.api_support import RequestHolder, add_user, bearer, running_server
 from tests.factories import image_inspection
 from tests.integration.test_api_quota import PNG, run_thumbnail, upload
@@ -467,3 +468,42 @@ def test_an_upload_not_registered_has_its_blob_deleted_later_when_the_disk_refus
         assert not (root / blob.key).exists() and _records(stack) == {}
     finally:
         stack.close()
+
+
+NOW = 1_800_000_000.0
+
+
+def test_a_copy_recorded_while_its_key_is_being_deleted_is_deleted_too(engine, tmp_path):
+    """A bulk migrate that finds its object deleted while it copied it records the copy
+    on its target backend (9c8b7ce) while the API deletes the same key: the deleter,
+    which read no backend, then removed the record the migrate had just given one (or
+    the migrate's read-then-update missed the record the deleter removed), and the copy
+    stayed in the target for good. Now the record is written in one statement and
+    removed only as it was when its blob went: the sweep deletes the copy."""
+    key = original_key("p", "obj1")
+    server, target = LocalStorage(tmp_path / "server"), LocalStorage(tmp_path / "target")
+    for storage in (server, target):
+        storage.put(key, [b"bytes"])
+    with transaction(engine) as conn:
+        deletions.record(conn, "obj1", [key], NOW)
+
+    class MigratedMeanwhile(LocalStorage):
+        def delete(self, key: str) -> None:
+            super().delete(key)
+            with transaction(engine) as conn:  # the migrate's switch, meanwhile
+                deletions.record(conn, "obj1", [key], NOW, backend="local:target")
+
+    racing = MigratedMeanwhile(tmp_path / "server")
+    report = deletions.delete_blobs(
+        engine, racing, [key], NOW, action="test", backends=lambda _name: target
+    )
+    assert report.deleted == [key]
+    assert target.exists(key)  # not yet: the deleter knew of no copy
+    b = t.blob_deletions.c
+    with transaction(engine) as conn:
+        left = conn.execute(select(b.storage_key, b.storage_backend)).all()
+    assert [tuple(r) for r in left] == [(key, "local:target")]
+    deletions.sweep(engine, server, NOW + 3600, backends=lambda _name: target)
+    assert not target.exists(key) and not server.exists(key)
+    with transaction(engine) as conn:
+        assert conn.execute(select(b.storage_key)).all() == []
