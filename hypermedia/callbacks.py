@@ -59,7 +59,7 @@ from sqlalchemy import Engine
 from hypermedia import tls
 from hypermedia.clock import Clock
 from hypermedia.config import Settings
-from hypermedia.db.engine import transaction
+from hypermedia.db.engine import snapshot, transaction
 from hypermedia.errors import HypermediaError
 from hypermedia.ingest.schemas import job_response
 from hypermedia.ingest.service import JobView, job_view
@@ -234,7 +234,9 @@ class CallbackSender:
         lanes: dict[str, list[Any]] = {}
         full = 0
         if free > 0:
-            with transaction(self.engine) as conn:
+            # A read, however long the backlog it reads past: on SQLite it takes no
+            # write lock (a transaction's BEGIN IMMEDIATE held every writer meanwhile).
+            with snapshot(self.engine) as conn:
                 for row in outbox.due(conn, self.clock.now()):
                     receiver = _receiver(row.callback_url)
                     lane = lanes.get(receiver)
@@ -280,12 +282,13 @@ class CallbackSender:
         that one is retried: left due, its backlog was tried row after row, each its
         whole timeout, and burnt their attempts while it was down."""
         now = self.clock.now()
-        with transaction(self.engine) as conn:
+        with snapshot(self.engine) as conn:  # the read holds no writer back (SQLite)
             events = [
                 row.event_id
                 for row in outbox.due(conn, now)
                 if _receiver(row.callback_url) == receiver
             ]
+        with transaction(self.engine) as conn:  # postpone() takes only those still due
             for start in range(0, len(events), POSTPONE_CHUNK):
                 outbox.postpone(conn, events[start : start + POSTPONE_CHUNK], now, until)
         if events:

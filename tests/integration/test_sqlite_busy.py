@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from bench.in_process import InProcessExecutor
+from hypermedia.callbacks import CallbackSender
 from hypermedia.db import tables as t
 from hypermedia.db.engine import make_engine, snapshot, transaction
 from hypermedia.errors import DatabaseUnavailable
@@ -118,6 +120,38 @@ def test_health_and_the_ended_workers_read_while_another_process_writes(
         health = client.get("/healthz")
         assert health.json()["database"] is True, health.text
         assert ended_workers(busy_engine, ["no-such-worker"]) == set()
+
+
+def test_the_callback_sender_reads_its_backlog_while_another_process_writes(
+    sqlite_url, busy_engine, settings
+):
+    """The sender reads past a busy receiver's due callbacks, however many, every pass:
+    in a write transaction (on SQLite BEGIN IMMEDIATE) that held every writer while it
+    read, and waited for the lock itself (here: 'locked by another writer'). A read
+    now: its lanes start while another process writes."""
+    stack = open_stack(
+        settings, busy_engine, None, callback_hosts=["127.0.0.1"], callback_secret="s" * 32
+    )
+    person = make_user(stack)
+    job_ids = [
+        job_id
+        for _ in range(3)
+        for job_id in stack.ingest.submit(
+            person.caller,
+            SubmitRequest(
+                object_id=make_object(stack, person),
+                operations=["thumbnail"],
+                callback_url="http://127.0.0.1:9/hook",
+            ),
+        ).job_ids
+    ]
+    for job_id in job_ids:
+        stack.ingest.cancel(person.caller, job_id)  # each ends: one callback due each
+    sender = CallbackSender.from_settings(stack.engine, stack.settings, stack.clock)
+    with ThreadPoolExecutor(1) as pool, write_lock_held(sqlite_url):
+        lanes = sender._start(None, pool, threading.Event())
+        assert len(lanes) == 1  # one receiver's lane, its rows read under the lock
+        wait(lanes)  # its attempt needs the lock: it waits, then fails, nothing sent
 
 
 class _Gated(InProcessExecutor):
