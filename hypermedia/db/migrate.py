@@ -8,14 +8,16 @@ files' ``revision`` / ``down_revision`` lines, the database's from its
 ``alembic_version`` table. tests/integration/test_migrations.py holds both equal to
 Alembic's own answers. Migrating imports Alembic.
 
-On PostgreSQL a migration waits at most :data:`LOCK_TIMEOUT_SECONDS` for each lock it
-takes (``lock_timeout``), and is tried :data:`LOCK_ATTEMPTS` times. A migration that
-alters a table (``ACCESS EXCLUSIVE``) behind a long transaction on it (a backup, a
-report, a session left open) would otherwise wait for it to end, and every query of
-the running platform on that table (submits, claims, completions) would queue behind
-the migration meanwhile. A migration that gives up changes nothing (one transaction)
-and says which sessions held it up. Two processes migrating at once (two heads started
-together) take turns (:func:`take_turns`).
+On PostgreSQL each migration runs in its own transaction, waits at most
+:data:`LOCK_TIMEOUT_SECONDS` for each lock it takes (``lock_timeout``), and is tried
+:data:`LOCK_ATTEMPTS` times. A migration that alters a table (``ACCESS EXCLUSIVE``)
+behind a long transaction on it (a backup, a report, a session left open) would
+otherwise wait for it to end, and every query of the running platform on that table
+(submits, claims, completions) would queue behind the migration meanwhile. A migration
+that gives up changes nothing of its own (those before it stay applied) and says which
+one it is, what it was running and which sessions held it up. Two processes migrating
+at once (two heads started together) take turns (:func:`take_turns`). On SQLite the
+migrations run in one transaction (a writer waits for it whatever it does).
 """
 
 from __future__ import annotations
@@ -79,47 +81,127 @@ def downgrade(engine: Engine, revision: str) -> None:
 
 
 def _migrate(engine: Engine, step: Callable[[Config], None], what: str) -> None:
-    """``step`` in one transaction; on PostgreSQL under ``lock_timeout``, tried again
-    while a lock is not to be had (see the module docstring)."""
-    postgres = engine.dialect.name == "postgresql"
+    """``step``: on SQLite in one transaction; on PostgreSQL each migration in its own,
+    under ``lock_timeout``, tried again while a lock is not to be had (see the module
+    docstring)."""
+    if engine.dialect.name == "postgresql":
+        _migrate_postgresql(engine, step, what)
+        return
+    cfg = alembic_config()
+    with engine.connect() as conn, _foreign_keys_checked_at_commit(conn), conn.begin():
+        cfg.attributes["connection"] = conn
+        step(cfg)
+        _check_foreign_keys(conn)
+
+
+def _migrate_postgresql(engine: Engine, step: Callable[[Config], None], what: str) -> None:
+    """One transaction a migration (env.py's ``transaction_per_migration``): a lock a
+    migration takes is let go when it commits, not held through every migration after
+    it. In one transaction, 0021's ACCESS EXCLUSIVE lock on processing_jobs was held
+    while 0026 indexed objects and 0029 read it: an upgrade from 0019 of a record of 2M
+    objects and 1M jobs stopped every claim for 4.9 s and every upload for 9.7 s. The
+    session holds the advisory lock of :func:`take_turns` and its ``lock_timeout``
+    from the first migration to the last."""
     timeout, attempts = LOCK_TIMEOUT_SECONDS, max(1, LOCK_ATTEMPTS)
-    for attempt in range(1, attempts + 1):
-        cfg = alembic_config()
+    failures: dict[str | None, int] = {}
+    with engine.connect() as conn:
+        _take_turns_for_session(conn)
         try:
-            with engine.connect() as conn, _foreign_keys_checked_at_commit(conn), conn.begin():
-                take_turns(conn)
-                if postgres:
-                    conn.exec_driver_sql(
-                        f"SET LOCAL lock_timeout = '{max(1, round(timeout * 1000))}ms'"
-                    )
+            conn.exec_driver_sql(f"SET lock_timeout = '{max(1, round(timeout * 1000))}ms'")
+            conn.commit()  # Alembic begins and commits each migration's transaction
+            while True:
+                cfg = alembic_config()
                 cfg.attributes["connection"] = conn
-                step(cfg)
-                _check_foreign_keys(conn)
-            return
-        except OperationalError as exc:
-            if getattr(exc.orig, "sqlstate", None) != _LOCK_NOT_AVAILABLE:
-                raise
-            holders = _lock_holders(engine, timeout)
-            if attempt == attempts:
-                raise ServiceUnavailable(
-                    f"the migration {what} waited {attempts} times {timeout:g} s for a lock on"
-                    " the record's tables and gave up, changing nothing: other sessions hold"
-                    f" them in long transactions ({holders}). Run it again once they have"
-                    " ended (a backup, a report), or end them",
-                    holders=holders,
-                ) from exc
-            log.warning(
-                "the migration %s waited %g s for a lock (attempt %d of %d): held by %s;"
-                " trying again in %g s",
-                what,
-                timeout,
-                attempt,
-                attempts,
-                holders,
-                LOCK_PAUSE_SECONDS,
-                extra={"action": "migrate"},
-            )
-            time.sleep(LOCK_PAUSE_SECONDS)
+                try:
+                    step(cfg)
+                    return
+                except OperationalError as exc:
+                    conn.rollback()
+                    if getattr(exc.orig, "sqlstate", None) != _LOCK_NOT_AVAILABLE:
+                        raise
+                    at = current_revision(engine)
+                    stuck = _next_migration(at, upgrading=what.startswith("to "))
+                    failures[stuck] = failures.get(stuck, 0) + 1
+                    holders = _lock_holders(engine, timeout)
+                    if failures[stuck] == attempts:
+                        raise ServiceUnavailable(
+                            _gave_up(stuck, at, what, attempts, timeout, holders, exc),
+                            holders=holders,
+                            migration=stuck,
+                        ) from exc
+                    log.warning(
+                        "the migration %s waited %g s for a lock (attempt %d of %d): held by"
+                        " %s; trying again in %g s",
+                        stuck,
+                        timeout,
+                        failures[stuck],
+                        attempts,
+                        holders,
+                        LOCK_PAUSE_SECONDS,
+                        extra={"action": "migrate"},
+                    )
+                    time.sleep(LOCK_PAUSE_SECONDS)
+        finally:
+            try:
+                conn.rollback()
+                conn.exec_driver_sql("RESET lock_timeout")
+                conn.exec_driver_sql(f"SELECT pg_advisory_unlock({MIGRATION_LOCK_KEY})")
+                conn.commit()
+            except Exception:
+                # Never back in the pool holding the lock (closing the session ends it);
+                # the error that brought us here, if any, is the one to tell.
+                conn.invalidate()
+
+
+def _gave_up(
+    stuck: str | None,
+    at: str | None,
+    what: str,
+    attempts: int,
+    timeout: float,
+    holders: str,
+    exc: OperationalError,
+) -> str:
+    done = (
+        f"the database is at {at or 'no revision'}: the migrations before it are applied"
+        if what.startswith("to ")
+        else f"the database is at {at or 'no revision'}"
+    )
+    statement = " ".join(str(exc.statement or "").split())[:120]
+    doing = f" (it was running: {statement})" if statement else ""
+    return (
+        f"the migration {stuck} (of the upgrade {what}) waited {attempts} times {timeout:g} s"
+        f" for a lock on the record's tables and gave up, changing nothing of it{doing};"
+        f" {done}. Other sessions hold the tables in long transactions ({holders}). Run"
+        " `hypermedia db upgrade` again once they have ended (a backup, a report), or end"
+        " them (SELECT pg_terminate_backend(pid)); the platform runs meanwhile"
+    )
+
+
+def _next_migration(at: str | None, *, upgrading: bool) -> str | None:
+    """The migration that comes after revision ``at`` (``upgrading``), or undoes it,
+    named by its file ("0026_objects_source_index")."""
+    names = _migration_names()
+    if not upgrading:
+        return names.get(at, at) if at else None
+    downs = _read_down_revisions()
+    following = [rev for rev, down in downs.items() if down == at]
+    return names.get(following[0], following[0]) if len(following) == 1 else None
+
+
+def _take_turns_for_session(conn: Connection) -> None:
+    """:func:`take_turns` for a whole session: a migration's transactions commit one by
+    one (and an index built concurrently commits its own), so the lock is the session's,
+    let go by :func:`_migrate_postgresql` at the end. It is the same key as the
+    transaction's: a profile sync waits for it too."""
+    key = MIGRATION_LOCK_KEY
+    if not conn.exec_driver_sql(f"SELECT pg_try_advisory_lock({key})").scalar():
+        log.info(
+            "another process is migrating this database or syncing its profiles: waiting for it",
+            extra={"action": "migrate"},
+        )
+        conn.exec_driver_sql(f"SELECT pg_advisory_lock({key})")
+    conn.commit()
 
 
 def take_turns(conn: Connection) -> None:
@@ -300,17 +382,31 @@ def _hypermedias_names(engine: Engine) -> list[str]:
 
 def _read_revisions() -> tuple[set[str], set[str]]:
     """The migrations' revisions, and those another names as its ``down_revision``."""
-    revisions: set[str] = set()
-    revised: set[str] = set()
+    downs = _read_down_revisions()
+    return set(downs), {down for down in downs.values() if down}
+
+
+@cache
+def _read_down_revisions() -> dict[str, str | None]:
+    """Each migration's revision and its ``down_revision``."""
+    return {rev: down for rev, (down, _) in _read_migrations().items()}
+
+
+@cache
+def _migration_names() -> dict[str, str]:
+    """Each migration's revision and its file's name ("0026_objects_source_index")."""
+    return {rev: name for rev, (_, name) in _read_migrations().items()}
+
+
+def _read_migrations() -> dict[str, tuple[str | None, str]]:
+    found: dict[str, tuple[str | None, str]] = {}
     for path in (MIGRATIONS / "versions").glob("*.py"):
         source = path.read_text(encoding="utf-8")
-        found = _REVISION.search(source)
-        if found is None:
+        revision = _REVISION.search(source)
+        if revision is None:
             raise RuntimeError(f"{path.name}: a migration without a revision")
-        revisions.add(found.group(1))
         down = _DOWN.search(source)
         if down is None:
             raise RuntimeError(f"{path.name}: a migration without a down_revision")
-        if down.group(1):
-            revised.add(down.group(1))
-    return revisions, revised
+        found[revision.group(1)] = (down.group(1) or None, path.stem)
+    return found

@@ -821,6 +821,79 @@ def test_a_migration_behind_a_long_transaction_gives_up_instead_of_holding_the_p
         pg_server.drop_database(name)
 
 
+def test_a_migration_held_up_keeps_no_lock_of_the_migrations_before_it(pg_server, monkeypatch):
+    """PostgreSQL ran every migration of an upgrade in one transaction: a lock one took
+    was held until the last had run. Upgrading from 0020 while a report read bulk_runs,
+    0024 waited for it, and 0021's lock on processing_jobs stopped every claim and
+    completion for as long (a record of 2M objects and 1M jobs upgraded from 0019 under
+    writes: claims stopped 4.9 s, uploads 9.7 s). Each migration now commits alone: a
+    job is written while 0024 waits; 0021-0023 stay applied when it gives up, and the
+    message names 0024, what it was running and what to do."""
+    import threading
+    import time
+
+    import psycopg
+    from sqlalchemy import text
+
+    from hypermedia.errors import ServiceUnavailable
+
+    monkeypatch.setattr(migrate, "LOCK_TIMEOUT_SECONDS", 3.0, raising=False)
+    monkeypatch.setattr(migrate, "LOCK_ATTEMPTS", 1, raising=False)
+    name = support.unique_name("mig")
+    url = pg_server.create_database(name)
+    engine = make_engine(url)
+    holder = make_engine(url)
+    try:
+        migrate.upgrade(engine, "0020")
+        outcome: list[BaseException | None] = []
+        writes: list[str] = []
+        with holder.connect() as reader:
+            reader.execute(text("SET application_name = 'nightly-report'"))
+            reader.execute(text("SELECT count(*) FROM bulk_runs")).scalar()
+            time.sleep(3.1)  # older than a lock wait
+
+            def run() -> None:
+                try:
+                    migrate.upgrade(engine)
+                    outcome.append(None)
+                except BaseException as exc:
+                    outcome.append(exc)
+
+            thread = threading.Thread(target=run, daemon=True)
+            thread.start()
+            time.sleep(1.0)  # 0021-0023 are done; 0024 waits for the report
+            plain = engine.url.set(drivername="postgresql")
+            with psycopg.connect(plain.render_as_string(hide_password=False)) as writer:
+                writer.autocommit = True
+                writer.execute("SET lock_timeout = '1500ms'")
+                started = time.monotonic()
+                try:
+                    writer.execute("UPDATE processing_jobs SET priority = 1 WHERE job_id = 'j'")
+                    writes.append(f"written in {time.monotonic() - started:.2f} s")
+                except psycopg.errors.LockNotAvailable:
+                    writes.append(f"waited {time.monotonic() - started:.2f} s, gave up")
+            thread.join(30)
+            reader.rollback()
+        assert writes[0].startswith("written in 0."), writes
+        (raised,) = outcome
+        assert isinstance(raised, ServiceUnavailable), raised
+        message = str(raised)
+        assert "the migration 0024_bulk_run_idempotency_keys" in message, message
+        assert "gave up, changing nothing of it" in message, message
+        assert "ALTER TABLE bulk_runs" in message, message
+        assert "the database is at 0023" in message, message
+        assert "'nightly-report'" in message, message
+        assert "Run `hypermedia db upgrade` again" in message, message
+        assert migrate.current_revision(engine) == "0023"
+        migrate.upgrade(engine)
+        assert migrate.current_revision(engine) == migrate.head_revision()
+        assert schema_diffs(engine) == []
+    finally:
+        holder.dispose()
+        engine.dispose()
+        pg_server.drop_database(name)
+
+
 def test_a_stack_opened_on_a_database_that_is_down_is_told_so(settings, tmp_path):
     """Every command that opens the stack reads the schema's revision first: with
     PostgreSQL down, `hypermedia status` said 'error: internal: OperationalError:

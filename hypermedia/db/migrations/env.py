@@ -19,6 +19,10 @@ def _run(connection: Connection) -> None:
         target_metadata=target_metadata,
         render_as_batch=connection.dialect.name == "sqlite",
         compare_type=True,
+        # On PostgreSQL (a connection not in a transaction: hypermedia.db.migrate) a
+        # migration's locks end with it; SQLite's single transaction (begun by migrate,
+        # for its foreign-key check) is left as it is.
+        transaction_per_migration=True,
     )
     with context.begin_transaction():
         context.run_migrations()
