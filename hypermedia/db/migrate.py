@@ -54,6 +54,7 @@ _LOCK_NOT_AVAILABLE = "55P03"  # SQLSTATE of lock_timeout
 # and a profile sync's transaction hold, so that two processes doing either at once
 # take turns (see :func:`take_turns`).
 MIGRATION_LOCK_KEY = 0x686D5F6D69677261
+TURN_POLL_SECONDS = 0.2
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +100,8 @@ def _migrate_postgresql(engine: Engine, step: Callable[[Config], None], what: st
     migration takes is let go when it commits, not held through every migration after
     it. In one transaction, 0021's ACCESS EXCLUSIVE lock on processing_jobs was held
     while 0026 indexed objects and 0029 read it: an upgrade from 0019 of a record of 2M
-    objects and 1M jobs stopped every claim for 4.9 s and every upload for 9.7 s. The
+    objects and 1M jobs stopped every claim for 4.9 s and every upload for 9.7 s. A
+    migration may also build an index outside any transaction (:mod:`.online_ddl`). The
     session holds the advisory lock of :func:`take_turns` and its ``lock_timeout``
     from the first migration to the last."""
     timeout, attempts = LOCK_TIMEOUT_SECONDS, max(1, LOCK_ATTEMPTS)
@@ -194,13 +196,7 @@ def _take_turns_for_session(conn: Connection) -> None:
     one (and an index built concurrently commits its own), so the lock is the session's,
     let go by :func:`_migrate_postgresql` at the end. It is the same key as the
     transaction's: a profile sync waits for it too."""
-    key = MIGRATION_LOCK_KEY
-    if not conn.exec_driver_sql(f"SELECT pg_try_advisory_lock({key})").scalar():
-        log.info(
-            "another process is migrating this database or syncing its profiles: waiting for it",
-            extra={"action": "migrate"},
-        )
-        conn.exec_driver_sql(f"SELECT pg_advisory_lock({key})")
+    _wait_for_turn(conn, f"SELECT pg_try_advisory_lock({MIGRATION_LOCK_KEY})", conn.commit)
     conn.commit()
 
 
@@ -215,14 +211,28 @@ def take_turns(conn: Connection) -> None:
     SQLite needs none: such a transaction takes the write lock as it begins."""
     if conn.dialect.name != "postgresql":
         return
-    key = MIGRATION_LOCK_KEY
-    if conn.exec_driver_sql(f"SELECT pg_try_advisory_xact_lock({key})").scalar():
+    _wait_for_turn(conn, f"SELECT pg_try_advisory_xact_lock({MIGRATION_LOCK_KEY})")
+
+
+def _wait_for_turn(
+    conn: Connection, try_lock: str, between: Callable[[], None] = lambda: None
+) -> None:
+    """Try ``try_lock`` until it is had, :data:`TURN_POLL_SECONDS` apart. Not
+    ``pg_advisory_lock``: a session waiting in it holds a snapshot, and an index built
+    concurrently by the process whose turn it is (:mod:`.online_ddl`) waits for every
+    snapshot older than its own: each waited for the other (deadlock detected). Between
+    tries a session holds none (READ COMMITTED)."""
+    if conn.exec_driver_sql(try_lock).scalar():
         return
     log.info(
         "another process is migrating this database or syncing its profiles: waiting for it",
         extra={"action": "migrate"},
     )
-    conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({key})")
+    while True:
+        between()
+        time.sleep(TURN_POLL_SECONDS)
+        if conn.exec_driver_sql(try_lock).scalar():
+            return
 
 
 @contextmanager

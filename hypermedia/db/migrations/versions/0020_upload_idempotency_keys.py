@@ -14,6 +14,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
+from hypermedia.db import online_ddl
+
 revision = "0020"
 down_revision = "0019"
 branch_labels = None
@@ -24,8 +26,16 @@ def upgrade() -> None:
     # A plain ADD COLUMN and a unique index, not a batch (SQLite's batch copies the
     # table, which other tables refer to); a unique index rather than a constraint:
     # SQLite adds the one in place, not the other.
-    op.add_column("objects", sa.Column("idempotency_key", sa.String(200), nullable=True))
-    op.create_index(
+    # On PostgreSQL the index is built concurrently (objects is the biggest table, and
+    # written by every upload), after the column is committed: the column may be there
+    # already when the migration is run again.
+    postgres = op.get_bind().dialect.name == "postgresql"
+    op.add_column(
+        "objects",
+        sa.Column("idempotency_key", sa.String(200), nullable=True),
+        if_not_exists=True if postgres else None,
+    )
+    online_ddl.create_index(
         "uk_object_idempotency_key", "objects", ["owner_id", "idempotency_key"], unique=True
     )
 

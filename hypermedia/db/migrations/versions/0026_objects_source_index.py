@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from alembic import op
 
+from hypermedia.db import online_ddl
+
 revision = "0026"
 down_revision = "0025"
 branch_labels = None
@@ -18,7 +20,9 @@ depends_on = None
 
 
 def upgrade() -> None:
-    op.create_index("ix_objects_source_object_id", "objects", ["source_object_id"])
+    # On PostgreSQL built concurrently: a plain CREATE INDEX stopped every upload for
+    # the whole build (see online_ddl).
+    online_ddl.create_index("ix_objects_source_object_id", "objects", ["source_object_id"])
 
 
 def downgrade() -> None:
