@@ -444,8 +444,11 @@ class IngestService:
             url = request.callback_url
             if url is not None and not callback_allowed(url, self.callback_hosts):
                 host, port = callback_target(url)
+                # An IPv6 address in brackets, as a URL and callback_hosts write it:
+                # "::1:9000" reads as another address, with no port.
+                shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
                 raise CallbackNotAllowed(
-                    f"callback_url: {host}:{port} is not a host this server sends callbacks "
+                    f"callback_url: {shown} is not a host this server sends callbacks "
                     "to (the operator allows them in callback_hosts)",
                     host=host,
                     port=port,

@@ -232,6 +232,26 @@ def test_a_port_in_the_allowlist_allows_that_port_only(settings, sqlite_engine, 
         stack.close()
 
 
+def test_an_ipv6_host_refused_is_named_in_brackets(settings, sqlite_engine, manual_clock):
+    """The refusal named an IPv6 receiver '::1:9001', which reads as another address
+    and no port (and is no entry callback_hosts takes): it is '[::1]:9001', as a URL
+    and the allowlist write it; that entry allows it."""
+    stack = open_stack(settings, sqlite_engine, manual_clock, callback_hosts=["[::1]:9000"])
+    try:
+        person = make_user(stack)
+        assert len(submit(stack, person, ["thumbnail"], callback_url="http://[::1]:9000/x")) == 1
+        with pytest.raises(Exception, match="callback_url") as refused:
+            submit(stack, person, ["thumbnail"], callback_url="http://[::1]:9001/x")
+        assert getattr(refused.value, "code", None) == "callback_not_allowed"
+        assert str(refused.value).startswith("callback_url: [::1]:9001 is not a host"), str(
+            refused.value
+        )
+        with pytest.raises(Exception, match=r"callback_url: hooks\.example:443 is not"):
+            submit(stack, person, ["thumbnail"], callback_url="https://hooks.example/x")
+    finally:
+        stack.close()
+
+
 def test_a_host_is_allowed_in_any_of_its_spellings_and_only_its_own(
     settings, sqlite_engine, manual_clock
 ):
