@@ -27,13 +27,14 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection, Row, String, insert, literal, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.sql import func
 
-from hypermedia.clock import to_datetime
+from hypermedia.clock import to_datetime, to_epoch
 from hypermedia.db import tables as t
 
 PENDING = "pending"
@@ -164,3 +165,30 @@ def finish(
 def of_job(conn: Connection, job_id: str) -> Row[Any] | None:
     """The job's outbox row (None: no callback, or the job has not ended)."""
     return conn.execute(select(t.callbacks).where(t.callbacks.c.job_id == job_id)).first()
+
+
+@dataclass(frozen=True, slots=True)
+class Backlog:
+    """The outbox as the metrics tell it: events not delivered yet (``pending``, due
+    or waiting for a retry), those given up (``failed``, every one the record holds),
+    and how long the oldest pending one has waited since its job ended (0 when none)."""
+
+    pending: int
+    failed: int
+    oldest_pending_age_seconds: float
+
+
+def backlog(conn: Connection, now: float) -> Backlog:
+    """:class:`Backlog` in one read (delivered rows, most of the table, are not read:
+    ``ix_job_callbacks_status_next_attempt_at`` leads with the status)."""
+    c = t.callbacks.c
+    pending = c.status == PENDING
+    count_pending, count_failed, oldest = conn.execute(
+        select(
+            func.count().filter(pending),
+            func.count().filter(c.status == FAILED),
+            func.min(c.created_at).filter(pending),
+        ).where(c.status.in_((PENDING, FAILED)))
+    ).one()
+    age = 0.0 if oldest is None else max(0.0, now - to_epoch(oldest))
+    return Backlog(int(count_pending), int(count_failed), age)

@@ -51,6 +51,9 @@ metric                                            type       labels             
 ``storage_up``                                    gauge                                    head
 ``blob_deletions_pending``                        gauge                                    head
 ``blob_deletions_oldest_age_seconds``             gauge                                    head
+``callbacks_pending``                             gauge                                    head
+``callbacks_failed``                              gauge                                    head
+``callbacks_oldest_pending_age_seconds``          gauge                                    head
 ================================================  =========  ============================  ======
 
 What each counts:
@@ -93,6 +96,14 @@ What each counts:
   the storage failed, and the head's maintenance tries again with backoff,
   :mod:`hypermedia.storage.deletions`), and how long the oldest has waited (0 when
   none). A blob left there is still stored, and paid for.
+* *callbacks*: the completion webhooks of the outbox (``job_callbacks``,
+  :mod:`hypermedia.callbacks`) not delivered yet (``pending``: due, or waiting for a
+  retry after a receiver failed), those given up after ``callback_max_attempts``
+  (``failed``: every one the record holds, so it only grows; ``delta`` over a window
+  counts the new ones), and how long the oldest pending one has waited since its job
+  ended (0 when none). With the default attempts and backoff an event is delivered or
+  given up within about 25 minutes: one older than that is a sender not working
+  through the outbox (the head's maintenance stopped, a lane stuck).
 
 Nothing here imports prometheus-client or Ray: a :class:`Recorder` is passed to what
 counts (the dispatcher, the reaper, ingest, the scheduler), built by whoever opens the
@@ -299,6 +310,23 @@ BLOB_DELETIONS_OLDEST = Metric(
     "gauge",
     "How long the oldest blob deletion not done yet has waited (0 when none).",
 )
+CALLBACKS_PENDING = Metric(
+    "hypermedia_callbacks_pending",
+    "gauge",
+    "Job callbacks (completion webhooks) not delivered yet: due, or waiting for a retry.",
+)
+CALLBACKS_FAILED = Metric(
+    "hypermedia_callbacks_failed",
+    "gauge",
+    "Job callbacks given up after callback_max_attempts failed attempts (every one the"
+    " record holds: it only grows).",
+)
+CALLBACKS_OLDEST = Metric(
+    "hypermedia_callbacks_oldest_pending_age_seconds",
+    "gauge",
+    "How long the oldest job callback not delivered yet has waited since its job ended"
+    " (0 when none).",
+)
 
 CATALOGUE: tuple[Metric, ...] = (
     JOBS_SUBMITTED,
@@ -326,6 +354,9 @@ CATALOGUE: tuple[Metric, ...] = (
     STORAGE_UP,
     BLOB_DELETIONS_PENDING,
     BLOB_DELETIONS_OLDEST,
+    CALLBACKS_PENDING,
+    CALLBACKS_FAILED,
+    CALLBACKS_OLDEST,
 )
 # What the head reads from Redis and the record when it is scraped (never recorded).
 SCRAPED: tuple[Metric, ...] = (
@@ -340,6 +371,9 @@ SCRAPED: tuple[Metric, ...] = (
     STORAGE_UP,
     BLOB_DELETIONS_PENDING,
     BLOB_DELETIONS_OLDEST,
+    CALLBACKS_PENDING,
+    CALLBACKS_FAILED,
+    CALLBACKS_OLDEST,
 )
 
 

@@ -257,6 +257,27 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 thresholds=(3600,),
             ),
             Panel(
+                "Callbacks waiting",
+                "Job callbacks (completion webhooks) not delivered yet: due, or waiting for"
+                " a retry after their receiver failed; and those given up in the last hour"
+                " (callback_max_attempts failed attempts: GET /jobs/{id} shows each one's"
+                " last answer).",
+                (
+                    ("max(hypermedia_callbacks_pending)", "pending"),
+                    ("max(delta(hypermedia_callbacks_failed[1h]))", "given up, last hour"),
+                ),
+            ),
+            Panel(
+                "Oldest callback waiting",
+                "How long the oldest callback not delivered has waited since its job ended."
+                " With the default attempts and backoff one is delivered or given up within"
+                " about 25 minutes; alerts past an hour (the head's callback sender is not"
+                " working through them: its log, action callback, says why).",
+                (("max(hypermedia_callbacks_oldest_pending_age_seconds)", "oldest"),),
+                unit="s",
+                thresholds=(3600,),
+            ),
+            Panel(
                 "Node CPU",
                 "Ray's measure of each node's CPU; the seed alerts past 90 % for 10 minutes.",
                 (("ray_node_cpu_utilization", "{{instance}}"),),

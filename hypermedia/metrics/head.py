@@ -6,10 +6,11 @@ head's processes count as it happens (submits, the failures the reaper and the
 supervisor record, the scheduler's spend and decisions). :meth:`HeadMetrics.watch`
 adds what is read when Prometheus scrapes: queue depth and oldest age per priority
 band from Redis (one pipelined round trip per queue), in-flight and retry-wait
-counts, the live workers and their heartbeats from the record (one query), and the
-storage probe's last answer (:meth:`HeadMetrics.watch_storage`). A
-backing service that does not answer leaves its metrics out of that scrape (and says
-so in the log) rather than failing the whole answer.
+counts, the live workers and their heartbeats from the record (one query), the
+callback outbox's backlog (one query), and the storage probe's last answer
+(:meth:`HeadMetrics.watch_storage`). A backing service that does not answer leaves its
+metrics out of that scrape (and says so in the log) rather than failing the whole
+answer.
 """
 
 from __future__ import annotations
@@ -32,13 +33,16 @@ from sqlalchemy import Engine, select
 from hypermedia import ids
 from hypermedia.clock import Clock, to_epoch
 from hypermedia.db import tables as t
-from hypermedia.db.engine import transaction
+from hypermedia.db.engine import snapshot, transaction
 from hypermedia.errors import HypermediaError
 from hypermedia.metrics import (
     BANDS,
     BLOB_DELETIONS_OLDEST,
     BLOB_DELETIONS_PENDING,
     BULK_RUN_OBJECTS,
+    CALLBACKS_FAILED,
+    CALLBACKS_OLDEST,
+    CALLBACKS_PENDING,
     CLAIMS_PAUSED,
     CLOUD,
     HEARTBEAT_AGE,
@@ -163,6 +167,10 @@ class StateCollector(Collector):
             yield from self._blob_deletions(now)
         except HypermediaError as exc:
             log.warning("metrics: blob deletions not read: %s", exc, extra={"action": "metrics"})
+        try:
+            yield from self._callbacks(now)
+        except HypermediaError as exc:
+            log.warning("metrics: callbacks not read: %s", exc, extra={"action": "metrics"})
         health = self.metrics.storage_health
         if health is not None:  # never raises: a storage that hangs is down after the timeout
             family = _family(STORAGE_UP)
@@ -178,6 +186,18 @@ class StateCollector(Collector):
         count.add_metric([], waiting.count)
         oldest.add_metric([], waiting.oldest_age_seconds)
         yield from (count, oldest)
+
+    def _callbacks(self, now: float) -> Iterator[GaugeMetricFamily]:
+        from hypermedia.jobs import callbacks
+
+        with snapshot(self.engine) as conn:  # a read: no writer waits for it (SQLite)
+            backlog = callbacks.backlog(conn, now)
+        pending, failed = _family(CALLBACKS_PENDING), _family(CALLBACKS_FAILED)
+        oldest = _family(CALLBACKS_OLDEST)
+        pending.add_metric([], backlog.pending)
+        failed.add_metric([], backlog.failed)
+        oldest.add_metric([], backlog.oldest_pending_age_seconds)
+        yield from (pending, failed, oldest)
 
     def _bulk(self) -> Iterator[GaugeMetricFamily]:
         from hypermedia.bulk import runs

@@ -484,3 +484,56 @@ def test_a_receiver_busy_with_its_lane_never_holds_the_next_pass_for_the_others(
         if loop.ident is not None:
             loop.join(30)
         stack.close()
+
+
+def _scraped(stack: Stack) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = stack.metrics.exposition().decode()  # type: ignore[attr-defined]
+    return {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(text)
+        if family.name.startswith("hypermedia_callbacks_")
+        for sample in family.samples
+    }
+
+
+def test_the_outbox_backlog_is_scraped(stack, manual_clock):
+    """Callbacks had no metric: a receiver down for hours, or a sender stopped, showed
+    nowhere but in each job's GET. The head's /metrics reads the outbox: pending
+    (waiting for a retry too), given up, and the oldest pending one's age since its
+    job ended."""
+    person = make_user(stack)
+    with receiving() as receiver:
+        first, second, third = (
+            submit(stack, person, ["thumbnail"], callback_url=receiver.url)[0] for _ in range(3)
+        )
+        assert _scraped(stack) == {
+            "hypermedia_callbacks_pending": 0.0,
+            "hypermedia_callbacks_failed": 0.0,
+            "hypermedia_callbacks_oldest_pending_age_seconds": 0.0,
+        }
+        for job_id in (first, second, third):
+            stack.ingest.cancel(person.caller, job_id)
+        manual_clock.advance(100)
+        assert _scraped(stack) == {
+            "hypermedia_callbacks_pending": 3.0,
+            "hypermedia_callbacks_failed": 0.0,
+            "hypermedia_callbacks_oldest_pending_age_seconds": 100.0,
+        }
+        receiver.answers = [500, 200, 200]
+        sender = _sender(stack)
+        assert [d.delivered for d in sender.deliver_due()] == [False, True, True]
+        manual_clock.advance(webhooks.backoff(1))
+        scraped = _scraped(stack)
+        assert scraped["hypermedia_callbacks_pending"] == 1.0  # waiting for its retry
+        assert scraped["hypermedia_callbacks_oldest_pending_age_seconds"] == pytest.approx(
+            100 + webhooks.backoff(1)
+        )
+        receiver.answers = [500]
+        assert [d.delivered for d in sender.deliver_due()] == [False]  # the 2nd: given up
+    assert _scraped(stack) == {
+        "hypermedia_callbacks_pending": 0.0,
+        "hypermedia_callbacks_failed": 1.0,
+        "hypermedia_callbacks_oldest_pending_age_seconds": 0.0,
+    }
