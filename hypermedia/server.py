@@ -33,7 +33,9 @@ from collections.abc import Callable, Collection, Iterator
 from typing import TYPE_CHECKING
 from urllib.parse import unquote_plus
 
+import h11
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from hypermedia.bulk.runner import BulkRunner
 from hypermedia.callbacks import CallbackSender
@@ -59,6 +61,9 @@ CHECKPOINT_SWEEP_SECONDS = 5.0
 # A stopping API's uploads refused (api_shutdown_seconds), how long their answers and
 # the removal of their partial bytes may take before uvicorn cancels what still runs.
 STOP_ANSWER_SECONDS = 5.0
+# How long a connection may take to send a whole request head (the request line and
+# its headers), from its opening or from its last answer: see HeadTimedH11Protocol.
+REQUEST_HEAD_SECONDS = 20.0
 
 
 class Maintenance:
@@ -250,6 +255,69 @@ class CutCleanly:
                     await answer(scope, receive, send)
 
 
+class HeadTimedH11Protocol(H11Protocol):
+    """uvicorn's h11 connection, closed when it has not sent a whole request head
+    within :attr:`head_seconds` of its opening or of its last answer: 408
+    ``request_timeout`` to one that sent part of a head, nothing to one that sent
+    nothing. uvicorn waits for a head for ever (its keep-alive timer runs only after an
+    answer, and stops at the next byte), so sockets that never finish one (slowloris,
+    or opened and left silent) each hold a descriptor for good: 1,100 silent
+    connections took every descriptor of an API under a shell's 1,024 and no one got an
+    answer while they stayed open. A body's pace is the routes' business (uploads:
+    ``upload_idle_seconds``; JSON bodies: :mod:`hypermedia.ingest.guard`)."""
+
+    head_seconds = REQUEST_HEAD_SECONDS
+    _head_timer: asyncio.TimerHandle | None = None
+    _head_begun = False
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._await_head()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._head_arrived()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._head_timer is not None:
+            self._head_begun = True
+        super().data_received(data)
+
+    def handle_events(self) -> None:
+        super().handle_events()
+        if self.conn.their_state is not h11.IDLE:
+            self._head_arrived()
+
+    def on_response_complete(self) -> None:
+        self._await_head()  # before uvicorn reads a pipelined request's head
+        super().on_response_complete()
+
+    def _await_head(self) -> None:
+        self._head_arrived()
+        self._head_begun = False
+        self._head_timer = self.loop.call_later(self.head_seconds, self._head_late)
+
+    def _head_arrived(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_late(self) -> None:
+        self._head_timer = None
+        if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
+            return
+        if self._head_begun:
+            body = (
+                '{"error":{"code":"request_timeout","message":"the request head did not'
+                f' arrive within {self.head_seconds:g} s"}}}}'
+            ).encode()
+            self.transport.write(
+                b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
+                b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+            )
+        self.transport.close()
+
+
 class ApiServer(uvicorn.Server):
     """uvicorn for the API's ``app`` (:func:`~hypermedia.ingest.api.create_app`): its
     job event streams end as the server stops (each lasts as long as its job, and
@@ -270,6 +338,7 @@ class ApiServer(uvicorn.Server):
         config.timeout_graceful_shutdown = math.ceil(self.shutdown_seconds + STOP_ANSWER_SECONDS)
         self.cut = CutCleanly(app)
         config.app = self.cut
+        config.http = HeadTimedH11Protocol
         super().__init__(config)
         self.event_streams = app.state.event_streams
         self.upload_stop = app.state.upload_stop
