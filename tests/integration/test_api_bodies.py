@@ -130,6 +130,29 @@ def test_an_authenticated_oversize_json_body_is_413(stack, base_url):
         assert response.json()["error"]["details"] == {"object_id": "nope"}
 
 
+def test_a_body_with_many_faults_gets_an_answer_smaller_than_itself(stack, base_url):
+    # Before: each fault named twice (message and details): a body of 60,000 unknown
+    # keys within the 1 MB limit answered 9 MB of 422 (0.8 s); this 4 KB one, 64 KB.
+    user = add_user(stack, "alice")
+    faults = {f"k{i}": 0 for i in range(450)}
+    body = json.dumps(faults, separators=(",", ":")).encode()
+    assert len(body) <= JSON_LIMIT
+    with httpx.Client(base_url=base_url, timeout=30) as client:
+        response = client.post(
+            f"{P}/process",
+            content=body,
+            headers={**bearer(user), "Content-Type": "application/json"},
+        )
+    assert response.status_code == 422, response.text[:300]
+    assert len(response.content) < len(body), len(response.content)
+    error = response.json()["error"]
+    assert error["code"] == "invalid_request"
+    assert error["details"]["errors_total"] == 452  # object_id, operations: missing
+    assert len(error["details"]["errors"]) == 20
+    assert error["message"].startswith("body.object_id: Field required; ")
+    assert error["message"].endswith("; and 432 more")
+
+
 def test_an_upload_over_the_limit_is_413(stack, base_url):
     user = add_user(stack, "alice")
     answer = _partial_request(
