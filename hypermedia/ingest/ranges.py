@@ -18,7 +18,16 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-_ONE_RANGE = re.compile(r"bytes=(\d*)-(\d*)")
+_ONE_RANGE = re.compile(r"bytes=([0-9]*)-([0-9]*)")
+# Past any blob's size: what a position of more digits than this stands for (Python
+# refuses to read an integer of more than 4,300 digits: a 500, before).
+_BEYOND = 1 << 64
+_MAX_DIGITS = 19
+
+
+def _position(digits: str) -> int:
+    digits = digits.lstrip("0") or "0"
+    return int(digits) if len(digits) <= _MAX_DIGITS else _BEYOND
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,14 +85,14 @@ def requested(
     if not first:
         if not last:
             return None  # "bytes=-": malformed
-        suffix = int(last)
+        suffix = _position(last)
         if suffix == 0 or size == 0:
             raise Unsatisfiable
         return ByteRange(max(0, size - suffix), size - 1, size)
-    start = int(first)
-    if last and int(last) < start:
+    start = _position(first)
+    if last and _position(last) < start:
         return None  # malformed: ignored, as the RFC says
     if start >= size:
         raise Unsatisfiable
-    end = size - 1 if not last else min(int(last), size - 1)
+    end = size - 1 if not last else min(_position(last), size - 1)
     return ByteRange(start, end, size)

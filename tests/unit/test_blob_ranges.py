@@ -25,6 +25,11 @@ from hypermedia.ingest.ranges import (
         ("bytes=-10", 100, ByteRange(90, 99, 100)),
         ("bytes=-1000", 100, ByteRange(0, 99, 100)),  # a suffix longer than the blob: all
         (" bytes=0-9 ", 100, ByteRange(0, 9, 100)),
+        # Positions of more digits than Python reads (4,300): a 500 before.
+        ("bytes=0-" + "9" * 5000, 100, ByteRange(0, 99, 100)),
+        ("bytes=-" + "9" * 5000, 100, ByteRange(0, 99, 100)),
+        ("bytes=" + "0" * 5000 + "5-9", 100, ByteRange(5, 9, 100)),
+        ("bytes=1-" + "0" * 5000, 100, None),  # 1-0: malformed
         # Served whole (200): what this cannot serve as one range.
         (None, 100, None),
         ("bytes=0-1,5-6", 100, None),
@@ -47,6 +52,7 @@ def test_the_range_asked_for(header, size, expected):
         ("bytes=-0", 100),
         ("bytes=0-", 0),
         ("bytes=-5", 0),
+        ("bytes=" + "9" * 5000 + "-", 100),
     ],
 )
 def test_a_range_with_no_byte_of_the_blob_is_unsatisfiable(header, size):
