@@ -39,7 +39,8 @@ Both steps run the same way:
 
 A video longer (:attr:`Probe.length`) than the profile's ``chunk_above_seconds`` is
 transcoded in keyframe-aligned chunks that survive the loss of the worker
-(:mod:`pipelines.media_chunks`); shorter ones in one pass.
+(:mod:`pipelines.media_chunks`), a variable frame rate's at its frames' own times too;
+shorter ones in one pass.
 
 A truncated input (an MP4/MOV whose index says more than its file holds: FFmpeg's
 "partial file") is transcoded as far as it decodes (a video whose sound fails first:
@@ -982,13 +983,15 @@ def transcode_video_step(
     try:
         long = found.length is not None and found.length > chunk_above
         listed = _packets(input_path, container, video, workdir, strict=long)
-        # A variable frame rate keeps its frames' times: one pass (a chunk's grid would
-        # be its own, and a joined output cannot say each chunk's length).
+        # A variable frame rate keeps its frames' times, in a single pass and in chunks.
         exact = listed is not None and media_chunks.variable_rate(listed)
-        if found.length is not None and long and not exact:
+        if found.length is not None and long:
             units = media_chunks.transcode_chunked(
                 input_path, workdir, output, container.label,
-                video_args=_video_only_args(input_path, container, request, video),
+                video_args=[
+                    *_video_only_args(input_path, container, request, video),
+                    *(_EXACT_TIMES if exact else []),
+                ],
                 audio_args=(
                     None if audio is None else _sound_only_args(input_path, container, audio)
                 ),
@@ -996,6 +999,7 @@ def transcode_video_step(
                 chunk_seconds=chunk_seconds,
                 total=found.length,
                 start=found.start,
+                exact_times=exact,
                 frame_pixels=math.prod(output_size(*video.shown, request.height)),
             )  # fmt: skip
         if units is None:

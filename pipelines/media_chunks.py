@@ -16,7 +16,9 @@ with another build transcodes every chunk again. The output is
 the chunks concatenated without re-encoding (FFmpeg's concat demuxer, stream copy)
 with the sound muxed beside them, each keeping its own times (a sound that starts
 after the picture keeps its delay): the same codecs, frame count and duration (within
-a frame) as a single pass.
+a frame) as a single pass. A variable frame rate (:func:`variable_rate`) is chunked
+with its frames' own times (the caller's ``video_args`` say so) and each chunk's
+length given to the join (:func:`_listing`): the single pass's frames at its times.
 
 The step reports how many chunks it transcoded and how many it found done, as its
 units of work (``chunks``, ``chunks_resumed``), so an attempt's record says how much
@@ -29,6 +31,7 @@ made (at 160x120, as long as every chunk together).
 
 from __future__ import annotations
 
+import decimal
 import itertools
 import logging
 from collections.abc import Mapping, Sequence
@@ -55,6 +58,10 @@ _PICTURE_PIXEL_CPU = 9e-9
 _SOUND_CPU = 0.007
 # Times closer than this (seconds) are the same (ffprobe prints microseconds).
 _SAME_TIME = 1e-3
+# A variable rate's chunks keep their frames' own times, so the picture must start
+# where the input does, to the microsecond ffprobe prints (the concat demuxer starts
+# the first chunk at zero; a single pass starts it at its time from the input's start).
+_EXACT_START = 1e-6
 # Frame steps this close (seconds) are one constant rate's, rounded to the time base: a
 # 29.97 fps Matroska on its 1 ms time base steps 33 and 34 ms.
 _EVEN_STEPS = 2e-3
@@ -231,6 +238,28 @@ def packets(
     return found
 
 
+def _listing(chunks: Sequence[Chunk], pieces: Path, build: str, exact_times: bool) -> str:
+    """The concat demuxer's listing of the chunks. With ``exact_times`` each chunk but
+    the last says how long it lasts: from its keyframe to the next one's, so the next
+    chunk starts at its own time. Without it the demuxer takes each file's duration,
+    whose last frame lasts what its encoder guessed (a variable rate's last step, not
+    the gap to the next chunk). In whole microseconds (the demuxer's unit), each the
+    difference of the keyframes' printed times: their sum is the last start's, never
+    a rounding per chunk more."""
+    lines = []
+    for chunk, following in zip(chunks, [*chunks[1:], None], strict=True):
+        lines.append(f"file '{pieces / checkpoints.stored_name(chunk.name, build)}'\n")
+        if exact_times and following is not None:
+            micros = _micros(following.start) - _micros(chunk.start)
+            lines.append(f"duration {micros // 1_000_000}.{micros % 1_000_000:06d}\n")
+    return "".join(lines)
+
+
+def _micros(printed: str) -> int:
+    """A time ffprobe printed (seconds, six decimals) in whole microseconds."""
+    return int((decimal.Decimal(printed) * 1_000_000).to_integral_value())
+
+
 def transcode_chunked(
     source: Path,
     workdir: Path,
@@ -244,21 +273,24 @@ def transcode_chunked(
     total: float,
     frame_pixels: int,
     start: float = 0.0,
+    exact_times: bool = False,
 ) -> dict[str, int] | None:
     """Transcode ``source`` in chunks into ``output`` (see the module docstring); the
     units of work (chunks transcoded, chunks resumed). None, having done nothing, for a
-    video that cannot be cut exactly (packets without times, a variable frame rate, no
-    keyframe, a first keyframe after the input's ``start``, one chunk, a chunk whose
-    frames are not all there): the caller transcodes it in one pass.
+    video that cannot be cut exactly (packets without times, frames not evenly spaced
+    without ``exact_times``, no keyframe, a first keyframe after the input's ``start``,
+    one chunk, a chunk whose frames are not all there): the caller transcodes it in
+    one pass. ``exact_times``: a variable frame rate, whose frames keep their own
+    times (``video_args`` carry the options); the join is told each chunk's length.
     ``video_args``: ffmpeg's arguments up to the output, without input and sound;
     ``audio_args``: the same for the sound (None: no sound); ``found``: the video
     stream's :func:`packets`; ``frame_pixels``: an output picture's (what the sound's
     share of the progress is weighed against)."""
     from pipelines import media
 
-    usable = found is not None and constant_rate(found)
-    chunks = plan(found, chunk_seconds) if found is not None and usable else []
-    if chunks and float(chunks[0].start) - start > _SAME_TIME:
+    cuttable = exact_times or (found is not None and constant_rate(found))
+    chunks = plan(found, chunk_seconds) if found is not None and cuttable else []
+    if chunks and float(chunks[0].start) - start > (_EXACT_START if exact_times else _SAME_TIME):
         # The picture starts after the input does (the sound first, a recording begun
         # mid-GOP): the output's constant rate fills that time with copies of the first
         # frame, in chunk 0 only, where the frame count cannot see them.
@@ -311,9 +343,7 @@ def transcode_chunked(
         )  # fmt: skip
         checkpoints.commit(workdir, AUDIO_PIECE, build)
     listing = workdir / "chunks.txt"
-    listing.write_text(
-        "".join(f"file '{pieces / checkpoints.stored_name(c.name, build)}'\n" for c in chunks)
-    )
+    listing.write_text(_listing(chunks, pieces, build, exact_times))
     # -copyts: each piece keeps its own times, the sound its delay after the picture
     # (ffmpeg would start every input at zero).
     concat = [

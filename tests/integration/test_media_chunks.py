@@ -216,21 +216,22 @@ def test_a_video_whose_packets_have_no_times_is_done_in_one_pass(tmp_path: Path)
     assert len(ms.frame_times(outputs[0].path)) == SECONDS * ms.RATE
 
 
-def test_a_variable_frame_rate_video_is_done_in_one_pass(
-    clips: dict[str, Path], tmp_path: Path
-) -> None:
-    # Frames dropped here and there: the output keeps the others at their times (on a
-    # constant rate a chunk's grid would be its own). One pass, as single.
-    source = tmp_path / "input"
+def test_a_variable_frame_rate_matroska_is_chunked_at_its_frames_times(tmp_path: Path) -> None:
+    # Frames dropped here and there, on Matroska's 1 ms time base: the output keeps the
+    # others at their times, chunked as in a single pass (it was one pass, no checkpoint).
+    source = tmp_path / "vfr.mkv"
     ffmpeg(*video_source(SECONDS, "160x120", ms.RATE), "-vf", "select='lt(mod(n\\,7)\\,5)'",
            "-fps_mode", "vfr", "-c:v", "libx264", "-preset", "ultrafast", "-g", "20",
            "-f", "matroska", str(source))  # fmt: skip
-    outputs = media.transcode_video(source, CHUNKED, tmp_path)
-    assert [o.output_type for o in outputs] == ["video-h264-120p-crf23.mp4"]
-    assert checkpoints.finished(tmp_path) == {}
+    outputs = run(source, CHUNKED, tmp_path / "chunked")
+    (single,) = run(source, SINGLE, tmp_path / "single")
+    assert units(outputs) == {"chunks": 4, "chunks_resumed": 0}  # keyframes 1.12 s apart
     kept = ms.frame_times(source)
     assert len(kept) == sum(1 for n in range(SECONDS * ms.RATE) if n % 7 < 5)
-    assert ms.frame_times(outputs[0].path) == pytest.approx(kept, abs=1e-3)
+    assert ms.frame_times(single.path) == pytest.approx(kept, abs=1e-3)
+    assert ms.frame_times(outputs[0].path) == ms.frame_times(single.path)
+    assert ms.decode_errors(outputs[0].path) == ""
+    assert min(ms.frame_psnr(outputs[0].path, single.path)) >= ms.SAME_FRAME_PSNR
 
 
 def late(path: Path, *, sound: float = 0.0, picture: float = 0.0) -> Path:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import array
 import itertools
+import json
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -34,20 +35,36 @@ SCREEN = "N*N*0.1+N*0.1"
 RATE = 44100
 
 
-def timed(path: Path, times: str, *, frames: int, rate: int, flash_at: float | None) -> Path:
-    """An H.264 MP4 of ``frames`` frames (black, frame FLASH white) at ``times``
+def timed(
+    path: Path,
+    times: str,
+    *,
+    frames: int,
+    rate: int,
+    flash_at: float | None,
+    flash: int = FLASH,
+    keyframes: str = "",
+    seconds: float = 2.5,
+) -> Path:
+    """An H.264 MP4 of ``frames`` frames (black, frame ``flash`` white) at ``times``
     (seconds, an expression of N), kept as they are; with ``flash_at``, a sound silent
-    until a 1 kHz tone starts then (the white frame's time)."""
+    until a 1 kHz tone starts then (the white frame's time), ``seconds`` long.
+    ``keyframes``: the times (``-force_key_frames``) of its only keyframes;
+    ``testsrc2`` moving under the white frame, so that each frame differs from the next."""
     picture = f"color=c=black:s=160x120:r={rate},trim=end_frame={frames}"
-    picture += f",drawbox=c=white:t=fill:enable='eq(n\\,{FLASH})'"
+    if keyframes:
+        picture = f"testsrc2=s=160x120:r={rate},trim=end_frame={frames}"
+    picture += f",drawbox=c=white:t=fill:enable='eq(n\\,{flash})'"
     picture += f",settb=1/90000,setpts='({times.replace(',', chr(92) + ',')})/TB'"
     sources = ["-f", "lavfi", "-i", picture]
     codecs = ["-c:v", "libx264", "-preset", "ultrafast", "-pix_fmt", "yuv420p"]
     codecs += ["-fps_mode", "passthrough", "-enc_time_base", "1:90000"]
     codecs += ["-video_track_timescale", "90000"]
+    if keyframes:
+        codecs += ["-g", "100000", "-sc_threshold", "0", "-force_key_frames", keyframes]
     if flash_at is not None:
-        tone = f"aevalsrc='if(gte(t\\,{flash_at})\\,0.5*sin(2*PI*1000*t)\\,0)':s={RATE}:d=2.5"
-        sources += ["-f", "lavfi", "-i", tone]
+        tone = f"aevalsrc='if(gte(t\\,{flash_at})\\,0.5*sin(2*PI*1000*t)\\,0)'"
+        sources += ["-f", "lavfi", "-i", f"{tone}:s={RATE}:d={seconds}"]
         codecs += ["-c:a", "aac"]
     ffmpeg(*sources, *codecs, "-threads", "1", "-f", "mp4", str(path))
     return path
@@ -154,3 +171,52 @@ def test_an_evenly_spaced_video_is_made_on_the_constant_rate(
     assert ["-fps_mode" in args for args in ran] == [False, True]
     steps = {round(b - a, 3) for a, b in itertools.pairwise(packet_times(source))}
     assert steps == {0.033, 0.034}
+
+
+# A long phone clip, cut in 1 s chunks at its keyframes (one a second): 60 frames at
+# ~30 fps with 4 ms of jitter, a 60 fps burst (2-3 s), three slow frames 0.3 s apart,
+# 24 at 60 fps, then 30 fps to 6 s; white frame 177 (5.2 s), where the tone starts.
+# Chunk 2 ends in the burst and chunk 3 starts slow: its first decode times (the
+# encoder's B-frame delay, in its own first steps) fall before chunk 2's last.
+CUT = (
+    "if(lt(N,60),N/30+0.004*mod(N,3),if(lt(N,120),2+(N-60)/60,"
+    "if(lt(N,123),3+(N-120)*0.3,if(lt(N,147),3.8+(N-123)/60,4.2+(N-147)/30))))"
+)
+CUT_FRAMES, CUT_FLASH = 201, 177
+CHUNKED = {**PARAMS, "chunk_seconds": 1, "chunk_above_seconds": 1}
+
+
+def audio_packets(path: Path) -> list[str]:
+    done = subprocess.run(
+        ["ffprobe", "-v", "error", "-select_streams", "a:0", "-show_entries",
+         "packet=pts,dts,duration,size", "-print_format", "csv=p=0", f"file:{path}"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return done.stdout.split()
+
+
+def test_a_long_variable_frame_rate_video_is_chunked_keeping_its_frames_times(
+    tmp_path: Path,
+) -> None:
+    # Never chunked before: no checkpoint, a killed job started again from nothing.
+    source = timed(
+        tmp_path / "long-phone.mp4", CUT, frames=CUT_FRAMES, rate=60, flash_at=5.2,
+        flash=CUT_FLASH, keyframes="0,1,2,3,4,5", seconds=6,
+    )  # fmt: skip
+    single = transcode(source, tmp_path / "single")
+    workdir = tmp_path / "chunked"
+    workdir.mkdir()
+    (chunked, usage) = media.transcode_video(source, CHUNKED, workdir)
+    assert json.loads(usage.path.read_text()) == {"chunks": 6, "chunks_resumed": 0}
+    assert decode_errors(chunked.path) == ""
+    times, expected = packet_times(chunked.path), packet_times(single.path)
+    assert len(times) == len(expected) == CUT_FRAMES
+    assert times == pytest.approx(expected, abs=TICK)
+    assert times == pytest.approx(packet_times(source), abs=TICK)
+    assert min(ms.frame_psnr(chunked.path, single.path)) >= ms.SAME_FRAME_PSNR
+    # The sound is the single pass's, packet for packet, and starts with the white frame.
+    assert audio_packets(chunked.path) == audio_packets(single.path)
+    assert flash_time(chunked.path) == pytest.approx(flash_time(source), abs=TICK)
+    assert tone_onset(chunked.path) == pytest.approx(flash_time(chunked.path), abs=3e-3)
+    # FFmpeg guesses the last frame's length (from a rate) either way: within a frame.
+    assert abs(ms.duration(chunked.path) - ms.duration(single.path)) <= 1 / 30

@@ -41,6 +41,7 @@ from tests import media_support as ms
 from tests import ray_support, support
 from tests.clouds.metadata_server import MetadataServer
 from tests.factories import make_user, stored_object
+from tests.integration import test_media_frame_rate as frame_rate
 from tests.pipelines_for_tests import PRELOAD
 from tests.ray_support import ray_stack
 
@@ -413,3 +414,58 @@ def _s3_stack(settings: Any, engine: Any, tmp_path: Path, moto_s3: dict[str, Any
         engine=engine,
         auto_migrate=True,
     )
+
+
+def test_a_variable_frame_rate_video_killed_mid_way_resumes_from_its_chunks(
+    pg_engine, settings, tmp_path, moto_s3
+):
+    """A phone clip's variable frame rate (tests.integration.test_media_frame_rate's
+    CUT: 6 chunks, bursts and slow frames across them) killed after KILL_AFTER chunks:
+    the retry makes only the rest, and its output has the single pass's frames at their
+    times. Before, such a video was never chunked: the retry made it all again."""
+    clip = frame_rate.timed(
+        tmp_path / "phone.mp4", frame_rate.CUT, frames=frame_rate.CUT_FRAMES, rate=60,
+        flash_at=5.2, flash=frame_rate.CUT_FLASH, keyframes="0,1,2,3,4,5", seconds=6,
+    )  # fmt: skip
+    chunks = 6
+    stack = _s3_stack(settings, pg_engine, tmp_path, moto_s3)
+    person = make_user(stack)
+    job_id = _submit(stack, person, clip, hold=True)
+    work_a, work_b = tmp_path / "work-a", tmp_path / "work-b"
+    maintenance = Maintenance(stack, reaper_interval=0.5, reconcile_interval=30)
+    with (
+        ChildExecutor(work_a, preload=PRELOAD) as executor_a,
+        ChildExecutor(work_b, preload=PRELOAD) as executor_b,
+    ):
+        first = _spot_worker(stack, executor_a, "first-a", work_a, None)
+        first.start()
+        try:
+            _killed_after_k(stack, job_id)
+            _kill_child(stack, person, job_id, executor_a)
+        finally:
+            first.stop()
+        second = _spot_worker(stack, executor_b, "second-b", work_b, None)
+        second.start()
+        maintenance.start()
+        try:
+            _wait(lambda: _status(stack, person, job_id) in ("completed", "failed"), "the retry")
+        finally:
+            maintenance.stop()
+            second.stop()
+    view = stack.ingest.get_job(person.caller, job_id)
+    assert [(a.status, a.error_code) for a in view.attempts] == [
+        ("failed", "child_killed"),
+        ("completed", None),
+    ]
+    assert view.attempts[-1].units == {"chunks": chunks - KILL_AFTER, "chunks_resumed": KILL_AFTER}
+    (output,) = view.outputs
+    received = tmp_path / "output.mp4"
+    received.write_bytes(b"".join(stack.storage.read(output.storage_key)))
+    single = _single_pass(clip, tmp_path / "single")
+    times = frame_rate.packet_times(received)
+    assert len(times) == frame_rate.CUT_FRAMES
+    assert times == pytest.approx(frame_rate.packet_times(single), abs=frame_rate.TICK)
+    assert frame_rate.audio_packets(received) == frame_rate.audio_packets(single)
+    assert frame_rate.decode_errors(received) == ""
+    assert frame_rate.flash_time(received) == pytest.approx(5.2, abs=frame_rate.TICK)
+    stack.close()

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from pipelines import checkpoints
-from pipelines.media_chunks import chunking, constant_rate, plan, variable_rate
+from pipelines.media_chunks import Chunk, _listing, chunking, constant_rate, plan, variable_rate
 from pipelines.registry import PipelineError
 
 
@@ -90,3 +92,21 @@ def test_a_variable_frame_rate_is_told_from_a_constant_one_on_a_coarse_time_base
     # Two frames at one time: the constant rate drops the copy, as it did.
     assert not variable_rate(timed(0, 0.04, 0.04, 0.2, 0.24))
     assert not variable_rate(timed(0.5)) and not variable_rate([])
+
+
+def test_a_variable_rates_join_is_told_each_chunks_length_in_whole_microseconds() -> None:
+    # Keyframes at 1/3 s steps (printed rounded): each length the difference of the
+    # printed starts, so the lengths add up to each start exactly.
+    chunks = [
+        Chunk(i, start, 0.0, 10)
+        for i, start in enumerate(["0.000000", "0.333333", "0.666667", "12.000000"])
+    ]
+    listing = _listing(chunks, Path("/pieces"), "", exact_times=True).splitlines()
+    assert listing == [
+        "file '/pieces/chunk-00000.mp4'", "duration 0.333333",
+        "file '/pieces/chunk-00001.mp4'", "duration 0.333334",
+        "file '/pieces/chunk-00002.mp4'", "duration 11.333333",
+        "file '/pieces/chunk-00003.mp4'",
+    ]  # fmt: skip
+    # An evenly spaced video's join takes each file's own length, as before.
+    assert _listing(chunks, Path("/pieces"), "", exact_times=False).count("duration") == 0
