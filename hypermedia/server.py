@@ -155,7 +155,7 @@ class Maintenance:
             deletions.sweep(
                 self.stack.engine,
                 self.stack.storage,
-                self.stack.clock.now(),
+                self.stack.clock,
                 backends=self.stack.backends,
             )
 

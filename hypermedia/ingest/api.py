@@ -558,7 +558,7 @@ async def upload_object(
             pool_id=pool,
             blob=blob,
             filename=filename,
-            now=stack.clock.now(),
+            clock=stack.clock,
             quota_bytes=quota,
             idempotency_key=idempotency_key,
         ),
@@ -743,7 +743,7 @@ def delete_object(object_id: ObjectId, caller: CallerDep, stack: StackDep) -> De
         stack.ingest.events,
         caller,
         object_id,
-        stack.clock.now(),
+        stack.clock,
         stack.backends,
     )
     return DeleteObjectResponse(

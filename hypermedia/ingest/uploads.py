@@ -60,6 +60,7 @@ from sqlalchemy.exc import IntegrityError
 from starlette.requests import ClientDisconnect
 
 from hypermedia.accounts import Caller, default_pool_id, is_pool_member
+from hypermedia.clock import Clock
 from hypermedia.db import tables as t
 from hypermedia.db.conflicts import rerun_on_conflict
 from hypermedia.db.engine import snapshot, transaction
@@ -415,7 +416,7 @@ def register_blob(
     pool_id: str,
     blob: StoredBlob,
     filename: str,
-    now: float,
+    clock: Clock,
     quota_bytes: int | None = None,
     idempotency_key: str | None = None,
 ) -> Uploaded:
@@ -425,6 +426,7 @@ def register_blob(
     concurrent one: the unique index lets one in; or its bytes, counted first, leave
     these no room in the quota) answers as that upload's retry: :func:`replay` (the
     blob deleted)."""
+    now = clock.now()
     try:
         inspection = inspector(storage, blob.key, blob.size_bytes)
         # Stored before anyone knew their type: the bytes take the one detected (what a
@@ -455,7 +457,7 @@ def register_blob(
     except BaseException as exc:
         # Recorded before it is deleted: a storage failing the delete leaves it to the
         # head's sweep (and the error that failed the upload stands).
-        deletions.discard(engine, storage, object_id, [blob.key], now, action="upload")
+        deletions.discard(engine, storage, object_id, [blob.key], clock, action="upload")
         if idempotency_key is None or not isinstance(exc, IntegrityError | StorageQuotaExceeded):
             raise
         with snapshot(engine) as conn:
@@ -623,7 +625,7 @@ def delete_object(
     events: JobEvents,
     caller: Caller,
     object_id: str,
-    now: float,
+    clock: Clock,
     backends: deletions.Backends | None = None,
 ) -> Deletion:
     """Delete an object of the caller's, its outputs and all their blobs (a migrated
@@ -637,6 +639,7 @@ def delete_object(
     own (a running one asked to stop even when the deletion must wait for it); those
     cancelled then leave their Redis queue and publish their end, as a user's cancel
     does."""
+    now = clock.now()
 
     # Each transaction run again whole if PostgreSQL aborts it in a deadlock (with a
     # submit, a completion): what it did outside the database comes after its commit.
@@ -655,6 +658,6 @@ def delete_object(
     forget_cancelled(queue, events, cancelled, now, action="delete_object")
     deletion = rerun_on_conflict(deleting, what="delete_object")
     deletions.delete_blobs(
-        engine, storage, deletion.storage_keys, now, action="delete_object", backends=backends
+        engine, storage, deletion.storage_keys, clock, action="delete_object", backends=backends
     )
     return deletion

@@ -10,7 +10,8 @@ Every write to ``blob_deletions`` is here. A blob's deletion:
 2. **tried** at once, after that commit (:func:`delete_blobs`, by the API): each blob
    the storage deleted loses its record; the first the storage fails (S3 down, a
    timeout, a disk error) keeps it, with its error and its next try
-   (:func:`retry_delay` after this one), and the blobs after it are left as they are
+   (:func:`retry_delay` after this one failed: a call that hung minutes before it
+   failed is not due again at once), and the blobs after it are left as they are
    (a storage that failed one fails the next: the request is not held up for each);
 3. **swept** (:func:`sweep`, by the head's maintenance every
    :data:`SWEEP_SECONDS`): the records whose next try is due, oldest first, tried as
@@ -65,7 +66,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import ColumnElement
 
-from hypermedia.clock import to_datetime, to_epoch
+from hypermedia.clock import Clock, to_datetime, to_epoch
 from hypermedia.db import tables as t
 from hypermedia.db.engine import is_sqlite, snapshot, transaction
 from hypermedia.errors import HypermediaError
@@ -179,7 +180,7 @@ def delete_blobs(
     engine: Engine,
     storage: Storage,
     keys: Sequence[str],
-    now: float,
+    clock: Clock,
     *,
     action: str,
     backends: Backends | None = None,
@@ -187,12 +188,15 @@ def delete_blobs(
     """Delete the blobs of recorded ``keys`` from ``storage`` (and a migrated one's
     from its backend, through ``backends``) and their records (see the module docstring,
     2.). Never raises for the storage or the record: what was not done stays recorded
-    for the sweep. ``action``: for the log."""
+    for the sweep. ``action``: for the log. ``clock`` is read for each key and after a
+    failure (a storage call may take minutes: its claim, and the next try, count from
+    when they are made)."""
     report = DeleteReport()
     for index, key in enumerate(keys):
         claim: datetime | None = None
         try:
-            getattr(report, _delete_one(engine, storage, backends, key, now)).append(key)
+            outcome = _delete_one(engine, storage, backends, key, clock.now())
+            getattr(report, outcome).append(key)
             continue
         except _StorageFailed as failed:
             report.failed[key] = str(failed.error)[:_ERROR_CHARS]
@@ -210,7 +214,7 @@ def delete_blobs(
         )
         if key in report.failed:
             with contextlib.suppress(HypermediaError, DBAPIError):
-                _failed(engine, key, report.failed[key], now, claim)
+                _failed(engine, key, report.failed[key], clock.now(), claim)
         break
     return report
 
@@ -220,7 +224,7 @@ def discard(
     storage: Storage,
     object_id: str,
     keys: Sequence[str],
-    now: float,
+    clock: Clock,
     *,
     action: str,
 ) -> DeleteReport | None:
@@ -232,7 +236,7 @@ def discard(
     blob it fails too is left behind, logged (nothing else knows of it)."""
     try:
         with transaction(engine) as conn:
-            record(conn, object_id, keys, now)
+            record(conn, object_id, keys, clock.now())
     except (HypermediaError, DBAPIError) as unrecorded:
         for key in keys:
             try:
@@ -247,7 +251,7 @@ def discard(
                     extra={"action": action},
                 )
         return None
-    return delete_blobs(engine, storage, keys, now, action=action)
+    return delete_blobs(engine, storage, keys, clock, action=action)
 
 
 def _delete_one(
@@ -437,7 +441,7 @@ def _failed(
 def sweep(
     engine: Engine,
     storage: Storage,
-    now: float,
+    clock: Clock,
     *,
     batch: int = SWEEP_BATCH,
     backends: Backends | None = None,
@@ -448,12 +452,12 @@ def sweep(
         keys = list(
             conn.execute(
                 select(b.storage_key)
-                .where(b.next_attempt_at <= to_datetime(now))
+                .where(b.next_attempt_at <= to_datetime(clock.now()))
                 .order_by(b.next_attempt_at, b.storage_key)
                 .limit(batch)
             ).scalars()
         )
-    report = delete_blobs(engine, storage, keys, now, action="blob_sweep", backends=backends)
+    report = delete_blobs(engine, storage, keys, clock, action="blob_sweep", backends=backends)
     if report.deleted:
         log.info(
             "deleted %d blobs left behind", len(report.deleted), extra={"action": "blob_sweep"}

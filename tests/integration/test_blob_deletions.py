@@ -7,6 +7,7 @@ the local disk (the blob made immutable: the unlink refused even to root)."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import subprocess
 import threading
 import time
@@ -20,7 +21,7 @@ from moto.server import ThreadedMotoServer
 from sqlalchemy import select, update
 
 from hypermedia.accounts import Caller
-from hypermedia.clock import ManualClock, to_datetime
+from hypermedia.clock import ManualClock, to_datetime, to_epoch
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
 from hypermedia.errors import StorageQuotaExceeded
@@ -195,14 +196,14 @@ def test_a_local_blob_the_disk_refused_is_deleted_later_and_a_rewritten_one_kept
             )
             assert queued.status_code == 202, queued.text
             clock.advance(deletions.retry_delay(1))
-            report = deletions.sweep(stack.engine, stack.storage, clock.now())
+            report = deletions.sweep(stack.engine, stack.storage, clock)
             assert report.waiting == [output_key] and (root / output_key).exists()
             # It ran and wrote the key again (a row live again): kept, record dropped.
             claimed = stack.dispatcher.claim("images", "w")
             assert claimed is not None
             _complete_with(stack, claimed, output_key, 30)
             clock.advance(deletions.FIRST_DELAY_SECONDS)
-            report = deletions.sweep(stack.engine, stack.storage, clock.now())
+            report = deletions.sweep(stack.engine, stack.storage, clock)
             assert report.revived == [output_key]
             assert (root / output_key).stat().st_size == 30
             assert _records(stack) == {}
@@ -407,14 +408,14 @@ def test_a_claim_left_by_a_deleter_that_died_runs_out_and_the_sweep_takes_it(
             )
         with transaction(stack.engine) as conn:
             assert deletions.being_deleted(conn, [key, "other"], clock.now()) == [key]
-        report = deletions.delete_blobs(stack.engine, stack.storage, [key], clock.now(), action="t")
+        report = deletions.delete_blobs(stack.engine, stack.storage, [key], clock, action="t")
         assert report.busy == [key] and stack.storage.exists(key)
         clock.advance(deletions.FIRST_TRY_SECONDS)
-        assert deletions.sweep(stack.engine, stack.storage, clock.now()).deleted == []
+        assert deletions.sweep(stack.engine, stack.storage, clock).deleted == []
         clock.advance(deletions.CLAIM_SECONDS)
         with transaction(stack.engine) as conn:
             assert deletions.being_deleted(conn, [key], clock.now()) == []
-        assert deletions.sweep(stack.engine, stack.storage, clock.now()).deleted == [key]
+        assert deletions.sweep(stack.engine, stack.storage, clock).deleted == [key]
         assert not stack.storage.exists(key) and _records(stack) == {}
     finally:
         stack.close()
@@ -443,7 +444,7 @@ def test_an_upload_not_registered_has_its_blob_deleted_later_when_the_disk_refus
             pool_id=alice.pool_id,
             blob=blob,
             filename="a.png",
-            now=clock.now(),
+            clock=clock,
             quota_bytes=len(PNG) - 1,
         )
 
@@ -495,7 +496,7 @@ def test_a_copy_recorded_while_its_key_is_being_deleted_is_deleted_too(engine, t
 
     racing = MigratedMeanwhile(tmp_path / "server")
     report = deletions.delete_blobs(
-        engine, racing, [key], NOW, action="test", backends=lambda _name: target
+        engine, racing, [key], ManualClock(NOW), action="test", backends=lambda _name: target
     )
     assert report.deleted == [key]
     assert target.exists(key)  # not yet: the deleter knew of no copy
@@ -503,7 +504,51 @@ def test_a_copy_recorded_while_its_key_is_being_deleted_is_deleted_too(engine, t
     with transaction(engine) as conn:
         left = conn.execute(select(b.storage_key, b.storage_backend)).all()
     assert [tuple(r) for r in left] == [(key, "local:target")]
-    deletions.sweep(engine, server, NOW + 3600, backends=lambda _name: target)
+    deletions.sweep(engine, server, ManualClock(NOW + 3600), backends=lambda _name: target)
     assert not target.exists(key) and not server.exists(key)
     with transaction(engine) as conn:
         assert conn.execute(select(b.storage_key)).all() == []
+
+
+class _HangsThenFails(LocalStorage):
+    """A storage whose delete hangs ``seconds`` on ``clock`` (S3's retries of a path
+    that stalled) and then fails."""
+
+    def __init__(self, root: Path, clock: ManualClock, seconds: float) -> None:
+        super().__init__(root)
+        self.hung_on, self.seconds, self.calls = clock, seconds, 0
+
+    def delete(self, key: str) -> None:
+        self.calls += 1
+        self.hung_on.advance(self.seconds)
+        raise StorageUnavailable(f"deleting {key}: timed out")
+
+
+def test_a_try_that_hung_before_failing_backs_off_from_its_failure(engine, settings):
+    """Before: a failed try's next one was set from the start of the sweep's pass, so a
+    storage call that hung 4 minutes before it failed was due again at once (its 60 s
+    backoff long past when it failed), and every pass tried it again without a pause.
+    Now the backoff counts from the failure: the next pass leaves it until then."""
+    clock = ManualClock()
+    stack = Stack.open(settings(), engine=engine, auto_migrate=True, clock=clock)
+    try:
+        key = original_key("p", "obj1")
+        with transaction(stack.engine) as conn:
+            deletions.record(conn, "obj1", [key], clock.now())
+        hanging = _HangsThenFails(stack.settings.storage_dir, clock, 240.0)
+        maintenance = _maintenance(dataclasses.replace(stack, _storage=hanging))
+        clock.advance(deletions.FIRST_TRY_SECONDS)
+        maintenance.sweep_blobs()
+        failed_at = clock.now()
+        assert hanging.calls == 1 and _records(stack) == {key: (1, True)}
+        b = t.blob_deletions.c
+        with transaction(stack.engine) as conn:
+            due = conn.execute(select(b.next_attempt_at).where(b.storage_key == key)).scalar_one()
+        assert to_epoch(due) == failed_at + deletions.retry_delay(1)
+        maintenance.sweep_blobs()  # the next pass, at once: not due
+        assert hanging.calls == 1
+        clock.advance(deletions.retry_delay(1))
+        maintenance.sweep_blobs()
+        assert hanging.calls == 2 and _records(stack) == {key: (2, True)}
+    finally:
+        stack.close()

@@ -890,7 +890,7 @@ def test_an_object_deleted_while_its_copy_is_made_has_the_copy_deleted_too(
                 stack.ingest.events,
                 person.caller,
                 object_id,
-                manual_clock.now(),
+                manual_clock,
             )
             return self.storage.read(key, chunk_size)
 
@@ -1239,7 +1239,7 @@ def test_the_owner_deletes_an_object_a_run_has_jobs_on(engine, settings, manual_
             stack.ingest.events,
             stranger.caller,
             queued,
-            manual_clock.now(),
+            manual_clock,
         )
     assert job_of(queued).status == "queued"
     uploads.delete_object(
@@ -1249,7 +1249,7 @@ def test_the_owner_deletes_an_object_a_run_has_jobs_on(engine, settings, manual_
         stack.ingest.events,
         person.caller,
         queued,
-        manual_clock.now(),
+        manual_clock,
     )
     assert job_of(queued).status == "cancelled"
     with pytest.raises(Conflict):
@@ -1260,7 +1260,7 @@ def test_the_owner_deletes_an_object_a_run_has_jobs_on(engine, settings, manual_
             stack.ingest.events,
             person.caller,
             running,
-            manual_clock.now(),
+            manual_clock,
         )
     assert job_of(running).cancel_requested  # committed, though the deletion waits
     assert job_of(kept).status == "queued"
