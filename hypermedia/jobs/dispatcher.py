@@ -75,6 +75,12 @@ def lease_seconds(timeout_seconds: int | None, grace_seconds: float) -> float:
     return wall_clock_seconds(timeout_seconds) + grace_seconds
 
 
+def event_error_code(status: JobStatus, code: str | None) -> str | None:
+    """The error code a failed attempt's status event carries: none on a job it ended
+    cancelled (its owner's cancel, asked while it ran), which names no error."""
+    return None if status is JobStatus.CANCELLED else code
+
+
 def count_failure(
     metrics: Recorder, moved: Moved, code: str, duration_seconds: float | None = None
 ) -> None:
@@ -423,7 +429,8 @@ class Dispatcher:
             handled.append(job_id)
             retried = moved.status is JobStatus.RETRY_WAIT  # and promoted at once, above
             status = JobStatus.QUEUED if retried else moved.status
-            self.events.publish(job_id, status_event(status.value, now, error_code=WORKER_LOST))
+            code = event_error_code(status, WORKER_LOST)
+            self.events.publish(job_id, status_event(status.value, now, error_code=code))
         if handled:
             self.mirror(handled)
             log.warning(
@@ -509,7 +516,10 @@ class Dispatcher:
                     (
                         m.job_id,
                         status_event(
-                            m.status.value, now, retry_at=m.retry_at, error_code=error_code
+                            m.status.value,
+                            now,
+                            retry_at=m.retry_at,
+                            error_code=event_error_code(m.status, error_code),
                         ),
                     )
                     for m in moves

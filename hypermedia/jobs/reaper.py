@@ -37,7 +37,7 @@ from hypermedia import workdirs
 from hypermedia.clock import Clock, SystemClock
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
-from hypermedia.jobs.dispatcher import count_failure, mirror_row
+from hypermedia.jobs.dispatcher import count_failure, event_error_code, mirror_row
 from hypermedia.jobs.repository import JobRepository
 from hypermedia.jobs.states import IN_FLIGHT, JobStatus
 from hypermedia.metrics import NoMetrics, Recorder
@@ -137,7 +137,10 @@ class Reaper:
             self.events.publish(
                 job_id,
                 status_event(
-                    moved.status.value, now, retry_at=moved.retry_at, error_code=LEASE_EXPIRED
+                    moved.status.value,
+                    now,
+                    retry_at=moved.retry_at,
+                    error_code=event_error_code(moved.status, LEASE_EXPIRED),
                 ),
             )
             report.expired += 1

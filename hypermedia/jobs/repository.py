@@ -899,10 +899,13 @@ class JobRepository:
             # before honouring that): cancelled now, its credits released, not queued
             # again to be claimed and cancelled by the next worker after the backoff.
             decision = FailureDecision(JobStatus.CANCELLED, None, "cancel requested")
+        # A cancelled job names no error, however it ended (as a completed one names
+        # none): the failure is its attempt's, closed below with its code.
+        ended_cancelled = decision.status is JobStatus.CANCELLED
         values: dict[str, Any] = {
             "status": decision.status.value,
-            "error_code": error_code,
-            "error_message": error_message[:4000],
+            "error_code": None if ended_cancelled else error_code,
+            "error_message": None if ended_cancelled else error_message[:4000],
             "visibility_timeout": None,
             "updated_at": to_datetime(now),
         }
@@ -1007,6 +1010,8 @@ class JobRepository:
                 visibility_timeout=None,
                 completed_at=to_datetime(now),
                 updated_at=to_datetime(now),
+                error_code=None,  # an earlier attempt's, if one failed (see fail())
+                error_message=None,
             )
             .returning(
                 t.jobs.c.queue,
@@ -1054,6 +1059,8 @@ class JobRepository:
                 completed_at=to_datetime(now),
                 run_after=None,
                 updated_at=to_datetime(now),
+                error_code=None,  # a retry_wait job's: its failed attempt's (see fail())
+                error_message=None,
             )
             .returning(t.jobs.c.reserved_millicredits, t.jobs.c.callback_url)
         ).one_or_none()

@@ -267,3 +267,75 @@ def test_stale_worker_cannot_complete_a_reclaimed_job(engine, settings, manual_c
     view = stack.ingest.get_job(person.caller, job_id)
     assert view.status == "completed" and view.attempt_count == 2
     stack.close()
+
+
+def test_a_cancelled_job_reads_as_cancelled_whichever_way_it_ended(engine, settings, manual_clock):
+    """A job its owner cancelled while it ran, whose attempt then failed (its worker
+    failed it, died, or its lease expired), ended cancelled but kept the failure's
+    error_code and error_message: GET /jobs/{id} and its callback said cancelled *and*
+    worker_lost, the list of jobs said lease_expired, its cancelled event carried the
+    error code. So did a job cancelled in retry_wait or on its next attempt (the code
+    of the attempt that had failed). Now a cancelled job names no error, as a completed
+    one names none; each attempt keeps its own (``attempts``)."""
+    from datetime import UTC, datetime
+
+    from hypermedia.callbacks import payload
+    from hypermedia.ingest import queries
+    from hypermedia.ingest.schemas import job_summary
+    from hypermedia.jobs.dispatcher import WORKER_LOST
+
+    stack = open_stack(settings, engine, manual_clock, backoff_base_seconds=60)
+    person = make_user(stack)
+    ids = [submit(stack, person, ["thumbnail"])[0] for _ in range(5)]
+    waiting, honoured, by_worker, expired, lost = ids
+    first = stack.dispatcher.claim("images", "w0", 2)
+    assert [job.job_id for job in first] == [waiting, honoured]
+    for job in first:
+        assert stack.dispatcher.start(job, "w0")
+        assert stack.dispatcher.fail(job, "w0", "ffmpeg_error", "boom") is JobStatus.RETRY_WAIT
+    assert stack.ingest.cancel(person.caller, waiting) is JobStatus.CANCELLED
+    manual_clock.advance(61)
+    assert stack.reaper.tick().promoted == 1
+
+    running = {}
+    for job_id, worker in ((honoured, "w1"), (by_worker, "w2"), (expired, "w3"), (lost, "w4")):
+        (job,) = stack.dispatcher.claim("images", worker)
+        assert job.job_id == job_id and stack.dispatcher.start(job, worker)
+        running[job_id] = job
+        assert stack.ingest.cancel(person.caller, job_id) is JobStatus.PROCESSING
+    assert stack.dispatcher.honour_cancel(running[honoured], "w1")
+    failed = stack.dispatcher.fail(running[by_worker], "w2", "ffmpeg_error", "boom")
+    assert failed is JobStatus.CANCELLED
+    assert stack.dispatcher.recover_worker("w4") == [lost]
+    manual_clock.advance(stack.dispatcher.queue_lease_seconds("images") + 1)
+    assert stack.reaper.tick().expired == 1
+
+    codes = {
+        waiting: ["ffmpeg_error"],
+        honoured: ["ffmpeg_error", None],
+        by_worker: ["ffmpeg_error"],
+        expired: [LEASE_EXPIRED],
+        lost: [WORKER_LOST],
+    }
+    with transaction(stack.engine) as conn:
+        page = queries.list_jobs(conn, person.caller.user_id, queries.JobFilters())
+    listed = {row.job_id: job_summary(row) for row in page.jobs}
+    for job_id in ids:
+        view = stack.ingest.get_job(person.caller, job_id)
+        seen = (view.status, view.error_code, view.error_message)
+        assert seen == ("cancelled", None, None), job_id
+        assert [a.error_code for a in view.attempts] == codes[job_id], job_id
+        assert (listed[job_id].status, listed[job_id].error_code) == ("cancelled", None)
+        sent = payload(view, "e", "cancelled", datetime.now(UTC))["job"]
+        assert (sent["status"], sent["error_code"], sent["error_message"]) == (
+            "cancelled",
+            None,
+            None,
+        )
+        _, last = stack.dispatcher.events.history(job_id)[-1]
+        assert last["status"] == "cancelled" and "error_code" not in last, (job_id, last)
+        record = stack.ingest.status_event(person.caller, job_id)
+        assert record["status"] == "cancelled" and "error_code" not in record, job_id
+    with transaction(stack.engine) as conn:
+        assert accounts.balance(conn, person.caller.user_id).reserved_millicredits == 0
+    stack.close()
