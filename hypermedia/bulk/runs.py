@@ -429,7 +429,7 @@ def insert_run(
     queue: str | None,
     priority: int,
     account_user_id: str | None,
-    created_by: str | None,
+    created_by: str,
     now: float,
     idempotency_key: str | None = None,
     request_hash: str | None = None,
@@ -482,13 +482,15 @@ def count_total(conn: Connection, run_id: str) -> int:
     return total
 
 
-def created_under(conn: Connection, created_by: str | None, idempotency_key: str) -> Any:
+def created_under(conn: Connection, created_by: str, idempotency_key: str) -> Any:
     """The run ``created_by`` created under ``idempotency_key`` (its id and request
-    hash), or None."""
+    hash), or None: one at most (``uk_bulk_run_idempotency_key``; a creator is never
+    NULL, which would collide with none)."""
     r = t.bulk_runs.c
-    creator = r.created_by.is_(None) if created_by is None else r.created_by == created_by
     return conn.execute(
-        select(r.run_id, r.request_hash).where(creator, r.idempotency_key == idempotency_key)
+        select(r.run_id, r.request_hash).where(
+            r.created_by == created_by, r.idempotency_key == idempotency_key
+        )
     ).one_or_none()
 
 

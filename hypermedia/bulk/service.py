@@ -136,12 +136,12 @@ class BulkService:
         served = self.queues if self.served_queues is None else self.served_queues()
         return profile.profile_id, profile.version, place(spec, profile.queue, self.queues, served)
 
-    def create(
-        self, spec: RunSpec, created_by: str | None = None, idempotency_key: str | None = None
-    ) -> RunView:
+    def create(self, spec: RunSpec, created_by: str, idempotency_key: str | None = None) -> RunView:
         """A new run; with ``idempotency_key``, a create ``created_by`` repeats (same key,
         same spec: a retry whose answer was lost) answers the first run and starts none,
-        and the key under another spec is IdempotencyKeyReused."""
+        and the key under another spec is IdempotencyKeyReused. ``created_by`` (``api:
+        <user id>``, ``cli:<login>``) is never None: keys are unique per creator, and a
+        NULL one would collide with none (``uk_bulk_run_idempotency_key``)."""
         if idempotency_key is None:
             return self._create(spec, created_by, None, None)
         asked = hashlib.sha256(spec.model_dump_json().encode()).hexdigest()
@@ -153,7 +153,7 @@ class BulkService:
     def _create(
         self,
         spec: RunSpec,
-        created_by: str | None,
+        created_by: str,
         idempotency_key: str | None,
         asked: str | None,
     ) -> RunView:

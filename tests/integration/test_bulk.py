@@ -471,7 +471,7 @@ def test_refusals(engine, settings, manual_clock):
     stack = open_stack(settings, engine, manual_clock)
     service = _service(stack)
     with pytest.raises(InvalidRequest):
-        service.create(RunSpec(kind="backfill", operation="thumbnail", queue="media"))
+        service.create(RunSpec(kind="backfill", operation="thumbnail", queue="media"), "t")
     with pytest.raises(ValueError, match="greater than or equal to 7"):
         RunSpec(kind="backfill", operation="thumbnail", priority=3)
     with pytest.raises(ValueError, match="migrate needs a target"):
@@ -1709,4 +1709,22 @@ def test_a_retried_create_under_its_idempotency_key_starts_no_second_run(
     assert count() == 4
     bad = runner.invoke(app, [*cli[:-1], "caf\u00e9"], env=env)
     assert bad.exit_code == 2 and "Invalid value for '--idempotency-key'" in bad.output
+    stack.close()
+
+
+def test_a_bulk_run_is_always_created_by_someone(engine, settings, manual_clock):
+    """An Idempotency-Key is unique per creator (``uk_bulk_run_idempotency_key``), and a
+    NULL creator collides with none: runs created without one could share a key (two
+    creates at once on PostgreSQL both insert), and a create under it then raised
+    MultipleResultsFound (a 500). The API and the CLI always name theirs (``api:<user>``,
+    ``cli:<user>``); now the service cannot be asked without one (mypy refuses it; so
+    does the call)."""
+    stack = open_stack(settings, engine, manual_clock)
+    service = _service(stack)
+    spec = RunSpec(kind="backfill", operation="thumbnail")
+    with pytest.raises(TypeError):
+        service.create(spec)  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        service.create(spec, idempotency_key="same")  # type: ignore[call-arg]
+    assert service.create(spec, "t", "same").run_id == service.create(spec, "t", "same").run_id
     stack.close()
