@@ -172,6 +172,11 @@ class CreditAccount(Base):
 
 class CreditLedger(Base):
     __tablename__ = "credit_ledger"
+    __table_args__ = (
+        # One charge per job (0030): a completion that finds its job charged already
+        # charges nothing more (hypermedia.jobs.credits.charge).
+        Index("uk_credit_ledger_job_charge", "job_id", unique=True, **_where("kind = 'charge'")),
+    )
 
     entry_id: Mapped[int] = mapped_column(
         BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 from alembic import op
 from sqlalchemy import text
@@ -30,11 +31,21 @@ from sqlalchemy import text
 log = logging.getLogger(__name__)
 
 
-def create_index(name: str, table: str, columns: Sequence[str], *, unique: bool = False) -> None:
+def create_index(
+    name: str,
+    table: str,
+    columns: Sequence[str],
+    *,
+    unique: bool = False,
+    where: str | None = None,
+) -> None:
     """``op.create_index``; on PostgreSQL built concurrently (see the module docstring).
-    Call it last in a migration's ``upgrade``."""
+    ``where``: a partial index's predicate (SQL, on both databases). Call it last in a
+    migration's ``upgrade``."""
+    predicate = None if where is None else text(where)
+    partial: dict[str, Any] = {"postgresql_where": predicate, "sqlite_where": predicate}
     if op.get_bind().dialect.name != "postgresql":
-        op.create_index(name, table, list(columns), unique=unique)
+        op.create_index(name, table, list(columns), unique=unique, **partial)
         return
     with op.get_context().autocommit_block():
         conn = op.get_bind()
@@ -72,7 +83,14 @@ def create_index(name: str, table: str, columns: Sequence[str], *, unique: bool 
                 table,
                 extra={"action": "migrate"},
             )
-            op.create_index(name, table, list(columns), unique=unique, postgresql_concurrently=True)
+            op.create_index(
+                name,
+                table,
+                list(columns),
+                unique=unique,
+                postgresql_concurrently=True,
+                **partial,
+            )
         finally:
             conn.execute(
                 text("SELECT set_config('lock_timeout', :value, false)"), {"value": lock_timeout}

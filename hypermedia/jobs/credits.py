@@ -9,6 +9,8 @@ jobs); ``balance - reserved`` is what a submit may still reserve::
     release   failed for good, cancelled reserved -= reservation
     charge    completed                 balance  -= actual, reserved -= reservation,
                                         one ``charge`` entry in the ledger per job
+                                        (``uk_credit_ledger_job_charge``: a job found
+                                        charged already is not charged again)
 
 A job's reservation (``jobs.reserved_millicredits``) is its estimate plus the most the
 units of work its step may report can cost (:meth:`~hypermedia.jobs.catalog.ProfileRecord.
@@ -44,11 +46,12 @@ from sqlalchemy import (
     String,
     Update,
     func,
-    insert,
     literal,
     select,
+    text,
     update,
 )
+from sqlalchemy.dialects import postgresql, sqlite
 
 from hypermedia.clock import to_datetime
 from hypermedia.db import tables as t
@@ -56,6 +59,9 @@ from hypermedia.errors import PaymentRequired
 from hypermedia.jobs.states import TERMINAL
 
 LEDGER_COLUMNS = ["user_id", "job_id", "kind", "amount_millicredits", "note", "created_at"]
+# The predicate of uk_credit_ledger_job_charge, as written (ON CONFLICT infers the index
+# from it).
+CHARGES = text("kind = 'charge'")
 
 
 def reserve(
@@ -126,12 +132,15 @@ def release(conn: Connection, user_id: str, amount: int, now: float) -> None:
     )
 
 
-def charge(completed: Any, now: Any, *where: ColumnElement[bool]) -> Insert:
+def charge(dialect: str, completed: Any, now: Any, *where: ColumnElement[bool]) -> Insert:
     """One ``charge`` ledger entry per completed job: ``-actual_millicredits``.
 
     ``completed``: the columns of the completed jobs (``user_id``, ``job_id``,
     ``actual_millicredits``): the job table's, filtered by ``where``, or a CTE's.
-    ``now``: the moment, a bound parameter or a column."""
+    ``now``: the moment, a bound parameter or a column. A job charged already (the
+    ledger's unique ``uk_credit_ledger_job_charge``) gets no second entry, and no
+    error: it is charged. RETURNING names the charges made (``job_id``, ``user_id``,
+    ``amount_millicredits``): what the balance is to be spent by (:func:`settle`)."""
     rows = select(
         completed.user_id,
         completed.job_id,
@@ -140,7 +149,14 @@ def charge(completed: Any, now: Any, *where: ColumnElement[bool]) -> Insert:
         literal("job completed", String),
         now,
     ).where(*where)
-    return insert(t.credit_ledger).from_select(LEDGER_COLUMNS, rows)
+    led = t.credit_ledger.c
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    return (
+        insert(t.credit_ledger)
+        .from_select(LEDGER_COLUMNS, rows)
+        .on_conflict_do_nothing(index_elements=[led.job_id], index_where=CHARGES)
+        .returning(led.job_id, led.user_id, led.amount_millicredits)
+    )
 
 
 def settle(user_id: Any, charged: Any, reserved: Any, now: Any) -> Update:

@@ -728,6 +728,7 @@ class JobRepository:
                     },
                 )
             )
+            _warn_charged_already([r.job_id for r in rows if not r.charged])
         else:
             rows = self._complete_in_steps(conn, worker_id, now, finished)
         if not rows:
@@ -770,14 +771,20 @@ class JobRepository:
         if not rows:
             return []
         self._close_attempts(conn, [by_id[r.job_id] for r in rows], "completed", now)
-        conn.execute(
-            self._statements.get(conn, ("ledger",), sql.ledger),
-            {"ids": sql.ids_param(conn, [r.job_id for r in rows]), "b_now": moment},
-        )
+        made = {
+            charge.job_id
+            for charge in conn.execute(
+                self._statements.get(conn, ("ledger",), sql.ledger),
+                {"ids": sql.ids_param(conn, [r.job_id for r in rows]), "b_now": moment},
+            )
+        }
+        _warn_charged_already([r.job_id for r in rows if r.job_id not in made])
         callbacks.record(conn, [(r.job_id, "completed") for r in rows if r.callback_url], now)
         charged: dict[str, list[int]] = defaultdict(lambda: [0, 0])
         for r in rows:
-            charged[r.user_id][0] += r.actual_millicredits
+            # A job charged already spends nothing more; its reservation goes all the same.
+            if r.job_id in made:
+                charged[r.user_id][0] += r.actual_millicredits
             charged[r.user_id][1] += r.reserved_millicredits
         # The account rows last: they are the rows every submit and completion of a
         # user contends for, so hold their locks for the shortest time.
@@ -1288,6 +1295,17 @@ class JobRepository:
                 error_message=None if error_message is None else error_message[:4000],
                 log_tail=log_tail or None,
             )
+        )
+
+
+def _warn_charged_already(job_ids: Sequence[str]) -> None:
+    """Completed jobs the ledger had a charge of already (``uk_credit_ledger_job_charge``):
+    not charged again. A job completes once, so this says something moved one back."""
+    for job_id in job_ids:
+        log.warning(
+            "job %s completed but charged already: not charged again",
+            job_id,
+            extra={"job_id": job_id, "action": "charge"},
         )
 
 

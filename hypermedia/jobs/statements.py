@@ -309,8 +309,9 @@ def complete_pg(dialect: str) -> Executable:
     """PostgreSQL's :meth:`complete_many` in one statement.
 
     ``done`` completes the jobs this worker holds (the guard); ``closed`` closes
-    their running attempts, ``ledger`` charges each, ``settle`` spends each user's
-    charges and releases their jobs' reservations, ``outbox`` records the terminal
+    their running attempts, ``ledger`` charges each (not one charged already: each
+    row answered says ``charged``), ``settle`` spends each user's charges made and
+    releases their jobs' reservations, ``outbox`` records the terminal
     event of each that named a callback (:mod:`hypermedia.jobs.callbacks`). Per-job
     values (actual cost, peak memory, ``b_starts``, ``b_ends``) come as arrays in the
     order of ``ids``. Every part reads ``done``, so the job rows are locked before the
@@ -360,14 +361,26 @@ def complete_pg(dialect: str) -> Executable:
         .returning(a.attempt_id)
         .cte("closed")
     )
-    ledger = credits.charge(done.c, now).returning(t.credit_ledger.c.entry_id).cte("ledger")
+    ledger = credits.charge(dialect, done.c, now).cte("ledger")
+    # Each user's account spends the charges made (a job charged already is not charged
+    # again: its entry stands) and releases all its jobs' reservations.
+    charges = (
+        select(ledger.c.user_id, func.sum(-ledger.c.amount_millicredits).label("charge"))
+        .group_by(ledger.c.user_id)
+        .subquery("charges")
+    )
+    held = (
+        select(done.c.user_id, func.sum(done.c.reserved_millicredits).label("reserved"))
+        .group_by(done.c.user_id)
+        .subquery("held")
+    )
     totals = (
         select(
-            done.c.user_id,
-            func.sum(done.c.actual_millicredits).label("charge"),
-            func.sum(done.c.reserved_millicredits).label("reserved"),
+            held.c.user_id,
+            func.coalesce(charges.c.charge, 0).label("charge"),
+            held.c.reserved,
         )
-        .group_by(done.c.user_id)
+        .select_from(held.outerjoin(charges, charges.c.user_id == held.c.user_id))
         .subquery("totals")
     )
     settle = (
@@ -377,7 +390,12 @@ def complete_pg(dialect: str) -> Executable:
     )
     # The outbox rows of the jobs that named a callback, in this same statement.
     outbox = callbacks.insert_completed(done, now).returning(t.callbacks.c.event_id).cte("outbox")
-    return select(done).add_cte(closed, ledger, settle, outbox)
+    charged = ledger.c.job_id.is_not(None).label("charged")
+    return (
+        select(done, charged)
+        .select_from(done.outerjoin(ledger, ledger.c.job_id == done.c.job_id))
+        .add_cte(closed, ledger, settle, outbox)
+    )
 
 
 def complete(dialect: str) -> Executable:
@@ -436,9 +454,10 @@ def _complete_update(
 
 
 def ledger(dialect: str) -> Executable:
-    """One charge per completed job, read from the job rows just updated."""
+    """One charge per completed job, read from the job rows just updated (returning
+    those made: a job charged already is not charged again)."""
     j = t.jobs.c
-    return credits.charge(j, now_param(), ids_match(j.job_id, dialect))
+    return credits.charge(dialect, j, now_param(), ids_match(j.job_id, dialect))
 
 
 def settle(dialect: str) -> Executable:

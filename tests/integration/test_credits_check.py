@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import logging
 
-from sqlalchemy import insert, select, update
+import pytest
+from sqlalchemy import insert, select, text, update
+from sqlalchemy.exc import IntegrityError
 from typer.testing import CliRunner
 
 from hypermedia.cli import app
+from hypermedia.clock import to_datetime
 from hypermedia.db import tables as t
 from hypermedia.db.engine import snapshot, transaction
 from hypermedia.jobs.credits import AccountDrift, drift
@@ -65,6 +69,11 @@ def test_the_check_finds_accounts_that_disagree_with_their_ledger_and_jobs(
         )
         charge = conn.execute(select(t.credit_ledger).where(c.kind == "charge")).one()
         twice = {k: v for k, v in charge._mapping.items() if k != "entry_id"}
+        # The ledger refuses a second charge of a job (0030); a record from before it,
+        # or whose index was dropped by hand, may still hold one.
+        with pytest.raises(IntegrityError), conn.begin_nested():
+            conn.execute(insert(t.credit_ledger).values(**twice))
+        conn.execute(text("DROP INDEX uk_credit_ledger_job_charge"))
         conn.execute(insert(t.credit_ledger).values(**twice))
     with snapshot(stack.engine) as conn:
         found = drift(conn)
@@ -88,4 +97,59 @@ def test_the_check_finds_accounts_that_disagree_with_their_ledger_and_jobs(
     shown = {d["user_id"]: d for d in json.loads(out)}
     assert set(shown) == {alice.caller.user_id, bob.caller.user_id}
     assert shown[bob.caller.user_id]["held_millicredits"] == 101
+    stack.close()
+
+
+def test_a_completion_of_a_job_charged_already_charges_it_no_more(
+    engine, settings, manual_clock, caplog
+):
+    """The ledger had no rule of one charge per job (only the state machine, and this
+    check after the fact): a job completed when a charge of it stood already (its
+    record moved back by hand, a bug) was charged again, its user's balance spent
+    twice. Now the ledger's unique index (0030) keeps one charge per job, and the
+    completion takes a job charged already as charged: it completes (no error, no
+    500), its reservation released, nothing more spent, a warning logged."""
+    stack = open_stack(settings, engine, manual_clock)
+    alice = make_user(stack, credits=10)
+    submit(stack, alice, ["thumbnail"])
+    submit(stack, alice, ["thumbnail"])
+    charged, fresh = stack.dispatcher.claim("images", "w", count=2)
+    for job in (charged, fresh):
+        assert stack.dispatcher.start(job, "w")
+    a = t.credit_accounts.c
+    with transaction(stack.engine) as conn:  # its charge, as a completion would make it
+        conn.execute(
+            insert(t.credit_ledger).values(
+                user_id=alice.caller.user_id,
+                job_id=charged.job_id,
+                kind="charge",
+                amount_millicredits=-50,
+                note="job completed",
+                created_at=to_datetime(manual_clock.now()),
+            )
+        )
+        conn.execute(
+            update(t.credit_accounts)
+            .where(a.user_id == alice.caller.user_id)
+            .values(balance_millicredits=a.balance_millicredits - 50)
+        )
+    with caplog.at_level(logging.WARNING, logger="hypermedia.jobs.repository"):
+        assert stack.dispatcher.complete(charged, "w", actual_millicredits=50)
+        assert stack.dispatcher.complete(fresh, "w", actual_millicredits=70)
+    c = t.credit_ledger.c
+    with snapshot(stack.engine) as conn:
+        charges = conn.execute(
+            select(c.job_id, c.amount_millicredits).where(c.kind == "charge").order_by(c.entry_id)
+        ).all()
+        assert [tuple(r) for r in charges] == [(charged.job_id, -50), (fresh.job_id, -70)]
+        account = conn.execute(
+            select(a.balance_millicredits, a.reserved_millicredits).where(
+                a.user_id == alice.caller.user_id
+            )
+        ).one()
+        assert tuple(account) == (10_000 - 50 - 70, 0)
+        assert drift(conn) == []
+    for job in (charged, fresh):
+        assert stack.ingest.get_job(alice.caller, job.job_id).status == "completed"
+    assert f"job {charged.job_id} completed but charged already" in caplog.text
     stack.close()

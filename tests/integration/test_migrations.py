@@ -170,6 +170,7 @@ def test_other_named_unique_constraints(engine, table, name, columns):
         ("objects", "uk_object_idempotency_key", ["owner_id", "idempotency_key"]),
         ("processing_jobs", "uk_jobs_bulk_run_object", ["bulk_run_id", "object_id"]),
         ("bulk_runs", "uk_bulk_run_idempotency_key", ["created_by", "idempotency_key"]),
+        ("credit_ledger", "uk_credit_ledger_job_charge", ["job_id"]),
     ],
 )
 def test_named_unique_indexes(engine, table, name, columns):
@@ -1340,3 +1341,54 @@ def test_copies_of_objects_deleted_before_0029_are_recorded_for_the_sweep(empty_
             select(d.storage_key, d.object_id, d.storage_backend, d.attempts, d.next_attempt_at)
         ).all()
     assert [tuple(r) for r in recorded] == [("k-gone", "gone", "s3:archive", 0, moment)]
+
+
+def test_a_ledger_with_a_job_charged_twice_is_refused_by_0030_naming_it(
+    engine, settings, manual_clock
+):
+    """0030 makes one charge per job a rule of credit_ledger (a unique index on the charge
+    entries' job_id). A ledger holding a job charged twice already is refused, naming
+    the job and its entries, and left as it was (at 0029, both entries there) rather
+    than failing on the index's creation (a bare unique violation naming no job); once
+    one entry is gone it upgrades. Grants and removals, which name no job, never
+    collide."""
+    from hypermedia.accounts import grant_credits
+    from hypermedia.db import tables as t
+    from hypermedia.errors import HypermediaError
+    from tests.factories import make_user, open_stack, submit
+
+    stack = open_stack(settings, engine, manual_clock)
+    alice = make_user(stack, credits=10)
+    submit(stack, alice, ["thumbnail"])
+    (job,) = stack.dispatcher.claim("images", "w")
+    assert stack.dispatcher.start(job, "w")
+    assert stack.dispatcher.complete(job, "w")
+    with engine.begin() as conn:
+        for amount in (5, -3, 5):
+            grant_credits(conn, alice.caller.user_id, amount, manual_clock.now())
+    stack.close()
+    migrate.downgrade(engine, "0029")
+    c = t.credit_ledger.c
+    with engine.begin() as conn:
+        (first,) = conn.execute(select(t.credit_ledger).where(c.kind == "charge")).all()
+        again = {k: v for k, v in first._mapping.items() if k != "entry_id"}
+        second = conn.execute(
+            insert(t.credit_ledger).values(**again).returning(c.entry_id)
+        ).scalar_one()
+    with pytest.raises(HypermediaError) as refused:
+        migrate.upgrade(engine)
+    message = refused.value.message
+    assert f"{job.job_id}: entries {first.entry_id}, {second}" in message
+    assert "1 job(s) are charged more than once" in message and "nothing was changed" in message
+    assert refused.value.details == {"job_ids": [job.job_id]}
+    assert migrate.current_revision(engine) == "0029"
+    names = {i["name"] for i in inspect(engine).get_indexes("credit_ledger")}
+    assert "uk_credit_ledger_job_charge" not in names
+    with engine.begin() as conn:
+        assert len(conn.execute(select(c.entry_id).where(c.kind == "charge")).all()) == 2
+        conn.execute(t.credit_ledger.delete().where(c.entry_id == second))
+    migrate.upgrade(engine)
+    assert migrate.current_revision(engine) == migrate.head_revision() == "0030"
+    assert schema_diffs(engine) == []
+    with pytest.raises(IntegrityError), engine.begin() as conn:
+        conn.execute(insert(t.credit_ledger).values(**again))
