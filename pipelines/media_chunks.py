@@ -3,7 +3,7 @@
 An input whose stated duration is over the profile's ``chunk_above_seconds`` is cut
 at its own keyframes into chunks of about ``chunk_seconds`` (:func:`plan`, from the
 video stream's packets as ffprobe lists them: no decoding). Each chunk is transcoded
-on its own (``-ss`` at its first keyframe, exactly its frame count), so it is an
+on its own (``-ss`` at its first keyframe's time, exactly its frame count), so it is an
 independent H.264 file starting with an IDR frame; the sound is transcoded once, for
 the whole input. Every finished piece is a checkpoint (:mod:`pipelines.checkpoints`:
 ``chunk-00000.mp4`` ..., ``audio.m4a``) that the worker stores as it appears and
@@ -313,7 +313,10 @@ def transcode_chunked(
             resumed += 1
         else:
             partial = checkpoints.partial(workdir, chunk.name, build)
-            seek = [] if chunk.index == 0 else ["-ss", chunk.start]
+            # Seeking to the keyframe's own time: FFmpeg adds the file's start to an
+            # input -ss (-seek_timestamp 0), which sent each chunk past its keyframe
+            # by that much in a video whose times do not start at zero.
+            seek = ["-seek_timestamp", "1", "-ss", chunk.start] if chunk.index else []
             count = [] if chunk.frames is None else ["-frames:v", str(chunk.frames)]
             args = [video_args[0], *seek, *video_args[1:], *count, "-an", "-f", "mp4"]
             media.transcode(

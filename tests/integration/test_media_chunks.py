@@ -313,3 +313,26 @@ def test_a_23_976_fps_matroska_on_a_millisecond_time_base_is_chunked(tmp_path: P
     assert len(times) == len(expected) == round(SECONDS * 24000 / 1001)
     assert times == pytest.approx(expected, abs=1e-3)
     assert min(ms.frame_psnr(chunked[0].path, single.path)) >= ms.SAME_FRAME_PSNR
+
+
+@pytest.mark.parametrize("container", ["matroska", "mp4"])
+def test_a_video_whose_times_start_late_is_cut_at_its_own_keyframes(
+    container: str, tmp_path: Path
+) -> None:
+    # Picture and sound both 0.5 s in (a recording cut from a stream keeps its clock).
+    # FFmpeg adds the file's start to an input -ss, so each chunk's seek to its
+    # keyframe's time went 0.5 s past it: chunks 1-3 began half a second late, the
+    # last held 13 frames, not 25 (88 frames, not 100; from frame 25 on, PSNR 15 dB).
+    # A lossless sound, which starts with the picture (AAC's priming would start it
+    # 23 ms before).
+    sound = "pcm_s16le" if container == "matroska" else "alac"
+    source = tmp_path / f"offset.{container}"
+    ffmpeg(*video_source(SECONDS, "160x120", ms.RATE), *tone_source(SECONDS),
+           "-c:v", "libx264", "-preset", "ultrafast", "-pix_fmt", "yuv420p", "-g", str(ms.RATE),
+           "-keyint_min", str(ms.RATE), "-sc_threshold", "0", "-c:a", sound, "-threads", "1",
+           "-output_ts_offset", "0.5", "-f", container, str(source))  # fmt: skip
+    assert float(ms.probe(source)["format"]["start_time"]) == pytest.approx(0.5)
+    (single,) = run(source, SINGLE, tmp_path / "single")
+    outputs = run(source, CHUNKED, tmp_path / "chunked")
+    assert units(outputs) == {"chunks": SECONDS, "chunks_resumed": 0}
+    ms.assert_same_as_single_pass(outputs[0].path, single.path, SECONDS)
