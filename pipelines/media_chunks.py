@@ -229,6 +229,8 @@ def packets(
         raise media._failure(ran, f"cannot read {label}", source, workdir)
     found = []
     for line in ran.text.splitlines():
+        if not line.strip():
+            continue  # a packet's side data (an MPEG-TS's stream id), none of its fields
         pts, _, flags = line.strip().partition(",")
         try:
             seconds = float(pts)

@@ -336,3 +336,19 @@ def test_a_video_whose_times_start_late_is_cut_at_its_own_keyframes(
     outputs = run(source, CHUNKED, tmp_path / "chunked")
     assert units(outputs) == {"chunks": SECONDS, "chunks_resumed": 0}
     ms.assert_same_as_single_pass(outputs[0].path, single.path, SECONDS)
+
+
+def test_an_mpeg_ts_is_chunked(tmp_path: Path) -> None:
+    # ffprobe lists each TS packet's side data (its stream id) on a line of its own, an
+    # empty one, read as a packet without a time: no TS was ever chunked (one pass, no
+    # checkpoint). Its times start where its muxer put them (1.4 s): the chunks seek
+    # by them.
+    source = tmp_path / "recording.ts"
+    ffmpeg(*video_source(SECONDS, "160x120", ms.RATE), "-c:v", "libx264", "-preset",
+           "ultrafast", "-pix_fmt", "yuv420p", "-g", str(ms.RATE), "-keyint_min", str(ms.RATE),
+           "-sc_threshold", "0", "-threads", "1", "-f", "mpegts", str(source))  # fmt: skip
+    assert float(ms.probe(source)["format"]["start_time"]) == pytest.approx(1.4)
+    (single,) = run(source, SINGLE, tmp_path / "single")
+    outputs = run(source, CHUNKED, tmp_path / "chunked")
+    assert units(outputs) == {"chunks": SECONDS, "chunks_resumed": 0}
+    ms.assert_same_as_single_pass(outputs[0].path, single.path, SECONDS)

@@ -150,6 +150,21 @@ def test_a_screen_recordings_few_frames_stay_few(tmp_path: Path) -> None:
     assert packet_times(video.path) == pytest.approx(packet_times(source), abs=TICK)
 
 
+def test_a_variable_frame_rate_in_mpeg_ts_keeps_its_frames_times(tmp_path: Path) -> None:
+    # ffprobe lists each TS packet's side data (its stream id) on a line of its own, an
+    # empty one, which was read as a packet without a time: the frames were taken for
+    # evenly spaced, the 6 copied onto a 5 fps grid (18), and a long TS never chunked.
+    recorded = timed(tmp_path / "screen.mp4", SCREEN, frames=6, rate=60, flash_at=None)
+    source = tmp_path / "screen.ts"
+    ffmpeg("-i", str(recorded), "-c", "copy", "-f", "mpegts", str(source))
+    video = transcode(source, tmp_path / "out")
+    start = packet_times(source)[0]
+    assert start > 1  # the muxer's delay
+    kept = [t - start for t in packet_times(source)]
+    assert kept == pytest.approx([0, 0.2, 0.6, 1.2, 2.0, 3.0], abs=TICK)
+    assert packet_times(video.path) == pytest.approx(kept, abs=TICK)
+
+
 def test_an_evenly_spaced_video_is_made_on_the_constant_rate(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
