@@ -58,10 +58,9 @@ _PICTURE_PIXEL_CPU = 9e-9
 _SOUND_CPU = 0.007
 # Times closer than this (seconds) are the same (ffprobe prints microseconds).
 _SAME_TIME = 1e-3
-# A variable rate's chunks keep their frames' own times, so the picture must start
-# where the input does, to the microsecond ffprobe prints (the concat demuxer starts
-# the first chunk at zero; a single pass starts it at its time from the input's start).
-_EXACT_START = 1e-6
+# A variable rate's chunk 0 starts where the single pass's picture does within this
+# (seconds): the time bases' ticks as ffprobe prints them, in microseconds.
+_PLACED = 1e-5
 # Frame steps this close (seconds) are one constant rate's, rounded to the time base: a
 # 29.97 fps Matroska on its 1 ms time base steps 33 and 34 ms.
 _EVEN_STEPS = 2e-3
@@ -154,6 +153,22 @@ def _frames(path: Path, workdir: Path, label: str) -> int:
         return -1
 
 
+def _starts_at(path: Path, workdir: Path, seconds: float) -> bool:
+    """Whether a chunk's picture starts ``seconds`` in (within ``_PLACED`` seconds)."""
+    from pipelines import media
+
+    args = [
+        media._tool("ffprobe"), "-v", "error", "-hide_banner", "-select_streams", "v:0",
+        "-show_entries", "stream=start_time", "-print_format", "csv=p=0",
+        *media._input_args(path, "mov"),
+    ]  # fmt: skip
+    ran = media._run(args, workdir, ".ffprobe.log")
+    try:
+        return ran.returncode == 0 and abs(float(ran.text.strip().strip(",")) - seconds) <= _PLACED
+    except ValueError:
+        return False
+
+
 def _intact(path: Path, workdir: Path, stream: str, frames: int | None) -> bool:
     """Whether a piece found in the checkpoint directory (put back from storage) is
     whole: ``stream`` (``v`` or ``a``) decodes without an error and, for a chunk that
@@ -240,19 +255,28 @@ def packets(
     return found
 
 
-def _listing(chunks: Sequence[Chunk], pieces: Path, build: str, exact_times: bool) -> str:
+def _listing(
+    chunks: Sequence[Chunk], pieces: Path, build: str, exact_times: bool, start: str = "0"
+) -> str:
     """The concat demuxer's listing of the chunks. With ``exact_times`` each chunk but
     the last says how long it lasts: from its keyframe to the next one's, so the next
-    chunk starts at its own time. Without it the demuxer takes each file's duration,
-    whose last frame lasts what its encoder guessed (a variable rate's last step, not
-    the gap to the next chunk). In whole microseconds (the demuxer's unit), each the
-    difference of the keyframes' printed times: their sum is the last start's, never
-    a rounding per chunk more."""
+    chunk starts at its own time (the first: from the input's ``start``, as ffprobe
+    printed it, to the second's keyframe). Without it the demuxer takes each file's
+    duration, whose last frame lasts what its encoder guessed (a variable rate's last
+    step, not the gap to the next chunk). In whole microseconds (the demuxer's unit),
+    each the difference of printed times: their sum is the last start's, never a
+    rounding per chunk more. A variable rate's first chunk whose picture starts after
+    the input does keeps that delay (``inpoint 0``: the demuxer would start it at zero)."""
     lines = []
     for chunk, following in zip(chunks, [*chunks[1:], None], strict=True):
         lines.append(f"file '{pieces / checkpoints.stored_name(chunk.name, build)}'\n")
-        if exact_times and following is not None:
-            micros = _micros(following.start) - _micros(chunk.start)
+        if not exact_times:
+            continue
+        begins = start if chunk.index == 0 else chunk.start
+        if chunk.index == 0 and _micros(chunk.start) != _micros(start):
+            lines.append("inpoint 0\n")
+        if following is not None:
+            micros = _micros(following.start) - _micros(begins)
             lines.append(f"duration {micros // 1_000_000}.{micros % 1_000_000:06d}\n")
     return "".join(lines)
 
@@ -280,10 +304,17 @@ def transcode_chunked(
     """Transcode ``source`` in chunks into ``output`` (see the module docstring); the
     units of work (chunks transcoded, chunks resumed). None, having done nothing, for a
     video that cannot be cut exactly (packets without times, frames not evenly spaced
-    without ``exact_times``, no keyframe, a first keyframe after the input's ``start``,
-    one chunk, a chunk whose frames are not all there): the caller transcodes it in
-    one pass. ``exact_times``: a variable frame rate, whose frames keep their own
-    times (``video_args`` carry the options); the join is told each chunk's length.
+    without ``exact_times``, no keyframe, one chunk, a chunk whose frames are not all
+    there): the caller transcodes it in one pass. ``exact_times``: a variable frame
+    rate, whose frames keep their own times (``video_args`` carry the options); the
+    join is told each chunk's length. ``start``: the input's (ffprobe's format
+    start_time), where a single pass's times count from.
+
+    A picture that starts after the input does (the sound first: AAC's priming puts
+    an FFmpeg-written sound 23 ms ahead; a recording begun mid-GOP): on the constant
+    rate the output fills that time with copies of the first frame, in chunk 0 only,
+    where the frame count cannot see them: one pass. A variable rate's frames keep
+    their times, chunk 0's its delay in the join (:func:`_listing`): it is chunked.
     ``video_args``: ffmpeg's arguments up to the output, without input and sound;
     ``audio_args``: the same for the sound (None: no sound); ``found``: the video
     stream's :func:`packets`; ``frame_pixels``: an output picture's (what the sound's
@@ -292,13 +323,9 @@ def transcode_chunked(
 
     cuttable = exact_times or (found is not None and constant_rate(found))
     chunks = plan(found, chunk_seconds) if found is not None and cuttable else []
-    if chunks and float(chunks[0].start) - start > (_EXACT_START if exact_times else _SAME_TIME):
-        # The picture starts after the input does (the sound first, a recording begun
-        # mid-GOP): the output's constant rate fills that time with copies of the first
-        # frame, in chunk 0 only, where the frame count cannot see them.
-        log.info(
-            "%s: its picture starts %.3f s in: one pass", label, float(chunks[0].start) - start
-        )
+    late = float(chunks[0].start) - start if chunks else 0.0
+    if not exact_times and late > _SAME_TIME:
+        log.info("%s: its picture starts %.3f s in: one pass", label, late)
         return None
     if len(chunks) < 2:
         log.info("%s: not cut in chunks (%d planned): one pass", label, len(chunks))
@@ -333,6 +360,12 @@ def transcode_chunked(
                             label, chunk.index, made, chunk.frames)  # fmt: skip
                 partial.unlink(missing_ok=True)
                 return None
+            if chunk.index == 0 and late > 0 and not _starts_at(partial, workdir, late):
+                # FFmpeg reading the picture alone put it elsewhere than the single pass
+                # does (an MPEG-TS's first frame at zero: its times are made continuous).
+                log.warning("%s: chunk 0 does not start %.3f s in: one pass", label, late)
+                partial.unlink(missing_ok=True)
+                return None
             checkpoints.commit(workdir, chunk.name, build)
             transcoded += 1
             progress.report(min(offset + chunk.seconds, total) * pictures, total, "seconds")
@@ -348,7 +381,7 @@ def transcode_chunked(
         )  # fmt: skip
         checkpoints.commit(workdir, AUDIO_PIECE, build)
     listing = workdir / "chunks.txt"
-    listing.write_text(_listing(chunks, pieces, build, exact_times))
+    listing.write_text(_listing(chunks, pieces, build, exact_times, f"{start:.6f}"))
     # -copyts: each piece keeps its own times, the sound its delay after the picture
     # (ffmpeg would start every input at zero).
     concat = [

@@ -352,3 +352,40 @@ def test_an_mpeg_ts_is_chunked(tmp_path: Path) -> None:
     outputs = run(source, CHUNKED, tmp_path / "chunked")
     assert units(outputs) == {"chunks": SECONDS, "chunks_resumed": 0}
     ms.assert_same_as_single_pass(outputs[0].path, single.path, SECONDS)
+
+
+def test_a_variable_frame_rate_picture_after_its_sound_is_chunked_keeping_its_delay(
+    tmp_path: Path,
+) -> None:
+    # FFmpeg's AAC priming starts the sound 23 ms before the picture: the join started
+    # chunk 0 at zero, so such a video (most of those FFmpeg wrote) went in one pass,
+    # no checkpoint. Chunk 0 keeps its delay: the single pass's frames at its times.
+    source = tmp_path / "vfr-sound.mkv"
+    ffmpeg(*video_source(SECONDS, "160x120", ms.RATE), *tone_source(SECONDS),
+           "-vf", "select='lt(mod(n\\,7)\\,5)'", "-fps_mode", "vfr", "-c:v", "libx264",
+           "-preset", "ultrafast", "-g", "20", "-c:a", "aac", "-threads", "1",
+           "-f", "matroska", str(source))  # fmt: skip
+    (single,) = run(source, SINGLE, tmp_path / "single")
+    outputs = run(source, CHUNKED, tmp_path / "chunked")
+    assert units(outputs) == {"chunks": 4, "chunks_resumed": 0}
+    times = ms.frame_times(single.path)
+    assert times[0] == pytest.approx(0.023, abs=1e-3)
+    assert ms.frame_times(outputs[0].path) == times
+    assert ms.decode_errors(outputs[0].path) == ""
+    assert min(ms.frame_psnr(outputs[0].path, single.path)) >= ms.SAME_FRAME_PSNR
+    assert sound_start(outputs[0].path) == sound_start(single.path) == 0
+
+
+def test_a_late_picture_chunk_0_cannot_place_is_done_in_one_pass(tmp_path: Path) -> None:
+    # An MPEG-TS's picture alone is read from zero (FFmpeg makes its times continuous),
+    # not 23 ms after its sound, as its single pass has it: one pass, as before.
+    source = tmp_path / "vfr-sound.ts"
+    ffmpeg(*video_source(SECONDS, "160x120", ms.RATE), *tone_source(SECONDS),
+           "-vf", "select='lt(mod(n\\,7)\\,5)'", "-fps_mode", "vfr", "-c:v", "libx264",
+           "-preset", "ultrafast", "-g", "20", "-c:a", "aac", "-threads", "1",
+           "-f", "mpegts", str(source))  # fmt: skip
+    (single,) = run(source, SINGLE, tmp_path / "single")
+    outputs = run(source, CHUNKED, tmp_path / "chunked")
+    assert [o.output_type for o in outputs] == ["video-h264-120p-crf23.mp4"]
+    assert ms.frame_times(outputs[0].path) == ms.frame_times(single.path)
+    assert ms.frame_times(single.path)[0] == pytest.approx(0.023, abs=1e-3)

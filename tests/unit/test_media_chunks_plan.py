@@ -110,3 +110,14 @@ def test_a_variable_rates_join_is_told_each_chunks_length_in_whole_microseconds(
     ]  # fmt: skip
     # An evenly spaced video's join takes each file's own length, as before.
     assert _listing(chunks, Path("/pieces"), "", exact_times=False).count("duration") == 0
+
+
+def test_a_late_variable_rate_pictures_first_chunk_keeps_its_delay_in_the_join() -> None:
+    # The picture 23 ms after the input's start (its sound first): chunk 0 lasts from
+    # the input's start to the next keyframe, and keeps its own times (inpoint 0).
+    chunks = [Chunk(0, "1.423000", 1.0, 25), Chunk(1, "2.423000", 1.0, None)]
+    listing = _listing(chunks, Path("/pieces"), "", exact_times=True, start="1.400000")
+    assert listing.splitlines() == [
+        "file '/pieces/chunk-00000.mp4'", "inpoint 0", "duration 1.023000",
+        "file '/pieces/chunk-00001.mp4'",
+    ]  # fmt: skip
