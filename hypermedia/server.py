@@ -35,7 +35,6 @@ from urllib.parse import unquote_plus
 
 import h11
 import uvicorn
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from hypermedia.bulk.runner import BulkRunner
 from hypermedia.callbacks import CallbackSender
@@ -46,6 +45,7 @@ from hypermedia.jobs.reaper import reconcile
 from hypermedia.logs import REDACTED, SECRET_PARAMETERS, Outage
 from hypermedia.stack import Stack
 from hypermedia.storage import deletions
+from hypermedia.zero_copy import ZeroCopyH11Protocol
 
 if TYPE_CHECKING:
     import socket
@@ -255,7 +255,7 @@ class CutCleanly:
                     await answer(scope, receive, send)
 
 
-class HeadTimedH11Protocol(H11Protocol):
+class HeadTimedH11Protocol(ZeroCopyH11Protocol):
     """uvicorn's h11 connection, closed when it has not sent a whole request head
     within :attr:`head_seconds` of its opening or of its last answer: 408
     ``request_timeout`` to one that sent part of a head, nothing to one that sent

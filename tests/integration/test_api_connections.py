@@ -1,13 +1,19 @@
-"""Connections that never finish a request head: the API, as ``serve`` runs it
-(:class:`hypermedia.server.ApiServer`), closes them (:class:`HeadTimedH11Protocol`)."""
+"""Connections to the API as ``serve`` runs it (:class:`hypermedia.server.ApiServer`):
+those that never finish a request head are closed (:class:`HeadTimedH11Protocol`), a
+blob's bytes are sent by the kernel (:mod:`hypermedia.zero_copy`)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
+import tracemalloc
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import uvicorn
@@ -16,9 +22,11 @@ from hypermedia.embedded import listening_socket
 from hypermedia.ingest.api import create_app
 from hypermedia.server import ApiServer, HeadTimedH11Protocol
 from hypermedia.stack import Stack
+from hypermedia.storage.local import LocalStorage
 from tests.api_support import add_user, wait_until_healthy
 
 HEAD_SECONDS = 1.0
+MiB = 1 << 20
 
 
 class _Quick(HeadTimedH11Protocol):
@@ -111,3 +119,113 @@ def test_a_kept_alive_connection_gets_the_time_again_and_a_slow_body_is_not_cut(
         conn.sendall(b"GET /healthz HTTP/1.1\r\n")  # and again, the next head: cut
         said, _after = _until_closed(conn, 10 * HEAD_SECONDS)
         assert said.startswith(b"HTTP/1.1 408 "), said
+
+
+def _blob(stack: Stack, size: int) -> tuple[LocalStorage, str, bytes, str]:
+    """A stored blob: its storage, key, bytes and the request target of a signed GET."""
+    storage = stack.storage
+    assert isinstance(storage, LocalStorage)
+    key = "derived/p/o/1/video"
+    data = os.urandom(size)
+    storage.put(key, [data])
+    parts = urlsplit(storage.presign_get(key, 600))
+    return storage, key, data, f"{parts.path}?{parts.query}"
+
+
+def _paused_reader(port: int, target: str) -> socket.socket:
+    """A GET of ``target`` whose client reads nothing (a paused player, a slow link)."""
+    reader = socket.socket()
+    reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    reader.connect(("127.0.0.1", port))
+    reader.sendall(f"GET {target} HTTP/1.1\r\nHost: test\r\n\r\n".encode())
+    return reader
+
+
+def _within(seconds: float, check: Callable[[], bool]) -> bool:
+    deadline = time.monotonic() + seconds
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _open_handles(path: Path) -> int:
+    """This process's descriptors open on ``path`` (the API serves in a thread here)."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            count += os.readlink(f"/proc/self/fd/{fd}") == str(path)
+    return count
+
+
+def test_a_reader_that_stops_reading_holds_none_of_the_blob_in_the_api(api):
+    # Before: the blob went out in 1 MB chunks through the process, and each download
+    # whose reader had stopped held ~1.6 MB of it (a chunk read ahead, the transport's
+    # copy of the last) for as long as it stayed open: 300 paused readers of a running
+    # `serve`, ~480 MB. Now the kernel sends the file: 300 hold ~12 MB in all.
+    stack, port = api
+    storage, key, _data, target = _blob(stack, 8 * MiB)
+    readers: list[socket.socket] = []
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        readers = [_paused_reader(port, target) for _ in range(20)]
+        assert _within(20, lambda: _open_handles(storage.path(key)) == 20)
+        for reader in readers:  # each answer has begun, its socket buffers are full
+            reader.settimeout(10)
+            assert reader.recv(16, socket.MSG_PEEK).startswith(b"HTTP/1.1 200 ")
+        time.sleep(1)
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+        for reader in readers:
+            reader.close()
+    assert held < 5 * MiB, f"20 paused readers hold {held / MiB:.1f} MB of the API's memory"
+    assert _within(10, lambda: _open_handles(storage.path(key)) == 0)  # and let go at once
+
+
+def test_a_blob_sent_by_the_kernel_is_whole_and_its_connection_serves_on(api):
+    stack, port = api
+    _storage, _key, data, target = _blob(stack, 3 * MiB + 17)
+    with socket.create_connection(("127.0.0.1", port)) as conn:
+        conn.settimeout(10)
+        for ranged, status, expected in (
+            (b"", b"200", data),
+            (b"Range: bytes=1000-2099999\r\n", b"206", data[1000:2100000]),
+            (b"Range: bytes=-5\r\n", b"206", data[-5:]),
+            (b"Range: bytes=7-7\r\n", b"206", data[7:8]),
+            (b"", b"200", data),
+        ):
+            conn.sendall(b"GET %s HTTP/1.1\r\nHost: test\r\n%s\r\n" % (target.encode(), ranged))
+            head, body = _answer_and_body(conn)
+            assert head.startswith(b"HTTP/1.1 " + status + b" "), head
+            assert body == expected
+        conn.sendall(b"HEAD %s HTTP/1.1\r\nHost: test\r\n\r\n" % target.encode())
+        said = b""
+        while b"\r\n\r\n" not in said:
+            said += conn.recv(65536)
+        assert said.startswith(b"HTTP/1.1 200 ") and said.endswith(b"\r\n\r\n"), said
+        assert b"content-length: %d\r\n" % len(data) in said.lower()
+
+
+def _answer_and_body(conn: socket.socket) -> tuple[bytes, bytes]:
+    said = b""
+    while b"\r\n\r\n" not in said:
+        said += conn.recv(65536)
+    head, _, body = said.partition(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":")[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
+    chunks = [body]
+    got = len(body)
+    while got < length:
+        chunk = conn.recv(1 << 20)
+        assert chunk, "closed mid-body"
+        chunks.append(chunk)
+        got += len(chunk)
+    body = b"".join(chunks)
+    assert len(body) == length, "more bytes than its Content-Length"
+    return head, body
