@@ -125,6 +125,9 @@ class Settings(BaseSettings):
     max_upload_bytes: int = Field(default=2 * 1024**3, ge=1)
     # Every request body but an upload's is read into memory: keep it small.
     max_json_body_bytes: int = Field(default=1024**2, ge=1024, le=64 * 1024**2)
+    # ... and must arrive whole within this long (408 request_timeout): 1 MB in
+    # 120 s is ~70 kbit/s, a slow mobile link's pace. Uploads have their own pace.
+    json_body_seconds: float = Field(default=120.0, gt=0, le=3600)
     # Each upload's inspection runs in a child with these budgets (ingest.inspection).
     inspection_cpu_seconds: int = Field(default=10, ge=1, le=600)
     inspection_wall_seconds: float = Field(default=30.0, gt=0, le=3600)

@@ -17,6 +17,8 @@ translated where they enter, with ``raise ... from exc``.
     │   ├── RequestTooLarge 413  a request body over its route's limit
     │   ├── UnsupportedMediaType 415 a JSON route's body sent as another type (curl -d's)
     │   ├── RangeNotSatisfiable 416 a blob download's Range past the blob's end
+    │   ├── RequestTimeout  408  a JSON body not whole json_body_seconds after its head
+    │   ├── UploadTooSlow   408  an upload's body stopped, or arrives under the minimum rate
     │   ├── InspectionLimit 422  inspecting the upload passed its CPU/memory/time budget
     │   ├── InspectionCrashed 422 the upload's inspector died of a signal parsing it
     │   └── InputRejected   422  the object's content is refused for the operation
@@ -169,6 +171,14 @@ class RangeNotSatisfiable(InvalidRequest):
 
     code = "range_not_satisfiable"
     status = 416
+
+
+class RequestTimeout(InvalidRequest):
+    """A request's (JSON) body did not arrive whole in time: the connection it held is
+    closed. uvicorn waits for a body as long as its client keeps the connection."""
+
+    code = "request_timeout"
+    status = 408
 
 
 class UploadTooSlow(InvalidRequest):

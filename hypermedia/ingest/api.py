@@ -1377,7 +1377,12 @@ def create_app(
     app.include_router(router)
     openapi.install(app, lambda: served_operations(stack))
     # Added before the error handlers: inside them, so its own surprises answer 500.
-    app.add_middleware(RequestGuard, authenticator=authenticator, rules=route_rules(stack.settings))
+    app.add_middleware(
+        RequestGuard,
+        authenticator=authenticator,
+        rules=route_rules(stack.settings),
+        body_seconds=stack.settings.json_body_seconds,
+    )
     install_error_handlers(app)
     return app
 

@@ -10,8 +10,12 @@ answering 401. :class:`RequestGuard` is an ASGI middleware that runs first:
 2. a ``Content-Length`` over the route's limit answers 413 without reading the body;
 3. a buffered route (JSON: small limits) has its body read here, counted chunk by
    chunk (a chunked body has no ``Content-Length``), refused with 413 past the limit,
-   and then replayed to the app; a streamed route (uploads) is passed through, and its
-   handler stops the stream at the same limit.
+   or with 408 ``request_timeout`` (the connection closed) when it is not whole
+   ``body_seconds`` after the guard began reading it (``json_body_seconds``: uvicorn
+   waits for a body as long as its client keeps the connection, so one declared longer
+   than sent held its socket for good), and then replayed to the app; a streamed route
+   (uploads) is passed through, and its handler stops the stream at the same limit and
+   paces it (``upload_idle_seconds``: an upload is cut when it stops, never for its length).
 
 Refusals are the API's usual ``{"error": {...}}`` bodies (:mod:`.http_errors`).
 """
@@ -21,12 +25,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import anyio
 import anyio.to_thread
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hypermedia.accounts import Caller
-from hypermedia.errors import AuthenticationFailed, HypermediaError, RequestTooLarge
+from hypermedia.errors import (
+    AuthenticationFailed,
+    HypermediaError,
+    RequestTimeout,
+    RequestTooLarge,
+)
 from hypermedia.ingest.auth import Authenticator
 from hypermedia.ingest.http_errors import error_response
 from hypermedia.storage.base import too_large
@@ -51,10 +61,13 @@ def bearer_token(headers: Headers) -> str | None:
 
 
 class RequestGuard:
-    def __init__(self, app: ASGIApp, *, authenticator: Authenticator, rules: Rules) -> None:
+    def __init__(
+        self, app: ASGIApp, *, authenticator: Authenticator, rules: Rules, body_seconds: float
+    ) -> None:
         self.app = app
         self.authenticator = authenticator
         self.rules = rules
+        self.body_seconds = body_seconds
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -69,9 +82,12 @@ class RequestGuard:
             if declared.isdigit() and int(declared) > rule.max_body_bytes:
                 raise _too_large(rule)
             if not rule.streamed:
-                receive = await _buffered(receive, rule)
+                receive = await _buffered(receive, rule, self.body_seconds)
         except HypermediaError as exc:
-            await error_response(exc)(scope, receive, send)
+            answer = error_response(exc)
+            if isinstance(exc, RequestTimeout):
+                answer.headers["Connection"] = "close"  # the rest of its body may follow
+            await answer(scope, receive, send)
             return
         await self.app(scope, receive, send)
 
@@ -94,24 +110,30 @@ def _too_large(rule: RouteRule) -> HypermediaError:
     )
 
 
-async def _buffered(receive: Receive, rule: RouteRule) -> Receive:
-    """Read the whole body (at most ``rule.max_body_bytes``) and return a ``receive``
-    that replays it, then hands over to the real one (for ``http.disconnect``)."""
+async def _buffered(receive: Receive, rule: RouteRule, seconds: float) -> Receive:
+    """Read the whole body (at most ``rule.max_body_bytes``, within ``seconds``) and
+    return a ``receive`` that replays it, then hands over to the real one (for
+    ``http.disconnect``)."""
     chunks: list[bytes] = []
     size = 0
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            # The client went away: let the app see the disconnect as it would.
-            return _replay(message, receive)
-        body = message.get("body", b"")
-        size += len(body)
-        if size > rule.max_body_bytes:
-            raise _too_large(rule)
-        chunks.append(body)
-        if not message.get("more_body", False):
-            break
-    return _replay({"type": "http.request", "body": b"".join(chunks)}, receive)
+    with anyio.move_on_after(seconds):
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                # The client went away: let the app see the disconnect as it would.
+                return _replay(message, receive)
+            body = message.get("body", b"")
+            size += len(body)
+            if size > rule.max_body_bytes:
+                raise _too_large(rule)
+            chunks.append(body)
+            if not message.get("more_body", False):
+                return _replay({"type": "http.request", "body": b"".join(chunks)}, receive)
+    raise RequestTimeout(
+        f"the request body did not arrive within {seconds:g} s ({size} bytes came)",
+        timeout_seconds=seconds,
+        received_bytes=size,
+    )
 
 
 def _replay(first: Message, receive: Receive) -> Receive:

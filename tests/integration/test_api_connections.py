@@ -26,6 +26,7 @@ from hypermedia.storage.local import LocalStorage
 from tests.api_support import add_user, wait_until_healthy
 
 HEAD_SECONDS = 1.0
+BODY_SECONDS = 4.0  # json_body_seconds: the slow body below takes 2 s
 MiB = 1 << 20
 
 
@@ -35,7 +36,9 @@ class _Quick(HeadTimedH11Protocol):
 
 @pytest.fixture
 def api(sqlite_engine, settings) -> Iterator[tuple[Stack, int]]:
-    stack = Stack.open(settings(), engine=sqlite_engine, auto_migrate=True)
+    stack = Stack.open(
+        settings(json_body_seconds=BODY_SECONDS), engine=sqlite_engine, auto_migrate=True
+    )
     sock = listening_socket()
     app = create_app(stack, auth_cache_seconds=0)
     server = ApiServer(uvicorn.Config(app, log_config=None, lifespan="off"), app)
@@ -119,6 +122,34 @@ def test_a_kept_alive_connection_gets_the_time_again_and_a_slow_body_is_not_cut(
         conn.sendall(b"GET /healthz HTTP/1.1\r\n")  # and again, the next head: cut
         said, _after = _until_closed(conn, 10 * HEAD_SECONDS)
         assert said.startswith(b"HTTP/1.1 408 "), said
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_a_json_body_that_does_not_arrive_whole_in_time_is_refused_and_closed(api, chunked):
+    # Before: uvicorn waited for a body as long as its client kept the connection; one
+    # declared longer than sent (any valid key) held its socket for good.
+    stack, port = api
+    user = add_user(stack, "alice")
+    body = b'{"object_id": "nothing", "operations": ["thumbnail"]}'
+    framing = b"Transfer-Encoding: chunked" if chunked else b"Content-Length: %d" % len(body)
+    with socket.create_connection(("127.0.0.1", port)) as conn:
+        conn.sendall(
+            b"POST /v1/hypermedia/process HTTP/1.1\r\nHost: test\r\n"
+            b"Authorization: Bearer %s\r\nContent-Type: application/json\r\n"
+            b"%s\r\n\r\n" % (user.api_key.encode(), framing)
+        )
+        part = body[:20]
+        conn.sendall(b"%x\r\n%s\r\n" % (len(part), part) if chunked else part)
+        said, after = _until_closed(conn, 10 * BODY_SECONDS)
+    head, _, answer = said.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408 "), said
+    assert b"connection: close" in head.lower()
+    error = json.loads(answer)["error"]
+    assert error["code"] == "request_timeout"
+    assert error["message"] == (
+        f"the request body did not arrive within {BODY_SECONDS:g} s (20 bytes came)"
+    )
+    assert BODY_SECONDS - 0.5 < after < BODY_SECONDS + 3
 
 
 def _blob(stack: Stack, size: int) -> tuple[LocalStorage, str, bytes, str]:
