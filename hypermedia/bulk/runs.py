@@ -26,7 +26,7 @@ import enum
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from sqlalchemy import ColumnElement, Connection, case, func, insert, literal, select, update
@@ -35,7 +35,7 @@ from hypermedia.clock import to_datetime
 from hypermedia.db import tables as t
 from hypermedia.errors import Conflict, InvalidRequest, NotFound
 from hypermedia.ids import new_id
-from hypermedia.ingest.fields import Text
+from hypermedia.ingest.fields import Text, WrittenTime
 from hypermedia.jobs.states import JobStatus
 
 BULK_PRIORITIES = range(7, 11)  # seed 003: background regeneration gets 7-10
@@ -80,8 +80,8 @@ class BulkFilter(BaseModel):
     detected_kind: Text | None = Field(
         default=None, max_length=32, description="the kind found in the bytes (image, pdf ...)"
     )
-    created_after: datetime | None = None
-    created_before: datetime | None = None
+    created_after: Annotated[datetime | None, WrittenTime] = None
+    created_before: Annotated[datetime | None, WrittenTime] = None
     # regenerate: every object with an output of the operation, the current version's
     # too (else only those whose newest output is below the current version).
     all_versions: bool = False

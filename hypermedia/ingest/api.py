@@ -32,13 +32,16 @@ from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from email.utils import formatdate
-from typing import Annotated, Any, BinaryIO, Literal, TypeVar, cast
+from types import UnionType
+from typing import Annotated, Any, BinaryIO, Literal, TypeVar, Union, cast, get_args, get_origin
 
 import anyio
 from fastapi import APIRouter, Depends, FastAPI, Header, Path, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
+from fastapi.dependencies.models import Dependant
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import StreamingResponse
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import AfterValidator, BaseModel
 from sqlalchemy import text
@@ -189,23 +192,60 @@ OutputType = Annotated[fields.Text, Path(min_length=1, max_length=64)]
 AttemptNumber = Annotated[int, Path(ge=1, le=2**31 - 1)]
 CreatedTime = Annotated[
     datetime | None,
-    Query(description="An ISO 8601 time with its zone (`Z`, `+02:00`)."),
+    Query(description="An ISO 8601 time with its zone (`Z`, `+02:00`), not a number."),
+    fields.WrittenTime,
     AfterValidator(lambda moment: None if moment is None else _in_utc(moment)),
 ]
 
 
-async def _utf8_query(request: Request) -> None:
+async def _checked_query(request: Request) -> None:
     """422 naming the query parameter whose bytes are not UTF-8 (Starlette would hand
-    the route U+FFFD in their place: a file name stored as nobody gave it)."""
+    the route U+FFFD in their place: a file name stored as nobody gave it), or that is
+    given twice with different values where the route takes one (Starlette takes the
+    last: ``limit=1&limit=500`` was 500)."""
     found = fields.undecodable_query(request.scope.get("query_string", b""))
     if found is not None:
         name, why = found
         raise RequestValidationError(
             [{"type": "string_unicode", "loc": ("query", name), "msg": why, "input": None}]
         )
+    pairs = request.query_params.multi_items()
+    if len(pairs) > 1:
+        route = request.scope.get("route")
+        repeatable = _list_query_names(route.dependant) if isinstance(route, APIRoute) else ()
+        repeated = fields.repeated_query(pairs, repeatable)
+        if repeated is not None:
+            values = [value[:40] for name, value in pairs if name == repeated]
+            raise RequestValidationError(
+                [
+                    {
+                        "type": "repeated",
+                        "loc": ("query", repeated),
+                        "msg": f"given {len(values)} times with different values "
+                        f"{values[:5]}: give it once",
+                        "input": None,
+                    }
+                ]
+            )
 
 
-router = APIRouter(dependencies=[Depends(_utf8_query)])
+def _list_query_names(dependant: Dependant) -> frozenset[str]:
+    """The query parameters a route takes as lists (``status``: repeat it)."""
+    names = {
+        param.alias for param in dependant.query_params if _is_list(param.field_info.annotation)
+    }
+    for sub in dependant.dependencies:
+        names |= _list_query_names(sub)
+    return frozenset(names)
+
+
+def _is_list(annotation: Any) -> bool:
+    if get_origin(annotation) in (Union, UnionType):
+        return any(_is_list(arg) for arg in get_args(annotation))
+    return get_origin(annotation) in (list, set, frozenset, tuple) or annotation in (list, set)
+
+
+router = APIRouter(dependencies=[Depends(_checked_query)])
 
 
 # -- jobs -------------------------------------------------------------------------------

@@ -30,12 +30,13 @@ database (a 500) nor stored.
 from __future__ import annotations
 
 import math
+import re
 import unicodedata
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Annotated, Any
 from urllib.parse import unquote_to_bytes
 
-from pydantic import AfterValidator
+from pydantic import AfterValidator, BeforeValidator
 
 ID_PATTERN = r"^[0-9a-f]{32}$"
 # A Redis stream entry id, ``<ms>-<seq>``: each part at most 2**64 - 1 (Redis refuses more).
@@ -154,3 +155,37 @@ def entry_id(value: str | None) -> str | None:
     if value is not None and any(int(part) > MAX_ENTRY_PART for part in value.split("-")):
         raise ValueError(f"each part must be at most {MAX_ENTRY_PART}")
     return value
+
+
+# pydantic reads a number (``-1``, ``1e12``) as Unix time, seconds or milliseconds:
+# ``created_before=-1`` was 1969 and an empty list. A time given to the API is written
+# out: its date first.
+_ISO_DATE_FIRST = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
+
+
+def _written_time(value: Any) -> Any:
+    if isinstance(value, int | float) or (
+        isinstance(value, str) and not _ISO_DATE_FIRST.match(value)
+    ):
+        shown = value[:40] if isinstance(value, str) else value
+        raise ValueError(
+            f"{shown!r} is not an ISO 8601 time (e.g. 2026-01-31T12:00:00Z): "
+            "a number is not read as a Unix time"
+        )
+    return value
+
+
+WrittenTime = BeforeValidator(_written_time)
+
+
+def repeated_query(pairs: Sequence[tuple[str, str]], repeatable: Collection[str]) -> str | None:
+    """The first query parameter, not one of ``repeatable``, given twice with different
+    values (frameworks disagree on which wins: Starlette the last, Flask the first, so
+    a proxy and the API could read different ones); None: none is."""
+    seen: dict[str, str] = {}
+    for name, value in pairs:
+        if name in repeatable:
+            continue
+        if seen.setdefault(name, value) != value:
+            return name
+    return None

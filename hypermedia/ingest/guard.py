@@ -36,6 +36,7 @@ from hypermedia.errors import (
     HypermediaError,
     RequestTimeout,
     RequestTooLarge,
+    UnsupportedMediaType,
 )
 from hypermedia.ingest.auth import Authenticator
 from hypermedia.ingest.http_errors import error_response
@@ -82,6 +83,7 @@ class RequestGuard:
             if declared.isdigit() and int(declared) > rule.max_body_bytes:
                 raise _too_large(rule)
             if not rule.streamed:
+                _check_charset(headers)
                 receive = await _buffered(receive, rule, self.body_seconds)
         except HypermediaError as exc:
             answer = error_response(exc)
@@ -99,6 +101,24 @@ class RequestGuard:
         if cached is not None:
             return cached  # no thread hop on the hot path
         return await anyio.to_thread.run_sync(self.authenticator, token)
+
+
+def _check_charset(headers: Headers) -> None:
+    """415 for a buffered (JSON) body said to be in another charset than UTF-8: it was
+    read as UTF-8 all the same (``charset=latin1``: its accented letters refused, or
+    read as other text)."""
+    if headers.get("content-length", "") in ("", "0") and "transfer-encoding" not in headers:
+        return  # no body
+    content_type = headers.get("content-type", "")
+    for parameter in content_type.split(";")[1:]:
+        name, _, value = parameter.partition("=")
+        charset = value.strip().strip('"').lower()
+        if name.strip().lower() == "charset" and charset not in ("utf-8", "utf8"):
+            raise UnsupportedMediaType(
+                f"this route takes JSON in UTF-8: the request said charset={charset[:40]} "
+                "(send Content-Type: application/json)",
+                content_type=content_type,
+            )
 
 
 def _too_large(rule: RouteRule) -> HypermediaError:

@@ -265,6 +265,71 @@ def test_a_creation_time_outside_the_record_years_or_without_a_zone_is_refused(c
     assert answered.status_code == 200 and answered.json()["jobs"] == [], answered.text
 
 
+def test_a_creation_time_given_as_a_number_is_refused(client, user):
+    """pydantic reads a number as Unix time (seconds, or milliseconds past 2e10):
+    created_before=-1 was 1969-12-31T23:59:59Z and answered an empty list, 200."""
+    h = bearer(user)
+    for name, number in (
+        ("created_before", "-1"),
+        ("created_after", "1700000000"),
+        ("created_before", "1e12"),
+        ("created_after", "-99999999999999"),
+    ):
+        answer = client.get(f"{P}/jobs", params={name: number}, headers=h)
+        error = refused(answer, 422, f"query.{name}")
+        assert f"'{number}' is not an ISO 8601 time" in error["message"], error
+    written = {"created_after": "1970-01-01T00:00:00Z", "created_before": "2999-01-01T00:00+02:00"}
+    assert client.get(f"{P}/jobs", params=written, headers=h).status_code == 200
+
+
+def test_a_query_parameter_given_twice_with_different_values_is_refused(client, user):
+    """Starlette took the last (``limit=1&limit=500`` was 500), Flask and others take the
+    first: a proxy and the API could read two different requests in one URL."""
+    h = bearer(user)
+    twice = client.get(f"{P}/jobs", params=[("limit", "1"), ("limit", "500")], headers=h)
+    error = refused(twice, 422, "query.limit")
+    assert "given 2 times with different values ['1', '500']: give it once" in error["message"]
+    cursor = [("cursor", "a" * 32), ("limit", "5"), ("cursor", "b" * 32)]
+    refused(client.get(f"{P}/jobs", params=cursor, headers=h), 422, "query.cursor")
+    # What the Python client sends: a list parameter repeated, each other one once.
+    for taken in (
+        [("status", "queued"), ("status", "failed"), ("limit", "5")],
+        [("limit", "5"), ("limit", "5")],  # the same value twice says one thing
+    ):
+        answer = client.get(f"{P}/jobs", params=taken, headers=h)
+        assert answer.status_code == 200, (taken, answer.text)
+    uploaded = client.put(
+        f"{P}/objects",
+        params=[("filename", "a.png"), ("filename", "b.png")],
+        content=PNG,
+        headers=bearer(user),
+    )
+    refused(uploaded, 422, "query.filename")
+
+
+@pytest.mark.parametrize("charset", ["latin1", "ISO-8859-1", '"utf-16"', "windows-1252"])
+def test_a_json_body_said_to_be_in_another_charset_than_utf8_is_415_naming_it(
+    stack, client, user, charset
+):
+    """Such a body was read as UTF-8 all the same: taken when its bytes happened to be
+    ASCII, its accented letters refused or read as other letters when not."""
+    body = b'{"object_id": "caf\xe9", "operations": ["thumbnail"]}'
+    headers = {**bearer(user), "Content-Type": f"application/json; charset={charset}"}
+    answer = client.post(f"{P}/process", content=body, headers=headers)
+    said = charset.strip('"').lower()
+    error = refused(answer, 415, f"charset={said}", code="unsupported_media_type")
+    assert error["details"]["content_type"] == f"application/json; charset={charset}"
+    assert _count(stack, t.jobs) == 0
+    for utf8 in ("utf-8", "UTF-8", '"utf-8"', "utf8"):
+        headers = {**bearer(user), "Content-Type": f"application/json ; charset={utf8}"}
+        taken = client.post(
+            f"{P}/process",
+            content=b'{"object_id": "caf\xc3\xa9", "operations": ["thumbnail"]}',
+            headers=headers,
+        )
+        refused(taken, 404, "caf\u00e9", code="not_found")  # past the guard: no such object
+
+
 def test_a_last_event_id_past_redis_range_is_refused_and_its_edge_streams(client, user, object_id):
     h = bearer(user)
     job = client.post(

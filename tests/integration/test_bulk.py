@@ -1510,6 +1510,17 @@ def test_a_filter_that_can_match_nothing_is_refused_naming_its_field(
             422,
             "body.filter.created_before: Value error, the range is empty",
         ),
+        # pydantic read a number as Unix time: -1 was 1969 and selected nothing.
+        (
+            {"created_before": -1},
+            422,
+            "body.filter.created_before: Value error, -1 is not an ISO 8601 time",
+        ),
+        (
+            {"created_after": "1700000000"},
+            422,
+            "body.filter.created_after: Value error, '1700000000' is not an ISO 8601 time",
+        ),
     ]:
         for dry_run in (True, False):
             answer = client.post(
