@@ -339,6 +339,10 @@ class ApiServer(uvicorn.Server):
         self.cut = CutCleanly(app)
         config.app = self.cut
         config.http = HeadTimedH11Protocol
+        # asyncio's loop, whatever else is installed: uvicorn's "auto" takes uvloop where
+        # it is, whose loop.sendfile is not implemented, and every blob download sent by
+        # the kernel (hypermedia.zero_copy) would be cut.
+        config.loop = "asyncio"
         super().__init__(config)
         self.event_streams = app.state.event_streams
         self.upload_stop = app.state.upload_stop
