@@ -735,7 +735,10 @@ _CLEAN = ["-map_metadata", "-1", "-map_chapters", "-1", "-sn", "-dn"]
 # frames dropped with ``vfr``; ``passthrough``'s equal times rewritten by the muxer).
 # Only for an uneven input: an evenly spaced one's output would change for nothing (a
 # byte of an MP4's, more of a Matroska's on its 1 ms time base). -fps_mode: FFmpeg 5.1.
-_EXACT_TIMES = ["-fps_mode", "passthrough", "-enc_time_base", "-1"]
+# The picture's time base only: the sound on a Matroska's or FLV's 1 ms one had AAC
+# packets of 1014, 1015 or 1058 samples (1024 each), not timed on its samples as a
+# chunked output's sound (transcoded alone) and transcode_audio's are.
+_EXACT_TIMES = ["-fps_mode", "passthrough", "-enc_time_base:v", "-1"]
 
 
 def video_args(

@@ -235,3 +235,49 @@ def test_a_long_variable_frame_rate_video_is_chunked_keeping_its_frames_times(
     assert tone_onset(chunked.path) == pytest.approx(flash_time(chunked.path), abs=3e-3)
     # FFmpeg guesses the last frame's length (from a rate) either way: within a frame.
     assert abs(ms.duration(chunked.path) - ms.duration(single.path)) <= 1 / 30
+
+
+@pytest.mark.parametrize("sound", [True, False], ids=["sound", "silent"])
+@pytest.mark.parametrize("container", ["matroska", "flv", "mp4", "mpegts"])
+def test_a_variable_frame_rates_sound_is_timed_as_its_samples_are(
+    container: str, sound: bool, tmp_path: Path
+) -> None:
+    # The single pass encoded the sound on the input's time base too (-enc_time_base -1
+    # for every stream): a Matroska's (an FLV's) 1 ms, so its AAC packets were said to
+    # last 1014, 1015 or 1058 samples, where a chunked output (the sound alone, on its
+    # encoder's 1/44100) had the sound transcode_audio makes: the two differed.
+    source = tmp_path / f"vfr.{container}"
+    tone = ["-f", "lavfi", "-i", f"sine=frequency=440:sample_rate={RATE}:duration=4"]
+    ffmpeg("-f", "lavfi", "-i", "testsrc2=size=160x120:rate=25:duration=4",
+           *(tone if sound else []), "-vf", "select='lt(mod(n\\,7)\\,5)'", "-fps_mode", "vfr",
+           "-c:v", "libx264", "-preset", "ultrafast", "-g", "20", "-c:a", "aac",
+           "-threads", "1", "-f", container, str(source))  # fmt: skip
+    outputs = {}
+    for name, params in [("single", PARAMS), ("chunked", CHUNKED)]:
+        workdir = tmp_path / name
+        workdir.mkdir()
+        (outputs[name], *usage) = (o.path for o in media.transcode_video(source, params, workdir))
+        assert decode_errors(outputs[name]) == ""
+        # Chunked but a TS with sound: its picture, alone, starts at zero, not 23 ms in.
+        chunks = name == "chunked" and (container, sound) != ("mpegts", True)
+        assert len(usage) == chunks
+    single, chunked = outputs["single"], outputs["chunked"]
+    # The picture as before: the source's frames at their times (from its start), in both.
+    start = float(ms.probe(source)["format"]["start_time"])
+    kept = [t - start for t in packet_times(source)]
+    assert len(kept) == 72
+    assert packet_times(single) == pytest.approx(kept, abs=1e-3)
+    assert ms.frame_times(chunked) == ms.frame_times(single)
+    if not sound:
+        assert [s["codec_type"] for s in ms.probe(single)["streams"]] == ["video"]
+        return
+    # The sound packet for packet as transcode_audio makes it (the same encoder and
+    # options), in a single pass and in chunks; from an MP4 (its sound on 1/44100)
+    # every packet 1024 samples but the last.
+    (workdir := tmp_path / "audio").mkdir()
+    (alone,) = media.transcode_audio(source, {}, workdir)
+    assert audio_packets(single) == audio_packets(alone.path)
+    assert audio_packets(chunked) == audio_packets(single)
+    if container == "mp4":
+        durations = [int(p.split(",")[2]) for p in audio_packets(single)]
+        assert set(durations[:-1]) == {1024}
