@@ -156,6 +156,14 @@ _HDR_MATRICES = frozenset({"bt2020nc", "bt2020c", "bt709"})
 _SDR_TAGS = ["-color_primaries", "bt709", "-color_trc", "bt709", "-colorspace", "bt709"]
 _SDR_TAGS += ["-color_range", "tv"]
 
+# Demuxers whose duration (ffprobe's format and stream durations) is where the file's
+# times end, counted from zero, as FFmpeg's muxers write it: a Matroska or WebM (the
+# segment's Duration: the latest block's end) or ASF of 8 s starting 5 s in (a
+# recording cut from a stream keeps its clock) says 13 s. FFmpeg reads the others' as
+# a length (an MPEG-TS's, an Ogg's from their first and last times; an FLV's metadata),
+# and an MP4's movie header is checked against its tracks (Probe.span).
+_DURATION_ENDS = frozenset({"matroska", "asf"})
+
 # Sample entries of protected tracks, as ffprobe reports them in codec_tag_string.
 _PROTECTED_TAGS = {"drms", "drmi", "drma", "drmv", "enca", "encv", "enct", "encs", "p608"}
 
@@ -549,6 +557,9 @@ class Probe:
     # Seconds from the earliest start of its pictures and sounds to the latest end, as
     # the streams state them (an MP4's sample tables); None where none states both.
     span: float | None = None
+    # Its ``duration`` is where its times end, counted from zero, not how long they
+    # last from ``start`` (:data:`_DURATION_ENDS`).
+    duration_ends: bool = False
 
     @property
     def length(self) -> float | None:
@@ -556,10 +567,15 @@ class Probe:
         shorter than the container's ``duration``, else that. An MP4's movie header
         counts a leading empty edit (tracks starting 5 s in: 7 s for 2 s of frames;
         FFmpeg's output starts at the first frame) and may say anything; the sample
-        tables list what there is. The limits stay on ``duration``, what ingest read."""
-        if self.span is None or self.duration is None:
-            return self.duration if self.span is None else self.span
-        return min(self.duration, self.span)
+        tables list what there is. A Matroska's (ASF's) duration as FFmpeg writes it is
+        its end: 8 s starting 5 s in say 13 s; what is after ``start`` is its length.
+        The limits stay on ``duration``, what ingest read."""
+        stated = self.duration
+        if stated is not None and self.duration_ends:
+            stated = max(0.0, stated - max(0.0, self.start))
+        if self.span is None or stated is None:
+            return stated if self.span is None else self.span
+        return min(stated, self.span)
 
     def first(self, kind: str) -> Stream | None:
         """The decodable stream of ``kind`` a player would play: the first flagged
@@ -580,9 +596,10 @@ def probe(path: Path, demuxer: str, workdir: Path, label: str) -> Probe:
     if ran.returncode != 0:
         raise _failure(ran, f"cannot read {label}", path, workdir)
     try:
-        return _parse_probe(json.loads(ran.text))
+        found = _parse_probe(json.loads(ran.text))
     except (ValueError, TypeError, AttributeError) as exc:
         raise PipelineError("invalid_input", f"cannot read {label}: unexpected probe") from exc
+    return replace(found, duration_ends=demuxer in _DURATION_ENDS)
 
 
 def probe_input(path: Path, container: Container, workdir: Path) -> Probe:

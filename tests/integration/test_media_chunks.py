@@ -338,6 +338,32 @@ def test_a_video_whose_times_start_late_is_cut_at_its_own_keyframes(
     ms.assert_same_as_single_pass(outputs[0].path, single.path, SECONDS)
 
 
+def test_a_matroska_whose_times_start_late_is_chunked_against_its_length(
+    tmp_path: Path,
+) -> None:
+    # 4 s starting 5 s in: FFmpeg writes a Matroska's duration as its end, 9 s, which
+    # was taken for its length: the chunks' progress ran against 9 s (4 of 9 when done)
+    # and the complete output was marked partial.
+    source = tmp_path / "offset.mkv"
+    ffmpeg(*video_source(SECONDS, "160x120", ms.RATE), *tone_source(SECONDS),
+           "-c:v", "libx264", "-preset", "ultrafast", "-pix_fmt", "yuv420p", "-g", str(ms.RATE),
+           "-keyint_min", str(ms.RATE), "-sc_threshold", "0", "-c:a", "pcm_s16le",
+           "-threads", "1", "-output_ts_offset", "5", "-f", "matroska", str(source))  # fmt: skip
+    assert float(ms.probe(source)["format"]["duration"]) == pytest.approx(SECONDS + 5)
+    seen: list[progress.Progress] = []
+    progress.reporting_to(seen.append)
+    try:
+        outputs = run(source, CHUNKED, tmp_path / "chunked")
+    finally:
+        progress.reporting_to(None)
+    assert units(outputs) == {"chunks": SECONDS, "chunks_resumed": 0}
+    assert all(r.total == pytest.approx(SECONDS, abs=0.1) for r in seen)
+    pictures = 1 - media_chunks.sound_share(160 * 120 * ms.RATE)
+    for end in (1, 2, 3):  # each chunk's end, the sound's pass after them
+        assert any(r.done == pytest.approx(end * pictures, abs=0.02) for r in seen), end
+    assert seen[-1].done == seen[-1].total
+
+
 def test_an_mpeg_ts_is_chunked(tmp_path: Path) -> None:
     # ffprobe lists each TS packet's side data (its stream id) on a line of its own, an
     # empty one, read as a packet without a time: no TS was ever chunked (one pass, no

@@ -13,6 +13,7 @@ import pytest
 import pipelines.media as media
 from pipelines.registry import USAGE_OUTPUT, Output, PipelineError
 from tests import media_support as ms
+from tests.generated.media import ffmpeg, tone_source, video_source
 
 pytestmark = pytest.mark.program("ffmpeg")
 
@@ -62,6 +63,23 @@ def test_what_decodes_is_transcoded_and_marked_partial(
 def test_a_whole_file_is_not_partial(tmp_path: Path) -> None:
     source = ms.clip(tmp_path / "input", SECONDS, faststart=True)
     assert _units(media.transcode_video(source, {}, tmp_path)) == {}
+
+
+@pytest.mark.parametrize("operation", ["transcode_video", "transcode_audio"])
+def test_a_truncated_matroska_whose_times_start_late_is_partial(
+    operation: str, tmp_path: Path
+) -> None:
+    # Its length is counted from its start (its stated duration, 13 s, is its end): a
+    # file cut short is still marked partial against its 8 s.
+    whole = tmp_path / "whole.mkv"
+    ffmpeg(*video_source(8, "160x120", ms.RATE), *tone_source(8), "-c:v", "libx264",
+           "-preset", "ultrafast", "-pix_fmt", "yuv420p", "-c:a", "aac", "-threads", "1",
+           "-output_ts_offset", "5", "-f", "matroska", str(whole))  # fmt: skip
+    source = tmp_path / "input"
+    source.write_bytes(whole.read_bytes()[: int(whole.stat().st_size * KEPT)])
+    outputs = getattr(media, operation)(source, {}, tmp_path)
+    assert _units(outputs) == {"partial": 1}
+    assert 8 * KEPT * 0.5 < ms.duration(outputs[0].path) < 8 - 1
 
 
 # Where the file ends (bytes past the start of its moov box, or a share of the whole

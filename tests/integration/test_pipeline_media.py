@@ -308,6 +308,41 @@ def test_an_mp4_whose_header_counts_more_than_its_tracks_is_whole(
     assert seen[-1].done == seen[-1].total
 
 
+# Codecs of 8 s of 160x120 and a tone, starting 5 s in, by container.
+LATE_START = {
+    "matroska": ("-c:v", "libx264", "-preset", "ultrafast", "-c:a", "aac"),
+    "webm": ("-c:v", "libvpx", "-deadline", "realtime", "-c:a", "libopus"),
+    "asf": ("-c:v", "wmv2", "-c:a", "wmav2"),
+}
+
+
+@pytest.mark.parametrize("operation", ["transcode_video", "transcode_audio"])
+@pytest.mark.parametrize("container", sorted(LATE_START))
+def test_a_file_whose_times_start_late_is_whole(
+    container: str, operation: str, tmp_path: Path
+) -> None:
+    # 8 s whose times start 5 s in (a recording cut from a stream keeps its clock): as
+    # FFmpeg writes a Matroska, WebM or ASF, its duration is where it ends, 13 s, which
+    # both steps took for its length: the complete output was marked partial (units
+    # partial: 1), its progress reported against 13 s (8 of 13 at its end).
+    source = tmp_path / f"input.{container}"
+    ffmpeg(*video_source(8, "160x120"), *tone_source(8), *LATE_START[container],
+           "-threads", "1", "-output_ts_offset", "5", "-f", container, str(source))  # fmt: skip
+    stated = ffprobe(source)["format"]
+    assert float(stated["start_time"]) == pytest.approx(5, abs=0.05)
+    assert float(stated["duration"]) == pytest.approx(13, abs=0.05)
+    seen: list[progress.Progress] = []
+    progress.reporting_to(seen.append)
+    try:
+        outputs = run_step(operation, source, {}, tmp_path / "out")
+    finally:
+        progress.reporting_to(None)
+    (output,) = outputs  # no usage output: nothing marked partial
+    assert duration(ffprobe(output.path)) == pytest.approx(8, abs=0.1)
+    assert seen and all(report.total == pytest.approx(8, abs=0.1) for report in seen)
+    assert seen[-1].done == seen[-1].total
+
+
 def test_video_height_and_crf(tmp_path: Path, generated: Generated) -> None:
     source = generated / "media/clip.mp4"
     params = {"codec": "h264", "height": 145, "crf": 30}
