@@ -10,6 +10,10 @@ fit. A limit of 0 means none (nothing is counted).
 When Redis cannot be reached the limit is not enforced (logged): submits stay
 possible during a Redis outage, as the job record allows, and credits, quotas and
 priority ranges still bound what a caller can do.
+
+Every process that opens a stack makes one (the actors, ``status``, ``db upgrade``);
+few count anything (the API). So `limits` (~0.03 CPU-s of imports, its asyncio
+storages with it) is imported at the first :meth:`RateLimiter.hit`.
 """
 
 from __future__ import annotations
@@ -17,32 +21,46 @@ from __future__ import annotations
 import logging
 import math
 import time
+from typing import TYPE_CHECKING
 
 import redis
-from limits import RateLimitItemPerMinute
-from limits.storage import RedisStorage
-from limits.strategies import MovingWindowRateLimiter
 
 from hypermedia.errors import RateLimited
 from hypermedia.queue.keys import rate_limit_prefix
+
+if TYPE_CHECKING:
+    from limits.strategies import MovingWindowRateLimiter
 
 log = logging.getLogger(__name__)
 
 
 class RateLimiter:
     def __init__(self, client: redis.Redis, prefix: str) -> None:
-        storage = RedisStorage(
-            "redis://",  # not dialled: the client's own pool is used
-            connection_pool=client.connection_pool,
-            key_prefix=rate_limit_prefix(prefix),
-        )
-        self._limiter = MovingWindowRateLimiter(storage)
+        self._client = client
+        self._prefix = prefix
+        self._window: MovingWindowRateLimiter | None = None
+
+    @property
+    def _limiter(self) -> MovingWindowRateLimiter:
+        if self._window is None:
+            from limits.storage import RedisStorage
+            from limits.strategies import MovingWindowRateLimiter
+
+            storage = RedisStorage(
+                "redis://",  # not dialled: the client's own pool is used
+                connection_pool=self._client.connection_pool,
+                key_prefix=rate_limit_prefix(self._prefix),
+            )
+            self._window = MovingWindowRateLimiter(storage)
+        return self._window
 
     def hit(self, what: str, identity: str, per_minute: int, cost: int = 1) -> None:
         """Count ``cost`` events of ``what`` for ``identity``; RateLimited past
         ``per_minute`` in the last minute (then nothing is counted)."""
         if per_minute <= 0 or cost <= 0:
             return
+        from limits import RateLimitItemPerMinute
+
         item = RateLimitItemPerMinute(per_minute)
         try:
             if self._limiter.hit(item, what, identity, cost=cost):
