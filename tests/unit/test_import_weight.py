@@ -23,3 +23,19 @@ def _loaded(statement: str) -> set[str]:
 def test_the_stack_imports_no_rate_limit_library_until_something_is_counted():
     # The actors and the CLI's commands open a stack and count nothing; the API does.
     assert "limits" not in _loaded("import hypermedia.stack")
+
+
+HEAVY = {"sqlalchemy", "redis", "ray", "boto3", "pyvips", "fastapi", "limits", "opentelemetry"}
+
+
+def test_the_cli_help_imports_no_server_library():
+    # --help builds every command (their short help); none imports a server library.
+    for args in (["--help"], ["user", "--help"], ["bulk", "--help"]):
+        statement = (
+            f"sys.argv = ['hypermedia', *{args!r}]\n"
+            "import contextlib, io\n"
+            "from hypermedia.cli import main\n"
+            "with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):\n"
+            "    main()"
+        )
+        assert not _loaded(statement) & HEAVY, args
