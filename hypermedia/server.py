@@ -259,9 +259,11 @@ class HeadTimedH11Protocol(ZeroCopyH11Protocol):
     """uvicorn's h11 connection, closed when it has not sent a whole request head
     within :attr:`head_seconds` of its opening or of its last answer: 408
     ``request_timeout`` to one that sent part of a head, nothing to one that sent
-    nothing. uvicorn waits for a head for ever (its keep-alive timer runs only after an
-    answer, and stops at the next byte), so sockets that never finish one (slowloris,
-    or opened and left silent) each hold a descriptor for good: 1,100 silent
+    nothing, nor to one still sending the body of a request answered already (a 401,
+    a 413 before it was read: uvicorn drops it). uvicorn waits for a head for ever (its
+    keep-alive timer runs only after an answer, and stops at the next byte), so sockets
+    that never finish one (slowloris, or opened and left silent, or a body trickling
+    after its answer) each hold a descriptor for good: 1,100 silent
     connections took every descriptor of an API under a shell's 1,024 and no one got an
     answer while they stayed open. A body's pace is the routes' business (uploads:
     ``upload_idle_seconds``; JSON bodies: :mod:`hypermedia.ingest.guard`)."""
@@ -285,7 +287,7 @@ class HeadTimedH11Protocol(ZeroCopyH11Protocol):
 
     def handle_events(self) -> None:
         super().handle_events()
-        if self.conn.their_state is not h11.IDLE:
+        if self._serving():
             self._head_arrived()
 
     def on_response_complete(self) -> None:
@@ -302,11 +304,17 @@ class HeadTimedH11Protocol(ZeroCopyH11Protocol):
             self._head_timer.cancel()
             self._head_timer = None
 
+    def _serving(self) -> bool:
+        """Whether a request's head came and its answer is not complete yet. Not the
+        rest of the body of one answered already (a 401, a 413 before it was read):
+        uvicorn reads and drops it, its keep-alive timer stopped by its first byte."""
+        return self.cycle is not None and not self.cycle.response_complete
+
     def _head_late(self) -> None:
         self._head_timer = None
-        if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
+        if self.transport.is_closing() or self._serving():
             return
-        if self._head_begun:
+        if self.conn.their_state is h11.IDLE and self._head_begun:
             body = (
                 '{"error":{"code":"request_timeout","message":"the request head did not'
                 f' arrive within {self.head_seconds:g} s"}}}}'
