@@ -360,9 +360,13 @@ def transcode_chunked(
                             label, chunk.index, made, chunk.frames)  # fmt: skip
                 partial.unlink(missing_ok=True)
                 return None
-            if chunk.index == 0 and late > 0 and not _starts_at(partial, workdir, late):
+            placed = not exact_times or chunk.index or late <= 0
+            if not placed and not _starts_at(partial, workdir, late):
                 # FFmpeg reading the picture alone put it elsewhere than the single pass
                 # does (an MPEG-TS's first frame at zero: its times are made continuous).
+                # A variable rate's only: a constant rate's join does not place chunk 0
+                # (a picture up to _SAME_TIME late: an MPEG-TS's streams a few ticks
+                # apart).
                 log.warning("%s: chunk 0 does not start %.3f s in: one pass", label, late)
                 partial.unlink(missing_ok=True)
                 return None

@@ -415,3 +415,29 @@ def test_a_late_picture_chunk_0_cannot_place_is_done_in_one_pass(tmp_path: Path)
     assert [o.output_type for o in outputs] == ["video-h264-120p-crf23.mp4"]
     assert ms.frame_times(outputs[0].path) == ms.frame_times(single.path)
     assert ms.frame_times(single.path)[0] == pytest.approx(0.023, abs=1e-3)
+
+
+def test_a_constant_rate_picture_a_few_ticks_after_its_sound_is_chunked(tmp_path: Path) -> None:
+    # An MPEG-TS's picture and sound seldom start on the same 90 kHz tick: here 0.1 ms
+    # apart, within the millisecond a constant rate's chunks allow. Chunk 0 was checked
+    # as a variable rate's is (to start that far in: a TS's picture read alone starts at
+    # zero) and the video went in one pass after its first chunk, no checkpoint kept.
+    plain = tmp_path / "plain.mp4"
+    ffmpeg(*video_source(SECONDS, "160x120", ms.RATE), *tone_source(SECONDS),
+           "-c:v", "libx264", "-preset", "ultrafast", "-pix_fmt", "yuv420p", "-g", str(ms.RATE),
+           "-keyint_min", str(ms.RATE), "-sc_threshold", "0", "-c:a", "mp2", "-threads", "1",
+           "-f", "mp4", str(plain))  # fmt: skip
+    source = tmp_path / "recording.ts"
+
+    def picture_after_sound(offset: float) -> float:
+        ffmpeg("-itsoffset", f"{offset:.6f}", "-i", str(plain), "-i", str(plain),
+               "-map", "0:v", "-map", "1:a", "-c", "copy", "-f", "mpegts", str(source))  # fmt: skip
+        starts = {s["codec_type"]: float(s["start_time"]) for s in ms.probe(source)["streams"]}
+        return starts["video"] - starts["audio"]
+
+    gap = picture_after_sound(0.0)  # the muxer's own
+    assert 0 < picture_after_sound(0.0001 - gap) < 1e-3
+    (single,) = run(source, SINGLE, tmp_path / "single")
+    outputs = run(source, CHUNKED, tmp_path / "chunked")
+    assert units(outputs) == {"chunks": SECONDS, "chunks_resumed": 0}
+    ms.assert_same_as_single_pass(outputs[0].path, single.path, SECONDS)
