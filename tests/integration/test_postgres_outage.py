@@ -16,7 +16,7 @@ from hypermedia.db import tables as t
 from hypermedia.db.engine import make_engine, transaction
 from hypermedia.ingest.service import SubmitRequest
 from tests import ray_support
-from tests.factories import make_object, make_user, open_stack
+from tests.factories import make_object, make_user, open_stack, submit
 from tests.support import PrivatePostgres
 from tests.worker_support import loop_worker
 
@@ -305,5 +305,46 @@ def test_an_idle_workers_row_says_its_outage_pause_too(
         assert worker.stats.claimed == 0
     finally:
         worker.stop()
+        stack.close()
+        engine.dispose()
+
+
+def test_the_first_grant_after_a_restart_of_the_database_is_granted(
+    private_postgres: PrivatePostgres, settings, monkeypatch
+):
+    """The grants actor's pooled connection, used a moment before PostgreSQL restarted,
+    is dropped by the restart: the grant asks once more on a new connection instead of
+    failing the job's attempt (database_unavailable, its backoff, the worker paused)
+    while the database is up. Down, a grant still fails."""
+    from hypermedia.db import engine as engines
+    from hypermedia.errors import DatabaseUnavailable
+    from hypermedia.storage.grants import StorageGrants
+
+    # Within the idle time a pooled connection is used untried, whatever the machine's
+    # speed (a slow restart would otherwise outlast it, and the pool try it first).
+    monkeypatch.setattr(engines, "PING_AFTER_IDLE_SECONDS", 3600.0)
+    engine = make_engine(private_postgres.url)
+    stack = open_stack(settings, engine, None)
+    grants_engine = make_engine(private_postgres.url)  # the actor's own pool
+    try:
+        person = make_user(stack)
+        [job_id] = submit(stack, person, ["thumbnail"])
+        [claimed] = stack.dispatcher.claim("images", "w-1")
+        assert claimed.job_id == job_id
+        grants = StorageGrants(grants_engine, stack.storage, 600, stack.clock)
+        assert grants.input_url(job_id, "w-1")
+
+        private_postgres.stop()
+        with pytest.raises(DatabaseUnavailable):
+            grants.input_url(job_id, "w-1")
+        private_postgres.start()
+        assert grants.input_url(job_id, "w-1")
+
+        grants.input_url(job_id, "w-1")  # a connection in use again, then a restart
+        private_postgres.stop()
+        private_postgres.start()
+        assert set(grants.output_urls(job_id, "w-1", ["thumbnail.webp"])) == {"thumbnail.webp"}
+    finally:
+        grants_engine.dispose()
         stack.close()
         engine.dispose()
