@@ -145,8 +145,12 @@ def ray_stack(
     engine: Any,
     tmp_path: Path,
     pools: dict[str, int],
+    *,
+    heartbeat_seconds: float = 1.0,
     **overrides: Any,
 ) -> Iterator[RayStack]:
+    """``heartbeat_seconds``: the actors' beat, and the supervisor's sweep for workers
+    whose heartbeat is stale (a test of what Ray's notice does alone sets it long)."""
     sock = listening_socket()
     settings = make_settings(
         api_url=f"http://127.0.0.1:{sock.getsockname()[1]}",
@@ -170,7 +174,7 @@ def ray_stack(
                 settings_for_actors(settings, settings.redis_url),
                 pools,
                 preload=PRELOAD,
-                heartbeat_seconds=1.0,
+                heartbeat_seconds=heartbeat_seconds,
                 metrics_seconds=2.0,
             )
             supervisor.start()

@@ -45,6 +45,9 @@ log = logging.getLogger(__name__)
 NAMESPACE = "hypermedia"
 # Heartbeats a worker may miss before one that is none of ours counts as dead.
 STALE_HEARTBEATS = 4
+# How often a death whose jobs the record could not take back (the database down when
+# Ray told of it) is tried again, until it answers.
+RECOVER_RETRY_SECONDS = 1.0
 
 
 @dataclass
@@ -137,6 +140,11 @@ class Supervisor:
         # death's replacement, resize): two of them at once would fill one gap twice.
         self._sizing = threading.Lock()
         self._thread: threading.Thread | None = None
+        # Deaths whose recovery the record refused (worker id -> reason), tried again
+        # by the watcher: the database back, their jobs go back then, not when the
+        # stale-heartbeat sweep or the lease's expiry finds them (minutes later).
+        self._unrecovered: dict[str, str] = {}
+        self._unrecovered_lock = threading.Lock()
 
     # -- lifecycle --------------------------------------------------------------
 
@@ -245,8 +253,11 @@ class Supervisor:
     # -- watching ------------------------------------------------------------------
 
     def _watch(self) -> None:
-        next_check = time.monotonic()
+        next_check = next_retry = time.monotonic()
         while not self._stopping.is_set():
+            if time.monotonic() >= next_retry:
+                self._retry_recoveries()
+                next_retry = time.monotonic() + RECOVER_RETRY_SECONDS
             if time.monotonic() >= next_check:
                 self._mark_stale_workers()
                 next_check = time.monotonic() + self.heartbeat_seconds
@@ -306,18 +317,47 @@ class Supervisor:
 
     def _recover(self, member: Member, reason: str) -> None:
         """A member gone without finishing: its in-flight jobs go back to their queues
-        now, and it is marked dead."""
+        now, and it is marked dead. When the record cannot be written (the database
+        down), the watcher tries again every :data:`RECOVER_RETRY_SECONDS` until it
+        can."""
+        if not self._recover_worker(member.worker_id, reason):
+            with self._unrecovered_lock:
+                self._unrecovered[member.worker_id] = reason
+
+    def _recover_worker(self, worker_id: str, reason: str) -> bool:
         try:
-            recovered = self.stack.dispatcher.recover_worker(member.worker_id, reason[:500])
+            recovered = self.stack.dispatcher.recover_worker(worker_id, reason[:500])
             self.events.recovered_jobs.extend(recovered)
             with transaction(self.stack.engine) as conn:
                 conn.execute(
                     update(t.workers)
-                    .where(t.workers.c.worker_id == member.worker_id)
+                    .where(t.workers.c.worker_id == worker_id)
                     .values(status="dead", stopped_at=to_datetime(self.stack.clock.now()))
                 )
         except HypermediaError as exc:
-            log.warning("recovering %s: %s (the reaper will)", member.worker_id, exc)
+            log.warning(
+                "recovering %s: %s (tried again every %g s)",
+                worker_id,
+                exc,
+                RECOVER_RETRY_SECONDS,
+                extra={"worker_id": worker_id, "action": "recover"},
+            )
+            return False
+        return True
+
+    def _retry_recoveries(self) -> None:
+        with self._unrecovered_lock:
+            waiting = dict(self._unrecovered)
+        for worker_id, reason in waiting.items():
+            if not self._recover_worker(worker_id, reason):
+                return  # the database is still down: the rest wait for the next try
+            with self._unrecovered_lock:
+                self._unrecovered.pop(worker_id, None)
+            log.info(
+                "recovered %s once the database answered",
+                worker_id,
+                extra={"worker_id": worker_id, "action": "recover"},
+            )
 
     def _mark_stale_workers(self) -> None:
         """Workers recorded active whose heartbeat is :data:`STALE_HEARTBEATS` beats old
@@ -398,10 +438,7 @@ class Supervisor:
                 log.info("worker %s handed back %d jobs", member.worker_id, len(released))
         except Exception as exc:  # the node may already be gone: its jobs are recovered
             log.warning("retiring %s: %s", member.worker_id, exc)
-            try:
-                self.stack.dispatcher.recover_worker(member.worker_id, f"retired: {exc}"[:500])
-            except HypermediaError as problem:
-                log.warning("recovering %s: %s (the reaper will)", member.worker_id, problem)
+            self._recover(member, f"retired: {exc}")
         finally:
             ray.kill(member.actor)  # its node can only go idle once the actor is gone
         log.info("worker %s retired", member.worker_id, extra={"worker_id": member.worker_id})

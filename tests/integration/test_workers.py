@@ -13,12 +13,13 @@ import ray
 from sqlalchemy import func, select
 
 from hypermedia.db import tables as t
-from hypermedia.db.engine import transaction
+from hypermedia.db.engine import make_engine, transaction
 from hypermedia.ingest.service import SubmitRequest
 from hypermedia.storage.base import derived_key
 from hypermedia.workdirs import job_workdir
 from tests.factories import make_user, stored_object
 from tests.ray_support import RayStack, ray_stack
+from tests.support import PrivatePostgres
 
 
 def _submit(rs: RayStack, person, object_id: str, op: str, params=None) -> str:
@@ -147,6 +148,55 @@ def test_kill_9_of_the_actor_requeues_its_jobs_at_once(pg_engine, settings, tmp_
                 select(t.workers.c.status).where(t.workers.c.worker_id == member.worker_id)
             ).scalar_one()
         assert dead == "dead"
+
+
+def test_an_actor_that_dies_while_the_database_is_down_has_its_jobs_back_once_it_answers(
+    private_postgres: PrivatePostgres, settings, tmp_path
+):
+    """Ray's notice of the death comes while PostgreSQL is down: its jobs go back as
+    soon as the database answers again, not when the stale-heartbeat sweep (4 beats)
+    or the lease's expiry (120 s for test.sleep) finds them."""
+    engine = make_engine(private_postgres.url)
+    try:
+        with ray_stack(
+            settings,
+            engine,
+            tmp_path,
+            {"images": 1},
+            heartbeat_seconds=60.0,  # the stale sweep would take 4 minutes
+            database_url=private_postgres.url,
+        ) as rs:
+            person = make_user(rs.stack)
+            object_id = stored_object(rs.stack, person, b"x")
+            job_id = _submit(rs, person, object_id, "test.sleep", {"seconds": 3})
+            member = _actor_of(rs, "images")
+            rs.wait_for(
+                lambda: job_id in ray.get(member.actor.child_pids.remote()), what="job running"
+            )
+            actor_pid = ray.get(member.actor.pid.remote())
+            private_postgres.stop()
+            os.kill(actor_pid, signal.SIGKILL)
+            rs.wait_for(lambda: member.worker_id in rs.supervisor.events.died, what="death noticed")
+            assert job_id not in rs.supervisor.events.recovered_jobs  # the record was down
+            private_postgres.start()
+            rs.wait_for(
+                lambda: job_id in rs.supervisor.events.recovered_jobs,
+                timeout=30,
+                what="its job back once the database answers",
+            )
+            rs.wait_for(
+                lambda: _status(rs, person, job_id) == "completed", timeout=90, what="rerun"
+            )
+            view = rs.stack.ingest.get_job(person.caller, job_id)
+            assert [a.status for a in view.attempts] == ["failed", "completed"]
+            assert view.attempts[0].error_code == "worker_lost"
+            with transaction(rs.stack.engine) as conn:
+                dead = conn.execute(
+                    select(t.workers.c.status).where(t.workers.c.worker_id == member.worker_id)
+                ).scalar_one()
+            assert dead == "dead"
+    finally:
+        engine.dispose()
 
 
 def test_an_actor_killed_before_it_is_ready_is_replaced_and_waited_for(
