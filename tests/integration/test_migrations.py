@@ -1379,7 +1379,7 @@ def test_a_ledger_with_a_job_charged_twice_is_refused_by_0030_naming_it(
         migrate.upgrade(engine)
     message = refused.value.message
     assert f"{job.job_id}: entries {first.entry_id}, {second}" in message
-    assert "1 job(s) are charged more than once" in message and "nothing was changed" in message
+    assert "1 job(s) are charged more than once" in message and "0030 made no change" in message
     assert refused.value.details == {"job_ids": [job.job_id]}
     assert migrate.current_revision(engine) == "0029"
     names = {i["name"] for i in inspect(engine).get_indexes("credit_ledger")}

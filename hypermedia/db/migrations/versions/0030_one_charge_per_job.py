@@ -67,10 +67,12 @@ def upgrade() -> None:
         more = f" and {len(twice) - _SHOWN} more" if len(twice) > _SHOWN else ""
         raise HypermediaError(
             f"cannot make one charge per job a rule of credit_ledger (0030): {len(twice)}"
-            f" job(s) are charged more than once already ({shown}{more}); nothing was"
-            " changed. Keep one charge entry of each job (delete the others), give back"
-            " what a balance was charged twice (`hypermedia credits check` names each"
-            " account whose balance disagrees with its ledger), and upgrade again",
+            f" job(s) are charged more than once already ({shown}{more}); 0030 made no"
+            " change (on PostgreSQL the migrations before it in this upgrade are"
+            " applied: each commits alone). Keep one charge entry of each job (delete"
+            " the others), give back what a balance was charged twice (`hypermedia"
+            " credits check` names each account whose balance disagrees with its"
+            " ledger), and upgrade again",
             job_ids=list(twice),
         )
     # On PostgreSQL built concurrently (online_ddl): a plain CREATE INDEX would stop
