@@ -9,8 +9,7 @@ Every option has a ``HYPERMEDIA_*`` environment twin (shown in ``--help``).
 An error prints one red line, ``error: <code>: <message>``, and exits 1; a bad
 setting names its key. ``--log-level debug`` shows tracebacks in the log.
 This is the only module that configures logging handlers. Importing it is
-cheap: everything heavy is imported inside the command that needs it, and a
-command's module only when that command runs (:mod:`~hypermedia.cli.lazy`).
+cheap: everything heavy is imported inside the command that needs it.
 
 One module per command group, this one builds the app from them:
 
@@ -39,20 +38,47 @@ from typing import Annotated, Any
 
 import typer
 
+from hypermedia.cli import (
+    bulk,
+    credits,
+    database,
+    jobs,
+    local,
+    run,
+    scheduler,
+    services,
+    status,
+    users,
+)
 from hypermedia.cli.common import fail
-from hypermedia.cli.lazy import SETTINGS, LazyGroup
 from hypermedia.errors import ConfigError, HypermediaError
 
 log = logging.getLogger(__name__)
 
-# Each command's module is imported when that command runs (hypermedia.cli.lazy).
 app = typer.Typer(
     name="hypermedia",
     help="Processing platform for user files.",
     no_args_is_help=True,
-    cls=LazyGroup,
-    **SETTINGS,
+    add_completion=False,
+    pretty_exceptions_enable=False,
 )
+app.add_typer(database.app, name="db")
+app.add_typer(users.app, name="user")
+app.add_typer(credits.app, name="credits")
+app.add_typer(scheduler.app, name="scheduler")
+app.add_typer(bulk.app, name="bulk")
+# Registered in the order `hypermedia --help` lists them.
+app.command()(services.serve)
+app.command()(jobs.submit)
+app.command()(status.status)
+app.command()(jobs.watch)
+app.command()(jobs.cancel)
+app.command()(jobs.queues)
+app.command()(run.run)
+app.command()(local.head)
+app.command()(local.up)
+app.command()(local.down)
+app.command()(services.worker)
 
 
 @app.callback()
@@ -95,12 +121,6 @@ def _root(
 
 def _known_variables() -> set[str]:
     """Every HYPERMEDIA_* variable something reads: settings fields and CLI options."""
-    return _settings_variables() | _option_variables()
-
-
-def _settings_variables() -> set[str]:
-    """The settings' variables and those read beside them: what nearly every variable set
-    is, known without importing every command's module (:func:`_option_variables`)."""
     from hypermedia.config import Settings
     from hypermedia.secret_files import SANDBOX_HIDDEN_VARIABLE
 
@@ -110,12 +130,6 @@ def _settings_variables() -> set[str]:
     known.update(
         ("HYPERMEDIA_CONFIG", SANDBOX_HIDDEN_VARIABLE, PID_INIT_VARIABLE, "HYPERMEDIA_GRAFANA")
     )
-    return known
-
-
-def _option_variables() -> set[str]:
-    """The CLI options' environment twins: every command's module is imported."""
-    known: set[str] = set()
     stack: list[Any] = [typer.main.get_command(app)]  # click commands (typer's own click)
     while stack:
         command = stack.pop()
@@ -136,8 +150,7 @@ def check_environment(environ: dict[str, str] | None = None) -> None:
     from hypermedia.config_errors import close_key
 
     environ = dict(os.environ) if environ is None else environ
-    known = _settings_variables()
-    options_read = False
+    known = _known_variables()
     queues: list[str] | None = None
     for name in sorted(environ):
         if not name.startswith("HYPERMEDIA_") or name.startswith("HYPERMEDIA_TEST_"):
@@ -151,9 +164,6 @@ def check_environment(environ: dict[str, str] | None = None) -> None:
             continue
         if name == PID_INIT_VARIABLE:
             _check_pid_init(environ[name])
-        if name not in known and not options_read:
-            known |= _option_variables()
-            options_read = True
         if name in known:
             continue
         close = close_key(name, known)

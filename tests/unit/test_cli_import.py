@@ -11,7 +11,6 @@ from typing import Any
 import typer.main
 
 from hypermedia.cli import app
-from hypermedia.cli.lazy import COMMANDS
 
 REPO = Path(__file__).resolve().parents[2]
 HEAVY = ("sqlalchemy", "alembic", "fastapi", "starlette", "uvicorn", "httpx", "redis", "pydantic")
@@ -27,44 +26,6 @@ def test_importing_the_cli_loads_no_heavy_module():
     )
     loaded = set(json.loads(result.stdout))
     assert not loaded & set(HEAVY), sorted(loaded & set(HEAVY))
-
-
-def _loaded_after(*args: str, heads: tuple[str, ...] = ("hypermedia",)) -> tuple[str, set[str]]:
-    """What ``hypermedia ARGS`` printed, and the modules under ``heads`` it had imported."""
-    code = (
-        "import json, sys\n"
-        f"sys.argv = ['hypermedia', *{list(args)!r}]\n"
-        "from hypermedia.cli import main\n"
-        "try:\n"
-        "    main()\n"
-        "except SystemExit:\n"
-        "    pass\n"
-        "print(json.dumps(sorted(sys.modules)))\n"
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=REPO,
-        env={"PATH": "/usr/bin:/bin", "COLUMNS": "120"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    output, _, modules = result.stdout.rstrip("\n").rpartition("\n")
-    return output, {m for m in json.loads(modules) if m.split(".")[0] in heads}
-
-
-def test_a_command_imports_its_own_module_only():
-    output, loaded = _loaded_after("db", "--help")
-    assert "upgrade" in output
-    commands = {m for m in loaded if m.startswith("hypermedia.cli.")}
-    assert commands == {"hypermedia.cli.database", "hypermedia.cli.common", "hypermedia.cli.lazy"}
-
-
-def test_the_help_still_lists_every_command():
-    output, _ = _loaded_after("--help")
-    for name in COMMANDS:
-        assert f"│ {name} " in output, name
 
 
 def _options(command: Any, path: str = "hypermedia") -> list[tuple[str, Any]]:
