@@ -9,6 +9,7 @@ is a SQLite record another process kept locked past :data:`SQLITE_BUSY_SECONDS`.
 
 from __future__ import annotations
 
+import select
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -80,9 +81,16 @@ def sqlite_file(url: str) -> Path | None:
 # long: one a server restart or an idle timeout may have closed. SQLAlchemy's
 # pool_pre_ping tries every checkout, a round trip more for each transaction: on the
 # claim loops (a claim, a completion batch) it was a third of entering a transaction
-# (py-spy --gil of a pipeline actor on the child path). A connection that breaks
-# while in use fails its statement whichever way (DatabaseUnavailable, which the
-# callers retry), and SQLAlchemy then discards every connection of the pool.
+# (py-spy --gil of a pipeline actor on the child path). One used more recently is tried
+# only if its socket has something to read: an idle connection is owed nothing, so that
+# is the server having closed it (a restart, pg_terminate_backend: its FATAL message and
+# the end of the stream), or a rare notice. Without that look (a poll, no round trip)
+# every pool's first transaction after a restart of PostgreSQL failed on the connection
+# the restart had closed ("server closed the connection unexpectedly": an API request's
+# 503, a completion batch's retry, a grant's failed attempt) though the database was up.
+# A connection that breaks while in use fails its statement whichever way
+# (DatabaseUnavailable, which the callers retry; its work is not run again), and
+# SQLAlchemy then discards every connection of the pool.
 PING_AFTER_IDLE_SECONDS = 5.0
 
 
@@ -94,13 +102,29 @@ def _ping_when_idle(engine: Engine) -> None:
     @event.listens_for(engine, "checkout")
     def _on_checkout(dbapi_conn: Any, record: Any, _proxy: Any) -> None:
         since = record.info.get(_IDLE_SINCE)
-        if since is None or time.monotonic() - since < PING_AFTER_IDLE_SECONDS:
+        if since is None:
+            return  # just connected
+        if time.monotonic() - since < PING_AFTER_IDLE_SECONDS and not _has_input(dbapi_conn):
             return
         try:
             engine.dialect.do_ping(dbapi_conn)
         except Exception as exc:
             # The pool drops this connection and checks out another (a new one).
-            raise DisconnectionError(f"idle connection is gone: {exc}") from exc
+            raise DisconnectionError(f"pooled connection is gone: {exc}") from exc
+
+
+def _has_input(dbapi_conn: Any) -> bool:
+    """Whether the connection's socket can be read (the server wrote or closed it);
+    True too when it has no socket left."""
+    try:
+        fd = dbapi_conn.fileno()
+    except Exception:
+        return True
+    if not hasattr(select, "poll"):  # Windows
+        return bool(select.select([fd], [], [], 0)[0])
+    poller = select.poll()
+    poller.register(fd, select.POLLIN | select.POLLPRI)
+    return bool(poller.poll(0))
 
 
 _IDLE_SINCE = "hypermedia_idle_since"

@@ -26,18 +26,17 @@ parameters, for a retry to go on from them.
 
 from __future__ import annotations
 
-import functools
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ParamSpec, TypeVar
+from typing import Any
 
 from sqlalchemy import Connection, Engine, Select, bindparam, select
 
 from hypermedia.clock import Clock, to_datetime
 from hypermedia.db import tables as t
 from hypermedia.db.engine import snapshot, transaction
-from hypermedia.errors import DatabaseUnavailable, IllegalTransition, InvalidRequest, NotFound
+from hypermedia.errors import IllegalTransition, InvalidRequest, NotFound
 from hypermedia.jobs import checkpoints
 from hypermedia.jobs.states import IN_FLIGHT
 from hypermedia.storage import deletions
@@ -101,32 +100,6 @@ def _held_query() -> Select[Any]:
     )
 
 
-_P = ParamSpec("_P")
-_R = TypeVar("_R")
-
-
-def _on_a_live_connection(grant: Callable[_P, _R]) -> Callable[_P, _R]:
-    """A grant whose transaction met a pooled connection the database dropped (it
-    restarted since the connection's last use, a few seconds before: only idle ones are
-    tried before use, see hypermedia.db.engine) is asked once more: SQLAlchemy has
-    discarded the pool's connections, so the second runs on a new one. Without it the
-    first grant after every restart failed its job's attempt (database_unavailable:
-    an attempt spent, the job back after its backoff, its worker's claims paused)
-    while the database was up. A database that is down fails both, as before."""
-
-    @functools.wraps(grant)
-    def granted(*args: _P.args, **kwargs: _P.kwargs) -> _R:
-        try:
-            return grant(*args, **kwargs)
-        except DatabaseUnavailable as exc:
-            if not getattr(exc.__cause__, "connection_invalidated", False):
-                raise
-            log.info("a grant met a dropped database connection: asked again (%s)", exc)
-            return grant(*args, **kwargs)
-
-    return granted
-
-
 # Built once: every grant a worker asks for runs it. SQLAlchemy memoizes a statement's
 # cache key on the object; building a new one per call cost 190 us a call against
 # 70 (SQLite, the whole held() measured in a loop).
@@ -140,7 +113,6 @@ class StorageGrants:
         self.ttl_seconds = check_ttl(ttl_seconds)
         self.clock = clock
 
-    @_on_a_live_connection
     def input_url(self, job_id: str, worker_id: str) -> str:
         """A GET URL for the job's input object."""
         job = self.held(job_id, worker_id)
@@ -153,7 +125,6 @@ class StorageGrants:
         )
         return url
 
-    @_on_a_live_connection
     def output_urls(
         self,
         job_id: str,
@@ -205,7 +176,6 @@ class StorageGrants:
         )
         return grants
 
-    @_on_a_live_connection
     def checkpoint_uploads(
         self, job_id: str, worker_id: str, names: Sequence[str]
     ) -> dict[str, OutputGrant]:
@@ -224,7 +194,6 @@ class StorageGrants:
             for name, key in keys.items()
         }
 
-    @_on_a_live_connection
     def checkpoint_downloads(self, job_id: str, worker_id: str) -> dict[str, OutputGrant]:
         """GET URLs of the pieces the job committed (its profile version and params)."""
         job = self.held(job_id, worker_id)
