@@ -383,11 +383,11 @@ def _problem(engine: Engine, revision: str | None) -> str | None:
 
 def _hypermedias_names(engine: Engine) -> list[str]:
     """The database's tables that bear the name of one of hypermedia's."""
-    from hypermedia.db.models import Base
+    from hypermedia.db.models import metadata
 
     with snapshot(engine) as conn:
         present = set(inspect(conn).get_table_names())
-    return sorted(present & set(Base.metadata.tables))
+    return sorted(present & set(metadata.tables))
 
 
 def _read_revisions() -> tuple[set[str], set[str]]:

@@ -3,8 +3,14 @@
 Conventions: ids are 32-hex time-ordered strings (:mod:`hypermedia.ids`); times
 are UTC (stored naive, returned aware); credits are integer millicredits; status
 columns hold :class:`~hypermedia.jobs.states.JobStatus` values. The schema is
-created only by the Alembic migrations in ``migrations/versions``; these classes
+created only by the Alembic migrations in ``migrations/versions``; these tables
 describe it for queries, and a test checks the two agree.
+
+Plain Core tables on one :data:`metadata` (:mod:`hypermedia.db.tables` names them
+for the queries): nothing here maps classes, so a process that uses the record never
+imports ``sqlalchemy.orm`` (0.2 CPU-s each, and every actor and command is one).
+A column is ``nullable=False`` unless it may be NULL; a foreign key's column takes
+the type of the column it refers to.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from sqlalchemy import (
     JSON,
     BigInteger,
     Boolean,
+    Column,
     DateTime,
     Dialect,
     Float,
@@ -24,11 +31,11 @@ from sqlalchemy import (
     Integer,
     MetaData,
     String,
+    Table,
     Text,
     UniqueConstraint,
     text,
 )
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
 from hypermedia.sandbox.limits import DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_MAX_PROCESSES
@@ -60,6 +67,10 @@ class UTCDateTime(TypeDecorator[datetime]):
 
 
 ID = String(32)
+# A serial key: BIGSERIAL on PostgreSQL, SQLite's INTEGER PRIMARY KEY (its rowid).
+SERIAL = BigInteger().with_variant(Integer, "sqlite")
+
+metadata = MetaData(naming_convention=NAMING)
 
 
 def _where(predicate: str) -> dict[str, Any]:
@@ -67,568 +78,515 @@ def _where(predicate: str) -> dict[str, Any]:
     return {"postgresql_where": text(predicate), "sqlite_where": text(predicate)}
 
 
-class Base(DeclarativeBase):
-    metadata = MetaData(naming_convention=NAMING)
-    type_annotation_map = {datetime: UTCDateTime(), dict[str, Any]: JSON()}
-
-
-class User(Base):
-    __tablename__ = "users"
-
-    user_id: Mapped[str] = mapped_column(ID, primary_key=True)
-    name: Mapped[str] = mapped_column(String(200), unique=True)
-    is_operator: Mapped[bool] = mapped_column(Boolean, default=False)
-    created_at: Mapped[datetime]
+users = Table(
+    "users",
+    metadata,
+    Column("user_id", ID, primary_key=True),
+    Column("name", String(200), nullable=False, unique=True),
+    Column("is_operator", Boolean, nullable=False, default=False),
+    Column("created_at", UTCDateTime(), nullable=False),
     # Bytes of the live objects the user owns (uploads and their jobs' outputs), kept
     # with every insert, resize and deletion of one (hypermedia.accounts.add_stored_bytes):
     # the storage quota reads one row instead of summing the user's objects.
-    stored_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default=text("0"))
+    Column("stored_bytes", BigInteger, nullable=False, default=0, server_default=text("0")),
+)
 
+# A storage pool: objects live in one; its members may use them.
+pools = Table(
+    "pools",
+    metadata,
+    Column("pool_id", String(64), primary_key=True),
+    Column("name", String(200), nullable=False),
+    Column("created_at", UTCDateTime(), nullable=False),
+)
 
-class Pool(Base):
-    """A storage pool: objects live in one; its members may use them."""
+pool_members = Table(
+    "pool_members",
+    metadata,
+    Column("pool_id", ForeignKey("pools.pool_id"), primary_key=True),
+    Column("user_id", ForeignKey("users.user_id"), primary_key=True),
+    Column("role", String(16), nullable=False, default="member"),
+)
 
-    __tablename__ = "pools"
-
-    pool_id: Mapped[str] = mapped_column(String(64), primary_key=True)
-    name: Mapped[str] = mapped_column(String(200))
-    created_at: Mapped[datetime]
-
-
-class PoolMember(Base):
-    __tablename__ = "pool_members"
-
-    pool_id: Mapped[str] = mapped_column(ForeignKey("pools.pool_id"), primary_key=True)
-    user_id: Mapped[str] = mapped_column(ForeignKey("users.user_id"), primary_key=True)
-    role: Mapped[str] = mapped_column(String(16), default="member")
-
-
-class StoredObject(Base):
-    """A file in storage: an upload (``kind='original'``) or a derived output."""
-
-    __tablename__ = "objects"
-    # An upload's Idempotency-Key: one object per user and key (NULLs never collide).
-    __table_args__ = (
-        Index("uk_object_idempotency_key", "owner_id", "idempotency_key", unique=True),
-    )
-
-    object_id: Mapped[str] = mapped_column(ID, primary_key=True)
-    pool_id: Mapped[str] = mapped_column(ForeignKey("pools.pool_id"), index=True)
-    owner_id: Mapped[str] = mapped_column(ForeignKey("users.user_id"), index=True)
-    kind: Mapped[str] = mapped_column(String(16), default="original")
+# A file in storage: an upload (kind='original') or a derived output.
+objects = Table(
+    "objects",
+    metadata,
+    Column("object_id", ID, primary_key=True),
+    Column("pool_id", ForeignKey("pools.pool_id"), nullable=False, index=True),
+    Column("owner_id", ForeignKey("users.user_id"), nullable=False, index=True),
+    Column("kind", String(16), nullable=False, default="original"),
     # Indexed: a deletion walks everything derived from an object by it.
-    source_object_id: Mapped[str | None] = mapped_column(
-        ForeignKey("objects.object_id"), index=True
-    )
-    storage_key: Mapped[str] = mapped_column(String(512), unique=True)
-    filename: Mapped[str] = mapped_column(String(255))
+    Column("source_object_id", ForeignKey("objects.object_id"), index=True),
+    Column("storage_key", String(512), nullable=False, unique=True),
+    Column("filename", String(255), nullable=False),
     # Detected from the bytes at upload/registration (never the client's claim); for
     # derived outputs, what the pipeline wrote.
-    content_type: Mapped[str | None] = mapped_column(String(127))
-    size_bytes: Mapped[int] = mapped_column(BigInteger)
-    sha256: Mapped[str | None] = mapped_column(String(64))
-    created_at: Mapped[datetime]
+    Column("content_type", String(127)),
+    Column("size_bytes", BigInteger, nullable=False),
+    Column("sha256", String(64)),
+    Column("created_at", UTCDateTime(), nullable=False),
     # hypermedia.sandbox.inspect.Inspection.to_dict() of the stored bytes: kind, mime and
     # the facts the submit-time checks judge. NULL for outputs and pre-0002 objects.
-    inspection: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    Column("inspection", JSON),
     # Set by DELETE /objects/{id}: the blobs are gone; the row stays for its jobs' history.
-    deleted_at: Mapped[datetime | None]
+    Column("deleted_at", UTCDateTime()),
     # Where a bulk migration put the object's verified copy (the run's target backend,
     # :mod:`hypermedia.bulk.migrate`); NULL: the server's configured storage.
-    storage_backend: Mapped[str | None] = mapped_column(String(64))
+    Column("storage_backend", String(64)),
     # The Idempotency-Key of the upload that made it (PUT /objects): a retry with the
     # same key answers with this object instead of storing a second one.
-    idempotency_key: Mapped[str | None] = mapped_column(String(200))
+    Column("idempotency_key", String(200)),
+    # An upload's Idempotency-Key: one object per user and key (NULLs never collide).
+    Index("uk_object_idempotency_key", "owner_id", "idempotency_key", unique=True),
+)
 
-
-class ApiKey(Base):
-    """API keys are shown once; only their SHA-256 is stored."""
-
-    __tablename__ = "api_keys"
-
-    key_id: Mapped[str] = mapped_column(String(16), primary_key=True)
-    user_id: Mapped[str] = mapped_column(ForeignKey("users.user_id"), index=True)
-    key_hash: Mapped[str] = mapped_column(String(64))
-    name: Mapped[str] = mapped_column(String(200), default="")
-    created_at: Mapped[datetime]
-    revoked_at: Mapped[datetime | None]
+# API keys are shown once; only their SHA-256 is stored.
+api_keys = Table(
+    "api_keys",
+    metadata,
+    Column("key_id", String(16), primary_key=True),
+    Column("user_id", ForeignKey("users.user_id"), nullable=False, index=True),
+    Column("key_hash", String(64), nullable=False),
+    Column("name", String(200), nullable=False, default=""),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("revoked_at", UTCDateTime()),
     # What the operator granted this key (hypermedia user add/key/grant); NULL: the
     # settings' key_priority_min / key_priority_max / key_submits_per_minute.
-    priority_min: Mapped[int | None] = mapped_column(Integer)
-    priority_max: Mapped[int | None] = mapped_column(Integer)
-    submits_per_minute: Mapped[int | None] = mapped_column(Integer)
+    Column("priority_min", Integer),
+    Column("priority_max", Integer),
+    Column("submits_per_minute", Integer),
+)
 
+# balance is what the user has; reserved is held by unfinished jobs.
+credit_accounts = Table(
+    "credit_accounts",
+    metadata,
+    Column("user_id", ForeignKey("users.user_id"), primary_key=True),
+    Column("balance_millicredits", BigInteger, nullable=False, default=0),
+    Column("reserved_millicredits", BigInteger, nullable=False, default=0),
+    Column("updated_at", UTCDateTime(), nullable=False),
+)
 
-class CreditAccount(Base):
-    """``balance`` is what the user has; ``reserved`` is held by unfinished jobs."""
+credit_ledger = Table(
+    "credit_ledger",
+    metadata,
+    Column("entry_id", SERIAL, primary_key=True, autoincrement=True),
+    Column("user_id", ForeignKey("users.user_id"), nullable=False, index=True),
+    Column("job_id", ForeignKey("processing_jobs.job_id"), index=True),
+    Column("kind", String(16), nullable=False),  # grant | charge | adjust
+    Column("amount_millicredits", BigInteger, nullable=False),
+    Column("note", String(255), nullable=False, default=""),
+    Column("created_at", UTCDateTime(), nullable=False),
+    # One charge per job (0030): a completion that finds its job charged already
+    # charges nothing more (hypermedia.jobs.credits.charge).
+    Index("uk_credit_ledger_job_charge", "job_id", unique=True, **_where("kind = 'charge'")),
+)
 
-    __tablename__ = "credit_accounts"
-
-    user_id: Mapped[str] = mapped_column(ForeignKey("users.user_id"), primary_key=True)
-    balance_millicredits: Mapped[int] = mapped_column(BigInteger, default=0)
-    reserved_millicredits: Mapped[int] = mapped_column(BigInteger, default=0)
-    updated_at: Mapped[datetime]
-
-
-class CreditLedger(Base):
-    __tablename__ = "credit_ledger"
-    __table_args__ = (
-        # One charge per job (0030): a completion that finds its job charged already
-        # charges nothing more (hypermedia.jobs.credits.charge).
-        Index("uk_credit_ledger_job_charge", "job_id", unique=True, **_where("kind = 'charge'")),
-    )
-
-    entry_id: Mapped[int] = mapped_column(
-        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
-    )
-    user_id: Mapped[str] = mapped_column(ForeignKey("users.user_id"), index=True)
-    job_id: Mapped[str | None] = mapped_column(ForeignKey("processing_jobs.job_id"), index=True)
-    kind: Mapped[str] = mapped_column(String(16))  # grant | charge | adjust
-    amount_millicredits: Mapped[int] = mapped_column(BigInteger)
-    note: Mapped[str] = mapped_column(String(255), default="")
-    created_at: Mapped[datetime]
-
-
-class ProcessingProfile(Base):
-    __tablename__ = "processing_profiles"
-    __table_args__ = (
-        UniqueConstraint("operation", "version", name="uk_profile_operation_version"),
-    )
-
-    profile_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    operation: Mapped[str] = mapped_column(String(64))
-    version: Mapped[int] = mapped_column(Integer)
-    queue: Mapped[str] = mapped_column(String(32))
-    base_cost_millicredits: Mapped[int] = mapped_column(BigInteger)
-    cost_per_mb_millicredits: Mapped[int] = mapped_column(BigInteger)
-    timeout_seconds: Mapped[int] = mapped_column(Integer)
-    memory_limit_mb: Mapped[int] = mapped_column(Integer)
-    max_processes: Mapped[int] = mapped_column(
-        Integer, default=DEFAULT_MAX_PROCESSES, server_default=text(str(DEFAULT_MAX_PROCESSES))
-    )
-    max_output_bytes: Mapped[int] = mapped_column(
+processing_profiles = Table(
+    "processing_profiles",
+    metadata,
+    Column("profile_id", Integer, primary_key=True, autoincrement=True),
+    Column("operation", String(64), nullable=False),
+    Column("version", Integer, nullable=False),
+    Column("queue", String(32), nullable=False),
+    Column("base_cost_millicredits", BigInteger, nullable=False),
+    Column("cost_per_mb_millicredits", BigInteger, nullable=False),
+    Column("timeout_seconds", Integer, nullable=False),
+    Column("memory_limit_mb", Integer, nullable=False),
+    Column(
+        "max_processes",
+        Integer,
+        nullable=False,
+        default=DEFAULT_MAX_PROCESSES,
+        server_default=text(str(DEFAULT_MAX_PROCESSES)),
+    ),
+    Column(
+        "max_output_bytes",
         BigInteger,
+        nullable=False,
         default=DEFAULT_MAX_OUTPUT_BYTES,
         server_default=text(str(DEFAULT_MAX_OUTPUT_BYTES)),
-    )
-    max_input_bytes: Mapped[int] = mapped_column(BigInteger)
-    max_attempts: Mapped[int] = mapped_column(Integer)
-    default_priority: Mapped[int] = mapped_column(Integer)
-    params: Mapped[dict[str, Any]]
+    ),
+    Column("max_input_bytes", BigInteger, nullable=False),
+    Column("max_attempts", Integer, nullable=False),
+    Column("default_priority", Integer, nullable=False),
+    Column("params", JSON, nullable=False),
     # Kinds / mime types the operation accepts, and its InputLimits (see profiles.py).
-    accepts: Mapped[list[str]] = mapped_column(
-        JSON, default=lambda: ["any"], server_default=text("'[\"any\"]'")
-    )
-    input_limits: Mapped[dict[str, Any]] = mapped_column(
-        JSON, default=dict, server_default=text("'{}'")
-    )
+    Column(
+        "accepts",
+        JSON,
+        nullable=False,
+        default=lambda: ["any"],
+        server_default=text("'[\"any\"]'"),
+    ),
+    Column("input_limits", JSON, nullable=False, default=dict, server_default=text("'{}'")),
     # Millicredits per unit of work a job's step reports (profiles.py's unit_costs).
-    unit_costs_millicredits: Mapped[dict[str, int]] = mapped_column(
-        JSON, default=dict, server_default=text("'{}'")
-    )
+    Column(
+        "unit_costs_millicredits", JSON, nullable=False, default=dict, server_default=text("'{}'")
+    ),
     # A job's time grows with its pages up to a cap (profiles.py); NULL: it does not.
-    timeout_seconds_per_page: Mapped[float | None] = mapped_column(Float)
-    max_timeout_seconds: Mapped[int | None] = mapped_column(Integer)
-    active: Mapped[bool] = mapped_column(Boolean, default=True)
-    created_at: Mapped[datetime]
-    updated_at: Mapped[datetime]
+    Column("timeout_seconds_per_page", Float),
+    Column("max_timeout_seconds", Integer),
+    Column("active", Boolean, nullable=False, default=True),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("updated_at", UTCDateTime(), nullable=False),
+    UniqueConstraint("operation", "version", name="uk_profile_operation_version"),
+)
 
+# One accepted submit request; its idempotency key makes retries safe.
+submissions = Table(
+    "submissions",
+    metadata,
+    Column("submission_id", ID, primary_key=True),
+    Column("user_id", ForeignKey("users.user_id"), nullable=False),
+    Column("idempotency_key", String(200)),
+    Column("request_hash", String(64), nullable=False),
+    Column("estimated_millicredits", BigInteger, nullable=False),
+    Column("created_at", UTCDateTime(), nullable=False),
+    UniqueConstraint("user_id", "idempotency_key", name="uk_submission_key"),
+)
 
-class Submission(Base):
-    """One accepted submit request; its idempotency key makes retries safe."""
-
-    __tablename__ = "submissions"
-    __table_args__ = (UniqueConstraint("user_id", "idempotency_key", name="uk_submission_key"),)
-
-    submission_id: Mapped[str] = mapped_column(ID, primary_key=True)
-    user_id: Mapped[str] = mapped_column(ForeignKey("users.user_id"))
-    idempotency_key: Mapped[str | None] = mapped_column(String(200))
-    request_hash: Mapped[str] = mapped_column(String(64))
-    estimated_millicredits: Mapped[int] = mapped_column(BigInteger)
-    created_at: Mapped[datetime]
-
-
-class ProcessingJob(Base):
-    __tablename__ = "processing_jobs"
-    __table_args__ = (
-        Index("ix_jobs_status_queue", "status", "queue"),
-        Index("ix_jobs_status_run_after", "status", "run_after"),
-        Index("ix_jobs_status_visibility", "status", "visibility_timeout"),
-        # A user's jobs a page at a time, newest first (GET /jobs: keyset pages).
-        Index("ix_jobs_user_job", "user_id", "job_id"),
-        # A bulk run makes at most one job per object (a resumed run creates none twice)
-        # and counts its jobs in flight by status (its cap). Partial, like completed_at's:
-        # a claim or a completion rewrites the row (status is indexed, so never a HOT
-        # update) and a new row version gets an entry in every index whose predicate
-        # it meets; a job outside bulk runs, or not yet ended, needs none in these.
-        Index(
-            "uk_jobs_bulk_run_object",
-            "bulk_run_id",
-            "object_id",
-            unique=True,
-            **_where("bulk_run_id IS NOT NULL"),
-        ),
-        Index(
-            "ix_jobs_bulk_run_status", "bulk_run_id", "status", **_where("bulk_run_id IS NOT NULL")
-        ),
-        # The out-rate (status view, scheduler): ended jobs only.
-        Index(
-            "ix_processing_jobs_completed_at", "completed_at", **_where("completed_at IS NOT NULL")
-        ),
-    )
-
-    job_id: Mapped[str] = mapped_column(ID, primary_key=True)
-    submission_id: Mapped[str] = mapped_column(ForeignKey("submissions.submission_id"), index=True)
-    # (user_id, job_id) is indexed above: no index of user_id alone.
-    user_id: Mapped[str] = mapped_column(ForeignKey("users.user_id"))
-    object_id: Mapped[str] = mapped_column(ForeignKey("objects.object_id"), index=True)
-    profile_id: Mapped[int] = mapped_column(ForeignKey("processing_profiles.profile_id"))
-    operation: Mapped[str] = mapped_column(String(64))
-    queue: Mapped[str] = mapped_column(String(32))
-    priority: Mapped[int] = mapped_column(Integer)
-    status: Mapped[str] = mapped_column(String(16))
-    params: Mapped[dict[str, Any]]
-    estimated_millicredits: Mapped[int] = mapped_column(BigInteger)
+processing_jobs = Table(
+    "processing_jobs",
+    metadata,
+    Column("job_id", ID, primary_key=True),
+    Column("submission_id", ForeignKey("submissions.submission_id"), nullable=False, index=True),
+    # (user_id, job_id) is indexed below: no index of user_id alone.
+    Column("user_id", ForeignKey("users.user_id"), nullable=False),
+    Column("object_id", ForeignKey("objects.object_id"), nullable=False, index=True),
+    Column("profile_id", ForeignKey("processing_profiles.profile_id"), nullable=False),
+    Column("operation", String(64), nullable=False),
+    Column("queue", String(32), nullable=False),
+    Column("priority", Integer, nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("params", JSON, nullable=False),
+    Column("estimated_millicredits", BigInteger, nullable=False),
     # What the submit held on the user's credits: the estimate plus the most the units
     # of work its step may report can cost (unit_costs); every release gives back this,
     # and the completion charges at most this.
-    reserved_millicredits: Mapped[int] = mapped_column(BigInteger)
+    Column("reserved_millicredits", BigInteger, nullable=False),
     # The job's time limit, worked out at submit (its pages' time: profiles.py); the
     # worker's CPU and wall-clock limits and lease follow it. NULL (jobs from before
     # it): the profile's timeout_seconds.
-    timeout_seconds: Mapped[int | None] = mapped_column(Integer)
-    actual_millicredits: Mapped[int | None] = mapped_column(BigInteger)
-    attempt_count: Mapped[int] = mapped_column(Integer, default=0)
-    max_attempts: Mapped[int] = mapped_column(Integer)
-    claimed_by: Mapped[str | None] = mapped_column(String(64))
-    claimed_at: Mapped[datetime | None]
-    visibility_timeout: Mapped[datetime | None]
-    run_after: Mapped[datetime | None]
-    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
-    error_code: Mapped[str | None] = mapped_column(String(64))
-    error_message: Mapped[str | None] = mapped_column(Text)
-    created_at: Mapped[datetime] = mapped_column(index=True)  # the in-rate (status)
-    queued_at: Mapped[datetime | None]
-    started_at: Mapped[datetime | None]
-    completed_at: Mapped[datetime | None]  # the out-rate: indexed above, ended jobs only
-    updated_at: Mapped[datetime]
+    Column("timeout_seconds", Integer),
+    Column("actual_millicredits", BigInteger),
+    Column("attempt_count", Integer, nullable=False, default=0),
+    Column("max_attempts", Integer, nullable=False),
+    Column("claimed_by", String(64)),
+    Column("claimed_at", UTCDateTime()),
+    Column("visibility_timeout", UTCDateTime()),
+    Column("run_after", UTCDateTime()),
+    Column("cancel_requested", Boolean, nullable=False, default=False),
+    Column("error_code", String(64)),
+    Column("error_message", Text),
+    Column("created_at", UTCDateTime(), nullable=False, index=True),  # the in-rate (status)
+    Column("queued_at", UTCDateTime()),
+    Column("started_at", UTCDateTime()),
+    Column("completed_at", UTCDateTime()),  # the out-rate: indexed below, ended jobs only
+    Column("updated_at", UTCDateTime(), nullable=False),
     # Where the head POSTs the job once it is completed, failed or cancelled (a host of
     # the settings' callback_hosts; see job_callbacks).
-    callback_url: Mapped[str | None] = mapped_column(String(2048))
+    Column("callback_url", String(2048)),
     # The bulk run that made it (regenerate / backfill), else NULL.
-    bulk_run_id: Mapped[str | None] = mapped_column(ForeignKey("bulk_runs.run_id"))
+    Column("bulk_run_id", ForeignKey("bulk_runs.run_id")),
+    Index("ix_jobs_status_queue", "status", "queue"),
+    Index("ix_jobs_status_run_after", "status", "run_after"),
+    Index("ix_jobs_status_visibility", "status", "visibility_timeout"),
+    # A user's jobs a page at a time, newest first (GET /jobs: keyset pages).
+    Index("ix_jobs_user_job", "user_id", "job_id"),
+    # A bulk run makes at most one job per object (a resumed run creates none twice)
+    # and counts its jobs in flight by status (its cap). Partial, like completed_at's:
+    # a claim or a completion rewrites the row (status is indexed, so never a HOT
+    # update) and a new row version gets an entry in every index whose predicate
+    # it meets; a job outside bulk runs, or not yet ended, needs none in these.
+    Index(
+        "uk_jobs_bulk_run_object",
+        "bulk_run_id",
+        "object_id",
+        unique=True,
+        **_where("bulk_run_id IS NOT NULL"),
+    ),
+    Index("ix_jobs_bulk_run_status", "bulk_run_id", "status", **_where("bulk_run_id IS NOT NULL")),
+    # The out-rate (status view, scheduler): ended jobs only.
+    Index("ix_processing_jobs_completed_at", "completed_at", **_where("completed_at IS NOT NULL")),
+)
 
-
-class JobAttempt(Base):
-    __tablename__ = "job_attempts"
-    __table_args__ = (UniqueConstraint("job_id", "attempt_number", name="uk_attempt_number"),)
-
-    attempt_id: Mapped[int] = mapped_column(
-        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
-    )
-    job_id: Mapped[str] = mapped_column(ForeignKey("processing_jobs.job_id"))
-    attempt_number: Mapped[int] = mapped_column(Integer)
-    worker_id: Mapped[str] = mapped_column(String(64))
-    status: Mapped[str] = mapped_column(String(16))  # running | completed | failed | released
-    error_code: Mapped[str | None] = mapped_column(String(64))
-    error_message: Mapped[str | None] = mapped_column(Text)
-    started_at: Mapped[datetime]
-    finished_at: Mapped[datetime | None]
-    duration_ms: Mapped[int | None] = mapped_column(BigInteger)
-    peak_memory_mb: Mapped[float | None] = mapped_column(Float)
+job_attempts = Table(
+    "job_attempts",
+    metadata,
+    Column("attempt_id", SERIAL, primary_key=True, autoincrement=True),
+    Column("job_id", ForeignKey("processing_jobs.job_id"), nullable=False),
+    Column("attempt_number", Integer, nullable=False),
+    Column("worker_id", String(64), nullable=False),
+    Column("status", String(16), nullable=False),  # running | completed | failed | released
+    Column("error_code", String(64)),
+    Column("error_message", Text),
+    Column("started_at", UTCDateTime(), nullable=False),
+    Column("finished_at", UTCDateTime()),
+    Column("duration_ms", BigInteger),
+    Column("peak_memory_mb", Float),
     # A failed attempt's child: the end of its stdout and stderr (at most 64 KB).
-    log_tail: Mapped[str | None] = mapped_column(Text)
+    Column("log_tail", Text),
     # The work the step reported, as the profile's unit_costs count it (ocr: page,
     # ocr_page, engine_pass, escalation); null for steps that report none.
-    units: Mapped[dict[str, int] | None] = mapped_column(JSON)
+    Column("units", JSON),
+    UniqueConstraint("job_id", "attempt_number", name="uk_attempt_number"),
+)
 
+# A job's terminal event for its callback_url: the outbox the head's sender works
+# through (hypermedia.callbacks), written in the transaction that made the job
+# completed, failed or cancelled (hypermedia.jobs.callbacks).
+job_callbacks = Table(
+    "job_callbacks",
+    metadata,
+    Column("event_id", ID, primary_key=True),  # md5("<job_id>:<event>")
+    Column("job_id", ForeignKey("processing_jobs.job_id"), nullable=False, unique=True),
+    Column("event", String(16), nullable=False),  # completed | failed | cancelled
+    Column("status", String(16), nullable=False),  # pending | delivered | failed
+    Column("attempts", Integer, nullable=False, default=0),
+    Column("next_attempt_at", UTCDateTime(), nullable=False),
+    Column("last_attempt_at", UTCDateTime()),
+    Column("response_code", Integer),
+    Column("last_error", Text),
+    Column("delivered_at", UTCDateTime()),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Index("ix_job_callbacks_status_next_attempt_at", "status", "next_attempt_at"),
+)
 
-class JobCallback(Base):
-    """A job's terminal event for its ``callback_url``: the outbox the head's sender
-    works through (:mod:`hypermedia.callbacks`), written in the transaction that made
-    the job completed, failed or cancelled (:mod:`hypermedia.jobs.callbacks`)."""
-
-    __tablename__ = "job_callbacks"
-    __table_args__ = (
-        Index("ix_job_callbacks_status_next_attempt_at", "status", "next_attempt_at"),
-    )
-
-    event_id: Mapped[str] = mapped_column(ID, primary_key=True)  # md5("<job_id>:<event>")
-    job_id: Mapped[str] = mapped_column(ForeignKey("processing_jobs.job_id"), unique=True)
-    event: Mapped[str] = mapped_column(String(16))  # completed | failed | cancelled
-    status: Mapped[str] = mapped_column(String(16))  # pending | delivered | failed
-    attempts: Mapped[int] = mapped_column(Integer, default=0)
-    next_attempt_at: Mapped[datetime]
-    last_attempt_at: Mapped[datetime | None]
-    response_code: Mapped[int | None] = mapped_column(Integer)
-    last_error: Mapped[str | None] = mapped_column(Text)
-    delivered_at: Mapped[datetime | None]
-    created_at: Mapped[datetime]
-
-
-class JobCheckpoint(Base):
-    """A finished piece of a long job (:mod:`pipelines.checkpoints`: a chunk of a
-    transcode), stored so that a retry on any worker goes on from it. The row is
-    written when its upload URL is granted (``granted_at``), before any byte is
-    stored, so every stored piece has one; ``committed_at`` once the piece is whole in
-    storage. The head deletes pieces and rows once the job has ended, and pieces never
-    committed a day after their grant (:mod:`hypermedia.jobs.checkpoints`)."""
-
-    __tablename__ = "job_checkpoints"
-
+# A finished piece of a long job (pipelines.checkpoints: a chunk of a transcode),
+# stored so that a retry on any worker goes on from it. The row is written when its
+# upload URL is granted (granted_at), before any byte is stored, so every stored piece
+# has one; committed_at once the piece is whole in storage. The head deletes pieces and
+# rows once the job has ended, and pieces never committed a day after their grant
+# (hypermedia.jobs.checkpoints).
+job_checkpoints = Table(
+    "job_checkpoints",
+    metadata,
     # checkpoints/{job_id}/{profile_version}/{params digest}/{name}
-    storage_key: Mapped[str] = mapped_column(String(512), primary_key=True)
-    job_id: Mapped[str] = mapped_column(ForeignKey("processing_jobs.job_id"), index=True)
-    name: Mapped[str] = mapped_column(String(64))
-    size_bytes: Mapped[int | None] = mapped_column(BigInteger)
-    granted_at: Mapped[datetime]
-    committed_at: Mapped[datetime | None]
+    Column("storage_key", String(512), primary_key=True),
+    Column("job_id", ForeignKey("processing_jobs.job_id"), nullable=False, index=True),
+    Column("name", String(64), nullable=False),
+    Column("size_bytes", BigInteger),
+    Column("granted_at", UTCDateTime(), nullable=False),
+    Column("committed_at", UTCDateTime()),
+)
 
-
-class BlobDeletion(Base):
-    """A stored blob to delete: written in the transaction that marks its object
-    deleted (``DELETE /objects/{id}``), removed once the storage has deleted it. A
-    deletion the storage failed (S3 down, a timeout, a disk error) stays, and the
-    head's maintenance tries it again with backoff (:mod:`hypermedia.storage.deletions`)."""
-
-    __tablename__ = "blob_deletions"
-
-    storage_key: Mapped[str] = mapped_column(String(512), primary_key=True)
+# A stored blob to delete: written in the transaction that marks its object deleted
+# (DELETE /objects/{id}), removed once the storage has deleted it. A deletion the
+# storage failed (S3 down, a timeout, a disk error) stays, and the head's maintenance
+# tries it again with backoff (hypermedia.storage.deletions).
+blob_deletions = Table(
+    "blob_deletions",
+    metadata,
+    Column("storage_key", String(512), primary_key=True),
     # The object whose deletion asked for it (for the log; the row of a blob it was).
-    object_id: Mapped[str | None] = mapped_column(ID)
-    requested_at: Mapped[datetime]
+    Column("object_id", ID),
+    Column("requested_at", UTCDateTime(), nullable=False),
     # Failed tries so far, when the next is due, and what the last one met.
-    attempts: Mapped[int] = mapped_column(Integer, default=0)
-    next_attempt_at: Mapped[datetime] = mapped_column(index=True)
-    last_error: Mapped[str | None] = mapped_column(String(200))
+    Column("attempts", Integer, nullable=False, default=0),
+    Column("next_attempt_at", UTCDateTime(), nullable=False, index=True),
+    Column("last_error", String(200)),
     # SQLite: a deleter calls the storage now, until then at the latest (no transaction
     # open meanwhile); no job is granted the key to write until it is done.
-    claimed_until: Mapped[datetime | None]
+    Column("claimed_until", UTCDateTime()),
     # Where its object's verified copy was migrated to (objects.storage_backend), deleted
     # there too; NULL: the server's storage only.
-    storage_backend: Mapped[str | None] = mapped_column(String(64))
+    Column("storage_backend", String(64)),
+)
 
+job_outputs = Table(
+    "job_outputs",
+    metadata,
+    Column("output_id", SERIAL, primary_key=True, autoincrement=True),
+    Column("job_id", ForeignKey("processing_jobs.job_id"), nullable=False),
+    Column("output_type", String(64), nullable=False),
+    Column("profile_version", Integer, nullable=False),
+    Column("object_id", ForeignKey("objects.object_id")),
+    Column("storage_key", String(512), nullable=False),
+    Column("size_bytes", BigInteger, nullable=False),
+    Column("content_type", String(127)),
+    Column("created_at", UTCDateTime(), nullable=False),
+    UniqueConstraint("job_id", "output_type", "profile_version", name="uk_job_type_profile"),
+)
 
-class JobOutput(Base):
-    __tablename__ = "job_outputs"
-    __table_args__ = (
-        UniqueConstraint("job_id", "output_type", "profile_version", name="uk_job_type_profile"),
-    )
-
-    output_id: Mapped[int] = mapped_column(
-        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
-    )
-    job_id: Mapped[str] = mapped_column(ForeignKey("processing_jobs.job_id"))
-    output_type: Mapped[str] = mapped_column(String(64))
-    profile_version: Mapped[int] = mapped_column(Integer)
-    object_id: Mapped[str | None] = mapped_column(ForeignKey("objects.object_id"))
-    storage_key: Mapped[str] = mapped_column(String(512))
-    size_bytes: Mapped[int] = mapped_column(BigInteger)
-    content_type: Mapped[str | None] = mapped_column(String(127))
-    created_at: Mapped[datetime]
-
-
-class Worker(Base):
-    __tablename__ = "workers"
-
-    worker_id: Mapped[str] = mapped_column(String(64), primary_key=True)
-    queue: Mapped[str] = mapped_column(String(32), index=True)
-    node_id: Mapped[str | None] = mapped_column(String(64))
-    hostname: Mapped[str] = mapped_column(String(255))
-    pid: Mapped[int | None] = mapped_column(Integer)
-    status: Mapped[str] = mapped_column(String(16))  # active | draining | stopped | dead
-    concurrency: Mapped[int] = mapped_column(Integer)
-    started_at: Mapped[datetime]
-    last_heartbeat: Mapped[datetime]
-    stopped_at: Mapped[datetime | None]
+workers = Table(
+    "workers",
+    metadata,
+    Column("worker_id", String(64), primary_key=True),
+    Column("queue", String(32), nullable=False, index=True),
+    Column("node_id", String(64)),
+    Column("hostname", String(255), nullable=False),
+    Column("pid", Integer),
+    Column("status", String(16), nullable=False),  # active | draining | stopped | dead
+    Column("concurrency", Integer, nullable=False),
+    Column("started_at", UTCDateTime(), nullable=False),
+    Column("last_heartbeat", UTCDateTime(), nullable=False),
+    Column("stopped_at", UTCDateTime()),
     # Claiming no job while active, since when and why (the disk guard: "low disk: 312
     # MB free, needs 1024"); NULL while it claims.
-    claims_paused_since: Mapped[datetime | None]
-    claims_paused_reason: Mapped[str | None] = mapped_column(String(200))
+    Column("claims_paused_since", UTCDateTime()),
+    Column("claims_paused_reason", String(200)),
     # Its last outage pause (the record, Redis or the storage down: claims held back so
     # that no job spends an attempt on it): since when, why, and how long it lasted
     # (NULL while it lasts). Written by the worker's upkeep once the row can be.
-    outage_paused_since: Mapped[datetime | None]
-    outage_paused_reason: Mapped[str | None] = mapped_column(String(200))
-    outage_paused_seconds: Mapped[float | None] = mapped_column(Float)
+    Column("outage_paused_since", UTCDateTime()),
+    Column("outage_paused_reason", String(200)),
+    Column("outage_paused_seconds", Float),
+)
 
+worker_metrics = Table(
+    "worker_metrics",
+    metadata,
+    Column("metric_id", SERIAL, primary_key=True, autoincrement=True),
+    Column("worker_id", ForeignKey("workers.worker_id"), nullable=False, index=True),
+    Column("recorded_at", UTCDateTime(), nullable=False),
+    Column("cpu_percent", Float, nullable=False),
+    Column("memory_mb", Float, nullable=False),
+    Column("disk_free_mb", Float, nullable=False),
+    Column("jobs_completed", Integer, nullable=False),
+    Column("jobs_failed", Integer, nullable=False),
+    Column("throughput_per_min", Float, nullable=False),
+)
 
-class WorkerMetric(Base):
-    __tablename__ = "worker_metrics"
+# Every scaling decision the scheduler takes, with its reason.
+scheduler_decisions = Table(
+    "scheduler_decisions",
+    metadata,
+    Column("decision_id", SERIAL, primary_key=True, autoincrement=True),
+    Column("decided_at", UTCDateTime(), nullable=False, index=True),
+    Column("mode", String(16), nullable=False),
+    Column("queue", String(32)),
+    Column("action", String(32), nullable=False),
+    Column("count", Integer, nullable=False, default=0),
+    Column("provider", String(16)),
+    Column("reason", Text, nullable=False),
+    Column("details", JSON, nullable=False),
+    Column("applied", Boolean, nullable=False, default=False),
+)
 
-    metric_id: Mapped[int] = mapped_column(
-        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
-    )
-    worker_id: Mapped[str] = mapped_column(ForeignKey("workers.worker_id"), index=True)
-    recorded_at: Mapped[datetime]
-    cpu_percent: Mapped[float] = mapped_column(Float)
-    memory_mb: Mapped[float] = mapped_column(Float)
-    disk_free_mb: Mapped[float] = mapped_column(Float)
-    jobs_completed: Mapped[int] = mapped_column(Integer)
-    jobs_failed: Mapped[int] = mapped_column(Integer)
-    throughput_per_min: Mapped[float] = mapped_column(Float)
+# One queue as the scheduler's leader saw it on a turn (at most one row per queue a
+# minute, kept two days: autoscaler.samples): the operator page's charts.
+queue_samples = Table(
+    "queue_samples",
+    metadata,
+    Column("sample_id", SERIAL, primary_key=True, autoincrement=True),
+    Column("sampled_at", UTCDateTime(), nullable=False, index=True),
+    Column("queue", String(32), nullable=False),
+    Column("depth", Integer, nullable=False),  # ready jobs
+    Column("oldest_age_seconds", Float, nullable=False),
+    Column("workers", Integer, nullable=False),  # active and draining, VPS and cloud
+)
 
+# What the scheduler must remember across restarts, by name: the cost lock (set when
+# the daily cap is reached, cleared only by `hypermedia scheduler reset-cost-lock`) and
+# the history its rules read (cooldowns, launches).
+scheduler_state = Table(
+    "scheduler_state",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("value", JSON, nullable=False),
+    Column("updated_at", UTCDateTime(), nullable=False),
+)
 
-class SchedulerDecision(Base):
-    """Every scaling decision the scheduler takes, with its reason."""
-
-    __tablename__ = "scheduler_decisions"
-
-    decision_id: Mapped[int] = mapped_column(
-        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
-    )
-    decided_at: Mapped[datetime] = mapped_column(index=True)
-    mode: Mapped[str] = mapped_column(String(16))
-    queue: Mapped[str | None] = mapped_column(String(32))
-    action: Mapped[str] = mapped_column(String(32))
-    count: Mapped[int] = mapped_column(Integer, default=0)
-    provider: Mapped[str | None] = mapped_column(String(16))
-    reason: Mapped[str] = mapped_column(Text)
-    details: Mapped[dict[str, Any]]
-    applied: Mapped[bool] = mapped_column(Boolean, default=False)
-
-
-class QueueSample(Base):
-    """One queue as the scheduler's leader saw it on a turn (at most one row per queue
-    a minute, kept two days: :mod:`autoscaler.samples`): the operator page's charts."""
-
-    __tablename__ = "queue_samples"
-
-    sample_id: Mapped[int] = mapped_column(
-        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
-    )
-    sampled_at: Mapped[datetime] = mapped_column(index=True)
-    queue: Mapped[str] = mapped_column(String(32))
-    depth: Mapped[int] = mapped_column(Integer)  # ready jobs
-    oldest_age_seconds: Mapped[float] = mapped_column(Float)
-    workers: Mapped[int] = mapped_column(Integer)  # active and draining, VPS and cloud
-
-
-class SchedulerState(Base):
-    """What the scheduler must remember across restarts, by name: the cost lock (set
-    when the daily cap is reached, cleared only by ``hypermedia scheduler
-    reset-cost-lock``) and the history its rules read (cooldowns, launches)."""
-
-    __tablename__ = "scheduler_state"
-
-    name: Mapped[str] = mapped_column(String(64), primary_key=True)
-    value: Mapped[dict[str, Any]]
-    updated_at: Mapped[datetime]
-
-
-class CloudSpend(Base):
-    """One cloud instance's life and price: the ledger the cost guard sums."""
-
-    __tablename__ = "cloud_spend"
-
-    spend_id: Mapped[int] = mapped_column(
-        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
-    )
-    provider: Mapped[str] = mapped_column(String(16))
-    instance_id: Mapped[str] = mapped_column(String(128))
+# One cloud instance's life and price: the ledger the cost guard sums.
+cloud_spend = Table(
+    "cloud_spend",
+    metadata,
+    Column("spend_id", SERIAL, primary_key=True, autoincrement=True),
+    Column("provider", String(16), nullable=False),
+    Column("instance_id", String(128), nullable=False),
     # The launch's request id (the hypermedia-request tag): a bill may name only that.
-    request_id: Mapped[str | None] = mapped_column(String(64))
-    node_type: Mapped[str] = mapped_column(String(64))
-    region: Mapped[str] = mapped_column(String(64))
-    spot: Mapped[bool] = mapped_column(Boolean, default=False)
+    Column("request_id", String(64)),
+    Column("node_type", String(64), nullable=False),
+    Column("region", String(64), nullable=False),
+    Column("spot", Boolean, nullable=False, default=False),
     # What the caps count: the most the instance may bill an hour (a spot instance's
     # maximum, not its launch price).
-    price_per_hour_microusd: Mapped[int] = mapped_column(BigInteger)
+    Column("price_per_hour_microusd", BigInteger, nullable=False),
     # The price it was launched at when lower (a spot instance's market price then):
     # what its bill is expected to say. NULL: the price above.
-    quoted_per_hour_microusd: Mapped[int | None] = mapped_column(BigInteger)
-    launched_at: Mapped[datetime]
-    terminated_at: Mapped[datetime | None]
-    billed_microusd: Mapped[int | None] = mapped_column(BigInteger)
-    reconciled_at: Mapped[datetime | None]
+    Column("quoted_per_hour_microusd", BigInteger),
+    Column("launched_at", UTCDateTime(), nullable=False),
+    Column("terminated_at", UTCDateTime()),
+    Column("billed_microusd", BigInteger),
+    Column("reconciled_at", UTCDateTime()),
+    UniqueConstraint("provider", "instance_id", name="uk_spend_instance"),
+)
 
-    __table_args__ = (UniqueConstraint("provider", "instance_id", name="uk_spend_instance"),)
+# One notification of an alert rule (autoscaler.alerts): it began firing, it fires
+# still (a repeat), it resolved, or an event (a scaling action) happened.
+alerts = Table(
+    "alerts",
+    metadata,
+    Column("alert_id", SERIAL, primary_key=True, autoincrement=True),
+    Column("key", String(200), nullable=False, index=True),  # rule and subject
+    Column("rule", String(32), nullable=False),
+    Column("level", String(16), nullable=False),  # info | warning | critical
+    Column("status", String(16), nullable=False),  # firing | resolved | event
+    Column("summary", Text, nullable=False),
+    Column("labels", JSON, nullable=False),
+    Column("details", JSON, nullable=False),
+    Column("started_at", UTCDateTime(), nullable=False),
+    Column("notified_at", UTCDateTime(), nullable=False, index=True),
+)
 
+# One notification to one webhook (the outbox a sender works through).
+alert_deliveries = Table(
+    "alert_deliveries",
+    metadata,
+    Column("delivery_id", ID, primary_key=True),
+    Column("alert_id", SERIAL, ForeignKey("alerts.alert_id"), nullable=False, index=True),
+    Column("webhook", String(64), nullable=False),
+    Column("status", String(16), nullable=False),  # pending | delivered | failed
+    Column("attempts", Integer, nullable=False, default=0),
+    Column("next_attempt_at", UTCDateTime(), nullable=False),
+    Column("last_attempt_at", UTCDateTime()),
+    Column("response_code", Integer),
+    Column("last_error", Text),
+    Column("delivered_at", UTCDateTime()),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Index("ix_alert_deliveries_status_next_attempt_at", "status", "next_attempt_at"),
+)
 
-class Alert(Base):
-    """One notification of an alert rule (:mod:`autoscaler.alerts`): it began firing, it
-    fires still (a repeat), it resolved, or an event (a scaling action) happened."""
-
-    __tablename__ = "alerts"
-
-    alert_id: Mapped[int] = mapped_column(
-        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
-    )
-    key: Mapped[str] = mapped_column(String(200), index=True)  # rule and subject
-    rule: Mapped[str] = mapped_column(String(32))
-    level: Mapped[str] = mapped_column(String(16))  # info | warning | critical
-    status: Mapped[str] = mapped_column(String(16))  # firing | resolved | event
-    summary: Mapped[str] = mapped_column(Text)
-    labels: Mapped[dict[str, Any]]
-    details: Mapped[dict[str, Any]]
-    started_at: Mapped[datetime]
-    notified_at: Mapped[datetime] = mapped_column(index=True)
-
-
-class AlertDelivery(Base):
-    """One notification to one webhook (the outbox a sender works through)."""
-
-    __tablename__ = "alert_deliveries"
-    __table_args__ = (
-        Index("ix_alert_deliveries_status_next_attempt_at", "status", "next_attempt_at"),
-    )
-
-    delivery_id: Mapped[str] = mapped_column(ID, primary_key=True)
-    alert_id: Mapped[int] = mapped_column(
-        BigInteger().with_variant(Integer, "sqlite"), ForeignKey("alerts.alert_id"), index=True
-    )
-    webhook: Mapped[str] = mapped_column(String(64))
-    status: Mapped[str] = mapped_column(String(16))  # pending | delivered | failed
-    attempts: Mapped[int] = mapped_column(Integer, default=0)
-    next_attempt_at: Mapped[datetime]
-    last_attempt_at: Mapped[datetime | None]
-    response_code: Mapped[int | None] = mapped_column(Integer)
-    last_error: Mapped[str | None] = mapped_column(Text)
-    delivered_at: Mapped[datetime | None]
-    created_at: Mapped[datetime]
-
-
-class BulkRun(Base):
-    """An operator's bulk run (:mod:`hypermedia.bulk`): regenerate, backfill or migrate
-    the objects its ``filter`` matches, streamed in ``object_id`` order from ``cursor``
-    (the last object it has dealt with), at most ``max_in_flight`` of its jobs queued or
-    running at a time. ``state``: creating | paused | draining | completed | cancelled
-    | failed."""
-
-    __tablename__ = "bulk_runs"
-    # A create's Idempotency-Key: one run per creator and key (NULLs never collide).
-    __table_args__ = (
-        Index("uk_bulk_run_idempotency_key", "created_by", "idempotency_key", unique=True),
-    )
-
-    run_id: Mapped[str] = mapped_column(ID, primary_key=True)
-    kind: Mapped[str] = mapped_column(String(16))  # regenerate | backfill | migrate
-    operation: Mapped[str | None] = mapped_column(String(64))
-    profile_id: Mapped[int | None] = mapped_column(ForeignKey("processing_profiles.profile_id"))
-    target_version: Mapped[int | None] = mapped_column(Integer)
-    filter: Mapped[dict[str, Any]]
+# An operator's bulk run (hypermedia.bulk): regenerate, backfill or migrate the objects
+# its filter matches, streamed in object_id order from cursor (the last object it has
+# dealt with), at most max_in_flight of its jobs queued or running at a time. state:
+# creating | paused | draining | completed | cancelled | failed.
+bulk_runs = Table(
+    "bulk_runs",
+    metadata,
+    Column("run_id", ID, primary_key=True),
+    Column("kind", String(16), nullable=False),  # regenerate | backfill | migrate
+    Column("operation", String(64)),
+    Column("profile_id", ForeignKey("processing_profiles.profile_id")),
+    Column("target_version", Integer),
+    Column("filter", JSON, nullable=False),
     # migrate: the backend the objects are copied to (no secrets: the head's own).
-    target: Mapped[dict[str, Any] | None] = mapped_column(JSON)
-    queue: Mapped[str | None] = mapped_column(String(32))
-    priority: Mapped[int] = mapped_column(Integer)
-    max_in_flight: Mapped[int] = mapped_column(Integer)
-    batch_size: Mapped[int] = mapped_column(Integer)
+    Column("target", JSON),
+    Column("queue", String(32)),
+    Column("priority", Integer, nullable=False),
+    Column("max_in_flight", Integer, nullable=False),
+    Column("batch_size", Integer, nullable=False),
     # Who pays: NULL is the platform (no user's credits).
-    account_user_id: Mapped[str | None] = mapped_column(ForeignKey("users.user_id"))
-    state: Mapped[str] = mapped_column(String(16), index=True)
-    cursor: Mapped[str | None] = mapped_column(String(32))
-    scanned: Mapped[int] = mapped_column(BigInteger, default=0)
-    created_jobs: Mapped[int] = mapped_column(BigInteger, default=0)
-    skipped: Mapped[int] = mapped_column(BigInteger, default=0)  # done at the target already
-    unfit: Mapped[int] = mapped_column(BigInteger, default=0)  # the operation refuses it
-    migrated: Mapped[int] = mapped_column(BigInteger, default=0)
-    failed: Mapped[int] = mapped_column(BigInteger, default=0)
-    reason: Mapped[str | None] = mapped_column(Text)
-    created_by: Mapped[str | None] = mapped_column(String(200))
-    created_at: Mapped[datetime]
-    updated_at: Mapped[datetime]
-    finished_at: Mapped[datetime | None]
-    idempotency_key: Mapped[str | None] = mapped_column(String(200))
-    request_hash: Mapped[str | None] = mapped_column(String(64))  # what the create asked
+    Column("account_user_id", ForeignKey("users.user_id")),
+    Column("state", String(16), nullable=False, index=True),
+    Column("cursor", String(32)),
+    Column("scanned", BigInteger, nullable=False, default=0),
+    Column("created_jobs", BigInteger, nullable=False, default=0),
+    Column("skipped", BigInteger, nullable=False, default=0),  # done at the target already
+    Column("unfit", BigInteger, nullable=False, default=0),  # the operation refuses it
+    Column("migrated", BigInteger, nullable=False, default=0),
+    Column("failed", BigInteger, nullable=False, default=0),
+    Column("reason", Text),
+    Column("created_by", String(200)),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("updated_at", UTCDateTime(), nullable=False),
+    Column("finished_at", UTCDateTime()),
+    Column("idempotency_key", String(200)),
+    Column("request_hash", String(64)),  # what the create asked
     # The objects its filter selected at create (its progress's whole); NULL: from before.
-    total: Mapped[int | None] = mapped_column(BigInteger)
+    Column("total", BigInteger),
+    # A create's Idempotency-Key: one run per creator and key (NULLs never collide).
+    Index("uk_bulk_run_idempotency_key", "created_by", "idempotency_key", unique=True),
+)

@@ -1,39 +1,64 @@
-"""Core ``Table`` handles for the mapped classes, for fast guarded SQL."""
+"""The record's tables (:mod:`hypermedia.db.models`) by the short names queries use."""
 
 from __future__ import annotations
 
-from typing import cast
+from hypermedia.db.models import (
+    alert_deliveries,
+    alerts,
+    api_keys,
+    blob_deletions,
+    bulk_runs,
+    cloud_spend,
+    credit_accounts,
+    credit_ledger,
+    job_attempts,
+    job_callbacks,
+    job_checkpoints,
+    job_outputs,
+    objects,
+    pool_members,
+    pools,
+    processing_jobs,
+    processing_profiles,
+    queue_samples,
+    scheduler_decisions,
+    scheduler_state,
+    submissions,
+    users,
+    worker_metrics,
+    workers,
+)
 
-from sqlalchemy import Table
+profiles = processing_profiles
+jobs = processing_jobs
+attempts = job_attempts
+outputs = job_outputs
+checkpoints = job_checkpoints
+callbacks = job_callbacks
 
-from hypermedia.db import models as m
-
-
-def _t(model: type[m.Base]) -> Table:
-    return cast(Table, model.__table__)
-
-
-users = _t(m.User)
-pools = _t(m.Pool)
-pool_members = _t(m.PoolMember)
-objects = _t(m.StoredObject)
-api_keys = _t(m.ApiKey)
-credit_accounts = _t(m.CreditAccount)
-credit_ledger = _t(m.CreditLedger)
-profiles = _t(m.ProcessingProfile)
-submissions = _t(m.Submission)
-jobs = _t(m.ProcessingJob)
-attempts = _t(m.JobAttempt)
-outputs = _t(m.JobOutput)
-checkpoints = _t(m.JobCheckpoint)
-blob_deletions = _t(m.BlobDeletion)
-callbacks = _t(m.JobCallback)
-workers = _t(m.Worker)
-worker_metrics = _t(m.WorkerMetric)
-scheduler_decisions = _t(m.SchedulerDecision)
-scheduler_state = _t(m.SchedulerState)
-queue_samples = _t(m.QueueSample)
-cloud_spend = _t(m.CloudSpend)
-alerts = _t(m.Alert)
-alert_deliveries = _t(m.AlertDelivery)
-bulk_runs = _t(m.BulkRun)
+__all__ = [
+    "alert_deliveries",
+    "alerts",
+    "api_keys",
+    "attempts",
+    "blob_deletions",
+    "bulk_runs",
+    "callbacks",
+    "checkpoints",
+    "cloud_spend",
+    "credit_accounts",
+    "credit_ledger",
+    "jobs",
+    "objects",
+    "outputs",
+    "pool_members",
+    "pools",
+    "profiles",
+    "queue_samples",
+    "scheduler_decisions",
+    "scheduler_state",
+    "submissions",
+    "users",
+    "worker_metrics",
+    "workers",
+]

@@ -12,17 +12,9 @@ from sqlalchemy.exc import IntegrityError
 
 from hypermedia.clock import to_datetime
 from hypermedia.db import migrate
+from hypermedia.db import tables as t
 from hypermedia.db.engine import make_engine
-from hypermedia.db.models import (
-    Base,
-    JobOutput,
-    Pool,
-    ProcessingJob,
-    ProcessingProfile,
-    StoredObject,
-    Submission,
-    User,
-)
+from hypermedia.db.models import metadata
 from tests import support
 
 TABLES = {
@@ -76,11 +68,11 @@ def table_names(engine: Engine) -> set[str]:
 def schema_diffs(engine: Engine) -> list[object]:
     with engine.connect() as conn:
         context = MigrationContext.configure(conn, opts={"compare_type": True})
-        return list(compare_metadata(context, Base.metadata))
+        return list(compare_metadata(context, metadata))
 
 
 def test_models_cover_the_expected_tables():
-    assert set(Base.metadata.tables) == TABLES
+    assert set(metadata.tables) == TABLES
 
 
 def test_upgrade_downgrade_upgrade(empty_engine):
@@ -183,10 +175,10 @@ def test_named_unique_indexes(engine, table, name, columns):
 def test_one_output_row_per_job_type_and_profile_version(engine):
     now = to_datetime(1_800_000_000.0)
     with engine.begin() as conn:
-        conn.execute(insert(User), [{"user_id": "u" * 32, "name": "ann", "created_at": now}])
-        conn.execute(insert(Pool), [{"pool_id": "p1", "name": "pool", "created_at": now}])
+        conn.execute(insert(t.users), [{"user_id": "u" * 32, "name": "ann", "created_at": now}])
+        conn.execute(insert(t.pools), [{"pool_id": "p1", "name": "pool", "created_at": now}])
         conn.execute(
-            insert(StoredObject),
+            insert(t.objects),
             [
                 {
                     "object_id": "o" * 32,
@@ -200,7 +192,7 @@ def test_one_output_row_per_job_type_and_profile_version(engine):
             ],
         )
         profile_id = conn.execute(
-            insert(ProcessingProfile).returning(ProcessingProfile.profile_id),
+            insert(t.profiles).returning(t.profiles.c.profile_id),
             {
                 "operation": "thumbnail",
                 "version": 1,
@@ -218,7 +210,7 @@ def test_one_output_row_per_job_type_and_profile_version(engine):
             },
         ).scalar_one()
         conn.execute(
-            insert(Submission),
+            insert(t.submissions),
             [
                 {
                     "submission_id": "s" * 32,
@@ -230,7 +222,7 @@ def test_one_output_row_per_job_type_and_profile_version(engine):
             ],
         )
         conn.execute(
-            insert(ProcessingJob),
+            insert(t.jobs),
             [
                 {
                     "job_id": "j" * 32,
@@ -263,11 +255,11 @@ def test_one_output_row_per_job_type_and_profile_version(engine):
         }
 
     with engine.begin() as conn:
-        conn.execute(insert(JobOutput), [output(1), output(2), output(1, "preview")])
+        conn.execute(insert(t.outputs), [output(1), output(2), output(1, "preview")])
     with pytest.raises(IntegrityError), engine.begin() as conn:
-        conn.execute(insert(JobOutput), [output(1)])
+        conn.execute(insert(t.outputs), [output(1)])
     with engine.connect() as conn:
-        assert len(conn.execute(JobOutput.__table__.select()).all()) == 3
+        assert len(conn.execute(t.outputs.select()).all()) == 3
 
 
 def test_stored_bytes_starts_from_each_users_live_objects(empty_engine):
@@ -314,7 +306,7 @@ def test_stored_bytes_starts_from_each_users_live_objects(empty_engine):
         )
     migrate.upgrade(empty_engine)
     with empty_engine.connect() as conn:
-        stored = {u: n for u, n in conn.execute(select(User.user_id, User.stored_bytes))}
+        stored = {u: n for u, n in conn.execute(select(t.users.c.user_id, t.users.c.stored_bytes))}
     assert stored == {"ann": 120, "bob": 5, "cid": 0}
 
 
@@ -1311,7 +1303,6 @@ def test_copies_of_objects_deleted_before_0029_are_recorded_for_the_sweep(empty_
     objects deleted before it had theirs left there (billed, never read): each is
     recorded, due at once, with its backend. A live migrated object and a deleted one
     never migrated are not."""
-    from hypermedia.db import tables as t
 
     migrate.upgrade(empty_engine, "0028")
     moment = to_datetime(1_800_000_000.0)
@@ -1353,7 +1344,6 @@ def test_a_ledger_with_a_job_charged_twice_is_refused_by_0030_naming_it(
     one entry is gone it upgrades. Grants and removals, which name no job, never
     collide."""
     from hypermedia.accounts import grant_credits
-    from hypermedia.db import tables as t
     from hypermedia.errors import HypermediaError
     from tests.factories import make_user, open_stack, submit
 

@@ -11,18 +11,43 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _loaded(statement: str) -> set[str]:
-    """The top-level packages a fresh interpreter has imported after ``statement``."""
+def _modules(statement: str) -> set[str]:
+    """The modules a fresh interpreter has imported after ``statement``."""
     code = f"import json, sys\n{statement}\nprint(json.dumps(sorted(sys.modules)))\n"
     result = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
     )
-    return {m.split(".")[0] for m in json.loads(result.stdout)}
+    return set(json.loads(result.stdout.splitlines()[-1]))
+
+
+def _loaded(statement: str) -> set[str]:
+    """The top-level packages a fresh interpreter has imported after ``statement``."""
+    return {m.split(".")[0] for m in _modules(statement)}
 
 
 def test_the_stack_imports_no_rate_limit_library_until_something_is_counted():
     # The actors and the CLI's commands open a stack and count nothing; the API does.
     assert "limits" not in _loaded("import hypermedia.stack")
+
+
+def _orm(modules: set[str]) -> set[str]:
+    return {m for m in modules if m.split(".")[:2] == ["sqlalchemy", "orm"]}
+
+
+def test_the_record_is_used_without_the_orm(tmp_path):
+    # The tables are Core tables: importing them, or opening a stack (a migrated SQLite
+    # record; Redis is not asked anything), maps no class. sqlalchemy.orm and the mapping
+    # cost ~0.2 CPU-s in every actor, command and test process that opens one.
+    assert not _orm(_modules("import hypermedia.db.tables"))
+    statement = (
+        "from hypermedia.config import load_settings\n"
+        "from hypermedia.stack import Stack\n"
+        f"settings = load_settings(data_dir={str(tmp_path)!r},"
+        f" database_url={f'sqlite:///{tmp_path}/record.db'!r},"
+        " redis_url='redis://127.0.0.1:9/0')\n"
+        "Stack.open(settings, auto_migrate=True).close()"
+    )
+    assert not _orm(_modules(statement))
 
 
 HEAVY = {"sqlalchemy", "redis", "ray", "boto3", "pyvips", "fastapi", "limits", "opentelemetry"}

@@ -7,10 +7,10 @@ from alembic import context
 from sqlalchemy import Connection
 
 from hypermedia.db.engine import make_engine
-from hypermedia.db.models import Base
+from hypermedia.db.models import metadata
 
 config = context.config
-target_metadata = Base.metadata
+target_metadata = metadata
 
 
 def _run(connection: Connection) -> None:
