@@ -17,8 +17,9 @@ import shutil
 import sqlite3
 import subprocess
 import tempfile
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -245,6 +246,25 @@ class PostgresServer:
 
     def dispose(self) -> None:
         self._admin.dispose()
+
+
+def within(seconds: float, check: Callable[[], bool]) -> bool:
+    """Whether ``check`` came true within ``seconds`` (asked every 50 ms)."""
+    deadline = time.monotonic() + seconds
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def open_handles(path: Path) -> int:
+    """This process's descriptors open on ``path`` (an API serving in a thread of it)."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            count += os.readlink(f"/proc/self/fd/{fd}") == str(path)
+    return count
 
 
 def waits_for_a_lock(engine: Engine, sessions: int = 1) -> bool:

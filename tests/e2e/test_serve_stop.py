@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
@@ -24,6 +24,7 @@ from hypermedia.embedded import EmbeddedRedis
 from hypermedia.ingest.inspection import WORK_ROOT_PREFIX
 from tests.api_support import REPO, serve_on_a_free_port
 from tests.integration.test_api_inspection import PNG, crafted_pdf
+from tests.support import within
 
 P = "/v1/hypermedia"
 
@@ -145,15 +146,6 @@ def _gone(pid: int) -> bool:
         return True
 
 
-def _within(seconds: float, check: Callable[[], bool]) -> bool:
-    deadline = time.monotonic() + seconds
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
 def test_serve_killed_with_9_leaves_no_inspection_process_nor_work_root(serve):
     # The API alone SIGKILLed mid-inspection: its server sees its control socket close,
     # kills and reaps its child, removes its work root and exits.
@@ -163,8 +155,8 @@ def test_serve_killed_with_9_leaves_no_inspection_process_nor_work_root(serve):
         assert re.fullmatch(rf"{WORK_ROOT_PREFIX}{server.pid}-\w+", root), root
         api.kill()
         api.wait()
-        assert _within(5, lambda: _gone(server.pid) and _gone(child))
-    assert _within(5, lambda: serve.roots() == [])
+        assert within(5, lambda: _gone(server.pid) and _gone(child))
+    assert within(5, lambda: serve.roots() == [])
 
     # The API and its server SIGKILLed together (systemd's last kill of a unit, the OOM
     # killer's of a cgroup): the child dies with its server (PDEATHSIG); the server's
@@ -175,7 +167,7 @@ def test_serve_killed_with_9_leaves_no_inspection_process_nor_work_root(serve):
         os.kill(server.pid, signal.SIGKILL)
         api.kill()
         api.wait()
-        assert _within(5, lambda: _gone(server.pid) and _gone(child))
+        assert within(5, lambda: _gone(server.pid) and _gone(child))
     assert serve.roots() == [left]
 
     api, url = serve.start()
@@ -242,7 +234,7 @@ def test_serve_stopped_with_sigterm_during_slow_uploads_stops_in_bounded_time(se
     objects = Path(serve.env["HYPERMEDIA_DATA_DIR"]) / "objects"
     finishing = SlowUpload(url, serve.key, declared=20_000)
     trickling = SlowUpload(url, serve.key, declared=100_000_000)
-    assert _within(10, lambda: len(list(objects.rglob(".upload-*"))) == 2)
+    assert within(10, lambda: len(list(objects.rglob(".upload-*"))) == 2)
     stopping = time.monotonic()
     api.send_signal(signal.SIGTERM)
     time.sleep(1)
@@ -300,7 +292,7 @@ def test_serve_stopped_with_sigterm_mid_inspection_answers_503_and_keeps_no_blob
     )
     uploading.start()
     server = _inspection_server(api.pid)
-    assert _within(60, lambda: bool(server.children())), "no inspection began"
+    assert within(60, lambda: bool(server.children())), "no inspection began"
     stopping = time.monotonic()
     api.send_signal(signal.SIGTERM)
     try:

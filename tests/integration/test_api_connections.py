@@ -4,15 +4,13 @@ blob's bytes are sent by the kernel (:mod:`hypermedia.zero_copy`)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import socket
 import threading
 import time
 import tracemalloc
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Iterator
 from urllib.parse import urlsplit
 
 import pytest
@@ -24,6 +22,7 @@ from hypermedia.server import ApiServer, HeadTimedH11Protocol
 from hypermedia.stack import Stack
 from hypermedia.storage.local import LocalStorage
 from tests.api_support import add_user, wait_until_healthy
+from tests.support import open_handles, within
 
 HEAD_SECONDS = 1.0
 BODY_SECONDS = 4.0  # json_body_seconds: the slow body below takes 2 s
@@ -172,24 +171,6 @@ def _paused_reader(port: int, target: str) -> socket.socket:
     return reader
 
 
-def _within(seconds: float, check: Callable[[], bool]) -> bool:
-    deadline = time.monotonic() + seconds
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
-def _open_handles(path: Path) -> int:
-    """This process's descriptors open on ``path`` (the API serves in a thread here)."""
-    count = 0
-    for fd in os.listdir("/proc/self/fd"):
-        with contextlib.suppress(OSError):
-            count += os.readlink(f"/proc/self/fd/{fd}") == str(path)
-    return count
-
-
 def test_a_reader_that_stops_reading_holds_none_of_the_blob_in_the_api(api):
     # Before: the blob went out in 1 MB chunks through the process, and each download
     # whose reader had stopped held ~1.6 MB of it (a chunk read ahead, the transport's
@@ -202,7 +183,7 @@ def test_a_reader_that_stops_reading_holds_none_of_the_blob_in_the_api(api):
     try:
         before = tracemalloc.get_traced_memory()[0]
         readers = [_paused_reader(port, target) for _ in range(20)]
-        assert _within(20, lambda: _open_handles(storage.path(key)) == 20)
+        assert within(20, lambda: open_handles(storage.path(key)) == 20)
         for reader in readers:  # each answer has begun, its socket buffers are full
             reader.settimeout(10)
             assert reader.recv(16, socket.MSG_PEEK).startswith(b"HTTP/1.1 200 ")
@@ -213,7 +194,7 @@ def test_a_reader_that_stops_reading_holds_none_of_the_blob_in_the_api(api):
         for reader in readers:
             reader.close()
     assert held < 5 * MiB, f"20 paused readers hold {held / MiB:.1f} MB of the API's memory"
-    assert _within(10, lambda: _open_handles(storage.path(key)) == 0)  # and let go at once
+    assert within(10, lambda: open_handles(storage.path(key)) == 0)  # and let go at once
 
 
 def test_a_blob_sent_by_the_kernel_is_whole_and_its_connection_serves_on(api):

@@ -13,7 +13,6 @@ Worker-side transfers (:mod:`hypermedia.storage.transfer`) run against both too.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import hashlib
 import hmac
@@ -50,6 +49,7 @@ from hypermedia.storage.s3 import S3Storage
 from hypermedia.storage.transfer import TransferDenied, TransferNotFound
 from tests import support
 from tests.api_support import running_server
+from tests.support import open_handles, within
 
 REGION = "us-east-1"
 KEY_ID = "AKIAHYPERMEDIATEST"
@@ -807,24 +807,6 @@ def test_local_blob_puts_are_capped(local_backend):
     }
 
 
-def _within(seconds: float, check: Callable[[], bool]) -> bool:
-    deadline = time.monotonic() + seconds
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
-def _open_handles(path: Path) -> int:
-    """This process's descriptors open on ``path`` (the API serves in a thread here)."""
-    count = 0
-    for fd in os.listdir("/proc/self/fd"):
-        with contextlib.suppress(OSError):
-            count += os.readlink(f"/proc/self/fd/{fd}") == str(path)
-    return count
-
-
 def test_a_download_its_client_abandons_closes_its_file_at_once(local_backend):
     # Before: a GET whose client went away while the route waited to send (a reader
     # that stopped reading, then closed) left its file open until Python's cyclic
@@ -847,11 +829,11 @@ def test_a_download_its_client_abandons_closes_its_file_at_once(local_backend):
             request = f"GET {parts.path}?{parts.query} HTTP/1.1\r\nHost: test\r\n\r\n"
             reader.sendall(request.encode())
             readers.append(reader)
-        assert _within(20, lambda: _open_handles(storage.path(key)) == 10)
+        assert within(20, lambda: open_handles(storage.path(key)) == 10)
         for reader in readers:
             reader.close()
-        assert _within(10, lambda: _open_handles(storage.path(key)) == 0), (
-            f"{_open_handles(storage.path(key))} of 10 still open"
+        assert within(10, lambda: open_handles(storage.path(key)) == 0), (
+            f"{open_handles(storage.path(key))} of 10 still open"
         )
     finally:
         for reader in readers:
