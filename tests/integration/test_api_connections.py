@@ -58,19 +58,8 @@ def api(sqlite_engine, settings) -> Iterator[tuple[Stack, int]]:
 
 
 def _answer(conn: socket.socket) -> bytes:
-    """One whole answer (its head and its Content-Length of body)."""
-    said = b""
-    while b"\r\n\r\n" not in said:
-        said += conn.recv(65536)
-    head, _, body = said.partition(b"\r\n\r\n")
-    length = next(
-        int(line.split(b":")[1])
-        for line in head.split(b"\r\n")
-        if line.lower().startswith(b"content-length:")
-    )
-    while len(body) < length:
-        body += conn.recv(65536)
-    return head
+    """One whole answer's head (its Content-Length of body read too)."""
+    return _answer_and_body(conn)[0]
 
 
 def _until_closed(conn: socket.socket, seconds: float) -> tuple[bytes, float]:
