@@ -380,7 +380,8 @@ class Dispatcher:
         peak_memory_mb: float | None = None,
         log_tail: str | None = None,
     ) -> JobStatus | None:
-        """Record a failed attempt: answers RETRY_WAIT or FAILED (None if not ours).
+        """Record a failed attempt: answers RETRY_WAIT or FAILED, or CANCELLED when its
+        owner asked to cancel it while it ran (None if not ours).
         ``log_tail``: the end of the child's output, kept on the attempt. A job its
         loop took ahead and began (``job.started``) whose start the record has not yet
         had is started at its moment first (:meth:`JobRepository.fail`)."""

@@ -856,7 +856,7 @@ class JobRepository:
         started_at: float | None = None,
     ) -> tuple[Moved, FailureDecision] | None:
         """A failed attempt: retry_wait with backoff, or failed once attempts are used up
-        (cancelled instead of retried if its owner asked for that meanwhile).
+        (cancelled instead, retried or not, if its owner asked for that meanwhile).
 
         ``worker_id`` None is the reaper acting for a worker that vanished; it only
         matches jobs whose lease has expired. ``log_tail``: the end of what the job's
@@ -901,10 +901,12 @@ class JobRepository:
         if retry_now and decision.retry_at is not None:
             # The worker died, not the job: the attempt counts, the wait does not.
             decision = FailureDecision(decision.status, now, decision.reason + " (retry now)")
-        if row.cancel_requested and decision.retry_at is not None:
+        if row.cancel_requested:
             # Its owner cancelled it while it ran (a worker that died, or failed it,
             # before honouring that): cancelled now, its credits released, not queued
-            # again to be claimed and cancelled by the next worker after the backoff.
+            # again to be claimed and cancelled by the next worker after the backoff;
+            # nor failed when this failure was its last (attempts used up, an error not
+            # retryable): its owner asked to cancel it and reads that it was.
             decision = FailureDecision(JobStatus.CANCELLED, None, "cancel requested")
         # A cancelled job names no error, however it ended (as a completed one names
         # none): the failure is its attempt's, closed below with its code.

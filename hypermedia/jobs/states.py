@@ -5,6 +5,7 @@
     created --enqueue--> queued --claim--> claimed --start--> processing --complete--> completed
     claimed | processing --fail--> retry_wait --due--> queued
     claimed | processing --fail--> failed           (attempts used up, or not retryable)
+    claimed | processing --fail--> cancelled        (its owner asked to cancel it meanwhile)
     claimed | processing --release--> queued        (drain, spot notice: attempt not counted)
     created | queued | retry_wait --cancel--> cancelled
     claimed | processing --cancel--> cancelled      (by the worker, honouring cancel_requested)

@@ -339,3 +339,76 @@ def test_a_cancelled_job_reads_as_cancelled_whichever_way_it_ended(engine, setti
     with transaction(stack.engine) as conn:
         assert accounts.balance(conn, person.caller.user_id).reserved_millicredits == 0
     stack.close()
+
+
+def test_a_job_cancelled_while_its_last_attempt_runs_ends_cancelled_when_it_fails(
+    engine, settings, manual_clock
+):
+    """Its owner cancels it while its attempt runs, and that attempt then fails for
+    good: a permanent error its worker reports, or the last of its attempts (its lease
+    expired, its worker lost). A cancel asked while a retry was to follow ended it
+    cancelled, but one whose failure was final ended it ``failed``, with the error, a
+    ``failed`` callback and event, counted in ``jobs_failed_total``: the owner who
+    cancelled it read that it failed. Now it ends cancelled whichever way its attempt
+    failed, as a cancel the worker honours does: no error, a ``cancelled`` callback, its
+    reservation released and nothing charged (as for a failed job)."""
+    from hypermedia.jobs import callbacks
+    from hypermedia.jobs.dispatcher import WORKER_LOST
+    from hypermedia.metrics.head import HeadMetrics
+    from tests.metrics_support import parse, sum_by
+
+    stack = open_stack(
+        settings, engine, manual_clock, backoff_base_seconds=60, callback_hosts=["127.0.0.1"]
+    )
+    person = make_user(stack, credits=100)
+    url = "http://127.0.0.1:9/hook"
+    permanent, expired, lost = (
+        submit(stack, person, ["thumbnail"], callback_url=url)[0] for _ in range(3)
+    )
+    with transaction(stack.engine) as conn:
+        assert accounts.balance(conn, person.caller.user_id).reserved_millicredits > 0
+    # The two others use up their attempts but the last (max_attempts = 3).
+    for attempt in (1, 2):
+        for job in stack.dispatcher.claim("images", "w0", 3):
+            assert stack.dispatcher.start(job, "w0")
+            if job.job_id != permanent:
+                assert stack.dispatcher.fail(job, "w0", "boom", "x") is JobStatus.RETRY_WAIT
+            else:
+                assert stack.dispatcher.release(job, "w0")
+        manual_clock.advance(60 * 2 ** (attempt - 1) + 1)
+        assert stack.reaper.tick().promoted == 2
+    running = {}
+    for worker in ("w1", "w2", "w3"):
+        (job,) = stack.dispatcher.claim("images", worker)
+        assert stack.dispatcher.start(job, worker)
+        running[job.job_id] = (job, worker)
+        assert stack.ingest.cancel(person.caller, job.job_id) is JobStatus.PROCESSING
+    assert running[expired][0].attempt_number == running[lost][0].attempt_number == 3
+
+    job, worker = running[permanent]
+    status = stack.dispatcher.fail(job, worker, "invalid_input", "bad bytes", retryable=False)
+    assert status is JobStatus.CANCELLED
+    assert stack.dispatcher.recover_worker(running[lost][1]) == [lost]
+    manual_clock.advance(stack.dispatcher.queue_lease_seconds("images") + 1)
+    report = stack.reaper.tick()
+    assert (report.expired, report.failed) == (1, 0)
+
+    codes = {permanent: "invalid_input", expired: LEASE_EXPIRED, lost: WORKER_LOST}
+    for job_id, code in codes.items():
+        view = stack.ingest.get_job(person.caller, job_id)
+        assert (view.status, view.error_code, view.error_message) == ("cancelled", None, None)
+        assert view.attempts[-1].error_code == code  # the attempt keeps its failure
+        _, last = stack.dispatcher.events.history(job_id)[-1]
+        assert last["status"] == "cancelled" and "error_code" not in last, (job_id, last)
+        with transaction(stack.engine) as conn:
+            sent = callbacks.of_job(conn, job_id)
+        assert sent is not None and sent.event == "cancelled", job_id
+    with transaction(stack.engine) as conn:
+        bal = accounts.balance(conn, person.caller.user_id)
+    assert (bal.reserved_millicredits, bal.balance_millicredits) == (0, 100_000)
+    counts = stack.queue.counts("images")
+    assert (counts.ready, counts.leased, counts.delayed) == (0, 0, 0)
+    assert isinstance(stack.metrics, HeadMetrics)
+    samples = parse(stack.metrics.exposition().decode())
+    assert sum_by(samples, "hypermedia_jobs_failed_total", ("code",)) == {}
+    stack.close()
