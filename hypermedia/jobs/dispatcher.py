@@ -44,6 +44,7 @@ from hypermedia.jobs.repository import (
 )
 from hypermedia.jobs.states import IN_FLIGHT, JobStatus
 from hypermedia.metrics import (
+    CANCELLED,
     COMPLETED,
     FAILED,
     JOB_DURATION,
@@ -85,16 +86,26 @@ def count_failure(
     metrics: Recorder, moved: Moved, code: str, duration_seconds: float | None = None
 ) -> None:
     """A failed attempt, as the record took it: the job failed, or waits for a retry
-    (one cancelled meanwhile, which the attempt's end ended, counts as neither)."""
+    (one cancelled meanwhile, which the attempt's end ended, counts as neither, and its
+    duration goes under the ``cancelled`` outcome, as a cancel its worker honoured)."""
     labels = {"queue": moved.queue, "operation": moved.operation, "code": code}
-    if moved.status is not JobStatus.CANCELLED:
+    cancelled = moved.status is JobStatus.CANCELLED
+    if not cancelled:
         metrics.count(JOBS_FAILED if moved.status is JobStatus.FAILED else JOBS_RETRIED, labels)
     if duration_seconds is not None:
-        metrics.observe(
-            JOB_DURATION,
-            {"queue": moved.queue, "operation": moved.operation, "outcome": FAILED},
-            max(0.0, duration_seconds),
-        )
+        outcome = CANCELLED if cancelled else FAILED
+        observe_duration(metrics, moved, outcome, duration_seconds)
+
+
+def observe_duration(
+    metrics: Recorder, moved: Moved, outcome: str, duration_seconds: float
+) -> None:
+    """An attempt's time, under ``outcome``: what its job did with its end."""
+    metrics.observe(
+        JOB_DURATION,
+        {"queue": moved.queue, "operation": moved.operation, "outcome": outcome},
+        max(0.0, duration_seconds),
+    )
 
 
 class Dispatcher:
@@ -472,18 +483,23 @@ class Dispatcher:
 
     def honour_cancel(self, job: ClaimedJob, worker_id: str) -> bool:
         """The job's user asked to cancel it: in flight -> cancelled. A begun job its
-        loop took ahead is started at its moment first, as in :meth:`release`."""
+        loop took ahead is started at its moment first, as in :meth:`release`. Its
+        attempt is timed as a failed one is, under the ``cancelled`` outcome."""
+        now = self.clock.now()
         with transaction(self.engine) as conn:
             moved = self.repository.cancel_claimed(
                 conn,
                 job.job_id,
                 worker_id,
-                self.clock.now(),
+                now,
                 started_at=job.attempt_started_at if job.started else None,
             )
         if moved is None:
             return False
         self._apply([moved], before=self._begun_first(job, moved))
+        began = job.attempt_started_at
+        if began is not None:
+            observe_duration(self.metrics, moved, CANCELLED, now - began)
         return True
 
     def _begun_first(self, job: ClaimedJob, moved: Moved) -> list[tuple[str, dict[str, Any]]]:

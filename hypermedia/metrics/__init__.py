@@ -63,9 +63,11 @@ What each counts:
   job's ``error_code``); *retried*: failed attempts with another to come (the job went
   to ``retry_wait``). The record agrees: ``failed`` by ``code`` is ``processing_jobs``
   with ``status = 'failed'`` grouped by ``error_code``.
-* *duration*: an attempt from its start to its completion or failure, as the record's
-  ``job_attempts.duration_ms`` (``outcome`` ``completed`` or ``failed``; an attempt the
-  reaper failed after its lease ran out is not timed). *queue wait*: from the job's
+* *duration*: an attempt from its start to its completion, failure or cancel, as the
+  record's ``job_attempts.duration_ms``; ``outcome`` is how the job took it:
+  ``completed``, ``failed`` (the job failed, or waits for a retry) or ``cancelled`` (its
+  owner's cancel, asked while it ran, which its worker honoured or its failure ended);
+  an attempt the reaper failed after its lease ran out is not timed. *queue wait*: from the job's
   creation to the start of its first attempt.
 * *sandbox kills*: jobs stopped by a limit of their sandbox (``limit``: ``wall_clock``,
   ``cpu``, ``memory``, ``disk``, ``processes``).
@@ -142,7 +144,7 @@ WAIT_BUCKETS = (0.1, 0.5, 1, 5, 10, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200
 
 # Label values.
 VPS, CLOUD = "vps", "cloud"
-COMPLETED, FAILED = "completed", "failed"
+COMPLETED, FAILED, CANCELLED = "completed", "failed", "cancelled"
 HOUR, DAY = "hour", "day"
 # The sandbox's limit codes (hypermedia.sandbox.outcome) and the limit each one names.
 LIMIT_OF_CODE: Mapping[str, str] = {
@@ -201,7 +203,8 @@ JOBS_RETRIED = Metric(
 JOB_DURATION = Metric(
     "hypermedia_job_duration_seconds",
     "histogram",
-    "An attempt from its start to its completion or failure.",
+    "An attempt from its start to its end, by what its job did: completed, failed (or"
+    " waits for a retry), or cancelled (its owner's cancel, asked while it ran).",
     ("queue", "operation", "outcome"),
     DURATION_BUCKETS,
 )

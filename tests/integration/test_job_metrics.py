@@ -18,6 +18,7 @@ from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
 from hypermedia.ids import created_at
 from hypermedia.jobs.priority import BANDS, band_of
+from hypermedia.jobs.states import JobStatus
 from hypermedia.metrics.head import HeadMetrics
 from tests.factories import add_worker_row, make_user, open_stack, submit
 from tests.metrics_support import parse, sum_by
@@ -156,6 +157,38 @@ def test_the_head_metrics_equal_the_record(engine, settings):
     assert sum_by(samples, "hypermedia_worker_heartbeat_age_seconds", ("queue",)) == {
         ("images",): pytest.approx(now - beat),
         ("media",): pytest.approx(now - beat),
+    }
+    stack.close()
+
+
+def test_a_cancelled_attempt_is_timed_as_cancelled(engine, settings):
+    """Jobs their owner cancelled while they ran: one its worker honoured the cancel
+    of, one whose attempt failed first (a retry to follow), one whose attempt failed for
+    good (an error not retryable). Both that failed ended cancelled, yet their attempts'
+    durations went under ``outcome="failed"`` (and the honoured one's nowhere): a
+    dashboard of failed attempts' times counted the owner's cancels. Now the outcome
+    is the job's end: ``cancelled``, the three of them, none ``failed``."""
+    clock = ManualClock(time.time())
+    stack = open_stack(settings, engine, clock)
+    assert isinstance(stack.metrics, HeadMetrics)
+    person = make_user(stack)
+    ids = [submit(stack, person, ["thumbnail"])[0] for _ in range(3)]
+    honoured, retried, permanent = stack.dispatcher.claim_and_start("images", "w1", 3)
+    assert [job.job_id for job in (honoured, retried, permanent)] == ids
+    for job_id in ids:
+        assert stack.ingest.cancel(person.caller, job_id) is JobStatus.PROCESSING
+    clock.advance(2)
+    assert stack.dispatcher.honour_cancel(honoured, "w1")
+    assert stack.dispatcher.fail(retried, "w1", "pipeline_crashed", "boom") is JobStatus.CANCELLED
+    clock.advance(1)
+    status = stack.dispatcher.fail(permanent, "w1", "invalid_input", "bad", retryable=False)
+    assert status is JobStatus.CANCELLED
+
+    samples = parse(stack.metrics.exposition().decode())
+    duration = sum_by(samples, "hypermedia_job_duration_seconds_count", ("outcome",))
+    assert duration == {("cancelled",): 3}
+    assert sum_by(samples, "hypermedia_job_duration_seconds_sum", ("outcome",)) == {
+        ("cancelled",): pytest.approx(2 + 2 + 3)
     }
     stack.close()
 
