@@ -186,6 +186,10 @@ class Settings(BaseSettings):
     callback_max_attempts: int = Field(default=8, ge=1, le=100)
     callback_timeout_seconds: float = Field(default=10.0, gt=0, le=120)
     callback_poll_seconds: float = Field(default=1.0, gt=0, le=3600)
+    # How long a callback given up (callback_max_attempts failed attempts) stays in the
+    # outbox, for GET /jobs/{id} to show its last answer; the head's maintenance then
+    # deletes it. At least the hour hypermedia_callbacks_failed counts.
+    callback_failed_retention_seconds: float = Field(default=7 * 86_400.0, ge=3600, le=366 * 86_400)
     # Bulk runs (hypermedia.bulk): how often the head looks at runs with no room for
     # jobs (a run with room is driven at once).
     bulk_poll_seconds: float = Field(default=2.0, gt=0, le=3600)

@@ -10,7 +10,9 @@ finished. Every :data:`CHECKPOINT_SWEEP_SECONDS` it deletes the checkpoints of j
 that ended and the orphans (:func:`hypermedia.jobs.checkpoints.sweep`), and every
 :data:`~hypermedia.storage.deletions.SWEEP_SECONDS` the blobs of deleted objects that
 the storage failed to delete when they were (:func:`hypermedia.storage.deletions.sweep`,
-with backoff). A second
+with backoff). Every :data:`CALLBACK_PRUNE_SECONDS` it deletes the job callbacks given
+up longer than ``callback_failed_retention_seconds`` ago
+(:func:`hypermedia.jobs.callbacks.prune_failed`). A second
 thread sends completion webhooks (:mod:`hypermedia.callbacks`)
 every ``callback_poll_seconds``, so a receiver that hangs never delays the reaper. A
 third drives bulk runs (:class:`~hypermedia.bulk.runner.BulkRunner`): at once while a
@@ -38,8 +40,10 @@ import uvicorn
 
 from hypermedia.bulk.runner import BulkRunner
 from hypermedia.callbacks import CallbackSender
+from hypermedia.clock import age_text
 from hypermedia.config import Settings
 from hypermedia.errors import HypermediaError, ServiceUnavailable
+from hypermedia.jobs import callbacks as outbox
 from hypermedia.jobs import checkpoints
 from hypermedia.jobs.reaper import reconcile
 from hypermedia.logs import REDACTED, SECRET_PARAMETERS, Outage
@@ -58,6 +62,8 @@ log = logging.getLogger(__name__)
 
 # How often ended jobs' checkpoints are deleted (hypermedia.jobs.checkpoints.sweep).
 CHECKPOINT_SWEEP_SECONDS = 5.0
+# How often the callbacks given up past their retention are deleted.
+CALLBACK_PRUNE_SECONDS = 300.0
 # A stopping API's uploads refused (api_shutdown_seconds), how long their answers and
 # the removal of their partial bytes may take before uvicorn cancels what still runs.
 STOP_ANSWER_SECONDS = 5.0
@@ -128,7 +134,7 @@ class Maintenance:
 
     def _run(self) -> None:
         next_reconcile = self._monotonic()  # reconcile once at start
-        next_sweep = next_blob_sweep = self._monotonic()
+        next_sweep = next_blob_sweep = next_callback_prune = self._monotonic()
         while not self._stop.is_set():
             if self._monotonic() >= next_reconcile or self.stack.queue.reconcile_wanted():
                 self._step("reconcile", self.reconcile)
@@ -140,6 +146,9 @@ class Maintenance:
             if self._monotonic() >= next_blob_sweep:
                 self._step("blob_sweep", self.sweep_blobs)
                 next_blob_sweep = self._monotonic() + deletions.SWEEP_SECONDS
+            if self._monotonic() >= next_callback_prune:
+                self._step("callback_prune", self.prune_callbacks)
+                next_callback_prune = self._monotonic() + CALLBACK_PRUNE_SECONDS
             self.rounds += 1
             self._stop.wait(self.reaper_interval)
 
@@ -158,6 +167,20 @@ class Maintenance:
                 self.stack.clock,
                 backends=self.stack.backends,
             )
+
+    def prune_callbacks(self) -> int:
+        """Job callbacks given up longer ago than ``callback_failed_retention_seconds``,
+        deleted; answers how many."""
+        retention = self.stack.settings.callback_failed_retention_seconds
+        pruned = outbox.prune_failed(self.stack.engine, self.stack.clock.now() - retention)
+        if pruned:
+            log.info(
+                "deleted %d job callbacks given up more than %s ago",
+                pruned,
+                age_text(retention),
+                extra={"action": "callback_prune"},
+            )
+        return pruned
 
     def reconcile(self) -> None:
         reconcile(self.stack.engine, self.stack.queue)

@@ -13,7 +13,9 @@ job has one such event, and every attempt to deliver it carries the same id (the
 webhook's ``X-Hypermedia-Delivery``), whoever sends it.
 
 Delivery states: ``pending`` (due at ``next_attempt_at``) -> ``delivered`` (a 2xx
-answer) | ``failed`` (the sender's attempt limit reached). A receiver that does not
+answer) | ``failed`` (the sender's attempt limit reached). A ``failed`` row is kept
+``callback_failed_retention_seconds`` after its last attempt, then the head's maintenance
+deletes it (:func:`prune_failed`): its job shows no callback since. A receiver that does not
 answer has its other due rows postponed (:func:`postpone`) behind the one retried,
 their attempts uncounted. An attempt is claimed by a
 guarded UPDATE (the attempt count and due time as read) that pushes
@@ -30,16 +32,22 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Row, String, insert, literal, select, update
+from sqlalchemy import Connection, Engine, Row, String, delete, insert, literal, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.sql import func
 
 from hypermedia.clock import to_datetime, to_epoch
 from hypermedia.db import tables as t
+from hypermedia.db.engine import transaction
 
 PENDING = "pending"
 DELIVERED = "delivered"
 FAILED = "failed"
+
+# The window of the callbacks given up that the metrics count (hypermedia_callbacks_failed).
+FAILED_WINDOW_SECONDS = 3600.0
+# Rows one transaction of prune_failed deletes.
+PRUNE_BATCH = 1000
 
 
 def event_id(job_id: str, event: str) -> str:
@@ -167,11 +175,32 @@ def of_job(conn: Connection, job_id: str) -> Row[Any] | None:
     return conn.execute(select(t.callbacks).where(t.callbacks.c.job_id == job_id)).first()
 
 
+def prune_failed(engine: Engine, before: float, batch: int = PRUNE_BATCH) -> int:
+    """Delete the rows given up (``failed``) whose last attempt was before ``before``,
+    ``batch`` a transaction (a long backlog holds no writer long); answers how many."""
+    c = t.callbacks.c
+    total = 0
+    while True:
+        doomed = (
+            select(c.event_id)
+            .where(c.status == FAILED, c.last_attempt_at < to_datetime(before))
+            .limit(batch)
+        )
+        with transaction(engine) as conn:
+            deleted = conn.execute(
+                delete(t.callbacks).where(c.event_id.in_(doomed.scalar_subquery()))
+            ).rowcount
+        total += deleted
+        if deleted < batch:
+            return total
+
+
 @dataclass(frozen=True, slots=True)
 class Backlog:
     """The outbox as the metrics tell it: events not delivered yet (``pending``, due
-    or waiting for a retry), those given up (``failed``, every one the record holds),
-    and how long the oldest pending one has waited since its job ended (0 when none)."""
+    or waiting for a retry), those given up (``failed``) in the last
+    :data:`FAILED_WINDOW_SECONDS` (by their last attempt), and how long the oldest
+    pending one has waited since its job ended (0 when none)."""
 
     pending: int
     failed: int
@@ -180,15 +209,19 @@ class Backlog:
 
 def backlog(conn: Connection, now: float) -> Backlog:
     """:class:`Backlog` in one read (delivered rows, most of the table, are not read:
-    ``ix_job_callbacks_status_next_attempt_at`` leads with the status)."""
+    ``ix_job_callbacks_status_next_attempt_at`` leads with the status; nor are the
+    failed ones of more than the window: a row's ``next_attempt_at`` is never before
+    its last attempt, which :func:`claim` pushed it past)."""
     c = t.callbacks.c
     pending = c.status == PENDING
+    since = to_datetime(now - FAILED_WINDOW_SECONDS)
+    failed = (c.status == FAILED) & (c.next_attempt_at >= since)
     count_pending, count_failed, oldest = conn.execute(
         select(
             func.count().filter(pending),
-            func.count().filter(c.status == FAILED),
+            func.count().filter(failed & (c.last_attempt_at >= since)),
             func.min(c.created_at).filter(pending),
-        ).where(c.status.in_((PENDING, FAILED)))
+        ).where(pending | failed)
     ).one()
     age = 0.0 if oldest is None else max(0.0, now - to_epoch(oldest))
     return Backlog(int(count_pending), int(count_failed), age)

@@ -100,9 +100,10 @@ What each counts:
   none). A blob left there is still stored, and paid for.
 * *callbacks*: the completion webhooks of the outbox (``job_callbacks``,
   :mod:`hypermedia.callbacks`) not delivered yet (``pending``: due, or waiting for a
-  retry after a receiver failed), those given up after ``callback_max_attempts``
-  (``failed``: every one the record holds, so it only grows; ``delta`` over a window
-  counts the new ones), and how long the oldest pending one has waited since its job
+  retry after a receiver failed), those given up after ``callback_max_attempts`` in the
+  last hour (``failed``, by their last attempt: the outbox keeps them
+  ``callback_failed_retention_seconds``, then the head's maintenance deletes them), and
+  how long the oldest pending one has waited since its job
   ended (0 when none). With the default attempts and backoff an event is delivered or
   given up within about 25 minutes: one older than that is a sender not working
   through the outbox (the head's maintenance stopped, a lane stuck).
@@ -321,8 +322,8 @@ CALLBACKS_PENDING = Metric(
 CALLBACKS_FAILED = Metric(
     "hypermedia_callbacks_failed",
     "gauge",
-    "Job callbacks given up after callback_max_attempts failed attempts (every one the"
-    " record holds: it only grows).",
+    "Job callbacks given up after callback_max_attempts failed attempts, in the last hour"
+    " (by their last attempt).",
 )
 CALLBACKS_OLDEST = Metric(
     "hypermedia_callbacks_oldest_pending_age_seconds",

@@ -261,10 +261,11 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 "Job callbacks (completion webhooks) not delivered yet: due, or waiting for"
                 " a retry after their receiver failed; and those given up in the last hour"
                 " (callback_max_attempts failed attempts: GET /jobs/{id} shows each one's"
-                " last answer).",
+                " last answer for callback_failed_retention_seconds, 7 days); alerts on"
+                " any given up.",
                 (
                     ("max(hypermedia_callbacks_pending)", "pending"),
-                    ("max(delta(hypermedia_callbacks_failed[1h]))", "given up, last hour"),
+                    ("max(hypermedia_callbacks_failed)", "given up, last hour"),
                 ),
             ),
             Panel(

@@ -537,3 +537,55 @@ def test_the_outbox_backlog_is_scraped(stack, manual_clock):
         "hypermedia_callbacks_failed": 1.0,
         "hypermedia_callbacks_oldest_pending_age_seconds": 0.0,
     }
+
+
+def test_given_up_callbacks_are_kept_for_their_retention_and_scraped_for_the_last_hour(
+    stack, manual_clock
+):
+    """``hypermedia_callbacks_failed`` counted every ``failed`` row the outbox held, and
+    nothing ever deleted one: the table grew with every event given up and the gauge
+    only went up (the dashboard drew its ``delta`` for the new ones). Now the head's
+    maintenance deletes those given up longer ago than ``callback_failed_retention_
+    seconds`` (7 days), and the gauge counts those given up in the last hour: an event
+    given up two days ago is no longer counted, one given up 8 days ago is gone (its
+    job shows no callback), those given up 6 days ago are kept."""
+    from hypermedia.server import Maintenance
+    from tests.support import within
+
+    assert stack.settings.callback_failed_retention_seconds == 7 * 86_400
+    person = make_user(stack)
+    maintenance = Maintenance(stack, reaper_interval=1, reconcile_interval=60)
+
+    def give_up(job_ids: list[str]) -> None:
+        for job_id in job_ids:
+            stack.ingest.cancel(person.caller, job_id)
+        for attempt in (1, 2):  # callback_max_attempts
+            deliveries = _sender(stack).deliver_due()
+            assert [(d.job_id, d.delivered) for d in deliveries] == [(j, False) for j in job_ids]
+            manual_clock.advance(webhooks.backoff(attempt))
+
+    with receiving() as receiver:
+        receiver.answers = [500] * 6
+        old, *recent = (
+            submit(stack, person, ["thumbnail"], callback_url=receiver.url)[0] for _ in range(3)
+        )
+        give_up([old])
+        manual_clock.advance(2 * 86_400)
+        give_up(recent)
+    assert {r.job_id: r.status for r in _outbox(stack).values()} == dict.fromkeys(
+        [old, *recent], "failed"
+    )
+    assert _scraped(stack)["hypermedia_callbacks_failed"] == 2.0  # the last hour's
+    manual_clock.advance(3600)
+    assert _scraped(stack)["hypermedia_callbacks_failed"] == 0.0
+    maintenance.prune_callbacks()
+    assert len(_outbox(stack)) == 3  # none past its retention yet
+    manual_clock.advance(6 * 86_400)
+    maintenance.start()  # its loop prunes at once, then every CALLBACK_PRUNE_SECONDS
+    try:
+        assert within(30, lambda: len(_outbox(stack)) == 2)
+    finally:
+        maintenance.stop()
+    assert sorted(_outbox(stack)) == sorted(recent)
+    assert stack.ingest.get_job(person.caller, old).callback is None
+    assert stack.ingest.get_job(person.caller, recent[0]).callback is not None

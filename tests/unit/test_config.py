@@ -101,6 +101,12 @@ def test_derived_paths(tmp_path):
             ["hooks.example.com", "10.0.0.5:8443", "[::1]:9000"],
         ),
         ("HYPERMEDIA_CALLBACK_MAX_ATTEMPTS", "3", "callback_max_attempts", 3),
+        (
+            "HYPERMEDIA_CALLBACK_FAILED_RETENTION_SECONDS",
+            "86400",
+            "callback_failed_retention_seconds",
+            86400.0,
+        ),
     ],
 )
 def test_environment_overrides(monkeypatch, variable, value, attribute, expected):
@@ -280,6 +286,12 @@ BAD_VALUES = [
     ("HYPERMEDIA_CALLBACK_HOSTS", "a.example.com,b.example.com/x", "callback_hosts", "no path"),
     ("HYPERMEDIA_CALLBACK_SECRET", "short", "callback_secret", "at least 32"),
     ("HYPERMEDIA_CALLBACK_MAX_ATTEMPTS", "0", "callback_max_attempts", ">= 1"),
+    (
+        "HYPERMEDIA_CALLBACK_FAILED_RETENTION_SECONDS",
+        "60",
+        "callback_failed_retention_seconds",
+        ">= 3600",
+    ),
     (
         "HYPERMEDIA_QUEUES",
         '{"images": {"claimers": 2}}',
