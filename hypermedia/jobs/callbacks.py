@@ -199,12 +199,14 @@ def prune_failed(engine: Engine, before: float, batch: int = PRUNE_BATCH) -> int
 class Backlog:
     """The outbox as the metrics tell it: events not delivered yet (``pending``, due
     or waiting for a retry), those given up (``failed``) in the last
-    :data:`FAILED_WINDOW_SECONDS` (by their last attempt), and how long the oldest
-    pending one has waited since its job ended (0 when none)."""
+    :data:`FAILED_WINDOW_SECONDS` (by their last attempt), how long the oldest
+    pending one has waited since its job ended, and how long the oldest due one has
+    waited for its attempt since it was due (each 0 when none)."""
 
     pending: int
     failed: int
     oldest_pending_age_seconds: float
+    oldest_overdue_seconds: float = 0.0
 
 
 def backlog(conn: Connection, now: float) -> Backlog:
@@ -216,12 +218,14 @@ def backlog(conn: Connection, now: float) -> Backlog:
     pending = c.status == PENDING
     since = to_datetime(now - FAILED_WINDOW_SECONDS)
     failed = (c.status == FAILED) & (c.next_attempt_at >= since)
-    count_pending, count_failed, oldest = conn.execute(
+    count_pending, count_failed, oldest, due = conn.execute(
         select(
             func.count().filter(pending),
             func.count().filter(failed & (c.last_attempt_at >= since)),
             func.min(c.created_at).filter(pending),
+            func.min(c.next_attempt_at).filter(pending & (c.next_attempt_at <= to_datetime(now))),
         ).where(pending | failed)
     ).one()
     age = 0.0 if oldest is None else max(0.0, now - to_epoch(oldest))
-    return Backlog(int(count_pending), int(count_failed), age)
+    overdue = 0.0 if due is None else max(0.0, now - to_epoch(due))
+    return Backlog(int(count_pending), int(count_failed), age, overdue)

@@ -54,6 +54,7 @@ metric                                            type       labels             
 ``callbacks_pending``                             gauge                                    head
 ``callbacks_failed``                              gauge                                    head
 ``callbacks_oldest_pending_age_seconds``          gauge                                    head
+``callbacks_oldest_overdue_seconds``              gauge                                    head
 ================================================  =========  ============================  ======
 
 What each counts:
@@ -102,11 +103,18 @@ What each counts:
   :mod:`hypermedia.callbacks`) not delivered yet (``pending``: due, or waiting for a
   retry after a receiver failed), those given up after ``callback_max_attempts`` in the
   last hour (``failed``, by their last attempt: the outbox keeps them
-  ``callback_failed_retention_seconds``, then the head's maintenance deletes them), and
-  how long the oldest pending one has waited since its job
-  ended (0 when none). With the default attempts and backoff an event is delivered or
-  given up within about 25 minutes: one older than that is a sender not working
-  through the outbox (the head's maintenance stopped, a lane stuck).
+  ``callback_failed_retention_seconds``, then the head's maintenance deletes them),
+  how long the oldest pending one has waited since its job ended, and how long the
+  oldest *due* one has waited for its attempt (``overdue``; each 0 when none). An
+  event's age says how late its receiver hears of its job, not whether the sender
+  works: with the default attempts and backoff one event is delivered or given up
+  within about 25 minutes, but a receiver that does not answer has its events tried
+  one at a time (the next once the one before is given up: its fifth waits about 1 h
+  45 min), and ``callback_max_attempts`` above 10 keeps a single event pending past an
+  hour (up to a day at 100). A working sender takes a due event within a poll or its
+  receiver's lane, so an event overdue for long is a sender not working through the
+  outbox (the head's maintenance stopped, a lane stuck): ``HypermediaCallbacksStuck``
+  reads that.
 
 Nothing here imports prometheus-client or Ray: a :class:`Recorder` is passed to what
 counts (the dispatcher, the reaper, ingest, the scheduler), built by whoever opens the
@@ -331,6 +339,12 @@ CALLBACKS_OLDEST = Metric(
     "How long the oldest job callback not delivered yet has waited since its job ended"
     " (0 when none).",
 )
+CALLBACKS_OVERDUE = Metric(
+    "hypermedia_callbacks_oldest_overdue_seconds",
+    "gauge",
+    "How long the oldest job callback due for an attempt has waited for it (0 when none):"
+    " a working sender takes one within a poll, whatever its receiver does.",
+)
 
 CATALOGUE: tuple[Metric, ...] = (
     JOBS_SUBMITTED,
@@ -361,6 +375,7 @@ CATALOGUE: tuple[Metric, ...] = (
     CALLBACKS_PENDING,
     CALLBACKS_FAILED,
     CALLBACKS_OLDEST,
+    CALLBACKS_OVERDUE,
 )
 # What the head reads from Redis and the record when it is scraped (never recorded).
 SCRAPED: tuple[Metric, ...] = (
@@ -378,6 +393,7 @@ SCRAPED: tuple[Metric, ...] = (
     CALLBACKS_PENDING,
     CALLBACKS_FAILED,
     CALLBACKS_OLDEST,
+    CALLBACKS_OVERDUE,
 )
 
 

@@ -270,11 +270,16 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
             ),
             Panel(
                 "Oldest callback waiting",
-                "How long the oldest callback not delivered has waited since its job ended."
-                " With the default attempts and backoff one is delivered or given up within"
-                " about 25 minutes; alerts past an hour (the head's callback sender is not"
-                " working through them: its log, action callback, says why).",
-                (("max(hypermedia_callbacks_oldest_pending_age_seconds)", "oldest"),),
+                "How long the oldest callback not delivered has waited since its job ended"
+                " (a receiver that does not answer has its events tried one at a time, about"
+                " 25 minutes each with the default attempts), and how long the oldest one due"
+                " for an attempt has waited for it: a working sender takes it within a poll;"
+                " alerts past an hour (the head's callback sender is not working through"
+                " them: its log, action callback, says why).",
+                (
+                    ("max(hypermedia_callbacks_oldest_pending_age_seconds)", "oldest"),
+                    ("max(hypermedia_callbacks_oldest_overdue_seconds)", "overdue"),
+                ),
                 unit="s",
                 thresholds=(3600,),
             ),

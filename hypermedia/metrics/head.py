@@ -42,6 +42,7 @@ from hypermedia.metrics import (
     BULK_RUN_OBJECTS,
     CALLBACKS_FAILED,
     CALLBACKS_OLDEST,
+    CALLBACKS_OVERDUE,
     CALLBACKS_PENDING,
     CLAIMS_PAUSED,
     CLOUD,
@@ -193,11 +194,12 @@ class StateCollector(Collector):
         with snapshot(self.engine) as conn:  # a read: no writer waits for it (SQLite)
             backlog = callbacks.backlog(conn, now)
         pending, failed = _family(CALLBACKS_PENDING), _family(CALLBACKS_FAILED)
-        oldest = _family(CALLBACKS_OLDEST)
+        oldest, overdue = _family(CALLBACKS_OLDEST), _family(CALLBACKS_OVERDUE)
         pending.add_metric([], backlog.pending)
         failed.add_metric([], backlog.failed)
         oldest.add_metric([], backlog.oldest_pending_age_seconds)
-        yield from (pending, failed, oldest)
+        overdue.add_metric([], backlog.oldest_overdue_seconds)
+        yield from (pending, failed, oldest, overdue)
 
     def _bulk(self) -> Iterator[GaugeMetricFamily]:
         from hypermedia.bulk import runs

@@ -512,6 +512,7 @@ def test_the_outbox_backlog_is_scraped(stack, manual_clock):
             "hypermedia_callbacks_pending": 0.0,
             "hypermedia_callbacks_failed": 0.0,
             "hypermedia_callbacks_oldest_pending_age_seconds": 0.0,
+            "hypermedia_callbacks_oldest_overdue_seconds": 0.0,
         }
         for job_id in (first, second, third):
             stack.ingest.cancel(person.caller, job_id)
@@ -520,6 +521,7 @@ def test_the_outbox_backlog_is_scraped(stack, manual_clock):
             "hypermedia_callbacks_pending": 3.0,
             "hypermedia_callbacks_failed": 0.0,
             "hypermedia_callbacks_oldest_pending_age_seconds": 100.0,
+            "hypermedia_callbacks_oldest_overdue_seconds": 100.0,  # due since their jobs ended
         }
         receiver.answers = [500, 200, 200]
         sender = _sender(stack)
@@ -536,6 +538,7 @@ def test_the_outbox_backlog_is_scraped(stack, manual_clock):
         "hypermedia_callbacks_pending": 0.0,
         "hypermedia_callbacks_failed": 1.0,
         "hypermedia_callbacks_oldest_pending_age_seconds": 0.0,
+        "hypermedia_callbacks_oldest_overdue_seconds": 0.0,
     }
 
 
@@ -589,3 +592,70 @@ def test_given_up_callbacks_are_kept_for_their_retention_and_scraped_for_the_las
     assert sorted(_outbox(stack)) == sorted(recent)
     assert stack.ingest.get_job(person.caller, old).callback is None
     assert stack.ingest.get_job(person.caller, recent[0]).callback is not None
+
+
+def _closed_port() -> int:
+    """A port of this machine nobody listens on (bound, then closed)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+def test_a_receiver_down_holds_its_callbacks_past_an_hour_yet_none_is_overdue(
+    engine, settings, manual_clock
+):
+    """``HypermediaCallbacksStuck`` fired on ``hypermedia_callbacks_oldest_pending_age_
+    seconds`` past an hour, "longer than its attempts take": with the default
+    callback_max_attempts (8) an event is delivered or given up within about 25 minutes.
+    But a receiver that does not answer has its events tried one at a time (each the
+    next once the one before is given up), so its fifth event waited 1 h 46 min
+    (6,389 s) with the sender working at every due moment (and callback_max_attempts
+    above 10 keeps a single event pending past an hour). The alert now reads how long
+    the oldest *due* event has waited for its attempt
+    (``hypermedia_callbacks_oldest_overdue_seconds``): a poll's second or two here,
+    however long a receiver's events wait; an hour when the sender stops."""
+    stack = _local_callbacks(settings, engine, manual_clock)
+    assert stack.settings.callback_max_attempts == 8
+    person = make_user(stack)
+    url = f"http://127.0.0.1:{_closed_port()}/hook"
+    jobs = [submit(stack, person, ["thumbnail"], callback_url=url)[0] for _ in range(5)]
+    for job_id in jobs:
+        stack.ingest.cancel(person.caller, job_id)
+    sender = _sender(stack)
+    oldest = overdue = 0.0
+    while any(r.status == "pending" for r in _outbox(stack).values()):
+        scraped = _scraped(stack)  # as Prometheus would between the sender's passes
+        oldest = max(oldest, scraped["hypermedia_callbacks_oldest_pending_age_seconds"])
+        overdue = max(overdue, scraped.get("hypermedia_callbacks_oldest_overdue_seconds", -1))
+        assert len(sender.deliver_due()) == 1  # one attempt a pass: the others wait behind it
+        waiting = [r.next_attempt_at for r in _outbox(stack).values() if r.status == "pending"]
+        if waiting:  # the sender's next pass: a poll's second after the next is due
+            manual_clock.advance(max(0.0, min(waiting).timestamp() - manual_clock.now()) + 1)
+    rows = _outbox(stack).values()
+    assert [(r.status, r.attempts) for r in rows] == [("failed", 8)] * 5
+    assert oldest > 3600 + 600, oldest  # the fifth's age at its last attempt: ~1 h 46 min
+    # A poll's second; two where an event was due with the one before it, given up.
+    assert 0 < overdue <= 2, overdue
+    stack.close()
+
+
+def test_a_stopped_sender_leaves_its_due_callbacks_overdue(stack, manual_clock):
+    """The other side: nobody sends (the head's maintenance stopped), and the oldest due
+    event's wait is the alert's measure, from the moment it was due."""
+    person = make_user(stack)
+    first, second = (
+        submit(stack, person, ["thumbnail"], callback_url="http://127.0.0.1:9/hook")[0]
+        for _ in range(2)
+    )
+    stack.ingest.cancel(person.caller, first)
+    assert _scraped(stack)["hypermedia_callbacks_oldest_overdue_seconds"] == 0.0
+    manual_clock.advance(3000)
+    stack.ingest.cancel(person.caller, second)
+    manual_clock.advance(601)
+    scraped = _scraped(stack)
+    assert scraped["hypermedia_callbacks_oldest_overdue_seconds"] == pytest.approx(3601)
+    assert scraped["hypermedia_callbacks_oldest_pending_age_seconds"] == pytest.approx(3601)
+    assert scraped["hypermedia_callbacks_pending"] == 2.0
