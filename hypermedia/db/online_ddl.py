@@ -7,6 +7,11 @@ writes go on; PostgreSQL refuses that inside a transaction, so it runs in Alembi
 autocommit block: the migration's transaction is committed before it (what came
 before the index in the migration must be safe to run again: the build may fail, or
 the process end, before the revision is recorded) and a new one begun after it.
+Likewise ``DROP INDEX`` takes an ACCESS EXCLUSIVE lock on the table (brief, but behind
+any transaction in flight on it, with every query of the table queued behind it):
+:func:`drop_index` drops ``CONCURRENTLY``, and :func:`replace_indexes` gives an index a
+new definition under its name without a moment when there is none (its uniqueness
+kept throughout).
 
 A concurrent build waits for the transactions begun before it to end (a backup, a
 report: the writes go on meanwhile), so it runs without the migration's
@@ -22,13 +27,28 @@ Only for migrations: Alembic's ``op`` is that of the migration running.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, NamedTuple
 
 from alembic import op
-from sqlalchemy import text
+from sqlalchemy import Connection, text
 
 log = logging.getLogger(__name__)
+
+# The name a replacement is built under (see replace_indexes); PostgreSQL's names are
+# at most 63 bytes.
+_NEW = "_new"
+_MAX_NAME = 63
+
+
+class IndexSpec(NamedTuple):
+    """An index as :func:`create_index` takes it."""
+
+    name: str
+    columns: Sequence[str]
+    unique: bool = False
+    where: str | None = None
 
 
 def create_index(
@@ -41,57 +61,174 @@ def create_index(
 ) -> None:
     """``op.create_index``; on PostgreSQL built concurrently (see the module docstring).
     ``where``: a partial index's predicate (SQL, on both databases). Call it last in a
-    migration's ``upgrade``."""
-    predicate = None if where is None else text(where)
-    partial: dict[str, Any] = {"postgresql_where": predicate, "sqlite_where": predicate}
-    if op.get_bind().dialect.name != "postgresql":
-        op.create_index(name, table, list(columns), unique=unique, **partial)
+    migration's ``upgrade`` (or followed only by more of this module's calls)."""
+    if not _postgres():
+        op.create_index(name, table, list(columns), unique=unique, **_partial(where))
         return
-    with op.get_context().autocommit_block():
-        conn = op.get_bind()
-        valid = conn.execute(
-            text(
-                "SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
-                " WHERE c.relname = :name AND c.relnamespace = current_schema()::regnamespace"
-            ),
-            {"name": name},
-        ).scalar()
-        if valid:
-            log.info(
-                "index %s on %s is already built (by an attempt that ended before it was recorded)",
-                name,
-                table,
-                extra={"action": "migrate"},
+    with op.get_context().autocommit_block(), _no_lock_timeout() as conn:
+        _build(conn, IndexSpec(name, columns, unique, where), table)
+
+
+def drop_index(name: str, table: str) -> None:
+    """``op.drop_index``; on PostgreSQL ``DROP INDEX CONCURRENTLY IF EXISTS`` (no
+    lock on the table that stops its reads or writes; it waits for the transactions
+    using the index to end), outside the migration's transaction as
+    :func:`create_index` builds. Call it last in a migration (or followed only by more
+    of this module's calls)."""
+    if not _postgres():
+        op.drop_index(name, table_name=table)
+        return
+    with op.get_context().autocommit_block(), _no_lock_timeout() as conn:
+        _drop(conn, name, table)
+
+
+def replace_indexes(table: str, indexes: Sequence[IndexSpec]) -> None:
+    """Give each of ``indexes`` (existing under its name) the definition it holds.
+
+    On SQLite: each dropped, then each created, in the migration's transaction (as a
+    migration's ``op.drop_index`` and ``op.create_index`` did). On PostgreSQL, for each
+    one: the new definition built concurrently under a temporary name (``<name>_new``)
+    while the old index still serves queries and, for a unique one, keeps its rule
+    (a plain drop and build stopped every write for the build, and dropping first
+    concurrently would leave a moment with neither), then the old one dropped
+    concurrently and the new one renamed to its name (``ALTER INDEX ... RENAME``:
+    a SHARE UPDATE EXCLUSIVE lock on the index alone). Run again after it was cut
+    short, it goes on from where it was: an index of the name with the new definition
+    (columns, uniqueness, partial or not) and no ``<name>_new`` is done. Call it last in
+    a migration (or followed only by more of this module's calls)."""
+    if not _postgres():
+        for spec in indexes:
+            op.drop_index(spec.name, table_name=table)
+        for spec in indexes:
+            op.create_index(
+                spec.name, table, list(spec.columns), unique=spec.unique, **_partial(spec.where)
             )
-            return
-        lock_timeout = conn.exec_driver_sql("SHOW lock_timeout").scalar()
-        conn.exec_driver_sql("SET lock_timeout = 0")
-        try:
-            if valid is False:
-                log.warning(
-                    "index %s on %s was left INVALID by a build that failed: dropping it to"
-                    " build it again",
-                    name,
+        return
+    for spec in indexes:
+        new = f"{spec.name}{_NEW}"
+        if len(new.encode()) > _MAX_NAME:
+            raise ValueError(f"index name too long for its replacement's: {new}")
+        with op.get_context().autocommit_block(), _no_lock_timeout() as conn:
+            if _is_defined_as(conn, spec) and _validity(conn, new) is None:
+                log.info(
+                    "index %s on %s has its new definition already (by an attempt that"
+                    " ended before it was recorded)",
+                    spec.name,
                     table,
                     extra={"action": "migrate"},
                 )
-                conn.exec_driver_sql(f'DROP INDEX CONCURRENTLY IF EXISTS "{name}"')
-            log.info(
-                "building index %s on %s concurrently: writes to it go on; it waits for"
-                " the transactions begun before it to end",
-                name,
-                table,
-                extra={"action": "migrate"},
-            )
-            op.create_index(
-                name,
-                table,
-                list(columns),
-                unique=unique,
-                postgresql_concurrently=True,
-                **partial,
-            )
-        finally:
-            conn.execute(
-                text("SELECT set_config('lock_timeout', :value, false)"), {"value": lock_timeout}
-            )
+                continue
+            _build(conn, spec._replace(name=new), table)
+            _drop(conn, spec.name, table)
+            conn.exec_driver_sql(f'ALTER INDEX "{new}" RENAME TO "{spec.name}"')
+
+
+def _postgres() -> bool:
+    return bool(op.get_bind().dialect.name == "postgresql")
+
+
+def _partial(where: str | None) -> dict[str, Any]:
+    predicate = None if where is None else text(where)
+    return {"postgresql_where": predicate, "sqlite_where": predicate}
+
+
+@contextmanager
+def _no_lock_timeout() -> Iterator[Connection]:
+    """The migration's connection without its ``lock_timeout`` (restored after): a
+    concurrent build or drop waits for the transactions begun before it, and giving up
+    would throw its work away (it stops no reader or writer meanwhile)."""
+    conn = op.get_bind()
+    lock_timeout = conn.exec_driver_sql("SHOW lock_timeout").scalar()
+    conn.exec_driver_sql("SET lock_timeout = 0")
+    try:
+        yield conn
+    finally:
+        conn.execute(
+            text("SELECT set_config('lock_timeout', :value, false)"), {"value": lock_timeout}
+        )
+
+
+def _validity(conn: Connection, name: str) -> bool | None:
+    """Whether index ``name`` of the current schema is valid; None: there is none."""
+    valid: bool | None = conn.execute(
+        text(
+            "SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+            " WHERE c.relname = :name AND c.relnamespace = current_schema()::regnamespace"
+        ),
+        {"name": name},
+    ).scalar()
+    return valid
+
+
+def _is_defined_as(conn: Connection, spec: IndexSpec) -> bool:
+    """Whether index ``spec.name`` is there, valid, on ``spec``'s columns (in order),
+    unique as it says and partial as it says (its predicate's text is not compared)."""
+    row = conn.execute(
+        text(
+            "SELECT i.indisvalid, i.indisunique, i.indpred IS NOT NULL AS partial,"
+            " array(SELECT a.attname::text FROM unnest(i.indkey::int2[]) WITH ORDINALITY"
+            " AS k(attnum, n) JOIN pg_attribute a ON a.attrelid = i.indrelid"
+            " AND a.attnum = k.attnum ORDER BY k.n) AS columns"
+            " FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+            " WHERE c.relname = :name AND c.relnamespace = current_schema()::regnamespace"
+        ),
+        {"name": spec.name},
+    ).first()
+    return (
+        row is not None
+        and row.indisvalid
+        and row.indisunique == spec.unique
+        and row.partial == (spec.where is not None)
+        and list(row.columns) == list(spec.columns)
+    )
+
+
+def _build(conn: Connection, spec: IndexSpec, table: str) -> None:
+    """Build ``spec`` concurrently, unless a valid index of its name is there; an
+    INVALID one is dropped first."""
+    name = spec.name
+    valid = _validity(conn, name)
+    if valid:
+        log.info(
+            "index %s on %s is already built (by an attempt that ended before it was recorded)",
+            name,
+            table,
+            extra={"action": "migrate"},
+        )
+        return
+    if valid is False:
+        log.warning(
+            "index %s on %s was left INVALID by a build that failed: dropping it to build it again",
+            name,
+            table,
+            extra={"action": "migrate"},
+        )
+        conn.exec_driver_sql(f'DROP INDEX CONCURRENTLY IF EXISTS "{name}"')
+    log.info(
+        "building index %s on %s concurrently: writes to it go on; it waits for"
+        " the transactions begun before it to end",
+        name,
+        table,
+        extra={"action": "migrate"},
+    )
+    op.create_index(
+        name,
+        table,
+        list(spec.columns),
+        unique=spec.unique,
+        postgresql_concurrently=True,
+        **_partial(spec.where),
+    )
+
+
+def _drop(conn: Connection, name: str, table: str) -> None:
+    if _validity(conn, name) is None:
+        return
+    log.info(
+        "dropping index %s on %s concurrently: reads and writes of it go on; it waits"
+        " for the transactions using it to end",
+        name,
+        table,
+        extra={"action": "migrate"},
+    )
+    conn.exec_driver_sql(f'DROP INDEX CONCURRENTLY IF EXISTS "{name}"')

@@ -758,11 +758,12 @@ def test_a_migration_behind_a_long_transaction_gives_up_instead_of_holding_the_p
     pg_server, monkeypatch
 ):
     """`db upgrade` while a long transaction reads processing_jobs (a backup, a report):
-    0016 rebuilds processing_jobs' indexes (ACCESS EXCLUSIVE), so it waited for that
-    transaction to end, and every submit, claim and completion queued behind it
-    meanwhile (a submit took 33 s behind a 40 s read on a live stack). Now each try waits
-    LOCK_TIMEOUT_SECONDS, and the last gives up, changing nothing, naming the session;
-    once it has ended the migration goes through."""
+    0018 alters processing_jobs (ACCESS EXCLUSIVE), so it waited for that transaction
+    to end, and every submit, claim and completion queued behind it meanwhile (a submit
+    took 33 s behind a 40 s read on a live stack, then in 0016's index rebuild). Now
+    each try waits LOCK_TIMEOUT_SECONDS, and the last gives up, changing nothing, naming
+    the session; once it has ended the migration goes through. (0016 itself now builds
+    and drops concurrently: it waits for such a read without stopping any write.)"""
     import threading
     import time
 
@@ -777,7 +778,7 @@ def test_a_migration_behind_a_long_transaction_gives_up_instead_of_holding_the_p
     engine = make_engine(pg_server.create_database(name))
     holder = make_engine(engine.url.render_as_string(hide_password=False))
     try:
-        migrate.upgrade(engine, "0015")
+        migrate.upgrade(engine, "0017")
         outcome: list[BaseException | None] = []
         with holder.connect() as reader:
             # SET autobegins the transaction the read holds open (ACCESS SHARE).
@@ -804,7 +805,8 @@ def test_a_migration_behind_a_long_transaction_gives_up_instead_of_holding_the_p
         assert isinstance(raised, ServiceUnavailable), raised
         assert "gave up, changing nothing" in str(raised)
         assert "'nightly-report'" in str(raised) and "processing_jobs" in str(raised)
-        assert migrate.current_revision(engine) == "0015"
+        assert "0018_job_reservations" in str(raised)
+        assert migrate.current_revision(engine) == "0017"
         migrate.upgrade(engine)  # nothing holds it up now
         assert migrate.current_revision(engine) == migrate.head_revision()
         assert schema_diffs(engine) == []
@@ -1004,6 +1006,135 @@ def test_an_index_build_that_failed_or_was_cut_short_is_finished_by_the_next_upg
             ).fetchone()
         assert invalid == []
         assert unique is not None and "(owner_id, idempotency_key)" in unique[0], unique
+    finally:
+        engine.dispose()
+        pg_server.drop_database(name)
+
+
+_JOB_WRITE = "UPDATE processing_jobs SET priority = 1 WHERE job_id = %s"
+
+
+@pytest.mark.parametrize(
+    ("before", "migration"),
+    [("0006", "0007"), ("0011", "0012"), ("0015", "0016")],
+    ids=["0007_job_rate_indexes", "0012_jobs_by_user", "0016_fewer_job_index_entries"],
+)
+def test_the_job_index_migrations_let_job_writes_go_on(pg_server, monkeypatch, before, migration):
+    """0007 and 0012 built processing_jobs' indexes with a plain CREATE INDEX (a SHARE
+    lock for the whole build) and 0016 dropped and built them so (ACCESS EXCLUSIVE), in
+    the migration's transaction: behind a job write in flight the migration waited, and
+    every submit, claim and completion queued behind it (on 1M jobs each build stopped
+    them for seconds). On PostgreSQL they are built and dropped concurrently now: job
+    writes go on throughout (old: one waited 1.5 s behind the migration and gave up),
+    and the indexes are there, valid, when it has ended."""
+    import threading
+    import time
+
+    import psycopg
+
+    monkeypatch.setattr(migrate, "LOCK_TIMEOUT_SECONDS", 3.0, raising=False)
+    monkeypatch.setattr(migrate, "LOCK_ATTEMPTS", 1, raising=False)
+    name = support.unique_name("mig")
+    engine = make_engine(pg_server.create_database(name))
+    try:
+        migrate.upgrade(engine, before)
+        outcome: list[BaseException | None] = []
+        stalls: list[str] = []
+        done = threading.Event()
+
+        def run() -> None:
+            try:
+                migrate.upgrade(engine, migration)
+                outcome.append(None)
+            except BaseException as exc:
+                outcome.append(exc)
+            finally:
+                done.set()
+
+        with _pg_autocommit(engine) as in_flight, _pg_autocommit(engine) as writer:
+            in_flight.autocommit = False
+            in_flight.execute(_JOB_WRITE, ("j-in-flight",))  # not committed yet
+            writer.execute("SET lock_timeout = '1500ms'")
+            thread = threading.Thread(target=run, daemon=True)
+            thread.start()
+            started = time.monotonic()
+            while not done.is_set() and time.monotonic() - started < 20:
+                if in_flight.info.transaction_status and time.monotonic() - started > 2.0:
+                    in_flight.commit()  # the migration waited 2 s for it
+                began = time.monotonic()
+                try:
+                    writer.execute(_JOB_WRITE, ("j-next",))
+                except psycopg.errors.LockNotAvailable:
+                    stalls.append(f"waited {time.monotonic() - began:.2f} s, gave up")
+                    in_flight.rollback()
+                    break
+                time.sleep(0.01)
+            in_flight.rollback()
+            thread.join(30)
+        assert stalls == []
+        assert outcome == [None], outcome
+        assert migrate.current_revision(engine) == migration
+        with _pg_autocommit(engine) as check:
+            indexes = dict(
+                check.execute(
+                    "SELECT c.relname, i.indisvalid FROM pg_index i"
+                    " JOIN pg_class c ON c.oid = i.indexrelid"
+                    " WHERE i.indrelid = 'processing_jobs'::regclass"
+                ).fetchall()
+            )
+        assert all(indexes.values()), indexes
+        wanted = {
+            "0007": {"ix_processing_jobs_created_at", "ix_processing_jobs_completed_at"},
+            "0012": {"ix_jobs_user_job"},
+            "0016": {"uk_jobs_bulk_run_object", "ix_jobs_bulk_run_status"},
+        }[migration]
+        assert wanted <= set(indexes), indexes
+        assert not [n for n in indexes if n.endswith("_new")], indexes
+    finally:
+        engine.dispose()
+        pg_server.drop_database(name)
+
+
+def test_0016_cut_short_at_any_step_is_finished_by_the_next_upgrade(pg_server):
+    """0016 drops and replaces processing_jobs' indexes concurrently, each step
+    committing alone: an upgrade that ended part way (a killed process, a cancelled
+    build) leaves some indexes replaced, a replacement built under its temporary name
+    (valid, or INVALID when its build failed) or the old index gone and the new one not
+    renamed yet. The next upgrade finishes each from where it was (old: 'index
+    "ix_processing_jobs_user_id" does not exist'), and the schema is the models'."""
+    name = support.unique_name("mig")
+    engine = make_engine(pg_server.create_database(name))
+    try:
+        migrate.upgrade(engine, "0015")
+        with _pg_autocommit(engine) as conn:
+            conn.execute("DROP INDEX ix_processing_jobs_user_id")
+            conn.execute("DROP INDEX uk_jobs_bulk_run_object")  # replaced already
+            conn.execute(
+                "CREATE UNIQUE INDEX uk_jobs_bulk_run_object ON processing_jobs"
+                " (bulk_run_id, object_id) WHERE bulk_run_id IS NOT NULL"
+            )
+            conn.execute(  # a build that failed, marked INVALID as it leaves it
+                "CREATE INDEX ix_jobs_bulk_run_status_new ON processing_jobs"
+                " (bulk_run_id, status) WHERE bulk_run_id IS NOT NULL"
+            )
+            conn.execute(
+                "UPDATE pg_index SET indisvalid = false"
+                " WHERE indexrelid = 'ix_jobs_bulk_run_status_new'::regclass"
+            )
+            conn.execute("DROP INDEX ix_processing_jobs_completed_at")  # not renamed yet
+            conn.execute(
+                "CREATE INDEX ix_processing_jobs_completed_at_new ON processing_jobs"
+                " (completed_at) WHERE completed_at IS NOT NULL"
+            )
+        migrate.upgrade(engine)
+        assert migrate.current_revision(engine) == migrate.head_revision()
+        assert schema_diffs(engine) == []
+        with _pg_autocommit(engine) as conn:
+            left = conn.execute(
+                "SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+                " WHERE NOT i.indisvalid OR c.relname LIKE '%\\_new'"
+            ).fetchall()
+        assert left == []
     finally:
         engine.dispose()
         pg_server.drop_database(name)

@@ -8,7 +8,7 @@ Create Date: 2026-12-03 12:00:00.000000
 
 from __future__ import annotations
 
-from alembic import op
+from hypermedia.db import online_ddl
 
 revision = "0007"
 down_revision = "0006"
@@ -17,16 +17,13 @@ depends_on = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("processing_jobs", schema=None) as batch_op:
-        batch_op.create_index(
-            batch_op.f("ix_processing_jobs_created_at"), ["created_at"], unique=False
-        )
-        batch_op.create_index(
-            batch_op.f("ix_processing_jobs_completed_at"), ["completed_at"], unique=False
-        )
+    # On PostgreSQL built (and dropped) concurrently: a plain CREATE INDEX stopped every
+    # submit, claim and completion for the whole build (see online_ddl). On SQLite the
+    # same statements as the batch these were made in (an index needs no copy there).
+    online_ddl.create_index("ix_processing_jobs_created_at", "processing_jobs", ["created_at"])
+    online_ddl.create_index("ix_processing_jobs_completed_at", "processing_jobs", ["completed_at"])
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("processing_jobs", schema=None) as batch_op:
-        batch_op.drop_index(batch_op.f("ix_processing_jobs_completed_at"))
-        batch_op.drop_index(batch_op.f("ix_processing_jobs_created_at"))
+    online_ddl.drop_index("ix_processing_jobs_completed_at", "processing_jobs")
+    online_ddl.drop_index("ix_processing_jobs_created_at", "processing_jobs")

@@ -8,7 +8,7 @@ Create Date: 2026-12-04 18:00:00.000000
 
 from __future__ import annotations
 
-from alembic import op
+from hypermedia.db import online_ddl
 
 revision = "0012"
 down_revision = "0011"
@@ -17,10 +17,11 @@ depends_on = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("processing_jobs", schema=None) as batch_op:
-        batch_op.create_index("ix_jobs_user_job", ["user_id", "job_id"], unique=False)
+    # On PostgreSQL built (and dropped) concurrently: a plain CREATE INDEX stopped every
+    # submit, claim and completion for the whole build (see online_ddl). On SQLite the
+    # same statement as the batch it was made in (an index needs no copy there).
+    online_ddl.create_index("ix_jobs_user_job", "processing_jobs", ["user_id", "job_id"])
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("processing_jobs", schema=None) as batch_op:
-        batch_op.drop_index("ix_jobs_user_job")
+    online_ddl.drop_index("ix_jobs_user_job", "processing_jobs")
