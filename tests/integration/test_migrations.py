@@ -1465,6 +1465,79 @@ def test_copies_of_objects_deleted_before_0029_are_recorded_for_the_sweep(empty_
     assert [tuple(r) for r in recorded] == [("k-gone", "gone", "s3:archive", 0, moment)]
 
 
+def test_0029_scans_objects_without_holding_blob_deletions(pg_server):
+    """0029 added blob_deletions.storage_backend and recorded the copies of objects
+    deleted before it in one transaction: the column's ACCESS EXCLUSIVE lock on
+    blob_deletions was held for the whole scan of objects (1.3-2.0 s on 2M objects),
+    and every output URL granted (being_deleted reads it), object deleted and blob
+    swept waited for it. On PostgreSQL the column is committed first: no such lock is
+    held while the scan runs (old: seen held by the scan's INSERT), the copies are
+    recorded as before, and a run cut short after the column is finished by the next
+    upgrade."""
+    import threading
+    import time
+
+    name = support.unique_name("mig")
+    engine = make_engine(pg_server.create_database(name))
+    try:
+        migrate.upgrade(engine, "0028")
+        with _pg_autocommit(engine) as conn:
+            conn.execute("INSERT INTO users VALUES ('u', 'u', false, now(), 0)")
+            conn.execute("INSERT INTO pools VALUES ('p', 'p', now())")
+            conn.execute(  # 30k deleted objects migrated to a bucket, 30k live ones
+                "INSERT INTO objects (object_id, pool_id, owner_id, kind, storage_key,"
+                " filename, size_bytes, created_at, deleted_at, storage_backend)"
+                " SELECT 'o' || g, 'p', 'u', 'original', 'k-' || g, 'f', 1, now(),"
+                " CASE WHEN g % 2 = 0 THEN now() END, 's3:archive'"
+                " FROM generate_series(1, 60000) g"
+            )
+            conn.execute("ANALYZE objects")
+        done = threading.Event()
+        outcome: list[BaseException | None] = []
+
+        def run() -> None:
+            try:
+                migrate.upgrade(engine, "0029")
+                outcome.append(None)
+            except BaseException as exc:
+                outcome.append(exc)
+            finally:
+                done.set()
+
+        held_while_scanning = 0
+        with _pg_autocommit(engine) as watcher:
+            thread = threading.Thread(target=run, daemon=True)
+            thread.start()
+            while not done.wait(0.002):
+                held_while_scanning += watcher.execute(
+                    "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
+                    " WHERE l.relation = to_regclass('blob_deletions') AND l.granted"
+                    " AND l.mode = 'AccessExclusiveLock' AND a.state = 'active'"
+                    " AND a.query LIKE 'INSERT INTO blob_deletions%%'"
+                ).fetchone()[0]
+            thread.join(30)
+        assert outcome == [None], outcome
+        assert held_while_scanning == 0, "blob_deletions was held exclusively by the scan"
+        with _pg_autocommit(engine) as conn:
+            recorded = conn.execute(
+                "SELECT count(*), count(*) FILTER (WHERE storage_backend = 's3:archive'"
+                " AND attempts = 0) FROM blob_deletions"
+            ).fetchone()
+            assert recorded == (30_000, 30_000)
+            # Cut short after the column was committed: the next upgrade finishes it.
+            conn.execute("DELETE FROM alembic_version")
+            conn.execute("INSERT INTO alembic_version VALUES ('0028')")
+            conn.execute("DELETE FROM blob_deletions WHERE storage_key LIKE 'k-1%%'")
+        started = time.monotonic()
+        migrate.upgrade(engine, "0029")
+        assert time.monotonic() - started < 10
+        with _pg_autocommit(engine) as conn:
+            assert conn.execute("SELECT count(*) FROM blob_deletions").fetchone() == (30_000,)
+    finally:
+        engine.dispose()
+        pg_server.drop_database(name)
+
+
 def test_a_ledger_with_a_job_charged_twice_is_refused_by_0030_naming_it(
     engine, settings, manual_clock
 ):
