@@ -344,9 +344,9 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 " version), migrated, and their jobs queued or running (the cap).",
                 (
                     (
-                        "sum by (run_id, kind, count) (hypermedia_bulk_run_objects{count=~"
+                        "sum by (kind, operation, count) (hypermedia_bulk_run_objects{count=~"
                         '"created|skipped|migrated|failed|live"})',
-                        "{{kind}} {{run_id}} {{count}}",
+                        "{{kind}} {{operation}} {{count}}",
                     ),
                 ),
             ),

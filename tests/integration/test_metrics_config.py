@@ -96,3 +96,30 @@ def test_grafana_provisioning_as_rays_integration_lays_it_out():
         if panel["type"] != "row":
             assert panel["datasource"]["uid"] == "${datasource}"
             assert panel["gridPos"]["w"] == 12 and panel["gridPos"]["h"] == 8
+
+
+def test_a_panel_groups_and_names_its_series_by_labels_its_metrics_have():
+    """The "Bulk runs" panel summed `by (run_id, kind, count)` and drew `{{run_id}}`, a
+    label hypermedia_bulk_run_objects never has (the catalogue keeps ids out of labels):
+    every run's series came out unnamed, two operations' runs of one kind added up."""
+    labels = {m.name: set(m.labels) for m in CATALOGUE}
+    # Prometheus's own (instance, job), a histogram's le, and Ray's node metrics' labels.
+    theirs = {"instance", "job", "le"}
+    for _, panels in grafana.ROWS:
+        for panel in panels:
+            for expr, legend in panel.targets:
+                drawn = {
+                    HISTOGRAM_SERIES.sub("", word) if word not in labels else word
+                    for word in re.findall(r"hypermedia_[a-z_]+", expr)
+                }
+                if not drawn:
+                    continue  # Ray's metrics
+                have = set().union(*(labels[name] for name in drawn)) | theirs
+                grouped = {
+                    label.strip()
+                    for group in re.findall(r"\b(?:by|without)\s*\(([^)]*)\)", expr)
+                    for label in group.split(",")
+                    if label.strip()
+                }
+                named = set(re.findall(r"\{\{\s*(\w+)\s*\}\}", legend))
+                assert grouped | named <= have, (panel.title, sorted((grouped | named) - have))
