@@ -135,6 +135,32 @@ class IonosConfig(_Provider):
 
     REQUIRED = ("datacenter", "server_type", "image")
 
+    @model_validator(mode="after")
+    def _a_server_type_the_driver_launches(self) -> IonosConfig:
+        # Checked here, not first when the node provider builds its driver: that is in
+        # Ray's monitor after `ray up` has accepted the file.
+        if self.enabled and self.server_type and PLACEHOLDER not in self.server_type:
+            problem = ionos_server_type_problem(self.server_type)
+            if problem is not None:
+                raise _KeyError("server_type", problem)
+        return self
+
+
+IONOS_SERVER_TYPES = ("ENTERPRISE", "VCPU")
+
+
+def ionos_server_type_problem(value: str) -> str | None:
+    """Why the IONOS driver cannot launch servers of type ``value``, or None."""
+    server_type = value.strip().upper()
+    if server_type.startswith("CUBE"):
+        return (
+            f"{value!r}: CUBE servers are sized by a template, which this driver does not"
+            " pick; use ENTERPRISE or VCPU (sized by provider.drivers.ionos.cores and ram_mb)"
+        )
+    if server_type not in IONOS_SERVER_TYPES:
+        return f"{value!r} is not an IONOS server type: use ENTERPRISE or VCPU"
+    return None
+
 
 class CloudProviders(_Strict):
     aws: AwsConfig = AwsConfig(max_instances=0)

@@ -104,7 +104,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from autoscaler.config import IonosConfig
+from autoscaler.config import IonosConfig, ionos_server_type_problem
 from autoscaler.drivers.base import (
     TAG_CLUSTER,
     TAG_REQUEST,
@@ -122,7 +122,6 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_HOST = "https://api.ionos.com/cloudapi/v6"
 NAME_PREFIX = "hm-"
-SERVER_TYPES = ("ENTERPRISE", "VCPU")
 VOLUME_TYPE = "SSD Standard"
 TIMEOUT = (10.0, 60.0)  # connect, read: seconds, for every HTTP call
 SDK_TRIES = 2  # the SDK's tries of one call on 429/502/503/504
@@ -749,17 +748,11 @@ def _credentials() -> dict[str, str]:
 
 
 def _server_type(value: str | None) -> str:
-    key = "cloud_providers.ionos.server_type"
-    server_type = _required(value, "server_type").upper()
-    if server_type.startswith("CUBE"):
-        raise ConfigError(
-            key,
-            f"{value!r}: CUBE servers are sized by a template, which this driver does not"
-            " pick; use ENTERPRISE or VCPU (sized by provider.drivers.ionos.cores and ram_mb)",
-        )
-    if server_type not in SERVER_TYPES:
-        raise ConfigError(key, f"{value!r} is not an IONOS server type: use ENTERPRISE or VCPU")
-    return server_type
+    server_type = _required(value, "server_type")
+    problem = ionos_server_type_problem(server_type)
+    if problem is not None:
+        raise ConfigError("cloud_providers.ionos.server_type", problem)
+    return server_type.upper()
 
 
 def _required(value: str | None, name: str) -> str:

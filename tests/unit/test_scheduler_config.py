@@ -182,6 +182,13 @@ def _drop(path: str) -> Callable[[dict[str, Any]], None]:
             "cloud_providers.google.image",
             "placeholder",
         ),
+        # The shipped (the seed's) IONOS server_type, c6i.xlarge, is AWS's: it passed
+        # here and `ray up`, and was refused first by the driver, in Ray's monitor.
+        (
+            _set("cloud_providers.ionos.enabled", True),
+            "cloud_providers.ionos.server_type",
+            "'c6i.xlarge' is not an IONOS server type: use ENTERPRISE or VCPU",
+        ),
     ],
 )
 def test_bad_input_refuses_to_start_naming_the_key(change, key, words):
@@ -358,3 +365,19 @@ def test_a_queue_of_the_deployment_the_file_lacks_is_said(tmp_path, caplog):
     with caplog.at_level("WARNING", logger="autoscaler.config"):
         config.load(path, queues=sorted(named))
     assert [r for r in caplog.records if r.name == "autoscaler.config"] == []
+
+
+@pytest.mark.parametrize("server_type", ["VCPU", "enterprise", " ENTERPRISE "])
+def test_an_ionos_server_type_the_driver_launches_loads(server_type):
+    data = copy.deepcopy(SHIPPED)
+    data["cloud_providers"]["ionos"].update(enabled=True, server_type=server_type)
+    assert config.parse(data).cloud_providers.ionos.enabled
+
+
+def test_a_cube_ionos_server_is_refused_at_load():
+    data = copy.deepcopy(SHIPPED)
+    data["cloud_providers"]["ionos"].update(enabled=True, server_type="CUBE")
+    with pytest.raises(ConfigError) as caught:
+        config.parse(data)
+    assert caught.value.key == "scheduler.json: cloud_providers.ionos.server_type"
+    assert "CUBE servers are sized by a template" in str(caught.value)
