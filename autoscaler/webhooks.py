@@ -49,7 +49,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 from sqlalchemy import select
@@ -58,7 +58,12 @@ from sqlalchemy.engine import Engine
 from autoscaler.config import read_json
 from autoscaler.state import to_datetime
 from hypermedia.clock import Clock
-from hypermedia.config_errors import chosen_error, is_unknown_key, unknown_key_problem
+from hypermedia.config_errors import (
+    at_least_characters,
+    chosen_error,
+    is_unknown_key,
+    unknown_key_problem,
+)
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
 from hypermedia.errors import ConfigError
@@ -90,7 +95,7 @@ class Webhook(BaseModel):
 
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
     url: SecretStr  # it may carry a token: never shown
-    secret: SecretStr = Field(min_length=16)
+    secret: Annotated[SecretStr, at_least_characters(16)]
     min_level: Literal["info", "warning", "critical"] = "info"
     timeout_seconds: float = Field(default=10.0, gt=0, le=120)
     max_attempts: int = Field(default=8, ge=1, le=100)

@@ -40,7 +40,12 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from hypermedia.config_errors import chosen_error, is_unknown_key, unknown_key_problem
+from hypermedia.config_errors import (
+    at_least_characters,
+    chosen_error,
+    is_unknown_key,
+    unknown_key_problem,
+)
 from hypermedia.errors import ConfigError
 from hypermedia.etc import shipped_etc
 
@@ -168,7 +173,7 @@ class Settings(BaseSettings):
     s3_endpoint_url: str | None = None
     s3_region: str | None = None
     s3_prefix: str = Field(default="", max_length=200)
-    storage_secret: SecretStr | None = Field(default=None, min_length=32)
+    storage_secret: Annotated[SecretStr, at_least_characters(32)] | None = None
     presign_ttl_seconds: int = Field(default=900, ge=1, le=7 * 24 * 3600)
     # /healthz probes the storage (S3: a HEAD of the bucket) at most this often (0: on
     # every ask), and waits at most storage_probe_timeout_seconds for it.
@@ -182,7 +187,7 @@ class Settings(BaseSettings):
     # takes them comma-separated), the HMAC secret they are signed with (unset: one kept
     # in data_dir/callback.secret), and delivery.
     callback_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
-    callback_secret: SecretStr | None = Field(default=None, min_length=32)
+    callback_secret: Annotated[SecretStr, at_least_characters(32)] | None = None
     callback_max_attempts: int = Field(default=8, ge=1, le=100)
     callback_timeout_seconds: float = Field(default=10.0, gt=0, le=120)
     callback_poll_seconds: float = Field(default=1.0, gt=0, le=3600)

@@ -21,10 +21,23 @@ import types
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Annotated, Any, Union, get_args, get_origin, get_type_hints
 
-from pydantic import BaseModel, ValidationError
+from pydantic import AfterValidator, BaseModel, SecretStr, ValidationError
 from pydantic_core import ErrorDetails
 
 UNKNOWN_KEY_TYPES = ("extra_forbidden", "unexpected_keyword_argument")
+
+
+def at_least_characters(minimum: int) -> AfterValidator:
+    """A secret's shortest length, refused in characters: pydantic's ``min_length`` on a
+    ``SecretStr`` says "Value should have at least 32 items after validation"."""
+
+    def check(value: SecretStr) -> SecretStr:
+        length = len(value.get_secret_value())
+        if length < minimum:
+            raise ValueError(f"at least {minimum} characters, not {length}")
+        return value
+
+    return AfterValidator(check)
 
 
 def close_key(name: str, known: Iterable[str]) -> str | None:

@@ -241,7 +241,11 @@ def test_the_webhooks_file(tmp_path, monkeypatch):
         ),
         ({"webhook": [GOOD]}, 0o600, ": webhook: unknown key (did you mean webhooks?)"),
         ({"webhooks": [{**GOOD, "url": "ftp://x.example/"}]}, 0o600, "webhooks.0.url"),
-        ({"webhooks": [{**GOOD, "secret": "short"}]}, 0o600, "webhooks.0.secret"),
+        (
+            {"webhooks": [{**GOOD, "secret": "short"}]},
+            0o600,
+            "webhooks.0.secret: Value error, at least 16 characters, not 5",
+        ),
         ({"webhooks": [{**GOOD, "min_level": "loud"}]}, 0o600, "webhooks.0.min_level"),
         ({"webhooks": [GOOD, GOOD]}, 0o600, "used twice"),
         ([], 0o600, "expected a JSON object"),
@@ -266,6 +270,20 @@ def test_a_key_given_twice_in_the_webhooks_file_is_refused(tmp_path):
     path.write_text("{not json")
     with pytest.raises(ConfigError, match="not JSON"):
         webhooks.load(path)
+
+
+def test_the_readmes_webhooks_file_loads_as_written(tmp_path):
+    """The README's example held a 15-character secret ("...16+ chars..."): refused as
+    "Value should have at least 16 items after validation"."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    after = readme[readme.index("Webhooks are named only in a file") :]
+    start = after.index("```json\n") + len("```json\n")
+    example = after[start : after.index("\n```", start)]
+    path = tmp_path / "alert-webhooks.json"
+    path.write_text(example)
+    os.chmod(path, 0o600)
+    (hook,) = webhooks.load(path)
+    assert (hook.name, hook.min_level) == ("ops", "warning")
 
 
 def test_a_named_file_that_is_missing_is_an_error(tmp_path):

@@ -284,7 +284,9 @@ BAD_VALUES = [
     ("HYPERMEDIA_QUEUES__MEDIA__WORKERS", "many", "queues.media.workers", "valid integer"),
     ("HYPERMEDIA_CALLBACK_HOSTS", "https://hooks.example.com", "callback_hosts", "no scheme"),
     ("HYPERMEDIA_CALLBACK_HOSTS", "a.example.com,b.example.com/x", "callback_hosts", "no path"),
-    ("HYPERMEDIA_CALLBACK_SECRET", "short", "callback_secret", "at least 32"),
+    # In characters: pydantic's own words for a SecretStr were "at least 32 items".
+    ("HYPERMEDIA_CALLBACK_SECRET", "short", "callback_secret", "at least 32 characters, not 5"),
+    ("HYPERMEDIA_STORAGE_SECRET", "s" * 31, "storage_secret", "at least 32 characters, not 31"),
     ("HYPERMEDIA_CALLBACK_MAX_ATTEMPTS", "0", "callback_max_attempts", ">= 1"),
     (
         "HYPERMEDIA_CALLBACK_FAILED_RETENTION_SECONDS",
