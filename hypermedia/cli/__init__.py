@@ -119,6 +119,21 @@ def _root(
 # -- entry point ------------------------------------------------------------------------------
 
 
+# Read by the repository's scripts, not by this package (docker/build, docker/smoke,
+# .ci/run): one exported for them in a shell that also runs `hypermedia` (the head, where
+# the worker image is built) is no misspelling. So are the tests' and the benchmarks'.
+SCRIPT_VARIABLES = (
+    "HYPERMEDIA_BASE_MAX_AGE_DAYS",
+    "HYPERMEDIA_BUILD_CA",
+    "HYPERMEDIA_CI_IMAGE",
+    "HYPERMEDIA_DEBIAN_MIRROR",
+    "HYPERMEDIA_IMAGE_CACHE",
+    "HYPERMEDIA_OFFICIAL_BASE",
+    "HYPERMEDIA_SMOKE_RUNNER",
+)
+SCRIPT_PREFIXES = ("HYPERMEDIA_TEST_", "HYPERMEDIA_BENCH_")
+
+
 def _known_variables() -> set[str]:
     """Every HYPERMEDIA_* variable something reads: settings fields and CLI options."""
     from hypermedia.config import Settings
@@ -130,6 +145,7 @@ def _known_variables() -> set[str]:
     known.update(
         ("HYPERMEDIA_CONFIG", SANDBOX_HIDDEN_VARIABLE, PID_INIT_VARIABLE, "HYPERMEDIA_GRAFANA")
     )
+    known.update(SCRIPT_VARIABLES)
     stack: list[Any] = [typer.main.get_command(app)]  # click commands (typer's own click)
     while stack:
         command = stack.pop()
@@ -153,7 +169,7 @@ def check_environment(environ: dict[str, str] | None = None) -> None:
     known = _known_variables()
     queues: list[str] | None = None
     for name in sorted(environ):
-        if not name.startswith("HYPERMEDIA_") or name.startswith("HYPERMEDIA_TEST_"):
+        if not name.startswith("HYPERMEDIA_") or name.startswith(SCRIPT_PREFIXES):
             continue
         if name.startswith(QUEUE_VARIABLE):
             if queues is None:  # read once: the profiles file and the config file

@@ -8,7 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from hypermedia.cli import _known_variables, check_environment
+from hypermedia.cli import (
+    PID_INIT_VARIABLE,
+    SCRIPT_PREFIXES,
+    _known_variables,
+    check_environment,
+)
 from hypermedia.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -129,15 +134,37 @@ def test_a_queue_of_ones_own_takes_queue_variables(tmp_path):
     check_environment({"HYPERMEDIA_QUEUES__OCR": '{"workers": 0}'})
 
 
-def test_every_variable_the_readme_names_is_known():
+VARIABLE = r"\bHYPERMEDIA_[A-Z0-9_]*[A-Z0-9]\b"
+
+
+@pytest.mark.parametrize("readme", ["README.md", "docker/README.md", "bench/README.md"])
+def test_every_variable_the_readme_names_is_known(readme):
     """A variable the README tells the operator to set is one the CLI lets through (the
-    README's HYPERMEDIA_SANDBOX_PID_INIT was refused as a misspelling of _HIDDEN)."""
+    README's HYPERMEDIA_SANDBOX_PID_INIT was refused as a misspelling of _HIDDEN;
+    docker/README's HYPERMEDIA_IMAGE_CACHE, exported for docker/build, made every
+    `hypermedia` command refuse to start). The worker image's build arguments are no
+    variables."""
     import re
 
-    named = set(re.findall(r"\bHYPERMEDIA_[A-Z0-9_]*[A-Z0-9]\b", (REPO / "README.md").read_text()))
-    named = {n for n in named if not n.startswith(("HYPERMEDIA_QUEUES__", "HYPERMEDIA_TEST_"))}
-    assert "HYPERMEDIA_SANDBOX_PID_INIT" in named
-    assert sorted(named - _known_variables()) == []
+    named = set(re.findall(VARIABLE, (REPO / readme).read_text()))
+    build_args = set(
+        re.findall(r"^ARG (\w+)", (REPO / "docker/worker.Dockerfile").read_text(), re.M)
+    )
+    named = {n for n in named - build_args if not n.startswith("HYPERMEDIA_QUEUES__")}
+    assert named
+    assert sorted(n for n in named - _known_variables() if not n.startswith(SCRIPT_PREFIXES)) == []
+    for name in named:
+        check_environment({name: "1"} if name != PID_INIT_VARIABLE else {name: "copy"})
+
+
+def test_every_variable_the_scripts_read_is_known():
+    import re
+
+    scripts = [REPO / "docker/build", REPO / "docker/smoke", REPO / ".ci/run"]
+    scripts += [*(REPO / "scripts").iterdir(), *(REPO / "docker/host").iterdir()]
+    read = {name for path in scripts for name in re.findall(VARIABLE, path.read_text())}
+    assert "HYPERMEDIA_IMAGE_CACHE" in read
+    assert sorted(n for n in read - _known_variables() if not n.startswith(SCRIPT_PREFIXES)) == []
 
 
 def test_a_documented_sandbox_init_passes_and_a_wrong_one_is_refused_by_name():
