@@ -545,6 +545,12 @@ def shown_value(name: str, value: object) -> str | None:
     return repr(value)
 
 
+# Variables read before (or without) the settings: the log's (by the CLI, which sets up
+# logging first, and by the actors) and the sandbox's (by its fork servers, which import
+# no pydantic). Written in a settings file they are refused as such, not as unknown.
+ENVIRONMENT_ONLY = ("HYPERMEDIA_LOG_LEVEL", "HYPERMEDIA_LOG_FORMAT", "HYPERMEDIA_SANDBOX_PID_INIT")
+
+
 def _describe(exc: ValidationError) -> tuple[str, str]:
     first = chosen_error(exc)
     path = ".".join(str(part) for part in first["loc"])
@@ -557,7 +563,9 @@ def _describe(exc: ValidationError) -> tuple[str, str]:
         env = next((name for name in os.environ if name.upper() == nested), env)
     key = f"{path} ({env})" if top else path
     problem = first["msg"]
-    if is_unknown_key(first):
+    if is_unknown_key(first) and len(first["loc"]) == 1 and env in ENVIRONMENT_ONLY:
+        problem = f"not read from a settings file: set {env} in the environment"
+    elif is_unknown_key(first):
         problem = unknown_key_problem(exc, first, Settings, "unknown setting")
     elif "input" in first and not isinstance(first["input"], dict):
         shown = shown_value(top, first["input"])

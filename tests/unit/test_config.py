@@ -517,3 +517,24 @@ def test_a_shown_url_has_no_password(url, shown):
     from hypermedia.embedded import shown_url
 
     assert shown_url(url) == shown
+
+
+@pytest.mark.parametrize("key", ["log_level", "log_format", "sandbox_pid_init"])
+def test_an_environment_only_variable_in_the_file_says_where_it_goes(config_file, key):
+    """They were refused as "sandbox_pid_init (HYPERMEDIA_SANDBOX_PID_INIT): unknown
+    setting", naming as unknown a variable the README's settings table lists."""
+    config_file(f"{key} = 'copy'\n")
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    variable = f"HYPERMEDIA_{key.upper()}"
+    assert info.value.message == (
+        f"{key} ({variable}): not read from a settings file: set {variable} in the environment"
+    )
+
+
+def test_the_environment_only_variables_are_the_ones_read_so():
+    from hypermedia import logs
+    from hypermedia.cli import PID_INIT_VARIABLE
+    from hypermedia.config import ENVIRONMENT_ONLY
+
+    assert set(ENVIRONMENT_ONLY) == {logs.LEVEL_VARIABLE, logs.FORMAT_VARIABLE, PID_INIT_VARIABLE}
