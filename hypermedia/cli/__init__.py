@@ -32,6 +32,7 @@ One module per command group, this one builds the app from them:
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 from typing import Annotated, Any
@@ -79,6 +80,34 @@ app.command()(local.head)
 app.command()(local.up)
 app.command()(local.down)
 app.command()(services.worker)
+
+
+def _reflow(text: str) -> str:
+    """A docstring as help: each paragraph one line, for the terminal to wrap. Typer's
+    rich mode keeps a docstring's single line breaks in the commands' summaries and in
+    the paragraphs after the first (at 80 columns a summary broke mid-sentence).
+    Paragraphs (a blank line) stay; so does a paragraph click marks verbatim (``\\b``),
+    and what follows ``\\f`` (not shown)."""
+    shown, cut, rest = inspect.cleandoc(text).partition("\f")
+    paragraphs = [p if p.startswith("\b") else " ".join(p.split()) for p in shown.split("\n\n")]
+    return "\n\n".join(p for p in paragraphs if p) + cut + rest
+
+
+def _reflow_help(typer_app: typer.Typer) -> None:
+    """Every command's help (its docstring unless given) and every group's, reflowed."""
+    for command in typer_app.registered_commands:
+        text = command.help if command.help is not None else inspect.getdoc(command.callback)
+        if text:
+            command.help = _reflow(text)
+    for group in typer_app.registered_groups:
+        assert group.typer_instance is not None
+        info = group.typer_instance.info
+        if isinstance(info.help, str):
+            info.help = _reflow(info.help)
+        _reflow_help(group.typer_instance)
+
+
+_reflow_help(app)
 
 
 @app.callback()

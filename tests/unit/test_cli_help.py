@@ -1,0 +1,140 @@
+"""``hypermedia [<command>] --help`` as an operator's terminal shows it: every command's
+text wraps as whole paragraphs (a docstring's line breaks are not the terminal's)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer.main
+import typer.rich_utils
+from typer.testing import CliRunner
+
+from hypermedia.cli import app
+
+REPO = Path(__file__).resolve().parents[2]
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _commands(command: Any, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Any]]:
+    found = [(path, command)]
+    for name, sub in getattr(command, "commands", {}).items():
+        found += _commands(sub, (*path, name))
+    return found
+
+
+COMMANDS = _commands(typer.main.get_command(app))
+
+
+def _collapse(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _paragraphs(text: str) -> list[str]:
+    return [_collapse(p) for p in text.split("\n\n") if p.strip()]
+
+
+def _help(path: tuple[str, ...], width: int, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    # Typer reads TERMINAL_WIDTH once, at import; None leaves the width to COLUMNS.
+    monkeypatch.setattr(typer.rich_utils, "MAX_WIDTH", None)
+    result = CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": str(width)})
+    assert result.exit_code == 0, result.output
+    lines = ANSI.sub("", result.output).splitlines()
+    assert max(len(line) for line in lines) == width  # the width is the one asked for
+    return lines
+
+
+def _unbroken(lines: list[str], width: int, where: str) -> None:
+    """Each line but the last is as full as word wrapping makes it: the next line's
+    first word would not have fitted on it."""
+    for line, following in itertools.pairwise(lines):
+        word = following.split()[0]
+        assert len(line.rstrip()) + 1 + len(word) > width, (
+            f"{where}: a line broken early at {width} columns:\n{line.rstrip()}\n{following}"
+        )
+
+
+def _description(lines: list[str]) -> list[list[str]]:
+    """The paragraphs of text between the usage line and the first panel."""
+    start = next(i for i, line in enumerate(lines) if "Usage:" in line)
+    start = next(i for i in range(start, len(lines)) if not lines[i].strip())
+    end = next((i for i in range(start, len(lines)) if lines[i].startswith("╭")), len(lines))
+    paragraphs: list[list[str]] = [[]]
+    for line in lines[start:end]:
+        if line.strip():
+            paragraphs[-1].append(line[1:])  # the help text's left padding
+        elif paragraphs[-1]:
+            paragraphs.append([])
+    return [p for p in paragraphs if p]
+
+
+def _command_rows(lines: list[str]) -> tuple[dict[str, list[str]], int]:
+    """A group's Commands panel: each command's summary lines, and their width."""
+    start = next(i for i, line in enumerate(lines) if line.startswith("╭─ Commands"))
+    end = next(i for i in range(start, len(lines)) if lines[i].startswith("╰"))
+    rows: dict[str, list[str]] = {}
+    first = re.match(r"│ (\S+)\s+", lines[start + 1])
+    assert first
+    column = first.end()
+    name = ""
+    for line in lines[start + 1 : end]:
+        inner = line[:column]
+        if inner.strip("│ "):
+            name = inner.strip("│ ")
+            rows[name] = []
+        rows[name].append(line[column:-2].rstrip())
+    return rows, len(lines[start + 1]) - 2 - column
+
+
+@pytest.mark.parametrize("width", [80, 120])
+@pytest.mark.parametrize(
+    ("path", "command"), COMMANDS, ids=[" ".join(("hypermedia", *p)) for p, _ in COMMANDS]
+)
+def test_a_commands_text_wraps_as_whole_paragraphs(path, command, width, monkeypatch):
+    lines = _help(path, width, monkeypatch)
+    where = " ".join(("hypermedia", *path, "--help"))
+    shown = _description(lines)
+    assert [_collapse(" ".join(p)) for p in shown] == _paragraphs(command.help or "")
+    for paragraph in shown:
+        _unbroken(paragraph, width - 2, where)
+
+
+@pytest.mark.parametrize("width", [80, 120])
+@pytest.mark.parametrize(
+    ("path", "group"),
+    [(p, c) for p, c in COMMANDS if hasattr(c, "commands")],  # typer's own click's groups
+    ids=[" ".join(("hypermedia", *p)) for p, c in COMMANDS if hasattr(c, "commands")],
+)
+def test_a_groups_command_summaries_wrap_as_one_paragraph(path, group, width, monkeypatch):
+    rows, column_width = _command_rows(_help(path, width, monkeypatch))
+    assert sorted(rows) == sorted(group.commands)
+    for name, summary in rows.items():
+        where = " ".join(("hypermedia", *path, name))
+        expected = _paragraphs(group.commands[name].help or "")
+        assert _collapse(" ".join(summary)) == expected[0], where
+        _unbroken(summary, column_width, where)
+
+
+def test_the_root_help_on_an_80_column_terminal():
+    """The real program, as typed: no summary line of `hypermedia --help` ends early."""
+    env = {k: v for k, v in os.environ.items() if k != "TERMINAL_WIDTH"}
+    env.update(COLUMNS="80", PYTHONPATH=str(REPO))
+    result = subprocess.run(
+        [sys.executable, "-m", "hypermedia.cli", "--help"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    lines = ANSI.sub("", result.stdout).splitlines()
+    rows, column_width = _command_rows(lines)
+    assert "serve" in rows and "down" in rows
+    for name, summary in rows.items():
+        _unbroken(summary, column_width, f"hypermedia --help: {name}")
