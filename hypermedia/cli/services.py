@@ -47,8 +47,8 @@ def serve(
 ) -> None:
     """Run the HTTP API (and the operator page at /operator), the reaper and the
     reconciler until interrupted. It accepts the operations of the queues that
-    ``scheduler.json`` gives a worker (a baseline, or bursts) and of those a live worker
-    serves (a node that joined with ``hypermedia worker --queue``)."""
+    scheduler.json gives a worker (a baseline, or bursts) and of those a live worker
+    serves (a node that joined with `hypermedia worker --queue`)."""
     from autoscaler import config
     from autoscaler.head import staffed_queues
     from autoscaler.page.routes import install

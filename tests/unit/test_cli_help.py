@@ -138,3 +138,51 @@ def test_the_root_help_on_an_80_column_terminal():
     assert "serve" in rows and "down" in rows
     for name, summary in rows.items():
         _unbroken(summary, column_width, f"hypermedia --help: {name}")
+
+
+# Written for Sphinx or Markdown, shown as typed by the terminal; or (Rich's markup: the
+# help is rendered in Typer's rich mode) a [word] taken as a style and dropped.
+MARKUP = {
+    "reStructuredText literal (``x``)": re.compile(r"``"),
+    "reStructuredText role (:func:`x`)": re.compile(r":[a-z]+:`"),
+    "reStructuredText directive (.. x::)": re.compile(r"(^|\n)\s*\.\. \w+::|::\s*($|\n)"),
+    "bold (**x**)": re.compile(r"\*\*"),
+    "a Markdown link ([x](url))": re.compile(r"\]\("),
+    "Rich markup ([x], not shown)": re.compile(r"(?<!\\)\[[a-z#/@][^\[]*?\]"),
+}
+
+
+def _help_texts() -> list[tuple[str, str]]:
+    texts = []
+    for path, command in COMMANDS:
+        name = " ".join(("hypermedia", *path))
+        texts.append((name, command.help or ""))
+        texts += [(f"{name} {param.name}", param.help or "") for param in command.params]
+    return texts
+
+
+def test_no_help_text_shows_markup_the_terminal_does_not_render():
+    texts = _help_texts()
+    assert len(texts) > 100  # the walk found the commands and their options
+    found = [
+        f"{where}: {kind}: {text!r}"
+        for where, text in texts
+        for kind, pattern in MARKUP.items()
+        if pattern.search(text)
+    ]
+    assert found == []
+
+
+@pytest.mark.parametrize(
+    ("text", "kind"),
+    [
+        ("reads ``scheduler.json``", "reStructuredText literal (``x``)"),
+        ("see :func:`main`", "reStructuredText role (:func:`x`)"),
+        ("For example::\n  x", "reStructuredText directive (.. x::)"),
+        ("a **must**", "bold (**x**)"),
+        ("[See](https://example.org)", "a Markdown link ([x](url))"),
+        ("exits [red]1[/]", "Rich markup ([x], not shown)"),
+    ],
+)
+def test_the_markup_scan_finds_what_it_names(text, kind):
+    assert [k for k, pattern in MARKUP.items() if pattern.search(text)] == [kind]
