@@ -3,7 +3,8 @@ record and Redis of the settings; the head's bulk thread does the work).
 
 ``regenerate`` / ``backfill`` / ``migrate`` create a run (``--dry-run``: count it,
 estimate its CPU time and, through the scheduler simulator under scheduler.json, its
-cloud cost and duration; nothing is written); ``status`` shows one run or the latest;
+cloud cost and duration; a migration's, the objects to copy and their bytes; nothing is
+written); ``status`` shows one run or the latest;
 ``pause``, ``resume``, ``cancel`` change one.
 """
 
@@ -20,7 +21,7 @@ import typer
 from hypermedia.cli.common import fail, note, read_settings
 
 if TYPE_CHECKING:
-    from hypermedia.bulk.runs import RunView
+    from hypermedia.bulk.runs import MigrateTarget, RunView
     from hypermedia.bulk.service import BulkService, Estimate
 
 app = typer.Typer(
@@ -114,6 +115,15 @@ DryRun = Annotated[
         "--dry-run",
         envvar="HYPERMEDIA_BULK_DRY_RUN",
         help="Count and estimate (CPU, cloud cost, duration); create nothing.",
+    ),
+]
+MigrateDryRun = Annotated[
+    bool,
+    typer.Option(
+        "--dry-run",
+        envvar="HYPERMEDIA_BULK_DRY_RUN",
+        help="Count the objects the filter matches that are not at the bucket yet, and their"
+        " size; copy nothing, create no run.",
     ),
 ]
 SchedulerConfig = Annotated[
@@ -240,7 +250,7 @@ def _start(
             if spec.queue is None and estimate.queue not in (None, BULK_QUEUE) and not as_json:
                 note(_own_queue_note(estimate.queue, estimate.priority))
             simulated = simulate(estimate, config) if estimate.cpu_seconds is not None else None
-            _print_estimate(estimate, simulated, as_json)
+            _print_estimate(estimate, simulated, as_json, spec.target)
             return
         import getpass
 
@@ -362,7 +372,7 @@ def migrate(
     created_after: After = None,
     created_before: Before = None,
     batch_size: BatchSize = 100,
-    dry_run: DryRun = False,
+    dry_run: MigrateDryRun = False,
     as_json: Json = False,
     idempotency_key: IdempotencyKey = None,
 ) -> None:
@@ -653,20 +663,28 @@ def simulate(estimate: Estimate, config_path: Path | None) -> dict[str, Any] | N
     }
 
 
-def _print_estimate(estimate: Estimate, simulated: dict[str, Any] | None, as_json: bool) -> None:
+def _print_estimate(
+    estimate: Estimate,
+    simulated: dict[str, Any] | None,
+    as_json: bool,
+    target: MigrateTarget | None = None,
+) -> None:
     from dataclasses import asdict
 
     if as_json:
         typer.echo(json.dumps({**asdict(estimate), "simulation": simulated}, indent=2))
         return
-    what = "objects to copy" if estimate.kind == "migrate" else "jobs to create"
+    if target is not None:  # a migration: no job, so no CPU time, simulation or unfit
+        typer.echo(
+            f"migrate to {target.name}: {estimate.objects} objects to copy"
+            f" ({estimate.bytes / 1e6:.1f} MB); those already there are not counted"
+        )
+        return
     typer.echo(
-        f"{estimate.kind} {estimate.operation or ''}: {estimate.objects} {what}"
+        f"{estimate.kind} {estimate.operation}: {estimate.objects} jobs to create"
         f" ({estimate.bytes / 1e6:.1f} MB), {estimate.skipped} skipped (done),"
         f" {estimate.unfit} unfit"
     )
-    if estimate.kind == "migrate":
-        return
     if estimate.cpu_seconds is None:
         typer.echo("estimated CPU time: unknown (no completed attempt of the operation yet)")
         return

@@ -1027,6 +1027,54 @@ def test_dry_run_counts_estimates_and_simulates_without_writing(
     assert again.exit_code != 0
 
 
+def test_a_migrate_dry_run_says_what_it_counts_and_nothing_it_does_not(
+    pg_engine, settings, manual_clock, tmp_path, redis_url, redis_prefix
+):
+    """`bulk migrate --dry-run` counts the objects not at the bucket yet and their bytes:
+    no CPU time, no cloud cost, no duration (no job runs), and no skipped or unfit
+    objects (those already there are left out, not skipped). Its help says so."""
+    import typer.main
+    from typer.testing import CliRunner
+
+    from hypermedia.cli import app
+
+    stack = open_stack(settings, pg_engine, manual_clock)
+    person = make_user(stack)
+    ids = _objects(stack, person, 5)
+    target = runs.MigrateTarget(bucket="hm-archive", prefix="old")
+    with transaction(stack.engine) as conn:  # one copied there already
+        conn.execute(
+            update(t.objects)
+            .where(t.objects.c.object_id == ids[0])
+            .values(storage_backend=target.name)
+        )
+        size = int(
+            conn.execute(
+                select(func.sum(t.objects.c.size_bytes)).where(t.objects.c.object_id.in_(ids[1:]))
+            ).scalar_one()
+        )
+    env = _cli_env(pg_engine, redis_url, redis_prefix, tmp_path)
+    args = ["bulk", "migrate", "--to-bucket", "hm-archive", "--to-prefix", "old", "--dry-run"]
+    out = CliRunner().invoke(app, args, env=env)
+    assert out.exit_code == 0, out.output
+    assert out.stdout.splitlines() == [
+        f"migrate to s3:hm-archive/old: 4 objects to copy ({size / 1e6:.1f} MB);"
+        " those already there are not counted"
+    ]
+    as_json = json.loads(CliRunner().invoke(app, [*args, "--json"], env=env).stdout)
+    assert (as_json["objects"], as_json["bytes"], as_json["cpu_seconds"]) == (4, size, None)
+    with transaction(stack.engine) as conn:
+        assert conn.execute(select(func.count()).select_from(t.bulk_runs)).scalar_one() == 0
+
+    command = typer.main.get_command(app).commands["bulk"].commands["migrate"]  # type: ignore[attr-defined]
+    (option,) = [p for p in command.params if p.name == "dry_run"]
+    assert option.help is not None
+    for reported in ("objects", "not at the bucket yet", "size"):
+        assert reported in option.help
+    for unreported in ("CPU", "cost", "duration"):
+        assert unreported not in option.help
+
+
 def test_metrics_and_the_status_show_unfinished_runs(engine, settings, manual_clock):
     from autoscaler import config as scheduler_config
     from autoscaler.status import gather
