@@ -5,6 +5,7 @@ pause / resume / cancel, who pays, the dry run, and the operator-only API."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -494,6 +495,10 @@ def test_the_api_is_for_operators_only(pg_engine, settings, manual_clock):
     assert client.get(url, headers=bearer(user)).status_code == 403
     dry = client.post(url, json={**body, "dry_run": True}, headers=bearer(operator))
     assert dry.status_code == 200 and dry.json()["objects"] == 5
+    # The estimate alone, as the README lists it: the simulation is the CLI's only.
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    listed = readme.split("has no simulation: it answers\nthe estimate alone (")[1]
+    assert sorted(dry.json()) == sorted(re.findall(r"`(\w+)`", listed.split(")")[0]))
     with transaction(stack.engine) as conn:
         assert conn.execute(select(func.count()).select_from(t.bulk_runs)).scalar_one() == 0
     created = client.post(url, json=body, headers=bearer(operator))
