@@ -233,3 +233,27 @@ def test_a_misspelt_driver_option_is_named_with_the_known_one(tmp_path):
     assert str(info.value) == (
         "provider.drivers.local.state_directory: unknown option (did you mean state_dir?)"
     )
+
+
+def test_a_scheduler_json_the_cluster_yaml_names_must_be_there(tmp_path):
+    """cluster.yaml names /etc/hypermedia/scheduler.json: with that file missing `ray up`
+    is refused naming it, as the README says (the shipped defaults apply only where
+    nothing names a file), and passes once it is installed."""
+    import shutil
+
+    from hypermedia.errors import ConfigError
+
+    cluster = load("cluster.yaml")
+    named = cluster["provider"]["scheduler_config"]
+    assert named == "/etc/hypermedia/scheduler.json"
+    missing = tmp_path / "etc" / "scheduler.json"
+    cluster["provider"]["scheduler_config"] = str(missing)
+    with pytest.raises(ConfigError) as info:
+        HypermediaNodeProvider.bootstrap_config(copy.deepcopy(cluster))
+    assert info.value.key == str(missing)
+    said = str(info.value).replace(str(missing), named)
+    readme = " ".join((REPO / "README.md").read_text().split())
+    assert f"`{said}`" in readme
+    missing.parent.mkdir()
+    shutil.copy(SHIPPED, missing)
+    HypermediaNodeProvider.bootstrap_config(copy.deepcopy(cluster))
