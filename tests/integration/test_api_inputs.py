@@ -6,7 +6,9 @@ and SQLite (which would keep a NaN no JSON parser reads back)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,6 +18,7 @@ from sqlalchemy import func, select
 
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
+from hypermedia.ingest import api
 from hypermedia.ingest.api import create_app
 from hypermedia.stack import Stack
 from tests.api_support import add_user, bearer, running_server
@@ -305,6 +308,41 @@ def test_a_query_parameter_given_twice_with_different_values_is_refused(client, 
         headers=bearer(user),
     )
     refused(uploaded, 422, "query.filename")
+
+
+def test_a_routes_list_parameters_are_found_once_not_at_every_request(stack, user):
+    """The check above walked the route's dependencies for its list parameters at each
+    request with two query parameters or more (~17 us for GET /jobs, ~40 us for the
+    deepest route): found once per route now, answers unchanged."""
+    walks = 0
+
+    def count(frame: Any, event: str, _arg: object) -> None:
+        nonlocal walks
+        if event == "call" and frame.f_code is api._list_query_names.__code__:
+            walks += frame.f_back.f_code is not api._list_query_names.__code__
+
+    async def ask() -> list[int]:
+        app = create_app(stack, auth_cache_seconds=60)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://api") as http:
+            statuses = []
+            asked: list[list[tuple[str, str | int | float | bool | None]]] = [
+                [("status", "queued"), ("status", "failed"), ("limit", "5")],
+                [("limit", "5"), ("limit", "5")],
+                [("limit", "1"), ("limit", "500")],
+            ]
+            for params in 20 * asked:
+                answer = await http.get(f"{P}/jobs", params=params, headers=bearer(user))
+                statuses.append(answer.status_code)
+            return statuses
+
+    sys.setprofile(count)
+    try:
+        statuses = asyncio.run(ask())
+    finally:
+        sys.setprofile(None)
+    assert statuses == 20 * [200, 200, 422]
+    assert walks == 1  # old: 60, one a request
 
 
 @pytest.mark.parametrize("charset", ["latin1", "ISO-8859-1", '"utf-16"', "windows-1252"])
