@@ -4,7 +4,8 @@ SQLite is the embedded default: WAL journal, foreign keys on, and every
 transaction opened with ``BEGIN IMMEDIATE`` so writers queue for the lock
 instead of failing half-way with "database is locked" on lock upgrade.
 Connection failures are translated into :class:`DatabaseUnavailable` here, and so
-is a SQLite record another process kept locked past :data:`SQLITE_BUSY_SECONDS`.
+are a SQLite record another process kept locked past :data:`SQLITE_BUSY_SECONDS` and
+one whose file could not be read or written (a disk I/O error, a full disk).
 """
 
 from __future__ import annotations
@@ -257,6 +258,10 @@ def _translated() -> Iterator[None]:
             raise DatabaseUnavailable(
                 f"the SQLite record stayed locked by another writer: {exc.orig}"
             ) from exc
+        if _is_sqlite_disk_error(exc):
+            raise DatabaseUnavailable(
+                f"the SQLite record's file could not be read or written: {exc.orig}"
+            ) from exc
         raise
 
 
@@ -271,6 +276,18 @@ def _is_sqlite_busy(exc: DBAPIError) -> bool:
 
 
 _SQLITE_BUSY = 5
+
+
+def _is_sqlite_disk_error(exc: DBAPIError) -> bool:
+    """SQLite's file failed it (any extended code of SQLITE_IOERR, SQLITE_FULL,
+    SQLITE_CANTOPEN): the record out of reach until the disk is, as PostgreSQL down
+    is (a write refused on a full disk, a flaky or lost mount). Not a statement's
+    fault: run again, it goes through once the disk does."""
+    code = getattr(exc.orig, "sqlite_errorcode", None)
+    return isinstance(code, int) and code & 0xFF in _SQLITE_DISK_ERRORS
+
+
+_SQLITE_DISK_ERRORS = (10, 13, 14)  # SQLITE_IOERR, SQLITE_FULL, SQLITE_CANTOPEN
 
 
 def _is_connection_error(exc: DBAPIError) -> bool:

@@ -7,13 +7,16 @@ SQLITE_BUSY ("database is locked"). That is the database being unavailable for a
 while, as PostgreSQL down is: the API answers 503 ``database_unavailable`` with
 ``Retry-After`` (not 500 ``internal``), and a worker's batch of completions waits and is
 committed once the lock is free (not dropped, its jobs left processing until their
-leases expire and run again).
+leases expire and run again). So is its file failing a write (a disk I/O error, a
+full disk): a completion is committed once the disk takes it.
 
 The lock is held by another OS process through the project's own engine.
 """
 
 from __future__ import annotations
 
+import json
+import pickle
 import subprocess
 import sys
 import threading
@@ -202,3 +205,68 @@ def _status(engine: Any, job_id: str) -> str:
         return str(
             conn.execute(select(t.jobs.c.status).where(t.jobs.c.job_id == job_id)).scalar_one()
         )
+
+
+# Another process completes a job claimed here, its files unable to grow for its first
+# 1.5 s (RLIMIT_FSIZE 0: every write to the record's WAL fails, SQLite's "disk I/O
+# error"; Python ignores SIGXFSZ), and prints the outcomes its batcher reported.
+_WRITES_FAIL_AWHILE = """
+import json, pickle, resource, sys, time
+from hypermedia.config import load_settings
+from hypermedia.stack import Stack
+from hypermedia.worker.execute import Completion
+from hypermedia.worker.worker import CompletionBatcher
+overrides, job = json.loads(sys.argv[1]), pickle.loads(bytes.fromhex(sys.argv[2]))
+stack = Stack.open(load_settings(**overrides))
+outcomes = []
+batcher = CompletionBatcher(stack.dispatcher, sys.argv[3], outcomes.append)
+soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+resource.setrlimit(resource.RLIMIT_FSIZE, (0, hard))
+batcher.add(Completion(job, [], None))
+time.sleep(1.5)
+resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+batcher.close(30)
+stack.close()
+print(json.dumps([outcome.status for outcome in outcomes]))
+"""
+
+
+def test_a_completion_the_disk_refused_is_committed_once_it_writes(
+    sqlite_url, sqlite_engine, settings, tmp_path
+):
+    """A raw sqlite3 OperationalError other than SQLITE_BUSY (a disk I/O error, a full
+    disk) went through untranslated: the batcher gave its jobs up at once ("lost"),
+    left processing until their leases expired (5,430 s for transcode_video), then run
+    again. Now the record is unavailable as when locked: tried again until written."""
+    profiles = str(ray_support.test_profiles(tmp_path))
+    stack = open_stack(settings, sqlite_engine, None, profiles_path=profiles)
+    person = make_user(stack)
+    obj = make_object(stack, person)
+    stack.ingest.submit_many(
+        person.caller, [SubmitRequest(object_id=obj, operations=["test.noop"])]
+    )
+    [job] = stack.dispatcher.claim_and_start("bulk", "disk-w")
+    chosen = stack.settings
+    overrides = {
+        "database_url": sqlite_url,
+        "redis_url": chosen.redis_url,
+        "redis_prefix": chosen.redis_prefix,
+        "data_dir": str(chosen.data_dir),
+        "profiles_path": profiles,
+    }
+    arguments = [json.dumps(overrides), pickle.dumps(job).hex(), "disk-w"]
+    completer = subprocess.run(
+        [sys.executable, "-c", _WRITES_FAIL_AWHILE, *arguments],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert completer.returncode == 0, completer.stderr
+    assert "disk I/O error; retrying" in completer.stderr  # it did meet the disk
+    assert json.loads(completer.stdout) == ["completed"]  # old: ["lost"]
+    assert _status(sqlite_engine, job.job_id) == "completed"
+    with snapshot(sqlite_engine) as conn:
+        charges = conn.execute(
+            select(t.credit_ledger.c.kind).where(t.credit_ledger.c.job_id == job.job_id)
+        ).scalars()
+        assert sorted(charges) == ["charge"]
