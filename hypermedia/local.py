@@ -254,7 +254,11 @@ class LocalStack:
         else:
             from hypermedia.db.engine import make_engine
 
-            engine = make_engine(settings.effective_database_url, setting=settings.database_setting)
+            engine = make_engine(
+                settings.effective_database_url,
+                setting=settings.database_setting,
+                dead_peer_seconds=settings.database_dead_peer_seconds,
+            )
             if self.cluster_queues is not None:
                 queues = self.cluster_queues(engine)
             else:  # nodes may join this head: its actors' queues, and the joined ones'

@@ -424,7 +424,11 @@ def head_stack(
     from hypermedia.db.engine import make_engine
     from hypermedia.local import operations_of
 
-    engine = make_engine(settings.effective_database_url, setting=settings.database_setting)
+    engine = make_engine(
+        settings.effective_database_url,
+        setting=settings.database_setting,
+        dead_peer_seconds=settings.database_dead_peer_seconds,
+    )
     served = queues(engine)
     return Stack.open(
         settings,

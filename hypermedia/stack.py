@@ -148,7 +148,9 @@ def migrate(
     owned = engine is None
     prepare_data_dir(settings)
     engine = engine or make_engine(
-        settings.effective_database_url, setting=settings.database_setting
+        settings.effective_database_url,
+        setting=settings.database_setting,
+        dead_peer_seconds=settings.database_dead_peer_seconds,
     )
     try:
         refused = upgrade_problem(engine)
@@ -243,6 +245,7 @@ class Stack:
             settings.effective_database_url,
             custom_plans=custom_plans,
             setting=settings.database_setting,
+            dead_peer_seconds=settings.database_dead_peer_seconds,
         )
         if auto_migrate:
             migrate(settings, engine, clock=clock)

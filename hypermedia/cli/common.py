@@ -74,7 +74,10 @@ def open_engine(settings: Settings, *, connect_timeout: int | None = None) -> En
     if connect_timeout is not None and url.get_backend_name() != "sqlite":
         options["connect_args"] = {"connect_timeout": connect_timeout}
     engine = make_engine(
-        settings.effective_database_url, setting=settings.database_setting, **options
+        settings.effective_database_url,
+        setting=settings.database_setting,
+        dead_peer_seconds=settings.database_dead_peer_seconds,
+        **options,
     )
     try:
         problem = schema_problem(engine)

@@ -20,7 +20,11 @@ def db_upgrade() -> None:
     from hypermedia.stack import migrate
 
     settings = read_settings()
-    engine = make_engine(settings.effective_database_url, setting=settings.database_setting)
+    engine = make_engine(
+        settings.effective_database_url,
+        setting=settings.database_setting,
+        dead_peer_seconds=settings.database_dead_peer_seconds,
+    )
     try:
         migrate(settings, engine)
         revision = current_revision(engine)

@@ -10,9 +10,10 @@ one whose file could not be read or written (a disk I/O error, a full disk).
 
 from __future__ import annotations
 
+import math
 import select
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ def make_engine(
     custom_plans: bool = False,
     setting: str = "database_url (HYPERMEDIA_DATABASE_URL)",
     sqlite_busy_seconds: float | None = None,
+    dead_peer_seconds: float | None = None,
     **kwargs: Any,
 ) -> Engine:
     """An engine for ``url``. ``custom_plans``: on PostgreSQL every statement of its
@@ -36,7 +38,9 @@ def make_engine(
     the claim loops' engine). ``setting``: where ``url`` comes from, as a ConfigError
     names it (a SQLite file whose directory cannot be made). ``sqlite_busy_seconds``:
     how long a SQLite transaction waits for another's write lock (None:
-    :data:`SQLITE_BUSY_SECONDS`)."""
+    :data:`SQLITE_BUSY_SECONDS`). ``dead_peer_seconds``: how soon a PostgreSQL
+    connection whose server went silent fails (None: :data:`DEAD_PEER_SECONDS`; 0: the
+    kernel's defaults)."""
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         if (database := sqlite_file(url)) is not None:
@@ -59,6 +63,11 @@ def make_engine(
         return engine
     kwargs.setdefault("pool_size", 10)
     kwargs.setdefault("max_overflow", 20)
+    seconds = DEAD_PEER_SECONDS if dead_peer_seconds is None else dead_peer_seconds
+    kwargs["connect_args"] = {
+        **_dead_peer_args(seconds, parsed.query),
+        **kwargs.get("connect_args", {}),
+    }
     engine = create_engine(url, **kwargs)
     if not kwargs.get("pool_pre_ping"):
         _ping_when_idle(engine)
@@ -76,6 +85,45 @@ def sqlite_file(url: str) -> Path | None:
     if parsed.database.startswith("file:"):
         return None
     return Path(parsed.database)
+
+
+# A PostgreSQL server that goes silent, neither answering nor closing (a NAT's or a
+# firewall's table dropped the connection, a partition, a host powered off), is given up
+# within this long (Settings.database_dead_peer_seconds). The kernel's defaults leave a
+# statement sent to it waiting ~15 min (tcp_retries2 retransmissions) and one whose
+# answer it awaits for ever (nothing to retransmit, no keepalive): an API request, a
+# completion batch, the pool's ping of an idle connection, each held that long. TCP
+# keepalives find a silent server while a connection waits or sits in the pool (the
+# pool's checkout then sees its socket in error and makes another), TCP_USER_TIMEOUT
+# one that does not acknowledge what was sent; both abort the connection at about this
+# many seconds of silence: the statement fails DatabaseUnavailable, as when the server
+# is down. Neither times a slow statement: the server's kernel answers for it. Measured
+# on a private PostgreSQL in a network namespace of its own whose loopback was taken
+# down (tests/integration/test_db_dead_peer.py): with 3 s, a SELECT 1 sent into the
+# silence failed after 3.4 s, a pg_sleep awaiting its answer 2.1 s after the silence
+# began (3 s after the server's last word), an idle pooled connection was found dead
+# and a new one's connect gave up after 3.0 s; without, the first two still waited 20 s
+# later, the third (the idle connection, used untried) 115 s later.
+DEAD_PEER_SECONDS = 30.0
+
+
+def _dead_peer_args(seconds: float, named: Mapping[str, Any]) -> dict[str, int]:
+    """libpq's connection parameters that give up a silent server after ``seconds``:
+    keepalive probes from half that idle, three, at a sixth apart (the kernel aborts
+    when the user timeout has passed and a probe went unanswered), and the user
+    timeout itself for what was sent and not acknowledged. One the database URL
+    names (``?keepalives_idle=60``) is left to it."""
+    if seconds <= 0:
+        return {}
+    whole = math.ceil(seconds)
+    chosen = {
+        "keepalives": 1,
+        "keepalives_idle": max(1, whole // 2),
+        "keepalives_interval": max(1, whole // 6),
+        "keepalives_count": 3,
+        "tcp_user_timeout": round(seconds * 1000),
+    }
+    return {name: value for name, value in chosen.items() if name not in named}
 
 
 # A pooled connection is tried (a round trip) before use only when it has sat idle this
