@@ -457,10 +457,14 @@ class _Progress:
         self.offset = offset  # progress done before this run (earlier chunks)
         self.whole = whole  # this run is the whole job: its end is the total
         self.scale = scale  # progress per second of this run's output (its share)
+        # The frames FFmpeg's frame rate conversion doubled and dropped, as last told.
+        self.counts: dict[str, int] = {}
 
     def __call__(self, line: str) -> None:
         key, _, value = line.partition("=")
-        if key == "out_time_us" and value.isdigit():
+        if key in ("dup_frames", "drop_frames") and value.isdigit():
+            self.counts[key] = int(value)
+        elif key == "out_time_us" and value.isdigit():
             done = self.offset + self.scale * int(value) / 1e6
             progress.report(
                 done if self.total is None else min(done, self.total), self.total, "seconds"
@@ -931,13 +935,17 @@ def transcode(
     offset: float = 0.0,
     scale: float = 1.0,
     part: bool = False,
+    counts: dict[str, int] | None = None,
 ) -> bool:
     """Run ffmpeg; its progress reported against ``seconds`` (the input's duration, if
     stated), ``offset`` seconds of it done before, each second of output counted as
     ``scale`` (a pass with a share of the job); ``part``: one piece of the job (its
     end is not the job's; without ``seconds``, it reports nothing). True when the input
     ended before its index said (FFmpeg's "partial file": a truncated MP4/MOV); a
-    failure on such an input is :class:`Truncated`."""
+    failure on such an input is :class:`Truncated`. ``counts``: filled with the frames
+    FFmpeg's frame rate conversion doubled and dropped (``dup_frames``,
+    ``drop_frames``), as its progress last told them (none for a ``part`` without
+    ``seconds``: its progress is not read)."""
     watched = [args[0], "-progress", "pipe:1", "-stats_period", str(_PROGRESS_PERIOD), *args[1:]]
     report = (
         None
@@ -947,6 +955,8 @@ def transcode(
     if report is None:
         watched = args
     ran = _run([*watched, str(output)], workdir, ".ffmpeg.log", report)
+    if counts is not None and report is not None:
+        counts.update(report.counts)
     truncated = _PARTIAL_FILE in ran.tail.lower()
     if ran.returncode != 0:
         error = _failure(ran, f"cannot transcode {label}", source, workdir)

@@ -34,8 +34,10 @@ from __future__ import annotations
 import decimal
 import itertools
 import logging
+import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -255,6 +257,38 @@ def packets(
     return found
 
 
+def lead_copies(found: Sequence[tuple[float, str, bool]], first: str, start: str) -> int:
+    """How many copies of its first frame beyond the one a constant rate output of
+    evenly spaced ``found`` packets (:func:`packets`) holds when that frame is at
+    ``first`` and the input starts at ``start`` (both as ffprobe printed them): what
+    FFmpeg's frame rate conversion (5.1, ``do_video_out``) fills the time before the
+    picture with. The first frame lands ``delta`` frames of the output's rate (the
+    packets' own) after zero, nudged up by 2^-17 of a frame (FFmpeg's guard against
+    midpoints), and is output ``round(delta + 1)`` times where that is over 1.1, else
+    once: ``floor(delta + 1/2)`` copies more. The frames after it each take the next
+    place (the fraction is a rounding of their times). 0.543 s at 25 fps: 14."""
+    times = sorted(_micros(p[1]) for p in found)
+    if len(times) < 2 or times[-1] <= times[0]:
+        return 0
+    rate = Fraction(len(times) - 1) * 1_000_000 / (times[-1] - times[0])
+    delta = Fraction(_micros(first) - _micros(start), 1_000_000) * rate + Fraction(1, 1 << 17)
+    return max(0, math.floor(delta + Fraction(1, 2)))
+
+
+def _as_the_single_pass(args: list[str], audio_args: list[str] | None) -> list[str]:
+    """Chunk 0's ``args`` reading its input as the single pass does: with its sound
+    (one packet of it copied to FFmpeg's null output), since the streams read decide
+    where FFmpeg starts the times of an MPEG-TS (of formats whose times may jump: it
+    starts them at the earliest stream it reads, so the picture read alone starts at
+    zero, no copies before it, where the single pass's starts after its sound)."""
+    if audio_args is None or "-map" not in audio_args:
+        return args
+    sound = audio_args[audio_args.index("-map") + 1]
+    after_input = args.index("-i") + 2
+    keep = ["-map", sound, "-c:a", "copy", "-frames:a", "1", "-f", "null", "-"]
+    return [*args[:after_input], *keep, *args[after_input:]]
+
+
 def _listing(
     chunks: Sequence[Chunk], pieces: Path, build: str, exact_times: bool, start: str = "0"
 ) -> str:
@@ -311,10 +345,13 @@ def transcode_chunked(
     start_time), where a single pass's times count from.
 
     A picture that starts after the input does (the sound first: AAC's priming puts
-    an FFmpeg-written sound 23 ms ahead; a recording begun mid-GOP): on the constant
-    rate the output fills that time with copies of the first frame, in chunk 0 only,
-    where the frame count cannot see them: one pass. A variable rate's frames keep
-    their times, chunk 0's its delay in the join (:func:`_listing`): it is chunked.
+    an FFmpeg-written sound 23 ms ahead; an MPEG-TS's sound, a recording begun
+    mid-GOP): on the constant rate the output fills that time with copies of the first
+    frame (:func:`lead_copies`), in chunk 0 only, which holds them beside its own
+    frames; it reads the input as the single pass does (:func:`_as_the_single_pass`)
+    and is checked to hold just those copies, else one pass. A variable rate's frames
+    keep their times, chunk 0's its delay in the join (:func:`_listing`): it is
+    chunked.
     ``video_args``: ffmpeg's arguments up to the output, without input and sound;
     ``audio_args``: the same for the sound (None: no sound); ``found``: the video
     stream's :func:`packets`; ``frame_pixels``: an output picture's (what the sound's
@@ -324,12 +361,16 @@ def transcode_chunked(
     cuttable = exact_times or (found is not None and constant_rate(found))
     chunks = plan(found, chunk_seconds) if found is not None and cuttable else []
     late = float(chunks[0].start) - start if chunks else 0.0
-    if not exact_times and late > _SAME_TIME:
-        log.info("%s: its picture starts %.3f s in: one pass", label, late)
-        return None
     if len(chunks) < 2:
         log.info("%s: not cut in chunks (%d planned): one pass", label, len(chunks))
         return None
+    # A constant rate's picture that starts after the input: chunk 0 makes the copies
+    # of its first frame the single pass fills that time with.
+    lead = None
+    first = chunks[0].frames  # counted: it is not the last
+    if not exact_times and late > _SAME_TIME and found is not None and first is not None:
+        lead = lead_copies(found, chunks[0].start, f"{start:.6f}")
+        chunks[0] = replace(chunks[0], seconds=chunks[0].seconds + late, frames=first + lead)
     build = media.ffmpeg_build()
     done = checkpoints.finished(workdir, build)
     transcoded = resumed = 0
@@ -348,9 +389,12 @@ def transcode_chunked(
             seek = ["-seek_timestamp", "1", "-ss", chunk.start] if chunk.index else []
             count = [] if chunk.frames is None else ["-frames:v", str(chunk.frames)]
             args = [video_args[0], *seek, *video_args[1:], *count, "-an", "-f", "mp4"]
+            if lead is not None and not chunk.index:
+                args = _as_the_single_pass(args, audio_args)
+            counts: dict[str, int] = {}
             media.transcode(
                 args, source, workdir, partial, label, total,
-                offset=offset * pictures, scale=pictures, part=True,
+                offset=offset * pictures, scale=pictures, part=True, counts=counts,
             )  # fmt: skip
             made = _frames(partial, workdir, label)
             if chunk.frames is not None and made != chunk.frames:
@@ -358,6 +402,15 @@ def transcode_chunked(
                 # leading pictures ...): this video cannot be cut exactly.
                 log.warning("%s: chunk %d has %d frames, not %d: one pass instead",
                             label, chunk.index, made, chunk.frames)  # fmt: skip
+                partial.unlink(missing_ok=True)
+                return None
+            copies = (counts.get("dup_frames"), counts.get("drop_frames"))
+            if lead is not None and not chunk.index and copies != (lead, 0):
+                # FFmpeg did not fill the lead as reckoned (a frame rate it guesses
+                # otherwise than the frames' steps, frames before the first keyframe
+                # decoded, a stream not read that starts first).
+                log.warning("%s: chunk 0 has %s copies and %s frames dropped, not %d and 0:"
+                            " one pass instead", label, *copies, lead)  # fmt: skip
                 partial.unlink(missing_ok=True)
                 return None
             placed = not exact_times or chunk.index or late <= 0

@@ -234,16 +234,22 @@ def test_a_variable_frame_rate_matroska_is_chunked_at_its_frames_times(tmp_path:
     assert min(ms.frame_psnr(outputs[0].path, single.path)) >= ms.SAME_FRAME_PSNR
 
 
-def late(path: Path, *, sound: float = 0.0, picture: float = 0.0) -> Path:
-    """A Matroska clip (keyframe each second) whose sound or picture starts ``sound`` or
-    ``picture`` seconds after the container does, as recordings and remuxes have it."""
+def late(
+    path: Path, *, sound: float = 0.0, picture: float = 0.0, container: str = "matroska"
+) -> Path:
+    """A clip (keyframe each second, AAC sound) whose sound or picture starts ``sound``
+    or ``picture`` seconds after the container does, as recordings and remuxes have it."""
     gop = str(ms.RATE)
     ffmpeg("-itsoffset", str(picture), *video_source(SECONDS, "160x120", ms.RATE),
            "-itsoffset", str(sound), *tone_source(SECONDS),
            "-c:v", "libx264", "-preset", "ultrafast", "-pix_fmt", "yuv420p", "-g", gop,
            "-keyint_min", gop, "-sc_threshold", "0", "-c:a", "aac", "-threads", "1",
-           "-f", "matroska", str(path))  # fmt: skip
+           "-f", container, str(path))  # fmt: skip
     return path
+
+
+def starts(path: Path) -> dict[str, float]:
+    return {s["codec_type"]: float(s["start_time"]) for s in ms.probe(path)["streams"]}
 
 
 def sound_start(path: Path) -> float:
@@ -262,15 +268,71 @@ def test_a_sound_that_starts_late_keeps_its_delay(tmp_path: Path) -> None:
     ms.assert_same_as_single_pass(outputs[0].path, single.path, SECONDS)
 
 
-def test_a_picture_that_starts_late_is_done_in_one_pass(tmp_path: Path) -> None:
-    # The constant rate fills the first 0.5 s with copies of the first frame, in chunk 0
-    # only: chunked, as many frames after them were lost (114 -> 100) and the picture
-    # ran 0.56 s ahead of the sound from the first join on.
+def assert_led_like_a_single_pass(source: Path, workdir: Path, frames: int) -> Path:
+    """``source`` chunked (its picture late on a constant rate) as its single pass makes
+    it: ``frames`` frames at its times, the first ones copies of the picture's first."""
+    (single,) = run(source, SINGLE, workdir / "single")
+    outputs = run(source, CHUNKED, workdir / "chunked")
+    assert units(outputs) == {"chunks": SECONDS, "chunks_resumed": 0}
+    assert len(ms.frame_times(single.path)) == frames
+    assert ms.frame_times(single.path)[0] == 0  # the copies, from zero
+    ms.assert_same_as_single_pass(outputs[0].path, single.path, SECONDS, frames=frames)
+    assert sound_start(outputs[0].path) == sound_start(single.path) == 0
+    return piece(workdir / "chunked", "chunk-00000.mp4")
+
+
+def test_a_picture_that_starts_late_is_chunked_after_the_copies_the_single_pass_makes(
+    tmp_path: Path,
+) -> None:
+    # The constant rate fills the first 0.543 s (0.5 and AAC's priming) with 14 copies
+    # of the first frame, in chunk 0 only: a long one was done in one pass, no
+    # checkpoint kept. Chunk 0 makes them, its 25 frames after them.
     source = late(tmp_path / "late-picture.mkv", picture=0.5)
+    assert starts(source)["video"] == pytest.approx(0.543)
+    chunk = assert_led_like_a_single_pass(source, tmp_path, 114)
+    assert len(ms.frame_times(chunk)) == ms.RATE + 14
+
+
+def test_an_mpeg_ts_whose_picture_starts_after_its_sound_is_chunked(tmp_path: Path) -> None:
+    # A camcorder's or an HLS recording's: its sound first. One pass before; and chunk 0
+    # reading the picture alone starts it at zero (FFmpeg starts an MPEG-TS's times at
+    # its first stream read), no copies before it: it reads the sound too.
+    source = late(tmp_path / "late-picture.ts", picture=0.5, container="mpegts")
+    assert starts(source)["video"] - starts(source)["audio"] == pytest.approx(0.543, abs=1e-3)
+    assert_led_like_a_single_pass(source, tmp_path, 114)
+    # A retry puts chunk 0 back, its copies with it.
+    (output,) = [p for p in (tmp_path / "chunked").iterdir() if p.suffix == ".mp4"]
+    output.unlink()
+    for name in ("chunk-00002.mp4", "chunk-00003.mp4"):
+        piece(tmp_path / "chunked", name).unlink()
+    again = run(source, CHUNKED, tmp_path / "chunked")
+    assert units(again) == {"chunks": 2, "chunks_resumed": 2}
+    (single, *_) = (tmp_path / "single").glob("*.mp4")
+    ms.assert_same_as_single_pass(again[0].path, single, SECONDS, frames=114)
+
+
+def test_an_mp4_whose_edit_list_starts_its_picture_late_is_chunked(tmp_path: Path) -> None:
+    # Its picture's edit list begins with 0.4 s of nothing: 10 copies.
+    plain = ms.clip(tmp_path / "plain.mp4", SECONDS)
+    source = tmp_path / "edited.mp4"
+    ffmpeg("-itsoffset", "0.4", "-i", str(plain), "-i", str(plain), "-map", "0:v",
+           "-map", "1:a", "-c", "copy", "-f", "mp4", str(source))  # fmt: skip
+    assert starts(source)["video"] == pytest.approx(0.4)
+    assert_led_like_a_single_pass(source, tmp_path, 110)
+
+
+def test_a_late_picture_ffmpeg_leads_otherwise_than_reckoned_is_done_in_one_pass(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Chunk 0 is checked to hold as many copies as it was planned with (FFmpeg's own
+    # count): one more planned, and the video goes in one pass.
+    real = media_chunks.lead_copies
+    monkeypatch.setattr(media_chunks, "lead_copies", lambda *args: real(*args) + 1)
+    source = late(tmp_path / "late-picture.ts", picture=0.5, container="mpegts")
     (single,) = run(source, SINGLE, tmp_path / "single")
     outputs = run(source, CHUNKED, tmp_path / "chunked")
     assert [o.output_type for o in outputs] == ["video-h264-120p-crf23.mp4"]
-    assert checkpoints.finished(tmp_path / "chunked") == {}
+    assert not piece(tmp_path / "chunked", "chunk-00000.mp4").exists()
     assert ms.frame_times(outputs[0].path) == ms.frame_times(single.path)
 
 

@@ -7,7 +7,15 @@ from pathlib import Path
 import pytest
 
 from pipelines import checkpoints
-from pipelines.media_chunks import Chunk, _listing, chunking, constant_rate, plan, variable_rate
+from pipelines.media_chunks import (
+    Chunk,
+    _listing,
+    chunking,
+    constant_rate,
+    lead_copies,
+    plan,
+    variable_rate,
+)
 from pipelines.registry import PipelineError
 
 
@@ -121,3 +129,20 @@ def test_a_late_variable_rate_pictures_first_chunk_keeps_its_delay_in_the_join()
         "file '/pieces/chunk-00000.mp4'", "inpoint 0", "duration 1.023000",
         "file '/pieces/chunk-00001.mp4'",
     ]  # fmt: skip
+
+
+def test_a_late_constant_rate_picture_is_led_by_the_copies_ffmpeg_makes() -> None:
+    # FFmpeg 5.1's constant rate outputs a first frame ``delta`` frames after zero
+    # round(delta + 1) times (once up to 1.1), nudged up 2^-17 of a frame off midpoints.
+    def lead(first: float, start: float = 0.0, rate: int = 25) -> int:
+        found = [(first + i / rate, f"{first + i / rate:.6f}", i % rate == 0) for i in range(50)]
+        return lead_copies(found, f"{first:.6f}", f"{start:.6f}")
+
+    assert lead(0.0) == 0
+    assert lead(0.543) == 14  # 13.575 frames: FFmpeg's AAC priming in a Matroska
+    assert lead(1.943222, start=1.4) == 14  # the same picture in an MPEG-TS
+    assert (lead(0.0199), lead(0.02), lead(0.0201)) == (0, 1, 1)  # 0.5 frames: up
+    assert (lead(0.06), lead(0.1)) == (2, 3)  # 1.5 and 2.5 frames: up, not to even
+    assert lead(0.004) == 0  # 0.1 frames: the frame is moved to zero, not copied
+    assert lead(1.0) == 25
+    assert lead(0.5, rate=30) == 15
