@@ -13,7 +13,8 @@ count): one damaged in storage (truncated, bytes changed) is transcoded again, n
 joined into the output nor taken for a fault of the input. A piece is tied to the
 FFmpeg build that made it (:func:`pipelines.media.ffmpeg_build`): a retry on a node
 with another build transcodes every chunk again. The output is
-the chunks concatenated without re-encoding (FFmpeg's concat demuxer, stream copy)
+the chunks concatenated without re-encoding (FFmpeg's concat demuxer, stream copy,
+each chunk after the length its MP4 states in ``_CHUNK_TIMESCALE`` ticks a second)
 with the sound muxed beside them, each keeping its own times (a sound that starts
 after the picture keeps its delay): the same codecs, frame count and duration (within
 a frame) as a single pass. A variable frame rate (:func:`variable_rate`) is chunked
@@ -63,6 +64,12 @@ _SAME_TIME = 1e-3
 # A variable rate's chunk 0 starts where the single pass's picture does within this
 # (seconds): the time bases' ticks as ffprobe prints them, in microseconds.
 _PLACED = 1e-5
+# A chunk's MP4 states its length in this many ticks a second (the MP4 muxer's default
+# is 1000), which the join (the concat demuxer) starts the next chunk after: every
+# frame of 23.976, 24, 25, 29.97, 30, 50, 59.94, 60 ... fps lasts whole ticks. In
+# milliseconds 40 frames at 29.97 fps (1.334667 s) said 1.335: each later frame
+# that much late, more at every such join.
+_CHUNK_TIMESCALE = 120_000
 # Frame steps this close (seconds) are one constant rate's, rounded to the time base: a
 # 29.97 fps Matroska on its 1 ms time base steps 33 and 34 ms.
 _EVEN_STEPS = 2e-3
@@ -388,7 +395,8 @@ def transcode_chunked(
             # by that much in a video whose times do not start at zero.
             seek = ["-seek_timestamp", "1", "-ss", chunk.start] if chunk.index else []
             count = [] if chunk.frames is None else ["-frames:v", str(chunk.frames)]
-            args = [video_args[0], *seek, *video_args[1:], *count, "-an", "-f", "mp4"]
+            args = [video_args[0], *seek, *video_args[1:], *count, "-an"]
+            args += ["-movie_timescale", str(_CHUNK_TIMESCALE), "-f", "mp4"]
             if lead is not None and not chunk.index:
                 args = _as_the_single_pass(args, audio_args)
             counts: dict[str, int] = {}

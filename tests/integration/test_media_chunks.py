@@ -377,6 +377,26 @@ def test_a_23_976_fps_matroska_on_a_millisecond_time_base_is_chunked(tmp_path: P
     assert min(ms.frame_psnr(chunked[0].path, single.path)) >= ms.SAME_FRAME_PSNR
 
 
+def test_a_29_97_fps_video_is_joined_at_its_chunks_exact_lengths(tmp_path: Path) -> None:
+    # Keyframes every 20 frames, so 1 s chunks of 40 (1.334667 s): the join started each
+    # chunk after the length its MP4 stated in milliseconds (1.335 s), and every frame
+    # after the first join was that much later than the single pass's, 1.3 ms by the
+    # fourth. Now in 1/120000 s: the single pass's times.
+    source = tmp_path / "ntsc.mp4"
+    ffmpeg("-f", "lavfi", "-i", "testsrc2=size=160x120:rate=30000/1001:duration=6",
+           *tone_source(6), "-c:v", "libx264", "-preset", "ultrafast", "-pix_fmt", "yuv420p",
+           "-g", "20", "-keyint_min", "20", "-sc_threshold", "0", "-c:a", "aac",
+           "-threads", "1", "-f", "mp4", str(source))  # fmt: skip
+    (single,) = run(source, SINGLE, tmp_path / "single")
+    outputs = run(source, CHUNKED, tmp_path / "chunked")
+    assert units(outputs) == {"chunks": 5, "chunks_resumed": 0}
+    times = ms.frame_times(single.path)
+    assert len(times) == 180
+    assert ms.frame_times(outputs[0].path) == times
+    assert ms.decode_errors(outputs[0].path) == ""
+    assert min(ms.frame_psnr(outputs[0].path, single.path)) >= ms.SAME_FRAME_PSNR
+
+
 @pytest.mark.parametrize("container", ["matroska", "mp4"])
 def test_a_video_whose_times_start_late_is_cut_at_its_own_keyframes(
     container: str, tmp_path: Path
