@@ -12,6 +12,7 @@ seconds until Ctrl-C. With a job id it asks the API (:func:`hypermedia.cli.jobs.
 from __future__ import annotations
 
 import json
+import re
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,6 +26,7 @@ from hypermedia.clock import age_text
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
+    from rich.text import Text
 
     from autoscaler.status import Status
     from hypermedia.stack import Stack
@@ -123,9 +125,7 @@ class _Outage:
             self.since = self.since or now
             if as_json:
                 return {"at": now, "error": exc.to_dict(), "since": self.since}
-            from rich.text import Text
-
-            return Text(
+            return plain(
                 f"hypermedia at {_when(now)} UTC: {exc.code}: {exc.message}\n"
                 f"since {_when(self.since)} UTC; trying again every refresh (Ctrl-C stops)",
                 style="bold red",
@@ -163,11 +163,32 @@ def _when(epoch: float | None) -> str:
     return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
+# A control character of a value (C0 but the line feed, DEL, C1) as the screen shows it:
+# its escape, never the character (an ESC starts a sequence the terminal obeys).
+_CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")
+
+
+def plain(value: str | None, style: str = "") -> Text:
+    """A value of the record or the config (a reason, a summary, a host name ...) as the
+    screen shows it: its characters as they are, never read as Rich markup (a ``[/x]``
+    in it ended the command with a MarkupError, a ``[link=...]`` drew a link) nor sent
+    to the terminal as a control sequence (an ESC recoloured, retitled or cleared it):
+    each control character but the line feed is shown as its escape, ``\\x1b``."""
+    from rich.text import Text
+
+    text = "" if value is None else value
+    return Text(_CONTROL.sub(lambda found: f"\\x{ord(found.group()):02x}", text), style=style)
+
+
+def _add_row(table: Any, *cells: str | Text, style: str | None = None) -> None:
+    table.add_row(*(plain(c) if isinstance(c, str) else c for c in cells), style=style)
+
+
 def render(current: Status) -> RenderableType:
-    """The screen: a few tables, one per part."""
+    """The screen: a few tables, one per part. Every string of ``current`` goes through
+    :func:`plain`; only the labels around them are the code's."""
     from rich.console import Group
     from rich.table import Table
-    from rich.text import Text
 
     parts: list[Any] = []
     leader = current.leader or "none"
@@ -175,12 +196,12 @@ def render(current: Status) -> RenderableType:
         f"hypermedia at {_when(current.at)} UTC · mode {current.mode} · scheduler leader"
         f" {leader} · last turn {_when(current.last_turn_at)}"
     )
-    parts.append(Text(header, style="bold"))
+    parts.append(plain(header, style="bold"))
     if current.storage is not None:
         if current.storage.ok:
-            parts.append(Text("Storage: up"))
+            parts.append(plain("Storage: up"))
         else:
-            parts.append(Text(f"Storage: down: {current.storage.problem}", style="bold red"))
+            parts.append(plain(f"Storage: down: {current.storage.problem}", style="bold red"))
 
     window = f"{current.rate_window_seconds / 60:.0f} min"
     queues = Table(
@@ -202,7 +223,8 @@ def render(current: Status) -> RenderableType:
             f"{band.depth} · {age_text(band.oldest_age_seconds)}" if band else "-"
             for band in (q.bands.get(name) for name in ("1-3", "4-6", "7-10"))
         ]
-        queues.add_row(
+        _add_row(
+            queues,
             q.queue,
             str(q.depth),
             age_text(q.oldest_age_seconds) if q.depth else "-",
@@ -227,7 +249,8 @@ def render(current: Status) -> RenderableType:
         title_justify="left",
     )
     for w in current.workers:
-        workers.add_row(
+        _add_row(
+            workers,
             w.worker_id,
             w.queue,
             w.location,
@@ -256,7 +279,8 @@ def render(current: Status) -> RenderableType:
             title_justify="left",
         )
         for i in current.instances:
-            instances.add_row(
+            _add_row(
+                instances,
                 i.instance_id,
                 i.provider,
                 i.node_type,
@@ -273,7 +297,7 @@ def render(current: Status) -> RenderableType:
         else "not locked"
     )
     parts.append(
-        Text(
+        plain(
             f"Spend: last hour {_money(s.last_hour_cents)} (cap {_money(s.hourly_cap_cents)})"
             f" · today {_money(s.today_cents)} (cap {_money(s.daily_cap_cents)}, alert at"
             f" {_money(s.alert_threshold_cents)}) · {lock}",
@@ -289,13 +313,13 @@ def render(current: Status) -> RenderableType:
         else:
             through = f", last day compared {b.compared_through}" if b.compared_through else ""
             said = f"Billing {b.provider}: read {_when(b.read_at)}{through}"
-        parts.append(Text(said, style="yellow" if b.error else ""))
+        parts.append(plain(said, style="yellow" if b.error else ""))
     for finding in current.billing_findings:
-        parts.append(Text(f"  {finding}", style="yellow"))
+        parts.append(plain(f"  {finding}", style="yellow"))
     for burst in current.bursts:
         by = f" (by {burst.by})" if burst.by else ""
         parts.append(
-            Text(
+            plain(
                 f"Manual burst {burst.queue}: {burst.workers} cloud workers until"
                 f" {_when(burst.until)}{by}"
             )
@@ -311,8 +335,8 @@ def render(current: Status) -> RenderableType:
         title_justify="left",
     )
     for a in current.alerts:
-        level = Text(a.level, style=styles.get(a.level, ""))
-        alerts.add_row(level, a.key, _when(a.firing_since), a.summary)
+        level = plain(a.level, style=styles.get(a.level, ""))
+        _add_row(alerts, level, a.key, _when(a.firing_since), a.summary)
     parts.append(alerts)
 
     decisions = Table(
@@ -325,8 +349,13 @@ def render(current: Status) -> RenderableType:
         title_justify="left",
     )
     for d in current.decisions:
-        decisions.add_row(
-            _when(d.decided_at), d.action, d.queue or "-", "yes" if d.applied else "no", d.reason
+        _add_row(
+            decisions,
+            _when(d.decided_at),
+            d.action,
+            d.queue or "-",
+            "yes" if d.applied else "no",
+            d.reason,
         )
     parts.append(decisions)
     if current.bulk or current.bulk_finished:
@@ -364,7 +393,8 @@ def _bulk_table(current: Status) -> RenderableType:
         state = r.shown_state + (f" ({r.reason})" if r.reason else "")
         if ended and r.finished_at is not None:
             state += f" {age_text(current.at - r.finished_at)} ago"
-        table.add_row(
+        _add_row(
+            table,
             r.run_id,
             f"{r.kind} {r.operation or ''}".strip() + f", {r.queue or '-'} · {r.priority}",
             state,
