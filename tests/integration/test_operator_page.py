@@ -570,3 +570,79 @@ def test_the_page_shows_each_bulk_runs_progress(stack, clock, tmp_path):
     assert [r.run_id for r in status.bulk + status.bulk_finished] == order
     (active,) = [r for r in status.bulk if r.run_id == made["active"]]
     assert active.progress.percent == 40.0 and active.progress.eta_seconds == 150.0
+
+
+# What another wrote that the page shows: markup, a script, an attribute broken out of,
+# a javascript: URL, a bidi override, a terminal's escape. And what is long without a
+# space: a host name as long as DNS allows, a URL in a reason.
+HOSTILE = (
+    '<script>document.title="ran"</script>"><img src=x onerror="document.title=\'ran\'">'
+    "'><svg onload=document.title='ran'> javascript:document.title='ran' \u202eevil \x1b[2J"
+)
+LONG_HOST = ".".join(["a" * 63] * 4)[:253]
+LONG_URL = "https://billing.example/" + "x" * 600
+
+
+def test_the_page_shows_what_others_wrote_as_text_and_within_the_window(stack, served):
+    from selenium.webdriver.common.by import By
+
+    from autoscaler.alerting import STATE
+    from autoscaler.scheduler import BURSTS, COST_LOCK, RECONCILED
+    from autoscaler.state import write_state
+    from tests.factories import add_worker_row
+
+    operator = add_user(stack, "ops", operator=True)
+    now = stack.clock.now()
+    add_worker_row(stack.engine, "w-long", at=to_datetime(now - 5), hostname=LONG_HOST)
+    add_worker_row(stack.engine, "w-hostile", at=to_datetime(now - 5), hostname=HOSTILE)
+    with transaction(stack.engine) as conn:
+        conn.execute(
+            t.workers.update()
+            .where(t.workers.c.worker_id == "w-hostile")
+            .values(claims_paused_since=to_datetime(now - 60), claims_paused_reason=HOSTILE)
+        )
+        conn.execute(
+            t.scheduler_decisions.insert().values(
+                decided_at=to_datetime(now),
+                mode="hybrid",
+                action="launch",
+                queue="images",
+                applied=True,
+                reason=f"{HOSTILE} {LONG_URL}",
+                details={},
+            )
+        )
+        active = {"rule": "r", "level": "warning", "labels": {}, "since": now - 60}
+        alerts = {"k": active | {"summary": f"{HOSTILE} {LONG_URL}", "firing_since": now - 60}}
+        write_state(conn, STATE, {"active": alerts}, now)
+        write_state(conn, COST_LOCK, {"at": now - 10, "reason": f"{HOSTILE} {LONG_URL}"}, now)
+        write_state(
+            conn, BURSTS, {"images": {"workers": 1, "until": now + 600, "by": HOSTILE}}, now
+        )
+        billing = {"aws": {"read_at": now, "error": f"{HOSTILE} {LONG_URL}"}}
+        write_state(
+            conn, RECONCILED, {"providers": billing, "findings": [{"message": HOSTILE}]}, now
+        )
+    host = served.removeprefix("http://")
+    with chromium() as browser:
+        browser.get(f"http://operator:{operator.api_key}@{host}/operator")
+        title = browser.title
+        cells = {
+            row.get_attribute("data-worker"): row.find_element(By.CSS_SELECTOR, ".host").text
+            for row in browser.find_elements(By.CSS_SELECTOR, "#workers tr[data-worker]")
+        }
+        reason = browser.find_element(By.CSS_SELECTOR, "#decisions td.reason").text
+        planted = browser.execute_script(
+            "return document.querySelectorAll('body img, body svg, a[href^=javascript]').length"
+        )
+        widths = browser.execute_script(
+            "return [document.documentElement.scrollWidth, document.documentElement.clientWidth]"
+        )
+        console = [e for e in browser.get_log("browser") if e["level"] in ("SEVERE", "ERROR")]
+    # Nothing of it ran, nor was even tried (the CSP would have refused it, and said so).
+    assert (title, planted, console) == ("hypermedia · operator", 0, [])
+    # It is shown as written ...
+    assert (cells["w-hostile"], cells["w-long"]) == (HOSTILE, LONG_HOST)
+    assert reason == f"{HOSTILE} {LONG_URL}"
+    # ... and the long words wrap in their cells: the page is no wider than the window.
+    assert widths[0] <= widths[1], widths
