@@ -103,11 +103,11 @@ from hypermedia.sandbox.inspect import Inspection, refusal
 from hypermedia.stack import Stack
 from hypermedia.storage.base import (
     DEFAULT_CONTENT_TYPE,
-    SCRIPTED_TYPES,
     InvalidSignature,
     Storage,
     StoredBlob,
     original_key,
+    scripted,
 )
 from hypermedia.storage.local import LocalStorage
 from hypermedia.zero_copy import ZERO_COPY_SEND
@@ -935,7 +935,7 @@ _BLOB_HEADERS = {
 
 def _blob_safety(content_type: str) -> dict[str, str]:
     headers = {"X-Content-Type-Options": "nosniff"}
-    if content_type.partition(";")[0] in SCRIPTED_TYPES:
+    if scripted(content_type):
         headers["Content-Security-Policy"] = "sandbox"
     return headers
 

@@ -153,13 +153,20 @@ SCRIPTED_TYPES = frozenset(
 )
 
 
+def scripted(content_type: str) -> bool:
+    """Whether a browser runs scripts in what is served as ``content_type``: one of
+    :data:`SCRIPTED_TYPES`, whatever its parameters and letter case (a browser reads
+    ``Text/HTML`` as ``text/html``)."""
+    return content_type.partition(";")[0].strip().lower() in SCRIPTED_TYPES
+
+
 def storable_content_type(content_type: str | None) -> str | None:
     """The type a user's bytes recorded as ``content_type`` are stored as: itself when a
     store takes it (:func:`check_content_type`), else None (untyped: application/octet-
     stream). None too for a type a browser runs scripts in (:data:`SCRIPTED_TYPES`); a
     type a store would refuse (libmagic's, with parameters) stores them untyped rather
     than refuses them."""
-    if content_type is not None and content_type.partition(";")[0].strip() in SCRIPTED_TYPES:
+    if content_type is not None and scripted(content_type):
         return None
     try:
         return check_content_type(content_type)

@@ -441,6 +441,11 @@ def test_a_get_urls_content_type_is_signed(local_backend):
     html = http.get(storage.presign_get("derived/p/o/1/page", 60, "text/html"))
     assert html.headers["content-security-policy"] == "sandbox"
     assert "content-security-policy" not in plain.headers
+    # Whatever its letter case or parameters: a browser reads Text/HTML as text/html.
+    for scripted in ("Text/HTML", "IMAGE/SVG+XML", "text/XML; charset=utf-8"):
+        served = http.get(storage.presign_get("derived/p/o/1/page", 60, scripted))
+        assert served.headers["content-type"] == scripted
+        assert served.headers.get("content-security-policy") == "sandbox", scripted
 
 
 def test_a_put_keeps_the_type_it_is_given_and_an_untyped_url_answers_the_default(backend, request):

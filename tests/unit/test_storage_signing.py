@@ -21,6 +21,7 @@ from hypermedia.storage.base import (
     check_ttl,
     derived_key,
     original_key,
+    storable_content_type,
 )
 from hypermedia.storage.local import LocalStorage, load_or_create_secret
 
@@ -182,6 +183,17 @@ def test_bad_content_types_are_refused(storage, content_type):
 )
 def test_real_content_types_pass(content_type):
     assert check_content_type(content_type) == content_type
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    ["text/html", "Text/HTML", "IMAGE/SVG+XML", "text/XML; charset=utf-8", "Application/Xml"],
+)
+def test_a_type_a_browser_runs_scripts_in_is_never_stored(content_type):
+    """A user's bytes detected as one are stored untyped, in any letter case (a browser
+    reading the bucket straight runs ``Text/HTML`` as it runs ``text/html``)."""
+    assert check_content_type(content_type) == content_type  # a store would take it
+    assert storable_content_type(content_type) is None
 
 
 def test_keys():
