@@ -1095,6 +1095,88 @@ def test_the_job_index_migrations_let_job_writes_go_on(pg_server, monkeypatch, b
         pg_server.drop_database(name)
 
 
+@pytest.mark.parametrize(
+    ("migration", "down_to", "write", "index"),
+    [
+        (
+            "0026",
+            "0025",
+            "UPDATE objects SET filename = 'f' WHERE object_id = %s",
+            "ix_objects_source_object_id",
+        ),
+        (
+            "0030",
+            "0029",
+            "UPDATE credit_ledger SET note = '' WHERE job_id = %s",
+            "uk_credit_ledger_job_charge",
+        ),
+    ],
+    ids=["0026_objects_source_index", "0030_one_charge_per_job"],
+)
+def test_the_index_downgrades_let_writes_go_on(
+    pg_server, monkeypatch, migration, down_to, write, index
+):
+    """The downgrades of 0026 and 0030 dropped their index with a plain DROP INDEX
+    (ACCESS EXCLUSIVE on objects, credit_ledger) in the migration's transaction: behind
+    a write in flight the downgrade waited, and every upload (every charge) queued
+    behind it. On PostgreSQL they drop it concurrently now: writes go on throughout
+    (old: one waited 1.5 s behind the downgrade and gave up), and the index is gone
+    when it has ended."""
+    import threading
+    import time
+
+    import psycopg
+
+    monkeypatch.setattr(migrate, "LOCK_TIMEOUT_SECONDS", 3.0, raising=False)
+    monkeypatch.setattr(migrate, "LOCK_ATTEMPTS", 1, raising=False)
+    name = support.unique_name("mig")
+    engine = make_engine(pg_server.create_database(name))
+    try:
+        migrate.upgrade(engine, migration)
+        outcome: list[BaseException | None] = []
+        stalls: list[str] = []
+        done = threading.Event()
+
+        def run() -> None:
+            try:
+                migrate.downgrade(engine, down_to)
+                outcome.append(None)
+            except BaseException as exc:
+                outcome.append(exc)
+            finally:
+                done.set()
+
+        with _pg_autocommit(engine) as in_flight, _pg_autocommit(engine) as writer:
+            in_flight.autocommit = False
+            in_flight.execute(write, ("in-flight",))  # not committed yet
+            writer.execute("SET lock_timeout = '1500ms'")
+            thread = threading.Thread(target=run, daemon=True)
+            thread.start()
+            started = time.monotonic()
+            while not done.is_set() and time.monotonic() - started < 20:
+                if in_flight.info.transaction_status and time.monotonic() - started > 2.0:
+                    in_flight.commit()  # the downgrade waited 2 s for it
+                began = time.monotonic()
+                try:
+                    writer.execute(write, ("next",))
+                except psycopg.errors.LockNotAvailable:
+                    stalls.append(f"waited {time.monotonic() - began:.2f} s, gave up")
+                    in_flight.rollback()
+                    break
+                time.sleep(0.01)
+            in_flight.rollback()
+            thread.join(30)
+        assert stalls == []
+        assert outcome == [None], outcome
+        assert migrate.current_revision(engine) == down_to
+        with _pg_autocommit(engine) as check:
+            left = check.execute("SELECT 1 FROM pg_class WHERE relname = %s", (index,)).fetchall()
+        assert left == []
+    finally:
+        engine.dispose()
+        pg_server.drop_database(name)
+
+
 def test_0016_cut_short_at_any_step_is_finished_by_the_next_upgrade(pg_server):
     """0016 drops and replaces processing_jobs' indexes concurrently, each step
     committing alone: an upgrade that ended part way (a killed process, a cancelled

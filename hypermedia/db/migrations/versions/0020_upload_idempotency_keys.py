@@ -41,5 +41,9 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    # Not dropped concurrently (as 0026's index is): DROP COLUMN takes an ACCESS
+    # EXCLUSIVE lock on objects anyway (and drops the index with it), and an index
+    # dropped in a transaction of its own would be gone while the column stays if the
+    # column's drop then gave up on its lock: uploads under a key no longer unique.
     op.drop_index("uk_object_idempotency_key", table_name="objects")
     op.drop_column("objects", "idempotency_key")  # SQLite >= 3.35 drops a column in place

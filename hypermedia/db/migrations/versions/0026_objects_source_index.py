@@ -9,8 +9,6 @@ Create Date: 2026-12-09 15:00:00.000000
 
 from __future__ import annotations
 
-from alembic import op
-
 from hypermedia.db import online_ddl
 
 revision = "0026"
@@ -26,4 +24,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    op.drop_index("ix_objects_source_object_id", table_name="objects")
+    # On PostgreSQL dropped concurrently: a plain DROP INDEX takes an ACCESS EXCLUSIVE
+    # lock on objects, which waits behind an upload in flight with every upload and
+    # read of objects queued behind it (see online_ddl).
+    online_ddl.drop_index("ix_objects_source_object_id", "objects")

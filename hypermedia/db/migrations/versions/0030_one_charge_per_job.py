@@ -81,4 +81,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    op.drop_index(INDEX, table_name="credit_ledger")
+    # On PostgreSQL dropped concurrently: a plain DROP INDEX takes an ACCESS EXCLUSIVE
+    # lock on credit_ledger, which waits behind a charge in flight with every charge,
+    # grant and read of the ledger queued behind it (see online_ddl).
+    online_ddl.drop_index(INDEX, "credit_ledger")
