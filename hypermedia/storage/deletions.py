@@ -22,8 +22,9 @@ Every write to ``blob_deletions`` is here. A blob's deletion:
 A migrated object (``objects.storage_backend``: a bulk ``migrate`` copied it to another
 backend and verified the copy) has its key in two places: the copy there and the
 original the migration left in the server's storage. Its record says which backend
-(``storage_backend``, from its object's row when recorded), and each try deletes the
-key from the server's storage and then from that backend (reached through
+(``storage_backend``, from its object's row when recorded; one that names none, as
+code before migration 0029 wrote them, takes its deleted object's row's), and each try
+deletes the key from the server's storage and then from that backend (reached through
 :data:`Backends`); either one failing keeps the record, and the next try deletes both
 again.
 
@@ -290,15 +291,31 @@ def _delete_locked(
         verdict = _decide(conn, key, now)
         if verdict is not None:
             return verdict
-        backend = conn.execute(
+        recorded = conn.execute(
             select(t.blob_deletions.c.storage_backend).where(t.blob_deletions.c.storage_key == key)
         ).scalar()
         try:
-            _delete_everywhere(storage, backends, key, backend)
+            _delete_everywhere(storage, backends, key, _copy_backend(conn, key, recorded))
         except HypermediaError as exc:
             raise _StorageFailed(exc) from exc
-        conn.execute(delete(t.blob_deletions).where(*_as_deleted(key, backend)))
+        conn.execute(delete(t.blob_deletions).where(*_as_deleted(key, recorded)))
         return "deleted"
+
+
+def _copy_backend(conn: Connection, key: str, recorded: str | None) -> str | None:
+    """The backend ``key`` has a migrated copy on: its record's, else the one its
+    deleted object's row names. Code from before 0029 recorded no backend (the column
+    was not there), and a record of its still pending when 0029 ran (a try that failed,
+    a sweep not yet due) or written by a process not yet restarted after it names none,
+    though its object was migrated (a migrate before 9c8b7ce also switched a row
+    deleted while it copied it): its copy is deleted all the same."""
+    if recorded is not None:
+        return recorded
+    o = t.objects.c
+    backend: str | None = conn.execute(
+        select(o.storage_backend).where(o.storage_key == key, o.deleted_at.is_not(None))
+    ).scalar()
+    return backend
 
 
 def _as_deleted(key: str, backend: str | None) -> tuple[ColumnElement[bool], ...]:
@@ -331,6 +348,7 @@ def _delete_claimed(
         verdict = _decide(conn, key, now)
         if verdict is not None:
             return verdict
+        copy = _copy_backend(conn, key, held.storage_backend)
         conn.execute(
             update(t.blob_deletions)
             .where(b.storage_key == key)
@@ -338,7 +356,7 @@ def _delete_claimed(
         )
     began = time.monotonic()
     try:
-        _delete_everywhere(storage, backends, key, held.storage_backend)
+        _delete_everywhere(storage, backends, key, copy)
     except HypermediaError as exc:
         raise _StorageFailed(exc, claim) from exc
     finally:

@@ -10,11 +10,14 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Engine, column, insert, inspect, select, table
 from sqlalchemy.exc import IntegrityError
 
-from hypermedia.clock import to_datetime
+from hypermedia.clock import ManualClock, to_datetime
 from hypermedia.db import migrate
 from hypermedia.db import tables as t
 from hypermedia.db.engine import make_engine
 from hypermedia.db.models import metadata
+from hypermedia.storage import deletions
+from hypermedia.storage.base import original_key
+from hypermedia.storage.local import LocalStorage
 from tests import support
 
 TABLES = {
@@ -1545,6 +1548,78 @@ def test_copies_of_objects_deleted_before_0029_are_recorded_for_the_sweep(empty_
             select(d.storage_key, d.object_id, d.storage_backend, d.attempts, d.next_attempt_at)
         ).all()
     assert [tuple(r) for r in recorded] == [("k-gone", "gone", "s3:archive", 0, moment)]
+
+
+def test_deletions_recorded_before_0029_and_pending_have_their_copies_deleted(
+    empty_engine, tmp_path
+):
+    """0029 recorded the copies of objects deleted before it that had no record left,
+    but a deletion code before 0029 recorded (no backend: the column was not there)
+    and still pending when 0029 ran (a try the storage failed, a sweep not yet due) kept
+    no backend: the sweep deleted the key from the server's storage only, and the copy
+    a bulk migrate had made on its target stayed there for good. The deleter takes the
+    backend from the deleted object's row now (old: both copies left in the target). A
+    record whose row is live again (its key written anew) still deletes nothing."""
+    migrate.upgrade(empty_engine, "0028")
+    moment = to_datetime(1_800_000_000.0 - 7200)
+    row = {"pool_id": "p", "owner_id": "u", "kind": "original", "filename": "f"}
+    keys = {o: original_key("p", o) for o in ("failed", "unswept", "plain", "revived")}
+    server, archive = LocalStorage(tmp_path / "server"), LocalStorage(tmp_path / "archive")
+    with empty_engine.begin() as conn:
+        conn.execute(
+            insert(t.users),
+            [{"user_id": "u", "name": "u", "is_operator": False, "created_at": moment}],
+        )
+        conn.execute(insert(t.pools), [{"pool_id": "p", "name": "p", "created_at": moment}])
+        conn.execute(
+            insert(t.objects),
+            [
+                {**row, "object_id": o, "storage_key": keys[o], "size_bytes": 1,
+                 "created_at": moment, "deleted_at": deleted, "storage_backend": backend}
+                for o, deleted, backend in (
+                    ("failed", moment, "local:archive"),
+                    ("unswept", moment, "local:archive"),
+                    ("plain", moment, None),
+                    ("revived", None, "local:archive"),
+                )
+            ],
+        )  # fmt: skip
+        # The records as code before 0029 wrote them (deletions.record, _failed).
+        old_records = table(
+            "blob_deletions",
+            *map(column, ("storage_key", "object_id", "requested_at", "attempts",
+                          "next_attempt_at", "last_error", "claimed_until")),
+        )  # fmt: skip
+        conn.execute(
+            insert(old_records),
+            [
+                {"storage_key": keys[o], "object_id": o, "requested_at": moment,
+                 "attempts": attempts, "next_attempt_at": to_datetime(1_800_000_000.0 - 60),
+                 "last_error": error, "claimed_until": None}
+                for o, attempts, error in (
+                    ("failed", 3, "deleting: timed out"),
+                    ("unswept", 0, None),
+                    ("plain", 1, "deleting: timed out"),
+                    ("revived", 0, None),
+                )
+            ],
+        )  # fmt: skip
+    for key in keys.values():
+        server.put(key, [b"bytes"])
+        archive.put(key, [b"bytes"])
+    migrate.upgrade(empty_engine)
+    report = deletions.sweep(
+        empty_engine,
+        server,
+        ManualClock(1_800_000_000.0),
+        backends={"local:archive": archive}.__getitem__,
+    )
+    assert sorted(report.deleted) == sorted(keys[o] for o in ("failed", "unswept", "plain"))
+    assert report.revived == [keys["revived"]]
+    assert [o for o, key in keys.items() if server.exists(key)] == ["revived"]
+    assert [o for o, key in keys.items() if archive.exists(key)] == ["plain", "revived"]
+    with empty_engine.begin() as conn:
+        assert conn.execute(select(t.blob_deletions.c.storage_key)).all() == []
 
 
 def test_0029_scans_objects_without_holding_blob_deletions(pg_server):
