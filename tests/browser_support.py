@@ -6,6 +6,7 @@ is never asked for one. A missing browser or driver fails the test, naming the p
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from collections.abc import Iterator
@@ -19,9 +20,12 @@ CHROMEDRIVER = os.environ.get("HYPERMEDIA_TEST_CHROMEDRIVER", "/usr/bin/chromedr
 
 
 @contextmanager
-def chromium(width: int = 1400, height: int = 1000) -> Iterator[Any]:
+def chromium(width: int = 1400, height: int = 1000, *, local_only: bool = False) -> Iterator[Any]:
     """A headless Chromium (a Selenium ``WebDriver``) with a ``width`` x ``height``
-    window; its console is readable with ``get_log("browser")``."""
+    window; its console is readable with ``get_log("browser")``. ``local_only``: no host
+    name but 127.0.0.1 resolves (a page's request to another host fails, as offline),
+    and what the browser asked for is in ``get_log("performance")`` (see
+    :func:`requested`)."""
     for path, package in ((CHROMIUM, "chromium"), (CHROMEDRIVER, "chromium-driver")):
         if shutil.which(path) is None:
             pytest.fail(f"{path} not found: install Debian's {package} (scripts/setup)")
@@ -40,9 +44,38 @@ def chromium(width: int = 1400, height: int = 1000) -> Iterator[Any]:
         f"--window-size={width},{height}",
     ):
         options.add_argument(argument)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    logs = {"browser": "ALL"}
+    if local_only:
+        options.add_argument("--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1")
+        logs["performance"] = "ALL"
+    options.set_capability("goog:loggingPrefs", logs)
     driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
     try:
         yield driver
     finally:
         driver.quit()
+
+
+def requested(driver: Any) -> list[str]:
+    """The URLs the browser asked for since the last call (of a ``local_only`` one)."""
+    urls = []
+    for entry in driver.get_log("performance"):
+        message = json.loads(entry["message"])["message"]
+        if message["method"] == "Network.requestWillBeSent":
+            urls.append(message["params"]["request"]["url"])
+    return urls
+
+
+# Kept by the page's document from its first script on (the page's own CSP does not
+# apply to a script the driver adds): what its Content-Security-Policy refused.
+VIOLATIONS = """
+window.violations = [];
+document.addEventListener("securitypolicyviolation", (e) => {
+  window.violations.push(`${e.effectiveDirective} ${e.blockedURI} ${e.sourceFile}:${e.lineNumber}`);
+});
+"""
+
+
+def record_violations(driver: Any) -> None:
+    """From the next page on, its CSP's violations are ``window.violations``."""
+    driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": VIOLATIONS})

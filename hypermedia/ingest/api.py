@@ -63,7 +63,16 @@ from hypermedia.errors import (
     RangeNotSatisfiable,
 )
 from hypermedia.ids import new_id
-from hypermedia.ingest import downloads, events, fields, openapi, queries, ranges, uploads
+from hypermedia.ingest import (
+    docs,
+    downloads,
+    events,
+    fields,
+    openapi,
+    queries,
+    ranges,
+    uploads,
+)
 from hypermedia.ingest.auth import Authenticator
 from hypermedia.ingest.guard import RequestGuard, RouteRule, Rules
 from hypermedia.ingest.http_errors import error_response, install_error_handlers
@@ -1388,7 +1397,9 @@ def create_app(
         title="hypermedia",
         version=__version__,
         summary="Processing jobs for user files: submit, follow, cancel.",
-        docs_url="/docs",
+        # Swagger UI from the API's own files (hypermedia.ingest.docs), not FastAPI's
+        # page of a CDN's; no ReDoc.
+        docs_url=None,
         redoc_url=None,
         # Starlette would answer a path with a slash too many (an empty id: GET
         # /jobs/, DELETE /objects/) with a 307 to the route without it: the list of
@@ -1427,6 +1438,7 @@ def create_app(
     )
     app.include_router(router)
     openapi.install(app, lambda: served_operations(stack))
+    docs.install(app)
     # Added before the error handlers: inside them, so its own surprises answer 500.
     app.add_middleware(
         RequestGuard,

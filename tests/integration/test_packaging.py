@@ -293,6 +293,8 @@ def test_the_wheel_carries_the_defaults(wheel):
     page = "autoscaler/page"
     for part in ("templates/operator.html", "static/uPlot.iife.min.js", "static/uPlot.LICENSE"):
         assert f"{page}/{part}" in names, part
+    # The script that starts /docs' Swagger UI (whose files are fastapi-offline's).
+    assert "hypermedia/ingest/docs_static/swagger-init.js" in names
 
 
 def test_the_worker_image_builds_the_same_wheel_with_the_server_extra():
