@@ -33,6 +33,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from jinja2 import Environment, PackageLoader, StrictUndefined, Template
+from markupsafe import Markup, escape
 
 from autoscaler import cost, samples
 from autoscaler.config import SchedulerConfig
@@ -136,6 +137,23 @@ def when(epoch: float | None) -> str:
     return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
+def bdi(value: object) -> Markup:
+    """A value others wrote (a host name, a reason, an error ...) as the page shows it:
+    escaped, in a ``<bdi>``, so that a bidi control of it (U+202E, right-to-left
+    override) ends with it instead of reversing the page's own text after it."""
+    return Markup("<bdi>{}</bdi>").format("" if value is None else value)
+
+
+def isolating(text: str, value: str | None) -> Markup:
+    """``text``, the page's words around ``value`` (its last occurrence), with ``value``
+    in a ``<bdi>`` (:func:`bdi`): e.g. a worker's state, "active, claiming paused:
+    <reason>", whose wording is the record's (shared with ``hypermedia status``)."""
+    before, found, after = text.rpartition(value) if value else ("", "", text)
+    if not found:
+        return escape(text)
+    return escape(before) + bdi(value) + escape(after)
+
+
 def templates() -> Environment:
     environment = Environment(
         loader=PackageLoader("autoscaler.page", "templates"),
@@ -145,7 +163,12 @@ def templates() -> Environment:
         lstrip_blocks=True,
     )
     environment.filters.update(
-        money=cost.money, age=age_text, when=when, thousands=lambda n: f"{n:,}"
+        money=cost.money,
+        age=age_text,
+        when=when,
+        thousands=lambda n: f"{n:,}",
+        bdi=bdi,
+        isolating=isolating,
     )
     return environment
 

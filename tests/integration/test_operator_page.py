@@ -580,7 +580,45 @@ HOSTILE = (
     "'><svg onload=document.title='ran'> javascript:document.title='ran' \u202eevil \x1b[2J"
 )
 LONG_HOST = ".".join(["a" * 63] * 4)[:253]
+LEADER = f"{HOSTILE} 7"  # the scheduler's lease: its holder (a host name) and term
 LONG_URL = "https://billing.example/" + "x" * 600
+
+# The words of the page's own text after ``value`` in ``element`` (within its block),
+# each as [its letters' left edges]: in reading order unless a bidi override of the
+# value (U+202E) runs on past it.
+WORDS_AFTER = """
+const [element, value] = arguments;
+const walker = document.createTreeWalker(element, NodeFilter.SHOW_TEXT);
+const nodes = [];
+let text = "";
+while (walker.nextNode()) {
+  nodes.push([walker.currentNode, text.length]);
+  text += walker.currentNode.data;
+}
+const end = text.indexOf(value) + value.length;
+const words = {};
+for (const word of text.slice(end).matchAll(/[A-Za-z0-9]{2,}/g)) {
+  words[word[0]] = [...word[0]].map((_, i) => {
+    const at = end + word.index + i;
+    const [node, start] = nodes.findLast(([, start]) => start <= at);
+    const range = document.createRange();
+    range.setStart(node, at - start);
+    range.setEnd(node, at - start + 1);
+    return range.getBoundingClientRect().left;
+  });
+}
+return [text.indexOf(value), words];
+"""
+
+
+def backwards(browser: Any, selector: str, value: str) -> list[str]:
+    """The words of the page's own after ``value`` in ``selector`` drawn right to left."""
+    from selenium.webdriver.common.by import By
+
+    element = browser.find_element(By.CSS_SELECTOR, selector)
+    found, words = browser.execute_script(WORDS_AFTER, element, value)
+    assert found >= 0 and words, (selector, found, words)
+    return [word for word, lefts in words.items() if lefts != sorted(lefts)]
 
 
 def test_the_page_shows_what_others_wrote_as_text_and_within_the_window(stack, served):
@@ -623,6 +661,7 @@ def test_the_page_shows_what_others_wrote_as_text_and_within_the_window(stack, s
         write_state(
             conn, RECONCILED, {"providers": billing, "findings": [{"message": HOSTILE}]}, now
         )
+    stack.redis.set(Leadership(stack.redis, stack.settings.redis_prefix, "x", 60).lease_key, LEADER)
     host = served.removeprefix("http://")
     with chromium() as browser:
         browser.get(f"http://operator:{operator.api_key}@{host}/operator")
@@ -638,9 +677,21 @@ def test_the_page_shows_what_others_wrote_as_text_and_within_the_window(stack, s
         widths = browser.execute_script(
             "return [document.documentElement.scrollWidth, document.documentElement.clientWidth]"
         )
+        # The page's own words after a value with a bidi override, in the same cell or
+        # line: the worker's "for 1 min" after its pause reason, the header's "last turn"
+        # after the leader.
+        reversed_words = {
+            selector: backwards(browser, selector, value)
+            for selector, value in (
+                ("#workers tr[data-worker=w-hostile] td.state", HOSTILE),
+                ("#summary", LEADER),
+            )
+        }
         console = [e for e in browser.get_log("browser") if e["level"] in ("SEVERE", "ERROR")]
     # Nothing of it ran, nor was even tried (the CSP would have refused it, and said so).
     assert (title, planted, console) == ("hypermedia · operator", 0, [])
+    # The override ends with the value: the page's own words read as written.
+    assert all(words == [] for words in reversed_words.values()), reversed_words
     # It is shown as written ...
     assert (cells["w-hostile"], cells["w-long"]) == (HOSTILE, LONG_HOST)
     assert reason == f"{HOSTILE} {LONG_URL}"
