@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from hypermedia.cli.common import fail, note, read_settings
+from hypermedia.cli.common import fail, note, read_settings, say
 
 if TYPE_CHECKING:
     from hypermedia.bulk.runs import MigrateTarget, RunView
@@ -467,10 +467,10 @@ def status(
     finally:
         stack.close()
     if as_json:
-        typer.echo(json.dumps([v.to_json() for v in views], indent=2))
+        say(json.dumps([v.to_json() for v in views], indent=2))
     else:
         if not views:
-            typer.echo("no bulk runs" if cursor is None else "no older bulk runs")
+            say("no bulk runs" if cursor is None else "no older bulk runs")
         for view in views:
             _print_run(view, False)
     if next_cursor is not None:
@@ -501,7 +501,7 @@ def _follow(service: BulkService, run_id: str, interval: float, as_json: bool) -
         while True:
             view = service.get(run_id)
             if as_json:
-                typer.echo(json.dumps(view.to_json()))
+                say(json.dumps(view.to_json()))
             shown = view.progress
             bars.update(
                 task,
@@ -585,22 +585,21 @@ def throttle(run_id: RunId, max_in_flight: MaxInFlight, as_json: Json = False) -
 
 def _print_run(view: RunView, as_json: bool) -> None:
     if as_json:
-        typer.echo(json.dumps(view.to_json(), indent=2))
+        say(json.dumps(view.to_json(), indent=2))
         return
     what = view.operation or (view.target or {}).get("bucket", "")
     live = sum(view.jobs.get(s, 0) for s in ("queued", "claimed", "processing", "retry_wait"))
-    typer.echo(
-        f"{view.run_id}  {view.kind} {what}  {view.shown_state}"
-        + (f" ({view.reason})" if view.reason else "")
-    )
+    # The reason's own lines go deeper than the lines below: none passes for one of them.
+    reason = f" ({view.reason})".replace("\n", "\n    ") if view.reason else ""
+    say(f"{view.run_id}  {view.kind} {what}  {view.shown_state}{reason}")
     shown = view.progress
     if shown.total is None:
-        typer.echo(
+        say(
             f"  progress: {shown.done:,} done, {shown.failed:,} failed (no total: the run"
             " is from before totals were counted)"
         )
     else:
-        typer.echo(
+        say(
             f"  progress {shown.percent:.1f}%: {shown.done + shown.failed:,} of"
             f" {shown.total:,} objects ({shown.done:,} done, {shown.failed:,} failed,"
             f" {shown.remaining:,} remaining)"
@@ -610,13 +609,13 @@ def _print_run(view: RunView, as_json: bool) -> None:
                 else "; " + _rate_text(shown.jobs_per_second, shown.eta_seconds)
             )
         )
-    typer.echo(
+    say(
         f"  scanned {view.scanned}, jobs created {view.created_jobs}, skipped {view.skipped},"
         f" unfit {view.unfit}, migrated {view.migrated}, failed {view.failed}"
     )
     if view.kind != "migrate":
         jobs = ", ".join(f"{k} {v}" for k, v in sorted(view.jobs.items())) or "none"
-        typer.echo(
+        say(
             f"  queue {view.queue} priority {view.priority}, in flight {live}/"
             f"{view.max_in_flight}; jobs: {jobs}; cursor {view.cursor or '-'}"
         )
@@ -672,39 +671,39 @@ def _print_estimate(
     from dataclasses import asdict
 
     if as_json:
-        typer.echo(json.dumps({**asdict(estimate), "simulation": simulated}, indent=2))
+        say(json.dumps({**asdict(estimate), "simulation": simulated}, indent=2))
         return
     if target is not None:  # a migration: no job, so no CPU time, simulation or unfit
-        typer.echo(
+        say(
             f"migrate to {target.name}: {estimate.objects} objects to copy"
             f" ({estimate.bytes / 1e6:.1f} MB); those already there are not counted"
         )
         return
-    typer.echo(
+    say(
         f"{estimate.kind} {estimate.operation}: {estimate.objects} jobs to create"
         f" ({estimate.bytes / 1e6:.1f} MB), {estimate.skipped} skipped (done),"
         f" {estimate.unfit} unfit"
     )
     if estimate.cpu_seconds is None:
-        typer.echo("estimated CPU time: unknown (no completed attempt of the operation yet)")
+        say("estimated CPU time: unknown (no completed attempt of the operation yet)")
         return
-    typer.echo(
+    say(
         f"estimated CPU time: {estimate.cpu_seconds / 3600:.2f} h"
         f" ({estimate.mean_job_seconds:.3f} s a job over {estimate.history_attempts} attempts)"
     )
     if simulated is None:
         return
     if "note" in simulated:
-        typer.echo(f"simulation: {simulated['note']}")
+        say(f"simulation: {simulated['note']}")
         return
-    typer.echo(
+    say(
         f"simulated under scheduler.json ({simulated['mode']}): cloud cost"
         f" ${simulated['cloud_cost_cents'] / 100:.2f}, duration"
         f" {simulated['duration_seconds'] / 3600:.2f} h, peak cloud workers"
         f" {simulated['peak_cloud_workers']}, unfinished {simulated['unfinished']}"
     )
     if simulated["unfinished"]:
-        typer.echo(
+        say(
             f"  warning: {simulated['unfinished']} jobs never ran in the simulation: the"
             f" {estimate.queue!r} queue has no worker in this mode (--queue the operation's"
             " own queue runs them on the VPS at the bulk priority)"

@@ -3,6 +3,7 @@ API options, and how a command speaks (a note on stderr, one red error line)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
@@ -11,6 +12,7 @@ import typer
 from hypermedia.errors import AuthenticationFailed, ConfigError
 
 if TYPE_CHECKING:
+    from rich.text import Text
     from sqlalchemy import Engine
 
     from hypermedia.config import Settings
@@ -110,16 +112,48 @@ _CLIENT_SETTINGS = {
 }
 
 
+# A control character (C0 but the line feed, DEL, C1) as a command shows it: its escape,
+# never the character (an ESC starts a sequence the terminal obeys: a colour, a window
+# title, a cleared screen; a CR rewrites the line).
+_CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """``text`` as a command prints it: each control character but the line feed as its
+    escape (``\\x1b``). The record's strings (an error message, a child's log, a reason,
+    a host name) hold what others wrote, and none of it is for the terminal to obey."""
+    return _CONTROL.sub(lambda found: f"\\x{ord(found.group()):02x}", text)
+
+
+def plain(value: str | None, style: str = "") -> Text:
+    """A value of the record or the config (a reason, a summary, a host name ...) as a
+    Rich screen or table shows it: its characters as they are, never read as Rich markup
+    (a ``[/x]`` in it ended the command with a MarkupError, a ``[link=...]`` drew a
+    link) nor sent to the terminal as a control sequence (:func:`printable`)."""
+    from rich.text import Text
+
+    return Text(printable("" if value is None else value), style=style)
+
+
+def say(message: str, err: bool = False) -> None:
+    """A line of a command's output (stderr with ``err``), through :func:`printable`:
+    every line the commands print goes through here or through Rich as
+    :func:`hypermedia.cli.status.plain` text."""
+    typer.echo(printable(message), err=err)
+
+
 def note(message: str) -> None:
     """Human commentary, on stderr, so stdout stays what scripts parse."""
-    typer.echo(message, err=True)
+    say(message, err=True)
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
     from rich.console import Console
     from rich.markup import escape
 
-    Console(stderr=True, highlight=False, soft_wrap=True).print(f"[red]error: {escape(message)}[/]")
+    Console(stderr=True, highlight=False, soft_wrap=True).print(
+        f"[red]error: {escape(printable(message))}[/]"
+    )
     raise SystemExit(code)
 
 

@@ -18,6 +18,7 @@ from hypermedia.cli.common import (
     open_client,
     open_engine,
     read_settings,
+    say,
 )
 
 app = typer.Typer(help="Credit accounts.", no_args_is_help=True)
@@ -40,7 +41,7 @@ def credits_grant(
             balance = grant_credits(conn, user_id, millicredits(amount), time.time(), note=note)
     finally:
         engine.dispose()
-    typer.echo(f"granted {amount:g} credits to {user}; balance {balance / 1000:g}")
+    say(f"granted {amount:g} credits to {user}; balance {balance / 1000:g}")
 
 
 @app.command("check")
@@ -72,7 +73,7 @@ def credits_check(
     finally:
         engine.dispose()
     if as_json:
-        typer.echo(
+        say(
             json.dumps(
                 [
                     {
@@ -90,9 +91,9 @@ def credits_check(
             )
         )
     elif not found:
-        typer.echo("every credit account agrees with its ledger and its jobs")
+        say("every credit account agrees with its ledger and its jobs")
     for d in found if not as_json else ():
-        typer.echo(f"{names.get(d.user_id, d.user_id)} ({d.user_id}): {'; '.join(d.problems)}")
+        say(f"{names.get(d.user_id, d.user_id)} ({d.user_id}): {'; '.join(d.problems)}")
     if found:
         raise typer.Exit(1)
 
@@ -106,7 +107,7 @@ def credits_show(
     """Your balance, what unfinished jobs hold, and what is available."""
     with open_client(api_url, api_key, timeout) as client:
         account = client.credits()
-    typer.echo(
+    say(
         f"balance {account.balance:g}, reserved {account.reserved:g}, "
         f"available {account.available:g}"
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from hypermedia.cli.common import note, read_settings
+from hypermedia.cli.common import note, read_settings, say
 
 app = typer.Typer(help="The job record's schema.", no_args_is_help=True)
 
@@ -33,5 +33,5 @@ def db_upgrade() -> None:
     shown = shown_url(
         make_url(settings.effective_database_url).render_as_string(hide_password=False)
     )
-    typer.echo(f"database {shown} is at revision {revision}; profiles synced")
+    say(f"database {shown} is at revision {revision}; profiles synced")
     note("running servers and workers read changed profiles when restarted")

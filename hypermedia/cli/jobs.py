@@ -11,7 +11,16 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from hypermedia.cli.common import ApiKey, ApiUrl, Timeout, fail, open_client
+from hypermedia.cli.common import (
+    ApiKey,
+    ApiUrl,
+    Timeout,
+    fail,
+    open_client,
+    plain,
+    printable,
+    say,
+)
 from hypermedia.clock import age_text
 
 if TYPE_CHECKING:
@@ -56,7 +65,7 @@ def submit(
     with open_client(api_url, api_key, timeout) as client:
         for path in files:
             obj = client.upload(path, pool_id=pool)
-            typer.echo(f"object {obj.object_id} {path} {obj.size_bytes} bytes")
+            say(f"object {obj.object_id} {path} {obj.size_bytes} bytes")
             result = client.process(obj.object_id, op, priority=priority)
             for job in result.jobs:
                 line = (
@@ -67,7 +76,7 @@ def submit(
                 if reserved is not None and reserved != job.estimated_credits:
                     # Held until it ends: the most its units of work may add (ocr).
                     line += f" reserved_credits={reserved:g}"
-                typer.echo(line)
+                say(line)
                 job_ids.append(job.job_id)
         if not wait:
             return
@@ -75,7 +84,7 @@ def submit(
         deadline = time.monotonic() + wait_timeout
         for job_id in job_ids:
             finished = client.wait(job_id, timeout=max(0.0, deadline - time.monotonic()))
-            typer.echo(_job_line(finished))
+            say(_job_line(finished))
             unfinished += finished.status != "completed"
     if unfinished:
         fail(f"{unfinished} of {len(job_ids)} jobs did not complete")
@@ -84,7 +93,9 @@ def submit(
 def _job_line(job: JobResponse) -> str:
     line = f"job {job.job_id} {job.status}"
     if job.error_code:
-        line += f" {job.error_code}: {job.error_message or ''}"
+        # Its message's own lines indented: none passes for another job's line.
+        message = (job.error_message or "").replace("\n", "\n  ")
+        line += f" {job.error_code}: {message}"
     return line
 
 
@@ -134,14 +145,16 @@ def show_job(job_id: str, api_url: str | None, api_key: str | None, timeout: flo
         answer = f", last answer {sent.response_code or sent.last_error}" if sent.attempts else ""
         rows.append(("callback", f"{sent.status} after {sent.attempts} attempts{answer}"))
     for label, value in rows:
-        typer.echo(f"{label:<11}{value}")
+        # A value's own lines (an error message may have several) stay in its column:
+        # none of them passes for a row of its own.
+        say(f"{label:<11}" + value.replace("\n", "\n" + " " * 11))
     if logged and last_log is not None:
         lines = last_log.rstrip("\n").splitlines()
         shown = lines[-LOG_LINES:]
         more = f", the last {len(shown)} of {len(lines)} lines" if len(lines) > len(shown) else ""
-        typer.echo(f"attempt {logged[-1].attempt_number}'s child printed{more}:")
+        say(f"attempt {logged[-1].attempt_number}'s child printed{more}:")
         for line in shown:
-            typer.echo(f"  {line}")
+            say(f"  {line}")
 
 
 def cancel(
@@ -154,7 +167,7 @@ def cancel(
     with open_client(api_url, api_key, timeout) as client:
         result = client.cancel(job_id)
     suffix = ", cancel requested" if result.cancel_requested else ""
-    typer.echo(f"job {result.job_id} {result.status}{suffix}")
+    say(f"job {result.job_id} {result.status}{suffix}")
 
 
 def queues(
@@ -176,7 +189,7 @@ def queues(
             else f"{q.redis.ready}/{q.redis.leased}/{q.redis.delayed}"
         )
         table.add_row(
-            q.queue,
+            plain(q.queue),
             str(q.queued),
             str(q.in_flight),
             str(q.retry_wait),
@@ -222,25 +235,28 @@ def watch(
     lock = threading.Lock()
     console = Console(stderr=False)
     bars = Progress(
-        TextColumn("{task.fields[job]}"),
+        TextColumn("{task.fields[job]}", markup=False),
         BarColumn(),
         TaskProgressColumn(),
-        TextColumn("{task.description}"),
+        TextColumn("{task.description}", markup=False),
         console=console,
         disable=as_json,
     )
-    tasks = {job_id: bars.add_task("waiting", total=1.0, job=job_id[:12]) for job_id in job_ids}
+    tasks = {
+        job_id: bars.add_task("waiting", total=1.0, job=printable(job_id[:12]))
+        for job_id in job_ids
+    }
 
     def shown(job_id: str, event: JobEvent) -> None:
         if as_json:
             line = json.dumps({"job_id": job_id, **event.model_dump(exclude_none=True)})
             with lock:
-                typer.echo(line)
+                say(line)
             return
         task = tasks[job_id]
         if event.type == "progress":
             detail = f"{event.phase} {_amount(event)}".rstrip()
-            bars.update(task, completed=event.fraction or 0.0, description=detail)
+            bars.update(task, completed=event.fraction or 0.0, description=printable(detail))
         elif event.status is not None:
             done = 1.0 if event.status == "completed" else None
             bars.update(task, description=event.status, completed=done)
@@ -264,7 +280,7 @@ def watch(
         for thread in threads:
             thread.join()
     for message in errors:
-        typer.echo(message, err=True)
+        say(message, err=True)
     unfinished = [j for j in job_ids if finals.get(j) != "completed"]
     if unfinished:
         fail(f"{len(unfinished)} of {len(job_ids)} jobs did not complete")

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from hypermedia.cli.common import note, read_settings
+from hypermedia.cli.common import note, read_settings, say
 from hypermedia.errors import HypermediaError
 
 if TYPE_CHECKING:
@@ -127,9 +127,9 @@ def up(
     running = running_head(settings.data_dir)
     if running is not None:
         if url_file.exists():
-            typer.echo(f"already up: {url_file.read_text()}")
+            say(f"already up: {url_file.read_text()}")
         else:
-            typer.echo(f"already starting (pid {running}; log: {log_path})")
+            say(f"already starting (pid {running}; log: {log_path})")
         return
     holder = data_dir_holder(settings.data_dir)
     if holder is not None:
@@ -167,7 +167,7 @@ def up(
             raise HypermediaError(f"the local stack did not come up {reason}; see {log_path}")
         time.sleep(0.2)
     api_url = url_file.read_text()
-    typer.echo(f"up: API at {api_url} (log: {log_path})")
+    say(f"up: API at {api_url} (log: {log_path})")
     moved = moved_api_note(settings, api_url)
     if moved is not None:
         note(moved)
@@ -233,17 +233,17 @@ def down(
             os.kill(pid, signal.SIGKILL)
         pidfile.unlink(missing_ok=True)
         _stop_leftovers(settings)
-        typer.echo("down")
+        say("down")
         return
     pidfile.unlink(missing_ok=True)
     if data_dir_in_use(settings.data_dir):
-        typer.echo("not running (a `hypermedia run` uses this data dir; it stops itself)")
+        say("not running (a `hypermedia run` uses this data dir; it stops itself)")
         return
     stopped = _stop_leftovers(settings)
     if stopped:
-        typer.echo(f"down: stopped what a stack that died left running ({', '.join(stopped)})")
+        say(f"down: stopped what a stack that died left running ({', '.join(stopped)})")
     else:
-        typer.echo("not running")
+        say("not running")
 
 
 def running_head(data_dir: Path) -> int | None:

@@ -6,11 +6,14 @@ from __future__ import annotations
 import contextlib
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from hypermedia.cli.common import fail, read_settings
+from hypermedia.cli.common import fail, plain, read_settings
+
+if TYPE_CHECKING:
+    from rich.text import Text
 
 
 def _progress_say(console: Any) -> Any:
@@ -49,7 +52,6 @@ def run(
     with failed jobs keeps its workers' logs under the data dir's logs/ and says where.
     """
     from rich.console import Console
-    from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
     import pipelines.registry
@@ -174,7 +176,7 @@ def run(
                 now = paused_workers(local.stack)
                 if now != paused["said"]:
                     for pause in now:
-                        progress.console.print(f"[yellow]{escape(pause.notice)}[/]")
+                        progress.console.print(plain(pause.notice, style="yellow"))
                     if paused["said"] and not now:
                         progress.console.print("[green]the workers claim jobs again[/]")
                     paused["said"] = now
@@ -270,8 +272,16 @@ def _wind_down(
         " files not submitted; a new run processes every file it is given again"
     )
     for failure in unwritten:
-        console.print(f"[red]output not written[/]: {failure}")
+        console.print(not_written(failure))
     return unwritten
+
+
+def not_written(failure: str) -> Text:
+    """The line of an output ``write_outputs`` could not write: ``failure`` names its
+    file (a name as the user's disk has it) and why, shown as plain text."""
+    from rich.text import Text
+
+    return Text.assemble(("output not written", "red"), ": ", plain(failure))
 
 
 def _stop_on_sigterm() -> None:
@@ -295,8 +305,7 @@ def _run_summary(
     logs: Path | None = None,
 ) -> None:
     """``logs``: where the workers' logs of a run with failures are kept (said with the
-    counts)."""
-    from rich.markup import escape
+    counts). The files' names and the jobs' errors are plain text (:func:`plain`)."""
     from rich.table import Table
 
     from hypermedia.runner import FINISHED
@@ -312,10 +321,10 @@ def _run_summary(
             detail = report.errors.get(item.job_id, "")
             shown = f"[red]{status}[/]" if status == "failed" else status
         name = str(names.get(item.path, item.path.name))
-        table.add_row(escape(name), item.operation, shown, escape(detail))
+        table.add_row(plain(name), plain(item.operation), shown, plain(detail))
     for path, reason in report.skipped:
         name = str(names.get(path, path.name))
-        table.add_row(escape(name), "-", "[yellow]skipped[/]", escape(reason))
+        table.add_row(plain(name), "-", "[yellow]skipped[/]", plain(reason))
     console.print(table)
     counts = report.counts()
     summary = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from hypermedia.cli.common import note, open_engine, read_settings
+from hypermedia.cli.common import note, open_engine, plain, read_settings, say
 
 app = typer.Typer(
     help="The scheduler: scaling rules and cost limits from scheduler.json.", no_args_is_help=True
@@ -110,7 +110,7 @@ def scheduler_run(
         if once:
             evaluation = scheduler.evaluate()
             for decision in evaluation.decisions:
-                typer.echo(f"{decision.action:9} {decision.reason}")
+                say(f"{decision.action:9} {decision.reason}")
             if evaluation.term is None:
                 note(f"not the leader ({scheduler.leadership.current()} is): nothing applied")
             for attempt in scheduler.sender.deliver_due():
@@ -160,11 +160,11 @@ def scheduler_log(
     for row in reversed(rows):
         table.add_row(
             row.decided_at.strftime("%Y-%m-%d %H:%M:%S"),
-            row.mode,
-            row.action,
-            row.queue or "-",
+            plain(row.mode),
+            plain(row.action),
+            plain(row.queue or "-"),
             "yes" if row.applied else "no",
-            row.reason,
+            plain(row.reason),
         )
     Console().print(table)
 
@@ -175,7 +175,7 @@ def scheduler_explain(config_path: SchedulerConfigPath = None) -> None:
     scheduler, stack = _scheduler(config_path, alerts=False)
     try:
         for line in scheduler.explain():
-            typer.echo(line)
+            say(line)
     finally:
         stack.close()
 
@@ -311,13 +311,13 @@ def scheduler_burst(
     try:
         if end:
             ended = end_burst(engine, queue, now)
-            typer.echo(f"{queue}: burst ended" if ended else f"{queue}: no burst to end")
+            say(f"{queue}: burst ended" if ended else f"{queue}: no burst to end")
             return
         burst = set_burst(engine, loaded, queue, workers, seconds, now, by=getpass.getuser())
     finally:
         engine.dispose()
     until = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(burst.until))
-    typer.echo(
+    say(
         f"{queue}: {burst.workers} cloud workers until {until}; the scheduler launches them"
         " at its next turn, within the caps"
     )
@@ -334,6 +334,6 @@ def scheduler_reset_cost_lock() -> None:
     finally:
         engine.dispose()
     if lock is None:
-        typer.echo("no cost lock was set")
+        say("no cost lock was set")
     else:
-        typer.echo(f"cost lock lifted (set for: {lock.get('reason', '?')})")
+        say(f"cost lock lifted (set for: {lock.get('reason', '?')})")

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from hypermedia.cli.common import note, read_settings
+from hypermedia.cli.common import note, read_settings, say
 from hypermedia.errors import ConfigError, HypermediaError
 
 if TYPE_CHECKING:
@@ -120,7 +120,7 @@ def worker(
         resources=cluster.queue_resources(counts),
         num_cpus=num_cpus,
     )
-    typer.echo(f"joined {address} for {counts}")
+    say(f"joined {address} for {counts}")
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

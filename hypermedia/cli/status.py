@@ -12,7 +12,6 @@ seconds until Ctrl-C. With a job id it asks the API (:func:`hypermedia.cli.jobs.
 from __future__ import annotations
 
 import json
-import re
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -20,7 +19,15 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from hypermedia.cli.common import ApiKey, ApiUrl, Timeout, read_settings, require_database
+from hypermedia.cli.common import (
+    ApiKey,
+    ApiUrl,
+    Timeout,
+    plain,
+    read_settings,
+    require_database,
+    say,
+)
 from hypermedia.cli.jobs import show_job
 from hypermedia.clock import age_text
 
@@ -86,7 +93,7 @@ def status(
         if not watch:
             current = gather(stack, loaded, storage=probe)
             if as_json:
-                typer.echo(json.dumps(current.as_json(), indent=2))
+                say(json.dumps(current.as_json(), indent=2))
             else:
                 Console(width=max(120, Console().width)).print(render(current))
             return
@@ -96,7 +103,7 @@ def status(
         try:
             if as_json:
                 while True:
-                    typer.echo(json.dumps(outage.read(stack, loaded, probe, as_json=True)))
+                    say(json.dumps(outage.read(stack, loaded, probe, as_json=True)))
                     time.sleep(interval)
             with Live(outage.read(stack, loaded, probe), auto_refresh=False, screen=True) as live:
                 while True:
@@ -161,23 +168,6 @@ def _when(epoch: float | None) -> str:
     if epoch is None:
         return "-"
     return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%d %H:%M:%S")
-
-
-# A control character of a value (C0 but the line feed, DEL, C1) as the screen shows it:
-# its escape, never the character (an ESC starts a sequence the terminal obeys).
-_CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")
-
-
-def plain(value: str | None, style: str = "") -> Text:
-    """A value of the record or the config (a reason, a summary, a host name ...) as the
-    screen shows it: its characters as they are, never read as Rich markup (a ``[/x]``
-    in it ended the command with a MarkupError, a ``[link=...]`` drew a link) nor sent
-    to the terminal as a control sequence (an ESC recoloured, retitled or cleared it):
-    each control character but the line feed is shown as its escape, ``\\x1b``."""
-    from rich.text import Text
-
-    text = "" if value is None else value
-    return Text(_CONTROL.sub(lambda found: f"\\x{ord(found.group()):02x}", text), style=style)
 
 
 def _add_row(table: Any, *cells: str | Text, style: str | None = None) -> None:

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from hypermedia.cli.common import millicredits, note, open_engine, read_settings
+from hypermedia.cli.common import millicredits, note, open_engine, read_settings, say
 from hypermedia.errors import ConfigError
 
 app = typer.Typer(help="Users and their API keys.", no_args_is_help=True)
@@ -89,7 +89,7 @@ def user_add(
     note(f"created user {user.name}{role}: id {user.user_id}, pool {user.pool_id}")
     note(f"credits: {credits:g}")
     note("API key (shown only this once):")
-    typer.echo(user.api_key)
+    say(user.api_key)
 
 
 @app.command("key")
@@ -112,7 +112,7 @@ def user_key(
     finally:
         engine.dispose()
     note(f"new API key for {user} (shown only this once):")
-    typer.echo(key)
+    say(key)
 
 
 @app.command("grant")
@@ -133,7 +133,7 @@ def user_grant(
             grant_api_key(conn, key_id_of(key), grants)
     finally:
         engine.dispose()
-    typer.echo(f"API key {key_id_of(key)}: {_describe_grants(grants)}")
+    say(f"API key {key_id_of(key)}: {_describe_grants(grants)}")
 
 
 def _describe_grants(grants: Any) -> str:
@@ -162,4 +162,4 @@ def user_revoke(
         engine.dispose()
     if not revoked:
         raise NotFound(f"no active API key {key_id!r}", key_id=key_id)
-    typer.echo(f"revoked API key {key_id}")
+    say(f"revoked API key {key_id}")
