@@ -4,8 +4,10 @@ SQLite is the embedded default: WAL journal, foreign keys on, and every
 transaction opened with ``BEGIN IMMEDIATE`` so writers queue for the lock
 instead of failing half-way with "database is locked" on lock upgrade.
 Connection failures are translated into :class:`DatabaseUnavailable` here, and so
-are a SQLite record another process kept locked past :data:`SQLITE_BUSY_SECONDS` and
-one whose file could not be read or written (a disk I/O error, a full disk).
+are PostgreSQL refusing work for what it lacks (a full disk, memory, connection slots:
+:data:`_UNAVAILABLE_SQLSTATES`), a SQLite record another process kept locked past
+:data:`SQLITE_BUSY_SECONDS` and one whose file could not be read or written (a disk
+I/O error, a full disk).
 """
 
 from __future__ import annotations
@@ -300,6 +302,11 @@ def _translated() -> Iterator[None]:
     try:
         yield
     except OperationalError as exc:
+        if (refusal := _unavailable_sqlstate(exc)) is not None:
+            state, meaning = refusal
+            raise DatabaseUnavailable(
+                f"the database cannot take it now ({meaning}, SQLSTATE {state}): {exc.orig}"
+            ) from exc
         if _is_connection_error(exc):
             raise DatabaseUnavailable(f"database unreachable: {exc.orig}") from exc
         if _is_sqlite_busy(exc):
@@ -336,6 +343,43 @@ def _is_sqlite_disk_error(exc: DBAPIError) -> bool:
 
 
 _SQLITE_DISK_ERRORS = (10, 13, 14)  # SQLITE_IOERR, SQLITE_FULL, SQLITE_CANTOPEN
+
+
+def _unavailable_sqlstate(exc: DBAPIError) -> tuple[str, str] | None:
+    """The SQLSTATE of a PostgreSQL error that is the server unable to take any such
+    work for now, and what it means (None: another error, or no SQLSTATE: a failed
+    connect, which :func:`_is_connection_error` reads)."""
+    state = getattr(exc.orig, "sqlstate", None)
+    if not isinstance(state, str):
+        return None
+    if state in _UNAVAILABLE_SQLSTATES:
+        return state, _UNAVAILABLE_SQLSTATES[state]
+    if state.startswith("08") and state != _PROTOCOL_VIOLATION:
+        return state, "connection exception"
+    return None
+
+
+# PostgreSQL refusing a statement for what it lacks, not for what the statement is: run
+# again once the server has it back, it goes through, as the same work did before (the
+# transaction was rolled back whole). A full disk is the one an operator meets most:
+# every write that needs a new page of a table or an index, or a temporary file, fails
+# "could not extend file ...: No space left on device" (53100) while reads go on; WAL
+# that cannot be written is a PANIC instead, the server restarting (connections lost).
+# Left out: 53400 configuration_limit_exceeded (a statement too big for a limit, again
+# each time) and the class's other states, faults of the statement or the code, which
+# must not be tried for ever.
+_UNAVAILABLE_SQLSTATES = {
+    "53000": "insufficient resources",
+    "53100": "disk full",
+    "53200": "out of memory",
+    "53300": "too many connections",
+    "57P01": "administrator shutdown",
+    "57P02": "crash shutdown",
+    "57P03": "cannot connect now",
+    "58000": "system error",
+    "58030": "I/O error",
+}
+_PROTOCOL_VIOLATION = "08P01"  # a message the server could not read: a bug, not an outage
 
 
 def _is_connection_error(exc: DBAPIError) -> bool:
