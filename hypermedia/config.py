@@ -121,8 +121,10 @@ class Settings(BaseSettings):
     # A PostgreSQL server gone without a word (a NAT's or firewall's table that dropped
     # the connection, a partition, a host powered off) is found out within this long,
     # on every connection (TCP keepalives and TCP_USER_TIMEOUT: see
-    # hypermedia.db.engine.DEAD_PEER_SECONDS); 0: the kernel's defaults (~15 min for a
-    # statement sent, never for one awaiting its answer). A value in the URL wins.
+    # hypermedia.db.engine.DEAD_PEER_SECONDS), and a connection not made within it is
+    # given up (libpq's connect_timeout); 0: the kernel's and libpq's defaults (~15 min
+    # for a statement sent, never for one awaiting its answer or a connection a server
+    # took and never answered). A value in the URL wins.
     database_dead_peer_seconds: float = Field(default=30.0, ge=0, le=3600)
     redis_url: str | None = None
     redis_prefix: str = Field(default="hm", pattern=r"^[A-Za-z0-9_.-]{1,32}$")

@@ -63,8 +63,9 @@ def require_database(settings: Settings) -> None:
 def open_engine(settings: Settings, *, connect_timeout: int | None = None) -> Engine:
     """An engine on an existing database whose schema is up to date. A SQLite file that
     is not there is not created: a data dir nothing has run with is an error.
-    ``connect_timeout``: seconds a PostgreSQL connection may take (None: libpq's, no
-    limit: a server whose packets are dropped holds the command for minutes)."""
+    ``connect_timeout``: seconds a PostgreSQL connection may take (None: the settings'
+    ``database_dead_peer_seconds``, or one the database URL names: see
+    :func:`~hypermedia.db.engine.make_engine`)."""
     from sqlalchemy import make_url
 
     from hypermedia.db.engine import make_engine

@@ -41,8 +41,8 @@ def make_engine(
     names it (a SQLite file whose directory cannot be made). ``sqlite_busy_seconds``:
     how long a SQLite transaction waits for another's write lock (None:
     :data:`SQLITE_BUSY_SECONDS`). ``dead_peer_seconds``: how soon a PostgreSQL
-    connection whose server went silent fails (None: :data:`DEAD_PEER_SECONDS`; 0: the
-    kernel's defaults)."""
+    connection whose server went silent fails, and one not made gives up (None:
+    :data:`DEAD_PEER_SECONDS`; 0: the kernel's and libpq's defaults)."""
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         if (database := sqlite_file(url)) is not None:
@@ -112,13 +112,21 @@ DEAD_PEER_SECONDS = 30.0
 def _dead_peer_args(seconds: float, named: Mapping[str, Any]) -> dict[str, int]:
     """libpq's connection parameters that give up a silent server after ``seconds``:
     keepalive probes from half that idle, three, at a sixth apart (the kernel aborts
-    when the user timeout has passed and a probe went unanswered), and the user
-    timeout itself for what was sent and not acknowledged. One the database URL
-    names (``?keepalives_idle=60``) is left to it."""
+    when the user timeout has passed and a probe went unanswered), the user timeout
+    itself for what was sent and not acknowledged, and as long for a connection to be
+    made (``connect_timeout``, whole seconds, 2 at least: libpq's and psycopg's
+    floor). One the database URL names (``?keepalives_idle=60``) is left to it."""
     if seconds <= 0:
         return {}
     whole = math.ceil(seconds)
     chosen = {
+        # A server that took the connection and says nothing (its postmaster stopped
+        # or hung, a proxy whose server is gone): its kernel acknowledges the startup
+        # packet and answers the keepalives, so neither ends the wait; the connect of
+        # an API request, a completion batch or the head's upkeep waited for ever
+        # (still waiting after 40 s on a SIGSTOPped postmaster, at any dead-peer
+        # time). A SYN dropped is given up by the user timeout already (3.0 s with 3).
+        "connect_timeout": max(2, whole),
         "keepalives": 1,
         "keepalives_idle": max(1, whole // 2),
         "keepalives_interval": max(1, whole // 6),

@@ -3,7 +3,8 @@ firewall's table that dropped the connection, a partition, a host powered off), 
 given up within ``database_dead_peer_seconds`` (TCP keepalives and TCP_USER_TIMEOUT on
 every connection: :data:`hypermedia.db.engine.DEAD_PEER_SECONDS`), its statement failed
 ``DatabaseUnavailable`` as when the server is down. The kernel's defaults left a
-statement sent to it waiting ~15 min and one awaiting its answer for ever.
+statement sent to it waiting ~15 min and one awaiting its answer for ever. So is a
+connection a server took and never answered (``connect_timeout``).
 
 The silence is real: another process, in a network namespace of its own (the machine
 runs the tests as root, as the sandbox's tests need), runs a private PostgreSQL on its
@@ -16,14 +17,18 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import threading
+import time
 from typing import Any, cast
 
 import psycopg
-from sqlalchemy import Connection
+from sqlalchemy import Connection, text
 
-from hypermedia.db.engine import make_engine
+from hypermedia.db.engine import make_engine, transaction
+from hypermedia.errors import DatabaseUnavailable
 from tests.api_support import REPO
 
 DEAD_PEER_SECONDS = 3
@@ -123,12 +128,53 @@ def test_a_silent_server_fails_the_statement_within_the_dead_peer_time():
     assert said["then"] == "answered", said  # the pool made new connections
 
 
+def test_a_connection_the_server_never_answers_gives_up_within_the_dead_peer_time():
+    """A server that took the connection and says nothing (its postmaster stopped or
+    hung, a proxy whose server is gone): here a socket that listens and is never
+    accepted from, whose kernel acknowledges the startup packet and answers the
+    keepalives as a stopped postmaster's does. The connect gave up never (old: still
+    waiting after 12 s; on a SIGSTOPped PostgreSQL after 40 s, whatever the dead-peer
+    time); now it fails DatabaseUnavailable after the dead-peer time."""
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        port = silent.getsockname()[1]
+        engine = make_engine(
+            f"postgresql+psycopg://postgres@127.0.0.1:{port}/none",
+            dead_peer_seconds=DEAD_PEER_SECONDS,
+        )
+        said: list[Any] = []
+
+        def connect() -> None:
+            began = time.monotonic()
+            try:
+                with transaction(engine) as conn:
+                    conn.execute(text("SELECT 1"))
+                said.append("answered")
+            except DatabaseUnavailable as exc:
+                said.append(str(exc))
+            said.append(round(time.monotonic() - began, 1))
+
+        connecting = threading.Thread(target=connect, daemon=True)
+        connecting.start()
+        connecting.join(WAIT_SECONDS)
+        engine.dispose()
+    assert said, f"still waiting after {WAIT_SECONDS} s"
+    answer, after = said
+    assert "connection timeout expired" in answer, said
+    assert DEAD_PEER_SECONDS - 0.5 < after < DEAD_PEER_SECONDS + 2, said
+
+
 def test_every_connection_has_the_dead_peer_time_and_the_url_wins(pg_database_url):
     """What libpq was given, on a real connection: the default, and a value the
     database URL names left as named."""
     for url, expected in (
-        (pg_database_url, {"keepalives_idle": "15", "tcp_user_timeout": "30000"}),
-        (f"{pg_database_url}?keepalives_idle=60", {"keepalives_idle": "60"}),
+        (
+            pg_database_url,
+            {"keepalives_idle": "15", "tcp_user_timeout": "30000", "connect_timeout": "30"},
+        ),
+        (
+            f"{pg_database_url}?keepalives_idle=60&connect_timeout=7",
+            {"keepalives_idle": "60", "connect_timeout": "7"},
+        ),
     ):
         engine = make_engine(url)
         try:
@@ -147,7 +193,8 @@ def test_every_connection_has_the_dead_peer_time_and_the_url_wins(pg_database_ur
     try:
         with engine.connect() as conn:
             options = _libpq_options(conn)
-            assert all(o.val is None for o in options if o.keyword == b"tcp_user_timeout")
+            unset = (b"tcp_user_timeout", b"connect_timeout")
+            assert all(o.val is None for o in options if o.keyword in unset)
     finally:
         engine.dispose()
 
