@@ -65,7 +65,8 @@ STORAGE_FULL_RETRY_AFTER_SECONDS = 60
 # database's name; the bucket, the endpoint, the storage directory) are the
 # operator's, in the log.
 OUTAGE_MESSAGES = {
-    DatabaseUnavailable.code: "the database is unreachable; try again shortly",
+    # Down, silent, full or refusing connections: "unreachable" misled for a full disk.
+    DatabaseUnavailable.code: "the database is unavailable; try again shortly",
     QueueUnavailable.code: "the job queue is unreachable; try again shortly",
     StorageUnavailable.code: "the file storage is unavailable; nothing was stored; "
     "try again shortly",

@@ -135,6 +135,8 @@ def test_a_full_disk_is_the_database_unavailable_and_loses_nothing(
         # Old: 500 internal ("could not extend file ...: No space left on device").
         assert answer.status_code == 503, answer.text
         assert answer.json()["error"]["code"] == "database_unavailable"
+        # It answers (with no room): not "unreachable", and nothing of the server's.
+        assert answer.json()["error"]["message"] == "the database is unavailable; try again shortly"
         assert answer.headers["Retry-After"] == str(OUTAGE_RETRY_AFTER_SECONDS)
 
         # The job's output is the first row of its table: a page the disk has no room for.
