@@ -467,7 +467,7 @@ def test_the_page_says_the_record_is_down_and_reloads_until_it_is_back(
             assert down.headers["content-type"].startswith("text/html")
             assert down.headers["retry-after"] == "10"
             assert '<meta http-equiv="refresh" content="10">' in down.text
-            assert "database_unavailable" in down.text and "unreachable" in down.text
+            assert "database_unavailable" in down.text and "database is unavailable" in down.text
             assert str(private_postgres.port) not in down.text  # the driver's words: the log's
             private_postgres.start()
             back = httpx.get(page, headers=basic(operator.api_key), timeout=60)
