@@ -357,8 +357,9 @@ def transcode_chunked(
     frame (:func:`lead_copies`), in chunk 0 only, which holds them beside its own
     frames; it reads the input as the single pass does (:func:`_as_the_single_pass`)
     and is checked to hold just those copies, else one pass. A variable rate's frames
-    keep their times, chunk 0's its delay in the join (:func:`_listing`): it is
-    chunked.
+    keep their times, chunk 0's its delay in the join (:func:`_listing`): it reads the
+    input as the single pass does too, and is checked to start where its picture does
+    (an MPEG-TS's picture read alone starts at zero), else one pass.
     ``video_args``: ffmpeg's arguments up to the output, without input and sound;
     ``audio_args``: the same for the sound (None: no sound); ``found``: the video
     stream's :func:`packets`; ``frame_pixels``: an output picture's (what the sound's
@@ -378,6 +379,9 @@ def transcode_chunked(
     if not exact_times and late > _SAME_TIME and found is not None and first is not None:
         lead = lead_copies(found, chunks[0].start, f"{start:.6f}")
         chunks[0] = replace(chunks[0], seconds=chunks[0].seconds + late, frames=first + lead)
+    # Chunk 0 starts after the input as the single pass's picture does: led by copies
+    # on a constant rate, placed by its own times on a variable one.
+    after_start = lead is not None or (exact_times and late > 0)
     build = media.ffmpeg_build()
     done = checkpoints.finished(workdir, build)
     transcoded = resumed = 0
@@ -397,7 +401,7 @@ def transcode_chunked(
             count = [] if chunk.frames is None else ["-frames:v", str(chunk.frames)]
             args = [video_args[0], *seek, *video_args[1:], *count, "-an"]
             args += ["-movie_timescale", str(_CHUNK_TIMESCALE), "-f", "mp4"]
-            if lead is not None and not chunk.index:
+            if after_start and not chunk.index:
                 args = _as_the_single_pass(args, audio_args)
             counts: dict[str, int] = {}
             media.transcode(
@@ -423,11 +427,10 @@ def transcode_chunked(
                 return None
             placed = not exact_times or chunk.index or late <= 0
             if not placed and not _starts_at(partial, workdir, late):
-                # FFmpeg reading the picture alone put it elsewhere than the single pass
-                # does (an MPEG-TS's first frame at zero: its times are made continuous).
-                # A variable rate's only: a constant rate's join does not place chunk 0
-                # (a picture up to _SAME_TIME late: an MPEG-TS's streams a few ticks
-                # apart).
+                # FFmpeg put the picture elsewhere than the single pass does (an
+                # MPEG-TS's picture read alone starts at zero). A variable rate's only:
+                # a constant rate's join does not place chunk 0 (a picture up to
+                # _SAME_TIME late: an MPEG-TS's streams a few ticks apart).
                 log.warning("%s: chunk 0 does not start %.3f s in: one pass", label, late)
                 partial.unlink(missing_ok=True)
                 return None
