@@ -90,7 +90,7 @@ import resource
 import shutil
 import signal
 import subprocess
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
@@ -163,6 +163,14 @@ _SDR_TAGS += ["-color_range", "tv"]
 # a length (an MPEG-TS's, an Ogg's from their first and last times; an FLV's metadata),
 # and an MP4's movie header is checked against its tracks (Probe.span).
 _DURATION_ENDS = frozenset({"matroska", "asf"})
+
+# Demuxers whose times may jump (FFmpeg's AVFMT_TS_DISCONT, on 33-bit clocks), of which
+# FFmpeg 5.1 starts an output's times at the earliest start of the streams it reads
+# where that is after the container's (process_input's "Correcting start time": the
+# container's start counts every stream, a data stream's too). Measured: a TS and a
+# PS read without their first stream start at the others'; an Ogg (the flag, but times
+# of 64 bits) at the container's.
+_STARTS_AT_STREAMS_READ = frozenset({"mpegts", "mpeg"})
 
 # Sample entries of protected tracks, as ffprobe reports them in codec_tag_string.
 _PROTECTED_TAGS = {"drms", "drmi", "drma", "drmv", "enca", "encv", "enct", "encs", "p608"}
@@ -533,6 +541,8 @@ class Stream:
     primaries: str = ""
     matrix: str = ""
     color_range: str = ""
+    # When its times start (ffprobe's start_time, seconds); None where it states none.
+    start: float | None = None
 
     @property
     def hdr(self) -> bool:
@@ -580,6 +590,17 @@ class Probe:
         if self.span is None or stated is None:
             return stated if self.span is None else self.span
         return min(stated, self.span)
+
+    def times_start(self, demuxer: str, read: Sequence[Stream | None]) -> float:
+        """Where FFmpeg counts an output's times from when it reads the streams ``read``
+        (None: none) of this input with ``demuxer``, without a seek: the container's
+        ``start``, but for an MPEG-TS or MPEG-PS (:data:`_STARTS_AT_STREAMS_READ`) the
+        earliest start of the streams read where that is later: a data or subtitle
+        stream that starts first (a broadcast's, a DVD's) does not count."""
+        if demuxer not in _STARTS_AT_STREAMS_READ:
+            return self.start
+        starts = [s.start for s in read if s is not None and s.start is not None]
+        return max(self.start, min(starts)) if starts else self.start
 
     def first(self, kind: str) -> Stream | None:
         """The decodable stream of ``kind`` a player would play: the first flagged
@@ -654,6 +675,7 @@ def _parse_probe(data: dict[str, Any]) -> Probe:
                 primaries=_color(raw.get("color_primaries")),
                 matrix=_color(raw.get("color_space")),
                 color_range=_color(raw.get("color_range")),
+                start=_time(raw.get("start_time")),
             )
         )
         durations.append(_float(raw.get("duration")))
@@ -1028,7 +1050,7 @@ def transcode_video_step(
                 found=listed,
                 chunk_seconds=chunk_seconds,
                 total=found.length,
-                start=found.start,
+                start=found.times_start(container.demuxer, [video, audio]),
                 exact_times=exact,
                 frame_pixels=math.prod(output_size(*video.shown, request.height)),
             )  # fmt: skip

@@ -348,8 +348,9 @@ def transcode_chunked(
     without ``exact_times``, no keyframe, one chunk, a chunk whose frames are not all
     there): the caller transcodes it in one pass. ``exact_times``: a variable frame
     rate, whose frames keep their own times (``video_args`` carry the options); the
-    join is told each chunk's length. ``start``: the input's (ffprobe's format
-    start_time), where a single pass's times count from.
+    join is told each chunk's length. ``start``: where a single pass's times count
+    from (:meth:`pipelines.media.Probe.times_start`: the input's start, an MPEG-TS's
+    earliest stream read).
 
     A picture that starts after the input does (the sound first: AAC's priming puts
     an FFmpeg-written sound 23 ms ahead; an MPEG-TS's sound, a recording begun

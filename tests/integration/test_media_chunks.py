@@ -533,3 +533,44 @@ def test_a_constant_rate_picture_a_few_ticks_after_its_sound_is_chunked(tmp_path
     outputs = run(source, CHUNKED, tmp_path / "chunked")
     assert units(outputs) == {"chunks": SECONDS, "chunks_resumed": 0}
     ms.assert_same_as_single_pass(outputs[0].path, single.path, SECONDS)
+
+
+@pytest.mark.parametrize("kind", ["late picture", "silent", "variable rate"])
+def test_an_mpeg_ts_whose_data_stream_starts_first_is_chunked(kind: str, tmp_path: Path) -> None:
+    # A broadcast's data stream (or a DVD's subtitles, a second sound not kept) starts
+    # 0.5 s before the picture and sound: the container's start is its, but FFmpeg
+    # starts a TS's times at the earliest stream it reads, and the single pass reads
+    # no data. The lead counted from the container's start (13 copies of the first
+    # frame, 0.5 s) was not what chunk 0 made (6, 1 or 0), and the video went in one
+    # pass; a variable rate's chunk 0 was not 0.520 s in. Now counted from the streams
+    # read: chunked, the single pass's frames at its times.
+    picture, sound = ("0.7", "0.5") if kind == "late picture" else ("0.5", "0.5")
+    sources = ["-itsoffset", picture, *video_source(SECONDS, "160x120", ms.RATE)]
+    maps = ["-map", "0:v"]
+    if kind != "silent":
+        sources += ["-itsoffset", sound, *tone_source(SECONDS)]
+        maps += ["-map", "1:a", "-c:a", "aac"]
+    data = tmp_path / "data.bin"
+    data.write_bytes(bytes(range(256)) * 80)
+    sources += ["-f", "data", "-i", str(data)]
+    maps += ["-map", f"{2 if kind != 'silent' else 1}:d", "-c:d", "copy"]
+    if kind == "variable rate":
+        codec = ["-vf", "select='lt(mod(n\\,7)\\,5)'", "-fps_mode", "vfr", "-c:v", "libx264",
+                 "-preset", "ultrafast", "-g", "20"]  # fmt: skip
+    else:
+        codec = ["-c:v", "libx264", "-preset", "ultrafast", "-pix_fmt", "yuv420p",
+                 "-g", str(ms.RATE), "-keyint_min", str(ms.RATE), "-sc_threshold", "0"]  # fmt: skip
+    source = tmp_path / "broadcast.ts"
+    ffmpeg(*sources, *maps, *codec, "-threads", "1", "-f", "mpegts", str(source))
+    found = starts(source)
+    assert found["data"] == pytest.approx(float(ms.probe(source)["format"]["start_time"]))
+    assert min(v for k, v in found.items() if k != "data") - found["data"] > 0.45
+    (single,) = run(source, SINGLE, tmp_path / "single")
+    outputs = run(source, CHUNKED, tmp_path / "chunked")
+    assert units(outputs) == {"chunks": 4, "chunks_resumed": 0}
+    times = ms.frame_times(single.path)
+    assert len(times) == {"late picture": 106, "silent": 100, "variable rate": 72}[kind]
+    assert ms.frame_times(outputs[0].path) == times
+    assert ms.decode_errors(outputs[0].path) == ""
+    assert min(ms.frame_psnr(outputs[0].path, single.path)) >= ms.SAME_FRAME_PSNR
+    assert abs(ms.duration(outputs[0].path) - ms.duration(single.path)) <= ms.FRAME

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import checkpoints
+from pipelines import checkpoints, media
 from pipelines.media_chunks import (
     Chunk,
     _listing,
@@ -146,3 +146,22 @@ def test_a_late_constant_rate_picture_is_led_by_the_copies_ffmpeg_makes() -> Non
     assert lead(0.004) == 0  # 0.1 frames: the frame is moved to zero, not copied
     assert lead(1.0) == 25
     assert lead(0.5, rate=30) == 15
+
+
+def test_an_mpeg_ts_or_ps_output_starts_at_the_earliest_stream_read() -> None:
+    # FFmpeg counts an output's times from the container's start, but a TS's or PS's
+    # from the earliest start of the streams it reads, where that is later: a data
+    # stream or a sound not kept that starts first does not count.
+    def stream(index: int, kind: str, start: float | None) -> media.Stream:
+        return media.Stream(index, kind, "h264", "", 0, 0, 0, False, start=start)
+
+    video, sound = stream(0, "video", 1.92), stream(1, "audio", 1.876778)
+    found = media.Probe([video, sound, stream(2, "data", 1.4)], 4.0, start=1.4)
+    for demuxer in ("mpegts", "mpeg"):
+        assert found.times_start(demuxer, [video, sound]) == 1.876778
+        assert found.times_start(demuxer, [video, None]) == 1.92
+        assert found.times_start(demuxer, [stream(0, "video", None)]) == 1.4
+    for demuxer in ("matroska", "mov", "ogg"):
+        assert found.times_start(demuxer, [video, sound]) == 1.4
+    early = media.Probe([video, sound], 4.0, start=1.9)  # never before the container's
+    assert early.times_start("mpegts", [video, sound]) == 1.9
