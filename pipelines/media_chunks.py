@@ -418,12 +418,16 @@ def transcode_chunked(
                 partial.unlink(missing_ok=True)
                 return None
             copies = (counts.get("dup_frames"), counts.get("drop_frames"))
-            if lead is not None and not chunk.index and copies != (lead, 0):
-                # FFmpeg did not fill the lead as reckoned (a frame rate it guesses
-                # otherwise than the frames' steps, frames before the first keyframe
-                # decoded, a stream not read that starts first).
-                log.warning("%s: chunk 0 has %s copies and %s frames dropped, not %d and 0:"
-                            " one pass instead", label, *copies, lead)  # fmt: skip
+            reckoned = lead if lead is not None and not chunk.index else 0
+            if copies != (reckoned, 0):
+                # FFmpeg's rate conversion did not copy the frames as reckoned: chunk 0's
+                # lead otherwise (frames before the first keyframe decoded ...), or a
+                # frame rate it guesses otherwise than the frames' steps (an H.264 whose
+                # timing says half its rate: every other frame dropped), whose chunk of
+                # this many frames is not the single pass's frames (its count is
+                # output frames: the chunk read on past its end).
+                log.warning("%s: chunk %d has %s copies and %s frames dropped, not %d and 0:"
+                            " one pass instead", label, chunk.index, *copies, reckoned)  # fmt: skip
                 partial.unlink(missing_ok=True)
                 return None
             placed = not exact_times or chunk.index or late <= 0

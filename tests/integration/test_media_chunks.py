@@ -574,3 +574,46 @@ def test_an_mpeg_ts_whose_data_stream_starts_first_is_chunked(kind: str, tmp_pat
     assert ms.decode_errors(outputs[0].path) == ""
     assert min(ms.frame_psnr(outputs[0].path, single.path)) >= ms.SAME_FRAME_PSNR
     assert abs(ms.duration(outputs[0].path) - ms.duration(single.path)) <= ms.FRAME
+
+
+def test_a_video_whose_rate_ffmpeg_guesses_at_half_its_frames_is_done_in_one_pass(
+    tmp_path: Path,
+) -> None:
+    # Interlaced H.264 at 25 frames a second whose timing (the SPS's VUI) says 12.5, as
+    # an encoder that counts fields as frames writes it: FFmpeg's rate conversion puts
+    # an MPEG-TS's on 12.5 fps (every other frame dropped, 52 frames). Each chunk of 25
+    # frames was 25 output frames, so it read 2 s of the input, and the join held 90
+    # frames over 7.2 s (PSNR 15 dB against the single pass's). FFmpeg's own count of
+    # frames dropped tells: one pass.
+    source = tmp_path / "interlaced.ts"
+    ffmpeg(*video_source(SECONDS, "160x120", ms.RATE), "-c:v", "libx264", "-preset",
+           "ultrafast", "-pix_fmt", "yuv420p", "-g", str(ms.RATE), "-keyint_min", str(ms.RATE),
+           "-sc_threshold", "0", "-flags", "+ilme+ildct", "-x264opts", "tff=1",
+           "-bsf:v", "h264_metadata=tick_rate=25", "-threads", "1", "-f", "mpegts",
+           str(source))  # fmt: skip
+    (stream,) = ms.probe(source)["streams"]
+    assert (stream["field_order"], stream["r_frame_rate"], stream["avg_frame_rate"]) == (
+        "tt", "25/1", "25/2",
+    )  # fmt: skip
+    (single,) = run(source, SINGLE, tmp_path / "single")
+    outputs = run(source, CHUNKED, tmp_path / "chunked")
+    assert [o.output_type for o in outputs] == ["video-h264-120p-crf23.mp4"]
+    assert not piece(tmp_path / "chunked", "chunk-00000.mp4").exists()
+    assert len(ms.frame_times(single.path)) == 52
+    assert ms.frame_times(outputs[0].path) == ms.frame_times(single.path)
+
+
+@pytest.mark.parametrize("container", ["mpegts", "mp4"])
+def test_an_interlaced_video_is_chunked_as_its_single_pass(container: str, tmp_path: Path) -> None:
+    # x264's interlaced coding (MBAFF, top field first): FFmpeg guesses its rate from
+    # its frames (25, not the field rate), and its chunks are the single pass's frames.
+    source = tmp_path / "interlaced"
+    ffmpeg(*video_source(SECONDS, "160x120", ms.RATE), "-c:v", "libx264", "-preset",
+           "ultrafast", "-pix_fmt", "yuv420p", "-g", str(ms.RATE), "-keyint_min", str(ms.RATE),
+           "-sc_threshold", "0", "-flags", "+ilme+ildct", "-x264opts", "tff=1", "-threads", "1",
+           "-f", container, str(source))  # fmt: skip
+    assert ms.probe(source)["streams"][0]["field_order"] == "tt"
+    (single,) = run(source, SINGLE, tmp_path / "single")
+    outputs = run(source, CHUNKED, tmp_path / "chunked")
+    assert units(outputs) == {"chunks": SECONDS, "chunks_resumed": 0}
+    ms.assert_same_as_single_pass(outputs[0].path, single.path, SECONDS)
