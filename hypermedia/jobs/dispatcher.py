@@ -396,6 +396,39 @@ class Dispatcher:
         ``log_tail``: the end of the child's output, kept on the attempt. A job its
         loop took ahead and began (``job.started``) whose start the record has not yet
         had is started at its moment first (:meth:`JobRepository.fail`)."""
+        status, _counted = self._fail(
+            job,
+            worker_id,
+            error_code,
+            error_message,
+            retryable=retryable,
+            peak_memory_mb=peak_memory_mb,
+            log_tail=log_tail,
+        )
+        return status
+
+    def fail_for_outage(
+        self, job: ClaimedJob, worker_id: str, error_code: str, error_message: str
+    ) -> tuple[JobStatus | None, bool]:
+        """The platform's outage (``error_code``: a ServiceUnavailable's) ended the
+        attempt, not the job: back to retry_wait without counting it, up to
+        :data:`~hypermedia.jobs.states.OUTAGE_HANDBACKS` times a job, then as
+        :meth:`fail`. Answers the job's status (None if not ours) and whether the
+        attempt counted."""
+        return self._fail(job, worker_id, error_code, error_message, outage=True)
+
+    def _fail(
+        self,
+        job: ClaimedJob,
+        worker_id: str,
+        error_code: str,
+        error_message: str,
+        *,
+        retryable: bool = True,
+        peak_memory_mb: float | None = None,
+        log_tail: str | None = None,
+        outage: bool = False,
+    ) -> tuple[JobStatus | None, bool]:
         now = self.clock.now()
         with transaction(self.engine) as conn:
             result = self.repository.fail(
@@ -409,15 +442,16 @@ class Dispatcher:
                 peak_memory_mb=peak_memory_mb,
                 log_tail=log_tail,
                 started_at=job.attempt_started_at if job.started else None,
+                outage=outage,
             )
         if result is None:
             self.mirror([job.job_id])
-            return None
-        moved, _decision = result
+            return None, True
+        moved, decision = result
         self._apply([moved], error_code=error_code, before=self._begun_first(job, moved))
         began = job.attempt_started_at
         count_failure(self.metrics, moved, error_code, None if began is None else now - began)
-        return moved.status
+        return moved.status, decision.counted
 
     def recover_worker(self, worker_id: str, reason: str = "worker lost") -> list[str]:
         """A worker (actor or node) died: its in-flight jobs fail this attempt with

@@ -36,6 +36,7 @@ from sqlalchemy import (
     Row,
     bindparam,
     delete,
+    func,
     insert,
     select,
     update,
@@ -46,7 +47,7 @@ from sqlalchemy.exc import NoResultFound
 from hypermedia import accounts
 from hypermedia.clock import to_datetime
 from hypermedia.db import tables as t
-from hypermedia.errors import NotFound, QueueUnavailable
+from hypermedia.errors import NotFound, QueueUnavailable, ServiceUnavailable, error_classes
 from hypermedia.ids import new_id
 from hypermedia.jobs import callbacks, credits
 from hypermedia.jobs import statements as sql
@@ -57,6 +58,7 @@ from hypermedia.jobs.states import (
     JobEvent,
     JobStatus,
     decide_failure,
+    decide_outage,
     sources,
 )
 
@@ -854,9 +856,17 @@ class JobRepository:
         retry_now: bool = False,
         log_tail: str | None = None,
         started_at: float | None = None,
+        outage: bool = False,
     ) -> tuple[Moved, FailureDecision] | None:
         """A failed attempt: retry_wait with backoff, or failed once attempts are used up
         (cancelled instead, retried or not, if its owner asked for that meanwhile).
+
+        ``outage``: the platform's outage ended it (``error_code`` a
+        :class:`~hypermedia.errors.ServiceUnavailable`'s), not the job: the attempt is
+        not counted (``attempt_count`` back by one, the attempt closed ``released``
+        with the error) and the job waits in retry_wait (:func:`~hypermedia.jobs.
+        states.decide_outage`), up to :data:`~hypermedia.jobs.states.OUTAGE_HANDBACKS`
+        times a job (its released attempts with such a code say how many).
 
         ``worker_id`` None is the reaper acting for a worker that vanished; it only
         matches jobs whose lease has expired. ``log_tail``: the end of what the job's
@@ -895,9 +905,18 @@ class JobRepository:
             and self.start_many(conn, worker_id, [(job_id, started_at)])
         ):
             began = started_at
-        decision = decide_failure(
-            row.attempt_count, row.max_attempts, now, self.backoff, retryable=retryable
-        )
+        if outage and error_code in outage_codes():
+            decision = decide_outage(
+                row.attempt_count,
+                row.max_attempts,
+                self._outage_handbacks(conn, job_id),
+                now,
+                self.backoff,
+            )
+        else:
+            decision = decide_failure(
+                row.attempt_count, row.max_attempts, now, self.backoff, retryable=retryable
+            )
         if retry_now and decision.retry_at is not None:
             # The worker died, not the job: the attempt counts, the wait does not.
             decision = FailureDecision(decision.status, now, decision.reason + " (retry now)")
@@ -922,6 +941,8 @@ class JobRepository:
             values["run_after"] = to_datetime(decision.retry_at)
         else:
             values["completed_at"] = to_datetime(now)
+        if not decision.counted:
+            values["attempt_count"] = row.attempt_count - 1
         result = conn.execute(
             update(t.jobs)
             .where(*conds, t.jobs.c.attempt_count == row.attempt_count)
@@ -932,7 +953,7 @@ class JobRepository:
         self._close_attempt(
             conn,
             job_id,
-            "failed",
+            "failed" if decision.counted else "released",
             now,
             peak_memory_mb,
             error_code,
@@ -953,6 +974,19 @@ class JobRepository:
             started_at=began,
         )
         return moved, decision
+
+    def _outage_handbacks(self, conn: Connection, job_id: str) -> int:
+        """How many of the job's attempts were handed back for the platform's outage."""
+        a = t.attempts.c
+        return int(
+            conn.execute(
+                select(func.count()).where(
+                    a.job_id == job_id,
+                    a.status == "released",
+                    a.error_code.in_(sorted(outage_codes())),
+                )
+            ).scalar_one()
+        )
 
     def release(
         self,
@@ -1335,3 +1369,18 @@ __all__ = [
     "OutputRecord",
     "remove_outputs",
 ]
+
+
+def outage_codes() -> frozenset[str]:
+    """The error codes of the platform's outage (every
+    :class:`~hypermedia.errors.ServiceUnavailable`'s: the record, Redis, the storage,
+    the head), which end an attempt without counting it (:meth:`JobRepository.fail`)."""
+    global _OUTAGE_CODES
+    if _OUTAGE_CODES is None:
+        _OUTAGE_CODES = frozenset(
+            code for code, cls in error_classes().items() if issubclass(cls, ServiceUnavailable)
+        )
+    return _OUTAGE_CODES
+
+
+_OUTAGE_CODES: frozenset[str] | None = None

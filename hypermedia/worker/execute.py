@@ -4,7 +4,11 @@ start (claimed -> processing) -> input GET URL from the head -> download into th
 job's workdir -> run the pipeline step in a child process -> output PUT URLs from
 the head -> upload -> complete (outputs registered, credits charged). The job is
 completed only after every output is stored; any failure fails the attempt with
-a code and message (retry or failed, per the profile), and the workdir goes.
+a code and message (retry or failed, per the profile), and the workdir goes. A
+failure that is the platform's outage (the head could not sign the job's URLs: the
+record, Redis or the storage down, a ServiceUnavailable) hands the job back to wait
+instead, its attempt not counted (:meth:`Dispatcher.fail_for_outage`, a few times a
+job at most).
 
 The worker's claim loops claim and start jobs in one transaction, then hand each to
 :meth:`JobExecution.run_started`; it stops short of the record's complete and answers
@@ -53,10 +57,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from hypermedia.errors import HypermediaError, IllegalTransition, NotFound, ServiceUnavailable
+from hypermedia.errors import (
+    DatabaseConflict,
+    DatabaseUnavailable,
+    HypermediaError,
+    IllegalTransition,
+    NotFound,
+    ServiceUnavailable,
+)
 from hypermedia.jobs.catalog import ProfileCatalog, ProfileRecord
 from hypermedia.jobs.dispatcher import Dispatcher, lease_seconds
 from hypermedia.jobs.repository import ClaimedJob, FinishedJob, OutputRecord
+from hypermedia.jobs.states import JobStatus
 from hypermedia.metrics import LIMIT_OF_CODE, SANDBOX_KILLS
 from hypermedia.queue.events import JobEvents, progress_event
 from hypermedia.sandbox.outcome import ChildFailed
@@ -71,6 +83,7 @@ log = logging.getLogger(__name__)
 CANCEL_POLL_SECONDS = 2.0
 PROGRESS_INTERVAL = 0.25  # seconds between a transfer's progress events, at least
 MAX_USAGE_BYTES = 4096
+OUTAGE_RETRY_MAX_SECONDS = 5.0  # the longest wait between tries of an outage's hand back
 NEEDS_INPUT = "needs_input"  # profile param: false for operations that read no input
 
 
@@ -409,10 +422,12 @@ class JobExecution:
             return Outcome(job.job_id, "lost")
         except transfer.TransferError as exc:
             return self._fail(job, exc.code, exc.message, exc.retryable)
+        except ServiceUnavailable as exc:
+            # The record, Redis or the storage down (here or where the grants are made):
+            # the platform's outage, not the job's doing.
+            return self._outage(job, exc)
         except HypermediaError as exc:
-            # The record, Redis or the storage down (here or where the grants are made).
-            retryable = isinstance(exc, ServiceUnavailable)
-            return self._fail(job, exc.code, exc.message, retryable)
+            return self._fail(job, exc.code, exc.message, False)
         # A cancel asked once the outputs are stored comes too late to save the work:
         # the job completes, its outputs registered (counted on the quota, deletable),
         # rather than ending cancelled with blobs in storage that no row accounts for.
@@ -518,6 +533,51 @@ class JobExecution:
             extra={"job_id": job.job_id, "worker_id": self.worker_id, "action": "fail"},
         )
         return Outcome(job.job_id, status.value if status else "lost", code)
+
+    def _outage(self, job: ClaimedJob, exc: ServiceUnavailable) -> Outcome:
+        """The platform's outage ended the attempt: the job goes back without spending
+        an attempt (:meth:`Dispatcher.fail_for_outage`; bounded per job), answered
+        ``released`` with the error's code (the worker pauses its claims for it). The
+        record is often what is down: the hand back waits for it, tried again with
+        backoff (else the job would stay ``processing`` until its lease ran out, then
+        fail that attempt ``lease_expired``), until written, or until the worker stops
+        or hands every job back (then the lease is left to do it)."""
+        backoff = 0.1
+        while True:
+            try:
+                status, counted = self.dispatcher.fail_for_outage(
+                    job, self.worker_id, exc.code, exc.message
+                )
+                break
+            except (DatabaseUnavailable, DatabaseConflict) as down:
+                with self._lock:
+                    giving_up = self._release_everything or self._closed.is_set()
+                if giving_up:
+                    raise
+                log.warning(
+                    "job %s: handing it back for the outage (%s): %s; retrying in %.1fs",
+                    job.job_id,
+                    exc.code,
+                    down,
+                    backoff,
+                    extra={"job_id": job.job_id, "worker_id": self.worker_id, "action": "fail"},
+                )
+                self._closed.wait(backoff)
+                backoff = min(backoff * 2, OUTAGE_RETRY_MAX_SECONDS)
+        if status is None:
+            return Outcome(job.job_id, "lost")
+        log.info(
+            "job %s attempt %d %s: %s: %s",
+            job.job_id,
+            job.attempt_number,
+            "failed" if counted else "handed back, not counted",
+            exc.code,
+            exc.message,
+            extra={"job_id": job.job_id, "worker_id": self.worker_id, "action": "fail"},
+        )
+        if not counted and status is JobStatus.RETRY_WAIT:
+            return Outcome(job.job_id, "released", exc.code)
+        return Outcome(job.job_id, status.value, exc.code)
 
     def _cancelled(self, job: ClaimedJob) -> Outcome:
         if self.dispatcher.honour_cancel(job, self.worker_id):

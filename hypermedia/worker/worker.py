@@ -99,9 +99,11 @@ IDLE_WAIT_SECONDS = 1.0
 MAX_ERROR_BACKOFF_SECONDS = 5.0
 DISK_CHECK_SECONDS = 5.0  # how often a worker reads its free disk space (while low: waits)
 # An attempt that failed because a service it needs is down (the storage its input and
-# outputs move through, the head that signs their URLs): the job is retried later, but
-# the next jobs would meet the same outage at once and each spend an attempt (a
-# 3-minute storage outage failed every queued job for good). The worker claims nothing
+# outputs move through, the head that signs their URLs): the job is retried later (one
+# whose URLs the head could not sign is handed back, no attempt spent: execute's
+# _outage), but the next jobs would meet the same outage at once (each spending an
+# attempt on a transfer's: a 3-minute storage outage failed every queued job for good),
+# and a handed back job would be claimed again at once. The worker claims nothing
 # for a while instead: this long after the first such failure, twice as long after
 # each next one, at most OUTAGE_PAUSE_MAX_SECONDS; a job that completes ends the pause.
 OUTAGE_CODES = frozenset(

@@ -313,7 +313,8 @@ class _GrantsDown(NoGrants):
 def test_grants_the_head_could_not_make_for_an_outage_are_retried(engine, settings, tmp_path, code):
     """Any code but not_found and illegal_transition came back from the grants actor as
     ServiceUnavailable, and only the record's or Redis' outage was retried: a storage
-    outage at the head failed every job it met for good, at its first attempt."""
+    outage at the head failed every job it met for good, at its first attempt. Such an
+    outage is the platform's: the job is handed back to retry_wait, no attempt spent."""
     stack, _person, job_id = _one_sleep_job(settings, engine, tmp_path, 0.1)
     execution = JobExecution(
         stack.dispatcher,
@@ -328,10 +329,12 @@ def test_grants_the_head_could_not_make_for_an_outage_are_retried(engine, settin
     finally:
         execution.close()
     assert isinstance(outcome, Outcome), outcome
-    assert (outcome.status, outcome.error_code) == ("retry_wait", code), outcome
+    assert (outcome.status, outcome.error_code) == ("released", code), outcome
     with transaction(stack.engine) as conn:
-        row = conn.execute(select(t.jobs.c.status).where(t.jobs.c.job_id == job_id)).one()
-    assert row.status == "retry_wait"
+        row = conn.execute(
+            select(t.jobs.c.status, t.jobs.c.attempt_count).where(t.jobs.c.job_id == job_id)
+        ).one()
+    assert (row.status, row.attempt_count) == ("retry_wait", 0)
     stack.close()
 
 
@@ -371,9 +374,10 @@ class _SlowWarnings(logging.Handler):
 
 
 def test_a_worker_whose_jobs_meet_an_outage_stops_claiming_for_a_while(engine, settings, tmp_path):
-    """A job that fails because the storage is down is retried later; the next jobs
-    would meet the same outage at once, each spending an attempt (a few minutes of
-    outage failed every queued job for good). The worker claims nothing for a while
+    """A job that fails because the storage is down is handed back for later; the next
+    jobs would meet the same outage at once (each spending an attempt, before such an
+    attempt counted: a few minutes of outage failed every queued job for good). The
+    worker claims nothing for a while
     after such a failure, twice as long after the next, and claims as before once a job
     completes again. The pause (since the first failure, why, how long) is the row's
     once it ended (it was said only in the worker's log)."""
@@ -404,15 +408,15 @@ def test_a_worker_whose_jobs_meet_an_outage_stops_claiming_for_a_while(engine, s
             grants=storage,
             outage_pause_seconds=1.0,
         ) as (worker, _grants):
-            _wait(lambda: worker.stats.retried == 1, timeout=30)
+            _wait(lambda: worker.stats.released == 1, timeout=30)
             first = worker.outage_pause
             assert first is not None and first.seconds is None
             assert first.reason == f"job {_first} failed: storage_unavailable"
             time.sleep(0.5)  # within the pause: nothing more is claimed
-            assert (worker.stats.claimed, worker.stats.retried) == (1, 1)
-            _wait(lambda: worker.stats.retried == 2, timeout=30)  # after it: one more, met
+            assert (worker.stats.claimed, worker.stats.released) == (1, 1)
+            _wait(lambda: worker.stats.released == 2, timeout=30)  # after it: one more, met
             time.sleep(1.2)  # the second pause is twice as long
-            assert (worker.stats.claimed, worker.stats.retried) == (2, 2)
+            assert (worker.stats.claimed, worker.stats.released) == (2, 2)
             assert worker.outage_pause == first  # one pause from the first failure on
             storage.down.clear()
             _wait(lambda: worker.stats.completed == 2, timeout=30)  # the two never tried
@@ -436,7 +440,7 @@ def test_a_worker_whose_jobs_meet_an_outage_stops_claiming_for_a_while(engine, s
         storage.close()
     statuses = _statuses(stack)
     assert statuses == {"retry_wait": 2, "completed": 2}, statuses
-    assert worker.stats.failed == 0  # none failed for good
+    assert (worker.stats.failed, worker.stats.retried) == (0, 0)  # no attempt spent
     stack.close()
 
 

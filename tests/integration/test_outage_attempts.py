@@ -1,0 +1,251 @@
+"""An attempt the platform's outage ended spends none of the job's attempts.
+
+A worker asks the head for its job's URLs (the grants actor: the record, the storage);
+when the record or the storage is down, that grant fails the attempt. It was failed
+like a fault of the job's own, retryable: each outage the job met spent one of its
+``max_attempts``, and a job ended ``failed`` after a few outages that were never its
+fault. And the record being down, the worker could not write that failure either: the
+job stayed ``processing`` until its lease ran out, whose expiry then spent the attempt.
+Now the job is handed back to retry_wait without counting the attempt (the hand back
+waits for the record), up to OUTAGE_HANDBACKS times a job.
+
+Real outages: a private PostgreSQL stopped while the worker asks for its input's URL;
+on SQLite, whose reads go on whatever holds the write lock, the storage refusing the
+output's URL (an earlier run's blob there is being deleted) while another process holds
+the record's write lock past the busy timeout as the worker hands the job back.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import pytest
+from sqlalchemy import Engine, delete, insert, select
+
+from bench.in_process import InProcessExecutor
+from hypermedia.clock import to_datetime
+from hypermedia.db import tables as t
+from hypermedia.db.engine import make_engine, snapshot, transaction
+from hypermedia.embedded import listening_socket
+from hypermedia.ingest.service import SubmitRequest
+from hypermedia.jobs.states import OUTAGE_BACKOFF, OUTAGE_HANDBACKS
+from hypermedia.stack import Stack
+from hypermedia.storage.base import derived_key
+from hypermedia.storage.grants import StorageGrants
+from hypermedia.worker.execute import Completion, JobExecution, Outcome
+from tests import ray_support
+from tests.factories import make_object, make_user, open_stack
+from tests.pipelines_for_tests import PRELOAD
+from tests.support import PrivatePostgres
+
+OUTAGE_SECONDS = 1.5
+BUSY_SECONDS = 0.3
+
+# Another process: BEGIN IMMEDIATE through the project's engine (SQLite's write lock),
+# held until its stdin closes.
+_HOLDER = """
+import sys
+from hypermedia.db.engine import make_engine, transaction
+with transaction(make_engine(sys.argv[1])):
+    print("holding", flush=True)
+    sys.stdin.readline()
+"""
+
+
+@contextmanager
+def _postgres_down(server: PrivatePostgres) -> Iterator[None]:
+    server.stop()
+    try:
+        yield
+    finally:
+        server.start()
+
+
+@contextmanager
+def _sqlite_locked_and_output_being_deleted(url: str, engine: Engine, key: str) -> Iterator[None]:
+    now = time.time()
+    with transaction(engine) as conn:
+        conn.execute(
+            insert(t.blob_deletions).values(
+                storage_key=key,
+                requested_at=to_datetime(now),
+                next_attempt_at=to_datetime(now),
+                claimed_until=to_datetime(now + 3600),
+            )
+        )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, url],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "holding\n"
+        yield
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        assert holder.wait(20) == 0
+        with transaction(engine) as conn:
+            conn.execute(delete(t.blob_deletions).where(t.blob_deletions.c.storage_key == key))
+
+
+@contextmanager
+def _for_a_while(outage: Callable[[], object]) -> Iterator[None]:
+    """``outage`` (a context manager's factory) begun now, ended OUTAGE_SECONDS later in
+    another thread, whatever the caller does meanwhile."""
+    ended = threading.Event()
+    begun = threading.Event()
+
+    def run() -> None:
+        with outage():  # type: ignore[attr-defined]
+            begun.set()
+            time.sleep(OUTAGE_SECONDS)
+        ended.set()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    assert begun.wait(30)
+    try:
+        yield
+    finally:
+        thread.join(60)
+        assert ended.is_set()
+
+
+def _job(engine: Engine, job_id: str) -> tuple[str, int]:
+    with snapshot(engine) as conn:
+        row = conn.execute(
+            select(t.jobs.c.status, t.jobs.c.attempt_count).where(t.jobs.c.job_id == job_id)
+        ).one()
+    return row.status, row.attempt_count
+
+
+def _due_now(stack: Stack, job_id: str) -> None:
+    """The job's wait after its hand back cut short (the reaper's promotion)."""
+    with transaction(stack.engine) as conn:
+        moved = stack.dispatcher.repository.promote_due(conn, time.time() + 3600, [job_id])
+    assert [m.job_id for m in moved] == [job_id]
+    stack.dispatcher.mirror([job_id])
+
+
+@pytest.mark.parametrize("database", ["postgresql", "sqlite"])
+def test_an_attempt_the_platforms_outage_ended_spends_none_of_the_jobs(
+    database, request, settings, tmp_path
+):
+    if database == "postgresql":
+        server = request.getfixturevalue("private_postgres")
+        url = server.url
+    else:
+        url = request.getfixturevalue("sqlite_url")
+    engine = make_engine(url, sqlite_busy_seconds=BUSY_SECONDS)
+    grants_engine = make_engine(url, sqlite_busy_seconds=BUSY_SECONDS)  # the grants actor's
+    sock = listening_socket()
+    stack = open_stack(
+        settings,
+        engine,
+        None,
+        api_url=f"http://127.0.0.1:{sock.getsockname()[1]}",
+        profiles_path=ray_support.test_profiles(tmp_path),
+    )
+    person = make_user(stack)
+    obj = make_object(stack, person, size_bytes=5)
+    stack.storage.put(f"originals/{person.pool_id}/{obj}", [b"hello"])
+    [job_id] = stack.ingest.submit(
+        person.caller, SubmitRequest(object_id=obj, operations=["test.copy_input"])
+    ).job_ids
+    profile = stack.catalog.get("test.copy_input")
+    assert profile is not None and profile.max_attempts == 3
+    if database == "postgresql":
+        outage, code = (lambda: _postgres_down(server)), "database_unavailable"
+    else:
+        key = derived_key(person.pool_id, obj, profile.version, "copy")
+        outage = lambda: _sqlite_locked_and_output_being_deleted(url, engine, key)  # noqa: E731
+        code = "storage_unavailable"
+    grants = StorageGrants(grants_engine, stack.storage, 600, stack.clock)
+    execution = JobExecution(
+        stack.dispatcher, stack.catalog, grants, InProcessExecutor(tmp_path / "work", PRELOAD), "w"
+    )
+    try:
+        with ray_support.api_server(stack, sock):
+            # More outages than the job has attempts: it was failed for good by the third.
+            for number in range(1, profile.max_attempts + 2):
+                [job] = stack.dispatcher.claim_and_start("images", "w")
+                assert job.job_id == job_id
+                began = time.time()
+                with _for_a_while(outage):
+                    outcome = execution.run_started(job)
+                assert outcome == Outcome(job_id, "released", code), outcome
+                # The hand back waited for the record (PostgreSQL down, SQLite locked).
+                assert time.time() - began >= OUTAGE_SECONDS - 0.2
+                assert _job(engine, job_id) == ("retry_wait", 0)
+                with snapshot(engine) as conn:
+                    run_after = conn.execute(
+                        select(t.jobs.c.run_after).where(t.jobs.c.job_id == job_id)
+                    ).scalar_one()
+                waited = run_after.timestamp() - began
+                assert waited == pytest.approx(OUTAGE_BACKOFF.delay(number), abs=OUTAGE_SECONDS + 5)
+                _due_now(stack, job_id)
+            # The platform back: the job runs once more, its first counted attempt.
+            [job] = stack.dispatcher.claim_and_start("images", "w")
+            done = execution.run_started(job)
+            assert isinstance(done, Completion), done
+            assert stack.dispatcher.complete_many("w", [done.finished()], []) == [True]
+    finally:
+        execution.close()
+        stack.close()
+        grants_engine.dispose()
+        engine.dispose()
+    assert _job(engine, job_id) == ("completed", 1)
+    with snapshot(engine) as conn:
+        attempts = conn.execute(
+            select(t.attempts.c.status, t.attempts.c.error_code)
+            .where(t.attempts.c.job_id == job_id)
+            .order_by(t.attempts.c.attempt_number)
+        ).all()
+    assert [tuple(a) for a in attempts] == [("released", code)] * (profile.max_attempts + 1) + [
+        ("completed", None)
+    ]
+    assert profile.max_attempts + 1 < OUTAGE_HANDBACKS
+
+
+def test_a_job_rides_out_so_many_outages_then_they_count(engine, settings, tmp_path):
+    """The bound: a job that meets the platform's outage at every attempt (one that alone
+    meets it: its output's earlier blob never done being deleted; a platform broken for
+    good) is handed back OUTAGE_HANDBACKS times, the waits growing to OUTAGE_BACKOFF's
+    longest; then each counts as a failed attempt, and it ends failed: no loop for ever."""
+    stack = open_stack(settings, engine, None, profiles_path=ray_support.test_profiles(tmp_path))
+    person = make_user(stack)
+    obj = make_object(stack, person)
+    [job_id] = stack.ingest.submit(
+        person.caller, SubmitRequest(object_id=obj, operations=["test.copy_input"])
+    ).job_ids
+    max_attempts = stack.catalog.get("test.copy_input").max_attempts
+    answers: list[tuple[str | None, bool]] = []
+    waits: list[int | None] = []
+    for _ in range(OUTAGE_HANDBACKS + max_attempts + 1):
+        [job] = stack.dispatcher.claim_and_start("images", "w")
+        now = time.time()
+        status, counted = stack.dispatcher.fail_for_outage(
+            job, "w", "storage_unavailable", "being deleted"
+        )
+        answers.append((None if status is None else status.value, counted))
+        with snapshot(engine) as conn:
+            run_after = conn.execute(
+                select(t.jobs.c.run_after).where(t.jobs.c.job_id == job_id)
+            ).scalar_one()
+        waits.append(None if run_after is None else round(run_after.timestamp() - now))
+        if status is None or status.value == "failed":
+            break
+        _due_now(stack, job_id)
+    stack.close()
+    assert answers == [("retry_wait", False)] * OUTAGE_HANDBACKS + [("retry_wait", True)] * (
+        max_attempts - 1
+    ) + [("failed", True)]
+    assert waits[:OUTAGE_HANDBACKS] == [15, 30, 60, 120, 240, 300, 300, 300, 300, 300]
+    assert _job(engine, job_id) == ("failed", max_attempts)
