@@ -5,9 +5,10 @@ transaction opened with ``BEGIN IMMEDIATE`` so writers queue for the lock
 instead of failing half-way with "database is locked" on lock upgrade.
 Connection failures are translated into :class:`DatabaseUnavailable` here, and so
 are PostgreSQL refusing work for what it lacks (a full disk, memory, connection slots:
-:data:`_UNAVAILABLE_SQLSTATES`), a SQLite record another process kept locked past
-:data:`SQLITE_BUSY_SECONDS` and one whose file could not be read or written (a disk
-I/O error, a full disk).
+:data:`_UNAVAILABLE_SQLSTATES`) or for being a standby (a write on a connection that a
+failover left on a read-only server: the connection is dropped), a SQLite record
+another process kept locked past :data:`SQLITE_BUSY_SECONDS` and one whose file could
+not be read or written (a disk I/O error, a full disk).
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ def make_engine(
         **kwargs.get("connect_args", {}),
     }
     engine = create_engine(url, **kwargs)
+    _drop_read_only_connections(engine)
     if not kwargs.get("pool_pre_ping"):
         _ping_when_idle(engine)
     if custom_plans:
@@ -187,6 +189,28 @@ def _has_input(dbapi_conn: Any) -> bool:
 
 
 _IDLE_SINCE = "hypermedia_idle_since"
+
+
+# A server that refuses every write of a connection, "cannot execute INSERT in a
+# read-only transaction" (SQLSTATE 25006), is a standby: after a failover, a connection
+# made to the old primary's address once it was demoted, or through a name not yet
+# updated, is one for as long as it lives; it answers reads and pings, so the pool kept
+# it and handed it out again, and every write on it failed for good (the API's 500
+# internal, a completion batch given up: its job, done, run again once its lease ran
+# out). The record never asks for a read-only transaction on PostgreSQL (its snapshot
+# is a transaction like any other), so the error is never the statement's own. It
+# invalidates the connection, and every other one of the pool made before it (they
+# went where it went): the next checkout connects again, reaching the new primary by
+# its name or address, and the statement fails DatabaseUnavailable (the API's 503,
+# the batcher's retry with backoff) meanwhile.
+READ_ONLY_SQLSTATE = "25006"
+
+
+def _drop_read_only_connections(engine: Engine) -> None:
+    @event.listens_for(engine, "handle_error")
+    def _on_error(context: Any) -> None:
+        if getattr(context.original_exception, "sqlstate", None) == READ_ONLY_SQLSTATE:
+            context.is_disconnect = True
 
 
 # For the claim loops: every statement planned for the parameters it runs with. psycopg
@@ -309,12 +333,14 @@ def snapshot(engine: Engine) -> Iterator[Connection]:
 def _translated() -> Iterator[None]:
     try:
         yield
-    except OperationalError as exc:
+    except DBAPIError as exc:
         if (refusal := _unavailable_sqlstate(exc)) is not None:
             state, meaning = refusal
             raise DatabaseUnavailable(
                 f"the database cannot take it now ({meaning}, SQLSTATE {state}): {exc.orig}"
             ) from exc
+        if not isinstance(exc, OperationalError):
+            raise  # a statement's own fault (a constraint, a bad query): as it came
         if _is_connection_error(exc):
             raise DatabaseUnavailable(f"database unreachable: {exc.orig}") from exc
         if _is_sqlite_busy(exc):
@@ -386,6 +412,9 @@ _UNAVAILABLE_SQLSTATES = {
     "57P03": "cannot connect now",
     "58000": "system error",
     "58030": "I/O error",
+    # Not of this class, and an InternalError, not an OperationalError, to the driver:
+    # a standby's answer to a write (see READ_ONLY_SQLSTATE).
+    READ_ONLY_SQLSTATE: "read-only: a standby, not the primary",
 }
 _PROTOCOL_VIOLATION = "08P01"  # a message the server could not read: a bug, not an outage
 
