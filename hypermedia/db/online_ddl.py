@@ -11,7 +11,8 @@ Likewise ``DROP INDEX`` takes an ACCESS EXCLUSIVE lock on the table (brief, but 
 any transaction in flight on it, with every query of the table queued behind it):
 :func:`drop_index` drops ``CONCURRENTLY``, and :func:`replace_indexes` gives an index a
 new definition under its name without a moment when there is none (its uniqueness
-kept throughout).
+kept throughout). A foreign key added ``NOT VALID`` (a moment) is checked against the
+rows already there by :func:`validate_constraint`, which lets reads and writes go on.
 
 A concurrent build waits for the transactions begun before it to end (a backup, a
 report: the writes go on meanwhile), so it runs without the migration's
@@ -121,6 +122,31 @@ def replace_indexes(table: str, indexes: Sequence[IndexSpec]) -> None:
             _build(conn, spec._replace(name=new), table)
             _drop(conn, spec.name, table)
             conn.exec_driver_sql(f'ALTER INDEX "{new}" RENAME TO "{spec.name}"')
+
+
+def validate_constraint(name: str, table: str) -> None:
+    """PostgreSQL only: ``ALTER TABLE ... VALIDATE CONSTRAINT`` of a constraint added
+    ``NOT VALID`` (a foreign key: ``op.create_foreign_key(..., postgresql_not_valid=True)``,
+    a moment's lock, checked for the rows written from then on), in a transaction of its
+    own, outside the migration's as :func:`create_index` builds. Adding it valid read
+    every row of ``table`` under a lock that stopped its writes (SHARE ROW EXCLUSIVE,
+    or the ACCESS EXCLUSIVE of an ADD COLUMN before it in the transaction); validating
+    reads them under SHARE UPDATE EXCLUSIVE, which stops no reader or writer (a foreign
+    key's referenced table: ROW SHARE). It runs without the migration's
+    ``lock_timeout``, as a build does: nothing but another schema change or a VACUUM
+    of the table waits behind it. Validating a valid constraint does nothing, so a
+    re-run goes on. Call it last in a migration (or followed only by more of this
+    module's calls)."""
+    if not _postgres():
+        raise ValueError("validate_constraint is for PostgreSQL only")
+    with op.get_context().autocommit_block(), _no_lock_timeout() as conn:
+        log.info(
+            "validating constraint %s of %s: reads and writes of it go on",
+            name,
+            table,
+            extra={"action": "migrate"},
+        )
+        conn.exec_driver_sql(f'ALTER TABLE "{table}" VALIDATE CONSTRAINT "{name}"')
 
 
 def _postgres() -> bool:

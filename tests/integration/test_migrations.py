@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 import pytest
 from alembic.autogenerate import compare_metadata
@@ -1220,6 +1221,265 @@ def test_0016_cut_short_at_any_step_is_finished_by_the_next_upgrade(pg_server):
                 " WHERE NOT i.indisvalid OR c.relname LIKE '%\\_new'"
             ).fetchall()
         assert left == []
+    finally:
+        engine.dispose()
+        pg_server.drop_database(name)
+
+
+# -- Migrations that read a hot table's rows: beside live writes -------------------------
+
+# Locks that stop a table's writes (INSERT/UPDATE/DELETE take ROW EXCLUSIVE).
+_STOPS_WRITES = ("ShareLock", "ShareRowExclusiveLock", "ExclusiveLock", "AccessExclusiveLock")
+
+
+def _reads_rows(statement: str, table_name: str) -> bool:
+    """Whether ``statement`` (a migration's, as pg_stat_activity shows it) reads every
+    row of ``table_name``, or a part growing with them: an index build, a foreign key
+    added valid or validated, an UPDATE or INSERT ... SELECT of the table."""
+    import re
+
+    if not re.search(rf"\b{table_name}\b", statement):
+        return False
+    return bool(
+        re.match(r"\s*(CREATE (UNIQUE )?INDEX|UPDATE|INSERT)\b", statement, re.I)
+        or re.search(r"VALIDATE CONSTRAINT", statement, re.I)
+        or re.search(r"FOREIGN KEY(?!.*NOT VALID)", statement, re.I | re.S)
+    )
+
+
+def _seed_jobs(engine: Engine, jobs: int, *, users: int = 1, objects: int = 1) -> None:
+    """``users`` users, ``objects`` objects spread over them, one profile and ``jobs``
+    jobs (one in ten queued, the others completed), with the columns of 0001 only (those
+    added since are nullable or have a default until 0018)."""
+    with _pg_autocommit(engine) as conn:
+        conn.execute(
+            "INSERT INTO users (user_id, name, is_operator, created_at)"
+            " SELECT 'u' || lpad(n::text, 7, '0'), 'u', false, now()"
+            " FROM generate_series(1, %s) n",
+            (users,),
+        )
+        conn.execute("INSERT INTO pools (pool_id, name, created_at) VALUES ('p', 'p', now())")
+        conn.execute(
+            "INSERT INTO objects (object_id, pool_id, owner_id, kind, storage_key, filename,"
+            " size_bytes, created_at) SELECT 'o' || n, 'p', 'u' || lpad((n %% %s + 1)::text,"
+            " 7, '0'), 'original', 'k' || n, 'f', n %% 1000, now()"
+            " FROM generate_series(1, %s) n",
+            (users, objects),
+        )
+        conn.execute(
+            "INSERT INTO processing_profiles (profile_id, operation, version, queue,"
+            " base_cost_millicredits, cost_per_mb_millicredits, timeout_seconds,"
+            " memory_limit_mb, max_input_bytes, max_attempts, default_priority, params,"
+            " active, created_at, updated_at) VALUES (1, 'ocr', 1, 'ocr', 1000, 200, 30,"
+            " 1024, 1000, 2, 4, '{}', true, now(), now())"
+        )
+        conn.execute(
+            "INSERT INTO submissions (submission_id, user_id, request_hash,"
+            " estimated_millicredits, created_at) VALUES ('s', 'u0000001', 'h', 0, now())"
+        )
+        conn.execute(
+            "INSERT INTO processing_jobs (job_id, submission_id, user_id, object_id,"
+            " profile_id, operation, queue, priority, status, params,"
+            " estimated_millicredits, attempt_count, max_attempts, cancel_requested,"
+            " created_at, updated_at) SELECT 'j' || lpad(n::text, 7, '0'), 's', 'u0000001',"
+            " 'o1', 1, 'ocr', 'ocr', 4, CASE WHEN n %% 10 = 1 THEN 'queued' ELSE"
+            " 'completed' END, '{}', 1000 + n, 0, 2, false, now(), now()"
+            " FROM generate_series(1, %s) n",
+            (jobs,),
+        )
+        conn.execute("VACUUM ANALYZE")
+
+
+@dataclass
+class _Beside:
+    """What :func:`_migrate_beside_writes` saw."""
+
+    # The statements seen reading the table's rows while the migration held a lock on
+    # it that stops its writes ("<mode>: <statement>").
+    held: set[str] = field(default_factory=set)
+    gave_up: list[str] = field(default_factory=list)  # writes that waited 1.5 s
+    outcome: list[BaseException | None] = field(default_factory=list)  # None: done
+    writes: int = 0  # written while the migration ran
+    longest: float = 0.0  # the longest write's seconds
+    in_flight_waited: float | None = None  # how long the held write waited
+    started_writing: bool = False
+
+
+def _migrate_beside_writes(
+    engine: Engine, run, table_name: str, in_flight_write: str, write: str
+) -> _Beside:
+    """Run ``run`` (a migration) in a thread, watching the locks its session holds on
+    ``table_name`` (pg_locks, every few ms). Once it is seen running a statement that
+    reads the table's rows (:func:`_reads_rows`), ``in_flight_write`` is begun on
+    another connection and held open 2 s (lock_timeout 1.5 s), while a third writes
+    ``write`` every 10 ms (lock_timeout 1.5 s) until the migration has ended. Says what
+    was seen (:class:`_Beside`)."""
+    import threading
+    import time
+
+    import psycopg
+
+    seen = _Beside()
+    done = threading.Event()
+    started_writing = threading.Event()
+
+    def migration() -> None:
+        try:
+            run()
+            seen.outcome.append(None)
+        except BaseException as exc:
+            seen.outcome.append(exc)
+        finally:
+            done.set()
+
+    with (
+        _pg_autocommit(engine) as watcher,
+        _pg_autocommit(engine) as in_flight,
+        _pg_autocommit(engine) as writer,
+    ):
+        ours = [c.info.backend_pid for c in (watcher, in_flight, writer)]
+        for conn in (in_flight, writer):
+            conn.execute("SET lock_timeout = '1500ms'")
+
+        def hold() -> None:
+            began = time.monotonic()
+            try:
+                with in_flight.transaction():
+                    in_flight.execute(in_flight_write)
+                    seen.in_flight_waited = round(time.monotonic() - began, 3)
+                    time.sleep(2.0)
+            except psycopg.errors.LockNotAvailable:
+                seen.gave_up.append(f"in flight: {time.monotonic() - began:.2f} s")
+
+        def write_on() -> None:
+            while not done.is_set():
+                began = time.monotonic()
+                try:
+                    writer.execute(write)
+                except psycopg.errors.LockNotAvailable:
+                    seen.gave_up.append(f"{time.monotonic() - began:.2f} s")
+                    return
+                took = time.monotonic() - began
+                seen.longest = max(seen.longest, took)
+                seen.writes += 1
+                time.sleep(0.01)
+
+        helpers: list[threading.Thread] = []
+        thread = threading.Thread(target=migration, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 60
+        while not done.is_set() and time.monotonic() < deadline:
+            rows = watcher.execute(
+                "SELECT l.mode, a.query FROM pg_locks l JOIN pg_stat_activity a"
+                " ON a.pid = l.pid WHERE l.locktype = 'relation' AND l.granted"
+                " AND l.relation = to_regclass(%s) AND a.datname = current_database()"
+                " AND l.pid <> ALL(%s)",
+                (table_name, ours),
+            ).fetchall()
+            for mode, query in rows:
+                if not _reads_rows(query or "", table_name):
+                    continue
+                if mode in _STOPS_WRITES:
+                    seen.held.add(f"{mode}: {' '.join(query.split())[:70]}")
+                if not started_writing.is_set():
+                    started_writing.set()
+                    helpers = [threading.Thread(target=f, daemon=True) for f in (hold, write_on)]
+                    for helper in helpers:
+                        helper.start()
+            time.sleep(0.002)
+        thread.join(60)
+        for helper in helpers:
+            helper.join(30)
+    seen.longest = round(seen.longest, 3)
+    seen.started_writing = started_writing.is_set()
+    return seen
+
+
+def test_0013_builds_and_checks_processing_jobs_beside_job_writes(pg_server, monkeypatch):
+    """0013 added processing_jobs.bulk_run_id, its foreign key (checked against every
+    job) and two indexes on it (plain builds) in one transaction: ADD COLUMN's ACCESS
+    EXCLUSIVE lock on processing_jobs was held while every job was read three times,
+    and every submit, claim and completion (and read of a job) waited (1M jobs:
+    1.4-1.8 s).
+    On PostgreSQL the column and the key (NOT VALID) are a moment's transaction, then
+    the key is validated and the indexes built concurrently: a job write begun while
+    they read the table is written at once and held open 2 s (the builds wait for it),
+    and the jobs written every 10 ms meanwhile never wait (old: the builds and the
+    key's check seen under ACCESS EXCLUSIVE)."""
+    monkeypatch.setattr(migrate, "LOCK_TIMEOUT_SECONDS", 3.0, raising=False)
+    monkeypatch.setattr(migrate, "LOCK_ATTEMPTS", 1, raising=False)
+    name = support.unique_name("mig")
+    engine = make_engine(pg_server.create_database(name))
+    try:
+        migrate.upgrade(engine, "0012")
+        _seed_jobs(engine, 100_000)
+        seen = _migrate_beside_writes(
+            engine,
+            lambda: migrate.upgrade(engine, "0013"),
+            "processing_jobs",
+            "UPDATE processing_jobs SET priority = 1 WHERE job_id = 'j0000001'",
+            "UPDATE processing_jobs SET priority = 1 WHERE job_id = 'j0100000'",
+        )
+        assert seen.held == set(), seen
+        assert seen.gave_up == [] and seen.outcome == [None], seen
+        assert seen.started_writing and seen.in_flight_waited is not None, seen
+        assert seen.in_flight_waited < 1.0 and seen.writes > 20, seen
+        assert migrate.current_revision(engine) == "0013"
+        with _pg_autocommit(engine) as check:
+            key = check.execute(
+                "SELECT convalidated FROM pg_constraint"
+                " WHERE conname = 'fk_processing_jobs_bulk_run_id_bulk_runs'"
+            ).fetchall()
+            valid = dict(
+                check.execute(
+                    "SELECT c.relname, i.indisvalid FROM pg_index i"
+                    " JOIN pg_class c ON c.oid = i.indexrelid WHERE c.relname IN"
+                    " ('uk_jobs_bulk_run_object', 'ix_jobs_bulk_run_status')"
+                ).fetchall()
+            )
+        assert key == [(True,)]
+        assert valid == {"uk_jobs_bulk_run_object": True, "ix_jobs_bulk_run_status": True}
+        migrate.upgrade(engine)
+        assert schema_diffs(engine) == []
+    finally:
+        engine.dispose()
+        pg_server.drop_database(name)
+
+
+def test_0013_cut_short_after_its_first_transaction_is_finished_by_the_next_upgrade(
+    pg_server,
+):
+    """On PostgreSQL 0013 commits its table, columns and NOT VALID foreign key before it
+    validates the key and builds the indexes: a run that ended there (a killed process,
+    a cancelled build) left them in place at revision 0012, and the next upgrade failed
+    on them (old: 'relation "bulk_runs" already exists'). It validates the key, builds
+    the indexes and goes on."""
+    name = support.unique_name("mig")
+    engine = make_engine(pg_server.create_database(name))
+    try:
+        migrate.upgrade(engine, "0013")
+        with _pg_autocommit(engine) as conn:  # as 0013 leaves it when cut short there
+            conn.execute("DROP INDEX uk_jobs_bulk_run_object")
+            conn.execute("DROP INDEX ix_jobs_bulk_run_status")
+            conn.execute(
+                "UPDATE pg_constraint SET convalidated = false"
+                " WHERE conname = 'fk_processing_jobs_bulk_run_id_bulk_runs'"
+            )
+            conn.execute("UPDATE alembic_version SET version_num = '0012'")
+        migrate.upgrade(engine)
+        assert migrate.current_revision(engine) == migrate.head_revision()
+        assert schema_diffs(engine) == []
+        with _pg_autocommit(engine) as conn:
+            key = conn.execute(
+                "SELECT convalidated FROM pg_constraint"
+                " WHERE conname = 'fk_processing_jobs_bulk_run_id_bulk_runs'"
+            ).fetchall()
+            indexes = conn.execute(
+                "SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+                " WHERE i.indisvalid AND c.relname IN"
+                " ('uk_jobs_bulk_run_object', 'ix_jobs_bulk_run_status')"
+            ).fetchall()
+        assert key == [(True,)] and len(indexes) == 2
     finally:
         engine.dispose()
         pg_server.drop_database(name)
