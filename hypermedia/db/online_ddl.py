@@ -12,7 +12,9 @@ any transaction in flight on it, with every query of the table queued behind it)
 :func:`drop_index` drops ``CONCURRENTLY``, and :func:`replace_indexes` gives an index a
 new definition under its name without a moment when there is none (its uniqueness
 kept throughout). A foreign key added ``NOT VALID`` (a moment) is checked against the
-rows already there by :func:`validate_constraint`, which lets reads and writes go on.
+rows already there by :func:`validate_constraint`, which lets reads and writes go on,
+and a column's fill of the rows already there runs in batches by
+:func:`update_in_batches`, each holding only its rows.
 
 A concurrent build waits for the transactions begun before it to end (a backup, a
 report: the writes go on meanwhile), so it runs without the migration's
@@ -147,6 +149,62 @@ def validate_constraint(name: str, table: str) -> None:
             extra={"action": "migrate"},
         )
         conn.exec_driver_sql(f'ALTER TABLE "{table}" VALIDATE CONSTRAINT "{name}"')
+
+
+def update_in_batches(
+    table: str, key: str, assignments: str, where: str | None = None, rows: int = 1000
+) -> int:
+    """PostgreSQL only: ``UPDATE <table> SET <assignments> [WHERE <where>]`` of the rows
+    already there, ``rows`` at a time in the order of ``key`` (the table's primary
+    key), each batch a transaction of its own, outside the migration's as
+    :func:`create_index` builds. In the migration's transaction such an UPDATE ran
+    under the ACCESS EXCLUSIVE lock of the column it fills (added before it), which
+    stopped every read and write of the table until it ended; a batch holds only its
+    rows' locks, for its moment (a write of another row never waits). ``assignments``
+    and ``where`` are SQL on the table's columns (``<table>.<column>`` where a
+    subquery needs it). Each batch waits at most the migration's ``lock_timeout`` for
+    a row a transaction in flight holds (then the migration is tried again, the
+    batches from the first). Returns the rows updated. Call it last in a migration (or
+    followed only by more of this module's calls)."""
+    if not _postgres():
+        raise ValueError("update_in_batches is for PostgreSQL only")
+    condition = "TRUE" if where is None else f"({where})"
+
+    def batch(after: str) -> str:
+        return (
+            f'WITH batch AS (SELECT "{key}" AS batch_key FROM "{table}"'  # noqa: S608 - ours
+            f' WHERE {after}{condition} ORDER BY "{key}" LIMIT :rows),'
+            f' updated AS (UPDATE "{table}" SET {assignments} FROM batch'
+            f' WHERE "{table}"."{key}" = batch.batch_key AND {condition} RETURNING 1)'
+            " SELECT (SELECT max(batch_key) FROM batch), (SELECT count(*) FROM updated)"
+        )
+
+    statement, params = text(batch("")), {"rows": rows}
+    updated = batches = 0
+    with op.get_context().autocommit_block():
+        conn = op.get_bind()
+        log.info(
+            "updating %s in batches of %d rows: reads and writes of it go on",
+            table,
+            rows,
+            extra={"action": "migrate"},
+        )
+        while True:
+            last, count = conn.execute(statement, params).one()
+            if last is None:
+                break
+            updated += count
+            batches += 1
+            statement = text(batch(f'"{key}" > :after AND '))
+            params = {"rows": rows, "after": last}
+    log.info(
+        "updated %d rows of %s in %d batches",
+        updated,
+        table,
+        batches,
+        extra={"action": "migrate"},
+    )
+    return updated
 
 
 def _postgres() -> bool:

@@ -1235,13 +1235,14 @@ _STOPS_WRITES = ("ShareLock", "ShareRowExclusiveLock", "ExclusiveLock", "AccessE
 def _reads_rows(statement: str, table_name: str) -> bool:
     """Whether ``statement`` (a migration's, as pg_stat_activity shows it) reads every
     row of ``table_name``, or a part growing with them: an index build, a foreign key
-    added valid or validated, an UPDATE or INSERT ... SELECT of the table."""
+    added valid or validated, an UPDATE (or a WITH ... UPDATE) or INSERT ... SELECT of the
+    table."""
     import re
 
     if not re.search(rf"\b{table_name}\b", statement):
         return False
     return bool(
-        re.match(r"\s*(CREATE (UNIQUE )?INDEX|UPDATE|INSERT)\b", statement, re.I)
+        re.match(r"\s*(CREATE (UNIQUE )?INDEX|UPDATE|INSERT|WITH)\b", statement, re.I)
         or re.search(r"VALIDATE CONSTRAINT", statement, re.I)
         or re.search(r"FOREIGN KEY(?!.*NOT VALID)", statement, re.I | re.S)
     )
@@ -1254,7 +1255,7 @@ def _seed_jobs(engine: Engine, jobs: int, *, users: int = 1, objects: int = 1) -
     with _pg_autocommit(engine) as conn:
         conn.execute(
             "INSERT INTO users (user_id, name, is_operator, created_at)"
-            " SELECT 'u' || lpad(n::text, 7, '0'), 'u', false, now()"
+            " SELECT 'u' || lpad(n::text, 7, '0'), 'u' || n, false, now()"
             " FROM generate_series(1, %s) n",
             (users,),
         )
@@ -1299,7 +1300,7 @@ class _Beside:
     held: set[str] = field(default_factory=set)
     gave_up: list[str] = field(default_factory=list)  # writes that waited 1.5 s
     outcome: list[BaseException | None] = field(default_factory=list)  # None: done
-    writes: int = 0  # written while the migration ran
+    writes: int = 0  # written while the migration ran or the held write was open
     longest: float = 0.0  # the longest write's seconds
     in_flight_waited: float | None = None  # how long the held write waited
     started_writing: bool = False
@@ -1312,7 +1313,8 @@ def _migrate_beside_writes(
     ``table_name`` (pg_locks, every few ms). Once it is seen running a statement that
     reads the table's rows (:func:`_reads_rows`), ``in_flight_write`` is begun on
     another connection and held open 2 s (lock_timeout 1.5 s), while a third writes
-    ``write`` every 10 ms (lock_timeout 1.5 s) until the migration has ended. Says what
+    ``write`` (its ``{n}`` the writes made so far) every 10 ms (lock_timeout 1.5 s)
+    until both have ended. Says what
     was seen (:class:`_Beside`)."""
     import threading
     import time
@@ -1322,6 +1324,7 @@ def _migrate_beside_writes(
     seen = _Beside()
     done = threading.Event()
     started_writing = threading.Event()
+    held_over = threading.Event()
 
     def migration() -> None:
         try:
@@ -1350,12 +1353,14 @@ def _migrate_beside_writes(
                     time.sleep(2.0)
             except psycopg.errors.LockNotAvailable:
                 seen.gave_up.append(f"in flight: {time.monotonic() - began:.2f} s")
+            finally:
+                held_over.set()
 
         def write_on() -> None:
-            while not done.is_set():
+            while not (done.is_set() and held_over.is_set()):
                 began = time.monotonic()
                 try:
-                    writer.execute(write)
+                    writer.execute(write.replace("{n}", str(seen.writes)))
                 except psycopg.errors.LockNotAvailable:
                     seen.gave_up.append(f"{time.monotonic() - began:.2f} s")
                     return
@@ -1480,6 +1485,81 @@ def test_0013_cut_short_after_its_first_transaction_is_finished_by_the_next_upgr
                 " ('uk_jobs_bulk_run_object', 'ix_jobs_bulk_run_status')"
             ).fetchall()
         assert key == [(True,)] and len(indexes) == 2
+    finally:
+        engine.dispose()
+        pg_server.drop_database(name)
+
+
+def test_0015_fills_stored_bytes_beside_uploads(pg_server, monkeypatch):
+    """0015 added users.stored_bytes and filled it, a sum of every live object, in the
+    column's transaction: its ACCESS EXCLUSIVE lock on users was held for the whole
+    sum, and every authentication, upload and submit (their foreign keys lock the
+    user's row) waited for it (2M objects, 10k users: 1.7-3.2 s). On PostgreSQL the
+    column is committed first and the users filled in batches, each holding only its
+    rows: a write of a user's row begun while the fill runs is written at once and held
+    open 2 s, and the uploads made every 10 ms meanwhile never wait (old: the fill seen
+    under ACCESS EXCLUSIVE); every user's count is its live objects' bytes."""
+    monkeypatch.setattr(migrate, "LOCK_TIMEOUT_SECONDS", 3.0, raising=False)
+    monkeypatch.setattr(migrate, "LOCK_ATTEMPTS", 1, raising=False)
+    name = support.unique_name("mig")
+    engine = make_engine(pg_server.create_database(name))
+    try:
+        migrate.upgrade(engine, "0014")
+        _seed_jobs(engine, 1, users=5_000, objects=200_000)
+        with _pg_autocommit(engine) as conn:
+            conn.execute("UPDATE objects SET deleted_at = now() WHERE object_id LIKE '%7'")
+        seen = _migrate_beside_writes(
+            engine,
+            lambda: migrate.upgrade(engine, "0015"),
+            "users",
+            "UPDATE users SET name = 'held' WHERE user_id = 'u0000001'",
+            _OBJECT.replace("'u'", "'u0005000'")  # an upload of 0 bytes, counted or not
+            .replace("%s, 'p'", "'new{n}', 'p'")
+            .replace("%s, 'f', 1", "'new{n}', 'f', 0"),
+        )
+        assert seen.held == set(), seen
+        assert seen.gave_up == [] and seen.outcome == [None], seen
+        assert seen.started_writing and seen.in_flight_waited is not None, seen
+        assert seen.in_flight_waited < 1.0 and seen.writes > 20, seen
+        assert migrate.current_revision(engine) == "0015"
+        with _pg_autocommit(engine) as check:
+            wrong = check.execute(
+                "SELECT u.user_id, u.stored_bytes, coalesce(sum(o.size_bytes), 0)"
+                " FROM users u LEFT JOIN objects o ON o.owner_id = u.user_id"
+                " AND o.deleted_at IS NULL"
+                " GROUP BY u.user_id HAVING u.stored_bytes <> coalesce(sum(o.size_bytes), 0)"
+            ).fetchall()
+            users = check.execute("SELECT count(*) FROM users WHERE stored_bytes > 0").fetchone()
+        assert wrong == [] and users is not None and users[0] > 4_000
+        migrate.upgrade(engine)
+        assert schema_diffs(engine) == []
+    finally:
+        engine.dispose()
+        pg_server.drop_database(name)
+
+
+def test_0015_cut_short_after_its_column_is_finished_by_the_next_upgrade(pg_server):
+    """On PostgreSQL 0015 commits users.stored_bytes before it fills it: a run that ended
+    part way left the column, some users filled, at revision 0014, and the next upgrade
+    failed on it (old: column "stored_bytes" of relation "users" already exists). It
+    fills every user and goes on."""
+    name = support.unique_name("mig")
+    engine = make_engine(pg_server.create_database(name))
+    try:
+        migrate.upgrade(engine, "0014")
+        _seed_jobs(engine, 1, users=3, objects=30)
+        with _pg_autocommit(engine) as conn:  # as 0015 leaves it when cut short
+            conn.execute("ALTER TABLE users ADD COLUMN stored_bytes BIGINT DEFAULT 0 NOT NULL")
+            conn.execute("UPDATE users SET stored_bytes = 999 WHERE user_id = 'u0000001'")
+        migrate.upgrade(engine)
+        assert migrate.current_revision(engine) == migrate.head_revision()
+        assert schema_diffs(engine) == []
+        with _pg_autocommit(engine) as conn:
+            stored = dict(conn.execute("SELECT user_id, stored_bytes FROM users").fetchall())
+        # objects n = 1..30 belong to user n % 3 + 1 and are n bytes
+        assert stored == {
+            f"u000000{u}": sum(n for n in range(1, 31) if n % 3 + 1 == u) for u in (1, 2, 3)
+        }
     finally:
         engine.dispose()
         pg_server.drop_database(name)
