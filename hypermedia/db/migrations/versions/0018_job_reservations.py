@@ -18,28 +18,50 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
+from hypermedia.db import online_ddl
+
 revision = "0018"
 down_revision = "0017"
 branch_labels = None
 depends_on = None
 
 
+# The jobs that have not ended (as SQLite's UPDATE says).
+LIVE = "status IN ('created', 'queued', 'claimed', 'processing', 'retry_wait')"
+
+
 def upgrade() -> None:
     # A plain ADD COLUMN, not a batch (SQLite's batch copies the table, which other
     # tables refer to): SQLite needs a constant default for a NOT NULL column, so it
     # keeps DEFAULT 0 (every insert gives the column); PostgreSQL drops it.
-    op.add_column(
+    column = sa.Column(
+        "reserved_millicredits", sa.BigInteger(), server_default=sa.text("0"), nullable=False
+    )
+    if op.get_bind().dialect.name != "postgresql":
+        op.add_column("processing_jobs", column)
+        op.execute(
+            "UPDATE processing_jobs SET reserved_millicredits = estimated_millicredits"
+            " WHERE status IN ('created', 'queued', 'claimed', 'processing', 'retry_wait')"
+        )
+        return
+    # On PostgreSQL the column (a constant default: no rewrite since PostgreSQL 11) and
+    # the default's drop are a moment's transaction, committed before the live jobs are
+    # filled in batches, each holding only its rows (online_ddl.update_in_batches): in
+    # the column's transaction the fill ran under its ACCESS EXCLUSIVE lock on
+    # processing_jobs, and every submit, claim and completion (and read of a job)
+    # waited for it. The default goes first, as it went when the fill's transaction
+    # committed: a job a process still on the code from before inserts gives no
+    # reservation (its submit reserved the estimate) and is refused, never kept at 0.
+    # The column may be there already when the migration is run again.
+    op.add_column("processing_jobs", column, if_not_exists=True)
+    op.alter_column("processing_jobs", "reserved_millicredits", server_default=None)
+    online_ddl.update_in_batches(
         "processing_jobs",
-        sa.Column(
-            "reserved_millicredits", sa.BigInteger(), server_default=sa.text("0"), nullable=False
-        ),
+        "job_id",
+        "reserved_millicredits = estimated_millicredits",
+        where=LIVE,
+        rows=2000,
     )
-    op.execute(
-        "UPDATE processing_jobs SET reserved_millicredits = estimated_millicredits"
-        " WHERE status IN ('created', 'queued', 'claimed', 'processing', 'retry_wait')"
-    )
-    if op.get_bind().dialect.name == "postgresql":
-        op.alter_column("processing_jobs", "reserved_millicredits", server_default=None)
 
 
 def downgrade() -> None:
