@@ -34,6 +34,8 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from jinja2 import Environment, PackageLoader, StrictUndefined, Template
 from markupsafe import Markup, escape
+from starlette.responses import Response
+from starlette.types import Scope
 
 from autoscaler import cost, samples
 from autoscaler.config import SchedulerConfig
@@ -66,6 +68,19 @@ HEADERS = {
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
 }
+# The page's own files (its script, the chart library, the style): as the page's, but
+# cached (they change only with the package; Starlette sends their ETag).
+STATIC_HEADERS = {name: value for name, value in HEADERS.items() if name != "Cache-Control"}
+
+
+class _StaticFiles(StaticFiles):
+    """The page's files with :data:`STATIC_HEADERS` (Starlette's StaticFiles sends none
+    of them: a browser sent to one as a document ran it without the page's policy)."""
+
+    async def get_response(self, path: str, scope: Scope) -> Response:
+        response = await super().get_response(path, scope)
+        response.headers.update(STATIC_HEADERS)
+        return response
 
 
 # While the record or Redis is down the page can neither check the key nor read what it
@@ -244,4 +259,4 @@ def install(app: FastAPI, config: SchedulerConfig) -> None:
         return HTMLResponse(page, status_code=503, headers=headers)
 
     app.add_exception_handler(PageOutage, _outage)
-    app.mount(STATIC_PATH, StaticFiles(directory=STATIC_DIR), name="operator-static")
+    app.mount(STATIC_PATH, _StaticFiles(directory=STATIC_DIR), name="operator-static")

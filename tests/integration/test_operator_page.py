@@ -127,6 +127,13 @@ def test_only_an_operators_key_opens_the_page(stack, served):
     library = httpx.get(f"{served}/operator/static/uPlot.iife.min.js")
     assert library.status_code == 200
     assert library.content == (STATIC_DIR / "uPlot.iife.min.js").read_bytes()
+    # With the page's policy (Starlette's StaticFiles sent none of it), cached.
+    for name in ("uPlot.iife.min.js", "page.js"):
+        served_file = httpx.get(f"{served}/operator/static/{name}")
+        assert served_file.headers["x-content-type-options"] == "nosniff", name
+        assert "default-src 'none'" in served_file.headers["content-security-policy"], name
+        assert served_file.headers["referrer-policy"] == "no-referrer", name
+        assert "no-store" not in served_file.headers.get("cache-control", ""), name
     # A GET that writes nothing: no decision, no sample, no alert more than before.
     with transaction(stack.engine) as conn:
         before = [conn.execute(select(func.count()).select_from(x)).scalar() for x in TABLES]
