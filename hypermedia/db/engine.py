@@ -7,8 +7,9 @@ Connection failures are translated into :class:`DatabaseUnavailable` here, and s
 are PostgreSQL refusing work for what it lacks (a full disk, memory, connection slots:
 :data:`_UNAVAILABLE_SQLSTATES`) or for being a standby (a write on a connection that a
 failover left on a read-only server: the connection is dropped), a SQLite record
-another process kept locked past :data:`SQLITE_BUSY_SECONDS` and one whose file could
-not be read or written (a disk I/O error, a full disk).
+another process kept locked past :data:`SQLITE_BUSY_SECONDS`, one whose file could
+not be read or written (a disk I/O error, a full disk) and one opened read-only (its
+mount gone read-only: the connection is dropped, :data:`SQLITE_READONLY`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import math
 import select
 import time
+import traceback
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -63,6 +65,7 @@ def make_engine(
             **kwargs,
         )
         _configure_sqlite(engine, busy)
+        _drop_sqlite_read_only_connections(engine)
         return engine
     kwargs.setdefault("pool_size", 10)
     kwargs.setdefault("max_overflow", 20)
@@ -341,6 +344,11 @@ def _translated() -> Iterator[None]:
             ) from exc
         if not isinstance(exc, OperationalError):
             raise  # a statement's own fault (a constraint, a bad query): as it came
+        if _is_sqlite_read_only(exc):  # before the connection's check: it is dropped too
+            _let_go_of_the_statement(exc)
+            raise DatabaseUnavailable(
+                f"the SQLite record's file is read-only (its mount or its permissions): {exc.orig}"
+            ) from exc
         if _is_connection_error(exc):
             raise DatabaseUnavailable(f"database unreachable: {exc.orig}") from exc
         if _is_sqlite_busy(exc):
@@ -377,6 +385,52 @@ def _is_sqlite_disk_error(exc: DBAPIError) -> bool:
 
 
 _SQLITE_DISK_ERRORS = (10, 13, 14)  # SQLITE_IOERR, SQLITE_FULL, SQLITE_CANTOPEN
+
+
+# A SQLite connection that could open its file only for reading (its file system or bind
+# mount read-only, the file or its directory made unwritable, its WAL index unwritable)
+# refuses every write, "attempt to write a readonly database" (SQLITE_READONLY and its
+# extended codes: _RECOVERY, _CANTLOCK, _ROLLBACK, _DBMOVED: the file renamed or deleted
+# under it, _CANTINIT, _DIRECTORY), for as long as it lives: SQLite chose read-only when
+# it opened the file and never tries again, so once the mount is writable again the
+# pooled connection still refuses (checked: a bind mount remounted rw). It went through
+# _translated raw: the API answered 500 internal, a worker's completion batch was given
+# up at once, its job, done, left processing until its lease ran out. Now it is the
+# record unavailable (the API's 503, the batcher's retry) and drops the connection (and
+# the pool's others opened before it): the next checkout opens the file again, for
+# writing once it can be. The project never opens its record read-only on purpose (a
+# snapshot is a deferred BEGIN, no query_only, no mode=ro), so it is never a statement's
+# own fault.
+SQLITE_READONLY = 8
+
+
+def _drop_sqlite_read_only_connections(engine: Engine) -> None:
+    @event.listens_for(engine, "handle_error")
+    def _on_error(context: Any) -> None:
+        code = getattr(context.original_exception, "sqlite_errorcode", None)
+        if isinstance(code, int) and code & 0xFF == SQLITE_READONLY:
+            context.is_disconnect = True
+            engine.pool.dispose()  # the pool's others opened read-only too, idle
+
+
+def _let_go_of_the_statement(exc: BaseException) -> None:
+    """Clear the locals of the finished frames ``exc`` went through (the failed
+    statement's cursor and SQLite statement among them), kept in a reference cycle
+    until the garbage collector's next full pass: SQLite closes a connection whose
+    statements are not finalized only once they are (sqlite3_close_v2), so the
+    read-only connection, invalidated, kept its files open, and its WAL index, shared
+    by every connection of the process to that file, read-only: the next connections,
+    opened for writing once the mount was, were refused as it was (measured: for as
+    long as no gc.collect() ran)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        traceback.clear_frames(seen.__traceback__)
+        seen = seen.__cause__ or seen.__context__
+
+
+def _is_sqlite_read_only(exc: DBAPIError) -> bool:
+    code = getattr(exc.orig, "sqlite_errorcode", None)
+    return isinstance(code, int) and code & 0xFF == SQLITE_READONLY
 
 
 def _unavailable_sqlstate(exc: DBAPIError) -> tuple[str, str] | None:
