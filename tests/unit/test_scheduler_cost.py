@@ -136,7 +136,7 @@ def test_the_launch_rate_cap_is_the_enabled_providers_max_instances():
             "ionos": {
                 "enabled": True,
                 "datacenter": "de/fra",
-                "server_type": "cube",
+                "server_type": "ENTERPRISE",
                 "image": "img",
                 "max_instances": 3,
             },
