@@ -55,7 +55,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from hypermedia.errors import (
     DatabaseConflict,
@@ -79,11 +79,15 @@ from pipelines import registry
 from pipelines.registry import USAGE_OUTPUT
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 CANCEL_POLL_SECONDS = 2.0
 PROGRESS_INTERVAL = 0.25  # seconds between a transfer's progress events, at least
 MAX_USAGE_BYTES = 4096
 OUTAGE_RETRY_MAX_SECONDS = 5.0  # the longest wait between tries of an outage's hand back
+# How long release_all's hand backs are tried, the record down, unless its caller says
+# (a drain: as long as it waits for its loops after release_all).
+HAND_BACK_SECONDS = 30.0
 NEEDS_INPUT = "needs_input"  # profile param: false for operations that read no input
 
 
@@ -254,6 +258,9 @@ class JobExecution:
         self._deferred: dict[str, float] = {}
         self._checkpointers: dict[str, Checkpointer] = {}
         self._release_everything = False
+        # Once release_all: the monotonic time by which a hand back the record refused
+        # is given up (left to its lease).
+        self._hand_back_by = 0.0
         self._release_reason: tuple[str | None, str | None] = (None, None)
         self._lock = threading.Lock()
         self._closed = threading.Event()
@@ -269,6 +276,7 @@ class JobExecution:
         reason: str | None = None,
         *,
         checkpoint_seconds: float = 0.0,
+        hand_back_by: float | None = None,
     ) -> list[str]:
         """Drain timeout, spot notice: stop every running job and hand it back to its
         queue without spending an attempt (``reason_code`` / ``reason`` go on the
@@ -277,10 +285,18 @@ class JobExecution:
         ``checkpoint_seconds``: a job whose step works in pieces (one begun or restored)
         may run that long more to finish the piece it is on (a single pass is stopped at
         once); it is stopped as soon as that piece is stored (the
-        retry goes on from it), or when the time is up (the piece is abandoned)."""
+        retry goes on from it), or when the time is up (the piece is abandoned).
+
+        ``hand_back_by`` (monotonic; default :data:`HAND_BACK_SECONDS` from now): a hand
+        back (or an outage's) the record refuses, down, is tried again with backoff
+        until then; after it the job is left to its lease (whose expiry counts the
+        attempt)."""
         cutoff = time.monotonic() + checkpoint_seconds
         with self._lock:
             self._release_everything = True
+            self._hand_back_by = (
+                time.monotonic() + HAND_BACK_SECONDS if hand_back_by is None else hand_back_by
+            )
             if reason_code is not None or reason is not None:
                 self._release_reason = (reason_code, reason)
             jobs = [job_id for job_id in self._running if job_id not in self._releasing]
@@ -513,10 +529,50 @@ class JobExecution:
 
     def _release(self, job: ClaimedJob) -> Outcome:
         reason_code, reason = self._release_reason
-        released = self.dispatcher.release(
-            job, self.worker_id, reason_code=reason_code, reason=reason
+        released = self._until_written(
+            job,
+            "hand it back",
+            lambda: self.dispatcher.release(
+                job, self.worker_id, reason_code=reason_code, reason=reason
+            ),
         )
         return Outcome(job.job_id, "released" if released else "lost")
+
+    def _until_written(self, job: ClaimedJob, what: str, write: Callable[[], _T]) -> _T:
+        """``write`` tried again with backoff (0.1 s doubling to
+        :data:`OUTAGE_RETRY_MAX_SECONDS`) while the record is down (else the job would
+        stay ``processing`` until its lease ran out, whose expiry counts the attempt),
+        until written; or until the worker stops, or, once :meth:`release_all`, until
+        its hand-back deadline: then the error is raised, the job left to its lease."""
+        backoff = 0.1
+        while True:
+            try:
+                return write()
+            except (DatabaseUnavailable, DatabaseConflict) as down:
+                with self._lock:
+                    by = self._hand_back_by if self._release_everything else None
+                left = None if by is None else by - time.monotonic()
+                if self._closed.is_set() or (left is not None and left <= 0):
+                    log.warning(
+                        "job %s: could not %s (%s) before the worker %s: left to its lease",
+                        job.job_id,
+                        what,
+                        down,
+                        "stopped" if self._closed.is_set() else "had to hand its jobs back",
+                        extra={"job_id": job.job_id, "worker_id": self.worker_id},
+                    )
+                    raise
+                wait = backoff if left is None else min(backoff, left)
+                log.warning(
+                    "job %s: could not %s: %s; retrying in %.1fs",
+                    job.job_id,
+                    what,
+                    down,
+                    wait,
+                    extra={"job_id": job.job_id, "worker_id": self.worker_id},
+                )
+                self._closed.wait(wait)
+                backoff = min(backoff * 2, OUTAGE_RETRY_MAX_SECONDS)
 
     def _fail(
         self, job: ClaimedJob, code: str, message: str, retryable: bool, log_tail: str = ""
@@ -538,32 +594,14 @@ class JobExecution:
         """The platform's outage ended the attempt: the job goes back without spending
         an attempt (:meth:`Dispatcher.fail_for_outage`; bounded per job), answered
         ``released`` with the error's code (the worker pauses its claims for it). The
-        record is often what is down: the hand back waits for it, tried again with
-        backoff (else the job would stay ``processing`` until its lease ran out, then
-        fail that attempt ``lease_expired``), until written, or until the worker stops
-        or hands every job back (then the lease is left to do it)."""
-        backoff = 0.1
-        while True:
-            try:
-                status, counted = self.dispatcher.fail_for_outage(
-                    job, self.worker_id, exc.code, exc.message
-                )
-                break
-            except (DatabaseUnavailable, DatabaseConflict) as down:
-                with self._lock:
-                    giving_up = self._release_everything or self._closed.is_set()
-                if giving_up:
-                    raise
-                log.warning(
-                    "job %s: handing it back for the outage (%s): %s; retrying in %.1fs",
-                    job.job_id,
-                    exc.code,
-                    down,
-                    backoff,
-                    extra={"job_id": job.job_id, "worker_id": self.worker_id, "action": "fail"},
-                )
-                self._closed.wait(backoff)
-                backoff = min(backoff * 2, OUTAGE_RETRY_MAX_SECONDS)
+        record is often what is down: the hand back waits for it
+        (:meth:`_until_written`: until written, the worker stopped, or the deadline of
+        :meth:`release_all` passed; then the lease is left to do it)."""
+        status, counted = self._until_written(
+            job,
+            f"hand it back for the outage ({exc.code})",
+            lambda: self.dispatcher.fail_for_outage(job, self.worker_id, exc.code, exc.message),
+        )
         if status is None:
             return Outcome(job.job_id, "lost")
         log.info(

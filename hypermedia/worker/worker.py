@@ -90,7 +90,13 @@ from hypermedia.errors import (
 from hypermedia.jobs.dispatcher import Dispatcher
 from hypermedia.jobs.repository import ClaimedJob
 from hypermedia.logs import Outage
-from hypermedia.worker.execute import Completion, JobExecution, Outcome
+from hypermedia.worker.execute import (
+    HAND_BACK_SECONDS,
+    OUTAGE_RETRY_MAX_SECONDS,
+    Completion,
+    JobExecution,
+    Outcome,
+)
 from hypermedia.worker.spot import SpotNotice, SpotWatch, SpotWatcher
 
 log = logging.getLogger(__name__)
@@ -406,6 +412,9 @@ class Worker:
         # only sign of its outage): an empty claim, which asks Redis only, ends no pause.
         self._record_unreachable = False
         self.notice: SpotNotice | None = None
+        # Draining, or after a spot notice: the monotonic time until which a hand back
+        # the record refuses, down, is tried again (None: tried once).
+        self._hand_back_by: float | None = None
         self.completions: CompletionBatcher | None = None
         self.stats = WorkerStats()
         self._stats_lock = threading.Lock()
@@ -461,11 +470,16 @@ class Worker:
         self._claiming.clear()
         self._set_status("draining")
         deadline = time.monotonic() + timeout
+        # Hand backs the record refuses, down, are tried again until the loops' wait
+        # after release_all is over (then left to their leases).
+        self._hand_back_by = deadline + HAND_BACK_SECONDS
         for loop in self._loops:
             loop.join(max(0.0, deadline - time.monotonic()))
         released: list[str] = []
         if any(loop.is_alive() for loop in self._loops):
-            released = self.execution.release_all()
+            released = self.execution.release_all(
+                hand_back_by=max(self._hand_back_by, time.monotonic() + HAND_BACK_SECONDS)
+            )
             for loop in self._loops:
                 loop.join(30)
         self.stop()
@@ -501,13 +515,18 @@ class Worker:
         # A job that checkpoints may store the piece it is on while the notice leaves
         # time for that, the kill and the hand back; else it is abandoned.
         window = notice.deadline - self.clock.now() - SPOT_CHECKPOINT_MARGIN_SECONDS
-        released = self.execution.release_all(
-            SPOT_INTERRUPTED, notice.reason, checkpoint_seconds=max(0.0, window)
-        )
         # The children are killed: the loops hand their jobs back and end within
-        # moments; an upload in progress gets until just before the deadline.
+        # moments; an upload in progress gets until just before the deadline, and so
+        # does a hand back the record refuses, down (tried again until then).
         wait = max(SPOT_MARGIN_SECONDS, notice.deadline - self.clock.now() - SPOT_MARGIN_SECONDS)
         until = time.monotonic() + wait
+        self._hand_back_by = until
+        released = self.execution.release_all(
+            SPOT_INTERRUPTED,
+            notice.reason,
+            checkpoint_seconds=max(0.0, window),
+            hand_back_by=until,
+        )
         for loop in self._loops:
             loop.join(max(0.0, until - time.monotonic()))
         self.stop()
@@ -726,17 +745,39 @@ class Worker:
         code, reason = (None, None) if notice is None else (SPOT_INTERRUPTED, notice.reason)
         for job in jobs:
             try:
-                released = self.dispatcher.release(
-                    job, self.worker_id, reason_code=code, reason=reason
-                )
+                released = self._release_one(job, code, reason)
             except HypermediaError as exc:
                 # Still processing in the record: the lease reaper hands it back.
-                log.warning("could not hand back %s: %s", job.job_id, exc)
+                log.warning("could not hand back %s: %s; left to its lease", job.job_id, exc)
                 continue
             if released:
                 with self._stats_lock:
                     self._handed_back.append(job.job_id)
             self._record(Outcome(job.job_id, "released" if released else "lost"))
+
+    def _release_one(self, job: ClaimedJob, code: str | None, reason: str | None) -> bool:
+        """One hand back; draining (or after a spot notice) tried again with backoff
+        (0.1 s doubling to 5 s) while the record is down, until the drain's (the
+        notice's) deadline: else the job stays ``processing`` until its lease runs out,
+        whose expiry counts the attempt. Otherwise (the upkeep's) tried once."""
+        backoff = 0.1
+        while True:
+            try:
+                return self.dispatcher.release(job, self.worker_id, reason_code=code, reason=reason)
+            except (DatabaseUnavailable, DatabaseConflict) as exc:
+                by = self._hand_back_by
+                left = None if by is None else by - time.monotonic()
+                if left is None or left <= 0:
+                    raise
+                log.warning(
+                    "could not hand back %s: %s; retrying in %.1fs",
+                    job.job_id,
+                    exc,
+                    min(backoff, left),
+                    extra={"job_id": job.job_id, "worker_id": self.worker_id},
+                )
+                time.sleep(min(backoff, left))
+                backoff = min(backoff * 2, OUTAGE_RETRY_MAX_SECONDS)
 
     def _record(self, outcome: Outcome) -> None:
         with self._stats_lock:

@@ -249,3 +249,85 @@ def test_a_job_rides_out_so_many_outages_then_they_count(engine, settings, tmp_p
     ) + [("failed", True)]
     assert waits[:OUTAGE_HANDBACKS] == [15, 30, 60, 120, 240, 300, 300, 300, 300, 300]
     assert _job(engine, job_id) == ("failed", max_attempts)
+
+
+def _profiles_without_input(directory, operation: str):
+    """The test profiles, with ``operation`` reading no input (so no storage needed)."""
+    path = ray_support.test_profiles(directory)
+    header = f'[profiles."{operation}"]\n'
+    text = path.read_text()
+    assert header in text
+    path.write_text(text.replace(header, header + "params = { needs_input = false }\n"))
+    return path
+
+
+@pytest.mark.parametrize("how", ["drain", "spot notice"])
+def test_a_hand_back_while_the_record_is_down_waits_for_it(
+    private_postgres, settings, tmp_path, how
+):
+    """A loop took two jobs: the first runs (a child sleeping 120 s), the second waits
+    behind it, ``claimed``. The record goes down and the worker drains (a spot notice):
+    the first's child is killed and both are handed back, the record refusing. Each
+    hand back is tried again until the record answers (within the drain's deadline):
+    both jobs back in their queue, no attempt spent. They were left ``processing`` /
+    ``claimed`` until their leases ran out, whose expiry counted the attempt."""
+    from hypermedia.sandbox.executor import ChildExecutor
+    from hypermedia.worker.spot import SpotNotice
+    from tests.worker_support import loop_worker
+
+    engine = make_engine(private_postgres.url)
+    stack = open_stack(
+        settings, engine, None, profiles_path=_profiles_without_input(tmp_path, "test.sleep")
+    )
+    person = make_user(stack)
+    obj = make_object(stack, person)
+    requests = [
+        SubmitRequest(
+            object_id=obj, operations=["test.sleep"], params={"test.sleep": {"seconds": 120}}
+        )
+        for _ in range(2)
+    ]
+    job_ids = [r.job_ids[0] for r in stack.ingest.submit_many(person.caller, requests)]
+    executor = ChildExecutor(tmp_path / "work", preload=PRELOAD, hidden_paths=(tmp_path,))
+    worker = loop_worker(stack, tmp_path / "work", "handing-w", prefetch=2, executor=executor)
+    handed_back: list[str] = []
+    try:
+        worker.start()
+        deadline = time.monotonic() + 60
+        while not any(executor.child_pid(j) is not None for j in job_ids):
+            assert time.monotonic() < deadline, "timed out"
+            time.sleep(0.05)
+        first = next(j for j in job_ids if executor.child_pid(j) is not None)
+        while _job(engine, first)[0] != "processing":  # its start written
+            assert time.monotonic() < deadline, "timed out"
+            time.sleep(0.05)
+        began = time.time()
+        with _for_a_while(lambda: _postgres_down(private_postgres)):
+            handed_back = (
+                worker.drain(timeout=0)
+                if how == "drain"
+                else worker.interrupt(
+                    SpotNotice("aws", "terminate", time.time() + 120, time.time())
+                )
+            )
+        took = time.time() - began
+    finally:
+        worker.stop()
+        executor.close()
+    try:
+        assert [_job(engine, j) for j in job_ids] == [("queued", 0)] * 2
+        assert sorted(handed_back) == sorted(job_ids)
+        assert worker.stats.released == 2
+        # The hand backs waited for the record.
+        assert took >= OUTAGE_SECONDS - 0.2
+        with snapshot(engine) as conn:
+            attempts = conn.execute(
+                select(t.attempts.c.status, t.attempts.c.error_code).where(
+                    t.attempts.c.job_id == first
+                )
+            ).all()
+        code = None if how == "drain" else "spot_interrupted"
+        assert [tuple(a) for a in attempts] == [("released", code)]
+    finally:
+        stack.close()
+        engine.dispose()
