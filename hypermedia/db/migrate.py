@@ -345,18 +345,23 @@ def schema_problem(engine: Engine) -> str | None:
 def upgrade_problem(engine: Engine) -> str | None:
     """:func:`schema_problem`'s answer when ``db upgrade`` must refuse the database (it
     is newer than this code, or another application's), else None."""
+    # The tables first, then the revision: another process's first migration commits
+    # its tables with its revision, so tables seen mean its revision is seen after them.
+    # The other way round, a second head starting beside the first read no revision,
+    # then the first's new tables: "another application's database" (CI, 1 run).
+    taken = _hypermedias_names(engine)
     revision = current_revision(engine)
-    if revision in known_revisions() or (revision is None and not _hypermedias_names(engine)):
+    if revision in known_revisions() or (revision is None and not taken):
         return None
-    return _problem(engine, revision)
+    return _problem(engine, revision, taken)
 
 
-def _problem(engine: Engine, revision: str | None) -> str | None:
+def _problem(engine: Engine, revision: str | None, taken: list[str] | None = None) -> str | None:
     head = head_revision()
     if revision == head:
         return None
     if revision is None:
-        taken = _hypermedias_names(engine)
+        taken = _hypermedias_names(engine) if taken is None else taken
         if taken:
             return (
                 f"the database has no hypermedia schema but tables named as hypermedia's"

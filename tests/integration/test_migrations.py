@@ -2160,3 +2160,40 @@ def test_a_ledger_with_a_job_charged_twice_is_refused_by_0030_naming_it(
     assert schema_diffs(engine) == []
     with pytest.raises(IntegrityError), engine.begin() as conn:
         conn.execute(insert(t.credit_ledger).values(**again))
+
+
+def test_a_first_migration_committed_between_the_checks_reads_as_hypermedias(pg_server):
+    """A second head starting beside the first read the revision (none yet), then the
+    table names, which the first's first migration had committed meanwhile (with its
+    revision): 'the database has no hypermedia schema but tables named as hypermedia's:
+    another application's database?' (CI, once). The names are read first now: tables
+    seen mean their revision is seen after them. The first's commit is made to land
+    right after the check's first statement, whichever it reads."""
+    from sqlalchemy import event, text
+
+    name = support.unique_name("mig")
+    url = pg_server.create_database(name)
+    first = make_engine(url)
+    second = make_engine(url)
+    try:
+        base = next(rev for rev, down in migrate._read_down_revisions().items() if down is None)
+        other = first.connect()
+        other.begin()
+        other.execute(text("CREATE TABLE processing_jobs (job_id text PRIMARY KEY)"))
+        other.execute(text(f"CREATE TABLE {migrate.VERSION_TABLE} (version_num text)"))
+        other.execute(text(f"INSERT INTO {migrate.VERSION_TABLE} VALUES ('{base}')"))
+        statements: list[str] = []
+
+        @event.listens_for(second, "after_cursor_execute")
+        def _first_commits(conn, cursor, statement, parameters, context, executemany):
+            statements.append(statement)
+            if len(statements) == 1:
+                other.commit()
+
+        assert migrate.upgrade_problem(second) is None
+        assert len(statements) > 1
+        other.close()
+    finally:
+        first.dispose()
+        second.dispose()
+        pg_server.drop_database(name)
