@@ -1018,6 +1018,54 @@ def test_an_index_build_that_failed_or_was_cut_short_is_finished_by_the_next_upg
 _JOB_WRITE = "UPDATE processing_jobs SET priority = 1 WHERE job_id = %s"
 
 
+def _writes_beside(
+    engine: Engine, step, write: str
+) -> tuple[list[str], list[BaseException | None]]:
+    """Run ``step`` (a migration) in a thread while a ``write`` is in flight on another
+    connection (committed after 2 s: the migration may wait that long for it) and a
+    third writes every 10 ms under a 1.5 s lock timeout: the writes that gave up, and
+    how ``step`` ended (None: it ran)."""
+    import threading
+    import time
+
+    import psycopg
+
+    outcome: list[BaseException | None] = []
+    stalls: list[str] = []
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            step()
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+        finally:
+            done.set()
+
+    with _pg_autocommit(engine) as in_flight, _pg_autocommit(engine) as writer:
+        in_flight.autocommit = False
+        in_flight.execute(write, ("in-flight",))  # not committed yet
+        writer.execute("SET lock_timeout = '1500ms'")
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        started = time.monotonic()
+        while not done.is_set() and time.monotonic() - started < 20:
+            if in_flight.info.transaction_status and time.monotonic() - started > 2.0:
+                in_flight.commit()  # the migration waited 2 s for it
+            began = time.monotonic()
+            try:
+                writer.execute(write, ("next",))
+            except psycopg.errors.LockNotAvailable:
+                stalls.append(f"waited {time.monotonic() - began:.2f} s, gave up")
+                in_flight.rollback()
+                break
+            time.sleep(0.01)
+        in_flight.rollback()
+        thread.join(30)
+    return stalls, outcome
+
+
 @pytest.mark.parametrize(
     ("before", "migration"),
     [("0006", "0007"), ("0011", "0012"), ("0015", "0016")],
@@ -1031,50 +1079,15 @@ def test_the_job_index_migrations_let_job_writes_go_on(pg_server, monkeypatch, b
     them for seconds). On PostgreSQL they are built and dropped concurrently now: job
     writes go on throughout (old: one waited 1.5 s behind the migration and gave up),
     and the indexes are there, valid, when it has ended."""
-    import threading
-    import time
-
-    import psycopg
-
     monkeypatch.setattr(migrate, "LOCK_TIMEOUT_SECONDS", 3.0, raising=False)
     monkeypatch.setattr(migrate, "LOCK_ATTEMPTS", 1, raising=False)
     name = support.unique_name("mig")
     engine = make_engine(pg_server.create_database(name))
     try:
         migrate.upgrade(engine, before)
-        outcome: list[BaseException | None] = []
-        stalls: list[str] = []
-        done = threading.Event()
-
-        def run() -> None:
-            try:
-                migrate.upgrade(engine, migration)
-                outcome.append(None)
-            except BaseException as exc:
-                outcome.append(exc)
-            finally:
-                done.set()
-
-        with _pg_autocommit(engine) as in_flight, _pg_autocommit(engine) as writer:
-            in_flight.autocommit = False
-            in_flight.execute(_JOB_WRITE, ("j-in-flight",))  # not committed yet
-            writer.execute("SET lock_timeout = '1500ms'")
-            thread = threading.Thread(target=run, daemon=True)
-            thread.start()
-            started = time.monotonic()
-            while not done.is_set() and time.monotonic() - started < 20:
-                if in_flight.info.transaction_status and time.monotonic() - started > 2.0:
-                    in_flight.commit()  # the migration waited 2 s for it
-                began = time.monotonic()
-                try:
-                    writer.execute(_JOB_WRITE, ("j-next",))
-                except psycopg.errors.LockNotAvailable:
-                    stalls.append(f"waited {time.monotonic() - began:.2f} s, gave up")
-                    in_flight.rollback()
-                    break
-                time.sleep(0.01)
-            in_flight.rollback()
-            thread.join(30)
+        stalls, outcome = _writes_beside(
+            engine, lambda: migrate.upgrade(engine, migration), _JOB_WRITE
+        )
         assert stalls == []
         assert outcome == [None], outcome
         assert migrate.current_revision(engine) == migration
@@ -1126,50 +1139,13 @@ def test_the_index_downgrades_let_writes_go_on(
     behind it. On PostgreSQL they drop it concurrently now: writes go on throughout
     (old: one waited 1.5 s behind the downgrade and gave up), and the index is gone
     when it has ended."""
-    import threading
-    import time
-
-    import psycopg
-
     monkeypatch.setattr(migrate, "LOCK_TIMEOUT_SECONDS", 3.0, raising=False)
     monkeypatch.setattr(migrate, "LOCK_ATTEMPTS", 1, raising=False)
     name = support.unique_name("mig")
     engine = make_engine(pg_server.create_database(name))
     try:
         migrate.upgrade(engine, migration)
-        outcome: list[BaseException | None] = []
-        stalls: list[str] = []
-        done = threading.Event()
-
-        def run() -> None:
-            try:
-                migrate.downgrade(engine, down_to)
-                outcome.append(None)
-            except BaseException as exc:
-                outcome.append(exc)
-            finally:
-                done.set()
-
-        with _pg_autocommit(engine) as in_flight, _pg_autocommit(engine) as writer:
-            in_flight.autocommit = False
-            in_flight.execute(write, ("in-flight",))  # not committed yet
-            writer.execute("SET lock_timeout = '1500ms'")
-            thread = threading.Thread(target=run, daemon=True)
-            thread.start()
-            started = time.monotonic()
-            while not done.is_set() and time.monotonic() - started < 20:
-                if in_flight.info.transaction_status and time.monotonic() - started > 2.0:
-                    in_flight.commit()  # the downgrade waited 2 s for it
-                began = time.monotonic()
-                try:
-                    writer.execute(write, ("next",))
-                except psycopg.errors.LockNotAvailable:
-                    stalls.append(f"waited {time.monotonic() - began:.2f} s, gave up")
-                    in_flight.rollback()
-                    break
-                time.sleep(0.01)
-            in_flight.rollback()
-            thread.join(30)
+        stalls, outcome = _writes_beside(engine, lambda: migrate.downgrade(engine, down_to), write)
         assert stalls == []
         assert outcome == [None], outcome
         assert migrate.current_revision(engine) == down_to
