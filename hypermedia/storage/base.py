@@ -148,8 +148,10 @@ def check_content_type(content_type: str | None) -> str | None:
 # Types a browser runs scripts in. A user's bytes are never stored as one of them: a
 # bucket read by browsers straight (a CDN in front, public access) would run the user's
 # script in its own origin. What hypermedia serves itself is sandboxed (nosniff, CSP).
+# text/xsl: Chromium renders it as an XML document, and runs an XHTML script in it.
 SCRIPTED_TYPES = frozenset(
     {"text/html", "application/xhtml+xml", "image/svg+xml", "text/xml", "application/xml"}
+    | {"text/xsl"}
 )
 
 
