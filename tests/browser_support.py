@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -49,11 +50,16 @@ def chromium(width: int = 1400, height: int = 1000, *, local_only: bool = False)
         options.add_argument("--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1")
         logs["performance"] = "ALL"
     options.set_capability("goog:loggingPrefs", logs)
-    driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
-    try:
-        yield driver
-    finally:
-        driver.quit()
+    # Its temporary files (the driver's profile, and the SingletonSocket directory that
+    # Chromium makes in TMPDIR and leaves when the driver ends it: ~2 a test file in
+    # /tmp) in a directory removed after it.
+    with tempfile.TemporaryDirectory(prefix="hm-chromium-") as home:
+        service = Service(CHROMEDRIVER, env={**os.environ, "TMPDIR": home})
+        driver = webdriver.Chrome(options=options, service=service)
+        try:
+            yield driver
+        finally:
+            driver.quit()
 
 
 def requested(driver: Any) -> list[str]:
