@@ -539,40 +539,30 @@ class JobExecution:
         return Outcome(job.job_id, "released" if released else "lost")
 
     def _until_written(self, job: ClaimedJob, what: str, write: Callable[[], _T]) -> _T:
-        """``write`` tried again with backoff (0.1 s doubling to
-        :data:`OUTAGE_RETRY_MAX_SECONDS`) while the record is down (else the job would
-        stay ``processing`` until its lease ran out, whose expiry counts the attempt),
-        until written; or until the worker stops, or, once :meth:`release_all`, until
-        its hand-back deadline: then the error is raised, the job left to its lease."""
-        backoff = 0.1
-        while True:
-            try:
-                return write()
-            except (DatabaseUnavailable, DatabaseConflict) as down:
-                with self._lock:
-                    by = self._hand_back_by if self._release_everything else None
-                left = None if by is None else by - time.monotonic()
-                if self._closed.is_set() or (left is not None and left <= 0):
-                    log.warning(
-                        "job %s: could not %s (%s) before the worker %s: left to its lease",
-                        job.job_id,
-                        what,
-                        down,
-                        "stopped" if self._closed.is_set() else "had to hand its jobs back",
-                        extra={"job_id": job.job_id, "worker_id": self.worker_id},
-                    )
-                    raise
-                wait = backoff if left is None else min(backoff, left)
-                log.warning(
-                    "job %s: could not %s: %s; retrying in %.1fs",
-                    job.job_id,
-                    what,
-                    down,
-                    wait,
-                    extra={"job_id": job.job_id, "worker_id": self.worker_id},
-                )
-                self._closed.wait(wait)
-                backoff = min(backoff * 2, OUTAGE_RETRY_MAX_SECONDS)
+        """``write`` tried again while the record is down (:func:`until_written`; else
+        the job would stay ``processing`` until its lease ran out, whose expiry counts
+        the attempt), until written; or until the worker stops, or, once
+        :meth:`release_all`, until its hand-back deadline: then the error is raised,
+        the job left to its lease."""
+        try:
+            return until_written(
+                write, job.job_id, what, self.worker_id, self._give_up_at, self._closed
+            )
+        except (DatabaseUnavailable, DatabaseConflict) as down:
+            log.warning(
+                "job %s: could not %s (%s) before the worker %s: left to its lease",
+                job.job_id,
+                what,
+                down,
+                "stopped" if self._closed.is_set() else "had to hand its jobs back",
+                extra={"job_id": job.job_id, "worker_id": self.worker_id},
+            )
+            raise
+
+    def _give_up_at(self) -> float | None:
+        """Once :meth:`release_all`, its hand-back deadline (monotonic); else None."""
+        with self._lock:
+            return self._hand_back_by if self._release_everything else None
 
     def _fail(
         self, job: ClaimedJob, code: str, message: str, retryable: bool, log_tail: str = ""
@@ -707,3 +697,41 @@ def charge(job: ClaimedJob, profile: ProfileRecord, units: Mapping[str, int]) ->
         extra={"job_id": job.job_id, "queue": job.queue, "action": "charge_capped"},
     )
     return reserved
+
+
+def until_written(
+    write: Callable[[], _T],
+    job_id: str,
+    what: str,
+    worker_id: str,
+    give_up_at: Callable[[], float | None],
+    stopped: threading.Event | None = None,
+) -> _T:
+    """``write`` (a job's hand back to the record) tried again while the record is down
+    (DatabaseUnavailable, DatabaseConflict), 0.1 s apart doubling to
+    :data:`OUTAGE_RETRY_MAX_SECONDS`, until written; the error raised once
+    ``give_up_at()`` (a monotonic time; None: never) has passed or ``stopped`` is set.
+    The waits end early when ``stopped`` is set."""
+    backoff = 0.1
+    while True:
+        try:
+            return write()
+        except (DatabaseUnavailable, DatabaseConflict) as down:
+            by = give_up_at()
+            left = None if by is None else by - time.monotonic()
+            if (stopped is not None and stopped.is_set()) or (left is not None and left <= 0):
+                raise
+            wait = backoff if left is None else min(backoff, left)
+            log.warning(
+                "job %s: could not %s: %s; retrying in %.1fs",
+                job_id,
+                what,
+                down,
+                wait,
+                extra={"job_id": job_id, "worker_id": worker_id},
+            )
+            if stopped is None:
+                time.sleep(wait)
+            else:
+                stopped.wait(wait)
+            backoff = min(backoff * 2, OUTAGE_RETRY_MAX_SECONDS)

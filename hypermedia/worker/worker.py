@@ -92,10 +92,10 @@ from hypermedia.jobs.repository import ClaimedJob
 from hypermedia.logs import Outage
 from hypermedia.worker.execute import (
     HAND_BACK_SECONDS,
-    OUTAGE_RETRY_MAX_SECONDS,
     Completion,
     JobExecution,
     Outcome,
+    until_written,
 )
 from hypermedia.worker.spot import SpotNotice, SpotWatch, SpotWatcher
 
@@ -756,28 +756,17 @@ class Worker:
             self._record(Outcome(job.job_id, "released" if released else "lost"))
 
     def _release_one(self, job: ClaimedJob, code: str | None, reason: str | None) -> bool:
-        """One hand back; draining (or after a spot notice) tried again with backoff
-        (0.1 s doubling to 5 s) while the record is down, until the drain's (the
-        notice's) deadline: else the job stays ``processing`` until its lease runs out,
-        whose expiry counts the attempt. Otherwise (the upkeep's) tried once."""
-        backoff = 0.1
-        while True:
-            try:
-                return self.dispatcher.release(job, self.worker_id, reason_code=code, reason=reason)
-            except (DatabaseUnavailable, DatabaseConflict) as exc:
-                by = self._hand_back_by
-                left = None if by is None else by - time.monotonic()
-                if left is None or left <= 0:
-                    raise
-                log.warning(
-                    "could not hand back %s: %s; retrying in %.1fs",
-                    job.job_id,
-                    exc,
-                    min(backoff, left),
-                    extra={"job_id": job.job_id, "worker_id": self.worker_id},
-                )
-                time.sleep(min(backoff, left))
-                backoff = min(backoff * 2, OUTAGE_RETRY_MAX_SECONDS)
+        """One hand back; draining (or after a spot notice) tried again while the record
+        is down (:func:`until_written`), until the drain's (the notice's) deadline: else
+        the job stays ``processing`` until its lease runs out, whose expiry counts the
+        attempt. Otherwise (the upkeep's) tried once."""
+        return until_written(
+            lambda: self.dispatcher.release(job, self.worker_id, reason_code=code, reason=reason),
+            job.job_id,
+            "hand it back",
+            self.worker_id,
+            lambda: 0.0 if self._hand_back_by is None else self._hand_back_by,
+        )
 
     def _record(self, outcome: Outcome) -> None:
         with self._stats_lock:
