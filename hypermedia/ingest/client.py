@@ -43,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -632,14 +633,23 @@ class HypermediaClient:
         event said it within ``timeout`` (a short one, a slow stream: "still unknown").
         That read is one try of at most ``_STATUS_READ_SECONDS``: with :meth:`job`'s
         retries and timeouts, a wait(timeout=5) on an API that does not answer raised
-        after 5 + 3 x 30 s."""
+        after 5 + 3 x 30 s; its body is read within that time too (bytes that kept
+        coming held it for as long as they came)."""
         if state.status == "unknown":
             path = f"{PREFIX}/jobs/{_segment(state.job_id)}"
             limit = min(self.timeout, _STATUS_READ_SECONDS)
-            with contextlib.suppress(HypermediaError, httpx.HTTPError):
-                response = self._http.get(path, timeout=limit)
+            end = time.monotonic() + limit
+            with (
+                contextlib.suppress(ValueError, httpx.HTTPError),
+                self._http.stream("GET", path, timeout=limit) as response,
+            ):
                 if response.status_code == 200:
-                    state.status = self._read(response, JobResponse).status
+                    body = bytearray()
+                    for piece in response.iter_bytes():
+                        body += piece
+                        if time.monotonic() >= end:
+                            raise ValueError("the job's status did not come in time")
+                    state.status = JobResponse.model_validate_json(bytes(body)).status
         return state.timed_out(timeout)
 
     def _event_stream(self, state: _Following, deadline: float | None) -> Iterator[JobEvent]:
@@ -667,7 +677,8 @@ class HypermediaClient:
             if not response.headers.get("content-type", "").startswith("text/event-stream"):
                 # Not the API (a web page): following it again and again would never end.
                 raise _unreadable(response, "event stream", "not text/event-stream")
-            events = _server_sent_events(response.iter_lines(), state)
+            lines = response.iter_lines() if deadline is None else _lines(response, deadline)
+            events = _server_sent_events(lines, state)
             try:
                 for event in events:
                     if event is not None:
@@ -713,6 +724,7 @@ _BACKOFF_MAX = 30.0
 _EVENT_READ_TIMEOUT = 45.0  # three keep-alives
 _EVENT_STREAM_DROPS = 5  # connections in a row that drop without an event: then give up
 _STATUS_READ_SECONDS = 2.0  # the job's status read once a wait has timed out
+_LINE_END = re.compile(r"\r\n|\r|\n")
 
 
 class _StreamRefused(Exception):
@@ -742,6 +754,28 @@ class _Following:
 
     def timed_out(self, timeout: float | None) -> TimeoutError:
         return TimeoutError(f"job {self.job_id} is still {self.status} after {timeout:g} s")
+
+
+def _lines(response: httpx.Response, deadline: float) -> Iterator[str]:
+    """The stream's lines (ended by CRLF, LF or CR, as ``text/event-stream`` says),
+    ending as a stream that ended once ``deadline`` has passed, looked at after every
+    piece that comes: each read waits at most its own timeout, and bytes that keep
+    coming without ending a line (a proxy, an API gone wrong) held a wait with a
+    timeout for as long as they came."""
+    pending = ""
+    for text in response.iter_text():
+        buffer = pending + text
+        # A CR at the end may be a CRLF's: its line is told once what follows is known.
+        held = "\r" if buffer.endswith("\r") else ""
+        *whole, rest = _LINE_END.split(buffer.removesuffix(held))
+        pending = rest + held
+        yield from whole
+        if time.monotonic() >= deadline:
+            return
+    if pending.endswith("\r"):
+        yield pending[:-1]
+    elif pending:
+        yield pending
 
 
 def _server_sent_events(lines: Iterable[str], state: _Following) -> Iterator[JobEvent | None]:

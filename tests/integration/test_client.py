@@ -594,6 +594,69 @@ def test_wait_raises_at_its_timeout_when_the_api_does_not_answer():
         assert time.monotonic() - started < 20
 
 
+@contextmanager
+def trickling() -> Iterator[str]:
+    """A real HTTP server that answers an event stream and then sends a byte every
+    0.2 s, never a whole line: an API (or a proxy before it) that is never silent
+    long enough for a read to time out, yet never sends an event."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def drip(connection: socket.socket) -> None:
+        with suppress(OSError), connection:
+            connection.recv(65536)
+            connection.sendall(
+                b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                b"Transfer-Encoding: chunked\r\n\r\n"
+            )
+            while not stop.wait(0.2):
+                connection.sendall(b"1\r\nx\r\n")
+
+    def accept() -> None:
+        while True:
+            try:
+                connection, _ = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=drip, args=(connection,), daemon=True).start()
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        stop.set()
+        with suppress(OSError):
+            listener.shutdown(socket.SHUT_RDWR)
+        listener.close()
+        thread.join(5)
+
+
+def test_wait_raises_at_its_timeout_when_the_api_trickles_bytes_that_make_no_event():
+    """wait(timeout=1) on a stream whose bytes keep coming (each read well within its
+    timeout) but never end a line: the deadline was looked at only after an event or a
+    keep-alive, so the wait went on for as long as the bytes did (still waiting after
+    30 s here). Now it raises at its timeout."""
+    with trickling() as url, HypermediaClient(url, "hm_x_y", timeout=20) as client:
+        ended: list[BaseException] = []
+
+        def wait() -> None:
+            try:
+                client.wait("0" * 32, timeout=1)
+            except BaseException as exc:
+                ended.append(exc)
+
+        started = time.monotonic()
+        waiter = threading.Thread(target=wait, daemon=True)
+        waiter.start()
+        waiter.join(15)
+        took = time.monotonic() - started
+        assert not waiter.is_alive(), f"wait(timeout=1) still waiting after {took:.0f} s"
+    [error] = ended
+    assert isinstance(error, TimeoutError), error
+    assert took < 5, took
+
+
 def test_following_events_of_an_api_that_never_answers_ends(monkeypatch):
     """events() without a timeout (hypermedia watch's default) on an API that takes the
     connection and never answers (a hung process, a proxy holding it): each read timed
