@@ -126,6 +126,13 @@ class Settings(BaseSettings):
     # for a statement sent, never for one awaiting its answer or a connection a server
     # took and never answered). A value in the URL wins.
     database_dead_peer_seconds: float = Field(default=30.0, ge=0, le=3600)
+    # The PostgreSQL server's limits on every connection (see
+    # hypermedia.db.engine.STATEMENT_SECONDS): a statement cancelled after this long, a
+    # lock waited for a third of it, a session idle in a transaction ended after twice
+    # it; such a statement fails database_unavailable. 0: none (PostgreSQL's defaults:
+    # a statement behind another session's lock waited for as long as it was held).
+    # Migrations lift them. A limit the URL's libpq ``options`` (or PGOPTIONS) sets wins.
+    database_statement_seconds: float = Field(default=30.0, ge=0, le=86400)
     redis_url: str | None = None
     redis_prefix: str = Field(default="hm", pattern=r"^[A-Za-z0-9_.-]{1,32}$")
     profiles_path: Path = REPO_ETC / "profiles.toml"

@@ -258,6 +258,7 @@ class LocalStack:
                 settings.effective_database_url,
                 setting=settings.database_setting,
                 dead_peer_seconds=settings.database_dead_peer_seconds,
+                statement_seconds=settings.database_statement_seconds,
             )
             if self.cluster_queues is not None:
                 queues = self.cluster_queues(engine)

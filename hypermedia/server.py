@@ -428,6 +428,7 @@ def head_stack(
         settings.effective_database_url,
         setting=settings.database_setting,
         dead_peer_seconds=settings.database_dead_peer_seconds,
+        statement_seconds=settings.database_statement_seconds,
     )
     served = queues(engine)
     return Stack.open(

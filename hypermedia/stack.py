@@ -151,6 +151,7 @@ def migrate(
         settings.effective_database_url,
         setting=settings.database_setting,
         dead_peer_seconds=settings.database_dead_peer_seconds,
+        statement_seconds=settings.database_statement_seconds,
     )
     try:
         refused = upgrade_problem(engine)
@@ -246,6 +247,7 @@ class Stack:
             custom_plans=custom_plans,
             setting=settings.database_setting,
             dead_peer_seconds=settings.database_dead_peer_seconds,
+            statement_seconds=settings.database_statement_seconds,
         )
         if auto_migrate:
             migrate(settings, engine, clock=clock)

@@ -80,6 +80,7 @@ def open_engine(settings: Settings, *, connect_timeout: int | None = None) -> En
         settings.effective_database_url,
         setting=settings.database_setting,
         dead_peer_seconds=settings.database_dead_peer_seconds,
+        statement_seconds=settings.database_statement_seconds,
         **options,
     )
     try:

@@ -56,12 +56,13 @@ def credits_check(
     from sqlalchemy import select
 
     from hypermedia.db import tables as t
-    from hypermedia.db.engine import snapshot
+    from hypermedia.db.engine import snapshot, unlimited
     from hypermedia.jobs.credits import drift
 
     engine = open_engine(read_settings())
     try:
-        with snapshot(engine) as conn:
+        # One statement over every account's ledger and jobs: as long as the ledger is.
+        with snapshot(engine) as conn, unlimited(conn):
             found = drift(conn)
             names = dict(
                 conn.execute(

@@ -24,6 +24,7 @@ def db_upgrade() -> None:
         settings.effective_database_url,
         setting=settings.database_setting,
         dead_peer_seconds=settings.database_dead_peer_seconds,
+        statement_seconds=settings.database_statement_seconds,
     )
     try:
         migrate(settings, engine)

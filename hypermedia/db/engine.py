@@ -15,6 +15,8 @@ mount gone read-only: the connection is dropped, :data:`SQLITE_READONLY`).
 from __future__ import annotations
 
 import math
+import os
+import re
 import select
 import time
 import traceback
@@ -36,6 +38,7 @@ def make_engine(
     setting: str = "database_url (HYPERMEDIA_DATABASE_URL)",
     sqlite_busy_seconds: float | None = None,
     dead_peer_seconds: float | None = None,
+    statement_seconds: float | None = None,
     **kwargs: Any,
 ) -> Engine:
     """An engine for ``url``. ``custom_plans``: on PostgreSQL every statement of its
@@ -45,7 +48,10 @@ def make_engine(
     how long a SQLite transaction waits for another's write lock (None:
     :data:`SQLITE_BUSY_SECONDS`). ``dead_peer_seconds``: how soon a PostgreSQL
     connection whose server went silent fails, and one not made gives up (None:
-    :data:`DEAD_PEER_SECONDS`; 0: the kernel's and libpq's defaults)."""
+    :data:`DEAD_PEER_SECONDS`; 0: the kernel's and libpq's defaults).
+    ``statement_seconds``: the PostgreSQL server's limits on each of its connections'
+    statements, lock waits and idle transactions (see :data:`STATEMENT_SECONDS`; None:
+    that; 0: none)."""
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         if (database := sqlite_file(url)) is not None:
@@ -70,12 +76,15 @@ def make_engine(
     kwargs.setdefault("pool_size", 10)
     kwargs.setdefault("max_overflow", 20)
     seconds = DEAD_PEER_SECONDS if dead_peer_seconds is None else dead_peer_seconds
+    given = kwargs.get("connect_args", {})
+    limits = STATEMENT_SECONDS if statement_seconds is None else statement_seconds
     kwargs["connect_args"] = {
         **_dead_peer_args(seconds, parsed.query),
-        **kwargs.get("connect_args", {}),
+        **given,
+        **_statement_limit_args(limits, given.get("options", parsed.query.get("options"))),
     }
     engine = create_engine(url, **kwargs)
-    _drop_read_only_connections(engine)
+    _drop_dead_session_connections(engine)
     if not kwargs.get("pool_pre_ping"):
         _ping_when_idle(engine)
     if custom_plans:
@@ -139,6 +148,70 @@ def _dead_peer_args(seconds: float, named: Mapping[str, Any]) -> dict[str, int]:
         "tcp_user_timeout": round(seconds * 1000),
     }
     return {name: value for name, value in chosen.items() if name not in named}
+
+
+# The PostgreSQL server's own limits on every connection, so that nothing the record is
+# asked waits on another session for ever (Settings.database_statement_seconds, T):
+# a statement is cancelled after T (statement_timeout), a wait for a lock after T/3
+# (lock_timeout), and a session left idle in a transaction is ended after 2T
+# (idle_in_transaction_session_timeout), its locks let go. Without them an operator's
+# `BEGIN; LOCK TABLE processing_jobs;` left open in psql held every API submit, claim,
+# completion batch and scheduler turn for as long as it lasted (measured: 60 s of lock,
+# 60 s each, tests/integration/test_db_statement_limits.py), and a process of ours
+# stopped in a transaction (SIGSTOP, a VM paused) held the rows it had locked for ever.
+# The record's own statements take milliseconds; what legitimately runs long either
+# goes in batches (prunes, sweeps, a bulk run's pages) or lifts the limit for its
+# transaction (:func:`unlimited`: migrations, `hypermedia credits check`). A statement
+# cut short fails DatabaseUnavailable (the API's 503, the batcher's and the loops'
+# retries): the transaction was rolled back whole. The server enforces them, so a
+# backend that cannot run at all (stopped, stuck in the kernel) is not bounded by them.
+STATEMENT_SECONDS = 30.0
+_LIMITS = ("statement_timeout", "lock_timeout", "idle_in_transaction_session_timeout")
+# A server parameter that a libpq ``options`` string sets: ``-c name=value``, ``-cname=``,
+# ``--name=value`` (dashes in the name read as underscores).
+_OPTION_NAME = re.compile(r"(?:^|\s)(?:-c\s*|--)([A-Za-z0-9_.-]+)=")
+
+
+def statement_limits(seconds: float) -> dict[str, int]:
+    """The server parameters :data:`STATEMENT_SECONDS` stands for, in milliseconds
+    (none for 0)."""
+    if seconds <= 0:
+        return {}
+    return dict(
+        zip(
+            _LIMITS,
+            (round(seconds * 1000), round(seconds * 1000 / 3), round(seconds * 2000)),
+            strict=True,
+        )
+    )
+
+
+def _statement_limit_args(seconds: float, named: Any) -> dict[str, str]:
+    """libpq's ``options`` with the limits of ``seconds`` after those ``named`` already
+    (the database URL's or the caller's ``options``; else ``PGOPTIONS``, which libpq
+    reads only when no ``options`` is given): a limit they set is left to them."""
+    if isinstance(named, tuple | list):
+        named = " ".join(named)
+    given = named if isinstance(named, str) else os.environ.get("PGOPTIONS", "")
+    taken = {name.replace("-", "_").lower() for name in _OPTION_NAME.findall(given)}
+    ours = [
+        f"-c {name}={ms}" for name, ms in statement_limits(seconds).items() if name not in taken
+    ]
+    if not ours:
+        return {} if named is None else {"options": given}
+    return {"options": " ".join([given.strip(), *ours]).strip()}
+
+
+@contextmanager
+def unlimited(conn: Connection) -> Iterator[Connection]:
+    """``conn``'s transaction without :data:`STATEMENT_SECONDS`'s statement and
+    idle-transaction limits (SET LOCAL: they come back at its end), for work that
+    legitimately runs long in one statement (a report over every account). The lock
+    wait stays bounded."""
+    if conn.dialect.name == "postgresql":
+        conn.exec_driver_sql("SET LOCAL statement_timeout = 0")
+        conn.exec_driver_sql("SET LOCAL idle_in_transaction_session_timeout = 0")
+    yield conn
 
 
 # A pooled connection is tried (a round trip) before use only when it has sat idle this
@@ -207,12 +280,17 @@ _IDLE_SINCE = "hypermedia_idle_since"
 # its name or address, and the statement fails DatabaseUnavailable (the API's 503,
 # the batcher's retry with backoff) meanwhile.
 READ_ONLY_SQLSTATE = "25006"
+# The server ended the session of a connection left idle in a transaction longer than
+# idle_in_transaction_session_timeout (:data:`STATEMENT_SECONDS`): its next statement
+# fails so (an InternalError to the driver) and the connection is closed.
+IDLE_IN_TRANSACTION_SQLSTATE = "25P03"
+_DEAD_SESSION_SQLSTATES = (READ_ONLY_SQLSTATE, IDLE_IN_TRANSACTION_SQLSTATE)
 
 
-def _drop_read_only_connections(engine: Engine) -> None:
+def _drop_dead_session_connections(engine: Engine) -> None:
     @event.listens_for(engine, "handle_error")
     def _on_error(context: Any) -> None:
-        if getattr(context.original_exception, "sqlstate", None) == READ_ONLY_SQLSTATE:
+        if getattr(context.original_exception, "sqlstate", None) in _DEAD_SESSION_SQLSTATES:
             context.is_disconnect = True
 
 
@@ -466,6 +544,13 @@ _UNAVAILABLE_SQLSTATES = {
     "57P03": "cannot connect now",
     "58000": "system error",
     "58030": "I/O error",
+    # The server's limits (:data:`STATEMENT_SECONDS`): what the statement waited for (a
+    # lock another session held, a stalled server) is not its own fault; run again, it
+    # goes through once that is over. A cancel an operator sent (pg_cancel_backend) is
+    # 57014 too, and is as much worth running again.
+    "57014": "statement cancelled: statement_timeout, or an operator's cancel",
+    "55P03": "a lock another session held past lock_timeout",
+    IDLE_IN_TRANSACTION_SQLSTATE: "the session was ended, idle in a transaction too long",
     # Not of this class, and an InternalError, not an OperationalError, to the driver:
     # a standby's answer to a write (see READ_ONLY_SQLSTATE).
     READ_ONLY_SQLSTATE: "read-only: a standby, not the primary",

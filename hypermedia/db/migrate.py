@@ -55,6 +55,8 @@ _LOCK_NOT_AVAILABLE = "55P03"  # SQLSTATE of lock_timeout
 # take turns (see :func:`take_turns`).
 MIGRATION_LOCK_KEY = 0x686D5F6D69677261
 TURN_POLL_SECONDS = 0.2
+# The engine's limits a migration's session goes without (see _migrate_postgresql).
+_LIFTED = ("statement_timeout", "idle_in_transaction_session_timeout")
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +111,12 @@ def _migrate_postgresql(engine: Engine, step: Callable[[Config], None], what: st
     with engine.connect() as conn:
         _take_turns_for_session(conn)
         try:
+            # The engine's limits on statements (engine.STATEMENT_SECONDS) are not a
+            # migration's: an index built concurrently on a big table, a batched fill
+            # take what they take. Its lock waits get its own bound. RESET at the end
+            # gives the connection the engine's back.
+            for name in _LIFTED:
+                conn.exec_driver_sql(f"SET {name} = 0")
             conn.exec_driver_sql(f"SET lock_timeout = '{max(1, round(timeout * 1000))}ms'")
             conn.commit()  # Alembic begins and commits each migration's transaction
             while True:
@@ -146,7 +154,8 @@ def _migrate_postgresql(engine: Engine, step: Callable[[Config], None], what: st
         finally:
             try:
                 conn.rollback()
-                conn.exec_driver_sql("RESET lock_timeout")
+                for name in ("lock_timeout", *_LIFTED):
+                    conn.exec_driver_sql(f"RESET {name}")
                 conn.exec_driver_sql(f"SELECT pg_advisory_unlock({MIGRATION_LOCK_KEY})")
                 conn.commit()
             except Exception:

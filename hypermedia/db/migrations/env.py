@@ -35,7 +35,9 @@ def run_migrations_online() -> None:
         return
     url = config.get_main_option("sqlalchemy.url")
     assert url, "sqlalchemy.url is not set"
-    engine = make_engine(url)
+    # Alembic's own command line: no statement limits (hypermedia.db.migrate lifts the
+    # engine's on the connection it hands over).
+    engine = make_engine(url, statement_seconds=0)
     try:
         with engine.connect() as conn:
             _run(conn)
