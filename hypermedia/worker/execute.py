@@ -529,7 +529,7 @@ class JobExecution:
 
     def _release(self, job: ClaimedJob) -> Outcome:
         reason_code, reason = self._release_reason
-        released = self._until_written(
+        released = self._written(
             job,
             "hand it back",
             lambda: self.dispatcher.release(
@@ -537,6 +537,16 @@ class JobExecution:
             ),
         )
         return Outcome(job.job_id, "released" if released else "lost")
+
+    def _written(self, job: ClaimedJob, what: str, write: Callable[[], _T]) -> _T | None:
+        """:meth:`_until_written`, None once given up (the job left to its lease): not
+        raised, for a write in the job's run would be taken for the outage that ended
+        its attempt (:meth:`_outage`: a cancel closed as a failure, a hand back past the
+        drain's deadline made one of the job's outage hand backs)."""
+        try:
+            return self._until_written(job, what, write)
+        except (DatabaseUnavailable, DatabaseConflict):
+            return None
 
     def _until_written(self, job: ClaimedJob, what: str, write: Callable[[], _T]) -> _T:
         """``write`` tried again while the record is down (:func:`until_written`; else
@@ -608,7 +618,9 @@ class JobExecution:
         return Outcome(job.job_id, status.value, exc.code)
 
     def _cancelled(self, job: ClaimedJob) -> Outcome:
-        if self.dispatcher.honour_cancel(job, self.worker_id):
+        if self._written(
+            job, "cancel it", lambda: self.dispatcher.honour_cancel(job, self.worker_id)
+        ):
             return Outcome(job.job_id, "cancelled")
         return Outcome(job.job_id, "lost")
 

@@ -17,12 +17,14 @@ the record's write lock past the busy timeout as the worker hands the job back.
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine, delete, insert, select
@@ -42,6 +44,7 @@ from tests import ray_support
 from tests.factories import make_object, make_user, open_stack
 from tests.pipelines_for_tests import PRELOAD
 from tests.support import PrivatePostgres
+from tests.worker_support import NoGrants
 
 OUTAGE_SECONDS = 1.5
 BUSY_SECONDS = 0.3
@@ -329,5 +332,160 @@ def test_a_hand_back_while_the_record_is_down_waits_for_it(
         code = None if how == "drain" else "spot_interrupted"
         assert [tuple(a) for a in attempts] == [("released", code)]
     finally:
+        stack.close()
+        engine.dispose()
+
+
+class _Logged(logging.Handler):
+    """Calls ``then`` (once) in the thread that logs a warning of the worker's holding
+    ``words``: what the record does at that very moment."""
+
+    def __init__(self, words: str, then: Callable[[], object] = lambda: None) -> None:
+        super().__init__(logging.WARNING)
+        self.words = words
+        self.then = then
+        self.seen = threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.words in record.getMessage() and not self.seen.is_set():
+            self.seen.set()
+            self.then()
+
+
+@contextmanager
+def _logged(words: str, then: Callable[[], object] = lambda: None) -> Iterator[_Logged]:
+    handler = _Logged(words, then)
+    logger = logging.getLogger("hypermedia.worker")
+    logger.addHandler(handler)
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
+
+
+def _in_thread(call: Callable[[], object]) -> tuple[threading.Thread, list[object]]:
+    """``call`` run in a thread of its own; what it answered or raised, once it ends."""
+    result: list[object] = []
+
+    def run() -> None:
+        try:
+            result.append(call())
+        except Exception as exc:
+            result.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, result
+
+
+def _attempts(engine: Engine, job_id: str) -> list[tuple[str, str | None]]:
+    with snapshot(engine) as conn:
+        rows = conn.execute(
+            select(t.attempts.c.status, t.attempts.c.error_code)
+            .where(t.attempts.c.job_id == job_id)
+            .order_by(t.attempts.c.attempt_number)
+        ).all()
+    return [(row.status, row.error_code) for row in rows]
+
+
+def _sleep_job(server: PrivatePostgres, settings, tmp_path, seconds: float):
+    engine = make_engine(server.url)
+    stack = open_stack(
+        settings, engine, None, profiles_path=_profiles_without_input(tmp_path, "test.sleep")
+    )
+    person = make_user(stack)
+    request = SubmitRequest(
+        object_id=make_object(stack, person),
+        operations=["test.sleep"],
+        params={"test.sleep": {"seconds": seconds}},
+    )
+    [job_id] = stack.ingest.submit(person.caller, request).job_ids
+    return engine, stack, person, job_id
+
+
+@pytest.mark.parametrize("how", ["its step ran on", "its child killed"])
+def test_a_cancel_the_record_refused_is_written_as_a_cancel(
+    private_postgres, settings, tmp_path, how
+):
+    """A job its user cancelled while its step ran ends cancelled, the record down just
+    then. A step that ran on (here one in process, which no kill reaches): the cancel's
+    write went to the outage's hand back, the attempt closed ``failed`` with
+    database_unavailable (and the worker paused its claims for it); a child killed for
+    the cancel: tried once, DatabaseUnavailable out of the run, the job left
+    ``processing`` until its lease ran out. The cancel is tried again until the record
+    takes it, as a cancel."""
+    from hypermedia.sandbox.executor import ChildExecutor
+
+    seconds = 2 if how == "its step ran on" else 120
+    engine, stack, person, job_id = _sleep_job(private_postgres, settings, tmp_path, seconds)
+    work = tmp_path / "work"
+    if how == "its step ran on":
+        executor: Any = InProcessExecutor(work, PRELOAD)
+        poll = 0.05
+    else:
+        executor = ChildExecutor(work, preload=PRELOAD, hidden_paths=(tmp_path,))
+        poll = 3600.0  # the test kills the child, as the watcher would
+    execution = JobExecution(
+        stack.dispatcher, stack.catalog, NoGrants(), executor, "w", poll_seconds=poll
+    )
+    try:
+        [job] = stack.dispatcher.claim_and_start("images", "w")
+        runner, outcome = _in_thread(lambda: execution.run_started(job))
+        stack.ingest.cancel(person.caller, job_id)
+        deadline = time.monotonic() + 30
+        if how == "its step ran on":
+            while not execution._running[job_id].cancelled.is_set():  # the watcher saw it
+                assert time.monotonic() < deadline, "timed out"
+                time.sleep(0.02)
+        else:
+            while executor.child_pid(job_id) is None:
+                assert time.monotonic() < deadline, "timed out"
+                time.sleep(0.02)
+        with _logged("retrying in") as retried, _postgres_down(private_postgres):
+            if how == "its child killed":
+                executor.cancel(job_id)
+            # The step ended, the record refused its end: tried again, or given up.
+            while not retried.seen.is_set() and runner.is_alive():
+                assert time.monotonic() < deadline + 30, "timed out"
+                time.sleep(0.02)
+        runner.join(60)
+        assert outcome == [Outcome(job_id, "cancelled")], outcome
+        assert _job(engine, job_id) == ("cancelled", 1)
+        assert _attempts(engine, job_id) == [("cancelled", None)]
+    finally:
+        execution.close()
+        if how == "its child killed":
+            executor.close()
+        stack.close()
+        engine.dispose()
+
+
+def test_a_hand_back_given_up_is_not_made_an_outages(private_postgres, settings, tmp_path):
+    """A drain's hand back the record refused until the drain's deadline is given up:
+    the job is left to its lease. It went on to the outage's hand back, which the record,
+    back just then, took: one of the job's OUTAGE_HANDBACKS spent, the job waiting 15 s
+    in retry_wait, for an outage of the worker's own drain."""
+    engine, stack, _person, job_id = _sleep_job(private_postgres, settings, tmp_path, 60)
+    execution = JobExecution(
+        stack.dispatcher,
+        stack.catalog,
+        NoGrants(),
+        InProcessExecutor(tmp_path / "work", PRELOAD),
+        "w",
+    )
+    try:
+        [job] = stack.dispatcher.claim_and_start("images", "w")
+        private_postgres.stop()
+        # The drain's deadline passes while the record is down; it is back the moment
+        # the hand back is given up.
+        execution.release_all(hand_back_by=time.monotonic() + 1.0)
+        with _logged("left to its lease", private_postgres.start) as given_up:
+            outcome = execution.run_started(job)
+        assert given_up.seen.is_set()
+        assert outcome == Outcome(job_id, "lost"), outcome
+        assert _job(engine, job_id) == ("processing", 1)  # its lease will hand it back
+        assert _attempts(engine, job_id) == [("running", None)]
+    finally:
+        execution.close()
         stack.close()
         engine.dispose()
