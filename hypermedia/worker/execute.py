@@ -192,6 +192,7 @@ class _Watched:
     job: ClaimedJob
     lease: float
     next_extend: float  # monotonic seconds
+    lease_ends: float  # monotonic seconds: when the record's lease runs out, as last set
     cancelled: threading.Event = field(default_factory=threading.Event)
     # Its child was told to die. A cancel that comes while the input downloads (no
     # child yet) is sent again each poll until one reaches the child.
@@ -346,7 +347,8 @@ class JobExecution:
         # job its loop took ahead was a moment before it began. A job whose pages gave
         # it more time than its profile's (the claim's lease) is extended at once.
         passed = lease - (job.deadline - self.dispatcher.clock.now())
-        watched = _Watched(job, lease, time.monotonic() + max(0.0, lease / 3 - passed))
+        now = time.monotonic()
+        watched = _Watched(job, lease, now + max(0.0, lease / 3 - passed), now + lease - passed)
         with self._lock:
             self._running[job.job_id] = watched
             if self._release_everything:
@@ -539,32 +541,54 @@ class JobExecution:
         return Outcome(job.job_id, "released" if released else "lost")
 
     def _written(self, job: ClaimedJob, what: str, write: Callable[[], _T]) -> _T | None:
-        """:meth:`_until_written`, None once given up (the job left to its lease): not
-        raised, for a write in the job's run would be taken for the outage that ended
-        its attempt (:meth:`_outage`: a cancel closed as a failure, a hand back past the
-        drain's deadline made one of the job's outage hand backs)."""
+        """:meth:`_until_written`, also given up once the job's lease has run out (its
+        expiry then does what the write would have); None once given up (the job left
+        to its lease). Not raised: a write in the job's run would be taken for the
+        outage that ended its attempt (:meth:`_outage`: a cancel closed as a failure, a
+        hand back past the drain's deadline made one of the job's outage hand backs)."""
+        with self._lock:
+            watched = self._running.get(job.job_id)
         try:
-            return self._until_written(job, what, write)
+            return self._until_written(
+                job, what, write, None if watched is None else watched.lease_ends
+            )
         except (DatabaseUnavailable, DatabaseConflict):
             return None
 
-    def _until_written(self, job: ClaimedJob, what: str, write: Callable[[], _T]) -> _T:
+    def _until_written(
+        self,
+        job: ClaimedJob,
+        what: str,
+        write: Callable[[], _T],
+        lease_ends: float | None = None,
+    ) -> _T:
         """``write`` tried again while the record is down (:func:`until_written`; else
         the job would stay ``processing`` until its lease ran out, whose expiry counts
         the attempt), until written; or until the worker stops, or, once
-        :meth:`release_all`, until its hand-back deadline: then the error is raised,
-        the job left to its lease."""
+        :meth:`release_all`, until its hand-back deadline, or ``lease_ends`` (monotonic)
+        has passed: then the error is raised, the job left to its lease."""
+
+        def give_up_at() -> float | None:
+            by = self._give_up_at()
+            if lease_ends is None:
+                return by
+            return lease_ends if by is None else min(by, lease_ends)
+
         try:
-            return until_written(
-                write, job.job_id, what, self.worker_id, self._give_up_at, self._closed
-            )
+            return until_written(write, job.job_id, what, self.worker_id, give_up_at, self._closed)
         except (DatabaseUnavailable, DatabaseConflict) as down:
+            if self._closed.is_set():
+                before = "the worker stopped"
+            elif lease_ends is not None and time.monotonic() >= lease_ends:
+                before = "its lease ran out"
+            else:
+                before = "the worker had to hand its jobs back"
             log.warning(
-                "job %s: could not %s (%s) before the worker %s: left to its lease",
+                "job %s: could not %s (%s) before %s: left to its lease",
                 job.job_id,
                 what,
                 down,
-                "stopped" if self._closed.is_set() else "had to hand its jobs back",
+                before,
                 extra={"job_id": job.job_id, "worker_id": self.worker_id},
             )
             raise
@@ -577,8 +601,14 @@ class JobExecution:
     def _fail(
         self, job: ClaimedJob, code: str, message: str, retryable: bool, log_tail: str = ""
     ) -> Outcome:
-        status = self.dispatcher.fail(
-            job, self.worker_id, code, message, retryable=retryable, log_tail=log_tail or None
+        """The attempt failed (the job's own doing): written with its code, message and
+        log tail, the record down tried again until its lease runs out (:meth:`_written`)."""
+        status = self._written(
+            job,
+            f"record its failure ({code})",
+            lambda: self.dispatcher.fail(
+                job, self.worker_id, code, message, retryable=retryable, log_tail=log_tail or None
+            ),
         )
         log.info(
             "job %s attempt %d failed: %s: %s",
@@ -662,7 +692,8 @@ class JobExecution:
                         w.cancelled.set()
                         w.killed = self.executor.cancel(w.job.job_id)
                     elif now >= w.next_extend:
-                        self.dispatcher.extend(w.job, self.worker_id, w.lease)
+                        if self.dispatcher.extend(w.job, self.worker_id, w.lease):
+                            w.lease_ends = now + w.lease
                         w.next_extend = now + w.lease / 3
             except HypermediaError as exc:
                 log.warning("watcher: %s", exc, extra={"worker_id": self.worker_id})

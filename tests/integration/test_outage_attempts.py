@@ -489,3 +489,127 @@ def test_a_hand_back_given_up_is_not_made_an_outages(private_postgres, settings,
         execution.close()
         stack.close()
         engine.dispose()
+
+
+_CRASH_PROFILE = """
+[profiles."test.crash"]
+queue = "images"
+version = 1
+base_cost = 0.0
+cost_per_mb = 0.0
+timeout_seconds = 30
+memory_limit_mb = 512
+max_input_bytes = 1024
+max_attempts = 2
+default_priority = 5
+params = { needs_input = false }
+"""
+
+
+class _NoInputThere(NoGrants):
+    """An input URL where nothing listens: the download fails (transfer_unavailable)."""
+
+    def input_url(self, job_id: str, worker_id: str) -> str:
+        sock = listening_socket()
+        port = sock.getsockname()[1]
+        sock.close()
+        return f"http://127.0.0.1:{port}/{job_id}"
+
+
+@pytest.mark.parametrize("how", ["its step", "its input's download"])
+def test_a_jobs_own_failure_waits_for_the_record(private_postgres, settings, tmp_path, how):
+    """A job's own failure (its step crashed, its input could not be had) while the
+    record was down was tried once: DatabaseUnavailable out of the run, the job left
+    ``processing`` until its lease ran out, its error code and message and its child's
+    last lines lost (the lease's expiry said lease_expired). It is tried again until
+    the record takes it, with all of them."""
+    from hypermedia.sandbox.executor import ChildExecutor
+
+    engine = make_engine(private_postgres.url)
+    profiles = ray_support.test_profiles(tmp_path)
+    profiles.write_text(profiles.read_text() + _CRASH_PROFILE)
+    stack = open_stack(settings, engine, None, profiles_path=profiles)
+    person = make_user(stack)
+    obj = make_object(stack, person)
+    if how == "its step":
+        operation, params = "test.crash", {"how": "raise", "lines": 2}
+        code, retryable = "pipeline_crashed", False
+        executor: Any = ChildExecutor(tmp_path / "work", preload=PRELOAD, hidden_paths=(tmp_path,))
+        grants: NoGrants = NoGrants()
+    else:
+        operation, params = "test.copy_input", {}
+        code, retryable = "transfer_unavailable", True
+        executor = InProcessExecutor(tmp_path / "work", PRELOAD)
+        grants = _NoInputThere()
+    [job_id] = stack.ingest.submit(
+        person.caller,
+        SubmitRequest(object_id=obj, operations=[operation], params={operation: params}),
+    ).job_ids
+    execution = JobExecution(stack.dispatcher, stack.catalog, grants, executor, "w")
+    try:
+        [job] = stack.dispatcher.claim_and_start("images", "w")
+        with _logged("retrying in") as retried, _postgres_down(private_postgres):
+            runner, outcome = _in_thread(lambda: execution.run_started(job))
+            deadline = time.monotonic() + 60
+            while not retried.seen.is_set() and runner.is_alive():
+                assert time.monotonic() < deadline, "timed out"
+                time.sleep(0.02)
+        runner.join(60)
+        status = "retry_wait" if retryable else "failed"
+        assert outcome == [Outcome(job_id, status, code)], outcome
+        with snapshot(engine) as conn:
+            row = conn.execute(
+                select(t.jobs.c.status, t.jobs.c.error_code).where(t.jobs.c.job_id == job_id)
+            ).one()
+            attempt = conn.execute(
+                select(t.attempts.c.status, t.attempts.c.error_code, t.attempts.c.log_tail).where(
+                    t.attempts.c.job_id == job_id
+                )
+            ).one()
+        assert tuple(row) == (status, code)
+        assert (attempt.status, attempt.error_code) == ("failed", code)
+        if how == "its step":
+            assert "line 1 of" in (attempt.log_tail or ""), attempt.log_tail
+    finally:
+        execution.close()
+        if how == "its step":
+            executor.close()
+        stack.close()
+        engine.dispose()
+
+
+def test_a_jobs_failure_is_tried_no_longer_than_its_lease(private_postgres, settings, tmp_path):
+    """Past its lease the job is the lease's (its expiry, once the record is back, ends
+    the attempt): the failure's write is given up then, the loop free again."""
+    from dataclasses import replace
+
+    engine = make_engine(private_postgres.url)
+    profiles = ray_support.test_profiles(tmp_path)
+    profiles.write_text(profiles.read_text() + _CRASH_PROFILE)
+    stack = open_stack(settings, engine, None, profiles_path=profiles)
+    person = make_user(stack)
+    [job_id] = stack.ingest.submit(
+        person.caller,
+        SubmitRequest(object_id=make_object(stack, person), operations=["test.crash"]),
+    ).job_ids
+    execution = JobExecution(
+        stack.dispatcher,
+        stack.catalog,
+        NoGrants(),
+        InProcessExecutor(tmp_path / "work", PRELOAD),
+        "w",
+    )
+    try:
+        [job] = stack.dispatcher.claim_and_start("images", "w")
+        with _postgres_down(private_postgres):
+            job = replace(job, deadline=time.time() + 1.0)  # its lease all but spent
+            began = time.monotonic()
+            outcome = execution.run_started(job)
+            took = time.monotonic() - began
+        assert outcome == Outcome(job_id, "lost", "pipeline_crashed"), outcome
+        assert 0.8 <= took < 10, took
+        assert _job(engine, job_id) == ("processing", 1)
+    finally:
+        execution.close()
+        stack.close()
+        engine.dispose()
