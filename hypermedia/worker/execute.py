@@ -263,6 +263,7 @@ class JobExecution:
         # is given up (left to its lease).
         self._hand_back_by = 0.0
         self._release_reason: tuple[str | None, str | None] = (None, None)
+        self._handed_back: list[str] = []  # the jobs release_all handed back, written
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._watcher: threading.Thread | None = None
@@ -270,6 +271,12 @@ class JobExecution:
     def running(self) -> list[str]:
         with self._lock:
             return list(self._running)
+
+    def handed_back(self) -> list[str]:
+        """The jobs handed back since :meth:`release_all` (the record took it): not one
+        whose step ended first, nor one whose hand back was given up."""
+        with self._lock:
+            return list(self._handed_back)
 
     def release_all(
         self,
@@ -281,7 +288,8 @@ class JobExecution:
     ) -> list[str]:
         """Drain timeout, spot notice: stop every running job and hand it back to its
         queue without spending an attempt (``reason_code`` / ``reason`` go on the
-        released attempt). Jobs that come after this are handed back unrun.
+        released attempt). Jobs that come after this are handed back unrun. Answers
+        the jobs running now (which of them are handed back: :meth:`handed_back`).
 
         ``checkpoint_seconds``: a job whose step works in pieces (one begun or restored)
         may run that long more to finish the piece it is on (a single pass is stopped at
@@ -538,7 +546,11 @@ class JobExecution:
                 job, self.worker_id, reason_code=reason_code, reason=reason
             ),
         )
-        return Outcome(job.job_id, "released" if released else "lost")
+        if not released:
+            return Outcome(job.job_id, "lost")
+        with self._lock:
+            self._handed_back.append(job.job_id)
+        return Outcome(job.job_id, "released")
 
     def _written(self, job: ClaimedJob, what: str, write: Callable[[], _T]) -> _T | None:
         """:meth:`_until_written`, also given up once the job's lease has run out (its

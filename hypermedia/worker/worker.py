@@ -466,7 +466,7 @@ class Worker:
 
     def drain(self, timeout: float) -> list[str]:
         """Stop claiming; wait up to ``timeout`` for running jobs; release the rest.
-        Answers the ids of the jobs handed back."""
+        Answers the ids of the jobs handed back (the record took it)."""
         self._claiming.clear()
         self._set_status("draining")
         deadline = time.monotonic() + timeout
@@ -475,16 +475,15 @@ class Worker:
         self._hand_back_by = deadline + HAND_BACK_SECONDS
         for loop in self._loops:
             loop.join(max(0.0, deadline - time.monotonic()))
-        released: list[str] = []
         if any(loop.is_alive() for loop in self._loops):
-            released = self.execution.release_all(
+            self.execution.release_all(
                 hand_back_by=max(self._hand_back_by, time.monotonic() + HAND_BACK_SECONDS)
             )
             for loop in self._loops:
                 loop.join(30)
         self.stop()
         with self._stats_lock:
-            return released + self._handed_back
+            return self.execution.handed_back() + self._handed_back
 
     def interrupt(self, notice: SpotNotice) -> list[str]:
         """The instance is being reclaimed (the spot watcher's callback; see the module
@@ -521,7 +520,7 @@ class Worker:
         wait = max(SPOT_MARGIN_SECONDS, notice.deadline - self.clock.now() - SPOT_MARGIN_SECONDS)
         until = time.monotonic() + wait
         self._hand_back_by = until
-        released = self.execution.release_all(
+        self.execution.release_all(
             SPOT_INTERRUPTED,
             notice.reason,
             checkpoint_seconds=max(0.0, window),
@@ -531,12 +530,11 @@ class Worker:
             loop.join(max(0.0, until - time.monotonic()))
         self.stop()
         with self._stats_lock:
-            handed_back = released + self._handed_back
-            released_count = self.stats.released
+            handed_back = self.execution.handed_back() + self._handed_back
         log.info(
             "worker %s stopped for the spot notice: %d jobs handed back",
             self.worker_id,
-            released_count,
+            len(handed_back),
             extra={"worker_id": self.worker_id, "queue": self.queue, "action": "stop"},
         )
         return handed_back

@@ -613,3 +613,56 @@ def test_a_jobs_failure_is_tried_no_longer_than_its_lease(private_postgres, sett
         execution.close()
         stack.close()
         engine.dispose()
+
+
+@pytest.mark.parametrize("how", ["drain", "spot notice"])
+def test_a_worker_answers_only_the_jobs_it_handed_back(private_postgres, settings, tmp_path, how):
+    """drain() and interrupt() answer the jobs handed back (the supervisor logs their
+    count): they answered every job running when release_all began, handed back or
+    not. A drain whose job's step ended on its own just then (it completed) and a
+    spot notice whose hand back the record refused until the notice's deadline (the
+    job left to its lease) answered that job; they answer none."""
+    from hypermedia.sandbox.executor import ChildExecutor
+    from hypermedia.worker.spot import SpotNotice
+    from tests.worker_support import loop_worker
+
+    seconds = 1 if how == "drain" else 120
+    engine, stack, _person, job_id = _sleep_job(private_postgres, settings, tmp_path, seconds)
+    work = tmp_path / "work"
+    if how == "drain":  # a step no kill reaches: it ends when it ends
+        executor: Any = InProcessExecutor(work, PRELOAD)
+    else:
+        executor = ChildExecutor(work, preload=PRELOAD, hidden_paths=(tmp_path,))
+    worker = loop_worker(stack, work, "answering-w", executor=executor)
+    try:
+        worker.start()
+        deadline = time.monotonic() + 60
+        # Its step begun (test.sleep writes pids.txt first), its child there.
+        while not (
+            (work / "jobs" / job_id / "pids.txt").exists()
+            if how == "drain"
+            else executor.child_pid(job_id) is not None
+        ):
+            assert time.monotonic() < deadline, "timed out"
+            time.sleep(0.02)
+        if how == "drain":
+            handed_back = worker.drain(timeout=0)
+            expected = ("completed", 1)
+        else:
+            # Hand backs tried until 5 s from now (the least a notice gets); the record
+            # is down until after that.
+            with _postgres_down(private_postgres):
+                notice = SpotNotice("aws", "terminate", time.time() + 1, time.time())
+                handed_back = worker.interrupt(notice)
+            expected = ("processing", 1)  # left to its lease
+    finally:
+        worker.stop()
+        if how == "spot notice":
+            executor.close()
+    try:
+        assert handed_back == []
+        assert _job(engine, job_id) == expected
+        assert worker.stats.released == 0
+    finally:
+        stack.close()
+        engine.dispose()
