@@ -756,17 +756,17 @@ def charge(job: ClaimedJob, profile: ProfileRecord, units: Mapping[str, int]) ->
 
 def until_written(
     write: Callable[[], _T],
-    job_id: str,
+    job_id: str | None,
     what: str,
     worker_id: str,
     give_up_at: Callable[[], float | None],
     stopped: threading.Event | None = None,
 ) -> _T:
-    """``write`` (a job's hand back to the record) tried again while the record is down
-    (DatabaseUnavailable, DatabaseConflict), 0.1 s apart doubling to
-    :data:`OUTAGE_RETRY_MAX_SECONDS`, until written; the error raised once
-    ``give_up_at()`` (a monotonic time; None: never) has passed or ``stopped`` is set.
-    The waits end early when ``stopped`` is set."""
+    """``write`` (a job's hand back to the record; ``job_id`` None: the worker's row)
+    tried again while the record is down (DatabaseUnavailable, DatabaseConflict), 0.1 s
+    apart doubling to :data:`OUTAGE_RETRY_MAX_SECONDS`, until written; the error raised
+    once ``give_up_at()`` (a monotonic time; None: never) has passed or ``stopped`` is
+    set. The waits end early when ``stopped`` is set."""
     backoff = 0.1
     while True:
         try:
@@ -778,12 +778,13 @@ def until_written(
                 raise
             wait = backoff if left is None else min(backoff, left)
             log.warning(
-                "job %s: could not %s: %s; retrying in %.1fs",
-                job_id,
+                "%s %s: could not %s: %s; retrying in %.1fs",
+                "worker" if job_id is None else "job",
+                worker_id if job_id is None else job_id,
                 what,
                 down,
                 wait,
-                extra={"job_id": job_id, "worker_id": worker_id},
+                extra={"worker_id": worker_id, **({} if job_id is None else {"job_id": job_id})},
             )
             if stopped is None:
                 time.sleep(wait)

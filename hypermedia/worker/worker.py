@@ -468,11 +468,12 @@ class Worker:
         """Stop claiming; wait up to ``timeout`` for running jobs; release the rest.
         Answers the ids of the jobs handed back (the record took it)."""
         self._claiming.clear()
-        self._set_status("draining")
         deadline = time.monotonic() + timeout
         # Hand backs the record refuses, down, are tried again until the loops' wait
         # after release_all is over (then left to their leases).
         self._hand_back_by = deadline + HAND_BACK_SECONDS
+        # The record down, tried again while the running jobs are waited for.
+        self._set_status("draining", by=deadline)
         for loop in self._loops:
             loop.join(max(0.0, deadline - time.monotonic()))
         if any(loop.is_alive() for loop in self._loops):
@@ -510,7 +511,6 @@ class Worker:
                 "deadline": notice.deadline,
             },
         )
-        self._set_status("draining")
         # A job that checkpoints may store the piece it is on while the notice leaves
         # time for that, the kill and the hand back; else it is abandoned.
         window = notice.deadline - self.clock.now() - SPOT_CHECKPOINT_MARGIN_SECONDS
@@ -526,6 +526,8 @@ class Worker:
             checkpoint_seconds=max(0.0, window),
             hand_back_by=until,
         )
+        # After: the record down, tried again while the loops hand their jobs back.
+        self._set_status("draining", by=until)
         for loop in self._loops:
             loop.join(max(0.0, until - time.monotonic()))
         self.stop()
@@ -557,7 +559,7 @@ class Worker:
             if self._spot_watcher is not None:
                 self._spot_watcher.stop()
             status = "stopped" if self.notice is None else SPOT_INTERRUPTED
-            self._set_status(status, stopped=True)
+            self._set_status(status, stopped=True, by=self._hand_back_by)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the worker has stopped; True if it has."""
@@ -828,16 +830,31 @@ class Worker:
                 )
             )
 
-    def _set_status(self, status: str, *, stopped: bool = False) -> None:
+    def _set_status(self, status: str, *, stopped: bool = False, by: float | None = None) -> None:
+        """Write the row's status; the record down, tried again until ``by`` (monotonic:
+        a drain's, a spot notice's deadline; None: tried once). Else the row says
+        ``active`` after the worker stopped (the scheduler counts it as capacity) until
+        the stale-worker sweep calls it dead."""
         now = to_datetime(self.clock.now())
         values: dict[str, object] = {"status": status, "last_heartbeat": now}
         if stopped:
             values["stopped_at"] = now
-        try:
+
+        def write() -> None:
             with transaction(self.engine) as conn:
                 conn.execute(
                     update(t.workers).where(t.workers.c.worker_id == self.worker_id).values(values)
                 )
+
+        try:
+            until_written(
+                write,
+                None,
+                f"record its status {status}",
+                self.worker_id,
+                lambda: 0.0 if by is None else by,
+                None if stopped else self._stopped,
+            )
         except HypermediaError as exc:
             log.warning("could not record worker status %s: %s", status, exc)
 

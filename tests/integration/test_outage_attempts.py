@@ -666,3 +666,41 @@ def test_a_worker_answers_only_the_jobs_it_handed_back(private_postgres, setting
     finally:
         stack.close()
         engine.dispose()
+
+
+@pytest.mark.parametrize("how", ["drain", "spot notice"])
+def test_a_stopping_workers_row_says_so_once_the_record_is_back(
+    private_postgres, settings, tmp_path, how
+):
+    """A worker stopping while the record is down (here an idle one) tried its row's
+    status once (draining, then stopped or spot_interrupted): the row said ``active``
+    after it had stopped, until the stale-worker sweep called it dead; the scheduler
+    counted it as capacity meanwhile. The status is tried again within the drain's
+    (the notice's) deadline."""
+    from hypermedia.worker.spot import SpotNotice
+    from tests.worker_support import loop_worker
+
+    engine = make_engine(private_postgres.url)
+    stack = open_stack(settings, engine, None, profiles_path=ray_support.test_profiles(tmp_path))
+    worker = loop_worker(stack, tmp_path / "work", "stopping-w")
+    try:
+        worker.start()
+        with _for_a_while(lambda: _postgres_down(private_postgres)):
+            if how == "drain":
+                worker.drain(timeout=0)
+            else:
+                worker.interrupt(SpotNotice("aws", "terminate", time.time() + 120, time.time()))
+    finally:
+        worker.stop()
+    try:
+        with snapshot(engine) as conn:
+            row = conn.execute(
+                select(t.workers.c.status, t.workers.c.stopped_at).where(
+                    t.workers.c.worker_id == "stopping-w"
+                )
+            ).one()
+        assert row.status == ("stopped" if how == "drain" else "spot_interrupted"), row
+        assert row.stopped_at is not None
+    finally:
+        stack.close()
+        engine.dispose()
