@@ -759,13 +759,15 @@ class Worker:
         """One hand back; draining (or after a spot notice) tried again while the record
         is down (:func:`until_written`), until the drain's (the notice's) deadline: else
         the job stays ``processing`` until its lease runs out, whose expiry counts the
-        attempt. Otherwise (the upkeep's) tried once."""
+        attempt. Otherwise (the upkeep's) tried once. Given up when the worker stops:
+        its waits end then (the upkeep's would hold up stop())."""
         return until_written(
             lambda: self.dispatcher.release(job, self.worker_id, reason_code=code, reason=reason),
             job.job_id,
             "hand it back",
             self.worker_id,
             lambda: 0.0 if self._hand_back_by is None else self._hand_back_by,
+            self._stopped,
         )
 
     def _record(self, outcome: Outcome) -> None:

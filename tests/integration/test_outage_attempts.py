@@ -704,3 +704,46 @@ def test_a_stopping_workers_row_says_so_once_the_record_is_back(
     finally:
         stack.close()
         engine.dispose()
+
+
+def test_the_upkeeps_hand_back_ends_its_wait_when_the_worker_stops(
+    private_postgres, settings, tmp_path
+):
+    """The upkeep hands back a job taken ahead that waited too long; during a drain a
+    hand back the record refuses is tried again until the drain's deadline. Its waits
+    (up to 5 s each) were in time.sleep, deaf to the worker stopping: the upkeep went on
+    past stop() (whose join of it gave up after 10 s) to the deadline, writing while the
+    worker wrote its final status. They end when the worker stops."""
+    from tests.worker_support import loop_worker
+
+    engine, stack, _person, job_id = _sleep_job(private_postgres, settings, tmp_path, 60)
+    worker = loop_worker(stack, tmp_path / "work", "upkeep-w", queue="bulk", prefetch=2)
+    stopping: threading.Thread | None = None
+    try:
+        worker.start()
+        [job] = stack.dispatcher.claim_ahead("images", "upkeep-w", 1)
+        with _logged("could not hand it back") as retried:
+            private_postgres.stop()
+            worker._hand_back_by = time.monotonic() + 60  # as a drain sets it
+            held = worker._held[0]
+            with held.lock:  # taken ahead by the loop, waiting since long ago
+                held.jobs.append(job)
+                held.since = 0.0
+            assert retried.seen.wait(30)  # the upkeep tries it again
+        assert worker._upkeep is not None
+        time.sleep(3)  # its waits grow past a second
+        began = time.monotonic()
+        stopping, _ = _in_thread(worker.stop)
+        worker._upkeep.join(8)
+        assert not worker._upkeep.is_alive(), "the upkeep still waits for the record"
+        assert time.monotonic() - began < 5
+    finally:
+        private_postgres.start()
+        if stopping is not None:
+            stopping.join(60)
+        worker.stop()
+    try:
+        assert _job(engine, job_id) == ("processing", 1)  # left to its lease
+    finally:
+        stack.close()
+        engine.dispose()
