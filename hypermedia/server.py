@@ -12,7 +12,8 @@ that ended and the orphans (:func:`hypermedia.jobs.checkpoints.sweep`), and ever
 the storage failed to delete when they were (:func:`hypermedia.storage.deletions.sweep`,
 with backoff). Every :data:`CALLBACK_PRUNE_SECONDS` it deletes the job callbacks given
 up longer than ``callback_failed_retention_seconds`` ago
-(:func:`hypermedia.jobs.callbacks.prune_failed`). A second
+(:func:`hypermedia.jobs.callbacks.prune_failed`: a bounded number of batches a round,
+the next round going on while rows are left, so a backlog never holds the reaper). A second
 thread sends completion webhooks (:mod:`hypermedia.callbacks`)
 every ``callback_poll_seconds``, so a receiver that hangs never delays the reaper. A
 third drives bulk runs (:class:`~hypermedia.bulk.runner.BulkRunner`): at once while a
@@ -100,6 +101,7 @@ class Maintenance:
         self.rounds = 0
         self.reconciles = 0
         self._outages: dict[str, Outage] = {}  # by action: each told apart
+        self._prune_more = False  # the last callback prune left rows past its bound
 
     def start(self) -> None:
         if self._thread is not None:
@@ -147,8 +149,11 @@ class Maintenance:
                 self._step("blob_sweep", self.sweep_blobs)
                 next_blob_sweep = self._monotonic() + deletions.SWEEP_SECONDS
             if self._monotonic() >= next_callback_prune:
+                self._prune_more = False
                 self._step("callback_prune", self.prune_callbacks)
-                next_callback_prune = self._monotonic() + CALLBACK_PRUNE_SECONDS
+                # A backlog left by the round's bound: its next batches the next round.
+                wait = 0.0 if self._prune_more else CALLBACK_PRUNE_SECONDS
+                next_callback_prune = self._monotonic() + wait
             self.rounds += 1
             self._stop.wait(self.reaper_interval)
 
@@ -168,16 +173,19 @@ class Maintenance:
                 backends=self.stack.backends,
             )
 
-    def prune_callbacks(self) -> int:
+    def prune_callbacks(self) -> outbox.Pruned:
         """Job callbacks given up longer ago than ``callback_failed_retention_seconds``,
-        deleted; answers how many."""
+        deleted, at most :data:`~hypermedia.jobs.callbacks.PRUNE_BATCHES` batches (the
+        rest the next round's); answers how many and whether rows are left."""
         retention = self.stack.settings.callback_failed_retention_seconds
         pruned = outbox.prune_failed(self.stack.engine, self.stack.clock.now() - retention)
-        if pruned:
+        self._prune_more = pruned.more
+        if pruned.deleted:
             log.info(
-                "deleted %d job callbacks given up more than %s ago",
-                pruned,
+                "deleted %d job callbacks given up more than %s ago%s",
+                pruned.deleted,
                 age_text(retention),
+                "; more next round" if pruned.more else "",
                 extra={"action": "callback_prune"},
             )
         return pruned

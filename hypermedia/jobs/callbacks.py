@@ -15,7 +15,8 @@ webhook's ``X-Hypermedia-Delivery``), whoever sends it.
 Delivery states: ``pending`` (due at ``next_attempt_at``) -> ``delivered`` (a 2xx
 answer) | ``failed`` (the sender's attempt limit reached). A ``failed`` row is kept
 ``callback_failed_retention_seconds`` after its last attempt, then the head's maintenance
-deletes it (:func:`prune_failed`): its job shows no callback since. A receiver that does not
+deletes it (:func:`prune_failed`, a bounded number of batches a call): its job shows no
+callback since. A receiver that does not
 answer has its other due rows postponed (:func:`postpone`) behind the one retried,
 their attempts uncounted. An attempt is claimed by a
 guarded UPDATE (the attempt count and due time as read) that pushes
@@ -46,8 +47,11 @@ FAILED = "failed"
 
 # The window of the callbacks given up that the metrics count (hypermedia_callbacks_failed).
 FAILED_WINDOW_SECONDS = 3600.0
-# Rows one transaction of prune_failed deletes.
+# Rows one transaction of prune_failed deletes, and the transactions one call runs: a
+# longer backlog is left to the next call (the head's maintenance makes it soon), so a
+# call never holds the maintenance thread (the reaper) for a whole backlog.
 PRUNE_BATCH = 1000
+PRUNE_BATCHES = 10
 
 
 def event_id(job_id: str, event: str) -> str:
@@ -175,12 +179,27 @@ def of_job(conn: Connection, job_id: str) -> Row[Any] | None:
     return conn.execute(select(t.callbacks).where(t.callbacks.c.job_id == job_id)).first()
 
 
-def prune_failed(engine: Engine, before: float, batch: int = PRUNE_BATCH) -> int:
+@dataclass(frozen=True, slots=True)
+class Pruned:
+    """What one call of :func:`prune_failed` deleted, and whether it stopped at its
+    bound with rows still to delete (``more``: call again soon)."""
+
+    deleted: int
+    more: bool
+
+
+def prune_failed(
+    engine: Engine, before: float, batch: int | None = None, batches: int | None = None
+) -> Pruned:
     """Delete the rows given up (``failed``) whose last attempt was before ``before``,
-    ``batch`` a transaction (a long backlog holds no writer long); answers how many."""
+    ``batch`` a transaction (:data:`PRUNE_BATCH`: a long backlog holds no writer long),
+    at most ``batches`` transactions (:data:`PRUNE_BATCHES`): the rest is the next
+    call's."""
+    batch = PRUNE_BATCH if batch is None else batch
+    batches = PRUNE_BATCHES if batches is None else batches
     c = t.callbacks.c
     total = 0
-    while True:
+    for _ in range(batches):
         doomed = (
             select(c.event_id)
             .where(c.status == FAILED, c.last_attempt_at < to_datetime(before))
@@ -192,7 +211,8 @@ def prune_failed(engine: Engine, before: float, batch: int = PRUNE_BATCH) -> int
             ).rowcount
         total += deleted
         if deleted < batch:
-            return total
+            return Pruned(total, more=False)
+    return Pruned(total, more=True)
 
 
 @dataclass(frozen=True, slots=True)

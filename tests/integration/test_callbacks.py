@@ -594,6 +594,59 @@ def test_given_up_callbacks_are_kept_for_their_retention_and_scraped_for_the_las
     assert stack.ingest.get_job(person.caller, recent[0]).callback is not None
 
 
+def _give_up(stack: Stack, person: Any, clock: Any, count: int) -> list[str]:
+    """``count`` jobs cancelled whose callbacks were given up (callback_max_attempts 2,
+    each answered 500)."""
+    with receiving() as receiver:
+        receiver.answers = [500] * (2 * count)
+        jobs = [
+            submit(stack, person, ["thumbnail"], callback_url=receiver.url)[0] for _ in range(count)
+        ]
+        for job_id in jobs:
+            stack.ingest.cancel(person.caller, job_id)
+        for attempt in (1, 2):
+            assert [d.delivered for d in _sender(stack).deliver_due()] == [False] * count
+            clock.advance(webhooks.backoff(attempt))
+    return jobs
+
+
+def test_a_pruning_backlog_is_deleted_a_few_batches_a_round(stack, manual_clock, monkeypatch):
+    """prune_failed went through a whole backlog in one call, a transaction per 1,000 rows
+    (no long lock), but on the maintenance thread, whose reaper waited meanwhile: 180,000
+    given-up rows on PostgreSQL held it 8.0 s. A call now runs at most PRUNE_BATCHES
+    transactions, and the maintenance loop's next round goes on with the rest instead of
+    waiting CALLBACK_PRUNE_SECONDS (5 min). Here 2 rows a batch, 2 batches a call."""
+    from hypermedia.server import Maintenance
+    from tests.support import within
+
+    monkeypatch.setattr(outbox, "PRUNE_BATCH", 2)
+    monkeypatch.setattr(outbox, "PRUNE_BATCHES", 2, raising=False)
+    person = make_user(stack)
+    _give_up(stack, person, manual_clock, 9)
+    manual_clock.advance(stack.settings.callback_failed_retention_seconds + 1)
+    kept = _give_up(stack, person, manual_clock, 1)  # given up within its retention
+    maintenance = Maintenance(stack, reaper_interval=0.05, reconcile_interval=60)
+    assert len(_outbox(stack)) == 10
+    pruned = maintenance.prune_callbacks()
+    assert len(_outbox(stack)) == 6  # 2 batches of 2
+    assert (pruned.deleted, pruned.more) == (4, True)
+    # Its first round deletes 4 more and stops at its bound; the last one goes the next
+    # round, not CALLBACK_PRUNE_SECONDS later.
+    maintenance.start()
+    try:
+        assert within(30, lambda: len(_outbox(stack)) == 1)
+    finally:
+        maintenance.stop()
+    assert list(_outbox(stack)) == kept
+    # A backlog of a batch and a half, a bound of three: one call, nothing left.
+    more = _give_up(stack, person, manual_clock, 3)
+    manual_clock.advance(stack.settings.callback_failed_retention_seconds + 1)
+    monkeypatch.setattr(outbox, "PRUNE_BATCHES", 3)
+    pruned = maintenance.prune_callbacks()
+    assert (pruned.deleted, pruned.more) == (4, False)
+    assert not set(more) & set(_outbox(stack))
+
+
 def _closed_port() -> int:
     """A port of this machine nobody listens on (bound, then closed)."""
     import socket
