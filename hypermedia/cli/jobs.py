@@ -142,7 +142,8 @@ def show_job(job_id: str, api_url: str | None, api_key: str | None, timeout: flo
         )
     if job.callback is not None:
         sent = job.callback
-        answer = f", last answer {sent.response_code or sent.last_error}" if sent.attempts else ""
+        last = sent.response_code or sent.last_error  # None once the outbox pruned it
+        answer = "" if last is None else f", last answer {last}"
         rows.append(("callback", f"{sent.status} after {sent.attempts} attempts{answer}"))
     for label, value in rows:
         # A value's own lines (an error message may have several) stay in its column:

@@ -290,6 +290,10 @@ processing_jobs = Table(
     Column("callback_url", String(2048)),
     # The bulk run that made it (regenerate / backfill), else NULL.
     Column("bulk_run_id", ForeignKey("bulk_runs.run_id")),
+    # Its callback's outcome (delivered | failed) and attempts, kept here once the
+    # head's maintenance deletes its job_callbacks row; NULL while the outbox holds it.
+    Column("callback_status", String(16)),
+    Column("callback_attempts", Integer),
     Index("ix_jobs_status_queue", "status", "queue"),
     Index("ix_jobs_status_run_after", "status", "run_after"),
     Index("ix_jobs_status_visibility", "status", "visibility_timeout"),

@@ -852,6 +852,21 @@ def job_view(conn: Connection, job_id: str, user_id: str | None = None) -> JobVi
         select(t.outputs).where(t.outputs.c.job_id == job_id).order_by(t.outputs.c.output_id)
     ).all()
     callback = callbacks.of_job(conn, job_id) if row.callback_url else None
+    sent = None
+    if callback is not None:
+        sent = CallbackView(**{k: callback._mapping[k] for k in CallbackView.__dataclass_fields__})
+    elif row.callback_status is not None:  # the outbox's row pruned: what it came to
+        sent = CallbackView(
+            event_id=callbacks.event_id(job_id, row.status),
+            event=row.status,
+            status=row.callback_status,
+            attempts=row.callback_attempts,
+            next_attempt_at=None,
+            last_attempt_at=None,
+            response_code=None,
+            last_error=None,
+            delivered_at=None,
+        )
     m = row._mapping
     timeout = row.timeout_seconds
     if timeout is None:  # a job from before its time was kept on it: its profile's
@@ -868,8 +883,6 @@ def job_view(conn: Connection, job_id: str, user_id: str | None = None) -> JobVi
             OutputView(**{k: o._mapping[k] for k in OutputView.__dataclass_fields__})
             for o in outputs
         ],
-        callback=None
-        if callback is None
-        else CallbackView(**{k: callback._mapping[k] for k in CallbackView.__dataclass_fields__}),
+        callback=sent,
         timeout_seconds=timeout,
     )

@@ -15,11 +15,12 @@ webhook's ``X-Hypermedia-Delivery``), whoever sends it.
 Delivery states: ``pending`` (due at ``next_attempt_at``) -> ``delivered`` (a 2xx
 answer) | ``failed`` (the sender's attempt limit reached). A ``failed`` row is kept
 ``callback_failed_retention_seconds`` after its last attempt, then the head's maintenance
-deletes it (:func:`prune_failed`, a bounded number of batches a call): its job shows no
-callback since. A receiver that does not
-answer has its other due rows postponed (:func:`postpone`) behind the one retried,
-their attempts uncounted. An attempt is claimed by a
-guarded UPDATE (the attempt count and due time as read) that pushes
+deletes it (:func:`prune_failed`, a bounded number of batches a call), keeping on its
+job what became of it (``processing_jobs.callback_status``, ``callback_attempts``): the
+job still shows its callback given up, without the outbox's times and last answer. A
+receiver that does not answer has its other due rows postponed (:func:`postpone`)
+behind the one retried, their attempts uncounted. An attempt is claimed by a guarded
+UPDATE (the attempt count and due time as read) that pushes
 ``next_attempt_at`` past the attempt's timeout, so two senders never send one attempt
 twice and one that dies mid-send leaves the row due again later. Delivery is at least
 once: a sender killed after the receiver answered but before it wrote ``delivered``
@@ -175,7 +176,8 @@ def finish(
 
 
 def of_job(conn: Connection, job_id: str) -> Row[Any] | None:
-    """The job's outbox row (None: no callback, or the job has not ended)."""
+    """The job's outbox row (None: no callback, the job has not ended, or the row was
+    pruned: its job's ``callback_status`` then says what became of it)."""
     return conn.execute(select(t.callbacks).where(t.callbacks.c.job_id == job_id)).first()
 
 
@@ -200,19 +202,36 @@ def prune_failed(
     c = t.callbacks.c
     total = 0
     for _ in range(batches):
-        doomed = (
-            select(c.event_id)
-            .where(c.status == FAILED, c.last_attempt_at < to_datetime(before))
-            .limit(batch)
-        )
         with transaction(engine) as conn:
-            deleted = conn.execute(
-                delete(t.callbacks).where(c.event_id.in_(doomed.scalar_subquery()))
-            ).rowcount
-        total += deleted
-        if deleted < batch:
+            doomed = conn.execute(
+                select(c.event_id, c.job_id, c.status, c.attempts)
+                .where(c.status == FAILED, c.last_attempt_at < to_datetime(before))
+                .limit(batch)
+            ).all()
+            _keep_outcomes(conn, doomed)
+            if doomed:
+                conn.execute(
+                    delete(t.callbacks).where(c.event_id.in_([r.event_id for r in doomed]))
+                )
+        total += len(doomed)
+        if len(doomed) < batch:
             return Pruned(total, more=False)
     return Pruned(total, more=True)
+
+
+def _keep_outcomes(conn: Connection, rows: Sequence[Any]) -> None:
+    """What became of the callbacks of ``rows`` (outbox rows about to be deleted), kept
+    on their jobs (``callback_status``, ``callback_attempts``): one UPDATE per outcome
+    and attempt count, few in a batch."""
+    jobs: dict[tuple[str, int], list[str]] = {}
+    for row in rows:
+        jobs.setdefault((row.status, row.attempts), []).append(row.job_id)
+    for (status, attempts), job_ids in jobs.items():
+        conn.execute(
+            update(t.jobs)
+            .where(t.jobs.c.job_id.in_(job_ids))
+            .values(callback_status=status, callback_attempts=attempts)
+        )
 
 
 @dataclass(frozen=True, slots=True)

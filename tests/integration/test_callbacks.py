@@ -550,8 +550,10 @@ def test_given_up_callbacks_are_kept_for_their_retention_and_scraped_for_the_las
     only went up (the dashboard drew its ``delta`` for the new ones). Now the head's
     maintenance deletes those given up longer ago than ``callback_failed_retention_
     seconds`` (7 days), and the gauge counts those given up in the last hour: an event
-    given up two days ago is no longer counted, one given up 8 days ago is gone (its
-    job shows no callback), those given up 6 days ago are kept."""
+    given up two days ago is no longer counted, one given up 8 days ago is gone, those
+    given up 6 days ago are kept. The job whose event is gone showed ``callback: null``,
+    as if it had named none; it now says its callback failed after its 2 attempts (in
+    ``GET /jobs/{id}`` too), without the outbox's times and last answer."""
     from hypermedia.server import Maintenance
     from tests.support import within
 
@@ -590,8 +592,39 @@ def test_given_up_callbacks_are_kept_for_their_retention_and_scraped_for_the_las
     finally:
         maintenance.stop()
     assert sorted(_outbox(stack)) == sorted(recent)
-    assert stack.ingest.get_job(person.caller, old).callback is None
-    assert stack.ingest.get_job(person.caller, recent[0]).callback is not None
+    kept = stack.ingest.get_job(person.caller, recent[0]).callback
+    assert kept is not None and (kept.status, kept.response_code) == ("failed", 500)
+    with TestClient(create_app(stack, auth_cache_seconds=0)) as api:
+        job = api.get(f"{P}/jobs/{old}", headers=_key(person)).json()
+    assert job["callback"] == {
+        "event_id": outbox.event_id(old, "cancelled"),
+        "event": "cancelled",
+        "status": "failed",
+        "attempts": 2,
+        "next_attempt_at": None,
+        "last_attempt_at": None,
+        "response_code": None,
+        "last_error": None,
+        "delivered_at": None,
+    }
+    assert _status_lines(stack, person, old)["callback"] == "failed after 2 attempts"
+    assert _status_lines(stack, person, recent[0])["callback"] == (
+        "failed after 2 attempts, last answer 500"
+    )
+
+
+def _status_lines(stack: Stack, person: Any, job_id: str) -> dict[str, str]:
+    """``hypermedia status JOB_ID`` over HTTP: its rows by label."""
+    from typer.testing import CliRunner
+
+    from hypermedia.cli import app
+    from tests.api_support import running_server
+
+    with running_server(create_app(stack, auth_cache_seconds=0)) as url:
+        env = {"HYPERMEDIA_API_URL": url, "HYPERMEDIA_API_KEY": person.api_key}
+        shown = CliRunner().invoke(app, ["status", job_id], env=env)
+    assert shown.exit_code == 0, shown.output
+    return {line[:11].strip(): line[11:] for line in shown.stdout.splitlines()}
 
 
 def _give_up(stack: Stack, person: Any, clock: Any, count: int) -> list[str]:
