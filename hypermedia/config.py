@@ -210,6 +210,10 @@ class Settings(BaseSettings):
     # outbox, for GET /jobs/{id} to show its last answer; the head's maintenance then
     # deletes it. At least the hour hypermedia_callbacks_failed counts.
     callback_failed_retention_seconds: float = Field(default=7 * 86_400.0, ge=3600, le=366 * 86_400)
+    # How long a callback delivered stays in the outbox after its delivery (its times and
+    # the receiver's answer, for GET /jobs/{id}); then the head's maintenance deletes it,
+    # the job keeping its outcome and attempts. 0: at the maintenance's next round.
+    callback_delivered_retention_seconds: float = Field(default=86_400.0, ge=0, le=366 * 86_400)
     # Bulk runs (hypermedia.bulk): how often the head looks at runs with no room for
     # jobs (a run with room is driven at once).
     bulk_poll_seconds: float = Field(default=2.0, gt=0, le=3600)

@@ -10,10 +10,11 @@ finished. Every :data:`CHECKPOINT_SWEEP_SECONDS` it deletes the checkpoints of j
 that ended and the orphans (:func:`hypermedia.jobs.checkpoints.sweep`), and every
 :data:`~hypermedia.storage.deletions.SWEEP_SECONDS` the blobs of deleted objects that
 the storage failed to delete when they were (:func:`hypermedia.storage.deletions.sweep`,
-with backoff). Every :data:`CALLBACK_PRUNE_SECONDS` it deletes the job callbacks given
-up longer than ``callback_failed_retention_seconds`` ago
-(:func:`hypermedia.jobs.callbacks.prune_failed`: a bounded number of batches a round,
-the next round going on while rows are left, so a backlog never holds the reaper). A second
+with backoff). Every :data:`CALLBACK_PRUNE_SECONDS` it deletes the job callbacks
+delivered longer than ``callback_delivered_retention_seconds`` ago and those given up
+longer than ``callback_failed_retention_seconds`` ago
+(:func:`hypermedia.jobs.callbacks.prune`: a bounded number of batches a round, the next
+round going on while rows are left, so a backlog never holds the reaper). A second
 thread sends completion webhooks (:mod:`hypermedia.callbacks`)
 every ``callback_poll_seconds``, so a receiver that hangs never delays the reaper. A
 third drives bulk runs (:class:`~hypermedia.bulk.runner.BulkRunner`): at once while a
@@ -63,7 +64,7 @@ log = logging.getLogger(__name__)
 
 # How often ended jobs' checkpoints are deleted (hypermedia.jobs.checkpoints.sweep).
 CHECKPOINT_SWEEP_SECONDS = 5.0
-# How often the callbacks given up past their retention are deleted.
+# How often the callbacks delivered or given up past their retention are deleted.
 CALLBACK_PRUNE_SECONDS = 300.0
 # A stopping API's uploads refused (api_shutdown_seconds), how long their answers and
 # the removal of their partial bytes may take before uvicorn cancels what still runs.
@@ -174,21 +175,29 @@ class Maintenance:
             )
 
     def prune_callbacks(self) -> outbox.Pruned:
-        """Job callbacks given up longer ago than ``callback_failed_retention_seconds``,
-        deleted, at most :data:`~hypermedia.jobs.callbacks.PRUNE_BATCHES` batches (the
-        rest the next round's); answers how many and whether rows are left."""
-        retention = self.stack.settings.callback_failed_retention_seconds
-        pruned = outbox.prune_failed(self.stack.engine, self.stack.clock.now() - retention)
-        self._prune_more = pruned.more
-        if pruned.deleted:
-            log.info(
-                "deleted %d job callbacks given up more than %s ago%s",
-                pruned.deleted,
-                age_text(retention),
-                "; more next round" if pruned.more else "",
-                extra={"action": "callback_prune"},
-            )
-        return pruned
+        """Job callbacks given up longer ago than ``callback_failed_retention_seconds``
+        and those delivered longer ago than ``callback_delivered_retention_seconds``,
+        deleted, at most :data:`~hypermedia.jobs.callbacks.PRUNE_BATCHES` batches of
+        each (the rest the next round's); answers how many and whether rows are left."""
+        settings, now = self.stack.settings, self.stack.clock.now()
+        deleted, more = 0, False
+        for status, retention, what in (
+            (outbox.FAILED, settings.callback_failed_retention_seconds, "given up"),
+            (outbox.DELIVERED, settings.callback_delivered_retention_seconds, "delivered"),
+        ):
+            pruned = outbox.prune(self.stack.engine, status, now - retention)
+            deleted, more = deleted + pruned.deleted, more or pruned.more
+            if pruned.deleted:
+                log.info(
+                    "deleted %d job callbacks %s more than %s ago%s",
+                    pruned.deleted,
+                    what,
+                    age_text(retention),
+                    "; more next round" if pruned.more else "",
+                    extra={"action": "callback_prune"},
+                )
+        self._prune_more = more
+        return outbox.Pruned(deleted, more)
 
     def reconcile(self) -> None:
         reconcile(self.stack.engine, self.stack.queue)

@@ -13,11 +13,13 @@ job has one such event, and every attempt to deliver it carries the same id (the
 webhook's ``X-Hypermedia-Delivery``), whoever sends it.
 
 Delivery states: ``pending`` (due at ``next_attempt_at``) -> ``delivered`` (a 2xx
-answer) | ``failed`` (the sender's attempt limit reached). A ``failed`` row is kept
-``callback_failed_retention_seconds`` after its last attempt, then the head's maintenance
-deletes it (:func:`prune_failed`, a bounded number of batches a call), keeping on its
-job what became of it (``processing_jobs.callback_status``, ``callback_attempts``): the
-job still shows its callback given up, without the outbox's times and last answer. A
+answer) | ``failed`` (the sender's attempt limit reached). A ``delivered`` row is kept
+``callback_delivered_retention_seconds`` (a day) after its delivery, a ``failed`` one
+``callback_failed_retention_seconds`` (7 days) after its last attempt; then the head's
+maintenance deletes it (:func:`prune`, a bounded number of batches a call), keeping on
+its job what became of it (``processing_jobs.callback_status``, ``callback_attempts``):
+the job, kept for ever, still shows its callback delivered or given up, without the
+outbox's times and last answer; the outbox holds a day of deliveries, not every one. A
 receiver that does not answer has its other due rows postponed (:func:`postpone`)
 behind the one retried, their attempts uncounted. An attempt is claimed by a guarded
 UPDATE (the attempt count and due time as read) that pushes
@@ -48,7 +50,7 @@ FAILED = "failed"
 
 # The window of the callbacks given up that the metrics count (hypermedia_callbacks_failed).
 FAILED_WINDOW_SECONDS = 3600.0
-# Rows one transaction of prune_failed deletes, and the transactions one call runs: a
+# Rows one transaction of prune deletes, and the transactions one call runs: a
 # longer backlog is left to the next call (the head's maintenance makes it soon), so a
 # call never holds the maintenance thread (the reaper) for a whole backlog.
 PRUNE_BATCH = 1000
@@ -183,29 +185,38 @@ def of_job(conn: Connection, job_id: str) -> Row[Any] | None:
 
 @dataclass(frozen=True, slots=True)
 class Pruned:
-    """What one call of :func:`prune_failed` deleted, and whether it stopped at its
-    bound with rows still to delete (``more``: call again soon)."""
+    """What one call of :func:`prune` deleted, and whether it stopped at its bound with
+    rows still to delete (``more``: call again soon)."""
 
     deleted: int
     more: bool
 
 
-def prune_failed(
-    engine: Engine, before: float, batch: int | None = None, batches: int | None = None
+def prune(
+    engine: Engine,
+    status: str,
+    before: float,
+    batch: int | None = None,
+    batches: int | None = None,
 ) -> Pruned:
-    """Delete the rows given up (``failed``) whose last attempt was before ``before``,
-    ``batch`` a transaction (:data:`PRUNE_BATCH`: a long backlog holds no writer long),
-    at most ``batches`` transactions (:data:`PRUNE_BATCHES`): the rest is the next
-    call's."""
+    """Delete the rows ``delivered`` (by their delivery) or given up (``failed``, by
+    their last attempt) before ``before``, ``batch`` a transaction (:data:`PRUNE_BATCH`:
+    a long backlog holds no writer long), at most ``batches`` transactions
+    (:data:`PRUNE_BATCHES`): the rest is the next call's. Each row's outcome stays on
+    its job (:func:`_keep_outcomes`)."""
     batch = PRUNE_BATCH if batch is None else batch
     batches = PRUNE_BATCHES if batches is None else batches
     c = t.callbacks.c
+    ended = {DELIVERED: c.delivered_at, FAILED: c.last_attempt_at}[status]
     total = 0
     for _ in range(batches):
         with transaction(engine) as conn:
+            # By ix_job_callbacks_status_next_attempt_at, oldest first: a row's
+            # next_attempt_at is its last claim's hold, just past its last attempt.
             doomed = conn.execute(
                 select(c.event_id, c.job_id, c.status, c.attempts)
-                .where(c.status == FAILED, c.last_attempt_at < to_datetime(before))
+                .where(c.status == status, ended < to_datetime(before))
+                .order_by(c.next_attempt_at)
                 .limit(batch)
             ).all()
             _keep_outcomes(conn, doomed)

@@ -613,6 +613,43 @@ def test_given_up_callbacks_are_kept_for_their_retention_and_scraped_for_the_las
     )
 
 
+def test_delivered_callbacks_are_pruned_a_day_after_their_delivery(stack, manual_clock):
+    """Nothing deleted a delivered row: the outbox grew by one row with every job that
+    named a callback, for ever (the prune took the given-up ones only), N jobs leaving N
+    rows. Now the head's maintenance deletes a delivered row
+    ``callback_delivered_retention_seconds`` (a day) after its delivery, and its job
+    keeps what became of it: delivered, after its attempts."""
+    from hypermedia.server import Maintenance
+
+    person = make_user(stack)
+    maintenance = Maintenance(stack, reaper_interval=1, reconcile_interval=60)
+    with receiving() as receiver:
+        older = [
+            submit(stack, person, ["thumbnail"], callback_url=receiver.url)[0] for _ in range(5)
+        ]
+        for job_id in older:
+            stack.ingest.cancel(person.caller, job_id)
+        assert all(d.delivered for d in _sender(stack).deliver_due())
+        manual_clock.advance(86_400 - 60)
+        newer = submit(stack, person, ["thumbnail"], callback_url=receiver.url)[0]
+        stack.ingest.cancel(person.caller, newer)
+        assert [d.delivered for d in _sender(stack).deliver_due()] == [True]
+    assert len(_outbox(stack)) == 6
+    assert maintenance.prune_callbacks().deleted == 0  # a day not passed yet
+    manual_clock.advance(61)
+    assert maintenance.prune_callbacks().deleted == 5
+    assert list(_outbox(stack)) == [newer]
+    for job_id in older:
+        sent = stack.ingest.get_job(person.caller, job_id).callback
+        assert sent is not None and (sent.status, sent.attempts) == ("delivered", 1)
+        assert sent.event_id == outbox.event_id(job_id, "cancelled")
+    assert _status_lines(stack, person, older[0])["callback"] == "delivered after 1 attempts"
+    manual_clock.advance(86_400)
+    assert maintenance.prune_callbacks().deleted == 1
+    assert _outbox(stack) == {}
+    assert stack.settings.callback_delivered_retention_seconds == 86_400
+
+
 def _status_lines(stack: Stack, person: Any, job_id: str) -> dict[str, str]:
     """``hypermedia status JOB_ID`` over HTTP: its rows by label."""
     from typer.testing import CliRunner

@@ -107,6 +107,12 @@ def test_derived_paths(tmp_path):
             "callback_failed_retention_seconds",
             86400.0,
         ),
+        (
+            "HYPERMEDIA_CALLBACK_DELIVERED_RETENTION_SECONDS",
+            "3600",
+            "callback_delivered_retention_seconds",
+            3600.0,
+        ),
     ],
 )
 def test_environment_overrides(monkeypatch, variable, value, attribute, expected):
@@ -293,6 +299,12 @@ BAD_VALUES = [
         "60",
         "callback_failed_retention_seconds",
         ">= 3600",
+    ),
+    (
+        "HYPERMEDIA_CALLBACK_DELIVERED_RETENTION_SECONDS",
+        "-1",
+        "callback_delivered_retention_seconds",
+        ">= 0",
     ),
     (
         "HYPERMEDIA_QUEUES",
