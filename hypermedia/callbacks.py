@@ -65,6 +65,7 @@ from hypermedia.ingest.schemas import job_response
 from hypermedia.ingest.service import JobView, job_view
 from hypermedia.jobs import callbacks as outbox
 from hypermedia.logs import Outage
+from hypermedia.metrics import CALLBACKS_LAST_ATTEMPT, NoMetrics, Recorder
 from hypermedia.storage.local import load_or_create_secret
 from hypermedia.webhooks import backoff, send
 
@@ -161,8 +162,12 @@ class CallbackSender:
         *,
         max_attempts: int = 8,
         timeout_seconds: float = 10.0,
+        metrics: Recorder | None = None,
     ) -> None:
         self.engine = engine
+        # Where each attempt's end is told (CALLBACKS_LAST_ATTEMPT): a sender working
+        # through a slow receiver's backlog, not one stopped.
+        self.metrics: Recorder = NoMetrics() if metrics is None else metrics
         self.secret = secret
         self.clock = clock
         self.max_attempts = max_attempts
@@ -171,13 +176,16 @@ class CallbackSender:
         self._busy: set[str] = set()  # receivers with a lane running
 
     @classmethod
-    def from_settings(cls, engine: Engine, settings: Settings, clock: Clock) -> CallbackSender:
+    def from_settings(
+        cls, engine: Engine, settings: Settings, clock: Clock, metrics: Recorder | None = None
+    ) -> CallbackSender:
         return cls(
             engine,
             secret_of(settings),
             clock,
             max_attempts=settings.callback_max_attempts,
             timeout_seconds=settings.callback_timeout_seconds,
+            metrics=metrics,
         )
 
     def deliver_due(self) -> list[Delivery]:
@@ -329,6 +337,7 @@ class CallbackSender:
             outbox.finish(
                 conn, row.event_id, self.clock.now(), answer.code, answer.error, retry_at=retry_at
             )
+        self.metrics.set(CALLBACKS_LAST_ATTEMPT, {}, self.clock.now())
         extra = {"action": "callback", "job_id": row.job_id}
         if answer.delivered:
             log.info("job %s: %s callback delivered", row.job_id, row.event, extra=extra)

@@ -90,7 +90,9 @@ class Maintenance:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._sender: threading.Thread | None = None
-        self.callbacks = CallbackSender.from_settings(stack.engine, stack.settings, stack.clock)
+        self.callbacks = CallbackSender.from_settings(
+            stack.engine, stack.settings, stack.clock, stack.metrics
+        )
         self.bulk = BulkRunner(
             stack.engine,
             stack.queue,

@@ -4,14 +4,16 @@ It records every request (headers and body) and answers the codes it is told to,
 order (then 200); ``hold`` makes it keep each request open until released (a webhook
 that hangs); ``answer_bytes`` makes it answer that long a body (``sent``: how much of it
 the sender took before it went away); ``drip`` makes it write its answer's head one byte
-at a time, that many seconds apart (a receiver that never quite times out)."""
+at a time, that many seconds apart (a receiver that never quite times out);
+``on_request`` is called as each request arrives (a test's clock moved by the time a
+slow receiver would take)."""
 
 from __future__ import annotations
 
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -39,6 +41,7 @@ class Receiver:
         self.answer_bytes = 0
         self.sent = 0
         self.drip = 0.0
+        self.on_request: Callable[[], object] | None = None
         self._lock = threading.Lock()
         receiver = self
 
@@ -47,6 +50,8 @@ class Receiver:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length)
                 receiver.arrived.set()
+                if receiver.on_request is not None:
+                    receiver.on_request()
                 if receiver.hold.is_set():
                     receiver.release.wait(60)
                 with receiver._lock:

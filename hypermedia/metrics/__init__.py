@@ -55,6 +55,7 @@ metric                                            type       labels             
 ``callbacks_failed``                              gauge                                    head
 ``callbacks_oldest_pending_age_seconds``          gauge                                    head
 ``callbacks_oldest_overdue_seconds``              gauge                                    head
+``callbacks_last_attempt_timestamp_seconds``      gauge                                    head
 ================================================  =========  ============================  ======
 
 What each counts:
@@ -111,10 +112,14 @@ What each counts:
   within about 25 minutes, but a receiver that does not answer has its events tried
   one at a time (the next once the one before is given up: its fifth waits about 1 h
   45 min), and ``callback_max_attempts`` above 10 keeps a single event pending past an
-  hour (up to a day at 100). A working sender takes a due event within a poll or its
-  receiver's lane, so an event overdue for long is a sender not working through the
-  outbox (the head's maintenance stopped, a lane stuck): ``HypermediaCallbacksStuck``
-  reads that.
+  hour (up to a day at 100). An event overdue for long is a sender not working through
+  the outbox (the head's maintenance stopped, a lane stuck), or one working but behind:
+  a receiver's events go one at a time, each up to ``callback_timeout_seconds``, so one
+  answering in 9 s with 450 due has its last wait 67 min. The sender's
+  ``callbacks_last_attempt_timestamp_seconds`` (recorded, not read from the outbox: when
+  it last finished an attempt, whatever the answer; absent until its first) tells them
+  apart: ``HypermediaCallbacksStuck`` fires on the first, ``HypermediaCallbacksBehind``
+  on the second.
 
 Nothing here imports prometheus-client or Ray: a :class:`Recorder` is passed to what
 counts (the dispatcher, the reaper, ingest, the scheduler), built by whoever opens the
@@ -343,7 +348,14 @@ CALLBACKS_OVERDUE = Metric(
     "hypermedia_callbacks_oldest_overdue_seconds",
     "gauge",
     "How long the oldest job callback due for an attempt has waited for it (0 when none):"
-    " a working sender takes one within a poll, whatever its receiver does.",
+    " a stopped sender, or one behind a receiver slow with a backlog (see"
+    " hypermedia_callbacks_last_attempt_timestamp_seconds).",
+)
+CALLBACKS_LAST_ATTEMPT = Metric(
+    "hypermedia_callbacks_last_attempt_timestamp_seconds",
+    "gauge",
+    "When the head's callback sender last finished an attempt at a job callback, whatever"
+    " its answer (Unix seconds; absent until its first).",
 )
 
 CATALOGUE: tuple[Metric, ...] = (
@@ -376,6 +388,7 @@ CATALOGUE: tuple[Metric, ...] = (
     CALLBACKS_FAILED,
     CALLBACKS_OLDEST,
     CALLBACKS_OVERDUE,
+    CALLBACKS_LAST_ATTEMPT,
 )
 # What the head reads from Redis and the record when it is scraped (never recorded).
 SCRAPED: tuple[Metric, ...] = (

@@ -272,13 +272,19 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                 "Oldest callback waiting",
                 "How long the oldest callback not delivered has waited since its job ended"
                 " (a receiver that does not answer has its events tried one at a time, about"
-                " 25 minutes each with the default attempts), and how long the oldest one due"
-                " for an attempt has waited for it: a working sender takes it within a poll;"
-                " alerts past an hour (the head's callback sender is not working through"
-                " them: its log, action callback, says why).",
+                " 25 minutes each with the default attempts), how long the oldest one due"
+                " for an attempt has waited for it, and how long ago the head's sender"
+                " finished its last attempt. Overdue past an hour alerts: Stuck when the"
+                " sender has made no attempt for 10 minutes (its log, action callback, says"
+                " why), Behind when it is working but its receivers answer too slowly for"
+                " their backlog (one event at a time each).",
                 (
                     ("max(hypermedia_callbacks_oldest_pending_age_seconds)", "oldest"),
                     ("max(hypermedia_callbacks_oldest_overdue_seconds)", "overdue"),
+                    (
+                        "time() - max(hypermedia_callbacks_last_attempt_timestamp_seconds)",
+                        "since the last attempt",
+                    ),
                 ),
                 unit="s",
                 thresholds=(3600,),

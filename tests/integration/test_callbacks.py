@@ -44,7 +44,7 @@ def stack(engine, settings, manual_clock) -> Iterator[Stack]:
 
 
 def _sender(stack: Stack) -> CallbackSender:
-    return CallbackSender.from_settings(stack.engine, stack.settings, stack.clock)
+    return CallbackSender.from_settings(stack.engine, stack.settings, stack.clock, stack.metrics)
 
 
 def _local_callbacks(settings, engine, clock, **overrides: Any) -> Stack:
@@ -539,6 +539,8 @@ def test_the_outbox_backlog_is_scraped(stack, manual_clock):
         "hypermedia_callbacks_failed": 1.0,
         "hypermedia_callbacks_oldest_pending_age_seconds": 0.0,
         "hypermedia_callbacks_oldest_overdue_seconds": 0.0,
+        # The sender's last attempt (absent before its first, above).
+        "hypermedia_callbacks_last_attempt_timestamp_seconds": manual_clock.now(),
     }
 
 
@@ -762,6 +764,38 @@ def test_a_receiver_down_holds_its_callbacks_past_an_hour_yet_none_is_overdue(
     assert oldest > 3600 + 600, oldest  # the fifth's age at its last attempt: ~1 h 46 min
     # A poll's second; two where an event was due with the one before it, given up.
     assert 0 < overdue <= 2, overdue
+    stack.close()
+
+
+def test_a_slow_receiver_with_a_backlog_is_overdue_while_the_sender_works(
+    engine, settings, manual_clock
+):
+    """``HypermediaCallbacksStuck`` said "the head's callback sender is not working
+    through the outbox" once the oldest due event had waited an hour for its attempt.
+    But a receiver that answers every event, each in 29 s (under callback_timeout_
+    seconds, 30 here), is sent its events one at a time: with 200 due at once the
+    oldest still due had waited 4,350 s after the third lane of 50, the sender busy all
+    along (the default 10 s timeout does the same with 450). What tells the two apart is
+    the sender's own last attempt (``hypermedia_callbacks_last_attempt_timestamp_
+    seconds``): seconds old here; the rules read it (``HypermediaCallbacksBehind`` for
+    this one, ``HypermediaCallbacksStuck`` only when it is old or absent)."""
+    stack = _local_callbacks(settings, engine, manual_clock, callback_timeout_seconds=30)
+    person = make_user(stack)
+    sender = _sender(stack)
+    overdue: list[float] = []
+    with receiving() as receiver:
+        receiver.on_request = lambda: manual_clock.advance(29)
+        for _ in range(200):
+            job_id = submit(stack, person, ["thumbnail"], callback_url=receiver.url)[0]
+            stack.ingest.cancel(person.caller, job_id)
+        while delivered := sender.deliver_due():
+            assert all(d.delivered for d in delivered)
+            scraped = _scraped(stack)  # as Prometheus would between two lanes
+            overdue.append(scraped["hypermedia_callbacks_oldest_overdue_seconds"])
+            last = scraped["hypermedia_callbacks_last_attempt_timestamp_seconds"]
+            assert last == manual_clock.now()  # its last answer's moment
+    assert len(receiver.requests) == 200
+    assert overdue == [1450.0, 2900.0, 4350.0, 0.0]  # past the alert's hour, sender working
     stack.close()
 
 

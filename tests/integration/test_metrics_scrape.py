@@ -231,6 +231,7 @@ def _load_and_check(rs: RayStack, person, operator, api: str, prom: str) -> None
         "heartbeat",
         "claims_paused",  # per queue of live workers, as the heartbeat's age
         "bulk_run",
+        "callbacks_last_attempt",  # absent until the head's sender attempts one: none here
     )
     deadline = time.monotonic() + 30
     while True:
