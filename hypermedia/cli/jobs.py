@@ -144,7 +144,8 @@ def show_job(job_id: str, api_url: str | None, api_key: str | None, timeout: flo
         sent = job.callback
         last = sent.response_code or sent.last_error  # None once the outbox pruned it
         answer = "" if last is None else f", last answer {last}"
-        rows.append(("callback", f"{sent.status} after {sent.attempts} attempts{answer}"))
+        tries = "1 attempt" if sent.attempts == 1 else f"{sent.attempts} attempts"
+        rows.append(("callback", f"{sent.status} after {tries}{answer}"))
     for label, value in rows:
         # A value's own lines (an error message may have several) stay in its column:
         # none of them passes for a row of its own.

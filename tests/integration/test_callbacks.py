@@ -645,7 +645,7 @@ def test_delivered_callbacks_are_pruned_a_day_after_their_delivery(stack, manual
         sent = stack.ingest.get_job(person.caller, job_id).callback
         assert sent is not None and (sent.status, sent.attempts) == ("delivered", 1)
         assert sent.event_id == outbox.event_id(job_id, "cancelled")
-    assert _status_lines(stack, person, older[0])["callback"] == "delivered after 1 attempts"
+    assert _status_lines(stack, person, older[0])["callback"] == "delivered after 1 attempt"
     manual_clock.advance(86_400)
     assert maintenance.prune_callbacks().deleted == 1
     assert _outbox(stack) == {}
