@@ -580,33 +580,34 @@ async def upload_object(
     ``Retry-After``: nothing is kept, nothing counted on the quota."""
     settings = stack.settings
     quota = _quota(stack, caller)
-    admitted = await run_in_threadpool(
-        _admit_upload, stack, caller, pool_id, quota, idempotency_key
-    )
-    pool, used = admitted.pool, admitted.used
     in_flight = cast(uploads.UploadsInFlight, request.app.state.uploads_in_flight)
-    held = nullcontext() if caller.is_operator else in_flight.hold(caller.user_id)
-    if admitted.earlier is not None:
-        assert idempotency_key is not None
-        with held:
+    # The user's place among the uploads arriving is taken first: a refusal (429,
+    # Retry-After: 1, which a client honours by sending it again) was counted on the
+    # user's uploads per minute, and a client waiting for a place used that rate up.
+    with nullcontext() if caller.is_operator else in_flight.hold(caller.user_id):
+        admitted = await run_in_threadpool(
+            _admit_upload, stack, caller, pool_id, quota, idempotency_key
+        )
+        pool, used = admitted.pool, admitted.used
+        if admitted.earlier is not None:
+            assert idempotency_key is not None
             replayed = await _replayed_upload(
                 request, admitted.earlier, idempotency_key, pool, filename
             )
-        return _object_response(replayed.info, replayed=True)
-    room = settings.max_upload_bytes if quota is None else quota - used
-    declared = request.headers.get("content-length", "")
-    if quota is not None and (room <= 0 or (declared.isdigit() and int(declared) > room)):
-        raise quota_exceeded(quota, used, int(declared) if declared.isdigit() else None)
-    # A larger Content-Length than max_upload_bytes was refused by the guard, unread.
-    limit = min(settings.max_upload_bytes, room)
-    object_id = new_id()
-    try:
-        with held:
+            return _object_response(replayed.info, replayed=True)
+        room = settings.max_upload_bytes if quota is None else quota - used
+        declared = request.headers.get("content-length", "")
+        if quota is not None and (room <= 0 or (declared.isdigit() and int(declared) > room)):
+            raise quota_exceeded(quota, used, int(declared) if declared.isdigit() else None)
+        # A larger Content-Length than max_upload_bytes was refused by the guard, unread.
+        limit = min(settings.max_upload_bytes, room)
+        object_id = new_id()
+        try:
             blob = await _store_body(request, stack.storage, original_key(pool, object_id), limit)
-    except InputTooLarge:
-        if quota is not None and limit < settings.max_upload_bytes:
-            raise quota_exceeded(quota, used, None) from None
-        raise
+        except InputTooLarge:
+            if quota is not None and limit < settings.max_upload_bytes:
+                raise quota_exceeded(quota, used, None) from None
+            raise
     uploaded = await _registered(
         request,
         lambda: uploads.register_blob(

@@ -143,3 +143,46 @@ def test_one_user_may_have_a_few_uploads_arriving_at_once(engine, settings):
                 assert answer.status_code == 201, answer.text
     finally:
         stack.close()
+
+
+def test_an_upload_refused_for_the_users_uploads_arriving_is_not_counted_on_her_rate(
+    engine, settings
+):
+    """The 429 of user_concurrent_uploads asks for the upload again in a second: it was
+    counted on the user's uploads per minute before the place was looked for, so a
+    client that waited for a place used her rate up (7 a minute, 4 arriving, 3 refused:
+    the next upload, once one ended, 429 "too many uploads ... retry in 60 s")."""
+    stack = Stack.open(
+        settings(upload_idle_seconds=30, user_uploads_per_minute=7),
+        engine=engine,
+        auto_migrate=True,
+    )
+    try:
+        with running_server(create_app(stack), access_log=False) as url:
+            eve = add_user(stack, "eve")
+            with ExitStack() as sockets, httpx.Client(base_url=url, timeout=10) as client:
+                held = [sockets.enter_context(_slow_upload(url, eve.api_key)) for _ in range(4)]
+                time.sleep(0.5)  # the four in their handlers, their bodies awaited
+
+                def upload() -> httpx.Response:
+                    return client.put(
+                        f"{P}/objects",
+                        params={"filename": "a.bin"},
+                        content=b"hello",
+                        headers={**bearer(eve), "Idempotency-Key": "k1"},
+                    )
+
+                for _ in range(3):
+                    refused = upload()
+                    assert refused.status_code == 429, refused.text
+                    assert "at most 4 at once" in refused.json()["error"]["message"]
+                held[0].sendall(b"x" * 5)
+                held[0].shutdown(socket.SHUT_WR)  # its body ends short: the upload ends
+                deadline = time.monotonic() + 5
+                while (answer := upload()).status_code == 429:
+                    assert "at most 4 at once" in answer.text, answer.text
+                    assert time.monotonic() < deadline, answer.text
+                    time.sleep(0.1)
+                assert answer.status_code == 201, answer.text
+    finally:
+        stack.close()
