@@ -46,7 +46,8 @@ translated where they enter, with ``raise ... from exc``.
     ├── IllegalTransition   409  a job state change the state machine forbids
     ├── PaymentRequired     402  not enough credits: nothing was created
     ├── StorageQuotaExceeded 413 the user's stored bytes would pass (or have reached) their quota
-    ├── RateLimited         429  too many submits or uploads; ``Retry-After`` says when
+    ├── RateLimited         429  too many submits or uploads a minute; ``Retry-After`` says when
+    │   └── ConcurrencyLimited   too many of a user's uploads (event streams) at once: nothing read
     ├── ServiceUnavailable  503  a backing service is down
     │   ├── DatabaseUnavailable
     │   ├── DatabaseConflict     a transaction aborted by a deadlock, again when rerun
@@ -333,6 +334,15 @@ class RateLimited(HypermediaError):
 
     code = "rate_limited"
     status = 429
+
+
+class ConcurrencyLimited(RateLimited):
+    """Too many of one user's uploads (or event streams) at once: the request was refused
+    before anything of it was read, counted or done, so sending it again once one of
+    them has ended (``Retry-After``, a second for an upload) is safe. A client tells it
+    from a rate (``rate_limited``: a minute's worth used up) by its code."""
+
+    code = "concurrency_limited"
 
 
 class ServiceUnavailable(HypermediaError):

@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import psutil
@@ -37,6 +38,20 @@ def add_user(stack: Stack, name: str, credits: float = 10.0, *, operator: bool =
 
 def bearer(user: NewUser) -> dict[str, str]:
     return {"Authorization": f"Bearer {user.api_key}"}
+
+
+def slow_upload(base_url: str, api_key: str, declared: int = 10_000_000) -> socket.socket:
+    """A connection that sent an upload's headers and no byte of its body: an upload of
+    the key's user arriving (``user_concurrent_uploads``) until its socket says more."""
+    parts = urlsplit(base_url)
+    conn = socket.create_connection((parts.hostname, parts.port), timeout=30)
+    conn.sendall(
+        (
+            "PUT /v1/hypermedia/objects?filename=slow.bin HTTP/1.1\r\nHost: test\r\n"
+            f"Authorization: Bearer {api_key}\r\nContent-Length: {declared}\r\n\r\n"
+        ).encode()
+    )
+    return conn
 
 
 def wait_until_healthy(base_url: str, timeout: float = 20.0, path: str = "/healthz") -> None:

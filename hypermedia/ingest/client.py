@@ -36,6 +36,15 @@ against the quota) twice (an upload's body is sent again from its start), and
 :meth:`HypermediaClient.register`, whose storage key is its idempotency key. Anything
 else raises :class:`ServiceUnavailable` saying that the request may have been carried
 out.
+
+A 429 ``concurrency_limited`` (:class:`~hypermedia.errors.ConcurrencyLimited`: the user
+has as many uploads arriving at once as the API allows, 4 by default; it read nothing
+and counted nothing) is sent again after its ``Retry-After`` (a second), its body
+afresh, until a place is free, for up to ``timeout`` seconds of waiting in all (then it
+is raised); a body that can be read only once (an iterable, a pipe) is not. These
+tries are not the ``retries``. A 429 ``rate_limited`` (the user's submits or uploads
+a minute used up: :class:`~hypermedia.errors.RateLimited`, whose ``Retry-After`` may be
+a minute) and a 402 are raised at once: a caller that would rather wait says so.
 """
 
 from __future__ import annotations
@@ -60,6 +69,7 @@ from pydantic import BaseModel, ValidationError
 
 from hypermedia import tls
 from hypermedia.errors import (
+    ConcurrencyLimited,
     ConfigError,
     HypermediaError,
     InvalidRequest,
@@ -198,7 +208,10 @@ class HypermediaClient:
         if replayable is None:
             replayable = method == "GET"
         tries = 1 + self.retries
-        for attempt in range(1, tries + 1):
+        attempt = 0
+        waited_until: float | None = None  # the end of its wait for a place (a 429)
+        while attempt < tries:
+            attempt += 1
             if content is not None:
                 kwargs["content"] = content()
             try:
@@ -236,7 +249,19 @@ class HypermediaClient:
                 self._backoff(attempt, response.headers.get("Retry-After"))
                 continue
             if response.status_code >= 400:
-                raise error_from_response(response.status_code, _json_or_none(response))
+                error = error_from_response(response.status_code, _json_or_none(response))
+                if isinstance(error, ConcurrencyLimited) and (content is None or replayable):
+                    # Refused unread, nothing counted: sent again (its body afresh) as
+                    # soon as one of the user's own has ended, for up to the timeout.
+                    now = time.monotonic()
+                    if waited_until is None:
+                        waited_until = now + self.timeout
+                    pause = _retry_after(response) or _BACKOFF_BASE
+                    if now + pause < waited_until:
+                        time.sleep(pause)
+                        attempt -= 1  # a try that was not one
+                        continue
+                raise error
             return self._read(response, model)
         raise AssertionError("unreachable")
 
@@ -299,7 +324,10 @@ class HypermediaClient:
         (an iterable, a pipe) is not sent again once its bytes started: such a try
         raises. When every try failed, the :class:`ServiceUnavailable` names the key in
         its details (``idempotency_key``): upload again with it to get the object, if
-        there is one."""
+        there is one. While the user has as many uploads arriving as the API allows (429
+        ``concurrency_limited``), the upload waits for a place, sent again after each
+        ``Retry-After`` for up to ``timeout`` seconds (not a source read only once); the
+        uploads a minute used up (429 ``rate_limited``) raise at once."""
         body = _upload_body(source)
         filename = filename or body.name
         if filename is None:
@@ -905,6 +933,13 @@ def _segment(value: str) -> str:
     escaped too, or httpx would resolve it."""
     quoted = quote(value, safe="")
     return quoted.replace(".", "%2E") if value in (".", "..") else quoted
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    """The answer's ``Retry-After`` in seconds (the API sends whole ones), at most
+    ``_BACKOFF_MAX``; None when it has none."""
+    value = response.headers.get("Retry-After", "")
+    return min(_BACKOFF_MAX, float(value)) if value.isdigit() else None
 
 
 def _json_or_none(response: httpx.Response) -> Any:

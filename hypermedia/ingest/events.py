@@ -31,11 +31,11 @@ The streams of an API process share one Redis pub/sub connection
 (:class:`~hypermedia.ingest.subscriber.EventSubscriber`: a job's channel is subscribed
 while a stream follows it) and a small pool for their reads. :class:`EventStreams`
 bounds them (each holds a socket for as long as its job runs): at most ``per_user`` of
-one user (more: 429 ``rate_limited``) and ``total`` in all (more: 503), and it ends them
-all, cleanly, when the server stops (:class:`EventStreamResponse`): a stream lasts as
-long as its job, and the server would otherwise wait for every job followed before it
-exits. A client takes its stream up
-again on the next server with ``Last-Event-ID``.
+one user (more: 429 ``concurrency_limited``) and ``total`` in all (more: 503), and it
+ends them all, cleanly, when the server stops (:class:`EventStreamResponse`): a stream
+lasts as long as its job, and the server would otherwise wait for every job followed
+before it exits. A client takes its stream up again on the next server with
+``Last-Event-ID``.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Message, Receive, Scope, Send
 
 from hypermedia.accounts import Caller
-from hypermedia.errors import AuthenticationFailed, RateLimited, ServiceUnavailable
+from hypermedia.errors import AuthenticationFailed, ConcurrencyLimited, ServiceUnavailable
 from hypermedia.ingest.schemas import TERMINAL_STATUSES
 from hypermedia.ingest.subscriber import EventSubscriber, Subscription
 from hypermedia.queue.events import entry_order, parse_published
@@ -89,9 +89,9 @@ class EventStreams:
         return len(self._open)
 
     def take(self, caller: Caller) -> _Slot:
-        """A place for one more stream of ``caller``'s: RateLimited (429) when the user
-        has ``per_user`` open, ServiceUnavailable (503) when this process has ``total``
-        or is stopping."""
+        """A place for one more stream of ``caller``'s: ConcurrencyLimited (429) when the
+        user has ``per_user`` open, ServiceUnavailable (503) when this process has
+        ``total`` or is stopping."""
         if self.closed:
             raise ServiceUnavailable(
                 "the API is stopping: follow the job again in a moment",
@@ -107,7 +107,7 @@ class EventStreams:
         user = caller.user_id
         held = self._counts.get(user, 0)
         if not caller.is_operator and held >= self.per_user:
-            raise RateLimited(
+            raise ConcurrencyLimited(
                 f"{held} event streams of this user are open (at most {self.per_user}"
                 " at once): try again when one has ended",
                 limit=self.per_user,

@@ -66,11 +66,11 @@ from hypermedia.db.conflicts import rerun_on_conflict
 from hypermedia.db.engine import snapshot, transaction
 from hypermedia.errors import (
     AlreadyRegistered,
+    ConcurrencyLimited,
     Conflict,
     IdempotencyKeyReused,
     InvalidRequest,
     NotFound,
-    RateLimited,
     ServiceUnavailable,
     StorageQuotaExceeded,
     UploadTooSlow,
@@ -129,7 +129,7 @@ class UploadsInFlight:
     def hold(self, user_id: str) -> Iterator[None]:
         held = self._counts.get(user_id, 0)
         if held >= self.per_user:
-            raise RateLimited(
+            raise ConcurrencyLimited(
                 f"{held} uploads of this user are still arriving (at most {self.per_user}"
                 " at once): retry when one has ended",
                 limit=self.per_user,

@@ -9,14 +9,13 @@ import socket
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
-from urllib.parse import urlsplit
 
 import httpx
 import pytest
 
 from hypermedia.ingest.api import create_app
 from hypermedia.stack import Stack
-from tests.api_support import add_user, bearer, running_server
+from tests.api_support import add_user, bearer, running_server, slow_upload
 
 P = "/v1/hypermedia"
 DEFAULT_THREADS = 40  # anyio's default thread limiter: every sync route and dependency
@@ -44,19 +43,6 @@ def base_url(stack) -> Iterator[str]:
         yield url
 
 
-def _slow_upload(base_url: str, api_key: str, declared: int = 10_000_000) -> socket.socket:
-    """A connection that sent an upload's headers and no byte of its body."""
-    parts = urlsplit(base_url)
-    conn = socket.create_connection((parts.hostname, parts.port), timeout=30)
-    conn.sendall(
-        (
-            f"PUT {P}/objects?filename=slow.bin HTTP/1.1\r\nHost: test\r\n"
-            f"Authorization: Bearer {api_key}\r\nContent-Length: {declared}\r\n\r\n"
-        ).encode()
-    )
-    return conn
-
-
 def _answer(conn: socket.socket) -> tuple[int, dict[str, object]]:
     answer = b""
     while chunk := conn.recv(65536):
@@ -71,7 +57,7 @@ def test_stalled_uploads_leave_the_other_routes_their_threads(stack, base_url):
     user = add_user(stack, "eve")  # an ordinary user: 60 uploads a minute
     with ExitStack() as sockets:
         for _ in range(DEFAULT_THREADS + 5):
-            sockets.enter_context(_slow_upload(base_url, user.api_key))
+            sockets.enter_context(slow_upload(base_url, user.api_key))
         time.sleep(1.0)  # every one of them in its handler, waiting for its body
         with httpx.Client(base_url=base_url, timeout=5) as client:
             assert client.get("/healthz").status_code == 200
@@ -80,7 +66,7 @@ def test_stalled_uploads_leave_the_other_routes_their_threads(stack, base_url):
 
 def test_an_upload_whose_body_stops_is_refused(stack, base_url):
     user = add_user(stack, "eve")
-    with _slow_upload(base_url, user.api_key) as conn:
+    with slow_upload(base_url, user.api_key) as conn:
         conn.sendall(b"x" * 500)
         started = time.monotonic()
         status, error = _answer(conn)
@@ -91,7 +77,7 @@ def test_an_upload_whose_body_stops_is_refused(stack, base_url):
 
 def test_an_upload_trickling_below_the_minimum_rate_is_refused(stack, base_url):
     user = add_user(stack, "eve")
-    with _slow_upload(base_url, user.api_key) as conn:
+    with slow_upload(base_url, user.api_key) as conn:
         started = time.monotonic()
         conn.settimeout(0.3)
         status: int | None = None
@@ -116,7 +102,7 @@ def test_one_user_may_have_a_few_uploads_arriving_at_once(engine, settings):
             eve, bob = add_user(stack, "eve"), add_user(stack, "bob")
             operator = add_user(stack, "op", operator=True)
             with ExitStack() as sockets, httpx.Client(base_url=url, timeout=10) as client:
-                held = [sockets.enter_context(_slow_upload(url, eve.api_key)) for _ in range(4)]
+                held = [sockets.enter_context(slow_upload(url, eve.api_key)) for _ in range(4)]
                 time.sleep(0.5)  # the four in their handlers, their bodies awaited
 
                 def upload(person) -> httpx.Response:
@@ -129,7 +115,7 @@ def test_one_user_may_have_a_few_uploads_arriving_at_once(engine, settings):
 
                 refused = upload(eve)
                 assert refused.status_code == 429, refused.text
-                assert refused.json()["error"]["code"] == "rate_limited"
+                assert refused.json()["error"]["code"] == "concurrency_limited"
                 assert "at most 4 at once" in refused.json()["error"]["message"]
                 assert refused.headers["retry-after"] == "1"
                 assert upload(bob).status_code == 201
@@ -161,7 +147,7 @@ def test_an_upload_refused_for_the_users_uploads_arriving_is_not_counted_on_her_
         with running_server(create_app(stack), access_log=False) as url:
             eve = add_user(stack, "eve")
             with ExitStack() as sockets, httpx.Client(base_url=url, timeout=10) as client:
-                held = [sockets.enter_context(_slow_upload(url, eve.api_key)) for _ in range(4)]
+                held = [sockets.enter_context(slow_upload(url, eve.api_key)) for _ in range(4)]
                 time.sleep(0.5)  # the four in their handlers, their bodies awaited
 
                 def upload() -> httpx.Response:

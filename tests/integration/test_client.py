@@ -10,7 +10,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import ExitStack, contextmanager, suppress
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
@@ -25,6 +25,7 @@ from hypermedia.embedded import free_port
 from hypermedia.errors import (
     AlreadyRegistered,
     AuthenticationFailed,
+    ConcurrencyLimited,
     ConfigError,
     Conflict,
     Forbidden,
@@ -33,13 +34,15 @@ from hypermedia.errors import (
     InvalidRequest,
     NotFound,
     PaymentRequired,
+    RateLimited,
     ServiceUnavailable,
     UnknownOperation,
 )
 from hypermedia.ingest.api import create_app
 from hypermedia.ingest.client import HypermediaClient, error_from_response
+from hypermedia.ingest.schemas import ObjectResponse
 from hypermedia.stack import Stack
-from tests.api_support import AnswerDropper, add_user, bearer, running_server
+from tests.api_support import AnswerDropper, add_user, bearer, running_server, slow_upload
 from tests.generated import Generated
 
 IMAGE = b"\xff\xd8\xff\xe0" + bytes(range(256)) * 40
@@ -340,6 +343,80 @@ def test_a_file_object_is_sent_again_from_where_it_stood_and_chunks_are_not(stac
         again = client.upload(iter([IMAGE]), "b.jpg", idempotency_key="chunks-1")
         assert again.replayed
     assert _originals(stack, alice.user_id) == (2, 2 * len(IMAGE))
+
+
+def test_an_upload_waits_for_a_place_among_the_users_uploads_arriving_but_not_for_her_rate(
+    pg_engine, settings, tmp_path
+):
+    """A user may have 4 uploads arriving at once; the fifth is refused unread, 429
+    Retry-After: 1. upload() raised it at once (RateLimited after 0.01 s), so a web
+    tier with more than 4 uploads at once on one key failed them. Now a path or a file
+    object is sent again, afresh, each Retry-After until a place is free (for up to the
+    client's timeout); chunks, which cannot be read again, and the uploads-per-minute
+    429 (rate_limited, a minute's wait) are raised at once."""
+    stack = Stack.open(
+        settings(upload_idle_seconds=30, user_uploads_per_minute=6),
+        engine=pg_engine,
+        auto_migrate=True,
+    )
+    source = tmp_path / "photo.jpg"
+    source.write_bytes(IMAGE)
+    handle = io.BytesIO(b"skip" + IMAGE)
+    handle.seek(4)
+    try:
+        with (
+            running_server(create_app(stack), access_log=False) as url,
+            ExitStack() as sockets,
+        ):
+            eve = add_user(stack, "eve")
+            held = [sockets.enter_context(slow_upload(url, eve.api_key)) for _ in range(4)]
+            time.sleep(0.5)  # the four in their handlers, their bodies awaited
+            done: dict[str, object] = {}
+            took: dict[str, float] = {}
+
+            def upload(name: str, source: object, timeout: float = 10) -> None:
+                started = time.monotonic()
+                try:
+                    with HypermediaClient(url, eve.api_key, timeout=timeout) as client:
+                        done[name] = client.upload(source, "a.jpg")  # type: ignore[arg-type]
+                except HypermediaError as exc:
+                    done[name] = exc
+                took[name] = time.monotonic() - started
+
+            upload("chunks", iter([IMAGE[:10], IMAGE[10:]]))
+            assert isinstance(done["chunks"], ConcurrencyLimited), done["chunks"]
+            assert done["chunks"].http_status == 429 and took["chunks"] < 0.5
+            upload("short", source, timeout=2)  # no place within its 2 s
+            assert isinstance(done["short"], ConcurrencyLimited), done["short"]
+            assert 1.0 <= took["short"] < 2.5, took["short"]
+            waiting = [
+                threading.Thread(target=upload, args=(name, source_))
+                for name, source_ in (("path", source), ("file object", handle))
+            ]
+            for thread in waiting:
+                thread.start()
+            time.sleep(1.5)  # refused, asked again a second later, refused
+            assert "path" not in done and "file object" not in done, done
+            for conn in held[:2]:
+                conn.sendall(b"x" * 5)
+                conn.shutdown(socket.SHUT_WR)  # its body ends short: that upload ends
+            for thread in waiting:
+                thread.join(15)
+            sha = hashlib.sha256(IMAGE).hexdigest()
+            for name in ("path", "file object"):
+                obj = done[name]
+                assert isinstance(obj, ObjectResponse), obj
+                assert (obj.sha256, obj.replayed) == (sha, False)
+                assert 1.5 <= took[name] < 5, took
+            assert _originals(stack, eve.user_id) == (2, 2 * len(IMAGE))
+            # Her 6 a minute used (the four held, these two; no refusal counted): the
+            # rate's 429 is hers to wait for, raised at once.
+            upload("rate", source)
+            assert isinstance(done["rate"], RateLimited), done["rate"]
+            assert not isinstance(done["rate"], ConcurrencyLimited)
+            assert done["rate"].code == "rate_limited" and took["rate"] < 0.5
+    finally:
+        stack.close()
 
 
 def test_an_upload_with_no_answer_names_its_key_and_the_key_gets_the_object(stack, base_url):

@@ -432,7 +432,7 @@ def test_event_streams_are_capped_per_user_and_per_server(pg_engine, settings):
             held = [_open_stream(url, alice, jobs[0]), _open_stream(url, alice, jobs[1])]
             refused = _events_answer(url, alice, jobs[0])
             assert refused.status_code == 429, refused.text
-            assert refused.json()["error"]["code"] == "rate_limited"
+            assert refused.json()["error"]["code"] == "concurrency_limited"
             assert refused.headers["Retry-After"] == "5"
             # Another user is not refused for hers; the server's third is its last.
             bobs = submit(stack, bob, ["thumbnail"])[0]
