@@ -158,6 +158,7 @@ class AnswerDropper:
         self.request_line = request_line
         self.drops = drops
         self.dropped = 0
+        self.requests = 0  # requests that started with request_line, passed on or dropped
         self._lock = threading.Lock()
         self._listener = listening_socket()
         self._threads: list[threading.Thread] = []
@@ -216,9 +217,11 @@ class AnswerDropper:
         with suppress(OSError):
             while data := client.recv(65536):
                 with self._lock:
-                    if data.startswith(self.request_line) and self.dropped < self.drops:
-                        self.dropped += 1
-                        doomed.set()
+                    if data.startswith(self.request_line):
+                        self.requests += 1
+                        if self.dropped < self.drops:
+                            self.dropped += 1
+                            doomed.set()
                 server.sendall(data)
 
     def _answers(

@@ -574,7 +574,9 @@ class HypermediaClient:
     ) -> Iterator[JobEvent]:
         """The job's events (``GET /jobs/{id}/events``): its recent ones, its status as
         the record has it, then each as it happens, until it has ended. A dropped
-        connection is resumed where it left off (``Last-Event-ID``), after the
+        connection is resumed where it left off (``Last-Event-ID``; the record's
+        status the server sends on each connection is passed on again only when it
+        differs, in status or attempt, from the last status passed on), after the
         ``retry`` the server asks for, doubling while the API stays away (refused
         connections, as while it restarts: about a minute in all, the
         ``_EVENT_STREAM_DROPS`` tries; a 503, the server stopping or full, counts the
@@ -709,7 +711,7 @@ class HypermediaClient:
             events = _server_sent_events(lines, state)
             try:
                 for event in events:
-                    if event is not None:
+                    if event is not None and not state.repeats(event):
                         state.seen(event)
                         yield event
                     if deadline is not None and time.monotonic() >= deadline:
@@ -771,14 +773,27 @@ class _Following:
         self.job_id = job_id
         self.last_id = last_id
         self.status = "unknown"
+        self.attempt: int | None = None  # the last status event's
         self.retry = 2.0
         self.connected = False  # whether the API answered once
 
     def seen(self, event: JobEvent) -> None:
         if event.id is not None:
             self.last_id = event.id
-        if event.status is not None:
-            self.status = event.status
+        if event.type == "status" and event.status is not None:
+            self.status, self.attempt = event.status, event.attempt
+
+    def repeats(self, event: JobEvent) -> bool:
+        """Whether ``event`` is the record's status (no id) that the last status event
+        passed on said already: the server sends it on every connection, and a stream
+        taken up again passed the job's "processing" on twice. One of another attempt
+        is news."""
+        return (
+            event.id is None
+            and event.type == "status"
+            and event.status == self.status
+            and (event.attempt is None or self.attempt is None or event.attempt == self.attempt)
+        )
 
     def timed_out(self, timeout: float | None) -> TimeoutError:
         return TimeoutError(f"job {self.job_id} is still {self.status} after {timeout:g} s")

@@ -148,6 +148,49 @@ def test_wait_outlasts_an_api_restart(stack, base_url):
         assert seen[-1].status == "completed"
 
 
+def test_a_resumed_stream_does_not_pass_on_the_status_it_delivered_again(stack, base_url):
+    """On every connection the server sends the record's status (no id) after what
+    followed Last-Event-ID: a stream taken up again (the API restarted under it) passed
+    the job's "processing" on a second time, and a consumer tracking status changes saw
+    processing -> processing. A record status the same as the last one delivered is
+    not passed on; what is news still is (a progress, the end)."""
+    person = make_user(stack)
+    job_id = submit(stack, person, ["thumbnail"])[0]
+    job = _started(stack, job_id)
+    with (
+        AnswerDropper(base_url, f"GET /v1/hypermedia/jobs/{job_id}/events".encode(), 0) as api,
+        HypermediaClient(api.url, person.api_key) as client,
+    ):
+        seen: list[JobEvent] = []
+        first = threading.Event()
+
+        def follow() -> None:
+            for event in client.events(job_id, timeout=60):
+                seen.append(event)
+                first.set()
+
+        follower = threading.Thread(target=follow)
+        follower.start()
+        assert first.wait(10)
+        api.cut()
+        time.sleep(1)  # the stream reset; connections refused
+        api.restore()
+        deadline = time.monotonic() + 20
+        while api.requests < 2:  # taken up again (after the server's 2 s retry)
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        time.sleep(1.5)  # the server sends the record's "processing" on it
+        _progress(stack, job, 1)
+        stack.dispatcher.complete_many("w", [FinishedJob(job.job_id)])
+        follower.join(30)
+        assert not follower.is_alive()
+    assert _shape(seen) == [
+        ("status", "processing", None),
+        ("progress", None, 1.0),
+        ("status", "completed", None),
+    ], seen
+
+
 def test_the_record_ends_a_stream_whose_terminal_event_redis_lost(stack, base_url):
     person = make_user(stack)
     job_id = submit(stack, person, ["thumbnail"])[0]
