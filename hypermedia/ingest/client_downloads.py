@@ -13,7 +13,11 @@ bytes is taken up where it stopped with ``Range: bytes=N-`` and ``If-Range`` (th
 first answer's ``ETag``): 206 goes on; a whole answer (200) under the same strong
 ``ETag`` is the same bytes, those already had skipped; under another (the output
 replaced) the transfer starts again from its first byte when the target can be
-rewound, else raises. A URL past its ``expires_at`` is asked for afresh before a try.
+rewound, else raises.
+
+A URL past its ``expires_at`` is asked for afresh before a try, and so is one a 403
+refused as expired (the API's ``url_expired``, an object store's 403), once in a row,
+whatever the client's clock said: the URL's expiry is the server's clock's.
 """
 
 from __future__ import annotations
@@ -88,6 +92,7 @@ class OutputTransfer:
         self.content_type, self.size = link.content_type, link.size_bytes
         etag: str | None = None
         failures = 0  # tries in a row that brought no new byte
+        renewed = False  # the URL was asked for afresh on a 403 (once in a row)
         while True:
             if _expired(link):
                 link = self._link()
@@ -104,7 +109,14 @@ class OutputTransfer:
                     continue
                 if response.status_code >= 400:
                     response.read()
-                    raise _error(response, self._error_of)
+                    error = _error(response, self._error_of)
+                    if response.status_code == 403 and not renewed and _maybe_expired(error):
+                        # Expired by the server's clock, which is not the client's.
+                        renewed = True
+                        link = self._link()
+                        continue
+                    raise error
+                renewed = False
                 skip = self._skip(response, etag, restart)
                 etag = _strong(response.headers.get("etag"))
                 self.content_type = response.headers.get("content-type", self.content_type)
@@ -188,6 +200,12 @@ class OutputTransfer:
 
 def _expired(link: OutputUrlResponse) -> bool:
     return link.expires_at.timestamp() - _URL_MARGIN <= datetime.now(UTC).timestamp()
+
+
+def _maybe_expired(error: HypermediaError) -> bool:
+    """Whether a 403 may be the URL's expiry: the API's ``url_expired``, or an object
+    store's refusal (S3's says "Request has expired" in its XML)."""
+    return error.code in ("url_expired", Forbidden.code)
 
 
 def _strong(etag: str | None) -> str | None:

@@ -9,7 +9,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager, suppress
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -1145,3 +1145,69 @@ def test_an_output_is_handed_on_in_chunks_or_written_to_a_file_object(stack, bas
         with pytest.raises(NotFound):
             client.download(job_id, "no-such.mp4", tmp_path / "out" / "missing.mp4")
         assert list((tmp_path / "out").iterdir()) == []
+
+
+class _ServerClock:
+    """The API's clock, ``ahead`` seconds past this process's (the client's)."""
+
+    def __init__(self) -> None:
+        self.ahead = 0.0
+
+    def now(self) -> float:
+        return time.time() + self.ahead
+
+
+def _cut_once_after(monkeypatch, at: int, then: Callable[[], None]) -> list[tuple[int, int]]:
+    """The first blob answer cut after ``at`` bytes, ``then()`` done just before; the
+    (start, length) of every blob answer served."""
+    from hypermedia.ingest import api
+
+    served: list[tuple[int, int]] = []
+    whole = api._file_chunks
+
+    def cut_once(handle, start, length, chunk_size=1 << 20):
+        served.append((start, length))
+        sent = 0
+        for chunk in whole(handle, start, length, chunk_size):
+            if len(served) == 1 and sent >= at:
+                then()
+                raise ConnectionResetError("the transfer is cut")
+            sent += len(chunk)
+            yield chunk
+
+    monkeypatch.setattr(api, "_file_chunks", cut_once)
+    return served
+
+
+def test_a_download_resumed_on_a_url_the_api_says_expired_asks_for_a_new_one(
+    pg_engine, settings, tmp_path, monkeypatch
+):
+    """The client judged its URL's expires_at by its own clock: one 60 s behind the
+    API's resumed a cut transfer on a URL the API held expired, and raised its 403
+    url_expired (Forbidden). A 403 url_expired now gets a new URL, whatever the
+    client's clock says, and the transfer goes on where it stopped."""
+    clock = _ServerClock()
+    stack = Stack.open(
+        settings(download_url_ttl_seconds=30), engine=pg_engine, auto_migrate=True, clock=clock
+    )
+    try:
+        alice = add_user(stack, "alice", credits=5)
+        data = os.urandom(3 << 20)
+
+        def skewed() -> None:
+            clock.ahead = 60.0  # the API's clock a minute past the client's
+
+        served = _cut_once_after(monkeypatch, 1 << 20, skewed)
+        with (
+            running_server(create_app(stack)) as url,
+            HypermediaClient(url, alice.api_key, timeout=10) as client,
+        ):
+            job_id = _an_output(stack, client, data, "video.mp4")
+            target = tmp_path / "video.mp4"
+            done = client.download(job_id, "video.mp4", target)
+        assert target.read_bytes() == data
+        assert (done.size_bytes, done.resumed, done.restarted) == (len(data), 1, 0)
+        [(start, length)] = served[1:]  # the expired URL's try refused, unserved
+        assert start >= 1 << 20 and start + length == len(data)
+    finally:
+        stack.close()
