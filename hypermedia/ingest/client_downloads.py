@@ -13,7 +13,11 @@ bytes is taken up where it stopped with ``Range: bytes=N-`` and ``If-Range`` (th
 first answer's ``ETag``): 206 goes on; a whole answer (200) under the same strong
 ``ETag`` is the same bytes, those already had skipped; under another (the output
 replaced) the transfer starts again from its first byte when the target can be
-rewound, else raises.
+rewound, else raises. The size the transfer must reach is the answer's (its
+``Content-Range`` total, a whole answer's ``Content-Length``): a replaced output's
+own, once it started again. A 206 of another total than the bytes had (from a store
+with no strong ``ETag``, so no ``If-Range``) is a replaced output too: it raises, the
+two never spliced (one of the same size cannot be told without an ``ETag``).
 
 A URL past its ``expires_at`` is asked for afresh before a try, and so is one a 403
 refused as expired (the API's ``url_expired``, an object store's 403), once in a row,
@@ -118,6 +122,7 @@ class OutputTransfer:
                     raise error
                 renewed = False
                 skip = self._skip(response, etag, restart)
+                self.size = _size(response, self.size)
                 etag = _strong(response.headers.get("etag"))
                 self.content_type = response.headers.get("content-type", self.content_type)
                 for chunk in response.iter_bytes(chunk_size):
@@ -183,7 +188,16 @@ class OutputTransfer:
                     f" {response.headers.get('content-range')!r}",
                     url=_shown(response.request),
                 )
-            return 0
+            if self.size is None or found.group(3) in ("*", str(self.size)):
+                return 0
+            # Another size: another output (a store that sent no strong ETag, so no
+            # If-Range could keep the range to the bytes already had).
+            raise HypermediaError(
+                f"the output at {_shown(response.request)} was replaced while it was"
+                f" downloaded ({self.received} bytes had come; {self.size} bytes then,"
+                f" {found.group(3)} now): download it again",
+                url=_shown(response.request),
+            )
         if etag is not None and _strong(response.headers.get("etag")) == etag:
             return self.received  # the whole of the same bytes: a route without ranges
         if restart is None:
@@ -206,6 +220,20 @@ def _maybe_expired(error: HypermediaError) -> bool:
     """Whether a 403 may be the URL's expiry: the API's ``url_expired``, or an object
     store's refusal (S3's says "Request has expired" in its XML)."""
     return error.code in ("url_expired", Forbidden.code)
+
+
+def _size(response: httpx.Response, known: int | None) -> int | None:
+    """The output's size as this answer gives it (its ``Content-Range``'s total, or a
+    whole answer's ``Content-Length``): a replaced output's, when the transfer started
+    again. ``known`` when it gives none (or the bytes come encoded)."""
+    if response.headers.get("content-encoding", "identity") != "identity":
+        return known
+    if response.status_code == 206:
+        found = _CONTENT_RANGE.fullmatch(response.headers.get("content-range", ""))
+        total = None if found is None else found.group(3)
+        return int(total) if total is not None and total.isdigit() else known
+    length = response.headers.get("content-length", "")
+    return int(length) if length.isdigit() else known
 
 
 def _strong(etag: str | None) -> str | None:

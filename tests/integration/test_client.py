@@ -1211,3 +1211,103 @@ def test_a_download_resumed_on_a_url_the_api_says_expired_asks_for_a_new_one(
         assert start >= 1 << 20 and start + length == len(data)
     finally:
         stack.close()
+
+
+def test_a_download_of_an_output_replaced_by_one_of_another_size_starts_again_whole(
+    stack, base_url, tmp_path, monkeypatch
+):
+    """A transfer whose output was replaced meanwhile starts again from its first byte
+    (If-Range with the first answer's ETag: the API answers the whole new blob), but
+    the size it checked at the end was the first URL's: a new output of another size
+    raised "ended after 2097157 of its 3145728 bytes". The size is now the answer's."""
+    from hypermedia.db.engine import snapshot
+    from hypermedia.ingest import queries
+
+    alice = add_user(stack, "alice", credits=5)
+    first, second = os.urandom(3 << 20), os.urandom((2 << 20) + 5)
+    keys: list[str] = []
+
+    def replaced() -> None:
+        step = 1 << 20
+        stack.storage.put(keys[0], (second[at : at + step] for at in range(0, len(second), step)))
+
+    served = _cut_once_after(monkeypatch, 1 << 20, replaced)
+    with HypermediaClient(base_url, alice.api_key, timeout=10) as client:
+        job_id = _an_output(stack, client, first, "video.mp4")
+        with snapshot(stack.engine) as conn:
+            found = queries.output(conn, alice.user_id, job_id, "video.mp4")
+        assert found is not None
+        keys.append(found.storage_key)
+        target = tmp_path / "video.mp4"
+        done = client.download(job_id, "video.mp4", target)
+        assert target.read_bytes() == second  # never a splice of the two
+        assert (done.size_bytes, done.restarted) == (len(second), 1)
+        # Handed on in chunks, it cannot be rewound: it raises, as before.
+        served.clear()
+        with pytest.raises(HypermediaError, match="was replaced while it was downloaded"):
+            list(client.output_chunks(job_id, "video.mp4"))
+
+
+def test_a_resumed_download_from_a_store_without_an_etag_never_splices_two_outputs():
+    """A store (a proxy) that sends no strong ETag gets no If-Range: a range resumed on
+    a replaced output is the new one's bytes. The size the transfer must reach is the
+    answer's now; a 206 of another total is the output replaced, raised, not spliced."""
+    from datetime import UTC, datetime, timedelta
+
+    from hypermedia.ingest.client_downloads import OutputTransfer
+    from hypermedia.ingest.schemas import OutputUrlResponse
+
+    first, second = os.urandom(3000), os.urandom(2500)
+    asked: list[str | None] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            asked.append(self.headers.get("Range"))
+            if len(asked) == 1:  # the first, cut after 1000 bytes
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(first)))
+                self.end_headers()
+                self.wfile.write(first[:1000])
+                self.wfile.flush()
+                self.close_connection = True
+                return
+            start = int(str(self.headers["Range"]).removeprefix("bytes=").rstrip("-"))
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes {start}-{len(second) - 1}/{len(second)}")
+            self.send_header("Content-Length", str(len(second) - start))
+            self.end_headers()
+            self.wfile.write(second[start:])
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    link = OutputUrlResponse(
+        job_id="j",
+        output_type="video.mp4",
+        url=f"http://127.0.0.1:{server.server_address[1]}/blob",
+        expires_at=datetime.now(UTC) + timedelta(minutes=5),
+        size_bytes=len(first),
+        content_type="video/mp4",
+    )
+    try:
+        with httpx.Client(timeout=5) as http:
+            transfer = OutputTransfer(
+                http, lambda: link, lambda url: url, error_from_response, lambda _: None, 2
+            )
+            got = bytearray()
+
+            def drain() -> None:
+                for chunk in transfer.chunks(100, got.clear):
+                    got.extend(chunk)
+
+            with pytest.raises(HypermediaError, match="was replaced while it was downloaded"):
+                drain()
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+    assert asked == [None, "bytes=1000-"]
+    assert bytes(got) == first[:1000]
