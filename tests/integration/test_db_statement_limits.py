@@ -209,7 +209,7 @@ def test_a_migration_goes_without_the_engines_limits(pg_database_url):
         with _held(pg_database_url, "LOCK TABLE credit_ledger IN SHARE MODE", 3.0):
             migrate.upgrade(engine)  # without the lift: QueryCanceled after 1 s
         took = time.monotonic() - began
-        assert migrate.current_revision(engine) == "0030"
+        assert migrate.current_revision(engine) == migrate.head_revision()
         with engine.connect() as conn:
             shown = [
                 conn.execute(text(f"SHOW {name}")).scalar_one()
