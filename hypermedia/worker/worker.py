@@ -422,7 +422,7 @@ class Worker:
         self._stopped = threading.Event()
         self._loops: list[threading.Thread] = []
         self._held: list[Held] = []
-        self._handed_back: list[str] = []
+        self._handed_back: list[str] = []  # the jobs a drain (a notice) handed back
         self._upkeep: threading.Thread | None = None
         self._spot_watcher: SpotWatcher | None = None
         self._shutdown_lock = threading.Lock()
@@ -467,11 +467,12 @@ class Worker:
     def drain(self, timeout: float) -> list[str]:
         """Stop claiming; wait up to ``timeout`` for running jobs; release the rest.
         Answers the ids of the jobs handed back (the record took it)."""
-        self._claiming.clear()
         deadline = time.monotonic() + timeout
         # Hand backs the record refuses, down, are tried again until the loops' wait
-        # after release_all is over (then left to their leases).
+        # after release_all is over (then left to their leases). Set before the loops
+        # stop claiming: each hand back of the drain is retried and answered.
         self._hand_back_by = deadline + HAND_BACK_SECONDS
+        self._claiming.clear()
         # The record down, tried again while the running jobs are waited for.
         self._set_status("draining", by=deadline)
         for loop in self._loops:
@@ -495,6 +496,13 @@ class Worker:
             if self.notice is not None or self._stopped.is_set():
                 return []
             self.notice = notice
+        # The children are killed: the loops hand their jobs back and end within
+        # moments; an upload in progress gets until just before the deadline, and so
+        # does a hand back the record refuses, down (tried again until then). Set
+        # before the loops stop claiming: each hand back of the notice is answered.
+        wait = max(SPOT_MARGIN_SECONDS, notice.deadline - self.clock.now() - SPOT_MARGIN_SECONDS)
+        until = time.monotonic() + wait
+        self._hand_back_by = until
         self._claiming.clear()
         log.warning(
             "worker %s: spot instance reclaimed (%s %s, %.0f s left): stopping claims, "
@@ -514,12 +522,6 @@ class Worker:
         # A job that checkpoints may store the piece it is on while the notice leaves
         # time for that, the kill and the hand back; else it is abandoned.
         window = notice.deadline - self.clock.now() - SPOT_CHECKPOINT_MARGIN_SECONDS
-        # The children are killed: the loops hand their jobs back and end within
-        # moments; an upload in progress gets until just before the deadline, and so
-        # does a hand back the record refuses, down (tried again until then).
-        wait = max(SPOT_MARGIN_SECONDS, notice.deadline - self.clock.now() - SPOT_MARGIN_SECONDS)
-        until = time.monotonic() + wait
-        self._hand_back_by = until
         self.execution.release_all(
             SPOT_INTERRUPTED,
             notice.reason,
@@ -750,7 +752,9 @@ class Worker:
                 # Still processing in the record: the lease reaper hands it back.
                 log.warning("could not hand back %s: %s; left to its lease", job.job_id, exc)
                 continue
-            if released:
+            # Answered by drain() and interrupt(): their own hand backs only, not the
+            # upkeep's before them (jobs since taken again, perhaps completed).
+            if released and self._hand_back_by is not None:
                 with self._stats_lock:
                     self._handed_back.append(job.job_id)
             self._record(Outcome(job.job_id, "released" if released else "lost"))

@@ -931,6 +931,34 @@ def test_jobs_taken_ahead_go_back_when_the_one_before_runs_long(engine, settings
     stack.close()
 
 
+def test_a_drain_answers_no_job_the_upkeep_handed_back_before_it(sqlite_engine, settings, tmp_path):
+    """A loop took two jobs and the first ran past HOLD_SECONDS: the upkeep handed the
+    second back, and the loop took it again and completed it. drain() and interrupt()
+    answer the jobs handed back; every hand back of the upkeep was kept for them, for
+    the worker's whole life (a list that only grew): the drain, long after both
+    completed, answered the second. Only a drain's (a notice's) own are answered."""
+    from hypermedia.worker.worker import HOLD_SECONDS
+
+    stack = open_stack(
+        settings, sqlite_engine, None, profiles_path=_profiles_without_input(tmp_path, "test.sleep")
+    )
+    person, (_first, second) = _sleep_jobs(stack, [HOLD_SECONDS + 1.5, 0.1])
+    worker = loop_worker(stack, tmp_path / "work", "ahead-w", prefetch=2)
+    worker.start()
+    try:
+        _wait(lambda: worker.stats.completed == 2, timeout=60)
+    finally:
+        handed_back = worker.drain(timeout=5)
+    # The upkeep handed the second back once; the loop took it again.
+    assert worker.stats.released == 1
+    assert _statuses(stack) == {"completed": 2}
+    attempts = stack.ingest.get_job(person.caller, second).attempts
+    assert [a.status for a in attempts] == ["released", "completed"]
+    assert handed_back == []
+    assert worker._handed_back == []
+    stack.close()
+
+
 def test_the_workers_cpu_counts_its_jobs_sandboxed_children(pg_engine, settings, tmp_path):
     """``worker_metrics.cpu_percent`` (the seed's "worker CPU > 90 %" alert reads it) is
     the worker's CPU with its jobs': the steps run in sandboxed children of the fork
