@@ -68,7 +68,7 @@ def create_index(
     if not _postgres():
         op.create_index(name, table, list(columns), unique=unique, **_partial(where))
         return
-    with op.get_context().autocommit_block(), _no_lock_timeout() as conn:
+    with _autocommit() as conn:
         _build(conn, IndexSpec(name, columns, unique, where), table)
 
 
@@ -81,7 +81,7 @@ def drop_index(name: str, table: str) -> None:
     if not _postgres():
         op.drop_index(name, table_name=table)
         return
-    with op.get_context().autocommit_block(), _no_lock_timeout() as conn:
+    with _autocommit() as conn:
         _drop(conn, name, table)
 
 
@@ -111,7 +111,7 @@ def replace_indexes(table: str, indexes: Sequence[IndexSpec]) -> None:
         new = f"{spec.name}{_NEW}"
         if len(new.encode()) > _MAX_NAME:
             raise ValueError(f"index name too long for its replacement's: {new}")
-        with op.get_context().autocommit_block(), _no_lock_timeout() as conn:
+        with _autocommit() as conn:
             if _is_defined_as(conn, spec) and _validity(conn, new) is None:
                 log.info(
                     "index %s on %s has its new definition already (by an attempt that"
@@ -141,7 +141,7 @@ def validate_constraint(name: str, table: str) -> None:
     module's calls)."""
     if not _postgres():
         raise ValueError("validate_constraint is for PostgreSQL only")
-    with op.get_context().autocommit_block(), _no_lock_timeout() as conn:
+    with _autocommit() as conn:
         log.info(
             "validating constraint %s of %s: reads and writes of it go on",
             name,
@@ -181,8 +181,7 @@ def update_in_batches(
 
     statement, params = text(batch("")), {"rows": rows}
     updated = batches = 0
-    with op.get_context().autocommit_block():
-        conn = op.get_bind()
+    with _autocommit(lift_lock_timeout=False) as conn:
         log.info(
             "updating %s in batches of %d rows: reads and writes of it go on",
             table,
@@ -217,19 +216,47 @@ def _partial(where: str | None) -> dict[str, Any]:
 
 
 @contextmanager
-def _no_lock_timeout() -> Iterator[Connection]:
-    """The migration's connection without its ``lock_timeout`` (restored after): a
+def _autocommit(*, lift_lock_timeout: bool = True) -> Iterator[Connection]:
+    """Alembic's autocommit block on the migration's connection (see the module
+    docstring); ``lift_lock_timeout``: without its ``lock_timeout`` (restored after): a
     concurrent build or drop waits for the transactions begun before it, and giving up
-    would throw its work away (it stops no reader or writer meanwhile)."""
-    conn = op.get_bind()
-    lock_timeout = conn.exec_driver_sql("SHOW lock_timeout").scalar()
-    conn.exec_driver_sql("SET lock_timeout = 0")
+    would throw its work away (it stops no reader or writer meanwhile).
+
+    What failed in the block is what its caller is told. A failure that ended the
+    connection (its session terminated, the server restarted, the process interrupted
+    mid-statement) leaves it invalid: the restore and Alembic's end of the block each
+    raised PendingRollbackError in its place."""
+    failure: BaseException | None = None
     try:
-        yield conn
-    finally:
-        conn.execute(
-            text("SELECT set_config('lock_timeout', :value, false)"), {"value": lock_timeout}
-        )
+        with op.get_context().autocommit_block():
+            conn = op.get_bind()
+            lock_timeout = None
+            if lift_lock_timeout:
+                lock_timeout = conn.exec_driver_sql("SHOW lock_timeout").scalar()
+                conn.exec_driver_sql("SET lock_timeout = 0")
+            try:
+                yield conn
+            except BaseException as exc:
+                failure = exc
+                raise
+            finally:
+                if lock_timeout is not None and not conn.invalidated:
+                    conn.execute(
+                        text("SELECT set_config('lock_timeout', :value, false)"),
+                        {"value": lock_timeout},
+                    )
+        return
+    except BaseException as ending:
+        if failure is None or ending is failure:
+            raise
+        masking = ending
+    log.warning(
+        "could not end the autocommit block after its %s: %s",
+        type(failure).__name__,
+        masking,
+        extra={"action": "migrate"},
+    )
+    raise failure
 
 
 def _validity(conn: Connection, name: str) -> bool | None:

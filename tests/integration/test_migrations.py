@@ -1015,6 +1015,117 @@ def test_an_index_build_that_failed_or_was_cut_short_is_finished_by_the_next_upg
         pg_server.drop_database(name)
 
 
+class _Interrupted(BaseException):
+    """What pytest-timeout raises in a test it ends (not an Exception)."""
+
+
+@pytest.mark.parametrize("how", ["its session terminated", "interrupted", "cancelled"])
+def test_an_index_build_that_failed_is_told_as_it_failed(pg_server, how):
+    """A concurrent build (0026's, waiting here for an upload in flight) that fails is
+    what the upgrade raises. One that ended the migration's connection (its session
+    terminated, as by a server restart; the process interrupted mid-statement, as
+    pytest-timeout did) left it invalid, and the restore of the lock_timeout and
+    Alembic's end of its autocommit block each raised PendingRollbackError in the
+    build's place; a cancelled statement leaves the connection usable. The next
+    upgrade builds the index."""
+    import signal
+    import threading
+    import time
+
+    import psycopg
+    from sqlalchemy.exc import OperationalError
+
+    name = support.unique_name("mig")
+    engine = make_engine(pg_server.create_database(name))
+    try:
+        migrate.upgrade(engine, "0025")
+        with _pg_autocommit(engine) as setup:
+            setup.execute("INSERT INTO users VALUES ('u', 'u', false, now(), 0)")
+            setup.execute("INSERT INTO pools VALUES ('p', 'p', now())")
+        with _pg_autocommit(engine) as in_flight, _pg_autocommit(engine) as admin:
+            in_flight.autocommit = False
+            in_flight.execute(_OBJECT, ("o-in-flight", "k-in-flight"))  # the build waits
+
+            def building() -> int | None:
+                deadline = time.monotonic() + 60
+                while time.monotonic() < deadline:
+                    row = admin.execute(
+                        "SELECT pid FROM pg_stat_activity WHERE datname = %s"
+                        " AND query LIKE 'CREATE INDEX CONCURRENTLY%%'"
+                        " AND wait_event_type = 'Lock'",
+                        (name,),
+                    ).fetchone()
+                    if row is not None:
+                        return int(row[0])
+                    time.sleep(0.05)
+                in_flight.rollback()  # the build goes on: the upgrade's outcome fails
+                return None
+
+            raised: list[BaseException | None] = []
+            if how == "interrupted":
+                main = threading.get_ident()
+
+                def interrupt() -> None:
+                    if building() is not None:
+                        signal.pthread_kill(main, signal.SIGUSR1)
+
+                def stop(_signum: int, _frame: object) -> None:
+                    raise _Interrupted("timeout")
+
+                previous = signal.signal(signal.SIGUSR1, stop)
+                interrupter = threading.Thread(target=interrupt, daemon=True)
+                try:
+                    interrupter.start()
+                    try:
+                        migrate.upgrade(engine, "0026")
+                        raised.append(None)
+                    except BaseException as exc:
+                        raised.append(exc)
+                    interrupter.join(90)
+                finally:
+                    signal.signal(signal.SIGUSR1, previous)
+            else:
+
+                def run() -> None:
+                    try:
+                        migrate.upgrade(engine, "0026")
+                        raised.append(None)
+                    except BaseException as exc:
+                        raised.append(exc)
+
+                thread = threading.Thread(target=run, daemon=True)
+                thread.start()
+                pid = building()
+                if pid is not None:
+                    end = "terminate" if how == "its session terminated" else "cancel"
+                    admin.execute(f"SELECT pg_{end}_backend(%s)", (pid,))
+                thread.join(60)
+            in_flight.rollback()
+        [failure] = raised
+        if how == "interrupted":
+            assert isinstance(failure, _Interrupted), repr(failure)
+        else:
+            assert isinstance(failure, OperationalError), repr(failure)
+            ended = (
+                psycopg.errors.AdminShutdown
+                if how == "its session terminated"
+                else psycopg.errors.QueryCanceled
+            )
+            assert isinstance(failure.orig, ended), repr(failure.orig)
+        assert migrate.current_revision(engine) == "0025"
+        migrate.upgrade(engine, "0026")
+        assert migrate.current_revision(engine) == "0026"
+        with _pg_autocommit(engine) as check:
+            valid = check.execute(
+                "SELECT indisvalid FROM pg_index WHERE indexrelid ="
+                " 'ix_objects_source_object_id'::regclass"
+            ).fetchone()
+        assert valid == (True,)
+    finally:
+        engine.dispose()
+        pg_server.drop_database(name)
+
+
 _JOB_WRITE = "UPDATE processing_jobs SET priority = 1 WHERE job_id = %s"
 
 
