@@ -636,14 +636,19 @@ class JobExecution:
         """The platform's outage ended the attempt: the job goes back without spending
         an attempt (:meth:`Dispatcher.fail_for_outage`; bounded per job), answered
         ``released`` with the error's code (the worker pauses its claims for it). The
-        record is often what is down: the hand back waits for it
-        (:meth:`_until_written`: until written, the worker stopped, or the deadline of
-        :meth:`release_all` passed; then the lease is left to do it)."""
-        status, counted = self._until_written(
+        record is often what is down: the hand back waits for it as a failure's does
+        (:meth:`_written`: until written, or given up once the job's lease has run out,
+        the worker stopped or the deadline of :meth:`release_all` passed); given up, the
+        job is left to its lease, answered ``lost`` with the error's code (the worker
+        still pauses its claims)."""
+        written = self._written(
             job,
             f"hand it back for the outage ({exc.code})",
             lambda: self.dispatcher.fail_for_outage(job, self.worker_id, exc.code, exc.message),
         )
+        if written is None:
+            return Outcome(job.job_id, "lost", exc.code)
+        status, counted = written
         if status is None:
             return Outcome(job.job_id, "lost")
         log.info(

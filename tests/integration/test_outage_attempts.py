@@ -615,6 +615,49 @@ def test_a_jobs_failure_is_tried_no_longer_than_its_lease(private_postgres, sett
         engine.dispose()
 
 
+@pytest.mark.parametrize("until", ["its lease ran out", "the drain's deadline"])
+def test_an_outages_hand_back_is_tried_no_longer_than_a_jobs_own_failure(
+    private_postgres, settings, tmp_path, until
+):
+    """The record down as the worker asks for the job's input URL: the outage's hand
+    back waits for it, like a job's own failure, but it was not given up at the end of
+    the job's lease (tried on while the record stayed down, its expiry then also
+    counting the attempt: a write past the job's lease), and given up at the drain's
+    deadline it raised DatabaseUnavailable out of the run. Now, as a failure: given
+    up at whichever comes first, answered lost with the outage's code (the worker
+    pauses its claims for it), the job left to its lease."""
+    from dataclasses import replace
+
+    engine = make_engine(private_postgres.url)
+    stack = open_stack(settings, engine, None, profiles_path=ray_support.test_profiles(tmp_path))
+    person = make_user(stack)
+    obj = make_object(stack, person, size_bytes=5)
+    [job_id] = stack.ingest.submit(
+        person.caller, SubmitRequest(object_id=obj, operations=["test.copy_input"])
+    ).job_ids
+    grants = StorageGrants(engine, stack.storage, 600, stack.clock)
+    execution = JobExecution(
+        stack.dispatcher, stack.catalog, grants, InProcessExecutor(tmp_path / "work", PRELOAD), "w"
+    )
+    try:
+        [job] = stack.dispatcher.claim_and_start("images", "w")
+        with _postgres_down(private_postgres):
+            if until == "its lease ran out":
+                job = replace(job, deadline=time.time() + 1.0)  # its lease all but spent
+            else:
+                execution.release_all(hand_back_by=time.monotonic() + 1.0)
+            runner, outcome = _in_thread(lambda: execution.run_started(job))
+            runner.join(30)  # the record down all along (else it takes the hand back)
+        runner.join(60)
+        assert outcome == [Outcome(job_id, "lost", "database_unavailable")], outcome
+        assert _job(engine, job_id) == ("processing", 1)  # its lease will hand it back
+        assert _attempts(engine, job_id) == [("running", None)]
+    finally:
+        execution.close()
+        stack.close()
+        engine.dispose()
+
+
 @pytest.mark.parametrize("how", ["drain", "spot notice"])
 def test_a_worker_answers_only_the_jobs_it_handed_back(private_postgres, settings, tmp_path, how):
     """drain() and interrupt() answer the jobs handed back (the supervisor logs their
