@@ -57,6 +57,7 @@ from sqlalchemy.engine import Engine
 
 from autoscaler.config import read_json
 from autoscaler.state import to_datetime
+from hypermedia import tls
 from hypermedia.clock import Clock
 from hypermedia.config_errors import (
     at_least_characters,
@@ -214,8 +215,12 @@ class Sender:
                 .order_by(d.c.next_attempt_at)
                 .limit(BATCH)
             ).all()
+        if not due:
+            # The pass of nearly every second: no client (building one loads the CA
+            # bundle: ~20 ms of CPU, 2 % of a core on the head while nothing is sent).
+            return []
         done = []
-        with httpx.Client(follow_redirects=False) as client:
+        with httpx.Client(follow_redirects=False, verify=tls.client_context()) as client:
             for row in due:
                 attempt = self._attempt(client, row.delivery_id, row.attempts, row.webhook)
                 if attempt is not None:

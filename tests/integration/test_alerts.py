@@ -556,3 +556,42 @@ def test_a_webhook_that_hangs_never_holds_up_the_scheduler(stack, receiver):
     with transaction(stack.engine) as conn:
         state = read_state(conn, "alerts")
     assert state is not None and "oldest_job:documents" in state["active"]
+
+
+def test_a_pass_with_nothing_due_builds_no_client_and_passes_share_one_tls_context(
+    harness, monkeypatch
+):
+    """The sender's pass runs every second on the head: each built an HTTP client,
+    whose TLS context loads the CA bundle (~20 ms of CPU: 2 % of a core while nothing
+    was ever sent). A pass with nothing due builds none; passes that send share the
+    process's one context (hypermedia.tls)."""
+    import ssl
+
+    import httpx
+
+    from hypermedia import tls
+
+    built: list[object] = []
+    real = httpx.create_ssl_context
+
+    def counted(verify: Any = True, *args: Any, **kwargs: Any) -> Any:
+        if not isinstance(verify, ssl.SSLContext):  # one given is handed back as it is
+            built.append(verify)
+        return real(verify, *args, **kwargs)
+
+    monkeypatch.setattr(httpx, "create_ssl_context", counted)
+    monkeypatch.setattr(httpx._transports.default, "create_ssl_context", counted)
+    monkeypatch.setattr(tls, "_contexts", {})
+    sender = harness.scheduler.sender
+    for _ in range(5):
+        assert sender.deliver_due() == []
+    assert built == []
+    harness.receiver.answers = [500]
+    harness.stack.queue.enqueue("documents", [(ids.new_id(), 1)])
+    past_the_oldest_job_rule(harness.clock)
+    harness.heartbeat("w-images")
+    harness.scheduler.evaluate()
+    assert [a.response_code for a in sender.deliver_due()] == [500]
+    harness.clock.advance(webhooks.backoff(1))
+    assert [a.response_code for a in sender.deliver_due()] == [200]
+    assert len(built) == 1
