@@ -561,8 +561,9 @@ class JobExecution:
         with self._lock:
             watched = self._running.get(job.job_id)
         try:
+            # Read at each retry: an extend the record takes meanwhile moves it on.
             return self._until_written(
-                job, what, write, None if watched is None else watched.lease_ends
+                job, what, write, None if watched is None else lambda: watched.lease_ends
             )
         except (DatabaseUnavailable, DatabaseConflict):
             return None
@@ -572,26 +573,27 @@ class JobExecution:
         job: ClaimedJob,
         what: str,
         write: Callable[[], _T],
-        lease_ends: float | None = None,
+        lease_ends: Callable[[], float] | None = None,
     ) -> _T:
         """``write`` tried again while the record is down (:func:`until_written`; else
         the job would stay ``processing`` until its lease ran out, whose expiry counts
         the attempt), until written; or until the worker stops, or, once
-        :meth:`release_all`, until its hand-back deadline, or ``lease_ends`` (monotonic)
-        has passed: then the error is raised, the job left to its lease."""
+        :meth:`release_all`, until its hand-back deadline, or ``lease_ends()`` (monotonic,
+        as it is then) has passed: then the error is raised, the job left to its lease."""
 
         def give_up_at() -> float | None:
             by = self._give_up_at()
             if lease_ends is None:
                 return by
-            return lease_ends if by is None else min(by, lease_ends)
+            ends = lease_ends()
+            return ends if by is None else min(by, ends)
 
         try:
             return until_written(write, job.job_id, what, self.worker_id, give_up_at, self._closed)
         except (DatabaseUnavailable, DatabaseConflict) as down:
             if self._closed.is_set():
                 before = "the worker stopped"
-            elif lease_ends is not None and time.monotonic() >= lease_ends:
+            elif lease_ends is not None and time.monotonic() >= lease_ends():
                 before = "its lease ran out"
             else:
                 before = "the worker had to hand its jobs back"
