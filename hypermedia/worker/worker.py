@@ -132,6 +132,10 @@ HOLD_SECONDS = 2.0
 # How long the start of a job taken ahead may wait for a completion to share its
 # transaction with (the record says ``claimed`` meanwhile).
 START_LINGER_SECONDS = 0.2
+# How long past the loops' end a stopping worker tries its row's final status while the
+# record is down (never past the hand backs' deadline): long enough for a short outage
+# (a restart), short of the supervisor's bound (drain timeout + 30 s).
+FINAL_STATUS_SECONDS = 10.0
 SPOT_INTERRUPTED = "spot_interrupted"  # the row's final status, the attempts' code, the log action
 # A workers row in one of these will not run again (the supervisor, the stale-worker
 # sweep and a stopping worker write them).
@@ -473,8 +477,9 @@ class Worker:
         # stop claiming: each hand back of the drain is retried and answered.
         self._hand_back_by = deadline + HAND_BACK_SECONDS
         self._claiming.clear()
-        # The record down, tried again while the running jobs are waited for.
-        self._set_status("draining", by=deadline)
+        # The record down, tried again while the running jobs are waited for (not once
+        # the loops have ended: an idle worker's drain waited its whole timeout).
+        self._set_status("draining", by=deadline, busy=self._loops_running)
         for loop in self._loops:
             loop.join(max(0.0, deadline - time.monotonic()))
         if any(loop.is_alive() for loop in self._loops):
@@ -529,7 +534,7 @@ class Worker:
             hand_back_by=until,
         )
         # After: the record down, tried again while the loops hand their jobs back.
-        self._set_status("draining", by=until)
+        self._set_status("draining", by=until, busy=self._loops_running)
         for loop in self._loops:
             loop.join(max(0.0, until - time.monotonic()))
         self.stop()
@@ -561,7 +566,13 @@ class Worker:
             if self._spot_watcher is not None:
                 self._spot_watcher.stop()
             status = "stopped" if self.notice is None else SPOT_INTERRUPTED
-            self._set_status(status, stopped=True, by=self._hand_back_by)
+            # Within the hand backs' deadline, and not much past the loops' end: a
+            # drain of an idle worker with the record down took its timeout + 30 s,
+            # the supervisor's bound for an actor that does not answer.
+            by = self._hand_back_by
+            if by is not None:
+                by = min(by, time.monotonic() + FINAL_STATUS_SECONDS)
+            self._set_status(status, stopped=True, by=by)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the worker has stopped; True if it has."""
@@ -836,9 +847,20 @@ class Worker:
                 )
             )
 
-    def _set_status(self, status: str, *, stopped: bool = False, by: float | None = None) -> None:
+    def _loops_running(self) -> bool:
+        return any(loop.is_alive() for loop in self._loops)
+
+    def _set_status(
+        self,
+        status: str,
+        *,
+        stopped: bool = False,
+        by: float | None = None,
+        busy: Callable[[], bool] | None = None,
+    ) -> None:
         """Write the row's status; the record down, tried again until ``by`` (monotonic:
-        a drain's, a spot notice's deadline; None: tried once). Else the row says
+        a drain's, a spot notice's deadline; None: tried once), and while ``busy()``
+        when given (the loops still running). Else the row says
         ``active`` after the worker stopped (the scheduler counts it as capacity) until
         the stale-worker sweep calls it dead."""
         now = to_datetime(self.clock.now())
@@ -858,7 +880,7 @@ class Worker:
                 None,
                 f"record its status {status}",
                 self.worker_id,
-                lambda: 0.0 if by is None else by,
+                lambda: 0.0 if by is None or (busy is not None and not busy()) else by,
                 None if stopped else self._stopped,
             )
         except HypermediaError as exc:

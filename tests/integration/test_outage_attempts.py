@@ -749,6 +749,30 @@ def test_a_stopping_workers_row_says_so_once_the_record_is_back(
         engine.dispose()
 
 
+def test_an_idle_workers_drain_is_not_held_by_its_rows_status(private_postgres, settings, tmp_path):
+    """With the record down, an idle worker's drain(timeout=20) tried its row's status
+    "draining" until the timeout and then "stopped" until 30 s past it: 50 s, past the
+    supervisor's bound for an actor that does not answer (drain timeout + 30 s; 0.4 s
+    before the statuses were retried). "draining" is tried while the loops run, the
+    final status FINAL_STATUS_SECONDS past their end."""
+    from tests.worker_support import loop_worker
+
+    engine = make_engine(private_postgres.url)
+    stack = open_stack(settings, engine, None, profiles_path=ray_support.test_profiles(tmp_path))
+    worker = loop_worker(stack, tmp_path / "work", "idle-w")
+    try:
+        worker.start()
+        with _postgres_down(private_postgres):
+            began = time.monotonic()
+            assert worker.drain(timeout=20) == []
+            took = time.monotonic() - began
+        assert took < 15, took  # FINAL_STATUS_SECONDS (10) and the loops' end
+    finally:
+        worker.stop()
+        stack.close()
+        engine.dispose()
+
+
 def test_the_upkeeps_hand_back_ends_its_wait_when_the_worker_stops(
     private_postgres, settings, tmp_path
 ):
