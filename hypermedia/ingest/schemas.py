@@ -116,9 +116,10 @@ CallbackStatus = Literal["pending", "delivered", "failed"]
 
 class CallbackOut(_Model):
     """The delivery of the job's terminal event to its ``callback_url``. Once the outbox
-    has pruned its event (``callback_failed_retention_seconds`` after it was given up)
-    only what it came to is kept: ``status`` and ``attempts``, the times and the last
-    answer null."""
+    has pruned its event (``callback_delivered_retention_seconds``, a day, after its
+    delivery; ``callback_failed_retention_seconds``, 7 days, after it was given up) only
+    what it came to is kept: ``status`` and ``attempts``, the times and the last answer
+    null."""
 
     event_id: str = Field(description="`X-Hypermedia-Delivery` of every attempt: the same.")
     event: Literal["completed", "failed", "cancelled"]

@@ -682,6 +682,17 @@ def _give_up(stack: Stack, person: Any, clock: Any, count: int) -> list[str]:
     return jobs
 
 
+def test_the_api_document_says_when_a_delivered_callback_is_pruned():
+    """GET /jobs/{id}'s callback loses its times and last answer once the outbox prunes
+    its event: the document said that came only to one given up, though a delivered one
+    is pruned a day after its delivery."""
+    from hypermedia.ingest.schemas import CallbackOut
+
+    said = CallbackOut.model_json_schema()["description"]
+    assert "callback_delivered_retention_seconds" in said, said
+    assert "callback_failed_retention_seconds" in said, said
+
+
 def test_a_pruning_backlog_is_deleted_a_few_batches_a_round(stack, manual_clock, monkeypatch):
     """prune_failed went through a whole backlog in one call, a transaction per 1,000 rows
     (no long lock), but on the maintenance thread, whose reaper waited meanwhile: 180,000
