@@ -34,20 +34,23 @@ harmless. An output's key can be written again, though: it is its source's and
 profile's, and a job re-run on the source after the output was deleted writes it and
 revives the row. A blob is therefore not deleted while its row is live again (the
 record goes: the bytes are that row's) or a job on its source has yet to end (tried
-again later), and no job on the source may write it while the storage deletes it:
-
-* on PostgreSQL the storage is called with the source's row locked (no job is created
-  on the source meanwhile; only that source's submits wait);
-* on SQLite a transaction takes the whole database's write lock (every upload, submit
-  and completion waits), so none is open during the storage's call: a short one
-  decides and **claims** the record (``claimed_until``, :data:`CLAIM_SECONDS` on),
-  the storage deletes, another removes the record. A job created meanwhile is granted
-  no URL for a key whose deletion is claimed (:func:`being_deleted`,
-  :meth:`~hypermedia.storage.grants.StorageGrants.output_urls`: a retryable refusal),
-  so its bytes are written after the storage's answer, never before a late delete.
-  Left open: a storage call that outlasts its claim (logged; S3's is bounded well
-  below it), and, as on PostgreSQL, a worker that lost its job but still holds a PUT
-  URL granted before (it lives ``presign_ttl_seconds``).
+again later), and no job on the source may write it while the storage deletes it. No
+transaction is open during the storage's call: on SQLite one holds the whole database's
+write lock (every upload, submit and completion would wait), and on PostgreSQL one
+would hold the source's row for as long as the storage takes (a submit on the source
+waits ``lock_timeout`` for it, then fails; a call past
+``idle_in_transaction_session_timeout`` has its session ended under it, the row let go
+while the delete is still under way). So a short transaction decides (an output's
+source row locked on PostgreSQL, as a submit locks the objects it creates jobs on: a
+job on the source is either seen, and the blob waits, or created after the claim) and
+**claims** the record (``claimed_until``, :data:`CLAIM_SECONDS` on), the storage
+deletes, another removes the record. A job created meanwhile is granted no URL for a
+key whose deletion is claimed (:func:`being_deleted`,
+:meth:`~hypermedia.storage.grants.StorageGrants.output_urls`: a retryable refusal), so
+its bytes are written after the storage's answer, never before a late delete. Left
+open: a storage call that outlasts its claim (logged; S3's is bounded well below it),
+and a worker that lost its job but still holds a PUT URL granted before (it lives
+``presign_ttl_seconds``).
 
 How many records are waiting, and the oldest one's age, are
 ``hypermedia_blob_deletions_*`` (:mod:`hypermedia.metrics`).
@@ -69,7 +72,7 @@ from sqlalchemy.sql import ColumnElement
 
 from hypermedia.clock import Clock, to_datetime, to_epoch
 from hypermedia.db import tables as t
-from hypermedia.db.engine import is_sqlite, snapshot, transaction
+from hypermedia.db.engine import snapshot, transaction
 from hypermedia.errors import HypermediaError
 from hypermedia.jobs.states import TERMINAL
 from hypermedia.storage.base import Storage, StorageUnavailable
@@ -84,7 +87,7 @@ MAX_DELAY_SECONDS = 3600.0
 # How often the head's maintenance sweeps, and how many records at most a sweep reads.
 SWEEP_SECONDS = 30.0
 SWEEP_BATCH = 500
-# How long a claimed deletion (SQLite) keeps its key from the jobs that would write it,
+# How long a claimed deletion keeps its key from the jobs that would write it,
 # and from other deleters: longer than the storage's longest delete (S3: botocore's 3
 # attempts of a 10 s connect and a 60 s read, about 4 min with its backoff). A claim
 # that ran out (its deleter died, or a local disk hung longer) is tried again by the
@@ -259,82 +262,12 @@ def _delete_one(
     engine: Engine, storage: Storage, backends: Backends | None, key: str, now: float
 ) -> str:
     """Delete one recorded blob (the :class:`DeleteReport` list it goes in), unless its
-    key may be written again (see the module docstring): with its source's row locked
-    on PostgreSQL, claimed on SQLite. The storage's failure: :class:`_StorageFailed`."""
-    if is_sqlite(engine):
-        return _delete_claimed(engine, storage, backends, key, now)
-    return _delete_locked(engine, storage, backends, key, now)
-
-
-def _delete_everywhere(
-    storage: Storage, backends: Backends | None, key: str, backend: str | None
-) -> None:
-    """``key`` deleted from the server's storage and, when its object was migrated,
-    from that backend too."""
-    storage.delete(key)
-    if backend is None:
-        return
-    if backends is None:
-        raise StorageUnavailable(
-            f"blob {key} is also in {backend!r}, which this deleter cannot reach"
-        )
-    backends(backend).delete(key)
-
-
-def _delete_locked(
-    engine: Engine, storage: Storage, backends: Backends | None, key: str, now: float
-) -> str:
-    """PostgreSQL: the storage deletes in the transaction that locked the source's row
-    (a submit locks the objects it creates jobs on: none on this source is created until
-    the blob is gone). Its failure keeps nothing of the transaction."""
-    with transaction(engine) as conn:
-        verdict = _decide(conn, key, now)
-        if verdict is not None:
-            return verdict
-        recorded = conn.execute(
-            select(t.blob_deletions.c.storage_backend).where(t.blob_deletions.c.storage_key == key)
-        ).scalar()
-        try:
-            _delete_everywhere(storage, backends, key, _copy_backend(conn, key, recorded))
-        except HypermediaError as exc:
-            raise _StorageFailed(exc) from exc
-        conn.execute(delete(t.blob_deletions).where(*_as_deleted(key, recorded)))
-        return "deleted"
-
-
-def _copy_backend(conn: Connection, key: str, recorded: str | None) -> str | None:
-    """The backend ``key`` has a migrated copy on: its record's, else the one its
-    deleted object's row names. Code from before 0029 recorded no backend (the column
-    was not there), and a record of its still pending when 0029 ran (a try that failed,
-    a sweep not yet due) or written by a process not yet restarted after it names none,
-    though its object was migrated (a migrate before 9c8b7ce also switched a row
-    deleted while it copied it): its copy is deleted all the same."""
-    if recorded is not None:
-        return recorded
-    o = t.objects.c
-    backend: str | None = conn.execute(
-        select(o.storage_backend).where(o.storage_key == key, o.deleted_at.is_not(None))
-    ).scalar()
-    return backend
-
-
-def _as_deleted(key: str, backend: str | None) -> tuple[ColumnElement[bool], ...]:
-    """The record of ``key`` as it was when its blob was deleted (from ``backend`` too):
-    a migration that recorded a copy on a backend meanwhile (of an object deleted while
-    it copied it) leaves it standing, for the sweep to delete that copy."""
-    b = t.blob_deletions.c
-    same = b.storage_backend.is_(None) if backend is None else b.storage_backend == backend
-    return b.storage_key == key, same
-
-
-def _delete_claimed(
-    engine: Engine, storage: Storage, backends: Backends | None, key: str, now: float
-) -> str:
-    """SQLite: no transaction open while the storage deletes (its write lock is the
-    whole database's). One decides and claims the record until :data:`CLAIM_SECONDS`
-    on (no output URL for ``key`` is granted meanwhile: :func:`being_deleted`; the
-    sweep passes it by), the storage deletes, one more removes the record if the claim
-    is still this one's. A claim still held by another deleter: ``busy``."""
+    key may be written again (see the module docstring), with no transaction open while
+    the storage deletes: a short one decides and claims the record until
+    :data:`CLAIM_SECONDS` on (no output URL for ``key`` is granted meanwhile:
+    :func:`being_deleted`; the sweep passes it by), the storage deletes, one more
+    removes the record if the claim is still this one's. A claim another deleter holds:
+    ``busy``. The storage's failure: :class:`_StorageFailed`, with the claim."""
     b = t.blob_deletions.c
     claim = to_datetime(now + CLAIM_SECONDS)
     with transaction(engine) as conn:
@@ -349,11 +282,18 @@ def _delete_claimed(
         if verdict is not None:
             return verdict
         copy = _copy_backend(conn, key, held.storage_backend)
-        conn.execute(
+        # Claimed only if no other deleter claimed it since it was read (PostgreSQL: a
+        # claim committed meanwhile is seen by this statement, which waited for it).
+        claimed = conn.execute(
             update(t.blob_deletions)
-            .where(b.storage_key == key)
+            .where(
+                b.storage_key == key,
+                (b.claimed_until.is_(None)) | (b.claimed_until <= to_datetime(now)),
+            )
             .values(claimed_until=claim, next_attempt_at=claim)
         )
+        if claimed.rowcount == 0:
+            return "busy"
     began = time.monotonic()
     try:
         _delete_everywhere(storage, backends, key, copy)
@@ -383,6 +323,46 @@ def _delete_claimed(
                 .values(claimed_until=None, next_attempt_at=to_datetime(now))
             )
     return "deleted"
+
+
+def _delete_everywhere(
+    storage: Storage, backends: Backends | None, key: str, backend: str | None
+) -> None:
+    """``key`` deleted from the server's storage and, when its object was migrated,
+    from that backend too."""
+    storage.delete(key)
+    if backend is None:
+        return
+    if backends is None:
+        raise StorageUnavailable(
+            f"blob {key} is also in {backend!r}, which this deleter cannot reach"
+        )
+    backends(backend).delete(key)
+
+
+def _copy_backend(conn: Connection, key: str, recorded: str | None) -> str | None:
+    """The backend ``key`` has a migrated copy on: its record's, else the one its
+    deleted object's row names. Code from before 0029 recorded no backend (the column
+    was not there), and a record of its still pending when 0029 ran (a try that failed,
+    a sweep not yet due) or written by a process not yet restarted after it names none,
+    though its object was migrated (a migrate before 9c8b7ce also switched a row
+    deleted while it copied it): its copy is deleted all the same."""
+    if recorded is not None:
+        return recorded
+    o = t.objects.c
+    backend: str | None = conn.execute(
+        select(o.storage_backend).where(o.storage_key == key, o.deleted_at.is_not(None))
+    ).scalar()
+    return backend
+
+
+def _as_deleted(key: str, backend: str | None) -> tuple[ColumnElement[bool], ...]:
+    """The record of ``key`` as it was when its blob was deleted (from ``backend`` too):
+    a migration that recorded a copy on a backend meanwhile (of an object deleted while
+    it copied it) leaves it standing, for the sweep to delete that copy."""
+    b = t.blob_deletions.c
+    same = b.storage_backend.is_(None) if backend is None else b.storage_backend == backend
+    return b.storage_key == key, same
 
 
 def _decide(conn: Connection, key: str, now: float) -> str | None:
@@ -418,7 +398,7 @@ def _decide(conn: Connection, key: str, now: float) -> str | None:
 
 def being_deleted(conn: Connection, keys: Sequence[str], now: float) -> list[str]:
     """The ``keys`` whose deletion is claimed (the storage may be deleting them now):
-    none is to be written until its claim is gone (:func:`_delete_claimed`)."""
+    none is to be written until its claim is gone (:func:`_delete_one`)."""
     b = t.blob_deletions.c
     if not keys:
         return []

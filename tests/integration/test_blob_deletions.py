@@ -334,17 +334,22 @@ def test_a_slow_storage_delete_holds_no_sqlite_writer_back(sqlite_engine, settin
             stack.close()
 
 
-def test_a_job_writes_no_key_whose_deletion_is_under_way(sqlite_engine, settings, moto):
-    """On SQLite the storage is called with no lock held, so a job on the source may be
+def test_a_job_writes_no_key_whose_deletion_is_under_way(engine, settings, moto):
+    """The storage is called with no transaction open, so a job on the source may be
     submitted and run while its output's blob is being deleted: the deletion claimed
     the key first, and the job is granted no URL to write it until the storage has
     answered (a retryable refusal: else its new bytes could be taken by the late
-    DELETE, the row revived with nothing behind it). Once deleted, the job writes it."""
+    DELETE, the row revived with nothing behind it). Once deleted, the job writes it.
+    Before, on PostgreSQL, the storage deleted inside the transaction that locked the
+    source's row: with S3's DELETE kept from moto, a submit on the source waited for it
+    all (5 s here; 503 database_unavailable after lock_timeout, 10 s by default, with
+    it kept 15 s), and a DELETE kept past idle_in_transaction_session_timeout had its
+    session ended under it, the row let go while the delete was still under way."""
     bucket = "hm-deletions-claimed"
     boto3.client("s3", endpoint_url=moto.url, region_name=REGION).create_bucket(Bucket=bucket)
     clock = ManualClock()
     with RequestHolder(moto.url, b"DELETE ") as s3_path:
-        stack = _s3_stack(settings, sqlite_engine, s3_path.url, bucket, clock)
+        stack = _s3_stack(settings, engine, s3_path.url, bucket, clock)
         grants = StorageGrants(stack.engine, stack.storage, 600, clock)
         try:
             with (
