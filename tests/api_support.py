@@ -159,6 +159,7 @@ class AnswerDropper:
         self.drops = drops
         self.dropped = 0
         self.requests = 0  # requests that started with request_line, passed on or dropped
+        self.sent = 0  # bytes the clients sent through it (requests' heads and bodies)
         self._lock = threading.Lock()
         self._listener = listening_socket()
         self._threads: list[threading.Thread] = []
@@ -217,6 +218,7 @@ class AnswerDropper:
         with suppress(OSError):
             while data := client.recv(65536):
                 with self._lock:
+                    self.sent += len(data)
                     if data.startswith(self.request_line):
                         self.requests += 1
                         if self.dropped < self.drops:

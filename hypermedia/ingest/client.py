@@ -39,8 +39,9 @@ out.
 
 A 429 ``concurrency_limited`` (:class:`~hypermedia.errors.ConcurrencyLimited`: the user
 has as many uploads arriving at once as the API allows, 4 by default; it read nothing
-and counted nothing) is sent again after its ``Retry-After`` (a second), its body
-afresh, until a place is free, for up to ``timeout`` seconds of waiting in all (then it
+and counted nothing, and closed the connection: the try sent what was in flight, not
+the whole body) is sent again after its ``Retry-After`` (a second), its body afresh,
+until a place is free, for up to ``timeout`` seconds of waiting in all (then it
 is raised); a body that can be read only once (an iterable, a pipe) is not. These
 tries are not the ``retries``. A 429 ``rate_limited`` (the user's submits or uploads
 a minute used up: :class:`~hypermedia.errors.RateLimited`, whose ``Retry-After`` may be

@@ -17,6 +17,10 @@ answering 401. :class:`RequestGuard` is an ASGI middleware that runs first:
    (uploads) is passed through, and its handler stops the stream at the same limit and
    paces it (``upload_idle_seconds``: an upload is cut when it stops, never for its length).
 
+An answer begun before the request's body was read whole (the guard's refusals, a
+route's early one: an upload's 429) closes the connection (``Connection: close``):
+uvicorn would read and drop the rest for a client that sends it all (httpx).
+
 Refusals are the API's usual ``{"error": {...}}`` bodies (:mod:`.http_errors`).
 """
 
@@ -76,6 +80,8 @@ class RequestGuard:
             return
         rule = self.rules(scope["method"], scope["path"])
         headers = Headers(scope=scope)
+        if _has_body(headers):
+            receive, send = _closing_unless_read(receive, send)
         try:
             if rule.needs_key:
                 scope.setdefault("state", {})["caller"] = await self._authenticate(headers)
@@ -86,10 +92,8 @@ class RequestGuard:
                 _check_charset(headers)
                 receive = await _buffered(receive, rule, self.body_seconds)
         except HypermediaError as exc:
-            answer = error_response(exc)
-            if isinstance(exc, RequestTimeout):
-                answer.headers["Connection"] = "close"  # the rest of its body may follow
-            await answer(scope, receive, send)
+            # Its body not read whole: the connection is closed after it (see below).
+            await error_response(exc)(scope, receive, send)
             return
         await self.app(scope, receive, send)
 
@@ -101,6 +105,39 @@ class RequestGuard:
         if cached is not None:
             return cached  # no thread hop on the hot path
         return await anyio.to_thread.run_sync(self.authenticator, token)
+
+
+def _has_body(headers: Headers) -> bool:
+    declared = headers.get("content-length")
+    return "transfer-encoding" in headers or (declared is not None and declared != "0")
+
+
+def _closing_unless_read(receive: Receive, send: Send) -> tuple[Receive, Send]:
+    """``receive`` and ``send`` such that an answer begun before the request's body was
+    read whole (a 401, a 413, a 429 before an upload's first byte was read, a body cut
+    past its limit or its time) says ``Connection: close``, and uvicorn closes the
+    connection after it. Else uvicorn reads and drops the rest of the body to keep the
+    connection, and a client that sends its whole body before it reads an answer
+    (httpx: no ``Expect: 100-continue``) sends all of it: the client's upload sent
+    again after each 429 ``concurrency_limited`` sent its 100 MB body whole each time.
+    Closed, the client's next write fails and it reads the answer (httpx does): what
+    it sent is what was in flight, about a socket buffer."""
+    read = False
+
+    async def receiving() -> Message:
+        nonlocal read
+        message = await receive()
+        if message["type"] == "http.request" and not message.get("more_body", False):
+            read = True
+        return message
+
+    async def sending(message: Message) -> None:
+        if message["type"] == "http.response.start" and not read:
+            headers = [*message.get("headers", []), (b"connection", b"close")]
+            message = {**message, "headers": headers}
+        await send(message)
+
+    return receiving, sending
 
 
 def _check_charset(headers: Headers) -> None:

@@ -419,6 +419,46 @@ def test_an_upload_waits_for_a_place_among_the_users_uploads_arriving_but_not_fo
         stack.close()
 
 
+def test_an_upload_refused_for_a_place_sends_only_what_was_in_flight(pg_engine, settings, tmp_path):
+    """httpx sends a request's whole body before it reads the answer (no ``Expect:
+    100-continue``), and uvicorn read and dropped the rest of a body answered unread to
+    keep the connection: each try of an upload refused 429 concurrency_limited (4 of the
+    user's arriving) sent the file whole, 103 MB of a 100 MB file each time. Now an
+    answer begun before the body was read whole closes the connection: the client's
+    next write fails, it reads the 429 and sends again after Retry-After; a try sends
+    what was in flight (counted through a proxy: at most a few MB on loopback)."""
+    stack = Stack.open(settings(upload_idle_seconds=30), engine=pg_engine, auto_migrate=True)
+    size = 32 * 1024 * 1024
+    source = tmp_path / "big.bin"
+    source.write_bytes(os.urandom(size))
+    try:
+        with (
+            running_server(create_app(stack), access_log=False) as url,
+            ExitStack() as sockets,
+            AnswerDropper(url, b"PUT /v1/hypermedia/objects", drops=0) as proxy,
+        ):
+            eve = add_user(stack, "eve")
+            held = [sockets.enter_context(slow_upload(url, eve.api_key)) for _ in range(4)]
+            time.sleep(0.5)  # the four in their handlers, their bodies awaited
+            with (
+                HypermediaClient(proxy.url, eve.api_key, timeout=2.5) as client,
+                pytest.raises(ConcurrencyLimited),
+            ):
+                client.upload(source, "big.bin")
+            refused, sent = proxy.requests, proxy.sent
+            assert refused >= 2, refused  # tried, then again after each Retry-After: 1
+            assert sent < size // 2, f"{refused} refused tries sent {sent} bytes"
+            for conn in held[:1]:
+                conn.shutdown(socket.SHUT_WR)  # its body ends short: that upload ends
+            with HypermediaClient(proxy.url, eve.api_key, timeout=30) as client:
+                obj = client.upload(source, "big.bin")
+            assert obj.size_bytes == size and not obj.replayed
+            assert proxy.sent - sent >= size
+            assert _originals(stack, eve.user_id) == (1, size)
+    finally:
+        stack.close()
+
+
 def test_an_upload_with_no_answer_names_its_key_and_the_key_gets_the_object(stack, base_url):
     alice = add_user(stack, "alice")
     with (
