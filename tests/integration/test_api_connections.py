@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 import pytest
 import uvicorn
 
+from hypermedia import server as server_module
 from hypermedia.embedded import listening_socket
 from hypermedia.ingest.api import create_app
 from hypermedia.server import ApiServer, HeadTimedH11Protocol
@@ -255,3 +256,37 @@ def test_a_body_still_coming_after_its_answer_does_not_hold_the_connection(api):
         said, after = _until_closed(conn, 8 + 10 * HEAD_SECONDS)
     assert said == b""
     assert after < 5 * HEAD_SECONDS
+
+
+def test_an_idle_api_wakes_once_a_tick_and_a_stop_wakes_it_at_once(
+    sqlite_engine, settings, monkeypatch
+):
+    """uvicorn's loop woke every 0.1 s to look for a stop (0.12 CPU-s a minute of an idle
+    head): the API's wakes every TICK_SECONDS, and a stop set from another thread (a
+    stack's stop) wakes it at once, however long the tick."""
+    monkeypatch.setattr(server_module, "TICK_SECONDS", 3600.0, raising=False)
+    stack = Stack.open(settings(), engine=sqlite_engine, auto_migrate=True)
+    sock = listening_socket()
+    app = create_app(stack, auth_cache_seconds=0)
+    server = ApiServer(uvicorn.Config(app, log_config=None, lifespan="off"), app)
+    ticks: list[int] = []
+    tick = server.on_tick
+
+    async def counted(counter: int) -> bool:
+        ticks.append(counter)
+        return await tick(counter)
+
+    server.on_tick = counted  # type: ignore[method-assign]
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        wait_until_healthy(f"http://127.0.0.1:{sock.getsockname()[1]}")
+        time.sleep(0.5)  # uvicorn's own loop: 5 ticks more
+        assert ticks == [0]
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()
+        stack.close()
+    assert not thread.is_alive()
+    assert ticks == [0, 10]  # the stop's: the header refreshed, the loop left
