@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
 from autoscaler.sim_world import Arrival
@@ -37,20 +37,19 @@ def arrivals(conn: Connection, now: float, since_seconds: float) -> list[Arrival
     """The jobs created in ``(now - since_seconds, now]`` as arrivals (see the module)."""
     j, a = t.jobs.c, t.attempts.c
     start = to_datetime(now - since_seconds)
-    ran = (
-        select(a.job_id, func.max(a.attempt_number).label("last"))
-        .where(a.status == "completed", a.duration_ms.is_not(None))
-        .group_by(a.job_id)
-        .subquery()
+    # Per job of the window, by uk_attempt_number (job_id, attempt_number) backwards:
+    # what it reads grows with the window's jobs, not with every attempt ever made (a
+    # GROUP BY over the whole of job_attempts took 10 s on 3.2M attempts for a window
+    # of an hour's 1,300 jobs; this, 23 ms).
+    last_run = (
+        select(a.duration_ms)
+        .where(a.job_id == j.job_id, a.status == "completed", a.duration_ms.is_not(None))
+        .order_by(a.attempt_number.desc())
+        .limit(1)
+        .scalar_subquery()
     )
     rows = conn.execute(
-        select(j.created_at, j.queue, j.priority, a.duration_ms)
-        .select_from(t.jobs)
-        .outerjoin(ran, ran.c.job_id == j.job_id)
-        .outerjoin(
-            t.attempts,
-            (a.job_id == ran.c.job_id) & (a.attempt_number == ran.c.last),
-        )
+        select(j.created_at, j.queue, j.priority, last_run.label("duration_ms"))
         .where(j.created_at > start, j.created_at <= to_datetime(now))
         .order_by(j.created_at, j.job_id)
     ).all()

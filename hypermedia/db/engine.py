@@ -161,10 +161,11 @@ def _dead_peer_args(seconds: float, named: Mapping[str, Any]) -> dict[str, int]:
 # stopped in a transaction (SIGSTOP, a VM paused) held the rows it had locked for ever.
 # The record's own statements take milliseconds; what legitimately runs long either
 # goes in batches (prunes, sweeps, a bulk run's pages) or lifts the limit for its
-# transaction (:func:`unlimited`: migrations, `hypermedia credits check`). A statement
-# cut short fails DatabaseUnavailable (the API's 503, the batcher's and the loops'
-# retries): the transaction was rolled back whole. The server enforces them, so a
-# backend that cannot run at all (stopped, stuck in the kernel) is not bounded by them.
+# transaction (:func:`unlimited`: migrations, `hypermedia credits check`, `hypermedia
+# scheduler simulate --from-db`). A statement cut short fails DatabaseUnavailable (the
+# API's 503, the batcher's and the loops' retries): the transaction was rolled back whole.
+# The server enforces them, so a backend that cannot run at all (stopped, stuck in the
+# kernel) is not bounded by them.
 STATEMENT_SECONDS = 30.0
 _LIMITS = ("statement_timeout", "lock_timeout", "idle_in_transaction_session_timeout")
 # A server parameter that a libpq ``options`` string sets: ``-c name=value``, ``-cname=``,

@@ -34,7 +34,7 @@ from hypermedia import ids, objects
 from hypermedia.cli import app
 from hypermedia.clock import Clock, ManualClock, SystemClock, to_datetime
 from hypermedia.db import tables as t
-from hypermedia.db.engine import transaction
+from hypermedia.db.engine import make_engine, snapshot, transaction
 from hypermedia.metrics import (
     COST_LOCKED,
     DECISIONS,
@@ -592,6 +592,82 @@ def test_the_record_replays_as_a_trace(stack):
         recorded.parse_span("soon")
     report = simulate.simulate(hybrid_config(), replayed)
     assert report.jobs == 3 and report.unfinished == 0
+
+
+# Attempts enough that reading them all takes a while: 600k, read in 0.45 s by two
+# parallel workers on the shared machine (1.4-2 s by their index); the window's own job
+# by its attempts' index in a few ms.
+MANY_ATTEMPTS = 600_000
+
+
+def _replayed_record(stack: Stack, old_attempts: int, window_failed: int) -> str:
+    """Two jobs: one created 30 days ago with ``old_attempts`` completed attempts, one a
+    minute ago whose first attempt completed in 4 s and ``window_failed`` later ones
+    failed; answers the second's queue."""
+    person = make_user(stack)
+    old, new = (submit(stack, person, ["thumbnail"])[0] for _ in range(2))
+    now = datetime.now(UTC)
+    naive = now.replace(tzinfo=None)  # job_attempts' timestamps: UTC, without a zone
+    with transaction(stack.engine) as conn:
+        for job_id, age in ((old, timedelta(days=30)), (new, timedelta(minutes=1))):
+            conn.execute(
+                t.jobs.update().where(t.jobs.c.job_id == job_id).values(created_at=now - age)
+            )
+        for job_id, first, last, status in (
+            (old, 1, old_attempts, "completed"),
+            (new, 1, 1, "completed"),
+            (new, 2, window_failed + 1, "failed"),
+        ):
+            conn.exec_driver_sql(
+                "INSERT INTO job_attempts (job_id, attempt_number, worker_id, status,"
+                " started_at, finished_at, duration_ms)"
+                " SELECT %(job)s, n, 'w-1', %(status)s, %(at)s, %(at)s, 4000"
+                " FROM generate_series(%(first)s::int, %(last)s::int) AS n",
+                {"job": job_id, "status": status, "at": naive, "first": first, "last": last},
+            )
+        conn.exec_driver_sql("ANALYZE job_attempts")
+        queue: str = conn.execute(select(t.jobs.c.queue).where(t.jobs.c.job_id == new)).scalar_one()
+    return queue
+
+
+def test_the_records_replay_reads_the_attempts_of_its_windows_jobs_only(stack):
+    """The replay's run times come from the attempts of the window's jobs: with
+    600k attempts of a job a month old, an hour's replay reads within a statement limit
+    of 0.1 s. Old: a GROUP BY over every completed attempt ever made (10 s on 3.2M
+    attempts for any window, past the engine's 30 s limit at some 10M), cancelled."""
+    from autoscaler import recorded
+
+    queue = _replayed_record(stack, old_attempts=MANY_ATTEMPTS, window_failed=0)
+    limit = 0.1
+    limited = make_engine(support.url_string(stack.engine), statement_seconds=limit)
+    try:
+        began = time.monotonic()
+        with snapshot(limited) as conn:
+            replayed = recorded.arrivals(conn, time.time(), 3600.0)
+        took = time.monotonic() - began
+    finally:
+        limited.dispose()
+    assert [(a.at, a.queue, a.duration) for a in replayed] == [(0.0, queue, 4.0)]
+    assert took < limit, took
+
+
+def test_the_records_replay_goes_without_the_statement_limit(stack, tmp_path):
+    """``scheduler simulate --from-db`` is an operator's offline read, one statement as
+    long as its window's jobs are many: the command lifts the engine's statement limit
+    for it (as ``credits check`` does). Here the window's one job has 600k attempts
+    after its completed one, read past HYPERMEDIA_DATABASE_STATEMENT_SECONDS=0.25 (and
+    a job a month old 600k more, which the old statement read too). Old:
+    "database_unavailable: the database cannot take it now (statement cancelled ...)",
+    which asking again never cures."""
+    _replayed_record(stack, old_attempts=MANY_ATTEMPTS, window_failed=MANY_ATTEMPTS)
+    env = {
+        "HYPERMEDIA_DATABASE_URL": support.url_string(stack.engine),
+        "HYPERMEDIA_DATA_DIR": str(tmp_path),
+        "HYPERMEDIA_DATABASE_STATEMENT_SECONDS": "0.25",
+    }
+    said = CliRunner().invoke(app, ["scheduler", "simulate", "--from-db", "--since", "1h"], env=env)
+    assert said.exit_code == 0, f"{said.output}{said.exception!r}"
+    assert "the record, last 1h (1 jobs)" in said.output, said.output
 
 
 def test_a_manual_burst_from_the_command_launches_with_an_empty_queue_until_it_ends(
