@@ -208,15 +208,18 @@ def prune(
     batches = PRUNE_BATCHES if batches is None else batches
     c = t.callbacks.c
     ended = {DELIVERED: c.delivered_at, FAILED: c.last_attempt_at}[status]
+    # By the index of (status, when they ended) (0032), oldest first: only the rows
+    # past retention are read. Through ix_job_callbacks_status_next_attempt_at,
+    # filtering on when they ended, a round with fewer than a batch past retention (each
+    # once a backlog is gone, every 5 minutes) read every row of the status still kept
+    # (200k delivered rows: 25-70 ms to delete none on PostgreSQL, 80-170 ms on SQLite).
     total = 0
     for _ in range(batches):
         with transaction(engine) as conn:
-            # By ix_job_callbacks_status_next_attempt_at, oldest first: a row's
-            # next_attempt_at is its last claim's hold, just past its last attempt.
             doomed = conn.execute(
                 select(c.event_id, c.job_id, c.status, c.attempts)
                 .where(c.status == status, ended < to_datetime(before))
-                .order_by(c.next_attempt_at)
+                .order_by(ended)
                 .limit(batch)
             ).all()
             _keep_outcomes(conn, doomed)

@@ -2243,7 +2243,7 @@ def test_a_ledger_with_a_job_charged_twice_is_refused_by_0030_naming_it(
         assert len(conn.execute(select(c.entry_id).where(c.kind == "charge")).all()) == 2
         conn.execute(t.credit_ledger.delete().where(c.entry_id == second))
     migrate.upgrade(engine)
-    assert migrate.current_revision(engine) == migrate.head_revision() == "0031"
+    assert migrate.current_revision(engine) == migrate.head_revision()
     assert schema_diffs(engine) == []
     with pytest.raises(IntegrityError), engine.begin() as conn:
         conn.execute(insert(t.credit_ledger).values(**again))
