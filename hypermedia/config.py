@@ -130,7 +130,8 @@ class Settings(BaseSettings):
     # hypermedia.db.engine.STATEMENT_SECONDS): a statement cancelled after this long, a
     # lock waited for a third of it, a session idle in a transaction ended after twice
     # it; such a statement fails database_unavailable. 0: none (PostgreSQL's defaults:
-    # a statement behind another session's lock waited for as long as it was held).
+    # a statement behind another session's lock waited for as long as it was held);
+    # else at least MIN_STATEMENT_SECONDS (3 ms: see _check_statement_seconds).
     # Migrations lift them. A limit the URL's libpq ``options`` (or PGOPTIONS) sets wins.
     database_statement_seconds: float = Field(default=30.0, ge=0, le=86400)
     redis_url: str | None = None
@@ -295,6 +296,21 @@ class Settings(BaseSettings):
         if scheme == "postgresql":
             # One driver, chosen: psycopg 3.
             value = "postgresql+psycopg://" + value.removeprefix("postgresql://")
+        return value
+
+    @field_validator("database_statement_seconds")
+    @classmethod
+    def _check_statement_seconds(cls, value: float) -> float:
+        from hypermedia.db.engine import MIN_STATEMENT_SECONDS
+
+        if 0 < value < MIN_STATEMENT_SECONDS:
+            # PostgreSQL's limits are whole milliseconds, 0 meaning none: the lock wait
+            # (a third) of less would round to no limit at all.
+            raise ValueError(
+                f"must be 0 (no limits) or at least {MIN_STATEMENT_SECONDS} (PostgreSQL"
+                " counts its limits in whole milliseconds; a lock wait of a third of less"
+                " would be 0, no limit)"
+            )
         return value
 
     @field_validator("redis_url")

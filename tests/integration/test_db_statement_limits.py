@@ -29,10 +29,16 @@ from autoscaler import config as scheduler_config
 from autoscaler.leader import Leadership
 from autoscaler.scheduler import Scheduler
 from hypermedia.clock import SystemClock
-from hypermedia.config import Settings
+from hypermedia.config import Settings, load_settings
 from hypermedia.db import migrate
 from hypermedia.db import tables as t
-from hypermedia.db.engine import make_engine, transaction
+from hypermedia.db.engine import (
+    MIN_STATEMENT_SECONDS,
+    make_engine,
+    statement_limits,
+    transaction,
+)
+from hypermedia.errors import ConfigError
 from hypermedia.ingest.api import create_app
 from hypermedia.ingest.service import SubmitRequest
 from hypermedia.profiles import load_profiles
@@ -258,6 +264,39 @@ def test_every_connection_has_the_limits_and_the_url_or_pgoptions_wins(
             assert conn.execute(text("SHOW plan_cache_mode")).scalar_one() == "force_custom_plan"
     finally:
         engine.dispose()
+
+
+def test_a_limit_too_small_for_a_millisecond_is_never_none(pg_database_url, monkeypatch):
+    """PostgreSQL counts its limits in whole milliseconds and reads 0 as none: the lock
+    wait (a third) of 0.0015 s and less rounded to 0, no limit at all, and the statement
+    limit too at 0.0005 s. The settings refuse less than MIN_STATEMENT_SECONDS (3 ms, a
+    lock wait of 1 ms), naming the key; an engine given less gets 1 ms for each. (Shown
+    on a bare connection: SQLAlchemy's first statements on a connection take longer.)"""
+
+    def shown(seconds: float) -> list[str]:
+        options = " ".join(f"-c {n}={ms}" for n, ms in statement_limits(seconds).items())
+        with psycopg.connect(_libpq(pg_database_url), options=options) as conn:
+            return [
+                str(conn.execute(f"SHOW {name}").fetchone()[0])  # type: ignore[index]
+                for name in (
+                    "statement_timeout",
+                    "lock_timeout",
+                    "idle_in_transaction_session_timeout",
+                )
+            ]
+
+    # Old: ["1ms", "0", "2ms"] and ["0", "0", "1ms"].
+    assert shown(0.001) == ["1ms", "1ms", "2ms"]
+    assert shown(0.0004) == ["1ms", "1ms", "1ms"]
+    assert shown(MIN_STATEMENT_SECONDS) == ["3ms", "1ms", "6ms"]
+    assert Settings(database_statement_seconds=MIN_STATEMENT_SECONDS)
+    assert Settings(database_statement_seconds=0).database_statement_seconds == 0
+    monkeypatch.setenv("HYPERMEDIA_DATABASE_STATEMENT_SECONDS", "0.0015")
+    with pytest.raises(ConfigError) as refused:
+        load_settings()
+    assert refused.value.key == (
+        "database_statement_seconds (HYPERMEDIA_DATABASE_STATEMENT_SECONDS)"
+    ), refused.value
 
 
 @pytest.mark.parametrize("seconds", [0.0, 30.0])

@@ -287,6 +287,14 @@ BAD_VALUES = [
     # The variable set is named, not HYPERMEDIA_QUEUES (the README's per-queue form).
     ("HYPERMEDIA_QUEUES__IMAGES__PREFETCH", "0", "queues.images.prefetch", ">= 1"),
     ("HYPERMEDIA_QUEUES__OCR__CPUS", "0.001", "queues.ocr.cpus", "at least 0.01"),
+    # PostgreSQL's limits are whole milliseconds, 0 none: a lock wait of 0.001 / 3 s
+    # was no limit at all.
+    (
+        "HYPERMEDIA_DATABASE_STATEMENT_SECONDS",
+        "0.001",
+        "database_statement_seconds",
+        "0 (no limits) or at least 0.003",
+    ),
     ("HYPERMEDIA_QUEUES__MEDIA__WORKERS", "many", "queues.media.workers", "valid integer"),
     ("HYPERMEDIA_CALLBACK_HOSTS", "https://hooks.example.com", "callback_hosts", "no scheme"),
     ("HYPERMEDIA_CALLBACK_HOSTS", "a.example.com,b.example.com/x", "callback_hosts", "no path"),
