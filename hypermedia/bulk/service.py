@@ -188,7 +188,14 @@ class BulkService:
                 idempotency_key=idempotency_key,
                 request_hash=asked,
             )
-            runs.count_total(conn, run_id)
+            if runs.count_total(conn, run_id) is None:
+                log.warning(
+                    "bulk run %s: its selection was not counted within %s s; it has no"
+                    " total until its scan ends",
+                    run_id,
+                    runs.COUNT_SECONDS,
+                    extra={"action": "bulk_create", "run_id": run_id},
+                )
             view = runs.view(conn, run_id, now)
         log.info(
             "bulk run %s created: %s %s",

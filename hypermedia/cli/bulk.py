@@ -595,8 +595,9 @@ def _print_run(view: RunView, as_json: bool) -> None:
     shown = view.progress
     if shown.total is None:
         say(
-            f"  progress: {shown.done:,} done, {shown.failed:,} failed (no total: the run"
-            " is from before totals were counted)"
+            f"  progress: {shown.done:,} done, {shown.failed:,} failed (no total until its"
+            " scan ends: the run is from before totals were counted, or its selection was"
+            " too big to count at its create)"
         )
     else:
         say(

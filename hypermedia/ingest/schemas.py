@@ -389,7 +389,8 @@ class BulkProgressOut(_Model):
 
     total: int | None = Field(
         description="The objects its filter selected at create (once nothing is left to"
-        " scan: those it scanned); null for a run from before totals while it scans."
+        " scan: those it scanned); null while it scans for a run from before totals, or"
+        " one whose selection was too big to count at its create."
     )
     done: int = Field(description="Skipped (done already), unfit, and completed or migrated.")
     failed: int = Field(description="Jobs failed or cancelled; a migration's failed copies.")
