@@ -955,15 +955,19 @@ def test_an_index_built_on_objects_lets_uploads_go_on(pg_server, monkeypatch):
         assert writes[0].startswith("written in 0."), writes
         assert outcome == [None], outcome
         assert migrate.current_revision(engine) == "0026"
-        with _pg_autocommit(engine) as check:
-            valid = check.execute(
-                "SELECT indisvalid FROM pg_index WHERE indexrelid ="
-                " 'ix_objects_source_object_id'::regclass"
-            ).fetchone()
-        assert valid == (True,)
+        assert _index_valid(engine, "ix_objects_source_object_id")
     finally:
         engine.dispose()
         pg_server.drop_database(name)
+
+
+def _index_valid(engine: Engine, name: str) -> bool:
+    """Whether PostgreSQL's index ``name`` exists and is valid (built whole)."""
+    with _pg_autocommit(engine) as check:
+        row = check.execute(
+            "SELECT indisvalid FROM pg_index WHERE indexrelid = %s::regclass", (name,)
+        ).fetchone()
+    return bool(row == (True,))
 
 
 def test_an_index_build_that_failed_or_was_cut_short_is_finished_by_the_next_upgrade(
@@ -1115,12 +1119,7 @@ def test_an_index_build_that_failed_is_told_as_it_failed(pg_server, how):
         assert migrate.current_revision(engine) == "0025"
         migrate.upgrade(engine, "0026")
         assert migrate.current_revision(engine) == "0026"
-        with _pg_autocommit(engine) as check:
-            valid = check.execute(
-                "SELECT indisvalid FROM pg_index WHERE indexrelid ="
-                " 'ix_objects_source_object_id'::regclass"
-            ).fetchone()
-        assert valid == (True,)
+        assert _index_valid(engine, "ix_objects_source_object_id")
     finally:
         engine.dispose()
         pg_server.drop_database(name)

@@ -460,19 +460,24 @@ def test_a_cancel_the_record_refused_is_written_as_a_cancel(
         engine.dispose()
 
 
-def test_a_hand_back_given_up_is_not_made_an_outages(private_postgres, settings, tmp_path):
-    """A drain's hand back the record refused until the drain's deadline is given up:
-    the job is left to its lease. It went on to the outage's hand back, which the record,
-    back just then, took: one of the job's OUTAGE_HANDBACKS spent, the job waiting 15 s
-    in retry_wait, for an outage of the worker's own drain."""
-    engine, stack, _person, job_id = _sleep_job(private_postgres, settings, tmp_path, 60)
-    execution = JobExecution(
+def _in_process(stack, tmp_path) -> JobExecution:
+    """An execution running its steps in this process, granting no storage URLs."""
+    return JobExecution(
         stack.dispatcher,
         stack.catalog,
         NoGrants(),
         InProcessExecutor(tmp_path / "work", PRELOAD),
         "w",
     )
+
+
+def test_a_hand_back_given_up_is_not_made_an_outages(private_postgres, settings, tmp_path):
+    """A drain's hand back the record refused until the drain's deadline is given up:
+    the job is left to its lease. It went on to the outage's hand back, which the record,
+    back just then, took: one of the job's OUTAGE_HANDBACKS spent, the job waiting 15 s
+    in retry_wait, for an outage of the worker's own drain."""
+    engine, stack, _person, job_id = _sleep_job(private_postgres, settings, tmp_path, 60)
+    execution = _in_process(stack, tmp_path)
     try:
         [job] = stack.dispatcher.claim_and_start("images", "w")
         private_postgres.stop()
@@ -592,13 +597,7 @@ def test_a_jobs_failure_is_tried_no_longer_than_its_lease(private_postgres, sett
         person.caller,
         SubmitRequest(object_id=make_object(stack, person), operations=["test.crash"]),
     ).job_ids
-    execution = JobExecution(
-        stack.dispatcher,
-        stack.catalog,
-        NoGrants(),
-        InProcessExecutor(tmp_path / "work", PRELOAD),
-        "w",
-    )
+    execution = _in_process(stack, tmp_path)
     try:
         [job] = stack.dispatcher.claim_and_start("images", "w")
         with _postgres_down(private_postgres):
