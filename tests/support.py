@@ -25,7 +25,7 @@ from typing import Any
 
 import psutil
 import redis
-from sqlalchemy import Connection, Engine, create_engine, make_url, text
+from sqlalchemy import Connection, Engine, create_engine, event, make_url, text
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.pool import NullPool
 
@@ -278,6 +278,24 @@ def waits_for_a_lock(engine: Engine, sessions: int = 1) -> bool:
             )
         ).scalar_one()
     return int(waiting) >= sessions
+
+
+@contextlib.contextmanager
+def write_locks(engine: Engine) -> Iterator[list[str]]:
+    """The SQLite write locks ``engine`` takes while in the block: one ``BEGIN
+    IMMEDIATE`` each (:func:`hypermedia.db.engine.transaction`; a snapshot's is a
+    plain ``BEGIN``), the list filled as they are taken."""
+    taken: list[str] = []
+
+    def begin(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        if statement.strip().upper().startswith("BEGIN IMMEDIATE"):
+            taken.append(statement)
+
+    event.listen(engine, "before_cursor_execute", begin)
+    try:
+        yield taken
+    finally:
+        event.remove(engine, "before_cursor_execute", begin)
 
 
 def make_sqlite_template(path: Path) -> Path:

@@ -41,7 +41,7 @@ from hypermedia.bulk import select as pages
 from hypermedia.bulk.runs import RunState
 from hypermedia.clock import Clock, SystemClock
 from hypermedia.db import tables as t
-from hypermedia.db.engine import transaction
+from hypermedia.db.engine import snapshot, transaction
 from hypermedia.errors import HypermediaError, InputRejected, PaymentRequired
 from hypermedia.ids import new_id
 from hypermedia.jobs.catalog import ProfileRecord, record_from_row
@@ -166,6 +166,21 @@ def plan_page(run: Any, profile: ProfileRecord, rows: Iterable[Any], room: int) 
     return plan
 
 
+def _drained(conn: Connection, run_id: str, kind: str, state: str) -> bool:
+    """Whether a run in ``state`` is done draining: a migration at once, else once none
+    of its jobs is live."""
+    return state == RunState.DRAINING and (
+        kind == "migrate" or runs.live_jobs(conn, run_id, 1) == 0
+    )
+
+
+def _exhausted(conn: Connection, run: Any) -> bool:
+    """Whether a run creating jobs has no object left after its cursor."""
+    if run is None or run.state != RunState.CREATING:
+        return False
+    return conn.execute(pages.page(run, run.cursor, 1)).first() is None
+
+
 class BulkRunner:
     def __init__(
         self,
@@ -190,8 +205,13 @@ class BulkRunner:
     # -- the loop -------------------------------------------------------------------
 
     def tick(self) -> list[StepReport]:
-        """One pass over the active runs."""
-        with transaction(self.engine) as conn:
+        """One pass over the active runs. What a pass only reads it reads in a
+        :func:`~hypermedia.db.engine.snapshot`, a write transaction taken only for what
+        it has to write (its condition read again in it): on SQLite a transaction takes
+        the write lock, reads included, and this pass runs every ``bulk_poll_seconds``
+        whether any run is active or not (an idle head took it 30 times a minute for
+        the list of active runs, each API submit beside it waiting its turn)."""
+        with snapshot(self.engine) as conn:
             run_ids = runs.active_ids(conn)
         return [self.step(run_id) for run_id in run_ids]
 
@@ -220,7 +240,7 @@ class BulkRunner:
         once) counts the room again under the run's lock, so two never pass it either."""
         report = StepReport(run_id)
         r = t.bulk_runs.c
-        with transaction(self.engine) as conn:
+        with snapshot(self.engine) as conn:
             row = conn.execute(
                 select(r.kind, r.state, r.max_in_flight, r.cursor).where(r.run_id == run_id)
             ).one_or_none()
@@ -238,25 +258,29 @@ class BulkRunner:
                 more = self._one_page(run_id, report, room) and room.left > 0
             if not more:
                 break
-        with transaction(self.engine) as conn:
-            now = self.clock.now()
+        with snapshot(self.engine) as conn:
             state = conn.execute(select(r.state).where(r.run_id == run_id)).scalar_one()
-            if state == RunState.DRAINING and (
-                row.kind == "migrate" or runs.live_jobs(conn, run_id, 1) == 0
-            ):
-                runs.move(conn, run_id, {RunState.DRAINING}, RunState.COMPLETED, now)
-                state = RunState.COMPLETED.value
+            drained = _drained(conn, run_id, row.kind, state)
+        if drained:
+            with transaction(self.engine) as conn:
+                state = conn.execute(select(r.state).where(r.run_id == run_id)).scalar_one()
+                if _drained(conn, run_id, row.kind, state):
+                    runs.move(
+                        conn, run_id, {RunState.DRAINING}, RunState.COMPLETED, self.clock.now()
+                    )
+                    state = RunState.COMPLETED.value
         report.state = state
         return report
 
     def _end_if_exhausted(self, run_id: str) -> None:
         """A run at its cap whose last page ended exactly at a page's end: if no object
-        is left after its cursor, it is done creating (one row read, at most)."""
-        with transaction(self.engine) as conn:
-            run = runs.lock(conn, run_id)
-            if run is None or run.state != RunState.CREATING:
+        is left after its cursor, it is done creating (one row read, at most; the write
+        lock only then)."""
+        with snapshot(self.engine) as conn:
+            if not _exhausted(conn, runs.read(conn, run_id)):
                 return
-            if conn.execute(pages.page(run, run.cursor, 1)).first() is None:
+        with transaction(self.engine) as conn:
+            if _exhausted(conn, runs.lock(conn, run_id)):
                 runs.move(conn, run_id, {RunState.CREATING}, RunState.DRAINING, self.clock.now())
 
     def _one_page(self, run_id: str, report: StepReport, room: _Room) -> bool:

@@ -611,6 +611,11 @@ def set_max_in_flight(conn: Connection, run_id: str, max_in_flight: int, now: fl
     raise Conflict(f"cannot change a run that is {state}", run_id=run_id, state=state)
 
 
+def read(conn: Connection, run_id: str) -> Any:
+    """The run's row as it stands (None: no such run), locking nothing."""
+    return conn.execute(select(t.bulk_runs).where(t.bulk_runs.c.run_id == run_id)).one_or_none()
+
+
 def lock(conn: Connection, run_id: str) -> Any:
     """The run's row, locked for this transaction on PostgreSQL (one head advances a run
     at a time; SQLite serialises writers anyway)."""

@@ -1839,3 +1839,44 @@ def test_a_bulk_run_is_always_created_by_someone(engine, settings, manual_clock)
         service.create(spec, idempotency_key="same")  # type: ignore[call-arg]
     assert service.create(spec, "t", "same").run_id == service.create(spec, "t", "same").run_id
     stack.close()
+
+
+def test_a_pass_with_nothing_to_write_takes_no_write_lock(sqlite_engine, settings, manual_clock):
+    """The head's bulk pass runs every bulk_poll_seconds. It read the active runs, and
+    each run's room and state, in write transactions: on SQLite each took the write
+    lock (BEGIN IMMEDIATE), every API submit and worker completion beside it waiting its
+    turn, 30 times a minute on an idle head and 3 more a run at its cap. Now what it only
+    reads it reads in a snapshot, and takes the lock only to write."""
+    stack = open_stack(settings, sqlite_engine, manual_clock)
+    person = make_user(stack)
+    _objects(stack, person, 10)
+    runner = _runner(stack)
+    with support.write_locks(stack.engine) as idle:
+        assert runner.tick() == []
+    assert idle == []
+
+    service = _service(stack)
+    run = service.create(
+        RunSpec(kind="backfill", operation="thumbnail", max_in_flight=5, batch_size=5), "test"
+    )
+    runner.tick()
+    assert service.get(run.run_id).created_jobs == 5
+    with support.write_locks(stack.engine) as at_cap:
+        (report,) = runner.tick()
+    assert (report.created, report.state) == (0, "creating")
+    assert at_cap == []
+
+    _finish(stack, "bulk", person.pool_id)
+    runner.tick()  # the last 5
+    with support.write_locks(stack.engine) as exhausted:
+        runner.tick()  # at its cap, nothing after its cursor: draining, 5 jobs live
+    assert service.get(run.run_id).state == "draining"
+    assert len(exhausted) == 1
+    with support.write_locks(stack.engine) as draining:
+        assert runner.tick()[0].state == "draining"
+    assert draining == []
+    # What it has to write it still writes, in one transaction.
+    _finish(stack, "bulk", person.pool_id)
+    with support.write_locks(stack.engine) as done:
+        assert runner.tick()[0].state == "completed"
+    assert len(done) == 1
