@@ -36,7 +36,7 @@ from sqlalchemy import Engine, Row, select
 from hypermedia import workdirs
 from hypermedia.clock import Clock, SystemClock
 from hypermedia.db import tables as t
-from hypermedia.db.engine import transaction
+from hypermedia.db.engine import snapshot, transaction
 from hypermedia.jobs.dispatcher import count_failure, event_error_code, mirror_row
 from hypermedia.jobs.repository import JobRepository
 from hypermedia.jobs.states import IN_FLIGHT, JobStatus
@@ -201,7 +201,15 @@ class Reaper:
                 report.delays_returned += 1
 
     def _promote(self, report: ReapReport) -> None:
+        """retry_wait jobs whose time has come, queued. Looked for first in a snapshot:
+        the UPDATE alone, sent every tick, took SQLite's write lock each time, nearly
+        always to find nothing. The UPDATE's own guard (still retry_wait, still due)
+        decides which move, so a job promoted meanwhile (another head's reaper) is not
+        moved twice, and one come due since the look is the next tick's."""
         now = self.clock.now()
+        with snapshot(self.engine) as conn:
+            if not self.repository.any_due(conn, now):
+                return
         with transaction(self.engine) as conn:
             moved = self.repository.promote_due(conn, now)
         by_queue: dict[str, list[tuple[str, int]]] = {}

@@ -438,6 +438,18 @@ class JobRepository:
         )
         return result.rowcount
 
+    def any_due(self, conn: Connection, now: float) -> bool:
+        """Whether a job in retry_wait has come due (what :meth:`promote_due` moves)."""
+        found = conn.execute(
+            select(t.jobs.c.job_id)
+            .where(
+                t.jobs.c.status.in_(_guard(JobEvent.RETRY_DUE)),
+                t.jobs.c.run_after <= to_datetime(now),
+            )
+            .limit(1)
+        ).first()
+        return found is not None
+
     def promote_due(
         self, conn: Connection, now: float, job_ids: Sequence[str] | None = None
     ) -> list[Moved]:

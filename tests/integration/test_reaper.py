@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from sqlalchemy import event
 
 from hypermedia import accounts
 from hypermedia.db.engine import transaction
-from hypermedia.jobs.reaper import LEASE_EXPIRED
+from hypermedia.jobs.reaper import LEASE_EXPIRED, Reaper, ReapReport
+from hypermedia.jobs.repository import JobRepository
 from hypermedia.jobs.states import JobStatus
 from tests.factories import make_user, open_stack, submit
 
@@ -411,4 +413,48 @@ def test_a_job_cancelled_while_its_last_attempt_runs_ends_cancelled_when_it_fail
     assert isinstance(stack.metrics, HeadMetrics)
     samples = parse(stack.metrics.exposition().decode())
     assert sum_by(samples, "hypermedia_jobs_failed_total", ("code",)) == {}
+    stack.close()
+
+
+def test_an_idle_tick_sends_no_update_and_promotes_a_due_retry_once(engine, settings, manual_clock):
+    """The promotion was an UPDATE of every due retry_wait job, sent each tick (every
+    reaper_interval_seconds) with nothing due nearly always: on SQLite the write lock
+    each time. Now a read looks first. A head's reaper that found a job due while
+    another's promoted it meanwhile moves nothing (the UPDATE's guard): queued once."""
+    stack = open_stack(settings, engine, manual_clock)
+    person = make_user(stack)
+    updates: list[str] = []
+
+    def statement(_conn, _cursor, text, *_args) -> None:
+        if text.split()[0].upper() == "UPDATE":
+            updates.append(text)
+
+    event.listen(stack.engine, "before_cursor_execute", statement)
+    try:
+        assert stack.reaper.tick() == ReapReport()
+    finally:
+        event.remove(stack.engine, "before_cursor_execute", statement)
+    assert updates == []
+
+    (job_id,) = submit(stack, person, ["thumbnail"])
+    (job,) = stack.dispatcher.claim("images", "w")
+    stack.dispatcher.start(job, "w")
+    stack.dispatcher.fail(job, "w", "child_killed", "killed")
+    manual_clock.advance(3600)
+    other = Reaper(stack.engine, stack.queue, clock=manual_clock)
+    seen: list[int] = []
+
+    class Racing(JobRepository):
+        def any_due(self, conn, now):
+            due = super().any_due(conn, now)
+            seen.append(other.tick().promoted)  # the other head's, in between
+            return due
+
+    late = Reaper(stack.engine, stack.queue, clock=manual_clock, repository=Racing())
+    assert late.tick().promoted == 0
+    assert seen == [1]
+    assert stack.ingest.get_job(person.caller, job_id).status == "queued"
+    assert stack.queue.members("images") == {job_id: "ready"}
+    (again,) = stack.dispatcher.claim("images", "w2")
+    assert again.job_id == job_id and again.attempt_number == 2
     stack.close()
