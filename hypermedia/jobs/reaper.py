@@ -118,7 +118,10 @@ class Reaper:
 
     def _expire(self, report: ReapReport) -> None:
         now = self.clock.now()
-        with transaction(self.engine) as conn:
+        # Read in a snapshot: a transaction takes SQLite's write lock, reads included,
+        # and this runs every reaper_interval_seconds, nearly always finding nothing.
+        # Each failure is its own write transaction, whose guard reads the lease again.
+        with snapshot(self.engine) as conn:
             expired = self.repository.expired(conn, now, self.batch)
             holders = {
                 job_id: row.claimed_by
@@ -159,7 +162,7 @@ class Reaper:
         entry whose job the record does not know is dropped from Redis."""
         if not ids:
             return
-        with transaction(self.engine) as conn:
+        with snapshot(self.engine) as conn:
             rows = self.repository.states(conn, ids)
         for job_id in ids:
             row = rows.get(job_id)

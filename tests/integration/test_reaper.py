@@ -10,6 +10,7 @@ from hypermedia.db.engine import transaction
 from hypermedia.jobs.reaper import LEASE_EXPIRED, Reaper, ReapReport
 from hypermedia.jobs.repository import JobRepository
 from hypermedia.jobs.states import JobStatus
+from tests import support
 from tests.factories import make_user, open_stack, submit
 
 
@@ -457,4 +458,25 @@ def test_an_idle_tick_sends_no_update_and_promotes_a_due_retry_once(engine, sett
     assert stack.queue.members("images") == {job_id: "ready"}
     (again,) = stack.dispatcher.claim("images", "w2")
     assert again.job_id == job_id and again.attempt_number == 2
+    stack.close()
+
+
+def test_an_idle_tick_takes_no_write_lock(sqlite_engine, settings, manual_clock):
+    """The expired leases were looked for in a write transaction: on SQLite the write
+    lock (BEGIN IMMEDIATE) every tick, every API submit and worker completion beside
+    it waiting its turn, to find nothing nearly always. Now the look is a snapshot; a
+    lease that did expire is failed in a write transaction of its own, as before."""
+    stack = open_stack(settings, sqlite_engine, manual_clock)
+    person = make_user(stack)
+    (job_id,) = submit(stack, person, ["thumbnail"])
+    (job,) = stack.dispatcher.claim("images", "w")
+    stack.dispatcher.start(job, "w")
+    with support.write_locks(stack.engine) as idle:
+        assert stack.reaper.tick() == ReapReport()
+    assert idle == []
+    manual_clock.advance(_lease(stack, "images") + 1)
+    with support.write_locks(stack.engine) as expired:
+        assert stack.reaper.tick().expired == 1
+    assert len(expired) == 1
+    assert stack.ingest.get_job(person.caller, job_id).status == "retry_wait"
     stack.close()
