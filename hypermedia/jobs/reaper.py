@@ -239,7 +239,7 @@ def reconcile(engine: Engine, queue: RedisQueue) -> ReconcileReport:
     live = list(_TARGET)
     for name in queue.queues:
         in_redis = queue.members(name)  # read Redis first: see restore.lua
-        with transaction(engine) as conn:
+        with snapshot(engine) as conn:  # reads only: no write lock on SQLite
             rows = conn.execute(
                 select(
                     t.jobs.c.job_id,

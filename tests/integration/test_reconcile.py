@@ -15,6 +15,7 @@ from hypermedia.errors import QueueUnavailable
 from hypermedia.ingest.service import SubmitRequest
 from hypermedia.jobs.reaper import reconcile
 from hypermedia.stack import Stack
+from tests import support
 from tests.factories import make_object, make_user, open_stack
 
 
@@ -211,4 +212,23 @@ def test_redis_killed_mid_run_loses_nothing(pg_engine, settings, private_redis):
     assert set(executed) == set(submitted)
     assert max(executed.values()) == 1
     assert _statuses(stack.engine) == {"completed": total}
+    stack.close()
+
+
+def test_a_reconcile_takes_no_write_lock(sqlite_engine, settings, manual_clock):
+    """The reconciler reads the record (every minute, a transaction a queue) and writes
+    only to Redis. Its reads were write transactions: on SQLite the write lock (BEGIN
+    IMMEDIATE) a queue, held while every live job of the queue was read, every API
+    submit and worker completion waiting meanwhile. Now they are snapshots."""
+    stack = open_stack(settings, sqlite_engine, manual_clock)
+    person = make_user(stack)
+    obj = make_object(stack, person)
+    result = stack.ingest.submit(person.caller, SubmitRequest(object_id=obj, operations=["ocr"]))
+    stack.queue.client.delete(*stack.queue.keys("ocr").all())  # lost from Redis
+    stack.queue.enqueue("ocr", [("f" * 32, 1)])  # a job the record never had
+    with support.write_locks(stack.engine) as taken:
+        report = reconcile(stack.engine, stack.queue)
+    assert (report.restored["ocr"], report.removed["ocr"]) == (1, 1)
+    assert stack.queue.members("ocr") == {result.job_ids[0]: "ready"}
+    assert taken == []
     stack.close()
