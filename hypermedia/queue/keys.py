@@ -19,6 +19,10 @@ key                          type    contents
                                      own priority.
 ``{p}:wake:{q}``             LIST    wake-up tokens for idle claimers (BLPOP), trimmed
                                      to ``WAKE_TOKENS_MAX``.
+``{p}:wake:{q}:{worker_id}`` LIST    wake-up tokens for one worker's idle claim loops,
+                                     pushed when it stops claiming (a drain, a spot
+                                     notice, a stop): one a loop, gone
+                                     ``WORKER_WAKE_TTL_SECONDS`` after.
 ``{p}:ended:{q}``            ZSET    tombstones: jobs taken off as ended (terminal in
                                      the record, or unknown to it). member = job id,
                                      score = when (epoch ms). A push (enqueue, delay,
@@ -61,6 +65,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 WAKE_TOKENS_MAX = 256
+# A worker's own wake-up tokens outlive its stop by this (those no loop took: a loop
+# busy with a job when they came).
+WORKER_WAKE_TTL_SECONDS = 60
 # Far longer than a commit -> push gap can be (the client gives a push up after about
 # 45 s: 4 tries of a 10 s timeout); beyond it the reconciler's pass is the safety net.
 ENDED_KEPT_SECONDS = 300
@@ -102,6 +109,11 @@ def queue_keys(prefix: str, queue: str) -> QueueKeys:
         wake=f"{prefix}:wake:{queue}",
         ended=f"{prefix}:ended:{queue}",
     )
+
+
+def worker_wake_key(prefix: str, queue: str, worker_id: str) -> str:
+    """One worker's wake-up list on ``queue`` (queue names have no colon)."""
+    return f"{prefix}:wake:{queue}:{worker_id}"
 
 
 def events_key(prefix: str, job_id: str) -> str:

@@ -41,9 +41,11 @@ from hypermedia.errors import QueueUnavailable
 from hypermedia.queue.keys import (
     ENDED_KEPT_SECONDS,
     WAKE_TOKENS_MAX,
+    WORKER_WAKE_TTL_SECONDS,
     QueueKeys,
     queue_keys,
     reconciled_key,
+    worker_wake_key,
 )
 
 P = ParamSpec("P")
@@ -229,9 +231,23 @@ class RedisQueue:
         return int(self._run("unlease", (k.ready, k.leased, k.owner, k.prio, k.wake), args))
 
     @_redis_call
-    def wait(self, queue: str, timeout: float) -> bool:
-        """Block until a wake-up token arrives or ``timeout`` passes. True if woken."""
-        return self.client.blpop([self.keys(queue).wake], timeout=max(timeout, 0.01)) is not None
+    def wait(self, queue: str, timeout: float, worker_id: str | None = None) -> bool:
+        """Block until a wake-up token arrives or ``timeout`` passes. True if woken.
+        ``worker_id``: that worker's own tokens (:meth:`wake_worker`) wake it too."""
+        keys = [self.keys(queue).wake]
+        if worker_id is not None:
+            keys.append(worker_wake_key(self.prefix, queue, worker_id))
+        return self.client.blpop(keys, timeout=max(timeout, 0.01)) is not None
+
+    @_redis_call
+    def wake_worker(self, queue: str, worker_id: str, loops: int) -> None:
+        """Wake ``loops`` of a worker's claim loops blocked in :meth:`wait` (one token
+        each), at once: it stopped claiming, and BLPOP cannot be interrupted."""
+        key = worker_wake_key(self.prefix, queue, worker_id)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.rpush(key, *["1"] * max(loops, 1))
+        pipe.expire(key, WORKER_WAKE_TTL_SECONDS)
+        pipe.execute()
 
     @_redis_call
     def extend(self, queue: str, job_id: str, worker_id: str, deadline: float) -> bool:

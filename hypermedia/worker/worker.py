@@ -2,8 +2,9 @@
 
 Each claim loop pulls from Redis itself (a Ray call per job would cap
 throughput) and, when the queue is empty, blocks on the queue's wake-up list for up
-to a second. With ``prefetch`` 1 (the default) it leases one job, claims and starts it
-in the record in one transaction and runs it (see ``execute``). With ``prefetch`` n it
+to :data:`IDLE_WAIT_SECONDS` (a new job or a stop wakes it at once). With
+``prefetch`` 1 (the default) it leases one job, claims and starts it in the record in
+one transaction and runs it (see ``execute``). With ``prefetch`` n it
 takes up to n jobs in one claim, ``claimed`` and not started, and runs them one after
 another: each is started as the loop reaches it, its start (claimed -> processing, the
 moment it began) written by the completion batcher in its next transaction, so a
@@ -101,7 +102,17 @@ from hypermedia.worker.spot import SpotNotice, SpotWatch, SpotWatcher
 
 log = logging.getLogger(__name__)
 
-IDLE_WAIT_SECONDS = 1.0
+# How long an idle claim loop blocks on its queue's wake-up list (BLPOP) before it claims
+# again. Neither a job's arrival nor a stop waits for it: every push of a job to ready
+# (enqueue, restore, unlease) leaves a token on the queue's list, and a drain, a spot
+# notice or a stop one a loop on the worker's own (:meth:`Worker._stop_claiming`). A
+# loop woke every second with nothing to do: 3 Redis commands a second each (the claim
+# script, its ZPOPMIN, the BLPOP), 720 a minute of an idle worker of 4 loops. Under
+# the Redis client's socket timeout (10 s).
+IDLE_WAIT_SECONDS = 5.0
+# How long a loop that claims nothing for now (its disk low, an outage met) waits before
+# it looks again; a drain or a stop ends it within this.
+PAUSED_WAIT_SECONDS = 1.0
 MAX_ERROR_BACKOFF_SECONDS = 5.0
 DISK_CHECK_SECONDS = 5.0  # how often a worker reads its free disk space (while low: waits)
 # An attempt that failed because a service it needs is down (the storage its input and
@@ -476,7 +487,7 @@ class Worker:
         # after release_all is over (then left to their leases). Set before the loops
         # stop claiming: each hand back of the drain is retried and answered.
         self._hand_back_by = deadline + HAND_BACK_SECONDS
-        self._claiming.clear()
+        self._stop_claiming()
         # The record down, tried again while the running jobs are waited for (not once
         # the loops have ended: an idle worker's drain waited its whole timeout).
         self._set_status("draining", by=deadline, busy=self._loops_running)
@@ -508,7 +519,7 @@ class Worker:
         wait = max(SPOT_MARGIN_SECONDS, notice.deadline - self.clock.now() - SPOT_MARGIN_SECONDS)
         until = time.monotonic() + wait
         self._hand_back_by = until
-        self._claiming.clear()
+        self._stop_claiming()
         log.warning(
             "worker %s: spot instance reclaimed (%s %s, %.0f s left): stopping claims, "
             "handing its jobs back",
@@ -554,7 +565,7 @@ class Worker:
         with self._shutdown_lock:
             if self._stopped.is_set():
                 return
-            self._claiming.clear()
+            self._stop_claiming()
             for loop in self._loops:
                 loop.join(30)
             if self.completions is not None:
@@ -573,6 +584,27 @@ class Worker:
             if by is not None:
                 by = min(by, time.monotonic() + FINAL_STATUS_SECONDS)
             self._set_status(status, stopped=True, by=by)
+
+    def _stop_claiming(self) -> None:
+        """The loops claim no more; those blocked on the queue's wake-up list are woken
+        (a token each on the worker's own list), from a thread of its own: Redis down
+        or silent, the push's retries hold neither the drain nor the stop (the loops
+        then wake within IDLE_WAIT_SECONDS, or are not waiting on Redis at all)."""
+        self._claiming.clear()
+        threading.Thread(
+            target=self._wake_loops, name=f"{self.worker_id}-wake", daemon=True
+        ).start()
+
+    def _wake_loops(self) -> None:
+        try:
+            self.dispatcher.queue.wake_worker(self.queue, self.worker_id, self.concurrency)
+        except Exception as exc:  # the loops wake by themselves, later
+            log.warning(
+                "worker %s: could not wake its idle claim loops: %s",
+                self.worker_id,
+                exc,
+                extra={"worker_id": self.worker_id, "queue": self.queue, "action": "wake"},
+            )
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the worker has stopped; True if it has."""
@@ -638,11 +670,11 @@ class Worker:
         backoff = 0.1
         while self._claiming.is_set():
             if self.disk_low():  # read every disk_check_seconds; a drain ends the wait
-                self._stopped.wait(IDLE_WAIT_SECONDS)
+                self._stopped.wait(PAUSED_WAIT_SECONDS)
                 continue
             waiting = self._outage_until - time.monotonic()
             if waiting > 0:  # a job met an outage: the next would too
-                self._stopped.wait(min(waiting, IDLE_WAIT_SECONDS))
+                self._stopped.wait(min(waiting, PAUSED_WAIT_SECONDS))
                 continue
             try:
                 if self.prefetch == 1:
@@ -653,7 +685,7 @@ class Worker:
                     with self._stats_lock:
                         if time.monotonic() >= self._outage_until and not self._record_unreachable:
                             self._outage_ended()  # a claim went through: services answer
-                    self.dispatcher.queue.wait(self.queue, IDLE_WAIT_SECONDS)
+                    self.dispatcher.queue.wait(self.queue, IDLE_WAIT_SECONDS, self.worker_id)
                     continue
                 with self._stats_lock:
                     self.stats.claimed += len(jobs)

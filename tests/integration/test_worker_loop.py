@@ -1128,3 +1128,36 @@ def test_a_worker_paused_by_low_disk_says_so_in_its_row_and_in_hypermedia_status
     finally:
         worker.stop()
     stack.close()
+
+
+@pytest.mark.parametrize("how", ["stop", "drain"])
+def test_a_stop_wakes_the_idle_loops_blocked_on_redis(
+    sqlite_engine, settings, tmp_path, monkeypatch, how
+):
+    """An idle loop blocks on its queue's wake-up list (BLPOP, which nothing can
+    interrupt) for IDLE_WAIT_SECONDS; only a new job's token woke it sooner, so that
+    wait was kept at 1 s to bound a drain's, a spot notice's or a stop's, and an idle
+    loop claimed and blocked again every second. Now a stop leaves a token a loop on
+    the worker's own list: each loop blocked then wakes on it (old: each of their
+    waits timed out), so the wait can be longer."""
+    from hypermedia.worker import worker as worker_module
+
+    monkeypatch.setattr(worker_module, "IDLE_WAIT_SECONDS", 8.0)  # < the 10 s socket timeout
+    stack = open_stack(settings, sqlite_engine, None)
+    blocked, woken = threading.Semaphore(0), []
+    wait = stack.queue.wait
+
+    def recorded(*args: Any) -> bool:
+        blocked.release()
+        result = wait(*args)
+        woken.append(result)
+        return result
+
+    monkeypatch.setattr(stack.queue, "wait", recorded)
+    worker = loop_worker(stack, tmp_path / "work", "idle-w", queue="bulk", concurrency=3)
+    worker.start()
+    for _ in range(3):  # each loop claimed nothing and is on its way into BLPOP
+        assert blocked.acquire(timeout=30)
+    worker.stop() if how == "stop" else worker.drain(timeout=30)
+    assert woken == [True, True, True]
+    stack.close()
