@@ -217,32 +217,26 @@ def test_a_migration_goes_without_the_engines_limits(pg_database_url):
         took = time.monotonic() - began
         assert migrate.current_revision(engine) == migrate.head_revision()
         with engine.connect() as conn:
-            shown = [
-                conn.execute(text(f"SHOW {name}")).scalar_one()
-                for name in (
-                    "statement_timeout",
-                    "lock_timeout",
-                    "idle_in_transaction_session_timeout",
-                )
-            ]
+            shown = _limits(conn)
     finally:
         engine.dispose()
     assert took > 2.5, took
     assert shown == ["1s", "333ms", "2s"], shown
 
 
+def _limits(conn: Any) -> list[str]:
+    """The connection's statement, lock and idle-in-transaction limits, as shown."""
+    return [
+        conn.execute(text(f"SHOW {name}")).scalar_one()
+        for name in ("statement_timeout", "lock_timeout", "idle_in_transaction_session_timeout")
+    ]
+
+
 def _shown(url: str, **kwargs: Any) -> list[str]:
     engine = make_engine(url, **kwargs)
     try:
         with engine.connect() as conn:
-            return [
-                conn.execute(text(f"SHOW {name}")).scalar_one()
-                for name in (
-                    "statement_timeout",
-                    "lock_timeout",
-                    "idle_in_transaction_session_timeout",
-                )
-            ]
+            return _limits(conn)
     finally:
         engine.dispose()
 
