@@ -9,6 +9,7 @@ dates; everything drawn by code here is the same bytes every time.
 from __future__ import annotations
 
 import io
+import os
 import shutil
 import subprocess
 import tempfile
@@ -229,6 +230,9 @@ def soffice_convert(sources: list[Path], target: str, outdir: Path) -> None:
             check=True,
             capture_output=True,
             timeout=300,
+            # Its pipe (OSL_PIPE_*), which it may leave behind, in the throwaway
+            # directory rather than the machine's /tmp.
+            env={**os.environ, "TMPDIR": profile},
         )
     extension = target.split(":", 1)[0]
     missing = [s.name for s in sources if not (outdir / f"{s.stem}.{extension}").is_file()]
