@@ -345,6 +345,38 @@ def test_a_routes_list_parameters_are_found_once_not_at_every_request(stack, use
     assert walks == 1  # old: 60, one a request
 
 
+def test_an_apps_first_requests_build_none_of_its_routes_again(stack, user):
+    """Each app (create_app) had FastAPI build every route of the API again, as it
+    included the module's router, at its first request: each route's dependencies
+    and models, ~100 ms of CPU an app (``serve`` makes one; a test process hundreds).
+    An app serves the routes built once a process now; its answers are unchanged."""
+    from fastapi.dependencies import utils
+
+    builds = 0
+
+    def count(frame: Any, event: str, _arg: object) -> None:
+        nonlocal builds
+        if event == "call" and frame.f_code is utils.get_dependant.__code__:
+            builds += 1
+
+    async def ask(app: Any) -> list[int]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://api") as http:
+            credits = await http.get(f"{P}/credits", headers=bearer(user))
+            job = await http.get(f"{P}/jobs/{MISSING_JOB}", headers=bearer(user))
+            return [credits.status_code, job.status_code]
+
+    assert asyncio.run(ask(create_app(stack))) == [200, 404]  # a first app of the process
+    app = create_app(stack)
+    sys.setprofile(count)
+    try:
+        statuses = asyncio.run(ask(app))
+    finally:
+        sys.setprofile(None)
+    assert statuses == [200, 404]
+    assert builds == 0  # old: 112, each route's and its dependencies'
+
+
 @pytest.mark.parametrize("charset", ["latin1", "ISO-8859-1", '"utf-16"', "windows-1252"])
 def test_a_json_body_said_to_be_in_another_charset_than_utf8_is_415_naming_it(
     stack, client, user, charset
