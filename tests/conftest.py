@@ -13,7 +13,9 @@ Databases
     ``engine``            parametrized ``postgresql`` / ``sqlite``: one of the two.
     ``private_postgres``  a :class:`~tests.support.PrivatePostgres` of the test's own,
                           running, with a migrated database at ``.url``: for tests
-                          that stop it.
+                          that stop it. A copy of ``private_postgres_template``.
+    ``private_postgres_template``  session: a data directory (initdb's, with a
+                          migrated template database) that each of those copies.
 
 Redis
     ``redis_url``         the shared Redis (``HYPERMEDIA_TEST_REDIS_URL``). Never
@@ -302,9 +304,17 @@ def pg_engine(pg_database_url: str) -> Iterator[Engine]:
     engine.dispose()
 
 
+@pytest.fixture(scope="session")
+def private_postgres_template() -> Iterator[Path]:
+    """This process's data directory that each ``private_postgres`` copies."""
+    path = support.PrivatePostgres.make_template()
+    yield path
+    shutil.rmtree(path.parent, ignore_errors=True)
+
+
 @pytest.fixture
-def private_postgres() -> Iterator[support.PrivatePostgres]:
-    server = support.PrivatePostgres()
+def private_postgres(private_postgres_template: Path) -> Iterator[support.PrivatePostgres]:
+    server = support.PrivatePostgres(template=private_postgres_template)
     try:
         server.start()
         server.create_migrated()

@@ -198,6 +198,44 @@ def test_a_private_postgres_whose_port_was_taken_starts_on_another():
         server.close()
 
 
+def test_a_private_postgres_is_a_migrated_copy_of_its_own(
+    private_postgres, private_postgres_template
+):
+    """``private_postgres`` copies a data directory made once a process: its database
+    is at the migrations' head, what a test writes stays in its copy (a second copy
+    has none of it), and it survives an immediate stop (recovery from the copy's WAL)."""
+    from hypermedia.db.engine import make_engine, transaction
+
+    engine = make_engine(private_postgres.url)
+    try:
+        assert migrate.schema_problem(engine) is None
+        assert migrate.current_revision(engine) == migrate.head_revision()
+        with transaction(engine) as conn:
+            conn.execute(text("CREATE TABLE written_here (n int)"))
+            conn.execute(text("INSERT INTO written_here VALUES (1)"))
+    finally:
+        engine.dispose()
+    private_postgres.stop()  # immediate: as a crash would
+    private_postgres.start()
+    engine = make_engine(private_postgres.url)
+    try:
+        with transaction(engine) as conn:
+            assert conn.execute(text("SELECT n FROM written_here")).scalar_one() == 1
+    finally:
+        engine.dispose()
+    other = support.PrivatePostgres(template=private_postgres_template)
+    try:
+        other.start()
+        engine = make_engine(other.create_migrated())
+        try:
+            assert "written_here" not in inspect(engine).get_table_names()
+            assert migrate.current_revision(engine) == migrate.head_revision()
+        finally:
+            engine.dispose()
+    finally:
+        other.close()
+
+
 def test_a_prometheus_whose_port_was_taken_starts_on_another(tmp_path, monkeypatch):
     """The helper's Prometheus starts again on another port when its pick was taken
     before it bound it."""
