@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from hypermedia import tls
 from hypermedia.embedded import free_port
 from hypermedia.metrics import RAY_PREFIX
 from tests.api_support import serve_on_a_free_port
@@ -43,7 +44,7 @@ def parse(text: str, *, strip_ray_prefix: bool = False) -> list[Sample]:
 
 def scrape(url: str, token: str | None = None) -> str:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    response = httpx.get(url, headers=headers, timeout=10)
+    response = httpx.get(url, headers=headers, timeout=10, verify=tls.client_context())
     response.raise_for_status()
     return response.text
 
@@ -125,7 +126,9 @@ def prometheus(config: Path) -> Iterator[str]:
 
 def query(url: str, expr: str) -> list[dict[str, Any]]:
     """An instant query's result; an expression Prometheus refuses fails the test."""
-    response = httpx.get(f"{url}/api/v1/query", params={"query": expr}, timeout=10)
+    response = httpx.get(
+        f"{url}/api/v1/query", params={"query": expr}, timeout=10, verify=tls.client_context()
+    )
     body = response.json()
     assert response.status_code == 200 and body["status"] == "success", (expr, body)
     result: list[dict[str, Any]] = body["data"]["result"]

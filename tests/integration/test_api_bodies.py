@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
+from hypermedia import tls
 from hypermedia.ingest.api import create_app
 from hypermedia.stack import Stack
 from tests.api_support import add_user, bearer, running_server
@@ -111,7 +112,7 @@ def test_an_authenticated_oversize_json_body_is_413(stack, base_url):
 
     # Chunked: no Content-Length to judge by; counted while it streams.
     body = json.dumps({"object_id": "x" * 2 * JSON_LIMIT, "operations": ["thumbnail"]}).encode()
-    with httpx.Client(base_url=base_url, timeout=30) as client:
+    with httpx.Client(base_url=base_url, timeout=30, verify=tls.client_context()) as client:
         response = client.post(
             f"{P}/process",
             content=iter([body[:1000], body[1000:]]),
@@ -137,7 +138,7 @@ def test_a_body_with_many_faults_gets_an_answer_smaller_than_itself(stack, base_
     faults = {f"k{i}": 0 for i in range(450)}
     body = json.dumps(faults, separators=(",", ":")).encode()
     assert len(body) <= JSON_LIMIT
-    with httpx.Client(base_url=base_url, timeout=30) as client:
+    with httpx.Client(base_url=base_url, timeout=30, verify=tls.client_context()) as client:
         response = client.post(
             f"{P}/process",
             content=body,
@@ -170,7 +171,7 @@ def test_an_upload_over_the_limit_is_413(stack, base_url):
     assert error["code"] == "input_too_large"
     assert error["details"] == {"max_bytes": UPLOAD_LIMIT}
 
-    with httpx.Client(base_url=base_url, timeout=30) as client:
+    with httpx.Client(base_url=base_url, timeout=30, verify=tls.client_context()) as client:
         response = client.put(
             f"{P}/objects",
             params={"filename": "big.bin"},

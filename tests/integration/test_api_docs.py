@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
+from hypermedia import tls
 from hypermedia.ingest.api import create_app
 from hypermedia.stack import Stack
 from tests.api_support import running_server
@@ -37,7 +38,7 @@ def test_docs_draw_every_operation_from_the_apis_own_files_alone(served):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.wait import WebDriverWait
 
-    document = httpx.get(f"{served}/openapi.json").json()
+    document = httpx.get(f"{served}/openapi.json", verify=tls.client_context()).json()
     operations = sorted(
         operation["operationId"]
         for methods in document["paths"].values()
@@ -84,11 +85,14 @@ def test_docs_draw_every_operation_from_the_apis_own_files_alone(served):
 
 
 def test_the_docs_and_their_files_come_with_the_operator_pages_headers(served):
-    page = httpx.get(f"{served}/docs")
+    page = httpx.get(f"{served}/docs", verify=tls.client_context())
     assert page.status_code == 200
     files = re.findall(r'(?:src|href)="([^"]+)"', page.text)
     assert len(files) == 4, files  # the favicon, Swagger UI's style and script, ours
-    for response in [page, *(httpx.get(f"{served}{path}") for path in files)]:
+    for response in [
+        page,
+        *(httpx.get(f"{served}{path}", verify=tls.client_context()) for path in files),
+    ]:
         assert response.status_code == 200, response.url
         csp = response.headers["content-security-policy"]
         for directive in ("default-src 'none'", "script-src 'self';", "frame-ancestors 'none'"):
@@ -97,5 +101,6 @@ def test_the_docs_and_their_files_come_with_the_operator_pages_headers(served):
         assert response.headers["referrer-policy"] == "no-referrer"
     # Only those files: not the ReDoc the package also ships, nor a path out of it.
     for name in ("redoc.standalone.js", "..%2F__init__.py", "core.py"):
-        assert httpx.get(f"{served}/docs/static/{name}").status_code == 404, name
-    assert httpx.get(f"{served}/redoc").status_code == 404
+        missing = httpx.get(f"{served}/docs/static/{name}", verify=tls.client_context())
+        assert missing.status_code == 404, name
+    assert httpx.get(f"{served}/redoc", verify=tls.client_context()).status_code == 404

@@ -9,6 +9,7 @@ import httpx
 import pytest
 from sqlalchemy import func, select
 
+from hypermedia import tls
 from hypermedia.accounts import KeyGrants, create_api_key, grant_api_key, key_id_of
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
@@ -35,7 +36,7 @@ def stack(engine, settings) -> Iterator[Stack]:
 def client(stack) -> Iterator[httpx.Client]:
     with (
         running_server(create_app(stack, auth_cache_seconds=0)) as url,
-        httpx.Client(base_url=url, timeout=60) as http,
+        httpx.Client(base_url=url, timeout=60, verify=tls.client_context()) as http,
     ):
         yield http
 

@@ -16,6 +16,7 @@ import httpx
 import pytest
 from sqlalchemy import func, select
 
+from hypermedia import tls
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
 from hypermedia.ingest import api
@@ -41,7 +42,7 @@ def client(stack) -> Iterator[httpx.Client]:
         running_server(
             create_app(stack, auth_cache_seconds=0, events_keepalive_seconds=0.5)
         ) as url,
-        httpx.Client(base_url=url, timeout=30) as http,
+        httpx.Client(base_url=url, timeout=30, verify=tls.client_context()) as http,
     ):
         yield http
 

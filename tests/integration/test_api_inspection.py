@@ -20,6 +20,7 @@ import psutil
 import pytest
 from sqlalchemy import func, select
 
+from hypermedia import tls
 from hypermedia.clock import SystemClock
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
@@ -69,7 +70,7 @@ def _objects(stack: Stack) -> int:
 
 
 def _upload(base_url: str, user, data: bytes, name: str) -> httpx.Response:
-    with httpx.Client(base_url=base_url, timeout=120) as client:
+    with httpx.Client(base_url=base_url, timeout=120, verify=tls.client_context()) as client:
         return client.put(
             f"{P}/objects", params={"filename": name}, content=data, headers=bearer(user)
         )
@@ -98,7 +99,7 @@ def test_an_upload_refused_by_inspection_leaves_its_idempotency_key_free(stack, 
     refused one left neither an object nor its key."""
     user = add_user(stack, "alice")
     headers = {**bearer(user), "Idempotency-Key": "report-3"}
-    with httpx.Client(base_url=base_url, timeout=120) as client:
+    with httpx.Client(base_url=base_url, timeout=120, verify=tls.client_context()) as client:
         refused = client.put(
             f"{P}/objects", params={"filename": "r.pdf"}, content=crafted_pdf(), headers=headers
         )
@@ -129,7 +130,7 @@ def test_an_inspection_child_that_crashes_refuses_the_upload(engine, settings, c
         with (
             running_server(create_app(stack, auth_cache_seconds=0)) as url,
             ThreadPoolExecutor(1) as pool,
-            httpx.Client(base_url=url, timeout=120) as client,
+            httpx.Client(base_url=url, timeout=120, verify=tls.client_context()) as client,
         ):
             user = add_user(stack, "alice")
             credits = client.get(f"{P}/credits", headers=bearer(user)).json()
@@ -170,7 +171,7 @@ def test_a_webm_stating_a_duration_that_is_no_number_is_uploaded_and_judged(
     response = _upload(base_url, user, ebml(b"webm", [1, 2], duration_ms), "clip.webm")
     assert response.status_code == 201, response.text
     assert response.json()["detected_kind"] == "video"
-    with httpx.Client(base_url=base_url, timeout=60) as client:
+    with httpx.Client(base_url=base_url, timeout=60, verify=tls.client_context()) as client:
         submitted = client.post(
             f"{P}/process",
             json={"object_id": response.json()["object_id"], "operations": ["transcode_video"]},
@@ -259,7 +260,10 @@ def test_healthz_answers_while_inspections_run(stack, base_url):
     data = crafted_pdf()
     answered_while_busy = 0
     longest_wait = 0.0  # the longest /healthz took while uploads were being inspected
-    with ThreadPoolExecutor(4) as pool, httpx.Client(base_url=base_url, timeout=60) as client:
+    with (
+        ThreadPoolExecutor(4) as pool,
+        httpx.Client(base_url=base_url, timeout=60, verify=tls.client_context()) as client,
+    ):
         started = time.monotonic()
         uploads = [pool.submit(_upload, base_url, user, data, f"{i}.pdf") for i in range(4)]
         while not all(u.done() for u in uploads):
@@ -384,7 +388,7 @@ def test_uploads_waiting_for_an_inspection_slot_hold_no_thread_of_the_other_rout
         with (
             running_server(create_app(stack, auth_cache_seconds=0)) as url,
             ThreadPoolExecutor(50) as pool,
-            httpx.Client(base_url=url, timeout=1.5) as client,
+            httpx.Client(base_url=url, timeout=1.5, verify=tls.client_context()) as client,
         ):
             operator = add_user(stack, "op", operator=True)  # no upload caps
             slow = pool.submit(_upload, url, operator, crafted_pdf(), "slow.pdf")
@@ -594,7 +598,7 @@ def test_an_image_with_no_readable_header_is_refused_at_submit(stack, base_url, 
     assert response.status_code == 201, response.text
     uploaded = response.json()
     assert uploaded["detected_kind"] == "image"
-    with httpx.Client(base_url=base_url, timeout=60) as client:
+    with httpx.Client(base_url=base_url, timeout=60, verify=tls.client_context()) as client:
         submitted = client.post(
             f"{P}/process",
             json={"object_id": uploaded["object_id"], "operations": ["thumbnail"]},

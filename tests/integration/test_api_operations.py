@@ -15,6 +15,7 @@ import pipelines.registry
 from autoscaler import admission
 from autoscaler import config as scheduler_config
 from autoscaler.head import staffed_queues
+from hypermedia import tls
 from hypermedia.clock import to_datetime
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
@@ -40,7 +41,7 @@ def stack(engine, settings) -> Iterator[Stack]:
 def client(stack) -> Iterator[httpx.Client]:
     with (
         running_server(create_app(stack, auth_cache_seconds=0)) as url,
-        httpx.Client(base_url=url, timeout=30) as http,
+        httpx.Client(base_url=url, timeout=30, verify=tls.client_context()) as http,
     ):
         yield http
 
@@ -51,7 +52,7 @@ def _submitting(stack: Stack, name: str) -> Iterator[Callable[[str], httpx.Respo
     operation of it."""
     with (
         running_server(create_app(stack, auth_cache_seconds=0)) as url,
-        httpx.Client(base_url=url, timeout=30) as client,
+        httpx.Client(base_url=url, timeout=30, verify=tls.client_context()) as client,
     ):
         user = add_user(stack, name, credits=100)
         uploaded = client.put(

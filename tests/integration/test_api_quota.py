@@ -13,6 +13,7 @@ import httpx
 import pytest
 from sqlalchemy import func, select, update
 
+from hypermedia import tls
 from hypermedia.accounts import NewUser, add_pool_member
 from hypermedia.db import tables as t
 from hypermedia.db.conflicts import CONFLICT_ATTEMPTS
@@ -53,7 +54,7 @@ def stack(engine, settings) -> Iterator[Stack]:
 def client(stack) -> Iterator[httpx.Client]:
     with (
         running_server(create_app(stack, auth_cache_seconds=0)) as url,
-        httpx.Client(base_url=url, timeout=60) as http,
+        httpx.Client(base_url=url, timeout=60, verify=tls.client_context()) as http,
     ):
         yield http
 
@@ -144,7 +145,7 @@ def test_the_upload_rate_is_limited_per_user(engine, settings):
         alice, bob = add_user(stack, "alice"), add_user(stack, "bob")
         with (
             running_server(create_app(stack)) as url,
-            httpx.Client(base_url=url, timeout=60) as client,
+            httpx.Client(base_url=url, timeout=60, verify=tls.client_context()) as client,
         ):
             assert [upload(client, alice, png(1000)).status_code for _ in range(2)] == [201, 201]
             limited = upload(client, alice, png(1000))

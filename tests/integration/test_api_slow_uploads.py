@@ -13,6 +13,7 @@ from contextlib import ExitStack
 import httpx
 import pytest
 
+from hypermedia import tls
 from hypermedia.ingest.api import create_app
 from hypermedia.stack import Stack
 from tests.api_support import add_user, bearer, running_server, slow_upload
@@ -59,7 +60,7 @@ def test_stalled_uploads_leave_the_other_routes_their_threads(stack, base_url):
         for _ in range(DEFAULT_THREADS + 5):
             sockets.enter_context(slow_upload(base_url, user.api_key))
         time.sleep(1.0)  # every one of them in its handler, waiting for its body
-        with httpx.Client(base_url=base_url, timeout=5) as client:
+        with httpx.Client(base_url=base_url, timeout=5, verify=tls.client_context()) as client:
             assert client.get("/healthz").status_code == 200
             assert client.get(f"{P}/credits", headers=bearer(user)).status_code == 200
 
@@ -101,7 +102,10 @@ def test_one_user_may_have_a_few_uploads_arriving_at_once(engine, settings):
         with running_server(create_app(stack), access_log=False) as url:
             eve, bob = add_user(stack, "eve"), add_user(stack, "bob")
             operator = add_user(stack, "op", operator=True)
-            with ExitStack() as sockets, httpx.Client(base_url=url, timeout=10) as client:
+            with (
+                ExitStack() as sockets,
+                httpx.Client(base_url=url, timeout=10, verify=tls.client_context()) as client,
+            ):
                 held = [sockets.enter_context(slow_upload(url, eve.api_key)) for _ in range(4)]
                 time.sleep(0.5)  # the four in their handlers, their bodies awaited
 
@@ -146,7 +150,10 @@ def test_an_upload_refused_for_the_users_uploads_arriving_is_not_counted_on_her_
     try:
         with running_server(create_app(stack), access_log=False) as url:
             eve = add_user(stack, "eve")
-            with ExitStack() as sockets, httpx.Client(base_url=url, timeout=10) as client:
+            with (
+                ExitStack() as sockets,
+                httpx.Client(base_url=url, timeout=10, verify=tls.client_context()) as client,
+            ):
                 held = [sockets.enter_context(slow_upload(url, eve.api_key)) for _ in range(4)]
                 time.sleep(0.5)  # the four in their handlers, their bodies awaited
 

@@ -20,6 +20,7 @@ import pytest
 from moto.server import ThreadedMotoServer
 from sqlalchemy import select, update
 
+from hypermedia import tls
 from hypermedia.accounts import Caller
 from hypermedia.clock import ManualClock, to_datetime, to_epoch
 from hypermedia.db import tables as t
@@ -118,7 +119,7 @@ def test_blobs_s3_failed_to_delete_are_deleted_later_by_the_sweep(engine, settin
     try:
         with (
             running_server(create_app(stack, auth_cache_seconds=0)) as url,
-            httpx.Client(base_url=url, timeout=120) as client,
+            httpx.Client(base_url=url, timeout=120, verify=tls.client_context()) as client,
         ):
             alice = add_user(stack, "alice")
             source = upload(client, alice, PNG).json()["object_id"]
@@ -173,7 +174,7 @@ def test_a_local_blob_the_disk_refused_is_deleted_later_and_a_rewritten_one_kept
     try:
         with (
             running_server(create_app(stack, auth_cache_seconds=0)) as url,
-            httpx.Client(base_url=url, timeout=120) as client,
+            httpx.Client(base_url=url, timeout=120, verify=tls.client_context()) as client,
         ):
             alice = add_user(stack, "alice", credits=10)
             source = upload(client, alice, PNG).json()["object_id"]
@@ -276,7 +277,7 @@ class _Timed(threading.Thread):
 
 
 def _submit(url: str, user, object_id: str) -> httpx.Response:
-    with httpx.Client(base_url=url, timeout=120) as client:
+    with httpx.Client(base_url=url, timeout=120, verify=tls.client_context()) as client:
         return client.post(
             f"{P}/process",
             json={"object_id": object_id, "operations": ["thumbnail"]},
@@ -285,7 +286,7 @@ def _submit(url: str, user, object_id: str) -> httpx.Response:
 
 
 def _delete(url: str, user, object_id: str) -> httpx.Response:
-    with httpx.Client(base_url=url, timeout=120) as client:
+    with httpx.Client(base_url=url, timeout=120, verify=tls.client_context()) as client:
         return client.delete(f"{P}/objects/{object_id}", headers=bearer(user))
 
 
@@ -303,7 +304,7 @@ def test_a_slow_storage_delete_holds_no_sqlite_writer_back(sqlite_engine, settin
         try:
             with (
                 running_server(create_app(stack, auth_cache_seconds=0)) as url,
-                httpx.Client(base_url=url, timeout=120) as client,
+                httpx.Client(base_url=url, timeout=120, verify=tls.client_context()) as client,
                 _releasing(s3_path),
             ):
                 alice = add_user(stack, "alice")
@@ -354,7 +355,7 @@ def test_a_job_writes_no_key_whose_deletion_is_under_way(engine, settings, moto)
         try:
             with (
                 running_server(create_app(stack, auth_cache_seconds=0)) as url,
-                httpx.Client(base_url=url, timeout=120) as client,
+                httpx.Client(base_url=url, timeout=120, verify=tls.client_context()) as client,
                 _releasing(s3_path),
             ):
                 alice = add_user(stack, "alice")

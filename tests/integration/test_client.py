@@ -19,6 +19,7 @@ from fastapi.testclient import TestClient
 from pydantic import ValidationError
 from sqlalchemy import func, select
 
+from hypermedia import tls
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
 from hypermedia.embedded import free_port
@@ -558,7 +559,9 @@ def test_a_code_no_class_carries_is_the_errors_code(stack, base_url, monkeypatch
     assert internal.value.to_dict()["code"] == "internal"
     assert internal.value.details["server_code"] == "internal"
 
-    wrong = httpx.delete(f"{base_url}/v1/hypermedia/credits", headers=bearer(alice))
+    wrong = httpx.delete(
+        f"{base_url}/v1/hypermedia/credits", headers=bearer(alice), verify=tls.client_context()
+    )
     refused = error_from_response(wrong.status_code, wrong.json())
     assert type(refused) is HypermediaError
     assert (refused.code, refused.http_status) == ("method_not_allowed", 405)
@@ -1333,7 +1336,7 @@ def test_a_resumed_download_from_a_store_without_an_etag_never_splices_two_outpu
         content_type="video/mp4",
     )
     try:
-        with httpx.Client(timeout=5) as http:
+        with httpx.Client(timeout=5, verify=tls.client_context()) as http:
             transfer = OutputTransfer(
                 http, lambda: link, lambda url: url, error_from_response, lambda _: None, 2
             )

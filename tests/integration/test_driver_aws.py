@@ -47,6 +47,7 @@ from autoscaler.drivers.base import (
     DriverError,
     Instance,
 )
+from hypermedia import tls
 from hypermedia.embedded import free_port
 from hypermedia.errors import ConfigError
 from tests import support
@@ -101,7 +102,9 @@ def aws_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 @pytest.fixture
 def endpoint(moto_server: str) -> str:
     """moto, emptied."""
-    httpx.post(f"{moto_server}/moto-api/reset", timeout=10).raise_for_status()
+    httpx.post(
+        f"{moto_server}/moto-api/reset", timeout=10, verify=tls.client_context()
+    ).raise_for_status()
     return moto_server
 
 
@@ -752,7 +755,12 @@ COST_RESULTS = "/moto-api/static/ce/cost-and-usage-results"
 
 
 def queue_cost_results(endpoint: str, *results: dict[str, Any]) -> None:
-    reply = httpx.post(f"{endpoint}{COST_RESULTS}", json={"results": list(results)}, timeout=10)
+    reply = httpx.post(
+        f"{endpoint}{COST_RESULTS}",
+        json={"results": list(results)},
+        timeout=10,
+        verify=tls.client_context(),
+    )
     assert reply.status_code == 201, reply.text
 
 

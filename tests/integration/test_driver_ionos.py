@@ -30,6 +30,7 @@ from autoscaler.drivers.base import (
     Instance,
 )
 from autoscaler.drivers.ionos import SDK_TRIES, IonosDriver, server_state
+from hypermedia import tls
 from hypermedia.errors import ConfigError
 from tests.clouds.ionos_server import IonosServer
 from tests.driver_contract import check_contract, eventually, listed, request
@@ -415,7 +416,13 @@ def by_hand(ionos: IonosServer, dc: str, name: str, labels: dict[str, str]) -> s
         },
     }
     auth = (ionos.username, ionos.password)
-    made = httpx.post(f"{ionos.url}/datacenters/{dc}/servers", json=body, auth=auth, timeout=10)
+    made = httpx.post(
+        f"{ionos.url}/datacenters/{dc}/servers",
+        json=body,
+        auth=auth,
+        timeout=10,
+        verify=tls.client_context(),
+    )
     made.raise_for_status()
     server_id = str(made.json()["id"])
     for key, value in labels.items():
@@ -424,6 +431,7 @@ def by_hand(ionos: IonosServer, dc: str, name: str, labels: dict[str, str]) -> s
             json={"properties": {"key": key, "value": value}},
             auth=auth,
             timeout=10,
+            verify=tls.client_context(),
         )
         labelled.raise_for_status()
     return server_id

@@ -26,6 +26,7 @@ import httpx
 import pytest
 import redis
 
+from hypermedia import tls
 from hypermedia.config import load_settings
 from hypermedia.db.engine import make_engine
 from hypermedia.embedded import listening_socket
@@ -176,6 +177,7 @@ class World:
             content=data,
             headers={**self.key, "Content-Type": "application/octet-stream"},
             timeout=60,
+            verify=tls.client_context(),
         )
         assert response.status_code == 201, response.text
         body: dict[str, Any] = response.json()
@@ -189,10 +191,21 @@ class World:
             body["object_id"] = self.upload(b"-")["object_id"]
         if case.params:
             body["params"] = {case.operation: case.params}
-        return httpx.post(f"{self.base_url}{P}/process", json=body, headers=self.key, timeout=60)
+        return httpx.post(
+            f"{self.base_url}{P}/process",
+            json=body,
+            headers=self.key,
+            timeout=60,
+            verify=tls.client_context(),
+        )
 
     def job(self, job_id: str) -> dict[str, Any]:
-        response = httpx.get(f"{self.base_url}{P}/jobs/{job_id}", headers=self.key, timeout=30)
+        response = httpx.get(
+            f"{self.base_url}{P}/jobs/{job_id}",
+            headers=self.key,
+            timeout=30,
+            verify=tls.client_context(),
+        )
         assert response.status_code == 200, response.text
         body: dict[str, Any] = response.json()
         return body

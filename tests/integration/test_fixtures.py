@@ -20,6 +20,7 @@ from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.pool import NullPool
 
+from hypermedia import tls
 from hypermedia.db import migrate
 from hypermedia.embedded import free_port
 from hypermedia.worker import cluster
@@ -249,7 +250,10 @@ def test_a_prometheus_whose_port_was_taken_starts_on_another(tmp_path, monkeypat
     try:
         with metrics_support.prometheus(config) as url:
             assert not url.endswith(f":{taken.getsockname()[1]}")
-            assert httpx.get(f"{url}/-/ready", timeout=10).status_code == 200
+            assert (
+                httpx.get(f"{url}/-/ready", timeout=10, verify=tls.client_context()).status_code
+                == 200
+            )
     finally:
         taken.close()
 

@@ -29,6 +29,7 @@ from typing import Any
 import httpx
 import pytest
 
+from hypermedia import tls
 from hypermedia.ingest import inspection
 from hypermedia.ingest.api import create_app
 from hypermedia.ingest.inspection import InspectionBudget, InspectionRunner
@@ -250,7 +251,7 @@ def test_the_api_hides_its_data_dir_from_inspection(site, monkeypatch, sqlite_en
             answer: list[httpx.Response] = []
 
             def upload() -> None:
-                with httpx.Client(base_url=url, timeout=120) as client:
+                with httpx.Client(base_url=url, timeout=120, verify=tls.client_context()) as client:
                     answer.append(
                         client.put(
                             "/v1/hypermedia/objects",

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 import httpx
 import pytest
 
+from hypermedia import tls
 from hypermedia.errors import NotFound
 from hypermedia.ingest.api import create_app
 from hypermedia.ingest.client import HypermediaClient
@@ -450,7 +451,12 @@ def _opened(base_url: str, person, job_id: str) -> tuple[socket.socket, bytes]:
 def _events_answer(base_url: str, person, job_id: str) -> httpx.Response:
     """The answer to a request for ``job_id``'s events that the server refuses."""
     url = f"{base_url}/v1/hypermedia/jobs/{job_id}/events"
-    with httpx.stream("GET", url, headers={"Authorization": f"Bearer {person.api_key}"}) as r:
+    with httpx.stream(
+        "GET",
+        url,
+        headers={"Authorization": f"Bearer {person.api_key}"},
+        verify=tls.client_context(),
+    ) as r:
         assert r.status_code != 200
         r.read()
         return r
@@ -601,7 +607,9 @@ def test_a_revoked_keys_open_stream_ends_at_its_next_keep_alive(stack, base_url)
     url = f"{base_url}/v1/hypermedia/jobs/{job_id}/events"
     headers = {"Authorization": f"Bearer {person.api_key}"}
     keepalives = 0
-    with httpx.stream("GET", url, headers=headers, timeout=10) as answer:
+    with httpx.stream(
+        "GET", url, headers=headers, timeout=10, verify=tls.client_context()
+    ) as answer:
         assert answer.status_code == 200
         lines = answer.iter_lines()
         for line in lines:

@@ -23,6 +23,7 @@ import httpx
 import ray
 from sqlalchemy import select
 
+from hypermedia import tls
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
 from hypermedia.ingest.service import SubmitRequest
@@ -242,5 +243,7 @@ def _load_and_check(rs: RayStack, person, operator, api: str, prom: str) -> None
             break
         time.sleep(1)
     assert empty == should
-    rules = httpx.get(f"{prom}/api/v1/rules", timeout=10).json()["data"]["groups"]
+    rules = httpx.get(f"{prom}/api/v1/rules", timeout=10, verify=tls.client_context()).json()[
+        "data"
+    ]["groups"]
     assert [group["name"] for group in rules] == ["hypermedia"]  # alerts.yml loaded

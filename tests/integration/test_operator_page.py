@@ -28,6 +28,7 @@ from autoscaler.page.routes import STATIC_DIR, install
 from autoscaler.scheduler import Scheduler
 from autoscaler.snapshot import QueueState, Snapshot, Spend, WorkerState
 from autoscaler.status import gather
+from hypermedia import tls
 from hypermedia.cli import app as cli
 from hypermedia.clock import ManualClock, age_text, to_datetime
 from hypermedia.db import tables as t
@@ -100,36 +101,41 @@ def test_only_an_operators_key_opens_the_page(stack, served):
     someone = add_user(stack, "someone")
     page = f"{served}/operator"
 
-    missing = httpx.get(page)
+    missing = httpx.get(page, verify=tls.client_context())
     assert missing.status_code == 401
     assert missing.headers["www-authenticate"].startswith('Basic realm="hypermedia operator"')
     assert missing.json()["error"]["code"] == "unauthenticated"
-    wrong = httpx.get(page, headers=basic("hm_not-a-key"))
+    wrong = httpx.get(page, headers=basic("hm_not-a-key"), verify=tls.client_context())
     assert (wrong.status_code, wrong.headers["www-authenticate"][:5]) == (401, "Basic")
     for headers in (basic(someone.api_key), {"Authorization": f"Bearer {someone.api_key}"}):
-        refused = httpx.get(page, headers=headers)
+        refused = httpx.get(page, headers=headers, verify=tls.client_context())
         assert refused.status_code == 403
         assert refused.json()["error"]["code"] == "forbidden"
     # The key is checked before the query: no key and a bad window is still 401.
-    assert httpx.get(page, params={"hours": "x"}).status_code == 401
+    assert httpx.get(page, params={"hours": "x"}, verify=tls.client_context()).status_code == 401
     for hours in ("0", "49", "x"):
-        bad = httpx.get(page, params={"hours": hours}, headers=basic(operator.api_key))
+        bad = httpx.get(
+            page,
+            params={"hours": hours},
+            headers=basic(operator.api_key),
+            verify=tls.client_context(),
+        )
         assert bad.status_code == 422, hours
         assert bad.json()["error"]["code"] == "invalid_request"
 
     for headers in (basic(operator.api_key), {"Authorization": f"Bearer {operator.api_key}"}):
-        shown = httpx.get(page, headers=headers)
+        shown = httpx.get(page, headers=headers, verify=tls.client_context())
         assert shown.status_code == 200
         assert shown.headers["content-type"].startswith("text/html")
         assert "script-src 'self'" in shown.headers["content-security-policy"]
         assert shown.headers["cache-control"] == "no-store"
     # The chart library comes from the package, to anyone (it holds nothing of ours).
-    library = httpx.get(f"{served}/operator/static/uPlot.iife.min.js")
+    library = httpx.get(f"{served}/operator/static/uPlot.iife.min.js", verify=tls.client_context())
     assert library.status_code == 200
     assert library.content == (STATIC_DIR / "uPlot.iife.min.js").read_bytes()
     # With the page's policy (Starlette's StaticFiles sent none of it), cached.
     for name in ("uPlot.iife.min.js", "page.js"):
-        served_file = httpx.get(f"{served}/operator/static/{name}")
+        served_file = httpx.get(f"{served}/operator/static/{name}", verify=tls.client_context())
         assert served_file.headers["x-content-type-options"] == "nosniff", name
         assert "default-src 'none'" in served_file.headers["content-security-policy"], name
         assert served_file.headers["referrer-policy"] == "no-referrer", name
@@ -137,7 +143,7 @@ def test_only_an_operators_key_opens_the_page(stack, served):
     # A GET that writes nothing: no decision, no sample, no alert more than before.
     with transaction(stack.engine) as conn:
         before = [conn.execute(select(func.count()).select_from(x)).scalar() for x in TABLES]
-    httpx.get(page, headers=basic(operator.api_key)).raise_for_status()
+    httpx.get(page, headers=basic(operator.api_key), verify=tls.client_context()).raise_for_status()
     with transaction(stack.engine) as conn:
         after = [conn.execute(select(func.count()).select_from(x)).scalar() for x in TABLES]
     assert after == before
@@ -467,9 +473,16 @@ def test_the_page_says_the_record_is_down_and_reloads_until_it_is_back(
         install(app, scheduler_config.parse(config_data()))
         with running_server(app) as base_url:
             page = f"{base_url}/operator"
-            assert httpx.get(page, headers=basic(operator.api_key)).status_code == 200
+            assert (
+                httpx.get(
+                    page, headers=basic(operator.api_key), verify=tls.client_context()
+                ).status_code
+                == 200
+            )
             private_postgres.stop()
-            down = httpx.get(page, headers=basic(operator.api_key), timeout=60)
+            down = httpx.get(
+                page, headers=basic(operator.api_key), timeout=60, verify=tls.client_context()
+            )
             assert down.status_code == 503, down.text
             assert down.headers["content-type"].startswith("text/html")
             assert down.headers["retry-after"] == "10"
@@ -477,7 +490,9 @@ def test_the_page_says_the_record_is_down_and_reloads_until_it_is_back(
             assert "database_unavailable" in down.text and "database is unavailable" in down.text
             assert str(private_postgres.port) not in down.text  # the driver's words: the log's
             private_postgres.start()
-            back = httpx.get(page, headers=basic(operator.api_key), timeout=60)
+            back = httpx.get(
+                page, headers=basic(operator.api_key), timeout=60, verify=tls.client_context()
+            )
             assert back.status_code == 200, back.text
     finally:
         stack.close()

@@ -40,6 +40,7 @@ from autoscaler.drivers.base import Instance, LaunchRequest
 from autoscaler.leader import Leadership
 from autoscaler.provider import HypermediaNodeProvider
 from autoscaler.scheduler import NoCloud, Scheduler, ledger_rows, ledger_spend
+from hypermedia import tls
 from hypermedia.clock import ManualClock, to_datetime
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
@@ -68,7 +69,9 @@ def ami(moto_server: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> st
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    httpx.post(f"{moto_server}/moto-api/reset", timeout=10).raise_for_status()
+    httpx.post(
+        f"{moto_server}/moto-api/reset", timeout=10, verify=tls.client_context()
+    ).raise_for_status()
     ec2 = boto3.client("ec2", endpoint_url=moto_server, region_name=REGION)
     return str(ec2.register_image(Name="hm-burst-test")["ImageId"])
 

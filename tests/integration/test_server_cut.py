@@ -13,6 +13,7 @@ import httpx
 import pytest
 import uvicorn
 
+from hypermedia import tls
 from hypermedia.embedded import listening_socket
 from hypermedia.server import CutCleanly
 
@@ -34,7 +35,9 @@ def test_a_request_cut_by_the_stop_answers_503_and_logs_no_traceback(caplog):
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     answers: list[httpx.Response] = []
     url = f"http://127.0.0.1:{sock.getsockname()[1]}/v1/hypermedia/credits"
-    asking = threading.Thread(target=lambda: answers.append(httpx.get(url, timeout=30)))
+    asking = threading.Thread(
+        target=lambda: answers.append(httpx.get(url, timeout=30, verify=tls.client_context()))
+    )
     with caplog.at_level(logging.INFO):
         thread.start()
         asking.start()

@@ -22,6 +22,7 @@ import psutil
 import pytest
 from sqlalchemy import select
 
+from hypermedia import tls
 from hypermedia.config import load_settings
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
@@ -81,7 +82,7 @@ def _watching(watch: SpotWatch, notices: Notices) -> SpotWatcher:
 
 
 def test_the_local_service_enforces_the_token_and_the_header(metadata):
-    with httpx.Client(base_url=metadata.url) as http:
+    with httpx.Client(base_url=metadata.url, verify=tls.client_context()) as http:
         assert http.put(AWS_TOKEN_PATH).status_code == 400  # no TTL header
         assert http.put(AWS_TOKEN_PATH, headers={AWS_TTL_HEADER: "0"}).status_code == 400
         assert http.get(AWS_TOKEN_PATH).status_code == 405

@@ -36,6 +36,7 @@ from botocore.auth import S3SigV4QueryAuth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
+from hypermedia import tls
 from hypermedia.clock import SystemClock
 from hypermedia.embedded import free_port, listening_socket
 from hypermedia.errors import InputTooLarge, InvalidRequest, NotFound
@@ -170,7 +171,10 @@ def local_backend(settings, manual_clock) -> Iterator[Backend]:
         auto_migrate=True,
     )
     try:
-        with running_server(create_app(stack), sock), httpx.Client(timeout=30) as http:
+        with (
+            running_server(create_app(stack), sock),
+            httpx.Client(timeout=30, verify=tls.client_context()) as http,
+        ):
             yield Backend("local", stack.storage, http, manual_clock.advance, stack)
     finally:
         stack.close()
@@ -955,7 +959,10 @@ def test_blob_routes_are_not_found_when_storage_is_s3(settings, moto_endpoint, a
         stack.storage.put("originals/p/o", [b"x"])
         assert _read(stack.storage, "originals/p/o") == b"x"
         with running_server(create_app(stack), sock) as base:
-            response = httpx.get(f"{base}/v1/hypermedia/blobs/originals/p/o?expires=1&sig=00")
+            response = httpx.get(
+                f"{base}/v1/hypermedia/blobs/originals/p/o?expires=1&sig=00",
+                verify=tls.client_context(),
+            )
             assert (response.status_code, _error_code(response)) == (404, "not_found")
     finally:
         stack.close()

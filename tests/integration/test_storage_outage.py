@@ -26,6 +26,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
+from hypermedia import tls
 from hypermedia.db import tables as t
 from hypermedia.db.engine import snapshot
 from hypermedia.embedded import listening_socket
@@ -80,7 +81,10 @@ def test_a_full_or_read_only_disk_refuses_uploads_cleanly_and_keeps_nothing(
     assert isinstance(storage, LocalStorage) and storage.root == small_disk
     person = add_user(stack, "uploader")
     try:
-        with running_server(create_app(stack), sock) as base, httpx.Client(timeout=30) as http:
+        with (
+            running_server(create_app(stack), sock) as base,
+            httpx.Client(timeout=30, verify=tls.client_context()) as http,
+        ):
             upload = f"{base}{P}/objects"
             stored = http.put(
                 upload, params={"filename": "a.txt"}, content=b"a" * 64, headers=bearer(person)

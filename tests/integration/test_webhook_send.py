@@ -8,14 +8,14 @@ import time
 
 import httpx
 
-from hypermedia import webhooks
+from hypermedia import tls, webhooks
 from tests.webhook_receiver import Receiver, receiving
 
 SECRET = "webhook-secret-for-tests-" + "x" * 20
 
 
 def _send(receiver: Receiver, timeout: float) -> webhooks.Answer:
-    with httpx.Client(follow_redirects=False) as client:
+    with httpx.Client(follow_redirects=False, verify=tls.client_context()) as client:
         return webhooks.send(
             client,
             receiver.url,
