@@ -365,50 +365,6 @@ def test_a_spot_order_not_launched_yet_counts_at_what_the_provider_books(tmp_pat
     assert (row.spot, row.price_per_hour_microusd) == (True, cost.to_microusd(60))
 
 
-def test_a_launch_under_way_counts_once_while_the_cloud_lists_its_instance(tmp_path, make_provider):
-    """An ordered launch under way whose instance the cloud already lists (the head
-    services' listing adopts it before create_node returns) counted twice in the
-    scheduler's fleet: the node's record and its order, still held until the launch
-    ends. Under a manual burst of 1 (`ray up` of local.yaml, whose local instances boot
-    for seconds) the turns in between drained the order ("Scaling down worker
-    order-...: media empty") and its caps counted the launch twice."""
-    head = cluster.start_head(
-        tmp_path / "ray", resources={}, token_path=RAY_TOKEN, num_cpus=1, node_ip="127.0.0.10"
-    )
-    try:
-        scheduler = scheduler_json(tmp_path)
-        port = int(head.address.rsplit(":", 1)[1])
-        provider = make_provider(scheduler, ray_port=port)
-        services = make_provider(scheduler, ray_port=port)  # the head services' object
-        fleet = RayFleet.__new__(RayFleet)  # cloud_workers reads the provider, the record
-        fleet.config, fleet.provider, fleet.engine = services.config, services, services.engine
-        driver = provider.drivers["aws"]
-        launch = driver.launch
-        during: list[list[str]] = []
-
-        def launch_then_count(request: Any) -> Any:
-            result = launch(request)  # the instance exists: the driver lists it from now on
-            during.append([w.worker_id for w in fleet.cloud_workers(time.time(), [])])
-            return result
-
-        driver.launch = launch_then_count
-        with transaction(provider.engine) as conn:
-            orders.place(
-                conn,
-                [orders.Order("media", "aws", False, 17.0, "test", 1, time.time())],
-                time.time(),
-            )
-        tags = {**WORKER, TAG_RAY_LAUNCH_REQUEST: "counted-1"}
-        created = provider.create_node_with_resources_and_labels({}, tags, 1, RESOURCES, {})
-        assert created is not None
-        (node_id,) = created
-        assert during == [[node_id]]  # the node alone, not its order beside it
-        assert [w.worker_id for w in fleet.cloud_workers(time.time(), [])] == [node_id]
-        provider.terminate_node(node_id)
-    finally:
-        head.stop()
-
-
 def test_bad_provider_sections_stop_ray_up_naming_the_key(tmp_path, pg_database_url):
     good = provider_config(tmp_path, pg_database_url, scheduler_json(tmp_path))
     cases: list[tuple[dict[str, Any], str]] = [
@@ -532,27 +488,66 @@ def test_bad_provider_sections_stop_ray_up_naming_the_key(tmp_path, pg_database_
 
 
 def test_launch_list_adopt_and_terminate_a_real_node(tmp_path, make_provider):
+    """One real node's whole life through the provider, and two facts of its launch
+    (folded here from two tests that each started a head and a node of their own):
+
+    - A node listed while it launches keeps its launch tags. Autoscaler v1 lists nodes
+      (another thread) while create_node runs, and the head's services list them every
+      scheduler turn (another process): an instance the driver already lists but the
+      provider has not recorded yet must carry the tags it is being launched with, or v1
+      finds no launch hash and terminates it as "outdated".
+    - A launch under way counts once while the cloud lists its instance. An ordered
+      launch whose instance the cloud already lists (the head services' listing adopts it
+      before create_node returns) counted twice in the scheduler's fleet: the node's
+      record and its order, still held until the launch ends. Under a manual burst of 1
+      (`ray up` of local.yaml, whose local instances boot for seconds) the turns in
+      between drained the order ("Scaling down worker order-...: media empty") and its
+      caps counted the launch twice."""
     # The head's Ray where a `ray up` head's is: in the state dir's short temp dir.
     head = cluster.start_head(
         tmp_path / "state", resources={}, token_path=RAY_TOKEN, num_cpus=1, node_ip="127.0.0.10"
     )
     try:
         scheduler = scheduler_json(tmp_path, cloud_providers__aws__spot_enabled=True)
-        provider = make_provider(scheduler, ray_port=int(head.address.rsplit(":", 1)[1]))
+        port = int(head.address.rsplit(":", 1)[1])
+        provider = make_provider(scheduler, ray_port=port)
         provider.create_node({}, {TAG_RAY_NODE_KIND: NODE_KIND_HEAD}, 1)  # ray up's head
         assert provider.non_terminated_nodes({TAG_RAY_NODE_KIND: NODE_KIND_HEAD}) == ["hm-it-head"]
         assert provider.internal_ip("hm-it-head") == "127.0.0.10"
 
+        # While the driver boots the node, the head services' provider object lists it
+        # first, then v1's, and the scheduler's fleet (on the services' object) counts it.
+        services = make_provider(scheduler, ray_port=port)
+        fleet = RayFleet.__new__(RayFleet)  # cloud_workers reads the provider, the record
+        fleet.config, fleet.provider, fleet.engine = services.config, services, services.engine
+        driver = provider.drivers["aws"]
+        launch = driver.launch
+        seen: list[dict[str, str]] = []
+        during: list[list[str]] = []
+
+        def launch_then_list(request: Any) -> Any:
+            result = launch(request)  # the instance exists: the driver lists it from now on
+            node_id = f"hm-{request.request_id}"
+            assert node_id in services.records({TAG_RAY_NODE_KIND: NODE_KIND_WORKER})
+            assert node_id in provider.non_terminated_nodes({TAG_RAY_NODE_KIND: NODE_KIND_WORKER})
+            seen.append(provider.node_tags(node_id))
+            during.append([w.worker_id for w in fleet.cloud_workers(time.time(), [])])
+            return result
+
+        driver.launch = launch_then_list
         # The scheduler ordered a spot worker: the provider takes that order.
         with transaction(provider.engine) as conn:
             orders.place(
                 conn, [orders.Order("media", "aws", True, 6.0, "test", 1, time.time())], time.time()
             )
-        created = provider.create_node_with_resources_and_labels(
-            {}, {**WORKER, TAG_RAY_LAUNCH_REQUEST: "real-1"}, 1, RESOURCES, {}
-        )
+        tags = {**WORKER, TAG_RAY_LAUNCH_REQUEST: "real-1", TAG_RAY_LAUNCH_CONFIG: "hash-1"}
+        created = provider.create_node_with_resources_and_labels({}, tags, 1, RESOURCES, {})
         assert created is not None
         (node_id,) = created
+        assert seen and seen[0][TAG_RAY_LAUNCH_CONFIG] == "hash-1"
+        assert provider.node_tags(node_id)[TAG_RAY_LAUNCH_CONFIG] == "hash-1"
+        assert during == [[node_id]]  # the node alone, not its order beside it
+        assert [w.worker_id for w in fleet.cloud_workers(time.time(), [])] == [node_id]
         assert provider.non_terminated_nodes({TAG_RAY_NODE_KIND: NODE_KIND_WORKER}) == [node_id]
         assert provider.node_tags(node_id)[TAG_RAY_USER_NODE_TYPE] == "burst_media"
         assert provider.internal_ip(node_id) == "127.0.0.11"
@@ -599,46 +594,5 @@ def test_launch_list_adopt_and_terminate_a_real_node(tmp_path, make_provider):
         provider.terminate_node("hm-it-head")
         assert provider.non_terminated_nodes({}) == []
         assert not head.is_running(), [p.cmdline() for p in head.processes()]
-    finally:
-        head.stop()
-
-
-def test_a_node_listed_while_it_launches_keeps_its_launch_tags(tmp_path, make_provider):
-    """Autoscaler v1 lists nodes (another thread) while create_node runs, and the head's
-    services list them every scheduler turn (another process): an instance the driver
-    already lists but the provider has not recorded yet must carry the tags it is being
-    launched with, or v1 finds no launch hash and terminates it as "outdated"."""
-    head = cluster.start_head(
-        tmp_path / "ray", resources={}, token_path=RAY_TOKEN, num_cpus=1, node_ip="127.0.0.10"
-    )
-    try:
-        scheduler = scheduler_json(tmp_path, cloud_providers__aws__spot_enabled=True)
-        provider = make_provider(scheduler, ray_port=int(head.address.rsplit(":", 1)[1]))
-        services = make_provider(scheduler, ray_port=int(head.address.rsplit(":", 1)[1]))
-        driver = provider.drivers["aws"]
-        launch = driver.launch
-        seen: list[dict[str, str]] = []
-
-        def launch_then_list(request: Any) -> Any:
-            result = launch(request)  # the instance exists: the driver lists it from now on
-            node_id = f"hm-{request.request_id}"
-            # The head services' provider object lists it first, then v1's.
-            assert node_id in services.records({TAG_RAY_NODE_KIND: NODE_KIND_WORKER})
-            assert node_id in provider.non_terminated_nodes({TAG_RAY_NODE_KIND: NODE_KIND_WORKER})
-            seen.append(provider.node_tags(node_id))
-            return result
-
-        driver.launch = launch_then_list
-        with transaction(provider.engine) as conn:
-            orders.place(
-                conn, [orders.Order("media", "aws", True, 6.0, "test", 1, time.time())], time.time()
-            )
-        tags = {**WORKER, TAG_RAY_LAUNCH_REQUEST: "race-1", TAG_RAY_LAUNCH_CONFIG: "hash-1"}
-        created = provider.create_node_with_resources_and_labels({}, tags, 1, RESOURCES, {})
-        assert created is not None
-        (node_id,) = created
-        assert seen and seen[0][TAG_RAY_LAUNCH_CONFIG] == "hash-1"
-        assert provider.node_tags(node_id)[TAG_RAY_LAUNCH_CONFIG] == "hash-1"
-        provider.terminate_node(node_id)
     finally:
         head.stop()
