@@ -59,6 +59,10 @@ def user_data(
         f"--resources={json.dumps(resources, sort_keys=True)}",
         f"--labels={labels}",
         "--disable-usage-stats",
+        # No log monitor (as on the head, hypermedia.worker.cluster): it streams the
+        # workers' output to drivers that ask for it, and ours never do
+        # (log_to_driver=False); the actors' logs stay in their files on the node.
+        "--include-log-monitor=false",
     ]
     if num_cpus is not None:
         start.append(f"--num-cpus={num_cpus}")

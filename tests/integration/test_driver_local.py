@@ -179,6 +179,12 @@ def test_a_real_node_boots_from_its_user_data_joins_drains_and_goes(tmp_path, dr
         assert isinstance(launched, Instance), launched
         assert launched.state == "running" and launched.private_ip == "127.0.0.11"
         assert driver.running(launched.instance_id)
+        # Lean as the head: no log monitor (~0.8 CPU-s a node to start, then polling).
+        with driver._state() as state:
+            node = driver._node(state[launched.instance_id])
+        commands = [" ".join(process.cmdline()) for process in node.processes()]
+        assert any("raylet" in c for c in commands), commands
+        assert not [c for c in commands if "log_monitor" in c], commands
 
         joined = raynodes.alive_node(head.address, node_id)
         assert joined is not None, raynodes.nodes(head.address)
