@@ -91,7 +91,10 @@ def test_processes_never_share_a_job(pg_engine, settings, tmp_path, processes):
         "redis_prefix": cfg.redis_prefix,
         "data_dir": str(tmp_path),
     }
-    ctx = mp.get_context("spawn")
+    # Fresh processes, as spawn makes them (nothing of this one's connections), forked
+    # from a server that imported this module once: spawn imported it in each of them.
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__])
     procs = [
         ctx.Process(target=_process_worker, args=(kwargs, f"p{i}", tmp_path / f"out{i}"))
         for i in range(processes)
