@@ -12,6 +12,7 @@ import base64
 import io
 import json
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +91,26 @@ def served(stack: Stack, scene: scheduler_config.SchedulerConfig):
     install(app, scene)
     with running_server(app) as base_url:
         yield base_url
+
+
+@pytest.fixture(scope="module")
+def _chromium() -> Iterator[Any]:
+    """One headless Chromium for the module's page tests (each start ~1 CPU-s)."""
+    with chromium() as shared:
+        yield shared
+
+
+@pytest.fixture
+def browser(_chromium: Any) -> Iterator[Any]:
+    """The module's Chromium as a new one: a blank page, no cookies, 1400 x 1000 (a test
+    makes it taller), its console read (what earlier tests' pages said is not this one's).
+    Back on a blank page after the test, before the test's server stops."""
+    _chromium.get("about:blank")
+    _chromium.delete_all_cookies()
+    _chromium.set_window_size(1400, 1000)
+    _chromium.get_log("browser")
+    yield _chromium
+    _chromium.get("about:blank")
 
 
 def basic(key: str) -> dict[str, str]:
@@ -314,31 +335,32 @@ def colour_pixels(image: Image.Image, colour: tuple[int, int, int], tolerance: i
     return found
 
 
-def test_the_page_shows_what_status_shows_and_draws_its_charts(stack, scene, served, tmp_path):
+def test_the_page_shows_what_status_shows_and_draws_its_charts(
+    stack, scene, served, tmp_path, browser
+):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
     operator = add_user(stack, "ops", operator=True)
     assert isinstance(stack.clock, ManualClock)  # the page gathers at the scene's now
     host = served.removeprefix("http://")
-    with chromium() as browser:
-        # The browser's own Basic authentication: the key as the password.
-        browser.get(f"http://operator:{operator.api_key}@{host}/operator?hours={HOURS}")
-        WebDriverWait(browser, 30).until(
-            lambda b: len(b.find_elements(By.CSS_SELECTOR, ".chart[data-drawn]")) == 4
-        )
-        height = browser.execute_script("return document.documentElement.scrollHeight")
-        browser.set_window_size(1400, height + 300)  # the whole page in the screenshot
-        charts = {  # where each chart's canvas is (its legend left out)
-            chart.get_attribute("id"): chart.find_element(By.TAG_NAME, "canvas").rect
-            for chart in browser.find_elements(By.CSS_SELECTOR, ".chart")
-        }
-        shot = tmp_path / "operator.png"
-        assert browser.save_screenshot(str(shot))
-        shown = read_page(browser)
-        console = [
-            entry for entry in browser.get_log("browser") if entry["level"] in ("SEVERE", "ERROR")
-        ]
+    # The browser's own Basic authentication: the key as the password.
+    browser.get(f"http://operator:{operator.api_key}@{host}/operator?hours={HOURS}")
+    WebDriverWait(browser, 30).until(
+        lambda b: len(b.find_elements(By.CSS_SELECTOR, ".chart[data-drawn]")) == 4
+    )
+    height = browser.execute_script("return document.documentElement.scrollHeight")
+    browser.set_window_size(1400, height + 300)  # the whole page in the screenshot
+    charts = {  # where each chart's canvas is (its legend left out)
+        chart.get_attribute("id"): chart.find_element(By.TAG_NAME, "canvas").rect
+        for chart in browser.find_elements(By.CSS_SELECTOR, ".chart")
+    }
+    shot = tmp_path / "operator.png"
+    assert browser.save_screenshot(str(shot))
+    shown = read_page(browser)
+    console = [
+        entry for entry in browser.get_log("browser") if entry["level"] in ("SEVERE", "ERROR")
+    ]
     assert console == []  # no script error, no CSP refusal, no missing file
 
     # The numbers: gather's (the page gathers on the same clock: all of them) ...
@@ -498,7 +520,7 @@ def test_the_page_says_the_record_is_down_and_reloads_until_it_is_back(
         stack.close()
 
 
-def test_the_page_shows_each_bulk_runs_progress(stack, clock, tmp_path):
+def test_the_page_shows_each_bulk_runs_progress(stack, clock, tmp_path, browser):
     """The page listed the bulk runs not finished with their raw counts (created,
     skipped, migrated, failed) and nothing of how far each was: an operator watching a
     long regeneration could not tell. Each run not finished now shows its progress as
@@ -512,7 +534,7 @@ def test_the_page_shows_each_bulk_runs_progress(stack, clock, tmp_path):
     operator = add_user(stack, "ops", operator=True)
     app = create_app(stack)
     install(app, config)
-    with running_server(app) as base_url, chromium() as browser:
+    with running_server(app) as base_url:
         host = base_url.removeprefix("http://")
         browser.get(f"http://operator:{operator.api_key}@{host}/operator")
         heading = browser.find_element(By.CSS_SELECTOR, "#bulk h2").text
@@ -643,7 +665,7 @@ def backwards(browser: Any, selector: str, value: str) -> list[str]:
     return [word for word, lefts in words.items() if lefts != sorted(lefts)]
 
 
-def test_the_page_shows_what_others_wrote_as_text_and_within_the_window(stack, served):
+def test_the_page_shows_what_others_wrote_as_text_and_within_the_window(stack, served, browser):
     from selenium.webdriver.common.by import By
 
     from autoscaler.alerting import STATE
@@ -685,31 +707,30 @@ def test_the_page_shows_what_others_wrote_as_text_and_within_the_window(stack, s
         )
     stack.redis.set(Leadership(stack.redis, stack.settings.redis_prefix, "x", 60).lease_key, LEADER)
     host = served.removeprefix("http://")
-    with chromium() as browser:
-        browser.get(f"http://operator:{operator.api_key}@{host}/operator")
-        title = browser.title
-        cells = {
-            row.get_attribute("data-worker"): row.find_element(By.CSS_SELECTOR, ".host").text
-            for row in browser.find_elements(By.CSS_SELECTOR, "#workers tr[data-worker]")
-        }
-        reason = browser.find_element(By.CSS_SELECTOR, "#decisions td.reason").text
-        planted = browser.execute_script(
-            "return document.querySelectorAll('body img, body svg, a[href^=javascript]').length"
+    browser.get(f"http://operator:{operator.api_key}@{host}/operator")
+    title = browser.title
+    cells = {
+        row.get_attribute("data-worker"): row.find_element(By.CSS_SELECTOR, ".host").text
+        for row in browser.find_elements(By.CSS_SELECTOR, "#workers tr[data-worker]")
+    }
+    reason = browser.find_element(By.CSS_SELECTOR, "#decisions td.reason").text
+    planted = browser.execute_script(
+        "return document.querySelectorAll('body img, body svg, a[href^=javascript]').length"
+    )
+    widths = browser.execute_script(
+        "return [document.documentElement.scrollWidth, document.documentElement.clientWidth]"
+    )
+    # The page's own words after a value with a bidi override, in the same cell or
+    # line: the worker's "for 1 min" after its pause reason, the header's "last turn"
+    # after the leader.
+    reversed_words = {
+        selector: backwards(browser, selector, value)
+        for selector, value in (
+            ("#workers tr[data-worker=w-hostile] td.state", HOSTILE),
+            ("#summary", LEADER),
         )
-        widths = browser.execute_script(
-            "return [document.documentElement.scrollWidth, document.documentElement.clientWidth]"
-        )
-        # The page's own words after a value with a bidi override, in the same cell or
-        # line: the worker's "for 1 min" after its pause reason, the header's "last turn"
-        # after the leader.
-        reversed_words = {
-            selector: backwards(browser, selector, value)
-            for selector, value in (
-                ("#workers tr[data-worker=w-hostile] td.state", HOSTILE),
-                ("#summary", LEADER),
-            )
-        }
-        console = [e for e in browser.get_log("browser") if e["level"] in ("SEVERE", "ERROR")]
+    }
+    console = [e for e in browser.get_log("browser") if e["level"] in ("SEVERE", "ERROR")]
     # Nothing of it ran, nor was even tried (the CSP would have refused it, and said so).
     assert (title, planted, console) == ("hypermedia · operator", 0, [])
     # The override ends with the value: the page's own words read as written.
