@@ -340,11 +340,20 @@ def delete_keys(client: redis.Redis, prefix: str) -> int:
     return deleted
 
 
+_MOTO_DEFAULT_AMIS = "MOTO_EC2_LOAD_DEFAULT_AMIS"
+
+
 @contextlib.contextmanager
 def moto_server() -> Iterator[str]:
-    """moto's server mode on a free port of 127.0.0.1 (real HTTP for boto3); its URL."""
+    """moto's server mode on a free port of 127.0.0.1 (real HTTP for boto3); its URL.
+
+    Its EC2 without moto's catalogue of public AMIs (thousands of images, made again
+    at every reset and in every region a test touched: a quarter of the AWS driver
+    tests' CPU): a test registers the image it launches."""
     from moto.server import ThreadedMotoServer
 
+    previous = os.environ.get(_MOTO_DEFAULT_AMIS)
+    os.environ[_MOTO_DEFAULT_AMIS] = "false"  # read by moto's EC2 as it builds a region
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     try:
@@ -352,6 +361,10 @@ def moto_server() -> Iterator[str]:
         yield f"http://{host}:{port}"
     finally:
         server.stop()
+        if previous is None:
+            os.environ.pop(_MOTO_DEFAULT_AMIS, None)
+        else:
+            os.environ[_MOTO_DEFAULT_AMIS] = previous
 
 
 def set_moto_launch_time(instance_id: str, launched: float, region: str = "us-east-1") -> None:
