@@ -749,30 +749,65 @@ def test_a_batch_on_a_grandchild_and_a_younger_output_while_the_object_is_delete
 def test_a_delete_caught_in_a_deadlock_is_run_again_then_answers_503(stack, client, deadlocks):
     """A delete holding its object and waiting for an output another transaction holds
     (a submit on the output under way), which then wants the object: PostgreSQL's
-    deadlock detected, the delete (waiting longest) aborted. Before: an untranslated
-    OperationalError, 500 ``internal``. Now its transaction is run again: once the
-    other is done, the delete is 200; still deadlocked on its last run, 503
-    ``database_conflict`` with Retry-After, nothing deleted."""
+    deadlock detected, the delete aborted. Before: an untranslated OperationalError, 500
+    ``internal``. Now its transaction is run again: once the other is done, the delete
+    is 200; still deadlocked on its last run, 503 ``database_conflict`` with
+    Retry-After, nothing deleted.
+
+    Which of the two PostgreSQL aborts is the one whose deadlock check finds the cycle,
+    and a waiting backend checks once, deadlock_timeout (1 s) after its wait began. Were
+    the delete to wait for the output's holder from the start, its check would find the
+    cycle only if the holder asked for the object within that second; on a loaded
+    machine it sometimes did not, and the holder's own check then found the cycle and
+    aborted the test's side. So that is made certain: the holder (``other``) checks
+    never (its deadlock_timeout past its lock limit, SET as the suite's superuser), and
+    the delete's wait that closes the cycle begins only once the holder waits for the
+    object. A second session (``first``) locks the output FOR SHARE before the holder
+    does, and the delete waits for the output's lockers in their order: for ``first``
+    while the holder asks for the object, then, ``first`` done, for the holder: a new
+    wait, whose check finds the cycle. Each run again has a ``first`` of its own ahead
+    of the holder (the holder's lock on the output taken again after it, in a
+    savepoint)."""
     alice = add_user(stack, "alice", credits=10)
     source = upload(client, alice, PNG).json()["object_id"]
     output = _output_of(stack, client, alice, source)
     o = t.objects.c
-    with ThreadPoolExecutor(1) as pool, stack.engine.connect() as other:
+    share_output = select(o.object_id).where(o.object_id == output).with_for_update(read=True)
+    share_source = select(o.object_id).where(o.object_id == source).with_for_update(read=True)
+    with (
+        ThreadPoolExecutor(2) as pool,
+        stack.engine.connect() as first,
+        stack.engine.connect() as other,
+    ):
+        ahead = first.begin()
+        first.execute(share_output)
         holding = other.begin()
-        other.execute(select(o.object_id).where(o.object_id == output).with_for_update(read=True))
+        other.exec_driver_sql("SET LOCAL deadlock_timeout = '1min'")
+        kept = other.begin_nested()  # the holder's lock on the output
+        other.execute(share_output)
         deleted = pool.submit(client.delete, f"{P}/objects/{source}", headers=bearer(alice))
-        for _ in range(deadlocks):
-            while not support.waits_for_a_lock(stack.engine):  # the delete, for the output
+        for run in range(1, deadlocks + 1):
+            while not support.waits_for_a_lock(stack.engine):  # the delete, for `first`
                 assert not deleted.done(), deleted.result().text
                 time.sleep(0.01)
-            # The object, wanted by the output's holder: a cycle. PostgreSQL aborts the
-            # delete, which found it (it waited first); this lock is then let go, the
-            # output's kept, for the delete's next run to wait for.
-            wanting = other.begin_nested()
-            other.execute(
-                select(o.object_id).where(o.object_id == source).with_for_update(read=True)
-            )
-            wanting.rollback()
+
+            def want_source() -> None:
+                wanting = other.begin_nested()
+                other.execute(share_source)  # granted once the delete is aborted
+                wanting.rollback()
+
+            wanted = pool.submit(want_source)
+            while not support.waits_for_a_lock(stack.engine, 2):  # and the holder
+                assert not wanted.done(), wanted.result()
+                time.sleep(0.01)
+            ahead.commit()  # the delete then waits for the holder: a cycle, its to find
+            wanted.result(timeout=30)
+            if run < deadlocks:
+                ahead = first.begin()  # the next run's `first`, then the holder after it
+                first.execute(share_output)
+                kept.rollback()
+                kept = other.begin_nested()
+                other.execute(share_output)
         holding.commit()
         answer = deleted.result()
     if deadlocks < CONFLICT_ATTEMPTS:
