@@ -301,7 +301,7 @@ class Settings(BaseSettings):
     @field_validator("database_statement_seconds")
     @classmethod
     def _check_statement_seconds(cls, value: float) -> float:
-        from hypermedia.db.engine import MIN_STATEMENT_SECONDS
+        from hypermedia.db import MIN_STATEMENT_SECONDS
 
         if 0 < value < MIN_STATEMENT_SECONDS:
             # PostgreSQL's limits are whole milliseconds, 0 meaning none: the lock wait

@@ -167,11 +167,6 @@ def _dead_peer_args(seconds: float, named: Mapping[str, Any]) -> dict[str, int]:
 # The server enforces them, so a backend that cannot run at all (stopped, stuck in the
 # kernel) is not bounded by them.
 STATEMENT_SECONDS = 30.0
-# The least of them but none (0): PostgreSQL counts each in whole milliseconds and reads
-# 0 as no limit, so a lock wait of a third of less (0.0015 s and below: lock_timeout
-# rounded to 0, and statement_timeout too at 0.0005) was no bound at all. The settings
-# refuse less; a caller's smaller value gets 1 ms for each (statement_limits).
-MIN_STATEMENT_SECONDS = 0.003
 _LIMITS = ("statement_timeout", "lock_timeout", "idle_in_transaction_session_timeout")
 # A server parameter that a libpq ``options`` string sets: ``-c name=value``, ``-cname=``,
 # ``--name=value`` (dashes in the name read as underscores).
@@ -181,7 +176,7 @@ _OPTION_NAME = re.compile(r"(?:^|\s)(?:-c\s*|--)([A-Za-z0-9_.-]+)=")
 def statement_limits(seconds: float) -> dict[str, int]:
     """The server parameters :data:`STATEMENT_SECONDS` stands for, in milliseconds
     (none for 0; 1 at least for any other, never the server's 0, no limit: see
-    :data:`MIN_STATEMENT_SECONDS`)."""
+    :data:`hypermedia.db.MIN_STATEMENT_SECONDS`)."""
     if seconds <= 0:
         return {}
     return dict(

@@ -30,14 +30,9 @@ from autoscaler.leader import Leadership
 from autoscaler.scheduler import Scheduler
 from hypermedia.clock import SystemClock
 from hypermedia.config import Settings, load_settings
-from hypermedia.db import migrate
+from hypermedia.db import MIN_STATEMENT_SECONDS, migrate
 from hypermedia.db import tables as t
-from hypermedia.db.engine import (
-    MIN_STATEMENT_SECONDS,
-    make_engine,
-    statement_limits,
-    transaction,
-)
+from hypermedia.db.engine import make_engine, statement_limits, transaction
 from hypermedia.errors import ConfigError
 from hypermedia.ingest.api import create_app
 from hypermedia.ingest.service import SubmitRequest

@@ -1,0 +1,50 @@
+"""What a CLI command loads: each is a process of its own (a script's loop, a test's
+dozens), and its imports are most of its CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+# Run the command as `python -m hypermedia.cli` does, then list what it loaded.
+_COMMAND = """
+import atexit, json, sys
+atexit.register(lambda: print(json.dumps(sorted(sys.modules)), file=sys.__stdout__))
+sys.argv = ["hypermedia", *sys.argv[1:]]
+from hypermedia.cli import main
+main()
+"""
+
+
+def _loaded(tmp_path: Path, *args: str, **env: str) -> tuple[set[str], str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("HYPERMEDIA_")}
+    result = subprocess.run(
+        [sys.executable, "-c", _COMMAND, *args],
+        cwd=REPO,
+        env={**clean, "HYPERMEDIA_DATA_DIR": str(tmp_path / "data"), **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    return set(json.loads(result.stdout.splitlines()[-1])), result.stderr
+
+
+def test_a_client_command_loads_no_database_library(tmp_path):
+    """``status JOB_ID`` (as ``submit``, ``queues``, ``cancel``) talks HTTP: the settings'
+    check of ``database_statement_seconds`` imported SQLAlchemy for it (a fifth of the
+    command's CPU)."""
+    loaded, said = _loaded(
+        tmp_path,
+        "status",
+        "x",
+        HYPERMEDIA_API_KEY="hm_x_y",
+        HYPERMEDIA_API_URL="http://127.0.0.1:9",
+    )
+    assert "cannot reach the API" in said, said
+    assert not {"sqlalchemy", "redis"} & {name.split(".")[0] for name in loaded}
+
