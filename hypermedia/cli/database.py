@@ -16,8 +16,8 @@ def db_upgrade() -> None:
 
     from hypermedia.db.engine import make_engine
     from hypermedia.db.migrate import current_revision
+    from hypermedia.db.upgrade import migrate
     from hypermedia.embedded import shown_url
-    from hypermedia.stack import migrate
 
     settings = read_settings()
     engine = make_engine(

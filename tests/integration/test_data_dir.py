@@ -9,8 +9,9 @@ import pytest
 import redis
 
 from hypermedia.config import load_settings
+from hypermedia.db.upgrade import migrate
 from hypermedia.embedded import find_running
-from hypermedia.stack import Stack, migrate
+from hypermedia.stack import Stack
 
 
 def _mode(path: os.PathLike[str]) -> int:
@@ -88,15 +89,15 @@ def test_a_sqlite_record_named_by_the_url_that_others_may_read_is_said_so(tmp_pa
     record.touch(mode=0o644)
     os.chmod(record, 0o644)
     settings = load_settings(data_dir=tmp_path / "data", database_url=f"sqlite:///{record}")
-    with caplog.at_level("WARNING", logger="hypermedia.stack"):
+    with caplog.at_level("WARNING", logger="hypermedia.db.upgrade"):
         migrate(settings)
     assert _mode(record) == 0o644
-    said = [r.getMessage() for r in caplog.records if r.name == "hypermedia.stack"]
+    said = [r.getMessage() for r in caplog.records if r.name == "hypermedia.db.upgrade"]
     assert said == [
         f"the SQLite record {record} may be read by others (mode 0644): chmod 600 {record}"
     ]
     caplog.clear()
     os.chmod(record, 0o600)
-    with caplog.at_level("WARNING", logger="hypermedia.stack"):
+    with caplog.at_level("WARNING", logger="hypermedia.db.upgrade"):
         migrate(settings)
-    assert [r for r in caplog.records if r.name == "hypermedia.stack"] == []
+    assert [r for r in caplog.records if r.name == "hypermedia.db.upgrade"] == []

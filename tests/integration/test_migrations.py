@@ -724,9 +724,9 @@ def test_code_and_schema_that_disagree_say_which_way_to_go(empty_engine, setting
     find the revision; it was 'internal: CommandError'), and was what the message said.
     New code on an older schema names both revisions and `db upgrade`."""
     from hypermedia.cli.common import open_engine
+    from hypermedia.db.upgrade import migrate as stack_migrate
     from hypermedia.errors import ConfigError
     from hypermedia.stack import Stack
-    from hypermedia.stack import migrate as stack_migrate
 
     url = empty_engine.url.render_as_string(hide_password=False)
     configured = settings(database_url=url)
@@ -1903,7 +1903,7 @@ _MIGRATE_WHEN_TOLD = """
 import sys, time
 from pathlib import Path
 from hypermedia.config import load_settings
-from hypermedia.stack import migrate
+from hypermedia.db.upgrade import migrate
 while not Path(sys.argv[1]).exists():
     time.sleep(0.005)
 try:
@@ -1971,8 +1971,8 @@ def test_another_applications_database_is_said_to_be_one(empty_engine, settings)
     from sqlalchemy import text
 
     from hypermedia.cli.common import open_engine
+    from hypermedia.db.upgrade import migrate as stack_migrate
     from hypermedia.errors import ConfigError
-    from hypermedia.stack import migrate as stack_migrate
 
     configured = settings(database_url=empty_engine.url.render_as_string(hide_password=False))
     with empty_engine.begin() as conn:

@@ -48,3 +48,11 @@ def test_a_client_command_loads_no_database_library(tmp_path):
     assert "cannot reach the API" in said, said
     assert not {"sqlalchemy", "redis"} & {name.split(".")[0] for name in loaded}
 
+
+def test_db_upgrade_loads_no_redis_client_nor_the_stack(tmp_path):
+    """``db upgrade`` took its ``migrate`` from :mod:`hypermedia.stack`, and with it the
+    Redis client (and the OpenTelemetry SDK it loads), ingest and storage."""
+    loaded, said = _loaded(tmp_path, "db", "upgrade")
+    assert "Traceback" not in said, said
+    assert "hypermedia.db.upgrade" in loaded
+    assert not {"redis", "hypermedia.stack", "hypermedia.ingest.service"} & loaded
