@@ -165,6 +165,12 @@ SCRIPT_PREFIXES = ("HYPERMEDIA_TEST_", "HYPERMEDIA_BENCH_")
 
 def _known_variables() -> set[str]:
     """Every HYPERMEDIA_* variable something reads: settings fields and CLI options."""
+    return _settings_variables() | _option_variables()
+
+
+def _settings_variables() -> set[str]:
+    """The HYPERMEDIA_* variables read outside the CLI's options: settings fields, and
+    those named below."""
     from hypermedia.config import Settings
     from hypermedia.secret_files import SANDBOX_HIDDEN_VARIABLE
 
@@ -175,6 +181,13 @@ def _known_variables() -> set[str]:
         ("HYPERMEDIA_CONFIG", SANDBOX_HIDDEN_VARIABLE, PID_INIT_VARIABLE, "HYPERMEDIA_GRAFANA")
     )
     known.update(SCRIPT_VARIABLES)
+    return known
+
+
+def _option_variables() -> set[str]:
+    """The environment twins of the CLI's options. Read from the click commands typer
+    builds from the app (a tenth of a CPU-s: only for a variable no setting names)."""
+    known: set[str] = set()
     stack: list[Any] = [typer.main.get_command(app)]  # click commands (typer's own click)
     while stack:
         command = stack.pop()
@@ -195,7 +208,8 @@ def check_environment(environ: dict[str, str] | None = None) -> None:
     from hypermedia.config_errors import close_key
 
     environ = dict(os.environ) if environ is None else environ
-    known = _known_variables()
+    known = _settings_variables()
+    options: set[str] | None = None  # the options' twins: built for a name no setting reads
     queues: list[str] | None = None
     for name in sorted(environ):
         if not name.startswith("HYPERMEDIA_") or name.startswith(SCRIPT_PREFIXES):
@@ -209,6 +223,9 @@ def check_environment(environ: dict[str, str] | None = None) -> None:
             continue
         if name == PID_INIT_VARIABLE:
             _check_pid_init(environ[name])
+        if name not in known and options is None:
+            options = _option_variables()
+            known |= options
         if name in known:
             continue
         close = close_key(name, known)
