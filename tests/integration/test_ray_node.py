@@ -60,8 +60,12 @@ def head(tmp_path):
 
 def test_a_single_machine_head_listens_on_loopback_only_and_stops_whole(head):
     """Listens on loopback only, keeps its temp dir to this user, and its stop leaves
-    no process, not even the client server (one head for the three checks: a head's
-    start costs ~7 CPU-s)."""
+    no process, not even the client server. And a `ray start` interrupted (Ctrl-C, `up
+    --wait` running out) after it started the client server but before it wrote the
+    address file: the client server, which names only the GCS address, is found by the
+    address on the GCS's command line (it was left running), and the stop of such a
+    head leaves nothing either. One head for the four checks (they were two tests,
+    each with its own head: a head's start costs ~7 CPU-s)."""
     if ray.is_initialized():  # the shared head's driver (tests/ray_support.py) reconnects
         ray.shutdown()
     ray.init(address=head.address, logging_level=logging.WARNING, log_to_driver=False)
@@ -87,7 +91,15 @@ def test_a_single_machine_head_listens_on_loopback_only_and_stops_whole(head):
     # (the probe's worker may be exiting meanwhile: a zombie has no command line)
     client = [p for p in procs if "ray.util.client.server" in _cmdline(p)]
     assert client, "the client server is one of the node's processes"
-    head.stop()
+
+    # The start cut short: no address file, and a node that knows no address.
+    (head.temp_dir / cluster.ADDRESS_FILE).unlink()
+    cut_short = cluster.RayNode(head.temp_dir, RAY_TOKEN)
+    found = cut_short.processes()
+    assert any("ray.util.client.server" in _cmdline(p) for p in found), found
+    assert {p.pid for p in found} == {p.pid for p in head.processes()}
+    cut_short.stop()
+    assert head.processes() == []
     _gone, alive = psutil.wait_procs(procs, timeout=0)
     assert alive == [], [p.pid for p in alive]
     assert not head.temp_dir.exists()
@@ -172,20 +184,6 @@ def test_ray_start_is_tried_again_only_when_its_raylet_was_slow_to_register(
         with pytest.raises(ServiceUnavailable, match=error):
             start()
     assert called() == calls
-
-
-def test_a_head_whose_start_was_cut_short_is_found_whole(head):
-    """A `ray start` interrupted (Ctrl-C, `up --wait` running out) after it started the
-    client server but before it wrote the address file: the client server, which names
-    only the GCS address, is found by the address on the GCS's command line (it was
-    left running)."""
-    (head.temp_dir / cluster.ADDRESS_FILE).unlink()
-    cut_short = cluster.RayNode(head.temp_dir, RAY_TOKEN)
-    procs = cut_short.processes()
-    assert any("ray.util.client.server" in _cmdline(p) for p in procs), procs
-    assert {p.pid for p in procs} == {p.pid for p in head.processes()}
-    cut_short.stop()
-    assert head.processes() == []
 
 
 def test_a_stack_stopped_as_its_head_starts_leaves_no_temp_dir(settings):
