@@ -32,6 +32,7 @@ One module per command group, this one builds the app from them:
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import os
@@ -184,9 +185,11 @@ def _settings_variables() -> set[str]:
     return known
 
 
-def _option_variables() -> set[str]:
+@functools.cache
+def _option_variables() -> frozenset[str]:
     """The environment twins of the CLI's options. Read from the click commands typer
-    builds from the app (a tenth of a CPU-s: only for a variable no setting names)."""
+    builds from the app (a tenth of a CPU-s: only for a variable no setting names, and
+    once a process)."""
     known: set[str] = set()
     stack: list[Any] = [typer.main.get_command(app)]  # click commands (typer's own click)
     while stack:
@@ -198,7 +201,7 @@ def _option_variables() -> set[str]:
             elif envvar:
                 known.update(envvar)
         stack.extend(getattr(command, "commands", {}).values())
-    return known
+    return frozenset(known)
 
 
 def check_environment(environ: dict[str, str] | None = None) -> None:
@@ -209,7 +212,7 @@ def check_environment(environ: dict[str, str] | None = None) -> None:
 
     environ = dict(os.environ) if environ is None else environ
     known = _settings_variables()
-    options: set[str] | None = None  # the options' twins: built for a name no setting reads
+    options: frozenset[str] | None = None  # the options' twins: built for a name no setting reads
     queues: list[str] | None = None
     for name in sorted(environ):
         if not name.startswith("HYPERMEDIA_") or name.startswith(SCRIPT_PREFIXES):
