@@ -465,12 +465,14 @@ class _Progress:
         self.offset = offset  # progress done before this run (earlier chunks)
         self.whole = whole  # this run is the whole job: its end is the total
         self.scale = scale  # progress per second of this run's output (its share)
-        # The frames FFmpeg's frame rate conversion doubled and dropped, as last told.
+        # The frames FFmpeg encoded (its first video output's: ``frame``) and its frame
+        # rate conversion doubled and dropped, as last told (the last block comes after
+        # the encoders' flush: every frame of the output).
         self.counts: dict[str, int] = {}
 
     def __call__(self, line: str) -> None:
         key, _, value = line.partition("=")
-        if key in ("dup_frames", "drop_frames") and value.isdigit():
+        if key in ("frame", "dup_frames", "drop_frames") and value.isdigit():
             self.counts[key] = int(value)
         elif key == "out_time_us" and value.isdigit():
             done = self.offset + self.scale * int(value) / 1e6
@@ -965,9 +967,9 @@ def transcode(
     end is not the job's; without ``seconds``, it reports nothing). True when the input
     ended before its index said (FFmpeg's "partial file": a truncated MP4/MOV); a
     failure on such an input is :class:`Truncated`. ``counts``: filled with the frames
-    FFmpeg's frame rate conversion doubled and dropped (``dup_frames``,
-    ``drop_frames``), as its progress last told them (none for a ``part`` without
-    ``seconds``: its progress is not read)."""
+    FFmpeg encoded (``frame``) and those its frame rate conversion doubled and dropped
+    (``dup_frames``, ``drop_frames``), as its progress last told them (none for a
+    ``part`` without ``seconds``: its progress is not read)."""
     watched = [args[0], "-progress", "pipe:1", "-stats_period", str(_PROGRESS_PERIOD), *args[1:]]
     report = (
         None

@@ -409,7 +409,9 @@ def transcode_chunked(
                 args, source, workdir, partial, label, total,
                 offset=offset * pictures, scale=pictures, part=True, counts=counts,
             )  # fmt: skip
-            made = _frames(partial, workdir, label)
+            # The frames it holds as FFmpeg counted them encoding it (the packets an
+            # ffprobe of the chunk counts, without a second process a chunk).
+            made = counts["frame"] if "frame" in counts else _frames(partial, workdir, label)
             if chunk.frames is not None and made != chunk.frames:
                 # Frames the decoder would not give from this keyframe on (an open GOP's
                 # leading pictures ...): this video cannot be cut exactly.

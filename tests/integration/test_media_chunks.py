@@ -68,9 +68,24 @@ def units(outputs: list[Output]) -> dict[str, int]:
 
 @pytest.mark.parametrize("name", ["sound", "silent", "bframes"])
 def test_chunked_output_equals_a_single_pass(
-    name: str, clips: dict[str, Path], single: dict[str, Path], tmp_path: Path
+    name: str,
+    clips: dict[str, Path],
+    single: dict[str, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    tools: list[str] = []
+    real = media._run
+
+    def watched(args: list[str], *rest: Any, **named: Any) -> Any:
+        tools.append(Path(args[0]).name)
+        return real(args, *rest, **named)
+
+    monkeypatch.setattr(media, "_run", watched)
     outputs = run(clips[name], CHUNKED, tmp_path)
+    # A chunk's frames are counted by the FFmpeg that made it, not by an ffprobe a chunk
+    # (which cost 7 ffprobes for 4 chunks): the input's probe and packets, the output's.
+    assert tools.count("ffprobe") == 3
     assert [o.output_type for o in outputs] == ["video-h264-120p-crf23.mp4", USAGE_OUTPUT]
     assert units(outputs) == {"chunks": SECONDS, "chunks_resumed": 0}
     pieces = sorted(checkpoints.finished(tmp_path, media.ffmpeg_build()))
