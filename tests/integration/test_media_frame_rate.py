@@ -71,12 +71,16 @@ def timed(
 
 
 def packet_times(path: Path) -> list[float]:
-    done = subprocess.run(
-        ["ffprobe", "-v", "error", "-select_streams", "v:0", "-show_entries",
-         "packet=pts_time", "-print_format", "csv=p=0", f"file:{path}"],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    return sorted(float(line.strip().strip(",")) for line in done.stdout.split())
+    found = ms.ffprobe(
+        path,
+        "-select_streams",
+        "v:0",
+        "-show_entries",
+        "packet=pts_time",
+        "-print_format",
+        "csv=p=0",
+    )
+    return sorted(float(line.strip().strip(",")) for line in found.split())
 
 
 def flash_time(path: Path) -> float:
@@ -202,12 +206,10 @@ CHUNKED = {**PARAMS, "chunk_seconds": 1, "chunk_above_seconds": 1}
 
 
 def audio_packets(path: Path) -> list[str]:
-    done = subprocess.run(
-        ["ffprobe", "-v", "error", "-select_streams", "a:0", "-show_entries",
-         "packet=pts,dts,duration,size", "-print_format", "csv=p=0", f"file:{path}"],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    return done.stdout.split()
+    return ms.ffprobe(
+        path, "-select_streams", "a:0", "-show_entries", "packet=pts,dts,duration,size",
+        "-print_format", "csv=p=0",
+    ).split()  # fmt: skip
 
 
 def test_a_long_variable_frame_rate_video_is_chunked_keeping_its_frames_times(
