@@ -34,6 +34,7 @@ import pipelines.media as media
 from hypermedia.sandbox.executor import ChildExecutor, ChildFailed
 from pipelines import progress
 from pipelines.registry import Output, PipelineError
+from tests import media_support as ms
 from tests.corpus_support import Row, corpus, manifest_rows
 from tests.generated import Generated, hostile
 from tests.generated.media import bars, ffmpeg, tone_source, video_source
@@ -64,24 +65,13 @@ STABLE_CODES = {"invalid_input", "no_streams", "encrypted_document", "unsupporte
 
 
 def ffprobe(path: Path) -> dict[str, Any]:
-    """ffprobe's JSON, packets counted (demuxed, not decoded: cheap)."""
-    completed = subprocess.run(
-        [
-            "ffprobe",
-            "-v",
-            "error",
-            "-count_packets",
-            "-print_format",
-            "json",
-            "-show_format",
-            "-show_streams",
-            f"file:{path}",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
+    """ffprobe's JSON, packets counted (demuxed, not decoded: cheap); read once for each
+    version of the file (a source is probed for its cases and for each output's check,
+    an output for its check and by its test)."""
+    found = ms.ffprobe(
+        path, "-count_packets", "-print_format", "json", "-show_format", "-show_streams"
     )
-    data: dict[str, Any] = json.loads(completed.stdout)
+    data: dict[str, Any] = json.loads(found)
     return data
 
 
