@@ -67,6 +67,12 @@ def clip(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return ms.clip(tmp_path_factory.mktemp("resume") / "clip.mp4", SECONDS)
 
 
+@pytest.fixture(scope="module")
+def single(clip: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The clip's single pass, which every resumed output is compared with."""
+    return _single_pass(clip, tmp_path_factory.mktemp("resume") / "single")
+
+
 def _wait(predicate: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -113,7 +119,7 @@ def _single_pass(clip: Path, workdir: Path) -> Path:
 
 
 def _check_resumed(
-    stack: Stack, person: Any, job_id: str, clip: Path, tmp_path: Path, resumed: int = KILL_AFTER
+    stack: Stack, person: Any, job_id: str, single: Path, tmp_path: Path, resumed: int = KILL_AFTER
 ) -> None:
     """The retry transcoded only the chunks not committed before the kill; the output is
     a single pass's equal; the checkpoints are deleted (by the head's maintenance)."""
@@ -124,7 +130,7 @@ def _check_resumed(
     (output,) = view.outputs
     received = tmp_path / "output.mp4"
     received.write_bytes(b"".join(stack.storage.read(output.storage_key)))
-    ms.assert_same_as_single_pass(received, _single_pass(clip, tmp_path / "single"), SECONDS)
+    ms.assert_same_as_single_pass(received, single, SECONDS)
     keys = _keys(stack, job_id)
     _wait(lambda: not _keys(stack, job_id), "checkpoints swept", timeout=30)
     assert keys == [] or not any(stack.storage.exists(key) for key in keys)
@@ -139,7 +145,7 @@ def _killed_after_k(stack: Stack, job_id: str) -> None:
 
 
 def test_kill_9_of_the_child_resumes_from_the_committed_chunks(
-    pg_engine, settings, tmp_path, moto_s3, clip
+    pg_engine, settings, tmp_path, moto_s3, clip, single
 ):
     with ray_stack(
         settings, pg_engine, tmp_path, {"media": 1}, backoff_base_seconds=0.2, **moto_s3
@@ -159,11 +165,11 @@ def test_kill_9_of_the_child_resumes_from_the_committed_chunks(
             ("failed", "child_killed"),
             ("completed", None),
         ]
-        _check_resumed(rs.stack, person, job_id, clip, tmp_path)
+        _check_resumed(rs.stack, person, job_id, single, tmp_path)
 
 
 def test_kill_9_of_the_actor_resumes_on_another_worker(
-    pg_engine, settings, tmp_path, moto_s3, clip
+    pg_engine, settings, tmp_path, moto_s3, clip, single
 ):
     with ray_stack(settings, pg_engine, tmp_path, {"media": 1}, **moto_s3) as rs:
         person = make_user(rs.stack)
@@ -178,7 +184,7 @@ def test_kill_9_of_the_actor_resumes_on_another_worker(
             ("completed", None),
         ]
         assert view.attempts[1].worker_id != member.worker_id
-        _check_resumed(rs.stack, person, job_id, clip, tmp_path)
+        _check_resumed(rs.stack, person, job_id, single, tmp_path)
 
 
 def test_a_cancelled_jobs_checkpoints_are_deleted(pg_engine, settings, tmp_path, moto_s3, clip):
@@ -224,7 +230,7 @@ def _spot_worker(
     ],
 )
 def test_a_spot_notice_keeps_the_finished_chunks_for_the_next_worker(
-    pg_engine, settings, tmp_path, moto_s3, clip, notice_seconds, resumed
+    pg_engine, settings, tmp_path, moto_s3, clip, single, notice_seconds, resumed
 ):
     stack = Stack.open(
         settings(profiles_path=ray_support.test_profiles(tmp_path), **moto_s3),
@@ -257,7 +263,7 @@ def test_a_spot_notice_keeps_the_finished_chunks_for_the_next_worker(
         maintenance.start()
         try:
             _wait(lambda: _status(stack, person, job_id) == "completed", "the rerun")
-            _check_resumed(stack, person, job_id, clip, tmp_path, resumed)
+            _check_resumed(stack, person, job_id, single, tmp_path, resumed)
         finally:
             maintenance.stop()
             second.stop()
@@ -266,7 +272,7 @@ def test_a_spot_notice_keeps_the_finished_chunks_for_the_next_worker(
 
 @pytest.mark.parametrize("damage", ["truncated", "bytes_changed"])
 def test_a_checkpoint_damaged_in_storage_is_made_again(
-    pg_engine, settings, tmp_path, moto_s3, clip, damage
+    pg_engine, settings, tmp_path, moto_s3, clip, single, damage
 ):
     """A committed chunk whose stored bytes are damaged (cut in half, or 2,000 bytes
     inverted) before the retry restores it: the retry makes that chunk again and the
@@ -316,7 +322,7 @@ def test_a_checkpoint_damaged_in_storage_is_made_again(
                 ("completed", None),
             ]
             # chunk 0 made again, chunk 1 resumed, chunks 2 and 3 made for the first time
-            _check_resumed(stack, person, job_id, clip, tmp_path, resumed=KILL_AFTER - 1)
+            _check_resumed(stack, person, job_id, single, tmp_path, resumed=KILL_AFTER - 1)
         finally:
             maintenance.stop()
             second.stop()
@@ -324,7 +330,7 @@ def test_a_checkpoint_damaged_in_storage_is_made_again(
 
 
 def test_a_damaged_checkpoint_made_again_is_stored_again(
-    pg_engine, settings, tmp_path, moto_s3, clip
+    pg_engine, settings, tmp_path, moto_s3, clip, single
 ):
     """A restored chunk found damaged is made again, but its worker counted it stored
     (it had restored it) and never stored the new one: storage kept the damaged bytes,
@@ -390,7 +396,7 @@ def test_a_damaged_checkpoint_made_again_is_stored_again(
                     ("failed", "child_killed"),
                     ("completed", None),
                 ]
-                _check_resumed(stack, person, job_id, clip, tmp_path, resumed=1)
+                _check_resumed(stack, person, job_id, single, tmp_path, resumed=1)
             finally:
                 third.stop()
         finally:
