@@ -18,7 +18,8 @@ same suite on each):
 ``ppocr``: PaddleOCR's PP-OCRv6 small detection and recognition models (ONNX), as
 shipped in the ``rapidocr`` wheel, on onnxruntime (pieces of one printed line whose
 boxes overlap by a glyph are read again as one box, the shared glyph once:
-:func:`overlapping_runs`); ``ppocr-cls`` enlarges small pages
+:func:`overlapping_runs`; a small page is detected enlarged within a pixel budget:
+:func:`detector_size`); ``ppocr-cls`` enlarges small pages
 up to 3x (small print) and reads weak lines upside down too, keeping the better
 reading (lines turned by 180 degrees; the wheel's angle classifier is not used: it
 turned upright lines).
@@ -126,6 +127,16 @@ _MAX_SKEW_DEGREES = 5.0
 # 3-4 degrees a long line's box overlaps the next line's by most of its height, and
 # reading order merges them into one row (a 1,700 px line at 4 degrees: CER 0.35).
 _DESKEW_FROM_DEGREES = 1.0
+# RapidOCR's detector enlarges a page whose shorter side is under 736 px until it is
+# 736 (its limit_type "min"): the corpus's one-word crops (87 x 198 px) were detected
+# at 736 x 1,664, its one-line crops (80 x 400, 193 x 870) at 736 x 3,680 and 3,328
+# (2.7 and 2.4 Mpx, where a dense 300-dpi page is 3 Mpx at RapidOCR's 2,000 px), and
+# detection costs by the pixel (~1 CPU-s a Mpx). It is enlarged up to this many pixels
+# and no further (:func:`detector_size`; never shrunk by it). The corpus's ocr pairs,
+# budget -> set CER (edits of 11,253 characters), detection CPU-s of the 24 pages:
+#   none 211, 30.1    1.05 Mpx 212, 22.0    750 kpx 211, 17.8    500 kpx 212, 14.5
+# (500 kpx read one line page worse and escalated it to ppocr-cls.)
+_DETECTOR_ENLARGES_TO_PIXELS = 750_000
 # RapidOCR's own cut: lines read with a lower score are dropped.
 _MIN_TEXT_SCORE = 0.5
 # ppocr-cls reads a line under this score upside down too.
@@ -276,7 +287,13 @@ class PpocrEngine:
         for stage, file in _PPOCR_MODELS.items():
             # An explicit path: RapidOCR never looks for (or downloads) a model.
             params[f"{stage}.model_path"] = str(models / file)
-        self._ocr = RapidOCR(params=params)
+        self._ocr: Any = RapidOCR(params=params)
+        # The detector's preprocessing at detector_size (RapidOCR builds it on each
+        # call from the detector's get_preprocess, and takes no size per call).
+        detector: Any = self._ocr._load_det_model()  # type: ignore[no-untyped-call]
+        detector.get_preprocess = functools.partial(
+            _detector_input, detector.limit_side_len, detector.mean, detector.std
+        )
 
     def recognize(self, page: PageArray) -> list[Line]:
         """``ppocr``: detection, then recognition of each line. ``ppocr-cls`` also
@@ -367,6 +384,30 @@ class PpocrEngine:
 
     def close(self) -> None:
         del self._ocr
+
+
+def detector_size(height: int, width: int, limit_side_len: int = 736) -> tuple[int, int]:
+    """The size (width, height) RapidOCR's detector reads a ``height x width`` page at:
+    its own rule (limit_type "min": enlarged until its shorter side is
+    ``limit_side_len``, sides rounded to multiples of 32), the enlargement stopped at
+    :data:`_DETECTOR_ENLARGES_TO_PIXELS` (a page is never shrunk by it)."""
+    ratio = max(1.0, limit_side_len / max(1, min(height, width)))
+    budget = math.sqrt(_DETECTOR_ENLARGES_TO_PIXELS / max(1, height * width))
+    ratio = min(ratio, max(1.0, budget))
+    return max(32, round(width * ratio / 32) * 32), max(32, round(height * ratio / 32) * 32)
+
+
+def _detector_input(limit_side_len: int, mean: Any, std: Any) -> Any:
+    """RapidOCR's detector preprocessing (``DetPreProcess``) at :func:`detector_size`."""
+    import cv2
+    from rapidocr.ch_ppocr_det.utils import DetPreProcess
+
+    class DetectorInput(DetPreProcess):
+        def resize(self, img: Any) -> Any:
+            height, width = img.shape[:2]
+            return cv2.resize(img, detector_size(height, width, limit_side_len))
+
+    return DetectorInput(limit_side_len, "min", mean, std)
 
 
 # -- paddle: the PaddleOCR package on PaddlePaddle, the profile's models ----------------

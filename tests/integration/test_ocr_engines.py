@@ -106,6 +106,31 @@ def test_ppocr_inference_threads_do_not_spin(generated: Generated):
         built.close()
 
 
+def test_ppocr_detects_a_small_page_within_its_pixel_budget():
+    """RapidOCR's detector enlarged a small page until its shorter side was 736 px: the
+    corpus's one-word crop (87 x 198) was detected at 1.2 Mpx, its one-line crop
+    (80 x 400) at 2.7 Mpx, more than a dense 300-dpi page. ppocr's detector reads them
+    enlarged up to its budget, and a page large enough as it is (not shrunk)."""
+    budget = ocr_engines._DETECTOR_ENLARGES_TO_PIXELS
+    built = ocr_engines.create("ppocr", ["eng"], threads=1)
+    assert isinstance(built, ocr_engines.PpocrEngine)
+    try:
+        prepare = built._ocr.text_det.get_preprocess()
+        for height, width in ((87, 198), (80, 400), (193, 870), (333, 636)):
+            *_, seen_height, seen_width = prepare(np.full((height, width, 3), 255, np.uint8)).shape
+            assert seen_height > height and seen_width > width, (height, width)
+            assert seen_height * seen_width <= budget * 1.1, (
+                height,
+                width,
+                seen_height,
+                seen_width,
+            )
+        *_, seen_height, seen_width = prepare(np.full((1536, 1984, 3), 255, np.uint8)).shape
+        assert (seen_height, seen_width) == (1536, 1984)
+    finally:
+        built.close()
+
+
 def test_overlapping_pieces_of_a_line_are_joined_not_touching_words():
     runs = ocr_engines.overlapping_runs
     # burn | n running: the detector's boxes share the n (half a line height).
