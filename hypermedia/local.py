@@ -252,14 +252,9 @@ class LocalStack:
                 settings, auto_migrate=True, implemented=served, served_queues=lambda: actors
             )
         else:
-            from hypermedia.db.engine import make_engine
+            from hypermedia.db.engine import settings_engine
 
-            engine = make_engine(
-                settings.effective_database_url,
-                setting=settings.database_setting,
-                dead_peer_seconds=settings.database_dead_peer_seconds,
-                statement_seconds=settings.database_statement_seconds,
-            )
+            engine = settings_engine(settings)
             if self.cluster_queues is not None:
                 queues = self.cluster_queues(engine)
             else:  # nodes may join this head: its actors' queues, and the joined ones'

@@ -473,15 +473,10 @@ def head_stack(
     the queues named, and bulk runs go only on those; None: every queue's."""
     if queues is None:
         return Stack.open(settings)
-    from hypermedia.db.engine import make_engine
+    from hypermedia.db.engine import settings_engine
     from hypermedia.local import operations_of
 
-    engine = make_engine(
-        settings.effective_database_url,
-        setting=settings.database_setting,
-        dead_peer_seconds=settings.database_dead_peer_seconds,
-        statement_seconds=settings.database_statement_seconds,
-    )
+    engine = settings_engine(settings)
     served = queues(engine)
     return Stack.open(
         settings,

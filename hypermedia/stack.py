@@ -18,7 +18,7 @@ from sqlalchemy import Engine
 from hypermedia.accounts import KeyGrants
 from hypermedia.clock import Clock, SystemClock
 from hypermedia.config import Settings
-from hypermedia.db.engine import make_engine
+from hypermedia.db.engine import settings_engine
 from hypermedia.db.migrate import schema_problem
 from hypermedia.db.upgrade import migrate, prepare_data_dir
 from hypermedia.errors import ConfigError
@@ -153,13 +153,7 @@ class Stack:
         was drawn from), where a bulk run may go; None: every configured queue."""
         clock = clock or SystemClock()
         prepare_data_dir(settings)
-        engine = engine or make_engine(
-            settings.effective_database_url,
-            custom_plans=custom_plans,
-            setting=settings.database_setting,
-            dead_peer_seconds=settings.database_dead_peer_seconds,
-            statement_seconds=settings.database_statement_seconds,
-        )
+        engine = engine or settings_engine(settings, custom_plans=custom_plans)
         if auto_migrate:
             migrate(settings, engine, clock=clock)
         elif (problem := schema_problem(engine)) is not None:

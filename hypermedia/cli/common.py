@@ -68,7 +68,7 @@ def open_engine(settings: Settings, *, connect_timeout: int | None = None) -> En
     :func:`~hypermedia.db.engine.make_engine`)."""
     from sqlalchemy import make_url
 
-    from hypermedia.db.engine import make_engine
+    from hypermedia.db.engine import settings_engine
     from hypermedia.db.migrate import schema_problem
 
     url = make_url(settings.effective_database_url)
@@ -76,13 +76,7 @@ def open_engine(settings: Settings, *, connect_timeout: int | None = None) -> En
     options: dict[str, Any] = {}
     if connect_timeout is not None and url.get_backend_name() != "sqlite":
         options["connect_args"] = {"connect_timeout": connect_timeout}
-    engine = make_engine(
-        settings.effective_database_url,
-        setting=settings.database_setting,
-        dead_peer_seconds=settings.database_dead_peer_seconds,
-        statement_seconds=settings.database_statement_seconds,
-        **options,
-    )
+    engine = settings_engine(settings, **options)
     try:
         problem = schema_problem(engine)
     except BaseException:

@@ -14,18 +14,13 @@ def db_upgrade() -> None:
     """Apply migrations and sync the processing profiles."""
     from sqlalchemy import make_url
 
-    from hypermedia.db.engine import make_engine
+    from hypermedia.db.engine import settings_engine
     from hypermedia.db.migrate import current_revision
     from hypermedia.db.upgrade import migrate
     from hypermedia.embedded import shown_url
 
     settings = read_settings()
-    engine = make_engine(
-        settings.effective_database_url,
-        setting=settings.database_setting,
-        dead_peer_seconds=settings.database_dead_peer_seconds,
-        statement_seconds=settings.database_statement_seconds,
-    )
+    engine = settings_engine(settings)
     try:
         migrate(settings, engine)
         revision = current_revision(engine)

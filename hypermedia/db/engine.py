@@ -23,12 +23,15 @@ import traceback
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, Engine, create_engine, event, make_url
 from sqlalchemy.exc import DBAPIError, DisconnectionError, OperationalError
 
 from hypermedia.errors import ConfigError, DatabaseUnavailable
+
+if TYPE_CHECKING:
+    from hypermedia.config import Settings
 
 
 def make_engine(
@@ -90,6 +93,18 @@ def make_engine(
     if custom_plans:
         _plan_each_statement(engine)
     return engine
+
+
+def settings_engine(settings: Settings, **options: Any) -> Engine:
+    """:func:`make_engine` for the settings' database, with their limits (the dead peer's
+    and the statement's) and the key its URL comes from; ``options`` go to it too."""
+    return make_engine(
+        settings.effective_database_url,
+        setting=settings.database_setting,
+        dead_peer_seconds=settings.database_dead_peer_seconds,
+        statement_seconds=settings.database_statement_seconds,
+        **options,
+    )
 
 
 def sqlite_file(url: str) -> Path | None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hypermedia.clock import Clock, SystemClock
-from hypermedia.db.engine import make_engine, sqlite_file, transaction
+from hypermedia.db.engine import settings_engine, sqlite_file, transaction
 from hypermedia.db.migrate import (
     current_revision,
     head_revision,
@@ -90,12 +90,7 @@ def migrate(
     its imports and a read of every migration file, on each start of a local stack)."""
     owned = engine is None
     prepare_data_dir(settings)
-    engine = engine or make_engine(
-        settings.effective_database_url,
-        setting=settings.database_setting,
-        dead_peer_seconds=settings.database_dead_peer_seconds,
-        statement_seconds=settings.database_statement_seconds,
-    )
+    engine = engine or settings_engine(settings)
     try:
         refused = upgrade_problem(engine)
         if refused is not None:
