@@ -113,6 +113,12 @@ class Maintenance:
     def start(self) -> None:
         if self._thread is not None:
             return
+        # httpx imported here, in the starting thread, not first in the callbacks
+        # thread beside another thread's import of it: CPython hands one of two imports
+        # waiting on each other a partly made module (seen: a run's callbacks thread
+        # died on "module 'httpcore' has no attribute 'ConnectionPool'").
+        import httpx  # noqa: F401
+
         self._thread = threading.Thread(
             target=self._run, name="hypermedia-maintenance", daemon=True
         )
