@@ -105,9 +105,16 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> ModulesToget
 
 
 def main(report: str) -> None:
-    """Write tests/durations.json from a JUnit XML report: the tests over a second."""
-    durations: dict[str, float] = {}
+    """Write tests/durations.json from a JUnit XML report: the tests over a second. A
+    test the report does not hold (a tier that did not run: the corpus, the slow ones)
+    keeps its old duration while its function is still in its module."""
     root = Path(__file__).resolve().parents[1]
+    durations = {
+        nodeid: seconds
+        for nodeid, seconds in json.loads(DURATIONS.read_text()).items()
+        if _still_there(root, nodeid)
+    }
+    reported: set[str] = set()
     for case in ET.parse(report).iter("testcase"):
         parts = (case.get("classname") or "").split(".")
         # "tests.integration.test_x" or "tests.integration.test_x.TestClass"
@@ -118,11 +125,22 @@ def main(report: str) -> None:
                     [module.relative_to(root).as_posix(), *parts[cut:], case.get("name", "")]
                 )
                 seconds = float(case.get("time") or 0)
+                reported.add(nodeid)
+                durations.pop(nodeid, None)
                 if seconds >= 1.0:
                     durations[nodeid] = round(seconds, 1)
                 break
     DURATIONS.write_text(json.dumps(dict(sorted(durations.items())), indent=1) + "\n")
-    print(f"{len(durations)} tests over a second written to {DURATIONS}")
+    kept = len(set(durations) - reported)
+    print(f"{len(durations)} tests over a second ({kept} not in the report) written to {DURATIONS}")
+
+
+def _still_there(root: Path, nodeid: str) -> bool:
+    """Whether ``nodeid``'s module still defines its test function."""
+    path, _, rest = nodeid.partition("::")
+    name = rest.rpartition("::")[2].partition("[")[0]
+    module = root / path
+    return module.is_file() and f"def {name}(" in module.read_text(encoding="utf-8")
 
 
 if __name__ == "__main__":
