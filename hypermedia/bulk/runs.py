@@ -480,9 +480,14 @@ def insert_run(
 # disk) 0.7-1.2M: under the engine's 30 s the create of a regenerate over some 25M
 # objects answered 503 database_unavailable, as every create asked again. A selection
 # not counted in time leaves the run without a total until its scan ends (as one from
-# before 0027), the create answered at once.
+# before 0027), the create answered at once. On SQLite too: its count ran inside the
+# create's write transaction for as long as it took, every other writer of the record
+# (submits, claims, completions) waiting on it and failing SQLITE_BUSY past 30 s; it is
+# interrupted at COUNT_SECONDS (SQLite's progress handler, looked at every
+# _SQLITE_PROGRESS_STEPS virtual-machine steps).
 COUNT_SECONDS = 5.0
 _QUERY_CANCELED = "57014"
+_SQLITE_PROGRESS_STEPS = 10_000
 
 
 def count_total(conn: Connection, run_id: str, seconds: float | None = None) -> int | None:
@@ -495,10 +500,11 @@ def count_total(conn: Connection, run_id: str, seconds: float | None = None) -> 
     row = conn.execute(select(t.bulk_runs).where(t.bulk_runs.c.run_id == run_id)).one()
     target = None if row.target is None else MigrateTarget.model_validate(row.target).name
     counting = selection(row, target)
-    if conn.dialect.name != "postgresql":
-        total: int | None = int(conn.execute(counting).scalar_one())
+    seconds = COUNT_SECONDS if seconds is None else seconds
+    if conn.dialect.name == "postgresql":
+        total = _count_within(conn, counting, seconds)
     else:
-        total = _count_within(conn, counting, COUNT_SECONDS if seconds is None else seconds)
+        total = _sqlite_count_within(conn, counting, seconds)
     if total is not None:
         conn.execute(update(t.bulk_runs).where(t.bulk_runs.c.run_id == run_id).values(total=total))
     return total
@@ -524,6 +530,29 @@ def _count_within(conn: Connection, counting: Any, seconds: float) -> int | None
             raise
         return None
     return counted
+
+
+def _sqlite_count_within(conn: Connection, counting: Any, seconds: float) -> int | None:
+    """``counting`` run in a savepoint on SQLite, interrupted once ``seconds`` have
+    passed: its count, or None (the savepoint rolled back; the transaction goes on)."""
+    import sqlite3
+    import time
+
+    from sqlalchemy.exc import OperationalError
+
+    raw = conn.connection.driver_connection
+    assert isinstance(raw, sqlite3.Connection), raw
+    deadline = time.monotonic() + seconds
+    raw.set_progress_handler(lambda: time.monotonic() >= deadline, _SQLITE_PROGRESS_STEPS)
+    try:
+        with conn.begin_nested():
+            return int(conn.execute(counting).scalar_one())
+    except OperationalError as exc:
+        if getattr(exc.orig, "sqlite_errorcode", None) != sqlite3.SQLITE_INTERRUPT:
+            raise
+        return None
+    finally:
+        raw.set_progress_handler(None, 0)
 
 
 def _session_statement_ms(conn: Connection) -> int:

@@ -654,6 +654,43 @@ def test_a_selection_too_big_to_count_in_time_is_created_without_a_total(
     assert (counted.total, counted.progress.percent) == (3, 0.0)
 
 
+def test_a_sqlite_count_past_its_time_is_interrupted_and_the_run_created_without_a_total(
+    sqlite_engine, settings, manual_clock, monkeypatch
+):
+    """On SQLite the create counted its selection inside its write transaction for as
+    long as the count took, every other writer of the record (submits, claims,
+    completions) waiting on it and failing SQLITE_BUSY past 30 s. SQLite's progress
+    handler now interrupts it at COUNT_SECONDS: the run is created without a total
+    (its scan ends with one), the transaction and the create go on.
+
+    A count that cannot end in time on any machine: COUNT_SECONDS 0 with the handler
+    looked at after every virtual-machine step, so the count's first steps find its
+    time up. Then the same selection counted within the product's own COUNT_SECONDS."""
+    stack = open_stack(settings, sqlite_engine, manual_clock)
+    try:
+        person = make_user(stack)
+        _objects(stack, person, 3)
+        service = _service(stack)
+        spec = RunSpec(kind="backfill", operation="thumbnail", filter={"pool_id": person.pool_id})
+        with monkeypatch.context() as patched:
+            patched.setattr(runs, "COUNT_SECONDS", 0.0, raising=False)
+            patched.setattr(runs, "_SQLITE_PROGRESS_STEPS", 1, raising=False)
+            uncounted = service.create(spec, "t")
+        counted = service.create(spec, "t")
+        with stack.engine.connect() as conn:
+            rows = conn.execute(select(func.count()).select_from(t.bulk_runs)).scalar_one()
+    finally:
+        stack.close()
+    # Old: counted whatever it took (3 here, the write lock held meanwhile).
+    assert (uncounted.total, uncounted.progress.total, uncounted.state) == (
+        None,
+        None,
+        "creating",
+    )
+    assert (counted.total, counted.progress.percent) == (3, 0.0)
+    assert rows == 2  # both created: the interrupted count lost nothing of the create
+
+
 def test_following_a_run_shows_it_move_and_exits_1_when_it_pauses(
     pg_engine, settings, manual_clock, tmp_path, redis_url, redis_prefix
 ):
