@@ -182,6 +182,20 @@ def _dead_peer_args(seconds: float, named: Mapping[str, Any]) -> dict[str, int]:
 # The server enforces them, so a backend that cannot run at all (stopped, stuck in the
 # kernel) is not bounded by them.
 STATEMENT_SECONDS = 30.0
+STATEMENT_SETTING = "database_statement_seconds (HYPERMEDIA_DATABASE_STATEMENT_SECONDS)"
+# The limits go to the server in libpq's startup parameter ``options``, which PgBouncer
+# refuses ("unsupported startup parameter: options", unless its ignore_startup_parameters
+# lists it, and then it drops them): every connection failed, reported as the database
+# being unreachable (`db upgrade`, every command, the API's 503), which no retry cures.
+_REFUSED_OPTIONS = "unsupported startup parameter: options"
+_REFUSED_OPTIONS_FIX = (
+    "the database server refuses the startup parameter `options`, which carries"
+    " hypermedia's statement limits (a pooler such as PgBouncer does): set"
+    " HYPERMEDIA_DATABASE_STATEMENT_SECONDS=0 and give the database role the limits"
+    " instead (ALTER ROLE <role> SET statement_timeout = '30s'; ... SET lock_timeout ="
+    " '10s'; ... SET idle_in_transaction_session_timeout = '60s'), or connect to"
+    " PostgreSQL directly (README: Behind PgBouncer)"
+)
 _LIMITS = ("statement_timeout", "lock_timeout", "idle_in_transaction_session_timeout")
 # A server parameter that a libpq ``options`` string sets: ``-c name=value``, ``-cname=``,
 # ``--name=value`` (dashes in the name read as underscores).
@@ -439,6 +453,8 @@ def _translated() -> Iterator[None]:
             ) from exc
         if not isinstance(exc, OperationalError):
             raise  # a statement's own fault (a constraint, a bad query): as it came
+        if _REFUSED_OPTIONS in str(exc.orig):
+            raise ConfigError(STATEMENT_SETTING, _REFUSED_OPTIONS_FIX) from exc
         if _is_sqlite_read_only(exc):  # before the connection's check: it is dropped too
             _let_go_of_the_statement(exc)
             raise DatabaseUnavailable(
