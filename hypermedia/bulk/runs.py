@@ -513,11 +513,13 @@ def count_total(conn: Connection, run_id: str, seconds: float | None = None) -> 
 def _count_within(conn: Connection, counting: Any, seconds: float) -> int | None:
     """``counting`` run in a savepoint under a statement limit of ``seconds`` (or the
     session's, when less): its count, or None once cancelled at that limit (the
-    savepoint rolled back, the limit with it; the transaction goes on)."""
+    savepoint rolled back, the limit with it; the transaction goes on). The limit is 1 ms
+    at least: PostgreSQL reads a statement_timeout of 0 as none (as
+    :func:`hypermedia.db.engine.statement_limits` does)."""
     from sqlalchemy.exc import OperationalError
 
     session_ms = _session_statement_ms(conn)
-    bound = round(seconds * 1000)
+    bound = max(1, round(seconds * 1000))
     if session_ms:
         bound = min(bound, session_ms)
     try:

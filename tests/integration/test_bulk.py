@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select, text, update
 
 from hypermedia import accounts
 from hypermedia.bulk import runs
@@ -689,6 +689,22 @@ def test_a_sqlite_count_past_its_time_is_interrupted_and_the_run_created_without
     )
     assert (counted.total, counted.progress.percent) == (3, 0.0)
     assert rows == 2  # both created: the interrupted count lost nothing of the create
+
+
+def test_a_count_limit_under_a_millisecond_is_one_not_none(pg_engine):
+    """_count_within rounded seconds * 1000 to its statement_timeout with no floor: a
+    limit under 0.5 ms became statement_timeout 0, which PostgreSQL reads as no limit at
+    all, so the count ran as long as it took. Now 1 ms at least (as
+    engine.statement_limits): a count of 0.2 s is cancelled (None), and one under the
+    session's limit too (min of the two, never 0)."""
+    slow = text("SELECT count(*) FROM pg_sleep(0.2)")
+    with pg_engine.connect() as conn, conn.begin():
+        # Old: statement_timeout 0 (no limit), the sleep counted: 1.
+        assert runs._count_within(conn, slow, 0.0004) is None
+        conn.exec_driver_sql("SET LOCAL statement_timeout = 30000")
+        assert runs._count_within(conn, slow, 0.0001) is None
+        assert runs._session_statement_ms(conn) == 30000
+        assert runs._count_within(conn, text("SELECT 7"), 5.0) == 7
 
 
 def test_following_a_run_shows_it_move_and_exits_1_when_it_pauses(
