@@ -58,14 +58,19 @@ def head(tmp_path):
         node.stop()
 
 
-def test_a_single_machine_head_listens_on_loopback_only_and_stops_whole(head):
+def test_a_single_machine_head_listens_on_loopback_only_and_stops_whole(head, tmp_path):
     """Listens on loopback only, keeps its temp dir to this user, and its stop leaves
     no process, not even the client server. And a `ray start` interrupted (Ctrl-C, `up
     --wait` running out) after it started the client server but before it wrote the
     address file: the client server, which names only the GCS address, is found by the
     address on the GCS's command line (it was left running), and the stop of such a
-    head leaves nothing either. One head for the four checks (they were two tests,
-    each with its own head: a head's start costs ~7 CPU-s)."""
+    head leaves nothing either. And the next start on that directory: such a head's
+    daemons ran without the address file its start writes last, which the next start
+    took for a running head with the address "" (every test after it on the shared
+    head: ValueError: Invalid address format); it stops them and starts afresh. One
+    head for these checks (they were three tests, two of them with a head of their own
+    and test_a_head_left_half_started_is_stopped_and_started_afresh with two: a head's
+    start costs ~7 CPU-s; its checks are the last part here)."""
     if ray.is_initialized():  # the shared head's driver (tests/ray_support.py) reconnects
         ray.shutdown()
     ray.init(address=head.address, logging_level=logging.WARNING, log_to_driver=False)
@@ -98,10 +103,22 @@ def test_a_single_machine_head_listens_on_loopback_only_and_stops_whole(head):
     found = cut_short.processes()
     assert any("ray.util.client.server" in _cmdline(p) for p in found), found
     assert {p.pid for p in found} == {p.pid for p in head.processes()}
-    cut_short.stop()
+    left = {p.pid for p in found}
+
+    # The next start stops the head left half-started (the same stop as cut_short's:
+    # a node of that temp dir without an address) and starts afresh.
+    again = cluster.start_head(tmp_path / "ray", resources={}, token_path=RAY_TOKEN, num_cpus=0)
+    try:
+        assert again.temp_dir == head.temp_dir
+        assert again.address.startswith("127.0.0.1:"), again.address
+        cluster.wait_for_head(again.address, timeout=30)
+        # The stop of the head cut short left no process, the client server included.
+        _gone, alive = psutil.wait_procs([*procs, *found], timeout=0)
+        assert alive == [], [p.pid for p in alive]
+        assert left.isdisjoint(p.pid for p in again.processes() if p.is_running())
+    finally:
+        again.stop()
     assert head.processes() == []
-    _gone, alive = psutil.wait_procs(procs, timeout=0)
-    assert alive == [], [p.pid for p in alive]
     assert not head.temp_dir.exists()
 
 
@@ -197,24 +214,6 @@ def test_a_stack_stopped_as_its_head_starts_leaves_no_temp_dir(settings):
     stack._head_temp_dir = temp_dir  # what start() had set when the interrupt came
     stack.stop()
     assert not temp_dir.parent.exists()
-
-
-def test_a_head_left_half_started_is_stopped_and_started_afresh(tmp_path):
-    """A `ray start` cut short (killed, or past its time) leaves the head's daemons
-    running without the address file its start writes last. The next start took that
-    for a running head with the address "" (every test after it on the shared head:
-    ValueError: Invalid address format); it stops those daemons and starts afresh."""
-    directory = tmp_path / "ray"
-    first = cluster.start_head(directory, resources={}, token_path=RAY_TOKEN, num_cpus=0)
-    try:
-        left = {p.pid for p in first.processes()}
-        (first.temp_dir / cluster.ADDRESS_FILE).unlink()
-        again = cluster.start_head(directory, resources={}, token_path=RAY_TOKEN, num_cpus=0)
-        assert again.address.startswith("127.0.0.1:"), again.address
-        cluster.wait_for_head(again.address, timeout=30)
-        assert left.isdisjoint(p.pid for p in again.processes() if p.is_running())
-    finally:
-        cluster.RayNode(first.temp_dir, RAY_TOKEN).stop()
 
 
 def test_a_ray_start_past_its_time_is_tried_again_then_refused_leaving_nothing(
