@@ -53,7 +53,9 @@ from tests.factories import make_user
 from tests.generated import Generated, documents, packages
 from tests.ray_support import RayStack, ray_stack
 
-POOLS = {"images": 1, "documents": 1, "media": 1, "bulk": 1}
+# The queues of the operations the files go to (corpus_support.operation_for: images,
+# documents, media; no bulk: an actor there only started and beat).
+POOLS = {"images": 1, "documents": 1, "media": 1}
 TERMINAL = ("completed", "failed", "cancelled")
 # Codes a worker may fail a job with that say "this input is not acceptable".
 DECODE = {"invalid_input"}
