@@ -281,6 +281,20 @@ def outermost(paths: Iterable[str]) -> list[str]:
     return result
 
 
+def out_of_sight(plan: Sequence[Mount], exposes: Iterable[str], path: str) -> bool:
+    """Whether hiding ``path`` (absolute, normalised, symlink-free) would change nothing of
+    the view ``plan`` that :func:`plan_view` made from ``exposes`` (all of them, kept or
+    not): its nearest enclosing mount is a cover and no expose lies at or inside it, so
+    the view with it hidden too is the same plan, with the same exposes kept."""
+    if any(_within(exposed, path) for exposed in exposes):
+        return False
+    best: Mount | None = None
+    for step in plan:
+        if _within(path, step.path) and (best is None or _depth(step.path) > _depth(best.path)):
+            best = step
+    return best is not None and best.kind == "cover"
+
+
 def cover_of(plan: Sequence[Mount], path: str) -> str:
     """The cover a path lies under (its nearest enclosing mount of the plan)."""
     best: Mount | None = None

@@ -13,6 +13,8 @@ import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
+from pathlib import Path
+from typing import Any
 
 import boto3
 import httpx
@@ -224,6 +226,25 @@ class _Png:
         return PNG[offset : offset + length]
 
 
+def test_runners_whose_data_dirs_the_view_hides_already_share_one_server(tmp_path):
+    """Each runner (each app: a test's data dir each) had a server of its own, ~0.14 CPU-s
+    and 0.4 s to start. A data dir under a cover with no code in it (/tmp) is out of
+    sight in any server's view: the running server serves it. One outside every cover
+    (an operator's /srv) still gets a server that hides it."""
+    storage: Any = _Png()
+
+    def inspected(hidden: str | Path) -> inspection._Server:
+        runner = InspectionRunner(InspectionBudget(cpu_seconds=5), hidden_paths=(hidden,))
+        assert runner.inspect(storage, "originals/p/cat", len(PNG)).kind == "image"
+        assert inspection._current is not None
+        return inspection._current
+
+    server = inspected(tmp_path / "a")
+    assert inspected(tmp_path / "b") is server and server.alive()
+    elsewhere = inspected("/srv/hm-data")
+    assert elsewhere is not server and "/srv/hm-data" in elsewhere.config["hidden"]
+
+
 @pytest.mark.parametrize("send", ["pickled code", "pickled pid", "json pid"])
 def test_an_exploited_inspection_child_reaches_nothing_of_the_api(tmp_path, monkeypatch, send):
     """Code run in the inspection child by a parser exploit reached the API process: the
@@ -241,9 +262,10 @@ def test_an_exploited_inspection_child_reaches_nothing_of_the_api(tmp_path, monk
         plan = {"send": send, "canary": str(canary), "victim": victim.pid}
         (hook / "plan.json").write_text(json.dumps(plan))
         monkeypatch.setenv("PYTHONPATH", f"{hook}:{os.environ.get('PYTHONPATH', '')}")
+        inspection.close_server()  # the next is started with the hook (one is reused)
         runner = InspectionRunner(
             InspectionBudget(cpu_seconds=5, wall_seconds=2, concurrency=1),
-            hidden_paths=(tmp_path / "its own server",),  # a server started with the hook
+            hidden_paths=(tmp_path / "its own server",),
         )
         with pytest.raises(InspectionCrashed) as crashed:
             runner.inspect(_Png(), "originals/p/cat", len(PNG))  # type: ignore[arg-type]
@@ -251,6 +273,7 @@ def test_an_exploited_inspection_child_reaches_nothing_of_the_api(tmp_path, monk
         assert not canary.exists()
         assert victim.poll() is None
     finally:
+        inspection.close_server()  # the hooked server serves no other test
         victim.kill()
         victim.wait()
 
@@ -511,6 +534,7 @@ def test_an_inspection_server_killed_takes_its_children_along(tmp_path, monkeypa
     # Where the server makes its work root: killed, it cannot remove it (one was left in
     # /tmp by every run of this test).
     monkeypatch.setenv("TMPDIR", str(tmp_path))
+    inspection.close_server()  # the next is started there (one is reused)
     runner = InspectionRunner(
         InspectionBudget(cpu_seconds=60, wall_seconds=120, concurrency=1),
         hidden_paths=(tmp_path / "its own server",),

@@ -52,6 +52,7 @@ def _server_roots(directory: Path) -> list[Path]:
 
 def test_a_killed_servers_work_root_is_swept_when_the_next_starts(tmp_path, monkeypatch):
     monkeypatch.setenv("TMPDIR", str(tmp_path))  # where the servers make their roots
+    inspection.close_server()  # the next is started there (one is reused)
     runner = InspectionRunner(InspectionBudget(cpu_seconds=5), hidden_paths=(tmp_path / "x",))
     runner.capabilities  # noqa: B018 - starts the server
     server = inspection._current

@@ -15,6 +15,7 @@ from hypermedia.sandbox.isolation import (
     code_view,
     cover_of,
     module_top,
+    out_of_sight,
     outermost,
     plan_view,
 )
@@ -43,6 +44,30 @@ def test_hidden_paths_are_covered_and_the_interpreter_under_them_bound_back():
         cover("/srv/work/w1"),
         expose("/root/.pyenv/versions/3.11.7"),
     ]
+
+
+@pytest.mark.parametrize(
+    ("path", "hidden_already"),
+    [
+        ("/tmp/pytest-of-me/test_x0", True),  # a test's data dir: under the /tmp cover
+        ("/tmp", True),  # a cover itself
+        ("/srv/work/w1/data", True),  # inside the work root
+        ("/srv/hm/data", False),  # under no cover: visible
+        ("/root/.pyenv", False),  # holds an expose: hiding it hides the interpreter
+        ("/root/.pyenv/versions/3.11.7/lib", False),  # inside an expose: visible
+        ("/root/.cache", True),
+        ("/opt/app/lib/python3/secret", False),  # under no cover (its expose is no step)
+    ],
+)
+def test_a_path_is_out_of_sight_when_hiding_it_changes_nothing(path, hidden_already):
+    covers = ["/tmp", "/root", "/run"]
+    exposes = ["/root/.pyenv/versions/3.11.7", "/opt/app/lib", "/usr/lib/python3"]
+    plan = plan_view(covers, exposes, work_root="/srv/work/w1")
+    assert out_of_sight(plan, exposes, path) is hidden_already
+    if hidden_already:  # what hiding it gives: the same view
+        assert plan_view(covers, exposes, "/srv/work/w1", hidden=[path]) == plan
+    else:
+        assert plan_view(covers, exposes, "/srv/work/w1", hidden=[path]) != plan
 
 
 def test_the_work_root_is_always_covered_and_never_exposed():
