@@ -36,6 +36,7 @@ import functools
 import inspect
 import logging
 import os
+import sys
 from typing import Annotated, Any
 
 import typer
@@ -276,7 +277,17 @@ def _check_queue_variable(name: str, queues: list[str]) -> None:
         )
 
 
+# Modules that libraries the commands use import whenever they are installed, for what
+# no command does: httpcore imports trio (to run under trio; only the tests' selenium
+# installs it, a deployment has none), httpx its own command line (httpx._main: click,
+# Pygments, Rich's syntax and progress). ~0.15 CPU-s of each command that talks HTTP.
+# Marked absent for the command's process (both importers take absence as optional).
+UNUSED_MODULES = ("trio", "httpx._main")
+
+
 def main() -> None:
+    for name in UNUSED_MODULES:
+        sys.modules.setdefault(name, None)  # type: ignore[arg-type]
     try:
         check_environment()
         app()
