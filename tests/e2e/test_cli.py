@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -38,6 +39,7 @@ JOB_LINE = re.compile(r"^job ([0-9a-f]{32}) (\w+) queue=(\w+) priority=(\d+) est
 @dataclass
 class Cli:
     env: dict[str, str]
+    upgraded_record: Path | None = None  # a data dir `db upgrade` made (upgraded_record)
 
     def __call__(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -62,17 +64,38 @@ class Cli:
         assert "Traceback" not in result.stderr, result.stderr
         return result.stderr
 
+    def upgrade(self) -> None:
+        """The data dir as ``db upgrade`` leaves it on a new one: a copy of
+        :func:`upgraded_record`'s (the command run once a session, not in each test that
+        needs a record: ~1 CPU-s a test; the whole flow's test runs it)."""
+        assert self.upgraded_record is not None
+        shutil.copytree(self.upgraded_record, self.env["HYPERMEDIA_DATA_DIR"])
+
+
+def _environment() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("HYPERMEDIA_")}
+
+
+@pytest.fixture(scope="session")
+def upgraded_record(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A data dir the real ``hypermedia db upgrade`` made, for :meth:`Cli.upgrade`."""
+    data = tmp_path_factory.mktemp("upgraded") / "data"
+    Cli({**_environment(), "HYPERMEDIA_DATA_DIR": str(data), "PYTHONPATH": str(REPO)}).ok(
+        "db", "upgrade"
+    )
+    return data
+
 
 @pytest.fixture
-def cli(tmp_path: Path, private_redis: EmbeddedRedis) -> Cli:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HYPERMEDIA_")}
+def cli(tmp_path: Path, private_redis: EmbeddedRedis, upgraded_record: Path) -> Cli:
+    env = _environment()
     env.update(
         HYPERMEDIA_DATA_DIR=str(tmp_path / "data"),
         HYPERMEDIA_REDIS_URL=private_redis.url,
         PYTHONPATH=str(REPO),
         COLUMNS="120",
     )
-    return Cli(env)
+    return Cli(env, upgraded_record)
 
 
 @contextmanager
@@ -176,7 +199,7 @@ def _queue_row(table: str, queue: str) -> list[str]:
 def test_serve_reconciles_redis_at_start(
     cli: Cli, private_redis: EmbeddedRedis, tmp_path: Path, generated: Generated
 ):
-    cli.ok("db", "upgrade")
+    cli.upgrade()
     key = _user(cli, "ops", "--credits", "1", "--operator")
     log = tmp_path / "serve.log"
     with serving(cli, log) as url:
@@ -204,7 +227,7 @@ def test_serve_refuses_what_no_worker_runs(cli: Cli, tmp_path: Path, generated: 
     scheduler.json gives a worker (a baseline, or bursts) and of those a joined node
     serves. The shipped file gives ocr none (vps_only, a baseline of 0): an ocr job would
     wait forever, so it is refused at submit, and nothing is queued."""
-    cli.ok("db", "upgrade")
+    cli.upgrade()
     key = _user(cli, "ops", "--credits", "10", "--operator")
     page = str(generated / "images/photo.jpg")
     shipped = json.loads((REPO / "etc/scheduler.json").read_text())
@@ -236,7 +259,7 @@ def test_serve_refuses_what_no_worker_runs(cli: Cli, tmp_path: Path, generated: 
 def test_serve_on_a_port_taken_before_it_bound_is_started_again(cli: Cli, tmp_path: Path):
     """`serve` on a port another process took says so and exits; the tests' helper then
     starts it on another port (free_port()'s pick can be taken before the bind)."""
-    cli.ok("db", "upgrade")
+    cli.upgrade()
     log = tmp_path / "serve.log"
     with listening_socket() as taken:
         busy = taken.getsockname()[1]
@@ -297,7 +320,7 @@ def test_bad_config_names_the_key(cli: Cli):
 def test_logs_are_json_lines_with_their_extras(cli: Cli):
     """HYPERMEDIA_LOG_FORMAT=json: every stderr line of a command is a JSON record, its
     ``extra=`` fields included; a format that does not exist refuses to start."""
-    cli.ok("db", "upgrade")
+    cli.upgrade()
     result = cli(
         "scheduler", "run", "--once", HYPERMEDIA_LOG_FORMAT="json", HYPERMEDIA_LOG_LEVEL="debug"
     )
@@ -323,7 +346,7 @@ def test_the_scheduler_commands(cli: Cli, tmp_path: Path):
         assert "data_dir (HYPERMEDIA_DATA_DIR): no database at" in err, command
         assert "not up to date" not in err
         assert not (tmp_path / "data").exists()
-    cli.ok("db", "upgrade")
+    cli.upgrade()
     explained = cli.ok("scheduler", "explain")
     assert "vps_only" in explained
     ran = cli.ok("scheduler", "run", "--once")
@@ -349,7 +372,7 @@ def test_a_scheduler_json_queue_the_deployment_lacks_refuses_before_anything_sta
     """``serve`` took a scheduler.json with a queue no setting defines (``thumbs``) and
     served; ``head`` started Redis, Ray, the API and four actors, then refused (40 s
     later). Each refuses at once now, naming the file and the queue, and starts nothing."""
-    cli.ok("db", "upgrade")
+    cli.upgrade()
     path = tmp_path / "my-scheduler.json"
     data = json.loads((REPO / "etc" / "scheduler.json").read_text())
     data["queues"]["thumbs"] = {"baseline_workers": 1, "max_workers": 1}
@@ -393,7 +416,7 @@ def _scheduler_metrics(cli: Cli, log_path: Path) -> None:
 
 
 def test_a_taken_scheduler_metrics_port_is_one_clear_line(cli: Cli):
-    cli.ok("db", "upgrade")
+    cli.upgrade()
     with listening_socket("127.0.0.1") as taken:
         port = taken.getsockname()[1]
         err = cli.fails("scheduler", "run", "--metrics-port", str(port))
@@ -407,7 +430,7 @@ def test_a_taken_scheduler_metrics_port_is_one_clear_line(cli: Cli):
 def test_the_access_log_shows_no_signature(cli: Cli, tmp_path: Path):
     """A signed blob URL is a credential until it expires: the access log keeps the
     request line and the other parameters, not ``sig``."""
-    cli.ok("db", "upgrade")
+    cli.upgrade()
     log_path = tmp_path / "serve.log"
     with serving(cli, log_path) as url:
         secret = (tmp_path / "data" / "storage.secret").read_text().strip()
@@ -436,7 +459,7 @@ def test_serve_stops_while_a_client_follows_a_running_job(
     exits 0. Before, uvicorn waited for every open response, and a job's stream lasts
     as long as the job: serve was still 'Waiting for connections to close' 40 s after
     SIGTERM (a service manager then kills it, and the stack is never closed)."""
-    cli.ok("db", "upgrade")
+    cli.upgrade()
     stack = Stack.open(load_settings(data_dir=tmp_path / "data", redis_url=private_redis.url))
     try:
         person = make_user(stack)
@@ -483,7 +506,7 @@ def test_s3_credentials_that_cannot_be_had_refuse_the_start_in_one_line(cli: Cli
     the one error line naming them, and no secret of the environment in it; it neither
     answers 500 to every upload later (none at all) nor ends in an ``internal`` error (a
     container credentials endpoint that does not answer)."""
-    cli.ok("db", "upgrade")
+    cli.upgrade()
     none = Cli(_s3_without_credentials(cli, tmp_path))
     err = none.fails("serve", "--port", str(free_port()))
     assert err.strip().startswith("error: config_invalid: AWS credentials: "), err

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from hypermedia.accounts import KeyGrants, authenticate, key_id_of
 from hypermedia.db.engine import make_engine, transaction
-from tests.e2e.test_cli import Cli, cli  # noqa: F401  (the fixture)
+from tests.e2e.test_cli import Cli, cli, upgraded_record  # noqa: F401  (the fixtures)
 
 
 def _grants(data_dir: Path, api_key: str) -> KeyGrants:
@@ -21,7 +21,7 @@ def _grants(data_dir: Path, api_key: str) -> KeyGrants:
 
 def test_keys_carry_what_the_operator_granted(cli: Cli, tmp_path: Path) -> None:  # noqa: F811
     data = tmp_path / "data"
-    cli.ok("db", "upgrade")
+    cli.upgrade()
     first = cli.ok("user", "add", "web", "--priority", "1-10", "--submits-per-minute", "0")
     first = first.strip()
     assert _grants(data, first) == KeyGrants(1, 10, 0)
