@@ -280,9 +280,11 @@ def _check_queue_variable(name: str, queues: list[str]) -> None:
 # Modules that libraries the commands use import whenever they are installed, for what
 # no command does: httpcore imports trio (to run under trio; only the tests' selenium
 # installs it, a deployment has none), httpx its own command line (httpx._main: click,
-# Pygments, Rich's syntax and progress). ~0.15 CPU-s of each command that talks HTTP.
-# Marked absent for the command's process (both importers take absence as optional).
-UNUSED_MODULES = ("trio", "httpx._main")
+# Pygments, Rich's syntax and progress), ~0.15 CPU-s of each command that talks HTTP;
+# redis the OpenTelemetry SDK (for metrics of its own, which nothing here turns on; Ray
+# imports it only in its agents, other processes), ~0.04 CPU-s of each that reads Redis.
+# Marked absent for the command's process (their importers take absence as optional).
+UNUSED_MODULES = ("trio", "httpx._main", "opentelemetry.sdk")
 
 
 def main() -> None:

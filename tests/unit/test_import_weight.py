@@ -12,8 +12,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _modules(statement: str) -> set[str]:
-    """The modules a fresh interpreter has imported after ``statement``."""
-    code = f"import json, sys\n{statement}\nprint(json.dumps(sorted(sys.modules)))\n"
+    """The modules a fresh interpreter has imported after ``statement`` (not one marked
+    absent: None in sys.modules, as the CLI marks what it never uses)."""
+    loaded = "sorted(n for n, m in sys.modules.items() if m is not None)"
+    code = f"import json, sys\n{statement}\nprint(json.dumps({loaded}))\n"
     result = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
     )
