@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from hypermedia.cli.common import fail, note, read_settings, say
+from hypermedia.cli.common import fail, note, read_settings, require_database, say
 
 if TYPE_CHECKING:
     from hypermedia.bulk.runs import MigrateTarget, RunView
@@ -180,7 +180,9 @@ def _service(scheduler: Path | bool | None = False) -> tuple[BulkService, Any]:
     from hypermedia.bulk.service import BulkService
     from hypermedia.stack import Stack
 
-    stack = Stack.open(read_settings(), with_storage=False)
+    settings = read_settings()
+    require_database(settings)  # else the open below would create it, empty
+    stack = Stack.open(settings, with_storage=False)
     served = None
     if scheduler is not False:
         from autoscaler import config as scheduler_config

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from hypermedia.cli.common import note, open_engine, plain, read_settings, say
+from hypermedia.cli.common import note, open_engine, plain, read_settings, require_database, say
 
 app = typer.Typer(
     help="The scheduler: scaling rules and cost limits from scheduler.json.", no_args_is_help=True
@@ -51,6 +51,7 @@ def _scheduler(
     settings = read_settings()
     loaded = scheduler_config.load(config_path, settings.queue_names)
     hooks = webhooks.load(webhooks_path) if alerts else []
+    require_database(settings)  # else the open below would create it, empty
     stack = Stack.open(settings, metrics=HeadMetrics())
     try:
         return open_scheduler(loaded, stack, alert_webhooks=hooks), stack

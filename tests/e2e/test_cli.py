@@ -340,8 +340,14 @@ def test_logs_are_json_lines_with_their_extras(cli: Cli):
 def test_the_scheduler_commands(cli: Cli, tmp_path: Path):
     """explain / run --once / log / reset-cost-lock on the embedded SQLite and a private
     Redis, with the shipped vps_only defaults and with a file that is wrong."""
-    # A data dir nothing has run with: said plainly, and nothing is created there.
-    for command in (("scheduler", "log"), ("status",)):
+    # A data dir nothing has run with: said plainly, and nothing is created there (old:
+    # `scheduler explain` / `run` and the `bulk` commands made an empty hypermedia.db).
+    for command in (
+        ("scheduler", "log"),
+        ("status",),
+        ("scheduler", "explain"),
+        ("bulk", "status"),
+    ):
         err = cli.fails(*command)
         assert "data_dir (HYPERMEDIA_DATA_DIR): no database at" in err, command
         assert "not up to date" not in err
