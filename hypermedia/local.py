@@ -185,9 +185,12 @@ class LocalStack:
         pools: dict[str, int] | None = None,
         progress: Any = None,
         dashboard: bool | None = None,
+        status: bool = True,
         before_workers: Callable[[Stack], None] | None = None,
     ) -> None:
         """``dashboard``: start Ray's dashboard (default: the ``ray_dashboard`` setting).
+        ``status``: Ray's autoscaler monitor on the head, what ``ray status`` and the
+        dashboard's cluster page show (``run``'s batch goes without).
         ``before_workers``: given the stack once its record and Redis are open, before
         any pipeline actor or the reconciler runs (what it does to the record, no job
         of it has been claimed yet)."""
@@ -286,6 +289,7 @@ class LocalStack:
                 token_path=token,
                 num_cpus=max(os.cpu_count() or 1, math.ceil(settings.pool_cpus(pools))),
                 dashboard=with_dashboard,
+                monitor=status,
                 node_ip=node_ip,
                 dashboard_env={
                     "RAY_PROMETHEUS_HOST": settings.prometheus_url,

@@ -121,11 +121,13 @@ def run(
                     f" cancelled {left} of them{running}[/]"
                 )
 
-        # A batch that ends when it is done: nobody opens a dashboard for it.
+        # A batch that ends when it is done: nobody opens a dashboard for it, nor asks
+        # `ray status`.
         local.start(
             pools=pools,
             progress=_progress_say(console),
             dashboard=False,
+            status=False,
             before_workers=cancel_leftovers,
         )
         _stop_on_sigterm()

@@ -303,6 +303,13 @@ def ray_binary() -> str:
     return found
 
 
+def ray_start_command() -> list[str]:
+    """``ray`` for a head: :mod:`hypermedia.worker.ray_start`, Ray's own command line
+    without the client server and, the dashboard off, without its process."""
+    ray_binary()  # the same error when Ray is not installed
+    return [sys.executable, "-m", "hypermedia.worker.ray_start"]
+
+
 def _free_ports(count: int) -> list[int]:
     """``count`` distinct free ports: every socket stays bound until all are chosen,
     so the kernel cannot hand the same port out twice."""
@@ -318,7 +325,10 @@ def _free_ports(count: int) -> list[int]:
             sock.close()
 
 
-def port_arguments(head: bool) -> list[str]:
+def port_arguments(head: bool, *, client_server: bool = True) -> list[str]:
+    """Free ports for a node's ``ray start``; a head's ``client_server`` port too (Ray
+    starts one on 10001 unless told: two clusters on a host would collide), unless its
+    ``ray start`` runs none (:mod:`hypermedia.worker.ray_start`)."""
     names = [
         "--node-manager-port",
         "--object-manager-port",
@@ -328,7 +338,9 @@ def port_arguments(head: bool) -> list[str]:
         "--runtime-env-agent-port",
     ]
     if head:
-        names += ["--port", "--dashboard-port", "--ray-client-server-port"]
+        names += ["--port", "--dashboard-port"]
+        if client_server:
+            names.append("--ray-client-server-port")
     return [f"{name}={port}" for name, port in zip(names, _free_ports(len(names)), strict=True)]
 
 
@@ -342,13 +354,17 @@ def start_head(
     dashboard: bool = False,
     node_ip: str | None = None,
     dashboard_env: Mapping[str, str] | None = None,
+    monitor: bool = False,
 ) -> RayNode:
     """Start a Ray head with its own temp dir under ``directory``; wait until it answers.
 
     Without ``node_ip`` it listens on loopback only and no node can join; with one
     (an address of this machine) nodes join it there. ``dashboard`` starts Ray's
     dashboard on 127.0.0.1 (behind the token); ``dashboard_env`` is for it
-    (``RAY_PROMETHEUS_HOST``, ``RAY_GRAFANA_HOST``: where its Metrics page looks)."""
+    (``RAY_PROMETHEUS_HOST``, ``RAY_GRAFANA_HOST``: where its Metrics page looks).
+    ``monitor``: Ray's autoscaler monitor, whose reports ``ray status`` and the
+    dashboard's cluster page show (it scales nothing: no autoscaling config here); a
+    head nobody looks at (``run``'s, the tests') goes without it."""
     directory.mkdir(parents=True, exist_ok=True)
     token_path = ensure_token(token_path or directory / TOKEN_FILE)
     temp_dir = short_temp_dir(directory, "head")
@@ -369,7 +385,7 @@ def start_head(
     _prepare_temp_dir(temp_dir)
     (temp_dir / ADDRESS_FILE).unlink(missing_ok=True)
     args = [
-        ray_binary(),
+        *ray_start_command(),
         "start",
         "--head",
         f"--temp-dir={temp_dir}",
@@ -379,9 +395,10 @@ def start_head(
         f"--include-dashboard={'true' if dashboard else 'false'}",
         "--dashboard-host=127.0.0.1",
         "--disable-usage-stats",
-        *port_arguments(head=True),
+        *port_arguments(head=True, client_server=False),
         # Worker nodes on this machine join a head on 127.0.0.10 (Ray rewrites 127.0.0.1).
         *([f"--node-ip-address={node_ip}"] if node_ip else []),
+        *([] if monitor else ["--no-monitor"]),
     ]
     extra = dict(zip(_FIXED_METRIC_PORTS, map(str, _free_ports(2)), strict=True))
     if dashboard:

@@ -74,6 +74,9 @@ def test_up_submit_down(tmp_path):
         assert api_url == f"http://127.0.0.1:{env['HYPERMEDIA_API_PORT']}"
         assert api_url in up.stdout, up.stdout
         assert _ray_processes(data), (data / "head.log").read_text()[-3000:]
+        # Its head runs Ray's autoscaler monitor (`ray status`, the dashboard's cluster
+        # page), which `run`'s head and the tests' go without.
+        assert "monitor.py" in " ".join(map(_cmdline, _ray_processes(data)))
         redis = find_running(data / "redis")
         assert redis is not None
         again = _cli(env, "up")
@@ -162,6 +165,13 @@ def _dashboard_and_metric_targets(data: Path, api_url: str) -> None:
     assert listed["labels"] == {"job": "ray"} and listed["targets"], listed
     for target in listed["targets"]:  # each answers in Prometheus's text format
         assert "# TYPE" in httpx.get(f"http://{target}/metrics", timeout=30).text
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return " ".join(psutil.Process(pid).cmdline())
+    except psutil.Error:
+        return ""
 
 
 def _ray_targets(path: Path, timeout: float) -> dict[str, Any]:

@@ -1,0 +1,56 @@
+"""``ray start`` for a head of ours, less two processes Ray's head starts whatever it is
+told and that nothing of ours uses (``python -m hypermedia.worker.ray_start`` takes the
+arguments of ``ray start``; :func:`hypermedia.worker.cluster.start_head` runs it):
+
+- Ray's client server (``ray://`` drivers): ``ray start --head`` starts one whenever
+  grpc is importable (it is: Ray needs it) and refuses port 0 for it. Our drivers (the
+  stack's, ``hypermedia worker``'s, the tests') connect to the GCS; nothing of ours
+  speaks ``ray://``.
+- With ``--include-dashboard=false``, the dashboard process all the same, loading only
+  its usage-stats module (usage stats are off on every node of ours:
+  ``RAY_USAGE_STATS_ENABLED=0``, ``--disable-usage-stats``). ``ray start`` also waited
+  for it to come up. The dashboard asked for (``--include-dashboard=true``) starts as
+  before.
+
+Each is a Python process importing Ray (~1.2 CPU-s at a head's start here), then
+polling the GCS for as long as the head runs. Nothing else of ``ray start`` changes.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+
+def lean_ray_start() -> None:
+    """Make this process's ``ray start`` start neither (see the module's docstring)."""
+    from ray._private import services
+    from ray.scripts import scripts
+
+    def no_client() -> ImportError:
+        return ImportError("the Ray client server is not started for heads of hypermedia")
+
+    # `ray start` starts the client server when this answers None (grpc is importable).
+    scripts.get_ray_client_dependency_error = no_client  # type: ignore[attr-defined]
+    real = services.start_api_server
+
+    def start_api_server(include_dashboard: bool | None, *args: Any, **kwargs: Any) -> Any:
+        if include_dashboard is False:
+            # What Ray's node does when the dashboard could not start: no process, no
+            # URL in the GCS (raise_on_failure is False with the dashboard off).
+            return None, None
+        return real(include_dashboard, *args, **kwargs)
+
+    services.start_api_server = start_api_server
+
+
+def main() -> None:
+    lean_ray_start()
+    from ray.scripts.scripts import main as ray_main
+
+    sys.argv[0] = "ray"
+    sys.exit(ray_main())  # type: ignore[no-untyped-call]
+
+
+if __name__ == "__main__":
+    main()
