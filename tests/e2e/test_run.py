@@ -208,45 +208,6 @@ def test_run_stopped_with_sigterm_stops_what_it_started_and_says_so(tmp_path):
     assert 0 <= statuses["completed"] - done <= 1 and 0 <= statuses["cancelled"] - cancelled <= 1
 
 
-def test_run_cancels_the_jobs_an_earlier_run_killed_with_9_left(settings, sqlite_engine, tmp_path):
-    """A run killed with -9 leaves its jobs queued in the record: the next run of the data
-    dir ran them (the reconciler put them back in Redis) for outputs nobody wrote out. It
-    cancels them, before an actor could claim one, and says so."""
-    stack = open_stack(settings, sqlite_engine, None)  # the data dir's own record
-    caller, _key = local_operator(stack)
-    with transaction(stack.engine) as conn:
-        pool_id = conn.execute(
-            select(t.pool_members.c.pool_id).where(t.pool_members.c.user_id == caller.user_id)
-        ).scalar_one()
-    operator = Person(caller, _key, pool_id)
-    banner = (EXAMPLES / "banner.webp").read_bytes()
-    left = [
-        job
-        for _ in range(2)
-        for job in submit(
-            stack, operator, ["thumbnail"], object_id=stored_object(stack, operator, banner)
-        )
-    ]
-    stack.close()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HYPERMEDIA_", "RAY_"))}
-    env["HYPERMEDIA_DATA_DIR"] = str(tmp_path)
-    env["COLUMNS"] = "1000"
-    result = _run([str(EXAMPLES / "logo-alpha.png"), "--op", "thumbnail"], tmp_path, env)
-    assert result.returncode == 0, result.stderr[-3000:]
-    text = " ".join(result.stderr.split())
-    assert (
-        "an earlier run was killed or timed out before its jobs ended: cancelled 2 of them" in text
-    )
-    assert "1 job: 1 completed" in text
-    with contextlib.closing(sqlite3.connect(tmp_path / "hypermedia.db")) as conn:
-        ended = dict(
-            conn.execute(
-                "SELECT job_id, status FROM processing_jobs WHERE job_id IN (?, ?)", left
-            ).fetchall()
-        )
-    assert ended == dict.fromkeys(left, "cancelled")
-
-
 def test_run_refuses_an_out_that_is_a_file_before_starting(tmp_path):
     data = tmp_path / "data"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HYPERMEDIA_", "RAY_"))}
@@ -278,7 +239,9 @@ def test_run_refuses_a_disk_its_workers_would_claim_nothing_on_before_starting(t
     assert not data.exists()  # nothing started
 
 
-def test_run_keeps_apart_files_of_one_name_and_reports_an_output_not_written(tmp_path):
+def test_run_keeps_apart_files_of_one_name_and_reports_an_output_not_written(
+    settings, sqlite_engine, tmp_path
+):
     """in/a/photo.webp and in/b/photo.webp: each its outputs under its own path in the
     folder given (both went to one out/photo.webp/ before). One of them cannot be
     written (a file where its folder goes): the other is, the summary is shown, then
@@ -287,8 +250,15 @@ def test_run_keeps_apart_files_of_one_name_and_reports_an_output_not_written(tmp
     And in/c/corrupt.png, a PNG by its header that no decoder reads, fails: the run's
     Ray session (the actors' logs: a failed job's worker-side lines and traceback) went
     with the stack it stops. A run with failed jobs now keeps its workers' logs under
-    the data dir's logs/ (private, redacted) and its summary line says where."""
-    data = tmp_path / "data"
+    the data dir's logs/ (private, redacted) and its summary line says where.
+
+    And the data dir is one where a run killed with -9 left two jobs queued in the
+    record (test_run_cancels_the_jobs_an_earlier_run_killed_with_9_left, folded in: a
+    stack each): the next run of the data dir ran them (the reconciler put them back
+    in Redis) for outputs nobody wrote out. It cancels them, before an actor could
+    claim one, says so, and its summary counts its own jobs only."""
+    left = _left_by_a_killed_run(settings, sqlite_engine)
+    data = tmp_path  # the record the killed run left, where settings() put it
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HYPERMEDIA_", "RAY_"))}
     env["HYPERMEDIA_DATA_DIR"] = str(data)
     env["COLUMNS"] = "1000"
@@ -307,6 +277,9 @@ def test_run_keeps_apart_files_of_one_name_and_reports_an_output_not_written(tmp
     text = " ".join(result.stderr.split())
     (kept,) = (data / "logs").iterdir()
     assert re.fullmatch(r"run-\d{8}-\d{6}", kept.name)
+    assert (
+        "an earlier run was killed or timed out before its jobs ended: cancelled 2 of them" in text
+    )
     assert "3 jobs: 2 completed, 1 failed. Outputs in out/; the workers' logs of this run are" in (
         text
     ), text
@@ -325,6 +298,35 @@ def test_run_keeps_apart_files_of_one_name_and_reports_an_output_not_written(tmp
     assert "internal" not in text and "Traceback" not in text
     assert "stopped redis" in text
     assert find_running(data / "redis") is None
+    with contextlib.closing(sqlite3.connect(data / "hypermedia.db")) as conn:
+        ended = dict(
+            conn.execute(
+                "SELECT job_id, status FROM processing_jobs WHERE job_id IN (?, ?)", left
+            ).fetchall()
+        )
+    assert ended == dict.fromkeys(left, "cancelled")
+
+
+def _left_by_a_killed_run(settings, sqlite_engine) -> list[str]:
+    """Two thumbnail jobs queued in the record of ``settings()``'s data dir by the local
+    operator, as a run killed with -9 leaves them."""
+    stack = open_stack(settings, sqlite_engine, None)  # the data dir's own record
+    caller, _key = local_operator(stack)
+    with transaction(stack.engine) as conn:
+        pool_id = conn.execute(
+            select(t.pool_members.c.pool_id).where(t.pool_members.c.user_id == caller.user_id)
+        ).scalar_one()
+    operator = Person(caller, _key, pool_id)
+    banner = (EXAMPLES / "banner.webp").read_bytes()
+    left = [
+        job
+        for _ in range(2)
+        for job in submit(
+            stack, operator, ["thumbnail"], object_id=stored_object(stack, operator, banner)
+        )
+    ]
+    stack.close()
+    return left
 
 
 def test_run_interrupted_from_its_terminal_stops_cleanly_in_one_line(tmp_path):
