@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -33,7 +34,7 @@ class Serve:
     """``hypermedia serve`` processes on one data dir, with their own TMPDIR (where
     their inspection servers make their work roots)."""
 
-    def __init__(self, tmp_path: Path, redis: EmbeddedRedis) -> None:
+    def __init__(self, tmp_path: Path, redis: EmbeddedRedis, record: tuple[Path, str]) -> None:
         self.tmp = tmp_path / "tmp"
         self.tmp.mkdir()
         self.log = tmp_path / "serve.log"
@@ -47,22 +48,9 @@ class Serve:
             PYTHONPATH=str(REPO),
             TMPDIR=str(self.tmp),
         )
-        self.cli("db", "upgrade")
-        self.key = self.cli("user", "add", "alice", "--credits", "5").strip()
+        data, self.key = record  # migrated, alice in it: a copy for each test
+        shutil.copytree(data, self.env["HYPERMEDIA_DATA_DIR"])
         self.started: list[subprocess.Popen[bytes]] = []
-
-    def cli(self, *args: str) -> str:
-        done = subprocess.run(
-            [sys.executable, "-m", "hypermedia.cli", *args],
-            env=self.env,
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        assert done.returncode == 0, done.stderr
-        return done.stdout
 
     def start(self) -> tuple[subprocess.Popen[bytes], str]:
         process, url = serve_on_a_free_port(
@@ -92,9 +80,36 @@ class Serve:
             process.wait()
 
 
+def _cli(env: dict[str, str], *args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "hypermedia.cli", *args],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def record(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """A data dir whose record is migrated and has alice (5 credits), and her key: made
+    once (two commands, ~2 CPU-s), copied for each test's servers."""
+    data = tmp_path_factory.mktemp("serve-record") / "data"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HYPERMEDIA_")}
+    env.update(HYPERMEDIA_DATA_DIR=str(data), PYTHONPATH=str(REPO))
+    _cli(env, "db", "upgrade")
+    return data, _cli(env, "user", "add", "alice", "--credits", "5").strip()
+
+
 @pytest.fixture
-def serve(tmp_path: Path, private_redis: EmbeddedRedis) -> Iterator[Serve]:
-    servers = Serve(tmp_path, private_redis)
+def serve(
+    tmp_path: Path, private_redis: EmbeddedRedis, record: tuple[Path, str]
+) -> Iterator[Serve]:
+    servers = Serve(tmp_path, private_redis, record)
     try:
         yield servers
     finally:
