@@ -42,15 +42,23 @@ def lean_ray_start() -> None:
         # None in sys.modules: importing it raises ImportError at once, its package
         # not imported either.
         sys.modules.setdefault(name, None)  # type: ignore[arg-type]
+    import inspect
+
     from ray._private import services
     from ray.scripts import scripts
 
-    def no_client() -> ImportError:
-        return ImportError("the Ray client server is not started for heads of hypermedia")
+    # Ray's internals as of the versions it was measured on (2.50-2.60): a Ray whose
+    # differ gets its own `ray start`, whole, rather than a patch that misreads it.
+    if hasattr(scripts, "get_ray_client_dependency_error"):
 
-    # `ray start` starts the client server when this answers None (grpc is importable).
-    scripts.get_ray_client_dependency_error = no_client  # type: ignore[attr-defined]
-    real = services.start_api_server
+        def no_client() -> ImportError:
+            return ImportError("the Ray client server is not started for heads of hypermedia")
+
+        # `ray start` starts the client server when this answers None (grpc imports).
+        scripts.get_ray_client_dependency_error = no_client
+    real = getattr(services, "start_api_server", None)
+    if real is None or next(iter(inspect.signature(real).parameters), "") != "include_dashboard":
+        return
 
     def start_api_server(include_dashboard: bool | None, *args: Any, **kwargs: Any) -> Any:
         if include_dashboard is False:

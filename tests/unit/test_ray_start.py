@@ -37,3 +37,25 @@ def test_ray_start_loads_no_other_command_and_starts_no_client_nor_idle_dashboar
     assert seen["loaded"] == [], seen["loaded"]
     assert seen["client"] is False
     assert seen["dashboard_off"] == [None, None]
+
+
+_OTHER_RAY = """
+import json
+from ray._private import services
+def start_api_server(dashboard_host, *args, **kwargs):  # a Ray whose signature differs
+    return "ray's own"
+services.start_api_server = start_api_server
+from hypermedia.worker.ray_start import lean_ray_start
+lean_ray_start()
+print(json.dumps(services.start_api_server(False)))
+"""
+
+
+def test_a_ray_whose_internals_differ_gets_its_own_dashboard_start():
+    """Ray is not pinned for pip installs: a start_api_server whose first parameter is
+    not include_dashboard is left as it is (Ray's own start), never called with a
+    patch's reading of its arguments."""
+    probe = subprocess.run(
+        [sys.executable, "-c", _OTHER_RAY], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert json.loads(probe.stdout) == "ray's own"
