@@ -147,6 +147,10 @@ def _killed_after_k(stack: Stack, job_id: str) -> None:
 def test_kill_9_of_the_child_resumes_from_the_committed_chunks(
     pg_engine, settings, tmp_path, moto_s3, clip, single
 ):
+    """The child killed after KILL_AFTER chunks: the retry resumes from them. Then, on
+    the same stack and actor, a second job cancelled once a chunk is committed: its
+    checkpoints are deleted (folded in: test_a_cancelled_jobs_checkpoints_are_deleted
+    started a Ray stack and an actor of its own for it, ~5 CPU-s; its assertions kept)."""
     with ray_stack(
         settings, pg_engine, tmp_path, {"media": 1}, backoff_base_seconds=0.2, **moto_s3
     ) as rs:
@@ -166,6 +170,14 @@ def test_kill_9_of_the_child_resumes_from_the_committed_chunks(
             ("completed", None),
         ]
         _check_resumed(rs.stack, person, job_id, single, tmp_path)
+        # A cancelled job's checkpoints are deleted.
+        cancelled = _submit(rs.stack, person, clip)
+        rs.wait_for(lambda: checkpoints.count(rs.stack.engine, cancelled) >= 1, what="a chunk")
+        stored = _keys(rs.stack, cancelled)
+        rs.stack.ingest.cancel(person.caller, cancelled)
+        rs.wait_for(lambda: _status(rs.stack, person, cancelled) == "cancelled", what="cancelled")
+        _wait(lambda: not _keys(rs.stack, cancelled), "checkpoints swept", timeout=30)
+        assert stored and not any(rs.stack.storage.exists(key) for key in stored)
 
 
 def test_kill_9_of_the_actor_resumes_on_another_worker(
@@ -185,18 +197,6 @@ def test_kill_9_of_the_actor_resumes_on_another_worker(
         ]
         assert view.attempts[1].worker_id != member.worker_id
         _check_resumed(rs.stack, person, job_id, single, tmp_path)
-
-
-def test_a_cancelled_jobs_checkpoints_are_deleted(pg_engine, settings, tmp_path, moto_s3, clip):
-    with ray_stack(settings, pg_engine, tmp_path, {"media": 1}, **moto_s3) as rs:
-        person = make_user(rs.stack)
-        job_id = _submit(rs.stack, person, clip)
-        rs.wait_for(lambda: checkpoints.count(rs.stack.engine, job_id) >= 1, what="a chunk")
-        stored = _keys(rs.stack, job_id)
-        rs.stack.ingest.cancel(person.caller, job_id)
-        rs.wait_for(lambda: _status(rs.stack, person, job_id) == "cancelled", what="cancelled")
-        _wait(lambda: not _keys(rs.stack, job_id), "checkpoints swept", timeout=30)
-        assert stored and not any(rs.stack.storage.exists(key) for key in stored)
 
 
 def _spot_worker(
