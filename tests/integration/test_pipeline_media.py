@@ -23,7 +23,7 @@ import struct
 import subprocess
 import time
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -145,6 +145,24 @@ def failure(operation: str, source: Path, params: dict[str, Any], workdir: Path)
 
 # -- in-process --------------------------------------------------------------------------
 
+Made = Callable[[str, Callable[[Path], object]], Path]
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory: pytest.TempPathFactory) -> Made:
+    """``made(name, build)``: the source ``build(path)`` writes, made once for the module
+    (several cases read the same source: both steps, or the codecs of one step); ``name``
+    says all it depends on. The steps only read it."""
+    root = tmp_path_factory.mktemp("media-sources")
+
+    def make(name: str, build: Callable[[Path], object]) -> Path:
+        path = root / name
+        if not path.exists():
+            build(path)
+        return path
+
+    return make
+
 
 @pytest.mark.parametrize(
     ("name", "operation"),
@@ -210,7 +228,7 @@ def peak(path: Path) -> float:
     [("transcode_audio", {}), ("transcode_audio", {"codec": "mp3"}), ("transcode_video", {})],
 )
 def test_surround_is_mixed_down_without_clipping(
-    channels: str, operation: str, params: dict[str, Any], tmp_path: Path
+    channels: str, operation: str, params: dict[str, Any], tmp_path: Path, made: Made
 ) -> None:
     # Every channel a tone at half of full scale. AAC (float samples) took the downmix
     # unscaled: peaks of 1.23-1.28 (8,161 samples over full scale in 3 s of 5.1) and
@@ -219,12 +237,16 @@ def test_surround_is_mixed_down_without_clipping(
         pytest.skip("this FFmpeg has no libmp3lame")
     count = 6 if channels == "5.1" else 8
     layout = "|".join(f"c{i}=c0" for i in range(count))
-    source = tmp_path / "surround.mkv"
     video = operation == "transcode_video"
-    ffmpeg(*(video_source(3, "160x120") if video else []),
-           "-f", "lavfi", "-i", "aevalsrc=0.5*sin(2*PI*440*t):s=48000:d=3",
-           *(["-c:v", "libx264", "-preset", "ultrafast"] if video else []),
-           "-af", f"pan={channels}|{layout}", "-c:a", "pcm_s16le", str(source))  # fmt: skip
+    source = made(
+        f"surround-{channels}{'-video' if video else ''}.mkv",
+        lambda path: ffmpeg(
+            *(video_source(3, "160x120") if video else []),
+            "-f", "lavfi", "-i", "aevalsrc=0.5*sin(2*PI*440*t):s=48000:d=3",
+            *(["-c:v", "libx264", "-preset", "ultrafast"] if video else []),
+            "-af", f"pan={channels}|{layout}", "-c:a", "pcm_s16le", str(path),
+        ),
+    )  # fmt: skip
     (output, *_) = run_step(operation, source, params, tmp_path / "out")
     assert 0.4 < peak(output.path) <= 1.0
 
@@ -235,7 +257,7 @@ def test_surround_is_mixed_down_without_clipping(
     [("transcode_audio", {}), ("transcode_audio", {"codec": "opus"}), ("transcode_video", {})],
 )
 def test_unnamed_channels_past_eight_are_mixed_to_mono(
-    count: int, operation: str, params: dict[str, Any], tmp_path: Path
+    count: int, operation: str, params: dict[str, Any], tmp_path: Path, made: Made
 ) -> None:
     # A multitrack recorder's WAV (10 or 12 microphones, no channel mask): FFmpeg has
     # no layout of that many channels to guess, so it could not mix them to stereo
@@ -244,12 +266,16 @@ def test_unnamed_channels_past_eight_are_mixed_to_mono(
     if params.get("codec") == "opus" and "libopus" not in media.ffmpeg_encoders():
         pytest.skip("this FFmpeg has no libopus")
     tones = "|".join(["0.5*sin(2*PI*440*t)"] * count)
-    source = tmp_path / "multitrack.mov"
     video = operation == "transcode_video"
-    ffmpeg(*(video_source(1, "160x120") if video else []),
-           "-f", "lavfi", "-i", f"aevalsrc={tones}:s=48000:d=1",
-           *(["-c:v", "libx264", "-preset", "ultrafast"] if video else []),
-           "-c:a", "pcm_s16le", str(source))  # fmt: skip
+    source = made(
+        f"multitrack-{count}{'-video' if video else ''}.mov",
+        lambda path: ffmpeg(
+            *(video_source(1, "160x120") if video else []),
+            "-f", "lavfi", "-i", f"aevalsrc={tones}:s=48000:d=1",
+            *(["-c:v", "libx264", "-preset", "ultrafast"] if video else []),
+            "-c:a", "pcm_s16le", str(path),
+        ),
+    )  # fmt: skip
     (sound,) = streams(ffprobe(source), "audio")
     assert sound["channels"] == count and sound.get("channel_layout", "unknown") == "unknown"
     (output, *_) = run_step(operation, source, params, tmp_path / "out")
@@ -271,20 +297,23 @@ def movie_header_says(path: Path, seconds: float) -> None:
 @pytest.mark.parametrize("operation", ["transcode_video", "transcode_audio"])
 @pytest.mark.parametrize("header", ["empty edit", "lies"])
 def test_an_mp4_whose_header_counts_more_than_its_tracks_is_whole(
-    header: str, operation: str, tmp_path: Path
+    header: str, operation: str, tmp_path: Path, made: Made
 ) -> None:
     # 2 s of picture and sound whose movie header says 7 s (a 5 s empty edit first:
     # the tracks start at 5 s; FFmpeg's output starts at the first frame) or 3600 s
     # (its tracks' sample tables say 2 s). Both steps marked the complete output
     # partial, and reported their progress against 7 or 3600 s: 2 of 3600 until the
     # end (the chunk planner read all the packets first, 3600 s being over 30 min).
-    source = tmp_path / "input.mp4"
     offset = ["-output_ts_offset", "5"] if header == "empty edit" else []
-    ffmpeg(*video_source(2, "160x120"), *tone_source(2),
-           "-c:v", "libx264", "-preset", "ultrafast", "-c:a", "aac", *offset,
-           str(source))  # fmt: skip
-    if header == "lies":
-        movie_header_says(source, 3600)
+
+    def build(path: Path) -> None:
+        ffmpeg(*video_source(2, "160x120"), *tone_source(2),
+               "-c:v", "libx264", "-preset", "ultrafast", "-c:a", "aac", *offset,
+               str(path))  # fmt: skip
+        if header == "lies":
+            movie_header_says(path, 3600)
+
+    source = made(f"header-{header.replace(' ', '-')}.mp4", build)
     assert duration(ffprobe(source)) == pytest.approx(7 if offset else 3600)
     seen: list[progress.Progress] = []
     progress.reporting_to(seen.append)
@@ -309,15 +338,19 @@ LATE_START = {
 @pytest.mark.parametrize("operation", ["transcode_video", "transcode_audio"])
 @pytest.mark.parametrize("container", sorted(LATE_START))
 def test_a_file_whose_times_start_late_is_whole(
-    container: str, operation: str, tmp_path: Path
+    container: str, operation: str, tmp_path: Path, made: Made
 ) -> None:
     # 8 s whose times start 5 s in (a recording cut from a stream keeps its clock): as
     # FFmpeg writes a Matroska, WebM or ASF, its duration is where it ends, 13 s, which
     # both steps took for its length: the complete output was marked partial (units
     # partial: 1), its progress reported against 13 s (8 of 13 at its end).
-    source = tmp_path / f"input.{container}"
-    ffmpeg(*video_source(8, "160x120"), *tone_source(8), *LATE_START[container],
-           "-threads", "1", "-output_ts_offset", "5", "-f", container, str(source))  # fmt: skip
+    source = made(
+        f"late-{container}.{container}",
+        lambda path: ffmpeg(
+            *video_source(8, "160x120"), *tone_source(8), *LATE_START[container],
+            "-threads", "1", "-output_ts_offset", "5", "-f", container, str(path),
+        ),
+    )  # fmt: skip
     stated = ffprobe(source)["format"]
     assert float(stated["start_time"]) == pytest.approx(5, abs=0.05)
     assert float(stated["duration"]) == pytest.approx(13, abs=0.05)
@@ -438,36 +471,45 @@ def colour_tags(path: Path) -> tuple[str, ...]:
     return tuple(video.get(key, "") for key in keys)
 
 
+@pytest.fixture(scope="module")
+def sdr(made: Made, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Output]:
+    """The SDR bars and their transcode (what the HDR cases are compared with, and the
+    SDR case's own), made once for the module."""
+    source = made("bars-sdr.mp4", bars)
+    (output,) = run_step("transcode_video", source, {}, tmp_path_factory.mktemp("sdr"))
+    return source, output
+
+
 @pytest.mark.parametrize("transfer", ["smpte2084", "arib-std-b67"])
-def test_hdr_is_tone_mapped_to_sdr(transfer: str, tmp_path: Path) -> None:
+def test_hdr_is_tone_mapped_to_sdr(
+    transfer: str, tmp_path: Path, made: Made, sdr: tuple[Path, Output]
+) -> None:
     # H.264 8-bit is shown as SDR BT.709. PQ cut to 8 bits as it was: the bars (SDR
     # luma 43/126/235) came out 45/93/127 tagged bt2020/smpte2084, a washed-out grey
     # picture; HLG 34/89/154. Tone-mapped: 43/126/201, the dark and mid bars as SDR
     # has them, the 100-nit white bent a little under SDR's white, tagged BT.709.
-    (sdr,) = run_step("transcode_video", bars(tmp_path / "sdr.mp4"), {}, tmp_path / "sdr")
-    source = bars(tmp_path / "hdr.mp4", transfer)
+    source = made(f"bars-{transfer}.mp4", lambda path: bars(path, transfer))
     (hdr,) = run_step("transcode_video", source, {}, tmp_path / "hdr")
     assert colour_tags(hdr.path) == ("yuv420p", "bt709", "bt709", "bt709", "tv")
-    (dark, grey, white), expected = bar_luma(hdr.path), bar_luma(sdr.path)
+    (dark, grey, white), expected = bar_luma(hdr.path), bar_luma(sdr[1].path)
     assert abs(dark - expected[0]) <= 3 and abs(grey - expected[1]) <= 3, (dark, grey, expected)
     assert expected[2] - 40 <= white <= expected[2], (white, expected)
     check_output(source, "transcode_video", hdr, {})
 
 
-def test_sdr_keeps_its_picture_and_tags(tmp_path: Path) -> None:
+def test_sdr_keeps_its_picture_and_tags(sdr: tuple[Path, Output]) -> None:
     # The SDR path is the one it was: no tone-mapping, no tags added.
-    source = bars(tmp_path / "sdr.mp4")
-    (sdr,) = run_step("transcode_video", source, {}, tmp_path / "sdr")
-    assert colour_tags(sdr.path) == ("yuv420p", "", "", "", "")
-    assert [round(v) for v in bar_luma(sdr.path)] == [round(v) for v in bar_luma(source)]
+    source, output = sdr
+    assert colour_tags(output.path) == ("yuv420p", "", "", "", "")
+    assert [round(v) for v in bar_luma(output.path)] == [round(v) for v in bar_luma(source)]
 
 
 def test_hdr_without_zscale_keeps_its_own_tags(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, made: Made
 ) -> None:
     # An FFmpeg without zimg cannot tone-map: the picture is HDR's, and says so.
     monkeypatch.setattr(media, "ffmpeg_filters", lambda: frozenset({"scale", "format"}))
-    source = bars(tmp_path / "hdr.mp4", "smpte2084")
+    source = made("bars-smpte2084.mp4", lambda path: bars(path, "smpte2084"))
     (hdr,) = run_step("transcode_video", source, {}, tmp_path / "hdr")
     assert colour_tags(hdr.path) == ("yuv420p", "bt2020", "smpte2084", "bt2020nc", "tv")
 
