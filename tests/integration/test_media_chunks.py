@@ -66,14 +66,8 @@ def units(outputs: list[Output]) -> dict[str, int]:
     return found
 
 
-@pytest.mark.parametrize("name", ["sound", "silent", "bframes"])
-def test_chunked_output_equals_a_single_pass(
-    name: str,
-    clips: dict[str, Path],
-    single: dict[str, Path],
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def watch_tools(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the tools the steps run from now on (ffmpeg, ffprobe), in order."""
     tools: list[str] = []
     real = media._run
 
@@ -82,6 +76,18 @@ def test_chunked_output_equals_a_single_pass(
         return real(args, *rest, **named)
 
     monkeypatch.setattr(media, "_run", watched)
+    return tools
+
+
+@pytest.mark.parametrize("name", ["sound", "silent", "bframes"])
+def test_chunked_output_equals_a_single_pass(
+    name: str,
+    clips: dict[str, Path],
+    single: dict[str, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    tools = watch_tools(monkeypatch)
     outputs = run(clips[name], CHUNKED, tmp_path)
     # A chunk's frames are counted by the FFmpeg that made it, not by an ffprobe a chunk
     # (which cost 7 ffprobes for 4 chunks): the input's probe and packets, the output's.
@@ -108,7 +114,7 @@ def test_the_frame_check_sees_a_frame_shifted_by_one(
 
 
 def test_a_second_run_transcodes_only_the_missing_chunks(
-    clips: dict[str, Path], single: dict[str, Path], tmp_path: Path
+    clips: dict[str, Path], single: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     first = run(clips["sound"], CHUNKED, tmp_path)
     kept = {name: piece(tmp_path, name).stat() for name in ("chunk-00000.mp4", "chunk-00001.mp4")}
@@ -118,11 +124,33 @@ def test_a_second_run_transcodes_only_the_missing_chunks(
         piece(tmp_path, name).unlink()
     checkpoints.partial(tmp_path, "chunk-00002.mp4", media.ffmpeg_build()).write_bytes(b"\0" * 1000)
     first[0].path.unlink()
+    tools = watch_tools(monkeypatch)
     second = run(clips["sound"], CHUNKED, tmp_path)
     assert units(second) == {"chunks": SECONDS - 2, "chunks_resumed": 2}
+    # A chunk put back is checked by one FFmpeg (its decode counts its frames), not
+    # also by an ffprobe a chunk: the input's probe and packets, the output's.
+    assert tools.count("ffprobe") == 3
     for name, before in kept.items():
         after = piece(tmp_path, name).stat()
         assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    ms.assert_same_as_single_pass(second[0].path, single["sound"], SECONDS)
+
+
+def test_a_chunk_put_back_short_of_its_frames_is_made_again(
+    clips: dict[str, Path], single: dict[str, Path], tmp_path: Path
+) -> None:
+    # A chunk put back that decodes cleanly but holds 20 of its 25 frames (its first
+    # 20, copied): the check's decode counts them, and the chunk is made again, not
+    # joined into the output.
+    first = run(clips["sound"], CHUNKED, tmp_path)
+    chunk = piece(tmp_path, "chunk-00001.mp4")
+    short = tmp_path / "short.mp4"
+    ffmpeg("-i", str(chunk), "-c", "copy", "-frames:v", "20", "-f", "mp4", str(short))
+    assert len(ms.summary(short)[2]) == 20 and ms.decode_errors(short) == ""
+    short.replace(chunk)
+    first[0].path.unlink()
+    second = run(clips["sound"], CHUNKED, tmp_path)
+    assert units(second) == {"chunks": 1, "chunks_resumed": SECONDS - 1}
     ms.assert_same_as_single_pass(second[0].path, single["sound"], SECONDS)
 
 
