@@ -10,8 +10,8 @@ The step is ``test.transcode_slowly`` (tests/pipelines_for_tests.py): ``transcod
 in 1 s chunks; a clip of four seconds at 160x120: four chunks, a few CPU-seconds a test.
 For the kills its first attempt holds after the second chunk until it is killed (so the
 kill lands between two chunks however loaded the machine); for a spot notice it pauses
-1.5 s after each piece. The Ray ones take 20-50 s of wall clock each on a quiet machine,
-and must: an actor's start (and, for the actor's kill, a replacement's)."""
+1.5 s after each piece. The Ray test (both kills and a cancel, one stack) takes 30-80 s
+of wall clock, and must: an actor's start, and for the actor's kill a replacement's."""
 
 from __future__ import annotations
 
@@ -148,9 +148,11 @@ def test_kill_9_of_the_child_resumes_from_the_committed_chunks(
     pg_engine, settings, tmp_path, moto_s3, clip, single
 ):
     """The child killed after KILL_AFTER chunks: the retry resumes from them. Then, on
-    the same stack and actor, a second job cancelled once a chunk is committed: its
-    checkpoints are deleted (folded in: test_a_cancelled_jobs_checkpoints_are_deleted
-    started a Ray stack and an actor of its own for it, ~5 CPU-s; its assertions kept)."""
+    the same stack and actor, two tests folded in (each started a Ray stack and an actor
+    of its own, ~5 CPU-s; their assertions kept): a second job cancelled once a chunk is
+    committed has its checkpoints deleted (test_a_cancelled_jobs_checkpoints_are_deleted);
+    a third, its actor killed after KILL_AFTER chunks, resumes from them on the actor
+    that replaces it (test_kill_9_of_the_actor_resumes_on_another_worker)."""
     with ray_stack(
         settings, pg_engine, tmp_path, {"media": 1}, backoff_base_seconds=0.2, **moto_s3
     ) as rs:
@@ -178,13 +180,7 @@ def test_kill_9_of_the_child_resumes_from_the_committed_chunks(
         rs.wait_for(lambda: _status(rs.stack, person, cancelled) == "cancelled", what="cancelled")
         _wait(lambda: not _keys(rs.stack, cancelled), "checkpoints swept", timeout=30)
         assert stored and not any(rs.stack.storage.exists(key) for key in stored)
-
-
-def test_kill_9_of_the_actor_resumes_on_another_worker(
-    pg_engine, settings, tmp_path, moto_s3, clip, single
-):
-    with ray_stack(settings, pg_engine, tmp_path, {"media": 1}, **moto_s3) as rs:
-        person = make_user(rs.stack)
+        # The actor killed: the job resumes on another worker.
         job_id = _submit(rs.stack, person, clip, hold=True)
         (member,) = rs.supervisor.actors("media")
         _killed_after_k(rs.stack, job_id)
@@ -196,7 +192,8 @@ def test_kill_9_of_the_actor_resumes_on_another_worker(
             ("completed", None),
         ]
         assert view.attempts[1].worker_id != member.worker_id
-        _check_resumed(rs.stack, person, job_id, single, tmp_path)
+        (received := tmp_path / "actor-killed").mkdir()
+        _check_resumed(rs.stack, person, job_id, single, received)
 
 
 def _spot_worker(
