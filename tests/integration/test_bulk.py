@@ -609,6 +609,17 @@ def test_a_runs_status_says_its_total_share_rate_and_eta(
     stack.close()
 
 
+def _uncounted_then_counted(uncounted: Any, counted: Any, total: int) -> None:
+    """The run created while its count could not end: no total, still creating; the
+    same selection's next create: counted, nothing done yet."""
+    assert (uncounted.total, uncounted.progress.total, uncounted.state) == (
+        None,
+        None,
+        "creating",
+    )
+    assert (counted.total, counted.progress.percent) == (total, 0.0)
+
+
 def test_a_selection_too_big_to_count_in_time_is_created_without_a_total(
     pg_engine, settings, manual_clock, monkeypatch
 ):
@@ -646,12 +657,7 @@ def test_a_selection_too_big_to_count_in_time_is_created_without_a_total(
         stack.close()
     # Old: counted whatever it took, here waiting on the table until the engine's lock
     # limit: DatabaseUnavailable (lock timeout, 55P03), the API's 503.
-    assert (uncounted.total, uncounted.progress.total, uncounted.state) == (
-        None,
-        None,
-        "creating",
-    )
-    assert (counted.total, counted.progress.percent) == (3, 0.0)
+    _uncounted_then_counted(uncounted, counted, 3)
 
 
 def test_a_sqlite_count_past_its_time_is_interrupted_and_the_run_created_without_a_total(
@@ -682,12 +688,7 @@ def test_a_sqlite_count_past_its_time_is_interrupted_and_the_run_created_without
     finally:
         stack.close()
     # Old: counted whatever it took (3 here, the write lock held meanwhile).
-    assert (uncounted.total, uncounted.progress.total, uncounted.state) == (
-        None,
-        None,
-        "creating",
-    )
-    assert (counted.total, counted.progress.percent) == (3, 0.0)
+    _uncounted_then_counted(uncounted, counted, 3)
     assert rows == 2  # both created: the interrupted count lost nothing of the create
 
 

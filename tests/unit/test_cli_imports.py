@@ -36,10 +36,11 @@ def _loaded(tmp_path: Path, *args: str, **env: str) -> tuple[set[str], str]:
     return set(json.loads(result.stdout.splitlines()[-1])), result.stderr
 
 
-def test_a_client_command_loads_no_database_library(tmp_path):
+def test_a_client_command_loads_no_database_library_nor_async_one(tmp_path):
     """``status JOB_ID`` (as ``submit``, ``queues``, ``cancel``) talks HTTP: the settings'
     check of ``database_statement_seconds`` imported SQLAlchemy for it (a fifth of the
-    command's CPU)."""
+    command's CPU). (One command process for both facts: this and the async library's,
+    once a test of its own.)"""
     loaded, said = _loaded(
         tmp_path,
         "status",
@@ -49,20 +50,9 @@ def test_a_client_command_loads_no_database_library(tmp_path):
     )
     assert "cannot reach the API" in said, said
     assert not {"sqlalchemy", "redis"} & {name.split(".")[0] for name in loaded}
-
-
-def test_a_client_command_loads_no_async_library_nor_httpxs_command_line(tmp_path):
-    """httpcore imported trio (installed beside the tests' selenium) and httpx its own
-    command line (click, Pygments, Rich's syntax and progress) in every command that
-    talks HTTP, for nothing: ~0.15 CPU-s of each."""
-    loaded, said = _loaded(
-        tmp_path,
-        "status",
-        "x",
-        HYPERMEDIA_API_KEY="hm_x_y",
-        HYPERMEDIA_API_URL="http://127.0.0.1:9",
-    )
-    assert "cannot reach the API" in said, said
+    # Nor an async library, nor httpx's command line: httpcore imported trio (installed
+    # beside the tests' selenium) and httpx its command line (click, Pygments, Rich's
+    # syntax and progress) for nothing, ~0.15 CPU-s of each such command.
     assert {"httpx", "httpcore"} <= loaded  # it did talk HTTP
     assert not {"trio", "httpx._main", "click", "pygments", "rich.syntax"} & loaded
 
