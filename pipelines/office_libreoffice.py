@@ -50,6 +50,7 @@ profiles' 2048 MB leaves room for large ones.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -285,11 +286,17 @@ def convert(
     started = time.monotonic()
     deadline = started + timeout
     returncode = None
-    with log_path.open("wb") as log_file:
-        for _attempt in range(_ATTEMPTS):
-            returncode = _run(command, home, env, log_file, out, max_output_bytes, deadline)
-            if returncode != _RESTART:
-                break
+    try:
+        with log_path.open("wb") as log_file:
+            for _attempt in range(_ATTEMPTS):
+                returncode = _run(command, home, env, log_file, out, max_output_bytes, deadline)
+                if returncode != _RESTART:
+                    break
+    finally:
+        for left in pipe_paths(profile):
+            # Read-only in the sandbox (its pipe is not there): nothing to remove.
+            with contextlib.suppress(OSError):
+                left.unlink(missing_ok=True)
     seconds = time.monotonic() - started
     tail = _tail(log_path)
     outputs = sorted(
@@ -306,6 +313,21 @@ def convert(
     if sum(p.stat().st_size for p in outputs) > max_output_bytes:
         raise _output_limit(max_output_bytes)
     return Conversion(outputs, seconds, tail)
+
+
+def pipe_paths(profile: Path) -> list[Path]:
+    """Where a LibreOffice on ``profile`` keeps its single-instance pipe: /tmp, else
+    /var/tmp, whichever it can write (OSL_SOCKET_PATH only when it can write neither, as
+    in the sandbox), named for the profile's URL (the hex of its UTF-16 MD5, each byte
+    unpadded). A run it ends removes it; one killed (past its time or output limit)
+    left it there for good: outside the sandbox (an in-process conversion) in the
+    machine's /tmp."""
+    import hashlib
+
+    digest = hashlib.md5(profile.as_uri().encode("utf-16-le"), usedforsecurity=False).digest()
+    name = f"OSL_PIPE_{os.getuid()}_SingleOfficeIPC_{''.join(format(b, 'x') for b in digest)}"
+    # LibreOffice's own fixed places (unlinking a name there removes no link's target).
+    return [Path(directory, name) for directory in ("/tmp", "/var/tmp")]  # noqa: S108
 
 
 def _run(

@@ -29,8 +29,10 @@ truncated.docx                                 ``invalid_input``
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import time
 import tomllib
@@ -46,7 +48,7 @@ import pytest
 
 import pipelines.office as office
 from hypermedia.sandbox.executor import ChildExecutor, ChildFailed
-from pipelines.office_libreoffice import convert, detect
+from pipelines.office_libreoffice import convert, detect, pipe_paths
 from pipelines.registry import Output, PipelineError
 from tests.corpus_support import corpus
 from tests.generated import Generated, hostile, packages
@@ -581,6 +583,41 @@ def test_a_conversion_over_its_time_is_killed(tmp_path, generated: Generated):
     assert caught.value.code == "timeout"
     assert time.monotonic() - started < 5
     assert soffice_processes_under(tmp_path) == []
+
+
+def test_a_killed_conversion_leaves_no_pipe_in_the_machines_tmp(tmp_path, generated: Generated):
+    """LibreOffice keeps its single-instance pipe in /tmp whenever it can write there
+    (OSL_SOCKET_PATH only otherwise: in the sandbox) and removes it when it ends; one
+    killed left it for good, in the machine's /tmp outside the sandbox (each full test
+    run left one: this kill). Here soffice is killed once its pipe, found by the name
+    pipe_paths gives, is there; the conversion's end removes it."""
+    import threading
+
+    source = tmp_path / "source"
+    source.write_bytes(generated.read("documents/report.docx"))
+    [pipe, _] = pipe_paths(tmp_path / "lo" / "profile")
+    seen: list[bool] = []
+
+    def kill_once_the_pipe_is_there() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if pipe.exists() and (pids := soffice_processes_under(tmp_path)):
+                seen.append(True)
+                for pid in pids:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                return
+            time.sleep(0.01)
+
+    killer = threading.Thread(target=kill_once_the_pipe_is_there)
+    killer.start()
+    try:
+        with contextlib.suppress(PipelineError):
+            convert(source, detect(source), "pdf", tmp_path, 10**9)
+    finally:
+        killer.join()
+    assert seen == [True], "its pipe never appeared where pipe_paths says"
+    assert not pipe.exists()  # old: left there
 
 
 def test_libreoffice_starts_without_its_graphics_render_tests(tmp_path, generated: Generated):
