@@ -230,8 +230,8 @@ def soffice_convert(sources: list[Path], target: str, outdir: Path) -> None:
             check=True,
             capture_output=True,
             timeout=300,
-            # Its pipe (OSL_PIPE_*), which it may leave behind, in the throwaway
-            # directory rather than the machine's /tmp.
+            # Its temporary files in the throwaway directory (its pipe, OSL_PIPE_*, goes
+            # to /tmp whatever TMPDIR says, and its normal exit removes it).
             env={**os.environ, "TMPDIR": profile},
         )
     extension = target.split(":", 1)[0]

@@ -275,7 +275,7 @@ def unguarded_conversion(document: Path, tmp_path: Path) -> Path:
         check=True,
         capture_output=True,
         timeout=120,
-        env={**os.environ, "TMPDIR": str(tmp_path)},  # its OSL_PIPE_* here, not in /tmp
+        env={**os.environ, "TMPDIR": str(tmp_path)},  # its temporary files here
     )
     return out / f"{document.stem}.pdf"
 
