@@ -288,22 +288,25 @@ def out_of_sight(plan: Sequence[Mount], exposes: Iterable[str], path: str) -> bo
     the view with it hidden too is the same plan, with the same exposes kept."""
     if any(_within(exposed, path) for exposed in exposes):
         return False
-    best: Mount | None = None
-    for step in plan:
-        if _within(path, step.path) and (best is None or _depth(step.path) > _depth(best.path)):
-            best = step
-    return best is not None and best.kind == "cover"
+    nearest = _nearest_mount(plan, path)
+    return nearest is not None and nearest.kind == "cover"
 
 
 def cover_of(plan: Sequence[Mount], path: str) -> str:
     """The cover a path lies under (its nearest enclosing mount of the plan)."""
+    nearest = _nearest_mount(plan, path)
+    if nearest is None or nearest.kind != "cover":
+        raise ValueError(f"{path} is not under a cover")
+    return nearest.path
+
+
+def _nearest_mount(plan: Sequence[Mount], path: str) -> Mount | None:
+    """The deepest mount of ``plan`` at or above ``path``, if any."""
     best: Mount | None = None
     for step in plan:
         if _within(path, step.path) and (best is None or _depth(step.path) > _depth(best.path)):
             best = step
-    if best is None or best.kind != "cover":
-        raise ValueError(f"{path} is not under a cover")
-    return best.path
+    return best
 
 
 # -- settings and state -------------------------------------------------------------------
