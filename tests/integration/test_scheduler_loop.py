@@ -668,26 +668,40 @@ def test_the_records_replay_reads_the_attempts_of_its_windows_jobs_only(stack):
 def test_the_records_replay_goes_without_the_statement_limit(stack, tmp_path):
     """``scheduler simulate --from-db`` is an operator's offline read, one statement as
     long as its window's jobs are many: the command lifts the engine's statement limit
-    for it (as ``credits check`` does). Here the window's one job has 60k attempts
-    after its completed one, read past HYPERMEDIA_DATABASE_STATEMENT_SECONDS=0.003 (and
-    a job a month old 60k more, which the old statement read too). Old:
-    "database_unavailable: the database cannot take it now (statement cancelled ...)",
-    which asking again never cures.
+    for it (as ``credits check`` does). Old: "database_unavailable: the database cannot
+    take it now (statement cancelled ...)" past the limit, which asking again never
+    cures.
 
-    The limit's idle-in-transaction twin (2 x 3 ms) is set to a minute here (a limit
-    PGOPTIONS names is left to it): at 6 ms, a loaded machine's pause between two of
-    the command's own statements (SQLAlchemy's first-connect queries, say) ended the
-    session (CI, SQLSTATE 25P03), which is not what this test is about."""
-    _replayed_record(stack, old_attempts=MANY_ATTEMPTS, window_failed=MANY_ATTEMPTS)
+    Checked on the setting itself: the server's statement_timeout in force when the
+    replay's statement (the one reading job_attempts) runs is 0, under a limit of 5 s
+    for everything else. (Racing a 3 ms limit with 60k attempts instead failed now and
+    then on a loaded machine, on the command's other statements: its schema check,
+    SQLAlchemy's first-connect queries.)"""
+    from sqlalchemy.engine import Engine
+
+    _replayed_record(stack, old_attempts=3, window_failed=3)
     env = {
         "HYPERMEDIA_DATABASE_URL": support.url_string(stack.engine),
         "HYPERMEDIA_DATA_DIR": str(tmp_path),
-        "HYPERMEDIA_DATABASE_STATEMENT_SECONDS": "0.003",
-        "PGOPTIONS": "-c idle_in_transaction_session_timeout=60000",
+        "HYPERMEDIA_DATABASE_STATEMENT_SECONDS": "5",
     }
-    said = CliRunner().invoke(app, ["scheduler", "simulate", "--from-db", "--since", "1h"], env=env)
+    limits: list[str] = []
+
+    def _limit_in_force(conn, cursor, statement, parameters, context, executemany):
+        if "job_attempts" in statement:
+            shown = cursor.connection.execute("SHOW statement_timeout").fetchone()
+            limits.append(shown[0])
+
+    event.listen(Engine, "before_cursor_execute", _limit_in_force)
+    try:
+        said = CliRunner().invoke(
+            app, ["scheduler", "simulate", "--from-db", "--since", "1h"], env=env
+        )
+    finally:
+        event.remove(Engine, "before_cursor_execute", _limit_in_force)
     assert said.exit_code == 0, f"{said.output}{said.exception!r}"
     assert "the record, last 1h (1 jobs)" in said.output, said.output
+    assert limits == ["0"], limits  # old: ["5s"]
 
 
 def test_a_manual_burst_from_the_command_launches_with_an_empty_queue_until_it_ends(
