@@ -225,15 +225,19 @@ def recognise_page(
     turn, the degrees it was turned level by, every attempt and the chosen one."""
     import numpy as np
 
-    from pipelines.ocr_engines import OSD_MIN_CONFIDENCE, deskew, page_orientation
+    from pipelines.ocr_engines import OSD_MIN_CONFIDENCE, deskew, page_binary, page_orientation
 
     turn = 0
-    degrees, confidence = page_orientation(page)
+    # Binarised once for OSD and deskew (a 3312 x 2550 page: 0.19 CPU-s a time); a
+    # turned page is binarised again, upright.
+    binary: PageArray | None = page_binary(page)
+    degrees, confidence = page_orientation(page, binary)
     if degrees and confidence >= OSD_MIN_CONFIDENCE:
         turn = degrees
         # OSD's angle is how far the page is turned clockwise: turn it back.
         page = np.ascontiguousarray(np.rot90(page, k=degrees // 90))
-    page, skew = deskew(page)
+        binary = None
+    page, skew = deskew(page, binary)
     grey = page.min(axis=2)
     dark = grey < 128
     ink = float(dark.mean())

@@ -964,15 +964,23 @@ def skew_angle(binary: PageArray) -> float:
     return best
 
 
-def deskew(page: PageArray) -> tuple[PageArray, float]:
+def page_binary(page: PageArray) -> PageArray:
+    """The RGB page binarised (:func:`binarise` of its grey): what
+    :func:`page_orientation` and :func:`deskew` look at."""
+    import cv2
+
+    return binarise(_uint8(cv2.cvtColor(page, cv2.COLOR_RGB2GRAY)))
+
+
+def deskew(page: PageArray, binary: PageArray | None = None) -> tuple[PageArray, float]:
     """The page turned level (its text rows horizontal, :func:`skew_angle`, up to 5
     degrees) on a canvas grown to hold it, white around; and the angle turned by
-    (counter-clockwise positive, 0.0: left as it was, under 1 degree)."""
+    (counter-clockwise positive, 0.0: left as it was, under 1 degree). ``binary``:
+    the page's :func:`page_binary` if the caller has it already."""
     import cv2
     import numpy as np
 
-    grey = _uint8(cv2.cvtColor(page, cv2.COLOR_RGB2GRAY))
-    angle = skew_angle(binarise(grey))
+    angle = skew_angle(page_binary(page) if binary is None else binary)
     if abs(angle) < _DESKEW_FROM_DEGREES:
         return page, 0.0
     height, width = page.shape[:2]
@@ -1006,22 +1014,23 @@ def _unrotate_box(
     return [float(v) for v in turned[:, 0]], [float(v) for v in turned[:, 1]]
 
 
-def page_orientation(page: PageArray) -> tuple[int, float]:
+def page_orientation(page: PageArray, binary: PageArray | None = None) -> tuple[int, float]:
     """How far the page is turned clockwise (0, 90, 180, 270) by Tesseract's OSD and
     its confidence; ``(0, 0.0)`` when OSD cannot tell (no osd.traineddata, too
-    little text)."""
-    import cv2
+    little text). OSD reads the page's :func:`page_binary` (``binary`` if the caller
+    has it already)."""
     from PIL import Image
 
     directory = tessdata_dir()
     if directory is None or not (directory / "osd.traineddata").is_file():
         return 0, 0.0
     tesserocr = _tesserocr()
-    grey = _uint8(cv2.cvtColor(page, cv2.COLOR_RGB2GRAY))
+    if binary is None:
+        binary = page_binary(page)
     with tesserocr.PyTessBaseAPI(
         path=f"{directory}/", lang="osd", psm=tesserocr.PSM.OSD_ONLY
     ) as api:
-        api.SetImage(Image.fromarray(binarise(grey)))
+        api.SetImage(Image.fromarray(binary))
         try:
             osd = api.DetectOrientationScript()
         except RuntimeError:
