@@ -294,8 +294,15 @@ class HypermediaNodeProvider(NodeProvider):
                 from hypermedia.config import load_settings
                 from hypermedia.db.engine import make_engine
 
-                url = self.settings.database_url or load_settings().effective_database_url
-                self._engine = make_engine(url)
+                # The record's connection settings are the platform's (HYPERMEDIA_*):
+                # its limits, its dead-peer time, its pooler's mode.
+                platform = load_settings()
+                self._engine = make_engine(
+                    self.settings.database_url or platform.effective_database_url,
+                    dead_peer_seconds=platform.database_dead_peer_seconds,
+                    statement_seconds=platform.database_statement_seconds,
+                    pooling=platform.database_pooling,
+                )
             return self._engine
 
     @property

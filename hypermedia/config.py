@@ -134,6 +134,15 @@ class Settings(BaseSettings):
     # else at least MIN_STATEMENT_SECONDS (3 ms: see _check_statement_seconds).
     # Migrations lift them. A limit the URL's libpq ``options`` (or PGOPTIONS) sets wins.
     database_statement_seconds: float = Field(default=30.0, ge=0, le=86400)
+    # What a connection's server session is to the record: its own for as long as the
+    # connection lasts ("session": PostgreSQL itself, or a pooler such as PgBouncer in
+    # session mode), or a server connection lent for one transaction at a time
+    # ("transaction": PgBouncer's pool_mode = transaction, the pooled endpoints of
+    # managed PostgreSQL services). Then no statement is prepared on the server (the
+    # next transaction may run on a server connection that never saw it), nothing is
+    # SET for the session, and migrations, which hold a session lock, refuse to run
+    # (`db upgrade` past the pooler: README, Behind PgBouncer).
+    database_pooling: Literal["session", "transaction"] = "session"
     redis_url: str | None = None
     redis_prefix: str = Field(default="hm", pattern=r"^[A-Za-z0-9_.-]{1,32}$")
     profiles_path: Path = REPO_ETC / "profiles.toml"

@@ -42,6 +42,7 @@ def make_engine(
     sqlite_busy_seconds: float | None = None,
     dead_peer_seconds: float | None = None,
     statement_seconds: float | None = None,
+    pooling: str = "session",
     **kwargs: Any,
 ) -> Engine:
     """An engine for ``url``. ``custom_plans``: on PostgreSQL every statement of its
@@ -54,7 +55,8 @@ def make_engine(
     :data:`DEAD_PEER_SECONDS`; 0: the kernel's and libpq's defaults).
     ``statement_seconds``: the PostgreSQL server's limits on each of its connections'
     statements, lock waits and idle transactions (see :data:`STATEMENT_SECONDS`; None:
-    that; 0: none)."""
+    that; 0: none). ``pooling``: "transaction" behind a pooler that lends a server
+    connection for one transaction at a time (see :data:`TRANSACTION_POOLING`)."""
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         if (database := sqlite_file(url)) is not None:
@@ -86,11 +88,14 @@ def make_engine(
         **given,
         **_statement_limit_args(limits, given.get("options", parsed.query.get("options"))),
     }
+    pooled = pooling == TRANSACTION_POOLING
+    if pooled:
+        kwargs["connect_args"].setdefault("prepare_threshold", None)
     engine = create_engine(url, **kwargs)
     _drop_dead_session_connections(engine)
     if not kwargs.get("pool_pre_ping"):
         _ping_when_idle(engine)
-    if custom_plans:
+    if custom_plans and not pooled:
         _plan_each_statement(engine)
     return engine
 
@@ -103,8 +108,23 @@ def settings_engine(settings: Settings, **options: Any) -> Engine:
         setting=settings.database_setting,
         dead_peer_seconds=settings.database_dead_peer_seconds,
         statement_seconds=settings.database_statement_seconds,
+        pooling=settings.database_pooling,
         **options,
     )
+
+
+# Settings.database_pooling's value for a pooler that lends each transaction whichever
+# server connection is free (PgBouncer's pool_mode = transaction). psycopg prepares a
+# statement on the server once it has run it prepare_threshold (5) times on a
+# connection, under a name of that connection's (_pg3_0, ...), and runs it by that name
+# after: through such a pooler the name was missing on the server connection the next
+# transaction got ("prepared statement "_pg3_0" does not exist"), or taken on it by
+# another client's ("... already exists", seen with 6 threads). Nothing is prepared
+# then (prepare_threshold None: each statement parsed and planned as it runs, as a
+# custom plan, which is what PLAN_CACHE_MODE asks for), and nothing is SET for a
+# session (plan_cache_mode would stay on whichever server connection it ran on).
+TRANSACTION_POOLING = "transaction"
+POOLING_SETTING = "database_pooling (HYPERMEDIA_DATABASE_POOLING)"
 
 
 def sqlite_file(url: str) -> Path | None:

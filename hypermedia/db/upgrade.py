@@ -13,7 +13,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hypermedia.clock import Clock, SystemClock
-from hypermedia.db.engine import settings_engine, sqlite_file, transaction
+from hypermedia.db.engine import (
+    POOLING_SETTING,
+    TRANSACTION_POOLING,
+    settings_engine,
+    sqlite_file,
+    transaction,
+)
 from hypermedia.db.migrate import (
     current_revision,
     head_revision,
@@ -82,6 +88,18 @@ def _warn_if_others_read(record: Path) -> None:
             )
 
 
+def _pooled_upgrade(at: str | None, newest: str | None) -> str:
+    """Why a record behind a transaction pooler is not migrated, and what to do."""
+    return (
+        f"the record is at revision {at or 'none (empty)'} and this hypermedia needs"
+        f" {newest}; a migration holds a lock for its whole session, which a pooler"
+        " lending a server connection for one transaction at a time does not keep: run"
+        " `hypermedia db upgrade` with HYPERMEDIA_DATABASE_URL pointing at PostgreSQL"
+        " itself (past the pooler) and HYPERMEDIA_DATABASE_POOLING=session, then start"
+        " again (README: Behind PgBouncer)"
+    )
+
+
 def migrate(
     settings: Settings, engine: Engine | None = None, *, clock: Clock | None = None
 ) -> None:
@@ -95,7 +113,10 @@ def migrate(
         refused = upgrade_problem(engine)
         if refused is not None:
             raise ConfigError("database_url (HYPERMEDIA_DATABASE_URL)", refused)
-        if current_revision(engine) != head_revision():
+        at, newest = current_revision(engine), head_revision()
+        if at != newest:
+            if settings.database_pooling == TRANSACTION_POOLING:
+                raise ConfigError(POOLING_SETTING, _pooled_upgrade(at, newest))
             upgrade(engine)
         profiles = load_profiles(settings.profiles_path, settings.queue_names)
         with transaction(engine) as conn:

@@ -19,8 +19,10 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import func, make_url, select
@@ -28,19 +30,20 @@ from typer.testing import CliRunner
 
 from hypermedia.cli import app
 from hypermedia.db import tables as t
-from hypermedia.db.engine import STATEMENT_SETTING, make_engine, snapshot
+from hypermedia.db.engine import POOLING_SETTING, STATEMENT_SETTING, make_engine, snapshot
 from hypermedia.embedded import free_port
 from hypermedia.errors import ConfigError
 from tests import support
-from tests.factories import make_object, make_user, open_stack
+from tests.factories import make_object, make_user, open_stack, submit
 
 PGBOUNCER = "pgbouncer"
 
 
 @contextmanager
-def pgbouncer(target: str) -> Iterator[str]:
-    """A PgBouncer of the test's own on a free port of 127.0.0.1 (trust auth, session
-    pooling) in front of ``target``'s database: the URL that goes through it."""
+def pgbouncer(target: str, mode: str = "session", servers: int = 20) -> Iterator[str]:
+    """A PgBouncer of the test's own on a free port of 127.0.0.1 (trust auth, ``mode``
+    pooling, ``servers`` server connections at most) in front of ``target``'s database:
+    the URL that goes through it."""
     binary = shutil.which(PGBOUNCER) or f"/usr/sbin/{PGBOUNCER}"
     assert Path(binary).is_file(), "pgbouncer is not installed (scripts/setup installs it)"
     url = make_url(target)
@@ -52,7 +55,8 @@ def pgbouncer(target: str) -> Iterator[str]:
         f"{url.database} = host={url.host} port={url.port or 5432} dbname={url.database}\n"
         "[pgbouncer]\n"
         f"listen_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n"
-        f"auth_type = trust\nauth_file = {base}/users.txt\npool_mode = session\n"
+        f"auth_type = trust\nauth_file = {base}/users.txt\npool_mode = {mode}\n"
+        f"default_pool_size = {servers}\n"
         f"logfile = {base}/pgbouncer.log\n"
     )
     user = "postgres" if os.geteuid() == 0 else None  # it refuses to run as root
@@ -125,3 +129,82 @@ def test_behind_pgbouncer_the_limits_refused_name_their_setting_and_at_0_the_rec
             stack.close()
             engine.dispose()
     assert kept == 3
+
+
+def test_behind_a_transaction_pooler_nothing_is_prepared_and_migrations_refuse(
+    pg_engine, pg_server, settings, manual_clock, tmp_path
+):
+    """Through PgBouncer's transaction pooling each transaction gets whichever server
+    connection is free, and psycopg prepares a statement on the server once a connection
+    has run it 5 times, under a name of the connection's (_pg3_0, ...): the next
+    transaction's server connection lacked it or had another client's under that name
+    (DuplicatePreparedStatement, InvalidSqlStatementName), and `db upgrade` would take
+    its session lock on a server connection lent on to others. With database_pooling
+    "transaction" nothing is prepared or SET for a session, and a record that needs
+    migrating is refused at once, naming the setting and the way round the pooler."""
+    runner = CliRunner()
+    empty = support.unique_name("pooled")
+    empty_url = pg_server.create_database(empty)
+    try:
+        with pgbouncer(empty_url, "transaction") as through:
+            said = runner.invoke(
+                app,
+                ["db", "upgrade"],
+                env={
+                    "HYPERMEDIA_DATABASE_URL": through,
+                    "HYPERMEDIA_DATA_DIR": str(tmp_path),
+                    "HYPERMEDIA_DATABASE_STATEMENT_SECONDS": "0",
+                    "HYPERMEDIA_DATABASE_POOLING": "transaction",
+                },
+            )
+        assert said.exit_code != 0, said.output
+        assert isinstance(said.exception, ConfigError), repr(said.exception)
+        assert said.exception.key == POOLING_SETTING
+        assert "past the pooler" in str(said.exception), str(said.exception)
+        direct = make_engine(empty_url)
+        try:
+            with snapshot(direct) as conn:
+                tables = conn.exec_driver_sql(
+                    "SELECT count(*) FROM pg_tables WHERE schemaname = 'public'"
+                ).scalar_one()
+        finally:
+            direct.dispose()
+        assert tables == 0  # nothing was migrated through it
+    finally:
+        pg_server.drop_database(empty)
+
+    # Two server connections for up to 10 of the engine's: each transaction lands on
+    # either, whichever connection of the pool runs it.
+    with pgbouncer(support.url_string(pg_engine), "transaction", servers=2) as through:
+        engine = make_engine(through, statement_seconds=0, pooling="transaction", custom_plans=True)
+        stack = open_stack(
+            settings,
+            engine,
+            manual_clock,
+            database_pooling="transaction",
+            database_statement_seconds=0,
+        )
+        try:
+            people = [make_user(stack) for _ in range(3)]
+
+            def submit_some(person: Any) -> list[str]:
+                return [job for _ in range(8) for job in submit(stack, person, ["thumbnail"])]
+
+            with ThreadPoolExecutor(6) as pool:
+                submitted = [job for jobs in pool.map(submit_some, people * 2) for job in jobs]
+            done = 0
+            while claimed := stack.dispatcher.claim_and_start("images", "w", count=4):
+                done += sum(
+                    stack.dispatcher.complete(job, "w", actual_millicredits=1) for job in claimed
+                )
+            with snapshot(engine) as conn:
+                statuses: dict[str, int] = dict(
+                    conn.execute(
+                        select(t.jobs.c.status, func.count()).group_by(t.jobs.c.status)
+                    ).all()
+                )
+        finally:
+            stack.close()
+            engine.dispose()
+    assert len(submitted) == 48 and done == 48
+    assert statuses == {"completed": 48}
