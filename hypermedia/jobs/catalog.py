@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, Engine, RowMapping, insert, select, update
+from sqlalchemy import Connection, Engine, RowMapping, bindparam, insert, select, update
 
 from hypermedia.clock import to_datetime
 from hypermedia.db import tables as t
@@ -152,7 +152,11 @@ def record_values(profile: Profile) -> dict[str, Any]:
 
 
 def sync_profiles(conn: Connection, profiles: Mapping[str, Profile], now: float) -> None:
-    """Upsert the configured profiles; only they stay active."""
+    """Upsert the configured profiles; only they stay active. A statement per kind of
+    write, not one per profile (this runs at every ``Stack.open(auto_migrate=True)``):
+    one INSERT of the new versions, one UPDATE (an executemany) of the ones there
+    already, and before it the deactivation of every row, when there is any. A changed
+    ``params`` under an existing version is refused before anything is written."""
     existing = {
         (r.operation, r.version): r
         for r in conn.execute(
@@ -164,32 +168,41 @@ def sync_profiles(conn: Connection, profiles: Mapping[str, Profile], now: float)
             )
         )
     }
-    conn.execute(update(t.profiles).values(active=False))
+    at = to_datetime(now)
+    new: list[dict[str, Any]] = []
+    kept: list[dict[str, Any]] = []
     for operation, profile in profiles.items():
         found = existing.get((operation, profile.version))
         values = record_values(profile)
         if found is None:
-            conn.execute(
-                insert(t.profiles).values(
-                    operation=operation,
-                    version=profile.version,
-                    active=True,
-                    created_at=to_datetime(now),
-                    updated_at=to_datetime(now),
+            new.append(
+                {
+                    "operation": operation,
+                    "version": profile.version,
+                    "active": True,
+                    "created_at": at,
+                    "updated_at": at,
                     **values,
-                )
+                }
             )
-            continue
-        if found.params != profile.params:
+        elif found.params != profile.params:
             raise ConfigError(
                 f"profiles.{operation}.version",
                 f"params changed but version {profile.version} already exists; bump the version",
             )
+        else:
+            kept.append({"kept_profile_id": found.profile_id, **values})
+    if existing:
+        conn.execute(update(t.profiles).values(active=False))
+    if kept:
         conn.execute(
             update(t.profiles)
-            .where(t.profiles.c.profile_id == found.profile_id)
-            .values(active=True, updated_at=to_datetime(now), **values)
+            .where(t.profiles.c.profile_id == bindparam("kept_profile_id"))
+            .values(active=True, updated_at=at),
+            kept,
         )
+    if new:
+        conn.execute(insert(t.profiles), new)
 
 
 def record_from_row(row: RowMapping) -> ProfileRecord:
