@@ -11,6 +11,9 @@ Databases
     ``sqlite_url``        a fresh migrated SQLite file, ``<tmp_path>/hypermedia.db``.
     ``sqlite_engine``     an engine on it.
     ``engine``            parametrized ``postgresql`` / ``sqlite``: one of the two.
+    ``module_pg_engine``, ``module_sqlite_engine``, ``module_engine``  the same, shared
+                          by the tests of a module (one database for all its cases);
+                          ``module_settings(engine, **overrides)``: Settings on it.
     ``private_postgres``  a :class:`~tests.support.PrivatePostgres` of the test's own,
                           running, with a migrated database at ``.url``: for tests
                           that stop it. A copy of ``private_postgres_template``.
@@ -42,6 +45,7 @@ import signal
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -274,6 +278,25 @@ def _pg_clones(pg_server: support.PostgresServer, pg_url: str) -> Iterator[_Clon
         pg_server.drop_database(name)
 
 
+@contextmanager
+def _clone(pg_server: support.PostgresServer, pg_url: str, clones: _Clones) -> Iterator[str]:
+    """A clone of the template, new or an emptied one of this process's, while in the
+    block; emptied for the next after it (dropped if it cannot be: see below)."""
+    if clones.idle:
+        name = clones.idle.pop()
+    else:
+        name = support.unique_name()
+        pg_server.create_database(name, template=support.database_name(pg_url))
+        if clones.fingerprint is None:
+            clones.fingerprint = pg_server.fingerprint(name)
+    yield pg_server.database_url(name)
+    fingerprint = clones.fingerprint
+    if fingerprint is not None and pg_server.reset(name, fingerprint):
+        clones.idle.append(name)
+    else:
+        pg_server.drop_database(name)
+
+
 @pytest.fixture
 def pg_database_url(
     pg_server: support.PostgresServer, pg_url: str, _pg_clones: _Clones
@@ -282,19 +305,8 @@ def pg_database_url(
     or emptied after an earlier test of this process (:meth:`~tests.support.
     PostgresServer.reset`: a test that changed more than rows, or left a connection
     open, has its clone dropped)."""
-    if _pg_clones.idle:
-        name = _pg_clones.idle.pop()
-    else:
-        name = support.unique_name()
-        pg_server.create_database(name, template=support.database_name(pg_url))
-        if _pg_clones.fingerprint is None:
-            _pg_clones.fingerprint = pg_server.fingerprint(name)
-    yield pg_server.database_url(name)
-    fingerprint = _pg_clones.fingerprint
-    if fingerprint is not None and pg_server.reset(name, fingerprint):
-        _pg_clones.idle.append(name)
-    else:
-        pg_server.drop_database(name)
+    with _clone(pg_server, pg_url, _pg_clones) as url:
+        yield url
 
 
 @pytest.fixture
@@ -353,6 +365,71 @@ def engine(request: pytest.FixtureRequest) -> Engine:
     fixture = "pg_engine" if request.param == "postgresql" else "sqlite_engine"
     value: Engine = request.getfixturevalue(fixture)
     return value
+
+
+# -- shared by a module's tests ------------------------------------------------------
+# For many cases (a parametrized test) that each make rows of their own (their user,
+# their job) and look at no other: one database, and one stack on it, for all of them
+# instead of a clone and a Stack.open each.
+
+
+@pytest.fixture(scope="module")
+def module_pg_engine(
+    pg_server: support.PostgresServer, pg_url: str, _pg_clones: _Clones
+) -> Iterator[Engine]:
+    """``pg_engine`` shared by the module's tests; emptied after its last one."""
+    with _clone(pg_server, pg_url, _pg_clones) as url:
+        engine = make_engine(url)
+        yield engine
+        engine.dispose()
+
+
+@pytest.fixture(scope="module")
+def module_sqlite_engine(
+    _sqlite_template: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Engine]:
+    """``sqlite_engine`` shared by the module's tests."""
+    path = tmp_path_factory.mktemp("module-sqlite") / "hypermedia.db"
+    shutil.copyfile(_sqlite_template, path)
+    path.chmod(0o600)
+    engine = make_engine(f"sqlite:///{path}")
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture(scope="module", params=["postgresql", "sqlite"])
+def module_engine(request: pytest.FixtureRequest) -> Engine:
+    """``engine`` shared by the module's tests: each runs on both, one database each."""
+    fixture = "module_pg_engine" if request.param == "postgresql" else "module_sqlite_engine"
+    value: Engine = request.getfixturevalue(fixture)
+    return value
+
+
+@pytest.fixture(scope="module")
+def module_settings(
+    tmp_path_factory: pytest.TempPathFactory, _shared_redis_url: str
+) -> Iterator[Callable[..., Settings]]:
+    """``module_settings(engine, **overrides) -> Settings`` on ``engine``'s database, a
+    data dir and a Redis prefix of the module's (its keys deleted after its last test)."""
+    data_dir = tmp_path_factory.mktemp("module-data")
+    prefix = support.unique_redis_prefix()
+
+    def build(engine: Engine, **overrides: Any) -> Settings:
+        values: dict[str, Any] = {
+            "data_dir": data_dir,
+            "database_url": support.url_string(engine),
+            "redis_url": _shared_redis_url,
+            "redis_prefix": prefix,
+        }
+        values.update(overrides)
+        return load_settings(**values)
+
+    yield build
+    client = redis.Redis.from_url(_shared_redis_url)
+    try:
+        support.delete_keys(client, prefix)
+    finally:
+        client.close()
 
 
 # -- Redis ----------------------------------------------------------------------------

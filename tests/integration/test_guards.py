@@ -3,21 +3,28 @@
 For every status a job can be in, every repository step is tried. Exactly the
 steps the state machine allows change the row; every other one matches nothing
 and leaves the row byte-for-byte as it was.
+
+Each case submits a job of its own and looks at that job's row only, so the cases of a
+test share one database and one stack (``module_engine``): a fresh clone and a
+``Stack.open`` per case cost the file most of its CPU.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from functools import partial
 
 import pytest
-from sqlalchemy import Connection, select, update
+from sqlalchemy import Connection, Engine, select, update
 
-from hypermedia.clock import to_datetime
+from hypermedia.clock import ManualClock, to_datetime
+from hypermedia.config import Settings
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
 from hypermedia.jobs.repository import JobRepository
 from hypermedia.jobs.states import JobEvent, JobStatus, is_legal
-from tests.factories import make_user, open_stack, submit
+from hypermedia.stack import Stack
+from tests.factories import Person, make_user, open_stack, submit
 
 WORKER = "w-guard"
 NOW = 1_900_000_000.0
@@ -70,12 +77,29 @@ def _changed(result: object) -> bool:
 CASES = [(status, event) for status in JobStatus for event in STEPS]
 
 
+def _shared(engine: Engine, settings: Callable[..., Settings]) -> Iterator[tuple[Stack, Person]]:
+    stack = open_stack(partial(settings, engine), engine, ManualClock())
+    yield stack, make_user(stack)
+    stack.close()
+
+
+@pytest.fixture(scope="module")
+def shared_pg(module_pg_engine, module_settings) -> Iterator[tuple[Stack, Person]]:
+    """A stack and a user every case of a test on PostgreSQL submits its own job with."""
+    yield from _shared(module_pg_engine, module_settings)
+
+
+@pytest.fixture(scope="module")
+def shared(module_engine, module_settings) -> Iterator[tuple[Stack, Person]]:
+    """The same on PostgreSQL and on SQLite."""
+    yield from _shared(module_engine, module_settings)
+
+
 @pytest.mark.parametrize(("status", "event"), CASES, ids=[f"{s}-{e}" for s, e in CASES])
-def test_each_step_from_each_status(pg_engine, settings, manual_clock, status, event):
-    stack = open_stack(settings, pg_engine, manual_clock)
-    person = make_user(stack)
+def test_each_step_from_each_status(shared_pg, status, event):
+    stack, person = shared_pg
     (job_id,) = submit(stack, person, ["thumbnail"])
-    with transaction(pg_engine) as conn:
+    with transaction(stack.engine) as conn:
         _force(conn, job_id, status)
         before = _row(conn, job_id)
         result = STEPS[event](conn, job_id)
@@ -86,17 +110,15 @@ def test_each_step_from_each_status(pg_engine, settings, manual_clock, status, e
     else:
         assert not _changed(result), f"{event} from {status} must be refused"
         assert after == before
-    stack.close()
 
 
 @pytest.mark.parametrize("status", list(JobStatus))
-def test_user_cancel_from_each_status(engine, settings, manual_clock, status):
-    stack = open_stack(settings, engine, manual_clock)
-    person = make_user(stack)
+def test_user_cancel_from_each_status(shared, status):
+    stack, person = shared
     (job_id,) = submit(stack, person, ["thumbnail"])
-    with transaction(engine) as conn:
+    with transaction(stack.engine) as conn:
         _force(conn, job_id, status)
-        conn.execute(update(t.jobs).values(cancel_requested=False))
+        conn.execute(update(t.jobs).where(t.jobs.c.job_id == job_id).values(cancel_requested=False))
         answer = repo.cancel(conn, job_id, person.caller.user_id, NOW)
         after = _row(conn, job_id)
     if status in (JobStatus.CREATED, JobStatus.QUEUED, JobStatus.RETRY_WAIT):
@@ -110,7 +132,6 @@ def test_user_cancel_from_each_status(engine, settings, manual_clock, status):
         assert answer == status  # finished: nothing to cancel
         assert after["status"] == status.value
         assert after["cancel_requested"] is False
-    stack.close()
 
 
 def test_worker_honours_cancel_only_when_requested(engine, settings, manual_clock):
