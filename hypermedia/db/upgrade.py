@@ -105,19 +105,22 @@ def migrate(
 ) -> None:
     """Apply migrations and sync profiles (``hypermedia db upgrade``). A database at
     the newest revision already is not handed to Alembic (nothing to apply; it costs
-    its imports and a read of every migration file, on each start of a local stack)."""
+    its imports and a read of every migration file, on each start of a local stack),
+    nor asked what keeps it from being upgraded (its tables listed, its revision read
+    again: nothing, at the newest revision)."""
     owned = engine is None
     prepare_data_dir(settings)
     engine = engine or settings_engine(settings)
     try:
-        refused = upgrade_problem(engine)
-        if refused is not None:
-            raise ConfigError("database_url (HYPERMEDIA_DATABASE_URL)", refused)
-        at, newest = current_revision(engine), head_revision()
-        if at != newest:
-            if settings.database_pooling == TRANSACTION_POOLING:
-                raise ConfigError(POOLING_SETTING, _pooled_upgrade(at, newest))
-            upgrade(engine)
+        if current_revision(engine) != head_revision():
+            refused = upgrade_problem(engine)
+            if refused is not None:
+                raise ConfigError("database_url (HYPERMEDIA_DATABASE_URL)", refused)
+            at, newest = current_revision(engine), head_revision()
+            if at != newest:
+                if settings.database_pooling == TRANSACTION_POOLING:
+                    raise ConfigError(POOLING_SETTING, _pooled_upgrade(at, newest))
+                upgrade(engine)
         profiles = load_profiles(settings.profiles_path, settings.queue_names)
         with transaction(engine) as conn:
             take_turns(conn)

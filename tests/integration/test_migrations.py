@@ -134,6 +134,33 @@ def test_upgrade_twice_is_a_no_op(empty_engine):
     assert schema_diffs(empty_engine) == []
 
 
+def test_a_record_at_the_newest_revision_is_not_asked_what_keeps_it_from_upgrading(
+    engine, settings
+):
+    """``db upgrade`` and every ``Stack.open(auto_migrate=True)`` on a record at the
+    newest revision asked it what would refuse an upgrade (its tables listed, its
+    revision read) and then read its revision again, for nothing: now it reads the
+    revision once (old: 2) and syncs the profiles."""
+    from sqlalchemy import event
+
+    from hypermedia.db.upgrade import migrate as upgrade_record
+    from hypermedia.jobs.catalog import ProfileCatalog
+
+    sent: list[str] = []
+
+    def note(_conn: object, _cursor: object, statement: str, *_args: object) -> None:
+        sent.append(statement)
+
+    event.listen(engine, "before_cursor_execute", note)
+    try:
+        upgrade_record(settings(), engine)
+    finally:
+        event.remove(engine, "before_cursor_execute", note)
+    reads = [s for s in sent if s.lstrip().upper().startswith("SELECT") and "version_num" in s]
+    assert len(reads) == 1, reads
+    assert len(ProfileCatalog.load(engine))
+
+
 def test_the_fixture_databases_match_the_models(engine):
     assert migrate.current_revision(engine) == migrate.head_revision()
     assert schema_diffs(engine) == []
