@@ -165,6 +165,28 @@ def _dashboard_and_metric_targets(data: Path, api_url: str) -> None:
     assert listed["labels"] == {"job": "ray"} and listed["targets"], listed
     for target in listed["targets"]:  # each answers in Prometheus's text format
         assert "# TYPE" in httpx.get(f"http://{target}/metrics", timeout=30).text
+    # The modules behind the pages an operator opens answer (Cluster and a node's page,
+    # Actors, Jobs, an actor's page and Logs through the state API, the cluster status,
+    # the events); Ray Serve's, Ray Train's and Ray Data's are not loaded (they were:
+    # three processes more). Each module is a process named for it.
+    auth = {"Authorization": f"Bearer {token}"}
+    for path in (
+        "/nodes?view=summary",
+        "/logical/actors",
+        "/api/jobs/",
+        "/api/v0/actors",
+        "/api/cluster_status",
+        "/events",
+    ):
+        assert httpx.get(dashboard + path, headers=auth, timeout=30).status_code == 200, path
+    assert httpx.get(f"{dashboard}/api/train/v2/runs", headers=auth, timeout=30).status_code == 404
+    (head,) = [p for p in _ray_processes(data) if "dashboard/dashboard.py" in _cmdline(p)]
+    modules = {
+        found.group(1)
+        for child in psutil.Process(head).children(recursive=True)
+        if (found := re.match(r"ray-dashboard-(\w+)-\d", _cmdline(child.pid)))
+    }
+    assert modules == {"NodeHead", "ReportHead", "StateHead", "MetricsHead", "EventHead", "JobHead"}
 
 
 def _cmdline(pid: int) -> str:
