@@ -304,8 +304,9 @@ def ray_binary() -> str:
 
 
 def ray_start_command() -> list[str]:
-    """``ray`` for a head: :mod:`hypermedia.worker.ray_start`, Ray's own command line
-    without the client server and, the dashboard off, without its process."""
+    """``ray`` for a node's ``ray start``: :mod:`hypermedia.worker.ray_start`, Ray's own
+    command line without its other commands' imports and, on a head, without the client
+    server and, the dashboard off, without its process."""
     ray_binary()  # the same error when Ray is not installed
     return [sys.executable, "-m", "hypermedia.worker.ray_start"]
 
@@ -433,7 +434,7 @@ def start_worker_node(
     temp_dir = short_temp_dir(directory, name)
     _prepare_temp_dir(temp_dir)
     args = [
-        ray_binary(),
+        *ray_start_command(),
         "start",
         f"--address={address}",
         f"--temp-dir={temp_dir}",

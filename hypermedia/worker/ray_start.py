@@ -1,6 +1,8 @@
-"""``ray start`` for a head of ours, less two processes Ray's head starts whatever it is
-told and that nothing of ours uses (``python -m hypermedia.worker.ray_start`` takes the
-arguments of ``ray start``; :func:`hypermedia.worker.cluster.start_head` runs it):
+"""``ray start`` for a node of ours (``python -m hypermedia.worker.ray_start`` takes the
+arguments of ``ray start``; :func:`hypermedia.worker.cluster.start_head` and
+:func:`~hypermedia.worker.cluster.start_worker_node` run it, and so does the local
+driver's instances' ``ray``). A head goes without two processes Ray's head starts
+whatever it is told and that nothing of ours uses:
 
 - Ray's client server (``ray://`` drivers): ``ray start --head`` starts one whenever
   grpc is importable (it is: Ray needs it) and refuses port 0 for it. Our drivers (the
@@ -20,11 +22,11 @@ answers 501 with the module loaded).
 Each is a Python process importing Ray (~1.2 CPU-s at a head's start here), then
 polling the GCS for as long as the head runs.
 
-And ``ray start`` itself goes without the command groups Ray's command line adds for
-its other commands (``ray serve``, ``ray job``, ``ray list``/``get``/``summary``/
-``logs``): importing them loads Ray Serve, numpy and the state API (~0.7 of the ~1.2
-CPU-s of Ray's command line's imports here). Ray adds each only if it imports, and
-``start`` uses none. Nothing else of ``ray start`` changes.
+And ``ray start`` itself, on every node, goes without the command groups Ray's command
+line adds for its other commands (``ray serve``, ``ray job``, ``ray list``/``get``/
+``summary``/``logs``): importing them loads Ray Serve, numpy and the state API (~0.7
+of the ~1.2 CPU-s of Ray's command line's imports here). Ray adds each only if it
+imports, and ``start`` uses none. Nothing else of ``ray start`` changes.
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@ boot script joining a head on 127.0.0.10, drained, and terminated without a trac
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from pathlib import Path
@@ -206,3 +207,17 @@ def test_a_real_node_boots_from_its_user_data_joins_drains_and_goes(tmp_path, dr
     assert raynodes.drain_and_wait(head.address, "hm-rnode-0001", "gone", 5).startswith(
         "the head is not reachable"
     )
+
+
+def test_an_instance_runs_ray_start_through_the_lean_launcher(driver):
+    """The `ray` a local instance's user data runs: `ray start` is
+    hypermedia.worker.ray_start (as in the worker image, docker/host/ray), without the
+    imports of Ray's other commands (~1.2 CPU-s of a node's `ray start`); anything else is
+    Ray's own `ray`. Read from the boot's error (the script shows its `ray` and fails)."""
+    shown = driver.launch(
+        request("shim-0001", user_data='#!/bin/sh\ncat "$(command -v ray)" >&2\nexit 1\n')
+    )
+    assert isinstance(shown, DriverError)
+    assert f"{sys.executable} -m hypermedia.worker.ray_start start" in shown.message
+    assert f"exec {cluster.ray_binary()} " in shown.message
+    assert listed(driver, "contract") == []
