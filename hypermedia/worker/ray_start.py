@@ -1,7 +1,8 @@
 """``ray start`` for a node of ours (``python -m hypermedia.worker.ray_start`` takes the
 arguments of ``ray start``; :func:`hypermedia.worker.cluster.start_head` and
-:func:`~hypermedia.worker.cluster.start_worker_node` run it, and so does the local
-driver's instances' ``ray``). A head goes without two processes Ray's head starts
+:func:`~hypermedia.worker.cluster.start_worker_node` run it, and so do the local
+driver's instances' ``ray`` and a burst node's, the worker image's through
+docker/host/ray). A head goes without two processes Ray's head starts
 whatever it is told and that nothing of ours uses:
 
 - Ray's client server (``ray://`` drivers): ``ray start --head`` starts one whenever
