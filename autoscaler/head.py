@@ -222,8 +222,11 @@ def ray_start(args: list[str]) -> int:
     """``ray start`` with ``args``, through :func:`~hypermedia.worker.cluster.start_with_retries`
     (tried again when Ray gave up waiting for its raylet on a loaded machine, after what
     the failed try started, found by ``HM_HEAD_TEMP_DIR``, is stopped); its output and
-    exit status are ``ray start``'s."""
-    from hypermedia.worker.cluster import ray_binary, start_with_retries
+    exit status are ``ray start``'s. The ``ray start`` of
+    :mod:`hypermedia.worker.ray_start`, as every head of ours: no Ray client server
+    (nothing of ours speaks ``ray://``), no dashboard process when the yaml leaves the
+    dashboard off, none of Ray's other commands imported."""
+    from hypermedia.worker.cluster import ray_start_command, start_with_retries
 
     temp_dir = os.environ.get("HM_HEAD_TEMP_DIR")
     if not temp_dir:
@@ -233,7 +236,7 @@ def ray_start(args: list[str]) -> int:
         )
         return 2
     result = start_with_retries(
-        [ray_binary(), "start", *args], Path(temp_dir), Path("/dev/null"), timeout=None
+        [*ray_start_command(), "start", *args], Path(temp_dir), Path("/dev/null"), timeout=None
     )
     sys.stdout.write(result.stdout)
     sys.stderr.write(result.stderr)

@@ -1328,8 +1328,12 @@ def head_environment(provider: HypermediaNodeProvider) -> dict[str, str]:
         HM_RAY_ADDRESS=provider.head_address,
         HM_HEAD_TEMP_DIR=str(short_temp_dir(provider.state_dir, "head")),
         HM_STATE_DIR=str(provider.state_dir),
-        # Free ports for everything but the GCS (Ray's defaults collide between clusters).
-        HM_HEAD_PORTS=" ".join(a for a in port_arguments(head=True) if not a.startswith("--port=")),
+        # Free ports for everything but the GCS (Ray's defaults collide between clusters);
+        # none for the Ray client server, which the head's `ray start` (ray-start:
+        # hypermedia.worker.ray_start) does not start unless given a port.
+        HM_HEAD_PORTS=" ".join(
+            a for a in port_arguments(head=True, client_server=False) if not a.startswith("--port=")
+        ),
     )
     return env
 

@@ -1,9 +1,9 @@
 """``ray start`` for a node of ours (``python -m hypermedia.worker.ray_start`` takes the
 arguments of ``ray start``; :func:`hypermedia.worker.cluster.start_head` and
-:func:`~hypermedia.worker.cluster.start_worker_node` run it, and so do the local
-driver's instances' ``ray`` and a burst node's, the worker image's through
-docker/host/ray). A head goes without two processes Ray's head starts
-whatever it is told and that nothing of ours uses:
+:func:`~hypermedia.worker.cluster.start_worker_node` run it, so do a ``ray up`` head's
+``python -m autoscaler.head ray-start``, the local driver's instances' ``ray`` and a
+burst node's, the worker image's through docker/host/ray). A head goes without two
+processes Ray's head starts whatever it is told and that nothing of ours uses:
 
 - Ray's client server (``ray://`` drivers): ``ray start --head`` starts one whenever
   grpc is importable (it is: Ray needs it) and refuses port 0 for it. Our drivers (the

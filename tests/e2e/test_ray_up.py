@@ -306,6 +306,17 @@ def cluster(request, tmp_path):
         assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
         assert "head services up" in up.stdout + up.stderr
         assert (state / "head.url").read_text() == f"http://127.0.0.1:{api_port}"
+        # The head's `ray start` is hypermedia.worker.ray_start's (autoscaler.head
+        # ray-start): no Ray client server (it names the GCS address alone), and with
+        # local.yaml's dashboard off no dashboard process; the monitor runs.
+        from hypermedia.worker.cluster import short_temp_dir
+
+        head = [_cmdline(pid) for pid in processes_with(str(short_temp_dir(state, "head")))]
+        client = f"--address=127.0.0.10:{provider['ray_port']}"
+        head += [c for c in map(_cmdline, processes_with(client)) if "client.server" in c]
+        assert [c for c in head if "monitor.py" in c], head
+        assert not [c for c in head if "client.server" in c], head
+        assert not [c for c in head if "dashboard/dashboard.py" in c], head
         yield Cluster(env, state, data, config["cluster_name"], metadata, tmp_path)
     finally:
         down = run(env, str(BIN / "ray"), "down", "-y", str(cluster_yaml), timeout=400)
