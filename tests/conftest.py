@@ -343,13 +343,18 @@ def _sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return support.make_sqlite_template(tmp_path_factory.mktemp("sqlite-template") / "template.db")
 
 
+def _sqlite_copy(template: Path, directory: Path) -> str:
+    """A copy of the migrated ``template`` as ``directory``'s record: its URL."""
+    path = directory / "hypermedia.db"
+    shutil.copyfile(template, path)
+    path.chmod(0o600)  # as hypermedia makes its record (else every start warns)
+    return f"sqlite:///{path}"
+
+
 @pytest.fixture
 def sqlite_url(_sqlite_template: Path, tmp_path: Path) -> str:
     """A fresh migrated SQLite file where ``Settings(data_dir=tmp_path)`` looks for it."""
-    path = tmp_path / "hypermedia.db"
-    shutil.copyfile(_sqlite_template, path)
-    path.chmod(0o600)  # as hypermedia makes its record (else every start warns)
-    return f"sqlite:///{path}"
+    return _sqlite_copy(_sqlite_template, tmp_path)
 
 
 @pytest.fixture
@@ -362,8 +367,14 @@ def sqlite_engine(sqlite_url: str) -> Iterator[Engine]:
 @pytest.fixture(params=["postgresql", "sqlite"])
 def engine(request: pytest.FixtureRequest) -> Engine:
     """Each test runs twice: on PostgreSQL and on SQLite. Only the one needed is built."""
-    fixture = "pg_engine" if request.param == "postgresql" else "sqlite_engine"
-    value: Engine = request.getfixturevalue(fixture)
+    return _engine_of(request, "")
+
+
+def _engine_of(request: pytest.FixtureRequest, scope: str) -> Engine:
+    """The ``{scope}pg_engine`` or ``{scope}sqlite_engine`` fixture, as ``request.param``
+    names the database."""
+    database = "pg" if request.param == "postgresql" else "sqlite"
+    value: Engine = request.getfixturevalue(f"{scope}{database}_engine")
     return value
 
 
@@ -389,10 +400,7 @@ def module_sqlite_engine(
     _sqlite_template: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Engine]:
     """``sqlite_engine`` shared by the module's tests."""
-    path = tmp_path_factory.mktemp("module-sqlite") / "hypermedia.db"
-    shutil.copyfile(_sqlite_template, path)
-    path.chmod(0o600)
-    engine = make_engine(f"sqlite:///{path}")
+    engine = make_engine(_sqlite_copy(_sqlite_template, tmp_path_factory.mktemp("module-sqlite")))
     yield engine
     engine.dispose()
 
@@ -400,9 +408,7 @@ def module_sqlite_engine(
 @pytest.fixture(scope="module", params=["postgresql", "sqlite"])
 def module_engine(request: pytest.FixtureRequest) -> Engine:
     """``engine`` shared by the module's tests: each runs on both, one database each."""
-    fixture = "module_pg_engine" if request.param == "postgresql" else "module_sqlite_engine"
-    value: Engine = request.getfixturevalue(fixture)
-    return value
+    return _engine_of(request, "module_")
 
 
 @pytest.fixture(scope="module")
@@ -425,11 +431,7 @@ def module_settings(
         return load_settings(**values)
 
     yield build
-    client = redis.Redis.from_url(_shared_redis_url)
-    try:
-        support.delete_keys(client, prefix)
-    finally:
-        client.close()
+    _delete_keys(_shared_redis_url, prefix)
 
 
 # -- Redis ----------------------------------------------------------------------------
@@ -454,7 +456,11 @@ def redis_prefix(redis_url: str) -> Iterator[str]:
     """A key prefix of this test's own on the shared Redis; its keys go afterwards."""
     prefix = support.unique_redis_prefix()
     yield prefix
-    client = redis.Redis.from_url(redis_url)
+    _delete_keys(redis_url, prefix)
+
+
+def _delete_keys(url: str, prefix: str) -> None:
+    client = redis.Redis.from_url(url)
     try:
         support.delete_keys(client, prefix)
     finally:

@@ -281,21 +281,28 @@ def waits_for_a_lock(engine: Engine, sessions: int = 1) -> bool:
 
 
 @contextlib.contextmanager
-def write_locks(engine: Engine) -> Iterator[list[str]]:
+def statements_sent(engine: Engine, *starts: str) -> Iterator[list[str]]:
+    """The statements ``engine`` sends in the block that start with one of ``starts``
+    (case and leading space aside; an executemany is one), the list filled as they go."""
+    sent: list[str] = []
+    wanted = tuple(start.upper() for start in starts)
+
+    def note(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        if statement.lstrip().upper().startswith(wanted):
+            sent.append(statement)
+
+    event.listen(engine, "before_cursor_execute", note)
+    try:
+        yield sent
+    finally:
+        event.remove(engine, "before_cursor_execute", note)
+
+
+def write_locks(engine: Engine) -> contextlib.AbstractContextManager[list[str]]:
     """The SQLite write locks ``engine`` takes while in the block: one ``BEGIN
     IMMEDIATE`` each (:func:`hypermedia.db.engine.transaction`; a snapshot's is a
     plain ``BEGIN``), the list filled as they are taken."""
-    taken: list[str] = []
-
-    def begin(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
-        if statement.strip().upper().startswith("BEGIN IMMEDIATE"):
-            taken.append(statement)
-
-    event.listen(engine, "before_cursor_execute", begin)
-    try:
-        yield taken
-    finally:
-        event.remove(engine, "before_cursor_execute", begin)
+    return statements_sent(engine, "BEGIN IMMEDIATE")
 
 
 def make_sqlite_template(path: Path) -> Path:

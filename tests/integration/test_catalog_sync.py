@@ -5,12 +5,11 @@ per profile (a stack opened on a fresh record wrote its 11 profiles one by one).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, event, select
+from sqlalchemy import Engine, select
 
 from hypermedia.clock import to_datetime
 from hypermedia.config import DEFAULT_QUEUES, REPO_ETC
@@ -19,6 +18,7 @@ from hypermedia.db.engine import transaction
 from hypermedia.errors import ConfigError
 from hypermedia.jobs.catalog import ProfileCatalog, record_values, sync_profiles
 from hypermedia.profiles import Profile, load_profiles
+from tests import support
 
 T0 = 1_900_000_000.0
 
@@ -34,20 +34,9 @@ def _rows(engine: Engine) -> dict[tuple[str, int], dict[str, Any]]:
         return {(r["operation"], r["version"]): dict(r) for r in rows}
 
 
-@contextmanager
-def _writes(engine: Engine) -> Iterator[list[str]]:
+def _writes(engine: Engine) -> AbstractContextManager[list[str]]:
     """The INSERT/UPDATE statements ``engine`` sends in the block (an executemany: one)."""
-    sent: list[str] = []
-
-    def note(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
-        if statement.lstrip().upper().startswith(("INSERT", "UPDATE")):
-            sent.append(statement)
-
-    event.listen(engine, "before_cursor_execute", note)
-    try:
-        yield sent
-    finally:
-        event.remove(engine, "before_cursor_execute", note)
+    return support.statements_sent(engine, "INSERT", "UPDATE")
 
 
 def test_a_fresh_record_gets_every_profile_active_in_one_insert(engine, shipped):
