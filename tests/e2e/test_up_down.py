@@ -96,8 +96,6 @@ def test_up_submit_down(tmp_path):
         assert (data / "head.url").read_text() == api_url
         assert httpx.get(f"{api_url}/healthz", timeout=30).status_code == 200
 
-        _dashboard_and_metric_targets(data, api_url)
-
         added = _cli(env, "user", "add", "alice", "--credits", "100")
         key = added.stdout.strip()
         assert key.startswith("hm_"), added.stdout + added.stderr
@@ -124,6 +122,9 @@ def test_up_submit_down(tmp_path):
         status = json.loads(shown.stdout)
         assert status["leader"] and status["last_turn_at"], status
         assert "scheduler in vps_only mode, no cloud" in (data / "head.log").read_text()
+        # Last: Ray writes its targets' file some seconds after its dashboard starts (the
+        # wait was an idle stack's, up to 90 s, before the commands above).
+        _dashboard_and_metric_targets(data, api_url)
 
         (data / "head.pid").unlink()
         down = _cli(env, "down")
