@@ -2,11 +2,17 @@
 a 500 nor a dropped stream: NUL characters and lone UTF-16 surrogates in ids and text,
 NaN and Infinity in params, numbers and times past their columns' range, a Last-Event-ID
 past Redis's. Through a real uvicorn server on PostgreSQL (which refuses a NUL in text)
-and SQLite (which would keep a NaN no JSON parser reads back)."""
+and SQLite (which would keep a NaN no JSON parser reads back).
+
+The tests share one database, one stack and one server per engine (``module_engine``):
+each has a user of its own, and counts only that user's rows (``_count(..., user)``), so
+no test sees another's. A clone, a ``Stack.open`` and a uvicorn start per test (68 of
+them, mostly parametrized cases) cost the file most of its CPU."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import sys
 from collections.abc import Iterator
@@ -14,9 +20,10 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import Table, func, select
 
 from hypermedia import tls
+from hypermedia.accounts import NewUser
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
 from hypermedia.ingest import api
@@ -29,14 +36,15 @@ PNG = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x10\x00\x00\x00\x10\x08\
 MISSING_JOB = "0" * 32
 
 
-@pytest.fixture
-def stack(engine, settings) -> Iterator[Stack]:
-    opened = Stack.open(settings(), engine=engine, auto_migrate=True)
+@pytest.fixture(scope="module")
+def stack(module_engine, module_settings) -> Iterator[Stack]:
+    """Shared by the module's tests on one engine (see the module docstring)."""
+    opened = Stack.open(module_settings(module_engine), engine=module_engine, auto_migrate=True)
     yield opened
     opened.close()
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def client(stack) -> Iterator[httpx.Client]:
     with (
         running_server(
@@ -47,9 +55,13 @@ def client(stack) -> Iterator[httpx.Client]:
         yield http
 
 
+_users = itertools.count(1)
+
+
 @pytest.fixture
 def user(stack):
-    return add_user(stack, "alice", credits=100)
+    """The test's own user (the stack is shared: a name of its own)."""
+    return add_user(stack, f"alice-{next(_users)}", credits=100)
 
 
 @pytest.fixture
@@ -61,9 +73,13 @@ def object_id(client, user) -> str:
     return str(uploaded.json()["object_id"])
 
 
-def _count(stack: Stack, table) -> int:
+def _count(stack: Stack, table: Table, user: NewUser) -> int:
+    """``user``'s rows of ``table`` (jobs, submissions: theirs; objects: they own): the
+    other tests' rows are in the shared database too."""
+    owner = table.c.owner_id if table is t.objects else table.c.user_id
+    query = select(func.count()).select_from(table).where(owner == user.user_id)
     with transaction(stack.engine) as conn:
-        return int(conn.execute(select(func.count()).select_from(table)).scalar_one())
+        return int(conn.execute(query).scalar_one())
 
 
 def refused(response: httpx.Response, status: int, field: str, code: str = "invalid_request"):
@@ -142,7 +158,7 @@ def test_nul_in_an_id_or_text_is_refused_naming_the_field(stack, client, user, o
     for method, path, extra, field in requests:
         error = refused(client.request(method, path, headers=h, **extra), 422, field)
         assert any(says in error["message"] for says in ("NUL", "pattern", "U+0000")), error
-    assert _count(stack, t.jobs) == 1 and _count(stack, t.objects) == 1
+    assert _count(stack, t.jobs, user) == 1 and _count(stack, t.objects, user) == 1
 
 
 def test_a_lone_surrogate_is_refused_naming_the_field(stack, client, user, object_id):
@@ -173,7 +189,7 @@ def test_a_lone_surrogate_is_refused_naming_the_field(stack, client, user, objec
         headers={**bearer(user), "Content-Type": "application/json"},
     )
     refused(register, 422, "body.filename")
-    assert _count(stack, t.jobs) == 0 and _count(stack, t.objects) == 1
+    assert _count(stack, t.jobs, user) == 0 and _count(stack, t.objects, user) == 1
 
 
 @pytest.mark.parametrize(
@@ -201,7 +217,7 @@ def test_a_file_name_with_control_characters_is_refused(stack, client, user, nam
         headers=h,
     )
     refused(register, 422, "body.filename")
-    assert _count(stack, t.objects) == 0
+    assert _count(stack, t.objects, user) == 0
 
 
 def test_a_file_name_that_looks_like_a_path_is_only_a_name(stack, client, user):
@@ -231,7 +247,7 @@ def test_nan_and_infinity_in_params_are_refused(stack, client, user, object_id, 
         raw_submit(client, user, body % (object_id.encode(), number)), 422, "body.params"
     )
     assert "params.thumbnail.x[1]" in error["message"] and "not a JSON number" in error["message"]
-    assert _count(stack, t.jobs) == 0 and _count(stack, t.submissions) == 0
+    assert _count(stack, t.jobs, user) == 0 and _count(stack, t.submissions, user) == 0
     # A well-formed number goes through (to the step's check, which takes this one).
     accepted = raw_submit(
         client,
@@ -390,7 +406,7 @@ def test_a_json_body_said_to_be_in_another_charset_than_utf8_is_415_naming_it(
     said = charset.strip('"').lower()
     error = refused(answer, 415, f"charset={said}", code="unsupported_media_type")
     assert error["details"]["content_type"] == f"application/json; charset={charset}"
-    assert _count(stack, t.jobs) == 0
+    assert _count(stack, t.jobs, user) == 0
     for utf8 in ("utf-8", "UTF-8", '"utf-8"', "utf8"):
         headers = {**bearer(user), "Content-Type": f"application/json ; charset={utf8}"}
         taken = client.post(
@@ -443,7 +459,7 @@ def test_an_idempotency_key_header_not_ascii_is_refused(stack, client, user, obj
     body = {"object_id": object_id, "operations": ["thumbnail"], "idempotency_key": "cl\u00e9"}
     in_body = client.post(f"{P}/process", json=body, headers=bearer(user))
     refused(in_body, 422, "body.idempotency_key")
-    assert _count(stack, t.jobs) == 0 and _count(stack, t.objects) == 1
+    assert _count(stack, t.jobs, user) == 0 and _count(stack, t.objects, user) == 1
 
 
 def test_a_query_parameter_not_utf8_is_refused_naming_it(stack, client, user, object_id):
@@ -461,7 +477,7 @@ def test_a_query_parameter_not_utf8_is_refused_naming_it(stack, client, user, ob
         assert "not UTF-8" in error["message"] and bad in error["message"], error
     listed = client.get(f"{P}/jobs?object_id=caf%E9", headers=h)  # Latin-1, not UTF-8
     refused(listed, 422, "query.object_id")
-    assert _count(stack, t.objects) == 1
+    assert _count(stack, t.objects, user) == 1
     # Percent-encoded UTF-8 is the name, exactly; so is '+' for a space.
     named = client.put(f"{P}/objects?filename=caf%C3%A9+%F0%9F%90%B1.png", content=PNG, headers=h)
     assert named.status_code == 201, named.text
@@ -492,7 +508,7 @@ def test_a_json_body_the_parser_cannot_read_is_422_saying_why(stack, client, use
         assert why in error["message"], error
         assert "sys." not in error["message"], error
         assert error["details"]["errors"][0]["type"] == "json_invalid", error
-    assert _count(stack, t.jobs) == 0 and _count(stack, t.objects) == 0
+    assert _count(stack, t.jobs, user) == 0 and _count(stack, t.objects, user) == 0
 
 
 def test_an_empty_id_is_404_not_a_redirect_to_another_route(client, user, object_id):
