@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -42,6 +43,28 @@ def api(stack) -> Iterator[TestClient]:
         yield client
 
 
+# -- shared by the cases of a parametrized test -------------------------------------------
+# Cases that each make a user of their own, and look only at that user's rows, share one
+# database, one stack and one app per engine (module_engine): a clone, a Stack.open and
+# a TestClient start per case cost them most of their CPU.
+
+_users = itertools.count(1)
+
+
+@pytest.fixture(scope="module")
+def shared_api(module_engine, module_settings) -> Iterator[TestClient]:
+    opened = Stack.open(module_settings(module_engine), engine=module_engine, auto_migrate=True)
+    with TestClient(create_app(opened, auth_cache_seconds=0)) as client:
+        yield client
+    opened.close()
+
+
+@pytest.fixture
+def own_alice(shared_api):
+    """The case's own user on the shared stack (a name of its own: "alice" is taken)."""
+    return add_user(shared_api.app.state.stack, f"alice-{next(_users)}", credits=10)
+
+
 @pytest.fixture
 def alice(stack):
     return add_user(stack, "alice", credits=10)
@@ -68,9 +91,15 @@ def submit(api, user, object_id: str, operations=("thumbnail",), **extra):
     return api.post(f"{P}/process", json=body, headers=bearer(user))
 
 
-def count(stack, table) -> int:
+def count(stack, table, user=None) -> int:
+    """Rows of ``table``; ``user``'s only when given (jobs, submissions: theirs; objects:
+    they own): on a shared stack (``shared_api``) the other cases' rows are there too."""
+    query = select(func.count()).select_from(table)
+    if user is not None:
+        owner = table.c.owner_id if table is t.objects else table.c.user_id
+        query = query.where(owner == user.user_id)
     with transaction(stack.engine) as conn:
-        return int(conn.execute(select(func.count()).select_from(table)).scalar_one())
+        return int(conn.execute(query).scalar_one())
 
 
 def job_status(stack, job_id: str) -> str:
@@ -161,11 +190,14 @@ def test_process_rejects_bad_input(api, alice):
     "content_type", [None, "application/x-www-form-urlencoded", "text/plain", "text/json"]
 )
 def test_a_json_body_sent_as_another_type_is_415_saying_which_type_to_send(
-    api, alice, content_type
+    shared_api, own_alice, content_type
 ):
     """`curl -d '{...}'` sends application/x-www-form-urlencoded: valid JSON under another
     type was 422 "body: Input should be a valid dictionary or object to extract fields
-    from", which says nothing of the header a person has to change."""
+    from", which says nothing of the header a person has to change.
+
+    The cases share a stack (``shared_api``): each counts its own user's jobs."""
+    api, alice = shared_api, own_alice
     obj = upload(api, alice)
     body = f'{{"object_id": "{obj["object_id"]}", "operations": ["thumbnail"]}}'.encode()
     headers = (
@@ -177,7 +209,7 @@ def test_a_json_body_sent_as_another_type_is_415_saying_which_type_to_send(
     assert "Content-Type: application/json" in error["message"]
     if content_type is not None:
         assert content_type in error["message"]
-    assert count(stack=api.app.state.stack, table=t.jobs) == 0
+    assert count(stack=api.app.state.stack, table=t.jobs, user=alice) == 0
     # The same body as JSON is taken; so is a JSON type with parameters.
     headers = {**bearer(alice), "Content-Type": "application/json; charset=utf-8"}
     assert api.post(f"{P}/process", content=body, headers=headers).status_code == 202
@@ -212,9 +244,14 @@ def test_a_body_that_is_not_json_says_where_and_why(api, alice):
         ("extract_text", {"shout": True}, "shout"),
     ],
 )
-def test_parameters_a_step_would_refuse_are_refused_at_submit(api, alice, operation, params, named):
+def test_parameters_a_step_would_refuse_are_refused_at_submit(
+    shared_api, own_alice, operation, params, named
+):
     """What the worker's step would refuse of its parameters is a 422 before a job
-    exists (each step registers its parser as its check), never a job that fails."""
+    exists (each step registers its parser as its check), never a job that fails.
+
+    The cases share a stack (``shared_api``): each lists its own user's jobs."""
+    api, alice = shared_api, own_alice
     obj = upload(api, alice)
     response = submit(api, alice, obj["object_id"], [operation], params={operation: params})
     error = assert_error(response, 422, "invalid_params")
