@@ -1,7 +1,14 @@
-"""Upload inspection runs in a budgeted child, not in the API process (issue 11, item 9)."""
+"""Upload inspection runs in a budgeted child, not in the API process (issue 11, item 9).
+
+The tests on ``stack`` / ``base_url``, and the cases of the crash test (``crash_server``),
+share one database, one stack and one server per engine (``module_engine``): each has a
+user of its own (``_user``) and counts only that user's objects and jobs, and the files
+it left in the shared storage (``_files`` before and after). A clone, a ``Stack.open`` and
+a uvicorn start per case cost them most of their CPU (the inspections aside)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -23,6 +30,7 @@ import pytest
 from sqlalchemy import func, select
 
 from hypermedia import tls
+from hypermedia.accounts import NewUser
 from hypermedia.clock import SystemClock
 from hypermedia.db import tables as t
 from hypermedia.db.engine import transaction
@@ -49,26 +57,64 @@ def crafted_pdf(size: int = 8 * 1024 * 1024) -> bytes:
     return b"%PDF-1.4\n" + b"/Width 1 " * (size // 9) + b"\n%%EOF\n"
 
 
-@pytest.fixture
-def stack(engine, settings) -> Iterator[Stack]:
+@pytest.fixture(scope="module")
+def stack(module_engine, module_settings) -> Iterator[Stack]:
+    """Shared by the module's tests on one engine (see the module docstring)."""
     opened = Stack.open(
-        settings(inspection_cpu_seconds=1, inspection_wall_seconds=60, inspection_concurrency=2),
-        engine=engine,
+        module_settings(
+            module_engine,
+            inspection_cpu_seconds=1,
+            inspection_wall_seconds=60,
+            inspection_concurrency=2,
+        ),
+        engine=module_engine,
         auto_migrate=True,
     )
     yield opened
     opened.close()
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def base_url(stack) -> Iterator[str]:
     with running_server(create_app(stack, auth_cache_seconds=0)) as url:
         yield url
 
 
-def _objects(stack: Stack) -> int:
+@pytest.fixture(scope="module")
+def crash_server(module_engine, module_settings) -> Iterator[tuple[Stack, str]]:
+    """A stack whose inspections have 30 CPU-s, and its server's URL: shared by the
+    crash test's cases on one engine."""
+    opened = Stack.open(
+        module_settings(module_engine, inspection_cpu_seconds=30, inspection_wall_seconds=60),
+        engine=module_engine,
+        auto_migrate=True,
+    )
+    try:
+        with running_server(create_app(opened, auth_cache_seconds=0)) as url:
+            yield opened, url
+    finally:
+        opened.close()
+
+
+_users = itertools.count(1)
+
+
+def _user(stack: Stack, **options: Any) -> NewUser:
+    """A user of the test's own (the stack is shared: a name of its own)."""
+    return add_user(stack, f"alice-{next(_users)}", **options)
+
+
+def _objects(stack: Stack, user: NewUser) -> int:
+    """``user``'s objects: the other tests' are in the shared database too."""
+    o = t.objects.c
+    query = select(func.count()).select_from(t.objects).where(o.owner_id == user.user_id)
     with transaction(stack.engine) as conn:
-        return int(conn.execute(select(func.count()).select_from(t.objects)).scalar_one())
+        return int(conn.execute(query).scalar_one())
+
+
+def _files(stack: Stack) -> set[Path]:
+    """The files in the stack's storage (the other tests' too: compare with before)."""
+    return {p for p in stack.settings.storage_dir.rglob("*") if p.is_file()}
 
 
 def _upload(base_url: str, user, data: bytes, name: str) -> httpx.Response:
@@ -79,15 +125,16 @@ def _upload(base_url: str, user, data: bytes, name: str) -> httpx.Response:
 
 
 def test_an_inspection_past_its_cpu_budget_refuses_the_upload(stack, base_url):
-    user = add_user(stack, "alice")
+    user = _user(stack)
+    files = _files(stack)
     response = _upload(base_url, user, crafted_pdf(), "slow.pdf")
     assert response.status_code == 422, response.text
     error = response.json()["error"]
     assert error["code"] == "inspection_limit"
     assert "CPU" in error["message"]
     assert error["details"]["cpu_seconds"] == 1
-    assert _objects(stack) == 0
-    assert [p for p in stack.settings.storage_dir.rglob("*") if p.is_file()] == []
+    assert _objects(stack, user) == 0
+    assert _files(stack) == files
 
     # An ordinary file is inspected in its child as before.
     response = _upload(base_url, user, PNG, "ok.png")
@@ -99,7 +146,7 @@ def test_an_inspection_past_its_cpu_budget_refuses_the_upload(stack, base_url):
 def test_an_upload_refused_by_inspection_leaves_its_idempotency_key_free(stack, base_url):
     """A retry under the key of an upload inspection refused is a new upload: the
     refused one left neither an object nor its key."""
-    user = add_user(stack, "alice")
+    user = _user(stack)
     headers = {**bearer(user), "Idempotency-Key": "report-3"}
     with httpx.Client(base_url=base_url, timeout=120, verify=tls.client_context()) as client:
         refused = client.put(
@@ -107,56 +154,51 @@ def test_an_upload_refused_by_inspection_leaves_its_idempotency_key_free(stack, 
         )
         assert refused.status_code == 422, refused.text
         assert refused.json()["error"]["code"] == "inspection_limit"
-        assert _objects(stack) == 0
+        assert _objects(stack, user) == 0
         accepted = client.put(
             f"{P}/objects", params={"filename": "r.pdf"}, content=PNG, headers=headers
         )
     assert accepted.status_code == 201, accepted.text
     assert accepted.json()["replayed"] is False and accepted.json()["detected_kind"] == "image"
-    assert _objects(stack) == 1
+    assert _objects(stack, user) == 1
 
 
 @pytest.mark.parametrize("crash", [signal.SIGSEGV, signal.SIGSYS], ids=["segfault", "seccomp"])
-def test_an_inspection_child_that_crashes_refuses_the_upload(engine, settings, crash):
+def test_an_inspection_child_that_crashes_refuses_the_upload(crash_server, crash):
     """A parser that dies of a signal on a hostile file (a segfault; SIGSYS, the
     seccomp filter's kill) answered 500 ``internal`` with a traceback in the log. It is
     422 ``inspection_crashed`` naming the signal: nothing stored, nothing charged, and
     the next upload is inspected as before. The child is killed from outside with the
-    signal a crash delivers (its exit status is all the runner sees)."""
-    stack = Stack.open(
-        settings(inspection_cpu_seconds=30, inspection_wall_seconds=60),
-        engine=engine,
-        auto_migrate=True,
-    )
-    try:
-        with (
-            running_server(create_app(stack, auth_cache_seconds=0)) as url,
-            ThreadPoolExecutor(1) as pool,
-            httpx.Client(base_url=url, timeout=120, verify=tls.client_context()) as client,
-        ):
-            user = add_user(stack, "alice")
-            credits = client.get(f"{P}/credits", headers=bearer(user)).json()
-            upload = pool.submit(_upload, url, user, crafted_pdf(), "crash.pdf")
-            deadline = time.monotonic() + 60
-            while inspection._current is None or not _children(inspection._current):
-                assert time.monotonic() < deadline, "the inspection never started"
-                time.sleep(0.01)
-            [child] = _children(inspection._current)
-            os.kill(child, crash)
-            response = upload.result()
-            assert response.status_code == 422, response.text
-            error = response.json()["error"]
-            assert error["code"] == "inspection_crashed"
-            assert crash.name in error["message"]
-            assert _objects(stack) == 0
-            assert [p for p in stack.settings.storage_dir.rglob("*") if p.is_file()] == []
-            assert client.get(f"{P}/credits", headers=bearer(user)).json() == credits
+    signal a crash delivers (its exit status is all the runner sees).
 
-            after = _upload(url, user, PNG, "ok.png")
-            assert after.status_code == 201, after.text
-            assert after.json()["detected_kind"] == "image"
-    finally:
-        stack.close()
+    The cases share a stack and its server (``crash_server``): each has its own user."""
+    stack, url = crash_server
+    with (
+        ThreadPoolExecutor(1) as pool,
+        httpx.Client(base_url=url, timeout=120, verify=tls.client_context()) as client,
+    ):
+        user = _user(stack)
+        files = _files(stack)
+        credits = client.get(f"{P}/credits", headers=bearer(user)).json()
+        upload = pool.submit(_upload, url, user, crafted_pdf(), "crash.pdf")
+        deadline = time.monotonic() + 60
+        while inspection._current is None or not _children(inspection._current):
+            assert time.monotonic() < deadline, "the inspection never started"
+            time.sleep(0.01)
+        [child] = _children(inspection._current)
+        os.kill(child, crash)
+        response = upload.result()
+        assert response.status_code == 422, response.text
+        error = response.json()["error"]
+        assert error["code"] == "inspection_crashed"
+        assert crash.name in error["message"]
+        assert _objects(stack, user) == 0
+        assert _files(stack) == files
+        assert client.get(f"{P}/credits", headers=bearer(user)).json() == credits
+
+        after = _upload(url, user, PNG, "ok.png")
+        assert after.status_code == 201, after.text
+        assert after.json()["detected_kind"] == "image"
 
 
 @pytest.mark.parametrize("duration_ms", [float("inf"), float("nan")], ids=["inf", "nan"])
@@ -169,7 +211,7 @@ def test_a_webm_stating_a_duration_that_is_no_number_is_uploaded_and_judged(
     (the inf in duration_limit's details could not be rendered; a NaN passed the limit).
     The duration is unknown, as for formats that state none: the worker's probe
     judges it."""
-    user = add_user(stack, "alice")
+    user = _user(stack)
     response = _upload(base_url, user, ebml(b"webm", [1, 2], duration_ms), "clip.webm")
     assert response.status_code == 201, response.text
     assert response.json()["detected_kind"] == "video"
@@ -279,7 +321,7 @@ def test_an_exploited_inspection_child_reaches_nothing_of_the_api(tmp_path, monk
 
 
 def test_healthz_answers_while_inspections_run(stack, base_url):
-    user = add_user(stack, "alice")
+    user = _user(stack)
     data = crafted_pdf()
     answered_while_busy = 0
     longest_wait = 0.0  # the longest /healthz took while uploads were being inspected
@@ -622,7 +664,7 @@ def test_an_image_with_no_readable_header_is_refused_at_submit(stack, base_url, 
     in the worker. The upload says it is refused (invalid_input, its header ends before
     a width and height), and a submit of any operation on it is a 422 that queues
     nothing."""
-    user = add_user(stack, "alice", credits=100)
+    user = _user(stack, credits=100)
     response = _upload(base_url, user, data, "cut.png")
     assert response.status_code == 201, response.text
     uploaded = response.json()
@@ -639,5 +681,6 @@ def test_an_image_with_no_readable_header_is_refused_at_submit(stack, base_url, 
     assert "width and height" in error["message"], error
     refused = uploaded["refusal"]
     assert (refused["code"], refused["message"]) == ("invalid_input", error["message"])
-    with transaction(stack.engine) as conn:
-        assert conn.execute(select(func.count()).select_from(t.jobs)).scalar_one() == 0
+    with transaction(stack.engine) as conn:  # the user's: the stack is shared
+        jobs = select(func.count()).select_from(t.jobs).where(t.jobs.c.user_id == user.user_id)
+        assert conn.execute(jobs).scalar_one() == 0
