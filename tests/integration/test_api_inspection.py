@@ -181,11 +181,7 @@ def test_an_inspection_child_that_crashes_refuses_the_upload(crash_server, crash
         files = _files(stack)
         credits = client.get(f"{P}/credits", headers=bearer(user)).json()
         upload = pool.submit(_upload, url, user, crafted_pdf(), "crash.pdf")
-        deadline = time.monotonic() + 60
-        while inspection._current is None or not _children(inspection._current):
-            assert time.monotonic() < deadline, "the inspection never started"
-            time.sleep(0.01)
-        [child] = _children(inspection._current)
+        child = _inspection_child(60)
         os.kill(child, crash)
         response = upload.result()
         assert response.status_code == 422, response.text
@@ -458,11 +454,8 @@ def test_uploads_waiting_for_an_inspection_slot_hold_no_thread_of_the_other_rout
         ):
             operator = add_user(stack, "op", operator=True)  # no upload caps
             slow = pool.submit(_upload, url, operator, crafted_pdf(), "slow.pdf")
+            slow_child = _inspection_child(10)
             deadline = time.monotonic() + 10
-            while inspection._current is None or not _children(inspection._current):
-                assert time.monotonic() < deadline, "the slow inspection never started"
-                time.sleep(0.01)
-            [slow_child] = _children(inspection._current)
             small = [pool.submit(_upload, url, operator, PNG, f"{i}.png") for i in range(45)]
             stored = stack.settings.storage_dir
             while len([p for p in stored.rglob("*") if p.is_file()]) < 46:  # all waiting
@@ -479,6 +472,16 @@ def test_uploads_waiting_for_an_inspection_slot_hold_no_thread_of_the_other_rout
             assert [u.result().status_code for u in small] == [201] * 45
     finally:
         stack.close()
+
+
+def _inspection_child(seconds: float) -> int:
+    """The pid of the one inspection running, once it has started (within ``seconds``)."""
+    deadline = time.monotonic() + seconds
+    while inspection._current is None or not _children(inspection._current):
+        assert time.monotonic() < deadline, "the inspection never started"
+        time.sleep(0.01)
+    [child] = _children(inspection._current)
+    return child
 
 
 def _children(server: inspection._Server) -> list[int]:
