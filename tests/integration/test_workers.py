@@ -241,24 +241,27 @@ def _an_actor_that_dies_while_its_pool_wants_no_more_is_not_replaced(rs: RayStac
     rs.supervisor.wait_ready(timeout=120)
 
 
-def test_stop_does_not_wait_for_an_actor_no_node_can_hold(pg_engine, settings, tmp_path, caplog):
+def _stop_does_not_wait_for_an_actor_no_node_can_hold(
+    rs: RayStack, caplog: pytest.LogCaptureFixture
+) -> None:
     """An actor still pending (no node has room for it: here it asks 64 CPUs) has no
-    job to finish: stopping drains the others, does not wait for it, and says so."""
-    queues = {"media": {"cpus": 64}}
-    with ray_stack(settings, pg_engine, tmp_path, {"images": 1}, queues=queues) as rs:
-        (pending,) = rs.supervisor.resize({"media": 1})
-        (images,) = rs.supervisor.actors("images")
-        stopping = threading.Thread(target=rs.supervisor.stop, kwargs={"drain_timeout": 5})
-        stopping.start()
-        stopping.join(120)
-        assert not stopping.is_alive(), "stop() waited for the pending actor"
-        said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("stopping")]
-        why = "not started yet (waiting for a node, or still starting)"
-        assert said == [f"stopping {pending}: {why}; killed, its jobs go back"]
-        with transaction(rs.stack.engine) as conn:
-            rows = dict(conn.execute(select(t.workers.c.worker_id, t.workers.c.status)).all())
-        assert rows == {images.worker_id: "stopped"}  # drained; the pending one never ran
-        assert pending not in rs.supervisor.events.died
+    job to finish: stopping drains the others, does not wait for it, and says so.
+    (Stops the actors: last. The workers the scenarios before killed are theirs.)"""
+    (pending,) = rs.supervisor.resize({"media": 1})
+    (images,) = rs.supervisor.actors("images")
+    stopping = threading.Thread(target=rs.supervisor.stop, kwargs={"drain_timeout": 5})
+    stopping.start()
+    stopping.join(120)
+    assert not stopping.is_alive(), "stop() waited for the pending actor"
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("stopping")]
+    why = "not started yet (waiting for a node, or still starting)"
+    assert said == [f"stopping {pending}: {why}; killed, its jobs go back"]
+    with transaction(rs.stack.engine) as conn:
+        rows = dict(conn.execute(select(t.workers.c.worker_id, t.workers.c.status)).all())
+    killed = set(rs.supervisor.events.died)
+    rows = {worker: status for worker, status in rows.items() if worker not in killed}
+    assert rows == {images.worker_id: "stopped"}  # drained; the pending one never ran
+    assert pending not in rs.supervisor.events.died
 
 
 def _cancel_of_a_running_job_kills_its_child(rs: RayStack) -> None:
@@ -353,22 +356,25 @@ def test_jobs_run_fail_retry_are_cancelled_and_drained_on_one_actor(pg_engine, s
 
 
 @pytest.mark.timeout(600)
-def test_a_queues_prefetch_and_actors_killed_before_ready_or_beyond_their_pool(
-    pg_engine, settings, tmp_path
+def test_a_queues_prefetch_actors_killed_before_ready_or_beyond_their_pool_and_stop(
+    pg_engine, settings, tmp_path, caplog
 ):
-    """Three tests folded into one: each started a Ray stack of its own (~6 CPU-s and
+    """Four tests folded into one: each started a Ray stack of its own (~6 CPU-s and
     10-30 s); their assertions kept, run one after another on the same stack, whose
     images queue takes three jobs a claim on one loop (what the first needs; the others
-    start no job): test_a_queues_prefetch_reaches_its_actor,
+    start no job) and whose media actors ask 64 CPUs (the last's):
+    test_a_queues_prefetch_reaches_its_actor,
     test_an_actor_killed_before_it_is_ready_is_replaced_and_waited_for (the pool
-    resized from one to two), and
+    resized from one to two),
     test_an_actor_that_dies_while_its_pool_wants_no_more_is_not_replaced (then resized
-    back to one)."""
-    queues = {"images": {"concurrency": 1, "prefetch": 3}}
+    back to one) and, last (it stops the actors),
+    test_stop_does_not_wait_for_an_actor_no_node_can_hold."""
+    queues = {"images": {"concurrency": 1, "prefetch": 3}, "media": {"cpus": 64}}
     with ray_stack(settings, pg_engine, tmp_path, {"images": 1}, queues=queues) as rs:
         _a_queues_prefetch_reaches_its_actor(rs)
         _an_actor_killed_before_it_is_ready_is_replaced_and_waited_for(rs)
         _an_actor_that_dies_while_its_pool_wants_no_more_is_not_replaced(rs)
+        _stop_does_not_wait_for_an_actor_no_node_can_hold(rs, caplog)
 
 
 def test_an_actor_whose_constructor_refuses_its_settings_says_why(
