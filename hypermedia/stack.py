@@ -32,9 +32,9 @@ from hypermedia.metrics import Recorder
 from hypermedia.queue.redis_queue import RedisQueue, connect
 from hypermedia.ratelimit import RateLimiter
 from hypermedia.storage.base import Storage
+from hypermedia.storage.configured import build_storage
 from hypermedia.storage.deletions import Backends
 from hypermedia.storage.health import StorageHealth
-from hypermedia.storage.local import LocalStorage, load_or_create_secret
 
 log = logging.getLogger(__name__)
 
@@ -45,29 +45,6 @@ def redis_url_for(settings: Settings) -> str:
     from hypermedia.embedded import ensure_running
 
     return ensure_running(settings.data_dir / "redis")
-
-
-def build_storage(settings: Settings, clock: Clock) -> Storage:
-    """The configured storage: S3 (boto3 imported only then), else the local directory
-    with URLs signed by ``storage_secret`` or the secret kept in ``data_dir``."""
-    if settings.storage_backend == "s3":
-        from hypermedia.storage.s3 import S3Storage
-
-        assert settings.s3_bucket is not None  # the settings refuse s3 without a bucket
-        return S3Storage(
-            settings.s3_bucket,
-            endpoint_url=settings.s3_endpoint_url,
-            region=settings.s3_region,
-            prefix=settings.s3_prefix,
-        )
-    secret = (
-        settings.storage_secret.get_secret_value()
-        if settings.storage_secret is not None
-        else load_or_create_secret(settings.storage_secret_path)
-    )
-    return LocalStorage(
-        settings.storage_dir, base_url=settings.public_api_url, secret=secret, clock=clock
-    )
 
 
 def storage_health(storage: Storage, settings: Settings, clock: Clock) -> StorageHealth:

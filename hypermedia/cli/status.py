@@ -145,7 +145,8 @@ def _storage_probe(stack: Stack) -> StorageHealth:
     """The storage's probe, as the API's /healthz runs it; a storage that cannot even be
     built (S3 credentials to be had nowhere) is down for that reason."""
     from hypermedia.errors import HypermediaError
-    from hypermedia.stack import build_storage, storage_health
+    from hypermedia.stack import storage_health
+    from hypermedia.storage.configured import build_storage
     from hypermedia.storage.health import StorageHealth
 
     try:

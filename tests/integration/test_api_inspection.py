@@ -39,7 +39,8 @@ from hypermedia.ingest import inspection
 from hypermedia.ingest.api import create_app
 from hypermedia.ingest.inspection import InspectionBudget, InspectionRunner
 from hypermedia.ingest.uploads import inspect_stored
-from hypermedia.stack import Stack, build_storage
+from hypermedia.stack import Stack
+from hypermedia.storage.configured import build_storage
 from hypermedia.storage.local import LocalStorage
 from tests import support
 from tests.api_support import REPO, add_user, bearer, running_server

@@ -183,7 +183,7 @@ def local_backend(settings, manual_clock) -> Iterator[Backend]:
 @pytest.fixture
 def s3_backend(moto_endpoint, aws_environment, settings) -> Iterator[Backend]:
     bucket = make_bucket(moto_endpoint)
-    from hypermedia.stack import build_storage
+    from hypermedia.storage.configured import build_storage
 
     storage = build_storage(
         settings(
@@ -867,7 +867,7 @@ def test_the_stack_builds_local_storage_with_a_kept_secret(local_backend):
     assert secret_file.is_file()
     assert oct(secret_file.stat().st_mode & 0o777) == "0o600"
     # another process of the deployment (same data_dir) signs URLs the API accepts
-    from hypermedia.stack import build_storage
+    from hypermedia.storage.configured import build_storage
 
     sibling = build_storage(local_backend.stack.settings, local_backend.stack.clock)
     storage.put("originals/p/o", [b"shared"])
@@ -875,7 +875,7 @@ def test_the_stack_builds_local_storage_with_a_kept_secret(local_backend):
 
 
 def test_a_configured_secret_is_used_instead(settings, tmp_path, manual_clock):
-    from hypermedia.stack import build_storage
+    from hypermedia.storage.configured import build_storage
 
     configured = build_storage(settings(storage_secret="c" * 40), manual_clock)
     generated = build_storage(settings(), manual_clock)
