@@ -49,6 +49,12 @@ ONE_WORKER = frozenset(
         "tests/integration/test_driver_aws.py",
         "tests/integration/test_pipeline_office.py",
         "tests/integration/test_sandbox_executor.py",
+        # Their cases share a database and a stack (and server) per engine, module-scoped
+        # (tests/conftest.py's module_* fixtures): spread, each case would build them anew.
+        "tests/integration/test_guards.py",
+        "tests/integration/test_api.py",
+        "tests/integration/test_api_inputs.py",
+        "tests/integration/test_api_inspection.py",
     }
 )
 
