@@ -77,7 +77,7 @@ def bad_output(input_path: Path, params: Mapping[str, Any], workdir: Path) -> li
 def sleep(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list[Output]:
     """Sleep ``seconds``; first fork ``children`` grandchildren that sleep too (pids
     written to ``pids.txt``); ``escape``: one of them leaves the process group; ``say``:
-    printed on stderr first."""
+    printed on stderr first; ``until``: a path: the sleep ends early once it exists."""
     if "say" in params:
         print(params["say"], file=sys.stderr, flush=True)
     pids = []
@@ -90,7 +90,13 @@ def sleep(input_path: Path, params: Mapping[str, Any], workdir: Path) -> list[Ou
             os._exit(0)
         pids.append(pid)
     (workdir / "pids.txt").write_text("\n".join(map(str, pids)))
-    time.sleep(float(params.get("seconds", 3600)))
+    seconds = float(params.get("seconds", 3600))
+    if "until" not in params:
+        time.sleep(seconds)
+        return []
+    deadline = time.monotonic() + seconds
+    while not Path(params["until"]).exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
     return []
 
 

@@ -341,10 +341,13 @@ def test_grants_the_head_could_not_make_for_an_outage_are_retried(engine, settin
 
 class _StorageComesBack(_InputServer):
     """The input's URL, which the head cannot sign while ``down`` is set (its storage is
-    unavailable: the grants actor's answer, raised again in the worker)."""
+    unavailable: the grants actor's answer, raised again in the worker); ``refusals``:
+    it comes back by itself after that many. ``refused``: when (monotonic) each was."""
 
-    def __init__(self) -> None:
+    def __init__(self, refusals: int | None = None) -> None:
         self.down = threading.Event()
+        self.refusals = refusals
+        self.refused: list[float] = []
 
         def get(handler: BaseHTTPRequestHandler) -> None:
             handler.send_response(200)
@@ -358,6 +361,9 @@ class _StorageComesBack(_InputServer):
         from hypermedia.worker.actor import _raise
 
         if self.down.is_set():
+            self.refused.append(time.monotonic())
+            if self.refusals is not None and len(self.refused) >= self.refusals:
+                self.down.clear()
             _raise(("error", "storage_unavailable", "the file storage is unavailable"))
         return super().input_url(job_id, worker_id)
 
@@ -371,7 +377,7 @@ class _SlowWarnings(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         if self.words in record.getMessage():
-            time.sleep(0.2)  # within the test's pause of 1 s, with its 0.5 s look
+            time.sleep(0.2)  # within the test's pause of 1 s
 
 
 def test_a_worker_whose_jobs_meet_an_outage_stops_claiming_for_a_while(engine, settings, tmp_path):
@@ -392,8 +398,22 @@ def test_a_worker_whose_jobs_meet_an_outage_stops_claiming_for_a_while(engine, s
                 params={"test.sleep": {"seconds": 0.05}},
             ),
         )
-    storage = _StorageComesBack()
+    # Down for the first two jobs: back by itself, however late the test looks.
+    storage = _StorageComesBack(refusals=2)
     storage.down.set()
+    # When each claim was made: the pauses are checked as the gaps between a refusal
+    # and the next claim (a lower bound, which a slow machine only lengthens).
+    claims: list[float] = []
+    claim_and_start = stack.dispatcher.claim_and_start
+
+    def claim_noted(*args: Any, **kwargs: Any) -> Any:
+        asked = time.monotonic()
+        jobs = claim_and_start(*args, **kwargs)
+        if jobs:
+            claims.append(asked)
+        return jobs
+
+    stack.dispatcher.claim_and_start = claim_noted  # type: ignore[method-assign]
     # Its warning written slowly (a loaded machine; CI once): the count of the retry was
     # seen before the pause it began.
     slow = _SlowWarnings("claims paused")
@@ -413,14 +433,14 @@ def test_a_worker_whose_jobs_meet_an_outage_stops_claiming_for_a_while(engine, s
             first = worker.outage_pause
             assert first is not None and first.seconds is None
             assert first.reason == f"job {_first} failed: storage_unavailable"
-            time.sleep(0.5)  # within the pause: nothing more is claimed
-            assert (worker.stats.claimed, worker.stats.released) == (1, 1)
             _wait(lambda: worker.stats.released == 2, timeout=30)  # after it: one more, met
-            time.sleep(1.2)  # the second pause is twice as long
-            assert (worker.stats.claimed, worker.stats.released) == (2, 2)
             assert worker.outage_pause == first  # one pause from the first failure on
-            storage.down.clear()
             _wait(lambda: worker.stats.completed == 2, timeout=30)  # the two never tried
+            # Nothing claimed within the pause after a refusal, twice as long the second.
+            assert len(storage.refused) == 2 and len(claims) >= 4
+            assert claims[0] <= storage.refused[0] < storage.refused[1]
+            assert claims[1] - storage.refused[0] >= 1.0
+            assert claims[2] - storage.refused[1] >= 2.0
             # The first completion ended the pause; the upkeep writes it to the row.
             ended = worker.outage_pause
             assert ended is not None and (ended.since, ended.reason) == (first.since, first.reason)
@@ -905,17 +925,22 @@ def test_jobs_taken_ahead_go_back_when_the_one_before_runs_long(engine, settings
     stack = open_stack(
         settings, engine, None, profiles_path=_profiles_without_input(tmp_path, "test.sleep")
     )
-    long_run = HOLD_SECONDS + 6
-    person, job_ids = _sleep_jobs(stack, [long_run, 0.1, 0.1])
+    # The long one runs until the test lets it end: the others, done meanwhile, cannot
+    # have waited for it, however slow the machine.
+    done = tmp_path / "long-one-may-end"
+    person = make_user(stack)
+    obj = make_object(stack, person)
+    requests = [
+        SubmitRequest(object_id=obj, operations=["test.sleep"], params={"test.sleep": p})
+        for p in [{"seconds": 300, "until": str(done)}, {"seconds": 0.1}, {"seconds": 0.1}]
+    ]
+    job_ids = [r.job_ids[0] for r in stack.ingest.submit_many(person.caller, requests)]
     first = loop_worker(stack, tmp_path / "holder", "holder", prefetch=3)
     first.start()
     _wait(lambda: _statuses(stack) == {"processing": 1, "claimed": 2})
-    began = time.monotonic()
     second = loop_worker(stack, tmp_path / "other", "other", prefetch=1)
     second.start()
-    _wait(lambda: second.stats.completed == 2, timeout=long_run + 30)
-    waited = time.monotonic() - began
-    assert waited < long_run - 1, "the held jobs waited for the long one"
+    _wait(lambda: second.stats.completed == 2, timeout=HOLD_SECONDS + 60)
     assert first.stats.completed == 0 and first.stats.released == 2
     views = [stack.ingest.get_job(person.caller, j) for j in job_ids]
     assert views[0].status == "processing"
@@ -925,7 +950,8 @@ def test_jobs_taken_ahead_go_back_when_the_one_before_runs_long(engine, settings
             ("released", "holder"),
             ("completed", "other"),
         ]
-    _wait(lambda: first.stats.completed == 1, timeout=long_run + 30)
+    done.touch()
+    _wait(lambda: first.stats.completed == 1, timeout=60)
     first.stop()
     second.stop()
     assert _statuses(stack) == {"completed": 3}
