@@ -237,8 +237,9 @@ def _complete_with(stack: Stack, claimed, key: str, size: int) -> None:
     assert stack.dispatcher.complete(job, "w", [output])
 
 
-# How long S3's DELETE is kept from moto: what a writer waited for before.
-HOLD_SECONDS = 5.0
+# How long S3's DELETE is kept from moto at most: kept until the other request was
+# answered (old: it waited for all of it), so a slow machine only lengthens the wait.
+HOLD_SECONDS = 30.0
 
 
 def _s3_stack(settings, engine, endpoint: str, bucket: str, clock: ManualClock) -> Stack:
@@ -326,7 +327,6 @@ def test_a_slow_storage_delete_holds_no_sqlite_writer_back(sqlite_engine, settin
                 assert answered_while_held, (
                     f"the submit waited {submitting.seconds:.1f} s for S3's DELETE"
                 )
-                assert submitting.seconds < HOLD_SECONDS / 2
                 assert deleting.answer is not None and deleting.answer.status_code == 200
                 assert _records(stack) == {}
                 s3 = boto3.client("s3", endpoint_url=moto.url, region_name=REGION)
@@ -343,8 +343,8 @@ def test_a_job_writes_no_key_whose_deletion_is_under_way(engine, settings, moto)
     DELETE, the row revived with nothing behind it). Once deleted, the job writes it.
     Before, on PostgreSQL, the storage deleted inside the transaction that locked the
     source's row: with S3's DELETE kept from moto, a submit on the source waited for it
-    all (5 s here; 503 database_unavailable after lock_timeout, 10 s by default, with
-    it kept 15 s), and a DELETE kept past idle_in_transaction_session_timeout had its
+    all (5 s as it was kept then; 503 database_unavailable after lock_timeout, 10 s by
+    default, with it kept 15 s), and a DELETE kept past idle_in_transaction_session_timeout had its
     session ended under it, the row let go while the delete was still under way."""
     bucket = "hm-deletions-claimed"
     boto3.client("s3", endpoint_url=moto.url, region_name=REGION).create_bucket(Bucket=bucket)
