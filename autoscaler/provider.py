@@ -292,17 +292,11 @@ class HypermediaNodeProvider(NodeProvider):
         with self._lock:
             if self._engine is None:
                 from hypermedia.config import load_settings
-                from hypermedia.db.engine import make_engine
+                from hypermedia.db.engine import settings_engine
 
                 # The record's connection settings are the platform's (HYPERMEDIA_*):
                 # its limits, its dead-peer time, its pooler's mode.
-                platform = load_settings()
-                self._engine = make_engine(
-                    self.settings.database_url or platform.effective_database_url,
-                    dead_peer_seconds=platform.database_dead_peer_seconds,
-                    statement_seconds=platform.database_statement_seconds,
-                    pooling=platform.database_pooling,
-                )
+                self._engine = settings_engine(load_settings(), self.settings.database_url)
             return self._engine
 
     @property

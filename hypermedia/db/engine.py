@@ -100,12 +100,14 @@ def make_engine(
     return engine
 
 
-def settings_engine(settings: Settings, **options: Any) -> Engine:
-    """:func:`make_engine` for the settings' database, with their limits (the dead peer's
-    and the statement's) and the key its URL comes from; ``options`` go to it too."""
+def settings_engine(settings: Settings, url: str | None = None, **options: Any) -> Engine:
+    """:func:`make_engine` for the settings' database (``url`` instead, if given: one
+    configured elsewhere, with the settings' connection limits all the same), with their
+    limits (the dead peer's and the statement's), pooler mode and the key its URL comes
+    from; ``options`` go to it too."""
     return make_engine(
-        settings.effective_database_url,
-        setting=settings.database_setting,
+        url or settings.effective_database_url,
+        setting=settings.database_setting if url is None else "database_url",
         dead_peer_seconds=settings.database_dead_peer_seconds,
         statement_seconds=settings.database_statement_seconds,
         pooling=settings.database_pooling,
