@@ -288,6 +288,9 @@ UNUSED_MODULES = ("trio", "httpx._main", "opentelemetry.sdk")
 
 
 def main() -> None:
+    from hypermedia.exits import freeze_at_exit
+
+    freeze_at_exit()  # the interpreter's last collection, skipped (hypermedia.exits)
     for name in UNUSED_MODULES:
         sys.modules.setdefault(name, None)  # type: ignore[arg-type]
     try:

@@ -148,6 +148,9 @@ def lean_ray_start() -> None:
 
 
 def main() -> None:
+    from hypermedia.exits import freeze_at_exit
+
+    freeze_at_exit()  # the interpreter's last collection, skipped (hypermedia.exits)
     lean_ray_start()
     from ray.scripts.scripts import main as ray_main
 
