@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +49,76 @@ def single(clips: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> 
     return found
 
 
+@dataclass(frozen=True)
+class Chunked:
+    """A clip's chunked transcode, as a first attempt leaves it (read only: a test
+    that changes it works on a :meth:`copy`)."""
+
+    workdir: Path
+    outputs: list[Output]
+    tools: list[str]  # the tools it ran (ffmpeg, ffprobe), in order
+    # Its progress reports, each with whether the sound's pass was under way (its
+    # partial piece there).
+    reports: list[tuple[progress.Progress, bool]]
+
+    def copy(self, workdir: Path) -> None:
+        """Its workdir into ``workdir`` (as a retry has the pieces put back)."""
+        shutil.copytree(self.workdir, workdir, dirs_exist_ok=True)
+
+
+@pytest.fixture(scope="module")
+def chunked(
+    clips: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Callable[[str], Chunked]:
+    """``chunked(name)``: the clip ``name`` chunked once for the module (the first run
+    of several cases; each made the same pieces and output)."""
+    made: dict[str, Chunked] = {}
+
+    def first(name: str) -> Chunked:
+        if name not in made:
+            workdir = tmp_path_factory.mktemp(f"chunked-{name}")
+            sound = checkpoints.partial(workdir, media_chunks.AUDIO_PIECE, media.ffmpeg_build())
+            reports: list[tuple[progress.Progress, bool]] = []
+            progress.reporting_to(lambda r: reports.append((r, sound.exists())))
+            try:
+                with pytest.MonkeyPatch.context() as patch:
+                    tools = watch_tools(patch)
+                    outputs = run(clips[name], CHUNKED, workdir)
+            finally:
+                progress.reporting_to(None)
+            made[name] = Chunked(workdir, outputs, tools, reports)
+        return made[name]
+
+    return first
+
+
+class Shared:
+    """Sources several cases read, and their single passes, made once for the module
+    (the cases only read them)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def source(self, name: str, build: Callable[[Path], object]) -> Path:
+        """What ``build(path)`` writes; ``name`` says all it depends on."""
+        path = self.root / name
+        if not path.exists():
+            build(path)
+        return path
+
+    def single(self, source: Path) -> Path:
+        """The single pass of :meth:`source`'s ``source``."""
+        workdir = self.root / f"single-{source.name}"
+        if not workdir.exists():
+            run(source, SINGLE, workdir)
+        return workdir / "video-h264-120p-crf23.mp4"
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Shared:
+    return Shared(tmp_path_factory.mktemp("shared"))
+
+
 def run(clip: Path, params: dict[str, Any], workdir: Path) -> list[Output]:
     workdir.mkdir(parents=True, exist_ok=True)
     source = workdir / "input"
@@ -81,25 +153,21 @@ def watch_tools(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 @pytest.mark.parametrize("name", ["sound", "silent", "bframes"])
 def test_chunked_output_equals_a_single_pass(
-    name: str,
-    clips: dict[str, Path],
-    single: dict[str, Path],
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    name: str, single: dict[str, Path], chunked: Callable[[str], Chunked]
 ) -> None:
-    tools = watch_tools(monkeypatch)
-    outputs = run(clips[name], CHUNKED, tmp_path)
+    done = chunked(name)
+    outputs = done.outputs
     # A chunk's frames are counted by the FFmpeg that made it, not by an ffprobe a chunk
     # (which cost 7 ffprobes for 4 chunks): the input's probe and packets, the output's.
-    assert tools.count("ffprobe") == 3
+    assert done.tools.count("ffprobe") == 3
     assert [o.output_type for o in outputs] == ["video-h264-120p-crf23.mp4", USAGE_OUTPUT]
     assert units(outputs) == {"chunks": SECONDS, "chunks_resumed": 0}
-    pieces = sorted(checkpoints.finished(tmp_path, media.ffmpeg_build()))
+    pieces = sorted(checkpoints.finished(done.workdir, media.ffmpeg_build()))
     sound = [] if name == "silent" else ["audio.m4a"]
     assert pieces == [*sound, *(f"chunk-{i:05d}.mp4" for i in range(SECONDS))]
     ms.assert_same_as_single_pass(outputs[0].path, single[name], SECONDS)
     # Each chunk is an independent H.264 file of its second's frames.
-    chunk = piece(tmp_path, "chunk-00001.mp4")
+    chunk = piece(done.workdir, "chunk-00001.mp4")
     found, _, times = ms.summary(chunk)
     assert found == ["h264"]
     assert len(times) == ms.RATE
@@ -114,16 +182,20 @@ def test_the_frame_check_sees_a_frame_shifted_by_one(
 
 
 def test_a_second_run_transcodes_only_the_missing_chunks(
-    clips: dict[str, Path], single: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    clips: dict[str, Path],
+    single: dict[str, Path],
+    chunked: Callable[[str], Chunked],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    first = run(clips["sound"], CHUNKED, tmp_path)
+    chunked("sound").copy(tmp_path)
     kept = {name: piece(tmp_path, name).stat() for name in ("chunk-00000.mp4", "chunk-00001.mp4")}
     # As a kill leaves it: chunks 2 and 3 and the sound not finished, one of them half
     # written, no output.
     for name in ("chunk-00002.mp4", "chunk-00003.mp4", "audio.m4a"):
         piece(tmp_path, name).unlink()
     checkpoints.partial(tmp_path, "chunk-00002.mp4", media.ffmpeg_build()).write_bytes(b"\0" * 1000)
-    first[0].path.unlink()
+    (tmp_path / "video-h264-120p-crf23.mp4").unlink()
     tools = watch_tools(monkeypatch)
     second = run(clips["sound"], CHUNKED, tmp_path)
     assert units(second) == {"chunks": SECONDS - 2, "chunks_resumed": 2}
@@ -137,28 +209,35 @@ def test_a_second_run_transcodes_only_the_missing_chunks(
 
 
 def test_a_chunk_put_back_short_of_its_frames_is_made_again(
-    clips: dict[str, Path], single: dict[str, Path], tmp_path: Path
+    clips: dict[str, Path],
+    single: dict[str, Path],
+    chunked: Callable[[str], Chunked],
+    tmp_path: Path,
 ) -> None:
     # A chunk put back that decodes cleanly but holds 20 of its 25 frames (its first
     # 20, copied): the check's decode counts them, and the chunk is made again, not
     # joined into the output.
-    first = run(clips["sound"], CHUNKED, tmp_path)
+    chunked("sound").copy(tmp_path)
     chunk = piece(tmp_path, "chunk-00001.mp4")
     short = tmp_path / "short.mp4"
     ffmpeg("-i", str(chunk), "-c", "copy", "-frames:v", "20", "-f", "mp4", str(short))
     assert len(ms.summary(short)[2]) == 20 and ms.decode_errors(short) == ""
     short.replace(chunk)
-    first[0].path.unlink()
+    (tmp_path / "video-h264-120p-crf23.mp4").unlink()
     second = run(clips["sound"], CHUNKED, tmp_path)
     assert units(second) == {"chunks": 1, "chunks_resumed": SECONDS - 1}
     ms.assert_same_as_single_pass(second[0].path, single["sound"], SECONDS)
 
 
 def test_a_retry_under_another_ffmpeg_build_makes_every_piece_again(
-    clips: dict[str, Path], single: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    clips: dict[str, Path],
+    single: dict[str, Path],
+    chunked: Callable[[str], Chunked],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    first = run(clips["sound"], CHUNKED, tmp_path)
-    first[0].path.unlink()
+    chunked("sound").copy(tmp_path)
+    (tmp_path / "video-h264-120p-crf23.mp4").unlink()
     # The retry lands on a node whose FFmpeg is another build: the pieces put back
     # (every one) are not its own, and none is joined into its output.
     other = media.ffmpeg_build().replace("ffmpeg version", "ffmpeg version 99.0", 1)
@@ -188,19 +267,17 @@ def test_only_the_profile_sets_the_chunking() -> None:
 
 
 def test_chunk_progress_is_the_jobs_progress_resumed_chunks_counted_done(
-    clips: dict[str, Path], tmp_path: Path
+    clips: dict[str, Path], chunked: Callable[[str], Chunked], tmp_path: Path
 ) -> None:
-    seen: list[progress.Progress] = []
-    progress.reporting_to(seen.append)
+    first = [report for report, _ in chunked("sound").reports]
+    chunked("sound").copy(tmp_path)
+    for name in ("chunk-00003.mp4", "audio.m4a"):
+        piece(tmp_path, name).unlink()
+    (tmp_path / "video-h264-120p-crf23.mp4").unlink()
+    second: list[progress.Progress] = []
+    progress.reporting_to(second.append)
     try:
         run(clips["sound"], CHUNKED, tmp_path)
-        first = list(seen)
-        seen.clear()
-        for name in ("chunk-00003.mp4", "audio.m4a"):
-            piece(tmp_path, name).unlink()
-        (tmp_path / "video-h264-120p-crf23.mp4").unlink()
-        run(clips["sound"], CHUNKED, tmp_path)
-        second = list(seen)
     finally:
         progress.reporting_to(None)
     for reports in (first, second):
@@ -219,18 +296,12 @@ def test_chunk_progress_is_the_jobs_progress_resumed_chunks_counted_done(
 
 
 def test_the_sound_pass_moves_the_progress_the_chunks_leave_it_room(
-    clips: dict[str, Path], tmp_path: Path
+    chunked: Callable[[str], Chunked],
 ) -> None:
     # The sound is transcoded once, after every chunk: 32 minutes of 160x120 took 17 s
     # for the chunks, then 74 s for the sound with the progress at 99.98 %. Its pass
     # has a share of the progress, so the chunks end below the total and it moves on.
-    sound = checkpoints.partial(tmp_path, media_chunks.AUDIO_PIECE, media.ffmpeg_build())
-    seen: list[tuple[float, bool]] = []
-    progress.reporting_to(lambda r: seen.append((r.done, sound.exists())))
-    try:
-        run(clips["sound"], CHUNKED, tmp_path)
-    finally:
-        progress.reporting_to(None)
+    seen = [(report.done, in_sound) for report, in_sound in chunked("sound").reports]
     during = [done for done, in_sound in seen if in_sound]
     assert during, "the sound pass reported nothing"
     chunks = [done for done, _ in seen[: [s for _, s in seen].index(True)]]
@@ -313,16 +384,21 @@ def test_a_sound_that_starts_late_keeps_its_delay(tmp_path: Path) -> None:
     ms.assert_same_as_single_pass(outputs[0].path, single.path, SECONDS)
 
 
-def assert_led_like_a_single_pass(source: Path, workdir: Path, frames: int) -> Path:
-    """``source`` chunked (its picture late on a constant rate) as its single pass makes
-    it: ``frames`` frames at its times, the first ones copies of the picture's first."""
-    (single,) = run(source, SINGLE, workdir / "single")
+def assert_led_like_a_single_pass(
+    source: Path, workdir: Path, frames: int, single: Path | None = None
+) -> Path:
+    """``source`` chunked (its picture late on a constant rate) as its ``single`` pass
+    (made here if not given) makes it: ``frames`` frames at its times, the first ones
+    copies of the picture's first."""
+    if single is None:
+        (made,) = run(source, SINGLE, workdir / "single")
+        single = made.path
     outputs = run(source, CHUNKED, workdir / "chunked")
     assert units(outputs) == {"chunks": SECONDS, "chunks_resumed": 0}
-    assert len(ms.frame_times(single.path)) == frames
-    assert ms.frame_times(single.path)[0] == 0  # the copies, from zero
-    ms.assert_same_as_single_pass(outputs[0].path, single.path, SECONDS, frames=frames)
-    assert sound_start(outputs[0].path) == sound_start(single.path) == 0
+    assert len(ms.frame_times(single)) == frames
+    assert ms.frame_times(single)[0] == 0  # the copies, from zero
+    ms.assert_same_as_single_pass(outputs[0].path, single, SECONDS, frames=frames)
+    assert sound_start(outputs[0].path) == sound_start(single) == 0
     return piece(workdir / "chunked", "chunk-00000.mp4")
 
 
@@ -338,13 +414,22 @@ def test_a_picture_that_starts_late_is_chunked_after_the_copies_the_single_pass_
     assert len(ms.frame_times(chunk)) == ms.RATE + 14
 
 
-def test_an_mpeg_ts_whose_picture_starts_after_its_sound_is_chunked(tmp_path: Path) -> None:
+def late_picture_ts(shared: Shared) -> Path:
+    return shared.source(
+        "late-picture.ts", lambda path: late(path, picture=0.5, container="mpegts")
+    )
+
+
+def test_an_mpeg_ts_whose_picture_starts_after_its_sound_is_chunked(
+    shared: Shared, tmp_path: Path
+) -> None:
     # A camcorder's or an HLS recording's: its sound first. One pass before; and chunk 0
     # reading the picture alone starts it at zero (FFmpeg starts an MPEG-TS's times at
     # its first stream read), no copies before it: it reads the sound too.
-    source = late(tmp_path / "late-picture.ts", picture=0.5, container="mpegts")
+    source = late_picture_ts(shared)
     assert starts(source)["video"] - starts(source)["audio"] == pytest.approx(0.543, abs=1e-3)
-    assert_led_like_a_single_pass(source, tmp_path, 114)
+    single = shared.single(source)
+    assert_led_like_a_single_pass(source, tmp_path, 114, single)
     # A retry puts chunk 0 back, its copies with it.
     (output,) = [p for p in (tmp_path / "chunked").iterdir() if p.suffix == ".mp4"]
     output.unlink()
@@ -352,13 +437,14 @@ def test_an_mpeg_ts_whose_picture_starts_after_its_sound_is_chunked(tmp_path: Pa
         piece(tmp_path / "chunked", name).unlink()
     again = run(source, CHUNKED, tmp_path / "chunked")
     assert units(again) == {"chunks": 2, "chunks_resumed": 2}
-    (single, *_) = (tmp_path / "single").glob("*.mp4")
     ms.assert_same_as_single_pass(again[0].path, single, SECONDS, frames=114)
 
 
-def test_an_mp4_whose_edit_list_starts_its_picture_late_is_chunked(tmp_path: Path) -> None:
+def test_an_mp4_whose_edit_list_starts_its_picture_late_is_chunked(
+    clips: dict[str, Path], tmp_path: Path
+) -> None:
     # Its picture's edit list begins with 0.4 s of nothing: 10 copies.
-    plain = ms.clip(tmp_path / "plain.mp4", SECONDS)
+    plain = clips["sound"]
     source = tmp_path / "edited.mp4"
     ffmpeg("-itsoffset", "0.4", "-i", str(plain), "-i", str(plain), "-map", "0:v",
            "-map", "1:a", "-c", "copy", "-f", "mp4", str(source))  # fmt: skip
@@ -367,18 +453,18 @@ def test_an_mp4_whose_edit_list_starts_its_picture_late_is_chunked(tmp_path: Pat
 
 
 def test_a_late_picture_ffmpeg_leads_otherwise_than_reckoned_is_done_in_one_pass(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    shared: Shared, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Chunk 0 is checked to hold as many copies as it was planned with (FFmpeg's own
     # count): one more planned, and the video goes in one pass.
     real = media_chunks.lead_copies
     monkeypatch.setattr(media_chunks, "lead_copies", lambda *args: real(*args) + 1)
-    source = late(tmp_path / "late-picture.ts", picture=0.5, container="mpegts")
-    (single,) = run(source, SINGLE, tmp_path / "single")
+    source = late_picture_ts(shared)
+    single = shared.single(source)
     outputs = run(source, CHUNKED, tmp_path / "chunked")
     assert [o.output_type for o in outputs] == ["video-h264-120p-crf23.mp4"]
     assert not piece(tmp_path / "chunked", "chunk-00000.mp4").exists()
-    assert ms.frame_times(outputs[0].path) == ms.frame_times(single.path)
+    assert ms.frame_times(outputs[0].path) == ms.frame_times(single)
 
 
 def test_a_chunk_that_comes_out_short_means_one_pass(
@@ -509,19 +595,23 @@ def test_an_mpeg_ts_is_chunked(tmp_path: Path) -> None:
     ms.assert_same_as_single_pass(outputs[0].path, single.path, SECONDS)
 
 
-def vfr_after_sound(path: Path, container: str) -> Path:
+def vfr_after_sound(shared: Shared, container: str) -> Path:
     """4 s of frames dropped here and there, its AAC sound 23 ms before the picture (the
     encoder's priming)."""
-    ffmpeg(*video_source(SECONDS, "160x120", ms.RATE), *tone_source(SECONDS),
-           "-vf", "select='lt(mod(n\\,7)\\,5)'", "-fps_mode", "vfr", "-c:v", "libx264",
-           "-preset", "ultrafast", "-g", "20", "-c:a", "aac", "-threads", "1",
-           "-f", container, str(path))  # fmt: skip
-    return path
+    return shared.source(
+        f"vfr-sound.{container}",
+        lambda path: ffmpeg(
+            *video_source(SECONDS, "160x120", ms.RATE), *tone_source(SECONDS),
+            "-vf", "select='lt(mod(n\\,7)\\,5)'", "-fps_mode", "vfr", "-c:v", "libx264",
+            "-preset", "ultrafast", "-g", "20", "-c:a", "aac", "-threads", "1",
+            "-f", container, str(path),
+        ),
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize("container", ["matroska", "mpegts"])
 def test_a_variable_frame_rate_picture_after_its_sound_is_chunked_keeping_its_delay(
-    container: str, tmp_path: Path
+    container: str, shared: Shared, tmp_path: Path
 ) -> None:
     # FFmpeg's AAC priming starts the sound 23 ms before the picture: the join started
     # chunk 0 at zero, so such a video (most of those FFmpeg wrote) went in one pass,
@@ -529,32 +619,32 @@ def test_a_variable_frame_rate_picture_after_its_sound_is_chunked_keeping_its_de
     # An MPEG-TS's chunk 0 reads its sound too, as the single pass does: its picture
     # read alone started at zero (FFmpeg starts a TS's times at the first stream it
     # reads), and it went in one pass.
-    source = vfr_after_sound(tmp_path / "vfr-sound", container)
-    (single,) = run(source, SINGLE, tmp_path / "single")
+    source = vfr_after_sound(shared, container)
+    single = shared.single(source)
     outputs = run(source, CHUNKED, tmp_path / "chunked")
     assert units(outputs) == {"chunks": 4, "chunks_resumed": 0}
-    times = ms.frame_times(single.path)
+    times = ms.frame_times(single)
     assert times[0] == pytest.approx(0.023, abs=1e-3)
     assert ms.frame_times(outputs[0].path) == times
-    errors, psnr = ms.decode_errors_and_psnr(outputs[0].path, single.path)
+    errors, psnr = ms.decode_errors_and_psnr(outputs[0].path, single)
     assert errors == ""
     assert min(psnr) >= ms.SAME_FRAME_PSNR
-    assert sound_start(outputs[0].path) == sound_start(single.path) == 0
+    assert sound_start(outputs[0].path) == sound_start(single) == 0
 
 
 def test_a_late_picture_chunk_0_cannot_place_is_done_in_one_pass(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    shared: Shared, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # An MPEG-TS's picture read alone starts at zero (FFmpeg starts its times at the
     # first stream read), not 23 ms after its sound, as its single pass has it: chunk 0
     # is checked, and such a chunk 0 means one pass.
     monkeypatch.setattr(media_chunks, "_as_the_single_pass", lambda args, audio_args: args)
-    source = vfr_after_sound(tmp_path / "vfr-sound.ts", "mpegts")
-    (single,) = run(source, SINGLE, tmp_path / "single")
+    source = vfr_after_sound(shared, "mpegts")
+    single = shared.single(source)
     outputs = run(source, CHUNKED, tmp_path / "chunked")
     assert [o.output_type for o in outputs] == ["video-h264-120p-crf23.mp4"]
-    assert ms.frame_times(outputs[0].path) == ms.frame_times(single.path)
-    assert ms.frame_times(single.path)[0] == pytest.approx(0.023, abs=1e-3)
+    assert ms.frame_times(outputs[0].path) == ms.frame_times(single)
+    assert ms.frame_times(single)[0] == pytest.approx(0.023, abs=1e-3)
 
 
 def test_a_constant_rate_picture_a_few_ticks_after_its_sound_is_chunked(tmp_path: Path) -> None:
