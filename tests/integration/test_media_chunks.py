@@ -21,6 +21,7 @@ from pipelines import checkpoints, media_chunks, progress, registry
 from pipelines.registry import USAGE_OUTPUT, Output
 from tests import media_support as ms
 from tests.generated.media import ffmpeg, tone_source, video_source
+from tests.integration import test_media_frame_rate as frame_rate
 
 pytestmark = pytest.mark.program("ffmpeg")
 
@@ -334,16 +335,19 @@ def test_a_video_whose_packets_have_no_times_is_done_in_one_pass(tmp_path: Path)
 def test_a_variable_frame_rate_matroska_is_chunked_at_its_frames_times(tmp_path: Path) -> None:
     # Frames dropped here and there, on Matroska's 1 ms time base: the output keeps the
     # others at their times, chunked as in a single pass (it was one pass, no checkpoint).
+    # (test_media_frame_rate's silent Matroska, whose checks are here.)
     source = tmp_path / "vfr.mkv"
     ffmpeg(*video_source(SECONDS, "160x120", ms.RATE), "-vf", "select='lt(mod(n\\,7)\\,5)'",
            "-fps_mode", "vfr", "-c:v", "libx264", "-preset", "ultrafast", "-g", "20",
-           "-f", "matroska", str(source))  # fmt: skip
+           "-threads", "1", "-f", "matroska", str(source))  # fmt: skip
     outputs = run(source, CHUNKED, tmp_path / "chunked")
     (single,) = run(source, SINGLE, tmp_path / "single")
     assert units(outputs) == {"chunks": 4, "chunks_resumed": 0}  # keyframes 1.12 s apart
     kept = ms.frame_times(source)
     assert len(kept) == sum(1 for n in range(SECONDS * ms.RATE) if n % 7 < 5)
     assert ms.frame_times(single.path) == pytest.approx(kept, abs=1e-3)
+    assert frame_rate.decode_errors(single.path) == ""
+    assert [s["codec_type"] for s in ms.probe(single.path)["streams"]] == ["video"]
     assert ms.frame_times(outputs[0].path) == ms.frame_times(single.path)
     errors, psnr = ms.decode_errors_and_psnr(outputs[0].path, single.path)
     assert errors == ""
@@ -630,6 +634,19 @@ def test_a_variable_frame_rate_picture_after_its_sound_is_chunked_keeping_its_de
     assert errors == ""
     assert min(psnr) >= ms.SAME_FRAME_PSNR
     assert sound_start(outputs[0].path) == sound_start(single) == 0
+    # test_media_frame_rate's Matroska and MPEG-TS with sound (this source): the
+    # source's frames at their times (from its start) and a clean decode in the single
+    # pass; the sound packet for packet as transcode_audio makes it, in both (the single
+    # pass encoded it on the input's time base, a Matroska's 1 ms: its AAC packets
+    # said to last 1014, 1015 or 1058 samples).
+    start = float(ms.probe(source)["format"]["start_time"])
+    kept = [t - start for t in frame_rate.packet_times(source)]
+    assert len(kept) == 72
+    assert frame_rate.packet_times(single) == pytest.approx(kept, abs=1e-3)
+    assert frame_rate.decode_errors(single) == ""
+    (alone,) = media.transcode_audio(source, {}, tmp_path / "audio")
+    assert frame_rate.audio_packets(single) == frame_rate.audio_packets(alone.path)
+    assert frame_rate.audio_packets(outputs[0].path) == frame_rate.audio_packets(single)
 
 
 def test_a_late_picture_chunk_0_cannot_place_is_done_in_one_pass(
