@@ -230,6 +230,7 @@ class RayNode:
         monitor sit out a SIGTERM for 10 s and more, and a node of ours keeps no
         state worth that wait: its session dir is removed with it."""
         procs = self.processes()
+        mp_dirs = _multiprocessing_dirs(procs)
         # The raylet, the workers and the agents stop on SIGTERM, and the raylet at
         # once while the GCS still answers it; the GCS and the monitor would only
         # run the grace out, so they get SIGKILL when the others are gone.
@@ -246,11 +247,13 @@ class RayNode:
                 proc.kill()
             except psutil.Error:
                 continue
-        psutil.wait_procs(alive, timeout=5)
+        _killed, stuck = psutil.wait_procs(alive, timeout=5)
         # Ray's session logs and sockets go with the node; a stopped node leaves nothing.
         shutil.rmtree(self.temp_dir, ignore_errors=True)
         with contextlib.suppress(OSError):
             self.temp_dir.parent.rmdir()
+        for directory in () if stuck else mp_dirs:  # the dashboard's, which it leaves
+            shutil.rmtree(directory, ignore_errors=True)
         log.info(
             "ray node in %s stopped (%d processes, %d killed)",
             self.temp_dir,
@@ -264,6 +267,26 @@ class RayNode:
 
 
 _SITS_OUT_SIGTERM = ("gcs_server", "autoscaler/_private/monitor.py")
+_MP_DIR_PREFIX = "pymp-"  # multiprocessing's temp dir: util.get_temp_dir()
+
+
+def _multiprocessing_dirs(procs: list[psutil.Process]) -> set[Path]:
+    """The multiprocessing temp dirs (``$TMPDIR/pymp-*``) whose sockets the node's
+    processes listen on. Ray's dashboard runs its modules' processes from a forkserver,
+    whose socket lies in such a dir; the dashboard leaves on SIGTERM by ``os._exit``,
+    past the exit hook that would remove it: each stop of a head with the dashboard left
+    one in /tmp."""
+    found = set()
+    for proc in procs:
+        try:
+            connections = proc.net_connections(kind="unix")
+        except psutil.Error:
+            continue
+        for connection in connections:
+            path = Path(str(connection.laddr))  # a unix socket's: its path
+            if path.parent.name.startswith(_MP_DIR_PREFIX):
+                found.add(path.parent)
+    return found
 
 
 def _sits_out(proc: psutil.Process) -> bool:

@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from hypermedia.embedded import find_running, free_port
-from hypermedia.worker.cluster import short_temp_dir
+from hypermedia.worker.cluster import RayNode, short_temp_dir
 from tests.support import IMAGES_ONLY
 
 REPO = Path(__file__).resolve().parents[2]
@@ -125,6 +125,11 @@ def test_up_submit_down(tmp_path):
         # Last: Ray writes its targets' file some seconds after its dashboard starts (the
         # wait was an idle stack's, up to 90 s, before the commands above).
         _dashboard_and_metric_targets(data, api_url)
+        # The dashboard's forkserver listens in a multiprocessing temp dir; the
+        # dashboard leaves by os._exit on SIGTERM, past the hook that removes it (each
+        # `down` left a /tmp/pymp-*): the stop removes it.
+        mp_dirs = _multiprocessing_dirs(data)
+        assert mp_dirs, "no multiprocessing temp dir among the head's sockets"
 
         (data / "head.pid").unlink()
         down = _cli(env, "down")
@@ -133,6 +138,7 @@ def test_up_submit_down(tmp_path):
         assert _wait_gone([int(line.split()[0]) for line in _leftovers(data)], timeout=30) == []
         assert _ray_processes(data) == []
         assert find_running(data / "redis") is None
+        assert [d for d in mp_dirs if d.exists()] == []
         assert _cli(env, "down").stdout.strip() == "not running"
         assert stranger.poll() is None
     finally:
@@ -192,6 +198,18 @@ def _dashboard_and_metric_targets(data: Path, api_url: str) -> None:
         if (found := re.match(r"ray-dashboard-(\w+)-\d", _cmdline(child.pid)))
     }
     assert modules == {"NodeHead", "ReportHead", "StateHead", "MetricsHead", "EventHead", "JobHead"}
+
+
+def _multiprocessing_dirs(data: Path) -> set[Path]:
+    """The multiprocessing temp dirs (pymp-*) the head's Ray processes listen in."""
+    found = set()
+    for proc in RayNode(short_temp_dir(data / "ray", "head"), Path("-")).processes():
+        with contextlib.suppress(psutil.Error):
+            for connection in proc.net_connections(kind="unix"):
+                path = Path(str(connection.laddr))  # a unix socket's: its path
+                if path.parent.name.startswith("pymp-"):
+                    found.add(path.parent)
+    return found
 
 
 def _cmdline(pid: int) -> str:
