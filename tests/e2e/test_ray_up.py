@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -321,6 +322,7 @@ def cluster(request, tmp_path):
     finally:
         down = run(env, str(BIN / "ray"), "down", "-y", str(cluster_yaml), timeout=400)
         metadata.stop()
+        forget_cached_config(state)
         assert down.returncode == 0, down.stdout[-3000:] + down.stderr[-3000:]
         # Nothing of this cluster is left: no head services, no Ray process of the
         # head's or of any local instance's temp dir (all under one short /tmp dir).
@@ -335,6 +337,23 @@ def cluster(request, tmp_path):
                 [_cmdline(pid) for pid in left],
                 (down.stdout + down.stderr)[-3000:],
             )
+
+
+def forget_cached_config(state: Path) -> list[Path]:
+    """Remove what `ray up` and `ray down` cache of the cluster whose state dir is
+    ``state``: its resolved config, in $TMPDIR/ray-config-<hash of the config>, which
+    the next command of the same config reads again. Each test's config names its own
+    tmp paths: each run left files there. Answers those removed."""
+    removed = []
+    for path in Path(tempfile.gettempdir()).glob("ray-config-*"):
+        try:
+            provider = json.loads(path.read_text())["config"]["provider"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if provider.get("state_dir") == str(state.resolve()):
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
 
 
 def test_a_burst_runs_on_launched_nodes_survives_a_spot_notice_and_ends_drained(cluster):
