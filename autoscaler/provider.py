@@ -200,7 +200,37 @@ def parse_settings(provider_config: Mapping[str, Any]) -> ProviderSettings:
         raise ConfigError(f"provider.{where}", problem) from None
     if settings.ray_port == 6379:
         raise ConfigError("provider.ray_port", "6379 is Redis's port: choose another")
+    _refuse_secrets(data)
     return settings
+
+
+# Ray copies the provider section where others may read it: its config cache
+# ($TMPDIR/ray-config-<hash>, 0644), the head's ~/ray_bootstrap_config.yaml, the GCS.
+_COPIED = (
+    "Ray copies the provider section into files others may read (its config cache in"
+    " the temp dir, the head's bootstrap config)"
+)
+
+
+def _refuse_secrets(section: Mapping[str, Any], where: str = "provider") -> None:
+    """A password in ``database_url``, or any key named like a secret (``*_secret``,
+    ``*_key``, ``*_token``, ``*_password``), is refused, naming the key, never the value."""
+    from hypermedia.config import is_secret_setting
+    from hypermedia.embedded import shown_url
+
+    for key, value in section.items():
+        path = f"{where}.{key}"
+        if isinstance(value, Mapping):
+            _refuse_secrets(value, path)
+        elif is_secret_setting(str(key)):
+            raise ConfigError(path, f"a secret, and {_COPIED}: give it to the head otherwise")
+        elif isinstance(value, str) and "@" in value and shown_url(value) != value:
+            raise ConfigError(
+                path,
+                f"holds a password, and {_COPIED}: leave database_url out (the head's"
+                " settings, HYPERMEDIA_DATABASE_URL in a settings file only its user reads,"
+                " are used) or give the password through PGPASSFILE",
+            )
 
 
 def scheduler_stale_seconds(settings: ProviderSettings, config: SchedulerConfig) -> float:

@@ -375,12 +375,20 @@ def test_bad_provider_sections_stop_ray_up_naming_the_key(tmp_path, pg_database_
         # moved to scheduler.json: one drain timeout for the policy and the provider
         ({"drain_timeout_seconds": 60}, "provider.drain_timeout_seconds"),
         ({"scheduler_stale_seconds": 30}, "provider.scheduler_stale_seconds"),
+        # Ray copies the section into files others may read: no secret in it.
+        ({"database_url": "postgresql://hm:s3cr3t@db/hm"}, "provider.database_url"),
+        ({"database_url": "postgresql://hm@db/hm?password=s3cr3t"}, "provider.database_url"),
+        (
+            {"drivers": {"aws": {"type": "aws", "aws_secret_access_key": "s3cr3t"}}},
+            "provider.drivers.aws.aws_secret_access_key",
+        ),
     ]
     for broken, key in cases:
         config = {"provider": {**copy.deepcopy(good), **broken}}
         with pytest.raises(ConfigError) as caught:
             HypermediaNodeProvider.bootstrap_config(config)
         assert caught.value.key.startswith(key), (broken, caught.value.key)
+        assert "s3cr3t" not in str(caught.value)
     # The daily cap's backstop may not act between a running scheduler's turns.
     slow = str(scheduler_json(tmp_path, evaluation_interval_seconds=120))
     with pytest.raises(ConfigError, match=r"less than 3 of scheduler\.json's evaluation") as stale:
