@@ -177,11 +177,11 @@ def _service(scheduler: Path | bool | None = False) -> tuple[BulkService, Any]:
     (None: the default one) whose queues with a worker, and those a live worker serves,
     are where a run may go (the rule the head's ingest applies,
     :func:`autoscaler.head.staffed_queues`); False: no run is placed (status, pause ...)."""
+    settings = read_settings()
+    require_database(settings)  # else the open below would create it, empty
     from hypermedia.bulk.service import BulkService
     from hypermedia.stack import Stack
 
-    settings = read_settings()
-    require_database(settings)  # else the open below would create it, empty
     stack = Stack.open(settings, with_storage=False)
     served = None
     if scheduler is not False:

@@ -19,6 +19,7 @@ from hypermedia.errors import HypermediaError
 if TYPE_CHECKING:
     import subprocess
 
+    from autoscaler.webhooks import Webhook
     from hypermedia.config import Settings
 
 # The name head.log's lines have always carried (the module was hypermedia.cli).
@@ -42,16 +43,22 @@ def head(
     from functools import partial
 
     from autoscaler import config as scheduler_config
-    from autoscaler import webhooks
+
+    settings = read_settings()
+    # Read before anything starts: a bad scheduler.json or webhooks file refuses here,
+    # before the stack's and the page's modules are imported. The operator page shows
+    # the same file's mode and caps.
+    config = scheduler_config.load(None, settings.queue_names)
+    hooks: list[Webhook] = []
+    if scheduler:
+        from autoscaler import webhooks
+
+        hooks = webhooks.load()
+
     from autoscaler.page.routes import install as install_page
     from hypermedia.embedded import write_private
     from hypermedia.local import LocalStack
 
-    settings = read_settings()
-    # Read before anything starts: a bad scheduler.json or webhooks file refuses here.
-    # The operator page shows the same file's mode and caps.
-    config = scheduler_config.load(None, settings.queue_names)
-    hooks = webhooks.load() if scheduler else []
     local = LocalStack(
         settings, extend_app=partial(install_page, config=config), fixed_api_port=True
     )

@@ -4,11 +4,14 @@ run, explained, replayed on a trace, and the daily-cap lock lifted."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from hypermedia.cli.common import note, open_engine, plain, read_settings, require_database, say
+
+if TYPE_CHECKING:
+    from autoscaler.webhooks import Webhook
 
 app = typer.Typer(
     help="The scheduler: scaling rules and cost limits from scheduler.json.", no_args_is_help=True
@@ -43,15 +46,21 @@ def _scheduler(
     webhooks (a command that only looks). Its recorder holds what the scheduler records
     only (the queue and worker gauges are the API's to serve)."""
     from autoscaler import config as scheduler_config
-    from autoscaler import webhooks
+
+    settings = read_settings()
+    loaded = scheduler_config.load(config_path, settings.queue_names)
+    hooks: list[Webhook] = []
+    if alerts:
+        from autoscaler import webhooks
+
+        hooks = webhooks.load(webhooks_path)
+    require_database(settings)  # else the open below would create it, empty
+    # What refuses a bad file or a data dir nothing has run with comes first, cheaply;
+    # then the scheduler and the stack (~0.4 CPU-s of imports).
     from autoscaler.scheduler import open_scheduler
     from hypermedia.metrics.head import HeadMetrics
     from hypermedia.stack import Stack
 
-    settings = read_settings()
-    loaded = scheduler_config.load(config_path, settings.queue_names)
-    hooks = webhooks.load(webhooks_path) if alerts else []
-    require_database(settings)  # else the open below would create it, empty
     stack = Stack.open(settings, metrics=HeadMetrics())
     try:
         return open_scheduler(loaded, stack, alert_webhooks=hooks), stack
@@ -305,11 +314,12 @@ def scheduler_burst(
     import time
 
     from autoscaler import config as scheduler_config
-    from autoscaler.scheduler import end_burst, set_burst
 
     seconds = parse_duration(duration)  # the arguments first, then the database
     settings = read_settings()
     loaded = scheduler_config.load(config_path, settings.queue_names)
+    from autoscaler.scheduler import end_burst, set_burst
+
     now = time.time()
     engine = open_engine(settings)
     try:

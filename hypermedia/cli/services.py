@@ -50,13 +50,16 @@ def serve(
     scheduler.json gives a worker (a baseline, or bursts) and of those a live worker
     serves (a node that joined with `hypermedia worker --queue`)."""
     from autoscaler import config
+
+    settings = read_settings(api_host=host, api_port=port)
+    # Read now: a bad file, or one naming a queue the settings lack, stops the start,
+    # before the server's modules are imported (FastAPI, the stack: ~0.7 CPU-s).
+    scheduler = config.load(scheduler_config, settings.queue_names)
+
     from autoscaler.head import staffed_queues
     from autoscaler.page.routes import install
     from hypermedia.server import serve as run
 
-    settings = read_settings(api_host=host, api_port=port)
-    # Read now: a bad file, or one naming a queue the settings lack, stops the start.
-    scheduler = config.load(scheduler_config, settings.queue_names)
     run(
         settings,
         host=settings.api_host,

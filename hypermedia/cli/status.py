@@ -77,16 +77,17 @@ def status(
     if job_id is not None:
         show_job(job_id, api_url, api_key, timeout)
         return
-    from rich.console import Console
-    from rich.live import Live
-
     from autoscaler import config as scheduler_config
-    from autoscaler.status import gather
-    from hypermedia.stack import Stack
 
     loaded = scheduler_config.load(config_path)
     settings = read_settings()
     require_database(settings)  # else the open below would create it, empty
+    from rich.console import Console
+    from rich.live import Live
+
+    from autoscaler.status import gather
+    from hypermedia.stack import Stack
+
     stack = Stack.open(settings, with_storage=False)
     probe = _storage_probe(stack)
     try:
