@@ -36,10 +36,18 @@ REPO = Path(__file__).resolve().parents[2]
 JOB_LINE = re.compile(r"^job ([0-9a-f]{32}) (\w+) queue=(\w+) priority=(\d+) estimated_credits=")
 
 
+@dataclass(frozen=True)
+class Upgraded:
+    """A data dir the real ``hypermedia db upgrade`` made, and what the command said."""
+
+    data: Path
+    said: str
+
+
 @dataclass
 class Cli:
     env: dict[str, str]
-    upgraded_record: Path | None = None  # a data dir `db upgrade` made (upgraded_record)
+    upgraded_record: Upgraded | None = None  # the session's (upgraded_record)
 
     def __call__(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -67,9 +75,9 @@ class Cli:
     def upgrade(self) -> None:
         """The data dir as ``db upgrade`` leaves it on a new one: a copy of
         :func:`upgraded_record`'s (the command run once a session, not in each test that
-        needs a record: ~1 CPU-s a test; the whole flow's test runs it)."""
+        needs a record: ~1 CPU-s a test; the whole flow's test reads what it said)."""
         assert self.upgraded_record is not None
-        shutil.copytree(self.upgraded_record, self.env["HYPERMEDIA_DATA_DIR"])
+        shutil.copytree(self.upgraded_record.data, self.env["HYPERMEDIA_DATA_DIR"])
 
 
 def _environment() -> dict[str, str]:
@@ -77,17 +85,18 @@ def _environment() -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
-def upgraded_record(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A data dir the real ``hypermedia db upgrade`` made, for :meth:`Cli.upgrade`."""
+def upgraded_record(tmp_path_factory: pytest.TempPathFactory) -> Upgraded:
+    """A data dir the real ``hypermedia db upgrade`` made on a new one, for
+    :meth:`Cli.upgrade`; what it said is the whole flow's to check."""
     data = tmp_path_factory.mktemp("upgraded") / "data"
-    Cli({**_environment(), "HYPERMEDIA_DATA_DIR": str(data), "PYTHONPATH": str(REPO)}).ok(
+    said = Cli({**_environment(), "HYPERMEDIA_DATA_DIR": str(data), "PYTHONPATH": str(REPO)}).ok(
         "db", "upgrade"
     )
-    return data
+    return Upgraded(data, said)
 
 
 @pytest.fixture
-def cli(tmp_path: Path, private_redis: EmbeddedRedis, upgraded_record: Path) -> Cli:
+def cli(tmp_path: Path, private_redis: EmbeddedRedis, upgraded_record: Upgraded) -> Cli:
     env = _environment()
     env.update(
         HYPERMEDIA_DATA_DIR=str(tmp_path / "data"),
@@ -128,9 +137,17 @@ def _user(cli: Cli, *args: str) -> str:
 
 
 def test_the_whole_flow_through_the_cli(cli: Cli, tmp_path: Path, generated: Generated):
-    out = cli.ok("db", "upgrade")
+    """db upgrade (the session's, on a new data dir: a copy of it here), users and
+    credits on the record, then the client commands against ``serve``: submit, status,
+    queues, cancel, credits show, what another user's key, a bad key and no credits get,
+    and --wait's timeout. The queues are read once after the cancel, the refused submit
+    and --wait's submit: 2 queued, 2 in Redis (a job left there by the cancel, or queued
+    by the refused submit, makes 3)."""
+    assert cli.upgraded_record is not None
+    out = cli.upgraded_record.said
     assert "is at revision" in out
     assert "hypermedia.db" in out  # the SQLite file in the data dir
+    cli.upgrade()
     alice = _user(cli, "alice", "--credits", "5", "--operator")
     bob = _user(cli, "bob", "--credits", "1")
     assert "already exists" in cli.fails("user", "add", "alice")
@@ -162,7 +179,6 @@ def test_the_whole_flow_through_the_cli(cli: Cli, tmp_path: Path, generated: Gen
         out = cli.ok("cancel", job_ids[0], **env)
         assert out.strip() == f"job {job_ids[0]} cancelled"
         assert re.search(r"^status\s+cancelled$", cli.ok("status", job_ids[0], **env), re.M)
-        assert _queue_row(cli.ok("queues", **env), "images")[5] == "1/0/0"
         assert "balance 5, reserved" in cli.ok("credits", "show", **env)
 
         # Bob sees none of alice's work, and queues are for operators.
@@ -179,7 +195,6 @@ def test_the_whole_flow_through_the_cli(cli: Cli, tmp_path: Path, generated: Gen
         assert "insufficient_credits" in cli.fails(
             "submit", camera, "--op", "thumbnail", **carol_env
         )
-        assert _queue_row(cli.ok("queues", **env), "images")[1] == "1"
 
         # Nothing processes jobs in this test: --wait gives up after its timeout, exit 1.
         result = cli(
@@ -188,6 +203,9 @@ def test_the_whole_flow_through_the_cli(cli: Cli, tmp_path: Path, generated: Gen
         assert result.returncode == 1
         assert "timeout" in result.stderr and "still queued" in result.stderr
         assert "Traceback" not in result.stderr
+        # bob's, the cancelled one gone (from Redis too), nothing of carol's, --wait's.
+        row = _queue_row(cli.ok("queues", **env), "images")
+        assert row[1] == "2" and row[5] == "2/0/0", row
     assert "serving the API" in (tmp_path / "serve.log").read_text()
 
 
@@ -236,10 +254,11 @@ def test_serve_refuses_what_no_worker_runs(cli: Cli, tmp_path: Path, generated: 
         env = {"HYPERMEDIA_API_URL": url, "HYPERMEDIA_API_KEY": key}
         err = cli.fails("submit", page, "--op", "ocr", **env)
         assert "unknown_operation" in err and "no worker here runs the 'ocr' queue" in err, err
-        assert _queue_row(cli.ok("queues", **env), "ocr")[1] == "0"
         out = cli.ok("submit", page, "--op", "thumbnail", **env)
         assert "estimated_credits=" in out and "reserved_credits" not in out, out
-        assert _queue_row(cli.ok("queues", **env), "images")[1] == "1"
+        queues = cli.ok("queues", **env)
+        assert _queue_row(queues, "ocr")[1] == "0"
+        assert _queue_row(queues, "images")[1] == "1"
 
     shipped["queues"]["ocr"]["baseline_workers"] = 1  # the VPS runs an ocr worker now
     staffed = tmp_path / "scheduler.json"
