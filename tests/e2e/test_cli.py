@@ -316,6 +316,8 @@ def test_errors_are_one_red_line(cli: Cli):
 
 
 def test_bad_config_names_the_key(cli: Cli):
+    """A bad setting refuses the command and names its key (a log format that does not
+    exist too)."""
     result = cli("queues", HYPERMEDIA_API_PORT="abc", HYPERMEDIA_API_KEY="hm_x_y")
     assert result.returncode != 0
     assert "HYPERMEDIA_API_PORT" in result.stderr
@@ -334,31 +336,28 @@ def test_bad_config_names_the_key(cli: Cli):
     result = cli("db", "upgrade", HYPERMEDIA_LOG_LEVEL="loud")
     assert result.returncode == 1
     assert "HYPERMEDIA_LOG_LEVEL" in result.stderr
+    result = cli("db", "upgrade", HYPERMEDIA_LOG_FORMAT="yaml")
+    assert result.returncode == 1
+    assert "log_format (HYPERMEDIA_LOG_FORMAT): expected one of json, text" in result.stderr
 
 
-def test_logs_are_json_lines_with_their_extras(cli: Cli):
+def _json_log_lines(stderr: str) -> None:
     """HYPERMEDIA_LOG_FORMAT=json: every stderr line of a command is a JSON record, its
-    ``extra=`` fields included; a format that does not exist refuses to start."""
-    cli.upgrade()
-    result = cli(
-        "scheduler", "run", "--once", HYPERMEDIA_LOG_FORMAT="json", HYPERMEDIA_LOG_LEVEL="debug"
-    )
-    assert result.returncode == 0, result.stderr
-    records = [json.loads(line) for line in result.stderr.splitlines()]
+    ``extra=`` fields included (here: the storage secret made by the command's stack,
+    the first on its data dir)."""
+    records = [json.loads(line) for line in stderr.splitlines()]
     assert records
     for record in records:
         assert {"timestamp", "level", "logger", "message"} <= set(record), record
     (secret,) = [r for r in records if r["logger"] == "hypermedia.storage.local"]
     assert secret["level"] == "INFO"
     assert secret["action"] == "secret"
-    result = cli("db", "upgrade", HYPERMEDIA_LOG_FORMAT="yaml")
-    assert result.returncode == 1
-    assert "log_format (HYPERMEDIA_LOG_FORMAT): expected one of json, text" in result.stderr
 
 
 def test_the_scheduler_commands(cli: Cli, tmp_path: Path):
     """explain / run --once / log / reset-cost-lock on the embedded SQLite and a private
-    Redis, with the shipped vps_only defaults and with a file that is wrong."""
+    Redis, with the shipped vps_only defaults and with a file that is wrong. run --once,
+    the first on the record, logs JSON at debug (:func:`_json_log_lines`)."""
     # A data dir nothing has run with: said plainly, and nothing is created there (old:
     # `scheduler explain` / `run` and the `bulk` commands made an empty hypermedia.db).
     for command in (
@@ -372,10 +371,14 @@ def test_the_scheduler_commands(cli: Cli, tmp_path: Path):
         assert "not up to date" not in err
         assert not (tmp_path / "data").exists()
     cli.upgrade()
+    ran = cli(
+        "scheduler", "run", "--once", HYPERMEDIA_LOG_FORMAT="json", HYPERMEDIA_LOG_LEVEL="debug"
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert "Traceback" not in ran.stdout
+    _json_log_lines(ran.stderr)
     explained = cli.ok("scheduler", "explain")
     assert "vps_only" in explained
-    ran = cli.ok("scheduler", "run", "--once")
-    assert "Traceback" not in ran
     _scheduler_metrics(cli, tmp_path / "scheduler.log")
     logged = cli.ok("scheduler", "log")
     assert "when" in logged and "reason" in logged
