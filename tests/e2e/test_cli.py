@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -455,30 +455,6 @@ def test_a_taken_scheduler_metrics_port_is_one_clear_line(cli: Cli):
     ), err
 
 
-def test_the_access_log_shows_no_signature(cli: Cli, tmp_path: Path):
-    """A signed blob URL is a credential until it expires: the access log keeps the
-    request line and the other parameters, not ``sig``."""
-    cli.upgrade()
-    log_path = tmp_path / "serve.log"
-    with serving(cli, log_path) as url:
-        secret = (tmp_path / "data" / "storage.secret").read_text().strip()
-        expires = int(time.time()) + 600
-        signed = signing.signed_url(url, secret, "GET", "originals/p/o", expires)
-        put = signing.signed_url(url, secret, "PUT", "derived/p/o/1/t", expires, "image/png")
-        assert httpx.get(signed).status_code == 404  # a good signature, no such object
-        assert httpx.put(put, content=b"x", headers={"Content-Type": "image/png"}).is_success
-        signatures = [
-            signing.signature(secret, "GET", "originals/p/o", expires, None),
-            signing.signature(secret, "PUT", "derived/p/o/1/t", expires, "image/png"),
-        ]
-        assert all(sig in signed + put for sig in signatures)
-    output = log_path.read_text()
-    assert f"GET /v1/hypermedia/blobs/originals/p/o?expires={expires}&sig=[redacted]" in output
-    assert "PUT /v1/hypermedia/blobs/derived/p/o/1/t?expires=" in output
-    assert "content_type=image%2Fpng" in output
-    assert not [sig for sig in signatures if sig in output]
-
-
 def test_serve_stops_while_a_client_follows_a_running_job(
     cli: Cli, private_redis: EmbeddedRedis, tmp_path: Path
 ):
@@ -486,15 +462,18 @@ def test_serve_stops_while_a_client_follows_a_running_job(
     ends cleanly (the client takes it up on the next server, Last-Event-ID) and serve
     exits 0. Before, uvicorn waited for every open response, and a job's stream lasts
     as long as the job: serve was still 'Waiting for connections to close' 40 s after
-    SIGTERM (a service manager then kills it, and the stack is never closed)."""
+    SIGTERM (a service manager then kills it, and the stack is never closed).
+
+    The same serve's access log shows no signature (:func:`_signed_blob_requests`)."""
     cli.upgrade()
+    log_path = tmp_path / "serve.log"
     stack = Stack.open(load_settings(data_dir=tmp_path / "data", redis_url=private_redis.url))
     try:
         person = make_user(stack)
         job_id = submit(stack, person, ["thumbnail"])[0]
         stack.dispatcher.claim_and_start("images", "w")
         with ExitStack() as streams, httpx.Client(timeout=30) as http:
-            with serving(cli, tmp_path / "serve.log") as url:
+            with serving(cli, log_path) as url:
                 response = streams.enter_context(
                     http.stream(
                         "GET",
@@ -505,10 +484,37 @@ def test_serve_stops_while_a_client_follows_a_running_job(
                 lines = response.iter_lines()
                 first = next(line for line in lines if line.startswith("data: "))
                 assert '"status":"processing"' in first
+                logged = _signed_blob_requests(url, tmp_path / "data")
             rest = list(lines)  # the body ends: no error, no end of the job
         assert not [line for line in rest if line.startswith("data: ")], rest
     finally:
         stack.close()
+    logged(log_path.read_text())
+
+
+def _signed_blob_requests(url: str, data_dir: Path) -> Callable[[str], None]:
+    """A signed blob URL is a credential until it expires: the access log keeps the
+    request line and the other parameters, not ``sig``. Sends a signed GET and PUT to
+    the API at ``url``; the check of its log, once it has stopped."""
+    secret = (data_dir / "storage.secret").read_text().strip()
+    expires = int(time.time()) + 600
+    signed = signing.signed_url(url, secret, "GET", "originals/p/o", expires)
+    put = signing.signed_url(url, secret, "PUT", "derived/p/o/1/t", expires, "image/png")
+    assert httpx.get(signed).status_code == 404  # a good signature, no such object
+    assert httpx.put(put, content=b"x", headers={"Content-Type": "image/png"}).is_success
+    signatures = [
+        signing.signature(secret, "GET", "originals/p/o", expires, None),
+        signing.signature(secret, "PUT", "derived/p/o/1/t", expires, "image/png"),
+    ]
+    assert all(sig in signed + put for sig in signatures)
+
+    def check(output: str) -> None:
+        assert f"GET /v1/hypermedia/blobs/originals/p/o?expires={expires}&sig=[redacted]" in output
+        assert "PUT /v1/hypermedia/blobs/derived/p/o/1/t?expires=" in output
+        assert "content_type=image%2Fpng" in output
+        assert not [sig for sig in signatures if sig in output]
+
+    return check
 
 
 def _s3_without_credentials(cli: Cli, tmp_path: Path, **aws: str) -> dict[str, str]:
