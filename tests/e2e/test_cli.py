@@ -108,12 +108,14 @@ def cli(tmp_path: Path, private_redis: EmbeddedRedis, upgraded_record: Upgraded)
 
 
 @contextmanager
-def serving(cli: Cli, log_path: Path) -> Iterator[str]:
-    """``hypermedia serve`` on a free port; stopped with SIGTERM, which must exit 0."""
+def serving(cli: Cli, log_path: Path, pick: Callable[[], int] = free_port) -> Iterator[str]:
+    """``hypermedia serve`` on a free port (``pick``'s, see serve_on_a_free_port);
+    stopped with SIGTERM, which must exit 0."""
     process, url = serve_on_a_free_port(
         lambda port: [sys.executable, "-m", "hypermedia.cli", "serve", "--port", str(port)],
         cli.env,
         log_path,
+        pick=pick,
     )
     try:
         yield url
@@ -217,6 +219,10 @@ def _queue_row(table: str, queue: str) -> list[str]:
 def test_serve_reconciles_redis_at_start(
     cli: Cli, private_redis: EmbeddedRedis, tmp_path: Path, generated: Generated
 ):
+    """A job queued, Redis restarted empty: serve, started again, puts it back. (Its
+    second start is on a port another process took before it bound: serve says so and
+    exits, and the tests' helper starts it on another, as when free_port()'s pick is
+    taken before the bind.)"""
     cli.upgrade()
     key = _user(cli, "ops", "--credits", "1", "--operator")
     log = tmp_path / "serve.log"
@@ -229,15 +235,20 @@ def test_serve_reconciles_redis_at_start(
         page = httpx.get(f"{url}/operator", headers={"Authorization": f"Bearer {key}"})
         assert page.status_code == 200 and 'data-queue="images"' in page.text
     private_redis.restart()  # Redis loses everything
-    with serving(cli, log) as url:
-        env = {"HYPERMEDIA_API_URL": url, "HYPERMEDIA_API_KEY": key}
-        deadline = time.monotonic() + 15
-        while True:
-            row = _queue_row(cli.ok("queues", **env), "images")
-            if row[5] == "1/0/0" or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
-        assert row[1] == "1" and row[5] == "1/0/0", row
+    with listening_socket() as taken:
+        busy = taken.getsockname()[1]
+        ports = iter([busy, free_port()])
+        with serving(cli, log, pick=lambda: next(ports)) as url:
+            assert not url.endswith(f":{busy}")
+            env = {"HYPERMEDIA_API_URL": url, "HYPERMEDIA_API_KEY": key}
+            deadline = time.monotonic() + 15
+            while True:
+                row = _queue_row(cli.ok("queues", **env), "images")
+                if row[5] == "1/0/0" or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+            assert row[1] == "1" and row[5] == "1/0/0", row
+    assert f"the API server could not start on 127.0.0.1:{busy}" in log.read_text()
 
 
 def test_serve_refuses_what_no_worker_runs(cli: Cli, tmp_path: Path, generated: Generated):
@@ -273,31 +284,6 @@ def test_serve_refuses_what_no_worker_runs(cli: Cli, tmp_path: Path, generated: 
         held = re.search(r"estimated_credits=([0-9.]+) reserved_credits=([0-9.]+)$", out, re.M)
         assert held and float(held[2]) - float(held[1]) == pytest.approx(0.5), out
         assert _queue_row(cli.ok("queues", **env), "ocr")[1] == "1"
-
-
-def test_serve_on_a_port_taken_before_it_bound_is_started_again(cli: Cli, tmp_path: Path):
-    """`serve` on a port another process took says so and exits; the tests' helper then
-    starts it on another port (free_port()'s pick can be taken before the bind)."""
-    cli.upgrade()
-    log = tmp_path / "serve.log"
-    with listening_socket() as taken:
-        busy = taken.getsockname()[1]
-        ports = iter([busy, free_port()])
-        process, url = serve_on_a_free_port(
-            lambda port: [sys.executable, "-m", "hypermedia.cli", "serve", "--port", str(port)],
-            cli.env,
-            log,
-            pick=lambda: next(ports),
-        )
-    try:
-        assert not url.endswith(f":{busy}")
-        assert httpx.get(f"{url}/healthz").status_code == 200
-        said = log.read_text()
-        assert f"the API server could not start on 127.0.0.1:{busy}" in said
-        assert "Traceback" not in said
-    finally:
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(20) == 0
 
 
 def test_errors_are_one_red_line(cli: Cli):
