@@ -134,7 +134,7 @@ class Stack:
         if auto_migrate:
             migrate(settings, engine, clock=clock)
         elif (problem := schema_problem(engine)) is not None:
-            raise ConfigError("database_url (HYPERMEDIA_DATABASE_URL)", problem)
+            raise ConfigError(settings.database_setting, problem)
         catalog = ProfileCatalog.load(engine)
         if not len(catalog):
             raise ConfigError(

@@ -84,7 +84,7 @@ def open_engine(settings: Settings, *, connect_timeout: int | None = None) -> En
         raise
     if problem is not None:
         engine.dispose()
-        raise ConfigError("database_url (HYPERMEDIA_DATABASE_URL)", problem)
+        raise ConfigError(settings.database_setting, problem)
     return engine
 
 

@@ -101,7 +101,7 @@ class GrantsService:
         self.engine = settings_engine(cfg)
         try:
             if (problem := schema_problem(self.engine)) is not None:
-                raise ConfigError("database_url (HYPERMEDIA_DATABASE_URL)", problem)
+                raise ConfigError(cfg.database_setting, problem)
             clock = SystemClock()
             storage = build_storage(cfg, clock)
         except BaseException:

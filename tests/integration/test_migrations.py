@@ -785,6 +785,24 @@ def test_code_and_schema_that_disagree_say_which_way_to_go(empty_engine, setting
     assert "run `hypermedia db upgrade`" in str(raised.value)
 
 
+def test_an_embedded_record_without_a_schema_names_the_data_dir(tmp_path, settings):
+    """The embedded record comes from the data dir, not from a database_url nobody set:
+    its empty file (a crash before `db upgrade` made its tables) is named by the data dir
+    (it named HYPERMEDIA_DATABASE_URL)."""
+    from hypermedia.cli.common import open_engine
+    from hypermedia.errors import ConfigError
+    from hypermedia.stack import Stack
+
+    configured = settings(data_dir=tmp_path / "data", database_url=None)
+    configured.data_dir.mkdir()
+    (configured.data_dir / "hypermedia.db").touch()
+    for attempt in (lambda: open_engine(configured), lambda: Stack.open(configured)):
+        with pytest.raises(ConfigError) as refused:
+            attempt()
+        assert refused.value.key == "data_dir (HYPERMEDIA_DATA_DIR)", refused.value
+        assert "no schema yet: run `hypermedia db upgrade`" in refused.value.message
+
+
 def test_a_migration_behind_a_long_transaction_gives_up_instead_of_holding_the_platform(
     pg_server, monkeypatch
 ):
