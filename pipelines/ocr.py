@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipelines import ocr_layout, ocr_params, ocr_resume, progress, sniff
-from pipelines.ocr_engines import Engine, LayoutModel, Line, Region
+from pipelines.ocr_engines import Engine, LayoutModel, Line, Orientation, Region
 from pipelines.registry import (
     Output,
     PipelineError,
@@ -164,6 +164,8 @@ class Engines:
         self.threads = threads
         self._built: dict[str, Engine | PipelineError] = {}
         self._layout: LayoutModel | None = None
+        # Tesseract's OSD, loaded on the first page and kept for the others.
+        self.orientation = Orientation()
 
     def get(self, name: str) -> Engine | str:
         """The engine, or why it cannot run here."""
@@ -204,6 +206,7 @@ class Engines:
         if self._layout is not None:
             self._layout.close()
             self._layout = None
+        self.orientation.close()
 
 
 def detect_regions(
@@ -231,7 +234,7 @@ def recognise_page(
     # Binarised once for OSD and deskew (a 3312 x 2550 page: 0.19 CPU-s a time); a
     # turned page is binarised again, upright.
     binary: PageArray | None = page_binary(page)
-    degrees, confidence = page_orientation(page, binary)
+    degrees, confidence = page_orientation(page, binary, engines.orientation)
     if degrees and confidence >= OSD_MIN_CONFIDENCE:
         turn = degrees
         # OSD's angle is how far the page is turned clockwise: turn it back.
