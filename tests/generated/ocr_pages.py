@@ -21,7 +21,8 @@ Everything is drawn from fixed seeds: the same bytes every run for one Pillow.
 Pages some tests draw for themselves (not in the group): :func:`script_page`, lines
 of another script (Vietnamese, Arabic right to left: DejaVu Sans has both; simplified
 Chinese in WenQuanYi Micro Hei, :data:`CJK_FONT_PATHS`); :func:`long_scan`, an
-image-only PDF of many tiny pages of one line each.
+image-only PDF of many tiny pages of one line each; ``two_columns(rows=1)``, the
+title over the columns' first line only.
 """
 
 from __future__ import annotations
@@ -183,16 +184,17 @@ def clean_page(size: int = 42, margin: int = 150) -> Image.Image:
     return _page(lines, size, width, height)
 
 
-def two_columns() -> Image.Image:
+def two_columns(rows: int = len(LEFT_COLUMN)) -> Image.Image:
+    """The title over the columns' first ``rows`` lines (all of them by default)."""
     size, step, margin, gutter = 42, 66, 150, 120
     column = int(size * 0.62 * max(len(t) for t in LEFT_COLUMN + RIGHT_COLUMN))
     width = margin * 2 + column * 2 + gutter
     top = margin + int(step * 1.8)
     lines = [(TITLE, margin, margin)]
-    lines += [(text, margin, top + i * step) for i, text in enumerate(LEFT_COLUMN)]
+    lines += [(text, margin, top + i * step) for i, text in enumerate(LEFT_COLUMN[:rows])]
     right = margin + column + gutter
-    lines += [(text, right, top + i * step) for i, text in enumerate(RIGHT_COLUMN)]
-    return _page(lines, size, width, top + step * len(LEFT_COLUMN) + margin)
+    lines += [(text, right, top + i * step) for i, text in enumerate(RIGHT_COLUMN[:rows])]
+    return _page(lines, size, width, top + step * rows + margin)
 
 
 def layout_page() -> Image.Image:

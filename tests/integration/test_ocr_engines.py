@@ -24,7 +24,11 @@ ENGINES = ["ppocr", "ppocr-cls", "tesseract", "paddle"]
 
 def page(generated: Generated, name: str) -> np.ndarray:
     with Image.open(generated / f"ocr/{name}") as image:
-        return np.ascontiguousarray(np.asarray(image.convert("RGB"), dtype=np.uint8))
+        return rgb(image)
+
+
+def rgb(image: Image.Image) -> np.ndarray:
+    return np.ascontiguousarray(np.asarray(image.convert("RGB"), dtype=np.uint8))
 
 
 @pytest.fixture(scope="module", params=ENGINES)
@@ -54,12 +58,16 @@ def test_reads_a_printed_page(engine, generated: Generated):
 
 
 def test_a_blank_page_has_no_lines(engine):
-    blank = np.full((600, 800, 3), 255, dtype=np.uint8)
+    # Small: a detector reads every pixel of it (ppocr-cls enlarged 800 x 600 to
+    # 1600 x 1200: 2.4 CPU-s).
+    blank = np.full((200, 300, 3), 255, dtype=np.uint8)
     assert engine.recognize(blank) == []
 
 
-def test_the_same_engine_reads_page_after_page(engine, generated: Generated):
-    columns = page(generated, "two-columns.png")
+def test_the_same_engine_reads_page_after_page(engine):
+    # The title over the columns' first line: a page of its own size after the others,
+    # half the pixels of the whole two-column page.
+    columns = rgb(ocr_pages.two_columns(rows=1))
     first = [line.text for line in engine.recognize(columns)]
     again = [line.text for line in engine.recognize(columns)]
     assert first == again and any(ocr_pages.TITLE.split()[0] in text for text in first)
@@ -86,7 +94,7 @@ def test_page_orientation_of_a_turned_page(generated: Generated):
     assert ocr_engines.page_orientation(upright)[0] == 0
 
 
-def test_ppocr_inference_threads_do_not_spin(generated: Generated):
+def test_ppocr_inference_threads_do_not_spin():
     """onnxruntime's threads spin while they wait by default, burning the CPU the
     jobs beside them need: every session the ppocr engine builds has it off."""
     import gc
@@ -95,7 +103,8 @@ def test_ppocr_inference_threads_do_not_spin(generated: Generated):
 
     built = ocr_engines.create("ppocr", ["eng"], threads=2)
     try:
-        assert built.recognize(page(generated, "clean-page.png"))
+        # One line is enough to load both.
+        assert built.recognize(rgb(ocr_pages.script_page((ocr_pages.TITLE,), size=42)))
         sessions = [o.session for o in gc.get_objects() if isinstance(o, OrtInferSession)]
         assert len(sessions) >= 2  # detection and recognition, loaded on first use
         for session in sessions:
