@@ -11,9 +11,9 @@ What each generated page shows (tests/generated/ocr_pages.py):
 - lines upside down make the first engine's confidence low: the page escalates to
   ppocr-cls (which reads them right) and the JSON says so and why;
 - the searchable PDF's invisible text, read back with PDFium, is the OCR text;
-- a page with a title, paragraphs and a ruled table comes out as typed blocks (the
-  layout model runs in the sandbox from the wheel's file): title, text, and a table
-  whose lines are the table's words and which says it has no cells.
+- the blocks are typed by the layout model, which runs in the sandbox from the wheel's
+  file (what it makes of a title, paragraphs and a ruled table, and their text within
+  1 % CER, is test_ocr_layout's, on the same page with the same chain in process).
 
 At submit, before any job exists: an unknown language (422 invalid_params), a
 10,000-page PDF (422 page_limit) and a 2.5-gigapixel PNG header (422 pixel_limit).
@@ -32,7 +32,6 @@ import pytest
 
 from hypermedia.errors import InvalidParams, PageLimit, PixelLimit
 from hypermedia.ingest.client import HypermediaClient
-from pipelines.ocr import NO_TABLE_STRUCTURE
 from tests import error_inputs
 from tests.factories import make_user
 from tests.generated import Generated, documents, ocr_pages
@@ -49,7 +48,6 @@ PAGES = [
     "mixed-orientation.png",
     "scanned.pdf",
     "born-digital.pdf",
-    "layout-page.png",
 ]
 MAX_CER = {"photo-page.jpg": 0.02}
 
@@ -207,15 +205,9 @@ def check_escalations_are_charged_and_recorded(stored, views):
 
 
 def check_blocks_are_the_layout_regions(stored):
-    page = _page_json(stored, "layout-page.png")
-    assert page["layout"]["model"] == "pp_layout_cdla"
-    types = [block["type"] for block in page["blocks"]]
-    assert types[0] == "title" and "text" in types and types[-1] == "table", types
-    table = page["blocks"][-1]
-    assert (table["cells"], table["structure"]) == (None, NO_TABLE_STRUCTURE)
-    words = [line["text"] for line in table["lines"]]
-    assert words == [cell for row in ocr_pages.TABLE for cell in row]
-    assert _page_json(stored, "clean-page.png")["blocks"][0]["type"] == "text"
+    page = _page_json(stored, "clean-page.png")
+    assert page["layout"]["model"] == "pp_layout_cdla" and page["layout"]["regions"] >= 1
+    assert page["blocks"][0]["type"] == "text", page["blocks"]
 
 
 def check_the_searchable_pdf_carries_the_text(stored, name):
