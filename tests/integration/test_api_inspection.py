@@ -125,42 +125,32 @@ def _upload(base_url: str, user, data: bytes, name: str) -> httpx.Response:
         )
 
 
-def test_an_inspection_past_its_cpu_budget_refuses_the_upload(stack, base_url):
+def test_an_inspection_past_its_cpu_budget_refuses_the_upload_and_frees_its_key(stack, base_url):
+    """An upload whose inspection runs past its CPU budget is refused (422
+    ``inspection_limit``, naming CPU and the budget), nothing kept. A retry under its
+    Idempotency-Key is a new upload: the refused one left neither an object nor its key;
+    an ordinary file is inspected in its child as before."""
     user = _user(stack)
     files = _files(stack)
-    response = _upload(base_url, user, crafted_pdf(), "slow.pdf")
-    assert response.status_code == 422, response.text
-    error = response.json()["error"]
-    assert error["code"] == "inspection_limit"
-    assert "CPU" in error["message"]
-    assert error["details"]["cpu_seconds"] == 1
-    assert _objects(stack, user) == 0
-    assert _files(stack) == files
-
-    # An ordinary file is inspected in its child as before.
-    response = _upload(base_url, user, PNG, "ok.png")
-    assert response.status_code == 201, response.text
-    assert response.json()["detected_kind"] == "image"
-    assert response.json()["content_type"] == "image/png"
-
-
-def test_an_upload_refused_by_inspection_leaves_its_idempotency_key_free(stack, base_url):
-    """A retry under the key of an upload inspection refused is a new upload: the
-    refused one left neither an object nor its key."""
-    user = _user(stack)
     headers = {**bearer(user), "Idempotency-Key": "report-3"}
     with httpx.Client(base_url=base_url, timeout=120, verify=tls.client_context()) as client:
         refused = client.put(
             f"{P}/objects", params={"filename": "r.pdf"}, content=crafted_pdf(), headers=headers
         )
         assert refused.status_code == 422, refused.text
-        assert refused.json()["error"]["code"] == "inspection_limit"
+        error = refused.json()["error"]
+        assert error["code"] == "inspection_limit"
+        assert "CPU" in error["message"]
+        assert error["details"]["cpu_seconds"] == 1
         assert _objects(stack, user) == 0
+        assert _files(stack) == files
         accepted = client.put(
             f"{P}/objects", params={"filename": "r.pdf"}, content=PNG, headers=headers
         )
     assert accepted.status_code == 201, accepted.text
-    assert accepted.json()["replayed"] is False and accepted.json()["detected_kind"] == "image"
+    assert accepted.json()["replayed"] is False
+    assert accepted.json()["detected_kind"] == "image"
+    assert accepted.json()["content_type"] == "image/png"
     assert _objects(stack, user) == 1
 
 
