@@ -49,6 +49,9 @@ ONE_WORKER = frozenset(
         "tests/integration/test_driver_aws.py",
         "tests/integration/test_pipeline_office.py",
         "tests/integration/test_sandbox_executor.py",
+        # moto's EC2 costs ~1.6 CPU-s at its first use in a process (its import, the
+        # regions' catalogue): its tests took 12.2 CPU-s on three workers, 7.0 on one.
+        "tests/integration/test_provider_ledger.py",
         # Their cases share a database and a stack (and server) per engine, module-scoped
         # (tests/conftest.py's module_* fixtures): spread, each case would build them anew.
         "tests/integration/test_guards.py",
