@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from xml.sax.saxutils import escape
 
+from pipelines.office_libreoffice import write_build_id
 from tests import error_inputs
 from tests.generated.entries import Entry
 from tests.generated.images import picture
@@ -224,9 +225,13 @@ PROFILE_XCU = """<?xml version="1.0" encoding="UTF-8"?>
 
 
 def user_installation(profile: Path) -> str:
-    """soffice's option for a profile in ``profile`` (made, with :data:`PROFILE_XCU`)."""
+    """soffice's option for a profile in ``profile`` (made, with :data:`PROFILE_XCU`),
+    marked with LibreOffice's build id as the steps' profiles are: unmarked, each
+    conversion started soffice.bin twice (its launcher runs it again after its exit 81;
+    ~0.11 CPU-s a conversion, :func:`pipelines.office_libreoffice.write_build_id`)."""
     (profile / "user").mkdir(parents=True)
     (profile / "user" / "registrymodifications.xcu").write_text(PROFILE_XCU, encoding="utf-8")
+    write_build_id(profile / "user")
     return f"-env:UserInstallation={profile.as_uri()}"
 
 
