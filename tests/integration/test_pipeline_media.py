@@ -1,12 +1,12 @@
 """The media steps (``transcode_video``, ``transcode_audio``) on generated media and, in
 the corpus tier, on the shared corpus.
 
-A few files and every parameter path in-process; then every generated media row, and
-every media row of the corpus (``media/*`` and the hostile media rows), through a real
-:class:`ChildExecutor` with
-the limits of its profile in ``etc/profiles.toml`` (timeout, RLIMIT_AS, RLIMIT_NPROC),
-so FFmpeg runs where it will run in production: no network, read-only filesystem, a
-uid of its own, threads counted against ``max_processes``.
+Every parameter path in-process; then every generated media row, and every media row
+of the corpus (``media/*`` and the hostile media rows), through a real
+:class:`ChildExecutor` with the limits of its profile in ``etc/profiles.toml``
+(timeout, RLIMIT_AS, RLIMIT_NPROC), so FFmpeg runs where it will run in production: no
+network, read-only filesystem, a uid of its own, threads counted against
+``max_processes``.
 
 Outputs are checked with ffprobe run here (letting it guess the format: these are our
 own outputs): the right codec, a duration close to the input's, and for video a
@@ -59,6 +59,11 @@ REJECT_CODES: dict[str, set[str]] = {
     "type-mismatch": {"no_streams"},
 }
 STABLE_CODES = {"invalid_input", "no_streams", "encrypted_document", "unsupported_format"}
+# What each step makes with no params (its output type, its file's name in the workdir).
+DEFAULT_OUTPUTS = {
+    "transcode_video": "video-h264-720p-crf23.mp4",
+    "transcode_audio": "audio-aac-128k.m4a",
+}
 
 
 # -- helpers ---------------------------------------------------------------------------
@@ -162,30 +167,6 @@ def made(tmp_path_factory: pytest.TempPathFactory) -> Made:
         return path
 
     return make
-
-
-@pytest.mark.parametrize(
-    ("name", "operation"),
-    [
-        ("media/clip.mp4", "transcode_video"),
-        ("media/clip.mkv", "transcode_video"),
-        ("media/clip.avi", "transcode_video"),
-        ("media/tone.mp3", "transcode_audio"),
-        ("media/clip.webm", "transcode_audio"),
-        ("media/tone.flac", "transcode_audio"),
-    ],
-)
-def test_step_in_process(name: str, operation: str, tmp_path: Path, generated: Generated) -> None:
-    source = generated / name
-    (output,) = run_step(operation, source, {}, tmp_path)
-    expected = (
-        "video-h264-720p-crf23.mp4" if operation == "transcode_video" else "audio-aac-128k.m4a"
-    )
-    assert output.output_type == expected
-    assert output.path == tmp_path / expected
-    check_output(source, operation, output, {})
-    # Nothing else left behind (ffmpeg's logs are removed).
-    assert sorted(p.name for p in tmp_path.iterdir()) == [expected]
 
 
 @pytest.mark.parametrize(
@@ -641,7 +622,9 @@ def test_corpus_media_in_sandbox(executor: ChildExecutor) -> None:
 
 
 def in_sandbox(executor: ChildExecutor, cases: list[Case]) -> None:
-    """Each case in the sandbox with its profile's limits; every outcome as its row says."""
+    """Each case in the sandbox with its profile's limits; every outcome as its row says,
+    every output checked (:func:`check_output`), named as the step names it with no
+    params, and alone in its workdir with the input and the child's log."""
     problems: list[str] = []
     table: list[tuple[str, str, str, str, str]] = []
     for number, case in enumerate(cases):
@@ -657,6 +640,14 @@ def in_sandbox(executor: ChildExecutor, cases: list[Case]) -> None:
             outcome, code, detail = "done", "", ""
             try:
                 (output,) = result.outputs
+                expected = DEFAULT_OUTPUTS[case.operation]
+                assert output.output_type == expected
+                assert output.path == workdir / expected
+                # Nothing else left behind (ffmpeg's logs are removed): its input, the
+                # child's log and the output.
+                assert sorted(p.name for p in workdir.iterdir()) == sorted(
+                    [".child.log", "input", expected]
+                )
                 detail = check_output(case.source, case.operation, output, {})
             except AssertionError as exc:
                 problems.append(f"{case.row.path} {case.operation}: bad output {exc}")
