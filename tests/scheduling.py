@@ -44,6 +44,10 @@ ONE_WORKER = frozenset(
         "tests/integration/test_packaging.py",
         "tests/integration/test_ocr_engines.py",
         "tests/integration/test_media_chunks.py",
+        # Its sources made once (``made``: 16 clips for 2-6 cases each), the SDR bars'
+        # transcode, a fork server with pipelines.media: -n 4, spread 37.7 / 37.0 CPU-s,
+        # here 35.4 / 34.8.
+        "tests/integration/test_pipeline_media.py",
         # Their CPU-s with -n 6 (tests/cpu_report.py), spread against here: 32 / 21
         # (moto), 86 / 73 (LibreOffice's executor), 12.4 / 9.7.
         "tests/integration/test_driver_aws.py",
