@@ -1,7 +1,12 @@
 """``/docs`` (:mod:`hypermedia.ingest.docs`): Swagger UI from the API's own files, read
 in a headless Chromium that resolves no host but 127.0.0.1: it draws every operation of
 ``/openapi.json``, asks no other host for anything, and its Content-Security-Policy
-refuses nothing (none of its scripts or styles is another's, none is inline)."""
+refuses nothing (none of its scripts or styles is another's, none is inline).
+
+On SQLite alone: the page, ``/openapi.json`` and the files it loads are the app's, not
+the record's (no route of theirs reads the database), and the one call the page makes,
+``/healthz``, is tested on both engines in test_api. Each engine's run was a Chromium
+drawing the whole Swagger UI (~4 CPU-s)."""
 
 from __future__ import annotations
 
@@ -21,8 +26,8 @@ from tests.browser_support import chromium, record_violations, requested
 
 
 @pytest.fixture
-def stack(engine, settings) -> Iterator[Stack]:
-    opened = Stack.open(settings(), engine=engine, auto_migrate=True)
+def stack(sqlite_engine, settings) -> Iterator[Stack]:
+    opened = Stack.open(settings(), engine=sqlite_engine, auto_migrate=True)
     yield opened
     opened.close()
 
