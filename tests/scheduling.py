@@ -15,9 +15,9 @@ Under xdist a module-scoped fixture is built by every worker that runs one of it
 tests, and again each time that worker comes back to the module after another's test.
 The modules in :data:`ONE_WORKER`, whose fixture costs seconds (a stack with workers
 that runs every error case, a wheel built, OCR models loaded, encoded media, a moto
-server, a fork server), go to one worker whole: the scheduler (:class:`ModulesTogether`,
-xdist's load-scope scheduling with every other test its own unit) keeps them together
-and the rest in the order above.
+server, a fork server, a Chromium), go to one worker whole: the scheduler
+(:class:`ModulesTogether`, xdist's load-scope scheduling with every other test its own
+unit) keeps them together and the rest in the order above.
 (xdist's own ``--dist loadgroup`` does nothing on pytest 9: it renames items through an
 attribute pytest no longer reads.)
 
@@ -56,6 +56,9 @@ ONE_WORKER = frozenset(
         # moto's EC2 costs ~1.6 CPU-s at its first use in a process (its import, the
         # regions' catalogue): its tests took 12.2 CPU-s on three workers, 7.0 on one.
         "tests/integration/test_provider_ledger.py",
+        # Its three page tests share one Chromium (~0.8 CPU-s a start), module-scoped:
+        # long tests each (tests/durations.json), they went out first, one a worker.
+        "tests/integration/test_operator_page.py",
         # Their cases share a database and a stack (and server) per engine, module-scoped
         # (tests/conftest.py's module_* fixtures): spread, each case would build them anew.
         "tests/integration/test_guards.py",
