@@ -13,6 +13,7 @@ Worker-side transfers (:mod:`hypermedia.storage.transfer`) run against both too.
 
 from __future__ import annotations
 
+import functools
 import gc
 import hashlib
 import hmac
@@ -85,7 +86,9 @@ def make_bucket(endpoint: str) -> str:
     return name
 
 
+@functools.cache
 def admin_client(endpoint: str) -> Any:
+    """One per moto server (a boto3 client is thread-safe; each cost ~20 ms to make)."""
     return boto3.client(
         "s3",
         endpoint_url=endpoint,
@@ -103,7 +106,10 @@ class S3Gate(httpx.BaseTransport):
     AccessDenied. Everything else goes on to moto."""
 
     offset: float = 0.0  # seconds the gate's clock runs ahead of the real one
-    inner: httpx.HTTPTransport = field(default_factory=httpx.HTTPTransport)
+    # The process's TLS context (HTTPTransport() loads the CA bundle, ~20 ms each).
+    inner: httpx.HTTPTransport = field(
+        default_factory=lambda: httpx.HTTPTransport(verify=tls.client_context())
+    )
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         problem = self.refusal(request)
