@@ -969,7 +969,11 @@ def kill_uids(uids: Sequence[int], fork: Callable[[], int]) -> int:
 def clear_uids(uids: Sequence[int], fork: Callable[[], int], timeout: float = 5.0) -> bool:
     """True once no process of ``uids`` is left, zombies included: when there are some,
     :func:`kill_uids` (a killer stopped by a process it targets is tried again), then
-    a wait of up to ``timeout`` for the kernel and their reaper to remove them."""
+    a wait of up to ``timeout`` for the kernel and their reaper to remove them.
+
+    Each look reads every process's status (~1.2 ms of CPU with 140 processes): the
+    wait looks again after 10 ms, then twice as long each time up to 0.1 s, not every
+    10 ms (a zombie never reaped: ~0.55 -> ~0.07 CPU-s over the 5 s)."""
     import time
 
     if not processes_of_uids(uids):
@@ -977,10 +981,12 @@ def clear_uids(uids: Sequence[int], fork: Callable[[], int], timeout: float = 5.
     if not any(_killed(uids, fork, timeout) for _attempt in range(3)):
         return False
     deadline = time.monotonic() + timeout
+    pause = 0.01
     while processes_of_uids(uids):
         if time.monotonic() >= deadline:
             return False
-        time.sleep(0.01)
+        time.sleep(pause)
+        pause = min(pause * 2, 0.1)
     return True
 
 
