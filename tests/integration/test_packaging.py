@@ -416,16 +416,28 @@ def test_pip_install_of_the_wheel_without_extras(wheel, tmp_path):
         check=False,
     )
     assert installed.returncode == 0, installed.stderr[-3000:]
+    # The venv's own: not a checkout on PYTHONPATH (its hypermedia would stand in).
+    alone = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     names_code = "import importlib.metadata as m; print(*(d.name for d in m.distributions()))"
     listing = subprocess.run(
-        [str(python), "-c", names_code], capture_output=True, text=True, timeout=60, check=True
+        [str(python), "-c", names_code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=alone,
+        check=True,
     )
     names = {canonicalize_name(n) for n in listing.stdout.split()}
     assert names >= {"hypermedia", *CLIENT_REQUIREMENTS}
     assert not SERVER_SIDE & names, SERVER_SIDE & names
 
     done = subprocess.run(
-        [str(python), "-c", PROBE], capture_output=True, text=True, timeout=120, cwd=tmp_path
+        [str(python), "-c", PROBE],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env=alone,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     check_probe(done.stdout, venv)
@@ -435,6 +447,7 @@ def test_pip_install_of_the_wheel_without_extras(wheel, tmp_path):
         capture_output=True,
         text=True,
         timeout=60,
+        env=alone,
         check=False,
     )
     assert script.returncode == 1
