@@ -186,11 +186,16 @@ class LocalStack:
         progress: Any = None,
         dashboard: bool | None = None,
         status: bool = True,
+        metrics: bool = True,
         before_workers: Callable[[Stack], None] | None = None,
     ) -> None:
         """``dashboard``: start Ray's dashboard (default: the ``ray_dashboard`` setting).
         ``status``: Ray's autoscaler monitor on the head, what ``ray status`` and the
         dashboard's cluster page show (``run``'s batch goes without).
+        ``metrics``: the Ray head's metrics export port, which Prometheus scrapes (the
+        actors' ``ray.util.metrics``, Ray's own); without it and the dashboard, the head
+        runs neither of Ray's agents (``run``'s batch: no ``ray.json`` tells Prometheus
+        where it is).
         ``before_workers``: given the stack once its record and Redis are open, before
         any pipeline actor or the reconciler runs (what it does to the record, no job
         of it has been claimed yet)."""
@@ -290,6 +295,7 @@ class LocalStack:
                 num_cpus=max(os.cpu_count() or 1, math.ceil(settings.pool_cpus(pools))),
                 dashboard=with_dashboard,
                 monitor=status,
+                metrics=metrics,
                 node_ip=node_ip,
                 dashboard_env={
                     "RAY_PROMETHEUS_HOST": settings.prometheus_url,

@@ -121,13 +121,14 @@ def run(
                     f" cancelled {left} of them{running}[/]"
                 )
 
-        # A batch that ends when it is done: nobody opens a dashboard for it, nor asks
-        # `ray status`.
+        # A batch that ends when it is done: nobody opens a dashboard for it, asks `ray
+        # status` or scrapes its Ray metrics (it links no ray.json for Prometheus).
         local.start(
             pools=pools,
             progress=_progress_say(console),
             dashboard=False,
             status=False,
+            metrics=False,
             before_workers=cancel_leftovers,
         )
         _stop_on_sigterm()

@@ -47,6 +47,7 @@ import psutil
 
 from hypermedia.errors import ServiceUnavailable
 from hypermedia.secret_files import SANDBOX_HIDDEN_VARIABLE, secret_files
+from hypermedia.worker.ray_start import WITHOUT_AGENTS
 
 log = logging.getLogger(__name__)
 
@@ -379,6 +380,7 @@ def start_head(
     node_ip: str | None = None,
     dashboard_env: Mapping[str, str] | None = None,
     monitor: bool = False,
+    metrics: bool = True,
 ) -> RayNode:
     """Start a Ray head with its own temp dir under ``directory``; wait until it answers.
 
@@ -388,7 +390,11 @@ def start_head(
     (``RAY_PROMETHEUS_HOST``, ``RAY_GRAFANA_HOST``: where its Metrics page looks).
     ``monitor``: Ray's autoscaler monitor, whose reports ``ray status`` and the
     dashboard's cluster page show (it scales nothing: no autoscaling config here); a
-    head nobody looks at (``run``'s, the tests') goes without it."""
+    head nobody looks at (``run``'s, the tests') goes without it. ``metrics`` False
+    (and no dashboard): nobody scrapes the node's metrics export port, so Ray's two
+    agents are not started (:mod:`hypermedia.worker.ray_start`, ``--without-agents``):
+    no metrics are collected, and a ``runtime_env`` (which nothing of ours asks) starts
+    Ray's runtime env agent when one is asked for."""
     directory.mkdir(parents=True, exist_ok=True)
     token_path = ensure_token(token_path or directory / TOKEN_FILE)
     temp_dir = short_temp_dir(directory, "head")
@@ -423,6 +429,7 @@ def start_head(
         # Worker nodes on this machine join a head on 127.0.0.10 (Ray rewrites 127.0.0.1).
         *([f"--node-ip-address={node_ip}"] if node_ip else []),
         *([] if monitor else ["--no-monitor"]),
+        *([] if dashboard or metrics else [WITHOUT_AGENTS]),
     ]
     extra = dict(zip(_FIXED_METRIC_PORTS, map(str, _free_ports(2)), strict=True))
     if dashboard:

@@ -27,15 +27,58 @@ And ``ray start`` itself, on every node, goes without the command groups Ray's c
 line adds for its other commands (``ray serve``, ``ray job``, ``ray list``/``get``/
 ``summary``/``logs``): importing them loads Ray Serve, numpy and the state API (~0.7
 of the ~1.2 CPU-s of Ray's command line's imports here). Ray adds each only if it
-imports, and ``start`` uses none. Nothing else of ``ray start`` changes.
+imports, and ``start`` uses none.
+
+A head nobody observes (``--without-agents``, ours only, taken off before Ray reads the
+command line: :func:`~hypermedia.worker.cluster.start_head` with neither the dashboard
+nor ``metrics``, `hypermedia run`'s) also goes without Ray's two agents, which its raylet
+starts whatever it is told (~0.8 and ~0.45 CPU-s at a `run`'s start, then polling):
+
+- the dashboard agent exports the node's metrics (the actors' ``ray.util.metrics``,
+  Ray's own) at its metrics export port, and serves the dashboard its node's stats and
+  logs and runs its job submissions. With no dashboard there is nobody to serve, and
+  nobody scrapes a `run`'s metrics (no ``ray.json`` tells Prometheus where they are):
+  metrics collection is off in the cluster's system config, so nothing records metrics
+  nor tries to export them every 10 s;
+- the runtime env agent sets up a task's or actor's ``runtime_env``, which nothing of
+  ours asks (settings and secrets go to actors as constructor arguments, never there).
+
+The raylet ends itself when an agent exits and waits for the port files the agents
+write, so it gets stand-ins (:mod:`hypermedia.worker.agent_stand_in`) and the files are
+written before it starts, by Ray's own writer, as a minimal Ray's agent writes them (-1:
+not in use). The runtime env agent's stand-in listens on its port and becomes Ray's
+agent when someone connects: a ``runtime_env`` asked for all the same works, as Ray's
+(the raylet asks again every second meanwhile). A raylet command not as Ray 2.5x-2.6x
+builds it (:func:`without_agents`) keeps Ray's agents. Nothing else of ``ray start``
+changes.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
+import shlex
+import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
+
+# ``--without-agents`` (a head's: hypermedia.worker.cluster.start_head for a head nobody
+# observes): taken off the command line before Ray reads it.
+WITHOUT_AGENTS = "--without-agents"
+# The raylet's options that carry its agents' commands.
+_DASHBOARD_AGENT_FLAG = "--dashboard_agent_command"
+_RUNTIME_ENV_AGENT_FLAG = "--runtime_env_agent_command"
+# ray._raylet's names of the port files the raylet waits for: the dashboard agent's
+# three, the runtime env agent's.
+_AGENT_PORT_NAMES = (
+    "METRICS_AGENT_PORT_NAME",
+    "METRICS_EXPORT_PORT_NAME",
+    "DASHBOARD_AGENT_LISTEN_PORT_NAME",
+    "RUNTIME_ENV_AGENT_PORT_NAME",
+)
+_NO_METRICS = {"enable_metrics_collection": False}
 
 # Ray's command line adds these command groups only if they import (ray.scripts.scripts).
 _OTHER_COMMANDS = (
@@ -99,9 +142,95 @@ def _with_modules(command: Sequence[str], modules: str | None) -> list[str]:
     return [*command, f"--modules-to-load={modules}"]
 
 
-def lean_ray_start() -> None:
+PortWriter = Callable[[str, str, Sequence[int]], None]
+
+
+def _port_writer() -> PortWriter | None:
+    """What writes the agents' port files in the session dir, which the raylet waits for
+    (30 s, then it fails) whatever ports it was given: Ray's own writer (persist_port)
+    under Ray's names (:data:`_AGENT_PORT_NAMES`, in that order), as the agents use
+    them. None in a Ray without them."""
+    try:
+        from ray import _raylet
+    except ImportError:
+        return None
+    names = [getattr(_raylet, name, None) for name in _AGENT_PORT_NAMES]
+    persist = getattr(_raylet, "persist_port", None)
+    if persist is None or not all(isinstance(name, str) and name for name in names):
+        return None
+
+    def write(session_dir: str, node_id: str, ports: Sequence[int]) -> None:
+        for name, port in zip(names, ports, strict=True):
+            persist(session_dir, node_id, name, port)
+
+    return write
+
+
+def _option(command: Sequence[str], name: str) -> str | None:
+    return next((a.partition("=")[2] for a in command if a.startswith(f"{name}=")), None)
+
+
+def _split(line: str) -> list[str] | None:
+    """A command Ray joined with ``subprocess.list2cmdline`` for the raylet, split; None
+    when splitting and joining again does not give it back (quoting we do not read)."""
+    try:
+        parts = shlex.split(line)
+    except ValueError:
+        return None
+    return parts if subprocess.list2cmdline(parts) == line else None
+
+
+def without_agents(command: Sequence[str], write_ports: PortWriter) -> list[str]:
+    """The raylet's ``command`` with its two agents' commands replaced by
+    :mod:`hypermedia.worker.agent_stand_in` (the runtime env agent's kept, for the stand-in
+    to become when someone needs it), and the agents' port files written as a minimal
+    Ray's dashboard agent writes them (-1: not in use) and as the runtime env agent would
+    (its port), with ``write_ports`` (:func:`_port_writer`). A command not as Ray 2.5x-2.6x
+    builds it (the options read here missing, quoting this does not read) is answered as
+    it is: Ray's own agents."""
+    command = list(command)
+    flags = {}
+    for i, arg in enumerate(command):
+        flag = arg.partition("=")[0]
+        if flag in (_DASHBOARD_AGENT_FLAG, _RUNTIME_ENV_AGENT_FLAG):
+            flags[flag] = i
+    if len(flags) != 2:
+        return command
+    dashboard_agent = _split(command[flags[_DASHBOARD_AGENT_FLAG]].partition("=")[2])
+    runtime_env_agent = _split(command[flags[_RUNTIME_ENV_AGENT_FLAG]].partition("=")[2])
+    if dashboard_agent is None or runtime_env_agent is None:
+        return command
+    session_dir = _option(dashboard_agent, "--session-dir")
+    node_id = _option(dashboard_agent, "--node-id")
+    host = _option(runtime_env_agent, "--node-ip-address")
+    port = _option(runtime_env_agent, "--runtime-env-agent-port") or ""
+    if not (session_dir and node_id and host and port.isdigit() and int(port) > 0):
+        return command
+    stand_in = [sys.executable, "-S", str(Path(__file__).with_name("agent_stand_in.py"))]
+    replaced = {
+        _DASHBOARD_AGENT_FLAG: [*stand_in, "dashboard_agent", f"--session-dir={session_dir}"],
+        _RUNTIME_ENV_AGENT_FLAG: [
+            *stand_in,
+            "runtime_env_agent",
+            f"--listen={host}:{port}",
+            "--",
+            *runtime_env_agent,
+        ],
+    }
+    for flag, stand_in_command in replaced.items():
+        line = subprocess.list2cmdline(stand_in_command)
+        if _split(line) != stand_in_command:
+            return command
+        command[flags[flag]] = f"{flag}={line}"
+    write_ports(session_dir, node_id, (-1, -1, -1, int(port)))
+    return command
+
+
+def lean_ray_start(*, agents: bool = True) -> bool:
     """Make this process's ``ray start`` start neither, load no other command, and
-    start a dashboard with :data:`DASHBOARD_MODULES` (see the module's docstring)."""
+    start a dashboard with :data:`DASHBOARD_MODULES`; with ``agents`` False, its raylet
+    starts stand-ins for its agents (:func:`without_agents`; see the module's
+    docstring). Answers whether it does (Ray's internals as measured)."""
     for name in _OTHER_COMMANDS:
         # None in sys.modules: importing it raises ImportError at once, its package
         # not imported either.
@@ -120,41 +249,69 @@ def lean_ray_start() -> None:
 
         # `ray start` starts the client server when this answers None (grpc imports).
         scripts.get_ray_client_dependency_error = no_client
-    real = getattr(services, "start_api_server", None)
-    if real is None or next(iter(inspect.signature(real).parameters), "") != "include_dashboard":
-        return
-
-    def start_api_server(include_dashboard: bool | None, *args: Any, **kwargs: Any) -> Any:
-        if include_dashboard is False:
-            # What Ray's node does when the dashboard could not start: no process, no
-            # URL in the GCS (raise_on_failure is False with the dashboard off).
-            return None, None
-        return real(include_dashboard, *args, **kwargs)
-
-    services.start_api_server = start_api_server
     start_process = getattr(services, "start_ray_process", None)
-    dashboard = getattr(ray_constants, "PROCESS_TYPE_DASHBOARD", None)
-    if start_process is None or dashboard is None:
-        return
+    write_ports = None if agents else _port_writer()
+    raylet = getattr(ray_constants, "PROCESS_TYPE_RAYLET", None) if write_ports else None
+    dashboard = None
+    real = getattr(services, "start_api_server", None)
+    if real is not None and next(iter(inspect.signature(real).parameters), "") == (
+        "include_dashboard"
+    ):
+
+        def start_api_server(include_dashboard: bool | None, *args: Any, **kwargs: Any) -> Any:
+            if include_dashboard is False:
+                # What Ray's node does when the dashboard could not start: no process, no
+                # URL in the GCS (raise_on_failure is False with the dashboard off).
+                return None, None
+            return real(include_dashboard, *args, **kwargs)
+
+        services.start_api_server = start_api_server
+        dashboard = getattr(ray_constants, "PROCESS_TYPE_DASHBOARD", None)
+    if start_process is None or (dashboard is None and raylet is None):
+        return False
 
     def start_ray_process(
         command: Sequence[str], process_type: str, *args: Any, **kwargs: Any
     ) -> Any:
         if process_type == dashboard:
             command = _with_modules(command, dashboard_modules())
+        elif process_type == raylet and write_ports is not None:
+            command = without_agents(command, write_ports)
         return start_process(command, process_type, *args, **kwargs)
 
     services.start_ray_process = start_ray_process
+    return raylet is not None
+
+
+def _metrics_off(args: list[str]) -> list[str]:
+    """``ray start``'s ``args`` with Ray's metrics collection off in the cluster's system
+    config (the GCS hands it to every raylet, worker and driver): nothing records metrics
+    for an agent that is not there, nor tries to export them every 10 s."""
+    for i, arg in enumerate(args):
+        flag, _, value = arg.partition("=")
+        if flag == "--system-config":
+            return [
+                *args[:i],
+                f"{flag}={json.dumps({**json.loads(value), **_NO_METRICS})}",
+                *args[i + 1 :],
+            ]
+    return [*args, f"--system-config={json.dumps(_NO_METRICS)}"]
 
 
 def main() -> None:
     from hypermedia.exits import freeze_at_exit
 
     freeze_at_exit()  # the interpreter's last collection, skipped (hypermedia.exits)
-    lean_ray_start()
+    args = sys.argv[1:]
+    # A head's option only (the system config is the head's): a node joining a head
+    # runs Ray's agents.
+    agents = WITHOUT_AGENTS not in args or "--head" not in args
+    args = [a for a in args if a != WITHOUT_AGENTS]
+    if lean_ray_start(agents=agents):
+        args = _metrics_off(args)
     from ray.scripts.scripts import main as ray_main
 
-    sys.argv[0] = "ray"
+    sys.argv = ["ray", *args]
     sys.exit(ray_main())  # type: ignore[no-untyped-call]
 
 

@@ -146,7 +146,16 @@ def _stack_processes(data: Path) -> list[int]:
     ]
 
 
+def _argv(pid: int) -> list[str]:
+    try:
+        return psutil.Process(pid).cmdline()
+    except psutil.Error:
+        return []
+
+
 def test_run_killed_with_9_leaves_no_service_running(tmp_path):
+    """And a run's Ray head runs stand-ins for Ray's two agents (nobody scrapes its
+    metrics: no ray.json tells Prometheus where they are), which go with it too."""
     data = tmp_path / "data"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HYPERMEDIA_", "RAY_"))}
     env["HYPERMEDIA_DATA_DIR"] = str(data)
@@ -155,6 +164,13 @@ def test_run_killed_with_9_leaves_no_service_running(tmp_path):
     assert redis is not None and redis.pid is not None
     started = [*_stack_processes(data), redis.pid]  # redis-server rewrites its cmdline
     assert len(started) > 3
+    lines = [_argv(pid) for pid in started]
+    stand_ins = sorted(a[3] for a in lines if len(a) > 3 and a[2].endswith("agent_stand_in.py"))
+    assert stand_ins == ["dashboard_agent", "runtime_env_agent"], lines
+    rays = [
+        a for a in lines if "Agent" in " ".join(a[:1]) or "dashboard/agent.py" in " ".join(a[1:3])
+    ]
+    assert rays == [], rays
     proc.kill()
     assert proc.wait() == -signal.SIGKILL
     procs = [psutil.Process(pid) for pid in started if psutil.pid_exists(pid)]

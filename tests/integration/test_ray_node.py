@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import json
 import logging
 import os
 import stat
@@ -20,6 +21,9 @@ from tests.conftest import RAY_TOKEN
 class _Probe:
     def pid(self) -> int:
         return os.getpid()
+
+    def env(self, name: str) -> str | None:
+        return os.environ.get(name)
 
 
 _ProbeActor = ray.remote(num_cpus=0)(_Probe)
@@ -70,6 +74,10 @@ def test_a_single_machine_head_listens_on_loopback_only_and_stops_whole(head, tm
     head's daemons ran without the address file its start writes last, which the next
     start took for a running head with the address "" (every test after it on the
     shared head: ValueError: Invalid address format); it stops them and starts afresh.
+    That next one is a head nobody observes (``metrics=False``, `hypermedia run`'s): it
+    runs stand-ins for Ray's two agents (~1.2 CPU-s at a head's start), its metrics
+    collection is off, and an actor with a runtime_env (nothing of ours asks one) gets
+    it: Ray's runtime env agent starts when the raylet asks for it.
     One head for these checks (they were three tests, two of them with a head of their
     own and test_a_head_left_half_started_is_stopped_and_started_afresh with two: a
     head's start costs ~7 CPU-s; its checks are the last part here)."""
@@ -107,7 +115,9 @@ def test_a_single_machine_head_listens_on_loopback_only_and_stops_whole(head, tm
 
     # The next start stops the head left half-started (the same stop as cut_short's:
     # a node of that temp dir without an address) and starts afresh.
-    again = cluster.start_head(tmp_path / "ray", resources={}, token_path=RAY_TOKEN, num_cpus=0)
+    again = cluster.start_head(
+        tmp_path / "ray", resources={}, token_path=RAY_TOKEN, num_cpus=0, metrics=False
+    )
     try:
         assert again.temp_dir == head.temp_dir
         assert again.address.startswith("127.0.0.1:"), again.address
@@ -116,10 +126,43 @@ def test_a_single_machine_head_listens_on_loopback_only_and_stops_whole(head, tm
         _gone, alive = psutil.wait_procs([*procs, *found], timeout=0)
         assert alive == [], [p.pid for p in alive]
         assert left.isdisjoint(p.pid for p in again.processes() if p.is_running())
+
+        # Unobserved: stand-ins, not Ray's agents; Ray's runtime env agent on demand.
+        assert _agents(again.processes()) == ["dashboard_agent", "runtime_env_agent"]
+        ray.init(address=again.address, logging_level=logging.WARNING, log_to_driver=False)
+        state = ray._private.state.state._global_state_accessor
+        assert state is not None
+        assert json.loads(state.get_system_config())["enable_metrics_collection"] is False
+        asks: Any = _ProbeActor.options(runtime_env={"env_vars": {"HM_PROBE": "1"}}).remote()
+        assert ray.get(asks.env.remote("HM_PROBE"), timeout=120) == "1"
+        assert _agents(again.processes()) == ["RuntimeEnvAgent", "dashboard_agent"]
+        ray.shutdown()
     finally:
+        if ray.is_initialized():
+            ray.shutdown()
         again.stop()
     assert head.processes() == []
     assert not head.temp_dir.exists()
+
+
+def _agents(procs: list[psutil.Process]) -> list[str]:
+    """The agents among a node's processes: Ray's (by their titles, ``ray::...``, or
+    their scripts before they set one), the stand-ins (hypermedia.worker.agent_stand_in)
+    by the agent they stand in for."""
+    rays = {"dashboard/agent.py": "DashboardAgent", "agent/main.py": "RuntimeEnvAgent"}
+    found = []
+    for proc in procs:
+        try:
+            args = proc.cmdline()
+        except psutil.Error:
+            continue
+        if args[:1] in (["ray::DashboardAgent"], ["ray::RuntimeEnvAgent"]):
+            found.append(args[0].removeprefix("ray::"))
+        elif len(args) > 3 and args[2].endswith("agent_stand_in.py"):
+            found.append(args[3])
+        else:
+            found += [name for script, name in rays.items() if script in " ".join(args[1:3])]
+    return sorted(found)
 
 
 def _cmdline(proc: psutil.Process) -> str:
