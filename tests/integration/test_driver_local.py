@@ -164,7 +164,12 @@ def test_bad_options_name_their_key(options, key):
 
 def test_a_real_node_boots_from_its_user_data_joins_drains_and_goes(tmp_path, driver):
     head = cluster.start_head(
-        tmp_path / "ray", resources={}, token_path=RAY_TOKEN, num_cpus=1, node_ip="127.0.0.10"
+        tmp_path / "ray",
+        resources={},
+        token_path=RAY_TOKEN,
+        num_cpus=1,
+        node_ip="127.0.0.10",
+        metrics=False,  # nobody scrapes it: no Ray agents (~1.2 CPU-s)
     )
     try:
         node_id = "hm-rnode-0001"

@@ -513,7 +513,12 @@ def test_launch_list_adopt_and_terminate_a_real_node(tmp_path, make_provider):
       caps counted the launch twice."""
     # The head's Ray where a `ray up` head's is: in the state dir's short temp dir.
     head = cluster.start_head(
-        tmp_path / "state", resources={}, token_path=RAY_TOKEN, num_cpus=1, node_ip="127.0.0.10"
+        tmp_path / "state",
+        resources={},
+        token_path=RAY_TOKEN,
+        num_cpus=1,
+        node_ip="127.0.0.10",
+        metrics=False,  # nobody scrapes it: no Ray agents (~1.2 CPU-s)
     )
     try:
         scheduler = scheduler_json(tmp_path, cloud_providers__aws__spot_enabled=True)
