@@ -9,6 +9,10 @@ GCS's, the raylet's, every worker's) is read while the cluster runs, and again a
 Redis password (0600).
 No process has a canary on its command line, and only the head has one in its
 environment (where the operator put it).
+
+The S3 case is here; the local storage and database case (a PostgreSQL password, a
+storage and a callback signing secret) runs on test_up_down's test_up_submit_down's
+stack, through :func:`check_running` and :func:`check_stopped`.
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _base_env(data: Path) -> dict[str, str]:
+def base_env(data: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HYPERMEDIA_", "RAY_", "AWS_"))}
     env["HYPERMEDIA_DATA_DIR"] = str(data)
     env.update(support.IMAGES_ONLY)
@@ -115,55 +119,46 @@ def _cmdline(pid: int) -> str:
         return "?"
 
 
-def _up_run_check_down(env: dict[str, str], data: Path, canaries: list[str]) -> None:
+def check_running(data: Path, canaries: list[str], *, dashboard: bool) -> list[str]:
+    """The stack of ``data`` runs and has run jobs: no file under the data dir or the
+    Ray temp dir holds a canary but ``redis.conf`` its Redis password (0600); no process
+    has one on its command line, and only the head has one in its environment.
+    ``dashboard``: the stack runs Ray's dashboard, whose logs are among those read.
+    Returns the canaries and the Redis password, for :func:`check_stopped`."""
     ray_dir = short_temp_dir(data / "ray", "head").parent
     conf = data / "redis" / "redis.conf"
-    redis_password = None
-    try:
-        up = _cli(env, "up")
-        assert up.returncode == 0, up.stderr + (data / "head.log").read_text()[-3000:]
-        api_url = (data / "head.url").read_text()
-        key = _cli(env, "user", "add", "alice", "--credits", "100").stdout.strip()
-        assert key.startswith("hm_")
-        with HypermediaClient(api_url, key, timeout=120) as client:
-            jobs = []
-            for sample in SAMPLES:
-                obj = client.upload(sample)
-                jobs += client.process(obj.object_id, ["thumbnail"]).jobs
-            for job in jobs:
-                # The grants actor signed these URLs with the handed-over credentials.
-                assert client.wait(job.job_id, timeout=240).status == "completed"
-
-        redis_password = read_password(data / "redis")
-        assert redis_password is not None
-        canaries = [*canaries, redis_password]
-        files = _files(data, ray_dir)
-        assert any(p.name == "runtime_env_agent.log" for p in files)  # Ray's logs are read
-        assert any(p.name.startswith("python-core-worker-") for p in files)
-        assert (data / "head.log") in files
-        assert _copies(canaries, data, ray_dir) == {conf: [redis_password]}
-        assert stat.S_IMODE(conf.stat().st_mode) == 0o600
-        assert not list(data.glob("grants-*")), "the hand-off file outlived the grants actor"
-
-        head_pid = int((data / "head.pid").read_text())
-        on_cmdline, in_environ = _processes_holding(canaries)
-        assert on_cmdline == []
-        assert head_pid in in_environ  # the operator's environment
-        # Nothing else: not Ray's processes, Redis, the watchdog, nor the upload
-        # inspection server (it starts with an allowlisted environment).
-        others = {pid: _cmdline(pid) for pid in in_environ if pid != head_pid}
-        assert others == {}
-    finally:
-        down = _cli(env, "down")
-        assert down.returncode == 0, down.stderr
+    redis_password = read_password(data / "redis")
     assert redis_password is not None
-    assert _copies(canaries, data) == {conf: [redis_password]}
+    canaries = [*canaries, redis_password]
+    files = _files(data, ray_dir)
+    assert any(p.name == "runtime_env_agent.log" for p in files)  # Ray's logs are read
+    assert any(p.name.startswith("python-core-worker-") for p in files)
+    assert any(p.name == "dashboard.log" for p in files) == dashboard
+    assert (data / "head.log") in files
+    assert _copies(canaries, data, ray_dir) == {conf: [redis_password]}
+    assert stat.S_IMODE(conf.stat().st_mode) == 0o600
+    assert not list(data.glob("grants-*")), "the hand-off file outlived the grants actor"
+
+    head_pid = int((data / "head.pid").read_text())
+    on_cmdline, in_environ = _processes_holding(canaries)
+    assert on_cmdline == []
+    assert head_pid in in_environ  # the operator's environment
+    # Nothing else: not Ray's processes, Redis, the watchdog, nor the upload
+    # inspection server (it starts with an allowlisted environment).
+    others = {pid: _cmdline(pid) for pid in in_environ if pid != head_pid}
+    assert others == {}
+    return canaries
 
 
-@pytest.mark.timeout(600)  # `up` may try `ray start` three times under load
-def test_local_storage_and_database_credentials_stay_with_their_owners(pg_database_url, tmp_path):
-    data = tmp_path / "data"
-    env = _base_env(data)
+def check_stopped(data: Path, canaries: list[str]) -> None:
+    """The stack of ``data`` stopped: its files hold no canary either, but the Redis
+    password (the last of ``canaries``, :func:`check_running`'s) in ``redis.conf``."""
+    assert _copies(canaries, data) == {data / "redis" / "redis.conf": canaries[-1:]}
+
+
+def local_canaries(env: dict[str, str], pg_database_url: str) -> list[str]:
+    """A database password, a storage and a callback signing secret in ``env`` (the
+    AWS secret is there already: :func:`base_env`); all the canaries."""
     assert "postgres@" in pg_database_url
     # Trust auth ignores the password, but the URL carries it wherever the URL goes.
     env["HYPERMEDIA_DATABASE_URL"] = pg_database_url.replace(
@@ -172,7 +167,7 @@ def test_local_storage_and_database_credentials_stay_with_their_owners(pg_databa
     env["HYPERMEDIA_STORAGE_SECRET"] = CANARY_STORAGE
     # The head alone signs callbacks (set, it once kept every actor from starting).
     env["HYPERMEDIA_CALLBACK_SECRET"] = CANARY_CALLBACK
-    _up_run_check_down(env, data, [CANARY_AWS, CANARY_STORAGE, CANARY_DB, CANARY_CALLBACK])
+    return [CANARY_AWS, CANARY_STORAGE, CANARY_DB, CANARY_CALLBACK]
 
 
 @pytest.fixture
@@ -193,7 +188,7 @@ def moto() -> Iterator[tuple[str, str]]:
 def test_s3_credentials_reach_the_grants_actor_and_nothing_else(tmp_path, moto):
     endpoint, bucket = moto
     data = tmp_path / "data"
-    env = _base_env(data)
+    env = base_env(data)
     env["HYPERMEDIA_STORAGE_BACKEND"] = "s3"
     env["HYPERMEDIA_S3_BUCKET"] = bucket
     env["HYPERMEDIA_S3_ENDPOINT_URL"] = endpoint
@@ -201,4 +196,23 @@ def test_s3_credentials_reach_the_grants_actor_and_nothing_else(tmp_path, moto):
     # Without Ray's dashboard (~5 of the stack's CPU-s): what its processes log and hold
     # is the other test's to read; what reaches them does not depend on the storage.
     env["HYPERMEDIA_RAY_DASHBOARD"] = "false"
-    _up_run_check_down(env, data, [CANARY_AWS])
+    canaries = [CANARY_AWS]
+    try:
+        up = _cli(env, "up")
+        assert up.returncode == 0, up.stderr + (data / "head.log").read_text()[-3000:]
+        api_url = (data / "head.url").read_text()
+        key = _cli(env, "user", "add", "alice", "--credits", "100").stdout.strip()
+        assert key.startswith("hm_")
+        with HypermediaClient(api_url, key, timeout=120) as client:
+            jobs = []
+            for sample in SAMPLES:
+                obj = client.upload(sample)
+                jobs += client.process(obj.object_id, ["thumbnail"]).jobs
+            for job in jobs:
+                # The grants actor signed these URLs with the handed-over credentials.
+                assert client.wait(job.job_id, timeout=240).status == "completed"
+        canaries = check_running(data, canaries, dashboard=False)
+    finally:
+        down = _cli(env, "down")
+        assert down.returncode == 0, down.stderr
+    check_stopped(data, canaries)

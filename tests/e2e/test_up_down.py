@@ -19,6 +19,7 @@ import pytest
 
 from hypermedia.embedded import find_running, free_port
 from hypermedia.worker.cluster import RayNode, short_temp_dir
+from tests.e2e import test_secrets
 from tests.support import IMAGES_ONLY
 
 REPO = Path(__file__).resolve().parents[2]
@@ -49,21 +50,27 @@ def _ray_processes(data: Path) -> list[int]:
     ]
 
 
-# One stack for all of it: a `up` costs ~14 CPU-s.
+# One stack for all of it: a `up` costs ~10 CPU-s.
 @pytest.mark.timeout(600)  # `up` may try `ray start` three times under load
-def test_up_submit_down(tmp_path):
+def test_up_submit_down(tmp_path, pg_database_url):
     """`up` leaves a stack running for other commands, `down` stops it. A head.pid whose
     pid the system gave to another process is not taken for the head (`down` killed that
     process, `up` said "already up"); a second head on the data dir is refused and stops
     nothing of the running stack (it stopped its Redis); `down` stops a head that holds
     the data dir even without head.pid. The API listens on api_port (it was a port the
-    kernel picked, another at each `up`), where the CLI's client finds it."""
+    kernel picked, another at each `up`), where the CLI's client finds it.
+    And test_secrets' local storage and database case (it was a test with a stack of
+    its own, the same as this one): run with canary credentials (an AWS secret, a
+    PostgreSQL password, a storage and a callback signing secret; the callback secret
+    once kept every actor from starting), no file of the data dir or of Ray's (the
+    dashboard's logs among them) holds one, running and after `down`, but redis.conf
+    its Redis password; no process has one on its command line, only the head in its
+    environment (test_secrets.check_running, check_stopped)."""
     data = tmp_path / "data"
     data.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HYPERMEDIA_", "RAY_"))}
-    env["HYPERMEDIA_DATA_DIR"] = str(data)
+    env = test_secrets.base_env(data)  # IMAGES_ONLY, the AWS canary
+    canaries = test_secrets.local_canaries(env, pg_database_url)
     env["HYPERMEDIA_API_PORT"] = str(free_port())  # 8080, the default, may be taken here
-    env.update(IMAGES_ONLY)
     stranger = subprocess.Popen(["sleep", "300"])
     try:
         (data / "head.pid").write_text(f"{stranger.pid}\n")
@@ -130,6 +137,7 @@ def test_up_submit_down(tmp_path):
         # `down` left a /tmp/pymp-*): the stop removes it.
         mp_dirs = _multiprocessing_dirs(data)
         assert mp_dirs, "no multiprocessing temp dir among the head's sockets"
+        canaries = test_secrets.check_running(data, canaries, dashboard=True)
 
         (data / "head.pid").unlink()
         down = _cli(env, "down")
@@ -139,6 +147,7 @@ def test_up_submit_down(tmp_path):
         assert _ray_processes(data) == []
         assert find_running(data / "redis") is None
         assert [d for d in mp_dirs if d.exists()] == []
+        test_secrets.check_stopped(data, canaries)
         assert _cli(env, "down").stdout.strip() == "not running"
         assert stranger.poll() is None
     finally:
