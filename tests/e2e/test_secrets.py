@@ -4,21 +4,23 @@
 a configured storage signing secret, a callback signing secret, a database password,
 and the embedded Redis's generated password. Then every file under the data dir (the
 head's log included) and the Ray temp dir (session logs, ``runtime_env_agent.log``, the
-GCS's, the raylet's, every worker's) is read while the cluster runs, and again after
-``down``: no copy of any canary but in ``redis.conf``, the one file that holds the
+GCS's, the raylet's, every worker's) is read while the cluster runs, and again once it
+stopped: no copy of any canary but in ``redis.conf``, the one file that holds the
 Redis password (0600).
 No process has a canary on its command line, and only the head has one in its
 environment (where the operator put it).
 
-The S3 case is here; the local storage and database case (a PostgreSQL password, a
-storage and a callback signing secret) runs on test_up_down's test_up_submit_down's
-stack, through :func:`check_running` and :func:`check_stopped`.
+The S3 case is here (its stack stopped by the watchdog, its head killed with -9); the
+local storage and database case (a PostgreSQL password, a storage and a callback
+signing secret) runs on test_up_down's test_up_submit_down's stack (stopped by
+``down``), through :func:`check_running` and :func:`check_stopped`.
 """
 
 from __future__ import annotations
 
 import os
 import secrets
+import signal
 import stat
 import subprocess
 import sys
@@ -29,10 +31,11 @@ import boto3
 import psutil
 import pytest
 
-from hypermedia.embedded import read_password
+from hypermedia.embedded import find_running, read_password
 from hypermedia.ingest.client import HypermediaClient
 from hypermedia.worker.cluster import short_temp_dir
 from tests import support
+from tests.stack_support import leftovers, ray_processes, wait_gone, watchdog_pid
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLES = [REPO / "examples" / "banner.webp", REPO / "examples" / "logo-alpha.png"]
@@ -186,6 +189,15 @@ def moto() -> Iterator[tuple[str, str]]:
 
 @pytest.mark.timeout(600)  # `up` may try `ray start` three times under load
 def test_s3_credentials_reach_the_grants_actor_and_nothing_else(tmp_path, moto):
+    """The head's S3 credentials (the AWS canary) reach the grants actor, which signs
+    the jobs' URLs with them, and no other process nor any file, running and once the
+    stack is stopped.
+    And test_up_down's test_a_head_killed_with_9_takes_its_cluster_with_it (it was a
+    test with a stack of its own, this one but for the storage and the jobs): the stack
+    ends with its head killed with -9, and the watchdog stops the Ray head (with Ray's
+    dashboard on: its modules' processes, and the pipeline actor's fork server, outside
+    Ray's environment, among them) and the Redis that head started; then the stopped
+    stack's files (the watchdog's log among them) hold no canary either."""
     endpoint, bucket = moto
     data = tmp_path / "data"
     env = base_env(data)
@@ -193,9 +205,6 @@ def test_s3_credentials_reach_the_grants_actor_and_nothing_else(tmp_path, moto):
     env["HYPERMEDIA_S3_BUCKET"] = bucket
     env["HYPERMEDIA_S3_ENDPOINT_URL"] = endpoint
     env["HYPERMEDIA_S3_REGION"] = "us-east-1"
-    # Without Ray's dashboard (~5 of the stack's CPU-s): what its processes log and hold
-    # is the other test's to read; what reaches them does not depend on the storage.
-    env["HYPERMEDIA_RAY_DASHBOARD"] = "false"
     canaries = [CANARY_AWS]
     try:
         up = _cli(env, "up")
@@ -211,8 +220,18 @@ def test_s3_credentials_reach_the_grants_actor_and_nothing_else(tmp_path, moto):
             for job in jobs:
                 # The grants actor signed these URLs with the handed-over credentials.
                 assert client.wait(job.job_id, timeout=240).status == "completed"
-        canaries = check_running(data, canaries, dashboard=False)
+        canaries = check_running(data, canaries, dashboard=True)
+
+        ray_pids = ray_processes(data)
+        redis = find_running(data / "redis")
+        assert ray_pids and redis is not None and redis.pid is not None
+        watchdog = watchdog_pid(data)
+        os.kill(int((data / "head.pid").read_text()), signal.SIGKILL)
+        assert wait_gone([*ray_pids, redis.pid, watchdog]) == []
+        assert leftovers(data) == []
+        assert "died without stopping" in (data / "watchdog.log").read_text()
     finally:
         down = _cli(env, "down")
-        assert down.returncode == 0, down.stderr
+    assert down.returncode == 0, down.stderr
+    assert down.stdout.strip() == "not running"
     check_stopped(data, canaries)

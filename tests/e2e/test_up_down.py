@@ -20,6 +20,7 @@ import pytest
 from hypermedia.embedded import find_running, free_port
 from hypermedia.worker.cluster import RayNode, short_temp_dir
 from tests.e2e import test_secrets
+from tests.stack_support import leftovers, ray_processes, wait_gone, watchdog_pid
 from tests.support import IMAGES_ONLY
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,15 +40,6 @@ def _cli(env: dict[str, str], *args: str, timeout: float = 420) -> subprocess.Co
 
 # No queue staffed: a stack with its grants actor and no pipeline actor (~5 CPU-s less).
 NO_PIPELINE_ACTOR = {**IMAGES_ONLY, "HYPERMEDIA_QUEUES__IMAGES__WORKERS": "0"}
-
-
-def _ray_processes(data: Path) -> list[int]:
-    marker = str(short_temp_dir(data / "ray", "head"))
-    return [
-        p.pid
-        for p in psutil.process_iter(["cmdline"])
-        if marker in " ".join(p.info["cmdline"] or [])
-    ]
 
 
 # One stack for all of it: a `up` costs ~10 CPU-s.
@@ -84,10 +76,10 @@ def test_up_submit_down(tmp_path, pg_database_url):
         api_url = (data / "head.url").read_text()
         assert api_url == f"http://127.0.0.1:{env['HYPERMEDIA_API_PORT']}"
         assert api_url in up.stdout, up.stdout
-        assert _ray_processes(data), (data / "head.log").read_text()[-3000:]
+        assert ray_processes(data), (data / "head.log").read_text()[-3000:]
         # Its head runs Ray's autoscaler monitor (`ray status`, the dashboard's cluster
         # page), which `run`'s head and the tests' go without.
-        assert "monitor.py" in " ".join(map(_cmdline, _ray_processes(data)))
+        assert "monitor.py" in " ".join(map(_cmdline, ray_processes(data)))
         redis = find_running(data / "redis")
         assert redis is not None
         again = _cli(env, "up")
@@ -143,8 +135,8 @@ def test_up_submit_down(tmp_path, pg_database_url):
         down = _cli(env, "down")
         assert down.returncode == 0, down.stdout + down.stderr
         assert down.stdout.strip() == "down", down.stdout + down.stderr
-        assert _wait_gone([int(line.split()[0]) for line in _leftovers(data)], timeout=30) == []
-        assert _ray_processes(data) == []
+        assert wait_gone([int(line.split()[0]) for line in leftovers(data)], timeout=30) == []
+        assert ray_processes(data) == []
         assert find_running(data / "redis") is None
         assert [d for d in mp_dirs if d.exists()] == []
         test_secrets.check_stopped(data, canaries)
@@ -200,7 +192,7 @@ def _dashboard_and_metric_targets(data: Path, api_url: str) -> None:
     ):
         assert httpx.get(dashboard + path, headers=auth, timeout=30).status_code == 200, path
     assert httpx.get(f"{dashboard}/api/train/v2/runs", headers=auth, timeout=30).status_code == 404
-    (head,) = [p for p in _ray_processes(data) if "dashboard/dashboard.py" in _cmdline(p)]
+    (head,) = [p for p in ray_processes(data) if "dashboard/dashboard.py" in _cmdline(p)]
     modules = {
         found.group(1)
         for child in psutil.Process(head).children(recursive=True)
@@ -241,83 +233,8 @@ def _ray_targets(path: Path, timeout: float) -> dict[str, Any]:
     return listed
 
 
-def _leftovers(data: Path) -> list[str]:
-    """Processes of the data dir's stack: its Ray head's (temp dir, the client server,
-    which names the GCS address, anything with the cluster's token), its Redis and its
-    watchdog."""
-    temp_dir = short_temp_dir(data / "ray", "head")
-    address_file = temp_dir / "ray_current_cluster"
-    address = address_file.read_text().strip() if address_file.exists() else None
-    found = []
-    for proc in psutil.process_iter(["cmdline"]):
-        args = proc.info["cmdline"] or []
-        line = " ".join(args)
-        if proc.pid == os.getpid():
-            continue
-        if (
-            str(temp_dir) in line
-            or str(data) in line
-            or (address and f"--address={address}" in args)
-            or _with_token_of(proc, data)
-        ):
-            found.append(f"{proc.pid} {line[:120]}")
-    return found
-
-
-def _with_token_of(proc: psutil.Process, data: Path) -> bool:
-    """A Ray process of the data dir's cluster that names neither its temp dir nor an
-    address on record (a client server whose `ray start` was cut short): its
-    environment has the cluster's token path."""
-    try:
-        token = proc.environ().get("RAY_AUTH_TOKEN_PATH", "")
-    except psutil.Error:
-        return False
-    return token.startswith(str(data))
-
-
-def _watchdog_pid(data: Path) -> int:
-    (pid,) = [
-        p.pid
-        for p in psutil.process_iter(["cmdline"])
-        if "hypermedia.watchdog" in " ".join(p.info["cmdline"] or [])
-        and str(data) in (p.info["cmdline"] or [])
-    ]
-    return pid
-
-
-def _wait_gone(pids: list[int], timeout: float = 60) -> list[int]:
-    procs = []
-    for pid in pids:
-        try:
-            procs.append(psutil.Process(pid))
-        except psutil.NoSuchProcess:
-            continue
-    _gone, alive = psutil.wait_procs(procs, timeout=timeout)
-    return [p.pid for p in alive]
-
-
-@pytest.mark.timeout(600)  # `up` may try `ray start` three times under load
-def test_a_head_killed_with_9_takes_its_cluster_with_it(tmp_path):
-    """The watchdog stops the Ray head and the Redis a killed head started."""
-    data = tmp_path / "data"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HYPERMEDIA_", "RAY_"))}
-    env["HYPERMEDIA_DATA_DIR"] = str(data)
-    env.update(IMAGES_ONLY)
-    try:
-        up = _cli(env, "up")
-        assert up.returncode == 0, up.stderr + (data / "head.log").read_text()[-3000:]
-        ray_pids = _ray_processes(data)
-        redis = find_running(data / "redis")
-        assert ray_pids and redis is not None and redis.pid is not None
-        watchdog = _watchdog_pid(data)
-        os.kill(int((data / "head.pid").read_text()), signal.SIGKILL)
-        assert _wait_gone([*ray_pids, redis.pid, watchdog]) == []
-        assert _leftovers(data) == []
-        assert "died without stopping" in (data / "watchdog.log").read_text()
-    finally:
-        down = _cli(env, "down")
-    assert down.returncode == 0, down.stderr
-    assert down.stdout.strip() == "not running"
+# A head killed with -9 (the watchdog stops its Ray head and Redis): test_secrets'
+# test_s3_credentials_reach_the_grants_actor_and_nothing_else ends its stack so.
 
 
 # Two `up`s and a `down`: ~1 minute quiet; 254 s in a CI-like run at load 27 on 2 cores.
@@ -327,12 +244,12 @@ def test_up_and_down_stop_what_a_killed_stack_left(tmp_path):
     `up` stops the old cluster before starting its own, and `down` stops what is left.
     Without Ray's dashboard (an operator's `ray_dashboard = false`): its processes are
     the dashboard process's children, stopped as every node process's are; a killed
-    stack's with the dashboard on are test_a_head_killed_with_9_takes_its_cluster_with_it's.
+    stack's with the dashboard on is test_secrets' S3 test's (its head killed with -9).
     Its two dashboards cost 10 of its 44 CPU-s.
     And without a pipeline actor (no queue staffed; it submits nothing): each stack's
     Ray workers are its grants actor's. A pipeline actor's fork server (a child of the
     actor, outside Ray's environment) is stopped by the same RayNode.stop, checked in
-    test_a_head_killed_with_9_takes_its_cluster_with_it; its two cost ~10 CPU-s here."""
+    test_secrets' S3 test; its two cost ~10 CPU-s here."""
     data = tmp_path / "data"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HYPERMEDIA_", "RAY_"))}
     env["HYPERMEDIA_DATA_DIR"] = str(data)
@@ -340,9 +257,9 @@ def test_up_and_down_stop_what_a_killed_stack_left(tmp_path):
     env.update(NO_PIPELINE_ACTOR)
 
     def kill_head_and_watchdog() -> list[int]:
-        pids = _ray_processes(data)
+        pids = ray_processes(data)
         assert pids
-        os.kill(_watchdog_pid(data), signal.SIGKILL)
+        os.kill(watchdog_pid(data), signal.SIGKILL)
         os.kill(int((data / "head.pid").read_text()), signal.SIGKILL)
         return pids
 
@@ -353,15 +270,15 @@ def test_up_and_down_stop_what_a_killed_stack_left(tmp_path):
         again = _cli(env, "up")
         assert again.returncode == 0, again.stderr + (data / "head.log").read_text()[-3000:]
         assert "already up" not in again.stdout
-        assert _wait_gone(orphans, timeout=0) == []  # stopped before the new head started
+        assert wait_gone(orphans, timeout=0) == []  # stopped before the new head started
         assert "stopped a Ray head left by an earlier stack" in (data / "head.log").read_text()
         kill_head_and_watchdog()
-        assert _leftovers(data)  # the Ray head and Redis of the killed stack
+        assert leftovers(data)  # the Ray head and Redis of the killed stack
     finally:
         down = _cli(env, "down")
     assert down.returncode == 0, down.stderr
     assert "stopped what a stack that died left running" in down.stdout
-    assert _leftovers(data) == []
+    assert leftovers(data) == []
     assert find_running(data / "redis") is None
     assert _cli(env, "down").stdout.strip() == "not running"
 
@@ -379,11 +296,11 @@ def test_up_that_does_not_come_up_in_time_stops_its_head(tmp_path):
         up = _cli(env, "up", "--wait", "3")
         assert up.returncode == 1, up.stdout + up.stderr
         assert up.stderr.startswith("error: the local stack did not come up within 3 s"), up.stderr
-        assert _leftovers(data) == []
+        assert leftovers(data) == []
         assert find_running(data / "redis") is None
         assert not (data / "head.pid").exists()
         time.sleep(5)  # nothing comes up later either
-        assert _leftovers(data) == []
+        assert leftovers(data) == []
     finally:
         down = _cli(env, "down")
     assert down.stdout.strip() == "not running", down.stdout + down.stderr
