@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import logging
@@ -104,6 +105,10 @@ def test_a_single_machine_head_listens_on_loopback_only_and_stops_whole(head, tm
     assert info.st_uid == os.geteuid()
 
     ray.shutdown()  # stop leaves no process (the probe ends with its driver)
+    # A moment after shutdown returns: taken in one list of the node's processes and not
+    # in the next, it failed the comparison below now and then.
+    with contextlib.suppress(psutil.NoSuchProcess):
+        psutil.Process(actor_pid).wait(timeout=30)  # TimeoutExpired: it outlived its driver
     procs = head.processes()
 
     # The start cut short: no address file, and a node that knows no address.
