@@ -286,14 +286,9 @@ def _wait_dead(procs: list[psutil.Process], timeout: float) -> list[psutil.Proce
 
 
 def _running(proc: psutil.Process) -> bool:
-    """Not ended: running, or a zombie thread-group leader whose other threads still
-    exit (its sockets close with the last of them: a GCS port still answered after its
-    leader showed Z)."""
     try:
-        if proc.status() != psutil.STATUS_ZOMBIE:
-            return True
-        return len(os.listdir(f"/proc/{proc.pid}/task")) > 1
-    except (psutil.NoSuchProcess, FileNotFoundError, ProcessLookupError):
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
     except psutil.AccessDenied:
         return True
