@@ -241,14 +241,14 @@ class RayNode:
                 proc.send_signal(signal.SIGTERM)
             except psutil.Error:
                 continue
-        _wait_dead(polite, timeout)
-        alive = _wait_dead(procs, 0)
+        psutil.wait_procs(polite, timeout=timeout)
+        _gone, alive = psutil.wait_procs(procs, timeout=0)
         for proc in alive:
             try:
                 proc.kill()
             except psutil.Error:
                 continue
-        stuck = _wait_dead(alive, 5)
+        _killed, stuck = psutil.wait_procs(alive, timeout=5)
         # Ray's session logs and sockets go with the node; a stopped node leaves nothing.
         shutil.rmtree(self.temp_dir, ignore_errors=True)
         with contextlib.suppress(OSError):
@@ -268,32 +268,6 @@ class RayNode:
 
 
 _SITS_OUT_SIGTERM = ("gcs_server", "autoscaler/_private/monitor.py")
-
-
-def _wait_dead(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
-    """Wait up to ``timeout`` for ``procs`` to end; answers those still running. A
-    zombie has ended: the node's daemons are not our children (``ray start`` left them
-    to init), and an init that reaps late (a container's: ~1-2 s here) held each stop
-    that long for processes already dead. Our own children are reaped."""
-    deadline = time.monotonic() + timeout
-    alive = list(procs)
-    while True:
-        psutil.wait_procs(alive, timeout=0)  # reaps those that are our children
-        alive = [proc for proc in alive if _running(proc)]
-        if not alive or time.monotonic() >= deadline:
-            return alive
-        time.sleep(0.02)
-
-
-def _running(proc: psutil.Process) -> bool:
-    try:
-        return proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-    except psutil.AccessDenied:
-        return True
-
-
 _MP_DIR_PREFIX = "pymp-"  # multiprocessing's temp dir: util.get_temp_dir()
 
 
