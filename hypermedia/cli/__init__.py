@@ -65,23 +65,24 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-app.add_typer(database.app, name="db")
-app.add_typer(users.app, name="user")
-app.add_typer(credits.app, name="credits")
-app.add_typer(scheduler.app, name="scheduler")
-app.add_typer(bulk.app, name="bulk")
-# Registered in the order `hypermedia --help` lists them.
-app.command()(services.serve)
-app.command()(jobs.submit)
-app.command()(status.status)
-app.command()(jobs.watch)
-app.command()(jobs.cancel)
-app.command()(jobs.queues)
-app.command()(run.run)
-app.command()(local.head)
-app.command()(local.up)
-app.command()(local.down)
-app.command()(services.worker)
+# Registered in the order `hypermedia --help` lists them, in three panels.
+JOBS, MACHINE, OPERATE = "Jobs", "This machine and its cluster", "Operators"
+app.command(rich_help_panel=JOBS)(jobs.submit)
+app.command(rich_help_panel=JOBS)(jobs.watch)
+app.command(rich_help_panel=JOBS)(status.status)
+app.command(rich_help_panel=JOBS)(jobs.cancel)
+app.command(rich_help_panel=MACHINE)(run.run)
+app.command(rich_help_panel=MACHINE)(local.up)
+app.command(rich_help_panel=MACHINE)(local.down)
+app.command(rich_help_panel=MACHINE)(local.head)
+app.command(rich_help_panel=MACHINE)(services.serve)
+app.command(rich_help_panel=MACHINE)(services.worker)
+app.command(rich_help_panel=OPERATE)(jobs.queues)
+app.add_typer(scheduler.app, name="scheduler", rich_help_panel=OPERATE)
+app.add_typer(bulk.app, name="bulk", rich_help_panel=OPERATE)
+app.add_typer(users.app, name="user", rich_help_panel=OPERATE)
+app.add_typer(credits.app, name="credits", rich_help_panel=OPERATE)
+app.add_typer(database.app, name="db", rich_help_panel=OPERATE)
 
 
 def _reflow(text: str) -> str:

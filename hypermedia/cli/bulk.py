@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from hypermedia.bulk.service import BulkService, Estimate
 
 app = typer.Typer(
-    help="Bulk runs: regenerate, backfill, migrate existing objects (operators, on the server).",
+    help="Bulk runs: regenerate, backfill, migrate existing objects (on the server).",
     no_args_is_help=True,
 )
 

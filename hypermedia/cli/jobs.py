@@ -177,7 +177,7 @@ def queues(
     api_key: ApiKey = None,
     timeout: Timeout = 30.0,
 ) -> None:
-    """Queue depths, in-flight jobs, retries and the oldest waiting job (operators)."""
+    """Queue depths, in-flight jobs, retries and the oldest waiting job."""
     from rich.console import Console
     from rich.table import Table
 

@@ -74,22 +74,39 @@ def _description(lines: list[str]) -> list[list[str]]:
     return [p for p in paragraphs if p]
 
 
-def _command_rows(lines: list[str]) -> tuple[dict[str, list[str]], int]:
-    """A group's Commands panel: each command's summary lines, and their width."""
-    start = next(i for i, line in enumerate(lines) if line.startswith("╭─ Commands"))
-    end = next(i for i in range(start, len(lines)) if lines[i].startswith("╰"))
-    rows: dict[str, list[str]] = {}
-    first = re.match(r"│ (\S+)\s+", lines[start + 1])
-    assert first
-    column = first.end()
-    name = ""
-    for line in lines[start + 1 : end]:
-        inner = line[:column]
-        if inner.strip("│ "):
-            name = inner.strip("│ ")
-            rows[name] = []
-        rows[name].append(line[column:-2].rstrip())
-    return rows, len(lines[start + 1]) - 2 - column
+NOT_COMMANDS = ("Options", "Arguments")
+
+
+def _panels(lines: list[str]) -> list[tuple[str, list[str]]]:
+    """The help's panels: each one's title and inner lines."""
+    found: list[tuple[str, list[str]]] = []
+    for i, line in enumerate(lines):
+        if line.startswith("╭─ "):
+            end = next(j for j in range(i, len(lines)) if lines[j].startswith("╰"))
+            found.append((line[3:].rstrip("─╮").strip(), lines[i + 1 : end]))
+    return found
+
+
+def _command_rows(lines: list[str]) -> dict[str, tuple[list[str], int]]:
+    """A group's commands, in whichever panels they are listed: each command's summary
+    lines, and the width of its panel's summary column."""
+    rows: dict[str, tuple[list[str], int]] = {}
+    for title, inner in _panels(lines):
+        if title in NOT_COMMANDS:
+            continue
+        first = re.match(r"│ (\S+)\s+", inner[0])
+        assert first
+        column = first.end()
+        width = len(inner[0]) - 2 - column
+        name = ""
+        for line in inner:
+            head = line[:column]
+            if head.strip("│ "):
+                name = head.strip("│ ")
+                assert name not in rows, f"{name} listed twice"
+                rows[name] = ([], width)
+            rows[name][0].append(line[column:-2].rstrip())
+    return rows
 
 
 @pytest.mark.parametrize("width", [80, 120])
@@ -112,9 +129,9 @@ def test_a_commands_text_wraps_as_whole_paragraphs(path, command, width, monkeyp
     ids=[" ".join(("hypermedia", *p)) for p, c in COMMANDS if hasattr(c, "commands")],
 )
 def test_a_groups_command_summaries_wrap_as_one_paragraph(path, group, width, monkeypatch):
-    rows, column_width = _command_rows(_help(path, width, monkeypatch))
+    rows = _command_rows(_help(path, width, monkeypatch))
     assert sorted(rows) == sorted(group.commands)
-    for name, summary in rows.items():
+    for name, (summary, column_width) in rows.items():
         where = " ".join(("hypermedia", *path, name))
         expected = _paragraphs(group.commands[name].help or "")
         assert _collapse(" ".join(summary)) == expected[0], where
@@ -134,10 +151,21 @@ def test_the_root_help_on_an_80_column_terminal():
         check=True,
     )
     lines = ANSI.sub("", result.stdout).splitlines()
-    rows, column_width = _command_rows(lines)
+    rows = _command_rows(lines)
     assert "serve" in rows and "down" in rows
-    for name, summary in rows.items():
+    for name, (summary, column_width) in rows.items():
         _unbroken(summary, column_width, f"hypermedia --help: {name}")
+    # The commands in panels by who runs them: a user's jobs, this machine, operators.
+    panels = {title: inner for title, inner in _panels(lines) if title not in NOT_COMMANDS}
+    listed = {
+        title: [line[2:].split()[0] for line in inner if line[2:3].strip()]
+        for title, inner in panels.items()
+    }
+    assert listed == {
+        "Jobs": ["submit", "watch", "status", "cancel"],
+        "This machine and its cluster": ["run", "up", "down", "head", "serve", "worker"],
+        "Operators": ["queues", "scheduler", "bulk", "user", "credits", "db"],
+    }
 
 
 # Written for Sphinx or Markdown, shown as typed by the terminal; or (Rich's markup: the
