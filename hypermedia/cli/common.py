@@ -110,15 +110,23 @@ _CLIENT_SETTINGS = {
 
 # A control character (C0 but the line feed, DEL, C1) as a command shows it: its escape,
 # never the character (an ESC starts a sequence the terminal obeys: a colour, a window
-# title, a cleared screen; a CR rewrites the line).
-_CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")
+# title, a cleared screen; a CR rewrites the line). So are Unicode's bidirectional
+# controls (ALM, LRM, RLM, the embeddings, overrides and isolates): a right-to-left
+# override shows a file named "invoice\u202efdp.exe" as "invoiceexe.pdf".
+_CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def _escape(found: re.Match[str]) -> str:
+    code = ord(found.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
 def printable(text: str) -> str:
-    """``text`` as a command prints it: each control character but the line feed as its
-    escape (``\\x1b``). The record's strings (an error message, a child's log, a reason,
-    a host name) hold what others wrote, and none of it is for the terminal to obey."""
-    return _CONTROL.sub(lambda found: f"\\x{ord(found.group()):02x}", text)
+    """``text`` as a command prints it: each control character but the line feed, and
+    each bidirectional control, as its escape (``\\x1b``, ``\\u202e``). The record's
+    strings (an error message, a child's log, a reason, a host name, a file's name) hold
+    what others wrote, and none of it is for the terminal to obey."""
+    return _CONTROL.sub(_escape, text)
 
 
 def plain(value: str | None, style: str = "") -> Text:

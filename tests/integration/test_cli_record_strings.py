@@ -33,10 +33,16 @@ from tests.api_support import add_user, running_server
 from tests.factories import make_object, make_user, open_stack
 
 # A colour, a window title (OSC 0, ended by a bell), a clear screen, a carriage return
-# (the line written again), a C1 CSI; and markup Rich would choke on.
-HOSTILE = "\x1b[31mred\x1b[0m \x1b]0;retitled\x07 \x1b[2J \r\x9b31m [/bold]"
-SHOWN = "\\x1b[31mred\\x1b[0m \\x1b]0;retitled\\x07 \\x1b[2J \\x0d\\x9b31m [/bold]"
-RAW = ("\x1b[31mred", "\x1b]", "\x1b[2J", "\x07", "\r", "\x9b")
+# (the line written again), a C1 CSI, a right-to-left override (a name that shows as
+# "invoiceexe.pdf") and an isolate; and markup Rich would choke on.
+HOSTILE = (
+    "\x1b[31mred\x1b[0m \x1b]0;retitled\x07 \x1b[2J \r\x9b31m invoice\u202efdp.exe\u2067 [/bold]"
+)
+SHOWN = (
+    "\\x1b[31mred\\x1b[0m \\x1b]0;retitled\\x07 \\x1b[2J \\x0d\\x9b31m"
+    " invoice\\u202efdp.exe\\u2067 [/bold]"
+)
+RAW = ("\x1b[31mred", "\x1b]", "\x1b[2J", "\x07", "\r", "\x9b", "\u202e", "\u2067")
 IMAGE = b"\xff\xd8\xff\xe0" + bytes(range(256)) * 40
 # On a terminal: click keeps what it strips off one, and Rich writes colours.
 TERMINAL = {False: {}, True: {"FORCE_COLOR": "1"}}
