@@ -392,6 +392,14 @@ def _usable_objects(dialect: str) -> Executable:
     ).where(sql.ids_match(o.object_id, dialect), usable_by(user))
 
 
+# Built once: every submit under an idempotency key (the HTTP client sends one with
+# each) looks its key up.
+_KEYED_SUBMISSIONS = select(t.submissions).where(
+    t.submissions.c.user_id == bindparam("r_user", type_=String),
+    t.submissions.c.idempotency_key.in_(bindparam("r_keys", expanding=True)),
+)
+
+
 class IngestService:
     def __init__(
         self,
@@ -555,10 +563,7 @@ class IngestService:
         if not keyed:
             return {}
         rows = conn.execute(
-            select(t.submissions).where(
-                t.submissions.c.user_id == caller.user_id,
-                t.submissions.c.idempotency_key.in_(list(keyed)),
-            )
+            _KEYED_SUBMISSIONS, {"r_user": caller.user_id, "r_keys": list(keyed)}
         ).all()
         replays: dict[int, SubmitResult] = {}
         for row in rows:

@@ -67,6 +67,11 @@ def _guard(event: JobEvent) -> list[str]:
     return sorted(s.value for s in sources(event))
 
 
+# Built once: every submit on SQLite runs them (the rows are its parameters).
+_INSERT_SUBMISSIONS = insert(t.submissions)
+_INSERT_JOBS = insert(t.jobs)
+
+
 @dataclass(frozen=True, slots=True)
 class ClaimedJob:
     job_id: str
@@ -352,14 +357,14 @@ class JobRepository:
         credits.reserve(conn, user_id, amount, now, estimate=estimate)
         moment = to_datetime(now)
         conn.execute(
-            insert(t.submissions),
+            _INSERT_SUBMISSIONS,
             [
                 {**_submission_values(s), "user_id": user_id, "created_at": moment}
                 for s in submissions
             ],
         )
         conn.execute(
-            insert(t.jobs),
+            _INSERT_JOBS,
             [
                 _job_row(job, user_id, moment, callback_url=job.callback_url)
                 for s in submissions
