@@ -128,18 +128,18 @@ def personal_pool_id(user_id: str) -> str:
     return f"user-{user_id}"
 
 
+# Built once, as the two below: every upload runs them.
+_POOLS_OF = (
+    select(t.pool_members.c.pool_id)
+    .where(t.pool_members.c.user_id == bindparam("m_user", type_=t.pool_members.c.user_id.type))
+    .order_by(t.pool_members.c.pool_id)
+)
+
+
 def default_pool_id(conn: Connection, user_id: str) -> str:
     """Where a user's uploads go unless they name a pool: their personal pool, else
     the first pool they belong to; NotFound if they belong to none."""
-    pools = (
-        conn.execute(
-            select(t.pool_members.c.pool_id)
-            .where(t.pool_members.c.user_id == user_id)
-            .order_by(t.pool_members.c.pool_id)
-        )
-        .scalars()
-        .all()
-    )
+    pools = conn.execute(_POOLS_OF, {"m_user": user_id}).scalars().all()
     personal = personal_pool_id(user_id)
     if personal in pools:
         return personal
@@ -170,12 +170,14 @@ def add_pool_member(conn: Connection, pool_id: str, user_id: str, role: str = "m
     conn.execute(insert(t.pool_members).values(pool_id=pool_id, user_id=user_id, role=role))
 
 
+_POOL_MEMBER = select(t.pool_members.c.user_id).where(
+    t.pool_members.c.pool_id == bindparam("m_pool", type_=t.pool_members.c.pool_id.type),
+    t.pool_members.c.user_id == bindparam("m_user", type_=t.pool_members.c.user_id.type),
+)
+
+
 def is_pool_member(conn: Connection, pool_id: str, user_id: str) -> bool:
-    row = conn.execute(
-        select(t.pool_members.c.user_id).where(
-            t.pool_members.c.pool_id == pool_id, t.pool_members.c.user_id == user_id
-        )
-    ).first()
+    row = conn.execute(_POOL_MEMBER, {"m_pool": pool_id, "m_user": user_id}).first()
     return row is not None
 
 

@@ -33,6 +33,7 @@ from sqlalchemy import (
     BindParameter,
     ColumnElement,
     Connection,
+    bindparam,
     delete,
     func,
     insert,
@@ -64,6 +65,9 @@ class ObjectInfo:
     sha256: str | None
     created_at: datetime
     inspection: dict[str, Any] | None = None
+
+
+_INSERT_OBJECT = insert(t.objects)  # built once: every upload runs it
 
 
 def register_object(
@@ -104,7 +108,7 @@ def register_object(
         "created_at": to_datetime(now),
         "inspection": inspection.to_dict() if inspection is not None else None,
     }
-    conn.execute(insert(t.objects).values(**values, idempotency_key=idempotency_key))
+    conn.execute(_INSERT_OBJECT, {**values, "idempotency_key": idempotency_key})
     add_stored_bytes(conn, {caller.user_id: size_bytes})
     return ObjectInfo(**{k: v for k, v in values.items() if k in ObjectInfo.__dataclass_fields__})
 
@@ -129,9 +133,16 @@ def storage_used(conn: Connection, user_id: str, *, lock: bool = False) -> int:
     the count kept on the user's row (:func:`~hypermedia.accounts.add_stored_bytes`).
     ``lock``: hold that row until the transaction ends, so that two uploads checking
     the quota at once are judged one after the other."""
-    stmt = select(t.users.c.stored_bytes).where(t.users.c.user_id == user_id)
-    used = conn.execute(stmt.with_for_update() if lock else stmt).scalar_one_or_none()
+    stmt = _STORED_BYTES_LOCKED if lock else _STORED_BYTES
+    used = conn.execute(stmt, {"s_user": user_id}).scalar_one_or_none()
     return int(used or 0)
+
+
+# Built once, as the insert above: every upload runs them.
+_STORED_BYTES = select(t.users.c.stored_bytes).where(
+    t.users.c.user_id == bindparam("s_user", type_=t.users.c.user_id.type)
+)
+_STORED_BYTES_LOCKED = _STORED_BYTES.with_for_update()
 
 
 def check_quota(conn: Connection, user_id: str, adding: int, quota_bytes: int) -> None:

@@ -50,12 +50,12 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import anyio
 import anyio.from_thread
 import anyio.to_thread
-from sqlalchemy import ColumnElement, Connection, Engine, select
+from sqlalchemy import ColumnElement, Connection, Engine, Row, bindparam, select
 from sqlalchemy.exc import IntegrityError
 from starlette.requests import ClientDisconnect
 
@@ -354,8 +354,7 @@ class Uploaded:
 
 def keyed_object(conn: Connection, user_id: str, key: str) -> Keyed | None:
     """The object ``user_id`` uploaded under idempotency ``key``, if any."""
-    o = t.objects.c
-    return _object_where(conn, o.owner_id == user_id, o.idempotency_key == key)
+    return _object_of(conn.execute(_KEYED_OBJECT, {"k_user": user_id, "k_key": key}).first())
 
 
 def stored_object(conn: Connection, storage_key: str) -> Keyed | None:
@@ -364,10 +363,21 @@ def stored_object(conn: Connection, storage_key: str) -> Keyed | None:
 
 
 def _object_where(conn: Connection, *where: ColumnElement[bool]) -> Keyed | None:
-    o = t.objects.c
-    row = conn.execute(
-        select(*[o[name] for name in ObjectInfo.__dataclass_fields__], o.deleted_at).where(*where)
-    ).first()
+    return _object_of(conn.execute(_OBJECT.where(*where)).first())
+
+
+_OBJECT = select(
+    *[t.objects.c[name] for name in ObjectInfo.__dataclass_fields__], t.objects.c.deleted_at
+)
+# Built once: every upload under an idempotency key (the HTTP client sends one with
+# each) looks its key up.
+_KEYED_OBJECT = _OBJECT.where(
+    t.objects.c.owner_id == bindparam("k_user", type_=t.objects.c.owner_id.type),
+    t.objects.c.idempotency_key == bindparam("k_key", type_=t.objects.c.idempotency_key.type),
+)
+
+
+def _object_of(row: Row[*tuple[Any, ...]] | None) -> Keyed | None:
     if row is None:
         return None
     fields = {k: v for k, v in row._mapping.items() if k != "deleted_at"}
