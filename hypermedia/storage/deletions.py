@@ -65,7 +65,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from sqlalchemy import Connection, Engine, delete, func, select, update
+from sqlalchemy import Connection, Engine, bindparam, delete, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import ColumnElement
@@ -396,19 +396,21 @@ def _decide(conn: Connection, key: str, now: float) -> str | None:
     return None
 
 
+# Built once: the grants actor runs it for every job's outputs.
+_BEING_DELETED = select(t.blob_deletions.c.storage_key).where(
+    t.blob_deletions.c.storage_key.in_(bindparam("d_keys", expanding=True)),
+    t.blob_deletions.c.claimed_until
+    > bindparam("d_now", type_=t.blob_deletions.c.claimed_until.type),
+)
+
+
 def being_deleted(conn: Connection, keys: Sequence[str], now: float) -> list[str]:
     """The ``keys`` whose deletion is claimed (the storage may be deleting them now):
     none is to be written until its claim is gone (:func:`_delete_one`)."""
-    b = t.blob_deletions.c
     if not keys:
         return []
-    return list(
-        conn.execute(
-            select(b.storage_key).where(
-                b.storage_key.in_(list(keys)), b.claimed_until > to_datetime(now)
-            )
-        ).scalars()
-    )
+    params = {"d_keys": list(keys), "d_now": to_datetime(now)}
+    return list(conn.execute(_BEING_DELETED, params).scalars())
 
 
 def _failed(
