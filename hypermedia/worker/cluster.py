@@ -196,15 +196,23 @@ class RayNode:
     address: str = ""
     dashboard_url: str = ""  # Ray's dashboard, if this head started one
 
-    def processes(self) -> list[psutil.Process]:
+    def processes(self, groups: set[int] | None = None) -> list[psutil.Process]:
         """Every process of this node: those naming its temp dir, the Ray client
-        server (which names only the GCS address), and all their children."""
+        server (which names only the GCS address), all their children, and the members
+        of the node's process groups (``ray start`` runs in a group of its own, each Ray
+        worker makes one): a group is the node's when every process in it is, and what
+        a member starts stays in it even once its parent has ended (an orphan naming
+        nothing of the node: the dashboard's multiprocessing resource tracker).
+        ``groups``: the node's groups found before (a stop's earlier rounds), to which
+        those found now are added."""
         marker = str(self.temp_dir)
         every: list[tuple[psutil.Process, list[str]]] = []
+        group_of: dict[int, int] = {}
         for proc in psutil.process_iter(["cmdline"]):
             try:
                 args = proc.info["cmdline"] or []
-            except psutil.Error:
+                group_of[proc.pid] = os.getpgid(proc.pid)
+            except (psutil.Error, OSError):
                 continue
             if proc.pid == os.getpid():
                 continue  # a caller that names the temp dir on its own command line
@@ -217,57 +225,157 @@ class RayNode:
         found: dict[int, psutil.Process] = {}
         for proc, args in every:
             if marker in " ".join(args) or (client_server is not None and client_server in args):
-                found[proc.pid] = proc
-                try:
-                    for child in proc.children(recursive=True):
-                        found[child.pid] = child
-                except psutil.Error:
-                    continue
+                _add_with_children(found, proc)
+        known = groups if groups is not None else set()
+        known |= _whole_groups(found, every, group_of)
+        for proc, _args in every:
+            if group_of[proc.pid] in known and proc.pid not in found:
+                _add_with_children(found, proc)
         return list(found.values())
 
     def stop(self, timeout: float = STOP_GRACE_SECONDS) -> int:
         """SIGTERM the processes of the node, SIGKILL those still there after
         ``timeout``; answers how many there were. The GCS and the autoscaler's
         monitor sit out a SIGTERM for 10 s and more, and a node of ours keeps no
-        state worth that wait: its session dir is removed with it."""
-        procs = self.processes()
-        mp_dirs = _multiprocessing_dirs(procs)
-        # The raylet, the workers and the agents stop on SIGTERM, and the raylet at
-        # once while the GCS still answers it; the GCS and the monitor would only
-        # run the grace out, so they get SIGKILL when the others are gone.
-        polite = [p for p in procs if not _sits_out(p)]
-        for proc in polite:
-            try:
-                proc.send_signal(signal.SIGTERM)
-            except psutil.Error:
-                continue
-        psutil.wait_procs(polite, timeout=timeout)
-        _gone, alive = psutil.wait_procs(procs, timeout=0)
-        for proc in alive:
-            try:
-                proc.kill()
-            except psutil.Error:
-                continue
-        _killed, stuck = psutil.wait_procs(alive, timeout=5)
+        state worth that wait: its session dir is removed with it.
+
+        Then the node's processes are listed again, and stopped the same way, until
+        none is left (:data:`_STOP_ROUNDS` at most): a process may start after the
+        first list (a daemon of a `ray start` still starting, a resource tracker of a
+        dashboard already told to stop). A process has ended when gone or a zombie
+        without threads (:func:`_running`): the node's daemons are init's children
+        (``ray start`` leaves them), which an init that reaps late (1-2 s a round on
+        some machines) would otherwise make every stop wait for."""
+        groups: set[int] = set()
+        stopped: set[int] = set()
+        mp_dirs: set[Path] = set()
+        killed = 0
+        stuck: list[psutil.Process] = []
+        procs = self._running_processes(groups, [])
+        for _round in range(_STOP_ROUNDS):
+            if not procs:
+                break
+            stopped.update(proc.pid for proc in procs)
+            mp_dirs |= _multiprocessing_dirs(procs)
+            # The raylet, the workers and the agents stop on SIGTERM, and the raylet at
+            # once while the GCS still answers it; the GCS and the monitor would only
+            # run the grace out, so they get SIGKILL when the others are gone.
+            polite = [p for p in procs if not _sits_out(p)]
+            for proc in polite:
+                try:
+                    proc.send_signal(signal.SIGTERM)
+                except psutil.Error:
+                    continue
+            _wait_ended(polite, timeout)
+            alive = _wait_ended(procs, 0)
+            for proc in alive:
+                try:
+                    proc.kill()
+                except psutil.Error:
+                    continue
+            killed += len(alive)
+            stuck = _wait_ended(alive, 5)
+            procs = self._running_processes(groups, stuck)
+        if procs:
+            log.error(
+                "ray node in %s: %d processes outlived its stop: %s",
+                self.temp_dir,
+                len(procs),
+                ", ".join(_described(proc) for proc in procs),
+                extra={"action": "ray_stop_leftover"},
+            )
         # Ray's session logs and sockets go with the node; a stopped node leaves nothing.
         shutil.rmtree(self.temp_dir, ignore_errors=True)
         with contextlib.suppress(OSError):
             self.temp_dir.parent.rmdir()
-        for directory in () if stuck else mp_dirs:  # the dashboard's, which it leaves
+        for directory in () if procs else mp_dirs:  # the dashboard's, which it leaves
             shutil.rmtree(directory, ignore_errors=True)
         log.info(
             "ray node in %s stopped (%d processes, %d killed)",
             self.temp_dir,
-            len(procs),
-            len(alive),
+            len(stopped),
+            killed,
         )
-        return len(procs)
+        return len(stopped)
+
+    def _running_processes(
+        self, groups: set[int], stuck: list[psutil.Process]
+    ) -> list[psutil.Process]:
+        """The node's processes not ended, with ``stuck`` (those a kill did not end in
+        time, which a list may miss: a zombie leader has no command line)."""
+        listed = {proc.pid: proc for proc in [*self.processes(groups), *stuck]}
+        return [proc for proc in listed.values() if _running(proc)]
 
     def is_running(self) -> bool:
         return bool(self.processes())
 
 
 _SITS_OUT_SIGTERM = ("gcs_server", "autoscaler/_private/monitor.py")
+# A stop lists the node's processes again after each round; past these many rounds what
+# is left is logged (each new round so far found the few a round's signals made start).
+_STOP_ROUNDS = 4
+
+
+def _add_with_children(found: dict[int, psutil.Process], proc: psutil.Process) -> None:
+    found[proc.pid] = proc
+    with contextlib.suppress(psutil.Error):
+        for child in proc.children(recursive=True):
+            found[child.pid] = child
+
+
+def _whole_groups(
+    found: Mapping[int, psutil.Process],
+    every: list[tuple[psutil.Process, list[str]]],
+    group_of: Mapping[int, int],
+) -> set[int]:
+    """The process groups of ``found`` in which every process is one of ``found`` (a
+    zombie aside: it starts nothing, and shows no command line). Never the caller's
+    group: a node a shell script started (the local driver's) shares its caller's."""
+    candidates = {group_of[pid] for pid in found if pid in group_of} - {0, os.getpgrp()}
+    for proc, args in every:
+        group = group_of[proc.pid]
+        if group in candidates and proc.pid not in found and (args or _running(proc)):
+            candidates.discard(group)
+    return candidates
+
+
+def _wait_ended(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """Those of ``procs`` still running (:func:`_running`) after up to ``timeout``
+    seconds. Our own children are reaped, by their pids (the others are init's)."""
+    deadline = time.monotonic() + timeout
+    alive = list(procs)
+    while True:
+        _gone, alive = psutil.wait_procs(alive, timeout=0)
+        alive = [proc for proc in alive if _running(proc)]
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        time.sleep(0.02)
+
+
+def _running(proc: psutil.Process) -> bool:
+    """Not ended: running, or a zombie thread-group leader whose other threads still
+    exit: its files and sockets close with the last of them (a GCS whose leader showed
+    Z still took connections on its port). A zombie alone has ended, whether or not its
+    parent has reaped it yet."""
+    try:
+        if not proc.is_running():
+            return False  # gone, or its pid given to another process
+        if proc.status() != psutil.STATUS_ZOMBIE:
+            return True
+        return len(os.listdir(f"/proc/{proc.pid}/task")) > 1
+    except (psutil.NoSuchProcess, FileNotFoundError, ProcessLookupError):
+        return False
+    except psutil.AccessDenied:
+        return True
+
+
+def _described(proc: psutil.Process) -> str:
+    try:
+        return f"{proc.pid} ({proc.status()}: {' '.join(proc.cmdline())[:100]})"
+    except psutil.Error:
+        return str(proc.pid)
+
+
 _MP_DIR_PREFIX = "pymp-"  # multiprocessing's temp dir: util.get_temp_dir()
 
 
