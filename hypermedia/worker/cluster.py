@@ -307,7 +307,9 @@ class RayNode:
         return [proc for proc in listed.values() if _running(proc)]
 
     def is_running(self) -> bool:
-        return bool(self.processes())
+        """Whether a process of the node has not ended (:func:`_running`): a zombie
+        its parent (init, for the node's daemons) has not reaped yet has."""
+        return any(_running(proc) for proc in self.processes())
 
 
 _SITS_OUT_SIGTERM = ("gcs_server", "autoscaler/_private/monitor.py")
