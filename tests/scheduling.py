@@ -65,6 +65,9 @@ ONE_WORKER = frozenset(
         "tests/integration/test_api.py",
         "tests/integration/test_api_inputs.py",
         "tests/integration/test_api_inspection.py",
+        # Its uninterrupted OCR run (``whole``), which every case compares with or takes
+        # its pieces from, made once: 8 runs of ~0.45 CPU-s before.
+        "tests/integration/test_ocr_resume.py",
     }
 )
 

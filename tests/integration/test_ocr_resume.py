@@ -18,6 +18,7 @@ import re
 import shutil
 import signal
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -59,10 +60,9 @@ def scan(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.fixture
-def read_pages(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The widths of the pages the engines read (each page once), in order; pieces of
-    two pages."""
+def _count_pages(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The widths of the pages the engines read from now on (each page once), in
+    order; pieces of two pages."""
     monkeypatch.setattr(ocr_resume, "EVERY_PAGES", 2)
     read: list[int] = []
     recognise = ocr.recognise_page
@@ -73,6 +73,32 @@ def read_pages(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
     monkeypatch.setattr(ocr, "recognise_page", counted)
     return read
+
+
+@pytest.fixture
+def read_pages(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """:func:`_count_pages` for the test."""
+    return _count_pages(monkeypatch)
+
+
+@dataclass(frozen=True)
+class Whole:
+    """The uninterrupted run of :func:`scan` (read only: a retry copies its pieces)."""
+
+    workdir: Path
+    outputs: dict[str, bytes]
+    read: list[int]  # the widths of the pages it read
+
+
+@pytest.fixture(scope="module")
+def whole(scan: Path, tmp_path_factory: pytest.TempPathFactory) -> Whole:
+    """The uninterrupted run, once for the module: every case compared with one, or
+    took its pieces from one (each made the same pieces and outputs)."""
+    workdir = tmp_path_factory.mktemp("whole")
+    with pytest.MonkeyPatch.context() as patch:
+        read = _count_pages(patch)
+        outputs = _run(scan, workdir)
+    return Whole(workdir, outputs, read)
 
 
 def _run(scan: Path, workdir: Path, params: dict[str, Any] = PARAMS) -> dict[str, bytes]:
@@ -120,20 +146,18 @@ def test_the_worker_keeps_the_ocr_steps_checkpoints():
     assert registry.checkpointing("ocr")
 
 
-def test_a_retry_reads_only_the_pages_not_committed(scan, tmp_path, read_pages):
-    whole = _run(scan, tmp_path / "whole")
-    assert len(read_pages) == PAGES
+def test_a_retry_reads_only_the_pages_not_committed(scan, whole, tmp_path, read_pages):
+    assert len(whole.read) == PAGES
     # The last page's piece is never written: the outputs come next.
-    assert sorted(_finished(tmp_path / "whole")) == [
+    assert sorted(_finished(whole.workdir)) == [
         FIRST_PIECE,
         ocr_resume.piece_name(3, 4),
     ]
-    assert json.loads(whole[".json"])["pages"][0]["attempts"][0]["cpu_seconds"] > 0
-    read_pages.clear()
-    _restore(tmp_path / "whole", tmp_path / "retry", FIRST_PIECE)
+    assert json.loads(whole.outputs[".json"])["pages"][0]["attempts"][0]["cpu_seconds"] > 0
+    _restore(whole.workdir, tmp_path / "retry", FIRST_PIECE)
     resumed = _run(scan, tmp_path / "retry")
     assert len(read_pages) == PAGES - 2  # the pages read again: their CPU seconds are new
-    _assert_same(resumed, whole, read_from=3)
+    _assert_same(resumed, whole.outputs, read_from=3)
     assert sorted(_finished(tmp_path / "retry")) == [
         FIRST_PIECE,
         ocr_resume.piece_name(3, 4),
@@ -141,21 +165,18 @@ def test_a_retry_reads_only_the_pages_not_committed(scan, tmp_path, read_pages):
 
 
 def test_every_committed_page_is_taken_and_the_outputs_are_the_same_bytes(
-    scan, tmp_path, read_pages
+    scan, whole, tmp_path, read_pages
 ):
-    whole = _run(scan, tmp_path / "whole")
-    pieces = sorted(_finished(tmp_path / "whole"))
-    read_pages.clear()
-    _restore(tmp_path / "whole", tmp_path / "retry", *pieces)
+    pieces = sorted(_finished(whole.workdir))
+    _restore(whole.workdir, tmp_path / "retry", *pieces)
     resumed = _run(scan, tmp_path / "retry")
     assert len(read_pages) == 2  # pages 5 and 6
-    _assert_same(resumed, whole, read_from=5)
+    _assert_same(resumed, whole.outputs, read_from=5)
 
 
 @pytest.mark.parametrize("damage", ["truncated", "other_params", "other_document"])
-def test_a_piece_not_for_this_reading_is_left_out(scan, tmp_path, read_pages, damage):
-    _run(scan, tmp_path / "whole")
-    _restore(tmp_path / "whole", tmp_path / "retry", FIRST_PIECE)
+def test_a_piece_not_for_this_reading_is_left_out(scan, whole, tmp_path, read_pages, damage):
+    _restore(whole.workdir, tmp_path / "retry", FIRST_PIECE)
     piece = _finished(tmp_path / "retry")[FIRST_PIECE]
     params = PARAMS
     if damage == "truncated":
@@ -165,30 +186,26 @@ def test_a_piece_not_for_this_reading_is_left_out(scan, tmp_path, read_pages, da
     else:
         ocr_pages.long_scan(tmp_path / "longer.pdf", PAGES + 1)
         scan = tmp_path / "longer.pdf"
-    read_pages.clear()
     _run(scan, tmp_path / "retry", params)
     assert len(read_pages) == (PAGES + 1 if damage == "other_document" else PAGES)
 
 
-def test_a_piece_of_another_ocr_build_is_left_out(scan, tmp_path, read_pages, monkeypatch):
-    whole = _run(scan, tmp_path / "whole")
-    _restore(tmp_path / "whole", tmp_path / "retry", FIRST_PIECE)
+def test_a_piece_of_another_ocr_build_is_left_out(scan, whole, tmp_path, read_pages, monkeypatch):
+    _restore(whole.workdir, tmp_path / "retry", FIRST_PIECE)
     # The retry lands on a node with another tesseract: the piece put back is not its own.
     other = ocr_engines.engines_build().replace("tesseract ", "tesseract 9.9.9-", 1)
     monkeypatch.setattr(ocr_engines, "engines_build", lambda: other)
-    read_pages.clear()
     resumed = _run(scan, tmp_path / "retry")
     assert len(read_pages) == PAGES
     assert sorted(checkpoints.finished(tmp_path / "retry", other)) == [
         FIRST_PIECE,
         ocr_resume.piece_name(3, 4),
     ]
-    _assert_same(resumed, whole, read_from=1)
+    _assert_same(resumed, whole.outputs, read_from=1)
 
 
-def test_the_usage_counts_the_pages_taken(scan, tmp_path, read_pages):
-    _run(scan, tmp_path / "whole")
-    _restore(tmp_path / "whole", tmp_path / "retry", FIRST_PIECE)
+def test_the_usage_counts_the_pages_taken(scan, whole, tmp_path, read_pages):
+    _restore(whole.workdir, tmp_path / "retry", FIRST_PIECE)
     ocr.ocr(scan, PARAMS, tmp_path / "retry")
     usage = json.loads((tmp_path / "retry" / "usage.json").read_text())
     assert usage == {
@@ -204,9 +221,8 @@ def test_the_usage_counts_the_pages_taken(scan, tmp_path, read_pages):
 
 
 def test_kill_9_of_the_child_resumes_from_the_committed_pages(
-    pg_engine, settings, tmp_path, moto_s3, scan, read_pages
+    pg_engine, settings, tmp_path, moto_s3, scan, whole
 ):
-    whole = _run(scan, tmp_path / "whole")
     with ray_stack(
         settings, pg_engine, tmp_path, {"ocr": 1}, backoff_base_seconds=0.2, **moto_s3
     ) as rs:
@@ -251,6 +267,6 @@ def test_kill_9_of_the_child_resumes_from_the_committed_pages(
             for o in view.outputs
         }
         # Every page's CPU seconds were measured apart from the run in process.
-        _assert_same(received, whole, read_from=1)
+        _assert_same(received, whole.outputs, read_from=1)
         _wait(lambda: not _keys(rs.stack, job_id), "checkpoints swept", timeout=30)
         assert not rs.stack.storage.exists(key)
