@@ -727,9 +727,16 @@ def test_the_default_audio_track_is_the_one_kept(
         executor.cleanup(job_id)
 
 
-def test_rlimits_become_their_codes(executor: ChildExecutor, generated: Generated) -> None:
+def test_rlimits_become_their_codes(
+    executor: ChildExecutor, generated: Generated, tmp_path: Path
+) -> None:
     """FFmpeg under the job's rlimits: RLIMIT_AS and RLIMIT_CPU keep the sandbox's codes."""
-    source = generated / "media/busy-720p.mp4"  # 10 s of 1280x720: a few CPU-seconds
+    # 10 s of 1280x720, a few CPU-seconds: busy-720p.mp4 (2 s, transcoded whole by the
+    # sandbox cases) five times over, its packets copied.
+    source = tmp_path / "busy-10s.mp4"
+    ffmpeg("-stream_loop", "4", "-i", str(generated / "media/busy-720p.mp4"), "-c", "copy",
+           "-f", "mp4", str(source))  # fmt: skip
+    assert duration(ffprobe(source)) == pytest.approx(10)
     # 256 MB of address space: ffprobe cannot even map its libraries.
     error = run_in_sandbox(
         executor, source, "transcode_video", timeout_seconds=60, memory_limit_mb=256
