@@ -584,22 +584,6 @@ def test_a_matroska_whose_times_start_late_is_chunked_against_its_length(
     ms.assert_same_as_single_pass(outputs[0].path, single.path, SECONDS)
 
 
-def test_an_mpeg_ts_is_chunked(tmp_path: Path) -> None:
-    # ffprobe lists each TS packet's side data (its stream id) on a line of its own, an
-    # empty one, read as a packet without a time: no TS was ever chunked (one pass, no
-    # checkpoint). Its times start where its muxer put them (1.4 s): the chunks seek
-    # by them.
-    source = tmp_path / "recording.ts"
-    ffmpeg(*video_source(SECONDS, "160x120", ms.RATE), "-c:v", "libx264", "-preset",
-           "ultrafast", "-pix_fmt", "yuv420p", "-g", str(ms.RATE), "-keyint_min", str(ms.RATE),
-           "-sc_threshold", "0", "-threads", "1", "-f", "mpegts", str(source))  # fmt: skip
-    assert float(ms.probe(source)["format"]["start_time"]) == pytest.approx(1.4)
-    (single,) = run(source, SINGLE, tmp_path / "single")
-    outputs = run(source, CHUNKED, tmp_path / "chunked")
-    assert units(outputs) == {"chunks": SECONDS, "chunks_resumed": 0}
-    ms.assert_same_as_single_pass(outputs[0].path, single.path, SECONDS)
-
-
 def vfr_after_sound(shared: Shared, container: str) -> Path:
     """4 s of frames dropped here and there, its AAC sound 23 ms before the picture (the
     encoder's priming)."""
@@ -670,6 +654,10 @@ def test_a_constant_rate_picture_a_few_ticks_after_its_sound_is_chunked(tmp_path
     # apart, within the millisecond a constant rate's chunks allow. Chunk 0 was checked
     # as a variable rate's is (to start that far in: a TS's picture read alone starts at
     # zero) and the video went in one pass after its first chunk, no checkpoint kept.
+    # (And the first TS chunked: ffprobe lists each TS packet's side data, its stream
+    # id, on a line of its own, an empty one, which was read as a packet without a
+    # time: no TS was chunked, one pass, no checkpoint. Its times start where its muxer
+    # put them, 1.4 s: the chunks seek by them.)
     plain = tmp_path / "plain.mp4"
     ffmpeg(*video_source(SECONDS, "160x120", ms.RATE), *tone_source(SECONDS),
            "-c:v", "libx264", "-preset", "ultrafast", "-pix_fmt", "yuv420p", "-g", str(ms.RATE),
@@ -685,6 +673,7 @@ def test_a_constant_rate_picture_a_few_ticks_after_its_sound_is_chunked(tmp_path
 
     gap = picture_after_sound(0.0)  # the muxer's own
     assert 0 < picture_after_sound(0.0001 - gap) < 1e-3
+    assert float(ms.probe(source)["format"]["start_time"]) == pytest.approx(1.4)
     (single,) = run(source, SINGLE, tmp_path / "single")
     outputs = run(source, CHUNKED, tmp_path / "chunked")
     assert units(outputs) == {"chunks": SECONDS, "chunks_resumed": 0}
