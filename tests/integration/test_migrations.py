@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 from alembic.autogenerate import compare_metadata
@@ -63,6 +65,91 @@ def empty_engine(request, tmp_path) -> Iterator[Engine]:
         engine = make_engine(f"sqlite:///{tmp_path / 'empty.db'}")
         yield engine
         engine.dispose()
+
+
+class Revisions:
+    """Databases brought from nothing to a revision as copies of one this process
+    upgraded there (PostgreSQL: CREATE DATABASE ... TEMPLATE; SQLite: its file): a
+    test's upgrade from nothing to where its case starts cost ~0.6 CPU-s on PostgreSQL
+    (Alembic's ~0.3, the server's ~0.3), a copy ~0.1 of the server's. Each template
+    is made from the nearest one below it, so every migration still runs (once a
+    process), in the test that first needs it; the upgrade from nothing itself is
+    test_upgrade_downgrade_upgrade's and its neighbours'."""
+
+    def __init__(self, root: Path) -> None:
+        self._root = root
+        self._server: support.PostgresServer | None = None
+        self._made: dict[tuple[str, str], str] = {}  # (dialect, revision): name or path
+
+    def bring(self, engine: Engine, revision: str = "head") -> None:
+        """Make ``engine``'s database (empty, nothing connected to it) what
+        ``migrate.upgrade(engine, revision)`` would make of it."""
+        if revision == "head":
+            head = migrate.head_revision()
+            assert head is not None
+            revision = head
+        dialect = engine.dialect.name
+        template = self._made.get((dialect, revision)) or self._make(dialect, revision)
+        database = engine.url.database
+        assert database, engine.url
+        engine.dispose()
+        if dialect == "postgresql":
+            self.server.drop_database(database)
+            self.server.create_database(database, template=template)
+        else:
+            self._copy(Path(template), Path(database))
+
+    @property
+    def server(self) -> support.PostgresServer:
+        if self._server is None:
+            self._server = support.PostgresServer(support.pg_server_url())
+        return self._server
+
+    def _make(self, dialect: str, revision: str) -> str:
+        below = [r for d, r in self._made if d == dialect and r < revision]
+        start = self._made[(dialect, max(below))] if below else None
+        if dialect == "postgresql":
+            made = support.unique_name("migrev")
+            url = self.server.create_database(made, template=start)
+        else:
+            made = str(self._root / f"{revision}.db")
+            if start is not None:
+                self._copy(Path(start), Path(made))
+            url = f"sqlite:///{made}"
+        engine = make_engine(url)
+        try:
+            migrate.upgrade(engine, revision)
+        finally:
+            engine.dispose()
+        self._made[(dialect, revision)] = made
+        return made
+
+    @staticmethod
+    def _copy(source: Path, target: Path) -> None:
+        """``source`` (closed) as ``target``, whose own write-ahead log, if any, goes."""
+        for suffix in ("-wal", "-shm"):
+            Path(f"{target}{suffix}").unlink(missing_ok=True)
+        read, write = sqlite3.connect(source), sqlite3.connect(target)
+        try:
+            read.backup(write)
+        finally:
+            read.close()
+            write.close()
+
+    def close(self) -> None:
+        if self._server is not None:
+            for (dialect, _), made in self._made.items():
+                if dialect == "postgresql":
+                    self._server.drop_database(made)
+            self._server.dispose()
+
+
+@pytest.fixture(scope="session")
+def revisions(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Revisions]:
+    """:class:`Revisions`, for the process (each xdist worker makes its own)."""
+    made = Revisions(tmp_path_factory.mktemp("revisions"))
+    yield made
+    made.close()
 
 
 def table_names(engine: Engine) -> set[str]:
@@ -293,10 +380,10 @@ def test_one_output_row_per_job_type_and_profile_version(engine):
         assert len(conn.execute(t.outputs.select()).all()) == 3
 
 
-def test_stored_bytes_starts_from_each_users_live_objects(empty_engine):
+def test_stored_bytes_starts_from_each_users_live_objects(revisions, empty_engine):
     """0015 adds users.stored_bytes and fills it from the objects already there: each
     user's live objects (deleted ones and other users' not counted)."""
-    migrate.upgrade(empty_engine, "0014")
+    revisions.bring(empty_engine, "0014")
     moment = to_datetime(1_700_000_000.0)
     users = table(
         "users", column("user_id"), column("name"), column("is_operator"), column("created_at")
@@ -341,10 +428,10 @@ def test_stored_bytes_starts_from_each_users_live_objects(empty_engine):
     assert stored == {"ann": 120, "bob": 5, "cid": 0}
 
 
-def test_the_job_indexes_a_claim_and_a_completion_keep_up(empty_engine):
+def test_the_job_indexes_a_claim_and_a_completion_keep_up(revisions, empty_engine):
     """0016: the bulk run indexes and completed_at's are partial (a job outside bulk
     runs, or not ended, has no entry in them) and user_id has no index of its own."""
-    migrate.upgrade(empty_engine)
+    revisions.bring(empty_engine)
     with empty_engine.connect() as conn:
         if empty_engine.dialect.name == "postgresql":
             rows = conn.exec_driver_sql(
@@ -367,12 +454,14 @@ def test_the_job_indexes_a_claim_and_a_completion_keep_up(empty_engine):
     assert "completed_at IS NOT NULL" in found["ix_processing_jobs_completed_at"]
 
 
-def test_the_ledgers_ended_rows_from_before_request_ids_count_as_reconciled(empty_engine):
+def test_the_ledgers_ended_rows_from_before_request_ids_count_as_reconciled(
+    revisions, empty_engine
+):
     """0017: cloud_spend.request_id. An ended row from before has none, so a bill that
     names only the request tag cannot find it: it is marked reconciled (billed unknown)
     rather than reported by the first reconciliation as billed nothing. A running row
     stays open to reconciliation (the next listing gives it its request id)."""
-    migrate.upgrade(empty_engine, "0016")
+    revisions.bring(empty_engine, "0016")
     names = ("provider", "instance_id", "node_type", "region", "spot")
     spend = table(
         "cloud_spend",
@@ -409,14 +498,14 @@ def test_the_ledgers_ended_rows_from_before_request_ids_count_as_reconciled(empt
     assert rows["i-ended"].reconciled_at == rows["i-ended"].terminated_at  # as stored
 
 
-def test_the_jobs_from_before_reservations_reserved_their_estimates(empty_engine):
+def test_the_jobs_from_before_reservations_reserved_their_estimates(revisions, empty_engine):
     """0018: processing_jobs.reserved_millicredits, what a job's submit held (the
     estimate plus the most its step's priced units may cost). A job from before held
     its estimate: a live one's row gets that, so releasing or completing it gives back
     exactly what its submit reserved; an ended one holds nothing (0: the migration
     rewrites only the live jobs' rows, not the whole table). Every job written since
     must give it (PostgreSQL keeps no default)."""
-    migrate.upgrade(empty_engine, "0017")
+    revisions.bring(empty_engine, "0017")
     moment = to_datetime(1_800_000_000.0)
     rows = {
         "users": [{"user_id": "u", "name": "ann", "is_operator": False, "created_at": moment}],
@@ -508,12 +597,13 @@ def test_the_jobs_from_before_reservations_reserved_their_estimates(empty_engine
 
 
 def test_objects_from_before_upload_keys_have_none_and_a_key_is_one_object_per_owner(
+    revisions,
     empty_engine,
 ):
     """0020: objects.idempotency_key, unique per owner (``uk_object_idempotency_key``).
     The objects from before have no key, and any number of objects without one live
     side by side; one owner's key names one object, another owner's same key another."""
-    migrate.upgrade(empty_engine, "0019")
+    revisions.bring(empty_engine, "0019")
     moment = to_datetime(1_800_000_000.0)
     objects = table(
         "objects",
@@ -579,12 +669,14 @@ def test_objects_from_before_upload_keys_have_none_and_a_key_is_one_object_per_o
     assert "uk_object_idempotency_key" not in indexes
 
 
-def test_runs_from_before_create_keys_have_none_and_a_key_is_one_run_per_creator(empty_engine):
+def test_runs_from_before_create_keys_have_none_and_a_key_is_one_run_per_creator(
+    revisions, empty_engine
+):
     """0024: bulk_runs.idempotency_key and request_hash, unique per creator
     (``uk_bulk_run_idempotency_key``): the runs from before have no key and any number
     without one live side by side; one creator's key names one run, another's the same
     key another; the downgrade drops both columns and the index."""
-    migrate.upgrade(empty_engine, "0023")
+    revisions.bring(empty_engine, "0023")
     moment = to_datetime(1_800_000_000.0)
     names = ["run_id", "kind", "filter", "priority", "max_in_flight", "batch_size", "state"]
     names += ["scanned", "created_jobs", "skipped", "unfit", "migrated", "failed"]
@@ -633,11 +725,11 @@ def test_runs_from_before_create_keys_have_none_and_a_key_is_one_run_per_creator
     assert "uk_bulk_run_idempotency_key" not in indexes
 
 
-def test_runs_from_before_totals_have_none(empty_engine):
+def test_runs_from_before_totals_have_none(revisions, empty_engine):
     """0027: bulk_runs.total (the objects a run's filter selected at create): NULL for
     the runs from before (their progress has no total while they scan); the downgrade
     drops it."""
-    migrate.upgrade(empty_engine, "0026")
+    revisions.bring(empty_engine, "0026")
     migrate.upgrade(empty_engine)
     columns = {c["name"]: c for c in inspect(empty_engine).get_columns("bulk_runs")}
     assert columns["total"]["nullable"] and columns["total"]["default"] is None
@@ -645,12 +737,14 @@ def test_runs_from_before_totals_have_none(empty_engine):
     assert "total" not in {c["name"] for c in inspect(empty_engine).get_columns("bulk_runs")}
 
 
-def test_jobs_and_profiles_from_before_job_timeouts_keep_their_profiles_time(empty_engine):
+def test_jobs_and_profiles_from_before_job_timeouts_keep_their_profiles_time(
+    revisions, empty_engine
+):
     """0021: processing_jobs.timeout_seconds (a job's own time, from its pages) and
     processing_profiles.timeout_seconds_per_page / max_timeout_seconds. Rows from before
     get NULL (a job runs under its profile's timeout_seconds; a profile gives no time a
     page) and none is rewritten; a job written after keeps its own time."""
-    migrate.upgrade(empty_engine, "0020")
+    revisions.bring(empty_engine, "0020")
     moment = to_datetime(1_800_000_000.0)
     rows = {
         "users": [{"user_id": "u", "name": "ann", "is_operator": False, "created_at": moment}],
@@ -745,7 +839,7 @@ def test_jobs_and_profiles_from_before_job_timeouts_keep_their_profiles_time(emp
     assert "timeout_seconds" in names
 
 
-def test_code_and_schema_that_disagree_say_which_way_to_go(empty_engine, settings):
+def test_code_and_schema_that_disagree_say_which_way_to_go(revisions, empty_engine, settings):
     """Old code on a schema a newer hypermedia migrated (a worker or head left behind
     by a deploy) is told to upgrade the code: `db upgrade` cannot go back (Alembic cannot
     find the revision; it was 'internal: CommandError'), and was what the message said.
@@ -758,7 +852,7 @@ def test_code_and_schema_that_disagree_say_which_way_to_go(empty_engine, setting
     url = empty_engine.url.render_as_string(hide_password=False)
     configured = settings(database_url=url)
     head = migrate.head_revision()
-    migrate.upgrade(empty_engine)
+    revisions.bring(empty_engine)
     version = table("alembic_version", column("version_num"))
     with empty_engine.begin() as conn:
         conn.execute(version.update().values(version_num="9999"))
@@ -804,7 +898,7 @@ def test_an_embedded_record_without_a_schema_names_the_data_dir(tmp_path, settin
 
 
 def test_a_migration_behind_a_long_transaction_gives_up_instead_of_holding_the_platform(
-    pg_server, monkeypatch
+    revisions, pg_server, monkeypatch
 ):
     """`db upgrade` while a long transaction reads processing_jobs (a backup, a report):
     0018 alters processing_jobs (ACCESS EXCLUSIVE), so it waited for that transaction
@@ -827,7 +921,7 @@ def test_a_migration_behind_a_long_transaction_gives_up_instead_of_holding_the_p
     engine = make_engine(pg_server.create_database(name))
     holder = make_engine(engine.url.render_as_string(hide_password=False))
     try:
-        migrate.upgrade(engine, "0017")
+        revisions.bring(engine, "0017")
         outcome: list[BaseException | None] = []
         with holder.connect() as reader:
             # SET autobegins the transaction the read holds open (ACCESS SHARE).
@@ -865,7 +959,9 @@ def test_a_migration_behind_a_long_transaction_gives_up_instead_of_holding_the_p
         pg_server.drop_database(name)
 
 
-def test_a_migration_held_up_keeps_no_lock_of_the_migrations_before_it(pg_server, monkeypatch):
+def test_a_migration_held_up_keeps_no_lock_of_the_migrations_before_it(
+    revisions, pg_server, monkeypatch
+):
     """PostgreSQL ran every migration of an upgrade in one transaction: a lock one took
     was held until the last had run. Upgrading from 0020 while a report read bulk_runs,
     0024 waited for it, and 0021's lock on processing_jobs stopped every claim and
@@ -888,7 +984,7 @@ def test_a_migration_held_up_keeps_no_lock_of_the_migrations_before_it(pg_server
     engine = make_engine(url)
     holder = make_engine(url)
     try:
-        migrate.upgrade(engine, "0020")
+        revisions.bring(engine, "0020")
         outcome: list[BaseException | None] = []
         writes: list[str] = []
         with holder.connect() as reader:
@@ -951,7 +1047,7 @@ _OBJECT = (
 )
 
 
-def test_an_index_built_on_objects_lets_uploads_go_on(pg_server, monkeypatch):
+def test_an_index_built_on_objects_lets_uploads_go_on(revisions, pg_server, monkeypatch):
     """0026's CREATE INDEX on objects held a SHARE lock for the whole build, and waited
     for it behind an upload in flight while every other upload queued behind it: on a
     record of 2M objects under writes, uploads stopped 3.6 s (more on a bigger table).
@@ -968,7 +1064,7 @@ def test_an_index_built_on_objects_lets_uploads_go_on(pg_server, monkeypatch):
     name = support.unique_name("mig")
     engine = make_engine(pg_server.create_database(name))
     try:
-        migrate.upgrade(engine, "0025")
+        revisions.bring(engine, "0025")
         with _pg_autocommit(engine) as setup:
             setup.execute("INSERT INTO users VALUES ('u', 'u', false, now(), 0)")
             setup.execute("INSERT INTO pools VALUES ('p', 'p', now())")
@@ -1016,6 +1112,7 @@ def _index_valid(engine: Engine, name: str) -> bool:
 
 
 def test_an_index_build_that_failed_or_was_cut_short_is_finished_by_the_next_upgrade(
+    revisions,
     pg_server,
 ):
     """A concurrent build runs outside the migration's transaction: one that failed (a
@@ -1029,7 +1126,7 @@ def test_an_index_build_that_failed_or_was_cut_short_is_finished_by_the_next_upg
     name = support.unique_name("mig")
     engine = make_engine(pg_server.create_database(name))
     try:
-        migrate.upgrade(engine, "0019")
+        revisions.bring(engine, "0019")
         with _pg_autocommit(engine) as conn:
             conn.execute("INSERT INTO users VALUES ('u', 'u', false, now(), 0)")
             conn.execute("INSERT INTO pools VALUES ('p', 'p', now())")
@@ -1069,7 +1166,7 @@ class _Interrupted(BaseException):
 
 
 @pytest.mark.parametrize("how", ["its session terminated", "interrupted", "cancelled"])
-def test_an_index_build_that_failed_is_told_as_it_failed(pg_server, how):
+def test_an_index_build_that_failed_is_told_as_it_failed(revisions, pg_server, how):
     """A concurrent build (0026's, waiting here for an upload in flight) that fails is
     what the upgrade raises. One that ended the migration's connection (its session
     terminated, as by a server restart; the process interrupted mid-statement, as
@@ -1087,7 +1184,7 @@ def test_an_index_build_that_failed_is_told_as_it_failed(pg_server, how):
     name = support.unique_name("mig")
     engine = make_engine(pg_server.create_database(name))
     try:
-        migrate.upgrade(engine, "0025")
+        revisions.bring(engine, "0025")
         with _pg_autocommit(engine) as setup:
             setup.execute("INSERT INTO users VALUES ('u', 'u', false, now(), 0)")
             setup.execute("INSERT INTO pools VALUES ('p', 'p', now())")
@@ -1226,7 +1323,9 @@ def _writes_beside(
     [("0006", "0007"), ("0011", "0012"), ("0015", "0016")],
     ids=["0007_job_rate_indexes", "0012_jobs_by_user", "0016_fewer_job_index_entries"],
 )
-def test_the_job_index_migrations_let_job_writes_go_on(pg_server, monkeypatch, before, migration):
+def test_the_job_index_migrations_let_job_writes_go_on(
+    revisions, pg_server, monkeypatch, before, migration
+):
     """0007 and 0012 built processing_jobs' indexes with a plain CREATE INDEX (a SHARE
     lock for the whole build) and 0016 dropped and built them so (ACCESS EXCLUSIVE), in
     the migration's transaction: behind a job write in flight the migration waited, and
@@ -1239,7 +1338,7 @@ def test_the_job_index_migrations_let_job_writes_go_on(pg_server, monkeypatch, b
     name = support.unique_name("mig")
     engine = make_engine(pg_server.create_database(name))
     try:
-        migrate.upgrade(engine, before)
+        revisions.bring(engine, before)
         stalls, outcome = _writes_beside(
             engine, lambda: migrate.upgrade(engine, migration), _JOB_WRITE
         )
@@ -1286,7 +1385,7 @@ def test_the_job_index_migrations_let_job_writes_go_on(pg_server, monkeypatch, b
     ids=["0026_objects_source_index", "0030_one_charge_per_job"],
 )
 def test_the_index_downgrades_let_writes_go_on(
-    pg_server, monkeypatch, migration, down_to, write, index
+    revisions, pg_server, monkeypatch, migration, down_to, write, index
 ):
     """The downgrades of 0026 and 0030 dropped their index with a plain DROP INDEX
     (ACCESS EXCLUSIVE on objects, credit_ledger) in the migration's transaction: behind
@@ -1299,7 +1398,7 @@ def test_the_index_downgrades_let_writes_go_on(
     name = support.unique_name("mig")
     engine = make_engine(pg_server.create_database(name))
     try:
-        migrate.upgrade(engine, migration)
+        revisions.bring(engine, migration)
         stalls, outcome = _writes_beside(engine, lambda: migrate.downgrade(engine, down_to), write)
         assert stalls == []
         assert outcome == [None], outcome
@@ -1312,7 +1411,7 @@ def test_the_index_downgrades_let_writes_go_on(
         pg_server.drop_database(name)
 
 
-def test_0016_cut_short_at_any_step_is_finished_by_the_next_upgrade(pg_server):
+def test_0016_cut_short_at_any_step_is_finished_by_the_next_upgrade(revisions, pg_server):
     """0016 drops and replaces processing_jobs' indexes concurrently, each step
     committing alone: an upgrade that ended part way (a killed process, a cancelled
     build) leaves some indexes replaced, a replacement built under its temporary name
@@ -1322,7 +1421,7 @@ def test_0016_cut_short_at_any_step_is_finished_by_the_next_upgrade(pg_server):
     name = support.unique_name("mig")
     engine = make_engine(pg_server.create_database(name))
     try:
-        migrate.upgrade(engine, "0015")
+        revisions.bring(engine, "0015")
         with _pg_autocommit(engine) as conn:
             conn.execute("DROP INDEX ix_processing_jobs_user_id")
             conn.execute("DROP INDEX uk_jobs_bulk_run_object")  # replaced already
@@ -1531,7 +1630,9 @@ def _migrate_beside_writes(
     return seen
 
 
-def test_0013_builds_and_checks_processing_jobs_beside_job_writes(pg_server, monkeypatch):
+def test_0013_builds_and_checks_processing_jobs_beside_job_writes(
+    revisions, pg_server, monkeypatch
+):
     """0013 added processing_jobs.bulk_run_id, its foreign key (checked against every
     job) and two indexes on it (plain builds) in one transaction: ADD COLUMN's ACCESS
     EXCLUSIVE lock on processing_jobs was held while every job was read three times,
@@ -1547,7 +1648,7 @@ def test_0013_builds_and_checks_processing_jobs_beside_job_writes(pg_server, mon
     name = support.unique_name("mig")
     engine = make_engine(pg_server.create_database(name))
     try:
-        migrate.upgrade(engine, "0012")
+        revisions.bring(engine, "0012")
         _seed_jobs(engine, 100_000)
         seen = _migrate_beside_writes(
             engine,
@@ -1583,6 +1684,7 @@ def test_0013_builds_and_checks_processing_jobs_beside_job_writes(pg_server, mon
 
 
 def test_0013_cut_short_after_its_first_transaction_is_finished_by_the_next_upgrade(
+    revisions,
     pg_server,
 ):
     """On PostgreSQL 0013 commits its table, columns and NOT VALID foreign key before it
@@ -1593,7 +1695,7 @@ def test_0013_cut_short_after_its_first_transaction_is_finished_by_the_next_upgr
     name = support.unique_name("mig")
     engine = make_engine(pg_server.create_database(name))
     try:
-        migrate.upgrade(engine, "0013")
+        revisions.bring(engine, "0013")
         with _pg_autocommit(engine) as conn:  # as 0013 leaves it when cut short there
             conn.execute("DROP INDEX uk_jobs_bulk_run_object")
             conn.execute("DROP INDEX ix_jobs_bulk_run_status")
@@ -1621,7 +1723,7 @@ def test_0013_cut_short_after_its_first_transaction_is_finished_by_the_next_upgr
         pg_server.drop_database(name)
 
 
-def test_0015_fills_stored_bytes_beside_uploads(pg_server, monkeypatch):
+def test_0015_fills_stored_bytes_beside_uploads(revisions, pg_server, monkeypatch):
     """0015 added users.stored_bytes and filled it, a sum of every live object, in the
     column's transaction: its ACCESS EXCLUSIVE lock on users was held for the whole
     sum, and every authentication, upload and submit (their foreign keys lock the
@@ -1635,7 +1737,7 @@ def test_0015_fills_stored_bytes_beside_uploads(pg_server, monkeypatch):
     name = support.unique_name("mig")
     engine = make_engine(pg_server.create_database(name))
     try:
-        migrate.upgrade(engine, "0014")
+        revisions.bring(engine, "0014")
         _seed_jobs(engine, 1, users=5_000, objects=200_000)
         with _pg_autocommit(engine) as conn:
             conn.execute("UPDATE objects SET deleted_at = now() WHERE object_id LIKE '%7'")
@@ -1669,7 +1771,7 @@ def test_0015_fills_stored_bytes_beside_uploads(pg_server, monkeypatch):
         pg_server.drop_database(name)
 
 
-def test_0015_cut_short_after_its_column_is_finished_by_the_next_upgrade(pg_server):
+def test_0015_cut_short_after_its_column_is_finished_by_the_next_upgrade(revisions, pg_server):
     """On PostgreSQL 0015 commits users.stored_bytes before it fills it: a run that ended
     part way left the column, some users filled, at revision 0014, and the next upgrade
     failed on it (old: column "stored_bytes" of relation "users" already exists). It
@@ -1677,7 +1779,7 @@ def test_0015_cut_short_after_its_column_is_finished_by_the_next_upgrade(pg_serv
     name = support.unique_name("mig")
     engine = make_engine(pg_server.create_database(name))
     try:
-        migrate.upgrade(engine, "0014")
+        revisions.bring(engine, "0014")
         _seed_jobs(engine, 1, users=3, objects=30)
         with _pg_autocommit(engine) as conn:  # as 0015 leaves it when cut short
             conn.execute("ALTER TABLE users ADD COLUMN stored_bytes BIGINT DEFAULT 0 NOT NULL")
@@ -1696,7 +1798,7 @@ def test_0015_cut_short_after_its_column_is_finished_by_the_next_upgrade(pg_serv
         pg_server.drop_database(name)
 
 
-def test_0018_fills_the_live_jobs_reservations_beside_job_writes(pg_server, monkeypatch):
+def test_0018_fills_the_live_jobs_reservations_beside_job_writes(revisions, pg_server, monkeypatch):
     """0018 added processing_jobs.reserved_millicredits and filled the live jobs' rows
     in the column's transaction: its ACCESS EXCLUSIVE lock on processing_jobs was held
     for the whole fill, and every submit, claim and completion (and read of a job)
@@ -1710,7 +1812,7 @@ def test_0018_fills_the_live_jobs_reservations_beside_job_writes(pg_server, monk
     name = support.unique_name("mig")
     engine = make_engine(pg_server.create_database(name))
     try:
-        migrate.upgrade(engine, "0017")
+        revisions.bring(engine, "0017")
         _seed_jobs(engine, 100_000)
         seen = _migrate_beside_writes(
             engine,
@@ -1738,7 +1840,7 @@ def test_0018_fills_the_live_jobs_reservations_beside_job_writes(pg_server, monk
         pg_server.drop_database(name)
 
 
-def test_0018_cut_short_after_its_column_is_finished_by_the_next_upgrade(pg_server):
+def test_0018_cut_short_after_its_column_is_finished_by_the_next_upgrade(revisions, pg_server):
     """On PostgreSQL 0018 commits processing_jobs.reserved_millicredits (without its
     default) before it fills the live jobs: a run that ended part way left the column,
     some jobs filled, at revision 0017, and the next upgrade failed on it (old: column
@@ -1747,7 +1849,7 @@ def test_0018_cut_short_after_its_column_is_finished_by_the_next_upgrade(pg_serv
     name = support.unique_name("mig")
     engine = make_engine(pg_server.create_database(name))
     try:
-        migrate.upgrade(engine, "0017")
+        revisions.bring(engine, "0017")
         _seed_jobs(engine, 30)
         with _pg_autocommit(engine) as conn:  # as 0018 leaves it when cut short
             conn.execute(
@@ -2048,11 +2150,11 @@ def test_another_applications_database_is_said_to_be_one(empty_engine, settings)
     assert set(inspect(empty_engine).get_table_names()) == {"users", "alembic_version"}
 
 
-def test_an_objects_outputs_are_found_by_an_index(empty_engine):
+def test_an_objects_outputs_are_found_by_an_index(revisions, empty_engine):
     """0026: a deletion walks everything derived from an object by source_object_id
     (a step per generation); unindexed, each step read the whole table (400k objects
     on PostgreSQL: 110 ms a step, 1.9 ms with the index)."""
-    migrate.upgrade(empty_engine)
+    revisions.bring(empty_engine)
 
     def indexed() -> list[list[str | None]]:
         return [i["column_names"] for i in inspect(empty_engine).get_indexes("objects")]
@@ -2062,13 +2164,13 @@ def test_an_objects_outputs_are_found_by_an_index(empty_engine):
     assert ["source_object_id"] not in indexed()
 
 
-def test_copies_of_objects_deleted_before_0029_are_recorded_for_the_sweep(empty_engine):
+def test_copies_of_objects_deleted_before_0029_are_recorded_for_the_sweep(revisions, empty_engine):
     """0029: a deletion deletes the copy a bulk migrate made on another backend; the
     objects deleted before it had theirs left there (billed, never read): each is
     recorded, due at once, with its backend. A live migrated object and a deleted one
     never migrated are not."""
 
-    migrate.upgrade(empty_engine, "0028")
+    revisions.bring(empty_engine, "0028")
     moment = to_datetime(1_800_000_000.0)
     row = {"pool_id": "p", "owner_id": "u", "kind": "original", "filename": "f"}
     with empty_engine.begin() as conn:
@@ -2099,7 +2201,7 @@ def test_copies_of_objects_deleted_before_0029_are_recorded_for_the_sweep(empty_
 
 
 def test_deletions_recorded_before_0029_and_pending_have_their_copies_deleted(
-    empty_engine, tmp_path
+    revisions, empty_engine, tmp_path
 ):
     """0029 recorded the copies of objects deleted before it that had no record left,
     but a deletion code before 0029 recorded (no backend: the column was not there)
@@ -2108,7 +2210,7 @@ def test_deletions_recorded_before_0029_and_pending_have_their_copies_deleted(
     a bulk migrate had made on its target stayed there for good. The deleter takes the
     backend from the deleted object's row now (old: both copies left in the target). A
     record whose row is live again (its key written anew) still deletes nothing."""
-    migrate.upgrade(empty_engine, "0028")
+    revisions.bring(empty_engine, "0028")
     moment = to_datetime(1_800_000_000.0 - 7200)
     row = {"pool_id": "p", "owner_id": "u", "kind": "original", "filename": "f"}
     keys = {o: original_key("p", o) for o in ("failed", "unswept", "plain", "revived")}
@@ -2170,7 +2272,7 @@ def test_deletions_recorded_before_0029_and_pending_have_their_copies_deleted(
         assert conn.execute(select(t.blob_deletions.c.storage_key)).all() == []
 
 
-def test_0029_scans_objects_without_holding_blob_deletions(pg_server):
+def test_0029_scans_objects_without_holding_blob_deletions(revisions, pg_server):
     """0029 added blob_deletions.storage_backend and recorded the copies of objects
     deleted before it in one transaction: the column's ACCESS EXCLUSIVE lock on
     blob_deletions was held for the whole scan of objects (1.3-2.0 s on 2M objects),
@@ -2185,7 +2287,7 @@ def test_0029_scans_objects_without_holding_blob_deletions(pg_server):
     name = support.unique_name("mig")
     engine = make_engine(pg_server.create_database(name))
     try:
-        migrate.upgrade(engine, "0028")
+        revisions.bring(engine, "0028")
         with _pg_autocommit(engine) as conn:
             conn.execute("INSERT INTO users VALUES ('u', 'u', false, now(), 0)")
             conn.execute("INSERT INTO pools VALUES ('p', 'p', now())")
