@@ -509,15 +509,16 @@ def listen_api(host: str, chosen: ApiPorts) -> socket.socket:
 
 def moved_api_note(settings: Settings, api_url: str) -> str | None:
     """What ``up`` says when its stack's API is not at ``api_port``'s default: that
-    port was taken (:func:`api_ports`), and a web tier told this URL loses it at the
-    next ``up``."""
+    port was taken (:func:`api_ports`), how the CLI's client commands reach it (they go
+    to ``api_port``), and that a web tier told this URL loses it at the next ``up``."""
     port = urlsplit(api_url).port
     if settings.api_url or "api_port" in settings.model_fields_set or port == settings.api_port:
         return None
     return (
         f"port {settings.api_port} (api_port's default) was taken: the API listens on"
-        f" {port} until `down`; set HYPERMEDIA_API_PORT (or free {settings.api_port})"
-        " for a port that stays"
+        f" {port} until `down`; the CLI's client commands (submit, watch, status JOB_ID)"
+        f" reach it with HYPERMEDIA_API_URL={api_url}; set HYPERMEDIA_API_PORT (or free"
+        f" {settings.api_port}) for a port that stays"
     )
 
 

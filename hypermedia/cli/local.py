@@ -134,7 +134,11 @@ def up(
     running = running_head(settings.data_dir)
     if running is not None:
         if url_file.exists():
-            say(f"already up: {url_file.read_text()}")
+            api_url = url_file.read_text()
+            say(f"already up: {api_url}")
+            moved = moved_api_note(settings, api_url)
+            if moved is not None:
+                note(moved)
         else:
             say(f"already starting (pid {running}; log: {log_path})")
         return

@@ -114,6 +114,9 @@ def test_up_says_when_its_api_is_not_on_the_default_port(tmp_path):
     assert moved_api_note(settings, "http://127.0.0.1:8080") is None
     note = moved_api_note(settings, "http://127.0.0.1:41234")
     assert note is not None and "8080" in note and "HYPERMEDIA_API_PORT" in note
+    # The CLI's client commands (submit, watch, status JOB_ID) go to api_port, 8080:
+    # the note says how they reach the API where it is.
+    assert "HYPERMEDIA_API_URL=http://127.0.0.1:41234" in note
     fixed = load_settings(data_dir=tmp_path, api_url="http://127.0.0.1:41234")
     assert moved_api_note(fixed, "http://127.0.0.1:41234") is None
 
