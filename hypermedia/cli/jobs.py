@@ -127,7 +127,8 @@ def show_job(job_id: str, api_url: str | None, api_key: str | None, timeout: flo
         ("created", at(job.created_at)),
         ("queued", at(job.queued_at)),
         ("started", at(job.started_at)),
-        ("completed", at(job.completed_at)),
+        # The API's completed_at is when the job ended, however it did.
+        (job.status if job.finished else "ended", at(job.completed_at)),
     ]
     if job.run_after is not None:
         rows.append(("retry at", at(job.run_after)))
