@@ -94,7 +94,10 @@ def open_client(api_url: str | None, api_key: str | None, timeout: float) -> Hyp
     settings = read_settings(api_url=api_url, api_key=api_key)
     url = settings.api_url or f"http://{settings.api_host}:{settings.api_port}"
     if not settings.api_key:
-        raise AuthenticationFailed("no API key: pass --api-key or set HYPERMEDIA_API_KEY")
+        raise AuthenticationFailed(
+            "no API key: pass --api-key or set HYPERMEDIA_API_KEY (an operator creates one"
+            " on the server: `hypermedia user add NAME`)"
+        )
     try:
         return HypermediaClient(url, settings.api_key, timeout=timeout)
     except ConfigError as exc:  # named as the user set it

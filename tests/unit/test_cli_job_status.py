@@ -74,3 +74,11 @@ def test_a_job_not_ended_shows_no_end(monkeypatch):
     shown = CliRunner().invoke(app, ["status", "j1"], env={"HYPERMEDIA_API_KEY": "hm_x_y"})
     assert shown.exit_code == 0, shown.output
     assert "\nended      -\n" in shown.stdout
+
+
+def test_a_client_command_without_a_key_says_where_one_comes_from():
+    """A new operator's first `submit` after `up`: told to set a key, and how to get one."""
+    shown = CliRunner().invoke(app, ["status", "j1"])
+    said = str(shown.exception)  # the entry point prints it as `error: <code>: <it>`
+    assert "HYPERMEDIA_API_KEY" in said
+    assert "hypermedia user add" in said, said
