@@ -22,6 +22,15 @@ from hypermedia.cli.common import (
     say,
 )
 from hypermedia.clock import age_text
+from hypermedia.errors import (
+    AuthenticationFailed,
+    CallbackNotAllowed,
+    Forbidden,
+    HypermediaError,
+    InvalidParams,
+    ServiceUnavailable,
+    UnknownOperation,
+)
 
 if TYPE_CHECKING:
     from datetime import datetime
@@ -60,13 +69,30 @@ def submit(
     api_key: ApiKey = None,
     timeout: Timeout = 60.0,
 ) -> None:
-    """Upload files and submit operations on each; prints one line per job."""
+    """Upload files and submit operations on each; prints one line per job as it is
+    submitted. A file refused (its upload or its submit) is named on stderr with the
+    error's code and message and the others are still tried; exits 1 at the end if any
+    was. A refusal of the key or the request (a priority the key may not use, an unknown
+    operation ...) holds for every file: the files after it are not uploaded."""
     job_ids: list[str] = []
+    refused = 0
+    every_file: HypermediaError | None = None  # a refusal no other file escapes
     with open_client(api_url, api_key, timeout) as client:
         for path in files:
-            obj = client.upload(path, pool_id=pool)
-            say(f"object {obj.object_id} {path} {obj.size_bytes} bytes")
-            result = client.process(obj.object_id, op, priority=priority)
+            if every_file is not None:
+                say(f"not submitted {path}: {_error_text(every_file)} (not uploaded)", err=True)
+                refused += 1
+                continue
+            try:
+                obj = client.upload(path, pool_id=pool)
+                say(f"object {obj.object_id} {path} {obj.size_bytes} bytes")
+                result = client.process(obj.object_id, op, priority=priority)
+            except HypermediaError as exc:
+                say(f"not submitted {path}: {_error_text(exc)}", err=True)
+                refused += 1
+                if isinstance(exc, _EVERY_FILE):
+                    every_file = exc
+                continue
             for job in result.jobs:
                 line = (
                     f"job {job.job_id} {job.operation} queue={job.queue} "
@@ -78,16 +104,42 @@ def submit(
                     line += f" reserved_credits={reserved:g}"
                 say(line)
                 job_ids.append(job.job_id)
-        if not wait:
-            return
         unfinished = 0
-        deadline = time.monotonic() + wait_timeout
-        for job_id in job_ids:
-            finished = client.wait(job_id, timeout=max(0.0, deadline - time.monotonic()))
-            say(_job_line(finished))
-            unfinished += finished.status != "completed"
+        if wait:
+            deadline = time.monotonic() + wait_timeout
+            for job_id in job_ids:
+                finished = client.wait(job_id, timeout=max(0.0, deadline - time.monotonic()))
+                say(_job_line(finished))
+                unfinished += finished.status != "completed"
+    problems = []
+    if refused:
+        problems.append(f"{refused} of {len(files)} files not submitted")
     if unfinished:
-        fail(f"{unfinished} of {len(job_ids)} jobs did not complete")
+        problems.append(f"{unfinished} of {len(job_ids)} jobs did not complete")
+    if problems:
+        fail("; ".join(problems))
+
+
+def _error_text(exc: HypermediaError) -> str:
+    """``code: message``, the message's own lines indented; with the idempotency key a
+    submit whose answer was lost carries (submit again with it to learn what became of
+    it)."""
+    text = f"{exc.code}: " + exc.message.replace("\n", "\n  ")
+    key = exc.details.get("idempotency_key")
+    return text if key is None else f"{text} (idempotency key {key})"
+
+
+# Refusals no file escapes: the key's (its priority range, a pool it may not use), the
+# request's (its operations, their params), or the API out of reach after the client's
+# own retries.
+_EVERY_FILE = (
+    AuthenticationFailed,
+    Forbidden,
+    UnknownOperation,
+    InvalidParams,
+    CallbackNotAllowed,
+    ServiceUnavailable,
+)
 
 
 def _job_line(job: JobResponse) -> str:
