@@ -28,6 +28,8 @@ One module per command group, this one builds the app from them:
   ``pause``, ``resume``, ``cancel`` (the record, on the server)
 - :mod:`~hypermedia.cli.common`: settings, the record, the API client and options,
   notes and the error line
+- :mod:`~hypermedia.cli.options_table`: the options' table of ``--help``, laid out for an
+  80-column terminal
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from hypermedia.cli import (
     database,
     jobs,
     local,
+    options_table,
     run,
     scheduler,
     services,
@@ -111,6 +114,7 @@ def _reflow_help(typer_app: typer.Typer) -> None:
 
 
 _reflow_help(app)
+options_table.use(app)
 
 
 @app.callback()

@@ -49,8 +49,9 @@ After = Annotated[
     typer.Option(
         "--created-after",
         envvar="HYPERMEDIA_BULK_CREATED_AFTER",
-        help="Only objects created at or after (UTC).",
+        help="Only objects created at or after: YYYY-MM-DD or YYYY-MM-DDTHH:MM:SS, UTC.",
         formats=["%Y-%m-%d", "%Y-%m-%dT%H:%M:%S"],
+        metavar="<date>",  # typer shows the formats, 28 characters (the help says them)
     ),
 ]
 Before = Annotated[
@@ -58,8 +59,9 @@ Before = Annotated[
     typer.Option(
         "--created-before",
         envvar="HYPERMEDIA_BULK_CREATED_BEFORE",
-        help="Only objects created before (UTC).",
+        help="Only objects created before: YYYY-MM-DD or YYYY-MM-DDTHH:MM:SS, UTC.",
         formats=["%Y-%m-%d", "%Y-%m-%dT%H:%M:%S"],
+        metavar="<date>",  # typer shows the formats, 28 characters (the help says them)
     ),
 ]
 Priority = Annotated[
