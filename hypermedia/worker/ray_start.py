@@ -49,8 +49,17 @@ written before it starts, by Ray's own writer, as a minimal Ray's agent writes t
 not in use). The runtime env agent's stand-in listens on its port and becomes Ray's
 agent when someone connects: a ``runtime_env`` asked for all the same works, as Ray's
 (the raylet asks again every second meanwhile). A raylet command not as Ray 2.5x-2.6x
-builds it (:func:`without_agents`) keeps Ray's agents. Nothing else of ``ray start``
-changes.
+builds it (:func:`without_agents`) keeps Ray's agents.
+
+And ``ray start`` waits longer for its raylet to register with the GCS: Ray waits 30 s,
+then fails ("The current node timed out during startup"), and on a loaded machine (seen:
+load 3-5 and 15-20 on 2 cores) a raylet took longer; the node was stopped and started
+afresh (:func:`hypermedia.worker.cluster.start_with_retries`), its work thrown away, and
+met the same wall again, three times. Now each of Ray's looks in the GCS for the node
+(``services.get_node``, which raises RuntimeError while it is not there) looks again
+every :data:`REGISTER_POLL_SECONDS` until :data:`REGISTER_PATIENCE_SECONDS` after the
+first, unless the raylet exited (then Ray's own 30 s, as before). Nothing else of ``ray
+start`` changes.
 """
 
 from __future__ import annotations
@@ -60,6 +69,7 @@ import json
 import shlex
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -79,6 +89,11 @@ _AGENT_PORT_NAMES = (
     "RUNTIME_ENV_AGENT_PORT_NAME",
 )
 _NO_METRICS = {"enable_metrics_collection": False}
+# How long in all `ray start` waits for its raylet to register with the GCS (Ray's own
+# wait: 30 s), and how often it looks meanwhile (Ray's own loop looks again at once).
+# hypermedia.worker.cluster.START_TIMEOUT_SECONDS is longer, with room for the rest.
+REGISTER_PATIENCE_SECONDS = 120.0
+REGISTER_POLL_SECONDS = 0.25
 
 # Ray's command line adds these command groups only if they import (ray.scripts.scripts).
 _OTHER_COMMANDS = (
@@ -226,11 +241,49 @@ def without_agents(command: Sequence[str], write_ports: PortWriter) -> list[str]
     return command
 
 
+def patient_get_node(
+    get_node: Callable[[str, str], Any],
+    raylet_alive: Callable[[], bool],
+    *,
+    patience: float = REGISTER_PATIENCE_SECONDS,
+    poll: float = REGISTER_POLL_SECONDS,
+) -> Callable[[str, str], Any]:
+    """``get_node`` (Ray's ``services.get_node``: the node's info in the GCS, RuntimeError
+    while the node has not registered) that, while the node is not there, looks again
+    every ``poll`` seconds until ``patience`` seconds after its first call, and then
+    raises what ``get_node`` raised; at once when ``raylet_alive`` answers False (Ray's
+    own wait then, which ends in its 30 s). Any other error is raised as it comes."""
+    deadline: float | None = None
+
+    def wait(gcs_address: str, node_id: str) -> Any:
+        nonlocal deadline
+        if deadline is None:
+            deadline = time.monotonic() + patience
+        while True:
+            try:
+                return get_node(gcs_address, node_id)
+            except RuntimeError:
+                if time.monotonic() + poll >= deadline or not raylet_alive():
+                    raise
+            time.sleep(poll)
+
+    return wait
+
+
+def _running(info: Any) -> bool:
+    """Whether the process of Ray's ``ProcessInfo`` ``info`` has not exited (True when
+    ``info`` is not as Ray 2.5x-2.6x makes it: nothing read, nothing concluded)."""
+    poll = getattr(getattr(info, "process", None), "poll", None)
+    return poll is None or poll() is None
+
+
 def lean_ray_start(*, agents: bool = True) -> bool:
     """Make this process's ``ray start`` start neither, load no other command, and
     start a dashboard with :data:`DASHBOARD_MODULES`; with ``agents`` False, its raylet
     starts stand-ins for its agents (:func:`without_agents`; see the module's
-    docstring). Answers whether it does (Ray's internals as measured)."""
+    docstring). And it waits :data:`REGISTER_PATIENCE_SECONDS` for its raylet to
+    register (:func:`patient_get_node`), in a Ray that has ``services.get_node``.
+    Answers whether the raylet starts stand-ins (Ray's internals as measured)."""
     for name in _OTHER_COMMANDS:
         # None in sys.modules: importing it raises ImportError at once, its package
         # not imported either.
@@ -251,7 +304,15 @@ def lean_ray_start(*, agents: bool = True) -> bool:
         scripts.get_ray_client_dependency_error = no_client
     start_process = getattr(services, "start_ray_process", None)
     write_ports = None if agents else _port_writer()
-    raylet = getattr(ray_constants, "PROCESS_TYPE_RAYLET", None) if write_ports else None
+    raylet_type = getattr(ray_constants, "PROCESS_TYPE_RAYLET", None)
+    raylet = raylet_type if write_ports else None
+    # The raylets this `ray start` started (Ray's ProcessInfo), seen by start_ray_process.
+    raylets: list[Any] = []
+    get_node = getattr(services, "get_node", None)
+    if get_node is not None:
+        services.get_node = patient_get_node(
+            get_node, lambda: all(_running(info) for info in raylets)
+        )
     dashboard = None
     real = getattr(services, "start_api_server", None)
     if real is not None and next(iter(inspect.signature(real).parameters), "") == (
@@ -267,7 +328,7 @@ def lean_ray_start(*, agents: bool = True) -> bool:
 
         services.start_api_server = start_api_server
         dashboard = getattr(ray_constants, "PROCESS_TYPE_DASHBOARD", None)
-    if start_process is None or (dashboard is None and raylet is None):
+    if start_process is None or (dashboard is None and raylet_type is None):
         return False
 
     def start_ray_process(
@@ -277,7 +338,10 @@ def lean_ray_start(*, agents: bool = True) -> bool:
             command = _with_modules(command, dashboard_modules())
         elif process_type == raylet and write_ports is not None:
             command = without_agents(command, write_ports)
-        return start_process(command, process_type, *args, **kwargs)
+        info = start_process(command, process_type, *args, **kwargs)
+        if process_type == raylet_type:
+            raylets.append(info)
+        return info
 
     services.start_ray_process = start_ray_process
     return raylet is not None

@@ -44,6 +44,7 @@ print(json.dumps({
     "client": scripts.get_ray_client_dependency_error() is None,
     "dashboard_off": services.start_api_server(False, False, *[None] * 7),
     "started": started,
+    "patient_get_node": services.get_node.__qualname__.startswith("patient_get_node"),
 }))
 """
 
@@ -109,6 +110,73 @@ from hypermedia.worker.ray_start import lean_ray_start
 lean_ray_start()
 print(json.dumps(services.start_api_server(False)))
 """
+
+
+def test_ray_start_waits_past_rays_30_s_for_its_raylet_to_register(seen):
+    """Ray's 30 s wait for the raylet to register ran out on a loaded machine, and the
+    node was started afresh (tests/integration/test_ray_node.py holds a real raylet)."""
+    assert seen["patient_get_node"]
+
+
+class _NotRegistered:
+    """Ray's services.get_node as the GCS answers it: RuntimeError ``missing`` times."""
+
+    def __init__(self, missing: int, error: Exception | None = None) -> None:
+        self.missing, self.error, self.calls = missing, error, 0
+
+    def __call__(self, gcs_address: str, node_id: str) -> dict[str, str]:
+        self.calls += 1
+        if self.error is not None:
+            raise self.error
+        if self.calls <= self.missing:
+            raise RuntimeError(f"Node {node_id} not found")
+        return {"node_id": node_id}
+
+
+def test_get_node_waits_for_the_node_then_gives_up_or_stops_when_the_raylet_exited():
+    patient = lambda get_node, alive=lambda: True: ray_start.patient_get_node(  # noqa: E731
+        get_node, alive, patience=0.3, poll=0.01
+    )
+    registers_late = _NotRegistered(5)
+    assert patient(registers_late)("gcs", "n1") == {"node_id": "n1"}
+    assert registers_late.calls == 6
+    never = _NotRegistered(10**6)
+    wait = patient(never)
+    with pytest.raises(RuntimeError, match="not found"):
+        wait("gcs", "n1")
+    assert 5 < never.calls < 40
+    calls = never.calls
+    with pytest.raises(RuntimeError):  # its patience is spent: Ray's loop's own pace
+        wait("gcs", "n1")
+    assert never.calls == calls + 1
+    dead = _NotRegistered(10**6)
+    with pytest.raises(RuntimeError):
+        patient(dead, lambda: False)("gcs", "n1")
+    assert dead.calls == 1
+    unreachable = _NotRegistered(0, error=ConnectionError("GCS down"))
+    with pytest.raises(ConnectionError):
+        patient(unreachable)("gcs", "n1")
+    assert unreachable.calls == 1
+
+
+_NO_GET_NODE = """
+from ray._private import services
+del services.get_node  # a Ray without it
+from hypermedia.worker.ray_start import lean_ray_start
+lean_ray_start()
+print(hasattr(services, "get_node"))
+"""
+
+
+def test_a_ray_without_get_node_starts_as_it_would():
+    probe = subprocess.run(
+        [sys.executable, "-c", _NO_GET_NODE],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert probe.stdout.strip() == "False"
 
 
 def test_a_ray_whose_internals_differ_gets_its_own_dashboard_start():
